@@ -1,0 +1,109 @@
+#include "fabric/accelerators/device_info.h"
+
+#include <dlfcn.h>
+
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
+#include <ATen/Version.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/core/CPUAllocator.h>
+
+#include <filesystem>
+
+#ifdef FABRIC_WITH_CUDA
+#include <ATen/cuda/CUDAContextLight.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/cuda/nccl.h>
+#endif
+
+namespace fabric {
+namespace {
+
+std::string LibraryDirOf(const void* symbol) {
+  Dl_info dl{};
+  if (dladdr(symbol, &dl) == 0 || dl.dli_fname == nullptr) return "unknown";
+  std::error_code ec;
+  auto path = std::filesystem::canonical(dl.dli_fname, ec);
+  return ec ? std::string(dl.dli_fname) : path.parent_path().string();
+}
+
+std::optional<std::string> CpuCapability(const std::string& config) {
+  const std::string key = "CPU capability usage: ";
+  auto pos = config.find(key);
+  if (pos == std::string::npos) return std::nullopt;
+  pos += key.size();
+  return config.substr(pos, config.find('\n', pos) - pos);
+}
+
+#ifdef FABRIC_WITH_CUDA
+void QueryCudaDevices(RuntimeInfo& info) {
+  // Through LibTorch (not cudart directly) so we link no CUDA library of our own.
+  const int count = c10::cuda::device_count();  // 0, not an error, without a driver or device
+  for (int i = 0; i < count; ++i) {
+    const cudaDeviceProp& prop = *at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(i));
+    CudaDeviceInfo d;
+    d.index = i;
+    d.name = prop.name;
+    d.capability_major = prop.major;
+    d.capability_minor = prop.minor;
+    d.total_memory_bytes = static_cast<int64_t>(prop.totalGlobalMem);
+    d.multiprocessor_count = prop.multiProcessorCount;
+    d.supports_bf16 = prop.major >= 8;
+    info.devices.push_back(std::move(d));
+  }
+  info.cuda_available = !info.devices.empty();
+  const uint64_t v = torch::cuda::nccl::version();  // major * 10000 + minor * 100 + patch (≥ 2.9)
+  info.nccl_version = std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
+                      std::to_string(v % 100);
+}
+#endif
+
+}  // namespace
+
+std::string FormatCudnnVersion(long version) {
+  return std::to_string(version / 10000) + "." + std::to_string(version / 100 % 100) + "." +
+         std::to_string(version % 100);
+}
+
+std::string FormatCudaVersion(long version) {
+  return std::to_string(version / 1000) + "." + std::to_string(version / 10 % 100);
+}
+
+std::optional<std::string> BuildSetting(const std::string& show_config, const std::string& key) {
+  const std::string needle = key + "=";
+  size_t pos = 0;
+  while ((pos = show_config.find(needle, pos)) != std::string::npos) {
+    // Match whole keys only: the key starts the list or follows ", " / whitespace.
+    if (pos == 0 || show_config[pos - 1] == ' ' || show_config[pos - 1] == '\t') {
+      pos += needle.size();
+      const size_t end = show_config.find_first_of(",\n", pos);
+      return show_config.substr(pos, end == std::string::npos ? end : end - pos);
+    }
+    pos += needle.size();
+  }
+  return std::nullopt;
+}
+
+RuntimeInfo QueryRuntimeInfo() {
+  RuntimeInfo info;
+  const std::string config = at::show_config();
+  info.libtorch_version = BuildSetting(config, "TORCH_VERSION").value_or("unknown");
+  info.libtorch_commit = BuildSetting(config, "COMMIT_SHA").value_or("");
+  info.cpu_capability = CpuCapability(config).value_or("unknown");
+  info.libtorch_dir = LibraryDirOf(reinterpret_cast<const void*>(&c10::GetCPUAllocator));
+  info.intra_op_threads = at::get_num_threads();
+  info.inter_op_threads = at::get_num_interop_threads();
+
+  const at::CUDAHooksInterface& hooks = at::detail::getCUDAHooks();
+  info.libtorch_has_cuda = hooks.hasCUDART();
+  if (info.libtorch_has_cuda) {
+    info.cuda_runtime_version = FormatCudaVersion(hooks.versionCUDART());
+    if (hooks.compiledWithCuDNN()) info.cudnn_version = FormatCudnnVersion(hooks.versionCuDNN());
+  }
+#ifdef FABRIC_WITH_CUDA
+  if (info.libtorch_has_cuda) QueryCudaDevices(info);
+#endif
+  return info;
+}
+
+}  // namespace fabric
