@@ -52,9 +52,10 @@ void QueryCudaDevices(RuntimeInfo& info) {
     info.devices.push_back(std::move(d));
   }
   info.cuda_available = !info.devices.empty();
-  const uint64_t v = torch::cuda::nccl::version();  // major * 10000 + minor * 100 + patch (≥ 2.9)
-  info.nccl_version = std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
-                      std::to_string(v % 100);
+  // LibTorch packs the NCCL version it was built with as major << 32 | minor << 16 | patch.
+  const uint64_t v = torch::cuda::nccl::version();
+  info.nccl_version = std::to_string(v >> 32) + "." + std::to_string((v >> 16) & 0xffff) + "." +
+                      std::to_string(v & 0xffff);
 }
 #endif
 
