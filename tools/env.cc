@@ -24,11 +24,11 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const fabric::tools::EnvReport report = fabric::tools::CollectEnvReport();
+  const fabric::tools::EnvReport report = fabric::tools::collect_env_report();
   if (json) {
-    std::cout << fabric::tools::ToJson(report).dump(2) << "\n";
+    std::cout << fabric::tools::to_json(report).dump(2) << "\n";
   } else {
-    std::cout << fabric::tools::FormatText(report);
+    std::cout << fabric::tools::format_text(report);
   }
   return 0;
 }

@@ -11,7 +11,7 @@
 namespace fabric::tools {
 namespace {
 
-std::string ReadKey(const std::string& path, const std::string& key, char sep) {
+std::string read_key(const std::string& path, const std::string& key, char sep) {
   std::ifstream in(path);
   std::string line;
   while (std::getline(in, line)) {
@@ -26,20 +26,20 @@ std::string ReadKey(const std::string& path, const std::string& key, char sep) {
   return "unknown";
 }
 
-std::string Gib(int64_t bytes) {
+std::string gib(int64_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.1f GiB", static_cast<double>(bytes) / (1LL << 30));
   return buf;
 }
 
-std::string YesNo(bool b) { return b ? "yes" : "no"; }
+std::string yes_no(bool b) { return b ? "yes" : "no"; }
 
-std::string OrNone(const std::optional<std::string>& s) { return s.value_or("none"); }
+std::string or_none(const std::optional<std::string>& s) { return s.value_or("none"); }
 
 class Table {
  public:
-  void Section(const std::string& title) { out_ << title << "\n"; }
-  void Row(const std::string& key, const std::string& value) {
+  void section(const std::string& title) { out_ << title << "\n"; }
+  void row(const std::string& key, const std::string& value) {
     out_ << "  " << key << std::string(key.size() < 24 ? 24 - key.size() : 1, ' ') << value << "\n";
   }
   std::string str() const { return out_.str(); }
@@ -50,21 +50,21 @@ class Table {
 
 }  // namespace
 
-HostInfo QueryHostInfo() {
+HostInfo query_host_info() {
   HostInfo host;
   char name[256] = {};
   if (gethostname(name, sizeof(name) - 1) == 0) host.hostname = name;
-  host.os = ReadKey("/etc/os-release", "PRETTY_NAME=", '=');
+  host.os = read_key("/etc/os-release", "PRETTY_NAME=", '=');
   utsname u{};
   host.kernel = uname(&u) == 0 ? u.release : "unknown";
   host.glibc = gnu_get_libc_version();
-  host.cpu_model = ReadKey("/proc/cpuinfo", "model name", ':');
+  host.cpu_model = read_key("/proc/cpuinfo", "model name", ':');
   host.logical_cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   host.memory_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
   return host;
 }
 
-std::vector<std::string> DiagnoseEnvironment(const BuildInfo& build, const RuntimeInfo& runtime) {
+std::vector<std::string> diagnose_environment(const BuildInfo& build, const RuntimeInfo& runtime) {
   std::vector<std::string> warnings;
   if (runtime.libtorch_version != build.libtorch_headers) {
     warnings.push_back("LibTorch " + runtime.libtorch_version + " is loaded from " +
@@ -73,71 +73,73 @@ std::vector<std::string> DiagnoseEnvironment(const BuildInfo& build, const Runti
                        " there or rebuild");
   }
   if (build.cuda_compiled && !runtime.libtorch_has_cuda) {
-    warnings.push_back("compiled with CUDA support but the loaded LibTorch has no CUDA part: use a "
-                       "CUDA build of torch (or build with --config=cpu_only)");
+    warnings.push_back(
+        "compiled with CUDA support but the loaded LibTorch has no CUDA part: use a "
+        "CUDA build of torch (or build with --config=cpu_only)");
   }
   if (runtime.libtorch_has_cuda && build.cuda_compiled && !runtime.cuda_available) {
-    warnings.push_back("CUDA LibTorch but no usable CUDA device (no GPU, no driver, or "
-                       "CUDA_VISIBLE_DEVICES hides them): training runs on the CPU");
+    warnings.push_back(
+        "CUDA LibTorch but no usable CUDA device (no GPU, no driver, or "
+        "CUDA_VISIBLE_DEVICES hides them): training runs on the CPU");
   }
   return warnings;
 }
 
-EnvReport CollectEnvReport() {
+EnvReport collect_env_report() {
   EnvReport report;
-  report.build = GetBuildInfo();
-  report.runtime = QueryRuntimeInfo();
-  report.host = QueryHostInfo();
-  report.warnings = DiagnoseEnvironment(report.build, report.runtime);
+  report.build = build_info();
+  report.runtime = query_runtime_info();
+  report.host = query_host_info();
+  report.warnings = diagnose_environment(report.build, report.runtime);
   return report;
 }
 
-std::string FormatText(const EnvReport& r) {
+std::string format_text(const EnvReport& r) {
   Table t;
-  t.Section("Fabric++");
-  t.Row("revision", r.build.revision);
-  t.Row("compiler", r.build.compiler);
-  t.Row("C++ standard", std::to_string(r.build.cxx_standard));
-  t.Row("C++11 ABI", "_GLIBCXX_USE_CXX11_ABI=" + std::to_string(r.build.cxx11_abi));
-  t.Row("build", std::string(r.build.optimized ? "optimized" : "debug") + ", CUDA code " +
+  t.section("Fabric++");
+  t.row("revision", r.build.revision);
+  t.row("compiler", r.build.compiler);
+  t.row("C++ standard", std::to_string(r.build.cxx_standard));
+  t.row("C++11 ABI", "_GLIBCXX_USE_CXX11_ABI=" + std::to_string(r.build.cxx11_abi));
+  t.row("build", std::string(r.build.optimized ? "optimized" : "debug") + ", CUDA code " +
                      (r.build.cuda_compiled ? "compiled in" : "compiled out (cpu_only)"));
-  t.Section("LibTorch");
-  t.Row("headers", r.build.libtorch_headers);
-  t.Row("loaded", r.runtime.libtorch_version +
+  t.section("LibTorch");
+  t.row("headers", r.build.libtorch_headers);
+  t.row("loaded", r.runtime.libtorch_version +
                       (r.runtime.libtorch_commit.empty()
                            ? ""
                            : " (commit " + r.runtime.libtorch_commit.substr(0, 12) + ")"));
-  t.Row("path", r.runtime.libtorch_dir);
-  t.Row("CPU capability", r.runtime.cpu_capability);
-  t.Row("intra-op threads", std::to_string(r.runtime.intra_op_threads));
-  t.Row("inter-op threads", std::to_string(r.runtime.inter_op_threads));
-  t.Section("CUDA");
-  t.Row("CUDA build", YesNo(r.runtime.libtorch_has_cuda));
-  t.Row("CUDA runtime", OrNone(r.runtime.cuda_runtime_version));
-  t.Row("cuDNN", OrNone(r.runtime.cudnn_version));
-  t.Row("NCCL", OrNone(r.runtime.nccl_version));
-  t.Row("CUDA available", YesNo(r.runtime.cuda_available));
-  t.Row("device count", std::to_string(r.runtime.devices.size()));
+  t.row("path", r.runtime.libtorch_dir);
+  t.row("CPU capability", r.runtime.cpu_capability);
+  t.row("intra-op threads", std::to_string(r.runtime.intra_op_threads));
+  t.row("inter-op threads", std::to_string(r.runtime.inter_op_threads));
+  t.section("CUDA");
+  t.row("CUDA build", yes_no(r.runtime.libtorch_has_cuda));
+  t.row("CUDA runtime", or_none(r.runtime.cuda_runtime_version));
+  t.row("cuDNN", or_none(r.runtime.cudnn_version));
+  t.row("NCCL", or_none(r.runtime.nccl_version));
+  t.row("CUDA available", yes_no(r.runtime.cuda_available));
+  t.row("device count", std::to_string(r.runtime.devices.size()));
   for (const auto& d : r.runtime.devices) {
-    t.Row("device " + std::to_string(d.index),
+    t.row("device " + std::to_string(d.index),
           d.name + ", compute capability " + std::to_string(d.capability_major) + "." +
-              std::to_string(d.capability_minor) + ", " + Gib(d.total_memory_bytes) + ", " +
-              std::to_string(d.multiprocessor_count) + " SMs, bf16 " + YesNo(d.supports_bf16));
+              std::to_string(d.capability_minor) + ", " + gib(d.total_memory_bytes) + ", " +
+              std::to_string(d.multiprocessor_count) + " SMs, bf16 " + yes_no(d.supports_bf16));
   }
-  t.Section("Host");
-  t.Row("hostname", r.host.hostname);
-  t.Row("OS", r.host.os);
-  t.Row("kernel", r.host.kernel);
-  t.Row("glibc", r.host.glibc);
-  t.Row("CPU", r.host.cpu_model);
-  t.Row("logical CPUs", std::to_string(r.host.logical_cpus));
-  t.Row("memory", Gib(r.host.memory_bytes));
+  t.section("Host");
+  t.row("hostname", r.host.hostname);
+  t.row("OS", r.host.os);
+  t.row("kernel", r.host.kernel);
+  t.row("glibc", r.host.glibc);
+  t.row("CPU", r.host.cpu_model);
+  t.row("logical CPUs", std::to_string(r.host.logical_cpus));
+  t.row("memory", gib(r.host.memory_bytes));
   std::string text = t.str();
   for (const auto& w : r.warnings) text += "WARNING: " + w + "\n";
   return text;
 }
 
-nlohmann::json ToJson(const EnvReport& r) {
+nlohmann::json to_json(const EnvReport& r) {
   nlohmann::json devices = nlohmann::json::array();
   for (const auto& d : r.runtime.devices) {
     devices.push_back({{"index", d.index},

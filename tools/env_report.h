@@ -16,15 +16,15 @@ namespace fabric::tools {
 
 struct HostInfo {
   std::string hostname;
-  std::string os;             // PRETTY_NAME from /etc/os-release.
-  std::string kernel;         // uname -r.
-  std::string glibc;          // gnu_get_libc_version(): bundles need a node with glibc ≥ this build's.
+  std::string os;      // PRETTY_NAME from /etc/os-release.
+  std::string kernel;  // uname -r.
+  std::string glibc;   // gnu_get_libc_version(): bundles need a node with glibc ≥ this build's.
   std::string cpu_model;
   int logical_cpus = 0;
   int64_t memory_bytes = 0;
 };
 
-HostInfo QueryHostInfo();
+HostInfo query_host_info();
 
 struct EnvReport {
   BuildInfo build;
@@ -34,13 +34,13 @@ struct EnvReport {
   std::vector<std::string> warnings;
 };
 
-EnvReport CollectEnvReport();
+EnvReport collect_env_report();
 
 // Derives the warnings from the other fields (kept separate so tests can feed any facts).
-std::vector<std::string> DiagnoseEnvironment(const BuildInfo& build, const RuntimeInfo& runtime);
+std::vector<std::string> diagnose_environment(const BuildInfo& build, const RuntimeInfo& runtime);
 
-std::string FormatText(const EnvReport& report);
-nlohmann::json ToJson(const EnvReport& report);
+std::string format_text(const EnvReport& report);
+nlohmann::json to_json(const EnvReport& report);
 
 }  // namespace fabric::tools
 

@@ -19,7 +19,7 @@
 namespace fabric {
 namespace {
 
-std::string LibraryDirOf(const void* symbol) {
+std::string library_dir_of(const void* symbol) {
   Dl_info dl{};
   if (dladdr(symbol, &dl) == 0 || dl.dli_fname == nullptr) return "unknown";
   std::error_code ec;
@@ -27,7 +27,7 @@ std::string LibraryDirOf(const void* symbol) {
   return ec ? std::string(dl.dli_fname) : path.parent_path().string();
 }
 
-std::optional<std::string> CpuCapability(const std::string& config) {
+std::optional<std::string> cpu_capability_of(const std::string& config) {
   const std::string key = "CPU capability usage: ";
   auto pos = config.find(key);
   if (pos == std::string::npos) return std::nullopt;
@@ -36,7 +36,7 @@ std::optional<std::string> CpuCapability(const std::string& config) {
 }
 
 #ifdef FABRIC_WITH_CUDA
-void QueryCudaDevices(RuntimeInfo& info) {
+void query_cuda_devices(RuntimeInfo& info) {
   // Through LibTorch (not cudart directly) so we link no CUDA library of our own.
   const int count = c10::cuda::device_count();  // 0, not an error, without a driver or device
   for (int i = 0; i < count; ++i) {
@@ -61,16 +61,16 @@ void QueryCudaDevices(RuntimeInfo& info) {
 
 }  // namespace
 
-std::string FormatCudnnVersion(long version) {
+std::string format_cudnn_version(long version) {
   return std::to_string(version / 10000) + "." + std::to_string(version / 100 % 100) + "." +
          std::to_string(version % 100);
 }
 
-std::string FormatCudaVersion(long version) {
+std::string format_cuda_version(long version) {
   return std::to_string(version / 1000) + "." + std::to_string(version / 10 % 100);
 }
 
-std::optional<std::string> BuildSetting(const std::string& show_config, const std::string& key) {
+std::optional<std::string> build_setting(const std::string& show_config, const std::string& key) {
   const std::string needle = key + "=";
   size_t pos = 0;
   while ((pos = show_config.find(needle, pos)) != std::string::npos) {
@@ -85,24 +85,24 @@ std::optional<std::string> BuildSetting(const std::string& show_config, const st
   return std::nullopt;
 }
 
-RuntimeInfo QueryRuntimeInfo() {
+RuntimeInfo query_runtime_info() {
   RuntimeInfo info;
   const std::string config = at::show_config();
-  info.libtorch_version = BuildSetting(config, "TORCH_VERSION").value_or("unknown");
-  info.libtorch_commit = BuildSetting(config, "COMMIT_SHA").value_or("");
-  info.cpu_capability = CpuCapability(config).value_or("unknown");
-  info.libtorch_dir = LibraryDirOf(reinterpret_cast<const void*>(&c10::GetCPUAllocator));
+  info.libtorch_version = build_setting(config, "TORCH_VERSION").value_or("unknown");
+  info.libtorch_commit = build_setting(config, "COMMIT_SHA").value_or("");
+  info.cpu_capability = cpu_capability_of(config).value_or("unknown");
+  info.libtorch_dir = library_dir_of(reinterpret_cast<const void*>(&c10::GetCPUAllocator));
   info.intra_op_threads = at::get_num_threads();
   info.inter_op_threads = at::get_num_interop_threads();
 
   const at::CUDAHooksInterface& hooks = at::detail::getCUDAHooks();
   info.libtorch_has_cuda = hooks.hasCUDART();
   if (info.libtorch_has_cuda) {
-    info.cuda_runtime_version = FormatCudaVersion(hooks.versionCUDART());
-    if (hooks.compiledWithCuDNN()) info.cudnn_version = FormatCudnnVersion(hooks.versionCuDNN());
+    info.cuda_runtime_version = format_cuda_version(hooks.versionCUDART());
+    if (hooks.compiledWithCuDNN()) info.cudnn_version = format_cudnn_version(hooks.versionCuDNN());
   }
 #ifdef FABRIC_WITH_CUDA
-  if (info.libtorch_has_cuda) QueryCudaDevices(info);
+  if (info.libtorch_has_cuda) query_cuda_devices(info);
 #endif
   return info;
 }

@@ -6,8 +6,9 @@
 // and `devices` is empty). Thread-safe; each call queries afresh.
 //
 // Example:
-//   fabric::RuntimeInfo info = fabric::QueryRuntimeInfo();
-//   if (!info.cuda_available) LOG(INFO) << "training on CPU with " << info.intra_op_threads << " threads";
+//   fabric::RuntimeInfo info = fabric::query_runtime_info();
+//   if (!info.cuda_available) LOG(INFO) << "training on CPU with " << info.intra_op_threads << "
+//   threads";
 #ifndef FABRIC_ACCELERATORS_DEVICE_INFO_H_
 #define FABRIC_ACCELERATORS_DEVICE_INFO_H_
 
@@ -20,39 +21,39 @@ namespace fabric {
 
 struct CudaDeviceInfo {
   int index = 0;
-  std::string name;                 // e.g. "NVIDIA H100 80GB HBM3".
-  int capability_major = 0;         // compute capability, e.g. 9.0 → 9, 0.
+  std::string name;          // e.g. "NVIDIA H100 80GB HBM3".
+  int capability_major = 0;  // compute capability, e.g. 9.0 → 9, 0.
   int capability_minor = 0;
   int64_t total_memory_bytes = 0;
   int multiprocessor_count = 0;
-  bool supports_bf16 = false;       // native bf16 math (capability ≥ 8.0).
+  bool supports_bf16 = false;  // native bf16 math (capability ≥ 8.0).
 };
 
 struct RuntimeInfo {
-  std::string libtorch_version;     // of the loaded library (its build settings), e.g. "2.11.0".
-  std::string libtorch_commit;      // git commit of the PyTorch build, when it reports one.
-  std::string libtorch_dir;         // folder of the loaded libc10.so.
-  std::string cpu_capability;       // kernels LibTorch dispatches to, e.g. "AVX512".
-  bool libtorch_has_cuda = false;   // the loaded LibTorch's CUDA part is present and registered.
-  bool cuda_available = false;      // at least one CUDA device is usable.
+  std::string libtorch_version;    // of the loaded library (its build settings), e.g. "2.11.0".
+  std::string libtorch_commit;     // git commit of the PyTorch build, when it reports one.
+  std::string libtorch_dir;        // folder of the loaded libc10.so.
+  std::string cpu_capability;      // kernels LibTorch dispatches to, e.g. "AVX512".
+  bool libtorch_has_cuda = false;  // the loaded LibTorch's CUDA part is present and registered.
+  bool cuda_available = false;     // at least one CUDA device is usable.
   std::optional<std::string> cuda_runtime_version;  // e.g. "13.0".
   std::optional<std::string> cudnn_version;         // e.g. "9.19.0".
-  std::optional<std::string> nccl_version;          // e.g. "2.28.9" (needs a FABRIC_WITH_CUDA build).
+  std::optional<std::string> nccl_version;  // e.g. "2.28.9" (needs a FABRIC_WITH_CUDA build).
   std::vector<CudaDeviceInfo> devices;
-  int intra_op_threads = 0;         // at::get_num_threads().
-  int inter_op_threads = 0;         // at::get_num_interop_threads().
+  int intra_op_threads = 0;  // at::get_num_threads().
+  int inter_op_threads = 0;  // at::get_num_interop_threads().
 };
 
-RuntimeInfo QueryRuntimeInfo();
+RuntimeInfo query_runtime_info();
 
 // "9.19.0" from cuDNN's integer version (9 * 10000 + 19 * 100 + 0 since cuDNN 9).
-std::string FormatCudnnVersion(long version);
+std::string format_cudnn_version(long version);
 
 // "13.0" from CUDA's integer runtime version (13 * 1000 + 0 * 10).
-std::string FormatCudaVersion(long version);
+std::string format_cuda_version(long version);
 
 // The value of `key` in at::show_config()'s "Build settings:" list ("key=value, ..."), if present.
-std::optional<std::string> BuildSetting(const std::string& show_config, const std::string& key);
+std::optional<std::string> build_setting(const std::string& show_config, const std::string& key);
 
 }  // namespace fabric
 

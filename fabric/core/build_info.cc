@@ -8,13 +8,13 @@ namespace fabric {
 namespace internal {
 
 // Weak default; //fabric/core:stamp (alwayslink) supplies the stamped definition for binaries.
-__attribute__((weak)) const char* ProjectRevision() { return "unstamped"; }
+__attribute__((weak)) const char* project_revision() { return "unstamped"; }
 
 }  // namespace internal
 
 namespace {
 
-std::string CompilerName() {
+std::string compiler_name() {
 #if defined(__clang__)
   return "clang " __clang_version__;
 #elif defined(__GNUC__)
@@ -24,10 +24,10 @@ std::string CompilerName() {
 #endif
 }
 
-BuildInfo MakeBuildInfo() {
+BuildInfo make_build_info() {
   BuildInfo info;
-  info.revision = internal::ProjectRevision();
-  info.compiler = CompilerName();
+  info.revision = internal::project_revision();
+  info.compiler = compiler_name();
   info.cxx_standard = __cplusplus;
 #ifdef _GLIBCXX_USE_CXX11_ABI
   info.cxx11_abi = _GLIBCXX_USE_CXX11_ABI;
@@ -46,8 +46,8 @@ BuildInfo MakeBuildInfo() {
 
 }  // namespace
 
-const BuildInfo& GetBuildInfo() {
-  static const BuildInfo info = MakeBuildInfo();
+const BuildInfo& build_info() {
+  static const BuildInfo info = make_build_info();
   return info;
 }
 

@@ -2,7 +2,7 @@
 // project revision). Cheap to call; thread-safe.
 //
 // Example:
-//   LOG(INFO) << "fabric " << fabric::GetBuildInfo().revision;
+//   LOG(INFO) << "fabric " << fabric::build_info().revision;
 #ifndef FABRIC_CORE_BUILD_INFO_H_
 #define FABRIC_CORE_BUILD_INFO_H_
 
@@ -19,11 +19,12 @@ struct BuildInfo {
   long cxx_standard = 0;         // __cplusplus, e.g. 202002.
   int cxx11_abi = -1;            // _GLIBCXX_USE_CXX11_ABI the code was compiled with.
   std::string libtorch_headers;  // LibTorch version of the headers compiled against, e.g. "2.11.0".
-  bool cuda_compiled = false;    // FABRIC_WITH_CUDA was defined (not --config=cpu_only, CUDA LibTorch).
-  bool optimized = false;        // compiled with optimization (NDEBUG).
+  bool cuda_compiled =
+      false;               // FABRIC_WITH_CUDA was defined (not --config=cpu_only, CUDA LibTorch).
+  bool optimized = false;  // compiled with optimization (NDEBUG).
 };
 
-const BuildInfo& GetBuildInfo();
+const BuildInfo& build_info();
 
 }  // namespace fabric
 

@@ -7,7 +7,7 @@
 
 namespace {
 
-void SkipWithoutCuda() {
+void skip_without_cuda() {
 #ifndef FABRIC_WITH_CUDA
   GTEST_SKIP() << "built without CUDA (--config=cpu_only or a CPU-only LibTorch)";
 #else
@@ -16,7 +16,7 @@ void SkipWithoutCuda() {
 }
 
 TEST(CudaSmokeTest, AutogradOnTheGpuMatchesTheCpuBitwise) {
-  SkipWithoutCuda();
+  skip_without_cuda();
   if (IsSkipped()) return;
   auto run = [](torch::Device device) {
     auto x = torch::tensor({1.0f, -2.0f, 0.5f, 4.0f}, torch::device(device).requires_grad(true));
@@ -31,9 +31,9 @@ TEST(CudaSmokeTest, AutogradOnTheGpuMatchesTheCpuBitwise) {
 }
 
 TEST(CudaSmokeTest, DeviceInfoDescribesEveryDevice) {
-  SkipWithoutCuda();
+  skip_without_cuda();
   if (IsSkipped()) return;
-  const fabric::RuntimeInfo info = fabric::QueryRuntimeInfo();
+  const fabric::RuntimeInfo info = fabric::query_runtime_info();
   ASSERT_TRUE(info.cuda_available);
   ASSERT_EQ(static_cast<int64_t>(info.devices.size()), torch::cuda::device_count());
   for (const auto& d : info.devices) {
@@ -46,7 +46,7 @@ TEST(CudaSmokeTest, DeviceInfoDescribesEveryDevice) {
 }
 
 TEST(CudaSmokeTest, HalfPrecisionMatmulRuns) {
-  SkipWithoutCuda();
+  skip_without_cuda();
   if (IsSkipped()) return;
   auto a = torch::ones({64, 64}, torch::device(torch::kCUDA).dtype(torch::kHalf));
   auto c = torch::mm(a, a);

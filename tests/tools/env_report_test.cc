@@ -35,12 +35,12 @@ RuntimeInfo Runtime(const std::string& version, bool has_cuda, int devices) {
 }
 
 TEST(EnvReportTest, HealthyGpuMachineHasNoWarnings) {
-  EXPECT_TRUE(fabric::tools::DiagnoseEnvironment(Build("2.11.0", true), Runtime("2.11.0", true, 2))
+  EXPECT_TRUE(fabric::tools::diagnose_environment(Build("2.11.0", true), Runtime("2.11.0", true, 2))
                   .empty());
 }
 
 TEST(EnvReportTest, VersionMismatchNamesBothVersionsAndTheFix) {
-  auto w = fabric::tools::DiagnoseEnvironment(Build("2.11.0", false), Runtime("2.10.1", false, 0));
+  auto w = fabric::tools::diagnose_environment(Build("2.11.0", false), Runtime("2.10.1", false, 0));
   ASSERT_EQ(w.size(), 1u);
   EXPECT_NE(w[0].find("2.10.1"), std::string::npos) << w[0];
   EXPECT_NE(w[0].find("/opt/torch/lib"), std::string::npos) << w[0];
@@ -48,7 +48,7 @@ TEST(EnvReportTest, VersionMismatchNamesBothVersionsAndTheFix) {
 }
 
 TEST(EnvReportTest, CudaBinaryOnCpuOnlyLibTorchIsFlagged) {
-  auto w = fabric::tools::DiagnoseEnvironment(Build("2.11.0", true), Runtime("2.11.0", false, 0));
+  auto w = fabric::tools::diagnose_environment(Build("2.11.0", true), Runtime("2.11.0", false, 0));
   ASSERT_EQ(w.size(), 1u);
   EXPECT_NE(w[0].find("--config=cpu_only"), std::string::npos) << w[0];
 }
@@ -57,17 +57,17 @@ TEST(EnvReportTest, TextAndJsonListEveryDevice) {
   fabric::tools::EnvReport report;
   report.build = Build("2.11.0", true);
   report.runtime = Runtime("2.11.0", true, 2);
-  const std::string text = fabric::tools::FormatText(report);
+  const std::string text = fabric::tools::format_text(report);
   EXPECT_NE(text.find("device 1"), std::string::npos) << text;
   EXPECT_NE(text.find("GPU1, compute capability 9.0"), std::string::npos) << text;
-  const nlohmann::json json = fabric::tools::ToJson(report);
+  const nlohmann::json json = fabric::tools::to_json(report);
   ASSERT_EQ(json["cuda"]["devices"].size(), 2u);
   EXPECT_EQ(json["cuda"]["devices"][1]["compute_capability"], "9.0");
   EXPECT_TRUE(json["cuda"]["cudnn_version"].is_null());
 }
 
 // Runs the real //tools:env binary (a data dependency) and returns its exit code and stdout.
-std::pair<int, std::string> RunEnv(const std::string& args) {
+std::pair<int, std::string> run_env(const std::string& args) {
   std::string out;
   FILE* pipe = popen(("tools/env " + args + " 2>&1").c_str(), "r");
   if (pipe == nullptr) return {-1, ""};
@@ -79,10 +79,10 @@ std::pair<int, std::string> RunEnv(const std::string& args) {
 }
 
 TEST(EnvBinaryTest, JsonReportDescribesThisMachineAndIsStamped) {
-  auto [code, out] = RunEnv("--json");
+  auto [code, out] = run_env("--json");
   ASSERT_EQ(code, 0) << out;
   const nlohmann::json json = nlohmann::json::parse(out);
-  EXPECT_EQ(json["libtorch"]["version"], fabric::GetBuildInfo().libtorch_headers);
+  EXPECT_EQ(json["libtorch"]["version"], fabric::build_info().libtorch_headers);
   // The binary links //fabric/core:stamp: its revision is the git revision, not the test default.
   EXPECT_NE(json["fabric"]["revision"], "unstamped");
   EXPECT_EQ(json["fabric"]["revision"].get<std::string>().empty(), false);
@@ -90,7 +90,7 @@ TEST(EnvBinaryTest, JsonReportDescribesThisMachineAndIsStamped) {
 }
 
 TEST(EnvBinaryTest, UnknownArgumentIsAUsageError) {
-  auto [code, out] = RunEnv("--jsn");
+  auto [code, out] = run_env("--jsn");
   EXPECT_EQ(code, 2);
   EXPECT_NE(out.find("unknown argument '--jsn'"), std::string::npos) << out;
 }

@@ -5,7 +5,7 @@
 namespace fabric::internal {
 
 // Defined weakly in build_info.cc ("unstamped") and strongly by //fabric/core:stamp.
-const char* ProjectRevision();
+const char* project_revision();
 
 }  // namespace fabric::internal
 

@@ -1,6 +1,6 @@
-// Proves the toolchain chain end to end on CPU: LibTorch headers, libraries, dispatcher and autograd
-// all work from a Bazel-built binary. Inputs are small dyadic numbers, so every expected value is
-// exact in float32 and the checks are bitwise (torch::equal), not approximate.
+// Proves the toolchain chain end to end on CPU: LibTorch headers, libraries, dispatcher and
+// autograd all work from a Bazel-built binary. Inputs are small dyadic numbers, so every expected
+// value is exact in float32 and the checks are bitwise (torch::equal), not approximate.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -31,8 +31,8 @@ TEST(AutogradChainTest, LinearLayerGradientsMatchTheClosedForm) {
   EXPECT_TRUE(torch::equal(y, torch::tensor({{14.5f, -0.5f}, {32.5f, -2.0f}})));
 
   y.sum().backward();
-  EXPECT_TRUE(torch::equal(linear->weight.grad(),
-                           torch::tensor({{5.0f, 7.0f, 9.0f}, {5.0f, 7.0f, 9.0f}})));
+  EXPECT_TRUE(
+      torch::equal(linear->weight.grad(), torch::tensor({{5.0f, 7.0f, 9.0f}, {5.0f, 7.0f, 9.0f}})));
   EXPECT_TRUE(torch::equal(linear->bias.grad(), torch::tensor({2.0f, 2.0f})));
 }
 

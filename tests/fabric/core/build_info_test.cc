@@ -5,11 +5,11 @@
 namespace {
 
 TEST(BuildInfoTest, TestsAreNotStampedSoCommitsKeepCachedResults) {
-  EXPECT_EQ(fabric::GetBuildInfo().revision, "unstamped");
+  EXPECT_EQ(fabric::build_info().revision, "unstamped");
 }
 
 TEST(BuildInfoTest, CompiledAsCxx20WithTheNewLibstdcxxAbi) {
-  const fabric::BuildInfo& info = fabric::GetBuildInfo();
+  const fabric::BuildInfo& info = fabric::build_info();
   EXPECT_GE(info.cxx_standard, 202002L);
   // libtorch_configure detected the ABI from libc10.so; the 2.11 wheels use the new ABI.
   EXPECT_EQ(info.cxx11_abi, 1);
@@ -18,9 +18,9 @@ TEST(BuildInfoTest, CompiledAsCxx20WithTheNewLibstdcxxAbi) {
 
 TEST(BuildInfoTest, CudaFlagFollowsTheBuildConfiguration) {
 #ifdef FABRIC_WITH_CUDA
-  EXPECT_TRUE(fabric::GetBuildInfo().cuda_compiled);
+  EXPECT_TRUE(fabric::build_info().cuda_compiled);
 #else
-  EXPECT_FALSE(fabric::GetBuildInfo().cuda_compiled);
+  EXPECT_FALSE(fabric::build_info().cuda_compiled);
 #endif
 }
 

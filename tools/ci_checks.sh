@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Checks that cannot run inside `bazel test` (they drive Bazel or the setup script themselves).
+# Used by .ci/run; runnable by hand. Prints "PASSED name" or "FAILED name" per check on stdout and
+# the evidence on stderr. Exit status: 0 when all passed, 1 otherwise.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+failed=0
+pass() { echo "PASSED $1"; }
+fail() { echo "FAILED $1"; echo "  $1: $2" >&2; failed=1; }
+
+# 1. A LIBTORCH_HOME that points nowhere fails the build with one line naming the fix.
+out=$(LIBTORCH_HOME=/nonexistent bazel build --noshow_progress @libtorch//:torch 2>&1)
+rc=$?
+line=$(grep -m1 '^ERROR: LibTorch not found' <<<"$out")
+if [ $rc -ne 0 ] && grep -q 'LIBTORCH_HOME=/nonexistent' <<<"$line" &&
+   grep -q 'run tools/setup.sh or set LIBTORCH_HOME' <<<"$line"; then
+  pass libtorch_not_found_message
+  echo "  message: $line" >&2
+else
+  fail libtorch_not_found_message "exit $rc; output: $(tail -n 5 <<<"$out")"
+fi
+
+# 1b. No LIBTORCH_HOME and a python3 without torch: the same kind of line.
+out=$(PYTHON_BIN_PATH=/bin/false bazel build --noshow_progress @libtorch//:torch 2>&1)
+rc=$?
+line=$(grep -m1 '^ERROR: LibTorch not found' <<<"$out")
+if [ $rc -ne 0 ] && grep -q 'finds no torch; run tools/setup.sh or set LIBTORCH_HOME' <<<"$line"; then
+  pass libtorch_no_python_torch_message
+else
+  fail libtorch_no_python_torch_message "exit $rc; output: $(tail -n 5 <<<"$out")"
+fi
+
+# 2. A second tools/setup.sh with everything present takes < 10 s and installs nothing.
+t0=$(date +%s%N)
+out=$(./tools/setup.sh 2>&1)
+rc=$?
+ms=$((($(date +%s%N) - t0) / 1000000))
+if [ $rc -eq 0 ] && [ $ms -lt 10000 ] && ! grep -q installing <<<"$out"; then
+  pass setup_second_run_fast
+  echo "  second tools/setup.sh: ${ms} ms" >&2
+else
+  fail setup_second_run_fast "exit $rc after ${ms} ms: $out"
+fi
+
+# 3. The bundle is relocatable: moved elsewhere and run with a scrubbed environment, its binaries
+#    find LibTorch through python3 and carry no build-machine run paths.
+tmp=$(mktemp -d)
+if bazel run --noshow_progress //tools:bundle -- --out="$tmp/b" //tools:env //tests:cuda_smoke_test >"$tmp/log" 2>&1 &&
+   mv "$tmp/b" "$tmp/moved"; then
+  json=$(cd / && env -i PATH="$PATH" HOME="$HOME" "$tmp/moved/run.sh" env --json 2>&1)
+  want=$(sed -n 's/^torch==//p' tools/requirements.txt)
+  got=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["libtorch"]["version"])' <<<"$json" 2>/dev/null)
+  rpaths=$(for f in "$tmp"/moved/bin/* "$tmp"/moved/lib/*; do readelf -d "$f" | grep -E 'R(UN)?PATH'; done | grep -v '\$ORIGIN/../lib\]' || true)
+  smoke=$(cd / && env -i PATH="$PATH" HOME="$HOME" "$tmp/moved/run.sh" cuda_smoke_test 2>&1)
+  smoke_rc=$?
+  if [ "$got" = "$want" ] && [ -z "$rpaths" ] && [ $smoke_rc -eq 0 ]; then
+    pass bundle_relocatable
+  else
+    fail bundle_relocatable "libtorch version '$got' (want $want); foreign run paths: '$rpaths'; cuda_smoke_test exit $smoke_rc: $(tail -n 3 <<<"$smoke")"
+  fi
+else
+  fail bundle_relocatable "bundle failed: $(tail -n 5 "$tmp/log")"
+fi
+rm -rf "$tmp"
+
+# 4. Another Bazel workspace can depend on Fabric++ as a library (README: "Use as a library").
+tmp=$(mktemp -d)
+mkdir -p "$tmp/app"
+cat >"$tmp/app/WORKSPACE" <<WS
+local_repository(name = "fabricpp", path = "$PWD")
+load("@fabricpp//tools/bazel:deps.bzl", "fabric_dependencies")
+fabric_dependencies(fabric_path = "$PWD")
+WS
+cat >"$tmp/app/.bazelrc" <<'RC'
+build --cxxopt=-std=c++20 --spawn_strategy=processwrapper-sandbox --compilation_mode=opt
+RC
+cat >"$tmp/app/BUILD.bazel" <<'BUILD'
+cc_binary(name = "app", srcs = ["app.cc"], deps = ["@fabricpp//:fabric", "@libtorch//:torch"])
+BUILD
+cat >"$tmp/app/app.cc" <<'CC'
+#include <torch/torch.h>
+#include <iostream>
+#include "fabric/accelerators/device_info.h"
+#include "fabric/core/build_info.h"
+int main() {
+  auto x = torch::ones({2, 2}, torch::requires_grad());
+  (x * x).sum().backward();
+  std::cout << fabric::query_runtime_info().libtorch_version << " " << x.grad().sum().item<float>() << "\n";
+}
+CC
+app_out=$(cd "$tmp/app" && bazel build --noshow_progress //:app >"$tmp/app.log" 2>&1 && ./bazel-bin/app 2>&1)
+want="$(sed -n 's/^torch==//p' tools/requirements.txt) 8"
+if [ "$app_out" = "$want" ]; then
+  pass library_consumer_workspace
+else
+  fail library_consumer_workspace "printed '$app_out' (want '$want'); build log: $(tail -n 5 "$tmp/app.log")"
+fi
+(cd "$tmp/app" && bazel clean --expunge >/dev/null 2>&1; bazel shutdown >/dev/null 2>&1)
+rm -rf "$tmp"
+
+exit $failed
