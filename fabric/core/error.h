@@ -16,6 +16,13 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& message) : std::runtime_error(message) {}
 };
 
+// A bad config file, override or command-line flag. Programs exit with status 2 on it
+// (fabric::run_main does this), printing only the message: "FILE:LINE:COL: KEY: problem; fix".
+class ConfigError : public Error {
+ public:
+  explicit ConfigError(const std::string& message) : Error(message) {}
+};
+
 }  // namespace fabric
 
 #endif  // FABRIC_CORE_ERROR_H_

@@ -1,0 +1,450 @@
+#include "fabric/config.h"
+
+#include <gflags/gflags.h>
+#include <yaml-cpp/yaml.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "fabric/core/paths.h"
+#include "fabric/core/suggest.h"
+#include "fabric/internal/config_value.h"
+
+DEFINE_string(config, "", "config file (YAML); see fabric/config.h for where it is looked up");
+DEFINE_bool(print_config, false, "print the resolved config and exit");
+
+namespace fs = std::filesystem;
+
+namespace fabric {
+namespace {
+
+struct Entry {
+  YAML::Node value;
+  std::string origin;  // "file:line:col" of the value, "command line", or "default"
+};
+
+using Entries = std::map<std::string, Entry>;
+
+std::string location(const std::string& file, const YAML::Mark& mark) {
+  if (mark.is_null()) return file;
+  return file + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
+}
+
+[[noreturn]] void fail(const std::string& where, const std::string& message) {
+  throw ConfigError(where + ": " + message);
+}
+
+std::vector<std::string> config_search_dirs() {
+  const char* dir = std::getenv("FABRIC_CONFIG_DIR");
+  return dir ? std::vector<std::string>{dir} : std::vector<std::string>{};
+}
+
+// The first existing candidate, or ConfigError listing every place tried (with a did-you-mean
+// among the YAML files of the folders that exist).
+fs::path find_config(const std::string& name, const std::vector<fs::path>& first_try,
+                     const std::string& where) {
+  std::vector<fs::path> tried = first_try;
+  for (const auto& c : search_candidates(name, "configs", config_search_dirs())) tried.push_back(c);
+  std::error_code ec;
+  std::vector<std::string> seen, nearby;
+  for (const auto& c : tried) {
+    if (fs::is_regular_file(c, ec)) return c;
+    seen.push_back(c.string());
+    for (const auto& entry : fs::directory_iterator(c.parent_path(), ec)) {
+      const std::string ext = entry.path().extension().string();
+      if (ext == ".yaml" || ext == ".yml") nearby.push_back(entry.path().filename().string());
+    }
+  }
+  std::string hint = did_you_mean(fs::path(name).filename().string(), nearby);
+  fail(where, "config file '" + name + "' not found" + hint + " (tried " + join(seen) + ")");
+}
+
+YAML::Node read_yaml(const fs::path& path, const std::string& display) {
+  std::ifstream in(path);
+  if (!in) fail(display, std::string("cannot read: ") + std::strerror(errno));
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    return YAML::Load(text.str());
+  } catch (const YAML::ParserException& e) {
+    fail(location(display, e.mark), "YAML syntax error: " + e.msg);
+  }
+}
+
+class Loader {
+ public:
+  explicit Loader(const ConfigSchema& schema) : schema_(schema) {}
+
+  // Flattens `node` (a mapping at `prefix`) into `out`, checking keys against the schema.
+  void flatten(const YAML::Node& node, const std::string& prefix, const std::string& file,
+               Entries& out) {
+    std::set<std::string> local;
+    for (const auto& kv : node) {
+      const YAML::Node& key_node = kv.first;
+      const YAML::Node& value = kv.second;
+      const std::string key_where = location(file, key_node.Mark());
+      if (!key_node.IsScalar()) fail(key_where, "keys must be plain names");
+      const std::string key = key_node.Scalar();
+      const std::string path = prefix.empty() ? key : prefix + "." + key;
+      if (prefix.empty() && key == "base") continue;  // handled by load_file
+      if (!local.insert(key).second) fail(key_where, path + ": duplicate key");
+      if (schema_.find(path) != nullptr) {
+        // An empty value has no position of its own (yaml-cpp points past it): blame the key.
+        out[path] = Entry{value, value.IsNull() ? key_where : location(file, value.Mark())};
+      } else if (schema_.is_section(path)) {
+        if (value.IsMap()) {
+          flatten(value, path, file, out);
+        } else if (!value.IsNull()) {
+          fail(location(file, value.Mark()),
+               path + ": expected a mapping of keys under '" + path + ":', got " +
+                   internal::describe(value));
+        }
+      } else if (prefix.empty()) {
+        fail(key_where, "unknown section '" + key + "'" + did_you_mean(key, schema_.sections()) +
+                            " (sections: " + join(schema_.sections()) + ")");
+      } else {
+        fail(key_where, "unknown key '" + path + "'" + did_you_mean(path, schema_.paths()));
+      }
+    }
+  }
+
+  // Loads `path` and its base chain (base underneath). `chain` detects cycles.
+  Entries load_file(const fs::path& path, std::vector<fs::path> chain) {
+    std::error_code ec;
+    const fs::path canonical = fs::weakly_canonical(path, ec);
+    const std::string display = display_path(path);
+    for (const auto& p : chain) {
+      if (p == canonical) {
+        std::vector<std::string> names;
+        for (const auto& q : chain) names.push_back(display_path(q));
+        names.push_back(display);
+        fail(display, "base: cycle " + join(names, " -> "));
+      }
+    }
+    chain.push_back(canonical);
+    YAML::Node root = read_yaml(path, display);
+    return load_node(root, display, path.parent_path(), chain);
+  }
+
+  Entries load_node(const YAML::Node& root, const std::string& display, const fs::path& dir,
+                    const std::vector<fs::path>& chain) {
+    if (root.IsNull()) return {};
+    if (!root.IsMap()) {
+      fail(location(display, root.Mark()),
+           "a config must be a mapping of sections (fabric:, data:, ...), got " +
+               internal::describe(root));
+    }
+    Entries entries;
+    if (const YAML::Node base = root["base"]) {
+      const std::string where = location(display, base.Mark());
+      if (!base.IsScalar() || base.Scalar().empty())
+        fail(where, "base: expected a file name like 'single_cpu.yaml'");
+      const fs::path found =
+          find_config(base.Scalar(), {fs::path(base.Scalar()).is_absolute() ? fs::path() : dir / base.Scalar()},
+                      where + ": base");
+      entries = load_file(found, chain);
+    }
+    Entries own;
+    flatten(root, "", display, own);
+    for (auto& [k, v] : own) entries[k] = std::move(v);
+    return entries;
+  }
+
+  void apply_override(const std::string& text, Entries& entries) {
+    const auto eq = text.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      fail("command line", "'" + text + "' is not an override: write key=value (e.g. optimizer.lr=0.2)");
+    }
+    const std::string path = text.substr(0, eq);
+    YAML::Node value;
+    try {
+      value = YAML::Load(text.substr(eq + 1));
+    } catch (const YAML::Exception& e) {
+      fail("command line", path + ": '" + text.substr(eq + 1) + "' is not a YAML value (" + e.msg + ")");
+    }
+    if (schema_.find(path) != nullptr) {
+      entries[path] = Entry{value, "command line"};
+    } else if (schema_.is_section(path) && value.IsMap()) {
+      Entries nested;
+      flatten(value, path, "command line", nested);
+      for (auto& [k, v] : nested) entries[k] = Entry{v.value, "command line"};
+    } else {
+      fail("command line", "unknown key '" + path + "'" + did_you_mean(path, schema_.paths()));
+    }
+  }
+
+  // Validates and canonicalizes every entry, then fills defaults.
+  Entries resolve(Entries entries) {
+    Entries out;
+    for (const auto& path : schema_.paths()) {
+      const KeySpec& spec = *schema_.find(path);
+      auto it = entries.find(path);
+      if (it == entries.end()) {
+        out[path] = Entry{internal::normalize_value(spec, YAML::Load(spec.default_text())).value, "default"};
+        continue;
+      }
+      auto checked = internal::normalize_value(spec, it->second.value);
+      if (!checked.error.empty()) fail(it->second.origin, path + ": " + checked.error);
+      out[path] = Entry{checked.value, it->second.origin};
+    }
+    return out;
+  }
+
+ private:
+  const ConfigSchema& schema_;
+};
+
+uint64_t fnv1a64(const std::string& text) {
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+// Whether `arg` ("--name=value", "-name", "--noname") names a flag known to gflags.
+bool known_flag(const std::string& name, gflags::CommandLineFlagInfo* info) {
+  if (gflags::GetCommandLineFlagInfo(name.c_str(), info)) return true;
+  if (name.rfind("no", 0) == 0 && gflags::GetCommandLineFlagInfo(name.substr(2).c_str(), info))
+    return info->type == "bool";
+  return false;
+}
+
+}  // namespace
+
+struct Config::Impl {
+  ConfigSchema schema;
+  Entries entries;
+  std::string file;
+  std::vector<std::string> overrides;
+  std::string yaml;
+  std::string hash;
+};
+
+namespace {
+
+Config::Impl build_impl(const ConfigSchema& schema, Entries raw, const std::vector<std::string>& overrides,
+                        std::string file) {
+  Loader loader(schema);
+  for (const auto& o : overrides) loader.apply_override(o, raw);
+  Config::Impl impl;
+  impl.schema = schema;
+  impl.entries = loader.resolve(std::move(raw));
+  impl.file = std::move(file);
+  impl.overrides = overrides;
+
+  YAML::Node root(YAML::NodeType::Map);
+  for (const auto& path : schema.paths()) {
+    YAML::Node node = root;
+    std::stringstream parts(path);
+    std::string part;
+    std::vector<std::string> names;
+    while (std::getline(parts, part, '.')) names.push_back(part);
+    // Walk/create nested maps; yaml-cpp nodes are references, so reassigning `node` descends.
+    for (size_t i = 0; i + 1 < names.size(); ++i) {
+      if (!node[names[i]]) node[names[i]] = YAML::Node(YAML::NodeType::Map);
+      node.reset(node[names[i]]);
+    }
+    node[names.back()] = impl.entries.at(path).value;
+  }
+  YAML::Emitter out;
+  out << root;
+  impl.yaml = std::string(out.c_str()) + "\n";
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(fnv1a64(impl.yaml)));
+  impl.hash = hex;
+  return impl;
+}
+
+}  // namespace
+
+Config Config::load(const std::string& file, const std::vector<std::string>& overrides,
+                    const ConfigSchema& schema) {
+  Loader loader(schema);
+  const fs::path found = find_config(file, {}, "--config");
+  Entries raw = loader.load_file(found, {});
+  return Config(std::make_shared<const Impl>(build_impl(schema, std::move(raw), overrides, display_path(found))));
+}
+
+Config Config::parse(const std::string& yaml, const std::vector<std::string>& overrides,
+                     const ConfigSchema& schema, const std::string& name) {
+  Loader loader(schema);
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::ParserException& e) {
+    fail(location(name, e.mark), "YAML syntax error: " + e.msg);
+  }
+  Entries raw = loader.load_node(root, name, working_directory(), {});
+  return Config(std::make_shared<const Impl>(build_impl(schema, std::move(raw), overrides, name)));
+}
+
+Config Config::defaults(const ConfigSchema& schema, const std::vector<std::string>& overrides) {
+  return Config(std::make_shared<const Impl>(build_impl(schema, {}, overrides, "")));
+}
+
+Config Config::from_command_line(int argc, char** argv, const ConfigSchema& schema) {
+  const CommandLine cl = parse_command_line(argc, argv);
+  return cl.config_file.empty() ? defaults(schema, cl.overrides)
+                                : load(cl.config_file, cl.overrides, schema);
+}
+
+namespace {
+
+const Entry& entry_of(const Config::Impl& impl, const std::string& path, KeyType want,
+                      std::initializer_list<KeyType> also = {}) {
+  const KeySpec* spec = impl.schema.find(path);
+  if (spec == nullptr) throw Error("Config: no key '" + path + "' in the schema");
+  bool ok = spec->type() == want;
+  for (KeyType t : also) ok |= spec->type() == t;
+  if (!ok) throw Error("Config: '" + path + "' is " + spec->type_name() + ", not the type asked for");
+  return impl.entries.at(path);
+}
+
+}  // namespace
+
+bool Config::get_bool(const std::string& path) const {
+  return entry_of(*impl_, path, KeyType::kBool).value.as<bool>();
+}
+
+int64_t Config::get_int(const std::string& path) const {
+  return entry_of(*impl_, path, KeyType::kInt).value.as<int64_t>();
+}
+
+double Config::get_double(const std::string& path) const {
+  return std::strtod(entry_of(*impl_, path, KeyType::kFloat, {KeyType::kInt}).value.Scalar().c_str(),
+                     nullptr);
+}
+
+std::string Config::get_string(const std::string& path) const {
+  return entry_of(*impl_, path, KeyType::kString, {KeyType::kChoice}).value.Scalar();
+}
+
+std::vector<double> Config::get_double_list(const std::string& path) const {
+  std::vector<double> out;
+  for (const auto& item : entry_of(*impl_, path, KeyType::kFloatList).value)
+    out.push_back(std::strtod(item.Scalar().c_str(), nullptr));
+  return out;
+}
+
+DeviceRequest Config::get_devices(const std::string& path) const {
+  const YAML::Node& v = entry_of(*impl_, path, KeyType::kDevices).value;
+  DeviceRequest r;
+  if (v.IsSequence()) {
+    for (const auto& id : v) r.ids.push_back(id.as<int64_t>());
+    r.count = static_cast<int64_t>(r.ids.size());
+  } else if (v.Scalar() == "auto") {
+    r.is_auto = true;
+  } else {
+    r.count = v.as<int64_t>();
+  }
+  return r;
+}
+
+std::string Config::get_text(const std::string& path) const {
+  if (impl_->schema.find(path) == nullptr) throw Error("Config: no key '" + path + "' in the schema");
+  const YAML::Node& v = impl_->entries.at(path).value;
+  return v.IsScalar() ? v.Scalar() : internal::describe(v);
+}
+
+std::string Config::origin(const std::string& path) const {
+  if (impl_->schema.find(path) == nullptr) throw Error("Config: no key '" + path + "' in the schema");
+  return impl_->entries.at(path).origin;
+}
+
+ConfigError Config::error_at(const std::string& path, const std::string& message) const {
+  return ConfigError(origin(path) + ": " + path + ": " + message);
+}
+
+std::string Config::to_yaml() const { return impl_->yaml; }
+std::string Config::hash() const { return impl_->hash; }
+const std::string& Config::file() const { return impl_->file; }
+const std::vector<std::string>& Config::overrides() const { return impl_->overrides; }
+const ConfigSchema& Config::schema() const { return impl_->schema; }
+
+CommandLine parse_command_line(int argc, char** argv) {
+  CommandLine cl;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  std::vector<std::string> gflag_args = {argc > 0 ? argv[0] : "program"};
+  std::vector<gflags::CommandLineFlagInfo> all;
+  gflags::GetAllFlags(&all);
+  std::vector<std::string> names;
+  for (const auto& f : all) names.push_back("--" + f.name);
+
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--") {  // everything after is an override
+      for (size_t j = i + 1; j < args.size(); ++j) cl.overrides.push_back(args[j]);
+      break;
+    }
+    if (arg.size() < 2 || arg[0] != '-') {
+      if (arg.find('=') == std::string::npos || arg.front() == '=') {
+        fail("command line", "'" + arg + "' is not an override: write key=value (e.g. optimizer.lr=0.2)");
+      }
+      cl.overrides.push_back(arg);
+      continue;
+    }
+    const std::string body = arg.substr(arg[1] == '-' ? 2 : 1);
+    const std::string name = body.substr(0, body.find('='));
+    if (name == "help" || name == "h" || name == "helpfull") {
+      cl.help = true;
+      continue;
+    }
+    gflags::CommandLineFlagInfo info;
+    if (!known_flag(name, &info)) {
+      fail("command line", "unknown flag '--" + name + "'" + did_you_mean("--" + name, names) +
+                               " (see --help)");
+    }
+    gflag_args.push_back(arg);
+    if (body.find('=') == std::string::npos && info.type != "bool") {
+      if (i + 1 >= args.size()) fail("command line", "--" + name + " needs a value: --" + name + "=VALUE");
+      gflag_args.push_back(args[++i]);
+    }
+  }
+
+  // gflags parses a copy: the caller's argv stays intact (launchers re-execute it).
+  std::vector<char*> ptrs;
+  for (auto& s : gflag_args) ptrs.push_back(s.data());
+  int n = static_cast<int>(ptrs.size());
+  char** p = ptrs.data();
+  FLAGS_config.clear();  // each call starts from the defaults
+  FLAGS_print_config = false;
+  gflags::ParseCommandLineNonHelpFlags(&n, &p, /*remove_flags=*/true);
+  cl.config_file = FLAGS_config;
+  cl.print_config = FLAGS_print_config;
+  return cl;
+}
+
+std::string describe_schema(const ConfigSchema& schema, const std::string& program) {
+  std::ostringstream out;
+  out << "usage: " << program << " [--config=FILE] [--print_config] [key=value ...]\n\n"
+      << "  --config=FILE    YAML config (absolute, relative to the working directory, or in configs/)\n"
+      << "  --print_config   print the resolved config and exit\n"
+      << "  key=value        override a config key (YAML value), e.g. optimizer.lr=0.2\n\n"
+      << "Config keys (default in brackets):\n";
+  std::string section;
+  for (const auto& path : schema.paths()) {
+    const std::string s = path.substr(0, path.find('.'));
+    if (s != section) {
+      section = s;
+      out << "\n" << section << ":";
+      const std::string doc = schema.section_documentation(section);
+      if (!doc.empty()) out << "  " << doc;
+      out << "\n";
+    }
+    const KeySpec& spec = *schema.find(path);
+    out << "  " << path << " [" << spec.default_text() << "] " << spec.type_name();
+    if (!spec.doc_text().empty()) out << ": " << spec.doc_text();
+    out << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace fabric

@@ -1,0 +1,234 @@
+#include "fabric/config_schema.h"
+
+#include "fabric/core/error.h"
+#include "fabric/core/suggest.h"
+#include "fabric/internal/config_value.h"
+
+namespace fabric {
+
+KeySpec KeySpec::boolean(bool default_value) {
+  return KeySpec(KeyType::kBool, default_value ? "true" : "false");
+}
+
+KeySpec KeySpec::integer(int64_t default_value) {
+  return KeySpec(KeyType::kInt, std::to_string(default_value));
+}
+
+KeySpec KeySpec::real(double default_value) {
+  return KeySpec(KeyType::kFloat, internal::format_double(default_value));
+}
+
+KeySpec KeySpec::string(std::string default_value) {
+  YAML::Emitter out;
+  out << default_value;
+  return KeySpec(KeyType::kString, out.c_str());
+}
+
+KeySpec KeySpec::choice(std::vector<std::string> choices, std::string default_value) {
+  KeySpec spec(KeyType::kChoice, std::move(default_value));
+  spec.choices_ = std::move(choices);
+  return spec;
+}
+
+KeySpec KeySpec::real_list(std::vector<double> default_value) {
+  std::vector<std::string> items;
+  for (double v : default_value) items.push_back(internal::format_double(v));
+  return KeySpec(KeyType::kFloatList, "[" + join(items) + "]");
+}
+
+KeySpec KeySpec::devices() { return KeySpec(KeyType::kDevices, "auto"); }
+
+KeySpec& KeySpec::min(double bound, bool inclusive) {
+  min_ = bound;
+  min_inclusive_ = inclusive;
+  return *this;
+}
+
+KeySpec& KeySpec::max(double bound, bool inclusive) {
+  max_ = bound;
+  max_inclusive_ = inclusive;
+  return *this;
+}
+
+KeySpec& KeySpec::alias(std::string alias, std::string canonical) {
+  aliases_[std::move(alias)] = std::move(canonical);
+  return *this;
+}
+
+KeySpec& KeySpec::noun(std::string noun) {
+  noun_ = std::move(noun);
+  return *this;
+}
+
+KeySpec& KeySpec::doc(std::string text) {
+  doc_ = std::move(text);
+  return *this;
+}
+
+std::string KeySpec::type_name() const {
+  switch (type_) {
+    case KeyType::kBool: return "a boolean";
+    case KeyType::kInt: return "an integer";
+    case KeyType::kFloat: return "a number";
+    case KeyType::kString: return "a string";
+    case KeyType::kChoice: return "one of " + join(choices_, "|");
+    case KeyType::kFloatList: return "a list of numbers";
+    case KeyType::kDevices: return "auto, a device count or a list of device ids";
+  }
+  return "a value";
+}
+
+ConfigSchema& ConfigSchema::add(const std::string& path, KeySpec spec) {
+  if (path.empty() || path.front() == '.' || path.back() == '.' ||
+      path.find('.') == std::string::npos) {
+    throw Error("ConfigSchema::add: '" + path + "' is not a dotted key like 'section.key'");
+  }
+  if (specs_.count(path)) throw Error("ConfigSchema::add: '" + path + "' is declared twice");
+  for (const auto& other : paths_) {
+    if (other.rfind(path + ".", 0) == 0 || path.rfind(other + ".", 0) == 0)
+      throw Error("ConfigSchema::add: '" + path + "' and '" + other +
+                  "' cannot both be keys (one is a section of the other)");
+  }
+  auto checked = internal::normalize_value(spec, YAML::Load(spec.default_text()));
+  if (!checked.error.empty())
+    throw Error("ConfigSchema::add: default of '" + path + "': " + checked.error);
+  paths_.push_back(path);
+  specs_.emplace(path, std::move(spec));
+  return *this;
+}
+
+ConfigSchema& ConfigSchema::set_default(const std::string& path, const std::string& yaml_text) {
+  auto it = specs_.find(path);
+  if (it == specs_.end()) throw Error("ConfigSchema::set_default: unknown key '" + path + "'");
+  KeySpec updated = it->second;
+  updated.default_text_ = yaml_text;
+  auto checked = internal::normalize_value(updated, YAML::Load(yaml_text));
+  if (!checked.error.empty())
+    throw Error("ConfigSchema::set_default: default of '" + path + "': " + checked.error);
+  it->second = std::move(updated);
+  return *this;
+}
+
+ConfigSchema& ConfigSchema::section_doc(const std::string& section, std::string text) {
+  section_docs_[section] = std::move(text);
+  return *this;
+}
+
+const KeySpec* ConfigSchema::find(const std::string& path) const {
+  auto it = specs_.find(path);
+  return it == specs_.end() ? nullptr : &it->second;
+}
+
+bool ConfigSchema::is_section(const std::string& path) const {
+  for (const auto& p : paths_)
+    if (p.rfind(path + ".", 0) == 0) return true;
+  return false;
+}
+
+std::vector<std::string> ConfigSchema::sections() const {
+  std::vector<std::string> out;
+  for (const auto& p : paths_) {
+    std::string section = p.substr(0, p.find('.'));
+    bool seen = false;
+    for (const auto& s : out) seen |= s == section;
+    if (!seen) out.push_back(section);
+  }
+  return out;
+}
+
+std::string ConfigSchema::section_documentation(const std::string& section) const {
+  auto it = section_docs_.find(section);
+  return it == section_docs_.end() ? "" : it->second;
+}
+
+ConfigSchema default_schema() {
+  ConfigSchema s;
+  s.section_doc("fabric", "How and where to run: devices, strategy, precision.");
+  s.add("fabric.accelerator", KeySpec::choice({"auto", "cpu", "cuda"}, "auto")
+                                  .alias("gpu", "cuda")
+                                  .noun("an accelerator")
+                                  .doc("auto: cuda when a CUDA device is usable, else cpu"));
+  s.add("fabric.devices", KeySpec::devices().doc(
+                              "auto: 1 device (all devices once DDP lands); N; -1 = all; [ids]"));
+  s.add("fabric.num_nodes", KeySpec::integer(1).min(1).doc("machines in the job"));
+  s.add("fabric.strategy", KeySpec::choice({"auto", "single_device", "dp", "ddp"}, "auto")
+                               .noun("a strategy")
+                               .doc("auto: single_device for one device"));
+  s.add("fabric.precision",
+        KeySpec::choice({"32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"},
+                        "32-true")
+            .alias("32", "32-true")
+            .alias("64", "64-true")
+            .alias("16", "16-mixed")
+            .alias("bf16", "bf16-mixed")
+            .noun("a precision")
+            .doc("*-mixed: autocast + fp32 weights (16-mixed scales the loss); *-true: weights in "
+                 "that dtype"));
+  s.add("fabric.sync_batchnorm", KeySpec::boolean(false).doc("convert BatchNorm to SyncBatchNorm (DDP)"));
+  s.add("fabric.seed", KeySpec::integer(42).min(0).doc("seeds every RNG (torch, data order, augmentation)"));
+  s.add("fabric.deterministic",
+        KeySpec::boolean(false).doc("deterministic kernels (slower); implies cudnn_benchmark false"));
+  s.add("fabric.cudnn_benchmark", KeySpec::choice({"auto", "true", "false"}, "auto")
+                                      .doc("auto: true unless deterministic"));
+  s.add("fabric.matmul_precision", KeySpec::choice({"highest", "high", "medium"}, "highest")
+                                       .doc("float32 matmul: high/medium allow TF32 on CUDA"));
+  s.add("fabric.grad_scaler.init_scale", KeySpec::real(65536.0).min(0, false).doc("16-mixed loss scale at start"));
+  s.add("fabric.grad_scaler.growth_factor", KeySpec::real(2.0).min(1, false));
+  s.add("fabric.grad_scaler.backoff_factor", KeySpec::real(0.5).min(0, false).max(1, false));
+  s.add("fabric.grad_scaler.growth_interval", KeySpec::integer(2000).min(1).doc("finite steps before growing"));
+  s.add("fabric.ddp.bucket_cap_mb", KeySpec::real(25.0).min(0, false).doc("reserved (Distributed)"));
+  s.add("fabric.ddp.find_unused_parameters", KeySpec::boolean(false).doc("reserved (Distributed)"));
+  s.add("fabric.ddp.broadcast_buffers", KeySpec::boolean(true).doc("reserved (Distributed)"));
+  s.add("fabric.ddp.gradient_as_bucket_view", KeySpec::boolean(false).doc("reserved (Distributed)"));
+  s.add("fabric.ddp.static_graph", KeySpec::boolean(false).doc("reserved (Distributed)"));
+  s.add("fabric.ddp.comm_hook", KeySpec::choice({"none", "fp16", "bf16"}, "none").doc("reserved (Distributed)"));
+  s.add("fabric.ddp.timeout_s", KeySpec::real(300.0).min(0, false).doc("reserved (Distributed)"));
+
+  s.section_doc("logging", "Where results go.");
+  s.add("logging.run_dir", KeySpec::string("runs/{name}/{timestamp}")
+                               .doc("run directory template; fields {name}, {timestamp}, {hash}; "
+                                    "relative to where the command was run"));
+  s.add("logging.log_every_n_steps", KeySpec::integer(50).min(1).doc("progress line period"));
+  return s;
+}
+
+ConfigSchema training_schema() {
+  ConfigSchema s = default_schema();
+  s.section_doc("trainer", "Loop bounds.");
+  s.add("trainer.max_epochs", KeySpec::integer(10).min(1));
+  s.add("trainer.max_steps", KeySpec::integer(-1).min(-1).doc("-1: no limit (max_epochs bounds the run)"));
+  s.add("trainer.eval_every_n_epochs", KeySpec::integer(1).min(0).doc("0: evaluate only at the end"));
+  s.add("trainer.limit_eval_batches", KeySpec::integer(-1).min(-1).doc("-1: the whole test split"));
+  s.add("trainer.gradient_clip_val", KeySpec::real(0.0).min(0).doc("0: no clipping"));
+  s.add("trainer.gradient_clip_algorithm", KeySpec::choice({"norm", "value"}, "norm"));
+
+  s.section_doc("data", "Loading.");
+  s.add("data.root", KeySpec::string("").doc("dataset folder; relative to where the command was run"));
+  s.add("data.batch_size", KeySpec::integer(128).min(1).doc("per process"));
+  s.add("data.shuffle", KeySpec::boolean(true).doc("reshuffled each epoch from fabric.seed + epoch"));
+  s.add("data.drop_last", KeySpec::boolean(false));
+  s.add("data.num_workers", KeySpec::integer(1).min(0).doc("background loader threads; 0 = in the loop"));
+  s.add("data.prefetch", KeySpec::integer(2).min(1).doc("batches prepared ahead"));
+
+  s.section_doc("optimizer", "Built by fabric::make_optimizer.");
+  s.add("optimizer.name", KeySpec::choice({"sgd", "adam", "adamw"}, "sgd").noun("an optimizer"));
+  s.add("optimizer.lr", KeySpec::real(0.1).min(0, false).doc("peak learning rate"));
+  s.add("optimizer.momentum", KeySpec::real(0.9).min(0).max(1, false).doc("sgd"));
+  s.add("optimizer.nesterov", KeySpec::boolean(false).doc("sgd"));
+  s.add("optimizer.weight_decay", KeySpec::real(0.0).min(0));
+  s.add("optimizer.betas", KeySpec::real_list({0.9, 0.999}).min(0).max(1, false).doc("adam, adamw"));
+  s.add("optimizer.eps", KeySpec::real(1e-8).min(0, false).doc("adam, adamw"));
+
+  s.section_doc("scheduler", "Learning rate per optimizer step (never scaled by world size).");
+  s.add("scheduler.name", KeySpec::choice({"none", "cosine", "one_cycle", "linear"}, "none")
+                              .noun("a scheduler")
+                              .doc("cosine: to min_lr; one_cycle: up then down; linear: to min_lr"));
+  s.add("scheduler.warmup_steps", KeySpec::integer(0).min(0).doc("linear warm-up from 0 (none/cosine/linear)"));
+  s.add("scheduler.min_lr", KeySpec::real(0.0).min(0));
+  s.add("scheduler.pct_start", KeySpec::real(0.3).min(0, false).max(1, false).doc("one_cycle"));
+  s.add("scheduler.div_factor", KeySpec::real(25.0).min(0, false).doc("one_cycle: initial lr = lr / div_factor"));
+  s.add("scheduler.final_div_factor", KeySpec::real(1e4).min(0, false).doc("one_cycle: final lr = initial / this"));
+  return s;
+}
+
+}  // namespace fabric
