@@ -1,0 +1,148 @@
+#include "fabric/precision/grad_scaler.h"
+
+#include <torch/torch.h>
+
+#include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
+#include <ATen/ops/_amp_update_scale.h>
+
+#include <set>
+#include <tuple>
+
+#include "fabric/core/error.h"
+
+namespace fabric {
+
+GradScaler::GradScaler(GradScalerOptions options) : options_(options) {
+  if (!(options_.init_scale > 0)) throw Error("GradScaler: init_scale must be > 0");
+  if (!(options_.growth_factor > 1)) throw Error("GradScaler: growth_factor must be > 1");
+  if (!(options_.backoff_factor > 0 && options_.backoff_factor < 1))
+    throw Error("GradScaler: backoff_factor must be in (0, 1)");
+  if (options_.growth_interval < 1) throw Error("GradScaler: growth_interval must be >= 1");
+  lazy_init(torch::kCPU);
+}
+
+void GradScaler::lazy_init(const torch::Device& device) {
+  if (scale_.defined()) {
+    if (scale_.device() != device) {
+      scale_ = scale_.to(device);
+      growth_tracker_ = growth_tracker_.to(device);
+    }
+    return;
+  }
+  scale_ = torch::full({1}, options_.init_scale, torch::dtype(torch::kFloat32).device(device));
+  growth_tracker_ = torch::zeros({1}, torch::dtype(torch::kInt32).device(device));
+}
+
+torch::Tensor GradScaler::scale(const torch::Tensor& loss) {
+  if (!options_.enabled) return loss;
+  lazy_init(loss.device());
+  return loss * scale_.to(loss.scalar_type());
+}
+
+void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
+  if (!options_.enabled) return;
+  PerOptimizer& state = per_optimizer_[&optimizer];
+  if (state.stage == Stage::kUnscaled)
+    throw Error("GradScaler::unscale_: already called for this optimizer since the last update()");
+  if (state.stage == Stage::kStepped)
+    throw Error("GradScaler::unscale_: called after step(); call update() first");
+
+  // Group gradients by (device, dtype): the kernel wants one device and dtype per call.
+  std::map<std::tuple<c10::DeviceType, c10::DeviceIndex, c10::ScalarType>, std::vector<torch::Tensor>>
+      groups;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& p : group.params()) {
+      const torch::Tensor& g = p.grad();
+      if (!g.defined()) continue;
+      if (g.scalar_type() == torch::kHalf)
+        throw Error("GradScaler: refusing to unscale float16 gradients; keep parameters in float32 "
+                    "(precision 16-mixed, not 16-true)");
+      if (g.is_sparse()) throw Error("GradScaler: sparse gradients are not supported");
+      groups[{g.device().type(), g.device().index(), g.scalar_type()}].push_back(g);
+    }
+  }
+  const torch::Tensor inv_scale = scale_.to(torch::kFloat64).reciprocal().to(torch::kFloat32);
+  std::map<std::pair<c10::DeviceType, c10::DeviceIndex>, torch::Tensor> found_by_device;
+  for (auto& [key, grads] : groups) {
+    const torch::Device device(std::get<0>(key), std::get<1>(key));
+    torch::Tensor& found = found_by_device[{device.type(), device.index()}];
+    if (!found.defined()) found = torch::zeros({1}, torch::dtype(torch::kFloat32).device(device));
+    at::_amp_foreach_non_finite_check_and_unscale_(grads, found, inv_scale.to(device));
+  }
+  state.found_inf.clear();
+  for (auto& [device, found] : found_by_device) state.found_inf.push_back(found);
+  state.stage = Stage::kUnscaled;
+}
+
+bool GradScaler::step(torch::optim::Optimizer& optimizer) {
+  if (!options_.enabled) {
+    optimizer.step();
+    return true;
+  }
+  if (per_optimizer_[&optimizer].stage == Stage::kStepped)
+    throw Error("GradScaler::step: already called for this optimizer since the last update()");
+  if (per_optimizer_[&optimizer].stage == Stage::kReady) unscale_(optimizer);
+  PerOptimizer& state = per_optimizer_[&optimizer];
+  double found = 0;
+  for (const auto& f : state.found_inf) found += f.item<float>();  // one host sync per device
+  const bool finite = found == 0;
+  if (finite) {
+    optimizer.step();
+  } else {
+    ++skipped_steps_;
+  }
+  state.stage = Stage::kStepped;
+  return finite;
+}
+
+void GradScaler::update() {
+  if (!options_.enabled) return;
+  std::vector<torch::Tensor> found;
+  for (auto& [opt, state] : per_optimizer_)
+    for (const auto& f : state.found_inf) found.push_back(f.to(scale_.device()));
+  if (found.empty())
+    throw Error("GradScaler::update: no inf checks were recorded; call step() (or unscale_()) first");
+  torch::Tensor combined = found[0];
+  for (size_t i = 1; i < found.size(); ++i) combined = combined + found[i];
+  at::_amp_update_scale_(scale_, growth_tracker_, combined, options_.growth_factor,
+                         options_.backoff_factor, options_.growth_interval);
+  per_optimizer_.clear();
+}
+
+double GradScaler::get_scale() const {
+  return options_.enabled ? scale_.item<float>() : 1.0;
+}
+
+int64_t GradScaler::growth_tracker() const { return growth_tracker_.item<int32_t>(); }
+
+std::map<std::string, double> GradScaler::state_dict() const {
+  return {{"scale", get_scale()},
+          {"growth_factor", options_.growth_factor},
+          {"backoff_factor", options_.backoff_factor},
+          {"growth_interval", static_cast<double>(options_.growth_interval)},
+          {"growth_tracker", static_cast<double>(growth_tracker())}};
+}
+
+void GradScaler::load_state_dict(const std::map<std::string, double>& state) {
+  const std::set<std::string> expected = {"scale", "growth_factor", "backoff_factor",
+                                          "growth_interval", "growth_tracker"};
+  std::string missing, unexpected;
+  for (const auto& k : expected)
+    if (!state.count(k)) missing += (missing.empty() ? "" : ", ") + k;
+  for (const auto& [k, v] : state)
+    if (!expected.count(k)) unexpected += (unexpected.empty() ? "" : ", ") + k;
+  if (!missing.empty() || !unexpected.empty()) {
+    throw Error("GradScaler::load_state_dict: missing keys [" + missing + "], unexpected keys [" +
+                unexpected + "]");
+  }
+  options_.growth_factor = state.at("growth_factor");
+  options_.backoff_factor = state.at("backoff_factor");
+  options_.growth_interval = static_cast<int64_t>(state.at("growth_interval"));
+  const torch::Device device = scale_.device();
+  scale_ = torch::full({1}, state.at("scale"), torch::dtype(torch::kFloat32).device(device));
+  growth_tracker_ = torch::full({1}, static_cast<int32_t>(state.at("growth_tracker")),
+                                torch::dtype(torch::kInt32).device(device));
+  per_optimizer_.clear();
+}
+
+}  // namespace fabric

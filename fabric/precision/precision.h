@@ -1,0 +1,72 @@
+// fabric::Precision: the numerics of training, chosen by `fabric.precision`:
+//   32-true    float32 weights and math (default)
+//   64-true    float64 weights and math
+//   16-mixed   float32 weights, float16 autocast, loss scaling (GradScaler)
+//   bf16-mixed float32 weights, bfloat16 autocast (no scaling needed)
+//   16-true    float16 weights and math (CUDA only)
+//   bf16-true  bfloat16 weights and math
+// It converts modules and floating inputs for *-true/64-true, provides the autocast region for
+// *-mixed, scales the loss in backward() and wraps the optimizer step (unscale, inf check, skip,
+// scale update) for 16-mixed.
+#ifndef FABRIC_PRECISION_PRECISION_H_
+#define FABRIC_PRECISION_PRECISION_H_
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "fabric/precision/autocast.h"
+#include "fabric/precision/grad_scaler.h"
+
+namespace fabric {
+
+enum class PrecisionMode { k32True, k64True, k16Mixed, kBf16Mixed, k16True, kBf16True };
+
+// "16-mixed" → k16Mixed. Accepts canonical names only (aliases are resolved by the config).
+// Throws fabric::Error for unknown names.
+PrecisionMode parse_precision(const std::string& name);
+std::string to_string(PrecisionMode mode);
+
+class Precision {
+ public:
+  // `device_type` is where the model runs (autocast device). `scaler` applies to 16-mixed only.
+  Precision(PrecisionMode mode, c10::DeviceType device_type, GradScalerOptions scaler = {});
+
+  PrecisionMode mode() const { return mode_; }
+  bool is_mixed() const;
+  // dtype of parameters after convert_module (float32 for 32-true and *-mixed).
+  c10::ScalarType param_dtype() const;
+  // float16/bfloat16 for *-mixed.
+  std::optional<c10::ScalarType> autocast_dtype() const;
+
+  // Autocast region for *-mixed; a no-op guard otherwise.
+  AutocastGuard autocast() const;
+  // Casts parameters and buffers to param_dtype() (no-op for 32-true and *-mixed).
+  void convert_module(torch::nn::Module& module) const;
+  // Casts a floating tensor to param_dtype() for *-true/64-true; other tensors pass unchanged.
+  torch::Tensor convert_input(const torch::Tensor& tensor) const;
+
+  // loss.backward(), with loss scaling under 16-mixed.
+  void backward(const torch::Tensor& loss);
+  // Unscales `optimizer`'s gradients now (before clipping); at most once per step.
+  void unscale_gradients(torch::optim::Optimizer& optimizer);
+  // Optimizer step; under 16-mixed: unscale if needed, skip on inf/NaN, update the scale.
+  // Returns whether the optimizer stepped.
+  bool optimizer_step(torch::optim::Optimizer& optimizer);
+
+  // The loss scaler under 16-mixed, else nullptr.
+  GradScaler* scaler() { return scaler_.get(); }
+  const GradScaler* scaler() const { return scaler_.get(); }
+
+ private:
+  PrecisionMode mode_;
+  c10::DeviceType device_type_;
+  std::unique_ptr<GradScaler> scaler_;
+};
+
+}  // namespace fabric
+
+#endif  // FABRIC_PRECISION_PRECISION_H_

@@ -1,0 +1,153 @@
+#include "fabric/precision/grad_scaler.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "fabric/core/error.h"
+
+namespace {
+
+// The reference recipe (torch.amp.GradScaler semantics) in plain doubles.
+struct ReferenceScaler {
+  double scale, growth, backoff;
+  int interval, tracker = 0;
+  void update(bool found_inf) {
+    if (found_inf) {
+      scale *= backoff;
+      tracker = 0;
+    } else if (++tracker == interval) {
+      scale *= growth;
+      tracker = 0;
+    }
+  }
+};
+
+// loss = sum(p * w) with w all-finite, or with one inf (so one gradient entry becomes inf).
+torch::Tensor loss_for(const torch::Tensor& p, int step, bool inf) {
+  auto w = torch::tensor({0.5f, -1.25f, 2.0f}) * static_cast<float>(step + 1);
+  if (inf) w[1] = INFINITY;
+  return (p * w).sum();
+}
+
+TEST(GradScalerTest, ScaleTrajectoryFollowsTheRecipeAndInfStepsAreSkipped) {
+  fabric::GradScalerOptions options;
+  options.init_scale = 8.0;
+  options.growth_interval = 3;
+  fabric::GradScaler scaler(options);
+  ReferenceScaler ref{8.0, 2.0, 0.5, 3};
+
+  auto p = torch::tensor({1.0f, 2.0f, 3.0f}, torch::requires_grad());
+  torch::optim::SGD sgd({p}, torch::optim::SGDOptions(0.125).momentum(0.5));
+  // Reference parameter trained without scaling on the finite steps only.
+  auto q = torch::tensor({1.0f, 2.0f, 3.0f}, torch::requires_grad());
+  torch::optim::SGD sgd_ref({q}, torch::optim::SGDOptions(0.125).momentum(0.5));
+
+  const std::vector<bool> pattern = {false, false, false, true, false, true, true,
+                                     false, false, false, false, false, false, true};
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const bool inf = pattern[i];
+    sgd.zero_grad();
+    const auto before = p.detach().clone();
+    const auto momentum_before = sgd.state().empty()
+                                     ? torch::Tensor()
+                                     : static_cast<torch::optim::SGDParamState&>(
+                                           *sgd.state().begin()->second)
+                                           .momentum_buffer()
+                                           .clone();
+    scaler.scale(loss_for(p, static_cast<int>(i), inf)).backward();
+    const bool stepped = scaler.step(sgd);
+    scaler.update();
+    ref.update(inf);
+
+    EXPECT_EQ(stepped, !inf) << "step " << i;
+    EXPECT_EQ(scaler.get_scale(), ref.scale) << "step " << i;
+    EXPECT_EQ(scaler.growth_tracker(), ref.tracker) << "step " << i;
+    if (inf) {
+      // A skipped step changes neither the parameters nor the optimizer state.
+      EXPECT_TRUE(torch::equal(p.detach(), before)) << "step " << i;
+      if (momentum_before.defined()) {
+        const auto& state = static_cast<torch::optim::SGDParamState&>(*sgd.state().begin()->second);
+        EXPECT_TRUE(torch::equal(state.momentum_buffer(), momentum_before)) << "step " << i;
+      }
+    } else {
+      sgd_ref.zero_grad();
+      loss_for(q, static_cast<int>(i), false).backward();
+      sgd_ref.step();
+      // Scales are powers of two, so unscaled gradients are exact: bitwise equal trajectories.
+      EXPECT_TRUE(torch::equal(p.detach(), q.detach())) << "step " << i;
+    }
+  }
+  EXPECT_EQ(scaler.skipped_steps(), 4);
+}
+
+TEST(GradScalerTest, UnscaleBeforeStepHappensOnceAndShowsTrueGradients) {
+  fabric::GradScaler scaler;
+  auto p = torch::tensor({1.0f, -2.0f}, torch::requires_grad());
+  torch::optim::SGD sgd({p}, torch::optim::SGDOptions(0.5));
+  scaler.scale((p * p).sum()).backward();
+  EXPECT_TRUE(torch::equal(p.grad(), torch::tensor({2.0f, -4.0f}) * 65536.0f));
+  scaler.unscale_(sgd);
+  EXPECT_TRUE(torch::equal(p.grad(), torch::tensor({2.0f, -4.0f})));  // e.g. for clipping
+  EXPECT_THROW(scaler.unscale_(sgd), fabric::Error);
+  EXPECT_TRUE(scaler.step(sgd));
+  EXPECT_TRUE(torch::equal(p.detach(), torch::tensor({0.0f, 0.0f})));  // not unscaled twice
+  scaler.update();
+}
+
+TEST(GradScalerTest, MisuseIsReported) {
+  fabric::GradScaler scaler;
+  EXPECT_THROW(scaler.update(), fabric::Error);  // no step recorded
+  fabric::GradScalerOptions bad;
+  bad.backoff_factor = 1.5;
+  EXPECT_THROW(fabric::GradScaler{bad}, fabric::Error);
+
+  auto h = torch::ones({2}, torch::dtype(torch::kHalf).requires_grad(true));
+  torch::optim::SGD sgd({h}, torch::optim::SGDOptions(0.1));
+  h.mutable_grad() = torch::ones({2}, torch::kHalf);
+  EXPECT_THROW(scaler.unscale_(sgd), fabric::Error);
+}
+
+TEST(GradScalerTest, StateDictRoundTripsAndNamesBadKeys) {
+  fabric::GradScalerOptions options;
+  options.init_scale = 1024.0;
+  options.growth_interval = 2;
+  fabric::GradScaler a(options);
+  auto p = torch::ones({1}, torch::requires_grad());
+  torch::optim::SGD sgd({p}, torch::optim::SGDOptions(0.1));
+  for (int i = 0; i < 3; ++i) {  // finite, finite (grow), finite
+    sgd.zero_grad();
+    a.scale(p.sum()).backward();
+    a.step(sgd);
+    a.update();
+  }
+  fabric::GradScaler b;
+  b.load_state_dict(a.state_dict());
+  EXPECT_EQ(b.get_scale(), 2048.0);
+  EXPECT_EQ(b.growth_tracker(), 1);
+  EXPECT_EQ(b.options().growth_interval, 2);
+  EXPECT_EQ(b.state_dict(), a.state_dict());
+
+  auto state = a.state_dict();
+  state.erase("growth_tracker");
+  state["scael"] = 1.0;
+  try {
+    b.load_state_dict(state);
+    FAIL() << "expected an error";
+  } catch (const fabric::Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "GradScaler::load_state_dict: missing keys [growth_tracker], unexpected keys [scael]");
+  }
+}
+
+TEST(GradScalerTest, DisabledScalerIsTheIdentity) {
+  fabric::GradScalerOptions options;
+  options.enabled = false;
+  fabric::GradScaler scaler(options);
+  auto loss = torch::tensor(3.0f);
+  EXPECT_TRUE(torch::equal(scaler.scale(loss), loss));
+  EXPECT_EQ(scaler.get_scale(), 1.0);
+}
+
+}  // namespace
