@@ -124,6 +124,19 @@ def _impl(rctx):
             fail(("LibTorch at %s is a CUDA build but cuda_runtime_api.h or nccl.h was not found " +
                   "(looked in the nvidia wheels beside it and CUDA_HOME=%s); reinstall the torch wheel " +
                   "(tools/setup.sh), set CUDA_HOME, or build with --config=cpu_only") % (torch, cuda_home))
+        cudart = None
+        for d in [site + "/nvidia/cu13/lib", site + "/nvidia/cuda_runtime/lib", cuda_home + "/lib64"]:
+            p = rctx.path(d)
+            if not p.exists:
+                continue
+            names = sorted([f.basename for f in p.readdir() if f.basename.startswith("libcudart.so")])
+            if names:
+                cudart = (str(p.realpath), names[0])
+                break
+        if not cudart:
+            fail(("LibTorch at %s is a CUDA build but libcudart.so was not found beside it or in " +
+                  "CUDA_HOME=%s; reinstall the torch wheel (tools/setup.sh) or build with --config=cpu_only") %
+                 (torch, cuda_home))
         rctx.symlink(cuda_include.rpartition("/")[0], "cuda_include")
         rctx.symlink(nccl_include.rpartition("/")[0], "nccl_include")
         nvidia = rctx.path(site + "/nvidia")
@@ -139,6 +152,10 @@ def _impl(rctx):
     # libtorch_cuda is referenced by no symbol of ours; without --no-as-needed the linker may drop
     # it and CUDA kernels and the NCCL backend are never registered.
     cuda_libs = ["-Wl,--push-state,--no-as-needed", "-ltorch_cuda", "-Wl,--pop-state", "-lc10_cuda"]
+    if has_cuda:
+        # Header-only CUDA helpers (at::cuda::CUDAEvent, ...) call the runtime directly; this is the
+        # same libcudart LibTorch itself loads.
+        cuda_libs = cuda_libs + ["-L" + cudart[0], "-l:" + cudart[1]]
     cuda_defines = ["FABRIC_WITH_CUDA", "USE_C10D_NCCL"]
 
     rctx.file("BUILD.bazel", """\

@@ -1,0 +1,222 @@
+#include "fabric/data/data_loader.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <condition_variable>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#ifdef FABRIC_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include "fabric/core/error.h"
+
+namespace fabric {
+
+namespace {
+
+// Seed of batch `b` of `epoch`: a SplitMix64 mix so neighbouring batches get unrelated streams.
+uint64_t batch_seed(uint64_t seed, int64_t epoch, int64_t b) {
+  uint64_t z = seed ^ (static_cast<uint64_t>(epoch) * 0x9E3779B97F4A7C15ULL) ^
+               (static_cast<uint64_t>(b) * 0xBF58476D1CE4E5B9ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+// One epoch's worth of batches, built ahead by worker threads and consumed in order.
+class DataLoader::Pass {
+ public:
+  Pass(std::shared_ptr<const Dataset> dataset, const DataLoaderOptions& options,
+       const LoaderPlacement& placement, std::vector<int64_t> indices, int64_t epoch)
+      : dataset_(std::move(dataset)),
+        options_(options),
+        placement_(placement),
+        indices_(std::move(indices)),
+        epoch_(epoch) {
+    const int64_t n = static_cast<int64_t>(indices_.size());
+    const int64_t bs = options_.batch_size();
+    num_batches_ = options_.drop_last() ? n / bs : (n + bs - 1) / bs;
+    capacity_ = std::max(options_.prefetch(), options_.num_workers());
+    for (int64_t w = 0; w < options_.num_workers(); ++w) workers_.emplace_back([this] { work(); });
+  }
+
+  ~Pass() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopped_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+
+  int64_t num_batches() const { return num_batches_; }
+
+  // Batch `b`, waiting for its worker (or building it here without workers).
+  Batch& get(int64_t b) {
+    if (b == current_index_) return current_;
+    if (workers_.empty()) {
+      current_ = build(b);
+    } else {
+      std::unique_lock<std::mutex> lock(mutex_);
+      consumed_ = b;  // earlier batches are done with: workers may run further ahead
+      cv_.notify_all();
+      cv_.wait(lock, [&] { return ready_.count(b) > 0; });
+      Slot slot = std::move(ready_.at(b));
+      ready_.erase(b);
+      lock.unlock();
+      if (slot.error) std::rethrow_exception(slot.error);
+      current_ = std::move(slot.batch);
+      wait_for_copy(slot);
+    }
+    current_index_ = b;
+    return current_;
+  }
+
+ private:
+  struct Slot {
+    Batch batch;
+    std::exception_ptr error;
+#ifdef FABRIC_WITH_CUDA
+    std::shared_ptr<at::cuda::CUDAEvent> copied;
+#endif
+  };
+
+  Batch build(int64_t b) {
+    const int64_t bs = options_.batch_size();
+    const int64_t begin = b * bs;
+    const int64_t end = std::min<int64_t>(begin + bs, static_cast<int64_t>(indices_.size()));
+    std::vector<int64_t> ids(indices_.begin() + begin, indices_.begin() + end);
+    Batch batch = dataset_->get_batch(ids);
+    if (options_.transform()) {
+      at::Generator gen = at::detail::createCPUGenerator(batch_seed(options_.seed(), epoch_, b));
+      batch = options_.transform()(std::move(batch), gen);
+    }
+    if (workers_.empty() && placement_.device != torch::kCPU) {
+      batch.data = batch.data.to(placement_.device);
+      batch.target = batch.target.to(placement_.device);
+    }
+    return batch;
+  }
+
+  void work() {
+    for (;;) {
+      int64_t b;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [&] { return stopped_ || (next_ < num_batches_ && next_ < consumed_ + capacity_); });
+        if (stopped_) return;
+        b = next_++;
+      }
+      Slot slot;
+      try {
+        slot.batch = build(b);
+        copy_to_device(slot);
+      } catch (...) {
+        slot.error = std::current_exception();
+      }
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        ready_.emplace(b, std::move(slot));
+      }
+      cv_.notify_all();
+    }
+  }
+
+  void copy_to_device(Slot& slot) {
+    if (placement_.device.is_cpu()) return;
+#ifdef FABRIC_WITH_CUDA
+    // Pinned host memory lets the copy run asynchronously on a side stream, overlapping compute.
+    c10::cuda::CUDAGuard device_guard(placement_.device);
+    c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool(false, placement_.device.index());
+    c10::cuda::CUDAStreamGuard stream_guard(stream);
+    slot.batch.data = slot.batch.data.pin_memory().to(placement_.device, /*non_blocking=*/true);
+    slot.batch.target = slot.batch.target.pin_memory().to(placement_.device, /*non_blocking=*/true);
+    slot.copied = std::make_shared<at::cuda::CUDAEvent>();
+    slot.copied->record(stream);
+#else
+    throw Error("DataLoader: device " + placement_.device.str() + " needs a CUDA build");
+#endif
+  }
+
+  void wait_for_copy(Slot& slot) {
+#ifdef FABRIC_WITH_CUDA
+    if (!slot.copied) return;
+    c10::cuda::CUDAStream consumer = c10::cuda::getCurrentCUDAStream(placement_.device.index());
+    slot.copied->block(consumer);
+    // The tensors were allocated on the side stream; tell the caching allocator they are used on
+    // the consumer's stream too, so their memory is not reused before that work finishes.
+    current_.data.record_stream(consumer);
+    current_.target.record_stream(consumer);
+#else
+    (void)slot;
+#endif
+  }
+
+  std::shared_ptr<const Dataset> dataset_;
+  DataLoaderOptions options_;
+  LoaderPlacement placement_;
+  std::vector<int64_t> indices_;
+  int64_t epoch_;
+  int64_t num_batches_ = 0;
+  int64_t capacity_ = 1;
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool stopped_ = false;
+  int64_t next_ = 0;      // next batch a worker will claim
+  int64_t consumed_ = 0;  // batch the consumer is waiting for / holds
+  std::map<int64_t, Slot> ready_;
+  std::vector<std::thread> workers_;
+
+  Batch current_;
+  int64_t current_index_ = -1;
+};
+
+DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options,
+                       LoaderPlacement placement)
+    : dataset_(std::move(dataset)),
+      options_(std::move(options)),
+      placement_(placement),
+      sampler_(dataset_ ? dataset_->size() : 0, placement.num_replicas, placement.rank,
+               options_.shuffle(), options_.seed(), options_.drop_last()) {
+  if (!dataset_) throw Error("DataLoader: dataset is null");
+  if (options_.batch_size() < 1) throw Error("DataLoader: batch_size must be >= 1");
+  if (options_.num_workers() < 0) throw Error("DataLoader: num_workers must be >= 0");
+  if (options_.prefetch() < 1) throw Error("DataLoader: prefetch must be >= 1");
+}
+
+DataLoader::~DataLoader() = default;
+
+DataLoader::Iterator DataLoader::begin() {
+  pass_.reset();  // joins the old pass's workers first
+  sampler_.set_epoch(next_epoch_);
+  pass_ = std::make_shared<Pass>(dataset_, options_, placement_, sampler_.indices(), next_epoch_);
+  ++next_epoch_;
+  return Iterator(pass_, 0);
+}
+
+DataLoader::Iterator DataLoader::end() { return Iterator(nullptr, size()); }
+
+int64_t DataLoader::size() const {
+  const int64_t n = sampler_.num_samples();
+  const int64_t bs = options_.batch_size();
+  return options_.drop_last() ? n / bs : (n + bs - 1) / bs;
+}
+
+Batch& DataLoader::Iterator::operator*() { return pass_->get(index_); }
+
+DataLoader::Iterator& DataLoader::Iterator::operator++() {
+  ++index_;
+  return *this;
+}
+
+}  // namespace fabric

@@ -1,0 +1,120 @@
+// fabric::DataLoader: batches of a Dataset for one rank, prepared ahead by background threads and
+// delivered on the training device.
+//
+// Each pass (range-for over the loader) is one epoch: the first pass is epoch 0 and every later
+// begin() advances the epoch, so shuffling changes per epoch without user code (set_epoch()
+// overrides it, e.g. on resume). The order is DistributedSampler's; batch b of epoch e is always
+// built from the same indices and the same augmentation randomness (a generator seeded from seed,
+// epoch and b), whatever the number of threads, so runs are reproducible.
+//
+// Threads: `num_workers` threads build batches (get_batch + transform), at most `prefetch` ahead of
+// the consumer (at least one per worker); batches are yielded in order. On CUDA each worker pins
+// the batch and copies it with non_blocking on a side stream; the consumer's stream waits for the
+// copy. num_workers = 0 builds batches in the training thread. Leaving a pass early (break) or
+// starting a new one stops the workers of the old pass. An exception thrown while building batch b
+// is rethrown by the iterator at batch b.
+//
+// Not thread-safe: iterate from one thread.
+//
+// Example:
+//   fabric::DataLoader loader(dataset, fabric::DataLoaderOptions{}.batch_size(64).shuffle(true));
+//   for (fabric::Batch& batch : loader) { ... }
+#ifndef FABRIC_DATA_DATA_LOADER_H_
+#define FABRIC_DATA_DATA_LOADER_H_
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "fabric/data/dataset.h"
+#include "fabric/data/sampler.h"
+
+namespace fabric {
+
+// Per-batch CPU transform (augmentation, normalization); `gen` is seeded per (seed, epoch, batch).
+using BatchTransform = std::function<Batch(Batch batch, at::Generator& gen)>;
+
+struct DataLoaderOptions {
+#define FABRIC_OPTION(type, name, init)             \
+  DataLoaderOptions& name(type value) {            \
+    name##_ = std::move(value);                    \
+    return *this;                                  \
+  }                                                \
+  const type& name() const { return name##_; }     \
+  type name##_ = init
+  FABRIC_OPTION(int64_t, batch_size, 1);      // Default: 1.
+  FABRIC_OPTION(bool, shuffle, false);        // Default: false.
+  FABRIC_OPTION(bool, drop_last, false);      // Default: false: the last batch may be smaller.
+  FABRIC_OPTION(int64_t, num_workers, 1);     // Default: 1 background thread; 0 = none.
+  FABRIC_OPTION(int64_t, prefetch, 2);        // Default: 2 batches ready ahead.
+  FABRIC_OPTION(uint64_t, seed, 0);           // Default: 0 (Fabric passes fabric.seed).
+  FABRIC_OPTION(BatchTransform, transform, nullptr);  // Default: none.
+#undef FABRIC_OPTION
+};
+
+// Where and how batches are delivered (filled in by Fabric::setup_dataloader from the strategy).
+struct LoaderPlacement {
+  int64_t num_replicas = 1;
+  int64_t rank = 0;
+  torch::Device device = torch::kCPU;
+};
+
+class DataLoader {
+ private:
+  class Pass;
+
+ public:
+  DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options,
+             LoaderPlacement placement = {});
+  ~DataLoader();
+  DataLoader(const DataLoader&) = delete;
+  DataLoader& operator=(const DataLoader&) = delete;
+
+  class Iterator {
+   public:
+    using iterator_category = std::input_iterator_tag;
+    using value_type = Batch;
+    using difference_type = std::ptrdiff_t;
+    using pointer = Batch*;
+    using reference = Batch&;
+    Batch& operator*();
+    Batch* operator->() { return &**this; }
+    Iterator& operator++();
+    bool operator==(const Iterator& other) const { return index_ == other.index_; }
+    bool operator!=(const Iterator& other) const { return index_ != other.index_; }
+
+   private:
+    friend class DataLoader;
+    Iterator(std::shared_ptr<Pass> pass, int64_t index) : pass_(std::move(pass)), index_(index) {}
+    std::shared_ptr<Pass> pass_;
+    int64_t index_;
+  };
+
+  // Starts a pass over the next epoch (stopping any unfinished pass).
+  Iterator begin();
+  Iterator end();
+
+  // Batches per pass for this rank.
+  int64_t size() const;
+  // The epoch the next begin() will run.
+  int64_t next_epoch() const { return next_epoch_; }
+  void set_epoch(int64_t epoch) { next_epoch_ = epoch; }
+  // Examples per pass for this rank.
+  int64_t num_samples() const { return sampler_.num_samples(); }
+  const DataLoaderOptions& options() const { return options_; }
+  const LoaderPlacement& placement() const { return placement_; }
+
+ private:
+  std::shared_ptr<const Dataset> dataset_;
+  DataLoaderOptions options_;
+  LoaderPlacement placement_;
+  DistributedSampler sampler_;
+  int64_t next_epoch_ = 0;
+  std::shared_ptr<Pass> pass_;
+};
+
+}  // namespace fabric
+
+#endif  // FABRIC_DATA_DATA_LOADER_H_

@@ -1,0 +1,45 @@
+// fabric::Dataset: random access to examples, a batch at a time.
+//
+// get_batch() is called from the loader's background threads, possibly concurrently: it must be
+// safe to call from several threads at once (read-only datasets are). It returns CPU tensors; the
+// loader moves them to the device.
+#ifndef FABRIC_DATA_DATASET_H_
+#define FABRIC_DATA_DATASET_H_
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace fabric {
+
+struct Batch {
+  torch::Tensor data;
+  torch::Tensor target;
+};
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;
+  // The examples at `indices`, stacked along dimension 0.
+  virtual Batch get_batch(const std::vector<int64_t>& indices) const = 0;
+};
+
+// Examples are rows of two tensors (e.g. images [N, C, H, W] and labels [N]).
+class TensorDataset : public Dataset {
+ public:
+  // REQUIRES: data.size(0) == target.size(0) (throws fabric::Error otherwise).
+  TensorDataset(torch::Tensor data, torch::Tensor target);
+  int64_t size() const override { return data_.size(0); }
+  Batch get_batch(const std::vector<int64_t>& indices) const override;
+  const torch::Tensor& data() const { return data_; }
+  const torch::Tensor& target() const { return target_; }
+
+ private:
+  torch::Tensor data_, target_;
+};
+
+}  // namespace fabric
+
+#endif  // FABRIC_DATA_DATASET_H_
