@@ -97,7 +97,7 @@ class DataLoader::Pass {
     std::vector<int64_t> ids(indices_.begin() + begin, indices_.begin() + end);
     Batch batch = dataset_->get_batch(ids);
     if (options_.transform()) {
-      at::Generator gen = at::detail::createCPUGenerator(batch_seed(options_.seed(), epoch_, b));
+      at::Generator gen = at::detail::createCPUGenerator(batch_seed(options_.seed().value_or(0), epoch_, b));
       batch = options_.transform()(std::move(batch), gen);
     }
     if (workers_.empty() && placement_.device != torch::kCPU) {
@@ -187,7 +187,7 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
       options_(std::move(options)),
       placement_(placement),
       sampler_(dataset_ ? dataset_->size() : 0, placement.num_replicas, placement.rank,
-               options_.shuffle(), options_.seed(), options_.drop_last()) {
+               options_.shuffle(), options_.seed().value_or(0), options_.drop_last()) {
   if (!dataset_) throw Error("DataLoader: dataset is null");
   if (options_.batch_size() < 1) throw Error("DataLoader: batch_size must be >= 1");
   if (options_.num_workers() < 0) throw Error("DataLoader: num_workers must be >= 0");

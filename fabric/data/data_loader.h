@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include "fabric/data/dataset.h"
 #include "fabric/data/sampler.h"
@@ -49,7 +50,8 @@ struct DataLoaderOptions {
   FABRIC_OPTION(bool, drop_last, false);      // Default: false: the last batch may be smaller.
   FABRIC_OPTION(int64_t, num_workers, 1);     // Default: 1 background thread; 0 = none.
   FABRIC_OPTION(int64_t, prefetch, 2);        // Default: 2 batches ready ahead.
-  FABRIC_OPTION(uint64_t, seed, 0);           // Default: 0 (Fabric passes fabric.seed).
+  // Default: unset: Fabric::setup_dataloader fills in fabric.seed; a bare DataLoader uses 0.
+  FABRIC_OPTION(std::optional<uint64_t>, seed, std::nullopt);
   FABRIC_OPTION(BatchTransform, transform, nullptr);  // Default: none.
 #undef FABRIC_OPTION
 };
@@ -71,6 +73,8 @@ class DataLoader {
   ~DataLoader();
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
+  DataLoader(DataLoader&&) noexcept = default;
+  DataLoader& operator=(DataLoader&&) noexcept = default;
 
   class Iterator {
    public:

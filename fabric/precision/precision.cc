@@ -1,5 +1,7 @@
 #include "fabric/precision/precision.h"
 
+#include <torch/torch.h>
+
 #include "fabric/core/error.h"
 
 namespace fabric {
@@ -54,7 +56,14 @@ AutocastGuard Precision::autocast() const {
 }
 
 void Precision::convert_module(torch::nn::Module& module) const {
-  if (param_dtype() != c10::kFloat) module.to(param_dtype());
+  if (param_dtype() == c10::kFloat) return;
+  // Module::to(dtype) would also cast integer buffers (BatchNorm's num_batches_tracked); like
+  // Python's module.to(dtype), convert floating-point tensors only.
+  torch::NoGradGuard no_grad;
+  for (auto& p : module.parameters())
+    if (p.is_floating_point()) p.set_data(p.to(param_dtype()));
+  for (auto& b : module.buffers())
+    if (b.is_floating_point()) b.set_data(b.to(param_dtype()));
 }
 
 torch::Tensor Precision::convert_input(const torch::Tensor& tensor) const {

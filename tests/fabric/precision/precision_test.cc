@@ -80,6 +80,7 @@ TEST(PrecisionTest, TrueModesConvertModulesAndFloatingInputs) {
     precision.convert_module(*bn);
     EXPECT_EQ(bn->weight.scalar_type(), c.dtype) << fabric::to_string(c.mode);
     EXPECT_EQ(bn->running_mean.scalar_type(), c.dtype) << fabric::to_string(c.mode);
+    EXPECT_EQ(bn->num_batches_tracked.scalar_type(), at::kLong) << "integer buffers stay integer";
     EXPECT_EQ(precision.convert_input(torch::ones({2})).scalar_type(), c.dtype);
     EXPECT_EQ(precision.convert_input(torch::ones({2}, torch::kLong)).scalar_type(), at::kLong);
   }

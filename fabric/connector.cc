@@ -1,0 +1,182 @@
+#include "fabric/connector.h"
+
+#include <ATen/Context.h>
+
+#include <cstdlib>
+
+#include "fabric/accelerators/device_info.h"
+#include "strategies/single_device.h"
+
+namespace fabric {
+namespace {
+
+std::string plural(int64_t n, const std::string& word) {
+  return std::to_string(n) + " " + word + (n == 1 ? "" : "s");
+}
+
+constexpr const char* kNotYet =
+    "not available in this build yet (it arrives with the Distributed issue)";
+
+// Step 1.
+c10::DeviceType resolve_accelerator(const Config& c, const MachineFacts& m) {
+  const std::string want = c.get_string("fabric.accelerator");
+  const bool usable = m.cuda_compiled && m.libtorch_has_cuda && m.cuda_device_count > 0;
+  if (want == "cpu") return c10::DeviceType::CPU;
+  if (want == "auto") return usable ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
+  if (!m.cuda_compiled) {
+    throw c.error_at("fabric.accelerator",
+                     "'cuda' requested but this binary was built without CUDA (--config=cpu_only "
+                     "or a CPU-only LibTorch): use fabric.accelerator=cpu or rebuild");
+  }
+  if (!m.libtorch_has_cuda) {
+    throw c.error_at("fabric.accelerator",
+                     "'cuda' requested but the loaded LibTorch has no CUDA support: install the "
+                     "CUDA build of torch (tools/setup.sh) or use fabric.accelerator=cpu");
+  }
+  if (m.cuda_device_count == 0) {
+    throw c.error_at("fabric.accelerator",
+                     "'cuda' requested but no CUDA device is visible" +
+                         (m.cuda_visible_devices.empty()
+                              ? std::string()
+                              : " (CUDA_VISIBLE_DEVICES='" + m.cuda_visible_devices + "')") +
+                         ": use fabric.accelerator=cpu or auto, or run on a GPU machine");
+  }
+  return c10::DeviceType::CUDA;
+}
+
+// Step 2.
+std::vector<torch::Device> resolve_devices(const Config& c, const MachineFacts& m,
+                                           c10::DeviceType accelerator) {
+  const DeviceRequest r = c.get_devices("fabric.devices");
+  if (accelerator == c10::DeviceType::CPU) {
+    if (!r.ids.empty()) {
+      throw c.error_at("fabric.devices",
+                       "device ids apply to cuda only; on cpu give a process count (1)");
+    }
+    if (r.count > 1) {
+      throw c.error_at("fabric.devices", plural(r.count, "CPU process") +
+                                             " need strategy ddp, which is " + kNotYet +
+                                             "; use fabric.devices=1");
+    }
+    return {torch::Device(torch::kCPU)};
+  }
+  std::vector<int64_t> ids;
+  if (r.is_auto) {
+    ids = {0};
+  } else if (!r.ids.empty()) {
+    for (int64_t id : r.ids) {
+      if (id >= m.cuda_device_count) {
+        throw c.error_at("fabric.devices",
+                         "device id " + std::to_string(id) + " does not exist: this machine has " +
+                             plural(m.cuda_device_count, "CUDA device") + " (ids 0.." +
+                             std::to_string(m.cuda_device_count - 1) + ")");
+      }
+    }
+    ids = r.ids;
+  } else {
+    const int64_t n = r.count == -1 ? m.cuda_device_count : r.count;
+    if (n > m.cuda_device_count) {
+      throw c.error_at("fabric.devices", plural(n, "device") + " requested but this machine has " +
+                                             plural(m.cuda_device_count, "CUDA device"));
+    }
+    for (int64_t i = 0; i < n; ++i) ids.push_back(i);
+  }
+  if (ids.size() > 1) {
+    throw c.error_at("fabric.devices", plural(static_cast<int64_t>(ids.size()), "device") +
+                                           " need strategy dp or ddp, which are " + kNotYet +
+                                           "; use fabric.devices=1");
+  }
+  std::vector<torch::Device> devices;
+  for (int64_t id : ids) devices.emplace_back(torch::kCUDA, static_cast<c10::DeviceIndex>(id));
+  return devices;
+}
+
+// Step 3.
+std::string resolve_strategy(const Config& c) {
+  const std::string s = c.get_string("fabric.strategy");
+  if (s == "dp" || s == "ddp")
+    throw c.error_at("fabric.strategy", "'" + s + "' is " + kNotYet + "; use single_device or auto");
+  if (c.get_int("fabric.num_nodes") > 1) {
+    throw c.error_at("fabric.num_nodes", plural(c.get_int("fabric.num_nodes"), "node") +
+                                             " need strategy ddp, which is " + kNotYet +
+                                             "; use 1");
+  }
+  return "single_device";
+}
+
+// Step 4.
+PrecisionMode resolve_precision(const Config& c, const MachineFacts& m, c10::DeviceType accelerator,
+                                std::vector<std::string>& warnings) {
+  PrecisionMode p = parse_precision(c.get_string("fabric.precision"));
+  if (accelerator == c10::DeviceType::CPU) {
+    if (p == PrecisionMode::k16True) {
+      throw c.error_at("fabric.precision",
+                       "'16-true' is not supported on CPU (float16 CPU kernels are slow and "
+                       "incomplete): use bf16-true or bf16-mixed, or run on cuda");
+    }
+    if (p == PrecisionMode::k16Mixed) {
+      warnings.push_back(c.origin("fabric.precision") +
+                         ": fabric.precision: 16-mixed is not supported on CPU; using bf16-mixed");
+      p = PrecisionMode::kBf16Mixed;
+    }
+  } else if ((p == PrecisionMode::kBf16Mixed || p == PrecisionMode::kBf16True) &&
+             !m.cuda_bf16_supported) {
+    throw c.error_at("fabric.precision",
+                     "'" + to_string(p) + "' needs a GPU with bfloat16 support (compute capability "
+                     ">= 8.0): use 16-mixed");
+  }
+  return p;
+}
+
+}  // namespace
+
+MachineFacts MachineFacts::query() {
+  const RuntimeInfo info = query_runtime_info();
+  MachineFacts m;
+#ifdef FABRIC_WITH_CUDA
+  m.cuda_compiled = true;
+#endif
+  m.libtorch_has_cuda = info.libtorch_has_cuda;
+  m.cuda_device_count = static_cast<int64_t>(info.devices.size());
+  m.cuda_bf16_supported = !info.devices.empty();
+  for (const auto& d : info.devices) m.cuda_bf16_supported &= d.supports_bf16;
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) m.cuda_visible_devices = v;
+  return m;
+}
+
+ResolvedSetup resolve_setup(const Config& c, const MachineFacts& m) {
+  ResolvedSetup s;
+  s.accelerator = resolve_accelerator(c, m);                                 // 1
+  s.devices = resolve_devices(c, m, s.accelerator);                          // 2
+  s.strategy = resolve_strategy(c);                                          // 3
+  s.precision = resolve_precision(c, m, s.accelerator, s.warnings);          // 4
+  s.seed = static_cast<uint64_t>(c.get_int("fabric.seed"));                  // 5
+  s.deterministic = c.get_bool("fabric.deterministic");
+  const std::string bench = c.get_string("fabric.cudnn_benchmark");
+  s.cudnn_benchmark = bench == "auto" ? !s.deterministic : bench == "true";
+  s.matmul_precision = c.get_string("fabric.matmul_precision");
+  s.scaler.init_scale = c.get_double("fabric.grad_scaler.init_scale");
+  s.scaler.growth_factor = c.get_double("fabric.grad_scaler.growth_factor");
+  s.scaler.backoff_factor = c.get_double("fabric.grad_scaler.backoff_factor");
+  s.scaler.growth_interval = c.get_int("fabric.grad_scaler.growth_interval");
+  if (c.get_bool("fabric.sync_batchnorm")) {
+    s.warnings.push_back(c.origin("fabric.sync_batchnorm") +
+                         ": fabric.sync_batchnorm: has no effect with a single process");
+  }
+  return s;
+}
+
+std::unique_ptr<Strategy> build_strategy(const ResolvedSetup& s) {
+  auto precision = std::make_unique<Precision>(s.precision, s.accelerator, s.scaler);
+  return std::make_unique<strategies::SingleDevice>(s.devices.at(0), std::move(precision));
+}
+
+void apply_global_settings(const ResolvedSetup& s) {
+  at::Context& ctx = at::globalContext();
+  ctx.setDeterministicAlgorithms(s.deterministic, /*warn_only=*/false);
+  ctx.setDeterministicCuDNN(s.deterministic);
+  ctx.setBenchmarkCuDNN(s.cudnn_benchmark);
+  ctx.setFloat32MatmulPrecision(s.matmul_precision);
+}
+
+}  // namespace fabric

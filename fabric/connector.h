@@ -1,0 +1,64 @@
+// fabric::Connector: turns a Config into complete objects, in numbered steps. Each step either
+// produces a fully determined value or throws ConfigError located at the responsible key.
+//
+//   1. accelerator  auto → cuda when this build has CUDA, the loaded LibTorch has CUDA and a device
+//                   is visible; else cpu. `cuda` without any of those is an error saying which.
+//   2. devices      auto → 1 device (cuda:0, or the CPU). N → N devices, -1 → all, [ids] → those
+//                   (cuda only; ids must exist). More than one device needs dp/ddp (step 3).
+//   3. strategy     auto → single_device. dp and ddp, more than one device and num_nodes > 1 are
+//                   rejected in this build (they arrive with the Distributed issue): never ignored.
+//   4. precision    as configured, except: 16-mixed on CPU → bf16-mixed with one warning line;
+//                   16-true on CPU is an error; bf16 on a GPU without bf16 (< sm_80) is an error.
+//   5. settings     deterministic (deterministic algorithms; cudnn.benchmark off),
+//                   cudnn_benchmark (auto → !deterministic), matmul_precision, seed, GradScaler.
+//
+// Warnings are returned as lines for Fabric to print once (rank 0).
+#ifndef FABRIC_CONNECTOR_H_
+#define FABRIC_CONNECTOR_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fabric/config.h"
+#include "fabric/core/strategy.h"
+#include "fabric/precision/precision.h"
+
+namespace fabric {
+
+// What the machine offers; query() reads it, tests fake it.
+struct MachineFacts {
+  bool cuda_compiled = false;        // FABRIC_WITH_CUDA in this build
+  bool libtorch_has_cuda = false;    // the loaded LibTorch has its CUDA part
+  int64_t cuda_device_count = 0;
+  bool cuda_bf16_supported = false;  // every visible device has compute capability ≥ 8.0
+  std::string cuda_visible_devices;  // $CUDA_VISIBLE_DEVICES, for messages
+
+  static MachineFacts query();
+};
+
+struct ResolvedSetup {
+  c10::DeviceType accelerator = c10::DeviceType::CPU;
+  std::vector<torch::Device> devices;  // one per process (one process today)
+  std::string strategy = "single_device";
+  PrecisionMode precision = PrecisionMode::k32True;
+  GradScalerOptions scaler;
+  uint64_t seed = 0;
+  bool deterministic = false;
+  bool cudnn_benchmark = false;
+  std::string matmul_precision = "highest";
+  std::vector<std::string> warnings;
+};
+
+// Steps 1–5. Throws ConfigError (exit status 2) for impossible requests.
+ResolvedSetup resolve_setup(const Config& config, const MachineFacts& facts);
+
+// The Strategy (with its Precision) for a resolved setup.
+std::unique_ptr<Strategy> build_strategy(const ResolvedSetup& setup);
+
+// Applies the process-wide settings of step 5 (deterministic algorithms, cuDNN, matmul precision).
+void apply_global_settings(const ResolvedSetup& setup);
+
+}  // namespace fabric
+
+#endif  // FABRIC_CONNECTOR_H_

@@ -1,0 +1,70 @@
+// fabric::Strategy: how a model is trained across processes and devices (single_device today;
+// dp and ddp with the Distributed issue). It owns the Precision and, when distributed, the
+// process group; Fabric delegates every call to it.
+//
+// Contract for implementations: setup_environment() runs once per process inside Fabric::launch
+// before the user's function; every collective must be called by all ranks in the same order.
+#ifndef FABRIC_CORE_STRATEGY_H_
+#define FABRIC_CORE_STRATEGY_H_
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <memory>
+#include <string>
+
+#include "fabric/core/scope_guard.h"
+#include "fabric/precision/precision.h"
+
+namespace fabric {
+
+enum class ReduceOp { kSum, kMean, kMax, kMin };
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+
+  virtual std::string name() const = 0;
+  // The device this process computes on.
+  virtual torch::Device root_device() const = 0;
+  virtual int64_t world_size() const { return 1; }
+  virtual int64_t global_rank() const { return 0; }
+  virtual int64_t local_rank() const { return 0; }
+  virtual int64_t node_rank() const { return 0; }
+
+  // Per-process setup inside launch (current device, process group).
+  virtual void setup_environment() {}
+  // Per-process teardown at the end of launch (also on error).
+  virtual void teardown() {}
+
+  // Moves `module` to root_device(), converts it for the precision, and prepares gradient sync.
+  virtual void setup_module(torch::nn::Module& module) = 0;
+  virtual void setup_optimizer(torch::optim::Optimizer& optimizer) { (void)optimizer; }
+
+  virtual void backward(const torch::Tensor& loss) { precision_->backward(loss); }
+  virtual bool optimizer_step(torch::optim::Optimizer& optimizer) {
+    return precision_->optimizer_step(optimizer);
+  }
+
+  // Collectives. Single-process strategies return the input (kMean of one value is the value).
+  virtual torch::Tensor all_reduce(const torch::Tensor& tensor, ReduceOp op) = 0;
+  virtual void barrier() {}
+  virtual torch::Tensor broadcast(const torch::Tensor& tensor, int64_t src) = 0;
+
+  // Skips gradient synchronization while the guard lives (gradient accumulation).
+  virtual ScopeGuard no_backward_sync(torch::nn::Module& module) {
+    (void)module;
+    return ScopeGuard();
+  }
+
+  Precision& precision() { return *precision_; }
+  const Precision& precision() const { return *precision_; }
+
+ protected:
+  explicit Strategy(std::unique_ptr<Precision> precision) : precision_(std::move(precision)) {}
+  std::unique_ptr<Precision> precision_;
+};
+
+}  // namespace fabric
+
+#endif  // FABRIC_CORE_STRATEGY_H_

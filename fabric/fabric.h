@@ -1,0 +1,165 @@
+// Fabric++ public umbrella header: include this one file.
+//
+// fabric::Fabric hides process-group setup, device placement, distributed sampling and mixed
+// precision so that one training loop runs unchanged on CPU, one GPU or (with the Distributed
+// issue) N GPUs on N nodes; only the YAML config changes.
+//
+// Example (examples/fashion_mnist.cc is a complete program):
+//   int main(int argc, char** argv) {
+//     return fabric::run_main(argc, argv, fabric::training_schema(), [](const fabric::Config& config) {
+//       fabric::Fabric fabric(config);
+//       return fabric.launch([&](fabric::Fabric& f) {
+//         Net model;
+//         torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
+//         f.setup(model, optimizer);
+//         auto train = f.setup_dataloader(dataset, fabric::DataLoaderOptions().batch_size(256).shuffle(true));
+//         for (int epoch = 0; epoch < 10; ++epoch)
+//           for (fabric::Batch& batch : train) {
+//             optimizer.zero_grad();
+//             torch::Tensor loss;
+//             { auto guard = f.autocast(); loss = torch::cross_entropy(model->forward(batch.data), batch.target); }
+//             f.backward(loss);
+//             f.step(optimizer);
+//           }
+//       });
+//     });
+//   }
+//
+// Thread-safety: a Fabric is used from the thread that runs launch().
+#ifndef FABRIC_FABRIC_H_
+#define FABRIC_FABRIC_H_
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/optim/optimizer.h>
+
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include "fabric/config.h"
+#include "fabric/connector.h"
+#include "fabric/core/error.h"
+#include "fabric/core/strategy.h"
+#include "fabric/data/data_loader.h"
+#include "fabric/data/dataset.h"
+#include "fabric/main.h"
+#include "fabric/precision/precision.h"
+#include "fabric/training/lr_scheduler.h"
+#include "fabric/training/optimizers.h"
+
+namespace fabric {
+
+class Fabric {
+ public:
+  // Resolves `config` (fabric: section) with the Connector; throws ConfigError for impossible
+  // requests. Prints the Connector's warnings once on global rank 0.
+  explicit Fabric(const Config& config);
+  // For tests and embedding: an explicit machine description.
+  Fabric(const Config& config, const MachineFacts& facts);
+  ~Fabric();
+
+  // Runs `fn` in every process of the job (one process today): sets up the device, seeds every RNG
+  // with fabric.seed, calls fn(*this), tears down. Returns the exit status for main (0).
+  int launch(const std::function<void(Fabric&)>& fn);
+
+  // Moves `module` to the device, converts it for the precision (*-true), prepares gradient
+  // synchronization; the optimizers (built on the module's parameters before or after) are set up
+  // for the strategy. Optimizers keep valid parameter references (parameters are moved in place).
+  template <typename Module, typename... Optimizers>
+  void setup(Module& module, Optimizers&... optimizers) {
+    setup_module(module_ref(module));
+    (setup_optimizer(optimizers), ...);
+  }
+  void setup_module(torch::nn::Module& module);
+  void setup_optimizer(torch::optim::Optimizer& optimizer);
+
+  // A loader for this rank: sampler partitioned by rank, shuffled from fabric.seed (unless
+  // options.seed() is set) + epoch, batches delivered on device(). See fabric/data/data_loader.h.
+  DataLoader setup_dataloader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options);
+  template <typename D, typename = std::enable_if_t<std::is_base_of_v<Dataset, std::decay_t<D>>>>
+  DataLoader setup_dataloader(D&& dataset, DataLoaderOptions options) {
+    return setup_dataloader(std::make_shared<const std::decay_t<D>>(std::forward<D>(dataset)),
+                            std::move(options));
+  }
+
+  // loss.backward() with loss scaling (16-mixed) and gradient synchronization (DDP).
+  void backward(const torch::Tensor& loss);
+  // Optimizer step through the precision: under 16-mixed unscale (once), skip on inf/NaN and
+  // update the scale. Returns whether the optimizer stepped.
+  bool step(torch::optim::Optimizer& optimizer);
+  // Unscales (16-mixed) then clips the gradients of `module` to total norm `max_norm`; returns
+  // the total norm before clipping.
+  template <typename Module>
+  double clip_gradients(Module& module, torch::optim::Optimizer& optimizer, double max_norm,
+                        double norm_type = 2.0) {
+    return clip_gradients_norm(module_ref(module), optimizer, max_norm, norm_type);
+  }
+  // Unscales (16-mixed) then clamps every gradient element to [-clip_value, clip_value].
+  template <typename Module>
+  void clip_gradients_value(Module& module, torch::optim::Optimizer& optimizer, double clip_value) {
+    clip_gradients_by_value(module_ref(module), optimizer, clip_value);
+  }
+
+  // Autocast region for *-mixed precisions (no-op otherwise); nesting-safe RAII.
+  AutocastGuard autocast() const;
+  // Skips gradient synchronization while the guard lives (a no-op with one process).
+  template <typename Module>
+  ScopeGuard no_backward_sync(Module& module) {
+    return strategy_->no_backward_sync(module_ref(module));
+  }
+
+  // Seeds torch's CPU and CUDA generators (and thus dropout/init) with `seed`.
+  void seed_everything(uint64_t seed);
+
+  // Prints the arguments (streamed) and a newline on global rank 0 only.
+  template <typename... Args>
+  void print(Args&&... args) const {
+    if (!is_global_zero()) return;
+    std::ostringstream line;
+    (line << ... << std::forward<Args>(args));
+    std::cout << line.str() << std::endl;
+  }
+
+  torch::Tensor to_device(const torch::Tensor& tensor) const;
+  Batch to_device(const Batch& batch) const;
+
+  // Collectives across the job (identity with one process).
+  torch::Tensor all_reduce(const torch::Tensor& tensor, ReduceOp op = ReduceOp::kMean);
+  void barrier();
+  torch::Tensor broadcast(const torch::Tensor& tensor, int64_t src = 0);
+
+  torch::Device device() const { return strategy_->root_device(); }
+  int64_t global_rank() const { return strategy_->global_rank(); }
+  int64_t local_rank() const { return strategy_->local_rank(); }
+  int64_t node_rank() const { return strategy_->node_rank(); }
+  int64_t world_size() const { return strategy_->world_size(); }
+  bool is_global_zero() const { return global_rank() == 0; }
+
+  const Config& config() const { return config_; }
+  const ResolvedSetup& setup_info() const { return setup_; }
+  Strategy& strategy() { return *strategy_; }
+  Precision& precision() { return strategy_->precision(); }
+
+ private:
+  static torch::nn::Module& module_ref(torch::nn::Module& m) { return m; }
+  template <typename Impl>
+  static torch::nn::Module& module_ref(torch::nn::ModuleHolder<Impl>& m) {
+    return *m;
+  }
+  double clip_gradients_norm(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                             double max_norm, double norm_type);
+  void clip_gradients_by_value(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                               double clip_value);
+
+  Config config_;
+  ResolvedSetup setup_;
+  std::unique_ptr<Strategy> strategy_;
+};
+
+}  // namespace fabric
+
+#endif  // FABRIC_FABRIC_H_

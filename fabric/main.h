@@ -1,0 +1,32 @@
+// fabric::run_main: the main() of a Fabric program, with the exit statuses users can rely on.
+//
+//   int main(int argc, char** argv) {
+//     return fabric::run_main(argc, argv, fabric::training_schema(), [](const fabric::Config& c) {
+//       ...; return 0;
+//     });
+//   }
+//
+// It parses the command line (fabric/config.h: --config=FILE, --print_config, --help, key=value
+// overrides), loads and validates the config, then calls `body`. Errors print one line to stderr,
+// never a stack trace or a core dump:
+//   exit 0  body returned 0, or --help / --print_config
+//   exit 2  configuration or usage error (fabric::ConfigError), e.g.
+//           configs/x.yaml:7:14: fabric.precision: '16-mixd' is not a precision; did you mean '16-mixed'?
+//   exit 1  any other error (fabric::Error, LibTorch errors, std::exception), printed as "error: ..."
+//   other   whatever body returns.
+#ifndef FABRIC_MAIN_H_
+#define FABRIC_MAIN_H_
+
+#include <functional>
+
+#include "fabric/config.h"
+
+namespace fabric {
+
+using MainBody = std::function<int(const Config& config)>;
+
+int run_main(int argc, char** argv, const ConfigSchema& schema, const MainBody& body);
+
+}  // namespace fabric
+
+#endif  // FABRIC_MAIN_H_

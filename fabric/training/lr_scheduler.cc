@@ -1,0 +1,106 @@
+#include "fabric/training/lr_scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "fabric/core/error.h"
+
+namespace fabric {
+namespace {
+
+double cos_anneal(double start, double end, double pct) {
+  return end + (start - end) / 2.0 * (std::cos(M_PI * pct) + 1.0);
+}
+
+}  // namespace
+
+LRSchedule LRSchedule::constant(double base_lr, int64_t warmup_steps) {
+  LRSchedule s;
+  s.name_ = "none";
+  s.base_ = base_lr;
+  s.warmup_ = warmup_steps;
+  return s;
+}
+
+LRSchedule LRSchedule::cosine(double base_lr, int64_t total_steps, int64_t warmup_steps, double min_lr) {
+  LRSchedule s = constant(base_lr, warmup_steps);
+  s.name_ = "cosine";
+  s.total_ = std::max<int64_t>(total_steps, 1);
+  s.min_ = min_lr;
+  return s;
+}
+
+LRSchedule LRSchedule::linear(double base_lr, int64_t total_steps, int64_t warmup_steps, double min_lr) {
+  LRSchedule s = cosine(base_lr, total_steps, warmup_steps, min_lr);
+  s.name_ = "linear";
+  return s;
+}
+
+LRSchedule LRSchedule::one_cycle(double max_lr, int64_t total_steps, double pct_start,
+                                 double div_factor, double final_div_factor) {
+  LRSchedule s;
+  s.name_ = "one_cycle";
+  s.base_ = max_lr;
+  s.total_ = std::max<int64_t>(total_steps, 2);
+  s.pct_start_ = pct_start;
+  s.div_ = div_factor;
+  s.final_div_ = final_div_factor;
+  return s;
+}
+
+LRSchedule LRSchedule::from_config(const Config& c, int64_t total_steps) {
+  if (total_steps < 1) throw Error("LRSchedule::from_config: total_steps must be >= 1");
+  const std::string name = c.get_string("scheduler.name");
+  const double lr = c.get_double("optimizer.lr");
+  const int64_t warmup = c.get_int("scheduler.warmup_steps");
+  const double min_lr = c.get_double("scheduler.min_lr");
+  if (name == "cosine") return cosine(lr, total_steps, warmup, min_lr);
+  if (name == "linear") return linear(lr, total_steps, warmup, min_lr);
+  if (name == "one_cycle") {
+    return one_cycle(lr, total_steps, c.get_double("scheduler.pct_start"),
+                     c.get_double("scheduler.div_factor"), c.get_double("scheduler.final_div_factor"));
+  }
+  return constant(lr, warmup);
+}
+
+double LRSchedule::lr_at(int64_t step) const {
+  step = std::max<int64_t>(step, 0);
+  if (name_ == "one_cycle") {
+    step = std::min(step, total_ - 1);
+    const double initial = base_ / div_;
+    const double final_lr = initial / final_div_;
+    const double up_end = std::max(pct_start_ * static_cast<double>(total_) - 1.0, 1e-12);
+    const double down_end = static_cast<double>(total_ - 1);
+    const double t = static_cast<double>(step);
+    if (t <= up_end) return cos_anneal(initial, base_, t / up_end);
+    return cos_anneal(base_, final_lr, (t - up_end) / std::max(down_end - up_end, 1e-12));
+  }
+  if (step < warmup_) return base_ * static_cast<double>(step + 1) / static_cast<double>(warmup_);
+  if (name_ == "none") return base_;
+  const double span = static_cast<double>(std::max<int64_t>(total_ - warmup_, 1));
+  const double progress = std::min(1.0, static_cast<double>(step - warmup_) / span);
+  if (name_ == "linear") return base_ + (min_ - base_) * progress;
+  return min_ + (base_ - min_) * 0.5 * (1.0 + std::cos(M_PI * progress));
+}
+
+LRScheduler::LRScheduler(torch::optim::Optimizer& optimizer, LRSchedule schedule)
+    : optimizer_(optimizer), schedule_(std::move(schedule)) {
+  apply();
+}
+
+void LRScheduler::step() {
+  ++step_;
+  apply();
+}
+
+void LRScheduler::set_step(int64_t step) {
+  step_ = step;
+  apply();
+}
+
+void LRScheduler::apply() {
+  const double lr = schedule_.lr_at(step_);
+  for (auto& group : optimizer_.param_groups()) group.options().set_lr(lr);
+}
+
+}  // namespace fabric
