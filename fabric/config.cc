@@ -65,6 +65,19 @@ fs::path find_config(const std::string& name, const std::vector<fs::path>& first
   fail(where, "config file '" + name + "' not found" + hint + " (tried " + join(seen) + ")");
 }
 
+// How a config file is named in messages: relative to the working directory when inside it,
+// "configs/NAME" when found in the workspace's or runfiles' configs/, else the absolute path.
+std::string display_config(const fs::path& path) {
+  const std::string shown = display_path(path);
+  if (!fs::path(shown).is_absolute()) return shown;
+  for (const auto& root : {workspace_directory(), runfiles_directory()}) {
+    if (!root) continue;
+    const fs::path rel = path.lexically_normal().lexically_relative((*root / "configs").lexically_normal());
+    if (!rel.empty() && *rel.begin() != "..") return (fs::path("configs") / rel).string();
+  }
+  return shown;
+}
+
 YAML::Node read_yaml(const fs::path& path, const std::string& display) {
   std::ifstream in(path);
   if (!in) fail(display, std::string("cannot read: ") + std::strerror(errno));
@@ -118,11 +131,11 @@ class Loader {
   Entries load_file(const fs::path& path, std::vector<fs::path> chain) {
     std::error_code ec;
     const fs::path canonical = fs::weakly_canonical(path, ec);
-    const std::string display = display_path(path);
+    const std::string display = display_config(path);
     for (const auto& p : chain) {
       if (p == canonical) {
         std::vector<std::string> names;
-        for (const auto& q : chain) names.push_back(display_path(q));
+        for (const auto& q : chain) names.push_back(display_config(q));
         names.push_back(display);
         fail(display, "base: cycle " + join(names, " -> "));
       }
@@ -270,7 +283,7 @@ Config Config::load(const std::string& file, const std::vector<std::string>& ove
   Loader loader(schema);
   const fs::path found = find_config(file, {}, "--config");
   Entries raw = loader.load_file(found, {});
-  return Config(std::make_shared<const Impl>(build_impl(schema, std::move(raw), overrides, display_path(found))));
+  return Config(std::make_shared<const Impl>(build_impl(schema, std::move(raw), overrides, display_config(found))));
 }
 
 Config Config::parse(const std::string& yaml, const std::vector<std::string>& overrides,

@@ -17,7 +17,7 @@
 //           for (fabric::Batch& batch : train) {
 //             optimizer.zero_grad();
 //             torch::Tensor loss;
-//             { auto guard = f.autocast(); loss = torch::cross_entropy(model->forward(batch.data), batch.target); }
+//             { auto guard = f.autocast(); loss = torch::cross_entropy_loss(model->forward(batch.data), batch.target); }
 //             f.backward(loss);
 //             f.step(optimizer);
 //           }

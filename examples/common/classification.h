@@ -1,0 +1,173 @@
+// The training loop both examples share: this is the code a user writes with Fabric (setup,
+// loaders, autocast, backward, step), plus evaluation, progress lines and the run summary.
+//
+// Config keys used: trainer.* (max_epochs, max_steps, eval_every_n_epochs, limit_eval_batches,
+// gradient_clip_*), data.* (batch_size, shuffle, drop_last, num_workers, prefetch), optimizer.*,
+// scheduler.*, logging.* (run_dir, log_every_n_steps).
+//
+// Output: one progress line every log_every_n_steps on rank 0, one line per evaluation, and, last,
+// the path of summary.json.
+#ifndef EXAMPLES_COMMON_CLASSIFICATION_H_
+#define EXAMPLES_COMMON_CLASSIFICATION_H_
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "fabric/fabric.h"
+#include "fabric/logging/run_dir.h"
+
+namespace examples {
+
+struct ClassificationTask {
+  std::string name;  // run directory {name}, e.g. "cifar10"
+  std::shared_ptr<const fabric::Dataset> train, test;
+  std::string data_kind;  // "real" or "synthetic"
+  fabric::BatchTransform train_transform, test_transform;
+};
+
+// Correct predictions / examples over the test loader (all ranks; summed across ranks).
+template <typename Model>
+double evaluate(fabric::Fabric& f, Model& model, fabric::DataLoader& loader, int64_t limit_batches) {
+  torch::NoGradGuard no_grad;
+  model->eval();
+  auto correct = torch::zeros({}, torch::dtype(torch::kLong).device(f.device()));
+  auto seen = torch::zeros({}, torch::dtype(torch::kLong).device(f.device()));
+  int64_t b = 0;
+  for (fabric::Batch& batch : loader) {
+    if (limit_batches >= 0 && b++ >= limit_batches) break;
+    torch::Tensor logits;
+    {
+      auto guard = f.autocast();
+      logits = model->forward(f.precision().convert_input(batch.data));
+    }
+    correct += logits.argmax(1).eq(batch.target).sum();
+    seen += batch.target.size(0);
+  }
+  model->train();
+  correct = f.all_reduce(correct, fabric::ReduceOp::kSum);
+  seen = f.all_reduce(seen, fabric::ReduceOp::kSum);
+  const int64_t n = seen.item<int64_t>();
+  return n == 0 ? 0.0 : static_cast<double>(correct.item<int64_t>()) / static_cast<double>(n);
+}
+
+template <typename Model>
+void train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& task) {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const fabric::Config& c = f.config();
+  const auto run = fabric::RunDirectory::create(c, task.name, f.is_global_zero());
+
+  auto optimizer = fabric::make_optimizer(c, model->parameters());
+  f.setup(model, *optimizer);
+  auto train = f.setup_dataloader(task.train, fabric::DataLoaderOptions()
+                                                  .batch_size(c.get_int("data.batch_size"))
+                                                  .shuffle(c.get_bool("data.shuffle"))
+                                                  .drop_last(c.get_bool("data.drop_last"))
+                                                  .num_workers(c.get_int("data.num_workers"))
+                                                  .prefetch(c.get_int("data.prefetch"))
+                                                  .transform(task.train_transform));
+  auto test = f.setup_dataloader(task.test, fabric::DataLoaderOptions()
+                                                .batch_size(c.get_int("data.batch_size"))
+                                                .num_workers(c.get_int("data.num_workers"))
+                                                .transform(task.test_transform));
+
+  const int64_t max_epochs = c.get_int("trainer.max_epochs");
+  const int64_t max_steps = c.get_int("trainer.max_steps");
+  const int64_t total_steps =
+      max_steps >= 0 ? std::min(max_steps, max_epochs * train.size()) : max_epochs * train.size();
+  fabric::LRScheduler scheduler(*optimizer, fabric::LRSchedule::from_config(c, std::max<int64_t>(total_steps, 1)));
+  const int64_t log_every = c.get_int("logging.log_every_n_steps");
+  const int64_t eval_every = c.get_int("trainer.eval_every_n_epochs");
+  const int64_t limit_eval = c.get_int("trainer.limit_eval_batches");
+  const double clip = c.get_double("trainer.gradient_clip_val");
+  const bool clip_by_norm = c.get_string("trainer.gradient_clip_algorithm") == "norm";
+
+  f.print(task.name, ": ", task.data_kind, " data, ", task.train->size(), " train / ",
+          task.test->size(), " test examples; ", f.setup_info().strategy, " on ", f.device().str(),
+          ", precision ", fabric::to_string(f.precision().mode()), ", ", total_steps,
+          " steps; run directory ", run.path().string());
+
+  int64_t step = 0, epoch = 0, images = 0;
+  double train_seconds = 0, last_loss = NAN, accuracy = NAN;
+  auto window_loss = torch::zeros({}, torch::dtype(torch::kFloat).device(f.device()));
+  int64_t window = 0, window_images = 0;
+  auto window_start = Clock::now();
+  for (; epoch < max_epochs && step < total_steps; ++epoch) {
+    const auto epoch_start = Clock::now();
+    for (fabric::Batch& batch : train) {
+      if (step >= total_steps) break;
+      optimizer->zero_grad();
+      torch::Tensor loss;
+      {
+        auto guard = f.autocast();
+        loss = torch::cross_entropy_loss(model->forward(f.precision().convert_input(batch.data)), batch.target);
+      }
+      f.backward(loss);
+      if (clip > 0) {
+        if (clip_by_norm) {
+          f.clip_gradients(model, *optimizer, clip);
+        } else {
+          f.clip_gradients_value(model, *optimizer, clip);
+        }
+      }
+      f.step(*optimizer);
+      scheduler.step();
+      ++step;
+      window_loss += loss.detach().to(torch::kFloat);  // no host sync until the progress line
+      ++window;
+      window_images += batch.target.size(0);
+      if (step % log_every == 0 || step == total_steps) {
+        last_loss = f.all_reduce(window_loss / static_cast<double>(window)).item<double>();
+        const double secs = std::chrono::duration<double>(Clock::now() - window_start).count();
+        char line[256];
+        std::snprintf(line, sizeof(line), "epoch %lld/%lld step %lld/%lld loss %.4f lr %.5f %.0f img/s",
+                      static_cast<long long>(epoch + 1), static_cast<long long>(max_epochs),
+                      static_cast<long long>(step), static_cast<long long>(total_steps), last_loss,
+                      scheduler.get_lr(),
+                      static_cast<double>(window_images * f.world_size()) / std::max(secs, 1e-9));
+        f.print(line);
+        window_loss.zero_();
+        window = 0;
+        window_images = 0;
+        window_start = Clock::now();
+      }
+      images += batch.target.size(0);
+    }
+    train_seconds += std::chrono::duration<double>(Clock::now() - epoch_start).count();
+    const bool last = epoch + 1 == max_epochs || step >= total_steps;
+    if (last || (eval_every > 0 && (epoch + 1) % eval_every == 0)) {
+      const auto eval_start = Clock::now();
+      accuracy = evaluate(f, model, test, limit_eval);
+      f.print("epoch ", epoch + 1, " test accuracy ", accuracy);
+      window_start += Clock::now() - eval_start;  // keep evaluation out of the img/s window
+    }
+  }
+
+  const double wall = std::chrono::duration<double>(Clock::now() - start).count();
+  nlohmann::json summary = {
+      {"name", task.name},
+      {"config_hash", c.hash()},
+      {"strategy", f.setup_info().strategy},
+      {"precision", fabric::to_string(f.precision().mode())},
+      {"device", f.device().str()},
+      {"world_size", f.world_size()},
+      {"data", task.data_kind},
+      {"epochs", epoch},
+      {"steps", step},
+      {"train_loss", last_loss},
+      {"test_accuracy", accuracy},
+      {"images_per_second", static_cast<double>(images * f.world_size()) / std::max(train_seconds, 1e-9)},
+      {"wall_seconds", wall},
+      {"skipped_steps", f.precision().scaler() ? f.precision().scaler()->skipped_steps() : 0},
+      {"run_dir", run.path().string()},
+  };
+  const auto summary_path = run.write_summary(summary);
+  f.print(summary_path.string());
+}
+
+}  // namespace examples
+
+#endif  // EXAMPLES_COMMON_CLASSIFICATION_H_

@@ -1,0 +1,50 @@
+// Image datasets for the examples: Fashion-MNIST (gzip IDX), CIFAR-10 (binary batches, with
+// download and a deterministic synthetic stand-in), and per-batch augmentation transforms.
+// Images are kept as uint8 [N, C, H, W]; transforms turn batches into normalized float tensors.
+#ifndef EXAMPLES_COMMON_IMAGE_DATA_H_
+#define EXAMPLES_COMMON_IMAGE_DATA_H_
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fabric/fabric.h"
+
+namespace examples {
+
+struct ImageSplits {
+  std::shared_ptr<const fabric::TensorDataset> train, test;
+  std::string kind;  // "real" or "synthetic"
+};
+
+// Reads {train,t10k}-{images-idx3,labels-idx1}-ubyte.gz from `root`. Throws fabric::Error naming
+// the file and what is wrong with it.
+ImageSplits load_fashion_mnist(const std::filesystem::path& root);
+
+// Reads an IDX file (optionally gzip-compressed) into a uint8 tensor with its dimensions.
+torch::Tensor read_idx(const std::filesystem::path& file);
+
+// CIFAR-10 binary batches from `root` or `root`/cifar-10-batches-bin. Throws fabric::Error when a
+// file is missing or malformed.
+ImageSplits load_cifar10(const std::filesystem::path& root);
+// True when the six CIFAR-10 binary files are present under `root`.
+bool has_cifar10(const std::filesystem::path& root);
+// Downloads and unpacks the official archive into `root` with the curl and tar programs. Returns
+// "" on success, else why it failed.
+std::string download_cifar10(const std::filesystem::path& root);
+// A deterministic, learnable CIFAR-format dataset (each class a colored low-frequency pattern plus
+// noise), the same on every machine and rank.
+ImageSplits synthetic_cifar10(int64_t train_size, int64_t test_size);
+
+// uint8 → float, (x / 255 - mean) / std per channel.
+fabric::BatchTransform normalize(std::vector<double> mean, std::vector<double> std);
+// Random crop with zero padding `pad` and random horizontal flip, then normalize.
+fabric::BatchTransform crop_flip_normalize(int64_t pad, std::vector<double> mean, std::vector<double> std);
+
+// `root` as given if absolute, else relative to the directory the command was run in.
+std::filesystem::path resolve_data_root(const std::string& root);
+
+}  // namespace examples
+
+#endif  // EXAMPLES_COMMON_IMAGE_DATA_H_

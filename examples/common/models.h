@@ -1,0 +1,41 @@
+// Models for the examples.
+#ifndef EXAMPLES_COMMON_MODELS_H_
+#define EXAMPLES_COMMON_MODELS_H_
+
+#include <torch/nn.h>
+
+namespace examples {
+
+// Two conv blocks (conv 3x3 → BatchNorm → ReLU → max-pool) and a two-layer head, for 1×28×28
+// inputs (Fashion-MNIST). `width` channels in the first block, 2·width in the second.
+struct SmallCnnImpl : torch::nn::Module {
+  SmallCnnImpl(int64_t width, int64_t hidden, int64_t classes = 10);
+  torch::Tensor forward(torch::Tensor x);
+  torch::nn::Sequential features{nullptr}, head{nullptr};
+};
+TORCH_MODULE(SmallCnn);
+
+// ResNet-18 for 32×32 inputs (the CIFAR variant: 3×3 stem, no max-pool), BasicBlocks [2, 2, 2, 2]
+// with widths w, 2w, 4w, 8w (w = 64 is the standard model).
+struct BasicBlockImpl : torch::nn::Module {
+  BasicBlockImpl(int64_t in, int64_t out, int64_t stride);
+  torch::Tensor forward(torch::Tensor x);
+  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
+  torch::nn::BatchNorm2d bn1{nullptr}, bn2{nullptr};
+  torch::nn::Sequential shortcut{nullptr};
+};
+TORCH_MODULE(BasicBlock);
+
+struct ResNet18CifarImpl : torch::nn::Module {
+  explicit ResNet18CifarImpl(int64_t width = 64, int64_t classes = 10);
+  torch::Tensor forward(torch::Tensor x);
+  torch::nn::Conv2d stem{nullptr};
+  torch::nn::BatchNorm2d stem_bn{nullptr};
+  torch::nn::Sequential layers{nullptr};
+  torch::nn::Linear fc{nullptr};
+};
+TORCH_MODULE(ResNet18Cifar);
+
+}  // namespace examples
+
+#endif  // EXAMPLES_COMMON_MODELS_H_

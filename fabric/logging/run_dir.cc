@@ -1,0 +1,86 @@
+#include "fabric/logging/run_dir.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+
+#include "fabric/core/error.h"
+#include "fabric/core/paths.h"
+
+namespace fs = std::filesystem;
+
+namespace fabric {
+
+std::string expand_run_dir(const std::string& pattern, const std::string& name,
+                           const std::string& timestamp, const std::string& hash) {
+  std::string out;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] != '{') {
+      out += pattern[i];
+      continue;
+    }
+    const size_t close = pattern.find('}', i);
+    if (close == std::string::npos) throw Error("logging.run_dir: unclosed '{' in '" + pattern + "'");
+    const std::string field = pattern.substr(i + 1, close - i - 1);
+    if (field == "name") {
+      out += name;
+    } else if (field == "timestamp") {
+      out += timestamp;
+    } else if (field == "hash") {
+      out += hash;
+    } else {
+      throw Error("logging.run_dir: unknown field '{" + field + "}' in '" + pattern +
+                  "' (fields: {name}, {timestamp}, {hash})");
+    }
+    i = close;
+  }
+  return out;
+}
+
+void write_file_atomically(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp." + std::to_string(getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) throw Error("cannot write " + tmp.string() + ": " + std::strerror(errno));
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) throw Error("cannot rename " + tmp.string() + " to " + path.string() + ": " + ec.message());
+}
+
+RunDirectory RunDirectory::create(const Config& config, const std::string& name,
+                                  bool is_global_zero) {
+  char stamp[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", std::localtime(&now));
+  std::string expanded;
+  try {
+    expanded = expand_run_dir(config.get_string("logging.run_dir"), name, stamp, config.hash());
+  } catch (const Error& e) {
+    throw config.error_at("logging.run_dir", e.what());
+  }
+  fs::path base = absolute_from_working_directory(expanded);
+  fs::path path = base;
+  std::error_code ec;
+  for (int n = 1; fs::exists(path, ec) && !fs::is_empty(path, ec); ++n)
+    path = base.string() + "-" + std::to_string(n);
+  if (!is_global_zero) return RunDirectory(path, false);
+  fs::create_directories(path, ec);
+  if (ec) throw Error("cannot create run directory " + path.string() + ": " + ec.message());
+  write_file_atomically(path / "config.yaml",
+                        "# resolved config (hash " + config.hash() + ")\n" + config.to_yaml());
+  return RunDirectory(path, true);
+}
+
+fs::path RunDirectory::write_summary(const nlohmann::json& summary) const {
+  const fs::path file = path_ / "summary.json";
+  if (writer_) write_file_atomically(file, summary.dump(2) + "\n");
+  return file;
+}
+
+}  // namespace fabric

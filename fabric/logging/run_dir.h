@@ -1,0 +1,47 @@
+// fabric::RunDirectory: one folder per run holding the resolved config.yaml and summary.json.
+//
+// The folder comes from `logging.run_dir` (default "runs/{name}/{timestamp}"), with fields
+//   {name}       the program's name (e.g. "fashion_mnist")
+//   {timestamp}  local time of creation, YYYYmmdd-HHMMSS
+//   {hash}       the config hash (Config::hash())
+// resolved relative to the directory the command was run in. If the folder exists and is not
+// empty, "-1", "-2", ... is appended: a run never overwrites another. Only global rank 0 creates
+// and writes (others get an object whose writes do nothing).
+#ifndef FABRIC_LOGGING_RUN_DIR_H_
+#define FABRIC_LOGGING_RUN_DIR_H_
+
+#include <filesystem>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "fabric/config.h"
+
+namespace fabric {
+
+class RunDirectory {
+ public:
+  // Creates the folder and writes config.yaml (global rank 0 only). Throws fabric::Error with the
+  // path and the OS error when the folder cannot be created.
+  static RunDirectory create(const Config& config, const std::string& name, bool is_global_zero);
+
+  const std::filesystem::path& path() const { return path_; }
+  // Writes summary.json atomically (temporary file + rename); returns its path.
+  std::filesystem::path write_summary(const nlohmann::json& summary) const;
+
+ private:
+  RunDirectory(std::filesystem::path path, bool writer) : path_(std::move(path)), writer_(writer) {}
+  std::filesystem::path path_;
+  bool writer_;
+};
+
+// "runs/{name}/{timestamp}" → "runs/fashion_mnist/20261121-231500". Unknown fields are errors.
+std::string expand_run_dir(const std::string& pattern, const std::string& name,
+                           const std::string& timestamp, const std::string& hash);
+
+// Writes `text` to `path` via a temporary file in the same folder and a rename.
+void write_file_atomically(const std::filesystem::path& path, const std::string& text);
+
+}  // namespace fabric
+
+#endif  // FABRIC_LOGGING_RUN_DIR_H_
