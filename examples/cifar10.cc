@@ -23,14 +23,19 @@ namespace {
 fabric::ConfigSchema schema() {
   fabric::ConfigSchema s = fabric::training_schema();
   s.set_default("data.root", "data/cifar10");
-  s.add("data.download", fabric::KeySpec::boolean(true).doc("download CIFAR-10 when data.root has none"));
-  s.add("data.synthetic", fabric::KeySpec::boolean(false).doc("use the synthetic stand-in even if real data exists"));
-  s.add("data.require_real", fabric::KeySpec::boolean(false).doc("fail instead of falling back to synthetic data"));
-  s.add("data.augment", fabric::KeySpec::boolean(true).doc("random crop (pad 4) and horizontal flip"));
+  s.add("data.download",
+        fabric::KeySpec::boolean(true).doc("download CIFAR-10 when data.root has none"));
+  s.add("data.synthetic",
+        fabric::KeySpec::boolean(false).doc("use the synthetic stand-in even if real data exists"));
+  s.add("data.require_real",
+        fabric::KeySpec::boolean(false).doc("fail instead of falling back to synthetic data"));
+  s.add("data.augment",
+        fabric::KeySpec::boolean(true).doc("random crop (pad 4) and horizontal flip"));
   s.add("data.synthetic_train_size", fabric::KeySpec::integer(50000).min(1));
   s.add("data.synthetic_test_size", fabric::KeySpec::integer(10000).min(1));
   s.section_doc("model", "ResNet-18, CIFAR variant.");
-  s.add("model.width", fabric::KeySpec::integer(64).min(1).doc("channels of the first stage (64 = standard)"));
+  s.add("model.width",
+        fabric::KeySpec::integer(64).min(1).doc("channels of the first stage (64 = standard)"));
   return s;
 }
 
@@ -40,7 +45,8 @@ const std::vector<double> kStd = {0.2470, 0.2435, 0.2616};
 examples::ImageSplits load_data(const fabric::Config& c, fabric::Fabric& f) {
   const auto root = examples::resolve_data_root(c.get_string("data.root"));
   const auto synthetic = [&] {
-    return examples::synthetic_cifar10(c.get_int("data.synthetic_train_size"), c.get_int("data.synthetic_test_size"));
+    return examples::synthetic_cifar10(c.get_int("data.synthetic_train_size"),
+                                       c.get_int("data.synthetic_test_size"));
   };
   if (c.get_bool("data.synthetic")) return synthetic();
   if (examples::has_cifar10(root)) return examples::load_cifar10(root);
@@ -57,15 +63,17 @@ examples::ImageSplits load_data(const fabric::Config& c, fabric::Fabric& f) {
     why += "; " + (failure.empty() ? std::string("download failed on rank 0") : failure);
   }
   if (c.get_bool("data.require_real")) {
-    throw c.error_at("data.require_real", why + " (set data.root to a folder with cifar-10-batches-bin/)");
+    throw c.error_at("data.require_real",
+                     why + " (set data.root to a folder with cifar-10-batches-bin/)");
   }
-  f.print("=====================================================================================\n",
-          "  ", why, ".\n",
-          "  Training on a deterministic SYNTHETIC CIFAR-format dataset: accuracy is not CIFAR-10's.\n",
-          "  Real data: curl -O https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz && mkdir -p ",
-          root.string(), " && tar -xzf cifar-10-binary.tar.gz -C ", root.string(), "\n",
-          "  (or set data.root; data.require_real=true turns this fallback into an error)\n",
-          "=====================================================================================");
+  f.print(
+      "=====================================================================================\n",
+      "  ", why, ".\n",
+      "  Training on a deterministic SYNTHETIC CIFAR-format dataset: accuracy is not CIFAR-10's.\n",
+      "  Real data: curl -O https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz && mkdir -p ",
+      root.string(), " && tar -xzf cifar-10-binary.tar.gz -C ", root.string(), "\n",
+      "  (or set data.root; data.require_real=true turns this fallback into an error)\n",
+      "=====================================================================================");
   return synthetic();
 }
 
@@ -80,8 +88,9 @@ int main(int argc, char** argv) {
       const auto train_transform = config.get_bool("data.augment")
                                        ? examples::crop_flip_normalize(4, kMean, kStd)
                                        : examples::normalize(kMean, kStd);
-      examples::train_classifier(f, model, {"cifar10", data.train, data.test, data.kind, train_transform,
-                                            examples::normalize(kMean, kStd)});
+      examples::train_classifier(f, model,
+                                 {"cifar10", data.train, data.test, data.kind, train_transform,
+                                  examples::normalize(kMean, kStd)});
     });
   });
 }

@@ -26,10 +26,12 @@ int main(int argc, char** argv) {
   return fabric::run_main(argc, argv, schema(), [](const fabric::Config& config) {
     fabric::Fabric fabric(config);
     return fabric.launch([&](fabric::Fabric& f) {
-      const auto data = examples::load_fashion_mnist(examples::resolve_data_root(config.get_string("data.root")));
+      const auto data =
+          examples::load_fashion_mnist(examples::resolve_data_root(config.get_string("data.root")));
       examples::SmallCnn model(config.get_int("model.width"), config.get_int("model.hidden"));
       const auto norm = examples::normalize({0.2860}, {0.3530});
-      examples::train_classifier(f, model, {"fashion_mnist", data.train, data.test, data.kind, norm, norm});
+      examples::train_classifier(f, model,
+                                 {"fashion_mnist", data.train, data.test, data.kind, norm, norm});
     });
   });
 }

@@ -72,7 +72,8 @@ std::string display_config(const fs::path& path) {
   if (!fs::path(shown).is_absolute()) return shown;
   for (const auto& root : {workspace_directory(), runfiles_directory()}) {
     if (!root) continue;
-    const fs::path rel = path.lexically_normal().lexically_relative((*root / "configs").lexically_normal());
+    const fs::path rel =
+        path.lexically_normal().lexically_relative((*root / "configs").lexically_normal());
     if (!rel.empty() && *rel.begin() != "..") return (fs::path("configs") / rel).string();
   }
   return shown;
@@ -114,9 +115,8 @@ class Loader {
         if (value.IsMap()) {
           flatten(value, path, file, out);
         } else if (!value.IsNull()) {
-          fail(location(file, value.Mark()),
-               path + ": expected a mapping of keys under '" + path + ":', got " +
-                   internal::describe(value));
+          fail(location(file, value.Mark()), path + ": expected a mapping of keys under '" + path +
+                                                 ":', got " + internal::describe(value));
         }
       } else if (prefix.empty()) {
         fail(key_where, "unknown section '" + key + "'" + did_you_mean(key, schema_.sections()) +
@@ -158,9 +158,9 @@ class Loader {
       const std::string where = location(display, base.Mark());
       if (!base.IsScalar() || base.Scalar().empty())
         fail(where, "base: expected a file name like 'single_cpu.yaml'");
-      const fs::path found =
-          find_config(base.Scalar(), {fs::path(base.Scalar()).is_absolute() ? fs::path() : dir / base.Scalar()},
-                      where + ": base");
+      const fs::path found = find_config(
+          base.Scalar(), {fs::path(base.Scalar()).is_absolute() ? fs::path() : dir / base.Scalar()},
+          where + ": base");
       entries = load_file(found, chain);
     }
     Entries own;
@@ -172,14 +172,16 @@ class Loader {
   void apply_override(const std::string& text, Entries& entries) {
     const auto eq = text.find('=');
     if (eq == std::string::npos || eq == 0) {
-      fail("command line", "'" + text + "' is not an override: write key=value (e.g. optimizer.lr=0.2)");
+      fail("command line",
+           "'" + text + "' is not an override: write key=value (e.g. optimizer.lr=0.2)");
     }
     const std::string path = text.substr(0, eq);
     YAML::Node value;
     try {
       value = YAML::Load(text.substr(eq + 1));
     } catch (const YAML::Exception& e) {
-      fail("command line", path + ": '" + text.substr(eq + 1) + "' is not a YAML value (" + e.msg + ")");
+      fail("command line",
+           path + ": '" + text.substr(eq + 1) + "' is not a YAML value (" + e.msg + ")");
     }
     if (schema_.find(path) != nullptr) {
       entries[path] = Entry{value, "command line"};
@@ -199,7 +201,8 @@ class Loader {
       const KeySpec& spec = *schema_.find(path);
       auto it = entries.find(path);
       if (it == entries.end()) {
-        out[path] = Entry{internal::normalize_value(spec, YAML::Load(spec.default_text())).value, "default"};
+        out[path] = Entry{internal::normalize_value(spec, YAML::Load(spec.default_text())).value,
+                          "default"};
         continue;
       }
       auto checked = internal::normalize_value(spec, it->second.value);
@@ -243,8 +246,8 @@ struct Config::Impl {
 
 namespace {
 
-Config::Impl build_impl(const ConfigSchema& schema, Entries raw, const std::vector<std::string>& overrides,
-                        std::string file) {
+Config::Impl build_impl(const ConfigSchema& schema, Entries raw,
+                        const std::vector<std::string>& overrides, std::string file) {
   Loader loader(schema);
   for (const auto& o : overrides) loader.apply_override(o, raw);
   Config::Impl impl;
@@ -283,7 +286,8 @@ Config Config::load(const std::string& file, const std::vector<std::string>& ove
   Loader loader(schema);
   const fs::path found = find_config(file, {}, "--config");
   Entries raw = loader.load_file(found, {});
-  return Config(std::make_shared<const Impl>(build_impl(schema, std::move(raw), overrides, display_config(found))));
+  return Config(std::make_shared<const Impl>(
+      build_impl(schema, std::move(raw), overrides, display_config(found))));
 }
 
 Config Config::parse(const std::string& yaml, const std::vector<std::string>& overrides,
@@ -317,7 +321,8 @@ const Entry& entry_of(const Config::Impl& impl, const std::string& path, KeyType
   if (spec == nullptr) throw Error("Config: no key '" + path + "' in the schema");
   bool ok = spec->type() == want;
   for (KeyType t : also) ok |= spec->type() == t;
-  if (!ok) throw Error("Config: '" + path + "' is " + spec->type_name() + ", not the type asked for");
+  if (!ok)
+    throw Error("Config: '" + path + "' is " + spec->type_name() + ", not the type asked for");
   return impl.entries.at(path);
 }
 
@@ -332,8 +337,8 @@ int64_t Config::get_int(const std::string& path) const {
 }
 
 double Config::get_double(const std::string& path) const {
-  return std::strtod(entry_of(*impl_, path, KeyType::kFloat, {KeyType::kInt}).value.Scalar().c_str(),
-                     nullptr);
+  return std::strtod(
+      entry_of(*impl_, path, KeyType::kFloat, {KeyType::kInt}).value.Scalar().c_str(), nullptr);
 }
 
 std::string Config::get_string(const std::string& path) const {
@@ -362,13 +367,15 @@ DeviceRequest Config::get_devices(const std::string& path) const {
 }
 
 std::string Config::get_text(const std::string& path) const {
-  if (impl_->schema.find(path) == nullptr) throw Error("Config: no key '" + path + "' in the schema");
+  if (impl_->schema.find(path) == nullptr)
+    throw Error("Config: no key '" + path + "' in the schema");
   const YAML::Node& v = impl_->entries.at(path).value;
   return v.IsScalar() ? v.Scalar() : internal::describe(v);
 }
 
 std::string Config::origin(const std::string& path) const {
-  if (impl_->schema.find(path) == nullptr) throw Error("Config: no key '" + path + "' in the schema");
+  if (impl_->schema.find(path) == nullptr)
+    throw Error("Config: no key '" + path + "' in the schema");
   return impl_->entries.at(path).origin;
 }
 
@@ -399,7 +406,8 @@ CommandLine parse_command_line(int argc, char** argv) {
     }
     if (arg.size() < 2 || arg[0] != '-') {
       if (arg.find('=') == std::string::npos || arg.front() == '=') {
-        fail("command line", "'" + arg + "' is not an override: write key=value (e.g. optimizer.lr=0.2)");
+        fail("command line",
+             "'" + arg + "' is not an override: write key=value (e.g. optimizer.lr=0.2)");
       }
       cl.overrides.push_back(arg);
       continue;
@@ -412,12 +420,13 @@ CommandLine parse_command_line(int argc, char** argv) {
     }
     gflags::CommandLineFlagInfo info;
     if (!known_flag(name, &info)) {
-      fail("command line", "unknown flag '--" + name + "'" + did_you_mean("--" + name, names) +
-                               " (see --help)");
+      fail("command line",
+           "unknown flag '--" + name + "'" + did_you_mean("--" + name, names) + " (see --help)");
     }
     gflag_args.push_back(arg);
     if (body.find('=') == std::string::npos && info.type != "bool") {
-      if (i + 1 >= args.size()) fail("command line", "--" + name + " needs a value: --" + name + "=VALUE");
+      if (i + 1 >= args.size())
+        fail("command line", "--" + name + " needs a value: --" + name + "=VALUE");
       gflag_args.push_back(args[++i]);
     }
   }
@@ -438,7 +447,8 @@ CommandLine parse_command_line(int argc, char** argv) {
 std::string describe_schema(const ConfigSchema& schema, const std::string& program) {
   std::ostringstream out;
   out << "usage: " << program << " [--config=FILE] [--print_config] [key=value ...]\n\n"
-      << "  --config=FILE    YAML config (absolute, relative to the working directory, or in configs/)\n"
+      << "  --config=FILE    YAML config (absolute, relative to the working directory, or in "
+         "configs/)\n"
       << "  --print_config   print the resolved config and exit\n"
       << "  key=value        override a config key (YAML value), e.g. optimizer.lr=0.2\n\n"
       << "Config keys (default in brackets):\n";

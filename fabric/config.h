@@ -6,8 +6,8 @@
 //
 // Every key is checked against a ConfigSchema. Any problem throws fabric::ConfigError with one line
 // naming where the bad value came from:
-//   configs/x.yaml:7:14: fabric.precision: '16-mixd' is not a precision; did you mean '16-mixed'? (...)
-//   command line: optimizer.lr: 'fast' is not a number
+//   configs/x.yaml:7:14: fabric.precision: '16-mixd' is not a precision; did you mean '16-mixed'?
+//   (...) command line: optimizer.lr: 'fast' is not a number
 //
 // Config files are found (Config::load) by trying, in order: the path itself if absolute; relative
 // to the directory the command was run in (BUILD_WORKING_DIRECTORY under `bazel run`); in
@@ -35,9 +35,9 @@ namespace fabric {
 
 // `fabric.devices` as requested (before the Connector resolves it against the machine).
 struct DeviceRequest {
-  bool is_auto = false;        // "auto"
-  int64_t count = 0;           // N ≥ 1, or -1 for all (when ids is empty and !is_auto)
-  std::vector<int64_t> ids;    // explicit ids [0, 1]
+  bool is_auto = false;      // "auto"
+  int64_t count = 0;         // N ≥ 1, or -1 for all (when ids is empty and !is_auto)
+  std::vector<int64_t> ids;  // explicit ids [0, 1]
 };
 
 class Config {
@@ -50,7 +50,8 @@ class Config {
   static Config parse(const std::string& yaml, const std::vector<std::string>& overrides,
                       const ConfigSchema& schema, const std::string& name = "<config>");
   // Defaults plus overrides, no file.
-  static Config defaults(const ConfigSchema& schema, const std::vector<std::string>& overrides = {});
+  static Config defaults(const ConfigSchema& schema,
+                         const std::vector<std::string>& overrides = {});
   // parse_command_line() then load() (or defaults() without --config). Throws ConfigError.
   static Config from_command_line(int argc, char** argv,
                                   const ConfigSchema& schema = training_schema());
@@ -58,7 +59,7 @@ class Config {
   // Typed access. REQUIRES: `path` is declared with the matching type (else fabric::Error).
   bool get_bool(const std::string& path) const;
   int64_t get_int(const std::string& path) const;
-  double get_double(const std::string& path) const;  // kFloat and kInt keys
+  double get_double(const std::string& path) const;       // kFloat and kInt keys
   std::string get_string(const std::string& path) const;  // kString and kChoice keys
   std::vector<double> get_double_list(const std::string& path) const;
   DeviceRequest get_devices(const std::string& path) const;

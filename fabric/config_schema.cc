@@ -67,13 +67,20 @@ KeySpec& KeySpec::doc(std::string text) {
 
 std::string KeySpec::type_name() const {
   switch (type_) {
-    case KeyType::kBool: return "a boolean";
-    case KeyType::kInt: return "an integer";
-    case KeyType::kFloat: return "a number";
-    case KeyType::kString: return "a string";
-    case KeyType::kChoice: return "one of " + join(choices_, "|");
-    case KeyType::kFloatList: return "a list of numbers";
-    case KeyType::kDevices: return "auto, a device count or a list of device ids";
+    case KeyType::kBool:
+      return "a boolean";
+    case KeyType::kInt:
+      return "an integer";
+    case KeyType::kFloat:
+      return "a number";
+    case KeyType::kString:
+      return "a string";
+    case KeyType::kChoice:
+      return "one of " + join(choices_, "|");
+    case KeyType::kFloatList:
+      return "a list of numbers";
+    case KeyType::kDevices:
+      return "auto, a device count or a list of device ids";
   }
   return "a value";
 }
@@ -148,8 +155,8 @@ ConfigSchema default_schema() {
                                   .alias("gpu", "cuda")
                                   .noun("an accelerator")
                                   .doc("auto: cuda when a CUDA device is usable, else cpu"));
-  s.add("fabric.devices", KeySpec::devices().doc(
-                              "auto: 1 device (all devices once DDP lands); N; -1 = all; [ids]"));
+  s.add("fabric.devices",
+        KeySpec::devices().doc("auto: 1 device (all devices once DDP lands); N; -1 = all; [ids]"));
   s.add("fabric.num_nodes", KeySpec::integer(1).min(1).doc("machines in the job"));
   s.add("fabric.strategy", KeySpec::choice({"auto", "single_device", "dp", "ddp"}, "auto")
                                .noun("a strategy")
@@ -164,24 +171,32 @@ ConfigSchema default_schema() {
             .noun("a precision")
             .doc("*-mixed: autocast + fp32 weights (16-mixed scales the loss); *-true: weights in "
                  "that dtype"));
-  s.add("fabric.sync_batchnorm", KeySpec::boolean(false).doc("convert BatchNorm to SyncBatchNorm (DDP)"));
-  s.add("fabric.seed", KeySpec::integer(42).min(0).doc("seeds every RNG (torch, data order, augmentation)"));
-  s.add("fabric.deterministic",
-        KeySpec::boolean(false).doc("deterministic kernels (slower); implies cudnn_benchmark false"));
-  s.add("fabric.cudnn_benchmark", KeySpec::choice({"auto", "true", "false"}, "auto")
-                                      .doc("auto: true unless deterministic"));
+  s.add("fabric.sync_batchnorm",
+        KeySpec::boolean(false).doc("convert BatchNorm to SyncBatchNorm (DDP)"));
+  s.add("fabric.seed",
+        KeySpec::integer(42).min(0).doc("seeds every RNG (torch, data order, augmentation)"));
+  s.add(
+      "fabric.deterministic",
+      KeySpec::boolean(false).doc("deterministic kernels (slower); implies cudnn_benchmark false"));
+  s.add("fabric.cudnn_benchmark",
+        KeySpec::choice({"auto", "true", "false"}, "auto").doc("auto: true unless deterministic"));
   s.add("fabric.matmul_precision", KeySpec::choice({"highest", "high", "medium"}, "highest")
                                        .doc("float32 matmul: high/medium allow TF32 on CUDA"));
-  s.add("fabric.grad_scaler.init_scale", KeySpec::real(65536.0).min(0, false).doc("16-mixed loss scale at start"));
+  s.add("fabric.grad_scaler.init_scale",
+        KeySpec::real(65536.0).min(0, false).doc("16-mixed loss scale at start"));
   s.add("fabric.grad_scaler.growth_factor", KeySpec::real(2.0).min(1, false));
   s.add("fabric.grad_scaler.backoff_factor", KeySpec::real(0.5).min(0, false).max(1, false));
-  s.add("fabric.grad_scaler.growth_interval", KeySpec::integer(2000).min(1).doc("finite steps before growing"));
-  s.add("fabric.ddp.bucket_cap_mb", KeySpec::real(25.0).min(0, false).doc("reserved (Distributed)"));
+  s.add("fabric.grad_scaler.growth_interval",
+        KeySpec::integer(2000).min(1).doc("finite steps before growing"));
+  s.add("fabric.ddp.bucket_cap_mb",
+        KeySpec::real(25.0).min(0, false).doc("reserved (Distributed)"));
   s.add("fabric.ddp.find_unused_parameters", KeySpec::boolean(false).doc("reserved (Distributed)"));
   s.add("fabric.ddp.broadcast_buffers", KeySpec::boolean(true).doc("reserved (Distributed)"));
-  s.add("fabric.ddp.gradient_as_bucket_view", KeySpec::boolean(false).doc("reserved (Distributed)"));
+  s.add("fabric.ddp.gradient_as_bucket_view",
+        KeySpec::boolean(false).doc("reserved (Distributed)"));
   s.add("fabric.ddp.static_graph", KeySpec::boolean(false).doc("reserved (Distributed)"));
-  s.add("fabric.ddp.comm_hook", KeySpec::choice({"none", "fp16", "bf16"}, "none").doc("reserved (Distributed)"));
+  s.add("fabric.ddp.comm_hook",
+        KeySpec::choice({"none", "fp16", "bf16"}, "none").doc("reserved (Distributed)"));
   s.add("fabric.ddp.timeout_s", KeySpec::real(300.0).min(0, false).doc("reserved (Distributed)"));
 
   s.section_doc("logging", "Where results go.");
@@ -196,18 +211,23 @@ ConfigSchema training_schema() {
   ConfigSchema s = default_schema();
   s.section_doc("trainer", "Loop bounds.");
   s.add("trainer.max_epochs", KeySpec::integer(10).min(1));
-  s.add("trainer.max_steps", KeySpec::integer(-1).min(-1).doc("-1: no limit (max_epochs bounds the run)"));
-  s.add("trainer.eval_every_n_epochs", KeySpec::integer(1).min(0).doc("0: evaluate only at the end"));
+  s.add("trainer.max_steps",
+        KeySpec::integer(-1).min(-1).doc("-1: no limit (max_epochs bounds the run)"));
+  s.add("trainer.eval_every_n_epochs",
+        KeySpec::integer(1).min(0).doc("0: evaluate only at the end"));
   s.add("trainer.limit_eval_batches", KeySpec::integer(-1).min(-1).doc("-1: the whole test split"));
   s.add("trainer.gradient_clip_val", KeySpec::real(0.0).min(0).doc("0: no clipping"));
   s.add("trainer.gradient_clip_algorithm", KeySpec::choice({"norm", "value"}, "norm"));
 
   s.section_doc("data", "Loading.");
-  s.add("data.root", KeySpec::string("").doc("dataset folder; relative to where the command was run"));
+  s.add("data.root",
+        KeySpec::string("").doc("dataset folder; relative to where the command was run"));
   s.add("data.batch_size", KeySpec::integer(128).min(1).doc("per process"));
-  s.add("data.shuffle", KeySpec::boolean(true).doc("reshuffled each epoch from fabric.seed + epoch"));
+  s.add("data.shuffle",
+        KeySpec::boolean(true).doc("reshuffled each epoch from fabric.seed + epoch"));
   s.add("data.drop_last", KeySpec::boolean(false));
-  s.add("data.num_workers", KeySpec::integer(1).min(0).doc("background loader threads; 0 = in the loop"));
+  s.add("data.num_workers",
+        KeySpec::integer(1).min(0).doc("background loader threads; 0 = in the loop"));
   s.add("data.prefetch", KeySpec::integer(2).min(1).doc("batches prepared ahead"));
 
   s.section_doc("optimizer", "Built by fabric::make_optimizer.");
@@ -216,18 +236,23 @@ ConfigSchema training_schema() {
   s.add("optimizer.momentum", KeySpec::real(0.9).min(0).max(1, false).doc("sgd"));
   s.add("optimizer.nesterov", KeySpec::boolean(false).doc("sgd"));
   s.add("optimizer.weight_decay", KeySpec::real(0.0).min(0));
-  s.add("optimizer.betas", KeySpec::real_list({0.9, 0.999}).min(0).max(1, false).doc("adam, adamw"));
+  s.add("optimizer.betas",
+        KeySpec::real_list({0.9, 0.999}).min(0).max(1, false).doc("adam, adamw"));
   s.add("optimizer.eps", KeySpec::real(1e-8).min(0, false).doc("adam, adamw"));
 
   s.section_doc("scheduler", "Learning rate per optimizer step (never scaled by world size).");
-  s.add("scheduler.name", KeySpec::choice({"none", "cosine", "one_cycle", "linear"}, "none")
-                              .noun("a scheduler")
-                              .doc("cosine: to min_lr; one_cycle: up then down; linear: to min_lr"));
-  s.add("scheduler.warmup_steps", KeySpec::integer(0).min(0).doc("linear warm-up from 0 (none/cosine/linear)"));
+  s.add("scheduler.name",
+        KeySpec::choice({"none", "cosine", "one_cycle", "linear"}, "none")
+            .noun("a scheduler")
+            .doc("cosine: to min_lr; one_cycle: up then down; linear: to min_lr"));
+  s.add("scheduler.warmup_steps",
+        KeySpec::integer(0).min(0).doc("linear warm-up from 0 (none/cosine/linear)"));
   s.add("scheduler.min_lr", KeySpec::real(0.0).min(0));
   s.add("scheduler.pct_start", KeySpec::real(0.3).min(0, false).max(1, false).doc("one_cycle"));
-  s.add("scheduler.div_factor", KeySpec::real(25.0).min(0, false).doc("one_cycle: initial lr = lr / div_factor"));
-  s.add("scheduler.final_div_factor", KeySpec::real(1e4).min(0, false).doc("one_cycle: final lr = initial / this"));
+  s.add("scheduler.div_factor",
+        KeySpec::real(25.0).min(0, false).doc("one_cycle: initial lr = lr / div_factor"));
+  s.add("scheduler.final_div_factor",
+        KeySpec::real(1e4).min(0, false).doc("one_cycle: final lr = initial / this"));
   return s;
 }
 

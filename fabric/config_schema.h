@@ -5,7 +5,8 @@
 // Programs extend the standard schema with their own sections:
 //
 //   fabric::ConfigSchema schema = fabric::training_schema();
-//   schema.add("model.width", fabric::KeySpec::integer(64).min(1).doc("channels of the first layer"));
+//   schema.add("model.width", fabric::KeySpec::integer(64).min(1).doc("channels of the first
+//   layer"));
 //
 // Thread-safety: build once, then read-only.
 #ifndef FABRIC_CONFIG_SCHEMA_H_
@@ -30,7 +31,8 @@ enum class KeyType {
 };
 
 // One key: type, default, constraints, documentation. Built with the static constructors and
-// chainable setters; the default is always valid for the constraints (checked by ConfigSchema::add).
+// chainable setters; the default is always valid for the constraints (checked by
+// ConfigSchema::add).
 class KeySpec {
  public:
   static KeySpec boolean(bool default_value);
@@ -81,7 +83,8 @@ class ConfigSchema {
   // Declares `path` ("section.key" or deeper, e.g. "fabric.ddp.timeout_s"). Throws fabric::Error
   // if the path is declared twice, is a prefix of another key, or its default is invalid.
   ConfigSchema& add(const std::string& path, KeySpec spec);
-  // Replaces the default of a declared key with `yaml_text` (validated), e.g. an example's data.root.
+  // Replaces the default of a declared key with `yaml_text` (validated), e.g. an example's
+  // data.root.
   ConfigSchema& set_default(const std::string& path, const std::string& yaml_text);
   // Documents a section ("fabric") for --help.
   ConfigSchema& section_doc(const std::string& section, std::string text);

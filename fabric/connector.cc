@@ -95,11 +95,11 @@ std::vector<torch::Device> resolve_devices(const Config& c, const MachineFacts& 
 std::string resolve_strategy(const Config& c) {
   const std::string s = c.get_string("fabric.strategy");
   if (s == "dp" || s == "ddp")
-    throw c.error_at("fabric.strategy", "'" + s + "' is " + kNotYet + "; use single_device or auto");
+    throw c.error_at("fabric.strategy",
+                     "'" + s + "' is " + kNotYet + "; use single_device or auto");
   if (c.get_int("fabric.num_nodes") > 1) {
     throw c.error_at("fabric.num_nodes", plural(c.get_int("fabric.num_nodes"), "node") +
-                                             " need strategy ddp, which is " + kNotYet +
-                                             "; use 1");
+                                             " need strategy ddp, which is " + kNotYet + "; use 1");
   }
   return "single_device";
 }
@@ -122,8 +122,9 @@ PrecisionMode resolve_precision(const Config& c, const MachineFacts& m, c10::Dev
   } else if ((p == PrecisionMode::kBf16Mixed || p == PrecisionMode::kBf16True) &&
              !m.cuda_bf16_supported) {
     throw c.error_at("fabric.precision",
-                     "'" + to_string(p) + "' needs a GPU with bfloat16 support (compute capability "
-                     ">= 8.0): use 16-mixed");
+                     "'" + to_string(p) +
+                         "' needs a GPU with bfloat16 support (compute capability "
+                         ">= 8.0): use 16-mixed");
   }
   return p;
 }
@@ -146,11 +147,11 @@ MachineFacts MachineFacts::query() {
 
 ResolvedSetup resolve_setup(const Config& c, const MachineFacts& m) {
   ResolvedSetup s;
-  s.accelerator = resolve_accelerator(c, m);                                 // 1
-  s.devices = resolve_devices(c, m, s.accelerator);                          // 2
-  s.strategy = resolve_strategy(c);                                          // 3
-  s.precision = resolve_precision(c, m, s.accelerator, s.warnings);          // 4
-  s.seed = static_cast<uint64_t>(c.get_int("fabric.seed"));                  // 5
+  s.accelerator = resolve_accelerator(c, m);                         // 1
+  s.devices = resolve_devices(c, m, s.accelerator);                  // 2
+  s.strategy = resolve_strategy(c);                                  // 3
+  s.precision = resolve_precision(c, m, s.accelerator, s.warnings);  // 4
+  s.seed = static_cast<uint64_t>(c.get_int("fabric.seed"));          // 5
   s.deterministic = c.get_bool("fabric.deterministic");
   const std::string bench = c.get_string("fabric.cudnn_benchmark");
   s.cudnn_benchmark = bench == "auto" ? !s.deterministic : bench == "true";

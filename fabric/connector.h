@@ -28,8 +28,8 @@ namespace fabric {
 
 // What the machine offers; query() reads it, tests fake it.
 struct MachineFacts {
-  bool cuda_compiled = false;        // FABRIC_WITH_CUDA in this build
-  bool libtorch_has_cuda = false;    // the loaded LibTorch has its CUDA part
+  bool cuda_compiled = false;      // FABRIC_WITH_CUDA in this build
+  bool libtorch_has_cuda = false;  // the loaded LibTorch has its CUDA part
   int64_t cuda_device_count = 0;
   bool cuda_bf16_supported = false;  // every visible device has compute capability ≥ 8.0
   std::string cuda_visible_devices;  // $CUDA_VISIBLE_DEVICES, for messages

@@ -44,7 +44,9 @@ DataLoader Fabric::setup_dataloader(std::shared_ptr<const Dataset> dataset,
 
 void Fabric::backward(const torch::Tensor& loss) { strategy_->backward(loss); }
 
-bool Fabric::step(torch::optim::Optimizer& optimizer) { return strategy_->optimizer_step(optimizer); }
+bool Fabric::step(torch::optim::Optimizer& optimizer) {
+  return strategy_->optimizer_step(optimizer);
+}
 
 double Fabric::clip_gradients_norm(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                    double max_norm, double norm_type) {

@@ -6,18 +6,21 @@
 //
 // Example (examples/fashion_mnist.cc is a complete program):
 //   int main(int argc, char** argv) {
-//     return fabric::run_main(argc, argv, fabric::training_schema(), [](const fabric::Config& config) {
+//     return fabric::run_main(argc, argv, fabric::training_schema(), [](const fabric::Config&
+//     config) {
 //       fabric::Fabric fabric(config);
 //       return fabric.launch([&](fabric::Fabric& f) {
 //         Net model;
 //         torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
 //         f.setup(model, optimizer);
-//         auto train = f.setup_dataloader(dataset, fabric::DataLoaderOptions().batch_size(256).shuffle(true));
-//         for (int epoch = 0; epoch < 10; ++epoch)
+//         auto train = f.setup_dataloader(dataset,
+//         fabric::DataLoaderOptions().batch_size(256).shuffle(true)); for (int epoch = 0; epoch <
+//         10; ++epoch)
 //           for (fabric::Batch& batch : train) {
 //             optimizer.zero_grad();
 //             torch::Tensor loss;
-//             { auto guard = f.autocast(); loss = torch::cross_entropy_loss(model->forward(batch.data), batch.target); }
+//             { auto guard = f.autocast(); loss =
+//             torch::cross_entropy_loss(model->forward(batch.data), batch.target); }
 //             f.backward(loss);
 //             f.step(optimizer);
 //           }

@@ -26,8 +26,9 @@ int run_main(int argc, char** argv, const ConfigSchema& schema, const MainBody& 
       std::cout << describe_schema(schema, program);
       return 0;
     }
-    const Config config = cl.config_file.empty() ? Config::defaults(schema, cl.overrides)
-                                                 : Config::load(cl.config_file, cl.overrides, schema);
+    const Config config = cl.config_file.empty()
+                              ? Config::defaults(schema, cl.overrides)
+                              : Config::load(cl.config_file, cl.overrides, schema);
     if (cl.print_config) {
       std::cout << "# resolved config (hash " << config.hash() << ")\n" << config.to_yaml();
       return 0;

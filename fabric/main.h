@@ -11,9 +11,10 @@
 // never a stack trace or a core dump:
 //   exit 0  body returned 0, or --help / --print_config
 //   exit 2  configuration or usage error (fabric::ConfigError), e.g.
-//           configs/x.yaml:7:14: fabric.precision: '16-mixd' is not a precision; did you mean '16-mixed'?
-//   exit 1  any other error (fabric::Error, LibTorch errors, std::exception), printed as "error: ..."
-//   other   whatever body returns.
+//           configs/x.yaml:7:14: fabric.precision: '16-mixd' is not a precision; did you mean
+//           '16-mixed'?
+//   exit 1  any other error (fabric::Error, LibTorch errors, std::exception), printed as "error:
+//   ..." other   whatever body returns.
 #ifndef FABRIC_MAIN_H_
 #define FABRIC_MAIN_H_
 

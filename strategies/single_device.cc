@@ -31,7 +31,8 @@ torch::Tensor SingleDevice::all_reduce(const torch::Tensor& tensor, ReduceOp op)
 }
 
 torch::Tensor SingleDevice::broadcast(const torch::Tensor& tensor, int64_t src) {
-  if (src != 0) throw Error("broadcast: src " + std::to_string(src) + " does not exist (world size 1)");
+  if (src != 0)
+    throw Error("broadcast: src " + std::to_string(src) + " does not exist (world size 1)");
   return tensor;
 }
 

@@ -30,7 +30,8 @@ struct ClassificationTask {
 
 // Correct predictions / examples over the test loader (all ranks; summed across ranks).
 template <typename Model>
-double evaluate(fabric::Fabric& f, Model& model, fabric::DataLoader& loader, int64_t limit_batches) {
+double evaluate(fabric::Fabric& f, Model& model, fabric::DataLoader& loader,
+                int64_t limit_batches) {
   torch::NoGradGuard no_grad;
   model->eval();
   auto correct = torch::zeros({}, torch::dtype(torch::kLong).device(f.device()));
@@ -78,7 +79,8 @@ void train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask&
   const int64_t max_steps = c.get_int("trainer.max_steps");
   const int64_t total_steps =
       max_steps >= 0 ? std::min(max_steps, max_epochs * train.size()) : max_epochs * train.size();
-  fabric::LRScheduler scheduler(*optimizer, fabric::LRSchedule::from_config(c, std::max<int64_t>(total_steps, 1)));
+  fabric::LRScheduler scheduler(
+      *optimizer, fabric::LRSchedule::from_config(c, std::max<int64_t>(total_steps, 1)));
   const int64_t log_every = c.get_int("logging.log_every_n_steps");
   const int64_t eval_every = c.get_int("trainer.eval_every_n_epochs");
   const int64_t limit_eval = c.get_int("trainer.limit_eval_batches");
@@ -103,7 +105,8 @@ void train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask&
       torch::Tensor loss;
       {
         auto guard = f.autocast();
-        loss = torch::cross_entropy_loss(model->forward(f.precision().convert_input(batch.data)), batch.target);
+        loss = torch::cross_entropy_loss(model->forward(f.precision().convert_input(batch.data)),
+                                         batch.target);
       }
       f.backward(loss);
       if (clip > 0) {
@@ -123,7 +126,8 @@ void train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask&
         last_loss = f.all_reduce(window_loss / static_cast<double>(window)).item<double>();
         const double secs = std::chrono::duration<double>(Clock::now() - window_start).count();
         char line[256];
-        std::snprintf(line, sizeof(line), "epoch %lld/%lld step %lld/%lld loss %.4f lr %.5f %.0f img/s",
+        std::snprintf(line, sizeof(line),
+                      "epoch %lld/%lld step %lld/%lld loss %.4f lr %.5f %.0f img/s",
                       static_cast<long long>(epoch + 1), static_cast<long long>(max_epochs),
                       static_cast<long long>(step), static_cast<long long>(total_steps), last_loss,
                       scheduler.get_lr(),
@@ -159,7 +163,8 @@ void train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask&
       {"steps", step},
       {"train_loss", last_loss},
       {"test_accuracy", accuracy},
-      {"images_per_second", static_cast<double>(images * f.world_size()) / std::max(train_seconds, 1e-9)},
+      {"images_per_second",
+       static_cast<double>(images * f.world_size()) / std::max(train_seconds, 1e-9)},
       {"wall_seconds", wall},
       {"skipped_steps", f.precision().scaler() ? f.precision().scaler()->skipped_steps() : 0},
       {"run_dir", run.path().string()},

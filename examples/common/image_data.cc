@@ -38,7 +38,8 @@ uint32_t big_endian(const std::string& data, size_t offset) {
 }
 
 fs::path cifar_dir(const fs::path& root) {
-  if (fs::exists(root / "cifar-10-batches-bin" / kCifarFiles[0])) return root / "cifar-10-batches-bin";
+  if (fs::exists(root / "cifar-10-batches-bin" / kCifarFiles[0]))
+    return root / "cifar-10-batches-bin";
   return root;
 }
 
@@ -65,8 +66,8 @@ torch::Tensor read_idx(const fs::path& file) {
     count *= shape.back();
   }
   if (data.size() != offset + static_cast<size_t>(count)) {
-    throw fabric::Error(file.string() + ": expected " + std::to_string(count) + " bytes of data, found " +
-                        std::to_string(data.size() - offset));
+    throw fabric::Error(file.string() + ": expected " + std::to_string(count) +
+                        " bytes of data, found " + std::to_string(data.size() - offset));
   }
   auto t = torch::empty(shape, torch::kUInt8);
   std::memcpy(t.data_ptr<uint8_t>(), data.data() + offset, static_cast<size_t>(count));
@@ -80,7 +81,8 @@ ImageSplits load_fashion_mnist(const fs::path& root) {
     if (images.dim() != 3 || labels.dim() != 1 || images.size(0) != labels.size(0)) {
       throw fabric::Error(root.string() + ": " + prefix + " images and labels do not match");
     }
-    return std::make_shared<const fabric::TensorDataset>(images.unsqueeze(1), labels.to(torch::kLong));
+    return std::make_shared<const fabric::TensorDataset>(images.unsqueeze(1),
+                                                         labels.to(torch::kLong));
   };
   for (const char* f : {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
                         "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}) {
@@ -109,7 +111,8 @@ ImageSplits load_cifar10(const fs::path& root) {
       if (!in) throw fabric::Error("CIFAR-10: cannot read " + (dir / name).string());
       std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
       if (file.empty() || file.size() % kCifarRecord != 0) {
-        throw fabric::Error("CIFAR-10: " + (dir / name).string() + " has " + std::to_string(file.size()) +
+        throw fabric::Error("CIFAR-10: " + (dir / name).string() + " has " +
+                            std::to_string(file.size()) +
                             " bytes, not a multiple of the 3073-byte record");
       }
       bytes += file;
@@ -117,7 +120,8 @@ ImageSplits load_cifar10(const fs::path& root) {
     const int64_t n = static_cast<int64_t>(bytes.size()) / kCifarRecord;
     auto raw = torch::from_blob(bytes.data(), {n, kCifarRecord}, torch::kUInt8).clone();
     auto labels = raw.select(1, 0).to(torch::kLong);
-    if (labels.max().item<int64_t>() > 9) throw fabric::Error("CIFAR-10: label out of range in " + dir.string());
+    if (labels.max().item<int64_t>() > 9)
+      throw fabric::Error("CIFAR-10: label out of range in " + dir.string());
     auto images = raw.slice(1, 1).reshape({n, 3, 32, 32}).contiguous();
     return std::make_shared<const fabric::TensorDataset>(images, labels);
   };
@@ -171,7 +175,8 @@ fabric::BatchTransform normalize(std::vector<double> mean, std::vector<double> s
   };
 }
 
-fabric::BatchTransform crop_flip_normalize(int64_t pad, std::vector<double> mean, std::vector<double> std) {
+fabric::BatchTransform crop_flip_normalize(int64_t pad, std::vector<double> mean,
+                                           std::vector<double> std) {
   auto norm = normalize(std::move(mean), std::move(std));
   return [pad, norm](fabric::Batch b, at::Generator& gen) {
     const int64_t n = b.data.size(0), h = b.data.size(2), w = b.data.size(3);

@@ -40,7 +40,8 @@ ImageSplits synthetic_cifar10(int64_t train_size, int64_t test_size);
 // uint8 → float, (x / 255 - mean) / std per channel.
 fabric::BatchTransform normalize(std::vector<double> mean, std::vector<double> std);
 // Random crop with zero padding `pad` and random horizontal flip, then normalize.
-fabric::BatchTransform crop_flip_normalize(int64_t pad, std::vector<double> mean, std::vector<double> std);
+fabric::BatchTransform crop_flip_normalize(int64_t pad, std::vector<double> mean,
+                                           std::vector<double> std);
 
 // `root` as given if absolute, else relative to the directory the command was run in.
 std::filesystem::path resolve_data_root(const std::string& root);

@@ -18,8 +18,9 @@ SmallCnnImpl::SmallCnnImpl(int64_t width, int64_t hidden, int64_t classes) {
       "features", nn::Sequential(conv3x3(1, width), nn::BatchNorm2d(width), nn::ReLU(),
                                  nn::MaxPool2d(2), conv3x3(width, 2 * width),
                                  nn::BatchNorm2d(2 * width), nn::ReLU(), nn::MaxPool2d(2)));
-  head = register_module("head", nn::Sequential(nn::Flatten(), nn::Linear(2 * width * 7 * 7, hidden),
-                                                nn::ReLU(), nn::Linear(hidden, classes)));
+  head =
+      register_module("head", nn::Sequential(nn::Flatten(), nn::Linear(2 * width * 7 * 7, hidden),
+                                             nn::ReLU(), nn::Linear(hidden, classes)));
 }
 
 torch::Tensor SmallCnnImpl::forward(torch::Tensor x) { return head->forward(features->forward(x)); }

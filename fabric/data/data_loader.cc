@@ -97,7 +97,8 @@ class DataLoader::Pass {
     std::vector<int64_t> ids(indices_.begin() + begin, indices_.begin() + end);
     Batch batch = dataset_->get_batch(ids);
     if (options_.transform()) {
-      at::Generator gen = at::detail::createCPUGenerator(batch_seed(options_.seed().value_or(0), epoch_, b));
+      at::Generator gen =
+          at::detail::createCPUGenerator(batch_seed(options_.seed().value_or(0), epoch_, b));
       batch = options_.transform()(std::move(batch), gen);
     }
     if (workers_.empty() && placement_.device != torch::kCPU) {
@@ -112,7 +113,9 @@ class DataLoader::Pass {
       int64_t b;
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        cv_.wait(lock, [&] { return stopped_ || (next_ < num_batches_ && next_ < consumed_ + capacity_); });
+        cv_.wait(lock, [&] {
+          return stopped_ || (next_ < num_batches_ && next_ < consumed_ + capacity_);
+        });
         if (stopped_) return;
         b = next_++;
       }

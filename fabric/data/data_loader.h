@@ -38,18 +38,18 @@ namespace fabric {
 using BatchTransform = std::function<Batch(Batch batch, at::Generator& gen)>;
 
 struct DataLoaderOptions {
-#define FABRIC_OPTION(type, name, init)             \
-  DataLoaderOptions& name(type value) {            \
-    name##_ = std::move(value);                    \
-    return *this;                                  \
-  }                                                \
-  const type& name() const { return name##_; }     \
+#define FABRIC_OPTION(type, name, init)        \
+  DataLoaderOptions& name(type value) {        \
+    name##_ = std::move(value);                \
+    return *this;                              \
+  }                                            \
+  const type& name() const { return name##_; } \
   type name##_ = init
-  FABRIC_OPTION(int64_t, batch_size, 1);      // Default: 1.
-  FABRIC_OPTION(bool, shuffle, false);        // Default: false.
-  FABRIC_OPTION(bool, drop_last, false);      // Default: false: the last batch may be smaller.
-  FABRIC_OPTION(int64_t, num_workers, 1);     // Default: 1 background thread; 0 = none.
-  FABRIC_OPTION(int64_t, prefetch, 2);        // Default: 2 batches ready ahead.
+  FABRIC_OPTION(int64_t, batch_size, 1);   // Default: 1.
+  FABRIC_OPTION(bool, shuffle, false);     // Default: false.
+  FABRIC_OPTION(bool, drop_last, false);   // Default: false: the last batch may be smaller.
+  FABRIC_OPTION(int64_t, num_workers, 1);  // Default: 1 background thread; 0 = none.
+  FABRIC_OPTION(int64_t, prefetch, 2);     // Default: 2 batches ready ahead.
   // Default: unset: Fabric::setup_dataloader fills in fabric.seed; a bare DataLoader uses 0.
   FABRIC_OPTION(std::optional<uint64_t>, seed, std::nullopt);
   FABRIC_OPTION(BatchTransform, transform, nullptr);  // Default: none.

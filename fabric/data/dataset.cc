@@ -9,8 +9,8 @@ namespace fabric {
 TensorDataset::TensorDataset(torch::Tensor data, torch::Tensor target)
     : data_(std::move(data)), target_(std::move(target)) {
   if (data_.size(0) != target_.size(0)) {
-    throw Error("TensorDataset: data has " + std::to_string(data_.size(0)) + " rows but target has " +
-                std::to_string(target_.size(0)));
+    throw Error("TensorDataset: data has " + std::to_string(data_.size(0)) +
+                " rows but target has " + std::to_string(target_.size(0)));
   }
 }
 

@@ -16,8 +16,9 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int64_t num_replica
       seed_(seed),
       drop_last_(drop_last) {
   if (num_replicas_ < 1 || rank_ < 0 || rank_ >= num_replicas_ || size_ < 0) {
-    throw Error("DistributedSampler: need num_replicas >= 1 and 0 <= rank < num_replicas, got rank " +
-                std::to_string(rank_) + " of " + std::to_string(num_replicas_));
+    throw Error(
+        "DistributedSampler: need num_replicas >= 1 and 0 <= rank < num_replicas, got rank " +
+        std::to_string(rank_) + " of " + std::to_string(num_replicas_));
   }
   num_samples_ = drop_last_ ? size_ / num_replicas_ : (size_ + num_replicas_ - 1) / num_replicas_;
 }

@@ -30,7 +30,8 @@ bool parse_double(const std::string& text, double* out) {
 
 std::string bound_text(const KeySpec& spec) {
   auto number = [&spec](double v) {
-    return spec.type() == KeyType::kInt ? std::to_string(static_cast<int64_t>(v)) : format_double(v);
+    return spec.type() == KeyType::kInt ? std::to_string(static_cast<int64_t>(v))
+                                        : format_double(v);
   };
   std::string out;
   if (spec.min_bound())
@@ -127,8 +128,10 @@ std::string describe(const YAML::Node& value) {
 }
 
 Normalized normalize_value(const KeySpec& spec, const YAML::Node& value) {
-  if (!value.IsDefined() || value.IsNull()) return fail("no value given: write a value or delete the key");
-  if (value.IsMap()) return fail("expected " + spec.type_name() + ", got a mapping " + describe(value));
+  if (!value.IsDefined() || value.IsNull())
+    return fail("no value given: write a value or delete the key");
+  if (value.IsMap())
+    return fail("expected " + spec.type_name() + ", got a mapping " + describe(value));
   if (value.IsSequence()) {
     if (spec.type() == KeyType::kDevices) {
       YAML::Node ids(YAML::NodeType::Sequence);
@@ -137,10 +140,12 @@ Normalized normalize_value(const KeySpec& spec, const YAML::Node& value) {
         int64_t id = -1;
         if (!item.IsScalar() || !parse_int(item.Scalar(), &id) || id < 0)
           return fail("device ids must be integers >= 0, got " + describe(item));
-        if (!seen.insert(id).second) return fail("device id " + std::to_string(id) + " is listed twice");
+        if (!seen.insert(id).second)
+          return fail("device id " + std::to_string(id) + " is listed twice");
         ids.push_back(id);
       }
-      if (ids.size() == 0) return fail("an empty device list selects nothing: use auto or list ids");
+      if (ids.size() == 0)
+        return fail("an empty device list selects nothing: use auto or list ids");
       ids.SetStyle(YAML::EmitterStyle::Flow);
       return ok(ids);
     }
@@ -150,7 +155,8 @@ Normalized normalize_value(const KeySpec& spec, const YAML::Node& value) {
         double v = 0;
         if (!item.IsScalar() || !parse_double(item.Scalar(), &v))
           return fail("list elements must be numbers, got " + describe(item));
-        if (auto e = check_bounds(spec, v); !e.empty()) return fail("element " + item.Scalar() + " " + e);
+        if (auto e = check_bounds(spec, v); !e.empty())
+          return fail("element " + item.Scalar() + " " + e);
         list.push_back(format_double(v));
       }
       list.SetStyle(YAML::EmitterStyle::Flow);

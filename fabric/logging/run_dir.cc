@@ -23,7 +23,8 @@ std::string expand_run_dir(const std::string& pattern, const std::string& name,
       continue;
     }
     const size_t close = pattern.find('}', i);
-    if (close == std::string::npos) throw Error("logging.run_dir: unclosed '{' in '" + pattern + "'");
+    if (close == std::string::npos)
+      throw Error("logging.run_dir: unclosed '{' in '" + pattern + "'");
     const std::string field = pattern.substr(i + 1, close - i - 1);
     if (field == "name") {
       out += name;
@@ -50,7 +51,8 @@ void write_file_atomically(const fs::path& path, const std::string& text) {
   }
   std::error_code ec;
   fs::rename(tmp, path, ec);
-  if (ec) throw Error("cannot rename " + tmp.string() + " to " + path.string() + ": " + ec.message());
+  if (ec)
+    throw Error("cannot rename " + tmp.string() + " to " + path.string() + ": " + ec.message());
 }
 
 RunDirectory RunDirectory::create(const Config& config, const std::string& name,

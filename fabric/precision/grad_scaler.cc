@@ -48,15 +48,17 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
     throw Error("GradScaler::unscale_: called after step(); call update() first");
 
   // Group gradients by (device, dtype): the kernel wants one device and dtype per call.
-  std::map<std::tuple<c10::DeviceType, c10::DeviceIndex, c10::ScalarType>, std::vector<torch::Tensor>>
+  std::map<std::tuple<c10::DeviceType, c10::DeviceIndex, c10::ScalarType>,
+           std::vector<torch::Tensor>>
       groups;
   for (const auto& group : optimizer.param_groups()) {
     for (const auto& p : group.params()) {
       const torch::Tensor& g = p.grad();
       if (!g.defined()) continue;
       if (g.scalar_type() == torch::kHalf)
-        throw Error("GradScaler: refusing to unscale float16 gradients; keep parameters in float32 "
-                    "(precision 16-mixed, not 16-true)");
+        throw Error(
+            "GradScaler: refusing to unscale float16 gradients; keep parameters in float32 "
+            "(precision 16-mixed, not 16-true)");
       if (g.is_sparse()) throw Error("GradScaler: sparse gradients are not supported");
       groups[{g.device().type(), g.device().index(), g.scalar_type()}].push_back(g);
     }
@@ -101,7 +103,8 @@ void GradScaler::update() {
   for (auto& [opt, state] : per_optimizer_)
     for (const auto& f : state.found_inf) found.push_back(f.to(scale_.device()));
   if (found.empty())
-    throw Error("GradScaler::update: no inf checks were recorded; call step() (or unscale_()) first");
+    throw Error(
+        "GradScaler::update: no inf checks were recorded; call step() (or unscale_()) first");
   torch::Tensor combined = found[0];
   for (size_t i = 1; i < found.size(); ++i) combined = combined + found[i];
   at::_amp_update_scale_(scale_, growth_tracker_, combined, options_.growth_factor,
@@ -109,9 +112,7 @@ void GradScaler::update() {
   per_optimizer_.clear();
 }
 
-double GradScaler::get_scale() const {
-  return options_.enabled ? scale_.item<float>() : 1.0;
-}
+double GradScaler::get_scale() const { return options_.enabled ? scale_.item<float>() : 1.0; }
 
 int64_t GradScaler::growth_tracker() const { return growth_tracker_.item<int32_t>(); }
 

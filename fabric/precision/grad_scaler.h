@@ -28,11 +28,11 @@
 namespace fabric {
 
 struct GradScalerOptions {
-  double init_scale = 65536.0;   // Default: 2^16.
-  double growth_factor = 2.0;    // Default: 2.0 (> 1).
-  double backoff_factor = 0.5;   // Default: 0.5 (in (0, 1)).
+  double init_scale = 65536.0;     // Default: 2^16.
+  double growth_factor = 2.0;      // Default: 2.0 (> 1).
+  double backoff_factor = 0.5;     // Default: 0.5 (in (0, 1)).
   int64_t growth_interval = 2000;  // Default: 2000 finite steps before growing.
-  bool enabled = true;           // Default: true. Disabled: scale() is the identity, step() steps.
+  bool enabled = true;  // Default: true. Disabled: scale() is the identity, step() steps.
 };
 
 class GradScaler {

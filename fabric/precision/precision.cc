@@ -37,10 +37,14 @@ bool Precision::is_mixed() const {
 
 c10::ScalarType Precision::param_dtype() const {
   switch (mode_) {
-    case PrecisionMode::k64True: return c10::kDouble;
-    case PrecisionMode::k16True: return c10::kHalf;
-    case PrecisionMode::kBf16True: return c10::kBFloat16;
-    default: return c10::kFloat;
+    case PrecisionMode::k64True:
+      return c10::kDouble;
+    case PrecisionMode::k16True:
+      return c10::kHalf;
+    case PrecisionMode::kBf16True:
+      return c10::kBFloat16;
+    default:
+      return c10::kFloat;
   }
 }
 

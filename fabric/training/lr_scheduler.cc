@@ -22,7 +22,8 @@ LRSchedule LRSchedule::constant(double base_lr, int64_t warmup_steps) {
   return s;
 }
 
-LRSchedule LRSchedule::cosine(double base_lr, int64_t total_steps, int64_t warmup_steps, double min_lr) {
+LRSchedule LRSchedule::cosine(double base_lr, int64_t total_steps, int64_t warmup_steps,
+                              double min_lr) {
   LRSchedule s = constant(base_lr, warmup_steps);
   s.name_ = "cosine";
   s.total_ = std::max<int64_t>(total_steps, 1);
@@ -30,7 +31,8 @@ LRSchedule LRSchedule::cosine(double base_lr, int64_t total_steps, int64_t warmu
   return s;
 }
 
-LRSchedule LRSchedule::linear(double base_lr, int64_t total_steps, int64_t warmup_steps, double min_lr) {
+LRSchedule LRSchedule::linear(double base_lr, int64_t total_steps, int64_t warmup_steps,
+                              double min_lr) {
   LRSchedule s = cosine(base_lr, total_steps, warmup_steps, min_lr);
   s.name_ = "linear";
   return s;
@@ -58,7 +60,8 @@ LRSchedule LRSchedule::from_config(const Config& c, int64_t total_steps) {
   if (name == "linear") return linear(lr, total_steps, warmup, min_lr);
   if (name == "one_cycle") {
     return one_cycle(lr, total_steps, c.get_double("scheduler.pct_start"),
-                     c.get_double("scheduler.div_factor"), c.get_double("scheduler.final_div_factor"));
+                     c.get_double("scheduler.div_factor"),
+                     c.get_double("scheduler.final_div_factor"));
   }
   return constant(lr, warmup);
 }

@@ -22,7 +22,8 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Config& c,
         torch::optim::SGDOptions(lr).momentum(momentum).nesterov(nesterov).weight_decay(wd));
   }
   const std::vector<double> betas = c.get_double_list("optimizer.betas");
-  if (betas.size() != 2) throw c.error_at("optimizer.betas", "expected two values like [0.9, 0.999]");
+  if (betas.size() != 2)
+    throw c.error_at("optimizer.betas", "expected two values like [0.9, 0.999]");
   const auto b = std::make_tuple(betas[0], betas[1]);
   const double eps = c.get_double("optimizer.eps");
   if (name == "adam") {

@@ -73,9 +73,9 @@ TEST_F(ConfigTest, BaseIsMergedUnderneathRecursively) {
   write("mid.yaml", "base: root.yaml\ndata:\n  batch_size: 64\n");
   const std::string top = write("top.yaml", "base: mid.yaml\noptimizer:\n  lr: 0.2\n");
   Config c = Config::load(top, {}, schema_);
-  EXPECT_EQ(c.get_double("optimizer.lr"), 0.2);        // top wins
-  EXPECT_EQ(c.get_int("data.batch_size"), 64);         // mid over root
-  EXPECT_FALSE(c.get_bool("data.shuffle"));            // from root
+  EXPECT_EQ(c.get_double("optimizer.lr"), 0.2);  // top wins
+  EXPECT_EQ(c.get_int("data.batch_size"), 64);   // mid over root
+  EXPECT_FALSE(c.get_bool("data.shuffle"));      // from root
   EXPECT_EQ(c.origin("data.shuffle"), (dir_ / "root.yaml").string() + ":3:12");
 }
 
@@ -84,7 +84,8 @@ TEST_F(ConfigTest, BaseCycleIsAnError) {
   const std::string q = write("q.yaml", "base: p.yaml\n");
   const std::string msg = error_of([&] { Config::load(q, {}, schema_); });
   EXPECT_NE(msg.find("base: cycle"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("q.yaml -> " + (dir_ / "p.yaml").string() + " -> " + q), std::string::npos) << msg;
+  EXPECT_NE(msg.find("q.yaml -> " + (dir_ / "p.yaml").string() + " -> " + q), std::string::npos)
+      << msg;
 }
 
 TEST_F(ConfigTest, MissingBaseListsWhereItLooked) {
@@ -123,8 +124,9 @@ TEST_F(ConfigTest, BadValuesNameFileLineColumnKeyAndFix) {
   EXPECT_EQ(load_error("optimizer:\n  momentum: 1.0\n"),
             (dir_ / "x.yaml").string() +
                 ":2:13: optimizer.momentum: 1.0 is out of range: must be >= 0.0 and < 1.0");
-  EXPECT_EQ(load_error("data:\n  shuffle: maybe\n"),
-            (dir_ / "x.yaml").string() + ":2:12: data.shuffle: 'maybe' is not a boolean (true or false)");
+  EXPECT_EQ(
+      load_error("data:\n  shuffle: maybe\n"),
+      (dir_ / "x.yaml").string() + ":2:12: data.shuffle: 'maybe' is not a boolean (true or false)");
   EXPECT_EQ(load_error("optimizer:\n  lr:\n"),
             (dir_ / "x.yaml").string() +
                 ":2:3: optimizer.lr: no value given: write a value or delete the key");
@@ -142,33 +144,39 @@ TEST_F(ConfigTest, UnknownKeysAndSectionsSuggestTheNearestName) {
       << msg;
   EXPECT_EQ(load_error("data:\n  batch_size: 8\n  batch_size: 9\n"),
             (dir_ / "x.yaml").string() + ":3:3: data.batch_size: duplicate key");
-  EXPECT_EQ(load_error("data: 5\n"),
-            (dir_ / "x.yaml").string() +
-                ":1:7: data: expected a mapping of keys under 'data:', got '5'");
+  EXPECT_EQ(
+      load_error("data: 5\n"),
+      (dir_ / "x.yaml").string() + ":1:7: data: expected a mapping of keys under 'data:', got '5'");
 }
 
 TEST_F(ConfigTest, DeviceRequests) {
-  EXPECT_EQ(Config::defaults(schema_, {"fabric.devices=-1"}).get_devices("fabric.devices").count, -1);
+  EXPECT_EQ(Config::defaults(schema_, {"fabric.devices=-1"}).get_devices("fabric.devices").count,
+            -1);
   EXPECT_EQ(Config::defaults(schema_, {"fabric.devices=2"}).get_devices("fabric.devices").count, 2);
   auto err = [&](const std::string& o) {
     return error_of([&] { Config::defaults(schema_, {o}); });
   };
-  EXPECT_EQ(err("fabric.devices=[0,0]"), "command line: fabric.devices: device id 0 is listed twice");
+  EXPECT_EQ(err("fabric.devices=[0,0]"),
+            "command line: fabric.devices: device id 0 is listed twice");
   EXPECT_EQ(err("fabric.devices=0"),
             "command line: fabric.devices: '0' is not a device request: use auto, a count >= 1, -1 "
             "for all, or a list of device ids like [0, 1]");
-  EXPECT_EQ(err("fabric.devices=[]"),
-            "command line: fabric.devices: an empty device list selects nothing: use auto or list ids");
+  EXPECT_EQ(
+      err("fabric.devices=[]"),
+      "command line: fabric.devices: an empty device list selects nothing: use auto or list ids");
 }
 
 TEST_F(ConfigTest, OverrideErrorsSayCommandLine) {
   auto err = [&](const std::string& o) {
     return error_of([&] { Config::defaults(schema_, {o}); });
   };
-  EXPECT_EQ(err("optimzer.lr=0.2"), "command line: unknown key 'optimzer.lr'; did you mean 'optimizer.lr'?");
+  EXPECT_EQ(err("optimzer.lr=0.2"),
+            "command line: unknown key 'optimzer.lr'; did you mean 'optimizer.lr'?");
   EXPECT_EQ(err("optimizer.lr=fast"), "command line: optimizer.lr: 'fast' is not a number");
-  EXPECT_EQ(err("optimizer.lr=-1"), "command line: optimizer.lr: -1 is out of range: must be > 0.0");
-  EXPECT_EQ(err("lr"), "command line: 'lr' is not an override: write key=value (e.g. optimizer.lr=0.2)");
+  EXPECT_EQ(err("optimizer.lr=-1"),
+            "command line: optimizer.lr: -1 is out of range: must be > 0.0");
+  EXPECT_EQ(err("lr"),
+            "command line: 'lr' is not an override: write key=value (e.g. optimizer.lr=0.2)");
   EXPECT_NE(err("optimizer.lr=[1,").find("command line: optimizer.lr: '[1,' is not a YAML value"),
             std::string::npos);
 }
@@ -216,8 +224,8 @@ TEST_F(ConfigTest, HashIgnoresSpellingButNotValues) {
 }
 
 TEST_F(ConfigTest, ResolvedYamlReadsBackToTheSameConfig) {
-  Config c = Config::defaults(schema_, {"fabric.devices=[1,3]", "optimizer.betas=[0.5, 0.9]",
-                                        "fabric.precision=16"});
+  Config c = Config::defaults(
+      schema_, {"fabric.devices=[1,3]", "optimizer.betas=[0.5, 0.9]", "fabric.precision=16"});
   Config again = Config::parse(c.to_yaml(), {}, schema_);
   EXPECT_EQ(again.hash(), c.hash());
   EXPECT_EQ(again.get_string("fabric.precision"), "16-mixed");
@@ -279,14 +287,17 @@ TEST(CommandLineTest, SplitsFlagsFromOverridesWithoutTouchingArgv) {
 TEST(CommandLineTest, MistakesAreOneLineErrors) {
   EXPECT_EQ(command_line_error({"prog", "--confg=a.yaml"}),
             "command line: unknown flag '--confg'; did you mean '--config'? (see --help)");
-  EXPECT_EQ(command_line_error({"prog", "--config"}), "command line: --config needs a value: --config=VALUE");
+  EXPECT_EQ(command_line_error({"prog", "--config"}),
+            "command line: --config needs a value: --config=VALUE");
   EXPECT_EQ(command_line_error({"prog", "single_cpu.yaml"}),
-            "command line: 'single_cpu.yaml' is not an override: write key=value (e.g. optimizer.lr=0.2)");
+            "command line: 'single_cpu.yaml' is not an override: write key=value (e.g. "
+            "optimizer.lr=0.2)");
 }
 
 TEST(CommandLineTest, HelpListsKeysWithDefaults) {
   const std::string help = fabric::describe_schema(fabric::training_schema(), "prog");
-  EXPECT_NE(help.find("fabric.precision [32-true] one of 32-true|64-true|16-mixed|bf16-mixed|16-true|bf16-true"),
+  EXPECT_NE(help.find("fabric.precision [32-true] one of "
+                      "32-true|64-true|16-mixed|bf16-mixed|16-true|bf16-true"),
             std::string::npos)
       << help;
   EXPECT_NE(help.find("optimizer.betas [[0.9, 0.999]]"), std::string::npos) << help;

@@ -10,7 +10,9 @@ using fabric::MachineFacts;
 using fabric::PrecisionMode;
 
 MachineFacts cpu_machine() { return MachineFacts{false, false, 0, false, ""}; }
-MachineFacts gpu_machine(int64_t n, bool bf16 = true) { return MachineFacts{true, true, n, bf16, ""}; }
+MachineFacts gpu_machine(int64_t n, bool bf16 = true) {
+  return MachineFacts{true, true, n, bf16, ""};
+}
 
 fabric::ResolvedSetup resolve(const std::vector<std::string>& overrides, const MachineFacts& m) {
   return fabric::resolve_setup(Config::defaults(fabric::training_schema(), overrides), m);
@@ -37,15 +39,38 @@ TEST(ConnectorTest, ResolvesRequestsAgainstTheMachine) {
   const std::vector<Row> table = {
       {{}, cpu_machine(), c10::DeviceType::CPU, "cpu", PrecisionMode::k32True},
       {{}, gpu_machine(2), c10::DeviceType::CUDA, "cuda:0", PrecisionMode::k32True},
-      {{"fabric.accelerator=cpu"}, gpu_machine(2), c10::DeviceType::CPU, "cpu", PrecisionMode::k32True},
-      {{"fabric.devices=[1]"}, gpu_machine(2), c10::DeviceType::CUDA, "cuda:1", PrecisionMode::k32True},
-      {{"fabric.devices=1", "fabric.precision=16"}, gpu_machine(1), c10::DeviceType::CUDA, "cuda:0",
+      {{"fabric.accelerator=cpu"},
+       gpu_machine(2),
+       c10::DeviceType::CPU,
+       "cpu",
+       PrecisionMode::k32True},
+      {{"fabric.devices=[1]"},
+       gpu_machine(2),
+       c10::DeviceType::CUDA,
+       "cuda:1",
+       PrecisionMode::k32True},
+      {{"fabric.devices=1", "fabric.precision=16"},
+       gpu_machine(1),
+       c10::DeviceType::CUDA,
+       "cuda:0",
        PrecisionMode::k16Mixed},
-      {{"fabric.precision=bf16-true"}, cpu_machine(), c10::DeviceType::CPU, "cpu", PrecisionMode::kBf16True},
+      {{"fabric.precision=bf16-true"},
+       cpu_machine(),
+       c10::DeviceType::CPU,
+       "cpu",
+       PrecisionMode::kBf16True},
       {{"fabric.precision=64"}, cpu_machine(), c10::DeviceType::CPU, "cpu", PrecisionMode::k64True},
-      {{"fabric.devices=-1"}, gpu_machine(1), c10::DeviceType::CUDA, "cuda:0", PrecisionMode::k32True},
+      {{"fabric.devices=-1"},
+       gpu_machine(1),
+       c10::DeviceType::CUDA,
+       "cuda:0",
+       PrecisionMode::k32True},
       // A CUDA build whose LibTorch has no CUDA part, or no device: auto falls back to the CPU.
-      {{}, MachineFacts{true, false, 0, false, ""}, c10::DeviceType::CPU, "cpu", PrecisionMode::k32True},
+      {{},
+       MachineFacts{true, false, 0, false, ""},
+       c10::DeviceType::CPU,
+       "cpu",
+       PrecisionMode::k32True},
       {{}, gpu_machine(0), c10::DeviceType::CPU, "cpu", PrecisionMode::k32True},
   };
   for (const auto& row : table) {
@@ -64,29 +89,35 @@ TEST(ConnectorTest, SixteenMixedOnCpuFallsBackToBf16WithOneWarning) {
   auto s = resolve({"fabric.precision=16-mixed"}, cpu_machine());
   EXPECT_EQ(s.precision, PrecisionMode::kBf16Mixed);
   ASSERT_EQ(s.warnings.size(), 1u);
-  EXPECT_EQ(s.warnings[0], "command line: fabric.precision: 16-mixed is not supported on CPU; using bf16-mixed");
+  EXPECT_EQ(s.warnings[0],
+            "command line: fabric.precision: 16-mixed is not supported on CPU; using bf16-mixed");
 }
 
 TEST(ConnectorTest, ImpossibleRequestsSayWhyAndWhatToDo) {
-  EXPECT_EQ(error_of({"fabric.accelerator=cuda"}, cpu_machine()),
-            "command line: fabric.accelerator: 'cuda' requested but this binary was built without "
-            "CUDA (--config=cpu_only or a CPU-only LibTorch): use fabric.accelerator=cpu or rebuild");
-  EXPECT_EQ(error_of({"fabric.accelerator=cuda"}, MachineFacts{true, false, 0, false, ""}),
-            "command line: fabric.accelerator: 'cuda' requested but the loaded LibTorch has no CUDA "
-            "support: install the CUDA build of torch (tools/setup.sh) or use fabric.accelerator=cpu");
-  EXPECT_EQ(error_of({"fabric.accelerator=gpu"}, MachineFacts{true, true, 0, false, "-1"}),
-            "command line: fabric.accelerator: 'cuda' requested but no CUDA device is visible "
-            "(CUDA_VISIBLE_DEVICES='-1'): use fabric.accelerator=cpu or auto, or run on a GPU machine");
+  EXPECT_EQ(
+      error_of({"fabric.accelerator=cuda"}, cpu_machine()),
+      "command line: fabric.accelerator: 'cuda' requested but this binary was built without "
+      "CUDA (--config=cpu_only or a CPU-only LibTorch): use fabric.accelerator=cpu or rebuild");
+  EXPECT_EQ(
+      error_of({"fabric.accelerator=cuda"}, MachineFacts{true, false, 0, false, ""}),
+      "command line: fabric.accelerator: 'cuda' requested but the loaded LibTorch has no CUDA "
+      "support: install the CUDA build of torch (tools/setup.sh) or use fabric.accelerator=cpu");
+  EXPECT_EQ(
+      error_of({"fabric.accelerator=gpu"}, MachineFacts{true, true, 0, false, "-1"}),
+      "command line: fabric.accelerator: 'cuda' requested but no CUDA device is visible "
+      "(CUDA_VISIBLE_DEVICES='-1'): use fabric.accelerator=cpu or auto, or run on a GPU machine");
   EXPECT_EQ(error_of({"fabric.devices=4"}, gpu_machine(1)),
             "command line: fabric.devices: 4 devices requested but this machine has 1 CUDA device");
   EXPECT_EQ(error_of({"fabric.devices=[2]"}, gpu_machine(2)),
             "command line: fabric.devices: device id 2 does not exist: this machine has 2 CUDA "
             "devices (ids 0..1)");
   EXPECT_EQ(error_of({"fabric.devices=[0]"}, cpu_machine()),
-            "command line: fabric.devices: device ids apply to cuda only; on cpu give a process count (1)");
-  EXPECT_EQ(error_of({"fabric.precision=16-true"}, cpu_machine()),
-            "command line: fabric.precision: '16-true' is not supported on CPU (float16 CPU kernels "
-            "are slow and incomplete): use bf16-true or bf16-mixed, or run on cuda");
+            "command line: fabric.devices: device ids apply to cuda only; on cpu give a process "
+            "count (1)");
+  EXPECT_EQ(
+      error_of({"fabric.precision=16-true"}, cpu_machine()),
+      "command line: fabric.precision: '16-true' is not supported on CPU (float16 CPU kernels "
+      "are slow and incomplete): use bf16-true or bf16-mixed, or run on cuda");
   EXPECT_EQ(error_of({"fabric.precision=bf16"}, gpu_machine(1, /*bf16=*/false)),
             "command line: fabric.precision: 'bf16-mixed' needs a GPU with bfloat16 support "
             "(compute capability >= 8.0): use 16-mixed");
@@ -96,16 +127,20 @@ TEST(ConnectorTest, DistributedRequestsAreRejectedNeverIgnored) {
   EXPECT_EQ(error_of({"fabric.strategy=ddp"}, gpu_machine(2)),
             "command line: fabric.strategy: 'ddp' is not available in this build yet (it arrives "
             "with the Distributed issue); use single_device or auto");
-  EXPECT_NE(error_of({"fabric.strategy=dp"}, gpu_machine(2)).find("'dp' is not available"), std::string::npos);
-  EXPECT_EQ(error_of({"fabric.devices=2"}, gpu_machine(2)),
-            "command line: fabric.devices: 2 devices need strategy dp or ddp, which are not available "
-            "in this build yet (it arrives with the Distributed issue); use fabric.devices=1");
-  EXPECT_EQ(error_of({"fabric.devices=2"}, cpu_machine()),
-            "command line: fabric.devices: 2 CPU processs need strategy ddp, which is not available in "
-            "this build yet (it arrives with the Distributed issue); use fabric.devices=1");
-  EXPECT_EQ(error_of({"fabric.num_nodes=2"}, cpu_machine()),
-            "command line: fabric.num_nodes: 2 nodes need strategy ddp, which is not available in this "
-            "build yet (it arrives with the Distributed issue); use 1");
+  EXPECT_NE(error_of({"fabric.strategy=dp"}, gpu_machine(2)).find("'dp' is not available"),
+            std::string::npos);
+  EXPECT_EQ(
+      error_of({"fabric.devices=2"}, gpu_machine(2)),
+      "command line: fabric.devices: 2 devices need strategy dp or ddp, which are not available "
+      "in this build yet (it arrives with the Distributed issue); use fabric.devices=1");
+  EXPECT_EQ(
+      error_of({"fabric.devices=2"}, cpu_machine()),
+      "command line: fabric.devices: 2 CPU processs need strategy ddp, which is not available in "
+      "this build yet (it arrives with the Distributed issue); use fabric.devices=1");
+  EXPECT_EQ(
+      error_of({"fabric.num_nodes=2"}, cpu_machine()),
+      "command line: fabric.num_nodes: 2 nodes need strategy ddp, which is not available in this "
+      "build yet (it arrives with the Distributed issue); use 1");
 }
 
 TEST(ConnectorTest, SettingsFollowTheDocumentedRules) {

@@ -38,7 +38,8 @@ std::vector<torch::Tensor> train_with_fabric(const fabric::Config& c, int epochs
     Net model;
     torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
     f.setup(model, optimizer);
-    auto loader = f.setup_dataloader(data(), fabric::DataLoaderOptions().batch_size(16).shuffle(true));
+    auto loader =
+        f.setup_dataloader(data(), fabric::DataLoaderOptions().batch_size(16).shuffle(true));
     for (int e = 0; e < epochs; ++e) {
       for (fabric::Batch& batch : loader) {
         optimizer.zero_grad();
@@ -81,7 +82,8 @@ TEST(FabricTest, LoopEqualsTheHandWrittenLibTorchLoopBitwise) {
   auto ours = train_with_fabric(config({"fabric.seed=9"}), 3);
   auto theirs = train_by_hand(9, 3);
   ASSERT_EQ(ours.size(), theirs.size());
-  for (size_t i = 0; i < ours.size(); ++i) EXPECT_TRUE(torch::equal(ours[i], theirs[i])) << "param " << i;
+  for (size_t i = 0; i < ours.size(); ++i)
+    EXPECT_TRUE(torch::equal(ours[i], theirs[i])) << "param " << i;
 }
 
 TEST(FabricTest, SameSeedSameResultDifferentSeedDifferentResult) {
@@ -115,11 +117,13 @@ TEST(FabricTest, PrecisionsConvertAndTrain) {
         EXPECT_GT(norm, 0.0) << p;
         EXPECT_TRUE(f.step(optimizer)) << p;
       }
-      const auto want = std::string(p) == "64-true" ? torch::kDouble
+      const auto want = std::string(p) == "64-true"     ? torch::kDouble
                         : std::string(p) == "bf16-true" ? torch::kBFloat16
                                                         : torch::kFloat;
       EXPECT_EQ(model->fc1->weight.scalar_type(), want) << p;
-      EXPECT_FALSE(torch::equal(model->fc1->weight.detach().to(torch::kFloat), before.to(torch::kFloat))) << p;
+      EXPECT_FALSE(
+          torch::equal(model->fc1->weight.detach().to(torch::kFloat), before.to(torch::kFloat)))
+          << p;
     });
   }
 }

@@ -36,8 +36,8 @@ class ExamplesTest : public ::testing::Test {
   // Runs examples/<binary> with `args` from a fresh working directory.
   Result run(const std::string& binary, const std::string& args) {
     const std::string exe = (fs::current_path() / "examples" / binary).string();
-    const std::string cmd = "cd '" + dir_.string() + "' && BUILD_WORKING_DIRECTORY='" + dir_.string() +
-                            "' '" + exe + "' " + args + " 2>&1";
+    const std::string cmd = "cd '" + dir_.string() + "' && BUILD_WORKING_DIRECTORY='" +
+                            dir_.string() + "' '" + exe + "' " + args + " 2>&1";
     Result r;
     FILE* pipe = popen(cmd.c_str(), "r");
     std::array<char, 4096> buf{};
@@ -62,8 +62,9 @@ constexpr const char* kTinyCifar =
     " data.batch_size=32 trainer.max_steps=3 logging.log_every_n_steps=1";
 
 TEST_F(ExamplesTest, FashionMnistConfigTrainsAndWritesTheSummary) {
-  Result r = run("fashion_mnist", "--config=fashion_mnist.yaml trainer.max_steps=4 trainer.limit_eval_batches=2 "
-                                  "logging.log_every_n_steps=2 model.width=4 model.hidden=8");
+  Result r = run("fashion_mnist",
+                 "--config=fashion_mnist.yaml trainer.max_steps=4 trainer.limit_eval_batches=2 "
+                 "logging.log_every_n_steps=2 model.width=4 model.hidden=8");
   ASSERT_EQ(r.code, 0) << r.out;
   auto s = summary_of(r);
   EXPECT_EQ(s["steps"], 4);
@@ -71,7 +72,8 @@ TEST_F(ExamplesTest, FashionMnistConfigTrainsAndWritesTheSummary) {
   EXPECT_EQ(s["precision"], "32-true");
   EXPECT_EQ(s["strategy"], "single_device");
   EXPECT_EQ(s["world_size"], 1);
-  for (const char* key : {"config_hash", "epochs", "train_loss", "test_accuracy", "images_per_second", "wall_seconds"})
+  for (const char* key : {"config_hash", "epochs", "train_loss", "test_accuracy",
+                          "images_per_second", "wall_seconds"})
     EXPECT_TRUE(s.contains(key)) << key;
   EXPECT_GT(s["test_accuracy"].get<double>(), 0.0);
   // The run directory holds the resolved config, and its hash is the summary's.
@@ -97,36 +99,45 @@ TEST_F(ExamplesTest, MissingRealDataFallsBackWithABannerOrFailsWhenRequired) {
   Result r = run("cifar10", std::string("--config=single_cpu.yaml") + kTinyCifar +
                                 " data.synthetic=false data.download=false data.root=nowhere");
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("Training on a deterministic SYNTHETIC CIFAR-format dataset"), std::string::npos);
-  Result strict = run("cifar10", std::string("--config=single_cpu.yaml") + kTinyCifar +
-                                     " data.synthetic=false data.download=false data.root=nowhere data.require_real=true");
+  EXPECT_NE(r.out.find("Training on a deterministic SYNTHETIC CIFAR-format dataset"),
+            std::string::npos);
+  Result strict =
+      run("cifar10",
+          std::string("--config=single_cpu.yaml") + kTinyCifar +
+              " data.synthetic=false data.download=false data.root=nowhere data.require_real=true");
   EXPECT_EQ(strict.code, 2) << strict.out;
-  EXPECT_NE(strict.out.find("command line: data.require_real: CIFAR-10 not found in " + (dir_ / "nowhere").string()),
+  EXPECT_NE(strict.out.find("command line: data.require_real: CIFAR-10 not found in " +
+                            (dir_ / "nowhere").string()),
             std::string::npos)
       << strict.out;
 }
 
 TEST_F(ExamplesTest, GpuConfigsRunOnCpuWhenToldAndMixedPrecisionFallsBack) {
   for (const char* config : {"single_gpu.yaml", "amp.yaml", "bf16.yaml"}) {
-    Result r = run("cifar10", std::string("--config=") + config + kTinyCifar + " fabric.accelerator=cpu");
+    Result r =
+        run("cifar10", std::string("--config=") + config + kTinyCifar + " fabric.accelerator=cpu");
     ASSERT_EQ(r.code, 0) << config << "\n" << r.out;
     auto s = summary_of(r);
     const std::string want = std::string(config) == "single_gpu.yaml" ? "32-true" : "bf16-mixed";
     EXPECT_EQ(s["precision"], want) << config;
     if (std::string(config) == "amp.yaml") {
-      EXPECT_NE(r.out.find("warning: configs/amp.yaml:4:14: fabric.precision: 16-mixed is not supported on "
-                           "CPU; using bf16-mixed"),
-                std::string::npos)
+      EXPECT_NE(
+          r.out.find(
+              "warning: configs/amp.yaml:4:14: fabric.precision: 16-mixed is not supported on "
+              "CPU; using bf16-mixed"),
+          std::string::npos)
           << r.out;
     }
   }
 }
 
 TEST_F(ExamplesTest, CudaConfigWithoutAGpuIsAConfigError) {
-  if (std::getenv("CUDA_VISIBLE_DEVICES") == nullptr && fs::exists("/dev/nvidia0")) GTEST_SKIP() << "has a GPU";
+  if (std::getenv("CUDA_VISIBLE_DEVICES") == nullptr && fs::exists("/dev/nvidia0"))
+    GTEST_SKIP() << "has a GPU";
   Result r = run("cifar10", "--config=amp.yaml");
   EXPECT_EQ(r.code, 2) << r.out;
-  EXPECT_NE(r.out.find("configs/single_gpu.yaml:4:16: fabric.accelerator: 'cuda' requested but"), std::string::npos)
+  EXPECT_NE(r.out.find("configs/single_gpu.yaml:4:16: fabric.accelerator: 'cuda' requested but"),
+            std::string::npos)
       << r.out;
 }
 
@@ -134,9 +145,10 @@ TEST_F(ExamplesTest, MalformedConfigsExitTwoWithOneLine) {
   std::ofstream(dir_ / "bad.yaml") << "base: single_cpu.yaml\nfabric:\n  precision: 16-mixd\n";
   Result r = run("cifar10", "--config=bad.yaml");
   EXPECT_EQ(r.code, 2);
-  EXPECT_EQ(r.out,
-            "bad.yaml:3:14: fabric.precision: '16-mixd' is not a precision; did you mean '16-mixed'? "
-            "(one of 32-true, 64-true, 16-mixed, bf16-mixed, 16-true, bf16-true)\n");
+  EXPECT_EQ(
+      r.out,
+      "bad.yaml:3:14: fabric.precision: '16-mixd' is not a precision; did you mean '16-mixed'? "
+      "(one of 32-true, 64-true, 16-mixed, bf16-mixed, 16-true, bf16-true)\n");
   r = run("fashion_mnist", "--config=fashion_mnist.yaml optimizer.lr=fast");
   EXPECT_EQ(r.code, 2);
   EXPECT_EQ(r.out, "command line: optimizer.lr: 'fast' is not a number\n");
@@ -145,8 +157,9 @@ TEST_F(ExamplesTest, MalformedConfigsExitTwoWithOneLine) {
   EXPECT_EQ(r.out, "command line: unknown flag '--confg'; did you mean '--config'? (see --help)\n");
   r = run("fashion_mnist", "--config=fashon_mnist.yaml");
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.out.find("config file 'fashon_mnist.yaml' not found; did you mean 'fashion_mnist.yaml'?"),
-            std::string::npos)
+  EXPECT_NE(
+      r.out.find("config file 'fashon_mnist.yaml' not found; did you mean 'fashion_mnist.yaml'?"),
+      std::string::npos)
       << r.out;
 }
 

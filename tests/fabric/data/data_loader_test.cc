@@ -14,7 +14,8 @@ using fabric::DataLoaderOptions;
 // Example i has data [i, i] and target i, so batches reveal which examples they hold.
 std::shared_ptr<fabric::TensorDataset> numbered(int64_t n) {
   auto ids = torch::arange(n, torch::kLong);
-  return std::make_shared<fabric::TensorDataset>(ids.to(torch::kFloat).unsqueeze(1).repeat({1, 2}), ids);
+  return std::make_shared<fabric::TensorDataset>(ids.to(torch::kFloat).unsqueeze(1).repeat({1, 2}),
+                                                 ids);
 }
 
 std::vector<int64_t> targets_of(DataLoader& loader, std::vector<int64_t>* batch_sizes = nullptr) {
@@ -68,8 +69,13 @@ TEST(DataLoaderTest, WorkersKeepOrderAndAugmentationIsIndependentOfThreading) {
     return b;
   };
   auto run = [&](int64_t workers, int64_t prefetch) {
-    DataLoader loader(ds, DataLoaderOptions().batch_size(7).shuffle(true).seed(11).num_workers(workers)
-                              .prefetch(prefetch).transform(transform));
+    DataLoader loader(ds, DataLoaderOptions()
+                              .batch_size(7)
+                              .shuffle(true)
+                              .seed(11)
+                              .num_workers(workers)
+                              .prefetch(prefetch)
+                              .transform(transform));
     std::vector<torch::Tensor> out;
     for (Batch& b : loader) out.push_back(b.data.clone());
     return out;
@@ -79,7 +85,8 @@ TEST(DataLoaderTest, WorkersKeepOrderAndAugmentationIsIndependentOfThreading) {
     const auto threaded = run(workers, prefetch);
     ASSERT_EQ(threaded.size(), inline_batches.size());
     for (size_t i = 0; i < threaded.size(); ++i)
-      EXPECT_TRUE(torch::equal(threaded[i], inline_batches[i])) << workers << " workers, batch " << i;
+      EXPECT_TRUE(torch::equal(threaded[i], inline_batches[i]))
+          << workers << " workers, batch " << i;
   }
 }
 
@@ -108,7 +115,8 @@ TEST(DataLoaderTest, ErrorsSurfaceAtTheirBatch) {
   auto ds = numbered(20);
   DataLoader loader(ds, DataLoaderOptions().batch_size(5).num_workers(2).transform(
                             [](Batch b, at::Generator&) -> Batch {
-                              if (b.target[0].item<int64_t>() == 10) throw std::runtime_error("bad batch 2");
+                              if (b.target[0].item<int64_t>() == 10)
+                                throw std::runtime_error("bad batch 2");
                               return b;
                             }));
   int reached = 0;

@@ -44,7 +44,8 @@ TEST(DistributedSamplerTest, RanksPartitionTheEpochAndPadByWrapping) {
       EXPECT_EQ(static_cast<int64_t>(idx.size()), s.num_samples());
       for (auto i : idx) ++seen[i];
     }
-    EXPECT_EQ(per_rank_sizes.size(), 1u) << "every rank gets as many examples (size " << size << ")";
+    EXPECT_EQ(per_rank_sizes.size(), 1u)
+        << "every rank gets as many examples (size " << size << ")";
     EXPECT_EQ(static_cast<int64_t>(seen.size()), size) << "every example is covered";
     const int64_t padded = (size + replicas - 1) / replicas * replicas - size;
     int duplicates = 0;

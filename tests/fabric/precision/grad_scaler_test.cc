@@ -44,18 +44,18 @@ TEST(GradScalerTest, ScaleTrajectoryFollowsTheRecipeAndInfStepsAreSkipped) {
   auto q = torch::tensor({1.0f, 2.0f, 3.0f}, torch::requires_grad());
   torch::optim::SGD sgd_ref({q}, torch::optim::SGDOptions(0.125).momentum(0.5));
 
-  const std::vector<bool> pattern = {false, false, false, true, false, true, true,
+  const std::vector<bool> pattern = {false, false, false, true,  false, true,  true,
                                      false, false, false, false, false, false, true};
   for (size_t i = 0; i < pattern.size(); ++i) {
     const bool inf = pattern[i];
     sgd.zero_grad();
     const auto before = p.detach().clone();
-    const auto momentum_before = sgd.state().empty()
-                                     ? torch::Tensor()
-                                     : static_cast<torch::optim::SGDParamState&>(
-                                           *sgd.state().begin()->second)
-                                           .momentum_buffer()
-                                           .clone();
+    const auto momentum_before =
+        sgd.state().empty()
+            ? torch::Tensor()
+            : static_cast<torch::optim::SGDParamState&>(*sgd.state().begin()->second)
+                  .momentum_buffer()
+                  .clone();
     scaler.scale(loss_for(p, static_cast<int>(i), inf)).backward();
     const bool stepped = scaler.step(sgd);
     scaler.update();
@@ -136,8 +136,9 @@ TEST(GradScalerTest, StateDictRoundTripsAndNamesBadKeys) {
     b.load_state_dict(state);
     FAIL() << "expected an error";
   } catch (const fabric::Error& e) {
-    EXPECT_STREQ(e.what(),
-                 "GradScaler::load_state_dict: missing keys [growth_tracker], unexpected keys [scael]");
+    EXPECT_STREQ(
+        e.what(),
+        "GradScaler::load_state_dict: missing keys [growth_tracker], unexpected keys [scael]");
   }
 }
 

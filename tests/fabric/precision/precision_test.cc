@@ -72,9 +72,10 @@ TEST(PrecisionTest, TrueModesConvertModulesAndFloatingInputs) {
     PrecisionMode mode;
     at::ScalarType dtype;
   };
-  for (auto c : {Case{PrecisionMode::k32True, at::kFloat}, Case{PrecisionMode::k64True, at::kDouble},
-                 Case{PrecisionMode::kBf16True, at::kBFloat16}, Case{PrecisionMode::k16True, at::kHalf},
-                 Case{PrecisionMode::k16Mixed, at::kFloat}, Case{PrecisionMode::kBf16Mixed, at::kFloat}}) {
+  for (auto c :
+       {Case{PrecisionMode::k32True, at::kFloat}, Case{PrecisionMode::k64True, at::kDouble},
+        Case{PrecisionMode::kBf16True, at::kBFloat16}, Case{PrecisionMode::k16True, at::kHalf},
+        Case{PrecisionMode::k16Mixed, at::kFloat}, Case{PrecisionMode::kBf16Mixed, at::kFloat}}) {
     Precision precision(c.mode, c10::DeviceType::CPU);
     torch::nn::BatchNorm1d bn(3);
     precision.convert_module(*bn);

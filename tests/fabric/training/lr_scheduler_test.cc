@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-
 namespace {
 
 using fabric::LRSchedule;
@@ -30,9 +29,12 @@ TEST(LRScheduleTest, OneCycleMatchesTorchOneCycleLR) {
   // Reference values printed by PyTorch 2.11:
   //   OneCycleLR(SGD(lr=1), max_lr=1.0, total_steps=100, cycle_momentum=False), lr before step t.
   auto s = LRSchedule::one_cycle(1.0, 100);
-  const std::vector<std::pair<int64_t, double>> reference = {
-      {0, 0.040000000000000036}, {10, 0.29516394846410077}, {29, 1.0},
-      {30, 0.9994965352845243},  {64, 0.500002},            {99, 4e-06}};
+  const std::vector<std::pair<int64_t, double>> reference = {{0, 0.040000000000000036},
+                                                             {10, 0.29516394846410077},
+                                                             {29, 1.0},
+                                                             {30, 0.9994965352845243},
+                                                             {64, 0.500002},
+                                                             {99, 4e-06}};
   for (auto [t, lr] : reference) EXPECT_NEAR(s.lr_at(t), lr, 1e-15) << "step " << t;
 }
 
@@ -40,7 +42,8 @@ TEST(LRSchedulerTest, SetsEveryParamGroupPerStepAndResumes) {
   auto a = torch::zeros({1}, torch::requires_grad());
   auto b = torch::zeros({1}, torch::requires_grad());
   torch::optim::SGD sgd({a}, torch::optim::SGDOptions(5.0));
-  sgd.add_param_group(torch::optim::OptimizerParamGroup({b}, std::make_unique<torch::optim::SGDOptions>(7.0)));
+  sgd.add_param_group(
+      torch::optim::OptimizerParamGroup({b}, std::make_unique<torch::optim::SGDOptions>(7.0)));
   fabric::LRScheduler sched(sgd, LRSchedule::linear(1.0, 4));
   for (auto& g : sgd.param_groups()) EXPECT_DOUBLE_EQ(g.options().get_lr(), 1.0);
   sched.step();
@@ -52,8 +55,9 @@ TEST(LRSchedulerTest, SetsEveryParamGroupPerStepAndResumes) {
 }
 
 TEST(LRScheduleTest, FromConfigUsesTheSchedulerSection) {
-  auto c = fabric::Config::defaults(fabric::training_schema(),
-                                    {"optimizer.lr=0.4", "scheduler.name=cosine", "scheduler.warmup_steps=2"});
+  auto c = fabric::Config::defaults(
+      fabric::training_schema(),
+      {"optimizer.lr=0.4", "scheduler.name=cosine", "scheduler.warmup_steps=2"});
   auto s = LRSchedule::from_config(c, 10);
   EXPECT_EQ(s.name(), "cosine");
   EXPECT_DOUBLE_EQ(s.lr_at(0), 0.2);
