@@ -16,8 +16,11 @@ bool has_cuda() {
 #endif
 }
 
-#define SKIP_WITHOUT_CUDA() \
-  if (!has_cuda()) GTEST_SKIP() << "no CUDA device (or a --config=cpu_only build)"
+#define SKIP_WITHOUT_CUDA()                                             \
+  if (!has_cuda()) {                                                    \
+    GTEST_SKIP() << "no CUDA device (or a --config=cpu_only build)";   \
+  }                                                                     \
+  static_assert(true)
 
 fabric::Config config(std::vector<std::string> overrides) {
   return fabric::Config::defaults(fabric::training_schema(), overrides);
@@ -74,7 +77,9 @@ TEST(CudaFabricTest, AutoPicksCudaAndMixedPrecisionsTrain) {
         }
       }
       EXPECT_LT(last, first) << precision;
-      if (f.precision().scaler()) EXPECT_EQ(f.precision().scaler()->get_scale(), 65536.0);
+      if (f.precision().scaler()) {
+        EXPECT_EQ(f.precision().scaler()->get_scale(), 65536.0);
+      }
     });
   }
 }
