@@ -66,9 +66,11 @@ TEST(CudaFabricTest, AutoPicksCudaAndMixedPrecisionsTrain) {
             auto guard = f.autocast();
             logits = model->forward(f.precision().convert_input(b.data));
           }
-          if (std::string(precision) == "16-mixed") EXPECT_EQ(logits.scalar_type(), torch::kHalf);
-          if (std::string(precision) == "bf16-mixed")
+          if (std::string(precision) == "16-mixed") {
+            EXPECT_EQ(logits.scalar_type(), torch::kHalf);
+          } else if (std::string(precision) == "bf16-mixed") {
             EXPECT_EQ(logits.scalar_type(), torch::kBFloat16);
+          }
           auto loss = torch::cross_entropy_loss(logits.to(torch::kFloat), b.target);
           f.backward(loss);
           f.step(opt);
