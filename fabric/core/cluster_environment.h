@@ -1,0 +1,41 @@
+// fabric::ClusterEnvironment: read-only facts about the job this process belongs to (world size,
+// ranks, where rank 0's rendezvous store listens). One implementation per launch scheme, detected
+// from environment variables (fabric/environments/detect.h). Variables are read through an
+// EnvGetter so tests can simulate SLURM, torchrun or MPI without touching the real environment.
+#ifndef FABRIC_CORE_CLUSTER_ENVIRONMENT_H_
+#define FABRIC_CORE_CLUSTER_ENVIRONMENT_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+namespace fabric {
+
+// Returns the value of an environment variable, or nullopt when it is unset.
+using EnvGetter = std::function<std::optional<std::string>(const std::string& name)>;
+
+// The real process environment (std::getenv).
+EnvGetter process_environment();
+
+class ClusterEnvironment {
+ public:
+  virtual ~ClusterEnvironment() = default;
+  // "torchelastic", "slurm", "openmpi", "mpich", "env" (plain variables) or "local".
+  virtual std::string name() const = 0;
+  // True when another program (torchrun, srun, mpirun) started the processes; false when Fabric
+  // itself spawns them (self-launch).
+  virtual bool creates_processes_externally() const = 0;
+  virtual int64_t world_size() const = 0;
+  virtual int64_t global_rank() const = 0;
+  virtual int64_t local_rank() const = 0;
+  virtual int64_t node_rank() const = 0;
+  // Address and port of rank 0's rendezvous store. Port 0: not chosen yet (a self-launched job
+  // binds port 0 and hands the real port to its children).
+  virtual std::string main_address() const = 0;
+  virtual int main_port() const = 0;
+};
+
+}  // namespace fabric
+
+#endif  // FABRIC_CORE_CLUSTER_ENVIRONMENT_H_

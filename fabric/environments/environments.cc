@@ -1,0 +1,161 @@
+#include "fabric/environments/environments.h"
+
+#include <charconv>
+#include <cstdlib>
+
+#include "fabric/core/error.h"
+
+namespace fabric {
+
+EnvGetter process_environment() {
+  return [](const std::string& name) -> std::optional<std::string> {
+    const char* v = std::getenv(name.c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  };
+}
+
+namespace {
+
+// Reads variables of one scheme, with errors that name the variable and its value.
+class Vars {
+ public:
+  Vars(const EnvGetter& env, std::string scheme) : env_(env), scheme_(std::move(scheme)) {}
+
+  bool has(const std::string& name) const { return env_(name).has_value(); }
+
+  std::string text(const std::string& name, const std::string& fallback) const {
+    return env_(name).value_or(fallback);
+  }
+
+  int64_t integer(const std::string& name) const {
+    auto v = env_(name);
+    if (!v) throw Error(scheme_ + " launch: " + name + " is not set");
+    return parse(name, *v);
+  }
+
+  int64_t integer(const std::string& name, int64_t fallback) const {
+    auto v = env_(name);
+    return v ? parse(name, *v) : fallback;
+  }
+
+  int port(const std::string& name) const {
+    const int64_t p = integer(name);
+    if (p < 1 || p > 65535) throw Error(scheme_ + " launch: " + name + "=" + std::to_string(p) + " is not a port (1-65535)");
+    return static_cast<int>(p);
+  }
+
+ private:
+  int64_t parse(const std::string& name, const std::string& value) const {
+    int64_t out = 0;
+    auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), out);
+    if (ec != std::errc() || end != value.data() + value.size() || value.empty())
+      throw Error(scheme_ + " launch: " + name + "='" + value + "' is not an integer");
+    return out;
+  }
+  const EnvGetter& env_;
+  std::string scheme_;
+};
+
+class Environment : public ClusterEnvironment {
+ public:
+  struct Facts {
+    std::string name;
+    bool external = true;
+    int64_t world = 1, rank = 0, local_rank = 0, node_rank = 0;
+    std::string address = "127.0.0.1";
+    int port = 0;
+  };
+  explicit Environment(Facts f) : f_(std::move(f)) {
+    if (f_.world < 1 || f_.rank < 0 || f_.rank >= f_.world || f_.local_rank < 0 || f_.node_rank < 0) {
+      throw Error(f_.name + " launch: rank " + std::to_string(f_.rank) + " (local " +
+                  std::to_string(f_.local_rank) + ", node " + std::to_string(f_.node_rank) +
+                  ") does not fit a world of " + std::to_string(f_.world));
+    }
+  }
+  std::string name() const override { return f_.name; }
+  bool creates_processes_externally() const override { return f_.external; }
+  int64_t world_size() const override { return f_.world; }
+  int64_t global_rank() const override { return f_.rank; }
+  int64_t local_rank() const override { return f_.local_rank; }
+  int64_t node_rank() const override { return f_.node_rank; }
+  std::string main_address() const override { return f_.address; }
+  int main_port() const override { return f_.port; }
+
+ private:
+  Facts f_;
+};
+
+std::unique_ptr<ClusterEnvironment> make(Environment::Facts f) {
+  return std::make_unique<Environment>(std::move(f));
+}
+
+}  // namespace
+
+std::string first_slurm_host(const std::string& nodelist) {
+  const std::string first = nodelist.substr(0, nodelist.find(','));
+  const size_t open = nodelist.find('[');
+  if (open == std::string::npos || open > first.size()) return first;
+  // "prefix[003-005,9]..." → prefix + first number of the range (keeping its zero padding).
+  const std::string prefix = nodelist.substr(0, open);
+  const size_t end = nodelist.find_first_of("-,]", open + 1);
+  return prefix + nodelist.substr(open + 1, end - open - 1);
+}
+
+std::unique_ptr<ClusterEnvironment> detect_environment(const EnvGetter& env, int64_t local_world_size) {
+  if (env("TORCHELASTIC_RUN_ID")) {
+    Vars v(env, "torchrun");
+    return make({"torchelastic", true, v.integer("WORLD_SIZE"), v.integer("RANK"), v.integer("LOCAL_RANK"),
+                 v.integer("GROUP_RANK", 0), v.text("MASTER_ADDR", "127.0.0.1"), v.port("MASTER_PORT")});
+  }
+  const std::string job_name = env("SLURM_JOB_NAME").value_or("");
+  if (env("SLURM_NTASKS") && env("SLURM_PROCID") && job_name != "bash" && job_name != "interactive") {
+    Vars v(env, "SLURM");
+    std::string address = v.text("MASTER_ADDR", "");
+    if (address.empty()) {
+      const std::string nodes = v.text("SLURM_NODELIST", v.text("SLURM_JOB_NODELIST", ""));
+      if (nodes.empty()) throw Error("SLURM launch: neither MASTER_ADDR nor SLURM_NODELIST is set");
+      address = first_slurm_host(nodes);
+    }
+    int port = 0;
+    if (v.has("MASTER_PORT")) {
+      port = v.port("MASTER_PORT");
+    } else {
+      const std::string job = std::to_string(v.integer("SLURM_JOB_ID", 0));
+      port = 15000 + static_cast<int>(std::stoll(job.size() > 4 ? job.substr(job.size() - 4) : job));
+    }
+    return make({"slurm", true, v.integer("SLURM_NTASKS"), v.integer("SLURM_PROCID"),
+                 v.integer("SLURM_LOCALID", 0), v.integer("SLURM_NODEID", 0), address, port});
+  }
+  if (env("OMPI_COMM_WORLD_RANK") && env("OMPI_COMM_WORLD_SIZE")) {
+    Vars v(env, "OpenMPI");
+    const int64_t rank = v.integer("OMPI_COMM_WORLD_RANK");
+    const int64_t local_size = std::max<int64_t>(v.integer("OMPI_COMM_WORLD_LOCAL_SIZE", 1), 1);
+    return make({"openmpi", true, v.integer("OMPI_COMM_WORLD_SIZE"), rank,
+                 v.integer("OMPI_COMM_WORLD_LOCAL_RANK", 0), rank / local_size,
+                 v.text("MASTER_ADDR", "127.0.0.1"), v.port("MASTER_PORT")});
+  }
+  if (env("PMI_RANK") && env("PMI_SIZE")) {
+    Vars v(env, "MPICH");
+    const int64_t rank = v.integer("PMI_RANK");
+    const int64_t local_size = std::max<int64_t>(v.integer("MPI_LOCALNRANKS", 1), 1);
+    return make({"mpich", true, v.integer("PMI_SIZE"), rank, v.integer("MPI_LOCALRANKID", 0), rank / local_size,
+                 v.text("MASTER_ADDR", "127.0.0.1"), v.port("MASTER_PORT")});
+  }
+  if (env("RANK") && env("WORLD_SIZE")) {
+    Vars v(env, "RANK/WORLD_SIZE");
+    const int64_t world = v.integer("WORLD_SIZE");
+    const int64_t rank = v.integer("RANK");
+    return make({"env", true, world, rank, v.integer("LOCAL_RANK", rank),
+                 v.integer("NODE_RANK", v.integer("GROUP_RANK", 0)), v.text("MASTER_ADDR", "127.0.0.1"),
+                 world > 1 || v.has("MASTER_PORT") ? v.port("MASTER_PORT") : 0});
+  }
+  // Self-launch: the parent is rank 0 (no variables); its children carry FABRIC_* variables.
+  Vars v(env, "self");
+  const int64_t world = v.integer("FABRIC_WORLD_SIZE", local_world_size);
+  const int64_t rank = v.integer("FABRIC_LOCAL_RANK", 0);
+  return make({"local", false, world, rank, rank, 0, "127.0.0.1",
+               static_cast<int>(v.integer("FABRIC_MASTER_PORT", 0))});
+}
+
+}  // namespace fabric

@@ -1,0 +1,107 @@
+#include "fabric/environments/environments.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "fabric/core/error.h"
+
+namespace {
+
+using Vars = std::map<std::string, std::string>;
+
+fabric::EnvGetter fake(Vars vars) {
+  return [vars](const std::string& name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+struct Row {
+  std::string label;
+  Vars vars;
+  std::string name;
+  bool external;
+  int64_t world, rank, local_rank, node_rank;
+  std::string address;
+  int port;
+};
+
+TEST(EnvironmentsTest, DetectionTable) {
+  const std::vector<Row> table = {
+      {"torchrun",
+       {{"TORCHELASTIC_RUN_ID", "abc"}, {"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"},
+        {"GROUP_RANK", "2"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29400"},
+        {"SLURM_NTASKS", "8"}, {"SLURM_PROCID", "0"}},  // torchrun inside a SLURM job wins
+       "torchelastic", true, 8, 5, 1, 2, "10.0.0.1", 29400},
+      {"slurm with node list",
+       {{"SLURM_NTASKS", "4"}, {"SLURM_PROCID", "3"}, {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "1"},
+        {"SLURM_NODELIST", "gpu[007-008]"}, {"SLURM_JOB_ID", "1234567"}},
+       "slurm", true, 4, 3, 1, 1, "gpu007", 15000 + 4567},
+      {"slurm with MASTER_ADDR/PORT",
+       {{"SLURM_NTASKS", "2"}, {"SLURM_PROCID", "0"}, {"MASTER_ADDR", "head"}, {"MASTER_PORT", "1234"},
+        {"SLURM_JOB_NAME", "train"}},
+       "slurm", true, 2, 0, 0, 0, "head", 1234},
+      {"openmpi",
+       {{"OMPI_COMM_WORLD_RANK", "6"}, {"OMPI_COMM_WORLD_SIZE", "8"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "2"},
+        {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}, {"MASTER_ADDR", "n0"}, {"MASTER_PORT", "4000"}},
+       "openmpi", true, 8, 6, 2, 1, "n0", 4000},
+      {"mpich",
+       {{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}, {"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "2"},
+        {"MASTER_PORT", "4001"}},
+       "mpich", true, 2, 1, 1, 0, "127.0.0.1", 4001},
+      {"plain variables",
+       {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "host"}, {"MASTER_PORT", "5000"}},
+       "env", true, 2, 1, 1, 0, "host", 5000},
+      {"self-launch parent", {}, "local", false, 3, 0, 0, 0, "127.0.0.1", 0},
+      {"self-launch child",
+       {{"FABRIC_LOCAL_RANK", "2"}, {"FABRIC_WORLD_SIZE", "3"}, {"FABRIC_MASTER_PORT", "41234"}},
+       "local", false, 3, 2, 2, 0, "127.0.0.1", 41234},
+      {"interactive SLURM shell is not a launch",
+       {{"SLURM_NTASKS", "1"}, {"SLURM_PROCID", "0"}, {"SLURM_JOB_NAME", "bash"}},
+       "local", false, 3, 0, 0, 0, "127.0.0.1", 0},
+  };
+  for (const auto& row : table) {
+    auto e = fabric::detect_environment(fake(row.vars), 3);
+    EXPECT_EQ(e->name(), row.name) << row.label;
+    EXPECT_EQ(e->creates_processes_externally(), row.external) << row.label;
+    EXPECT_EQ(e->world_size(), row.world) << row.label;
+    EXPECT_EQ(e->global_rank(), row.rank) << row.label;
+    EXPECT_EQ(e->local_rank(), row.local_rank) << row.label;
+    EXPECT_EQ(e->node_rank(), row.node_rank) << row.label;
+    EXPECT_EQ(e->main_address(), row.address) << row.label;
+    EXPECT_EQ(e->main_port(), row.port) << row.label;
+  }
+}
+
+std::string error_of(Vars vars) {
+  try {
+    fabric::detect_environment(fake(std::move(vars)), 1);
+  } catch (const fabric::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(EnvironmentsTest, BadValuesNameTheVariable) {
+  EXPECT_EQ(error_of({{"RANK", "one"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "1"}}),
+            "RANK/WORLD_SIZE launch: RANK='one' is not an integer");
+  EXPECT_EQ(error_of({{"RANK", "1"}, {"WORLD_SIZE", "2"}}), "RANK/WORLD_SIZE launch: MASTER_PORT is not set");
+  EXPECT_EQ(error_of({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}}),
+            "OpenMPI launch: MASTER_PORT=70000 is not a port (1-65535)");
+  EXPECT_EQ(error_of({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "1"}}),
+            "env launch: rank 2 (local 2, node 0) does not fit a world of 2");
+  EXPECT_EQ(error_of({{"SLURM_NTASKS", "2"}, {"SLURM_PROCID", "0"}}),
+            "SLURM launch: neither MASTER_ADDR nor SLURM_NODELIST is set");
+}
+
+TEST(EnvironmentsTest, FirstSlurmHost) {
+  EXPECT_EQ(fabric::first_slurm_host("node1"), "node1");
+  EXPECT_EQ(fabric::first_slurm_host("node1,node2"), "node1");
+  EXPECT_EQ(fabric::first_slurm_host("gpu[003-005,9]"), "gpu003");
+  EXPECT_EQ(fabric::first_slurm_host("gpu[12,14]"), "gpu12");
+  EXPECT_EQ(fabric::first_slurm_host("login1,gpu[1-2]"), "login1");
+}
+
+}  // namespace
