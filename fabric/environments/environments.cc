@@ -41,7 +41,9 @@ class Vars {
 
   int port(const std::string& name) const {
     const int64_t p = integer(name);
-    if (p < 1 || p > 65535) throw Error(scheme_ + " launch: " + name + "=" + std::to_string(p) + " is not a port (1-65535)");
+    if (p < 1 || p > 65535)
+      throw Error(scheme_ + " launch: " + name + "=" + std::to_string(p) +
+                  " is not a port (1-65535)");
     return static_cast<int>(p);
   }
 
@@ -67,7 +69,8 @@ class Environment : public ClusterEnvironment {
     int port = 0;
   };
   explicit Environment(Facts f) : f_(std::move(f)) {
-    if (f_.world < 1 || f_.rank < 0 || f_.rank >= f_.world || f_.local_rank < 0 || f_.node_rank < 0) {
+    if (f_.world < 1 || f_.rank < 0 || f_.rank >= f_.world || f_.local_rank < 0 ||
+        f_.node_rank < 0) {
       throw Error(f_.name + " launch: rank " + std::to_string(f_.rank) + " (local " +
                   std::to_string(f_.local_rank) + ", node " + std::to_string(f_.node_rank) +
                   ") does not fit a world of " + std::to_string(f_.world));
@@ -102,14 +105,17 @@ std::string first_slurm_host(const std::string& nodelist) {
   return prefix + nodelist.substr(open + 1, end - open - 1);
 }
 
-std::unique_ptr<ClusterEnvironment> detect_environment(const EnvGetter& env, int64_t local_world_size) {
+std::unique_ptr<ClusterEnvironment> detect_environment(const EnvGetter& env,
+                                                       int64_t local_world_size) {
   if (env("TORCHELASTIC_RUN_ID")) {
     Vars v(env, "torchrun");
-    return make({"torchelastic", true, v.integer("WORLD_SIZE"), v.integer("RANK"), v.integer("LOCAL_RANK"),
-                 v.integer("GROUP_RANK", 0), v.text("MASTER_ADDR", "127.0.0.1"), v.port("MASTER_PORT")});
+    return make({"torchelastic", true, v.integer("WORLD_SIZE"), v.integer("RANK"),
+                 v.integer("LOCAL_RANK"), v.integer("GROUP_RANK", 0),
+                 v.text("MASTER_ADDR", "127.0.0.1"), v.port("MASTER_PORT")});
   }
   const std::string job_name = env("SLURM_JOB_NAME").value_or("");
-  if (env("SLURM_NTASKS") && env("SLURM_PROCID") && job_name != "bash" && job_name != "interactive") {
+  if (env("SLURM_NTASKS") && env("SLURM_PROCID") && job_name != "bash" &&
+      job_name != "interactive") {
     Vars v(env, "SLURM");
     std::string address = v.text("MASTER_ADDR", "");
     if (address.empty()) {
@@ -122,7 +128,8 @@ std::unique_ptr<ClusterEnvironment> detect_environment(const EnvGetter& env, int
       port = v.port("MASTER_PORT");
     } else {
       const std::string job = std::to_string(v.integer("SLURM_JOB_ID", 0));
-      port = 15000 + static_cast<int>(std::stoll(job.size() > 4 ? job.substr(job.size() - 4) : job));
+      port =
+          15000 + static_cast<int>(std::stoll(job.size() > 4 ? job.substr(job.size() - 4) : job));
     }
     return make({"slurm", true, v.integer("SLURM_NTASKS"), v.integer("SLURM_PROCID"),
                  v.integer("SLURM_LOCALID", 0), v.integer("SLURM_NODEID", 0), address, port});
@@ -139,15 +146,16 @@ std::unique_ptr<ClusterEnvironment> detect_environment(const EnvGetter& env, int
     Vars v(env, "MPICH");
     const int64_t rank = v.integer("PMI_RANK");
     const int64_t local_size = std::max<int64_t>(v.integer("MPI_LOCALNRANKS", 1), 1);
-    return make({"mpich", true, v.integer("PMI_SIZE"), rank, v.integer("MPI_LOCALRANKID", 0), rank / local_size,
-                 v.text("MASTER_ADDR", "127.0.0.1"), v.port("MASTER_PORT")});
+    return make({"mpich", true, v.integer("PMI_SIZE"), rank, v.integer("MPI_LOCALRANKID", 0),
+                 rank / local_size, v.text("MASTER_ADDR", "127.0.0.1"), v.port("MASTER_PORT")});
   }
   if (env("RANK") && env("WORLD_SIZE")) {
     Vars v(env, "RANK/WORLD_SIZE");
     const int64_t world = v.integer("WORLD_SIZE");
     const int64_t rank = v.integer("RANK");
     return make({"env", true, world, rank, v.integer("LOCAL_RANK", rank),
-                 v.integer("NODE_RANK", v.integer("GROUP_RANK", 0)), v.text("MASTER_ADDR", "127.0.0.1"),
+                 v.integer("NODE_RANK", v.integer("GROUP_RANK", 0)),
+                 v.text("MASTER_ADDR", "127.0.0.1"),
                  world > 1 || v.has("MASTER_PORT") ? v.port("MASTER_PORT") : 0});
   }
   // Self-launch: the parent is rank 0 (no variables); its children carry FABRIC_* variables.

@@ -8,7 +8,8 @@
 //                    SLURM_NODEID; MASTER_ADDR, else the first host of SLURM_NODELIST (or
 //                    SLURM_JOB_NODELIST); MASTER_PORT, else 15000 + the last four digits of
 //                    SLURM_JOB_ID.
-//   3. openmpi       OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE: plus OMPI_COMM_WORLD_LOCAL_RANK,
+//   3. openmpi       OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE: plus
+//   OMPI_COMM_WORLD_LOCAL_RANK,
 //                    OMPI_COMM_WORLD_LOCAL_SIZE (node = rank / local size); MASTER_ADDR/MASTER_PORT
 //                    required.
 //   4. mpich         PMI_RANK and PMI_SIZE: plus MPI_LOCALRANKID, MPI_LOCALNRANKS;
@@ -34,7 +35,8 @@
 namespace fabric {
 
 // `local_world_size`: processes the self-launcher will start on this machine (scheme 6 only).
-std::unique_ptr<ClusterEnvironment> detect_environment(const EnvGetter& env, int64_t local_world_size);
+std::unique_ptr<ClusterEnvironment> detect_environment(const EnvGetter& env,
+                                                       int64_t local_world_size);
 
 // The first host of a SLURM node list: "node[003-005,9],gpu1" → "node003".
 std::string first_slurm_host(const std::string& nodelist);

@@ -16,10 +16,10 @@ bool has_cuda() {
 #endif
 }
 
-#define SKIP_WITHOUT_CUDA()                                             \
-  if (!has_cuda()) {                                                    \
-    GTEST_SKIP() << "no CUDA device (or a --config=cpu_only build)";   \
-  }                                                                     \
+#define SKIP_WITHOUT_CUDA()                                          \
+  if (!has_cuda()) {                                                 \
+    GTEST_SKIP() << "no CUDA device (or a --config=cpu_only build)"; \
+  }                                                                  \
   static_assert(true)
 
 fabric::Config config(std::vector<std::string> overrides) {
