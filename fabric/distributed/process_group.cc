@@ -1,0 +1,66 @@
+#include "fabric/distributed/process_group.h"
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#ifdef FABRIC_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include "fabric/core/error.h"
+
+namespace fabric::distributed {
+
+c10::intrusive_ptr<c10d::Store> make_store(const StoreOptions& o) {
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<std::uint16_t>(o.port);
+  opts.isServer = o.is_server;
+  opts.numWorkers = static_cast<std::size_t>(o.world_size);
+  opts.waitWorkers = false;  // the process group's own rendezvous waits for every rank
+  opts.timeout = o.timeout;
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(o.host, opts);
+  } catch (const std::exception& e) {
+    std::string why = e.what();
+    why = why.substr(0, why.find('\n'));
+    throw Error(std::string(o.is_server ? "cannot host" : "cannot reach") +
+                " the rendezvous store at " + o.host + ":" + std::to_string(o.port) + ": " + why);
+  }
+}
+
+int store_port(const c10::intrusive_ptr<c10d::Store>& store) {
+  auto* tcp = dynamic_cast<c10d::TCPStore*>(store.get());
+  if (tcp == nullptr) throw Error("store_port: not a TCPStore");
+  return tcp->getPort();
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(
+    const c10::intrusive_ptr<c10d::Store>& store, const ProcessGroupOptions& o) {
+  const int rank = static_cast<int>(o.rank);
+  const int size = static_cast<int>(o.world_size);
+  auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
+
+  auto gloo_options = c10d::ProcessGroupGloo::Options::create(o.timeout);
+  gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, gloo_options);
+  pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+  pg->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+
+  if (o.cuda) {
+#ifdef FABRIC_WITH_CUDA
+    c10::cuda::set_device(static_cast<c10::DeviceIndex>(o.cuda_device));
+    auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+    nccl_options->timeout = o.timeout;
+    auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, nccl_options);
+    pg->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, nccl);
+    pg->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
+#else
+    throw Error("make_process_group: NCCL needs a CUDA build (not --config=cpu_only)");
+#endif
+  }
+  return pg;
+}
+
+}  // namespace fabric::distributed

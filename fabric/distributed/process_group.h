@@ -1,0 +1,51 @@
+// fabric::distributed: rendezvous store and process groups on c10d.
+//
+// make_store(): rank 0 hosts a c10d::TCPStore, the others connect to it. A store created with
+// port 0 binds an ephemeral port (read it back with store_port()), so any number of self-launched
+// jobs run side by side without port collisions. make_process_group(): a c10d::ProcessGroup with
+// Gloo for CPU tensors and, in CUDA builds when `cuda` is true, NCCL for CUDA tensors (both
+// registered, so CPU collectives keep working in GPU jobs). The timeout applies to the store and
+// to every collective.
+#ifndef FABRIC_DISTRIBUTED_PROCESS_GROUP_H_
+#define FABRIC_DISTRIBUTED_PROCESS_GROUP_H_
+
+#include <c10/util/intrusive_ptr.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace c10d {
+class Store;
+class ProcessGroup;
+}  // namespace c10d
+
+namespace fabric::distributed {
+
+struct StoreOptions {
+  std::string host = "127.0.0.1";  // rank 0's address (and where rank 0 listens)
+  int port = 0;                    // 0 (rank 0 only): bind an ephemeral port
+  bool is_server = false;          // rank 0 hosts the store
+  int64_t world_size = 1;
+  std::chrono::milliseconds timeout{300000};
+};
+
+// Throws fabric::Error naming host, port and the cause when the store cannot be created/reached.
+c10::intrusive_ptr<c10d::Store> make_store(const StoreOptions& options);
+// The port a TCPStore listens on (after binding port 0).
+int store_port(const c10::intrusive_ptr<c10d::Store>& store);
+
+struct ProcessGroupOptions {
+  int64_t rank = 0;
+  int64_t world_size = 1;
+  std::chrono::milliseconds timeout{300000};
+  bool cuda = false;        // also register NCCL for CUDA tensors (FABRIC_WITH_CUDA builds)
+  int64_t cuda_device = 0;  // this process's GPU
+};
+
+c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(
+    const c10::intrusive_ptr<c10d::Store>& store, const ProcessGroupOptions& options);
+
+}  // namespace fabric::distributed
+
+#endif  // FABRIC_DISTRIBUTED_PROCESS_GROUP_H_

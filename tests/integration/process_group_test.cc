@@ -1,0 +1,53 @@
+// Real processes over loopback: self-launch + TCPStore on an ephemeral port + Gloo collectives.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <future>
+#include <string>
+
+namespace {
+
+struct Result {
+  int code;
+  std::string out;
+};
+
+Result run_job(int world) {
+  const std::string exe =
+      (std::filesystem::current_path() / "tests" / "process_group_helper").string();
+  FILE* pipe = popen((exe + " " + std::to_string(world) + " 2>&1").c_str(), "r");
+  Result r{-1, ""};
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(pipe);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+TEST(ProcessGroupTest, GlooCollectivesAcrossTwoAndFourProcesses) {
+  for (int world : {2, 4}) {
+    Result r = run_job(world);
+    EXPECT_EQ(r.code, 0) << r.out;
+    for (int rank = 0; rank < world; ++rank) {
+      const std::string line =
+          "rank " + std::to_string(rank) + " of " + std::to_string(world) + ": ok";
+      EXPECT_NE(r.out.find(line), std::string::npos) << r.out;
+    }
+  }
+}
+
+TEST(ProcessGroupTest, ThreeJobsAtOnceNeverCollideOnPorts) {
+  std::vector<std::future<Result>> jobs;
+  for (int i = 0; i < 3; ++i)
+    jobs.push_back(std::async(std::launch::async, [] { return run_job(2); }));
+  for (auto& job : jobs) {
+    Result r = job.get();
+    EXPECT_EQ(r.code, 0) << r.out;
+  }
+}
+
+}  // namespace

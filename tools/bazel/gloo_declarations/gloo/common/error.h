@@ -1,0 +1,2 @@
+// Fabric++: see tools/bazel/gloo_declarations/README.md.
+#pragma once
