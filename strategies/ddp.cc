@@ -1,0 +1,180 @@
+#include "strategies/ddp.h"
+
+#include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/comm.hpp>
+#include <torch/csrc/distributed/c10d/reducer.hpp>
+
+#ifdef FABRIC_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+#include "fabric/core/error.h"
+#include "fabric/distributed/process_group.h"
+#include "fabric/launchers/subprocess_launcher.h"
+
+namespace fabric::strategies {
+
+Ddp::Ddp(std::shared_ptr<ClusterEnvironment> environment, torch::Device device,
+         std::unique_ptr<Precision> precision, DdpOptions options, std::vector<std::string> argv)
+    : Strategy(std::move(precision)),
+      env_(std::move(environment)),
+      device_(device),
+      options_(std::move(options)),
+      argv_(std::move(argv)) {
+  if (options_.comm_hook == "bf16")
+    throw Error("fabric.ddp.comm_hook: 'bf16' is not available yet; use none or fp16");
+}
+
+Ddp::~Ddp() = default;
+
+void Ddp::setup_environment() {
+#ifdef FABRIC_WITH_CUDA
+  if (device_.is_cuda()) c10::cuda::set_device(device_.index());
+#endif
+  const int64_t world = env_->world_size();
+  const bool self_launch = !env_->creates_processes_externally();
+  const bool host = env_->global_rank() == 0;
+  distributed::StoreOptions store;
+  store.host = env_->main_address();
+  store.port = env_->main_port();
+  store.is_server = host;
+  store.world_size = world;
+  store.timeout = options_.timeout;
+  store_ = distributed::make_store(store);
+  if (self_launch && host && world > 1) {
+    // Rank 0 bound an ephemeral port; the children learn it from FABRIC_MASTER_PORT.
+    launcher_ = std::make_unique<SubprocessLauncher>(
+        LaunchOptions{world, distributed::store_port(store_)}, argv_);
+  }
+  distributed::ProcessGroupOptions pg;
+  pg.rank = env_->global_rank();
+  pg.world_size = world;
+  pg.timeout = options_.timeout;
+  pg.cuda = device_.is_cuda();
+  pg.cuda_device = device_.is_cuda() ? device_.index() : 0;
+  pg_ = distributed::make_process_group(store_, pg);
+}
+
+void Ddp::teardown() {
+  reducer_.reset();
+  if (pg_) {
+    pg_->barrier()->wait();  // nobody leaves while others still need the store (rank 0 hosts it)
+    pg_->shutdown();
+  }
+  if (launcher_) launcher_->wait();
+}
+
+void Ddp::setup_module(torch::nn::Module& module) {
+  if (!pg_) throw Error("ddp: setup_module before launch (call it inside Fabric::launch)");
+  module.to(device_);
+  precision_->convert_module(module);
+  std::vector<torch::Tensor> params;
+  std::unordered_map<size_t, std::string> names;
+  for (const auto& item : module.named_parameters()) {
+    if (!item.value().requires_grad()) continue;
+    names[params.size()] = item.key();
+    params.push_back(item.value());
+  }
+  buffers_.clear();
+  for (const auto& b : module.buffers()) buffers_.push_back(b);
+  if (params.empty()) throw Error("ddp: the module has no parameters that require gradients");
+
+  // Same shapes everywhere, then rank 0's values everywhere.
+  c10d::verify_params_across_processes(pg_, params, std::nullopt);
+  std::vector<torch::Tensor> state = params;
+  state.insert(state.end(), buffers_.begin(), buffers_.end());
+  {
+    torch::NoGradGuard no_grad;
+    c10d::broadcast_coalesced(pg_, state, 250 * 1024 * 1024, 0);
+  }
+
+  // As torch.nn.parallel.DistributedDataParallel: one bucket in the first iteration unless
+  // find_unused_parameters (then [1 MiB, cap]); the Reducer rebuilds buckets in backward order.
+  const auto cap = static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024);
+  std::vector<size_t> limits;
+  if (options_.static_graph || !options_.find_unused_parameters) {
+    limits = {std::numeric_limits<size_t>::max()};
+  } else {
+    limits = {static_cast<size_t>(c10d::kDefaultFirstBucketBytes), static_cast<size_t>(cap)};
+  }
+  auto [indices, per_bucket_limits] = c10d::compute_bucket_assignment_by_size(params, limits);
+  (void)per_bucket_limits;
+  std::reverse(indices.begin(), indices.end());
+  reducer_ = std::make_shared<c10d::Reducer>(
+      params, indices, pg_, std::vector<bool>(params.size(), false), cap,
+      options_.find_unused_parameters, options_.gradient_as_bucket_view, names,
+      c10d::kDefaultFirstBucketBytes, /*skip_all_reduce_unused_params=*/false,
+      /*use_python_reducer=*/false, /*bucket_bytes_cap_list=*/std::vector<int64_t>{});
+  if (options_.static_graph) reducer_->set_static_graph();
+  if (options_.comm_hook == "fp16")
+    reducer_->register_builtin_comm_hook(c10d::BuiltinCommHookType::FP16_COMPRESS);
+}
+
+void Ddp::backward(const torch::Tensor& loss) {
+  if (reducer_ && sync_) {
+    reducer_->rebuild_buckets();  // collective on every rank; real work once, after iteration 1
+    reducer_->prepare_for_backward(options_.find_unused_parameters && !options_.static_graph
+                                       ? std::vector<torch::Tensor>{loss}
+                                       : std::vector<torch::Tensor>{});
+    ++synced_backwards_;
+  }
+  precision_->backward(loss);
+}
+
+bool Ddp::optimizer_step(torch::optim::Optimizer& optimizer) {
+  const bool stepped = precision_->optimizer_step(optimizer);
+  if (options_.broadcast_buffers) broadcast_buffers();
+  return stepped;
+}
+
+void Ddp::broadcast_buffers() {
+  if (buffers_.empty() || world_size() == 1) return;
+  torch::NoGradGuard no_grad;
+  c10d::broadcast_coalesced(pg_, buffers_, 250 * 1024 * 1024, 0);
+}
+
+torch::Tensor Ddp::all_reduce(const torch::Tensor& tensor, ReduceOp op) {
+  std::vector<torch::Tensor> t = {tensor.clone()};
+  c10d::AllreduceOptions o;
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kMean:
+      o.reduceOp = c10d::ReduceOp::SUM;
+      break;
+    case ReduceOp::kMax:
+      o.reduceOp = c10d::ReduceOp::MAX;
+      break;
+    case ReduceOp::kMin:
+      o.reduceOp = c10d::ReduceOp::MIN;
+      break;
+  }
+  pg_->allreduce(t, o)->wait();
+  if (op == ReduceOp::kMean) {
+    return t[0].is_floating_point() ? t[0] / static_cast<double>(world_size())
+                                    : t[0].div(world_size(), "floor");
+  }
+  return t[0];
+}
+
+void Ddp::barrier() { pg_->barrier()->wait(); }
+
+torch::Tensor Ddp::broadcast(const torch::Tensor& tensor, int64_t src) {
+  if (src < 0 || src >= world_size())
+    throw Error("broadcast: src " + std::to_string(src) + " does not exist (world size " +
+                std::to_string(world_size()) + ")");
+  std::vector<torch::Tensor> t = {tensor.clone()};
+  c10d::BroadcastOptions o;
+  o.rootRank = src;
+  pg_->broadcast(t, o)->wait();
+  return t[0];
+}
+
+ScopeGuard Ddp::no_backward_sync(torch::nn::Module& module) {
+  (void)module;
+  const bool previous = sync_;
+  sync_ = false;
+  return ScopeGuard([this, previous] { sync_ = previous; });
+}
+
+}  // namespace fabric::strategies

@@ -1,0 +1,93 @@
+// fabric::strategies::Ddp: data-parallel training over c10d with PyTorch's own c10d::Reducer
+// (bucketed all-reduce launched from gradient-ready hooks, so communication overlaps backward).
+//
+// Lifecycle: setup_environment() connects to (rank 0: hosts) the rendezvous store and builds the
+// process group; in a self-launched job rank 0 hosts the store on an ephemeral port and starts the
+// other ranks (SubprocessLauncher). setup_module() moves and converts the module, checks that every
+// rank has the same parameter shapes, broadcasts parameters and buffers from rank 0 and builds the
+// Reducer. backward() prepares the Reducer (unless inside no_backward_sync) and runs the
+// precision's backward; optimizer_step() steps and, with broadcast_buffers, re-broadcasts buffers
+// for the next forward. Gradients are averaged over the world.
+//
+// Not yet wired into the Connector (fabric.strategy: ddp still reports "not available"): this
+// landing covers the strategy and its parity tests.
+#ifndef STRATEGIES_DDP_H_
+#define STRATEGIES_DDP_H_
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fabric/core/cluster_environment.h"
+#include "fabric/core/strategy.h"
+
+namespace c10d {
+class ProcessGroup;
+class Reducer;
+class Store;
+}  // namespace c10d
+
+namespace fabric {
+class SubprocessLauncher;
+}
+
+namespace fabric::strategies {
+
+struct DdpOptions {
+  double bucket_cap_mb = 25.0;                // fabric.ddp.bucket_cap_mb
+  bool find_unused_parameters = false;        // fabric.ddp.find_unused_parameters
+  bool broadcast_buffers = true;              // fabric.ddp.broadcast_buffers
+  bool gradient_as_bucket_view = false;       // fabric.ddp.gradient_as_bucket_view
+  bool static_graph = false;                  // fabric.ddp.static_graph
+  std::string comm_hook = "none";             // none | fp16 (bf16: not yet)
+  std::chrono::milliseconds timeout{300000};  // fabric.ddp.timeout_s
+};
+
+class Ddp : public Strategy {
+ public:
+  // `argv`: the command line to re-execute for self-launched ranks.
+  Ddp(std::shared_ptr<ClusterEnvironment> environment, torch::Device device,
+      std::unique_ptr<Precision> precision, DdpOptions options, std::vector<std::string> argv);
+  ~Ddp() override;
+
+  std::string name() const override { return "ddp"; }
+  torch::Device root_device() const override { return device_; }
+  int64_t world_size() const override { return env_->world_size(); }
+  int64_t global_rank() const override { return env_->global_rank(); }
+  int64_t local_rank() const override { return env_->local_rank(); }
+  int64_t node_rank() const override { return env_->node_rank(); }
+
+  void setup_environment() override;
+  void teardown() override;
+  void setup_module(torch::nn::Module& module) override;
+  void backward(const torch::Tensor& loss) override;
+  bool optimizer_step(torch::optim::Optimizer& optimizer) override;
+  torch::Tensor all_reduce(const torch::Tensor& tensor, ReduceOp op) override;
+  void barrier() override;
+  torch::Tensor broadcast(const torch::Tensor& tensor, int64_t src) override;
+  ScopeGuard no_backward_sync(torch::nn::Module& module) override;
+
+  const c10::intrusive_ptr<c10d::ProcessGroup>& process_group() const { return pg_; }
+  // Backward passes that synchronized gradients since setup_module.
+  int64_t synced_backward_passes() const { return synced_backwards_; }
+
+ private:
+  void broadcast_buffers();
+
+  std::shared_ptr<ClusterEnvironment> env_;
+  torch::Device device_;
+  DdpOptions options_;
+  std::vector<std::string> argv_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  std::unique_ptr<SubprocessLauncher> launcher_;
+  std::shared_ptr<c10d::Reducer> reducer_;
+  std::vector<torch::Tensor> buffers_;
+  bool sync_ = true;
+  int64_t synced_backwards_ = 0;
+};
+
+}  // namespace fabric::strategies
+
+#endif  // STRATEGIES_DDP_H_

@@ -1,0 +1,113 @@
+// Test helper for ddp_test: a self-launched DDP job that trains an MLP for STEPS SGD-momentum steps
+// and, on rank 0, compares the parameters with one process trained on the concatenated batches.
+//   ddp_parity_helper WORLD STEPS MODE      MODE: plain | nosync
+// nosync: every step is two micro-batches, the first inside no_backward_sync; the helper also
+// checks that the unsynced backward issued no collective (Gloo's sequence number is unchanged).
+// Prints "max_rel_diff=X" and exits 0 when X <= 1e-6 and every check passed.
+#include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <cstdio>
+
+#include "fabric/environments/environments.h"
+#include "strategies/ddp.h"
+
+namespace {
+
+constexpr int64_t kGlobalBatch = 12;  // divisible by 1, 2, 3, 4
+
+torch::nn::Sequential make_model() {
+  torch::manual_seed(0);
+  return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(),
+                               torch::nn::Linear(16, 4));
+}
+
+std::pair<torch::Tensor, torch::Tensor> global_batch(int64_t step, int64_t micro) {
+  torch::manual_seed(1000 + step * 10 + micro);
+  return {torch::randn({kGlobalBatch, 8}), torch::randn({kGlobalBatch, 4})};
+}
+
+std::vector<torch::Tensor> reference(int64_t steps, int64_t micro_batches) {
+  auto model = make_model();
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int64_t s = 0; s < steps; ++s) {
+    opt.zero_grad();
+    for (int64_t m = 0; m < micro_batches; ++m) {
+      auto [x, y] = global_batch(s, m);
+      torch::mse_loss(model->forward(x), y).backward();
+    }
+    opt.step();
+  }
+  std::vector<torch::Tensor> out;
+  for (auto& p : model->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 4) return 2;
+  const int64_t world = std::atoll(argv[1]);
+  const int64_t steps = std::atoll(argv[2]);
+  const bool nosync = std::string(argv[3]) == "nosync";
+  auto env = std::shared_ptr<fabric::ClusterEnvironment>(
+      fabric::detect_environment(fabric::process_environment(), world));
+  fabric::strategies::DdpOptions options;
+  options.timeout = std::chrono::seconds(30);
+  options.bucket_cap_mb = 0.0005;  // ~500 bytes: many buckets
+  fabric::strategies::Ddp ddp(
+      env, torch::kCPU,
+      std::make_unique<fabric::Precision>(fabric::PrecisionMode::k32True, c10::DeviceType::CPU),
+      options, std::vector<std::string>(argv, argv + argc));
+  ddp.setup_environment();
+  const int64_t rank = ddp.global_rank();
+  int failures = 0;
+
+  auto model = make_model();
+  if (rank != 0) {  // different initial values: setup_module must broadcast rank 0's
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->parameters()) p.add_(1.0);
+  }
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  ddp.setup_module(*model);
+  const int64_t local = kGlobalBatch / world;
+  auto backend = ddp.process_group()->getDefaultBackend();
+  for (int64_t s = 0; s < steps; ++s) {
+    opt.zero_grad();
+    for (int64_t m = 0; m < (nosync ? 2 : 1); ++m) {
+      auto [x, y] = global_batch(s, m);
+      auto loss = torch::mse_loss(model->forward(x.narrow(0, rank * local, local)),
+                                  y.narrow(0, rank * local, local));
+      if (nosync && m == 0) {
+        const uint64_t before = backend->getSequenceNumberForGroup();
+        auto guard = ddp.no_backward_sync(*model);
+        ddp.backward(loss);
+        if (backend->getSequenceNumberForGroup() != before) {
+          std::fprintf(stderr, "rank %lld: collective issued inside no_backward_sync\n",
+                       static_cast<long long>(rank));
+          ++failures;
+        }
+      } else {
+        ddp.backward(loss);
+      }
+    }
+    ddp.optimizer_step(opt);
+  }
+  if (ddp.synced_backward_passes() != steps) ++failures;
+
+  double max_rel = 0;
+  if (rank == 0) {
+    const auto ref = reference(steps, nosync ? 2 : 1);
+    const auto params = model->parameters();
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const double rel =
+          ((params[i].detach() - ref[i]).abs().max() / ref[i].abs().max().clamp_min(1e-12))
+              .item<double>();
+      max_rel = std::max(max_rel, rel);
+    }
+    std::printf("max_rel_diff=%g\n", max_rel);
+    if (!(max_rel <= 1e-6)) ++failures;
+  }
+  ddp.teardown();
+  return failures == 0 ? 0 : 1;
+}
