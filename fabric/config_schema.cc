@@ -160,7 +160,7 @@ ConfigSchema default_schema() {
   s.add("fabric.num_nodes", KeySpec::integer(1).min(1).doc("machines in the job"));
   s.add("fabric.strategy", KeySpec::choice({"auto", "single_device", "dp", "ddp"}, "auto")
                                .noun("a strategy")
-                               .doc("auto: single_device for one device"));
+                               .doc("auto: ddp for more than one process, else single_device"));
   s.add("fabric.precision",
         KeySpec::choice({"32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"},
                         "32-true")
@@ -172,7 +172,7 @@ ConfigSchema default_schema() {
             .doc("*-mixed: autocast + fp32 weights (16-mixed scales the loss); *-true: weights in "
                  "that dtype"));
   s.add("fabric.sync_batchnorm",
-        KeySpec::boolean(false).doc("convert BatchNorm to SyncBatchNorm (DDP)"));
+        KeySpec::boolean(false).doc("SyncBatchNorm (not available yet: warns)"));
   s.add("fabric.seed",
         KeySpec::integer(42).min(0).doc("seeds every RNG (torch, data order, augmentation)"));
   s.add(
@@ -189,15 +189,15 @@ ConfigSchema default_schema() {
   s.add("fabric.grad_scaler.growth_interval",
         KeySpec::integer(2000).min(1).doc("finite steps before growing"));
   s.add("fabric.ddp.bucket_cap_mb",
-        KeySpec::real(25.0).min(0, false).doc("reserved (Distributed)"));
-  s.add("fabric.ddp.find_unused_parameters", KeySpec::boolean(false).doc("reserved (Distributed)"));
-  s.add("fabric.ddp.broadcast_buffers", KeySpec::boolean(true).doc("reserved (Distributed)"));
+        KeySpec::real(25.0).min(0, false).doc("DDP"));
+  s.add("fabric.ddp.find_unused_parameters", KeySpec::boolean(false).doc("DDP"));
+  s.add("fabric.ddp.broadcast_buffers", KeySpec::boolean(true).doc("DDP"));
   s.add("fabric.ddp.gradient_as_bucket_view",
-        KeySpec::boolean(false).doc("reserved (Distributed)"));
-  s.add("fabric.ddp.static_graph", KeySpec::boolean(false).doc("reserved (Distributed)"));
+        KeySpec::boolean(false).doc("DDP"));
+  s.add("fabric.ddp.static_graph", KeySpec::boolean(false).doc("DDP"));
   s.add("fabric.ddp.comm_hook",
-        KeySpec::choice({"none", "fp16", "bf16"}, "none").doc("reserved (Distributed)"));
-  s.add("fabric.ddp.timeout_s", KeySpec::real(300.0).min(0, false).doc("reserved (Distributed)"));
+        KeySpec::choice({"none", "fp16", "bf16"}, "none").doc("DDP"));
+  s.add("fabric.ddp.timeout_s", KeySpec::real(300.0).min(0, false).doc("DDP"));
 
   s.section_doc("logging", "Where results go.");
   s.add("logging.run_dir", KeySpec::string("runs/{name}/{timestamp}")

@@ -5,13 +5,16 @@
 #include <cstdlib>
 
 #include "fabric/accelerators/device_info.h"
+#include "fabric/environments/environments.h"
+#include "strategies/ddp.h"
 #include "strategies/single_device.h"
 
 namespace fabric {
 namespace {
 
 std::string plural(int64_t n, const std::string& word) {
-  return std::to_string(n) + " " + word + (n == 1 ? "" : "s");
+  if (n == 1) return "1 " + word;
+  return std::to_string(n) + " " + word + (word.back() == 's' ? "es" : "s");
 }
 
 constexpr const char* kNotYet =
@@ -53,12 +56,8 @@ std::vector<torch::Device> resolve_devices(const Config& c, const MachineFacts& 
       throw c.error_at("fabric.devices",
                        "device ids apply to cuda only; on cpu give a process count (1)");
     }
-    if (r.count > 1) {
-      throw c.error_at("fabric.devices", plural(r.count, "CPU process") +
-                                             " need strategy ddp, which is " + kNotYet +
-                                             "; use fabric.devices=1");
-    }
-    return {torch::Device(torch::kCPU)};
+    const int64_t n = r.is_auto || r.count == -1 ? 1 : r.count;
+    return std::vector<torch::Device>(static_cast<size_t>(n), torch::Device(torch::kCPU));
   }
   std::vector<int64_t> ids;
   if (r.is_auto) {
@@ -81,27 +80,56 @@ std::vector<torch::Device> resolve_devices(const Config& c, const MachineFacts& 
     }
     for (int64_t i = 0; i < n; ++i) ids.push_back(i);
   }
-  if (ids.size() > 1) {
-    throw c.error_at("fabric.devices", plural(static_cast<int64_t>(ids.size()), "device") +
-                                           " need strategy dp or ddp, which are " + kNotYet +
-                                           "; use fabric.devices=1");
-  }
   std::vector<torch::Device> devices;
   for (int64_t id : ids) devices.emplace_back(torch::kCUDA, static_cast<c10::DeviceIndex>(id));
   return devices;
 }
 
 // Step 3.
-std::string resolve_strategy(const Config& c) {
-  const std::string s = c.get_string("fabric.strategy");
-  if (s == "dp" || s == "ddp")
-    throw c.error_at("fabric.strategy",
-                     "'" + s + "' is " + kNotYet + "; use single_device or auto");
-  if (c.get_int("fabric.num_nodes") > 1) {
-    throw c.error_at("fabric.num_nodes", plural(c.get_int("fabric.num_nodes"), "node") +
-                                             " need strategy ddp, which is " + kNotYet + "; use 1");
+void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) {
+  const std::string want = c.get_string("fabric.strategy");
+  if (want == "dp")
+    throw c.error_at("fabric.strategy", "'dp' is " + std::string(kNotYet) + "; use ddp or auto");
+  const EnvGetter env =
+      m.environment ? m.environment
+                    : [](const std::string&) -> std::optional<std::string> { return std::nullopt; };
+  s.environment = detect_environment(env, static_cast<int64_t>(s.devices.size()));
+  const int64_t nodes = c.get_int("fabric.num_nodes");
+  if (!s.environment->creates_processes_externally() && nodes > 1) {
+    throw c.error_at("fabric.num_nodes",
+                     plural(nodes, "node") +
+                         " need an external launcher (torchrun, srun or mpirun) that "
+                         "starts the processes on every node; or use 1");
   }
-  return "single_device";
+  const int64_t world = s.environment->world_size();
+  if (want == "single_device" && world > 1) {
+    throw c.error_at("fabric.strategy",
+                     "'single_device' cannot run " + plural(world, "process") +
+                         " (from fabric.devices or the launcher): use ddp or auto");
+  }
+  s.strategy = want == "ddp" || (want == "auto" && world > 1) ? "ddp" : "single_device";
+  const int64_t local = s.environment->local_rank();
+  if (local >= static_cast<int64_t>(s.devices.size())) {
+    if (s.accelerator == c10::DeviceType::CUDA) {
+      throw c.error_at("fabric.devices",
+                       "local rank " + std::to_string(local) + " has no device: " +
+                           plural(static_cast<int64_t>(s.devices.size()), "device") +
+                           " listed for this machine");
+    }
+    s.device = torch::kCPU;
+  } else {
+    s.device = s.devices[static_cast<size_t>(local)];
+  }
+  s.ddp.bucket_cap_mb = c.get_double("fabric.ddp.bucket_cap_mb");
+  s.ddp.find_unused_parameters = c.get_bool("fabric.ddp.find_unused_parameters");
+  s.ddp.broadcast_buffers = c.get_bool("fabric.ddp.broadcast_buffers");
+  s.ddp.gradient_as_bucket_view = c.get_bool("fabric.ddp.gradient_as_bucket_view");
+  s.ddp.static_graph = c.get_bool("fabric.ddp.static_graph");
+  s.ddp.comm_hook = c.get_string("fabric.ddp.comm_hook");
+  if (s.ddp.comm_hook == "bf16")
+    throw c.error_at("fabric.ddp.comm_hook", "'bf16' is not available yet; use none or fp16");
+  s.ddp.timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(c.get_double("fabric.ddp.timeout_s") * 1000));
 }
 
 // Step 4.
@@ -142,6 +170,7 @@ MachineFacts MachineFacts::query() {
   m.cuda_bf16_supported = !info.devices.empty();
   for (const auto& d : info.devices) m.cuda_bf16_supported &= d.supports_bf16;
   if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) m.cuda_visible_devices = v;
+  m.environment = process_environment();
   return m;
 }
 
@@ -149,7 +178,7 @@ ResolvedSetup resolve_setup(const Config& c, const MachineFacts& m) {
   ResolvedSetup s;
   s.accelerator = resolve_accelerator(c, m);                         // 1
   s.devices = resolve_devices(c, m, s.accelerator);                  // 2
-  s.strategy = resolve_strategy(c);                                  // 3
+  resolve_strategy(c, m, s);                                         // 3
   s.precision = resolve_precision(c, m, s.accelerator, s.warnings);  // 4
   s.seed = static_cast<uint64_t>(c.get_int("fabric.seed"));          // 5
   s.deterministic = c.get_bool("fabric.deterministic");
@@ -161,15 +190,23 @@ ResolvedSetup resolve_setup(const Config& c, const MachineFacts& m) {
   s.scaler.backoff_factor = c.get_double("fabric.grad_scaler.backoff_factor");
   s.scaler.growth_interval = c.get_int("fabric.grad_scaler.growth_interval");
   if (c.get_bool("fabric.sync_batchnorm")) {
-    s.warnings.push_back(c.origin("fabric.sync_batchnorm") +
-                         ": fabric.sync_batchnorm: has no effect with a single process");
+    s.warnings.push_back(
+        c.origin("fabric.sync_batchnorm") +
+        (s.strategy == "ddp"
+             ? ": fabric.sync_batchnorm: not available yet; BatchNorm statistics stay per process"
+             : ": fabric.sync_batchnorm: has no effect with a single process"));
   }
   return s;
 }
 
 std::unique_ptr<Strategy> build_strategy(const ResolvedSetup& s) {
   auto precision = std::make_unique<Precision>(s.precision, s.accelerator, s.scaler);
-  return std::make_unique<strategies::SingleDevice>(s.devices.at(0), std::move(precision));
+  if (s.strategy == "ddp") {
+    return std::make_unique<strategies::Ddp>(
+        s.environment, s.device, std::move(precision), s.ddp,
+        std::vector<std::string>{});  // argv: /proc/self/cmdline
+  }
+  return std::make_unique<strategies::SingleDevice>(s.device, std::move(precision));
 }
 
 void apply_global_settings(const ResolvedSetup& s) {

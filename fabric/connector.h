@@ -3,10 +3,13 @@
 //
 //   1. accelerator  auto → cuda when this build has CUDA, the loaded LibTorch has CUDA and a device
 //                   is visible; else cpu. `cuda` without any of those is an error saying which.
-//   2. devices      auto → 1 device (cuda:0, or the CPU). N → N devices, -1 → all, [ids] → those
-//                   (cuda only; ids must exist). More than one device needs dp/ddp (step 3).
-//   3. strategy     auto → single_device. dp and ddp, more than one device and num_nodes > 1 are
-//                   rejected in this build (they arrive with the Distributed issue): never ignored.
+//   2. devices      auto → 1 device (cuda:0, or one CPU process). N → N devices (on cpu: N
+//                   processes), -1 → all CUDA devices, [ids] → those (cuda only; ids must exist).
+//   3. strategy     the job comes from the launch environment (fabric/environments/environments.h):
+//                   torchrun/SLURM/MPI/RANK+WORLD_SIZE give the world size; otherwise Fabric
+//                   self-launches devices × 1 processes (num_nodes > 1 needs an external launcher).
+//                   auto → ddp when the world has more than one process, else single_device.
+//                   single_device with several processes is an error; dp is rejected in this build.
 //   4. precision    as configured, except: 16-mixed on CPU → bf16-mixed with one warning line;
 //                   16-true on CPU is an error; bf16 on a GPU without bf16 (< sm_80) is an error.
 //   5. settings     deterministic (deterministic algorithms; cudnn.benchmark off),
@@ -21,8 +24,10 @@
 #include <vector>
 
 #include "fabric/config.h"
+#include "fabric/core/cluster_environment.h"
 #include "fabric/core/strategy.h"
 #include "fabric/precision/precision.h"
+#include "strategies/ddp.h"
 
 namespace fabric {
 
@@ -33,14 +38,18 @@ struct MachineFacts {
   int64_t cuda_device_count = 0;
   bool cuda_bf16_supported = false;  // every visible device has compute capability ≥ 8.0
   std::string cuda_visible_devices;  // $CUDA_VISIBLE_DEVICES, for messages
+  EnvGetter environment;             // launch variables (RANK, SLURM_*, ...); empty: none set
 
   static MachineFacts query();
 };
 
 struct ResolvedSetup {
   c10::DeviceType accelerator = c10::DeviceType::CPU;
-  std::vector<torch::Device> devices;  // one per process (one process today)
+  std::vector<torch::Device> devices;  // this machine's devices, one per local process
   std::string strategy = "single_device";
+  std::shared_ptr<ClusterEnvironment> environment;  // the job (world size, ranks, rendezvous)
+  torch::Device device = torch::kCPU;               // this process's device
+  strategies::DdpOptions ddp;
   PrecisionMode precision = PrecisionMode::k32True;
   GradScalerOptions scaler;
   uint64_t seed = 0;

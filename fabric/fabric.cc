@@ -18,11 +18,13 @@ Fabric::~Fabric() = default;
 int Fabric::launch(const std::function<void(Fabric&)>& fn) {
   strategy_->setup_environment();
   seed_everything(setup_.seed);
-  struct Teardown {
-    Strategy& s;
-    ~Teardown() { s.teardown(); }
-  } teardown{*strategy_};
-  fn(*this);
+  try {
+    fn(*this);
+  } catch (...) {
+    strategy_->abort();  // other ranks may never reach the teardown barrier
+    throw;
+  }
+  strategy_->teardown();
   return 0;
 }
 

@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 
@@ -16,6 +17,15 @@ std::string without_backtrace(const c10::Error& e) {
 }
 
 }  // namespace
+
+// " (rank N)" in processes of a multi-process job, so an error names where it happened.
+std::string rank_suffix() {
+  for (const char* var :
+       {"RANK", "FABRIC_LOCAL_RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"}) {
+    if (const char* v = std::getenv(var)) return std::string(" (rank ") + v + ")";
+  }
+  return "";
+}
 
 int run_main(int argc, char** argv, const ConfigSchema& schema, const MainBody& body) {
   const std::string program =
@@ -38,13 +48,13 @@ int run_main(int argc, char** argv, const ConfigSchema& schema, const MainBody& 
     std::cerr << e.what() << std::endl;
     return 2;
   } catch (const Error& e) {
-    std::cerr << "error: " << e.what() << std::endl;
+    std::cerr << "error" << rank_suffix() << ": " << e.what() << std::endl;
     return 1;
   } catch (const c10::Error& e) {
-    std::cerr << "error: " << without_backtrace(e) << std::endl;
+    std::cerr << "error" << rank_suffix() << ": " << without_backtrace(e) << std::endl;
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << std::endl;
+    std::cerr << "error" << rank_suffix() << ": " << e.what() << std::endl;
     return 1;
   }
 }

@@ -65,6 +65,18 @@ void Ddp::teardown() {
   if (launcher_) launcher_->wait();
 }
 
+void Ddp::abort() {
+  reducer_.reset();
+  launcher_.reset();  // stops the other ranks of a self-launched job
+  if (pg_) {
+    try {
+      pg_->abort();
+    } catch (const std::exception&) {
+      // Best effort: the process is about to report its error and exit.
+    }
+  }
+}
+
 void Ddp::setup_module(torch::nn::Module& module) {
   if (!pg_) throw Error("ddp: setup_module before launch (call it inside Fabric::launch)");
   module.to(device_);

@@ -9,8 +9,7 @@
 // precision's backward; optimizer_step() steps and, with broadcast_buffers, re-broadcasts buffers
 // for the next forward. Gradients are averaged over the world.
 //
-// Not yet wired into the Connector (fabric.strategy: ddp still reports "not available"): this
-// landing covers the strategy and its parity tests.
+// Selected by the Connector for fabric.strategy: ddp, or auto with more than one process.
 #ifndef STRATEGIES_DDP_H_
 #define STRATEGIES_DDP_H_
 
@@ -60,6 +59,7 @@ class Ddp : public Strategy {
 
   void setup_environment() override;
   void teardown() override;
+  void abort() override;
   void setup_module(torch::nn::Module& module) override;
   void backward(const torch::Tensor& loss) override;
   bool optimizer_step(torch::optim::Optimizer& optimizer) override;

@@ -34,8 +34,10 @@ class Strategy {
 
   // Per-process setup inside launch (current device, process group).
   virtual void setup_environment() {}
-  // Per-process teardown at the end of launch (also on error).
+  // Per-process teardown after the user's function returned normally.
   virtual void teardown() {}
+  // Teardown after the user's function threw: must not wait for other ranks.
+  virtual void abort() {}
 
   // Moves `module` to root_device(), converts it for the precision, and prepares gradient sync.
   virtual void setup_module(torch::nn::Module& module) = 0;

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <random>
 
 #include "fabric/core/error.h"
@@ -50,13 +51,23 @@ std::vector<char*> pointers(std::vector<std::string>& strings) {
 
 bool alive(pid_t pid) { return kill(pid, 0) == 0; }
 
+// This process's own command line (argv as started), from /proc/self/cmdline.
+std::vector<std::string> own_command_line() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::vector<std::string> args;
+  std::string arg;
+  while (std::getline(in, arg, '\0')) args.push_back(arg);
+  return args;
+}
+
 }  // namespace
 
 SubprocessLauncher::SubprocessLauncher(const LaunchOptions& options,
-                                       const std::vector<std::string>& argv)
+                                       const std::vector<std::string>& given_argv)
     : options_(options) {
   if (options_.world_size < 1) throw Error("SubprocessLauncher: world_size must be >= 1");
-  if (argv.empty()) throw Error("SubprocessLauncher: argv is empty");
+  const std::vector<std::string> argv = given_argv.empty() ? own_command_line() : given_argv;
+  if (argv.empty()) throw Error("SubprocessLauncher: cannot read this process's command line");
   const std::string launch_id =
       std::to_string(getpid()) + "-" + std::to_string(std::random_device{}());
   const pid_t parent = getpid();

@@ -39,7 +39,8 @@ struct LaunchOptions {
 
 class SubprocessLauncher {
  public:
-  // Starts ranks 1..world_size-1 with `argv` (argv[0] is kept; the executable is /proc/self/exe).
+  // Starts ranks 1..world_size-1 with `argv` (argv[0] is kept; the executable is /proc/self/exe);
+  // an empty `argv` means this process's own command line (/proc/self/cmdline).
   // Throws fabric::Error if a process cannot be started (the ones already started are stopped).
   SubprocessLauncher(const LaunchOptions& options, const std::vector<std::string>& argv);
   // Stops children that are still running (SIGTERM, then SIGKILL) and joins the monitor.

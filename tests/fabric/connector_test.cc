@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+
 namespace {
 
 using fabric::Config;
@@ -123,24 +125,55 @@ TEST(ConnectorTest, ImpossibleRequestsSayWhyAndWhatToDo) {
             "(compute capability >= 8.0): use 16-mixed");
 }
 
-TEST(ConnectorTest, DistributedRequestsAreRejectedNeverIgnored) {
-  EXPECT_EQ(error_of({"fabric.strategy=ddp"}, gpu_machine(2)),
-            "command line: fabric.strategy: 'ddp' is not available in this build yet (it arrives "
-            "with the Distributed issue); use single_device or auto");
-  EXPECT_NE(error_of({"fabric.strategy=dp"}, gpu_machine(2)).find("'dp' is not available"),
-            std::string::npos);
+TEST(ConnectorTest, SeveralProcessesMeanDdp) {
+  auto s = resolve({"fabric.devices=2"}, cpu_machine());
+  EXPECT_EQ(s.strategy, "ddp");
+  EXPECT_EQ(s.environment->world_size(), 2);
+  EXPECT_EQ(s.environment->name(), "local");
+  EXPECT_EQ(s.device.str(), "cpu");
+  s = resolve({"fabric.devices=2"}, gpu_machine(2));
+  EXPECT_EQ(s.strategy, "ddp");
+  EXPECT_EQ(s.device.str(), "cuda:0");  // rank 0 of the self-launched job
+  s = resolve({"fabric.strategy=ddp"}, cpu_machine());
+  EXPECT_EQ(s.strategy, "ddp");  // ddp with one process is allowed
+  EXPECT_EQ(s.environment->world_size(), 1);
+  EXPECT_EQ(s.ddp.timeout, std::chrono::milliseconds(300000));
+}
+
+TEST(ConnectorTest, ExternalLaunchersSetTheWorld) {
+  MachineFacts m = gpu_machine(4);
+  m.environment = [](const std::string& name) -> std::optional<std::string> {
+    const std::map<std::string, std::string> vars = {{"TORCHELASTIC_RUN_ID", "x"},
+                                                     {"RANK", "5"},
+                                                     {"WORLD_SIZE", "8"},
+                                                     {"LOCAL_RANK", "1"},
+                                                     {"MASTER_PORT", "29500"}};
+    auto it = vars.find(name);
+    return it == vars.end() ? std::nullopt : std::optional<std::string>(it->second);
+  };
+  auto s = resolve({"fabric.devices=4"}, m);
+  EXPECT_EQ(s.strategy, "ddp");
+  EXPECT_EQ(s.environment->world_size(), 8);
+  EXPECT_EQ(s.environment->global_rank(), 5);
+  EXPECT_EQ(s.device.str(), "cuda:1");  // the local rank picks the device
+  EXPECT_EQ(error_of({"fabric.strategy=single_device", "fabric.devices=4"}, m),
+            "command line: fabric.strategy: 'single_device' cannot run 8 processes (from "
+            "fabric.devices or the launcher): use ddp or auto");
+}
+
+TEST(ConnectorTest, UnsupportedDistributedRequestsAreRejectedNeverIgnored) {
   EXPECT_EQ(
-      error_of({"fabric.devices=2"}, gpu_machine(2)),
-      "command line: fabric.devices: 2 devices need strategy dp or ddp, which are not available "
-      "in this build yet (it arrives with the Distributed issue); use fabric.devices=1");
-  EXPECT_EQ(
-      error_of({"fabric.devices=2"}, cpu_machine()),
-      "command line: fabric.devices: 2 CPU processs need strategy ddp, which is not available in "
-      "this build yet (it arrives with the Distributed issue); use fabric.devices=1");
-  EXPECT_EQ(
-      error_of({"fabric.num_nodes=2"}, cpu_machine()),
-      "command line: fabric.num_nodes: 2 nodes need strategy ddp, which is not available in this "
-      "build yet (it arrives with the Distributed issue); use 1");
+      error_of({"fabric.strategy=dp"}, gpu_machine(2)),
+      "command line: fabric.strategy: 'dp' is not available in this build yet (it arrives with "
+      "the Distributed issue); use ddp or auto");
+  EXPECT_EQ(error_of({"fabric.num_nodes=2"}, cpu_machine()),
+            "command line: fabric.num_nodes: 2 nodes need an external launcher (torchrun, srun or "
+            "mpirun) that starts the processes on every node; or use 1");
+  EXPECT_EQ(error_of({"fabric.strategy=single_device", "fabric.devices=3"}, cpu_machine()),
+            "command line: fabric.strategy: 'single_device' cannot run 3 processes (from "
+            "fabric.devices or the launcher): use ddp or auto");
+  EXPECT_EQ(error_of({"fabric.ddp.comm_hook=bf16", "fabric.devices=2"}, cpu_machine()),
+            "command line: fabric.ddp.comm_hook: 'bf16' is not available yet; use none or fp16");
 }
 
 TEST(ConnectorTest, SettingsFollowTheDocumentedRules) {
@@ -153,7 +186,7 @@ TEST(ConnectorTest, SettingsFollowTheDocumentedRules) {
   EXPECT_FALSE(s.cudnn_benchmark);
   EXPECT_EQ(s.seed, 7u);
   EXPECT_EQ(s.scaler.init_scale, 1024.0);
-  s = resolve({"fabric.sync_batchnorm=true"}, cpu_machine());
+  s = resolve({"fabric.sync_batchnorm=true"}, cpu_machine());  // one process
   ASSERT_EQ(s.warnings.size(), 1u);
   EXPECT_NE(s.warnings[0].find("has no effect with a single process"), std::string::npos);
 }

@@ -131,6 +131,21 @@ TEST_F(ExamplesTest, GpuConfigsRunOnCpuWhenToldAndMixedPrecisionFallsBack) {
   }
 }
 
+TEST_F(ExamplesTest, DdpConfigTrainsWithTwoSelfLaunchedProcesses) {
+  Result r = run("cifar10", std::string("--config=ddp.yaml") + kTinyCifar);
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto s = summary_of(r);
+  EXPECT_EQ(s["strategy"], "ddp");
+  EXPECT_EQ(s["world_size"], 2);
+  EXPECT_EQ(s["steps"], 3);
+  // Only rank 0 prints: one header line, one summary path.
+  size_t headers = 0;
+  for (size_t pos = 0; (pos = r.out.find("cifar10: synthetic data", pos)) != std::string::npos;
+       ++pos)
+    ++headers;
+  EXPECT_EQ(headers, 1u) << r.out;
+}
+
 TEST_F(ExamplesTest, CudaConfigWithoutAGpuIsAConfigError) {
   if (std::getenv("CUDA_VISIBLE_DEVICES") == nullptr && fs::exists("/dev/nvidia0"))
     GTEST_SKIP() << "has a GPU";
