@@ -156,7 +156,7 @@ ConfigSchema default_schema() {
                                   .noun("an accelerator")
                                   .doc("auto: cuda when a CUDA device is usable, else cpu"));
   s.add("fabric.devices",
-        KeySpec::devices().doc("auto: 1 device (all devices once DDP lands); N; -1 = all; [ids]"));
+        KeySpec::devices().doc("auto: 1 device; N (on cpu: N processes); -1 = all CUDA devices; [ids]"));
   s.add("fabric.num_nodes", KeySpec::integer(1).min(1).doc("machines in the job"));
   s.add("fabric.strategy", KeySpec::choice({"auto", "single_device", "dp", "ddp"}, "auto")
                                .noun("a strategy")
