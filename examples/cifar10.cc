@@ -16,6 +16,7 @@
 #include "examples/common/classification.h"
 #include "examples/common/image_data.h"
 #include "examples/common/models.h"
+#include "fabric/core/paths.h"
 #include "fabric/fabric.h"
 
 namespace {
@@ -43,7 +44,7 @@ const std::vector<double> kMean = {0.4914, 0.4822, 0.4465};
 const std::vector<double> kStd = {0.2470, 0.2435, 0.2616};
 
 examples::ImageSplits load_data(const fabric::Config& c, fabric::Fabric& f) {
-  const auto root = examples::resolve_data_root(c.get_string("data.root"));
+  const auto root = fabric::absolute_from_working_directory(c.get_string("data.root"));
   const auto synthetic = [&] {
     return examples::synthetic_cifar10(c.get_int("data.synthetic_train_size"),
                                        c.get_int("data.synthetic_test_size"));

@@ -7,6 +7,7 @@
 #include "examples/common/classification.h"
 #include "examples/common/image_data.h"
 #include "examples/common/models.h"
+#include "fabric/core/paths.h"
 #include "fabric/fabric.h"
 
 namespace {
@@ -26,8 +27,8 @@ int main(int argc, char** argv) {
   return fabric::run_main(argc, argv, schema(), [](const fabric::Config& config) {
     fabric::Fabric fabric(config);
     return fabric.launch([&](fabric::Fabric& f) {
-      const auto data =
-          examples::load_fashion_mnist(examples::resolve_data_root(config.get_string("data.root")));
+      const auto data = examples::load_fashion_mnist(
+          fabric::absolute_from_working_directory(config.get_string("data.root")));
       examples::SmallCnn model(config.get_int("model.width"), config.get_int("model.hidden"));
       const auto norm = examples::normalize({0.2860}, {0.3530});
       examples::train_classifier(f, model,

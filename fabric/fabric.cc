@@ -21,7 +21,7 @@ int Fabric::launch(const std::function<void(Fabric&)>& fn) {
   try {
     fn(*this);
   } catch (...) {
-    strategy_->abort();  // other ranks may never reach the teardown barrier
+    strategy_->teardown_after_error();  // other ranks may never reach the teardown barrier
     throw;
   }
   strategy_->teardown();

@@ -65,7 +65,7 @@ void Ddp::teardown() {
   if (launcher_) launcher_->wait();
 }
 
-void Ddp::abort() {
+void Ddp::teardown_after_error() {
   reducer_.reset();
   launcher_.reset();  // stops the other ranks of a self-launched job
   if (pg_) {

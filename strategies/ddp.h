@@ -59,7 +59,7 @@ class Ddp : public Strategy {
 
   void setup_environment() override;
   void teardown() override;
-  void abort() override;
+  void teardown_after_error() override;
   void setup_module(torch::nn::Module& module) override;
   void backward(const torch::Tensor& loss) override;
   bool optimizer_step(torch::optim::Optimizer& optimizer) override;

@@ -197,8 +197,4 @@ fabric::BatchTransform crop_flip_normalize(int64_t pad, std::vector<double> mean
   };
 }
 
-fs::path resolve_data_root(const std::string& root) {
-  return fabric::absolute_from_working_directory(root);
-}
-
 }  // namespace examples

@@ -43,9 +43,6 @@ fabric::BatchTransform normalize(std::vector<double> mean, std::vector<double> s
 fabric::BatchTransform crop_flip_normalize(int64_t pad, std::vector<double> mean,
                                            std::vector<double> std);
 
-// `root` as given if absolute, else relative to the directory the command was run in.
-std::filesystem::path resolve_data_root(const std::string& root);
-
 }  // namespace examples
 
 #endif  // EXAMPLES_COMMON_IMAGE_DATA_H_

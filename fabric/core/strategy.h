@@ -37,7 +37,7 @@ class Strategy {
   // Per-process teardown after the user's function returned normally.
   virtual void teardown() {}
   // Teardown after the user's function threw: must not wait for other ranks.
-  virtual void abort() {}
+  virtual void teardown_after_error() {}
 
   // Moves `module` to root_device(), converts it for the precision, and prepares gradient sync.
   virtual void setup_module(torch::nn::Module& module) = 0;

@@ -11,9 +11,20 @@ using fabric::ConfigError;
 using fabric::MachineFacts;
 using fabric::PrecisionMode;
 
-MachineFacts cpu_machine() { return MachineFacts{false, false, 0, false, ""}; }
+MachineFacts facts(bool cuda_compiled, bool libtorch_has_cuda, int64_t devices, bool bf16,
+                   const std::string& visible) {
+  MachineFacts m;
+  m.cuda_compiled = cuda_compiled;
+  m.libtorch_has_cuda = libtorch_has_cuda;
+  m.cuda_device_count = devices;
+  m.cuda_bf16_supported = bf16;
+  m.cuda_visible_devices = visible;
+  return m;
+}
+
+MachineFacts cpu_machine() { return facts(false, false, 0, false, ""); }
 MachineFacts gpu_machine(int64_t n, bool bf16 = true) {
-  return MachineFacts{true, true, n, bf16, ""};
+  return facts(true, true, n, bf16, "");
 }
 
 fabric::ResolvedSetup resolve(const std::vector<std::string>& overrides, const MachineFacts& m) {
@@ -68,11 +79,7 @@ TEST(ConnectorTest, ResolvesRequestsAgainstTheMachine) {
        "cuda:0",
        PrecisionMode::k32True},
       // A CUDA build whose LibTorch has no CUDA part, or no device: auto falls back to the CPU.
-      {{},
-       MachineFacts{true, false, 0, false, ""},
-       c10::DeviceType::CPU,
-       "cpu",
-       PrecisionMode::k32True},
+      {{}, facts(true, false, 0, false, ""), c10::DeviceType::CPU, "cpu", PrecisionMode::k32True},
       {{}, gpu_machine(0), c10::DeviceType::CPU, "cpu", PrecisionMode::k32True},
   };
   for (const auto& row : table) {
@@ -101,11 +108,11 @@ TEST(ConnectorTest, ImpossibleRequestsSayWhyAndWhatToDo) {
       "command line: fabric.accelerator: 'cuda' requested but this binary was built without "
       "CUDA (--config=cpu_only or a CPU-only LibTorch): use fabric.accelerator=cpu or rebuild");
   EXPECT_EQ(
-      error_of({"fabric.accelerator=cuda"}, MachineFacts{true, false, 0, false, ""}),
+      error_of({"fabric.accelerator=cuda"}, facts(true, false, 0, false, "")),
       "command line: fabric.accelerator: 'cuda' requested but the loaded LibTorch has no CUDA "
       "support: install the CUDA build of torch (tools/setup.sh) or use fabric.accelerator=cpu");
   EXPECT_EQ(
-      error_of({"fabric.accelerator=gpu"}, MachineFacts{true, true, 0, false, "-1"}),
+      error_of({"fabric.accelerator=gpu"}, facts(true, true, 0, false, "-1")),
       "command line: fabric.accelerator: 'cuda' requested but no CUDA device is visible "
       "(CUDA_VISIBLE_DEVICES='-1'): use fabric.accelerator=cpu or auto, or run on a GPU machine");
   EXPECT_EQ(error_of({"fabric.devices=4"}, gpu_machine(1)),

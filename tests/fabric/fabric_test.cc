@@ -29,7 +29,7 @@ fabric::Config config(const std::vector<std::string>& overrides = {}) {
   return fabric::Config::defaults(fabric::training_schema(), overrides);
 }
 
-const fabric::MachineFacts kCpu{false, false, 0, false, ""};
+const fabric::MachineFacts kCpu;  // no CUDA, no launch variables: one CPU process
 
 std::vector<torch::Tensor> train_with_fabric(const fabric::Config& c, int epochs) {
   fabric::Fabric fabric(c, kCpu);

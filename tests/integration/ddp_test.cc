@@ -1,25 +1,18 @@
 // DDP with real processes (Gloo over loopback): parity with one process on the concatenated
 // batches for 2 and 4 ranks (many small buckets), and no_backward_sync accumulation.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <string>
 
+#include "tests/run_command.h"
+
 namespace {
 
-std::pair<int, std::string> run(const std::string& args) {
+fabric::testing::CommandResult run(const std::string& args) {
   const std::string exe =
       (std::filesystem::current_path() / "tests" / "ddp_parity_helper").string();
-  FILE* pipe = popen((exe + " " + args + " 2>&1").c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+  return fabric::testing::run_command(exe + " " + args);
 }
 
 TEST(DdpTest, MatchesOneProcessOnTheConcatenatedBatches) {

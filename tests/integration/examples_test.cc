@@ -2,22 +2,19 @@
 // that can run on a CPU, for a few steps, plus the exit statuses and error lines users see.
 #include <gtest/gtest.h>
 #include <stdlib.h>
-#include <sys/wait.h>
 
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "tests/run_command.h"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out;  // stdout and stderr
+struct Result : fabric::testing::CommandResult {
   std::string last_line() const {
     std::string s = out;
     while (!s.empty() && s.back() == '\n') s.pop_back();
@@ -37,15 +34,8 @@ class ExamplesTest : public ::testing::Test {
   Result run(const std::string& binary, const std::string& args) {
     const std::string exe = (fs::current_path() / "examples" / binary).string();
     const std::string cmd = "cd '" + dir_.string() + "' && BUILD_WORKING_DIRECTORY='" +
-                            dir_.string() + "' '" + exe + "' " + args + " 2>&1";
-    Result r;
-    FILE* pipe = popen(cmd.c_str(), "r");
-    std::array<char, 4096> buf{};
-    size_t n;
-    while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
-    const int status = pclose(pipe);
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    return r;
+                            dir_.string() + "' '" + exe + "' " + args;
+    return Result{fabric::testing::run_command(cmd)};
   }
 
   nlohmann::json summary_of(const Result& r) {

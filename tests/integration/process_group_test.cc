@@ -1,31 +1,20 @@
 // Real processes over loopback: self-launch + TCPStore on an ephemeral port + Gloo collectives.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <future>
 #include <string>
 
+#include "tests/run_command.h"
+
 namespace {
 
-struct Result {
-  int code;
-  std::string out;
-};
+using Result = fabric::testing::CommandResult;
 
 Result run_job(int world) {
   const std::string exe =
       (std::filesystem::current_path() / "tests" / "process_group_helper").string();
-  FILE* pipe = popen((exe + " " + std::to_string(world) + " 2>&1").c_str(), "r");
-  Result r{-1, ""};
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
+  return fabric::testing::run_command(exe + " " + std::to_string(world));
 }
 
 TEST(ProcessGroupTest, GlooCollectivesAcrossTwoAndFourProcesses) {

@@ -1,10 +1,8 @@
 #include "tools/env_report.h"
 
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <array>
-#include <cstdio>
+#include "tests/run_command.h"
 
 namespace {
 
@@ -66,16 +64,9 @@ TEST(EnvReportTest, TextAndJsonListEveryDevice) {
   EXPECT_TRUE(json["cuda"]["cudnn_version"].is_null());
 }
 
-// Runs the real //tools:env binary (a data dependency) and returns its exit code and stdout.
-std::pair<int, std::string> run_env(const std::string& args) {
-  std::string out;
-  FILE* pipe = popen(("tools/env " + args + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return {-1, ""};
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+// Runs the real //tools:env binary (a data dependency).
+fabric::testing::CommandResult run_env(const std::string& args) {
+  return fabric::testing::run_command("tools/env " + args);
 }
 
 TEST(EnvBinaryTest, JsonReportDescribesThisMachineAndIsStamped) {

@@ -1,0 +1,32 @@
+// Test helper: runs a shell command, returning its exit status and its stdout+stderr.
+#ifndef TESTS_RUN_COMMAND_H_
+#define TESTS_RUN_COMMAND_H_
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+
+namespace fabric::testing {
+
+struct CommandResult {
+  int code = -1;    // exit status, or 128 + signal
+  std::string out;  // stdout and stderr together
+};
+
+inline CommandResult run_command(const std::string& command) {
+  CommandResult r;
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return r;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(pipe);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+}  // namespace fabric::testing
+
+#endif  // TESTS_RUN_COMMAND_H_
