@@ -172,7 +172,7 @@ ConfigSchema default_schema() {
             .doc("*-mixed: autocast + fp32 weights (16-mixed scales the loss); *-true: weights in "
                  "that dtype"));
   s.add("fabric.sync_batchnorm",
-        KeySpec::boolean(false).doc("SyncBatchNorm (not available yet: warns)"));
+        KeySpec::boolean(false).doc("ddp: BatchNorm statistics over the global batch"));
   s.add("fabric.seed",
         KeySpec::integer(42).min(0).doc("seeds every RNG (torch, data order, augmentation)"));
   s.add(

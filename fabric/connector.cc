@@ -126,8 +126,6 @@ void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) 
   s.ddp.gradient_as_bucket_view = c.get_bool("fabric.ddp.gradient_as_bucket_view");
   s.ddp.static_graph = c.get_bool("fabric.ddp.static_graph");
   s.ddp.comm_hook = c.get_string("fabric.ddp.comm_hook");
-  if (s.ddp.comm_hook == "bf16")
-    throw c.error_at("fabric.ddp.comm_hook", "'bf16' is not available yet; use none or fp16");
   s.ddp.timeout =
       std::chrono::milliseconds(static_cast<int64_t>(c.get_double("fabric.ddp.timeout_s") * 1000));
 }
@@ -189,12 +187,10 @@ ResolvedSetup resolve_setup(const Config& c, const MachineFacts& m) {
   s.scaler.growth_factor = c.get_double("fabric.grad_scaler.growth_factor");
   s.scaler.backoff_factor = c.get_double("fabric.grad_scaler.backoff_factor");
   s.scaler.growth_interval = c.get_int("fabric.grad_scaler.growth_interval");
-  if (c.get_bool("fabric.sync_batchnorm")) {
-    s.warnings.push_back(
-        c.origin("fabric.sync_batchnorm") +
-        (s.strategy == "ddp"
-             ? ": fabric.sync_batchnorm: not available yet; BatchNorm statistics stay per process"
-             : ": fabric.sync_batchnorm: has no effect with a single process"));
+  s.ddp.sync_batchnorm = c.get_bool("fabric.sync_batchnorm");
+  if (s.ddp.sync_batchnorm && s.strategy != "ddp") {
+    s.warnings.push_back(c.origin("fabric.sync_batchnorm") +
+                         ": fabric.sync_batchnorm: has no effect with a single process");
   }
   return s;
 }

@@ -50,6 +50,7 @@
 #include "fabric/data/data_loader.h"
 #include "fabric/data/dataset.h"
 #include "fabric/main.h"
+#include "fabric/nn/batch_norm.h"
 #include "fabric/precision/precision.h"
 #include "fabric/training/lr_scheduler.h"
 #include "fabric/training/optimizers.h"

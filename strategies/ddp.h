@@ -39,7 +39,8 @@ struct DdpOptions {
   bool broadcast_buffers = true;              // fabric.ddp.broadcast_buffers
   bool gradient_as_bucket_view = false;       // fabric.ddp.gradient_as_bucket_view
   bool static_graph = false;                  // fabric.ddp.static_graph
-  std::string comm_hook = "none";             // none | fp16 (bf16: not yet)
+  std::string comm_hook = "none";             // none | fp16 | bf16
+  bool sync_batchnorm = false;                // fabric.sync_batchnorm
   std::chrono::milliseconds timeout{300000};  // fabric.ddp.timeout_s
 };
 
@@ -71,6 +72,8 @@ class Ddp : public Strategy {
   const c10::intrusive_ptr<c10d::ProcessGroup>& process_group() const { return pg_; }
   // Backward passes that synchronized gradients since setup_module.
   int64_t synced_backward_passes() const { return synced_backwards_; }
+  // BatchNorm modules synchronizing across ranks after setup_module (fabric.sync_batchnorm).
+  int64_t sync_batchnorm_modules() const { return sync_batchnorm_modules_; }
 
  private:
   void broadcast_buffers();
@@ -86,6 +89,7 @@ class Ddp : public Strategy {
   std::vector<torch::Tensor> buffers_;
   bool sync_ = true;
   int64_t synced_backwards_ = 0;
+  int64_t sync_batchnorm_modules_ = 0;
 };
 
 }  // namespace fabric::strategies

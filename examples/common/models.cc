@@ -15,9 +15,9 @@ nn::Conv2d conv3x3(int64_t in, int64_t out, int64_t stride = 1) {
 
 SmallCnnImpl::SmallCnnImpl(int64_t width, int64_t hidden, int64_t classes) {
   features = register_module(
-      "features", nn::Sequential(conv3x3(1, width), nn::BatchNorm2d(width), nn::ReLU(),
+      "features", nn::Sequential(conv3x3(1, width), fabric::nn::BatchNorm2d(width), nn::ReLU(),
                                  nn::MaxPool2d(2), conv3x3(width, 2 * width),
-                                 nn::BatchNorm2d(2 * width), nn::ReLU(), nn::MaxPool2d(2)));
+                                 fabric::nn::BatchNorm2d(2 * width), nn::ReLU(), nn::MaxPool2d(2)));
   head =
       register_module("head", nn::Sequential(nn::Flatten(), nn::Linear(2 * width * 7 * 7, hidden),
                                              nn::ReLU(), nn::Linear(hidden, classes)));
@@ -27,13 +27,13 @@ torch::Tensor SmallCnnImpl::forward(torch::Tensor x) { return head->forward(feat
 
 BasicBlockImpl::BasicBlockImpl(int64_t in, int64_t out, int64_t stride) {
   conv1 = register_module("conv1", conv3x3(in, out, stride));
-  bn1 = register_module("bn1", nn::BatchNorm2d(out));
+  bn1 = register_module("bn1", fabric::nn::BatchNorm2d(out));
   conv2 = register_module("conv2", conv3x3(out, out));
-  bn2 = register_module("bn2", nn::BatchNorm2d(out));
+  bn2 = register_module("bn2", fabric::nn::BatchNorm2d(out));
   shortcut = nn::Sequential();
   if (stride != 1 || in != out) {
     shortcut->push_back(nn::Conv2d(nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)));
-    shortcut->push_back(nn::BatchNorm2d(out));
+    shortcut->push_back(fabric::nn::BatchNorm2d(out));
   }
   register_module("shortcut", shortcut);
 }
@@ -46,7 +46,7 @@ torch::Tensor BasicBlockImpl::forward(torch::Tensor x) {
 
 ResNet18CifarImpl::ResNet18CifarImpl(int64_t width, int64_t classes) {
   stem = register_module("stem", conv3x3(3, width));
-  stem_bn = register_module("stem_bn", nn::BatchNorm2d(width));
+  stem_bn = register_module("stem_bn", fabric::nn::BatchNorm2d(width));
   layers = nn::Sequential();
   int64_t in = width;
   for (int64_t stage = 0; stage < 4; ++stage) {

@@ -4,6 +4,8 @@
 
 #include <torch/nn.h>
 
+#include "fabric/nn/batch_norm.h"
+
 namespace examples {
 
 // Two conv blocks (conv 3x3 → BatchNorm → ReLU → max-pool) and a two-layer head, for 1×28×28
@@ -21,7 +23,7 @@ struct BasicBlockImpl : torch::nn::Module {
   BasicBlockImpl(int64_t in, int64_t out, int64_t stride);
   torch::Tensor forward(torch::Tensor x);
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
-  torch::nn::BatchNorm2d bn1{nullptr}, bn2{nullptr};
+  fabric::nn::BatchNorm2d bn1{nullptr}, bn2{nullptr};
   torch::nn::Sequential shortcut{nullptr};
 };
 TORCH_MODULE(BasicBlock);
@@ -30,7 +32,7 @@ struct ResNet18CifarImpl : torch::nn::Module {
   explicit ResNet18CifarImpl(int64_t width = 64, int64_t classes = 10);
   torch::Tensor forward(torch::Tensor x);
   torch::nn::Conv2d stem{nullptr};
-  torch::nn::BatchNorm2d stem_bn{nullptr};
+  fabric::nn::BatchNorm2d stem_bn{nullptr};
   torch::nn::Sequential layers{nullptr};
   torch::nn::Linear fc{nullptr};
 };

@@ -9,6 +9,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <cstdlib>
+
 #include "fabric/core/error.h"
 
 namespace fabric::distributed {
@@ -43,7 +45,13 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(
   auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
 
   auto gloo_options = c10d::ProcessGroupGloo::Options::create(o.timeout);
-  gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname != nullptr && *ifname) {
+    gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+  } else if (o.single_node) {
+    gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  } else {
+    gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+  }
   auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, gloo_options);
   pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
   pg->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
@@ -61,6 +69,18 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(
 #endif
   }
   return pg;
+}
+
+void wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& collective) {
+  try {
+    work->wait();
+  } catch (const std::exception& e) {
+    std::string why = e.what();
+    why = why.substr(0, why.find('\n'));
+    throw Error(collective + " did not complete: " + why +
+                "; every rank must call the same collectives in the same order "
+                "(fabric.ddp.timeout_s bounds the wait)");
+  }
 }
 
 }  // namespace fabric::distributed

@@ -18,6 +18,7 @@
 namespace c10d {
 class Store;
 class ProcessGroup;
+class Work;
 }  // namespace c10d
 
 namespace fabric::distributed {
@@ -41,10 +42,18 @@ struct ProcessGroupOptions {
   std::chrono::milliseconds timeout{300000};
   bool cuda = false;        // also register NCCL for CUDA tensors (FABRIC_WITH_CUDA builds)
   int64_t cuda_device = 0;  // this process's GPU
+  // Every rank on this machine (self-launched job): Gloo talks over loopback. Otherwise Gloo binds
+  // the interface named by GLOO_SOCKET_IFNAME, else the one this host's name resolves to.
+  bool single_node = true;
 };
 
 c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(
     const c10::intrusive_ptr<c10d::Store>& store, const ProcessGroupOptions& options);
+
+// Waits for `work`. A failure (timeout, a peer gone) becomes fabric::Error naming `collective`
+// and the usual cause, e.g. "all_reduce did not complete: Timed out waiting 5000ms ...; every
+// rank must call the same collectives in the same order (fabric.ddp.timeout_s bounds the wait)".
+void wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& collective);
 
 }  // namespace fabric::distributed
 

@@ -179,8 +179,6 @@ TEST(ConnectorTest, UnsupportedDistributedRequestsAreRejectedNeverIgnored) {
   EXPECT_EQ(error_of({"fabric.strategy=single_device", "fabric.devices=3"}, cpu_machine()),
             "command line: fabric.strategy: 'single_device' cannot run 3 processes (from "
             "fabric.devices or the launcher): use ddp or auto");
-  EXPECT_EQ(error_of({"fabric.ddp.comm_hook=bf16", "fabric.devices=2"}, cpu_machine()),
-            "command line: fabric.ddp.comm_hook: 'bf16' is not available yet; use none or fp16");
 }
 
 TEST(ConnectorTest, SettingsFollowTheDocumentedRules) {
@@ -193,6 +191,11 @@ TEST(ConnectorTest, SettingsFollowTheDocumentedRules) {
   EXPECT_FALSE(s.cudnn_benchmark);
   EXPECT_EQ(s.seed, 7u);
   EXPECT_EQ(s.scaler.init_scale, 1024.0);
+  s = resolve({"fabric.ddp.comm_hook=bf16", "fabric.devices=2", "fabric.sync_batchnorm=true"},
+              cpu_machine());
+  EXPECT_EQ(s.ddp.comm_hook, "bf16");
+  EXPECT_TRUE(s.ddp.sync_batchnorm);
+  EXPECT_TRUE(s.warnings.empty());
   s = resolve({"fabric.sync_batchnorm=true"}, cpu_machine());  // one process
   ASSERT_EQ(s.warnings.size(), 1u);
   EXPECT_NE(s.warnings[0].find("has no effect with a single process"), std::string::npos);
