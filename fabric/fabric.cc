@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <cstring>
+
 namespace fabric {
 
 Fabric::Fabric(const Config& config) : Fabric(config, MachineFacts::query()) {}
@@ -71,7 +73,10 @@ torch::Tensor Fabric::to_device(const torch::Tensor& tensor) const {
 }
 
 Batch Fabric::to_device(const Batch& batch) const {
-  return {to_device(batch.data), to_device(batch.target)};
+  Batch moved = batch;
+  moved.data = to_device(batch.data);
+  moved.target = to_device(batch.target);
+  return moved;
 }
 
 torch::Tensor Fabric::all_reduce(const torch::Tensor& tensor, ReduceOp op) {
@@ -82,6 +87,55 @@ void Fabric::barrier() { strategy_->barrier(); }
 
 torch::Tensor Fabric::broadcast(const torch::Tensor& tensor, int64_t src) {
   return strategy_->broadcast(tensor, src);
+}
+
+double Fabric::all_reduce(double value, ReduceOp op) {
+  return strategy_->all_reduce(torch::tensor(value, torch::kDouble), op).item<double>();
+}
+
+std::string Fabric::broadcast(const std::string& bytes, int64_t src) {
+  if (world_size() == 1) return bytes;
+  auto size = strategy_->broadcast(torch::tensor(static_cast<int64_t>(bytes.size())), src);
+  auto buffer = torch::empty({size.item<int64_t>()}, torch::kUInt8);
+  if (global_rank() == src) std::memcpy(buffer.data_ptr(), bytes.data(), bytes.size());
+  buffer = strategy_->broadcast(buffer, src);
+  return std::string(static_cast<const char*>(buffer.data_ptr()),
+                     static_cast<size_t>(buffer.numel()));
+}
+
+std::vector<torch::Tensor> Fabric::all_gather(const torch::Tensor& tensor) {
+  if (world_size() == 1) return {tensor};
+  if (tensor.dim() == 0) return strategy_->all_gather(tensor);
+  // Shapes first (dimension count padded to 8 + dtype), then the data padded to the longest.
+  constexpr int64_t kMaxDims = 8;
+  if (tensor.dim() > kMaxDims) throw Error("all_gather: at most 8 dimensions are supported");
+  auto shape = torch::full({kMaxDims + 2}, -1, torch::kLong);
+  shape[0] = static_cast<int64_t>(tensor.scalar_type());
+  shape[1] = tensor.dim();
+  for (int64_t d = 0; d < tensor.dim(); ++d) shape[d + 2] = tensor.size(d);
+  const auto shapes = strategy_->all_gather(shape.to(device()));
+  int64_t longest = 0;
+  for (size_t r = 0; r < shapes.size(); ++r) {
+    const auto theirs = shapes[r].cpu();
+    if (!torch::equal(theirs.narrow(0, 0, 2), shape.narrow(0, 0, 2)) ||
+        !torch::equal(theirs.narrow(0, 3, kMaxDims - 1), shape.narrow(0, 3, kMaxDims - 1))) {
+      throw Error("all_gather: rank " + std::to_string(global_rank()) + " and rank " +
+                  std::to_string(r) +
+                  " disagree on dtype or on a dimension other than the first; only the first "
+                  "dimension may differ between ranks");
+    }
+    longest = std::max(longest, theirs[2].item<int64_t>());
+  }
+  torch::Tensor padded = tensor;
+  if (tensor.size(0) < longest) {
+    auto pad_shape = tensor.sizes().vec();
+    pad_shape[0] = longest - tensor.size(0);
+    padded = torch::cat({tensor, torch::zeros(pad_shape, tensor.options())});
+  }
+  auto gathered = strategy_->all_gather(padded);
+  for (size_t r = 0; r < gathered.size(); ++r)
+    gathered[r] = gathered[r].narrow(0, 0, shapes[r][2].item<int64_t>());
+  return gathered;
 }
 
 }  // namespace fabric

@@ -131,10 +131,19 @@ class Fabric {
   torch::Tensor to_device(const torch::Tensor& tensor) const;
   Batch to_device(const Batch& batch) const;
 
-  // Collectives across the job (identity with one process).
+  // Collectives across the job (identity with one process). Every rank must call the same ones in
+  // the same order; one that some rank never joins fails after fabric.ddp.timeout_s with an error
+  // naming it ("all_reduce did not complete: ...") instead of hanging.
   torch::Tensor all_reduce(const torch::Tensor& tensor, ReduceOp op = ReduceOp::kMean);
+  double all_reduce(double value, ReduceOp op = ReduceOp::kMean);
   void barrier();
   torch::Tensor broadcast(const torch::Tensor& tensor, int64_t src = 0);
+  // Rank `src`'s string (or bytes) on every rank, e.g. a run name or a serialized config.
+  std::string broadcast(const std::string& bytes, int64_t src = 0);
+  // Every rank's tensor, in rank order. First dimensions may differ between ranks (e.g. the
+  // unpadded predictions of each rank's last batch); the other dimensions and the dtype must agree
+  // (error naming the ranks otherwise). torch::cat(result) is the global tensor.
+  std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor);
 
   torch::Device device() const { return strategy_->root_device(); }
   int64_t global_rank() const { return strategy_->global_rank(); }

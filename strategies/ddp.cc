@@ -218,6 +218,14 @@ torch::Tensor Ddp::broadcast(const torch::Tensor& tensor, int64_t src) {
   return t[0];
 }
 
+std::vector<torch::Tensor> Ddp::all_gather(const torch::Tensor& tensor) {
+  std::vector<torch::Tensor> input = {tensor.contiguous()};
+  std::vector<std::vector<torch::Tensor>> output(1);
+  for (int64_t r = 0; r < world_size(); ++r) output[0].push_back(torch::empty_like(input[0]));
+  distributed::wait(pg_->allgather(output, input), "all_gather");
+  return output[0];
+}
+
 ScopeGuard Ddp::no_backward_sync(torch::nn::Module& module) {
   (void)module;
   const bool previous = sync_;

@@ -67,6 +67,7 @@ class Ddp : public Strategy {
   torch::Tensor all_reduce(const torch::Tensor& tensor, ReduceOp op) override;
   void barrier() override;
   torch::Tensor broadcast(const torch::Tensor& tensor, int64_t src) override;
+  std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor) override;
   ScopeGuard no_backward_sync(torch::nn::Module& module) override;
 
   const c10::intrusive_ptr<c10d::ProcessGroup>& process_group() const { return pg_; }

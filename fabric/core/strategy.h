@@ -12,6 +12,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "fabric/core/scope_guard.h"
 #include "fabric/precision/precision.h"
@@ -52,6 +53,8 @@ class Strategy {
   virtual torch::Tensor all_reduce(const torch::Tensor& tensor, ReduceOp op) = 0;
   virtual void barrier() {}
   virtual torch::Tensor broadcast(const torch::Tensor& tensor, int64_t src) = 0;
+  // Every rank's `tensor`, in rank order; REQUIRES: the same shape and dtype on every rank.
+  virtual std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor) { return {tensor}; }
 
   // Skips gradient synchronization while the guard lives (gradient accumulation).
   virtual ScopeGuard no_backward_sync(torch::nn::Module& module) {

@@ -36,11 +36,13 @@ uint64_t batch_seed(uint64_t seed, int64_t epoch, int64_t b) {
 class DataLoader::Pass {
  public:
   Pass(std::shared_ptr<const Dataset> dataset, const DataLoaderOptions& options,
-       const LoaderPlacement& placement, std::vector<int64_t> indices, int64_t epoch)
+       const LoaderPlacement& placement, std::vector<int64_t> indices, int64_t num_real,
+       int64_t epoch)
       : dataset_(std::move(dataset)),
         options_(options),
         placement_(placement),
         indices_(std::move(indices)),
+        num_real_(num_real),
         epoch_(epoch) {
     const int64_t n = static_cast<int64_t>(indices_.size());
     const int64_t bs = options_.batch_size();
@@ -101,6 +103,7 @@ class DataLoader::Pass {
           at::detail::createCPUGenerator(batch_seed(options_.seed().value_or(0), epoch_, b));
       batch = options_.transform()(std::move(batch), gen);
     }
+    batch.padding = end - std::max(begin, std::min(end, num_real_));
     if (workers_.empty() && placement_.device != torch::kCPU) {
       batch.data = batch.data.to(placement_.device);
       batch.target = batch.target.to(placement_.device);
@@ -168,6 +171,7 @@ class DataLoader::Pass {
   DataLoaderOptions options_;
   LoaderPlacement placement_;
   std::vector<int64_t> indices_;
+  int64_t num_real_;  // indices_[num_real_:] are padding
   int64_t epoch_;
   int64_t num_batches_ = 0;
   int64_t capacity_ = 1;
@@ -202,7 +206,8 @@ DataLoader::~DataLoader() = default;
 DataLoader::Iterator DataLoader::begin() {
   pass_.reset();  // joins the old pass's workers first
   sampler_.set_epoch(next_epoch_);
-  pass_ = std::make_shared<Pass>(dataset_, options_, placement_, sampler_.indices(), next_epoch_);
+  pass_ = std::make_shared<Pass>(dataset_, options_, placement_, sampler_.indices(),
+                                 sampler_.num_real_samples(), next_epoch_);
   ++next_epoch_;
   return Iterator(pass_, 0);
 }

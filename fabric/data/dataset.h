@@ -16,6 +16,15 @@ namespace fabric {
 struct Batch {
   torch::Tensor data;
   torch::Tensor target;
+  // Trailing examples that only repeat others (DistributedSampler pads the last batch of some ranks
+  // so that every rank runs the same number of steps). Count metrics on the first
+  // size() - padding examples to get exactly the single-process value; see Fabric::evaluate docs.
+  int64_t padding = 0;
+  int64_t size() const { return target.defined() ? target.size(0) : data.size(0); }
+  // The first size() - padding rows of `per_example` (e.g. predictions or losses).
+  torch::Tensor unpadded(const torch::Tensor& per_example) const {
+    return per_example.narrow(0, 0, per_example.size(0) - padding);
+  }
 };
 
 class Dataset {

@@ -23,6 +23,13 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int64_t num_replica
   num_samples_ = drop_last_ ? size_ / num_replicas_ : (size_ + num_replicas_ - 1) / num_replicas_;
 }
 
+int64_t DistributedSampler::num_real_samples() const {
+  if (drop_last_) return num_samples_;
+  // Rank r's j-th example is position r + j * R of the padded list; positions >= size wrap.
+  const int64_t left = size_ - rank_;
+  return left <= 0 ? 0 : std::min(num_samples_, (left + num_replicas_ - 1) / num_replicas_);
+}
+
 std::vector<int64_t> DistributedSampler::indices() const {
   std::vector<int64_t> order(static_cast<size_t>(size_));
   if (shuffle_) {

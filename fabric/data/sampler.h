@@ -25,6 +25,9 @@ class DistributedSampler {
   std::vector<int64_t> indices() const;
   // Examples per rank per epoch.
   int64_t num_samples() const { return num_samples_; }
+  // How many of them are distinct examples: the first num_real_samples() of indices(); the rest
+  // (at most one, only without drop_last) repeat earlier examples to even out the ranks.
+  int64_t num_real_samples() const;
 
  private:
   int64_t size_, num_replicas_, rank_;

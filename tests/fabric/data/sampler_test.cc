@@ -69,6 +69,20 @@ TEST(DistributedSamplerTest, UnshuffledRanksTakeStridedPositions) {
   EXPECT_EQ(s.indices(), (std::vector<int64_t>{1, 4, 7, 0}));  // 0 pads (wraps around)
 }
 
+TEST(DistributedSamplerTest, RealSamplesExcludeThePaddingAndCoverTheDatasetOnce) {
+  for (int64_t size : {0, 1, 2, 10, 11, 12}) {
+    std::multiset<int64_t> real;
+    for (int64_t r = 0; r < 3; ++r) {
+      DistributedSampler s(size, 3, r, true, 9);
+      const auto idx = s.indices();
+      real.insert(idx.begin(), idx.begin() + s.num_real_samples());
+    }
+    std::multiset<int64_t> expected;
+    for (int64_t i = 0; i < size; ++i) expected.insert(i);
+    EXPECT_EQ(real, expected) << size << " examples";
+  }
+}
+
 TEST(DistributedSamplerTest, RejectsImpossibleRanks) {
   EXPECT_THROW(DistributedSampler(10, 2, 2), fabric::Error);
   EXPECT_THROW(DistributedSampler(10, 0, 0), fabric::Error);

@@ -1,0 +1,105 @@
+// Test helper for collectives_test: a self-launched Fabric job (fabric.devices=WORLD on CPU).
+//   collectives_helper WORLD check     every collective on Fabric, checked on every rank, and the
+//                                       uneven-data metric (10 examples, batch 2): exits 0 if all
+//                                       hold; rank 0 prints "metric=X"
+//   collectives_helper WORLD skip      rank 1 calls all_reduce that rank 0 never joins (rank 0
+//                                       waits for the job to be torn down): must end in a timeout
+//                                       error naming the collective, not a hang
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "fabric/fabric.h"
+
+namespace {
+
+// Dataset of n examples; example i has data i and target i % 3.
+class Counting : public fabric::Dataset {
+ public:
+  explicit Counting(int64_t n) : n_(n) {}
+  int64_t size() const override { return n_; }
+  fabric::Batch get_batch(const std::vector<int64_t>& indices) const override {
+    auto idx = torch::tensor(indices, torch::kLong);
+    return {idx.to(torch::kFloat).unsqueeze(1), idx.remainder(3)};
+  }
+
+ private:
+  int64_t n_;
+};
+
+int check(fabric::Fabric& f) {
+  int failures = 0;
+  auto expect = [&](bool ok, const char* what) {
+    if (!ok) {
+      std::fprintf(stderr, "rank %lld: %s\n", static_cast<long long>(f.global_rank()), what);
+      ++failures;
+    }
+  };
+  const int64_t rank = f.global_rank(), world = f.world_size();
+  expect(f.broadcast(std::string(rank == 1 ? "run-\0name" : "other", rank == 1 ? 9 : 5), 1) ==
+             std::string("run-\0name", 9),
+         "broadcast(string) from rank 1");
+  expect(f.broadcast(std::string(rank == 0 ? "" : "x")).empty(), "broadcast(empty string)");
+  expect(f.all_reduce(static_cast<double>(rank + 1), fabric::ReduceOp::kSum) ==
+             world * (world + 1) / 2.0,
+         "all_reduce(double, sum)");
+  expect(f.all_reduce(static_cast<double>(rank), fabric::ReduceOp::kMax) == world - 1.0,
+         "all_reduce(double, max)");
+  expect(f.all_reduce(static_cast<double>(rank), fabric::ReduceOp::kMin) == 0.0,
+         "all_reduce(double, min)");
+  // Rank r contributes r + 1 rows of width 2 filled with r (first dimensions differ).
+  auto parts = f.all_gather(torch::full({rank + 1, 2}, static_cast<double>(rank)));
+  expect(static_cast<int64_t>(parts.size()) == world, "all_gather: one tensor per rank");
+  for (int64_t r = 0; r < static_cast<int64_t>(parts.size()); ++r) {
+    expect(parts[r].size(0) == r + 1 && parts[r].size(1) == 2, "all_gather: sizes kept");
+    expect(parts[r].eq(static_cast<double>(r)).all().item<bool>(), "all_gather: values");
+  }
+  bool mismatch_caught = false;
+  try {
+    f.all_gather(torch::zeros({2, rank + 1}));
+  } catch (const fabric::Error&) {
+    mismatch_caught = true;
+  }
+  expect(mismatch_caught, "all_gather: differing trailing dimensions are an error");
+
+  // Uneven data: 10 examples over the ranks, batch 2, no drop_last. "Accuracy" of predicting 0
+  // must be the single-process value 4/10 (examples 0, 3, 6, 9), and every example is seen once.
+  auto loader = f.setup_dataloader(Counting(10), fabric::DataLoaderOptions().batch_size(2));
+  std::vector<torch::Tensor> mine;
+  int64_t correct = 0, seen = 0;
+  for (fabric::Batch& batch : loader) {
+    mine.push_back(batch.unpadded(batch.data.squeeze(1)));
+    correct += batch.unpadded(batch.target).eq(0).sum().item<int64_t>();
+    seen += batch.size() - batch.padding;
+  }
+  const double metric = f.all_reduce(static_cast<double>(correct), fabric::ReduceOp::kSum) /
+                        f.all_reduce(static_cast<double>(seen), fabric::ReduceOp::kSum);
+  expect(metric == 0.4, "uneven metric equals the single-process value");
+  auto everything = std::get<0>(torch::cat(f.all_gather(torch::cat(mine))).sort());
+  expect(torch::equal(everything, torch::arange(10, torch::kFloat)),
+         "gathered unpadded examples are each example exactly once");
+  f.print("metric=", metric);
+  return failures;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) return 2;
+  const std::string world = argv[1], mode = argv[2];
+  const auto config = fabric::Config::defaults(
+      fabric::training_schema(),
+      {"fabric.accelerator=cpu", "fabric.devices=" + world, "fabric.ddp.timeout_s=3"});
+  return fabric::run_main(1, argv, fabric::training_schema(), [&](const fabric::Config&) {
+    fabric::Fabric fabric(config);
+    int failures = 0;
+    fabric.launch([&](fabric::Fabric& f) {
+      if (mode == "skip") {
+        if (f.global_rank() == 1) f.all_reduce(torch::ones({1}), fabric::ReduceOp::kSum);
+        for (;;) pause();  // rank 0: torn down by the launcher when rank 1 fails
+      }
+      failures = check(f);
+    });
+    return failures == 0 ? 0 : 1;
+  });
+}
