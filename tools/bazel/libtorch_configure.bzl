@@ -19,7 +19,8 @@ Environment variables read (changing any of them re-runs this rule):
 Targets of the generated repository:
   @libtorch//:torch         headers, defines and link flags for LibTorch (+ CUDA parts when present).
   @libtorch//:cuda_headers  CUDA runtime and NCCL headers (empty on a CPU-only LibTorch).
-  @libtorch//:info.bzl      LIBTORCH_PATH, LIBTORCH_CUDA (bool), LIBTORCH_VERSION, RUNTIME_LIB_DIRS.
+  @libtorch//:info.bzl      LIBTORCH_PATH, LIBTORCH_CUDA (bool), LIBTORCH_VERSION, RUNTIME_LIB_DIRS,
+                            TORCH_PYTHON (the interpreter with that torch; '' with LIBTORCH_HOME).
 
 Defines exported to dependents:
   FABRIC_WITH_CUDA   set when LibTorch has CUDA and the build is not `--config=cpu_only`
@@ -64,6 +65,14 @@ def _find_libtorch(rctx):
         fail("LibTorch not found: the torch package at %s has no include/torch/ and lib/libtorch_cpu.so; %s" %
              (path, _FIX))
     return str(rctx.path(path).realpath)
+
+def _torch_python(rctx):
+    """The Python interpreter (sys.executable) that imports this torch; '' with LIBTORCH_HOME."""
+    if rctx.os.environ.get("LIBTORCH_HOME", ""):
+        return ""
+    python = rctx.os.environ.get("PYTHON_BIN_PATH", "") or rctx.which("python3")
+    result = rctx.execute([python, "-c", "import sys; print(sys.executable)"])
+    return result.stdout.strip() if result.return_code == 0 else ""
 
 def _read_version(rctx, torch):
     """'2.11.0' from the headers (present in every LibTorch since 2.x)."""
@@ -222,7 +231,9 @@ LIBTORCH_PATH = {torch}
 LIBTORCH_VERSION = {version}
 LIBTORCH_CUDA = {has_cuda}
 RUNTIME_LIB_DIRS = {dirs}
-""".format(torch = repr(torch), version = repr(version), has_cuda = has_cuda, dirs = repr(rpath_dirs)))
+TORCH_PYTHON = {python}
+""".format(torch = repr(torch), version = repr(version), has_cuda = has_cuda, dirs = repr(rpath_dirs),
+           python = repr(_torch_python(rctx))))
 
 libtorch_configure = repository_rule(
     implementation = _impl,
