@@ -51,16 +51,20 @@ c10::DeviceType resolve_accelerator(const Config& c, const MachineFacts& m) {
 std::vector<torch::Device> resolve_devices(const Config& c, const MachineFacts& m,
                                            c10::DeviceType accelerator) {
   const DeviceRequest r = c.get_devices("fabric.devices");
+  const std::string strategy = c.get_string("fabric.strategy");
+  const bool data_parallel = strategy == "ddp" || strategy == "dp";
   if (accelerator == c10::DeviceType::CPU) {
     if (!r.ids.empty()) {
       throw c.error_at("fabric.devices",
                        "device ids apply to cuda only; on cpu give a process count (1)");
     }
-    const int64_t n = r.is_auto || r.count == -1 ? 1 : r.count;
+    // auto with ddp: 2 processes, the smallest real DDP job (CPU DDP is for trying the
+    // distributed path on any machine); otherwise 1.
+    const int64_t n = r.is_auto ? (strategy == "ddp" ? 2 : 1) : r.count == -1 ? 1 : r.count;
     return std::vector<torch::Device>(static_cast<size_t>(n), torch::Device(torch::kCPU));
   }
   std::vector<int64_t> ids;
-  if (r.is_auto) {
+  if (r.is_auto && !data_parallel) {
     ids = {0};
   } else if (!r.ids.empty()) {
     for (int64_t id : r.ids) {
@@ -73,7 +77,7 @@ std::vector<torch::Device> resolve_devices(const Config& c, const MachineFacts& 
     }
     ids = r.ids;
   } else {
-    const int64_t n = r.count == -1 ? m.cuda_device_count : r.count;
+    const int64_t n = r.is_auto || r.count == -1 ? m.cuda_device_count : r.count;
     if (n > m.cuda_device_count) {
       throw c.error_at("fabric.devices", plural(n, "device") + " requested but this machine has " +
                                              plural(m.cuda_device_count, "CUDA device"));

@@ -3,8 +3,10 @@
 //
 //   1. accelerator  auto → cuda when this build has CUDA, the loaded LibTorch has CUDA and a device
 //                   is visible; else cpu. `cuda` without any of those is an error saying which.
-//   2. devices      auto → 1 device (cuda:0, or one CPU process). N → N devices (on cpu: N
-//                   processes), -1 → all CUDA devices, [ids] → those (cuda only; ids must exist).
+//   2. devices      auto → with strategy ddp or dp: every visible CUDA device, or on cpu 2 processes
+//                   (ddp; the smallest real DDP job); otherwise 1 device (cuda:0, or one CPU
+//                   process). N → N devices (on cpu: N processes), -1 → all CUDA devices (on cpu:
+//                   1 process), [ids] → those (cuda only; ids must exist).
 //   3. strategy     the job comes from the launch environment (fabric/environments/environments.h):
 //                   torchrun/SLURM/MPI/RANK+WORLD_SIZE give the world size; otherwise Fabric
 //                   self-launches devices × 1 processes (num_nodes > 1 needs an external launcher).

@@ -66,6 +66,11 @@ void Fabric::clip_gradients_by_value(torch::nn::Module& module, torch::optim::Op
 
 AutocastGuard Fabric::autocast() const { return strategy_->precision().autocast(); }
 
+RunDirectory Fabric::create_run_directory(const std::string& name) {
+  return RunDirectory::create(config_, name, global_rank(), world_size(),
+                              [this](const std::string& path) { return broadcast(path, 0); });
+}
+
 void Fabric::seed_everything(uint64_t seed) { torch::manual_seed(seed); }
 
 torch::Tensor Fabric::to_device(const torch::Tensor& tensor) const {

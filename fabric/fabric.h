@@ -49,6 +49,7 @@
 #include "fabric/core/strategy.h"
 #include "fabric/data/data_loader.h"
 #include "fabric/data/dataset.h"
+#include "fabric/logging/run_dir.h"
 #include "fabric/main.h"
 #include "fabric/nn/batch_norm.h"
 #include "fabric/precision/precision.h"
@@ -115,6 +116,11 @@ class Fabric {
   ScopeGuard no_backward_sync(Module& module) {
     return strategy_->no_backward_sync(module_ref(module));
   }
+
+  // The run directory for this job (logging.run_dir with {name} = `name`): created by global rank
+  // 0, the same path on every rank; in a multi-process job ranks other than 0 send their stdout
+  // and stderr to rank_N.log in it from here on (errors still reach the terminal). Collective.
+  RunDirectory create_run_directory(const std::string& name);
 
   // Seeds torch's CPU and CUDA generators (and thus dropout/init) with `seed`.
   void seed_everything(uint64_t seed);

@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <iostream>
 
+#include "fabric/core/output.h"
+
 namespace fabric {
 namespace {
 
@@ -45,16 +47,16 @@ int run_main(int argc, char** argv, const ConfigSchema& schema, const MainBody& 
     }
     return body(config);
   } catch (const ConfigError& e) {
-    std::cerr << e.what() << std::endl;
+    write_to_terminal(e.what());
     return 2;
   } catch (const Error& e) {
-    std::cerr << "error" << rank_suffix() << ": " << e.what() << std::endl;
+    write_to_terminal("error" + rank_suffix() + ": " + e.what());
     return 1;
   } catch (const c10::Error& e) {
-    std::cerr << "error" << rank_suffix() << ": " << without_backtrace(e) << std::endl;
+    write_to_terminal("error" + rank_suffix() + ": " + without_backtrace(e));
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "error" << rank_suffix() << ": " << e.what() << std::endl;
+    write_to_terminal("error" + rank_suffix() + ": " + e.what());
     return 1;
   }
 }

@@ -3,6 +3,8 @@
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/comm.hpp>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
 #ifdef FABRIC_WITH_CUDA
@@ -35,6 +37,28 @@ class Bf16CompressHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c1
           return c10::IValue(bucket_buffer);
         },
         reduced->elementType());
+  }
+};
+
+// Identity on the loss whose backward, run first in the backward pass, queues the Reducer's
+// delayed all-reduce for the end of that pass. static_graph needs it in its first iteration: the
+// Reducer then only records which gradients arrive (PyTorch queues the same callback from its
+// _DDPSink). The Reducer outlives the backward pass (Ddp owns it).
+class StaticGraphFirstIterationSink
+    : public torch::autograd::Function<StaticGraphFirstIterationSink> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& loss,
+                               c10d::Reducer* reducer) {
+    ctx->saved_data["reducer"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(reducer));
+    return loss.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* reducer = reinterpret_cast<c10d::Reducer*>(
+        static_cast<intptr_t>(ctx->saved_data["reducer"].toInt()));
+    torch::autograd::Engine::get_default_engine().queue_callback(
+        [reducer] { reducer->delay_all_reduce(); });
+    return {grads[0], torch::Tensor()};
   }
 };
 
@@ -159,8 +183,14 @@ void Ddp::setup_module(torch::nn::Module& module) {
   if (options_.comm_hook == "bf16") reducer_->register_comm_hook(std::make_unique<Bf16CompressHook>(pg_));
 }
 
-void Ddp::backward(const torch::Tensor& loss) {
+void Ddp::backward(const torch::Tensor& loss_in) {
+  torch::Tensor loss = loss_in;
   if (reducer_ && sync_) {
+    if (options_.static_graph && synced_backwards_ == 0)
+      loss = StaticGraphFirstIterationSink::apply(loss, reducer_.get());
+    // The Reducer counts iterations here (PyTorch calls it before forward); static_graph relies
+    // on the count to delay the first iteration's all-reduce to the end of backward.
+    reducer_->prepare_for_forward();
     reducer_->rebuild_buckets();  // collective on every rank; real work once, after iteration 1
     reducer_->prepare_for_backward(options_.find_unused_parameters && !options_.static_graph
                                        ? std::vector<torch::Tensor>{loss}

@@ -62,7 +62,7 @@ void train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask&
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   const fabric::Config& c = f.config();
-  const auto run = fabric::RunDirectory::create(c, task.name, f.is_global_zero());
+  const auto run = f.create_run_directory(task.name);
 
   auto optimizer = fabric::make_optimizer(c, model->parameters());
   f.setup(model, *optimizer);
@@ -91,9 +91,10 @@ void train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask&
   const bool clip_by_norm = c.get_string("trainer.gradient_clip_algorithm") == "norm";
 
   f.print(task.name, ": ", task.data_kind, " data, ", task.train->size(), " train / ",
-          task.test->size(), " test examples; ", f.setup_info().strategy, " on ", f.device().str(),
-          ", precision ", fabric::to_string(f.precision().mode()), ", ", total_steps,
-          " steps; run directory ", run.path().string());
+          task.test->size(), " test examples; strategy ", f.setup_info().strategy, ", world size ",
+          f.world_size(), ", device ", f.device().str(), ", precision ",
+          fabric::to_string(f.precision().mode()), ", ", total_steps, " steps; run directory ",
+          run.path().string());
 
   int64_t step = 0, epoch = 0, images = 0;
   double train_seconds = 0, last_loss = NAN, accuracy = NAN;

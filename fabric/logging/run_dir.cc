@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "fabric/core/error.h"
+#include "fabric/core/output.h"
 #include "fabric/core/paths.h"
 
 namespace fs = std::filesystem;
@@ -77,6 +78,18 @@ RunDirectory RunDirectory::create(const Config& config, const std::string& name,
   write_file_atomically(path / "config.yaml",
                         "# resolved config (hash " + config.hash() + ")\n" + config.to_yaml());
   return RunDirectory(path, true);
+}
+
+RunDirectory RunDirectory::create(
+    const Config& config, const std::string& name, int64_t rank, int64_t world_size,
+    const std::function<std::string(const std::string&)>& share_from_rank0) {
+  RunDirectory mine = create(config, name, rank == 0);
+  if (world_size <= 1) return mine;
+  // Rank 0 created the folder before sharing its path: every rank now names the same one.
+  RunDirectory shared(share_from_rank0(mine.path_.string()), rank == 0);
+  if (rank != 0)
+    redirect_output_to_file((shared.path_ / ("rank_" + std::to_string(rank) + ".log")).string());
+  return shared;
 }
 
 fs::path RunDirectory::write_summary(const nlohmann::json& summary) const {

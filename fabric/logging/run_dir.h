@@ -6,11 +6,13 @@
 //   {hash}       the config hash (Config::hash())
 // resolved relative to the directory the command was run in. If the folder exists and is not
 // empty, "-1", "-2", ... is appended: a run never overwrites another. Only global rank 0 creates
-// and writes (others get an object whose writes do nothing).
+// and writes (others get an object whose writes do nothing). In a multi-process job the other ranks
+// log to rank_N.log in it (see the overload taking a rank).
 #ifndef FABRIC_LOGGING_RUN_DIR_H_
 #define FABRIC_LOGGING_RUN_DIR_H_
 
 #include <filesystem>
+#include <functional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -24,6 +26,13 @@ class RunDirectory {
   // Creates the folder and writes config.yaml (global rank 0 only). Throws fabric::Error with the
   // path and the OS error when the folder cannot be created.
   static RunDirectory create(const Config& config, const std::string& name, bool is_global_zero);
+  // For a job of `world_size` processes: rank 0 creates the folder and `share_from_rank0` (a
+  // broadcast of rank 0's string, e.g. Fabric::broadcast) gives every rank its path; ranks other
+  // than 0 then write their stdout and stderr to <run dir>/rank_<rank>.log.
+  // Fabric::create_run_directory(name) calls this.
+  static RunDirectory create(const Config& config, const std::string& name, int64_t rank,
+                             int64_t world_size,
+                             const std::function<std::string(const std::string&)>& share_from_rank0);
 
   const std::filesystem::path& path() const { return path_; }
   // Writes summary.json atomically (temporary file + rename); returns its path.

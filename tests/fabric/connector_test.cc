@@ -48,6 +48,19 @@ struct Row {
   PrecisionMode precision;
 };
 
+TEST(ConnectorTest, AutoDevicesWithDdpMeanEveryGpuOrTwoCpuProcesses) {
+  auto s = resolve({"fabric.strategy=ddp"}, gpu_machine(4));
+  EXPECT_EQ(s.devices.size(), 4u);
+  EXPECT_EQ(s.environment->world_size(), 4);
+  s = resolve({"fabric.strategy=ddp"}, cpu_machine());
+  EXPECT_EQ(s.devices.size(), 2u);
+  EXPECT_EQ(s.environment->world_size(), 2);
+  EXPECT_EQ(s.strategy, "ddp");
+  s = resolve({"fabric.strategy=ddp", "fabric.devices=1"}, cpu_machine());
+  EXPECT_EQ(s.environment->world_size(), 1);
+  EXPECT_EQ(resolve({}, gpu_machine(4)).devices.size(), 1u);  // auto strategy: one device
+}
+
 TEST(ConnectorTest, ResolvesRequestsAgainstTheMachine) {
   const std::vector<Row> table = {
       {{}, cpu_machine(), c10::DeviceType::CPU, "cpu", PrecisionMode::k32True},

@@ -1,9 +1,14 @@
 // Test helper for ddp_test: a self-launched DDP job that trains an MLP for STEPS SGD-momentum steps
 // and, on rank 0, compares the parameters with one process trained on the concatenated batches.
-//   ddp_parity_helper WORLD STEPS MODE      MODE: plain | nosync
-// nosync: every step is two micro-batches, the first inside no_backward_sync; the helper also
-// checks that the unsynced backward issued no collective (Gloo's sequence number is unchanged).
-// Prints "max_rel_diff=X" and exits 0 when X <= 1e-6 and every check passed.
+//   ddp_parity_helper WORLD STEPS MODE
+// MODE: plain    many small buckets
+//       nosync   every step is two micro-batches, the first inside no_backward_sync; also checks
+//                that the unsynced backward issued no collective (Gloo's sequence number)
+//       unused   the model has a layer forward never uses; find_unused_parameters must not hang
+//                and the unused layer must stay untouched
+//       static   static_graph
+//       bf16     comm_hook bf16 (gradients on the wire in bfloat16: tolerance 2e-2, not 1e-6)
+// Prints "max_rel_diff=X" and exits 0 when X is within tolerance and every check passed.
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
@@ -16,11 +21,21 @@ namespace {
 
 constexpr int64_t kGlobalBatch = 12;  // divisible by 1, 2, 3, 4
 
-torch::nn::Sequential make_model() {
-  torch::manual_seed(0);
-  return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(),
-                               torch::nn::Linear(16, 4));
-}
+// Linear → Tanh → Linear, plus (mode unused) a Linear that forward skips.
+struct NetImpl : torch::nn::Module {
+  explicit NetImpl(bool with_unused) {
+    torch::manual_seed(0);
+    body = register_module("body", torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(),
+                                                         torch::nn::Linear(16, 4)));
+    if (with_unused) unused = register_module("unused", torch::nn::Linear(4, 4));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return body->forward(x); }
+  torch::nn::Sequential body{nullptr};
+  torch::nn::Linear unused{nullptr};
+};
+TORCH_MODULE(Net);
+
+Net make_model(bool with_unused = false) { return Net(with_unused); }
 
 std::pair<torch::Tensor, torch::Tensor> global_batch(int64_t step, int64_t micro) {
   torch::manual_seed(1000 + step * 10 + micro);
@@ -39,7 +54,7 @@ std::vector<torch::Tensor> reference(int64_t steps, int64_t micro_batches) {
     opt.step();
   }
   std::vector<torch::Tensor> out;
-  for (auto& p : model->parameters()) out.push_back(p.detach().clone());
+  for (auto& p : model->body->parameters()) out.push_back(p.detach().clone());
   return out;
 }
 
@@ -49,12 +64,17 @@ int main(int argc, char** argv) {
   if (argc != 4) return 2;
   const int64_t world = std::atoll(argv[1]);
   const int64_t steps = std::atoll(argv[2]);
-  const bool nosync = std::string(argv[3]) == "nosync";
+  const std::string mode = argv[3];
+  const bool nosync = mode == "nosync";
   auto env = std::shared_ptr<fabric::ClusterEnvironment>(
       fabric::detect_environment(fabric::process_environment(), world));
   fabric::strategies::DdpOptions options;
   options.timeout = std::chrono::seconds(30);
   options.bucket_cap_mb = 0.0005;  // ~500 bytes: many buckets
+  options.find_unused_parameters = mode == "unused";
+  options.static_graph = mode == "static";
+  if (mode == "bf16") options.comm_hook = "bf16";
+  const double tolerance = mode == "bf16" ? 2e-2 : 1e-6;
   fabric::strategies::Ddp ddp(
       env, torch::kCPU,
       std::make_unique<fabric::Precision>(fabric::PrecisionMode::k32True, c10::DeviceType::CPU),
@@ -63,7 +83,7 @@ int main(int argc, char** argv) {
   const int64_t rank = ddp.global_rank();
   int failures = 0;
 
-  auto model = make_model();
+  auto model = make_model(mode == "unused");
   if (rank != 0) {  // different initial values: setup_module must broadcast rank 0's
     torch::NoGradGuard no_grad;
     for (auto& p : model->parameters()) p.add_(1.0);
@@ -98,7 +118,7 @@ int main(int argc, char** argv) {
   double max_rel = 0;
   if (rank == 0) {
     const auto ref = reference(steps, nosync ? 2 : 1);
-    const auto params = model->parameters();
+    const auto params = model->body->parameters();
     for (size_t i = 0; i < ref.size(); ++i) {
       const double rel =
           ((params[i].detach() - ref[i]).abs().max() / ref[i].abs().max().clamp_min(1e-12))
@@ -106,7 +126,16 @@ int main(int argc, char** argv) {
       max_rel = std::max(max_rel, rel);
     }
     std::printf("max_rel_diff=%g\n", max_rel);
-    if (!(max_rel <= 1e-6)) ++failures;
+    if (!(max_rel <= tolerance)) ++failures;
+    if (mode == "unused") {
+      const auto untouched = make_model(true);
+      for (const auto& p : model->unused->named_parameters()) {
+        if (!torch::equal(p.value(), untouched->unused->named_parameters()[p.key()])) {
+          std::fprintf(stderr, "unused parameter %s changed\n", p.key().c_str());
+          ++failures;
+        }
+      }
+    }
   }
   ddp.teardown();
   return failures == 0 ? 0 : 1;

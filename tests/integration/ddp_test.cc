@@ -1,5 +1,6 @@
 // DDP with real processes (Gloo over loopback): parity with one process on the concatenated
-// batches for 2 and 4 ranks (many small buckets), and no_backward_sync accumulation.
+// batches for 2 and 4 ranks (many small buckets), no_backward_sync accumulation,
+// find_unused_parameters, static_graph and the bf16 compression hook.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -27,6 +28,21 @@ TEST(DdpTest, NoBackwardSyncAccumulatesWithoutCommunicating) {
   auto [code, out] = run("2 4 nosync");
   EXPECT_EQ(code, 0) << out;
   EXPECT_EQ(out.find("collective issued inside no_backward_sync"), std::string::npos) << out;
+}
+
+TEST(DdpTest, FindUnusedParametersDoesNotHangAndLeavesUnusedLayersAlone) {
+  auto [code, out] = run("2 3 unused");
+  EXPECT_EQ(code, 0) << out;
+}
+
+TEST(DdpTest, StaticGraphMatchesOneProcess) {
+  auto [code, out] = run("2 4 static");
+  EXPECT_EQ(code, 0) << out;
+}
+
+TEST(DdpTest, Bf16CompressionHookStaysCloseToOneProcess) {
+  auto [code, out] = run("2 4 bf16");
+  EXPECT_EQ(code, 0) << out;
 }
 
 }  // namespace
