@@ -154,7 +154,7 @@ TEST(ConnectorTest, SeveralProcessesMeanDdp) {
   s = resolve({"fabric.devices=2"}, gpu_machine(2));
   EXPECT_EQ(s.strategy, "ddp");
   EXPECT_EQ(s.device.str(), "cuda:0");  // rank 0 of the self-launched job
-  s = resolve({"fabric.strategy=ddp"}, cpu_machine());
+  s = resolve({"fabric.strategy=ddp", "fabric.devices=1"}, cpu_machine());
   EXPECT_EQ(s.strategy, "ddp");  // ddp with one process is allowed
   EXPECT_EQ(s.environment->world_size(), 1);
   EXPECT_EQ(s.ddp.timeout, std::chrono::milliseconds(300000));

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -83,6 +84,27 @@ TEST_F(ExamplesTest, SingleCpuConfigRunsOnSyntheticData) {
   EXPECT_EQ(s["steps"], 3);
   EXPECT_EQ(s["data"], "synthetic");
   EXPECT_EQ(s["device"], "cpu");
+}
+
+// The README's main command on a CPU-only machine: 2 self-launched ranks, bf16-mixed, SyncBN.
+TEST_F(ExamplesTest, DdpAmpConfigRunsTwoProcessesWithPerRankLogs) {
+  Result r = run("cifar10", std::string("--config=ddp_amp.yaml") + kTinyCifar +
+                                " fabric.accelerator=cpu data.synthetic_test_size=51");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("strategy ddp, world size 2, device cpu, precision bf16-mixed"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("16-mixed is not supported on CPU; using bf16-mixed"), std::string::npos);
+  auto s = summary_of(r);
+  EXPECT_EQ(s["world_size"], 2);
+  EXPECT_EQ(s["strategy"], "ddp");
+  // 51 test examples over 2 ranks: rank 1 gets one padded repeat; the accuracy must be a multiple
+  // of 1/51 (each example counted once), not of 1/52.
+  const double correct = s["test_accuracy"].get<double>() * 51;
+  EXPECT_NEAR(correct, std::round(correct), 1e-6);
+  const fs::path run_dir = fs::path(r.last_line()).parent_path();
+  EXPECT_TRUE(fs::exists(run_dir / "rank_1.log")) << run_dir;
+  EXPECT_FALSE(fs::exists(run_dir / "rank_0.log"));
 }
 
 TEST_F(ExamplesTest, MissingRealDataFallsBackWithABannerOrFailsWhenRequired) {
