@@ -6,6 +6,7 @@
 
 #include "fabric/accelerators/device_info.h"
 #include "fabric/environments/environments.h"
+#include "strategies/data_parallel.h"
 #include "strategies/ddp.h"
 #include "strategies/single_device.h"
 
@@ -16,9 +17,6 @@ std::string plural(int64_t n, const std::string& word) {
   if (n == 1) return "1 " + word;
   return std::to_string(n) + " " + word + (word.back() == 's' ? "es" : "s");
 }
-
-constexpr const char* kNotYet =
-    "not available in this build yet (it arrives with the Distributed issue)";
 
 // Step 1.
 c10::DeviceType resolve_accelerator(const Config& c, const MachineFacts& m) {
@@ -92,12 +90,12 @@ std::vector<torch::Device> resolve_devices(const Config& c, const MachineFacts& 
 // Step 3.
 void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) {
   const std::string want = c.get_string("fabric.strategy");
-  if (want == "dp")
-    throw c.error_at("fabric.strategy", "'dp' is " + std::string(kNotYet) + "; use ddp or auto");
   const EnvGetter env =
       m.environment ? m.environment
                     : [](const std::string&) -> std::optional<std::string> { return std::nullopt; };
-  s.environment = detect_environment(env, static_cast<int64_t>(s.devices.size()));
+  // dp drives all its devices from one process; otherwise one process per device.
+  s.environment =
+      detect_environment(env, want == "dp" ? 1 : static_cast<int64_t>(s.devices.size()));
   const int64_t nodes = c.get_int("fabric.num_nodes");
   if (!s.environment->creates_processes_externally() && nodes > 1) {
     throw c.error_at("fabric.num_nodes",
@@ -112,6 +110,23 @@ void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) 
                          " (from fabric.devices or the launcher): use ddp or auto");
   }
   s.strategy = want == "ddp" || (want == "auto" && world > 1) ? "ddp" : "single_device";
+  if (want == "dp") {
+    if (world > 1) {
+      throw c.error_at("fabric.strategy",
+                       "'dp' runs one process, but the launcher started " +
+                           plural(world, "process") + ": use ddp");
+    }
+    if (s.accelerator == c10::DeviceType::CUDA && s.devices.size() >= 2) {
+      s.strategy = "dp";
+    } else {
+      s.warnings.push_back(c.origin("fabric.strategy") +
+                           ": fabric.strategy: dp needs 2 or more CUDA devices (have " +
+                           plural(static_cast<int64_t>(s.devices.size()), "device") + " on " +
+                           c10::DeviceTypeName(s.accelerator, true) +
+                           "); running single_device instead");
+      s.devices.erase(s.devices.begin() + 1, s.devices.end());
+    }
+  }
   const int64_t local = s.environment->local_rank();
   if (local >= static_cast<int64_t>(s.devices.size())) {
     if (s.accelerator == c10::DeviceType::CUDA) {
@@ -128,6 +143,13 @@ void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) 
   s.ddp.find_unused_parameters = c.get_bool("fabric.ddp.find_unused_parameters");
   s.ddp.broadcast_buffers = c.get_bool("fabric.ddp.broadcast_buffers");
   s.ddp.gradient_as_bucket_view = c.get_bool("fabric.ddp.gradient_as_bucket_view");
+  if (s.ddp.gradient_as_bucket_view) {
+    // torch::optim::Optimizer::zero_grad() calls detach_() on every gradient, which LibTorch
+    // forbids on the bucket views this option makes the gradients into (it would abort mid-run).
+    throw c.error_at("fabric.ddp.gradient_as_bucket_view",
+                     "true is not supported: LibTorch's C++ Optimizer::zero_grad() detaches "
+                     "gradients in place, which bucket views forbid; use false");
+  }
   s.ddp.static_graph = c.get_bool("fabric.ddp.static_graph");
   s.ddp.comm_hook = c.get_string("fabric.ddp.comm_hook");
   s.ddp.timeout =
@@ -201,6 +223,7 @@ ResolvedSetup resolve_setup(const Config& c, const MachineFacts& m) {
 
 std::unique_ptr<Strategy> build_strategy(const ResolvedSetup& s) {
   auto precision = std::make_unique<Precision>(s.precision, s.accelerator, s.scaler);
+  if (s.strategy == "dp") return std::make_unique<strategies::DataParallel>(s.devices, std::move(precision));
   if (s.strategy == "ddp") {
     return std::make_unique<strategies::Ddp>(
         s.environment, s.device, std::move(precision), s.ddp,

@@ -11,7 +11,8 @@
 //                   torchrun/SLURM/MPI/RANK+WORLD_SIZE give the world size; otherwise Fabric
 //                   self-launches devices × 1 processes (num_nodes > 1 needs an external launcher).
 //                   auto → ddp when the world has more than one process, else single_device.
-//                   single_device with several processes is an error; dp is rejected in this build.
+//                   single_device with several processes is an error. dp (one process) needs 2+
+//                   CUDA devices; otherwise it runs single_device with one warning line.
 //   4. precision    as configured, except: 16-mixed on CPU → bf16-mixed with one warning line;
 //                   16-true on CPU is an error; bf16 on a GPU without bf16 (< sm_80) is an error.
 //   5. settings     deterministic (deterministic algorithms; cudnn.benchmark off),

@@ -33,6 +33,7 @@
 #define FABRIC_FABRIC_H_
 
 #include <torch/nn/module.h>
+#include <torch/nn/parallel/data_parallel.h>
 #include <torch/nn/pimpl.h>
 #include <torch/optim/optimizer.h>
 
@@ -107,6 +108,16 @@ class Fabric {
   template <typename Module>
   void clip_gradients_value(Module& module, torch::optim::Optimizer& optimizer, double clip_value) {
     clip_gradients_by_value(module_ref(module), optimizer, clip_value);
+  }
+
+  // model->forward(input), except under fabric.strategy: dp with several GPUs, where the batch is
+  // split over the devices and run on replicas (torch::nn::parallel::data_parallel; the model must
+  // be a ModuleHolder of a torch::nn::Cloneable). Use it in loops meant to run under dp.
+  template <typename Holder>
+  torch::Tensor forward(Holder& model, const torch::Tensor& input) {
+    if (const auto* devices = strategy_->replica_devices(); devices && devices->size() > 1)
+      return torch::nn::parallel::data_parallel(model, input, *devices, device());
+    return model->forward(input);
   }
 
   // Autocast region for *-mixed precisions (no-op otherwise); nesting-safe RAII.

@@ -43,7 +43,7 @@ double evaluate(fabric::Fabric& f, Model& model, fabric::DataLoader& loader,
     torch::Tensor logits;
     {
       auto guard = f.autocast();
-      logits = model->forward(f.precision().convert_input(batch.data));
+      logits = f.forward(model, f.precision().convert_input(batch.data));
     }
     // Padded duplicates (the distributed sampler evens out the ranks) are left out, so the
     // accuracy equals the single-process one exactly.
@@ -109,7 +109,7 @@ void train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask&
       torch::Tensor loss;
       {
         auto guard = f.autocast();
-        loss = torch::cross_entropy_loss(model->forward(f.precision().convert_input(batch.data)),
+        loss = torch::cross_entropy_loss(f.forward(model, f.precision().convert_input(batch.data)),
                                          batch.target);
       }
       f.backward(loss);

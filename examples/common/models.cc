@@ -13,7 +13,12 @@ nn::Conv2d conv3x3(int64_t in, int64_t out, int64_t stride = 1) {
 
 }  // namespace
 
-SmallCnnImpl::SmallCnnImpl(int64_t width, int64_t hidden, int64_t classes) {
+SmallCnnImpl::SmallCnnImpl(int64_t width, int64_t hidden, int64_t classes)
+    : width(width), hidden(hidden), classes(classes) {
+  reset();
+}
+
+void SmallCnnImpl::reset() {
   features = register_module(
       "features", nn::Sequential(conv3x3(1, width), fabric::nn::BatchNorm2d(width), nn::ReLU(),
                                  nn::MaxPool2d(2), conv3x3(width, 2 * width),
@@ -25,7 +30,12 @@ SmallCnnImpl::SmallCnnImpl(int64_t width, int64_t hidden, int64_t classes) {
 
 torch::Tensor SmallCnnImpl::forward(torch::Tensor x) { return head->forward(features->forward(x)); }
 
-BasicBlockImpl::BasicBlockImpl(int64_t in, int64_t out, int64_t stride) {
+BasicBlockImpl::BasicBlockImpl(int64_t in, int64_t out, int64_t stride)
+    : in(in), out(out), stride(stride) {
+  reset();
+}
+
+void BasicBlockImpl::reset() {
   conv1 = register_module("conv1", conv3x3(in, out, stride));
   bn1 = register_module("bn1", fabric::nn::BatchNorm2d(out));
   conv2 = register_module("conv2", conv3x3(out, out));
@@ -44,7 +54,12 @@ torch::Tensor BasicBlockImpl::forward(torch::Tensor x) {
   return torch::relu(y + (shortcut->is_empty() ? x : shortcut->forward(x)));
 }
 
-ResNet18CifarImpl::ResNet18CifarImpl(int64_t width, int64_t classes) {
+ResNet18CifarImpl::ResNet18CifarImpl(int64_t width, int64_t classes)
+    : width(width), classes(classes) {
+  reset();
+}
+
+void ResNet18CifarImpl::reset() {
   stem = register_module("stem", conv3x3(3, width));
   stem_bn = register_module("stem_bn", fabric::nn::BatchNorm2d(width));
   layers = nn::Sequential();

@@ -10,27 +10,34 @@ namespace examples {
 
 // Two conv blocks (conv 3x3 → BatchNorm → ReLU → max-pool) and a two-layer head, for 1×28×28
 // inputs (Fashion-MNIST). `width` channels in the first block, 2·width in the second.
-struct SmallCnnImpl : torch::nn::Module {
+// The models are Cloneable (reset() builds the layers), as fabric.strategy: dp replicates them.
+struct SmallCnnImpl : torch::nn::Cloneable<SmallCnnImpl> {
   SmallCnnImpl(int64_t width, int64_t hidden, int64_t classes = 10);
+  void reset() override;
   torch::Tensor forward(torch::Tensor x);
+  int64_t width, hidden, classes;
   torch::nn::Sequential features{nullptr}, head{nullptr};
 };
 TORCH_MODULE(SmallCnn);
 
 // ResNet-18 for 32×32 inputs (the CIFAR variant: 3×3 stem, no max-pool), BasicBlocks [2, 2, 2, 2]
 // with widths w, 2w, 4w, 8w (w = 64 is the standard model).
-struct BasicBlockImpl : torch::nn::Module {
+struct BasicBlockImpl : torch::nn::Cloneable<BasicBlockImpl> {
   BasicBlockImpl(int64_t in, int64_t out, int64_t stride);
+  void reset() override;
   torch::Tensor forward(torch::Tensor x);
+  int64_t in, out, stride;
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
   fabric::nn::BatchNorm2d bn1{nullptr}, bn2{nullptr};
   torch::nn::Sequential shortcut{nullptr};
 };
 TORCH_MODULE(BasicBlock);
 
-struct ResNet18CifarImpl : torch::nn::Module {
+struct ResNet18CifarImpl : torch::nn::Cloneable<ResNet18CifarImpl> {
   explicit ResNet18CifarImpl(int64_t width = 64, int64_t classes = 10);
+  void reset() override;
   torch::Tensor forward(torch::Tensor x);
+  int64_t width, classes;
   torch::nn::Conv2d stem{nullptr};
   fabric::nn::BatchNorm2d stem_bn{nullptr};
   torch::nn::Sequential layers{nullptr};

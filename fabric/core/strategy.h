@@ -33,6 +33,9 @@ class Strategy {
   virtual int64_t local_rank() const { return 0; }
   virtual int64_t node_rank() const { return 0; }
 
+  // dp only: the devices Fabric::forward spreads each batch over (null: forward runs the model).
+  virtual const std::vector<torch::Device>* replica_devices() const { return nullptr; }
+
   // Per-process setup inside launch (current device, process group).
   virtual void setup_environment() {}
   // Per-process teardown after the user's function returned normally.

@@ -48,6 +48,24 @@ struct Row {
   PrecisionMode precision;
 };
 
+TEST(ConnectorTest, DataParallelIsOneProcessOverEveryGpuOrFallsBackWithAWarning) {
+  auto s = resolve({"fabric.strategy=dp"}, gpu_machine(3));
+  EXPECT_EQ(s.strategy, "dp");
+  EXPECT_EQ(s.devices.size(), 3u);
+  EXPECT_EQ(s.environment->world_size(), 1);  // never self-launches
+  EXPECT_EQ(build_strategy(s)->name(), "dp");
+  EXPECT_TRUE(s.warnings.empty());
+  for (const auto& m : {gpu_machine(1), cpu_machine()}) {
+    s = resolve({"fabric.strategy=dp"}, m);
+    EXPECT_EQ(s.strategy, "single_device");
+    EXPECT_EQ(s.devices.size(), 1u);
+    ASSERT_EQ(s.warnings.size(), 1u);
+    EXPECT_NE(s.warnings[0].find("fabric.strategy: dp needs 2 or more CUDA devices (have 1 device"),
+              std::string::npos)
+        << s.warnings[0];
+  }
+}
+
 TEST(ConnectorTest, AutoDevicesWithDdpMeanEveryGpuOrTwoCpuProcesses) {
   auto s = resolve({"fabric.strategy=ddp"}, gpu_machine(4));
   EXPECT_EQ(s.devices.size(), 4u);
@@ -179,13 +197,13 @@ TEST(ConnectorTest, ExternalLaunchersSetTheWorld) {
   EXPECT_EQ(error_of({"fabric.strategy=single_device", "fabric.devices=4"}, m),
             "command line: fabric.strategy: 'single_device' cannot run 8 processes (from "
             "fabric.devices or the launcher): use ddp or auto");
+  EXPECT_EQ(error_of({"fabric.ddp.gradient_as_bucket_view=true"}, cpu_machine()),
+            "command line: fabric.ddp.gradient_as_bucket_view: true is not supported: LibTorch's "
+            "C++ Optimizer::zero_grad() detaches gradients in place, which bucket views forbid; "
+            "use false");
 }
 
 TEST(ConnectorTest, UnsupportedDistributedRequestsAreRejectedNeverIgnored) {
-  EXPECT_EQ(
-      error_of({"fabric.strategy=dp"}, gpu_machine(2)),
-      "command line: fabric.strategy: 'dp' is not available in this build yet (it arrives with "
-      "the Distributed issue); use ddp or auto");
   EXPECT_EQ(error_of({"fabric.num_nodes=2"}, cpu_machine()),
             "command line: fabric.num_nodes: 2 nodes need an external launcher (torchrun, srun or "
             "mpirun) that starts the processes on every node; or use 1");

@@ -107,6 +107,16 @@ TEST_F(ExamplesTest, DdpAmpConfigRunsTwoProcessesWithPerRankLogs) {
   EXPECT_FALSE(fs::exists(run_dir / "rank_0.log"));
 }
 
+TEST_F(ExamplesTest, DpConfigWithoutTwoGpusRunsSingleDeviceWithAWarning) {
+  Result r = run("cifar10", std::string("--config=dp.yaml") + kTinyCifar + " fabric.accelerator=cpu");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("fabric.strategy: dp needs 2 or more CUDA devices (have 1 device on cpu); "
+                       "running single_device instead"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(summary_of(r)["strategy"], "single_device");
+}
+
 TEST_F(ExamplesTest, MissingRealDataFallsBackWithABannerOrFailsWhenRequired) {
   Result r = run("cifar10", std::string("--config=single_cpu.yaml") + kTinyCifar +
                                 " data.synthetic=false data.download=false data.root=nowhere");

@@ -1,0 +1,56 @@
+"""Interleaved A/B of 2-rank CPU DDP step time: Fabric++ (ddp_step) vs PyTorch DDP (ddp_step.py).
+
+  bazel build -c opt //tools/bench:ddp_step
+  python3 tools/bench/ddp_compare.py --reps=7 [--lightning] [-- extra flags for both]
+Runs the two programs alternately (order flipped every repetition), reads each run's median step
+time, and prints the per-repetition ratios and their median (Fabric++ / PyTorch; < 1 is faster).
+With --lightning, Lightning Fabric (pip `lightning`) joins as a third column if it imports.
+"""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def median_ms(cmd):
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    m = re.search(r"ddp_step_ms median=([0-9.]+)", out)
+    if not m:
+        raise SystemExit(f"no timing in the output of {' '.join(cmd)}:\n{out}")
+    return float(m.group(1))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--lightning", action="store_true")
+    p.add_argument("extra", nargs="*")
+    args = p.parse_args()
+    cpp = [os.path.join(ROOT, "bazel-bin/tools/bench/ddp_step")] + args.extra
+    py = [sys.executable, os.path.join(HERE, "ddp_step.py")] + args.extra
+    columns = {"fabric++": cpp, "pytorch_ddp": py}
+    if args.lightning:
+        columns["lightning_fabric"] = [sys.executable, os.path.join(HERE, "ddp_step_lightning.py")] + args.extra
+    times = {k: [] for k in columns}
+    for rep in range(args.reps):
+        order = list(columns) if rep % 2 == 0 else list(reversed(list(columns)))
+        for name in order:
+            times[name].append(median_ms(columns[name]))
+        print(" ".join(f"{k}={times[k][-1]:.2f}ms" for k in columns), flush=True)
+    ratios = [a / b for a, b in zip(times["fabric++"], times["pytorch_ddp"])]
+    for k in columns:
+        print(f"{k}: median step {statistics.median(times[k]):.3f} ms")
+    print(f"ratio fabric++/pytorch_ddp: median {statistics.median(ratios):.3f} "
+          f"(per repetition: {', '.join(f'{r:.3f}' for r in ratios)})")
+    if args.lightning:
+        lr = [a / b for a, b in zip(times["fabric++"], times["lightning_fabric"])]
+        print(f"ratio fabric++/lightning_fabric: median {statistics.median(lr):.3f}")
+
+
+if __name__ == "__main__":
+    main()
