@@ -102,8 +102,8 @@ class ConfigSchema {
   std::map<std::string, std::string> section_docs_;
 };
 
-// The `fabric:` section (accelerator, devices, strategy, precision, ...; the `fabric.ddp.*` keys
-// are reserved for the Distributed issue) and `logging:`.
+// The `fabric:` section (accelerator, devices, strategy, precision, sync_batchnorm, ddp options,
+// ...) and `logging:`.
 ConfigSchema default_schema();
 
 // default_schema() plus the sections a training program usually has and the examples use:

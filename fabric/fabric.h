@@ -1,8 +1,8 @@
 // Fabric++ public umbrella header: include this one file.
 //
 // fabric::Fabric hides process-group setup, device placement, distributed sampling and mixed
-// precision so that one training loop runs unchanged on CPU, one GPU or (with the Distributed
-// issue) N GPUs on N nodes; only the YAML config changes.
+// precision so that one training loop runs unchanged on CPU, one GPU or N GPUs on N nodes; only
+// the YAML config changes.
 //
 // Example (examples/fashion_mnist.cc is a complete program):
 //   int main(int argc, char** argv) {
@@ -68,7 +68,8 @@ class Fabric {
   Fabric(const Config& config, const MachineFacts& facts);
   ~Fabric();
 
-  // Runs `fn` in every process of the job (one process today): sets up the device, seeds every RNG
+  // Runs `fn` in every process of the job (self-launching the other ranks when needed, see
+  // connector.h): sets up the device and process group, seeds every RNG
   // with fabric.seed, calls fn(*this), tears down. Returns the exit status for main (0).
   int launch(const std::function<void(Fabric&)>& fn);
 

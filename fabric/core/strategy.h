@@ -1,5 +1,5 @@
-// fabric::Strategy: how a model is trained across processes and devices (single_device today;
-// dp and ddp with the Distributed issue). It owns the Precision and, when distributed, the
+// fabric::Strategy: how a model is trained across processes and devices (single_device, dp,
+// ddp in strategies/). It owns the Precision and, when distributed, the
 // process group; Fabric delegates every call to it.
 //
 // Contract for implementations: setup_environment() runs once per process inside Fabric::launch
