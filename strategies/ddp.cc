@@ -106,6 +106,7 @@ void Ddp::setup_environment() {
   pg.timeout = options_.timeout;
   pg.cuda = device_.is_cuda();
   pg.cuda_device = device_.is_cuda() ? device_.index() : 0;
+  pg.cuda_with_gloo = options_.cuda_with_gloo;
   pg.single_node = self_launch || is_loopback(env_->main_address());
   pg_ = distributed::make_process_group(store_, pg);
 }

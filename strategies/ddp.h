@@ -41,6 +41,7 @@ struct DdpOptions {
   bool static_graph = false;                  // fabric.ddp.static_graph
   std::string comm_hook = "none";             // none | fp16 | bf16
   bool sync_batchnorm = false;                // fabric.sync_batchnorm
+  bool cuda_with_gloo = false;  // Gloo instead of NCCL for CUDA tensors (ranks may share a GPU)
   std::chrono::milliseconds timeout{300000};  // fabric.ddp.timeout_s
 };
 

@@ -56,7 +56,9 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(
   pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
   pg->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
 
-  if (o.cuda) {
+  if (o.cuda && o.cuda_with_gloo) {
+    pg->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::GLOO, gloo);
+  } else if (o.cuda) {
 #ifdef FABRIC_WITH_CUDA
     c10::cuda::set_device(static_cast<c10::DeviceIndex>(o.cuda_device));
     auto nccl_options = c10d::ProcessGroupNCCL::Options::create();

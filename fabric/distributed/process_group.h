@@ -40,7 +40,9 @@ struct ProcessGroupOptions {
   int64_t rank = 0;
   int64_t world_size = 1;
   std::chrono::milliseconds timeout{300000};
-  bool cuda = false;        // also register NCCL for CUDA tensors (FABRIC_WITH_CUDA builds)
+  bool cuda = false;        // also register a backend for CUDA tensors (FABRIC_WITH_CUDA builds)
+  // NCCL (default), or Gloo: several ranks may then share one GPU (tests, debugging).
+  bool cuda_with_gloo = false;
   int64_t cuda_device = 0;  // this process's GPU
   // Every rank on this machine (self-launched job): Gloo talks over loopback. Otherwise Gloo binds
   // the interface named by GLOO_SOCKET_IFNAME, else the one this host's name resolves to.

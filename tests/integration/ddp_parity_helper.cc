@@ -8,6 +8,8 @@
 //                and the unused layer must stay untouched
 //       static   static_graph
 //       bf16     comm_hook bf16 (gradients on the wire in bfloat16: tolerance 2e-2, not 1e-6)
+// A 4th argument "cuda_gloo" (GPU test) puts every rank on cuda:0 with Gloo for CUDA tensors and
+// compares with the CPU reference (tolerance 1e-5); it exits 77 when no GPU is usable.
 // Prints "max_rel_diff=X" and exits 0 when X is within tolerance and every check passed.
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -61,7 +63,10 @@ std::vector<torch::Tensor> reference(int64_t steps, int64_t micro_batches) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 4) return 2;
+  if (argc != 4 && argc != 5) return 2;
+  const bool on_gpu = argc == 5 && std::string(argv[4]) == "cuda_gloo";
+  if (on_gpu && !torch::cuda::is_available()) return 77;
+  const torch::Device device = on_gpu ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
   const int64_t world = std::atoll(argv[1]);
   const int64_t steps = std::atoll(argv[2]);
   const std::string mode = argv[3];
@@ -74,10 +79,11 @@ int main(int argc, char** argv) {
   options.find_unused_parameters = mode == "unused";
   options.static_graph = mode == "static";
   if (mode == "bf16") options.comm_hook = "bf16";
-  const double tolerance = mode == "bf16" ? 2e-2 : 1e-6;
+  options.cuda_with_gloo = on_gpu;
+  const double tolerance = mode == "bf16" ? 2e-2 : on_gpu ? 1e-5 : 1e-6;
   fabric::strategies::Ddp ddp(
-      env, torch::kCPU,
-      std::make_unique<fabric::Precision>(fabric::PrecisionMode::k32True, c10::DeviceType::CPU),
+      env, device,
+      std::make_unique<fabric::Precision>(fabric::PrecisionMode::k32True, device.type()),
       options, std::vector<std::string>(argv, argv + argc));
   ddp.setup_environment();
   const int64_t rank = ddp.global_rank();
@@ -96,8 +102,8 @@ int main(int argc, char** argv) {
     opt.zero_grad();
     for (int64_t m = 0; m < (nosync ? 2 : 1); ++m) {
       auto [x, y] = global_batch(s, m);
-      auto loss = torch::mse_loss(model->forward(x.narrow(0, rank * local, local)),
-                                  y.narrow(0, rank * local, local));
+      auto loss = torch::mse_loss(model->forward(x.narrow(0, rank * local, local).to(device)),
+                                  y.narrow(0, rank * local, local).to(device));
       if (nosync && m == 0) {
         const uint64_t before = backend->getSequenceNumberForGroup();
         auto guard = ddp.no_backward_sync(*model);
@@ -121,7 +127,7 @@ int main(int argc, char** argv) {
     const auto params = model->body->parameters();
     for (size_t i = 0; i < ref.size(); ++i) {
       const double rel =
-          ((params[i].detach() - ref[i]).abs().max() / ref[i].abs().max().clamp_min(1e-12))
+          ((params[i].detach().cpu() - ref[i]).abs().max() / ref[i].abs().max().clamp_min(1e-12))
               .item<double>();
       max_rel = std::max(max_rel, rel);
     }
@@ -130,7 +136,7 @@ int main(int argc, char** argv) {
     if (mode == "unused") {
       const auto untouched = make_model(true);
       for (const auto& p : model->unused->named_parameters()) {
-        if (!torch::equal(p.value(), untouched->unused->named_parameters()[p.key()])) {
+        if (!torch::equal(p.value().cpu(), untouched->unused->named_parameters()[p.key()])) {
           std::fprintf(stderr, "unused parameter %s changed\n", p.key().c_str());
           ++failures;
         }
