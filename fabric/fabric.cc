@@ -4,6 +4,9 @@
 
 #include <cstring>
 
+#include "fabric/checkpoint/state_dict.h"
+#include "fabric/core/paths.h"
+
 namespace fabric {
 
 Fabric::Fabric(const Config& config) : Fabric(config, MachineFacts::query()) {}
@@ -65,6 +68,26 @@ void Fabric::clip_gradients_by_value(torch::nn::Module& module, torch::optim::Op
 }
 
 AutocastGuard Fabric::autocast() const { return strategy_->precision().autocast(); }
+
+void Fabric::save_weights_of(torch::nn::Module& module, const std::string& path) {
+  const auto file = absolute_from_working_directory(path);
+  std::string failure;
+  if (is_global_zero()) {
+    try {
+      save_state_dict(file, state_dict(module));
+    } catch (const Error& e) {
+      failure = e.what();
+    }
+  }
+  // Every rank learns whether rank 0 succeeded (no rank waits forever for a failed writer).
+  failure = broadcast(failure, 0);
+  if (!failure.empty()) throw Error(failure);
+}
+
+void Fabric::load_weights_of(torch::nn::Module& module, const std::string& path) {
+  const auto file = absolute_from_working_directory(path);
+  load_state_dict(module, load_state_dict_file(file), file.string());
+}
 
 RunDirectory Fabric::create_run_directory(const std::string& name) {
   return RunDirectory::create(config_, name, global_rank(), world_size(),

@@ -129,6 +129,20 @@ class Fabric {
     return strategy_->no_backward_sync(module_ref(module));
   }
 
+  // Model weights (parameters and buffers by name) to a file in PyTorch's serialization format,
+  // written crash-safe by global rank 0; every rank returns once it is complete (or throws the
+  // writer's error). Not yet readable from Python: see fabric/checkpoint/state_dict.h.
+  template <typename Module>
+  void save_weights(Module& module, const std::string& path) {
+    save_weights_of(module_ref(module), path);
+  }
+  // Loads weights saved by save_weights into `module` on every rank, strictly (missing, unexpected or reshaped names → one error listing
+  // them; nothing copied). See fabric/checkpoint/state_dict.h.
+  template <typename Module>
+  void load_weights(Module& module, const std::string& path) {
+    load_weights_of(module_ref(module), path);
+  }
+
   // The run directory for this job (logging.run_dir with {name} = `name`): created by global rank
   // 0, the same path on every rank; in a multi-process job ranks other than 0 send their stdout
   // and stderr to rank_N.log in it from here on (errors still reach the terminal). Collective.
@@ -181,6 +195,8 @@ class Fabric {
   static torch::nn::Module& module_ref(torch::nn::ModuleHolder<Impl>& m) {
     return *m;
   }
+  void save_weights_of(torch::nn::Module& module, const std::string& path);
+  void load_weights_of(torch::nn::Module& module, const std::string& path);
   double clip_gradients_norm(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                              double max_norm, double norm_type);
   void clip_gradients_by_value(torch::nn::Module& module, torch::optim::Optimizer& optimizer,

@@ -7,6 +7,7 @@
 #include <ctime>
 #include <fstream>
 
+#include "fabric/core/atomic_file.h"
 #include "fabric/core/error.h"
 #include "fabric/core/output.h"
 #include "fabric/core/paths.h"
@@ -40,20 +41,6 @@ std::string expand_run_dir(const std::string& pattern, const std::string& name,
     i = close;
   }
   return out;
-}
-
-void write_file_atomically(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp." + std::to_string(getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) throw Error("cannot write " + tmp.string() + ": " + std::strerror(errno));
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec)
-    throw Error("cannot rename " + tmp.string() + " to " + path.string() + ": " + ec.message());
 }
 
 RunDirectory RunDirectory::create(const Config& config, const std::string& name,

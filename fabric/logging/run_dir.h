@@ -48,8 +48,6 @@ class RunDirectory {
 std::string expand_run_dir(const std::string& pattern, const std::string& name,
                            const std::string& timestamp, const std::string& hash);
 
-// Writes `text` to `path` via a temporary file in the same folder and a rename.
-void write_file_atomically(const std::filesystem::path& path, const std::string& text);
 
 }  // namespace fabric
 

@@ -2,6 +2,8 @@
 #include "fabric/fabric.h"
 
 #include <gtest/gtest.h>
+
+#include <fstream>
 #include <torch/torch.h>
 
 namespace {
@@ -138,6 +140,25 @@ TEST(FabricTest, PropertiesDescribeASingleProcess) {
   EXPECT_TRUE(torch::equal(fabric.all_reduce(t), t));
   EXPECT_TRUE(torch::equal(fabric.broadcast(t), t));
   EXPECT_THROW(fabric.broadcast(t, 1), fabric::Error);
+}
+
+TEST(FabricTest, SaveAndLoadWeightsRoundTripAndReportBadPaths) {
+  fabric::Fabric fabric(config(), kCpu);
+  fabric.launch([&](fabric::Fabric& f) {
+    Net model;
+    const std::string file = ::testing::TempDir() + "/fabric_weights.pt";
+    f.save_weights(model, file);
+    const auto saved = model->fc1->weight.detach().clone();
+    {
+      torch::NoGradGuard no_grad;
+      model->fc1->weight.add_(1.0);
+    }
+    f.load_weights(model, file);
+    EXPECT_TRUE(torch::equal(model->fc1->weight, saved));
+    std::ofstream(::testing::TempDir() + "/not_a_dir") << "x";
+    EXPECT_THROW(f.save_weights(model, ::testing::TempDir() + "/not_a_dir/w.pt"), fabric::Error);
+    EXPECT_THROW(f.load_weights(model, ::testing::TempDir() + "/absent.pt"), fabric::Error);
+  });
 }
 
 }  // namespace

@@ -1,0 +1,108 @@
+#include "fabric/checkpoint/state_dict.h"
+
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/torch.h>
+
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <sstream>
+
+#include "fabric/core/atomic_file.h"
+#include "fabric/core/error.h"
+
+namespace fabric {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string shape_of(const torch::Tensor& t) {
+  std::ostringstream s;
+  s << t.sizes();
+  return s.str();
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& i : items) out += (out.empty() ? "" : ", ") + i;
+  return "[" + out + "]";
+}
+
+}  // namespace
+
+StateDict state_dict(const torch::nn::Module& module) {
+  StateDict out;
+  for (const auto& p : module.named_parameters())
+    if (p.value().defined()) out.emplace_back(p.key(), p.value().detach());
+  for (const auto& b : module.named_buffers())
+    if (b.value().defined()) out.emplace_back(b.key(), b.value().detach());
+  return out;
+}
+
+void save_state_dict(const fs::path& path, const StateDict& tensors) {
+  c10::Dict<std::string, torch::Tensor> dict;
+  for (const auto& [name, t] : tensors) {
+    if (dict.contains(name)) throw Error("cannot write " + path.string() + ": duplicate name " + name);
+    dict.insert(name, t.detach().cpu().contiguous());
+  }
+  const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
+  write_file_atomically(path, std::string_view(bytes.data(), bytes.size()));
+}
+
+StateDict load_state_dict_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path.string() + ": cannot open (" + std::strerror(errno) + ")");
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  c10::IValue value;
+  try {
+    value = torch::pickle_load(bytes);
+  } catch (const std::exception& e) {
+    std::string why = e.what();
+    why = why.substr(0, why.find('\n'));
+    throw Error(path.string() + ": not a readable PyTorch state dict file (" + why + ")");
+  }
+  if (!value.isGenericDict())
+    throw Error(path.string() + ": holds a " + value.tagKind() + ", not a dict of tensors");
+  StateDict out;
+  for (const auto& item : value.toGenericDict()) {
+    if (!item.key().isString() || !item.value().isTensor())
+      throw Error(path.string() + ": holds a dict entry that is not name → tensor");
+    out.emplace_back(item.key().toStringRef(), item.value().toTensor());
+  }
+  return out;
+}
+
+void load_state_dict(torch::nn::Module& module, const StateDict& tensors,
+                     const std::string& source) {
+  std::map<std::string, torch::Tensor> given;
+  for (const auto& [name, t] : tensors) given[name] = t;
+  std::vector<std::string> missing, shapes;
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;  // (destination, source)
+  for (const auto& [name, target] : state_dict(module)) {
+    auto it = given.find(name);
+    if (it == given.end()) {
+      missing.push_back(name);
+      continue;
+    }
+    if (!it->second.sizes().equals(target.sizes())) {
+      shapes.push_back("shape of " + name + " is " + shape_of(it->second) + " in the file, " +
+                       shape_of(target) + " in the model");
+    } else {
+      copies.emplace_back(target, it->second);
+    }
+    given.erase(it);
+  }
+  std::vector<std::string> unexpected;
+  for (const auto& [name, t] : given) unexpected.push_back(name);
+  if (!missing.empty() || !unexpected.empty() || !shapes.empty()) {
+    std::string why;
+    if (!missing.empty()) why += "missing " + join(missing);
+    if (!unexpected.empty()) why += (why.empty() ? "" : "; ") + std::string("unexpected ") + join(unexpected);
+    for (const auto& s : shapes) why += (why.empty() ? "" : "; ") + s;
+    throw Error(source + ": does not match the model: " + why);
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& [destination, from] : copies) destination.copy_(from);
+}
+
+}  // namespace fabric

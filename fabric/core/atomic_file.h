@@ -1,0 +1,21 @@
+// Crash-safe file writing: a reader sees either the old file or the complete new one, never a
+// partial write, even if the process is killed or the machine loses power mid-write.
+#ifndef FABRIC_CORE_ATOMIC_FILE_H_
+#define FABRIC_CORE_ATOMIC_FILE_H_
+
+#include <filesystem>
+#include <string_view>
+
+namespace fabric {
+
+// Writes `bytes` to `path`: a temporary file in the same folder (PATH.tmp.PID), flushed and
+// fsynced, renamed over `path`, then the folder fsynced. Throws fabric::Error
+// "cannot write PATH: <reason>" (the temporary file is removed; an existing `path` is untouched).
+void write_file_atomically(const std::filesystem::path& path, std::string_view bytes);
+
+// fsyncs a folder so that renames inside it survive a crash. Throws fabric::Error on failure.
+void sync_directory(const std::filesystem::path& dir);
+
+}  // namespace fabric
+
+#endif  // FABRIC_CORE_ATOMIC_FILE_H_
