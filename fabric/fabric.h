@@ -33,7 +33,6 @@
 #define FABRIC_FABRIC_H_
 
 #include <torch/nn/module.h>
-#include <torch/nn/parallel/data_parallel.h>
 #include <torch/nn/pimpl.h>
 #include <torch/optim/optimizer.h>
 
@@ -43,6 +42,10 @@
 #include <sstream>
 #include <string>
 #include <utility>
+
+#ifdef FABRIC_WITH_CUDA
+#include <torch/nn/parallel/data_parallel.h>
+#endif
 
 #include "fabric/config.h"
 #include "fabric/connector.h"
@@ -116,8 +119,10 @@ class Fabric {
   // be a ModuleHolder of a torch::nn::Cloneable). Use it in loops meant to run under dp.
   template <typename Holder>
   torch::Tensor forward(Holder& model, const torch::Tensor& input) {
+#ifdef FABRIC_WITH_CUDA  // data_parallel's Scatter/Gather live in LibTorch's CUDA library
     if (const auto* devices = strategy_->replica_devices(); devices && devices->size() > 1)
       return torch::nn::parallel::data_parallel(model, input, *devices, device());
+#endif
     return model->forward(input);
   }
 
