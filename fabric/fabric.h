@@ -136,7 +136,7 @@ class Fabric {
 
   // Model weights (parameters and buffers by name) to a file in PyTorch's serialization format,
   // written crash-safe by global rank 0; every rank returns once it is complete (or throws the
-  // writer's error). Not yet readable from Python: see fabric/checkpoint/state_dict.h.
+  // writer's error). Python reads it: torch.load(path, weights_only=True) → dict name → tensor.
   template <typename Module>
   void save_weights(Module& module, const std::string& path) {
     save_weights_of(module_ref(module), path);

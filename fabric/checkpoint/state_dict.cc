@@ -1,6 +1,9 @@
 #include "fabric/checkpoint/state_dict.h"
 
+#include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/csrc/jit/serialization/pickler.h>
+#include <torch/csrc/jit/serialization/pickler_helper.h>
 #include <torch/torch.h>
 
 #include <fstream>
@@ -45,8 +48,33 @@ void save_state_dict(const fs::path& path, const StateDict& tensors) {
     if (dict.contains(name)) throw Error("cannot write " + path.string() + ": duplicate name " + name);
     dict.insert(name, t.detach().cpu().contiguous());
   }
-  const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
-  write_file_atomically(path, std::string_view(bytes.data(), bytes.size()));
+  // torch.save's layout: archive/data.pkl (pickle protocol 2, tensors as persistent ids) and
+  // archive/data/<key> (raw storages). Unlike torch::pickle_save, aggregates are not tagged with
+  // torch.jit._pickle.restore_type_tag, which torch.load(weights_only=True) refuses.
+  std::string pickle;
+  torch::jit::Pickler pickler([&](const char* data, size_t n) { pickle.append(data, n); },
+                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr,
+                              /*memoized_class_types=*/nullptr, /*get_tensor_id=*/nullptr,
+                              /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(c10::IValue(dict));
+  pickler.stop();
+  std::string archive;
+  {
+    caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) {
+      archive.append(static_cast<const char*>(data), n);
+      return n;
+    });
+    writer.writeRecord("data.pkl", pickle.data(), pickle.size());
+    writer.writeRecord("byteorder", "little", 6);
+    const auto& tensors = pickler.tensorData();
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const auto data = torch::jit::getWriteableTensorData(tensors[i]);
+      writer.writeRecord("data/" + std::to_string(i), data.data(), data.sizeInBytes());
+    }
+    writer.writeEndOfFile();
+  }
+  write_file_atomically(path, archive);
 }
 
 StateDict load_state_dict_file(const fs::path& path) {

@@ -1,13 +1,12 @@
-// Model weights as files: a state dict (name → tensor) in PyTorch's zip serialization format
-// (torch::pickle_save / torch::pickle_load), written crash-safe. Names are the module's parameter
-// and buffer names as torch::nn::Module::named_parameters / named_buffers give them
-// ("features.0.weight", "bn.running_mean", ...), the names a Python model of the same structure
-// uses.
+// Model weights as files: a state dict (name → tensor) in torch.save's zip layout, written
+// crash-safe. Python reads them: torch.load(path, weights_only=True) returns a dict name → tensor.
+// Names are the module's parameter and buffer names as torch::nn::Module::named_parameters /
+// named_buffers give them ("features.0.weight", "bn.running_mean", ...), the names a Python model
+// of the same structure uses.
 //
-// Python interoperability is NOT there yet (issue 5): torch.load(path, weights_only=True) rejects
-// these files (torch::pickle_save tags the dict with torch.jit._pickle.restore_type_tag), and
-// torch::pickle_load turns Python's torch.save(model.state_dict()) (an OrderedDict with
-// _metadata) into None, which load_state_dict_file reports as an error.
+// Not yet (issue 5): reading Python's torch.save(model.state_dict()) — torch::pickle_load turns
+// that OrderedDict (which carries _metadata) into None, which load_state_dict_file reports as an
+// error; a small allow-listed unpickler of our own is the planned fix.
 //
 // Reading never executes code from the file: only PyTorch's data pickle (dicts, strings, tensors)
 // is decoded; anything else is an error.

@@ -1,13 +1,18 @@
-// State dict files: round trip, strict matching, and one-line errors for bad files.
+// State dict files: round trip, Python's torch.load(weights_only=True) reading ours (the
+// interpreter tools/setup.sh installs torch into), strict matching, one-line errors for bad files.
 #include "fabric/checkpoint/state_dict.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <cstdlib>
 #include <fstream>
+#include <map>
+#include <sstream>
 
 #include "fabric/core/error.h"
+#include "tests/run_command.h"
 
 namespace fs = std::filesystem;
 
@@ -53,6 +58,40 @@ TEST_F(StateDictTest, RoundTripAndStrictLoad) {
   // Nothing was copied on failure.
   const auto after = fabric::state_dict(*other);
   for (size_t i = 0; i < after.size(); ++i) EXPECT_TRUE(torch::equal(before[i].second, after[i].second));
+}
+
+std::string describe(const torch::Tensor& t) {
+  char buf[128];
+  std::snprintf(buf, sizeof(buf), "%lld %.6e", static_cast<long long>(t.numel()),
+                t.to(torch::kDouble).sum().item<double>());
+  return buf;
+}
+
+TEST_F(StateDictTest, PythonReadsOurFileWithWeightsOnly) {
+  torch::manual_seed(1);
+  auto model = make_model();
+  const fs::path file = dir_ / "for_python.pt";
+  fabric::save_state_dict(file, fabric::state_dict(*model));
+  const fs::path script = dir_ / "read.py";
+  std::ofstream(script) << "import sys, torch\n"
+                           "sd = torch.load(sys.argv[1], weights_only=True)\n"
+                           "assert type(sd) is dict, type(sd)\n"
+                           "for k, v in sd.items():\n"
+                           "    print('T', k, v.numel(), '%.6e' % v.double().sum().item())\n";
+  const char* py = std::getenv("PYTHON");
+  auto [code, out] = fabric::testing::run_command(std::string(py ? py : "python3") + " " +
+                                                  script.string() + " " + file.string());
+  ASSERT_EQ(code, 0) << out;
+  std::map<std::string, std::string> rows;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("T ", 0) != 0) continue;
+    const size_t space = line.find(' ', 2);
+    rows[line.substr(2, space - 2)] = line.substr(space + 1);
+  }
+  const auto ours = fabric::state_dict(*model);
+  EXPECT_EQ(rows.size(), ours.size()) << out;
+  for (const auto& [name, t] : ours) EXPECT_EQ(rows[name], describe(t)) << name;
 }
 
 TEST_F(StateDictTest, BadFilesFailWithOneLineNamingThem) {
