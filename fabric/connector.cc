@@ -112,9 +112,8 @@ void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) 
   s.strategy = want == "ddp" || (want == "auto" && world > 1) ? "ddp" : "single_device";
   if (want == "dp") {
     if (world > 1) {
-      throw c.error_at("fabric.strategy",
-                       "'dp' runs one process, but the launcher started " +
-                           plural(world, "process") + ": use ddp");
+      throw c.error_at("fabric.strategy", "'dp' runs one process, but the launcher started " +
+                                              plural(world, "process") + ": use ddp");
     }
     if (s.accelerator == c10::DeviceType::CUDA && s.devices.size() >= 2) {
       s.strategy = "dp";
@@ -223,7 +222,8 @@ ResolvedSetup resolve_setup(const Config& c, const MachineFacts& m) {
 
 std::unique_ptr<Strategy> build_strategy(const ResolvedSetup& s) {
   auto precision = std::make_unique<Precision>(s.precision, s.accelerator, s.scaler);
-  if (s.strategy == "dp") return std::make_unique<strategies::DataParallel>(s.devices, std::move(precision));
+  if (s.strategy == "dp")
+    return std::make_unique<strategies::DataParallel>(s.devices, std::move(precision));
   if (s.strategy == "ddp") {
     return std::make_unique<strategies::Ddp>(
         s.environment, s.device, std::move(precision), s.ddp,

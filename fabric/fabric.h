@@ -141,7 +141,8 @@ class Fabric {
   void save_weights(Module& module, const std::string& path) {
     save_weights_of(module_ref(module), path);
   }
-  // Loads weights saved by save_weights into `module` on every rank, strictly (missing, unexpected or reshaped names → one error listing
+  // Loads weights saved by save_weights or by Python's torch.save(model.state_dict(), path) into
+  // `module` on every rank, strictly (missing, unexpected or reshaped names → one error listing
   // them; nothing copied). See fabric/checkpoint/state_dict.h.
   template <typename Module>
   void load_weights(Module& module, const std::string& path) {

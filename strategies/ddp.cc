@@ -1,10 +1,10 @@
 #include "strategies/ddp.h"
 
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/comm.hpp>
-#include <torch/csrc/autograd/custom_function.h>
-#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
 #ifdef FABRIC_WITH_CUDA
@@ -54,8 +54,8 @@ class StaticGraphFirstIterationSink
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    auto* reducer = reinterpret_cast<c10d::Reducer*>(
-        static_cast<intptr_t>(ctx->saved_data["reducer"].toInt()));
+    auto* reducer =
+        reinterpret_cast<c10d::Reducer*>(static_cast<intptr_t>(ctx->saved_data["reducer"].toInt()));
     torch::autograd::Engine::get_default_engine().queue_callback(
         [reducer] { reducer->delay_all_reduce(); });
     return {grads[0], torch::Tensor()};
@@ -138,8 +138,8 @@ void Ddp::setup_module(torch::nn::Module& module) {
   precision_->convert_module(module);
   if (options_.sync_batchnorm) {
     // Before collecting parameters: swapped modules keep the same parameter tensors anyway.
-    sync_batchnorm_modules_ = static_cast<int64_t>(
-        nn::convert_sync_batchnorm_or_throw(module, pg_).synchronized.size());
+    sync_batchnorm_modules_ =
+        static_cast<int64_t>(nn::convert_sync_batchnorm_or_throw(module, pg_).synchronized.size());
   }
   std::vector<torch::Tensor> params;
   std::unordered_map<size_t, std::string> names;
@@ -181,7 +181,8 @@ void Ddp::setup_module(torch::nn::Module& module) {
   if (options_.static_graph) reducer_->set_static_graph();
   if (options_.comm_hook == "fp16")
     reducer_->register_builtin_comm_hook(c10d::BuiltinCommHookType::FP16_COMPRESS);
-  if (options_.comm_hook == "bf16") reducer_->register_comm_hook(std::make_unique<Bf16CompressHook>(pg_));
+  if (options_.comm_hook == "bf16")
+    reducer_->register_comm_hook(std::make_unique<Bf16CompressHook>(pg_));
 }
 
 void Ddp::backward(const torch::Tensor& loss_in) {

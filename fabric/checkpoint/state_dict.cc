@@ -1,7 +1,6 @@
 #include "fabric/checkpoint/state_dict.h"
 
 #include <caffe2/serialize/inline_container.h>
-#include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/csrc/jit/serialization/pickler_helper.h>
 #include <torch/torch.h>
@@ -11,6 +10,7 @@
 #include <map>
 #include <sstream>
 
+#include "fabric/checkpoint/torch_pickle.h"
 #include "fabric/core/atomic_file.h"
 #include "fabric/core/error.h"
 
@@ -45,7 +45,8 @@ StateDict state_dict(const torch::nn::Module& module) {
 void save_state_dict(const fs::path& path, const StateDict& tensors) {
   c10::Dict<std::string, torch::Tensor> dict;
   for (const auto& [name, t] : tensors) {
-    if (dict.contains(name)) throw Error("cannot write " + path.string() + ": duplicate name " + name);
+    if (dict.contains(name))
+      throw Error("cannot write " + path.string() + ": duplicate name " + name);
     dict.insert(name, t.detach().cpu().contiguous());
   }
   // torch.save's layout: archive/data.pkl (pickle protocol 2, tensors as persistent ids) and
@@ -78,26 +79,21 @@ void save_state_dict(const fs::path& path, const StateDict& tensors) {
 }
 
 StateDict load_state_dict_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path.string() + ": cannot open (" + std::strerror(errno) + ")");
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  c10::IValue value;
+  if (!fs::exists(path)) throw Error(path.string() + ": cannot open (No such file or directory)");
   try {
-    value = torch::pickle_load(bytes);
+    caffe2::serialize::PyTorchStreamReader reader(path.string());
+    auto read = [&](const std::string& name) {
+      if (!reader.hasRecord(name)) throw std::runtime_error("has no record " + name);
+      auto [data, size] = reader.getRecord(name);
+      return std::string(static_cast<const char*>(data.get()), size);
+    };
+    return internal::read_state_dict_pickle(
+        read("data.pkl"), [&](const std::string& key) { return read("data/" + key); });
   } catch (const std::exception& e) {
     std::string why = e.what();
     why = why.substr(0, why.find('\n'));
     throw Error(path.string() + ": not a readable PyTorch state dict file (" + why + ")");
   }
-  if (!value.isGenericDict())
-    throw Error(path.string() + ": holds a " + value.tagKind() + ", not a dict of tensors");
-  StateDict out;
-  for (const auto& item : value.toGenericDict()) {
-    if (!item.key().isString() || !item.value().isTensor())
-      throw Error(path.string() + ": holds a dict entry that is not name → tensor");
-    out.emplace_back(item.key().toStringRef(), item.value().toTensor());
-  }
-  return out;
 }
 
 void load_state_dict(torch::nn::Module& module, const StateDict& tensors,
@@ -125,7 +121,8 @@ void load_state_dict(torch::nn::Module& module, const StateDict& tensors,
   if (!missing.empty() || !unexpected.empty() || !shapes.empty()) {
     std::string why;
     if (!missing.empty()) why += "missing " + join(missing);
-    if (!unexpected.empty()) why += (why.empty() ? "" : "; ") + std::string("unexpected ") + join(unexpected);
+    if (!unexpected.empty())
+      why += (why.empty() ? "" : "; ") + std::string("unexpected ") + join(unexpected);
     for (const auto& s : shapes) why += (why.empty() ? "" : "; ") + s;
     throw Error(source + ": does not match the model: " + why);
   }

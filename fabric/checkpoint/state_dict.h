@@ -1,15 +1,14 @@
-// Model weights as files: a state dict (name → tensor) in torch.save's zip layout, written
-// crash-safe. Python reads them: torch.load(path, weights_only=True) returns a dict name → tensor.
+// Model weights as files PyTorch reads and writes: a state dict (name → tensor) in torch.save's
+// zip layout, so
+//   - a file written here is read in Python by torch.load(path, weights_only=True) as a dict;
+//   - a file written in Python by torch.save(model.state_dict(), path) is read here.
 // Names are the module's parameter and buffer names as torch::nn::Module::named_parameters /
 // named_buffers give them ("features.0.weight", "bn.running_mean", ...), the names a Python model
 // of the same structure uses.
 //
-// Not yet (issue 5): reading Python's torch.save(model.state_dict()) — torch::pickle_load turns
-// that OrderedDict (which carries _metadata) into None, which load_state_dict_file reports as an
-// error; a small allow-listed unpickler of our own is the planned fix.
-//
-// Reading never executes code from the file: only PyTorch's data pickle (dicts, strings, tensors)
-// is decoded; anything else is an error.
+// Reading never executes code from the file: a small pickle interpreter (torch_pickle.h) knows only
+// dicts/OrderedDicts, tuples, lists, strings, numbers and tensors; a file naming any other Python
+// global (a function, a class) is refused with an error naming it.
 #ifndef FABRIC_CHECKPOINT_STATE_DICT_H_
 #define FABRIC_CHECKPOINT_STATE_DICT_H_
 
@@ -32,7 +31,7 @@ StateDict state_dict(const torch::nn::Module& module);
 // fsync, rename; see fabric/core/atomic_file.h). Throws fabric::Error "cannot write PATH: ...".
 void save_state_dict(const std::filesystem::path& path, const StateDict& tensors);
 
-// Reads a name → tensor dict written by save_state_dict. Throws
+// Reads a name → tensor dict (save_state_dict's or Python's torch.save(state_dict)). Throws
 // fabric::Error "PATH: ..." for a missing, truncated or foreign file.
 StateDict load_state_dict_file(const std::filesystem::path& path);
 
@@ -40,7 +39,8 @@ StateDict load_state_dict_file(const std::filesystem::path& path);
 // Strict: if any name is missing, unexpected or of another shape, nothing is copied and
 // fabric::Error lists them all: "SOURCE: does not match the model: missing [a, b]; unexpected
 // [c]; shape of d is [3, 4] in the file, [4, 4] in the model".
-void load_state_dict(torch::nn::Module& module, const StateDict& tensors, const std::string& source);
+void load_state_dict(torch::nn::Module& module, const StateDict& tensors,
+                     const std::string& source);
 
 }  // namespace fabric
 

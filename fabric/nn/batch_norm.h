@@ -119,10 +119,9 @@ class SyncBatchNormImplBase : public torch::nn::BatchNormImplBase<D, Derived> {
       this->weight = this->parameters_["weight"] = other.weight;
       this->bias = this->parameters_["bias"] = other.bias;
     }
-    for (auto [mine, theirs] :
-         {std::pair(this->running_mean, other.running_mean),
-          std::pair(this->running_var, other.running_var),
-          std::pair(this->num_batches_tracked, other.num_batches_tracked)}) {
+    for (auto [mine, theirs] : {std::pair(this->running_mean, other.running_mean),
+                                std::pair(this->running_var, other.running_var),
+                                std::pair(this->num_batches_tracked, other.num_batches_tracked)}) {
       if (mine.defined() && theirs.defined()) mine.copy_(theirs);
     }
   }

@@ -1,7 +1,7 @@
 // convert_sync_batchnorm: walks a module tree, hands the process group to fabric BatchNorms and
 // swaps torch BatchNorms held by containers for fabric ones.
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <functional>
 

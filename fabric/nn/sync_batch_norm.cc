@@ -4,8 +4,8 @@
 // spread is the biased variance on CPU and the inverse standard deviation on CUDA (the form ATen's
 // CUDA kernels take).
 #include <torch/csrc/autograd/custom_function.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <sstream>
 
@@ -86,10 +86,11 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     Tensor counts = rows.select(1, 2 * channels);
     const double total = counts.sum().item<double>();
     if (total <= 1) {
-      throw Error("sync_batch_norm: expected more than 1 value per channel in the global batch "
-                  "when training, got " +
-                  std::to_string(static_cast<int64_t>(total)) + " over " +
-                  std::to_string(group.getSize()) + " ranks");
+      throw Error(
+          "sync_batch_norm: expected more than 1 value per channel in the global batch "
+          "when training, got " +
+          std::to_string(static_cast<int64_t>(total)) + " over " + std::to_string(group.getSize()) +
+          " ranks");
     }
     Tensor means = rows.narrow(1, 0, channels);
     Tensor spreads = rows.narrow(1, channels, channels);
@@ -135,8 +136,8 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     const auto saved = ctx->get_saved_variables();
     const Tensor &x = saved[0], &weight = saved[1], &mean = saved[2], &invstd = saved[3],
                  &counts = saved[4];
-    auto group =
-        c10::static_intrusive_pointer_cast<c10d::ProcessGroup>(ctx->saved_data["group"].toCapsule());
+    auto group = c10::static_intrusive_pointer_cast<c10d::ProcessGroup>(
+        ctx->saved_data["group"].toCapsule());
     const int64_t channels = x.size(1);
     const bool need_input = ctx->needs_input_grad(0);
     const bool need_weight = weight.defined() && ctx->needs_input_grad(1);

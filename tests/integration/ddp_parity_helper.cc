@@ -27,8 +27,9 @@ constexpr int64_t kGlobalBatch = 12;  // divisible by 1, 2, 3, 4
 struct NetImpl : torch::nn::Module {
   explicit NetImpl(bool with_unused) {
     torch::manual_seed(0);
-    body = register_module("body", torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(),
-                                                         torch::nn::Linear(16, 4)));
+    body =
+        register_module("body", torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(),
+                                                      torch::nn::Linear(16, 4)));
     if (with_unused) unused = register_module("unused", torch::nn::Linear(4, 4));
   }
   torch::Tensor forward(const torch::Tensor& x) { return body->forward(x); }
@@ -83,8 +84,8 @@ int main(int argc, char** argv) {
   const double tolerance = mode == "bf16" ? 2e-2 : on_gpu ? 1e-5 : 1e-6;
   fabric::strategies::Ddp ddp(
       env, device,
-      std::make_unique<fabric::Precision>(fabric::PrecisionMode::k32True, device.type()),
-      options, std::vector<std::string>(argv, argv + argc));
+      std::make_unique<fabric::Precision>(fabric::PrecisionMode::k32True, device.type()), options,
+      std::vector<std::string>(argv, argv + argc));
   ddp.setup_environment();
   const int64_t rank = ddp.global_rank();
   int failures = 0;

@@ -108,7 +108,8 @@ TEST_F(ExamplesTest, DdpAmpConfigRunsTwoProcessesWithPerRankLogs) {
 }
 
 TEST_F(ExamplesTest, DpConfigWithoutTwoGpusRunsSingleDeviceWithAWarning) {
-  Result r = run("cifar10", std::string("--config=dp.yaml") + kTinyCifar + " fabric.accelerator=cpu");
+  Result r =
+      run("cifar10", std::string("--config=dp.yaml") + kTinyCifar + " fabric.accelerator=cpu");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("fabric.strategy: dp needs 2 or more CUDA devices (have 1 device on cpu); "
                        "running single_device instead"),

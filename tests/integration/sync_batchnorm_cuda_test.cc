@@ -2,8 +2,8 @@
 // / elemt / backward_reduce / backward_elemt) equals the CPU path (ordinary tensor ops) on the
 // same data, through a one-rank group (Gloo for the CPU tensors, NCCL for the CUDA ones).
 #include <gtest/gtest.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "fabric/distributed/process_group.h"
 #include "fabric/nn/batch_norm.h"
@@ -25,8 +25,8 @@ Result run(const torch::Tensor& x0, const torch::Tensor& w0, torch::Device devic
   args.group = fabric::nn::detail::make_group(group);
   auto y = fabric::nn::detail::sync_batch_norm(x, weight, bias, args);
   (y * w0.to(device)).sum().backward();
-  return {y.cpu(), x.grad().cpu(), weight.grad().cpu(), bias.grad().cpu(),
-          args.running_mean.cpu(), args.running_var.cpu()};
+  return {y.cpu(),           x.grad().cpu(),          weight.grad().cpu(),
+          bias.grad().cpu(), args.running_mean.cpu(), args.running_var.cpu()};
 }
 
 TEST(SyncBatchNormCudaTest, CudaPathEqualsCpuPath) {

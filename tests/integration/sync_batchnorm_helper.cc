@@ -125,10 +125,11 @@ int main(int argc, char** argv) {
                                            b.value().to(torch::kDouble)));
     for (const auto& p : reference->named_parameters())
       d_state = std::max(d_state, max_diff(mine[p.key()].detach(), p.value().detach()));
-    std::printf("rank %lld step %lld: output %.2g input_grad %.2g weight_grad %.2g bias_grad %.2g "
-                "state %.2g\n",
-                static_cast<long long>(rank), static_cast<long long>(step), d_out, d_grad, d_wgrad,
-                d_bgrad, d_state);
+    std::printf(
+        "rank %lld step %lld: output %.2g input_grad %.2g weight_grad %.2g bias_grad %.2g "
+        "state %.2g\n",
+        static_cast<long long>(rank), static_cast<long long>(step), d_out, d_grad, d_wgrad, d_bgrad,
+        d_state);
     worst = std::max({worst, d_out, d_grad, d_wgrad, d_bgrad, d_state});
   }
   std::printf("max_abs_diff=%g\n", worst);

@@ -43,7 +43,8 @@ int main(int argc, char** argv) {
       f.backward(torch::mse_loss(model->forward(x), y));
       f.step(opt);
       const auto t1 = std::chrono::steady_clock::now();
-      if (s >= FLAGS_warmup) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      if (s >= FLAGS_warmup)
+        ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
     }
     std::sort(ms.begin(), ms.end());
     if (f.is_global_zero())

@@ -5,8 +5,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <filesystem>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -28,7 +28,6 @@ class StateDictTest : public ::testing::Test {
  protected:
   void SetUp() override { dir_ = fs::path(::testing::TempDir()); }
   fs::path dir_;
-
 };
 
 TEST_F(StateDictTest, RoundTripAndStrictLoad) {
@@ -41,7 +40,8 @@ TEST_F(StateDictTest, RoundTripAndStrictLoad) {
   fabric::load_state_dict(*fresh, fabric::load_state_dict_file(file), file.string());
   const auto a = fabric::state_dict(*model), b = fabric::state_dict(*fresh);
   ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i].second, b[i].second)) << a[i].first;
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_TRUE(torch::equal(a[i].second, b[i].second)) << a[i].first;
 
   auto other = torch::nn::Sequential(torch::nn::Conv2d(1, 5, 3), torch::nn::BatchNorm2d(4));
   const auto before = fabric::state_dict(*other);
@@ -57,7 +57,8 @@ TEST_F(StateDictTest, RoundTripAndStrictLoad) {
   }
   // Nothing was copied on failure.
   const auto after = fabric::state_dict(*other);
-  for (size_t i = 0; i < after.size(); ++i) EXPECT_TRUE(torch::equal(before[i].second, after[i].second));
+  for (size_t i = 0; i < after.size(); ++i)
+    EXPECT_TRUE(torch::equal(before[i].second, after[i].second));
 }
 
 std::string describe(const torch::Tensor& t) {
@@ -94,6 +95,55 @@ TEST_F(StateDictTest, PythonReadsOurFileWithWeightsOnly) {
   for (const auto& [name, t] : ours) EXPECT_EQ(rows[name], describe(t)) << name;
 }
 
+TEST_F(StateDictTest, WeLoadPythonsTorchSaveOfAStateDict) {
+  const fs::path file = dir_ / "from_python.pt";
+  const fs::path script = dir_ / "write.py";
+  std::ofstream(script)
+      << "import sys, torch\n"
+         "torch.manual_seed(2)\n"
+         "m = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4),\n"
+         "                        torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 3))\n"
+         "m(torch.randn(2, 1, 8, 8))\n"
+         "torch.save(m.state_dict(), sys.argv[1])\n"
+         "for k, v in m.state_dict().items():\n"
+         "    print('T', k, v.numel(), '%.6e' % v.double().sum().item())\n";
+  const char* py = std::getenv("PYTHON");
+  auto [code, out] = fabric::testing::run_command(std::string(py ? py : "python3") + " " +
+                                                  script.string() + " " + file.string());
+  ASSERT_EQ(code, 0) << out;
+  auto model = make_model();
+  fabric::load_state_dict(*model, fabric::load_state_dict_file(file), file.string());
+  std::map<std::string, std::string> rows;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("T ", 0) != 0) continue;
+    const size_t space = line.find(' ', 2);
+    rows[line.substr(2, space - 2)] = line.substr(space + 1);
+  }
+  const auto ours = fabric::state_dict(*model);
+  EXPECT_EQ(rows.size(), ours.size()) << out;
+  for (const auto& [name, t] : ours) EXPECT_EQ(rows[name], describe(t)) << name;
+}
+
+TEST_F(StateDictTest, APickleNamingCodeIsRefusedNotRun) {
+  const fs::path file = dir_ / "evil.pt";
+  const fs::path script = dir_ / "evil.py";
+  std::ofstream(script) << "import sys, os, torch\n"
+                           "torch.save({'w': torch.ones(2), 'x': os.system}, sys.argv[1])\n";
+  const char* py = std::getenv("PYTHON");
+  auto [code, out] = fabric::testing::run_command(std::string(py ? py : "python3") + " " +
+                                                  script.string() + " " + file.string());
+  ASSERT_EQ(code, 0) << out;
+  try {
+    fabric::load_state_dict_file(file);
+    FAIL() << "no error";
+  } catch (const fabric::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("refers to posix.system, which a state dict never needs"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_F(StateDictTest, BadFilesFailWithOneLineNamingThem) {
   auto message = [](const fs::path& p) {
     try {
@@ -106,17 +156,19 @@ TEST_F(StateDictTest, BadFilesFailWithOneLineNamingThem) {
   EXPECT_EQ(message(dir_ / "absent.pt"),
             (dir_ / "absent.pt").string() + ": cannot open (No such file or directory)");
   std::ofstream(dir_ / "random.pt") << "\x13\x37 not a checkpoint at all";
-  EXPECT_EQ(message(dir_ / "random.pt").rfind((dir_ / "random.pt").string() +
-                                                  ": not a readable PyTorch state dict file (",
-                                              0),
-            0u)
+  EXPECT_EQ(
+      message(dir_ / "random.pt")
+          .rfind((dir_ / "random.pt").string() + ": not a readable PyTorch state dict file (", 0),
+      0u)
       << message(dir_ / "random.pt");
   // A truncated file (the first half of a good one).
   fabric::save_state_dict(dir_ / "good.pt", fabric::state_dict(*make_model()));
   std::ifstream in(dir_ / "good.pt", std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::ofstream(dir_ / "truncated.pt", std::ios::binary) << bytes.substr(0, bytes.size() / 2);
-  EXPECT_EQ(message(dir_ / "truncated.pt").rfind((dir_ / "truncated.pt").string() + ": not a readable", 0), 0u)
+  EXPECT_EQ(message(dir_ / "truncated.pt")
+                .rfind((dir_ / "truncated.pt").string() + ": not a readable", 0),
+            0u)
       << message(dir_ / "truncated.pt");
   EXPECT_EQ(message(dir_ / "truncated.pt").find('\n'), std::string::npos);
   // Writing where a folder cannot exist: the error names the file; nothing is left behind.
@@ -125,7 +177,9 @@ TEST_F(StateDictTest, BadFilesFailWithOneLineNamingThem) {
     fabric::save_state_dict(dir_ / "plainfile" / "w.pt", {});
     FAIL() << "no error";
   } catch (const fabric::Error& e) {
-    EXPECT_EQ(std::string(e.what()).rfind("cannot write " + (dir_ / "plainfile" / "w.pt").string() + ": ", 0), 0u)
+    EXPECT_EQ(std::string(e.what()).rfind(
+                  "cannot write " + (dir_ / "plainfile" / "w.pt").string() + ": ", 0),
+              0u)
         << e.what();
   }
 }

@@ -43,8 +43,9 @@ std::string python_program(const std::vector<Case>& cs) {
   py << "import torch.utils.data as d\n"
         "for n, r, k, sh, seed, ep, dl in [";
   for (const auto& c : cs)
-    py << "(" << c.size << "," << c.replicas << "," << c.rank << "," << (c.shuffle ? "True" : "False")
-       << "," << c.seed << "," << c.epoch << "," << (c.drop_last ? "True" : "False") << "),";
+    py << "(" << c.size << "," << c.replicas << "," << c.rank << ","
+       << (c.shuffle ? "True" : "False") << "," << c.seed << "," << c.epoch << ","
+       << (c.drop_last ? "True" : "False") << "),";
   py << "]:\n"
         "    s = d.DistributedSampler(range(n), num_replicas=r, rank=k, shuffle=sh, seed=seed,"
         " drop_last=dl)\n"
@@ -73,9 +74,9 @@ TEST(SamplerPythonParityTest, SameIndicesAsTorchDistributedSampler) {
     const Case& c = cs[i++];
     fabric::DistributedSampler s(c.size, c.replicas, c.rank, c.shuffle, c.seed, c.drop_last);
     s.set_epoch(c.epoch);
-    EXPECT_EQ(s.indices(), expected) << "size " << c.size << " replicas " << c.replicas << " rank "
-                                     << c.rank << " shuffle " << c.shuffle << " seed " << c.seed
-                                     << " epoch " << c.epoch << " drop_last " << c.drop_last;
+    EXPECT_EQ(s.indices(), expected)
+        << "size " << c.size << " replicas " << c.replicas << " rank " << c.rank << " shuffle "
+        << c.shuffle << " seed " << c.seed << " epoch " << c.epoch << " drop_last " << c.drop_last;
   }
   EXPECT_EQ(i, cs.size()) << out;
 }

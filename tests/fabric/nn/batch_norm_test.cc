@@ -5,8 +5,8 @@
 #include "fabric/nn/batch_norm.h"
 
 #include <gtest/gtest.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "fabric/core/error.h"
 #include "fabric/distributed/process_group.h"
@@ -100,11 +100,12 @@ struct UserBlockImpl : torch::nn::Module {
   torch::nn::Sequential seq{
       register_module("seq", torch::nn::Sequential(torch::nn::Conv2d(2, 2, 1),
                                                    torch::nn::BatchNorm2d(2), torch::nn::ReLU()))};
-  torch::nn::ModuleList list{register_module("list", torch::nn::ModuleList(torch::nn::BatchNorm1d(2)))};
+  torch::nn::ModuleList list{
+      register_module("list", torch::nn::ModuleList(torch::nn::BatchNorm1d(2)))};
   torch::nn::ModuleDict dict{register_module(
-      "dict", torch::nn::ModuleDict(
-                  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>>{
-                      {"bn", torch::nn::BatchNorm3d(2).ptr()}}))};
+      "dict",
+      torch::nn::ModuleDict(std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>>{
+          {"bn", torch::nn::BatchNorm3d(2).ptr()}}))};
 };
 TORCH_MODULE(UserBlock);
 
@@ -114,11 +115,11 @@ TEST(BatchNormTest, ConvertSwapsContainerMembersKeepingParametersAndReportsPlain
   const auto seq_weight = block->named_parameters()["seq.1.weight"];
   {
     torch::NoGradGuard no_grad;
-    std::dynamic_pointer_cast<torch::nn::BatchNorm2dImpl>(block->seq->ptr(1))->running_mean.fill_(7);
+    std::dynamic_pointer_cast<torch::nn::BatchNorm2dImpl>(block->seq->ptr(1))
+        ->running_mean.fill_(7);
   }
   const auto report = fabric::nn::convert_sync_batchnorm(*block, one_rank_group());
-  EXPECT_EQ(report.synchronized,
-            (std::vector<std::string>{"ours", "seq.1", "list.0", "dict.bn"}));
+  EXPECT_EQ(report.synchronized, (std::vector<std::string>{"ours", "seq.1", "list.0", "dict.bn"}));
   EXPECT_EQ(report.not_replaceable, std::vector<std::string>{"plain"});
   EXPECT_EQ(keys(*block), keys_before);
   EXPECT_TRUE(block->named_parameters()["seq.1.weight"].is_same(seq_weight));
@@ -127,7 +128,8 @@ TEST(BatchNormTest, ConvertSwapsContainerMembersKeepingParametersAndReportsPlain
   EXPECT_TRUE(block->list->ptr(0)->as<fabric::nn::BatchNorm1dImpl>());
   EXPECT_TRUE(block->dict["bn"]->as<fabric::nn::BatchNorm3dImpl>());
   // Sequential's forward runs the swapped module.
-  EXPECT_EQ(block->seq->forward(torch::randn({3, 2, 4, 4})).sizes(), (std::vector<int64_t>{3, 2, 4, 4}));
+  EXPECT_EQ(block->seq->forward(torch::randn({3, 2, 4, 4})).sizes(),
+            (std::vector<int64_t>{3, 2, 4, 4}));
 
   try {
     fabric::nn::convert_sync_batchnorm_or_throw(*block, one_rank_group());
