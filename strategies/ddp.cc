@@ -125,7 +125,7 @@ void Ddp::teardown_after_error() {
   launcher_.reset();  // stops the other ranks of a self-launched job
   if (pg_) {
     try {
-      pg_->abort();
+      pg_->abort();  // c10d: cancels pending communication; the process itself carries on
     } catch (const std::exception&) {
       // Best effort: the process is about to report its error and exit.
     }
@@ -251,11 +251,7 @@ torch::Tensor Ddp::broadcast(const torch::Tensor& tensor, int64_t src) {
 }
 
 std::vector<torch::Tensor> Ddp::all_gather(const torch::Tensor& tensor) {
-  std::vector<torch::Tensor> input = {tensor.contiguous()};
-  std::vector<std::vector<torch::Tensor>> output(1);
-  for (int64_t r = 0; r < world_size(); ++r) output[0].push_back(torch::empty_like(input[0]));
-  distributed::wait(pg_->allgather(output, input), "all_gather");
-  return output[0];
+  return distributed::all_gather(*pg_, tensor, "all_gather");
 }
 
 ScopeGuard Ddp::no_backward_sync(torch::nn::Module& module) {

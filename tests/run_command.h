@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 namespace fabric::testing {
@@ -25,6 +26,12 @@ inline CommandResult run_command(const std::string& command) {
   const int status = pclose(pipe);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
+}
+
+// The Python with the setup's torch: $PYTHON (tests set it from TORCH_PYTHON), else python3.
+inline std::string python_interpreter() {
+  const char* py = std::getenv("PYTHON");
+  return py != nullptr && *py != '\0' ? py : "python3";
 }
 
 }  // namespace fabric::testing

@@ -5,8 +5,6 @@
 #include <torch/csrc/jit/serialization/pickler_helper.h>
 #include <torch/torch.h>
 
-#include <fstream>
-#include <iterator>
 #include <map>
 #include <sstream>
 

@@ -113,16 +113,14 @@ class Reader {
           stack_.push_back(v);
           break;
         }
-        case 'X':
+        case 'X':  // BINUNICODE
+        case 'T':  // BINSTRING
           push_str(take(uint_le(4)));
-          break;  // BINUNICODE
-        case 0x8c:
-        case 'U':
+          break;
+        case 0x8c:  // SHORT_BINUNICODE
+        case 'U':   // SHORT_BINSTRING
           push_str(take(static_cast<unsigned char>(byte())));
           break;
-        case 'T':
-          push_str(take(uint_le(4)));
-          break;  // BINSTRING
         case 'q':
           memo_[static_cast<unsigned char>(byte())] = top();
           break;

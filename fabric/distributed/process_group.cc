@@ -73,6 +73,15 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(
   return pg;
 }
 
+std::vector<at::Tensor> all_gather(c10d::ProcessGroup& group, const at::Tensor& tensor,
+                                   const std::string& collective) {
+  std::vector<at::Tensor> input = {tensor.contiguous()};
+  std::vector<std::vector<at::Tensor>> output(1);
+  for (int64_t r = 0; r < group.getSize(); ++r) output[0].push_back(at::empty_like(input[0]));
+  wait(group.allgather(output, input), collective);
+  return output[0];
+}
+
 void wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& collective) {
   try {
     work->wait();

@@ -9,11 +9,13 @@
 #ifndef FABRIC_DISTRIBUTED_PROCESS_GROUP_H_
 #define FABRIC_DISTRIBUTED_PROCESS_GROUP_H_
 
+#include <ATen/core/Tensor.h>
 #include <c10/util/intrusive_ptr.h>
 
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace c10d {
 class Store;
@@ -40,7 +42,7 @@ struct ProcessGroupOptions {
   int64_t rank = 0;
   int64_t world_size = 1;
   std::chrono::milliseconds timeout{300000};
-  bool cuda = false;        // also register a backend for CUDA tensors (FABRIC_WITH_CUDA builds)
+  bool cuda = false;  // also register a backend for CUDA tensors (FABRIC_WITH_CUDA builds)
   // NCCL (default), or Gloo: several ranks may then share one GPU (tests, debugging).
   bool cuda_with_gloo = false;
   int64_t cuda_device = 0;  // this process's GPU
@@ -51,6 +53,11 @@ struct ProcessGroupOptions {
 
 c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(
     const c10::intrusive_ptr<c10d::Store>& store, const ProcessGroupOptions& options);
+
+// Every rank's `tensor` (same shape and dtype everywhere), in rank order; failures name
+// `collective` as wait() does.
+std::vector<at::Tensor> all_gather(c10d::ProcessGroup& group, const at::Tensor& tensor,
+                                   const std::string& collective);
 
 // Waits for `work`. A failure (timeout, a peer gone) becomes fabric::Error naming `collective`
 // and the usual cause, e.g. "all_reduce did not complete: Timed out waiting 5000ms ...; every

@@ -70,10 +70,10 @@ RunDirectory RunDirectory::create(const Config& config, const std::string& name,
 RunDirectory RunDirectory::create(
     const Config& config, const std::string& name, int64_t rank, int64_t world_size,
     const std::function<std::string(const std::string&)>& share_from_rank0) {
-  RunDirectory mine = create(config, name, rank == 0);
-  if (world_size <= 1) return mine;
-  // Rank 0 created the folder before sharing its path: every rank now names the same one.
-  RunDirectory shared(share_from_rank0(mine.path_.string()), rank == 0);
+  if (world_size <= 1) return create(config, name, true);
+  // Rank 0 creates the folder before sharing its path: every rank then names the same one.
+  const std::string path = rank == 0 ? create(config, name, true).path_.string() : std::string();
+  RunDirectory shared(share_from_rank0(path), rank == 0);
   if (rank != 0)
     redirect_output_to_file((shared.path_ / ("rank_" + std::to_string(rank) + ".log")).string());
   return shared;

@@ -43,15 +43,6 @@ torch::ScalarType accumulate_type(const Tensor& input) {
   return input.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
 }
 
-// All-gathers `row` (1-D) from every rank: returns {world, row.numel()}.
-Tensor all_gather_rows(const Tensor& row, c10d::ProcessGroup& group) {
-  std::vector<Tensor> input = {row.contiguous()};
-  std::vector<std::vector<Tensor>> output(1);
-  for (int64_t r = 0; r < group.getSize(); ++r) output[0].push_back(torch::empty_like(input[0]));
-  distributed::wait(group.allgather(output, input), "sync_batch_norm forward (all_gather)");
-  return torch::stack(output[0]);
-}
-
 void all_reduce_sum(Tensor& t, c10d::ProcessGroup& group) {
   std::vector<Tensor> tensors = {t};
   distributed::wait(group.allreduce(tensors), "sync_batch_norm backward (all_reduce)");
@@ -82,7 +73,8 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     }
     const Tensor row = torch::cat({local_mean.to(acc), local_spread.to(acc),
                                    torch::full({1}, static_cast<double>(local_count), opts)});
-    const Tensor rows = all_gather_rows(row, group);
+    const Tensor rows =
+        torch::stack(distributed::all_gather(group, row, "sync_batch_norm forward (all_gather)"));
     Tensor counts = rows.select(1, 2 * channels);
     const double total = counts.sum().item<double>();
     if (total <= 1) {
@@ -165,7 +157,8 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
       Tensor sum_dy = g.sum(dims);
       Tensor sum_dy_xmu = (g * xmu).sum(dims);
       if (need_weight) grad_weight = (sum_dy_xmu * invstd).to(weight.scalar_type());
-      if (need_bias) grad_bias = sum_dy.clone();
+      if (need_bias)
+        grad_bias = sum_dy.to(weight.defined() ? weight.scalar_type() : x.scalar_type());
       if (need_input) {
         Tensor both = torch::cat({sum_dy, sum_dy_xmu});
         all_reduce_sum(both, *group);
@@ -179,7 +172,6 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
         grad_input = grad_input.to(grad_outputs[0].scalar_type());
       }
     }
-    if (grad_bias.defined() && ctx->needs_input_grad(2)) grad_bias = grad_bias.to(mean.dtype());
     return {grad_input, need_weight ? grad_weight : Tensor(), need_bias ? grad_bias : Tensor(),
             Tensor()};
   }

@@ -28,6 +28,14 @@ class StateDictTest : public ::testing::Test {
  protected:
   void SetUp() override { dir_ = fs::path(::testing::TempDir()); }
   fs::path dir_;
+
+  // Runs `program` with the setup's Python and `file` as its argument.
+  fabric::testing::CommandResult run_python(const std::string& program, const fs::path& file) {
+    const fs::path script = dir_ / "program.py";
+    std::ofstream(script) << program;
+    return fabric::testing::run_command(fabric::testing::python_interpreter() + " " +
+                                        script.string() + " " + file.string());
+  }
 };
 
 TEST_F(StateDictTest, RoundTripAndStrictLoad) {
@@ -68,71 +76,61 @@ std::string describe(const torch::Tensor& t) {
   return buf;
 }
 
+// Python printed "T name numel sum" per tensor (kPrintRows): every tensor of `ours` must match.
+void expect_rows_match(const std::string& out, const fabric::StateDict& ours) {
+  std::map<std::string, std::string> rows;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("T ", 0) != 0) continue;
+    const size_t space = line.find(' ', 2);
+    rows[line.substr(2, space - 2)] = line.substr(space + 1);
+  }
+  EXPECT_EQ(rows.size(), ours.size()) << out;
+  for (const auto& [name, t] : ours) EXPECT_EQ(rows[name], describe(t)) << name;
+}
+
+constexpr const char* kPrintRows =
+    "for k, v in sd.items():\n"
+    "    print('T', k, v.numel(), '%.6e' % v.double().sum().item())\n";
+
 TEST_F(StateDictTest, PythonReadsOurFileWithWeightsOnly) {
   torch::manual_seed(1);
   auto model = make_model();
   const fs::path file = dir_ / "for_python.pt";
   fabric::save_state_dict(file, fabric::state_dict(*model));
-  const fs::path script = dir_ / "read.py";
-  std::ofstream(script) << "import sys, torch\n"
-                           "sd = torch.load(sys.argv[1], weights_only=True)\n"
-                           "assert type(sd) is dict, type(sd)\n"
-                           "for k, v in sd.items():\n"
-                           "    print('T', k, v.numel(), '%.6e' % v.double().sum().item())\n";
-  const char* py = std::getenv("PYTHON");
-  auto [code, out] = fabric::testing::run_command(std::string(py ? py : "python3") + " " +
-                                                  script.string() + " " + file.string());
+  auto [code, out] = run_python(std::string("import sys, torch\n"
+                                            "sd = torch.load(sys.argv[1], weights_only=True)\n"
+                                            "assert type(sd) is dict, type(sd)\n") +
+                                    kPrintRows,
+                                file);
   ASSERT_EQ(code, 0) << out;
-  std::map<std::string, std::string> rows;
-  std::istringstream lines(out);
-  for (std::string line; std::getline(lines, line);) {
-    if (line.rfind("T ", 0) != 0) continue;
-    const size_t space = line.find(' ', 2);
-    rows[line.substr(2, space - 2)] = line.substr(space + 1);
-  }
-  const auto ours = fabric::state_dict(*model);
-  EXPECT_EQ(rows.size(), ours.size()) << out;
-  for (const auto& [name, t] : ours) EXPECT_EQ(rows[name], describe(t)) << name;
+  expect_rows_match(out, fabric::state_dict(*model));
 }
 
 TEST_F(StateDictTest, WeLoadPythonsTorchSaveOfAStateDict) {
   const fs::path file = dir_ / "from_python.pt";
-  const fs::path script = dir_ / "write.py";
-  std::ofstream(script)
-      << "import sys, torch\n"
-         "torch.manual_seed(2)\n"
-         "m = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4),\n"
-         "                        torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 3))\n"
-         "m(torch.randn(2, 1, 8, 8))\n"
-         "torch.save(m.state_dict(), sys.argv[1])\n"
-         "for k, v in m.state_dict().items():\n"
-         "    print('T', k, v.numel(), '%.6e' % v.double().sum().item())\n";
-  const char* py = std::getenv("PYTHON");
-  auto [code, out] = fabric::testing::run_command(std::string(py ? py : "python3") + " " +
-                                                  script.string() + " " + file.string());
+  auto [code, out] = run_python(
+      std::string("import sys, torch\n"
+                  "torch.manual_seed(2)\n"
+                  "m = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4),\n"
+                  "                        torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 3))\n"
+                  "m(torch.randn(2, 1, 8, 8))\n"
+                  "sd = m.state_dict()\n"
+                  "torch.save(sd, sys.argv[1])\n") +
+          kPrintRows,
+      file);
   ASSERT_EQ(code, 0) << out;
   auto model = make_model();
   fabric::load_state_dict(*model, fabric::load_state_dict_file(file), file.string());
-  std::map<std::string, std::string> rows;
-  std::istringstream lines(out);
-  for (std::string line; std::getline(lines, line);) {
-    if (line.rfind("T ", 0) != 0) continue;
-    const size_t space = line.find(' ', 2);
-    rows[line.substr(2, space - 2)] = line.substr(space + 1);
-  }
-  const auto ours = fabric::state_dict(*model);
-  EXPECT_EQ(rows.size(), ours.size()) << out;
-  for (const auto& [name, t] : ours) EXPECT_EQ(rows[name], describe(t)) << name;
+  expect_rows_match(out, fabric::state_dict(*model));
 }
 
 TEST_F(StateDictTest, APickleNamingCodeIsRefusedNotRun) {
   const fs::path file = dir_ / "evil.pt";
-  const fs::path script = dir_ / "evil.py";
-  std::ofstream(script) << "import sys, os, torch\n"
-                           "torch.save({'w': torch.ones(2), 'x': os.system}, sys.argv[1])\n";
-  const char* py = std::getenv("PYTHON");
-  auto [code, out] = fabric::testing::run_command(std::string(py ? py : "python3") + " " +
-                                                  script.string() + " " + file.string());
+  auto [code, out] = run_python(
+      "import sys, os, torch\n"
+      "torch.save({'w': torch.ones(2), 'x': os.system}, sys.argv[1])\n",
+      file);
   ASSERT_EQ(code, 0) << out;
   try {
     fabric::load_state_dict_file(file);

@@ -56,11 +56,11 @@ std::string python_program(const std::vector<Case>& cs) {
 
 TEST(SamplerPythonParityTest, SameIndicesAsTorchDistributedSampler) {
   const auto cs = cases();
-  const std::string python = std::getenv("PYTHON") ? std::getenv("PYTHON") : "python3";
   const char* tmp = std::getenv("TEST_TMPDIR");
   const std::string script = std::string(tmp ? tmp : "/tmp") + "/sampler_parity.py";
   std::ofstream(script) << python_program(cs);
-  auto [code, out] = fabric::testing::run_command(python + " " + script);
+  auto [code, out] =
+      fabric::testing::run_command(fabric::testing::python_interpreter() + " " + script);
   ASSERT_EQ(code, 0) << "python with torch (tools/setup.sh installs it) failed:\n" << out;
   std::istringstream lines(out);
   std::string line;
