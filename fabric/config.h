@@ -104,6 +104,13 @@ struct CommandLine {
 // and positional arguments that are not key=value throw ConfigError ("command line: ...").
 CommandLine parse_command_line(int argc, char** argv);
 
+// The keys whose values differ between two resolved configs (Config::to_yaml() texts), in key
+// order, as "optimizer.lr 0.1 → 0.05" ("(absent)" for a key only one side has). Keys in
+// `ignored_sections` (e.g. "checkpoint") and below are left out.
+std::vector<std::string> config_differences(const std::string& old_yaml,
+                                            const std::string& new_yaml,
+                                            const std::vector<std::string>& ignored_sections = {});
+
 // --help text: usage, flags, and every key of `schema` with type, default and documentation.
 std::string describe_schema(const ConfigSchema& schema, const std::string& program);
 

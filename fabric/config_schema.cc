@@ -204,6 +204,24 @@ ConfigSchema default_schema() {
                                .doc("run directory template; fields {name}, {timestamp}, {hash}; "
                                     "relative to where the command was run"));
   s.add("logging.log_every_n_steps", KeySpec::integer(50).min(1).doc("progress line period"));
+
+  s.section_doc("checkpoint", "Checkpoint policy (fabric::Checkpointer; README: Checkpoints).");
+  s.add("checkpoint.dir", KeySpec::string("{run_dir}/checkpoints")
+                              .doc("where checkpoints go; fields {run_dir}, {name}; relative to "
+                                   "where the command was run"));
+  s.add("checkpoint.every_n_steps",
+        KeySpec::integer(0).min(0).doc("save every N optimizer steps; 0: never"));
+  s.add("checkpoint.every_n_epochs",
+        KeySpec::integer(1).min(0).doc("save every N epochs; 0: never"));
+  s.add("checkpoint.keep_last",
+        KeySpec::integer(3).min(0).doc("newest checkpoints kept in dir; 0: keep all"));
+  s.add("checkpoint.save_last", KeySpec::boolean(true).doc("save when training ends"));
+  s.add("checkpoint.resume",
+        KeySpec::string("none").doc("none | auto (newest complete checkpoint of earlier runs of "
+                                    "this name) | PATH (a .ckpt file or a checkpoint folder)"));
+  s.add("checkpoint.export_weights",
+        KeySpec::string("{run_dir}/weights.pt")
+            .doc("model weights for Python's torch.load(weights_only=True) at the end; \"\": off"));
   return s;
 }
 

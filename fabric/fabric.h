@@ -47,6 +47,7 @@
 #include <torch/nn/parallel/data_parallel.h>
 #endif
 
+#include "fabric/checkpoint_state.h"
 #include "fabric/config.h"
 #include "fabric/connector.h"
 #include "fabric/core/error.h"
@@ -148,6 +149,23 @@ class Fabric {
   void load_weights(Module& module, const std::string& path) {
     load_weights_of(module_ref(module), path);
   }
+
+  // Checkpoint: writes `state` (fabric/checkpoint_state.h) to `path` with, automatically, every
+  // rank's random generator states (CPU and CUDA), the 16-mixed GradScaler, the resolved config
+  // and its hash, the LibTorch version and the project revision. Global rank 0 writes, crash-safe
+  // (temporary file, fsync, rename, folder fsync); every rank returns once the file is complete
+  // or throws the writer's one-line error ("cannot write PATH: ..."), leaving an existing file at
+  // `path` untouched. Collective. The file is a torch.save archive of plain data (Python's
+  // torch.load(path, weights_only=True) reads it).
+  void save(const std::string& path, const CheckpointState& state);
+  // Restores `state` from a checkpoint on every rank: format version checked; config differences
+  // warned about (one line listing the keys, checkpoint.* and logging.* ignored); every entry
+  // checked before any is changed (strict: entries missing from the file or unknown to `state`
+  // are errors; strict=false skips them with a warning); tensors land on the devices of the
+  // objects they fill; this rank's random generator states restored (with a warning if the file
+  // has none for this rank). Any problem on any rank → fabric::Error on every rank naming the file
+  // and the problem. Collective.
+  void load(const std::string& path, CheckpointState& state, bool strict = true);
 
   // The run directory for this job (logging.run_dir with {name} = `name`): created by global rank
   // 0, the same path on every rank; in a multi-process job ranks other than 0 send their stdout

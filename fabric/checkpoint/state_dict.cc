@@ -1,15 +1,11 @@
 #include "fabric/checkpoint/state_dict.h"
 
-#include <caffe2/serialize/inline_container.h>
-#include <torch/csrc/jit/serialization/pickler.h>
-#include <torch/csrc/jit/serialization/pickler_helper.h>
 #include <torch/torch.h>
 
 #include <map>
 #include <sstream>
 
-#include "fabric/checkpoint/torch_pickle.h"
-#include "fabric/core/atomic_file.h"
+#include "fabric/checkpoint/archive.h"
 #include "fabric/core/error.h"
 
 namespace fabric {
@@ -45,57 +41,29 @@ void save_state_dict(const fs::path& path, const StateDict& tensors) {
   for (const auto& [name, t] : tensors) {
     if (dict.contains(name))
       throw Error("cannot write " + path.string() + ": duplicate name " + name);
-    dict.insert(name, t.detach().cpu().contiguous());
+    dict.insert(name, t.detach());
   }
-  // torch.save's layout: archive/data.pkl (pickle protocol 2, tensors as persistent ids) and
-  // archive/data/<key> (raw storages). Unlike torch::pickle_save, aggregates are not tagged with
-  // torch.jit._pickle.restore_type_tag, which torch.load(weights_only=True) refuses.
-  std::string pickle;
-  torch::jit::Pickler pickler([&](const char* data, size_t n) { pickle.append(data, n); },
-                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr,
-                              /*memoized_class_types=*/nullptr, /*get_tensor_id=*/nullptr,
-                              /*tag_aggregates=*/false);
-  pickler.protocol();
-  pickler.pushIValue(c10::IValue(dict));
-  pickler.stop();
-  std::string archive;
-  {
-    caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) {
-      archive.append(static_cast<const char*>(data), n);
-      return n;
-    });
-    writer.writeRecord("data.pkl", pickle.data(), pickle.size());
-    writer.writeRecord("byteorder", "little", 6);
-    const auto& tensors = pickler.tensorData();
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      const auto data = torch::jit::getWriteableTensorData(tensors[i]);
-      writer.writeRecord("data/" + std::to_string(i), data.data(), data.sizeInBytes());
-    }
-    writer.writeEndOfFile();
+  save_archive(path, c10::IValue(dict));
+}
+
+StateDict state_dict_from(const c10::IValue& value, const std::string& source) {
+  if (!value.isGenericDict())
+    throw Error(source + ": not a state dict (holds a " + value.tagKind() + ", not a dict)");
+  StateDict out;
+  for (const auto& entry : value.toGenericDict()) {
+    if (!entry.key().isString() || !entry.value().isTensor())
+      throw Error(source + ": not a state dict (an entry is not name → tensor)");
+    out.emplace_back(entry.key().toStringRef(), entry.value().toTensor());
   }
-  write_file_atomically(path, archive);
+  return out;
 }
 
 StateDict load_state_dict_file(const fs::path& path) {
-  if (!fs::exists(path)) throw Error(path.string() + ": cannot open (No such file or directory)");
-  try {
-    caffe2::serialize::PyTorchStreamReader reader(path.string());
-    auto read = [&](const std::string& name) {
-      if (!reader.hasRecord(name)) throw std::runtime_error("has no record " + name);
-      auto [data, size] = reader.getRecord(name);
-      return std::string(static_cast<const char*>(data.get()), size);
-    };
-    return internal::read_state_dict_pickle(
-        read("data.pkl"), [&](const std::string& key) { return read("data/" + key); });
-  } catch (const std::exception& e) {
-    std::string why = e.what();
-    why = why.substr(0, why.find('\n'));
-    throw Error(path.string() + ": not a readable PyTorch state dict file (" + why + ")");
-  }
+  return state_dict_from(load_archive(path), path.string());
 }
 
-void load_state_dict(torch::nn::Module& module, const StateDict& tensors,
-                     const std::string& source) {
+std::function<void()> prepare_load_state_dict(torch::nn::Module& module, const StateDict& tensors,
+                                              const std::string& source) {
   std::map<std::string, torch::Tensor> given;
   for (const auto& [name, t] : tensors) given[name] = t;
   std::vector<std::string> missing, shapes;
@@ -124,8 +92,15 @@ void load_state_dict(torch::nn::Module& module, const StateDict& tensors,
     for (const auto& s : shapes) why += (why.empty() ? "" : "; ") + s;
     throw Error(source + ": does not match the model: " + why);
   }
-  torch::NoGradGuard no_grad;
-  for (auto& [destination, from] : copies) destination.copy_(from);
+  return [copies = std::move(copies)] {
+    torch::NoGradGuard no_grad;
+    for (const auto& [destination, from] : copies) destination.copy_(from);
+  };
+}
+
+void load_state_dict(torch::nn::Module& module, const StateDict& tensors,
+                     const std::string& source) {
+  prepare_load_state_dict(module, tensors, source)();
 }
 
 }  // namespace fabric

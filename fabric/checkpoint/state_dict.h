@@ -13,9 +13,11 @@
 #define FABRIC_CHECKPOINT_STATE_DICT_H_
 
 #include <torch/nn/module.h>
+#include <ATen/core/ivalue.h>
 #include <torch/types.h>
 
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,6 +33,10 @@ StateDict state_dict(const torch::nn::Module& module);
 // fsync, rename; see fabric/core/atomic_file.h). Throws fabric::Error "cannot write PATH: ...".
 void save_state_dict(const std::filesystem::path& path, const StateDict& tensors);
 
+// The name → tensor entries of an archive's value (see archive.h); fabric::Error "SOURCE: not a
+// state dict (...)" for anything else.
+StateDict state_dict_from(const c10::IValue& value, const std::string& source);
+
 // Reads a name → tensor dict (save_state_dict's or Python's torch.save(state_dict)). Throws
 // fabric::Error "PATH: ..." for a missing, truncated or foreign file.
 StateDict load_state_dict_file(const std::filesystem::path& path);
@@ -41,6 +47,9 @@ StateDict load_state_dict_file(const std::filesystem::path& path);
 // [c]; shape of d is [3, 4] in the file, [4, 4] in the model".
 void load_state_dict(torch::nn::Module& module, const StateDict& tensors,
                      const std::string& source);
+// The same in two phases: checks now (throwing as above), copies when the result is called.
+std::function<void()> prepare_load_state_dict(torch::nn::Module& module, const StateDict& tensors,
+                                              const std::string& source);
 
 }  // namespace fabric
 

@@ -336,20 +336,56 @@ class Reader {
   std::map<uint64_t, Ptr> memo_;
 };
 
+c10::IValue to_ivalue(const Ptr& v, int depth) {
+  if (depth > 64) throw std::runtime_error("nested too deeply (over 64 levels)");
+  switch (v->kind) {
+    case Value::kNone:
+      return c10::IValue();
+    case Value::kInt:
+      return c10::IValue(v->i);
+    case Value::kFloat:
+      return c10::IValue(v->f);
+    case Value::kBool:
+      return c10::IValue(v->i != 0);
+    case Value::kStr:
+      return c10::IValue(v->s);
+    case Value::kTensor:
+      return c10::IValue(v->tensor);
+    case Value::kTuple: {
+      std::vector<c10::IValue> items;
+      for (const auto& item : v->items) items.push_back(to_ivalue(item, depth + 1));
+      return c10::IValue(c10::ivalue::Tuple::create(std::move(items)));
+    }
+    case Value::kList: {
+      c10::impl::GenericList list(c10::AnyType::get());
+      for (const auto& item : v->items) list.push_back(to_ivalue(item, depth + 1));
+      return c10::IValue(list);
+    }
+    case Value::kDict: {
+      bool strings = true, ints = true;
+      for (const auto& entry : v->entries) {
+        strings = strings && entry.first->kind == Value::kStr;
+        ints = ints && entry.first->kind == Value::kInt;
+      }
+      if (!strings && !ints) throw std::runtime_error("a dict has keys that are not all strings or ints");
+      c10::impl::GenericDict dict(strings ? c10::TypePtr(c10::StringType::get())
+                                          : c10::TypePtr(c10::IntType::get()),
+                                  c10::AnyType::get());
+      for (const auto& [key, value] : v->entries)
+        dict.insert_or_assign(to_ivalue(key, depth + 1), to_ivalue(value, depth + 1));
+      return c10::IValue(dict);
+    }
+    default:
+      throw std::runtime_error("holds a bare " + v->s + " (only data is read)");
+  }
+}
+
 }  // namespace
 
-std::vector<std::pair<std::string, torch::Tensor>> read_state_dict_pickle(
-    const std::string& pickle, const std::function<std::string(const std::string&)>& record) {
+c10::IValue read_pickle(const std::string& pickle,
+                        const std::function<std::string(const std::string&)>& record) {
   Reader reader(pickle, record);
-  const Ptr top = reader.run();
-  if (top->kind != Value::kDict) throw std::runtime_error("the file does not hold a dict");
-  std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (const auto& [key, value] : top->entries) {
-    if (key->kind != Value::kStr || value->kind != Value::kTensor)
-      throw std::runtime_error("the dict has an entry that is not name → tensor");
-    out.emplace_back(key->s, value->tensor);
-  }
-  return out;
+  return to_ivalue(reader.run(), 0);
 }
 
 }  // namespace fabric::internal

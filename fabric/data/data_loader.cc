@@ -37,13 +37,16 @@ class DataLoader::Pass {
  public:
   Pass(std::shared_ptr<const Dataset> dataset, const DataLoaderOptions& options,
        const LoaderPlacement& placement, std::vector<int64_t> indices, int64_t num_real,
-       int64_t epoch)
+       int64_t epoch, int64_t start)
       : dataset_(std::move(dataset)),
         options_(options),
         placement_(placement),
         indices_(std::move(indices)),
         num_real_(num_real),
-        epoch_(epoch) {
+        epoch_(epoch),
+        next_(start),
+        consumed_(start),
+        delivered_(start) {
     const int64_t n = static_cast<int64_t>(indices_.size());
     const int64_t bs = options_.batch_size();
     num_batches_ = options_.drop_last() ? n / bs : (n + bs - 1) / bs;
@@ -61,6 +64,9 @@ class DataLoader::Pass {
   }
 
   int64_t num_batches() const { return num_batches_; }
+  int64_t epoch() const { return epoch_; }
+  // Batches of this epoch handed out so far (the one in the caller's hands included).
+  int64_t delivered() const { return delivered_; }
 
   // Batch `b`, waiting for its worker (or building it here without workers).
   Batch& get(int64_t b) {
@@ -80,6 +86,7 @@ class DataLoader::Pass {
       wait_for_copy(slot);
     }
     current_index_ = b;
+    delivered_ = b + 1;
     return current_;
   }
 
@@ -179,8 +186,9 @@ class DataLoader::Pass {
   std::mutex mutex_;
   std::condition_variable cv_;
   bool stopped_ = false;
-  int64_t next_ = 0;      // next batch a worker will claim
-  int64_t consumed_ = 0;  // batch the consumer is waiting for / holds
+  int64_t next_;      // next batch a worker will claim
+  int64_t consumed_;  // batch the consumer is waiting for / holds
+  int64_t delivered_;
   std::map<int64_t, Slot> ready_;
   std::vector<std::thread> workers_;
 
@@ -206,10 +214,33 @@ DataLoader::~DataLoader() = default;
 DataLoader::Iterator DataLoader::begin() {
   pass_.reset();  // joins the old pass's workers first
   sampler_.set_epoch(next_epoch_);
+  const int64_t start = next_batch_;
   pass_ = std::make_shared<Pass>(dataset_, options_, placement_, sampler_.indices(),
-                                 sampler_.num_real_samples(), next_epoch_);
+                                 sampler_.num_real_samples(), next_epoch_, start);
   ++next_epoch_;
-  return Iterator(pass_, 0);
+  next_batch_ = 0;
+  return Iterator(pass_, start);
+}
+
+void DataLoader::set_epoch(int64_t epoch) {
+  next_epoch_ = epoch;
+  next_batch_ = 0;
+}
+
+DataLoader::State DataLoader::state() const {
+  if (pass_ && pass_->delivered() < pass_->num_batches())
+    return {pass_->epoch(), pass_->delivered()};
+  return {next_epoch_, next_batch_};
+}
+
+void DataLoader::load_state(const State& state) {
+  if (state.epoch < 0 || state.batches < 0)
+    throw Error("DataLoader: invalid state (epoch " + std::to_string(state.epoch) + ", batch " +
+                std::to_string(state.batches) + ")");
+  pass_.reset();
+  const bool finished = state.batches >= size();
+  next_epoch_ = finished ? state.epoch + 1 : state.epoch;
+  next_batch_ = finished ? 0 : state.batches;
 }
 
 DataLoader::Iterator DataLoader::end() { return Iterator(nullptr, size()); }

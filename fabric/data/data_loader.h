@@ -3,7 +3,7 @@
 //
 // Each pass (range-for over the loader) is one epoch: the first pass is epoch 0 and every later
 // begin() advances the epoch, so shuffling changes per epoch without user code (set_epoch()
-// overrides it, e.g. on resume). The order is DistributedSampler's; batch b of epoch e is always
+// overrides it; load_state() resumes in the middle of an epoch). The order is DistributedSampler's; batch b of epoch e is always
 // built from the same indices and the same augmentation randomness (a generator seeded from seed,
 // epoch and b), whatever the number of threads, so runs are reproducible.
 //
@@ -104,7 +104,22 @@ class DataLoader {
   int64_t size() const;
   // The epoch the next begin() will run.
   int64_t next_epoch() const { return next_epoch_; }
-  void set_epoch(int64_t epoch) { next_epoch_ = epoch; }
+  // The next begin() runs `epoch` from its first batch.
+  void set_epoch(int64_t epoch);
+
+  // Progress through the data, for checkpoints: the epoch in progress and how many of its batches
+  // were handed out (the batch in the caller's hands counts as consumed). Between passes (and
+  // after a finished pass): {next_epoch(), 0}.
+  struct State {
+    int64_t epoch = 0;
+    int64_t batches = 0;
+  };
+  State state() const;
+  // Resume: the next begin() runs `state.epoch` starting at batch `state.batches`, in the same
+  // order and with the same augmentation randomness as the interrupted pass; if that was the
+  // epoch's last batch, the next begin() runs the next epoch from its start. Stops a pass in
+  // progress. Throws fabric::Error for negative values.
+  void load_state(const State& state);
   // Examples per pass for this rank.
   int64_t num_samples() const { return sampler_.num_samples(); }
   const DataLoaderOptions& options() const { return options_; }
@@ -116,6 +131,7 @@ class DataLoader {
   LoaderPlacement placement_;
   DistributedSampler sampler_;
   int64_t next_epoch_ = 0;
+  int64_t next_batch_ = 0;  // where the next begin() starts (resume)
   std::shared_ptr<Pass> pass_;
 };
 

@@ -156,7 +156,7 @@ TEST_F(StateDictTest, BadFilesFailWithOneLineNamingThem) {
   std::ofstream(dir_ / "random.pt") << "\x13\x37 not a checkpoint at all";
   EXPECT_EQ(
       message(dir_ / "random.pt")
-          .rfind((dir_ / "random.pt").string() + ": not a readable PyTorch state dict file (", 0),
+          .rfind((dir_ / "random.pt").string() + ": not a readable PyTorch file (", 0),
       0u)
       << message(dir_ / "random.pt");
   // A truncated file (the first half of a good one).

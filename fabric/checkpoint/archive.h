@@ -1,0 +1,29 @@
+// Files in torch.save's zip layout holding a tree of plain data: dicts with string (or int) keys,
+// lists, tuples, strings, ints, doubles, bools, None and tensors. Python reads them with
+// torch.load(path, weights_only=True); reading here never runs code from the file (see
+// torch_pickle.h). Checkpoints (Fabric::save) and weight files (save_state_dict) are archives.
+#ifndef FABRIC_CHECKPOINT_ARCHIVE_H_
+#define FABRIC_CHECKPOINT_ARCHIVE_H_
+
+#include <ATen/core/ivalue.h>
+
+#include <filesystem>
+#include <string>
+
+namespace fabric {
+
+// The archive's bytes. Tensors (on any device) are stored as CPU tensors.
+std::string archive_bytes(const c10::IValue& value);
+
+// Writes archive_bytes(value) to `path` crash-safe (fabric/core/atomic_file.h). Throws
+// fabric::Error "cannot write PATH: <reason>"; an existing file at `path` is then untouched.
+void save_archive(const std::filesystem::path& path, const c10::IValue& value);
+
+// Reads an archive (ours or Python's torch.save of plain data). Throws fabric::Error
+// "PATH: cannot open (...)" or "PATH: not a readable PyTorch file (<first problem>)" for a
+// missing, truncated, corrupted (CRC) or foreign file.
+c10::IValue load_archive(const std::filesystem::path& path);
+
+}  // namespace fabric
+
+#endif  // FABRIC_CHECKPOINT_ARCHIVE_H_

@@ -1,0 +1,198 @@
+#include "fabric/checkpoint_state.h"
+
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include "fabric/checkpoint/optimizer_state.h"
+#include "fabric/checkpoint/state_dict.h"
+#include "fabric/core/error.h"
+
+namespace fabric {
+namespace {
+
+using Dict = c10::impl::GenericDict;
+
+Dict new_dict() { return Dict(c10::StringType::get(), c10::AnyType::get()); }
+
+c10::IValue field(const c10::IValue& value, const std::string& key, const std::string& source) {
+  if (!value.isGenericDict()) throw Error(source + ": malformed (not a dict)");
+  const Dict dict = value.toGenericDict();
+  auto it = dict.find(key);
+  if (it == dict.end()) throw Error(source + ": malformed (no \"" + key + "\")");
+  return it->value();
+}
+
+int64_t int_field(const c10::IValue& value, const std::string& key, const std::string& source) {
+  const auto v = field(value, key, source);
+  if (!v.isInt()) throw Error(source + ": malformed (\"" + key + "\" is not an integer)");
+  return v.toInt();
+}
+
+std::string kind_error(const std::string& source, const char* expected, const c10::IValue& v) {
+  return source + ": holds a " + v.tagKind() + ", expected " + expected;
+}
+
+}  // namespace
+
+CheckpointState& CheckpointState::add_entry(Entry entry) {
+  if (entry.name.empty()) throw Error("CheckpointState: an entry needs a name");
+  for (const auto& e : entries_)
+    if (e.name == entry.name) throw Error("CheckpointState: duplicate name \"" + entry.name + "\"");
+  entries_.push_back(std::move(entry));
+  return *this;
+}
+
+CheckpointState& CheckpointState::add(const std::string& name, torch::nn::Module& module) {
+  return add_entry(
+      {name, Entry::Kind::kModule, &module,
+       [&module] {
+         c10::Dict<std::string, torch::Tensor> d;
+         for (const auto& [key, t] : state_dict(module)) d.insert(key, t);
+         return c10::IValue(d);
+       },
+       [&module](const c10::IValue& v, const std::string& source) {
+         return prepare_load_state_dict(module, state_dict_from(v, source), source);
+       }});
+}
+
+CheckpointState& CheckpointState::add(const std::string& name,
+                                      torch::optim::Optimizer& optimizer) {
+  return add_entry({name, Entry::Kind::kOptimizer, &optimizer, [&optimizer] { return optimizer_state(optimizer); },
+                    [&optimizer](const c10::IValue& v, const std::string& source) {
+                      return prepare_optimizer_state(optimizer, v, source);
+                    }});
+}
+
+CheckpointState& CheckpointState::add(const std::string& name, LRScheduler& scheduler) {
+  return add_entry({name, Entry::Kind::kScheduler, &scheduler,
+                    [&scheduler] {
+                      Dict d = new_dict();
+                      d.insert("step", scheduler.current_step());
+                      return c10::IValue(d);
+                    },
+                    [&scheduler](const c10::IValue& v, const std::string& source) {
+                      const int64_t step = int_field(v, "step", source);
+                      return std::function<void()>([&scheduler, step] { scheduler.set_step(step); });
+                    }});
+}
+
+CheckpointState& CheckpointState::add(const std::string& name, GradScaler& scaler) {
+  return add_entry(
+      {name, Entry::Kind::kScaler, &scaler,
+       [&scaler] {
+         Dict d = new_dict();
+         for (const auto& [key, value] : scaler.state_dict()) d.insert(key, value);
+         return c10::IValue(d);
+       },
+       [&scaler](const c10::IValue& v, const std::string& source) {
+         if (!v.isGenericDict()) throw Error(kind_error(source, "a GradScaler state", v));
+         std::map<std::string, double> state;
+         for (const auto& e : v.toGenericDict()) {
+           if (!e.key().isString() || !(e.value().isDouble() || e.value().isInt()))
+             throw Error(source + ": malformed GradScaler state");
+           state[e.key().toStringRef()] =
+               e.value().isInt() ? static_cast<double>(e.value().toInt()) : e.value().toDouble();
+         }
+         GradScaler check(scaler.options());  // load_state_dict names missing/unexpected keys
+         try {
+           check.load_state_dict(state);
+         } catch (const Error& e) {
+           throw Error(source + ": " + e.what());
+         }
+         return std::function<void()>([&scaler, state] { scaler.load_state_dict(state); });
+       }});
+}
+
+CheckpointState& CheckpointState::add(const std::string& name, DataLoader& loader) {
+  auto facts = [&loader] {
+    const auto& o = loader.options();
+    return std::vector<std::pair<std::string, int64_t>>{
+        {"world size", loader.placement().num_replicas},
+        {"batch_size", o.batch_size()},
+        {"samples per rank", loader.num_samples()},
+        {"shuffle", o.shuffle()},
+        {"drop_last", o.drop_last()},
+        {"seed", static_cast<int64_t>(o.seed().value_or(0))}};
+  };
+  return add_entry(
+      {name, Entry::Kind::kLoader, &loader,
+       [&loader, facts] {
+         Dict d = new_dict();
+         const auto s = loader.state();
+         d.insert("epoch", s.epoch);
+         d.insert("batches", s.batches);
+         d.insert("batches_per_epoch", loader.size());
+         for (const auto& [key, value] : facts()) d.insert(key, value);
+         return c10::IValue(d);
+       },
+       [&loader, facts](const c10::IValue& v, const std::string& source) {
+         const DataLoader::State s{int_field(v, "epoch", source), int_field(v, "batches", source)};
+         const int64_t per_epoch = int_field(v, "batches_per_epoch", source);
+         if (s.batches > 0 && s.batches < per_epoch) {
+           // Mid-epoch: the rest of the epoch is only the right data in the same order.
+           std::string changed;
+           for (const auto& [key, now] : facts()) {
+             const int64_t was = int_field(v, key, source);
+             if (was != now)
+               changed += (changed.empty() ? "" : ", ") + key + " " + std::to_string(was) +
+                          " → " + std::to_string(now);
+           }
+           if (!changed.empty())
+             throw Error(source + ": cannot resume in the middle of epoch " +
+                         std::to_string(s.epoch) + " (after batch " + std::to_string(s.batches) +
+                         " of " + std::to_string(per_epoch) + "): the data order changed (" +
+                         changed +
+                         "); resume with the same settings or from an end-of-epoch checkpoint");
+         }
+         return std::function<void()>([&loader, s] { loader.load_state(s); });
+       }});
+}
+
+CheckpointState& CheckpointState::add(const std::string& name, int64_t& value) {
+  return add_entry({name, Entry::Kind::kValue, nullptr, [&value] { return c10::IValue(value); },
+                    [&value](const c10::IValue& v, const std::string& source) {
+                      if (!v.isInt()) throw Error(kind_error(source, "an integer", v));
+                      return std::function<void()>([&value, x = v.toInt()] { value = x; });
+                    }});
+}
+
+CheckpointState& CheckpointState::add(const std::string& name, double& value) {
+  return add_entry({name, Entry::Kind::kValue, nullptr, [&value] { return c10::IValue(value); },
+                    [&value](const c10::IValue& v, const std::string& source) {
+                      if (!v.isDouble()) throw Error(kind_error(source, "a number", v));
+                      return std::function<void()>([&value, x = v.toDouble()] { value = x; });
+                    }});
+}
+
+CheckpointState& CheckpointState::add(const std::string& name, bool& value) {
+  return add_entry({name, Entry::Kind::kValue, nullptr, [&value] { return c10::IValue(value); },
+                    [&value](const c10::IValue& v, const std::string& source) {
+                      if (!v.isBool()) throw Error(kind_error(source, "a bool", v));
+                      return std::function<void()>([&value, x = v.toBool()] { value = x; });
+                    }});
+}
+
+CheckpointState& CheckpointState::add(const std::string& name, std::string& value) {
+  return add_entry({name, Entry::Kind::kValue, nullptr, [&value] { return c10::IValue(value); },
+                    [&value](const c10::IValue& v, const std::string& source) {
+                      if (!v.isString()) throw Error(kind_error(source, "a string", v));
+                      return std::function<void()>(
+                          [&value, x = v.toStringRef()] { value = x; });
+                    }});
+}
+
+CheckpointState& CheckpointState::add(const std::string& name, torch::Tensor& value) {
+  return add_entry(
+      {name, Entry::Kind::kValue, nullptr,
+       [&value] { return value.defined() ? c10::IValue(value.detach()) : c10::IValue(); },
+       [&value](const c10::IValue& v, const std::string& source) {
+         if (v.isNone()) return std::function<void()>([&value] { value = torch::Tensor(); });
+         if (!v.isTensor()) throw Error(kind_error(source, "a tensor", v));
+         return std::function<void()>([&value, x = v.toTensor()] {
+           value = x.to(value.defined() ? value.device() : torch::Device(torch::kCPU));
+         });
+       }});
+}
+
+}  // namespace fabric

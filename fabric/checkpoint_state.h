@@ -1,0 +1,72 @@
+// fabric::CheckpointState: what Fabric::save and Fabric::load read and write, by name.
+//
+// Entries refer to the caller's objects (which must outlive the CheckpointState): modules,
+// optimizers (SGD, Adam, AdamW, RMSprop, Adagrad), LR schedulers, GradScalers, data loaders (epoch
+// and position inside the epoch), and plain values (int64_t, double, bool, std::string,
+// torch::Tensor). Saving reads them; loading checks every entry first and changes nothing unless
+// all of them fit, then writes them back (modules and optimizer buffers on their current devices;
+// tensors keep the device of the tensor they replace, CPU if it was undefined).
+//
+// Example:
+//   fabric::CheckpointState state;
+//   state.add("model", model).add("optimizer", *optimizer).add("scheduler", scheduler)
+//        .add("train_loader", train).add("best_accuracy", best);
+//   f.save("ckpt/last.ckpt", state);   ...   f.load("ckpt/last.ckpt", state);
+#ifndef FABRIC_CHECKPOINT_STATE_H_
+#define FABRIC_CHECKPOINT_STATE_H_
+
+#include <ATen/core/ivalue.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "fabric/data/data_loader.h"
+#include "fabric/precision/grad_scaler.h"
+#include "fabric/training/lr_scheduler.h"
+
+namespace fabric {
+
+class CheckpointState {
+ public:
+  // Each add() throws fabric::Error for an empty or duplicate name.
+  CheckpointState& add(const std::string& name, torch::nn::Module& module);
+  template <typename Impl>
+  CheckpointState& add(const std::string& name, torch::nn::ModuleHolder<Impl>& module) {
+    return add(name, static_cast<torch::nn::Module&>(*module));
+  }
+  CheckpointState& add(const std::string& name, torch::optim::Optimizer& optimizer);
+  CheckpointState& add(const std::string& name, LRScheduler& scheduler);
+  CheckpointState& add(const std::string& name, GradScaler& scaler);
+  CheckpointState& add(const std::string& name, DataLoader& loader);
+  CheckpointState& add(const std::string& name, int64_t& value);
+  CheckpointState& add(const std::string& name, double& value);
+  CheckpointState& add(const std::string& name, bool& value);
+  CheckpointState& add(const std::string& name, std::string& value);
+  CheckpointState& add(const std::string& name, torch::Tensor& value);
+
+  // For Fabric::save / load.
+  struct Entry {
+    enum class Kind { kModule, kOptimizer, kScheduler, kScaler, kLoader, kValue };
+    std::string name;
+    Kind kind = Kind::kValue;
+    void* object = nullptr;  // the Module, DataLoader, ... of kind (nullptr for values)
+    std::function<c10::IValue()> save;
+    // Checks a saved value (throws fabric::Error "SOURCE: ...") and returns what applies it.
+    std::function<std::function<void()>(const c10::IValue&, const std::string& source)> prepare;
+  };
+  const std::vector<Entry>& entries() const { return entries_; }
+  bool empty() const { return entries_.empty(); }
+
+ private:
+  CheckpointState& add_entry(Entry entry);
+  std::vector<Entry> entries_;
+};
+
+}  // namespace fabric
+
+#endif  // FABRIC_CHECKPOINT_STATE_H_

@@ -1,0 +1,261 @@
+#include "fabric/checkpointer.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <regex>
+
+#include "fabric/checkpoint/archive.h"
+#include "fabric/core/atomic_file.h"
+#include "fabric/core/paths.h"
+
+namespace fabric {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr char kAnyTimestamp = '\x01';  // stands for {timestamp} while searching earlier runs
+constexpr char kAnySuffix = '\x02';     // "-N" a run directory may carry (run_dir.h)
+
+// Replaces {field} by its value; ConfigError at `key` for an unknown field.
+std::string expand(const Config& c, const std::string& key,
+                   const std::vector<std::pair<std::string, std::string>>& fields) {
+  const std::string pattern = c.get_string(key);
+  std::string out;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const size_t close = pattern[i] == '{' ? pattern.find('}', i) : std::string::npos;
+    if (close == std::string::npos) {
+      out += pattern[i];
+      continue;
+    }
+    const std::string field = pattern.substr(i + 1, close - i - 1);
+    auto it = std::find_if(fields.begin(), fields.end(),
+                           [&](const auto& f) { return f.first == field; });
+    if (it == fields.end()) {
+      std::string known;
+      for (const auto& f : fields) known += (known.empty() ? "{" : ", {") + f.first + "}";
+      throw c.error_at(key, "unknown field {" + field + "} (fields: " + known + ")");
+    }
+    out += it->second;
+    i = close;
+  }
+  return out;
+}
+
+// Folders matching `pattern`, whose components may hold kAnyTimestamp / kAnySuffix.
+std::vector<fs::path> matching_folders(const fs::path& pattern) {
+  std::vector<fs::path> found = {pattern.root_path()};
+  for (const auto& part : pattern.relative_path()) {
+    const std::string p = part.string();
+    std::vector<fs::path> next;
+    if (p.find(kAnyTimestamp) == std::string::npos && p.find(kAnySuffix) == std::string::npos) {
+      for (const auto& f : found)
+        if (std::error_code ec; fs::is_directory(f / part, ec)) next.push_back(f / part);
+    } else {
+      std::string re;
+      for (char ch : p) {
+        if (ch == kAnyTimestamp) re += "[0-9]{8}-[0-9]{6}";
+        else if (ch == kAnySuffix) re += "(-[0-9]+)?";
+        else if (std::isalnum(static_cast<unsigned char>(ch))) re += ch;
+        else re += std::string("\\") + ch;
+      }
+      const std::regex matcher(re);
+      for (const auto& f : found) {
+        std::error_code ec;
+        for (const auto& entry : fs::directory_iterator(f, ec))
+          if (entry.is_directory(ec) && std::regex_match(entry.path().filename().string(), matcher))
+            next.push_back(entry.path());
+      }
+    }
+    found = std::move(next);
+  }
+  return found;
+}
+
+std::vector<fs::path> checkpoints_in(const fs::path& dir) {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (entry.is_regular_file(ec) && checkpoint_step(entry.path().filename().string()) >= 0)
+      out.push_back(entry.path());
+  return out;
+}
+
+// Rank 0 runs `fn`; every rank throws its error, if any.
+void on_rank_zero(Fabric& f, const std::function<void()>& fn) {
+  std::string failure;
+  if (f.is_global_zero()) {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  failure = f.broadcast(failure, 0);
+  if (!failure.empty()) throw Error(failure);
+}
+
+}  // namespace
+
+int64_t checkpoint_step(const std::string& file_name) {
+  static const std::regex name("step-([0-9]{1,18})\\.ckpt");
+  std::smatch m;
+  return std::regex_match(file_name, m, name) ? std::stoll(m[1].str()) : -1;
+}
+
+Checkpointer::Checkpointer(Fabric& f, CheckpointState state, const std::string& name,
+                           const fs::path& run_dir)
+    : f_(f), state_(std::move(state)), name_(name), run_dir_(run_dir) {
+  const Config& c = f.config();
+  dir_ = absolute_from_working_directory(
+      expand(c, "checkpoint.dir", {{"run_dir", run_dir.string()}, {"name", name}}));
+  every_n_steps_ = c.get_int("checkpoint.every_n_steps");
+  every_n_epochs_ = c.get_int("checkpoint.every_n_epochs");
+  keep_last_ = c.get_int("checkpoint.keep_last");
+  save_last_ = c.get_bool("checkpoint.save_last");
+  export_weights_ = c.get_string("checkpoint.export_weights");
+  if (!export_weights_.empty())
+    export_weights_ = absolute_from_working_directory(
+                          expand(c, "checkpoint.export_weights",
+                                 {{"run_dir", run_dir.string()}, {"name", name}}))
+                          .string();
+  state_.add("checkpointer.step", step_).add("checkpointer.epoch", epoch_);
+  resume(c.get_string("checkpoint.resume"));
+}
+
+std::vector<fs::path> Checkpointer::candidates() const {
+  const Config& c = f_.config();
+  std::vector<fs::path> folders = {dir_};
+  if (c.get_string("checkpoint.dir").find("{run_dir}") != std::string::npos) {
+    const std::string runs = expand(c, "logging.run_dir",
+                                    {{"name", name_},
+                                     {"timestamp", std::string(1, kAnyTimestamp)},
+                                     {"hash", c.hash()}}) +
+                             kAnySuffix;
+    folders = matching_folders(absolute_from_working_directory(expand(
+        c, "checkpoint.dir", {{"run_dir", runs}, {"name", name_}})));
+  }
+  std::vector<std::pair<fs::file_time_type, fs::path>> found;
+  for (const auto& folder : folders)
+    for (const auto& file : checkpoints_in(folder)) {
+      std::error_code ec;
+      found.emplace_back(fs::last_write_time(file, ec), file);
+    }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second > b.second;
+  });
+  std::vector<fs::path> out;
+  for (auto& [time, file] : found) out.push_back(std::move(file));
+  return out;
+}
+
+void Checkpointer::resume(const std::string& how) {
+  if (how == "none") return;
+  const Config& c = f_.config();
+  std::string chosen;
+  if (how == "auto") {
+    if (f_.is_global_zero()) {
+      for (const auto& file : candidates()) {
+        try {
+          load_archive(file);  // the whole file, CRCs checked: a damaged one is skipped
+          chosen = file.string();
+          break;
+        } catch (const Error& e) {
+          std::cerr << "warning: checkpoint.resume=auto: skipping " << e.what() << std::endl;
+        }
+      }
+    }
+    chosen = f_.broadcast(chosen, 0);
+    if (chosen.empty()) {
+      f_.print("checkpoint.resume=auto: no complete checkpoint of an earlier ", name_,
+               " run; starting from scratch");
+      return;
+    }
+  } else {
+    fs::path path = absolute_from_working_directory(how);
+    std::error_code ec;
+    if (fs::is_directory(path, ec)) {
+      std::ifstream marker(path / "latest");
+      std::string latest;
+      if (marker && std::getline(marker, latest) && !latest.empty()) {
+        path /= latest;
+      } else {
+        auto files = checkpoints_in(path);
+        if (files.empty())
+          throw c.error_at("checkpoint.resume", path.string() + " holds no checkpoint");
+        std::sort(files.begin(), files.end(), [](const fs::path& a, const fs::path& b) {
+          return checkpoint_step(a.filename().string()) < checkpoint_step(b.filename().string());
+        });
+        path = files.back();
+      }
+    }
+    if (!fs::exists(path, ec))
+      throw c.error_at("checkpoint.resume",
+                       path.string() + " does not exist (use none, auto, or a .ckpt file)");
+    chosen = path.string();
+  }
+  f_.load(chosen, state_);
+  // The loop's epoch is the one the data continues with (a checkpoint taken at the last step of
+  // an epoch, before epoch_end(), resumes with the next epoch).
+  for (const auto& e : state_.entries())
+    if (e.kind == CheckpointState::Entry::Kind::kLoader) {
+      epoch_ = static_cast<DataLoader*>(e.object)->state().epoch;
+      break;
+    }
+  saved_step_ = step_;
+  resumed_from_ = chosen;
+  f_.print("resumed from ", chosen, " at step ", step_, ", epoch ", epoch_);
+}
+
+fs::path Checkpointer::save() {
+  char file_name[64];
+  std::snprintf(file_name, sizeof(file_name), "step-%08lld.ckpt", static_cast<long long>(step_));
+  const fs::path path = dir_ / file_name;
+  on_rank_zero(f_, [&] {
+    std::error_code ec;
+    fs::create_directories(dir_, ec);
+    if (ec) throw Error("cannot write " + path.string() + ": cannot create " + dir_.string() +
+                        ": " + ec.message());
+    // Temporary files of a save that was killed.
+    for (const auto& entry : fs::directory_iterator(dir_, ec))
+      if (entry.path().filename().string().find(".tmp.") != std::string::npos)
+        fs::remove(entry.path(), ec);
+  });
+  f_.save(path.string(), state_);
+  on_rank_zero(f_, [&] {
+    write_file_atomically(dir_ / "latest", path.filename().string() + "\n");
+    if (keep_last_ <= 0) return;
+    auto files = checkpoints_in(dir_);
+    std::sort(files.begin(), files.end(), [](const fs::path& a, const fs::path& b) {
+      return checkpoint_step(a.filename().string()) > checkpoint_step(b.filename().string());
+    });
+    for (size_t i = static_cast<size_t>(keep_last_); i < files.size(); ++i)
+      if (files[i] != path) fs::remove(files[i]);
+  });
+  saved_step_ = step_;
+  saved_epoch_ = epoch_;
+  return path;
+}
+
+void Checkpointer::step_end() {
+  ++step_;
+  if (every_n_steps_ > 0 && step_ % every_n_steps_ == 0) save();
+}
+
+void Checkpointer::epoch_end() {
+  ++epoch_;
+  if (every_n_epochs_ > 0 && epoch_ % every_n_epochs_ == 0) save();
+}
+
+void Checkpointer::finish() {
+  if (save_last_ && (saved_step_ != step_ || saved_epoch_ != epoch_)) save();
+  if (export_weights_.empty()) return;
+  for (const auto& e : state_.entries())
+    if (e.kind == CheckpointState::Entry::Kind::kModule) {
+      f_.save_weights(*static_cast<torch::nn::Module*>(e.object), export_weights_);
+      return;
+    }
+}
+
+}  // namespace fabric

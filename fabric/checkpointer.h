@@ -1,0 +1,93 @@
+// fabric::Checkpointer: the checkpoint policy of the `checkpoint:` config section.
+//
+//   checkpoint.dir            "{run_dir}/checkpoints"  fields {run_dir}, {name}
+//   checkpoint.every_n_steps  0      save every N optimizer steps (0: never)
+//   checkpoint.every_n_epochs 1      save every N epochs (0: never)
+//   checkpoint.keep_last      3      newest checkpoints kept in dir (0: all)
+//   checkpoint.save_last      true   save when training ends (finish())
+//   checkpoint.resume         none   none | auto | PATH
+//   checkpoint.export_weights "{run_dir}/weights.pt"  model weights at the end ("" : off)
+//
+// Files: <dir>/step-00000120.ckpt (Fabric::save's format, named by the global step) and
+// <dir>/latest, a one-line marker naming the newest complete checkpoint, replaced atomically only
+// after that checkpoint is complete on every rank. Older checkpoints beyond keep_last are then
+// deleted; temporary files left by a killed save are removed.
+//
+// resume: auto takes the newest complete checkpoint (by modification time) of this program's
+// earlier runs: the folders logging.run_dir matches with any {timestamp} (and "-N" suffixes),
+// each with checkpoint.dir inside. Unreadable or damaged files are skipped with a warning; with
+// none found the run starts afresh (one line says so). resume: PATH takes a .ckpt file, or a
+// folder's `latest`. A checkpoint that does not fit the state (another model) is an error.
+//
+// Example (examples/common/classification.h is complete):
+//   fabric::CheckpointState state;
+//   state.add("model", model).add("optimizer", *optimizer).add("scheduler", scheduler)
+//        .add("train_loader", train);
+//   fabric::Checkpointer checkpoints(f, state, "cifar10", run.path());  // resumes here
+//   for (int64_t epoch = checkpoints.epoch(); epoch < max_epochs; ++epoch) {
+//     for (fabric::Batch& batch : train) { ...; f.step(*optimizer); scheduler.step();
+//                                          checkpoints.step_end(); }
+//     checkpoints.epoch_end();
+//   }
+//   checkpoints.finish();
+#ifndef FABRIC_CHECKPOINTER_H_
+#define FABRIC_CHECKPOINTER_H_
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "fabric/fabric.h"
+
+namespace fabric {
+
+class Checkpointer {
+ public:
+  // Reads the policy from f.config() (ConfigError for a bad value) and, per checkpoint.resume,
+  // loads a checkpoint into `state` (Fabric::load). `name` is the program's run name, `run_dir`
+  // this run's folder (Fabric::create_run_directory). Collective.
+  Checkpointer(Fabric& f, CheckpointState state, const std::string& name,
+               const std::filesystem::path& run_dir);
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  // Optimizer steps and epochs completed (restored on resume).
+  int64_t step() const { return step_; }
+  int64_t epoch() const { return epoch_; }
+  // The checkpoint resumed from ("" if none).
+  const std::string& resumed_from() const { return resumed_from_; }
+  const std::filesystem::path& dir() const { return dir_; }
+
+  // After each optimizer step: counts it; saves every_n_steps. Collective.
+  void step_end();
+  // After each epoch: counts it; saves every_n_epochs. Collective.
+  void epoch_end();
+  // When training ends: saves (save_last) unless this step is saved already; exports the weights
+  // of the state's first module (export_weights). Collective.
+  void finish();
+  // Saves now; returns the checkpoint's path. Collective.
+  std::filesystem::path save();
+
+  // The complete checkpoints `resume: auto` would consider, newest first (for tests and tools).
+  std::vector<std::filesystem::path> candidates() const;
+
+ private:
+  void resume(const std::string& how);
+  Fabric& f_;
+  CheckpointState state_;
+  std::string name_;
+  std::filesystem::path run_dir_, dir_;
+  int64_t every_n_steps_, every_n_epochs_, keep_last_;
+  bool save_last_;
+  std::string export_weights_;
+  int64_t step_ = 0, epoch_ = 0, saved_step_ = -1, saved_epoch_ = -1;
+  std::string resumed_from_;
+};
+
+// "step-00000120.ckpt" → 120; -1 for other names.
+int64_t checkpoint_step(const std::string& file_name);
+
+}  // namespace fabric
+
+#endif  // FABRIC_CHECKPOINTER_H_
