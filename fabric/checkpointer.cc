@@ -115,6 +115,7 @@ Checkpointer::Checkpointer(Fabric& f, CheckpointState state, const std::string& 
   keep_last_ = c.get_int("checkpoint.keep_last");
   save_last_ = c.get_bool("checkpoint.save_last");
   export_weights_ = c.get_string("checkpoint.export_weights");
+  if (export_weights_ == "none") export_weights_.clear();
   if (!export_weights_.empty())
     export_weights_ = absolute_from_working_directory(
                           expand(c, "checkpoint.export_weights",

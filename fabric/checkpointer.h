@@ -6,7 +6,7 @@
 //   checkpoint.keep_last      3      newest checkpoints kept in dir (0: all)
 //   checkpoint.save_last      true   save when training ends (finish())
 //   checkpoint.resume         none   none | auto | PATH
-//   checkpoint.export_weights "{run_dir}/weights.pt"  model weights at the end ("" : off)
+//   checkpoint.export_weights "{run_dir}/weights.pt"  model weights at the end (none: off)
 //
 // Files: <dir>/step-00000120.ckpt (Fabric::save's format, named by the global step) and
 // <dir>/latest, a one-line marker naming the newest complete checkpoint, replaced atomically only

@@ -221,7 +221,7 @@ ConfigSchema default_schema() {
                                     "this name) | PATH (a .ckpt file or a checkpoint folder)"));
   s.add("checkpoint.export_weights",
         KeySpec::string("{run_dir}/weights.pt")
-            .doc("model weights for Python's torch.load(weights_only=True) at the end; \"\": off"));
+            .doc("model weights for Python's torch.load(weights_only=True) at the end; none: off"));
   return s;
 }
 

@@ -70,7 +70,7 @@ void Fabric::save(const std::string& path, const CheckpointState& state) {
       for (size_t r = 0; r < cpu_states.size(); ++r) {
         Dict d = new_dict();
         d.insert("cpu", cpu_states[r].cpu());
-        c10::impl::GenericList cuda(c10::TensorType::get());
+        c10::impl::GenericList cuda(c10::AnyType::get());  // typed lists pickle as code calls
         const int64_t n = cuda_counts[r].item<int64_t>();
         if (n > 0)
           for (const auto& t : cuda_states[r].cpu().chunk(n)) cuda.push_back(t.clone());

@@ -100,8 +100,11 @@ c10::IValue load_archive(const fs::path& path) {
                                  [&](const std::string& key) { return read("data/" + key); });
   } catch (const std::exception& e) {
     std::string why = e.what();
-    throw Error(path.string() + ": not a readable PyTorch file (" + why.substr(0, why.find('\n')) +
-                ")");
+    why = why.substr(0, why.find('\n'));
+    // miniz explains at length what a damaged file may be; the first sentence says it.
+    if (const size_t cut = why.find(". This is an internal miniz error"); cut != std::string::npos)
+      why = why.substr(0, cut);
+    throw Error(path.string() + ": not a readable PyTorch file (" + why + ")");
   }
 }
 

@@ -177,7 +177,7 @@ c10::IValue optimizer_state(const torch::optim::Optimizer& optimizer) {
   for (const auto& group : optimizer.param_groups()) {
     Dict g(c10::StringType::get(), c10::AnyType::get());
     for (const auto& field : k.options) g.insert(field.key, field.get(group.options()));
-    c10::impl::GenericList ids(c10::IntType::get());
+    c10::impl::GenericList ids(c10::AnyType::get());  // typed lists pickle as code calls
     for (const auto& p : group.params()) {
       ids.push_back(index);
       auto it = optimizer.state().find(p.unsafeGetTensorImpl());

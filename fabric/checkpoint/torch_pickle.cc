@@ -142,7 +142,7 @@ class Reader {
           if (!allowed_global(full))
             throw std::runtime_error(
                 "refers to " + full +
-                ", which a state dict never needs (not loaded: no code from files is run)");
+                ", which plain data never needs (not loaded: no code from files is run)");
           auto v = make(Value::kGlobal);
           v->s = full;
           stack_.push_back(v);

@@ -136,7 +136,7 @@ TEST_F(StateDictTest, APickleNamingCodeIsRefusedNotRun) {
     fabric::load_state_dict_file(file);
     FAIL() << "no error";
   } catch (const fabric::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("refers to posix.system, which a state dict never needs"),
+    EXPECT_NE(std::string(e.what()).find("refers to posix.system, which plain data never needs"),
               std::string::npos)
         << e.what();
   }

@@ -1,0 +1,92 @@
+// Test helper for resume_test: a Fabric program that trains a small conv net (BatchNorm, Dropout)
+// on 40 synthetic images with shuffling and a random-flip augmentation, AdamW + cosine schedule,
+// for trainer.max_steps steps, with the checkpoint: section in charge (Checkpointer).
+// Extra keys:
+//   test.stop_at_step  -1   return right after this step (its checkpoint, if due, written)
+//   test.out           ""   at the end, Fabric::save the whole state here (for comparison)
+//   test.width         8    channels (the crash test widens the net so that saves take longer)
+// Everything else is the training schema (fabric.*, checkpoint.*, data.*, ...).
+#include <torch/torch.h>
+
+#include "fabric/checkpointer.h"
+#include "fabric/fabric.h"
+
+namespace {
+
+struct NetImpl : torch::nn::Module {
+  explicit NetImpl(int64_t width) {
+    conv = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, width, 3)));
+    bn = register_module("bn", fabric::nn::BatchNorm2d(width));
+    drop = register_module("drop", torch::nn::Dropout(0.3));
+    fc = register_module("fc", torch::nn::Linear(width * 6 * 6, 5));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = torch::relu(bn->forward(conv->forward(x)));
+    return fc->forward(drop->forward(h.flatten(1)));
+  }
+  torch::nn::Conv2d conv{nullptr};
+  fabric::nn::BatchNorm2d bn{nullptr};
+  torch::nn::Dropout drop{nullptr};
+  torch::nn::Linear fc{nullptr};
+};
+TORCH_MODULE(Net);
+
+fabric::Batch random_flip(fabric::Batch batch, at::Generator& gen) {
+  auto flip = torch::rand({batch.data.size(0)}, gen) < 0.5;
+  batch.data = torch::where(flip.view({-1, 1, 1, 1}), batch.data.flip(3), batch.data);
+  return batch;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  fabric::ConfigSchema schema = fabric::training_schema();
+  schema.add("test.stop_at_step", fabric::KeySpec::integer(-1).min(-1));
+  schema.add("test.out", fabric::KeySpec::string(""));
+  schema.add("test.width", fabric::KeySpec::integer(8).min(1));
+  return fabric::run_main(argc, argv, schema, [](const fabric::Config& c) {
+    fabric::Fabric fabric(c);
+    return fabric.launch([&](fabric::Fabric& f) {
+      Net model(c.get_int("test.width"));
+      auto optimizer = fabric::make_optimizer(c, model->parameters());
+      f.setup(model, *optimizer);
+      torch::manual_seed(123);  // the data is the same in every run and on every rank
+      auto data = std::make_shared<fabric::TensorDataset>(torch::randn({40, 3, 8, 8}),
+                                                          torch::randint(0, 5, {40}));
+      f.seed_everything(c.get_int("fabric.seed"));
+      auto train = f.setup_dataloader(data, fabric::DataLoaderOptions()
+                                                .batch_size(c.get_int("data.batch_size"))
+                                                .shuffle(true)
+                                                .num_workers(c.get_int("data.num_workers"))
+                                                .transform(random_flip));
+      const int64_t total = c.get_int("trainer.max_steps");
+      fabric::LRScheduler scheduler(*optimizer, fabric::LRSchedule::from_config(c, total));
+      fabric::CheckpointState state;
+      state.add("model", model).add("optimizer", *optimizer).add("scheduler", scheduler);
+      state.add("train_loader", train);
+      const auto run = f.create_run_directory("resume_helper");
+      fabric::Checkpointer checkpoints(f, state, "resume_helper", run.path());
+      const int64_t stop_at = c.get_int("test.stop_at_step");
+      while (checkpoints.step() < total) {
+        for (fabric::Batch& batch : train) {
+          if (checkpoints.step() >= total) break;
+          optimizer->zero_grad();
+          torch::Tensor loss;
+          {
+            auto guard = f.autocast();
+            loss = torch::cross_entropy_loss(model->forward(batch.data), batch.target);
+          }
+          f.backward(loss);
+          f.step(*optimizer);
+          scheduler.step();
+          checkpoints.step_end();
+          if (checkpoints.step() == stop_at) return;
+        }
+        checkpoints.epoch_end();
+      }
+      checkpoints.finish();
+      if (!c.get_string("test.out").empty()) f.save(c.get_string("test.out"), state);
+      f.print("done at step ", checkpoints.step(), " epoch ", checkpoints.epoch());
+    });
+  });
+}

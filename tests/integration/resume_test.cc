@@ -1,0 +1,186 @@
+// Exact resume and crash safety, with real processes (tests/integration/resume_helper.cc):
+//   N steps  ≡  k steps + checkpoint + a new process that resumes + N − k steps,
+// compared bitwise over the whole saved state (parameters, BatchNorm buffers, AdamW state,
+// scheduler, data loader position, every rank's random generators), with k in the middle of an
+// epoch, for one process and for a 2-rank DDP job (Gloo on CPU); and SIGKILL at random moments of
+// a run that saves at every step, followed by checkpoint.resume=auto, 20 times.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "fabric/checkpoint/archive.h"
+#include "fabric/checkpointer.h"
+#include "tests/run_command.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// "" when `a` and `b` are bitwise equal, else the path of the first difference.
+std::string first_difference(const c10::IValue& a, const c10::IValue& b, const std::string& at) {
+  if (a.tagKind() != b.tagKind()) return at + ": " + a.tagKind() + " vs " + b.tagKind();
+  if (a.isTensor()) {
+    const auto x = a.toTensor().contiguous(), y = b.toTensor().contiguous();
+    if (x.scalar_type() != y.scalar_type() || !x.sizes().equals(y.sizes()))
+      return at + ": dtype or shape";
+    const size_t n = x.numel() * x.element_size();
+    return n == 0 || std::memcmp(x.data_ptr(), y.data_ptr(), n) == 0 ? "" : at + ": values";
+  }
+  if (a.isGenericDict()) {
+    const auto x = a.toGenericDict(), y = b.toGenericDict();
+    if (x.size() != y.size()) return at + ": entry count";
+    for (const auto& e : x) {
+      auto it = y.find(e.key());
+      if (it == y.end()) return at + ": no " + e.key().toStringRef();
+      const std::string key = e.key().isString() ? e.key().toStringRef()
+                                                 : std::to_string(e.key().toInt());
+      if (auto d = first_difference(e.value(), it->value(), at + "/" + key); !d.empty()) return d;
+    }
+    return "";
+  }
+  if (a.isList()) {
+    const auto x = a.toList(), y = b.toList();
+    if (x.size() != y.size()) return at + ": length";
+    for (size_t i = 0; i < x.size(); ++i)
+      if (auto d = first_difference(x.get(i), y.get(i), at + "/" + std::to_string(i)); !d.empty())
+        return d;
+    return "";
+  }
+  if (a.isTuple()) {
+    const auto& x = a.toTupleRef().elements();
+    const auto& y = b.toTupleRef().elements();
+    if (x.size() != y.size()) return at + ": length";
+    for (size_t i = 0; i < x.size(); ++i)
+      if (auto d = first_difference(x[i], y[i], at + "/" + std::to_string(i)); !d.empty()) return d;
+    return "";
+  }
+  if (a.isDouble()) return a.toDouble() == b.toDouble() ? "" : at + ": value";
+  return a == b ? "" : at + ": value";
+}
+
+// The state and generator parts of a checkpoint (its "fabric" header holds times and configs).
+std::string compare_checkpoints(const fs::path& a, const fs::path& b) {
+  const auto x = fabric::load_archive(a).toGenericDict();
+  const auto y = fabric::load_archive(b).toGenericDict();
+  for (const std::string key : {"state", "rng"}) {
+    if (!x.contains(key) || !y.contains(key)) return "no " + key;
+    if (auto d = first_difference(x.at(key), y.at(key), key); !d.empty()) return d;
+  }
+  return "";
+}
+
+class ResumeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::path(::testing::TempDir()) / "resume_XXXXXX").string();
+    dir_ = mkdtemp(tmpl.data());
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // The helper with the common settings plus `args`, from dir_.
+  fabric::testing::CommandResult run(const std::string& args, const std::string& prefix = "") {
+    const std::string exe = (fs::current_path() / "tests" / "resume_helper").string();
+    return fabric::testing::run_command(
+        "cd '" + dir_.string() + "' && " + prefix + " '" + exe +
+        "' fabric.accelerator=cpu optimizer.name=adamw optimizer.lr=0.01 scheduler.name=cosine "
+        "trainer.max_steps=16 data.batch_size=4 data.num_workers=2 checkpoint.export_weights=none "
+        "logging.run_dir=runs/{name}/{timestamp} " +
+        args);
+  }
+
+  // N steps in one go vs k steps, stop, resume from the step-k checkpoint in a new process.
+  void expect_exact_resume(const std::string& job, int64_t k) {
+    auto full = run(job + " checkpoint.every_n_epochs=0 test.out=full.ckpt");
+    ASSERT_EQ(full.code, 0) << full.out;
+    auto first = run(job + " checkpoint.every_n_epochs=0 checkpoint.every_n_steps=" +
+                     std::to_string(k) + " test.stop_at_step=" + std::to_string(k) +
+                     " checkpoint.dir=first");
+    ASSERT_EQ(first.code, 0) << first.out;
+    char name[32];
+    std::snprintf(name, sizeof(name), "step-%08lld.ckpt", static_cast<long long>(k));
+    ASSERT_TRUE(fs::exists(dir_ / "first" / name)) << first.out;
+    auto second = run(job + " checkpoint.every_n_epochs=0 checkpoint.resume=first/" +
+                      std::string(name) + " checkpoint.dir=second test.out=resumed.ckpt");
+    ASSERT_EQ(second.code, 0) << second.out;
+    EXPECT_NE(second.out.find("resumed from"), std::string::npos) << second.out;
+    EXPECT_EQ(compare_checkpoints(dir_ / "full.ckpt", dir_ / "resumed.ckpt"), "");
+    // The comparison can fail: one step less differs.
+    auto short_run = run(job + " trainer.max_steps=15 test.out=short.ckpt");
+    ASSERT_EQ(short_run.code, 0) << short_run.out;
+    EXPECT_NE(compare_checkpoints(dir_ / "full.ckpt", dir_ / "short.ckpt"), "");
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(ResumeTest, OneProcessMidEpochResumeIsBitwiseExact) {
+  // 40 examples, batch 4: 10 batches per epoch; step 13 is in the middle of epoch 1.
+  expect_exact_resume("fabric.devices=1", 13);
+}
+
+TEST_F(ResumeTest, TwoRankDdpMidEpochResumeIsBitwiseExact) {
+  // 2 ranks: 5 batches per epoch and rank; step 7 is in the middle of epoch 1.
+  expect_exact_resume("fabric.strategy=ddp fabric.devices=2 fabric.ddp.timeout_s=60", 7);
+}
+
+TEST_F(ResumeTest, KilledAtRandomMomentsResumesFromACompleteCheckpoint) {
+  const std::string job = "fabric.devices=1 test.width=96 checkpoint.every_n_steps=1 "
+                          "checkpoint.every_n_epochs=0 checkpoint.keep_last=2 ";
+  const auto start = std::chrono::steady_clock::now();
+  auto full = run(job + "test.out=full.ckpt checkpoint.dir=full");
+  ASSERT_EQ(full.code, 0) << full.out;
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::mt19937 gen(2026);
+  std::uniform_real_distribution<double> when(0.05, seconds);
+  int killed = 0;
+  for (int trial = 0; trial < 20; ++trial) {
+    const std::string runs = "runs" + std::to_string(trial);
+    const std::string common = job + "logging.run_dir=" + runs + "/{name}/{timestamp} ";
+    char kill_after[32];
+    std::snprintf(kill_after, sizeof(kill_after), "%.3f", when(gen));
+    auto crashed = run(common, std::string("timeout -s KILL ") + kill_after);
+    if (crashed.code == 128 + 9 || crashed.code == 137) ++killed;
+    // A crash may leave a temporary file behind, never a truncated checkpoint.
+    for (const auto& entry : fs::recursive_directory_iterator(dir_ / runs)) {
+      const std::string name = entry.path().filename().string();
+      if (fabric::checkpoint_step(name) >= 0)
+        EXPECT_NO_THROW(fabric::load_archive(entry.path())) << entry.path();
+    }
+    auto resumed = run(common + "checkpoint.resume=auto test.out=" + runs + ".ckpt");
+    ASSERT_EQ(resumed.code, 0) << "trial " << trial << " killed after " << kill_after << "s\n"
+                               << resumed.out;
+    EXPECT_EQ(compare_checkpoints(dir_ / "full.ckpt", dir_ / (runs + ".ckpt")), "")
+        << "trial " << trial << " killed after " << kill_after << "s\n" << resumed.out;
+  }
+  EXPECT_GE(killed, 10) << "most trials should have been killed mid-run";
+}
+
+TEST_F(ResumeTest, AutoSkipsADamagedNewestCheckpoint) {
+  const std::string job = "fabric.devices=1 checkpoint.every_n_steps=4 checkpoint.every_n_epochs=0 ";
+  auto first = run(job + "test.stop_at_step=8");
+  ASSERT_EQ(first.code, 0) << first.out;
+  // A truncated copy of step 8 as the newest file: auto must not choose it.
+  fs::path newest;
+  for (const auto& e : fs::recursive_directory_iterator(dir_ / "runs"))
+    if (e.path().filename() == "step-00000008.ckpt") newest = e.path();
+  ASSERT_FALSE(newest.empty()) << first.out;
+  const auto damaged = newest.parent_path() / "step-00000009.ckpt";
+  fs::copy_file(newest, damaged);
+  fs::resize_file(damaged, fs::file_size(damaged) / 2);
+  auto second = run(job + "checkpoint.resume=auto");
+  ASSERT_EQ(second.code, 0) << second.out;
+  EXPECT_NE(second.out.find("warning: checkpoint.resume=auto: skipping " + damaged.string()),
+            std::string::npos)
+      << second.out;
+  EXPECT_NE(second.out.find("resumed from " + newest.string() + " at step 8"), std::string::npos)
+      << second.out;
+}
+
+}  // namespace
