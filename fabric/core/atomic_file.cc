@@ -3,7 +3,10 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -11,6 +14,17 @@
 
 namespace fabric {
 namespace fs = std::filesystem;
+
+namespace {
+
+// Fault injection for tests (atomic_file.h): the byte count at which this process fails or dies.
+int64_t fault_threshold(const char* variable) {
+  const char* v = std::getenv(variable);
+  return v != nullptr && *v != '\0' ? std::atoll(v) : -1;
+}
+int64_t bytes_written_so_far = 0;  // by write_file_atomically in this process
+
+}  // namespace
 
 void sync_directory(const fs::path& dir) {
   const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -29,9 +43,21 @@ void write_file_atomically(const fs::path& path, std::string_view bytes) {
   };
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail("cannot create " + tmp.string(), errno);
+  static const int64_t fail_after = fault_threshold("FABRIC_TEST_FAIL_WRITE_AFTER_BYTES");
+  static const int64_t kill_after = fault_threshold("FABRIC_TEST_KILL_AFTER_BYTES");
+  constexpr size_t kChunk = size_t{1} << 20;
   size_t done = 0;
   while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (fail_after >= 0 && bytes_written_so_far >= fail_after) {
+      ::close(fd);
+      fail("write failed", ENOSPC);
+    }
+    if (kill_after >= 0 && bytes_written_so_far >= kill_after) std::raise(SIGKILL);
+    size_t want = std::min(kChunk, bytes.size() - done);
+    for (const int64_t limit : {fail_after, kill_after})
+      if (limit > bytes_written_so_far)
+        want = std::min(want, static_cast<size_t>(limit - bytes_written_so_far));
+    const ssize_t n = ::write(fd, bytes.data() + done, want);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const int err = n < 0 ? errno : EIO;
@@ -39,6 +65,7 @@ void write_file_atomically(const fs::path& path, std::string_view bytes) {
       fail("write failed", err);
     }
     done += static_cast<size_t>(n);
+    bytes_written_so_far += n;
   }
   if (::fsync(fd) != 0) {
     const int err = errno;

@@ -11,6 +11,10 @@ namespace fabric {
 // Writes `bytes` to `path`: a temporary file in the same folder (PATH.tmp.PID), flushed and
 // fsynced, renamed over `path`, then the folder fsynced. Throws fabric::Error
 // "cannot write PATH: <reason>" (the temporary file is removed; an existing `path` is untouched).
+//
+// Fault injection, for tests only (crash and disk-full trials): once this process has written N
+// bytes through this function in all, FABRIC_TEST_FAIL_WRITE_AFTER_BYTES=N makes the write fail
+// with ENOSPC, FABRIC_TEST_KILL_AFTER_BYTES=N makes the process SIGKILL itself.
 void write_file_atomically(const std::filesystem::path& path, std::string_view bytes);
 
 // fsyncs a folder so that renames inside it survive a crash. Throws fabric::Error on failure.

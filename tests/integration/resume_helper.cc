@@ -2,9 +2,11 @@
 // on 40 synthetic images with shuffling and a random-flip augmentation, AdamW + cosine schedule,
 // for trainer.max_steps steps, with the checkpoint: section in charge (Checkpointer).
 // Extra keys:
+//   test.width         8    channels
 //   test.stop_at_step  -1   return right after this step (its checkpoint, if due, written)
 //   test.out           ""   at the end, Fabric::save the whole state here (for comparison)
-//   test.width         8    channels (the crash test widens the net so that saves take longer)
+//   test.extra_params  0    size of an extra parameter vector (the crash test makes checkpoints
+//                           tens of MB so that most of a run is spent saving)
 // Everything else is the training schema (fabric.*, checkpoint.*, data.*, ...).
 #include <torch/torch.h>
 
@@ -14,7 +16,8 @@
 namespace {
 
 struct NetImpl : torch::nn::Module {
-  explicit NetImpl(int64_t width) {
+  NetImpl(int64_t width, int64_t extra) {
+    if (extra > 0) table = register_parameter("table", torch::zeros({extra}));
     conv = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, width, 3)));
     bn = register_module("bn", fabric::nn::BatchNorm2d(width));
     drop = register_module("drop", torch::nn::Dropout(0.3));
@@ -22,8 +25,10 @@ struct NetImpl : torch::nn::Module {
   }
   torch::Tensor forward(const torch::Tensor& x) {
     auto h = torch::relu(bn->forward(conv->forward(x)));
-    return fc->forward(drop->forward(h.flatten(1)));
+    auto out = fc->forward(drop->forward(h.flatten(1)));
+    return table.defined() ? out + (table - 1).square().mean() : out;
   }
+  torch::Tensor table;
   torch::nn::Conv2d conv{nullptr};
   fabric::nn::BatchNorm2d bn{nullptr};
   torch::nn::Dropout drop{nullptr};
@@ -44,10 +49,11 @@ int main(int argc, char** argv) {
   schema.add("test.stop_at_step", fabric::KeySpec::integer(-1).min(-1));
   schema.add("test.out", fabric::KeySpec::string(""));
   schema.add("test.width", fabric::KeySpec::integer(8).min(1));
+  schema.add("test.extra_params", fabric::KeySpec::integer(0).min(0));
   return fabric::run_main(argc, argv, schema, [](const fabric::Config& c) {
     fabric::Fabric fabric(c);
     return fabric.launch([&](fabric::Fabric& f) {
-      Net model(c.get_int("test.width"));
+      Net model(c.get_int("test.width"), c.get_int("test.extra_params"));
       auto optimizer = fabric::make_optimizer(c, model->parameters());
       f.setup(model, *optimizer);
       torch::manual_seed(123);  // the data is the same in every run and on every rank
@@ -69,7 +75,6 @@ int main(int argc, char** argv) {
       const int64_t stop_at = c.get_int("test.stop_at_step");
       while (checkpoints.step() < total) {
         for (fabric::Batch& batch : train) {
-          if (checkpoints.step() >= total) break;
           optimizer->zero_grad();
           torch::Tensor loss;
           {
@@ -81,6 +86,8 @@ int main(int argc, char** argv) {
           scheduler.step();
           checkpoints.step_end();
           if (checkpoints.step() == stop_at) return;
+          // Stop before taking another batch: the loader's position stays that of the last step.
+          if (checkpoints.step() >= total) break;
         }
         checkpoints.epoch_end();
       }

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <random>
 
 #include "fabric/checkpoint/archive.h"
@@ -130,36 +131,61 @@ TEST_F(ResumeTest, TwoRankDdpMidEpochResumeIsBitwiseExact) {
 }
 
 TEST_F(ResumeTest, KilledAtRandomMomentsResumesFromACompleteCheckpoint) {
-  const std::string job = "fabric.devices=1 test.width=96 checkpoint.every_n_steps=1 "
+  // ~24 MB checkpoints (2M extra parameters + AdamW state) at every one of 16 steps. Trials 0-9:
+  // SIGKILL from outside at a random time of the run; trials 10-19: the process SIGKILLs itself
+  // after a random number of written bytes (fault injection, fabric/core/atomic_file.h), i.e. in
+  // the middle of writing a random checkpoint. Then checkpoint.resume=auto must finish the run
+  // with the uninterrupted run's state, bitwise.
+  const std::string job = "fabric.devices=1 test.extra_params=2000000 checkpoint.every_n_steps=1 "
                           "checkpoint.every_n_epochs=0 checkpoint.keep_last=2 ";
   const auto start = std::chrono::steady_clock::now();
   auto full = run(job + "test.out=full.ckpt checkpoint.dir=full");
   ASSERT_EQ(full.code, 0) << full.out;
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const auto checkpoint_bytes = static_cast<int64_t>(fs::file_size(dir_ / "full.ckpt"));
   std::mt19937 gen(2026);
   std::uniform_real_distribution<double> when(0.05, seconds);
-  int killed = 0;
+  std::uniform_int_distribution<int64_t> byte(0, 16 * checkpoint_bytes);
+  int killed = 0, killed_while_writing = 0, resumed_from_checkpoint = 0;
   for (int trial = 0; trial < 20; ++trial) {
     const std::string runs = "runs" + std::to_string(trial);
     const std::string common = job + "logging.run_dir=" + runs + "/{name}/{timestamp} ";
-    char kill_after[32];
-    std::snprintf(kill_after, sizeof(kill_after), "%.3f", when(gen));
-    auto crashed = run(common, std::string("timeout -s KILL ") + kill_after);
-    if (crashed.code == 128 + 9 || crashed.code == 137) ++killed;
-    // A crash may leave a temporary file behind, never a truncated checkpoint.
-    for (const auto& entry : fs::recursive_directory_iterator(dir_ / runs)) {
-      const std::string name = entry.path().filename().string();
-      if (fabric::checkpoint_step(name) >= 0)
-        EXPECT_NO_THROW(fabric::load_archive(entry.path())) << entry.path();
+    std::string how;
+    if (trial < 10) {
+      char after[32];
+      std::snprintf(after, sizeof(after), "%.3f", when(gen));
+      how = std::string("timeout -s KILL ") + after;
+    } else {
+      how = "FABRIC_TEST_KILL_AFTER_BYTES=" + std::to_string(byte(gen));
     }
+    auto crashed = run(common, how);
+    killed += crashed.code == 128 + 9 || crashed.code == 137;
+    // A crash may leave a temporary file behind, never a truncated checkpoint.
+    std::error_code none_yet;  // killed before the run directory existed
+    bool partial = false;
+    for (const auto& entry : fs::recursive_directory_iterator(dir_ / runs, none_yet)) {
+      const std::string name = entry.path().filename().string();
+      partial = partial || name.find(".ckpt.tmp.") != std::string::npos;
+      if (fabric::checkpoint_step(name) >= 0) {
+        EXPECT_NO_THROW(fabric::load_archive(entry.path())) << entry.path();
+      }
+    }
+    killed_while_writing += partial;
+    if (trial >= 10) EXPECT_TRUE(partial) << how << "\n" << crashed.out;
     auto resumed = run(common + "checkpoint.resume=auto test.out=" + runs + ".ckpt");
-    ASSERT_EQ(resumed.code, 0) << "trial " << trial << " killed after " << kill_after << "s\n"
-                               << resumed.out;
+    ASSERT_EQ(resumed.code, 0) << "trial " << trial << ": " << how << "\n" << resumed.out;
     EXPECT_EQ(compare_checkpoints(dir_ / "full.ckpt", dir_ / (runs + ".ckpt")), "")
-        << "trial " << trial << " killed after " << kill_after << "s\n" << resumed.out;
+        << "trial " << trial << ": " << how << "\n" << resumed.out;
+    resumed_from_checkpoint += resumed.out.find("resumed from") != std::string::npos;
+    fs::remove_all(dir_ / runs);
+    fs::remove(dir_ / (runs + ".ckpt"));
   }
-  EXPECT_GE(killed, 10) << "most trials should have been killed mid-run";
+  std::cout << "killed " << killed << " of 20 runs, " << killed_while_writing
+            << " while writing a checkpoint; " << resumed_from_checkpoint
+            << " resumed from a checkpoint (others were killed before the first)" << std::endl;
+  EXPECT_GE(killed, 15) << "the runs should have been killed mid-run";
+  EXPECT_GE(resumed_from_checkpoint, 10);
 }
 
 TEST_F(ResumeTest, AutoSkipsADamagedNewestCheckpoint) {
