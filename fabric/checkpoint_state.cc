@@ -44,21 +44,20 @@ CheckpointState& CheckpointState::add_entry(Entry entry) {
 }
 
 CheckpointState& CheckpointState::add(const std::string& name, torch::nn::Module& module) {
-  return add_entry(
-      {name, Entry::Kind::kModule, &module,
-       [&module] {
-         c10::Dict<std::string, torch::Tensor> d;
-         for (const auto& [key, t] : state_dict(module)) d.insert(key, t);
-         return c10::IValue(d);
-       },
-       [&module](const c10::IValue& v, const std::string& source) {
-         return prepare_load_state_dict(module, state_dict_from(v, source), source);
-       }});
+  return add_entry({name, Entry::Kind::kModule, &module,
+                    [&module] {
+                      c10::Dict<std::string, torch::Tensor> d;
+                      for (const auto& [key, t] : state_dict(module)) d.insert(key, t);
+                      return c10::IValue(d);
+                    },
+                    [&module](const c10::IValue& v, const std::string& source) {
+                      return prepare_load_state_dict(module, state_dict_from(v, source), source);
+                    }});
 }
 
-CheckpointState& CheckpointState::add(const std::string& name,
-                                      torch::optim::Optimizer& optimizer) {
-  return add_entry({name, Entry::Kind::kOptimizer, &optimizer, [&optimizer] { return optimizer_state(optimizer); },
+CheckpointState& CheckpointState::add(const std::string& name, torch::optim::Optimizer& optimizer) {
+  return add_entry({name, Entry::Kind::kOptimizer, &optimizer,
+                    [&optimizer] { return optimizer_state(optimizer); },
                     [&optimizer](const c10::IValue& v, const std::string& source) {
                       return prepare_optimizer_state(optimizer, v, source);
                     }});
@@ -73,7 +72,8 @@ CheckpointState& CheckpointState::add(const std::string& name, LRScheduler& sche
                     },
                     [&scheduler](const c10::IValue& v, const std::string& source) {
                       const int64_t step = int_field(v, "step", source);
-                      return std::function<void()>([&scheduler, step] { scheduler.set_step(step); });
+                      return std::function<void()>(
+                          [&scheduler, step] { scheduler.set_step(step); });
                     }});
 }
 
@@ -135,8 +135,8 @@ CheckpointState& CheckpointState::add(const std::string& name, DataLoader& loade
            for (const auto& [key, now] : facts()) {
              const int64_t was = int_field(v, key, source);
              if (was != now)
-               changed += (changed.empty() ? "" : ", ") + key + " " + std::to_string(was) +
-                          " → " + std::to_string(now);
+               changed += (changed.empty() ? "" : ", ") + key + " " + std::to_string(was) + " → " +
+                          std::to_string(now);
            }
            if (!changed.empty())
              throw Error(source + ": cannot resume in the middle of epoch " +
@@ -177,8 +177,7 @@ CheckpointState& CheckpointState::add(const std::string& name, std::string& valu
   return add_entry({name, Entry::Kind::kValue, nullptr, [&value] { return c10::IValue(value); },
                     [&value](const c10::IValue& v, const std::string& source) {
                       if (!v.isString()) throw Error(kind_error(source, "a string", v));
-                      return std::function<void()>(
-                          [&value, x = v.toStringRef()] { value = x; });
+                      return std::function<void()>([&value, x = v.toStringRef()] { value = x; });
                     }});
 }
 

@@ -30,8 +30,8 @@ std::string expand(const Config& c, const std::string& key,
       continue;
     }
     const std::string field = pattern.substr(i + 1, close - i - 1);
-    auto it = std::find_if(fields.begin(), fields.end(),
-                           [&](const auto& f) { return f.first == field; });
+    auto it =
+        std::find_if(fields.begin(), fields.end(), [&](const auto& f) { return f.first == field; });
     if (it == fields.end()) {
       std::string known;
       for (const auto& f : fields) known += (known.empty() ? "{" : ", {") + f.first + "}";
@@ -55,10 +55,14 @@ std::vector<fs::path> matching_folders(const fs::path& pattern) {
     } else {
       std::string re;
       for (char ch : p) {
-        if (ch == kAnyTimestamp) re += "[0-9]{8}-[0-9]{6}";
-        else if (ch == kAnySuffix) re += "(-[0-9]+)?";
-        else if (std::isalnum(static_cast<unsigned char>(ch))) re += ch;
-        else re += std::string("\\") + ch;
+        if (ch == kAnyTimestamp)
+          re += "[0-9]{8}-[0-9]{6}";
+        else if (ch == kAnySuffix)
+          re += "(-[0-9]+)?";
+        else if (std::isalnum(static_cast<unsigned char>(ch)))
+          re += ch;
+        else
+          re += std::string("\\") + ch;
       }
       const std::regex matcher(re);
       for (const auto& f : found) {
@@ -117,10 +121,10 @@ Checkpointer::Checkpointer(Fabric& f, CheckpointState state, const std::string& 
   export_weights_ = c.get_string("checkpoint.export_weights");
   if (export_weights_ == "none") export_weights_.clear();
   if (!export_weights_.empty())
-    export_weights_ = absolute_from_working_directory(
-                          expand(c, "checkpoint.export_weights",
-                                 {{"run_dir", run_dir.string()}, {"name", name}}))
-                          .string();
+    export_weights_ =
+        absolute_from_working_directory(
+            expand(c, "checkpoint.export_weights", {{"run_dir", run_dir.string()}, {"name", name}}))
+            .string();
   state_.add("checkpointer.step", step_).add("checkpointer.epoch", epoch_);
   resume(c.get_string("checkpoint.resume"));
 }
@@ -129,13 +133,13 @@ std::vector<fs::path> Checkpointer::candidates() const {
   const Config& c = f_.config();
   std::vector<fs::path> folders = {dir_};
   if (c.get_string("checkpoint.dir").find("{run_dir}") != std::string::npos) {
-    const std::string runs = expand(c, "logging.run_dir",
-                                    {{"name", name_},
-                                     {"timestamp", std::string(1, kAnyTimestamp)},
-                                     {"hash", c.hash()}}) +
-                             kAnySuffix;
-    folders = matching_folders(absolute_from_working_directory(expand(
-        c, "checkpoint.dir", {{"run_dir", runs}, {"name", name_}})));
+    const std::string runs =
+        expand(
+            c, "logging.run_dir",
+            {{"name", name_}, {"timestamp", std::string(1, kAnyTimestamp)}, {"hash", c.hash()}}) +
+        kAnySuffix;
+    folders = matching_folders(absolute_from_working_directory(
+        expand(c, "checkpoint.dir", {{"run_dir", runs}, {"name", name_}})));
   }
   std::vector<std::pair<fs::file_time_type, fs::path>> found;
   for (const auto& folder : folders)
@@ -216,8 +220,9 @@ fs::path Checkpointer::save() {
   on_rank_zero(f_, [&] {
     std::error_code ec;
     fs::create_directories(dir_, ec);
-    if (ec) throw Error("cannot write " + path.string() + ": cannot create " + dir_.string() +
-                        ": " + ec.message());
+    if (ec)
+      throw Error("cannot write " + path.string() + ": cannot create " + dir_.string() + ": " +
+                  ec.message());
     // Temporary files of a save that was killed.
     for (const auto& entry : fs::directory_iterator(dir_, ec))
       if (entry.path().filename().string().find(".tmp.") != std::string::npos)

@@ -12,9 +12,10 @@ void flatten(const YAML::Node& node, const std::string& prefix,
              std::map<std::string, std::string>& out) {
   if (node.IsMap()) {
     for (const auto& kv : node)
-      flatten(kv.second, prefix.empty() ? kv.first.as<std::string>()
-                                        : prefix + "." + kv.first.as<std::string>(),
-              out);
+      flatten(
+          kv.second,
+          prefix.empty() ? kv.first.as<std::string>() : prefix + "." + kv.first.as<std::string>(),
+          out);
     return;
   }
   YAML::Emitter e;

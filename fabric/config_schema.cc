@@ -156,7 +156,8 @@ ConfigSchema default_schema() {
                                   .noun("an accelerator")
                                   .doc("auto: cuda when a CUDA device is usable, else cpu"));
   s.add("fabric.devices",
-        KeySpec::devices().doc("auto: 1 device; N (on cpu: N processes); -1 = all CUDA devices; [ids]"));
+        KeySpec::devices().doc(
+            "auto: 1 device; N (on cpu: N processes); -1 = all CUDA devices; [ids]"));
   s.add("fabric.num_nodes", KeySpec::integer(1).min(1).doc("machines in the job"));
   s.add("fabric.strategy", KeySpec::choice({"auto", "single_device", "dp", "ddp"}, "auto")
                                .noun("a strategy")
@@ -188,15 +189,12 @@ ConfigSchema default_schema() {
   s.add("fabric.grad_scaler.backoff_factor", KeySpec::real(0.5).min(0, false).max(1, false));
   s.add("fabric.grad_scaler.growth_interval",
         KeySpec::integer(2000).min(1).doc("finite steps before growing"));
-  s.add("fabric.ddp.bucket_cap_mb",
-        KeySpec::real(25.0).min(0, false).doc("DDP"));
+  s.add("fabric.ddp.bucket_cap_mb", KeySpec::real(25.0).min(0, false).doc("DDP"));
   s.add("fabric.ddp.find_unused_parameters", KeySpec::boolean(false).doc("DDP"));
   s.add("fabric.ddp.broadcast_buffers", KeySpec::boolean(true).doc("DDP"));
-  s.add("fabric.ddp.gradient_as_bucket_view",
-        KeySpec::boolean(false).doc("DDP"));
+  s.add("fabric.ddp.gradient_as_bucket_view", KeySpec::boolean(false).doc("DDP"));
   s.add("fabric.ddp.static_graph", KeySpec::boolean(false).doc("DDP"));
-  s.add("fabric.ddp.comm_hook",
-        KeySpec::choice({"none", "fp16", "bf16"}, "none").doc("DDP"));
+  s.add("fabric.ddp.comm_hook", KeySpec::choice({"none", "fp16", "bf16"}, "none").doc("DDP"));
   s.add("fabric.ddp.timeout_s", KeySpec::real(300.0).min(0, false).doc("DDP"));
 
   s.section_doc("logging", "Where results go.");

@@ -45,8 +45,7 @@ void Fabric::save(const std::string& path, const CheckpointState& state) {
   // Every rank's generator states reach rank 0 (collective, before anything can fail).
   const RngState rng = get_rng_state();
   const auto cpu_states = all_gather(rng.cpu.to(device()));
-  const auto cuda_flat =
-      rng.cuda.empty() ? torch::empty({0}, torch::kUInt8) : torch::cat(rng.cuda);
+  const auto cuda_flat = rng.cuda.empty() ? torch::empty({0}, torch::kUInt8) : torch::cat(rng.cuda);
   const auto cuda_states = all_gather(cuda_flat.to(device()));
   const auto cuda_counts =
       all_gather(torch::tensor({static_cast<int64_t>(rng.cuda.size())}).to(device()));
@@ -61,8 +60,7 @@ void Fabric::save(const std::string& path, const CheckpointState& state) {
       meta.insert("config_hash", config_.hash());
       meta.insert("world_size", world_size());
       meta.insert("saved_unix_time",
-                  std::chrono::duration<double>(
-                      std::chrono::system_clock::now().time_since_epoch())
+                  std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
                       .count());
       Dict entries = new_dict();
       for (const auto& e : state.entries()) entries.insert(e.name, e.save());
@@ -116,7 +114,8 @@ void Fabric::load(const std::string& path, CheckpointState& state, bool strict) 
                   (version.isInt() ? std::to_string(version.toInt()) : "?") +
                   " is newer than this build reads (" + std::to_string(kFormatVersion) +
                   "); load it with a newer Fabric++");
-    if (const auto v = find(meta, "libtorch_version"); v.isString() && v.toStringRef() != TORCH_VERSION)
+    if (const auto v = find(meta, "libtorch_version");
+        v.isString() && v.toStringRef() != TORCH_VERSION)
       warnings.push_back("saved with LibTorch " + v.toStringRef() + ", running " + TORCH_VERSION);
     if (const auto saved = find(meta, "config"); saved.isString()) {
       const auto diff =
@@ -146,10 +145,13 @@ void Fabric::load(const std::string& path, CheckpointState& state, bool strict) 
     std::string names;
     if (!missing.empty()) names += "missing [" + join(missing, ", ") + "]";
     if (!unexpected.empty())
-      names += (names.empty() ? "" : "; ") + std::string("unexpected [") + join(unexpected, ", ") + "]";
+      names +=
+          (names.empty() ? "" : "; ") + std::string("unexpected [") + join(unexpected, ", ") + "]";
     if (!names.empty()) {
-      if (strict) problems.insert(problems.begin(), source + ": entries differ: " + names);
-      else warnings.push_back("entries skipped: " + names);
+      if (strict)
+        problems.insert(problems.begin(), source + ": entries differ: " + names);
+      else
+        warnings.push_back("entries skipped: " + names);
     }
     if (!problems.empty()) throw Error(join(problems, "; "));
     // The GradScaler of 16-mixed.
@@ -187,13 +189,14 @@ void Fabric::load(const std::string& path, CheckpointState& state, bool strict) 
     failure = source + ": malformed checkpoint (" + why.substr(0, why.find('\n')) + ")";
   }
   // All ranks fail together (and with rank 0's reason when theirs read fine).
-  const bool ok_everywhere =
-      all_reduce(failure.empty() ? 1.0 : 0.0, ReduceOp::kMin) > 0.5;
+  const bool ok_everywhere = all_reduce(failure.empty() ? 1.0 : 0.0, ReduceOp::kMin) > 0.5;
   if (!ok_everywhere) {
     const std::string first = broadcast(failure, 0);
-    throw Error(!failure.empty() ? failure
-                                 : (!first.empty() ? first
-                                                   : source + ": could not be loaded on another rank (see its log)"));
+    throw Error(!failure.empty()
+                    ? failure
+                    : (!first.empty()
+                           ? first
+                           : source + ": could not be loaded on another rank (see its log)"));
   }
   for (auto& fn : apply) fn();
   if (is_global_zero())

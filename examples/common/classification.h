@@ -3,7 +3,8 @@
 //
 // Config keys used: trainer.* (max_epochs, max_steps, eval_every_n_epochs, limit_eval_batches,
 // gradient_clip_*), data.* (batch_size, shuffle, drop_last, num_workers, prefetch), optimizer.*,
-// scheduler.*, logging.* (run_dir, log_every_n_steps).
+// scheduler.*, logging.* (run_dir, log_every_n_steps), checkpoint.* (fabric/checkpointer.h: saves,
+// rotation, resume: auto after a crash, weights for Python at the end).
 //
 // Output: one progress line every log_every_n_steps on rank 0, one line per evaluation, and, last,
 // the path of summary.json.
@@ -16,6 +17,7 @@
 #include <cstdio>
 #include <string>
 
+#include "fabric/checkpointer.h"
 #include "fabric/fabric.h"
 #include "fabric/logging/run_dir.h"
 
@@ -96,7 +98,13 @@ void train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask&
           fabric::to_string(f.precision().mode()), ", ", total_steps, " steps; run directory ",
           run.path().string());
 
-  int64_t step = 0, epoch = 0, images = 0;
+  // Everything a resume needs; the Checkpointer resumes here when checkpoint.resume says so.
+  fabric::CheckpointState state;
+  state.add("model", model).add("optimizer", *optimizer).add("scheduler", scheduler);
+  state.add("train_loader", train);
+  fabric::Checkpointer checkpoints(f, state, task.name, run.path());
+
+  int64_t step = checkpoints.step(), epoch = checkpoints.epoch(), images = 0;
   double train_seconds = 0, last_loss = NAN, accuracy = NAN;
   auto window_loss = torch::zeros({}, torch::dtype(torch::kFloat).device(f.device()));
   int64_t window = 0, window_images = 0;
@@ -104,7 +112,6 @@ void train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask&
   for (; epoch < max_epochs && step < total_steps; ++epoch) {
     const auto epoch_start = Clock::now();
     for (fabric::Batch& batch : train) {
-      if (step >= total_steps) break;
       optimizer->zero_grad();
       torch::Tensor loss;
       {
@@ -143,6 +150,8 @@ void train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask&
         window_start = Clock::now();
       }
       images += batch.target.size(0);
+      checkpoints.step_end();
+      if (step >= total_steps) break;  // before taking a batch this run would not train on
     }
     train_seconds += std::chrono::duration<double>(Clock::now() - epoch_start).count();
     const bool last = epoch + 1 == max_epochs || step >= total_steps;
@@ -152,7 +161,9 @@ void train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask&
       f.print("epoch ", epoch + 1, " test accuracy ", accuracy);
       window_start += Clock::now() - eval_start;  // keep evaluation out of the img/s window
     }
+    checkpoints.epoch_end();
   }
+  checkpoints.finish();
 
   const double wall = std::chrono::duration<double>(Clock::now() - start).count();
   nlohmann::json summary = {
@@ -172,6 +183,8 @@ void train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask&
       {"wall_seconds", wall},
       {"skipped_steps", f.precision().scaler() ? f.precision().scaler()->skipped_steps() : 0},
       {"run_dir", run.path().string()},
+      {"resumed_from", checkpoints.resumed_from()},
+      {"checkpoint_dir", checkpoints.dir().string()},
   };
   const auto summary_path = run.write_summary(summary);
   f.print(summary_path.string());

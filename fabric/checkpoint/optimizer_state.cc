@@ -57,26 +57,26 @@ std::tuple<double, double> as_pair(const c10::IValue& v) {
 
 #define FABRIC_DOUBLE(O, f)                                                                \
   OptionField {                                                                            \
-    #f, [](const OptimizerOptions& o) { return c10::IValue(static_cast<const O&>(o).f()); }, \
+#f, [](const OptimizerOptions& o) { return c10::IValue(static_cast<const O&>(o).f()); }, \
         [](OptimizerOptions& o, const c10::IValue& v) { static_cast<O&>(o).f(as_double(v)); } \
   }
 #define FABRIC_BOOL(O, f)                                                                  \
   OptionField {                                                                            \
-    #f, [](const OptimizerOptions& o) { return c10::IValue(static_cast<const O&>(o).f()); }, \
-        [](OptimizerOptions& o, const c10::IValue& v) { static_cast<O&>(o).f(as_bool(v)); }   \
+#f, [](const OptimizerOptions& o) { return c10::IValue(static_cast<const O&>(o).f()); }, \
+        [](OptimizerOptions& o, const c10::IValue& v) { static_cast<O&>(o).f(as_bool(v)); } \
   }
-#define FABRIC_BETAS(O)                                                               \
-  OptionField {                                                                       \
-    "betas",                                                                          \
-        [](const OptimizerOptions& o) {                                               \
-          const auto& [b1, b2] = static_cast<const O&>(o).betas();                    \
-          return c10::IValue(c10::ivalue::Tuple::create({c10::IValue(b1), c10::IValue(b2)})); \
-        },                                                                            \
+#define FABRIC_BETAS(O)                                                                         \
+  OptionField {                                                                                 \
+    "betas",                                                                                    \
+        [](const OptimizerOptions& o) {                                                         \
+          const auto& [b1, b2] = static_cast<const O&>(o).betas();                              \
+          return c10::IValue(c10::ivalue::Tuple::create({c10::IValue(b1), c10::IValue(b2)}));   \
+        },                                                                                      \
         [](OptimizerOptions& o, const c10::IValue& v) { static_cast<O&>(o).betas(as_pair(v)); } \
   }
-#define FABRIC_TENSOR(S, f)                                                                 \
-  TensorField {                                                                             \
-    #f, [](const OptimizerParamState& s) { return static_cast<const S&>(s).f(); },           \
+#define FABRIC_TENSOR(S, f)                                                                \
+  TensorField {                                                                            \
+#f, [](const OptimizerParamState& s) { return static_cast<const S&>(s).f(); },           \
         [](OptimizerParamState& s, torch::Tensor t) { static_cast<S&>(s).f(std::move(t)); } \
   }
 
@@ -102,12 +102,12 @@ Kind kind(std::string type, std::vector<OptionField> options, std::vector<Tensor
 const std::vector<Kind>& kinds() {
   using namespace torch::optim;  // NOLINT
   static const std::vector<Kind> all = {
-      kind<SGD, SGDParamState>("SGD",
-                               {FABRIC_DOUBLE(SGDOptions, lr), FABRIC_DOUBLE(SGDOptions, momentum),
-                                FABRIC_DOUBLE(SGDOptions, dampening),
-                                FABRIC_DOUBLE(SGDOptions, weight_decay),
-                                FABRIC_BOOL(SGDOptions, nesterov)},
-                               {FABRIC_TENSOR(SGDParamState, momentum_buffer)}, false),
+      kind<SGD, SGDParamState>(
+          "SGD",
+          {FABRIC_DOUBLE(SGDOptions, lr), FABRIC_DOUBLE(SGDOptions, momentum),
+           FABRIC_DOUBLE(SGDOptions, dampening), FABRIC_DOUBLE(SGDOptions, weight_decay),
+           FABRIC_BOOL(SGDOptions, nesterov)},
+          {FABRIC_TENSOR(SGDParamState, momentum_buffer)}, false),
       kind<AdamW, AdamWParamState>(
           "AdamW",
           {FABRIC_DOUBLE(AdamWOptions, lr), FABRIC_BETAS(AdamWOptions),
@@ -201,8 +201,7 @@ c10::IValue optimizer_state(const torch::optim::Optimizer& optimizer) {
 }
 
 std::function<void()> prepare_optimizer_state(torch::optim::Optimizer& optimizer,
-                                              const c10::IValue& value,
-                                              const std::string& source) {
+                                              const c10::IValue& value, const std::string& source) {
   const Kind& k = kind_of(optimizer);
   auto fail = [&](const std::string& why) -> std::function<void()> {
     throw Error(source + ": does not match the optimizer: " + why);

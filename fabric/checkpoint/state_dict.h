@@ -12,8 +12,8 @@
 #ifndef FABRIC_CHECKPOINT_STATE_DICT_H_
 #define FABRIC_CHECKPOINT_STATE_DICT_H_
 
-#include <torch/nn/module.h>
 #include <ATen/core/ivalue.h>
+#include <torch/nn/module.h>
 #include <torch/types.h>
 
 #include <filesystem>

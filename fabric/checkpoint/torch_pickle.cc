@@ -367,10 +367,11 @@ c10::IValue to_ivalue(const Ptr& v, int depth) {
         strings = strings && entry.first->kind == Value::kStr;
         ints = ints && entry.first->kind == Value::kInt;
       }
-      if (!strings && !ints) throw std::runtime_error("a dict has keys that are not all strings or ints");
-      c10::impl::GenericDict dict(strings ? c10::TypePtr(c10::StringType::get())
-                                          : c10::TypePtr(c10::IntType::get()),
-                                  c10::AnyType::get());
+      if (!strings && !ints)
+        throw std::runtime_error("a dict has keys that are not all strings or ints");
+      c10::impl::GenericDict dict(
+          strings ? c10::TypePtr(c10::StringType::get()) : c10::TypePtr(c10::IntType::get()),
+          c10::AnyType::get());
       for (const auto& [key, value] : v->entries)
         dict.insert_or_assign(to_ivalue(key, depth + 1), to_ivalue(value, depth + 1));
       return c10::IValue(dict);

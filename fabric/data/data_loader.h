@@ -3,9 +3,10 @@
 //
 // Each pass (range-for over the loader) is one epoch: the first pass is epoch 0 and every later
 // begin() advances the epoch, so shuffling changes per epoch without user code (set_epoch()
-// overrides it; load_state() resumes in the middle of an epoch). The order is DistributedSampler's; batch b of epoch e is always
-// built from the same indices and the same augmentation randomness (a generator seeded from seed,
-// epoch and b), whatever the number of threads, so runs are reproducible.
+// overrides it; load_state() resumes in the middle of an epoch). The order is DistributedSampler's;
+// batch b of epoch e is always built from the same indices and the same augmentation randomness (a
+// generator seeded from seed, epoch and b), whatever the number of threads, so runs are
+// reproducible.
 //
 // Threads: `num_workers` threads build batches (get_batch + transform), at most `prefetch` ahead of
 // the consumer (at least one per worker); batches are yielded in order. On CUDA each worker pins

@@ -32,10 +32,12 @@ class ExamplesTest : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   // Runs examples/<binary> with `args` from a fresh working directory.
-  Result run(const std::string& binary, const std::string& args) {
+  // `prefix` goes before the program (environment variables).
+  Result run(const std::string& binary, const std::string& args, const std::string& prefix = "") {
     const std::string exe = (fs::current_path() / "examples" / binary).string();
-    const std::string cmd = "cd '" + dir_.string() + "' && BUILD_WORKING_DIRECTORY='" +
-                            dir_.string() + "' '" + exe + "' " + args;
+    const std::string cmd = "cd '" + dir_.string() + "' && " + prefix +
+                            " BUILD_WORKING_DIRECTORY='" + dir_.string() + "' '" + exe + "' " +
+                            args;
     return Result{fabric::testing::run_command(cmd)};
   }
 
@@ -84,6 +86,27 @@ TEST_F(ExamplesTest, SingleCpuConfigRunsOnSyntheticData) {
   EXPECT_EQ(s["steps"], 3);
   EXPECT_EQ(s["data"], "synthetic");
   EXPECT_EQ(s["device"], "cpu");
+}
+
+// Killed in the middle of writing its second checkpoint, the example resumes with
+// checkpoint.resume=auto from the first and finishes the run.
+TEST_F(ExamplesTest, Cifar10KilledWhileSavingResumesWithAuto) {
+  const std::string args = std::string("--config=single_cpu.yaml") + kTinyCifar +
+                           " trainer.max_steps=6 checkpoint.every_n_steps=2";
+  Result probe = run("cifar10", args + " trainer.max_steps=2 logging.run_dir=probe");
+  ASSERT_EQ(probe.code, 0) << probe.out;
+  const auto bytes = fs::file_size(dir_ / "probe" / "checkpoints" / "step-00000002.ckpt");
+  Result killed =
+      run("cifar10", args, "FABRIC_TEST_KILL_AFTER_BYTES=" + std::to_string(bytes * 3 / 2));
+  ASSERT_EQ(killed.code, 128 + 9) << killed.out;
+  Result resumed = run("cifar10", args + " checkpoint.resume=auto");
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  auto s = summary_of(resumed);
+  EXPECT_EQ(s["steps"], 6);
+  const std::string from = s["resumed_from"].get<std::string>();
+  EXPECT_NE(from.find("step-00000002.ckpt"), std::string::npos) << resumed.out;
+  // Python-readable weights at the end (checkpoint.export_weights).
+  EXPECT_TRUE(fs::exists(fs::path(resumed.last_line()).parent_path() / "weights.pt"));
 }
 
 // The README's main command on a CPU-only machine: 2 self-launched ranks, bf16-mixed, SyncBN.

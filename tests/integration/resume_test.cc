@@ -39,8 +39,8 @@ std::string first_difference(const c10::IValue& a, const c10::IValue& b, const s
     for (const auto& e : x) {
       auto it = y.find(e.key());
       if (it == y.end()) return at + ": no " + e.key().toStringRef();
-      const std::string key = e.key().isString() ? e.key().toStringRef()
-                                                 : std::to_string(e.key().toInt());
+      const std::string key =
+          e.key().isString() ? e.key().toStringRef() : std::to_string(e.key().toInt());
       if (auto d = first_difference(e.value(), it->value(), at + "/" + key); !d.empty()) return d;
     }
     return "";
@@ -99,9 +99,9 @@ class ResumeTest : public ::testing::Test {
   void expect_exact_resume(const std::string& job, int64_t k) {
     auto full = run(job + " checkpoint.every_n_epochs=0 test.out=full.ckpt");
     ASSERT_EQ(full.code, 0) << full.out;
-    auto first = run(job + " checkpoint.every_n_epochs=0 checkpoint.every_n_steps=" +
-                     std::to_string(k) + " test.stop_at_step=" + std::to_string(k) +
-                     " checkpoint.dir=first");
+    auto first =
+        run(job + " checkpoint.every_n_epochs=0 checkpoint.every_n_steps=" + std::to_string(k) +
+            " test.stop_at_step=" + std::to_string(k) + " checkpoint.dir=first");
     ASSERT_EQ(first.code, 0) << first.out;
     char name[32];
     std::snprintf(name, sizeof(name), "step-%08lld.ckpt", static_cast<long long>(k));
@@ -136,8 +136,9 @@ TEST_F(ResumeTest, KilledAtRandomMomentsResumesFromACompleteCheckpoint) {
   // after a random number of written bytes (fault injection, fabric/core/atomic_file.h), i.e. in
   // the middle of writing a random checkpoint. Then checkpoint.resume=auto must finish the run
   // with the uninterrupted run's state, bitwise.
-  const std::string job = "fabric.devices=1 test.extra_params=2000000 checkpoint.every_n_steps=1 "
-                          "checkpoint.every_n_epochs=0 checkpoint.keep_last=2 ";
+  const std::string job =
+      "fabric.devices=1 test.extra_params=2000000 checkpoint.every_n_steps=1 "
+      "checkpoint.every_n_epochs=0 checkpoint.keep_last=2 ";
   const auto start = std::chrono::steady_clock::now();
   auto full = run(job + "test.out=full.ckpt checkpoint.dir=full");
   ASSERT_EQ(full.code, 0) << full.out;
@@ -172,11 +173,14 @@ TEST_F(ResumeTest, KilledAtRandomMomentsResumesFromACompleteCheckpoint) {
       }
     }
     killed_while_writing += partial;
-    if (trial >= 10) EXPECT_TRUE(partial) << how << "\n" << crashed.out;
+    if (trial >= 10) {
+      EXPECT_TRUE(partial) << how << "\n" << crashed.out;
+    }
     auto resumed = run(common + "checkpoint.resume=auto test.out=" + runs + ".ckpt");
     ASSERT_EQ(resumed.code, 0) << "trial " << trial << ": " << how << "\n" << resumed.out;
     EXPECT_EQ(compare_checkpoints(dir_ / "full.ckpt", dir_ / (runs + ".ckpt")), "")
-        << "trial " << trial << ": " << how << "\n" << resumed.out;
+        << "trial " << trial << ": " << how << "\n"
+        << resumed.out;
     resumed_from_checkpoint += resumed.out.find("resumed from") != std::string::npos;
     fs::remove_all(dir_ / runs);
     fs::remove(dir_ / (runs + ".ckpt"));
@@ -189,7 +193,8 @@ TEST_F(ResumeTest, KilledAtRandomMomentsResumesFromACompleteCheckpoint) {
 }
 
 TEST_F(ResumeTest, AutoSkipsADamagedNewestCheckpoint) {
-  const std::string job = "fabric.devices=1 checkpoint.every_n_steps=4 checkpoint.every_n_epochs=0 ";
+  const std::string job =
+      "fabric.devices=1 checkpoint.every_n_steps=4 checkpoint.every_n_epochs=0 ";
   auto first = run(job + "test.stop_at_step=8");
   ASSERT_EQ(first.code, 0) << first.out;
   // A truncated copy of step 8 as the newest file: auto must not choose it.
@@ -207,6 +212,36 @@ TEST_F(ResumeTest, AutoSkipsADamagedNewestCheckpoint) {
       << second.out;
   EXPECT_NE(second.out.find("resumed from " + newest.string() + " at step 8"), std::string::npos)
       << second.out;
+}
+
+TEST_F(ResumeTest, AFailedWriteLeavesTheEarlierCheckpointsIntact) {
+  const std::string job =
+      "fabric.devices=1 checkpoint.every_n_steps=4 checkpoint.every_n_epochs=0 ";
+  // What a run writes up to its first checkpoint (config.yaml, step 4, the latest marker).
+  auto probe = run(job + "test.stop_at_step=4 logging.run_dir=probe");
+  ASSERT_EQ(probe.code, 0) << probe.out;
+  int64_t first_bytes = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir_ / "probe"))
+    if (e.is_regular_file()) first_bytes += static_cast<int64_t>(e.file_size());
+  const auto ckpt_bytes =
+      static_cast<int64_t>(fs::file_size(dir_ / "probe" / "checkpoints" / "step-00000004.ckpt"));
+  // The disk "fills up" in the middle of the step-8 checkpoint.
+  auto r =
+      run(job + "test.stop_at_step=12 logging.run_dir=failing",
+          "FABRIC_TEST_FAIL_WRITE_AFTER_BYTES=" + std::to_string(first_bytes + ckpt_bytes / 2));
+  EXPECT_EQ(r.code, 1) << r.out;
+  const fs::path ckpts = dir_ / "failing" / "checkpoints";
+  const std::string expected = "error: cannot write " + (ckpts / "step-00000008.ckpt").string() +
+                               ": write failed: No space left on device";
+  EXPECT_NE(r.out.find(expected + "\n"), std::string::npos) << r.out;
+  EXPECT_NO_THROW(fabric::load_archive(ckpts / "step-00000004.ckpt"));
+  EXPECT_FALSE(fs::exists(ckpts / "step-00000008.ckpt"));
+  std::ifstream latest(ckpts / "latest");
+  std::string marker;
+  std::getline(latest, marker);
+  EXPECT_EQ(marker, "step-00000004.ckpt");
+  for (const auto& e : fs::directory_iterator(ckpts))
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
 }
 
 }  // namespace
