@@ -1,6 +1,7 @@
 // CUDA paths of the Core API (tag `gpu`; bazel test --config=gpu). Skips with a reason without a
 // CUDA device. Covers: the loader's pinned side-stream copies, 16-mixed with the GradScaler on the
-// GPU, bf16-mixed autocast dtypes, and the connector choosing cuda under auto.
+// GPU, bf16-mixed autocast dtypes, the connector choosing cuda under auto, and checkpoints of CUDA
+// state (generator, optimizer buffers, GradScaler) continuing exactly.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -99,6 +100,51 @@ TEST(CudaFabricTest, GradScalerSkipsInfStepsOnTheGpu) {
   scaler.update();
   EXPECT_EQ(scaler.get_scale(), 4.0);
   EXPECT_TRUE(torch::equal(p.detach().cpu(), torch::ones({3})));
+}
+
+// 16-mixed on the GPU: 3 steps, save, 3 more; a second model loads the checkpoint and repeats the
+// last 3 steps: bitwise the same parameters (CUDA generator for dropout, Adam buffers on the
+// device, GradScaler scale and growth tracker all restored).
+TEST(CudaFabricTest, CheckpointOfCudaStateContinuesExactly) {
+  SKIP_WITHOUT_CUDA();
+  fabric::Fabric f(config({"fabric.precision=16-mixed", "fabric.accelerator=cuda"}));
+  auto make = [] {
+    return torch::nn::Sequential(torch::nn::Linear(16, 32), torch::nn::Dropout(0.2),
+                                 torch::nn::ReLU(), torch::nn::Linear(32, 4));
+  };
+  auto run = [&](torch::nn::Sequential& model, torch::optim::Adam& opt, int steps) {
+    for (int s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      auto x = torch::randn({8, 16}, torch::Device(torch::kCUDA, 0));  // CUDA generator
+      torch::Tensor loss;
+      {
+        auto guard = f.autocast();
+        loss = model->forward(x).square().mean();
+      }
+      f.backward(loss);
+      f.step(opt);
+    }
+  };
+  auto a = make();
+  torch::optim::Adam opt_a(a->parameters(), torch::optim::AdamOptions(1e-2));
+  f.setup(a, opt_a);
+  run(a, opt_a, 3);
+  fabric::CheckpointState state_a;
+  state_a.add("model", a).add("optimizer", opt_a);
+  const std::string file = ::testing::TempDir() + "/cuda.ckpt";
+  f.save(file, state_a);
+  run(a, opt_a, 3);
+
+  auto b = make();
+  torch::optim::Adam opt_b(b->parameters(), torch::optim::AdamOptions(1e-2));
+  f.setup(b, opt_b);
+  fabric::CheckpointState state_b;
+  state_b.add("model", b).add("optimizer", opt_b);
+  f.load(file, state_b);
+  for (const auto& p : b->parameters()) ASSERT_TRUE(p.is_cuda());
+  run(b, opt_b, 3);
+  const auto pa = a->parameters(), pb = b->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pb[i])) << i;
 }
 
 }  // namespace
