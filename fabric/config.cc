@@ -340,6 +340,13 @@ std::vector<double> Config::get_double_list(const std::string& path) const {
   return out;
 }
 
+std::vector<std::string> Config::get_string_list(const std::string& path) const {
+  std::vector<std::string> out;
+  for (const auto& item : entry_of(*impl_, path, KeyType::kChoiceList).value)
+    out.push_back(item.Scalar());
+  return out;
+}
+
 DeviceRequest Config::get_devices(const std::string& path) const {
   const YAML::Node& v = entry_of(*impl_, path, KeyType::kDevices).value;
   DeviceRequest r;

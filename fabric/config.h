@@ -62,6 +62,7 @@ class Config {
   double get_double(const std::string& path) const;       // kFloat and kInt keys
   std::string get_string(const std::string& path) const;  // kString and kChoice keys
   std::vector<double> get_double_list(const std::string& path) const;
+  std::vector<std::string> get_string_list(const std::string& path) const;  // kChoiceList keys
   DeviceRequest get_devices(const std::string& path) const;
 
   // The canonical YAML text of any value ("16-mixed", "0.1", "[0, 1]").

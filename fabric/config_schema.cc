@@ -36,6 +36,13 @@ KeySpec KeySpec::real_list(std::vector<double> default_value) {
   return KeySpec(KeyType::kFloatList, "[" + join(items) + "]");
 }
 
+KeySpec KeySpec::choice_list(std::vector<std::string> choices,
+                             std::vector<std::string> default_value) {
+  KeySpec spec(KeyType::kChoiceList, "[" + join(default_value) + "]");
+  spec.choices_ = std::move(choices);
+  return spec;
+}
+
 KeySpec KeySpec::devices() { return KeySpec(KeyType::kDevices, "auto"); }
 
 KeySpec& KeySpec::min(double bound, bool inclusive) {
@@ -79,6 +86,8 @@ std::string KeySpec::type_name() const {
       return "one of " + join(choices_, "|");
     case KeyType::kFloatList:
       return "a list of numbers";
+    case KeyType::kChoiceList:
+      return "a list of " + join(choices_, "|");
     case KeyType::kDevices:
       return "auto, a device count or a list of device ids";
   }
@@ -202,6 +211,10 @@ ConfigSchema default_schema() {
                                .doc("run directory template; fields {name}, {timestamp}, {hash}; "
                                     "relative to where the command was run"));
   s.add("logging.log_every_n_steps", KeySpec::integer(50).min(1).doc("progress line period"));
+  s.add("logging.loggers", KeySpec::choice_list({"csv"}, {"csv"})
+                               .noun("a logger")
+                               .doc("where Fabric::log writes (rank 0): csv = metrics.csv in the "
+                                    "run directory; [] = nowhere"));
 
   s.section_doc("checkpoint", "Checkpoint policy (fabric::Checkpointer; README: Checkpoints).");
   s.add("checkpoint.dir", KeySpec::string("{run_dir}/checkpoints")

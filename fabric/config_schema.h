@@ -25,9 +25,10 @@ enum class KeyType {
   kInt,
   kFloat,
   kString,
-  kChoice,     // one of a fixed set of strings (with optional aliases)
-  kFloatList,  // [0.9, 0.999]
-  kDevices,    // auto | N (≥ 1) | -1 (all) | [id, ...]
+  kChoice,      // one of a fixed set of strings (with optional aliases)
+  kFloatList,   // [0.9, 0.999]
+  kChoiceList,  // [csv, tensorboard]: each element one of a fixed set, no repeats
+  kDevices,     // auto | N (≥ 1) | -1 (all) | [id, ...]
 };
 
 // One key: type, default, constraints, documentation. Built with the static constructors and
@@ -41,6 +42,8 @@ class KeySpec {
   static KeySpec string(std::string default_value);
   static KeySpec choice(std::vector<std::string> choices, std::string default_value);
   static KeySpec real_list(std::vector<double> default_value);
+  static KeySpec choice_list(std::vector<std::string> choices,
+                             std::vector<std::string> default_value);
   static KeySpec devices();  // Default: auto.
 
   // Numeric bounds (kInt, kFloat, and each element of kFloatList).

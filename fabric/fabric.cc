@@ -2,10 +2,12 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "fabric/checkpoint/state_dict.h"
 #include "fabric/core/paths.h"
+#include "fabric/logging/metrics_csv.h"
 
 namespace fabric {
 
@@ -25,6 +27,7 @@ int Fabric::launch(const std::function<void(Fabric&)>& fn) {
   seed_everything(setup_.seed);
   try {
     fn(*this);
+    if (metrics_) metrics_->flush();
   } catch (...) {
     strategy_->teardown_after_error();  // other ranks may never reach the teardown barrier
     throw;
@@ -90,8 +93,31 @@ void Fabric::load_weights_of(torch::nn::Module& module, const std::string& path)
 }
 
 RunDirectory Fabric::create_run_directory(const std::string& name) {
-  return RunDirectory::create(config_, name, global_rank(), world_size(),
-                              [this](const std::string& path) { return broadcast(path, 0); });
+  auto run = RunDirectory::create(config_, name, global_rank(), world_size(),
+                                  [this](const std::string& path) { return broadcast(path, 0); });
+  has_run_directory_ = true;
+  metrics_.reset();
+  const auto loggers = config_.get_string_list("logging.loggers");
+  if (is_global_zero() && std::find(loggers.begin(), loggers.end(), "csv") != loggers.end())
+    metrics_ = std::make_unique<CsvMetrics>(run.path() / "metrics.csv");
+  return run;
+}
+
+void Fabric::log(const std::string& name, double value, int64_t step) {
+  log_dict({{name, value}}, step);
+}
+
+void Fabric::log(const std::string& name, const torch::Tensor& value, int64_t step) {
+  if (is_global_zero()) log_dict({{name, value.item<double>()}}, step);
+}
+
+void Fabric::log_dict(const std::map<std::string, double>& values, int64_t step) {
+  if (!is_global_zero()) return;
+  if (!has_run_directory_)
+    throw Error(
+        "Fabric::log: no run directory yet; call create_run_directory(name) first "
+        "(metrics go to <run dir>/metrics.csv)");
+  if (metrics_) metrics_->log(values, step);
 }
 
 void Fabric::seed_everything(uint64_t seed) { torch::manual_seed(seed); }

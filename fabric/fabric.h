@@ -38,6 +38,7 @@
 
 #include <functional>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -62,6 +63,8 @@
 #include "fabric/training/optimizers.h"
 
 namespace fabric {
+
+class CsvMetrics;
 
 class Fabric {
  public:
@@ -172,6 +175,14 @@ class Fabric {
   // and stderr to rank_N.log in it from here on (errors still reach the terminal). Collective.
   RunDirectory create_run_directory(const std::string& name);
 
+  // Metrics: `value` of `name` at `step` to the loggers of logging.loggers (csv: metrics.csv in
+  // the run directory; fabric/logging/metrics_csv.h), written by global rank 0 only (other ranks:
+  // no-op; reduce values across ranks first with all_reduce if they differ). Throws fabric::Error
+  // before create_run_directory() (on rank 0), or for a name that cannot be a column.
+  void log(const std::string& name, double value, int64_t step);
+  void log(const std::string& name, const torch::Tensor& value, int64_t step);  // 1 element
+  void log_dict(const std::map<std::string, double>& values, int64_t step);
+
   // Seeds torch's CPU and CUDA generators (and thus dropout/init) with `seed`.
   void seed_everything(uint64_t seed);
 
@@ -229,6 +240,8 @@ class Fabric {
   Config config_;
   ResolvedSetup setup_;
   std::unique_ptr<Strategy> strategy_;
+  std::unique_ptr<CsvMetrics> metrics_;  // rank 0, after create_run_directory (logging.loggers)
+  bool has_run_directory_ = false;
 };
 
 }  // namespace fabric

@@ -5,6 +5,8 @@
 // gradient_clip_*), data.* (batch_size, shuffle, drop_last, num_workers, prefetch), optimizer.*,
 // scheduler.*, logging.* (run_dir, log_every_n_steps), checkpoint.* (fabric/checkpointer.h: saves,
 // rotation, resume: auto after a crash, weights for Python at the end).
+// Metrics (logging.loggers: csv): train/loss, lr, train/images_per_second, epoch at every progress
+// line and test/accuracy at every evaluation, by step, in <run dir>/metrics.csv.
 //
 // Output: one progress line every log_every_n_steps on rank 0, one line per evaluation, and, last,
 // the path of summary.json.
@@ -144,6 +146,12 @@ void train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask&
                       scheduler.get_lr(),
                       static_cast<double>(window_images * f.world_size()) / std::max(secs, 1e-9));
         f.print(line);
+        f.log_dict({{"train/loss", last_loss},
+                    {"lr", scheduler.get_lr()},
+                    {"train/images_per_second",
+                     static_cast<double>(window_images * f.world_size()) / std::max(secs, 1e-9)},
+                    {"epoch", static_cast<double>(epoch + 1)}},
+                   step);
         window_loss.zero_();
         window = 0;
         window_images = 0;
@@ -159,6 +167,7 @@ void train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask&
       const auto eval_start = Clock::now();
       accuracy = evaluate(f, model, test, limit_eval);
       f.print("epoch ", epoch + 1, " test accuracy ", accuracy);
+      f.log_dict({{"test/accuracy", accuracy}, {"epoch", static_cast<double>(epoch + 1)}}, step);
       window_start += Clock::now() - eval_start;  // keep evaluation out of the img/s window
     }
     checkpoints.epoch_end();

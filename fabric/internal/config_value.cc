@@ -101,6 +101,9 @@ Normalized normalize_scalar(const KeySpec& spec, const YAML::Node& value) {
     }
     case KeyType::kFloatList:
       return fail(describe(value) + " is not a list: write it like [0.9, 0.999]");
+    case KeyType::kChoiceList:
+      return fail(describe(value) + " is not a list: write it like [" + spec.choices().front() +
+                  "] (or [] for none)");
   }
   return fail("unsupported key type");
 }
@@ -158,6 +161,23 @@ Normalized normalize_value(const KeySpec& spec, const YAML::Node& value) {
         if (auto e = check_bounds(spec, v); !e.empty())
           return fail("element " + item.Scalar() + " " + e);
         list.push_back(format_double(v));
+      }
+      list.SetStyle(YAML::EmitterStyle::Flow);
+      return ok(list);
+    }
+    if (spec.type() == KeyType::kChoiceList) {
+      YAML::Node list(YAML::NodeType::Sequence);
+      std::set<std::string> seen;
+      for (const auto& item : value) {
+        const std::string text = item.IsScalar() ? item.Scalar() : describe(item);
+        bool known = false;
+        for (const auto& c : spec.choices()) known = known || c == text;
+        if (!item.IsScalar() || !known)
+          return fail("'" + text + "' is not " + spec.noun_text() +
+                      did_you_mean(text, spec.choices()) + " (one of " + join(spec.choices()) +
+                      ")");
+        if (!seen.insert(text).second) return fail("'" + text + "' is listed twice");
+        list.push_back(text);
       }
       list.SetStyle(YAML::EmitterStyle::Flow);
       return ok(list);

@@ -77,6 +77,16 @@ TEST_F(ExamplesTest, FashionMnistConfigTrainsAndWritesTheSummary) {
   text << config.rdbuf();
   EXPECT_NE(text.str().find("hash " + s["config_hash"].get<std::string>()), std::string::npos);
   EXPECT_NE(r.out.find("step 2/4 loss"), std::string::npos) << r.out;
+  // metrics.csv: a row per progress line (steps 2 and 4), test accuracy at the end.
+  std::ifstream metrics(run_dir / "metrics.csv");
+  std::string header, row2, row4;
+  std::getline(metrics, header);
+  std::getline(metrics, row2);
+  std::getline(metrics, row4);
+  EXPECT_EQ(header, "step,epoch,lr,train/images_per_second,train/loss,test/accuracy");
+  EXPECT_EQ(row2.rfind("2,", 0), 0u) << row2;
+  EXPECT_EQ(row4.rfind("4,", 0), 0u) << row4;
+  EXPECT_NE(row4.back(), ',') << "test accuracy missing: " << row4;
 }
 
 TEST_F(ExamplesTest, SingleCpuConfigRunsOnSyntheticData) {
