@@ -211,10 +211,11 @@ ConfigSchema default_schema() {
                                .doc("run directory template; fields {name}, {timestamp}, {hash}; "
                                     "relative to where the command was run"));
   s.add("logging.log_every_n_steps", KeySpec::integer(50).min(1).doc("progress line period"));
-  s.add("logging.loggers", KeySpec::choice_list({"csv"}, {"csv"})
-                               .noun("a logger")
-                               .doc("where Fabric::log writes (rank 0): csv = metrics.csv in the "
-                                    "run directory; [] = nowhere"));
+  s.add("logging.loggers",
+        KeySpec::choice_list({"csv", "tensorboard"}, {"csv", "tensorboard"})
+            .noun("a logger")
+            .doc("where Fabric::log writes (rank 0): csv = metrics.csv in the "
+                 "run directory; tensorboard = events.out.tfevents.* there; [] = nowhere"));
 
   s.section_doc("checkpoint", "Checkpoint policy (fabric::Checkpointer; README: Checkpoints).");
   s.add("checkpoint.dir", KeySpec::string("{run_dir}/checkpoints")

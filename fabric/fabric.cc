@@ -8,6 +8,7 @@
 #include "fabric/checkpoint/state_dict.h"
 #include "fabric/core/paths.h"
 #include "fabric/logging/metrics_csv.h"
+#include "fabric/logging/tensorboard.h"
 
 namespace fabric {
 
@@ -97,9 +98,13 @@ RunDirectory Fabric::create_run_directory(const std::string& name) {
                                   [this](const std::string& path) { return broadcast(path, 0); });
   has_run_directory_ = true;
   metrics_.reset();
+  tensorboard_.reset();
   const auto loggers = config_.get_string_list("logging.loggers");
-  if (is_global_zero() && std::find(loggers.begin(), loggers.end(), "csv") != loggers.end())
-    metrics_ = std::make_unique<CsvMetrics>(run.path() / "metrics.csv");
+  auto wanted = [&](const char* name) {
+    return is_global_zero() && std::find(loggers.begin(), loggers.end(), name) != loggers.end();
+  };
+  if (wanted("csv")) metrics_ = std::make_unique<CsvMetrics>(run.path() / "metrics.csv");
+  if (wanted("tensorboard")) tensorboard_ = std::make_unique<TensorBoardScalars>(run.path());
   return run;
 }
 
@@ -118,6 +123,7 @@ void Fabric::log_dict(const std::map<std::string, double>& values, int64_t step)
         "Fabric::log: no run directory yet; call create_run_directory(name) first "
         "(metrics go to <run dir>/metrics.csv)");
   if (metrics_) metrics_->log(values, step);
+  if (tensorboard_) tensorboard_->log(values, step);
 }
 
 void Fabric::seed_everything(uint64_t seed) { torch::manual_seed(seed); }

@@ -65,6 +65,7 @@
 namespace fabric {
 
 class CsvMetrics;
+class TensorBoardScalars;
 
 class Fabric {
  public:
@@ -176,7 +177,8 @@ class Fabric {
   RunDirectory create_run_directory(const std::string& name);
 
   // Metrics: `value` of `name` at `step` to the loggers of logging.loggers (csv: metrics.csv in
-  // the run directory; fabric/logging/metrics_csv.h), written by global rank 0 only (other ranks:
+  // the run directory, fabric/logging/metrics_csv.h; tensorboard: an event file in the run
+  // directory, fabric/logging/tensorboard.h), written by global rank 0 only (other ranks:
   // no-op; reduce values across ranks first with all_reduce if they differ). Throws fabric::Error
   // before create_run_directory() (on rank 0), or for a name that cannot be a column.
   void log(const std::string& name, double value, int64_t step);
@@ -241,6 +243,7 @@ class Fabric {
   ResolvedSetup setup_;
   std::unique_ptr<Strategy> strategy_;
   std::unique_ptr<CsvMetrics> metrics_;  // rank 0, after create_run_directory (logging.loggers)
+  std::unique_ptr<TensorBoardScalars> tensorboard_;  // the same
   bool has_run_directory_ = false;
 };
 

@@ -307,13 +307,14 @@ TEST(CommandLineTest, HelpListsKeysWithDefaults) {
 
 TEST_F(ConfigTest, ChoiceListsAcceptKnownItemsOnce) {
   EXPECT_EQ(Config::defaults(schema_).get_string_list("logging.loggers"),
-            (std::vector<std::string>{"csv"}));
+            (std::vector<std::string>{"csv", "tensorboard"}));
   EXPECT_TRUE(
       Config::defaults(schema_, {"logging.loggers=[]"}).get_string_list("logging.loggers").empty());
   const std::string path = write("l.yaml", "logging:\n  loggers: [csvv]\n");
-  EXPECT_EQ(
-      error_of([&] { Config::load(path, {}, schema_); }),
-      path + ":2:12: logging.loggers: 'csvv' is not a logger; did you mean 'csv'? (one of csv)");
+  EXPECT_EQ(error_of([&] { Config::load(path, {}, schema_); }),
+            path +
+                ":2:12: logging.loggers: 'csvv' is not a logger; did you mean 'csv'? (one of csv, "
+                "tensorboard)");
   EXPECT_EQ(error_of([&] { Config::defaults(schema_, {"logging.loggers=[csv, csv]"}); }),
             "command line: logging.loggers: 'csv' is listed twice");
   EXPECT_EQ(error_of([&] { Config::defaults(schema_, {"logging.loggers=csv"}); }),

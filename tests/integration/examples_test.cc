@@ -87,6 +87,10 @@ TEST_F(ExamplesTest, FashionMnistConfigTrainsAndWritesTheSummary) {
   EXPECT_EQ(row2.rfind("2,", 0), 0u) << row2;
   EXPECT_EQ(row4.rfind("4,", 0), 0u) << row4;
   EXPECT_NE(row4.back(), ',') << "test accuracy missing: " << row4;
+  bool event_file = false;
+  for (const auto& e : fs::directory_iterator(run_dir))
+    event_file |= e.path().filename().string().rfind("events.out.tfevents.", 0) == 0;
+  EXPECT_TRUE(event_file) << "no TensorBoard event file in " << run_dir;
 }
 
 TEST_F(ExamplesTest, SingleCpuConfigRunsOnSyntheticData) {
