@@ -9,6 +9,7 @@
 #include "fabric/checkpoint/archive.h"
 #include "fabric/core/atomic_file.h"
 #include "fabric/core/paths.h"
+#include "fabric/logging/run_dir.h"
 
 namespace fabric {
 namespace fs = std::filesystem;
@@ -18,29 +19,14 @@ namespace {
 constexpr char kAnyTimestamp = '\x01';  // stands for {timestamp} while searching earlier runs
 constexpr char kAnySuffix = '\x02';     // "-N" a run directory may carry (run_dir.h)
 
-// Replaces {field} by its value; ConfigError at `key` for an unknown field.
+// `key`'s pattern with its {fields} replaced; ConfigError at `key` for a bad pattern.
 std::string expand(const Config& c, const std::string& key,
                    const std::vector<std::pair<std::string, std::string>>& fields) {
-  const std::string pattern = c.get_string(key);
-  std::string out;
-  for (size_t i = 0; i < pattern.size(); ++i) {
-    const size_t close = pattern[i] == '{' ? pattern.find('}', i) : std::string::npos;
-    if (close == std::string::npos) {
-      out += pattern[i];
-      continue;
-    }
-    const std::string field = pattern.substr(i + 1, close - i - 1);
-    auto it =
-        std::find_if(fields.begin(), fields.end(), [&](const auto& f) { return f.first == field; });
-    if (it == fields.end()) {
-      std::string known;
-      for (const auto& f : fields) known += (known.empty() ? "{" : ", {") + f.first + "}";
-      throw c.error_at(key, "unknown field {" + field + "} (fields: " + known + ")");
-    }
-    out += it->second;
-    i = close;
+  try {
+    return expand_fields(c.get_string(key), fields);
+  } catch (const Error& e) {
+    throw c.error_at(key, e.what());
   }
-  return out;
 }
 
 // Folders matching `pattern`, whose components may hold kAnyTimestamp / kAnySuffix.
@@ -77,12 +63,16 @@ std::vector<fs::path> matching_folders(const fs::path& pattern) {
   return found;
 }
 
+// The checkpoints of `dir`, oldest step first.
 std::vector<fs::path> checkpoints_in(const fs::path& dir) {
   std::vector<fs::path> out;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec))
     if (entry.is_regular_file(ec) && checkpoint_step(entry.path().filename().string()) >= 0)
       out.push_back(entry.path());
+  std::sort(out.begin(), out.end(), [](const fs::path& a, const fs::path& b) {
+    return checkpoint_step(a.filename().string()) < checkpoint_step(b.filename().string());
+  });
   return out;
 }
 
@@ -186,12 +176,9 @@ void Checkpointer::resume(const std::string& how) {
       if (marker && std::getline(marker, latest) && !latest.empty()) {
         path /= latest;
       } else {
-        auto files = checkpoints_in(path);
+        const auto files = checkpoints_in(path);
         if (files.empty())
           throw c.error_at("checkpoint.resume", path.string() + " holds no checkpoint");
-        std::sort(files.begin(), files.end(), [](const fs::path& a, const fs::path& b) {
-          return checkpoint_step(a.filename().string()) < checkpoint_step(b.filename().string());
-        });
         path = files.back();
       }
     }
@@ -232,11 +219,8 @@ fs::path Checkpointer::save() {
   on_rank_zero(f_, [&] {
     write_file_atomically(dir_ / "latest", path.filename().string() + "\n");
     if (keep_last_ <= 0) return;
-    auto files = checkpoints_in(dir_);
-    std::sort(files.begin(), files.end(), [](const fs::path& a, const fs::path& b) {
-      return checkpoint_step(a.filename().string()) > checkpoint_step(b.filename().string());
-    });
-    for (size_t i = static_cast<size_t>(keep_last_); i < files.size(); ++i)
+    const auto files = checkpoints_in(dir_);
+    for (size_t i = 0; i + static_cast<size_t>(keep_last_) < files.size(); ++i)
       if (files[i] != path) fs::remove(files[i]);
   });
   saved_step_ = step_;

@@ -17,6 +17,7 @@
 #include "fabric/checkpoint/rng_state.h"
 #include "fabric/core/build_info.h"
 #include "fabric/core/paths.h"
+#include "fabric/core/suggest.h"
 #include "fabric/fabric.h"
 
 namespace fabric {
@@ -30,12 +31,6 @@ Dict new_dict() { return Dict(c10::StringType::get(), c10::AnyType::get()); }
 c10::IValue find(const Dict& dict, const std::string& key) {
   auto it = dict.find(key);
   return it == dict.end() ? c10::IValue() : it->value();
-}
-
-std::string join(const std::vector<std::string>& items, const std::string& separator) {
-  std::string out;
-  for (const auto& i : items) out += (out.empty() ? "" : separator) + i;
-  return out;
 }
 
 }  // namespace
@@ -78,11 +73,9 @@ void Fabric::save(const std::string& path, const CheckpointState& state) {
       Dict top = new_dict();
       top.insert("fabric", meta);
       top.insert("state", entries);
-      if (const GradScaler* scaler = precision().scaler()) {
-        Dict s = new_dict();
-        for (const auto& [key, value] : scaler->state_dict()) s.insert(key, value);
-        top.insert("grad_scaler", s);
-      }
+      if (GradScaler* scaler = precision().scaler())
+        top.insert("grad_scaler",
+                   CheckpointState().add("grad_scaler", *scaler).entries()[0].save());
       top.insert("rng", ranks);
       save_archive(file, top);
     } catch (const std::exception& e) {
@@ -158,13 +151,10 @@ void Fabric::load(const std::string& path, CheckpointState& state, bool strict) 
     GradScaler* scaler = precision().scaler();
     const auto saved_scaler = find(top, "grad_scaler");
     if (scaler && saved_scaler.isGenericDict()) {
-      std::map<std::string, double> s;
-      for (const auto& e : saved_scaler.toGenericDict())
-        s[e.key().toStringRef()] =
-            e.value().isInt() ? static_cast<double>(e.value().toInt()) : e.value().toDouble();
-      GradScaler check(scaler->options());
-      check.load_state_dict(s);
-      apply.push_back([scaler, s] { scaler->load_state_dict(s); });
+      apply.push_back(CheckpointState()
+                          .add("grad_scaler", *scaler)
+                          .entries()[0]
+                          .prepare(saved_scaler, source + ": grad_scaler"));
     } else if (scaler) {
       warnings.push_back("no GradScaler state in the file: the loss scale starts afresh");
     }

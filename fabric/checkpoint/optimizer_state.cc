@@ -55,16 +55,14 @@ std::tuple<double, double> as_pair(const c10::IValue& v) {
   return {as_double(items[0]), as_double(items[1])};
 }
 
-#define FABRIC_DOUBLE(O, f)                                                                \
+// Option `f` of options type O, read back with `as` (as_double, as_bool).
+#define FABRIC_OPTION(O, f, as)                                                            \
   OptionField {                                                                            \
 #f, [](const OptimizerOptions& o) { return c10::IValue(static_cast<const O&>(o).f()); }, \
-        [](OptimizerOptions& o, const c10::IValue& v) { static_cast<O&>(o).f(as_double(v)); } \
+        [](OptimizerOptions& o, const c10::IValue& v) { static_cast<O&>(o).f(as(v)); } \
   }
-#define FABRIC_BOOL(O, f)                                                                  \
-  OptionField {                                                                            \
-#f, [](const OptimizerOptions& o) { return c10::IValue(static_cast<const O&>(o).f()); }, \
-        [](OptimizerOptions& o, const c10::IValue& v) { static_cast<O&>(o).f(as_bool(v)); } \
-  }
+#define FABRIC_DOUBLE(O, f) FABRIC_OPTION(O, f, as_double)
+#define FABRIC_BOOL(O, f) FABRIC_OPTION(O, f, as_bool)
 #define FABRIC_BETAS(O)                                                                         \
   OptionField {                                                                                 \
     "betas",                                                                                    \
@@ -143,6 +141,7 @@ const std::vector<Kind>& kinds() {
   };
   return all;
 }
+#undef FABRIC_OPTION
 #undef FABRIC_DOUBLE
 #undef FABRIC_BOOL
 #undef FABRIC_BETAS

@@ -7,6 +7,7 @@
 
 #include "fabric/checkpoint/archive.h"
 #include "fabric/core/error.h"
+#include "fabric/core/suggest.h"
 
 namespace fabric {
 namespace fs = std::filesystem;
@@ -17,12 +18,6 @@ std::string shape_of(const torch::Tensor& t) {
   std::ostringstream s;
   s << t.sizes();
   return s.str();
-}
-
-std::string join(const std::vector<std::string>& items) {
-  std::string out;
-  for (const auto& i : items) out += (out.empty() ? "" : ", ") + i;
-  return "[" + out + "]";
 }
 
 }  // namespace
@@ -86,9 +81,9 @@ std::function<void()> prepare_load_state_dict(torch::nn::Module& module, const S
   for (const auto& [name, t] : given) unexpected.push_back(name);
   if (!missing.empty() || !unexpected.empty() || !shapes.empty()) {
     std::string why;
-    if (!missing.empty()) why += "missing " + join(missing);
+    if (!missing.empty()) why += "missing [" + join(missing) + "]";
     if (!unexpected.empty())
-      why += (why.empty() ? "" : "; ") + std::string("unexpected ") + join(unexpected);
+      why += std::string(why.empty() ? "" : "; ") + "unexpected [" + join(unexpected) + "]";
     for (const auto& s : shapes) why += (why.empty() ? "" : "; ") + s;
     throw Error(source + ": does not match the model: " + why);
   }

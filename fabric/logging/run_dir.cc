@@ -1,5 +1,7 @@
 #include "fabric/logging/run_dir.h"
 
+#include <algorithm>
+
 #include <unistd.h>
 
 #include <cerrno>
@@ -16,8 +18,8 @@ namespace fs = std::filesystem;
 
 namespace fabric {
 
-std::string expand_run_dir(const std::string& pattern, const std::string& name,
-                           const std::string& timestamp, const std::string& hash) {
+std::string expand_fields(const std::string& pattern,
+                          const std::vector<std::pair<std::string, std::string>>& fields) {
   std::string out;
   for (size_t i = 0; i < pattern.size(); ++i) {
     if (pattern[i] != '{') {
@@ -25,22 +27,28 @@ std::string expand_run_dir(const std::string& pattern, const std::string& name,
       continue;
     }
     const size_t close = pattern.find('}', i);
-    if (close == std::string::npos)
-      throw Error("logging.run_dir: unclosed '{' in '" + pattern + "'");
+    if (close == std::string::npos) throw Error("unclosed '{' in '" + pattern + "'");
     const std::string field = pattern.substr(i + 1, close - i - 1);
-    if (field == "name") {
-      out += name;
-    } else if (field == "timestamp") {
-      out += timestamp;
-    } else if (field == "hash") {
-      out += hash;
-    } else {
-      throw Error("logging.run_dir: unknown field '{" + field + "}' in '" + pattern +
-                  "' (fields: {name}, {timestamp}, {hash})");
+    auto it =
+        std::find_if(fields.begin(), fields.end(), [&](const auto& f) { return f.first == field; });
+    if (it == fields.end()) {
+      std::string known;
+      for (const auto& f : fields) known += (known.empty() ? "{" : ", {") + f.first + "}";
+      throw Error("unknown field '{" + field + "}' in '" + pattern + "' (fields: " + known + ")");
     }
+    out += it->second;
     i = close;
   }
   return out;
+}
+
+std::string expand_run_dir(const std::string& pattern, const std::string& name,
+                           const std::string& timestamp, const std::string& hash) {
+  try {
+    return expand_fields(pattern, {{"name", name}, {"timestamp", timestamp}, {"hash", hash}});
+  } catch (const Error& e) {
+    throw Error(std::string("logging.run_dir: ") + e.what());
+  }
 }
 
 RunDirectory RunDirectory::create(const Config& config, const std::string& name,

@@ -14,6 +14,8 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -30,9 +32,9 @@ class RunDirectory {
   // broadcast of rank 0's string, e.g. Fabric::broadcast) gives every rank its path; ranks other
   // than 0 then write their stdout and stderr to <run dir>/rank_<rank>.log.
   // Fabric::create_run_directory(name) calls this.
-  static RunDirectory create(const Config& config, const std::string& name, int64_t rank,
-                             int64_t world_size,
-                             const std::function<std::string(const std::string&)>& share_from_rank0);
+  static RunDirectory create(
+      const Config& config, const std::string& name, int64_t rank, int64_t world_size,
+      const std::function<std::string(const std::string&)>& share_from_rank0);
 
   const std::filesystem::path& path() const { return path_; }
   // Writes summary.json atomically (temporary file + rename); returns its path.
@@ -44,10 +46,14 @@ class RunDirectory {
   bool writer_;
 };
 
+// `pattern` with each {field} replaced by its value in `fields`. Throws fabric::Error "unclosed '{'
+// in 'PATTERN'" or "unknown field '{x}' in 'PATTERN' (fields: {a}, {b})".
+std::string expand_fields(const std::string& pattern,
+                          const std::vector<std::pair<std::string, std::string>>& fields);
+
 // "runs/{name}/{timestamp}" → "runs/fashion_mnist/20261121-231500". Unknown fields are errors.
 std::string expand_run_dir(const std::string& pattern, const std::string& name,
                            const std::string& timestamp, const std::string& hash);
-
 
 }  // namespace fabric
 
