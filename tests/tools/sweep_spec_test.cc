@@ -1,0 +1,139 @@
+// Sweep files: expansion into runs, run ids, one-line errors with the file position; the results
+// table's statistics and order.
+#include "tools/sweep/sweep_spec.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "fabric/core/error.h"
+#include "tools/sweep/sweep_report.h"
+
+namespace fabric::sweep {
+namespace {
+
+std::string error_of(const std::string& yaml) {
+  try {
+    parse_sweep(yaml, "s.yaml");
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+constexpr const char* kHead = "binary: ./t\nmetric: acc\nmode: max\n";
+
+TEST(SweepSpec, ListTimesGridTimesSeedsWithSeedsOutermost) {
+  const auto spec = parse_sweep(std::string(kHead) +
+                                    "overrides: {trainer.max_epochs: 1}\n"
+                                    "list:\n  - {model.width: 8}\n  - {model.width: 16}\n"
+                                    "grid:\n  optimizer.lr: [0.1, 0.2, 0.3]\n"
+                                    "seeds: [7, 8]\n",
+                                "s.yaml");
+  ASSERT_EQ(spec.runs.size(), 12u);
+  EXPECT_EQ(spec.name, "s");
+  EXPECT_EQ(spec.dir, "sweeps/s");
+  EXPECT_EQ(spec.swept_keys, (std::vector<std::string>{"optimizer.lr", "model.width"}));
+  EXPECT_EQ(spec.runs[0].id, "lr=0.1_width=8_seed=7");
+  EXPECT_EQ(spec.runs[1].id, "lr=0.2_width=8_seed=7");
+  EXPECT_EQ(spec.runs[3].id, "lr=0.1_width=16_seed=7");
+  EXPECT_EQ(spec.runs[6].id, "lr=0.1_width=8_seed=8");
+  EXPECT_EQ(spec.runs[4].arguments(spec.common, spec.seed_key),
+            (std::vector<std::string>{"trainer.max_epochs=1", "model.width=16", "optimizer.lr=0.2",
+                                      "fabric.seed=7"}));
+  EXPECT_EQ(spec.runs[4].value_origin[1], "s.yaml:9:23");
+}
+
+TEST(SweepSpec, ValuesKeepTheirYamlMeaning) {
+  const auto spec = parse_sweep(std::string(kHead) +
+                                    "grid:\n  optimizer.betas: [[0.9, 0.99]]\n"
+                                    "  logging.run_name: ['a b', '0.5']\n",
+                                "s.yaml");
+  ASSERT_EQ(spec.runs.size(), 2u);
+  EXPECT_EQ(spec.runs[0].overrides[0].second, "[0.9, 0.99]");
+  EXPECT_EQ(spec.runs[0].overrides[1].second, "\"a b\"");
+  EXPECT_EQ(spec.runs[1].overrides[1].second, "\"0.5\"");  // stays a string
+  EXPECT_EQ(spec.runs[0].id, "betas=0.9_0.99_run_name=a_b");
+}
+
+TEST(SweepSpec, LongOrCollidingIdsGetAHash) {
+  const auto spec =
+      parse_sweep(std::string(kHead) + "grid:\n  model.name: ['a/b', 'a b']\n", "s.yaml");
+  ASSERT_EQ(spec.runs.size(), 2u);
+  EXPECT_NE(spec.runs[0].id, spec.runs[1].id);
+  EXPECT_EQ(spec.runs[0].id.rfind("name=a_b-", 0), 0u) << spec.runs[0].id;
+  const auto shared = short_names({"a.lr", "b.lr", "c.width"});
+  EXPECT_EQ(shared.at("a.lr"), "a.lr");
+  EXPECT_EQ(shared.at("c.width"), "width");
+}
+
+TEST(SweepSpec, ErrorsNameTheLineAndTheFix) {
+  EXPECT_EQ(error_of(std::string(kHead) + "seed: [1]\n"),
+            "s.yaml:4:1: unknown sweep key 'seed'; did you mean 'seeds'? (keys: name, binary, "
+            "config, overrides, grid, list, seeds, parallel, metric, devices_per_run, mode, dir, "
+            "seed_key, resume_runs)");
+  EXPECT_EQ(error_of("binary: x\nmode: max\ngrid: {a.b: [1]}\n"),
+            "s.yaml: metric: missing; name a key of the runs' summary.json, e.g. metric: "
+            "test_accuracy");
+  EXPECT_EQ(error_of("binary: x\nmetric: m\ngrid: {a.b: [1]}\n"),
+            "s.yaml: mode: missing; write mode: max (higher is better) or mode: min");
+  EXPECT_EQ(error_of(std::string(kHead) + "grid:\n  optimizer.lr: 0.1\n"),
+            "s.yaml:5:17: grid: optimizer.lr: expected a list of values, e.g. [0.1, 0.2]");
+  EXPECT_EQ(error_of(std::string(kHead) + "grid:\n  lr: [0.1]\n"),
+            "s.yaml:5:3: grid: 'lr' is not a config key like 'optimizer.lr'");
+  EXPECT_EQ(error_of(std::string(kHead) + "overrides: {a.b: 1}\ngrid:\n  a.b: [2]\n"),
+            "s.yaml:6:3: grid: 'a.b' is also in overrides: keep it in one place");
+  EXPECT_EQ(error_of(std::string(kHead) + "grid:\n  fabric.seed: [1, 2]\n"),
+            "s.yaml:5:3: grid: 'fabric.seed' is the seed key: list the values under seeds:");
+  EXPECT_EQ(error_of(std::string(kHead) + "seeds: [1, 1]\n"),
+            "s.yaml:4:12: seeds: 1 is listed twice");
+  EXPECT_EQ(error_of(std::string(kHead) + "list:\n  - {a.b: 1}\n  - {a.b: 1}\n"),
+            "s.yaml:6:5: list: this entry repeats an earlier one; remove one");
+  EXPECT_EQ(error_of(std::string(kHead) + "parallel: 0\nseeds: [1]\n"),
+            "s.yaml:4:11: parallel: 0 is out of range: must be >= 1");
+  EXPECT_EQ(error_of(std::string(kHead) + "grid: [1\n"),
+            "s.yaml:5:1: YAML syntax error: end of sequence flow not found");
+  EXPECT_EQ(error_of(std::string(kHead)), "s.yaml: nothing to sweep: add grid:, list: or seeds:");
+}
+
+std::map<std::string, RunRecord> records(const SweepSpec& spec,
+                                         const std::map<std::string, double>& metric) {
+  std::map<std::string, RunRecord> out;
+  for (const auto& run : spec.runs) {
+    RunRecord r;
+    auto it = metric.find(run.id);
+    r.status = it == metric.end() ? RunStatus::kFailed : RunStatus::kDone;
+    if (it != metric.end()) r.summary = {{"acc", it->second}, {"name", "x"}};
+    r.wall_seconds = 2;
+    out[run.id] = r;
+  }
+  return out;
+}
+
+TEST(SweepReport, MeanAndSampleStdSortedByMode) {
+  const double m = 7.0 / 3;
+  EXPECT_NEAR(stats_of({1, 2, 4}).std,
+              std::sqrt(((1 - m) * (1 - m) + (2 - m) * (2 - m) + (4 - m) * (4 - m)) / 2), 1e-12);
+  EXPECT_EQ(stats_of({5}).std, 0);
+  auto spec = parse_sweep(
+      "binary: x\nmetric: acc\nmode: max\ngrid: {a.lr: [1, 2, 3]}\nseeds: [1, 2]\n", "s.yaml");
+  const auto recs = records(
+      spec,
+      {{"lr=1_seed=1", 0.5}, {"lr=1_seed=2", 0.7}, {"lr=2_seed=1", 0.9}, {"lr=2_seed=2", 0.9}});
+  std::string md = results_markdown(spec, recs);
+  EXPECT_EQ(md,
+            "| rank | lr | acc (max) | seeds | wall s |\n|---:|---|---:|---:|---:|\n"
+            "| 1 | 2 | 0.9000 ± 0.0000 | 2/2 | 2.0 |\n"
+            "| 2 | 1 | 0.6000 ± 0.1414 | 2/2 | 2.0 |\n"
+            "| – | 3 | – | 0/2 | – |\n");
+  spec.maximize = false;
+  md = results_markdown(spec, recs);
+  EXPECT_NE(md.find("| 1 | 1 | 0.6000"), std::string::npos) << md;
+  const std::string csv = results_csv(spec, recs);
+  EXPECT_EQ(csv.substr(0, csv.find('\n')),
+            "run,status,exit_code,attempts,a.lr,seed,acc,wall_time_s,run_dir,reason");
+  EXPECT_NE(csv.find("\nlr=1_seed=2,done,0,0,1,2,0.7,2,,\n"), std::string::npos) << csv;
+}
+
+}  // namespace
+}  // namespace fabric::sweep

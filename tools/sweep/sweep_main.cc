@@ -1,0 +1,172 @@
+// bazel run //tools:sweep -- --sweep=FILE [--dir=DIR] [--parallel=N] [--max_runs=N] [--dry_run]
+//
+// Runs a config sweep (file format: tools/sweep/sweep_spec.h) and writes, in the sweep directory
+// (default sweeps/<name>, relative to where the command was run): runs/<id>/ (each run's run
+// directory), logs/<id>.log, sweep_state.json, results.csv and results.md (also printed).
+//
+// Before anything runs, every pending run's command line is checked with the program's
+// --print_config: a bad key or value stops the sweep with one line naming the sweep file's line.
+// Running the same command again skips finished runs and retries failed and interrupted ones
+// (resuming from their checkpoints when the program has checkpoint.resume).
+//
+// Flags:
+//   --sweep=FILE    the sweep file: absolute, relative to the working directory, or in
+//                   configs/sweeps/ (e.g. --sweep=fashion_mnist_lr.yaml)
+//   --dir=DIR       sweep directory instead of the file's dir: (default sweeps/{name})
+//   --parallel=N    runs at once instead of the file's parallel:
+//   --max_runs=N    start at most N pending runs in this invocation (0: all)
+//   --dry_run       check everything and print the commands; run nothing
+// Exit status: 0 every run done; 1 some run failed (the others ran; see results.md) or an error;
+//              2 bad sweep file, flag or run config; 128+S stopped by signal S (re-run continues).
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <fcntl.h>
+
+#include <cstring>
+#include <iostream>
+#include <set>
+
+#include "fabric/core/error.h"
+#include "fabric/core/paths.h"
+#include "fabric/core/suggest.h"
+#include "tools/sweep/sweep_report.h"
+#include "tools/sweep/sweep_runner.h"
+#include "tools/sweep/sweep_setup.h"
+#include "tools/sweep/sweep_spec.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using fabric::ConfigError;
+using fabric::Error;
+
+constexpr const char* kUsage =
+    "usage: sweep --sweep=FILE [--dir=DIR] [--parallel=N] [--max_runs=N] [--dry_run]\n"
+    "  Runs a config sweep; see tools/sweep/sweep_spec.h and README \"Running experiments\".\n";
+
+struct Flags {
+  std::string sweep, dir;
+  int parallel = 0, max_runs = 0;
+  bool dry_run = false;
+};
+
+int to_int(const std::string& flag, const std::string& text, int min) {
+  size_t used = 0;
+  int v = 0;
+  try {
+    v = std::stoi(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || v < min)
+    throw ConfigError("command line: --" + flag + "=" + text +
+                      ": expected an integer >= " + std::to_string(min));
+  return v;
+}
+
+Flags parse_flags(int argc, char** argv, bool* help) {
+  Flags f;
+  const std::vector<std::string> names = {"--sweep",    "--dir",     "--parallel",
+                                          "--max_runs", "--dry_run", "--help"};
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const std::string name = arg.substr(0, arg.find('='));
+    const bool has_value = arg.find('=') != std::string::npos;
+    const std::string value = has_value ? arg.substr(arg.find('=') + 1) : "";
+    if (name == "--help" || name == "-h") {
+      *help = true;
+    } else if (name == "--dry_run" && !has_value) {
+      f.dry_run = true;
+    } else if (!has_value && (name == "--sweep" || name == "--dir" || name == "--parallel" ||
+                              name == "--max_runs")) {
+      throw ConfigError("command line: " + name + " needs a value: " + name + "=VALUE");
+    } else if (name == "--sweep") {
+      f.sweep = value;
+    } else if (name == "--dir") {
+      f.dir = value;
+    } else if (name == "--parallel") {
+      f.parallel = to_int("parallel", value, 1);
+    } else if (name == "--max_runs") {
+      f.max_runs = to_int("max_runs", value, 0);
+    } else {
+      throw ConfigError("command line: unknown argument '" + arg + "'" +
+                        fabric::did_you_mean(name, names) + "; see --help");
+    }
+  }
+  if (!*help && f.sweep.empty())
+    throw ConfigError(
+        "command line: --sweep=FILE is required (e.g. --sweep=fashion_mnist_lr.yaml)");
+  return f;
+}
+
+fs::path find_sweep_file(const std::string& name) {
+  for (const auto& c : fabric::search_candidates(name, "configs/sweeps", {}))
+    if (fs::is_regular_file(c)) return c;
+  throw ConfigError("command line: --sweep=" + name +
+                    ": no such file (looked in the working directory and configs/sweeps/)");
+}
+
+// Holds an exclusive lock on <dir>/.lock for the life of the process.
+void lock_sweep_dir(const fs::path& dir) {
+  fs::create_directories(dir);
+  const fs::path lock = dir / ".lock";
+  const int fd = open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error("cannot write " + lock.string() + ": " + std::strerror(errno));
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0)
+    throw Error("another sweep is running in " + fabric::display_path(dir) +
+                " (it holds .lock); wait for it or give this one another --dir");
+}
+
+int sweep_main(int argc, char** argv) {
+  bool help = false;
+  const Flags flags = parse_flags(argc, argv, &help);
+  if (help) {
+    std::cout << kUsage;
+    return 0;
+  }
+  const fs::path file = find_sweep_file(flags.sweep);
+  fabric::sweep::SweepSpec spec = fabric::sweep::load_sweep(fabric::display_path(file));
+  fabric::sweep::RunnerOptions options;
+  options.cwd = fabric::working_directory();
+  options.sweep_dir =
+      fabric::absolute_from_working_directory(flags.dir.empty() ? spec.dir : flags.dir);
+  options.max_runs = flags.max_runs;
+  const fabric::sweep::Setup setup = fabric::sweep::prepare(spec, file, options);
+  options = setup.options;
+  options.parallel = flags.parallel;  // 0: the sweep file's parallel:
+  fabric::sweep::plan_devices(spec, setup, options, std::cout);
+
+  if (!flags.dry_run) lock_sweep_dir(options.sweep_dir);
+  auto state = fabric::sweep::SweepState::load(options.sweep_dir / "sweep_state.json");
+  int done = 0;
+  for (const auto& run : spec.runs) done += state[run.id].status == fabric::sweep::RunStatus::kDone;
+  fabric::sweep::preflight(spec, state, options);
+  std::cout << "sweep " << spec.name << ": " << spec.runs.size() << " runs (" << done
+            << " done earlier), parallel " << options.parallel << ", directory "
+            << fabric::display_path(options.sweep_dir) << std::endl;
+  if (flags.dry_run) {
+    for (const auto& run : spec.runs) {
+      if (state[run.id].status == fabric::sweep::RunStatus::kDone) continue;
+      std::cout << "  " << fabric::join(fabric::sweep::run_command_line(spec, run, options), " ")
+                << "\n";
+    }
+    return 0;
+  }
+  const int code = fabric::sweep::run_pending(spec, state, options, std::cout);
+  return fabric::sweep::write_report(spec, state, options.sweep_dir, code, std::cout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return sweep_main(argc, argv);
+  } catch (const ConfigError& e) {
+    std::cerr << e.what() << std::endl;
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << std::endl;
+    return 1;
+  }
+}

@@ -1,0 +1,194 @@
+#include "tools/sweep/sweep_report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "fabric/core/atomic_file.h"
+#include "fabric/core/paths.h"
+#include "fabric/core/suggest.h"
+
+namespace fabric::sweep {
+namespace {
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+
+std::string number(double v) {
+  if (std::isnan(v)) return "nan";
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), std::fabs(v) >= 100 ? "%.1f" : "%.4f", v);
+  return buf;
+}
+
+std::string exact(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.10g", v);
+  return buf;
+}
+
+std::string value_of(const SweepRun& run, const std::string& key) {
+  for (const auto& [k, v] : run.overrides)
+    if (k == key) return v;
+  return "";
+}
+
+// Numeric fields of the summaries, the metric first.
+std::vector<std::string> metric_columns(const SweepSpec& spec,
+                                        const std::map<std::string, RunRecord>& records) {
+  std::vector<std::string> cols = {spec.metric};
+  for (const SweepRun& run : spec.runs) {
+    auto it = records.find(run.id);
+    if (it == records.end() || !it->second.summary.is_object()) continue;
+    for (const auto& [k, v] : it->second.summary.items()) {
+      if (v.is_number() && std::find(cols.begin(), cols.end(), k) == cols.end()) cols.push_back(k);
+    }
+  }
+  return cols;
+}
+
+bool started(const std::map<std::string, RunRecord>& records, const std::string& id) {
+  auto it = records.find(id);
+  return it != records.end() && it->second.status != RunStatus::kPending;
+}
+
+}  // namespace
+
+Stats stats_of(const std::vector<double>& values) {
+  Stats s;
+  s.n = static_cast<int>(values.size());
+  if (s.n == 0) return s;
+  for (double v : values) s.mean += v;
+  s.mean /= s.n;
+  if (s.n > 1) {
+    double ss = 0;
+    for (double v : values) ss += (v - s.mean) * (v - s.mean);
+    s.std = std::sqrt(ss / (s.n - 1));
+  }
+  return s;
+}
+
+std::string results_csv(const SweepSpec& spec, const std::map<std::string, RunRecord>& records) {
+  const auto metrics = metric_columns(spec, records);
+  std::vector<std::string> header = {"run", "status", "exit_code", "attempts"};
+  for (const auto& k : spec.swept_keys) header.push_back(k);
+  header.push_back("seed");
+  for (const auto& m : metrics) header.push_back(m);
+  for (const char* tail : {"wall_time_s", "run_dir", "reason"}) header.push_back(tail);
+  std::ostringstream out;
+  std::vector<std::string> cells;
+  for (const auto& h : header) cells.push_back(csv_field(h));
+  out << join(cells, ",") << "\n";
+  for (const SweepRun& run : spec.runs) {
+    if (!started(records, run.id)) continue;
+    const RunRecord& r = records.at(run.id);
+    cells = {csv_field(run.id), to_string(r.status), std::to_string(r.exit_code),
+             std::to_string(r.attempts)};
+    for (const auto& k : spec.swept_keys) cells.push_back(csv_field(value_of(run, k)));
+    cells.push_back(run.seed ? std::to_string(*run.seed) : "");
+    for (const auto& m : metrics) {
+      const bool has = r.summary.is_object() && r.summary.contains(m) && r.summary[m].is_number();
+      cells.push_back(has ? exact(r.summary[m].get<double>()) : "");
+    }
+    cells.push_back(exact(r.wall_seconds));
+    cells.push_back(csv_field(r.run_dir));
+    cells.push_back(csv_field(r.reason));
+    out << join(cells, ",") << "\n";
+  }
+  return out.str();
+}
+
+std::string results_markdown(const SweepSpec& spec,
+                             const std::map<std::string, RunRecord>& records) {
+  struct Point {
+    std::vector<std::string> values;
+    std::vector<double> metric, wall;
+    int runs = 0;
+  };
+  std::vector<Point> points;
+  std::map<std::vector<std::string>, size_t> index;
+  for (const SweepRun& run : spec.runs) {
+    std::vector<std::string> values;
+    for (const auto& k : spec.swept_keys) values.push_back(value_of(run, k));
+    auto [it, inserted] = index.emplace(values, points.size());
+    if (inserted) points.push_back({values, {}, {}, 0});
+    Point& p = points[it->second];
+    ++p.runs;
+    auto rec = records.find(run.id);
+    if (rec == records.end() || rec->second.status != RunStatus::kDone) continue;
+    const auto& summary = rec->second.summary;
+    if (summary.is_object() && summary.contains(spec.metric) && summary[spec.metric].is_number()) {
+      p.metric.push_back(summary[spec.metric].get<double>());
+      p.wall.push_back(rec->second.wall_seconds);
+    }
+  }
+  std::stable_sort(points.begin(), points.end(), [&](const Point& a, const Point& b) {
+    if (a.metric.empty() != b.metric.empty()) return b.metric.empty();
+    if (a.metric.empty()) return false;
+    const double ma = stats_of(a.metric).mean, mb = stats_of(b.metric).mean;
+    return spec.maximize ? ma > mb : ma < mb;
+  });
+
+  const auto names = short_names(spec.swept_keys);
+  std::ostringstream out;
+  out << "| rank |";
+  for (const auto& k : spec.swept_keys) out << " " << names.at(k) << " |";
+  out << " " << spec.metric << " (" << (spec.maximize ? "max" : "min") << ") | "
+      << (spec.seeds.empty() ? "runs" : "seeds") << " | wall s |\n|---:|";
+  for (size_t i = 0; i < spec.swept_keys.size(); ++i) out << "---|";
+  out << "---:|---:|---:|\n";
+  int rank = 0;
+  for (const Point& p : points) {
+    const Stats m = stats_of(p.metric), w = stats_of(p.wall);
+    out << "| " << (p.metric.empty() ? std::string("–") : std::to_string(++rank)) << " |";
+    for (const auto& v : p.values) out << " " << (v.empty() ? "–" : v) << " |";
+    if (m.n == 0) {
+      out << " – |";
+    } else if (m.n == 1) {
+      out << " " << number(m.mean) << " |";
+    } else {
+      out << " " << number(m.mean) << " ± " << number(m.std) << " |";
+    }
+    char wall[32];
+    std::snprintf(wall, sizeof(wall), "%.1f", w.mean);
+    out << " " << m.n << "/" << p.runs << " | " << (w.n ? wall : "–") << " |\n";
+  }
+  return out.str();
+}
+
+int write_report(const SweepSpec& spec, SweepState& state, const std::filesystem::path& sweep_dir,
+                 int run_code, std::ostream& out) {
+  const auto& records = state.runs();
+  const std::string table = results_markdown(spec, records);
+  write_file_atomically(sweep_dir / "results.csv", results_csv(spec, records));
+  write_file_atomically(sweep_dir / "results.md", "# Sweep " + spec.name + "\n\n" + table);
+  int done = 0, failed = 0, left = 0;
+  for (const SweepRun& run : spec.runs) {
+    auto it = records.find(run.id);
+    const RunStatus s = it == records.end() ? RunStatus::kPending : it->second.status;
+    if (s == RunStatus::kDone) {
+      ++done;
+    } else if (s == RunStatus::kFailed) {
+      ++failed;
+      out << "failed: " << run.id << ": " << it->second.reason << "\n";
+    } else {
+      ++left;
+    }
+  }
+  out << "\n"
+      << table << "\n"
+      << done << " done, " << failed << " failed, " << left << " not run; "
+      << display_path(sweep_dir / "results.csv") << ", " << display_path(sweep_dir / "results.md")
+      << "\n";
+  if (left > 0 || failed > 0) out << "run the same command again to run the rest\n";
+  out.flush();
+  if (run_code != 0) return run_code;
+  return failed > 0 ? 1 : 0;
+}
+
+}  // namespace fabric::sweep

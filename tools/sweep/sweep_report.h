@@ -1,0 +1,41 @@
+// The results of a sweep: results.csv (one row per run) and a Markdown table (one row per point
+// of the sweep, seeds aggregated as mean ± sample standard deviation, sorted by the metric).
+#ifndef TOOLS_SWEEP_SWEEP_REPORT_H_
+#define TOOLS_SWEEP_SWEEP_REPORT_H_
+
+#include <filesystem>
+#include <map>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "tools/sweep/sweep_spec.h"
+#include "tools/sweep/sweep_state.h"
+
+namespace fabric::sweep {
+
+// Columns: run, status, exit_code, attempts, the swept keys (full names), seed, every numeric
+// field of the runs' summary.json (the metric first, then in order of appearance), wall_time_s,
+// run_dir, reason. Runs never started are left out.
+std::string results_csv(const SweepSpec& spec, const std::map<std::string, RunRecord>& records);
+
+struct Stats {
+  int n = 0;
+  double mean = 0, std = 0;  // sample standard deviation (n - 1); 0 for n < 2
+};
+Stats stats_of(const std::vector<double>& values);
+
+// | rank | <swept keys> | <metric> (mean ± std) | seeds done | wall s |: best first (mode);
+// points without a finished run last.
+std::string results_markdown(const SweepSpec& spec,
+                             const std::map<std::string, RunRecord>& records);
+
+// Writes results.csv and results.md to `sweep_dir`, prints the table, the failed runs and where
+// the files are. Returns the sweep's exit status: `run_code` when non-zero (a signal), 1 when a
+// run of the spec failed, else 0.
+int write_report(const SweepSpec& spec, SweepState& state, const std::filesystem::path& sweep_dir,
+                 int run_code, std::ostream& out);
+
+}  // namespace fabric::sweep
+
+#endif  // TOOLS_SWEEP_SWEEP_REPORT_H_

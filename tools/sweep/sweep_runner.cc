@@ -1,0 +1,299 @@
+#include "tools/sweep/sweep_runner.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <map>
+#include <regex>
+
+#include "fabric/core/error.h"
+#include "fabric/core/paths.h"
+
+namespace fabric::sweep {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
+
+constexpr auto kStopGrace = std::chrono::seconds(10);
+
+int status_code(int status) {
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// fork + exec; in the child: own process group, dies with the parent, signals unblocked,
+// output to `out_fd`. Returns the pid; throws fabric::Error when fork fails.
+pid_t spawn(const std::vector<std::string>& argv, const fs::path& cwd, int out_fd,
+            const std::vector<std::pair<std::string, std::string>>& env) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) throw Error(std::string("cannot start a run: fork failed: ") + std::strerror(errno));
+  if (pid == 0) {
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(128 + SIGTERM);
+    dup2(out_fd, STDOUT_FILENO);
+    dup2(out_fd, STDERR_FILENO);
+    if (chdir(cwd.c_str()) != 0) {
+      dprintf(STDERR_FILENO, "sweep: cannot enter %s: %s\n", cwd.c_str(), std::strerror(errno));
+      _exit(127);
+    }
+    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+    execv(args[0], args.data());
+    dprintf(STDERR_FILENO, "sweep: cannot run %s: %s\n", args[0], std::strerror(errno));
+    _exit(127);
+  }
+  setpgid(pid, pid);  // also here, so that a signal sent right away reaches the group
+  return pid;
+}
+
+struct Running {
+  const SweepRun* run;
+  int slot;
+  Clock::time_point start;
+  fs::file_time_type file_start;
+};
+
+std::string seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f s", s);
+  return buf;
+}
+
+// The run directory of the attempt: runs/<id> or runs/<id>-N holding a summary.json written
+// since the attempt started (newest first).
+std::string find_summary_dir(const fs::path& runs, const std::string& id,
+                             fs::file_time_type since) {
+  std::error_code ec;
+  const std::regex name(
+      "^" + std::regex_replace(id, std::regex(R"([.^$|()\[\]{}*+?\\])"), R"(\$&)") + "(-[0-9]+)?$");
+  fs::path best;
+  fs::file_time_type best_time{};
+  for (const auto& e : fs::directory_iterator(runs, ec)) {
+    if (!std::regex_match(e.path().filename().string(), name)) continue;
+    const fs::path summary = e.path() / "summary.json";
+    const auto t = fs::last_write_time(summary, ec);
+    if (ec || t < since) continue;
+    if (best.empty() || t > best_time) best = e.path(), best_time = t;
+  }
+  return best.string();
+}
+
+}  // namespace
+
+std::string last_line(const std::string& text) {
+  size_t end = text.find_last_not_of(" \t\r\n");
+  if (end == std::string::npos) return "";
+  size_t begin = text.find_last_of("\r\n", end);
+  return text.substr(begin == std::string::npos ? 0 : begin + 1,
+                     end + 1 - (begin == std::string::npos ? 0 : begin + 1));
+}
+
+std::string last_line_of_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "";
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  const std::streamoff from = std::max<std::streamoff>(0, size - 65536);
+  in.seekg(from);
+  std::string text(static_cast<size_t>(size - from), '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  return last_line(text);
+}
+
+std::vector<std::string> run_command_line(const SweepSpec& spec, const SweepRun& run,
+                                          const RunnerOptions& options) {
+  std::vector<std::string> argv = {options.binary.string()};
+  if (!options.config.empty()) argv.push_back("--config=" + options.config);
+  for (auto& a : run.arguments(spec.common, spec.seed_key)) argv.push_back(std::move(a));
+  argv.push_back("logging.run_dir=" + (options.sweep_dir / "runs" / run.id).string());
+  for (const auto& e : options.extra) argv.push_back(e);
+  return argv;
+}
+
+Captured run_captured(const std::vector<std::string>& argv, const fs::path& cwd) {
+  Captured result;
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) throw Error(std::string("pipe: ") + std::strerror(errno));
+  pid_t pid;
+  try {
+    pid = spawn(argv, cwd, fds[1], {});
+  } catch (...) {
+    close(fds[0]);
+    close(fds[1]);
+    throw;
+  }
+  close(fds[1]);
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fds[0], buf, sizeof(buf))) != 0) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    result.output.append(buf, static_cast<size_t>(n));
+  }
+  close(fds[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  result.code = status_code(status);
+  return result;
+}
+
+int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& options,
+                std::ostream& out) {
+  std::deque<const SweepRun*> pending;
+  for (const SweepRun& run : spec.runs)
+    if (state[run.id].status != RunStatus::kDone) pending.push_back(&run);
+  if (options.max_runs > 0 && static_cast<int>(pending.size()) > options.max_runs)
+    pending.resize(static_cast<size_t>(options.max_runs));
+  const int total = static_cast<int>(pending.size());
+  const fs::path logs = options.sweep_dir / "logs", runs = options.sweep_dir / "runs";
+  fs::create_directories(logs);
+  fs::create_directories(runs);
+
+  // Signals are received synchronously (sigtimedwait): none is lost between checks.
+  sigset_t watched, previous;
+  sigemptyset(&watched);
+  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&watched, s);
+  sigprocmask(SIG_BLOCK, &watched, &previous);
+
+  const int slots = std::max(1, options.parallel);
+  std::vector<bool> slot_busy(static_cast<size_t>(slots), false);
+  std::map<pid_t, Running> running;
+  int started = 0, stop_signal = 0;
+  std::optional<Clock::time_point> kill_at;
+
+  auto launch = [&](const SweepRun* run) {
+    int slot = 0;
+    while (slot_busy[static_cast<size_t>(slot)]) ++slot;
+    RunRecord& rec = state[run->id];
+    rec.status = RunStatus::kRunning;
+    ++rec.attempts;
+    rec.log = (logs / (run->id + ".log")).string();
+    rec.reason.clear();
+    state.save();
+    const int fd = open(rec.log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) throw Error("cannot write " + rec.log + ": " + std::strerror(errno));
+    const auto argv = run_command_line(spec, *run, options);
+    std::string header = "=== sweep attempt " + std::to_string(rec.attempts) + ":";
+    for (const auto& a : argv) header += " " + a;
+    header += "\n";
+    (void)!write(fd, header.data(), header.size());
+    std::vector<std::pair<std::string, std::string>> env;
+    if (!options.gpu_slots.empty())
+      env.emplace_back("CUDA_VISIBLE_DEVICES", options.gpu_slots[static_cast<size_t>(slot)]);
+    if (options.cpu_threads > 0)
+      env.emplace_back("OMP_NUM_THREADS", std::to_string(options.cpu_threads));
+    const auto file_start = fs::file_time_type::clock::now() - std::chrono::seconds(2);
+    pid_t pid;
+    try {
+      pid = spawn(argv, options.cwd, fd, env);
+    } catch (...) {
+      close(fd);
+      throw;
+    }
+    close(fd);
+    slot_busy[static_cast<size_t>(slot)] = true;
+    running[pid] = {run, slot, Clock::now(), file_start};
+    ++started;
+    out << "[" << started << "/" << total << "] start " << run->id;
+    if (!options.gpu_slots.empty())
+      out << " (GPU " << options.gpu_slots[static_cast<size_t>(slot)] << ")";
+    out << std::endl;
+  };
+
+  auto finished = [&](pid_t pid, int status) {
+    Running r = running.at(pid);
+    running.erase(pid);
+    slot_busy[static_cast<size_t>(r.slot)] = false;
+    RunRecord& rec = state[r.run->id];
+    rec.wall_seconds = std::chrono::duration<double>(Clock::now() - r.start).count();
+    rec.exit_code = status_code(status);
+    std::string line = r.run->id + " in " + seconds(rec.wall_seconds);
+    if (stop_signal != 0) {
+      rec.status = RunStatus::kInterrupted;
+      rec.reason = "interrupted by the sweep's signal " + std::to_string(stop_signal);
+      out << "interrupted " << line << std::endl;
+    } else if (rec.exit_code == 0) {
+      rec.run_dir = find_summary_dir(runs, r.run->id, r.file_start);
+      std::ifstream in(fs::path(rec.run_dir) / "summary.json");
+      rec.summary = nlohmann::json();
+      if (!rec.run_dir.empty() && in) {
+        try {
+          in >> rec.summary;
+        } catch (const std::exception& e) {
+          rec.reason = "summary.json is not JSON: " + std::string(e.what());
+        }
+      } else {
+        rec.reason = "exited 0 but wrote no summary.json under " + display_path(runs / r.run->id);
+      }
+      rec.status = rec.reason.empty() ? RunStatus::kDone : RunStatus::kFailed;
+      if (rec.status == RunStatus::kDone) {
+        line += ": " + spec.metric + " " +
+                (rec.summary.contains(spec.metric) ? rec.summary[spec.metric].dump()
+                                                   : std::string("(not in summary.json)"));
+      }
+    } else {
+      rec.status = RunStatus::kFailed;
+      rec.reason = WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status))
+                                       : "exit " + std::to_string(rec.exit_code);
+      const std::string tail = last_line_of_file(rec.log);
+      if (!tail.empty()) rec.reason += ": " + tail;
+    }
+    if (rec.status == RunStatus::kFailed)
+      line += ": " + rec.reason + " (log: " + display_path(rec.log) + ")";
+    if (rec.status == RunStatus::kDone) out << "done " << line << std::endl;
+    if (rec.status == RunStatus::kFailed) out << "FAILED " << line << std::endl;
+    state.save();
+  };
+
+  auto stop_all = [&](int sig) {
+    for (const auto& [pid, r] : running) kill(-pid, sig);
+  };
+
+  while (true) {
+    while (stop_signal == 0 && !pending.empty() && static_cast<int>(running.size()) < slots) {
+      launch(pending.front());
+      pending.pop_front();
+    }
+    if (running.empty()) break;
+    timespec timeout{1, 0};
+    siginfo_t info;
+    const int sig = sigtimedwait(&watched, &info, &timeout);
+    if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
+      if (stop_signal == 0) {
+        out << "sweep: stopping on signal " << sig << " (" << running.size()
+            << " run(s) interrupted; run the same command again to continue)" << std::endl;
+        stop_signal = sig;
+        stop_all(SIGTERM);
+        kill_at = Clock::now() + kStopGrace;
+      }
+    }
+    if (kill_at && Clock::now() >= *kill_at) stop_all(SIGKILL);
+    // Reap whatever exited (also after a timeout: a SIGCHLD may have been merged).
+    for (auto it = running.begin(); it != running.end();) {
+      int status = 0;
+      const pid_t pid = it->first;
+      ++it;
+      if (waitpid(pid, &status, WNOHANG) == pid) finished(pid, status);
+    }
+  }
+  sigprocmask(SIG_SETMASK, &previous, nullptr);
+  return stop_signal == 0 ? 0 : 128 + stop_signal;
+}
+
+}  // namespace fabric::sweep

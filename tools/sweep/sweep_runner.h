@@ -1,0 +1,62 @@
+// Runs the pending runs of a sweep as child processes, `parallel` at a time, and keeps the state
+// file up to date.
+//
+// Each run is `BINARY [--config=CONFIG] <overrides> <swept values> <seed> logging.run_dir=<sweep
+// dir>/runs/<id> [checkpoint.resume=auto]`, started in the directory the sweep was started from,
+// in its own process group, with stdout and stderr appended to <sweep dir>/logs/<id>.log. With
+// GPUs, each run gets its own `devices_per_run` of them through CUDA_VISIBLE_DEVICES; without,
+// parallel runs share the cores (OMP_NUM_THREADS = cores / parallel unless already set).
+//
+// A run is done when it exits 0 and wrote summary.json; anything else is a failure, recorded with
+// the reason (the last line of its log), and the sweep goes on. SIGINT/SIGTERM/SIGHUP stop the
+// sweep: running runs get SIGTERM (SIGKILL after 10 s), are marked interrupted, and are retried
+// (resuming from their checkpoints) by the next invocation. Runs die with the sweep
+// (PR_SET_PDEATHSIG), also when it is SIGKILLed.
+#ifndef TOOLS_SWEEP_SWEEP_RUNNER_H_
+#define TOOLS_SWEEP_SWEEP_RUNNER_H_
+
+#include <filesystem>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "tools/sweep/sweep_spec.h"
+#include "tools/sweep/sweep_state.h"
+
+namespace fabric::sweep {
+
+struct RunnerOptions {
+  std::filesystem::path binary;     // absolute path of the program
+  std::filesystem::path sweep_dir;  // absolute
+  std::filesystem::path cwd;        // where runs start
+  std::string config;               // --config= value ("" = none)
+  std::vector<std::string> extra;   // overrides added to every run (e.g. checkpoint.resume=auto)
+  int parallel = 1;
+  std::vector<std::string> gpu_slots;  // CUDA_VISIBLE_DEVICES value per slot; empty: no GPUs
+  int cpu_threads = 0;                 // OMP_NUM_THREADS for each run; 0: leave alone
+  int max_runs = 0;                    // start at most this many runs; 0: all pending
+};
+
+// The full command line of `run` (argv[0] = binary).
+std::vector<std::string> run_command_line(const SweepSpec& spec, const SweepRun& run,
+                                          const RunnerOptions& options);
+
+// Runs every run of `spec` not yet done in `state`. Returns 0 when all finished, 128 + signal
+// when interrupted by one; failed runs are in `state` (the caller reports them).
+int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& options,
+                std::ostream& out);
+
+struct Captured {
+  int code = -1;  // exit status, or 128 + signal
+  std::string output;
+};
+// Runs `argv` in `cwd` and returns its status and combined stdout + stderr.
+Captured run_captured(const std::vector<std::string>& argv, const std::filesystem::path& cwd);
+
+// The last non-empty line of `text` (of a file's last 64 KiB for last_line_of_file).
+std::string last_line(const std::string& text);
+std::string last_line_of_file(const std::filesystem::path& path);
+
+}  // namespace fabric::sweep
+
+#endif  // TOOLS_SWEEP_SWEEP_RUNNER_H_

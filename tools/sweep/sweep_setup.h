@@ -1,0 +1,47 @@
+// Everything the sweep checks and decides before the first run starts.
+#ifndef TOOLS_SWEEP_SWEEP_SETUP_H_
+#define TOOLS_SWEEP_SWEEP_SETUP_H_
+
+#include <filesystem>
+#include <map>
+#include <ostream>
+#include <string>
+
+#include "tools/sweep/sweep_runner.h"
+#include "tools/sweep/sweep_spec.h"
+#include "tools/sweep/sweep_state.h"
+
+namespace fabric::sweep {
+
+struct Setup {
+  RunnerOptions options;
+  // The program's resolved config with the base config and common overrides (from
+  // --print_config): dotted key → YAML text.
+  std::map<std::string, std::string> resolved;
+};
+
+// Finds the program (a label: in the runfiles of //tools:sweep; a path: relative to the working
+// directory, else to the sweep file) and the base config (next to the sweep file, else where the
+// program looks: working directory, configs/), runs `program --print_config` once, and checks that
+// every swept key and the seed key exist (did-you-mean at the sweep file's line) and that the
+// program has logging.run_dir. Adds checkpoint.resume=auto when the program has it and
+// resume_runs is true. Throws ConfigError.
+Setup prepare(const SweepSpec& spec, const std::filesystem::path& sweep_file,
+              RunnerOptions options);
+
+// Sets options.parallel (options.parallel > 0 means --parallel was given), the GPU slots
+// (CUDA_VISIBLE_DEVICES, else /dev/nvidiaN; none when the runs use fabric.accelerator: cpu) and
+// the CPU threads per run. Prints a note when parallel is capped by the GPUs.
+void plan_devices(const SweepSpec& spec, const Setup& setup, RunnerOptions& options,
+                  std::ostream& out);
+
+// Checks every run that is not done with `program ... --print_config`. Throws ConfigError
+// "FILE:LINE:COL: KEY: problem (run ID)" pointing at the value in the sweep file.
+void preflight(const SweepSpec& spec, SweepState& state, const RunnerOptions& options);
+
+// The visible GPUs: CUDA_VISIBLE_DEVICES entries when set, else /dev/nvidia0, /dev/nvidia1, ...
+std::vector<std::string> visible_gpus();
+
+}  // namespace fabric::sweep
+
+#endif  // TOOLS_SWEEP_SWEEP_SETUP_H_

@@ -1,0 +1,349 @@
+#include "tools/sweep/sweep_spec.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "fabric/core/error.h"
+#include "fabric/core/suggest.h"
+#include "fabric/logging/run_dir.h"
+
+namespace fabric::sweep {
+namespace {
+
+constexpr size_t kMaxIdLength = 100;
+
+const std::vector<std::string> kTopKeys = {
+    "name",     "binary", "config",          "overrides", "grid", "list",     "seeds",
+    "parallel", "metric", "devices_per_run", "mode",      "dir",  "seed_key", "resume_runs"};
+
+class Parser {
+ public:
+  Parser(std::string file) : file_(std::move(file)) {}
+
+  std::string at(const YAML::Node& node) const {
+    const YAML::Mark m = node.Mark();
+    if (m.is_null()) return file_;
+    return file_ + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
+  }
+  [[noreturn]] void fail(const YAML::Node& node, const std::string& message) const {
+    throw ConfigError(at(node) + ": " + message);
+  }
+
+  std::string scalar(const YAML::Node& node, const std::string& key) const {
+    if (!node.IsScalar()) fail(node, key + ": expected a single value");
+    return node.Scalar();
+  }
+  int64_t integer(const YAML::Node& node, const std::string& key, int64_t min) const {
+    const std::string text = scalar(node, key);
+    int64_t value = 0;
+    size_t used = 0;
+    try {
+      value = std::stoll(text, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != text.size()) fail(node, key + ": '" + text + "' is not an integer");
+    if (value < min)
+      fail(node, key + ": " + text + " is out of range: must be >= " + std::to_string(min));
+    return value;
+  }
+  bool boolean(const YAML::Node& node, const std::string& key) const {
+    const std::string text = scalar(node, key);
+    if (text == "true") return true;
+    if (text == "false") return false;
+    fail(node, key + ": '" + text + "' is not a boolean: write true or false");
+  }
+
+  // key → value text of a mapping of overrides (grid values are sequences, checked by the caller).
+  void check_key(const YAML::Node& key_node, const std::string& where) const {
+    const std::string key = scalar(key_node, where);
+    if (key.find('.') == std::string::npos || key.front() == '.' || key.back() == '.')
+      fail(key_node, where + ": '" + key + "' is not a config key like 'optimizer.lr'");
+  }
+
+ private:
+  std::string file_;
+};
+
+// YAML text of a value, for `key=value` on the command line ("0.1", "[0.9, 0.99]", "'a b'").
+std::string value_text(const YAML::Node& node) {
+  if (node.IsScalar()) {
+    // A plain scalar keeps its spelling; a quoted one is re-emitted quoted (it may look like a
+    // number or a list otherwise).
+    if (node.Tag() != "!") return node.Scalar();
+    YAML::Emitter out;
+    out << YAML::DoubleQuoted << node.Scalar();
+    return out.c_str();
+  }
+  YAML::Emitter out;
+  out.SetSeqFormat(YAML::Flow);
+  out.SetMapFormat(YAML::Flow);
+  out << node;
+  return out.c_str();
+}
+
+std::string sanitize(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    const bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '+';
+    if (ok) {
+      out += c;
+    } else if (!out.empty() && out.back() != '_') {
+      out += '_';
+    }
+  }
+  while (!out.empty() && out.back() == '_') out.pop_back();
+  return out.empty() ? "_" : out;
+}
+
+std::string hex_hash(const std::string& text) {
+  uint64_t h = 1469598103934665603ULL;  // FNV-1a
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ULL;
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
+  return std::string(buf, 8);
+}
+
+std::string canonical(const SweepRun& run) {
+  std::string key;
+  for (const auto& [k, v] : run.overrides) key += k + "=" + v + "\n";
+  if (run.seed) key += "seed=" + std::to_string(*run.seed);
+  return key;
+}
+
+void assign_ids(SweepSpec& spec) {
+  const auto names = short_names(spec.swept_keys);
+  std::map<std::string, int> count;
+  for (SweepRun& run : spec.runs) {
+    std::vector<std::string> parts;
+    for (const auto& key : spec.swept_keys) {
+      for (const auto& [k, v] : run.overrides)
+        if (k == key) parts.push_back(sanitize(names.at(k)) + "=" + sanitize(v));
+    }
+    if (run.seed) parts.push_back("seed=" + std::to_string(*run.seed));
+    run.id = parts.empty() ? "run" : join(parts, "_");
+    ++count[run.id];
+  }
+  for (SweepRun& run : spec.runs) {
+    if (count[run.id] > 1 || run.id.size() > kMaxIdLength)
+      run.id = run.id.substr(0, kMaxIdLength - 9) + "-" + hex_hash(canonical(run));
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> SweepRun::arguments(const Overrides& common,
+                                             const std::string& seed_key) const {
+  std::vector<std::string> args;
+  for (const auto& [k, v] : common) args.push_back(k + "=" + v);
+  for (const auto& [k, v] : overrides) args.push_back(k + "=" + v);
+  if (seed) args.push_back(seed_key + "=" + std::to_string(*seed));
+  return args;
+}
+
+std::map<std::string, std::string> short_names(const std::vector<std::string>& keys) {
+  std::map<std::string, int> uses;
+  auto last = [](const std::string& k) { return k.substr(k.rfind('.') + 1); };
+  for (const auto& k : keys) ++uses[last(k)];
+  std::map<std::string, std::string> names;
+  for (const auto& k : keys) names[k] = uses[last(k)] > 1 ? k : last(k);
+  return names;
+}
+
+SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
+  Parser p(file);
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::ParserException& e) {
+    throw ConfigError(file + ":" + std::to_string(e.mark.line + 1) + ":" +
+                      std::to_string(e.mark.column + 1) + ": YAML syntax error: " + e.msg);
+  }
+  if (!root.IsMap())
+    throw ConfigError(
+        file + ": a sweep file is a mapping with binary:, metric:, mode: and grid: or list:");
+
+  SweepSpec spec;
+  spec.file = file;
+  spec.name = std::filesystem::path(file).stem().string();
+  std::string dir = "sweeps/{name}";
+  YAML::Node grid, list, metric_node;
+  for (const auto& item : root) {
+    const std::string key = p.scalar(item.first, "sweep key");
+    const YAML::Node& v = item.second;
+    if (key == "name") {
+      spec.name = p.scalar(v, key);
+    } else if (key == "binary") {
+      spec.binary = p.scalar(v, key);
+      spec.binary_mark = p.at(v);
+    } else if (key == "config") {
+      spec.config = p.scalar(v, key);
+    } else if (key == "overrides") {
+      if (!v.IsMap()) p.fail(v, "overrides: expected a mapping of config keys to values");
+      for (const auto& o : v) {
+        p.check_key(o.first, "overrides");
+        spec.key_origin.emplace(o.first.Scalar(), p.at(o.first));
+        spec.common.emplace_back(o.first.Scalar(), value_text(o.second));
+      }
+    } else if (key == "grid") {
+      if (!v.IsMap()) p.fail(v, "grid: expected a mapping of config keys to lists of values");
+      grid = v;
+    } else if (key == "list") {
+      if (!v.IsSequence() || v.size() == 0)
+        p.fail(v, "list: expected a list of override mappings, e.g. - {optimizer.lr: 0.1}");
+      list = v;
+    } else if (key == "seeds") {
+      if (!v.IsSequence() || v.size() == 0)
+        p.fail(v, "seeds: expected a list of integers, e.g. [1, 2]");
+      std::set<int64_t> seen;
+      for (const auto& s : v) {
+        const int64_t seed = p.integer(s, "seeds", 0);
+        if (!seen.insert(seed).second) p.fail(s, "seeds: " + s.Scalar() + " is listed twice");
+        spec.seeds.push_back(seed);
+      }
+    } else if (key == "parallel") {
+      if (v.IsScalar() && v.Scalar() == "auto") {
+        spec.parallel.reset();
+      } else {
+        spec.parallel = static_cast<int>(p.integer(v, key, 1));
+      }
+    } else if (key == "devices_per_run") {
+      spec.devices_per_run = static_cast<int>(p.integer(v, key, 1));
+    } else if (key == "metric") {
+      spec.metric = p.scalar(v, key);
+      metric_node = v;
+    } else if (key == "mode") {
+      const std::string mode = p.scalar(v, key);
+      if (mode != "max" && mode != "min")
+        p.fail(v, "mode: '" + mode + "' is not max or min" + did_you_mean(mode, {"max", "min"}));
+      spec.maximize = mode == "max";
+    } else if (key == "dir") {
+      dir = p.scalar(v, key);
+    } else if (key == "seed_key") {
+      spec.seed_key = p.scalar(v, key);
+    } else if (key == "resume_runs") {
+      spec.resume_runs = p.boolean(v, key);
+    } else {
+      p.fail(item.first, "unknown sweep key '" + key + "'" + did_you_mean(key, kTopKeys) +
+                             " (keys: " + join(kTopKeys) + ")");
+    }
+  }
+  if (spec.binary.empty())
+    throw ConfigError(file +
+                      ": binary: missing; name the program, e.g. binary: //examples:fashion_mnist");
+  if (spec.metric.empty())
+    throw ConfigError(
+        file +
+        ": metric: missing; name a key of the runs' summary.json, e.g. metric: test_accuracy");
+  if (!root["mode"])
+    throw ConfigError(file + ": mode: missing; write mode: max (higher is better) or mode: min");
+  if (!grid.IsMap() && !list.IsSequence() && spec.seeds.empty())
+    throw ConfigError(file + ": nothing to sweep: add grid:, list: or seeds:");
+  try {
+    spec.dir = expand_fields(dir, {{"name", spec.name}});
+  } catch (const Error& e) {
+    throw ConfigError(p.at(root["dir"]) + ": dir: " + e.what());
+  }
+
+  // Swept keys may not repeat the common overrides or the seed key.
+  std::set<std::string> common_keys;
+  for (const auto& [k, v] : spec.common) common_keys.insert(k);
+  auto claim = [&](const YAML::Node& key_node, const std::string& where) {
+    p.check_key(key_node, where);
+    const std::string k = key_node.Scalar();
+    if (common_keys.count(k))
+      p.fail(key_node, where + ": '" + k + "' is also in overrides: keep it in one place");
+    if (k == spec.seed_key)
+      p.fail(key_node, where + ": '" + k + "' is the seed key: list the values under seeds:");
+    if (std::find(spec.swept_keys.begin(), spec.swept_keys.end(), k) == spec.swept_keys.end()) {
+      spec.swept_keys.push_back(k);
+      spec.key_origin.emplace(k, p.at(key_node));
+    }
+  };
+
+  // Grid points: each a list of (key, value, node).
+  struct Value {
+    std::string key, text, at;
+  };
+  std::vector<std::vector<Value>> points = {{}};
+  if (grid.IsMap()) {
+    for (const auto& g : grid) {
+      claim(g.first, "grid");
+      const std::string k = g.first.Scalar();
+      if (!g.second.IsSequence() || g.second.size() == 0)
+        p.fail(g.second, "grid: " + k + ": expected a list of values, e.g. [0.1, 0.2]");
+      std::vector<std::vector<Value>> next;
+      for (const auto& point : points)
+        for (const auto& value : g.second) {
+          auto extended = point;
+          extended.push_back({k, value_text(value), p.at(value)});
+          next.push_back(std::move(extended));
+        }
+      points = std::move(next);
+    }
+  }
+  std::vector<std::vector<Value>> entries = {{}};
+  if (list.IsSequence()) {
+    entries.clear();
+    for (const auto& entry : list) {
+      if (!entry.IsMap() || entry.size() == 0)
+        p.fail(entry,
+               "list: each entry is a mapping of config keys to values, e.g. {optimizer.lr: 0.1}");
+      std::vector<Value> values;
+      for (const auto& o : entry) {
+        claim(o.first, "list");
+        const std::string k = o.first.Scalar();
+        if (grid.IsMap() && grid[k])
+          p.fail(o.first, "list: '" + k + "' is also a grid key: keep it in one place");
+        values.push_back({k, value_text(o.second), p.at(o.second)});
+      }
+      for (const auto& earlier : entries) {
+        bool same = earlier.size() == values.size();
+        for (size_t i = 0; same && i < values.size(); ++i)
+          same = earlier[i].key == values[i].key && earlier[i].text == values[i].text;
+        if (same) p.fail(entry, "list: this entry repeats an earlier one; remove one");
+      }
+      entries.push_back(std::move(values));
+    }
+  }
+
+  std::vector<std::optional<int64_t>> seeds;
+  for (int64_t s : spec.seeds) seeds.emplace_back(s);
+  if (seeds.empty()) seeds.emplace_back();
+  std::set<std::string> seen;
+  for (const auto& seed : seeds)  // seeds outermost: every point gets a first result early
+    for (const auto& entry : entries)
+      for (const auto& point : points) {
+        SweepRun run;
+        run.seed = seed;
+        for (const auto* part : {&entry, &point})
+          for (const Value& v : *part) {
+            run.overrides.emplace_back(v.key, v.text);
+            run.value_origin.push_back(v.at);
+            if (run.origin.empty()) run.origin = v.at;
+          }
+        if (run.origin.empty()) run.origin = file;
+        if (!seen.insert(canonical(run)).second)
+          throw ConfigError(run.origin + ": this run appears twice; remove one");
+        spec.runs.push_back(std::move(run));
+      }
+  assign_ids(spec);
+  return spec;
+}
+
+SweepSpec load_sweep(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(path + ": cannot read the sweep file");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_sweep(text.str(), path);
+}
+
+}  // namespace fabric::sweep

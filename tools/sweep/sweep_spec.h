@@ -1,0 +1,80 @@
+// A sweep file (`bazel run //tools:sweep -- --sweep=FILE`) and the runs it expands to.
+//
+//   name: fashion_mnist_lr            # default: the file name without .yaml
+//   binary: //examples:fashion_mnist  # a label bundled with //tools:sweep, or a path to a program
+//   config: fashion_mnist.yaml        # base config (--config=); optional
+//   overrides: {trainer.max_epochs: 1}  # applied to every run; optional
+//   grid:                             # every combination of these values
+//     optimizer.lr: [0.03, 0.1, 0.3]
+//   list:                             # and/or explicit override sets (crossed with the grid)
+//     - {model.width: 16}
+//     - {model.width: 32, model.hidden: 64}
+//   seeds: [1, 2]                     # each point runs once per seed (as fabric.seed); optional
+//   parallel: 1                       # runs at once; `auto`: one per GPU (1 without GPUs)
+//   devices_per_run: 1                # GPUs handed to each run through CUDA_VISIBLE_DEVICES
+//   metric: test_accuracy             # key of each run's summary.json to rank by (required)
+//   mode: max                         # max | min (required)
+//   dir: sweeps/{name}                # sweep directory, relative to where the command was run
+//   seed_key: fabric.seed             # the config key the seeds go to
+//   resume_runs: true                 # a retried run resumes from its checkpoint (resume: auto)
+//
+// Every problem is one ConfigError line "FILE:LINE:COL: KEY: problem; fix".
+#ifndef TOOLS_SWEEP_SWEEP_SPEC_H_
+#define TOOLS_SWEEP_SWEEP_SPEC_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace fabric::sweep {
+
+// key → YAML value text ("0.1", "[0.9, 0.99]"), in sweep-file order.
+using Overrides = std::vector<std::pair<std::string, std::string>>;
+
+struct SweepRun {
+  // Directory name under <sweep dir>/runs, from the swept values: "lr=0.1_seed=1". Stable when
+  // the sweep file changes; a hash suffix keeps it unique and at most ~100 characters.
+  std::string id;
+  Overrides overrides;  // grid and list values of this run (not the common overrides, not the seed)
+  std::vector<std::string> value_origin;  // FILE:LINE:COL of each of `overrides`
+  std::optional<int64_t> seed;
+  std::string origin;  // "FILE:LINE:COL" of the run's first swept value (for error messages)
+  // Every override the program gets, in order: common, swept, seed.
+  std::vector<std::string> arguments(const Overrides& common, const std::string& seed_key) const;
+};
+
+struct SweepSpec {
+  std::string file;  // as given, for messages
+  std::string name;
+  std::string binary;       // label "//pkg:name" or a path, as written
+  std::string binary_mark;  // FILE:LINE:COL of `binary:`
+  std::string config;       // as written ("" = none)
+  Overrides common;
+  std::vector<std::string> swept_keys;            // grid and list keys, first appearance order
+  std::map<std::string, std::string> key_origin;  // FILE:LINE:COL of each key (common and swept)
+  std::vector<int64_t> seeds;
+  std::optional<int> parallel;  // nullopt = auto
+  int devices_per_run = 1;
+  std::string metric;
+  bool maximize = true;
+  std::string dir;  // as written, {name} expanded
+  std::string seed_key = "fabric.seed";
+  bool resume_runs = true;
+  std::vector<SweepRun> runs;  // the expansion, in order: list entry, then grid (last key fastest)
+};
+
+// Parses and checks `yaml` (the contents of `file`). Throws fabric::ConfigError.
+SweepSpec parse_sweep(const std::string& yaml, const std::string& file);
+// Reads `path` then parse_sweep. Throws ConfigError when it cannot be read.
+SweepSpec load_sweep(const std::string& path);
+
+// The short column name of each swept key: its last component ("lr"), or the whole key when two
+// keys share a last component.
+std::map<std::string, std::string> short_names(const std::vector<std::string>& keys);
+
+}  // namespace fabric::sweep
+
+#endif  // TOOLS_SWEEP_SWEEP_SPEC_H_

@@ -1,0 +1,87 @@
+#include "tools/sweep/sweep_state.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "fabric/core/atomic_file.h"
+#include "fabric/core/error.h"
+
+namespace fabric::sweep {
+namespace {
+
+constexpr int kVersion = 1;
+
+RunStatus status_from(const std::string& s) {
+  for (RunStatus st : {RunStatus::kPending, RunStatus::kRunning, RunStatus::kDone,
+                       RunStatus::kFailed, RunStatus::kInterrupted}) {
+    if (to_string(st) == s) return st;
+  }
+  throw Error("unknown run status '" + s + "'");
+}
+
+}  // namespace
+
+std::string to_string(RunStatus status) {
+  switch (status) {
+    case RunStatus::kPending:
+      return "pending";
+    case RunStatus::kRunning:
+      return "running";
+    case RunStatus::kDone:
+      return "done";
+    case RunStatus::kFailed:
+      return "failed";
+    case RunStatus::kInterrupted:
+      return "interrupted";
+  }
+  return "pending";
+}
+
+SweepState SweepState::load(const std::filesystem::path& path) {
+  SweepState state;
+  state.path_ = path;
+  std::ifstream in(path);
+  if (!in) return state;
+  try {
+    std::ostringstream text;
+    text << in.rdbuf();
+    const auto j = nlohmann::json::parse(text.str());
+    if (j.at("version").get<int>() != kVersion)
+      throw Error("version " + j.at("version").dump() + " (this sweep tool reads version 1)");
+    for (const auto& [id, r] : j.at("runs").items()) {
+      RunRecord rec;
+      rec.status = status_from(r.at("status").get<std::string>());
+      if (rec.status == RunStatus::kRunning) rec.status = RunStatus::kInterrupted;
+      rec.exit_code = r.value("exit_code", 0);
+      rec.reason = r.value("reason", "");
+      rec.attempts = r.value("attempts", 0);
+      rec.wall_seconds = r.value("wall_seconds", 0.0);
+      rec.run_dir = r.value("run_dir", "");
+      rec.log = r.value("log", "");
+      rec.summary = r.value("summary", nlohmann::json());
+      state.runs_[id] = std::move(rec);
+    }
+  } catch (const std::exception& e) {
+    throw Error("cannot read the sweep state " + path.string() + ": " + e.what() +
+                "; move the file away to start the sweep over");
+  }
+  return state;
+}
+
+void SweepState::save() const {
+  nlohmann::json runs = nlohmann::json::object();
+  for (const auto& [id, r] : runs_) {
+    runs[id] = {{"status", to_string(r.status)},
+                {"exit_code", r.exit_code},
+                {"reason", r.reason},
+                {"attempts", r.attempts},
+                {"wall_seconds", r.wall_seconds},
+                {"run_dir", r.run_dir},
+                {"log", r.log},
+                {"summary", r.summary}};
+  }
+  const nlohmann::json j = {{"version", kVersion}, {"runs", runs}};
+  write_file_atomically(path_, j.dump(2) + "\n");
+}
+
+}  // namespace fabric::sweep

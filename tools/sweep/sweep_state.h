@@ -1,0 +1,49 @@
+// The sweep state file, <sweep dir>/sweep_state.json: what happened to each run, so that running
+// the same sweep again skips finished runs and retries failed or interrupted ones. Written
+// atomically after every change; a sweep killed with SIGKILL leaves runs marked "running", which
+// the next invocation treats as interrupted.
+#ifndef TOOLS_SWEEP_SWEEP_STATE_H_
+#define TOOLS_SWEEP_SWEEP_STATE_H_
+
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace fabric::sweep {
+
+enum class RunStatus { kPending, kRunning, kDone, kFailed, kInterrupted };
+
+std::string to_string(RunStatus status);
+
+struct RunRecord {
+  RunStatus status = RunStatus::kPending;
+  int exit_code = 0;   // exit status, or 128 + signal
+  std::string reason;  // failures: "exit 1: error: ..." (the log's last line), "killed by ..."
+  int attempts = 0;
+  double wall_seconds = 0;  // of the last attempt
+  std::string run_dir;      // the attempt's run directory (the one holding summary.json)
+  std::string log;          // log file of the last attempt
+  nlohmann::json summary;   // the run's summary.json (done runs)
+};
+
+class SweepState {
+ public:
+  // Reads `path` when it exists (runs left "running" become interrupted). Throws fabric::Error
+  // naming the file when it exists but cannot be parsed (the fix: move it away).
+  static SweepState load(const std::filesystem::path& path);
+
+  RunRecord& operator[](const std::string& run_id) { return runs_[run_id]; }
+  const std::map<std::string, RunRecord>& runs() const { return runs_; }
+  // Atomically rewrites the file. Throws fabric::Error.
+  void save() const;
+
+ private:
+  std::filesystem::path path_;
+  std::map<std::string, RunRecord> runs_;
+};
+
+}  // namespace fabric::sweep
+
+#endif  // TOOLS_SWEEP_SWEEP_STATE_H_
