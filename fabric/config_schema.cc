@@ -210,7 +210,12 @@ ConfigSchema default_schema() {
   s.add("logging.run_dir", KeySpec::string("runs/{name}/{timestamp}")
                                .doc("run directory template; fields {name}, {timestamp}, {hash}; "
                                     "relative to where the command was run"));
-  s.add("logging.log_every_n_steps", KeySpec::integer(50).min(1).doc("progress line period"));
+  s.add("logging.log_every_n_steps",
+        KeySpec::integer(50).min(1).doc("progress line and metrics period (steps)"));
+  s.add("logging.progress_bar",
+        KeySpec::choice({"auto", "true", "false"}, "auto")
+            .doc("true: redrawn in place; false: a plain line every log_every_n_steps; auto: in "
+                 "place on a terminal"));
   s.add("logging.loggers",
         KeySpec::choice_list({"csv", "tensorboard"}, {"csv", "tensorboard"})
             .noun("a logger")

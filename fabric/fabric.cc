@@ -8,6 +8,7 @@
 #include "fabric/checkpoint/state_dict.h"
 #include "fabric/core/paths.h"
 #include "fabric/logging/metrics_csv.h"
+#include "fabric/logging/progress.h"
 #include "fabric/logging/tensorboard.h"
 
 namespace fabric {
@@ -124,6 +125,28 @@ void Fabric::log_dict(const std::map<std::string, double>& values, int64_t step)
         "(metrics go to <run dir>/metrics.csv)");
   if (metrics_) metrics_->log(values, step);
   if (tensorboard_) tensorboard_->log(values, step);
+}
+
+void Fabric::print_line(const std::string& line) const {
+  if (progress_) {
+    progress_->print_line(line);
+  } else {
+    std::cout << line << std::endl;
+  }
+}
+
+ProgressBar& Fabric::progress_bar(int64_t total_steps, int64_t max_epochs, int64_t start_step) {
+  static std::ostream discard(nullptr);  // ranks other than 0
+  ProgressBar::Options options;
+  options.total_steps = total_steps;
+  options.max_epochs = max_epochs;
+  options.start_step = start_step;
+  options.log_every = config_.get_int("logging.log_every_n_steps");
+  options.in_place =
+      is_global_zero() && ProgressBar::in_place_for(config_.get_string("logging.progress_bar"));
+  progress_.reset();
+  progress_ = std::make_unique<ProgressBar>(is_global_zero() ? std::cout : discard, options);
+  return *progress_;
 }
 
 void Fabric::seed_everything(uint64_t seed) { torch::manual_seed(seed); }

@@ -65,6 +65,7 @@
 namespace fabric {
 
 class CsvMetrics;
+class ProgressBar;
 class TensorBoardScalars;
 
 class Fabric {
@@ -188,14 +189,22 @@ class Fabric {
   // Seeds torch's CPU and CUDA generators (and thus dropout/init) with `seed`.
   void seed_everything(uint64_t seed);
 
-  // Prints the arguments (streamed) and a newline on global rank 0 only.
+  // Prints the arguments (streamed) and a newline on global rank 0 only (above the progress bar
+  // when one is drawn in place).
   template <typename... Args>
   void print(Args&&... args) const {
     if (!is_global_zero()) return;
     std::ostringstream line;
     (line << ... << std::forward<Args>(args));
-    std::cout << line.str() << std::endl;
+    print_line(line.str());
   }
+
+  // The progress display of a training loop of `total_steps` optimizer steps over `max_epochs`
+  // epochs (fabric/logging/progress.h), styled by logging.progress_bar (auto | true | false) and
+  // logging.log_every_n_steps; `start_step` > 0 for a resumed run. Drawn by global rank 0 only
+  // (on other ranks it draws nothing). Replaces the previous one. Call bar.step(step, epoch) after
+  // every step and bar.set_metrics(loss, lr, images/s) when the logging window's values are known.
+  ProgressBar& progress_bar(int64_t total_steps, int64_t max_epochs, int64_t start_step = 0);
 
   torch::Tensor to_device(const torch::Tensor& tensor) const;
   Batch to_device(const Batch& batch) const;
@@ -232,6 +241,7 @@ class Fabric {
   static torch::nn::Module& module_ref(torch::nn::ModuleHolder<Impl>& m) {
     return *m;
   }
+  void print_line(const std::string& line) const;
   void save_weights_of(torch::nn::Module& module, const std::string& path);
   void load_weights_of(torch::nn::Module& module, const std::string& path);
   double clip_gradients_norm(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
@@ -244,6 +254,7 @@ class Fabric {
   std::unique_ptr<Strategy> strategy_;
   std::unique_ptr<CsvMetrics> metrics_;  // rank 0, after create_run_directory (logging.loggers)
   std::unique_ptr<TensorBoardScalars> tensorboard_;  // the same
+  std::unique_ptr<ProgressBar> progress_;
   bool has_run_directory_ = false;
 };
 

@@ -8,19 +8,19 @@
 // Metrics (logging.loggers: csv): train/loss, lr, train/images_per_second, epoch at every progress
 // line and test/accuracy at every evaluation, by step, in <run dir>/metrics.csv.
 //
-// Output: one progress line every log_every_n_steps on rank 0, one line per evaluation, and, last,
-// the path of summary.json.
+// Output (rank 0): the progress bar (logging.progress_bar: in place on a terminal, else a line
+// every log_every_n_steps), one line per evaluation, and, last, the path of summary.json.
 #ifndef EXAMPLES_COMMON_CLASSIFICATION_H_
 #define EXAMPLES_COMMON_CLASSIFICATION_H_
 
 #include <torch/torch.h>
 
 #include <chrono>
-#include <cstdio>
 #include <string>
 
 #include "fabric/checkpointer.h"
 #include "fabric/fabric.h"
+#include "fabric/logging/progress.h"
 #include "fabric/logging/run_dir.h"
 
 namespace examples {
@@ -111,6 +111,7 @@ void train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask&
   auto window_loss = torch::zeros({}, torch::dtype(torch::kFloat).device(f.device()));
   int64_t window = 0, window_images = 0;
   auto window_start = Clock::now();
+  fabric::ProgressBar& bar = f.progress_bar(total_steps, max_epochs, step);
   for (; epoch < max_epochs && step < total_steps; ++epoch) {
     const auto epoch_start = Clock::now();
     for (fabric::Batch& batch : train) {
@@ -138,18 +139,12 @@ void train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask&
       if (step % log_every == 0 || step == total_steps) {
         last_loss = f.all_reduce(window_loss / static_cast<double>(window)).item<double>();
         const double secs = std::chrono::duration<double>(Clock::now() - window_start).count();
-        char line[256];
-        std::snprintf(line, sizeof(line),
-                      "epoch %lld/%lld step %lld/%lld loss %.4f lr %.5f %.0f img/s",
-                      static_cast<long long>(epoch + 1), static_cast<long long>(max_epochs),
-                      static_cast<long long>(step), static_cast<long long>(total_steps), last_loss,
-                      scheduler.get_lr(),
-                      static_cast<double>(window_images * f.world_size()) / std::max(secs, 1e-9));
-        f.print(line);
+        const double rate =
+            static_cast<double>(window_images * f.world_size()) / std::max(secs, 1e-9);
+        bar.set_metrics(last_loss, scheduler.get_lr(), rate);
         f.log_dict({{"train/loss", last_loss},
                     {"lr", scheduler.get_lr()},
-                    {"train/images_per_second",
-                     static_cast<double>(window_images * f.world_size()) / std::max(secs, 1e-9)},
+                    {"train/images_per_second", rate},
                     {"epoch", static_cast<double>(epoch + 1)}},
                    step);
         window_loss.zero_();
@@ -157,6 +152,7 @@ void train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask&
         window_images = 0;
         window_start = Clock::now();
       }
+      bar.step(step, epoch);
       images += batch.target.size(0);
       checkpoints.step_end();
       if (step >= total_steps) break;  // before taking a batch this run would not train on
@@ -172,6 +168,7 @@ void train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask&
     }
     checkpoints.epoch_end();
   }
+  bar.finish();
   checkpoints.finish();
 
   const double wall = std::chrono::duration<double>(Clock::now() - start).count();

@@ -76,7 +76,9 @@ TEST_F(ExamplesTest, FashionMnistConfigTrainsAndWritesTheSummary) {
   std::stringstream text;
   text << config.rdbuf();
   EXPECT_NE(text.str().find("hash " + s["config_hash"].get<std::string>()), std::string::npos);
-  EXPECT_NE(r.out.find("step 2/4 loss"), std::string::npos) << r.out;
+  // Not a terminal (auto): plain progress lines, nothing redrawn.
+  EXPECT_NE(r.out.find("\nepoch 1/4 step 2/4 loss "), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find('\r'), std::string::npos) << r.out;
   // metrics.csv: a row per progress line (steps 2 and 4), test accuracy at the end.
   std::ifstream metrics(run_dir / "metrics.csv");
   std::string header, row2, row4;
@@ -91,6 +93,18 @@ TEST_F(ExamplesTest, FashionMnistConfigTrainsAndWritesTheSummary) {
   for (const auto& e : fs::directory_iterator(run_dir))
     event_file |= e.path().filename().string().rfind("events.out.tfevents.", 0) == 0;
   EXPECT_TRUE(event_file) << "no TensorBoard event file in " << run_dir;
+}
+
+TEST_F(ExamplesTest, ProgressBarRedrawsInPlaceWithLinesAboveIt) {
+  Result r = run("fashion_mnist",
+                 "--config=fashion_mnist.yaml trainer.max_steps=3 trainer.limit_eval_batches=2 "
+                 "model.width=4 model.hidden=8 logging.progress_bar=true");
+  ASSERT_EQ(r.code, 0) << r.out;
+  // The last step is drawn complete; the evaluation line replaces the bar and the bar follows.
+  EXPECT_NE(r.out.find("\repoch 1/4 [####################] 100% 3/3 loss "), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("\x1b[K\r\x1b[Kepoch 1 test accuracy "), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("step 3/3"), std::string::npos) << "no plain lines in place mode";
 }
 
 TEST_F(ExamplesTest, SingleCpuConfigRunsOnSyntheticData) {
