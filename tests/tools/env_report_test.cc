@@ -1,8 +1,11 @@
 #include "tools/env_report.h"
 
+#include <map>
+
 #include <gtest/gtest.h>
 
 #include "tests/run_command.h"
+#include "tools/env_resolve.h"
 
 namespace {
 
@@ -64,6 +67,58 @@ TEST(EnvReportTest, TextAndJsonListEveryDevice) {
   EXPECT_TRUE(json["cuda"]["cudnn_version"].is_null());
 }
 
+fabric::MachineFacts cpu_machine(std::map<std::string, std::string> env = {}) {
+  fabric::MachineFacts facts;
+  facts.environment = [env](const std::string& name) -> std::optional<std::string> {
+    auto it = env.find(name);
+    return it == env.end() ? std::nullopt : std::optional<std::string>(it->second);
+  };
+  return facts;
+}
+
+std::map<std::string, std::string> precisions(const fabric::tools::FabricResolution& r) {
+  return {r.precisions.begin(), r.precisions.end()};
+}
+
+TEST(FabricResolutionTest, CpuMachineRunsOneLocalProcessAndListsPrecisionsWithReasons) {
+  const auto r = fabric::tools::resolve_here("", {}, cpu_machine());
+  EXPECT_EQ(r.error, "");
+  EXPECT_EQ(r.environment, "local");
+  EXPECT_FALSE(r.external_launcher);
+  EXPECT_EQ(r.world_size, 1);
+  EXPECT_EQ(r.accelerator, "cpu");
+  EXPECT_EQ(r.strategy, "single_device");
+  EXPECT_EQ(r.precision, "32-true");
+  auto p = precisions(r);
+  ASSERT_EQ(p.size(), 6u);
+  EXPECT_EQ(p["32-true"], "yes");
+  EXPECT_EQ(p["16-mixed"], "yes, runs as bf16-mixed");
+  EXPECT_EQ(p["16-true"].rfind("no: '16-true' is not supported on CPU", 0), 0u) << p["16-true"];
+  const std::string text = fabric::tools::format_text(r);
+  EXPECT_NE(text.find("  strategy                single_device\n"), std::string::npos) << text;
+}
+
+TEST(FabricResolutionTest, LauncherVariablesGiveTheRanks) {
+  const auto r = fabric::tools::resolve_here(
+      "", {"fabric.strategy=ddp"},
+      cpu_machine(
+          {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"}, {"MASTER_PORT", "29511"}}));
+  EXPECT_EQ(r.error, "");
+  EXPECT_EQ(r.environment, "env");
+  EXPECT_TRUE(r.external_launcher);
+  EXPECT_EQ(r.world_size, 2);
+  EXPECT_EQ(r.global_rank, 1);
+  EXPECT_EQ(r.local_rank, 1);
+  EXPECT_EQ(r.strategy, "ddp");
+  EXPECT_EQ(fabric::tools::to_json(r)["precisions"]["bf16-true"], "yes");
+}
+
+TEST(FabricResolutionTest, AConfigThatCannotRunHereSaysWhy) {
+  const auto r = fabric::tools::resolve_here("", {"fabric.accelerator=cuda"}, cpu_machine());
+  EXPECT_NE(r.error.find("fabric.accelerator"), std::string::npos) << r.error;
+  EXPECT_NE(fabric::tools::format_text(r).find("  error "), std::string::npos);
+}
+
 // Runs the real //tools:env binary (a data dependency).
 fabric::testing::CommandResult run_env(const std::string& args) {
   return fabric::testing::run_command("tools/env " + args);
@@ -84,6 +139,16 @@ TEST(EnvBinaryTest, UnknownArgumentIsAUsageError) {
   auto [code, out] = run_env("--jsn");
   EXPECT_EQ(code, 2);
   EXPECT_NE(out.find("unknown argument '--jsn'"), std::string::npos) << out;
+}
+
+TEST(EnvBinaryTest, ResolvesAShippedConfigAndRejectsBadOverrides) {
+  auto [code, out] = run_env("--config=ddp.yaml");
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("Fabric would use (config: ddp.yaml)"), std::string::npos) << out;
+  EXPECT_NE(out.find("  strategy                ddp\n"), std::string::npos) << out;
+  auto bad = run_env("fabric.precision=16-mixd");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("did you mean '16-mixed'?"), std::string::npos) << bad.out;
 }
 
 }  // namespace

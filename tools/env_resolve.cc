@@ -1,0 +1,102 @@
+#include "tools/env_resolve.h"
+
+#include "fabric/core/error.h"
+
+namespace fabric::tools {
+namespace {
+
+const std::vector<std::string> kPrecisions = {"32-true",    "64-true", "16-mixed",
+                                              "bf16-mixed", "16-true", "bf16-true"};
+
+Config load(const std::string& file, const std::vector<std::string>& overrides) {
+  return file.empty() ? Config::defaults(training_schema(), overrides)
+                      : Config::load(file, overrides, training_schema());
+}
+
+// "command line: fabric.precision: 16-true needs ..." → "16-true needs ...".
+std::string reason(const std::string& message) {
+  const std::string key = "fabric.precision: ";
+  const auto pos = message.find(key);
+  return pos == std::string::npos ? message : message.substr(pos + key.size());
+}
+
+}  // namespace
+
+FabricResolution resolve_here(const std::string& config_file,
+                              const std::vector<std::string>& overrides,
+                              const MachineFacts& facts) {
+  FabricResolution r;
+  if (!config_file.empty()) r.config = config_file;
+  const Config config = load(config_file, overrides);
+  try {
+    const ResolvedSetup s = resolve_setup(config, facts);
+    r.environment = s.environment->name();
+    r.external_launcher = s.environment->creates_processes_externally();
+    r.world_size = s.environment->world_size();
+    r.global_rank = s.environment->global_rank();
+    r.local_rank = s.environment->local_rank();
+    r.node_rank = s.environment->node_rank();
+    r.accelerator = c10::DeviceTypeName(s.accelerator, /*lower_case=*/true);
+    for (const auto& d : s.devices) r.devices.push_back(d.str());
+    r.device = s.device.str();
+    r.strategy = s.strategy;
+    r.precision = to_string(s.precision);
+    r.warnings = s.warnings;
+  } catch (const Error& e) {
+    r.error = e.what();
+  }
+  for (const auto& mode : kPrecisions) {
+    auto with_mode = overrides;
+    with_mode.push_back("fabric.precision=" + mode);
+    try {
+      const ResolvedSetup s = resolve_setup(load(config_file, with_mode), facts);
+      const std::string actual = to_string(s.precision);
+      r.precisions.emplace_back(mode, actual == mode ? "yes" : "yes, runs as " + actual);
+    } catch (const Error& e) {
+      r.precisions.emplace_back(mode, "no: " + reason(e.what()));
+    }
+  }
+  return r;
+}
+
+std::string format_text(const FabricResolution& r) {
+  std::string out = "Fabric would use (config: " + r.config + ")\n";
+  auto row = [&](const std::string& key, const std::string& value) {
+    out += "  " + key + std::string(key.size() < 24 ? 24 - key.size() : 1, ' ') + value + "\n";
+  };
+  if (!r.error.empty()) {
+    row("error", r.error);
+  } else {
+    row("launch environment",
+        r.environment + (r.external_launcher ? " (processes started by the launcher)"
+                                             : " (Fabric starts the processes itself)"));
+    row("world size", std::to_string(r.world_size));
+    row("this process", "rank " + std::to_string(r.global_rank) + " (local " +
+                            std::to_string(r.local_rank) + ", node " + std::to_string(r.node_rank) +
+                            ")");
+    row("accelerator", r.accelerator);
+    std::string devices;
+    for (const auto& d : r.devices) devices += (devices.empty() ? "" : ", ") + d;
+    row("devices", devices);
+    row("strategy", r.strategy);
+    row("precision", r.precision);
+  }
+  for (const auto& [mode, answer] : r.precisions) row("precision " + mode, answer);
+  for (const auto& w : r.warnings) out += "  note: " + w + "\n";
+  return out;
+}
+
+nlohmann::json to_json(const FabricResolution& r) {
+  nlohmann::json precisions = nlohmann::json::object();
+  for (const auto& [mode, answer] : r.precisions) precisions[mode] = answer;
+  return {{"config", r.config},           {"error", r.error},
+          {"environment", r.environment}, {"external_launcher", r.external_launcher},
+          {"world_size", r.world_size},   {"global_rank", r.global_rank},
+          {"local_rank", r.local_rank},   {"node_rank", r.node_rank},
+          {"accelerator", r.accelerator}, {"devices", r.devices},
+          {"device", r.device},           {"strategy", r.strategy},
+          {"precision", r.precision},     {"precisions", precisions},
+          {"warnings", r.warnings}};
+}
+
+}  // namespace fabric::tools
