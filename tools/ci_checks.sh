@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks that cannot run inside `bazel test` (they drive Bazel or the setup script themselves).
-# Used by .ci/run; runnable by hand. Prints "PASSED name" or "FAILED name" per check on stdout and
+# Used by .ci/run; runnable by hand (don't run while another bazel command uses this workspace). Prints "PASSED name" or "FAILED name" per check on stdout and
 # the evidence on stderr. Exit status: 0 when all passed, 1 otherwise.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -74,5 +74,30 @@ else
   fail library_consumer_workspace "exit $rc: $(tail -n 5 <<<"$out")"
 fi
 (cd examples/consumer && bazel shutdown >/dev/null 2>&1)
+
+# 5. A small sweep through `bazel run //tools:sweep` on the real Fashion-MNIST example: it finishes,
+#    writes the results table, and the runs' logs show plain progress lines (not a redrawn bar);
+#    the lines are copied to this log.
+tmp=$(mktemp -d)
+cat >"$tmp/ci_sweep.yaml" <<'YAML'
+binary: //examples:fashion_mnist
+config: fashion_mnist.yaml
+overrides: {trainer.max_steps: 20, trainer.limit_eval_batches: 4, logging.log_every_n_steps: 5}
+grid: {optimizer.lr: [0.05, 0.1]}
+metric: test_accuracy
+mode: max
+YAML
+out=$(bazel run --noshow_progress //tools:sweep -- --sweep="$tmp/ci_sweep.yaml" --dir="$tmp/sweep" 2>&1)
+rc=$?
+progress=$(cat "$tmp"/sweep/logs/*.log 2>/dev/null | grep -E '^epoch 1/[0-9]+ step [0-9]+/20 loss ' || true)
+if [ $rc -eq 0 ] && [ -f "$tmp/sweep/results.md" ] && [ "$(wc -l <<<"$progress")" -eq 8 ] &&
+   ! grep -q $'\r' "$tmp"/sweep/logs/*.log; then
+  pass sweep_with_line_progress
+  sed 's/^/  /' <<<"$progress" >&2
+  sed 's/^/  /' "$tmp/sweep/results.md" >&2
+else
+  fail sweep_with_line_progress "exit $rc, $(wc -l <<<"$progress") progress lines: $(tail -n 5 <<<"$out")"
+fi
+rm -rf "$tmp"
 
 exit $failed
