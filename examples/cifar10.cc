@@ -10,7 +10,8 @@
 // used with a banner saying so. data.synthetic=true forces it; data.require_real=true makes missing
 // data an error.
 // Extra config keys: model.width (default 64), data.download, data.synthetic, data.require_real,
-// data.augment, data.synthetic_train_size, data.synthetic_test_size. Exit status: fabric/main.h.
+// data.augment, data.synthetic_train_size, data.synthetic_test_size. Exit status: fabric/main.h,
+// and 3 when training stopped on non-finite losses (trainer.stop_on_nonfinite).
 #include <iostream>
 
 #include "examples/common/classification.h"
@@ -89,9 +90,9 @@ int main(int argc, char** argv) {
       const auto train_transform = config.get_bool("data.augment")
                                        ? examples::crop_flip_normalize(4, kMean, kStd)
                                        : examples::normalize(kMean, kStd);
-      examples::train_classifier(f, model,
-                                 {"cifar10", data.train, data.test, data.kind, train_transform,
-                                  examples::normalize(kMean, kStd)});
+      return examples::train_classifier(f, model,
+                                        {"cifar10", data.train, data.test, data.kind,
+                                         train_transform, examples::normalize(kMean, kStd)});
     });
   });
 }

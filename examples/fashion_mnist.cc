@@ -3,7 +3,8 @@
 // A small CNN with BatchNorm on Fashion-MNIST (real data from the Debian package
 // dataset-fashion-mnist, /usr/share/datasets/fashion-mnist; `data.root` overrides).
 // Extra config keys: model.width (channels of the first conv block, default 32), model.hidden
-// (units of the hidden layer, default 128). Exit status: see fabric/main.h.
+// (units of the hidden layer, default 128). Exit status: see fabric/main.h; 3 when training
+// stopped on non-finite losses (trainer.stop_on_nonfinite).
 #include "examples/common/classification.h"
 #include "examples/common/image_data.h"
 #include "examples/common/models.h"
@@ -31,8 +32,8 @@ int main(int argc, char** argv) {
           fabric::absolute_from_working_directory(config.get_string("data.root")));
       examples::SmallCnn model(config.get_int("model.width"), config.get_int("model.hidden"));
       const auto norm = examples::normalize({0.2860}, {0.3530});
-      examples::train_classifier(f, model,
-                                 {"fashion_mnist", data.train, data.test, data.kind, norm, norm});
+      return examples::train_classifier(
+          f, model, {"fashion_mnist", data.train, data.test, data.kind, norm, norm});
     });
   });
 }

@@ -203,6 +203,27 @@ void Checkpointer::resume(const std::string& how) {
 fs::path Checkpointer::save() {
   char file_name[64];
   std::snprintf(file_name, sizeof(file_name), "step-%08lld.ckpt", static_cast<long long>(step_));
+  const fs::path path = write(file_name);
+  on_rank_zero(f_, [&] {
+    write_file_atomically(dir_ / "latest", path.filename().string() + "\n");
+    if (keep_last_ <= 0) return;
+    const auto files = checkpoints_in(dir_);
+    for (size_t i = 0; i + static_cast<size_t>(keep_last_) < files.size(); ++i)
+      if (files[i] != path) fs::remove(files[i]);
+  });
+  saved_step_ = step_;
+  saved_epoch_ = epoch_;
+  return path;
+}
+
+fs::path Checkpointer::save_aside(const std::string& prefix) {
+  char file_name[128];
+  std::snprintf(file_name, sizeof(file_name), "%s-step-%08lld.ckpt", prefix.c_str(),
+                static_cast<long long>(step_));
+  return write(file_name);
+}
+
+fs::path Checkpointer::write(const std::string& file_name) {
   const fs::path path = dir_ / file_name;
   on_rank_zero(f_, [&] {
     std::error_code ec;
@@ -216,15 +237,6 @@ fs::path Checkpointer::save() {
         fs::remove(entry.path(), ec);
   });
   f_.save(path.string(), state_);
-  on_rank_zero(f_, [&] {
-    write_file_atomically(dir_ / "latest", path.filename().string() + "\n");
-    if (keep_last_ <= 0) return;
-    const auto files = checkpoints_in(dir_);
-    for (size_t i = 0; i + static_cast<size_t>(keep_last_) < files.size(); ++i)
-      if (files[i] != path) fs::remove(files[i]);
-  });
-  saved_step_ = step_;
-  saved_epoch_ = epoch_;
   return path;
 }
 

@@ -68,12 +68,17 @@ class Checkpointer {
   void finish();
   // Saves now; returns the checkpoint's path. Collective.
   std::filesystem::path save();
+  // Saves now as <dir>/<prefix>-step-NNNNNNNN.ckpt, outside rotation, `latest` and resume: auto
+  // (e.g. "nonfinite": a diverged run's state, for inspection, never resumed from by accident).
+  // Collective.
+  std::filesystem::path save_aside(const std::string& prefix);
 
   // The complete checkpoints `resume: auto` would consider, newest first (for tests and tools).
   std::vector<std::filesystem::path> candidates() const;
 
  private:
   void resume(const std::string& how);
+  std::filesystem::path write(const std::string& file_name);
   Fabric& f_;
   CheckpointState state_;
   std::string name_;

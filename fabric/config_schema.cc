@@ -253,6 +253,9 @@ ConfigSchema training_schema() {
   s.add("trainer.limit_eval_batches", KeySpec::integer(-1).min(-1).doc("-1: the whole test split"));
   s.add("trainer.gradient_clip_val", KeySpec::real(0.0).min(0).doc("0: no clipping"));
   s.add("trainer.gradient_clip_algorithm", KeySpec::choice({"norm", "value"}, "norm"));
+  s.add("trainer.stop_on_nonfinite",
+        KeySpec::integer(10).min(0).doc(
+            "stop (every rank, exit 3) after this many consecutive non-finite losses; 0: never"));
 
   s.section_doc("data", "Loading.");
   s.add("data.root",

@@ -24,18 +24,19 @@ Fabric::Fabric(const Config& config, const MachineFacts& facts)
 
 Fabric::~Fabric() = default;
 
-int Fabric::launch(const std::function<void(Fabric&)>& fn) {
+int Fabric::run_launched(const std::function<int(Fabric&)>& fn) {
   strategy_->setup_environment();
   seed_everything(setup_.seed);
+  int status = 0;
   try {
-    fn(*this);
+    status = fn(*this);
     if (metrics_) metrics_->flush();
   } catch (...) {
     strategy_->teardown_after_error();  // other ranks may never reach the teardown barrier
     throw;
   }
   strategy_->teardown();
-  return 0;
+  return status;
 }
 
 void Fabric::setup_module(torch::nn::Module& module) { strategy_->setup_module(module); }

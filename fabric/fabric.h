@@ -42,6 +42,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #ifdef FABRIC_WITH_CUDA
@@ -79,8 +80,19 @@ class Fabric {
 
   // Runs `fn` in every process of the job (self-launching the other ranks when needed, see
   // connector.h): sets up the device and process group, seeds every RNG
-  // with fabric.seed, calls fn(*this), tears down. Returns the exit status for main (0).
-  int launch(const std::function<void(Fabric&)>& fn);
+  // with fabric.seed, calls fn(*this), tears down. Returns the exit status for main: 0, or what
+  // `fn` returns when it returns an int (e.g. 3 when training stopped on a non-finite loss).
+  template <typename Fn>
+  int launch(Fn&& fn) {
+    if constexpr (std::is_void_v<std::invoke_result_t<Fn&, Fabric&>>) {
+      return run_launched([&fn](Fabric& f) {
+        fn(f);
+        return 0;
+      });
+    } else {
+      return run_launched([&fn](Fabric& f) { return static_cast<int>(fn(f)); });
+    }
+  }
 
   // Moves `module` to the device, converts it for the precision (*-true), prepares gradient
   // synchronization; the optimizers (built on the module's parameters before or after) are set up
@@ -241,6 +253,7 @@ class Fabric {
   static torch::nn::Module& module_ref(torch::nn::ModuleHolder<Impl>& m) {
     return *m;
   }
+  int run_launched(const std::function<int(Fabric&)>& fn);
   void print_line(const std::string& line) const;
   void save_weights_of(torch::nn::Module& module, const std::string& path);
   void load_weights_of(torch::nn::Module& module, const std::string& path);

@@ -94,6 +94,10 @@ void Ddp::setup_environment() {
   store.is_server = host;
   store.world_size = world;
   store.timeout = options_.timeout;
+  // A job on one machine keeps its store on loopback; one spanning nodes must accept them all.
+  const bool single_node = self_launch || is_loopback(env_->main_address());
+  if (!single_node) store.listen_address = "";
+  if (env_->main_address() == "::1") store.listen_address = "::1";
   store_ = distributed::make_store(store);
   if (self_launch && host && world > 1) {
     // Rank 0 bound an ephemeral port; the children learn it from FABRIC_MASTER_PORT.
@@ -107,7 +111,7 @@ void Ddp::setup_environment() {
   pg.cuda = device_.is_cuda();
   pg.cuda_device = device_.is_cuda() ? device_.index() : 0;
   pg.cuda_with_gloo = options_.cuda_with_gloo;
-  pg.single_node = self_launch || is_loopback(env_->main_address());
+  pg.single_node = single_node;
   pg_ = distributed::make_process_group(store_, pg);
 }
 

@@ -22,6 +22,7 @@
 #include "fabric/fabric.h"
 #include "fabric/logging/progress.h"
 #include "fabric/logging/run_dir.h"
+#include "fabric/nonfinite_guard.h"
 
 namespace examples {
 
@@ -61,8 +62,9 @@ double evaluate(fabric::Fabric& f, Model& model, fabric::DataLoader& loader,
   return n == 0 ? 0.0 : static_cast<double>(correct.item<int64_t>()) / static_cast<double>(n);
 }
 
+// Returns the exit status: 0, or 3 (on global rank 0) when training stopped on non-finite losses.
 template <typename Model>
-void train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& task) {
+int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& task) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   const fabric::Config& c = f.config();
@@ -112,6 +114,8 @@ void train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask&
   int64_t window = 0, window_images = 0;
   auto window_start = Clock::now();
   fabric::ProgressBar& bar = f.progress_bar(total_steps, max_epochs, step);
+  fabric::NonFiniteGuard nonfinite(f);  // trainer.stop_on_nonfinite
+  std::string stopped;
   for (; epoch < max_epochs && step < total_steps; ++epoch) {
     const auto epoch_start = Clock::now();
     for (fabric::Batch& batch : train) {
@@ -155,9 +159,14 @@ void train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask&
       bar.step(step, epoch);
       images += batch.target.size(0);
       checkpoints.step_end();
+      if (nonfinite.update(loss, step)) {
+        stopped = nonfinite.message();
+        break;
+      }
       if (step >= total_steps) break;  // before taking a batch this run would not train on
     }
     train_seconds += std::chrono::duration<double>(Clock::now() - epoch_start).count();
+    if (!stopped.empty()) break;
     const bool last = epoch + 1 == max_epochs || step >= total_steps;
     if (last || (eval_every > 0 && (epoch + 1) % eval_every == 0)) {
       const auto eval_start = Clock::now();
@@ -169,7 +178,15 @@ void train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask&
     checkpoints.epoch_end();
   }
   bar.finish();
-  checkpoints.finish();
+  std::string nonfinite_checkpoint;
+  if (stopped.empty()) {
+    checkpoints.finish();
+  } else {
+    nonfinite_checkpoint = checkpoints.save_aside("nonfinite").string();
+    f.print("stopped: ", stopped, "; the state is in ", nonfinite_checkpoint,
+            " (never resumed from automatically); lower optimizer.lr, clip gradients "
+            "(trainer.gradient_clip_val) or check the data");
+  }
 
   const double wall = std::chrono::duration<double>(Clock::now() - start).count();
   nlohmann::json summary = {
@@ -191,9 +208,12 @@ void train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask&
       {"run_dir", run.path().string()},
       {"resumed_from", checkpoints.resumed_from()},
       {"checkpoint_dir", checkpoints.dir().string()},
+      {"stopped", stopped},
+      {"nonfinite_checkpoint", nonfinite_checkpoint},
   };
   const auto summary_path = run.write_summary(summary);
   f.print(summary_path.string());
+  return !stopped.empty() && f.is_global_zero() ? 3 : 0;
 }
 
 }  // namespace examples

@@ -9,11 +9,58 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 
 #include "fabric/core/error.h"
 
 namespace fabric::distributed {
+
+namespace {
+
+// A listening TCP socket bound to `address`:`port` (port 0: ephemeral); the TCPStore server takes
+// it over (TCPStoreOptions::masterListenFd) and owns it from then on.
+int listen_on(const std::string& address, int port) {
+  sockaddr_storage addr{};
+  socklen_t len = 0;
+  int family = AF_INET;
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&addr);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&addr);
+  if (inet_pton(AF_INET, address.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(static_cast<uint16_t>(port));
+    len = sizeof(*v4);
+  } else if (inet_pton(AF_INET6, address.c_str(), &v6->sin6_addr) == 1) {
+    family = AF_INET6;
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(static_cast<uint16_t>(port));
+    len = sizeof(*v6);
+  } else {
+    throw Error("cannot host the rendezvous store: listen address '" + address +
+                "' is not a numeric IPv4 or IPv6 address");
+  }
+  const int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    throw Error(std::string("cannot host the rendezvous store: socket: ") + std::strerror(errno));
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || listen(fd, SOMAXCONN) != 0) {
+    const std::string why = std::strerror(errno);
+    close(fd);
+    throw Error("cannot host the rendezvous store at " + address + ":" + std::to_string(port) +
+                ": " + why +
+                (port != 0 ? " (another job on this port? use MASTER_PORT=0 or another)" : ""));
+  }
+  return fd;
+}
+
+}  // namespace
 
 c10::intrusive_ptr<c10d::Store> make_store(const StoreOptions& o) {
   c10d::TCPStoreOptions opts;
@@ -22,6 +69,8 @@ c10::intrusive_ptr<c10d::Store> make_store(const StoreOptions& o) {
   opts.numWorkers = static_cast<std::size_t>(o.world_size);
   opts.waitWorkers = false;  // the process group's own rendezvous waits for every rank
   opts.timeout = o.timeout;
+  if (o.is_server && !o.listen_address.empty())
+    opts.masterListenFd = listen_on(o.listen_address, o.port);
   try {
     return c10::make_intrusive<c10d::TCPStore>(o.host, opts);
   } catch (const std::exception& e) {

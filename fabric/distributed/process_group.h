@@ -31,6 +31,10 @@ struct StoreOptions {
   bool is_server = false;          // rank 0 hosts the store
   int64_t world_size = 1;
   std::chrono::milliseconds timeout{300000};
+  // Rank 0 only: the address the store accepts connections on. Default loopback: nothing outside
+  // this machine can reach it (c10d stores have no authentication). "" = every interface, which
+  // a job spanning nodes needs (Ddp sets it then; keep such jobs on a private network).
+  std::string listen_address = "127.0.0.1";
 };
 
 // Throws fabric::Error naming host, port and the cause when the store cannot be created/reached.

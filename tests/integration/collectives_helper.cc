@@ -2,6 +2,8 @@
 //   collectives_helper WORLD check     every collective on Fabric, checked on every rank, and the
 //                                       uneven-data metric (10 examples, batch 2): exits 0 if all
 //                                       hold; rank 0 prints "metric=X"
+//   collectives_helper WORLD nonfinite  NonFiniteGuard(limit 3) with NaN losses on the last rank
+//                                       from step 7: every rank prints "rank R stopped at step 9"
 //   collectives_helper WORLD skip      rank 1 calls all_reduce that rank 0 never joins (rank 0
 //                                       waits for the job to be torn down): must end in a timeout
 //                                       error naming the collective, not a hang
@@ -10,6 +12,7 @@
 #include <cstdio>
 
 #include "fabric/fabric.h"
+#include "fabric/nonfinite_guard.h"
 
 namespace {
 
@@ -94,6 +97,25 @@ int main(int argc, char** argv) {
     fabric::Fabric fabric(config);
     int failures = 0;
     fabric.launch([&](fabric::Fabric& f) {
+      if (mode == "nonfinite") {
+        // The last rank's loss turns NaN from step 7 on; rank 0 has a short NaN run (steps 2-3,
+        // shorter than the limit 3) that must not stop anything.
+        fabric::NonFiniteGuard guard(f, 3);
+        const int64_t last = f.world_size() - 1;
+        for (int64_t step = 1; step <= 30; ++step) {
+          const bool bad = (f.global_rank() == last && step >= 7) ||
+                           (f.global_rank() == 0 && (step == 2 || step == 3));
+          if (guard.update(torch::full({2}, bad ? NAN : 1.0), step)) {
+            std::printf("rank %lld stopped at step %lld: %s\n",
+                        static_cast<long long>(f.global_rank()), static_cast<long long>(step),
+                        guard.message().c_str());
+            std::fflush(stdout);
+            return;
+          }
+        }
+        std::printf("rank %lld never stopped\n", static_cast<long long>(f.global_rank()));
+        return;
+      }
       if (mode == "skip") {
         if (f.global_rank() == 1) f.all_reduce(torch::ones({1}), fabric::ReduceOp::kSum);
         for (;;) pause();  // rank 0: torn down by the launcher when rank 1 fails

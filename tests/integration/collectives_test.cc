@@ -31,4 +31,18 @@ TEST(CollectivesTest, ACollectiveOnlySomeRanksCallTimesOutNamingIt) {
   EXPECT_NE(out.find("every rank must call the same collectives"), std::string::npos) << out;
 }
 
+// trainer.stop_on_nonfinite: every rank stops at the same step, named after the rank that
+// diverged; a shorter run of NaNs on another rank does not count.
+TEST(CollectivesTest, NonFiniteLossesOnOneRankStopEveryRankAtTheSameStep) {
+  auto [code, out] = run("3 nonfinite");
+  EXPECT_EQ(code, 0) << out;
+  for (const char* rank : {"0", "1", "2"}) {
+    EXPECT_NE(out.find(std::string("rank ") + rank +
+                       " stopped at step 9: the loss was not finite for 3 consecutive steps on "
+                       "rank 2 (detected at step 9; trainer.stop_on_nonfinite: 3)"),
+              std::string::npos)
+        << out;
+  }
+}
+
 }  // namespace

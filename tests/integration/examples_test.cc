@@ -107,6 +107,32 @@ TEST_F(ExamplesTest, ProgressBarRedrawsInPlaceWithLinesAboveIt) {
   EXPECT_EQ(r.out.find("step 3/3"), std::string::npos) << "no plain lines in place mode";
 }
 
+// trainer.stop_on_nonfinite: a diverging run stops with exit status 3, says why and what to do,
+// and keeps its state aside where resume: auto never picks it up.
+TEST_F(ExamplesTest, DivergingRunStopsWithExitThreeAndKeepsItsStateAside) {
+  Result r = run("fashion_mnist",
+                 "--config=fashion_mnist.yaml trainer.max_steps=40 trainer.limit_eval_batches=2 "
+                 "model.width=4 model.hidden=8 optimizer.lr=1e12 trainer.stop_on_nonfinite=2");
+  ASSERT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("stopped: the loss was not finite for 2 consecutive steps on rank 0 "
+                       "(detected at step "),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("lower optimizer.lr"), std::string::npos) << r.out;
+  auto s = summary_of(r);
+  EXPECT_LT(s["steps"].get<int>(), 40);
+  EXPECT_NE(s["stopped"].get<std::string>(), "");
+  const fs::path aside = s["nonfinite_checkpoint"].get<std::string>();
+  EXPECT_TRUE(fs::exists(aside)) << aside;
+  EXPECT_EQ(aside.filename().string().rfind("nonfinite-step-", 0), 0u) << aside;
+  // Off: the same run trains to the end (the loss stays non-finite).
+  r = run("fashion_mnist",
+          "--config=fashion_mnist.yaml trainer.max_steps=6 trainer.limit_eval_batches=2 "
+          "model.width=4 model.hidden=8 optimizer.lr=1e12 trainer.stop_on_nonfinite=0");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(summary_of(r)["steps"], 6);
+}
+
 TEST_F(ExamplesTest, SingleCpuConfigRunsOnSyntheticData) {
   Result r = run("cifar10", std::string("--config=single_cpu.yaml") + kTinyCifar);
   ASSERT_EQ(r.code, 0) << r.out;
