@@ -12,6 +12,8 @@
 #endif
 
 #include "fabric/core/error.h"
+#include "fabric/core/output.h"
+#include "fabric/distributed/heartbeat.h"
 #include "fabric/distributed/process_group.h"
 #include "fabric/launchers/subprocess_launcher.h"
 #include "fabric/nn/batch_norm.h"
@@ -113,12 +115,33 @@ void Ddp::setup_environment() {
   pg.cuda_with_gloo = options_.cuda_with_gloo;
   pg.single_node = single_node;
   pg_ = distributed::make_process_group(store_, pg);
+  if (!self_launch && world > 1 && options_.heartbeat_timeout.count() > 0) {
+    distributed::HeartbeatOptions hb;
+    hb.host = env_->main_address();
+    hb.port = distributed::store_port(store_);
+    hb.rank = env_->global_rank();
+    hb.world_size = world;
+    hb.timeout = options_.heartbeat_timeout;
+    hb.interval = std::min(std::chrono::milliseconds(1000), options_.heartbeat_timeout / 5);
+    const int64_t rank = env_->global_rank();
+    heartbeat_ = std::make_unique<distributed::Heartbeat>(hb, [rank](const std::string& why) {
+      // The main thread may be blocked in a collective that will never complete: like the
+      // self-launcher, this is a place where Fabric ends the process itself.
+      write_to_terminal("error (rank " + std::to_string(rank) + "): " + why +
+                        "; stopping this rank (fabric.ddp.heartbeat_timeout_s)");
+      std::_Exit(1);
+    });
+  }
 }
 
 void Ddp::teardown() {
   reducer_.reset();
   if (pg_) {
     pg_->barrier()->wait();  // nobody leaves while others still need the store (rank 0 hosts it)
+    if (heartbeat_) {
+      heartbeat_->stop();
+      heartbeat_->finish();  // rank 0 keeps the store until every rank has stopped beating
+    }
     pg_->shutdown();
   }
   if (launcher_) launcher_->wait();
@@ -126,6 +149,10 @@ void Ddp::teardown() {
 
 void Ddp::teardown_after_error() {
   reducer_.reset();
+  if (heartbeat_) {
+    heartbeat_->report_failure("rank " + std::to_string(env_->global_rank()) +
+                               " failed (its own error line says why)");
+  }
   launcher_.reset();  // stops the other ranks of a self-launched job
   if (pg_) {
     try {

@@ -29,20 +29,27 @@ class Store;
 
 namespace fabric {
 class SubprocessLauncher;
+namespace distributed {
+class Heartbeat;
 }
+}  // namespace fabric
 
 namespace fabric::strategies {
 
 struct DdpOptions {
-  double bucket_cap_mb = 25.0;                // fabric.ddp.bucket_cap_mb
-  bool find_unused_parameters = false;        // fabric.ddp.find_unused_parameters
-  bool broadcast_buffers = true;              // fabric.ddp.broadcast_buffers
-  bool gradient_as_bucket_view = false;       // fabric.ddp.gradient_as_bucket_view
-  bool static_graph = false;                  // fabric.ddp.static_graph
-  std::string comm_hook = "none";             // none | fp16 | bf16
-  bool sync_batchnorm = false;                // fabric.sync_batchnorm
+  double bucket_cap_mb = 25.0;           // fabric.ddp.bucket_cap_mb
+  bool find_unused_parameters = false;   // fabric.ddp.find_unused_parameters
+  bool broadcast_buffers = true;         // fabric.ddp.broadcast_buffers
+  bool gradient_as_bucket_view = false;  // fabric.ddp.gradient_as_bucket_view
+  bool static_graph = false;             // fabric.ddp.static_graph
+  std::string comm_hook = "none";        // none | fp16 | bf16
+  bool sync_batchnorm = false;           // fabric.sync_batchnorm
   bool cuda_with_gloo = false;  // Gloo instead of NCCL for CUDA tensors (ranks may share a GPU)
   std::chrono::milliseconds timeout{300000};  // fabric.ddp.timeout_s
+  // fabric.ddp.heartbeat_timeout_s (0: off). Jobs started by an external launcher: a rank that
+  // stops beating for this long (killed, crashed, frozen) ends every other rank with an error
+  // naming it (fabric/distributed/heartbeat.h). Self-launched jobs have the launcher for that.
+  std::chrono::milliseconds heartbeat_timeout{5000};
 };
 
 class Ddp : public Strategy {
@@ -87,6 +94,7 @@ class Ddp : public Strategy {
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
   std::unique_ptr<SubprocessLauncher> launcher_;
+  std::unique_ptr<distributed::Heartbeat> heartbeat_;
   std::shared_ptr<c10d::Reducer> reducer_;
   std::vector<torch::Tensor> buffers_;
   bool sync_ = true;
