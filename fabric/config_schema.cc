@@ -205,6 +205,8 @@ ConfigSchema default_schema() {
   s.add("fabric.ddp.static_graph", KeySpec::boolean(false).doc("DDP"));
   s.add("fabric.ddp.comm_hook", KeySpec::choice({"none", "fp16", "bf16"}, "none").doc("DDP"));
   s.add("fabric.ddp.timeout_s", KeySpec::real(300.0).min(0, false).doc("DDP"));
+  s.add("fabric.ddp.debug_collectives",
+        KeySpec::boolean(false).doc("check that every rank issues the same collectives (slow)"));
   s.add("fabric.ddp.heartbeat_timeout_s",
         KeySpec::real(5.0).min(0).doc(
             "external launchers: a rank silent this long ends the job naming it; 0: off"));

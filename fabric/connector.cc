@@ -153,6 +153,7 @@ void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) 
   s.ddp.comm_hook = c.get_string("fabric.ddp.comm_hook");
   s.ddp.timeout =
       std::chrono::milliseconds(static_cast<int64_t>(c.get_double("fabric.ddp.timeout_s") * 1000));
+  s.ddp.debug_collectives = c.get_bool("fabric.ddp.debug_collectives");
   s.ddp.heartbeat_timeout = std::chrono::milliseconds(
       static_cast<int64_t>(c.get_double("fabric.ddp.heartbeat_timeout_s") * 1000));
 }

@@ -223,7 +223,8 @@ class Fabric {
 
   // Collectives across the job (identity with one process). Every rank must call the same ones in
   // the same order; one that some rank never joins fails after fabric.ddp.timeout_s with an error
-  // naming it ("all_reduce did not complete: ...") instead of hanging.
+  // naming it ("all_reduce(sum) #3 (float32 [4]) did not complete: ...") instead of hanging;
+  // fabric.ddp.debug_collectives checks that every rank issues the same ones.
   torch::Tensor all_reduce(const torch::Tensor& tensor, ReduceOp op = ReduceOp::kMean);
   double all_reduce(double value, ReduceOp op = ReduceOp::kMean);
   void barrier();

@@ -13,6 +13,7 @@
 
 #include "fabric/core/error.h"
 #include "fabric/core/output.h"
+#include "fabric/distributed/collective_check.h"
 #include "fabric/distributed/heartbeat.h"
 #include "fabric/distributed/process_group.h"
 #include "fabric/launchers/subprocess_launcher.h"
@@ -115,6 +116,10 @@ void Ddp::setup_environment() {
   pg.cuda_with_gloo = options_.cuda_with_gloo;
   pg.single_node = single_node;
   pg_ = distributed::make_process_group(store_, pg);
+  if (options_.debug_collectives && world > 1) {
+    checker_ = std::make_unique<distributed::CollectiveChecker>(store_, env_->global_rank(), world,
+                                                                options_.timeout);
+  }
   if (!self_launch && world > 1 && options_.heartbeat_timeout.count() > 0) {
     distributed::HeartbeatOptions hb;
     hb.host = env_->main_address();
@@ -260,7 +265,9 @@ torch::Tensor Ddp::all_reduce(const torch::Tensor& tensor, ReduceOp op) {
       o.reduceOp = c10d::ReduceOp::MIN;
       break;
   }
-  distributed::wait(pg_->allreduce(t, o), "all_reduce");
+  static const char* const kOps[] = {"all_reduce(sum)", "all_reduce(mean)", "all_reduce(max)",
+                                     "all_reduce(min)"};
+  distributed::wait(pg_->allreduce(t, o), begin_collective(kOps[static_cast<int>(op)], &tensor));
   if (op == ReduceOp::kMean) {
     return t[0].is_floating_point() ? t[0] / static_cast<double>(world_size())
                                     : t[0].div(world_size(), "floor");
@@ -268,7 +275,7 @@ torch::Tensor Ddp::all_reduce(const torch::Tensor& tensor, ReduceOp op) {
   return t[0];
 }
 
-void Ddp::barrier() { distributed::wait(pg_->barrier(), "barrier"); }
+void Ddp::barrier() { distributed::wait(pg_->barrier(), begin_collective("barrier", nullptr)); }
 
 torch::Tensor Ddp::broadcast(const torch::Tensor& tensor, int64_t src) {
   if (src < 0 || src >= world_size())
@@ -277,12 +284,21 @@ torch::Tensor Ddp::broadcast(const torch::Tensor& tensor, int64_t src) {
   std::vector<torch::Tensor> t = {tensor.clone()};
   c10d::BroadcastOptions o;
   o.rootRank = src;
-  distributed::wait(pg_->broadcast(t, o), "broadcast");
+  distributed::wait(pg_->broadcast(t, o),
+                    begin_collective("broadcast(from " + std::to_string(src) + ")", &tensor));
   return t[0];
 }
 
 std::vector<torch::Tensor> Ddp::all_gather(const torch::Tensor& tensor) {
-  return distributed::all_gather(*pg_, tensor, "all_gather");
+  return distributed::all_gather(*pg_, tensor, begin_collective("all_gather", &tensor));
+}
+
+std::string Ddp::begin_collective(const std::string& kind, const torch::Tensor* tensor) {
+  const int64_t seq = ++collectives_;
+  const std::string signature = distributed::collective_signature(kind, tensor);
+  if (checker_) checker_->check(seq, signature);
+  return kind + " #" + std::to_string(seq) +
+         (tensor != nullptr ? " (" + signature.substr(kind.size() + 1) + ")" : "");
 }
 
 ScopeGuard Ddp::no_backward_sync(torch::nn::Module& module) {

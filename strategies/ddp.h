@@ -30,8 +30,9 @@ class Store;
 namespace fabric {
 class SubprocessLauncher;
 namespace distributed {
+class CollectiveChecker;
 class Heartbeat;
-}
+}  // namespace distributed
 }  // namespace fabric
 
 namespace fabric::strategies {
@@ -50,6 +51,9 @@ struct DdpOptions {
   // stops beating for this long (killed, crashed, frozen) ends every other rank with an error
   // naming it (fabric/distributed/heartbeat.h). Self-launched jobs have the launcher for that.
   std::chrono::milliseconds heartbeat_timeout{5000};
+  // fabric.ddp.debug_collectives: check through the store that every rank issues the same
+  // collectives (kind, dtype, shape) in the same order; fail at the first divergence.
+  bool debug_collectives = false;
 };
 
 class Ddp : public Strategy {
@@ -86,6 +90,9 @@ class Ddp : public Strategy {
 
  private:
   void broadcast_buffers();
+  // Counts a collective of Fabric's API; checks it across ranks under debug_collectives; returns
+  // its description for errors: "all_reduce(sum) #17 (float32 [4])".
+  std::string begin_collective(const std::string& kind, const torch::Tensor* tensor);
 
   std::shared_ptr<ClusterEnvironment> env_;
   torch::Device device_;
@@ -95,6 +102,8 @@ class Ddp : public Strategy {
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
   std::unique_ptr<SubprocessLauncher> launcher_;
   std::unique_ptr<distributed::Heartbeat> heartbeat_;
+  std::unique_ptr<distributed::CollectiveChecker> checker_;
+  int64_t collectives_ = 0;
   std::shared_ptr<c10d::Reducer> reducer_;
   std::vector<torch::Tensor> buffers_;
   bool sync_ = true;

@@ -4,6 +4,8 @@
 //                                       hold; rank 0 prints "metric=X"
 //   collectives_helper WORLD nonfinite  NonFiniteGuard(limit 3) with NaN losses on the last rank
 //                                       from step 7: every rank prints "rank R stopped at step 9"
+//   collectives_helper WORLD diverge    debug_collectives: rank 1's third collective is a broadcast
+//                                       instead of an all_reduce (reshape: another shape)
 //   collectives_helper WORLD skip      rank 1 calls all_reduce that rank 0 never joins (rank 0
 //                                       waits for the job to be torn down): must end in a timeout
 //                                       error naming the collective, not a hang
@@ -92,7 +94,9 @@ int main(int argc, char** argv) {
   const std::string world = argv[1], mode = argv[2];
   const auto config = fabric::Config::defaults(
       fabric::training_schema(),
-      {"fabric.accelerator=cpu", "fabric.devices=" + world, "fabric.ddp.timeout_s=3"});
+      {"fabric.accelerator=cpu", "fabric.devices=" + world, "fabric.ddp.timeout_s=3",
+       std::string("fabric.ddp.debug_collectives=") +
+           (mode == "diverge" || mode == "reshape" ? "true" : "false")});
   return fabric::run_main(1, argv, fabric::training_schema(), [&](const fabric::Config&) {
     fabric::Fabric fabric(config);
     int failures = 0;
@@ -114,6 +118,19 @@ int main(int argc, char** argv) {
           }
         }
         std::printf("rank %lld never stopped\n", static_cast<long long>(f.global_rank()));
+        return;
+      }
+      if (mode == "diverge" || mode == "reshape") {
+        // fabric.ddp.debug_collectives: the third collective differs on rank 1 (another kind, or
+        // another shape); both ranks must fail right there, naming both sides.
+        f.all_reduce(torch::ones({4}), fabric::ReduceOp::kSum);
+        f.all_reduce(torch::ones({4}), fabric::ReduceOp::kSum);
+        if (f.global_rank() == 1 && mode == "diverge") {
+          f.broadcast(torch::ones({4}), 0);
+        } else {
+          f.all_reduce(torch::ones({f.global_rank() == 1 ? 5 : 4}), fabric::ReduceOp::kSum);
+        }
+        std::printf("rank %lld passed the divergence\n", static_cast<long long>(f.global_rank()));
         return;
       }
       if (mode == "skip") {

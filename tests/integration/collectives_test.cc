@@ -27,8 +27,29 @@ TEST(CollectivesTest, EveryCollectiveAndTheUnevenMetric) {
 TEST(CollectivesTest, ACollectiveOnlySomeRanksCallTimesOutNamingIt) {
   auto [code, out] = run("2 skip");
   EXPECT_NE(code, 0) << out;
-  EXPECT_NE(out.find("error (rank 1): all_reduce did not complete"), std::string::npos) << out;
+  // Each rank says which collective it was in: kind, sequence number, dtype and shape.
+  EXPECT_NE(out.find("error (rank 1): all_reduce(sum) #"), std::string::npos) << out;
+  EXPECT_NE(out.find(" (float32 [1]) did not complete"), std::string::npos) << out;
   EXPECT_NE(out.find("every rank must call the same collectives"), std::string::npos) << out;
+}
+
+// fabric.ddp.debug_collectives: the first collective that differs between ranks fails on both,
+// naming both sides, long before the 3 s collective timeout would.
+TEST(CollectivesTest, DebugCollectivesNamesTheFirstDivergence) {
+  auto [code, out] = run("2 diverge");
+  EXPECT_NE(code, 0) << out;
+  EXPECT_NE(out.find("collective #3 differs between ranks: rank 0 calls all_reduce(sum) float32 "
+                     "[4], rank 1 calls broadcast(from 0) float32 [4] "
+                     "(fabric.ddp.debug_collectives)"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("passed the divergence"), std::string::npos) << out;
+  auto reshaped = run("2 reshape");
+  EXPECT_NE(reshaped.code, 0) << reshaped.out;
+  EXPECT_NE(reshaped.out.find("rank 0 calls all_reduce(sum) float32 [4], rank 1 calls "
+                              "all_reduce(sum) float32 [5]"),
+            std::string::npos)
+      << reshaped.out;
 }
 
 // trainer.stop_on_nonfinite: every rank stops at the same step, named after the rank that
