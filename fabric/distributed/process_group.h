@@ -64,8 +64,9 @@ std::vector<at::Tensor> all_gather(c10d::ProcessGroup& group, const at::Tensor& 
                                    const std::string& collective);
 
 // Waits for `work`. A failure (timeout, a peer gone) becomes fabric::Error naming `collective`
-// and the usual cause, e.g. "all_reduce(sum) #3 (float32 [4]) did not complete: Timed out ...; every
-// rank must call the same collectives in the same order (fabric.ddp.timeout_s bounds the wait)".
+// and the usual cause, e.g. "all_reduce(sum) #3 (float32 [4]) did not complete: Timed out ...;
+// every rank must call the same collectives in the same order (fabric.ddp.timeout_s bounds the
+// wait)".
 void wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& collective);
 
 }  // namespace fabric::distributed
