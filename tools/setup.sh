@@ -30,6 +30,7 @@ DEBIAN_PACKAGES=(
   nlohmann-json3-dev     # JSON output (env report, summaries, benchmarks)
   patchelf               # relocatable bundles (tools/bundle.sh)
   dataset-fashion-mnist  # /usr/share/datasets/fashion-mnist
+  iproute2               # ip netns: //tests:netns_test's two "nodes"
 )
 
 die() { echo "setup.sh: $*" >&2; exit 1; }

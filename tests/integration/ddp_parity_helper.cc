@@ -10,7 +10,8 @@
 //       bf16     comm_hook bf16 (gradients on the wire in bfloat16: tolerance 2e-2, not 1e-6)
 // A 4th argument "cuda_gloo" (GPU test) puts every rank on cuda:0 with Gloo for CUDA tensors and
 // compares with the CPU reference (tolerance 1e-5); it exits 77 when no GPU is usable.
-// Prints "max_rel_diff=X" and exits 0 when X is within tolerance and every check passed.
+// Prints "max_rel_diff=X" and "params_hash=H" (FNV-1a of the trained parameters' bytes) and exits 0
+// when X is within tolerance and every check passed.
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
@@ -133,6 +134,15 @@ int main(int argc, char** argv) {
       max_rel = std::max(max_rel, rel);
     }
     std::printf("max_rel_diff=%g\n", max_rel);
+    // The exact bits of the trained parameters: equal across process layouts (netns_test).
+    uint64_t hash = 1469598103934665603ULL;
+    for (const auto& p : params) {
+      const auto t = p.detach().cpu().contiguous();
+      const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
+      for (size_t b = 0; b < static_cast<size_t>(t.nbytes()); ++b)
+        hash = (hash ^ bytes[b]) * 1099511628211ULL;
+    }
+    std::printf("params_hash=%016llx\n", static_cast<unsigned long long>(hash));
     if (!(max_rel <= tolerance)) ++failures;
     if (mode == "unused") {
       const auto untouched = make_model(true);
