@@ -100,4 +100,22 @@ else
 fi
 rm -rf "$tmp"
 
+# 6. The libFuzzer harnesses (tests/fuzz/, clang with -fsanitize=fuzzer,address) build and run
+#    30 s each without a crash, a sanitizer report or an unexpected exception.
+for harness in config checkpoint; do
+  tmp=$(mktemp -d)
+  cp -r "tests/fuzz/corpus/$harness/." "$tmp/"
+  out=$(LSAN_OPTIONS="suppressions=$PWD/tests/fuzz/lsan.supp" bazel run --noshow_progress --config=fuzz \
+        "//tests/fuzz:${harness}_fuzzer" -- -max_total_time=30 -timeout=10 -rss_limit_mb=4096 "$tmp" 2>&1)
+  rc=$?
+  runs=$(grep -o 'Done [0-9]* runs in [0-9]* second' <<<"$out" | tail -n 1)
+  if [ $rc -eq 0 ] && [ -n "$runs" ]; then
+    pass "fuzz_$harness"
+    echo "  ${harness}_fuzzer: $runs(s)" >&2
+  else
+    fail "fuzz_$harness" "exit $rc: $(grep -E 'ERROR|SUMMARY|what\(\)|error' <<<"$out" | head -n 5)"
+  fi
+  rm -rf "$tmp"
+done
+
 exit $failed

@@ -1,0 +1,25 @@
+// libFuzzer harness (issue 7): the checkpoint reader (zip container + data-only pickle) must answer
+// any file with a value or a fabric::Error, never a crash, another exception, or running code.
+//   bazel build --config=fuzz //tests/fuzz:checkpoint_fuzzer
+//   bazel-bin/tests/fuzz/checkpoint_fuzzer -max_total_time=60 tests/fuzz/corpus/checkpoint
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+#include "fabric/checkpoint/archive.h"
+#include "fabric/core/error.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const std::string path = "/dev/shm/fabric_checkpoint_fuzz_" + std::to_string(getpid());
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      .write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
+  try {
+    (void)fabric::load_archive(path);
+  } catch (const fabric::Error&) {
+    // The expected answer to a bad file.
+  }
+  return 0;
+}
