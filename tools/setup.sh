@@ -31,6 +31,8 @@ DEBIAN_PACKAGES=(
   patchelf               # relocatable bundles (tools/bundle.sh)
   dataset-fashion-mnist  # /usr/share/datasets/fashion-mnist
   iproute2               # ip netns: //tests:netns_test's two "nodes"
+  clang                  # --config=fuzz (libFuzzer harnesses in tests/fuzz/)
+  libclang-rt-14-dev     # libFuzzer and the sanitizer runtimes for clang 14
 )
 
 die() { echo "setup.sh: $*" >&2; exit 1; }
