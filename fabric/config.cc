@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "fabric/core/hash.h"
 #include "fabric/core/paths.h"
 #include "fabric/core/suggest.h"
 #include "fabric/internal/config_value.h"
@@ -211,15 +212,6 @@ class Loader {
  private:
   const ConfigSchema& schema_;
 };
-
-uint64_t fnv1a64(const std::string& text) {
-  uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : text) {
-    h ^= c;
-    h *= 1099511628211ULL;
-  }
-  return h;
-}
 
 }  // namespace
 

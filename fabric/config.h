@@ -24,6 +24,7 @@
 #define FABRIC_CONFIG_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -104,6 +105,11 @@ struct CommandLine {
 // Parses argv without modifying it. Unknown flags (with a did-you-mean), a flag without its value
 // and positional arguments that are not key=value throw ConfigError ("command line: ...").
 CommandLine parse_command_line(int argc, char** argv);
+
+// Every leaf of a YAML config (e.g. Config::to_yaml() or --print_config output) as dotted key →
+// canonical YAML text: {"optimizer.lr": "0.1", "fabric.devices": "[0, 1]"}. Throws ConfigError
+// when `yaml` is not YAML.
+std::map<std::string, std::string> config_leaves(const std::string& yaml);
 
 // The keys whose values differ between two resolved configs (Config::to_yaml() texts), in key
 // order, as "optimizer.lr 0.1 → 0.05" ("(absent)" for a key only one side has). Keys in

@@ -7,7 +7,6 @@
 namespace fabric {
 namespace {
 
-// "a.b.c" → canonical text of every leaf (scalars and sequences) of a YAML map.
 void flatten(const YAML::Node& node, const std::string& prefix,
              std::map<std::string, std::string>& out) {
   if (node.IsMap()) {
@@ -24,16 +23,24 @@ void flatten(const YAML::Node& node, const std::string& prefix,
 }
 
 std::map<std::string, std::string> leaves(const std::string& yaml) {
-  std::map<std::string, std::string> out;
   try {
-    flatten(YAML::Load(yaml), "", out);
-  } catch (const YAML::Exception&) {
-    out["<config>"] = "(unreadable)";
+    return config_leaves(yaml);
+  } catch (const ConfigError&) {
+    return {{"<config>", "(unreadable)"}};
   }
-  return out;
 }
 
 }  // namespace
+
+std::map<std::string, std::string> config_leaves(const std::string& yaml) {
+  std::map<std::string, std::string> out;
+  try {
+    flatten(YAML::Load(yaml), "", out);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError("not a YAML config: " + e.msg);
+  }
+  return out;
+}
 
 std::vector<std::string> config_differences(const std::string& old_yaml,
                                             const std::string& new_yaml,

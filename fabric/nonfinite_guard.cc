@@ -21,10 +21,12 @@ bool NonFiniteGuard::update(const torch::Tensor& loss, int64_t step) {
   run_.add_(1).mul_(bad);
   torch::maximum_out(peak_, peak_, run_);
   if (step % limit_ != 0) return false;
-  const std::vector<torch::Tensor> peaks = f_.all_gather(peak_.reshape({1}).to(f_.device()));
+  // One copy to the host for all ranks' values (not one synchronization per rank).
+  const torch::Tensor peaks = torch::cat(f_.all_gather(peak_.reshape({1}))).cpu();
+  const auto values = peaks.accessor<int64_t, 1>();
   std::vector<int64_t> ranks;
-  for (size_t r = 0; r < peaks.size(); ++r)
-    if (peaks[r].item<int64_t>() >= limit_) ranks.push_back(static_cast<int64_t>(r));
+  for (int64_t r = 0; r < values.size(0); ++r)
+    if (values[r] >= limit_) ranks.push_back(r);
   peak_.copy_(run_);
   if (ranks.empty()) return false;
   std::string names;

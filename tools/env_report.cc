@@ -8,6 +8,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "tools/report_table.h"
+
 namespace fabric::tools {
 namespace {
 
@@ -35,18 +37,6 @@ std::string gib(int64_t bytes) {
 std::string yes_no(bool b) { return b ? "yes" : "no"; }
 
 std::string or_none(const std::optional<std::string>& s) { return s.value_or("none"); }
-
-class Table {
- public:
-  void section(const std::string& title) { out_ << title << "\n"; }
-  void row(const std::string& key, const std::string& value) {
-    out_ << "  " << key << std::string(key.size() < 24 ? 24 - key.size() : 1, ' ') << value << "\n";
-  }
-  std::string str() const { return out_.str(); }
-
- private:
-  std::ostringstream out_;
-};
 
 }  // namespace
 
@@ -95,7 +85,7 @@ EnvReport collect_env_report() {
 }
 
 std::string format_text(const EnvReport& r) {
-  Table t;
+  ReportTable t;
   t.section("Fabric++");
   t.row("revision", r.build.revision);
   t.row("compiler", r.build.compiler);

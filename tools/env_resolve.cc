@@ -1,6 +1,7 @@
 #include "tools/env_resolve.h"
 
 #include "fabric/core/error.h"
+#include "tools/report_table.h"
 
 namespace fabric::tools {
 namespace {
@@ -60,30 +61,28 @@ FabricResolution resolve_here(const std::string& config_file,
 }
 
 std::string format_text(const FabricResolution& r) {
-  std::string out = "Fabric would use (config: " + r.config + ")\n";
-  auto row = [&](const std::string& key, const std::string& value) {
-    out += "  " + key + std::string(key.size() < 24 ? 24 - key.size() : 1, ' ') + value + "\n";
-  };
+  ReportTable t;
+  t.section("Fabric would use (config: " + r.config + ")");
   if (!r.error.empty()) {
-    row("error", r.error);
+    t.row("error", r.error);
   } else {
-    row("launch environment",
-        r.environment + (r.external_launcher ? " (processes started by the launcher)"
-                                             : " (Fabric starts the processes itself)"));
-    row("world size", std::to_string(r.world_size));
-    row("this process", "rank " + std::to_string(r.global_rank) + " (local " +
-                            std::to_string(r.local_rank) + ", node " + std::to_string(r.node_rank) +
-                            ")");
-    row("accelerator", r.accelerator);
+    t.row("launch environment",
+          r.environment + (r.external_launcher ? " (processes started by the launcher)"
+                                               : " (Fabric starts the processes itself)"));
+    t.row("world size", std::to_string(r.world_size));
+    t.row("this process", "rank " + std::to_string(r.global_rank) + " (local " +
+                              std::to_string(r.local_rank) + ", node " +
+                              std::to_string(r.node_rank) + ")");
+    t.row("accelerator", r.accelerator);
     std::string devices;
     for (const auto& d : r.devices) devices += (devices.empty() ? "" : ", ") + d;
-    row("devices", devices);
-    row("strategy", r.strategy);
-    row("precision", r.precision);
+    t.row("devices", devices);
+    t.row("strategy", r.strategy);
+    t.row("precision", r.precision);
   }
-  for (const auto& [mode, answer] : r.precisions) row("precision " + mode, answer);
-  for (const auto& w : r.warnings) out += "  note: " + w + "\n";
-  return out;
+  for (const auto& [mode, answer] : r.precisions) t.row("precision " + mode, answer);
+  for (const auto& w : r.warnings) t.line("note: " + w);
+  return t.str();
 }
 
 nlohmann::json to_json(const FabricResolution& r) {

@@ -21,21 +21,12 @@
 #ifndef FABRIC_DISTRIBUTED_HEARTBEAT_H_
 #define FABRIC_DISTRIBUTED_HEARTBEAT_H_
 
-#include <c10/util/intrusive_ptr.h>
-
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
-
-namespace c10d {
-class Store;
-}
 
 namespace fabric::distributed {
 
@@ -56,7 +47,8 @@ class Heartbeat {
   Heartbeat(const Heartbeat&) = delete;
   Heartbeat& operator=(const Heartbeat&) = delete;
 
-  // Stops beating and watching; joins the thread. No callback after it returns. Idempotent.
+  // Stops beating and watching; joins the threads (a beat thread stuck on a store that no longer
+  // answers is let go after the timeout). No callback after it returns. Idempotent.
   void stop();
   // After stop(), at the end of a job: announces this rank stopped; on rank 0 waits (at most the
   // timeout) until every rank has. Best effort: never throws.

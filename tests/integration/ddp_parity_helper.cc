@@ -17,6 +17,7 @@
 
 #include <cstdio>
 
+#include "fabric/core/hash.h"
 #include "fabric/environments/environments.h"
 #include "strategies/ddp.h"
 
@@ -135,12 +136,12 @@ int main(int argc, char** argv) {
     }
     std::printf("max_rel_diff=%g\n", max_rel);
     // The exact bits of the trained parameters: equal across process layouts (netns_test).
-    uint64_t hash = 1469598103934665603ULL;
+    uint64_t hash = fabric::fnv1a64({});
     for (const auto& p : params) {
       const auto t = p.detach().cpu().contiguous();
-      const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
-      for (size_t b = 0; b < static_cast<size_t>(t.nbytes()); ++b)
-        hash = (hash ^ bytes[b]) * 1099511628211ULL;
+      hash = fabric::fnv1a64(
+          std::string_view(static_cast<const char*>(t.data_ptr()), static_cast<size_t>(t.nbytes())),
+          hash);
     }
     std::printf("params_hash=%016llx\n", static_cast<unsigned long long>(hash));
     if (!(max_rel <= tolerance)) ++failures;

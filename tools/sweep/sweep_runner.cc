@@ -12,7 +12,6 @@
 #include <deque>
 #include <fstream>
 #include <map>
-#include <regex>
 
 #include "fabric/core/error.h"
 #include "fabric/core/paths.h"
@@ -74,19 +73,24 @@ std::string seconds(double s) {
   return buf;
 }
 
+// Whether `name` is `id` or `id-N` (a run directory of that run; RunDirectory appends -N).
+bool is_run_dir_of(const std::string& name, const std::string& id) {
+  if (name.rfind(id, 0) != 0) return false;
+  if (name.size() == id.size()) return true;
+  return name.size() > id.size() + 1 && name[id.size()] == '-' &&
+         name.find_first_not_of("0123456789", id.size() + 1) == std::string::npos;
+}
+
 // The run directory of the attempt: runs/<id> or runs/<id>-N holding a summary.json written
 // since the attempt started (newest first).
 std::string find_summary_dir(const fs::path& runs, const std::string& id,
                              fs::file_time_type since) {
   std::error_code ec;
-  const std::regex name(
-      "^" + std::regex_replace(id, std::regex(R"([.^$|()\[\]{}*+?\\])"), R"(\$&)") + "(-[0-9]+)?$");
   fs::path best;
   fs::file_time_type best_time{};
   for (const auto& e : fs::directory_iterator(runs, ec)) {
-    if (!std::regex_match(e.path().filename().string(), name)) continue;
-    const fs::path summary = e.path() / "summary.json";
-    const auto t = fs::last_write_time(summary, ec);
+    if (!is_run_dir_of(e.path().filename().string(), id)) continue;
+    const auto t = fs::last_write_time(e.path() / "summary.json", ec);
     if (ec || t < since) continue;
     if (best.empty() || t > best_time) best = e.path(), best_time = t;
   }

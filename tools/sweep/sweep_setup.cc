@@ -1,13 +1,13 @@
 #include "tools/sweep/sweep_setup.h"
 
 #include <unistd.h>
-#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <regex>
 #include <vector>
 
+#include "fabric/config.h"
 #include "fabric/core/error.h"
 #include "fabric/core/paths.h"
 #include "fabric/core/suggest.h"
@@ -16,25 +16,6 @@ namespace fabric::sweep {
 namespace {
 
 namespace fs = std::filesystem;
-
-void flatten(const YAML::Node& node, const std::string& prefix,
-             std::map<std::string, std::string>& out) {
-  if (node.IsMap()) {
-    for (const auto& kv : node) {
-      const std::string key = kv.first.Scalar();
-      flatten(kv.second, prefix.empty() ? key : prefix + "." + key, out);
-    }
-    return;
-  }
-  if (node.IsScalar()) {
-    out[prefix] = node.Scalar();
-    return;
-  }
-  YAML::Emitter e;
-  e.SetSeqFormat(YAML::Flow);
-  e << node;
-  out[prefix] = e.c_str();
-}
 
 bool executable(const fs::path& p) {
   return fs::is_regular_file(p) && access(p.c_str(), X_OK) == 0;
@@ -134,8 +115,8 @@ Setup prepare(const SweepSpec& spec, const fs::path& sweep_file, RunnerOptions o
                       " --print_config, exit " + std::to_string(probe.code) + ")");
   }
   try {
-    flatten(YAML::Load(probe.output), "", setup.resolved);
-  } catch (const YAML::Exception& e) {
+    setup.resolved = config_leaves(probe.output);
+  } catch (const ConfigError&) {
     throw ConfigError(spec.binary_mark + ": binary: " + spec.binary +
                       " --print_config did not print a YAML config; is it a Fabric program?");
   }

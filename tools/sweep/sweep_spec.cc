@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "fabric/core/error.h"
+#include "fabric/core/hash.h"
 #include "fabric/core/suggest.h"
 #include "fabric/logging/run_dir.h"
 
@@ -104,10 +105,8 @@ std::string sanitize(const std::string& text) {
 }
 
 std::string hex_hash(const std::string& text) {
-  uint64_t h = 1469598103934665603ULL;  // FNV-1a
-  for (unsigned char c : text) h = (h ^ c) * 1099511628211ULL;
   char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(fnv1a64(text)));
   return std::string(buf, 8);
 }
 
