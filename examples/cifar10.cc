@@ -88,11 +88,11 @@ int main(int argc, char** argv) {
       const auto data = load_data(config, f);
       examples::ResNet18Cifar model(config.get_int("model.width"));
       const auto train_transform = config.get_bool("data.augment")
-                                       ? examples::crop_flip_normalize(4, kMean, kStd)
-                                       : examples::normalize(kMean, kStd);
+                                       ? fabric::crop_flip_normalize(4, kMean, kStd)
+                                       : fabric::normalize_images(kMean, kStd);
       return examples::train_classifier(f, model,
                                         {"cifar10", data.train, data.test, data.kind,
-                                         train_transform, examples::normalize(kMean, kStd)});
+                                         train_transform, fabric::normalize_images(kMean, kStd)});
     });
   });
 }

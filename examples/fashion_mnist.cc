@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
       const auto data = examples::load_fashion_mnist(
           fabric::absolute_from_working_directory(config.get_string("data.root")));
       examples::SmallCnn model(config.get_int("model.width"), config.get_int("model.hidden"));
-      const auto norm = examples::normalize({0.2860}, {0.3530});
+      const auto norm = fabric::normalize_images({0.2860}, {0.3530});
       return examples::train_classifier(
           f, model, {"fashion_mnist", data.train, data.test, data.kind, norm, norm});
     });

@@ -192,6 +192,8 @@ ConfigSchema default_schema() {
         KeySpec::choice({"auto", "true", "false"}, "auto").doc("auto: true unless deterministic"));
   s.add("fabric.matmul_precision", KeySpec::choice({"highest", "high", "medium"}, "highest")
                                        .doc("float32 matmul: high/medium allow TF32 on CUDA"));
+  s.add("fabric.channels_last",
+        KeySpec::boolean(false).doc("4-D weights and batches in channels-last memory format"));
   s.add("fabric.grad_scaler.init_scale",
         KeySpec::real(65536.0).min(0, false).doc("16-mixed loss scale at start"));
   s.add("fabric.grad_scaler.growth_factor", KeySpec::real(2.0).min(1, false));
@@ -272,6 +274,9 @@ ConfigSchema training_schema() {
   s.add("data.num_workers",
         KeySpec::integer(1).min(0).doc("background loader threads; 0 = in the loop"));
   s.add("data.prefetch", KeySpec::integer(2).min(1).doc("batches prepared ahead"));
+  s.add("data.on_device", KeySpec::choice({"auto", "true", "false"}, "auto")
+                              .doc("keep in-memory datasets on the GPU as uint8 and augment "
+                                   "there (auto: on CUDA); no effect on CPU"));
 
   s.section_doc("optimizer", "Built by fabric::make_optimizer.");
   s.add("optimizer.name", KeySpec::choice({"sgd", "adam", "adamw"}, "sgd").noun("an optimizer"));
@@ -282,6 +287,9 @@ ConfigSchema training_schema() {
   s.add("optimizer.betas",
         KeySpec::real_list({0.9, 0.999}).min(0).max(1, false).doc("adam, adamw"));
   s.add("optimizer.eps", KeySpec::real(1e-8).min(0, false).doc("adam, adamw"));
+  s.add("optimizer.implementation",
+        KeySpec::choice({"auto", "fused", "foreach", "for_loop"}, "auto")
+            .doc("auto = fused: one kernel per step (fabric/training/fast_optimizers.h)"));
 
   s.section_doc("scheduler", "Learning rate per optimizer step (never scaled by world size).");
   s.add("scheduler.name",

@@ -211,6 +211,7 @@ ResolvedSetup resolve_setup(const Config& c, const MachineFacts& m) {
   const std::string bench = c.get_string("fabric.cudnn_benchmark");
   s.cudnn_benchmark = bench == "auto" ? !s.deterministic : bench == "true";
   s.matmul_precision = c.get_string("fabric.matmul_precision");
+  s.channels_last = c.get_bool("fabric.channels_last");
   s.scaler.init_scale = c.get_double("fabric.grad_scaler.init_scale");
   s.scaler.growth_factor = c.get_double("fabric.grad_scaler.growth_factor");
   s.scaler.backoff_factor = c.get_double("fabric.grad_scaler.backoff_factor");

@@ -16,7 +16,8 @@
 //   4. precision    as configured, except: 16-mixed on CPU → bf16-mixed with one warning line;
 //                   16-true on CPU is an error; bf16 on a GPU without bf16 (< sm_80) is an error.
 //   5. settings     deterministic (deterministic algorithms; cudnn.benchmark off),
-//                   cudnn_benchmark (auto → !deterministic), matmul_precision, seed, GradScaler.
+//                   cudnn_benchmark (auto → !deterministic), matmul_precision, channels_last,
+//                   seed, GradScaler.
 //
 // Warnings are returned as lines for Fabric to print once (rank 0).
 #ifndef FABRIC_CONNECTOR_H_
@@ -59,6 +60,7 @@ struct ResolvedSetup {
   bool deterministic = false;
   bool cudnn_benchmark = false;
   std::string matmul_precision = "highest";
+  bool channels_last = false;  // fabric.channels_last
   std::vector<std::string> warnings;
 };
 

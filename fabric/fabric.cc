@@ -39,7 +39,16 @@ int Fabric::run_launched(const std::function<int(Fabric&)>& fn) {
   return status;
 }
 
-void Fabric::setup_module(torch::nn::Module& module) { strategy_->setup_module(module); }
+void Fabric::setup_module(torch::nn::Module& module) {
+  if (setup_.channels_last) {
+    // Before the strategy sees the module: moves and dtype casts keep the memory format, and
+    // DDP's buckets follow the parameters' layout from the start.
+    torch::NoGradGuard no_grad;
+    for (auto& p : module.parameters())
+      if (p.dim() == 4) p.set_data(p.data().contiguous(at::MemoryFormat::ChannelsLast));
+  }
+  strategy_->setup_module(module);
+}
 
 void Fabric::setup_optimizer(torch::optim::Optimizer& optimizer) {
   strategy_->setup_optimizer(optimizer);
@@ -52,6 +61,7 @@ DataLoader Fabric::setup_dataloader(std::shared_ptr<const Dataset> dataset,
   placement.num_replicas = world_size();
   placement.rank = global_rank();
   placement.device = device();
+  placement.channels_last = setup_.channels_last;
   return DataLoader(std::move(dataset), std::move(options), placement);
 }
 

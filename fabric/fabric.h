@@ -54,6 +54,7 @@
 #include "fabric/connector.h"
 #include "fabric/core/error.h"
 #include "fabric/core/strategy.h"
+#include "fabric/data/augment.h"
 #include "fabric/data/data_loader.h"
 #include "fabric/data/dataset.h"
 #include "fabric/logging/run_dir.h"
@@ -117,7 +118,9 @@ class Fabric {
   // loss.backward() with loss scaling (16-mixed) and gradient synchronization (DDP).
   void backward(const torch::Tensor& loss);
   // Optimizer step through the precision: under 16-mixed unscale (once), skip on inf/NaN and
-  // update the scale. Returns whether the optimizer stepped.
+  // update the scale. Returns whether the optimizer stepped; a fused optimizer
+  // (fabric/training/fast_optimizers.h) decides on the device without waiting for it, and then
+  // this returns true (the GradScaler's skipped_steps() counts its skips).
   bool step(torch::optim::Optimizer& optimizer);
   // Unscales (16-mixed) then clips the gradients of `module` to total norm `max_norm`; returns
   // the total norm before clipping.

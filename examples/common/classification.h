@@ -72,14 +72,23 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
 
   auto optimizer = fabric::make_optimizer(c, model->parameters());
   f.setup(model, *optimizer);
-  auto train = f.setup_dataloader(task.train, fabric::DataLoaderOptions()
+  // data.on_device: in-memory datasets move to the GPU once (uint8); batches and their
+  // augmentation are then built there.
+  const std::string on_device = c.get_string("data.on_device");
+  const bool keep_on_device =
+      !f.device().is_cpu() && (on_device == "true" || on_device == "auto");
+  auto place = [&](const std::shared_ptr<const fabric::Dataset>& d) {
+    const auto t = std::dynamic_pointer_cast<const fabric::TensorDataset>(d);
+    return keep_on_device && t ? fabric::device_dataset(*t, f.device()) : d;
+  };
+  auto train = f.setup_dataloader(place(task.train), fabric::DataLoaderOptions()
                                                   .batch_size(c.get_int("data.batch_size"))
                                                   .shuffle(c.get_bool("data.shuffle"))
                                                   .drop_last(c.get_bool("data.drop_last"))
                                                   .num_workers(c.get_int("data.num_workers"))
                                                   .prefetch(c.get_int("data.prefetch"))
                                                   .transform(task.train_transform));
-  auto test = f.setup_dataloader(task.test, fabric::DataLoaderOptions()
+  auto test = f.setup_dataloader(place(task.test), fabric::DataLoaderOptions()
                                                 .batch_size(c.get_int("data.batch_size"))
                                                 .num_workers(c.get_int("data.num_workers"))
                                                 .transform(task.test_transform));

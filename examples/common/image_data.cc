@@ -165,36 +165,4 @@ ImageSplits synthetic_cifar10(int64_t train_size, int64_t test_size) {
   return {train, test, "synthetic"};
 }
 
-fabric::BatchTransform normalize(std::vector<double> mean, std::vector<double> std) {
-  auto m = torch::tensor(mean, torch::kFloat).view({1, -1, 1, 1});
-  auto s = torch::tensor(std, torch::kFloat).view({1, -1, 1, 1}).mul(255.0);
-  auto scaled_mean = m.mul(255.0);
-  return [scaled_mean, s](fabric::Batch b, at::Generator&) {
-    b.data = (b.data.to(torch::kFloat) - scaled_mean) / s;
-    return b;
-  };
-}
-
-fabric::BatchTransform crop_flip_normalize(int64_t pad, std::vector<double> mean,
-                                           std::vector<double> std) {
-  auto norm = normalize(std::move(mean), std::move(std));
-  return [pad, norm](fabric::Batch b, at::Generator& gen) {
-    const int64_t n = b.data.size(0), h = b.data.size(2), w = b.data.size(3);
-    auto padded = torch::constant_pad_nd(b.data, {pad, pad, pad, pad}, 0);
-    auto dy = torch::randint(0, 2 * pad + 1, {n}, gen, torch::kLong);
-    auto dx = torch::randint(0, 2 * pad + 1, {n}, gen, torch::kLong);
-    auto flip = torch::rand({n}, gen) < 0.5;
-    auto out = torch::empty_like(b.data);
-    auto dy_a = dy.accessor<int64_t, 1>();
-    auto dx_a = dx.accessor<int64_t, 1>();
-    auto flip_a = flip.accessor<bool, 1>();
-    for (int64_t i = 0; i < n; ++i) {
-      auto crop = padded[i].slice(1, dy_a[i], dy_a[i] + h).slice(2, dx_a[i], dx_a[i] + w);
-      out[i].copy_(flip_a[i] ? crop.flip({2}) : crop);
-    }
-    b.data = out;
-    return norm(std::move(b), gen);
-  };
-}
-
 }  // namespace examples

@@ -1,6 +1,5 @@
 // Image datasets for the examples: Fashion-MNIST (gzip IDX), CIFAR-10 (binary batches, with
-// download and a deterministic synthetic stand-in), and per-batch augmentation transforms.
-// Images are kept as uint8 [N, C, H, W]; transforms turn batches into normalized float tensors.
+// download and a deterministic synthetic stand-in). Images are kept as uint8 [N, C, H, W].
 #ifndef EXAMPLES_COMMON_IMAGE_DATA_H_
 #define EXAMPLES_COMMON_IMAGE_DATA_H_
 
@@ -37,11 +36,7 @@ std::string download_cifar10(const std::filesystem::path& root);
 // noise), the same on every machine and rank.
 ImageSplits synthetic_cifar10(int64_t train_size, int64_t test_size);
 
-// uint8 → float, (x / 255 - mean) / std per channel.
-fabric::BatchTransform normalize(std::vector<double> mean, std::vector<double> std);
-// Random crop with zero padding `pad` and random horizontal flip, then normalize.
-fabric::BatchTransform crop_flip_normalize(int64_t pad, std::vector<double> mean,
-                                           std::vector<double> std);
+// Transforms: fabric::normalize_images and fabric::crop_flip_normalize (fabric/data/augment.h).
 
 }  // namespace examples
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "fabric/core/error.h"
+#include "fabric/training/scaled_step.h"
 
 namespace fabric {
 namespace {
@@ -170,6 +171,9 @@ c10::IValue get(const Dict& dict, const std::string& key, const std::string& whe
 
 c10::IValue optimizer_state(const torch::optim::Optimizer& optimizer) {
   const Kind& k = kind_of(optimizer);
+  // Counters a fused optimizer keeps on the device are part of the state's value.
+  if (auto* scaled = dynamic_cast<const ScaledStep*>(&optimizer))
+    const_cast<ScaledStep*>(scaled)->sync_state();
   Dict state(c10::IntType::get(), c10::AnyType::get());
   c10::impl::GenericList groups(c10::AnyType::get());
   int64_t index = 0;
@@ -263,6 +267,7 @@ std::function<void()> prepare_optimizer_state(torch::optim::Optimizer& optimizer
       for (auto& [p, s] : *shared) optimizer.state()[p.unsafeGetTensorImpl()] = std::move(s);
       auto& live = optimizer.param_groups();
       for (size_t g = 0; g < live.size(); ++g) live[g].set_options(std::move((*shared_options)[g]));
+      if (auto* scaled = dynamic_cast<ScaledStep*>(&optimizer)) scaled->state_loaded();
     };
   } catch (const Error&) {
     throw;

@@ -111,6 +111,8 @@ class DataLoader::Pass {
       batch = options_.transform()(std::move(batch), gen);
     }
     batch.padding = end - std::max(begin, std::min(end, num_real_));
+    if (placement_.channels_last && batch.data.dim() == 4)
+      batch.data = batch.data.contiguous(at::MemoryFormat::ChannelsLast);
     if (workers_.empty() && placement_.device != torch::kCPU) {
       batch.data = batch.data.to(placement_.device);
       batch.target = batch.target.to(placement_.device);
@@ -207,6 +209,8 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
   if (options_.batch_size() < 1) throw Error("DataLoader: batch_size must be >= 1");
   if (options_.num_workers() < 0) throw Error("DataLoader: num_workers must be >= 0");
   if (options_.prefetch() < 1) throw Error("DataLoader: prefetch must be >= 1");
+  // Batches of a GPU-resident dataset are a few kernel launches: built in the training thread.
+  if (!dataset_->device().is_cpu()) options_.num_workers(0);
 }
 
 DataLoader::~DataLoader() = default;

@@ -8,11 +8,12 @@
 // generator seeded from seed, epoch and b), whatever the number of threads, so runs are
 // reproducible.
 //
-// Threads: `num_workers` threads build batches (get_batch + transform), at most `prefetch` ahead of
+// Threads (datasets on the CPU): `num_workers` threads build batches (get_batch + transform), at most `prefetch` ahead of
 // the consumer (at least one per worker); batches are yielded in order. On CUDA each worker pins
 // the batch and copies it with non_blocking on a side stream; the consumer's stream waits for the
 // copy. num_workers = 0 builds batches in the training thread. Leaving a pass early (break) or
-// starting a new one stops the workers of the old pass. An exception thrown while building batch b
+// starting a new one stops the workers of the old pass. A dataset on a GPU (Dataset::device(),
+// fabric/data/augment.h) is read in the training thread whatever num_workers says. An exception thrown while building batch b
 // is rethrown by the iterator at batch b.
 //
 // Not thread-safe: iterate from one thread.
@@ -62,6 +63,7 @@ struct LoaderPlacement {
   int64_t num_replicas = 1;
   int64_t rank = 0;
   torch::Device device = torch::kCPU;
+  bool channels_last = false;  // 4-D batch data delivered in channels-last memory format
 };
 
 class DataLoader {

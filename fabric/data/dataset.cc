@@ -12,10 +12,15 @@ TensorDataset::TensorDataset(torch::Tensor data, torch::Tensor target)
     throw Error("TensorDataset: data has " + std::to_string(data_.size(0)) +
                 " rows but target has " + std::to_string(target_.size(0)));
   }
+  if (data_.device() != target_.device()) {
+    throw Error("TensorDataset: data is on " + data_.device().str() + " but target on " +
+                target_.device().str());
+  }
 }
 
 Batch TensorDataset::get_batch(const std::vector<int64_t>& indices) const {
   auto index = torch::tensor(indices, torch::kLong);
+  if (!data_.is_cpu()) index = index.pin_memory().to(data_.device(), /*non_blocking=*/true);
   return {data_.index_select(0, index), target_.index_select(0, index)};
 }
 

@@ -1,8 +1,8 @@
 // fabric::Dataset: random access to examples, a batch at a time.
 //
 // get_batch() is called from the loader's background threads, possibly concurrently: it must be
-// safe to call from several threads at once (read-only datasets are). It returns CPU tensors; the
-// loader moves them to the device.
+// safe to call from several threads at once (read-only datasets are). It returns tensors on
+// device() (CPU by default); the loader moves them to the training device.
 #ifndef FABRIC_DATA_DATASET_H_
 #define FABRIC_DATA_DATASET_H_
 
@@ -33,6 +33,9 @@ class Dataset {
   virtual int64_t size() const = 0;
   // The examples at `indices`, stacked along dimension 0.
   virtual Batch get_batch(const std::vector<int64_t>& indices) const = 0;
+  // Where get_batch's tensors live. Default: CPU. A dataset on a GPU is read by DataLoaders in
+  // the training thread (no worker threads, no copies).
+  virtual c10::Device device() const { return c10::kCPU; }
 };
 
 // Examples are rows of two tensors (e.g. images [N, C, H, W] and labels [N]).
@@ -41,7 +44,9 @@ class TensorDataset : public Dataset {
   // REQUIRES: data.size(0) == target.size(0) (throws fabric::Error otherwise).
   TensorDataset(torch::Tensor data, torch::Tensor target);
   int64_t size() const override { return data_.size(0); }
+  // Gathers on the tensors' device (the indices are copied there without blocking).
   Batch get_batch(const std::vector<int64_t>& indices) const override;
+  c10::Device device() const override { return data_.device(); }
   const torch::Tensor& data() const { return data_; }
   const torch::Tensor& target() const { return target_; }
 

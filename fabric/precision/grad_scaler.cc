@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "fabric/core/error.h"
+#include "fabric/training/scaled_step.h"
 
 namespace fabric {
 
@@ -47,6 +48,13 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   if (state.stage == Stage::kStepped)
     throw Error("GradScaler::unscale_: called after step(); call update() first");
 
+  const torch::Tensor inv_scale = scale_.to(torch::kFloat64).reciprocal().to(torch::kFloat32);
+  check_gradients(optimizer, state, inv_scale);
+  state.stage = Stage::kUnscaled;
+}
+
+void GradScaler::check_gradients(torch::optim::Optimizer& optimizer, PerOptimizer& state,
+                                 const torch::Tensor& inv_scale) {
   // Group gradients by (device, dtype): the kernel wants one device and dtype per call.
   std::map<std::tuple<c10::DeviceType, c10::DeviceIndex, c10::ScalarType>,
            std::vector<torch::Tensor>>
@@ -63,7 +71,6 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
       groups[{g.device().type(), g.device().index(), g.scalar_type()}].push_back(g);
     }
   }
-  const torch::Tensor inv_scale = scale_.to(torch::kFloat64).reciprocal().to(torch::kFloat32);
   std::map<std::pair<c10::DeviceType, c10::DeviceIndex>, torch::Tensor> found_by_device;
   for (auto& [key, grads] : groups) {
     const torch::Device device(std::get<0>(key), std::get<1>(key));
@@ -73,7 +80,6 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   }
   state.found_inf.clear();
   for (auto& [device, found] : found_by_device) state.found_inf.push_back(found);
-  state.stage = Stage::kUnscaled;
 }
 
 bool GradScaler::step(torch::optim::Optimizer& optimizer) {
@@ -83,6 +89,29 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   }
   if (per_optimizer_[&optimizer].stage == Stage::kStepped)
     throw Error("GradScaler::step: already called for this optimizer since the last update()");
+  if (auto* scaled = dynamic_cast<ScaledStep*>(&optimizer); scaled && scaled->takes_grad_scale()) {
+    PerOptimizer& state = per_optimizer_[&optimizer];
+    torch::Tensor grad_scale;  // undefined: unscale_() already divided the gradients
+    if (state.stage == Stage::kReady) {
+      check_gradients(optimizer, state, torch::ones({1}, scale_.options()));
+      grad_scale = scale_;
+    }
+    if (state.found_inf.empty()) {  // no gradients at all
+      state.found_inf.push_back(torch::zeros({1}, scale_.options()));
+    }
+    torch::Tensor found = state.found_inf[0];
+    for (size_t i = 1; i < state.found_inf.size(); ++i)
+      found = found + state.found_inf[i].to(found.device());
+    scaled->step_scaled(grad_scale, found);
+    const torch::Tensor skipped = found.gt(0).to(torch::kLong);
+    if (skipped_on_device_.defined()) {
+      skipped_on_device_.add_(skipped.to(skipped_on_device_.device()));
+    } else {
+      skipped_on_device_ = skipped;
+    }
+    state.stage = Stage::kStepped;
+    return true;
+  }
   if (per_optimizer_[&optimizer].stage == Stage::kReady) unscale_(optimizer);
   PerOptimizer& state = per_optimizer_[&optimizer];
   double found = 0;
@@ -110,6 +139,10 @@ void GradScaler::update() {
   at::_amp_update_scale_(scale_, growth_tracker_, combined, options_.growth_factor,
                          options_.backoff_factor, options_.growth_interval);
   per_optimizer_.clear();
+}
+
+int64_t GradScaler::skipped_steps() const {
+  return skipped_steps_ + (skipped_on_device_.defined() ? skipped_on_device_.item<int64_t>() : 0);
 }
 
 double GradScaler::get_scale() const { return options_.enabled ? scale_.item<float>() : 1.0; }

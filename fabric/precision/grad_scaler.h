@@ -50,6 +50,10 @@ class GradScaler {
 
   // Unscales (if unscale_ was not called), then runs optimizer.step() unless a non-finite gradient
   // was found. Returns whether the optimizer stepped. REQUIRES: scale() was called this iteration.
+  // An optimizer that takes the scale on the device (fabric::ScaledStep with the fused
+  // implementation, fabric/training/fast_optimizers.h) gets the scale and the found-inf flag
+  // instead: its kernels unscale and skip, nothing waits for the device, and step() returns true
+  // (skipped_steps() still counts the skipped ones).
   bool step(torch::optim::Optimizer& optimizer);
 
   // Adjusts the scale from this iteration's inf checks. REQUIRES: step() ran for at least one
@@ -60,8 +64,9 @@ class GradScaler {
   int64_t growth_tracker() const;
   bool is_enabled() const { return options_.enabled; }
   const GradScalerOptions& options() const { return options_; }
-  // Number of optimizer steps skipped because of inf/NaN gradients since construction.
-  int64_t skipped_steps() const { return skipped_steps_; }
+  // Number of optimizer steps skipped because of inf/NaN gradients since construction
+  // (synchronizes with the device when fused optimizers decided there).
+  int64_t skipped_steps() const;
 
   // {scale, growth_factor, backoff_factor, growth_interval, growth_tracker}; integers are exact.
   std::map<std::string, double> state_dict() const;
@@ -76,12 +81,17 @@ class GradScaler {
   };
 
   void lazy_init(const torch::Device& device);
+  // Finds inf/NaN in the gradients of `optimizer` into state.found_inf (one flag per device),
+  // multiplying them by `inv_scale` on the way (1: check only).
+  void check_gradients(torch::optim::Optimizer& optimizer, PerOptimizer& state,
+                       const torch::Tensor& inv_scale);
 
   GradScalerOptions options_;
   torch::Tensor scale_;           // float32, 1 element
   torch::Tensor growth_tracker_;  // int32, 1 element
   std::map<const torch::optim::Optimizer*, PerOptimizer> per_optimizer_;
   int64_t skipped_steps_ = 0;
+  torch::Tensor skipped_on_device_;  // int64, 1 element: steps skipped by fused optimizers
 };
 
 }  // namespace fabric

@@ -2,6 +2,9 @@
 //   sgd    lr, momentum, nesterov, weight_decay
 //   adam   lr, betas, eps, weight_decay (L2, added to the gradient)
 //   adamw  lr, betas, eps, weight_decay (decoupled)
+// and implementation (auto | fused | foreach | for_loop): fabric::SGD / Adam / AdamW
+// (fabric/training/fast_optimizers.h), torch::optim's optimizers with a faster step; for_loop is
+// torch::optim's own loop.
 #ifndef FABRIC_TRAINING_OPTIMIZERS_H_
 #define FABRIC_TRAINING_OPTIMIZERS_H_
 
@@ -11,6 +14,7 @@
 #include <vector>
 
 #include "fabric/config.h"
+#include "fabric/training/fast_optimizers.h"
 
 namespace fabric {
 

@@ -17,12 +17,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
-def median_ms(cmd):
+def measure(cmd):
+    """(median step ms, rank 0's peak RSS MiB) of one run."""
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     m = re.search(r"ddp_step_ms median=([0-9.]+)", out)
-    if not m:
-        raise SystemExit(f"no timing in the output of {' '.join(cmd)}:\n{out}")
-    return float(m.group(1))
+    r = re.search(r"peak_rss_mib=([0-9.]+)", out)
+    if not m or not r:
+        raise SystemExit(f"no timing or peak_rss_mib in the output of {' '.join(cmd)}:\n{out}")
+    return float(m.group(1)), float(r.group(1))
 
 
 def main():
@@ -37,14 +39,18 @@ def main():
     if args.lightning:
         columns["lightning_fabric"] = [sys.executable, os.path.join(HERE, "ddp_step_lightning.py")] + args.extra
     times = {k: [] for k in columns}
+    rss = {k: [] for k in columns}
     for rep in range(args.reps):
         order = list(columns) if rep % 2 == 0 else list(reversed(list(columns)))
         for name in order:
-            times[name].append(median_ms(columns[name]))
+            ms, mib = measure(columns[name])
+            times[name].append(ms)
+            rss[name].append(mib)
         print(" ".join(f"{k}={times[k][-1]:.2f}ms" for k in columns), flush=True)
     ratios = [a / b for a, b in zip(times["fabric++"], times["pytorch_ddp"])]
     for k in columns:
-        print(f"{k}: median step {statistics.median(times[k]):.3f} ms")
+        print(f"{k}: median step {statistics.median(times[k]):.3f} ms, "
+              f"rank 0 peak RSS {max(rss[k]):.0f} MiB")
     print(f"ratio fabric++/pytorch_ddp: median {statistics.median(ratios):.3f} "
           f"(per repetition: {', '.join(f'{r:.3f}' for r in ratios)})")
     if args.lightning:

@@ -1,10 +1,11 @@
 """PyTorch's own DDP (Python, Gloo) on the model, batch, threads and steps of ddp_step.cc.
 
   python3 tools/bench/ddp_step.py --world=2 --steps=60 --warmup=10 --batch=64 --threads=1
-Rank 0 prints "ddp_step_ms median=X mean=Y". Used by ddp_compare.py; not part of any product path.
+Rank 0 prints "ddp_step_ms median=X mean=Y" and "peak_rss_mib=Z" (its own peak resident set). Used by ddp_compare.py; not part of any product path.
 """
 import argparse
 import os
+import resource
 import socket
 import statistics
 import time
@@ -38,6 +39,8 @@ def run(rank, args, port):
             times.append((t1 - t0) * 1000)
     if rank == 0:
         print(f"ddp_step_ms median={statistics.median(times):.3f} mean={statistics.mean(times):.3f}",
+              flush=True)
+        print(f"peak_rss_mib={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.1f}",
               flush=True)
     dist.barrier()
     dist.destroy_process_group()

@@ -1,0 +1,36 @@
+// fabric::ScaledStep: the interface through which fabric::GradScaler hands its loss scale and
+// found-inf flag to an optimizer whose kernels take them on the device (the fused SGD, Adam and
+// AdamW of fabric/training/fast_optimizers.h), so that a 16-mixed step needs no host
+// synchronization: the kernels unscale the gradients while updating and leave the parameters and
+// state untouched where found_inf != 0.
+#ifndef FABRIC_TRAINING_SCALED_STEP_H_
+#define FABRIC_TRAINING_SCALED_STEP_H_
+
+#include <ATen/core/Tensor.h>
+
+namespace fabric {
+
+class ScaledStep {
+ public:
+  virtual ~ScaledStep() = default;
+
+  // Whether step_scaled() may be used (the fused implementation is in use).
+  virtual bool takes_grad_scale() const = 0;
+
+  // One step of every parameter group. `grad_scale` (1 float32 element, or undefined when the
+  // gradients are already unscaled) divides every gradient inside the update; `found_inf`
+  // (1 float32 element, on the parameters' device) nonzero skips the update entirely.
+  virtual void step_scaled(const at::Tensor& grad_scale, const at::Tensor& found_inf) = 0;
+
+  // Writes counters kept on the device (Adam's step counts while skipped steps are pending) into
+  // the torch::optim state, so that state() reads true values; may synchronize with the device.
+  // Called before a checkpoint reads the state.
+  virtual void sync_state() = 0;
+
+  // Forgets device-side counters after the state was replaced (a checkpoint was loaded).
+  virtual void state_loaded() = 0;
+};
+
+}  // namespace fabric
+
+#endif  // FABRIC_TRAINING_SCALED_STEP_H_
