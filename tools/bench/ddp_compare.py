@@ -1,7 +1,7 @@
 """Interleaved A/B of 2-rank CPU DDP step time: Fabric++ (ddp_step) vs PyTorch DDP (ddp_step.py).
 
   bazel build -c opt //tools/bench:ddp_step
-  python3 tools/bench/ddp_compare.py --reps=7 [--lightning] [-- extra flags for both]
+  python3 tools/bench/ddp_compare.py --reps=7 [--lightning] [--cpp_flags=...] [-- extra flags for all]
 Runs the two programs alternately (order flipped every repetition), reads each run's median step
 time, and prints the per-repetition ratios and their median (Fabric++ / PyTorch; < 1 is faster).
 With --lightning, Lightning Fabric (pip `lightning`) joins as a third column if it imports.
@@ -31,9 +31,12 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--lightning", action="store_true")
+    p.add_argument("--cpp_flags", default="", help="extra flags for ddp_step only, e.g. "
+                   "--optimizer_impl=for_loop")
     p.add_argument("extra", nargs="*")
     args = p.parse_args()
-    cpp = [os.path.join(ROOT, "bazel-bin/tools/bench/ddp_step")] + args.extra
+    cpp = ([os.path.join(ROOT, "bazel-bin/tools/bench/ddp_step")] + args.extra +
+           args.cpp_flags.split())
     py = [sys.executable, os.path.join(HERE, "ddp_step.py")] + args.extra
     columns = {"fabric++": cpp, "pytorch_ddp": py}
     if args.lightning:
