@@ -71,7 +71,7 @@ class DataLoader::Pass {
   // Batch `b`, waiting for its worker (or building it here without workers).
   Batch& get(int64_t b) {
     if (b == current_index_) return current_;
-    if (workers_.empty()) {
+    if (in_thread_) {
       current_ = build(b);
     } else {
       std::unique_lock<std::mutex> lock(mutex_);
@@ -113,7 +113,7 @@ class DataLoader::Pass {
     batch.padding = end - std::max(begin, std::min(end, num_real_));
     if (placement_.channels_last && batch.data.dim() == 4)
       batch.data = batch.data.contiguous(at::MemoryFormat::ChannelsLast);
-    if (workers_.empty() && placement_.device != torch::kCPU) {
+    if (in_thread_ && placement_.device != torch::kCPU) {
       batch.data = batch.data.to(placement_.device);
       batch.target = batch.target.to(placement_.device);
     }
@@ -192,6 +192,9 @@ class DataLoader::Pass {
   int64_t consumed_;  // batch the consumer is waiting for / holds
   int64_t delivered_;
   std::map<int64_t, Slot> ready_;
+  // Set before any worker starts and never changed: workers read it while workers_ still grows
+  // (a data race ThreadSanitizer found when build() asked workers_.empty()).
+  const bool in_thread_ = options_.num_workers() == 0;
   std::vector<std::thread> workers_;
 
   Batch current_;

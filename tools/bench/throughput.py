@@ -175,7 +175,7 @@ def main():
     result = {
         "framework": args.framework, "model": args.model, "batch": args.batch,
         "precision": args.precision, "data": args.data, "channels_last": args.channels_last,
-        "steps": timed_steps, "seconds": seconds, "images_per_s": images / seconds,
+        "parameters": models.parameter_count(model), "steps": timed_steps, "seconds": seconds, "images_per_s": images / seconds,
         "step_ms": 1000 * seconds / timed_steps,
         "peak_device_mib": (torch.cuda.max_memory_allocated(device) / 2**20
                             if device.type == "cuda" else 0.0),

@@ -1,0 +1,171 @@
+// Training throughput through Fabric, the C++ side of tools/bench/gpu_compare.py (the Python side is
+// tools/bench/throughput.py: same models, optimizer, loss and data).
+//   throughput --model=resnet18|resnet50 --batch=512 --precision=bf16-mixed [--steps=50]
+//              [--warmup=15] [--data=static|epoch --images=50000] [--channels_last]
+//              [--accelerator=cuda] [--optimizer_impl=auto] [--threads=0]
+// static: a pool of 4 synthetic normalized float batches on the device, cycled. epoch: a synthetic
+// uint8 dataset of --images images kept on the device (fabric::device_dataset), shuffled, random
+// crop (pad 4) + flip + normalize on the device (fabric::crop_flip_normalize); one whole epoch is
+// timed after --warmup steps. Prints one line: RESULT {"images_per_s": ..., "step_ms": ...,
+// "peak_device_mib": ..., "peak_rss_mib": ...} (JSON).
+#include <gflags/gflags.h>
+#include <sys/resource.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#ifdef FABRIC_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <torch/cuda.h>
+#endif
+
+#include "examples/common/models.h"
+#include "fabric/fabric.h"
+#include "tools/bench/resnet50.h"
+
+DEFINE_string(model, "resnet18", "resnet18 (CIFAR variant) | resnet50 (ImageNet stem)");
+DEFINE_int32(batch, 512, "batch size");
+DEFINE_string(precision, "32-true", "32-true | bf16-mixed | 16-mixed");
+DEFINE_int32(steps, 50, "timed steps (data=static)");
+DEFINE_int32(warmup, 15, "untimed steps first");
+DEFINE_string(data, "static", "static | epoch");
+DEFINE_int32(images, 50000, "dataset size for data=epoch");
+DEFINE_bool(channels_last, false, "fabric.channels_last");
+DEFINE_string(accelerator, "cuda", "cuda | cpu");
+DEFINE_string(optimizer_impl, "auto", "auto | fused | foreach | for_loop");
+DEFINE_int32(threads, 0, "CPU intra-op threads (0: LibTorch's default)");
+
+namespace {
+
+const std::vector<double> kMean{0.4914, 0.4822, 0.4465}, kStd{0.2470, 0.2435, 0.2616};
+
+void synchronize(const torch::Device& device) {
+#ifdef FABRIC_WITH_CUDA
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+#endif
+}
+
+void reset_peak_memory(const torch::Device& device) {
+#ifdef FABRIC_WITH_CUDA
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+#endif
+}
+
+double peak_device_mib(const torch::Device& device) {
+#ifdef FABRIC_WITH_CUDA
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    return static_cast<double>(
+               stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+                   .peak) /
+           (1 << 20);
+  }
+#endif
+  return 0.0;
+}
+
+template <typename Model>
+int run(fabric::Fabric& f, Model& model) {
+  const torch::Device device = f.device();
+  fabric::SGD opt(model->parameters(),
+                  torch::optim::SGDOptions(0.1).momentum(0.9).nesterov(true).weight_decay(5e-4),
+                  fabric::parse_optimizer_impl(FLAGS_optimizer_impl));
+  f.setup(model, opt);
+  model->train();
+  int64_t parameters = 0;
+  for (const auto& p : model->parameters()) parameters += p.numel();
+
+  auto gen = at::detail::createCPUGenerator(0);
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> pool;
+  std::unique_ptr<fabric::DataLoader> loader;
+  int64_t timed_steps = FLAGS_steps;
+  if (FLAGS_data == "static") {
+    for (int i = 0; i < 4; ++i) {
+      auto x = torch::randn({FLAGS_batch, 3, 32, 32}, gen);
+      if (FLAGS_channels_last) x = x.contiguous(at::MemoryFormat::ChannelsLast);
+      pool.emplace_back(x.to(device), torch::randint(0, 10, {FLAGS_batch}, gen).to(device));
+    }
+  } else {
+    fabric::TensorDataset cpu(
+        torch::randint(0, 256, {FLAGS_images, 3, 32, 32}, gen, torch::kLong).to(torch::kUInt8),
+        torch::randint(0, 10, {FLAGS_images}, gen));
+    loader = std::make_unique<fabric::DataLoader>(f.setup_dataloader(
+        fabric::device_dataset(cpu, device),
+        fabric::DataLoaderOptions().batch_size(FLAGS_batch).shuffle(true).transform(
+            fabric::crop_flip_normalize(4, kMean, kStd))));
+    timed_steps = loader->size();
+  }
+  std::optional<fabric::DataLoader::Iterator> it;
+  int64_t next = 0;
+  auto next_batch = [&]() -> std::pair<torch::Tensor, torch::Tensor> {
+    if (!loader) return pool[next++ % pool.size()];
+    if (!it || *it == loader->end()) it = loader->begin();
+    fabric::Batch& b = **it;
+    auto out = std::make_pair(b.data, b.target);
+    ++*it;
+    return out;
+  };
+  auto train_step = [&] {
+    auto [x, y] = next_batch();
+    opt.zero_grad();
+    torch::Tensor loss;
+    {
+      auto guard = f.autocast();
+      loss = torch::cross_entropy_loss(model->forward(x), y);
+    }
+    f.backward(loss);
+    f.step(opt);
+  };
+  for (int s = 0; s < FLAGS_warmup; ++s) train_step();
+  if (loader) it.reset();  // the timed epoch starts at a fresh pass
+  synchronize(device);
+  reset_peak_memory(device);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t s = 0; s < timed_steps; ++s) train_step();
+  synchronize(device);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double images = loader ? static_cast<double>(FLAGS_images)
+                               : static_cast<double>(timed_steps) * FLAGS_batch;
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  std::printf(
+      "RESULT {\"framework\": \"fabric++\", \"model\": \"%s\", \"batch\": %d, \"precision\": "
+      "\"%s\", \"data\": \"%s\", \"channels_last\": %s, \"optimizer_impl\": \"%s\", "
+      "\"parameters\": %lld, "
+      "\"steps\": %lld, \"seconds\": %.6f, \"images_per_s\": %.3f, \"step_ms\": %.4f, "
+      "\"peak_device_mib\": %.1f, \"peak_rss_mib\": %.1f, \"device\": \"%s\"}\n",
+      FLAGS_model.c_str(), FLAGS_batch, FLAGS_precision.c_str(), FLAGS_data.c_str(),
+      FLAGS_channels_last ? "true" : "false", FLAGS_optimizer_impl.c_str(),
+      static_cast<long long>(parameters),
+      static_cast<long long>(timed_steps), seconds, images / seconds,
+      1000.0 * seconds / static_cast<double>(timed_steps), peak_device_mib(device),
+      static_cast<double>(usage.ru_maxrss) / 1024.0, device.str().c_str());
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (FLAGS_threads > 0) at::set_num_threads(FLAGS_threads);
+  const auto config = fabric::Config::defaults(
+      fabric::training_schema(),
+      {"fabric.accelerator=" + FLAGS_accelerator, "fabric.devices=1",
+       "fabric.strategy=single_device", "fabric.precision=" + FLAGS_precision,
+       "fabric.cudnn_benchmark=true",
+       std::string("fabric.channels_last=") + (FLAGS_channels_last ? "true" : "false")});
+  fabric::Fabric fabric(config);
+  return fabric.launch([&](fabric::Fabric& f) {
+    torch::manual_seed(0);
+    if (FLAGS_model == "resnet50") {
+      bench::ResNet50 model(10);
+      return run(f, model);
+    }
+    examples::ResNet18Cifar model(64);
+    return run(f, model);
+  });
+}
