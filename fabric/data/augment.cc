@@ -2,9 +2,9 @@
 
 #include <torch/torch.h>
 
-#include <map>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <utility>
 
 #include "fabric/core/error.h"
@@ -29,11 +29,12 @@ BatchTransform normalize_images(std::vector<double> mean, std::vector<double> st
   // transform concurrently, hence the lock).
   struct Constants {
     std::mutex mutex;
-    std::map<std::string, std::pair<torch::Tensor, torch::Tensor>> by_device;
+    std::unordered_map<c10::Device, std::pair<torch::Tensor, torch::Tensor>> by_device;
   };
   auto constants = std::make_shared<Constants>();
-  constants->by_device["cpu"] = {torch::tensor(mean, torch::kFloat).mul(255.0).view({1, -1, 1, 1}),
-                                 torch::tensor(std, torch::kFloat).mul(255.0).view({1, -1, 1, 1})};
+  constants->by_device[c10::Device(c10::kCPU)] = {
+      torch::tensor(mean, torch::kFloat).mul(255.0).view({1, -1, 1, 1}),
+      torch::tensor(std, torch::kFloat).mul(255.0).view({1, -1, 1, 1})};
   return [channels, constants](Batch b, at::Generator&) {
     if (b.data.dim() != 4 || b.data.size(1) != channels)
       throw Error("normalize_images: expected images [N, " + std::to_string(channels) +
@@ -41,9 +42,9 @@ BatchTransform normalize_images(std::vector<double> mean, std::vector<double> st
     std::pair<torch::Tensor, torch::Tensor> c;
     {
       std::lock_guard<std::mutex> lock(constants->mutex);
-      auto& slot = constants->by_device[b.data.device().str()];
+      auto& slot = constants->by_device[b.data.device()];
       if (!slot.first.defined()) {
-        const auto& cpu = constants->by_device.at("cpu");
+        const auto& cpu = constants->by_device.at(c10::Device(c10::kCPU));
         slot = {cpu.first.to(b.data.device()), cpu.second.to(b.data.device())};
       }
       c = slot;

@@ -27,11 +27,13 @@ void GradScaler::lazy_init(const torch::Device& device) {
     if (scale_.device() != device) {
       scale_ = scale_.to(device);
       growth_tracker_ = growth_tracker_.to(device);
+      unit_ = unit_.to(device);
     }
     return;
   }
   scale_ = torch::full({1}, options_.init_scale, torch::dtype(torch::kFloat32).device(device));
   growth_tracker_ = torch::zeros({1}, torch::dtype(torch::kInt32).device(device));
+  unit_ = torch::ones({1}, torch::dtype(torch::kFloat32).device(device));
 }
 
 torch::Tensor GradScaler::scale(const torch::Tensor& loss) {
@@ -93,7 +95,7 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
     PerOptimizer& state = per_optimizer_[&optimizer];
     torch::Tensor grad_scale;  // undefined: unscale_() already divided the gradients
     if (state.stage == Stage::kReady) {
-      check_gradients(optimizer, state, torch::ones({1}, scale_.options()));
+      check_gradients(optimizer, state, unit_);  // check only: multiply by 1
       grad_scale = scale_;
     }
     if (state.found_inf.empty()) {  // no gradients at all

@@ -89,6 +89,7 @@ class GradScaler {
   GradScalerOptions options_;
   torch::Tensor scale_;           // float32, 1 element
   torch::Tensor growth_tracker_;  // int32, 1 element
+  torch::Tensor unit_;            // float32 1, beside scale_: the inv_scale of a check-only pass
   std::map<const torch::optim::Optimizer*, PerOptimizer> per_optimizer_;
   int64_t skipped_steps_ = 0;
   torch::Tensor skipped_on_device_;  // int64, 1 element: steps skipped by fused optimizers

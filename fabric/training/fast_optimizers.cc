@@ -43,6 +43,19 @@ std::optional<at::Tensor> on(const at::Tensor& t, const torch::Device& device) {
   return t.device() == device ? t : t.to(device);
 }
 
+// The loss of `closure` (if any, with gradients enabled, as torch::optim's steps do), then
+// `update` of all parameters.
+template <typename Closure, typename Update>
+torch::Tensor closure_then_update(const Closure& closure, const Update& update) {
+  torch::Tensor loss;
+  if (closure) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  update();
+  return loss;
+}
+
 OptimizerImpl resolved(OptimizerImpl impl) {
   return impl == OptimizerImpl::kAuto ? OptimizerImpl::kFused : impl;
 }
@@ -85,13 +98,7 @@ SGD::SGD(const std::vector<torch::optim::OptimizerParamGroup>& groups,
 
 torch::Tensor SGD::step(LossClosure closure) {
   if (impl_ == OptimizerImpl::kForLoop) return torch::optim::SGD::step(std::move(closure));
-  torch::Tensor loss;
-  if (closure) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
-  update({}, {});
-  return loss;
+  return closure_then_update(closure, [this] { update({}, {}); });
 }
 
 void SGD::step_scaled(const at::Tensor& grad_scale, const at::Tensor& found_inf) {
@@ -178,13 +185,7 @@ AdamFamily<B, O, S>::AdamFamily(const std::vector<torch::optim::OptimizerParamGr
 template <typename B, typename O, typename S>
 torch::Tensor AdamFamily<B, O, S>::step(LossClosure closure) {
   if (impl_ == OptimizerImpl::kForLoop) return B::step(std::move(closure));
-  torch::Tensor loss;
-  if (closure) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
-  update({}, {});
-  return loss;
+  return closure_then_update(closure, [this] { update({}, {}); });
 }
 
 template <typename B, typename O, typename S>

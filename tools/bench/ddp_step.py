@@ -16,37 +16,14 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 
-def run(rank, args, port):
-    torch.set_num_threads(args.threads)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=args.world)
-    model = torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.ReLU(),
-                                torch.nn.Linear(2048, 1024), torch.nn.ReLU(),
-                                torch.nn.Linear(1024, 512))
-    model = DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x = torch.randn(args.batch, 1024)
-    y = torch.randn(args.batch, 512)
-    times = []
-    for s in range(args.warmup + args.steps):
-        t0 = time.perf_counter()
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
-        t1 = time.perf_counter()
-        if s >= args.warmup:
-            times.append((t1 - t0) * 1000)
-    if rank == 0:
-        print(f"ddp_step_ms median={statistics.median(times):.3f} mean={statistics.mean(times):.3f}",
-              flush=True)
-        print(f"peak_rss_mib={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.1f}",
-              flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
+def make_model():
+    """The benchmark MLP (ddp_step.cc's): 1024 → 2048 → 1024 → 512, 4.72M parameters."""
+    return torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.ReLU(),
+                               torch.nn.Linear(2048, 1024), torch.nn.ReLU(),
+                               torch.nn.Linear(1024, 512))
 
 
-def main():
+def parse_args():
     p = argparse.ArgumentParser()
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--steps", type=int, default=60)
@@ -54,7 +31,49 @@ def main():
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--bucket_cap_mb", type=float, default=25.0)
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def time_steps(args, model, opt, backward):
+    """Per-step wall times (ms) of the timed steps: zero_grad, MSE forward, backward, step."""
+    x = torch.randn(args.batch, 1024)
+    y = torch.randn(args.batch, 512)
+    times = []
+    for s in range(args.warmup + args.steps):
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        backward(torch.nn.functional.mse_loss(model(x), y))
+        opt.step()
+        t1 = time.perf_counter()
+        if s >= args.warmup:
+            times.append((t1 - t0) * 1000)
+    return times
+
+
+def report(times):
+    """The two lines ddp_compare.py reads (rank 0 only)."""
+    print(f"ddp_step_ms median={statistics.median(times):.3f} mean={statistics.mean(times):.3f}",
+          flush=True)
+    print(f"peak_rss_mib={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.1f}",
+          flush=True)
+
+
+def run(rank, args, port):
+    torch.set_num_threads(args.threads)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=args.world)
+    model = DistributedDataParallel(make_model(), bucket_cap_mb=args.bucket_cap_mb)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    times = time_steps(args, model, opt, lambda loss: loss.backward())
+    if rank == 0:
+        report(times)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main():
+    args = parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

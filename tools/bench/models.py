@@ -13,15 +13,19 @@ def conv3x3(cin, cout, stride=1):
     return nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
 
 
+def shortcut(cin, cout, stride):
+    """Identity, or a strided 1x1 conv + BatchNorm where the shape changes."""
+    if stride == 1 and cin == cout:
+        return nn.Sequential()
+    return nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
+
+
 class BasicBlock(nn.Module):
     def __init__(self, cin, cout, stride):
         super().__init__()
         self.conv1, self.bn1 = conv3x3(cin, cout, stride), nn.BatchNorm2d(cout)
         self.conv2, self.bn2 = conv3x3(cout, cout), nn.BatchNorm2d(cout)
-        self.shortcut = nn.Sequential()
-        if stride != 1 or cin != cout:
-            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False),
-                                          nn.BatchNorm2d(cout))
+        self.shortcut = shortcut(cin, cout, stride)
 
     def forward(self, x):
         y = F.relu(self.bn1(self.conv1(x)))
@@ -54,10 +58,7 @@ class Bottleneck(nn.Module):
         self.conv1, self.bn1 = nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid)
         self.conv2, self.bn2 = conv3x3(mid, mid, stride), nn.BatchNorm2d(mid)
         self.conv3, self.bn3 = nn.Conv2d(mid, cout, 1, bias=False), nn.BatchNorm2d(cout)
-        self.shortcut = nn.Sequential()
-        if stride != 1 or cin != cout:
-            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False),
-                                          nn.BatchNorm2d(cout))
+        self.shortcut = shortcut(cin, cout, stride)
 
     def forward(self, x):
         y = F.relu(self.bn1(self.conv1(x)))

@@ -32,12 +32,18 @@ MEAN = torch.tensor([0.4914, 0.4822, 0.4465]).view(1, 3, 1, 1) * 255
 STD = torch.tensor([0.2470, 0.2435, 0.2616]).view(1, 3, 1, 1) * 255
 
 
+def sgd(model):
+    """The benchmark's optimizer (throughput.cc's), each framework's default implementation."""
+    return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True,
+                           weight_decay=5e-4)
+
+
 def sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def crop_flip_normalize(images, pad, gen_device):
+def crop_flip_normalize(images, pad):
     """The same whole-batch gather as fabric/data/augment.cc."""
     n, c, h, w = images.shape
     dy = torch.randint(0, 2 * pad + 1, (n,), device=images.device)
@@ -76,7 +82,7 @@ def batches(args, device):
             order = torch.randperm(args.images, device=device)
             for b in range(steps):
                 idx = order[b * args.batch:(b + 1) * args.batch]
-                yield crop_flip_normalize(images.index_select(0, idx), 4, device), labels[idx]
+                yield crop_flip_normalize(images.index_select(0, idx), 4), labels[idx]
     return gen(), steps
 
 
@@ -107,8 +113,7 @@ def main():
     amp_dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(args.precision)
     if args.framework in ("raw", "compile"):
         model = model.to(device, memory_format=memory_format)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True,
-                              weight_decay=5e-4)
+        opt = sgd(model)
         if args.framework == "compile":
             model = torch.compile(model)
         if amp_dtype is not None:
@@ -129,8 +134,7 @@ def main():
         from lightning.fabric import Fabric
         fabric = Fabric(accelerator=device.type, devices=1, precision=args.precision)
         model = model.to(memory_format=memory_format)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True,
-                              weight_decay=5e-4)
+        opt = sgd(model)
         model, opt = fabric.setup(model, opt)
         autocast = fabric.autocast
         backward = fabric.backward
@@ -141,8 +145,7 @@ def main():
                           mixed_precision={"32-true": "no", "bf16-mixed": "bf16",
                                            "16-mixed": "fp16"}[args.precision])
         model = model.to(memory_format=memory_format)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True,
-                              weight_decay=5e-4)
+        opt = sgd(model)
         model, opt = acc.prepare(model, opt)
         autocast = acc.autocast
         backward = acc.backward
