@@ -6,6 +6,7 @@
 #ifndef FABRIC_CORE_ERROR_H_
 #define FABRIC_CORE_ERROR_H_
 
+#include <cstddef>
 #include <stdexcept>
 #include <string>
 
@@ -16,11 +17,16 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& message) : std::runtime_error(message) {}
 };
 
+// `text` on one line: control characters escaped (\n, \t, \xNN); with `max_chars`, cut after
+// that many characters, then "...". For quoting user input in messages.
+std::string one_line(const std::string& text, std::size_t max_chars = std::string::npos);
+
 // A bad config file, override or command-line flag. Programs exit with status 2 on it
 // (fabric::run_main does this), printing only the message: "FILE:LINE:COL: KEY: problem; fix".
+// (Its message is made one line by one_line(): any quoted input can hold newlines.)
 class ConfigError : public Error {
  public:
-  explicit ConfigError(const std::string& message) : Error(message) {}
+  explicit ConfigError(const std::string& message) : Error(one_line(message)) {}
 };
 
 }  // namespace fabric

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <set>
 
+#include "fabric/core/error.h"
 #include "fabric/core/suggest.h"
 
 namespace fabric::internal {
@@ -122,12 +123,13 @@ std::string format_double(double value) {
 }
 
 std::string describe(const YAML::Node& value) {
-  if (value.IsScalar()) return "'" + value.Scalar() + "'";
+  constexpr std::size_t kMaxChars = 80;  // a value quoted in a message, not the whole file
+  if (value.IsScalar()) return "'" + one_line(value.Scalar(), kMaxChars) + "'";
   YAML::Emitter out;
   out.SetSeqFormat(YAML::Flow);
   out.SetMapFormat(YAML::Flow);
   out << value;
-  return out.c_str();
+  return one_line(out.c_str(), kMaxChars);
 }
 
 Normalized normalize_value(const KeySpec& spec, const YAML::Node& value) {

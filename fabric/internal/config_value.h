@@ -20,7 +20,8 @@ Normalized normalize_value(const KeySpec& spec, const YAML::Node& value);
 // Shortest text that reads back as the same double ("0.1", "65536", "1e-08").
 std::string format_double(double value);
 
-// How a value appears in messages: scalars quoted ('abc'), other nodes as flow YAML.
+// How a value appears in messages: scalars quoted ('abc'), other nodes as flow YAML; always one
+// line (control characters escaped as \n, \t, \xNN) of at most 80 characters (then "...").
 std::string describe(const YAML::Node& value);
 
 }  // namespace fabric::internal

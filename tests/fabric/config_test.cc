@@ -232,6 +232,18 @@ TEST_F(ConfigTest, ResolvedYamlReadsBackToTheSameConfig) {
   EXPECT_NE(c.to_yaml().find("devices: [1, 3]"), std::string::npos) << c.to_yaml();
 }
 
+// Found by the config fuzzer: quoted input with line breaks or control bytes split the message.
+TEST_F(ConfigTest, ErrorsStayOnOneLineWhateverTheInputHolds) {
+  const std::string section = load_error("\"bad\\nsection\\x01\": 1\n");
+  EXPECT_NE(section.find("unknown section 'bad\\nsection\\x01'"), std::string::npos) << section;
+  const std::string value = load_error("optimizer:\n  lr: \"0.1\\n\\n\" \n");
+  EXPECT_NE(value.find("'0.1\\n\\n' is not a number"), std::string::npos) << value;
+  const std::string long_value = load_error("optimizer:\n  lr: " + std::string(200, 'x') + "\n");
+  EXPECT_NE(long_value.find(std::string(80, 'x') + "...'"), std::string::npos) << long_value;
+  for (const auto& m : {section, value, long_value})
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+}
+
 TEST_F(ConfigTest, SchemaRejectsBadDeclarations) {
   fabric::ConfigSchema s;
   s.add("model.width", fabric::KeySpec::integer(8).min(1));
