@@ -206,6 +206,10 @@ ConfigSchema default_schema() {
   s.add("fabric.ddp.gradient_as_bucket_view", KeySpec::boolean(false).doc("DDP"));
   s.add("fabric.ddp.static_graph", KeySpec::boolean(false).doc("DDP"));
   s.add("fabric.ddp.comm_hook", KeySpec::choice({"none", "fp16", "bf16"}, "none").doc("DDP"));
+  s.add("fabric.ddp.cpu_backend",
+        KeySpec::choice({"auto", "gloo", "shm"}, "auto")
+            .doc("CPU all-reduces: shm (shared memory, one machine), gloo; auto: shm when every "
+                 "rank is on this machine"));
   s.add("fabric.ddp.timeout_s", KeySpec::real(300.0).min(0, false).doc("DDP"));
   s.add("fabric.ddp.debug_collectives",
         KeySpec::boolean(false).doc("check that every rank issues the same collectives (slow)"));

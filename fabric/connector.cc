@@ -151,6 +151,7 @@ void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) 
   }
   s.ddp.static_graph = c.get_bool("fabric.ddp.static_graph");
   s.ddp.comm_hook = c.get_string("fabric.ddp.comm_hook");
+  s.ddp.cpu_backend = c.get_string("fabric.ddp.cpu_backend");
   s.ddp.timeout =
       std::chrono::milliseconds(static_cast<int64_t>(c.get_double("fabric.ddp.timeout_s") * 1000));
   s.ddp.debug_collectives = c.get_bool("fabric.ddp.debug_collectives");

@@ -115,6 +115,7 @@ void Ddp::setup_environment() {
   pg.cuda_device = device_.is_cuda() ? device_.index() : 0;
   pg.cuda_with_gloo = options_.cuda_with_gloo;
   pg.single_node = single_node;
+  pg.cpu_backend = options_.cpu_backend;
   pg_ = distributed::make_process_group(store_, pg);
   if (options_.debug_collectives && world > 1) {
     checker_ = std::make_unique<distributed::CollectiveChecker>(store_, env_->global_rank(), world,

@@ -19,6 +19,7 @@
 #include <cstring>
 
 #include "fabric/core/error.h"
+#include "fabric/distributed/shm_backend.h"
 
 namespace fabric::distributed {
 
@@ -102,7 +103,25 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(
     gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
   }
   auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, gloo_options);
-  pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+  if (o.cpu_backend != "auto" && o.cpu_backend != "gloo" && o.cpu_backend != "shm")
+    throw Error("make_process_group: cpu_backend '" + o.cpu_backend + "' is not auto, gloo or shm");
+  c10::intrusive_ptr<c10d::Backend> cpu = gloo;
+  if (size > 1 && (o.cpu_backend == "shm" || (o.cpu_backend == "auto" && o.single_node))) {
+    ShmBackendOptions shm_options;
+    shm_options.rank = rank;
+    shm_options.world_size = size;
+    shm_options.timeout = o.timeout;
+    std::string why_not;
+    if (auto shm = make_shm_backend(store, gloo, shm_options, &why_not)) {
+      cpu = shm;
+    } else if (o.cpu_backend == "shm") {
+      throw Error("fabric.ddp.cpu_backend: shm: the ranks cannot share memory (" + why_not +
+                  "); set it to auto or gloo");
+    }
+  }
+  // Registered as Gloo, the type every CPU collective and the Reducer expect; the shared-memory
+  // backend hands everything but all-reduce to the Gloo one.
+  pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, cpu);
   pg->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
 
   if (o.cuda && o.cuda_with_gloo) {
@@ -120,6 +139,10 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(
 #endif
   }
   return pg;
+}
+
+std::string cpu_backend_name(c10d::ProcessGroup& group) {
+  return group.getBackend(c10::DeviceType::CPU)->getBackendName();
 }
 
 std::vector<at::Tensor> all_gather(c10d::ProcessGroup& group, const at::Tensor& tensor,

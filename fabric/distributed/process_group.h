@@ -3,9 +3,10 @@
 // make_store(): rank 0 hosts a c10d::TCPStore, the others connect to it. A store created with
 // port 0 binds an ephemeral port (read it back with store_port()), so any number of self-launched
 // jobs run side by side without port collisions. make_process_group(): a c10d::ProcessGroup with
-// Gloo for CPU tensors and, in CUDA builds when `cuda` is true, NCCL for CUDA tensors (both
-// registered, so CPU collectives keep working in GPU jobs). The timeout applies to the store and
-// to every collective.
+// Gloo for CPU tensors (all-reduces through shared memory when every rank is on this machine, see
+// ProcessGroupOptions::cpu_backend) and, in CUDA builds when `cuda` is true, NCCL for CUDA tensors
+// (both registered, so CPU collectives keep working in GPU jobs). The timeout applies to the store
+// and to every collective.
 #ifndef FABRIC_DISTRIBUTED_PROCESS_GROUP_H_
 #define FABRIC_DISTRIBUTED_PROCESS_GROUP_H_
 
@@ -53,10 +54,17 @@ struct ProcessGroupOptions {
   // Every rank on this machine (self-launched job): Gloo talks over loopback. Otherwise Gloo binds
   // the interface named by GLOO_SOCKET_IFNAME, else the one this host's name resolves to.
   bool single_node = true;
+  // CPU all-reduces (fabric.ddp.cpu_backend): "gloo"; "shm", through shared memory
+  // (shm_backend.h; an error if the ranks cannot share it); "auto": shm when single_node and the
+  // ranks can share memory, else Gloo.
+  std::string cpu_backend = "auto";
 };
 
 c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(
     const c10::intrusive_ptr<c10d::Store>& store, const ProcessGroupOptions& options);
+
+// The backend that runs this group's CPU all-reduces: "fabric_shm" or "gloo".
+std::string cpu_backend_name(c10d::ProcessGroup& group);
 
 // Every rank's `tensor` (same shape and dtype everywhere), in rank order; failures name
 // `collective` as wait() does.

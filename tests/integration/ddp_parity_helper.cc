@@ -9,7 +9,8 @@
 //       static   static_graph
 //       bf16     comm_hook bf16 (gradients on the wire in bfloat16: tolerance 2e-2, not 1e-6)
 // A 4th argument "cuda_gloo" (GPU test) puts every rank on cuda:0 with Gloo for CUDA tensors and
-// compares with the CPU reference (tolerance 1e-5); it exits 77 when no GPU is usable.
+// compares with the CPU reference (tolerance 1e-5); it exits 77 when no GPU is usable. A 4th
+// argument "gloo" sets fabric.ddp.cpu_backend gloo (default auto: shared memory on one host).
 // Prints "max_rel_diff=X" and "params_hash=H" (FNV-1a of the trained parameters' bytes) and exits 0
 // when X is within tolerance and every check passed.
 #include <torch/torch.h>
@@ -83,6 +84,7 @@ int main(int argc, char** argv) {
   options.static_graph = mode == "static";
   if (mode == "bf16") options.comm_hook = "bf16";
   options.cuda_with_gloo = on_gpu;
+  if (argc == 5 && std::string(argv[4]) == "gloo") options.cpu_backend = "gloo";
   const double tolerance = mode == "bf16" ? 2e-2 : on_gpu ? 1e-5 : 1e-6;
   fabric::strategies::Ddp ddp(
       env, device,

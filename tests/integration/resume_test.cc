@@ -153,15 +153,18 @@ TEST_F(ResumeTest, KilledAtRandomMomentsResumesFromACompleteCheckpoint) {
     const std::string runs = "runs" + std::to_string(trial);
     const std::string common = job + "logging.run_dir=" + runs + "/{name}/{timestamp} ";
     std::string how;
+    int64_t kill_after = -1;
     if (trial < 10) {
       char after[32];
       std::snprintf(after, sizeof(after), "%.3f", when(gen));
       how = std::string("timeout -s KILL ") + after;
     } else {
-      how = "FABRIC_TEST_KILL_AFTER_BYTES=" + std::to_string(byte(gen));
+      kill_after = byte(gen);
+      how = "FABRIC_TEST_KILL_AFTER_BYTES=" + std::to_string(kill_after);
     }
     auto crashed = run(common, how);
-    killed += crashed.code == 128 + 9 || crashed.code == 137;
+    const bool was_killed = crashed.code == 128 + 9 || crashed.code == 137;
+    killed += was_killed;
     // A crash may leave a temporary file behind, never a truncated checkpoint.
     std::error_code none_yet;  // killed before the run directory existed
     bool partial = false;
@@ -173,7 +176,9 @@ TEST_F(ResumeTest, KilledAtRandomMomentsResumesFromACompleteCheckpoint) {
       }
     }
     killed_while_writing += partial;
-    if (trial >= 10) {
+    if (kill_after >= 0) {
+      // Fault injection is deterministic: the process dies inside a checkpoint write, always.
+      EXPECT_TRUE(was_killed) << how << "\n" << crashed.out;
       EXPECT_TRUE(partial) << how << "\n" << crashed.out;
     }
     auto resumed = run(common + "checkpoint.resume=auto test.out=" + runs + ".ckpt");
@@ -181,15 +186,20 @@ TEST_F(ResumeTest, KilledAtRandomMomentsResumesFromACompleteCheckpoint) {
     EXPECT_EQ(compare_checkpoints(dir_ / "full.ckpt", dir_ / (runs + ".ckpt")), "")
         << "trial " << trial << ": " << how << "\n"
         << resumed.out;
-    resumed_from_checkpoint += resumed.out.find("resumed from") != std::string::npos;
+    const bool from_checkpoint = resumed.out.find("resumed from") != std::string::npos;
+    resumed_from_checkpoint += from_checkpoint;
+    if (kill_after >= 2 * checkpoint_bytes) {
+      // At least one complete checkpoint was written before the kill: auto must find it.
+      EXPECT_TRUE(from_checkpoint) << how << "\n" << resumed.out;
+    }
     fs::remove_all(dir_ / runs);
     fs::remove(dir_ / (runs + ".ckpt"));
   }
   std::cout << "killed " << killed << " of 20 runs, " << killed_while_writing
             << " while writing a checkpoint; " << resumed_from_checkpoint
             << " resumed from a checkpoint (others were killed before the first)" << std::endl;
-  EXPECT_GE(killed, 15) << "the runs should have been killed mid-run";
-  EXPECT_GE(resumed_from_checkpoint, 10);
+  // The timed kills (trials 0-9) may land after a fast run has finished; only the fault-injected
+  // trials are asserted to die, so the test does not depend on the machine's speed.
 }
 
 TEST_F(ResumeTest, AutoSkipsADamagedNewestCheckpoint) {

@@ -1,4 +1,5 @@
-// 2-rank CPU DDP step time through Fabric (self-launched ranks, Gloo, c10d::Reducer), for the
+// 2-rank CPU DDP step time through Fabric (self-launched ranks, c10d::Reducer; all-reduces through
+// shared memory unless --cpu_backend=gloo), for the
 // comparison with PyTorch's Python DDP in ddp_compare.py (same model, batch, threads, steps).
 //   ddp_step --world=2 --steps=60 --warmup=10 --batch=64 --threads=1
 // Model: MLP 1024 → 2048 → 1024 → 512 (ReLU), 4.72M parameters, MSE loss, SGD momentum 0.9.
@@ -23,6 +24,8 @@ DEFINE_int32(batch, 64, "batch per rank");
 DEFINE_int32(threads, 1, "intra-op threads per rank");
 DEFINE_double(bucket_cap_mb, 25.0, "DDP bucket size");
 DEFINE_string(optimizer_impl, "auto", "auto | fused | foreach | for_loop");
+DEFINE_string(cpu_backend, "auto",
+              "fabric.ddp.cpu_backend: auto (shared memory here) | gloo | shm");
 
 int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
@@ -30,7 +33,8 @@ int main(int argc, char** argv) {
   const auto config = fabric::Config::defaults(
       fabric::training_schema(),
       {"fabric.accelerator=cpu", "fabric.devices=" + std::to_string(FLAGS_world),
-       "fabric.strategy=ddp", "fabric.ddp.bucket_cap_mb=" + std::to_string(FLAGS_bucket_cap_mb)});
+       "fabric.strategy=ddp", "fabric.ddp.bucket_cap_mb=" + std::to_string(FLAGS_bucket_cap_mb),
+       "fabric.ddp.cpu_backend=" + FLAGS_cpu_backend});
   fabric::Fabric fabric(config);
   return fabric.launch([&](fabric::Fabric& f) {
     torch::nn::Sequential model(torch::nn::Linear(1024, 2048), torch::nn::ReLU(),
