@@ -15,8 +15,19 @@
 #include "fabric/checkpoint/archive.h"
 #include "fabric/core/error.h"
 
+namespace {
+
+// The input file, removed when the fuzzer exits (an aborting run leaves it for the reproducer).
+struct InputFile {
+  std::string path = "/dev/shm/fabric_checkpoint_fuzz_" + std::to_string(getpid());
+  ~InputFile() { std::remove(path.c_str()); }
+};
+
+}  // namespace
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const std::string path = "/dev/shm/fabric_checkpoint_fuzz_" + std::to_string(getpid());
+  static const InputFile file;
+  const std::string& path = file.path;
   std::ofstream(path, std::ios::binary | std::ios::trunc)
       .write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
   try {
