@@ -194,6 +194,10 @@ ConfigSchema default_schema() {
                                        .doc("float32 matmul: high/medium allow TF32 on CUDA"));
   s.add("fabric.channels_last",
         KeySpec::boolean(false).doc("4-D weights and batches in channels-last memory format"));
+  s.add("fabric.cuda_graphs",
+        KeySpec::boolean(false).doc(
+            "capture each training step once as a CUDA graph and replay it (fabric::GraphedStep; "
+            "CUDA, single device)"));
   s.add("fabric.grad_scaler.init_scale",
         KeySpec::real(65536.0).min(0, false).doc("16-mixed loss scale at start"));
   s.add("fabric.grad_scaler.growth_factor", KeySpec::real(2.0).min(1, false));

@@ -213,6 +213,14 @@ ResolvedSetup resolve_setup(const Config& c, const MachineFacts& m) {
   s.cudnn_benchmark = bench == "auto" ? !s.deterministic : bench == "true";
   s.matmul_precision = c.get_string("fabric.matmul_precision");
   s.channels_last = c.get_bool("fabric.channels_last");
+  s.cuda_graphs = c.get_bool("fabric.cuda_graphs");
+  if (s.cuda_graphs && (!s.device.is_cuda() || s.strategy != "single_device")) {
+    s.warnings.push_back(
+        c.origin("fabric.cuda_graphs") + ": fabric.cuda_graphs: steps run eagerly: " +
+        (!s.device.is_cuda() ? "CUDA graphs need a CUDA device and this run is on " + s.device.str()
+                             : "capture under strategy " + s.strategy + " is not implemented yet"));
+    s.cuda_graphs = false;
+  }
   s.scaler.init_scale = c.get_double("fabric.grad_scaler.init_scale");
   s.scaler.growth_factor = c.get_double("fabric.grad_scaler.growth_factor");
   s.scaler.backoff_factor = c.get_double("fabric.grad_scaler.backoff_factor");

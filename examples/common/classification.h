@@ -23,6 +23,7 @@
 #include "fabric/logging/progress.h"
 #include "fabric/logging/run_dir.h"
 #include "fabric/nonfinite_guard.h"
+#include "fabric/training/graphed_step.h"
 
 namespace examples {
 
@@ -75,23 +76,22 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
   // data.on_device: in-memory datasets move to the GPU once (uint8); batches and their
   // augmentation are then built there.
   const std::string on_device = c.get_string("data.on_device");
-  const bool keep_on_device =
-      !f.device().is_cpu() && (on_device == "true" || on_device == "auto");
+  const bool keep_on_device = !f.device().is_cpu() && (on_device == "true" || on_device == "auto");
   auto place = [&](const std::shared_ptr<const fabric::Dataset>& d) {
     const auto t = std::dynamic_pointer_cast<const fabric::TensorDataset>(d);
     return keep_on_device && t ? fabric::device_dataset(*t, f.device()) : d;
   };
   auto train = f.setup_dataloader(place(task.train), fabric::DataLoaderOptions()
-                                                  .batch_size(c.get_int("data.batch_size"))
-                                                  .shuffle(c.get_bool("data.shuffle"))
-                                                  .drop_last(c.get_bool("data.drop_last"))
-                                                  .num_workers(c.get_int("data.num_workers"))
-                                                  .prefetch(c.get_int("data.prefetch"))
-                                                  .transform(task.train_transform));
+                                                         .batch_size(c.get_int("data.batch_size"))
+                                                         .shuffle(c.get_bool("data.shuffle"))
+                                                         .drop_last(c.get_bool("data.drop_last"))
+                                                         .num_workers(c.get_int("data.num_workers"))
+                                                         .prefetch(c.get_int("data.prefetch"))
+                                                         .transform(task.train_transform));
   auto test = f.setup_dataloader(place(task.test), fabric::DataLoaderOptions()
-                                                .batch_size(c.get_int("data.batch_size"))
-                                                .num_workers(c.get_int("data.num_workers"))
-                                                .transform(task.test_transform));
+                                                       .batch_size(c.get_int("data.batch_size"))
+                                                       .num_workers(c.get_int("data.num_workers"))
+                                                       .transform(task.test_transform));
 
   const int64_t max_epochs = c.get_int("trainer.max_epochs");
   const int64_t max_steps = c.get_int("trainer.max_steps");
@@ -124,26 +124,35 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
   auto window_start = Clock::now();
   fabric::ProgressBar& bar = f.progress_bar(total_steps, max_epochs, step);
   fabric::NonFiniteGuard nonfinite(f);  // trainer.stop_on_nonfinite
+  auto loss_of = [&](const torch::Tensor& data, const torch::Tensor& target) {
+    auto guard = f.autocast();
+    return torch::cross_entropy_loss(f.forward(model, f.precision().convert_input(data)), target);
+  };
+  // One whole step, replayed as a CUDA graph with fabric.cuda_graphs (eager otherwise).
+  fabric::GraphedStep train_step(
+      f, *optimizer, [&](const std::vector<torch::Tensor>& b) { return loss_of(b[0], b[1]); });
+  if (clip > 0 && train_step.graphed())
+    f.print(
+        "warning: fabric.cuda_graphs: steps run eagerly with trainer.gradient_clip_val > 0 "
+        "(clipping reads the gradient norm on the host)");
   std::string stopped;
   for (; epoch < max_epochs && step < total_steps; ++epoch) {
     const auto epoch_start = Clock::now();
     for (fabric::Batch& batch : train) {
-      optimizer->zero_grad();
       torch::Tensor loss;
-      {
-        auto guard = f.autocast();
-        loss = torch::cross_entropy_loss(f.forward(model, f.precision().convert_input(batch.data)),
-                                         batch.target);
-      }
-      f.backward(loss);
       if (clip > 0) {
+        optimizer->zero_grad();
+        loss = loss_of(batch.data, batch.target);
+        f.backward(loss);
         if (clip_by_norm) {
           f.clip_gradients(model, *optimizer, clip);
         } else {
           f.clip_gradients_value(model, *optimizer, clip);
         }
+        f.step(*optimizer);
+      } else {
+        loss = train_step({batch.data, batch.target});
       }
-      f.step(*optimizer);
       scheduler.step();
       ++step;
       window_loss += loss.detach().to(torch::kFloat);  // no host sync until the progress line

@@ -108,7 +108,8 @@ void SGD::step_scaled(const at::Tensor& grad_scale, const at::Tensor& found_inf)
 
 void SGD::update(const at::Tensor& grad_scale, const at::Tensor& found_inf) {
   at::NoGradGuard no_grad;
-  for (auto& group : param_groups()) {
+  for (size_t group_index = 0; group_index < param_groups().size(); ++group_index) {
+    auto& group = param_groups()[group_index];
     const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
     const double momentum = o.momentum();
     // Per (device, dtype), and whether the momentum buffer exists yet (first step copies the
@@ -142,9 +143,15 @@ void SGD::update(const at::Tensor& grad_scale, const at::Tensor& found_inf) {
       const bool first = key.second;
       if (impl_ == OptimizerImpl::kFused) {
         const torch::Device device = params[0].device();
-        at::_fused_sgd_(params, grads, buffers, o.weight_decay(), momentum, o.lr(), o.dampening(),
-                        o.nesterov(), /*maximize=*/false, first, on(grad_scale, device),
-                        on(found_inf, device));
+        if (device_lr_.on) {
+          at::_fused_sgd_(params, grads, buffers, o.weight_decay(), momentum,
+                          device_lr_.get(group_index, device, o.lr()), o.dampening(), o.nesterov(),
+                          /*maximize=*/false, first, on(grad_scale, device), on(found_inf, device));
+        } else {
+          at::_fused_sgd_(params, grads, buffers, o.weight_decay(), momentum, o.lr(), o.dampening(),
+                          o.nesterov(), /*maximize=*/false, first, on(grad_scale, device),
+                          on(found_inf, device));
+        }
         continue;
       }
       TensorList d = grads;
@@ -171,6 +178,16 @@ void SGD::update(const at::Tensor& grad_scale, const at::Tensor& found_inf) {
 // Adam / AdamW
 
 namespace internal {
+
+const at::Tensor& DeviceLr::get(size_t group, const torch::Device& device, double lr) {
+  at::Tensor& t = tensors_[{group, device.str()}];
+  if (!t.defined()) t = torch::full({}, lr, torch::dtype(torch::kFloat32).device(device));
+  return t;
+}
+
+void DeviceLr::refresh(const std::vector<torch::optim::OptimizerParamGroup>& groups) {
+  for (auto& [key, t] : tensors_) t.fill_(groups.at(key.first).options().get_lr());
+}
 
 template <typename B, typename O, typename S>
 AdamFamily<B, O, S>::AdamFamily(const std::vector<torch::Tensor>& params, const O& options,
@@ -199,7 +216,8 @@ template <typename B, typename O, typename S>
 void AdamFamily<B, O, S>::update(const at::Tensor& grad_scale, const at::Tensor& found_inf) {
   constexpr bool kDecoupled = std::is_same_v<S, torch::optim::AdamWParamState>;
   at::NoGradGuard no_grad;
-  for (auto& group : this->param_groups()) {
+  for (size_t group_index = 0; group_index < this->param_groups().size(); ++group_index) {
+    auto& group = this->param_groups()[group_index];
     const auto& o = static_cast<const O&>(group.options());
     const auto [beta1, beta2] = o.betas();
     // Per (device, dtype) and, for kForeach, per step count (bias corrections differ).
@@ -243,14 +261,22 @@ void AdamFamily<B, O, S>::update(const at::Tensor& grad_scale, const at::Tensor&
         const auto scale = on(grad_scale, device);
         const auto found = on(found_inf, device);
         at::_foreach_add_(b.steps, 1);
-        if constexpr (kDecoupled) {
-          at::_fused_adamw_(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, b.max_sqs, b.steps,
-                            o.lr(), beta1, beta2, o.weight_decay(), o.eps(), o.amsgrad(),
-                            /*maximize=*/false, scale, found);
+        // The same kernel either way; with device_lr the learning rate is read on the device.
+        auto fused = [&](const auto& lr) {
+          if constexpr (kDecoupled) {
+            at::_fused_adamw_(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, b.max_sqs, b.steps, lr,
+                              beta1, beta2, o.weight_decay(), o.eps(), o.amsgrad(),
+                              /*maximize=*/false, scale, found);
+          } else {
+            at::_fused_adam_(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, b.max_sqs, b.steps, lr,
+                             beta1, beta2, o.weight_decay(), o.eps(), o.amsgrad(),
+                             /*maximize=*/false, scale, found);
+          }
+        };
+        if (device_lr_.on) {
+          fused(device_lr_.get(group_index, device, o.lr()));
         } else {
-          at::_fused_adam_(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, b.max_sqs, b.steps, o.lr(),
-                           beta1, beta2, o.weight_decay(), o.eps(), o.amsgrad(),
-                           /*maximize=*/false, scale, found);
+          fused(o.lr());
         }
         if (found) {
           // A skipped step does not count; the host counts are stale until sync_state().

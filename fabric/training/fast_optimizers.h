@@ -29,8 +29,10 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <map>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "fabric/training/scaled_step.h"
@@ -38,6 +40,23 @@
 namespace fabric {
 
 enum class OptimizerImpl { kAuto, kFused, kForeach, kForLoop };
+
+namespace internal {
+
+// ScaledStep's device learning rates: one float32 scalar per (parameter group, device).
+class DeviceLr {
+ public:
+  bool on = false;
+  // The tensor for group `group` on `device`, made (holding `lr`) on first use.
+  const at::Tensor& get(size_t group, const torch::Device& device, double lr);
+  // Fills every tensor made so far with its group's current learning rate.
+  void refresh(const std::vector<torch::optim::OptimizerParamGroup>& groups);
+
+ private:
+  std::map<std::pair<size_t, std::string>, at::Tensor> tensors_;
+};
+
+}  // namespace internal
 
 // "auto" | "fused" | "foreach" | "for_loop" (the optimizer.implementation config key).
 OptimizerImpl parse_optimizer_impl(const std::string& name);  // throws fabric::Error
@@ -57,10 +76,14 @@ class SGD : public torch::optim::SGD, public ScaledStep {
   void step_scaled(const at::Tensor& grad_scale, const at::Tensor& found_inf) override;
   void sync_state() override {}
   void state_loaded() override {}
+  void set_device_lr(bool on) override { device_lr_.on = on; }
+  void refresh_lr() override { device_lr_.refresh(param_groups()); }
+  void steps_ran_on_device() override {}
 
  private:
   void update(const at::Tensor& grad_scale, const at::Tensor& found_inf);
   OptimizerImpl impl_;
+  internal::DeviceLr device_lr_;
 };
 
 namespace internal {
@@ -82,6 +105,9 @@ class AdamFamily : public Base, public ScaledStep {
   void step_scaled(const at::Tensor& grad_scale, const at::Tensor& found_inf) override;
   void sync_state() override;
   void state_loaded() override;
+  void set_device_lr(bool on) override { device_lr_.on = on; }
+  void refresh_lr() override { device_lr_.refresh(this->param_groups()); }
+  void steps_ran_on_device() override { host_stale_ = true; }
 
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
@@ -93,6 +119,7 @@ class AdamFamily : public Base, public ScaledStep {
   // host_stale_ (a step whose skip was decided on the device happened since the last sync).
   std::unordered_map<const void*, at::Tensor> device_steps_;
   bool host_stale_ = false;
+  DeviceLr device_lr_;
 };
 
 }  // namespace internal

@@ -23,9 +23,7 @@ MachineFacts facts(bool cuda_compiled, bool libtorch_has_cuda, int64_t devices, 
 }
 
 MachineFacts cpu_machine() { return facts(false, false, 0, false, ""); }
-MachineFacts gpu_machine(int64_t n, bool bf16 = true) {
-  return facts(true, true, n, bf16, "");
-}
+MachineFacts gpu_machine(int64_t n, bool bf16 = true) { return facts(true, true, n, bf16, ""); }
 
 fabric::ResolvedSetup resolve(const std::vector<std::string>& overrides, const MachineFacts& m) {
   return fabric::resolve_setup(Config::defaults(fabric::training_schema(), overrides), m);
@@ -230,6 +228,31 @@ TEST(ConnectorTest, SettingsFollowTheDocumentedRules) {
   s = resolve({"fabric.sync_batchnorm=true"}, cpu_machine());  // one process
   ASSERT_EQ(s.warnings.size(), 1u);
   EXPECT_NE(s.warnings[0].find("has no effect with a single process"), std::string::npos);
+  EXPECT_EQ(s.ddp.cpu_backend, "auto");
+  s = resolve({"fabric.ddp.cpu_backend=gloo", "fabric.devices=2"}, cpu_machine());
+  EXPECT_EQ(s.ddp.cpu_backend, "gloo");
+}
+
+// fabric.cuda_graphs holds only for one CUDA device; elsewhere one warning says why steps run
+// eagerly, and the same config still runs.
+TEST(ConnectorTest, CudaGraphsOnlyOnOneCudaDeviceElseAWarning) {
+  auto s = resolve({"fabric.cuda_graphs=true"}, gpu_machine(1));
+  EXPECT_TRUE(s.cuda_graphs);
+  EXPECT_TRUE(s.warnings.empty());
+  EXPECT_FALSE(resolve({}, gpu_machine(1)).cuda_graphs);  // off by default
+  s = resolve({"fabric.cuda_graphs=true"}, cpu_machine());
+  EXPECT_FALSE(s.cuda_graphs);
+  ASSERT_EQ(s.warnings.size(), 1u);
+  EXPECT_NE(s.warnings[0].find("fabric.cuda_graphs: steps run eagerly: CUDA graphs need a CUDA "
+                               "device and this run is on cpu"),
+            std::string::npos)
+      << s.warnings[0];
+  s = resolve({"fabric.cuda_graphs=true", "fabric.strategy=dp"}, gpu_machine(2));
+  EXPECT_FALSE(s.cuda_graphs);
+  ASSERT_EQ(s.warnings.size(), 1u);
+  EXPECT_NE(s.warnings[0].find("capture under strategy dp is not implemented yet"),
+            std::string::npos)
+      << s.warnings[0];
 }
 
 }  // namespace

@@ -37,7 +37,9 @@ def main():
     p.add_argument("--cpp", required=True, help="the throughput binary (bazel-bin/tools/bench/throughput)")
     p.add_argument("--suite", default="resnet18", choices=["resnet18", "resnet50_epoch"])
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--frameworks", default="fabric++,raw,compile,lightning,accelerate")
+    p.add_argument("--frameworks",
+                   default="fabric++,fabric++graphs,raw,compile,lightning,accelerate",
+                   help="fabric++graphs: ours with --cuda_graphs (whole-step CUDA graphs)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--warmup", type=int, default=15)
@@ -70,9 +72,9 @@ def main():
                   f"--images={args.images}"]
         cmds = {}
         for fw in frameworks:
-            if fw == "fabric++":
+            if fw in ("fabric++", "fabric++graphs"):
                 cmds[fw] = ([args.cpp] + common + [f"--accelerator={args.device}"] +
-                            args.extra_cpp.split())
+                            args.extra_cpp.split() + (["--cuda_graphs"] if fw != "fabric++" else []))
             else:
                 cmds[fw] = ([sys.executable, os.path.join(HERE, "throughput.py"),
                              f"--framework={fw}", f"--device={args.device}"] + common +
@@ -107,7 +109,7 @@ def main():
         return row.get(fw, {}).get("images_per_s")
 
     head = "| model | batch | precision | " + " | ".join(f"{fw} img/s" for fw in frameworks)
-    head += " | ours/lightning | ours/raw | ours/compile | peak MiB (ours / raw) |"
+    head += " | ours/lightning | ours/raw | ours/compile | graphs/lightning | peak MiB (ours / raw) |"
     print("\n" + head)
     print("|" + " --- |" * (head.count("|") - 1))
     for row in rows:
@@ -119,6 +121,8 @@ def main():
         for ref in ("lightning", "raw", "compile"):
             v = ips(row, ref)
             cells.append(f"{ours / v:.3f}" if ours and v else "-")
+        graphs, lightning = ips(row, "fabric++graphs"), ips(row, "lightning")
+        cells.append(f"{graphs / lightning:.3f}" if graphs and lightning else "-")
         mem = [row.get(fw, {}).get("peak_device_mib") for fw in ("fabric++", "raw")]
         cells.append(" / ".join(f"{m:.0f}" if m is not None else "-" for m in mem))
         print("| " + " | ".join(cells) + " |")

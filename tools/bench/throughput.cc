@@ -1,8 +1,8 @@
-// Training throughput through Fabric, the C++ side of tools/bench/gpu_compare.py (the Python side is
-// tools/bench/throughput.py: same models, optimizer, loss and data).
+// Training throughput through Fabric, the C++ side of tools/bench/gpu_compare.py (the Python side
+// is tools/bench/throughput.py: same models, optimizer, loss and data).
 //   throughput --model=resnet18|resnet50 --batch=512 --precision=bf16-mixed [--steps=50]
 //              [--warmup=15] [--data=static|epoch --images=50000] [--channels_last]
-//              [--accelerator=cuda] [--optimizer_impl=auto] [--threads=0]
+//              [--accelerator=cuda] [--optimizer_impl=auto] [--threads=0] [--cuda_graphs]
 // static: a pool of 4 synthetic normalized float batches on the device, cycled. epoch: a synthetic
 // uint8 dataset of --images images kept on the device (fabric::device_dataset), shuffled, random
 // crop (pad 4) + flip + normalize on the device (fabric::crop_flip_normalize); one whole epoch is
@@ -23,6 +23,7 @@
 
 #include "examples/common/models.h"
 #include "fabric/fabric.h"
+#include "fabric/training/graphed_step.h"
 #include "tools/bench/resnet50.h"
 
 DEFINE_string(model, "resnet18", "resnet18 (CIFAR variant) | resnet50 (ImageNet stem)");
@@ -33,6 +34,7 @@ DEFINE_int32(warmup, 15, "untimed steps first");
 DEFINE_string(data, "static", "static | epoch");
 DEFINE_int32(images, 50000, "dataset size for data=epoch");
 DEFINE_bool(channels_last, false, "fabric.channels_last");
+DEFINE_bool(cuda_graphs, false, "fabric.cuda_graphs: replay each step as a CUDA graph");
 DEFINE_string(accelerator, "cuda", "cuda | cpu");
 DEFINE_string(optimizer_impl, "auto", "auto | fused | foreach | for_loop");
 DEFINE_int32(threads, 0, "CPU intra-op threads (0: LibTorch's default)");
@@ -58,7 +60,8 @@ double peak_device_mib(const torch::Device& device) {
   if (device.is_cuda()) {
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
     return static_cast<double>(
-               stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+               stats
+                   .allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
                    .peak) /
            (1 << 20);
   }
@@ -91,10 +94,12 @@ int run(fabric::Fabric& f, Model& model) {
     fabric::TensorDataset cpu(
         torch::randint(0, 256, {FLAGS_images, 3, 32, 32}, gen, torch::kLong).to(torch::kUInt8),
         torch::randint(0, 10, {FLAGS_images}, gen));
-    loader = std::make_unique<fabric::DataLoader>(f.setup_dataloader(
-        fabric::device_dataset(cpu, device),
-        fabric::DataLoaderOptions().batch_size(FLAGS_batch).shuffle(true).transform(
-            fabric::crop_flip_normalize(4, kMean, kStd))));
+    loader = std::make_unique<fabric::DataLoader>(
+        f.setup_dataloader(fabric::device_dataset(cpu, device),
+                           fabric::DataLoaderOptions()
+                               .batch_size(FLAGS_batch)
+                               .shuffle(true)
+                               .transform(fabric::crop_flip_normalize(4, kMean, kStd))));
     timed_steps = loader->size();
   }
   std::optional<fabric::DataLoader::Iterator> it;
@@ -107,16 +112,13 @@ int run(fabric::Fabric& f, Model& model) {
     ++*it;
     return out;
   };
+  fabric::GraphedStep graphed(f, opt, [&](const std::vector<torch::Tensor>& batch) {
+    auto guard = f.autocast();
+    return torch::cross_entropy_loss(model->forward(batch[0]), batch[1]);
+  });
   auto train_step = [&] {
     auto [x, y] = next_batch();
-    opt.zero_grad();
-    torch::Tensor loss;
-    {
-      auto guard = f.autocast();
-      loss = torch::cross_entropy_loss(model->forward(x), y);
-    }
-    f.backward(loss);
-    f.step(opt);
+    graphed({x, y});  // eager unless --cuda_graphs
   };
   for (int s = 0; s < FLAGS_warmup; ++s) train_step();
   if (loader) it.reset();  // the timed epoch starts at a fresh pass
@@ -127,19 +129,20 @@ int run(fabric::Fabric& f, Model& model) {
   synchronize(device);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const double images = loader ? static_cast<double>(FLAGS_images)
-                               : static_cast<double>(timed_steps) * FLAGS_batch;
+  const double images =
+      loader ? static_cast<double>(FLAGS_images) : static_cast<double>(timed_steps) * FLAGS_batch;
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   std::printf(
       "RESULT {\"framework\": \"fabric++\", \"model\": \"%s\", \"batch\": %d, \"precision\": "
-      "\"%s\", \"data\": \"%s\", \"channels_last\": %s, \"optimizer_impl\": \"%s\", "
+      "\"%s\", \"data\": \"%s\", \"channels_last\": %s, \"cuda_graphs\": %s, "
+      "\"optimizer_impl\": \"%s\", "
       "\"parameters\": %lld, "
       "\"steps\": %lld, \"seconds\": %.6f, \"images_per_s\": %.3f, \"step_ms\": %.4f, "
       "\"peak_device_mib\": %.1f, \"peak_rss_mib\": %.1f, \"device\": \"%s\"}\n",
       FLAGS_model.c_str(), FLAGS_batch, FLAGS_precision.c_str(), FLAGS_data.c_str(),
-      FLAGS_channels_last ? "true" : "false", FLAGS_optimizer_impl.c_str(),
-      static_cast<long long>(parameters),
+      FLAGS_channels_last ? "true" : "false", graphed.graphed() ? "true" : "false",
+      FLAGS_optimizer_impl.c_str(), static_cast<long long>(parameters),
       static_cast<long long>(timed_steps), seconds, images / seconds,
       1000.0 * seconds / static_cast<double>(timed_steps), peak_device_mib(device),
       static_cast<double>(usage.ru_maxrss) / 1024.0, device.str().c_str());
@@ -157,7 +160,8 @@ int main(int argc, char** argv) {
       {"fabric.accelerator=" + FLAGS_accelerator, "fabric.devices=1",
        "fabric.strategy=single_device", "fabric.precision=" + FLAGS_precision,
        "fabric.cudnn_benchmark=true",
-       std::string("fabric.channels_last=") + (FLAGS_channels_last ? "true" : "false")});
+       std::string("fabric.channels_last=") + (FLAGS_channels_last ? "true" : "false"),
+       std::string("fabric.cuda_graphs=") + (FLAGS_cuda_graphs ? "true" : "false")});
   fabric::Fabric fabric(config);
   return fabric.launch([&](fabric::Fabric& f) {
     torch::manual_seed(0);

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <sstream>
@@ -232,6 +233,43 @@ TEST(FastOptimizers, GradScalerOnTheDeviceMatchesHostDecision) {
       EXPECT_EQ(s.step(), r.step());
       EXPECT_EQ(s.step(), 30 - ref_scaler.skipped_steps());
     }
+  }
+}
+
+// Device learning rates (what a step captured in a CUDA graph reads): the fused step gives the
+// same bits as with host ones while a schedule changes the rate every step; a rate that was not
+// refreshed is not followed.
+TEST(FastOptimizers, DeviceLearningRatesFollowTheScheduleBitwise) {
+  for (const auto& c : cases()) {
+    SCOPED_TRACE(c.name);
+    auto host_params = make_params(torch::kFloat32);
+    auto device_params = clone_params(host_params);
+    auto host = c.ours(host_params, OptimizerImpl::kFused);
+    auto device = c.ours(device_params, OptimizerImpl::kFused);
+    auto* scaled = dynamic_cast<ScaledStep*>(device.get());
+    ASSERT_NE(scaled, nullptr);
+    scaled->set_device_lr(true);
+    auto set_lr = [](torch::optim::Optimizer& o, double lr) {
+      for (auto& g : o.param_groups()) g.options().set_lr(lr);
+    };
+    for (int k = 0; k < 20; ++k) {
+      const double lr = std::ldexp(1.0, -(5 + k % 3));  // exact in float32, as the device holds it
+      set_lr(*host, lr);
+      set_lr(*device, lr);
+      scaled->refresh_lr();
+      set_grads(host_params, k);
+      set_grads(device_params, k);
+      host->step();
+      device->step();
+    }
+    EXPECT_EQ(max_difference(host_params, device_params), 0.0);
+    set_lr(*host, 0.5);
+    set_lr(*device, 0.5);  // not refreshed: the device still holds the last rate
+    set_grads(host_params, 20);
+    set_grads(device_params, 20);
+    host->step();
+    device->step();
+    EXPECT_GT(max_difference(host_params, device_params), 0.0);
   }
 }
 

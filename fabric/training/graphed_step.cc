@@ -1,0 +1,174 @@
+#include "fabric/training/graphed_step.h"
+
+#include <torch/torch.h>
+
+#ifdef FABRIC_WITH_CUDA
+#include <ATen/autocast_mode.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include "fabric/core/error.h"
+#include "fabric/fabric.h"
+#include "fabric/training/scaled_step.h"
+
+namespace fabric {
+namespace {
+
+std::string shapes_of(const std::vector<torch::Tensor>& batch) {
+  std::ostringstream out;
+  for (size_t i = 0; i < batch.size(); ++i)
+    out << (i ? " " : "") << batch[i].sizes() << " " << batch[i].dtype();
+  return out.str();
+}
+
+}  // namespace
+
+#ifdef FABRIC_WITH_CUDA
+struct GraphedStep::Graph {
+  explicit Graph(c10::DeviceIndex device)
+      : side(c10::cuda::getStreamFromPool(false, device)), device(device) {}
+  at::cuda::CUDAGraph graph;
+  c10::cuda::CUDAStream side;  // warm-up and capture (never the default stream)
+  c10::DeviceIndex device;
+  bool captured = false;
+  std::vector<torch::Tensor> inputs;  // static copies the graph reads
+  torch::Tensor loss;                 // static output the graph writes
+  std::string input_shapes;
+
+  // Runs `work` on the side stream, ordered after and before the current stream's work.
+  template <typename Work>
+  void on_side_stream(Work&& work) {
+    c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device);
+    at::cuda::CUDAEvent ready;
+    ready.record(current);
+    ready.block(side);
+    {
+      c10::cuda::CUDAStreamGuard guard(side);
+      work();
+    }
+    at::cuda::CUDAEvent done;
+    done.record(side);
+    done.block(current);
+  }
+};
+#else
+struct GraphedStep::Graph {};
+#endif
+
+GraphedStep::GraphedStep(Fabric& fabric, torch::optim::Optimizer& optimizer, LossFunction loss,
+                         GraphedStepOptions options)
+    : fabric_(fabric),
+      optimizer_(optimizer),
+      loss_(std::move(loss)),
+      options_(options),
+      enabled_(fabric.setup_info().cuda_graphs) {
+  if (!loss_) throw Error("GraphedStep: no loss function");
+  if (options_.warmup_steps < 1) options_.warmup_steps = 1;  // the capture needs made state
+  if (!enabled_) return;
+  scaled_ = dynamic_cast<ScaledStep*>(&optimizer_);
+  if (scaled_ == nullptr || !scaled_->takes_grad_scale())
+    throw Error(
+        "fabric.cuda_graphs: the optimizer must be fabric::SGD, fabric::Adam or fabric::AdamW with "
+        "the fused implementation (optimizer.implementation: auto or fused), whose step reads the "
+        "learning rate and the loss scale on the device; or set fabric.cuda_graphs: false");
+#ifdef FABRIC_WITH_CUDA
+  scaled_->set_device_lr(true);
+  const torch::Device device = fabric.device();
+  graph_ =
+      std::make_unique<Graph>(device.has_index() ? device.index() : c10::cuda::current_device());
+#else
+  throw Error("fabric.cuda_graphs: this build has no CUDA (built with --config=cpu_only)");
+#endif
+}
+
+GraphedStep::~GraphedStep() {
+  if (scaled_ != nullptr) scaled_->set_device_lr(false);
+}
+
+torch::Tensor GraphedStep::eager(const std::vector<torch::Tensor>& batch) {
+  optimizer_.zero_grad();
+  torch::Tensor loss = loss_(batch);
+  fabric_.backward(loss);
+  fabric_.step(optimizer_);
+  ++eager_;
+  return loss.detach();
+}
+
+torch::Tensor GraphedStep::operator()(const std::vector<torch::Tensor>& batch) {
+  if (!enabled_) return eager(batch);
+#ifdef FABRIC_WITH_CUDA
+  Graph& g = *graph_;
+  scaled_->refresh_lr();  // before the step reads it, eager or replayed
+  if (!g.captured && eager_ < options_.warmup_steps) {
+    torch::Tensor loss;
+    g.on_side_stream([&] { loss = eager(batch); });
+    return loss.clone();  // made on the current stream
+  }
+  if (!g.captured) {
+    for (const auto& t : batch) g.inputs.push_back(t.clone());
+    g.input_shapes = shapes_of(batch);
+    optimizer_.zero_grad();  // to none: the gradients will live in the graph's memory
+    const bool autocast_cache = at::autocast::is_autocast_cache_enabled();
+    at::autocast::set_autocast_cache_enabled(false);  // no casts cached across the capture
+    g.on_side_stream([&] {
+      g.graph.capture_begin();
+      try {
+        torch::Tensor loss = loss_(g.inputs);
+        fabric_.backward(loss);
+        fabric_.step(optimizer_);
+        g.loss = loss.detach();
+      } catch (const std::exception& e) {
+        try {
+          g.graph.capture_end();
+        } catch (...) {  // the capture is invalid anyway
+        }
+        at::autocast::set_autocast_cache_enabled(autocast_cache);
+        std::string why = e.what();
+        why = one_line(why.substr(0, why.find('\n')), 200);
+        throw Error("fabric.cuda_graphs: the training step cannot be captured as a CUDA graph (" +
+                    why +
+                    "); a step that waits for the host (.item(), printing a tensor, CPU tensors "
+                    "in the loss) cannot be: move that out of the loss function, or set "
+                    "fabric.cuda_graphs: false");
+      }
+      g.graph.capture_end();
+    });
+    at::autocast::set_autocast_cache_enabled(autocast_cache);
+    g.captured = true;
+  } else {
+    bool same = batch.size() == g.inputs.size();
+    for (size_t i = 0; same && i < batch.size(); ++i)
+      same = batch[i].sizes() == g.inputs[i].sizes() &&
+             batch[i].scalar_type() == g.inputs[i].scalar_type() &&
+             batch[i].device() == g.inputs[i].device();
+    if (!same) {
+      if (!warned_shape_) {
+        fabric_.print("warning: fabric.cuda_graphs: a batch of ", shapes_of(batch),
+                      " ran eagerly: the graph was captured for ", g.input_shapes,
+                      " (data.drop_last: true keeps every batch the same size)");
+        warned_shape_ = true;
+      }
+      torch::Tensor loss;
+      g.on_side_stream([&] { loss = eager(batch); });
+      return loss.clone();
+    }
+    for (size_t i = 0; i < batch.size(); ++i) g.inputs[i].copy_(batch[i], /*non_blocking=*/true);
+  }
+  g.graph.replay();  // the capture recorded the step without running it: this runs it
+  scaled_->steps_ran_on_device();
+  ++replays_;
+  return g.loss.clone();
+#else
+  return eager(batch);
+#endif
+}
+
+}  // namespace fabric

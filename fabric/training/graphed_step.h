@@ -1,0 +1,84 @@
+// fabric::GraphedStep: one whole training step (zero_grad, the loss function's forward,
+// Fabric::backward, Fabric::step) that with `fabric.cuda_graphs: true` is captured once as a CUDA
+// graph and then replayed: one graph launch per step instead of hundreds of kernel launches, and
+// no host work per step beyond copying the batch in.
+//
+//   fabric::GraphedStep step(f, optimizer, [&](const std::vector<torch::Tensor>& batch) {
+//     return torch::cross_entropy_loss(model->forward(batch[0]), batch[1]);
+//   });
+//   for (auto& b : loader) { torch::Tensor loss = step({b.data, b.target}); ... }
+//
+// Every call is one optimizer step on its batch, eager or replayed. Without graphs (the default,
+// and on CPU) a call is exactly the loop it replaces.
+//
+// With graphs: the first `warmup_steps` calls (default 3, at least 1) run eagerly on a side stream
+// (cuDNN picks algorithms, the optimizer makes its state, the allocator warms up); the next call
+// captures the step with static copies of its batch and replays it; every later call copies its
+// batch into those copies and replays. The learning rate is read from a device tensor that is
+// refreshed from the optimizer's options before every step, so LR schedules work; a 16-mixed
+// GradScaler's unscale, skip and scale update run on the device. A batch whose shapes or dtypes
+// differ from the captured one (a smaller last batch) runs eagerly, with one warning line.
+//
+// Refusals: fabric.cuda_graphs on a CPU device or under a strategy other than single_device gives
+// one warning line at setup and eager steps (fabric/connector.h); an optimizer other than
+// fabric::SGD / Adam / AdamW with the fused implementation is a fabric::Error here; a loss
+// function that waits for the host (.item(), printing a tensor, CPU tensors) cannot be captured:
+// the capture fails with a fabric::Error saying so. The loss returned is a detached copy.
+//
+// Unverified on a GPU so far (no GPU was available to the sessions that wrote it): the capture
+// path is compiled in CUDA builds only and tested by tests/integration/cuda_graphs_test.cc there.
+#ifndef FABRIC_TRAINING_GRAPHED_STEP_H_
+#define FABRIC_TRAINING_GRAPHED_STEP_H_
+
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+namespace fabric {
+
+class Fabric;
+class ScaledStep;
+
+struct GraphedStepOptions {
+  int warmup_steps = 3;  // eager steps before the capture (at least 1)
+};
+
+class GraphedStep {
+ public:
+  using LossFunction = std::function<torch::Tensor(const std::vector<torch::Tensor>& batch)>;
+
+  // `fabric`, `optimizer` and what `loss` refers to must outlive this object; set them up first.
+  GraphedStep(Fabric& fabric, torch::optim::Optimizer& optimizer, LossFunction loss,
+              GraphedStepOptions options = {});
+  ~GraphedStep();
+  GraphedStep(const GraphedStep&) = delete;
+  GraphedStep& operator=(const GraphedStep&) = delete;
+
+  // One training step on `batch`; returns the loss (detached).
+  torch::Tensor operator()(const std::vector<torch::Tensor>& batch);
+
+  bool graphed() const { return enabled_; }       // fabric.cuda_graphs in effect
+  int64_t replays() const { return replays_; }    // steps run by replaying the graph
+  int64_t eager_steps() const { return eager_; }  // steps run eagerly
+
+ private:
+  torch::Tensor eager(const std::vector<torch::Tensor>& batch);
+
+  Fabric& fabric_;
+  torch::optim::Optimizer& optimizer_;
+  LossFunction loss_;
+  GraphedStepOptions options_;
+  bool enabled_ = false;
+  ScaledStep* scaled_ = nullptr;
+  int64_t replays_ = 0, eager_ = 0;
+  bool warned_shape_ = false;
+  struct Graph;  // CUDA builds: the captured graph and its static tensors
+  std::unique_ptr<Graph> graph_;
+};
+
+}  // namespace fabric
+
+#endif  // FABRIC_TRAINING_GRAPHED_STEP_H_
