@@ -2,9 +2,14 @@
 // steps replayed from the graph train as eager steps do (same parameters within float tolerance,
 // through an LR schedule, in 32-true, bf16-mixed and 16-mixed with the GradScaler on the device,
 // for fused SGD and AdamW); a batch of another shape runs eagerly; a loss function that waits for
-// the host cannot be captured and says so; a non-fused optimizer is refused.
+// the host cannot be captured and says so; a non-fused optimizer is refused; an eager 16-mixed
+// step never synchronizes with the host.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#ifdef FABRIC_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 
 #include <string>
 #include <vector>
@@ -137,6 +142,38 @@ TEST(CudaGraphsTest, AStepThatWaitsForTheHostCannotBeCapturedAndSaysSo) {
                      f, plain, [](const std::vector<torch::Tensor>& b) { return b[0].sum(); }),
                  fabric::Error);
   });
+}
+
+// Hot-path hygiene: an eager 16-mixed step with the fused optimizer (GradScaler skip and update on
+// the device) on device-resident data never waits for the GPU: CUDA's sync debug mode set to
+// error throws at the first synchronizing call (.item(), a device-to-host copy, nonzero, ...).
+TEST(CudaGraphsTest, AnEagerMixedPrecisionStepNeverSynchronizes) {
+  SKIP_WITHOUT_CUDA();
+#ifdef FABRIC_WITH_CUDA
+  fabric::Fabric fabric(fabric::Config::defaults(
+      fabric::training_schema(),
+      {"fabric.accelerator=cuda", "fabric.devices=1", "fabric.precision=16-mixed"}));
+  fabric.launch([&](fabric::Fabric& f) {
+    torch::nn::Sequential model(torch::nn::Linear(32, 64), torch::nn::ReLU(),
+                                torch::nn::Linear(64, 10));
+    fabric::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    f.setup(model, optimizer);
+    fabric::GraphedStep step(f, optimizer, [&](const std::vector<torch::Tensor>& batch) {
+      auto autocast = f.autocast();
+      return torch::cross_entropy_loss(model->forward(batch[0]), batch[1]);
+    });
+    const std::vector<torch::Tensor> batch = {torch::randn({64, 32}).to(f.device()),
+                                              torch::randint(0, 10, {64}).to(f.device())};
+    step(batch);  // first step: state and caches made
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+    try {
+      for (int k = 0; k < 5; ++k) step(batch);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "a step synchronized with the host: " << e.what();
+    }
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+  });
+#endif
 }
 
 }  // namespace
