@@ -1,10 +1,12 @@
 """Interleaved A/B of 2-rank CPU DDP step time: Fabric++ (ddp_step) vs PyTorch DDP (ddp_step.py).
 
   bazel build -c opt //tools/bench:ddp_step
-  python3 tools/bench/ddp_compare.py --reps=7 [--lightning] [--gloo] [--cpp_flags=...] [-- extra flags for all]
+  python3 tools/bench/ddp_compare.py --reps=7 [--lightning] [--accelerate] [--gloo] [--cpp_flags=...]
+                                     [-- extra flags for all]
 Runs the two programs alternately (order flipped every repetition), reads each run's median step
 time, and prints the per-repetition ratios and their median (Fabric++ / PyTorch; < 1 is faster).
-With --lightning, Lightning Fabric (pip `lightning`) joins as a column; with --gloo, Fabric++ with
+With --lightning, Lightning Fabric (pip `lightning`) joins as a column, with --accelerate Hugging
+Face Accelerate (pip `accelerate`); with --gloo, Fabric++ with
 fabric.ddp.cpu_backend=gloo (the all-reduce PyTorch uses) does.
 """
 import argparse
@@ -32,6 +34,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--lightning", action="store_true")
+    p.add_argument("--accelerate", action="store_true")
     p.add_argument("--gloo", action="store_true", help="add Fabric++ on Gloo as a column")
     p.add_argument("--cpp_flags", default="", help="extra flags for ddp_step only, e.g. "
                    "--optimizer_impl=for_loop")
@@ -41,6 +44,8 @@ def main():
            args.cpp_flags.split())
     py = [sys.executable, os.path.join(HERE, "ddp_step.py")] + args.extra
     columns = {"fabric++": cpp, "pytorch_ddp": py}
+    if args.accelerate:
+        columns["accelerate"] = [sys.executable, os.path.join(HERE, "ddp_step_accelerate.py")] + args.extra
     if args.gloo:
         columns["fabric++_gloo"] = cpp + ["--cpu_backend=gloo"]
     if args.lightning:
@@ -63,6 +68,9 @@ def main():
     if args.lightning:
         lr = [a / b for a, b in zip(times["fabric++"], times["lightning_fabric"])]
         print(f"ratio fabric++/lightning_fabric: median {statistics.median(lr):.3f}")
+    if args.accelerate:
+        ar = [a / b for a, b in zip(times["fabric++"], times["accelerate"])]
+        print(f"ratio fabric++/accelerate: median {statistics.median(ar):.3f}")
     if args.gloo:
         gr = [a / b for a, b in zip(times["fabric++_gloo"], times["pytorch_ddp"])]
         print(f"ratio fabric++_gloo/pytorch_ddp: median {statistics.median(gr):.3f}")
