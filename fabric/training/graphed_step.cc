@@ -20,6 +20,8 @@
 #include "fabric/training/scaled_step.h"
 
 namespace fabric {
+
+#ifdef FABRIC_WITH_CUDA
 namespace {
 
 std::string shapes_of(const std::vector<torch::Tensor>& batch) {
@@ -31,7 +33,6 @@ std::string shapes_of(const std::vector<torch::Tensor>& batch) {
 
 }  // namespace
 
-#ifdef FABRIC_WITH_CUDA
 struct GraphedStep::Graph {
   explicit Graph(c10::DeviceIndex device)
       : side(c10::cuda::getStreamFromPool(false, device)), device(device) {}
