@@ -47,7 +47,7 @@ struct DdpOptions {
   bool sync_batchnorm = false;           // fabric.sync_batchnorm
   bool cuda_with_gloo = false;  // Gloo instead of NCCL for CUDA tensors (ranks may share a GPU)
   // fabric.ddp.cpu_backend: auto | gloo | shm (fabric/distributed/shm_backend.h). auto: CPU
-  // all-reduces through shared memory when every rank runs on this machine, else Gloo.
+  // all-reduces through shared memory when every rank can map it (one machine), else Gloo.
   std::string cpu_backend = "auto";
   std::chrono::milliseconds timeout{300000};  // fabric.ddp.timeout_s
   // fabric.ddp.heartbeat_timeout_s (0: off). Jobs started by an external launcher: a rank that

@@ -106,7 +106,9 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(
   if (o.cpu_backend != "auto" && o.cpu_backend != "gloo" && o.cpu_backend != "shm")
     throw Error("make_process_group: cpu_backend '" + o.cpu_backend + "' is not auto, gloo or shm");
   c10::intrusive_ptr<c10d::Backend> cpu = gloo;
-  if (size > 1 && (o.cpu_backend == "shm" || (o.cpu_backend == "auto" && o.single_node))) {
+  // auto tries everywhere: ranks on other machines cannot open the segment, and then every rank
+  // agrees on Gloo (make_shm_backend); ranks that do share a machine gain whatever the launcher.
+  if (size > 1 && o.cpu_backend != "gloo") {
     ShmBackendOptions shm_options;
     shm_options.rank = rank;
     shm_options.world_size = size;

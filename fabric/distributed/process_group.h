@@ -55,8 +55,8 @@ struct ProcessGroupOptions {
   // the interface named by GLOO_SOCKET_IFNAME, else the one this host's name resolves to.
   bool single_node = true;
   // CPU all-reduces (fabric.ddp.cpu_backend): "gloo"; "shm", through shared memory
-  // (shm_backend.h; an error if the ranks cannot share it); "auto": shm when single_node and the
-  // ranks can share memory, else Gloo.
+  // (shm_backend.h; an error if the ranks cannot share it); "auto": shm when every rank can map
+  // the segment (all on this machine, whatever launched them), else Gloo on every rank.
   std::string cpu_backend = "auto";
 };
 

@@ -73,8 +73,9 @@ TEST_F(NetnsTest, TwoNodesOfTwoRanksEqualFourRanksOnOneHost) {
   if (!why.empty()) GTEST_SKIP() << why;
   const std::string helper = (fs::current_path() / "tests" / "ddp_parity_helper").string();
 
-  // 4 ranks on one host (self-launched) on Gloo, which the nodes use too: the reference bits.
-  // (On one host the default all-reduce is shared memory, which sums in another order.)
+  // 4 ranks on one host (self-launched) on Gloo, as the nodes below: the reference bits. (Both
+  // pin Gloo: network namespaces share /dev/shm, so auto would pick shared memory, which sums in
+  // another order and would not exercise Gloo over veth.)
   const auto local = fabric::testing::run_command(helper + " 4 " + kSteps + " plain gloo");
   ASSERT_EQ(local.code, 0) << local.out;
   const std::string expected = value_after(local.out, "params_hash=");
@@ -90,7 +91,7 @@ TEST_F(NetnsTest, TwoNodesOfTwoRanksEqualFourRanksOnOneHost) {
         " env RANK=" + std::to_string(rank) + " LOCAL_RANK=" + std::to_string(rank % 2) +
         " NODE_RANK=" + std::to_string(node) +
         " WORLD_SIZE=4 MASTER_ADDR=10.213.0.1 MASTER_PORT=29555 GLOO_SOCKET_IFNAME=" +
-        veth_[static_cast<size_t>(node)] + " " + helper + " 4 " + kSteps + " plain >" + out +
+        veth_[static_cast<size_t>(node)] + " " + helper + " 4 " + kSteps + " plain gloo >" + out +
         " 2>&1";
     const pid_t pid = fork();
     if (pid == 0) {
