@@ -6,22 +6,9 @@
 #include <torch/torch.h>
 
 #include "fabric/fabric.h"
+#include "tests/cuda_skip.h"
 
 namespace {
-
-bool has_cuda() {
-#ifdef FABRIC_WITH_CUDA
-  return torch::cuda::is_available();
-#else
-  return false;
-#endif
-}
-
-#define SKIP_WITHOUT_CUDA()                                          \
-  if (!has_cuda()) {                                                 \
-    GTEST_SKIP() << "no CUDA device (or a --config=cpu_only build)"; \
-  }                                                                  \
-  static_assert(true)
 
 fabric::Config config(std::vector<std::string> overrides) {
   return fabric::Config::defaults(fabric::training_schema(), overrides);

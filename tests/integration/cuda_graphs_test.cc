@@ -18,22 +18,9 @@
 #include "fabric/fabric.h"
 #include "fabric/training/fast_optimizers.h"
 #include "fabric/training/graphed_step.h"
+#include "tests/cuda_skip.h"
 
 namespace {
-
-bool has_cuda() {
-#ifdef FABRIC_WITH_CUDA
-  return torch::cuda::is_available();
-#else
-  return false;
-#endif
-}
-
-#define SKIP_WITHOUT_CUDA()                                          \
-  if (!has_cuda()) {                                                 \
-    GTEST_SKIP() << "no CUDA device (or a --config=cpu_only build)"; \
-  }                                                                  \
-  static_assert(true)
 
 struct Trained {
   std::vector<torch::Tensor> params;

@@ -7,17 +7,10 @@
 #include <filesystem>
 
 #include "fabric/fabric.h"
+#include "tests/cuda_skip.h"
 #include "tests/run_command.h"
 
 namespace {
-
-bool has_cuda() {
-#ifdef FABRIC_WITH_CUDA
-  return torch::cuda::is_available();
-#else
-  return false;
-#endif
-}
 
 std::vector<torch::Tensor> train(const std::string& strategy) {
   const auto config = fabric::Config::defaults(
@@ -50,7 +43,7 @@ std::vector<torch::Tensor> train(const std::string& strategy) {
 }
 
 TEST(DdpCudaTest, NcclWorldSizeOneTrainsLikeSingleDevice) {
-  if (!has_cuda()) GTEST_SKIP() << "no CUDA device (or a --config=cpu_only build)";
+  SKIP_WITHOUT_CUDA();
   const auto ddp = train("ddp");
   const auto single = train("single_device");
   ASSERT_EQ(ddp.size(), single.size());
@@ -59,7 +52,7 @@ TEST(DdpCudaTest, NcclWorldSizeOneTrainsLikeSingleDevice) {
 }
 
 TEST(DdpCudaTest, TwoRanksSharingOneGpuOverGlooEqualOneCpuProcess) {
-  if (!has_cuda()) GTEST_SKIP() << "no CUDA device (or a --config=cpu_only build)";
+  SKIP_WITHOUT_CUDA();
   const std::string exe =
       (std::filesystem::current_path() / "tests" / "ddp_parity_helper").string();
   auto [code, out] = fabric::testing::run_command(exe + " 2 4 plain cuda_gloo");
