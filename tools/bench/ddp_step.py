@@ -72,12 +72,16 @@ def run(rank, args, port):
     dist.destroy_process_group()
 
 
-def main():
-    args = parse_args()
+def spawn(fn, args):
+    """Runs fn(rank, args, port) in args.world processes, port being a free one on loopback."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(run, args=(args, port), nprocs=args.world)
+    mp.spawn(fn, args=(args, port), nprocs=args.world)
+
+
+def main():
+    spawn(run, parse_args())
 
 
 if __name__ == "__main__":

@@ -7,11 +7,9 @@ Gloo. Model, timing loop and output lines are ddp_step.py's. Used by ddp_compare
 not part of any product path.
 """
 import os
-import socket
 import sys
 
 import torch
-import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ddp_step  # noqa: E402
@@ -40,11 +38,7 @@ def run(rank, args, port):
 
 
 def main():
-    args = ddp_step.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(run, args=(args, port), nprocs=args.world)
+    ddp_step.spawn(run, ddp_step.parse_args())
 
 
 if __name__ == "__main__":
