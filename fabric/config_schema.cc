@@ -197,7 +197,7 @@ ConfigSchema default_schema() {
   s.add("fabric.cuda_graphs",
         KeySpec::boolean(false).doc(
             "capture each training step once as a CUDA graph and replay it (fabric::GraphedStep; "
-            "CUDA, single device)"));
+            "CUDA; single_device, or ddp without sync_batchnorm and find_unused_parameters)"));
   s.add("fabric.grad_scaler.init_scale",
         KeySpec::real(65536.0).min(0, false).doc("16-mixed loss scale at start"));
   s.add("fabric.grad_scaler.growth_factor", KeySpec::real(2.0).min(1, false));

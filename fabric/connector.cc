@@ -213,14 +213,6 @@ ResolvedSetup resolve_setup(const Config& c, const MachineFacts& m) {
   s.cudnn_benchmark = bench == "auto" ? !s.deterministic : bench == "true";
   s.matmul_precision = c.get_string("fabric.matmul_precision");
   s.channels_last = c.get_bool("fabric.channels_last");
-  s.cuda_graphs = c.get_bool("fabric.cuda_graphs");
-  if (s.cuda_graphs && (!s.device.is_cuda() || s.strategy != "single_device")) {
-    s.warnings.push_back(
-        c.origin("fabric.cuda_graphs") + ": fabric.cuda_graphs: steps run eagerly: " +
-        (!s.device.is_cuda() ? "CUDA graphs need a CUDA device and this run is on " + s.device.str()
-                             : "capture under strategy " + s.strategy + " is not implemented yet"));
-    s.cuda_graphs = false;
-  }
   s.scaler.init_scale = c.get_double("fabric.grad_scaler.init_scale");
   s.scaler.growth_factor = c.get_double("fabric.grad_scaler.growth_factor");
   s.scaler.backoff_factor = c.get_double("fabric.grad_scaler.backoff_factor");
@@ -229,6 +221,24 @@ ResolvedSetup resolve_setup(const Config& c, const MachineFacts& m) {
   if (s.ddp.sync_batchnorm && s.strategy != "ddp") {
     s.warnings.push_back(c.origin("fabric.sync_batchnorm") +
                          ": fabric.sync_batchnorm: has no effect with a single process");
+  }
+  s.cuda_graphs = c.get_bool("fabric.cuda_graphs");
+  std::string eager_because;
+  if (!s.device.is_cuda()) {
+    eager_because = "CUDA graphs need a CUDA device and this run is on " + s.device.str();
+  } else if (s.strategy != "single_device" && s.strategy != "ddp") {
+    eager_because = "capture under strategy " + s.strategy + " is not implemented yet";
+  } else if (s.strategy == "ddp" && s.ddp.sync_batchnorm) {
+    eager_because = "SyncBatchNorm reads the global batch size on the host in every step";
+  } else if (s.strategy == "ddp" && s.ddp.find_unused_parameters) {
+    eager_because =
+        "fabric.ddp.find_unused_parameters: a step whose set of gradients can change cannot be "
+        "replayed";
+  }
+  if (s.cuda_graphs && !eager_because.empty()) {
+    s.warnings.push_back(c.origin("fabric.cuda_graphs") +
+                         ": fabric.cuda_graphs: steps run eagerly: " + eager_because);
+    s.cuda_graphs = false;
   }
   return s;
 }

@@ -17,7 +17,8 @@
 //                   16-true on CPU is an error; bf16 on a GPU without bf16 (< sm_80) is an error.
 //   5. settings     deterministic (deterministic algorithms; cudnn.benchmark off),
 //                   cudnn_benchmark (auto → !deterministic), matmul_precision, channels_last,
-//                   cuda_graphs (CUDA single_device only; elsewhere a warning), seed, GradScaler.
+//                   cuda_graphs (CUDA single_device or ddp without sync_batchnorm and
+//                   find_unused_parameters; elsewhere a warning), seed, GradScaler.
 //
 // Warnings are returned as lines for Fabric to print once (rank 0).
 #ifndef FABRIC_CONNECTOR_H_
@@ -61,8 +62,9 @@ struct ResolvedSetup {
   bool cudnn_benchmark = false;
   std::string matmul_precision = "highest";
   bool channels_last = false;  // fabric.channels_last
-  // fabric.cuda_graphs, after resolution: true only on a CUDA device with strategy single_device
-  // (otherwise one warning line says why steps run eagerly). Read by fabric::GraphedStep.
+  // fabric.cuda_graphs, after resolution: true only on a CUDA device with strategy single_device,
+  // or ddp without sync_batchnorm and find_unused_parameters (otherwise one warning line says
+  // why steps run eagerly). Read by fabric::GraphedStep.
   bool cuda_graphs = false;
   std::vector<std::string> warnings;
 };

@@ -18,6 +18,7 @@
 #include "fabric/distributed/process_group.h"
 #include "fabric/launchers/subprocess_launcher.h"
 #include "fabric/nn/batch_norm.h"
+#include "strategies/flat_gradient_sync.h"
 
 namespace fabric::strategies {
 namespace {
@@ -142,6 +143,7 @@ void Ddp::setup_environment() {
 
 void Ddp::teardown() {
   reducer_.reset();
+  flat_sync_.reset();
   if (pg_) {
     pg_->barrier()->wait();  // nobody leaves while others still need the store (rank 0 hosts it)
     if (heartbeat_) {
@@ -155,6 +157,7 @@ void Ddp::teardown() {
 
 void Ddp::teardown_after_error() {
   reducer_.reset();
+  flat_sync_.reset();
   if (heartbeat_) {
     heartbeat_->report_failure("rank " + std::to_string(env_->global_rank()) +
                                " failed (its own error line says why)");
@@ -180,9 +183,11 @@ void Ddp::setup_module(torch::nn::Module& module) {
   }
   std::vector<torch::Tensor> params;
   std::unordered_map<size_t, std::string> names;
+  std::vector<std::string> ordered_names;
   for (const auto& item : module.named_parameters()) {
     if (!item.value().requires_grad()) continue;
     names[params.size()] = item.key();
+    ordered_names.push_back(item.key());
     params.push_back(item.value());
   }
   buffers_.clear();
@@ -220,12 +225,24 @@ void Ddp::setup_module(torch::nn::Module& module) {
     reducer_->register_builtin_comm_hook(c10d::BuiltinCommHookType::FP16_COMPRESS);
   if (options_.comm_hook == "bf16")
     reducer_->register_comm_hook(std::make_unique<Bf16CompressHook>(pg_));
+  flat_sync_ =
+      std::make_unique<FlatGradientSync>(params, std::move(ordered_names), pg_, options_.comm_hook);
 }
 
+void Ddp::set_capturable_gradient_sync(bool on) { capturable_ = on; }
+
 void Ddp::backward(const torch::Tensor& loss_in) {
+  if (capturable_) {  // after backward, through persistent buffers: nothing on the host between
+    precision_->backward(loss_in);
+    if (flat_sync_ && sync_) {
+      flat_sync_->run();
+      ++synced_backwards_;
+    }
+    return;
+  }
   torch::Tensor loss = loss_in;
   if (reducer_ && sync_) {
-    if (options_.static_graph && synced_backwards_ == 0)
+    if (options_.static_graph && reducer_backwards_ == 0)
       loss = StaticGraphFirstIterationSink::apply(loss, reducer_.get());
     // The Reducer counts iterations here (PyTorch calls it before forward); static_graph relies
     // on the count to delay the first iteration's all-reduce to the end of backward.
@@ -234,6 +251,7 @@ void Ddp::backward(const torch::Tensor& loss_in) {
     reducer_->prepare_for_backward(options_.find_unused_parameters && !options_.static_graph
                                        ? std::vector<torch::Tensor>{loss}
                                        : std::vector<torch::Tensor>{});
+    ++reducer_backwards_;
     ++synced_backwards_;
   }
   precision_->backward(loss);

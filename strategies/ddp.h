@@ -36,6 +36,10 @@ class Heartbeat;
 }  // namespace fabric
 
 namespace fabric::strategies {
+class FlatGradientSync;
+}  // namespace fabric::strategies
+
+namespace fabric::strategies {
 
 struct DdpOptions {
   double bucket_cap_mb = 25.0;           // fabric.ddp.bucket_cap_mb
@@ -84,6 +88,9 @@ class Ddp : public Strategy {
   torch::Tensor broadcast(const torch::Tensor& tensor, int64_t src) override;
   std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor) override;
   ScopeGuard no_backward_sync(torch::nn::Module& module) override;
+  // On: backward averages the gradients after the backward pass through FlatGradientSync
+  // (capturable in a CUDA graph, NCCL included) instead of by the Reducer's hooks during it.
+  void set_capturable_gradient_sync(bool on) override;
 
   const c10::intrusive_ptr<c10d::ProcessGroup>& process_group() const { return pg_; }
   // Backward passes that synchronized gradients since setup_module.
@@ -108,6 +115,9 @@ class Ddp : public Strategy {
   std::unique_ptr<distributed::CollectiveChecker> checker_;
   int64_t collectives_ = 0;
   std::shared_ptr<c10d::Reducer> reducer_;
+  std::unique_ptr<FlatGradientSync> flat_sync_;
+  bool capturable_ = false;
+  int64_t reducer_backwards_ = 0;  // backward passes synchronized by the Reducer
   std::vector<torch::Tensor> buffers_;
   bool sync_ = true;
   int64_t synced_backwards_ = 0;

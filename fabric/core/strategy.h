@@ -65,6 +65,11 @@ class Strategy {
     return ScopeGuard();
   }
 
+  // Gradient synchronization a CUDA graph can capture (fabric/training/graphed_step.h turns it on
+  // for its lifetime): a strategy that synchronizes gradients from hooks during backward, with
+  // host bookkeeping between kernels, does it after backward through persistent buffers instead.
+  virtual void set_capturable_gradient_sync(bool on) { (void)on; }
+
   Precision& precision() { return *precision_; }
   const Precision& precision() const { return *precision_; }
 

@@ -82,6 +82,7 @@ GraphedStep::GraphedStep(Fabric& fabric, torch::optim::Optimizer& optimizer, Los
         "learning rate and the loss scale on the device; or set fabric.cuda_graphs: false");
 #ifdef FABRIC_WITH_CUDA
   scaled_->set_device_lr(true);
+  fabric.strategy().set_capturable_gradient_sync(true);  // ddp: all-reduce after backward
   const torch::Device device = fabric.device();
   graph_ =
       std::make_unique<Graph>(device.has_index() ? device.index() : c10::cuda::current_device());
@@ -91,7 +92,9 @@ GraphedStep::GraphedStep(Fabric& fabric, torch::optim::Optimizer& optimizer, Los
 }
 
 GraphedStep::~GraphedStep() {
-  if (scaled_ != nullptr) scaled_->set_device_lr(false);
+  if (scaled_ == nullptr) return;
+  scaled_->set_device_lr(false);
+  fabric_.strategy().set_capturable_gradient_sync(false);
 }
 
 torch::Tensor GraphedStep::eager(const std::vector<torch::Tensor>& batch) {

@@ -19,7 +19,13 @@
 // GradScaler's unscale, skip and scale update run on the device. A batch whose shapes or dtypes
 // differ from the captured one (a smaller last batch) runs eagerly, with one warning line.
 //
-// Refusals: fabric.cuda_graphs on a CPU device or under a strategy other than single_device gives
+// Under ddp the graph holds the gradient all-reduce (NCCL) too: while a GraphedStep lives, the
+// strategy averages gradients after backward through persistent buffers
+// (strategies/flat_gradient_sync.h, bitwise the Reducer's arithmetic) instead of from hooks
+// during backward, and every rank captures at the same step. broadcast_buffers is captured too.
+//
+// Refusals: fabric.cuda_graphs on a CPU device, under strategy dp, or under ddp with
+// sync_batchnorm (it reads the global batch size on the host) or find_unused_parameters gives
 // one warning line at setup and eager steps (fabric/connector.h); an optimizer other than
 // fabric::SGD / Adam / AdamW with the fused implementation is a fabric::Error here; a loss
 // function that waits for the host (.item(), printing a tensor, CPU tensors) cannot be captured:

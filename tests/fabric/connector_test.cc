@@ -233,9 +233,9 @@ TEST(ConnectorTest, SettingsFollowTheDocumentedRules) {
   EXPECT_EQ(s.ddp.cpu_backend, "gloo");
 }
 
-// fabric.cuda_graphs holds only for one CUDA device; elsewhere one warning says why steps run
-// eagerly, and the same config still runs.
-TEST(ConnectorTest, CudaGraphsOnlyOnOneCudaDeviceElseAWarning) {
+// fabric.cuda_graphs holds for one CUDA device per process (single_device, ddp); elsewhere one
+// warning says why steps run eagerly, and the same config still runs.
+TEST(ConnectorTest, CudaGraphsOnlyOnOneCudaDevicePerProcessElseAWarning) {
   auto s = resolve({"fabric.cuda_graphs=true"}, gpu_machine(1));
   EXPECT_TRUE(s.cuda_graphs);
   EXPECT_TRUE(s.warnings.empty());
@@ -253,6 +253,23 @@ TEST(ConnectorTest, CudaGraphsOnlyOnOneCudaDeviceElseAWarning) {
   EXPECT_NE(s.warnings[0].find("capture under strategy dp is not implemented yet"),
             std::string::npos)
       << s.warnings[0];
+  // DDP captures its all-reduce, except where a step needs the host or its gradients vary.
+  s = resolve({"fabric.cuda_graphs=true", "fabric.strategy=ddp"}, gpu_machine(2));
+  EXPECT_TRUE(s.cuda_graphs);
+  EXPECT_TRUE(s.warnings.empty());
+  const std::pair<const char*, const char*> refusals[] = {
+      {"fabric.sync_batchnorm=true", "SyncBatchNorm reads the global batch size on the host"},
+      {"fabric.ddp.find_unused_parameters=true",
+       "fabric.ddp.find_unused_parameters: a step whose set of gradients can change cannot be "
+       "replayed"}};
+  for (const auto& [key, why] : refusals) {
+    s = resolve({"fabric.cuda_graphs=true", "fabric.strategy=ddp", key}, gpu_machine(2));
+    EXPECT_FALSE(s.cuda_graphs) << key;
+    ASSERT_EQ(s.warnings.size(), 1u) << key;
+    EXPECT_NE(s.warnings[0].find(std::string("fabric.cuda_graphs: steps run eagerly: ") + why),
+              std::string::npos)
+        << s.warnings[0];
+  }
 }
 
 }  // namespace

@@ -3,7 +3,7 @@
 // through an LR schedule, in 32-true, bf16-mixed and 16-mixed with the GradScaler on the device,
 // for fused SGD and AdamW); a batch of another shape runs eagerly; a loss function that waits for
 // the host cannot be captured and says so; a non-fused optimizer is refused; an eager 16-mixed
-// step never synchronizes with the host.
+// step never synchronizes with the host; under ddp (NCCL, world size 1) the all-reduce is captured.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -28,12 +28,12 @@ struct Trained {
 };
 
 Trained train(const std::string& precision, const std::string& optimizer_name, bool graphs,
-              int steps, int odd_step = -1) {
+              int steps, int odd_step = -1, const std::string& strategy = "single_device") {
   fabric::Fabric fabric(fabric::Config::defaults(
-      fabric::training_schema(),
-      {"fabric.accelerator=cuda", "fabric.devices=1", "fabric.precision=" + precision,
-       std::string("fabric.cuda_graphs=") + (graphs ? "true" : "false"),
-       "fabric.cudnn_benchmark=false", "fabric.deterministic=true"}));
+      fabric::training_schema(), {"fabric.accelerator=cuda", "fabric.devices=1",
+                                  "fabric.strategy=" + strategy, "fabric.precision=" + precision,
+                                  std::string("fabric.cuda_graphs=") + (graphs ? "true" : "false"),
+                                  "fabric.cudnn_benchmark=false", "fabric.deterministic=true"}));
   Trained out;
   fabric.launch([&](fabric::Fabric& f) {
     torch::manual_seed(5);
@@ -89,6 +89,22 @@ TEST(CudaGraphsTest, ReplayedStepsTrainAsEagerStepsDo) {
       const Trained fewer = train(precision, optimizer, false, 11);
       EXPECT_GT(max_relative_difference(fewer, eager), 1e-6);
     }
+  }
+}
+
+// DDP over NCCL (world size 1): the graph holds the gradient all-reduce and the buffer broadcast;
+// replayed steps train as the Reducer's eager steps do.
+TEST(CudaGraphsTest, DdpReplaysTheAllReduceAndTrainsAsEagerDdp) {
+  SKIP_WITHOUT_CUDA();
+  for (const char* precision : {"32-true", "16-mixed"}) {
+    SCOPED_TRACE(precision);
+    const Trained eager = train(precision, "sgd", false, 10, -1, "ddp");
+    const Trained graphed = train(precision, "sgd", true, 10, -1, "ddp");
+    EXPECT_EQ(graphed.eager, 3);
+    EXPECT_EQ(graphed.replays, 7);
+    EXPECT_LT(max_relative_difference(graphed, eager), 1e-4);
+    const Trained single = train(precision, "sgd", true, 10);
+    EXPECT_LT(max_relative_difference(graphed, single), 1e-4);
   }
 }
 

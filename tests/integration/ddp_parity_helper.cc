@@ -8,6 +8,10 @@
 //                and the unused layer must stay untouched
 //       static   static_graph
 //       bf16     comm_hook bf16 (gradients on the wire in bfloat16: tolerance 2e-2, not 1e-6)
+// "flat_" before plain, nosync, bf16 or unused turns on the capturable gradient sync
+// (Ddp::set_capturable_gradient_sync, strategies/flat_gradient_sync.h): gradients all-reduced
+// after backward instead of by the Reducer. flat_unused must fail: it prints "error: ..." and
+// exits 3.
 // A 4th argument "cuda_gloo" (GPU test) puts every rank on cuda:0 with Gloo for CUDA tensors and
 // compares with the CPU reference (tolerance 1e-5); it exits 77 when no GPU is usable. A 4th
 // argument "gloo" sets fabric.ddp.cpu_backend gloo (default auto: shared memory on one host).
@@ -18,6 +22,7 @@
 
 #include <cstdio>
 
+#include "fabric/core/error.h"
 #include "fabric/core/hash.h"
 #include "fabric/environments/environments.h"
 #include "strategies/ddp.h"
@@ -73,7 +78,9 @@ int main(int argc, char** argv) {
   const torch::Device device = on_gpu ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
   const int64_t world = std::atoll(argv[1]);
   const int64_t steps = std::atoll(argv[2]);
-  const std::string mode = argv[3];
+  std::string mode = argv[3];
+  const bool flat = mode.rfind("flat_", 0) == 0;
+  if (flat) mode = mode.substr(5);
   const bool nosync = mode == "nosync";
   auto env = std::shared_ptr<fabric::ClusterEnvironment>(
       fabric::detect_environment(fabric::process_environment(), world));
@@ -101,28 +108,36 @@ int main(int argc, char** argv) {
   }
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   ddp.setup_module(*model);
+  ddp.set_capturable_gradient_sync(flat);
   const int64_t local = kGlobalBatch / world;
   auto backend = ddp.process_group()->getDefaultBackend();
-  for (int64_t s = 0; s < steps; ++s) {
-    opt.zero_grad();
-    for (int64_t m = 0; m < (nosync ? 2 : 1); ++m) {
-      auto [x, y] = global_batch(s, m);
-      auto loss = torch::mse_loss(model->forward(x.narrow(0, rank * local, local).to(device)),
-                                  y.narrow(0, rank * local, local).to(device));
-      if (nosync && m == 0) {
-        const uint64_t before = backend->getSequenceNumberForGroup();
-        auto guard = ddp.no_backward_sync(*model);
-        ddp.backward(loss);
-        if (backend->getSequenceNumberForGroup() != before) {
-          std::fprintf(stderr, "rank %lld: collective issued inside no_backward_sync\n",
-                       static_cast<long long>(rank));
-          ++failures;
+  try {
+    for (int64_t s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      for (int64_t m = 0; m < (nosync ? 2 : 1); ++m) {
+        auto [x, y] = global_batch(s, m);
+        auto loss = torch::mse_loss(model->forward(x.narrow(0, rank * local, local).to(device)),
+                                    y.narrow(0, rank * local, local).to(device));
+        if (nosync && m == 0) {
+          const uint64_t before = backend->getSequenceNumberForGroup();
+          auto guard = ddp.no_backward_sync(*model);
+          ddp.backward(loss);
+          if (backend->getSequenceNumberForGroup() != before) {
+            std::fprintf(stderr, "rank %lld: collective issued inside no_backward_sync\n",
+                         static_cast<long long>(rank));
+            ++failures;
+          }
+        } else {
+          ddp.backward(loss);
         }
-      } else {
-        ddp.backward(loss);
       }
+      ddp.optimizer_step(opt);
     }
-    ddp.optimizer_step(opt);
+  } catch (const fabric::Error& e) {
+    std::printf("error: %s\n", e.what());
+    std::fflush(stdout);
+    ddp.teardown_after_error();
+    return 3;
   }
   if (ddp.synced_backward_passes() != steps) ++failures;
 
