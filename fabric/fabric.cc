@@ -10,6 +10,7 @@
 #include "fabric/logging/metrics_csv.h"
 #include "fabric/logging/progress.h"
 #include "fabric/logging/tensorboard.h"
+#include "fabric/training/clip.h"
 
 namespace fabric {
 
@@ -74,7 +75,7 @@ bool Fabric::step(torch::optim::Optimizer& optimizer) {
 double Fabric::clip_gradients_norm(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                    double max_norm, double norm_type) {
   precision().unscale_gradients(optimizer);
-  return torch::nn::utils::clip_grad_norm_(module.parameters(), max_norm, norm_type);
+  return clip_grad_norm_on_device(module.parameters(), max_norm, norm_type).item<double>();
 }
 
 void Fabric::clip_gradients_by_value(torch::nn::Module& module, torch::optim::Optimizer& optimizer,

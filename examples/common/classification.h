@@ -128,31 +128,18 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
     auto guard = f.autocast();
     return torch::cross_entropy_loss(f.forward(model, f.precision().convert_input(data)), target);
   };
-  // One whole step, replayed as a CUDA graph with fabric.cuda_graphs (eager otherwise).
+  // One whole step (clipping included), replayed as a CUDA graph with fabric.cuda_graphs (eager
+  // otherwise).
+  fabric::GraphedStepOptions step_options;
+  (clip_by_norm ? step_options.clip_norm : step_options.clip_value) = clip;
   fabric::GraphedStep train_step(
-      f, *optimizer, [&](const std::vector<torch::Tensor>& b) { return loss_of(b[0], b[1]); });
-  if (clip > 0 && train_step.graphed())
-    f.print(
-        "warning: fabric.cuda_graphs: steps run eagerly with trainer.gradient_clip_val > 0 "
-        "(clipping reads the gradient norm on the host)");
+      f, *optimizer, [&](const std::vector<torch::Tensor>& b) { return loss_of(b[0], b[1]); },
+      step_options);
   std::string stopped;
   for (; epoch < max_epochs && step < total_steps; ++epoch) {
     const auto epoch_start = Clock::now();
     for (fabric::Batch& batch : train) {
-      torch::Tensor loss;
-      if (clip > 0) {
-        optimizer->zero_grad();
-        loss = loss_of(batch.data, batch.target);
-        f.backward(loss);
-        if (clip_by_norm) {
-          f.clip_gradients(model, *optimizer, clip);
-        } else {
-          f.clip_gradients_value(model, *optimizer, clip);
-        }
-        f.step(*optimizer);
-      } else {
-        loss = train_step({batch.data, batch.target});
-      }
+      const torch::Tensor loss = train_step({batch.data, batch.target});
       scheduler.step();
       ++step;
       window_loss += loss.detach().to(torch::kFloat);  // no host sync until the progress line

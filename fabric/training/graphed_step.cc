@@ -17,6 +17,7 @@
 
 #include "fabric/core/error.h"
 #include "fabric/fabric.h"
+#include "fabric/training/clip.h"
 #include "fabric/training/scaled_step.h"
 
 namespace fabric {
@@ -72,6 +73,11 @@ GraphedStep::GraphedStep(Fabric& fabric, torch::optim::Optimizer& optimizer, Los
       options_(options),
       enabled_(fabric.setup_info().cuda_graphs) {
   if (!loss_) throw Error("GraphedStep: no loss function");
+  if (!(options_.clip_norm >= 0) || !(options_.clip_value >= 0) ||
+      (options_.clip_norm > 0 && options_.clip_value > 0))
+    throw Error(
+        "GraphedStep: clip_norm and clip_value must be >= 0, and at most one of them > 0 (got " +
+        std::to_string(options_.clip_norm) + " and " + std::to_string(options_.clip_value) + ")");
   if (options_.warmup_steps < 1) options_.warmup_steps = 1;  // the capture needs made state
   if (!enabled_) return;
   scaled_ = dynamic_cast<ScaledStep*>(&optimizer_);
@@ -97,11 +103,26 @@ GraphedStep::~GraphedStep() {
   fabric_.strategy().set_capturable_gradient_sync(false);
 }
 
+void GraphedStep::backward_and_step(const torch::Tensor& loss) {
+  fabric_.backward(loss);
+  if (options_.clip_norm > 0 || options_.clip_value > 0) {
+    fabric_.precision().unscale_gradients(optimizer_);  // on the device (fabric/precision)
+    std::vector<torch::Tensor> params;
+    for (const auto& group : optimizer_.param_groups())
+      params.insert(params.end(), group.params().begin(), group.params().end());
+    if (options_.clip_norm > 0) {
+      clip_grad_norm_on_device(params, options_.clip_norm, options_.norm_type);
+    } else {
+      torch::nn::utils::clip_grad_value_(params, options_.clip_value);
+    }
+  }
+  fabric_.step(optimizer_);
+}
+
 torch::Tensor GraphedStep::eager(const std::vector<torch::Tensor>& batch) {
   optimizer_.zero_grad();
   torch::Tensor loss = loss_(batch);
-  fabric_.backward(loss);
-  fabric_.step(optimizer_);
+  backward_and_step(loss);
   ++eager_;
   return loss.detach();
 }
@@ -126,8 +147,7 @@ torch::Tensor GraphedStep::operator()(const std::vector<torch::Tensor>& batch) {
       g.graph.capture_begin();
       try {
         torch::Tensor loss = loss_(g.inputs);
-        fabric_.backward(loss);
-        fabric_.step(optimizer_);
+        backward_and_step(loss);
         g.loss = loss.detach();
       } catch (const std::exception& e) {
         try {

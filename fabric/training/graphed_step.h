@@ -8,8 +8,9 @@
 //   });
 //   for (auto& b : loader) { torch::Tensor loss = step({b.data, b.target}); ... }
 //
-// Every call is one optimizer step on its batch, eager or replayed. Without graphs (the default,
-// and on CPU) a call is exactly the loop it replaces.
+// Every call is one optimizer step on its batch, eager or replayed; with clip_norm or clip_value
+// in the options the gradients are clipped between backward and the optimizer step. Without graphs
+// (the default, and on CPU) a call is exactly the loop it replaces.
 //
 // With graphs: the first `warmup_steps` calls (default 3, at least 1) run eagerly on a side stream
 // (cuDNN picks algorithms, the optimizer makes its state, the allocator warms up); the next call
@@ -50,6 +51,13 @@ class ScaledStep;
 
 struct GraphedStepOptions {
   int warmup_steps = 3;  // eager steps before the capture (at least 1)
+  // Gradient clipping inside the step, after backward (16-mixed gradients unscaled first), over
+  // the optimizer's parameters, without reading anything on the host: the arithmetic of
+  // Fabric::clip_gradients (clip_norm, norm_type) and Fabric::clip_gradients_value (clip_value).
+  // 0: off; at most one of the two. (trainer.gradient_clip_val / gradient_clip_algorithm.)
+  double clip_norm = 0;
+  double norm_type = 2.0;
+  double clip_value = 0;
 };
 
 class GraphedStep {
@@ -72,6 +80,8 @@ class GraphedStep {
 
  private:
   torch::Tensor eager(const std::vector<torch::Tensor>& batch);
+  // backward, clipping and the optimizer step after the loss: what the graph captures.
+  void backward_and_step(const torch::Tensor& loss);
 
   Fabric& fabric_;
   torch::optim::Optimizer& optimizer_;

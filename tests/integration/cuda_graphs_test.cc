@@ -28,7 +28,8 @@ struct Trained {
 };
 
 Trained train(const std::string& precision, const std::string& optimizer_name, bool graphs,
-              int steps, int odd_step = -1, const std::string& strategy = "single_device") {
+              int steps, int odd_step = -1, const std::string& strategy = "single_device",
+              const fabric::GraphedStepOptions& options = {}) {
   fabric::Fabric fabric(fabric::Config::defaults(
       fabric::training_schema(), {"fabric.accelerator=cuda", "fabric.devices=1",
                                   "fabric.strategy=" + strategy, "fabric.precision=" + precision,
@@ -48,10 +49,13 @@ Trained train(const std::string& precision, const std::string& optimizer_name, b
           std::make_unique<fabric::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-3));
     }
     f.setup(model, *optimizer);
-    fabric::GraphedStep step(f, *optimizer, [&](const std::vector<torch::Tensor>& batch) {
-      auto autocast = f.autocast();
-      return torch::cross_entropy_loss(model->forward(batch[0]), batch[1]);
-    });
+    fabric::GraphedStep step(
+        f, *optimizer,
+        [&](const std::vector<torch::Tensor>& batch) {
+          auto autocast = f.autocast();
+          return torch::cross_entropy_loss(model->forward(batch[0]), batch[1]);
+        },
+        options);
     EXPECT_EQ(step.graphed(), graphs);
     for (int k = 0; k < steps; ++k) {
       for (auto& g : optimizer->param_groups()) g.options().set_lr(g.options().get_lr() * 0.95);
@@ -105,6 +109,22 @@ TEST(CudaGraphsTest, DdpReplaysTheAllReduceAndTrainsAsEagerDdp) {
     EXPECT_LT(max_relative_difference(graphed, eager), 1e-4);
     const Trained single = train(precision, "sgd", true, 10);
     EXPECT_LT(max_relative_difference(graphed, single), 1e-4);
+  }
+}
+
+// Clipping by norm inside the step (unscale, norm, scale on the device) is captured too.
+TEST(CudaGraphsTest, ClippedStepsAreCapturedAndTrainAsEagerOnes) {
+  SKIP_WITHOUT_CUDA();
+  fabric::GraphedStepOptions clip;
+  clip.clip_norm = 0.1;
+  for (const char* precision : {"32-true", "16-mixed"}) {
+    SCOPED_TRACE(precision);
+    const Trained eager = train(precision, "sgd", false, 10, -1, "single_device", clip);
+    const Trained graphed = train(precision, "sgd", true, 10, -1, "single_device", clip);
+    EXPECT_EQ(graphed.replays, 7);
+    EXPECT_LT(max_relative_difference(graphed, eager), 1e-4);
+    const Trained unclipped = train(precision, "sgd", false, 10);
+    EXPECT_GT(max_relative_difference(unclipped, eager), 1e-6);
   }
 }
 
