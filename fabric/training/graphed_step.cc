@@ -43,6 +43,7 @@ struct GraphedStep::Graph {
   bool captured = false;
   std::vector<torch::Tensor> inputs;  // static copies the graph reads
   torch::Tensor loss;                 // static output the graph writes
+  torch::Tensor grad_norm;            // with clip_norm: the norm the graph writes
   std::string input_shapes;
 
   // Runs `work` on the side stream, ordered after and before the current stream's work.
@@ -111,7 +112,7 @@ void GraphedStep::backward_and_step(const torch::Tensor& loss) {
     for (const auto& group : optimizer_.param_groups())
       params.insert(params.end(), group.params().begin(), group.params().end());
     if (options_.clip_norm > 0) {
-      clip_grad_norm_on_device(params, options_.clip_norm, options_.norm_type);
+      grad_norm_ = clip_grad_norm_on_device(params, options_.clip_norm, options_.norm_type);
     } else {
       torch::nn::utils::clip_grad_value_(params, options_.clip_value);
     }
@@ -149,6 +150,7 @@ torch::Tensor GraphedStep::operator()(const std::vector<torch::Tensor>& batch) {
         torch::Tensor loss = loss_(g.inputs);
         backward_and_step(loss);
         g.loss = loss.detach();
+        g.grad_norm = grad_norm_;
       } catch (const std::exception& e) {
         try {
           g.graph.capture_end();
@@ -186,7 +188,8 @@ torch::Tensor GraphedStep::operator()(const std::vector<torch::Tensor>& batch) {
     }
     for (size_t i = 0; i < batch.size(); ++i) g.inputs[i].copy_(batch[i], /*non_blocking=*/true);
   }
-  g.graph.replay();  // the capture recorded the step without running it: this runs it
+  g.graph.replay();          // the capture recorded the step without running it: this runs it
+  grad_norm_ = g.grad_norm;  // an eager step in between may have pointed it elsewhere
   scaled_->steps_ran_on_device();
   ++replays_;
   return g.loss.clone();

@@ -77,6 +77,10 @@ class GraphedStep {
   bool graphed() const { return enabled_; }       // fabric.cuda_graphs in effect
   int64_t replays() const { return replays_; }    // steps run by replaying the graph
   int64_t eager_steps() const { return eager_; }  // steps run eagerly
+  // With clip_norm: the total gradient norm before clipping at the latest step, a 0-dim tensor
+  // on the device (undefined without clip_norm, or before the first step). Replays rewrite it in
+  // place: clone it to keep a step's value; reading it on the host waits for the step.
+  const torch::Tensor& grad_norm() const { return grad_norm_; }
 
  private:
   torch::Tensor eager(const std::vector<torch::Tensor>& batch);
@@ -91,6 +95,7 @@ class GraphedStep {
   ScaledStep* scaled_ = nullptr;
   int64_t replays_ = 0, eager_ = 0;
   bool warned_shape_ = false;
+  torch::Tensor grad_norm_;
   struct Graph;  // CUDA builds: the captured graph and its static tensors
   std::unique_ptr<Graph> graph_;
 };

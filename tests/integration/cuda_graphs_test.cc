@@ -25,6 +25,7 @@ namespace {
 struct Trained {
   std::vector<torch::Tensor> params;
   int64_t replays = 0, eager = 0;
+  double last_norm = -1;  // GraphedStep::grad_norm() after the last step (clip_norm only)
 };
 
 Trained train(const std::string& precision, const std::string& optimizer_name, bool graphs,
@@ -64,6 +65,7 @@ Trained train(const std::string& precision, const std::string& optimizer_name, b
       step({torch::randn({n, 32}).to(f.device()), torch::randint(0, 10, {n}).to(f.device())});
     }
     out.replays = step.replays();
+    if (step.grad_norm().defined()) out.last_norm = step.grad_norm().item<double>();
     out.eager = step.eager_steps();
     for (const auto& p : model->parameters()) out.params.push_back(p.detach().cpu());
   });
@@ -123,6 +125,8 @@ TEST(CudaGraphsTest, ClippedStepsAreCapturedAndTrainAsEagerOnes) {
     const Trained graphed = train(precision, "sgd", true, 10, -1, "single_device", clip);
     EXPECT_EQ(graphed.replays, 7);
     EXPECT_LT(max_relative_difference(graphed, eager), 1e-4);
+    ASSERT_GT(eager.last_norm, 0);
+    EXPECT_NEAR(graphed.last_norm, eager.last_norm, 1e-3 * eager.last_norm);  // the replay's norm
     const Trained unclipped = train(precision, "sgd", false, 10);
     EXPECT_GT(max_relative_difference(unclipped, eager), 1e-6);
   }

@@ -81,7 +81,9 @@ TEST(GraphedStepTest, OnCpuEveryCallIsTheLoopItReplacesBitwise) {
 
 // Clipping inside the step (GraphedStepOptions) is Fabric::clip_gradients / clip_gradients_value
 // between backward and step, bitwise, in bf16-mixed; and it did clip (results differ without it).
-std::vector<torch::Tensor> train_clipped(const fabric::GraphedStepOptions& options, bool graphed) {
+// `norms`: the total norm before clipping of every step (clip_norm only).
+std::vector<torch::Tensor> train_clipped(const fabric::GraphedStepOptions& options, bool graphed,
+                                         std::vector<double>* norms) {
   fabric::Fabric fabric(fabric::Config::defaults(
       fabric::training_schema(), {"fabric.accelerator=cpu", "fabric.precision=bf16-mixed"}));
   std::vector<torch::Tensor> out;
@@ -101,12 +103,13 @@ std::vector<torch::Tensor> train_clipped(const fabric::GraphedStepOptions& optio
       const std::vector<torch::Tensor> batch = {torch::randn({16, 8}), torch::randint(0, 3, {16})};
       if (graphed) {
         step(batch);
+        if (options.clip_norm > 0) norms->push_back(step.grad_norm().item<double>());
         continue;
       }
       optimizer.zero_grad();
       f.backward(loss_of(batch));
       if (options.clip_norm > 0)
-        f.clip_gradients(model, optimizer, options.clip_norm, options.norm_type);
+        norms->push_back(f.clip_gradients(model, optimizer, options.clip_norm, options.norm_type));
       if (options.clip_value > 0) f.clip_gradients_value(model, optimizer, options.clip_value);
       f.step(optimizer);
     }
@@ -116,7 +119,8 @@ std::vector<torch::Tensor> train_clipped(const fabric::GraphedStepOptions& optio
 }
 
 TEST(GraphedStepTest, ClippingInsideTheStepIsFabricsClippingBitwise) {
-  const auto unclipped = train_clipped({}, true);
+  std::vector<double> ignored;
+  const auto unclipped = train_clipped({}, true, &ignored);
   fabric::GraphedStepOptions by_norm, by_inf_norm, by_value;
   by_norm.clip_norm = 0.05;
   by_inf_norm.clip_norm = 0.02;
@@ -126,8 +130,11 @@ TEST(GraphedStepTest, ClippingInsideTheStepIsFabricsClippingBitwise) {
     SCOPED_TRACE("clip_norm " + std::to_string(options.clip_norm) + " norm_type " +
                  std::to_string(options.norm_type) + " clip_value " +
                  std::to_string(options.clip_value));
-    const auto loop = train_clipped(options, false);
-    const auto stepped = train_clipped(options, true);
+    std::vector<double> loop_norms, step_norms;
+    const auto loop = train_clipped(options, false, &loop_norms);
+    const auto stepped = train_clipped(options, true, &step_norms);
+    EXPECT_EQ(step_norms, loop_norms);  // GraphedStep::grad_norm() is Fabric::clip_gradients'
+    EXPECT_EQ(step_norms.size(), options.clip_norm > 0 ? 8u : 0u);
     bool clipped = false;
     for (size_t i = 0; i < loop.size(); ++i) {
       EXPECT_TRUE(torch::equal(stepped[i], loop[i])) << "parameter " << i;
