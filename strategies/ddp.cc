@@ -182,12 +182,10 @@ void Ddp::setup_module(torch::nn::Module& module) {
         static_cast<int64_t>(nn::convert_sync_batchnorm_or_throw(module, pg_).synchronized.size());
   }
   std::vector<torch::Tensor> params;
-  std::unordered_map<size_t, std::string> names;
-  std::vector<std::string> ordered_names;
+  std::vector<std::string> names;
   for (const auto& item : module.named_parameters()) {
     if (!item.value().requires_grad()) continue;
-    names[params.size()] = item.key();
-    ordered_names.push_back(item.key());
+    names.push_back(item.key());
     params.push_back(item.value());
   }
   buffers_.clear();
@@ -215,9 +213,11 @@ void Ddp::setup_module(torch::nn::Module& module) {
   auto [indices, per_bucket_limits] = c10d::compute_bucket_assignment_by_size(params, limits);
   (void)per_bucket_limits;
   std::reverse(indices.begin(), indices.end());
+  std::unordered_map<size_t, std::string> names_by_index;  // the Reducer's form, for its errors
+  for (size_t i = 0; i < names.size(); ++i) names_by_index[i] = names[i];
   reducer_ = std::make_shared<c10d::Reducer>(
       params, indices, pg_, std::vector<bool>(params.size(), false), cap,
-      options_.find_unused_parameters, options_.gradient_as_bucket_view, names,
+      options_.find_unused_parameters, options_.gradient_as_bucket_view, names_by_index,
       c10d::kDefaultFirstBucketBytes, /*skip_all_reduce_unused_params=*/false,
       /*use_python_reducer=*/false, /*bucket_bytes_cap_list=*/std::vector<int64_t>{});
   if (options_.static_graph) reducer_->set_static_graph();
@@ -226,7 +226,7 @@ void Ddp::setup_module(torch::nn::Module& module) {
   if (options_.comm_hook == "bf16")
     reducer_->register_comm_hook(std::make_unique<Bf16CompressHook>(pg_));
   flat_sync_ =
-      std::make_unique<FlatGradientSync>(params, std::move(ordered_names), pg_, options_.comm_hook);
+      std::make_unique<FlatGradientSync>(params, std::move(names), pg_, options_.comm_hook);
 }
 
 void Ddp::set_capturable_gradient_sync(bool on) { capturable_ = on; }

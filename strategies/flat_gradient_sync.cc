@@ -29,26 +29,29 @@ FlatGradientSync::FlatGradientSync(std::vector<torch::Tensor> params,
 FlatGradientSync::~FlatGradientSync() = default;
 
 void FlatGradientSync::build() {
-  buffers_.clear();
+  // Autograd gives every gradient its parameter's dtype and device: group by those.
   std::vector<int64_t> sizes;
   for (size_t i = 0; i < params_.size(); ++i) {
-    const torch::Tensor& grad = params_[i].grad();
+    const torch::Tensor& param = params_[i];
     size_t b = 0;
-    while (b < buffers_.size() && (buffers_[b].flat.scalar_type() != grad.scalar_type() ||
-                                   buffers_[b].flat.device() != grad.device()))
+    while (b < buffers_.size() && (buffers_[b].flat.scalar_type() != param.scalar_type() ||
+                                   buffers_[b].flat.device() != param.device()))
       ++b;
     if (b == buffers_.size()) {
-      buffers_.push_back({torch::empty({0}, grad.options()), {}, {}, {}});
+      buffers_.push_back({torch::empty({0}, param.options()), {}, {}, {}, {}});
       sizes.push_back(0);
     }
     buffers_[b].members.push_back(i);
     buffers_[b].offsets.push_back(sizes[b]);
-    sizes[b] += grad.numel();
+    sizes[b] += param.numel();
   }
   for (size_t b = 0; b < buffers_.size(); ++b) {
     Buffer& buffer = buffers_[b];
     buffer.flat = torch::empty({sizes[b]}, buffer.flat.options());
     if (compress_) buffer.wire = torch::empty({sizes[b]}, buffer.flat.options().dtype(wire_dtype_));
+    std::ostringstream what;
+    what << "gradient all_reduce (" << buffer.flat.scalar_type() << " [" << sizes[b] << "])";
+    buffer.description = what.str();
   }
 }
 
@@ -65,15 +68,7 @@ void FlatGradientSync::run() {
     }
     if (grad.is_sparse()) throw Error("ddp: parameter '" + names_[i] + "' has a sparse gradient");
   }
-  bool stale = buffers_.empty();
-  for (const Buffer& buffer : buffers_) {
-    for (size_t k = 0; !stale && k < buffer.members.size(); ++k) {
-      const torch::Tensor& grad = params_[buffer.members[k]].grad();
-      stale =
-          grad.scalar_type() != buffer.flat.scalar_type() || grad.device() != buffer.flat.device();
-    }
-  }
-  if (stale) build();
+  if (buffers_.empty()) build();  // at the first run, not at setup: Reducer-only jobs never pay
 
   const int64_t world = pg_->getSize();
   // The Reducer's factor: a wrapped double scalar, so the product is computed in the gradient's
@@ -98,10 +93,7 @@ void FlatGradientSync::run() {
       buffer.wire.div_(world);  // before the sum, against overflow (as the Reducer's hooks)
       wire = {buffer.wire};
     }
-    std::ostringstream what;
-    what << "gradient all_reduce (" << buffer.flat.scalar_type() << " [" << buffer.flat.numel()
-         << "])";
-    distributed::wait(pg_->allreduce(wire), what.str());
+    distributed::wait(pg_->allreduce(wire), buffer.description);
     if (compress_) buffer.flat.copy_(buffer.wire);
     for (size_t k = 0; k < buffer.members.size(); ++k)
       params_[buffer.members[k]].mutable_grad().copy_(slots[k]);

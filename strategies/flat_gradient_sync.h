@@ -10,7 +10,8 @@
 // same whenever the all-reduce sums elementwise in a fixed order (shared memory, NCCL/Gloo with two
 // ranks); tests/integration/ddp_parity_helper.cc checks it on CPU.
 //
-// The buffers are made at the first run (outside a capture: GraphedStep's warm-up steps) and kept.
+// The buffers are made at the first run (outside a capture: GraphedStep's warm-up steps) and kept,
+// one per parameter dtype and device.
 // Every parameter must have a gradient at every run: one without is a fabric::Error naming it
 // (a step whose set of gradients changes cannot be replayed).
 #ifndef STRATEGIES_FLAT_GRADIENT_SYNC_H_
@@ -45,6 +46,7 @@ class FlatGradientSync {
     torch::Tensor wire;  // comm hooks: `flat` in the wire dtype
     std::vector<size_t> members;
     std::vector<int64_t> offsets;
+    std::string description;  // for errors: "gradient all_reduce (Float [N])"
   };
   void build();
 

@@ -28,6 +28,14 @@ inline CommandResult run_command(const std::string& command) {
   return r;
 }
 
+// The rest of the line after the first `key` in `text` ("" when absent): "params_hash=" → hash.
+inline std::string value_after(const std::string& text, const std::string& key) {
+  const auto pos = text.find(key);
+  if (pos == std::string::npos) return "";
+  const auto start = pos + key.size();
+  return text.substr(start, text.find('\n', start) - start);
+}
+
 // The Python with the setup's torch: $PYTHON (tests set it from TORCH_PYTHON), else python3.
 inline std::string python_interpreter() {
   const char* py = std::getenv("PYTHON");

@@ -79,6 +79,10 @@ GraphedStep::GraphedStep(Fabric& fabric, torch::optim::Optimizer& optimizer, Los
     throw Error(
         "GraphedStep: clip_norm and clip_value must be >= 0, and at most one of them > 0 (got " +
         std::to_string(options_.clip_norm) + " and " + std::to_string(options_.clip_value) + ")");
+  if (options_.clip_norm > 0 || options_.clip_value > 0) {
+    for (const auto& group : optimizer_.param_groups())
+      clipped_.insert(clipped_.end(), group.params().begin(), group.params().end());
+  }
   if (options_.warmup_steps < 1) options_.warmup_steps = 1;  // the capture needs made state
   if (!enabled_) return;
   scaled_ = dynamic_cast<ScaledStep*>(&optimizer_);
@@ -108,13 +112,10 @@ void GraphedStep::backward_and_step(const torch::Tensor& loss) {
   fabric_.backward(loss);
   if (options_.clip_norm > 0 || options_.clip_value > 0) {
     fabric_.precision().unscale_gradients(optimizer_);  // on the device (fabric/precision)
-    std::vector<torch::Tensor> params;
-    for (const auto& group : optimizer_.param_groups())
-      params.insert(params.end(), group.params().begin(), group.params().end());
     if (options_.clip_norm > 0) {
-      grad_norm_ = clip_grad_norm_on_device(params, options_.clip_norm, options_.norm_type);
+      grad_norm_ = clip_grad_norm_on_device(clipped_, options_.clip_norm, options_.norm_type);
     } else {
-      torch::nn::utils::clip_grad_value_(params, options_.clip_value);
+      torch::nn::utils::clip_grad_value_(clipped_, options_.clip_value);
     }
   }
   fabric_.step(optimizer_);

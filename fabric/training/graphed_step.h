@@ -64,7 +64,8 @@ class GraphedStep {
  public:
   using LossFunction = std::function<torch::Tensor(const std::vector<torch::Tensor>& batch)>;
 
-  // `fabric`, `optimizer` and what `loss` refers to must outlive this object; set them up first.
+  // `fabric`, `optimizer` and what `loss` refers to must outlive this object; set them up first
+  // (clipping covers the optimizer's parameters as they are at construction).
   GraphedStep(Fabric& fabric, torch::optim::Optimizer& optimizer, LossFunction loss,
               GraphedStepOptions options = {});
   ~GraphedStep();
@@ -96,7 +97,8 @@ class GraphedStep {
   int64_t replays_ = 0, eager_ = 0;
   bool warned_shape_ = false;
   torch::Tensor grad_norm_;
-  struct Graph;  // CUDA builds: the captured graph and its static tensors
+  std::vector<torch::Tensor> clipped_;  // the optimizer's parameters, when clipping
+  struct Graph;                         // CUDA builds: the captured graph and its static tensors
   std::unique_ptr<Graph> graph_;
 };
 

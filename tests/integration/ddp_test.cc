@@ -11,13 +11,6 @@
 
 namespace {
 
-std::string value_after(const std::string& text, const std::string& key) {
-  const auto at = text.find(key);
-  if (at == std::string::npos) return "(no " + key + ")";
-  const auto start = at + key.size();
-  return text.substr(start, text.find('\n', start) - start);
-}
-
 fabric::testing::CommandResult run(const std::string& args) {
   const std::string exe =
       (std::filesystem::current_path() / "tests" / "ddp_parity_helper").string();
@@ -65,7 +58,9 @@ TEST(DdpTest, CapturableGradientSyncIsBitwiseTheReducers) {
       auto flat = run(std::string(world) + " 5 flat_" + mode);
       ASSERT_EQ(reducer.code, 0) << reducer.out;
       ASSERT_EQ(flat.code, 0) << flat.out;
-      EXPECT_EQ(value_after(flat.out, "params_hash="), value_after(reducer.out, "params_hash="))
+      const std::string expected = fabric::testing::value_after(reducer.out, "params_hash=");
+      ASSERT_FALSE(expected.empty()) << reducer.out;
+      EXPECT_EQ(fabric::testing::value_after(flat.out, "params_hash="), expected)
           << flat.out << reducer.out;
     }
   }

@@ -22,6 +22,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using fabric::testing::value_after;
+
 constexpr const char* kSteps = "5";
 
 std::string read(const fs::path& p) {
@@ -29,13 +31,6 @@ std::string read(const fs::path& p) {
   std::ostringstream s;
   s << in.rdbuf();
   return s.str();
-}
-
-std::string value_after(const std::string& text, const std::string& key) {
-  const auto pos = text.find(key);
-  if (pos == std::string::npos) return "";
-  const auto start = pos + key.size();
-  return text.substr(start, text.find('\n', start) - start);
 }
 
 class NetnsTest : public ::testing::Test {
