@@ -139,6 +139,11 @@ class Loader {
     }
     chain.push_back(canonical);
     YAML::Node root = read_yaml(path, display);
+    if (root.IsNull()) {
+      // An empty file (or only comments) is almost always a mistake: a truncated or wrong file.
+      fail(display, "the config file is empty (no sections): give at least one section such as "
+                    "'fabric:', or leave out --config to run with the defaults");
+    }
     return load_node(root, display, path.parent_path(), chain);
   }
 

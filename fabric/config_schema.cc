@@ -194,6 +194,10 @@ ConfigSchema default_schema() {
                                        .doc("float32 matmul: high/medium allow TF32 on CUDA"));
   s.add("fabric.channels_last",
         KeySpec::boolean(false).doc("4-D weights and batches in channels-last memory format"));
+  s.add("fabric.num_threads",
+        KeySpec::integer(0).min(0).doc(
+            "intra-/inter-op threads per process; 0 (auto): OMP_NUM_THREADS if set, else the "
+            "CPUs this process may use / the job's processes on this machine"));
   s.add("fabric.cuda_graphs",
         KeySpec::boolean(false).doc(
             "capture each training step once as a CUDA graph and replay it (fabric::GraphedStep; "

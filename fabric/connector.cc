@@ -1,8 +1,13 @@
 #include "fabric/connector.h"
 
 #include <ATen/Context.h>
+#include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <cctype>
+#include <charconv>
 #include <cstdlib>
+#include <mutex>
 
 #include "fabric/accelerators/device_info.h"
 #include "fabric/environments/environments.h"
@@ -56,9 +61,14 @@ std::vector<torch::Device> resolve_devices(const Config& c, const MachineFacts& 
       throw c.error_at("fabric.devices",
                        "device ids apply to cuda only; on cpu give a process count (1)");
     }
+    if (!r.is_auto && r.count == -1) {
+      throw c.error_at("fabric.devices",
+                       "-1 (every CUDA device) does not apply to cpu: give a process count >= 1, "
+                       "or auto (2 processes with ddp, else 1)");
+    }
     // auto with ddp: 2 processes, the smallest real DDP job (CPU DDP is for trying the
     // distributed path on any machine); otherwise 1.
-    const int64_t n = r.is_auto ? (strategy == "ddp" ? 2 : 1) : r.count == -1 ? 1 : r.count;
+    const int64_t n = r.is_auto ? (strategy == "ddp" ? 2 : 1) : r.count;
     return std::vector<torch::Device>(static_cast<size_t>(n), torch::Device(torch::kCPU));
   }
   std::vector<int64_t> ids;
@@ -169,10 +179,26 @@ PrecisionMode resolve_precision(const Config& c, const MachineFacts& m, c10::Dev
                        "'16-true' is not supported on CPU (float16 CPU kernels are slow and "
                        "incomplete): use bf16-true or bf16-mixed, or run on cuda");
     }
+    const std::string emulated = bf16_emulated_because(m);
     if (p == PrecisionMode::k16Mixed) {
-      warnings.push_back(c.origin("fabric.precision") +
-                         ": fabric.precision: 16-mixed is not supported on CPU; using bf16-mixed");
-      p = PrecisionMode::kBf16Mixed;
+      if (emulated.empty()) {
+        warnings.push_back(c.origin("fabric.precision") +
+                           ": fabric.precision: 16-mixed is not supported on CPU; using bf16-mixed "
+                           "(this CPU computes bf16 natively: " + m.cpu.bf16_flags + ")");
+        p = PrecisionMode::kBf16Mixed;
+      } else {
+        warnings.push_back(c.origin("fabric.precision") +
+                           ": fabric.precision: 16-mixed is not supported on CPU and bf16 would be "
+                           "emulated (" + emulated +
+                           "; several times slower than float32); using 32-true. "
+                           "fabric.precision=bf16-mixed forces bf16");
+        p = PrecisionMode::k32True;
+      }
+    } else if ((p == PrecisionMode::kBf16Mixed || p == PrecisionMode::kBf16True) &&
+               !emulated.empty()) {
+      warnings.push_back(c.origin("fabric.precision") + ": fabric.precision: " + to_string(p) +
+                         " is emulated on this CPU (" + emulated +
+                         "): expect it several times slower than 32-true");
     }
   } else if ((p == PrecisionMode::kBf16Mixed || p == PrecisionMode::kBf16True) &&
              !m.cuda_bf16_supported) {
@@ -184,7 +210,70 @@ PrecisionMode resolve_precision(const Config& c, const MachineFacts& m, c10::Dev
   return p;
 }
 
+// Step 6. A positive integer from an environment variable ("4" or OpenMP's nested "4,2" → 4).
+std::optional<int64_t> positive_from_env(const EnvGetter& env, const std::string& name) {
+  if (!env) return std::nullopt;
+  const auto v = env(name);
+  if (!v) return std::nullopt;
+  int64_t n = 0;
+  const char* begin = v->c_str();
+  auto [end, ec] = std::from_chars(begin, begin + v->size(), n);
+  if (ec != std::errc() || n < 1 || (end != begin + v->size() && *end != ',')) return std::nullopt;
+  return n;
+}
+
+void resolve_threads(const Config& c, const MachineFacts& m, ResolvedSetup& s) {
+  const int64_t configured = c.get_int("fabric.num_threads");
+  if (configured > 0) {
+    s.num_threads = configured;
+    s.threads_reason = "fabric.num_threads";
+    return;
+  }
+  if (auto omp = positive_from_env(m.environment, "OMP_NUM_THREADS")) {
+    s.num_threads = *omp;
+    s.threads_reason = "OMP_NUM_THREADS";
+    return;
+  }
+  int64_t cpus = m.cpu.usable();
+  std::string cpus_from = "CPUs";
+  if (auto budget = positive_from_env(m.environment, "FABRIC_CPUS")) {
+    cpus = *budget;
+    cpus_from = "CPUs (FABRIC_CPUS)";
+  }
+  if (cpus <= 0) return;  // unknown machine: LibTorch's own default stays
+  // Processes of this job on this machine. dp drives every device from one process.
+  const ClusterEnvironment& env = *s.environment;
+  const int64_t nodes = std::max<int64_t>(c.get_int("fabric.num_nodes"), 1);
+  int64_t local = env.local_world_size();
+  if (local <= 0) local = (env.world_size() + nodes - 1) / nodes;
+  if (s.strategy == "dp") local = 1;
+  // Self-launched children inherit one mask, so they share it. Ranks of an external launcher whose
+  // mask is narrower than the machine were bound (srun --cpu-bind, mpirun --bind-to): they share
+  // it with only as many ranks as the machine's CPUs allow (1 when bound to disjoint cores).
+  int64_t sharing = local;
+  if (env.creates_processes_externally() && m.cpu.affinity > 0 && m.cpu.online > m.cpu.affinity) {
+    sharing = std::clamp<int64_t>((local * m.cpu.affinity + m.cpu.online - 1) / m.cpu.online, 1,
+                                  local);
+  }
+  s.num_threads = std::max<int64_t>(cpus / sharing, 1);
+  s.threads_reason = "auto: " + std::to_string(cpus) + " " + cpus_from + " / " +
+                     plural(sharing, "process") + " sharing them";
+}
+
 }  // namespace
+
+std::string bf16_emulated_because(const MachineFacts& m) {
+  if (!m.cpu.native_bf16) return "this CPU has no avx512_bf16 or amx_bf16 instructions";
+  if (m.environment) {
+    std::string isa = m.environment("ONEDNN_MAX_CPU_ISA").value_or("");
+    for (auto& ch : isa) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    for (const char* below : {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE",
+                              "AVX512_CORE_VNNI"}) {
+      if (isa == below) return "ONEDNN_MAX_CPU_ISA=" + isa + " holds oneDNN below bf16 instructions";
+    }
+  }
+  return "";
+}
 
 MachineFacts MachineFacts::query() {
   const RuntimeInfo info = query_runtime_info();
@@ -198,6 +287,7 @@ MachineFacts MachineFacts::query() {
   for (const auto& d : info.devices) m.cuda_bf16_supported &= d.supports_bf16;
   if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) m.cuda_visible_devices = v;
   m.environment = process_environment();
+  m.cpu = query_cpu_info();
   return m;
 }
 
@@ -240,6 +330,7 @@ ResolvedSetup resolve_setup(const Config& c, const MachineFacts& m) {
                          ": fabric.cuda_graphs: steps run eagerly: " + eager_because);
     s.cuda_graphs = false;
   }
+  resolve_threads(c, m, s);  // 6
   return s;
 }
 
@@ -261,6 +352,18 @@ void apply_global_settings(const ResolvedSetup& s) {
   ctx.setDeterministicCuDNN(s.deterministic);
   ctx.setBenchmarkCuDNN(s.cudnn_benchmark);
   ctx.setFloat32MatmulPrecision(s.matmul_precision);
+  if (s.num_threads > 0) {
+    at::set_num_threads(static_cast<int>(s.num_threads));
+    // The inter-op pool can be sized once, before it starts; a second Fabric in the process (or
+    // a program that already used the pool) keeps the first size.
+    static std::once_flag interop;
+    std::call_once(interop, [&] {
+      try {
+        at::set_num_interop_threads(static_cast<int>(s.num_threads));
+      } catch (const c10::Error&) {
+      }
+    });
+  }
 }
 
 }  // namespace fabric

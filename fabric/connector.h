@@ -5,20 +5,28 @@
 //                   is visible; else cpu. `cuda` without any of those is an error saying which.
 //   2. devices      auto → with strategy ddp or dp: every visible CUDA device, or on cpu 2 processes
 //                   (ddp; the smallest real DDP job); otherwise 1 device (cuda:0, or one CPU
-//                   process). N → N devices (on cpu: N processes), -1 → all CUDA devices (on cpu:
-//                   1 process), [ids] → those (cuda only; ids must exist).
+//                   process). N → N devices (on cpu: N processes), -1 → all CUDA devices (on cpu: an
+//                   error, as in Lightning), [ids] → those (cuda only; ids must exist).
 //   3. strategy     the job comes from the launch environment (fabric/environments/environments.h):
 //                   torchrun/SLURM/MPI/RANK+WORLD_SIZE give the world size; otherwise Fabric
 //                   self-launches devices × 1 processes (num_nodes > 1 needs an external launcher).
 //                   auto → ddp when the world has more than one process, else single_device.
 //                   single_device with several processes is an error. dp (one process) needs 2+
 //                   CUDA devices; otherwise it runs single_device with one warning line.
-//   4. precision    as configured, except: 16-mixed on CPU → bf16-mixed with one warning line;
-//                   16-true on CPU is an error; bf16 on a GPU without bf16 (< sm_80) is an error.
+//   4. precision    as configured, except: 16-mixed on CPU → bf16-mixed where the CPU computes
+//                   bf16 natively (avx512_bf16/amx_bf16, and ONEDNN_MAX_CPU_ISA does not hold
+//                   oneDNN below them), else 32-true, with one warning line either way; an explicit
+//                   bf16-* on a CPU that emulates bf16 warns that it is slow; 16-true on CPU is an
+//                   error; bf16 on a GPU without bf16 (< sm_80) is an error.
 //   5. settings     deterministic (deterministic algorithms; cudnn.benchmark off),
 //                   cudnn_benchmark (auto → !deterministic), matmul_precision, channels_last,
 //                   cuda_graphs (CUDA single_device or ddp without sync_batchnorm and
 //                   find_unused_parameters; elsewhere a warning), seed, GradScaler.
+//   6. threads      intra- and inter-op threads of this process: fabric.num_threads when > 0,
+//                   else OMP_NUM_THREADS when set, else (auto) the CPUs this process may use
+//                   (FABRIC_CPUS, else its affinity mask capped by the cgroup CPU quota) ÷ the
+//                   processes of the job on this machine that share them (at least 1). Ranks of
+//                   an external launcher bound to narrower masks share them with fewer ranks.
 //
 // Warnings are returned as lines for Fabric to print once (rank 0).
 #ifndef FABRIC_CONNECTOR_H_
@@ -28,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "fabric/accelerators/cpu_info.h"
 #include "fabric/config.h"
 #include "fabric/core/cluster_environment.h"
 #include "fabric/core/strategy.h"
@@ -44,6 +53,7 @@ struct MachineFacts {
   bool cuda_bf16_supported = false;  // every visible device has compute capability ≥ 8.0
   std::string cuda_visible_devices;  // $CUDA_VISIBLE_DEVICES, for messages
   EnvGetter environment;             // launch variables (RANK, SLURM_*, ...); empty: none set
+  CpuInfo cpu;                       // CPUs usable here, native bf16; all zero/false: unknown
 
   static MachineFacts query();
 };
@@ -66,16 +76,25 @@ struct ResolvedSetup {
   // or ddp without sync_batchnorm and find_unused_parameters (otherwise one warning line says
   // why steps run eagerly). Read by fabric::GraphedStep.
   bool cuda_graphs = false;
+  // Step 6: intra-/inter-op threads this process uses (0: unknown machine, LibTorch's default
+  // left alone) and why, e.g. "auto: 2 CPUs / 2 processes sharing them" or "OMP_NUM_THREADS".
+  int64_t num_threads = 0;
+  std::string threads_reason;
   std::vector<std::string> warnings;
 };
 
-// Steps 1–5. Throws ConfigError (exit status 2) for impossible requests.
+// Why bfloat16 would be emulated on this machine's CPU ("" when it is native): no avx512_bf16 /
+// amx_bf16 instructions, or ONEDNN_MAX_CPU_ISA holds oneDNN below them.
+std::string bf16_emulated_because(const MachineFacts& facts);
+
+// Steps 1–6. Throws ConfigError (exit status 2) for impossible requests.
 ResolvedSetup resolve_setup(const Config& config, const MachineFacts& facts);
 
 // The Strategy (with its Precision) for a resolved setup.
 std::unique_ptr<Strategy> build_strategy(const ResolvedSetup& setup);
 
-// Applies the process-wide settings of step 5 (deterministic algorithms, cuDNN, matmul precision).
+// Applies the process-wide settings of steps 5 and 6 (deterministic algorithms, cuDNN, matmul
+// precision, thread counts).
 void apply_global_settings(const ResolvedSetup& setup);
 
 }  // namespace fabric

@@ -25,6 +25,12 @@ Fabric::Fabric(const Config& config, const MachineFacts& facts)
 
 Fabric::~Fabric() = default;
 
+std::string Fabric::threads_description() const {
+  const int64_t n = setup_.num_threads > 0 ? setup_.num_threads : at::get_num_threads();
+  return std::to_string(n) + (n == 1 ? " thread" : " threads") + " per process (" +
+         (setup_.num_threads > 0 ? setup_.threads_reason : "LibTorch's default") + ")";
+}
+
 int Fabric::run_launched(const std::function<int(Fabric&)>& fn) {
   strategy_->setup_environment();
   seed_everything(setup_.seed);

@@ -248,6 +248,9 @@ class Fabric {
 
   const Config& config() const { return config_; }
   const ResolvedSetup& setup_info() const { return setup_; }
+  // The thread decision for start-up banners: "1 thread per process (auto: 2 CPUs / 2 processes
+  // sharing them)", or "N threads per process (LibTorch's default)" when the CPUs are unknown.
+  std::string threads_description() const;
   Strategy& strategy() { return *strategy_; }
   Precision& precision() { return strategy_->precision(); }
 

@@ -42,17 +42,25 @@ FabricResolution resolve_here(const std::string& config_file,
     r.device = s.device.str();
     r.strategy = s.strategy;
     r.precision = to_string(s.precision);
+    r.threads = s.num_threads;
+    r.threads_reason = s.threads_reason;
     r.warnings = s.warnings;
   } catch (const Error& e) {
     r.error = e.what();
   }
+  const std::string emulated = bf16_emulated_because(facts);
+  r.cpu_bf16 = emulated.empty() ? "native (" + facts.cpu.bf16_flags + ")" : "emulated (" + emulated + ")";
   for (const auto& mode : kPrecisions) {
     auto with_mode = overrides;
     with_mode.push_back("fabric.precision=" + mode);
     try {
       const ResolvedSetup s = resolve_setup(load(config_file, with_mode), facts);
       const std::string actual = to_string(s.precision);
-      r.precisions.emplace_back(mode, actual == mode ? "yes" : "yes, runs as " + actual);
+      std::string answer = actual == mode ? "yes" : "yes, runs as " + actual;
+      if (s.accelerator == c10::DeviceType::CPU && actual.rfind("bf16", 0) == 0 &&
+          !emulated.empty())
+        answer += " (emulated: several times slower than 32-true)";
+      r.precisions.emplace_back(mode, answer);
     } catch (const Error& e) {
       r.precisions.emplace_back(mode, "no: " + reason(e.what()));
     }
@@ -79,7 +87,11 @@ std::string format_text(const FabricResolution& r) {
     t.row("devices", devices);
     t.row("strategy", r.strategy);
     t.row("precision", r.precision);
+    t.row("threads per process", r.threads > 0 ? std::to_string(r.threads) + " (" +
+                                                     r.threads_reason + ")"
+                                               : "LibTorch's default (CPUs unknown)");
   }
+  t.row("CPU bfloat16", r.cpu_bf16);
   for (const auto& [mode, answer] : r.precisions) t.row("precision " + mode, answer);
   for (const auto& w : r.warnings) t.line("note: " + w);
   return t.str();
@@ -95,6 +107,8 @@ nlohmann::json to_json(const FabricResolution& r) {
           {"accelerator", r.accelerator}, {"devices", r.devices},
           {"device", r.device},           {"strategy", r.strategy},
           {"precision", r.precision},     {"precisions", precisions},
+          {"threads", r.threads},         {"threads_reason", r.threads_reason},
+          {"cpu_bf16", r.cpu_bf16},
           {"warnings", r.warnings}};
 }
 

@@ -24,6 +24,9 @@ struct FabricResolution {
   int64_t world_size = 1, global_rank = 0, local_rank = 0, node_rank = 0;
   std::string accelerator, device, strategy, precision;
   std::vector<std::string> devices;
+  int64_t threads = 0;         // intra-/inter-op threads per process (0: LibTorch's default)
+  std::string threads_reason;  // e.g. "auto: 2 CPUs / 2 processes sharing them"
+  std::string cpu_bf16;        // "native (amx_bf16 avx512_bf16)" or "emulated (...)"
   // Every precision: "yes", "yes, runs as bf16-mixed" or "no: <reason>".
   std::vector<std::pair<std::string, std::string>> precisions;
   std::vector<std::string> warnings;

@@ -108,7 +108,8 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
   f.print(task.name, ": ", task.data_kind, " data, ", task.train->size(), " train / ",
           task.test->size(), " test examples; strategy ", f.setup_info().strategy, ", world size ",
           f.world_size(), ", device ", f.device().str(), ", precision ",
-          fabric::to_string(f.precision().mode()), ", ", total_steps, " steps; run directory ",
+          fabric::to_string(f.precision().mode()), ", ", f.threads_description(), ", ",
+          total_steps, " steps; run directory ",
           run.path().string());
 
   // Everything a resume needs; the Checkpointer resumes here when checkpoint.resume says so.
@@ -201,6 +202,7 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
       {"precision", fabric::to_string(f.precision().mode())},
       {"device", f.device().str()},
       {"world_size", f.world_size()},
+      {"threads", at::get_num_threads()},
       {"data", task.data_kind},
       {"epochs", epoch},
       {"steps", step},

@@ -30,6 +30,9 @@ class ClusterEnvironment {
   virtual int64_t global_rank() const = 0;
   virtual int64_t local_rank() const = 0;
   virtual int64_t node_rank() const = 0;
+  // Processes of this job on this machine (torchrun LOCAL_WORLD_SIZE, SLURM tasks on this node,
+  // OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS); 0 when the launcher does not say.
+  virtual int64_t local_world_size() const = 0;
   // Address and port of rank 0's rendezvous store. Port 0: not chosen yet (a self-launched job
   // binds port 0 and hands the real port to its children).
   virtual std::string main_address() const = 0;

@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cstdlib>
+#include <sstream>
 
 #include "fabric/core/error.h"
 
@@ -67,6 +68,7 @@ class Environment : public ClusterEnvironment {
     int64_t world = 1, rank = 0, local_rank = 0, node_rank = 0;
     std::string address = "127.0.0.1";
     int port = 0;
+    int64_t local_world = 0;  // 0: unknown
   };
   explicit Environment(Facts f) : f_(std::move(f)) {
     if (f_.world < 1 || f_.rank < 0 || f_.rank >= f_.world || f_.local_rank < 0 ||
@@ -82,6 +84,7 @@ class Environment : public ClusterEnvironment {
   int64_t global_rank() const override { return f_.rank; }
   int64_t local_rank() const override { return f_.local_rank; }
   int64_t node_rank() const override { return f_.node_rank; }
+  int64_t local_world_size() const override { return f_.local_world; }
   std::string main_address() const override { return f_.address; }
   int main_port() const override { return f_.port; }
 
@@ -94,6 +97,27 @@ std::unique_ptr<ClusterEnvironment> make(Environment::Facts f) {
 }
 
 }  // namespace
+
+int64_t slurm_tasks_on_node(const std::string& tasks_per_node, int64_t node) {
+  // "2(x3),1": nodes 0-2 run 2 tasks, node 3 runs 1.
+  int64_t first = 0;
+  std::istringstream groups(tasks_per_node);
+  std::string group;
+  while (std::getline(groups, group, ',')) {
+    int64_t tasks = 0, repeat = 1;
+    const char* p = group.c_str();
+    auto [end, ec] = std::from_chars(p, p + group.size(), tasks);
+    if (ec != std::errc()) return 0;
+    if (end != p + group.size()) {
+      if (std::string(end).rfind("(x", 0) != 0) return 0;
+      auto [end2, ec2] = std::from_chars(end + 2, p + group.size(), repeat);
+      if (ec2 != std::errc() || *end2 != ')') return 0;
+    }
+    if (node < first + repeat) return tasks;
+    first += repeat;
+  }
+  return 0;
+}
 
 std::string first_slurm_host(const std::string& nodelist) {
   const std::string first = nodelist.substr(0, nodelist.find(','));
@@ -111,7 +135,8 @@ std::unique_ptr<ClusterEnvironment> detect_environment(const EnvGetter& env,
     Vars v(env, "torchrun");
     return make({"torchelastic", true, v.integer("WORLD_SIZE"), v.integer("RANK"),
                  v.integer("LOCAL_RANK"), v.integer("GROUP_RANK", 0),
-                 v.text("MASTER_ADDR", "127.0.0.1"), v.port("MASTER_PORT")});
+                 v.text("MASTER_ADDR", "127.0.0.1"), v.port("MASTER_PORT"),
+                 v.integer("LOCAL_WORLD_SIZE", 0)});
   }
   const std::string job_name = env("SLURM_JOB_NAME").value_or("");
   if (env("SLURM_NTASKS") && env("SLURM_PROCID") && job_name != "bash" &&
@@ -131,23 +156,29 @@ std::unique_ptr<ClusterEnvironment> detect_environment(const EnvGetter& env,
       port =
           15000 + static_cast<int>(std::stoll(job.size() > 4 ? job.substr(job.size() - 4) : job));
     }
+    const int64_t node = v.integer("SLURM_NODEID", 0);
+    int64_t local_world = v.integer("SLURM_NTASKS_PER_NODE", 0);
+    if (local_world == 0) local_world = slurm_tasks_on_node(v.text("SLURM_TASKS_PER_NODE", ""), node);
     return make({"slurm", true, v.integer("SLURM_NTASKS"), v.integer("SLURM_PROCID"),
-                 v.integer("SLURM_LOCALID", 0), v.integer("SLURM_NODEID", 0), address, port});
+                 v.integer("SLURM_LOCALID", 0), node, address, port, local_world});
   }
   if (env("OMPI_COMM_WORLD_RANK") && env("OMPI_COMM_WORLD_SIZE")) {
     Vars v(env, "OpenMPI");
     const int64_t rank = v.integer("OMPI_COMM_WORLD_RANK");
-    const int64_t local_size = std::max<int64_t>(v.integer("OMPI_COMM_WORLD_LOCAL_SIZE", 1), 1);
+    const int64_t local_world = v.integer("OMPI_COMM_WORLD_LOCAL_SIZE", 0);
+    const int64_t local_size = std::max<int64_t>(local_world, 1);
     return make({"openmpi", true, v.integer("OMPI_COMM_WORLD_SIZE"), rank,
                  v.integer("OMPI_COMM_WORLD_LOCAL_RANK", 0), rank / local_size,
-                 v.text("MASTER_ADDR", "127.0.0.1"), v.port("MASTER_PORT")});
+                 v.text("MASTER_ADDR", "127.0.0.1"), v.port("MASTER_PORT"), local_world});
   }
   if (env("PMI_RANK") && env("PMI_SIZE")) {
     Vars v(env, "MPICH");
     const int64_t rank = v.integer("PMI_RANK");
-    const int64_t local_size = std::max<int64_t>(v.integer("MPI_LOCALNRANKS", 1), 1);
+    const int64_t local_world = v.integer("MPI_LOCALNRANKS", 0);
+    const int64_t local_size = std::max<int64_t>(local_world, 1);
     return make({"mpich", true, v.integer("PMI_SIZE"), rank, v.integer("MPI_LOCALRANKID", 0),
-                 rank / local_size, v.text("MASTER_ADDR", "127.0.0.1"), v.port("MASTER_PORT")});
+                 rank / local_size, v.text("MASTER_ADDR", "127.0.0.1"), v.port("MASTER_PORT"),
+                 local_world});
   }
   if (env("RANK") && env("WORLD_SIZE")) {
     Vars v(env, "RANK/WORLD_SIZE");
@@ -156,14 +187,15 @@ std::unique_ptr<ClusterEnvironment> detect_environment(const EnvGetter& env,
     return make({"env", true, world, rank, v.integer("LOCAL_RANK", rank),
                  v.integer("NODE_RANK", v.integer("GROUP_RANK", 0)),
                  v.text("MASTER_ADDR", "127.0.0.1"),
-                 world > 1 || v.has("MASTER_PORT") ? v.port("MASTER_PORT") : 0});
+                 world > 1 || v.has("MASTER_PORT") ? v.port("MASTER_PORT") : 0,
+                 v.integer("LOCAL_WORLD_SIZE", 0)});
   }
   // Self-launch: the parent is rank 0 (no variables); its children carry FABRIC_* variables.
   Vars v(env, "self");
   const int64_t world = v.integer("FABRIC_WORLD_SIZE", local_world_size);
   const int64_t rank = v.integer("FABRIC_LOCAL_RANK", 0);
   return make({"local", false, world, rank, rank, 0, "127.0.0.1",
-               static_cast<int>(v.integer("FABRIC_MASTER_PORT", 0))});
+               static_cast<int>(v.integer("FABRIC_MASTER_PORT", 0)), world});
 }
 
 }  // namespace fabric

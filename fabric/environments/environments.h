@@ -21,6 +21,9 @@
 //                    machine. Its children carry FABRIC_LOCAL_RANK, FABRIC_WORLD_SIZE and
 //                    FABRIC_MASTER_PORT, set by the launcher.
 //
+// Each also reports the processes on this machine (local_world_size): LOCAL_WORLD_SIZE (torchrun,
+// env), SLURM_NTASKS_PER_NODE or SLURM_TASKS_PER_NODE, OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS.
+//
 // Malformed values (a non-integer rank, a rank outside the world, a missing MASTER_PORT where it is
 // required) throw fabric::Error naming the variable and its value.
 #ifndef FABRIC_ENVIRONMENTS_ENVIRONMENTS_H_
@@ -37,6 +40,10 @@ namespace fabric {
 // `local_world_size`: processes the self-launcher will start on this machine (scheme 6 only).
 std::unique_ptr<ClusterEnvironment> detect_environment(const EnvGetter& env,
                                                        int64_t local_world_size);
+
+// Tasks SLURM runs on node `node` according to SLURM_TASKS_PER_NODE ("2(x3),1" → 2 for nodes 0-2,
+// 1 for node 3); 0 when the text does not say.
+int64_t slurm_tasks_on_node(const std::string& tasks_per_node, int64_t node);
 
 // The first host of a SLURM node list: "node[003-005,9],gpu1" → "node003".
 std::string first_slurm_host(const std::string& nodelist);

@@ -110,6 +110,19 @@ TEST_F(ConfigTest, SectionOverrideTakesAMapping) {
   EXPECT_TRUE(c.get_bool("fabric.ddp.static_graph"));
 }
 
+// An empty file (a truncated copy, the wrong file) is not silently the defaults.
+TEST_F(ConfigTest, EmptyConfigFileIsAnErrorNotTheDefaults) {
+  const std::string want = (dir_ / "x.yaml").string() +
+                           ": the config file is empty (no sections): give at least one section "
+                           "such as 'fabric:', or leave out --config to run with the defaults";
+  EXPECT_EQ(load_error(""), want);
+  EXPECT_EQ(load_error("# only a comment\n\n"), want);
+  write("empty_base.yaml", "");
+  EXPECT_NE(load_error("base: empty_base.yaml\n").find("empty_base.yaml: the config file is empty"),
+            std::string::npos);
+  EXPECT_EQ(load_error("fabric: {}\n"), "");  // an empty section is a deliberate choice
+}
+
 TEST_F(ConfigTest, BadValuesNameFileLineColumnKeyAndFix) {
   EXPECT_EQ(load_error("fabric:\n  precision: 16-mixd\n"),
             (dir_ / "x.yaml").string() +

@@ -6,12 +6,19 @@
 //                                       from step 7: every rank prints "rank R stopped at step 9"
 //   collectives_helper WORLD diverge    debug_collectives: rank 1's third collective is a broadcast
 //                                       instead of an all_reduce (reshape: another shape)
+//   collectives_helper WORLD threads [KEY=VALUE]  every rank prints "rank R threads T interop I
+//                                       other thread O" (O: asked from a new thread; the
+//                                       thread budget it runs with; FABRIC_CPUS,
+//                                       OMP_NUM_THREADS and the override decide it)
 //   collectives_helper WORLD skip      rank 1 calls all_reduce that rank 0 never joins (rank 0
 //                                       waits for the job to be torn down): must end in a timeout
 //                                       error naming the collective, not a hang
 #include <unistd.h>
 
+#include <ATen/Parallel.h>
+
 #include <cstdio>
+#include <thread>
 
 #include "fabric/fabric.h"
 #include "fabric/nonfinite_guard.h"
@@ -90,13 +97,14 @@ int check(fabric::Fabric& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3) return 2;
+  if (argc != 3 && argc != 4) return 2;
   const std::string world = argv[1], mode = argv[2];
-  const auto config = fabric::Config::defaults(
-      fabric::training_schema(),
-      {"fabric.accelerator=cpu", "fabric.devices=" + world, "fabric.ddp.timeout_s=3",
-       std::string("fabric.ddp.debug_collectives=") +
-           (mode == "diverge" || mode == "reshape" ? "true" : "false")});
+  std::vector<std::string> overrides = {
+      "fabric.accelerator=cpu", "fabric.devices=" + world, "fabric.ddp.timeout_s=3",
+      std::string("fabric.ddp.debug_collectives=") +
+          (mode == "diverge" || mode == "reshape" ? "true" : "false")};
+  if (argc == 4) overrides.push_back(argv[3]);
+  const auto config = fabric::Config::defaults(fabric::training_schema(), overrides);
   return fabric::run_main(1, argv, fabric::training_schema(), [&](const fabric::Config&) {
     fabric::Fabric fabric(config);
     int failures = 0;
@@ -131,6 +139,18 @@ int main(int argc, char** argv) {
           f.all_reduce(torch::ones({f.global_rank() == 1 ? 5 : 4}), fabric::ReduceOp::kSum);
         }
         std::printf("rank %lld passed the divergence\n", static_cast<long long>(f.global_rank()));
+        return;
+      }
+      if (mode == "threads") {
+        // Asked from another thread too: LibTorch keeps the count process-wide (OpenMP's own
+        // setting is per thread), so loader and graph threads run with the same budget.
+        int other_thread = 0;
+        std::thread([&] { other_thread = at::get_num_threads(); }).join();
+        f.barrier();
+        std::printf("rank %lld threads %d interop %d other thread %d\n",
+                    static_cast<long long>(f.global_rank()), at::get_num_threads(),
+                    at::get_num_interop_threads(), other_thread);
+        std::fflush(stdout);
         return;
       }
       if (mode == "skip") {

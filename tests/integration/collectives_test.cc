@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "tests/run_command.h"
 
@@ -21,6 +22,34 @@ TEST(CollectivesTest, EveryCollectiveAndTheUnevenMetric) {
     auto [code, out] = run(std::string(world) + " check");
     EXPECT_EQ(code, 0) << world << " ranks:\n" << out;
     EXPECT_NE(out.find("metric=0.4"), std::string::npos) << out;
+  }
+}
+
+// The thread budget holds in every rank of a self-launched job: the CPUs it may use (FABRIC_CPUS
+// here, so the test does not depend on the machine) divided by the ranks sharing them; then
+// OMP_NUM_THREADS, then fabric.num_threads override it.
+TEST(CollectivesTest, EveryRankRunsWithItsThreadBudget) {
+  struct Case {
+    std::string env, world, override_arg;
+    int threads;
+  };
+  for (const Case& c : std::vector<Case>{{"FABRIC_CPUS=6", "2", "", 3},
+                                         {"FABRIC_CPUS=6", "3", "", 2},
+                                         {"FABRIC_CPUS=2", "3", "", 1},
+                                         {"FABRIC_CPUS=6 OMP_NUM_THREADS=1", "2", "", 1},
+                                         {"OMP_NUM_THREADS=1", "2", "fabric.num_threads=2", 2}}) {
+    const std::string exe =
+        (std::filesystem::current_path() / "tests" / "collectives_helper").string();
+    auto [code, out] = fabric::testing::run_command("env -u OMP_NUM_THREADS " + c.env + " " +
+                                                    exe + " " + c.world + " threads " +
+                                                    c.override_arg);
+    ASSERT_EQ(code, 0) << c.env << "\n" << out;
+    for (int rank = 0; rank < std::stoi(c.world); ++rank) {
+      const std::string n = std::to_string(c.threads);
+      const std::string want = "rank " + std::to_string(rank) + " threads " + n + " interop " + n +
+                               " other thread " + n + "\n";
+      EXPECT_NE(out.find(want), std::string::npos) << c.env << ": want " << want << out;
+    }
   }
 }
 

@@ -56,7 +56,7 @@ constexpr const char* kTinyCifar =
 
 TEST_F(ExamplesTest, FashionMnistConfigTrainsAndWritesTheSummary) {
   Result r = run("fashion_mnist",
-                 "--config=fashion_mnist.yaml trainer.max_steps=4 trainer.limit_eval_batches=2 "
+                 "--config=fashion_mnist.yaml fabric.accelerator=cpu trainer.max_steps=4 trainer.limit_eval_batches=2 "
                  "logging.log_every_n_steps=2 model.width=4 model.hidden=8");
   ASSERT_EQ(r.code, 0) << r.out;
   auto s = summary_of(r);
@@ -97,7 +97,7 @@ TEST_F(ExamplesTest, FashionMnistConfigTrainsAndWritesTheSummary) {
 
 TEST_F(ExamplesTest, ProgressBarRedrawsInPlaceWithLinesAboveIt) {
   Result r = run("fashion_mnist",
-                 "--config=fashion_mnist.yaml trainer.max_steps=3 trainer.limit_eval_batches=2 "
+                 "--config=fashion_mnist.yaml fabric.accelerator=cpu trainer.max_steps=3 trainer.limit_eval_batches=2 "
                  "model.width=4 model.hidden=8 logging.progress_bar=true");
   ASSERT_EQ(r.code, 0) << r.out;
   // The last step is drawn complete; the evaluation line replaces the bar and the bar follows.
@@ -111,7 +111,7 @@ TEST_F(ExamplesTest, ProgressBarRedrawsInPlaceWithLinesAboveIt) {
 // and keeps its state aside where resume: auto never picks it up.
 TEST_F(ExamplesTest, DivergingRunStopsWithExitThreeAndKeepsItsStateAside) {
   Result r = run("fashion_mnist",
-                 "--config=fashion_mnist.yaml trainer.max_steps=40 trainer.limit_eval_batches=2 "
+                 "--config=fashion_mnist.yaml fabric.accelerator=cpu trainer.max_steps=40 trainer.limit_eval_batches=2 "
                  "model.width=4 model.hidden=8 optimizer.lr=1e12 trainer.stop_on_nonfinite=2");
   ASSERT_EQ(r.code, 3) << r.out;
   EXPECT_NE(r.out.find("stopped: the loss was not finite for 2 consecutive steps on rank 0 "
@@ -127,7 +127,7 @@ TEST_F(ExamplesTest, DivergingRunStopsWithExitThreeAndKeepsItsStateAside) {
   EXPECT_EQ(aside.filename().string().rfind("nonfinite-step-", 0), 0u) << aside;
   // Off: the same run trains to the end (the loss stays non-finite).
   r = run("fashion_mnist",
-          "--config=fashion_mnist.yaml trainer.max_steps=6 trainer.limit_eval_batches=2 "
+          "--config=fashion_mnist.yaml fabric.accelerator=cpu trainer.max_steps=6 trainer.limit_eval_batches=2 "
           "model.width=4 model.hidden=8 optimizer.lr=1e12 trainer.stop_on_nonfinite=0");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(summary_of(r)["steps"], 6);
@@ -163,17 +163,26 @@ TEST_F(ExamplesTest, Cifar10KilledWhileSavingResumesWithAuto) {
   EXPECT_TRUE(fs::exists(fs::path(resumed.last_line()).parent_path() / "weights.pt"));
 }
 
-// The README's main command on a CPU-only machine: 2 self-launched ranks, bf16-mixed, SyncBN.
+// The README's main command on a CPU-only machine: 2 self-launched ranks, SyncBN, 16-mixed
+// resolved for the CPU (32-true where bf16 is emulated: ONEDNN_MAX_CPU_ISA=AVX2 makes every
+// machine such a one, so the test does not depend on the CPU it runs on), threads split
+// between the ranks (FABRIC_CPUS=4: 2 each).
 TEST_F(ExamplesTest, DdpAmpConfigRunsTwoProcessesWithPerRankLogs) {
-  Result r = run("cifar10", std::string("--config=ddp_amp.yaml") + kTinyCifar +
-                                " fabric.accelerator=cpu data.synthetic_test_size=51");
+  Result r = run("cifar10",
+                 std::string("--config=ddp_amp.yaml") + kTinyCifar +
+                     " fabric.accelerator=cpu data.synthetic_test_size=51",
+                 "env -u OMP_NUM_THREADS ONEDNN_MAX_CPU_ISA=AVX2 FABRIC_CPUS=4");
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("strategy ddp, world size 2, device cpu, precision bf16-mixed"),
+  EXPECT_NE(r.out.find("strategy ddp, world size 2, device cpu, precision 32-true, 2 threads per "
+                       "process (auto: 4 CPUs (FABRIC_CPUS) / 2 processes sharing them)"),
             std::string::npos)
       << r.out;
-  EXPECT_NE(r.out.find("16-mixed is not supported on CPU; using bf16-mixed"), std::string::npos);
+  EXPECT_NE(r.out.find("16-mixed is not supported on CPU and bf16 would be emulated ("),
+            std::string::npos)
+      << r.out;
   auto s = summary_of(r);
   EXPECT_EQ(s["world_size"], 2);
+  EXPECT_EQ(s["threads"], 2);
   EXPECT_EQ(s["strategy"], "ddp");
   // 51 test examples over 2 ranks: rank 1 gets one padded repeat; the accuracy must be a multiple
   // of 1/51 (each example counted once), not of 1/52.
@@ -212,27 +221,35 @@ TEST_F(ExamplesTest, MissingRealDataFallsBackWithABannerOrFailsWhenRequired) {
       << strict.out;
 }
 
+// GPU configs pinned to the CPU: 16-mixed falls back to 32-true where bf16 is emulated (forced
+// here with ONEDNN_MAX_CPU_ISA=AVX2), an explicit bf16-mixed stays bf16 with a warning.
 TEST_F(ExamplesTest, GpuConfigsRunOnCpuWhenToldAndMixedPrecisionFallsBack) {
   for (const char* config : {"single_gpu.yaml", "amp.yaml", "bf16.yaml"}) {
-    Result r =
-        run("cifar10", std::string("--config=") + config + kTinyCifar + " fabric.accelerator=cpu");
+    Result r = run("cifar10", std::string("--config=") + config + kTinyCifar +
+                                  " fabric.accelerator=cpu",
+                   "ONEDNN_MAX_CPU_ISA=AVX2");
     ASSERT_EQ(r.code, 0) << config << "\n" << r.out;
     auto s = summary_of(r);
-    const std::string want = std::string(config) == "single_gpu.yaml" ? "32-true" : "bf16-mixed";
+    const std::string want = std::string(config) == "bf16.yaml" ? "bf16-mixed" : "32-true";
     EXPECT_EQ(s["precision"], want) << config;
     if (std::string(config) == "amp.yaml") {
       EXPECT_NE(
           r.out.find(
               "warning: configs/amp.yaml:4:14: fabric.precision: 16-mixed is not supported on "
-              "CPU; using bf16-mixed"),
+              "CPU and bf16 would be emulated"),
           std::string::npos)
+          << r.out;
+    }
+    if (std::string(config) == "bf16.yaml") {
+      EXPECT_NE(r.out.find("fabric.precision: bf16-mixed is emulated on this CPU"),
+                std::string::npos)
           << r.out;
     }
   }
 }
 
 TEST_F(ExamplesTest, DdpConfigTrainsWithTwoSelfLaunchedProcesses) {
-  Result r = run("cifar10", std::string("--config=ddp.yaml") + kTinyCifar);
+  Result r = run("cifar10", std::string("--config=ddp.yaml") + kTinyCifar + " fabric.accelerator=cpu");
   ASSERT_EQ(r.code, 0) << r.out;
   auto s = summary_of(r);
   EXPECT_EQ(s["strategy"], "ddp");
@@ -247,9 +264,8 @@ TEST_F(ExamplesTest, DdpConfigTrainsWithTwoSelfLaunchedProcesses) {
 }
 
 TEST_F(ExamplesTest, CudaConfigWithoutAGpuIsAConfigError) {
-  if (std::getenv("CUDA_VISIBLE_DEVICES") == nullptr && fs::exists("/dev/nvidia0"))
-    GTEST_SKIP() << "has a GPU";
-  Result r = run("cifar10", "--config=amp.yaml");
+  // CUDA_VISIBLE_DEVICES empty hides every GPU, so this holds on GPU machines too.
+  Result r = run("cifar10", "--config=amp.yaml", "CUDA_VISIBLE_DEVICES=");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("configs/single_gpu.yaml:4:16: fabric.accelerator: 'cuda' requested but"),
             std::string::npos)

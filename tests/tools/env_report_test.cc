@@ -92,10 +92,28 @@ TEST(FabricResolutionTest, CpuMachineRunsOneLocalProcessAndListsPrecisionsWithRe
   auto p = precisions(r);
   ASSERT_EQ(p.size(), 6u);
   EXPECT_EQ(p["32-true"], "yes");
-  EXPECT_EQ(p["16-mixed"], "yes, runs as bf16-mixed");
+  EXPECT_EQ(p["16-mixed"], "yes, runs as 32-true");  // bf16 would be emulated on this CPU
+  EXPECT_EQ(p["bf16-mixed"], "yes (emulated: several times slower than 32-true)");
   EXPECT_EQ(p["16-true"].rfind("no: '16-true' is not supported on CPU", 0), 0u) << p["16-true"];
+  EXPECT_EQ(r.cpu_bf16, "emulated (this CPU has no avx512_bf16 or amx_bf16 instructions)");
   const std::string text = fabric::tools::format_text(r);
   EXPECT_NE(text.find("  strategy                single_device\n"), std::string::npos) << text;
+
+  auto native = cpu_machine();
+  native.cpu.native_bf16 = true;
+  native.cpu.bf16_flags = "amx_bf16";
+  native.cpu.online = native.cpu.affinity = 8;
+  const auto n = fabric::tools::resolve_here("", {"fabric.devices=2"}, native);
+  p = precisions(n);
+  EXPECT_EQ(p["16-mixed"], "yes, runs as bf16-mixed");
+  EXPECT_EQ(p["bf16-mixed"], "yes");
+  EXPECT_EQ(n.cpu_bf16, "native (amx_bf16)");
+  EXPECT_EQ(n.threads, 4);
+  const std::string native_text = fabric::tools::format_text(n);
+  EXPECT_NE(native_text.find("  threads per process     4 (auto: 8 CPUs / 2 processes sharing "
+                             "them)\n"),
+            std::string::npos)
+      << native_text;
 }
 
 TEST(FabricResolutionTest, LauncherVariablesGiveTheRanks) {
@@ -110,7 +128,8 @@ TEST(FabricResolutionTest, LauncherVariablesGiveTheRanks) {
   EXPECT_EQ(r.global_rank, 1);
   EXPECT_EQ(r.local_rank, 1);
   EXPECT_EQ(r.strategy, "ddp");
-  EXPECT_EQ(fabric::tools::to_json(r)["precisions"]["bf16-true"], "yes");
+  EXPECT_EQ(fabric::tools::to_json(r)["precisions"]["bf16-true"],
+            "yes (emulated: several times slower than 32-true)");
 }
 
 TEST(FabricResolutionTest, AConfigThatCannotRunHereSaysWhy) {

@@ -200,8 +200,8 @@ int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& o
     std::vector<std::pair<std::string, std::string>> env;
     if (!options.gpu_slots.empty())
       env.emplace_back("CUDA_VISIBLE_DEVICES", options.gpu_slots[static_cast<size_t>(slot)]);
-    if (options.cpu_threads > 0)
-      env.emplace_back("OMP_NUM_THREADS", std::to_string(options.cpu_threads));
+    if (options.cpus_per_run > 0)
+      env.emplace_back("FABRIC_CPUS", std::to_string(options.cpus_per_run));
     const auto file_start = fs::file_time_type::clock::now() - std::chrono::seconds(2);
     pid_t pid;
     try {

@@ -5,7 +5,8 @@
 // dir>/runs/<id> [checkpoint.resume=auto]`, started in the directory the sweep was started from,
 // in its own process group, with stdout and stderr appended to <sweep dir>/logs/<id>.log. With
 // GPUs, each run gets its own `devices_per_run` of them through CUDA_VISIBLE_DEVICES; without,
-// parallel runs share the cores (OMP_NUM_THREADS = cores / parallel unless already set).
+// parallel runs share the cores (FABRIC_CPUS = CPUs / parallel for each run, whose ranks split it
+// again; not when OMP_NUM_THREADS is set).
 //
 // A run is done when it exits 0 and wrote summary.json; anything else is a failure, recorded with
 // the reason (the last line of its log), and the sweep goes on. SIGINT/SIGTERM/SIGHUP stop the
@@ -33,7 +34,7 @@ struct RunnerOptions {
   std::vector<std::string> extra;   // overrides added to every run (e.g. checkpoint.resume=auto)
   int parallel = 1;
   std::vector<std::string> gpu_slots;  // CUDA_VISIBLE_DEVICES value per slot; empty: no GPUs
-  int cpu_threads = 0;                 // OMP_NUM_THREADS for each run; 0: leave alone
+  int64_t cpus_per_run = 0;            // FABRIC_CPUS for each run; 0: leave alone
   int max_runs = 0;                    // start at most this many runs; 0: all pending
 };
 

@@ -7,6 +7,7 @@
 #include <regex>
 #include <vector>
 
+#include "fabric/accelerators/cpu_info.h"
 #include "fabric/config.h"
 #include "fabric/core/error.h"
 #include "fabric/core/paths.h"
@@ -151,12 +152,18 @@ void plan_devices(const SweepSpec& spec, const Setup& setup, RunnerOptions& opti
   const std::optional<int> requested =
       options.parallel > 0 ? std::optional<int>(options.parallel) : spec.parallel;
   options.gpu_slots.clear();
-  options.cpu_threads = 0;
+  options.cpus_per_run = 0;
+  // Parallel runs split the CPUs this sweep may use; each run's ranks split its share again
+  // (fabric.num_threads auto reads FABRIC_CPUS). An OMP_NUM_THREADS the user set wins.
+  auto split_cpus = [&] {
+    if (options.parallel <= 1 || std::getenv("OMP_NUM_THREADS") != nullptr) return;
+    int64_t cpus = query_cpu_info().usable();
+    if (const char* budget = std::getenv("FABRIC_CPUS")) cpus = std::max(std::atoll(budget), 0LL);
+    if (cpus > 0) options.cpus_per_run = std::max<int64_t>(1, cpus / options.parallel);
+  };
   if (gpus.empty()) {
     options.parallel = requested.value_or(1);
-    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    if (options.parallel > 1 && std::getenv("OMP_NUM_THREADS") == nullptr)
-      options.cpu_threads = static_cast<int>(std::max<long>(1, cpus / options.parallel));
+    split_cpus();
     return;
   }
   const int slots = static_cast<int>(gpus.size()) / spec.devices_per_run;
@@ -174,6 +181,7 @@ void plan_devices(const SweepSpec& spec, const Setup& setup, RunnerOptions& opti
                                  gpus.begin() + (s + 1) * spec.devices_per_run);
     options.gpu_slots.push_back(join(ids, ","));
   }
+  split_cpus();
 }
 
 void preflight(const SweepSpec& spec, SweepState& state, const RunnerOptions& options) {

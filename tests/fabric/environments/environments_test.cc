@@ -175,6 +175,38 @@ TEST(EnvironmentsTest, BadValuesNameTheVariable) {
             "SLURM launch: neither MASTER_ADDR nor SLURM_NODELIST is set");
 }
 
+// How many ranks run on this machine, as each launcher says it (0: not said). The thread budget
+// divides the CPUs by it.
+TEST(EnvironmentsTest, LocalWorldSizeComesFromEachLauncher) {
+  const std::vector<std::pair<Vars, int64_t>> table = {
+      {{{"TORCHELASTIC_RUN_ID", "a"}, {"RANK", "0"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "0"},
+        {"LOCAL_WORLD_SIZE", "4"}, {"MASTER_PORT", "1"}},
+       4},
+      {{{"SLURM_NTASKS", "6"}, {"SLURM_PROCID", "5"}, {"SLURM_NODEID", "1"},
+        {"SLURM_TASKS_PER_NODE", "4,2"}, {"SLURM_NODELIST", "n1"}},
+       2},
+      {{{"SLURM_NTASKS", "6"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS_PER_NODE", "3"},
+        {"SLURM_TASKS_PER_NODE", "4,2"}, {"SLURM_NODELIST", "n1"}},
+       3},
+      {{{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "4"},
+        {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"MASTER_PORT", "1"}},
+       2},
+      {{{"PMI_RANK", "0"}, {"PMI_SIZE", "4"}, {"MPI_LOCALNRANKS", "4"}, {"MASTER_PORT", "1"}}, 4},
+      {{{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"MASTER_PORT", "1"}}, 0},
+      {{}, 3},  // self-launch: every process is on this machine
+  };
+  for (const auto& [vars, want] : table) {
+    EXPECT_EQ(fabric::detect_environment(fake(vars), 3)->local_world_size(), want)
+        << fabric::detect_environment(fake(vars), 3)->name();
+  }
+  EXPECT_EQ(fabric::slurm_tasks_on_node("2(x3),1", 0), 2);
+  EXPECT_EQ(fabric::slurm_tasks_on_node("2(x3),1", 2), 2);
+  EXPECT_EQ(fabric::slurm_tasks_on_node("2(x3),1", 3), 1);
+  EXPECT_EQ(fabric::slurm_tasks_on_node("2(x3),1", 4), 0);
+  EXPECT_EQ(fabric::slurm_tasks_on_node("garbage", 0), 0);
+  EXPECT_EQ(fabric::slurm_tasks_on_node("2(x", 0), 0);
+}
+
 TEST(EnvironmentsTest, FirstSlurmHost) {
   EXPECT_EQ(fabric::first_slurm_host("node1"), "node1");
   EXPECT_EQ(fabric::first_slurm_host("node1,node2"), "node1");
