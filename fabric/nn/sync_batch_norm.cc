@@ -59,13 +59,26 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     const auto acc = accumulate_type(input);
     const auto opts = input.options().dtype(acc);
 
-    Tensor x = cuda ? input.contiguous() : input.to(acc);
+    // CPU with parameters in the accumulation type (32-true, 64-true, bf16-mixed): ATen's fused
+    // CPU batch-norm kernels on the input as it is (bf16 or channels-last included), one pass
+    // each for the statistics, the output and the backward sums. Otherwise (bf16-true, whose
+    // parameters are bf16) plain tensor ops in the accumulation type.
+    // (An empty local batch takes the plain path: the kernels divide by the element count.)
+    const bool fused_cpu = !cuda && local_count > 0 &&
+                           (!weight.defined() || weight.scalar_type() == acc) &&
+                           (!bias.defined() || bias.scalar_type() == acc);
+    Tensor x = cuda ? input.contiguous() : fused_cpu ? input : input.to(acc);
     Tensor local_mean, local_spread;
     if (local_count == 0) {
       local_mean = torch::zeros({channels}, opts);
       local_spread = torch::zeros({channels}, opts);
     } else if (cuda) {
       std::tie(local_mean, local_spread) = at::batch_norm_stats(x, args->eps);
+    } else if (fused_cpu) {
+      // Scratch running statistics with momentum 0: the kernel returns the biased variance in
+      // their dtype (float for bf16 input) and leaves the module's own statistics alone.
+      std::tie(local_mean, local_spread) = at::batch_norm_update_stats(
+          x, torch::zeros({channels}, opts), torch::ones({channels}, opts), 0.0);
     } else {
       const auto dims = reduce_dims(x);
       local_mean = x.mean(dims);
@@ -87,7 +100,7 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     Tensor means = rows.narrow(1, 0, channels);
     Tensor spreads = rows.narrow(1, channels, channels);
 
-    Tensor mean, invstd;
+    Tensor mean, invstd, var;
     if (cuda) {
       const Tensor present = counts.gt(0);  // empty ranks carry no statistics
       std::tie(mean, invstd) = at::batch_norm_gather_stats_with_counts(
@@ -97,7 +110,7 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
       // Parallel variance: M2 = sum_r n_r (var_r + (mean_r - mean)^2).
       const Tensor n_r = counts.unsqueeze(1);
       mean = (n_r * means).sum(0) / total;
-      const Tensor var = (n_r * (spreads + (means - mean).pow(2))).sum(0) / total;
+      var = (n_r * (spreads + (means - mean).pow(2))).sum(0) / total;
       invstd = (var + args->eps).rsqrt();
       if (args->running_mean.defined()) {
         torch::NoGradGuard no_grad;
@@ -111,6 +124,10 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     Tensor output;
     if (cuda) {
       output = at::batch_norm_elemt(x, weight, bias, mean, invstd, args->eps);
+    } else if (fused_cpu) {
+      // The inference kernel normalizes with given statistics: the global ones.
+      output = at::batch_norm(x, weight, bias, mean, var, /*training=*/false, 0.0, args->eps,
+                              /*cudnn_enabled=*/false);
     } else {
       const auto shape = channel_shape(x);
       Tensor scale = invstd;
@@ -121,6 +138,7 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     }
     ctx->save_for_backward({x, weight, mean, invstd, counts});
     ctx->saved_data["group"] = c10::IValue::make_capsule(args->group->group);
+    ctx->saved_data["fused_cpu"] = fused_cpu;
     return output;
   }
 
@@ -148,6 +166,28 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
         grad_input = at::batch_norm_backward_elemt(
             grad_out, x, mean, invstd, weight, both.narrow(0, 0, channels),
             both.narrow(0, channels, channels), counts.to(torch::kInt));
+      }
+    } else if (ctx->saved_data["fused_cpu"].toBool()) {
+      // Local sums in one fused pass: with save_invstd = 1 the kernel's grad_weight is
+      // sum(dy * (x - mean)) and its grad_bias sum(dy).
+      const auto shape = channel_shape(x);
+      Tensor sum_dy_xmu, sum_dy;
+      std::tie(std::ignore, sum_dy_xmu, sum_dy) = at::native_batch_norm_backward(
+          grad_out, x, /*weight=*/{}, /*running_mean=*/{}, /*running_var=*/{}, mean,
+          torch::ones_like(invstd), /*train=*/true, 0.0, {false, true, true});
+      if (need_weight) grad_weight = (sum_dy_xmu * invstd).to(weight.scalar_type());
+      if (need_bias) grad_bias = sum_dy.to(weight.defined() ? weight.scalar_type() : mean.scalar_type());
+      if (need_input) {
+        Tensor both = torch::cat({sum_dy, sum_dy_xmu});
+        all_reduce_sum(both, *group);
+        const double total = counts.sum().item<double>();
+        // grad_input = a * dy + b * x + c per channel, in two passes over dy and x.
+        Tensor a = weight.defined() ? invstd * weight : invstd;
+        const Tensor b = -a * invstd.pow(2) * (both.narrow(0, channels, channels) / total);
+        const Tensor c = -a * (both.narrow(0, 0, channels) / total) - b * mean;
+        grad_input = grad_out * a.view(shape);
+        grad_input.addcmul_(x, b.view(shape)).add_(c.view(shape));
+        grad_input = grad_input.to(grad_outputs[0].scalar_type());
       }
     } else {
       const auto dims = reduce_dims(x);

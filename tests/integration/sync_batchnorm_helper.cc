@@ -4,8 +4,11 @@
 // SGD steps, with torch::nn::BatchNorm on the concatenated batch in one process:
 //   outputs, input gradients, weight/bias gradients after DDP averaging, running statistics,
 //   num_batches_tracked and the updated parameters.
-//   sync_batchnorm_helper KIND SIZES...     KIND: 1d | 2d | 3d; SIZES: per-rank batch sizes
-// Prints "max_abs_diff=X" and exits 0 when X <= 1e-5 and every check passed.
+//   sync_batchnorm_helper KIND SIZES...     KIND: 1d | 2d | 3d, or 2d_cl (channels-last input),
+//                                           2d_bf16 (bfloat16 input, float parameters: what
+//                                           bf16-mixed feeds it); SIZES: per-rank batch sizes
+// Prints "max_abs_diff=X" and exits 0 when X <= 1e-5 (bf16 input: 3e-2, its rounding) and every
+// check passed.
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -52,7 +55,10 @@ double max_diff(const torch::Tensor& a, const torch::Tensor& b) {
 
 int main(int argc, char** argv) {
   if (argc < 4) return 2;
-  const std::string kind = argv[1];
+  const std::string variant = argv[1];
+  const std::string kind = variant.substr(0, 2);
+  const bool bf16 = variant == "2d_bf16", channels_last = variant == "2d_cl";
+  const double tolerance = bf16 ? 3e-2 : 1e-5;
   std::vector<int64_t> sizes;
   for (int i = 2; i < argc; ++i) sizes.push_back(std::atoll(argv[i]));
   const auto world = static_cast<int64_t>(sizes.size());
@@ -98,6 +104,7 @@ int main(int argc, char** argv) {
   double worst = 0;
   for (int64_t step = 0; step < kSteps; ++step) {
     auto [x, w] = global_batch(kind, total, step);
+    if (bf16) x = x.to(torch::kBFloat16).to(torch::kFloat);  // the reference sees the same values
     // Reference: BatchNorm on the concatenated batch, loss = sum(y * w) / total.
     auto ref_x = x.clone().requires_grad_(true);
     ref_opt.zero_grad();
@@ -106,14 +113,18 @@ int main(int argc, char** argv) {
     ref_opt.step();
 
     // This rank's slice; loss scaled by world / total so DDP's averaging gives the reference.
-    auto my_x = x.narrow(0, offset, local).clone().requires_grad_(true);
+    auto my_x = x.narrow(0, offset, local).clone();
+    if (bf16) my_x = my_x.to(torch::kBFloat16);
+    if (channels_last) my_x = my_x.contiguous(at::MemoryFormat::ChannelsLast);
+    my_x.requires_grad_(true);
     opt.zero_grad();
     auto my_y = model->forward(my_x);
     ddp.backward((my_y * w.narrow(0, offset, local)).sum() * (static_cast<double>(world) / total));
     // Input gradients are those of the global loss scaled by world (the DDP loss convention).
-    const double d_out = max_diff(my_y.detach(), ref_y.detach().narrow(0, offset, local));
-    const double d_grad =
-        max_diff(my_x.grad() / static_cast<double>(world), ref_x.grad().narrow(0, offset, local));
+    const double d_out =
+        max_diff(my_y.detach().to(torch::kFloat), ref_y.detach().narrow(0, offset, local));
+    const double d_grad = max_diff(my_x.grad().to(torch::kFloat) / static_cast<double>(world),
+                                   ref_x.grad().narrow(0, offset, local));
     const auto mine = model->named_parameters();
     const auto theirs = reference->named_parameters();
     const double d_wgrad = max_diff(mine["0.weight"].grad(), theirs["0.weight"].grad());
@@ -133,7 +144,7 @@ int main(int argc, char** argv) {
     worst = std::max({worst, d_out, d_grad, d_wgrad, d_bgrad, d_state});
   }
   std::printf("max_abs_diff=%g\n", worst);
-  if (!(worst <= 1e-5)) fail("difference above 1e-5");
+  if (!(worst <= tolerance)) fail("difference above " + std::to_string(tolerance));
   ddp.teardown();
   return failures == 0 ? 0 : 1;
 }

@@ -21,6 +21,13 @@ void expect_parity(const std::string& args) {
 TEST(SyncBatchNormTest, TwoRanksUnequalBatches) { expect_parity("2d 3 5"); }
 TEST(SyncBatchNormTest, ThreeRanksUnequalBatches) { expect_parity("2d 2 1 5"); }
 TEST(SyncBatchNormTest, ARankWithAnEmptyBatch) { expect_parity("2d 4 0 3"); }
+// The fused CPU kernels take channels-last and bf16 input (bf16-mixed) as they come.
+TEST(SyncBatchNormTest, ChannelsLastAndBf16Inputs) {
+  expect_parity("2d_cl 3 5");
+  expect_parity("2d_bf16 3 5");
+  expect_parity("2d_bf16 4 0 3");
+}
+
 TEST(SyncBatchNormTest, OneAndThreeDimensionalVariants) {
   expect_parity("1d 3 5");
   expect_parity("3d 2 1 2");
