@@ -97,6 +97,29 @@ std::vector<torch::Device> resolve_devices(const Config& c, const MachineFacts& 
   return devices;
 }
 
+// DDP's options (step 3, after the device).
+void resolve_ddp_options(const Config& c, ResolvedSetup& s) {
+  s.ddp.bucket_cap_mb = c.get_double("fabric.ddp.bucket_cap_mb");
+  s.ddp.find_unused_parameters = c.get_bool("fabric.ddp.find_unused_parameters");
+  s.ddp.broadcast_buffers = c.get_bool("fabric.ddp.broadcast_buffers");
+  s.ddp.gradient_as_bucket_view = c.get_bool("fabric.ddp.gradient_as_bucket_view");
+  if (s.ddp.gradient_as_bucket_view) {
+    // torch::optim::Optimizer::zero_grad() calls detach_() on every gradient, which LibTorch
+    // forbids on the bucket views this option makes the gradients into (it would abort mid-run).
+    throw c.error_at("fabric.ddp.gradient_as_bucket_view",
+                     "true is not supported: LibTorch's C++ Optimizer::zero_grad() detaches "
+                     "gradients in place, which bucket views forbid; use false");
+  }
+  s.ddp.static_graph = c.get_bool("fabric.ddp.static_graph");
+  s.ddp.comm_hook = c.get_string("fabric.ddp.comm_hook");
+  s.ddp.cpu_backend = c.get_string("fabric.ddp.cpu_backend");
+  s.ddp.timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(c.get_double("fabric.ddp.timeout_s") * 1000));
+  s.ddp.debug_collectives = c.get_bool("fabric.ddp.debug_collectives");
+  s.ddp.heartbeat_timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(c.get_double("fabric.ddp.heartbeat_timeout_s") * 1000));
+}
+
 // Step 3.
 void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) {
   const std::string want = c.get_string("fabric.strategy");
@@ -138,6 +161,18 @@ void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) 
   }
   const int64_t local = s.environment->local_rank();
   if (local >= static_cast<int64_t>(s.devices.size())) {
+    const DeviceRequest request = c.get_devices("fabric.devices");
+    if (s.accelerator == c10::DeviceType::CUDA && s.environment->creates_processes_externally() &&
+        (request.is_auto || request.count == -1)) {
+      // An external launcher with devices auto: the local rank's GPU; or, where the launcher
+      // gives each process its own GPU (CUDA_VISIBLE_DEVICES per rank, as SLURM's
+      // --gpus-per-task does), the one device this process sees.
+      const int64_t id = m.cuda_device_count == 1 ? 0 : local;
+      if (id < m.cuda_device_count) {
+        s.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(id));
+        return resolve_ddp_options(c, s);
+      }
+    }
     if (s.accelerator == c10::DeviceType::CUDA) {
       throw c.error_at("fabric.devices",
                        "local rank " + std::to_string(local) + " has no device: " +
@@ -148,25 +183,7 @@ void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) 
   } else {
     s.device = s.devices[static_cast<size_t>(local)];
   }
-  s.ddp.bucket_cap_mb = c.get_double("fabric.ddp.bucket_cap_mb");
-  s.ddp.find_unused_parameters = c.get_bool("fabric.ddp.find_unused_parameters");
-  s.ddp.broadcast_buffers = c.get_bool("fabric.ddp.broadcast_buffers");
-  s.ddp.gradient_as_bucket_view = c.get_bool("fabric.ddp.gradient_as_bucket_view");
-  if (s.ddp.gradient_as_bucket_view) {
-    // torch::optim::Optimizer::zero_grad() calls detach_() on every gradient, which LibTorch
-    // forbids on the bucket views this option makes the gradients into (it would abort mid-run).
-    throw c.error_at("fabric.ddp.gradient_as_bucket_view",
-                     "true is not supported: LibTorch's C++ Optimizer::zero_grad() detaches "
-                     "gradients in place, which bucket views forbid; use false");
-  }
-  s.ddp.static_graph = c.get_bool("fabric.ddp.static_graph");
-  s.ddp.comm_hook = c.get_string("fabric.ddp.comm_hook");
-  s.ddp.cpu_backend = c.get_string("fabric.ddp.cpu_backend");
-  s.ddp.timeout =
-      std::chrono::milliseconds(static_cast<int64_t>(c.get_double("fabric.ddp.timeout_s") * 1000));
-  s.ddp.debug_collectives = c.get_bool("fabric.ddp.debug_collectives");
-  s.ddp.heartbeat_timeout = std::chrono::milliseconds(
-      static_cast<int64_t>(c.get_double("fabric.ddp.heartbeat_timeout_s") * 1000));
+  resolve_ddp_options(c, s);
 }
 
 // Step 4.
@@ -347,6 +364,12 @@ std::unique_ptr<Strategy> build_strategy(const ResolvedSetup& s) {
 }
 
 void apply_global_settings(const ResolvedSetup& s) {
+  if (s.deterministic && s.accelerator == c10::DeviceType::CUDA) {
+    // cuBLAS is deterministic only with a fixed workspace, and reads this variable when its first
+    // handle is made; without it deterministic mode makes cuBLAS ops throw. Set before any CUDA
+    // work and before self-launch, so children inherit it; a value the user set is kept.
+    setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  }
   at::Context& ctx = at::globalContext();
   ctx.setDeterministicAlgorithms(s.deterministic, /*warn_only=*/false);
   ctx.setDeterministicCuDNN(s.deterministic);

@@ -94,7 +94,8 @@ ResolvedSetup resolve_setup(const Config& config, const MachineFacts& facts);
 std::unique_ptr<Strategy> build_strategy(const ResolvedSetup& setup);
 
 // Applies the process-wide settings of steps 5 and 6 (deterministic algorithms, cuDNN, matmul
-// precision, thread counts).
+// precision, thread counts). Deterministic on CUDA also sets CUBLAS_WORKSPACE_CONFIG=:4096:8
+// (unless already set), which cuBLAS needs for deterministic results.
 void apply_global_settings(const ResolvedSetup& setup);
 
 }  // namespace fabric

@@ -103,9 +103,13 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     Tensor mean, invstd, var;
     if (cuda) {
       const Tensor present = counts.gt(0);  // empty ranks carry no statistics
+      // ATen's CUDA kernel reads the counts in the running statistics' dtype (the input's when
+      // there are none): bf16 under bf16-true, not our float32 row.
+      const auto count_type = args->running_mean.defined() ? args->running_mean.scalar_type()
+                                                           : x.scalar_type();
       std::tie(mean, invstd) = at::batch_norm_gather_stats_with_counts(
-          x, means.index({present}), spreads.index({present}), args->running_mean,
-          args->running_var, args->momentum, args->eps, counts.index({present}));
+          x, means.index({present}).to(acc), spreads.index({present}).to(acc), args->running_mean,
+          args->running_var, args->momentum, args->eps, counts.index({present}).to(count_type));
     } else {
       // Parallel variance: M2 = sum_r n_r (var_r + (mean_r - mean)^2).
       const Tensor n_r = counts.unsqueeze(1);

@@ -1,6 +1,9 @@
 #include "fabric/connector.h"
 
+#include <ATen/Context.h>
 #include <gtest/gtest.h>
+
+#include <cstdlib>
 
 #include <map>
 
@@ -321,6 +324,49 @@ TEST(ConnectorTest, ExternalLaunchersSetTheWorld) {
             "command line: fabric.ddp.gradient_as_bucket_view: true is not supported: LibTorch's "
             "C++ Optimizer::zero_grad() detaches gradients in place, which bucket views forbid; "
             "use false");
+}
+
+// devices: auto under a launcher: the local rank's GPU, or the one GPU a per-rank
+// CUDA_VISIBLE_DEVICES leaves visible.
+TEST(ConnectorTest, AutoDevicesUnderALauncherUseTheRanksGpu) {
+  const std::map<std::string, std::string> torchrun = {{"TORCHELASTIC_RUN_ID", "x"},
+                                                       {"RANK", "3"},
+                                                       {"WORLD_SIZE", "4"},
+                                                       {"LOCAL_RANK", "3"},
+                                                       {"MASTER_PORT", "29500"}};
+  MachineFacts one = gpu_machine(1);
+  one.environment = env_of(torchrun);
+  for (const char* strategy : {"auto", "ddp"}) {
+    auto s = resolve({std::string("fabric.strategy=") + strategy}, one);
+    EXPECT_EQ(s.device.str(), "cuda:0") << strategy;
+    EXPECT_EQ(s.strategy, "ddp");
+    EXPECT_EQ(s.ddp.timeout, std::chrono::milliseconds(300000));  // DDP options still resolved
+  }
+  MachineFacts eight = gpu_machine(8);
+  eight.environment = env_of(torchrun);
+  EXPECT_EQ(resolve({}, eight).device.str(), "cuda:3");
+  EXPECT_EQ(resolve({"fabric.devices=-1"}, eight).device.str(), "cuda:3");
+  // An explicit device list that leaves this rank out is still an error.
+  EXPECT_EQ(error_of({"fabric.devices=[0]"}, eight),
+            "command line: fabric.devices: local rank 3 has no device: 1 device listed for this "
+            "machine");
+}
+
+// cuBLAS throws in deterministic mode unless CUBLAS_WORKSPACE_CONFIG is set before its first use.
+TEST(ConnectorTest, DeterministicOnCudaSetsTheCublasWorkspace) {
+  unsetenv("CUBLAS_WORKSPACE_CONFIG");
+  fabric::apply_global_settings(resolve({"fabric.deterministic=true"}, cpu_machine()));
+  EXPECT_EQ(std::getenv("CUBLAS_WORKSPACE_CONFIG"), nullptr);  // CPU: not needed
+  fabric::apply_global_settings(resolve({}, gpu_machine(1)));
+  EXPECT_EQ(std::getenv("CUBLAS_WORKSPACE_CONFIG"), nullptr);  // not deterministic
+  fabric::apply_global_settings(resolve({"fabric.deterministic=true"}, gpu_machine(1)));
+  ASSERT_NE(std::getenv("CUBLAS_WORKSPACE_CONFIG"), nullptr);
+  EXPECT_STREQ(std::getenv("CUBLAS_WORKSPACE_CONFIG"), ":4096:8");
+  setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8", 1);  // the user's choice stays
+  fabric::apply_global_settings(resolve({"fabric.deterministic=true"}, gpu_machine(1)));
+  EXPECT_STREQ(std::getenv("CUBLAS_WORKSPACE_CONFIG"), ":16:8");
+  unsetenv("CUBLAS_WORKSPACE_CONFIG");
+  at::globalContext().setDeterministicAlgorithms(false, false);
 }
 
 TEST(ConnectorTest, UnsupportedDistributedRequestsAreRejectedNeverIgnored) {
