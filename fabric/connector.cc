@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <charconv>
 #include <cstdlib>
 #include <mutex>
 
@@ -97,27 +96,23 @@ std::vector<torch::Device> resolve_devices(const Config& c, const MachineFacts& 
   return devices;
 }
 
-// DDP's options (step 3, after the device).
-void resolve_ddp_options(const Config& c, ResolvedSetup& s) {
-  s.ddp.bucket_cap_mb = c.get_double("fabric.ddp.bucket_cap_mb");
-  s.ddp.find_unused_parameters = c.get_bool("fabric.ddp.find_unused_parameters");
-  s.ddp.broadcast_buffers = c.get_bool("fabric.ddp.broadcast_buffers");
-  s.ddp.gradient_as_bucket_view = c.get_bool("fabric.ddp.gradient_as_bucket_view");
-  if (s.ddp.gradient_as_bucket_view) {
-    // torch::optim::Optimizer::zero_grad() calls detach_() on every gradient, which LibTorch
-    // forbids on the bucket views this option makes the gradients into (it would abort mid-run).
-    throw c.error_at("fabric.ddp.gradient_as_bucket_view",
-                     "true is not supported: LibTorch's C++ Optimizer::zero_grad() detaches "
-                     "gradients in place, which bucket views forbid; use false");
+// This process's device: its local rank's entry of the machine's devices. Under an external
+// launcher with devices auto (or -1) on CUDA: the local rank's GPU, or, where the launcher gives
+// each process its own GPU (a per-rank CUDA_VISIBLE_DEVICES, as SLURM's --gpus-per-task does),
+// the one device this process sees.
+torch::Device device_of_local_rank(const Config& c, const MachineFacts& m, const ResolvedSetup& s) {
+  const int64_t local = s.environment->local_rank();
+  if (local < static_cast<int64_t>(s.devices.size())) return s.devices[static_cast<size_t>(local)];
+  if (s.accelerator != c10::DeviceType::CUDA) return torch::kCPU;
+  const DeviceRequest request = c.get_devices("fabric.devices");
+  const int64_t id = m.cuda_device_count == 1 ? 0 : local;
+  if (s.environment->creates_processes_externally() && (request.is_auto || request.count == -1) &&
+      id < m.cuda_device_count) {
+    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(id));
   }
-  s.ddp.static_graph = c.get_bool("fabric.ddp.static_graph");
-  s.ddp.comm_hook = c.get_string("fabric.ddp.comm_hook");
-  s.ddp.cpu_backend = c.get_string("fabric.ddp.cpu_backend");
-  s.ddp.timeout =
-      std::chrono::milliseconds(static_cast<int64_t>(c.get_double("fabric.ddp.timeout_s") * 1000));
-  s.ddp.debug_collectives = c.get_bool("fabric.ddp.debug_collectives");
-  s.ddp.heartbeat_timeout = std::chrono::milliseconds(
-      static_cast<int64_t>(c.get_double("fabric.ddp.heartbeat_timeout_s") * 1000));
+  throw c.error_at("fabric.devices", "local rank " + std::to_string(local) + " has no device: " +
+                                         plural(static_cast<int64_t>(s.devices.size()), "device") +
+                                         " listed for this machine");
 }
 
 // Step 3.
@@ -159,31 +154,26 @@ void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) 
       s.devices.erase(s.devices.begin() + 1, s.devices.end());
     }
   }
-  const int64_t local = s.environment->local_rank();
-  if (local >= static_cast<int64_t>(s.devices.size())) {
-    const DeviceRequest request = c.get_devices("fabric.devices");
-    if (s.accelerator == c10::DeviceType::CUDA && s.environment->creates_processes_externally() &&
-        (request.is_auto || request.count == -1)) {
-      // An external launcher with devices auto: the local rank's GPU; or, where the launcher
-      // gives each process its own GPU (CUDA_VISIBLE_DEVICES per rank, as SLURM's
-      // --gpus-per-task does), the one device this process sees.
-      const int64_t id = m.cuda_device_count == 1 ? 0 : local;
-      if (id < m.cuda_device_count) {
-        s.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(id));
-        return resolve_ddp_options(c, s);
-      }
-    }
-    if (s.accelerator == c10::DeviceType::CUDA) {
-      throw c.error_at("fabric.devices",
-                       "local rank " + std::to_string(local) + " has no device: " +
-                           plural(static_cast<int64_t>(s.devices.size()), "device") +
-                           " listed for this machine");
-    }
-    s.device = torch::kCPU;
-  } else {
-    s.device = s.devices[static_cast<size_t>(local)];
+  s.device = device_of_local_rank(c, m, s);
+  s.ddp.bucket_cap_mb = c.get_double("fabric.ddp.bucket_cap_mb");
+  s.ddp.find_unused_parameters = c.get_bool("fabric.ddp.find_unused_parameters");
+  s.ddp.broadcast_buffers = c.get_bool("fabric.ddp.broadcast_buffers");
+  s.ddp.gradient_as_bucket_view = c.get_bool("fabric.ddp.gradient_as_bucket_view");
+  if (s.ddp.gradient_as_bucket_view) {
+    // torch::optim::Optimizer::zero_grad() calls detach_() on every gradient, which LibTorch
+    // forbids on the bucket views this option makes the gradients into (it would abort mid-run).
+    throw c.error_at("fabric.ddp.gradient_as_bucket_view",
+                     "true is not supported: LibTorch's C++ Optimizer::zero_grad() detaches "
+                     "gradients in place, which bucket views forbid; use false");
   }
-  resolve_ddp_options(c, s);
+  s.ddp.static_graph = c.get_bool("fabric.ddp.static_graph");
+  s.ddp.comm_hook = c.get_string("fabric.ddp.comm_hook");
+  s.ddp.cpu_backend = c.get_string("fabric.ddp.cpu_backend");
+  s.ddp.timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(c.get_double("fabric.ddp.timeout_s") * 1000));
+  s.ddp.debug_collectives = c.get_bool("fabric.ddp.debug_collectives");
+  s.ddp.heartbeat_timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(c.get_double("fabric.ddp.heartbeat_timeout_s") * 1000));
 }
 
 // Step 4.
@@ -227,16 +217,11 @@ PrecisionMode resolve_precision(const Config& c, const MachineFacts& m, c10::Dev
   return p;
 }
 
-// Step 6. A positive integer from an environment variable ("4" or OpenMP's nested "4,2" → 4).
+// Step 6. A positive count from an environment variable (parse_cpu_count).
 std::optional<int64_t> positive_from_env(const EnvGetter& env, const std::string& name) {
   if (!env) return std::nullopt;
   const auto v = env(name);
-  if (!v) return std::nullopt;
-  int64_t n = 0;
-  const char* begin = v->c_str();
-  auto [end, ec] = std::from_chars(begin, begin + v->size(), n);
-  if (ec != std::errc() || n < 1 || (end != begin + v->size() && *end != ',')) return std::nullopt;
-  return n;
+  return v ? parse_cpu_count(*v) : std::nullopt;
 }
 
 void resolve_threads(const Config& c, const MachineFacts& m, ResolvedSetup& s) {

@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <cmath>
 #include <fstream>
 #include <set>
@@ -58,6 +59,15 @@ void parse_cpuinfo(const std::string& text, CpuInfo& info) {
   info.bf16_flags.clear();
   for (const auto& f : found) info.bf16_flags += (info.bf16_flags.empty() ? "" : " ") + f;
   info.native_bf16 = !found.empty();
+}
+
+std::optional<int64_t> parse_cpu_count(const std::string& text) {
+  int64_t n = 0;
+  const char* begin = text.c_str();
+  const char* end = begin + text.size();
+  auto [stop, ec] = std::from_chars(begin, end, n);
+  if (ec != std::errc() || n < 1 || (stop != end && *stop != ',')) return std::nullopt;
+  return n;
 }
 
 std::optional<double> parse_cpu_max(const std::string& text) {

@@ -36,6 +36,10 @@ CpuInfo query_cpu_info();
 // Parses /proc/cpuinfo text: native bf16 flags (see CpuInfo) and the model name.
 void parse_cpuinfo(const std::string& text, CpuInfo& info);
 
+// A positive CPU or thread count as FABRIC_CPUS and OMP_NUM_THREADS give it ("4", or OpenMP's
+// nested "4,2" → 4); nullopt for anything else.
+std::optional<int64_t> parse_cpu_count(const std::string& text);
+
 // Parses cgroup v2 cpu.max ("200000 100000" → 2.0; "max 100000" → nullopt).
 std::optional<double> parse_cpu_max(const std::string& text);
 

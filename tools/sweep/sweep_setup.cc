@@ -158,7 +158,7 @@ void plan_devices(const SweepSpec& spec, const Setup& setup, RunnerOptions& opti
   auto split_cpus = [&] {
     if (options.parallel <= 1 || std::getenv("OMP_NUM_THREADS") != nullptr) return;
     int64_t cpus = query_cpu_info().usable();
-    if (const char* budget = std::getenv("FABRIC_CPUS")) cpus = std::max(std::atoll(budget), 0LL);
+    if (const char* budget = std::getenv("FABRIC_CPUS")) cpus = parse_cpu_count(budget).value_or(cpus);
     if (cpus > 0) options.cpus_per_run = std::max<int64_t>(1, cpus / options.parallel);
   };
   if (gpus.empty()) {

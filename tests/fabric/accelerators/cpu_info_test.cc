@@ -43,6 +43,15 @@ TEST(CpuInfoTest, UsableCpusAreTheAffinityMaskCappedByTheCgroupQuota) {
   EXPECT_EQ(info.usable(), 4);
 }
 
+TEST(CpuInfoTest, CountsAsOpenMpWritesThem) {
+  EXPECT_EQ(fabric::parse_cpu_count("4"), 4);
+  EXPECT_EQ(fabric::parse_cpu_count("6,2"), 6);
+  EXPECT_EQ(fabric::parse_cpu_count("0"), std::nullopt);
+  EXPECT_EQ(fabric::parse_cpu_count("lots"), std::nullopt);
+  EXPECT_EQ(fabric::parse_cpu_count("4x"), std::nullopt);
+  EXPECT_EQ(fabric::parse_cpu_count(""), std::nullopt);
+}
+
 TEST(CpuInfoTest, ThisMachineIsRead) {
   const fabric::CpuInfo info = fabric::query_cpu_info();
   EXPECT_GE(info.online, 1);
