@@ -255,8 +255,11 @@ std::function<void()> prepare_optimizer_state(torch::optim::Optimizer& optimizer
         if (!t.sizes().equals(params[i].sizes()))
           return fail(field.key + " of parameter " + std::to_string(i) + " has shape " + shape(t) +
                       ", the parameter " + shape(params[i]));
-        field.set(*s, t.to(params[i].device(), t.scalar_type(), /*non_blocking=*/false,
-                           /*copy=*/true));
+        // In the parameter's memory format (files hold contiguous tensors): fused kernels pass
+        // over parameter, gradient and state as flat arrays, so their layouts must match.
+        torch::Tensor restored = at::empty_like(params[i], params[i].options().dtype(t.scalar_type()),
+                                                at::MemoryFormat::Preserve);
+        field.set(*s, restored.copy_(t));
       }
       states.emplace_back(params[i], std::move(s));
     }

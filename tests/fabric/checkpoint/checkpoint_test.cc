@@ -12,6 +12,7 @@
 #include "fabric/checkpoint/optimizer_state.h"
 #include "fabric/checkpoint/state_dict.h"
 #include "fabric/fabric.h"
+#include "fabric/training/fast_optimizers.h"
 #include "tests/run_command.h"
 
 namespace fs = std::filesystem;
@@ -86,6 +87,57 @@ TEST_F(CheckpointTest, EveryOptimizerContinuesExactly) {
   expect_exact_continuation<AdamW>(AdamWOptions(0.01).betas({0.8, 0.99}), f);
   expect_exact_continuation<RMSprop>(RMSpropOptions(0.01).momentum(0.5).centered(true), f);
   expect_exact_continuation<Adagrad>(AdagradOptions(0.1).lr_decay(0.01), f);
+}
+
+// A channels-last conv net with fabric's fused optimizers: the restored state must keep each
+// parameter's memory format, or the fused kernels (one flat pass over parameter, gradient and
+// state together) pair elements of different positions and the resumed run drifts.
+template <typename Optimizer, typename Options>
+void expect_channels_last_continuation(const Options& options, const fs::path& file) {
+  auto make = [] {
+    auto m = torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 4, 3)),
+                                   torch::nn::Tanh(), torch::nn::Flatten(),
+                                   torch::nn::Linear(4 * 4 * 4, 2));
+    for (auto& p : m->parameters())
+      if (p.dim() == 4) p.set_data(p.data().contiguous(at::MemoryFormat::ChannelsLast));
+    return m;
+  };
+  auto run = [](torch::nn::Sequential& m, torch::optim::Optimizer& opt, int steps, int seed) {
+    torch::manual_seed(seed);
+    for (int s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      auto x = torch::randn({4, 3, 6, 6}).contiguous(at::MemoryFormat::ChannelsLast);
+      torch::mse_loss(m->forward(x), torch::randn({4, 2})).backward();
+      opt.step();
+    }
+  };
+  torch::manual_seed(0);
+  auto model = make();
+  Optimizer opt(model->parameters(), options, fabric::OptimizerImpl::kFused);
+  run(model, opt, 3, 1);
+  opt.sync_state();
+  fabric::save_archive(file, fabric::optimizer_state(opt));
+
+  auto copy = make();
+  fabric::load_state_dict(*copy, fabric::state_dict(*model), "model");
+  ASSERT_TRUE(copy->parameters()[0].is_contiguous(at::MemoryFormat::ChannelsLast));
+  Optimizer fresh(copy->parameters(), Options(0.5), fabric::OptimizerImpl::kFused);
+  fabric::prepare_optimizer_state(fresh, fabric::load_archive(file), file.string())();
+  run(model, opt, 2, 2);
+  run(copy, fresh, 2, 2);
+  const auto a = model->parameters(), b = copy->parameters();
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_TRUE(torch::equal(a[i], b[i])) << typeid(Optimizer).name() << " parameter " << i;
+}
+
+TEST_F(CheckpointTest, ChannelsLastFusedOptimizersContinueExactly) {
+  const fs::path f = dir_ / "opt.ckpt";
+  expect_channels_last_continuation<fabric::SGD>(
+      torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(1e-4), f);
+  expect_channels_last_continuation<fabric::AdamW>(
+      torch::optim::AdamWOptions(0.01).betas({0.8, 0.99}), f);
+  expect_channels_last_continuation<fabric::Adam>(torch::optim::AdamOptions(0.01).amsgrad(true),
+                                                  f);
 }
 
 TEST_F(CheckpointTest, OptimizerMismatchesAreNamedAndChangeNothing) {
