@@ -39,7 +39,9 @@ void GradScaler::lazy_init(const torch::Device& device) {
 torch::Tensor GradScaler::scale(const torch::Tensor& loss) {
   if (!options_.enabled) return loss;
   lazy_init(loss.device());
-  return loss * scale_.to(loss.scalar_type());
+  // The scale stays float32 and one-dimensional, so a float16 loss is promoted to float32: the
+  // initial scale 65536 is above float16's largest value and would turn into inf.
+  return loss * scale_;
 }
 
 void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
@@ -101,9 +103,7 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
     if (state.found_inf.empty()) {  // no gradients at all
       state.found_inf.push_back(torch::zeros({1}, scale_.options()));
     }
-    torch::Tensor found = state.found_inf[0];
-    for (size_t i = 1; i < state.found_inf.size(); ++i)
-      found = found + state.found_inf[i].to(found.device());
+    const torch::Tensor found = combine_found_inf(state.found_inf, state.found_inf[0].device());
     scaled->step_scaled(grad_scale, found);
     const torch::Tensor skipped = found.gt(0).to(torch::kLong);
     if (skipped_on_device_.defined()) {
@@ -128,16 +128,23 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   return finite;
 }
 
+torch::Tensor GradScaler::combine_found_inf(const std::vector<torch::Tensor>& flags,
+                                            const torch::Device& device) {
+  if (flags.empty()) throw Error("GradScaler::combine_found_inf: no flags");
+  torch::Tensor combined = flags[0].to(device);
+  for (size_t i = 1; i < flags.size(); ++i) combined = torch::maximum(combined, flags[i].to(device));
+  return combined;
+}
+
 void GradScaler::update() {
   if (!options_.enabled) return;
   std::vector<torch::Tensor> found;
   for (auto& [opt, state] : per_optimizer_)
-    for (const auto& f : state.found_inf) found.push_back(f.to(scale_.device()));
+    for (const auto& f : state.found_inf) found.push_back(f);
   if (found.empty())
     throw Error(
         "GradScaler::update: no inf checks were recorded; call step() (or unscale_()) first");
-  torch::Tensor combined = found[0];
-  for (size_t i = 1; i < found.size(); ++i) combined = combined + found[i];
+  const torch::Tensor combined = combine_found_inf(found, scale_.device());
   at::_amp_update_scale_(scale_, growth_tracker_, combined, options_.growth_factor,
                          options_.backoff_factor, options_.growth_interval);
   per_optimizer_.clear();

@@ -73,6 +73,11 @@ class GradScaler {
   // Restores a state_dict(); throws fabric::Error naming missing or unexpected keys.
   void load_state_dict(const std::map<std::string, double>& state);
 
+  // One flag on `device` from per-device found-inf flags (each 0 or 1): their maximum, never
+  // their sum, because the fused optimizer kernels skip a step only where the flag is exactly 1.
+  static torch::Tensor combine_found_inf(const std::vector<torch::Tensor>& flags,
+                                         const torch::Device& device);
+
  private:
   enum class Stage { kReady, kUnscaled, kStepped };
   struct PerOptimizer {

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <ATen/ops/_fused_sgd.h>
+
 #include <cmath>
 
 #include "fabric/core/error.h"
@@ -149,6 +151,37 @@ TEST(GradScalerTest, DisabledScalerIsTheIdentity) {
   auto loss = torch::tensor(3.0f);
   EXPECT_TRUE(torch::equal(scaler.scale(loss), loss));
   EXPECT_EQ(scaler.get_scale(), 1.0);
+}
+
+}  // namespace
+
+namespace {
+
+// A float16 loss is scaled in float32: the initial scale (65536) does not fit float16.
+TEST(GradScalerTest, Float16LossIsScaledWithoutOverflow) {
+  fabric::GradScaler scaler;
+  const torch::Tensor loss = torch::tensor(3.0, torch::kHalf);
+  const torch::Tensor scaled = scaler.scale(loss);
+  EXPECT_TRUE(torch::isfinite(scaled).all().item<bool>()) << scaled;
+  EXPECT_EQ(scaled.scalar_type(), torch::kFloat32);
+  EXPECT_DOUBLE_EQ(scaled.item<double>(), 3.0 * 65536.0);
+}
+
+// Flags from several devices combine to 1, not to their count: the fused kernels skip only
+// where found_inf == 1, so a 2 would let an inf step through.
+TEST(GradScalerTest, FoundInfFlagsCombineToOneForTheFusedKernels) {
+  const std::vector<torch::Tensor> flags = {torch::ones({1}), torch::ones({1}), torch::zeros({1})};
+  const torch::Tensor found = fabric::GradScaler::combine_found_inf(flags, torch::kCPU);
+  EXPECT_EQ(found.item<float>(), 1.0f);
+  EXPECT_EQ(fabric::GradScaler::combine_found_inf({torch::zeros({1}), torch::zeros({1})},
+                                                  torch::kCPU)
+                .item<float>(),
+            0.0f);
+  // The kernel itself: a step with the combined flag is skipped.
+  std::vector<torch::Tensor> params = {torch::ones({3})}, grads = {torch::full({3}, 0.5)};
+  const torch::Tensor before = params[0].clone();
+  at::_fused_sgd_(params, grads, {}, 0.0, 0.0, 0.1, 0.0, false, false, false, {}, found);
+  EXPECT_TRUE(torch::equal(params[0], before));
 }
 
 }  // namespace
