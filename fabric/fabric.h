@@ -45,10 +45,6 @@
 #include <type_traits>
 #include <utility>
 
-#ifdef FABRIC_WITH_CUDA
-#include <torch/nn/parallel/data_parallel.h>
-#endif
-
 #include "fabric/checkpoint_state.h"
 #include "fabric/config.h"
 #include "fabric/connector.h"
@@ -58,6 +54,7 @@
 #include "fabric/data/data_loader.h"
 #include "fabric/data/dataset.h"
 #include "fabric/logging/run_dir.h"
+#include "fabric/nn/data_parallel.h"
 #include "fabric/main.h"
 #include "fabric/nn/batch_norm.h"
 #include "fabric/precision/precision.h"
@@ -136,14 +133,13 @@ class Fabric {
   }
 
   // model->forward(input), except under fabric.strategy: dp with several GPUs, where the batch is
-  // split over the devices and run on replicas (torch::nn::parallel::data_parallel; the model must
-  // be a ModuleHolder of a torch::nn::Cloneable). Use it in loops meant to run under dp.
+  // split over the devices and run on replicas (fabric/nn/data_parallel.h: autocast reaches them,
+  // BatchNorm running statistics come back; the model must be a ModuleHolder of a
+  // torch::nn::Cloneable). Use it in loops meant to run under dp.
   template <typename Holder>
   torch::Tensor forward(Holder& model, const torch::Tensor& input) {
-#ifdef FABRIC_WITH_CUDA  // data_parallel's Scatter/Gather live in LibTorch's CUDA library
     if (const auto* devices = strategy_->replica_devices(); devices && devices->size() > 1)
-      return torch::nn::parallel::data_parallel(model, input, *devices, device());
-#endif
+      return nn::data_parallel(model, input, *devices, device());
     return model->forward(input);
   }
 

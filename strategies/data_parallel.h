@@ -1,12 +1,13 @@
 // fabric::strategies::DataParallel (fabric.strategy: dp): one process drives several CUDA devices.
 // Each Fabric::forward(model, input) scatters the batch along dimension 0 over the devices, runs a
 // replica of the model on each (torch::nn::parallel::data_parallel) and gathers the outputs on the
-// first device, where the parameters, gradients and optimizer live.
+// first device, where the parameters, gradients and optimizer live (fabric/nn/data_parallel.h:
+// one thread per replica under the caller's autocast state; BatchNorm running statistics become
+// the replicas' mean in the module).
 //
 // Limits (as PyTorch's DataParallel, which DDP supersedes): the model must be Cloneable
-// (torch::nn::Cloneable<Impl>) and called through Fabric::forward; buffers updated in forward
-// (BatchNorm running statistics) are kept from the first device's replica only; one Python-free
-// thread drives all devices, so it scales worse than ddp. The Connector selects it only with 2 or
+// (torch::nn::Cloneable<Impl>) and called through Fabric::forward; the model is copied to every
+// device at every forward, so it scales worse than ddp. The Connector selects it only with 2 or
 // more CUDA devices; otherwise dp falls back to single_device with a one-line warning.
 #ifndef STRATEGIES_DATA_PARALLEL_H_
 #define STRATEGIES_DATA_PARALLEL_H_

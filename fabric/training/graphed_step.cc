@@ -11,6 +11,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <memory>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -36,8 +37,10 @@ std::string shapes_of(const std::vector<torch::Tensor>& batch) {
 
 struct GraphedStep::Graph {
   explicit Graph(c10::DeviceIndex device)
-      : side(c10::cuda::getStreamFromPool(false, device)), device(device) {}
-  at::cuda::CUDAGraph graph;
+      : graph(std::make_unique<at::cuda::CUDAGraph>()),
+        side(c10::cuda::getStreamFromPool(false, device)),
+        device(device) {}
+  std::unique_ptr<at::cuda::CUDAGraph> graph;  // replaced after a failed capture
   c10::cuda::CUDAStream side;  // warm-up and capture (never the default stream)
   c10::DeviceIndex device;
   bool captured = false;
@@ -121,6 +124,30 @@ void GraphedStep::backward_and_step(const torch::Tensor& loss) {
   fabric_.step(optimizer_);
 }
 
+void GraphedStep::discard_capture() {
+#ifdef FABRIC_WITH_CUDA
+  Graph& g = *graph_;
+  try {
+    g.graph->capture_end();  // ends the stream's capture mode; throws for an invalidated capture
+  } catch (...) {
+  }
+  // Nothing of the failed capture stays: no gradient, loss or norm points into its memory pool,
+  // the pool goes with the graph, and the next call captures again from scratch.
+  optimizer_.zero_grad();
+  g.loss = torch::Tensor();
+  g.grad_norm = torch::Tensor();
+  grad_norm_ = torch::Tensor();
+  g.inputs.clear();
+  g.input_shapes.clear();
+  try {
+    g.graph->reset();
+  } catch (...) {
+  }
+  g.graph = std::make_unique<at::cuda::CUDAGraph>();
+  (void)cudaGetLastError();  // a capture error is not sticky; clear it for the next CUDA check
+#endif
+}
+
 torch::Tensor GraphedStep::eager(const std::vector<torch::Tensor>& batch) {
   optimizer_.zero_grad();
   torch::Tensor loss = loss_(batch);
@@ -146,17 +173,18 @@ torch::Tensor GraphedStep::operator()(const std::vector<torch::Tensor>& batch) {
     const bool autocast_cache = at::autocast::is_autocast_cache_enabled();
     at::autocast::set_autocast_cache_enabled(false);  // no casts cached across the capture
     g.on_side_stream([&] {
-      g.graph.capture_begin();
+      // Thread-local capture mode: the loader's worker threads may pin memory and copy batches
+      // on their own streams meanwhile; in the default global mode such calls from any thread
+      // invalidate the capture. Only this thread's calls are checked.
+      g.graph->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
       try {
         torch::Tensor loss = loss_(g.inputs);
         backward_and_step(loss);
         g.loss = loss.detach();
         g.grad_norm = grad_norm_;
+        g.graph->capture_end();
       } catch (const std::exception& e) {
-        try {
-          g.graph.capture_end();
-        } catch (...) {  // the capture is invalid anyway
-        }
+        discard_capture();
         at::autocast::set_autocast_cache_enabled(autocast_cache);
         std::string why = e.what();
         why = one_line(why.substr(0, why.find('\n')), 200);
@@ -166,7 +194,6 @@ torch::Tensor GraphedStep::operator()(const std::vector<torch::Tensor>& batch) {
                     "in the loss) cannot be: move that out of the loss function, or set "
                     "fabric.cuda_graphs: false");
       }
-      g.graph.capture_end();
     });
     at::autocast::set_autocast_cache_enabled(autocast_cache);
     g.captured = true;
@@ -189,7 +216,7 @@ torch::Tensor GraphedStep::operator()(const std::vector<torch::Tensor>& batch) {
     }
     for (size_t i = 0; i < batch.size(); ++i) g.inputs[i].copy_(batch[i], /*non_blocking=*/true);
   }
-  g.graph.replay();          // the capture recorded the step without running it: this runs it
+  g.graph->replay();          // the capture recorded the step without running it: this runs it
   grad_norm_ = g.grad_norm;  // an eager step in between may have pointed it elsewhere
   scaled_->steps_ran_on_device();
   ++replays_;

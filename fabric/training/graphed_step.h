@@ -30,7 +30,10 @@
 // one warning line at setup and eager steps (fabric/connector.h); an optimizer other than
 // fabric::SGD / Adam / AdamW with the fused implementation is a fabric::Error here; a loss
 // function that waits for the host (.item(), printing a tensor, CPU tensors) cannot be captured:
-// the capture fails with a fabric::Error saying so. The loss returned is a detached copy.
+// the capture fails with a fabric::Error saying so, leaving nothing of it behind (the next call
+// captures again). The capture checks only its own thread's CUDA calls (thread-local mode), so
+// DataLoader workers may pin and copy the next batches meanwhile. The loss returned is a detached
+// copy.
 //
 // Unverified on a GPU so far (no GPU was available to the sessions that wrote it): the capture
 // path is compiled in CUDA builds only and tested by tests/integration/cuda_graphs_test.cc there.
@@ -87,6 +90,8 @@ class GraphedStep {
   torch::Tensor eager(const std::vector<torch::Tensor>& batch);
   // backward, clipping and the optimizer step after the loss: what the graph captures.
   void backward_and_step(const torch::Tensor& loss);
+  // After a failed capture: ends it and drops everything it made, so the next call retries.
+  void discard_capture();
 
   Fabric& fabric_;
   torch::optim::Optimizer& optimizer_;

@@ -2,16 +2,22 @@
 // steps replayed from the graph train as eager steps do (same parameters within float tolerance,
 // through an LR schedule, in 32-true, bf16-mixed and 16-mixed with the GradScaler on the device,
 // for fused SGD and AdamW); a batch of another shape runs eagerly; a loss function that waits for
-// the host cannot be captured and says so; a non-fused optimizer is refused; an eager 16-mixed
-// step never synchronizes with the host; under ddp (NCCL, world size 1) the all-reduce is captured.
+// the host cannot be captured and says so, leaving nothing behind (the next call captures and
+// replays); another thread pinning memory and copying batches during the capture does not break
+// it; a non-fused optimizer is refused; an eager 16-mixed step never synchronizes with the host;
+// under ddp (NCCL, world size 1) the all-reduce is captured.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #ifdef FABRIC_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fabric/core/error.h"
@@ -199,6 +205,102 @@ TEST(CudaGraphsTest, AnEagerMixedPrecisionStepNeverSynchronizes) {
       ADD_FAILURE() << "a step synchronized with the host: " << e.what();
     }
     c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+  });
+#endif
+}
+
+// A failed capture leaves nothing behind: once the loss function stops waiting for the host, the
+// next call captures and replays, and training matches eager steps on the same batches.
+TEST(CudaGraphsTest, AFailedCaptureLeavesNothingBehindAndTheNextCallRetries) {
+  SKIP_WITHOUT_CUDA();
+  auto run = [](bool graphs, bool fail_once) {
+    fabric::Fabric fabric(fabric::Config::defaults(
+        fabric::training_schema(),
+        {"fabric.accelerator=cuda", "fabric.devices=1", "fabric.deterministic=true",
+         std::string("fabric.cuda_graphs=") + (graphs ? "true" : "false")}));
+    Trained out;
+    fabric.launch([&](fabric::Fabric& f) {
+      torch::manual_seed(5);
+      torch::nn::Linear model(16, 4);
+      fabric::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+      f.setup(model, optimizer);
+      bool sync = false;
+      fabric::GraphedStep step(f, optimizer, [&](const std::vector<torch::Tensor>& batch) {
+        torch::Tensor loss = model->forward(batch[0]).pow(2).mean();
+        if (sync && loss.item<double>() < 0) return loss * 2;  // waits for the host
+        return loss;
+      });
+      for (int k = 0; k < 8; ++k) {
+        torch::manual_seed(100 + k);
+        const std::vector<torch::Tensor> batch = {torch::randn({8, 16}).to(f.device())};
+        if (fail_once && k == 3) {
+          sync = true;
+          EXPECT_THROW(step(batch), fabric::Error);
+          sync = false;
+        }
+        step(batch);
+      }
+      out.replays = step.replays();
+      out.eager = step.eager_steps();
+      for (const auto& p : model->parameters()) out.params.push_back(p.detach().cpu());
+    });
+    return out;
+  };
+  const Trained eager = run(false, false);
+  const Trained retried = run(true, true);
+  EXPECT_EQ(retried.eager, 3);
+  EXPECT_EQ(retried.replays, 5);
+  EXPECT_LT(max_relative_difference(retried, eager), 1e-4);
+}
+
+// DataLoader workers pin host memory and copy the next batches on their own streams while the
+// training thread captures: the capture checks only its own thread (thread-local mode).
+TEST(CudaGraphsTest, AnotherThreadCopyingDuringTheCaptureDoesNotBreakIt) {
+  SKIP_WITHOUT_CUDA();
+#ifdef FABRIC_WITH_CUDA
+  fabric::Fabric fabric(fabric::Config::defaults(
+      fabric::training_schema(),
+      {"fabric.accelerator=cuda", "fabric.devices=1", "fabric.cuda_graphs=true"}));
+  fabric.launch([&](fabric::Fabric& f) {
+    torch::manual_seed(5);
+    torch::nn::Sequential model(torch::nn::Linear(32, 64), torch::nn::ReLU(),
+                                torch::nn::Linear(64, 10));
+    fabric::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
+    f.setup(model, optimizer);
+    fabric::GraphedStep step(f, optimizer, [&](const std::vector<torch::Tensor>& batch) {
+      return torch::cross_entropy_loss(model->forward(batch[0]), batch[1]);
+    });
+    std::atomic<bool> stop{false};
+    std::atomic<int64_t> copies{0};
+    std::string loader_error;
+    const torch::Device device = f.device();
+    std::thread loader([&] {  // what a DataLoader worker does for every batch
+      try {
+        c10::cuda::CUDAGuard guard(device);
+        c10::cuda::CUDAStreamGuard stream(c10::cuda::getStreamFromPool(false, device.index()));
+        while (!stop) {
+          torch::Tensor pinned = torch::randn({256, 32}).pin_memory();
+          torch::Tensor on_gpu = pinned.to(device, /*non_blocking=*/true);
+          c10::cuda::getCurrentCUDAStream(device.index()).synchronize();
+          ++copies;
+        }
+      } catch (const std::exception& e) {
+        loader_error = e.what();
+      }
+    });
+    try {
+      for (int k = 0; k < 10; ++k) {
+        const int64_t before = copies;
+        while (copies == before && loader_error.empty()) std::this_thread::yield();  // overlap
+        step({torch::randn({64, 32}).to(f.device()), torch::randint(0, 10, {64}).to(f.device())});
+      }
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "a step failed while another thread copied: " << e.what();
+    }
+    stop = true;
+    loader.join();
+    EXPECT_EQ(loader_error, "");
+    EXPECT_EQ(step.replays(), 7);
   });
 #endif
 }
