@@ -42,24 +42,29 @@ else
   fail setup_second_run_fast "exit $rc after ${ms} ms: $out"
 fi
 
-# 3. The bundle is relocatable: moved elsewhere and run with a scrubbed environment, its binaries
-#    find LibTorch through python3 and carry no build-machine run paths.
+# 3. The GPU-node bundle (tools/gpu_check.sh build) is relocatable and its run half works: moved
+#    elsewhere and run with a scrubbed environment, its binaries find LibTorch through python3 and
+#    carry no build-machine run paths, and `gpu_check.sh run --cpu` runs its CPU checks (env, the
+#    GPU tests load and skip, a few cifar10 steps, the throughput binary) and writes its report.
 tmp=$(mktemp -d)
-if bazel run --noshow_progress //tools:bundle -- --out="$tmp/b" //tools:env //tests:cuda_smoke_test >"$tmp/log" 2>&1 &&
-   mv "$tmp/b" "$tmp/moved"; then
+if ./tools/gpu_check.sh build --out="$tmp/b" >"$tmp/log" 2>&1 && mv "$tmp/b" "$tmp/moved"; then
   json=$(cd / && env -i PATH="$PATH" HOME="$HOME" "$tmp/moved/run.sh" env --json 2>&1)
   want=$(sed -n 's/^torch==//p' tools/requirements.txt)
   got=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["libtorch"]["version"])' <<<"$json" 2>/dev/null)
   rpaths=$(for f in "$tmp"/moved/bin/* "$tmp"/moved/lib/*; do readelf -d "$f" | grep -E 'R(UN)?PATH'; done | grep -v '\$ORIGIN/../lib\]' || true)
-  smoke=$(cd / && env -i PATH="$PATH" HOME="$HOME" "$tmp/moved/run.sh" cuda_smoke_test 2>&1)
-  smoke_rc=$?
-  if [ "$got" = "$want" ] && [ -z "$rpaths" ] && [ $smoke_rc -eq 0 ]; then
-    pass bundle_relocatable
+  size=$(du -sm "$tmp/moved" | cut -f1)
+  report=$(cd / && env -i PATH="$PATH" HOME="$HOME" "$tmp/moved/gpu_check.sh" run --cpu --steps=4 --work="$tmp/work" 2>"$tmp/run.log")
+  run_rc=$?
+  if [ "$got" = "$want" ] && [ -z "$rpaths" ] && [ $run_rc -eq 0 ] && [ "$size" -le 64 ] &&
+     grep -q '^| cifar10 single_cpu | PASSED' <<<"$report" && grep -q '^| cuda_smoke_test | SKIPPED' <<<"$report" &&
+     grep -q '^| throughput (CPU, ours only) | PASSED' <<<"$report" && grep -q 'GPU paths NOT verified' <<<"$report"; then
+    pass gpu_check_bundle_relocatable
+    echo "  bundle ${size} MiB; $(grep '^- result' <<<"$report")" >&2
   else
-    fail bundle_relocatable "libtorch version '$got' (want $want); foreign run paths: '$rpaths'; cuda_smoke_test exit $smoke_rc: $(tail -n 3 <<<"$smoke")"
+    fail gpu_check_bundle_relocatable "libtorch version '$got' (want $want); foreign run paths: '$rpaths'; ${size} MiB; gpu_check run exit $run_rc: $(tail -n 12 <<<"$report") $(tail -n 3 "$tmp/run.log")"
   fi
 else
-  fail bundle_relocatable "bundle failed: $(tail -n 5 "$tmp/log")"
+  fail gpu_check_bundle_relocatable "gpu_check build failed: $(tail -n 5 "$tmp/log")"
 fi
 rm -rf "$tmp"
 
