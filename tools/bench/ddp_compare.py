@@ -2,7 +2,11 @@
 
   bazel build -c opt //tools/bench:ddp_step
   python3 tools/bench/ddp_compare.py --reps=7 [--lightning] [--accelerate] [--gloo] [--cpp_flags=...]
-                                     [-- extra flags for all]
+                                     [--py_flags=...] [-- extra flags for all]
+  Like for like: the same optimizer implementation on both sides, e.g.
+    --cpp_flags=--optimizer_impl=fused --py_flags=--optimizer=fused       (fused SGD both)
+    --cpp_flags=--optimizer_impl=for_loop --py_flags=--optimizer=loop     (per-parameter loop both)
+  The main job's model: -- --model=resnet18 --precision=bf16-mixed --batch=64 --steps=10 --warmup=3
 Runs the two programs alternately (order flipped every repetition), reads each run's median step
 time, and prints the per-repetition ratios and their median (Fabric++ / PyTorch; < 1 is faster).
 With --lightning, Lightning Fabric (pip `lightning`) joins as a column, with --accelerate Hugging
@@ -38,18 +42,21 @@ def main():
     p.add_argument("--gloo", action="store_true", help="add Fabric++ on Gloo as a column")
     p.add_argument("--cpp_flags", default="", help="extra flags for ddp_step only, e.g. "
                    "--optimizer_impl=for_loop")
+    p.add_argument("--py_flags", default="", help="extra flags for the Python programs only, e.g. "
+                   "--optimizer=fused")
     p.add_argument("extra", nargs="*")
     args = p.parse_args()
     cpp = ([os.path.join(ROOT, "bazel-bin/tools/bench/ddp_step")] + args.extra +
            args.cpp_flags.split())
-    py = [sys.executable, os.path.join(HERE, "ddp_step.py")] + args.extra
+    py_extra = args.extra + args.py_flags.split()
+    py = [sys.executable, os.path.join(HERE, "ddp_step.py")] + py_extra
     columns = {"fabric++": cpp, "pytorch_ddp": py}
     if args.accelerate:
-        columns["accelerate"] = [sys.executable, os.path.join(HERE, "ddp_step_accelerate.py")] + args.extra
+        columns["accelerate"] = [sys.executable, os.path.join(HERE, "ddp_step_accelerate.py")] + py_extra
     if args.gloo:
         columns["fabric++_gloo"] = cpp + ["--cpu_backend=gloo"]
     if args.lightning:
-        columns["lightning_fabric"] = [sys.executable, os.path.join(HERE, "ddp_step_lightning.py")] + args.extra
+        columns["lightning_fabric"] = [sys.executable, os.path.join(HERE, "ddp_step_lightning.py")] + py_extra
     times = {k: [] for k in columns}
     rss = {k: [] for k in columns}
     for rep in range(args.reps):

@@ -1,9 +1,13 @@
 // 2-rank CPU DDP step time through Fabric (self-launched ranks, c10d::Reducer; all-reduces through
 // shared memory unless --cpu_backend=gloo), for the
 // comparison with PyTorch's Python DDP in ddp_compare.py (same model, batch, threads, steps).
-//   ddp_step --world=2 --steps=60 --warmup=10 --batch=64 --threads=1
-// Model: MLP 1024 → 2048 → 1024 → 512 (ReLU), 4.72M parameters, MSE loss, SGD momentum 0.9.
+//   ddp_step --world=2 --steps=60 --warmup=10 --batch=64 --threads=1 [--model=mlp|resnet18]
+//            [--precision=32-true|bf16-mixed] [--optimizer_impl=auto]
+// Models: mlp = MLP 1024 → 2048 → 1024 → 512 (ReLU), 4.72M parameters, MSE loss, SGD lr 0.01
+// momentum 0.9; resnet18 = the main job's ResNet-18 CIFAR (examples/common/models.h, plain
+// BatchNorm), 3x32x32 inputs, cross-entropy, SGD lr 0.1 momentum 0.9 Nesterov weight decay 5e-4.
 // Optimizer: fabric::SGD with --optimizer_impl (default auto = fused; for_loop is torch::optim's).
+// --threads=0 leaves the threads to Fabric (its default: CPUs / ranks).
 // Rank 0 prints "ddp_step_ms median=X mean=Y" (per-step wall time, after warm-up) and
 // "peak_rss_mib=Z" (its own peak resident set).
 #include <gflags/gflags.h>
@@ -15,53 +19,78 @@
 #include <cstdio>
 #include <numeric>
 
+#include "examples/common/models.h"
 #include "fabric/fabric.h"
 
 DEFINE_int32(world, 2, "processes");
 DEFINE_int32(steps, 60, "timed steps");
 DEFINE_int32(warmup, 10, "untimed steps first");
 DEFINE_int32(batch, 64, "batch per rank");
-DEFINE_int32(threads, 1, "intra-op threads per rank");
+DEFINE_int32(threads, 1, "intra-op threads per rank (0: Fabric's default)");
+DEFINE_string(model, "mlp", "mlp | resnet18");
+DEFINE_string(precision, "32-true", "fabric.precision: 32-true | bf16-mixed");
 DEFINE_double(bucket_cap_mb, 25.0, "DDP bucket size");
 DEFINE_string(optimizer_impl, "auto", "auto | fused | foreach | for_loop");
 DEFINE_string(cpu_backend, "auto",
               "fabric.ddp.cpu_backend: auto (shared memory here) | gloo | shm");
 
+template <typename Model>
+int time_steps(fabric::Fabric& f, Model& model, const torch::optim::SGDOptions& options) {
+  fabric::SGD opt(model->parameters(), options, fabric::parse_optimizer_impl(FLAGS_optimizer_impl));
+  f.setup(model, opt);
+  model->train();
+  const bool resnet = FLAGS_model == "resnet18";
+  auto x = resnet ? torch::randn({FLAGS_batch, 3, 32, 32}) : torch::randn({FLAGS_batch, 1024});
+  auto y = resnet ? torch::randint(0, 10, {FLAGS_batch}) : torch::randn({FLAGS_batch, 512});
+  std::vector<double> ms;
+  for (int s = 0; s < FLAGS_warmup + FLAGS_steps; ++s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    opt.zero_grad();
+    torch::Tensor loss;
+    {
+      auto autocast = f.autocast();
+      loss = resnet ? torch::cross_entropy_loss(model->forward(x), y)
+                    : torch::mse_loss(model->forward(x), y);
+    }
+    f.backward(loss);
+    f.step(opt);
+    const auto t1 = std::chrono::steady_clock::now();
+    if (s >= FLAGS_warmup) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  if (f.is_global_zero()) {
+    std::printf("ddp_step_ms median=%.3f mean=%.3f\n", ms[ms.size() / 2],
+                std::accumulate(ms.begin(), ms.end(), 0.0) / static_cast<double>(ms.size()));
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    std::printf("peak_rss_mib=%.1f\n", static_cast<double>(usage.ru_maxrss) / 1024.0);
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
-  at::set_num_threads(FLAGS_threads);
+  if (FLAGS_model != "mlp" && FLAGS_model != "resnet18") {
+    std::fprintf(stderr, "ddp_step: --model must be mlp or resnet18, not '%s'\n",
+                 FLAGS_model.c_str());
+    return 2;
+  }
   const auto config = fabric::Config::defaults(
       fabric::training_schema(),
       {"fabric.accelerator=cpu", "fabric.devices=" + std::to_string(FLAGS_world),
        "fabric.strategy=ddp", "fabric.ddp.bucket_cap_mb=" + std::to_string(FLAGS_bucket_cap_mb),
-       "fabric.ddp.cpu_backend=" + FLAGS_cpu_backend});
+       "fabric.ddp.cpu_backend=" + FLAGS_cpu_backend, "fabric.precision=" + FLAGS_precision,
+       "fabric.num_threads=" + std::to_string(FLAGS_threads)});
   fabric::Fabric fabric(config);
   return fabric.launch([&](fabric::Fabric& f) {
+    if (FLAGS_model == "resnet18") {
+      examples::ResNet18Cifar model;
+      return time_steps(
+          f, model, torch::optim::SGDOptions(0.1).momentum(0.9).nesterov(true).weight_decay(5e-4));
+    }
     torch::nn::Sequential model(torch::nn::Linear(1024, 2048), torch::nn::ReLU(),
                                 torch::nn::Linear(2048, 1024), torch::nn::ReLU(),
                                 torch::nn::Linear(1024, 512));
-    fabric::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9),
-                    fabric::parse_optimizer_impl(FLAGS_optimizer_impl));
-    f.setup(model, opt);
-    auto x = torch::randn({FLAGS_batch, 1024});
-    auto y = torch::randn({FLAGS_batch, 512});
-    std::vector<double> ms;
-    for (int s = 0; s < FLAGS_warmup + FLAGS_steps; ++s) {
-      const auto t0 = std::chrono::steady_clock::now();
-      opt.zero_grad();
-      f.backward(torch::mse_loss(model->forward(x), y));
-      f.step(opt);
-      const auto t1 = std::chrono::steady_clock::now();
-      if (s >= FLAGS_warmup)
-        ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-    }
-    std::sort(ms.begin(), ms.end());
-    if (f.is_global_zero()) {
-      std::printf("ddp_step_ms median=%.3f mean=%.3f\n", ms[ms.size() / 2],
-                  std::accumulate(ms.begin(), ms.end(), 0.0) / static_cast<double>(ms.size()));
-      rusage usage{};
-      getrusage(RUSAGE_SELF, &usage);
-      std::printf("peak_rss_mib=%.1f\n", static_cast<double>(usage.ru_maxrss) / 1024.0);
-    }
+    return time_steps(f, model, torch::optim::SGDOptions(0.01).momentum(0.9));
   });
 }

@@ -1,6 +1,12 @@
 """PyTorch's own DDP (Python, Gloo) on the model, batch, threads and steps of ddp_step.cc.
 
   python3 tools/bench/ddp_step.py --world=2 --steps=60 --warmup=10 --batch=64 --threads=1
+      [--model=mlp|resnet18] [--precision=32-true|bf16-mixed] [--optimizer=loop|foreach|fused]
+mlp: ddp_step.cc's MLP, MSE loss, SGD lr 0.01 momentum 0.9. resnet18: the main job's ResNet-18
+CIFAR (models.py = examples/common/models.cc, plain BatchNorm), 3x32x32 inputs, cross-entropy,
+SGD lr 0.1 momentum 0.9 Nesterov weight decay 5e-4. --optimizer picks torch.optim.SGD's
+implementation (loop: foreach=False, the CPU default; fused: fused=True), to match ddp_step.cc's
+--optimizer_impl (for_loop / foreach / fused).
 Rank 0 prints "ddp_step_ms median=X mean=Y" and "peak_rss_mib=Z" (its own peak resident set). Used by ddp_compare.py; not part of any product path.
 """
 import argparse
@@ -10,17 +16,34 @@ import socket
 import statistics
 import time
 
+import contextlib
+import sys
+
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import models  # noqa: E402
 
-def make_model():
-    """The benchmark MLP (ddp_step.cc's): 1024 → 2048 → 1024 → 512, 4.72M parameters."""
+
+def make_model(args):
+    """ddp_step.cc's models: the MLP 1024 → 2048 → 1024 → 512 (4.72M parameters) or ResNet-18."""
+    if args.model == "resnet18":
+        return models.make("resnet18")
     return torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.ReLU(),
                                torch.nn.Linear(2048, 1024), torch.nn.ReLU(),
                                torch.nn.Linear(1024, 512))
+
+
+def make_optimizer(params, args):
+    """SGD as ddp_step.cc builds it, with the implementation --optimizer names."""
+    impl = {"loop": dict(foreach=False), "foreach": dict(foreach=True), "fused": dict(fused=True)}
+    if args.model == "resnet18":
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4,
+                               **impl[args.optimizer])
+    return torch.optim.SGD(params, lr=0.01, momentum=0.9, **impl[args.optimizer])
 
 
 def parse_args():
@@ -31,18 +54,31 @@ def parse_args():
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--bucket_cap_mb", type=float, default=25.0)
+    p.add_argument("--model", default="mlp", choices=["mlp", "resnet18"])
+    p.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"])
+    p.add_argument("--optimizer", default="loop", choices=["loop", "foreach", "fused"])
     return p.parse_args()
 
 
 def time_steps(args, model, opt, backward):
-    """Per-step wall times (ms) of the timed steps: zero_grad, MSE forward, backward, step."""
-    x = torch.randn(args.batch, 1024)
-    y = torch.randn(args.batch, 512)
+    """Per-step wall times (ms) of the timed steps: zero_grad, forward + loss, backward, step."""
+    if args.model == "resnet18":
+        x = torch.randn(args.batch, 3, 32, 32)
+        y = torch.randint(0, 10, (args.batch,))
+        loss_fn = torch.nn.functional.cross_entropy
+    else:
+        x = torch.randn(args.batch, 1024)
+        y = torch.randn(args.batch, 512)
+        loss_fn = torch.nn.functional.mse_loss
+    model.train()
     times = []
     for s in range(args.warmup + args.steps):
         t0 = time.perf_counter()
         opt.zero_grad()
-        backward(torch.nn.functional.mse_loss(model(x), y))
+        with (torch.autocast("cpu", dtype=torch.bfloat16) if args.precision == "bf16-mixed"
+              else contextlib.nullcontext()):
+            loss = loss_fn(model(x), y)
+        backward(loss)
         opt.step()
         t1 = time.perf_counter()
         if s >= args.warmup:
@@ -63,8 +99,8 @@ def run(rank, args, port):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=args.world)
-    model = DistributedDataParallel(make_model(), bucket_cap_mb=args.bucket_cap_mb)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    model = DistributedDataParallel(make_model(args), bucket_cap_mb=args.bucket_cap_mb)
+    opt = make_optimizer(model.parameters(), args)
     times = time_steps(args, model, opt, lambda loss: loss.backward())
     if rank == 0:
         report(times)

@@ -27,8 +27,8 @@ def run(rank, args, port):
     if accelerator.num_processes != args.world:
         raise SystemExit(f"accelerate runs {accelerator.num_processes} processes, not {args.world}")
     torch.set_num_threads(args.threads)
-    model = ddp_step.make_model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    model = ddp_step.make_model(args)
+    opt = ddp_step.make_optimizer(model.parameters(), args)
     model, opt = accelerator.prepare(model, opt)
     times = ddp_step.time_steps(args, model, opt, accelerator.backward)
     if accelerator.is_main_process:

@@ -25,8 +25,8 @@ def main():
                     precision="32-true")
     fabric.launch()
     torch.set_num_threads(args.threads)
-    model = ddp_step.make_model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    model = ddp_step.make_model(args)
+    opt = ddp_step.make_optimizer(model.parameters(), args)
     model, opt = fabric.setup(model, opt)
     times = ddp_step.time_steps(args, model, opt, fabric.backward)
     if fabric.global_rank == 0:

@@ -37,7 +37,9 @@ DEFINE_bool(channels_last, false, "fabric.channels_last");
 DEFINE_bool(cuda_graphs, false, "fabric.cuda_graphs: replay each step as a CUDA graph");
 DEFINE_string(accelerator, "cuda", "cuda | cpu");
 DEFINE_string(optimizer_impl, "auto", "auto | fused | foreach | for_loop");
-DEFINE_int32(threads, 0, "CPU intra-op threads (0: LibTorch's default)");
+DEFINE_int32(threads, 0,
+             "CPU intra-op threads, as fabric.num_threads (0: Fabric's default, the usable CPUs); "
+             "an at::set_num_threads here would be overridden by Fabric's thread budget");
 
 namespace {
 
@@ -154,12 +156,11 @@ int run(fabric::Fabric& f, Model& model) {
 
 int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
-  if (FLAGS_threads > 0) at::set_num_threads(FLAGS_threads);
   const auto config = fabric::Config::defaults(
       fabric::training_schema(),
       {"fabric.accelerator=" + FLAGS_accelerator, "fabric.devices=1",
        "fabric.strategy=single_device", "fabric.precision=" + FLAGS_precision,
-       "fabric.cudnn_benchmark=true",
+       "fabric.cudnn_benchmark=true", "fabric.num_threads=" + std::to_string(FLAGS_threads),
        std::string("fabric.channels_last=") + (FLAGS_channels_last ? "true" : "false"),
        std::string("fabric.cuda_graphs=") + (FLAGS_cuda_graphs ? "true" : "false")});
   fabric::Fabric fabric(config);
