@@ -284,7 +284,9 @@ ConfigSchema training_schema() {
         KeySpec::boolean(true).doc("reshuffled each epoch from fabric.seed + epoch"));
   s.add("data.drop_last", KeySpec::boolean(false));
   s.add("data.num_workers",
-        KeySpec::integer(1).min(0).doc("background loader threads; 0 = in the loop"));
+        KeySpec::integer(-1).min(-1).doc(
+            "background loader threads; 0 = in the loop; -1 = automatic: 0 for in-memory "
+            "datasets without augmentation on CPU (a hand-over costs more than the batch), else 1"));
   s.add("data.prefetch", KeySpec::integer(2).min(1).doc("batches prepared ahead"));
   s.add("data.on_device", KeySpec::choice({"auto", "true", "false"}, "auto")
                               .doc("keep in-memory datasets on the GPU as uint8 and augment "

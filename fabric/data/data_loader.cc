@@ -210,7 +210,13 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
                options_.shuffle(), options_.seed().value_or(0), options_.drop_last()) {
   if (!dataset_) throw Error("DataLoader: dataset is null");
   if (options_.batch_size() < 1) throw Error("DataLoader: batch_size must be >= 1");
-  if (options_.num_workers() < 0) throw Error("DataLoader: num_workers must be >= 0");
+  if (options_.num_workers() < DataLoaderOptions::kAutoWorkers)
+    throw Error("DataLoader: num_workers must be >= 0, or -1 for automatic");
+  if (options_.num_workers() == DataLoaderOptions::kAutoWorkers) {
+    const bool cheap =
+        dataset_->cheap_batches() && !options_.transform() && placement_.device.is_cpu();
+    options_.num_workers(cheap ? 0 : 1);
+  }
   if (options_.prefetch() < 1) throw Error("DataLoader: prefetch must be >= 1");
   // Batches of a GPU-resident dataset are a few kernel launches: built in the training thread.
   if (!dataset_->device().is_cpu()) options_.num_workers(0);

@@ -8,7 +8,7 @@
 // generator seeded from seed, epoch and b), whatever the number of threads, so runs are
 // reproducible.
 //
-// Threads (datasets on the CPU): `num_workers` threads build batches (get_batch + transform), at most `prefetch` ahead of
+// Threads (datasets on the CPU; num_workers -1 = automatic, see DataLoaderOptions): `num_workers` threads build batches (get_batch + transform), at most `prefetch` ahead of
 // the consumer (at least one per worker); batches are yielded in order. On CUDA each worker pins
 // the batch and copies it with non_blocking on a side stream; the consumer's stream waits for the
 // copy. num_workers = 0 builds batches in the training thread. Leaving a pass early (break) or
@@ -40,6 +40,7 @@ namespace fabric {
 using BatchTransform = std::function<Batch(Batch batch, at::Generator& gen)>;
 
 struct DataLoaderOptions {
+  static constexpr int64_t kAutoWorkers = -1;  // num_workers(kAutoWorkers): chosen per dataset
 #define FABRIC_OPTION(type, name, init)        \
   DataLoaderOptions& name(type value) {        \
     name##_ = std::move(value);                \
@@ -50,7 +51,11 @@ struct DataLoaderOptions {
   FABRIC_OPTION(int64_t, batch_size, 1);   // Default: 1.
   FABRIC_OPTION(bool, shuffle, false);     // Default: false.
   FABRIC_OPTION(bool, drop_last, false);   // Default: false: the last batch may be smaller.
-  FABRIC_OPTION(int64_t, num_workers, 1);  // Default: 1 background thread; 0 = none.
+  // Default: kAutoWorkers: 0 (batches built in the training thread) for a dataset with cheap
+  // batches (Dataset::cheap_batches(), e.g. TensorDataset) and no transform delivered on the CPU,
+  // where a hand-over costs more than the batch (measured: docs/benchmarks.md, overhead); else 1.
+  // 0 = none; N = N background threads.
+  FABRIC_OPTION(int64_t, num_workers, -1);
   FABRIC_OPTION(int64_t, prefetch, 2);     // Default: 2 batches ready ahead.
   // Default: unset: Fabric::setup_dataloader fills in fabric.seed; a bare DataLoader uses 0.
   FABRIC_OPTION(std::optional<uint64_t>, seed, std::nullopt);

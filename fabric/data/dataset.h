@@ -36,6 +36,10 @@ class Dataset {
   // Where get_batch's tensors live. Default: CPU. A dataset on a GPU is read by DataLoaders in
   // the training thread (no worker threads, no copies).
   virtual c10::Device device() const { return c10::kCPU; }
+  // get_batch is a gather from memory (no file reads, no decoding): cheap enough that handing the
+  // batch to another thread costs more than building it in the training thread. DataLoader's
+  // automatic num_workers uses no thread for such datasets without a transform. Default: false.
+  virtual bool cheap_batches() const { return false; }
 };
 
 // Examples are rows of two tensors (e.g. images [N, C, H, W] and labels [N]).
@@ -47,6 +51,7 @@ class TensorDataset : public Dataset {
   // Gathers on the tensors' device (the indices are copied there without blocking).
   Batch get_batch(const std::vector<int64_t>& indices) const override;
   c10::Device device() const override { return data_.device(); }
+  bool cheap_batches() const override { return true; }
   const torch::Tensor& data() const { return data_; }
   const torch::Tensor& target() const { return target_; }
 

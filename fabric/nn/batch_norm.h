@@ -15,7 +15,8 @@
 // Every rank must call forward/backward of a synchronized BatchNorm in the same order (they are
 // collectives). CUDA uses ATen's batch_norm_stats / batch_norm_gather_stats_with_counts /
 // batch_norm_elemt / batch_norm_backward_reduce / batch_norm_backward_elemt; CPU (which PyTorch's
-// SyncBatchNorm does not support) uses ordinary tensor ops in fp32 (fp64 for double inputs).
+// SyncBatchNorm does not support) uses ATen's fused CPU batch-norm kernels where the parameters
+// are in the accumulation type, else ordinary tensor ops in fp32 (fp64 for double inputs).
 //
 // Example (a model that syncs under DDP with fabric.sync_batchnorm: true):
 //   struct NetImpl : torch::nn::Module {

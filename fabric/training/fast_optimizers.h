@@ -6,11 +6,12 @@
 // time:
 //   kFused     at::_fused_sgd_ / _fused_adam_ / _fused_adamw_ (CPU and CUDA kernels): one pass
 //              over each tensor; under 16-mixed they also take fabric::GradScaler's scale and
-//              found-inf flag on the device (fabric/training/scaled_step.h), so an AMP step has
-//              no host synchronization.
+//              found-inf flag on the device (fabric/training/scaled_step.h), so an AMP step is
+//              designed to need no host synchronization (unverified on a GPU).
 //   kForeach   at::_foreach_* ops (a few multi-tensor kernels per step).
 //   kForLoop   torch::optim's own per-parameter loop (the reference).
-//   kAuto      kFused (the default; measured fastest on CPU and CUDA, docs/benchmarks.md).
+//   kAuto      kFused (the default; measured fastest on CPU with one thread, docs/benchmarks.md;
+//              CUDA not measured).
 // Results match torch::optim within floating-point rounding (tests/training/fast_optimizers_test).
 // Not supported by kFused/kForeach: sparse or complex gradients (step() throws fabric::Error);
 // use kForLoop.

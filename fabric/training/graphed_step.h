@@ -1,7 +1,7 @@
 // fabric::GraphedStep: one whole training step (zero_grad, the loss function's forward,
 // Fabric::backward, Fabric::step) that with `fabric.cuda_graphs: true` is captured once as a CUDA
-// graph and then replayed: one graph launch per step instead of hundreds of kernel launches, and
-// no host work per step beyond copying the batch in.
+// graph and then replayed: designed as one graph launch per step instead of hundreds of kernel
+// launches, with no host work per step beyond copying the batch in (not yet run on a GPU).
 //
 //   fabric::GraphedStep step(f, optimizer, [&](const std::vector<torch::Tensor>& batch) {
 //     return torch::cross_entropy_loss(model->forward(batch[0]), batch[1]);

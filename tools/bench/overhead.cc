@@ -3,7 +3,9 @@
 // Fabric's per-step overhead: the same tiny-MLP training loop (CPU, one process, 32-true) run
 // through Fabric (setup, setup_dataloader, autocast, backward, step) and written directly on
 // LibTorch (index_select batches, backward, step), in interleaved repetitions so that machine
-// drift hits both alike. Prints each repetition and the median step-time ratio fabric/raw
+// drift hits both alike. --workers: the loader's num_workers (default -1, the library's automatic
+// choice); --threads: intra-op threads of both loops (default 1, set through fabric.num_threads so
+// Fabric's thread budget keeps it). Prints each repetition and the median step-time ratio fabric/raw
 // (goal <= 1.01); --json writes the numbers. Not a test: timings are never asserted.
 #include <torch/torch.h>
 
@@ -102,7 +104,7 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t reps = 15, steps = 200, batch = 64, workers = 0, threads = 1;
+  int64_t reps = 15, steps = 200, batch = 64, workers = -1, threads = 1;
   std::string json_path;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -129,7 +131,8 @@ int main(int argc, char** argv) {
   at::set_num_threads(static_cast<int>(threads));
   const Data data = make_data(8192);
   fabric::Fabric fabric(
-      fabric::Config::defaults(fabric::training_schema(), {"fabric.accelerator=cpu"}));
+      fabric::Config::defaults(fabric::training_schema(),
+                               {"fabric.accelerator=cpu", "fabric.num_threads=" + std::to_string(threads)}));
   raw_loop(data, steps / 4, batch);  // warm-up both paths (allocator, lazy init)
   fabric_loop(fabric, data, steps / 4, batch, workers);
 

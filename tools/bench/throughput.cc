@@ -1,5 +1,6 @@
 // Training throughput through Fabric, the C++ side of tools/bench/gpu_compare.py (the Python side
-// is tools/bench/throughput.py: same models, optimizer, loss and data).
+// is tools/bench/throughput.py: same models, optimizer hyperparameters, loss and data; ours runs
+// --optimizer_impl, the Python side each framework's default implementation).
 //   throughput --model=resnet18|resnet50 --batch=512 --precision=bf16-mixed [--steps=50]
 //              [--warmup=15] [--data=static|epoch --images=50000] [--channels_last]
 //              [--accelerator=cuda] [--optimizer_impl=auto] [--threads=0] [--cuda_graphs]

@@ -5,6 +5,8 @@
 
 #include <stdexcept>
 
+#include "fabric/core/error.h"
+
 namespace {
 
 using fabric::Batch;
@@ -130,6 +132,31 @@ TEST(DataLoaderTest, ErrorsSurfaceAtTheirBatch) {
     EXPECT_STREQ(e.what(), "bad batch 2");
   }
   EXPECT_EQ(reached, 2);
+}
+
+// The default num_workers is automatic: no thread for a TensorDataset (cheap gathers) without a
+// transform on the CPU; one for a transform or a dataset whose batches cost more; explicit
+// values are kept; the batches are the same either way.
+TEST(DataLoaderTest, AutomaticWorkersSkipTheThreadForCheapInMemoryBatches) {
+  struct Slow : fabric::Dataset {  // batches that cost (file reads, decoding)
+    int64_t size() const override { return 12; }
+    Batch get_batch(const std::vector<int64_t>& indices) const override {
+      return numbered(12)->get_batch(indices);
+    }
+  };
+  auto opts = DataLoaderOptions().batch_size(4).shuffle(true);
+  EXPECT_EQ(opts.num_workers(), DataLoaderOptions::kAutoWorkers);
+  DataLoader cheap(numbered(12), opts);
+  EXPECT_EQ(cheap.options().num_workers(), 0);
+  DataLoader slow(std::make_shared<Slow>(), opts);
+  EXPECT_EQ(slow.options().num_workers(), 1);
+  DataLoader augmented(numbered(12),
+                       DataLoaderOptions(opts).transform([](Batch b, at::Generator&) { return b; }));
+  EXPECT_EQ(augmented.options().num_workers(), 1);
+  DataLoader explicit_two(numbered(12), DataLoaderOptions(opts).num_workers(2));
+  EXPECT_EQ(explicit_two.options().num_workers(), 2);
+  EXPECT_EQ(targets_of(cheap), targets_of(slow));
+  EXPECT_THROW(DataLoader(numbered(12), DataLoaderOptions(opts).num_workers(-2)), fabric::Error);
 }
 
 TEST(DataLoaderTest, BatchesArriveOnTheRequestedDevice) {
