@@ -95,7 +95,9 @@ void Ddp::setup_environment() {
   distributed::StoreOptions store;
   store.host = env_->main_address();
   store.port = env_->main_port();
-  store.is_server = host;
+  // Under torchrun's agent store every rank is a client of the agent's store.
+  store.is_server = host && !env_->store_hosted_by_launcher();
+  store.prefix = env_->store_prefix();
   store.world_size = world;
   store.timeout = options_.timeout;
   // A job on one machine keeps its store on loopback; one spanning nodes must accept them all.
@@ -126,6 +128,7 @@ void Ddp::setup_environment() {
     distributed::HeartbeatOptions hb;
     hb.host = env_->main_address();
     hb.port = distributed::store_port(store_);
+    hb.prefix = env_->store_prefix();
     hb.rank = env_->global_rank();
     hb.world_size = world;
     hb.timeout = options_.heartbeat_timeout;

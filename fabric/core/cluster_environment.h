@@ -37,6 +37,14 @@ class ClusterEnvironment {
   // binds port 0 and hands the real port to its children).
   virtual std::string main_address() const = 0;
   virtual int main_port() const = 0;
+  // The launcher already hosts the rendezvous store at main_address():main_port() and every rank,
+  // rank 0 included, connects to it as a client: torchrun's agent does
+  // (TORCHELASTIC_USE_AGENT_STORE=True). Default: false (rank 0 hosts it).
+  virtual bool store_hosted_by_launcher() const { return false; }
+  // Prefix of every key this job writes to the store ("" none). Under torchrun's agent store:
+  // "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>", as PyTorch's workers use, so the keys of a
+  // restarted attempt never meet the previous attempt's.
+  virtual std::string store_prefix() const { return ""; }
 };
 
 }  // namespace fabric

@@ -67,6 +67,7 @@ Heartbeat::Heartbeat(const HeartbeatOptions& options,
   client.port = options.port;
   client.world_size = options.world_size;
   client.timeout = options.timeout;
+  client.prefix = options.prefix;
   state_->store = make_store(client);
   state_->answered();
   beat_thread_ = std::thread(beat, state_);

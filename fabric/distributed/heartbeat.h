@@ -33,6 +33,7 @@ namespace fabric::distributed {
 struct HeartbeatOptions {
   std::string host = "127.0.0.1";  // the rendezvous store
   int port = 0;
+  std::string prefix;  // the job's store key prefix (StoreOptions::prefix)
   int64_t rank = 0;
   int64_t world_size = 1;
   std::chrono::milliseconds interval{1000};

@@ -2,6 +2,7 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #ifdef FABRIC_WITH_CUDA
@@ -73,7 +74,9 @@ c10::intrusive_ptr<c10d::Store> make_store(const StoreOptions& o) {
   if (o.is_server && !o.listen_address.empty())
     opts.masterListenFd = listen_on(o.listen_address, o.port);
   try {
-    return c10::make_intrusive<c10d::TCPStore>(o.host, opts);
+    c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(o.host, opts);
+    if (!o.prefix.empty()) store = c10::make_intrusive<c10d::PrefixStore>(o.prefix, store);
+    return store;
   } catch (const std::exception& e) {
     std::string why = e.what();
     why = why.substr(0, why.find('\n'));
@@ -83,7 +86,9 @@ c10::intrusive_ptr<c10d::Store> make_store(const StoreOptions& o) {
 }
 
 int store_port(const c10::intrusive_ptr<c10d::Store>& store) {
-  auto* tcp = dynamic_cast<c10d::TCPStore*>(store.get());
+  c10::intrusive_ptr<c10d::Store> s = store;
+  while (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(s.get())) s = prefixed->getUnderlyingStore();
+  auto* tcp = dynamic_cast<c10d::TCPStore*>(s.get());
   if (tcp == nullptr) throw Error("store_port: not a TCPStore");
   return tcp->getPort();
 }

@@ -36,11 +36,13 @@ struct StoreOptions {
   // this machine can reach it (c10d stores have no authentication). "" = every interface, which
   // a job spanning nodes needs (Ddp sets it then; keep such jobs on a private network).
   std::string listen_address = "127.0.0.1";
+  // Every key under this prefix (c10d::PrefixStore) when not empty.
+  std::string prefix;
 };
 
 // Throws fabric::Error naming host, port and the cause when the store cannot be created/reached.
 c10::intrusive_ptr<c10d::Store> make_store(const StoreOptions& options);
-// The port a TCPStore listens on (after binding port 0).
+// The port a TCPStore listens on (after binding port 0); looks through PrefixStores.
 int store_port(const c10::intrusive_ptr<c10d::Store>& store);
 
 struct ProcessGroupOptions {

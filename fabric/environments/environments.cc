@@ -1,5 +1,7 @@
 #include "fabric/environments/environments.h"
 
+#include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cstdlib>
 #include <sstream>
@@ -69,6 +71,8 @@ class Environment : public ClusterEnvironment {
     std::string address = "127.0.0.1";
     int port = 0;
     int64_t local_world = 0;  // 0: unknown
+    bool launcher_store = false;
+    std::string store_prefix;
   };
   explicit Environment(Facts f) : f_(std::move(f)) {
     if (f_.world < 1 || f_.rank < 0 || f_.rank >= f_.world || f_.local_rank < 0 ||
@@ -87,6 +91,8 @@ class Environment : public ClusterEnvironment {
   int64_t local_world_size() const override { return f_.local_world; }
   std::string main_address() const override { return f_.address; }
   int main_port() const override { return f_.port; }
+  bool store_hosted_by_launcher() const override { return f_.launcher_store; }
+  std::string store_prefix() const override { return f_.store_prefix; }
 
  private:
   Facts f_;
@@ -133,10 +139,18 @@ std::unique_ptr<ClusterEnvironment> detect_environment(const EnvGetter& env,
                                                        int64_t local_world_size) {
   if (env("TORCHELASTIC_RUN_ID")) {
     Vars v(env, "torchrun");
+    // torchrun's agent hosts the store on MASTER_PORT and says so; workers connect as clients.
+    std::string agent = v.text("TORCHELASTIC_USE_AGENT_STORE", "");
+    std::transform(agent.begin(), agent.end(), agent.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    const bool agent_store = agent == "true" || agent == "1";
     return make({"torchelastic", true, v.integer("WORLD_SIZE"), v.integer("RANK"),
                  v.integer("LOCAL_RANK"), v.integer("GROUP_RANK", 0),
                  v.text("MASTER_ADDR", "127.0.0.1"), v.port("MASTER_PORT"),
-                 v.integer("LOCAL_WORLD_SIZE", 0)});
+                 v.integer("LOCAL_WORLD_SIZE", 0), agent_store,
+                 agent_store ? "/worker/attempt_" +
+                                   std::to_string(v.integer("TORCHELASTIC_RESTART_COUNT", 0))
+                             : std::string()});
   }
   const std::string job_name = env("SLURM_JOB_NAME").value_or("");
   if (env("SLURM_NTASKS") && env("SLURM_PROCID") && job_name != "bash" &&

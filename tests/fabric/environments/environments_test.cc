@@ -207,6 +207,25 @@ TEST(EnvironmentsTest, LocalWorldSizeComesFromEachLauncher) {
   EXPECT_EQ(fabric::slurm_tasks_on_node("2(x", 0), 0);
 }
 
+// torchrun's agent hosts the store and says so: ranks connect as clients, under the attempt's
+// prefix (a restarted attempt never reads the previous one's keys). Other launchers: rank 0 hosts.
+TEST(EnvironmentsTest, TorchrunAgentStoreIsUsedAsAClientUnderTheAttemptPrefix) {
+  const Vars torchrun = {{"TORCHELASTIC_RUN_ID", "a"}, {"RANK", "0"}, {"WORLD_SIZE", "2"},
+                         {"LOCAL_RANK", "0"}, {"MASTER_PORT", "29500"}};
+  Vars agent = torchrun;
+  agent["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  agent["TORCHELASTIC_RESTART_COUNT"] = "2";
+  const auto with_agent = fabric::detect_environment(fake(agent), 2);
+  EXPECT_TRUE(with_agent->store_hosted_by_launcher());
+  EXPECT_EQ(with_agent->store_prefix(), "/worker/attempt_2");
+  agent["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  EXPECT_FALSE(fabric::detect_environment(fake(agent), 2)->store_hosted_by_launcher());
+  const auto without = fabric::detect_environment(fake(torchrun), 2);
+  EXPECT_FALSE(without->store_hosted_by_launcher());
+  EXPECT_EQ(without->store_prefix(), "");
+  EXPECT_FALSE(fabric::detect_environment(fake({}), 2)->store_hosted_by_launcher());
+}
+
 TEST(EnvironmentsTest, FirstSlurmHost) {
   EXPECT_EQ(fabric::first_slurm_host("node1"), "node1");
   EXPECT_EQ(fabric::first_slurm_host("node1,node2"), "node1");

@@ -1,0 +1,77 @@
+// Real torchrun (torch.distributed.run of the pinned torch wheel) starting Fabric ranks: its agent
+// hosts the rendezvous store (TORCHELASTIC_USE_AGENT_STORE=True) and every rank connects to it as
+// a client under the attempt's key prefix. One agent (--standalone) and two agents on loopback
+// (c10d rendezvous) train ddp_parity_helper's MLP to the very same parameters (hash) as the
+// self-launched job, and rank 0's parity check against one process passes.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include "tests/run_command.h"
+
+namespace {
+
+using fabric::testing::run_command;
+using fabric::testing::value_after;
+
+std::string helper() {
+  return (std::filesystem::current_path() / "tests" / "ddp_parity_helper").string();
+}
+
+std::string torchrun() { return fabric::testing::python_interpreter() + " -m torch.distributed.run"; }
+
+// A TCP port nothing listens on right now (the kernel's choice for port 0).
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+class TorchrunTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto probe = run_command(fabric::testing::python_interpreter() +
+                                   " -c 'import torch.distributed.run' 2>&1");
+    if (probe.code != 0)
+      GTEST_SKIP() << "no torch.distributed.run for " << fabric::testing::python_interpreter()
+                   << " (tools/setup.sh installs torch): " << probe.out;
+    const auto self = run_command(helper() + " 2 4 plain 2>&1");
+    ASSERT_EQ(self.code, 0) << self.out;
+    self_hash_ = value_after(self.out, "params_hash=");
+    ASSERT_FALSE(self_hash_.empty()) << self.out;
+  }
+  std::string self_hash_;
+};
+
+TEST_F(TorchrunTest, OneAgentTrainsLikeTheSelfLaunchedJob) {
+  const auto r = run_command(torchrun() + " --standalone --nproc-per-node=2 --no-python " +
+                             helper() + " 2 4 plain 2>&1");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(value_after(r.out, "params_hash="), self_hash_) << r.out;
+  EXPECT_EQ(r.out.find("cannot host the rendezvous store"), std::string::npos) << r.out;
+}
+
+TEST_F(TorchrunTest, TwoAgentsOnLoopbackTrainLikeTheSelfLaunchedJob) {
+  const std::string common = " --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:" +
+                             std::to_string(free_port()) + " --no-python " + helper() + " 2 4 plain";
+  // With c10d rendezvous the agents' order of arrival decides the node ranks: keep both outputs.
+  const std::string other = (std::filesystem::path(::testing::TempDir()) / "agent_b.log").string();
+  const auto r = run_command("(" + torchrun() + common + " >" + other + " 2>&1 & " + torchrun() +
+                             common + "; a=$?; wait $!; b=$?; cat " + other +
+                             "; [ $a -eq 0 ] && [ $b -eq 0 ]) 2>&1");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(value_after(r.out, "params_hash="), self_hash_) << r.out;
+}
+
+}  // namespace
