@@ -15,12 +15,15 @@
 // A 4th argument "cuda_gloo" (GPU test) puts every rank on cuda:0 with Gloo for CUDA tensors and
 // compares with the CPU reference (tolerance 1e-5); it exits 77 when no GPU is usable. A 4th
 // argument "gloo" sets fabric.ddp.cpu_backend gloo (default auto: shared memory on one host).
-// Prints "max_rel_diff=X" and "params_hash=H" (FNV-1a of the trained parameters' bytes) and exits 0
+// FABRIC_TEST_KILL_RANK=R (launcher tests): rank R kills itself at step 1 of torchrun's first
+// attempt. Prints "max_rel_diff=X" and "params_hash=H" (FNV-1a of the trained parameters' bytes) and exits 0
 // when X is within tolerance and every check passed.
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 
 #include "fabric/core/error.h"
 #include "fabric/core/hash.h"
@@ -111,8 +114,15 @@ int main(int argc, char** argv) {
   ddp.set_capturable_gradient_sync(flat);
   const int64_t local = kGlobalBatch / world;
   auto backend = ddp.process_group()->getDefaultBackend();
+  // Launcher tests: FABRIC_TEST_KILL_RANK=R kills rank R (SIGKILL) at step 1 of torchrun's first
+  // attempt (TORCHELASTIC_RESTART_COUNT unset or 0).
+  const char* kill_rank = std::getenv("FABRIC_TEST_KILL_RANK");
+  const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  const bool die = kill_rank != nullptr && std::atoll(kill_rank) == rank &&
+                   (attempt == nullptr || std::atoll(attempt) == 0);
   try {
     for (int64_t s = 0; s < steps; ++s) {
+      if (die && s == 1) raise(SIGKILL);
       opt.zero_grad();
       for (int64_t m = 0; m < (nosync ? 2 : 1); ++m) {
         auto [x, y] = global_batch(s, m);

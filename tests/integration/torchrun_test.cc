@@ -2,7 +2,9 @@
 // hosts the rendezvous store (TORCHELASTIC_USE_AGENT_STORE=True) and every rank connects to it as
 // a client under the attempt's key prefix. One agent (--standalone) and two agents on loopback
 // (c10d rendezvous) train ddp_parity_helper's MLP to the very same parameters (hash) as the
-// self-launched job, and rank 0's parity check against one process passes.
+// self-launched job, and rank 0's parity check against one process passes. A killed rank ends
+// the job non-zero with the rank named; with --max-restarts the restarted attempt trains to the
+// same parameters.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -70,6 +72,29 @@ TEST_F(TorchrunTest, TwoAgentsOnLoopbackTrainLikeTheSelfLaunchedJob) {
   const auto r = run_command("(" + torchrun() + common + " >" + other + " 2>&1 & " + torchrun() +
                              common + "; a=$?; wait $!; b=$?; cat " + other +
                              "; [ $a -eq 0 ] && [ $b -eq 0 ]) 2>&1");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(value_after(r.out, "params_hash="), self_hash_) << r.out;
+}
+
+// A rank killed (SIGKILL) in the middle of the job: torchrun stops the other rank and exits
+// non-zero, naming the killed rank; a hang would hit the 120 s timeout instead.
+TEST_F(TorchrunTest, AKilledRankEndsTheJobWithAnErrorNamingIt) {
+  const auto r = run_command("FABRIC_TEST_KILL_RANK=1 timeout 120 " + torchrun() +
+                             " --standalone --nproc-per-node=2 --no-python " + helper() +
+                             " 2 4 plain 2>&1");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.code, 124) << "timed out: " << r.out;
+  EXPECT_NE(r.out.find("local_rank: 1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Signal 9 (SIGKILL)"), std::string::npos) << r.out;
+}
+
+// --max-restarts: after the kill torchrun restarts both workers (attempt 1; its keys go under
+// /worker/attempt_1 as PyTorch's workers' do, though this job also passed without the prefix),
+// and the restarted job trains to the self-launched job's parameters.
+TEST_F(TorchrunTest, MaxRestartsRestartsTheWorkersAfterAKilledRank) {
+  const auto r = run_command("FABRIC_TEST_KILL_RANK=1 timeout 120 " + torchrun() +
+                             " --standalone --nproc-per-node=2 --max-restarts=1 --no-python " +
+                             helper() + " 2 4 plain 2>&1");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(value_after(r.out, "params_hash="), self_hash_) << r.out;
 }
