@@ -31,6 +31,7 @@ DEBIAN_PACKAGES=(
   patchelf               # relocatable bundles (tools/bundle.sh)
   dataset-fashion-mnist  # /usr/share/datasets/fashion-mnist
   iproute2               # ip netns: //tests:netns_test's two "nodes"
+  openmpi-bin            # mpirun: //tests:launchers_test starts real MPI jobs
   clang                  # --config=fuzz (libFuzzer harnesses in tests/fuzz/)
   libclang-rt-14-dev     # libFuzzer and the sanitizer runtimes for clang 14
 )

@@ -181,9 +181,24 @@ std::unique_ptr<ClusterEnvironment> detect_environment(const EnvGetter& env,
     const int64_t rank = v.integer("OMPI_COMM_WORLD_RANK");
     const int64_t local_world = v.integer("OMPI_COMM_WORLD_LOCAL_SIZE", 0);
     const int64_t local_size = std::max<int64_t>(local_world, 1);
-    return make({"openmpi", true, v.integer("OMPI_COMM_WORLD_SIZE"), rank,
-                 v.integer("OMPI_COMM_WORLD_LOCAL_RANK", 0), rank / local_size,
-                 v.text("MASTER_ADDR", "127.0.0.1"), v.port("MASTER_PORT"), local_world});
+    const int64_t world = v.integer("OMPI_COMM_WORLD_SIZE");
+    // mpirun says nothing of rank 0's address: on one node it is loopback; across nodes the user
+    // names it (mpirun -x MASTER_ADDR=host). The port defaults to one derived from mpirun's job
+    // id, which every rank of the job sees alike.
+    int port = 0;
+    if (v.has("MASTER_PORT") || !v.has("OMPI_MCA_ess_base_jobid")) {
+      port = v.port("MASTER_PORT");  // names a bad or missing value
+    } else {
+      port = 20000 + static_cast<int>(v.integer("OMPI_MCA_ess_base_jobid") % 20000);
+    }
+    const int64_t nodes = v.integer("OMPI_MCA_orte_num_nodes", local_world >= world ? 1 : 0);
+    if (!v.has("MASTER_ADDR") && nodes != 1)
+      throw Error("OpenMPI launch across " +
+                  (nodes > 1 ? std::to_string(nodes) : std::string("several")) +
+                  " nodes: MASTER_ADDR is not set; pass rank 0's host name or address to every "
+                  "rank (mpirun -x MASTER_ADDR=<host> ...)");
+    return make({"openmpi", true, world, rank, v.integer("OMPI_COMM_WORLD_LOCAL_RANK", 0),
+                 rank / local_size, v.text("MASTER_ADDR", "127.0.0.1"), port, local_world});
   }
   if (env("PMI_RANK") && env("PMI_SIZE")) {
     Vars v(env, "MPICH");

@@ -160,6 +160,25 @@ std::string error_of(Vars vars) {
   return "";
 }
 
+// mpirun gives no address or port: one node defaults to loopback and a port from mpirun's job id
+// (the same on every rank); across nodes MASTER_ADDR must be passed, and the error says how.
+TEST(EnvironmentsTest, OpenMpiDefaultsOnOneNodeAndNamesTheFixAcrossNodes) {
+  const Vars one_node = {{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+                         {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"OMPI_MCA_orte_num_nodes", "1"},
+                         {"OMPI_MCA_ess_base_jobid", "1970339841"}};
+  const auto env = fabric::detect_environment(fake(one_node), 2);
+  EXPECT_EQ(env->main_address(), "127.0.0.1");
+  EXPECT_EQ(env->main_port(), 20000 + 1970339841 % 20000);
+  Vars two_nodes = one_node;
+  two_nodes["OMPI_MCA_orte_num_nodes"] = "2";
+  two_nodes["OMPI_COMM_WORLD_LOCAL_SIZE"] = "1";
+  EXPECT_EQ(error_of(two_nodes),
+            "OpenMPI launch across 2 nodes: MASTER_ADDR is not set; pass rank 0's host name or "
+            "address to every rank (mpirun -x MASTER_ADDR=<host> ...)");
+  two_nodes["MASTER_ADDR"] = "n0";
+  EXPECT_EQ(fabric::detect_environment(fake(two_nodes), 2)->main_address(), "n0");
+}
+
 TEST(EnvironmentsTest, BadValuesNameTheVariable) {
   EXPECT_EQ(error_of({{"RANK", "one"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "1"}}),
             "RANK/WORLD_SIZE launch: RANK='one' is not an integer");
@@ -189,7 +208,7 @@ TEST(EnvironmentsTest, LocalWorldSizeComesFromEachLauncher) {
         {"SLURM_TASKS_PER_NODE", "4,2"}, {"SLURM_NODELIST", "n1"}},
        3},
       {{{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-        {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"MASTER_PORT", "1"}},
+        {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"MASTER_ADDR", "n0"}, {"MASTER_PORT", "1"}},
        2},
       {{{"PMI_RANK", "0"}, {"PMI_SIZE", "4"}, {"MPI_LOCALNRANKS", "4"}, {"MASTER_PORT", "1"}}, 4},
       {{{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"MASTER_PORT", "1"}}, 0},

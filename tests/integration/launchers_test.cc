@@ -1,4 +1,7 @@
-// Real torchrun (torch.distributed.run of the pinned torch wheel) starting Fabric ranks: its agent
+// Real launchers starting Fabric ranks, each compared with the self-launched job (same trained
+// parameters, by hash, of ddp_parity_helper's MLP; rank 0's parity check against one process).
+//
+// torchrun (torch.distributed.run of the pinned torch wheel): its agent
 // hosts the rendezvous store (TORCHELASTIC_USE_AGENT_STORE=True) and every rank connects to it as
 // a client under the attempt's key prefix. One agent (--standalone) and two agents on loopback
 // (c10d rendezvous) train ddp_parity_helper's MLP to the very same parameters (hash) as the
@@ -40,6 +43,16 @@ int free_port() {
   return ntohs(a.sin_port);
 }
 
+// The self-launched job's parameter hash, the reference every launcher must reproduce.
+std::string self_launched_hash() {
+  static const std::string hash = [] {
+    const auto self = run_command(helper() + " 2 4 plain 2>&1");
+    EXPECT_EQ(self.code, 0) << self.out;
+    return value_after(self.out, "params_hash=");
+  }();
+  return hash;
+}
+
 class TorchrunTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -48,13 +61,41 @@ class TorchrunTest : public ::testing::Test {
     if (probe.code != 0)
       GTEST_SKIP() << "no torch.distributed.run for " << fabric::testing::python_interpreter()
                    << " (tools/setup.sh installs torch): " << probe.out;
-    const auto self = run_command(helper() + " 2 4 plain 2>&1");
-    ASSERT_EQ(self.code, 0) << self.out;
-    self_hash_ = value_after(self.out, "params_hash=");
-    ASSERT_FALSE(self_hash_.empty()) << self.out;
+    self_hash_ = self_launched_hash();
+    ASSERT_FALSE(self_hash_.empty());
   }
   std::string self_hash_;
 };
+
+// mpirun (Debian's OpenMPI, openmpi-bin): ranks read OMPI_COMM_WORLD_*; on one node the store
+// address defaults to loopback and the port to one derived from mpirun's job id.
+class MpirunTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (run_command("command -v mpirun >/dev/null 2>&1").code != 0)
+      GTEST_SKIP() << "no mpirun on PATH (tools/setup.sh installs Debian's openmpi-bin)";
+    self_hash_ = self_launched_hash();
+    ASSERT_FALSE(self_hash_.empty());
+  }
+  // --allow-run-as-root: CI runs as root; --oversubscribe: 2 ranks may exceed the slots OpenMPI
+  // counts on a small machine.
+  const std::string mpirun_ = "timeout 120 mpirun --allow-run-as-root --oversubscribe -np 2 ";
+  std::string self_hash_;
+};
+
+TEST_F(MpirunTest, TwoRanksTrainLikeTheSelfLaunchedJobWithoutAnyAddressGiven) {
+  const auto r = run_command(mpirun_ + helper() + " 2 4 plain 2>&1");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(value_after(r.out, "params_hash="), self_hash_) << r.out;
+}
+
+TEST_F(MpirunTest, AKilledRankEndsTheJobWithAnErrorNamingIt) {
+  const auto r = run_command(mpirun_ + "-x FABRIC_TEST_KILL_RANK=1 " + helper() + " 2 4 plain 2>&1");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.code, 124) << "timed out: " << r.out;
+  EXPECT_NE(r.out.find("rank 1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("signal 9"), std::string::npos) << r.out;
+}
 
 TEST_F(TorchrunTest, OneAgentTrainsLikeTheSelfLaunchedJob) {
   const auto r = run_command(torchrun() + " --standalone --nproc-per-node=2 --no-python " +
