@@ -14,7 +14,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "tests/run_command.h"
@@ -138,6 +140,61 @@ TEST_F(TorchrunTest, MaxRestartsRestartsTheWorkersAfterAKilledRank) {
                              helper() + " 2 4 plain 2>&1");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(value_after(r.out, "params_hash="), self_hash_) << r.out;
+}
+
+// SLURM (Debian's slurm-wlm): a one-machine cluster (tools/slurm_local.sh: munged, slurmctld and
+// slurmd with everything in a temporary folder), then srun and an sbatch script as a user runs
+// them. Ranks read SLURM_PROCID/SLURM_NTASKS; the store address is the first host of the node list
+// and its port comes from the job id.
+class SlurmTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    char tmpl[] = "/tmp/fabric_slurm_XXXXXX";  // short: munge's socket path must fit 108 bytes
+    dir_ = mkdtemp(tmpl);
+    const auto r = run_command("tools/slurm_local.sh start " + dir_ + " 2>&1");
+    started_ = r.code == 0;
+    why_ = r.code == 77 ? "slurm-wlm is not installed (tools/setup.sh installs it)"
+                        : "tools/slurm_local.sh start failed (exit " + std::to_string(r.code) +
+                              "): " + r.out;
+    setenv("SLURM_CONF", (dir_ + "/slurm.conf").c_str(), 1);
+  }
+  static void TearDownTestSuite() {
+    run_command("tools/slurm_local.sh stop " + dir_ + " 2>&1");
+    std::filesystem::remove_all(dir_);
+  }
+  void SetUp() override {
+    if (why_.rfind("slurm-wlm", 0) == 0) GTEST_SKIP() << why_;
+    ASSERT_TRUE(started_) << why_;
+    self_hash_ = self_launched_hash();
+    ASSERT_FALSE(self_hash_.empty());
+  }
+  static inline std::string dir_, why_;
+  static inline bool started_ = false;
+  std::string self_hash_;
+};
+
+TEST_F(SlurmTest, SrunTrainsLikeTheSelfLaunchedJob) {
+  const auto r = run_command("timeout 120 srun -N1 -n2 " + helper() + " 2 4 plain 2>&1");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(value_after(r.out, "params_hash="), self_hash_) << r.out;
+}
+
+TEST_F(SlurmTest, AnSbatchScriptTrainsLikeTheSelfLaunchedJob) {
+  const std::string script = dir_ + "/job.sh";
+  std::ofstream(script) << "#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --ntasks=2\n#SBATCH --output="
+                        << dir_ << "/job.out\nsrun " << helper() << " 2 4 plain\n";
+  const auto r = run_command("timeout 120 sbatch --wait " + script + " 2>&1; cat " + dir_ +
+                             "/job.out");
+  EXPECT_NE(r.out.find("Submitted batch job"), std::string::npos) << r.out;
+  EXPECT_EQ(value_after(r.out, "params_hash="), self_hash_) << r.out;
+}
+
+TEST_F(SlurmTest, AKilledRankEndsTheJobWithAnErrorNamingIt) {
+  const auto r = run_command("FABRIC_TEST_KILL_RANK=1 timeout 120 srun -N1 -n2 " + helper() +
+                             " 2 4 plain 2>&1");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.code, 124) << "timed out: " << r.out;
+  EXPECT_NE(r.out.find("task 1: Killed"), std::string::npos) << r.out;
 }
 
 }  // namespace
