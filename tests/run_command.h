@@ -1,8 +1,13 @@
-// Test helper: runs a shell command, returning its exit status and its stdout+stderr.
+// Test helpers for tests that start processes: run a shell command (exit status and
+// stdout+stderr), read a value from its output, the Python with torch, a free loopback port.
 #ifndef TESTS_RUN_COMMAND_H_
 #define TESTS_RUN_COMMAND_H_
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -40,6 +45,19 @@ inline std::string value_after(const std::string& text, const std::string& key) 
 inline std::string python_interpreter() {
   const char* py = std::getenv("PYTHON");
   return py != nullptr && *py != '\0' ? py : "python3";
+}
+
+// A TCP port nothing listens on right now on 127.0.0.1 (the kernel's choice for port 0).
+inline int free_loopback_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
 }
 
 }  // namespace fabric::testing

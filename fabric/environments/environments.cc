@@ -1,7 +1,6 @@
 #include "fabric/environments/environments.h"
 
 #include <algorithm>
-#include <cctype>
 #include <charconv>
 #include <cstdlib>
 #include <sstream>
@@ -139,11 +138,9 @@ std::unique_ptr<ClusterEnvironment> detect_environment(const EnvGetter& env,
                                                        int64_t local_world_size) {
   if (env("TORCHELASTIC_RUN_ID")) {
     Vars v(env, "torchrun");
-    // torchrun's agent hosts the store on MASTER_PORT and says so; workers connect as clients.
-    std::string agent = v.text("TORCHELASTIC_USE_AGENT_STORE", "");
-    std::transform(agent.begin(), agent.end(), agent.begin(),
-                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    const bool agent_store = agent == "true" || agent == "1";
+    // torchrun's agent hosts the store on MASTER_PORT and says so ("True", the value PyTorch's
+    // own workers compare with); workers connect as clients.
+    const bool agent_store = v.text("TORCHELASTIC_USE_AGENT_STORE", "") == "True";
     return make({"torchelastic", true, v.integer("WORLD_SIZE"), v.integer("RANK"),
                  v.integer("LOCAL_RANK"), v.integer("GROUP_RANK", 0),
                  v.text("MASTER_ADDR", "127.0.0.1"), v.port("MASTER_PORT"),

@@ -2,13 +2,10 @@
 // stay open, so the collective itself would wait for fabric.ddp.timeout_s = 120 s) ends the other
 // ranks within 10 s with an error naming it; so does the rank hosting the store. Real processes
 // over loopback; deadlines are polled, never slept on for a result.
-#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,22 +16,12 @@
 #include <string>
 #include <thread>
 
+#include "tests/run_command.h"
+
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 std::string read(const fs::path& p) {
   std::ifstream in(p);
@@ -110,7 +97,7 @@ class HeartbeatTest : public ::testing::Test {
 };
 
 TEST_F(HeartbeatTest, AFrozenRankEndsTheOthersNamingIt) {
-  const int port = free_port();
+  const int port = fabric::testing::free_loopback_port();
   start(0, port);
   start(1, port);
   ASSERT_TRUE(ready()) << output(0) << output(1);
@@ -127,7 +114,7 @@ TEST_F(HeartbeatTest, AFrozenRankEndsTheOthersNamingIt) {
 }
 
 TEST_F(HeartbeatTest, AFrozenStoreHostEndsTheOthersNamingIt) {
-  const int port = free_port();
+  const int port = fabric::testing::free_loopback_port();
   start(0, port);
   start(1, port);
   ASSERT_TRUE(ready()) << output(0) << output(1);

@@ -8,11 +8,7 @@
 // self-launched job, and rank 0's parity check against one process passes. A killed rank ends
 // the job non-zero with the rank named; with --max-restarts the restarted attempt trains to the
 // same parameters.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -31,19 +27,6 @@ std::string helper() {
 }
 
 std::string torchrun() { return fabric::testing::python_interpreter() + " -m torch.distributed.run"; }
-
-// A TCP port nothing listens on right now (the kernel's choice for port 0).
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
 
 // The self-launched job's parameter hash, the reference every launcher must reproduce.
 std::string self_launched_hash() {
@@ -109,7 +92,7 @@ TEST_F(TorchrunTest, OneAgentTrainsLikeTheSelfLaunchedJob) {
 
 TEST_F(TorchrunTest, TwoAgentsOnLoopbackTrainLikeTheSelfLaunchedJob) {
   const std::string common = " --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:" +
-                             std::to_string(free_port()) + " --no-python " + helper() + " 2 4 plain";
+                             std::to_string(fabric::testing::free_loopback_port()) + " --no-python " + helper() + " 2 4 plain";
   // With c10d rendezvous the agents' order of arrival decides the node ranks: keep both outputs.
   const std::string other = (std::filesystem::path(::testing::TempDir()) / "agent_b.log").string();
   const auto r = run_command("(" + torchrun() + common + " >" + other + " 2>&1 & " + torchrun() +
@@ -161,6 +144,7 @@ class SlurmTest : public ::testing::Test {
   static void TearDownTestSuite() {
     run_command("tools/slurm_local.sh stop " + dir_ + " 2>&1");
     std::filesystem::remove_all(dir_);
+    unsetenv("SLURM_CONF");
   }
   void SetUp() override {
     if (why_.rfind("slurm-wlm", 0) == 0) GTEST_SKIP() << why_;
