@@ -204,6 +204,18 @@ void Ddp::setup_module(torch::nn::Module& module) {
     c10d::broadcast_coalesced(pg_, state, 250 * 1024 * 1024, 0);
   }
 
+  params_ = params;
+  param_names_ = names;
+  reducer_.reset();
+  reducer_backwards_ = 0;
+  if (!capturable_) make_reducer();
+  flat_sync_ =
+      std::make_unique<FlatGradientSync>(params, std::move(names), pg_, options_.comm_hook);
+}
+
+void Ddp::make_reducer() {
+  const std::vector<torch::Tensor>& params = params_;
+  const std::vector<std::string>& names = param_names_;
   // As torch.nn.parallel.DistributedDataParallel: one bucket in the first iteration unless
   // find_unused_parameters (then [1 MiB, cap]); the Reducer rebuilds buckets in backward order.
   const auto cap = static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024);
@@ -228,11 +240,22 @@ void Ddp::setup_module(torch::nn::Module& module) {
     reducer_->register_builtin_comm_hook(c10d::BuiltinCommHookType::FP16_COMPRESS);
   if (options_.comm_hook == "bf16")
     reducer_->register_comm_hook(std::make_unique<Bf16CompressHook>(pg_));
-  flat_sync_ =
-      std::make_unique<FlatGradientSync>(params, std::move(names), pg_, options_.comm_hook);
 }
 
-void Ddp::set_capturable_gradient_sync(bool on) { capturable_ = on; }
+void Ddp::set_capturable_gradient_sync(bool on) {
+  capturable_ = on;
+  // The Reducer keeps every parameter's AccumulateGrad node alive, and a node runs on the stream
+  // it was made on (the default one at setup): a backward captured on a side stream would make
+  // the default stream wait on the capture, which CUDA refuses ("operation would make the legacy
+  // stream depend on a capturing blocking stream"). Without it, the nodes are made afresh on the
+  // capturing stream, as PyTorch asks of DDP ("construct it in a side-stream context").
+  if (on) {
+    reducer_.reset();
+  } else if (!reducer_ && flat_sync_) {  // set up and not torn down
+    reducer_backwards_ = 0;
+    make_reducer();
+  }
+}
 
 void Ddp::backward(const torch::Tensor& loss_in) {
   if (capturable_) {  // after backward, through persistent buffers: nothing on the host between

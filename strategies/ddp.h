@@ -100,6 +100,7 @@ class Ddp : public Strategy {
 
  private:
   void broadcast_buffers();
+  void make_reducer();  // over params_ (the Reducer's hooks synchronize during backward)
   // Counts a collective of Fabric's API; checks it across ranks under debug_collectives; returns
   // its description for errors: "all_reduce(sum) #17 (float32 [4])".
   std::string begin_collective(const std::string& kind, const torch::Tensor* tensor);
@@ -114,7 +115,9 @@ class Ddp : public Strategy {
   std::unique_ptr<distributed::Heartbeat> heartbeat_;
   std::unique_ptr<distributed::CollectiveChecker> checker_;
   int64_t collectives_ = 0;
-  std::shared_ptr<c10d::Reducer> reducer_;
+  std::vector<torch::Tensor> params_;  // those that require gradients, in module order
+  std::vector<std::string> param_names_;
+  std::shared_ptr<c10d::Reducer> reducer_;  // none while capturable_
   std::unique_ptr<FlatGradientSync> flat_sync_;
   bool capturable_ = false;
   int64_t reducer_backwards_ = 0;  // backward passes synchronized by the Reducer

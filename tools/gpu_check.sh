@@ -13,7 +13,8 @@
 #   1. env          DIR/run.sh env: LibTorch, CUDA, cuDNN, NCCL, devices, what Fabric would set up
 #   2. gpu tests    every GPU-tagged test binary (gtest); a test that skips is reported as skipped
 #   3. examples     cifar10 (synthetic data) with single_gpu / amp / bf16 / ddp_amp on one GPU
-#                   (NCCL world size 1) / single_gpu + fabric.cuda_graphs, a few steps each
+#                   (NCCL world size 1) / single_gpu and ddp_amp + fabric.cuda_graphs / dp on one
+#                   visible GPU (falls back to single_device), a few steps each
 #   4. throughput   tools/bench/gpu_compare.py: ours (eager and CUDA graphs) vs the raw PyTorch loop
 #                   vs Lightning Fabric, ResNet-18 CIFAR, reduced repetitions
 # Without a usable GPU (or with --cpu) it runs what a CPU can: env, the GPU tests (they must load
@@ -172,6 +173,11 @@ run() {
         "${common[@]}" fabric.devices=1
       CHECK_SUMMARY='accuracy' check "cifar10 single_gpu cuda_graphs" 120 "$runsh" cifar10 --config=single_gpu.yaml \
         "${common[@]}" fabric.cuda_graphs=true data.drop_last=true
+      CHECK_SUMMARY='accuracy' check "cifar10 ddp_amp cuda_graphs (NCCL, 1 GPU)" 120 "$runsh" cifar10 \
+        --config=ddp_amp.yaml "${common[@]}" fabric.devices=1 fabric.cuda_graphs=true data.drop_last=true
+      # dp.yaml with one visible GPU runs single_device with a warning (README, dp.yaml).
+      CHECK_SUMMARY='accuracy|single_device' check "cifar10 dp (1 GPU: falls back)" 120 env CUDA_VISIBLE_DEVICES=0 \
+        "$runsh" cifar10 --config=dp.yaml "${common[@]}"
     fi
   fi
 

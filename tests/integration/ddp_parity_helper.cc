@@ -19,6 +19,7 @@
 // attempt. Prints "max_rel_diff=X" and "params_hash=H" (FNV-1a of the trained parameters' bytes) and exits 0
 // when X is within tolerance and every check passed.
 #include <torch/torch.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <csignal>
@@ -112,6 +113,16 @@ int main(int argc, char** argv) {
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   ddp.setup_module(*model);
   ddp.set_capturable_gradient_sync(flat);
+  // Capturable: nothing may keep the parameters' AccumulateGrad nodes alive between steps (the
+  // Reducer did: on a GPU a captured backward then made the default stream wait on the capture).
+  for (const auto& p : model->parameters()) {
+    if (flat && torch::autograd::impl::try_get_grad_accumulator(p) != nullptr) {
+      std::fprintf(stderr, "rank %lld: a gradient accumulator outlives the capturable switch\n",
+                   static_cast<long long>(rank));
+      ++failures;
+      break;
+    }
+  }
   const int64_t local = kGlobalBatch / world;
   auto backend = ddp.process_group()->getDefaultBackend();
   // Launcher tests: FABRIC_TEST_KILL_RANK=R kills rank R (SIGKILL) at step 1 of torchrun's first

@@ -16,7 +16,8 @@ struct Result {
 
 Result run(const torch::Tensor& x0, const torch::Tensor& w0, torch::Device device,
            const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
-  auto x = x0.to(device).requires_grad_(true);
+  // detach(): on the CPU, to() returns x0 itself, and the CUDA run must start from a leaf too.
+  auto x = x0.to(device).detach().requires_grad_(true);
   auto weight = torch::linspace(0.5, 1.5, x0.size(1)).to(device).requires_grad_(true);
   auto bias = torch::linspace(-1, 1, x0.size(1)).to(device).requires_grad_(true);
   fabric::nn::detail::SyncBatchNormArgs args;

@@ -19,6 +19,7 @@
 
 #ifdef FABRIC_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/cuda.h>
 #endif
 
@@ -38,6 +39,11 @@ DEFINE_bool(channels_last, false, "fabric.channels_last");
 DEFINE_bool(cuda_graphs, false, "fabric.cuda_graphs: replay each step as a CUDA graph");
 DEFINE_string(accelerator, "cuda", "cuda | cpu");
 DEFINE_string(optimizer_impl, "auto", "auto | fused | foreach | for_loop");
+DEFINE_bool(sync_debug, false,
+            "diagnosis: warn at every call that synchronizes the host with the GPU during the "
+            "timed steps (c10's CUDA sync debug mode)");
+DEFINE_bool(data_only, false,
+            "diagnosis: time producing the batches alone (no training step)");
 DEFINE_int32(threads, 0,
              "CPU intra-op threads, as fabric.num_threads (0: Fabric's default, the usable CPUs); "
              "an at::set_num_threads here would be overridden by Fabric's thread budget");
@@ -121,14 +127,20 @@ int run(fabric::Fabric& f, Model& model) {
   });
   auto train_step = [&] {
     auto [x, y] = next_batch();
-    graphed({x, y});  // eager unless --cuda_graphs
+    if (!FLAGS_data_only) graphed({x, y});  // eager unless --cuda_graphs
   };
   for (int s = 0; s < FLAGS_warmup; ++s) train_step();
   if (loader) it.reset();  // the timed epoch starts at a fresh pass
   synchronize(device);
   reset_peak_memory(device);
   const auto t0 = std::chrono::steady_clock::now();
+#ifdef FABRIC_WITH_CUDA
+  if (FLAGS_sync_debug) c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN);
+#endif
   for (int64_t s = 0; s < timed_steps; ++s) train_step();
+#ifdef FABRIC_WITH_CUDA
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+#endif
   synchronize(device);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
