@@ -16,6 +16,7 @@
 #include <string>
 
 #include "tests/run_command.h"
+#include "tests/slurm_cluster.h"
 
 namespace {
 
@@ -131,29 +132,15 @@ TEST_F(TorchrunTest, MaxRestartsRestartsTheWorkersAfterAKilledRank) {
 // and its port comes from the job id.
 class SlurmTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    char tmpl[] = "/tmp/fabric_slurm_XXXXXX";  // short: munge's socket path must fit 108 bytes
-    dir_ = mkdtemp(tmpl);
-    const auto r = run_command("tools/slurm_local.sh start " + dir_ + " 2>&1");
-    started_ = r.code == 0;
-    why_ = r.code == 77 ? "slurm-wlm is not installed (tools/setup.sh installs it)"
-                        : "tools/slurm_local.sh start failed (exit " + std::to_string(r.code) +
-                              "): " + r.out;
-    setenv("SLURM_CONF", (dir_ + "/slurm.conf").c_str(), 1);
-  }
-  static void TearDownTestSuite() {
-    run_command("tools/slurm_local.sh stop " + dir_ + " 2>&1");
-    std::filesystem::remove_all(dir_);
-    unsetenv("SLURM_CONF");
-  }
+  static void SetUpTestSuite() { cluster_.start(); }
+  static void TearDownTestSuite() { cluster_.stop(); }
   void SetUp() override {
-    if (why_.rfind("slurm-wlm", 0) == 0) GTEST_SKIP() << why_;
-    ASSERT_TRUE(started_) << why_;
+    if (cluster_.missing()) GTEST_SKIP() << cluster_.why();
+    ASSERT_TRUE(cluster_.started()) << cluster_.why();
     self_hash_ = self_launched_hash();
     ASSERT_FALSE(self_hash_.empty());
   }
-  static inline std::string dir_, why_;
-  static inline bool started_ = false;
+  static inline fabric::testing::LocalSlurm cluster_;
   std::string self_hash_;
 };
 
@@ -164,10 +151,10 @@ TEST_F(SlurmTest, SrunTrainsLikeTheSelfLaunchedJob) {
 }
 
 TEST_F(SlurmTest, AnSbatchScriptTrainsLikeTheSelfLaunchedJob) {
-  const std::string script = dir_ + "/job.sh";
+  const std::string script = cluster_.dir() + "/job.sh";
   std::ofstream(script) << "#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --ntasks=2\n#SBATCH --output="
-                        << dir_ << "/job.out\nsrun " << helper() << " 2 4 plain\n";
-  const auto r = run_command("timeout 120 sbatch --wait " + script + " 2>&1; cat " + dir_ +
+                        << cluster_.dir() << "/job.out\nsrun " << helper() << " 2 4 plain\n";
+  const auto r = run_command("timeout 120 sbatch --wait " + script + " 2>&1; cat " + cluster_.dir() +
                              "/job.out");
   EXPECT_NE(r.out.find("Submitted batch job"), std::string::npos) << r.out;
   EXPECT_EQ(value_after(r.out, "params_hash="), self_hash_) << r.out;

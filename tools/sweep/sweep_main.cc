@@ -1,4 +1,5 @@
 // bazel run //tools:sweep -- --sweep=FILE [--dir=DIR] [--parallel=N] [--max_runs=N] [--dry_run]
+//                             [--launcher=local|slurm [--sbatch="ARGS"] [--no_wait]]
 //
 // Runs a config sweep (file format: tools/sweep/sweep_spec.h) and writes, in the sweep directory
 // (default sweeps/<name>, relative to where the command was run): runs/<id>/ (each run's run
@@ -15,7 +16,13 @@
 //   --dir=DIR       sweep directory instead of the file's dir: (default sweeps/{name})
 //   --parallel=N    runs at once instead of the file's parallel:
 //   --max_runs=N    start at most N pending runs in this invocation (0: all)
-//   --dry_run       check everything and print the commands; run nothing
+//   --dry_run       check everything and print the commands (SLURM: the array script); run nothing
+//   --launcher=L    local (default): runs are child processes of the sweep; slurm: the pending
+//                   runs are submitted as one SLURM job array (tools/sweep/sweep_slurm.h), parallel
+//                   becomes the array's %N limit (auto: none)
+//   --sbatch="ARGS" extra sbatch arguments, split on spaces (e.g. "--partition=gpu --time=2:00:00");
+//                   sbatch's SBATCH_* environment variables work too
+//   --no_wait       SLURM: return once the array is submitted; the next invocation gathers it
 // Exit status: 0 every run done; 1 some run failed (the others ran; see results.md) or an error;
 //              2 bad sweep file, flag or run config; 128+S stopped by signal S (re-run continues).
 #include <sys/file.h>
@@ -26,6 +33,8 @@
 #include <cstring>
 #include <iostream>
 #include <set>
+#include <sstream>
+#include <algorithm>
 
 #include "fabric/core/error.h"
 #include "fabric/core/paths.h"
@@ -33,6 +42,7 @@
 #include "tools/sweep/sweep_report.h"
 #include "tools/sweep/sweep_runner.h"
 #include "tools/sweep/sweep_setup.h"
+#include "tools/sweep/sweep_slurm.h"
 #include "tools/sweep/sweep_spec.h"
 
 namespace {
@@ -43,12 +53,14 @@ using fabric::Error;
 
 constexpr const char* kUsage =
     "usage: sweep --sweep=FILE [--dir=DIR] [--parallel=N] [--max_runs=N] [--dry_run]\n"
+    "             [--launcher=local|slurm] [--sbatch=\"ARGS\"] [--no_wait]\n"
     "  Runs a config sweep; see tools/sweep/sweep_spec.h and README \"Running experiments\".\n";
 
 struct Flags {
-  std::string sweep, dir;
+  std::string sweep, dir, launcher = "local";
+  std::vector<std::string> sbatch;
   int parallel = 0, max_runs = 0;
-  bool dry_run = false;
+  bool dry_run = false, no_wait = false, sbatch_given = false;
 };
 
 int to_int(const std::string& flag, const std::string& text, int min) {
@@ -67,8 +79,9 @@ int to_int(const std::string& flag, const std::string& text, int min) {
 
 Flags parse_flags(int argc, char** argv, bool* help) {
   Flags f;
-  const std::vector<std::string> names = {"--sweep",    "--dir",     "--parallel",
-                                          "--max_runs", "--dry_run", "--help"};
+  const std::vector<std::string> names = {"--sweep",    "--dir",      "--parallel", "--max_runs",
+                                          "--dry_run",  "--launcher", "--sbatch",   "--no_wait",
+                                          "--help"};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const std::string name = arg.substr(0, arg.find('='));
@@ -78,8 +91,10 @@ Flags parse_flags(int argc, char** argv, bool* help) {
       *help = true;
     } else if (name == "--dry_run" && !has_value) {
       f.dry_run = true;
+    } else if (name == "--no_wait" && !has_value) {
+      f.no_wait = true;
     } else if (!has_value && (name == "--sweep" || name == "--dir" || name == "--parallel" ||
-                              name == "--max_runs")) {
+                              name == "--max_runs" || name == "--launcher" || name == "--sbatch")) {
       throw ConfigError("command line: " + name + " needs a value: " + name + "=VALUE");
     } else if (name == "--sweep") {
       f.sweep = value;
@@ -89,11 +104,22 @@ Flags parse_flags(int argc, char** argv, bool* help) {
       f.parallel = to_int("parallel", value, 1);
     } else if (name == "--max_runs") {
       f.max_runs = to_int("max_runs", value, 0);
+    } else if (name == "--launcher") {
+      if (value != "local" && value != "slurm")
+        throw ConfigError("command line: --launcher=" + value + ": expected local or slurm");
+      f.launcher = value;
+    } else if (name == "--sbatch") {
+      std::istringstream words(value);
+      for (std::string w; words >> w;) f.sbatch.push_back(w);
+      f.sbatch_given = true;
     } else {
       throw ConfigError("command line: unknown argument '" + arg + "'" +
                         fabric::did_you_mean(name, names) + "; see --help");
     }
   }
+  if (f.launcher != "slurm" && (f.no_wait || f.sbatch_given))
+    throw ConfigError(std::string("command line: ") + (f.no_wait ? "--no_wait" : "--sbatch") +
+                      " is for SLURM sweeps: add --launcher=slurm");
   if (!*help && f.sweep.empty())
     throw ConfigError(
         "command line: --sweep=FILE is required (e.g. --sweep=fashion_mnist_lr.yaml)");
@@ -134,26 +160,62 @@ int sweep_main(int argc, char** argv) {
   options.max_runs = flags.max_runs;
   const fabric::sweep::Setup setup = fabric::sweep::prepare(spec, file, options);
   options = setup.options;
-  options.parallel = flags.parallel;  // 0: the sweep file's parallel:
-  fabric::sweep::plan_devices(spec, setup, options, std::cout);
+  const bool slurm = flags.launcher == "slurm";
+  fabric::sweep::SlurmOptions slurm_options;
+  if (slurm) {
+    options.parallel = flags.parallel > 0 ? flags.parallel : spec.parallel.value_or(0);
+    slurm_options.sbatch_args = flags.sbatch;
+    slurm_options.wait = !flags.no_wait;
+    auto acc = setup.resolved.find("fabric.accelerator");
+    slurm_options.use_gpus = acc != setup.resolved.end() && acc->second == "cuda";
+  } else {
+    options.parallel = flags.parallel;  // 0: the sweep file's parallel:
+    fabric::sweep::plan_devices(spec, setup, options, std::cout);
+  }
 
   if (!flags.dry_run) lock_sweep_dir(options.sweep_dir);
   auto state = fabric::sweep::SweepState::load(options.sweep_dir / "sweep_state.json");
+  // Runs an earlier --launcher=slurm invocation submitted: settle the ended ones first.
+  std::set<std::string> in_slurm;
+  const bool any_submitted =
+      std::any_of(spec.runs.begin(), spec.runs.end(), [&](const fabric::sweep::SweepRun& r) {
+        return state[r.id].status == fabric::sweep::RunStatus::kSubmitted;
+      });
+  if (any_submitted && !flags.dry_run)
+    in_slurm = fabric::sweep::gather_submitted(spec, state, options, std::cout);
+  if (!slurm && !in_slurm.empty())
+    throw Error(std::to_string(in_slurm.size()) + " run(s) of this sweep are still queued or "
+                "running in SLURM (job " + state[*in_slurm.begin()].slurm_job.substr(
+                    0, state[*in_slurm.begin()].slurm_job.find('_')) +
+                "); wait for them (squeue --me) or cancel them (scancel), or go on with "
+                "--launcher=slurm");
   int done = 0;
   for (const auto& run : spec.runs) done += state[run.id].status == fabric::sweep::RunStatus::kDone;
   fabric::sweep::preflight(spec, state, options);
   std::cout << "sweep " << spec.name << ": " << spec.runs.size() << " runs (" << done
-            << " done earlier), parallel " << options.parallel << ", directory "
+            << " done earlier), "
+            << (slurm && options.parallel == 0 ? std::string("parallel: SLURM decides")
+                                               : "parallel " + std::to_string(options.parallel))
+            << (slurm ? ", SLURM job array" : "") << ", directory "
             << fabric::display_path(options.sweep_dir) << std::endl;
   if (flags.dry_run) {
-    for (const auto& run : spec.runs) {
-      if (state[run.id].status == fabric::sweep::RunStatus::kDone) continue;
-      std::cout << "  " << fabric::join(fabric::sweep::run_command_line(spec, run, options), " ")
-                << "\n";
+    std::vector<const fabric::sweep::SweepRun*> pending;
+    for (const auto& run : spec.runs)
+      if (state[run.id].status != fabric::sweep::RunStatus::kDone) pending.push_back(&run);
+    if (slurm && !pending.empty()) {
+      std::cout << "sbatch " << fabric::join(flags.sbatch, " ") << (flags.sbatch.empty() ? "" : " ")
+                << fabric::display_path(options.sweep_dir / "slurm" / "array.sh") << "\n"
+                << fabric::sweep::array_script(spec, pending, options, slurm_options);
+      return 0;
     }
+    for (const auto* run : pending)
+      std::cout << "  " << fabric::join(fabric::sweep::run_command_line(spec, *run, options), " ")
+                << "\n";
     return 0;
   }
-  const int code = fabric::sweep::run_pending(spec, state, options, std::cout);
+  const int code =
+      slurm ? fabric::sweep::submit_pending(spec, state, options, slurm_options, in_slurm, std::cout)
+            : fabric::sweep::run_pending(spec, state, options, std::cout);
   return fabric::sweep::write_report(spec, state, options.sweep_dir, code, std::cout);
 }
 

@@ -167,7 +167,7 @@ int write_report(const SweepSpec& spec, SweepState& state, const std::filesystem
   const std::string table = results_markdown(spec, records);
   write_file_atomically(sweep_dir / "results.csv", results_csv(spec, records));
   write_file_atomically(sweep_dir / "results.md", "# Sweep " + spec.name + "\n\n" + table);
-  int done = 0, failed = 0, left = 0;
+  int done = 0, failed = 0, submitted = 0, left = 0;
   for (const SweepRun& run : spec.runs) {
     auto it = records.find(run.id);
     const RunStatus s = it == records.end() ? RunStatus::kPending : it->second.status;
@@ -176,16 +176,23 @@ int write_report(const SweepSpec& spec, SweepState& state, const std::filesystem
     } else if (s == RunStatus::kFailed) {
       ++failed;
       out << "failed: " << run.id << ": " << it->second.reason << "\n";
+    } else if (s == RunStatus::kSubmitted) {
+      ++submitted;
     } else {
       ++left;
     }
   }
   out << "\n"
       << table << "\n"
-      << done << " done, " << failed << " failed, " << left << " not run; "
+      << done << " done, " << failed << " failed, "
+      << (submitted > 0 ? std::to_string(submitted) + " queued or running in SLURM, " : "")
+      << left << " not run; "
       << display_path(sweep_dir / "results.csv") << ", " << display_path(sweep_dir / "results.md")
       << "\n";
-  if (left > 0 || failed > 0) out << "run the same command again to run the rest\n";
+  if (submitted > 0)
+    out << "run the same command again to gather the SLURM runs once they end (squeue --me)\n";
+  else if (left > 0 || failed > 0)
+    out << "run the same command again to run the rest\n";
   out.flush();
   if (run_code != 0) return run_code;
   return failed > 0 ? 1 : 0;

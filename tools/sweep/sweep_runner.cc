@@ -129,6 +129,39 @@ std::vector<std::string> run_command_line(const SweepSpec& spec, const SweepRun&
   return argv;
 }
 
+std::string record_exit(const SweepSpec& spec, const SweepRun& run, int exit_code,
+                        const std::string& how, double wall_seconds, fs::file_time_type since,
+                        const fs::path& runs, RunRecord& rec) {
+  rec.wall_seconds = wall_seconds;
+  rec.exit_code = exit_code;
+  rec.reason.clear();
+  std::string line = run.id + " in " + seconds(wall_seconds);
+  if (exit_code == 0) {
+    rec.run_dir = find_summary_dir(runs, run.id, since);
+    std::ifstream in(fs::path(rec.run_dir) / "summary.json");
+    rec.summary = nlohmann::json();
+    if (!rec.run_dir.empty() && in) {
+      try {
+        in >> rec.summary;
+      } catch (const std::exception& e) {
+        rec.reason = "summary.json is not JSON: " + std::string(e.what());
+      }
+    } else {
+      rec.reason = "exited 0 but wrote no summary.json under " + display_path(runs / run.id);
+    }
+  } else {
+    rec.reason = how;
+    const std::string tail = last_line_of_file(rec.log);
+    if (!tail.empty()) rec.reason += ": " + tail;
+  }
+  rec.status = rec.reason.empty() ? RunStatus::kDone : RunStatus::kFailed;
+  if (rec.status == RunStatus::kDone)
+    return "done " + line + ": " + spec.metric + " " +
+           (rec.summary.contains(spec.metric) ? rec.summary[spec.metric].dump()
+                                              : std::string("(not in summary.json)"));
+  return "FAILED " + line + ": " + rec.reason + " (log: " + display_path(rec.log) + ")";
+}
+
 Captured run_captured(const std::vector<std::string>& argv, const fs::path& cwd) {
   Captured result;
   int fds[2];
@@ -225,43 +258,20 @@ int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& o
     running.erase(pid);
     slot_busy[static_cast<size_t>(r.slot)] = false;
     RunRecord& rec = state[r.run->id];
-    rec.wall_seconds = std::chrono::duration<double>(Clock::now() - r.start).count();
-    rec.exit_code = status_code(status);
-    std::string line = r.run->id + " in " + seconds(rec.wall_seconds);
+    const double wall = std::chrono::duration<double>(Clock::now() - r.start).count();
     if (stop_signal != 0) {
+      rec.wall_seconds = wall;
+      rec.exit_code = status_code(status);
       rec.status = RunStatus::kInterrupted;
       rec.reason = "interrupted by the sweep's signal " + std::to_string(stop_signal);
-      out << "interrupted " << line << std::endl;
-    } else if (rec.exit_code == 0) {
-      rec.run_dir = find_summary_dir(runs, r.run->id, r.file_start);
-      std::ifstream in(fs::path(rec.run_dir) / "summary.json");
-      rec.summary = nlohmann::json();
-      if (!rec.run_dir.empty() && in) {
-        try {
-          in >> rec.summary;
-        } catch (const std::exception& e) {
-          rec.reason = "summary.json is not JSON: " + std::string(e.what());
-        }
-      } else {
-        rec.reason = "exited 0 but wrote no summary.json under " + display_path(runs / r.run->id);
-      }
-      rec.status = rec.reason.empty() ? RunStatus::kDone : RunStatus::kFailed;
-      if (rec.status == RunStatus::kDone) {
-        line += ": " + spec.metric + " " +
-                (rec.summary.contains(spec.metric) ? rec.summary[spec.metric].dump()
-                                                   : std::string("(not in summary.json)"));
-      }
+      out << "interrupted " << r.run->id << " in " << seconds(wall) << std::endl;
     } else {
-      rec.status = RunStatus::kFailed;
-      rec.reason = WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status))
-                                       : "exit " + std::to_string(rec.exit_code);
-      const std::string tail = last_line_of_file(rec.log);
-      if (!tail.empty()) rec.reason += ": " + tail;
+      const std::string how = WIFSIGNALED(status)
+                                  ? "killed by signal " + std::to_string(WTERMSIG(status))
+                                  : "exit " + std::to_string(status_code(status));
+      out << record_exit(spec, *r.run, status_code(status), how, wall, r.file_start, runs, rec)
+          << std::endl;
     }
-    if (rec.status == RunStatus::kFailed)
-      line += ": " + rec.reason + " (log: " + display_path(rec.log) + ")";
-    if (rec.status == RunStatus::kDone) out << "done " << line << std::endl;
-    if (rec.status == RunStatus::kFailed) out << "FAILED " << line << std::endl;
     state.save();
   };
 

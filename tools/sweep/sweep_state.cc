@@ -12,8 +12,8 @@ namespace {
 constexpr int kVersion = 1;
 
 RunStatus status_from(const std::string& s) {
-  for (RunStatus st : {RunStatus::kPending, RunStatus::kRunning, RunStatus::kDone,
-                       RunStatus::kFailed, RunStatus::kInterrupted}) {
+  for (RunStatus st : {RunStatus::kPending, RunStatus::kRunning, RunStatus::kSubmitted,
+                       RunStatus::kDone, RunStatus::kFailed, RunStatus::kInterrupted}) {
     if (to_string(st) == s) return st;
   }
   throw Error("unknown run status '" + s + "'");
@@ -27,6 +27,8 @@ std::string to_string(RunStatus status) {
       return "pending";
     case RunStatus::kRunning:
       return "running";
+    case RunStatus::kSubmitted:
+      return "submitted";
     case RunStatus::kDone:
       return "done";
     case RunStatus::kFailed:
@@ -59,6 +61,7 @@ SweepState SweepState::load(const std::filesystem::path& path) {
       rec.run_dir = r.value("run_dir", "");
       rec.log = r.value("log", "");
       rec.summary = r.value("summary", nlohmann::json());
+      rec.slurm_job = r.value("slurm_job", "");
       state.runs_[id] = std::move(rec);
     }
   } catch (const std::exception& e) {
@@ -79,6 +82,7 @@ void SweepState::save() const {
                 {"run_dir", r.run_dir},
                 {"log", r.log},
                 {"summary", r.summary}};
+    if (!r.slurm_job.empty()) runs[id]["slurm_job"] = r.slurm_job;
   }
   const nlohmann::json j = {{"version", kVersion}, {"runs", runs}};
   write_file_atomically(path_, j.dump(2) + "\n");

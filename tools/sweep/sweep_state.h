@@ -1,7 +1,8 @@
 // The sweep state file, <sweep dir>/sweep_state.json: what happened to each run, so that running
 // the same sweep again skips finished runs and retries failed or interrupted ones. Written
 // atomically after every change; a sweep killed with SIGKILL leaves runs marked "running", which
-// the next invocation treats as interrupted.
+// the next invocation treats as interrupted. Runs handed to SLURM (--launcher=slurm) stay
+// "submitted" until an invocation sees how their array element ended (tools/sweep/sweep_slurm.h).
 #ifndef TOOLS_SWEEP_SWEEP_STATE_H_
 #define TOOLS_SWEEP_SWEEP_STATE_H_
 
@@ -13,7 +14,7 @@
 
 namespace fabric::sweep {
 
-enum class RunStatus { kPending, kRunning, kDone, kFailed, kInterrupted };
+enum class RunStatus { kPending, kRunning, kSubmitted, kDone, kFailed, kInterrupted };
 
 std::string to_string(RunStatus status);
 
@@ -26,6 +27,7 @@ struct RunRecord {
   std::string run_dir;      // the attempt's run directory (the one holding summary.json)
   std::string log;          // log file of the last attempt
   nlohmann::json summary;   // the run's summary.json (done runs)
+  std::string slurm_job;    // "JOB_TASK": the SLURM array element of the last attempt (--launcher=slurm)
 };
 
 class SweepState {
