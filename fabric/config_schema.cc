@@ -241,7 +241,7 @@ ConfigSchema default_schema() {
             .doc("where Fabric::log writes (rank 0): csv = metrics.csv in the "
                  "run directory; tensorboard = events.out.tfevents.* there; [] = nowhere"));
 
-  s.section_doc("checkpoint", "Checkpoint policy (fabric::Checkpointer; README: Checkpoints).");
+  s.section_doc("checkpoint", "Checkpoint policy (fabric::Checkpointer; docs/checkpoints.md).");
   s.add("checkpoint.dir", KeySpec::string("{run_dir}/checkpoints")
                               .doc("where checkpoints go; fields {run_dir}, {name}; relative to "
                                    "where the command was run"));

@@ -69,7 +69,7 @@ fi
 rm -rf "$tmp"
 
 # 4. examples/consumer, a separate Bazel workspace depending on Fabric++ as a library, builds and
-#    trains (README: "Use as a library").
+#    trains (docs/building.md: "Use as a library").
 out=$(cd examples/consumer && bazel run --noshow_progress //:train -- optimizer.lr=0.5 trainer.max_epochs=40 2>&1)
 rc=$?
 if [ $rc -eq 0 ] && grep -q '^final loss' <<<"$out"; then

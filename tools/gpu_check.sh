@@ -175,7 +175,7 @@ run() {
         "${common[@]}" fabric.cuda_graphs=true data.drop_last=true
       CHECK_SUMMARY='accuracy' check "cifar10 ddp_amp cuda_graphs (NCCL, 1 GPU)" 120 "$runsh" cifar10 \
         --config=ddp_amp.yaml "${common[@]}" fabric.devices=1 fabric.cuda_graphs=true data.drop_last=true
-      # dp.yaml with one visible GPU runs single_device with a warning (README, dp.yaml).
+      # dp.yaml with one visible GPU runs single_device with a warning (README, Examples).
       CHECK_SUMMARY='accuracy|single_device' check "cifar10 dp (1 GPU: falls back)" 120 env CUDA_VISIBLE_DEVICES=0 \
         "$runsh" cifar10 --config=dp.yaml "${common[@]}"
     fi

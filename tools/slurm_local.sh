@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A one-machine SLURM cluster for tests and for trying the SLURM command lines of the README:
+# A one-machine SLURM cluster for tests and for trying the SLURM command lines of docs/cluster.md:
 #   tools/slurm_local.sh start DIR     writes DIR/slurm.conf, starts munged, slurmctld and slurmd
 #                                      (state, logs, sockets all in DIR), waits until the node is
 #                                      idle, prints "export SLURM_CONF=DIR/slurm.conf"

@@ -54,7 +54,7 @@ using fabric::Error;
 constexpr const char* kUsage =
     "usage: sweep --sweep=FILE [--dir=DIR] [--parallel=N] [--max_runs=N] [--dry_run]\n"
     "             [--launcher=local|slurm] [--sbatch=\"ARGS\"] [--no_wait]\n"
-    "  Runs a config sweep; see tools/sweep/sweep_spec.h and README \"Running experiments\".\n";
+    "  Runs a config sweep; see tools/sweep/sweep_spec.h and docs/experiments.md.\n";
 
 struct Flags {
   std::string sweep, dir, launcher = "local";
