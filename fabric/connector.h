@@ -39,7 +39,7 @@
 #include "fabric/accelerators/cpu_info.h"
 #include "fabric/config.h"
 #include "fabric/core/cluster_environment.h"
-#include "fabric/core/strategy.h"
+#include "strategies/strategy.h"
 #include "fabric/precision/precision.h"
 #include "strategies/ddp.h"
 

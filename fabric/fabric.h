@@ -49,7 +49,7 @@
 #include "fabric/config.h"
 #include "fabric/connector.h"
 #include "fabric/core/error.h"
-#include "fabric/core/strategy.h"
+#include "strategies/strategy.h"
 #include "fabric/data/augment.h"
 #include "fabric/data/data_loader.h"
 #include "fabric/data/dataset.h"

@@ -14,7 +14,7 @@
 
 #include <vector>
 
-#include "fabric/core/strategy.h"
+#include "strategies/strategy.h"
 
 namespace fabric::strategies {
 

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "fabric/core/cluster_environment.h"
-#include "fabric/core/strategy.h"
+#include "strategies/strategy.h"
 
 namespace c10d {
 class ProcessGroup;

@@ -2,7 +2,7 @@
 #ifndef STRATEGIES_SINGLE_DEVICE_H_
 #define STRATEGIES_SINGLE_DEVICE_H_
 
-#include "fabric/core/strategy.h"
+#include "strategies/strategy.h"
 
 namespace fabric::strategies {
 

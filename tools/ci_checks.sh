@@ -123,4 +123,23 @@ for harness in config checkpoint; do
   rm -rf "$tmp"
 done
 
+# 7. Dependencies point one way (docs/architecture.md): fabric/core depends on nothing of ours
+#    outside it, and no strategy reaches the facade package //fabric (its own targets; its
+#    subpackages are implementation packages). A forbidden edge fails with the targets named.
+check_no_deps() {  # NAME QUERY: passes when the query finds no target
+  local err edges rc
+  err=$(mktemp)
+  edges=$(bazel query --noshow_progress "$2" 2>"$err")
+  rc=$?
+  edges=$(grep '^//' <<<"$edges" | tr '\n' ' ')
+  if [ $rc -eq 0 ] && [ -z "$edges" ]; then
+    pass "$1"
+  else
+    fail "$1" "exit $rc; forbidden dependencies on: ${edges:-$(tail -n 3 "$err")}"
+  fi
+  rm -f "$err"
+}
+check_no_deps deps_core_depends_on_nothing_of_ours 'deps(//fabric/core/...) intersect (//... except //fabric/core/...)'
+check_no_deps deps_strategies_not_on_facade 'deps(//strategies/...) intersect //fabric:*'
+
 exit $failed

@@ -1,11 +1,12 @@
-// fabric::Strategy: how a model is trained across processes and devices (single_device, dp,
-// ddp in strategies/). It owns the Precision and, when distributed, the
+// fabric::Strategy: how a model is trained across processes and devices; the implementations
+// (single_device, dp, ddp) sit beside it. Not in fabric/core because it owns a Precision:
+// fabric/core depends on nothing of ours. It owns the Precision and, when distributed, the
 // process group; Fabric delegates every call to it.
 //
 // Contract for implementations: setup_environment() runs once per process inside Fabric::launch
 // before the user's function; every collective must be called by all ranks in the same order.
-#ifndef FABRIC_CORE_STRATEGY_H_
-#define FABRIC_CORE_STRATEGY_H_
+#ifndef STRATEGIES_STRATEGY_H_
+#define STRATEGIES_STRATEGY_H_
 
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
@@ -80,4 +81,4 @@ class Strategy {
 
 }  // namespace fabric
 
-#endif  // FABRIC_CORE_STRATEGY_H_
+#endif  // STRATEGIES_STRATEGY_H_
