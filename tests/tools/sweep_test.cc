@@ -1,76 +1,21 @@
 // //tools:sweep end to end with tests/tools/fake_trainer (a real Fabric command line that trains
 // nothing): results, failures that do not stop the sweep, re-runs that only run what is left,
-// Ctrl-C, up-front checks of every run's config, the sweep directory lock; the same as a SLURM job
-// array on a one-machine cluster (tools/slurm_local.sh).
+// Ctrl-C, up-front checks of every run's config, the sweep directory lock. SLURM job arrays:
+// sweep_slurm_test.cc.
 #include <fcntl.h>
-#include <gtest/gtest.h>
-#include <signal.h>
-#include <stdlib.h>
 #include <sys/file.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <chrono>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
-#include <sstream>
-#include <thread>
 
-#include "tests/run_command.h"
-#include "tests/slurm_cluster.h"
-
-namespace fs = std::filesystem;
+#include "tests/tools/sweep_testing.h"
 
 namespace {
 
-std::string read(const fs::path& p) {
-  std::ifstream in(p);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-std::vector<std::string> lines(const std::string& text) {
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  for (std::string l; std::getline(in, l);) out.push_back(l);
-  return out;
-}
-
-double fake_metric(double lr, int seed) { return 1 - 10 * (lr - 0.2) * (lr - 0.2) + 0.001 * seed; }
-
-class SweepTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string tmpl = (fs::path(::testing::TempDir()) / "sweep_XXXXXX").string();
-    dir_ = mkdtemp(tmpl.data());
-    fake_ = (fs::current_path() / "tests" / "fake_trainer").string();
-    sweep_ = (fs::current_path() / "tools" / "sweep").string();
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  // A sweep file with `body` after the binary line.
-  fs::path write_sweep(const std::string& body) {
-    const fs::path file = dir_ / "s.yaml";
-    std::ofstream(file) << "binary: " << fake_ << "\n" << body;
-    return file;
-  }
-  std::string command(const std::string& env, const std::string& flags = "",
-                      const std::string& dir = "out") {
-    return "cd '" + dir_.string() + "' && FAKE_INVOCATIONS='" + (dir_ / "invocations").string() +
-           "' " + env + " exec '" + sweep_ + "' --sweep=s.yaml --dir=" + dir + " " + flags;
-  }
-  fabric::testing::CommandResult sweep(const std::string& env = "", const std::string& flags = "") {
-    return fabric::testing::run_command(command(env, flags));
-  }
-  std::vector<std::string> invocations() { return lines(read(dir_ / "invocations")); }
-  nlohmann::json state() { return nlohmann::json::parse(read(dir_ / "out" / "sweep_state.json")); }
-
-  fs::path dir_;
-  std::string fake_, sweep_;
-};
+using fabric::testing::fake_metric;
+using fabric::testing::lines;
+using fabric::testing::read;
+using fabric::testing::SweepTest;
+namespace fs = std::filesystem;
 
 constexpr const char* kLrSeeds =
     "grid:\n  optimizer.lr: [0.1, 0.2, 0.3]\nseeds: [1, 2]\nmetric: fake_metric\nmode: max\n";
@@ -142,34 +87,16 @@ TEST_F(SweepTest, RunsEveryPointWritesResultsAndRerunRetriesOnlyTheFailedRuns) {
 TEST_F(SweepTest, InterruptStopsTheRunningRunAndTheRerunContinuesWithTheRest) {
   write_sweep(kLrSeeds);
   const fs::path started = dir_ / "started";
-  const pid_t pid = fork();
+  const pid_t pid =
+      start_in_background(command("FAKE_BLOCK_LR=0.3 FAKE_STARTED='" + started.string() + "'"));
   ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    const std::string cmd = command("FAKE_BLOCK_LR=0.3 FAKE_STARTED='" + started.string() + "'");
-    execl("/bin/sh", "sh", "-c",
-          ("exec >'" + (dir_ / "first.out").string() + "' 2>&1; " + cmd).c_str(), nullptr);
-    _exit(127);
-  }
   // Wait (bounded) until the third run is blocked, then press "Ctrl-C".
-  std::string blocked;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (std::chrono::steady_clock::now() < deadline) {
-    blocked = read(started);
-    if (!blocked.empty() && blocked.back() == '\n') break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  const std::string blocked = wait_for_line(started);
   ASSERT_FALSE(blocked.empty()) << read(dir_ / "first.out");
   kill(pid, SIGINT);
-  int status = 0;
-  const auto stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (waitpid(pid, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() > stop_deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      FAIL() << "the sweep did not stop on SIGINT:\n" << read(dir_ / "first.out");
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  const auto stopped = wait_for_exit(pid, std::chrono::seconds(60));
+  ASSERT_TRUE(stopped) << "the sweep did not stop on SIGINT:\n" << read(dir_ / "first.out");
+  const int status = *stopped;
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGINT) << read(dir_ / "first.out");
   const pid_t run_pid = std::stoi(blocked);
   EXPECT_EQ(kill(run_pid, 0), -1) << "the interrupted run must be gone";
@@ -256,176 +183,6 @@ TEST_F(SweepTest, RunsTheFashionMnistExampleByLabel) {
     const auto summary = nlohmann::json::parse(read(run / "summary.json"));
     EXPECT_EQ(summary["steps"], 3);
   }
-}
-
-// --launcher=slurm on a one-machine cluster (Debian's slurm-wlm; the only reason to skip is that it
-// is not installed): the pending runs go out as one job array and come back into the same state
-// file and tables as a local sweep's.
-class SlurmSweepTest : public SweepTest {
- protected:
-  static void SetUpTestSuite() { cluster_.start(); }
-  static void TearDownTestSuite() { cluster_.stop(); }
-  void SetUp() override {
-    if (cluster_.missing()) GTEST_SKIP() << cluster_.why();
-    ASSERT_TRUE(cluster_.started()) << cluster_.why();
-    SweepTest::SetUp();
-  }
-  // The contents of `file` once it ends with a newline (bounded wait: 120 s).
-  std::string wait_for_line(const fs::path& file) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-    std::string text;
-    while (std::chrono::steady_clock::now() < deadline) {
-      text = read(file);
-      if (!text.empty() && text.back() == '\n') break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return text;
-  }
-  static bool alive(pid_t pid) { return kill(pid, 0) == 0; }
-  // Waits (bounded: 60 s) until `pid` is gone.
-  static bool gone(pid_t pid) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (alive(pid) && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    return !alive(pid);
-  }
-  static inline fabric::testing::LocalSlurm cluster_;
-};
-
-constexpr const char* kTwoRuns =
-    "grid:\n  optimizer.lr: [0.1, 0.3]\nseeds: [1]\nmetric: fake_metric\nmode: max\n";
-
-// Cells 0, 1, 2, 4, 5, 6 of each results.csv row (run, status, exit code, lr, seed, metric): all but
-// the attempts and what follows the metric.
-std::vector<std::string> outcome(const std::string& csv) {
-  std::vector<std::string> out;
-  for (const auto& row : lines(csv)) {
-    std::istringstream in(row);
-    std::vector<std::string> c;
-    for (std::string cell; std::getline(in, cell, ',');) c.push_back(cell);
-    c.resize(7);
-    out.push_back(c[0] + "," + c[1] + "," + c[2] + "," + c[4] + "," + c[5] + "," + c[6]);
-  }
-  return out;
-}
-
-TEST_F(SlurmSweepTest, AJobArrayGivesTheLocalResultsAndARerunRetriesOnlyTheFailedRun) {
-  write_sweep(kTwoRuns);
-  auto r = sweep("FAKE_FAIL_LR=0.3", "--launcher=slurm");
-  EXPECT_EQ(r.code, 1) << r.out;
-  EXPECT_NE(r.out.find("submitted 2 run(s) as SLURM job array"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("FAILED lr=0.3_seed=1"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("error: fake failure at lr 0.300000"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("1 done, 1 failed, 0 not run"), std::string::npos) << r.out;
-  const std::string script = read(dir_ / "out" / "slurm" / "array.sh");
-  EXPECT_NE(script.find("#SBATCH --array=0-1\n"), std::string::npos) << script;
-  auto s = state();
-  EXPECT_EQ(s["runs"]["lr=0.1_seed=1"]["status"], "done");
-  EXPECT_EQ(s["runs"]["lr=0.3_seed=1"]["status"], "failed");
-  const std::string job0 = s["runs"]["lr=0.1_seed=1"]["slurm_job"];
-  const std::string job1 = s["runs"]["lr=0.3_seed=1"]["slurm_job"];
-  ASSERT_NE(job0.find('_'), std::string::npos) << job0;
-  EXPECT_EQ(job0.substr(0, job0.find('_')) + "_1", job1) << "one array, element per run";
-
-  r = sweep("", "--launcher=slurm");
-  EXPECT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("submitted 1 run(s)"), std::string::npos) << r.out;
-  const auto calls = invocations();
-  ASSERT_EQ(calls.size(), 3u) << r.out;
-  EXPECT_EQ(calls[2], "0.3 1");
-  EXPECT_EQ(state()["runs"]["lr=0.3_seed=1"]["attempts"], 2);
-  EXPECT_TRUE(fs::exists(dir_ / "out" / "runs" / "lr=0.3_seed=1" / "summary.json"));
-
-  // The same sweep run locally: the same outcome, run by run.
-  r = fabric::testing::run_command(command("", "", "local"));
-  EXPECT_EQ(r.code, 0) << r.out;
-  const auto slurm_rows = outcome(read(dir_ / "out" / "results.csv"));
-  EXPECT_EQ(slurm_rows.size(), 3u);
-  EXPECT_EQ(slurm_rows, outcome(read(dir_ / "local" / "results.csv")));
-
-  r = sweep("", "--launcher=slurm");  // all done: nothing is submitted
-  EXPECT_EQ(r.code, 0) << r.out;
-  EXPECT_EQ(r.out.find("submitted"), std::string::npos) << r.out;
-  EXPECT_EQ(invocations().size(), 5u);  // 3 through SLURM + the 2 local ones
-}
-
-TEST_F(SlurmSweepTest, NoWaitReturnsAndALaterInvocationGathersAndRetriesACancelledRun) {
-  write_sweep(kTwoRuns);
-  const fs::path started = dir_ / "started";
-  auto r = sweep("FAKE_BLOCK_LR=0.3 FAKE_STARTED='" + started.string() + "'",
-                 "--launcher=slurm --no_wait");
-  EXPECT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("2 queued or running in SLURM"), std::string::npos) << r.out;
-  const std::string job = state()["runs"]["lr=0.3_seed=1"]["slurm_job"];
-  const std::string blocked = wait_for_line(started);
-  ASSERT_FALSE(blocked.empty()) << "the blocking run never started";
-
-  // While its run is in SLURM, the local launcher refuses, naming the job.
-  r = sweep();
-  EXPECT_EQ(r.code, 1) << r.out;
-  EXPECT_NE(r.out.find("still queued or running in SLURM (job " + job.substr(0, job.find('_')) +
-                       ")"),
-            std::string::npos)
-      << r.out;
-
-  // The user cancels it; the next invocation records how it ended and runs it again.
-  EXPECT_EQ(fabric::testing::run_command("scancel " + job).code, 0);
-  EXPECT_TRUE(gone(std::stoi(blocked))) << "scancel must stop the run";
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (fabric::testing::run_command("squeue -h -r --me -o %i | grep -qx " + job).code == 0 &&
-         std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  r = sweep("", "--launcher=slurm");
-  EXPECT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("FAILED lr=0.3_seed=1"), std::string::npos) << "gathered: " << r.out;
-  EXPECT_NE(r.out.find("2 done, 0 failed, 0 not run"), std::string::npos) << r.out;
-  const auto calls = invocations();
-  ASSERT_EQ(calls.size(), 3u) << r.out;
-  EXPECT_EQ(calls[2], "0.3 1");
-  EXPECT_EQ(state()["runs"]["lr=0.3_seed=1"]["attempts"], 2);
-}
-
-TEST_F(SlurmSweepTest, InterruptCancelsTheArrayAndTheRerunContinues) {
-  write_sweep(kTwoRuns);
-  const fs::path started = dir_ / "started";
-  const pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    // --parallel=1 (the array's %1): lr=0.1 has ended before lr=0.3 starts and blocks.
-    const std::string cmd = command("FAKE_BLOCK_LR=0.3 FAKE_STARTED='" + started.string() + "'",
-                                    "--launcher=slurm --parallel=1");
-    execl("/bin/sh", "sh", "-c",
-          ("exec >'" + (dir_ / "first.out").string() + "' 2>&1; " + cmd).c_str(), nullptr);
-    _exit(127);
-  }
-  const std::string blocked = wait_for_line(started);
-  ASSERT_FALSE(blocked.empty()) << read(dir_ / "first.out");
-  kill(pid, SIGINT);
-  int status = 0;
-  const auto stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (waitpid(pid, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() > stop_deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      FAIL() << "the sweep did not stop on SIGINT:\n" << read(dir_ / "first.out");
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  const std::string first = read(dir_ / "first.out");
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGINT) << first;
-  EXPECT_NE(first.find("scancel"), std::string::npos) << first;
-  EXPECT_TRUE(gone(std::stoi(blocked))) << "the cancelled run must be gone";
-  EXPECT_EQ(state()["runs"]["lr=0.3_seed=1"]["status"], "interrupted") << first;
-  EXPECT_EQ(state()["runs"]["lr=0.1_seed=1"]["status"], "done") << first;
-  EXPECT_NE(read(dir_ / "out" / "slurm" / "array.sh").find("#SBATCH --array=0-1%1\n"),
-            std::string::npos);
-
-  const auto r = sweep("", "--launcher=slurm");
-  EXPECT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("2 done, 0 failed, 0 not run"), std::string::npos) << r.out;
-  const auto calls = invocations();
-  ASSERT_EQ(calls.size(), 3u) << r.out;
-  EXPECT_EQ(calls[2], "0.3 1");
 }
 
 }  // namespace

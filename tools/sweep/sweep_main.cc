@@ -30,11 +30,11 @@
 
 #include <fcntl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <iostream>
 #include <set>
 #include <sstream>
-#include <algorithm>
 
 #include "fabric/core/error.h"
 #include "fabric/core/paths.h"
@@ -183,12 +183,13 @@ int sweep_main(int argc, char** argv) {
       });
   if (any_submitted && !flags.dry_run)
     in_slurm = fabric::sweep::gather_submitted(spec, state, options, std::cout);
-  if (!slurm && !in_slurm.empty())
+  if (!slurm && !in_slurm.empty()) {
+    const std::string& element = state[*in_slurm.begin()].slurm_job;  // "JOB_TASK"
     throw Error(std::to_string(in_slurm.size()) + " run(s) of this sweep are still queued or "
-                "running in SLURM (job " + state[*in_slurm.begin()].slurm_job.substr(
-                    0, state[*in_slurm.begin()].slurm_job.find('_')) +
+                "running in SLURM (job " + element.substr(0, element.find('_')) +
                 "); wait for them (squeue --me) or cancel them (scancel), or go on with "
                 "--launcher=slurm");
+  }
   int done = 0;
   for (const auto& run : spec.runs) done += state[run.id].status == fabric::sweep::RunStatus::kDone;
   fabric::sweep::preflight(spec, state, options);
