@@ -193,7 +193,8 @@ ConfigSchema default_schema() {
   s.add("fabric.matmul_precision", KeySpec::choice({"highest", "high", "medium"}, "highest")
                                        .doc("float32 matmul: high/medium allow TF32 on CUDA"));
   s.add("fabric.channels_last",
-        KeySpec::boolean(false).doc("4-D weights and batches in channels-last memory format"));
+        KeySpec::choice({"auto", "true", "false"}, "false")
+            .doc("4-D weights and batches in channels-last memory format; auto: on CUDA only"));
   s.add("fabric.num_threads",
         KeySpec::integer(0).min(0).doc(
             "intra-/inter-op threads per process; 0 (auto): OMP_NUM_THREADS if set, else the "

@@ -191,12 +191,14 @@ PrecisionMode resolve_precision(const Config& c, const MachineFacts& m, c10::Dev
       if (emulated.empty()) {
         warnings.push_back(c.origin("fabric.precision") +
                            ": fabric.precision: 16-mixed is not supported on CPU; using bf16-mixed "
-                           "(this CPU computes bf16 natively: " + m.cpu.bf16_flags + ")");
+                           "(this CPU computes bf16 natively: " +
+                           m.cpu.bf16_flags + ")");
         p = PrecisionMode::kBf16Mixed;
       } else {
         warnings.push_back(c.origin("fabric.precision") +
                            ": fabric.precision: 16-mixed is not supported on CPU and bf16 would be "
-                           "emulated (" + emulated +
+                           "emulated (" +
+                           emulated +
                            "; several times slower than float32); using 32-true. "
                            "fabric.precision=bf16-mixed forces bf16");
         p = PrecisionMode::k32True;
@@ -254,8 +256,8 @@ void resolve_threads(const Config& c, const MachineFacts& m, ResolvedSetup& s) {
   // it with only as many ranks as the machine's CPUs allow (1 when bound to disjoint cores).
   int64_t sharing = local;
   if (env.creates_processes_externally() && m.cpu.affinity > 0 && m.cpu.online > m.cpu.affinity) {
-    sharing = std::clamp<int64_t>((local * m.cpu.affinity + m.cpu.online - 1) / m.cpu.online, 1,
-                                  local);
+    sharing =
+        std::clamp<int64_t>((local * m.cpu.affinity + m.cpu.online - 1) / m.cpu.online, 1, local);
   }
   s.num_threads = std::max<int64_t>(cpus / sharing, 1);
   s.threads_reason = "auto: " + std::to_string(cpus) + " " + cpus_from + " / " +
@@ -269,9 +271,10 @@ std::string bf16_emulated_because(const MachineFacts& m) {
   if (m.environment) {
     std::string isa = m.environment("ONEDNN_MAX_CPU_ISA").value_or("");
     for (auto& ch : isa) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-    for (const char* below : {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE",
-                              "AVX512_CORE_VNNI"}) {
-      if (isa == below) return "ONEDNN_MAX_CPU_ISA=" + isa + " holds oneDNN below bf16 instructions";
+    for (const char* below :
+         {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"}) {
+      if (isa == below)
+        return "ONEDNN_MAX_CPU_ISA=" + isa + " holds oneDNN below bf16 instructions";
     }
   }
   return "";
@@ -304,7 +307,16 @@ ResolvedSetup resolve_setup(const Config& c, const MachineFacts& m) {
   const std::string bench = c.get_string("fabric.cudnn_benchmark");
   s.cudnn_benchmark = bench == "auto" ? !s.deterministic : bench == "true";
   s.matmul_precision = c.get_string("fabric.matmul_precision");
-  s.channels_last = c.get_bool("fabric.channels_last");
+  const std::string channels_last = c.get_string("fabric.channels_last");
+  s.channels_last =
+      channels_last == "auto" ? s.accelerator == c10::DeviceType::CUDA : channels_last == "true";
+  if (s.channels_last && s.accelerator == c10::DeviceType::CPU) {
+    // Reproduced in plain PyTorch 2.11 (docs/training.md): not ours to fix, ours to say.
+    s.warnings.push_back(c.origin("fabric.channels_last") +
+                         ": fabric.channels_last: on CPU, LibTorch 2.11's oneDNN AVX2 kernels can "
+                         "write out of bounds in the weight gradient of small 1x1 convolutions; "
+                         "use auto (CUDA only) unless measured safe and faster here");
+  }
   s.scaler.init_scale = c.get_double("fabric.grad_scaler.init_scale");
   s.scaler.growth_factor = c.get_double("fabric.grad_scaler.growth_factor");
   s.scaler.backoff_factor = c.get_double("fabric.grad_scaler.backoff_factor");

@@ -19,7 +19,8 @@
 //                   bf16-* on a CPU that emulates bf16 warns that it is slow; 16-true on CPU is an
 //                   error; bf16 on a GPU without bf16 (< sm_80) is an error.
 //   5. settings     deterministic (deterministic algorithms; cudnn.benchmark off),
-//                   cudnn_benchmark (auto → !deterministic), matmul_precision, channels_last,
+//                   cudnn_benchmark (auto → !deterministic), matmul_precision, channels_last
+//                   (auto → on CUDA),
 //                   cuda_graphs (CUDA single_device or ddp without sync_batchnorm and
 //                   find_unused_parameters; elsewhere a warning), seed, GradScaler.
 //   6. threads      intra- and inter-op threads of this process: fabric.num_threads when > 0,

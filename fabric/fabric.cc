@@ -69,6 +69,7 @@ DataLoader Fabric::setup_dataloader(std::shared_ptr<const Dataset> dataset,
   placement.rank = global_rank();
   placement.device = device();
   placement.channels_last = setup_.channels_last;
+  placement.cudnn_benchmark = setup_.cudnn_benchmark && placement.device.is_cuda();
   return DataLoader(std::move(dataset), std::move(options), placement);
 }
 

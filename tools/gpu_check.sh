@@ -55,7 +55,7 @@ build() {
   # The bundle's default targets are what a GPU node needs (tools/bundle.sh).
   bazel run --noshow_progress //tools:bundle -- --out="$out" >&2 || exit 1
   mkdir -p "$out/bench"
-  cp tools/bench/gpu_compare.py tools/bench/throughput.py tools/bench/models.py "$out/bench/"
+  cp tools/bench/gpu_compare.py tools/bench/throughput.py tools/bench/models.py tools/bench/trace_summary.py "$out/bench/"
   cp tools/gpu_check.sh "$out/gpu_check.sh"
   chmod +x "$out/gpu_check.sh"
   local kib

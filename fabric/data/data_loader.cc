@@ -55,6 +55,7 @@ class DataLoader::Pass {
   }
 
   ~Pass() {
+    if (placement_.cudnn_benchmark) at::globalContext().setBenchmarkCuDNN(true);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stopped_ = true;
@@ -87,10 +88,15 @@ class DataLoader::Pass {
     }
     current_index_ = b;
     delivered_ = b + 1;
+    if (placement_.cudnn_benchmark) at::globalContext().setBenchmarkCuDNN(b < num_full_batches());
     return current_;
   }
 
  private:
+  int64_t num_full_batches() const {
+    return static_cast<int64_t>(indices_.size()) / options_.batch_size();
+  }
+
   struct Slot {
     Batch batch;
     std::exception_ptr error;

@@ -8,12 +8,13 @@
 // generator seeded from seed, epoch and b), whatever the number of threads, so runs are
 // reproducible.
 //
-// Threads (datasets on the CPU; num_workers -1 = automatic, see DataLoaderOptions): `num_workers` threads build batches (get_batch + transform), at most `prefetch` ahead of
-// the consumer (at least one per worker); batches are yielded in order. On CUDA each worker pins
-// the batch and copies it with non_blocking on a side stream; the consumer's stream waits for the
-// copy. num_workers = 0 builds batches in the training thread. Leaving a pass early (break) or
-// starting a new one stops the workers of the old pass. A dataset on a GPU (Dataset::device(),
-// fabric/data/augment.h) is read in the training thread whatever num_workers says. An exception thrown while building batch b
+// Threads (datasets on the CPU; num_workers -1 = automatic, see DataLoaderOptions): `num_workers`
+// threads build batches (get_batch + transform), at most `prefetch` ahead of the consumer (at least
+// one per worker); batches are yielded in order. On CUDA each worker pins the batch and copies it
+// with non_blocking on a side stream; the consumer's stream waits for the copy. num_workers = 0
+// builds batches in the training thread. Leaving a pass early (break) or starting a new one stops
+// the workers of the old pass. A dataset on a GPU (Dataset::device(), fabric/data/augment.h) is
+// read in the training thread whatever num_workers says. An exception thrown while building batch b
 // is rethrown by the iterator at batch b.
 //
 // Not thread-safe: iterate from one thread.
@@ -48,15 +49,15 @@ struct DataLoaderOptions {
   }                                            \
   const type& name() const { return name##_; } \
   type name##_ = init
-  FABRIC_OPTION(int64_t, batch_size, 1);   // Default: 1.
-  FABRIC_OPTION(bool, shuffle, false);     // Default: false.
-  FABRIC_OPTION(bool, drop_last, false);   // Default: false: the last batch may be smaller.
+  FABRIC_OPTION(int64_t, batch_size, 1);  // Default: 1.
+  FABRIC_OPTION(bool, shuffle, false);    // Default: false.
+  FABRIC_OPTION(bool, drop_last, false);  // Default: false: the last batch may be smaller.
   // Default: kAutoWorkers: 0 (batches built in the training thread) for a dataset with cheap
   // batches (Dataset::cheap_batches(), e.g. TensorDataset) and no transform delivered on the CPU,
   // where a hand-over costs more than the batch (measured: docs/benchmarks.md, overhead); else 1.
   // 0 = none; N = N background threads.
   FABRIC_OPTION(int64_t, num_workers, -1);
-  FABRIC_OPTION(int64_t, prefetch, 2);     // Default: 2 batches ready ahead.
+  FABRIC_OPTION(int64_t, prefetch, 2);  // Default: 2 batches ready ahead.
   // Default: unset: Fabric::setup_dataloader fills in fabric.seed; a bare DataLoader uses 0.
   FABRIC_OPTION(std::optional<uint64_t>, seed, std::nullopt);
   FABRIC_OPTION(BatchTransform, transform, nullptr);  // Default: none.
@@ -69,6 +70,12 @@ struct LoaderPlacement {
   int64_t rank = 0;
   torch::Device device = torch::kCPU;
   bool channels_last = false;  // 4-D batch data delivered in channels-last memory format
+  // Fabric turned cuDNN benchmarking on (fabric.cudnn_benchmark). A pass's final short batch is
+  // then handed out with benchmarking off and every full batch with it on: a new batch size makes
+  // cuDNN time every convolution again (5-6 s for ResNet-50 on an H100, docs/benchmarks.md), a
+  // cost worth paying for the shape every step has, not for one step an epoch. The switch is
+  // the process-wide at::globalContext() flag, set in the thread that takes the batch.
+  bool cudnn_benchmark = false;
 };
 
 class DataLoader {

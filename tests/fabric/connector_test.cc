@@ -251,6 +251,16 @@ TEST(ConnectorTest, SettingsFollowTheDocumentedRules) {
   EXPECT_EQ(s.ddp.cpu_backend, "auto");
   s = resolve({"fabric.ddp.cpu_backend=gloo", "fabric.devices=2"}, cpu_machine());
   EXPECT_EQ(s.ddp.cpu_backend, "gloo");
+  // channels_last: off unless asked; auto turns it on for CUDA only (ddp_amp.yaml runs both).
+  EXPECT_FALSE(resolve({}, gpu_machine(1)).channels_last);
+  EXPECT_TRUE(resolve({"fabric.channels_last=auto"}, gpu_machine(1)).channels_last);
+  EXPECT_FALSE(resolve({"fabric.channels_last=auto"}, cpu_machine()).channels_last);
+  s = resolve({"fabric.channels_last=true"}, cpu_machine());
+  EXPECT_TRUE(s.channels_last);  // as asked, with one warning (a oneDNN bug on AVX2)
+  ASSERT_EQ(s.warnings.size(), 1u);
+  EXPECT_EQ(s.warnings[0].rfind("command line: fabric.channels_last: on CPU", 0), 0u)
+      << s.warnings[0];
+  EXPECT_TRUE(resolve({"fabric.channels_last=true"}, gpu_machine(1)).warnings.empty());
 }
 
 // fabric.cuda_graphs holds for one CUDA device per process (single_device, ddp); elsewhere one

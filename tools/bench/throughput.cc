@@ -4,6 +4,7 @@
 //   throughput --model=resnet18|resnet50 --batch=512 --precision=bf16-mixed [--steps=50]
 //              [--warmup=15] [--data=static|epoch --images=50000] [--channels_last]
 //              [--accelerator=cuda] [--optimizer_impl=auto] [--threads=0] [--cuda_graphs]
+//              [--profile=trace.json --profile_steps=8] [--sync_debug] [--data_only]
 // static: a pool of 4 synthetic normalized float batches on the device, cycled. epoch: a synthetic
 // uint8 dataset of --images images kept on the device (fabric::device_dataset), shuffled, random
 // crop (pad 4) + flip + normalize on the device (fabric::crop_flip_normalize); one whole epoch is
@@ -13,8 +14,12 @@
 #include <sys/resource.h>
 #include <torch/torch.h>
 
+#include <ATen/record_function.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
+
 #include <chrono>
 #include <cstdio>
+#include <set>
 #include <string>
 
 #ifdef FABRIC_WITH_CUDA
@@ -42,8 +47,12 @@ DEFINE_string(optimizer_impl, "auto", "auto | fused | foreach | for_loop");
 DEFINE_bool(sync_debug, false,
             "diagnosis: warn at every call that synchronizes the host with the GPU during the "
             "timed steps (c10's CUDA sync debug mode)");
-DEFINE_bool(data_only, false,
-            "diagnosis: time producing the batches alone (no training step)");
+DEFINE_bool(data_only, false, "diagnosis: time producing the batches alone (no training step)");
+DEFINE_string(profile, "",
+              "diagnosis: write a Chrome trace (CPU ops, CUDA runtime calls and kernels) of "
+              "--profile_steps timed steps, from timed step 20 on, to this path "
+              "(tools/bench/trace_summary.py reads it)");
+DEFINE_int32(profile_steps, 8, "steps the --profile trace covers");
 DEFINE_int32(threads, 0,
              "CPU intra-op threads, as fabric.num_threads (0: Fabric's default, the usable CPUs); "
              "an at::set_num_threads here would be overridden by Fabric's thread budget");
@@ -76,6 +85,28 @@ double peak_device_mib(const torch::Device& device) {
   }
 #endif
   return 0.0;
+}
+
+// The Kineto profiler around a window of steps (--profile): synchronized at both ends so the
+// trace holds whole steps.
+std::set<torch::profiler::impl::ActivityType> profile_activities(const torch::Device& device) {
+  std::set<torch::profiler::impl::ActivityType> activities{
+      torch::profiler::impl::ActivityType::CPU};
+  if (device.is_cuda()) activities.insert(torch::profiler::impl::ActivityType::CUDA);
+  return activities;
+}
+
+void start_profile(const torch::Device& device) {
+  const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
+  synchronize(device);
+  torch::autograd::profiler::prepareProfiler(config, profile_activities(device));
+  torch::autograd::profiler::enableProfiler(config, profile_activities(device));
+}
+
+void stop_profile(const torch::Device& device, const std::string& path) {
+  synchronize(device);
+  torch::autograd::profiler::disableProfiler()->save(path);
+  std::fprintf(stderr, "throughput: wrote the trace %s\n", path.c_str());
 }
 
 template <typename Model>
@@ -135,9 +166,20 @@ int run(fabric::Fabric& f, Model& model) {
   reset_peak_memory(device);
   const auto t0 = std::chrono::steady_clock::now();
 #ifdef FABRIC_WITH_CUDA
-  if (FLAGS_sync_debug) c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN);
+  if (FLAGS_sync_debug)
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN);
 #endif
-  for (int64_t s = 0; s < timed_steps; ++s) train_step();
+  for (int64_t s = 0; s < timed_steps; ++s) {
+    if (!FLAGS_profile.empty() && s == std::min<int64_t>(20, timed_steps / 2))
+      start_profile(device);
+    {
+      RECORD_USER_SCOPE("train_step");  // marks the steps in a --profile trace
+      train_step();
+    }
+    if (!FLAGS_profile.empty() &&
+        s + 1 == std::min<int64_t>(20, timed_steps / 2) + FLAGS_profile_steps)
+      stop_profile(device, FLAGS_profile);
+  }
 #ifdef FABRIC_WITH_CUDA
   c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
 #endif

@@ -2,7 +2,8 @@
 
   python3 tools/bench/throughput.py --framework=raw|compile|lightning|accelerate \
       --model=resnet18 --batch=512 --precision=bf16-mixed [--steps=50 --warmup=15] \
-      [--data=static|epoch --images=50000] [--channels_last] [--device=cuda]
+      [--data=static|epoch --images=50000] [--channels_last] [--device=cuda] \
+      [--profile=trace.json --profile_steps=8]
 
 Same model definitions (tools/bench/models.py = examples/common/models.cc), optimizer (SGD lr 0.1,
 momentum 0.9, Nesterov, weight decay 5e-4; each framework's default implementation), loss
@@ -98,6 +99,10 @@ def main():
     p.add_argument("--images", type=int, default=50000)
     p.add_argument("--channels_last", action="store_true")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--profile", default="",
+                   help="diagnosis: Chrome trace of --profile_steps timed steps from step 20 "
+                        "(tools/bench/trace_summary.py reads it)")
+    p.add_argument("--profile_steps", type=int, default=8)
     p.add_argument("--threads", type=int, default=0, help="CPU intra-op threads (0: torch's default)")
     args = p.parse_args()
     if args.threads:
@@ -170,8 +175,22 @@ def main():
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     t0 = time.perf_counter()
-    for _ in range(timed_steps):
-        train_step()
+    first = min(20, timed_steps // 2)
+    prof = None
+    for s in range(timed_steps):
+        if args.profile and s == first:
+            sync(device)
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU] + (
+                [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else []))
+            prof.__enter__()
+        with torch.profiler.record_function("train_step") if prof else contextlib.nullcontext():
+            train_step()
+        if prof is not None and s + 1 == first + args.profile_steps:
+            sync(device)
+            prof.__exit__(None, None, None)
+            prof.export_chrome_trace(args.profile)
+            print(f"throughput.py: wrote the trace {args.profile}", file=sys.stderr)
+            prof = None
     sync(device)
     seconds = time.perf_counter() - t0
     images = timed_steps * args.batch if args.data == "static" else args.images

@@ -150,8 +150,8 @@ TEST(DataLoaderTest, AutomaticWorkersSkipTheThreadForCheapInMemoryBatches) {
   EXPECT_EQ(cheap.options().num_workers(), 0);
   DataLoader slow(std::make_shared<Slow>(), opts);
   EXPECT_EQ(slow.options().num_workers(), 1);
-  DataLoader augmented(numbered(12),
-                       DataLoaderOptions(opts).transform([](Batch b, at::Generator&) { return b; }));
+  DataLoader augmented(
+      numbered(12), DataLoaderOptions(opts).transform([](Batch b, at::Generator&) { return b; }));
   EXPECT_EQ(augmented.options().num_workers(), 1);
   DataLoader explicit_two(numbered(12), DataLoaderOptions(opts).num_workers(2));
   EXPECT_EQ(explicit_two.options().num_workers(), 2);
@@ -165,6 +165,45 @@ TEST(DataLoaderTest, BatchesArriveOnTheRequestedDevice) {
     EXPECT_TRUE(b.data.device().is_cpu());
     EXPECT_TRUE(b.target.device().is_cpu());
   }
+}
+
+// With Fabric's cuDNN benchmarking on, the pass's short final batch is handed out with the
+// process-wide benchmark flag off (one step's new shape must not time every convolution), every
+// full batch with it on; a loader Fabric did not mark leaves the flag alone.
+TEST(DataLoaderTest, ShortFinalBatchRunsWithoutCudnnBenchmarking) {
+  auto& ctx = at::globalContext();
+  const bool before = ctx.benchmarkCuDNN();
+  fabric::LoaderPlacement marked;
+  marked.cudnn_benchmark = true;
+  for (int64_t workers : {0, 1}) {
+    SCOPED_TRACE("num_workers " + std::to_string(workers));
+    ctx.setBenchmarkCuDNN(true);
+    DataLoader loader(numbered(10), DataLoaderOptions().batch_size(4).num_workers(workers), marked);
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      std::vector<bool> flags;
+      for (Batch& b : loader) {
+        (void)b;
+        flags.push_back(ctx.benchmarkCuDNN());
+      }
+      EXPECT_EQ(flags, (std::vector<bool>{true, true, false}));  // 4, 4, then 2 examples
+    }
+    DataLoader dropping(numbered(10),
+                        DataLoaderOptions().batch_size(4).drop_last(true).num_workers(workers),
+                        marked);
+    for (Batch& b : dropping) {
+      (void)b;
+      EXPECT_TRUE(ctx.benchmarkCuDNN());
+    }
+  }
+  EXPECT_TRUE(ctx.benchmarkCuDNN());  // the passes are over: back on
+
+  ctx.setBenchmarkCuDNN(false);
+  DataLoader unmarked(numbered(10), DataLoaderOptions().batch_size(4));
+  for (Batch& b : unmarked) {
+    (void)b;
+    EXPECT_FALSE(ctx.benchmarkCuDNN());
+  }
+  ctx.setBenchmarkCuDNN(before);
 }
 
 }  // namespace
