@@ -10,6 +10,7 @@
 #include "fabric/core/atomic_file.h"
 #include "fabric/core/paths.h"
 #include "fabric/logging/run_dir.h"
+#include "strategies/collectives.h"
 
 namespace fabric {
 namespace fs = std::filesystem;
@@ -74,20 +75,6 @@ std::vector<fs::path> checkpoints_in(const fs::path& dir) {
     return checkpoint_step(a.filename().string()) < checkpoint_step(b.filename().string());
   });
   return out;
-}
-
-// Rank 0 runs `fn`; every rank throws its error, if any.
-void on_rank_zero(Fabric& f, const std::function<void()>& fn) {
-  std::string failure;
-  if (f.is_global_zero()) {
-    try {
-      fn();
-    } catch (const std::exception& e) {
-      failure = e.what();
-    }
-  }
-  failure = f.broadcast(failure, 0);
-  if (!failure.empty()) throw Error(failure);
 }
 
 }  // namespace
@@ -204,7 +191,7 @@ fs::path Checkpointer::save() {
   char file_name[64];
   std::snprintf(file_name, sizeof(file_name), "step-%08lld.ckpt", static_cast<long long>(step_));
   const fs::path path = write(file_name);
-  on_rank_zero(f_, [&] {
+  on_global_zero(f_.strategy(), [&] {
     write_file_atomically(dir_ / "latest", path.filename().string() + "\n");
     if (keep_last_ <= 0) return;
     const auto files = checkpoints_in(dir_);
@@ -225,7 +212,7 @@ fs::path Checkpointer::save_aside(const std::string& prefix) {
 
 fs::path Checkpointer::write(const std::string& file_name) {
   const fs::path path = dir_ / file_name;
-  on_rank_zero(f_, [&] {
+  on_global_zero(f_.strategy(), [&] {
     std::error_code ec;
     fs::create_directories(dir_, ec);
     if (ec)

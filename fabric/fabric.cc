@@ -3,14 +3,18 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <cstring>
+#include <functional>
 
+#include "fabric/checkpoint/format.h"
+#include "fabric/checkpoint/rng_state.h"
 #include "fabric/checkpoint/state_dict.h"
 #include "fabric/core/paths.h"
+#include "fabric/core/suggest.h"
 #include "fabric/logging/metrics_csv.h"
 #include "fabric/logging/progress.h"
 #include "fabric/logging/tensorboard.h"
 #include "fabric/training/clip.h"
+#include "strategies/collectives.h"
 
 namespace fabric {
 
@@ -95,17 +99,63 @@ AutocastGuard Fabric::autocast() const { return strategy_->precision().autocast(
 
 void Fabric::save_weights_of(torch::nn::Module& module, const std::string& path) {
   const auto file = absolute_from_working_directory(path);
-  std::string failure;
-  if (is_global_zero()) {
-    try {
-      save_state_dict(file, state_dict(module));
-    } catch (const Error& e) {
-      failure = e.what();
+  on_global_zero(*strategy_, [&] { save_state_dict(file, state_dict(module)); });
+}
+
+void Fabric::save(const std::string& path, const CheckpointState& state) {
+  const auto file = absolute_from_working_directory(path);
+  // Every rank's generator states reach every rank (collective, before anything can fail).
+  const RngState rng = get_rng_state();
+  const auto cpu_states = all_gather(rng.cpu.to(device()));
+  const auto cuda_flat = rng.cuda.empty() ? torch::empty({0}, torch::kUInt8) : torch::cat(rng.cuda);
+  const auto cuda_states = all_gather(cuda_flat.to(device()));
+  const auto cuda_counts =
+      all_gather(torch::tensor({static_cast<int64_t>(rng.cuda.size())}).to(device()));
+  strategy_->save_checkpoint(file, [&] {
+    std::vector<RngState> by_rank(cpu_states.size());
+    for (size_t r = 0; r < cpu_states.size(); ++r) {
+      by_rank[r].cpu = cpu_states[r].cpu();
+      const int64_t n = cuda_counts[r].item<int64_t>();
+      if (n > 0) by_rank[r].cuda = cuda_states[r].cpu().chunk(n);
     }
+    return checkpoint_contents({config_.to_yaml(), config_.hash(), world_size()}, state,
+                               precision().scaler(), by_rank);
+  });
+}
+
+void Fabric::load(const std::string& path, CheckpointState& state, bool strict) {
+  const auto file = absolute_from_working_directory(path);
+  const std::string source = file.string();
+  PreparedCheckpoint prepared;
+  std::string failure;
+  try {
+    prepared = prepare_checkpoint(strategy_->load_checkpoint(file), source, state, strict,
+                                  precision().scaler(), global_rank());
+    if (!prepared.saved_config.empty()) {
+      const auto diff =
+          config_differences(prepared.saved_config, config_.to_yaml(), {"checkpoint", "logging"});
+      if (!diff.empty()) prepared.warnings.push_back("the config differs: " + join(diff, "; "));
+    }
+  } catch (const Error& e) {
+    failure = e.what();
+  } catch (const std::exception& e) {  // a value of an unexpected type: a damaged or foreign file
+    std::string why = e.what();
+    failure = source + ": malformed checkpoint (" + why.substr(0, why.find('\n')) + ")";
   }
-  // Every rank learns whether rank 0 succeeded (no rank waits forever for a failed writer).
-  failure = broadcast(failure, 0);
-  if (!failure.empty()) throw Error(failure);
+  // All ranks fail together (and with rank 0's reason when theirs read fine).
+  const bool ok_everywhere = all_reduce(failure.empty() ? 1.0 : 0.0, ReduceOp::kMin) > 0.5;
+  if (!ok_everywhere) {
+    const std::string first = broadcast(failure, 0);
+    throw Error(!failure.empty()
+                    ? failure
+                    : (!first.empty()
+                           ? first
+                           : source + ": could not be loaded on another rank (see its log)"));
+  }
+  for (auto& fn : prepared.apply) fn();
+  if (is_global_zero())
+    for (const auto& w : prepared.warnings)
+      std::cerr << "warning: " << source << ": " << w << std::endl;
 }
 
 void Fabric::load_weights_of(torch::nn::Module& module, const std::string& path) {
@@ -196,48 +246,11 @@ double Fabric::all_reduce(double value, ReduceOp op) {
 }
 
 std::string Fabric::broadcast(const std::string& bytes, int64_t src) {
-  if (world_size() == 1) return bytes;
-  auto size = strategy_->broadcast(torch::tensor(static_cast<int64_t>(bytes.size())), src);
-  auto buffer = torch::empty({size.item<int64_t>()}, torch::kUInt8);
-  if (global_rank() == src) std::memcpy(buffer.data_ptr(), bytes.data(), bytes.size());
-  buffer = strategy_->broadcast(buffer, src);
-  return std::string(static_cast<const char*>(buffer.data_ptr()),
-                     static_cast<size_t>(buffer.numel()));
+  return broadcast_string(*strategy_, bytes, src);
 }
 
 std::vector<torch::Tensor> Fabric::all_gather(const torch::Tensor& tensor) {
-  if (world_size() == 1) return {tensor};
-  if (tensor.dim() == 0) return strategy_->all_gather(tensor);
-  // Shapes first (dimension count padded to 8 + dtype), then the data padded to the longest.
-  constexpr int64_t kMaxDims = 8;
-  if (tensor.dim() > kMaxDims) throw Error("all_gather: at most 8 dimensions are supported");
-  auto shape = torch::full({kMaxDims + 2}, -1, torch::kLong);
-  shape[0] = static_cast<int64_t>(tensor.scalar_type());
-  shape[1] = tensor.dim();
-  for (int64_t d = 0; d < tensor.dim(); ++d) shape[d + 2] = tensor.size(d);
-  const auto shapes = strategy_->all_gather(shape.to(device()));
-  int64_t longest = 0;
-  for (size_t r = 0; r < shapes.size(); ++r) {
-    const auto theirs = shapes[r].cpu();
-    if (!torch::equal(theirs.narrow(0, 0, 2), shape.narrow(0, 0, 2)) ||
-        !torch::equal(theirs.narrow(0, 3, kMaxDims - 1), shape.narrow(0, 3, kMaxDims - 1))) {
-      throw Error("all_gather: rank " + std::to_string(global_rank()) + " and rank " +
-                  std::to_string(r) +
-                  " disagree on dtype or on a dimension other than the first; only the first "
-                  "dimension may differ between ranks");
-    }
-    longest = std::max(longest, theirs[2].item<int64_t>());
-  }
-  torch::Tensor padded = tensor;
-  if (tensor.size(0) < longest) {
-    auto pad_shape = tensor.sizes().vec();
-    pad_shape[0] = longest - tensor.size(0);
-    padded = torch::cat({tensor, torch::zeros(pad_shape, tensor.options())});
-  }
-  auto gathered = strategy_->all_gather(padded);
-  for (size_t r = 0; r < gathered.size(); ++r)
-    gathered[r] = gathered[r].narrow(0, 0, shapes[r][2].item<int64_t>());
-  return gathered;
+  return all_gather_padded(*strategy_, tensor);
 }
 
 }  // namespace fabric

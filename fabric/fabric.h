@@ -45,21 +45,21 @@
 #include <type_traits>
 #include <utility>
 
-#include "fabric/checkpoint_state.h"
+#include "fabric/checkpoint/checkpoint_state.h"
 #include "fabric/config.h"
 #include "fabric/connector.h"
 #include "fabric/core/error.h"
-#include "strategies/strategy.h"
 #include "fabric/data/augment.h"
 #include "fabric/data/data_loader.h"
 #include "fabric/data/dataset.h"
 #include "fabric/logging/run_dir.h"
-#include "fabric/nn/data_parallel.h"
 #include "fabric/main.h"
 #include "fabric/nn/batch_norm.h"
+#include "fabric/nn/data_parallel.h"
 #include "fabric/precision/precision.h"
 #include "fabric/training/lr_scheduler.h"
 #include "fabric/training/optimizers.h"
+#include "strategies/strategy.h"
 
 namespace fabric {
 
@@ -166,13 +166,13 @@ class Fabric {
     load_weights_of(module_ref(module), path);
   }
 
-  // Checkpoint: writes `state` (fabric/checkpoint_state.h) to `path` with, automatically, every
-  // rank's random generator states (CPU and CUDA), the 16-mixed GradScaler, the resolved config
-  // and its hash, the LibTorch version and the project revision. Global rank 0 writes, crash-safe
-  // (temporary file, fsync, rename, folder fsync); every rank returns once the file is complete
-  // or throws the writer's one-line error ("cannot write PATH: ..."), leaving an existing file at
-  // `path` untouched. Collective. The file is a torch.save archive of plain data (Python's
-  // torch.load(path, weights_only=True) reads it).
+  // Checkpoint: writes `state` (fabric/checkpoint/checkpoint_state.h) to `path` with,
+  // automatically, every rank's random generator states (CPU and CUDA), the 16-mixed GradScaler,
+  // the resolved config and its hash, the LibTorch version and the project revision. Global rank 0
+  // writes, crash-safe (temporary file, fsync, rename, folder fsync); every rank returns once the
+  // file is complete or throws the writer's one-line error ("cannot write PATH: ..."), leaving an
+  // existing file at `path` untouched. Collective. The file is a torch.save archive of plain data
+  // (Python's torch.load(path, weights_only=True) reads it).
   void save(const std::string& path, const CheckpointState& state);
   // Restores `state` from a checkpoint on every rank: format version checked; config differences
   // warned about (one line listing the keys, checkpoint.* and logging.* ignored); every entry

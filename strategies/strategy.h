@@ -8,9 +8,12 @@
 #ifndef STRATEGIES_STRATEGY_H_
 #define STRATEGIES_STRATEGY_H_
 
+#include <ATen/core/ivalue.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,6 +62,16 @@ class Strategy {
   virtual torch::Tensor broadcast(const torch::Tensor& tensor, int64_t src) = 0;
   // Every rank's `tensor`, in rank order; REQUIRES: the same shape and dtype on every rank.
   virtual std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor) { return {tensor}; }
+
+  // Checkpoint I/O for Fabric::save / Fabric::load (fabric/checkpoint/format.h builds and checks
+  // the contents). save_checkpoint: `contents` builds what this rank writes; the default, for
+  // strategies whose ranks hold the same state, runs it and writes the file on global rank 0
+  // only, and every rank throws rank 0's error if it failed. A sharding strategy writes each
+  // rank's part. load_checkpoint: what this rank reads (the default: the whole file; throws
+  // fabric::Error naming the file). Collective.
+  virtual void save_checkpoint(const std::filesystem::path& file,
+                               const std::function<c10::IValue()>& contents);
+  virtual c10::IValue load_checkpoint(const std::filesystem::path& file);
 
   // Skips gradient synchronization while the guard lives (gradient accumulation).
   virtual ScopeGuard no_backward_sync(torch::nn::Module& module) {

@@ -13,6 +13,11 @@
 #include "fabric/core/error.h"
 
 namespace fabric {
+
+c10::impl::GenericDict new_dict() {
+  return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
+}
+
 namespace fs = std::filesystem;
 
 namespace {

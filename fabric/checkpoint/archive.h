@@ -24,6 +24,9 @@ void save_archive(const std::filesystem::path& path, const c10::IValue& value);
 // missing, truncated, corrupted (CRC) or foreign file.
 c10::IValue load_archive(const std::filesystem::path& path);
 
+// An empty dict with string keys and values of any type: the node of every tree saved here.
+c10::impl::GenericDict new_dict();
+
 }  // namespace fabric
 
 #endif  // FABRIC_CHECKPOINT_ARCHIVE_H_

@@ -257,8 +257,8 @@ std::function<void()> prepare_optimizer_state(torch::optim::Optimizer& optimizer
                       ", the parameter " + shape(params[i]));
         // In the parameter's memory format (files hold contiguous tensors): fused kernels pass
         // over parameter, gradient and state as flat arrays, so their layouts must match.
-        torch::Tensor restored = at::empty_like(params[i], params[i].options().dtype(t.scalar_type()),
-                                                at::MemoryFormat::Preserve);
+        torch::Tensor restored = at::empty_like(
+            params[i], params[i].options().dtype(t.scalar_type()), at::MemoryFormat::Preserve);
         field.set(*s, restored.copy_(t));
       }
       states.emplace_back(params[i], std::move(s));

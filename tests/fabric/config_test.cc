@@ -346,3 +346,35 @@ TEST_F(ConfigTest, ChoiceListsAcceptKnownItemsOnce) {
             "command line: logging.loggers: 'csv' is not a list: write it like [csv] (or [] for "
             "none)");
 }
+
+namespace {
+
+// configs/README.md lists every key of training_schema() with its default in a YAML block; the
+// block and the schema must say the same (a key added, renamed or re-defaulted on one side only
+// fails here, naming it).
+TEST(ConfigReadmeTest, TheReadmeKeyListIsTheSchema) {
+  std::ifstream in("configs/README.md");
+  ASSERT_TRUE(in) << "configs/README.md is not in the test's runfiles";
+  std::string line, block;
+  bool after_heading = false, inside = false;
+  while (std::getline(in, line)) {
+    if (line.rfind("## Keys and defaults", 0) == 0) after_heading = true;
+    if (after_heading && !inside && line == "```yaml") {
+      inside = true;
+      continue;
+    }
+    if (inside && line == "```") break;
+    if (inside) block += line + "\n";
+  }
+  ASSERT_FALSE(block.empty()) << "no ```yaml block after '## Keys and defaults'";
+  const auto defaults = Config::defaults(fabric::training_schema()).to_yaml();
+  const auto diff = fabric::config_differences(block, defaults);
+  EXPECT_TRUE(diff.empty()) << "configs/README.md (left) vs training_schema() (right):\n  "
+                            << [&] {
+                                 std::string all;
+                                 for (const auto& d : diff) all += d + "\n  ";
+                                 return all;
+                               }();
+}
+
+}  // namespace

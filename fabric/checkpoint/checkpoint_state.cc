@@ -1,9 +1,10 @@
-#include "fabric/checkpoint_state.h"
+#include "fabric/checkpoint/checkpoint_state.h"
 
 #include <map>
 #include <memory>
 #include <sstream>
 
+#include "fabric/checkpoint/archive.h"
 #include "fabric/checkpoint/optimizer_state.h"
 #include "fabric/checkpoint/state_dict.h"
 #include "fabric/core/error.h"
@@ -12,8 +13,6 @@ namespace fabric {
 namespace {
 
 using Dict = c10::impl::GenericDict;
-
-Dict new_dict() { return Dict(c10::StringType::get(), c10::AnyType::get()); }
 
 c10::IValue field(const c10::IValue& value, const std::string& key, const std::string& source) {
   if (!value.isGenericDict()) throw Error(source + ": malformed (not a dict)");

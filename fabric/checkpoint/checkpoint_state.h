@@ -12,8 +12,8 @@
 //   state.add("model", model).add("optimizer", *optimizer).add("scheduler", scheduler)
 //        .add("train_loader", train).add("best_accuracy", best);
 //   f.save("ckpt/last.ckpt", state);   ...   f.load("ckpt/last.ckpt", state);
-#ifndef FABRIC_CHECKPOINT_STATE_H_
-#define FABRIC_CHECKPOINT_STATE_H_
+#ifndef FABRIC_CHECKPOINT_CHECKPOINT_STATE_H_
+#define FABRIC_CHECKPOINT_CHECKPOINT_STATE_H_
 
 #include <ATen/core/ivalue.h>
 #include <torch/nn/module.h>
@@ -69,4 +69,4 @@ class CheckpointState {
 
 }  // namespace fabric
 
-#endif  // FABRIC_CHECKPOINT_STATE_H_
+#endif  // FABRIC_CHECKPOINT_CHECKPOINT_STATE_H_
