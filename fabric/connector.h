@@ -38,7 +38,7 @@
 #include <vector>
 
 #include "fabric/accelerators/cpu_info.h"
-#include "fabric/config.h"
+#include "fabric/config/config.h"
 #include "fabric/core/cluster_environment.h"
 #include "strategies/strategy.h"
 #include "fabric/precision/precision.h"

@@ -46,7 +46,7 @@
 #include <utility>
 
 #include "fabric/checkpoint/checkpoint_state.h"
-#include "fabric/config.h"
+#include "fabric/config/config.h"
 #include "fabric/connector.h"
 #include "fabric/core/error.h"
 #include "fabric/data/augment.h"

@@ -6,7 +6,7 @@
 //     });
 //   }
 //
-// It parses the command line (fabric/config.h: --config=FILE, --print_config, --help, key=value
+// It parses the command line (fabric/config/config.h: --config=FILE, --print_config, --help, key=value
 // overrides), loads and validates the config, then calls `body`. Errors print one line to stderr,
 // never a stack trace or a core dump:
 //   exit 0  body returned 0, or --help / --print_config
@@ -20,7 +20,7 @@
 
 #include <functional>
 
-#include "fabric/config.h"
+#include "fabric/config/config.h"
 
 namespace fabric {
 

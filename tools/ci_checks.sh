@@ -124,8 +124,8 @@ for harness in config checkpoint; do
 done
 
 # 7. Dependencies point one way (docs/architecture.md): fabric/core depends on nothing of ours
-#    outside it, and no strategy reaches the facade package //fabric (its own targets; its
-#    subpackages are implementation packages). A forbidden edge fails with the targets named.
+#    outside it, and no strategy or implementation package reaches the facade package //fabric
+#    (its own targets; its subpackages are implementation packages). A forbidden edge fails with the targets named.
 check_no_deps() {  # NAME QUERY: passes when the query finds no target
   local err edges rc
   err=$(mktemp)
@@ -141,5 +141,9 @@ check_no_deps() {  # NAME QUERY: passes when the query finds no target
 }
 check_no_deps deps_core_depends_on_nothing_of_ours 'deps(//fabric/core/...) intersect (//... except //fabric/core/...)'
 check_no_deps deps_strategies_not_on_facade 'deps(//strategies/...) intersect //fabric:*'
+# Implementation packages under fabric/ never reach the facade either; the one exception drives a
+# Fabric (GraphedStep takes a Fabric&: a layer above it, docs/architecture.md).
+check_no_deps deps_implementation_not_on_facade \
+  'deps(//fabric/... except //fabric:* except //fabric/training:graphed_step) intersect //fabric:*'
 
 exit $failed

@@ -19,7 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "fabric/config.h"
+#include "fabric/config/config.h"
 
 namespace fabric {
 

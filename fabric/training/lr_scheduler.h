@@ -20,7 +20,7 @@
 #include <cstdint>
 #include <string>
 
-#include "fabric/config.h"
+#include "fabric/config/config.h"
 
 namespace fabric {
 

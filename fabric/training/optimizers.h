@@ -13,7 +13,7 @@
 #include <memory>
 #include <vector>
 
-#include "fabric/config.h"
+#include "fabric/config/config.h"
 #include "fabric/training/fast_optimizers.h"
 
 namespace fabric {

@@ -1,4 +1,4 @@
-#include "fabric/config.h"
+#include "fabric/config/config.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>

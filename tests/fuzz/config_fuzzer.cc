@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "fabric/config.h"
+#include "fabric/config/config.h"
 #include "fabric/core/error.h"
 
 namespace {

@@ -11,7 +11,7 @@
 #include <cstdlib>
 #include <fstream>
 
-#include "fabric/config.h"
+#include "fabric/config/config.h"
 #include "fabric/core/error.h"
 #include "fabric/logging/run_dir.h"
 #include "fabric/main.h"

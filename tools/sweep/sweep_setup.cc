@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "fabric/accelerators/cpu_info.h"
-#include "fabric/config.h"
+#include "fabric/config/config.h"
 #include "fabric/core/error.h"
 #include "fabric/core/paths.h"
 #include "fabric/core/suggest.h"

@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "fabric/config_schema.h"
+#include "fabric/config/standard_keys.h"
 #include "fabric/core/error.h"
 #include "fabric/fabric.h"
 

@@ -1,4 +1,4 @@
-#include "fabric/config.h"
+#include "fabric/config/config.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -11,10 +11,10 @@
 #include <set>
 #include <sstream>
 
+#include "fabric/config/internal/value.h"
 #include "fabric/core/hash.h"
 #include "fabric/core/paths.h"
 #include "fabric/core/suggest.h"
-#include "fabric/internal/config_value.h"
 
 namespace fs = std::filesystem;
 
@@ -141,8 +141,9 @@ class Loader {
     YAML::Node root = read_yaml(path, display);
     if (root.IsNull()) {
       // An empty file (or only comments) is almost always a mistake: a truncated or wrong file.
-      fail(display, "the config file is empty (no sections): give at least one section such as "
-                    "'fabric:', or leave out --config to run with the defaults");
+      fail(display,
+           "the config file is empty (no sections): give at least one section such as "
+           "'fabric:', or leave out --config to run with the defaults");
     }
     return load_node(root, display, path.parent_path(), chain);
   }

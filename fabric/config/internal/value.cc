@@ -1,4 +1,4 @@
-#include "fabric/internal/config_value.h"
+#include "fabric/config/internal/value.h"
 
 #include <charconv>
 #include <cmath>

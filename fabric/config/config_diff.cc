@@ -2,7 +2,7 @@
 
 #include <map>
 
-#include "fabric/config.h"
+#include "fabric/config/config.h"
 
 namespace fabric {
 namespace {

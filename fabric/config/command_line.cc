@@ -1,12 +1,14 @@
-// Command line of Fabric programs: gflags flags, then key=value overrides (see fabric/config.h).
+// Command line of Fabric programs: gflags flags, then key=value overrides (see
+// fabric/config/config.h).
 #include <gflags/gflags.h>
 
 #include <sstream>
 
-#include "fabric/config.h"
+#include "fabric/config/config.h"
 #include "fabric/core/suggest.h"
 
-DEFINE_string(config, "", "config file (YAML); see fabric/config.h for where it is looked up");
+DEFINE_string(config, "",
+              "config file (YAML); see fabric/config/config.h for where it is looked up");
 DEFINE_bool(print_config, false, "print the resolved config and exit");
 
 namespace fabric {

@@ -1,12 +1,12 @@
 // Internal: checking one YAML value against a KeySpec (shared by schema defaults and loading).
-#ifndef FABRIC_INTERNAL_CONFIG_VALUE_H_
-#define FABRIC_INTERNAL_CONFIG_VALUE_H_
+#ifndef FABRIC_CONFIG_INTERNAL_VALUE_H_
+#define FABRIC_CONFIG_INTERNAL_VALUE_H_
 
 #include <yaml-cpp/yaml.h>
 
 #include <string>
 
-#include "fabric/config_schema.h"
+#include "fabric/config/schema.h"
 
 namespace fabric::internal {
 
@@ -26,4 +26,4 @@ std::string describe(const YAML::Node& value);
 
 }  // namespace fabric::internal
 
-#endif  // FABRIC_INTERNAL_CONFIG_VALUE_H_
+#endif  // FABRIC_CONFIG_INTERNAL_VALUE_H_

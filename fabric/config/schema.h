@@ -2,7 +2,7 @@
 // and documentation. Config loading validates files and overrides against it, so an unknown key, a
 // wrong type, a bad enum value or an out-of-range number is an error naming file, line and column.
 //
-// Programs extend the standard schema with their own sections:
+// Programs extend the standard schema (fabric/config/standard_keys.h) with their own sections:
 //
 //   fabric::ConfigSchema schema = fabric::training_schema();
 //   schema.add("model.width", fabric::KeySpec::integer(64).min(1).doc("channels of the first
@@ -104,14 +104,6 @@ class ConfigSchema {
   std::map<std::string, KeySpec> specs_;
   std::map<std::string, std::string> section_docs_;
 };
-
-// The `fabric:` section (accelerator, devices, strategy, precision, sync_batchnorm, ddp options,
-// ...) and `logging:`.
-ConfigSchema default_schema();
-
-// default_schema() plus the sections a training program usually has and the examples use:
-// `trainer:`, `data:`, `optimizer:`, `scheduler:`.
-ConfigSchema training_schema();
 
 }  // namespace fabric
 

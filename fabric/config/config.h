@@ -20,8 +20,8 @@
 //   fabric::Config config = fabric::Config::load("fashion_mnist.yaml", {"optimizer.lr=0.05"},
 //                                                fabric::training_schema());
 //   double lr = config.get_double("optimizer.lr");
-#ifndef FABRIC_CONFIG_H_
-#define FABRIC_CONFIG_H_
+#ifndef FABRIC_CONFIG_CONFIG_H_
+#define FABRIC_CONFIG_CONFIG_H_
 
 #include <cstdint>
 #include <map>
@@ -29,7 +29,8 @@
 #include <string>
 #include <vector>
 
-#include "fabric/config_schema.h"
+#include "fabric/config/schema.h"
+#include "fabric/config/standard_keys.h"
 #include "fabric/core/error.h"
 
 namespace fabric {
@@ -123,4 +124,4 @@ std::string describe_schema(const ConfigSchema& schema, const std::string& progr
 
 }  // namespace fabric
 
-#endif  // FABRIC_CONFIG_H_
+#endif  // FABRIC_CONFIG_CONFIG_H_
