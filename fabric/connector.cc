@@ -22,6 +22,15 @@ std::string plural(int64_t n, const std::string& word) {
   return std::to_string(n) + " " + word + (word.back() == 's' ? "es" : "s");
 }
 
+// A choice key's value as its enum; the schema admits only the choices, so a miss is a bug here.
+template <typename Enum>
+Enum parsed(const Config& c, const std::string& key,
+            std::optional<Enum> (*parse)(const std::string&)) {
+  const std::string value = c.get_string(key);
+  if (auto e = parse(value)) return *e;
+  throw c.error_at(key, "'" + value + "' is not one of its choices (connector out of date)");
+}
+
 // Step 1.
 c10::DeviceType resolve_accelerator(const Config& c, const MachineFacts& m) {
   const std::string want = c.get_string("fabric.accelerator");
@@ -137,14 +146,15 @@ void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) 
                      "'single_device' cannot run " + plural(world, "process") +
                          " (from fabric.devices or the launcher): use ddp or auto");
   }
-  s.strategy = want == "ddp" || (want == "auto" && world > 1) ? "ddp" : "single_device";
+  s.strategy = want == "ddp" || (want == "auto" && world > 1) ? StrategyKind::kDdp
+                                                              : StrategyKind::kSingleDevice;
   if (want == "dp") {
     if (world > 1) {
       throw c.error_at("fabric.strategy", "'dp' runs one process, but the launcher started " +
                                               plural(world, "process") + ": use ddp");
     }
     if (s.accelerator == c10::DeviceType::CUDA && s.devices.size() >= 2) {
-      s.strategy = "dp";
+      s.strategy = StrategyKind::kDp;
     } else {
       s.warnings.push_back(c.origin("fabric.strategy") +
                            ": fabric.strategy: dp needs 2 or more CUDA devices (have " +
@@ -167,8 +177,8 @@ void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) 
                      "gradients in place, which bucket views forbid; use false");
   }
   s.ddp.static_graph = c.get_bool("fabric.ddp.static_graph");
-  s.ddp.comm_hook = c.get_string("fabric.ddp.comm_hook");
-  s.ddp.cpu_backend = c.get_string("fabric.ddp.cpu_backend");
+  s.ddp.comm_hook = parsed(c, "fabric.ddp.comm_hook", strategies::parse_comm_hook);
+  s.ddp.cpu_backend = parsed(c, "fabric.ddp.cpu_backend", distributed::parse_cpu_backend);
   s.ddp.timeout =
       std::chrono::milliseconds(static_cast<int64_t>(c.get_double("fabric.ddp.timeout_s") * 1000));
   s.ddp.debug_collectives = c.get_bool("fabric.ddp.debug_collectives");
@@ -250,7 +260,7 @@ void resolve_threads(const Config& c, const MachineFacts& m, ResolvedSetup& s) {
   const int64_t nodes = std::max<int64_t>(c.get_int("fabric.num_nodes"), 1);
   int64_t local = env.local_world_size();
   if (local <= 0) local = (env.world_size() + nodes - 1) / nodes;
-  if (s.strategy == "dp") local = 1;
+  if (s.strategy == StrategyKind::kDp) local = 1;
   // Self-launched children inherit one mask, so they share it. Ranks of an external launcher whose
   // mask is narrower than the machine were bound (srun --cpu-bind, mpirun --bind-to): they share
   // it with only as many ranks as the machine's CPUs allow (1 when bound to disjoint cores).
@@ -322,7 +332,7 @@ ResolvedSetup resolve_setup(const Config& c, const MachineFacts& m) {
   s.scaler.backoff_factor = c.get_double("fabric.grad_scaler.backoff_factor");
   s.scaler.growth_interval = c.get_int("fabric.grad_scaler.growth_interval");
   s.ddp.sync_batchnorm = c.get_bool("fabric.sync_batchnorm");
-  if (s.ddp.sync_batchnorm && s.strategy != "ddp") {
+  if (s.ddp.sync_batchnorm && s.strategy != StrategyKind::kDdp) {
     s.warnings.push_back(c.origin("fabric.sync_batchnorm") +
                          ": fabric.sync_batchnorm: has no effect with a single process");
   }
@@ -330,11 +340,12 @@ ResolvedSetup resolve_setup(const Config& c, const MachineFacts& m) {
   std::string eager_because;
   if (!s.device.is_cuda()) {
     eager_because = "CUDA graphs need a CUDA device and this run is on " + s.device.str();
-  } else if (s.strategy != "single_device" && s.strategy != "ddp") {
-    eager_because = "capture under strategy " + s.strategy + " is not implemented yet";
-  } else if (s.strategy == "ddp" && s.ddp.sync_batchnorm) {
+  } else if (s.strategy == StrategyKind::kDp) {
+    eager_because = std::string("capture under strategy ") + strategy_name(s.strategy) +
+                    " is not implemented yet";
+  } else if (s.strategy == StrategyKind::kDdp && s.ddp.sync_batchnorm) {
     eager_because = "SyncBatchNorm reads the global batch size on the host in every step";
-  } else if (s.strategy == "ddp" && s.ddp.find_unused_parameters) {
+  } else if (s.strategy == StrategyKind::kDdp && s.ddp.find_unused_parameters) {
     eager_because =
         "fabric.ddp.find_unused_parameters: a step whose set of gradients can change cannot be "
         "replayed";
@@ -348,14 +359,29 @@ ResolvedSetup resolve_setup(const Config& c, const MachineFacts& m) {
   return s;
 }
 
+const char* strategy_name(StrategyKind kind) {
+  switch (kind) {
+    case StrategyKind::kDp:
+      return "dp";
+    case StrategyKind::kDdp:
+      return "ddp";
+    case StrategyKind::kSingleDevice:
+      break;
+  }
+  return "single_device";
+}
+
 std::unique_ptr<Strategy> build_strategy(const ResolvedSetup& s) {
   auto precision = std::make_unique<Precision>(s.precision, s.accelerator, s.scaler);
-  if (s.strategy == "dp")
-    return std::make_unique<strategies::DataParallel>(s.devices, std::move(precision));
-  if (s.strategy == "ddp") {
-    return std::make_unique<strategies::Ddp>(
-        s.environment, s.device, std::move(precision), s.ddp,
-        std::vector<std::string>{});  // argv: /proc/self/cmdline
+  switch (s.strategy) {
+    case StrategyKind::kDp:
+      return std::make_unique<strategies::DataParallel>(s.devices, std::move(precision));
+    case StrategyKind::kDdp:
+      return std::make_unique<strategies::Ddp>(
+          s.environment, s.device, std::move(precision), s.ddp,
+          std::vector<std::string>{});  // argv: /proc/self/cmdline
+    case StrategyKind::kSingleDevice:
+      break;
   }
   return std::make_unique<strategies::SingleDevice>(s.device, std::move(precision));
 }

@@ -40,9 +40,9 @@
 #include "fabric/accelerators/cpu_info.h"
 #include "fabric/config/config.h"
 #include "fabric/core/cluster_environment.h"
-#include "strategies/strategy.h"
 #include "fabric/precision/precision.h"
-#include "strategies/ddp.h"
+#include "strategies/ddp_options.h"
+#include "strategies/strategy.h"
 
 namespace fabric {
 
@@ -59,10 +59,16 @@ struct MachineFacts {
   static MachineFacts query();
 };
 
+// fabric.strategy after step 3 (auto and the dp fallback decided).
+enum class StrategyKind { kSingleDevice, kDp, kDdp };
+// "single_device" | "dp" | "ddp": the config's word, and Strategy::name() of what build_strategy
+// makes.
+const char* strategy_name(StrategyKind kind);
+
 struct ResolvedSetup {
   c10::DeviceType accelerator = c10::DeviceType::CPU;
   std::vector<torch::Device> devices;  // this machine's devices, one per local process
-  std::string strategy = "single_device";
+  StrategyKind strategy = StrategyKind::kSingleDevice;
   std::shared_ptr<ClusterEnvironment> environment;  // the job (world size, ranks, rendezvous)
   torch::Device device = torch::kCPU;               // this process's device
   strategies::DdpOptions ddp;

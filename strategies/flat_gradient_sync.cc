@@ -15,13 +15,11 @@ namespace fabric::strategies {
 FlatGradientSync::FlatGradientSync(std::vector<torch::Tensor> params,
                                    std::vector<std::string> names,
                                    c10::intrusive_ptr<c10d::ProcessGroup> pg,
-                                   const std::string& comm_hook)
+                                   CommHook comm_hook)
     : params_(std::move(params)), names_(std::move(names)), pg_(std::move(pg)) {
-  if (comm_hook == "fp16" || comm_hook == "bf16") {
+  if (comm_hook != CommHook::kNone) {
     compress_ = true;
-    wire_dtype_ = comm_hook == "fp16" ? torch::kHalf : torch::kBFloat16;
-  } else if (comm_hook != "none") {
-    throw Error("fabric.ddp.comm_hook: '" + comm_hook + "' is not none, fp16 or bf16");
+    wire_dtype_ = comm_hook == CommHook::kFp16 ? torch::kHalf : torch::kBFloat16;
   }
   names_.resize(params_.size());
 }

@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "strategies/ddp_options.h"
+
 namespace c10d {
 class ProcessGroup;
 }  // namespace c10d
@@ -30,10 +32,10 @@ namespace fabric::strategies {
 
 class FlatGradientSync {
  public:
-  // `comm_hook`: none | fp16 | bf16 (fabric.ddp.comm_hook): the wire dtype, pre-divided by the
-  // world size as the Reducer's compression hooks do.
+  // `comm_hook` (fabric.ddp.comm_hook): the wire dtype, pre-divided by the world size as the
+  // Reducer's compression hooks do.
   FlatGradientSync(std::vector<torch::Tensor> params, std::vector<std::string> names,
-                   c10::intrusive_ptr<c10d::ProcessGroup> pg, const std::string& comm_hook);
+                   c10::intrusive_ptr<c10d::ProcessGroup> pg, CommHook comm_hook);
   ~FlatGradientSync();
 
   // Replaces every parameter's gradient by its average over the ranks. A collective: every rank

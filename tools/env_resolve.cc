@@ -40,7 +40,7 @@ FabricResolution resolve_here(const std::string& config_file,
     r.accelerator = c10::DeviceTypeName(s.accelerator, /*lower_case=*/true);
     for (const auto& d : s.devices) r.devices.push_back(d.str());
     r.device = s.device.str();
-    r.strategy = s.strategy;
+    r.strategy = strategy_name(s.strategy);
     r.precision = to_string(s.precision);
     r.threads = s.num_threads;
     r.threads_reason = s.threads_reason;

@@ -106,7 +106,7 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
   const bool clip_by_norm = c.get_string("trainer.gradient_clip_algorithm") == "norm";
 
   f.print(task.name, ": ", task.data_kind, " data, ", task.train->size(), " train / ",
-          task.test->size(), " test examples; strategy ", f.setup_info().strategy, ", world size ",
+          task.test->size(), " test examples; strategy ", f.strategy().name(), ", world size ",
           f.world_size(), ", device ", f.device().str(), ", precision ",
           fabric::to_string(f.precision().mode()), ", ", f.threads_description(), ", ",
           total_steps, " steps; run directory ",

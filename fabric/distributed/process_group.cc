@@ -108,12 +108,10 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(
     gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
   }
   auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, gloo_options);
-  if (o.cpu_backend != "auto" && o.cpu_backend != "gloo" && o.cpu_backend != "shm")
-    throw Error("make_process_group: cpu_backend '" + o.cpu_backend + "' is not auto, gloo or shm");
   c10::intrusive_ptr<c10d::Backend> cpu = gloo;
   // auto tries everywhere: ranks on other machines cannot open the segment, and then every rank
   // agrees on Gloo (make_shm_backend); ranks that do share a machine gain whatever the launcher.
-  if (size > 1 && o.cpu_backend != "gloo") {
+  if (size > 1 && o.cpu_backend != CpuBackend::kGloo) {
     ShmBackendOptions shm_options;
     shm_options.rank = rank;
     shm_options.world_size = size;
@@ -121,7 +119,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(
     std::string why_not;
     if (auto shm = make_shm_backend(store, gloo, shm_options, &why_not)) {
       cpu = shm;
-    } else if (o.cpu_backend == "shm") {
+    } else if (o.cpu_backend == CpuBackend::kShm) {
       throw Error("fabric.ddp.cpu_backend: shm: the ranks cannot share memory (" + why_not +
                   "); set it to auto or gloo");
     }
@@ -148,7 +146,25 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(
   return pg;
 }
 
-std::string cpu_backend_name(c10d::ProcessGroup& group) {
+const char* cpu_backend_name(CpuBackend backend) {
+  switch (backend) {
+    case CpuBackend::kGloo:
+      return "gloo";
+    case CpuBackend::kShm:
+      return "shm";
+    case CpuBackend::kAuto:
+      break;
+  }
+  return "auto";
+}
+
+std::optional<CpuBackend> parse_cpu_backend(const std::string& name) {
+  for (CpuBackend b : {CpuBackend::kAuto, CpuBackend::kGloo, CpuBackend::kShm})
+    if (name == cpu_backend_name(b)) return b;
+  return std::nullopt;
+}
+
+std::string active_cpu_backend(c10d::ProcessGroup& group) {
   return group.getBackend(c10::DeviceType::CPU)->getBackendName();
 }
 

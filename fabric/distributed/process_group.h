@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,15 @@ c10::intrusive_ptr<c10d::Store> make_store(const StoreOptions& options);
 // The port a TCPStore listens on (after binding port 0); looks through PrefixStores.
 int store_port(const c10::intrusive_ptr<c10d::Store>& store);
 
+// What runs CPU all-reduces (fabric.ddp.cpu_backend): Gloo; shared memory (shm_backend.h; an
+// error if the ranks cannot share it); or auto: shared memory when every rank can map the segment
+// (all on this machine, whatever launched them), else Gloo on every rank.
+enum class CpuBackend { kAuto, kGloo, kShm };
+// "auto" | "gloo" | "shm", as in the config.
+const char* cpu_backend_name(CpuBackend backend);
+// The config value's backend; nullopt for any other string.
+std::optional<CpuBackend> parse_cpu_backend(const std::string& name);
+
 struct ProcessGroupOptions {
   int64_t rank = 0;
   int64_t world_size = 1;
@@ -56,17 +66,14 @@ struct ProcessGroupOptions {
   // Every rank on this machine (self-launched job): Gloo talks over loopback. Otherwise Gloo binds
   // the interface named by GLOO_SOCKET_IFNAME, else the one this host's name resolves to.
   bool single_node = true;
-  // CPU all-reduces (fabric.ddp.cpu_backend): "gloo"; "shm", through shared memory
-  // (shm_backend.h; an error if the ranks cannot share it); "auto": shm when every rank can map
-  // the segment (all on this machine, whatever launched them), else Gloo on every rank.
-  std::string cpu_backend = "auto";
+  CpuBackend cpu_backend = CpuBackend::kAuto;
 };
 
 c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(
     const c10::intrusive_ptr<c10d::Store>& store, const ProcessGroupOptions& options);
 
 // The backend that runs this group's CPU all-reduces: "fabric_shm" or "gloo".
-std::string cpu_backend_name(c10d::ProcessGroup& group);
+std::string active_cpu_backend(c10d::ProcessGroup& group);
 
 // Every rank's `tensor` (same shape and dtype everywhere), in rank order; failures name
 // `collective` as wait() does.

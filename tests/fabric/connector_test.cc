@@ -15,6 +15,9 @@ using fabric::Config;
 using fabric::ConfigError;
 using fabric::MachineFacts;
 using fabric::PrecisionMode;
+using fabric::StrategyKind;
+namespace strategies = fabric::strategies;
+namespace distributed = fabric::distributed;
 using namespace fabric::testing;  // NOLINT
 
 struct Row {
@@ -27,14 +30,14 @@ struct Row {
 
 TEST(ConnectorTest, DataParallelIsOneProcessOverEveryGpuOrFallsBackWithAWarning) {
   auto s = resolve({"fabric.strategy=dp"}, gpu_machine(3));
-  EXPECT_EQ(s.strategy, "dp");
+  EXPECT_EQ(s.strategy, StrategyKind::kDp);
   EXPECT_EQ(s.devices.size(), 3u);
   EXPECT_EQ(s.environment->world_size(), 1);  // never self-launches
   EXPECT_EQ(build_strategy(s)->name(), "dp");
   EXPECT_TRUE(s.warnings.empty());
   for (const auto& m : {gpu_machine(1), cpu_machine()}) {
     s = resolve({"fabric.strategy=dp"}, m);
-    EXPECT_EQ(s.strategy, "single_device");
+    EXPECT_EQ(s.strategy, StrategyKind::kSingleDevice);
     EXPECT_EQ(s.devices.size(), 1u);
     ASSERT_EQ(s.warnings.size(), 1u);
     EXPECT_NE(s.warnings[0].find("fabric.strategy: dp needs 2 or more CUDA devices (have 1 device"),
@@ -50,7 +53,7 @@ TEST(ConnectorTest, AutoDevicesWithDdpMeanEveryGpuOrTwoCpuProcesses) {
   s = resolve({"fabric.strategy=ddp"}, cpu_machine());
   EXPECT_EQ(s.devices.size(), 2u);
   EXPECT_EQ(s.environment->world_size(), 2);
-  EXPECT_EQ(s.strategy, "ddp");
+  EXPECT_EQ(s.strategy, StrategyKind::kDdp);
   s = resolve({"fabric.strategy=ddp", "fabric.devices=1"}, cpu_machine());
   EXPECT_EQ(s.environment->world_size(), 1);
   EXPECT_EQ(resolve({}, gpu_machine(4)).devices.size(), 1u);  // auto strategy: one device
@@ -98,7 +101,7 @@ TEST(ConnectorTest, ResolvesRequestsAgainstTheMachine) {
     ASSERT_EQ(s.devices.size(), 1u) << label;
     EXPECT_EQ(s.devices[0].str(), row.device) << label;
     EXPECT_EQ(s.precision, row.precision) << label;
-    EXPECT_EQ(s.strategy, "single_device") << label;
+    EXPECT_EQ(s.strategy, StrategyKind::kSingleDevice) << label;
   }
 }
 
@@ -140,15 +143,15 @@ TEST(ConnectorTest, ImpossibleRequestsSayWhyAndWhatToDo) {
 
 TEST(ConnectorTest, SeveralProcessesMeanDdp) {
   auto s = resolve({"fabric.devices=2"}, cpu_machine());
-  EXPECT_EQ(s.strategy, "ddp");
+  EXPECT_EQ(s.strategy, StrategyKind::kDdp);
   EXPECT_EQ(s.environment->world_size(), 2);
   EXPECT_EQ(s.environment->name(), "local");
   EXPECT_EQ(s.device.str(), "cpu");
   s = resolve({"fabric.devices=2"}, gpu_machine(2));
-  EXPECT_EQ(s.strategy, "ddp");
+  EXPECT_EQ(s.strategy, StrategyKind::kDdp);
   EXPECT_EQ(s.device.str(), "cuda:0");  // rank 0 of the self-launched job
   s = resolve({"fabric.strategy=ddp", "fabric.devices=1"}, cpu_machine());
-  EXPECT_EQ(s.strategy, "ddp");  // ddp with one process is allowed
+  EXPECT_EQ(s.strategy, StrategyKind::kDdp);  // ddp with one process is allowed
   EXPECT_EQ(s.environment->world_size(), 1);
   EXPECT_EQ(s.ddp.timeout, std::chrono::milliseconds(300000));
 }
@@ -165,7 +168,7 @@ TEST(ConnectorTest, ExternalLaunchersSetTheWorld) {
     return it == vars.end() ? std::nullopt : std::optional<std::string>(it->second);
   };
   auto s = resolve({"fabric.devices=4"}, m);
-  EXPECT_EQ(s.strategy, "ddp");
+  EXPECT_EQ(s.strategy, StrategyKind::kDdp);
   EXPECT_EQ(s.environment->world_size(), 8);
   EXPECT_EQ(s.environment->global_rank(), 5);
   EXPECT_EQ(s.device.str(), "cuda:1");  // the local rank picks the device
@@ -191,7 +194,7 @@ TEST(ConnectorTest, AutoDevicesUnderALauncherUseTheRanksGpu) {
   for (const char* strategy : {"auto", "ddp"}) {
     auto s = resolve({std::string("fabric.strategy=") + strategy}, one);
     EXPECT_EQ(s.device.str(), "cuda:0") << strategy;
-    EXPECT_EQ(s.strategy, "ddp");
+    EXPECT_EQ(s.strategy, StrategyKind::kDdp);
     EXPECT_EQ(s.ddp.timeout, std::chrono::milliseconds(300000));  // DDP options still resolved
   }
   MachineFacts eight = gpu_machine(8);
@@ -242,15 +245,15 @@ TEST(ConnectorTest, SettingsFollowTheDocumentedRules) {
   EXPECT_EQ(s.scaler.init_scale, 1024.0);
   s = resolve({"fabric.ddp.comm_hook=bf16", "fabric.devices=2", "fabric.sync_batchnorm=true"},
               cpu_machine());
-  EXPECT_EQ(s.ddp.comm_hook, "bf16");
+  EXPECT_EQ(s.ddp.comm_hook, strategies::CommHook::kBf16);
   EXPECT_TRUE(s.ddp.sync_batchnorm);
   EXPECT_TRUE(s.warnings.empty());
   s = resolve({"fabric.sync_batchnorm=true"}, cpu_machine());  // one process
   ASSERT_EQ(s.warnings.size(), 1u);
   EXPECT_NE(s.warnings[0].find("has no effect with a single process"), std::string::npos);
-  EXPECT_EQ(s.ddp.cpu_backend, "auto");
+  EXPECT_EQ(s.ddp.cpu_backend, distributed::CpuBackend::kAuto);
   s = resolve({"fabric.ddp.cpu_backend=gloo", "fabric.devices=2"}, cpu_machine());
-  EXPECT_EQ(s.ddp.cpu_backend, "gloo");
+  EXPECT_EQ(s.ddp.cpu_backend, distributed::CpuBackend::kGloo);
   // channels_last: off unless asked; auto turns it on for CUDA only (ddp_amp.yaml runs both).
   EXPECT_FALSE(resolve({}, gpu_machine(1)).channels_last);
   EXPECT_TRUE(resolve({"fabric.channels_last=auto"}, gpu_machine(1)).channels_last);

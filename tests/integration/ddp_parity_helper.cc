@@ -93,9 +93,9 @@ int main(int argc, char** argv) {
   options.bucket_cap_mb = 0.0005;  // ~500 bytes: many buckets
   options.find_unused_parameters = mode == "unused";
   options.static_graph = mode == "static";
-  if (mode == "bf16") options.comm_hook = "bf16";
+  if (mode == "bf16") options.comm_hook = fabric::strategies::CommHook::kBf16;
   options.cuda_with_gloo = on_gpu;
-  if (argc == 5 && std::string(argv[4]) == "gloo") options.cpu_backend = "gloo";
+  if (argc == 5 && std::string(argv[4]) == "gloo") options.cpu_backend = fabric::distributed::CpuBackend::kGloo;
   const double tolerance = mode == "bf16" ? 2e-2 : on_gpu ? 1e-5 : 1e-6;
   fabric::strategies::Ddp ddp(
       env, device,

@@ -112,14 +112,14 @@ int main(int argc, char** argv) {
   options.rank = rank;
   options.world_size = world;
   options.timeout = std::chrono::seconds(60);
-  options.cpu_backend = "shm";
+  options.cpu_backend = distributed::CpuBackend::kShm;
   auto pg = distributed::make_process_group(store, options);
-  options.cpu_backend = "gloo";
+  options.cpu_backend = distributed::CpuBackend::kGloo;
   auto gloo = distributed::make_process_group(c10::make_intrusive<c10d::PrefixStore>("gloo", store),
                                               options);
   std::printf("rank %lld backends: %s %s\n", static_cast<long long>(rank),
-              distributed::cpu_backend_name(*pg).c_str(),
-              distributed::cpu_backend_name(*gloo).c_str());
+              distributed::active_cpu_backend(*pg).c_str(),
+              distributed::active_cpu_backend(*gloo).c_str());
 
   const std::vector<Case> cases = {
       {"float32 5000003 sum (several chunks)", torch::kFloat32, {5000003}, ReduceOp::SUM},

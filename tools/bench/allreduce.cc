@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
   distributed::ProcessGroupOptions options;
   options.rank = rank;
   options.world_size = world;
-  options.cpu_backend = "gloo";
+  options.cpu_backend = distributed::CpuBackend::kGloo;
   auto gloo = distributed::make_process_group(store, options);
   distributed::ShmBackendOptions shm_options;
   shm_options.rank = rank;

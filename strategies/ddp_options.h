@@ -1,0 +1,46 @@
+// fabric::strategies::DdpOptions: the fabric.ddp.* settings of the DDP strategy, parsed once by
+// the Connector (fabric/connector.h) into typed values. Kept apart from ddp.h so that code which
+// only describes a job (the Connector, tools/env_resolve) does not see the strategy's machinery.
+#ifndef STRATEGIES_DDP_OPTIONS_H_
+#define STRATEGIES_DDP_OPTIONS_H_
+
+#include <chrono>
+#include <optional>
+#include <string>
+
+#include "fabric/distributed/process_group.h"
+
+namespace fabric::strategies {
+
+// fabric.ddp.comm_hook: the dtype gradients travel in. kFp16 / kBf16 divide each bucket by the
+// world size, all-reduce it in half / bfloat16 and write it back in the gradients' dtype.
+enum class CommHook { kNone, kFp16, kBf16 };
+// "none" | "fp16" | "bf16", as in the config.
+const char* comm_hook_name(CommHook hook);
+// The config value's hook; nullopt for any other string.
+std::optional<CommHook> parse_comm_hook(const std::string& name);
+
+struct DdpOptions {
+  double bucket_cap_mb = 25.0;           // fabric.ddp.bucket_cap_mb
+  bool find_unused_parameters = false;   // fabric.ddp.find_unused_parameters
+  bool broadcast_buffers = true;         // fabric.ddp.broadcast_buffers
+  bool gradient_as_bucket_view = false;  // fabric.ddp.gradient_as_bucket_view
+  bool static_graph = false;             // fabric.ddp.static_graph
+  CommHook comm_hook = CommHook::kNone;  // fabric.ddp.comm_hook
+  bool sync_batchnorm = false;           // fabric.sync_batchnorm
+  bool cuda_with_gloo = false;  // Gloo instead of NCCL for CUDA tensors (ranks may share a GPU)
+  // fabric.ddp.cpu_backend (fabric/distributed/process_group.h).
+  distributed::CpuBackend cpu_backend = distributed::CpuBackend::kAuto;
+  std::chrono::milliseconds timeout{300000};  // fabric.ddp.timeout_s
+  // fabric.ddp.heartbeat_timeout_s (0: off). Jobs started by an external launcher: a rank that
+  // stops beating for this long (killed, crashed, frozen) ends every other rank with an error
+  // naming it (fabric/distributed/heartbeat.h). Self-launched jobs have the launcher for that.
+  std::chrono::milliseconds heartbeat_timeout{5000};
+  // fabric.ddp.debug_collectives: check through the store that every rank issues the same
+  // collectives (kind, dtype, shape) in the same order; fail at the first divergence.
+  bool debug_collectives = false;
+};
+
+}  // namespace fabric::strategies
+
+#endif  // STRATEGIES_DDP_OPTIONS_H_

@@ -1,0 +1,109 @@
+#include "strategies/parallel.h"
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/torch.h>
+
+#ifdef FABRIC_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+#include <utility>
+
+#include "fabric/core/error.h"
+#include "fabric/distributed/process_group.h"
+
+namespace fabric::strategies {
+
+ParallelStrategy::ParallelStrategy(std::shared_ptr<ClusterEnvironment> environment,
+                                   torch::Device device, std::unique_ptr<Precision> precision,
+                                   distributed::RendezvousOptions options)
+    : Strategy(std::move(precision)),
+      env_(std::move(environment)),
+      device_(device),
+      options_(std::move(options)) {
+  options_.cuda = device_.is_cuda();
+  options_.cuda_device = device_.is_cuda() ? device_.index() : 0;
+}
+
+ParallelStrategy::~ParallelStrategy() = default;
+
+void ParallelStrategy::setup_environment() {
+#ifdef FABRIC_WITH_CUDA
+  if (device_.is_cuda()) c10::cuda::set_device(device_.index());
+#endif
+  rendezvous_ = std::make_unique<distributed::Rendezvous>(env_, options_);
+}
+
+void ParallelStrategy::teardown() {
+  release();
+  if (rendezvous_) rendezvous_->finish();
+}
+
+void ParallelStrategy::teardown_after_error() {
+  release();
+  if (rendezvous_) rendezvous_->abort();
+}
+
+const c10::intrusive_ptr<c10d::ProcessGroup>& ParallelStrategy::process_group() const {
+  static const c10::intrusive_ptr<c10d::ProcessGroup> kNone;
+  return rendezvous_ ? rendezvous_->process_group() : kNone;
+}
+
+const c10::intrusive_ptr<c10d::ProcessGroup>& ParallelStrategy::group_for(
+    const std::string& what) const {
+  if (!rendezvous_)
+    throw Error(name() + ": " + what + " before launch (call it inside Fabric::launch)");
+  return rendezvous_->process_group();
+}
+
+torch::Tensor ParallelStrategy::all_reduce(const torch::Tensor& tensor, ReduceOp op) {
+  static const char* const kOps[] = {"all_reduce(sum)", "all_reduce(mean)", "all_reduce(max)",
+                                     "all_reduce(min)"};
+  const char* kind = kOps[static_cast<int>(op)];
+  const auto& pg = group_for(kind);
+  std::vector<torch::Tensor> t = {tensor.clone()};
+  c10d::AllreduceOptions o;
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kMean:
+      o.reduceOp = c10d::ReduceOp::SUM;
+      break;
+    case ReduceOp::kMax:
+      o.reduceOp = c10d::ReduceOp::MAX;
+      break;
+    case ReduceOp::kMin:
+      o.reduceOp = c10d::ReduceOp::MIN;
+      break;
+  }
+  distributed::wait(pg->allreduce(t, o), rendezvous_->begin_collective(kind, &tensor));
+  if (op == ReduceOp::kMean) {
+    return t[0].is_floating_point() ? t[0] / static_cast<double>(world_size())
+                                    : t[0].div(world_size(), "floor");
+  }
+  return t[0];
+}
+
+void ParallelStrategy::barrier() {
+  const auto& pg = group_for("barrier");
+  distributed::wait(pg->barrier(), rendezvous_->begin_collective("barrier", nullptr));
+}
+
+torch::Tensor ParallelStrategy::broadcast(const torch::Tensor& tensor, int64_t src) {
+  if (src < 0 || src >= world_size())
+    throw Error("broadcast: src " + std::to_string(src) + " does not exist (world size " +
+                std::to_string(world_size()) + ")");
+  const std::string kind = "broadcast(from " + std::to_string(src) + ")";
+  const auto& pg = group_for(kind);
+  std::vector<torch::Tensor> t = {tensor.clone()};
+  c10d::BroadcastOptions o;
+  o.rootRank = src;
+  distributed::wait(pg->broadcast(t, o), rendezvous_->begin_collective(kind, &tensor));
+  return t[0];
+}
+
+std::vector<torch::Tensor> ParallelStrategy::all_gather(const torch::Tensor& tensor) {
+  const auto& pg = group_for("all_gather");
+  return distributed::all_gather(*pg, tensor, rendezvous_->begin_collective("all_gather", &tensor));
+}
+
+}  // namespace fabric::strategies

@@ -1,0 +1,64 @@
+// fabric::strategies::ParallelStrategy: the part every multi-process strategy shares (Lightning
+// calls it ParallelStrategy too): the job's ranks from its ClusterEnvironment, one device per
+// process, the rendezvous (fabric/distributed/rendezvous.h: store, self-launch, process group,
+// heartbeat, collective checking) and Fabric's collectives over its process group, each numbered
+// and named in errors. Ddp derives from it; a sharding strategy will too.
+//
+// Lifecycle: setup_environment() makes the device current and joins the rendezvous; teardown()
+// calls release() and then ends the rendezvous cleanly; teardown_after_error() calls release()
+// and aborts it without waiting for other ranks.
+#ifndef STRATEGIES_PARALLEL_H_
+#define STRATEGIES_PARALLEL_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fabric/core/cluster_environment.h"
+#include "fabric/distributed/rendezvous.h"
+#include "strategies/strategy.h"
+
+namespace fabric::strategies {
+
+class ParallelStrategy : public Strategy {
+ public:
+  ~ParallelStrategy() override;
+
+  torch::Device root_device() const override { return device_; }
+  int64_t world_size() const override { return env_->world_size(); }
+  int64_t global_rank() const override { return env_->global_rank(); }
+  int64_t local_rank() const override { return env_->local_rank(); }
+  int64_t node_rank() const override { return env_->node_rank(); }
+
+  void setup_environment() override;
+  void teardown() override;
+  void teardown_after_error() override;
+
+  torch::Tensor all_reduce(const torch::Tensor& tensor, ReduceOp op) override;
+  void barrier() override;
+  torch::Tensor broadcast(const torch::Tensor& tensor, int64_t src) override;
+  std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor) override;
+
+  // Null before setup_environment() and after teardown.
+  const c10::intrusive_ptr<c10d::ProcessGroup>& process_group() const;
+
+ protected:
+  // `options.cuda` and `cuda_device` are taken from `device`.
+  ParallelStrategy(std::shared_ptr<ClusterEnvironment> environment, torch::Device device,
+                   std::unique_ptr<Precision> precision, distributed::RendezvousOptions options);
+  // Drops what uses the process group (hooks, buffers) before the rendezvous ends.
+  virtual void release() {}
+  // The process group; throws fabric::Error naming `what` before setup_environment().
+  const c10::intrusive_ptr<c10d::ProcessGroup>& group_for(const std::string& what) const;
+
+  std::shared_ptr<ClusterEnvironment> env_;
+  torch::Device device_;
+
+ private:
+  distributed::RendezvousOptions options_;
+  std::unique_ptr<distributed::Rendezvous> rendezvous_;
+};
+
+}  // namespace fabric::strategies
+
+#endif  // STRATEGIES_PARALLEL_H_
