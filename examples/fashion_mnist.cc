@@ -9,7 +9,9 @@
 #include "examples/common/image_data.h"
 #include "examples/common/models.h"
 #include "fabric/core/paths.h"
+#include "fabric/data/augment.h"
 #include "fabric/fabric.h"
+#include "fabric/main.h"
 
 namespace {
 

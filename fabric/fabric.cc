@@ -8,11 +8,11 @@
 #include "fabric/checkpoint/format.h"
 #include "fabric/checkpoint/rng_state.h"
 #include "fabric/checkpoint/state_dict.h"
+#include "fabric/connector.h"
 #include "fabric/core/paths.h"
 #include "fabric/core/suggest.h"
-#include "fabric/logging/metrics_csv.h"
+#include "fabric/logging/loggers.h"
 #include "fabric/logging/progress.h"
-#include "fabric/logging/tensorboard.h"
 #include "fabric/training/clip.h"
 #include "strategies/collectives.h"
 
@@ -21,27 +21,30 @@ namespace fabric {
 Fabric::Fabric(const Config& config) : Fabric(config, MachineFacts::query()) {}
 
 Fabric::Fabric(const Config& config, const MachineFacts& facts)
-    : config_(config), setup_(resolve_setup(config, facts)), strategy_(build_strategy(setup_)) {
-  apply_global_settings(setup_);
+    : config_(config),
+      setup_(std::make_unique<const ResolvedSetup>(resolve_setup(config, facts))),
+      strategy_(build_strategy(*setup_)),
+      loggers_(std::make_unique<Loggers>()) {
+  apply_global_settings(*setup_);
   if (is_global_zero())
-    for (const auto& w : setup_.warnings) std::cerr << "warning: " << w << std::endl;
+    for (const auto& w : setup_->warnings) std::cerr << "warning: " << w << std::endl;
 }
 
 Fabric::~Fabric() = default;
 
 std::string Fabric::threads_description() const {
-  const int64_t n = setup_.num_threads > 0 ? setup_.num_threads : at::get_num_threads();
+  const int64_t n = setup_->num_threads > 0 ? setup_->num_threads : at::get_num_threads();
   return std::to_string(n) + (n == 1 ? " thread" : " threads") + " per process (" +
-         (setup_.num_threads > 0 ? setup_.threads_reason : "LibTorch's default") + ")";
+         (setup_->num_threads > 0 ? setup_->threads_reason : "LibTorch's default") + ")";
 }
 
 int Fabric::run_launched(const std::function<int(Fabric&)>& fn) {
   strategy_->setup_environment();
-  seed_everything(setup_.seed);
+  seed_everything(setup_->seed);
   int status = 0;
   try {
     status = fn(*this);
-    if (metrics_) metrics_->flush();
+    loggers_->flush();
   } catch (...) {
     strategy_->teardown_after_error();  // other ranks may never reach the teardown barrier
     throw;
@@ -51,7 +54,7 @@ int Fabric::run_launched(const std::function<int(Fabric&)>& fn) {
 }
 
 void Fabric::setup_module(torch::nn::Module& module) {
-  if (setup_.channels_last) {
+  if (setup_->channels_last) {
     // Before the strategy sees the module: moves and dtype casts keep the memory format, and
     // DDP's buckets follow the parameters' layout from the start.
     torch::NoGradGuard no_grad;
@@ -67,13 +70,13 @@ void Fabric::setup_optimizer(torch::optim::Optimizer& optimizer) {
 
 DataLoader Fabric::setup_dataloader(std::shared_ptr<const Dataset> dataset,
                                     DataLoaderOptions options) {
-  if (!options.seed()) options.seed(setup_.seed);
+  if (!options.seed()) options.seed(setup_->seed);
   LoaderPlacement placement;
   placement.num_replicas = world_size();
   placement.rank = global_rank();
   placement.device = device();
-  placement.channels_last = setup_.channels_last;
-  placement.cudnn_benchmark = setup_.cudnn_benchmark && placement.device.is_cuda();
+  placement.channels_last = setup_->channels_last;
+  placement.cudnn_benchmark = setup_->cudnn_benchmark && placement.device.is_cuda();
   return DataLoader(std::move(dataset), std::move(options), placement);
 }
 
@@ -167,14 +170,9 @@ RunDirectory Fabric::create_run_directory(const std::string& name) {
   auto run = RunDirectory::create(config_, name, global_rank(), world_size(),
                                   [this](const std::string& path) { return broadcast(path, 0); });
   has_run_directory_ = true;
-  metrics_.reset();
-  tensorboard_.reset();
-  const auto loggers = config_.get_string_list("logging.loggers");
-  auto wanted = [&](const char* name) {
-    return is_global_zero() && std::find(loggers.begin(), loggers.end(), name) != loggers.end();
-  };
-  if (wanted("csv")) metrics_ = std::make_unique<CsvMetrics>(run.path() / "metrics.csv");
-  if (wanted("tensorboard")) tensorboard_ = std::make_unique<TensorBoardScalars>(run.path());
+  loggers_->open_built_in(
+      is_global_zero() ? config_.get_string_list("logging.loggers") : std::vector<std::string>{},
+      run.path());
   return run;
 }
 
@@ -192,9 +190,10 @@ void Fabric::log_dict(const std::map<std::string, double>& values, int64_t step)
     throw Error(
         "Fabric::log: no run directory yet; call create_run_directory(name) first "
         "(metrics go to <run dir>/metrics.csv)");
-  if (metrics_) metrics_->log(values, step);
-  if (tensorboard_) tensorboard_->log(values, step);
+  loggers_->log(values, step);
 }
+
+void Fabric::add_logger(std::unique_ptr<MetricLogger> logger) { loggers_->add(std::move(logger)); }
 
 void Fabric::print_line(const std::string& line) const {
   if (progress_) {

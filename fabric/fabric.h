@@ -1,32 +1,43 @@
-// Fabric++ public umbrella header: include this one file.
+// Fabric++'s facade: fabric::Fabric, and what a training loop touches through it (Config, data
+// loaders, precision, checkpoint state, run directory, loggers, collectives).
 //
 // fabric::Fabric hides process-group setup, device placement, distributed sampling and mixed
 // precision so that one training loop runs unchanged on CPU, one GPU or N GPUs on N nodes; only
-// the YAML config changes.
+// the YAML config changes. Beside it, included separately: fabric/main.h (run_main: a main() with
+// --config, overrides and exit statuses), fabric/checkpointer.h (periodic checkpoints, resume),
+// fabric/nonfinite_guard.h, fabric/training/ (optimizers and schedules from the config, CUDA-graph
+// steps), fabric/connector.h (how the config was resolved).
 //
 // Example (examples/fashion_mnist.cc is a complete program):
+// clang-format off
+//   #include "fabric/fabric.h"
+//   #include "fabric/main.h"
+//
 //   int main(int argc, char** argv) {
-//     return fabric::run_main(argc, argv, fabric::training_schema(), [](const fabric::Config&
-//     config) {
+//     return fabric::run_main(argc, argv, fabric::training_schema(),
+//                             [](const fabric::Config& config) {
 //       fabric::Fabric fabric(config);
 //       return fabric.launch([&](fabric::Fabric& f) {
 //         Net model;
 //         torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
 //         f.setup(model, optimizer);
 //         auto train = f.setup_dataloader(dataset,
-//         fabric::DataLoaderOptions().batch_size(256).shuffle(true)); for (int epoch = 0; epoch <
-//         10; ++epoch)
+//                                         fabric::DataLoaderOptions().batch_size(256).shuffle(true));
+//         for (int epoch = 0; epoch < 10; ++epoch)
 //           for (fabric::Batch& batch : train) {
 //             optimizer.zero_grad();
 //             torch::Tensor loss;
-//             { auto guard = f.autocast(); loss =
-//             torch::cross_entropy_loss(model->forward(batch.data), batch.target); }
+//             {
+//               auto guard = f.autocast();
+//               loss = torch::cross_entropy_loss(model->forward(batch.data), batch.target);
+//             }
 //             f.backward(loss);
 //             f.step(optimizer);
 //           }
 //       });
 //     });
 //   }
+// clang-format on
 //
 // Thread-safety: a Fabric is used from the thread that runs launch().
 #ifndef FABRIC_FABRIC_H_
@@ -47,25 +58,21 @@
 
 #include "fabric/checkpoint/checkpoint_state.h"
 #include "fabric/config/config.h"
-#include "fabric/connector.h"
 #include "fabric/core/error.h"
-#include "fabric/data/augment.h"
 #include "fabric/data/data_loader.h"
 #include "fabric/data/dataset.h"
+#include "fabric/logging/logger.h"
 #include "fabric/logging/run_dir.h"
-#include "fabric/main.h"
-#include "fabric/nn/batch_norm.h"
 #include "fabric/nn/data_parallel.h"
 #include "fabric/precision/precision.h"
-#include "fabric/training/lr_scheduler.h"
-#include "fabric/training/optimizers.h"
 #include "strategies/strategy.h"
 
 namespace fabric {
 
-class CsvMetrics;
+class Loggers;
 class ProgressBar;
-class TensorBoardScalars;
+struct MachineFacts;   // fabric/connector.h
+struct ResolvedSetup;  // fabric/connector.h
 
 class Fabric {
  public:
@@ -196,6 +203,10 @@ class Fabric {
   void log(const std::string& name, double value, int64_t step);
   void log(const std::string& name, const torch::Tensor& value, int64_t step);  // 1 element
   void log_dict(const std::map<std::string, double>& values, int64_t step);
+  // A logger of your own (fabric/logging/logger.h), called by log()/log_dict() on global rank 0
+  // after the built-in ones, in the order added; kept across create_run_directory(). Other ranks
+  // keep it without calling it. Its flush() runs when the function given to launch() returns.
+  void add_logger(std::unique_ptr<MetricLogger> logger);
 
   // Seeds torch's CPU and CUDA generators (and thus dropout/init) with `seed`.
   void seed_everything(uint64_t seed);
@@ -243,7 +254,9 @@ class Fabric {
   bool is_global_zero() const { return global_rank() == 0; }
 
   const Config& config() const { return config_; }
-  const ResolvedSetup& setup_info() const { return setup_; }
+  // What the Connector resolved (fabric/connector.h: accelerator, devices, strategy, precision,
+  // settings, threads).
+  const ResolvedSetup& setup_info() const { return *setup_; }
   // The thread decision for start-up banners: "1 thread per process (auto: 2 CPUs / 2 processes
   // sharing them)", or "N threads per process (LibTorch's default)" when the CPUs are unknown.
   std::string threads_description() const;
@@ -266,10 +279,10 @@ class Fabric {
                                double clip_value);
 
   Config config_;
-  ResolvedSetup setup_;
+  std::unique_ptr<const ResolvedSetup> setup_;
   std::unique_ptr<Strategy> strategy_;
-  std::unique_ptr<CsvMetrics> metrics_;  // rank 0, after create_run_directory (logging.loggers)
-  std::unique_ptr<TensorBoardScalars> tensorboard_;  // the same
+  // Built-in (rank 0, opened by create_run_directory from logging.loggers) and added loggers.
+  std::unique_ptr<Loggers> loggers_;
   std::unique_ptr<ProgressBar> progress_;
   bool has_run_directory_ = false;
 };

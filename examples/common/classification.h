@@ -18,12 +18,17 @@
 #include <chrono>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "fabric/checkpointer.h"
+#include "fabric/data/augment.h"
 #include "fabric/fabric.h"
 #include "fabric/logging/progress.h"
 #include "fabric/logging/run_dir.h"
 #include "fabric/nonfinite_guard.h"
 #include "fabric/training/graphed_step.h"
+#include "fabric/training/lr_scheduler.h"
+#include "fabric/training/optimizers.h"
 
 namespace examples {
 
@@ -198,7 +203,7 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
   nlohmann::json summary = {
       {"name", task.name},
       {"config_hash", c.hash()},
-      {"strategy", f.setup_info().strategy},
+      {"strategy", f.strategy().name()},
       {"precision", fabric::to_string(f.precision().mode())},
       {"device", f.device().str()},
       {"world_size", f.world_size()},

@@ -2,7 +2,7 @@
 // Usage: train [--config=FILE] [key=value ...]; exits 0 when the loss fell below 1e-3.
 #include <torch/torch.h>
 
-#include "fabric/fabric.h"
+#include "fabric/all.h"
 
 int main(int argc, char** argv) {
   return fabric::run_main(argc, argv, fabric::training_schema(), [](const fabric::Config& config) {

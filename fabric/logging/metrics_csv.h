@@ -21,21 +21,23 @@
 #include <string>
 #include <vector>
 
+#include "fabric/logging/logger.h"
+
 namespace fabric {
 
-class CsvMetrics {
+class CsvMetrics : public MetricLogger {
  public:
   // Starts an empty metrics file at `path`. Throws fabric::Error "cannot write PATH: ...".
   explicit CsvMetrics(std::filesystem::path path);
-  ~CsvMetrics();  // flushes (errors are printed, not thrown)
+  ~CsvMetrics() override;  // flushes (errors are printed, not thrown)
   CsvMetrics(const CsvMetrics&) = delete;
   CsvMetrics& operator=(const CsvMetrics&) = delete;
 
   // Records `values` at `step`. Throws fabric::Error for an empty name, a name with a comma,
   // quote or newline, or a step smaller than the previous one.
-  void log(const std::map<std::string, double>& values, int64_t step);
+  void log(const std::map<std::string, double>& values, int64_t step) override;
   // Writes the pending row. Throws fabric::Error "cannot write PATH: ...".
-  void flush();
+  void flush() override;
 
   const std::filesystem::path& path() const { return path_; }
 

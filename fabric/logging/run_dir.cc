@@ -9,6 +9,8 @@
 #include <ctime>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "fabric/core/atomic_file.h"
 #include "fabric/core/error.h"
 #include "fabric/core/output.h"

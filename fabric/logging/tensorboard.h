@@ -20,19 +20,21 @@
 #include <string>
 #include <string_view>
 
+#include "fabric/logging/logger.h"
+
 namespace fabric {
 
-class TensorBoardScalars {
+class TensorBoardScalars : public MetricLogger {
  public:
   // Creates the event file in `dir` (which must exist). Throws fabric::Error "cannot write ...".
   explicit TensorBoardScalars(const std::filesystem::path& dir);
-  ~TensorBoardScalars();
+  ~TensorBoardScalars() override;
   TensorBoardScalars(const TensorBoardScalars&) = delete;
   TensorBoardScalars& operator=(const TensorBoardScalars&) = delete;
 
   // One event holding every value as a scalar summary (tag = name) at `step`. Throws
   // fabric::Error "cannot write PATH: ..." when the write fails.
-  void log(const std::map<std::string, double>& values, int64_t step);
+  void log(const std::map<std::string, double>& values, int64_t step) override;
 
   const std::filesystem::path& path() const { return path_; }
 

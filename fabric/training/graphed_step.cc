@@ -16,6 +16,7 @@
 #include <string>
 #include <utility>
 
+#include "fabric/connector.h"
 #include "fabric/core/error.h"
 #include "fabric/fabric.h"
 #include "fabric/training/clip.h"

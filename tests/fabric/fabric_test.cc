@@ -2,9 +2,11 @@
 #include "fabric/fabric.h"
 
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <fstream>
-#include <torch/torch.h>
+
+#include "fabric/connector.h"
 
 namespace {
 

@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "fabric/fabric.h"
+#include "fabric/main.h"
 #include "fabric/nonfinite_guard.h"
 
 namespace {

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "fabric/fabric.h"
+#include "fabric/main.h"
 
 int main(int argc, char** argv) {
   return fabric::run_main(argc, argv, fabric::training_schema(), [](const fabric::Config& c) {

@@ -12,6 +12,9 @@
 
 #include "fabric/checkpointer.h"
 #include "fabric/fabric.h"
+#include "fabric/main.h"
+#include "fabric/nn/batch_norm.h"
+#include "fabric/training/optimizers.h"
 
 namespace {
 

@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "fabric/config/config.h"
 #include "fabric/core/error.h"
 #include "fabric/logging/run_dir.h"

@@ -21,6 +21,7 @@
 
 #include "examples/common/models.h"
 #include "fabric/fabric.h"
+#include "fabric/training/optimizers.h"
 
 DEFINE_int32(world, 2, "processes");
 DEFINE_int32(steps, 60, "timed steps");

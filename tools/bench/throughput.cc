@@ -29,8 +29,10 @@
 #endif
 
 #include "examples/common/models.h"
+#include "fabric/data/augment.h"
 #include "fabric/fabric.h"
 #include "fabric/training/graphed_step.h"
+#include "fabric/training/optimizers.h"
 #include "tools/bench/resnet50.h"
 
 DEFINE_string(model, "resnet18", "resnet18 (CIFAR variant) | resnet50 (ImageNet stem)");

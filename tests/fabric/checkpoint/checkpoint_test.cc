@@ -11,6 +11,7 @@
 #include "fabric/checkpoint/archive.h"
 #include "fabric/checkpoint/optimizer_state.h"
 #include "fabric/checkpoint/state_dict.h"
+#include "fabric/connector.h"
 #include "fabric/fabric.h"
 #include "fabric/training/fast_optimizers.h"
 #include "tests/run_command.h"

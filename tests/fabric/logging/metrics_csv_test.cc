@@ -11,6 +11,7 @@
 #include <memory>
 #include <sstream>
 
+#include "fabric/connector.h"
 #include "fabric/core/error.h"
 #include "fabric/fabric.h"
 
@@ -74,6 +75,42 @@ TEST_F(MetricsCsvTest, FabricLogWritesMetricsCsvInTheRunDirectory) {
   f.reset();  // flushes the pending row
   EXPECT_EQ(read(run.path() / "metrics.csv"),
             "step,loss,acc\n1,1.5,\n2,1.25,\n3,1,0.75\n4,,0.875\n");
+}
+
+// A logger of the user's own receives what the built-in ones do, after them, survives a new run
+// directory, and is flushed when the launched function returns.
+class RecordingLogger : public fabric::MetricLogger {
+ public:
+  explicit RecordingLogger(std::vector<std::string>* record) : record_(record) {}
+  void log(const std::map<std::string, double>& values, int64_t step) override {
+    for (const auto& [name, value] : values)
+      record_->push_back(std::to_string(step) + ":" + name + "=" + std::to_string(value));
+  }
+  void flush() override { record_->push_back("flush"); }
+
+ private:
+  std::vector<std::string>* record_;
+};
+
+TEST_F(MetricsCsvTest, AddedLoggerReceivesEveryLogAndIsFlushedAtTheEndOfLaunch) {
+  std::vector<std::string> record;
+  fabric::Fabric f(fabric::Config::defaults(fabric::training_schema(),
+                                            {"logging.run_dir=" + (dir_ / "{name}").string(),
+                                             "logging.loggers=[csv]"}),
+                   fabric::MachineFacts{});
+  f.add_logger(std::make_unique<RecordingLogger>(&record));
+  EXPECT_THROW(f.add_logger(nullptr), fabric::Error);
+  const int status = f.launch([&](fabric::Fabric& fab) {
+    fab.create_run_directory("first");
+    fab.log("loss", 0.5, 1);
+    fab.create_run_directory("second");  // built-in loggers reopen; the added one stays
+    fab.log_dict({{"acc", 0.25}, {"loss", 0.125}}, 2);
+  });
+  EXPECT_EQ(status, 0);
+  EXPECT_EQ(record, (std::vector<std::string>{"1:loss=0.500000", "2:acc=0.250000",
+                                              "2:loss=0.125000", "flush"}));
+  EXPECT_EQ(read(dir_ / "first" / "metrics.csv"), "step,loss\n1,0.5\n");
+  EXPECT_EQ(read(dir_ / "second" / "metrics.csv"), "step,acc,loss\n2,0.25,0.125\n");
 }
 
 }  // namespace

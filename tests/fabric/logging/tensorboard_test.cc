@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "fabric/connector.h"
 #include "fabric/fabric.h"
 #include "tests/run_command.h"
 

@@ -1,0 +1,27 @@
+// Fabric++'s umbrella header: everything the //:fabric target offers, in one include, for
+// programs that want it all (examples/consumer/train.cc). Libraries and larger programs include
+// what they use instead: fabric/fabric.h for the facade, and beside it
+//   fabric/main.h                  run_main: --config, key=value overrides, exit statuses 0/1/2
+//   fabric/checkpointer.h          periodic checkpoints, rotation, resume: auto
+//   fabric/nonfinite_guard.h       trainer.stop_on_nonfinite
+//   fabric/training/optimizers.h   the optimizer of the optimizer: section (fused where it can)
+//   fabric/training/lr_scheduler.h the schedule of the scheduler: section
+//   fabric/training/graphed_step.h whole training steps replayed as CUDA graphs
+//   fabric/data/augment.h          device-side crop/flip/normalize
+//   fabric/nn/batch_norm.h         BatchNorm that can synchronize across processes (SyncBatchNorm)
+//   fabric/connector.h             how the config was resolved (Fabric::setup_info)
+#ifndef FABRIC_ALL_H_
+#define FABRIC_ALL_H_
+
+#include "fabric/checkpointer.h"
+#include "fabric/connector.h"
+#include "fabric/data/augment.h"
+#include "fabric/fabric.h"
+#include "fabric/main.h"
+#include "fabric/nn/batch_norm.h"
+#include "fabric/nonfinite_guard.h"
+#include "fabric/training/graphed_step.h"
+#include "fabric/training/lr_scheduler.h"
+#include "fabric/training/optimizers.h"
+
+#endif  // FABRIC_ALL_H_
