@@ -126,7 +126,7 @@ done
 # 7. Dependencies point one way (docs/architecture.md): fabric/core depends on nothing of ours
 #    outside it, and no strategy or implementation package reaches the facade package //fabric
 #    (its own targets; its subpackages are implementation packages). A forbidden edge fails with the targets named.
-check_no_deps() {  # NAME QUERY: passes when the query finds no target
+check_no_deps() {  # NAME QUERY: passes when the query finds no target (names those it finds)
   local err edges rc
   err=$(mktemp)
   edges=$(bazel query --noshow_progress "$2" 2>"$err")
@@ -135,7 +135,7 @@ check_no_deps() {  # NAME QUERY: passes when the query finds no target
   if [ $rc -eq 0 ] && [ -z "$edges" ]; then
     pass "$1"
   else
-    fail "$1" "exit $rc; forbidden dependencies on: ${edges:-$(tail -n 3 "$err")}"
+    fail "$1" "exit $rc; forbidden: ${edges:-$(tail -n 3 "$err")}"
   fi
   rm -f "$err"
 }
@@ -145,5 +145,9 @@ check_no_deps deps_strategies_not_on_facade 'deps(//strategies/...) intersect //
 # Fabric (GraphedStep takes a Fabric&: a layer above it, docs/architecture.md).
 check_no_deps deps_implementation_not_on_facade \
   'deps(//fabric/... except //fabric:* except //fabric/training:graphed_step) intersect //fabric:*'
+# The implementation packages are private to the repository (//:internal): a package outside it,
+# such as examples/, sees no target of theirs but the build stamp; it uses //:fabric.
+check_no_deps visibility_implementation_private \
+  'visible(//examples:cifar10, //fabric/... + //strategies/...) except //fabric/core:stamp'
 
 exit $failed
