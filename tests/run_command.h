@@ -1,5 +1,6 @@
 // Test helpers for tests that start processes: run a shell command (exit status and
-// stdout+stderr), read a value from its output, the Python with torch, a free loopback port.
+// stdout+stderr), find a helper program in the runfiles, read a value or every rank's report from
+// the output, the Python with torch, a free loopback port.
 #ifndef TESTS_RUN_COMMAND_H_
 #define TESTS_RUN_COMMAND_H_
 
@@ -12,7 +13,10 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace fabric::testing {
 
@@ -31,6 +35,33 @@ inline CommandResult run_command(const std::string& command) {
   const int status = pclose(pipe);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
+}
+
+// The program built by Bazel target `label` (e.g. "//tests/integration:ddp_parity_helper"), which
+// must be in the test's data: its path in the runfiles tree (a test's working directory). Throws
+// std::runtime_error naming the label and the fix when it is not there.
+inline std::string helper_binary(const std::string& label) {
+  const auto colon = label.find(':');
+  if (label.rfind("//", 0) != 0 || colon == std::string::npos)
+    throw std::runtime_error("helper_binary: '" + label + "' is not a label like //pkg:name");
+  const std::filesystem::path path = std::filesystem::current_path() /
+                                     label.substr(2, colon - 2) / label.substr(colon + 1);
+  if (!std::filesystem::exists(path))
+    throw std::runtime_error("helper_binary: " + label + " is not in this test's runfiles (" +
+                             path.string() + "): add it to the test's data");
+  return path.string();
+}
+
+// The ranks in [0, world) whose report is missing from `out`: the text "rank R" + `rest`, with R
+// the rank (helpers print e.g. "rank 2 of 4: ok", so rest = " of 4: ok"). Empty: every rank
+// reported.
+inline std::vector<int> ranks_missing_report(const std::string& out, int world,
+                                             const std::string& rest) {
+  std::vector<int> missing;
+  for (int rank = 0; rank < world; ++rank)
+    if (out.find("rank " + std::to_string(rank) + rest) == std::string::npos)
+      missing.push_back(rank);
+  return missing;
 }
 
 // The rest of the line after the first `key` in `text` ("" when absent): "params_hash=" → hash.

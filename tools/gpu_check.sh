@@ -125,11 +125,12 @@ run() {
   [ -x "$here/run.sh" ] && [ -f "$here/MANIFEST" ] ||
     { echo "gpu_check run: $here is not a bundle (no run.sh/MANIFEST); build one with 'tools/gpu_check.sh build'" >&2; exit 2; }
   [ -n "$work" ] || work=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
-  mkdir -p "$work/logs" "$work/tests" || exit 1
-  # Tests start their helpers from tests/ under the working directory (Bazel's runfiles layout).
+  mkdir -p "$work/logs" "$work/tests/integration" || exit 1
+  # Tests start their helpers from the helper's package folder under the working directory
+  # (Bazel's runfiles layout; fabric::testing::helper_binary in tests/run_command.h).
   for helper in ddp_parity_helper; do
-    [ -x "$here/bin/$helper" ] && printf '#!/bin/sh\nexec "%s/run.sh" %s "$@"\n' "$here" "$helper" >"$work/tests/$helper" &&
-      chmod +x "$work/tests/$helper"
+    [ -x "$here/bin/$helper" ] && printf '#!/bin/sh\nexec "%s/run.sh" %s "$@"\n' "$here" "$helper" >"$work/tests/integration/$helper" &&
+      chmod +x "$work/tests/integration/$helper"
   done
   printf '#!/bin/sh\nexec "%s/run.sh" throughput "$@"\n' "$here" >"$work/throughput" && chmod +x "$work/throughput"
   local python=${PYTHON:-python3}

@@ -30,8 +30,8 @@ DEBIAN_PACKAGES=(
   nlohmann-json3-dev     # JSON output (env report, summaries, benchmarks)
   patchelf               # relocatable bundles (tools/bundle.sh)
   dataset-fashion-mnist  # /usr/share/datasets/fashion-mnist
-  iproute2               # ip netns: //tests:netns_test's two "nodes"
-  openmpi-bin            # mpirun: //tests:launchers_test starts real MPI jobs
+  iproute2               # ip netns: //tests/integration:netns_test's two "nodes"
+  openmpi-bin            # mpirun: //tests/integration:launchers_test starts real MPI jobs
   slurm-wlm              # srun/sbatch on a one-machine cluster (tools/slurm_local.sh, launchers_test)
   clang                  # --config=fuzz (libFuzzer harnesses in tests/fuzz/)
   libclang-rt-14-dev     # libFuzzer and the sanitizer runtimes for clang 14

@@ -6,7 +6,7 @@
 // (tensorflow/core/util/event.proto): first {wall_time, file_version: "brain.Event:2"}, then one
 // {wall_time, step, summary {value {tag, simple_value}}} per log call. The few protobuf fields are
 // encoded here (varints, fixed64/fixed32, length-delimited); TensorBoard's own reader is the judge
-// (//tests:tensorboard_test reads the files with the `tensorboard` Python package).
+// (//tests/fabric/logging:tensorboard_test reads the files with the `tensorboard` Python package).
 //
 // Events are flushed to the OS after every call (rank 0 logs a few times per second at most).
 // Not thread-safe: one writer per run, used by global rank 0 (Fabric::log).

@@ -150,7 +150,7 @@ int main(int argc, char** argv) {
         f.barrier();
         std::printf("rank %lld threads %d interop %d other thread %d\n",
                     static_cast<long long>(f.global_rank()), at::get_num_threads(),
-                    at::get_num_interop_threads(), other_thread);
+                    static_cast<int>(at::get_num_interop_threads()), other_thread);
         std::fflush(stdout);
         return;
       }

@@ -13,7 +13,7 @@ namespace {
 
 fabric::testing::CommandResult run(const std::string& args) {
   const std::string exe =
-      (std::filesystem::current_path() / "tests" / "ddp_parity_helper").string();
+      fabric::testing::helper_binary("//tests/integration:ddp_parity_helper");
   return fabric::testing::run_command(exe + " " + args);
 }
 

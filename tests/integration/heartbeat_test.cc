@@ -47,7 +47,7 @@ class HeartbeatTest : public ::testing::Test {
 
   // Starts rank `rank` of 2; its output goes to rank<R>.out.
   void start(int rank, int port) {
-    const std::string exe = (fs::current_path() / "tests" / "heartbeat_helper").string();
+    const std::string exe = fabric::testing::helper_binary("//tests/integration:heartbeat_helper");
     const std::string out = (dir_ / ("rank" + std::to_string(rank) + ".out")).string();
     const pid_t pid = fork();
     if (pid == 0) {

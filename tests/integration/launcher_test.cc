@@ -15,6 +15,8 @@
 #include <sstream>
 #include <thread>
 
+#include "tests/run_command.h"
+
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
@@ -75,7 +77,7 @@ class LauncherTest : public ::testing::Test {
     posix_spawnattr_init(&attr);
     posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
     posix_spawnattr_setpgroup(&attr, 0);
-    std::string exe = (fs::current_path() / "tests" / "launch_helper").string();
+    std::string exe = fabric::testing::helper_binary("//tests/integration:launch_helper");
     std::string w = std::to_string(world), dir = job.pids.string();
     std::vector<char*> argv = {exe.data(), w.data(), const_cast<char*>(behaviour.c_str()),
                                dir.data(), nullptr};

@@ -24,7 +24,7 @@ using fabric::testing::run_command;
 using fabric::testing::value_after;
 
 std::string helper() {
-  return (std::filesystem::current_path() / "tests" / "ddp_parity_helper").string();
+  return fabric::testing::helper_binary("//tests/integration:ddp_parity_helper");
 }
 
 std::string torchrun() { return fabric::testing::python_interpreter() + " -m torch.distributed.run"; }

@@ -86,7 +86,7 @@ class ResumeTest : public ::testing::Test {
 
   // The helper with the common settings plus `args`, from dir_.
   fabric::testing::CommandResult run(const std::string& args, const std::string& prefix = "") {
-    const std::string exe = (fs::current_path() / "tests" / "resume_helper").string();
+    const std::string exe = fabric::testing::helper_binary("//tests/integration:resume_helper");
     return fabric::testing::run_command(
         "cd '" + dir_.string() + "' && " + prefix + " '" + exe +
         "' fabric.accelerator=cpu optimizer.name=adamw optimizer.lr=0.01 scheduler.name=cosine "

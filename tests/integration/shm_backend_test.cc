@@ -19,7 +19,7 @@ using fabric::testing::CommandResult;
 
 CommandResult run_job(int world, const std::string& mode) {
   const std::string exe =
-      (std::filesystem::current_path() / "tests" / "shm_backend_helper").string();
+      fabric::testing::helper_binary("//tests/integration:shm_backend_helper");
   return fabric::testing::run_command(exe + " " + std::to_string(world) + " " + mode);
 }
 
@@ -28,11 +28,10 @@ TEST(ShmBackendTest, MatchesTheRankOrderReductionAndGlooOnTwoThreeAndFourRanks) 
     CommandResult r = run_job(world, "parity");
     EXPECT_EQ(r.code, 0) << r.out;
     EXPECT_NE(r.out.find("rank 0 backends: fabric_shm gloo"), std::string::npos) << r.out;
-    for (int rank = 0; rank < world; ++rank) {
-      const std::string line =
-          "rank " + std::to_string(rank) + " of " + std::to_string(world) + ": ok";
-      EXPECT_NE(r.out.find(line), std::string::npos) << r.out;
-    }
+    EXPECT_EQ(fabric::testing::ranks_missing_report(r.out, world,
+                                                    " of " + std::to_string(world) + ": ok"),
+              std::vector<int>{})
+        << r.out;
   }
 }
 

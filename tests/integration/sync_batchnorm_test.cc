@@ -12,7 +12,7 @@ namespace {
 
 void expect_parity(const std::string& args) {
   const std::string exe =
-      (std::filesystem::current_path() / "tests" / "sync_batchnorm_helper").string();
+      fabric::testing::helper_binary("//tests/integration:sync_batchnorm_helper");
   auto [code, out] = fabric::testing::run_command(exe + " " + args);
   EXPECT_EQ(code, 0) << args << ":\n" << out;
   EXPECT_NE(out.find("max_abs_diff="), std::string::npos) << out;

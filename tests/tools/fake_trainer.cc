@@ -1,4 +1,4 @@
-// A Fabric program that trains nothing, for //tests:sweep_test: it has the real command line and
+// A Fabric program that trains nothing, for //tests/tools:sweep_test: it has the real command line and
 // config checks (fabric::run_main, fabric::training_schema) and writes summary.json to its run
 // directory with fake_metric = 1 - 10 (optimizer.lr - 0.2)^2 + 0.001 fabric.seed.
 //

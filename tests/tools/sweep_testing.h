@@ -47,7 +47,7 @@ class SweepTest : public ::testing::Test {
   void SetUp() override {
     std::string tmpl = (fs::path(::testing::TempDir()) / "sweep_XXXXXX").string();
     dir_ = mkdtemp(tmpl.data());
-    fake_ = (fs::current_path() / "tests" / "fake_trainer").string();
+    fake_ = fabric::testing::helper_binary("//tests/tools:fake_trainer");
     sweep_ = (fs::current_path() / "tools" / "sweep").string();
   }
   void TearDown() override { fs::remove_all(dir_); }

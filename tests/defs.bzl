@@ -1,0 +1,36 @@
+"""Test rules: a test is one source file named like its target, beside its BUILD file."""
+
+load("@rules_cc//cc:defs.bzl", "cc_binary", "cc_test")
+
+def fabric_cc_test(name, srcs = None, deps = [], size = "small", **kwargs):
+    """A GoogleTest test `name` built from `name`.cc (unless `srcs` says otherwise), with main.
+
+    Args:
+      name: the target, and the source file's stem.
+      srcs: the sources when they are not just `name`.cc.
+      deps: what the test uses (gtest_main is added).
+      size: Bazel's test size; "small" unless given.
+      **kwargs: any other cc_test attribute (data, env, tags, local_defines, ...).
+    """
+    cc_test(
+        name = name,
+        srcs = srcs or [name + ".cc"],
+        size = size,
+        deps = deps + ["@gtest//:gtest_main"],
+        **kwargs
+    )
+
+def test_helper(name, srcs = None, **kwargs):
+    """A program that a multi-process test starts (tests find it with helper_binary()).
+
+    Args:
+      name: the target, and the source file's stem.
+      srcs: the sources when they are not just `name`.cc.
+      **kwargs: any other cc_binary attribute (deps, ...).
+    """
+    cc_binary(
+        name = name,
+        srcs = srcs or [name + ".cc"],
+        testonly = True,
+        **kwargs
+    )
