@@ -327,10 +327,10 @@ ResolvedSetup resolve_setup(const Config& c, const MachineFacts& m) {
                          "write out of bounds in the weight gradient of small 1x1 convolutions; "
                          "use auto (CUDA only) unless measured safe and faster here");
   }
-  s.scaler.init_scale = c.get_double("fabric.grad_scaler.init_scale");
-  s.scaler.growth_factor = c.get_double("fabric.grad_scaler.growth_factor");
-  s.scaler.backoff_factor = c.get_double("fabric.grad_scaler.backoff_factor");
-  s.scaler.growth_interval = c.get_int("fabric.grad_scaler.growth_interval");
+  s.scaler.init_scale(c.get_double("fabric.grad_scaler.init_scale"));
+  s.scaler.growth_factor(c.get_double("fabric.grad_scaler.growth_factor"));
+  s.scaler.backoff_factor(c.get_double("fabric.grad_scaler.backoff_factor"));
+  s.scaler.growth_interval(c.get_int("fabric.grad_scaler.growth_interval"));
   s.ddp.sync_batchnorm = c.get_bool("fabric.sync_batchnorm");
   if (s.ddp.sync_batchnorm && s.strategy != StrategyKind::kDdp) {
     s.warnings.push_back(c.origin("fabric.sync_batchnorm") +

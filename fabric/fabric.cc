@@ -205,13 +205,14 @@ void Fabric::print_line(const std::string& line) const {
 
 ProgressBar& Fabric::progress_bar(int64_t total_steps, int64_t max_epochs, int64_t start_step) {
   static std::ostream discard(nullptr);  // ranks other than 0
-  ProgressBar::Options options;
-  options.total_steps = total_steps;
-  options.max_epochs = max_epochs;
-  options.start_step = start_step;
-  options.log_every = config_.get_int("logging.log_every_n_steps");
-  options.in_place =
-      is_global_zero() && ProgressBar::in_place_for(config_.get_string("logging.progress_bar"));
+  const auto options =
+      ProgressBar::Options()
+          .total_steps(total_steps)
+          .max_epochs(max_epochs)
+          .start_step(start_step)
+          .log_every(config_.get_int("logging.log_every_n_steps"))
+          .in_place(is_global_zero() &&
+                    ProgressBar::in_place_for(config_.get_string("logging.progress_bar")));
   progress_.reset();
   progress_ = std::make_unique<ProgressBar>(is_global_zero() ? std::cout : discard, options);
   return *progress_;

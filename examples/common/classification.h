@@ -137,7 +137,11 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
   // One whole step (clipping included), replayed as a CUDA graph with fabric.cuda_graphs (eager
   // otherwise).
   fabric::GraphedStepOptions step_options;
-  (clip_by_norm ? step_options.clip_norm : step_options.clip_value) = clip;
+  if (clip_by_norm) {
+    step_options.clip_norm(clip);
+  } else {
+    step_options.clip_value(clip);
+  }
   fabric::GraphedStep train_step(
       f, *optimizer, [&](const std::vector<torch::Tensor>& b) { return loss_of(b[0], b[1]); },
       step_options);

@@ -32,6 +32,7 @@
 #include <memory>
 #include <optional>
 
+#include "fabric/core/arg.h"
 #include "fabric/data/dataset.h"
 #include "fabric/data/sampler.h"
 
@@ -42,26 +43,18 @@ using BatchTransform = std::function<Batch(Batch batch, at::Generator& gen)>;
 
 struct DataLoaderOptions {
   static constexpr int64_t kAutoWorkers = -1;  // num_workers(kAutoWorkers): chosen per dataset
-#define FABRIC_OPTION(type, name, init)        \
-  DataLoaderOptions& name(type value) {        \
-    name##_ = std::move(value);                \
-    return *this;                              \
-  }                                            \
-  const type& name() const { return name##_; } \
-  type name##_ = init
-  FABRIC_OPTION(int64_t, batch_size, 1);  // Default: 1.
-  FABRIC_OPTION(bool, shuffle, false);    // Default: false.
-  FABRIC_OPTION(bool, drop_last, false);  // Default: false: the last batch may be smaller.
+  FABRIC_ARG(int64_t, batch_size) = 1;  // Default: 1.
+  FABRIC_ARG(bool, shuffle) = false;    // Default: false.
+  FABRIC_ARG(bool, drop_last) = false;  // Default: false: the last batch may be smaller.
   // Default: kAutoWorkers: 0 (batches built in the training thread) for a dataset with cheap
   // batches (Dataset::cheap_batches(), e.g. TensorDataset) and no transform delivered on the CPU,
   // where a hand-over costs more than the batch (measured: docs/benchmarks.md, overhead); else 1.
   // 0 = none; N = N background threads.
-  FABRIC_OPTION(int64_t, num_workers, -1);
-  FABRIC_OPTION(int64_t, prefetch, 2);  // Default: 2 batches ready ahead.
+  FABRIC_ARG(int64_t, num_workers) = -1;
+  FABRIC_ARG(int64_t, prefetch) = 2;  // Default: 2 batches ready ahead.
   // Default: unset: Fabric::setup_dataloader fills in fabric.seed; a bare DataLoader uses 0.
-  FABRIC_OPTION(std::optional<uint64_t>, seed, std::nullopt);
-  FABRIC_OPTION(BatchTransform, transform, nullptr);  // Default: none.
-#undef FABRIC_OPTION
+  FABRIC_ARG(std::optional<uint64_t>, seed) = std::nullopt;
+  FABRIC_ARG(BatchTransform, transform) = nullptr;  // Default: none.
 };
 
 // Where and how batches are delivered (filled in by Fabric::setup_dataloader from the strategy).

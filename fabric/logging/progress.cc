@@ -34,15 +34,16 @@ std::string fmt(const char* format, double v) {
 
 ProgressBar::ProgressBar(std::ostream& out, Options options)
     : out_(out), options_(std::move(options)) {
-  if (!options_.now) {
-    options_.now = [] {
+  now_ = options_.now();
+  if (!now_) {
+    now_ = [] {
       return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
           .count();
     };
   }
-  if (options_.in_place && options_.width <= 0) options_.width = terminal_width();
-  step_ = options_.start_step;
-  last_time_ = options_.now();
+  if (options_.in_place() && options_.width() <= 0) options_.width(terminal_width());
+  step_ = options_.start_step();
+  last_time_ = now_();
 }
 
 ProgressBar::~ProgressBar() { finish(); }
@@ -71,13 +72,13 @@ double ProgressBar::eta_seconds() const {
   std::vector<double> d(durations_.begin(), durations_.end());
   std::nth_element(d.begin(), d.begin() + static_cast<long>(d.size() / 2), d.end());
   const double median = d[d.size() / 2];
-  return median * static_cast<double>(std::max<int64_t>(0, options_.total_steps - step_));
+  return median * static_cast<double>(std::max<int64_t>(0, options_.total_steps() - step_));
 }
 
 std::string ProgressBar::render(bool in_place, int width) const {
-  std::string line = "epoch " + std::to_string(std::min(epoch_ + 1, options_.max_epochs)) + "/" +
-                     std::to_string(options_.max_epochs);
-  const int64_t total = std::max<int64_t>(options_.total_steps, 1);
+  std::string line = "epoch " + std::to_string(std::min(epoch_ + 1, options_.max_epochs())) + "/" +
+                     std::to_string(options_.max_epochs());
+  const int64_t total = std::max<int64_t>(options_.total_steps(), 1);
   if (in_place) {
     const double frac =
         std::clamp(static_cast<double>(step_) / static_cast<double>(total), 0.0, 1.0);
@@ -85,9 +86,9 @@ std::string ProgressBar::render(bool in_place, int width) const {
     line += " [" + std::string(static_cast<size_t>(full), '#') +
             std::string(static_cast<size_t>(kBarCells - full), '.') + "] " +
             fmt("%.0f%%", std::floor(frac * 100)) + " " + std::to_string(step_) + "/" +
-            std::to_string(options_.total_steps);
+            std::to_string(options_.total_steps());
   } else {
-    line += " step " + std::to_string(step_) + "/" + std::to_string(options_.total_steps);
+    line += " step " + std::to_string(step_) + "/" + std::to_string(options_.total_steps());
   }
   if (loss_ >= 0 || std::isnan(loss_)) line += " loss " + fmt("%.4f", loss_);
   if (lr_ >= 0) line += " lr " + fmt("%.5f", lr_);
@@ -107,7 +108,7 @@ void ProgressBar::set_metrics(double loss, double lr, double images_per_second) 
 }
 
 void ProgressBar::step(int64_t step, int64_t epoch) {
-  const double now = options_.now();
+  const double now = now_();
   const int64_t advanced = step - step_;
   if (advanced > 0) {
     durations_.push_back((now - last_time_) / static_cast<double>(advanced));
@@ -116,18 +117,18 @@ void ProgressBar::step(int64_t step, int64_t epoch) {
   last_time_ = now;
   step_ = step;
   epoch_ = epoch;
-  if (options_.in_place) {
-    if (last_draw_ < 0 || now - last_draw_ >= kRedrawSeconds || step >= options_.total_steps) {
+  if (options_.in_place()) {
+    if (last_draw_ < 0 || now - last_draw_ >= kRedrawSeconds || step >= options_.total_steps()) {
       last_draw_ = now;
       draw();
     }
-  } else if (step % std::max<int64_t>(options_.log_every, 1) == 0 || step == options_.total_steps) {
+  } else if (step % std::max<int64_t>(options_.log_every(), 1) == 0 || step == options_.total_steps()) {
     out_ << render(false, 0) << std::endl;
   }
 }
 
 void ProgressBar::draw() {
-  out_ << "\r" << render(true, options_.width) << "\x1b[K" << std::flush;
+  out_ << "\r" << render(true, options_.width()) << "\x1b[K" << std::flush;
   drawn_ = true;
 }
 

@@ -20,18 +20,22 @@
 #include <ostream>
 #include <string>
 
+#include "fabric/core/arg.h"
+
 namespace fabric {
 
 class ProgressBar {
  public:
+  // Example: ProgressBar::Options().total_steps(1000).max_epochs(10).in_place(true).
   struct Options {
-    int64_t total_steps = 0;
-    int64_t max_epochs = 0;
-    int64_t log_every = 50;  // plain-line period
-    bool in_place = false;
-    int64_t start_step = 0;       // a resumed run starts here
-    int width = 0;                // in-place line width; 0: the terminal's (else 100)
-    std::function<double()> now;  // seconds; default: a steady clock (tests inject one)
+    FABRIC_ARG(int64_t, total_steps) = 0;  // Default: 0 (unknown).
+    FABRIC_ARG(int64_t, max_epochs) = 0;
+    FABRIC_ARG(int64_t, log_every) = 50;  // Default: a plain line every 50 steps.
+    FABRIC_ARG(bool, in_place) = false;   // Default: plain lines (no \r redraws).
+    FABRIC_ARG(int64_t, start_step) = 0;  // A resumed run starts here.
+    FABRIC_ARG(int, width) = 0;           // In-place line width; 0: the terminal's (else 100).
+    // Seconds; default: a steady clock (tests inject one).
+    FABRIC_ARG(std::function<double()>, now) = nullptr;
   };
 
   ProgressBar(std::ostream& out, Options options);
@@ -59,6 +63,7 @@ class ProgressBar {
 
   std::ostream& out_;
   Options options_;
+  std::function<double()> now_;  // options_.now(), or a steady clock
   int64_t step_ = 0, epoch_ = 0;
   double loss_ = -1, lr_ = -1, images_per_second_ = -1;
   double last_time_ = 0, last_draw_ = -1;

@@ -14,11 +14,11 @@
 namespace fabric {
 
 GradScaler::GradScaler(GradScalerOptions options) : options_(options) {
-  if (!(options_.init_scale > 0)) throw Error("GradScaler: init_scale must be > 0");
-  if (!(options_.growth_factor > 1)) throw Error("GradScaler: growth_factor must be > 1");
-  if (!(options_.backoff_factor > 0 && options_.backoff_factor < 1))
+  if (!(options_.init_scale() > 0)) throw Error("GradScaler: init_scale must be > 0");
+  if (!(options_.growth_factor() > 1)) throw Error("GradScaler: growth_factor must be > 1");
+  if (!(options_.backoff_factor() > 0 && options_.backoff_factor() < 1))
     throw Error("GradScaler: backoff_factor must be in (0, 1)");
-  if (options_.growth_interval < 1) throw Error("GradScaler: growth_interval must be >= 1");
+  if (options_.growth_interval() < 1) throw Error("GradScaler: growth_interval must be >= 1");
   lazy_init(torch::kCPU);
 }
 
@@ -31,13 +31,13 @@ void GradScaler::lazy_init(const torch::Device& device) {
     }
     return;
   }
-  scale_ = torch::full({1}, options_.init_scale, torch::dtype(torch::kFloat32).device(device));
+  scale_ = torch::full({1}, options_.init_scale(), torch::dtype(torch::kFloat32).device(device));
   growth_tracker_ = torch::zeros({1}, torch::dtype(torch::kInt32).device(device));
   unit_ = torch::ones({1}, torch::dtype(torch::kFloat32).device(device));
 }
 
 torch::Tensor GradScaler::scale(const torch::Tensor& loss) {
-  if (!options_.enabled) return loss;
+  if (!options_.enabled()) return loss;
   lazy_init(loss.device());
   // The scale stays float32 and one-dimensional, so a float16 loss is promoted to float32: the
   // initial scale 65536 is above float16's largest value and would turn into inf.
@@ -45,7 +45,7 @@ torch::Tensor GradScaler::scale(const torch::Tensor& loss) {
 }
 
 void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
-  if (!options_.enabled) return;
+  if (!options_.enabled()) return;
   PerOptimizer& state = per_optimizer_[&optimizer];
   if (state.stage == Stage::kUnscaled)
     throw Error("GradScaler::unscale_: already called for this optimizer since the last update()");
@@ -87,7 +87,7 @@ void GradScaler::check_gradients(torch::optim::Optimizer& optimizer, PerOptimize
 }
 
 bool GradScaler::step(torch::optim::Optimizer& optimizer) {
-  if (!options_.enabled) {
+  if (!options_.enabled()) {
     optimizer.step();
     return true;
   }
@@ -137,7 +137,7 @@ torch::Tensor GradScaler::combine_found_inf(const std::vector<torch::Tensor>& fl
 }
 
 void GradScaler::update() {
-  if (!options_.enabled) return;
+  if (!options_.enabled()) return;
   std::vector<torch::Tensor> found;
   for (auto& [opt, state] : per_optimizer_)
     for (const auto& f : state.found_inf) found.push_back(f);
@@ -145,8 +145,8 @@ void GradScaler::update() {
     throw Error(
         "GradScaler::update: no inf checks were recorded; call step() (or unscale_()) first");
   const torch::Tensor combined = combine_found_inf(found, scale_.device());
-  at::_amp_update_scale_(scale_, growth_tracker_, combined, options_.growth_factor,
-                         options_.backoff_factor, options_.growth_interval);
+  at::_amp_update_scale_(scale_, growth_tracker_, combined, options_.growth_factor(),
+                         options_.backoff_factor(), options_.growth_interval());
   per_optimizer_.clear();
 }
 
@@ -154,15 +154,15 @@ int64_t GradScaler::skipped_steps() const {
   return skipped_steps_ + (skipped_on_device_.defined() ? skipped_on_device_.item<int64_t>() : 0);
 }
 
-double GradScaler::get_scale() const { return options_.enabled ? scale_.item<float>() : 1.0; }
+double GradScaler::get_scale() const { return options_.enabled() ? scale_.item<float>() : 1.0; }
 
 int64_t GradScaler::growth_tracker() const { return growth_tracker_.item<int32_t>(); }
 
 std::map<std::string, double> GradScaler::state_dict() const {
   return {{"scale", get_scale()},
-          {"growth_factor", options_.growth_factor},
-          {"backoff_factor", options_.backoff_factor},
-          {"growth_interval", static_cast<double>(options_.growth_interval)},
+          {"growth_factor", options_.growth_factor()},
+          {"backoff_factor", options_.backoff_factor()},
+          {"growth_interval", static_cast<double>(options_.growth_interval())},
           {"growth_tracker", static_cast<double>(growth_tracker())}};
 }
 
@@ -178,9 +178,9 @@ void GradScaler::load_state_dict(const std::map<std::string, double>& state) {
     throw Error("GradScaler::load_state_dict: missing keys [" + missing + "], unexpected keys [" +
                 unexpected + "]");
   }
-  options_.growth_factor = state.at("growth_factor");
-  options_.backoff_factor = state.at("backoff_factor");
-  options_.growth_interval = static_cast<int64_t>(state.at("growth_interval"));
+  options_.growth_factor(state.at("growth_factor"));
+  options_.backoff_factor(state.at("backoff_factor"));
+  options_.growth_interval(static_cast<int64_t>(state.at("growth_interval")));
   const torch::Device device = scale_.device();
   scale_ = torch::full({1}, state.at("scale"), torch::dtype(torch::kFloat32).device(device));
   growth_tracker_ = torch::full({1}, static_cast<int32_t>(state.at("growth_tracker")),

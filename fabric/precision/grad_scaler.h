@@ -25,14 +25,18 @@
 #include <string>
 #include <vector>
 
+#include "fabric/core/arg.h"
+
 namespace fabric {
 
+// Example: GradScalerOptions().init_scale(1024).growth_interval(100).
 struct GradScalerOptions {
-  double init_scale = 65536.0;     // Default: 2^16.
-  double growth_factor = 2.0;      // Default: 2.0 (> 1).
-  double backoff_factor = 0.5;     // Default: 0.5 (in (0, 1)).
-  int64_t growth_interval = 2000;  // Default: 2000 finite steps before growing.
-  bool enabled = true;  // Default: true. Disabled: scale() is the identity, step() steps.
+  FABRIC_ARG(double, init_scale) = 65536.0;     // Default: 2^16.
+  FABRIC_ARG(double, growth_factor) = 2.0;      // Default: 2.0 (> 1).
+  FABRIC_ARG(double, backoff_factor) = 0.5;     // Default: 0.5 (in (0, 1)).
+  FABRIC_ARG(int64_t, growth_interval) = 2000;  // Default: 2000 finite steps before growing.
+  // Default: true. Disabled: scale() is the identity, step() steps.
+  FABRIC_ARG(bool, enabled) = true;
 };
 
 class GradScaler {
@@ -62,7 +66,7 @@ class GradScaler {
 
   double get_scale() const;  // Current scale (host sync when it lives on a GPU).
   int64_t growth_tracker() const;
-  bool is_enabled() const { return options_.enabled; }
+  bool is_enabled() const { return options_.enabled(); }
   const GradScalerOptions& options() const { return options_; }
   // Number of optimizer steps skipped because of inf/NaN gradients since construction
   // (synchronizes with the device when fused optimizers decided there).

@@ -78,16 +78,16 @@ GraphedStep::GraphedStep(Fabric& fabric, torch::optim::Optimizer& optimizer, Los
       options_(options),
       enabled_(fabric.setup_info().cuda_graphs) {
   if (!loss_) throw Error("GraphedStep: no loss function");
-  if (!(options_.clip_norm >= 0) || !(options_.clip_value >= 0) ||
-      (options_.clip_norm > 0 && options_.clip_value > 0))
+  if (!(options_.clip_norm() >= 0) || !(options_.clip_value() >= 0) ||
+      (options_.clip_norm() > 0 && options_.clip_value() > 0))
     throw Error(
         "GraphedStep: clip_norm and clip_value must be >= 0, and at most one of them > 0 (got " +
-        std::to_string(options_.clip_norm) + " and " + std::to_string(options_.clip_value) + ")");
-  if (options_.clip_norm > 0 || options_.clip_value > 0) {
+        std::to_string(options_.clip_norm()) + " and " + std::to_string(options_.clip_value()) + ")");
+  if (options_.clip_norm() > 0 || options_.clip_value() > 0) {
     for (const auto& group : optimizer_.param_groups())
       clipped_.insert(clipped_.end(), group.params().begin(), group.params().end());
   }
-  if (options_.warmup_steps < 1) options_.warmup_steps = 1;  // the capture needs made state
+  if (options_.warmup_steps() < 1) options_.warmup_steps(1);  // the capture needs made state
   if (!enabled_) return;
   scaled_ = dynamic_cast<ScaledStep*>(&optimizer_);
   if (scaled_ == nullptr || !scaled_->takes_grad_scale())
@@ -114,12 +114,12 @@ GraphedStep::~GraphedStep() {
 
 void GraphedStep::backward_and_step(const torch::Tensor& loss) {
   fabric_.backward(loss);
-  if (options_.clip_norm > 0 || options_.clip_value > 0) {
+  if (options_.clip_norm() > 0 || options_.clip_value() > 0) {
     fabric_.precision().unscale_gradients(optimizer_);  // on the device (fabric/precision)
-    if (options_.clip_norm > 0) {
-      grad_norm_ = clip_grad_norm_on_device(clipped_, options_.clip_norm, options_.norm_type);
+    if (options_.clip_norm() > 0) {
+      grad_norm_ = clip_grad_norm_on_device(clipped_, options_.clip_norm(), options_.norm_type());
     } else {
-      torch::nn::utils::clip_grad_value_(clipped_, options_.clip_value);
+      torch::nn::utils::clip_grad_value_(clipped_, options_.clip_value());
     }
   }
   fabric_.step(optimizer_);
@@ -162,7 +162,7 @@ torch::Tensor GraphedStep::operator()(const std::vector<torch::Tensor>& batch) {
 #ifdef FABRIC_WITH_CUDA
   Graph& g = *graph_;
   scaled_->refresh_lr();  // before the step reads it, eager or replayed
-  if (!g.captured && eager_ < options_.warmup_steps) {
+  if (!g.captured && eager_ < options_.warmup_steps()) {
     torch::Tensor loss;
     g.on_side_stream([&] { loss = eager(batch); });
     return loss.clone();  // made on the current stream

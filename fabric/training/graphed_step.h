@@ -47,20 +47,23 @@
 #include <memory>
 #include <vector>
 
+#include "fabric/core/arg.h"
+
 namespace fabric {
 
 class Fabric;
 class ScaledStep;
 
+// Example: GraphedStepOptions().clip_norm(1.0).
 struct GraphedStepOptions {
-  int warmup_steps = 3;  // eager steps before the capture (at least 1)
+  FABRIC_ARG(int, warmup_steps) = 3;  // Default: 3 eager steps before the capture (at least 1).
   // Gradient clipping inside the step, after backward (16-mixed gradients unscaled first), over
   // the optimizer's parameters, without reading anything on the host: the arithmetic of
   // Fabric::clip_gradients (clip_norm, norm_type) and Fabric::clip_gradients_value (clip_value).
   // 0: off; at most one of the two. (trainer.gradient_clip_val / gradient_clip_algorithm.)
-  double clip_norm = 0;
-  double norm_type = 2.0;
-  double clip_value = 0;
+  FABRIC_ARG(double, clip_norm) = 0;
+  FABRIC_ARG(double, norm_type) = 2.0;
+  FABRIC_ARG(double, clip_value) = 0;
 };
 
 class GraphedStep {

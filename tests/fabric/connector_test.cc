@@ -242,7 +242,7 @@ TEST(ConnectorTest, SettingsFollowTheDocumentedRules) {
               cpu_machine());
   EXPECT_FALSE(s.cudnn_benchmark);
   EXPECT_EQ(s.seed, 7u);
-  EXPECT_EQ(s.scaler.init_scale, 1024.0);
+  EXPECT_EQ(s.scaler.init_scale(), 1024.0);
   s = resolve({"fabric.ddp.comm_hook=bf16", "fabric.devices=2", "fabric.sync_batchnorm=true"},
               cpu_machine());
   EXPECT_EQ(s.ddp.comm_hook, strategies::CommHook::kBf16);

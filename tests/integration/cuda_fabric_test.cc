@@ -77,7 +77,7 @@ TEST(CudaFabricTest, AutoPicksCudaAndMixedPrecisionsTrain) {
 TEST(CudaFabricTest, GradScalerSkipsInfStepsOnTheGpu) {
   SKIP_WITHOUT_CUDA();
   fabric::GradScalerOptions o;
-  o.init_scale = 8;
+  o.init_scale(8);
   fabric::GradScaler scaler(o);
   auto p = torch::ones({3}, torch::device(torch::kCUDA).requires_grad(true));
   torch::optim::SGD sgd({p}, torch::optim::SGDOptions(0.5));

@@ -124,7 +124,7 @@ TEST(CudaGraphsTest, DdpReplaysTheAllReduceAndTrainsAsEagerDdp) {
 TEST(CudaGraphsTest, ClippedStepsAreCapturedAndTrainAsEagerOnes) {
   SKIP_WITHOUT_CUDA();
   fabric::GraphedStepOptions clip;
-  clip.clip_norm = 0.1;
+  clip.clip_norm(0.1);
   for (const char* precision : {"32-true", "16-mixed"}) {
     SCOPED_TRACE(precision);
     const Trained eager = train(precision, "sgd", false, 10, -1, "single_device", clip);

@@ -18,12 +18,12 @@ struct FakeClock {
 
 ProgressBar::Options options(FakeClock& clock, bool in_place) {
   ProgressBar::Options o;
-  o.total_steps = 5;
-  o.max_epochs = 2;
-  o.log_every = 2;
-  o.in_place = in_place;
-  o.width = 200;
-  o.now = clock.fn();
+  o.total_steps(5);
+  o.max_epochs(2);
+  o.log_every(2);
+  o.in_place(in_place);
+  o.width(200);
+  o.now(clock.fn());
   return o;
 }
 
@@ -70,7 +70,7 @@ TEST(ProgressBar, InPlaceLineIsCutToTheWidth) {
   FakeClock clock;
   std::ostringstream out;
   auto o = options(clock, true);
-  o.width = 30;
+  o.width(30);
   ProgressBar bar(out, o);
   bar.set_metrics(1.25, 0.01, 12345);
   EXPECT_EQ(bar.render(true, 30), "epoch 1/2 [..................");
@@ -81,8 +81,8 @@ TEST(ProgressBar, EtaIsTheMedianStepTimeTimesTheStepsLeft) {
   FakeClock clock;
   std::ostringstream out;
   auto o = options(clock, false);
-  o.total_steps = 100;
-  o.log_every = 1000;
+  o.total_steps(100);
+  o.log_every(1000);
   ProgressBar bar(out, o);
   for (int64_t step = 1; step <= 10; ++step) {
     clock.t += step == 5 ? 120 : 0.5;  // an evaluation pause at step 5
@@ -95,7 +95,7 @@ TEST(ProgressBar, ResumedRunsStartAtTheirStep) {
   FakeClock clock;
   std::ostringstream out;
   auto o = options(clock, false);
-  o.start_step = 3;
+  o.start_step(3);
   ProgressBar bar(out, o);
   clock.t += 2;
   bar.step(4, 1);

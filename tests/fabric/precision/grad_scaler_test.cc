@@ -35,8 +35,8 @@ torch::Tensor loss_for(const torch::Tensor& p, int step, bool inf) {
 
 TEST(GradScalerTest, ScaleTrajectoryFollowsTheRecipeAndInfStepsAreSkipped) {
   fabric::GradScalerOptions options;
-  options.init_scale = 8.0;
-  options.growth_interval = 3;
+  options.init_scale(8.0);
+  options.growth_interval(3);
   fabric::GradScaler scaler(options);
   ReferenceScaler ref{8.0, 2.0, 0.5, 3};
 
@@ -102,7 +102,7 @@ TEST(GradScalerTest, MisuseIsReported) {
   fabric::GradScaler scaler;
   EXPECT_THROW(scaler.update(), fabric::Error);  // no step recorded
   fabric::GradScalerOptions bad;
-  bad.backoff_factor = 1.5;
+  bad.backoff_factor(1.5);
   EXPECT_THROW(fabric::GradScaler{bad}, fabric::Error);
 
   auto h = torch::ones({2}, torch::dtype(torch::kHalf).requires_grad(true));
@@ -113,8 +113,8 @@ TEST(GradScalerTest, MisuseIsReported) {
 
 TEST(GradScalerTest, StateDictRoundTripsAndNamesBadKeys) {
   fabric::GradScalerOptions options;
-  options.init_scale = 1024.0;
-  options.growth_interval = 2;
+  options.init_scale(1024.0);
+  options.growth_interval(2);
   fabric::GradScaler a(options);
   auto p = torch::ones({1}, torch::requires_grad());
   torch::optim::SGD sgd({p}, torch::optim::SGDOptions(0.1));
@@ -128,7 +128,7 @@ TEST(GradScalerTest, StateDictRoundTripsAndNamesBadKeys) {
   b.load_state_dict(a.state_dict());
   EXPECT_EQ(b.get_scale(), 2048.0);
   EXPECT_EQ(b.growth_tracker(), 1);
-  EXPECT_EQ(b.options().growth_interval, 2);
+  EXPECT_EQ(b.options().growth_interval(), 2);
   EXPECT_EQ(b.state_dict(), a.state_dict());
 
   auto state = a.state_dict();
@@ -146,7 +146,7 @@ TEST(GradScalerTest, StateDictRoundTripsAndNamesBadKeys) {
 
 TEST(GradScalerTest, DisabledScalerIsTheIdentity) {
   fabric::GradScalerOptions options;
-  options.enabled = false;
+  options.enabled(false);
   fabric::GradScaler scaler(options);
   auto loss = torch::tensor(3.0f);
   EXPECT_TRUE(torch::equal(scaler.scale(loss), loss));

@@ -199,8 +199,8 @@ TEST(FastOptimizers, GradScalerOnTheDeviceMatchesHostDecision) {
       ref = std::make_unique<torch::optim::SGD>(ref_params, o);
     }
     ASSERT_TRUE(dynamic_cast<ScaledStep*>(ours.get())->takes_grad_scale());
-    GradScaler our_scaler(GradScalerOptions{1024.0, 2.0, 0.5, 3, true});
-    GradScaler ref_scaler(GradScalerOptions{1024.0, 2.0, 0.5, 3, true});
+    GradScaler our_scaler(GradScalerOptions().init_scale(1024.0).growth_interval(3));
+    GradScaler ref_scaler(GradScalerOptions().init_scale(1024.0).growth_interval(3));
     for (int k = 0; k < 30; ++k) {
       our_scaler.scale(torch::ones({}));  // places the scale; gradients come from set_grads
       ref_scaler.scale(torch::ones({}));

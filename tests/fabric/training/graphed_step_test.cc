@@ -103,14 +103,14 @@ std::vector<torch::Tensor> train_clipped(const fabric::GraphedStepOptions& optio
       const std::vector<torch::Tensor> batch = {torch::randn({16, 8}), torch::randint(0, 3, {16})};
       if (graphed) {
         step(batch);
-        if (options.clip_norm > 0) norms->push_back(step.grad_norm().item<double>());
+        if (options.clip_norm() > 0) norms->push_back(step.grad_norm().item<double>());
         continue;
       }
       optimizer.zero_grad();
       f.backward(loss_of(batch));
-      if (options.clip_norm > 0)
-        norms->push_back(f.clip_gradients(model, optimizer, options.clip_norm, options.norm_type));
-      if (options.clip_value > 0) f.clip_gradients_value(model, optimizer, options.clip_value);
+      if (options.clip_norm() > 0)
+        norms->push_back(f.clip_gradients(model, optimizer, options.clip_norm(), options.norm_type()));
+      if (options.clip_value() > 0) f.clip_gradients_value(model, optimizer, options.clip_value());
       f.step(optimizer);
     }
     for (const auto& p : model->parameters()) out.push_back(p.detach().clone());
@@ -122,19 +122,19 @@ TEST(GraphedStepTest, ClippingInsideTheStepIsFabricsClippingBitwise) {
   std::vector<double> ignored;
   const auto unclipped = train_clipped({}, true, &ignored);
   fabric::GraphedStepOptions by_norm, by_inf_norm, by_value;
-  by_norm.clip_norm = 0.05;
-  by_inf_norm.clip_norm = 0.02;
-  by_inf_norm.norm_type = std::numeric_limits<double>::infinity();
-  by_value.clip_value = 0.005;
+  by_norm.clip_norm(0.05);
+  by_inf_norm.clip_norm(0.02);
+  by_inf_norm.norm_type(std::numeric_limits<double>::infinity());
+  by_value.clip_value(0.005);
   for (const auto& options : {by_norm, by_inf_norm, by_value}) {
-    SCOPED_TRACE("clip_norm " + std::to_string(options.clip_norm) + " norm_type " +
-                 std::to_string(options.norm_type) + " clip_value " +
-                 std::to_string(options.clip_value));
+    SCOPED_TRACE("clip_norm " + std::to_string(options.clip_norm()) + " norm_type " +
+                 std::to_string(options.norm_type()) + " clip_value " +
+                 std::to_string(options.clip_value()));
     std::vector<double> loop_norms, step_norms;
     const auto loop = train_clipped(options, false, &loop_norms);
     const auto stepped = train_clipped(options, true, &step_norms);
     EXPECT_EQ(step_norms, loop_norms);  // GraphedStep::grad_norm() is Fabric::clip_gradients'
-    EXPECT_EQ(step_norms.size(), options.clip_norm > 0 ? 8u : 0u);
+    EXPECT_EQ(step_norms.size(), options.clip_norm() > 0 ? 8u : 0u);
     bool clipped = false;
     for (size_t i = 0; i < loop.size(); ++i) {
       EXPECT_TRUE(torch::equal(stepped[i], loop[i])) << "parameter " << i;
@@ -151,14 +151,14 @@ TEST(GraphedStepTest, ClippingOptionsAreChecked) {
   fabric::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
   auto loss = [](const std::vector<torch::Tensor>& b) { return b[0].sum(); };
   fabric::GraphedStepOptions both, negative;
-  both.clip_norm = 1;
-  both.clip_value = 1;
-  negative.clip_norm = -1;
+  both.clip_norm(1);
+  both.clip_value(1);
+  negative.clip_norm(-1);
   for (const auto& options : {both, negative}) {
     try {
       fabric::GraphedStep step(fabric, optimizer, loss, options);
-      ADD_FAILURE() << "accepted clip_norm " << options.clip_norm << " clip_value "
-                    << options.clip_value;
+      ADD_FAILURE() << "accepted clip_norm " << options.clip_norm() << " clip_value "
+                    << options.clip_value();
     } catch (const fabric::Error& e) {
       EXPECT_NE(std::string(e.what()).find("at most one of them > 0"), std::string::npos)
           << e.what();
