@@ -29,10 +29,28 @@ bool reducible(c10d::ReduceOp::RedOpType op) {
          op == c10d::ReduceOp::PRODUCT;
 }
 
+bool shm_dtype(const at::Tensor& t) {  // what ShmSegment's reductions dispatch on
+  switch (t.scalar_type()) {
+    case at::kFloat:
+    case at::kDouble:
+    case at::kHalf:
+    case at::kBFloat16:
+    case at::kByte:
+    case at::kChar:
+    case at::kShort:
+    case at::kInt:
+    case at::kLong:
+      return t.device().is_cpu() && t.layout() == at::kStrided;
+    default:
+      return false;
+  }
+}
+
 class ShmWork : public c10d::Work {
  public:
-  ShmWork(std::vector<at::Tensor> tensors, c10::intrusive_ptr<Future> future)
-      : c10d::Work(-1, c10d::OpType::ALLREDUCE, "fabric_shm:all_reduce"),
+  ShmWork(c10d::OpType type, const char* profiling_title, std::vector<at::Tensor> tensors,
+          c10::intrusive_ptr<Future> future)
+      : c10d::Work(-1, type, profiling_title),
         tensors_(std::move(tensors)),
         future_(std::move(future)) {}
   bool isCompleted() override { return future_->completed(); }
@@ -65,16 +83,42 @@ class ShmBackend : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
-    if (!handles(tensors, opts)) return fallback_->allreduce(tensors, opts);
-    auto future = c10::make_intrusive<Future>(c10::ListType::create(c10::TensorType::get()));
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (stopping_) throw Error("shared-memory all_reduce: the process group was shut down");
-      queue_.push_back(Job{tensors[0], opts.reduceOp.op_, future, tensors});
+    if (tensors.size() != 1 || !reducible(opts.reduceOp.op_) || !shm_dtype(tensors[0]))
+      return fallback_->allreduce(tensors, opts);
+    return enqueue(Kind::kAllReduce, tensors[0], {}, opts.reduceOp.op_, {}, tensors);
+  }
+
+  // out (k elements) = this rank's reduced slice of every rank's `in` (world * k elements).
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& out, at::Tensor& in, const c10d::ReduceScatterOptions& o) override {
+    if (!reducible(o.reduceOp.op_) || !shm_dtype(out) || !shm_dtype(in) ||
+        in.scalar_type() != out.scalar_type() || in.numel() != out.numel() * size_)
+      return fallback_->_reduce_scatter_base(out, in, o);
+    return enqueue(Kind::kReduceScatter, out, in, o.reduceOp.op_, {}, {out});
+  }
+
+  // out (world * k elements) = every rank's `in` (k elements), in rank order.
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& out, at::Tensor& in,
+                                                 const c10d::AllgatherOptions& o) override {
+    if (!shm_dtype(out) || !shm_dtype(in) || in.scalar_type() != out.scalar_type() ||
+        out.numel() != in.numel() * size_)
+      return fallback_->_allgather_base(out, in, o);
+    return enqueue(Kind::kAllGather, out, in, c10d::ReduceOp::SUM, {}, {out});
+  }
+
+  // The list form (what Fabric::all_gather issues): one input, one output per rank of its shape.
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& out,
+                                           std::vector<at::Tensor>& in,
+                                           const c10d::AllgatherOptions& o) override {
+    bool native = in.size() == 1 && out.size() == 1 && shm_dtype(in[0]) &&
+                  static_cast<int>(out[0].size()) == size_;
+    for (size_t r = 0; native && r < out[0].size(); ++r) {
+      native = out[0][r].scalar_type() == in[0].scalar_type() &&
+               out[0][r].sizes() == in[0].sizes() && shm_dtype(out[0][r]);
     }
-    ++issued_;
-    wake_.notify_one();
-    return c10::make_intrusive<ShmWork>(tensors, future);
+    if (!native) return fallback_->allgather(out, in, o);
+    return enqueue(Kind::kAllGather, at::empty({size_ * in[0].numel()}, in[0].options()), in[0],
+                   c10d::ReduceOp::SUM, out[0], out[0]);
   }
 
   // Everything else is Gloo's.
@@ -89,15 +133,6 @@ class ShmBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& t,
                                         const c10d::ReduceOptions& o) override {
     return fallback_->reduce(t, o);
-  }
-  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& out,
-                                           std::vector<at::Tensor>& in,
-                                           const c10d::AllgatherOptions& o) override {
-    return fallback_->allgather(out, in, o);
-  }
-  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& out, at::Tensor& in,
-                                                 const c10d::AllgatherOptions& o) override {
-    return fallback_->_allgather_base(out, in, o);
   }
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& out,
                                                      std::vector<at::Tensor>& in,
@@ -123,10 +158,6 @@ class ShmBackend : public c10d::Backend {
                                                 std::vector<std::vector<at::Tensor>>& in,
                                                 const c10d::ReduceScatterOptions& o) override {
     return fallback_->reduce_scatter(out, in, o);
-  }
-  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
-      at::Tensor& out, at::Tensor& in, const c10d::ReduceScatterOptions& o) override {
-    return fallback_->_reduce_scatter_base(out, in, o);
   }
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& out, at::Tensor& in,
                                                std::vector<int64_t>& out_splits,
@@ -162,30 +193,41 @@ class ShmBackend : public c10d::Backend {
   void shutdown() override { stop(); }
 
  private:
+  enum class Kind { kAllReduce, kReduceScatter, kAllGather };
   struct Job {
-    at::Tensor tensor;
-    c10d::ReduceOp::RedOpType op;
+    Kind kind = Kind::kAllReduce;
+    at::Tensor out;  // all_reduce: reduced in place
+    at::Tensor in;   // reduce_scatter, all_gather
+    c10d::ReduceOp::RedOpType op = c10d::ReduceOp::SUM;
+    std::vector<at::Tensor> pieces;  // list all_gather: `out` is copied into these, rank by rank
+    std::vector<at::Tensor> result;  // the future's value
     c10::intrusive_ptr<Future> future;
-    std::vector<at::Tensor> result;
   };
 
-  static bool handles(const std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& o) {
-    if (tensors.size() != 1 || !reducible(o.reduceOp.op_)) return false;
-    const at::Tensor& t = tensors[0];
-    switch (t.scalar_type()) {  // what reduce_share dispatches on
-      case at::kFloat:
-      case at::kDouble:
-      case at::kHalf:
-      case at::kBFloat16:
-      case at::kByte:
-      case at::kChar:
-      case at::kShort:
-      case at::kInt:
-      case at::kLong:
-        return t.device().is_cpu() && t.layout() == at::kStrided;
-      default:
-        return false;
+  c10::intrusive_ptr<c10d::Work> enqueue(Kind kind, at::Tensor out, at::Tensor in,
+                                         c10d::ReduceOp::RedOpType op,
+                                         std::vector<at::Tensor> pieces,
+                                         std::vector<at::Tensor> result) {
+    static const char* const kNames[] = {"all_reduce", "reduce_scatter", "all_gather"};
+    static const char* const kTitles[] = {"fabric_shm:all_reduce", "fabric_shm:reduce_scatter",
+                                          "fabric_shm:all_gather"};
+    static const c10d::OpType kTypes[] = {c10d::OpType::ALLREDUCE,
+                                          c10d::OpType::_REDUCE_SCATTER_BASE,
+                                          c10d::OpType::_ALLGATHER_BASE};
+    const int k = static_cast<int>(kind);
+    auto future = c10::make_intrusive<Future>(c10::ListType::create(c10::TensorType::get()));
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stopping_) {
+        throw Error(std::string("shared-memory ") + kNames[k] +
+                    ": the process group was shut down");
+      }
+      queue_.push_back(Job{kind, std::move(out), std::move(in), op, std::move(pieces), result,
+                           future});
     }
+    ++issued_;
+    wake_.notify_one();
+    return c10::make_intrusive<ShmWork>(kTypes[k], kTitles[k], std::move(result), future);
   }
 
   void run() {
@@ -200,7 +242,22 @@ class ShmBackend : public c10d::Backend {
       }
       try {
         if (broken_) std::rethrow_exception(broken_);
-        segment_->all_reduce(job.tensor, job.op);
+        switch (job.kind) {
+          case Kind::kAllReduce:
+            segment_->all_reduce(job.out, job.op);
+            break;
+          case Kind::kReduceScatter:
+            segment_->reduce_scatter(job.out, job.in, job.op);
+            break;
+          case Kind::kAllGather:
+            segment_->all_gather(job.out, job.in);
+            for (size_t r = 0; r < job.pieces.size(); ++r) {
+              const int64_t k = job.in.numel();
+              job.pieces[r].copy_(
+                  job.out.narrow(0, static_cast<int64_t>(r) * k, k).view(job.pieces[r].sizes()));
+            }
+            break;
+        }
         job.future->markCompleted(c10::IValue(job.result));
       } catch (...) {
         broken_ = std::current_exception();  // the segment's rounds are out of step now

@@ -5,8 +5,11 @@
 // PRODUCT; any numeric dtype) runs, in issue order, on one worker thread through a segment shared
 // by all ranks: chunk by chunk, each rank copies its chunk in, reduces its 1/N share of the chunk
 // over every rank's copy (rank 0 + rank 1 + ... in that order) into a result area, and copies the
-// reduced chunk out; two process-shared barriers (futexes) per chunk. Every other collective
-// (broadcast, all_gather, barrier, reduce_scatter, ...) goes to Gloo unchanged.
+// reduced chunk out; two process-shared barriers (futexes) per chunk. Reduce-scatter
+// (_reduce_scatter_base: every rank publishes its piece for every destination, each reduces its
+// own in rank order) and all-gather (_allgather_base, and the list form with one input) run the
+// same way, in the same queue, without a full all-reduce: what sharded training exchanges. Every
+// other collective (broadcast, barrier, gather, ...) goes to Gloo unchanged.
 //
 // The result is the same on every rank and does not depend on timing, so runs repeat bitwise. For
 // two ranks it equals Gloo's bitwise (a + b == b + a); for more ranks the summation order differs

@@ -87,6 +87,7 @@ class Segment final : public ShmSegment {
   // area and into the tensor, then fetch the other shares' results. Per rank that moves about two
   // tensors' worth of bytes each way, not three.
   void all_reduce(const at::Tensor& tensor, c10d::ReduceOp::RedOpType op) override {
+    collective_ = "all_reduce";
     if (world_ == 1) return;
     at::Tensor data = tensor.is_contiguous() ? tensor : tensor.contiguous();
     const int64_t element = data.element_size();
@@ -111,25 +112,90 @@ class Segment final : public ShmSegment {
     if (!data.is_same(tensor)) tensor.copy_(data);
   }
 
+  // Round by round over pieces of the output: every rank publishes, side by side, its piece for
+  // every destination rank; each rank reduces its own destination's pieces over every rank's
+  // slot straight into its output. One barrier pair per round; no result area.
+  void reduce_scatter(const at::Tensor& out, const at::Tensor& in,
+                      c10d::ReduceOp::RedOpType op) override {
+    collective_ = "reduce_scatter";
+    const at::Tensor src = in.contiguous();
+    at::Tensor dst = out.is_contiguous() ? out : at::empty_like(out, at::MemoryFormat::Contiguous);
+    const int64_t k = dst.numel();
+    if (world_ == 1) {
+      dst.view(-1).copy_(src.view(-1));
+    } else {
+      const int64_t element = src.element_size();
+      const int64_t per_piece = std::max<int64_t>(1, chunk_bytes_ / element / world_);
+      const char* from = static_cast<const char*>(src.data_ptr());
+      char* to = static_cast<char*>(dst.data_ptr());
+      for (int64_t offset = 0; offset < k; offset += per_piece) {
+        const int64_t n = std::min(per_piece, k - offset);
+        for (int64_t d = 0; d < world_; ++d) {
+          std::memcpy(slot(rank_) + d * n * element, from + (d * k + offset) * element,
+                      static_cast<size_t>(n * element));
+        }
+        barrier();
+        reduce_ranks(op, src.scalar_type(), n, to + offset * element,
+                     [&](int64_t rank) -> const char* { return slot(rank) + rank_ * n * element; });
+        barrier();  // the slots are rewritten next round
+      }
+    }
+    if (!dst.is_same(out)) out.copy_(dst);
+  }
+
+  void all_gather(const at::Tensor& out, const at::Tensor& in) override {
+    collective_ = "all_gather";
+    const at::Tensor src = in.contiguous();
+    at::Tensor dst = out.is_contiguous() ? out : at::empty_like(out, at::MemoryFormat::Contiguous);
+    const int64_t k = src.numel();
+    if (world_ == 1) {
+      dst.view(-1).copy_(src.view(-1));
+    } else {
+      const int64_t element = src.element_size();
+      const int64_t per_piece = chunk_bytes_ / element;
+      const char* from = static_cast<const char*>(src.data_ptr());
+      char* to = static_cast<char*>(dst.data_ptr());
+      for (int64_t offset = 0; offset < k; offset += per_piece) {
+        const int64_t n = std::min(per_piece, k - offset);
+        std::memcpy(slot(rank_), from + offset * element, static_cast<size_t>(n * element));
+        barrier();
+        for (int64_t r = 0; r < world_; ++r) {
+          std::memcpy(to + (r * k + offset) * element, slot(r), static_cast<size_t>(n * element));
+        }
+        barrier();
+      }
+    }
+    if (!dst.is_same(out)) out.copy_(dst);
+  }
+
  private:
   Header* header() { return reinterpret_cast<Header*>(base_); }
   char* slot(int64_t rank) { return base_ + kHeaderBytes + rank * chunk_bytes_; }
   char* result(int64_t round) { return slot(world_ + (round & 1)); }
 
-  // Elements [lo, hi) of the chunk, reduced in rank order 0, 1, ..., N-1 by plain loops (no ATen
-  // op: this runs on the worker thread, where an intra-op thread team would compete with the
-  // training threads). Per element the same IEEE operation as ATen's, so the same bits.
+  // Elements [lo, hi) of the chunk, reduced in rank order into the result area and into `mine`.
   void reduce_share(c10d::ReduceOp::RedOpType op, at::ScalarType dtype, int64_t lo, int64_t hi,
                     char* mine) {
     const int64_t element = static_cast<int64_t>(c10::elementSize(dtype));
     char* out_bytes = result(round_) + lo * element;
-    AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "fabric_shm_all_reduce", [&] {
+    reduce_ranks(op, dtype, hi - lo, out_bytes, [&](int64_t rank) -> const char* {
+      return (rank == rank_ ? mine : slot(rank)) + lo * element;
+    });
+    std::memcpy(mine + lo * element, out_bytes, static_cast<size_t>((hi - lo) * element));
+  }
+
+  // out[i] = input(0)[i] op input(1)[i] op ... op input(N-1)[i] for i < n, in rank order, by plain
+  // loops (no ATen op: this runs on the worker thread, where an intra-op thread team would compete
+  // with the training threads). Per element the same IEEE operation as ATen's, so the same bits.
+  // `out` may not alias an input.
+  template <typename Input>
+  void reduce_ranks(c10d::ReduceOp::RedOpType op, at::ScalarType dtype, int64_t n, char* out_bytes,
+                    Input input_bytes) {
+    AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "fabric_shm_reduce", [&] {
       auto input = [&](int64_t rank) {
-        return reinterpret_cast<const scalar_t*>((rank == rank_ ? mine : slot(rank)) +
-                                                 lo * element);
+        return reinterpret_cast<const scalar_t*>(input_bytes(rank));
       };
       auto* out = reinterpret_cast<scalar_t*>(out_bytes);
-      const int64_t n = hi - lo;
       for (int64_t r = 1; r < world_; ++r) {
         const scalar_t* a = r == 1 ? input(0) : out;
         const scalar_t* b = input(r);
@@ -149,7 +215,6 @@ class Segment final : public ShmSegment {
         }
       }
     });
-    std::memcpy(mine + lo * element, out_bytes, static_cast<size_t>((hi - lo) * element));
   }
 
   template <typename T>
@@ -193,11 +258,13 @@ class Segment final : public ShmSegment {
   }
 
   [[noreturn]] void fail(const std::string& why) {
-    throw Error("shared-memory all_reduce on rank " + std::to_string(rank_) + ": " + why);
+    throw Error(std::string("shared-memory ") + collective_ + " on rank " + std::to_string(rank_) +
+                ": " + why);
   }
 
   char* base_;
   int64_t bytes_, rank_, world_, chunk_bytes_;
+  const char* collective_ = "all_reduce";  // the one running, for errors
   std::chrono::milliseconds timeout_;
   int64_t round_ = 0;
   std::atomic<bool> stopping_{false};

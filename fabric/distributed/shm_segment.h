@@ -1,5 +1,5 @@
-// fabric::distributed::ShmSegment: the all-reduce over one /dev/shm segment shared by the ranks of
-// one machine, as run by the shared-memory backend's worker thread (shm_backend.h describes the
+// fabric::distributed::ShmSegment: the all-reduce, reduce-scatter and all-gather over one /dev/shm
+// segment shared by the ranks of one machine, as run by the shared-memory backend's worker thread (shm_backend.h describes the
 // algorithm and guarantees). Layout: a header (barrier counters, futex word), then one chunk per
 // rank, then two result chunks used in alternate rounds.
 #ifndef FABRIC_DISTRIBUTED_SHM_SEGMENT_H_
@@ -32,6 +32,13 @@ class ShmSegment {
   // Reduces `tensor` in place with every rank's (same shape and dtype, same call order); throws
   // fabric::Error after `timeout` without the others, or once another rank gave up.
   virtual void all_reduce(const at::Tensor& tensor, c10d::ReduceOp::RedOpType op) = 0;
+  // `out` (k elements) = the reduction, in rank order, of every rank's elements [rank * k,
+  // (rank + 1) * k) of `in` (world * k elements, the same dtype). Same guarantees as all_reduce;
+  // the result equals that slice of all_reduce(in) bit for bit.
+  virtual void reduce_scatter(const at::Tensor& out, const at::Tensor& in,
+                              c10d::ReduceOp::RedOpType op) = 0;
+  // `out` (world * k elements) = every rank's `in` (k elements, the same dtype), in rank order.
+  virtual void all_gather(const at::Tensor& out, const at::Tensor& in) = 0;
 };
 
 }  // namespace fabric::distributed

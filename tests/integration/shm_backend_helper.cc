@@ -1,7 +1,8 @@
 // Test helper for shm_backend_test: a self-launched job of WORLD processes.
-//   shm_backend_helper WORLD parity   all-reduces through shared memory (cpu_backend shm) against
-//                                     the same reduction done by hand in rank order (bitwise) and
-//                                     against Gloo's all-reduce; prints "rank R of W: ok"
+//   shm_backend_helper WORLD parity   all-reduces, reduce-scatters and all-gathers through shared
+//                                     memory (cpu_backend shm) against the same results computed
+//                                     by hand in rank order (bitwise) and the all-reduce against
+//                                     Gloo's; prints "rank R of W: ok"
 //   shm_backend_helper WORLD timeout  rank 0 all-reduces alone (2 s timeout); prints its error,
 //                                     then releases the other ranks through the store
 // Exit 0 when every check passed. The checks are the test's; this binary only reports.
@@ -123,6 +124,7 @@ int main(int argc, char** argv) {
 
   const std::vector<Case> cases = {
       {"float32 5000003 sum (several chunks)", torch::kFloat32, {5000003}, ReduceOp::SUM},
+      {"float32 300007 sum (several rounds)", torch::kFloat32, {300007}, ReduceOp::SUM},
       {"float64 1000 sum", torch::kFloat64, {1000}, ReduceOp::SUM},
       {"bfloat16 4099 sum", torch::kBFloat16, {4099}, ReduceOp::SUM},
       {"float16 17 max", torch::kFloat16, {17}, ReduceOp::MAX},
@@ -160,6 +162,45 @@ int main(int argc, char** argv) {
     const auto results = distributed::all_gather(*gloo, shm[0].contiguous(), "all_gather");
     for (const auto& other : results)
       check(torch::equal(other, results[0]), std::string(c.name) + ": same on every rank");
+
+    // Reduce-scatter: every rank contributes world pieces the shape of the case (the flat input
+    // of world * k elements); rank r keeps the rank-order reduction of piece r.
+    if (c.shape.size() == 1 && c.shape[0] <= 400000) {
+      Case scattered = c;
+      scattered.shape = {world * c.shape[0]};
+      scattered.transpose = false;
+      std::vector<torch::Tensor> pieces;
+      for (int64_t r = 0; r < world; ++r)
+        pieces.push_back(input(scattered, r, static_cast<int64_t>(i) + 100));
+      torch::Tensor in = pieces[rank].clone();
+      torch::Tensor out = torch::full({c.shape[0]}, 7, torch::TensorOptions().dtype(c.dtype));
+      c10d::ReduceScatterOptions rs;
+      rs.reduceOp = c.op;
+      pg->_reduce_scatter_base(out, in, rs)->wait();
+      const torch::Tensor want =
+          reduce_in_rank_order(pieces, c.op).narrow(0, rank * c.shape[0], c.shape[0]);
+      check(torch::equal(out, want), std::string(c.name) + ": reduce_scatter == rank-order slice");
+      check(torch::equal(in, pieces[rank]), std::string(c.name) + ": reduce_scatter input kept");
+    }
+    // All-gather, flat and as a list of the case's shape (what Fabric::all_gather issues).
+    std::vector<torch::Tensor> contributions;
+    for (int64_t r = 0; r < world; ++r)
+      contributions.push_back(input(c, r, static_cast<int64_t>(i)).contiguous());
+    const torch::Tensor everything = torch::cat(
+        [&] {
+          std::vector<torch::Tensor> flat;
+          for (const auto& t : contributions) flat.push_back(t.reshape({-1}));
+          return flat;
+        }(),
+        0);
+    torch::Tensor gathered = torch::empty({everything.numel()}, x.options());
+    torch::Tensor mine = x.clone();
+    pg->_allgather_base(gathered, mine)->wait();
+    check(torch::equal(gathered, everything), std::string(c.name) + ": flat all_gather");
+    const auto listed = distributed::all_gather(*pg, x, "all_gather");
+    bool same = static_cast<int64_t>(listed.size()) == world;
+    for (int64_t r = 0; same && r < world; ++r) same = torch::equal(listed[r], contributions[r]);
+    check(same, std::string(c.name) + ": list all_gather");
   }
   // Several in flight at once complete in issue order, each with its own result.
   std::vector<std::vector<torch::Tensor>> batch;

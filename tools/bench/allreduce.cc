@@ -1,5 +1,7 @@
-// CPU all-reduce time, shared memory (fabric/distributed/shm_backend.h) vs Gloo over loopback, for
-// ranks on this machine (self-launched).
+// CPU collective time, shared memory (fabric/distributed/shm_backend.h) vs Gloo over loopback, for
+// ranks on this machine (self-launched): all_reduce (default), reduce_scatter or all_gather
+// (--collective; sizes are then the elements of the full tensor, rounded up to a multiple of
+// --world, each rank holding 1/world of it).
 //   bazel run -c opt //tools/bench:allreduce -- --world=2 --sizes=1024,262144,4718592 --reps=30
 // Sizes are float32 element counts (4,718,592 ≈ ddp_step's 4.72M-parameter gradient bucket). Rank
 // 0 prints one line per size: median microseconds of both and their ratio, and the shared-memory
@@ -25,6 +27,7 @@ DEFINE_string(sizes, "1024,65536,1048576,4718592", "float32 element counts");
 DEFINE_int32(reps, 30, "timed all-reduces per size and backend");
 DEFINE_int64(chunk_bytes, 256 << 10, "shared-memory chunk per rank");
 DEFINE_int32(threads, 1, "intra-op threads per rank");
+DEFINE_string(collective, "all_reduce", "all_reduce | reduce_scatter | all_gather");
 
 namespace {
 
@@ -79,11 +82,35 @@ int main(int argc, char** argv) {
     std::printf("world %lld, chunk %lld bytes\n%12s %12s %12s %8s %10s\n",
                 static_cast<long long>(world), static_cast<long long>(FLAGS_chunk_bytes),
                 "elements", "shm_us", "gloo_us", "ratio", "shm_GB/s");
+  const std::string kind = FLAGS_collective;
+  if (kind != "all_reduce" && kind != "reduce_scatter" && kind != "all_gather") {
+    if (rank == 0) std::fprintf(stderr, "--collective: '%s' is not all_reduce, reduce_scatter or all_gather\n", kind.c_str());
+    return 2;
+  }
+  if (rank == 0) std::printf("collective %s\n", kind.c_str());
   while (std::getline(list, item, ',')) {
-    const int64_t n = std::atoll(item.c_str());
-    std::vector<torch::Tensor> t = {torch::randn({n})};
-    const double shm_us = median_us([&] { shm->allreduce(t)->wait(); }, FLAGS_reps);
-    const double gloo_us = median_us([&] { gloo->allreduce(t)->wait(); }, FLAGS_reps);
+    int64_t n = std::atoll(item.c_str());
+    double shm_us = 0, gloo_us = 0;
+    if (kind == "all_reduce") {
+      std::vector<torch::Tensor> t = {torch::randn({n})};
+      shm_us = median_us([&] { shm->allreduce(t)->wait(); }, FLAGS_reps);
+      gloo_us = median_us([&] { gloo->allreduce(t)->wait(); }, FLAGS_reps);
+    } else {
+      n = (n + world - 1) / world * world;
+      torch::Tensor full = torch::randn({n}), part = torch::randn({n / world});
+      if (kind == "reduce_scatter") {
+        shm_us = median_us([&] { shm->_reduce_scatter_base(part, full)->wait(); }, FLAGS_reps);
+        try {
+          gloo_us = median_us([&] { gloo->_reduce_scatter_base(part, full)->wait(); }, FLAGS_reps);
+        } catch (const std::exception& e) {  // say so, and go on with shared memory's figure
+          if (rank == 0) std::printf("gloo reduce_scatter: %s\n", std::string(e.what()).substr(0, 120).c_str());
+          gloo_us = 0;
+        }
+      } else {
+        shm_us = median_us([&] { shm->_allgather_base(full, part)->wait(); }, FLAGS_reps);
+        gloo_us = median_us([&] { gloo->_allgather_base(full, part)->wait(); }, FLAGS_reps);
+      }
+    }
     if (rank == 0)
       std::printf("%12lld %12.1f %12.1f %8.3f %10.2f\n", static_cast<long long>(n), shm_us, gloo_us,
                   shm_us / gloo_us, 4.0 * static_cast<double>(n) / shm_us / 1000.0);
