@@ -3,8 +3,10 @@
 // directory with fake_metric = 1 - 10 (optimizer.lr - 0.2)^2 + 0.001 fabric.seed.
 //
 // Test controls (environment): FAKE_INVOCATIONS=FILE appends "lr seed" per run; FAKE_FAIL_LR=X
-// fails (exit 1, one error line) when optimizer.lr == X; FAKE_BLOCK_LR=X writes its pid to the
-// file $FAKE_STARTED then blocks until killed when optimizer.lr == X.
+// fails (exit 1, one error line) when optimizer.lr == X; FAKE_DIVERGE_LR=X stops as a diverged
+// Fabric program does (summary.json with "stopped", exit 3) when optimizer.lr == X;
+// FAKE_BLOCK_LR=X writes its pid to the file $FAKE_STARTED then blocks until killed when
+// optimizer.lr == X.
 #include <signal.h>
 #include <unistd.h>
 
@@ -40,6 +42,13 @@ int main(int argc, char** argv) {
       while (true) pause();
     }
     const auto run = fabric::RunDirectory::create(c, "fake", true);
+    if (env_is("FAKE_DIVERGE_LR", lr)) {
+      run.write_summary({{"steps", 7},
+                         {"name", "fake"},
+                         {"stopped", "the loss was not finite for 3 consecutive steps on rank 0 "
+                                     "(detected at step 7; trainer.stop_on_nonfinite: 3)"}});
+      return 3;
+    }
     run.write_summary({{"fake_metric", 1 - 10 * (lr - 0.2) * (lr - 0.2) + 0.001 * seed},
                        {"steps", 10},
                        {"name", "fake"}});

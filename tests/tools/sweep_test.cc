@@ -84,6 +84,38 @@ TEST_F(SweepTest, RunsEveryPointWritesResultsAndRerunRetriesOnlyTheFailedRuns) {
   EXPECT_EQ(invocations().size(), 8u) << r.out;
 }
 
+// A run that stops on non-finite values (exit 3) is a result: recorded as diverged with its step,
+// ranked after the finished points, the sweep exits 0, and a re-run does not repeat it.
+TEST_F(SweepTest, DivergedRunsAreResultsNotFailures) {
+  write_sweep(kLrSeeds);
+  auto r = sweep("FAKE_DIVERGE_LR=0.3");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(invocations().size(), 6u) << r.out;
+  EXPECT_NE(r.out.find("diverged lr=0.3_seed=1 in "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("4 done, 2 diverged, 0 failed, 0 not run"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("run the same command again"), std::string::npos) << r.out;
+  EXPECT_EQ(state()["runs"]["lr=0.3_seed=2"]["status"], "diverged");
+
+  auto csv = lines(read(dir_ / "out" / "results.csv"));
+  int diverged = 0;
+  for (const auto& row : csv) {
+    if (row.rfind("lr=0.3_", 0) != 0) continue;
+    ++diverged;
+    EXPECT_EQ(row.rfind("lr=0.3_seed=", 0), 0u) << row;
+    EXPECT_NE(row.find(",diverged,3,1,"), std::string::npos) << row;
+    EXPECT_NE(row.find("detected at step 7"), std::string::npos) << row;
+  }
+  EXPECT_EQ(diverged, 2);
+  const auto rows = lines(read(dir_ / "out" / "results.md"));
+  ASSERT_GE(rows.size(), 7u);
+  EXPECT_EQ(rows[4].rfind("| 1 | 0.2 |", 0), 0u) << rows[4];
+  EXPECT_EQ(rows[6].rfind("| 3 | 0.3 | – | 0/2, 2 diverged |", 0), 0u) << rows[6];
+
+  r = sweep("FAKE_DIVERGE_LR=0.3");  // nothing left to run
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(invocations().size(), 6u) << r.out;
+}
+
 TEST_F(SweepTest, InterruptStopsTheRunningRunAndTheRerunContinuesWithTheRest) {
   write_sweep(kLrSeeds);
   const fs::path started = dir_ / "started";

@@ -191,7 +191,7 @@ int sweep_main(int argc, char** argv) {
                 "--launcher=slurm");
   }
   int done = 0;
-  for (const auto& run : spec.runs) done += state[run.id].status == fabric::sweep::RunStatus::kDone;
+  for (const auto& run : spec.runs) done += fabric::sweep::has_result(state[run.id].status);
   fabric::sweep::preflight(spec, state, options);
   std::cout << "sweep " << spec.name << ": " << spec.runs.size() << " runs (" << done
             << " done earlier), "
@@ -202,7 +202,7 @@ int sweep_main(int argc, char** argv) {
   if (flags.dry_run) {
     std::vector<const fabric::sweep::SweepRun*> pending;
     for (const auto& run : spec.runs)
-      if (state[run.id].status != fabric::sweep::RunStatus::kDone) pending.push_back(&run);
+      if (!fabric::sweep::has_result(state[run.id].status)) pending.push_back(&run);
     if (slurm && !pending.empty()) {
       std::cout << "sbatch " << fabric::join(flags.sbatch, " ") << (flags.sbatch.empty() ? "" : " ")
                 << fabric::display_path(options.sweep_dir / "slurm" / "array.sh") << "\n"

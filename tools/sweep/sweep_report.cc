@@ -109,6 +109,7 @@ std::string results_markdown(const SweepSpec& spec,
     std::vector<std::string> values;
     std::vector<double> metric, wall;
     int runs = 0;
+    int diverged = 0;
   };
   std::vector<Point> points;
   std::map<std::vector<std::string>, size_t> index;
@@ -116,10 +117,11 @@ std::string results_markdown(const SweepSpec& spec,
     std::vector<std::string> values;
     for (const auto& k : spec.swept_keys) values.push_back(value_of(run, k));
     auto [it, inserted] = index.emplace(values, points.size());
-    if (inserted) points.push_back({values, {}, {}, 0});
+    if (inserted) points.push_back({values, {}, {}, 0, 0});
     Point& p = points[it->second];
     ++p.runs;
     auto rec = records.find(run.id);
+    if (rec != records.end() && rec->second.status == RunStatus::kDiverged) ++p.diverged;
     if (rec == records.end() || rec->second.status != RunStatus::kDone) continue;
     const auto& summary = rec->second.summary;
     if (summary.is_object() && summary.contains(spec.metric) && summary[spec.metric].is_number()) {
@@ -127,9 +129,12 @@ std::string results_markdown(const SweepSpec& spec,
       p.wall.push_back(rec->second.wall_seconds);
     }
   }
+  // Points whose runs all finished first, by the metric; then points with a diverged run (by the
+  // metric of the rest); then points without a metric.
   std::stable_sort(points.begin(), points.end(), [&](const Point& a, const Point& b) {
     if (a.metric.empty() != b.metric.empty()) return b.metric.empty();
-    if (a.metric.empty()) return false;
+    if (a.metric.empty()) return a.diverged > b.diverged;
+    if ((a.diverged > 0) != (b.diverged > 0)) return b.diverged > 0;
     const double ma = stats_of(a.metric).mean, mb = stats_of(b.metric).mean;
     return spec.maximize ? ma > mb : ma < mb;
   });
@@ -145,7 +150,8 @@ std::string results_markdown(const SweepSpec& spec,
   int rank = 0;
   for (const Point& p : points) {
     const Stats m = stats_of(p.metric), w = stats_of(p.wall);
-    out << "| " << (p.metric.empty() ? std::string("–") : std::to_string(++rank)) << " |";
+    const bool ranked = !p.metric.empty() || p.diverged > 0;
+    out << "| " << (ranked ? std::to_string(++rank) : std::string("–")) << " |";
     for (const auto& v : p.values) out << " " << (v.empty() ? "–" : v) << " |";
     if (m.n == 0) {
       out << " – |";
@@ -156,7 +162,9 @@ std::string results_markdown(const SweepSpec& spec,
     }
     char wall[32];
     std::snprintf(wall, sizeof(wall), "%.1f", w.mean);
-    out << " " << m.n << "/" << p.runs << " | " << (w.n ? wall : "–") << " |\n";
+    out << " " << m.n << "/" << p.runs
+        << (p.diverged > 0 ? ", " + std::to_string(p.diverged) + " diverged" : std::string())
+        << " | " << (w.n ? wall : "–") << " |\n";
   }
   return out.str();
 }
@@ -167,12 +175,15 @@ int write_report(const SweepSpec& spec, SweepState& state, const std::filesystem
   const std::string table = results_markdown(spec, records);
   write_file_atomically(sweep_dir / "results.csv", results_csv(spec, records));
   write_file_atomically(sweep_dir / "results.md", "# Sweep " + spec.name + "\n\n" + table);
-  int done = 0, failed = 0, submitted = 0, left = 0;
+  int done = 0, diverged = 0, failed = 0, submitted = 0, left = 0;
   for (const SweepRun& run : spec.runs) {
     auto it = records.find(run.id);
     const RunStatus s = it == records.end() ? RunStatus::kPending : it->second.status;
     if (s == RunStatus::kDone) {
       ++done;
+    } else if (s == RunStatus::kDiverged) {
+      ++diverged;
+      out << "diverged: " << run.id << ": " << it->second.reason << "\n";
     } else if (s == RunStatus::kFailed) {
       ++failed;
       out << "failed: " << run.id << ": " << it->second.reason << "\n";
@@ -184,7 +195,8 @@ int write_report(const SweepSpec& spec, SweepState& state, const std::filesystem
   }
   out << "\n"
       << table << "\n"
-      << done << " done, " << failed << " failed, "
+      << done << " done, " << (diverged > 0 ? std::to_string(diverged) + " diverged, " : "")
+      << failed << " failed, "
       << (submitted > 0 ? std::to_string(submitted) + " queued or running in SLURM, " : "")
       << left << " not run; "
       << display_path(sweep_dir / "results.csv") << ", " << display_path(sweep_dir / "results.md")

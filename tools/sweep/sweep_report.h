@@ -26,13 +26,14 @@ struct Stats {
 Stats stats_of(const std::vector<double>& values);
 
 // | rank | <swept keys> | <metric> (mean ± std) | seeds done | wall s |: best first (mode);
-// points without a finished run last.
+// points with a diverged run after those whose runs all finished (their runs column says
+// "1/2, 1 diverged"), points without a result last.
 std::string results_markdown(const SweepSpec& spec,
                              const std::map<std::string, RunRecord>& records);
 
 // Writes results.csv and results.md to `sweep_dir`, prints the table, the failed runs and where
 // the files are. Returns the sweep's exit status: `run_code` when non-zero (a signal), 1 when a
-// run of the spec failed, else 0.
+// run of the spec failed, else 0 (diverged runs are results: they do not make it 1).
 int write_report(const SweepSpec& spec, SweepState& state, const std::filesystem::path& sweep_dir,
                  int run_code, std::ostream& out);
 

@@ -136,6 +136,26 @@ std::string record_exit(const SweepSpec& spec, const SweepRun& run, int exit_cod
   rec.exit_code = exit_code;
   rec.reason.clear();
   std::string line = run.id + " in " + seconds(wall_seconds);
+  if (exit_code == kDivergedExitStatus) {
+    // A result, not a failure: running it again repeats the same deterministic divergence.
+    rec.run_dir = find_summary_dir(runs, run.id, since);
+    rec.summary = nlohmann::json();
+    std::ifstream in(fs::path(rec.run_dir) / "summary.json");
+    if (!rec.run_dir.empty() && in) {
+      try {
+        in >> rec.summary;
+      } catch (const std::exception&) {
+        rec.summary = nlohmann::json();
+      }
+    }
+    const bool said = rec.summary.is_object() && rec.summary.contains("stopped") &&
+                      rec.summary["stopped"].is_string() &&
+                      !rec.summary["stopped"].get<std::string>().empty();
+    rec.reason = said ? rec.summary["stopped"].get<std::string>() : last_line_of_file(rec.log);
+    if (rec.reason.empty()) rec.reason = "stopped on non-finite values (exit 3)";
+    rec.status = RunStatus::kDiverged;
+    return "diverged " + line + ": " + rec.reason;
+  }
   if (exit_code == 0) {
     rec.run_dir = find_summary_dir(runs, run.id, since);
     std::ifstream in(fs::path(rec.run_dir) / "summary.json");
@@ -194,7 +214,7 @@ int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& o
                 std::ostream& out) {
   std::deque<const SweepRun*> pending;
   for (const SweepRun& run : spec.runs)
-    if (state[run.id].status != RunStatus::kDone) pending.push_back(&run);
+    if (!has_result(state[run.id].status)) pending.push_back(&run);
   if (options.max_runs > 0 && static_cast<int>(pending.size()) > options.max_runs)
     pending.resize(static_cast<size_t>(options.max_runs));
   const int total = static_cast<int>(pending.size());

@@ -186,7 +186,7 @@ void plan_devices(const SweepSpec& spec, const Setup& setup, RunnerOptions& opti
 
 void preflight(const SweepSpec& spec, SweepState& state, const RunnerOptions& options) {
   for (const SweepRun& run : spec.runs) {
-    if (state[run.id].status == RunStatus::kDone) continue;
+    if (has_result(state[run.id].status)) continue;
     auto argv = run_command_line(spec, run, options);
     argv.push_back("--print_config");
     const Captured c = run_captured(argv, options.cwd);

@@ -191,7 +191,7 @@ int submit_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions
                    std::ostream& out) {
   std::vector<const SweepRun*> runs;
   for (const SweepRun& run : spec.runs)
-    if (state[run.id].status != RunStatus::kDone && !in_slurm.count(run.id)) runs.push_back(&run);
+    if (!has_result(state[run.id].status) && !in_slurm.count(run.id)) runs.push_back(&run);
   if (options.max_runs > 0 && static_cast<int>(runs.size()) > options.max_runs)
     runs.resize(static_cast<size_t>(options.max_runs));
   if (runs.empty()) return 0;

@@ -13,7 +13,8 @@ constexpr int kVersion = 1;
 
 RunStatus status_from(const std::string& s) {
   for (RunStatus st : {RunStatus::kPending, RunStatus::kRunning, RunStatus::kSubmitted,
-                       RunStatus::kDone, RunStatus::kFailed, RunStatus::kInterrupted}) {
+                       RunStatus::kDone, RunStatus::kDiverged, RunStatus::kFailed,
+                       RunStatus::kInterrupted}) {
     if (to_string(st) == s) return st;
   }
   throw Error("unknown run status '" + s + "'");
@@ -31,6 +32,8 @@ std::string to_string(RunStatus status) {
       return "submitted";
     case RunStatus::kDone:
       return "done";
+    case RunStatus::kDiverged:
+      return "diverged";
     case RunStatus::kFailed:
       return "failed";
     case RunStatus::kInterrupted:

@@ -14,9 +14,18 @@
 
 namespace fabric::sweep {
 
-enum class RunStatus { kPending, kRunning, kSubmitted, kDone, kFailed, kInterrupted };
+// kDiverged: the program stopped on non-finite values (exit status 3, trainer.stop_on_nonfinite):
+// a result like kDone (never retried; ranked after the runs that finished), not a failure.
+enum class RunStatus { kPending, kRunning, kSubmitted, kDone, kDiverged, kFailed, kInterrupted };
 
 std::string to_string(RunStatus status);
+// Done or diverged: the run has its result and is not run again.
+inline bool has_result(RunStatus status) {
+  return status == RunStatus::kDone || status == RunStatus::kDiverged;
+}
+// The exit status of a Fabric program that stopped on non-finite values (trainer.stop_on_nonfinite;
+// examples/common/classification.h).
+constexpr int kDivergedExitStatus = 3;
 
 struct RunRecord {
   RunStatus status = RunStatus::kPending;
