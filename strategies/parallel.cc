@@ -41,7 +41,7 @@ void ParallelStrategy::teardown() {
 
 void ParallelStrategy::teardown_after_error() {
   release();
-  if (rendezvous_) rendezvous_->abort();
+  if (rendezvous_) rendezvous_->end_after_error();
 }
 
 const c10::intrusive_ptr<c10d::ProcessGroup>& ParallelStrategy::process_group() const {

@@ -6,7 +6,7 @@
 //
 // Lifecycle: setup_environment() makes the device current and joins the rendezvous; teardown()
 // calls release() and then ends the rendezvous cleanly; teardown_after_error() calls release()
-// and aborts it without waiting for other ranks.
+// and ends it without waiting for other ranks.
 #ifndef STRATEGIES_PARALLEL_H_
 #define STRATEGIES_PARALLEL_H_
 

@@ -96,7 +96,7 @@ void Rendezvous::finish() {
   if (launcher_) launcher_->wait();
 }
 
-void Rendezvous::abort() {
+void Rendezvous::end_after_error() {
   if (heartbeat_) {
     heartbeat_->report_failure("rank " + std::to_string(env_->global_rank()) +
                                " failed (its own error line says why)");

@@ -16,7 +16,7 @@
 //      naming the silent rank) when another stops beating.
 // Collectives of the user-facing API announce themselves with begin_collective(), which numbers
 // them (every timeout error names "all_reduce(sum) #3 (float32 [4])") and checks them across ranks.
-// finish() ends a job that went well; abort() one whose rank failed.
+// finish() ends a job that went well; end_after_error() one whose rank failed.
 //
 // Thread-safety: used from the thread that runs Fabric::launch.
 #ifndef FABRIC_DISTRIBUTED_RENDEZVOUS_H_
@@ -83,7 +83,7 @@ class Rendezvous {
   void finish();
   // This rank failed: tells the heartbeat's peers, stops the self-launched ranks and aborts
   // pending communication. Never waits for other ranks; never throws.
-  void abort();
+  void end_after_error();
 
  private:
   std::shared_ptr<ClusterEnvironment> env_;

@@ -34,16 +34,15 @@ std::string fmt(const char* format, double v) {
 
 ProgressBar::ProgressBar(std::ostream& out, Options options)
     : out_(out), options_(std::move(options)) {
-  now_ = options_.now();
-  if (!now_) {
-    now_ = [] {
+  if (!options_.now()) {
+    options_.now([] {
       return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
           .count();
-    };
+    });
   }
   if (options_.in_place() && options_.width() <= 0) options_.width(terminal_width());
   step_ = options_.start_step();
-  last_time_ = now_();
+  last_time_ = options_.now()();
 }
 
 ProgressBar::~ProgressBar() { finish(); }
@@ -108,7 +107,7 @@ void ProgressBar::set_metrics(double loss, double lr, double images_per_second) 
 }
 
 void ProgressBar::step(int64_t step, int64_t epoch) {
-  const double now = now_();
+  const double now = options_.now()();
   const int64_t advanced = step - step_;
   if (advanced > 0) {
     durations_.push_back((now - last_time_) / static_cast<double>(advanced));

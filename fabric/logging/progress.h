@@ -63,7 +63,6 @@ class ProgressBar {
 
   std::ostream& out_;
   Options options_;
-  std::function<double()> now_;  // options_.now(), or a steady clock
   int64_t step_ = 0, epoch_ = 0;
   double loss_ = -1, lr_ = -1, images_per_second_ = -1;
   double last_time_ = 0, last_draw_ = -1;

@@ -129,6 +129,28 @@ std::vector<std::string> run_command_line(const SweepSpec& spec, const SweepRun&
   return argv;
 }
 
+namespace {
+
+// Reads the attempt's summary.json (in runs/<id> or runs/<id>-N, written since `since`) into
+// rec.run_dir and rec.summary; returns why not ("" when read).
+std::string read_summary(const SweepRun& run, fs::file_time_type since, const fs::path& runs,
+                         RunRecord& rec) {
+  rec.run_dir = find_summary_dir(runs, run.id, since);
+  rec.summary = nlohmann::json();
+  std::ifstream in(fs::path(rec.run_dir) / "summary.json");
+  if (rec.run_dir.empty() || !in)
+    return "wrote no summary.json under " + display_path(runs / run.id);
+  try {
+    in >> rec.summary;
+  } catch (const std::exception& e) {
+    rec.summary = nlohmann::json();
+    return "summary.json is not JSON: " + std::string(e.what());
+  }
+  return "";
+}
+
+}  // namespace
+
 std::string record_exit(const SweepSpec& spec, const SweepRun& run, int exit_code,
                         const std::string& how, double wall_seconds, fs::file_time_type since,
                         const fs::path& runs, RunRecord& rec) {
@@ -137,38 +159,20 @@ std::string record_exit(const SweepSpec& spec, const SweepRun& run, int exit_cod
   rec.reason.clear();
   std::string line = run.id + " in " + seconds(wall_seconds);
   if (exit_code == kDivergedExitStatus) {
-    // A result, not a failure: running it again repeats the same deterministic divergence.
-    rec.run_dir = find_summary_dir(runs, run.id, since);
-    rec.summary = nlohmann::json();
-    std::ifstream in(fs::path(rec.run_dir) / "summary.json");
-    if (!rec.run_dir.empty() && in) {
-      try {
-        in >> rec.summary;
-      } catch (const std::exception&) {
-        rec.summary = nlohmann::json();
-      }
-    }
-    const bool said = rec.summary.is_object() && rec.summary.contains("stopped") &&
-                      rec.summary["stopped"].is_string() &&
-                      !rec.summary["stopped"].get<std::string>().empty();
-    rec.reason = said ? rec.summary["stopped"].get<std::string>() : last_line_of_file(rec.log);
+    // A result, not a failure: running it again repeats the same deterministic divergence. The
+    // reason is the program's stop message (summary.json "stopped"), else its log's last line.
+    read_summary(run, since, runs, rec);
+    const auto& summary = rec.summary;
+    if (summary.is_object() && summary.contains("stopped") && summary["stopped"].is_string())
+      rec.reason = summary["stopped"].get<std::string>();
+    if (rec.reason.empty()) rec.reason = last_line_of_file(rec.log);
     if (rec.reason.empty()) rec.reason = "stopped on non-finite values (exit 3)";
     rec.status = RunStatus::kDiverged;
     return "diverged " + line + ": " + rec.reason;
   }
   if (exit_code == 0) {
-    rec.run_dir = find_summary_dir(runs, run.id, since);
-    std::ifstream in(fs::path(rec.run_dir) / "summary.json");
-    rec.summary = nlohmann::json();
-    if (!rec.run_dir.empty() && in) {
-      try {
-        in >> rec.summary;
-      } catch (const std::exception& e) {
-        rec.reason = "summary.json is not JSON: " + std::string(e.what());
-      }
-    } else {
-      rec.reason = "exited 0 but wrote no summary.json under " + display_path(runs / run.id);
-    }
+    const std::string missing = read_summary(run, since, runs, rec);
+    if (!missing.empty()) rec.reason = "exited 0 but " + missing;
   } else {
     rec.reason = how;
     const std::string tail = last_line_of_file(rec.log);
