@@ -118,8 +118,7 @@ void Ddp::setup_module(torch::nn::Module& module) {
   reducer_.reset();
   reducer_backwards_ = 0;
   if (!capturable_) make_reducer();
-  flat_sync_ =
-      std::make_unique<FlatGradientSync>(params, std::move(names), pg, options_.comm_hook);
+  flat_sync_ = std::make_unique<FlatGradientSync>(params, std::move(names), pg, options_.comm_hook);
 }
 
 void Ddp::make_reducer() {

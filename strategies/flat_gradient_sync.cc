@@ -14,8 +14,7 @@ namespace fabric::strategies {
 
 FlatGradientSync::FlatGradientSync(std::vector<torch::Tensor> params,
                                    std::vector<std::string> names,
-                                   c10::intrusive_ptr<c10d::ProcessGroup> pg,
-                                   CommHook comm_hook)
+                                   c10::intrusive_ptr<c10d::ProcessGroup> pg, CommHook comm_hook)
     : params_(std::move(params)), names_(std::move(names)), pg_(std::move(pg)) {
   if (comm_hook != CommHook::kNone) {
     compress_ = true;

@@ -1,7 +1,7 @@
 #include "strategies/parallel.h"
 
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #ifdef FABRIC_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>

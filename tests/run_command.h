@@ -44,8 +44,8 @@ inline std::string helper_binary(const std::string& label) {
   const auto colon = label.find(':');
   if (label.rfind("//", 0) != 0 || colon == std::string::npos)
     throw std::runtime_error("helper_binary: '" + label + "' is not a label like //pkg:name");
-  const std::filesystem::path path = std::filesystem::current_path() /
-                                     label.substr(2, colon - 2) / label.substr(colon + 1);
+  const std::filesystem::path path =
+      std::filesystem::current_path() / label.substr(2, colon - 2) / label.substr(colon + 1);
   if (!std::filesystem::exists(path))
     throw std::runtime_error("helper_binary: " + label + " is not in this test's runfiles (" +
                              path.string() + "): add it to the test's data");

@@ -113,9 +113,8 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
   f.print(task.name, ": ", task.data_kind, " data, ", task.train->size(), " train / ",
           task.test->size(), " test examples; strategy ", f.strategy().name(), ", world size ",
           f.world_size(), ", device ", f.device().str(), ", precision ",
-          fabric::to_string(f.precision().mode()), ", ", f.threads_description(), ", ",
-          total_steps, " steps; run directory ",
-          run.path().string());
+          fabric::to_string(f.precision().mode()), ", ", f.threads_description(), ", ", total_steps,
+          " steps; run directory ", run.path().string());
 
   // Everything a resume needs; the Checkpointer resumes here when checkpoint.resume says so.
   fabric::CheckpointState state;

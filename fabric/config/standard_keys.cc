@@ -1,5 +1,6 @@
 // The standard key catalogue (fabric/config/standard_keys.h): every key Fabric reads, with its
-// default and documentation; configs/README.md lists the same keys (tested by //tests/fabric/config:config_test).
+// default and documentation; configs/README.md lists the same keys (tested by
+// //tests/fabric/config:config_test).
 #include "fabric/config/standard_keys.h"
 
 namespace fabric {

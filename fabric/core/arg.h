@@ -15,15 +15,15 @@
 
 #include <utility>
 
-#define FABRIC_ARG(T, name)                              \
- public:                                                 \
-  auto name(T new_value)->decltype(*this) {              \
-    this->name##_ = std::move(new_value);                \
-    return *this;                                        \
-  }                                                      \
+#define FABRIC_ARG(T, name)                                \
+ public:                                                   \
+  auto name(T new_value)->decltype(*this) {                \
+    this->name##_ = std::move(new_value);                  \
+    return *this;                                          \
+  }                                                        \
   const T& name() const noexcept { return this->name##_; } \
-                                                         \
- private:                                                \
+                                                           \
+ private:                                                  \
   T name##_
 
 #endif  // FABRIC_CORE_ARG_H_

@@ -43,9 +43,9 @@ using BatchTransform = std::function<Batch(Batch batch, at::Generator& gen)>;
 
 struct DataLoaderOptions {
   static constexpr int64_t kAutoWorkers = -1;  // num_workers(kAutoWorkers): chosen per dataset
-  FABRIC_ARG(int64_t, batch_size) = 1;  // Default: 1.
-  FABRIC_ARG(bool, shuffle) = false;    // Default: false.
-  FABRIC_ARG(bool, drop_last) = false;  // Default: false: the last batch may be smaller.
+  FABRIC_ARG(int64_t, batch_size) = 1;         // Default: 1.
+  FABRIC_ARG(bool, shuffle) = false;           // Default: false.
+  FABRIC_ARG(bool, drop_last) = false;         // Default: false: the last batch may be smaller.
   // Default: kAutoWorkers: 0 (batches built in the training thread) for a dataset with cheap
   // batches (Dataset::cheap_batches(), e.g. TensorDataset) and no transform delivered on the CPU,
   // where a hand-over costs more than the batch (measured: docs/benchmarks.md, overhead); else 1.

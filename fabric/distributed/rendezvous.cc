@@ -42,8 +42,8 @@ Rendezvous::Rendezvous(std::shared_ptr<ClusterEnvironment> environment, Rendezvo
   store_ = make_store(store);
   if (self_launch && rank == 0 && world > 1) {
     // Rank 0 bound an ephemeral port; the children learn it from FABRIC_MASTER_PORT.
-    launcher_ =
-        std::make_unique<SubprocessLauncher>(LaunchOptions{world, store_port(store_)}, options_.argv);
+    launcher_ = std::make_unique<SubprocessLauncher>(LaunchOptions{world, store_port(store_)},
+                                                     options_.argv);
   }
   ProcessGroupOptions pg;
   pg.rank = rank;

@@ -211,9 +211,8 @@ class ShmBackend : public c10d::Backend {
     static const char* const kNames[] = {"all_reduce", "reduce_scatter", "all_gather"};
     static const char* const kTitles[] = {"fabric_shm:all_reduce", "fabric_shm:reduce_scatter",
                                           "fabric_shm:all_gather"};
-    static const c10d::OpType kTypes[] = {c10d::OpType::ALLREDUCE,
-                                          c10d::OpType::_REDUCE_SCATTER_BASE,
-                                          c10d::OpType::_ALLGATHER_BASE};
+    static const c10d::OpType kTypes[] = {
+        c10d::OpType::ALLREDUCE, c10d::OpType::_REDUCE_SCATTER_BASE, c10d::OpType::_ALLGATHER_BASE};
     const int k = static_cast<int>(kind);
     auto future = c10::make_intrusive<Future>(c10::ListType::create(c10::TensorType::get()));
     {
@@ -222,8 +221,8 @@ class ShmBackend : public c10d::Backend {
         throw Error(std::string("shared-memory ") + kNames[k] +
                     ": the process group was shut down");
       }
-      queue_.push_back(Job{kind, std::move(out), std::move(in), op, std::move(pieces), result,
-                           future});
+      queue_.push_back(
+          Job{kind, std::move(out), std::move(in), op, std::move(pieces), result, future});
     }
     ++issued_;
     wake_.notify_one();

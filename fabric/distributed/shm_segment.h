@@ -1,7 +1,7 @@
 // fabric::distributed::ShmSegment: the all-reduce, reduce-scatter and all-gather over one /dev/shm
-// segment shared by the ranks of one machine, as run by the shared-memory backend's worker thread (shm_backend.h describes the
-// algorithm and guarantees). Layout: a header (barrier counters, futex word), then one chunk per
-// rank, then two result chunks used in alternate rounds.
+// segment shared by the ranks of one machine, as run by the shared-memory backend's worker thread
+// (shm_backend.h describes the algorithm and guarantees). Layout: a header (barrier counters, futex
+// word), then one chunk per rank, then two result chunks used in alternate rounds.
 #ifndef FABRIC_DISTRIBUTED_SHM_SEGMENT_H_
 #define FABRIC_DISTRIBUTED_SHM_SEGMENT_H_
 

@@ -121,7 +121,8 @@ void ProgressBar::step(int64_t step, int64_t epoch) {
       last_draw_ = now;
       draw();
     }
-  } else if (step % std::max<int64_t>(options_.log_every(), 1) == 0 || step == options_.total_steps()) {
+  } else if (step % std::max<int64_t>(options_.log_every(), 1) == 0 ||
+             step == options_.total_steps()) {
     out_ << render(false, 0) << std::endl;
   }
 }

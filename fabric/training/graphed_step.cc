@@ -82,7 +82,8 @@ GraphedStep::GraphedStep(Fabric& fabric, torch::optim::Optimizer& optimizer, Los
       (options_.clip_norm() > 0 && options_.clip_value() > 0))
     throw Error(
         "GraphedStep: clip_norm and clip_value must be >= 0, and at most one of them > 0 (got " +
-        std::to_string(options_.clip_norm()) + " and " + std::to_string(options_.clip_value()) + ")");
+        std::to_string(options_.clip_norm()) + " and " + std::to_string(options_.clip_value()) +
+        ")");
   if (options_.clip_norm() > 0 || options_.clip_value() > 0) {
     for (const auto& group : optimizer_.param_groups())
       clipped_.insert(clipped_.end(), group.params().begin(), group.params().end());

@@ -12,8 +12,7 @@
 namespace {
 
 fabric::testing::CommandResult run(const std::string& args) {
-  const std::string exe =
-      fabric::testing::helper_binary("//tests/integration:collectives_helper");
+  const std::string exe = fabric::testing::helper_binary("//tests/integration:collectives_helper");
   return fabric::testing::run_command(exe + " " + args);
 }
 

@@ -53,8 +53,7 @@ TEST(DdpCudaTest, NcclWorldSizeOneTrainsLikeSingleDevice) {
 
 TEST(DdpCudaTest, TwoRanksSharingOneGpuOverGlooEqualOneCpuProcess) {
   SKIP_WITHOUT_CUDA();
-  const std::string exe =
-      fabric::testing::helper_binary("//tests/integration:ddp_parity_helper");
+  const std::string exe = fabric::testing::helper_binary("//tests/integration:ddp_parity_helper");
   auto [code, out] = fabric::testing::run_command(exe + " 2 4 plain cuda_gloo");
   if (code == 77) GTEST_SKIP() << "the helper sees no GPU";
   EXPECT_EQ(code, 0) << out;

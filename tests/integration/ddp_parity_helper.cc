@@ -95,7 +95,8 @@ int main(int argc, char** argv) {
   options.static_graph = mode == "static";
   if (mode == "bf16") options.comm_hook = fabric::strategies::CommHook::kBf16;
   options.cuda_with_gloo = on_gpu;
-  if (argc == 5 && std::string(argv[4]) == "gloo") options.cpu_backend = fabric::distributed::CpuBackend::kGloo;
+  if (argc == 5 && std::string(argv[4]) == "gloo")
+    options.cpu_backend = fabric::distributed::CpuBackend::kGloo;
   const double tolerance = mode == "bf16" ? 2e-2 : on_gpu ? 1e-5 : 1e-6;
   fabric::strategies::Ddp ddp(
       env, device,

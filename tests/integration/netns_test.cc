@@ -66,7 +66,8 @@ class NetnsTest : public ::testing::Test {
 TEST_F(NetnsTest, TwoNodesOfTwoRanksEqualFourRanksOnOneHost) {
   const std::string why = make_nodes();
   if (!why.empty()) GTEST_SKIP() << why;
-  const std::string helper = fabric::testing::helper_binary("//tests/integration:ddp_parity_helper");
+  const std::string helper =
+      fabric::testing::helper_binary("//tests/integration:ddp_parity_helper");
 
   // 4 ranks on one host (self-launched) on Gloo, as the nodes below: the reference bits. (Both
   // pin Gloo: network namespaces share /dev/shm, so auto would pick shared memory, which sums in

@@ -18,8 +18,7 @@ namespace {
 using fabric::testing::CommandResult;
 
 CommandResult run_job(int world, const std::string& mode) {
-  const std::string exe =
-      fabric::testing::helper_binary("//tests/integration:shm_backend_helper");
+  const std::string exe = fabric::testing::helper_binary("//tests/integration:shm_backend_helper");
   return fabric::testing::run_command(exe + " " + std::to_string(world) + " " + mode);
 }
 

@@ -17,8 +17,8 @@
 namespace {
 
 using fabric::ReduceOp;
-using fabric::strategies::CommHook;
 using fabric::distributed::CpuBackend;
+using fabric::strategies::CommHook;
 
 std::unique_ptr<fabric::strategies::Ddp> one_process_ddp() {
   auto env = fabric::detect_environment(

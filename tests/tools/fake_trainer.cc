@@ -1,5 +1,5 @@
-// A Fabric program that trains nothing, for //tests/tools:sweep_test: it has the real command line and
-// config checks (fabric::run_main, fabric::training_schema) and writes summary.json to its run
+// A Fabric program that trains nothing, for //tests/tools:sweep_test: it has the real command line
+// and config checks (fabric::run_main, fabric::training_schema) and writes summary.json to its run
 // directory with fake_metric = 1 - 10 (optimizer.lr - 0.2)^2 + 0.001 fabric.seed.
 //
 // Test controls (environment): FAKE_INVOCATIONS=FILE appends "lr seed" per run; FAKE_FAIL_LR=X
@@ -45,8 +45,9 @@ int main(int argc, char** argv) {
     if (env_is("FAKE_DIVERGE_LR", lr)) {
       run.write_summary({{"steps", 7},
                          {"name", "fake"},
-                         {"stopped", "the loss was not finite for 3 consecutive steps on rank 0 "
-                                     "(detected at step 7; trainer.stop_on_nonfinite: 3)"}});
+                         {"stopped",
+                          "the loss was not finite for 3 consecutive steps on rank 0 "
+                          "(detected at step 7; trainer.stop_on_nonfinite: 3)"}});
       return 3;
     }
     run.write_summary({{"fake_metric", 1 - 10 * (lr - 0.2) * (lr - 0.2) + 0.001 * seed},

@@ -84,7 +84,9 @@ int main(int argc, char** argv) {
                 "elements", "shm_us", "gloo_us", "ratio", "shm_GB/s");
   const std::string kind = FLAGS_collective;
   if (kind != "all_reduce" && kind != "reduce_scatter" && kind != "all_gather") {
-    if (rank == 0) std::fprintf(stderr, "--collective: '%s' is not all_reduce, reduce_scatter or all_gather\n", kind.c_str());
+    if (rank == 0)
+      std::fprintf(stderr, "--collective: '%s' is not all_reduce, reduce_scatter or all_gather\n",
+                   kind.c_str());
     return 2;
   }
   if (rank == 0) std::printf("collective %s\n", kind.c_str());
@@ -103,7 +105,8 @@ int main(int argc, char** argv) {
         try {
           gloo_us = median_us([&] { gloo->_reduce_scatter_base(part, full)->wait(); }, FLAGS_reps);
         } catch (const std::exception& e) {  // say so, and go on with shared memory's figure
-          if (rank == 0) std::printf("gloo reduce_scatter: %s\n", std::string(e.what()).substr(0, 120).c_str());
+          if (rank == 0)
+            std::printf("gloo reduce_scatter: %s\n", std::string(e.what()).substr(0, 120).c_str());
           gloo_us = 0;
         }
       } else {

@@ -197,10 +197,9 @@ int write_report(const SweepSpec& spec, SweepState& state, const std::filesystem
       << table << "\n"
       << done << " done, " << (diverged > 0 ? std::to_string(diverged) + " diverged, " : "")
       << failed << " failed, "
-      << (submitted > 0 ? std::to_string(submitted) + " queued or running in SLURM, " : "")
-      << left << " not run; "
-      << display_path(sweep_dir / "results.csv") << ", " << display_path(sweep_dir / "results.md")
-      << "\n";
+      << (submitted > 0 ? std::to_string(submitted) + " queued or running in SLURM, " : "") << left
+      << " not run; " << display_path(sweep_dir / "results.csv") << ", "
+      << display_path(sweep_dir / "results.md") << "\n";
   if (submitted > 0)
     out << "run the same command again to gather the SLURM runs once they end (squeue --me)\n";
   else if (left > 0 || failed > 0)

@@ -12,9 +12,9 @@ namespace {
 constexpr int kVersion = 1;
 
 RunStatus status_from(const std::string& s) {
-  for (RunStatus st : {RunStatus::kPending, RunStatus::kRunning, RunStatus::kSubmitted,
-                       RunStatus::kDone, RunStatus::kDiverged, RunStatus::kFailed,
-                       RunStatus::kInterrupted}) {
+  for (RunStatus st :
+       {RunStatus::kPending, RunStatus::kRunning, RunStatus::kSubmitted, RunStatus::kDone,
+        RunStatus::kDiverged, RunStatus::kFailed, RunStatus::kInterrupted}) {
     if (to_string(st) == s) return st;
   }
   throw Error("unknown run status '" + s + "'");

@@ -369,12 +369,11 @@ TEST(ConfigReadmeTest, TheReadmeKeyListIsTheSchema) {
   ASSERT_FALSE(block.empty()) << "no ```yaml block after '## Keys and defaults'";
   const auto defaults = Config::defaults(fabric::training_schema()).to_yaml();
   const auto diff = fabric::config_differences(block, defaults);
-  EXPECT_TRUE(diff.empty()) << "configs/README.md (left) vs training_schema() (right):\n  "
-                            << [&] {
-                                 std::string all;
-                                 for (const auto& d : diff) all += d + "\n  ";
-                                 return all;
-                               }();
+  EXPECT_TRUE(diff.empty()) << "configs/README.md (left) vs training_schema() (right):\n  " << [&] {
+    std::string all;
+    for (const auto& d : diff) all += d + "\n  ";
+    return all;
+  }();
 }
 
 }  // namespace

@@ -94,9 +94,9 @@ class RecordingLogger : public fabric::MetricLogger {
 
 TEST_F(MetricsCsvTest, AddedLoggerReceivesEveryLogAndIsFlushedAtTheEndOfLaunch) {
   std::vector<std::string> record;
-  fabric::Fabric f(fabric::Config::defaults(fabric::training_schema(),
-                                            {"logging.run_dir=" + (dir_ / "{name}").string(),
-                                             "logging.loggers=[csv]"}),
+  fabric::Fabric f(fabric::Config::defaults(
+                       fabric::training_schema(),
+                       {"logging.run_dir=" + (dir_ / "{name}").string(), "logging.loggers=[csv]"}),
                    fabric::MachineFacts{});
   f.add_logger(std::make_unique<RecordingLogger>(&record));
   EXPECT_THROW(f.add_logger(nullptr), fabric::Error);

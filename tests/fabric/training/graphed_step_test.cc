@@ -109,7 +109,8 @@ std::vector<torch::Tensor> train_clipped(const fabric::GraphedStepOptions& optio
       optimizer.zero_grad();
       f.backward(loss_of(batch));
       if (options.clip_norm() > 0)
-        norms->push_back(f.clip_gradients(model, optimizer, options.clip_norm(), options.norm_type()));
+        norms->push_back(
+            f.clip_gradients(model, optimizer, options.clip_norm(), options.norm_type()));
       if (options.clip_value() > 0) f.clip_gradients_value(model, optimizer, options.clip_value());
       f.step(optimizer);
     }
