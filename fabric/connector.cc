@@ -171,6 +171,7 @@ void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) 
   }
   s.ddp.static_graph = c.get_bool("fabric.ddp.static_graph");
   s.ddp.comm_hook = parsed(c, "fabric.ddp.comm_hook", strategies::parse_comm_hook);
+  s.ddp.shard_optimizer_state = c.get_bool("fabric.ddp.shard_optimizer_state");
   s.ddp.cpu_backend = parsed(c, "fabric.ddp.cpu_backend", distributed::parse_cpu_backend);
   s.ddp.timeout =
       std::chrono::milliseconds(static_cast<int64_t>(c.get_double("fabric.ddp.timeout_s") * 1000));

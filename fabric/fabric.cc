@@ -13,10 +13,36 @@
 #include "fabric/core/suggest.h"
 #include "fabric/logging/loggers.h"
 #include "fabric/logging/progress.h"
-#include "fabric/training/clip.h"
 #include "strategies/collectives.h"
 
 namespace fabric {
+namespace {
+
+// `state` with each optimizer that `strategy` splits over the ranks saved and loaded in one
+// process's layout (Strategy::gather_optimizer_state). `gather`: for saving; gathers now, on
+// every rank (collective). Otherwise for loading (no communication).
+CheckpointState with_split_optimizers(Strategy& strategy, const CheckpointState& state,
+                                      bool gather) {
+  CheckpointState out = state;
+  for (const auto& entry : state.entries()) {
+    if (entry.kind != CheckpointState::Entry::Kind::kOptimizer) continue;
+    auto& optimizer = *static_cast<torch::optim::Optimizer*>(entry.object);
+    auto prepare = [&strategy, &optimizer, own = entry.prepare](const c10::IValue& value,
+                                                                const std::string& source) {
+      auto split = strategy.prepare_split_optimizer_state(optimizer, value, source);
+      return split ? *split : own(value, source);
+    };
+    if (!gather) {
+      out.replace_functions(entry.name, entry.save, prepare);
+      continue;
+    }
+    std::optional<c10::IValue> full = strategy.gather_optimizer_state(optimizer);
+    if (full) out.replace_functions(entry.name, [full] { return *full; }, prepare);
+  }
+  return out;
+}
+
+}  // namespace
 
 Fabric::Fabric(const Config& config) : Fabric(config, MachineFacts::query()) {}
 
@@ -89,13 +115,13 @@ bool Fabric::step(torch::optim::Optimizer& optimizer) {
 double Fabric::clip_gradients_norm(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                    double max_norm, double norm_type) {
   precision().unscale_gradients(optimizer);
-  return clip_grad_norm_on_device(module.parameters(), max_norm, norm_type).item<double>();
+  return strategy_->clip_gradients_norm(module, optimizer, max_norm, norm_type).item<double>();
 }
 
 void Fabric::clip_gradients_by_value(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                      double clip_value) {
   precision().unscale_gradients(optimizer);
-  torch::nn::utils::clip_grad_value_(module.parameters(), clip_value);
+  strategy_->clip_gradients_value(module, optimizer, clip_value);
 }
 
 AutocastGuard Fabric::autocast() const { return strategy_->precision().autocast(); }
@@ -114,6 +140,8 @@ void Fabric::save(const std::string& path, const CheckpointState& state) {
   const auto cuda_states = all_gather(cuda_flat.to(device()));
   const auto cuda_counts =
       all_gather(torch::tensor({static_cast<int64_t>(rng.cuda.size())}).to(device()));
+  // Optimizers the strategy splits over the ranks: gathered now, on every rank (collective).
+  const CheckpointState contents = with_split_optimizers(*strategy_, state, /*gather=*/true);
   strategy_->save_checkpoint(file, [&] {
     std::vector<RngState> by_rank(cpu_states.size());
     for (size_t r = 0; r < cpu_states.size(); ++r) {
@@ -121,7 +149,7 @@ void Fabric::save(const std::string& path, const CheckpointState& state) {
       const int64_t n = cuda_counts[r].item<int64_t>();
       if (n > 0) by_rank[r].cuda = cuda_states[r].cpu().chunk(n);
     }
-    return checkpoint_contents({config_.to_yaml(), config_.hash(), world_size()}, state,
+    return checkpoint_contents({config_.to_yaml(), config_.hash(), world_size()}, contents,
                                precision().scaler(), by_rank);
   });
 }
@@ -132,8 +160,10 @@ void Fabric::load(const std::string& path, CheckpointState& state, bool strict) 
   PreparedCheckpoint prepared;
   std::string failure;
   try {
-    prepared = prepare_checkpoint(strategy_->load_checkpoint(file), source, state, strict,
-                                  precision().scaler(), global_rank());
+    prepared = prepare_checkpoint(strategy_->load_checkpoint(file), source,
+                                  with_split_optimizers(*strategy_, state, /*gather=*/false),
+                                  strict, precision().scaler(),
+                                  global_rank());
     if (!prepared.saved_config.empty()) {
       const auto diff =
           config_differences(prepared.saved_config, config_.to_yaml(), {"checkpoint", "logging"});

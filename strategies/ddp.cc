@@ -8,8 +8,10 @@
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
 #include "fabric/core/error.h"
+#include "fabric/distributed/process_group.h"
 #include "fabric/nn/batch_norm.h"
 #include "strategies/flat_gradient_sync.h"
+#include "strategies/optimizer_shard.h"
 
 namespace fabric::strategies {
 namespace {
@@ -82,6 +84,7 @@ Ddp::~Ddp() = default;
 void Ddp::release() {
   reducer_.reset();
   flat_sync_.reset();
+  shard_.reset();
 }
 
 void Ddp::setup_module(torch::nn::Module& module) {
@@ -117,6 +120,17 @@ void Ddp::setup_module(torch::nn::Module& module) {
   param_names_ = names;
   reducer_.reset();
   reducer_backwards_ = 0;
+  if (options_.shard_optimizer_state) {  // the OptimizerShard synchronizes; made in setup_optimizer
+    if (options_.find_unused_parameters)
+      throw Error(
+          "fabric.ddp.shard_optimizer_state: find_unused_parameters is not supported with it; "
+          "set fabric.ddp.find_unused_parameters: false");
+    if (options_.comm_hook != CommHook::kNone)
+      throw Error(std::string("fabric.ddp.shard_optimizer_state: comm_hook ") +
+                  comm_hook_name(options_.comm_hook) +
+                  " is not supported with it; set fabric.ddp.comm_hook: none");
+    return;
+  }
   if (!capturable_) make_reducer();
   flat_sync_ = std::make_unique<FlatGradientSync>(params, std::move(names), pg, options_.comm_hook);
 }
@@ -150,7 +164,35 @@ void Ddp::make_reducer() {
     reducer_->register_comm_hook(std::make_unique<Bf16CompressHook>(process_group()));
 }
 
+void Ddp::setup_optimizer(torch::optim::Optimizer& optimizer) {
+  if (!options_.shard_optimizer_state) return;
+  if (params_.empty())
+    throw Error("fabric.ddp.shard_optimizer_state: set up the module before its optimizer "
+                "(Fabric::setup(model, optimizer) does)");
+  if (shard_)
+    throw Error("fabric.ddp.shard_optimizer_state: supports one optimizer; this job set up a "
+                "second one");
+  shard_ = std::make_unique<OptimizerShard>(optimizer, params_, param_names_,
+                                            group_for("setup_optimizer"));
+  if (GradScaler* scaler = precision_->scaler()) {
+    c10::intrusive_ptr<c10d::ProcessGroup> pg = process_group();
+    scaler->set_found_inf_agreement([pg](torch::Tensor& found) {
+      std::vector<torch::Tensor> v = {found};
+      c10d::AllreduceOptions o;
+      o.reduceOp = c10d::ReduceOp::MAX;
+      distributed::wait(pg->allreduce(v, o), "GradScaler found_inf all_reduce(max)");
+    });
+  }
+}
+
+OptimizerShard* Ddp::shard_of(const torch::optim::Optimizer& optimizer) const {
+  return shard_ && &shard_->optimizer() == &optimizer ? shard_.get() : nullptr;
+}
+
 void Ddp::set_capturable_gradient_sync(bool on) {
+  if (on && options_.shard_optimizer_state)
+    throw Error("fabric.cuda_graphs: not supported with fabric.ddp.shard_optimizer_state; set "
+                "one of them to false");
   capturable_ = on;
   // The Reducer keeps every parameter's AccumulateGrad node alive, and a node runs on the stream
   // it was made on (the default one at setup): a backward captured on a side stream would make
@@ -166,6 +208,17 @@ void Ddp::set_capturable_gradient_sync(bool on) {
 }
 
 void Ddp::backward(const torch::Tensor& loss_in) {
+  if (options_.shard_optimizer_state) {
+    if (!shard_)
+      throw Error("fabric.ddp.shard_optimizer_state: backward before the optimizer was set up; "
+                  "pass it to Fabric::setup(model, optimizer)");
+    precision_->backward(loss_in);
+    if (sync_) {
+      shard_->reduce_scatter_gradients();
+      ++synced_backwards_;
+    }
+    return;
+  }
   if (capturable_) {  // after backward, through persistent buffers: nothing on the host between
     precision_->backward(loss_in);
     if (flat_sync_ && sync_) {
@@ -192,9 +245,37 @@ void Ddp::backward(const torch::Tensor& loss_in) {
 }
 
 bool Ddp::optimizer_step(torch::optim::Optimizer& optimizer) {
+  if (shard_ && !shard_of(optimizer))
+    throw Error("fabric.ddp.shard_optimizer_state: step of an optimizer that was not set up "
+                "with the module; pass it to Fabric::setup(model, optimizer)");
   const bool stepped = precision_->optimizer_step(optimizer);
+  if (shard_) shard_->gather_parameters();
   if (options_.broadcast_buffers) broadcast_buffers();
   return stepped;
+}
+
+torch::Tensor Ddp::clip_gradients_norm(torch::nn::Module& module,
+                                       torch::optim::Optimizer& optimizer, double max_norm,
+                                       double norm_type) {
+  if (OptimizerShard* shard = shard_of(optimizer)) return shard->clip_grad_norm(max_norm, norm_type);
+  return Strategy::clip_gradients_norm(module, optimizer, max_norm, norm_type);
+}
+
+void Ddp::clip_gradients_value(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                               double clip_value) {
+  if (OptimizerShard* shard = shard_of(optimizer)) return shard->clip_grad_value(clip_value);
+  Strategy::clip_gradients_value(module, optimizer, clip_value);
+}
+
+std::optional<c10::IValue> Ddp::gather_optimizer_state(torch::optim::Optimizer& optimizer) {
+  if (OptimizerShard* shard = shard_of(optimizer)) return shard->full_state();
+  return std::nullopt;
+}
+
+std::optional<std::function<void()>> Ddp::prepare_split_optimizer_state(
+    torch::optim::Optimizer& optimizer, const c10::IValue& state, const std::string& source) {
+  if (OptimizerShard* shard = shard_of(optimizer)) return shard->prepare_full_state(state, source);
+  return std::nullopt;
 }
 
 void Ddp::broadcast_buffers() {

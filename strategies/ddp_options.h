@@ -27,6 +27,10 @@ struct DdpOptions {
   bool gradient_as_bucket_view = false;  // fabric.ddp.gradient_as_bucket_view
   bool static_graph = false;             // fabric.ddp.static_graph
   CommHook comm_hook = CommHook::kNone;  // fabric.ddp.comm_hook
+  // fabric.ddp.shard_optimizer_state: ZeRO stage 1 (strategies/optimizer_shard.h): gradients
+  // reduce-scattered after backward, each rank steps its 1/N of the parameters, then an
+  // all-gather; the optimizer state takes 1/N of the memory.
+  bool shard_optimizer_state = false;
   bool sync_batchnorm = false;           // fabric.sync_batchnorm
   bool cuda_with_gloo = false;  // Gloo instead of NCCL for CUDA tensors (ranks may share a GPU)
   // fabric.ddp.cpu_backend (fabric/distributed/process_group.h).

@@ -1,6 +1,9 @@
 #include "strategies/strategy.h"
 
+#include <torch/nn/utils/clip_grad.h>
+
 #include "fabric/checkpoint/archive.h"
+#include "fabric/training/clip.h"
 #include "strategies/collectives.h"
 
 namespace fabric {
@@ -13,6 +16,19 @@ void Strategy::save_checkpoint(const std::filesystem::path& file,
 
 c10::IValue Strategy::load_checkpoint(const std::filesystem::path& file) {
   return load_archive(file);
+}
+
+torch::Tensor Strategy::clip_gradients_norm(torch::nn::Module& module,
+                                            torch::optim::Optimizer& optimizer, double max_norm,
+                                            double norm_type) {
+  (void)optimizer;
+  return clip_grad_norm_on_device(module.parameters(), max_norm, norm_type);
+}
+
+void Strategy::clip_gradients_value(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                    double clip_value) {
+  (void)optimizer;
+  torch::nn::utils::clip_grad_value_(module.parameters(), clip_value);
 }
 
 }  // namespace fabric

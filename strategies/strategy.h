@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,36 @@ class Strategy {
   virtual void save_checkpoint(const std::filesystem::path& file,
                                const std::function<c10::IValue()>& contents);
   virtual c10::IValue load_checkpoint(const std::filesystem::path& file);
+
+  // Fabric::clip_gradients after unscaling: scales the gradients `optimizer` steps so that their
+  // total `norm_type` norm is at most `max_norm`; returns the norm before clipping (0-dim, on the
+  // device). The default clips `module`'s gradients (fabric/training/clip.h); a strategy that
+  // splits the gradients over the ranks takes the norm over all of them (collective).
+  virtual torch::Tensor clip_gradients_norm(torch::nn::Module& module,
+                                            torch::optim::Optimizer& optimizer, double max_norm,
+                                            double norm_type);
+  // Clamps the same gradients to [-clip_value, clip_value].
+  virtual void clip_gradients_value(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                    double clip_value);
+
+  // An optimizer whose state this strategy splits over the ranks (fabric.ddp.shard_optimizer_state)
+  // is saved and loaded in one process's layout (fabric/checkpoint/optimizer_state.h), so its
+  // checkpoints load at any world size and under any strategy. gather_optimizer_state: that
+  // layout, on every rank (collective: Fabric::save calls it on every rank before writing);
+  // nullopt when `optimizer` is not split (its own state is saved).
+  virtual std::optional<c10::IValue> gather_optimizer_state(torch::optim::Optimizer& optimizer) {
+    (void)optimizer;
+    return std::nullopt;
+  }
+  // What loads this rank's part of a state in that layout; nullopt when not split. Throws
+  // fabric::Error "SOURCE: ..." and changes nothing.
+  virtual std::optional<std::function<void()>> prepare_split_optimizer_state(
+      torch::optim::Optimizer& optimizer, const c10::IValue& state, const std::string& source) {
+    (void)optimizer;
+    (void)state;
+    (void)source;
+    return std::nullopt;
+  }
 
   // Skips gradient synchronization while the guard lives (gradient accumulation).
   virtual ScopeGuard no_backward_sync(torch::nn::Module& module) {

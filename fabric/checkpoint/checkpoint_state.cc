@@ -42,6 +42,17 @@ CheckpointState& CheckpointState::add_entry(Entry entry) {
   return *this;
 }
 
+void CheckpointState::replace_functions(const std::string& name, std::function<c10::IValue()> save,
+                                        decltype(Entry::prepare) prepare) {
+  for (auto& e : entries_) {
+    if (e.name != name) continue;
+    e.save = std::move(save);
+    e.prepare = std::move(prepare);
+    return;
+  }
+  throw Error("CheckpointState: no entry \"" + name + "\"");
+}
+
 CheckpointState& CheckpointState::add(const std::string& name, torch::nn::Module& module) {
   return add_entry({name, Entry::Kind::kModule, &module,
                     [&module] {

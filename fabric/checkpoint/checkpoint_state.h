@@ -60,6 +60,11 @@ class CheckpointState {
     std::function<std::function<void()>(const c10::IValue&, const std::string& source)> prepare;
   };
   const std::vector<Entry>& entries() const { return entries_; }
+  // The entry named `name` saves and loads through `save` and `prepare` instead (Fabric::save and
+  // Fabric::load use it for optimizers a strategy splits over the ranks). Throws fabric::Error
+  // for an unknown name.
+  void replace_functions(const std::string& name, std::function<c10::IValue()> save,
+                         decltype(Entry::prepare) prepare);
   bool empty() const { return entries_.empty(); }
 
  private:

@@ -63,6 +63,10 @@ ConfigSchema default_schema() {
   s.add("fabric.ddp.gradient_as_bucket_view", KeySpec::boolean(false).doc("DDP"));
   s.add("fabric.ddp.static_graph", KeySpec::boolean(false).doc("DDP"));
   s.add("fabric.ddp.comm_hook", KeySpec::choice({"none", "fp16", "bf16"}, "none").doc("DDP"));
+  s.add("fabric.ddp.shard_optimizer_state",
+        KeySpec::boolean(false).doc(
+            "ZeRO-1: each rank keeps the optimizer state of 1/N of the parameters (gradients "
+            "reduce-scattered, parameters all-gathered; the bytes of one all-reduce)"));
   s.add("fabric.ddp.cpu_backend",
         KeySpec::choice({"auto", "gloo", "shm"}, "auto")
             .doc("CPU all-reduces: shm (shared memory, one machine), gloo; auto: shm when every "

@@ -84,6 +84,10 @@ void GradScaler::check_gradients(torch::optim::Optimizer& optimizer, PerOptimize
   }
   state.found_inf.clear();
   for (auto& [device, found] : found_by_device) state.found_inf.push_back(found);
+  if (agree_) {  // a rank without gradients still takes part
+    if (state.found_inf.empty()) state.found_inf.push_back(torch::zeros({1}, scale_.options()));
+    for (auto& found : state.found_inf) agree_(found);
+  }
 }
 
 bool GradScaler::step(torch::optim::Optimizer& optimizer) {

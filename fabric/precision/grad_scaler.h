@@ -21,6 +21,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -77,6 +78,14 @@ class GradScaler {
   // Restores a state_dict(); throws fabric::Error naming missing or unexpected keys.
   void load_state_dict(const std::map<std::string, double>& state);
 
+  // For strategies whose ranks each hold a part of the gradients (fabric.ddp.shard_optimizer_state):
+  // `agree` makes this rank's found-inf flag (float32, 1 element, 0 or 1) the maximum over the
+  // ranks, in place, so that every rank skips the same steps. From then on every unscale and
+  // step is collective.
+  void set_found_inf_agreement(std::function<void(torch::Tensor&)> agree) {
+    agree_ = std::move(agree);
+  }
+
   // One flag on `device` from per-device found-inf flags (each 0 or 1): their maximum, never
   // their sum, because the fused optimizer kernels skip a step only where the flag is exactly 1.
   static torch::Tensor combine_found_inf(const std::vector<torch::Tensor>& flags,
@@ -101,7 +110,8 @@ class GradScaler {
   torch::Tensor unit_;            // float32 1, beside scale_: the inv_scale of a check-only pass
   std::map<const torch::optim::Optimizer*, PerOptimizer> per_optimizer_;
   int64_t skipped_steps_ = 0;
-  torch::Tensor skipped_on_device_;  // int64, 1 element: steps skipped by fused optimizers
+  torch::Tensor skipped_on_device_;
+  std::function<void(torch::Tensor&)> agree_;  // int64, 1 element: steps skipped by fused optimizers
 };
 
 }  // namespace fabric

@@ -7,9 +7,18 @@
 //   test.out           ""   at the end, Fabric::save the whole state here (for comparison)
 //   test.extra_params  0    size of an extra parameter vector (the crash test makes checkpoints
 //                           tens of MB so that most of a run is spent saving)
+//   test.clip_norm     0    Fabric::clip_gradients to this total norm before each step; 0: off
+//   test.accumulate    1    micro-batches per step (each batch split; all but the last backward
+//                           inside no_backward_sync)
+//   test.memory        false  before the last step, rank 0 prints for every rank R "rank R bytes
+//                           parameters=P gradients=G optimizer=O": distinct storages of the parameters and of the
+//                           optimizer's parameters, of their gradients, of the optimizer state
 // Everything else is the training schema (fabric.*, checkpoint.*, data.*, ...).
 #include <torch/torch.h>
 
+#include <set>
+
+#include "fabric/checkpoint/optimizer_state.h"
 #include "fabric/checkpointer.h"
 #include "fabric/fabric.h"
 #include "fabric/main.h"
@@ -21,7 +30,7 @@ namespace {
 struct NetImpl : torch::nn::Module {
   NetImpl(int64_t width, int64_t extra) {
     if (extra > 0) table = register_parameter("table", torch::zeros({extra}));
-    conv = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, width, 3)));
+    conv = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, width, 3).bias(false)));
     bn = register_module("bn", fabric::nn::BatchNorm2d(width));
     drop = register_module("drop", torch::nn::Dropout(0.3));
     fc = register_module("fc", torch::nn::Linear(width * 6 * 6, 5));
@@ -39,6 +48,32 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
+// Bytes of the distinct storages behind `tensors`.
+int64_t storage_bytes(const std::vector<torch::Tensor>& tensors) {
+  std::set<const void*> seen;
+  int64_t bytes = 0;
+  for (const auto& t : tensors) {
+    if (!t.defined() || !seen.insert(t.storage().unsafeGetStorageImpl()).second) continue;
+    bytes += static_cast<int64_t>(t.storage().nbytes());
+  }
+  return bytes;
+}
+
+void print_memory(fabric::Fabric& f, torch::nn::Module& model, const torch::optim::Optimizer& opt) {
+  std::vector<torch::Tensor> params = model.parameters(), grads, state;
+  for (const auto& g : opt.param_groups())
+    for (const auto& p : g.params()) params.push_back(p);
+  for (const auto& p : params) grads.push_back(p.grad());
+  for (const auto& e : fabric::optimizer_state(opt).toGenericDict().at("state").toGenericDict())
+    for (const auto& f : e.value().toGenericDict())
+      if (f.value().isTensor()) state.push_back(f.value().toTensor());
+  const auto mine = torch::tensor({storage_bytes(params), storage_bytes(grads), storage_bytes(state)});
+  const auto all = f.all_gather(mine);
+  for (size_t r = 0; r < all.size(); ++r)
+    f.print("rank ", r, " bytes parameters=", all[r][0].item<int64_t>(),
+            " gradients=", all[r][1].item<int64_t>(), " optimizer=", all[r][2].item<int64_t>());
+}
+
 fabric::Batch random_flip(fabric::Batch batch, at::Generator& gen) {
   auto flip = torch::rand({batch.data.size(0)}, gen) < 0.5;
   batch.data = torch::where(flip.view({-1, 1, 1, 1}), batch.data.flip(3), batch.data);
@@ -53,6 +88,9 @@ int main(int argc, char** argv) {
   schema.add("test.out", fabric::KeySpec::string(""));
   schema.add("test.width", fabric::KeySpec::integer(8).min(1));
   schema.add("test.extra_params", fabric::KeySpec::integer(0).min(0));
+  schema.add("test.clip_norm", fabric::KeySpec::real(0.0).min(0));
+  schema.add("test.accumulate", fabric::KeySpec::integer(1).min(1));
+  schema.add("test.memory", fabric::KeySpec::boolean(false));
   return fabric::run_main(argc, argv, schema, [](const fabric::Config& c) {
     fabric::Fabric fabric(c);
     return fabric.launch([&](fabric::Fabric& f) {
@@ -73,18 +111,32 @@ int main(int argc, char** argv) {
       fabric::CheckpointState state;
       state.add("model", model).add("optimizer", *optimizer).add("scheduler", scheduler);
       state.add("train_loader", train);
+      const double clip_norm = c.get_double("test.clip_norm");
+      const int64_t accumulate = c.get_int("test.accumulate");
       const auto run = f.create_run_directory("resume_helper");
       fabric::Checkpointer checkpoints(f, state, "resume_helper", run.path());
       const int64_t stop_at = c.get_int("test.stop_at_step");
       while (checkpoints.step() < total) {
         for (fabric::Batch& batch : train) {
           optimizer->zero_grad();
-          torch::Tensor loss;
-          {
-            auto guard = f.autocast();
-            loss = torch::cross_entropy_loss(model->forward(batch.data), batch.target);
+          const auto data = batch.data.chunk(accumulate), target = batch.target.chunk(accumulate);
+          for (size_t m = 0; m < data.size(); ++m) {
+            torch::Tensor loss;
+            {
+              auto guard = f.autocast();
+              loss = torch::cross_entropy_loss(model->forward(data[m]), target[m]) /
+                     static_cast<double>(data.size());
+            }
+            if (m + 1 < data.size()) {
+              auto no_sync = f.no_backward_sync(model);
+              f.backward(loss);
+            } else {
+              f.backward(loss);
+            }
           }
-          f.backward(loss);
+          if (clip_norm > 0) f.clip_gradients(model, *optimizer, clip_norm);
+          if (c.get_bool("test.memory") && checkpoints.step() + 1 == total)
+            print_memory(f, *model, *optimizer);
           f.step(*optimizer);
           scheduler.step();
           checkpoints.step_end();

@@ -17,64 +17,12 @@
 
 #include "fabric/checkpoint/archive.h"
 #include "fabric/checkpointer.h"
+#include "tests/checkpoint_diff.h"
 #include "tests/run_command.h"
 
 namespace fs = std::filesystem;
 
 namespace {
-
-// "" when `a` and `b` are bitwise equal, else the path of the first difference.
-std::string first_difference(const c10::IValue& a, const c10::IValue& b, const std::string& at) {
-  if (a.tagKind() != b.tagKind()) return at + ": " + a.tagKind() + " vs " + b.tagKind();
-  if (a.isTensor()) {
-    const auto x = a.toTensor().contiguous(), y = b.toTensor().contiguous();
-    if (x.scalar_type() != y.scalar_type() || !x.sizes().equals(y.sizes()))
-      return at + ": dtype or shape";
-    const size_t n = x.numel() * x.element_size();
-    return n == 0 || std::memcmp(x.data_ptr(), y.data_ptr(), n) == 0 ? "" : at + ": values";
-  }
-  if (a.isGenericDict()) {
-    const auto x = a.toGenericDict(), y = b.toGenericDict();
-    if (x.size() != y.size()) return at + ": entry count";
-    for (const auto& e : x) {
-      auto it = y.find(e.key());
-      if (it == y.end()) return at + ": no " + e.key().toStringRef();
-      const std::string key =
-          e.key().isString() ? e.key().toStringRef() : std::to_string(e.key().toInt());
-      if (auto d = first_difference(e.value(), it->value(), at + "/" + key); !d.empty()) return d;
-    }
-    return "";
-  }
-  if (a.isList()) {
-    const auto x = a.toList(), y = b.toList();
-    if (x.size() != y.size()) return at + ": length";
-    for (size_t i = 0; i < x.size(); ++i)
-      if (auto d = first_difference(x.get(i), y.get(i), at + "/" + std::to_string(i)); !d.empty())
-        return d;
-    return "";
-  }
-  if (a.isTuple()) {
-    const auto& x = a.toTupleRef().elements();
-    const auto& y = b.toTupleRef().elements();
-    if (x.size() != y.size()) return at + ": length";
-    for (size_t i = 0; i < x.size(); ++i)
-      if (auto d = first_difference(x[i], y[i], at + "/" + std::to_string(i)); !d.empty()) return d;
-    return "";
-  }
-  if (a.isDouble()) return a.toDouble() == b.toDouble() ? "" : at + ": value";
-  return a == b ? "" : at + ": value";
-}
-
-// The state and generator parts of a checkpoint (its "fabric" header holds times and configs).
-std::string compare_checkpoints(const fs::path& a, const fs::path& b) {
-  const auto x = fabric::load_archive(a).toGenericDict();
-  const auto y = fabric::load_archive(b).toGenericDict();
-  for (const std::string key : {"state", "rng"}) {
-    if (!x.contains(key) || !y.contains(key)) return "no " + key;
-    if (auto d = first_difference(x.at(key), y.at(key), key); !d.empty()) return d;
-  }
-  return "";
-}
 
 class ResumeTest : public ::testing::Test {
  protected:
@@ -110,11 +58,11 @@ class ResumeTest : public ::testing::Test {
                       std::string(name) + " checkpoint.dir=second test.out=resumed.ckpt");
     ASSERT_EQ(second.code, 0) << second.out;
     EXPECT_NE(second.out.find("resumed from"), std::string::npos) << second.out;
-    EXPECT_EQ(compare_checkpoints(dir_ / "full.ckpt", dir_ / "resumed.ckpt"), "");
+    EXPECT_EQ(fabric::testing::compare_checkpoints(dir_ / "full.ckpt", dir_ / "resumed.ckpt"), "");
     // The comparison can fail: one step less differs.
     auto short_run = run(job + " trainer.max_steps=15 test.out=short.ckpt");
     ASSERT_EQ(short_run.code, 0) << short_run.out;
-    EXPECT_NE(compare_checkpoints(dir_ / "full.ckpt", dir_ / "short.ckpt"), "");
+    EXPECT_NE(fabric::testing::compare_checkpoints(dir_ / "full.ckpt", dir_ / "short.ckpt"), "");
   }
 
   fs::path dir_;
@@ -183,7 +131,7 @@ TEST_F(ResumeTest, KilledAtRandomMomentsResumesFromACompleteCheckpoint) {
     }
     auto resumed = run(common + "checkpoint.resume=auto test.out=" + runs + ".ckpt");
     ASSERT_EQ(resumed.code, 0) << "trial " << trial << ": " << how << "\n" << resumed.out;
-    EXPECT_EQ(compare_checkpoints(dir_ / "full.ckpt", dir_ / (runs + ".ckpt")), "")
+    EXPECT_EQ(fabric::testing::compare_checkpoints(dir_ / "full.ckpt", dir_ / (runs + ".ckpt")), "")
         << "trial " << trial << ": " << how << "\n"
         << resumed.out;
     const bool from_checkpoint = resumed.out.find("resumed from") != std::string::npos;

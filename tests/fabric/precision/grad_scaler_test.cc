@@ -185,3 +185,38 @@ TEST(GradScalerTest, FoundInfFlagsCombineToOneForTheFusedKernels) {
 }
 
 }  // namespace
+
+namespace {
+
+// Sharded optimizers (fabric.ddp.shard_optimizer_state): each rank checks only its part of the
+// gradients, so the found-inf flag goes through the agreement (an all-reduce max in Ddp). Here the
+// "other rank" found an inf: this rank's finite step must be skipped and the scale backed off.
+TEST(GradScalerTest, FoundInfAgreementDecidesTheStep) {
+  fabric::GradScalerOptions options;
+  options.init_scale(8.0);
+  fabric::GradScaler scaler(options);
+  int calls = 0;
+  bool other_rank_found_inf = true;
+  scaler.set_found_inf_agreement([&](torch::Tensor& found) {
+    ++calls;
+    if (other_rank_found_inf) found.fill_(1.0);
+  });
+  auto p = torch::ones({3}, torch::requires_grad());
+  torch::optim::SGD sgd({p}, torch::optim::SGDOptions(0.1));
+  scaler.scale(loss_for(p, 0, /*inf=*/false)).backward();
+  EXPECT_FALSE(scaler.step(sgd));
+  scaler.update();
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(torch::equal(p.detach(), torch::ones({3})));
+  EXPECT_EQ(scaler.get_scale(), 4.0);
+  // Every rank finite: the step happens.
+  other_rank_found_inf = false;
+  sgd.zero_grad();
+  scaler.scale(loss_for(p, 0, /*inf=*/false)).backward();
+  EXPECT_TRUE(scaler.step(sgd));
+  scaler.update();
+  EXPECT_EQ(calls, 2);
+  EXPECT_FALSE(torch::equal(p.detach(), torch::ones({3})));
+}
+
+}  // namespace

@@ -1,0 +1,353 @@
+#include "strategies/optimizer_shard.h"
+
+#include <ATen/native/TensorFactories.h>
+#include <torch/optim.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <limits>
+#include <set>
+#include <unordered_map>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "fabric/checkpoint/optimizer_state.h"
+#include "fabric/core/error.h"
+#include "fabric/distributed/process_group.h"
+
+namespace fabric::strategies {
+namespace {
+
+using Dict = c10::impl::GenericDict;
+constexpr const char* kKey = "fabric.ddp.shard_optimizer_state";
+
+// `length` elements of `t`'s memory from its first element + `begin`, as a 1-D tensor of its own
+// (no autograd view relation: Optimizer::zero_grad may detach_() it).
+torch::Tensor alias(const torch::Tensor& t, int64_t begin, int64_t length) {
+  torch::NoGradGuard no_grad;
+  return torch::empty({0}, t.options()).set_(t.storage(), t.storage_offset() + begin, {length}, {1});
+}
+
+bool elementwise(const torch::optim::Optimizer& o) {
+  return dynamic_cast<const torch::optim::SGD*>(&o) || dynamic_cast<const torch::optim::Adam*>(&o) ||
+         dynamic_cast<const torch::optim::AdamW*>(&o) ||
+         dynamic_cast<const torch::optim::RMSprop*>(&o) ||
+         dynamic_cast<const torch::optim::Adagrad*>(&o);
+}
+
+std::string describe(const torch::Tensor& t) {
+  return std::string(c10::toString(t.scalar_type())) + " [" + std::to_string(t.numel()) + "]";
+}
+
+// Every rank's `value` agrees: [min, max] over the ranks.
+std::pair<int64_t, int64_t> min_max(c10d::ProcessGroup& pg, int64_t value,
+                                    const torch::Device& device, const std::string& what) {
+  auto lo = torch::tensor({value}, torch::dtype(torch::kLong)).to(device);
+  auto hi = lo.clone();
+  std::vector<torch::Tensor> a = {lo}, b = {hi};
+  c10d::AllreduceOptions min_opts, max_opts;
+  min_opts.reduceOp = c10d::ReduceOp::MIN;
+  max_opts.reduceOp = c10d::ReduceOp::MAX;
+  distributed::wait(pg.allreduce(a, min_opts), what + " all_reduce(min)");
+  distributed::wait(pg.allreduce(b, max_opts), what + " all_reduce(max)");
+  return {lo.item<int64_t>(), hi.item<int64_t>()};
+}
+
+}  // namespace
+
+OptimizerShard::OptimizerShard(torch::optim::Optimizer& optimizer,
+                               const std::vector<torch::Tensor>& named,
+                               const std::vector<std::string>& names,
+                               c10::intrusive_ptr<c10d::ProcessGroup> pg)
+    : optimizer_(optimizer), pg_(std::move(pg)) {
+  rank_ = pg_->getRank();
+  world_ = pg_->getSize();
+  if (!elementwise(optimizer))
+    throw Error(std::string(kKey) +
+                ": the optimizer is not SGD, Adam, AdamW, RMSprop or Adagrad (sharding needs an "
+                "optimizer that updates each element on its own); set " + kKey + ": false");
+  if (!optimizer.state().empty())
+    throw Error(std::string(kKey) +
+                ": the optimizer has already stepped; pass it to Fabric::setup before its first "
+                "step");
+  std::unordered_map<const void*, std::string> name_of_impl;
+  for (size_t i = 0; i < named.size() && i < names.size(); ++i)
+    name_of_impl[named[i].unsafeGetTensorImpl()] = names[i];
+
+  std::set<const void*> storages;
+  for (const auto& group : optimizer.param_groups()) {
+    group_params_.emplace_back();
+    for (const auto& p : group.params()) {
+      const size_t i = params_.size();
+      auto it = name_of_impl.find(p.unsafeGetTensorImpl());
+      names_.push_back(it != name_of_impl.end() ? it->second
+                                                : "optimizer parameter #" + std::to_string(i));
+      params_.push_back(p);
+      group_params_.back().push_back(i);
+      auto fail = [&](const std::string& why) {
+        throw Error(std::string(kKey) + ": parameter '" + names_.back() + "' " + why);
+      };
+      if (!p.requires_grad()) fail("does not require gradients; leave it out of the optimizer");
+      if (p.is_sparse() || !p.is_non_overlapping_and_dense())
+        fail("is not dense in memory (a view or sparse tensor); sharding needs dense parameters");
+      if (p.scalar_type() != params_[0].scalar_type() || p.device() != params_[0].device())
+        fail("has dtype " + std::string(c10::toString(p.scalar_type())) + " on " +
+             p.device().str() + ", the first has " +
+             std::string(c10::toString(params_[0].scalar_type())) + " on " +
+             params_[0].device().str() + "; sharding needs one dtype and device");
+      if (!storages.insert(p.storage().unsafeGetStorageImpl()).second)
+        fail("shares memory with another parameter (tied weights are not supported)");
+      offsets_.push_back(total_);
+      total_ += p.numel();
+    }
+  }
+  if (params_.empty()) throw Error(std::string(kKey) + ": the optimizer has no parameters");
+  shard_size_ = (total_ + world_ - 1) / world_;
+  if ((world_ - 1) * shard_size_ >= total_)
+    throw Error(std::string(kKey) + ": the optimizer's parameters have " +
+                std::to_string(total_) + " elements, too few to give each of the " +
+                std::to_string(world_) + " ranks a part; set " + kKey + ": false");
+
+  // This rank's pieces, in parameter order (so group by group).
+  const int64_t lo = rank_ * shard_size_, hi = std::min(lo + shard_size_, total_);
+  std::vector<std::vector<torch::Tensor>> group_pieces(group_params_.size());
+  for (size_t g = 0; g < group_params_.size(); ++g) {
+    for (size_t i : group_params_[g]) {
+      const int64_t a = offsets_[i], b = a + params_[i].numel();
+      const int64_t x = std::max(a, lo), y = std::min(b, hi);
+      if (x >= y) continue;
+      pieces_.push_back({i, x - a, y - x, x - lo});
+      piece_tensors_.push_back(alias(params_[i], x - a, y - x));
+      group_pieces[g].push_back(piece_tensors_.back());
+    }
+  }
+  for (size_t g = 0; g < group_params_.size(); ++g)
+    optimizer.param_groups()[g].params() = group_pieces[g];
+  shard_grad_ = torch::zeros({shard_size_}, params_[0].options().requires_grad(false));
+}
+
+OptimizerShard::~OptimizerShard() = default;
+
+std::string OptimizerShard::name_of(size_t param) const { return names_[param]; }
+
+torch::Tensor OptimizerShard::flat_of(size_t param, const torch::Tensor& flat) const {
+  const torch::Tensor& p = params_[param];
+  return flat.narrow(0, offsets_[param], p.numel()).as_strided(p.sizes(), p.strides());
+}
+
+void OptimizerShard::reduce_scatter_gradients() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const torch::Tensor& grad = params_[i].grad();
+    if (!grad.defined())
+      throw Error("ddp: parameter '" + names_[i] + "' has no gradient after backward on rank " +
+                  std::to_string(rank_) + "; " + kKey +
+                  " needs a gradient for every parameter the optimizer holds in every step "
+                  "(unused parameters are not supported with it)");
+    if (grad.is_sparse()) throw Error("ddp: parameter '" + names_[i] + "' has a sparse gradient");
+  }
+  torch::NoGradGuard no_grad;
+  torch::Tensor flat = torch::empty({world_ * shard_size_}, shard_grad_.options());
+  if (world_ * shard_size_ > total_) flat.narrow(0, total_, world_ * shard_size_ - total_).zero_();
+  // The Reducer's factor: a wrapped double scalar, the product computed in the gradient's dtype.
+  const torch::Tensor inverse_world = at::native::wrapped_scalar_tensor(1.0 / world_);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    torch::Tensor slot = flat_of(i, flat);
+    at::mul_out(slot, params_[i].grad(), inverse_world);
+  }
+  distributed::wait(pg_->_reduce_scatter_base(shard_grad_, flat),
+                    "gradient reduce_scatter (" + describe(flat) + ")");
+  for (auto& p : params_) p.mutable_grad().reset();
+  for (size_t k = 0; k < pieces_.size(); ++k)
+    piece_tensors_[k].mutable_grad() = alias(shard_grad_, pieces_[k].shard_offset, pieces_[k].length);
+}
+
+void OptimizerShard::gather_parameters() {
+  torch::NoGradGuard no_grad;
+  torch::Tensor send = torch::zeros({shard_size_}, shard_grad_.options());
+  for (size_t k = 0; k < pieces_.size(); ++k)
+    send.narrow(0, pieces_[k].shard_offset, pieces_[k].length).copy_(piece_tensors_[k]);
+  torch::Tensor flat = torch::empty({world_ * shard_size_}, send.options());
+  distributed::wait(pg_->_allgather_base(flat, send),
+                    "parameter all_gather (" + describe(flat) + ")");
+  for (size_t i = 0; i < params_.size(); ++i)
+    alias(params_[i], 0, params_[i].numel()).copy_(flat.narrow(0, offsets_[i], params_[i].numel()));
+}
+
+torch::Tensor OptimizerShard::clip_grad_norm(double max_norm, double norm_type) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> grads;
+  for (const auto& t : piece_tensors_)
+    if (t.grad().defined()) grads.push_back(t.grad());
+  const auto options = shard_grad_.options();
+  torch::Tensor total;
+  if (norm_type == 0) {  // LibTorch's count of gradients, over the whole model
+    total = torch::full({}, static_cast<double>(params_.size()),
+                        torch::TensorOptions().device(options.device()));
+  } else {
+    const bool inf = norm_type == std::numeric_limits<double>::infinity();
+    torch::Tensor local = torch::zeros({1}, options);
+    for (const auto& g : grads) {
+      if (inf) {
+        local = torch::maximum(local, g.abs().max().reshape({1}));
+      } else {
+        local.add_(g.norm(norm_type).pow(norm_type).reshape({1}));
+      }
+    }
+    std::vector<torch::Tensor> v = {local};
+    c10d::AllreduceOptions o;
+    o.reduceOp = inf ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
+    distributed::wait(pg_->allreduce(v, o), "gradient norm all_reduce");
+    total = (inf ? local : local.pow(1.0 / norm_type)).reshape({});
+  }
+  const torch::Tensor coefficient =
+      torch::clamp(max_norm / (total + 1e-6), /*min=*/std::nullopt, /*max=*/1.0);
+  for (auto& g : grads) g.mul_(coefficient);
+  return total;
+}
+
+void OptimizerShard::clip_grad_value(double clip_value) {
+  torch::NoGradGuard no_grad;
+  for (const auto& t : piece_tensors_)
+    if (t.grad().defined()) t.grad().clamp_(-clip_value, clip_value);
+}
+
+c10::IValue OptimizerShard::full_state() {
+  const Dict local = optimizer_state(optimizer_).toGenericDict();
+  const Dict state = local.at("state").toGenericDict();
+  const std::string what = std::string(kKey) + " checkpoint";
+  if (state.size() != 0 && state.size() != pieces_.size())
+    throw Error(what + ": " + std::to_string(state.size()) + " of this rank's " +
+                std::to_string(pieces_.size()) + " parameter pieces have optimizer state");
+  // Every piece steps in every step, so every piece has the same fields and step count.
+  std::vector<std::string> fields;
+  std::vector<torch::ScalarType> dtypes;
+  Dict scalars(c10::StringType::get(), c10::AnyType::get());
+  if (state.size() > 0) {
+    for (const auto& e : state.at(int64_t{0}).toGenericDict()) {
+      if (e.value().isTensor() && e.key().toStringRef() != "step") {
+        fields.push_back(e.key().toStringRef());
+        dtypes.push_back(e.value().toTensor().scalar_type());
+      } else {
+        scalars.insert(e.key(), e.value());
+      }
+    }
+  }
+  const torch::Device device = shard_grad_.device();
+  const auto [lo, hi] = min_max(*pg_, static_cast<int64_t>(fields.size()) * 2 + (state.size() > 0),
+                                device, what);
+  if (lo != hi)
+    throw Error(what + ": the ranks hold different kinds of optimizer state (some stepped, some "
+                       "not); every rank must step the optimizer in the same steps");
+
+  std::vector<Dict> per_param;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    per_param.emplace_back(c10::StringType::get(), c10::AnyType::get());
+    for (const auto& e : scalars) per_param.back().insert(e.key(), e.value());
+  }
+  for (size_t f = 0; f < fields.size(); ++f) {
+    torch::Tensor send = torch::zeros({shard_size_}, torch::dtype(dtypes[f]).device(device));
+    for (size_t k = 0; k < pieces_.size(); ++k) {
+      const torch::Tensor t = state.at(static_cast<int64_t>(k)).toGenericDict().at(fields[f]).toTensor();
+      send.narrow(0, pieces_[k].shard_offset, pieces_[k].length).copy_(t.reshape(-1));
+    }
+    torch::Tensor flat = torch::empty({world_ * shard_size_}, send.options());
+    distributed::wait(pg_->_allgather_base(flat, send),
+                      what + " all_gather of '" + fields[f] + "' (" + describe(flat) + ")");
+    for (size_t i = 0; i < params_.size(); ++i)
+      per_param[i].insert(fields[f], flat_of(i, flat).clone());
+  }
+
+  Dict out_state(c10::IntType::get(), c10::AnyType::get());
+  if (state.size() > 0)
+    for (size_t i = 0; i < params_.size(); ++i) out_state.insert(static_cast<int64_t>(i), per_param[i]);
+  c10::impl::GenericList groups(c10::AnyType::get());
+  const auto local_groups = local.at("param_groups").toList();
+  for (size_t g = 0; g < group_params_.size(); ++g) {
+    Dict group(c10::StringType::get(), c10::AnyType::get());
+    for (const auto& e : local_groups.get(g).toGenericDict())
+      if (e.key().toStringRef() != "params") group.insert(e.key(), e.value());
+    c10::impl::GenericList ids(c10::AnyType::get());
+    for (size_t i : group_params_[g]) ids.push_back(static_cast<int64_t>(i));
+    group.insert("params", ids);
+    groups.push_back(group);
+  }
+  Dict out(c10::StringType::get(), c10::AnyType::get());
+  out.insert("type", local.at("type"));
+  out.insert("state", out_state);
+  out.insert("param_groups", groups);
+  return out;
+}
+
+std::function<void()> OptimizerShard::prepare_full_state(const c10::IValue& value,
+                                                         const std::string& source) {
+  auto fail = [&](const std::string& why) -> std::function<void()> {
+    throw Error(source + ": does not match the optimizer: " + why);
+  };
+  if (!value.isGenericDict()) return fail("not an optimizer state");
+  const Dict dict = value.toGenericDict();
+  if (!dict.contains("state") || !dict.at("state").isGenericDict() ||
+      !dict.contains("param_groups") || !dict.at("param_groups").isList() || !dict.contains("type"))
+    return fail("malformed optimizer state");
+  const Dict state = dict.at("state").toGenericDict();
+  const auto groups = dict.at("param_groups").toList();
+  if (groups.size() != group_params_.size())
+    return fail(std::to_string(groups.size()) + " parameter groups, the optimizer has " +
+                std::to_string(group_params_.size()));
+  std::vector<size_t> group_of(params_.size());
+  for (size_t g = 0; g < group_params_.size(); ++g) {
+    const c10::IValue group = groups.get(g);
+    if (!group.isGenericDict() || !group.toGenericDict().contains("params") ||
+        !group.toGenericDict().at("params").isList())
+      return fail("malformed parameter group " + std::to_string(g));
+    const size_t n = group.toGenericDict().at("params").toList().size();
+    if (n != group_params_[g].size())
+      return fail("group " + std::to_string(g) + " has " + std::to_string(n) +
+                  " parameters, the optimizer's has " + std::to_string(group_params_[g].size()));
+    for (size_t i : group_params_[g]) group_of[i] = g;
+  }
+
+  Dict piece_state(c10::IntType::get(), c10::AnyType::get());
+  std::vector<c10::impl::GenericList> piece_ids(group_params_.size(),
+                                                c10::impl::GenericList(c10::AnyType::get()));
+  for (size_t k = 0; k < pieces_.size(); ++k) {
+    const Piece& piece = pieces_[k];
+    piece_ids[group_of[piece.param]].push_back(static_cast<int64_t>(k));
+    auto it = state.find(static_cast<int64_t>(piece.param));
+    if (it == state.end()) continue;
+    if (!it->value().isGenericDict()) return fail("malformed state of '" + name_of(piece.param) + "'");
+    Dict s(c10::StringType::get(), c10::AnyType::get());
+    const torch::Tensor& p = params_[piece.param];
+    for (const auto& e : it->value().toGenericDict()) {
+      if (!e.key().isString()) return fail("malformed state of '" + name_of(piece.param) + "'");
+      if (e.value().isTensor() && e.key().toStringRef() != "step") {
+        const torch::Tensor t = e.value().toTensor();
+        if (t.numel() != p.numel())
+          return fail("'" + e.key().toStringRef() + "' of '" + name_of(piece.param) + "' has " +
+                      std::to_string(t.numel()) + " elements, the parameter has " +
+                      std::to_string(p.numel()));
+        // The parameter's memory order, then this piece's elements.
+        torch::Tensor laid = torch::empty_strided(p.sizes(), p.strides(), t.options());
+        laid.copy_(t.reshape(p.sizes()));
+        s.insert(e.key(), alias(laid, piece.begin, piece.length).clone());
+      } else {
+        s.insert(e.key(), e.value());
+      }
+    }
+    piece_state.insert(static_cast<int64_t>(k), s);
+  }
+  c10::impl::GenericList piece_groups(c10::AnyType::get());
+  for (size_t g = 0; g < group_params_.size(); ++g) {
+    Dict group(c10::StringType::get(), c10::AnyType::get());
+    for (const auto& e : groups.get(g).toGenericDict())
+      if (e.key().toStringRef() != "params") group.insert(e.key(), e.value());
+    group.insert("params", piece_ids[g]);
+    piece_groups.push_back(group);
+  }
+  Dict out(c10::StringType::get(), c10::AnyType::get());
+  out.insert("type", dict.at("type"));
+  out.insert("state", piece_state);
+  out.insert("param_groups", piece_groups);
+  return prepare_optimizer_state(optimizer_, out, source);
+}
+
+}  // namespace fabric::strategies

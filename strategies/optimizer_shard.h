@@ -1,0 +1,102 @@
+// fabric::strategies::OptimizerShard: ZeRO stage 1 (fabric.ddp.shard_optimizer_state): each of
+// the N ranks keeps the optimizer state (momentum, Adam moments) of 1/N of the parameters.
+//
+// Layout: the optimizer's parameters, in its order, are laid end to end (each in its memory
+// order) in one flat vector of T elements padded to N·S, S = ⌈T/N⌉; rank r owns elements
+// [r·S, (r+1)·S). At construction the optimizer's parameter groups are rewritten to this rank's
+// pieces: 1-D tensors that alias the parameters' own memory (no copy of the weights is kept), so
+// the optimizer allocates its state for 1/N of the elements and updates the parameters in place.
+// Per optimizer step:
+//   reduce_scatter_gradients()  after backward: every gradient ×1/N (the Reducer's factor) into
+//                               the flat vector, one reduce-scatter into this rank's S elements,
+//                               which become the pieces' .grad; the parameters' own gradients
+//                               are released (the next backward makes new ones).
+//   the optimizer steps          only this rank's pieces.
+//   gather_parameters()         one all-gather of the S updated elements of every rank; each
+//                               parameter takes its values.
+// The collectives move as many bytes as one all-reduce. Each element is updated by the same
+// element-wise rule as under plain DDP, so the trained parameters match DDP's.
+//
+// Requirements, each a fabric::Error naming the fix when unmet: an element-wise optimizer
+// (LibTorch's or fabric's SGD, Adam, AdamW, RMSprop, Adagrad) that has not stepped yet; its
+// parameters require gradients, share one dtype and device, are dense in memory, do not share
+// memory with each other; every rank owns at least one element; every parameter has a gradient
+// after every synchronized backward (unused parameters are not supported).
+//
+// Checkpoints hold the state in one process's layout (full_state / prepare_full_state), so they
+// load at any world size, under plain ddp or single_device, and the other way round.
+#ifndef STRATEGIES_OPTIMIZER_SHARD_H_
+#define STRATEGIES_OPTIMIZER_SHARD_H_
+
+#include <ATen/core/ivalue.h>
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace c10d {
+class ProcessGroup;
+}  // namespace c10d
+
+namespace fabric::strategies {
+
+class OptimizerShard {
+ public:
+  // `names`: a name for each tensor of `named` (the module's parameters), used in errors.
+  OptimizerShard(torch::optim::Optimizer& optimizer, const std::vector<torch::Tensor>& named,
+                 const std::vector<std::string>& names, c10::intrusive_ptr<c10d::ProcessGroup> pg);
+  ~OptimizerShard();
+
+  const torch::optim::Optimizer& optimizer() const { return optimizer_; }
+
+  // After backward; collective.
+  void reduce_scatter_gradients();
+  // After the optimizer step; collective.
+  void gather_parameters();
+
+  // Fabric::clip_gradients over the sharded gradients: the total norm over every rank's pieces
+  // (collective), the same coefficient everywhere, as clip_grad_norm_on_device computes it.
+  torch::Tensor clip_grad_norm(double max_norm, double norm_type);
+  void clip_grad_value(double clip_value);
+
+  // The optimizer state in one process's layout (fabric/checkpoint/optimizer_state.h), each
+  // parameter's buffers whole and shaped like it. Collective; every rank gets it.
+  c10::IValue full_state();
+  // Checks a state in that layout against the parameters and returns what loads this rank's
+  // part. Throws fabric::Error "SOURCE: ..."; changes nothing.
+  std::function<void()> prepare_full_state(const c10::IValue& state, const std::string& source);
+
+  int64_t total_elements() const { return total_; }
+  int64_t shard_elements() const { return shard_size_; }
+
+ private:
+  struct Piece {
+    size_t param;        // index into params_
+    int64_t begin;       // first element, in the parameter's memory order
+    int64_t length;
+    int64_t shard_offset;  // where it sits in this rank's S elements
+  };
+
+  torch::Tensor flat_of(size_t param, const torch::Tensor& flat) const;
+  std::string name_of(size_t param) const;
+
+  torch::optim::Optimizer& optimizer_;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  int64_t rank_ = 0;
+  int64_t world_ = 1;
+  std::vector<torch::Tensor> params_;   // the optimizer's, in its order (groups, then members)
+  std::vector<std::string> names_;
+  std::vector<int64_t> offsets_;        // each parameter's first element in the flat vector
+  std::vector<std::vector<size_t>> group_params_;  // the parameters of each group
+  std::vector<Piece> pieces_;           // this rank's, in the optimizer's new order
+  std::vector<torch::Tensor> piece_tensors_;
+  torch::Tensor shard_grad_;            // S elements: the pieces' gradients
+  int64_t total_ = 0;
+  int64_t shard_size_ = 0;
+};
+
+}  // namespace fabric::strategies
+
+#endif  // STRATEGIES_OPTIMIZER_SHARD_H_
