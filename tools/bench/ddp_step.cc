@@ -8,8 +8,10 @@
 // BatchNorm), 3x32x32 inputs, cross-entropy, SGD lr 0.1 momentum 0.9 Nesterov weight decay 5e-4.
 // Optimizer: fabric::SGD with --optimizer_impl (default auto = fused; for_loop is torch::optim's).
 // --threads=0 leaves the threads to Fabric (its default: CPUs / ranks).
-// Rank 0 prints "ddp_step_ms median=X mean=Y" (per-step wall time, after warm-up) and
-// "peak_rss_mib=Z" (its own peak resident set).
+// --shard_optimizer_state: fabric.ddp.shard_optimizer_state (ZeRO-1).
+// Rank 0 prints "ddp_step_ms median=X mean=Y" (per-step wall time, after warm-up),
+// "peak_rss_mib=Z" (its own peak resident set) and "state_mib parameters=P gradients=G
+// optimizer=O" (its distinct storages of each kind after the last step).
 #include <gflags/gflags.h>
 #include <sys/resource.h>
 #include <torch/torch.h>
@@ -18,8 +20,10 @@
 #include <chrono>
 #include <cstdio>
 #include <numeric>
+#include <set>
 
 #include "examples/common/models.h"
+#include "fabric/checkpoint/optimizer_state.h"
 #include "fabric/fabric.h"
 #include "fabric/training/optimizers.h"
 
@@ -32,8 +36,31 @@ DEFINE_string(model, "mlp", "mlp | resnet18");
 DEFINE_string(precision, "32-true", "fabric.precision: 32-true | bf16-mixed");
 DEFINE_double(bucket_cap_mb, 25.0, "DDP bucket size");
 DEFINE_string(optimizer_impl, "auto", "auto | fused | foreach | for_loop");
+DEFINE_bool(shard_optimizer_state, false, "fabric.ddp.shard_optimizer_state (ZeRO-1)");
 DEFINE_string(cpu_backend, "auto",
               "fabric.ddp.cpu_backend: auto (shared memory here) | gloo | shm");
+
+// MiB of the distinct storages behind `tensors`.
+double storage_mib(const std::vector<torch::Tensor>& tensors) {
+  std::set<const void*> seen;
+  double bytes = 0;
+  for (const auto& t : tensors)
+    if (t.defined() && seen.insert(t.storage().unsafeGetStorageImpl()).second)
+      bytes += static_cast<double>(t.storage().nbytes());
+  return bytes / (1024.0 * 1024.0);
+}
+
+void print_state(torch::nn::Module& model, const torch::optim::Optimizer& opt) {
+  std::vector<torch::Tensor> params = model.parameters(), grads, state;
+  for (const auto& g : opt.param_groups())
+    for (const auto& p : g.params()) params.push_back(p);
+  for (const auto& p : params) grads.push_back(p.grad());
+  for (const auto& e : fabric::optimizer_state(opt).toGenericDict().at("state").toGenericDict())
+    for (const auto& field : e.value().toGenericDict())
+      if (field.value().isTensor()) state.push_back(field.value().toTensor());
+  std::printf("state_mib parameters=%.2f gradients=%.2f optimizer=%.2f\n", storage_mib(params),
+              storage_mib(grads), storage_mib(state));
+}
 
 template <typename Model>
 int time_steps(fabric::Fabric& f, Model& model, const torch::optim::SGDOptions& options) {
@@ -65,6 +92,7 @@ int time_steps(fabric::Fabric& f, Model& model, const torch::optim::SGDOptions& 
     rusage usage{};
     getrusage(RUSAGE_SELF, &usage);
     std::printf("peak_rss_mib=%.1f\n", static_cast<double>(usage.ru_maxrss) / 1024.0);
+    print_state(*model, opt);
   }
   return 0;
 }
@@ -81,7 +109,9 @@ int main(int argc, char** argv) {
       {"fabric.accelerator=cpu", "fabric.devices=" + std::to_string(FLAGS_world),
        "fabric.strategy=ddp", "fabric.ddp.bucket_cap_mb=" + std::to_string(FLAGS_bucket_cap_mb),
        "fabric.ddp.cpu_backend=" + FLAGS_cpu_backend, "fabric.precision=" + FLAGS_precision,
-       "fabric.num_threads=" + std::to_string(FLAGS_threads)});
+       "fabric.num_threads=" + std::to_string(FLAGS_threads),
+       std::string("fabric.ddp.shard_optimizer_state=") +
+           (FLAGS_shard_optimizer_state ? "true" : "false")});
   fabric::Fabric fabric(config);
   return fabric.launch([&](fabric::Fabric& f) {
     if (FLAGS_model == "resnet18") {

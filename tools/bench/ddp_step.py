@@ -2,11 +2,14 @@
 
   python3 tools/bench/ddp_step.py --world=2 --steps=60 --warmup=10 --batch=64 --threads=1
       [--model=mlp|resnet18] [--precision=32-true|bf16-mixed] [--optimizer=loop|foreach|fused]
+      [--zero]
 mlp: ddp_step.cc's MLP, MSE loss, SGD lr 0.01 momentum 0.9. resnet18: the main job's ResNet-18
 CIFAR (models.py = examples/common/models.cc, plain BatchNorm), 3x32x32 inputs, cross-entropy,
 SGD lr 0.1 momentum 0.9 Nesterov weight decay 5e-4. --optimizer picks torch.optim.SGD's
 implementation (loop: foreach=False, the CPU default; fused: fused=True), to match ddp_step.cc's
---optimizer_impl (for_loop / foreach / fused).
+--optimizer_impl (for_loop / foreach / fused). --zero wraps the SGD in
+torch.distributed.optim.ZeroRedundancyOptimizer (ZeRO-1 over DDP: gradients all-reduced, each
+rank steps its parameters, then broadcasts them), against ddp_step.cc --shard_optimizer_state.
 Rank 0 prints "ddp_step_ms median=X mean=Y" and "peak_rss_mib=Z" (its own peak resident set). Used by ddp_compare.py; not part of any product path.
 """
 import argparse
@@ -38,12 +41,18 @@ def make_model(args):
 
 
 def make_optimizer(params, args):
-    """SGD as ddp_step.cc builds it, with the implementation --optimizer names."""
+    """SGD as ddp_step.cc builds it, with the implementation --optimizer names (--zero: sharded
+    by ZeroRedundancyOptimizer)."""
     impl = {"loop": dict(foreach=False), "foreach": dict(foreach=True), "fused": dict(fused=True)}
     if args.model == "resnet18":
-        return torch.optim.SGD(params, lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4,
-                               **impl[args.optimizer])
-    return torch.optim.SGD(params, lr=0.01, momentum=0.9, **impl[args.optimizer])
+        options = dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)
+    else:
+        options = dict(lr=0.01, momentum=0.9)
+    options.update(impl[args.optimizer])
+    if args.zero:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.SGD, **options)
+    return torch.optim.SGD(params, **options)
 
 
 def parse_args():
@@ -57,6 +66,7 @@ def parse_args():
     p.add_argument("--model", default="mlp", choices=["mlp", "resnet18"])
     p.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"])
     p.add_argument("--optimizer", default="loop", choices=["loop", "foreach", "fused"])
+    p.add_argument("--zero", action="store_true")
     return p.parse_args()
 
 
