@@ -23,5 +23,6 @@
 #include "fabric/training/graphed_step.h"
 #include "fabric/training/lr_scheduler.h"
 #include "fabric/training/optimizers.h"
+#include "fabric/training/state_bytes.h"
 
 #endif  // FABRIC_ALL_H_

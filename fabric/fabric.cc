@@ -37,7 +37,9 @@ CheckpointState with_split_optimizers(Strategy& strategy, const CheckpointState&
       continue;
     }
     std::optional<c10::IValue> full = strategy.gather_optimizer_state(optimizer);
-    if (full) out.replace_functions(entry.name, [full] { return *full; }, prepare);
+    if (full)
+      out.replace_functions(
+          entry.name, [full] { return *full; }, prepare);
   }
   return out;
 }
@@ -162,8 +164,7 @@ void Fabric::load(const std::string& path, CheckpointState& state, bool strict) 
   try {
     prepared = prepare_checkpoint(strategy_->load_checkpoint(file), source,
                                   with_split_optimizers(*strategy_, state, /*gather=*/false),
-                                  strict, precision().scaler(),
-                                  global_rank());
+                                  strict, precision().scaler(), global_rank());
     if (!prepared.saved_config.empty()) {
       const auto diff =
           config_differences(prepared.saved_config, config_.to_yaml(), {"checkpoint", "logging"});

@@ -167,11 +167,13 @@ void Ddp::make_reducer() {
 void Ddp::setup_optimizer(torch::optim::Optimizer& optimizer) {
   if (!options_.shard_optimizer_state) return;
   if (params_.empty())
-    throw Error("fabric.ddp.shard_optimizer_state: set up the module before its optimizer "
-                "(Fabric::setup(model, optimizer) does)");
+    throw Error(
+        "fabric.ddp.shard_optimizer_state: set up the module before its optimizer "
+        "(Fabric::setup(model, optimizer) does)");
   if (shard_)
-    throw Error("fabric.ddp.shard_optimizer_state: supports one optimizer; this job set up a "
-                "second one");
+    throw Error(
+        "fabric.ddp.shard_optimizer_state: supports one optimizer; this job set up a "
+        "second one");
   shard_ = std::make_unique<OptimizerShard>(optimizer, params_, param_names_,
                                             group_for("setup_optimizer"));
   if (GradScaler* scaler = precision_->scaler()) {
@@ -191,8 +193,9 @@ OptimizerShard* Ddp::shard_of(const torch::optim::Optimizer& optimizer) const {
 
 void Ddp::set_capturable_gradient_sync(bool on) {
   if (on && options_.shard_optimizer_state)
-    throw Error("fabric.cuda_graphs: not supported with fabric.ddp.shard_optimizer_state; set "
-                "one of them to false");
+    throw Error(
+        "fabric.cuda_graphs: not supported with fabric.ddp.shard_optimizer_state; set "
+        "one of them to false");
   capturable_ = on;
   // The Reducer keeps every parameter's AccumulateGrad node alive, and a node runs on the stream
   // it was made on (the default one at setup): a backward captured on a side stream would make
@@ -210,8 +213,9 @@ void Ddp::set_capturable_gradient_sync(bool on) {
 void Ddp::backward(const torch::Tensor& loss_in) {
   if (options_.shard_optimizer_state) {
     if (!shard_)
-      throw Error("fabric.ddp.shard_optimizer_state: backward before the optimizer was set up; "
-                  "pass it to Fabric::setup(model, optimizer)");
+      throw Error(
+          "fabric.ddp.shard_optimizer_state: backward before the optimizer was set up; "
+          "pass it to Fabric::setup(model, optimizer)");
     precision_->backward(loss_in);
     if (sync_) {
       shard_->reduce_scatter_gradients();
@@ -246,8 +250,9 @@ void Ddp::backward(const torch::Tensor& loss_in) {
 
 bool Ddp::optimizer_step(torch::optim::Optimizer& optimizer) {
   if (shard_ && !shard_of(optimizer))
-    throw Error("fabric.ddp.shard_optimizer_state: step of an optimizer that was not set up "
-                "with the module; pass it to Fabric::setup(model, optimizer)");
+    throw Error(
+        "fabric.ddp.shard_optimizer_state: step of an optimizer that was not set up "
+        "with the module; pass it to Fabric::setup(model, optimizer)");
   const bool stepped = precision_->optimizer_step(optimizer);
   if (shard_) shard_->gather_parameters();
   if (options_.broadcast_buffers) broadcast_buffers();
@@ -257,7 +262,8 @@ bool Ddp::optimizer_step(torch::optim::Optimizer& optimizer) {
 torch::Tensor Ddp::clip_gradients_norm(torch::nn::Module& module,
                                        torch::optim::Optimizer& optimizer, double max_norm,
                                        double norm_type) {
-  if (OptimizerShard* shard = shard_of(optimizer)) return shard->clip_grad_norm(max_norm, norm_type);
+  if (OptimizerShard* shard = shard_of(optimizer))
+    return shard->clip_grad_norm(max_norm, norm_type);
   return Strategy::clip_gradients_norm(module, optimizer, max_norm, norm_type);
 }
 

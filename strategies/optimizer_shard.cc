@@ -25,11 +25,13 @@ constexpr const char* kKey = "fabric.ddp.shard_optimizer_state";
 // (no autograd view relation: Optimizer::zero_grad may detach_() it).
 torch::Tensor alias(const torch::Tensor& t, int64_t begin, int64_t length) {
   torch::NoGradGuard no_grad;
-  return torch::empty({0}, t.options()).set_(t.storage(), t.storage_offset() + begin, {length}, {1});
+  return torch::empty({0}, t.options())
+      .set_(t.storage(), t.storage_offset() + begin, {length}, {1});
 }
 
 bool elementwise(const torch::optim::Optimizer& o) {
-  return dynamic_cast<const torch::optim::SGD*>(&o) || dynamic_cast<const torch::optim::Adam*>(&o) ||
+  return dynamic_cast<const torch::optim::SGD*>(&o) ||
+         dynamic_cast<const torch::optim::Adam*>(&o) ||
          dynamic_cast<const torch::optim::AdamW*>(&o) ||
          dynamic_cast<const torch::optim::RMSprop*>(&o) ||
          dynamic_cast<const torch::optim::Adagrad*>(&o);
@@ -65,7 +67,8 @@ OptimizerShard::OptimizerShard(torch::optim::Optimizer& optimizer,
   if (!elementwise(optimizer))
     throw Error(std::string(kKey) +
                 ": the optimizer is not SGD, Adam, AdamW, RMSprop or Adagrad (sharding needs an "
-                "optimizer that updates each element on its own); set " + kKey + ": false");
+                "optimizer that updates each element on its own); set " +
+                kKey + ": false");
   if (!optimizer.state().empty())
     throw Error(std::string(kKey) +
                 ": the optimizer has already stepped; pass it to Fabric::setup before its first "
@@ -104,9 +107,9 @@ OptimizerShard::OptimizerShard(torch::optim::Optimizer& optimizer,
   if (params_.empty()) throw Error(std::string(kKey) + ": the optimizer has no parameters");
   shard_size_ = (total_ + world_ - 1) / world_;
   if ((world_ - 1) * shard_size_ >= total_)
-    throw Error(std::string(kKey) + ": the optimizer's parameters have " +
-                std::to_string(total_) + " elements, too few to give each of the " +
-                std::to_string(world_) + " ranks a part; set " + kKey + ": false");
+    throw Error(std::string(kKey) + ": the optimizer's parameters have " + std::to_string(total_) +
+                " elements, too few to give each of the " + std::to_string(world_) +
+                " ranks a part; set " + kKey + ": false");
 
   // This rank's pieces, in parameter order (so group by group).
   const int64_t lo = rank_ * shard_size_, hi = std::min(lo + shard_size_, total_);
@@ -158,7 +161,8 @@ void OptimizerShard::reduce_scatter_gradients() {
                     "gradient reduce_scatter (" + describe(flat) + ")");
   for (auto& p : params_) p.mutable_grad().reset();
   for (size_t k = 0; k < pieces_.size(); ++k)
-    piece_tensors_[k].mutable_grad() = alias(shard_grad_, pieces_[k].shard_offset, pieces_[k].length);
+    piece_tensors_[k].mutable_grad() =
+        alias(shard_grad_, pieces_[k].shard_offset, pieces_[k].length);
 }
 
 void OptimizerShard::gather_parameters() {
@@ -233,11 +237,12 @@ c10::IValue OptimizerShard::full_state() {
     }
   }
   const torch::Device device = shard_grad_.device();
-  const auto [lo, hi] = min_max(*pg_, static_cast<int64_t>(fields.size()) * 2 + (state.size() > 0),
-                                device, what);
+  const auto [lo, hi] =
+      min_max(*pg_, static_cast<int64_t>(fields.size()) * 2 + (state.size() > 0), device, what);
   if (lo != hi)
-    throw Error(what + ": the ranks hold different kinds of optimizer state (some stepped, some "
-                       "not); every rank must step the optimizer in the same steps");
+    throw Error(what +
+                ": the ranks hold different kinds of optimizer state (some stepped, some "
+                "not); every rank must step the optimizer in the same steps");
 
   std::vector<Dict> per_param;
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -247,7 +252,8 @@ c10::IValue OptimizerShard::full_state() {
   for (size_t f = 0; f < fields.size(); ++f) {
     torch::Tensor send = torch::zeros({shard_size_}, torch::dtype(dtypes[f]).device(device));
     for (size_t k = 0; k < pieces_.size(); ++k) {
-      const torch::Tensor t = state.at(static_cast<int64_t>(k)).toGenericDict().at(fields[f]).toTensor();
+      const torch::Tensor t =
+          state.at(static_cast<int64_t>(k)).toGenericDict().at(fields[f]).toTensor();
       send.narrow(0, pieces_[k].shard_offset, pieces_[k].length).copy_(t.reshape(-1));
     }
     torch::Tensor flat = torch::empty({world_ * shard_size_}, send.options());
@@ -259,7 +265,8 @@ c10::IValue OptimizerShard::full_state() {
 
   Dict out_state(c10::IntType::get(), c10::AnyType::get());
   if (state.size() > 0)
-    for (size_t i = 0; i < params_.size(); ++i) out_state.insert(static_cast<int64_t>(i), per_param[i]);
+    for (size_t i = 0; i < params_.size(); ++i)
+      out_state.insert(static_cast<int64_t>(i), per_param[i]);
   c10::impl::GenericList groups(c10::AnyType::get());
   const auto local_groups = local.at("param_groups").toList();
   for (size_t g = 0; g < group_params_.size(); ++g) {
@@ -314,7 +321,8 @@ std::function<void()> OptimizerShard::prepare_full_state(const c10::IValue& valu
     piece_ids[group_of[piece.param]].push_back(static_cast<int64_t>(k));
     auto it = state.find(static_cast<int64_t>(piece.param));
     if (it == state.end()) continue;
-    if (!it->value().isGenericDict()) return fail("malformed state of '" + name_of(piece.param) + "'");
+    if (!it->value().isGenericDict())
+      return fail("malformed state of '" + name_of(piece.param) + "'");
     Dict s(c10::StringType::get(), c10::AnyType::get());
     const torch::Tensor& p = params_[piece.param];
     for (const auto& e : it->value().toGenericDict()) {

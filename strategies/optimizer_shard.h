@@ -73,8 +73,8 @@ class OptimizerShard {
 
  private:
   struct Piece {
-    size_t param;        // index into params_
-    int64_t begin;       // first element, in the parameter's memory order
+    size_t param;   // index into params_
+    int64_t begin;  // first element, in the parameter's memory order
     int64_t length;
     int64_t shard_offset;  // where it sits in this rank's S elements
   };
@@ -86,13 +86,13 @@ class OptimizerShard {
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
   int64_t rank_ = 0;
   int64_t world_ = 1;
-  std::vector<torch::Tensor> params_;   // the optimizer's, in its order (groups, then members)
+  std::vector<torch::Tensor> params_;  // the optimizer's, in its order (groups, then members)
   std::vector<std::string> names_;
-  std::vector<int64_t> offsets_;        // each parameter's first element in the flat vector
+  std::vector<int64_t> offsets_;  // each parameter's first element in the flat vector
   std::vector<std::vector<size_t>> group_params_;  // the parameters of each group
-  std::vector<Piece> pieces_;           // this rank's, in the optimizer's new order
+  std::vector<Piece> pieces_;                      // this rank's, in the optimizer's new order
   std::vector<torch::Tensor> piece_tensors_;
-  torch::Tensor shard_grad_;            // S elements: the pieces' gradients
+  torch::Tensor shard_grad_;  // S elements: the pieces' gradients
   int64_t total_ = 0;
   int64_t shard_size_ = 0;
 };

@@ -16,7 +16,8 @@
 namespace fabric::testing {
 
 // "" when `a` and `b` are bitwise equal, else the path of the first difference.
-inline std::string first_difference(const c10::IValue& a, const c10::IValue& b, const std::string& at) {
+inline std::string first_difference(const c10::IValue& a, const c10::IValue& b,
+                                    const std::string& at) {
   if (a.tagKind() != b.tagKind()) return at + ": " + a.tagKind() + " vs " + b.tagKind();
   if (a.isTensor()) {
     const auto x = a.toTensor().contiguous(), y = b.toTensor().contiguous();
@@ -58,7 +59,8 @@ inline std::string first_difference(const c10::IValue& a, const c10::IValue& b, 
 }
 
 // The state and generator parts of a checkpoint (its "fabric" header holds times and configs).
-inline std::string compare_checkpoints(const std::filesystem::path& a, const std::filesystem::path& b) {
+inline std::string compare_checkpoints(const std::filesystem::path& a,
+                                       const std::filesystem::path& b) {
   const auto x = fabric::load_archive(a).toGenericDict();
   const auto y = fabric::load_archive(b).toGenericDict();
   for (const std::string key : {"state", "rng"}) {

@@ -78,10 +78,10 @@ class GradScaler {
   // Restores a state_dict(); throws fabric::Error naming missing or unexpected keys.
   void load_state_dict(const std::map<std::string, double>& state);
 
-  // For strategies whose ranks each hold a part of the gradients (fabric.ddp.shard_optimizer_state):
-  // `agree` makes this rank's found-inf flag (float32, 1 element, 0 or 1) the maximum over the
-  // ranks, in place, so that every rank skips the same steps. From then on every unscale and
-  // step is collective.
+  // For strategies whose ranks each hold a part of the gradients
+  // (fabric.ddp.shard_optimizer_state): `agree` makes this rank's found-inf flag (float32, 1
+  // element, 0 or 1) the maximum over the ranks, in place, so that every rank skips the same steps.
+  // From then on every unscale and step is collective.
   void set_found_inf_agreement(std::function<void(torch::Tensor&)> agree) {
     agree_ = std::move(agree);
   }
@@ -111,7 +111,8 @@ class GradScaler {
   std::map<const torch::optim::Optimizer*, PerOptimizer> per_optimizer_;
   int64_t skipped_steps_ = 0;
   torch::Tensor skipped_on_device_;
-  std::function<void(torch::Tensor&)> agree_;  // int64, 1 element: steps skipped by fused optimizers
+  std::function<void(torch::Tensor&)>
+      agree_;  // int64, 1 element: steps skipped by fused optimizers
 };
 
 }  // namespace fabric

@@ -11,26 +11,26 @@
 //   test.accumulate    1    micro-batches per step (each batch split; all but the last backward
 //                           inside no_backward_sync)
 //   test.memory        false  before the last step, rank 0 prints for every rank R "rank R bytes
-//                           parameters=P gradients=G optimizer=O": distinct storages of the parameters and of the
-//                           optimizer's parameters, of their gradients, of the optimizer state
+//                           parameters=P gradients=G optimizer=O": distinct storages of the
+//                           parameters and of the optimizer's parameters, of their gradients, of
+//                           the optimizer state
 // Everything else is the training schema (fabric.*, checkpoint.*, data.*, ...).
 #include <torch/torch.h>
 
-#include <set>
-
-#include "fabric/checkpoint/optimizer_state.h"
 #include "fabric/checkpointer.h"
 #include "fabric/fabric.h"
 #include "fabric/main.h"
 #include "fabric/nn/batch_norm.h"
 #include "fabric/training/optimizers.h"
+#include "fabric/training/state_bytes.h"
 
 namespace {
 
 struct NetImpl : torch::nn::Module {
   NetImpl(int64_t width, int64_t extra) {
     if (extra > 0) table = register_parameter("table", torch::zeros({extra}));
-    conv = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, width, 3).bias(false)));
+    conv = register_module("conv",
+                           torch::nn::Conv2d(torch::nn::Conv2dOptions(3, width, 3).bias(false)));
     bn = register_module("bn", fabric::nn::BatchNorm2d(width));
     drop = register_module("drop", torch::nn::Dropout(0.3));
     fc = register_module("fc", torch::nn::Linear(width * 6 * 6, 5));
@@ -48,27 +48,9 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
-// Bytes of the distinct storages behind `tensors`.
-int64_t storage_bytes(const std::vector<torch::Tensor>& tensors) {
-  std::set<const void*> seen;
-  int64_t bytes = 0;
-  for (const auto& t : tensors) {
-    if (!t.defined() || !seen.insert(t.storage().unsafeGetStorageImpl()).second) continue;
-    bytes += static_cast<int64_t>(t.storage().nbytes());
-  }
-  return bytes;
-}
-
 void print_memory(fabric::Fabric& f, torch::nn::Module& model, const torch::optim::Optimizer& opt) {
-  std::vector<torch::Tensor> params = model.parameters(), grads, state;
-  for (const auto& g : opt.param_groups())
-    for (const auto& p : g.params()) params.push_back(p);
-  for (const auto& p : params) grads.push_back(p.grad());
-  for (const auto& e : fabric::optimizer_state(opt).toGenericDict().at("state").toGenericDict())
-    for (const auto& f : e.value().toGenericDict())
-      if (f.value().isTensor()) state.push_back(f.value().toTensor());
-  const auto mine = torch::tensor({storage_bytes(params), storage_bytes(grads), storage_bytes(state)});
-  const auto all = f.all_gather(mine);
+  const fabric::StateBytes b = fabric::state_bytes(model, opt);
+  const auto all = f.all_gather(torch::tensor({b.parameters, b.gradients, b.optimizer}));
   for (size_t r = 0; r < all.size(); ++r)
     f.print("rank ", r, " bytes parameters=", all[r][0].item<int64_t>(),
             " gradients=", all[r][1].item<int64_t>(), " optimizer=", all[r][2].item<int64_t>());

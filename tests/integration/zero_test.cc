@@ -118,7 +118,7 @@ TEST_F(ZeroTest, OptimizerStateAndGradientsTakeOneNthPerRank) {
     ASSERT_EQ(z.ranks, world) << zero.out;
     EXPECT_EQ(z.parameters, d.parameters);
     const int64_t per_rank_optimizer = d.optimizer / world;  // DDP: every rank holds it all
-    const int64_t padding = 2 * 4 * world;                    // two float buffers, < 1 element/rank
+    const int64_t padding = 2 * 4 * world;                   // two float buffers, < 1 element/rank
     EXPECT_LE(z.max_optimizer, per_rank_optimizer / world + padding);
     EXPECT_LE(z.optimizer, per_rank_optimizer + padding);
     EXPECT_LE(z.gradients, d.gradients / world + 4 * world);
@@ -126,13 +126,15 @@ TEST_F(ZeroTest, OptimizerStateAndGradientsTakeOneNthPerRank) {
 }
 
 TEST_F(ZeroTest, SameWorldSizeResumeIsBitwiseExact) {
-  const std::string job = "fabric.devices=2 optimizer.name=adamw fabric.ddp.shard_optimizer_state=true ";
+  const std::string job =
+      "fabric.devices=2 optimizer.name=adamw fabric.ddp.shard_optimizer_state=true ";
   auto full = run(job + "test.out=full.ckpt");
   ASSERT_EQ(full.code, 0) << full.out;
   auto first = run(job + "checkpoint.every_n_steps=7 test.stop_at_step=7 checkpoint.dir=first");
   ASSERT_EQ(first.code, 0) << first.out;
-  auto second = run(job + "checkpoint.resume=first/step-00000007.ckpt checkpoint.dir=second "
-                          "test.out=resumed.ckpt");
+  auto second = run(job +
+                    "checkpoint.resume=first/step-00000007.ckpt checkpoint.dir=second "
+                    "test.out=resumed.ckpt");
   ASSERT_EQ(second.code, 0) << second.out;
   EXPECT_NE(second.out.find("resumed from"), std::string::npos) << second.out;
   EXPECT_EQ(fabric::testing::compare_checkpoints(dir_ / "full.ckpt", dir_ / "resumed.ckpt"), "");
@@ -143,16 +145,17 @@ TEST_F(ZeroTest, CheckpointsLoadAtOtherWorldSizesAndUnderPlainDdp) {
   // any world size.
   const std::string common = "optimizer.name=adamw ";
   const std::string zero = "fabric.ddp.shard_optimizer_state=true ";
-  auto saved = run(common + zero + "fabric.devices=2 checkpoint.every_n_steps=8 "
-                                   "test.stop_at_step=8 checkpoint.dir=two");
+  auto saved = run(common + zero +
+                   "fabric.devices=2 checkpoint.every_n_steps=8 "
+                   "test.stop_at_step=8 checkpoint.dir=two");
   ASSERT_EQ(saved.code, 0) << saved.out;
   const std::string ckpt = "two/step-00000008.ckpt";
   // Loaded by 3 sharded ranks, then by one process, and saved again at once (trainer.max_steps=8:
   // nothing to train): the same parameters and optimizer state (the learning rate differs: the
   // schedule's length changed).
   auto same_state = [&](const std::string& file) {
-    EXPECT_EQ(fabric::testing::first_difference(entry(ckpt, "model"), entry(file, "model"), "model"),
-              "")
+    EXPECT_EQ(
+        fabric::testing::first_difference(entry(ckpt, "model"), entry(file, "model"), "model"), "")
         << file;
     EXPECT_EQ(fabric::testing::first_difference(
                   entry(ckpt, "optimizer").toGenericDict().at("state"),
@@ -160,12 +163,14 @@ TEST_F(ZeroTest, CheckpointsLoadAtOtherWorldSizesAndUnderPlainDdp) {
               "")
         << file;
   };
-  auto three = run(common + zero + "fabric.devices=3 trainer.max_steps=8 checkpoint.resume=" +
-                   ckpt + " checkpoint.dir=three");
+  auto three =
+      run(common + zero + "fabric.devices=3 trainer.max_steps=8 checkpoint.resume=" + ckpt +
+          " checkpoint.dir=three");
   ASSERT_EQ(three.code, 0) << three.out;
   same_state("three/step-00000008.ckpt");
-  auto one = run(common + "fabric.devices=1 trainer.max_steps=8 "
-                          "checkpoint.resume=three/step-00000008.ckpt checkpoint.dir=one");
+  auto one = run(common +
+                 "fabric.devices=1 trainer.max_steps=8 "
+                 "checkpoint.resume=three/step-00000008.ckpt checkpoint.dir=one");
   ASSERT_EQ(one.code, 0) << one.out;
   same_state("one/step-00000008.ckpt");
   // Training goes on from the sharded checkpoint under plain DDP as if DDP had run throughout.
@@ -177,8 +182,8 @@ TEST_F(ZeroTest, CheckpointsLoadAtOtherWorldSizesAndUnderPlainDdp) {
   EXPECT_LE(fabric::testing::max_relative_difference(state("ddp.ckpt"), state("continued.ckpt")),
             kTolerance);
   // And the sharded job at 3 ranks trains on from it.
-  auto onward = run(common + zero + "fabric.devices=3 checkpoint.dir=onward checkpoint.resume=" +
-                    ckpt);
+  auto onward =
+      run(common + zero + "fabric.devices=3 checkpoint.dir=onward checkpoint.resume=" + ckpt);
   EXPECT_EQ(onward.code, 0) << onward.out;
   EXPECT_NE(onward.out.find("done at step 16"), std::string::npos) << onward.out;
 }

@@ -20,12 +20,11 @@
 #include <chrono>
 #include <cstdio>
 #include <numeric>
-#include <set>
 
 #include "examples/common/models.h"
-#include "fabric/checkpoint/optimizer_state.h"
 #include "fabric/fabric.h"
 #include "fabric/training/optimizers.h"
+#include "fabric/training/state_bytes.h"
 
 DEFINE_int32(world, 2, "processes");
 DEFINE_int32(steps, 60, "timed steps");
@@ -40,26 +39,11 @@ DEFINE_bool(shard_optimizer_state, false, "fabric.ddp.shard_optimizer_state (ZeR
 DEFINE_string(cpu_backend, "auto",
               "fabric.ddp.cpu_backend: auto (shared memory here) | gloo | shm");
 
-// MiB of the distinct storages behind `tensors`.
-double storage_mib(const std::vector<torch::Tensor>& tensors) {
-  std::set<const void*> seen;
-  double bytes = 0;
-  for (const auto& t : tensors)
-    if (t.defined() && seen.insert(t.storage().unsafeGetStorageImpl()).second)
-      bytes += static_cast<double>(t.storage().nbytes());
-  return bytes / (1024.0 * 1024.0);
-}
-
 void print_state(torch::nn::Module& model, const torch::optim::Optimizer& opt) {
-  std::vector<torch::Tensor> params = model.parameters(), grads, state;
-  for (const auto& g : opt.param_groups())
-    for (const auto& p : g.params()) params.push_back(p);
-  for (const auto& p : params) grads.push_back(p.grad());
-  for (const auto& e : fabric::optimizer_state(opt).toGenericDict().at("state").toGenericDict())
-    for (const auto& field : e.value().toGenericDict())
-      if (field.value().isTensor()) state.push_back(field.value().toTensor());
-  std::printf("state_mib parameters=%.2f gradients=%.2f optimizer=%.2f\n", storage_mib(params),
-              storage_mib(grads), storage_mib(state));
+  const fabric::StateBytes b = fabric::state_bytes(model, opt);
+  constexpr double kMib = 1024.0 * 1024.0;
+  std::printf("state_mib parameters=%.2f gradients=%.2f optimizer=%.2f\n", b.parameters / kMib,
+              b.gradients / kMib, b.optimizer / kMib);
 }
 
 template <typename Model>
