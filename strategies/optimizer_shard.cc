@@ -131,8 +131,6 @@ OptimizerShard::OptimizerShard(torch::optim::Optimizer& optimizer,
 
 OptimizerShard::~OptimizerShard() = default;
 
-std::string OptimizerShard::name_of(size_t param) const { return names_[param]; }
-
 torch::Tensor OptimizerShard::flat_of(size_t param, const torch::Tensor& flat) const {
   const torch::Tensor& p = params_[param];
   return flat.narrow(0, offsets_[param], p.numel()).as_strided(p.sizes(), p.strides());
@@ -322,15 +320,15 @@ std::function<void()> OptimizerShard::prepare_full_state(const c10::IValue& valu
     auto it = state.find(static_cast<int64_t>(piece.param));
     if (it == state.end()) continue;
     if (!it->value().isGenericDict())
-      return fail("malformed state of '" + name_of(piece.param) + "'");
+      return fail("malformed state of '" + names_[piece.param] + "'");
     Dict s(c10::StringType::get(), c10::AnyType::get());
     const torch::Tensor& p = params_[piece.param];
     for (const auto& e : it->value().toGenericDict()) {
-      if (!e.key().isString()) return fail("malformed state of '" + name_of(piece.param) + "'");
+      if (!e.key().isString()) return fail("malformed state of '" + names_[piece.param] + "'");
       if (e.value().isTensor() && e.key().toStringRef() != "step") {
         const torch::Tensor t = e.value().toTensor();
         if (t.numel() != p.numel())
-          return fail("'" + e.key().toStringRef() + "' of '" + name_of(piece.param) + "' has " +
+          return fail("'" + e.key().toStringRef() + "' of '" + names_[piece.param] + "' has " +
                       std::to_string(t.numel()) + " elements, the parameter has " +
                       std::to_string(p.numel()));
         // The parameter's memory order, then this piece's elements.

@@ -80,7 +80,6 @@ class OptimizerShard {
   };
 
   torch::Tensor flat_of(size_t param, const torch::Tensor& flat) const;
-  std::string name_of(size_t param) const;
 
   torch::optim::Optimizer& optimizer_;
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
