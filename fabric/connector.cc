@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <sstream>
 
 #include "fabric/accelerators/device_info.h"
 #include "fabric/environments/environments.h"
@@ -141,6 +142,21 @@ void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) 
   }
   s.strategy = want == "ddp" || (want == "auto" && world > 1) ? StrategyKind::kDdp
                                                               : StrategyKind::kSingleDevice;
+  if (want == "fsdp") {
+    s.fsdp.sharding_strategy =
+        parsed(c, "fabric.fsdp.sharding_strategy", strategies::parse_sharding_strategy);
+    // no_shard keeps everything whole on every rank: that is ddp.
+    s.strategy = s.fsdp.sharding_strategy == strategies::ShardingStrategy::kNoShard
+                     ? StrategyKind::kDdp
+                     : StrategyKind::kFsdp;
+    s.fsdp.min_unit_params = c.get_int("fabric.fsdp.min_unit_params");
+    std::stringstream names(c.get_string("fabric.fsdp.wrap_modules"));
+    for (std::string name; std::getline(names, name, ',');) {
+      name.erase(0, name.find_first_not_of(" \t"));
+      name.erase(name.find_last_not_of(" \t") + 1);
+      if (!name.empty()) s.fsdp.wrap_modules.push_back(name);
+    }
+  }
   if (want == "dp") {
     if (world > 1) {
       throw c.error_at("fabric.strategy", "'dp' runs one process, but the launcher started " +
@@ -326,6 +342,11 @@ ResolvedSetup resolve_setup(const Config& c, const MachineFacts& m) {
   s.scaler.backoff_factor(c.get_double("fabric.grad_scaler.backoff_factor"));
   s.scaler.growth_interval(c.get_int("fabric.grad_scaler.growth_interval"));
   s.ddp.sync_batchnorm = c.get_bool("fabric.sync_batchnorm");
+  if (s.ddp.sync_batchnorm && s.strategy == StrategyKind::kFsdp) {
+    throw c.error_at("fabric.sync_batchnorm",
+                     "not supported with fabric.strategy: fsdp yet; use ddp (with "
+                     "fabric.ddp.shard_optimizer_state to shard the optimizer state) or false");
+  }
   if (s.ddp.sync_batchnorm && s.strategy != StrategyKind::kDdp) {
     s.warnings.push_back(c.origin("fabric.sync_batchnorm") +
                          ": fabric.sync_batchnorm: has no effect with a single process");
@@ -334,7 +355,7 @@ ResolvedSetup resolve_setup(const Config& c, const MachineFacts& m) {
   std::string eager_because;
   if (!s.device.is_cuda()) {
     eager_because = "CUDA graphs need a CUDA device and this run is on " + s.device.str();
-  } else if (s.strategy == StrategyKind::kDp) {
+  } else if (s.strategy == StrategyKind::kDp || s.strategy == StrategyKind::kFsdp) {
     eager_because = std::string("capture under strategy ") + strategy_name(s.strategy) +
                     " is not implemented yet";
   } else if (s.strategy == StrategyKind::kDdp && s.ddp.sync_batchnorm) {

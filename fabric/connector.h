@@ -60,8 +60,8 @@ struct MachineFacts {
 };
 
 // fabric.strategy after step 3 (auto and the dp fallback decided).
-enum class StrategyKind { kSingleDevice, kDp, kDdp };
-// "single_device" | "dp" | "ddp": the config's word, and Strategy::name() of what build_strategy
+enum class StrategyKind { kSingleDevice, kDp, kDdp, kFsdp };
+// "single_device" | "dp" | "ddp" | "fsdp": the config's word, and Strategy::name() of what build_strategy
 // makes.
 const char* strategy_name(StrategyKind kind);
 
@@ -71,7 +71,8 @@ struct ResolvedSetup {
   StrategyKind strategy = StrategyKind::kSingleDevice;
   std::shared_ptr<ClusterEnvironment> environment;  // the job (world size, ranks, rendezvous)
   torch::Device device = torch::kCPU;               // this process's device
-  strategies::DdpOptions ddp;
+  strategies::DdpOptions ddp;    // also the process group settings of fsdp
+  strategies::FsdpOptions fsdp;  // fabric.fsdp.*
   PrecisionMode precision = PrecisionMode::k32True;
   GradScalerOptions scaler;
   uint64_t seed = 0;

@@ -10,6 +10,7 @@
 #include "fabric/connector.h"
 #include "strategies/data_parallel.h"
 #include "strategies/ddp.h"
+#include "strategies/fsdp.h"
 #include "strategies/single_device.h"
 
 namespace fabric {
@@ -20,6 +21,8 @@ const char* strategy_name(StrategyKind kind) {
       return "dp";
     case StrategyKind::kDdp:
       return "ddp";
+    case StrategyKind::kFsdp:
+      return "fsdp";
     case StrategyKind::kSingleDevice:
       break;
   }
@@ -35,6 +38,9 @@ std::unique_ptr<Strategy> build_strategy(const ResolvedSetup& s) {
       return std::make_unique<strategies::Ddp>(
           s.environment, s.device, std::move(precision), s.ddp,
           std::vector<std::string>{});  // argv: /proc/self/cmdline
+    case StrategyKind::kFsdp:
+      return std::make_unique<strategies::Fsdp>(s.environment, s.device, std::move(precision),
+                                                s.ddp, s.fsdp, std::vector<std::string>{});
     case StrategyKind::kSingleDevice:
       break;
   }

@@ -44,6 +44,18 @@ CheckpointState with_split_optimizers(Strategy& strategy, const CheckpointState&
   return out;
 }
 
+// Every module of `state` with its full parameters while the guards live (collective: a
+// strategy that shards parameters gathers them on every rank).
+std::vector<ScopeGuard> materialize_modules(Strategy& strategy, const CheckpointState& state,
+                                            bool write_back) {
+  std::vector<ScopeGuard> guards;
+  for (const auto& entry : state.entries())
+    if (entry.kind == CheckpointState::Entry::Kind::kModule)
+      guards.push_back(strategy.materialize_parameters(
+          *static_cast<torch::nn::Module*>(entry.object), write_back));
+  return guards;
+}
+
 }  // namespace
 
 Fabric::Fabric(const Config& config) : Fabric(config, MachineFacts::query()) {}
@@ -130,6 +142,7 @@ AutocastGuard Fabric::autocast() const { return strategy_->precision().autocast(
 
 void Fabric::save_weights_of(torch::nn::Module& module, const std::string& path) {
   const auto file = absolute_from_working_directory(path);
+  const ScopeGuard whole = strategy_->materialize_parameters(module, /*write_back=*/false);
   on_global_zero(*strategy_, [&] { save_state_dict(file, state_dict(module)); });
 }
 
@@ -142,8 +155,10 @@ void Fabric::save(const std::string& path, const CheckpointState& state) {
   const auto cuda_states = all_gather(cuda_flat.to(device()));
   const auto cuda_counts =
       all_gather(torch::tensor({static_cast<int64_t>(rng.cuda.size())}).to(device()));
-  // Optimizers the strategy splits over the ranks: gathered now, on every rank (collective).
+  // Optimizers the strategy splits over the ranks: gathered now, on every rank (collective);
+  // modules whose parameters it splits: whole until written.
   const CheckpointState contents = with_split_optimizers(*strategy_, state, /*gather=*/true);
+  const std::vector<ScopeGuard> whole = materialize_modules(*strategy_, state, false);
   strategy_->save_checkpoint(file, [&] {
     std::vector<RngState> by_rank(cpu_states.size());
     for (size_t r = 0; r < cpu_states.size(); ++r) {
@@ -186,7 +201,10 @@ void Fabric::load(const std::string& path, CheckpointState& state, bool strict) 
                            ? first
                            : source + ": could not be loaded on another rank (see its log)"));
   }
-  for (auto& fn : prepared.apply) fn();
+  {
+    const std::vector<ScopeGuard> whole = materialize_modules(*strategy_, state, true);
+    for (auto& fn : prepared.apply) fn();
+  }
   if (is_global_zero())
     for (const auto& w : prepared.warnings)
       std::cerr << "warning: " << source << ": " << w << std::endl;
@@ -194,6 +212,7 @@ void Fabric::load(const std::string& path, CheckpointState& state, bool strict) 
 
 void Fabric::load_weights_of(torch::nn::Module& module, const std::string& path) {
   const auto file = absolute_from_working_directory(path);
+  const ScopeGuard whole = strategy_->materialize_parameters(module, /*write_back=*/true);
   load_state_dict(module, load_state_dict_file(file), file.string());
 }
 

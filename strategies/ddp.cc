@@ -59,18 +59,6 @@ class StaticGraphFirstIterationSink
   }
 };
 
-distributed::RendezvousOptions rendezvous_options(const DdpOptions& o,
-                                                  std::vector<std::string> argv) {
-  distributed::RendezvousOptions r;
-  r.timeout = o.timeout;
-  r.heartbeat_timeout = o.heartbeat_timeout;
-  r.debug_collectives = o.debug_collectives;
-  r.cuda_with_gloo = o.cuda_with_gloo;
-  r.cpu_backend = o.cpu_backend;
-  r.argv = std::move(argv);
-  return r;
-}
-
 }  // namespace
 
 Ddp::Ddp(std::shared_ptr<ClusterEnvironment> environment, torch::Device device,

@@ -20,4 +20,23 @@ std::optional<CommHook> parse_comm_hook(const std::string& name) {
   return std::nullopt;
 }
 
+const char* sharding_strategy_name(ShardingStrategy strategy) {
+  switch (strategy) {
+    case ShardingStrategy::kShardGradOp:
+      return "shard_grad_op";
+    case ShardingStrategy::kNoShard:
+      return "no_shard";
+    case ShardingStrategy::kFullShard:
+      break;
+  }
+  return "full_shard";
+}
+
+std::optional<ShardingStrategy> parse_sharding_strategy(const std::string& name) {
+  for (auto s :
+       {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp, ShardingStrategy::kNoShard})
+    if (name == sharding_strategy_name(s)) return s;
+  return std::nullopt;
+}
+
 }  // namespace fabric::strategies

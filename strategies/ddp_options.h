@@ -1,12 +1,15 @@
-// fabric::strategies::DdpOptions: the fabric.ddp.* settings of the DDP strategy, parsed once by
+// fabric::strategies::DdpOptions and FsdpOptions: the fabric.ddp.* and fabric.fsdp.* settings of
+// the data-parallel strategies, parsed once by
 // the Connector (fabric/connector.h) into typed values. Kept apart from ddp.h so that code which
 // only describes a job (the Connector, tools/env_resolve) does not see the strategy's machinery.
 #ifndef STRATEGIES_DDP_OPTIONS_H_
 #define STRATEGIES_DDP_OPTIONS_H_
 
 #include <chrono>
+#include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "fabric/distributed/process_group.h"
 
@@ -43,6 +46,25 @@ struct DdpOptions {
   // fabric.ddp.debug_collectives: check through the store that every rank issues the same
   // collectives (kind, dtype, shape) in the same order; fail at the first divergence.
   bool debug_collectives = false;
+};
+
+// fabric.fsdp.sharding_strategy: what each rank keeps whole. kFullShard (ZeRO-3): parameters,
+// gradients and optimizer state sharded, a unit's parameters gathered only while used;
+// kShardGradOp (ZeRO-2): the same, but parameters stay gathered from their forward to their
+// gradients' reduction; kNoShard: plain ddp.
+enum class ShardingStrategy { kFullShard, kShardGradOp, kNoShard };
+// "full_shard" | "shard_grad_op" | "no_shard", as in the config.
+const char* sharding_strategy_name(ShardingStrategy strategy);
+std::optional<ShardingStrategy> parse_sharding_strategy(const std::string& name);
+
+// fabric.strategy: fsdp (strategies/fsdp.h). Process group settings come from DdpOptions.
+struct FsdpOptions {
+  ShardingStrategy sharding_strategy = ShardingStrategy::kFullShard;
+  // fabric.fsdp.wrap_modules (comma-separated): module types that become units.
+  std::vector<std::string> wrap_modules;
+  // fabric.fsdp.min_unit_params: a submodule with at least this many parameters not in an inner
+  // unit becomes a unit (0: off).
+  int64_t min_unit_params = 1000000;
 };
 
 }  // namespace fabric::strategies

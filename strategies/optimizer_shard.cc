@@ -19,7 +19,6 @@ namespace fabric::strategies {
 namespace {
 
 using Dict = c10::impl::GenericDict;
-constexpr const char* kKey = "fabric.ddp.shard_optimizer_state";
 
 // `length` elements of `t`'s memory from its first element + `begin`, as a 1-D tensor of its own
 // (no autograd view relation: Optimizer::zero_grad may detach_() it).
@@ -61,24 +60,71 @@ OptimizerShard::OptimizerShard(torch::optim::Optimizer& optimizer,
                                const std::vector<torch::Tensor>& named,
                                const std::vector<std::string>& names,
                                c10::intrusive_ptr<c10d::ProcessGroup> pg)
-    : optimizer_(optimizer), pg_(std::move(pg)) {
+    : optimizer_(optimizer), pg_(std::move(pg)), key_("fabric.ddp.shard_optimizer_state") {
+  collect(named, names);
+  std::set<const void*> storages;
+  int64_t total = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const torch::Tensor& p = params_[i];
+    auto fail = [&](const std::string& why) {
+      throw error("parameter '" + names_[i] + "' " + why);
+    };
+    if (p.is_sparse() || !p.is_non_overlapping_and_dense())
+      fail("is not dense in memory (a view or sparse tensor); sharding needs dense parameters");
+    if (p.scalar_type() != params_[0].scalar_type() || p.device() != params_[0].device())
+      fail("has dtype " + std::string(c10::toString(p.scalar_type())) + " on " +
+           p.device().str() + ", the first has " +
+           std::string(c10::toString(params_[0].scalar_type())) + " on " +
+           params_[0].device().str() + "; sharding needs one dtype and device");
+    if (!storages.insert(p.storage().unsafeGetStorageImpl()).second)
+      fail("shares memory with another parameter (tied weights are not supported)");
+    segment_of_.push_back(0);
+    offsets_.push_back(total);
+    total += p.numel();
+  }
+  totals_ = {total};
+  shard_sizes_ = {(total + world_ - 1) / world_};
+  if ((world_ - 1) * shard_sizes_[0] >= total)
+    throw error("the optimizer's parameters have " + std::to_string(total) +
+                " elements, too few to give each of the " + std::to_string(world_) +
+                " ranks a part; set " + key_ + ": false");
+  grads_ = {torch::zeros({shard_sizes_[0]}, params_[0].options().requires_grad(false))};
+  split({torch::Tensor()});
+}
+
+OptimizerShard::OptimizerShard(torch::optim::Optimizer& optimizer,
+                               const std::vector<torch::Tensor>& named,
+                               const std::vector<std::string>& names,
+                               c10::intrusive_ptr<c10d::ProcessGroup> pg, Segments segments,
+                               std::string key)
+    : optimizer_(optimizer), pg_(std::move(pg)), key_(std::move(key)) {
+  collect(named, names);
+  for (const auto& p : params_) {
+    const auto [segment, offset] = segments.place(p);
+    segment_of_.push_back(segment);
+    offsets_.push_back(offset);
+  }
+  totals_ = segments.elements;
+  for (int64_t t : totals_) shard_sizes_.push_back((t + world_ - 1) / world_);
+  grads_ = std::move(segments.grads);
+  split(segments.memory);
+}
+
+void OptimizerShard::collect(const std::vector<torch::Tensor>& named,
+                             const std::vector<std::string>& names) {
   rank_ = pg_->getRank();
   world_ = pg_->getSize();
-  if (!elementwise(optimizer))
-    throw Error(std::string(kKey) +
-                ": the optimizer is not SGD, Adam, AdamW, RMSprop or Adagrad (sharding needs an "
-                "optimizer that updates each element on its own); set " +
-                kKey + ": false");
-  if (!optimizer.state().empty())
-    throw Error(std::string(kKey) +
-                ": the optimizer has already stepped; pass it to Fabric::setup before its first "
-                "step");
+  if (!elementwise(optimizer_))
+    throw error(
+        "the optimizer is not SGD, Adam, AdamW, RMSprop or Adagrad (sharding needs an "
+        "optimizer that updates each element on its own)");
+  if (!optimizer_.state().empty())
+    throw error(
+        "the optimizer has already stepped; pass it to Fabric::setup before its first step");
   std::unordered_map<const void*, std::string> name_of_impl;
   for (size_t i = 0; i < named.size() && i < names.size(); ++i)
     name_of_impl[named[i].unsafeGetTensorImpl()] = names[i];
-
-  std::set<const void*> storages;
-  for (const auto& group : optimizer.param_groups()) {
+  for (const auto& group : optimizer_.param_groups()) {
     group_params_.emplace_back();
     for (const auto& p : group.params()) {
       const size_t i = params_.size();
@@ -87,47 +133,35 @@ OptimizerShard::OptimizerShard(torch::optim::Optimizer& optimizer,
                                                 : "optimizer parameter #" + std::to_string(i));
       params_.push_back(p);
       group_params_.back().push_back(i);
-      auto fail = [&](const std::string& why) {
-        throw Error(std::string(kKey) + ": parameter '" + names_.back() + "' " + why);
-      };
-      if (!p.requires_grad()) fail("does not require gradients; leave it out of the optimizer");
-      if (p.is_sparse() || !p.is_non_overlapping_and_dense())
-        fail("is not dense in memory (a view or sparse tensor); sharding needs dense parameters");
-      if (p.scalar_type() != params_[0].scalar_type() || p.device() != params_[0].device())
-        fail("has dtype " + std::string(c10::toString(p.scalar_type())) + " on " +
-             p.device().str() + ", the first has " +
-             std::string(c10::toString(params_[0].scalar_type())) + " on " +
-             params_[0].device().str() + "; sharding needs one dtype and device");
-      if (!storages.insert(p.storage().unsafeGetStorageImpl()).second)
-        fail("shares memory with another parameter (tied weights are not supported)");
-      offsets_.push_back(total_);
-      total_ += p.numel();
+      if (!p.requires_grad())
+        throw error("parameter '" + names_.back() +
+                    "' does not require gradients; leave it out of the optimizer");
     }
   }
-  if (params_.empty()) throw Error(std::string(kKey) + ": the optimizer has no parameters");
-  shard_size_ = (total_ + world_ - 1) / world_;
-  if ((world_ - 1) * shard_size_ >= total_)
-    throw Error(std::string(kKey) + ": the optimizer's parameters have " + std::to_string(total_) +
-                " elements, too few to give each of the " + std::to_string(world_) +
-                " ranks a part; set " + kKey + ": false");
+  if (params_.empty()) throw error("the optimizer has no parameters");
+}
 
+void OptimizerShard::split(const std::vector<torch::Tensor>& memory) {
   // This rank's pieces, in parameter order (so group by group).
-  const int64_t lo = rank_ * shard_size_, hi = std::min(lo + shard_size_, total_);
   std::vector<std::vector<torch::Tensor>> group_pieces(group_params_.size());
   for (size_t g = 0; g < group_params_.size(); ++g) {
     for (size_t i : group_params_[g]) {
+      const size_t s = segment_of_[i];
+      const int64_t lo = rank_ * shard_sizes_[s], hi = std::min(lo + shard_sizes_[s], totals_[s]);
       const int64_t a = offsets_[i], b = a + params_[i].numel();
       const int64_t x = std::max(a, lo), y = std::min(b, hi);
       if (x >= y) continue;
       pieces_.push_back({i, x - a, y - x, x - lo});
-      piece_tensors_.push_back(alias(params_[i], x - a, y - x));
+      piece_tensors_.push_back(memory[s].defined() ? alias(memory[s], x - lo, y - x)
+                                                   : alias(params_[i], x - a, y - x));
       group_pieces[g].push_back(piece_tensors_.back());
     }
   }
   for (size_t g = 0; g < group_params_.size(); ++g)
-    optimizer.param_groups()[g].params() = group_pieces[g];
-  shard_grad_ = torch::zeros({shard_size_}, params_[0].options().requires_grad(false));
+    optimizer_.param_groups()[g].params() = group_pieces[g];
 }
+
+Error OptimizerShard::error(const std::string& what) const { return Error(key_ + ": " + what); }
 
 OptimizerShard::~OptimizerShard() = default;
 
@@ -136,39 +170,51 @@ torch::Tensor OptimizerShard::flat_of(size_t param, const torch::Tensor& flat) c
   return flat.narrow(0, offsets_[param], p.numel()).as_strided(p.sizes(), p.strides());
 }
 
+void OptimizerShard::attach_gradients() {
+  for (size_t k = 0; k < pieces_.size(); ++k)
+    piece_tensors_[k].mutable_grad() = alias(grads_[segment_of_[pieces_[k].param]],
+                                             pieces_[k].shard_offset, pieces_[k].length);
+}
+
+bool OptimizerShard::has_gradients() const {
+  return !piece_tensors_.empty() && piece_tensors_[0].grad().defined();
+}
+
 void OptimizerShard::reduce_scatter_gradients() {
+  torch::Tensor& shard_grad = grads_.at(0);
+  const int64_t total = totals_.at(0), shard_size = shard_sizes_.at(0);
   for (size_t i = 0; i < params_.size(); ++i) {
     const torch::Tensor& grad = params_[i].grad();
     if (!grad.defined())
       throw Error("ddp: parameter '" + names_[i] + "' has no gradient after backward on rank " +
-                  std::to_string(rank_) + "; " + kKey +
+                  std::to_string(rank_) + "; " + key_ +
                   " needs a gradient for every parameter the optimizer holds in every step "
                   "(unused parameters are not supported with it)");
     if (grad.is_sparse()) throw Error("ddp: parameter '" + names_[i] + "' has a sparse gradient");
   }
   torch::NoGradGuard no_grad;
-  torch::Tensor flat = torch::empty({world_ * shard_size_}, shard_grad_.options());
-  if (world_ * shard_size_ > total_) flat.narrow(0, total_, world_ * shard_size_ - total_).zero_();
+  torch::Tensor flat = torch::empty({world_ * shard_size}, shard_grad.options());
+  if (world_ * shard_size > total) flat.narrow(0, total, world_ * shard_size - total).zero_();
   // The Reducer's factor: a wrapped double scalar, the product computed in the gradient's dtype.
   const torch::Tensor inverse_world = at::native::wrapped_scalar_tensor(1.0 / world_);
   for (size_t i = 0; i < params_.size(); ++i) {
     torch::Tensor slot = flat_of(i, flat);
     at::mul_out(slot, params_[i].grad(), inverse_world);
   }
-  distributed::wait(pg_->_reduce_scatter_base(shard_grad_, flat),
+  distributed::wait(pg_->_reduce_scatter_base(shard_grad, flat),
                     "gradient reduce_scatter (" + describe(flat) + ")");
   for (auto& p : params_) p.mutable_grad().reset();
-  for (size_t k = 0; k < pieces_.size(); ++k)
-    piece_tensors_[k].mutable_grad() =
-        alias(shard_grad_, pieces_[k].shard_offset, pieces_[k].length);
+  attach_gradients();
 }
 
 void OptimizerShard::gather_parameters() {
+  const torch::Tensor& shard_grad = grads_.at(0);
+  const int64_t shard_size = shard_sizes_.at(0);
   torch::NoGradGuard no_grad;
-  torch::Tensor send = torch::zeros({shard_size_}, shard_grad_.options());
+  torch::Tensor send = torch::zeros({shard_size}, shard_grad.options());
   for (size_t k = 0; k < pieces_.size(); ++k)
     send.narrow(0, pieces_[k].shard_offset, pieces_[k].length).copy_(piece_tensors_[k]);
-  torch::Tensor flat = torch::empty({world_ * shard_size_}, send.options());
+  torch::Tensor flat = torch::empty({world_ * shard_size}, send.options());
   distributed::wait(pg_->_allgather_base(flat, send),
                     "parameter all_gather (" + describe(flat) + ")");
   for (size_t i = 0; i < params_.size(); ++i)
@@ -180,7 +226,7 @@ torch::Tensor OptimizerShard::clip_grad_norm(double max_norm, double norm_type) 
   std::vector<torch::Tensor> grads;
   for (const auto& t : piece_tensors_)
     if (t.grad().defined()) grads.push_back(t.grad());
-  const auto options = shard_grad_.options();
+  const auto options = grads_.at(0).options();
   torch::Tensor total;
   if (norm_type == 0) {  // LibTorch's count of gradients, over the whole model
     total = torch::full({}, static_cast<double>(params_.size()),
@@ -216,7 +262,7 @@ void OptimizerShard::clip_grad_value(double clip_value) {
 c10::IValue OptimizerShard::full_state() {
   const Dict local = optimizer_state(optimizer_).toGenericDict();
   const Dict state = local.at("state").toGenericDict();
-  const std::string what = std::string(kKey) + " checkpoint";
+  const std::string what = key_ + " checkpoint";
   if (state.size() != 0 && state.size() != pieces_.size())
     throw Error(what + ": " + std::to_string(state.size()) + " of this rank's " +
                 std::to_string(pieces_.size()) + " parameter pieces have optimizer state");
@@ -234,7 +280,7 @@ c10::IValue OptimizerShard::full_state() {
       }
     }
   }
-  const torch::Device device = shard_grad_.device();
+  const torch::Device device = grads_.at(0).device();
   const auto [lo, hi] =
       min_max(*pg_, static_cast<int64_t>(fields.size()) * 2 + (state.size() > 0), device, what);
   if (lo != hi)
@@ -248,17 +294,21 @@ c10::IValue OptimizerShard::full_state() {
     for (const auto& e : scalars) per_param.back().insert(e.key(), e.value());
   }
   for (size_t f = 0; f < fields.size(); ++f) {
-    torch::Tensor send = torch::zeros({shard_size_}, torch::dtype(dtypes[f]).device(device));
-    for (size_t k = 0; k < pieces_.size(); ++k) {
-      const torch::Tensor t =
-          state.at(static_cast<int64_t>(k)).toGenericDict().at(fields[f]).toTensor();
-      send.narrow(0, pieces_[k].shard_offset, pieces_[k].length).copy_(t.reshape(-1));
+    for (size_t s = 0; s < totals_.size(); ++s) {
+      torch::Tensor send =
+          torch::zeros({shard_sizes_[s]}, torch::dtype(dtypes[f]).device(device));
+      for (size_t k = 0; k < pieces_.size(); ++k) {
+        if (segment_of_[pieces_[k].param] != s) continue;
+        const torch::Tensor t =
+            state.at(static_cast<int64_t>(k)).toGenericDict().at(fields[f]).toTensor();
+        send.narrow(0, pieces_[k].shard_offset, pieces_[k].length).copy_(t.reshape(-1));
+      }
+      torch::Tensor flat = torch::empty({world_ * shard_sizes_[s]}, send.options());
+      distributed::wait(pg_->_allgather_base(flat, send),
+                        what + " all_gather of '" + fields[f] + "' (" + describe(flat) + ")");
+      for (size_t i = 0; i < params_.size(); ++i)
+        if (segment_of_[i] == s) per_param[i].insert(fields[f], flat_of(i, flat).clone());
     }
-    torch::Tensor flat = torch::empty({world_ * shard_size_}, send.options());
-    distributed::wait(pg_->_allgather_base(flat, send),
-                      what + " all_gather of '" + fields[f] + "' (" + describe(flat) + ")");
-    for (size_t i = 0; i < params_.size(); ++i)
-      per_param[i].insert(fields[f], flat_of(i, flat).clone());
   }
 
   Dict out_state(c10::IntType::get(), c10::AnyType::get());

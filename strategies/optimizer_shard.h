@@ -25,6 +25,12 @@
 //
 // Checkpoints hold the state in one process's layout (full_state / prepare_full_state), so they
 // load at any world size, under plain ddp or single_device, and the other way round.
+//
+// Segments (fabric.strategy: fsdp, strategies/fsdp.h): a sharding strategy that owns the flat
+// memory itself gives several flat vectors (one per unit), each split into N parts of its own S,
+// and the memory the pieces alias (this rank's shard of each) and their gradients; the strategy
+// then moves gradients and parameters itself, and this class rewrites the optimizer, clips over
+// the pieces and saves and loads the state in one process's layout.
 #ifndef STRATEGIES_OPTIMIZER_SHARD_H_
 #define STRATEGIES_OPTIMIZER_SHARD_H_
 
@@ -34,7 +40,10 @@
 
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "fabric/core/error.h"
 
 namespace c10d {
 class ProcessGroup;
@@ -47,14 +56,35 @@ class OptimizerShard {
   // `names`: a name for each tensor of `named` (the module's parameters), used in errors.
   OptimizerShard(torch::optim::Optimizer& optimizer, const std::vector<torch::Tensor>& named,
                  const std::vector<std::string>& names, c10::intrusive_ptr<c10d::ProcessGroup> pg);
+
+  // The flat memory of a strategy that owns it. Segment s has elements[s] elements, split into
+  // N parts of S_s = ⌈elements[s] / N⌉; `memory[s]` and `grads[s]` are this rank's S_s elements
+  // of the values and of the gradients. place(p) names where parameter p (any parameter of the
+  // optimizer) lies: {segment, first element}; it throws fabric::Error for a tensor it does not
+  // hold.
+  struct Segments {
+    std::vector<int64_t> elements;
+    std::vector<torch::Tensor> memory;
+    std::vector<torch::Tensor> grads;
+    std::function<std::pair<size_t, int64_t>(const torch::Tensor&)> place;
+  };
+  // `key`: the setting named in errors.
+  OptimizerShard(torch::optim::Optimizer& optimizer, const std::vector<torch::Tensor>& named,
+                 const std::vector<std::string>& names, c10::intrusive_ptr<c10d::ProcessGroup> pg,
+                 Segments segments, std::string key);
   ~OptimizerShard();
 
   const torch::optim::Optimizer& optimizer() const { return optimizer_; }
 
-  // After backward; collective.
+  // ZeRO-1 only (not with Segments). After backward; collective.
   void reduce_scatter_gradients();
-  // After the optimizer step; collective.
+  // ZeRO-1 only. After the optimizer step; collective.
   void gather_parameters();
+  // With Segments: the pieces' gradients alias their segments' gradient memory again (after the
+  // strategy wrote it; Optimizer::zero_grad may have released them).
+  void attach_gradients();
+  // Whether the pieces hold gradients (Optimizer::zero_grad(true) releases them).
+  bool has_gradients() const;
 
   // Fabric::clip_gradients over the sharded gradients: the total norm over every rank's pieces
   // (collective), the same coefficient everywhere, as clip_grad_norm_on_device computes it.
@@ -68,32 +98,41 @@ class OptimizerShard {
   // part. Throws fabric::Error "SOURCE: ..."; changes nothing.
   std::function<void()> prepare_full_state(const c10::IValue& state, const std::string& source);
 
-  int64_t total_elements() const { return total_; }
-  int64_t shard_elements() const { return shard_size_; }
+  // ZeRO-1 (one segment): its elements and this rank's part.
+  int64_t total_elements() const { return totals_.at(0); }
+  int64_t shard_elements() const { return shard_sizes_.at(0); }
 
  private:
   struct Piece {
     size_t param;   // index into params_
     int64_t begin;  // first element, in the parameter's memory order
     int64_t length;
-    int64_t shard_offset;  // where it sits in this rank's S elements
+    int64_t shard_offset;  // where it sits in this rank's S elements of its segment
   };
 
+  // The optimizer's parameters, checked, into params_, names_ and group_params_.
+  void collect(const std::vector<torch::Tensor>& named, const std::vector<std::string>& names);
+  // pieces_ and the optimizer's rewritten groups; `memory[s]`: what segment s's pieces alias
+  // (undefined: the parameters' own memory).
+  void split(const std::vector<torch::Tensor>& memory);
   torch::Tensor flat_of(size_t param, const torch::Tensor& flat) const;
+  Error error(const std::string& what) const;
 
   torch::optim::Optimizer& optimizer_;
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  std::string key_;  // the setting named in errors
   int64_t rank_ = 0;
   int64_t world_ = 1;
   std::vector<torch::Tensor> params_;  // the optimizer's, in its order (groups, then members)
   std::vector<std::string> names_;
-  std::vector<int64_t> offsets_;  // each parameter's first element in the flat vector
+  std::vector<size_t> segment_of_;  // each parameter's segment
+  std::vector<int64_t> offsets_;    // each parameter's first element in its segment
   std::vector<std::vector<size_t>> group_params_;  // the parameters of each group
   std::vector<Piece> pieces_;                      // this rank's, in the optimizer's new order
   std::vector<torch::Tensor> piece_tensors_;
-  torch::Tensor shard_grad_;  // S elements: the pieces' gradients
-  int64_t total_ = 0;
-  int64_t shard_size_ = 0;
+  std::vector<int64_t> totals_;       // each segment's elements
+  std::vector<int64_t> shard_sizes_;  // each segment's S
+  std::vector<torch::Tensor> grads_;  // each segment's S gradient elements (the pieces' alias)
 };
 
 }  // namespace fabric::strategies

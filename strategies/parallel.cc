@@ -14,6 +14,18 @@
 
 namespace fabric::strategies {
 
+distributed::RendezvousOptions rendezvous_options(const DdpOptions& o,
+                                                  std::vector<std::string> argv) {
+  distributed::RendezvousOptions r;
+  r.timeout = o.timeout;
+  r.heartbeat_timeout = o.heartbeat_timeout;
+  r.debug_collectives = o.debug_collectives;
+  r.cuda_with_gloo = o.cuda_with_gloo;
+  r.cpu_backend = o.cpu_backend;
+  r.argv = std::move(argv);
+  return r;
+}
+
 ParallelStrategy::ParallelStrategy(std::shared_ptr<ClusterEnvironment> environment,
                                    torch::Device device, std::unique_ptr<Precision> precision,
                                    distributed::RendezvousOptions options)

@@ -16,9 +16,15 @@
 
 #include "fabric/core/cluster_environment.h"
 #include "fabric/distributed/rendezvous.h"
+#include "strategies/ddp_options.h"
 #include "strategies/strategy.h"
 
 namespace fabric::strategies {
+
+// The rendezvous settings of fabric.ddp.* (ddp and fsdp share them); `argv`: the command line
+// self-launched ranks run (empty: /proc/self/cmdline).
+distributed::RendezvousOptions rendezvous_options(const DdpOptions& options,
+                                                  std::vector<std::string> argv);
 
 class ParallelStrategy : public Strategy {
  public:

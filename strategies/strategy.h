@@ -104,6 +104,15 @@ class Strategy {
     return std::nullopt;
   }
 
+  // Collective. While the guard lives, `module`'s parameters hold their full values on every
+  // rank (a strategy that shards them gathers them; the default does nothing). `write_back`:
+  // values written to them meanwhile are kept (loading); otherwise they are only read (saving).
+  virtual ScopeGuard materialize_parameters(torch::nn::Module& module, bool write_back) {
+    (void)module;
+    (void)write_back;
+    return ScopeGuard();
+  }
+
   // Skips gradient synchronization while the guard lives (gradient accumulation).
   virtual ScopeGuard no_backward_sync(torch::nn::Module& module) {
     (void)module;

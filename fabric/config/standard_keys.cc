@@ -16,9 +16,10 @@ ConfigSchema default_schema() {
         KeySpec::devices().doc(
             "auto: 1 device; N (on cpu: N processes); -1 = all CUDA devices; [ids]"));
   s.add("fabric.num_nodes", KeySpec::integer(1).min(1).doc("machines in the job"));
-  s.add("fabric.strategy", KeySpec::choice({"auto", "single_device", "dp", "ddp"}, "auto")
+  s.add("fabric.strategy", KeySpec::choice({"auto", "single_device", "dp", "ddp", "fsdp"}, "auto")
                                .noun("a strategy")
-                               .doc("auto: ddp for more than one process, else single_device"));
+                               .doc("auto: ddp for more than one process, else single_device; "
+                                    "fsdp: parameters, gradients and optimizer state sharded"));
   s.add("fabric.precision",
         KeySpec::choice({"32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"},
                         "32-true")
@@ -77,6 +78,20 @@ ConfigSchema default_schema() {
   s.add("fabric.ddp.heartbeat_timeout_s",
         KeySpec::real(5.0).min(0).doc(
             "external launchers: a rank silent this long ends the job naming it; 0: off"));
+
+  s.add("fabric.fsdp.sharding_strategy",
+        KeySpec::choice({"full_shard", "shard_grad_op", "no_shard"}, "full_shard")
+            .noun("a sharding strategy")
+            .doc("full_shard (ZeRO-3): a unit's parameters whole only while used; shard_grad_op "
+                 "(ZeRO-2): whole from forward until their gradients are reduced; no_shard: ddp"));
+  s.add("fabric.fsdp.wrap_modules",
+        KeySpec::string("").doc(
+            "comma-separated module types that become units (Linear, MyBlock; C++ type names, "
+            "namespace and Impl optional)"));
+  s.add("fabric.fsdp.min_unit_params",
+        KeySpec::integer(1000000).min(0).doc(
+            "a submodule holding at least this many parameters not in an inner unit becomes a "
+            "unit; 0: off; the rest is the root unit"));
 
   s.section_doc("logging", "Where results go.");
   s.add("logging.run_dir", KeySpec::string("runs/{name}/{timestamp}")

@@ -13,7 +13,9 @@
 //   test.memory        false  before the last step, rank 0 prints for every rank R "rank R bytes
 //                           parameters=P gradients=G optimizer=O": distinct storages of the
 //                           parameters and of the optimizer's parameters, of their gradients, of
-//                           the optimizer state
+//                           the optimizer state; under fabric.strategy: fsdp also "rank R fsdp
+//                           units=U peak_gathered=B full=F": the most bytes of whole units at any
+//                           time so far and the bytes of all units whole
 // Everything else is the training schema (fabric.*, checkpoint.*, data.*, ...).
 #include <torch/torch.h>
 
@@ -23,6 +25,8 @@
 #include "fabric/nn/batch_norm.h"
 #include "fabric/training/optimizers.h"
 #include "fabric/training/state_bytes.h"
+#include "strategies/fsdp.h"
+#include "strategies/sharded_parameters.h"
 
 namespace {
 
@@ -54,6 +58,18 @@ void print_memory(fabric::Fabric& f, torch::nn::Module& model, const torch::opti
   for (size_t r = 0; r < all.size(); ++r)
     f.print("rank ", r, " bytes parameters=", all[r][0].item<int64_t>(),
             " gradients=", all[r][1].item<int64_t>(), " optimizer=", all[r][2].item<int64_t>());
+  if (auto* fsdp = dynamic_cast<fabric::strategies::Fsdp*>(&f.strategy())) {
+    const auto* sharded = fsdp->sharded();
+    int64_t full = 0;
+    for (const auto& u : sharded->units())
+      full += (u.elements + f.world_size() - 1) / f.world_size() * f.world_size() * 4;
+    const auto stats = f.all_gather(
+        torch::tensor({static_cast<int64_t>(sharded->units().size()),
+                       sharded->peak_gathered_bytes(), full}));
+    for (size_t r = 0; r < stats.size(); ++r)
+      f.print("rank ", r, " fsdp units=", stats[r][0].item<int64_t>(),
+              " peak_gathered=", stats[r][1].item<int64_t>(), " full=", stats[r][2].item<int64_t>());
+  }
 }
 
 fabric::Batch random_flip(fabric::Batch batch, at::Generator& gen) {

@@ -9,6 +9,9 @@
 // Optimizer: fabric::SGD with --optimizer_impl (default auto = fused; for_loop is torch::optim's).
 // --threads=0 leaves the threads to Fabric (its default: CPUs / ranks).
 // --shard_optimizer_state: fabric.ddp.shard_optimizer_state (ZeRO-1).
+// --fsdp=full_shard|shard_grad_op: fabric.strategy=fsdp with that sharding strategy; units by
+// --wrap_modules (default Linear: the MLP's three layers; ResNet-18's convolutions and fc with
+// Conv2d,Linear) and --min_unit_params (default 0: off).
 // Rank 0 prints "ddp_step_ms median=X mean=Y" (per-step wall time, after warm-up),
 // "peak_rss_mib=Z" (its own peak resident set) and "state_mib parameters=P gradients=G
 // optimizer=O" (its distinct storages of each kind after the last step).
@@ -36,6 +39,9 @@ DEFINE_string(precision, "32-true", "fabric.precision: 32-true | bf16-mixed");
 DEFINE_double(bucket_cap_mb, 25.0, "DDP bucket size");
 DEFINE_string(optimizer_impl, "auto", "auto | fused | foreach | for_loop");
 DEFINE_bool(shard_optimizer_state, false, "fabric.ddp.shard_optimizer_state (ZeRO-1)");
+DEFINE_string(fsdp, "", "fabric.strategy=fsdp with this sharding strategy (empty: ddp)");
+DEFINE_string(wrap_modules, "Linear", "fabric.fsdp.wrap_modules");
+DEFINE_int64(min_unit_params, 0, "fabric.fsdp.min_unit_params");
 DEFINE_string(cpu_backend, "auto",
               "fabric.ddp.cpu_backend: auto (shared memory here) | gloo | shm");
 
@@ -91,7 +97,11 @@ int main(int argc, char** argv) {
   const auto config = fabric::Config::defaults(
       fabric::training_schema(),
       {"fabric.accelerator=cpu", "fabric.devices=" + std::to_string(FLAGS_world),
-       "fabric.strategy=ddp", "fabric.ddp.bucket_cap_mb=" + std::to_string(FLAGS_bucket_cap_mb),
+       FLAGS_fsdp.empty() ? "fabric.strategy=ddp" : "fabric.strategy=fsdp",
+       "fabric.fsdp.sharding_strategy=" + (FLAGS_fsdp.empty() ? "full_shard" : FLAGS_fsdp),
+       "fabric.fsdp.wrap_modules=" + FLAGS_wrap_modules,
+       "fabric.fsdp.min_unit_params=" + std::to_string(FLAGS_min_unit_params),
+       "fabric.ddp.bucket_cap_mb=" + std::to_string(FLAGS_bucket_cap_mb),
        "fabric.ddp.cpu_backend=" + FLAGS_cpu_backend, "fabric.precision=" + FLAGS_precision,
        "fabric.num_threads=" + std::to_string(FLAGS_threads),
        std::string("fabric.ddp.shard_optimizer_state=") +

@@ -10,6 +10,10 @@ implementation (loop: foreach=False, the CPU default; fused: fused=True), to mat
 --optimizer_impl (for_loop / foreach / fused). --zero wraps the SGD in
 torch.distributed.optim.ZeroRedundancyOptimizer (ZeRO-1 over DDP: gradients all-reduced, each
 rank steps its parameters, then broadcasts them), against ddp_step.cc --shard_optimizer_state.
+--fsdp=full_shard|shard_grad_op: PyTorch FSDP2 (torch.distributed.fsdp.fully_shard, DTensor) on
+Gloo CPU instead of DDP: each Linear (mlp) or each Conv2d and the Linear (resnet18) a unit, then
+the root; reshard_after_forward True for full_shard, False for shard_grad_op; against ddp_step.cc
+--fsdp with the same units.
 Rank 0 prints "ddp_step_ms median=X mean=Y" and "peak_rss_mib=Z" (its own peak resident set). Used by ddp_compare.py; not part of any product path.
 """
 import argparse
@@ -67,6 +71,7 @@ def parse_args():
     p.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"])
     p.add_argument("--optimizer", default="loop", choices=["loop", "foreach", "fused"])
     p.add_argument("--zero", action="store_true")
+    p.add_argument("--fsdp", default="", choices=["", "full_shard", "shard_grad_op"])
     return p.parse_args()
 
 
@@ -109,7 +114,16 @@ def run(rank, args, port):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=args.world)
-    model = DistributedDataParallel(make_model(args), bucket_cap_mb=args.bucket_cap_mb)
+    if args.fsdp:
+        from torch.distributed.fsdp import fully_shard
+        model = make_model(args)
+        reshard = args.fsdp == "full_shard"
+        for m in model.modules():
+            if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d)):
+                fully_shard(m, reshard_after_forward=reshard)
+        fully_shard(model, reshard_after_forward=reshard)
+    else:
+        model = DistributedDataParallel(make_model(args), bucket_cap_mb=args.bucket_cap_mb)
     opt = make_optimizer(model.parameters(), args)
     times = time_steps(args, model, opt, lambda loss: loss.backward())
     if rank == 0:

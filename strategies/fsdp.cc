@@ -1,0 +1,162 @@
+#include "strategies/fsdp.h"
+
+#include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/comm.hpp>
+#include <torch/csrc/distributed/c10d/reducer.hpp>
+
+#include "fabric/core/error.h"
+#include "fabric/distributed/process_group.h"
+#include "strategies/optimizer_shard.h"
+#include "strategies/sharded_parameters.h"
+
+namespace fabric::strategies {
+namespace {
+constexpr const char* kKey = "fabric.strategy: fsdp";
+}  // namespace
+
+Fsdp::Fsdp(std::shared_ptr<ClusterEnvironment> environment, torch::Device device,
+           std::unique_ptr<Precision> precision, const DdpOptions& ddp, FsdpOptions options,
+           std::vector<std::string> argv)
+    : ParallelStrategy(std::move(environment), device, std::move(precision),
+                       rendezvous_options(ddp, std::move(argv))),
+      options_(std::move(options)) {}
+
+Fsdp::~Fsdp() = default;
+
+void Fsdp::release() {
+  shard_.reset();
+  sharded_.reset();
+}
+
+void Fsdp::teardown() {
+  // Every rank gets here together after the user's function returned: the parameters take
+  // their full values back (collective) before the process group ends.
+  if (sharded_) sharded_->gather_all_into_parameters();
+  ParallelStrategy::teardown();
+}
+
+void Fsdp::setup_module(torch::nn::Module& module) {
+  const auto& pg = group_for("setup_module");
+  if (sharded_)
+    throw Error(std::string(kKey) + ": shards one module per process; this job set up a second one");
+  module.to(device_);
+  precision_->convert_module(module);
+  std::vector<torch::Tensor> params;
+  std::vector<std::string> names;
+  for (const auto& item : module.named_parameters()) {
+    if (!item.value().requires_grad()) continue;
+    names.push_back(item.key());
+    params.push_back(item.value());
+  }
+  if (params.empty()) throw Error(std::string(kKey) + ": the module has no parameters that require gradients");
+  // Same shapes everywhere, then rank 0's values everywhere (every parameter and buffer).
+  c10d::verify_params_across_processes(pg, params, std::nullopt);
+  std::vector<torch::Tensor> state = module.parameters();
+  for (const auto& b : module.buffers()) state.push_back(b);
+  {
+    torch::NoGradGuard no_grad;
+    c10d::broadcast_coalesced(pg, state, 250 * 1024 * 1024, 0);
+  }
+  ShardingPolicy policy;
+  policy.wrap_modules = options_.wrap_modules;
+  policy.min_unit_params = options_.min_unit_params;
+  policy.reshard_after_forward = options_.sharding_strategy == ShardingStrategy::kFullShard;
+  sharded_ = std::make_unique<ShardedParameters>(module, pg, policy);
+  module_ = &module;
+  params_ = std::move(params);
+  param_names_ = std::move(names);
+}
+
+void Fsdp::setup_optimizer(torch::optim::Optimizer& optimizer) {
+  if (!sharded_)
+    throw Error(std::string(kKey) +
+                ": set up the module before its optimizer (Fabric::setup(model, optimizer) does)");
+  if (shard_)
+    throw Error(std::string(kKey) + ": supports one optimizer; this job set up a second one");
+  shard_ = std::make_unique<OptimizerShard>(optimizer, params_, param_names_,
+                                            group_for("setup_optimizer"), sharded_->segments(),
+                                            kKey);
+  if (GradScaler* scaler = precision_->scaler()) {
+    c10::intrusive_ptr<c10d::ProcessGroup> pg = process_group();
+    scaler->set_found_inf_agreement([pg](torch::Tensor& found) {
+      std::vector<torch::Tensor> v = {found};
+      c10d::AllreduceOptions o;
+      o.reduceOp = c10d::ReduceOp::MAX;
+      distributed::wait(pg->allreduce(v, o), "GradScaler found_inf all_reduce(max)");
+    });
+  }
+}
+
+OptimizerShard* Fsdp::shard_of(const torch::optim::Optimizer& optimizer) const {
+  return shard_ && &shard_->optimizer() == &optimizer ? shard_.get() : nullptr;
+}
+
+void Fsdp::backward(const torch::Tensor& loss) {
+  if (!shard_)
+    throw Error(std::string(kKey) +
+                ": backward before the optimizer was set up; pass it to "
+                "Fabric::setup(model, optimizer)");
+  sharded_->begin_backward(sync_, shard_->has_gradients());
+  precision_->backward(loss);
+  sharded_->end_backward();
+  if (sync_) {
+    shard_->attach_gradients();
+    ++synced_backwards_;
+  }
+}
+
+bool Fsdp::optimizer_step(torch::optim::Optimizer& optimizer) {
+  if (!shard_of(optimizer))
+    throw Error(std::string(kKey) +
+                ": step of an optimizer that was not set up with the module; pass it to "
+                "Fabric::setup(model, optimizer)");
+  const bool stepped = precision_->optimizer_step(optimizer);
+  sharded_->after_step();
+  return stepped;
+}
+
+torch::Tensor Fsdp::clip_gradients_norm(torch::nn::Module& module,
+                                        torch::optim::Optimizer& optimizer, double max_norm,
+                                        double norm_type) {
+  if (OptimizerShard* shard = shard_of(optimizer))
+    return shard->clip_grad_norm(max_norm, norm_type);
+  return Strategy::clip_gradients_norm(module, optimizer, max_norm, norm_type);
+}
+
+void Fsdp::clip_gradients_value(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                double clip_value) {
+  if (OptimizerShard* shard = shard_of(optimizer)) return shard->clip_grad_value(clip_value);
+  Strategy::clip_gradients_value(module, optimizer, clip_value);
+}
+
+std::optional<c10::IValue> Fsdp::gather_optimizer_state(torch::optim::Optimizer& optimizer) {
+  if (OptimizerShard* shard = shard_of(optimizer)) return shard->full_state();
+  return std::nullopt;
+}
+
+std::optional<std::function<void()>> Fsdp::prepare_split_optimizer_state(
+    torch::optim::Optimizer& optimizer, const c10::IValue& state, const std::string& source) {
+  if (OptimizerShard* shard = shard_of(optimizer)) return shard->prepare_full_state(state, source);
+  return std::nullopt;
+}
+
+ScopeGuard Fsdp::materialize_parameters(torch::nn::Module& module, bool write_back) {
+  if (!sharded_ || &module != module_) return ScopeGuard();
+  return sharded_->materialize(write_back);
+}
+
+ScopeGuard Fsdp::no_backward_sync(torch::nn::Module& module) {
+  (void)module;
+  const bool previous = sync_;
+  sync_ = false;
+  return ScopeGuard([this, previous] { sync_ = previous; });
+}
+
+void Fsdp::set_capturable_gradient_sync(bool on) {
+  if (on)
+    throw Error(std::string(kKey) +
+                ": fabric.cuda_graphs is not supported with it; set fabric.cuda_graphs: false");
+}
+
+}  // namespace fabric::strategies

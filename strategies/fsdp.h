@@ -1,0 +1,83 @@
+// fabric::strategies::Fsdp: fully sharded data parallel (fabric.strategy: fsdp). Each of the N
+// ranks keeps 1/N of every parameter, gradient and optimizer state; a unit's parameters are
+// gathered whole only while an operation uses them (strategies/sharded_parameters.h explains
+// the units, the trigger and when memory is freed) and its gradients are reduce-scattered as
+// soon as the backward pass has produced them. The optimizer steps this rank's pieces only
+// (strategies/optimizer_shard.h, one segment per unit).
+//
+// Lifecycle: setup_environment() joins the rendezvous as ddp does; setup_module() moves and
+// converts the module, checks that every rank has the same parameter shapes, broadcasts
+// parameters and buffers from rank 0, then shards the parameters; setup_optimizer() rewrites the
+// optimizer to this rank's pieces (one optimizer, set up after the module). backward() reduces
+// the gradients (unless inside no_backward_sync: they accumulate whole until the next
+// synchronized backward). Checkpoints: Fabric::save gathers the module (materialize_parameters)
+// and the optimizer state (one process's layout) on every rank and rank 0 writes one file that
+// loads at any world size and under any strategy. teardown() gives every parameter its full
+// value again, so the module works after Fabric::launch returns.
+//
+// Selected by the Connector for fabric.strategy: fsdp with sharding_strategy full_shard or
+// shard_grad_op (no_shard is ddp).
+#ifndef STRATEGIES_FSDP_H_
+#define STRATEGIES_FSDP_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fabric/core/cluster_environment.h"
+#include "strategies/ddp_options.h"
+#include "strategies/parallel.h"
+
+namespace fabric::strategies {
+
+class OptimizerShard;
+class ShardedParameters;
+
+class Fsdp : public ParallelStrategy {
+ public:
+  // `ddp`: the process group settings (timeout, backends, heartbeat); `argv` as for Ddp.
+  Fsdp(std::shared_ptr<ClusterEnvironment> environment, torch::Device device,
+       std::unique_ptr<Precision> precision, const DdpOptions& ddp, FsdpOptions options,
+       std::vector<std::string> argv);
+  ~Fsdp() override;
+
+  std::string name() const override { return "fsdp"; }
+
+  void setup_module(torch::nn::Module& module) override;
+  void setup_optimizer(torch::optim::Optimizer& optimizer) override;
+  void backward(const torch::Tensor& loss) override;
+  bool optimizer_step(torch::optim::Optimizer& optimizer) override;
+  torch::Tensor clip_gradients_norm(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                    double max_norm, double norm_type) override;
+  void clip_gradients_value(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                            double clip_value) override;
+  std::optional<c10::IValue> gather_optimizer_state(torch::optim::Optimizer& optimizer) override;
+  std::optional<std::function<void()>> prepare_split_optimizer_state(
+      torch::optim::Optimizer& optimizer, const c10::IValue& state,
+      const std::string& source) override;
+  ScopeGuard materialize_parameters(torch::nn::Module& module, bool write_back) override;
+  ScopeGuard no_backward_sync(torch::nn::Module& module) override;
+  void set_capturable_gradient_sync(bool on) override;
+  void teardown() override;
+
+  // The sharded parameters (null before setup_module): units, gathers, reduce-scatters.
+  const ShardedParameters* sharded() const { return sharded_.get(); }
+  int64_t synced_backward_passes() const { return synced_backwards_; }
+
+ private:
+  void release() override;
+  OptimizerShard* shard_of(const torch::optim::Optimizer& optimizer) const;
+
+  FsdpOptions options_;
+  const torch::nn::Module* module_ = nullptr;
+  std::unique_ptr<ShardedParameters> sharded_;
+  std::unique_ptr<OptimizerShard> shard_;
+  std::vector<torch::Tensor> params_;  // those that require gradients, in module order
+  std::vector<std::string> param_names_;
+  bool sync_ = true;
+  int64_t synced_backwards_ = 0;
+};
+
+}  // namespace fabric::strategies
+
+#endif  // STRATEGIES_FSDP_H_

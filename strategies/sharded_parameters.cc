@@ -1,0 +1,356 @@
+#include "strategies/sharded_parameters.h"
+
+// RecordFunction's layout differs with NDEBUG (a debug-only member); this file is compiled with
+// NDEBUG so that it reads the structure as the LibTorch library built it (see BUILD.bazel).
+#include <ATen/native/TensorFactories.h>
+#include <ATen/record_function.h>
+#include <c10/core/StorageImpl.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <atomic>
+#include <set>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "fabric/core/error.h"
+#include "fabric/distributed/process_group.h"
+
+namespace fabric::strategies {
+namespace {
+
+constexpr const char* kKey = "fabric.strategy: fsdp";
+
+std::atomic<ShardedParameters*> g_instance{nullptr};
+thread_local bool t_inside = false;  // in our own gather/reduce: operators are ours
+
+struct Inside {
+  Inside() : previous(t_inside) { t_inside = true; }
+  ~Inside() { t_inside = previous; }
+  bool previous;
+  at::RecordFunctionGuard off{false};  // no callbacks for the operators of a gather
+};
+
+// torch::nn::LinearImpl, "Linear", "LinearImpl" and "torch::nn::LinearImpl" all match.
+bool type_matches(const std::string& type, const std::vector<std::string>& names) {
+  std::string bare = type.substr(type.rfind("::") == std::string::npos ? 0 : type.rfind("::") + 2);
+  std::string stem = bare;
+  if (stem.size() > 4 && stem.compare(stem.size() - 4, 4, "Impl") == 0)
+    stem.resize(stem.size() - 4);
+  for (const auto& n : names)
+    if (n == type || n == bare || n == stem) return true;
+  return false;
+}
+
+std::string describe(const torch::Tensor& t) {
+  return std::string(c10::toString(t.scalar_type())) + " [" + std::to_string(t.numel()) + "]";
+}
+
+std::unique_ptr<at::ObserverContext> on_operator(const at::RecordFunction& fn);
+
+}  // namespace
+
+ShardedParameters::ShardedParameters(torch::nn::Module& module,
+                                     c10::intrusive_ptr<c10d::ProcessGroup> pg,
+                                     ShardingPolicy policy)
+    : pg_(std::move(pg)), policy_(std::move(policy)) {
+  rank_ = pg_->getRank();
+  world_ = pg_->getSize();
+
+  // The units, inner ones first (as PyTorch's auto-wrap policies recurse), the root last.
+  std::set<const void*> seen;
+  std::set<const void*> storages;
+  using Named = std::vector<std::pair<std::string, torch::Tensor>>;
+  auto make_unit = [this](const std::string& name, bool root, const Named& members) {
+    Unit u;
+    u.name = name;
+    u.root = root;
+    for (const auto& [n, t] : members) {
+      u.names.push_back(n);
+      u.params.push_back(t);
+    }
+    units_.push_back(std::move(u));
+  };
+  std::function<Named(torch::nn::Module&, const std::string&, bool)> visit =
+      [&](torch::nn::Module& m, const std::string& path, bool root) -> Named {
+    Named mine;
+    for (const auto& item : m.named_parameters(/*recurse=*/false)) {
+      const torch::Tensor& t = item.value();
+      if (!t.requires_grad() || !seen.insert(t.unsafeGetTensorImpl()).second) continue;
+      if (!storages.insert(t.storage().unsafeGetStorageImpl()).second)
+        throw Error(std::string(kKey) + ": parameter '" + path + item.key() +
+                    "' shares memory with another parameter (tied weights are not supported)");
+      mine.emplace_back(path + item.key(), t);
+    }
+    for (const auto& child : m.named_children()) {
+      Named sub = visit(*child.value(), path + child.key() + ".", false);
+      mine.insert(mine.end(), sub.begin(), sub.end());
+    }
+    if (root) return mine;
+    int64_t elements = 0;
+    for (const auto& [n, t] : mine) elements += t.numel();
+    const bool by_type = type_matches(m.name(), policy_.wrap_modules);
+    const bool by_size = policy_.min_unit_params > 0 && elements >= policy_.min_unit_params;
+    if (!mine.empty() && (by_type || by_size)) {
+      make_unit(path.substr(0, path.size() - 1), false, mine);
+      return {};
+    }
+    return mine;
+  };
+  Named rest = visit(module, "", true);
+  if (!rest.empty()) make_unit("(root)", true, rest);
+  if (units_.empty()) throw Error(std::string(kKey) + ": the module has no parameters that require gradients");
+
+  torch::NoGradGuard no_grad;
+  for (size_t k = 0; k < units_.size(); ++k) {
+    Unit& u = units_[k];
+    const torch::Tensor& first = u.params[0];
+    for (size_t i = 0; i < u.params.size(); ++i) {
+      const torch::Tensor& p = u.params[i];
+      if (p.scalar_type() != first.scalar_type() || p.device() != first.device())
+        throw Error(std::string(kKey) + ": unit '" + u.name + "': parameter '" + u.names[i] +
+                    "' is " + std::string(c10::toString(p.scalar_type())) + " on " +
+                    p.device().str() + ", '" + u.names[0] + "' is " +
+                    std::string(c10::toString(first.scalar_type())) + " on " +
+                    first.device().str() +
+                    "; a unit needs one dtype and device (wrap them apart with "
+                    "fabric.fsdp.wrap_modules)");
+      if (p.is_sparse())
+        throw Error(std::string(kKey) + ": parameter '" + u.names[i] + "' is sparse");
+      u.offsets.push_back(u.total);
+      u.total += p.numel();
+    }
+    u.shard_size = (u.total + world_ - 1) / world_;
+    const auto options = first.options().requires_grad(false);
+    u.full = torch::zeros({world_ * u.shard_size}, options);
+    for (size_t i = 0; i < u.params.size(); ++i)
+      u.full.narrow(0, u.offsets[i], u.params[i].numel()).copy_(u.params[i].reshape(-1));
+    u.shard = u.full.narrow(0, rank_ * u.shard_size, u.shard_size).clone();
+    u.shard_grad = torch::zeros({u.shard_size}, options);
+    for (size_t i = 0; i < u.params.size(); ++i) {
+      torch::Tensor& p = u.params[i];
+      const std::vector<int64_t> sizes = p.sizes().vec();
+      p.set_(u.full.storage(), u.offsets[i], sizes, c10::contiguous_strides(sizes));
+    }
+    u.gathered = true;
+    gathered_bytes_ += static_cast<int64_t>(u.full.storage().nbytes());
+    unit_of_storage_[u.full.storage().unsafeGetStorageImpl()] = k;
+    release(u);
+  }
+  peak_gathered_bytes_ = 0;
+
+  // After the gradient of each parameter is accumulated.
+  for (size_t k = 0; k < units_.size(); ++k) {
+    for (const auto& p : units_[k].params) {
+      auto node = torch::autograd::impl::grad_accumulator(p);
+      const uintptr_t key = node->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [this, k](const torch::autograd::variable_list& outputs,
+                    const torch::autograd::variable_list&) {
+            on_gradient(k);
+            return outputs;
+          }));
+      hooks_.emplace_back(node, key);
+      accumulators_.push_back(std::move(node));
+    }
+  }
+
+  ShardedParameters* expected = nullptr;
+  if (!g_instance.compare_exchange_strong(expected, this))
+    throw Error(std::string(kKey) + ": one module per process is sharded; this job set up a second one");
+  callback_ = at::addThreadLocalCallback(at::RecordFunctionCallback(&on_operator)
+                                             .needsInputs(true)
+                                             .scopes({at::RecordScope::FUNCTION}));
+}
+
+ShardedParameters::~ShardedParameters() {
+  if (callback_ != 0) at::removeCallback(callback_);
+  ShardedParameters* self = this;
+  g_instance.compare_exchange_strong(self, nullptr);
+  for (auto& [node, key] : hooks_) node->del_post_hook(key);
+}
+
+void ShardedParameters::gather(Unit& u) {
+  if (u.gathered) return;
+  Inside inside;
+  c10::StorageImpl* storage = u.full.storage().unsafeGetStorageImpl();
+  const size_t bytes = static_cast<size_t>(u.full.numel()) * u.full.element_size();
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
+  distributed::wait(pg_->_allgather_base(u.full, u.shard),
+                    std::string("fsdp all_gather of unit '") + u.name + "' (" + describe(u.full) +
+                        ")");
+  u.gathered = true;
+  ++gathers_;
+  gathered_bytes_ += static_cast<int64_t>(bytes);
+  peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
+}
+
+void ShardedParameters::release(Unit& u) {
+  if (!u.gathered || u.pins > 0) return;
+  c10::StorageImpl* storage = u.full.storage().unsafeGetStorageImpl();
+  gathered_bytes_ -= static_cast<int64_t>(storage->nbytes());
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, u.full.device()));
+  storage->set_nbytes(0);
+  u.gathered = false;
+}
+
+void ShardedParameters::on_operator_inputs(c10::ArrayRef<const c10::IValue> inputs) {
+  // Every unit this operator takes is gathered before it runs (and none of them freed).
+  size_t needed[8];
+  size_t count = 0;
+  auto note = [&](const at::Tensor& t) {
+    if (!t.defined() || !t.has_storage()) return;
+    auto it = unit_of_storage_.find(t.storage().unsafeGetStorageImpl());
+    if (it == unit_of_storage_.end() || units_[it->second].gathered) return;
+    if (std::find(needed, needed + count, it->second) == needed + count && count < 8)
+      needed[count++] = it->second;
+  };
+  for (const c10::IValue& v : inputs) {
+    if (v.isTensor()) {
+      note(v.toTensor());
+    } else if (v.isList()) {
+      for (const c10::IValue& e : v.toListRef())
+        if (e.isTensor()) note(e.toTensor());
+    }
+  }
+  if (count == 0) return;
+  if (!in_backward_ && policy_.reshard_after_forward) {
+    for (auto& u : units_) {
+      const bool wanted = std::find_if(needed, needed + count, [&](size_t k) {
+                            return &units_[k] == &u;
+                          }) != needed + count;
+      if (!wanted && !u.root) release(u);
+    }
+  }
+  for (size_t i = 0; i < count; ++i) gather(units_[needed[i]]);
+}
+
+void ShardedParameters::on_gradient(size_t k) {
+  if (!in_backward_ || !sync_) return;
+  Unit& u = units_[k];
+  if (++u.grads_ready == u.params.size() && !u.reduced) reduce(u);
+}
+
+void ShardedParameters::reduce(Unit& u) {
+  Inside inside;
+  torch::NoGradGuard no_grad;
+  torch::Tensor flat = torch::empty({world_ * u.shard_size}, u.shard_grad.options());
+  if (world_ * u.shard_size > u.total)
+    flat.narrow(0, u.total, world_ * u.shard_size - u.total).zero_();
+  // The Reducer's factor: a wrapped double scalar, the product computed in the gradient's dtype.
+  const torch::Tensor inverse_world = at::native::wrapped_scalar_tensor(1.0 / world_);
+  for (size_t i = 0; i < u.params.size(); ++i) {
+    torch::Tensor slot = flat.narrow(0, u.offsets[i], u.params[i].numel());
+    const torch::Tensor& grad = u.params[i].grad();
+    if (!grad.defined()) {
+      slot.zero_();
+    } else {
+      if (grad.is_sparse())
+        throw Error(std::string(kKey) + ": parameter '" + u.names[i] + "' has a sparse gradient");
+      at::mul_out(slot, grad.reshape(-1), inverse_world);
+    }
+  }
+  for (auto& p : u.params) p.mutable_grad().reset();
+  torch::Tensor out = accumulate_ ? torch::empty_like(u.shard_grad) : u.shard_grad;
+  distributed::wait(pg_->_reduce_scatter_base(out, flat),
+                    std::string("fsdp reduce_scatter of unit '") + u.name + "' gradients (" +
+                        describe(flat) + ")");
+  if (accumulate_) u.shard_grad.add_(out);
+  u.reduced = true;
+  ++reduce_scatters_;
+  release(u);
+}
+
+void ShardedParameters::begin_backward(bool sync, bool accumulate) {
+  in_backward_ = true;
+  sync_ = sync;
+  accumulate_ = accumulate;
+  for (auto& u : units_) {
+    u.grads_ready = 0;
+    u.reduced = false;
+  }
+}
+
+void ShardedParameters::end_backward() {
+  if (sync_)
+    for (auto& u : units_)
+      if (!u.reduced) reduce(u);  // parameters without a gradient count as zeros
+  for (auto& u : units_) release(u);
+  in_backward_ = false;
+}
+
+void ShardedParameters::after_step() {
+  for (auto& u : units_) release(u);
+}
+
+ScopeGuard ShardedParameters::materialize(bool write_back) {
+  for (auto& u : units_) {
+    ++u.pins;
+    gather(u);
+  }
+  return ScopeGuard([this, write_back] {
+    torch::NoGradGuard no_grad;
+    for (auto& u : units_) {
+      if (write_back) u.shard.copy_(u.full.narrow(0, rank_ * u.shard_size, u.shard_size));
+      --u.pins;
+      release(u);
+    }
+  });
+}
+
+void ShardedParameters::gather_all_into_parameters() {
+  torch::NoGradGuard no_grad;
+  for (auto& u : units_) {
+    gather(u);
+    Inside inside;
+    for (size_t i = 0; i < u.params.size(); ++i) {
+      torch::Tensor& p = u.params[i];
+      p.set_(u.full.narrow(0, u.offsets[i], p.numel()).view(p.sizes()).clone());
+    }
+    unit_of_storage_.erase(u.full.storage().unsafeGetStorageImpl());
+    u.pins = 0;
+    release(u);
+  }
+}
+
+OptimizerShard::Segments ShardedParameters::segments() const {
+  OptimizerShard::Segments s;
+  std::unordered_map<const void*, std::pair<size_t, int64_t>> where;
+  for (size_t k = 0; k < units_.size(); ++k) {
+    s.elements.push_back(units_[k].total);
+    s.memory.push_back(units_[k].shard);
+    s.grads.push_back(units_[k].shard_grad);
+    for (size_t i = 0; i < units_[k].params.size(); ++i)
+      where[units_[k].params[i].unsafeGetTensorImpl()] = {k, units_[k].offsets[i]};
+  }
+  s.place = [where](const torch::Tensor& p) {
+    auto it = where.find(p.unsafeGetTensorImpl());
+    if (it == where.end())
+      throw Error(std::string(kKey) +
+                  ": the optimizer holds a tensor that is not a parameter of the module set up "
+                  "with it (or one that does not require gradients)");
+    return it->second;
+  };
+  return s;
+}
+
+std::vector<ShardedParameters::UnitInfo> ShardedParameters::units() const {
+  std::vector<UnitInfo> out;
+  for (const auto& u : units_)
+    out.push_back({u.name, u.total, static_cast<int64_t>(u.params.size())});
+  return out;
+}
+
+namespace {
+
+std::unique_ptr<at::ObserverContext> on_operator(const at::RecordFunction& fn) {
+  if (t_inside) return nullptr;
+  ShardedParameters* self = g_instance.load(std::memory_order_acquire);
+  if (self != nullptr) self->on_operator_inputs(fn.inputs());
+  return nullptr;
+}
+
+}  // namespace
+}  // namespace fabric::strategies

@@ -1,0 +1,158 @@
+// fabric::strategies::ShardedParameters: the parameters of a module fully sharded over the ranks
+// (fabric.strategy: fsdp, strategies/fsdp.h): each rank keeps 1/N of every unit's values and
+// gradients, and a unit's parameters exist whole only while an operation needs them.
+//
+// Units. The parameters that require gradients are grouped into units by a wrapping policy: a
+// submodule becomes a unit when its type is named in `wrap_modules` or when the parameters under
+// it that no inner unit took reach `min_unit_params`; what is left is the root unit. A unit's
+// parameters are laid end to end (module order) in one flat vector of T elements padded to N·S,
+// S = ⌈T/N⌉; rank r keeps elements [r·S, (r+1)·S) in its shard, and the parameters become views
+// of the unit's full buffer, whose memory is freed while the unit is sharded (the tensors keep
+// their shapes; their storage holds no bytes).
+//
+// The trigger. LibTorch modules have no forward hooks and the user calls `model->forward`, so
+// nothing runs before a unit's forward. Instead a thread-local RecordFunction callback sees the
+// inputs of every operator the training thread (and the autograd threads, which inherit its
+// thread-local state) dispatches; the first operator that takes a parameter of a sharded unit
+// gathers the unit (one all-gather of the shards into the full buffer) before the operator runs.
+// This covers the forward, the backward (autograd's saved tensors are views of the same buffer)
+// and anything else that reads a parameter. Gathers are collectives: every rank must run the
+// same operators on the same units in the same order (no rank-dependent control flow).
+//
+// Freeing. In the forward (outside backward()), gathering a unit frees every other gathered unit
+// except the root when `reshard_after_forward` (full_shard; shard_grad_op keeps them until their
+// gradients are reduced). In a synchronized backward, once every parameter of a unit has its
+// gradient (post hooks on the gradient accumulators), the gradients ×1/N (the Reducer's factor)
+// are reduce-scattered into the unit's shard gradient, the parameters' own gradients are
+// released and the unit is freed. end_backward() reduces units whose parameters got no gradient
+// (as zeros, in unit order) and frees every unit. Outside synchronization (no_backward_sync) the
+// parameters keep their gradients whole and accumulate, and the next synchronized backward
+// reduces the sum. A unit is gathered again whenever something uses it after it was freed.
+//
+// Requires: one dtype and device per unit; no tensors sharing memory between parameters (tied
+// weights); parameters are written only by the optimizer (through the shards) or by materialize().
+#ifndef STRATEGIES_SHARDED_PARAMETERS_H_
+#define STRATEGIES_SHARDED_PARAMETERS_H_
+
+#include <ATen/core/ivalue.h>
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "fabric/core/scope_guard.h"
+#include "strategies/optimizer_shard.h"
+
+namespace c10d {
+class ProcessGroup;
+}  // namespace c10d
+
+namespace torch::autograd {
+struct Node;
+}  // namespace torch::autograd
+
+namespace fabric::strategies {
+
+struct ShardingPolicy {
+  std::vector<std::string> wrap_modules;  // module type names (torch::nn::LinearImpl: "Linear")
+  int64_t min_unit_params = 0;            // 0: no size rule
+  bool reshard_after_forward = true;      // full_shard; false: shard_grad_op
+};
+
+class ShardedParameters {
+ public:
+  // After the module was moved, converted and made equal on every rank. One instance per process
+  // at a time (the trigger is process-wide). Collective only in that every rank must build the
+  // same units; throws fabric::Error "fabric.fsdp...: ..." naming the parameter at fault.
+  ShardedParameters(torch::nn::Module& module, c10::intrusive_ptr<c10d::ProcessGroup> pg,
+                    ShardingPolicy policy);
+  // Removes the trigger and the hooks. The parameters are left as they are (see gather_all).
+  ~ShardedParameters();
+  ShardedParameters(const ShardedParameters&) = delete;
+  ShardedParameters& operator=(const ShardedParameters&) = delete;
+
+  // Around the loss's backward. `sync`: reduce the gradients (else they accumulate whole).
+  // `accumulate`: add the reduced gradients to the shard gradients instead of replacing them
+  // (the optimizer's pieces still hold gradients from an earlier synchronized backward).
+  void begin_backward(bool sync, bool accumulate);
+  void end_backward();  // collective when synchronizing
+  // After the optimizer changed the shards: every gathered unit is stale and freed.
+  void after_step();
+
+  // Collective. While the guard lives every unit is whole (gathered, never freed) and the
+  // module's parameters hold their full values. `write_back`: when the guard ends, each rank
+  // takes its part of the (possibly written) full values into its shards.
+  ScopeGuard materialize(bool write_back);
+  // Collective: every parameter gets memory of its own again holding its full value (after
+  // training, so that the module works without this class).
+  void gather_all_into_parameters();
+
+  // The flat memory for OptimizerShard (one segment per unit).
+  OptimizerShard::Segments segments() const;
+
+  // The units, in order: name (module path, "(root)") and elements.
+  struct UnitInfo {
+    std::string name;
+    int64_t elements;
+    int64_t parameters;
+  };
+  std::vector<UnitInfo> units() const;
+  // Gathers (all-gathers of a unit) and reduce-scatters since construction.
+  int64_t gathers() const { return gathers_; }
+  int64_t reduce_scatters() const { return reduce_scatters_; }
+  // Bytes of full buffers gathered right now, and the most at any time since construction.
+  int64_t gathered_bytes() const { return gathered_bytes_; }
+  int64_t peak_gathered_bytes() const { return peak_gathered_bytes_; }
+
+  // The trigger's entry point (internal): gathers the sharded units whose parameters are among
+  // an operator's inputs before it runs.
+  void on_operator_inputs(c10::ArrayRef<const c10::IValue> inputs);
+
+ private:
+  struct Unit {
+    std::string name;
+    bool root = false;
+    std::vector<torch::Tensor> params;
+    std::vector<std::string> names;
+    std::vector<int64_t> offsets;
+    int64_t total = 0;
+    int64_t shard_size = 0;
+    torch::Tensor full;        // N·S elements; its storage holds bytes only while gathered
+    torch::Tensor shard;       // S elements of this rank
+    torch::Tensor shard_grad;  // S elements
+    bool gathered = false;
+    int pins = 0;               // materialize() guards holding it whole
+    size_t grads_ready = 0;     // parameters whose gradient arrived in this backward
+    bool reduced = false;       // reduce-scattered in this backward
+  };
+
+  void gather(Unit& unit);
+  void release(Unit& unit);  // frees the full buffer's memory
+  void reduce(Unit& unit);   // the gradients into the shard gradient; collective
+  void on_gradient(size_t unit);
+
+  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  ShardingPolicy policy_;
+  int64_t rank_ = 0;
+  int64_t world_ = 1;
+  std::vector<Unit> units_;
+  std::unordered_map<const void*, size_t> unit_of_storage_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept alive for the hooks
+  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks_;
+  uint64_t callback_ = 0;
+  bool in_backward_ = false;
+  bool sync_ = true;
+  bool accumulate_ = false;
+  int64_t gathers_ = 0;
+  int64_t reduce_scatters_ = 0;
+  int64_t gathered_bytes_ = 0;
+  int64_t peak_gathered_bytes_ = 0;
+};
+
+}  // namespace fabric::strategies
+
+#endif  // STRATEGIES_SHARDED_PARAMETERS_H_
