@@ -370,6 +370,7 @@ ResolvedSetup resolve_setup(const Config& c, const MachineFacts& m) {
                          ": fabric.cuda_graphs: steps run eagerly: " + eager_because);
     s.cuda_graphs = false;
   }
+  s.memory_limit_gb = c.get_double("fabric.memory_limit_gb");
   resolve_threads(c, m, s);  // 6
   return s;
 }

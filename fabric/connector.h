@@ -88,6 +88,9 @@ struct ResolvedSetup {
   // left alone) and why, e.g. "auto: 2 CPUs / 2 processes sharing them" or "OMP_NUM_THREADS".
   int64_t num_threads = 0;
   std::string threads_reason;
+  // fabric.memory_limit_gb: Fabric::step fails once a process's peak resident host memory
+  // exceeds it (0: off).
+  double memory_limit_gb = 0;
   std::vector<std::string> warnings;
 };
 

@@ -2,7 +2,10 @@
 
 #include <torch/torch.h>
 
+#include <sys/resource.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <functional>
 
 #include "fabric/checkpoint/format.h"
@@ -123,7 +126,25 @@ DataLoader Fabric::setup_dataloader(std::shared_ptr<const Dataset> dataset,
 void Fabric::backward(const torch::Tensor& loss) { strategy_->backward(loss); }
 
 bool Fabric::step(torch::optim::Optimizer& optimizer) {
-  return strategy_->optimizer_step(optimizer);
+  const bool stepped = strategy_->optimizer_step(optimizer);
+  ++steps_;
+  if (setup_->memory_limit_gb > 0) {
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    const double peak_gb = static_cast<double>(usage.ru_maxrss) / (1024.0 * 1024.0);  // KiB
+    if (peak_gb > setup_->memory_limit_gb) {
+      char text[256];
+      std::snprintf(text, sizeof(text),
+                    "fabric.memory_limit_gb: rank %lld reached %.2f GiB of resident host memory "
+                    "by optimizer step %lld, over the limit of %.2f GiB",
+                    static_cast<long long>(global_rank()), peak_gb,
+                    static_cast<long long>(steps_), setup_->memory_limit_gb);
+      throw Error(std::string(text) +
+                  "; shard the model over the ranks (fabric.strategy: fsdp, or "
+                  "fabric.ddp.shard_optimizer_state), use a smaller batch, or raise the limit");
+    }
+  }
+  return stepped;
 }
 
 double Fabric::clip_gradients_norm(torch::nn::Module& module, torch::optim::Optimizer& optimizer,

@@ -124,7 +124,9 @@ class Fabric {
   // Optimizer step through the precision: under 16-mixed unscale (once), skip on inf/NaN and
   // update the scale. Returns whether the optimizer stepped; a fused optimizer
   // (fabric/training/fast_optimizers.h) decides on the device without waiting for it, and then
-  // this returns true (the GradScaler's skipped_steps() counts its skips).
+  // this returns true (the GradScaler's skipped_steps() counts its skips). With
+  // fabric.memory_limit_gb, then throws fabric::Error naming the key when this process's peak
+  // resident host memory exceeds it.
   bool step(torch::optim::Optimizer& optimizer);
   // Unscales (16-mixed) then clips the gradients of `module` to total norm `max_norm`; returns
   // the total norm before clipping.
@@ -285,6 +287,7 @@ class Fabric {
   std::unique_ptr<Loggers> loggers_;
   std::unique_ptr<ProgressBar> progress_;
   bool has_run_directory_ = false;
+  int64_t steps_ = 0;  // optimizer steps through step(), for messages
 };
 
 }  // namespace fabric

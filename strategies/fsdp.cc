@@ -1,6 +1,8 @@
 #include "strategies/fsdp.h"
 
 #include <torch/torch.h>
+
+#include <iostream>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
@@ -64,6 +66,27 @@ void Fsdp::setup_module(torch::nn::Module& module) {
   policy.reshard_after_forward = options_.sharding_strategy == ShardingStrategy::kFullShard;
   sharded_ = std::make_unique<ShardedParameters>(module, pg, policy);
   module_ = &module;
+  if (global_rank() == 0) {  // the wrapping policy's result, once
+    const auto units = sharded_->units();
+    int64_t largest = 0, root = 0;
+    std::string largest_name;
+    for (const auto& u : units) {
+      if (u.name == "(root)") {
+        root = u.elements;
+      } else if (u.elements > largest) {
+        largest = u.elements;
+        largest_name = u.name;
+      }
+    }
+    const size_t wrapped = units.size() - (root > 0 ? 1 : 0);
+    std::cerr << "fsdp: " << sharding_strategy_name(options_.sharding_strategy) << " over "
+              << world_size() << (world_size() == 1 ? " rank, " : " ranks, ") << wrapped
+              << (wrapped == 1 ? " unit" : " units");
+    if (wrapped > 0)
+      std::cerr << " (largest '" << largest_name << "', " << largest << " parameters)";
+    if (root > 0) std::cerr << " and the root unit (" << root << " parameters)";
+    std::cerr << std::endl;
+  }
   params_ = std::move(params);
   param_names_ = std::move(names);
 }

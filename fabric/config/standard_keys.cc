@@ -52,6 +52,10 @@ ConfigSchema default_schema() {
         KeySpec::boolean(false).doc(
             "capture each training step once as a CUDA graph and replay it (fabric::GraphedStep; "
             "CUDA; single_device, or ddp without sync_batchnorm and find_unused_parameters)"));
+  s.add("fabric.memory_limit_gb",
+        KeySpec::real(0.0).min(0).doc(
+            "each process: fail at the first optimizer step after its peak resident host memory "
+            "exceeds this (GiB); 0: off"));
   s.add("fabric.grad_scaler.init_scale",
         KeySpec::real(65536.0).min(0, false).doc("16-mixed loss scale at start"));
   s.add("fabric.grad_scaler.growth_factor", KeySpec::real(2.0).min(1, false));

@@ -263,6 +263,24 @@ TEST_F(ExamplesTest, DdpConfigTrainsWithTwoSelfLaunchedProcesses) {
   EXPECT_EQ(headers, 1u) << r.out;
 }
 
+// Both examples train unchanged under fsdp (configs/fsdp.yaml), with units small enough that the
+// tiny models have several.
+TEST_F(ExamplesTest, FsdpConfigTrainsBothExamplesUnchanged) {
+  Result cifar = run("cifar10", std::string("--config=fsdp.yaml") + kTinyCifar +
+                                    " fabric.accelerator=cpu fabric.fsdp.min_unit_params=100");
+  ASSERT_EQ(cifar.code, 0) << cifar.out;
+  auto s = summary_of(cifar);
+  EXPECT_EQ(s["strategy"], "fsdp");
+  EXPECT_EQ(s["world_size"], 2);
+  EXPECT_EQ(s["steps"], 3);
+  Result mnist = run("fashion_mnist",
+                     "--config=fashion_mnist.yaml fabric.accelerator=cpu fabric.strategy=fsdp "
+                     "fabric.devices=2 fabric.fsdp.min_unit_params=100 trainer.max_steps=4 "
+                     "trainer.limit_eval_batches=2 model.width=4 model.hidden=8");
+  ASSERT_EQ(mnist.code, 0) << mnist.out;
+  EXPECT_EQ(summary_of(mnist)["strategy"], "fsdp");
+}
+
 TEST_F(ExamplesTest, CudaConfigWithoutAGpuIsAConfigError) {
   // CUDA_VISIBLE_DEVICES empty hides every GPU, so this holds on GPU machines too.
   Result r = run("cifar10", "--config=amp.yaml", "CUDA_VISIBLE_DEVICES=");

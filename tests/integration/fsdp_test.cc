@@ -10,6 +10,7 @@
 //     full_shard the whole units never add up to the model;
 //   - checkpoints: bitwise continuation at the same world size; a checkpoint written by 2 ranks
 //     loads at 3 ranks and at 1, and training continues under plain DDP to DDP's result;
+//   - a model whose ddp state exceeds fabric.memory_limit_gb trains under full_shard;
 //   - errors: what it cannot do names the key.
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -190,6 +191,23 @@ TEST_F(FsdpTest, CheckpointsLoadAtOtherWorldSizesAndUnderPlainDdp) {
   ASSERT_EQ(continued.code, 0) << continued.out;
   EXPECT_LE(fabric::testing::max_relative_difference(state("ddp.ckpt"), state("continued.ckpt")),
             kTolerance);
+}
+
+// 96M extra parameters (384 MB) in 8 units, AdamW, 2 ranks: ddp holds parameters, gradients,
+// its buckets and two moments whole on every rank (2.15 GiB peak resident per rank by step 1,
+// measured); full_shard holds half of each plus one unit (1.30 GiB through 6 steps).
+// fabric.memory_limit_gb between them.
+TEST_F(FsdpTest, AModelDdpCannotHoldUnderTheMemoryLimitTrainsSharded) {
+  const std::string job =
+      "fabric.devices=2 optimizer.name=adamw trainer.max_steps=4 test.extra_params=96000000 "
+      "test.extra_units=8 checkpoint.save_last=false fabric.memory_limit_gb=1.7 ";
+  auto ddp = run(job + "fabric.strategy=ddp");
+  EXPECT_EQ(ddp.code, 1) << ddp.out;
+  EXPECT_NE(ddp.out.find("error: fabric.memory_limit_gb: rank 0 reached"), std::string::npos)
+      << ddp.out;
+  auto fsdp = run(job + "fabric.strategy=fsdp fabric.fsdp.wrap_modules=Table");
+  EXPECT_EQ(fsdp.code, 0) << fsdp.out;
+  EXPECT_NE(fsdp.out.find("done at step 4"), std::string::npos) << fsdp.out;
 }
 
 TEST_F(FsdpTest, UnsupportedCombinationsNameTheKey) {

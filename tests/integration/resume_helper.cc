@@ -7,6 +7,9 @@
 //   test.out           ""   at the end, Fabric::save the whole state here (for comparison)
 //   test.extra_params  0    size of an extra parameter vector (the crash test makes checkpoints
 //                           tens of MB so that most of a run is spent saving)
+//   test.extra_units   0    split the extra parameters over this many submodules of type Table
+//                           (fsdp units by fabric.fsdp.wrap_modules=Table); 0: one vector
+//                           in the net itself
 //   test.clip_norm     0    Fabric::clip_gradients to this total norm before each step; 0: off
 //   test.accumulate    1    micro-batches per step (each batch split; all but the last backward
 //                           inside no_backward_sync)
@@ -30,9 +33,20 @@
 
 namespace {
 
+struct TableImpl : torch::nn::Module {
+  explicit TableImpl(int64_t size) { values = register_parameter("values", torch::zeros({size})); }
+  torch::Tensor forward() { return values.square().mean(); }  // saves only the parameter
+  torch::Tensor values;
+};
+TORCH_MODULE(Table);
+
 struct NetImpl : torch::nn::Module {
-  NetImpl(int64_t width, int64_t extra) {
-    if (extra > 0) table = register_parameter("table", torch::zeros({extra}));
+  NetImpl(int64_t width, int64_t extra, int64_t units) {
+    if (extra > 0 && units == 0) table = register_parameter("table", torch::zeros({extra}));
+    if (extra > 0 && units > 0) {
+      tables = register_module("tables", torch::nn::ModuleList());
+      for (int64_t k = 0; k < units; ++k) tables->push_back(Table(extra / units));
+    }
     conv = register_module("conv",
                            torch::nn::Conv2d(torch::nn::Conv2dOptions(3, width, 3).bias(false)));
     bn = register_module("bn", fabric::nn::BatchNorm2d(width));
@@ -42,9 +56,12 @@ struct NetImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x) {
     auto h = torch::relu(bn->forward(conv->forward(x)));
     auto out = fc->forward(drop->forward(h.flatten(1)));
+    if (tables)
+      for (const auto& t : *tables) out = out + t->as<TableImpl>()->forward();
     return table.defined() ? out + (table - 1).square().mean() : out;
   }
   torch::Tensor table;
+  torch::nn::ModuleList tables{nullptr};
   torch::nn::Conv2d conv{nullptr};
   fabric::nn::BatchNorm2d bn{nullptr};
   torch::nn::Dropout drop{nullptr};
@@ -86,13 +103,15 @@ int main(int argc, char** argv) {
   schema.add("test.out", fabric::KeySpec::string(""));
   schema.add("test.width", fabric::KeySpec::integer(8).min(1));
   schema.add("test.extra_params", fabric::KeySpec::integer(0).min(0));
+  schema.add("test.extra_units", fabric::KeySpec::integer(0).min(0));
   schema.add("test.clip_norm", fabric::KeySpec::real(0.0).min(0));
   schema.add("test.accumulate", fabric::KeySpec::integer(1).min(1));
   schema.add("test.memory", fabric::KeySpec::boolean(false));
   return fabric::run_main(argc, argv, schema, [](const fabric::Config& c) {
     fabric::Fabric fabric(c);
     return fabric.launch([&](fabric::Fabric& f) {
-      Net model(c.get_int("test.width"), c.get_int("test.extra_params"));
+      Net model(c.get_int("test.width"), c.get_int("test.extra_params"),
+                c.get_int("test.extra_units"));
       auto optimizer = fabric::make_optimizer(c, model->parameters());
       f.setup(model, *optimizer);
       torch::manual_seed(123);  // the data is the same in every run and on every rank
