@@ -164,19 +164,7 @@ void Ddp::setup_optimizer(torch::optim::Optimizer& optimizer) {
         "second one");
   shard_ = std::make_unique<OptimizerShard>(optimizer, params_, param_names_,
                                             group_for("setup_optimizer"));
-  if (GradScaler* scaler = precision_->scaler()) {
-    c10::intrusive_ptr<c10d::ProcessGroup> pg = process_group();
-    scaler->set_found_inf_agreement([pg](torch::Tensor& found) {
-      std::vector<torch::Tensor> v = {found};
-      c10d::AllreduceOptions o;
-      o.reduceOp = c10d::ReduceOp::MAX;
-      distributed::wait(pg->allreduce(v, o), "GradScaler found_inf all_reduce(max)");
-    });
-  }
-}
-
-OptimizerShard* Ddp::shard_of(const torch::optim::Optimizer& optimizer) const {
-  return shard_ && &shard_->optimizer() == &optimizer ? shard_.get() : nullptr;
+  agree_on_found_inf();
 }
 
 void Ddp::set_capturable_gradient_sync(bool on) {
@@ -245,31 +233,6 @@ bool Ddp::optimizer_step(torch::optim::Optimizer& optimizer) {
   if (shard_) shard_->gather_parameters();
   if (options_.broadcast_buffers) broadcast_buffers();
   return stepped;
-}
-
-torch::Tensor Ddp::clip_gradients_norm(torch::nn::Module& module,
-                                       torch::optim::Optimizer& optimizer, double max_norm,
-                                       double norm_type) {
-  if (OptimizerShard* shard = shard_of(optimizer))
-    return shard->clip_grad_norm(max_norm, norm_type);
-  return Strategy::clip_gradients_norm(module, optimizer, max_norm, norm_type);
-}
-
-void Ddp::clip_gradients_value(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                               double clip_value) {
-  if (OptimizerShard* shard = shard_of(optimizer)) return shard->clip_grad_value(clip_value);
-  Strategy::clip_gradients_value(module, optimizer, clip_value);
-}
-
-std::optional<c10::IValue> Ddp::gather_optimizer_state(torch::optim::Optimizer& optimizer) {
-  if (OptimizerShard* shard = shard_of(optimizer)) return shard->full_state();
-  return std::nullopt;
-}
-
-std::optional<std::function<void()>> Ddp::prepare_split_optimizer_state(
-    torch::optim::Optimizer& optimizer, const c10::IValue& state, const std::string& source) {
-  if (OptimizerShard* shard = shard_of(optimizer)) return shard->prepare_full_state(state, source);
-  return std::nullopt;
 }
 
 void Ddp::broadcast_buffers() {

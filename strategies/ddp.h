@@ -27,7 +27,6 @@ class Reducer;
 namespace fabric::strategies {
 
 class FlatGradientSync;
-class OptimizerShard;
 
 class Ddp : public ParallelStrategy {
  public:
@@ -44,14 +43,6 @@ class Ddp : public ParallelStrategy {
   void setup_optimizer(torch::optim::Optimizer& optimizer) override;
   void backward(const torch::Tensor& loss) override;
   bool optimizer_step(torch::optim::Optimizer& optimizer) override;
-  torch::Tensor clip_gradients_norm(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                                    double max_norm, double norm_type) override;
-  void clip_gradients_value(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                            double clip_value) override;
-  std::optional<c10::IValue> gather_optimizer_state(torch::optim::Optimizer& optimizer) override;
-  std::optional<std::function<void()>> prepare_split_optimizer_state(
-      torch::optim::Optimizer& optimizer, const c10::IValue& state,
-      const std::string& source) override;
   ScopeGuard no_backward_sync(torch::nn::Module& module) override;
   // On: backward averages the gradients after the backward pass through FlatGradientSync
   // (capturable in a CUDA graph, NCCL included) instead of by the Reducer's hooks during it.
@@ -66,15 +57,12 @@ class Ddp : public ParallelStrategy {
   void release() override;  // the Reducer and the flat sync, before the rendezvous ends
   void broadcast_buffers();
   void make_reducer();  // over params_ (the Reducer's hooks synchronize during backward)
-  // The shard of `optimizer`, or null when it is not the sharded one.
-  OptimizerShard* shard_of(const torch::optim::Optimizer& optimizer) const;
 
   DdpOptions options_;
   std::vector<torch::Tensor> params_;  // those that require gradients, in module order
   std::vector<std::string> param_names_;
   std::shared_ptr<c10d::Reducer> reducer_;  // none while capturable_
   std::unique_ptr<FlatGradientSync> flat_sync_;
-  std::unique_ptr<OptimizerShard> shard_;  // shard_optimizer_state, after setup_optimizer
   bool capturable_ = false;
   int64_t reducer_backwards_ = 0;  // backward passes synchronized by the Reducer
   std::vector<torch::Tensor> buffers_;

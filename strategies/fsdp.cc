@@ -100,19 +100,7 @@ void Fsdp::setup_optimizer(torch::optim::Optimizer& optimizer) {
   shard_ = std::make_unique<OptimizerShard>(optimizer, params_, param_names_,
                                             group_for("setup_optimizer"), sharded_->segments(),
                                             kKey);
-  if (GradScaler* scaler = precision_->scaler()) {
-    c10::intrusive_ptr<c10d::ProcessGroup> pg = process_group();
-    scaler->set_found_inf_agreement([pg](torch::Tensor& found) {
-      std::vector<torch::Tensor> v = {found};
-      c10d::AllreduceOptions o;
-      o.reduceOp = c10d::ReduceOp::MAX;
-      distributed::wait(pg->allreduce(v, o), "GradScaler found_inf all_reduce(max)");
-    });
-  }
-}
-
-OptimizerShard* Fsdp::shard_of(const torch::optim::Optimizer& optimizer) const {
-  return shard_ && &shard_->optimizer() == &optimizer ? shard_.get() : nullptr;
+  agree_on_found_inf();
 }
 
 void Fsdp::backward(const torch::Tensor& loss) {
@@ -137,31 +125,6 @@ bool Fsdp::optimizer_step(torch::optim::Optimizer& optimizer) {
   const bool stepped = precision_->optimizer_step(optimizer);
   sharded_->after_step();
   return stepped;
-}
-
-torch::Tensor Fsdp::clip_gradients_norm(torch::nn::Module& module,
-                                        torch::optim::Optimizer& optimizer, double max_norm,
-                                        double norm_type) {
-  if (OptimizerShard* shard = shard_of(optimizer))
-    return shard->clip_grad_norm(max_norm, norm_type);
-  return Strategy::clip_gradients_norm(module, optimizer, max_norm, norm_type);
-}
-
-void Fsdp::clip_gradients_value(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                                double clip_value) {
-  if (OptimizerShard* shard = shard_of(optimizer)) return shard->clip_grad_value(clip_value);
-  Strategy::clip_gradients_value(module, optimizer, clip_value);
-}
-
-std::optional<c10::IValue> Fsdp::gather_optimizer_state(torch::optim::Optimizer& optimizer) {
-  if (OptimizerShard* shard = shard_of(optimizer)) return shard->full_state();
-  return std::nullopt;
-}
-
-std::optional<std::function<void()>> Fsdp::prepare_split_optimizer_state(
-    torch::optim::Optimizer& optimizer, const c10::IValue& state, const std::string& source) {
-  if (OptimizerShard* shard = shard_of(optimizer)) return shard->prepare_full_state(state, source);
-  return std::nullopt;
 }
 
 ScopeGuard Fsdp::materialize_parameters(torch::nn::Module& module, bool write_back) {

@@ -30,7 +30,6 @@
 
 namespace fabric::strategies {
 
-class OptimizerShard;
 class ShardedParameters;
 
 class Fsdp : public ParallelStrategy {
@@ -47,14 +46,6 @@ class Fsdp : public ParallelStrategy {
   void setup_optimizer(torch::optim::Optimizer& optimizer) override;
   void backward(const torch::Tensor& loss) override;
   bool optimizer_step(torch::optim::Optimizer& optimizer) override;
-  torch::Tensor clip_gradients_norm(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                                    double max_norm, double norm_type) override;
-  void clip_gradients_value(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                            double clip_value) override;
-  std::optional<c10::IValue> gather_optimizer_state(torch::optim::Optimizer& optimizer) override;
-  std::optional<std::function<void()>> prepare_split_optimizer_state(
-      torch::optim::Optimizer& optimizer, const c10::IValue& state,
-      const std::string& source) override;
   ScopeGuard materialize_parameters(torch::nn::Module& module, bool write_back) override;
   ScopeGuard no_backward_sync(torch::nn::Module& module) override;
   void set_capturable_gradient_sync(bool on) override;
@@ -66,12 +57,10 @@ class Fsdp : public ParallelStrategy {
 
  private:
   void release() override;
-  OptimizerShard* shard_of(const torch::optim::Optimizer& optimizer) const;
 
   FsdpOptions options_;
   const torch::nn::Module* module_ = nullptr;
   std::unique_ptr<ShardedParameters> sharded_;
-  std::unique_ptr<OptimizerShard> shard_;
   std::vector<torch::Tensor> params_;  // those that require gradients, in module order
   std::vector<std::string> param_names_;
   bool sync_ = true;

@@ -11,6 +11,7 @@
 
 #include "fabric/core/error.h"
 #include "fabric/distributed/process_group.h"
+#include "strategies/optimizer_shard.h"
 
 namespace fabric::strategies {
 
@@ -116,6 +117,49 @@ torch::Tensor ParallelStrategy::broadcast(const torch::Tensor& tensor, int64_t s
 std::vector<torch::Tensor> ParallelStrategy::all_gather(const torch::Tensor& tensor) {
   const auto& pg = group_for("all_gather");
   return distributed::all_gather(*pg, tensor, rendezvous_->begin_collective("all_gather", &tensor));
+}
+
+OptimizerShard* ParallelStrategy::shard_of(const torch::optim::Optimizer& optimizer) const {
+  return shard_ && &shard_->optimizer() == &optimizer ? shard_.get() : nullptr;
+}
+
+void ParallelStrategy::agree_on_found_inf() {
+  GradScaler* scaler = precision_->scaler();
+  if (scaler == nullptr) return;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg = process_group();
+  scaler->set_found_inf_agreement([pg](torch::Tensor& found) {
+    std::vector<torch::Tensor> v = {found};
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d::ReduceOp::MAX;
+    distributed::wait(pg->allreduce(v, o), "GradScaler found_inf all_reduce(max)");
+  });
+}
+
+torch::Tensor ParallelStrategy::clip_gradients_norm(torch::nn::Module& module,
+                                                    torch::optim::Optimizer& optimizer,
+                                                    double max_norm, double norm_type) {
+  if (OptimizerShard* shard = shard_of(optimizer))
+    return shard->clip_grad_norm(max_norm, norm_type);
+  return Strategy::clip_gradients_norm(module, optimizer, max_norm, norm_type);
+}
+
+void ParallelStrategy::clip_gradients_value(torch::nn::Module& module,
+                                            torch::optim::Optimizer& optimizer,
+                                            double clip_value) {
+  if (OptimizerShard* shard = shard_of(optimizer)) return shard->clip_grad_value(clip_value);
+  Strategy::clip_gradients_value(module, optimizer, clip_value);
+}
+
+std::optional<c10::IValue> ParallelStrategy::gather_optimizer_state(
+    torch::optim::Optimizer& optimizer) {
+  if (OptimizerShard* shard = shard_of(optimizer)) return shard->full_state();
+  return std::nullopt;
+}
+
+std::optional<std::function<void()>> ParallelStrategy::prepare_split_optimizer_state(
+    torch::optim::Optimizer& optimizer, const c10::IValue& state, const std::string& source) {
+  if (OptimizerShard* shard = shard_of(optimizer)) return shard->prepare_full_state(state, source);
+  return std::nullopt;
 }
 
 }  // namespace fabric::strategies

@@ -21,6 +21,8 @@
 
 namespace fabric::strategies {
 
+class OptimizerShard;
+
 // The rendezvous settings of fabric.ddp.* (ddp and fsdp share them); `argv`: the command line
 // self-launched ranks run (empty: /proc/self/cmdline).
 distributed::RendezvousOptions rendezvous_options(const DdpOptions& options,
@@ -48,6 +50,17 @@ class ParallelStrategy : public Strategy {
   // Null before setup_environment() and after teardown.
   const c10::intrusive_ptr<c10d::ProcessGroup>& process_group() const;
 
+  // An optimizer split over the ranks (shard_, ZeRO-1 or fsdp) is clipped over every rank's part
+  // and saved in one process's layout; any other goes to Strategy's defaults.
+  torch::Tensor clip_gradients_norm(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                    double max_norm, double norm_type) override;
+  void clip_gradients_value(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                            double clip_value) override;
+  std::optional<c10::IValue> gather_optimizer_state(torch::optim::Optimizer& optimizer) override;
+  std::optional<std::function<void()>> prepare_split_optimizer_state(
+      torch::optim::Optimizer& optimizer, const c10::IValue& state,
+      const std::string& source) override;
+
  protected:
   // `options.cuda` and `cuda_device` are taken from `device`.
   ParallelStrategy(std::shared_ptr<ClusterEnvironment> environment, torch::Device device,
@@ -56,9 +69,15 @@ class ParallelStrategy : public Strategy {
   virtual void release() {}
   // The process group; throws fabric::Error naming `what` before setup_environment().
   const c10::intrusive_ptr<c10d::ProcessGroup>& group_for(const std::string& what) const;
+  // The split optimizer when it is `optimizer`, else null.
+  OptimizerShard* shard_of(const torch::optim::Optimizer& optimizer) const;
+  // Under 16-mixed every rank skips the same steps: the GradScaler's found_inf is all-reduced
+  // (max) before it decides (a split optimizer's ranks see different gradients).
+  void agree_on_found_inf();
 
   std::shared_ptr<ClusterEnvironment> env_;
   torch::Device device_;
+  std::unique_ptr<OptimizerShard> shard_;  // the split optimizer (after setup_optimizer)
 
  private:
   distributed::RendezvousOptions options_;

@@ -5,6 +5,7 @@
 #include <ATen/native/TensorFactories.h>
 #include <ATen/record_function.h>
 #include <c10/core/StorageImpl.h>
+#include <c10/util/SmallVector.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
@@ -197,15 +198,17 @@ void ShardedParameters::release(Unit& u) {
 }
 
 void ShardedParameters::on_operator_inputs(c10::ArrayRef<const c10::IValue> inputs) {
-  // Every unit this operator takes is gathered before it runs (and none of them freed).
-  size_t needed[8];
-  size_t count = 0;
+  // Every unit this operator takes is gathered before it runs (and none of them freed): a
+  // foreach operator over all parameters takes every unit.
+  c10::SmallVector<size_t, 8> used;  // gathered or not
+  bool missing = false;
   auto note = [&](const at::Tensor& t) {
     if (!t.defined() || !t.has_storage()) return;
     auto it = unit_of_storage_.find(t.storage().unsafeGetStorageImpl());
-    if (it == unit_of_storage_.end() || units_[it->second].gathered) return;
-    if (std::find(needed, needed + count, it->second) == needed + count && count < 8)
-      needed[count++] = it->second;
+    if (it == unit_of_storage_.end()) return;
+    missing = missing || !units_[it->second].gathered;
+    if (std::find(used.begin(), used.end(), it->second) == used.end())
+      used.push_back(it->second);
   };
   for (const c10::IValue& v : inputs) {
     if (v.isTensor()) {
@@ -215,16 +218,13 @@ void ShardedParameters::on_operator_inputs(c10::ArrayRef<const c10::IValue> inpu
         if (e.isTensor()) note(e.toTensor());
     }
   }
-  if (count == 0) return;
+  if (!missing) return;
   if (!in_backward_ && policy_.reshard_after_forward) {
-    for (auto& u : units_) {
-      const bool wanted = std::find_if(needed, needed + count, [&](size_t k) {
-                            return &units_[k] == &u;
-                          }) != needed + count;
-      if (!wanted && !u.root) release(u);
-    }
+    for (size_t k = 0; k < units_.size(); ++k)
+      if (!units_[k].root && std::find(used.begin(), used.end(), k) == used.end())
+        release(units_[k]);
   }
-  for (size_t i = 0; i < count; ++i) gather(units_[needed[i]]);
+  for (size_t k : used) gather(units_[k]);
 }
 
 void ShardedParameters::on_gradient(size_t k) {

@@ -87,6 +87,23 @@ TEST_F(FsdpTest, TrainsLikeDdpWithEveryOptimizerVariantAndShardingStrategy) {
   }
 }
 
+// One operator that takes parameters of every unit (torch::stack of a piece of each of 4 Table
+// units, after each was used and freed again): all of them are gathered before it runs, none
+// freed for another; the result matches DDP's.
+TEST_F(FsdpTest, AnOperatorOverSeveralUnitsGathersThemAll) {
+  const std::string job =
+      "fabric.devices=3 optimizer.name=adamw test.extra_params=1000 test.extra_units=4 "
+      "test.cross_units=true ";
+  auto ddp = run(job + "fabric.strategy=ddp test.out=ddp.ckpt");
+  ASSERT_EQ(ddp.code, 0) << ddp.out;
+  auto fsdp = run(job +
+                  "fabric.strategy=fsdp fabric.fsdp.wrap_modules=Conv2d,Linear,Table "
+                  "fabric.fsdp.min_unit_params=0 test.out=fsdp.ckpt");
+  ASSERT_EQ(fsdp.code, 0) << fsdp.out;
+  EXPECT_LE(fabric::testing::max_relative_difference(state("ddp.ckpt"), state("fsdp.ckpt")),
+            kTolerance);
+}
+
 // "rank R bytes parameters=P gradients=G optimizer=O" of every rank: the largest of each field.
 // And "rank R fsdp units=U peak_gathered=B full=F": the largest peak, units and full.
 struct Bytes {

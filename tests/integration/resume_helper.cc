@@ -10,6 +10,8 @@
 //   test.extra_units   0    split the extra parameters over this many submodules of type Table
 //                           (fsdp units by fabric.fsdp.wrap_modules=Table); 0: one vector
 //                           in the net itself
+//   test.cross_units   false  also one operator that takes a piece of every Table at once (fsdp
+//                           gathers every unit for it)
 //   test.clip_norm     0    Fabric::clip_gradients to this total norm before each step; 0: off
 //   test.accumulate    1    micro-batches per step (each batch split; all but the last backward
 //                           inside no_backward_sync)
@@ -41,7 +43,7 @@ struct TableImpl : torch::nn::Module {
 TORCH_MODULE(Table);
 
 struct NetImpl : torch::nn::Module {
-  NetImpl(int64_t width, int64_t extra, int64_t units) {
+  NetImpl(int64_t width, int64_t extra, int64_t units, bool cross) : cross_units(cross) {
     if (extra > 0 && units == 0) table = register_parameter("table", torch::zeros({extra}));
     if (extra > 0 && units > 0) {
       tables = register_module("tables", torch::nn::ModuleList());
@@ -56,12 +58,19 @@ struct NetImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x) {
     auto h = torch::relu(bn->forward(conv->forward(x)));
     auto out = fc->forward(drop->forward(h.flatten(1)));
-    if (tables)
-      for (const auto& t : *tables) out = out + t->as<TableImpl>()->forward();
+    std::vector<torch::Tensor> firsts;
+    if (tables) {
+      for (const auto& t : *tables) {
+        out = out + t->as<TableImpl>()->forward();
+        firsts.push_back(t->as<TableImpl>()->values.narrow(0, 0, 1));
+      }
+    }
+    if (cross_units && !firsts.empty()) out = out + torch::stack(firsts).square().mean();
     return table.defined() ? out + (table - 1).square().mean() : out;
   }
   torch::Tensor table;
   torch::nn::ModuleList tables{nullptr};
+  bool cross_units = false;
   torch::nn::Conv2d conv{nullptr};
   fabric::nn::BatchNorm2d bn{nullptr};
   torch::nn::Dropout drop{nullptr};
@@ -104,6 +113,7 @@ int main(int argc, char** argv) {
   schema.add("test.width", fabric::KeySpec::integer(8).min(1));
   schema.add("test.extra_params", fabric::KeySpec::integer(0).min(0));
   schema.add("test.extra_units", fabric::KeySpec::integer(0).min(0));
+  schema.add("test.cross_units", fabric::KeySpec::boolean(false));
   schema.add("test.clip_norm", fabric::KeySpec::real(0.0).min(0));
   schema.add("test.accumulate", fabric::KeySpec::integer(1).min(1));
   schema.add("test.memory", fabric::KeySpec::boolean(false));
@@ -111,7 +121,7 @@ int main(int argc, char** argv) {
     fabric::Fabric fabric(c);
     return fabric.launch([&](fabric::Fabric& f) {
       Net model(c.get_int("test.width"), c.get_int("test.extra_params"),
-                c.get_int("test.extra_units"));
+                c.get_int("test.extra_units"), c.get_bool("test.cross_units"));
       auto optimizer = fabric::make_optimizer(c, model->parameters());
       f.setup(model, *optimizer);
       torch::manual_seed(123);  // the data is the same in every run and on every rank
