@@ -7,6 +7,7 @@
 #include <regex>
 
 #include "fabric/checkpoint/archive.h"
+#include "fabric/checkpoint/sharded.h"
 #include "fabric/core/atomic_file.h"
 #include "fabric/core/paths.h"
 #include "fabric/logging/run_dir.h"
@@ -69,7 +70,8 @@ std::vector<fs::path> checkpoints_in(const fs::path& dir) {
   std::vector<fs::path> out;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec))
-    if (entry.is_regular_file(ec) && checkpoint_step(entry.path().filename().string()) >= 0)
+    if ((entry.is_regular_file(ec) || is_sharded_checkpoint(entry.path())) &&
+        checkpoint_step(entry.path().filename().string()) >= 0)
       out.push_back(entry.path());
   std::sort(out.begin(), out.end(), [](const fs::path& a, const fs::path& b) {
     return checkpoint_step(a.filename().string()) < checkpoint_step(b.filename().string());
@@ -140,7 +142,7 @@ void Checkpointer::resume(const std::string& how) {
     if (f_.is_global_zero()) {
       for (const auto& file : candidates()) {
         try {
-          load_archive(file);  // the whole file, CRCs checked: a damaged one is skipped
+          read_checkpoint(file);  // every byte, CRCs checked: a damaged one is skipped
           chosen = file.string();
           break;
         } catch (const Error& e) {
@@ -157,7 +159,9 @@ void Checkpointer::resume(const std::string& how) {
   } else {
     fs::path path = absolute_from_working_directory(how);
     std::error_code ec;
-    if (fs::is_directory(path, ec)) {
+    // A folder of checkpoints (not a sharded checkpoint, nor an incomplete one).
+    if (fs::is_directory(path, ec) && !is_sharded_checkpoint(path) &&
+        checkpoint_step(path.filename().string()) < 0) {
       std::ifstream marker(path / "latest");
       std::string latest;
       if (marker && std::getline(marker, latest) && !latest.empty()) {
@@ -196,7 +200,7 @@ fs::path Checkpointer::save() {
     if (keep_last_ <= 0) return;
     const auto files = checkpoints_in(dir_);
     for (size_t i = 0; i + static_cast<size_t>(keep_last_) < files.size(); ++i)
-      if (files[i] != path) fs::remove(files[i]);
+      if (files[i] != path) fs::remove_all(files[i]);
   });
   saved_step_ = step_;
   saved_epoch_ = epoch_;
@@ -218,10 +222,10 @@ fs::path Checkpointer::write(const std::string& file_name) {
     if (ec)
       throw Error("cannot write " + path.string() + ": cannot create " + dir_.string() + ": " +
                   ec.message());
-    // Temporary files of a save that was killed.
+    // Temporary files and folders of a save that was killed.
     for (const auto& entry : fs::directory_iterator(dir_, ec))
       if (entry.path().filename().string().find(".tmp.") != std::string::npos)
-        fs::remove(entry.path(), ec);
+        fs::remove_all(entry.path(), ec);
   });
   f_.save(path.string(), state_);
   return path;

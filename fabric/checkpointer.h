@@ -8,6 +8,9 @@
 //   checkpoint.resume         none   none | auto | PATH
 //   checkpoint.export_weights "{run_dir}/weights.pt"  model weights at the end (none: off)
 //
+//   checkpoint.format         auto   full | sharded | auto (Fabric::save; sharded: each checkpoint
+//                                    is a folder, fabric/checkpoint/sharded.h)
+//
 // Files: <dir>/step-00000120.ckpt (Fabric::save's format, named by the global step) and
 // <dir>/latest, a one-line marker naming the newest complete checkpoint, replaced atomically only
 // after that checkpoint is complete on every rank. Older checkpoints beyond keep_last are then
@@ -16,8 +19,9 @@
 // resume: auto takes the newest complete checkpoint (by modification time) of this program's
 // earlier runs: the folders logging.run_dir matches with any {timestamp} (and "-N" suffixes),
 // each with checkpoint.dir inside. Unreadable or damaged files are skipped with a warning; with
-// none found the run starts afresh (one line says so). resume: PATH takes a .ckpt file, or a
-// folder's `latest`. A checkpoint that does not fit the state (another model) is an error.
+// none found the run starts afresh (one line says so). resume: PATH takes a .ckpt file (or
+// sharded folder), or a folder's `latest`. A checkpoint that does not fit the state (another
+// model) is an error.
 //
 // Example (examples/common/classification.h is complete):
 //   fabric::CheckpointState state;

@@ -150,6 +150,10 @@ void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) 
                      ? StrategyKind::kDdp
                      : StrategyKind::kFsdp;
     s.fsdp.min_unit_params = c.get_int("fabric.fsdp.min_unit_params");
+    const std::string reshard = c.get_string("fabric.fsdp.reshard_after_forward");
+    s.fsdp.reshard_after_forward =
+        reshard == "auto" ? s.fsdp.sharding_strategy == strategies::ShardingStrategy::kFullShard
+                          : reshard == "true";
     std::stringstream names(c.get_string("fabric.fsdp.wrap_modules"));
     for (std::string name; std::getline(names, name, ',');) {
       name.erase(0, name.find_first_not_of(" \t"));

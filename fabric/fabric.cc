@@ -47,6 +47,23 @@ CheckpointState with_split_optimizers(Strategy& strategy, const CheckpointState&
   return out;
 }
 
+// `state` with each module and optimizer that `strategy` splits over the ranks saved as this
+// rank's pieces (sharded checkpoints; no communication).
+CheckpointState with_local_pieces(Strategy& strategy, const CheckpointState& state) {
+  CheckpointState out = state;
+  for (const auto& entry : state.entries()) {
+    std::optional<c10::IValue> local;
+    if (entry.kind == CheckpointState::Entry::Kind::kModule)
+      local = strategy.local_module_state(*static_cast<torch::nn::Module*>(entry.object));
+    else if (entry.kind == CheckpointState::Entry::Kind::kOptimizer)
+      local = strategy.local_optimizer_state(*static_cast<torch::optim::Optimizer*>(entry.object));
+    if (local)
+      out.replace_functions(
+          entry.name, [local] { return *local; }, entry.prepare);
+  }
+  return out;
+}
+
 // Every module of `state` with its full parameters while the guards live (collective: a
 // strategy that shards parameters gathers them on every rank).
 std::vector<ScopeGuard> materialize_modules(Strategy& strategy, const CheckpointState& state,
@@ -176,11 +193,7 @@ void Fabric::save(const std::string& path, const CheckpointState& state) {
   const auto cuda_states = all_gather(cuda_flat.to(device()));
   const auto cuda_counts =
       all_gather(torch::tensor({static_cast<int64_t>(rng.cuda.size())}).to(device()));
-  // Optimizers the strategy splits over the ranks: gathered now, on every rank (collective);
-  // modules whose parameters it splits: whole until written.
-  const CheckpointState contents = with_split_optimizers(*strategy_, state, /*gather=*/true);
-  const std::vector<ScopeGuard> whole = materialize_modules(*strategy_, state, false);
-  strategy_->save_checkpoint(file, [&] {
+  auto contents_of = [&](const CheckpointState& contents) {
     std::vector<RngState> by_rank(cpu_states.size());
     for (size_t r = 0; r < cpu_states.size(); ++r) {
       by_rank[r].cpu = cpu_states[r].cpu();
@@ -189,7 +202,19 @@ void Fabric::save(const std::string& path, const CheckpointState& state) {
     }
     return checkpoint_contents({config_.to_yaml(), config_.hash(), world_size()}, contents,
                                precision().scaler(), by_rank);
-  });
+  };
+  const std::string format = config_.get_string("checkpoint.format");
+  if (format == "sharded" || (format == "auto" && strategy_->splits_state())) {
+    // Each rank writes what it holds: nothing gathered.
+    const CheckpointState contents = with_local_pieces(*strategy_, state);
+    strategy_->save_sharded_checkpoint(file, [&] { return contents_of(contents); });
+    return;
+  }
+  // Optimizers the strategy splits over the ranks: gathered now, on every rank (collective);
+  // modules whose parameters it splits: whole until written.
+  const CheckpointState contents = with_split_optimizers(*strategy_, state, /*gather=*/true);
+  const std::vector<ScopeGuard> whole = materialize_modules(*strategy_, state, false);
+  strategy_->save_checkpoint(file, [&] { return contents_of(contents); });
 }
 
 void Fabric::load(const std::string& path, CheckpointState& state, bool strict) {

@@ -182,6 +182,10 @@ class Fabric {
   // file is complete or throws the writer's one-line error ("cannot write PATH: ..."), leaving an
   // existing file at `path` untouched. Collective. The file is a torch.save archive of plain data
   // (Python's torch.load(path, weights_only=True) reads it).
+  // checkpoint.format: sharded (the default, `auto`, under a strategy that splits parameters or
+  // optimizer state over the ranks: fsdp, fabric.ddp.shard_optimizer_state) makes `path` a
+  // folder instead, to which every rank writes its own pieces in parallel and nothing is
+  // gathered (fabric/checkpoint/sharded.h); load() reads both forms at any world size.
   void save(const std::string& path, const CheckpointState& state);
   // Restores `state` from a checkpoint on every rank: format version checked; config differences
   // warned about (one line listing the keys, checkpoint.* and logging.* ignored); every entry

@@ -65,6 +65,9 @@ struct FsdpOptions {
   // fabric.fsdp.min_unit_params: a submodule with at least this many parameters not in an inner
   // unit becomes a unit (0: off).
   int64_t min_unit_params = 1000000;
+  // fabric.fsdp.reshard_after_forward: free a unit's gathered parameters when the forward moves
+  // on to the next unit (auto: true under full_shard, false under shard_grad_op).
+  bool reshard_after_forward = true;
 };
 
 }  // namespace fabric::strategies

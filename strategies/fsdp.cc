@@ -31,6 +31,11 @@ void Fsdp::release() {
   sharded_.reset();
 }
 
+std::optional<c10::IValue> Fsdp::local_module_state(torch::nn::Module& module) {
+  if (&module != module_ || !sharded_) return std::nullopt;
+  return sharded_->local_state(module);
+}
+
 void Fsdp::teardown() {
   // Every rank gets here together after the user's function returned: the parameters take
   // their full values back (collective) before the process group ends.
@@ -63,7 +68,7 @@ void Fsdp::setup_module(torch::nn::Module& module) {
   ShardingPolicy policy;
   policy.wrap_modules = options_.wrap_modules;
   policy.min_unit_params = options_.min_unit_params;
-  policy.reshard_after_forward = options_.sharding_strategy == ShardingStrategy::kFullShard;
+  policy.reshard_after_forward = options_.reshard_after_forward;
   sharded_ = std::make_unique<ShardedParameters>(module, pg, policy);
   module_ = &module;
   if (global_rank() == 0) {  // the wrapping policy's result, once

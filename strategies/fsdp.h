@@ -10,9 +10,11 @@
 // parameters and buffers from rank 0, then shards the parameters; setup_optimizer() rewrites the
 // optimizer to this rank's pieces (one optimizer, set up after the module). backward() reduces
 // the gradients (unless inside no_backward_sync: they accumulate whole until the next
-// synchronized backward). Checkpoints: Fabric::save gathers the module (materialize_parameters)
-// and the optimizer state (one process's layout) on every rank and rank 0 writes one file that
-// loads at any world size and under any strategy. teardown() gives every parameter its full
+// synchronized backward). Checkpoints: sharded by default (checkpoint.format: auto): every rank
+// writes its pieces of the parameters and optimizer state, nothing gathered
+// (fabric/checkpoint/sharded.h); with checkpoint.format: full, Fabric::save gathers the module
+// (materialize_parameters) and the optimizer state (one process's layout) on every rank and
+// rank 0 writes one file. Both load at any world size and under any strategy. teardown() gives every parameter its full
 // value again, so the module works after Fabric::launch returns.
 //
 // Selected by the Connector for fabric.strategy: fsdp with sharding_strategy full_shard or
@@ -47,6 +49,8 @@ class Fsdp : public ParallelStrategy {
   void backward(const torch::Tensor& loss) override;
   bool optimizer_step(torch::optim::Optimizer& optimizer) override;
   ScopeGuard materialize_parameters(torch::nn::Module& module, bool write_back) override;
+  bool splits_state() const override { return true; }
+  std::optional<c10::IValue> local_module_state(torch::nn::Module& module) override;
   ScopeGuard no_backward_sync(torch::nn::Module& module) override;
   void set_capturable_gradient_sync(bool on) override;
   void teardown() override;

@@ -12,6 +12,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "fabric/checkpoint/optimizer_state.h"
+#include "fabric/checkpoint/sharded.h"
 #include "fabric/core/error.h"
 #include "fabric/distributed/process_group.h"
 
@@ -315,6 +316,63 @@ c10::IValue OptimizerShard::full_state() {
   if (state.size() > 0)
     for (size_t i = 0; i < params_.size(); ++i)
       out_state.insert(static_cast<int64_t>(i), per_param[i]);
+  c10::impl::GenericList groups(c10::AnyType::get());
+  const auto local_groups = local.at("param_groups").toList();
+  for (size_t g = 0; g < group_params_.size(); ++g) {
+    Dict group(c10::StringType::get(), c10::AnyType::get());
+    for (const auto& e : local_groups.get(g).toGenericDict())
+      if (e.key().toStringRef() != "params") group.insert(e.key(), e.value());
+    c10::impl::GenericList ids(c10::AnyType::get());
+    for (size_t i : group_params_[g]) ids.push_back(static_cast<int64_t>(i));
+    group.insert("params", ids);
+    groups.push_back(group);
+  }
+  Dict out(c10::StringType::get(), c10::AnyType::get());
+  out.insert("type", local.at("type"));
+  out.insert("state", out_state);
+  out.insert("param_groups", groups);
+  return out;
+}
+
+c10::IValue OptimizerShard::local_state() const {
+  const Dict local = optimizer_state(optimizer_).toGenericDict();
+  const Dict state = local.at("state").toGenericDict();
+  // Every piece steps in every step: the fields of this rank's first piece are every
+  // parameter's (rank 0 always holds the first elements of every segment).
+  std::vector<std::string> fields;
+  std::vector<torch::ScalarType> dtypes;
+  Dict scalars(c10::StringType::get(), c10::AnyType::get());
+  if (state.size() > 0) {
+    for (const auto& e : state.at(int64_t{0}).toGenericDict()) {
+      if (e.value().isTensor() && e.key().toStringRef() != "step") {
+        fields.push_back(e.key().toStringRef());
+        dtypes.push_back(e.value().toTensor().scalar_type());
+      } else {
+        scalars.insert(e.key(), e.value());
+      }
+    }
+  }
+  std::vector<int64_t> piece_of(params_.size(), -1);
+  for (size_t k = 0; k < pieces_.size(); ++k) piece_of[pieces_[k].param] = static_cast<int64_t>(k);
+  Dict out_state(c10::IntType::get(), c10::AnyType::get());
+  if (state.size() > 0) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      Dict s(c10::StringType::get(), c10::AnyType::get());
+      for (const auto& e : scalars) s.insert(e.key(), e.value());
+      const torch::Tensor& p = params_[i];
+      for (size_t f = 0; f < fields.size(); ++f) {
+        const int64_t k = piece_of[i];
+        torch::Tensor values = torch::empty({0}, torch::dtype(dtypes[f]));
+        int64_t begin = 0;
+        if (k >= 0 && state.contains(k)) {
+          values = state.at(k).toGenericDict().at(fields[f]).toTensor();
+          begin = pieces_[k].begin;
+        }
+        s.insert(fields[f], tensor_piece(p.sizes(), p.strides(), begin, values));
+      }
+      out_state.insert(static_cast<int64_t>(i), s);
+    }
+  }
   c10::impl::GenericList groups(c10::AnyType::get());
   const auto local_groups = local.at("param_groups").toList();
   for (size_t g = 0; g < group_params_.size(); ++g) {

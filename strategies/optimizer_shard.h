@@ -94,6 +94,10 @@ class OptimizerShard {
   // The optimizer state in one process's layout (fabric/checkpoint/optimizer_state.h), each
   // parameter's buffers whole and shaped like it. Collective; every rank gets it.
   c10::IValue full_state();
+  // The same layout with each buffer as this rank's piece of it (fabric/checkpoint/sharded.h's
+  // tensor_piece; a parameter with no elements on this rank: an empty piece), for sharded
+  // checkpoints. No communication.
+  c10::IValue local_state() const;
   // Checks a state in that layout against the parameters and returns what loads this rank's
   // part. Throws fabric::Error "SOURCE: ..."; changes nothing.
   std::function<void()> prepare_full_state(const c10::IValue& state, const std::string& source);

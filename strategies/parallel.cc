@@ -156,6 +156,12 @@ std::optional<c10::IValue> ParallelStrategy::gather_optimizer_state(
   return std::nullopt;
 }
 
+std::optional<c10::IValue> ParallelStrategy::local_optimizer_state(
+    torch::optim::Optimizer& optimizer) {
+  if (OptimizerShard* shard = shard_of(optimizer)) return shard->local_state();
+  return std::nullopt;
+}
+
 std::optional<std::function<void()>> ParallelStrategy::prepare_split_optimizer_state(
     torch::optim::Optimizer& optimizer, const c10::IValue& state, const std::string& source) {
   if (OptimizerShard* shard = shard_of(optimizer)) return shard->prepare_full_state(state, source);

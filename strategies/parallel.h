@@ -60,6 +60,8 @@ class ParallelStrategy : public Strategy {
   std::optional<std::function<void()>> prepare_split_optimizer_state(
       torch::optim::Optimizer& optimizer, const c10::IValue& state,
       const std::string& source) override;
+  bool splits_state() const override { return shard_ != nullptr; }
+  std::optional<c10::IValue> local_optimizer_state(torch::optim::Optimizer& optimizer) override;
 
  protected:
   // `options.cuda` and `cuda_device` are taken from `device`.

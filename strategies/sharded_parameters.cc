@@ -16,6 +16,7 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include "fabric/checkpoint/sharded.h"
 #include "fabric/core/error.h"
 #include "fabric/distributed/process_group.h"
 
@@ -313,6 +314,35 @@ void ShardedParameters::gather_all_into_parameters() {
     u.pins = 0;
     release(u);
   }
+}
+
+c10::IValue ShardedParameters::local_state(const torch::nn::Module& module) const {
+  std::unordered_map<const void*, std::pair<size_t, size_t>> where;  // unit, index
+  for (size_t k = 0; k < units_.size(); ++k)
+    for (size_t i = 0; i < units_[k].params.size(); ++i)
+      where[units_[k].params[i].unsafeGetTensorImpl()] = {k, i};
+  c10::impl::GenericDict out(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& item : module.named_parameters()) {
+    const torch::Tensor& p = item.value();
+    if (!p.defined()) continue;
+    auto it = where.find(p.unsafeGetTensorImpl());
+    if (it == where.end()) {  // not sharded (does not require gradients)
+      out.insert(item.key(), p.detach());
+      continue;
+    }
+    const Unit& u = units_[it->second.first];
+    // The parameter's elements [a, b) of the unit's flat vector, this rank's [lo, hi).
+    const int64_t a = u.offsets[it->second.second], b = a + p.numel();
+    const int64_t lo = rank_ * u.shard_size, hi = lo + u.shard_size;
+    const int64_t x = std::max(a, lo), y = std::min(b, hi);
+    torch::Tensor values = x < y ? u.shard.narrow(0, x - lo, y - x)
+                                 : torch::empty({0}, u.shard.options());
+    out.insert(item.key(), tensor_piece(p.sizes(), c10::contiguous_strides(p.sizes()),
+                                        x < y ? x - a : 0, values));
+  }
+  for (const auto& item : module.named_buffers())
+    if (item.value().defined()) out.insert(item.key(), item.value().detach());
+  return out;
 }
 
 OptimizerShard::Segments ShardedParameters::segments() const {

@@ -60,7 +60,7 @@ namespace fabric::strategies {
 struct ShardingPolicy {
   std::vector<std::string> wrap_modules;  // module type names (torch::nn::LinearImpl: "Linear")
   int64_t min_unit_params = 0;            // 0: no size rule
-  bool reshard_after_forward = true;      // full_shard; false: shard_grad_op
+  bool reshard_after_forward = true;      // fabric.fsdp.reshard_after_forward
 };
 
 class ShardedParameters {
@@ -90,6 +90,11 @@ class ShardedParameters {
   // Collective: every parameter gets memory of its own again holding its full value (after
   // training, so that the module works without this class).
   void gather_all_into_parameters();
+
+  // `module`'s state (its parameters and buffers by name, as fabric::state_dict names them),
+  // each parameter of a unit as this rank's piece of it (fabric/checkpoint/sharded.h), for
+  // sharded checkpoints. No communication; nothing is gathered.
+  c10::IValue local_state(const torch::nn::Module& module) const;
 
   // The flat memory for OptimizerShard (one segment per unit).
   OptimizerShard::Segments segments() const;

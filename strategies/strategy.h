@@ -70,9 +70,34 @@ class Strategy {
   // only, and every rank throws rank 0's error if it failed. A sharding strategy writes each
   // rank's part. load_checkpoint: what this rank reads (the default: the whole file; throws
   // fabric::Error naming the file). Collective.
+  // load_checkpoint reads a file or a sharded folder (fabric/checkpoint/sharded.h).
   virtual void save_checkpoint(const std::filesystem::path& file,
                                const std::function<c10::IValue()>& contents);
   virtual c10::IValue load_checkpoint(const std::filesystem::path& file);
+
+  // Sharded checkpoints (checkpoint.format, fabric/checkpoint/sharded.h). `auto` chooses them
+  // when this is true: the strategy splits parameters or optimizer state over the ranks.
+  virtual bool splits_state() const { return false; }
+  // `module`'s state (parameters and buffers by name), each parameter this strategy splits over
+  // the ranks replaced by this rank's piece (tensor_piece); nullopt when it splits none of them.
+  // No communication.
+  virtual std::optional<c10::IValue> local_module_state(torch::nn::Module& module) {
+    (void)module;
+    return std::nullopt;
+  }
+  // An optimizer whose state it splits: one process's layout (optimizer_state.h) with this
+  // rank's piece of every buffer; nullopt when not split. No communication.
+  virtual std::optional<c10::IValue> local_optimizer_state(torch::optim::Optimizer& optimizer) {
+    (void)optimizer;
+    return std::nullopt;
+  }
+  // Writes the sharded checkpoint folder `dir`: `contents` builds this rank's dict (with its
+  // pieces); every rank writes its shard file into a temporary folder, rank 0 also the common
+  // part, then, once all are complete, the manifest, and renames the folder to `dir` (replacing
+  // an earlier one). Collective: every rank throws the first failing rank's error, and `dir` is
+  // then untouched.
+  void save_sharded_checkpoint(const std::filesystem::path& dir,
+                               const std::function<c10::IValue()>& contents);
 
   // Fabric::clip_gradients after unscaling: scales the gradients `optimizer` steps so that their
   // total `norm_type` norm is at most `max_norm`; returns the norm before clipping (0-dim, on the

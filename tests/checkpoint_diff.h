@@ -12,6 +12,7 @@
 #include <string>
 
 #include "fabric/checkpoint/archive.h"
+#include "fabric/checkpoint/sharded.h"
 
 namespace fabric::testing {
 
@@ -58,11 +59,11 @@ inline std::string first_difference(const c10::IValue& a, const c10::IValue& b,
   return a == b ? "" : at + ": value";
 }
 
-// The state and generator parts of a checkpoint (its "fabric" header holds times and configs).
+// The state and generator parts of a checkpoint (a file or a sharded folder) (its "fabric" header holds times and configs).
 inline std::string compare_checkpoints(const std::filesystem::path& a,
                                        const std::filesystem::path& b) {
-  const auto x = fabric::load_archive(a).toGenericDict();
-  const auto y = fabric::load_archive(b).toGenericDict();
+  const auto x = fabric::read_checkpoint(a).toGenericDict();
+  const auto y = fabric::read_checkpoint(b).toGenericDict();
   for (const std::string key : {"state", "rng"}) {
     if (!x.contains(key) || !y.contains(key)) return "no " + key;
     if (auto d = first_difference(x.at(key), y.at(key), key); !d.empty()) return d;

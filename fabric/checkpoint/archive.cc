@@ -6,6 +6,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <functional>
+#include <optional>
+#include <string_view>
 #include <stdexcept>
 
 #include "fabric/checkpoint/torch_pickle.h"
@@ -50,7 +53,10 @@ c10::IValue to_cpu(const c10::IValue& value) {
 
 }  // namespace
 
-std::string archive_bytes(const c10::IValue& value) {
+namespace {
+
+// Writes `value` in torch.save's layout through `sink` (bytes in order, as they are made).
+void write_archive(const c10::IValue& value, const std::function<void(const void*, size_t)>& sink) {
   // torch.save's layout: archive/data.pkl (pickle protocol 2, tensors as persistent ids) and
   // archive/data/<key> (raw storages). Unlike torch::pickle_save, aggregates are not tagged with
   // torch.jit._pickle.restore_type_tag, which torch.load(weights_only=True) refuses.
@@ -62,9 +68,8 @@ std::string archive_bytes(const c10::IValue& value) {
   pickler.protocol();
   pickler.pushIValue(to_cpu(value));
   pickler.stop();
-  std::string archive;
   caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) {
-    archive.append(static_cast<const char*>(data), n);
+    sink(data, n);
     return n;
   });
   writer.writeRecord("data.pkl", pickle.data(), pickle.size());
@@ -75,18 +80,39 @@ std::string archive_bytes(const c10::IValue& value) {
     writer.writeRecord("data/" + std::to_string(i), data.data(), data.sizeInBytes());
   }
   writer.writeEndOfFile();
+}
+
+}  // namespace
+
+std::string archive_bytes(const c10::IValue& value) {
+  std::string archive;
+  write_archive(value, [&](const void* data, size_t n) {
+    archive.append(static_cast<const char*>(data), n);
+  });
   return archive;
 }
 
 void save_archive(const fs::path& path, const c10::IValue& value) {
-  std::string bytes;
+  // Streamed to the file: the archive is never whole in memory. A failed write (fabric::Error
+  // from the file) ends the writer; nothing else is written.
+  AtomicFile file(path);
+  std::optional<Error> failed;
   try {
-    bytes = archive_bytes(value);
+    write_archive(value, [&](const void* data, size_t n) {
+      if (failed) return;
+      try {
+        file.write(std::string_view(static_cast<const char*>(data), n));
+      } catch (const Error& e) {
+        failed = e;
+      }
+    });
   } catch (const std::exception& e) {
+    if (failed) throw *failed;
     std::string why = e.what();
     throw Error("cannot write " + path.string() + ": " + why.substr(0, why.find('\n')));
   }
-  write_file_atomically(path, bytes);
+  if (failed) throw *failed;
+  file.commit();
 }
 
 c10::IValue load_archive(const fs::path& path) {

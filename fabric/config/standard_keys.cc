@@ -88,6 +88,12 @@ ConfigSchema default_schema() {
             .noun("a sharding strategy")
             .doc("full_shard (ZeRO-3): a unit's parameters whole only while used; shard_grad_op "
                  "(ZeRO-2): whole from forward until their gradients are reduced; no_shard: ddp"));
+  s.add("fabric.fsdp.reshard_after_forward",
+        KeySpec::choice({"auto", "true", "false"}, "auto")
+            .doc("free a unit's gathered parameters once the forward moves on to the next unit "
+                 "(gathered again in backward); false keeps them until their gradients are "
+                 "reduced: less communication, more memory; auto: true under full_shard, false "
+                 "under shard_grad_op"));
   s.add("fabric.fsdp.wrap_modules",
         KeySpec::string("").doc(
             "comma-separated module types that become units (Linear, MyBlock; C++ type names, "
@@ -124,6 +130,12 @@ ConfigSchema default_schema() {
   s.add("checkpoint.keep_last",
         KeySpec::integer(3).min(0).doc("newest checkpoints kept in dir; 0: keep all"));
   s.add("checkpoint.save_last", KeySpec::boolean(true).doc("save when training ends"));
+  s.add("checkpoint.format",
+        KeySpec::choice({"auto", "full", "sharded"}, "auto")
+            .doc("full: one file (rank 0 writes, everything gathered to it); sharded: a folder "
+                 "to which every rank writes its own part in parallel (docs/checkpoints.md); "
+                 "auto: sharded under a strategy that splits parameters or optimizer state over "
+                 "the ranks (fsdp, fabric.ddp.shard_optimizer_state), else full"));
   s.add("checkpoint.resume",
         KeySpec::string("none").doc("none | auto (newest complete checkpoint of earlier runs of "
                                     "this name) | PATH (a .ckpt file or a checkpoint folder)"));

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "fabric/core/error.h"
 
@@ -35,46 +36,69 @@ void sync_directory(const fs::path& dir) {
   if (rc != 0) throw Error("cannot sync folder " + dir.string() + ": " + std::strerror(err));
 }
 
-void write_file_atomically(const fs::path& path, std::string_view bytes) {
-  const fs::path tmp = path.string() + ".tmp." + std::to_string(::getpid());
-  auto fail = [&](const std::string& what, int err) {
-    ::unlink(tmp.c_str());
-    throw Error("cannot write " + path.string() + ": " + what + ": " + std::strerror(err));
-  };
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail("cannot create " + tmp.string(), errno);
+AtomicFile::AtomicFile(fs::path path)
+    : path_(std::move(path)), tmp_(path_.string() + ".tmp." + std::to_string(::getpid())) {
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail("cannot create " + tmp_.string(), errno);
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
+  }
+}
+
+void AtomicFile::fail(const std::string& what, int err) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  ::unlink(tmp_.c_str());
+  throw Error("cannot write " + path_.string() + ": " + what + ": " + std::strerror(err));
+}
+
+void AtomicFile::write(std::string_view bytes) {
   static const int64_t fail_after = fault_threshold("FABRIC_TEST_FAIL_WRITE_AFTER_BYTES");
   static const int64_t kill_after = fault_threshold("FABRIC_TEST_KILL_AFTER_BYTES");
   constexpr size_t kChunk = size_t{1} << 20;
+  if (fd_ < 0) throw Error("cannot write " + path_.string() + ": the file was closed");
   size_t done = 0;
   while (done < bytes.size()) {
-    if (fail_after >= 0 && bytes_written_so_far >= fail_after) {
-      ::close(fd);
-      fail("write failed", ENOSPC);
-    }
+    if (fail_after >= 0 && bytes_written_so_far >= fail_after) fail("write failed", ENOSPC);
     if (kill_after >= 0 && bytes_written_so_far >= kill_after) std::raise(SIGKILL);
     size_t want = std::min(kChunk, bytes.size() - done);
     for (const int64_t limit : {fail_after, kill_after})
       if (limit > bytes_written_so_far)
         want = std::min(want, static_cast<size_t>(limit - bytes_written_so_far));
-    const ssize_t n = ::write(fd, bytes.data() + done, want);
+    const ssize_t n = ::write(fd_, bytes.data() + done, want);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : EIO;
-      ::close(fd);
-      fail("write failed", err);
-    }
+    if (n <= 0) fail("write failed", n < 0 ? errno : EIO);
     done += static_cast<size_t>(n);
     bytes_written_so_far += n;
   }
-  if (::fsync(fd) != 0) {
+}
+
+void AtomicFile::commit() {
+  if (fd_ < 0) throw Error("cannot write " + path_.string() + ": the file was closed");
+  if (::fsync(fd_) != 0) fail("fsync failed", errno);
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) {
     const int err = errno;
-    ::close(fd);
-    fail("fsync failed", err);
+    ::unlink(tmp_.c_str());
+    throw Error("cannot write " + path_.string() + ": close failed: " + std::strerror(err));
   }
-  if (::close(fd) != 0) fail("close failed", errno);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename failed", errno);
-  sync_directory(path.parent_path());
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp_.c_str());
+    throw Error("cannot write " + path_.string() + ": rename failed: " + std::strerror(err));
+  }
+  sync_directory(path_.parent_path());
+}
+
+void write_file_atomically(const fs::path& path, std::string_view bytes) {
+  AtomicFile file(path);
+  file.write(bytes);
+  file.commit();
 }
 
 }  // namespace fabric

@@ -4,6 +4,7 @@
 #define FABRIC_CORE_ATOMIC_FILE_H_
 
 #include <filesystem>
+#include <string>
 #include <string_view>
 
 namespace fabric {
@@ -16,6 +17,25 @@ namespace fabric {
 // bytes through this function in all, FABRIC_TEST_FAIL_WRITE_AFTER_BYTES=N makes the write fail
 // with ENOSPC, FABRIC_TEST_KILL_AFTER_BYTES=N makes the process SIGKILL itself.
 void write_file_atomically(const std::filesystem::path& path, std::string_view bytes);
+
+// The same written in pieces (a large archive streamed without holding it in memory): the
+// constructor creates the temporary file, write() appends (fault injection included), commit()
+// fsyncs and renames it over `path`. Destroyed without commit(), the temporary file is removed
+// and `path` untouched. Each call throws fabric::Error "cannot write PATH: <reason>".
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::filesystem::path path);
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  void write(std::string_view bytes);
+  void commit();
+
+ private:
+  [[noreturn]] void fail(const std::string& what, int err);
+  std::filesystem::path path_, tmp_;
+  int fd_ = -1;
+};
 
 // fsyncs a folder so that renames inside it survive a crash. Throws fabric::Error on failure.
 void sync_directory(const std::filesystem::path& dir);

@@ -10,15 +10,22 @@
 //     full_shard the whole units never add up to the model;
 //   - checkpoints: bitwise continuation at the same world size; a checkpoint written by 2 ranks
 //     loads at 3 ranks and at 1, and training continues under plain DDP to DDP's result;
+//     sharded checkpoints (the default under fsdp) read back bitwise as the full file, each
+//     rank's file holds about 1/N, a damaged or unfinished one is never loaded, and a job
+//     killed while writing them resumes bitwise;
 //   - a model whose ddp state exceeds fabric.memory_limit_gb trains under full_shard;
 //   - errors: what it cannot do names the key.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
 #include <filesystem>
+#include <random>
 #include <regex>
+#include <set>
 #include <string>
 
+#include "fabric/checkpoint/sharded.h"
+#include "fabric/checkpointer.h"
 #include "tests/checkpoint_diff.h"
 #include "tests/run_command.h"
 
@@ -43,10 +50,12 @@ class FsdpTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  fabric::testing::CommandResult run(const std::string& args) {
+  fabric::testing::CommandResult run(const std::string& args) { return run_with_env(args, ""); }
+  // `env`: "NAME=VALUE ..." for the job's processes.
+  fabric::testing::CommandResult run_with_env(const std::string& args, const std::string& env) {
     const std::string exe = fabric::testing::helper_binary("//tests/integration:resume_helper");
     return fabric::testing::run_command(
-        "cd '" + dir_.string() + "' && '" + exe +
+        "cd '" + dir_.string() + "' && " + env + " '" + exe +
         "' fabric.accelerator=cpu fabric.ddp.timeout_s=60 optimizer.lr=0.01 "
         "scheduler.name=cosine trainer.max_steps=16 data.batch_size=6 data.num_workers=0 "
         "test.width=6 checkpoint.export_weights=none checkpoint.every_n_epochs=0 "
@@ -54,7 +63,7 @@ class FsdpTest : public ::testing::Test {
         args);
   }
   c10::IValue state(const std::string& file) {
-    return fabric::load_archive(dir_ / file).toGenericDict().at("state");
+    return fabric::read_checkpoint(dir_ / file).toGenericDict().at("state");
   }
   c10::IValue entry(const std::string& file, const std::string& name) {
     return state(file).toGenericDict().at(name);
@@ -129,8 +138,10 @@ Bytes bytes(const std::string& out) {
 }
 
 TEST_F(FsdpTest, ParametersGradientsAndOptimizerStateTakeOneNthPerRank) {
+  const std::string kept = kPerLayer + "fabric.fsdp.reshard_after_forward=false ";
   for (int world : {2, 3}) {
-    for (const std::string& sharding : {kPerLayer, kBySize}) {
+    for (const std::string& sharding : {kPerLayer, kBySize, kept}) {
+      if (sharding == kept && world == 3) continue;
       SCOPED_TRACE(std::to_string(world) + " ranks " + sharding);
       const std::string job =
           "fabric.devices=" + std::to_string(world) + " optimizer.name=adamw test.memory=true ";
@@ -147,10 +158,14 @@ TEST_F(FsdpTest, ParametersGradientsAndOptimizerStateTakeOneNthPerRank) {
       EXPECT_LE(f.optimizer, d.optimizer / world + 2 * padding);
       EXPECT_GT(f.parameters, 0);
       // full_shard frees a unit when the next one is gathered: never the whole model at once;
-      // shard_grad_op keeps every unit from its forward until its gradients are reduced.
+      // shard_grad_op (and full_shard with reshard_after_forward: false) keeps every unit from
+      // its forward until its gradients are reduced.
       if (sharding == kPerLayer) {
         EXPECT_EQ(f.units, 3) << fsdp.out;
         EXPECT_LT(f.peak_gathered, f.full * 9 / 10) << fsdp.out;
+      } else if (sharding == kept) {
+        EXPECT_EQ(f.units, 3) << fsdp.out;
+        EXPECT_EQ(f.peak_gathered, f.full) << fsdp.out;
       } else {
         EXPECT_EQ(f.units, 2) << fsdp.out;
         EXPECT_EQ(f.peak_gathered, f.full) << fsdp.out;
@@ -190,10 +205,14 @@ TEST_F(FsdpTest, CheckpointsLoadAtOtherWorldSizesAndUnderPlainDdp) {
               "")
         << file;
   };
-  // Loaded by 3 ranks with other units, saved again at once (nothing left to train).
+  // Sharded by default under fsdp: a folder the 2 ranks wrote their parts to.
+  EXPECT_TRUE(fabric::is_sharded_checkpoint(dir_ / ckpt));
+  // Loaded by 3 ranks with other units, saved again at once (nothing left to train), this time
+  // as one file gathered to rank 0.
   auto three = run(common + kBySize + "fabric.devices=3 trainer.max_steps=8 checkpoint.resume=" +
-                   ckpt + " checkpoint.dir=three");
+                   ckpt + " checkpoint.dir=three checkpoint.format=full");
   ASSERT_EQ(three.code, 0) << three.out;
+  EXPECT_TRUE(fs::is_regular_file(dir_ / "three/step-00000008.ckpt"));
   same_state("three/step-00000008.ckpt");
   auto one = run(common +
                  "fabric.devices=1 trainer.max_steps=8 "
@@ -208,6 +227,118 @@ TEST_F(FsdpTest, CheckpointsLoadAtOtherWorldSizesAndUnderPlainDdp) {
   ASSERT_EQ(continued.code, 0) << continued.out;
   EXPECT_LE(fabric::testing::max_relative_difference(state("ddp.ckpt"), state("continued.ckpt")),
             kTolerance);
+}
+
+// checkpoint.format: sharded (the default under fsdp) against full, on the same run: the folder
+// holds a manifest, rank 0's common part and one shard file per rank, each with about 1/N of
+// the parameters and optimizer state; read back, it is bitwise the full file's state.
+TEST_F(FsdpTest, ShardedCheckpointsHoldEachRanksPartAndReadAsTheFullFile) {
+  const std::string job =
+      "fabric.devices=2 optimizer.name=adamw test.extra_params=30000 " + kPerLayer;
+  auto sharded = run(job + "test.out=sharded.ckpt");
+  ASSERT_EQ(sharded.code, 0) << sharded.out;
+  auto full = run(job + "checkpoint.format=full test.out=full.ckpt");
+  ASSERT_EQ(full.code, 0) << full.out;
+  ASSERT_TRUE(fabric::is_sharded_checkpoint(dir_ / "sharded.ckpt"));
+  std::set<std::string> files;
+  for (const auto& e : fs::directory_iterator(dir_ / "sharded.ckpt"))
+    files.insert(e.path().filename().string());
+  EXPECT_EQ(files, (std::set<std::string>{"common.pt", "manifest.json", "shard-00000-of-00002.pt",
+                                          "shard-00001-of-00002.pt"}));
+  EXPECT_EQ(fabric::testing::compare_checkpoints(dir_ / "full.ckpt", dir_ / "sharded.ckpt"), "");
+  // 31,259 parameters and two AdamW moments: ~375 kB, ~188 kB per rank.
+  const auto full_bytes = static_cast<double>(fs::file_size(dir_ / "full.ckpt"));
+  for (const char* shard : {"shard-00000-of-00002.pt", "shard-00001-of-00002.pt"}) {
+    const auto bytes = static_cast<double>(fs::file_size(dir_ / "sharded.ckpt" / shard));
+    EXPECT_GT(bytes, 0.45 * full_bytes) << shard;
+    EXPECT_LT(bytes, 0.55 * full_bytes) << shard;
+  }
+  EXPECT_LT(static_cast<double>(fs::file_size(dir_ / "sharded.ckpt/common.pt")), 0.1 * full_bytes);
+}
+
+// A sharded checkpoint with a damaged shard file, or without its manifest (its save did not
+// finish), is never loaded: named in the error when asked for, skipped by resume: auto.
+TEST_F(FsdpTest, ADamagedOrIncompleteShardedCheckpointIsNeverLoaded) {
+  const std::string job = "fabric.devices=2 optimizer.name=adamw " + kPerLayer +
+                          "checkpoint.dir=ck checkpoint.every_n_steps=4 ";
+  auto first = run(job + "test.stop_at_step=8");
+  ASSERT_EQ(first.code, 0) << first.out;
+  const fs::path step4 = dir_ / "ck/step-00000004.ckpt", step8 = dir_ / "ck/step-00000008.ckpt";
+  ASSERT_TRUE(fabric::is_sharded_checkpoint(step8)) << first.out;
+  const fs::path shard = step8 / "shard-00001-of-00002.pt";
+  const auto bytes = fs::file_size(shard);
+  fs::resize_file(shard, bytes / 2);
+  const std::string damaged = shard.string() + ": " + std::to_string(bytes / 2) +
+                              " bytes, the manifest says " + std::to_string(bytes) +
+                              " (damaged or replaced)";
+  auto explicit_load = run(job + "checkpoint.resume=ck/step-00000008.ckpt");
+  EXPECT_EQ(explicit_load.code, 1) << explicit_load.out;
+  EXPECT_NE(explicit_load.out.find("error: " + damaged), std::string::npos) << explicit_load.out;
+  auto automatic = run(job + "checkpoint.resume=auto");
+  ASSERT_EQ(automatic.code, 0) << automatic.out;
+  EXPECT_NE(automatic.out.find("warning: checkpoint.resume=auto: skipping " + damaged),
+            std::string::npos)
+      << automatic.out;
+  EXPECT_NE(automatic.out.find("resumed from " + step4.string() + " at step 4"), std::string::npos)
+      << automatic.out;
+  // Without the manifest: not a checkpoint for auto (no warning), an error when named.
+  fs::remove_all(dir_ / "ck");
+  ASSERT_EQ(run(job + "test.stop_at_step=8").code, 0);
+  fs::remove(step8 / "manifest.json");
+  auto incomplete = run(job + "checkpoint.resume=ck/step-00000008.ckpt");
+  EXPECT_EQ(incomplete.code, 1) << incomplete.out;
+  EXPECT_NE(incomplete.out.find("error: " + step8.string() +
+                                ": incomplete sharded checkpoint (no manifest.json: its save did "
+                                "not finish)"),
+            std::string::npos)
+      << incomplete.out;
+  auto skipped = run(job + "checkpoint.resume=auto");
+  ASSERT_EQ(skipped.code, 0) << skipped.out;
+  EXPECT_EQ(skipped.out.find("skipping"), std::string::npos) << skipped.out;
+  EXPECT_NE(skipped.out.find("resumed from " + step4.string() + " at step 4"), std::string::npos)
+      << skipped.out;
+}
+
+// Both ranks SIGKILL themselves after a random number of written bytes (fault injection,
+// fabric/core/atomic_file.h), i.e. while writing a random sharded checkpoint: no folder a
+// reader takes is ever partial, and resume: auto finishes the run bitwise like the
+// uninterrupted one.
+TEST_F(FsdpTest, KilledWhileWritingShardedCheckpointsResumesBitwise) {
+  const std::string job = "fabric.devices=2 optimizer.name=adamw test.extra_params=200000 " +
+                          kPerLayer + "checkpoint.every_n_steps=1 checkpoint.keep_last=2 ";
+  auto full = run(job + "test.out=full.ckpt checkpoint.dir=full");
+  ASSERT_EQ(full.code, 0) << full.out;
+  int64_t shard_bytes = 0;
+  for (const auto& e : fs::directory_iterator(dir_ / "full.ckpt"))
+    if (e.path().filename().string().rfind("shard-00001", 0) == 0)
+      shard_bytes = static_cast<int64_t>(e.file_size());
+  ASSERT_GT(shard_bytes, 0);
+  std::mt19937 gen(2026);
+  std::uniform_int_distribution<int64_t> byte(shard_bytes / 2, 12 * shard_bytes);
+  for (int trial = 0; trial < 4; ++trial) {
+    const int64_t kill_after = byte(gen);
+    SCOPED_TRACE("trial " + std::to_string(trial) + ": FABRIC_TEST_KILL_AFTER_BYTES=" +
+                 std::to_string(kill_after));
+    const std::string runs = "runs" + std::to_string(trial);
+    const std::string common = job + "logging.run_dir=" + runs + "/{name}/{timestamp} ";
+    auto crashed = run_with_env(common, "FABRIC_TEST_KILL_AFTER_BYTES=" + std::to_string(kill_after));
+    EXPECT_NE(crashed.code, 0) << crashed.out;
+    bool partial = false;
+    std::error_code none_yet;
+    for (const auto& e : fs::recursive_directory_iterator(dir_ / runs, none_yet)) {
+      const std::string name = e.path().filename().string();
+      partial = partial || name.find(".ckpt.tmp.") != std::string::npos;
+      if (fabric::checkpoint_step(name) >= 0 && fabric::is_sharded_checkpoint(e.path())) {
+        EXPECT_NO_THROW(fabric::read_checkpoint(e.path())) << e.path();
+      }
+    }
+    EXPECT_TRUE(partial) << crashed.out;  // it died inside a save
+    auto resumed = run(common + "checkpoint.resume=auto test.out=" + runs + ".ckpt");
+    ASSERT_EQ(resumed.code, 0) << resumed.out;
+    EXPECT_EQ(fabric::testing::compare_checkpoints(dir_ / "full.ckpt", dir_ / (runs + ".ckpt")), "")
+        << resumed.out;
+    fs::remove_all(dir_ / runs);
+  }
 }
 
 // 96M extra parameters (384 MB) in 8 units, AdamW, 2 ranks: ddp holds parameters, gradients,

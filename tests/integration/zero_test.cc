@@ -47,7 +47,7 @@ class ZeroTest : public ::testing::Test {
 
   // The "state" entry of a checkpoint written by the helper.
   c10::IValue state(const std::string& file) {
-    return fabric::load_archive(dir_ / file).toGenericDict().at("state");
+    return fabric::read_checkpoint(dir_ / file).toGenericDict().at("state");
   }
   c10::IValue entry(const std::string& file, const std::string& name) {
     return state(file).toGenericDict().at(name);

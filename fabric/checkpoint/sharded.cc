@@ -1,0 +1,373 @@
+#include "fabric/checkpoint/sharded.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <optional>
+#include <regex>
+#include <sstream>
+#include <tuple>
+#include <utility>
+
+#include "fabric/checkpoint/archive.h"
+#include "fabric/core/atomic_file.h"
+#include "fabric/core/error.h"
+
+namespace fabric {
+namespace fs = std::filesystem;
+using Dict = c10::impl::GenericDict;
+
+namespace {
+
+constexpr char kPieceKey[] = "fabric_tensor_piece";
+constexpr char kDescriptorKey[] = "fabric_sharded_tensor";
+constexpr char kFormat[] = "fabric-sharded-checkpoint";
+
+// A dict with string keys holding `key` (a piece or a descriptor).
+bool is_marked(const c10::IValue& v, const char* key) {
+  if (!v.isGenericDict()) return false;
+  const Dict d = v.toGenericDict();
+  return d.keyType()->kind() == c10::TypeKind::StringType && d.contains(key);
+}
+
+std::string escape(const std::string& key) {
+  std::string out;
+  for (char c : key) {
+    if (c == '%')
+      out += "%25";
+    else if (c == '/')
+      out += "%2F";
+    else
+      out += c;
+  }
+  return out;
+}
+
+std::string key_text(const c10::IValue& key) {
+  if (key.isString()) return escape(key.toStringRef());
+  if (key.isInt()) return std::to_string(key.toInt());
+  return "?";
+}
+
+std::string join_path(const std::string& at, const std::string& key) {
+  return at.empty() ? key : at + "/" + key;
+}
+
+// `v` with every leaf `replace` returns a value for replaced (dicts, lists and tuples rebuilt
+// only where something inside them changed); nullopt when nothing changed.
+using Replace = std::function<std::optional<c10::IValue>(const c10::IValue&, const std::string&)>;
+std::optional<c10::IValue> transform(const c10::IValue& v, const std::string& at,
+                                     const Replace& replace) {
+  if (auto r = replace(v, at)) return r;
+  if (v.isGenericDict()) {
+    const Dict d = v.toGenericDict();
+    std::vector<std::pair<c10::IValue, c10::IValue>> items;
+    bool changed = false;
+    for (const auto& e : d) {
+      auto r = transform(e.value(), join_path(at, key_text(e.key())), replace);
+      changed = changed || r.has_value();
+      items.emplace_back(e.key(), r ? *r : e.value());
+    }
+    if (!changed) return std::nullopt;
+    Dict out(d.keyType(), c10::AnyType::get());
+    for (auto& [k, value] : items) out.insert(k, value);
+    return c10::IValue(out);
+  }
+  if (v.isList()) {
+    const auto list = v.toList();
+    c10::impl::GenericList out(c10::AnyType::get());
+    bool changed = false;
+    for (size_t i = 0; i < list.size(); ++i) {
+      auto r = transform(list.get(i), join_path(at, std::to_string(i)), replace);
+      changed = changed || r.has_value();
+      out.push_back(r ? *r : list.get(i));
+    }
+    if (!changed) return std::nullopt;
+    return c10::IValue(out);
+  }
+  if (v.isTuple()) {
+    const auto& elements = v.toTupleRef().elements();
+    std::vector<c10::IValue> out;
+    bool changed = false;
+    for (size_t i = 0; i < elements.size(); ++i) {
+      auto r = transform(elements[i], join_path(at, std::to_string(i)), replace);
+      changed = changed || r.has_value();
+      out.push_back(r ? *r : elements[i]);
+    }
+    if (!changed) return std::nullopt;
+    return c10::IValue(c10::ivalue::Tuple::create(std::move(out)));
+  }
+  return std::nullopt;
+}
+
+c10::impl::GenericList int_list(at::IntArrayRef values) {
+  c10::impl::GenericList out(c10::AnyType::get());
+  for (int64_t v : values) out.push_back(v);
+  return out;
+}
+
+std::vector<int64_t> ints_of(const c10::IValue& v, const std::string& what) {
+  if (!v.isList()) throw Error(what);
+  std::vector<int64_t> out;
+  const auto list = v.toList();
+  for (size_t i = 0; i < list.size(); ++i) {
+    const c10::IValue x = list.get(i);
+    if (!x.isInt()) throw Error(what);
+    out.push_back(x.toInt());
+  }
+  return out;
+}
+
+torch::ScalarType dtype_named(const std::string& name, const std::string& what) {
+  for (torch::ScalarType t :
+       {torch::kFloat, torch::kDouble, torch::kHalf, torch::kBFloat16, torch::kLong, torch::kInt,
+        torch::kShort, torch::kChar, torch::kByte, torch::kBool, torch::kComplexFloat,
+        torch::kComplexDouble})
+    if (name == c10::toString(t)) return t;
+  throw Error(what + ": unknown dtype '" + name + "'");
+}
+
+// Elements a dense tensor of `sizes` and `strides` spans in memory; -1 when not dense.
+int64_t dense_extent(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
+  if (sizes.size() != strides.size()) return -1;
+  std::vector<size_t> order(sizes.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return strides[a] < strides[b]; });
+  int64_t expected = 1;
+  for (size_t i : order) {
+    if (sizes[i] < 0) return -1;
+    if (sizes[i] == 1) continue;
+    if (strides[i] != expected) return -1;
+    expected *= sizes[i];
+  }
+  int64_t numel = 1;
+  for (int64_t s : sizes) numel *= s;
+  return numel;
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path.string() + ": cannot open");
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+std::string shard_file_name(int64_t rank, int64_t world_size) {
+  char name[64];
+  std::snprintf(name, sizeof(name), "shard-%05lld-of-%05lld.pt", static_cast<long long>(rank),
+                static_cast<long long>(world_size));
+  return name;
+}
+
+c10::IValue tensor_piece(at::IntArrayRef sizes, at::IntArrayRef strides, int64_t offset,
+                         const torch::Tensor& values) {
+  Dict d = new_dict();
+  d.insert(kPieceKey, true);
+  d.insert("shape", int_list(sizes));
+  d.insert("strides", int_list(strides));
+  d.insert("offset", offset);
+  d.insert("values", values.detach().reshape(-1));
+  return d;
+}
+
+ShardedParts split_pieces(const c10::IValue& contents) {
+  Dict pieces = new_dict();
+  auto replaced = transform(contents, "", [&](const c10::IValue& v, const std::string& at) {
+    if (!is_marked(v, kPieceKey)) return std::optional<c10::IValue>();
+    const Dict piece = v.toGenericDict();
+    const torch::Tensor values = piece.at("values").toTensor();
+    if (values.numel() > 0) {
+      Dict p = new_dict();
+      p.insert("offset", piece.at("offset"));
+      p.insert("values", values);
+      pieces.insert(at, p);
+    }
+    Dict descriptor = new_dict();
+    descriptor.insert(kDescriptorKey, at);
+    descriptor.insert("shape", piece.at("shape"));
+    descriptor.insert("strides", piece.at("strides"));
+    descriptor.insert("dtype", std::string(c10::toString(values.scalar_type())));
+    return std::optional<c10::IValue>(descriptor);
+  });
+  Dict shard = new_dict();
+  shard.insert("pieces", pieces);
+  return {replaced ? *replaced : contents, shard};
+}
+
+namespace {
+
+// Joins pieces into whole tensors one shard at a time (a reader holds one shard file and the
+// whole tensors, never every shard at once).
+class Joiner {
+ public:
+  // Allocates a whole tensor for every descriptor of `common`.
+  Joiner(const c10::IValue& common, int64_t world_size, std::string source)
+      : world_(world_size), source_(std::move(source)) {
+    auto whole = transform(common, "", [&](const c10::IValue& v, const std::string& at) {
+      if (!is_marked(v, kDescriptorKey)) return std::optional<c10::IValue>();
+      const Dict d = v.toGenericDict();
+      const std::string what = source_ + ": sharded tensor '" + at + "'";
+      if (!d.at(kDescriptorKey).isString() || d.at(kDescriptorKey).toStringRef() != at)
+        throw Error(what + ": its descriptor names another place");
+      if (!d.contains("shape") || !d.contains("strides"))
+        throw Error(what + ": malformed descriptor");
+      const auto sizes = ints_of(d.at("shape"), what + ": malformed shape");
+      const auto strides = ints_of(d.at("strides"), what + ": malformed strides");
+      if (!d.contains("dtype") || !d.at("dtype").isString()) throw Error(what + ": no dtype");
+      const torch::ScalarType dtype = dtype_named(d.at("dtype").toStringRef(), what);
+      const int64_t numel = dense_extent(sizes, strides);
+      if (numel < 0) throw Error(what + ": shape and strides do not describe a dense tensor");
+      torch::Tensor out = torch::empty_strided(sizes, strides, torch::dtype(dtype));
+      tensors_[at] = {out.as_strided({numel}, {1}, 0), {}};
+      return std::optional<c10::IValue>(out);
+    });
+    whole_ = whole ? *whole : common;
+  }
+
+  // Copies rank `rank`'s pieces in.
+  void add(const c10::IValue& shard, int64_t rank) {
+    const std::string name = shard_file_name(rank, world_);
+    const std::string file = source_ + "/" + name;
+    if (!is_marked(shard, "pieces") || !shard.toGenericDict().at("pieces").isGenericDict())
+      throw Error(file + ": not a shard of a sharded checkpoint (no \"pieces\" dict)");
+    for (const auto& e : shard.toGenericDict().at("pieces").toGenericDict()) {
+      const c10::IValue& p = e.value();
+      if (!e.key().isString() || !is_marked(p, "offset") || !p.toGenericDict().contains("values") ||
+          !p.toGenericDict().at("offset").isInt() || !p.toGenericDict().at("values").isTensor())
+        throw Error(file + ": malformed piece " + key_text(e.key()));
+      const std::string& at = e.key().toStringRef();
+      auto it = tensors_.find(at);
+      if (it == tensors_.end())
+        throw Error(source_ + ": " + name + " holds a piece of '" + at + "', which " +
+                    kShardedCommon + " does not describe");
+      const std::string what = source_ + ": sharded tensor '" + at + "': " + name;
+      const int64_t offset = p.toGenericDict().at("offset").toInt();
+      const torch::Tensor values = p.toGenericDict().at("values").toTensor();
+      torch::Tensor& flat = it->second.flat;
+      if (values.scalar_type() != flat.scalar_type())
+        throw Error(what + " holds " + c10::toString(values.scalar_type()) +
+                    " values, the descriptor says " + c10::toString(flat.scalar_type()));
+      const int64_t n = values.numel();
+      if (offset < 0 || offset + n > flat.numel())
+        throw Error(what + " holds elements " + std::to_string(offset) + " to " +
+                    std::to_string(offset + n) + " of " + std::to_string(flat.numel()));
+      flat.narrow(0, offset, n).copy_(values.reshape(-1));
+      it->second.held.push_back({offset, n, rank});
+    }
+  }
+
+  // The whole dict; throws when an element is missing or held twice.
+  c10::IValue finish() {
+    for (auto& [at, t] : tensors_) {
+      std::sort(t.held.begin(), t.held.end());
+      int64_t next = 0;
+      const std::string what = source_ + ": sharded tensor '" + at + "'";
+      for (const auto& [offset, n, rank] : t.held) {
+        if (n == 0) continue;
+        if (offset < next)
+          throw Error(what + ": " + shard_file_name(rank, world_) + " holds elements from " +
+                      std::to_string(offset) + ", which another shard holds too");
+        if (offset > next) break;
+        next += n;
+      }
+      if (next != t.flat.numel())
+        throw Error(what + ": the shards hold " + std::to_string(held_elements(t)) + " of its " +
+                    std::to_string(t.flat.numel()) + " elements");
+    }
+    return whole_;
+  }
+
+ private:
+  struct Whole {
+    torch::Tensor flat;  // the whole tensor's memory
+    std::vector<std::tuple<int64_t, int64_t, int64_t>> held;  // offset, elements, rank
+  };
+  static int64_t held_elements(const Whole& t) {
+    int64_t n = 0;
+    for (const auto& h : t.held) n += std::get<1>(h);
+    return n;
+  }
+  int64_t world_;
+  std::string source_;
+  c10::IValue whole_;
+  std::map<std::string, Whole> tensors_;
+};
+
+}  // namespace
+
+c10::IValue join_pieces(const c10::IValue& common, const std::vector<c10::IValue>& shards,
+                        const std::string& source) {
+  Joiner joiner(common, static_cast<int64_t>(shards.size()), source);
+  for (size_t r = 0; r < shards.size(); ++r) joiner.add(shards[r], static_cast<int64_t>(r));
+  return joiner.finish();
+}
+
+void write_manifest(const fs::path& dir, int64_t world_size,
+                    const std::vector<std::string>& files) {
+  std::ostringstream json;
+  json << "{\n  \"format\": \"" << kFormat << "\",\n  \"version\": 1,\n  \"world_size\": "
+       << world_size << ",\n  \"files\": {";
+  for (size_t i = 0; i < files.size(); ++i) {
+    std::error_code ec;
+    const auto bytes = fs::file_size(dir / files[i], ec);
+    if (ec)
+      throw Error("cannot write " + (dir / kShardedManifest).string() + ": " +
+                  (dir / files[i]).string() + ": " + ec.message());
+    json << (i ? ",\n" : "\n") << "    \"" << files[i] << "\": " << bytes;
+  }
+  json << "\n  }\n}\n";
+  write_file_atomically(dir / kShardedManifest, json.str());
+}
+
+bool is_sharded_checkpoint(const fs::path& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec) && fs::is_regular_file(path / kShardedManifest, ec);
+}
+
+c10::IValue read_checkpoint(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return load_archive(path);
+  const std::string source = path.string();
+  if (!fs::exists(path / kShardedManifest, ec))
+    throw Error(source + ": incomplete sharded checkpoint (no " + kShardedManifest +
+                ": its save did not finish)");
+  const std::string manifest = read_text(path / kShardedManifest);
+  const std::string where = (path / kShardedManifest).string();
+  std::smatch m;
+  if (!std::regex_search(manifest, m, std::regex("\"format\": \"([^\"]*)\"")) || m[1] != kFormat)
+    throw Error(where + ": not a sharded checkpoint manifest");
+  if (!std::regex_search(manifest, m, std::regex("\"version\": ([0-9]+)")) || m[1] != "1")
+    throw Error(where + ": unsupported version (this build reads version 1)");
+  if (!std::regex_search(manifest, m, std::regex("\"world_size\": ([0-9]+)")))
+    throw Error(where + ": no world_size");
+  const int64_t world = std::stoll(m[1]);
+  std::map<std::string, int64_t> sizes;
+  const std::string files = manifest.substr(manifest.find("\"files\""));
+  const std::regex entry("\"([^\"]+\\.pt)\": ([0-9]+)");
+  for (std::sregex_iterator it(files.begin(), files.end(), entry), end; it != end; ++it)
+    sizes[(*it)[1]] = std::stoll((*it)[2]);
+  auto load = [&](const std::string& name) {
+    const fs::path file = path / name;
+    auto it = sizes.find(name);
+    if (it == sizes.end()) throw Error(where + ": does not list " + name);
+    const auto bytes = fs::file_size(file, ec);
+    if (ec) throw Error(file.string() + ": cannot open (" + ec.message() + ")");
+    if (static_cast<int64_t>(bytes) != it->second)
+      throw Error(file.string() + ": " + std::to_string(bytes) + " bytes, the manifest says " +
+                  std::to_string(it->second) + " (damaged or replaced)");
+    return load_archive(file);
+  };
+  // One shard file in memory at a time beside the whole tensors.
+  Joiner joiner(load(kShardedCommon), world, source);
+  for (int64_t r = 0; r < world; ++r) joiner.add(load(shard_file_name(r, world)), r);
+  return joiner.finish();
+}
+
+}  // namespace fabric

@@ -1,0 +1,74 @@
+// Sharded checkpoints (checkpoint.format: sharded, docs/checkpoints.md): every rank writes the part
+// of the state it holds, in parallel, and nothing is gathered. The checkpoint is a folder named
+// like a checkpoint file (step-00000120.ckpt/) holding
+//   common.pt                  global rank 0: the checkpoint's dict (format.h) with every tensor the
+//                              ranks split replaced by its descriptor
+//                              {"fabric_sharded_tensor": PATH, "shape": [...], "strides": [...],
+//                               "dtype": "Float"}
+//   shard-RRRRR-of-NNNNN.pt    rank R: {"pieces": {PATH: {"offset": E, "values": 1-D tensor}}}
+//   manifest.json              written last, by global rank 0 once every rank's file is complete:
+//                              {"format": "fabric-sharded-checkpoint", "version": 1,
+//                               "world_size": N, "files": {NAME: BYTES, ...}}
+// A piece holds elements [E, E + values.numel()) of the whole tensor's memory, in the order its
+// strides give (for contiguous strides: the flattened tensor); the pieces of all ranks cover every
+// element exactly once. PATH names the tensor's place in the dict: the keys from the root joined
+// by '/' ('%' and '/' inside a key written %25 and %2F), e.g. "state/model/fc.weight".
+// Every file is a torch.save archive (Python: torch.load(path, weights_only=True)). The pieces do
+// not depend on the world size that wrote them: reading joins them into the whole dict, which
+// loads at any world size and under any strategy. A folder without manifest.json is a save that
+// did not finish and is never read.
+#ifndef FABRIC_CHECKPOINT_SHARDED_H_
+#define FABRIC_CHECKPOINT_SHARDED_H_
+
+#include <ATen/core/ivalue.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace fabric {
+
+inline constexpr char kShardedManifest[] = "manifest.json";
+inline constexpr char kShardedCommon[] = "common.pt";
+
+// "shard-00001-of-00004.pt".
+std::string shard_file_name(int64_t rank, int64_t world_size);
+
+// This rank's piece of a tensor split over the ranks: elements [offset, offset + values.numel())
+// of a tensor of `sizes` and `strides` (dense), in memory order; `values` may be empty (this rank
+// holds none of it). It stands in place of the tensor in a checkpoint's dict
+// (Strategy::local_module_state, local_optimizer_state) until split_pieces takes it out.
+c10::IValue tensor_piece(at::IntArrayRef sizes, at::IntArrayRef strides, int64_t offset,
+                         const torch::Tensor& values);
+
+// A checkpoint's dict holding pieces, split into what this rank writes.
+struct ShardedParts {
+  c10::IValue common;  // the dict, each piece replaced by its descriptor (rank 0 writes it)
+  c10::IValue shard;   // {"pieces": {PATH: {"offset", "values"}}}: this rank's non-empty pieces
+};
+ShardedParts split_pieces(const c10::IValue& contents);
+
+// The whole dict from the common dict and every rank's shard dict. Throws fabric::Error
+// "SOURCE: ..." when an element is missing or held twice, a piece has no descriptor, or a dtype
+// or size disagrees.
+c10::IValue join_pieces(const c10::IValue& common, const std::vector<c10::IValue>& shards,
+                        const std::string& source);
+
+// Writes `dir`/manifest.json (crash-safe) listing `files` (names inside `dir`) with their sizes.
+// Throws fabric::Error "cannot write ...".
+void write_manifest(const std::filesystem::path& dir, int64_t world_size,
+                    const std::vector<std::string>& files);
+
+// Whether `path` is a folder holding manifest.json.
+bool is_sharded_checkpoint(const std::filesystem::path& path);
+
+// The dict of a checkpoint at `path`: a file (load_archive) or a sharded folder (the manifest
+// read, every file checked against its size and its CRCs, the pieces joined). Throws
+// fabric::Error naming the file at fault (a folder without manifest.json: "incomplete").
+c10::IValue read_checkpoint(const std::filesystem::path& path);
+
+}  // namespace fabric
+
+#endif  // FABRIC_CHECKPOINT_SHARDED_H_
