@@ -55,6 +55,26 @@ std::pair<int64_t, int64_t> min_max(c10d::ProcessGroup& pg, int64_t value,
   return {lo.item<int64_t>(), hi.item<int64_t>()};
 }
 
+// The per-parameter fields of this rank's optimizer state (its first piece's: every piece steps
+// in every step, so every piece has the same fields and step count): buffers (their dtypes) and
+// scalars ("step" and non-tensors), copied to every parameter.
+struct PieceFields {
+  explicit PieceFields(const Dict& state) {
+    if (state.size() == 0) return;
+    for (const auto& e : state.at(int64_t{0}).toGenericDict()) {
+      if (e.value().isTensor() && e.key().toStringRef() != "step") {
+        fields.push_back(e.key().toStringRef());
+        dtypes.push_back(e.value().toTensor().scalar_type());
+      } else {
+        scalars.insert(e.key(), e.value());
+      }
+    }
+  }
+  std::vector<std::string> fields;
+  std::vector<torch::ScalarType> dtypes;
+  Dict scalars{c10::StringType::get(), c10::AnyType::get()};
+};
+
 }  // namespace
 
 OptimizerShard::OptimizerShard(torch::optim::Optimizer& optimizer,
@@ -260,6 +280,26 @@ void OptimizerShard::clip_grad_value(double clip_value) {
     if (t.grad().defined()) t.grad().clamp_(-clip_value, clip_value);
 }
 
+c10::IValue OptimizerShard::one_process_layout(const c10::impl::GenericDict& local,
+                                               const c10::impl::GenericDict& state) const {
+  c10::impl::GenericList groups(c10::AnyType::get());
+  const auto local_groups = local.at("param_groups").toList();
+  for (size_t g = 0; g < group_params_.size(); ++g) {
+    Dict group(c10::StringType::get(), c10::AnyType::get());
+    for (const auto& e : local_groups.get(g).toGenericDict())
+      if (e.key().toStringRef() != "params") group.insert(e.key(), e.value());
+    c10::impl::GenericList ids(c10::AnyType::get());
+    for (size_t i : group_params_[g]) ids.push_back(static_cast<int64_t>(i));
+    group.insert("params", ids);
+    groups.push_back(group);
+  }
+  Dict out(c10::StringType::get(), c10::AnyType::get());
+  out.insert("type", local.at("type"));
+  out.insert("state", state);
+  out.insert("param_groups", groups);
+  return out;
+}
+
 c10::IValue OptimizerShard::full_state() {
   const Dict local = optimizer_state(optimizer_).toGenericDict();
   const Dict state = local.at("state").toGenericDict();
@@ -267,20 +307,8 @@ c10::IValue OptimizerShard::full_state() {
   if (state.size() != 0 && state.size() != pieces_.size())
     throw Error(what + ": " + std::to_string(state.size()) + " of this rank's " +
                 std::to_string(pieces_.size()) + " parameter pieces have optimizer state");
-  // Every piece steps in every step, so every piece has the same fields and step count.
-  std::vector<std::string> fields;
-  std::vector<torch::ScalarType> dtypes;
-  Dict scalars(c10::StringType::get(), c10::AnyType::get());
-  if (state.size() > 0) {
-    for (const auto& e : state.at(int64_t{0}).toGenericDict()) {
-      if (e.value().isTensor() && e.key().toStringRef() != "step") {
-        fields.push_back(e.key().toStringRef());
-        dtypes.push_back(e.value().toTensor().scalar_type());
-      } else {
-        scalars.insert(e.key(), e.value());
-      }
-    }
-  }
+  const PieceFields piece_fields(state);
+  const auto& [fields, dtypes, scalars] = piece_fields;
   const torch::Device device = grads_.at(0).device();
   const auto [lo, hi] =
       min_max(*pg_, static_cast<int64_t>(fields.size()) * 2 + (state.size() > 0), device, what);
@@ -316,42 +344,15 @@ c10::IValue OptimizerShard::full_state() {
   if (state.size() > 0)
     for (size_t i = 0; i < params_.size(); ++i)
       out_state.insert(static_cast<int64_t>(i), per_param[i]);
-  c10::impl::GenericList groups(c10::AnyType::get());
-  const auto local_groups = local.at("param_groups").toList();
-  for (size_t g = 0; g < group_params_.size(); ++g) {
-    Dict group(c10::StringType::get(), c10::AnyType::get());
-    for (const auto& e : local_groups.get(g).toGenericDict())
-      if (e.key().toStringRef() != "params") group.insert(e.key(), e.value());
-    c10::impl::GenericList ids(c10::AnyType::get());
-    for (size_t i : group_params_[g]) ids.push_back(static_cast<int64_t>(i));
-    group.insert("params", ids);
-    groups.push_back(group);
-  }
-  Dict out(c10::StringType::get(), c10::AnyType::get());
-  out.insert("type", local.at("type"));
-  out.insert("state", out_state);
-  out.insert("param_groups", groups);
-  return out;
+  return one_process_layout(local, out_state);
 }
 
 c10::IValue OptimizerShard::local_state() const {
   const Dict local = optimizer_state(optimizer_).toGenericDict();
   const Dict state = local.at("state").toGenericDict();
-  // Every piece steps in every step: the fields of this rank's first piece are every
-  // parameter's (rank 0 always holds the first elements of every segment).
-  std::vector<std::string> fields;
-  std::vector<torch::ScalarType> dtypes;
-  Dict scalars(c10::StringType::get(), c10::AnyType::get());
-  if (state.size() > 0) {
-    for (const auto& e : state.at(int64_t{0}).toGenericDict()) {
-      if (e.value().isTensor() && e.key().toStringRef() != "step") {
-        fields.push_back(e.key().toStringRef());
-        dtypes.push_back(e.value().toTensor().scalar_type());
-      } else {
-        scalars.insert(e.key(), e.value());
-      }
-    }
-  }
+  // Rank 0 always holds the first elements of every segment: its fields are every parameter's.
+  const PieceFields piece_fields(state);
+  const auto& [fields, dtypes, scalars] = piece_fields;
   std::vector<int64_t> piece_of(params_.size(), -1);
   for (size_t k = 0; k < pieces_.size(); ++k) piece_of[pieces_[k].param] = static_cast<int64_t>(k);
   Dict out_state(c10::IntType::get(), c10::AnyType::get());
@@ -373,22 +374,7 @@ c10::IValue OptimizerShard::local_state() const {
       out_state.insert(static_cast<int64_t>(i), s);
     }
   }
-  c10::impl::GenericList groups(c10::AnyType::get());
-  const auto local_groups = local.at("param_groups").toList();
-  for (size_t g = 0; g < group_params_.size(); ++g) {
-    Dict group(c10::StringType::get(), c10::AnyType::get());
-    for (const auto& e : local_groups.get(g).toGenericDict())
-      if (e.key().toStringRef() != "params") group.insert(e.key(), e.value());
-    c10::impl::GenericList ids(c10::AnyType::get());
-    for (size_t i : group_params_[g]) ids.push_back(static_cast<int64_t>(i));
-    group.insert("params", ids);
-    groups.push_back(group);
-  }
-  Dict out(c10::StringType::get(), c10::AnyType::get());
-  out.insert("type", local.at("type"));
-  out.insert("state", out_state);
-  out.insert("param_groups", groups);
-  return out;
+  return one_process_layout(local, out_state);
 }
 
 std::function<void()> OptimizerShard::prepare_full_state(const c10::IValue& value,

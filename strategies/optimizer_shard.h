@@ -120,6 +120,10 @@ class OptimizerShard {
   // (undefined: the parameters' own memory).
   void split(const std::vector<torch::Tensor>& memory);
   torch::Tensor flat_of(size_t param, const torch::Tensor& flat) const;
+  // {"type", "state": `state`, "param_groups"}: the optimizer's groups (hyperparameters from
+  // `local`, this rank's optimizer_state) with the parameters numbered in one process's order.
+  c10::IValue one_process_layout(const c10::impl::GenericDict& local,
+                                 const c10::impl::GenericDict& state) const;
   Error error(const std::string& what) const;
 
   torch::optim::Optimizer& optimizer_;
