@@ -27,6 +27,7 @@
 #include "fabric/checkpoint/sharded.h"
 #include "fabric/checkpointer.h"
 #include "tests/checkpoint_diff.h"
+#include "tests/integration/resume_helper_job.h"
 #include "tests/run_command.h"
 
 namespace fs = std::filesystem;
@@ -42,34 +43,9 @@ const std::string kBySize =
     "fabric.strategy=fsdp fabric.fsdp.sharding_strategy=shard_grad_op "
     "fabric.fsdp.min_unit_params=500 ";
 
-class FsdpTest : public ::testing::Test {
+class FsdpTest : public fabric::testing::ResumeHelperJob {
  protected:
-  void SetUp() override {
-    std::string tmpl = (fs::path(::testing::TempDir()) / "fsdp_XXXXXX").string();
-    dir_ = mkdtemp(tmpl.data());
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  fabric::testing::CommandResult run(const std::string& args) { return run_with_env(args, ""); }
-  // `env`: "NAME=VALUE ..." for the job's processes.
-  fabric::testing::CommandResult run_with_env(const std::string& args, const std::string& env) {
-    const std::string exe = fabric::testing::helper_binary("//tests/integration:resume_helper");
-    return fabric::testing::run_command(
-        "cd '" + dir_.string() + "' && " + env + " '" + exe +
-        "' fabric.accelerator=cpu fabric.ddp.timeout_s=60 optimizer.lr=0.01 "
-        "scheduler.name=cosine trainer.max_steps=16 data.batch_size=6 data.num_workers=0 "
-        "test.width=6 checkpoint.export_weights=none checkpoint.every_n_epochs=0 "
-        "logging.run_dir=runs/{name}/{timestamp} " +
-        args);
-  }
-  c10::IValue state(const std::string& file) {
-    return fabric::read_checkpoint(dir_ / file).toGenericDict().at("state");
-  }
-  c10::IValue entry(const std::string& file, const std::string& name) {
-    return state(file).toGenericDict().at(name);
-  }
-
-  fs::path dir_;
+  FsdpTest() : ResumeHelperJob("test.width=6") {}
 };
 
 TEST_F(FsdpTest, TrainsLikeDdpWithEveryOptimizerVariantAndShardingStrategy) {

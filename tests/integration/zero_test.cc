@@ -18,6 +18,7 @@
 #include <string>
 
 #include "tests/checkpoint_diff.h"
+#include "tests/integration/resume_helper_job.h"
 #include "tests/run_command.h"
 
 namespace fs = std::filesystem;
@@ -26,34 +27,9 @@ namespace {
 
 constexpr double kTolerance = 1e-6;
 
-class ZeroTest : public ::testing::Test {
+class ZeroTest : public fabric::testing::ResumeHelperJob {
  protected:
-  void SetUp() override {
-    std::string tmpl = (fs::path(::testing::TempDir()) / "zero_XXXXXX").string();
-    dir_ = mkdtemp(tmpl.data());
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  fabric::testing::CommandResult run(const std::string& args) {
-    const std::string exe = fabric::testing::helper_binary("//tests/integration:resume_helper");
-    return fabric::testing::run_command(
-        "cd '" + dir_.string() + "' && '" + exe +
-        "' fabric.accelerator=cpu fabric.strategy=ddp fabric.ddp.timeout_s=60 optimizer.lr=0.01 "
-        "scheduler.name=cosine trainer.max_steps=16 data.batch_size=6 data.num_workers=0 "
-        "checkpoint.export_weights=none checkpoint.every_n_epochs=0 "
-        "logging.run_dir=runs/{name}/{timestamp} " +
-        args);
-  }
-
-  // The "state" entry of a checkpoint written by the helper.
-  c10::IValue state(const std::string& file) {
-    return fabric::read_checkpoint(dir_ / file).toGenericDict().at("state");
-  }
-  c10::IValue entry(const std::string& file, const std::string& name) {
-    return state(file).toGenericDict().at(name);
-  }
-
-  fs::path dir_;
+  ZeroTest() : ResumeHelperJob("fabric.strategy=ddp") {}
 };
 
 TEST_F(ZeroTest, TrainsLikeDdpWithEveryOptimizerAndVariant) {
