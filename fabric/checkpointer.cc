@@ -142,7 +142,7 @@ void Checkpointer::resume(const std::string& how) {
     if (f_.is_global_zero()) {
       for (const auto& file : candidates()) {
         try {
-          read_checkpoint(file);  // every byte, CRCs checked: a damaged one is skipped
+          verify_checkpoint(file);  // every byte, CRCs checked: a damaged one is skipped
           chosen = file.string();
           break;
         } catch (const Error& e) {

@@ -7,9 +7,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <memory>
+#include <tuple>
 
 #include "fabric/checkpoint/format.h"
 #include "fabric/checkpoint/rng_state.h"
+#include "fabric/checkpoint/sharded.h"
 #include "fabric/checkpoint/state_dict.h"
 #include "fabric/connector.h"
 #include "fabric/core/paths.h"
@@ -64,16 +67,68 @@ CheckpointState with_local_pieces(Strategy& strategy, const CheckpointState& sta
   return out;
 }
 
-// Every module of `state` with its full parameters while the guards live (collective: a
+// Every module of `modules` with its full parameters while the guards live (collective: a
 // strategy that shards parameters gathers them on every rank).
-std::vector<ScopeGuard> materialize_modules(Strategy& strategy, const CheckpointState& state,
+std::vector<ScopeGuard> materialize_modules(Strategy& strategy,
+                                            const std::vector<torch::nn::Module*>& modules,
                                             bool write_back) {
   std::vector<ScopeGuard> guards;
+  for (torch::nn::Module* module : modules)
+    guards.push_back(strategy.materialize_parameters(*module, write_back));
+  return guards;
+}
+
+std::vector<torch::nn::Module*> modules_of(const CheckpointState& state) {
+  std::vector<torch::nn::Module*> out;
   for (const auto& entry : state.entries())
     if (entry.kind == CheckpointState::Entry::Kind::kModule)
-      guards.push_back(strategy.materialize_parameters(
-          *static_cast<torch::nn::Module*>(entry.object), write_back));
-  return guards;
+      out.push_back(static_cast<torch::nn::Module*>(entry.object));
+  return out;
+}
+
+// The pieces of the split tensors this rank reads from a sharded checkpoint
+// (Strategy::wanted_module_piece, wanted_optimizer_piece), by where `state`'s entries lie in it
+// ("state/NAME/...", format.h).
+WantedPieces wanted_pieces(Strategy& strategy, const CheckpointState& state) {
+  using Kind = CheckpointState::Entry::Kind;
+  std::vector<std::tuple<std::string, Kind, void*>> places;
+  for (const auto& entry : state.entries())
+    if (entry.kind == Kind::kModule || entry.kind == Kind::kOptimizer)
+      places.emplace_back(sharded_path({"state", entry.name}) + "/", entry.kind, entry.object);
+  return [&strategy, places](const std::string& path, at::IntArrayRef sizes,
+                             at::IntArrayRef strides) -> std::optional<PieceRange> {
+    for (const auto& [prefix, kind, object] : places) {
+      if (path.compare(0, prefix.size(), prefix) != 0) continue;
+      const std::string inside = path.substr(prefix.size());
+      if (kind == Kind::kModule)
+        return strategy.wanted_module_piece(*static_cast<torch::nn::Module*>(object), inside,
+                                            sizes, strides);
+      return strategy.wanted_optimizer_piece(*static_cast<torch::optim::Optimizer*>(object),
+                                             inside, sizes, strides);
+    }
+    return std::nullopt;
+  };
+}
+
+// `state` with each module that `strategy` can load without gathering loaded so
+// (Strategy::prepare_local_module_state); the others are added to `whole` when prepared.
+CheckpointState with_local_loaders(Strategy& strategy, const CheckpointState& state,
+                                   std::shared_ptr<std::vector<torch::nn::Module*>> whole) {
+  CheckpointState out = state;
+  for (const auto& entry : state.entries()) {
+    if (entry.kind != CheckpointState::Entry::Kind::kModule) continue;
+    auto& module = *static_cast<torch::nn::Module*>(entry.object);
+    out.replace_functions(entry.name, entry.save,
+                          [&strategy, &module, whole, own = entry.prepare](
+                              const c10::IValue& value, const std::string& source) {
+                            if (auto local =
+                                    strategy.prepare_local_module_state(module, value, source))
+                              return *local;
+                            whole->push_back(&module);
+                            return own(value, source);
+                          });
+  }
+  return out;
 }
 
 }  // namespace
@@ -213,7 +268,7 @@ void Fabric::save(const std::string& path, const CheckpointState& state) {
   // Optimizers the strategy splits over the ranks: gathered now, on every rank (collective);
   // modules whose parameters it splits: whole until written.
   const CheckpointState contents = with_split_optimizers(*strategy_, state, /*gather=*/true);
-  const std::vector<ScopeGuard> whole = materialize_modules(*strategy_, state, false);
+  const std::vector<ScopeGuard> whole = materialize_modules(*strategy_, modules_of(state), false);
   strategy_->save_checkpoint(file, [&] { return contents_of(contents); });
 }
 
@@ -222,10 +277,15 @@ void Fabric::load(const std::string& path, CheckpointState& state, bool strict) 
   const std::string source = file.string();
   PreparedCheckpoint prepared;
   std::string failure;
+  // The modules loaded whole (gathered while written) rather than in this rank's part.
+  auto whole_modules = std::make_shared<std::vector<torch::nn::Module*>>();
   try {
-    prepared = prepare_checkpoint(strategy_->load_checkpoint(file), source,
-                                  with_split_optimizers(*strategy_, state, /*gather=*/false),
-                                  strict, precision().scaler(), global_rank());
+    // A sharded checkpoint: this rank reads only its part of what the strategy splits.
+    prepared = prepare_checkpoint(
+        strategy_->load_checkpoint(file, wanted_pieces(*strategy_, state)), source,
+        with_local_loaders(*strategy_, with_split_optimizers(*strategy_, state, /*gather=*/false),
+                           whole_modules),
+        strict, precision().scaler(), global_rank());
     if (!prepared.saved_config.empty()) {
       const auto diff =
           config_differences(prepared.saved_config, config_.to_yaml(), {"checkpoint", "logging"});
@@ -248,7 +308,7 @@ void Fabric::load(const std::string& path, CheckpointState& state, bool strict) 
                            : source + ": could not be loaded on another rank (see its log)"));
   }
   {
-    const std::vector<ScopeGuard> whole = materialize_modules(*strategy_, state, true);
+    const std::vector<ScopeGuard> whole = materialize_modules(*strategy_, *whole_modules, true);
     for (auto& fn : prepared.apply) fn();
   }
   if (is_global_zero())

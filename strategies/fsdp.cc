@@ -36,6 +36,20 @@ std::optional<c10::IValue> Fsdp::local_module_state(torch::nn::Module& module) {
   return sharded_->local_state(module);
 }
 
+std::optional<PieceRange> Fsdp::wanted_module_piece(const torch::nn::Module& module,
+                                                    const std::string& path,
+                                                    at::IntArrayRef sizes,
+                                                    at::IntArrayRef strides) {
+  if (&module != module_ || !sharded_) return std::nullopt;
+  return sharded_->wanted(path, sizes, strides);
+}
+
+std::optional<std::function<void()>> Fsdp::prepare_local_module_state(
+    torch::nn::Module& module, const c10::IValue& value, const std::string& source) {
+  if (&module != module_ || !sharded_) return std::nullopt;
+  return sharded_->prepare_load(module, value, source);
+}
+
 void Fsdp::teardown() {
   // Every rank gets here together after the user's function returned: the parameters take
   // their full values back (collective) before the process group ends.

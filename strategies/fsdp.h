@@ -51,6 +51,11 @@ class Fsdp : public ParallelStrategy {
   ScopeGuard materialize_parameters(torch::nn::Module& module, bool write_back) override;
   bool splits_state() const override { return true; }
   std::optional<c10::IValue> local_module_state(torch::nn::Module& module) override;
+  std::optional<PieceRange> wanted_module_piece(const torch::nn::Module& module,
+                                                const std::string& path, at::IntArrayRef sizes,
+                                                at::IntArrayRef strides) override;
+  std::optional<std::function<void()>> prepare_local_module_state(
+      torch::nn::Module& module, const c10::IValue& value, const std::string& source) override;
   ScopeGuard no_backward_sync(torch::nn::Module& module) override;
   void set_capturable_gradient_sync(bool on) override;
   void teardown() override;

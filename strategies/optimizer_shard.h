@@ -39,10 +39,12 @@
 #include <torch/types.h>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "fabric/checkpoint/sharded.h"
 #include "fabric/core/error.h"
 
 namespace c10d {
@@ -98,8 +100,14 @@ class OptimizerShard {
   // tensor_piece; a parameter with no elements on this rank: an empty piece), for sharded
   // checkpoints. No communication.
   c10::IValue local_state() const;
-  // Checks a state in that layout against the parameters and returns what loads this rank's
-  // part. Throws fabric::Error "SOURCE: ..."; changes nothing.
+  // The elements of the buffer at `path` ("state/I/FIELD" of that layout) this rank keeps, for
+  // loading only them (Strategy::wanted_optimizer_piece); nullopt when `sizes` and `strides` are
+  // not the parameter's.
+  std::optional<PieceRange> wanted(const std::string& path, at::IntArrayRef sizes,
+                                   at::IntArrayRef strides) const;
+  // Checks a state in that layout (each buffer whole, or the piece wanted() named) against the
+  // parameters and returns what loads this rank's part. Throws fabric::Error "SOURCE: ...";
+  // changes nothing.
   std::function<void()> prepare_full_state(const c10::IValue& state, const std::string& source);
 
   // ZeRO-1 (one segment): its elements and this rank's part.

@@ -3,6 +3,7 @@
 #include <torch/optim.h>
 #include <torch/torch.h>
 
+#include <regex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -156,6 +157,21 @@ c10::IValue OptimizerShard::local_state() const {
   return one_process_layout(local, out_state);
 }
 
+std::optional<PieceRange> OptimizerShard::wanted(const std::string& path, at::IntArrayRef sizes,
+                                                  at::IntArrayRef strides) const {
+  // "state/I/FIELD"
+  std::smatch m;
+  static const std::regex kState("state/([0-9]+)/[^/]+");
+  if (!std::regex_match(path, m, kState)) return std::nullopt;
+  const size_t i = std::stoull(m[1]);
+  if (i >= params_.size() || !params_[i].sizes().equals(sizes) ||
+      !params_[i].strides().equals(strides))
+    return std::nullopt;  // not this optimizer's layout: whole, and prepare_full_state says why
+  for (const Piece& piece : pieces_)
+    if (piece.param == i) return PieceRange{piece.begin, piece.length};
+  return PieceRange{0, 0};  // this rank keeps none of it
+}
+
 std::function<void()> OptimizerShard::prepare_full_state(const c10::IValue& value,
                                                          const std::string& source) {
   auto fail = [&](const std::string& why) -> std::function<void()> {
@@ -198,7 +214,16 @@ std::function<void()> OptimizerShard::prepare_full_state(const c10::IValue& valu
     const torch::Tensor& p = params_[piece.param];
     for (const auto& e : it->value().toGenericDict()) {
       if (!e.key().isString()) return fail("malformed state of '" + names_[piece.param] + "'");
-      if (e.value().isTensor() && e.key().toStringRef() != "step") {
+      if (auto given = as_tensor_piece(e.value())) {  // what wanted() asked for
+        if (!p.sizes().equals(given->sizes) || given->offset != piece.begin ||
+            given->values.numel() != piece.length)
+          return fail("'" + e.key().toStringRef() + "' of '" + names_[piece.param] +
+                      "': the checkpoint gave elements " + std::to_string(given->offset) + " to " +
+                      std::to_string(given->offset + given->values.numel()) +
+                      ", this rank keeps " + std::to_string(piece.begin) + " to " +
+                      std::to_string(piece.begin + piece.length));
+        s.insert(e.key(), given->values);
+      } else if (e.value().isTensor() && e.key().toStringRef() != "step") {
         const torch::Tensor t = e.value().toTensor();
         if (t.numel() != p.numel())
           return fail("'" + e.key().toStringRef() + "' of '" + names_[piece.param] + "' has " +

@@ -162,6 +162,13 @@ std::optional<c10::IValue> ParallelStrategy::local_optimizer_state(
   return std::nullopt;
 }
 
+std::optional<PieceRange> ParallelStrategy::wanted_optimizer_piece(
+    const torch::optim::Optimizer& optimizer, const std::string& path, at::IntArrayRef sizes,
+    at::IntArrayRef strides) {
+  if (OptimizerShard* shard = shard_of(optimizer)) return shard->wanted(path, sizes, strides);
+  return std::nullopt;
+}
+
 std::optional<std::function<void()>> ParallelStrategy::prepare_split_optimizer_state(
     torch::optim::Optimizer& optimizer, const c10::IValue& state, const std::string& source) {
   if (OptimizerShard* shard = shard_of(optimizer)) return shard->prepare_full_state(state, source);

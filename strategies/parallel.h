@@ -60,6 +60,9 @@ class ParallelStrategy : public Strategy {
   std::optional<std::function<void()>> prepare_split_optimizer_state(
       torch::optim::Optimizer& optimizer, const c10::IValue& state,
       const std::string& source) override;
+  std::optional<PieceRange> wanted_optimizer_piece(const torch::optim::Optimizer& optimizer,
+                                                   const std::string& path, at::IntArrayRef sizes,
+                                                   at::IntArrayRef strides) override;
   bool splits_state() const override { return shard_ != nullptr; }
   std::optional<c10::IValue> local_optimizer_state(torch::optim::Optimizer& optimizer) override;
 

@@ -39,11 +39,14 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "fabric/checkpoint/sharded.h"
 #include "fabric/core/scope_guard.h"
 #include "strategies/optimizer_shard.h"
 
@@ -96,6 +99,18 @@ class ShardedParameters {
   // sharded checkpoints. No communication; nothing is gathered.
   c10::IValue local_state(const torch::nn::Module& module) const;
 
+  // Loading without gathering: the elements of parameter `path` (its name as sharded_path
+  // writes it) this rank keeps, given the tensor's shape and strides in the checkpoint (nullopt:
+  // not a sharded parameter of this shape; read it whole).
+  std::optional<PieceRange> wanted(const std::string& path, at::IntArrayRef sizes,
+                                   at::IntArrayRef strides) const;
+  // What loads `module`'s state `value` (name → tensor, the sharded parameters whole or as the
+  // pieces wanted() named) into this rank's shards and the other tensors, then frees every
+  // gathered unit (stale). No communication; throws fabric::Error "SOURCE: ..." as
+  // load_state_dict does and changes nothing.
+  std::function<void()> prepare_load(const torch::nn::Module& module, const c10::IValue& value,
+                                     const std::string& source);
+
   // The flat memory for OptimizerShard (one segment per unit).
   OptimizerShard::Segments segments() const;
 
@@ -135,6 +150,10 @@ class ShardedParameters {
     bool reduced = false;       // reduce-scattered in this backward
   };
 
+  // This rank's elements [x, y) of parameter i of `unit`, as offsets into the parameter.
+  std::pair<int64_t, int64_t> own_range(const Unit& unit, size_t i) const;
+  // Those elements in this rank's shard (a view; empty when it keeps none).
+  torch::Tensor own_values(const Unit& unit, size_t i) const;
   void gather(Unit& unit);
   void release(Unit& unit);  // frees the full buffer's memory
   void reduce(Unit& unit);   // the gradients into the shard gradient; collective
@@ -146,6 +165,7 @@ class ShardedParameters {
   int64_t world_ = 1;
   std::vector<Unit> units_;
   std::unordered_map<const void*, size_t> unit_of_storage_;
+  std::unordered_map<std::string, std::pair<size_t, size_t>> by_path_;  // sharded_path: unit, index
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept alive for the hooks
   std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks_;
   uint64_t callback_ = 0;

@@ -19,8 +19,9 @@ void Strategy::save_checkpoint(const std::filesystem::path& file,
   on_global_zero(*this, [&] { save_archive(file, contents()); });
 }
 
-c10::IValue Strategy::load_checkpoint(const std::filesystem::path& file) {
-  return read_checkpoint(file);
+c10::IValue Strategy::load_checkpoint(const std::filesystem::path& file,
+                                      const WantedPieces& wanted) {
+  return read_checkpoint(file, {wanted, global_rank(), world_size()});
 }
 
 void Strategy::save_sharded_checkpoint(const std::filesystem::path& dir,

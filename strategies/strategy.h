@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "fabric/checkpoint/sharded.h"
 #include "fabric/core/scope_guard.h"
 #include "fabric/precision/precision.h"
 
@@ -70,10 +71,12 @@ class Strategy {
   // only, and every rank throws rank 0's error if it failed. A sharding strategy writes each
   // rank's part. load_checkpoint: what this rank reads (the default: the whole file; throws
   // fabric::Error naming the file). Collective.
-  // load_checkpoint reads a file or a sharded folder (fabric/checkpoint/sharded.h).
+  // load_checkpoint reads a file or a sharded folder (fabric/checkpoint/sharded.h); from a folder,
+  // the split tensors `wanted` names come as this rank's pieces.
   virtual void save_checkpoint(const std::filesystem::path& file,
                                const std::function<c10::IValue()>& contents);
-  virtual c10::IValue load_checkpoint(const std::filesystem::path& file);
+  virtual c10::IValue load_checkpoint(const std::filesystem::path& file,
+                                      const WantedPieces& wanted);
 
   // Sharded checkpoints (checkpoint.format, fabric/checkpoint/sharded.h). `auto` chooses them
   // when this is true: the strategy splits parameters or optimizer state over the ranks.
@@ -91,6 +94,34 @@ class Strategy {
     (void)optimizer;
     return std::nullopt;
   }
+  // Loading without gathering (Fabric::load). Which elements of a split tensor of `module`'s
+  // state (`path`: the parameter's name as sharded_path writes it) or of `optimizer`'s (one
+  // process's layout: "state/I/FIELD") this rank needs, given its shape and strides in the
+  // checkpoint: read_checkpoint then reads just those (a piece); nullopt (the default): the whole
+  // tensor.
+  virtual std::optional<PieceRange> wanted_module_piece(const torch::nn::Module& module,
+                                                        const std::string& path,
+                                                        at::IntArrayRef sizes,
+                                                        at::IntArrayRef strides) {
+    (void)module, (void)path, (void)sizes, (void)strides;
+    return std::nullopt;
+  }
+  virtual std::optional<PieceRange> wanted_optimizer_piece(
+      const torch::optim::Optimizer& optimizer, const std::string& path, at::IntArrayRef sizes,
+      at::IntArrayRef strides) {
+    (void)optimizer, (void)path, (void)sizes, (void)strides;
+    return std::nullopt;
+  }
+  // What loads `module`'s state `value` (name → tensor whole, or the piece wanted_module_piece
+  // named) straight into this rank's part of the parameters, nothing gathered; nullopt (the
+  // default): Fabric gathers the module (materialize_parameters) and loads it whole. Throws
+  // fabric::Error "SOURCE: ..." as load_state_dict does; changes nothing.
+  virtual std::optional<std::function<void()>> prepare_local_module_state(
+      torch::nn::Module& module, const c10::IValue& value, const std::string& source) {
+    (void)module, (void)value, (void)source;
+    return std::nullopt;
+  }
+
   // Writes the sharded checkpoint folder `dir`: `contents` builds this rank's dict (with its
   // pieces); every rank writes its shard file into a temporary folder, rank 0 also the common
   // part, then, once all are complete, the manifest, and renames the folder to `dir` (replacing
@@ -119,7 +150,8 @@ class Strategy {
     (void)optimizer;
     return std::nullopt;
   }
-  // What loads this rank's part of a state in that layout; nullopt when not split. Throws
+  // What loads this rank's part of a state in that layout (each buffer whole, or the piece
+  // wanted_optimizer_piece named); nullopt when not split. Throws
   // fabric::Error "SOURCE: ..." and changes nothing.
   virtual std::optional<std::function<void()>> prepare_split_optimizer_state(
       torch::optim::Optimizer& optimizer, const c10::IValue& state, const std::string& source) {

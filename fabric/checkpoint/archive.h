@@ -24,6 +24,11 @@ void save_archive(const std::filesystem::path& path, const c10::IValue& value);
 // missing, truncated, corrupted (CRC) or foreign file.
 c10::IValue load_archive(const std::filesystem::path& path);
 
+// Checks every byte of an archive as load_archive would read it (each record against its CRC-32,
+// read in 4 MiB chunks) without holding it in memory, and returns its value with tensors that
+// have shapes, strides and dtypes but no memory: never read their values. Throws as load_archive.
+c10::IValue check_archive(const std::filesystem::path& path);
+
 // An empty dict with string keys and values of any type: the node of every tree saved here.
 c10::impl::GenericDict new_dict();
 

@@ -256,7 +256,13 @@ std::function<void()> prepare_optimizer_state(torch::optim::Optimizer& optimizer
           return fail(field.key + " of parameter " + std::to_string(i) + " has shape " + shape(t) +
                       ", the parameter " + shape(params[i]));
         // In the parameter's memory format (files hold contiguous tensors): fused kernels pass
-        // over parameter, gradient and state as flat arrays, so their layouts must match.
+        // over parameter, gradient and state as flat arrays, so their layouts must match. A
+        // tensor read for this already has it (a sharded checkpoint's piece): taken as it is.
+        if (t.strides().equals(params[i].strides()) && t.device() == params[i].device() &&
+            t.is_non_overlapping_and_dense()) {
+          field.set(*s, t.detach());
+          continue;
+        }
         torch::Tensor restored = at::empty_like(
             params[i], params[i].options().dtype(t.scalar_type()), at::MemoryFormat::Preserve);
         field.set(*s, restored.copy_(t));

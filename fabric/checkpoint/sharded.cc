@@ -203,12 +203,14 @@ ShardedParts split_pieces(const c10::IValue& contents) {
 
 namespace {
 
-// Joins pieces into whole tensors one shard at a time (a reader holds one shard file and the
-// whole tensors, never every shard at once).
+// Joins pieces into whole tensors (or into the pieces a reader wants) one shard at a time: a
+// reader holds one shard file beside what it builds, never every shard at once.
 class Joiner {
  public:
-  // Allocates a whole tensor for every descriptor of `common`.
-  Joiner(const c10::IValue& common, int64_t world_size, std::string source)
+  // Allocates a whole tensor for every descriptor of `common`, or the piece `wanted` names;
+  // `verify_only`: allocates nothing and only checks where the pieces lie.
+  Joiner(const c10::IValue& common, int64_t world_size, std::string source,
+         const WantedPieces& wanted = nullptr, bool verify_only = false)
       : world_(world_size), source_(std::move(source)) {
     auto whole = transform(common, "", [&](const c10::IValue& v, const std::string& at) {
       if (!is_marked(v, kDescriptorKey)) return std::optional<c10::IValue>();
@@ -224,14 +226,33 @@ class Joiner {
       const torch::ScalarType dtype = dtype_named(d.at("dtype").toStringRef(), what);
       const int64_t numel = dense_extent(sizes, strides);
       if (numel < 0) throw Error(what + ": shape and strides do not describe a dense tensor");
+      Target& t = tensors_[at];
+      t.numel = numel;
+      t.begin = 0;
+      t.end = numel;
+      t.dtype = dtype;
+      if (verify_only) return std::optional<c10::IValue>();
+      if (auto range = wanted ? wanted(at, sizes, strides) : std::nullopt) {
+        if (range->offset < 0 || range->count < 0 || range->offset + range->count > numel)
+          throw Error(what + ": elements " + std::to_string(range->offset) + " to " +
+                      std::to_string(range->offset + range->count) + " asked of " +
+                      std::to_string(numel));
+        t.begin = range->offset;
+        t.end = range->offset + range->count;
+        t.flat = torch::empty({range->count}, torch::dtype(dtype));
+        c10::IValue piece = tensor_piece(sizes, strides, t.begin, t.flat);
+        t.piece = piece.toGenericDict();
+        return std::optional<c10::IValue>(piece);
+      }
+      ++whole_tensors_;
       torch::Tensor out = torch::empty_strided(sizes, strides, torch::dtype(dtype));
-      tensors_[at] = {out.as_strided({numel}, {1}, 0), {}};
+      t.flat = out.as_strided({numel}, {1}, 0);
       return std::optional<c10::IValue>(out);
     });
     whole_ = whole ? *whole : common;
   }
 
-  // Copies rank `rank`'s pieces in.
+  // Copies rank `rank`'s pieces in (those elements of them this reader builds).
   void add(const c10::IValue& shard, int64_t rank) {
     const std::string name = shard_file_name(rank, world_);
     const std::string file = source_ + "/" + name;
@@ -250,57 +271,138 @@ class Joiner {
       const std::string what = source_ + ": sharded tensor '" + at + "': " + name;
       const int64_t offset = p.toGenericDict().at("offset").toInt();
       const torch::Tensor values = p.toGenericDict().at("values").toTensor();
-      torch::Tensor& flat = it->second.flat;
-      if (values.scalar_type() != flat.scalar_type())
+      Target& t = it->second;
+      if (values.scalar_type() != t.dtype)
         throw Error(what + " holds " + c10::toString(values.scalar_type()) +
-                    " values, the descriptor says " + c10::toString(flat.scalar_type()));
+                    " values, the descriptor says " + c10::toString(t.dtype));
       const int64_t n = values.numel();
-      if (offset < 0 || offset + n > flat.numel())
+      if (offset < 0 || offset + n > t.numel)
         throw Error(what + " holds elements " + std::to_string(offset) + " to " +
-                    std::to_string(offset + n) + " of " + std::to_string(flat.numel()));
-      flat.narrow(0, offset, n).copy_(values.reshape(-1));
-      it->second.held.push_back({offset, n, rank});
+                    std::to_string(offset + n) + " of " + std::to_string(t.numel));
+      // The part of [offset, offset + n) inside [begin, end).
+      const int64_t x = std::max(offset, t.begin), y = std::min(offset + n, t.end);
+      if (x >= y) continue;
+      if (t.flat.defined() && t.end - t.begin != t.numel && t.count == 0 && x == t.begin &&
+          y == t.end && offset == x && n == y - x) {
+        // The piece is exactly what the reader wants (the same world size): no copy. Its memory
+        // was never touched, so it was never resident.
+        t.flat = values.reshape(-1);
+        t.piece->insert_or_assign("values", t.flat);
+      } else if (t.flat.defined()) {
+        t.flat.narrow(0, x - t.begin, y - x).copy_(values.reshape(-1).narrow(0, x - offset, y - x));
+      }
+      t.held.push_back({x, y - x, rank});
+      t.count += y - x;
     }
   }
 
-  // The whole dict; throws when an element is missing or held twice.
+  // Whether nothing more is needed: no whole tensors, every wanted piece's elements held once.
+  bool pieces_complete() const {
+    if (whole_tensors_ > 0) return false;
+    for (const auto& [at, t] : tensors_)
+      if (t.count < t.end - t.begin) return false;
+    return true;
+  }
+
+  // The dict; throws when an element is missing or held twice.
   c10::IValue finish() {
     for (auto& [at, t] : tensors_) {
       std::sort(t.held.begin(), t.held.end());
-      int64_t next = 0;
+      int64_t next = t.begin;
       const std::string what = source_ + ": sharded tensor '" + at + "'";
       for (const auto& [offset, n, rank] : t.held) {
-        if (n == 0) continue;
         if (offset < next)
           throw Error(what + ": " + shard_file_name(rank, world_) + " holds elements from " +
                       std::to_string(offset) + ", which another shard holds too");
         if (offset > next) break;
         next += n;
       }
-      if (next != t.flat.numel())
-        throw Error(what + ": the shards hold " + std::to_string(held_elements(t)) + " of its " +
-                    std::to_string(t.flat.numel()) + " elements");
+      if (next != t.end)
+        throw Error(what + ": the shards hold " + std::to_string(t.count) + " of its " +
+                    std::to_string(t.end - t.begin) +
+                    (t.end - t.begin == t.numel ? "" : " wanted") + " elements");
     }
     return whole_;
   }
 
  private:
-  struct Whole {
-    torch::Tensor flat;  // the whole tensor's memory
+  struct Target {
+    int64_t numel = 0;           // the whole tensor's elements
+    int64_t begin = 0, end = 0;  // the elements built (a whole tensor: all of them)
+    torch::ScalarType dtype = torch::kFloat;
+    torch::Tensor flat;  // their memory (undefined when only verifying)
+    std::optional<Dict> piece;  // the piece in the dict (a wanted piece)
+    int64_t count = 0;   // elements held so far
     std::vector<std::tuple<int64_t, int64_t, int64_t>> held;  // offset, elements, rank
   };
-  static int64_t held_elements(const Whole& t) {
-    int64_t n = 0;
-    for (const auto& h : t.held) n += std::get<1>(h);
-    return n;
-  }
   int64_t world_;
   std::string source_;
   c10::IValue whole_;
-  std::map<std::string, Whole> tensors_;
+  int64_t whole_tensors_ = 0;
+  std::map<std::string, Target> tensors_;
 };
 
+// A sharded folder's manifest: its world size and the size of every file.
+struct Manifest {
+  int64_t world = 0;
+  std::map<std::string, int64_t> sizes;
+};
+
+Manifest read_manifest(const fs::path& path) {
+  std::error_code ec;
+  const std::string source = path.string();
+  if (!fs::exists(path / kShardedManifest, ec))
+    throw Error(source + ": incomplete sharded checkpoint (no " + kShardedManifest +
+                ": its save did not finish)");
+  const std::string manifest = read_text(path / kShardedManifest);
+  const std::string where = (path / kShardedManifest).string();
+  std::smatch m;
+  if (!std::regex_search(manifest, m, std::regex("\"format\": \"([^\"]*)\"")) || m[1] != kFormat)
+    throw Error(where + ": not a sharded checkpoint manifest");
+  if (!std::regex_search(manifest, m, std::regex("\"version\": ([0-9]+)")) || m[1] != "1")
+    throw Error(where + ": unsupported version (this build reads version 1)");
+  if (!std::regex_search(manifest, m, std::regex("\"world_size\": ([0-9]+)")))
+    throw Error(where + ": no world_size");
+  Manifest out;
+  out.world = std::stoll(m[1]);
+  const std::string files = manifest.substr(manifest.find("\"files\""));
+  const std::regex entry("\"([^\"]+\\.pt)\": ([0-9]+)");
+  for (std::sregex_iterator it(files.begin(), files.end(), entry), end; it != end; ++it)
+    out.sizes[(*it)[1]] = std::stoll((*it)[2]);
+  // Every file is there with its size before any is read (a damaged shard fails every reader).
+  std::vector<std::string> names = {kShardedCommon};
+  for (int64_t r = 0; r < out.world; ++r) names.push_back(shard_file_name(r, out.world));
+  for (const auto& name : names) {
+    const fs::path file = path / name;
+    auto it = out.sizes.find(name);
+    if (it == out.sizes.end()) throw Error(where + ": does not list " + name);
+    const auto bytes = fs::file_size(file, ec);
+    if (ec) throw Error(file.string() + ": cannot open (" + ec.message() + ")");
+    if (static_cast<int64_t>(bytes) != it->second)
+      throw Error(file.string() + ": " + std::to_string(bytes) + " bytes, the manifest says " +
+                  std::to_string(it->second) + " (damaged or replaced)");
+  }
+  return out;
+}
+
 }  // namespace
+
+std::optional<TensorPiece> as_tensor_piece(const c10::IValue& value) {
+  if (!is_marked(value, kPieceKey)) return std::nullopt;
+  const Dict d = value.toGenericDict();
+  TensorPiece p;
+  p.sizes = ints_of(d.at("shape"), "malformed piece");
+  p.strides = ints_of(d.at("strides"), "malformed piece");
+  p.offset = d.at("offset").toInt();
+  p.values = d.at("values").toTensor();
+  return p;
+}
+
+std::string sharded_path(const std::vector<std::string>& keys) {
+  std::string out;
+  for (const auto& k : keys) out = join_path(out, escape(k));
+  return out;
+}
 
 c10::IValue join_pieces(const c10::IValue& common, const std::vector<c10::IValue>& shards,
                         const std::string& source) {
@@ -331,43 +433,36 @@ bool is_sharded_checkpoint(const fs::path& path) {
   return fs::is_directory(path, ec) && fs::is_regular_file(path / kShardedManifest, ec);
 }
 
-c10::IValue read_checkpoint(const fs::path& path) {
+c10::IValue read_checkpoint(const fs::path& path, const ReadOptions& options) {
   std::error_code ec;
   if (!fs::is_directory(path, ec)) return load_archive(path);
-  const std::string source = path.string();
-  if (!fs::exists(path / kShardedManifest, ec))
-    throw Error(source + ": incomplete sharded checkpoint (no " + kShardedManifest +
-                ": its save did not finish)");
-  const std::string manifest = read_text(path / kShardedManifest);
-  const std::string where = (path / kShardedManifest).string();
-  std::smatch m;
-  if (!std::regex_search(manifest, m, std::regex("\"format\": \"([^\"]*)\"")) || m[1] != kFormat)
-    throw Error(where + ": not a sharded checkpoint manifest");
-  if (!std::regex_search(manifest, m, std::regex("\"version\": ([0-9]+)")) || m[1] != "1")
-    throw Error(where + ": unsupported version (this build reads version 1)");
-  if (!std::regex_search(manifest, m, std::regex("\"world_size\": ([0-9]+)")))
-    throw Error(where + ": no world_size");
-  const int64_t world = std::stoll(m[1]);
-  std::map<std::string, int64_t> sizes;
-  const std::string files = manifest.substr(manifest.find("\"files\""));
-  const std::regex entry("\"([^\"]+\\.pt)\": ([0-9]+)");
-  for (std::sregex_iterator it(files.begin(), files.end(), entry), end; it != end; ++it)
-    sizes[(*it)[1]] = std::stoll((*it)[2]);
-  auto load = [&](const std::string& name) {
-    const fs::path file = path / name;
-    auto it = sizes.find(name);
-    if (it == sizes.end()) throw Error(where + ": does not list " + name);
-    const auto bytes = fs::file_size(file, ec);
-    if (ec) throw Error(file.string() + ": cannot open (" + ec.message() + ")");
-    if (static_cast<int64_t>(bytes) != it->second)
-      throw Error(file.string() + ": " + std::to_string(bytes) + " bytes, the manifest says " +
-                  std::to_string(it->second) + " (damaged or replaced)");
-    return load_archive(file);
-  };
-  // One shard file in memory at a time beside the whole tensors.
-  Joiner joiner(load(kShardedCommon), world, source);
-  for (int64_t r = 0; r < world; ++r) joiner.add(load(shard_file_name(r, world)), r);
+  const Manifest manifest = read_manifest(path);
+  const int64_t world = manifest.world;
+  Joiner joiner(load_archive(path / kShardedCommon), world, path.string(), options.wanted);
+  // The shard files in the order most likely to hold this reader's pieces first: at the same
+  // world size its own, at another the one that held the same fraction of each tensor.
+  const int64_t first =
+      options.world_size > 0 ? (options.rank * world) / std::max<int64_t>(options.world_size, 1) : 0;
+  for (int64_t k = 0; k < world; ++k) {
+    const int64_t r = (first + k) % world;
+    joiner.add(load_archive(path / shard_file_name(r, world)), r);
+    if (options.wanted && joiner.pieces_complete()) break;
+  }
   return joiner.finish();
+}
+
+void verify_checkpoint(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) {
+    check_archive(path);
+    return;
+  }
+  const Manifest manifest = read_manifest(path);
+  Joiner joiner(check_archive(path / kShardedCommon), manifest.world, path.string(), nullptr,
+                /*verify_only=*/true);
+  for (int64_t r = 0; r < manifest.world; ++r)
+    joiner.add(check_archive(path / shard_file_name(r, manifest.world)), r);
+  joiner.finish();
 }
 
 }  // namespace fabric

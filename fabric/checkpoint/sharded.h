@@ -25,6 +25,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,6 +52,29 @@ struct ShardedParts {
 };
 ShardedParts split_pieces(const c10::IValue& contents);
 
+// The elements [offset, offset + count) of a split tensor's memory that one process needs.
+struct PieceRange {
+  int64_t offset = 0;
+  int64_t count = 0;
+};
+// For the split tensor at PATH (its descriptor's shape and strides): the elements the reader needs
+// as a piece, or nullopt for the whole tensor.
+using WantedPieces = std::function<std::optional<PieceRange>(
+    const std::string& path, at::IntArrayRef sizes, at::IntArrayRef strides)>;
+
+// A piece (tensor_piece, or one read_checkpoint made for WantedPieces), or nullopt for anything
+// else.
+struct TensorPiece {
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  int64_t offset = 0;
+  torch::Tensor values;  // 1-D
+};
+std::optional<TensorPiece> as_tensor_piece(const c10::IValue& value);
+
+// PATH of the tensor at `keys` (from the root): the keys escaped and joined by '/'.
+std::string sharded_path(const std::vector<std::string>& keys);
+
 // The whole dict from the common dict and every rank's shard dict. Throws fabric::Error
 // "SOURCE: ..." when an element is missing or held twice, a piece has no descriptor, or a dtype
 // or size disagrees.
@@ -64,10 +89,27 @@ void write_manifest(const std::filesystem::path& dir, int64_t world_size,
 // Whether `path` is a folder holding manifest.json.
 bool is_sharded_checkpoint(const std::filesystem::path& path);
 
-// The dict of a checkpoint at `path`: a file (load_archive) or a sharded folder (the manifest
-// read, every file checked against its size and its CRCs, the pieces joined). Throws
-// fabric::Error naming the file at fault (a folder without manifest.json: "incomplete").
-c10::IValue read_checkpoint(const std::filesystem::path& path);
+// How read_checkpoint reads a sharded folder. `wanted` null: every split tensor whole (the
+// joined dict). Otherwise each split tensor `wanted` names comes as a piece holding just those
+// elements, so that a process reads and holds only its own part of the state; the reader at
+// `rank` of `world_size` starts with the shard files most likely to hold them and stops reading
+// once every piece is complete and no tensor is needed whole.
+struct ReadOptions {
+  WantedPieces wanted;
+  int64_t rank = 0;
+  int64_t world_size = 1;
+};
+
+// The dict of a checkpoint at `path`: a file (load_archive; `options` do not apply) or a sharded
+// folder (the manifest read, every file checked against its size, each file read checked against
+// its CRCs, the pieces joined). Throws fabric::Error naming the file at fault (a folder without
+// manifest.json: "incomplete").
+c10::IValue read_checkpoint(const std::filesystem::path& path, const ReadOptions& options = {});
+
+// Checks every byte of the checkpoint at `path` as read_checkpoint would read it (each file's
+// records against their CRCs, and for a folder every file's size and that the pieces cover every
+// split tensor exactly once), streaming: no tensor is held in memory. Throws as read_checkpoint.
+void verify_checkpoint(const std::filesystem::path& path);
 
 }  // namespace fabric
 

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "fabric/checkpoint/archive.h"
+#include "fabric/checkpoint/sharded.h"
 #include "fabric/core/error.h"
 #include "fabric/core/suggest.h"
 
@@ -14,9 +15,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string shape_of(const torch::Tensor& t) {
+std::string shape_of(at::IntArrayRef sizes) {
   std::ostringstream s;
-  s << t.sizes();
+  s << sizes;
   return s.str();
 }
 
@@ -57,23 +58,40 @@ StateDict load_state_dict_file(const fs::path& path) {
   return state_dict_from(load_archive(path), path.string());
 }
 
-std::function<void()> prepare_load_state_dict(torch::nn::Module& module, const StateDict& tensors,
-                                              const std::string& source) {
-  std::map<std::string, torch::Tensor> given;
-  for (const auto& [name, t] : tensors) given[name] = t;
+namespace {
+
+// The check and copy of both prepare_load_state_dict overloads: `given` by name (tensors, or
+// pieces for the names of `partial`).
+std::function<void()> prepare_load(const torch::nn::Module& module,
+                                   std::map<std::string, c10::IValue> given,
+                                   const std::string& source,
+                                   const std::map<std::string, PartialTarget>& partial) {
   std::vector<std::string> missing, shapes;
   std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;  // (destination, source)
+  std::vector<std::function<void()>> partial_copies;
   for (const auto& [name, target] : state_dict(module)) {
     auto it = given.find(name);
     if (it == given.end()) {
       missing.push_back(name);
       continue;
     }
-    if (!it->second.sizes().equals(target.sizes())) {
-      shapes.push_back("shape of " + name + " is " + shape_of(it->second) + " in the file, " +
-                       shape_of(target) + " in the model");
+    const auto split = partial.find(name);
+    const auto piece = split != partial.end() ? as_tensor_piece(it->second) : std::nullopt;
+    if (!piece && !it->second.isTensor())
+      throw Error(source + ": not a state dict (" + name + " is not a tensor)");
+    const std::vector<int64_t> sizes =
+        piece ? piece->sizes : it->second.toTensor().sizes().vec();
+    if (!target.sizes().equals(sizes)) {
+      shapes.push_back("shape of " + name + " is " + shape_of(sizes) + " in the file, " +
+                       shape_of(target.sizes()) + " in the model");
+    } else if (split != partial.end()) {
+      try {
+        partial_copies.push_back(split->second(it->second));
+      } catch (const Error& e) {
+        throw Error(source + ": " + name + ": " + e.what());
+      }
     } else {
-      copies.emplace_back(target, it->second);
+      copies.emplace_back(target, it->second.toTensor());
     }
     given.erase(it);
   }
@@ -87,10 +105,34 @@ std::function<void()> prepare_load_state_dict(torch::nn::Module& module, const S
     for (const auto& s : shapes) why += (why.empty() ? "" : "; ") + s;
     throw Error(source + ": does not match the model: " + why);
   }
-  return [copies = std::move(copies)] {
+  return [copies = std::move(copies), partial_copies = std::move(partial_copies)] {
     torch::NoGradGuard no_grad;
     for (const auto& [destination, from] : copies) destination.copy_(from);
+    for (const auto& copy : partial_copies) copy();
   };
+}
+
+}  // namespace
+
+std::function<void()> prepare_load_state_dict(torch::nn::Module& module, const StateDict& tensors,
+                                              const std::string& source) {
+  std::map<std::string, c10::IValue> given;
+  for (const auto& [name, t] : tensors) given[name] = t;
+  return prepare_load(module, std::move(given), source, {});
+}
+
+std::function<void()> prepare_load_state_dict(
+    const torch::nn::Module& module, const c10::IValue& value, const std::string& source,
+    const std::map<std::string, PartialTarget>& partial) {
+  if (!value.isGenericDict())
+    throw Error(source + ": not a state dict (holds a " + value.tagKind() + ", not a dict)");
+  std::map<std::string, c10::IValue> given;
+  for (const auto& entry : value.toGenericDict()) {
+    if (!entry.key().isString())
+      throw Error(source + ": not a state dict (an entry is not name → tensor)");
+    given[entry.key().toStringRef()] = entry.value();
+  }
+  return prepare_load(module, std::move(given), source, partial);
 }
 
 void load_state_dict(torch::nn::Module& module, const StateDict& tensors,

@@ -18,6 +18,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,6 +51,17 @@ void load_state_dict(torch::nn::Module& module, const StateDict& tensors,
 // The same in two phases: checks now (throwing as above), copies when the result is called.
 std::function<void()> prepare_load_state_dict(torch::nn::Module& module, const StateDict& tensors,
                                               const std::string& source);
+
+// A parameter of which this process holds only a part (a sharding strategy's): given the file's
+// value for it (the whole tensor, or a piece, fabric/checkpoint/sharded.h, of the shape the
+// parameter has), the function that copies this process's part in. Throws fabric::Error (the
+// caller adds the file and the name) for a piece that does not hold that part.
+using PartialTarget = std::function<std::function<void()>(const c10::IValue& value)>;
+// prepare_load_state_dict from a checkpoint's value (name → tensor, or a piece for the names of
+// `partial`), the parameters named in `partial` written through it; checked the same way.
+std::function<void()> prepare_load_state_dict(const torch::nn::Module& module,
+                                              const c10::IValue& value, const std::string& source,
+                                              const std::map<std::string, PartialTarget>& partial);
 
 }  // namespace fabric
 

@@ -47,8 +47,9 @@ bool allowed_global(const std::string& name) {
 
 class Reader {
  public:
-  Reader(const std::string& data, const std::function<std::string(const std::string&)>& record)
-      : d_(data), record_(record) {}
+  Reader(const std::string& data, const std::function<c10::Storage(const std::string&)>& record,
+         bool metadata_only)
+      : d_(data), record_(record), metadata_only_(metadata_only) {}
 
   Ptr run() {
     for (;;) {
@@ -289,15 +290,15 @@ class Reader {
       throw std::runtime_error("unsupported persistent id");
     const auto type = storage_types().find(t[1]->s);
     if (type == storage_types().end()) throw std::runtime_error("unsupported storage " + t[1]->s);
-    const std::string bytes = record_(t[2]->s);
+    c10::Storage bytes = record_(t[2]->s);
     const int64_t numel = t[4]->i;
-    if (bytes.size() != static_cast<size_t>(numel) * c10::elementSize(type->second))
+    if (bytes.nbytes() != static_cast<size_t>(numel) * c10::elementSize(type->second))
       throw std::runtime_error(
-          "storage " + t[2]->s + " has " + std::to_string(bytes.size()) + " bytes, expected " +
+          "storage " + t[2]->s + " has " + std::to_string(bytes.nbytes()) + " bytes, expected " +
           std::to_string(numel * static_cast<int64_t>(c10::elementSize(type->second))));
     auto v = make(Value::kTensor);
-    v->tensor = torch::empty({numel}, type->second);
-    if (!bytes.empty()) std::memcpy(v->tensor.data_ptr(), bytes.data(), bytes.size());
+    // The record's memory itself (no copy).
+    v->tensor = torch::empty({0}, type->second).set_(std::move(bytes), 0, {numel}, {1});
     return v;
   }
   Ptr reduce(const Ptr& callable, const Ptr& args) {
@@ -323,14 +324,21 @@ class Reader {
       if (size.size() != stride.size() || needed > a[0]->tensor.numel())
         throw std::runtime_error("tensor shape exceeds its storage");
       auto v = make(Value::kTensor);
-      v->tensor = a[0]->tensor.as_strided(size, stride, a[1]->i).clone();
+      // A view that is dense and uses at least half of its storage keeps the record's memory
+      // (no copy: loading a large state does not hold it twice); any other is copied, so that a
+      // small tensor never keeps a large record alive.
+      const torch::Tensor view = a[0]->tensor.as_strided(size, stride, a[1]->i);
+      const bool keep = metadata_only_ || (view.is_non_overlapping_and_dense() &&
+                                           2 * view.numel() >= a[0]->tensor.numel());
+      v->tensor = keep ? view : view.clone();
       return v;
     }
     throw std::runtime_error("cannot call " + callable->s);
   }
 
   const std::string& d_;
-  const std::function<std::string(const std::string&)>& record_;
+  const std::function<c10::Storage(const std::string&)>& record_;
+  bool metadata_only_;  // storages without memory: never copy a view
   size_t pos_ = 0;
   std::vector<Ptr> stack_;
   std::map<uint64_t, Ptr> memo_;
@@ -384,8 +392,9 @@ c10::IValue to_ivalue(const Ptr& v, int depth) {
 }  // namespace
 
 c10::IValue read_pickle(const std::string& pickle,
-                        const std::function<std::string(const std::string&)>& record) {
-  Reader reader(pickle, record);
+                        const std::function<c10::Storage(const std::string&)>& record,
+                        bool metadata_only) {
+  Reader reader(pickle, record, metadata_only);
   return to_ivalue(reader.run(), 0);
 }
 

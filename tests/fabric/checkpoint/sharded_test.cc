@@ -9,6 +9,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -184,6 +187,124 @@ TEST(ShardedTest, AFolderIsReadWholeByReadCheckpointAndByPython) {
                                          " (damaged or replaced)");
   }
   fs::remove_all(dir);
+}
+
+// A folder written by `world` ranks (Model's pieces), with its manifest.
+fs::path write_folder(const Model& m, int64_t world, const std::string& name) {
+  std::string tmpl = (fs::path(::testing::TempDir()) / (name + "_XXXXXX")).string();
+  const fs::path dir = mkdtemp(tmpl.data());
+  const auto parts = split(m, world);
+  std::vector<std::string> files = {fabric::kShardedCommon};
+  fabric::save_archive(dir / fabric::kShardedCommon, parts[0].common);
+  for (int64_t r = 0; r < world; ++r) {
+    files.push_back(fabric::shard_file_name(r, world));
+    fabric::save_archive(dir / files.back(), parts[r].shard);
+  }
+  fabric::write_manifest(dir, world, files);
+  return dir;
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const fabric::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A reader of another world size asks for its own part of each split tensor (here: rank r of
+// `world` keeps elements [r·S, (r+1)·S) of each, except the tensor at 'state/by_int/3', which it
+// wants whole) and gets exactly those elements; at the same world size it reads only its own
+// shard file (another one damaged in the middle does not stop it), while verify_checkpoint checks
+// every byte of every file.
+TEST(ShardedTest, AReaderGetsJustThePiecesItWantsFromShardsOfAnyWorldSize) {
+  const Model m;
+  const fs::path dir = write_folder(m, 3, "wanted");
+  for (int64_t world : {1, 2, 3, 4}) {
+    for (int64_t r = 0; r < world; ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r) + " of " + std::to_string(world));
+      fabric::ReadOptions options;
+      options.rank = r;
+      options.world_size = world;
+      options.wanted = [&](const std::string& path, at::IntArrayRef sizes,
+                           at::IntArrayRef) -> std::optional<fabric::PieceRange> {
+        if (path == "state/by_int/3") return std::nullopt;
+        int64_t n = 1;
+        for (int64_t s : sizes) n *= s;
+        const int64_t s = (n + world - 1) / world;
+        const int64_t begin = std::min(n, r * s), end = std::min(n, (r + 1) * s);
+        return fabric::PieceRange{begin, end - begin};
+      };
+      const c10::IValue read = fabric::read_checkpoint(dir, options);
+      const Dict state = read.toGenericDict().at("state").toGenericDict();
+      auto check = [&](const c10::IValue& v, const torch::Tensor& t) {
+        const auto piece = fabric::as_tensor_piece(v);
+        ASSERT_TRUE(piece.has_value());
+        EXPECT_EQ(piece->sizes, t.sizes().vec());
+        EXPECT_EQ(piece->strides, t.strides().vec());
+        const int64_t n = t.numel(), s = (n + world - 1) / world;
+        const int64_t begin = std::min(n, r * s), end = std::min(n, (r + 1) * s);
+        EXPECT_EQ(piece->offset, begin);
+        const torch::Tensor flat = t.as_strided({n}, {1}, 0);
+        EXPECT_TRUE(torch::equal(piece->values, flat.narrow(0, begin, end - begin)));
+      };
+      check(state.at("a"), m.a);
+      check(state.at("list/with slash").toList().get(0), m.b);
+      EXPECT_TRUE(
+          torch::equal(state.at("by_int").toGenericDict().at(int64_t{3}).toTensor(), m.c));
+      EXPECT_TRUE(torch::equal(state.at("replicated").toTensor(), m.replicated));
+    }
+  }
+  fabric::verify_checkpoint(dir);
+
+  // Damage shard 1's values of 'a' (same size): rank 0 of 3 still reads its part from shard 0
+  // alone; verify_checkpoint and a whole read name the damaged file.
+  const fs::path shard = dir / fabric::shard_file_name(1, 3);
+  {
+    std::ifstream in(shard, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const torch::Tensor values = m.a.reshape(-1).narrow(0, 5, 5).contiguous();
+    const size_t at =
+        bytes.find(std::string(static_cast<const char*>(values.data_ptr()), 5 * sizeof(float)));
+    ASSERT_NE(at, std::string::npos);
+    bytes[at] = static_cast<char>(bytes[at] ^ 0x55);
+    std::ofstream(shard, std::ios::binary) << bytes;
+  }
+  fabric::ReadOptions own;
+  own.rank = 0;
+  own.world_size = 3;
+  own.wanted = [](const std::string&, at::IntArrayRef sizes,
+                  at::IntArrayRef) -> std::optional<fabric::PieceRange> {
+    int64_t n = 1;
+    for (int64_t s : sizes) n *= s;
+    return fabric::PieceRange{0, (n + 2) / 3};
+  };
+  EXPECT_EQ(error_of([&] { fabric::read_checkpoint(dir, own); }), "");
+  const std::string verify = error_of([&] { fabric::verify_checkpoint(dir); });
+  EXPECT_EQ(verify.rfind(shard.string() + ": ", 0), 0u) << verify;
+  EXPECT_EQ(error_of([&] { fabric::read_checkpoint(dir); }), verify);
+  fs::remove_all(dir);
+
+  // Pieces that do not add up fail verification as they fail a whole read.
+  Model other;
+  const fs::path gap = write_folder(other, 3, "gap");
+  fabric::save_archive(gap / fabric::shard_file_name(2, 3),
+                       fabric::split_pieces(fabric::new_dict()).shard);
+  fabric::write_manifest(gap, 3,
+                         {fabric::kShardedCommon, fabric::shard_file_name(0, 3),
+                          fabric::shard_file_name(1, 3), fabric::shard_file_name(2, 3)});
+  EXPECT_EQ(error_of([&] { fabric::verify_checkpoint(gap); }),
+            gap.string() + ": sharded tensor 'state/a': the shards hold 10 of its 15 elements");
+  // ...and a reader wanting the missing elements is told which.
+  own.rank = 2;
+  own.wanted = [](const std::string& path, at::IntArrayRef,
+                  at::IntArrayRef) -> std::optional<fabric::PieceRange> {
+    return path == "state/a" ? std::optional<fabric::PieceRange>({10, 5}) : std::nullopt;
+  };
+  EXPECT_EQ(error_of([&] { fabric::read_checkpoint(gap, own); }),
+            gap.string() + ": sharded tensor 'state/a': the shards hold 0 of its 5 wanted elements");
+  fs::remove_all(gap);
 }
 
 }  // namespace

@@ -169,6 +169,19 @@ TEST_F(StateDictTest, BadFilesFailWithOneLineNamingThem) {
             0u)
       << message(dir_ / "truncated.pt");
   EXPECT_EQ(message(dir_ / "truncated.pt").find('\n'), std::string::npos);
+  // One bit flipped in a weight (same size, the zip intact): its record's CRC-32 names it.
+  const torch::Tensor first = fabric::state_dict(*make_model()).front().second;
+  fabric::save_state_dict(dir_ / "good.pt", {{"w", first}});
+  std::ifstream good(dir_ / "good.pt", std::ios::binary);
+  std::string saved((std::istreambuf_iterator<char>(good)), std::istreambuf_iterator<char>());
+  const size_t at = saved.find(std::string(static_cast<const char*>(first.data_ptr()),
+                                           first.numel() * first.element_size()));
+  ASSERT_NE(at, std::string::npos);
+  saved[at + 1] = static_cast<char>(saved[at + 1] ^ 0x01);
+  std::ofstream(dir_ / "flipped.pt", std::ios::binary) << saved;
+  EXPECT_EQ(message(dir_ / "flipped.pt"),
+            (dir_ / "flipped.pt").string() +
+                ": not a readable PyTorch file (record data/0 fails its CRC-32 check: damaged)");
   // Writing where a folder cannot exist: the error names the file; nothing is left behind.
   std::ofstream(dir_ / "plainfile") << "x";
   try {
