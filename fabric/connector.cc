@@ -154,6 +154,15 @@ void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) 
     s.fsdp.reshard_after_forward =
         reshard == "auto" ? s.fsdp.sharding_strategy == strategies::ShardingStrategy::kFullShard
                           : reshard == "true";
+    auto wire = [&c](const char* key) -> std::optional<c10::ScalarType> {
+      const std::string v = c.get_string(key);
+      if (v == "bf16") return c10::kBFloat16;
+      if (v == "fp16") return c10::kHalf;
+      if (v == "fp32") return c10::kFloat;
+      return std::nullopt;  // auto
+    };
+    s.fsdp.param_dtype = wire("fabric.fsdp.param_dtype");
+    s.fsdp.reduce_dtype = wire("fabric.fsdp.reduce_dtype");
     std::stringstream names(c.get_string("fabric.fsdp.wrap_modules"));
     for (std::string name; std::getline(names, name, ',');) {
       name.erase(0, name.find_first_not_of(" \t"));

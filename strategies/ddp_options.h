@@ -5,6 +5,8 @@
 #ifndef STRATEGIES_DDP_OPTIONS_H_
 #define STRATEGIES_DDP_OPTIONS_H_
 
+#include <c10/core/ScalarType.h>
+
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -68,6 +70,10 @@ struct FsdpOptions {
   // fabric.fsdp.reshard_after_forward: free a unit's gathered parameters when the forward moves
   // on to the next unit (auto: true under full_shard, false under shard_grad_op).
   bool reshard_after_forward = true;
+  // fabric.fsdp.param_dtype / reduce_dtype: the dtype of the all-gathers for compute and of the
+  // gradient reduce-scatters (nullopt, auto: the parameters' own).
+  std::optional<c10::ScalarType> param_dtype;
+  std::optional<c10::ScalarType> reduce_dtype;
 };
 
 }  // namespace fabric::strategies

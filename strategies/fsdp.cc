@@ -83,6 +83,8 @@ void Fsdp::setup_module(torch::nn::Module& module) {
   policy.wrap_modules = options_.wrap_modules;
   policy.min_unit_params = options_.min_unit_params;
   policy.reshard_after_forward = options_.reshard_after_forward;
+  policy.param_dtype = options_.param_dtype;
+  policy.reduce_dtype = options_.reduce_dtype;
   sharded_ = std::make_unique<ShardedParameters>(module, pg, policy);
   module_ = &module;
   if (global_rank() == 0) {  // the wrapping policy's result, once

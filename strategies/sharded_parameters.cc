@@ -178,20 +178,33 @@ ShardedParameters::~ShardedParameters() {
   for (auto& [node, key] : hooks_) node->del_post_hook(key);
 }
 
-void ShardedParameters::gather(Unit& u) {
-  if (u.gathered) return;
+void ShardedParameters::gather(Unit& u, bool exact) {
+  if (u.gathered && (u.exact || !exact)) return;
   Inside inside;
-  c10::StorageImpl* storage = u.full.storage().unsafeGetStorageImpl();
-  const size_t bytes = static_cast<size_t>(u.full.numel()) * u.full.element_size();
-  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
-  storage->set_nbytes(bytes);
-  distributed::wait(pg_->_allgather_base(u.full, u.shard),
-                    std::string("fsdp all_gather of unit '") + u.name + "' (" + describe(u.full) +
-                        ")");
+  if (!u.gathered) {
+    c10::StorageImpl* storage = u.full.storage().unsafeGetStorageImpl();
+    const size_t bytes = static_cast<size_t>(u.full.numel()) * u.full.element_size();
+    storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+    storage->set_nbytes(bytes);
+    gathered_bytes_ += static_cast<int64_t>(bytes);
+    peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
+  }
+  const std::string what = std::string("fsdp all_gather of unit '") + u.name + "' (";
+  const auto wire = policy_.param_dtype;
+  if (!exact && wire && *wire != u.full.scalar_type()) {
+    // Half the bytes on the wire (for bf16/fp16); every rank computes with the same rounded values.
+    torch::NoGradGuard no_grad;
+    torch::Tensor send = u.shard.to(*wire);
+    torch::Tensor received = torch::empty({u.full.numel()}, send.options());
+    distributed::wait(pg_->_allgather_base(received, send), what + describe(received) + ")");
+    u.full.copy_(received);
+    u.exact = false;
+  } else {
+    distributed::wait(pg_->_allgather_base(u.full, u.shard), what + describe(u.full) + ")");
+    u.exact = true;
+  }
   u.gathered = true;
   ++gathers_;
-  gathered_bytes_ += static_cast<int64_t>(bytes);
-  peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
 }
 
 void ShardedParameters::release(Unit& u) {
@@ -242,7 +255,8 @@ void ShardedParameters::on_gradient(size_t k) {
 void ShardedParameters::reduce(Unit& u) {
   Inside inside;
   torch::NoGradGuard no_grad;
-  torch::Tensor flat = torch::empty({world_ * u.shard_size}, u.shard_grad.options());
+  const auto wire = policy_.reduce_dtype.value_or(u.shard_grad.scalar_type());
+  torch::Tensor flat = torch::empty({world_ * u.shard_size}, u.shard_grad.options().dtype(wire));
   if (world_ * u.shard_size > u.total)
     flat.narrow(0, u.total, world_ * u.shard_size - u.total).zero_();
   // The Reducer's factor: a wrapped double scalar, the product computed in the gradient's dtype.
@@ -259,11 +273,15 @@ void ShardedParameters::reduce(Unit& u) {
     }
   }
   for (auto& p : u.params) p.mutable_grad().reset();
-  torch::Tensor out = accumulate_ ? torch::empty_like(u.shard_grad) : u.shard_grad;
+  const bool direct = !accumulate_ && wire == u.shard_grad.scalar_type();
+  torch::Tensor out = direct ? u.shard_grad : torch::empty({u.shard_size}, flat.options());
   distributed::wait(pg_->_reduce_scatter_base(out, flat),
                     std::string("fsdp reduce_scatter of unit '") + u.name + "' gradients (" +
                         describe(flat) + ")");
-  if (accumulate_) u.shard_grad.add_(out);
+  if (accumulate_)
+    u.shard_grad.add_(out);
+  else if (!direct)
+    u.shard_grad.copy_(out);
   u.reduced = true;
   ++reduce_scatters_;
   release(u);
@@ -294,7 +312,7 @@ void ShardedParameters::after_step() {
 ScopeGuard ShardedParameters::materialize(bool write_back) {
   for (auto& u : units_) {
     ++u.pins;
-    gather(u);
+    gather(u, /*exact=*/true);
   }
   return ScopeGuard([this, write_back] {
     torch::NoGradGuard no_grad;
@@ -309,7 +327,7 @@ ScopeGuard ShardedParameters::materialize(bool write_back) {
 void ShardedParameters::gather_all_into_parameters() {
   torch::NoGradGuard no_grad;
   for (auto& u : units_) {
-    gather(u);
+    gather(u, /*exact=*/true);
     Inside inside;
     for (size_t i = 0; i < u.params.size(); ++i) {
       torch::Tensor& p = u.params[i];

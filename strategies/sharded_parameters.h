@@ -64,6 +64,11 @@ struct ShardingPolicy {
   std::vector<std::string> wrap_modules;  // module type names (torch::nn::LinearImpl: "Linear")
   int64_t min_unit_params = 0;            // 0: no size rule
   bool reshard_after_forward = true;      // fabric.fsdp.reshard_after_forward
+  // The wire dtypes (fabric.fsdp.param_dtype, reduce_dtype; nullopt: the unit's own). A unit
+  // gathered for compute holds its values rounded through param_dtype (every rank the same);
+  // materialize() and gather_all_into_parameters() gather the exact values.
+  std::optional<torch::ScalarType> param_dtype;
+  std::optional<torch::ScalarType> reduce_dtype;
 };
 
 class ShardedParameters {
@@ -145,6 +150,7 @@ class ShardedParameters {
     torch::Tensor shard;       // S elements of this rank
     torch::Tensor shard_grad;  // S elements
     bool gathered = false;
+    bool exact = false;         // gathered in its own dtype (not rounded through param_dtype)
     int pins = 0;               // materialize() guards holding it whole
     size_t grads_ready = 0;     // parameters whose gradient arrived in this backward
     bool reduced = false;       // reduce-scattered in this backward
@@ -154,7 +160,9 @@ class ShardedParameters {
   std::pair<int64_t, int64_t> own_range(const Unit& unit, size_t i) const;
   // Those elements in this rank's shard (a view; empty when it keeps none).
   torch::Tensor own_values(const Unit& unit, size_t i) const;
-  void gather(Unit& unit);
+  // `exact`: in the unit's own dtype even when param_dtype is set (a unit gathered rounded is
+  // gathered again).
+  void gather(Unit& unit, bool exact = false);
   void release(Unit& unit);  // frees the full buffer's memory
   void reduce(Unit& unit);   // the gradients into the shard gradient; collective
   void on_gradient(size_t unit);

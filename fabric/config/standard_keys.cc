@@ -94,6 +94,14 @@ ConfigSchema default_schema() {
                  "(gathered again in backward); false keeps them until their gradients are "
                  "reduced: less communication, more memory; auto: true under full_shard, false "
                  "under shard_grad_op"));
+  for (const char* key : {"fabric.fsdp.param_dtype", "fabric.fsdp.reduce_dtype"})
+    s.add(key, KeySpec::choice({"auto", "fp32", "bf16", "fp16"}, "auto")
+                   .doc(std::string(key) == "fabric.fsdp.param_dtype"
+                            ? "the dtype units are all-gathered in for compute (the shards keep "
+                              "the parameters' dtype; checkpoints and exports gather exactly); "
+                              "auto: the parameters' dtype"
+                            : "the dtype gradients are reduce-scattered in (added into the "
+                              "shards' gradients in their own dtype); auto: the parameters' dtype"));
   s.add("fabric.fsdp.wrap_modules",
         KeySpec::string("").doc(
             "comma-separated module types that become units (Linear, MyBlock; C++ type names, "

@@ -12,7 +12,8 @@
 //     loads at 3 ranks and at 1, and training continues under plain DDP to DDP's result;
 //     sharded checkpoints (the default under fsdp) read back bitwise as the full file, each
 //     rank's file holds about 1/N, a damaged or unfinished one is never loaded, and a job
-//     killed while writing them resumes bitwise;
+//     killed while writing them resumes bitwise; with bf16 wire dtypes the checkpoints still hold
+//     the exact fp32 master weights;
 //   - a model whose ddp state exceeds fabric.memory_limit_gb trains under full_shard, and
 //     resumes from its sharded checkpoint under the same limit;
 //   - errors: what it cannot do names the key.
@@ -231,6 +232,37 @@ TEST_F(FsdpTest, ShardedCheckpointsHoldEachRanksPartAndReadAsTheFullFile) {
     EXPECT_LT(bytes, 0.55 * full_bytes) << shard;
   }
   EXPECT_LT(static_cast<double>(fs::file_size(dir_ / "sharded.ckpt/common.pt")), 0.1 * full_bytes);
+}
+
+// fabric.fsdp.param_dtype / reduce_dtype bf16: units are gathered for compute and gradients
+// reduced in bf16, while the shards keep fp32 master weights: a full checkpoint (gathered) holds
+// exactly what the sharded one (each rank's shard) holds; the training differs from fp32 DDP by
+// bf16 rounding, and each wire dtype alone changes it.
+TEST_F(FsdpTest, WireDtypesRoundTheCollectivesButKeepExactMasterWeights) {
+  // SGD: Adam's normalized steps turn the rounding of near-zero gradients into whole steps.
+  const std::string common = "fabric.devices=2 optimizer.name=sgd ";
+  auto ddp = run(common + "fabric.strategy=ddp test.out=ddp.ckpt");
+  ASSERT_EQ(ddp.code, 0) << ddp.out;
+  const std::string bf16 =
+      common + kPerLayer + "fabric.fsdp.param_dtype=bf16 fabric.fsdp.reduce_dtype=bf16 ";
+  auto sharded = run(bf16 + "test.out=sharded.ckpt");
+  ASSERT_EQ(sharded.code, 0) << sharded.out;
+  auto full = run(bf16 + "checkpoint.format=full test.out=full.ckpt");
+  ASSERT_EQ(full.code, 0) << full.out;
+  EXPECT_EQ(fabric::testing::compare_checkpoints(dir_ / "full.ckpt", dir_ / "sharded.ckpt"), "");
+  const double both = fabric::testing::max_relative_difference(entry("ddp.ckpt", "model"),
+                                                               entry("sharded.ckpt", "model"));
+  EXPECT_GT(both, 1e-4);  // bf16 rounding shows (fp32 fsdp: within 1e-7 of ddp)
+  EXPECT_LT(both, 5e-2);  // and stays rounding (measured: 1.9e-2, a small BatchNorm bias)
+  for (const char* one : {"fabric.fsdp.param_dtype=bf16", "fabric.fsdp.reduce_dtype=bf16"}) {
+    SCOPED_TRACE(one);
+    auto r = run(common + kPerLayer + one + " test.out=one.ckpt");
+    ASSERT_EQ(r.code, 0) << r.out;
+    const double d = fabric::testing::max_relative_difference(entry("ddp.ckpt", "model"),
+                                                              entry("one.ckpt", "model"));
+    EXPECT_GT(d, kTolerance);
+    EXPECT_LT(d, 5e-2);
+  }
 }
 
 // A sharded checkpoint with a damaged shard file, or without its manifest (its save did not
