@@ -161,6 +161,8 @@ void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) 
       if (v == "fp32") return c10::kFloat;
       return std::nullopt;  // auto
     };
+    const std::string prefetch = c.get_string("fabric.fsdp.prefetch");
+    s.fsdp.prefetch = prefetch == "auto" ? std::nullopt : std::optional<bool>(prefetch == "true");
     s.fsdp.param_dtype = wire("fabric.fsdp.param_dtype");
     s.fsdp.reduce_dtype = wire("fabric.fsdp.reduce_dtype");
     std::stringstream names(c.get_string("fabric.fsdp.wrap_modules"));

@@ -73,6 +73,9 @@ struct FsdpOptions {
   // fabric.fsdp.param_dtype / reduce_dtype: the dtype of the all-gathers for compute and of the
   // gradient reduce-scatters (nullopt, auto: the parameters' own).
   std::optional<c10::ScalarType> param_dtype;
+  // fabric.fsdp.prefetch (nullopt, auto: when the process group's collectives are asynchronous:
+  // NCCL, Gloo; the shared-memory backend computes them in the caller).
+  std::optional<bool> prefetch;
   std::optional<c10::ScalarType> reduce_dtype;
 };
 

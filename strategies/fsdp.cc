@@ -53,7 +53,13 @@ std::optional<std::function<void()>> Fsdp::prepare_local_module_state(
 void Fsdp::teardown() {
   // Every rank gets here together after the user's function returned: the parameters take
   // their full values back (collective) before the process group ends.
-  if (sharded_) sharded_->gather_all_into_parameters();
+  if (sharded_) {
+    sharded_->gather_all_into_parameters();
+    if (global_rank() == 0)
+      std::cerr << "fsdp: " << sharded_->gathers() << " all-gathers (" << sharded_->prefetches()
+                << " started ahead of use), " << sharded_->reduce_scatters()
+                << " reduce-scatters" << std::endl;
+  }
   ParallelStrategy::teardown();
 }
 
@@ -84,6 +90,8 @@ void Fsdp::setup_module(torch::nn::Module& module) {
   policy.min_unit_params = options_.min_unit_params;
   policy.reshard_after_forward = options_.reshard_after_forward;
   policy.param_dtype = options_.param_dtype;
+  policy.prefetch = options_.prefetch.value_or(
+      device_.is_cuda() || distributed::active_cpu_backend(*pg) != "fabric_shm");
   policy.reduce_dtype = options_.reduce_dtype;
   sharded_ = std::make_unique<ShardedParameters>(module, pg, policy);
   module_ = &module;

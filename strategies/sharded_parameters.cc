@@ -172,13 +172,70 @@ ShardedParameters::ShardedParameters(torch::nn::Module& module,
 }
 
 ShardedParameters::~ShardedParameters() {
+  for (auto& u : units_) {
+    if (!u.pending) continue;
+    try {
+      u.pending->wait();  // never leave a collective writing into memory about to be freed
+    } catch (...) {
+    }
+  }
   if (callback_ != 0) at::removeCallback(callback_);
   ShardedParameters* self = this;
   g_instance.compare_exchange_strong(self, nullptr);
   for (auto& [node, key] : hooks_) node->del_post_hook(key);
 }
 
+void ShardedParameters::start_gather(Unit& u) {
+  if (u.gathered || u.pending) return;
+  Inside inside;
+  c10::StorageImpl* storage = u.full.storage().unsafeGetStorageImpl();
+  const size_t bytes = static_cast<size_t>(u.full.numel()) * u.full.element_size();
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
+  gathered_bytes_ += static_cast<int64_t>(bytes);
+  peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
+  const auto wire = policy_.param_dtype;
+  if (wire && *wire != u.full.scalar_type()) {
+    torch::NoGradGuard no_grad;
+    torch::Tensor send = u.shard.to(*wire);
+    u.pending_received = torch::empty({u.full.numel()}, send.options());
+    u.pending = pg_->_allgather_base(u.pending_received, send);
+    u.exact = false;
+  } else {
+    u.pending = pg_->_allgather_base(u.full, u.shard);
+    u.exact = true;
+  }
+  u.gathered = true;
+  ++gathers_;
+  ++prefetches_;
+}
+
+void ShardedParameters::finish_gather(Unit& u) {
+  if (!u.pending) return;
+  Inside inside;
+  auto work = std::move(u.pending);
+  u.pending.reset();
+  distributed::wait(work, std::string("fsdp all_gather of unit '") + u.name + "' (prefetched, " +
+                              describe(u.full) + ")");
+  if (u.pending_received.defined()) {
+    torch::NoGradGuard no_grad;
+    u.full.copy_(u.pending_received);
+    u.pending_received = torch::Tensor();
+  }
+}
+
+void ShardedParameters::note_use(size_t k) {
+  if (std::find(used_now_.begin(), used_now_.end(), k) != used_now_.end()) return;
+  used_now_.push_back(k);
+  if (!policy_.prefetch) return;
+  const auto& order = in_backward_ ? backward_order_ : forward_order_;
+  auto it = std::find(order.begin(), order.end(), k);
+  if (it == order.end() || it + 1 == order.end()) return;
+  start_gather(units_[*(it + 1)]);
+}
+
 void ShardedParameters::gather(Unit& u, bool exact) {
+  finish_gather(u);
   if (u.gathered && (u.exact || !exact)) return;
   Inside inside;
   if (!u.gathered) {
@@ -209,6 +266,7 @@ void ShardedParameters::gather(Unit& u, bool exact) {
 
 void ShardedParameters::release(Unit& u) {
   if (!u.gathered || u.pins > 0) return;
+  finish_gather(u);  // its memory is being written
   c10::StorageImpl* storage = u.full.storage().unsafeGetStorageImpl();
   gathered_bytes_ -= static_cast<int64_t>(storage->nbytes());
   storage->set_data_ptr_noswap(at::DataPtr(nullptr, u.full.device()));
@@ -237,13 +295,18 @@ void ShardedParameters::on_operator_inputs(c10::ArrayRef<const c10::IValue> inpu
         if (e.isTensor()) note(e.toTensor());
     }
   }
+  for (size_t k : used) missing = missing || units_[k].pending;
   if (!missing) return;
   if (!in_backward_ && policy_.reshard_after_forward) {
     for (size_t k = 0; k < units_.size(); ++k)
-      if (!units_[k].root && std::find(used.begin(), used.end(), k) == used.end())
+      if (!units_[k].root && !units_[k].pending &&
+          std::find(used.begin(), used.end(), k) == used.end())
         release(units_[k]);
   }
-  for (size_t k : used) gather(units_[k]);
+  for (size_t k : used) {
+    gather(units_[k]);
+    note_use(k);
+  }
 }
 
 void ShardedParameters::on_gradient(size_t k) {
@@ -288,6 +351,8 @@ void ShardedParameters::reduce(Unit& u) {
 }
 
 void ShardedParameters::begin_backward(bool sync, bool accumulate) {
+  forward_order_ = std::move(used_now_);
+  used_now_.clear();
   in_backward_ = true;
   sync_ = sync;
   accumulate_ = accumulate;
@@ -303,6 +368,8 @@ void ShardedParameters::end_backward() {
       if (!u.reduced) reduce(u);  // parameters without a gradient count as zeros
   for (auto& u : units_) release(u);
   in_backward_ = false;
+  backward_order_ = std::move(used_now_);
+  used_now_.clear();
 }
 
 void ShardedParameters::after_step() {

@@ -52,6 +52,7 @@
 
 namespace c10d {
 class ProcessGroup;
+class Work;
 }  // namespace c10d
 
 namespace torch::autograd {
@@ -69,6 +70,9 @@ struct ShardingPolicy {
   // materialize() and gather_all_into_parameters() gather the exact values.
   std::optional<torch::ScalarType> param_dtype;
   std::optional<torch::ScalarType> reduce_dtype;
+  // fabric.fsdp.prefetch: when a unit is gathered, start the asynchronous all-gather of the unit
+  // that came next in the same phase (forward, backward) of the previous pass.
+  bool prefetch = false;
 };
 
 class ShardedParameters {
@@ -129,6 +133,8 @@ class ShardedParameters {
   // Gathers (all-gathers of a unit) and reduce-scatters since construction.
   int64_t gathers() const { return gathers_; }
   int64_t reduce_scatters() const { return reduce_scatters_; }
+  // All-gathers started ahead of use (fabric.fsdp.prefetch).
+  int64_t prefetches() const { return prefetches_; }
   // Bytes of full buffers gathered right now, and the most at any time since construction.
   int64_t gathered_bytes() const { return gathered_bytes_; }
   int64_t peak_gathered_bytes() const { return peak_gathered_bytes_; }
@@ -151,6 +157,8 @@ class ShardedParameters {
     torch::Tensor shard_grad;  // S elements
     bool gathered = false;
     bool exact = false;         // gathered in its own dtype (not rounded through param_dtype)
+    c10::intrusive_ptr<c10d::Work> pending;  // a prefetch in flight into `full`
+    torch::Tensor pending_received;          // its buffer when gathered in param_dtype
     int pins = 0;               // materialize() guards holding it whole
     size_t grads_ready = 0;     // parameters whose gradient arrived in this backward
     bool reduced = false;       // reduce-scattered in this backward
@@ -163,7 +171,12 @@ class ShardedParameters {
   // `exact`: in the unit's own dtype even when param_dtype is set (a unit gathered rounded is
   // gathered again).
   void gather(Unit& unit, bool exact = false);
-  void release(Unit& unit);  // frees the full buffer's memory
+  void release(Unit& unit);  // frees the full buffer's memory (after a prefetch in flight)
+  // Starts the all-gather of `unit` (allocating its buffer) without waiting; gather() finishes it.
+  void start_gather(Unit& unit);
+  void finish_gather(Unit& unit);
+  // The order units were first used in this phase; prefetch the one after `k` in the last pass.
+  void note_use(size_t k);
   void reduce(Unit& unit);   // the gradients into the shard gradient; collective
   void on_gradient(size_t unit);
 
@@ -180,6 +193,9 @@ class ShardedParameters {
   bool in_backward_ = false;
   bool sync_ = true;
   bool accumulate_ = false;
+  std::vector<size_t> used_now_;   // units in order of first use in this phase
+  std::vector<size_t> forward_order_, backward_order_;  // the previous pass's
+  int64_t prefetches_ = 0;
   int64_t gathers_ = 0;
   int64_t reduce_scatters_ = 0;
   int64_t gathered_bytes_ = 0;

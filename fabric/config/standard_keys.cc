@@ -94,6 +94,11 @@ ConfigSchema default_schema() {
                  "(gathered again in backward); false keeps them until their gradients are "
                  "reduced: less communication, more memory; auto: true under full_shard, false "
                  "under shard_grad_op"));
+  s.add("fabric.fsdp.prefetch",
+        KeySpec::choice({"auto", "true", "false"}, "auto")
+            .doc("start the all-gather of the unit the previous step used next (forward and "
+                 "backward) while this one computes: one more unit gathered; auto: when "
+                 "collectives run beside compute (NCCL, Gloo), not with the shared-memory backend"));
   for (const char* key : {"fabric.fsdp.param_dtype", "fabric.fsdp.reduce_dtype"})
     s.add(key, KeySpec::choice({"auto", "fp32", "bf16", "fp16"}, "auto")
                    .doc(std::string(key) == "fabric.fsdp.param_dtype"

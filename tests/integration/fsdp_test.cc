@@ -265,6 +265,30 @@ TEST_F(FsdpTest, WireDtypesRoundTheCollectivesButKeepExactMasterWeights) {
   }
 }
 
+// fabric.fsdp.prefetch over Gloo, whose collectives run beside the caller: the all-gather of the
+// unit the previous pass used next starts while this one computes (forward and backward). The
+// trained state is bitwise what it is without; the counts show that gathers started ahead, and
+// that auto does not prefetch over the shared-memory backend (nothing to overlap there).
+TEST_F(FsdpTest, PrefetchingTheNextUnitChangesNothingButWhenItIsGathered) {
+  const std::string job = "fabric.devices=2 optimizer.name=adamw " + kPerLayer;
+  auto ahead = [](const std::string& out) -> int64_t {
+    std::smatch m;
+    if (!std::regex_search(out, m, std::regex("fsdp: [0-9]+ all-gathers \\(([0-9]+) started ahead")))
+      return -1;
+    return std::stoll(m[1]);
+  };
+  auto off = run(job + "fabric.ddp.cpu_backend=gloo fabric.fsdp.prefetch=false test.out=off.ckpt");
+  ASSERT_EQ(off.code, 0) << off.out;
+  auto on = run(job + "fabric.ddp.cpu_backend=gloo test.out=on.ckpt");
+  ASSERT_EQ(on.code, 0) << on.out;
+  EXPECT_EQ(fabric::testing::compare_checkpoints(dir_ / "off.ckpt", dir_ / "on.ckpt"), "");
+  EXPECT_EQ(ahead(off.out), 0) << off.out;
+  EXPECT_GT(ahead(on.out), 16) << on.out;  // more than one a step
+  auto shm = run(job + "test.out=shm.ckpt");
+  ASSERT_EQ(shm.code, 0) << shm.out;
+  EXPECT_EQ(ahead(shm.out), 0) << shm.out;
+}
+
 // A sharded checkpoint with a damaged shard file, or without its manifest (its save did not
 // finish), is never loaded: named in the error when asked for, skipped by resume: auto.
 TEST_F(FsdpTest, ADamagedOrIncompleteShardedCheckpointIsNeverLoaded) {

@@ -42,6 +42,7 @@ DEFINE_bool(shard_optimizer_state, false, "fabric.ddp.shard_optimizer_state (ZeR
 DEFINE_string(fsdp, "", "fabric.strategy=fsdp with this sharding strategy (empty: ddp)");
 DEFINE_string(wrap_modules, "Linear", "fabric.fsdp.wrap_modules");
 DEFINE_int64(min_unit_params, 0, "fabric.fsdp.min_unit_params");
+DEFINE_string(prefetch, "auto", "fabric.fsdp.prefetch (auto|true|false)");
 DEFINE_string(param_dtype, "auto", "fabric.fsdp.param_dtype (auto|fp32|bf16|fp16)");
 DEFINE_string(reduce_dtype, "auto", "fabric.fsdp.reduce_dtype (auto|fp32|bf16|fp16)");
 DEFINE_string(cpu_backend, "auto",
@@ -103,7 +104,7 @@ int main(int argc, char** argv) {
        "fabric.fsdp.sharding_strategy=" + (FLAGS_fsdp.empty() ? "full_shard" : FLAGS_fsdp),
        "fabric.fsdp.wrap_modules=" + FLAGS_wrap_modules,
        "fabric.fsdp.min_unit_params=" + std::to_string(FLAGS_min_unit_params),
-       "fabric.fsdp.param_dtype=" + FLAGS_param_dtype,
+       "fabric.fsdp.prefetch=" + FLAGS_prefetch, "fabric.fsdp.param_dtype=" + FLAGS_param_dtype,
        "fabric.fsdp.reduce_dtype=" + FLAGS_reduce_dtype,
        "fabric.ddp.bucket_cap_mb=" + std::to_string(FLAGS_bucket_cap_mb),
        "fabric.ddp.cpu_backend=" + FLAGS_cpu_backend, "fabric.precision=" + FLAGS_precision,
