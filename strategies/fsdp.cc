@@ -53,13 +53,7 @@ std::optional<std::function<void()>> Fsdp::prepare_local_module_state(
 void Fsdp::teardown() {
   // Every rank gets here together after the user's function returned: the parameters take
   // their full values back (collective) before the process group ends.
-  if (sharded_) {
-    sharded_->gather_all_into_parameters();
-    if (global_rank() == 0)
-      std::cerr << "fsdp: " << sharded_->gathers() << " all-gathers (" << sharded_->prefetches()
-                << " started ahead of use), " << sharded_->reduce_scatters()
-                << " reduce-scatters" << std::endl;
-  }
+  if (sharded_) sharded_->gather_all_into_parameters();
   ParallelStrategy::teardown();
 }
 

@@ -108,7 +108,7 @@ TEST_F(ExamplesTest, ProgressBarRedrawsInPlaceWithLinesAboveIt) {
 }
 
 // trainer.stop_on_nonfinite: a diverging run stops with exit status 3, says why and what to do,
-// and keeps its state aside where resume: auto never picks it up.
+// and keeps its state aside where resume: auto never picks it up; under fsdp too.
 TEST_F(ExamplesTest, DivergingRunStopsWithExitThreeAndKeepsItsStateAside) {
   Result r = run("fashion_mnist",
                  "--config=fashion_mnist.yaml fabric.accelerator=cpu trainer.max_steps=40 trainer.limit_eval_batches=2 "
@@ -131,6 +131,17 @@ TEST_F(ExamplesTest, DivergingRunStopsWithExitThreeAndKeepsItsStateAside) {
           "model.width=4 model.hidden=8 optimizer.lr=1e12 trainer.stop_on_nonfinite=0");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(summary_of(r)["steps"], 6);
+  // Under fsdp every rank stops at the same step; the state set aside is sharded (a folder).
+  r = run("fashion_mnist",
+          "--config=fashion_mnist.yaml fabric.accelerator=cpu trainer.max_steps=40 "
+          "trainer.limit_eval_batches=2 model.width=4 model.hidden=8 optimizer.lr=1e12 "
+          "trainer.stop_on_nonfinite=2 fabric.strategy=fsdp fabric.devices=2 "
+          "fabric.fsdp.min_unit_params=100");
+  ASSERT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("not finite for 2 consecutive steps on ranks 0, 1"), std::string::npos)
+      << r.out;
+  const fs::path sharded_aside = summary_of(r)["nonfinite_checkpoint"].get<std::string>();
+  EXPECT_TRUE(fs::exists(sharded_aside / "manifest.json")) << sharded_aside;
 }
 
 TEST_F(ExamplesTest, SingleCpuConfigRunsOnSyntheticData) {

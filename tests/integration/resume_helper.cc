@@ -21,6 +21,8 @@
 //                           the optimizer state; under fabric.strategy: fsdp also "rank R fsdp
 //                           units=U peak_gathered=B full=F": the most bytes of whole units at any
 //                           time so far and the bytes of all units whole
+// At the end under fsdp, rank 0 prints "fsdp: N all-gathers (M started ahead of use), R
+// reduce-scatters" (its own counts).
 // Everything else is the training schema (fabric.*, checkpoint.*, data.*, ...).
 #include <torch/torch.h>
 
@@ -175,6 +177,10 @@ int main(int argc, char** argv) {
       }
       checkpoints.finish();
       if (!c.get_string("test.out").empty()) f.save(c.get_string("test.out"), state);
+      if (auto* fsdp = dynamic_cast<fabric::strategies::Fsdp*>(&f.strategy()))
+        f.print("fsdp: ", fsdp->sharded()->gathers(), " all-gathers (",
+                fsdp->sharded()->prefetches(), " started ahead of use), ",
+                fsdp->sharded()->reduce_scatters(), " reduce-scatters");
       f.print("done at step ", checkpoints.step(), " epoch ", checkpoints.epoch());
     });
   });
