@@ -185,6 +185,7 @@ class FileRanges {
     if (!in_) throw std::runtime_error("cannot read the zip file");
   }
   std::string read(uint64_t at, uint64_t n) {
+    if (at + n > size_ || at + n < at) throw std::runtime_error("truncated zip file");
     std::string b(n, '\0');
     read(at, b.data(), n);
     return b;
