@@ -12,13 +12,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <map>
 #include <set>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "fabric/checkpoint/sharded.h"
-#include "fabric/checkpoint/state_dict.h"
 #include "fabric/core/error.h"
 #include "fabric/distributed/process_group.h"
 
@@ -185,17 +183,20 @@ ShardedParameters::~ShardedParameters() {
   for (auto& [node, key] : hooks_) node->del_post_hook(key);
 }
 
-void ShardedParameters::start_gather(Unit& u) {
-  if (u.gathered || u.pending) return;
+void ShardedParameters::start_gather(Unit& u, bool exact) {
   Inside inside;
-  c10::StorageImpl* storage = u.full.storage().unsafeGetStorageImpl();
-  const size_t bytes = static_cast<size_t>(u.full.numel()) * u.full.element_size();
-  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
-  storage->set_nbytes(bytes);
-  gathered_bytes_ += static_cast<int64_t>(bytes);
-  peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
+  if (!u.gathered) {
+    c10::StorageImpl* storage = u.full.storage().unsafeGetStorageImpl();
+    const size_t bytes = static_cast<size_t>(u.full.numel()) * u.full.element_size();
+    storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+    storage->set_nbytes(bytes);
+    gathered_bytes_ += static_cast<int64_t>(bytes);
+    peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
+  }
   const auto wire = policy_.param_dtype;
-  if (wire && *wire != u.full.scalar_type()) {
+  if (!exact && wire && *wire != u.full.scalar_type()) {
+    // Half the bytes on the wire (for bf16/fp16); every rank computes with the same rounded
+    // values once finish_gather upcasts them into the buffer.
     torch::NoGradGuard no_grad;
     torch::Tensor send = u.shard.to(*wire);
     u.pending_received = torch::empty({u.full.numel()}, send.options());
@@ -207,7 +208,6 @@ void ShardedParameters::start_gather(Unit& u) {
   }
   u.gathered = true;
   ++gathers_;
-  ++prefetches_;
 }
 
 void ShardedParameters::finish_gather(Unit& u) {
@@ -215,7 +215,7 @@ void ShardedParameters::finish_gather(Unit& u) {
   Inside inside;
   auto work = std::move(u.pending);
   u.pending.reset();
-  distributed::wait(work, std::string("fsdp all_gather of unit '") + u.name + "' (prefetched, " +
+  distributed::wait(work, std::string("fsdp all_gather of unit '") + u.name + "' (" +
                               describe(u.full) + ")");
   if (u.pending_received.defined()) {
     torch::NoGradGuard no_grad;
@@ -231,37 +231,17 @@ void ShardedParameters::note_use(size_t k) {
   const auto& order = in_backward_ ? backward_order_ : forward_order_;
   auto it = std::find(order.begin(), order.end(), k);
   if (it == order.end() || it + 1 == order.end()) return;
-  start_gather(units_[*(it + 1)]);
+  Unit& next = units_[*(it + 1)];
+  if (next.gathered) return;  // gathered, or its prefetch is in flight
+  start_gather(next, /*exact=*/false);
+  ++prefetches_;
 }
 
 void ShardedParameters::gather(Unit& u, bool exact) {
   finish_gather(u);
   if (u.gathered && (u.exact || !exact)) return;
-  Inside inside;
-  if (!u.gathered) {
-    c10::StorageImpl* storage = u.full.storage().unsafeGetStorageImpl();
-    const size_t bytes = static_cast<size_t>(u.full.numel()) * u.full.element_size();
-    storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
-    storage->set_nbytes(bytes);
-    gathered_bytes_ += static_cast<int64_t>(bytes);
-    peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
-  }
-  const std::string what = std::string("fsdp all_gather of unit '") + u.name + "' (";
-  const auto wire = policy_.param_dtype;
-  if (!exact && wire && *wire != u.full.scalar_type()) {
-    // Half the bytes on the wire (for bf16/fp16); every rank computes with the same rounded values.
-    torch::NoGradGuard no_grad;
-    torch::Tensor send = u.shard.to(*wire);
-    torch::Tensor received = torch::empty({u.full.numel()}, send.options());
-    distributed::wait(pg_->_allgather_base(received, send), what + describe(received) + ")");
-    u.full.copy_(received);
-    u.exact = false;
-  } else {
-    distributed::wait(pg_->_allgather_base(u.full, u.shard), what + describe(u.full) + ")");
-    u.exact = true;
-  }
-  u.gathered = true;
-  ++gathers_;
+  start_gather(u, exact);
+  finish_gather(u);
 }
 
 void ShardedParameters::release(Unit& u) {
@@ -404,88 +384,6 @@ void ShardedParameters::gather_all_into_parameters() {
     u.pins = 0;
     release(u);
   }
-}
-
-std::pair<int64_t, int64_t> ShardedParameters::own_range(const Unit& u, size_t i) const {
-  // The parameter's elements [a, b) of the unit's flat vector, this rank's [lo, hi).
-  const int64_t a = u.offsets[i], b = a + u.params[i].numel();
-  const int64_t lo = rank_ * u.shard_size, hi = lo + u.shard_size;
-  const int64_t x = std::max(a, lo), y = std::min(b, hi);
-  return x < y ? std::make_pair(x - a, y - a) : std::make_pair(int64_t{0}, int64_t{0});
-}
-
-torch::Tensor ShardedParameters::own_values(const Unit& u, size_t i) const {
-  const auto [x, y] = own_range(u, i);
-  return x < y ? u.shard.narrow(0, x + u.offsets[i] - rank_ * u.shard_size, y - x)
-               : torch::empty({0}, u.shard.options());
-}
-
-std::optional<PieceRange> ShardedParameters::wanted(const std::string& path,
-                                                    at::IntArrayRef sizes,
-                                                    at::IntArrayRef strides) const {
-  auto it = by_path_.find(path);
-  if (it == by_path_.end()) return std::nullopt;
-  const Unit& u = units_[it->second.first];
-  const torch::Tensor& p = u.params[it->second.second];
-  if (!p.sizes().equals(sizes) || !strides.equals(c10::contiguous_strides(sizes)))
-    return std::nullopt;
-  const auto [x, y] = own_range(u, it->second.second);
-  return PieceRange{x, y - x};
-}
-
-std::function<void()> ShardedParameters::prepare_load(const torch::nn::Module& module,
-                                                      const c10::IValue& value,
-                                                      const std::string& source) {
-  std::map<std::string, PartialTarget> partial;
-  for (const auto& [path, where] : by_path_) {
-    const Unit& u = units_[where.first];
-    const size_t i = where.second;
-    const auto [x, y] = own_range(u, i);
-    const torch::Tensor destination = own_values(u, i);
-    partial[u.names[i]] = [destination, x = x, y = y](const c10::IValue& v) {
-      torch::Tensor from;
-      if (auto piece = as_tensor_piece(v)) {
-        if (piece->offset != x || piece->values.numel() != y - x)
-          throw Error("the checkpoint gave elements " + std::to_string(piece->offset) + " to " +
-                      std::to_string(piece->offset + piece->values.numel()) +
-                      ", this rank keeps " + std::to_string(x) + " to " + std::to_string(y));
-        from = piece->values;
-      } else {
-        from = v.toTensor().reshape(-1).narrow(0, x, y - x);
-      }
-      return std::function<void()>([destination, from] { destination.copy_(from); });
-    };
-  }
-  auto copy = prepare_load_state_dict(module, value, source, partial);
-  return [this, copy = std::move(copy)] {
-    copy();
-    for (auto& u : units_) release(u);  // what was gathered holds the old values
-  };
-}
-
-c10::IValue ShardedParameters::local_state(const torch::nn::Module& module) const {
-  std::unordered_map<const void*, std::pair<size_t, size_t>> where;  // unit, index
-  for (size_t k = 0; k < units_.size(); ++k)
-    for (size_t i = 0; i < units_[k].params.size(); ++i)
-      where[units_[k].params[i].unsafeGetTensorImpl()] = {k, i};
-  c10::impl::GenericDict out(c10::StringType::get(), c10::AnyType::get());
-  for (const auto& item : module.named_parameters()) {
-    const torch::Tensor& p = item.value();
-    if (!p.defined()) continue;
-    auto it = where.find(p.unsafeGetTensorImpl());
-    if (it == where.end()) {  // not sharded (does not require gradients)
-      out.insert(item.key(), p.detach());
-      continue;
-    }
-    const Unit& u = units_[it->second.first];
-    const size_t i = it->second.second;
-    const auto [x, y] = own_range(u, i);
-    out.insert(item.key(),
-               tensor_piece(p.sizes(), c10::contiguous_strides(p.sizes()), x, own_values(u, i)));
-  }
-  for (const auto& item : module.named_buffers())
-    if (item.value().defined()) out.insert(item.key(), item.value().detach());
-  return out;
 }
 
 OptimizerShard::Segments ShardedParameters::segments() const {

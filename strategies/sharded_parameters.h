@@ -172,8 +172,9 @@ class ShardedParameters {
   // gathered again).
   void gather(Unit& unit, bool exact = false);
   void release(Unit& unit);  // frees the full buffer's memory (after a prefetch in flight)
-  // Starts the all-gather of `unit` (allocating its buffer) without waiting; gather() finishes it.
-  void start_gather(Unit& unit);
+  // Starts the all-gather of `unit` (allocating its buffer unless gathered) without waiting;
+  // finish_gather waits for it (and upcasts a param_dtype gather into the buffer).
+  void start_gather(Unit& unit, bool exact);
   void finish_gather(Unit& unit);
   // The order units were first used in this phase; prefetch the one after `k` in the last pass.
   void note_use(size_t k);

@@ -166,6 +166,13 @@ Error unreadable(const fs::path& path, const std::exception& e) {
   return Error(path.string() + ": not a readable PyTorch file (" + why + ")");
 }
 
+void require_regular_file(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec))
+    throw Error(path.string() + ": cannot open (" +
+                (fs::exists(path, ec) ? "not a regular file" : std::strerror(ENOENT)) + ")");
+}
+
 // A record as the zip central directory lists it.
 struct ZipEntry {
   uint32_t crc = 0;
@@ -257,10 +264,7 @@ std::string record_prefix(const std::map<std::string, ZipEntry>& directory) {
 }  // namespace
 
 c10::IValue load_archive(const fs::path& path) {
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec))
-    throw Error(path.string() + ": cannot open (" +
-                (fs::exists(path, ec) ? "not a regular file" : std::strerror(ENOENT)) + ")");
+  require_regular_file(path);
   try {
     caffe2::serialize::PyTorchStreamReader reader(path.string());
     FileRanges file(path);
@@ -287,10 +291,7 @@ c10::IValue load_archive(const fs::path& path) {
 }
 
 c10::IValue check_archive(const fs::path& path) {
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec))
-    throw Error(path.string() + ": cannot open (" +
-                (fs::exists(path, ec) ? "not a regular file" : std::strerror(ENOENT)) + ")");
+  require_regular_file(path);
   try {
     FileRanges file(path);
     const std::map<std::string, ZipEntry> directory = zip_directory(file);
