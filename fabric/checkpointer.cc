@@ -5,11 +5,14 @@
 #include <fstream>
 #include <iostream>
 #include <regex>
+#include <functional>
+#include <optional>
 
 #include "fabric/checkpoint/archive.h"
 #include "fabric/checkpoint/sharded.h"
 #include "fabric/core/atomic_file.h"
 #include "fabric/core/paths.h"
+#include "fabric/launchers/job_progress.h"
 #include "fabric/logging/run_dir.h"
 #include "strategies/collectives.h"
 
@@ -104,11 +107,20 @@ Checkpointer::Checkpointer(Fabric& f, CheckpointState state, const std::string& 
         absolute_from_working_directory(
             expand(c, "checkpoint.export_weights", {{"run_dir", run_dir.string()}, {"name", name}}))
             .string();
+  async_ = c.get_bool("checkpoint.async");
   state_.add("checkpointer.step", step_).add("checkpointer.epoch", epoch_);
   resume(c.get_string("checkpoint.resume"));
 }
 
-std::vector<fs::path> Checkpointer::candidates() const {
+Checkpointer::~Checkpointer() {
+  if (writer_.joinable()) writer_.join();
+  if (!write_error_.empty()) std::cerr << "error: checkpoint.async: " << write_error_ << std::endl;
+}
+
+std::vector<fs::path> Checkpointer::candidates() const { return candidates_since({}); }
+
+std::vector<fs::path> Checkpointer::candidates_since(
+    std::optional<std::chrono::system_clock::time_point> since) const {
   const Config& c = f_.config();
   std::vector<fs::path> folders = {dir_};
   if (c.get_string("checkpoint.dir").find("{run_dir}") != std::string::npos) {
@@ -124,7 +136,10 @@ std::vector<fs::path> Checkpointer::candidates() const {
   for (const auto& folder : folders)
     for (const auto& file : checkpoints_in(folder)) {
       std::error_code ec;
-      found.emplace_back(fs::last_write_time(file, ec), file);
+      const auto written = fs::last_write_time(file, ec);
+      if (ec) continue;
+      if (since && std::chrono::file_clock::to_sys(written) < *since) continue;
+      found.emplace_back(written, file);
     }
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
     return a.first != b.first ? a.first > b.first : a.second > b.second;
@@ -134,23 +149,53 @@ std::vector<fs::path> Checkpointer::candidates() const {
   return out;
 }
 
-void Checkpointer::resume(const std::string& how) {
+std::string Checkpointer::newest_verified(
+    const std::string& why, std::optional<std::chrono::system_clock::time_point> since) {
+  std::string chosen;
+  if (f_.is_global_zero()) {
+    for (const auto& file : candidates_since(since)) {
+      try {
+        verify_checkpoint(file);  // every byte, CRCs checked: a damaged one is skipped
+        chosen = file.string();
+        break;
+      } catch (const Error& e) {
+        std::cerr << "warning: " << why << ": skipping " << e.what() << std::endl;
+      }
+    }
+  }
+  return f_.broadcast(chosen, 0);
+}
+
+void Checkpointer::resume(const std::string& configured) {
+  // A restarted attempt (fabric.max_restarts, torchrun --max-restarts) continues from the newest
+  // complete checkpoint this job wrote; with none yet it starts as the first attempt did.
+  const EnvGetter env = process_environment();
+  const int64_t attempt = restart_attempt(env);
+  const std::string& how = configured;
+  if (attempt > 0) {
+    const std::string restart = "restart " + std::to_string(attempt);
+    // Unknown start (no /proc): no checkpoint counts as this job's.
+    const std::string chosen = newest_verified(
+        restart, job_start_time(env).value_or(std::chrono::system_clock::time_point::max()));
+    if (chosen.empty()) {
+      f_.print(restart, ": no complete checkpoint of this job yet; starting as its first attempt "
+               "did (checkpoint.resume: ", configured, ")");
+    } else {
+      load_from(chosen);
+      std::string lost;
+      if (const auto failed = failed_attempt_step(env); failed && *failed >= step_)
+        lost = "; the failed attempt had reached step " + std::to_string(*failed) + " (" +
+               std::to_string(*failed - step_) + " steps to redo)";
+      f_.print(restart, " (fabric.max_restarts): resumed from ", chosen, " at step ", step_,
+               ", epoch ", epoch_, lost);
+      return;
+    }
+  }
   if (how == "none") return;
   const Config& c = f_.config();
   std::string chosen;
   if (how == "auto") {
-    if (f_.is_global_zero()) {
-      for (const auto& file : candidates()) {
-        try {
-          verify_checkpoint(file);  // every byte, CRCs checked: a damaged one is skipped
-          chosen = file.string();
-          break;
-        } catch (const Error& e) {
-          std::cerr << "warning: checkpoint.resume=auto: skipping " << e.what() << std::endl;
-        }
-      }
-    }
-    chosen = f_.broadcast(chosen, 0);
+    chosen = newest_verified("checkpoint.resume=auto", std::nullopt);
     if (chosen.empty()) {
       f_.print("checkpoint.resume=auto: no complete checkpoint of an earlier ", name_,
                " run; starting from scratch");
@@ -178,6 +223,11 @@ void Checkpointer::resume(const std::string& how) {
                        path.string() + " does not exist (use none, auto, or a .ckpt file)");
     chosen = path.string();
   }
+  load_from(chosen);
+  f_.print("resumed from ", chosen, " at step ", step_, ", epoch ", epoch_);
+}
+
+void Checkpointer::load_from(const std::string& chosen) {
   f_.load(chosen, state_);
   // The loop's epoch is the one the data continues with (a checkpoint taken at the last step of
   // an epoch, before epoch_end(), resumes with the next epoch).
@@ -188,23 +238,79 @@ void Checkpointer::resume(const std::string& how) {
     }
   saved_step_ = step_;
   resumed_from_ = chosen;
-  f_.print("resumed from ", chosen, " at step ", step_, ", epoch ", epoch_);
+  publish_step(step_);
+}
+
+bool Checkpointer::state_is_finite() {
+  bool finite = true;
+  auto check = [&finite](const torch::Tensor& t) {
+    if (finite && t.defined() && t.is_floating_point() && t.numel() > 0)
+      finite = torch::isfinite(t).all().item<bool>();
+  };
+  torch::NoGradGuard no_grad;
+  for (const auto& e : state_.entries()) {
+    if (e.kind == CheckpointState::Entry::Kind::kModule) {
+      auto& module = *static_cast<torch::nn::Module*>(e.object);
+      for (const auto& p : module.parameters()) check(p);
+      for (const auto& b : module.buffers()) check(b);
+    } else if (e.kind == CheckpointState::Entry::Kind::kOptimizer) {
+      // Under sharding strategies the optimizer holds the parameters' shards.
+      for (const auto& group : static_cast<torch::optim::Optimizer*>(e.object)->param_groups())
+        for (const auto& p : group.params()) check(p);
+    }
+  }
+  return f_.all_reduce(finite ? 1.0 : 0.0, ReduceOp::kMin) > 0.5;
 }
 
 fs::path Checkpointer::save() {
+  if (!state_is_finite()) {
+    f_.print("warning: checkpoint at step ", step_,
+             " not written: the weights are not finite (NaN or inf) on some rank; the newest "
+             "checkpoint stays the one before (trainer.stop_on_nonfinite stops such a run)");
+    return {};
+  }
   char file_name[64];
   std::snprintf(file_name, sizeof(file_name), "step-%08lld.ckpt", static_cast<long long>(step_));
-  const fs::path path = write(file_name);
-  on_global_zero(f_.strategy(), [&] {
-    write_file_atomically(dir_ / "latest", path.filename().string() + "\n");
-    if (keep_last_ <= 0) return;
-    const auto files = checkpoints_in(dir_);
-    for (size_t i = 0; i + static_cast<size_t>(keep_last_) < files.size(); ++i)
-      if (files[i] != path) fs::remove_all(files[i]);
-  });
+  const fs::path path = dir_ / file_name;
+  std::optional<std::function<void()>> write;
+  if (async_) {
+    wait_for_write();
+    prepare_dir();
+    write = f_.snapshot_for_save(path.string(), state_);  // the stall: a copy in host memory
+  }
+  if (write) {
+    const bool zero = f_.is_global_zero();
+    writer_ = std::thread([this, path, zero, write = std::move(*write)] {
+      try {
+        if (write) write();
+        if (zero) publish(path);
+      } catch (const std::exception& e) {
+        write_error_ = e.what();
+      }
+    });
+  } else {
+    this->write(file_name);
+    on_global_zero(f_.strategy(), [&] { publish(path); });
+  }
   saved_step_ = step_;
   saved_epoch_ = epoch_;
   return path;
+}
+
+void Checkpointer::publish(const fs::path& path) {
+  write_file_atomically(dir_ / "latest", path.filename().string() + "\n");
+  if (keep_last_ <= 0) return;
+  const auto files = checkpoints_in(dir_);
+  for (size_t i = 0; i + static_cast<size_t>(keep_last_) < files.size(); ++i)
+    if (files[i] != path) fs::remove_all(files[i]);
+}
+
+void Checkpointer::wait_for_write() {
+  if (!async_) return;
+  if (writer_.joinable()) writer_.join();
+  const std::string failed = f_.broadcast(write_error_, 0);  // rank 0 writes
+  write_error_.clear();
+  if (!failed.empty()) throw Error("checkpoint.async: " + failed);
 }
 
 fs::path Checkpointer::save_aside(const std::string& prefix) {
@@ -214,25 +320,30 @@ fs::path Checkpointer::save_aside(const std::string& prefix) {
   return write(file_name);
 }
 
-fs::path Checkpointer::write(const std::string& file_name) {
-  const fs::path path = dir_ / file_name;
+void Checkpointer::prepare_dir() {
   on_global_zero(f_.strategy(), [&] {
     std::error_code ec;
     fs::create_directories(dir_, ec);
     if (ec)
-      throw Error("cannot write " + path.string() + ": cannot create " + dir_.string() + ": " +
-                  ec.message());
+      throw Error("cannot write checkpoints to " + dir_.string() + ": " + ec.message());
     // Temporary files and folders of a save that was killed.
     for (const auto& entry : fs::directory_iterator(dir_, ec))
       if (entry.path().filename().string().find(".tmp.") != std::string::npos)
         fs::remove_all(entry.path(), ec);
   });
+}
+
+fs::path Checkpointer::write(const std::string& file_name) {
+  wait_for_write();  // nothing else in flight while the folder is tidied and written
+  prepare_dir();
+  const fs::path path = dir_ / file_name;
   f_.save(path.string(), state_);
   return path;
 }
 
 void Checkpointer::step_end() {
   ++step_;
+  publish_step(step_);
   if (every_n_steps_ > 0 && step_ % every_n_steps_ == 0) save();
 }
 
@@ -243,6 +354,7 @@ void Checkpointer::epoch_end() {
 
 void Checkpointer::finish() {
   if (save_last_ && (saved_step_ != step_ || saved_epoch_ != epoch_)) save();
+  wait_for_write();
   if (export_weights_.empty()) return;
   for (const auto& e : state_.entries())
     if (e.kind == CheckpointState::Entry::Kind::kModule) {

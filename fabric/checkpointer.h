@@ -10,6 +10,7 @@
 //
 //   checkpoint.format         auto   full | sharded | auto (Fabric::save; sharded: each checkpoint
 //                                    is a folder, fabric/checkpoint/sharded.h)
+//   checkpoint.async          false  write in the background (below)
 //
 // Files: <dir>/step-00000120.ckpt (Fabric::save's format, named by the global step) and
 // <dir>/latest, a one-line marker naming the newest complete checkpoint, replaced atomically only
@@ -22,6 +23,21 @@
 // none found the run starts afresh (one line says so). resume: PATH takes a .ckpt file (or
 // sharded folder), or a folder's `latest`. A checkpoint that does not fit the state (another
 // model) is an error.
+//
+// checkpoint.async: a save takes the state into host memory (Fabric::snapshot_for_save: the
+// training loop's only stall) and a background thread writes the file, crash-safe, while training
+// goes on; `latest` moves and old checkpoints are deleted only once the file is complete. At
+// most one write is in flight: the next save (and finish(), and the destructor) first waits for
+// it; a failed write is reported there as fabric::Error on every rank. Sharded checkpoints
+// (checkpoint.format) are still written synchronously (one warning line says so).
+//
+// Restarts (fabric.max_restarts, fabric/launchers/restart_agent.h; or torchrun --max-restarts):
+// in a restarted attempt the constructor resumes from the newest complete checkpoint written
+// since the job began (those of earlier attempts, found like resume: auto's, damaged ones skipped
+// for the one before), whatever checkpoint.resume says; with none yet it starts as the first
+// attempt did. It prints "restart 1 (fabric.max_restarts): resumed from PATH at step 50, epoch 1;
+// the failed attempt had reached step 57 (7 steps to redo)". step_end() tells the agent each
+// completed step (job_progress.h).
 //
 // Example (examples/common/classification.h is complete):
 //   fabric::CheckpointState state;
@@ -37,9 +53,12 @@
 #ifndef FABRIC_CHECKPOINTER_H_
 #define FABRIC_CHECKPOINTER_H_
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fabric/fabric.h"
@@ -53,6 +72,7 @@ class Checkpointer {
   // this run's folder (Fabric::create_run_directory). Collective.
   Checkpointer(Fabric& f, CheckpointState state, const std::string& name,
                const std::filesystem::path& run_dir);
+  ~Checkpointer();  // waits for a background write (a failure is printed, not thrown)
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 
@@ -70,7 +90,9 @@ class Checkpointer {
   // When training ends: saves (save_last) unless this step is saved already; exports the weights
   // of the state's first module (export_weights). Collective.
   void finish();
-  // Saves now; returns the checkpoint's path. Collective.
+  // Saves now; returns the checkpoint's path. When a weight, buffer or optimizer parameter is not
+  // finite on any rank, writes nothing (one warning line) and returns an empty path: a regular
+  // checkpoint never holds NaN weights for resume: auto or a restart to pick. Collective.
   std::filesystem::path save();
   // Saves now as <dir>/<prefix>-step-NNNNNNNN.ckpt, outside rotation, `latest` and resume: auto
   // (e.g. "nonfinite": a diverged run's state, for inspection, never resumed from by accident).
@@ -81,14 +103,29 @@ class Checkpointer {
   std::vector<std::filesystem::path> candidates() const;
 
  private:
-  void resume(const std::string& how);
+  // candidates() written at or after `since` (all when nullopt).
+  std::vector<std::filesystem::path> candidates_since(
+      std::optional<std::chrono::system_clock::time_point> since) const;
+  // The newest candidate since `since` that passes verify_checkpoint on rank 0 (damaged ones are
+  // skipped with a warning naming `why`), on every rank; "" when none. Collective.
+  std::string newest_verified(const std::string& why,
+                              std::optional<std::chrono::system_clock::time_point> since);
+  void resume(const std::string& configured);
+  void load_from(const std::string& chosen);
+  void prepare_dir();  // rank 0: the folder exists, a killed save's temporary files are gone
+  void publish(const std::filesystem::path& path);  // rank 0: `latest`, then rotation
+  // Waits for the background write, then throws its error on every rank (collective).
+  void wait_for_write();
+  bool state_is_finite();  // collective
   std::filesystem::path write(const std::string& file_name);
   Fabric& f_;
   CheckpointState state_;
   std::string name_;
   std::filesystem::path run_dir_, dir_;
   int64_t every_n_steps_, every_n_epochs_, keep_last_;
-  bool save_last_;
+  bool save_last_, async_ = false;
+  std::thread writer_;
+  std::string write_error_;  // set by the writer thread; read after joining it
   std::string export_weights_;
   int64_t step_ = 0, epoch_ = 0, saved_step_ = -1, saved_epoch_ = -1;
   std::string resumed_from_;

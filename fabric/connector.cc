@@ -134,6 +134,18 @@ void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) 
                          " need an external launcher (torchrun, srun or mpirun) that "
                          "starts the processes on every node; or use 1");
   }
+  s.max_restarts = c.get_int("fabric.max_restarts");
+  s.restart_backoff = std::chrono::milliseconds(
+      static_cast<int64_t>(c.get_double("fabric.restart_backoff_s") * 1000));
+  if (s.max_restarts > 0 && s.environment->creates_processes_externally()) {
+    s.warnings.push_back(c.origin("fabric.max_restarts") +
+                         ": fabric.max_restarts applies to jobs Fabric launches itself; under " +
+                         s.environment->name() +
+                         " let the launcher restart the ranks (torchrun --max-restarts=N): a "
+                         "restarted rank resumes from the newest complete checkpoint by itself");
+  } else if (s.max_restarts > 0) {
+    s.restart_agent = !env("FABRIC_LOCAL_RANK").has_value();  // not one of the agent's ranks
+  }
   const int64_t world = s.environment->world_size();
   if (want == "single_device" && world > 1) {
     throw c.error_at("fabric.strategy",

@@ -11,6 +11,9 @@
 //                   torchrun/SLURM/MPI/RANK+WORLD_SIZE give the world size; otherwise Fabric
 //                   self-launches devices × 1 processes (num_nodes > 1 needs an external launcher).
 //                   auto → ddp when the world has more than one process, else single_device.
+//                   fabric.max_restarts > 0 in a self-launched job: the process the user started
+//                   becomes the restart agent (restart_agent); under an external launcher one
+//                   warning line points to the launcher's own restarts (torchrun --max-restarts).
 //                   single_device with several processes is an error. dp (one process) needs 2+
 //                   CUDA devices; otherwise it runs single_device with one warning line.
 //   4. precision    as configured, except: 16-mixed on CPU → bf16-mixed where the CPU computes
@@ -33,6 +36,7 @@
 #ifndef FABRIC_CONNECTOR_H_
 #define FABRIC_CONNECTOR_H_
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -91,6 +95,12 @@ struct ResolvedSetup {
   // fabric.memory_limit_gb: Fabric::step fails once a process's peak resident host memory
   // exceeds it (0: off).
   double memory_limit_gb = 0;
+  // fabric.max_restarts / restart_backoff_s (fabric/launchers/restart_agent.h). restart_agent:
+  // this process supervises the job instead of being its rank 0 (a self-launched job with
+  // max_restarts > 0, in the process the user started).
+  int64_t max_restarts = 0;
+  std::chrono::milliseconds restart_backoff{1000};
+  bool restart_agent = false;
   std::vector<std::string> warnings;
 };
 

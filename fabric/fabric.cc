@@ -10,6 +10,7 @@
 #include <memory>
 #include <tuple>
 
+#include "fabric/checkpoint/archive.h"
 #include "fabric/checkpoint/format.h"
 #include "fabric/checkpoint/rng_state.h"
 #include "fabric/checkpoint/sharded.h"
@@ -17,6 +18,7 @@
 #include "fabric/connector.h"
 #include "fabric/core/paths.h"
 #include "fabric/core/suggest.h"
+#include "fabric/launchers/restart_agent.h"
 #include "fabric/logging/loggers.h"
 #include "fabric/logging/progress.h"
 #include "strategies/collectives.h"
@@ -131,6 +133,39 @@ CheckpointState with_local_loaders(Strategy& strategy, const CheckpointState& st
   return out;
 }
 
+// A copy of `value` whose tensors are new host (CPU) tensors, nothing shared with the original.
+c10::IValue host_copy(const c10::IValue& value) {
+  if (value.isTensor()) {
+    const at::Tensor& t = value.toTensor();
+    return t.defined() ? t.to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true) : t;
+  }
+  if (value.isGenericDict()) {
+    const auto dict = value.toGenericDict();
+    c10::impl::GenericDict out(dict.keyType(), dict.valueType());
+    out.reserve(dict.size());
+    for (const auto& item : dict) out.insert(item.key(), host_copy(item.value()));
+    return out;
+  }
+  if (value.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : value.toTensorVector()) out.push_back(host_copy(t).toTensor());
+    return out;
+  }
+  if (value.isList()) {
+    const auto list = value.toList();
+    c10::impl::GenericList out(list.elementType());
+    out.reserve(list.size());
+    for (const auto& item : list) out.push_back(host_copy(item));
+    return out;
+  }
+  if (value.isTuple()) {
+    std::vector<c10::IValue> items;
+    for (const auto& item : value.toTupleRef().elements()) items.push_back(host_copy(item));
+    return c10::ivalue::Tuple::create(std::move(items));
+  }
+  return value;  // strings, numbers, None: immutable
+}
+
 }  // namespace
 
 Fabric::Fabric(const Config& config) : Fabric(config, MachineFacts::query()) {}
@@ -141,7 +176,7 @@ Fabric::Fabric(const Config& config, const MachineFacts& facts)
       strategy_(build_strategy(*setup_)),
       loggers_(std::make_unique<Loggers>()) {
   apply_global_settings(*setup_);
-  if (is_global_zero())
+  if (is_global_zero() && !setup_->restart_agent)  // the agent's rank 0 prints them
     for (const auto& w : setup_->warnings) std::cerr << "warning: " << w << std::endl;
 }
 
@@ -154,6 +189,15 @@ std::string Fabric::threads_description() const {
 }
 
 int Fabric::run_launched(const std::function<int(Fabric&)>& fn) {
+  if (setup_->restart_agent) {
+    // This process supervises the job: every rank, 0 included, runs `fn` in a child.
+    RestartAgentOptions agent;
+    agent.world_size = world_size();
+    agent.max_restarts = setup_->max_restarts;
+    agent.backoff = setup_->restart_backoff;
+    agent.store_timeout = setup_->ddp.timeout;
+    return run_restart_agent(agent);
+  }
   strategy_->setup_environment();
   seed_everything(setup_->seed);
   int status = 0;
@@ -239,16 +283,16 @@ void Fabric::save_weights_of(torch::nn::Module& module, const std::string& path)
   on_global_zero(*strategy_, [&] { save_state_dict(file, state_dict(module)); });
 }
 
-void Fabric::save(const std::string& path, const CheckpointState& state) {
-  const auto file = absolute_from_working_directory(path);
+std::function<c10::IValue(const CheckpointState&)> Fabric::gather_for_save() {
   // Every rank's generator states reach every rank (collective, before anything can fail).
   const RngState rng = get_rng_state();
-  const auto cpu_states = all_gather(rng.cpu.to(device()));
+  auto cpu_states = all_gather(rng.cpu.to(device()));
   const auto cuda_flat = rng.cuda.empty() ? torch::empty({0}, torch::kUInt8) : torch::cat(rng.cuda);
-  const auto cuda_states = all_gather(cuda_flat.to(device()));
-  const auto cuda_counts =
+  auto cuda_states = all_gather(cuda_flat.to(device()));
+  auto cuda_counts =
       all_gather(torch::tensor({static_cast<int64_t>(rng.cuda.size())}).to(device()));
-  auto contents_of = [&](const CheckpointState& contents) {
+  return [this, cpu_states = std::move(cpu_states), cuda_states = std::move(cuda_states),
+          cuda_counts = std::move(cuda_counts)](const CheckpointState& contents) {
     std::vector<RngState> by_rank(cpu_states.size());
     for (size_t r = 0; r < cpu_states.size(); ++r) {
       by_rank[r].cpu = cpu_states[r].cpu();
@@ -258,8 +302,17 @@ void Fabric::save(const std::string& path, const CheckpointState& state) {
     return checkpoint_contents({config_.to_yaml(), config_.hash(), world_size()}, contents,
                                precision().scaler(), by_rank);
   };
+}
+
+bool Fabric::saves_sharded() const {
   const std::string format = config_.get_string("checkpoint.format");
-  if (format == "sharded" || (format == "auto" && strategy_->splits_state())) {
+  return format == "sharded" || (format == "auto" && strategy_->splits_state());
+}
+
+void Fabric::save(const std::string& path, const CheckpointState& state) {
+  const auto file = absolute_from_working_directory(path);
+  const auto contents_of = gather_for_save();
+  if (saves_sharded()) {
     // Each rank writes what it holds: nothing gathered.
     const CheckpointState contents = with_local_pieces(*strategy_, state);
     strategy_->save_sharded_checkpoint(file, [&] { return contents_of(contents); });
@@ -270,6 +323,19 @@ void Fabric::save(const std::string& path, const CheckpointState& state) {
   const CheckpointState contents = with_split_optimizers(*strategy_, state, /*gather=*/true);
   const std::vector<ScopeGuard> whole = materialize_modules(*strategy_, modules_of(state), false);
   strategy_->save_checkpoint(file, [&] { return contents_of(contents); });
+}
+
+std::optional<std::function<void()>> Fabric::snapshot_for_save(const std::string& path,
+                                                               const CheckpointState& state) {
+  if (saves_sharded()) return std::nullopt;
+  const auto file = absolute_from_working_directory(path);
+  const auto contents_of = gather_for_save();
+  const CheckpointState contents = with_split_optimizers(*strategy_, state, /*gather=*/true);
+  const std::vector<ScopeGuard> whole = materialize_modules(*strategy_, modules_of(state), false);
+  if (!is_global_zero()) return std::function<void()>();
+  // A copy, so that training may change the state while the file is written.
+  auto snapshot = std::make_shared<const c10::IValue>(host_copy(contents_of(contents)));
+  return std::function<void()>([file, snapshot] { save_archive(file, *snapshot); });
 }
 
 void Fabric::load(const std::string& path, CheckpointState& state, bool strict) {

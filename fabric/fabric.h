@@ -51,6 +51,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -187,6 +188,14 @@ class Fabric {
   // folder instead, to which every rank writes its own pieces in parallel and nothing is
   // gathered (fabric/checkpoint/sharded.h); load() reads both forms at any world size.
   void save(const std::string& path, const CheckpointState& state);
+  // save() in two parts, for writing in the background (the Checkpointer's checkpoint.async):
+  // takes now, collectively, what save() would write (generator states and split optimizer state
+  // gathered, modules whole) as a copy in host memory, and returns what writes it on this rank: a
+  // function with no communication that writes the file crash-safe (global rank 0; other ranks
+  // get an empty function). Returns nullopt, taking nothing, when checkpoints are sharded
+  // folders (checkpoint.format, see save()): those are written by every rank together.
+  std::optional<std::function<void()>> snapshot_for_save(const std::string& path,
+                                                         const CheckpointState& state);
   // Restores `state` from a checkpoint on every rank: format version checked; config differences
   // warned about (one line listing the keys, checkpoint.* and logging.* ignored); every entry
   // checked before any is changed (strict: entries missing from the file or unknown to `state`
@@ -276,6 +285,10 @@ class Fabric {
     return *m;
   }
   int run_launched(const std::function<int(Fabric&)>& fn);
+  bool saves_sharded() const;
+  // Gathers every rank's generator states (collective); the returned function builds the file's
+  // contents from `state` (no communication).
+  std::function<c10::IValue(const CheckpointState&)> gather_for_save();
   void print_line(const std::string& line) const;
   void save_weights_of(torch::nn::Module& module, const std::string& path);
   void load_weights_of(torch::nn::Module& module, const std::string& path);

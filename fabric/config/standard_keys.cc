@@ -56,6 +56,12 @@ ConfigSchema default_schema() {
         KeySpec::real(0.0).min(0).doc(
             "each process: fail at the first optimizer step after its peak resident host memory "
             "exceeds this (GiB); 0: off"));
+  s.add("fabric.max_restarts",
+        KeySpec::integer(0).min(0).doc(
+            "self-launched jobs: when a rank fails, restart every rank from the newest complete "
+            "checkpoint of the job, up to this many times (fabric/launchers/restart_agent.h)"));
+  s.add("fabric.restart_backoff_s",
+        KeySpec::real(1.0).min(0).doc("seconds between a failure and the restart"));
   s.add("fabric.grad_scaler.init_scale",
         KeySpec::real(65536.0).min(0, false).doc("16-mixed loss scale at start"));
   s.add("fabric.grad_scaler.growth_factor", KeySpec::real(2.0).min(1, false));
@@ -149,6 +155,11 @@ ConfigSchema default_schema() {
                  "to which every rank writes its own part in parallel (docs/checkpoints.md); "
                  "auto: sharded under a strategy that splits parameters or optimizer state over "
                  "the ranks (fsdp, fabric.ddp.shard_optimizer_state), else full"));
+  s.add("checkpoint.async",
+        KeySpec::boolean(false).doc(
+            "copy the state to host memory at the save (the only stall) and write the file in a "
+            "background thread while training goes on; one write in flight, the next save waits "
+            "(full format; sharded folders are written synchronously)"));
   s.add("checkpoint.resume",
         KeySpec::string("none").doc("none | auto (newest complete checkpoint of earlier runs of "
                                     "this name) | PATH (a .ckpt file or a checkpoint folder)"));

@@ -27,6 +27,8 @@ Rendezvous::Rendezvous(std::shared_ptr<ClusterEnvironment> environment, Rendezvo
   const int64_t world = env_->world_size();
   const int64_t rank = env_->global_rank();
   const bool self_launch = !env_->creates_processes_externally();
+  // Ranks the restart agent started: the agent hosts the store and supervises every rank.
+  const bool agent = self_launch && env_->store_hosted_by_launcher();
   StoreOptions store;
   store.host = env_->main_address();
   store.port = env_->main_port();
@@ -40,10 +42,12 @@ Rendezvous::Rendezvous(std::shared_ptr<ClusterEnvironment> environment, Rendezvo
   if (!single_node) store.listen_address = "";
   if (env_->main_address() == "::1") store.listen_address = "::1";
   store_ = make_store(store);
-  if (self_launch && rank == 0 && world > 1) {
+  if (self_launch && !agent && rank == 0 && world > 1) {
     // Rank 0 bound an ephemeral port; the children learn it from FABRIC_MASTER_PORT.
-    launcher_ = std::make_unique<SubprocessLauncher>(LaunchOptions{world, store_port(store_)},
-                                                     options_.argv);
+    LaunchOptions launch;
+    launch.world_size = world;
+    launch.master_port = store_port(store_);
+    launcher_ = std::make_unique<SubprocessLauncher>(launch, options_.argv);
   }
   ProcessGroupOptions pg;
   pg.rank = rank;
@@ -57,7 +61,7 @@ Rendezvous::Rendezvous(std::shared_ptr<ClusterEnvironment> environment, Rendezvo
   pg_ = make_process_group(store_, pg);
   if (options_.debug_collectives && world > 1)
     checker_ = std::make_unique<CollectiveChecker>(store_, rank, world, options_.timeout);
-  if (!self_launch && world > 1 && options_.heartbeat_timeout.count() > 0) {
+  if ((!self_launch || agent) && world > 1 && options_.heartbeat_timeout.count() > 0) {
     HeartbeatOptions hb;
     hb.host = env_->main_address();
     hb.port = store_port(store_);

@@ -220,8 +220,13 @@ std::unique_ptr<ClusterEnvironment> detect_environment(const EnvGetter& env,
   Vars v(env, "self");
   const int64_t world = v.integer("FABRIC_WORLD_SIZE", local_world_size);
   const int64_t rank = v.integer("FABRIC_LOCAL_RANK", 0);
+  // Under the restart agent (fabric/launchers/restart_agent.h) the agent hosts the store and each
+  // attempt keeps its keys apart.
+  const bool agent_store = v.text("FABRIC_AGENT_STORE", "") == "1";
   return make({"local", false, world, rank, rank, 0, "127.0.0.1",
-               static_cast<int>(v.integer("FABRIC_MASTER_PORT", 0)), world});
+               static_cast<int>(v.integer("FABRIC_MASTER_PORT", 0)), world, agent_store,
+               agent_store ? "/attempt_" + std::to_string(v.integer("FABRIC_RESTART_COUNT", 0))
+                           : std::string()});
 }
 
 }  // namespace fabric

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -24,21 +25,24 @@ namespace {
 
 int pidfd_open(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
 
-// The environment of a child: ours minus any FABRIC_* launch variables, plus the child's.
+// The environment of a child: ours minus the variables set here, plus the child's.
 std::vector<std::string> child_environment(int64_t rank, const LaunchOptions& o,
                                            const std::string& id) {
+  std::vector<std::string> own = {"FABRIC_LOCAL_RANK=" + std::to_string(rank),
+                                  "FABRIC_WORLD_SIZE=" + std::to_string(o.world_size),
+                                  "FABRIC_MASTER_PORT=" + std::to_string(o.master_port),
+                                  "FABRIC_LAUNCH_ID=" + id};
+  own.insert(own.end(), o.env.begin(), o.env.end());
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string var = *e;
-    if (var.rfind("FABRIC_LOCAL_RANK=", 0) == 0 || var.rfind("FABRIC_WORLD_SIZE=", 0) == 0 ||
-        var.rfind("FABRIC_MASTER_PORT=", 0) == 0 || var.rfind("FABRIC_LAUNCH_ID=", 0) == 0)
-      continue;
-    env.push_back(var);
+    const std::string name = var.substr(0, var.find('=') + 1);
+    const bool replaced = std::any_of(own.begin(), own.end(), [&](const std::string& mine) {
+      return mine.compare(0, name.size(), name) == 0;
+    });
+    if (!replaced) env.push_back(var);
   }
-  env.push_back("FABRIC_LOCAL_RANK=" + std::to_string(rank));
-  env.push_back("FABRIC_WORLD_SIZE=" + std::to_string(o.world_size));
-  env.push_back("FABRIC_MASTER_PORT=" + std::to_string(o.master_port));
-  env.push_back("FABRIC_LAUNCH_ID=" + id);
+  env.insert(env.end(), own.begin(), own.end());
   return env;
 }
 
@@ -62,6 +66,13 @@ std::vector<std::string> own_command_line() {
 
 }  // namespace
 
+std::string ChildExit::describe() const {
+  const std::string who = "rank " + std::to_string(rank);
+  if (signal != 0)
+    return who + " was killed by signal " + std::to_string(signal) + " (" + strsignal(signal) + ")";
+  return who + " exited with code " + std::to_string(code);
+}
+
 SubprocessLauncher::SubprocessLauncher(const LaunchOptions& options,
                                        const std::vector<std::string>& given_argv)
     : options_(options) {
@@ -75,7 +86,8 @@ SubprocessLauncher::SubprocessLauncher(const LaunchOptions& options,
   if (wake_fd_ < 0)
     throw Error(std::string("SubprocessLauncher: eventfd: ") + std::strerror(errno));
 
-  for (int64_t rank = 1; rank < options_.world_size; ++rank) {
+  if (options_.first_rank < 0) throw Error("SubprocessLauncher: first_rank must be >= 0");
+  for (int64_t rank = options_.first_rank; rank < options_.world_size; ++rank) {
     // Everything the child needs is prepared before fork: between fork and exec only
     // async-signal-safe calls are allowed (this process may have many threads).
     std::vector<std::string> args = argv;
@@ -124,7 +136,8 @@ SubprocessLauncher::~SubprocessLauncher() {
 void SubprocessLauncher::monitor() {
   std::vector<bool> done(pids_.size(), false);
   while (running_ > 0) {
-    std::vector<pollfd> fds = {{wake_fd_, POLLIN, 0}};
+    // The interrupt descriptor (if any) is watched in the slot of the wake descriptor's partner.
+    std::vector<pollfd> fds = {{wake_fd_, POLLIN, 0}, {options_.interrupt_fd, POLLIN, 0}};
     std::vector<size_t> index;
     for (size_t i = 0; i < pids_.size(); ++i) {
       if (done[i]) continue;
@@ -136,27 +149,32 @@ void SubprocessLauncher::monitor() {
       return;
     }
     if (fds[0].revents & POLLIN) return;  // the destructor asked us to stop
-    for (size_t k = 1; k < fds.size(); ++k) {
+    if (fds[1].revents & POLLIN) {
+      interrupted_ = true;
+      stop_children(-1);
+      return;
+    }
+    for (size_t k = 2; k < fds.size(); ++k) {
       if (!(fds[k].revents & (POLLIN | POLLHUP))) continue;
-      const size_t i = index[k - 1];
+      const size_t i = index[k - 2];
       int status = 0;
       if (waitpid(pids_[i], &status, 0) < 0) continue;
       done[i] = true;
       --running_;
       const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
       if (ok || stopping_) continue;
-      const int64_t rank = static_cast<int64_t>(i) + 1;
-      const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      if (WIFEXITED(status)) {
-        std::fprintf(stderr, "fabric: rank %lld exited with code %d; stopping the job\n",
-                     static_cast<long long>(rank), code);
-      } else {
-        std::fprintf(stderr, "fabric: rank %lld was killed by signal %d (%s); stopping the job\n",
-                     static_cast<long long>(rank), WTERMSIG(status), strsignal(WTERMSIG(status)));
-      }
+      ChildExit exit;
+      exit.rank = static_cast<int64_t>(i) + options_.first_rank;
+      exit.signal = WIFEXITED(status) ? 0 : WTERMSIG(status);
+      exit.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + exit.signal;
+      std::fprintf(stderr, "fabric: %s; stopping the job\n", exit.describe().c_str());
       stop_children(pids_[i]);
       std::fflush(nullptr);
-      std::_Exit(code);  // fail-fast: rank 0 may be blocked in a collective (see header)
+      if (!options_.fail_fast) {
+        failure_ = exit;
+        return;
+      }
+      std::_Exit(exit.code);  // fail-fast: rank 0 may be blocked in a collective (see header)
     }
   }
 }
@@ -183,7 +201,8 @@ void SubprocessLauncher::stop_children(pid_t except) {
 
 int SubprocessLauncher::wait() {
   if (monitor_.joinable()) monitor_.join();
-  return 0;
+  if (interrupted_) return 128 + SIGINT;
+  return failure_ ? failure_->code : 0;
 }
 
 }  // namespace fabric

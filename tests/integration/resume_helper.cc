@@ -21,6 +21,8 @@
 //                           the optimizer state; under fabric.strategy: fsdp also "rank R fsdp
 //                           units=U peak_gathered=B full=F": the most bytes of whole units at any
 //                           time so far and the bytes of all units whole
+// trainer.stop_on_nonfinite applies (fabric::NonFiniteGuard): a diverged run prints the guard's
+// message and exits 3 on rank 0, like the examples.
 // At the end under fsdp, rank 0 prints "fsdp: N all-gathers (M started ahead of use), R
 // reduce-scatters" (its own counts).
 // Everything else is the training schema (fabric.*, checkpoint.*, data.*, ...).
@@ -30,6 +32,7 @@
 #include "fabric/fabric.h"
 #include "fabric/main.h"
 #include "fabric/nn/batch_norm.h"
+#include "fabric/nonfinite_guard.h"
 #include "fabric/training/optimizers.h"
 #include "fabric/training/state_bytes.h"
 #include "strategies/fsdp.h"
@@ -145,9 +148,11 @@ int main(int argc, char** argv) {
       const auto run = f.create_run_directory("resume_helper");
       fabric::Checkpointer checkpoints(f, state, "resume_helper", run.path());
       const int64_t stop_at = c.get_int("test.stop_at_step");
+      fabric::NonFiniteGuard nonfinite(f);
       while (checkpoints.step() < total) {
         for (fabric::Batch& batch : train) {
           optimizer->zero_grad();
+          torch::Tensor step_loss;
           const auto data = batch.data.chunk(accumulate), target = batch.target.chunk(accumulate);
           for (size_t m = 0; m < data.size(); ++m) {
             torch::Tensor loss;
@@ -156,6 +161,7 @@ int main(int argc, char** argv) {
               loss = torch::cross_entropy_loss(model->forward(data[m]), target[m]) /
                      static_cast<double>(data.size());
             }
+            step_loss = loss.detach();
             if (m + 1 < data.size()) {
               auto no_sync = f.no_backward_sync(model);
               f.backward(loss);
@@ -169,7 +175,11 @@ int main(int argc, char** argv) {
           f.step(*optimizer);
           scheduler.step();
           checkpoints.step_end();
-          if (checkpoints.step() == stop_at) return;
+          if (nonfinite.update(step_loss, checkpoints.step())) {
+            f.print("stopped: ", nonfinite.message());
+            return f.is_global_zero() ? 3 : 0;
+          }
+          if (checkpoints.step() == stop_at) return 0;
           // Stop before taking another batch: the loader's position stays that of the last step.
           if (checkpoints.step() >= total) break;
         }
@@ -182,6 +192,7 @@ int main(int argc, char** argv) {
                 fsdp->sharded()->prefetches(), " started ahead of use), ",
                 fsdp->sharded()->reduce_scatters(), " reduce-scatters");
       f.print("done at step ", checkpoints.step(), " epoch ", checkpoints.epoch());
+      return 0;
     });
   });
 }

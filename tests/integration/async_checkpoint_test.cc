@@ -1,0 +1,96 @@
+// checkpoint.async (fabric/checkpointer.h) with real processes (tests/integration/resume_helper.cc):
+//   - the files hold the state of the step they are named after, bitwise the synchronous ones,
+//     although training goes on while they are written (one process and 2-rank DDP);
+//   - a process killed while a background write is in flight leaves `latest` naming a complete
+//     checkpoint, and resume: auto then finishes bitwise like the uninterrupted run;
+//   - sharded checkpoints fall back to synchronous writes, saying so.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "fabric/checkpoint/archive.h"
+#include "fabric/checkpointer.h"
+#include "tests/checkpoint_diff.h"
+#include "tests/integration/resume_helper_job.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+class AsyncCheckpointTest : public fabric::testing::ResumeHelperJob {
+ protected:
+  AsyncCheckpointTest()
+      : ResumeHelperJob("optimizer.name=adamw checkpoint.every_n_steps=2 checkpoint.keep_last=0") {}
+
+  std::string latest(const std::string& dir) {
+    std::ifstream in(dir_ / dir / "latest");
+    std::string name;
+    std::getline(in, name);
+    return name;
+  }
+};
+
+TEST_F(AsyncCheckpointTest, FilesHoldTheirStepsStateBitwiseLikeSynchronousOnes) {
+  for (const std::string devices : {"1", "2"}) {
+    SCOPED_TRACE("fabric.devices=" + devices);
+    const std::string job = "fabric.devices=" + devices + " test.extra_params=500000 ";
+    auto sync = run(job + "checkpoint.dir=sync" + devices);
+    ASSERT_EQ(sync.code, 0) << sync.out;
+    auto async = run(job + "checkpoint.async=true checkpoint.dir=async" + devices);
+    ASSERT_EQ(async.code, 0) << async.out;
+    for (int step = 2; step <= 16; step += 2) {
+      char name[32];
+      std::snprintf(name, sizeof(name), "step-%08d.ckpt", step);
+      EXPECT_EQ(fabric::testing::compare_checkpoints(dir_ / ("sync" + devices) / name,
+                                                     dir_ / ("async" + devices) / name),
+                "")
+          << name;
+    }
+    EXPECT_EQ(latest("async" + devices), "step-00000016.ckpt");
+    // The comparison can fail: neighbouring steps differ.
+    EXPECT_NE(fabric::testing::compare_checkpoints(dir_ / ("sync" + devices) / "step-00000014.ckpt",
+                                                   dir_ / ("async" + devices) / "step-00000016.ckpt"),
+              "");
+  }
+}
+
+TEST_F(AsyncCheckpointTest, KilledDuringABackgroundWriteResumesBitwise) {
+  // ~12 MB checkpoints; the process SIGKILLs itself after ~5.5 checkpoints' worth of written
+  // bytes: inside the background write of the sixth (fault injection, fabric/core/atomic_file.h).
+  const std::string job = "fabric.devices=1 test.extra_params=1000000 checkpoint.async=true ";
+  auto full = run(job + "checkpoint.dir=full test.out=full.ckpt");
+  ASSERT_EQ(full.code, 0) << full.out;
+  const auto bytes = fs::file_size(dir_ / "full" / "step-00000002.ckpt");
+  auto killed = run_with_env(job + "checkpoint.dir=killed",
+                             "FABRIC_TEST_KILL_AFTER_BYTES=" + std::to_string(bytes * 11 / 2));
+  ASSERT_EQ(killed.code, 128 + 9) << killed.out;
+  bool partial = false;
+  for (const auto& entry : fs::directory_iterator(dir_ / "killed")) {
+    const std::string name = entry.path().filename().string();
+    partial = partial || name.find(".tmp.") != std::string::npos;
+    if (fabric::checkpoint_step(name) >= 0) EXPECT_NO_THROW(fabric::load_archive(entry.path()));
+  }
+  EXPECT_TRUE(partial) << "the kill did not land inside a write";
+  const std::string newest = latest("killed");
+  EXPECT_EQ(fabric::checkpoint_step(newest), 10) << newest;
+  auto resumed = run(job + "checkpoint.dir=killed checkpoint.resume=killed test.out=resumed.ckpt");
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_NE(resumed.out.find("/killed/" + newest + " at step 10"),
+            std::string::npos)
+      << resumed.out;
+  EXPECT_EQ(fabric::testing::compare_checkpoints(dir_ / "full.ckpt", dir_ / "resumed.ckpt"), "");
+}
+
+TEST_F(AsyncCheckpointTest, ShardedCheckpointsAreWrittenSynchronouslySayingSo) {
+  auto r = run("fabric.devices=2 fabric.strategy=fsdp checkpoint.async=true checkpoint.dir=ckpts");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("warning: checkpoint.async: sharded checkpoints are written synchronously"),
+            std::string::npos)
+      << r.out;
+  EXPECT_TRUE(fabric::is_sharded_checkpoint(dir_ / "ckpts" / "step-00000016.ckpt"));
+  EXPECT_EQ(latest("ckpts"), "step-00000016.ckpt");
+}
+
+}  // namespace

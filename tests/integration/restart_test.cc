@@ -1,0 +1,207 @@
+// Jobs that heal (fabric.max_restarts, fabric/launchers/restart_agent.h), with real processes:
+//   - a 2-rank DDP job (shared memory on CPU) whose ranks are SIGKILLed from outside at random
+//     moments, three times, finishes with the state of an uninterrupted run, bitwise;
+//   - a job that fails in every attempt stops after max_restarts restarts, naming the cause, and
+//     each attempt that found no checkpoint of the job starts as the first did;
+//   - a rank that fails because the loss diverged (exit 3) is a result: no restart.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fabric/checkpointer.h"
+#include "tests/checkpoint_diff.h"
+#include "tests/run_command.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// The value of `name` in process `pid`'s environment ("" when absent or unreadable).
+std::string environment_of(pid_t pid, const std::string& name) {
+  const std::string env = read_file("/proc/" + std::to_string(pid) + "/environ");
+  const std::string key = name + "=";
+  for (size_t at = 0; at < env.size();) {
+    const size_t end = env.find('\0', at);
+    const std::string var = env.substr(at, end - at);
+    if (var.rfind(key, 0) == 0) return var.substr(key.size());
+    if (end == std::string::npos) break;
+    at = end + 1;
+  }
+  return "";
+}
+
+// The children of `parent` whose FABRIC_LOCAL_RANK is `rank` and FABRIC_RESTART_COUNT `attempt`.
+std::optional<pid_t> rank_process(pid_t parent, int rank, int attempt) {
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string stat = read_file(entry.path() / "stat");
+    const size_t paren = stat.rfind(')');
+    if (paren == std::string::npos) continue;
+    char state = 0;
+    int ppid = 0;
+    if (std::sscanf(stat.c_str() + paren + 2, "%c %d", &state, &ppid) != 2) continue;
+    if (ppid != parent || state == 'Z') continue;
+    const pid_t pid = std::stoi(name);
+    if (environment_of(pid, "FABRIC_LOCAL_RANK") == std::to_string(rank) &&
+        environment_of(pid, "FABRIC_RESTART_COUNT") == std::to_string(attempt))
+      return pid;
+  }
+  return std::nullopt;
+}
+
+// The highest step of a checkpoint file under `root` (-1: none yet).
+int64_t newest_step(const fs::path& root) {
+  int64_t newest = -1;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(root, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
+    newest = std::max(newest, fabric::checkpoint_step(it->path().filename().string()));
+  return newest;
+}
+
+class RestartTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::path(::testing::TempDir()) / "restart_XXXXXX").string();
+    dir_ = mkdtemp(tmpl.data());
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // `env`: "NAME=VALUE ..." for the job.
+  std::string command(const std::string& args, const std::string& env = "") const {
+    return "cd '" + dir_.string() + "' && " + env + " exec '" +
+           fabric::testing::helper_binary("//tests/integration:resume_helper") +
+           "' fabric.accelerator=cpu fabric.devices=2 fabric.ddp.timeout_s=60 "
+           "optimizer.name=adamw optimizer.lr=0.01 scheduler.name=cosine trainer.max_steps=24 "
+           "data.batch_size=4 data.num_workers=0 checkpoint.export_weights=none "
+           "checkpoint.every_n_epochs=0 fabric.restart_backoff_s=0 " +
+           args;
+  }
+
+  // Starts `args` in the background, its output in `log`; returns the pid (the job's agent).
+  pid_t start(const std::string& args, const fs::path& log) const {
+    const std::string sh = command(args) + " > '" + log.string() + "' 2>&1";
+    const pid_t pid = fork();
+    if (pid == 0) {
+      execl("/bin/sh", "sh", "-c", sh.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    return pid;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(RestartTest, RanksKilledAtRandomMomentsRestartAndFinishBitwiseLikeAnUninterruptedRun) {
+  // 1M extra parameters (~12 MB checkpoints with AdamW's state) so that a run lasts long enough
+  // for the kills to land inside it; a checkpoint every 2 of 24 steps.
+  const std::string job = "test.extra_params=1000000 checkpoint.every_n_steps=2 ";
+  auto reference = fabric::testing::run_command(
+      command(job + "logging.run_dir=reference/{timestamp} test.out=reference.ckpt"));
+  ASSERT_EQ(reference.code, 0) << reference.out;
+
+  const fs::path log = dir_ / "healed.log";
+  const pid_t agent = start(job + "fabric.max_restarts=3 logging.run_dir=healed/{timestamp} " +
+                                "test.out=healed.ckpt",
+                            log);
+  ASSERT_GT(agent, 0);
+  std::mt19937 gen(20261125);
+  std::uniform_int_distribution<int> pick_rank(0, 1);
+  // Attempt k is killed once a checkpoint of step >= targets[k] exists (somewhere between 2 and
+  // 5 steps into the attempt's own progress, wherever its processes are by then).
+  const std::vector<int64_t> targets = {4, 8, 14};
+  std::string kills;
+  for (int attempt = 0; attempt < static_cast<int>(targets.size()); ++attempt) {
+    const int rank = pick_rank(gen);
+    const auto deadline = Clock::now() + std::chrono::seconds(120);
+    std::optional<pid_t> victim;
+    while (Clock::now() < deadline) {
+      if (waitpid(agent, nullptr, WNOHANG) != 0) break;  // the job ended early
+      if (newest_step(dir_ / "healed") >= targets[attempt]) {
+        victim = rank_process(agent, rank, attempt);
+        if (victim) break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));  // polling, not timing
+    }
+    ASSERT_TRUE(victim) << "attempt " << attempt << " never reached step " << targets[attempt]
+                        << "\n"
+                        << read_file(log);
+    ASSERT_EQ(kill(*victim, SIGKILL), 0);
+    kills += " attempt " + std::to_string(attempt) + ": rank " + std::to_string(rank) + ";";
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(agent, &status, 0), agent);
+  const std::string out = read_file(log);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << kills << "\n" << out;
+  for (int k = 1; k <= 3; ++k) {
+    EXPECT_NE(out.find("fabric: restart " + std::to_string(k) + " of 3 in 0.0 s "
+                       "(fabric.max_restarts): rank "),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find("restart " + std::to_string(k) + " (fabric.max_restarts): resumed from "),
+              std::string::npos)
+        << out;
+  }
+  EXPECT_NE(out.find("was killed by signal 9 (Killed) after step "), std::string::npos) << out;
+  EXPECT_NE(out.find("steps to redo)"), std::string::npos) << out;
+  EXPECT_EQ(out.find("restart 4"), std::string::npos) << out;
+  EXPECT_EQ(fabric::testing::compare_checkpoints(dir_ / "reference.ckpt", dir_ / "healed.ckpt"),
+            "")
+      << kills << "\n"
+      << out;
+  std::cout << "killed:" << kills << std::endl;
+}
+
+TEST_F(RestartTest, ExhaustedRestartsEndTheJobNamingTheCause) {
+  // Every attempt kills itself while writing its first checkpoint (fault injection,
+  // fabric/core/atomic_file.h): no attempt ever has a checkpoint of the job to resume from.
+  const auto r = fabric::testing::run_command(
+      command("test.extra_params=1000000 checkpoint.every_n_steps=2 fabric.max_restarts=2 "
+              "logging.run_dir=runs/{timestamp}",
+              "FABRIC_TEST_KILL_AFTER_BYTES=100000"));
+  EXPECT_EQ(r.code, 128 + SIGKILL) << r.out;
+  EXPECT_NE(r.out.find("fabric: restart 1 of 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("fabric: restart 2 of 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("fabric: giving up after 2 restarts (fabric.max_restarts: 2): rank 0 was "
+                       "killed by signal 9 (Killed)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("restart 2: no complete checkpoint of this job yet; starting as its first "
+                       "attempt did (checkpoint.resume: none)"),
+            std::string::npos)
+      << r.out;
+}
+
+TEST_F(RestartTest, ADivergedRunIsAResultAndIsNotRestarted) {
+  const auto r = fabric::testing::run_command(
+      command("optimizer.name=sgd optimizer.lr=1e30 trainer.stop_on_nonfinite=2 "
+              "fabric.max_restarts=2 logging.run_dir=runs/{timestamp}"));
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_NE(r.out.find("fabric: not restarting: rank 0 exited with code 3 (training stopped on "
+                       "non-finite losses: a result, not a failure)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("fabric: restart 1"), std::string::npos) << r.out;
+}
+
+}  // namespace
