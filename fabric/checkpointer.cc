@@ -82,6 +82,35 @@ std::vector<fs::path> checkpoints_in(const fs::path& dir) {
   return out;
 }
 
+// Whether every floating-point tensor in `value` is finite.
+bool all_finite(const c10::IValue& value) {
+  if (value.isTensor()) {
+    const at::Tensor& t = value.toTensor();
+    return !t.defined() || !t.is_floating_point() || t.numel() == 0 ||
+           torch::isfinite(t).all().item<bool>();
+  }
+  if (value.isGenericDict()) {
+    for (const auto& item : value.toGenericDict())
+      if (!all_finite(item.value())) return false;
+    return true;
+  }
+  if (value.isList()) {
+    for (const auto& item : value.toList())
+      if (!all_finite(item)) return false;
+    return true;
+  }
+  if (value.isTensorList()) {
+    for (const auto& t : value.toTensorVector())
+      if (!all_finite(t)) return false;
+    return true;
+  }
+  if (value.isTuple()) {
+    for (const auto& item : value.toTupleRef().elements())
+      if (!all_finite(item)) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 int64_t checkpoint_step(const std::string& file_name) {
@@ -241,6 +270,12 @@ void Checkpointer::load_from(const std::string& chosen) {
   publish_step(step_);
 }
 
+std::string Checkpointer::not_finite_warning(int64_t step) {
+  return "warning: checkpoint at step " + std::to_string(step) +
+         " not written: the weights are not finite (NaN or inf); the newest checkpoint stays the "
+         "one before (trainer.stop_on_nonfinite stops such a run)";
+}
+
 bool Checkpointer::state_is_finite() {
   bool finite = true;
   auto check = [&finite](const torch::Tensor& t) {
@@ -263,12 +298,6 @@ bool Checkpointer::state_is_finite() {
 }
 
 fs::path Checkpointer::save() {
-  if (!state_is_finite()) {
-    f_.print("warning: checkpoint at step ", step_,
-             " not written: the weights are not finite (NaN or inf) on some rank; the newest "
-             "checkpoint stays the one before (trainer.stop_on_nonfinite stops such a run)");
-    return {};
-  }
   char file_name[64];
   std::snprintf(file_name, sizeof(file_name), "step-%08lld.ckpt", static_cast<long long>(step_));
   const fs::path path = dir_ / file_name;
@@ -276,19 +305,36 @@ fs::path Checkpointer::save() {
   if (async_) {
     wait_for_write();
     prepare_dir();
-    write = f_.snapshot_for_save(path.string(), state_);  // the stall: a copy in host memory
+    // The stall: a copy in host memory (into the previous snapshot's buffers).
+    write = f_.snapshot_for_save(path.string(), state_, snapshot_);
+    if (!write && !warned_sync_) {
+      f_.print("warning: checkpoint.async: sharded checkpoints are written synchronously (every "
+               "rank writes its part; checkpoint.format)");
+      warned_sync_ = true;
+    }
   }
   if (write) {
-    const bool zero = f_.is_global_zero();
-    writer_ = std::thread([this, path, zero, write = std::move(*write)] {
+    // Rank 0's snapshot holds the whole state: it is checked for non-finite values there, in the
+    // background too.
+    writer_ = std::thread([this, path, write = std::move(*write), taken = snapshot_] {
       try {
+        if (taken && !all_finite(*taken)) {
+          write_warning_ = not_finite_warning(checkpoint_step(path.filename().string()));
+          return;
+        }
         if (write) write();
-        if (zero) publish(path);
+        if (taken) publish(path);
       } catch (const std::exception& e) {
         write_error_ = e.what();
       }
     });
   } else {
+    if (!state_is_finite()) {
+      f_.print(not_finite_warning(step_));
+      saved_step_ = step_;  // finish() does not try again
+      saved_epoch_ = epoch_;
+      return {};
+    }
     this->write(file_name);
     on_global_zero(f_.strategy(), [&] { publish(path); });
   }
@@ -308,6 +354,8 @@ void Checkpointer::publish(const fs::path& path) {
 void Checkpointer::wait_for_write() {
   if (!async_) return;
   if (writer_.joinable()) writer_.join();
+  if (!write_warning_.empty()) f_.print(write_warning_);
+  write_warning_.clear();
   const std::string failed = f_.broadcast(write_error_, 0);  // rank 0 writes
   write_error_.clear();
   if (!failed.empty()) throw Error("checkpoint.async: " + failed);

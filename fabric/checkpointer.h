@@ -56,6 +56,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -92,7 +93,9 @@ class Checkpointer {
   void finish();
   // Saves now; returns the checkpoint's path. When a weight, buffer or optimizer parameter is not
   // finite on any rank, writes nothing (one warning line) and returns an empty path: a regular
-  // checkpoint never holds NaN weights for resume: auto or a restart to pick. Collective.
+  // checkpoint never holds NaN weights for resume: auto or a restart to pick (under
+  // checkpoint.async the snapshot is checked in the background and the warning comes at the next
+  // save). Collective.
   std::filesystem::path save();
   // Saves now as <dir>/<prefix>-step-NNNNNNNN.ckpt, outside rotation, `latest` and resume: auto
   // (e.g. "nonfinite": a diverged run's state, for inspection, never resumed from by accident).
@@ -117,15 +120,17 @@ class Checkpointer {
   // Waits for the background write, then throws its error on every rank (collective).
   void wait_for_write();
   bool state_is_finite();  // collective
+  static std::string not_finite_warning(int64_t step);
   std::filesystem::path write(const std::string& file_name);
   Fabric& f_;
   CheckpointState state_;
   std::string name_;
   std::filesystem::path run_dir_, dir_;
   int64_t every_n_steps_, every_n_epochs_, keep_last_;
-  bool save_last_, async_ = false;
+  bool save_last_, async_ = false, warned_sync_ = false;
   std::thread writer_;
-  std::string write_error_;  // set by the writer thread; read after joining it
+  std::string write_error_, write_warning_;  // set by the writer thread; read after joining it
+  std::shared_ptr<c10::IValue> snapshot_;     // the last async snapshot (rank 0), reused
   std::string export_weights_;
   int64_t step_ = 0, epoch_ = 0, saved_step_ = -1, saved_epoch_ = -1;
   std::string resumed_from_;

@@ -133,35 +133,62 @@ CheckpointState with_local_loaders(Strategy& strategy, const CheckpointState& st
   return out;
 }
 
-// A copy of `value` whose tensors are new host (CPU) tensors, nothing shared with the original.
-c10::IValue host_copy(const c10::IValue& value) {
+// A copy of `value` whose tensors are host (CPU) tensors sharing nothing with the original: those
+// of `reuse` (an earlier copy) where it has a tensor of the same dtype and shape at the same
+// place, new ones elsewhere.
+c10::IValue host_copy(const c10::IValue& value, const c10::IValue* reuse) {
   if (value.isTensor()) {
     const at::Tensor& t = value.toTensor();
-    return t.defined() ? t.to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true) : t;
+    if (!t.defined()) return t;
+    if (reuse != nullptr && reuse->isTensor()) {
+      at::Tensor r = reuse->toTensor();
+      if (r.defined() && r.device().is_cpu() && r.scalar_type() == t.scalar_type() &&
+          r.sizes().equals(t.sizes()) && r.is_contiguous()) {
+        r.copy_(t);
+        return r;
+      }
+    }
+    return t.to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
   }
   if (value.isGenericDict()) {
     const auto dict = value.toGenericDict();
+    const bool same = reuse != nullptr && reuse->isGenericDict();
     c10::impl::GenericDict out(dict.keyType(), dict.valueType());
     out.reserve(dict.size());
-    for (const auto& item : dict) out.insert(item.key(), host_copy(item.value()));
+    for (const auto& item : dict) {
+      std::optional<c10::IValue> earlier;
+      if (same) {
+        const auto old = reuse->toGenericDict();
+        if (auto it = old.find(item.key()); it != old.end()) earlier = it->value();
+      }
+      out.insert(item.key(), host_copy(item.value(), earlier ? &*earlier : nullptr));
+    }
     return out;
   }
   if (value.isTensorList()) {
     c10::List<at::Tensor> out;
-    for (const at::Tensor& t : value.toTensorVector()) out.push_back(host_copy(t).toTensor());
+    for (const at::Tensor& t : value.toTensorVector()) out.push_back(host_copy(t, nullptr).toTensor());
     return out;
   }
   if (value.isList()) {
     const auto list = value.toList();
+    const bool same = reuse != nullptr && reuse->isList() && reuse->toList().size() == list.size();
     c10::impl::GenericList out(list.elementType());
     out.reserve(list.size());
-    for (const auto& item : list) out.push_back(host_copy(item));
+    for (size_t i = 0; i < list.size(); ++i) {
+      const c10::IValue earlier = same ? reuse->toList().get(i) : c10::IValue();
+      out.push_back(host_copy(list.get(i), same ? &earlier : nullptr));
+    }
     return out;
   }
   if (value.isTuple()) {
-    std::vector<c10::IValue> items;
-    for (const auto& item : value.toTupleRef().elements()) items.push_back(host_copy(item));
-    return c10::ivalue::Tuple::create(std::move(items));
+    const auto& items = value.toTupleRef().elements();
+    const bool same = reuse != nullptr && reuse->isTuple() &&
+                      reuse->toTupleRef().elements().size() == items.size();
+    std::vector<c10::IValue> out;
+    for (size_t i = 0; i < items.size(); ++i)
+      out.push_back(host_copy(items[i], same ? &reuse->toTupleRef().elements()[i] : nullptr));
+    return c10::ivalue::Tuple::create(std::move(out));
   }
   return value;  // strings, numbers, None: immutable
 }
@@ -325,17 +352,20 @@ void Fabric::save(const std::string& path, const CheckpointState& state) {
   strategy_->save_checkpoint(file, [&] { return contents_of(contents); });
 }
 
-std::optional<std::function<void()>> Fabric::snapshot_for_save(const std::string& path,
-                                                               const CheckpointState& state) {
+std::optional<std::function<void()>> Fabric::snapshot_for_save(
+    const std::string& path, const CheckpointState& state, std::shared_ptr<c10::IValue>& snapshot) {
   if (saves_sharded()) return std::nullopt;
   const auto file = absolute_from_working_directory(path);
   const auto contents_of = gather_for_save();
   const CheckpointState contents = with_split_optimizers(*strategy_, state, /*gather=*/true);
   const std::vector<ScopeGuard> whole = materialize_modules(*strategy_, modules_of(state), false);
-  if (!is_global_zero()) return std::function<void()>();
+  if (!is_global_zero()) {
+    snapshot.reset();
+    return std::function<void()>();
+  }
   // A copy, so that training may change the state while the file is written.
-  auto snapshot = std::make_shared<const c10::IValue>(host_copy(contents_of(contents)));
-  return std::function<void()>([file, snapshot] { save_archive(file, *snapshot); });
+  snapshot = std::make_shared<c10::IValue>(host_copy(contents_of(contents), snapshot.get()));
+  return std::function<void()>([file, taken = snapshot] { save_archive(file, *taken); });
 }
 
 void Fabric::load(const std::string& path, CheckpointState& state, bool strict) {

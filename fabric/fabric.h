@@ -192,10 +192,13 @@ class Fabric {
   // takes now, collectively, what save() would write (generator states and split optimizer state
   // gathered, modules whole) as a copy in host memory, and returns what writes it on this rank: a
   // function with no communication that writes the file crash-safe (global rank 0; other ranks
-  // get an empty function). Returns nullopt, taking nothing, when checkpoints are sharded
-  // folders (checkpoint.format, see save()): those are written by every rank together.
+  // get an empty function). `snapshot` (in and out): an earlier snapshot whose host tensors are
+  // reused where the shapes match (no new allocation), replaced by this one (global rank 0;
+  // None elsewhere). Returns nullopt, taking nothing, when checkpoints are sharded folders
+  // (checkpoint.format, see save()): those are written by every rank together.
   std::optional<std::function<void()>> snapshot_for_save(const std::string& path,
-                                                         const CheckpointState& state);
+                                                         const CheckpointState& state,
+                                                         std::shared_ptr<c10::IValue>& snapshot);
   // Restores `state` from a checkpoint on every rank: format version checked; config differences
   // warned about (one line listing the keys, checkpoint.* and logging.* ignored); every entry
   // checked before any is changed (strict: entries missing from the file or unknown to `state`
