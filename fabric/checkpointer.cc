@@ -215,8 +215,7 @@ void Checkpointer::resume(const std::string& configured) {
       if (const auto failed = failed_attempt_step(env); failed && *failed >= step_)
         lost = "; the failed attempt had reached step " + std::to_string(*failed) + " (" +
                std::to_string(*failed - step_) + " steps to redo)";
-      f_.print(restart, " (fabric.max_restarts): resumed from ", chosen, " at step ", step_,
-               ", epoch ", epoch_, lost);
+      f_.print(restart, ": resumed from ", chosen, " at step ", step_, ", epoch ", epoch_, lost);
       return;
     }
   }

@@ -35,8 +35,8 @@
 // in a restarted attempt the constructor resumes from the newest complete checkpoint written
 // since the job began (those of earlier attempts, found like resume: auto's, damaged ones skipped
 // for the one before), whatever checkpoint.resume says; with none yet it starts as the first
-// attempt did. It prints "restart 1 (fabric.max_restarts): resumed from PATH at step 50, epoch 1;
-// the failed attempt had reached step 57 (7 steps to redo)". step_end() tells the agent each
+// attempt did. It prints "restart 1: resumed from PATH at step 50, epoch 1; the failed attempt had
+// reached step 57 (7 steps to redo)" (the last part under fabric.max_restarts only). step_end() tells the agent each
 // completed step (job_progress.h).
 //
 // Example (examples/common/classification.h is complete):

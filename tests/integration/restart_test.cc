@@ -3,7 +3,9 @@
 //     moments, three times, finishes with the state of an uninterrupted run, bitwise;
 //   - a job that fails in every attempt stops after max_restarts restarts, naming the cause, and
 //     each attempt that found no checkpoint of the job starts as the first did;
-//   - a rank that fails because the loss diverged (exit 3) is a result: no restart.
+//   - a rank that fails because the loss diverged (exit 3) is a result: no restart;
+//   - under torchrun --max-restarts a restarted attempt resumes from the job's newest checkpoint
+//     by itself and finishes bitwise like the uninterrupted run.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -49,8 +51,10 @@ std::string environment_of(pid_t pid, const std::string& name) {
   return "";
 }
 
-// The children of `parent` whose FABRIC_LOCAL_RANK is `rank` and FABRIC_RESTART_COUNT `attempt`.
-std::optional<pid_t> rank_process(pid_t parent, int rank, int attempt) {
+// The child of `parent` whose `rank_var` is `rank` and `attempt_var` is `attempt`.
+std::optional<pid_t> rank_process(pid_t parent, int rank, int attempt,
+                                  const std::string& rank_var = "FABRIC_LOCAL_RANK",
+                                  const std::string& attempt_var = "FABRIC_RESTART_COUNT") {
   for (const auto& entry : fs::directory_iterator("/proc")) {
     const std::string name = entry.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
@@ -62,8 +66,8 @@ std::optional<pid_t> rank_process(pid_t parent, int rank, int attempt) {
     if (std::sscanf(stat.c_str() + paren + 2, "%c %d", &state, &ppid) != 2) continue;
     if (ppid != parent || state == 'Z') continue;
     const pid_t pid = std::stoi(name);
-    if (environment_of(pid, "FABRIC_LOCAL_RANK") == std::to_string(rank) &&
-        environment_of(pid, "FABRIC_RESTART_COUNT") == std::to_string(attempt))
+    if (environment_of(pid, rank_var) == std::to_string(rank) &&
+        environment_of(pid, attempt_var) == std::to_string(attempt))
       return pid;
   }
   return std::nullopt;
@@ -100,7 +104,11 @@ class RestartTest : public ::testing::Test {
 
   // Starts `args` in the background, its output in `log`; returns the pid (the job's agent).
   pid_t start(const std::string& args, const fs::path& log) const {
-    const std::string sh = command(args) + " > '" + log.string() + "' 2>&1";
+    return start_shell(command(args), log);
+  }
+  // Starts the shell command `line` (ending in an exec) in the background.
+  pid_t start_shell(const std::string& line, const fs::path& log) const {
+    const std::string sh = line + " > '" + log.string() + "' 2>&1";
     const pid_t pid = fork();
     if (pid == 0) {
       execl("/bin/sh", "sh", "-c", sh.c_str(), static_cast<char*>(nullptr));
@@ -158,7 +166,7 @@ TEST_F(RestartTest, RanksKilledAtRandomMomentsRestartAndFinishBitwiseLikeAnUnint
                        "(fabric.max_restarts): rank "),
               std::string::npos)
         << out;
-    EXPECT_NE(out.find("restart " + std::to_string(k) + " (fabric.max_restarts): resumed from "),
+    EXPECT_NE(out.find("restart " + std::to_string(k) + ": resumed from "),
               std::string::npos)
         << out;
   }
@@ -202,6 +210,46 @@ TEST_F(RestartTest, ADivergedRunIsAResultAndIsNotRestarted) {
             std::string::npos)
       << r.out;
   EXPECT_EQ(r.out.find("fabric: restart 1"), std::string::npos) << r.out;
+}
+
+// torchrun restarts every worker itself (--max-restarts); the workers see
+// TORCHELASTIC_RESTART_COUNT = 1 and resume from the newest checkpoint written since torchrun's
+// agent (their parent) started.
+TEST_F(RestartTest, UnderTorchrunARestartedAttemptResumesFromTheJobsNewestCheckpoint) {
+  const std::string python = fabric::testing::python_interpreter();
+  const auto probe = fabric::testing::run_command(python + " -c 'import torch.distributed.run'");
+  if (probe.code != 0)
+    GTEST_SKIP() << "no torch.distributed.run for " << python << " (tools/setup.sh installs torch)";
+  const std::string job = "test.extra_params=1000000 checkpoint.every_n_steps=2 ";
+  auto reference = fabric::testing::run_command(
+      command(job + "logging.run_dir=reference/{timestamp} test.out=reference.ckpt"));
+  ASSERT_EQ(reference.code, 0) << reference.out;
+  // command() ends in "exec 'BINARY' ARGS": torchrun takes the binary's place.
+  std::string line = command(job + "logging.run_dir=healed/{timestamp} test.out=healed.ckpt");
+  line.replace(line.find("exec '"), 6,
+               "exec " + python + " -m torch.distributed.run --standalone --nproc-per-node=2 "
+                                  "--max-restarts=1 --no-python '");
+  const fs::path log = dir_ / "torchrun.log";
+  const pid_t agent = start_shell(line, log);
+  ASSERT_GT(agent, 0);
+  std::optional<pid_t> victim;
+  const auto deadline = Clock::now() + std::chrono::seconds(120);
+  while (Clock::now() < deadline && waitpid(agent, nullptr, WNOHANG) == 0) {
+    if (newest_step(dir_ / "healed") >= 6 &&
+        (victim = rank_process(agent, 1, 0, "RANK", "TORCHELASTIC_RESTART_COUNT")))
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // polling, not timing
+  }
+  ASSERT_TRUE(victim) << read_file(log);
+  ASSERT_EQ(kill(*victim, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(agent, &status, 0), agent);
+  const std::string out = read_file(log);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  EXPECT_NE(out.find("restart 1: resumed from "), std::string::npos) << out;
+  EXPECT_EQ(fabric::testing::compare_checkpoints(dir_ / "reference.ckpt", dir_ / "healed.ckpt"),
+            "")
+      << out;
 }
 
 }  // namespace

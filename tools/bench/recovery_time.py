@@ -9,7 +9,7 @@ fabric.max_restarts=1, a checkpoint every 20 steps and a progress line every ste
 prints step 30, SIGKILLs rank 1 (found among the agent's children by FABRIC_LOCAL_RANK) and
 measures, from the kill, when
   - the agent reports the failure ("fabric: restart 1 of 1 ..."),
-  - rank 0 of the new attempt reports its resume ("restart 1 (fabric.max_restarts): resumed ..."),
+  - rank 0 of the new attempt reports its resume ("restart 1: resumed from ..."),
   - the first progress line after the resume appears (the first step done again).
 Prints one line per trial and the medians. Not a test: nothing is asserted.
 """
@@ -67,7 +67,7 @@ def trial(binary, backoff, extra):
                 killed = time.monotonic()
             elif killed is not None and reported is None and line.startswith("fabric: restart 1"):
                 reported = now
-            elif killed is not None and resumed is None and "(fabric.max_restarts): resumed" in line:
+            elif killed is not None and resumed is None and "restart 1: resumed" in line:
                 resumed = now
             elif resumed is not None and first_step is None and " step " in line:
                 first_step = now
