@@ -181,8 +181,11 @@ void SubprocessLauncher::monitor() {
 
 void SubprocessLauncher::stop_children(pid_t except) {
   stopping_ = true;
-  for (pid_t pid : pids_)
-    if (pid != except) kill(pid, SIGTERM);
+  for (pid_t pid : pids_) {
+    if (pid == except) continue;
+    kill(pid, SIGTERM);
+    kill(pid, SIGCONT);  // a stopped (frozen) rank acts on the SIGTERM now, not after the grace
+  }
   const auto deadline = std::chrono::steady_clock::now() + options_.grace;
   for (pid_t pid : pids_) {
     if (pid == except) continue;

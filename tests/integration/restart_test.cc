@@ -1,6 +1,7 @@
 // Jobs that heal (fabric.max_restarts, fabric/launchers/restart_agent.h), with real processes:
 //   - a 2-rank DDP job (shared memory on CPU) whose ranks are SIGKILLed from outside at random
 //     moments, three times, finishes with the state of an uninterrupted run, bitwise;
+//   - a frozen rank (SIGSTOP) is found by the heartbeat and the job restarts and finishes bitwise;
 //   - a job that fails in every attempt stops after max_restarts restarts, naming the cause, and
 //     each attempt that found no checkpoint of the job starts as the first did;
 //   - a rank that fails because the loss diverged (exit 3) is a result: no restart;
@@ -178,6 +179,40 @@ TEST_F(RestartTest, RanksKilledAtRandomMomentsRestartAndFinishBitwiseLikeAnUnint
       << kills << "\n"
       << out;
   std::cout << "killed:" << kills << std::endl;
+}
+
+TEST_F(RestartTest, AFrozenRankIsFoundByTheHeartbeatAndTheJobRestarts) {
+  const std::string job = "test.extra_params=1000000 checkpoint.every_n_steps=2 ";
+  auto reference = fabric::testing::run_command(
+      command(job + "logging.run_dir=reference/{timestamp} test.out=reference.ckpt"));
+  ASSERT_EQ(reference.code, 0) << reference.out;
+  const fs::path log = dir_ / "frozen.log";
+  const pid_t agent =
+      start(job + "fabric.max_restarts=1 fabric.ddp.heartbeat_timeout_s=2 "
+                  "logging.run_dir=frozen/{timestamp} test.out=frozen.ckpt",
+            log);
+  ASSERT_GT(agent, 0);
+  std::optional<pid_t> victim;
+  const auto deadline = Clock::now() + std::chrono::seconds(120);
+  while (Clock::now() < deadline && waitpid(agent, nullptr, WNOHANG) == 0) {
+    if (newest_step(dir_ / "frozen") >= 6 && (victim = rank_process(agent, 1, 0))) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // polling, not timing
+  }
+  ASSERT_TRUE(victim) << read_file(log);
+  ASSERT_EQ(kill(*victim, SIGSTOP), 0);  // alive, sockets open, silent
+  int status = 0;
+  ASSERT_EQ(waitpid(agent, &status, 0), agent);
+  const std::string out = read_file(log);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  EXPECT_NE(out.find("rank 1 stopped sending heartbeats"), std::string::npos) << out;
+  EXPECT_NE(out.find("fabric: restart 1 of 1 in 0.0 s (fabric.max_restarts): rank 0 exited with "
+                     "code 1"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("restart 1: resumed from "), std::string::npos) << out;
+  EXPECT_EQ(fabric::testing::compare_checkpoints(dir_ / "reference.ckpt", dir_ / "frozen.ckpt"),
+            "")
+      << out;
 }
 
 TEST_F(RestartTest, ExhaustedRestartsEndTheJobNamingTheCause) {
