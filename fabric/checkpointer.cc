@@ -199,7 +199,7 @@ void Checkpointer::resume(const std::string& configured) {
   // A restarted attempt (fabric.max_restarts, torchrun --max-restarts) continues from the newest
   // complete checkpoint this job wrote; with none yet it starts as the first attempt did.
   const EnvGetter env = process_environment();
-  const int64_t attempt = restart_attempt(env);
+  const int64_t attempt = attempt_ = fabric::restart_attempt(env);
   const std::string& how = configured;
   if (attempt > 0) {
     const std::string restart = "restart " + std::to_string(attempt);
@@ -276,10 +276,11 @@ std::string Checkpointer::not_finite_warning(int64_t step) {
 }
 
 bool Checkpointer::state_is_finite() {
-  bool finite = true;
-  auto check = [&finite](const torch::Tensor& t) {
-    if (finite && t.defined() && t.is_floating_point() && t.numel() > 0)
-      finite = torch::isfinite(t).all().item<bool>();
+  // One flag per tensor, reduced on the device: a single host synchronization per save.
+  std::vector<torch::Tensor> flags;
+  auto check = [&flags](const torch::Tensor& t) {
+    if (t.defined() && t.is_floating_point() && t.numel() > 0)
+      flags.push_back(torch::isfinite(t).all());
   };
   torch::NoGradGuard no_grad;
   for (const auto& e : state_.entries()) {
@@ -292,6 +293,12 @@ bool Checkpointer::state_is_finite() {
       for (const auto& group : static_cast<torch::optim::Optimizer*>(e.object)->param_groups())
         for (const auto& p : group.params()) check(p);
     }
+  }
+  bool finite = true;
+  if (!flags.empty()) {
+    std::vector<torch::Tensor> on_one_device;
+    for (const auto& f : flags) on_one_device.push_back(f.to(flags.front().device()));
+    finite = torch::stack(on_one_device).all().item<bool>();
   }
   return f_.all_reduce(finite ? 1.0 : 0.0, ReduceOp::kMin) > 0.5;
 }

@@ -82,6 +82,9 @@ class Checkpointer {
   int64_t epoch() const { return epoch_; }
   // The checkpoint resumed from ("" if none).
   const std::string& resumed_from() const { return resumed_from_; }
+  // Which attempt of a restarting job this is (fabric.max_restarts, torchrun --max-restarts): 0
+  // for the first.
+  int64_t restart_attempt() const { return attempt_; }
   const std::filesystem::path& dir() const { return dir_; }
 
   // After each optimizer step: counts it; saves every_n_steps. Collective.
@@ -134,6 +137,7 @@ class Checkpointer {
   std::string export_weights_;
   int64_t step_ = 0, epoch_ = 0, saved_step_ = -1, saved_epoch_ = -1;
   std::string resumed_from_;
+  int64_t attempt_ = 0;
 };
 
 // "step-00000120.ckpt" → 120; -1 for other names.

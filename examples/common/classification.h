@@ -222,6 +222,7 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
       {"skipped_steps", f.precision().scaler() ? f.precision().scaler()->skipped_steps() : 0},
       {"run_dir", run.path().string()},
       {"resumed_from", checkpoints.resumed_from()},
+      {"restart_attempt", checkpoints.restart_attempt()},
       {"checkpoint_dir", checkpoints.dir().string()},
       {"stopped", stopped},
       {"nonfinite_checkpoint", nonfinite_checkpoint},

@@ -118,6 +118,39 @@ class RestartTest : public ::testing::Test {
     return pid;
   }
 
+  // The job (the agent `agent`, its checkpoints under `runs`) once a checkpoint of step >= `step`
+  // exists and rank `rank` of attempt `attempt` runs: that rank's pid (nullopt if the job ended or
+  // 120 s passed). `rank_var`/`attempt_var`: the variables naming them (the self-launcher's, or
+  // torchrun's RANK and TORCHELASTIC_RESTART_COUNT).
+  std::optional<pid_t> rank_at_step(pid_t agent, const std::string& runs, int64_t step, int rank,
+                                    int attempt,
+                                    const std::string& rank_var = "FABRIC_LOCAL_RANK",
+                                    const std::string& attempt_var = "FABRIC_RESTART_COUNT") {
+    const auto deadline = Clock::now() + std::chrono::seconds(120);
+    while (Clock::now() < deadline && waitpid(agent, nullptr, WNOHANG) == 0) {
+      if (newest_step(dir_ / runs) >= step)
+        if (auto pid = rank_process(agent, rank, attempt, rank_var, attempt_var)) return pid;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));  // polling, not timing
+    }
+    return std::nullopt;
+  }
+
+  // Waits for the job; its exit status (as a shell reports it) and output.
+  fabric::testing::CommandResult finish(pid_t agent, const fs::path& log) {
+    int status = 0;
+    fabric::testing::CommandResult r;
+    if (waitpid(agent, &status, 0) == agent)
+      r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    r.out = read_file(log);
+    return r;
+  }
+
+  // The uninterrupted run every healed one must equal: reference.ckpt.
+  fabric::testing::CommandResult run_reference(const std::string& job) {
+    return fabric::testing::run_command(
+        command(job + "logging.run_dir=reference/{timestamp} test.out=reference.ckpt"));
+  }
+
   fs::path dir_;
 };
 
@@ -125,8 +158,7 @@ TEST_F(RestartTest, RanksKilledAtRandomMomentsRestartAndFinishBitwiseLikeAnUnint
   // 1M extra parameters (~12 MB checkpoints with AdamW's state) so that a run lasts long enough
   // for the kills to land inside it; a checkpoint every 2 of 24 steps.
   const std::string job = "test.extra_params=1000000 checkpoint.every_n_steps=2 ";
-  auto reference = fabric::testing::run_command(
-      command(job + "logging.run_dir=reference/{timestamp} test.out=reference.ckpt"));
+  auto reference = run_reference(job);
   ASSERT_EQ(reference.code, 0) << reference.out;
 
   const fs::path log = dir_ / "healed.log";
@@ -142,26 +174,15 @@ TEST_F(RestartTest, RanksKilledAtRandomMomentsRestartAndFinishBitwiseLikeAnUnint
   std::string kills;
   for (int attempt = 0; attempt < static_cast<int>(targets.size()); ++attempt) {
     const int rank = pick_rank(gen);
-    const auto deadline = Clock::now() + std::chrono::seconds(120);
-    std::optional<pid_t> victim;
-    while (Clock::now() < deadline) {
-      if (waitpid(agent, nullptr, WNOHANG) != 0) break;  // the job ended early
-      if (newest_step(dir_ / "healed") >= targets[attempt]) {
-        victim = rank_process(agent, rank, attempt);
-        if (victim) break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));  // polling, not timing
-    }
+    const auto victim = rank_at_step(agent, "healed", targets[attempt], rank, attempt);
     ASSERT_TRUE(victim) << "attempt " << attempt << " never reached step " << targets[attempt]
                         << "\n"
                         << read_file(log);
     ASSERT_EQ(kill(*victim, SIGKILL), 0);
     kills += " attempt " + std::to_string(attempt) + ": rank " + std::to_string(rank) + ";";
   }
-  int status = 0;
-  ASSERT_EQ(waitpid(agent, &status, 0), agent);
-  const std::string out = read_file(log);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << kills << "\n" << out;
+  const auto [code, out] = finish(agent, log);
+  ASSERT_EQ(code, 0) << kills << "\n" << out;
   for (int k = 1; k <= 3; ++k) {
     EXPECT_NE(out.find("fabric: restart " + std::to_string(k) + " of 3 in 0.0 s "
                        "(fabric.max_restarts): rank "),
@@ -183,8 +204,7 @@ TEST_F(RestartTest, RanksKilledAtRandomMomentsRestartAndFinishBitwiseLikeAnUnint
 
 TEST_F(RestartTest, AFrozenRankIsFoundByTheHeartbeatAndTheJobRestarts) {
   const std::string job = "test.extra_params=1000000 checkpoint.every_n_steps=2 ";
-  auto reference = fabric::testing::run_command(
-      command(job + "logging.run_dir=reference/{timestamp} test.out=reference.ckpt"));
+  auto reference = run_reference(job);
   ASSERT_EQ(reference.code, 0) << reference.out;
   const fs::path log = dir_ / "frozen.log";
   const pid_t agent =
@@ -192,18 +212,11 @@ TEST_F(RestartTest, AFrozenRankIsFoundByTheHeartbeatAndTheJobRestarts) {
                   "logging.run_dir=frozen/{timestamp} test.out=frozen.ckpt",
             log);
   ASSERT_GT(agent, 0);
-  std::optional<pid_t> victim;
-  const auto deadline = Clock::now() + std::chrono::seconds(120);
-  while (Clock::now() < deadline && waitpid(agent, nullptr, WNOHANG) == 0) {
-    if (newest_step(dir_ / "frozen") >= 6 && (victim = rank_process(agent, 1, 0))) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // polling, not timing
-  }
+  const auto victim = rank_at_step(agent, "frozen", 6, 1, 0);
   ASSERT_TRUE(victim) << read_file(log);
   ASSERT_EQ(kill(*victim, SIGSTOP), 0);  // alive, sockets open, silent
-  int status = 0;
-  ASSERT_EQ(waitpid(agent, &status, 0), agent);
-  const std::string out = read_file(log);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  const auto [code, out] = finish(agent, log);
+  ASSERT_EQ(code, 0) << out;
   EXPECT_NE(out.find("rank 1 stopped sending heartbeats"), std::string::npos) << out;
   EXPECT_NE(out.find("fabric: restart 1 of 1 in 0.0 s (fabric.max_restarts): rank 0 exited with "
                      "code 1"),
@@ -256,8 +269,7 @@ TEST_F(RestartTest, UnderTorchrunARestartedAttemptResumesFromTheJobsNewestCheckp
   if (probe.code != 0)
     GTEST_SKIP() << "no torch.distributed.run for " << python << " (tools/setup.sh installs torch)";
   const std::string job = "test.extra_params=1000000 checkpoint.every_n_steps=2 ";
-  auto reference = fabric::testing::run_command(
-      command(job + "logging.run_dir=reference/{timestamp} test.out=reference.ckpt"));
+  auto reference = run_reference(job);
   ASSERT_EQ(reference.code, 0) << reference.out;
   // command() ends in "exec 'BINARY' ARGS": torchrun takes the binary's place.
   std::string line = command(job + "logging.run_dir=healed/{timestamp} test.out=healed.ckpt");
@@ -267,20 +279,11 @@ TEST_F(RestartTest, UnderTorchrunARestartedAttemptResumesFromTheJobsNewestCheckp
   const fs::path log = dir_ / "torchrun.log";
   const pid_t agent = start_shell(line, log);
   ASSERT_GT(agent, 0);
-  std::optional<pid_t> victim;
-  const auto deadline = Clock::now() + std::chrono::seconds(120);
-  while (Clock::now() < deadline && waitpid(agent, nullptr, WNOHANG) == 0) {
-    if (newest_step(dir_ / "healed") >= 6 &&
-        (victim = rank_process(agent, 1, 0, "RANK", "TORCHELASTIC_RESTART_COUNT")))
-      break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // polling, not timing
-  }
+  const auto victim = rank_at_step(agent, "healed", 6, 1, 0, "RANK", "TORCHELASTIC_RESTART_COUNT");
   ASSERT_TRUE(victim) << read_file(log);
   ASSERT_EQ(kill(*victim, SIGKILL), 0);
-  int status = 0;
-  ASSERT_EQ(waitpid(agent, &status, 0), agent);
-  const std::string out = read_file(log);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  const auto [code, out] = finish(agent, log);
+  ASSERT_EQ(code, 0) << out;
   EXPECT_NE(out.find("restart 1: resumed from "), std::string::npos) << out;
   EXPECT_EQ(fabric::testing::compare_checkpoints(dir_ / "reference.ckpt", dir_ / "healed.ckpt"),
             "")
