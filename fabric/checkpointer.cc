@@ -307,40 +307,35 @@ fs::path Checkpointer::save() {
   char file_name[64];
   std::snprintf(file_name, sizeof(file_name), "step-%08lld.ckpt", static_cast<long long>(step_));
   const fs::path path = dir_ / file_name;
-  std::optional<std::function<void()>> write;
+  // Full format under checkpoint.async: rank 0's snapshot holds the whole state and is checked
+  // for non-finite values there, in the background. Otherwise every rank checks now.
+  const bool check_later = async_ && !f_.saves_sharded();
+  if (!check_later && !state_is_finite()) {
+    f_.print(not_finite_warning(step_));
+    saved_step_ = step_;  // finish() does not try again
+    saved_epoch_ = epoch_;
+    return {};
+  }
   if (async_) {
     wait_for_write();
     prepare_dir();
     // The stall: a copy in host memory (into the previous snapshot's buffers).
-    write = f_.snapshot_for_save(path.string(), state_, snapshot_);
-    if (!write && !warned_sync_) {
-      f_.print("warning: checkpoint.async: sharded checkpoints are written synchronously (every "
-               "rank writes its part; checkpoint.format)");
-      warned_sync_ = true;
-    }
-  }
-  if (write) {
-    // Rank 0's snapshot holds the whole state: it is checked for non-finite values there, in the
-    // background too.
-    writer_ = std::thread([this, path, write = std::move(*write), taken = snapshot_] {
+    std::function<void()> write = f_.snapshot_for_save(path.string(), state_, snapshot_);
+    const bool zero = f_.is_global_zero();
+    writer_ = std::thread([this, path, zero, check_later, write = std::move(write),
+                           taken = snapshot_] {
       try {
-        if (taken && !all_finite(*taken)) {
+        if (check_later && taken && !all_finite(*taken)) {
           write_warning_ = not_finite_warning(checkpoint_step(path.filename().string()));
           return;
         }
         if (write) write();
-        if (taken) publish(path);
+        if (zero) publish(path);
       } catch (const std::exception& e) {
         write_error_ = e.what();
       }
     });
   } else {
-    if (!state_is_finite()) {
-      f_.print(not_finite_warning(step_));
-      saved_step_ = step_;  // finish() does not try again
-      saved_epoch_ = epoch_;
-      return {};
-    }
     this->write(file_name);
     on_global_zero(f_.strategy(), [&] { publish(path); });
   }
@@ -362,9 +357,14 @@ void Checkpointer::wait_for_write() {
   if (writer_.joinable()) writer_.join();
   if (!write_warning_.empty()) f_.print(write_warning_);
   write_warning_.clear();
-  const std::string failed = f_.broadcast(write_error_, 0);  // rank 0 writes
+  // The first failing rank's error, on every rank (sharded folders: every rank writes).
+  const double world = static_cast<double>(f_.world_size());
+  const auto first = static_cast<int64_t>(f_.all_reduce(
+      write_error_.empty() ? world : static_cast<double>(f_.global_rank()), ReduceOp::kMin));
+  if (first >= f_.world_size()) return;
+  const std::string failed = f_.broadcast(write_error_, first);
   write_error_.clear();
-  if (!failed.empty()) throw Error("checkpoint.async: " + failed);
+  throw Error("checkpoint.async: " + failed);
 }
 
 fs::path Checkpointer::save_aside(const std::string& prefix) {

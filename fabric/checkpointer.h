@@ -29,7 +29,8 @@
 // goes on; `latest` moves and old checkpoints are deleted only once the file is complete. At
 // most one write is in flight: the next save (and finish(), and the destructor) first waits for
 // it; a failed write is reported there as fabric::Error on every rank. Sharded checkpoints
-// (checkpoint.format) are still written synchronously (one warning line says so).
+// (checkpoint.format): every rank writes its part in the background and rank 0 completes the
+// folder once all are there (Strategy::sharded_checkpoint_writer).
 //
 // Restarts (fabric.max_restarts, fabric/launchers/restart_agent.h; or torchrun --max-restarts):
 // in a restarted attempt the constructor resumes from the newest complete checkpoint written
@@ -130,7 +131,7 @@ class Checkpointer {
   std::string name_;
   std::filesystem::path run_dir_, dir_;
   int64_t every_n_steps_, every_n_epochs_, keep_last_;
-  bool save_last_, async_ = false, warned_sync_ = false;
+  bool save_last_, async_ = false;
   std::thread writer_;
   std::string write_error_, write_warning_;  // set by the writer thread; read after joining it
   std::shared_ptr<c10::IValue> snapshot_;     // the last async snapshot (rank 0), reused

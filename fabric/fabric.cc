@@ -352,20 +352,25 @@ void Fabric::save(const std::string& path, const CheckpointState& state) {
   strategy_->save_checkpoint(file, [&] { return contents_of(contents); });
 }
 
-std::optional<std::function<void()>> Fabric::snapshot_for_save(
-    const std::string& path, const CheckpointState& state, std::shared_ptr<c10::IValue>& snapshot) {
-  if (saves_sharded()) return std::nullopt;
+std::function<void()> Fabric::snapshot_for_save(const std::string& path,
+                                                const CheckpointState& state,
+                                                std::shared_ptr<c10::IValue>& snapshot) {
   const auto file = absolute_from_working_directory(path);
   const auto contents_of = gather_for_save();
+  if (saves_sharded()) {
+    const CheckpointState contents = with_local_pieces(*strategy_, state);
+    snapshot = std::make_shared<c10::IValue>(host_copy(contents_of(contents), snapshot.get()));
+    return strategy_->sharded_checkpoint_writer(file, snapshot, setup_->ddp.timeout);
+  }
   const CheckpointState contents = with_split_optimizers(*strategy_, state, /*gather=*/true);
   const std::vector<ScopeGuard> whole = materialize_modules(*strategy_, modules_of(state), false);
   if (!is_global_zero()) {
     snapshot.reset();
-    return std::function<void()>();
+    return {};
   }
   // A copy, so that training may change the state while the file is written.
   snapshot = std::make_shared<c10::IValue>(host_copy(contents_of(contents), snapshot.get()));
-  return std::function<void()>([file, taken = snapshot] { save_archive(file, *taken); });
+  return [file, taken = snapshot] { save_archive(file, *taken); };
 }
 
 void Fabric::load(const std::string& path, CheckpointState& state, bool strict) {

@@ -189,16 +189,19 @@ class Fabric {
   // gathered (fabric/checkpoint/sharded.h); load() reads both forms at any world size.
   void save(const std::string& path, const CheckpointState& state);
   // save() in two parts, for writing in the background (the Checkpointer's checkpoint.async):
-  // takes now, collectively, what save() would write (generator states and split optimizer state
-  // gathered, modules whole) as a copy in host memory, and returns what writes it on this rank: a
-  // function with no communication that writes the file crash-safe (global rank 0; other ranks
-  // get an empty function). `snapshot` (in and out): an earlier snapshot whose host tensors are
-  // reused where the shapes match (no new allocation), replaced by this one (global rank 0;
-  // None elsewhere). Returns nullopt, taking nothing, when checkpoints are sharded folders
-  // (checkpoint.format, see save()): those are written by every rank together.
-  std::optional<std::function<void()>> snapshot_for_save(const std::string& path,
-                                                         const CheckpointState& state,
-                                                         std::shared_ptr<c10::IValue>& snapshot);
+  // takes now, collectively, what save() would write (generator states gathered; full format:
+  // split optimizer state gathered and modules whole; sharded: this rank's pieces) as a copy in
+  // host memory, and returns what writes it on this rank: a function with no communication that
+  // writes the file crash-safe (full: global rank 0, the others get an empty function; sharded:
+  // every rank its part, rank 0 then completes the folder, Strategy::sharded_checkpoint_writer).
+  // `snapshot` (in and out): an earlier snapshot whose host tensors are reused where the shapes
+  // match (no new allocation), replaced by this one (None on ranks that write nothing).
+  // Collective.
+  std::function<void()> snapshot_for_save(const std::string& path, const CheckpointState& state,
+                                          std::shared_ptr<c10::IValue>& snapshot);
+  // Whether save() writes sharded folders (checkpoint.format sharded, or auto under a strategy
+  // that splits parameters or optimizer state) rather than one file.
+  bool saves_sharded() const;
   // Restores `state` from a checkpoint on every rank: format version checked; config differences
   // warned about (one line listing the keys, checkpoint.* and logging.* ignored); every entry
   // checked before any is changed (strict: entries missing from the file or unknown to `state`
@@ -288,7 +291,6 @@ class Fabric {
     return *m;
   }
   int run_launched(const std::function<int(Fabric&)>& fn);
-  bool saves_sharded() const;
   // Gathers every rank's generator states (collective); the returned function builds the file's
   // contents from `state` (no communication).
   std::function<c10::IValue(const CheckpointState&)> gather_for_save();

@@ -12,6 +12,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <chrono>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -129,6 +130,16 @@ class Strategy {
   // then untouched.
   void save_sharded_checkpoint(const std::filesystem::path& dir,
                                const std::function<c10::IValue()>& contents);
+  // The same in the background (checkpoint.async). Collective now: the temporary folder. Returns
+  // what writes this rank's part of `snapshot` (a host copy of what `contents` above builds)
+  // without communication: its shard (rank 0 also the common part) into the folder; rank 0 then
+  // waits (polling the folder, at most `timeout`) until every rank's shard is complete, writes the
+  // manifest and renames the folder to `dir`. A rank whose write fails leaves its error beside
+  // its shard ("<shard>.failed"), which ends rank 0's wait with it. The writer throws
+  // fabric::Error on the rank that failed (rank 0 also for the others).
+  std::function<void()> sharded_checkpoint_writer(const std::filesystem::path& dir,
+                                                  std::shared_ptr<const c10::IValue> snapshot,
+                                                  std::chrono::milliseconds timeout);
 
   // Fabric::clip_gradients after unscaling: scales the gradients `optimizer` steps so that their
   // total `norm_type` norm is at most `max_norm`; returns the norm before clipping (0-dim, on the
@@ -183,6 +194,12 @@ class Strategy {
 
   Precision& precision() { return *precision_; }
   const Precision& precision() const { return *precision_; }
+
+ private:
+  // Rank 0 makes the temporary folder of a sharded save beside `dir` (collective); `suffix`: its
+  // name's ".tmp.PID" part, as on rank 0.
+  std::filesystem::path sharded_temporary_folder(const std::filesystem::path& dir,
+                                                 std::string& suffix);
 
  protected:
   explicit Strategy(std::unique_ptr<Precision> precision) : precision_(std::move(precision)) {}

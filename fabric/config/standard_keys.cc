@@ -159,7 +159,7 @@ ConfigSchema default_schema() {
         KeySpec::boolean(false).doc(
             "copy the state to host memory at the save (the only stall) and write the file in a "
             "background thread while training goes on; one write in flight, the next save waits "
-            "(full format; sharded folders are written synchronously)"));
+            "(sharded folders: every rank writes its part)"));
   s.add("checkpoint.resume",
         KeySpec::string("none").doc("none | auto (newest complete checkpoint of earlier runs of "
                                     "this name) | PATH (a .ckpt file or a checkpoint folder)"));

@@ -3,7 +3,8 @@
 //     although training goes on while they are written (one process and 2-rank DDP);
 //   - a process killed while a background write is in flight leaves `latest` naming a complete
 //     checkpoint, and resume: auto then finishes bitwise like the uninterrupted run;
-//   - sharded checkpoints fall back to synchronous writes, saying so;
+//   - sharded folders (fsdp, 2 ranks) written in the background equal the synchronous ones;
+//   - a background write that fails is an error on every rank, and no folder is left complete;
 //   - a regular checkpoint is never written from non-finite weights, synchronous or not.
 #include <gtest/gtest.h>
 
@@ -88,14 +89,41 @@ TEST_F(AsyncCheckpointTest, KilledDuringABackgroundWriteResumesBitwise) {
   EXPECT_EQ(fabric::testing::compare_checkpoints(dir_ / "full.ckpt", dir_ / "resumed.ckpt"), "");
 }
 
-TEST_F(AsyncCheckpointTest, ShardedCheckpointsAreWrittenSynchronouslySayingSo) {
-  auto r = run("fabric.devices=2 fabric.strategy=fsdp checkpoint.async=true checkpoint.dir=ckpts");
-  ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("warning: checkpoint.async: sharded checkpoints are written synchronously"),
-            std::string::npos)
-      << r.out;
-  EXPECT_TRUE(fabric::is_sharded_checkpoint(dir_ / "ckpts" / "step-00000016.ckpt"));
-  EXPECT_EQ(latest("ckpts"), "step-00000016.ckpt");
+TEST_F(AsyncCheckpointTest, ShardedFoldersWrittenInTheBackgroundEqualSynchronousOnes) {
+  // fsdp over 2 ranks: every rank writes its shard in the background, rank 0 completes the folder.
+  const std::string job = "fabric.devices=2 fabric.strategy=fsdp test.extra_params=500000 ";
+  auto sync = run(job + "checkpoint.dir=sync");
+  ASSERT_EQ(sync.code, 0) << sync.out;
+  auto async = run(job + "checkpoint.async=true checkpoint.dir=async");
+  ASSERT_EQ(async.code, 0) << async.out;
+  for (int step = 2; step <= 16; step += 2) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "step-%08d.ckpt", step);
+    ASSERT_TRUE(fabric::is_sharded_checkpoint(dir_ / "async" / name)) << name;
+    EXPECT_EQ(fabric::testing::compare_checkpoints(dir_ / "sync" / name, dir_ / "async" / name),
+              "")
+        << name;
+  }
+  EXPECT_EQ(latest("async"), "step-00000016.ckpt");
+  for (const auto& entry : fs::directory_iterator(dir_ / "async"))
+    EXPECT_EQ(entry.path().filename().string().find(".tmp."), std::string::npos) << entry.path();
+}
+
+TEST_F(AsyncCheckpointTest, AFailedBackgroundWriteIsAnErrorOnEveryRankAndLeavesNoFolder) {
+  // Every rank's writes fail (ENOSPC) after 1 MB: inside the first checkpoint's background write
+  // (~3 MB per rank). The error comes at the next save, on every rank.
+  auto r = run_with_env(
+      "fabric.devices=2 fabric.strategy=fsdp test.extra_params=500000 checkpoint.async=true "
+      "checkpoint.dir=ckpts",
+      "FABRIC_TEST_FAIL_WRITE_AFTER_BYTES=1000000");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("checkpoint.async: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("No space left on device"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir_ / "ckpts" / "latest"));
+  for (const auto& entry : fs::directory_iterator(dir_ / "ckpts")) {
+    EXPECT_FALSE(fabric::is_sharded_checkpoint(entry.path())) << entry.path();
+    EXPECT_EQ(entry.path().filename().string().find(".tmp."), std::string::npos) << entry.path();
+  }
 }
 
 // Whether every floating-point tensor in `value` is finite.
