@@ -1,0 +1,313 @@
+// Fabric's checkpoint side: save, snapshot_for_save (checkpoint.async), load, save_weights and
+// load_weights, and how they let the strategy split, gather and read back the state. The rest of
+// the facade is in fabric.cc.
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <tuple>
+
+#include "fabric/checkpoint/archive.h"
+#include "fabric/checkpoint/format.h"
+#include "fabric/checkpoint/rng_state.h"
+#include "fabric/checkpoint/sharded.h"
+#include "fabric/checkpoint/state_dict.h"
+#include "fabric/connector.h"
+#include "fabric/core/paths.h"
+#include "fabric/core/suggest.h"
+#include "fabric/fabric.h"
+#include "strategies/collectives.h"
+
+namespace fabric {
+namespace {
+
+// `state` with each optimizer that `strategy` splits over the ranks saved and loaded in one
+// process's layout (Strategy::gather_optimizer_state). `gather`: for saving; gathers now, on
+// every rank (collective). Otherwise for loading (no communication).
+CheckpointState with_split_optimizers(Strategy& strategy, const CheckpointState& state,
+                                      bool gather) {
+  CheckpointState out = state;
+  for (const auto& entry : state.entries()) {
+    if (entry.kind != CheckpointState::Entry::Kind::kOptimizer) continue;
+    auto& optimizer = *static_cast<torch::optim::Optimizer*>(entry.object);
+    auto prepare = [&strategy, &optimizer, own = entry.prepare](const c10::IValue& value,
+                                                                const std::string& source) {
+      auto split = strategy.prepare_split_optimizer_state(optimizer, value, source);
+      return split ? *split : own(value, source);
+    };
+    if (!gather) {
+      out.replace_functions(entry.name, entry.save, prepare);
+      continue;
+    }
+    std::optional<c10::IValue> full = strategy.gather_optimizer_state(optimizer);
+    if (full)
+      out.replace_functions(
+          entry.name, [full] { return *full; }, prepare);
+  }
+  return out;
+}
+
+// `state` with each module and optimizer that `strategy` splits over the ranks saved as this
+// rank's pieces (sharded checkpoints; no communication).
+CheckpointState with_local_pieces(Strategy& strategy, const CheckpointState& state) {
+  CheckpointState out = state;
+  for (const auto& entry : state.entries()) {
+    std::optional<c10::IValue> local;
+    if (entry.kind == CheckpointState::Entry::Kind::kModule)
+      local = strategy.local_module_state(*static_cast<torch::nn::Module*>(entry.object));
+    else if (entry.kind == CheckpointState::Entry::Kind::kOptimizer)
+      local = strategy.local_optimizer_state(*static_cast<torch::optim::Optimizer*>(entry.object));
+    if (local)
+      out.replace_functions(
+          entry.name, [local] { return *local; }, entry.prepare);
+  }
+  return out;
+}
+
+// Every module of `modules` with its full parameters while the guards live (collective: a
+// strategy that shards parameters gathers them on every rank).
+std::vector<ScopeGuard> materialize_modules(Strategy& strategy,
+                                            const std::vector<torch::nn::Module*>& modules,
+                                            bool write_back) {
+  std::vector<ScopeGuard> guards;
+  for (torch::nn::Module* module : modules)
+    guards.push_back(strategy.materialize_parameters(*module, write_back));
+  return guards;
+}
+
+std::vector<torch::nn::Module*> modules_of(const CheckpointState& state) {
+  std::vector<torch::nn::Module*> out;
+  for (const auto& entry : state.entries())
+    if (entry.kind == CheckpointState::Entry::Kind::kModule)
+      out.push_back(static_cast<torch::nn::Module*>(entry.object));
+  return out;
+}
+
+// The pieces of the split tensors this rank reads from a sharded checkpoint
+// (Strategy::wanted_module_piece, wanted_optimizer_piece), by where `state`'s entries lie in it
+// ("state/NAME/...", format.h).
+WantedPieces wanted_pieces(Strategy& strategy, const CheckpointState& state) {
+  using Kind = CheckpointState::Entry::Kind;
+  std::vector<std::tuple<std::string, Kind, void*>> places;
+  for (const auto& entry : state.entries())
+    if (entry.kind == Kind::kModule || entry.kind == Kind::kOptimizer)
+      places.emplace_back(sharded_path({"state", entry.name}) + "/", entry.kind, entry.object);
+  return [&strategy, places](const std::string& path, at::IntArrayRef sizes,
+                             at::IntArrayRef strides) -> std::optional<PieceRange> {
+    for (const auto& [prefix, kind, object] : places) {
+      if (path.compare(0, prefix.size(), prefix) != 0) continue;
+      const std::string inside = path.substr(prefix.size());
+      if (kind == Kind::kModule)
+        return strategy.wanted_module_piece(*static_cast<torch::nn::Module*>(object), inside,
+                                            sizes, strides);
+      return strategy.wanted_optimizer_piece(*static_cast<torch::optim::Optimizer*>(object),
+                                             inside, sizes, strides);
+    }
+    return std::nullopt;
+  };
+}
+
+// `state` with each module that `strategy` can load without gathering loaded so
+// (Strategy::prepare_local_module_state); the others are added to `whole` when prepared.
+CheckpointState with_local_loaders(Strategy& strategy, const CheckpointState& state,
+                                   std::shared_ptr<std::vector<torch::nn::Module*>> whole) {
+  CheckpointState out = state;
+  for (const auto& entry : state.entries()) {
+    if (entry.kind != CheckpointState::Entry::Kind::kModule) continue;
+    auto& module = *static_cast<torch::nn::Module*>(entry.object);
+    out.replace_functions(entry.name, entry.save,
+                          [&strategy, &module, whole, own = entry.prepare](
+                              const c10::IValue& value, const std::string& source) {
+                            if (auto local =
+                                    strategy.prepare_local_module_state(module, value, source))
+                              return *local;
+                            whole->push_back(&module);
+                            return own(value, source);
+                          });
+  }
+  return out;
+}
+
+// A copy of `value` whose tensors are host (CPU) tensors sharing nothing with the original: those
+// of `reuse` (an earlier copy) where it has a tensor of the same dtype and shape at the same
+// place, new ones elsewhere.
+c10::IValue host_copy(const c10::IValue& value, const c10::IValue* reuse) {
+  if (value.isTensor()) {
+    const at::Tensor& t = value.toTensor();
+    if (!t.defined()) return t;
+    if (reuse != nullptr && reuse->isTensor()) {
+      at::Tensor r = reuse->toTensor();
+      if (r.defined() && r.device().is_cpu() && r.scalar_type() == t.scalar_type() &&
+          r.sizes().equals(t.sizes()) && r.is_contiguous()) {
+        r.copy_(t);
+        return r;
+      }
+    }
+    return t.to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
+  }
+  if (value.isGenericDict()) {
+    const auto dict = value.toGenericDict();
+    const bool same = reuse != nullptr && reuse->isGenericDict();
+    c10::impl::GenericDict out(dict.keyType(), dict.valueType());
+    out.reserve(dict.size());
+    for (const auto& item : dict) {
+      std::optional<c10::IValue> earlier;
+      if (same) {
+        const auto old = reuse->toGenericDict();
+        if (auto it = old.find(item.key()); it != old.end()) earlier = it->value();
+      }
+      out.insert(item.key(), host_copy(item.value(), earlier ? &*earlier : nullptr));
+    }
+    return out;
+  }
+  if (value.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : value.toTensorVector()) out.push_back(host_copy(t, nullptr).toTensor());
+    return out;
+  }
+  if (value.isList()) {
+    const auto list = value.toList();
+    const bool same = reuse != nullptr && reuse->isList() && reuse->toList().size() == list.size();
+    c10::impl::GenericList out(list.elementType());
+    out.reserve(list.size());
+    for (size_t i = 0; i < list.size(); ++i) {
+      const c10::IValue earlier = same ? reuse->toList().get(i) : c10::IValue();
+      out.push_back(host_copy(list.get(i), same ? &earlier : nullptr));
+    }
+    return out;
+  }
+  if (value.isTuple()) {
+    const auto& items = value.toTupleRef().elements();
+    const bool same = reuse != nullptr && reuse->isTuple() &&
+                      reuse->toTupleRef().elements().size() == items.size();
+    std::vector<c10::IValue> out;
+    for (size_t i = 0; i < items.size(); ++i)
+      out.push_back(host_copy(items[i], same ? &reuse->toTupleRef().elements()[i] : nullptr));
+    return c10::ivalue::Tuple::create(std::move(out));
+  }
+  return value;  // strings, numbers, None: immutable
+}
+
+}  // namespace
+
+void Fabric::save_weights_of(torch::nn::Module& module, const std::string& path) {
+  const auto file = absolute_from_working_directory(path);
+  const ScopeGuard whole = strategy_->materialize_parameters(module, /*write_back=*/false);
+  on_global_zero(*strategy_, [&] { save_state_dict(file, state_dict(module)); });
+}
+
+std::function<c10::IValue(const CheckpointState&)> Fabric::gather_for_save() {
+  // Every rank's generator states reach every rank (collective, before anything can fail).
+  const RngState rng = get_rng_state();
+  auto cpu_states = all_gather(rng.cpu.to(device()));
+  const auto cuda_flat = rng.cuda.empty() ? torch::empty({0}, torch::kUInt8) : torch::cat(rng.cuda);
+  auto cuda_states = all_gather(cuda_flat.to(device()));
+  auto cuda_counts =
+      all_gather(torch::tensor({static_cast<int64_t>(rng.cuda.size())}).to(device()));
+  return [this, cpu_states = std::move(cpu_states), cuda_states = std::move(cuda_states),
+          cuda_counts = std::move(cuda_counts)](const CheckpointState& contents) {
+    std::vector<RngState> by_rank(cpu_states.size());
+    for (size_t r = 0; r < cpu_states.size(); ++r) {
+      by_rank[r].cpu = cpu_states[r].cpu();
+      const int64_t n = cuda_counts[r].item<int64_t>();
+      if (n > 0) by_rank[r].cuda = cuda_states[r].cpu().chunk(n);
+    }
+    return checkpoint_contents({config_.to_yaml(), config_.hash(), world_size()}, contents,
+                               precision().scaler(), by_rank);
+  };
+}
+
+bool Fabric::saves_sharded() const {
+  const std::string format = config_.get_string("checkpoint.format");
+  return format == "sharded" || (format == "auto" && strategy_->splits_state());
+}
+
+void Fabric::save(const std::string& path, const CheckpointState& state) {
+  const auto file = absolute_from_working_directory(path);
+  const auto contents_of = gather_for_save();
+  if (saves_sharded()) {
+    // Each rank writes what it holds: nothing gathered.
+    const CheckpointState contents = with_local_pieces(*strategy_, state);
+    strategy_->save_sharded_checkpoint(file, [&] { return contents_of(contents); });
+    return;
+  }
+  // Optimizers the strategy splits over the ranks: gathered now, on every rank (collective);
+  // modules whose parameters it splits: whole until written.
+  const CheckpointState contents = with_split_optimizers(*strategy_, state, /*gather=*/true);
+  const std::vector<ScopeGuard> whole = materialize_modules(*strategy_, modules_of(state), false);
+  strategy_->save_checkpoint(file, [&] { return contents_of(contents); });
+}
+
+std::function<void()> Fabric::snapshot_for_save(const std::string& path,
+                                                const CheckpointState& state,
+                                                std::shared_ptr<c10::IValue>& snapshot) {
+  const auto file = absolute_from_working_directory(path);
+  const auto contents_of = gather_for_save();
+  if (saves_sharded()) {
+    const CheckpointState contents = with_local_pieces(*strategy_, state);
+    snapshot = std::make_shared<c10::IValue>(host_copy(contents_of(contents), snapshot.get()));
+    return strategy_->sharded_checkpoint_writer(file, snapshot, setup_->ddp.timeout);
+  }
+  const CheckpointState contents = with_split_optimizers(*strategy_, state, /*gather=*/true);
+  const std::vector<ScopeGuard> whole = materialize_modules(*strategy_, modules_of(state), false);
+  if (!is_global_zero()) {
+    snapshot.reset();
+    return {};
+  }
+  // A copy, so that training may change the state while the file is written.
+  snapshot = std::make_shared<c10::IValue>(host_copy(contents_of(contents), snapshot.get()));
+  return [file, taken = snapshot] { save_archive(file, *taken); };
+}
+
+void Fabric::load(const std::string& path, CheckpointState& state, bool strict) {
+  const auto file = absolute_from_working_directory(path);
+  const std::string source = file.string();
+  PreparedCheckpoint prepared;
+  std::string failure;
+  // The modules loaded whole (gathered while written) rather than in this rank's part.
+  auto whole_modules = std::make_shared<std::vector<torch::nn::Module*>>();
+  try {
+    // A sharded checkpoint: this rank reads only its part of what the strategy splits.
+    prepared = prepare_checkpoint(
+        strategy_->load_checkpoint(file, wanted_pieces(*strategy_, state)), source,
+        with_local_loaders(*strategy_, with_split_optimizers(*strategy_, state, /*gather=*/false),
+                           whole_modules),
+        strict, precision().scaler(), global_rank());
+    if (!prepared.saved_config.empty()) {
+      const auto diff =
+          config_differences(prepared.saved_config, config_.to_yaml(), {"checkpoint", "logging"});
+      if (!diff.empty()) prepared.warnings.push_back("the config differs: " + join(diff, "; "));
+    }
+  } catch (const Error& e) {
+    failure = e.what();
+  } catch (const std::exception& e) {  // a value of an unexpected type: a damaged or foreign file
+    std::string why = e.what();
+    failure = source + ": malformed checkpoint (" + why.substr(0, why.find('\n')) + ")";
+  }
+  // All ranks fail together (and with rank 0's reason when theirs read fine).
+  const bool ok_everywhere = all_reduce(failure.empty() ? 1.0 : 0.0, ReduceOp::kMin) > 0.5;
+  if (!ok_everywhere) {
+    const std::string first = broadcast(failure, 0);
+    throw Error(!failure.empty()
+                    ? failure
+                    : (!first.empty()
+                           ? first
+                           : source + ": could not be loaded on another rank (see its log)"));
+  }
+  {
+    const std::vector<ScopeGuard> whole = materialize_modules(*strategy_, *whole_modules, true);
+    for (auto& fn : prepared.apply) fn();
+  }
+  if (is_global_zero())
+    for (const auto& w : prepared.warnings)
+      std::cerr << "warning: " << source << ": " << w << std::endl;
+}
+
+void Fabric::load_weights_of(torch::nn::Module& module, const std::string& path) {
+  const auto file = absolute_from_working_directory(path);
+  const ScopeGuard whole = strategy_->materialize_parameters(module, /*write_back=*/true);
+  load_state_dict(module, load_state_dict_file(file), file.string());
+}
+
+}  // namespace fabric
