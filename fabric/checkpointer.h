@@ -61,6 +61,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "fabric/fabric.h"
@@ -117,6 +118,9 @@ class Checkpointer {
   // skipped with a warning naming `why`), on every rank; "" when none. Collective.
   std::string newest_verified(const std::string& why,
                               std::optional<std::chrono::system_clock::time_point> since);
+  // `key`'s pattern with its {fields} replaced; ConfigError at `key` for a bad pattern.
+  static std::string expand(const Config& c, const std::string& key,
+                            const std::vector<std::pair<std::string, std::string>>& fields);
   void resume(const std::string& configured);
   void load_from(const std::string& chosen);
   void prepare_dir();  // rank 0: the folder exists, a killed save's temporary files are gone
@@ -143,6 +147,9 @@ class Checkpointer {
 
 // "step-00000120.ckpt" → 120; -1 for other names.
 int64_t checkpoint_step(const std::string& file_name);
+
+// The checkpoints (files and sharded folders named step-N.ckpt) in `dir`, oldest step first.
+std::vector<std::filesystem::path> checkpoints_in(const std::filesystem::path& dir);
 
 }  // namespace fabric
 

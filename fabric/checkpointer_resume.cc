@@ -1,0 +1,184 @@
+// fabric::Checkpointer's resume side: which checkpoint checkpoint.resume (none, auto, PATH) or a
+// restarted attempt (fabric.max_restarts, torchrun --max-restarts) continues from, and loading it.
+// Saving, rotation and checkpoint.async are in checkpointer.cc.
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <regex>
+
+#include "fabric/checkpoint/archive.h"
+#include "fabric/checkpoint/sharded.h"
+#include "fabric/checkpointer.h"
+#include "fabric/core/paths.h"
+#include "fabric/launchers/job_progress.h"
+#include "fabric/logging/run_dir.h"
+
+namespace fabric {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr char kAnyTimestamp = '\x01';  // stands for {timestamp} while searching earlier runs
+constexpr char kAnySuffix = '\x02';     // "-N" a run directory may carry (run_dir.h)
+
+// Folders matching `pattern`, whose components may hold kAnyTimestamp / kAnySuffix.
+std::vector<fs::path> matching_folders(const fs::path& pattern) {
+  std::vector<fs::path> found = {pattern.root_path()};
+  for (const auto& part : pattern.relative_path()) {
+    const std::string p = part.string();
+    std::vector<fs::path> next;
+    if (p.find(kAnyTimestamp) == std::string::npos && p.find(kAnySuffix) == std::string::npos) {
+      for (const auto& f : found)
+        if (std::error_code ec; fs::is_directory(f / part, ec)) next.push_back(f / part);
+    } else {
+      std::string re;
+      for (char ch : p) {
+        if (ch == kAnyTimestamp)
+          re += "[0-9]{8}-[0-9]{6}";
+        else if (ch == kAnySuffix)
+          re += "(-[0-9]+)?";
+        else if (std::isalnum(static_cast<unsigned char>(ch)))
+          re += ch;
+        else
+          re += std::string("\\") + ch;
+      }
+      const std::regex matcher(re);
+      for (const auto& f : found) {
+        std::error_code ec;
+        for (const auto& entry : fs::directory_iterator(f, ec))
+          if (entry.is_directory(ec) && std::regex_match(entry.path().filename().string(), matcher))
+            next.push_back(entry.path());
+      }
+    }
+    found = std::move(next);
+  }
+  return found;
+}
+
+}  // namespace
+
+std::vector<fs::path> Checkpointer::candidates() const { return candidates_since({}); }
+
+std::vector<fs::path> Checkpointer::candidates_since(
+    std::optional<std::chrono::system_clock::time_point> since) const {
+  const Config& c = f_.config();
+  std::vector<fs::path> folders = {dir_};
+  if (c.get_string("checkpoint.dir").find("{run_dir}") != std::string::npos) {
+    const std::string runs =
+        expand(
+            c, "logging.run_dir",
+            {{"name", name_}, {"timestamp", std::string(1, kAnyTimestamp)}, {"hash", c.hash()}}) +
+        kAnySuffix;
+    folders = matching_folders(absolute_from_working_directory(
+        expand(c, "checkpoint.dir", {{"run_dir", runs}, {"name", name_}})));
+  }
+  std::vector<std::pair<fs::file_time_type, fs::path>> found;
+  for (const auto& folder : folders)
+    for (const auto& file : checkpoints_in(folder)) {
+      std::error_code ec;
+      const auto written = fs::last_write_time(file, ec);
+      if (ec) continue;
+      if (since && std::chrono::file_clock::to_sys(written) < *since) continue;
+      found.emplace_back(written, file);
+    }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second > b.second;
+  });
+  std::vector<fs::path> out;
+  for (auto& [time, file] : found) out.push_back(std::move(file));
+  return out;
+}
+
+std::string Checkpointer::newest_verified(
+    const std::string& why, std::optional<std::chrono::system_clock::time_point> since) {
+  std::string chosen;
+  if (f_.is_global_zero()) {
+    for (const auto& file : candidates_since(since)) {
+      try {
+        verify_checkpoint(file);  // every byte, CRCs checked: a damaged one is skipped
+        chosen = file.string();
+        break;
+      } catch (const Error& e) {
+        std::cerr << "warning: " << why << ": skipping " << e.what() << std::endl;
+      }
+    }
+  }
+  return f_.broadcast(chosen, 0);
+}
+
+void Checkpointer::resume(const std::string& configured) {
+  // A restarted attempt (fabric.max_restarts, torchrun --max-restarts) continues from the newest
+  // complete checkpoint this job wrote; with none yet it starts as the first attempt did.
+  const EnvGetter env = process_environment();
+  const int64_t attempt = attempt_ = fabric::restart_attempt(env);
+  const std::string& how = configured;
+  if (attempt > 0) {
+    const std::string restart = "restart " + std::to_string(attempt);
+    // Unknown start (no /proc): no checkpoint counts as this job's.
+    const std::string chosen = newest_verified(
+        restart, job_start_time(env).value_or(std::chrono::system_clock::time_point::max()));
+    if (chosen.empty()) {
+      f_.print(restart, ": no complete checkpoint of this job yet; starting as its first attempt "
+               "did (checkpoint.resume: ", configured, ")");
+    } else {
+      load_from(chosen);
+      std::string lost;
+      if (const auto failed = failed_attempt_step(env); failed && *failed >= step_)
+        lost = "; the failed attempt had reached step " + std::to_string(*failed) + " (" +
+               std::to_string(*failed - step_) + " steps to redo)";
+      f_.print(restart, ": resumed from ", chosen, " at step ", step_, ", epoch ", epoch_, lost);
+      return;
+    }
+  }
+  if (how == "none") return;
+  const Config& c = f_.config();
+  std::string chosen;
+  if (how == "auto") {
+    chosen = newest_verified("checkpoint.resume=auto", std::nullopt);
+    if (chosen.empty()) {
+      f_.print("checkpoint.resume=auto: no complete checkpoint of an earlier ", name_,
+               " run; starting from scratch");
+      return;
+    }
+  } else {
+    fs::path path = absolute_from_working_directory(how);
+    std::error_code ec;
+    // A folder of checkpoints (not a sharded checkpoint, nor an incomplete one).
+    if (fs::is_directory(path, ec) && !is_sharded_checkpoint(path) &&
+        checkpoint_step(path.filename().string()) < 0) {
+      std::ifstream marker(path / "latest");
+      std::string latest;
+      if (marker && std::getline(marker, latest) && !latest.empty()) {
+        path /= latest;
+      } else {
+        const auto files = checkpoints_in(path);
+        if (files.empty())
+          throw c.error_at("checkpoint.resume", path.string() + " holds no checkpoint");
+        path = files.back();
+      }
+    }
+    if (!fs::exists(path, ec))
+      throw c.error_at("checkpoint.resume",
+                       path.string() + " does not exist (use none, auto, or a .ckpt file)");
+    chosen = path.string();
+  }
+  load_from(chosen);
+  f_.print("resumed from ", chosen, " at step ", step_, ", epoch ", epoch_);
+}
+
+void Checkpointer::load_from(const std::string& chosen) {
+  f_.load(chosen, state_);
+  // The loop's epoch is the one the data continues with (a checkpoint taken at the last step of
+  // an epoch, before epoch_end(), resumes with the next epoch).
+  for (const auto& e : state_.entries())
+    if (e.kind == CheckpointState::Entry::Kind::kLoader) {
+      epoch_ = static_cast<DataLoader*>(e.object)->state().epoch;
+      break;
+    }
+  saved_step_ = step_;
+  resumed_from_ = chosen;
+  publish_step(step_);
+}
+
+}  // namespace fabric
