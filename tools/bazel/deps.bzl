@@ -19,6 +19,62 @@ def _maybe(rule, name, **kwargs):
     if not native.existing_rule(name):
         rule(name = name, **kwargs)
 
+# System libraries from Debian -dev packages (installed by tools/setup.sh), by repository name;
+# fabric_dependencies() (WORKSPACE) and the module extension (MODULE.bazel) both declare these.
+SYSTEM_LIBRARIES = {
+    "yaml_cpp": dict(
+        debian_package = "libyaml-cpp-dev",
+        headers = ["yaml-cpp"],
+        linkopts = ["-lyaml-cpp"],
+        target_name = "yaml_cpp",
+    ),
+    "gflags": dict(
+        debian_package = "libgflags-dev",
+        headers = ["gflags"],
+        linkopts = ["-lgflags"],
+        target_name = "gflags",
+    ),
+    "glog": dict(
+        debian_package = "libgoogle-glog-dev",
+        headers = ["glog"],
+        linkopts = ["-lglog"],
+        target_name = "glog",
+        deps = ["@gflags"],
+    ),
+    "gtest": dict(
+        debian_package = "libgtest-dev",
+        extra_targets = {"gtest_main": "-l:libgtest_main.a"},
+        headers = ["gtest"],
+        linkopts = ["-l:libgtest.a", "-lpthread"],
+        target_name = "gtest",
+    ),
+    "gmock": dict(
+        debian_package = "libgmock-dev",
+        headers = ["gmock"],
+        linkopts = ["-l:libgmock.a"],
+        target_name = "gmock",
+        deps = ["@gtest"],
+    ),
+    "benchmark": dict(
+        debian_package = "libbenchmark-dev",
+        extra_targets = {"benchmark_main": "-l:libbenchmark_main.a"},
+        headers = ["benchmark"],
+        linkopts = ["-lbenchmark", "-lpthread"],
+        target_name = "benchmark",
+    ),
+    "zlib": dict(
+        debian_package = "zlib1g-dev",
+        headers = ["zlib.h", "zconf.h"],
+        linkopts = ["-lz"],
+        target_name = "zlib",
+    ),
+    "nlohmann_json": dict(
+        debian_package = "nlohmann-json3-dev",
+        headers = ["nlohmann"],
+        target_name = "nlohmann_json",
+    ),
+}
+
 def fabric_dependencies(fabric_path = "."):
     """Declares the offline stand-ins, LibTorch and the Debian system libraries.
 
@@ -35,70 +91,5 @@ def fabric_dependencies(fabric_path = "."):
     _maybe(libtorch_configure, "libtorch")
 
     # System libraries from Debian -dev packages (installed by tools/setup.sh).
-    _maybe(
-        system_library,
-        "yaml_cpp",
-        debian_package = "libyaml-cpp-dev",
-        headers = ["yaml-cpp"],
-        linkopts = ["-lyaml-cpp"],
-        target_name = "yaml_cpp",
-    )
-    _maybe(
-        system_library,
-        "gflags",
-        debian_package = "libgflags-dev",
-        headers = ["gflags"],
-        linkopts = ["-lgflags"],
-        target_name = "gflags",
-    )
-    _maybe(
-        system_library,
-        "glog",
-        debian_package = "libgoogle-glog-dev",
-        headers = ["glog"],
-        linkopts = ["-lglog"],
-        target_name = "glog",
-        deps = ["@gflags"],
-    )
-    _maybe(
-        system_library,
-        "gtest",
-        debian_package = "libgtest-dev",
-        extra_targets = {"gtest_main": "-l:libgtest_main.a"},
-        headers = ["gtest"],
-        linkopts = ["-l:libgtest.a", "-lpthread"],
-        target_name = "gtest",
-    )
-    _maybe(
-        system_library,
-        "gmock",
-        debian_package = "libgmock-dev",
-        headers = ["gmock"],
-        linkopts = ["-l:libgmock.a"],
-        target_name = "gmock",
-        deps = ["@gtest"],
-    )
-    _maybe(
-        system_library,
-        "benchmark",
-        debian_package = "libbenchmark-dev",
-        extra_targets = {"benchmark_main": "-l:libbenchmark_main.a"},
-        headers = ["benchmark"],
-        linkopts = ["-lbenchmark", "-lpthread"],
-        target_name = "benchmark",
-    )
-    _maybe(
-        system_library,
-        "zlib",
-        debian_package = "zlib1g-dev",
-        headers = ["zlib.h", "zconf.h"],
-        linkopts = ["-lz"],
-        target_name = "zlib",
-    )
-    _maybe(
-        system_library,
-        "nlohmann_json",
-        debian_package = "nlohmann-json3-dev",
-        headers = ["nlohmann"],
-        target_name = "nlohmann_json",
-    )
+    for name, attrs in SYSTEM_LIBRARIES.items():
+        _maybe(system_library, name, **attrs)

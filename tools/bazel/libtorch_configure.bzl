@@ -20,6 +20,7 @@ Targets of the generated repository:
   @libtorch//:torch         headers, defines and link flags for LibTorch (+ CUDA parts when present).
   @libtorch//:cuda_headers  CUDA runtime and NCCL headers (empty on a CPU-only LibTorch).
   @libtorch//:info.bzl      LIBTORCH_PATH, LIBTORCH_CUDA (bool), LIBTORCH_VERSION, RUNTIME_LIB_DIRS,
+                            LIBTORCH_CXX11_ABI ('0' or '1'),
                             TORCH_PYTHON (the interpreter with that torch; '' with LIBTORCH_HOME).
 
 Defines exported to dependents:
@@ -230,9 +231,10 @@ cc_library(
 LIBTORCH_PATH = {torch}
 LIBTORCH_VERSION = {version}
 LIBTORCH_CUDA = {has_cuda}
+LIBTORCH_CXX11_ABI = {abi}
 RUNTIME_LIB_DIRS = {dirs}
 TORCH_PYTHON = {python}
-""".format(torch = repr(torch), version = repr(version), has_cuda = has_cuda, dirs = repr(rpath_dirs),
+""".format(torch = repr(torch), version = repr(version), has_cuda = has_cuda, abi = repr(abi), dirs = repr(rpath_dirs),
            python = repr(_torch_python(rctx))))
 
 libtorch_configure = repository_rule(
