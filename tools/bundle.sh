@@ -7,6 +7,8 @@
 #                  this project's own libraries for dynamically linked test binaries)
 #   DIR/configs/   the repository's configs/
 #   DIR/run.sh     finds LibTorch on the node and runs a binary: DIR/run.sh NAME [ARGS...]
+#   DIR/install.sh installs Fabric++ for CMake and pkg-config consumers on the node:
+#                  DIR/install.sh PREFIX (tools/packaging/install.sh; files in DIR/install/)
 #   DIR/MANIFEST   revision, LibTorch version and glibc the bundle was built with
 #
 # TARGETs default to every cc_binary under //examples/..., //tools:env, //tools/bench:throughput,
@@ -51,7 +53,7 @@ fi
 [ ${#targets[@]} -gt 0 ] || die "no targets to bundle"
 
 echo "bundle: building ${targets[*]}"
-bazel build "${bazel_flags[@]}" "${targets[@]}" || die "bazel build failed"
+bazel build "${bazel_flags[@]}" "${targets[@]}" //tools:install || die "bazel build failed"
 bin_root=$(bazel info "${bazel_flags[@]}" bazel-bin 2>/dev/null)
 
 rm -rf "$out"
@@ -85,6 +87,23 @@ for f in "$out"/bin/* "$out"/lib/*; do
   strip --strip-unneeded "$f" 2>/dev/null || true
   patchelf --set-rpath '$ORIGIN/../lib' "$f"
 done
+
+# The installer for CMake and pkg-config consumers on the node (DIR/install.sh PREFIX): its runfiles,
+# and the libraries libfabricpp.so needs that the node will not have.
+mkdir -p "$out/install/bundled_libs"
+cp -RL "$bin_root/tools/install.runfiles/fabricpp/." "$out/install/"
+rm -f "$out/install/tools/install"
+chmod -R u+w "$out/install"
+while read -r lib path; do
+  if [ -n "$path" ] && [[ ! "$lib" =~ $provided ]]; then
+    cp -L "$path" "$out/install/bundled_libs/$lib"
+    chmod u+w "$out/install/bundled_libs/$lib"
+    patchelf --set-rpath '$ORIGIN' "$out/install/bundled_libs/$lib"
+  fi
+done < <(ldd "$out/install/libfabricpp.so" | sed -nE 's/^\s*([^ ]+) => (\/[^ ]+) .*/\1 \2/p')
+strip --strip-unneeded "$out/install/libfabricpp.so"
+cp tools/packaging/install.sh "$out/install.sh"
+chmod +x "$out/install.sh"
 
 revision=$("$workspace/tools/bazel/workspace_status.sh" | sed -n 's/^STABLE_FABRIC_REVISION //p')
 torch_version=$(sed -n 's/^torch==//p' tools/requirements.txt)

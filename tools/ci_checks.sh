@@ -63,13 +63,40 @@ if ./tools/gpu_check.sh build --out="$tmp/b" >"$tmp/log" 2>&1 && mv "$tmp/b" "$t
   else
     fail gpu_check_bundle_relocatable "libtorch version '$got' (want $want); foreign run paths: '$rpaths'; ${size} MiB; gpu_check run exit $run_rc: $(tail -n 12 <<<"$report") $(tail -n 3 "$tmp/run.log")"
   fi
+  # 3b. The moved bundle installs Fabric++ for pkg-config consumers (DIR/install.sh PREFIX, scrubbed
+  #     environment, the LibTorch of python3), and a program built from that prefix trains on 2 ranks.
+  inst=$(cd / && env -i PATH="$PATH" HOME="$HOME" "$tmp/moved/install.sh" "$tmp/prefix" 2>&1) &&
+    env -i PATH="$PATH" HOME="$HOME" PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig" bash -c \
+      'g++ -O1 examples/cmake_consumer/ddp_train.cc -o "$0" $(pkg-config --cflags --libs fabricpp)' "$tmp/ddp_train" \
+      >"$tmp/compile.log" 2>&1 &&
+    trained=$(cd / && env -i PATH="$PATH" HOME="$HOME" "$tmp/ddp_train" fabric.strategy=ddp fabric.devices=2 \
+      fabric.accelerator=cpu trainer.max_epochs=20 2>&1)
+  runpath=$(readelf -d "$tmp"/prefix/lib/libfabricpp.so.*.*.* 2>/dev/null | sed -n 's/.*(RUNPATH).*\[\(.*\)\]/\1/p')
+  if grep -q '^ranks 2: replicas identical' <<<"${trained:-}" && [[ "$runpath" == '$ORIGIN:'* ]]; then
+    pass bundle_installs_for_consumers
+    echo "  $(head -n1 <<<"$inst")" >&2
+  else
+    fail bundle_installs_for_consumers "install: $(tail -n 2 <<<"${inst:-}"); compile: $(tail -n 3 "$tmp/compile.log" 2>/dev/null); run: $(tail -n 2 <<<"${trained:-}"); run path '$runpath'"
+  fi
 else
   fail gpu_check_bundle_relocatable "gpu_check build failed: $(tail -n 5 "$tmp/log")"
 fi
 rm -rf "$tmp"
 
 # 4. examples/consumer, a separate Bazel workspace depending on Fabric++ as a library, builds and
-#    trains (docs/building.md: "Use as a library").
+#    trains (docs/building.md: "Use it in your project"), and the README's Bazel snippet is its
+#    WORKSPACE and BUILD lines (with the path "third_party/fabricpp" for "../..").
+snippet=$(awk '$0 == "<!-- snippet: bazel -->" { armed = 1; next }
+  armed && /^```/ { if (inside) exit; inside = 1; next } inside && !/^#/ { print }' README.md)
+absent=$(while read -r line; do
+  line=${line//third_party\/fabricpp/../..}
+  grep -qxF "$line" examples/consumer/WORKSPACE examples/consumer/BUILD.bazel || echo "$line"
+done <<<"$snippet")
+if [ -n "$snippet" ] && [ -z "$absent" ] && grep -qx 'build --cxxopt=-std=c++20' examples/consumer/.bazelrc; then
+  pass readme_bazel_snippet_is_the_consumer
+else
+  fail readme_bazel_snippet_is_the_consumer "README lines not in examples/consumer: '${absent:-no snippet}'"
+fi
 out=$(cd examples/consumer && bazel run --noshow_progress //:train -- optimizer.lr=0.5 trainer.max_epochs=40 2>&1)
 rc=$?
 if [ $rc -eq 0 ] && grep -q '^final loss' <<<"$out"; then

@@ -3,7 +3,8 @@
 # non-interactive. A second run with everything present changes nothing and takes about a second.
 #
 #   Debian packages: Bazel (bazel-bootstrap), yaml-cpp, glog, gflags, GoogleTest/GoogleMock,
-#                    Google Benchmark, zlib, nlohmann-json, patchelf, the Fashion-MNIST dataset.
+#                    Google Benchmark, zlib, nlohmann-json, patchelf, the Fashion-MNIST dataset,
+#                    CMake, make and pkg-config (the consumers of an installed Fabric++).
 #   PyPI:            tools/requirements.txt (torch, pinned there and only there).
 #
 # Environment: PYTHON (default python3) is the interpreter whose site-packages receives torch;
@@ -35,6 +36,9 @@ DEBIAN_PACKAGES=(
   slurm-wlm              # srun/sbatch on a one-machine cluster (tools/slurm_local.sh, launchers_test)
   clang                  # --config=fuzz (libFuzzer harnesses in tests/fuzz/)
   libclang-rt-14-dev     # libFuzzer and the sanitizer runtimes for clang 14
+  cmake                  # //tests/packaging: the CMake consumer of an installed Fabric++
+  make
+  pkgconf                # pkg-config: //tests/packaging:pkg_config_test
 )
 
 die() { echo "setup.sh: $*" >&2; exit 1; }

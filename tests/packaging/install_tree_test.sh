@@ -4,6 +4,7 @@
 # library that carries all of Fabric++ and runs against the build's LibTorch, and an installer that
 # replaces its own files only.
 source tests/packaging/testing.sh
+install_prefix
 
 # 1. The headers a compile of fabric/all.h reads from the prefix = the headers installed.
 echo '#include "fabric/all.h"' >"$TEST_TMPDIR/use.cc"

@@ -1,9 +1,17 @@
-# Sourced by the tests of //tests/packaging: installs this build into a fresh prefix and offers
-# check/fail helpers. Sets PREFIX and the facts of tools/packaging/install_facts.sh.
+# Sourced by the tests of //tests/packaging. Offers:
+#   check DESCRIPTION COMMAND...   runs the command; counts a failure when it fails
+#   fail MESSAGE / finish          count a failure / exit 0 or 1 with the count
+#   install_prefix                 installs this build into a fresh $PREFIX (tools/install)
+#   run_readme_snippet NAME DIR    runs the README block after `<!-- snippet: NAME -->` verbatim in
+#                                  DIR (a copy of examples/cmake_consumer inside), with HOME=DIR,
+#                                  `bazel run //tools:install --` answered by this build's installer
+#                                  and `python3` by $PYTHON (the interpreter with LibTorch's torch);
+#                                  its output goes to stdout, its exit status is returned
+# and the facts of tools/packaging/install_facts.sh (FABRIC_VERSION, LIBTORCH_PATH, WITH_CUDA, ...).
 set -uo pipefail
 failures=0
 fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
-check() {  # check DESCRIPTION COMMAND...: runs the command, counts a failure when it fails
+check() {
   local what=$1; shift
   if "$@"; then echo "ok: $what"; else fail "$what"; fi
 }
@@ -13,12 +21,39 @@ finish() {
 }
 
 source tools/packaging/install_facts.sh
-PREFIX="$TEST_TMPDIR/prefix"
-rm -rf "$PREFIX"
-if ! tools/install "$PREFIX" >"$TEST_TMPDIR/install.log" 2>&1; then
-  cat "$TEST_TMPDIR/install.log" >&2
-  echo "FAIL: bazel run //tools:install -- PREFIX failed" >&2
-  exit 1
-fi
+RUNFILES_ROOT=$PWD
 TORCH_CMAKE="$LIBTORCH_PATH/share/cmake"
-export PKG_CONFIG_PATH="$PREFIX/lib/pkgconfig"
+
+install_prefix() {
+  PREFIX="$TEST_TMPDIR/prefix"
+  rm -rf "$PREFIX"
+  if ! tools/install "$PREFIX" >"$TEST_TMPDIR/install.log" 2>&1; then
+    cat "$TEST_TMPDIR/install.log" >&2
+    echo "FAIL: bazel run //tools:install -- PREFIX failed" >&2
+    exit 1
+  fi
+  export PKG_CONFIG_PATH="$PREFIX/lib/pkgconfig"
+}
+
+run_readme_snippet() {
+  local name=$1 dir=$2 script
+  script=$(awk -v want="<!-- snippet: $name -->" '
+    $0 == want { armed = 1; next }
+    armed && /^```/ { if (inside) exit; inside = 1; next }
+    inside { print }' README.md)
+  [ -n "$script" ] || { echo "README.md has no block after '<!-- snippet: $name -->'" >&2; return 1; }
+  mkdir -p "$dir/examples"
+  cp -RL examples/cmake_consumer "$dir/examples/"
+  (
+    cd "$dir" || exit 1
+    export HOME=$dir
+    bazel() {
+      [ "$1 $2 $3" = "run //tools:install --" ] || { echo "snippet runs 'bazel $*': not emulated" >&2; return 1; }
+      shift 3
+      "$RUNFILES_ROOT/tools/install" "$@"
+    }
+    python3() { "${PYTHON:-python3}" "$@"; }
+    set -e
+    eval "$script"
+  )
+}

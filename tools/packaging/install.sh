@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
 # bazel run //tools:install -- PREFIX            (add --config=cpu_only to install the CPU-only build)
+# DIR/install.sh PREFIX                          (from a bundle, bazel run //tools:bundle: on a node
+#                                                 without Bazel; LibTorch is then the node's, found
+#                                                 like DIR/run.sh finds it, and must be the version
+#                                                 the bundle was built against)
 #
 # Installs Fabric++ for CMake and pkg-config consumers (docs/building.md, "Use it in your project"):
 #   PREFIX/include/fabricpp/      the public headers: fabric/all.h and every header of this project it
@@ -33,18 +37,42 @@ done
 # A relative PREFIX is relative to where the user typed the command.
 case "$prefix" in /*) ;; *) prefix="${BUILD_WORKING_DIRECTORY:-$PWD}/$prefix" ;; esac
 
-# The files come from this script's runfiles: the working directory under `bazel run` and in tests.
-here=$PWD
-if [ ! -f "$here/tools/packaging/install_facts.sh" ]; then
-  here="${RUNFILES_DIR:-$0.runfiles}/fabricpp"
-fi
-[ -f "$here/tools/packaging/install_facts.sh" ] ||
+# The files come from this script's runfiles (the working directory under `bazel run` and in
+# tests) or, in a bundle, from DIR/install/ beside DIR/install.sh.
+here=""
+for candidate in "$PWD" "${RUNFILES_DIR:-$0.runfiles}/fabricpp" "$(dirname "$0")/install"; do
+  if [ -f "$candidate/tools/packaging/install_facts.sh" ]; then here=$candidate; break; fi
+done
+[ -n "$here" ] ||
   die "cannot find the build's files beside $0; run me with 'bazel run //tools:install -- PREFIX'"
 
 # FABRIC_VERSION FABRIC_SOVERSION LIBTORCH_PATH LIBTORCH_VERSION WITH_CUDA DEFINES RUNTIME_LIB_DIRS
 source "$here/tools/packaging/install_facts.sh"
-[ -f "$LIBTORCH_PATH/lib/libtorch_cpu.so" ] ||
-  die "the LibTorch this build was made with is gone from $LIBTORCH_PATH; rebuild (bazel clean; tools/setup.sh)"
+bundled=""
+if [ -d "$here/bundled_libs" ]; then
+  # From a bundle: the node's LibTorch, and the Debian libraries the bundle carries.
+  bundled=1
+  if [ -n "${LIBTORCH_HOME:-}" ]; then
+    LIBTORCH_PATH=$LIBTORCH_HOME
+  else
+    python=${PYTHON:-python3}
+    LIBTORCH_PATH=$("$python" -c "import importlib.util, os; s = importlib.util.find_spec('torch'); print(os.path.dirname(s.origin) if s and s.origin else '')" 2>/dev/null) || true
+    [ -n "$LIBTORCH_PATH" ] || die "LibTorch not found: set LIBTORCH_HOME or install torch==$LIBTORCH_VERSION for $python"
+  fi
+  [ -f "$LIBTORCH_PATH/lib/libtorch_cpu.so" ] || die "$LIBTORCH_PATH has no lib/libtorch_cpu.so (LIBTORCH_HOME?)"
+  LIBTORCH_PATH=$(cd "$LIBTORCH_PATH" && pwd -P)
+  found=$(sed -n 's/^#define TORCH_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\).*/\2/p' \
+    "$LIBTORCH_PATH/include/torch/headeronly/version.h" 2>/dev/null | paste -sd.)
+  [ "$found" = "$LIBTORCH_VERSION" ] ||
+    die "the bundle was built against LibTorch $LIBTORCH_VERSION but $LIBTORCH_PATH is LibTorch ${found:-of unknown version}; install torch==$LIBTORCH_VERSION or rebuild the bundle"
+  RUNTIME_LIB_DIRS="\$ORIGIN:$LIBTORCH_PATH/lib"
+  for d in "$LIBTORCH_PATH"/../nvidia/*/lib; do
+    [ -d "$d" ] && RUNTIME_LIB_DIRS="$RUNTIME_LIB_DIRS:$(cd "$d" && pwd -P)"
+  done
+else
+  [ -f "$LIBTORCH_PATH/lib/libtorch_cpu.so" ] ||
+    die "the LibTorch this build was made with is gone from $LIBTORCH_PATH; rebuild (bazel clean; tools/setup.sh)"
+fi
 command -v patchelf >/dev/null || die "patchelf is missing: run tools/setup.sh"
 
 # --- Public headers: the closure of fabric/all.h over this project's "..." includes ----------------
@@ -76,6 +104,11 @@ patchelf --set-rpath "$RUNTIME_LIB_DIRS" "$prefix/lib/$lib.tmp"
 mv -f "$prefix/lib/$lib.tmp" "$prefix/lib/$lib"
 ln -sfn "$lib" "$prefix/lib/libfabricpp.so.$FABRIC_SOVERSION"
 ln -sfn "libfabricpp.so.$FABRIC_SOVERSION" "$prefix/lib/libfabricpp.so"
+if [ -n "$bundled" ]; then
+  for dep in "$here"/bundled_libs/*; do
+    [ -e "$dep" ] && install -m 755 "$dep" "$prefix/lib/"
+  done
+fi
 
 if [ "$WITH_CUDA" = 1 ]; then
   kind=CUDA; with_cuda_cmake=TRUE
