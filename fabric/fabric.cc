@@ -92,6 +92,20 @@ DataLoader Fabric::setup_dataloader(std::shared_ptr<const Dataset> dataset,
 
 void Fabric::backward(const torch::Tensor& loss) { strategy_->backward(loss); }
 
+void Fabric::backward(const torch::Tensor& loss, MicroBatch micro) {
+  if (micro.count < 1 || micro.index < 0 || micro.index >= micro.count) {
+    throw Error("Fabric::backward: micro-batch " + std::to_string(micro.index) + " of " +
+                std::to_string(micro.count) + " is outside [0, count)");
+  }
+  const torch::Tensor scaled = micro.count == 1 ? loss : loss / static_cast<double>(micro.count);
+  if (micro.last()) {
+    strategy_->backward(scaled);
+    return;
+  }
+  ScopeGuard no_sync = strategy_->no_backward_sync();
+  strategy_->backward(scaled);
+}
+
 bool Fabric::step(torch::optim::Optimizer& optimizer) {
   const bool stepped = strategy_->optimizer_step(optimizer);
   ++steps_;

@@ -66,6 +66,7 @@
 #include "fabric/logging/run_dir.h"
 #include "fabric/nn/data_parallel.h"
 #include "fabric/precision/precision.h"
+#include "fabric/training/accumulation.h"
 #include "strategies/strategy.h"
 
 namespace fabric {
@@ -122,6 +123,10 @@ class Fabric {
 
   // loss.backward() with loss scaling (16-mixed) and gradient synchronization (DDP).
   void backward(const torch::Tensor& loss);
+  // Gradient accumulation (fabric/training/accumulation.h): backward of loss / micro.count, with
+  // the gradient synchronization skipped unless micro.last(). Throws fabric::Error for an index
+  // outside [0, count).
+  void backward(const torch::Tensor& loss, MicroBatch micro);
   // Optimizer step through the precision: under 16-mixed unscale (once), skip on inf/NaN and
   // update the scale. Returns whether the optimizer stepped; a fused optimizer
   // (fabric/training/fast_optimizers.h) decides on the device without waiting for it, and then
@@ -155,10 +160,12 @@ class Fabric {
 
   // Autocast region for *-mixed precisions (no-op otherwise); nesting-safe RAII.
   AutocastGuard autocast() const;
-  // Skips gradient synchronization while the guard lives (a no-op with one process).
+  // Skips gradient synchronization while the guard lives (a no-op with one process). The
+  // strategy skips it for every module set up; `module` is for symmetry with Lightning's API.
   template <typename Module>
   ScopeGuard no_backward_sync(Module& module) {
-    return strategy_->no_backward_sync(module_ref(module));
+    (void)module;
+    return strategy_->no_backward_sync();
   }
 
   // Model weights (parameters and buffers by name) to a file in PyTorch's serialization format,

@@ -241,8 +241,7 @@ void Ddp::broadcast_buffers() {
   c10d::broadcast_coalesced(process_group(), buffers_, 250 * 1024 * 1024, 0);
 }
 
-ScopeGuard Ddp::no_backward_sync(torch::nn::Module& module) {
-  (void)module;
+ScopeGuard Ddp::no_backward_sync() {
   const bool previous = sync_;
   sync_ = false;
   return ScopeGuard([this, previous] { sync_ = previous; });

@@ -43,7 +43,7 @@ class Ddp : public ParallelStrategy {
   void setup_optimizer(torch::optim::Optimizer& optimizer) override;
   void backward(const torch::Tensor& loss) override;
   bool optimizer_step(torch::optim::Optimizer& optimizer) override;
-  ScopeGuard no_backward_sync(torch::nn::Module& module) override;
+  ScopeGuard no_backward_sync() override;
   // On: backward averages the gradients after the backward pass through FlatGradientSync
   // (capturable in a CUDA graph, NCCL included) instead of by the Reducer's hooks during it.
   void set_capturable_gradient_sync(bool on) override;

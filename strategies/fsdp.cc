@@ -155,8 +155,7 @@ ScopeGuard Fsdp::materialize_parameters(torch::nn::Module& module, bool write_ba
   return sharded_->materialize(write_back);
 }
 
-ScopeGuard Fsdp::no_backward_sync(torch::nn::Module& module) {
-  (void)module;
+ScopeGuard Fsdp::no_backward_sync() {
   const bool previous = sync_;
   sync_ = false;
   return ScopeGuard([this, previous] { sync_ = previous; });

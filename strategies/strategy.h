@@ -181,11 +181,9 @@ class Strategy {
     return ScopeGuard();
   }
 
-  // Skips gradient synchronization while the guard lives (gradient accumulation).
-  virtual ScopeGuard no_backward_sync(torch::nn::Module& module) {
-    (void)module;
-    return ScopeGuard();
-  }
+  // Skips gradient synchronization (of every module set up) while the guard lives: gradient
+  // accumulation.
+  virtual ScopeGuard no_backward_sync() { return ScopeGuard(); }
 
   // Gradient synchronization a CUDA graph can capture (fabric/training/graphed_step.h turns it on
   // for its lifetime): a strategy that synchronizes gradients from hooks during backward, with

@@ -2,7 +2,7 @@
 // loaders, autocast, backward, step), plus evaluation, progress lines and the run summary.
 //
 // Config keys used: trainer.* (max_epochs, max_steps, eval_every_n_epochs, limit_eval_batches,
-// gradient_clip_*), data.* (batch_size, shuffle, drop_last, num_workers, prefetch), optimizer.*,
+// accumulate_grad_batches, gradient_clip_*), data.* (batch_size, shuffle, drop_last, num_workers, prefetch), optimizer.*,
 // scheduler.*, logging.* (run_dir, log_every_n_steps), checkpoint.* (fabric/checkpointer.h: saves,
 // rotation, resume: auto after a crash, weights for Python at the end).
 // Metrics (logging.loggers: csv): train/loss, lr, train/images_per_second, epoch at every progress
@@ -100,8 +100,12 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
 
   const int64_t max_epochs = c.get_int("trainer.max_epochs");
   const int64_t max_steps = c.get_int("trainer.max_steps");
+  // Optimizer steps: with trainer.accumulate_grad_batches K, one per K batches (fewer at an
+  // epoch's end); max_steps and the scheduler count these.
+  const int64_t accumulate = c.get_int("trainer.accumulate_grad_batches");
+  const int64_t epoch_steps = fabric::MicroBatch::steps_in_epoch(train.size(), accumulate);
   const int64_t total_steps =
-      max_steps >= 0 ? std::min(max_steps, max_epochs * train.size()) : max_epochs * train.size();
+      max_steps >= 0 ? std::min(max_steps, max_epochs * epoch_steps) : max_epochs * epoch_steps;
   fabric::LRScheduler scheduler(
       *optimizer, fabric::LRSchedule::from_config(c, std::max<int64_t>(total_steps, 1)));
   const int64_t log_every = c.get_int("logging.log_every_n_steps");
@@ -147,13 +151,21 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
   std::string stopped;
   for (; epoch < max_epochs && step < total_steps; ++epoch) {
     const auto epoch_start = Clock::now();
+    torch::Tensor group_loss;
+    int64_t in_epoch = train.state().batches;  // where this pass starts (a resume: mid-epoch)
     for (fabric::Batch& batch : train) {
-      const torch::Tensor loss = train_step({batch.data, batch.target});
+      const auto micro = fabric::MicroBatch::in_epoch(in_epoch++, train.size(), accumulate);
+      const torch::Tensor micro_loss = train_step({batch.data, batch.target}, micro);
+      group_loss = micro.first() ? micro_loss : group_loss + micro_loss;
+      window_images += batch.target.size(0);
+      images += batch.target.size(0);
+      if (!micro.last()) continue;
+      // The step's loss: the mean over its micro-batches.
+      const torch::Tensor loss = micro.count == 1 ? group_loss : group_loss / micro.count;
       scheduler.step();
       ++step;
       window_loss += loss.detach().to(torch::kFloat);  // no host sync until the progress line
       ++window;
-      window_images += batch.target.size(0);
       if (step % log_every == 0 || step == total_steps) {
         last_loss = f.all_reduce(window_loss / static_cast<double>(window)).item<double>();
         const double secs = std::chrono::duration<double>(Clock::now() - window_start).count();
@@ -171,7 +183,6 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
         window_start = Clock::now();
       }
       bar.step(step, epoch);
-      images += batch.target.size(0);
       checkpoints.step_end();
       if (nonfinite.update(loss, step)) {
         stopped = nonfinite.message();

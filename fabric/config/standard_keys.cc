@@ -178,6 +178,8 @@ ConfigSchema training_schema() {
   s.add("trainer.eval_every_n_epochs",
         KeySpec::integer(1).min(0).doc("0: evaluate only at the end"));
   s.add("trainer.limit_eval_batches", KeySpec::integer(-1).min(-1).doc("-1: the whole test split"));
+  s.add("trainer.accumulate_grad_batches",
+        KeySpec::integer(1).min(1).doc("batches per optimizer step (gradients accumulated)"));
   s.add("trainer.gradient_clip_val", KeySpec::real(0.0).min(0).doc("0: no clipping"));
   s.add("trainer.gradient_clip_algorithm", KeySpec::choice({"norm", "value"}, "norm"));
   s.add("trainer.stop_on_nonfinite",
@@ -216,12 +218,18 @@ ConfigSchema training_schema() {
 
   s.section_doc("scheduler", "Learning rate per optimizer step (never scaled by world size).");
   s.add("scheduler.name",
-        KeySpec::choice({"none", "cosine", "one_cycle", "linear"}, "none")
+        KeySpec::choice({"none", "cosine", "one_cycle", "linear", "step", "multistep"}, "none")
+            .alias("constant", "none")
             .noun("a scheduler")
-            .doc("cosine: to min_lr; one_cycle: up then down; linear: to min_lr"));
+            .doc("cosine: to min_lr; one_cycle: up then down; linear: to min_lr; step: times "
+                 "gamma every step_size steps; multistep: times gamma at each milestone"));
   s.add("scheduler.warmup_steps",
         KeySpec::integer(0).min(0).doc("linear warm-up from 0 (none/cosine/linear)"));
   s.add("scheduler.min_lr", KeySpec::real(0.0).min(0));
+  s.add("scheduler.step_size", KeySpec::integer(1000).min(1).doc("step: optimizer steps per decay"));
+  s.add("scheduler.gamma", KeySpec::real(0.1).min(0, false).doc("step, multistep: decay factor"));
+  s.add("scheduler.milestones",
+        KeySpec::real_list({}).min(0).doc("multistep: optimizer steps, increasing"));
   s.add("scheduler.pct_start", KeySpec::real(0.3).min(0, false).max(1, false).doc("one_cycle"));
   s.add("scheduler.div_factor",
         KeySpec::real(25.0).min(0, false).doc("one_cycle: initial lr = lr / div_factor"));

@@ -115,6 +115,10 @@ GraphedStep::~GraphedStep() {
 
 void GraphedStep::backward_and_step(const torch::Tensor& loss) {
   fabric_.backward(loss);
+  clip_and_step();
+}
+
+void GraphedStep::clip_and_step() {
   if (options_.clip_norm() > 0 || options_.clip_value() > 0) {
     fabric_.precision().unscale_gradients(optimizer_);  // on the device (fabric/precision)
     if (options_.clip_norm() > 0) {
@@ -155,6 +159,24 @@ torch::Tensor GraphedStep::eager(const std::vector<torch::Tensor>& batch) {
   torch::Tensor loss = loss_(batch);
   backward_and_step(loss);
   ++eager_;
+  return loss.detach();
+}
+
+torch::Tensor GraphedStep::operator()(const std::vector<torch::Tensor>& batch, MicroBatch micro) {
+  if (micro.count == 1 && micro.index == 0) return (*this)(batch);
+  if (enabled_) {
+    throw Error(
+        "fabric.cuda_graphs: a step over several micro-batches (trainer.accumulate_grad_batches "
+        "> 1) cannot be captured yet; set fabric.cuda_graphs: false or "
+        "trainer.accumulate_grad_batches: 1");
+  }
+  if (micro.first()) optimizer_.zero_grad();
+  torch::Tensor loss = loss_(batch);
+  fabric_.backward(loss, micro);  // checks the index
+  if (micro.last()) {
+    clip_and_step();
+    ++eager_;
+  }
   return loss.detach();
 }
 

@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "fabric/core/arg.h"
+#include "fabric/training/accumulation.h"
 
 namespace fabric {
 
@@ -80,6 +81,12 @@ class GraphedStep {
 
   // One training step on `batch`; returns the loss (detached).
   torch::Tensor operator()(const std::vector<torch::Tensor>& batch);
+  // Gradient accumulation (fabric/training/accumulation.h): micro-batch `micro` of an optimizer
+  // step: zero_grad on the first, Fabric::backward(loss, micro) on each, clipping and the
+  // optimizer step after the last. Returns this micro-batch's loss (detached, not divided).
+  // Eager only: with fabric.cuda_graphs and micro.count > 1 it throws fabric::Error naming both
+  // keys. {0, 1} is operator()(batch).
+  torch::Tensor operator()(const std::vector<torch::Tensor>& batch, MicroBatch micro);
 
   bool graphed() const { return enabled_; }       // fabric.cuda_graphs in effect
   int64_t replays() const { return replays_; }    // steps run by replaying the graph
@@ -93,6 +100,7 @@ class GraphedStep {
   torch::Tensor eager(const std::vector<torch::Tensor>& batch);
   // backward, clipping and the optimizer step after the loss: what the graph captures.
   void backward_and_step(const torch::Tensor& loss);
+  void clip_and_step();
   // After a failed capture: ends it and drops everything it made, so the next call retries.
   void discard_capture();
 

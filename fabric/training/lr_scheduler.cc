@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <sstream>
 
 #include "fabric/core/error.h"
 
@@ -50,6 +51,34 @@ LRSchedule LRSchedule::one_cycle(double max_lr, int64_t total_steps, double pct_
   return s;
 }
 
+LRSchedule LRSchedule::step(double base_lr, int64_t step_size, double gamma,
+                            int64_t warmup_steps) {
+  if (step_size < 1 || !(gamma > 0)) {
+    throw Error("LRSchedule::step: step_size must be >= 1 and gamma > 0 (got " +
+                std::to_string(step_size) + ", " + std::to_string(gamma) + ")");
+  }
+  LRSchedule s = constant(base_lr, warmup_steps);
+  s.name_ = "step";
+  s.step_size_ = step_size;
+  s.gamma_ = gamma;
+  return s;
+}
+
+LRSchedule LRSchedule::multistep(double base_lr, std::vector<int64_t> milestones, double gamma,
+                                 int64_t warmup_steps) {
+  for (size_t i = 0; i < milestones.size(); ++i) {
+    if (milestones[i] < 0 || (i > 0 && milestones[i] <= milestones[i - 1])) {
+      throw Error("scheduler.milestones: must be non-negative optimizer steps in increasing order");
+    }
+  }
+  if (!(gamma > 0)) throw Error("scheduler.gamma: must be > 0");
+  LRSchedule s = constant(base_lr, warmup_steps);
+  s.name_ = "multistep";
+  s.milestones_ = std::move(milestones);
+  s.gamma_ = gamma;
+  return s;
+}
+
 LRSchedule LRSchedule::from_config(const Config& c, int64_t total_steps) {
   if (total_steps < 1) throw Error("LRSchedule::from_config: total_steps must be >= 1");
   const std::string name = c.get_string("scheduler.name");
@@ -58,6 +87,21 @@ LRSchedule LRSchedule::from_config(const Config& c, int64_t total_steps) {
   const double min_lr = c.get_double("scheduler.min_lr");
   if (name == "cosine") return cosine(lr, total_steps, warmup, min_lr);
   if (name == "linear") return linear(lr, total_steps, warmup, min_lr);
+  if (name == "step") {
+    return step(lr, c.get_int("scheduler.step_size"), c.get_double("scheduler.gamma"), warmup);
+  }
+  if (name == "multistep") {
+    std::vector<int64_t> milestones;
+    for (double m : c.get_double_list("scheduler.milestones")) {
+      if (m != std::floor(m)) {
+        std::ostringstream text;
+        text << "scheduler.milestones: " << m << " is not a whole number of optimizer steps";
+        throw Error(text.str());
+      }
+      milestones.push_back(static_cast<int64_t>(m));
+    }
+    return multistep(lr, std::move(milestones), c.get_double("scheduler.gamma"), warmup);
+  }
   if (name == "one_cycle") {
     return one_cycle(lr, total_steps, c.get_double("scheduler.pct_start"),
                      c.get_double("scheduler.div_factor"),
@@ -66,8 +110,18 @@ LRSchedule LRSchedule::from_config(const Config& c, int64_t total_steps) {
   return constant(lr, warmup);
 }
 
+double LRSchedule::decayed_at(int64_t step) const {
+  if (name_ == "step") return base_ * std::pow(gamma_, static_cast<double>(step / step_size_));
+  const auto passed = std::upper_bound(milestones_.begin(), milestones_.end(), step);
+  return base_ * std::pow(gamma_, static_cast<double>(passed - milestones_.begin()));
+}
+
 double LRSchedule::lr_at(int64_t step) const {
   step = std::max<int64_t>(step, 0);
+  if (name_ == "step" || name_ == "multistep") {
+    const double at = decayed_at(step);
+    return step < warmup_ ? at * static_cast<double>(step + 1) / static_cast<double>(warmup_) : at;
+  }
   if (name_ == "one_cycle") {
     step = std::min(step, total_ - 1);
     const double initial = base_ / div_;

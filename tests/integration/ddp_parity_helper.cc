@@ -142,7 +142,7 @@ int main(int argc, char** argv) {
                                     y.narrow(0, rank * local, local).to(device));
         if (nosync && m == 0) {
           const uint64_t before = backend->getSequenceNumberForGroup();
-          auto guard = ddp.no_backward_sync(*model);
+          auto guard = ddp.no_backward_sync();
           ddp.backward(loss);
           if (backend->getSequenceNumberForGroup() != before) {
             std::fprintf(stderr, "rank %lld: collective issued inside no_backward_sync\n",

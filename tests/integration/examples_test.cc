@@ -174,6 +174,31 @@ TEST_F(ExamplesTest, Cifar10KilledWhileSavingResumesWithAuto) {
   EXPECT_TRUE(fs::exists(fs::path(resumed.last_line()).parent_path() / "weights.pt"));
 }
 
+// trainer.accumulate_grad_batches: 3 batches per optimizer step over 2 ranks (4 batches per rank
+// and epoch: groups of 3 and 1), resumed from a checkpoint in the middle of an epoch (step 3: 3 of
+// its 4 batches taken), ends with weights bitwise those of the uninterrupted run; max_steps counts
+// optimizer steps.
+TEST_F(ExamplesTest, Cifar10AccumulatingGradientsResumesBitwise) {
+  const std::string args = std::string("--config=ddp.yaml fabric.accelerator=cpu") + kTinyCifar +
+                           " trainer.max_epochs=3 trainer.max_steps=5 trainer.accumulate_grad_batches=3"
+                           " checkpoint.every_n_steps=3";
+  Result whole = run("cifar10", args + " logging.run_dir=whole");
+  ASSERT_EQ(whole.code, 0) << whole.out;
+  EXPECT_EQ(summary_of(whole)["steps"], 5);
+  const fs::path ckpt = dir_ / "whole" / "checkpoints" / "step-00000003.ckpt";
+  ASSERT_TRUE(fs::exists(ckpt)) << whole.out;
+  Result resumed =
+      run("cifar10", args + " logging.run_dir=resumed checkpoint.resume=" + ckpt.string());
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  auto bytes = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string a = bytes(dir_ / "whole" / "weights.pt");
+  ASSERT_FALSE(a.empty()) << whole.out;
+  EXPECT_TRUE(a == bytes(dir_ / "resumed" / "weights.pt")) << resumed.out;
+}
+
 // The README's main command on a CPU-only machine: 2 self-launched ranks, SyncBN, 16-mixed
 // resolved for the CPU (32-true where bf16 is emulated: ONEDNN_MAX_CPU_ISA=AVX2 makes every
 // machine such a one, so the test does not depend on the CPU it runs on), threads split

@@ -13,8 +13,8 @@
 //   test.cross_units   false  also one operator that takes a piece of every Table at once (fsdp
 //                           gathers every unit for it)
 //   test.clip_norm     0    Fabric::clip_gradients to this total norm before each step; 0: off
-//   test.accumulate    1    micro-batches per step (each batch split; all but the last backward
-//                           inside no_backward_sync)
+//   test.accumulate    1    micro-batches per step (each batch split; Fabric::backward(loss,
+//                           MicroBatch): all but the last backward without gradient sync)
 //   test.memory        false  before the last step, rank 0 prints for every rank R "rank R bytes
 //                           parameters=P gradients=G optimizer=O": distinct storages of the
 //                           parameters and of the optimizer's parameters, of their gradients, of
@@ -158,16 +158,11 @@ int main(int argc, char** argv) {
             torch::Tensor loss;
             {
               auto guard = f.autocast();
-              loss = torch::cross_entropy_loss(model->forward(data[m]), target[m]) /
-                     static_cast<double>(data.size());
+              loss = torch::cross_entropy_loss(model->forward(data[m]), target[m]);
             }
             step_loss = loss.detach();
-            if (m + 1 < data.size()) {
-              auto no_sync = f.no_backward_sync(model);
-              f.backward(loss);
-            } else {
-              f.backward(loss);
-            }
+            f.backward(loss, fabric::MicroBatch{static_cast<int64_t>(m),
+                                                static_cast<int64_t>(data.size())});
           }
           if (clip_norm > 0) f.clip_gradients(model, *optimizer, clip_norm);
           if (c.get_bool("test.memory") && checkpoints.step() + 1 == total)

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "fabric/core/error.h"
+
 namespace {
 
 using fabric::LRSchedule;
@@ -36,6 +38,62 @@ TEST(LRScheduleTest, OneCycleMatchesTorchOneCycleLR) {
                                                              {64, 0.500002},
                                                              {99, 4e-06}};
   for (auto [t, lr] : reference) EXPECT_NEAR(s.lr_at(t), lr, 1e-15) << "step " << t;
+}
+
+TEST(LRScheduleTest, StepAndMultiStepMatchTorch) {
+  // Reference values printed by PyTorch 2.11: SGD(lr=0.8) with StepLR(step_size=3, gamma=0.5)
+  // and MultiStepLR(milestones=[2, 5, 6], gamma=0.1), lr before step t.
+  const std::vector<double> step_lr = {0.8, 0.8, 0.8, 0.4, 0.4, 0.4, 0.2, 0.2, 0.2, 0.1};
+  const std::vector<double> multi_lr = {0.8,
+                                        0.8,
+                                        0.08000000000000002,
+                                        0.08000000000000002,
+                                        0.08000000000000002,
+                                        0.008000000000000002,
+                                        0.0008000000000000003,
+                                        0.0008000000000000003,
+                                        0.0008000000000000003,
+                                        0.0008000000000000003};
+  auto step = LRSchedule::step(0.8, 3, 0.5);
+  auto multi = LRSchedule::multistep(0.8, {2, 5, 6}, 0.1);
+  for (int64_t t = 0; t < 10; ++t) {
+    EXPECT_NEAR(step.lr_at(t), step_lr[t], 1e-15 * step_lr[t]) << "step " << t;
+    EXPECT_NEAR(multi.lr_at(t), multi_lr[t], 1e-15 * multi_lr[t]) << "step " << t;
+  }
+  // A warm-up ramps to the rate the schedule has at that step.
+  auto warm = LRSchedule::step(0.8, 3, 0.5, 4);
+  EXPECT_DOUBLE_EQ(warm.lr_at(0), 0.8 / 4);
+  EXPECT_DOUBLE_EQ(warm.lr_at(3), 0.4);
+  EXPECT_DOUBLE_EQ(warm.lr_at(4), 0.4);
+}
+
+TEST(LRScheduleTest, StepSchedulesFromConfigAndTheirErrors) {
+  auto config = [](std::vector<std::string> keys) {
+    return fabric::Config::defaults(fabric::training_schema(), keys);
+  };
+  auto s = LRSchedule::from_config(
+      config({"optimizer.lr=1", "scheduler.name=multistep", "scheduler.milestones=[3, 7]",
+              "scheduler.gamma=0.5"}),
+      10);
+  EXPECT_EQ(s.name(), "multistep");
+  EXPECT_DOUBLE_EQ(s.lr_at(2), 1.0);
+  EXPECT_DOUBLE_EQ(s.lr_at(3), 0.5);
+  EXPECT_DOUBLE_EQ(s.lr_at(9), 0.25);
+  auto c = LRSchedule::from_config(config({"optimizer.lr=1", "scheduler.name=constant"}), 10);
+  EXPECT_EQ(c.name(), "none");
+  EXPECT_DOUBLE_EQ(c.lr_at(9), 1.0);
+  EXPECT_THROW(LRSchedule::from_config(config({"scheduler.name=multistep",
+                                               "scheduler.milestones=[5, 3]"}),
+                                       10),
+               fabric::Error);
+  try {
+    LRSchedule::from_config(
+        config({"scheduler.name=multistep", "scheduler.milestones=[2.5]"}), 10);
+    ADD_FAILURE() << "a fractional milestone was accepted";
+  } catch (const fabric::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("scheduler.milestones: 2.5"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(LRSchedulerTest, SetsEveryParamGroupPerStepAndResumes) {
