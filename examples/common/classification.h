@@ -2,7 +2,7 @@
 // loaders, autocast, backward, step), plus evaluation, progress lines and the run summary.
 //
 // Config keys used: trainer.* (max_epochs, max_steps, eval_every_n_epochs, limit_eval_batches,
-// accumulate_grad_batches, gradient_clip_*), data.* (batch_size, shuffle, drop_last, num_workers, prefetch), optimizer.*,
+// accumulate_grad_batches, ema_decay, ema_warmup, gradient_clip_*), data.* (batch_size, shuffle, drop_last, num_workers, prefetch), optimizer.*,
 // scheduler.*, logging.* (run_dir, log_every_n_steps), checkpoint.* (fabric/checkpointer.h: saves,
 // rotation, resume: auto after a crash, weights for Python at the end).
 // Metrics (logging.loggers: csv): train/loss, lr, train/images_per_second, epoch at every progress
@@ -16,6 +16,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -26,6 +27,7 @@
 #include "fabric/logging/progress.h"
 #include "fabric/logging/run_dir.h"
 #include "fabric/nonfinite_guard.h"
+#include "fabric/training/ema.h"
 #include "fabric/training/graphed_step.h"
 #include "fabric/training/lr_scheduler.h"
 #include "fabric/training/optimizers.h"
@@ -78,6 +80,16 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
 
   auto optimizer = fabric::make_optimizer(c, model->parameters());
   f.setup(model, *optimizer);
+  // trainer.ema_decay: averaged weights, updated after every optimizer step, used to evaluate.
+  std::optional<fabric::ExponentialMovingAverage> ema;
+  if (c.get_double("trainer.ema_decay") > 0) {
+    if (f.strategy().name() == "fsdp") {
+      throw c.error_at("trainer.ema_decay",
+                       "not supported with fabric.strategy: fsdp (its parameters are sharded); "
+                       "use ddp or set trainer.ema_decay: 0");
+    }
+    ema.emplace(*model, c.get_double("trainer.ema_decay"), c.get_bool("trainer.ema_warmup"));
+  }
   // data.on_device: in-memory datasets move to the GPU once (uint8); batches and their
   // augmentation are then built there.
   const std::string on_device = c.get_string("data.on_device");
@@ -124,6 +136,7 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
   fabric::CheckpointState state;
   state.add("model", model).add("optimizer", *optimizer).add("scheduler", scheduler);
   state.add("train_loader", train);
+  if (ema) ema->add_to(state, "ema");
   fabric::Checkpointer checkpoints(f, state, task.name, run.path());
 
   int64_t step = checkpoints.step(), epoch = checkpoints.epoch(), images = 0;
@@ -163,6 +176,7 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
       // The step's loss: the mean over its micro-batches.
       const torch::Tensor loss = micro.count == 1 ? group_loss : group_loss / micro.count;
       scheduler.step();
+      if (ema) ema->update();
       ++step;
       window_loss += loss.detach().to(torch::kFloat);  // no host sync until the progress line
       ++window;
@@ -195,7 +209,10 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
     const bool last = epoch + 1 == max_epochs || step >= total_steps;
     if (last || (eval_every > 0 && (epoch + 1) % eval_every == 0)) {
       const auto eval_start = Clock::now();
-      accuracy = evaluate(f, model, test, limit_eval);
+      {
+        auto averaged = ema ? ema->swap_into_model() : fabric::ScopeGuard();
+        accuracy = evaluate(f, model, test, limit_eval);
+      }
       f.print("epoch ", epoch + 1, " test accuracy ", accuracy);
       f.log_dict({{"test/accuracy", accuracy}, {"epoch", static_cast<double>(epoch + 1)}}, step);
       window_start += Clock::now() - eval_start;  // keep evaluation out of the img/s window
@@ -206,6 +223,11 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
   std::string nonfinite_checkpoint;
   if (stopped.empty()) {
     checkpoints.finish();
+    if (ema && !c.get_string("checkpoint.export_weights").empty() &&
+        c.get_string("checkpoint.export_weights") != "none") {
+      auto averaged = ema->swap_into_model();
+      f.save_weights(model, (run.path() / "weights_ema.pt").string());
+    }
   } else {
     nonfinite_checkpoint = checkpoints.save_aside("nonfinite").string();
     f.print("stopped: ", stopped, "; the state is in ", nonfinite_checkpoint,
@@ -230,6 +252,7 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
       {"images_per_second",
        static_cast<double>(images * f.world_size()) / std::max(train_seconds, 1e-9)},
       {"wall_seconds", wall},
+      {"ema_decay", ema ? c.get_double("trainer.ema_decay") : 0.0},
       {"skipped_steps", f.precision().scaler() ? f.precision().scaler()->skipped_steps() : 0},
       {"run_dir", run.path().string()},
       {"resumed_from", checkpoints.resumed_from()},

@@ -180,6 +180,11 @@ ConfigSchema training_schema() {
   s.add("trainer.limit_eval_batches", KeySpec::integer(-1).min(-1).doc("-1: the whole test split"));
   s.add("trainer.accumulate_grad_batches",
         KeySpec::integer(1).min(1).doc("batches per optimizer step (gradients accumulated)"));
+  s.add("trainer.ema_decay",
+        KeySpec::real(0.0).min(0).max(1, false).doc(
+            "average of the weights per optimizer step (e.g. 0.999); 0: off"));
+  s.add("trainer.ema_warmup",
+        KeySpec::boolean(true).doc("decay min(ema_decay, (1 + n) / (10 + n)) at update n"));
   s.add("trainer.gradient_clip_val", KeySpec::real(0.0).min(0).doc("0: no clipping"));
   s.add("trainer.gradient_clip_algorithm", KeySpec::choice({"norm", "value"}, "norm"));
   s.add("trainer.stop_on_nonfinite",

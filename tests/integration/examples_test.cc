@@ -175,13 +175,13 @@ TEST_F(ExamplesTest, Cifar10KilledWhileSavingResumesWithAuto) {
 }
 
 // trainer.accumulate_grad_batches: 3 batches per optimizer step over 2 ranks (4 batches per rank
-// and epoch: groups of 3 and 1), resumed from a checkpoint in the middle of an epoch (step 3: 3 of
-// its 4 batches taken), ends with weights bitwise those of the uninterrupted run; max_steps counts
-// optimizer steps.
-TEST_F(ExamplesTest, Cifar10AccumulatingGradientsResumesBitwise) {
+// and epoch: groups of 3 and 1) with trainer.ema_decay, resumed from a checkpoint in the middle of
+// an epoch (step 3: 3 of its 4 batches taken), ends with weights and averaged weights bitwise
+// those of the uninterrupted run; max_steps counts optimizer steps.
+TEST_F(ExamplesTest, Cifar10AccumulationAndEmaResumeBitwise) {
   const std::string args = std::string("--config=ddp.yaml fabric.accelerator=cpu") + kTinyCifar +
                            " trainer.max_epochs=3 trainer.max_steps=5 trainer.accumulate_grad_batches=3"
-                           " checkpoint.every_n_steps=3";
+                           " checkpoint.every_n_steps=3 trainer.ema_decay=0.9";
   Result whole = run("cifar10", args + " logging.run_dir=whole");
   ASSERT_EQ(whole.code, 0) << whole.out;
   EXPECT_EQ(summary_of(whole)["steps"], 5);
@@ -197,6 +197,19 @@ TEST_F(ExamplesTest, Cifar10AccumulatingGradientsResumesBitwise) {
   const std::string a = bytes(dir_ / "whole" / "weights.pt");
   ASSERT_FALSE(a.empty()) << whole.out;
   EXPECT_TRUE(a == bytes(dir_ / "resumed" / "weights.pt")) << resumed.out;
+  const std::string ema = bytes(dir_ / "whole" / "weights_ema.pt");
+  ASSERT_FALSE(ema.empty()) << whole.out;
+  EXPECT_TRUE(ema == bytes(dir_ / "resumed" / "weights_ema.pt")) << resumed.out;
+  EXPECT_FALSE(ema == a);  // the average is not the last weights
+}
+
+TEST_F(ExamplesTest, EmaUnderFsdpIsAConfigError) {
+  Result r = run("cifar10", std::string("--config=fsdp.yaml fabric.accelerator=cpu") + kTinyCifar +
+                                " trainer.ema_decay=0.99");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("trainer.ema_decay: not supported with fabric.strategy: fsdp"),
+            std::string::npos)
+      << r.out;
 }
 
 // The README's main command on a CPU-only machine: 2 self-launched ranks, SyncBN, 16-mixed
