@@ -40,6 +40,9 @@ fabric::ConfigSchema schema() {
   s.section_doc("model", "ResNet-18, CIFAR variant.");
   s.add("model.width",
         fabric::KeySpec::integer(64).min(1).doc("channels of the first stage (64 = standard)"));
+  s.add("model.activation_checkpointing",
+        fabric::KeySpec::choice_list({"BasicBlock"}, {})
+            .doc("module types whose activations are recomputed in backward instead of kept"));
   return s;
 }
 
@@ -89,6 +92,8 @@ int main(int argc, char** argv) {
     return fabric.launch([&](fabric::Fabric& f) {
       const auto data = load_data(config, f);
       examples::ResNet18Cifar model(config.get_int("model.width"));
+      for (const auto& type : config.get_string_list("model.activation_checkpointing"))
+        if (type == "BasicBlock") model->checkpoint_blocks = true;
       const auto train_transform = config.get_bool("data.augment")
                                        ? fabric::crop_flip_normalize(4, kMean, kStd)
                                        : fabric::normalize_images(kMean, kStd);

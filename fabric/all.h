@@ -20,6 +20,7 @@
 #include "fabric/main.h"
 #include "fabric/nn/batch_norm.h"
 #include "fabric/nonfinite_guard.h"
+#include "fabric/training/activation_checkpoint.h"
 #include "fabric/training/ema.h"
 #include "fabric/training/graphed_step.h"
 #include "fabric/training/lr_scheduler.h"

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include "fabric/training/activation_checkpoint.h"
+
 namespace nn = torch::nn;
 
 namespace examples {
@@ -76,7 +78,16 @@ void ResNet18CifarImpl::reset() {
 
 torch::Tensor ResNet18CifarImpl::forward(torch::Tensor x) {
   x = torch::relu(stem_bn(stem(x)));
-  x = layers->forward(x);
+  if (checkpoint_blocks) {
+    for (size_t i = 0; i < layers->size(); ++i) {
+      auto block = layers->ptr<BasicBlockImpl>(i);
+      x = fabric::checkpoint(
+          [block](const fabric::TensorList& in) { return fabric::TensorList{block->forward(in[0])}; },
+          {x}, block.get())[0];
+    }
+  } else {
+    x = layers->forward(x);
+  }
   return fc(torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1));
 }
 

@@ -38,6 +38,9 @@ struct ResNet18CifarImpl : torch::nn::Cloneable<ResNet18CifarImpl> {
   void reset() override;
   torch::Tensor forward(torch::Tensor x);
   int64_t width, classes;
+  // Runs every BasicBlock through fabric::checkpoint_activations (model.activation_checkpointing:
+  // [BasicBlock]): its activations are recomputed in backward instead of kept.
+  bool checkpoint_blocks = false;
   torch::nn::Conv2d stem{nullptr};
   fabric::nn::BatchNorm2d stem_bn{nullptr};
   torch::nn::Sequential layers{nullptr};

@@ -203,6 +203,25 @@ TEST_F(ExamplesTest, Cifar10AccumulationAndEmaResumeBitwise) {
   EXPECT_FALSE(ema == a);  // the average is not the last weights
 }
 
+// model.activation_checkpointing: [BasicBlock] under ddp over 2 ranks (SyncBatchNorm off, BatchNorm
+// running statistics restored after each recomputation) trains to weights bitwise those of the
+// same run keeping its activations.
+TEST_F(ExamplesTest, Cifar10ActivationCheckpointingUnderDdpIsBitwiseThePlainRun) {
+  const std::string args =
+      std::string("--config=ddp.yaml fabric.accelerator=cpu") + kTinyCifar + " trainer.max_steps=3";
+  Result plain = run("cifar10", args + " logging.run_dir=plain");
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  Result ckpt = run("cifar10", args + " logging.run_dir=ckpt model.activation_checkpointing=[BasicBlock]");
+  ASSERT_EQ(ckpt.code, 0) << ckpt.out;
+  auto bytes = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string a = bytes(dir_ / "plain" / "weights.pt");
+  ASSERT_FALSE(a.empty()) << plain.out;
+  EXPECT_TRUE(a == bytes(dir_ / "ckpt" / "weights.pt")) << ckpt.out;
+}
+
 TEST_F(ExamplesTest, EmaUnderFsdpIsAConfigError) {
   Result r = run("cifar10", std::string("--config=fsdp.yaml fabric.accelerator=cpu") + kTinyCifar +
                                 " trainer.ema_decay=0.99");
