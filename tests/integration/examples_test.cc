@@ -222,6 +222,19 @@ TEST_F(ExamplesTest, Cifar10ActivationCheckpointingUnderDdpIsBitwiseThePlainRun)
   EXPECT_TRUE(a == bytes(dir_ / "ckpt" / "weights.pt")) << ckpt.out;
 }
 
+// The recipe config (cosine + warm-up, accumulation, EMA, checkpointed blocks) runs and writes
+// both weight files.
+TEST_F(ExamplesTest, Cifar10RecipeConfigRunsWithEveryTrainingFeature) {
+  Result r = run("cifar10", std::string("--config=cifar10_recipe.yaml") + kTinyCifar);
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto s = summary_of(r);
+  EXPECT_EQ(s["steps"], 3);
+  EXPECT_DOUBLE_EQ(s["ema_decay"].get<double>(), 0.99);
+  const fs::path run_dir = fs::path(r.last_line()).parent_path();
+  EXPECT_TRUE(fs::exists(run_dir / "weights.pt")) << r.out;
+  EXPECT_TRUE(fs::exists(run_dir / "weights_ema.pt")) << r.out;
+}
+
 TEST_F(ExamplesTest, EmaUnderFsdpIsAConfigError) {
   Result r = run("cifar10", std::string("--config=fsdp.yaml fabric.accelerator=cpu") + kTinyCifar +
                                 " trainer.ema_decay=0.99");
