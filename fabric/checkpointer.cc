@@ -199,6 +199,10 @@ void Checkpointer::wait_for_write() {
   const auto first = static_cast<int64_t>(f_.all_reduce(
       write_error_.empty() ? world : static_cast<double>(f_.global_rank()), ReduceOp::kMin));
   if (first >= f_.world_size()) return;
+  // Every rank's writer has ended (the all_reduce above comes after each join): rank 0 removes
+  // what the failed save left (another rank may have recreated its temporary folder after rank
+  // 0 gave up on it), before the broadcast lets any rank throw and end the job.
+  on_global_zero(f_.strategy(), [&] { remove_temporaries(); });
   const std::string failed = f_.broadcast(write_error_, first);
   write_error_.clear();
   throw Error("checkpoint.async: " + failed);
@@ -217,11 +221,15 @@ void Checkpointer::prepare_dir() {
     fs::create_directories(dir_, ec);
     if (ec)
       throw Error("cannot write checkpoints to " + dir_.string() + ": " + ec.message());
-    // Temporary files and folders of a save that was killed.
-    for (const auto& entry : fs::directory_iterator(dir_, ec))
-      if (entry.path().filename().string().find(".tmp.") != std::string::npos)
-        fs::remove_all(entry.path(), ec);
+    remove_temporaries();  // of a save that was killed
   });
+}
+
+void Checkpointer::remove_temporaries() {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir_, ec))
+    if (entry.path().filename().string().find(".tmp.") != std::string::npos)
+      fs::remove_all(entry.path(), ec);
 }
 
 fs::path Checkpointer::write(const std::string& file_name) {

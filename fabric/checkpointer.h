@@ -124,6 +124,7 @@ class Checkpointer {
   void resume(const std::string& configured);
   void load_from(const std::string& chosen);
   void prepare_dir();  // rank 0: the folder exists, a killed save's temporary files are gone
+  void remove_temporaries();  // rank 0: every *.tmp.* file and folder of the checkpoint folder
   void publish(const std::filesystem::path& path);  // rank 0: `latest`, then rotation
   // Waits for the background write, then throws its error on every rank (collective).
   void wait_for_write();

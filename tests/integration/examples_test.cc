@@ -47,6 +47,12 @@ class ExamplesTest : public ::testing::Test {
     return nlohmann::json::parse(in);
   }
 
+  // The whole file ("" when it cannot be read).
+  static std::string bytes(const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
   fs::path dir_;
 };
 
@@ -190,10 +196,6 @@ TEST_F(ExamplesTest, Cifar10AccumulationAndEmaResumeBitwise) {
   Result resumed =
       run("cifar10", args + " logging.run_dir=resumed checkpoint.resume=" + ckpt.string());
   ASSERT_EQ(resumed.code, 0) << resumed.out;
-  auto bytes = [](const fs::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  };
   const std::string a = bytes(dir_ / "whole" / "weights.pt");
   ASSERT_FALSE(a.empty()) << whole.out;
   EXPECT_TRUE(a == bytes(dir_ / "resumed" / "weights.pt")) << resumed.out;
@@ -213,10 +215,6 @@ TEST_F(ExamplesTest, Cifar10ActivationCheckpointingUnderDdpIsBitwiseThePlainRun)
   ASSERT_EQ(plain.code, 0) << plain.out;
   Result ckpt = run("cifar10", args + " logging.run_dir=ckpt model.activation_checkpointing=[BasicBlock]");
   ASSERT_EQ(ckpt.code, 0) << ckpt.out;
-  auto bytes = [](const fs::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  };
   const std::string a = bytes(dir_ / "plain" / "weights.pt");
   ASSERT_FALSE(a.empty()) << plain.out;
   EXPECT_TRUE(a == bytes(dir_ / "ckpt" / "weights.pt")) << ckpt.out;

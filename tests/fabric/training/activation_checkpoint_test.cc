@@ -58,7 +58,9 @@ void expect_bitwise(bool input_requires_grad, bool autocast) {
       }
     }
     EXPECT_TRUE(torch::equal(loss[0], loss[1])) << "step " << step;
-    if (input_requires_grad) EXPECT_TRUE(torch::equal(input_grad[0], input_grad[1]));
+    if (input_requires_grad) {
+      EXPECT_TRUE(torch::equal(input_grad[0], input_grad[1]));
+    }
   }
   const auto a = plain.grads_and_buffers(), b = ckpt.grads_and_buffers();
   ASSERT_EQ(a.size(), b.size());
