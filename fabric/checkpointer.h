@@ -84,6 +84,8 @@ class Checkpointer {
   int64_t epoch() const { return epoch_; }
   // The checkpoint resumed from ("" if none).
   const std::string& resumed_from() const { return resumed_from_; }
+  // Where finish() exports the model's weights (checkpoint.export_weights, expanded); "": off.
+  const std::string& export_weights() const { return export_weights_; }
   // Which attempt of a restarting job this is (fabric.max_restarts, torchrun --max-restarts): 0
   // for the first.
   int64_t restart_attempt() const { return attempt_; }

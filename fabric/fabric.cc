@@ -97,13 +97,8 @@ void Fabric::backward(const torch::Tensor& loss, MicroBatch micro) {
     throw Error("Fabric::backward: micro-batch " + std::to_string(micro.index) + " of " +
                 std::to_string(micro.count) + " is outside [0, count)");
   }
-  const torch::Tensor scaled = micro.count == 1 ? loss : loss / static_cast<double>(micro.count);
-  if (micro.last()) {
-    strategy_->backward(scaled);
-    return;
-  }
-  ScopeGuard no_sync = strategy_->no_backward_sync();
-  strategy_->backward(scaled);
+  const ScopeGuard no_sync = micro.last() ? ScopeGuard() : strategy_->no_backward_sync();
+  strategy_->backward(micro.count == 1 ? loss : loss / static_cast<double>(micro.count));
 }
 
 bool Fabric::step(torch::optim::Optimizer& optimizer) {

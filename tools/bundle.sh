@@ -104,6 +104,7 @@ done < <(ldd "$out/install/libfabricpp.so" | sed -nE 's/^\s*([^ ]+) => (\/[^ ]+)
 strip --strip-unneeded "$out/install/libfabricpp.so"
 cp tools/packaging/install.sh "$out/install.sh"
 chmod +x "$out/install.sh"
+cp tools/find_libtorch.sh "$out/find_libtorch.sh"  # sourced by run.sh and install.sh
 
 revision=$("$workspace/tools/bazel/workspace_status.sh" | sed -n 's/^STABLE_FABRIC_REVISION //p')
 torch_version=$(sed -n 's/^torch==//p' tools/requirements.txt)

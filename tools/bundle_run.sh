@@ -21,15 +21,8 @@ name=$1
 shift
 [ -x "$here/bin/$name" ] || die "no binary '$name' in this bundle; have: $(manifest binaries)"
 
-if [ -n "${LIBTORCH_HOME:-}" ]; then
-  torch=$LIBTORCH_HOME
-  [ -f "$torch/lib/libtorch_cpu.so" ] || die "LIBTORCH_HOME=$torch has no lib/libtorch_cpu.so"
-else
-  python=${PYTHON:-python3}
-  command -v "$python" >/dev/null || die "LIBTORCH_HOME is unset and no $python is on PATH"
-  torch=$("$python" -c "import importlib.util, os; s = importlib.util.find_spec('torch'); print(os.path.dirname(s.origin) if s and s.origin else '')" 2>/dev/null) || true
-  [ -n "$torch" ] || die "LibTorch not found: set LIBTORCH_HOME or install torch==$(manifest torch) for $python"
-fi
+source "$here/find_libtorch.sh"
+find_libtorch "$(manifest torch)" || die "$LIBTORCH_ERROR"
 
 # Binaries were linked against this glibc; an older one fails with cryptic symbol errors.
 need=$(manifest glibc)
@@ -38,10 +31,7 @@ if [ -n "$need" ] && [ -n "$have" ] && [ "$(printf '%s\n%s\n' "$need" "$have" | 
   die "this node has glibc $have but the bundle needs >= $need; build the bundle on an older distribution"
 fi
 
-libs="$here/lib:$torch/lib"
-for d in "$torch"/../nvidia/*/lib; do
-  [ -d "$d" ] && libs="$libs:$d"
-done
+libs="$here/lib:$LIBTORCH_LIB_DIRS"
 export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export FABRIC_CONFIG_DIR="${FABRIC_CONFIG_DIR:-$here/configs}"
 exec "$here/bin/$name" "$@"

@@ -2,8 +2,8 @@
 // loaders, autocast, backward, step), plus evaluation, progress lines and the run summary.
 //
 // Config keys used: trainer.* (max_epochs, max_steps, eval_every_n_epochs, limit_eval_batches,
-// accumulate_grad_batches, ema_decay, ema_warmup, gradient_clip_*), data.* (batch_size, shuffle, drop_last, num_workers, prefetch), optimizer.*,
-// scheduler.*, logging.* (run_dir, log_every_n_steps), checkpoint.* (fabric/checkpointer.h: saves,
+// accumulate_grad_batches, ema_decay, ema_warmup, gradient_clip_*), data.* (batch_size, shuffle,
+// drop_last, num_workers, prefetch), optimizer.*, scheduler.*, logging.* (run_dir, log_every_n_steps), checkpoint.* (fabric/checkpointer.h: saves,
 // rotation, resume: auto after a crash, weights for Python at the end).
 // Metrics (logging.loggers: csv): train/loss, lr, train/images_per_second, epoch at every progress
 // line and test/accuracy at every evaluation, by step, in <run dir>/metrics.csv.
@@ -223,10 +223,12 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
   std::string nonfinite_checkpoint;
   if (stopped.empty()) {
     checkpoints.finish();
-    if (ema && !c.get_string("checkpoint.export_weights").empty() &&
-        c.get_string("checkpoint.export_weights") != "none") {
+    if (ema && !checkpoints.export_weights().empty()) {  // beside them: <stem>_ema<ext>
+      const std::filesystem::path weights = checkpoints.export_weights();
       auto averaged = ema->swap_into_model();
-      f.save_weights(model, (run.path() / "weights_ema.pt").string());
+      f.save_weights(model, (weights.parent_path() / (weights.stem().string() + "_ema" +
+                                                      weights.extension().string()))
+                                .string());
     }
   } else {
     nonfinite_checkpoint = checkpoints.save_aside("nonfinite").string();
@@ -252,7 +254,7 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
       {"images_per_second",
        static_cast<double>(images * f.world_size()) / std::max(train_seconds, 1e-9)},
       {"wall_seconds", wall},
-      {"ema_decay", ema ? c.get_double("trainer.ema_decay") : 0.0},
+      {"ema_decay", c.get_double("trainer.ema_decay")},
       {"skipped_steps", f.precision().scaler() ? f.precision().scaler()->skipped_steps() : 0},
       {"run_dir", run.path().string()},
       {"resumed_from", checkpoints.resumed_from()},

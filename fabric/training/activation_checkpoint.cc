@@ -15,7 +15,7 @@
 #include <set>
 #include <utility>
 
-#include "fabric/core/error.h"
+#include "fabric/core/scope_guard.h"
 
 namespace fabric {
 namespace {
@@ -23,51 +23,76 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+using CudaStates = std::vector<std::pair<c10::DeviceIndex, at::Tensor>>;
+
+// This thread's random and autocast state: what the recomputation must see as the forward did.
+struct ThreadState {
+  at::Tensor cpu_rng;
+  CudaStates cuda_rng;  // the default generator of every CUDA device the inputs are on
+  bool autocast_cpu = false, autocast_cuda = false;
+  at::ScalarType dtype_cpu = at::kBFloat16, dtype_cuda = at::kHalf;
+
+  static ThreadState capture(const TensorList& inputs) {
+    ThreadState s;
+    {
+      auto gen = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      s.cpu_rng = gen.get_state();
+    }
+#ifdef FABRIC_WITH_CUDA
+    std::set<c10::DeviceIndex> devices;
+    for (const auto& t : inputs)
+      if (t.defined() && t.is_cuda()) devices.insert(t.device().index());
+    for (auto d : devices)
+      s.cuda_rng.emplace_back(d, at::cuda::detail::getDefaultCUDAGenerator(d).get_state());
+#else
+    (void)inputs;
+#endif
+    s.autocast_cpu = at::autocast::is_autocast_enabled(at::kCPU);
+    s.autocast_cuda = at::autocast::is_autocast_enabled(at::kCUDA);
+    s.dtype_cpu = at::autocast::get_autocast_dtype(at::kCPU);
+    s.dtype_cuda = at::autocast::get_autocast_dtype(at::kCUDA);
+    return s;
+  }
+
+  void apply() const {
+    {
+      auto gen = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(cpu_rng);
+    }
+#ifdef FABRIC_WITH_CUDA
+    for (const auto& [d, state] : cuda_rng) {
+      auto gen = at::cuda::detail::getDefaultCUDAGenerator(d);
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(state);
+    }
+#endif
+    at::autocast::set_autocast_enabled(at::kCPU, autocast_cpu);
+    at::autocast::set_autocast_enabled(at::kCUDA, autocast_cuda);
+    at::autocast::set_autocast_dtype(at::kCPU, dtype_cpu);
+    at::autocast::set_autocast_dtype(at::kCUDA, dtype_cuda);
+  }
+};
+
 // What the recomputation needs, kept alive by the autograd node (an IValue capsule).
 struct Recompute : torch::CustomClassHolder {
   std::function<TensorList(const TensorList&)> fn;
   torch::nn::Module* module = nullptr;
-  at::Tensor cpu_rng;
-  std::vector<std::pair<c10::DeviceIndex, at::Tensor>> cuda_rng;
-  bool autocast_cpu = false, autocast_cuda = false;
-  at::ScalarType dtype_cpu = at::kBFloat16, dtype_cuda = at::kHalf;
+  ThreadState forward_state;
 };
 
-std::vector<std::pair<c10::DeviceIndex, at::Tensor>> cuda_states(const TensorList& inputs) {
-  std::vector<std::pair<c10::DeviceIndex, at::Tensor>> states;
-#ifdef FABRIC_WITH_CUDA
-  std::set<c10::DeviceIndex> devices;
-  for (const auto& t : inputs)
-    if (t.defined() && t.is_cuda()) devices.insert(t.device().index());
-  for (auto d : devices) states.emplace_back(d, at::cuda::detail::getDefaultCUDAGenerator(d).get_state());
-#else
-  (void)inputs;
-#endif
-  return states;
-}
-
-void set_cuda_states(const std::vector<std::pair<c10::DeviceIndex, at::Tensor>>& states) {
-#ifdef FABRIC_WITH_CUDA
-  for (const auto& [d, state] : states) {
-    auto gen = at::cuda::detail::getDefaultCUDAGenerator(d);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(state);
-  }
-#else
-  (void)states;
-#endif
-}
-
-at::Tensor cpu_state() {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
-}
-
-void set_cpu_state(const at::Tensor& state) {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
+// Copies `module`'s buffers now and writes them back when the guard ends (nullptr: nothing).
+ScopeGuard keep_buffers(torch::nn::Module* module) {
+  if (module == nullptr) return ScopeGuard();
+  at::NoGradGuard no_grad;
+  std::vector<std::pair<std::string, at::Tensor>> copies;
+  for (const auto& b : module->named_buffers()) copies.emplace_back(b.key(), b.value().clone());
+  return ScopeGuard([module, copies = std::move(copies)] {
+    at::NoGradGuard no_grad;
+    auto live = module->named_buffers();
+    for (const auto& [name, value] : copies) live[name].copy_(value);
+  });
 }
 
 class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
@@ -80,12 +105,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
                                at::TensorList input_list, at::TensorList params) {
     const TensorList inputs = input_list.vec();
     ctx->saved_data["params"] = static_cast<int64_t>(params.size());
-    r->cpu_rng = cpu_state();
-    r->cuda_rng = cuda_states(inputs);
-    r->autocast_cpu = at::autocast::is_autocast_enabled(at::kCPU);
-    r->autocast_cuda = at::autocast::is_autocast_enabled(at::kCUDA);
-    r->dtype_cpu = at::autocast::get_autocast_dtype(at::kCPU);
-    r->dtype_cuda = at::autocast::get_autocast_dtype(at::kCUDA);
+    r->forward_state = ThreadState::capture(inputs);
     TensorList saved = inputs;
     saved.insert(saved.end(), params.begin(), params.end());
     ctx->save_for_backward(saved);
@@ -109,49 +129,17 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       const auto& x = saved[i];
       inputs.push_back(x.defined() ? x.detach().requires_grad_(x.requires_grad()) : x);
     }
-    // The forward's random state and autocast state, this thread's put back afterwards.
-    const at::Tensor cpu_now = cpu_state();
-    const auto cuda_now = cuda_states(inputs);
-    const bool ac_cpu = at::autocast::is_autocast_enabled(at::kCPU);
-    const bool ac_cuda = at::autocast::is_autocast_enabled(at::kCUDA);
-    const auto dt_cpu = at::autocast::get_autocast_dtype(at::kCPU);
-    const auto dt_cuda = at::autocast::get_autocast_dtype(at::kCUDA);
-    std::vector<std::pair<std::string, at::Tensor>> buffers;
-    if (r->module != nullptr) {
-      at::NoGradGuard no_grad;
-      for (const auto& b : r->module->named_buffers()) buffers.emplace_back(b.key(), b.value().clone());
-    }
-    set_cpu_state(r->cpu_rng);
-    set_cuda_states(r->cuda_rng);
-    at::autocast::set_autocast_enabled(at::kCPU, r->autocast_cpu);
-    at::autocast::set_autocast_enabled(at::kCUDA, r->autocast_cuda);
-    at::autocast::set_autocast_dtype(at::kCPU, r->dtype_cpu);
-    at::autocast::set_autocast_dtype(at::kCUDA, r->dtype_cuda);
-    auto restore = [&] {
-      set_cpu_state(cpu_now);
-      set_cuda_states(cuda_now);
-      at::autocast::set_autocast_enabled(at::kCPU, ac_cpu);
-      at::autocast::set_autocast_enabled(at::kCUDA, ac_cuda);
-      at::autocast::set_autocast_dtype(at::kCPU, dt_cpu);
-      at::autocast::set_autocast_dtype(at::kCUDA, dt_cuda);
-    };
-    // After the backward below (BatchNorm's backward reads the running statistics it saved).
-    auto restore_buffers = [&] {
-      if (r->module == nullptr) return;
-      at::NoGradGuard no_grad;
-      auto live = r->module->named_buffers();
-      for (const auto& [name, value] : buffers) live[name].copy_(value);
-    };
+    // Buffers come back when this function returns, after the backward below (BatchNorm's
+    // backward reads the running statistics it saved).
+    const ScopeGuard buffers_back = keep_buffers(r->module);
     TensorList outputs;
-    try {
+    {
+      const ThreadState now = ThreadState::capture(inputs);
+      r->forward_state.apply();
+      const ScopeGuard state_back([&now] { now.apply(); });
       at::AutoGradMode grad_on(true);
       outputs = r->fn(inputs);
-    } catch (...) {
-      restore();
-      restore_buffers();
-      throw;
     }
-    restore();
     variable_list roots, grads;
     for (size_t i = 0; i < outputs.size() && i < grad_outputs.size(); ++i) {
       if (outputs[i].defined() && outputs[i].requires_grad() && grad_outputs[i].defined()) {
@@ -160,39 +148,28 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       }
     }
     variable_list result(1 + saved.size());  // [0]: the Recompute argument
+    if (roots.empty()) return result;
     if (num_params == 0) {
       // No parameters named: accumulate into every leaf the function reached (reentrant, as
       // torch.utils.checkpoint), and hand the inputs' gradients out.
-      try {
-        if (!roots.empty()) torch::autograd::backward(roots, grads);
-      } catch (...) {
-        restore_buffers();
-        throw;
-      }
+      torch::autograd::backward(roots, grads);
       for (size_t i = 0; i < num_inputs; ++i)
         if (inputs[i].defined() && inputs[i].requires_grad()) result[1 + i] = inputs[i].grad();
-    } else {
-      variable_list wrt;
-      std::vector<size_t> slot;
-      for (size_t i = 0; i < saved.size(); ++i) {
-        const auto& x = i < num_inputs ? inputs[i] : saved[i];
-        if (x.defined() && x.requires_grad()) {
-          wrt.push_back(x);
-          slot.push_back(1 + i);
-        }
-      }
-      variable_list got;
-      try {
-        if (!roots.empty() && !wrt.empty())
-          got = torch::autograd::grad(roots, wrt, grads, /*retain_graph=*/false,
-                                      /*create_graph=*/false, /*allow_unused=*/true);
-      } catch (...) {
-        restore_buffers();
-        throw;
-      }
-      for (size_t k = 0; k < got.size(); ++k) result[slot[k]] = got[k];
+      return result;
     }
-    restore_buffers();
+    variable_list wrt;
+    std::vector<size_t> slot;
+    for (size_t i = 0; i < saved.size(); ++i) {
+      const auto& x = i < num_inputs ? inputs[i] : saved[i];
+      if (x.defined() && x.requires_grad()) {
+        wrt.push_back(x);
+        slot.push_back(1 + i);
+      }
+    }
+    if (wrt.empty()) return result;
+    const variable_list got = torch::autograd::grad(roots, wrt, grads, /*retain_graph=*/false,
+                                                    /*create_graph=*/false, /*allow_unused=*/true);
+    for (size_t k = 0; k < got.size(); ++k) result[slot[k]] = got[k];
     return result;
   }
 };

@@ -17,7 +17,8 @@
 //     running statistics) are put back after the recomputation, so they are updated once per step
 //     as without checkpointing.
 // The gradients are therefore bitwise those of the plain module (tests/fabric/training/
-// activation_checkpoint_test.cc; under ddp the cifar10 example, tests/integration/examples_test.cc).
+// activation_checkpoint_test.cc; under ddp the cifar10 example,
+// tests/integration/training_features_test.cc).
 // With gradients off (evaluation) the function simply runs. Cost: one more forward of the wrapped piece per step; saving: its activations
 // (docs/benchmarks.md, activation checkpointing).
 //

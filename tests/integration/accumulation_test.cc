@@ -4,7 +4,7 @@
 // ranks) and fsdp (2 ranks), through Fabric::backward(loss, MicroBatch) and through GraphedStep;
 // gradients are synchronized once per optimizer step, not once per micro-batch; a shorter group
 // (an epoch's last) averages over what it saw; a micro-batch index outside [0, count) is an error.
-// The examples' loop with trainer.accumulate_grad_batches resumes bitwise (examples_test).
+// The examples' loop with trainer.accumulate_grad_batches resumes bitwise (training_features_test).
 #include <gtest/gtest.h>
 
 #include <string>

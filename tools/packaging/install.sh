@@ -52,23 +52,14 @@ bundled=""
 if [ -d "$here/bundled_libs" ]; then
   # From a bundle: the node's LibTorch, and the Debian libraries the bundle carries.
   bundled=1
-  if [ -n "${LIBTORCH_HOME:-}" ]; then
-    LIBTORCH_PATH=$LIBTORCH_HOME
-  else
-    python=${PYTHON:-python3}
-    LIBTORCH_PATH=$("$python" -c "import importlib.util, os; s = importlib.util.find_spec('torch'); print(os.path.dirname(s.origin) if s and s.origin else '')" 2>/dev/null) || true
-    [ -n "$LIBTORCH_PATH" ] || die "LibTorch not found: set LIBTORCH_HOME or install torch==$LIBTORCH_VERSION for $python"
-  fi
-  [ -f "$LIBTORCH_PATH/lib/libtorch_cpu.so" ] || die "$LIBTORCH_PATH has no lib/libtorch_cpu.so (LIBTORCH_HOME?)"
-  LIBTORCH_PATH=$(cd "$LIBTORCH_PATH" && pwd -P)
+  source "$(dirname "$0")/find_libtorch.sh"
+  find_libtorch "$LIBTORCH_VERSION" || die "$LIBTORCH_ERROR"
+  LIBTORCH_PATH=$(cd "$LIBTORCH" && pwd -P)
   found=$(sed -n 's/^#define TORCH_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\).*/\2/p' \
     "$LIBTORCH_PATH/include/torch/headeronly/version.h" 2>/dev/null | paste -sd.)
   [ "$found" = "$LIBTORCH_VERSION" ] ||
     die "the bundle was built against LibTorch $LIBTORCH_VERSION but $LIBTORCH_PATH is LibTorch ${found:-of unknown version}; install torch==$LIBTORCH_VERSION or rebuild the bundle"
-  RUNTIME_LIB_DIRS="\$ORIGIN:$LIBTORCH_PATH/lib"
-  for d in "$LIBTORCH_PATH"/../nvidia/*/lib; do
-    [ -d "$d" ] && RUNTIME_LIB_DIRS="$RUNTIME_LIB_DIRS:$(cd "$d" && pwd -P)"
-  done
+  RUNTIME_LIB_DIRS="\$ORIGIN:$LIBTORCH_LIB_DIRS"
 else
   [ -f "$LIBTORCH_PATH/lib/libtorch_cpu.so" ] ||
     die "the LibTorch this build was made with is gone from $LIBTORCH_PATH; rebuild (bazel clean; tools/setup.sh)"

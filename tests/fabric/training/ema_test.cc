@@ -1,7 +1,7 @@
 // fabric::ExponentialMovingAverage: the update is the lerp toward the parameters with 1 - decay,
 // the warm-up decay is min(decay, (1 + n) / (10 + n)), swapping puts the averages in and gives the
 // live weights back bitwise, integer parameters are left alone, and a bad decay is an error.
-// Exact resume through checkpoints: examples_test (Cifar10AccumulationAndEmaResumeBitwise).
+// Exact resume through checkpoints: training_features_test (Cifar10AccumulationAndEmaResumeBitwise).
 #include "fabric/training/ema.h"
 
 #include <gtest/gtest.h>

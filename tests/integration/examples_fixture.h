@@ -1,0 +1,69 @@
+// The fixture of the end-to-end example tests (examples_test, training_features_test): runs
+// examples/<binary> from a fresh working directory and reads what it wrote.
+#ifndef TESTS_INTEGRATION_EXAMPLES_FIXTURE_H_
+#define TESTS_INTEGRATION_EXAMPLES_FIXTURE_H_
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tests/run_command.h"
+
+namespace fabric::testing {
+
+namespace fs = std::filesystem;
+
+struct Result : fabric::testing::CommandResult {
+  std::string last_line() const {
+    std::string s = out;
+    while (!s.empty() && s.back() == '\n') s.pop_back();
+    return s.substr(s.rfind('\n') + 1);
+  }
+};
+
+class ExamplesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::path(::testing::TempDir()) / "examples_XXXXXX").string();
+    dir_ = mkdtemp(tmpl.data());
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Runs examples/<binary> with `args` from a fresh working directory.
+  // `prefix` goes before the program (environment variables).
+  Result run(const std::string& binary, const std::string& args, const std::string& prefix = "") {
+    const std::string exe = (fs::current_path() / "examples" / binary).string();
+    const std::string cmd = "cd '" + dir_.string() + "' && " + prefix +
+                            " BUILD_WORKING_DIRECTORY='" + dir_.string() + "' '" + exe + "' " +
+                            args;
+    return Result{fabric::testing::run_command(cmd)};
+  }
+
+  nlohmann::json summary_of(const Result& r) {
+    std::ifstream in(r.last_line());
+    EXPECT_TRUE(in.good()) << "last line is not the summary path:\n" << r.out;
+    return nlohmann::json::parse(in);
+  }
+
+  // The whole file ("" when it cannot be read).
+  static std::string bytes(const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+  fs::path dir_;
+};
+
+// A tiny CIFAR-10 run: synthetic data, narrow model, 3 steps.
+inline constexpr const char* kTinyCifar =
+    " model.width=4 data.synthetic=true data.synthetic_train_size=256 data.synthetic_test_size=64"
+    " data.batch_size=32 trainer.max_steps=3 logging.log_every_n_steps=1";
+
+}  // namespace fabric::testing
+
+#endif  // TESTS_INTEGRATION_EXAMPLES_FIXTURE_H_

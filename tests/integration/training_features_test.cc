@@ -1,0 +1,81 @@
+// The training features end to end in the cifar10 example (docs/training.md, "Training
+// features"): gradient accumulation and EMA resumed mid-epoch, activation checkpointing under ddp,
+// the recipe config, and EMA refused under fsdp.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "tests/integration/examples_fixture.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using fabric::testing::ExamplesTest;
+using fabric::testing::kTinyCifar;
+using fabric::testing::Result;
+
+// trainer.accumulate_grad_batches: 3 batches per optimizer step over 2 ranks (4 batches per rank
+// and epoch: groups of 3 and 1) with trainer.ema_decay, resumed from a checkpoint in the middle of
+// an epoch (step 3: 3 of its 4 batches taken), ends with weights and averaged weights bitwise
+// those of the uninterrupted run; max_steps counts optimizer steps.
+TEST_F(ExamplesTest, Cifar10AccumulationAndEmaResumeBitwise) {
+  const std::string args = std::string("--config=ddp.yaml fabric.accelerator=cpu") + kTinyCifar +
+                           " trainer.max_epochs=3 trainer.max_steps=5 trainer.accumulate_grad_batches=3"
+                           " checkpoint.every_n_steps=3 trainer.ema_decay=0.9";
+  Result whole = run("cifar10", args + " logging.run_dir=whole");
+  ASSERT_EQ(whole.code, 0) << whole.out;
+  EXPECT_EQ(summary_of(whole)["steps"], 5);
+  const fs::path ckpt = dir_ / "whole" / "checkpoints" / "step-00000003.ckpt";
+  ASSERT_TRUE(fs::exists(ckpt)) << whole.out;
+  Result resumed =
+      run("cifar10", args + " logging.run_dir=resumed checkpoint.resume=" + ckpt.string());
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  const std::string a = bytes(dir_ / "whole" / "weights.pt");
+  ASSERT_FALSE(a.empty()) << whole.out;
+  EXPECT_TRUE(a == bytes(dir_ / "resumed" / "weights.pt")) << resumed.out;
+  const std::string ema = bytes(dir_ / "whole" / "weights_ema.pt");
+  ASSERT_FALSE(ema.empty()) << whole.out;
+  EXPECT_TRUE(ema == bytes(dir_ / "resumed" / "weights_ema.pt")) << resumed.out;
+  EXPECT_FALSE(ema == a);  // the average is not the last weights
+}
+
+// model.activation_checkpointing: [BasicBlock] under ddp over 2 ranks (SyncBatchNorm off, BatchNorm
+// running statistics restored after each recomputation) trains to weights bitwise those of the
+// same run keeping its activations.
+TEST_F(ExamplesTest, Cifar10ActivationCheckpointingUnderDdpIsBitwiseThePlainRun) {
+  const std::string args =
+      std::string("--config=ddp.yaml fabric.accelerator=cpu") + kTinyCifar + " trainer.max_steps=3";
+  Result plain = run("cifar10", args + " logging.run_dir=plain");
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  Result ckpt = run("cifar10", args + " logging.run_dir=ckpt model.activation_checkpointing=[BasicBlock]");
+  ASSERT_EQ(ckpt.code, 0) << ckpt.out;
+  const std::string a = bytes(dir_ / "plain" / "weights.pt");
+  ASSERT_FALSE(a.empty()) << plain.out;
+  EXPECT_TRUE(a == bytes(dir_ / "ckpt" / "weights.pt")) << ckpt.out;
+}
+
+// The recipe config (cosine + warm-up, accumulation, EMA, checkpointed blocks) runs and writes
+// both weight files.
+TEST_F(ExamplesTest, Cifar10RecipeConfigRunsWithEveryTrainingFeature) {
+  Result r = run("cifar10", std::string("--config=cifar10_recipe.yaml") + kTinyCifar);
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto s = summary_of(r);
+  EXPECT_EQ(s["steps"], 3);
+  EXPECT_DOUBLE_EQ(s["ema_decay"].get<double>(), 0.99);
+  const fs::path run_dir = fs::path(r.last_line()).parent_path();
+  EXPECT_TRUE(fs::exists(run_dir / "weights.pt")) << r.out;
+  EXPECT_TRUE(fs::exists(run_dir / "weights_ema.pt")) << r.out;
+}
+
+TEST_F(ExamplesTest, EmaUnderFsdpIsAConfigError) {
+  Result r = run("cifar10", std::string("--config=fsdp.yaml fabric.accelerator=cpu") + kTinyCifar +
+                                " trainer.ema_decay=0.99");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("trainer.ema_decay: not supported with fabric.strategy: fsdp"),
+            std::string::npos)
+      << r.out;
+}
+
+}  // namespace
