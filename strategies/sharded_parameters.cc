@@ -19,6 +19,7 @@
 #include "fabric/checkpoint/sharded.h"
 #include "fabric/core/error.h"
 #include "fabric/distributed/process_group.h"
+#include "fabric/nn/module_type.h"
 
 namespace fabric::strategies {
 namespace {
@@ -37,10 +38,9 @@ struct Inside {
 
 // torch::nn::LinearImpl, "Linear", "LinearImpl" and "torch::nn::LinearImpl" all match.
 bool type_matches(const std::string& type, const std::vector<std::string>& names) {
-  std::string bare = type.substr(type.rfind("::") == std::string::npos ? 0 : type.rfind("::") + 2);
-  std::string stem = bare;
-  if (stem.size() > 4 && stem.compare(stem.size() - 4, 4, "Impl") == 0)
-    stem.resize(stem.size() - 4);
+  const size_t colon = type.rfind("::");
+  const std::string bare = type.substr(colon == std::string::npos ? 0 : colon + 2);
+  const std::string stem = module_type_stem(type);
   for (const auto& n : names)
     if (n == type || n == bare || n == stem) return true;
   return false;
@@ -103,7 +103,8 @@ ShardedParameters::ShardedParameters(torch::nn::Module& module,
   };
   Named rest = visit(module, "", true);
   if (!rest.empty()) make_unit("(root)", true, rest);
-  if (units_.empty()) throw Error(std::string(kKey) + ": the module has no parameters that require gradients");
+  if (units_.empty())
+    throw Error(std::string(kKey) + ": the module has no parameters that require gradients");
 
   torch::NoGradGuard no_grad;
   for (size_t k = 0; k < units_.size(); ++k) {
@@ -150,12 +151,13 @@ ShardedParameters::ShardedParameters(torch::nn::Module& module,
   for (size_t k = 0; k < units_.size(); ++k) {
     for (const auto& p : units_[k].params) {
       auto node = torch::autograd::impl::grad_accumulator(p);
-      const uintptr_t key = node->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-          [this, k](const torch::autograd::variable_list& outputs,
-                    const torch::autograd::variable_list&) {
-            on_gradient(k);
-            return outputs;
-          }));
+      const uintptr_t key =
+          node->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+              [this, k](const torch::autograd::variable_list& outputs,
+                        const torch::autograd::variable_list&) {
+                on_gradient(k);
+                return outputs;
+              }));
       hooks_.emplace_back(node, key);
       accumulators_.push_back(std::move(node));
     }
@@ -163,7 +165,8 @@ ShardedParameters::ShardedParameters(torch::nn::Module& module,
 
   ShardedParameters* expected = nullptr;
   if (!g_instance.compare_exchange_strong(expected, this))
-    throw Error(std::string(kKey) + ": one module per process is sharded; this job set up a second one");
+    throw Error(std::string(kKey) +
+                ": one module per process is sharded; this job set up a second one");
   callback_ = at::addThreadLocalCallback(at::RecordFunctionCallback(&on_operator)
                                              .needsInputs(true)
                                              .scopes({at::RecordScope::FUNCTION}));
@@ -215,8 +218,8 @@ void ShardedParameters::finish_gather(Unit& u) {
   Inside inside;
   auto work = std::move(u.pending);
   u.pending.reset();
-  distributed::wait(work, std::string("fsdp all_gather of unit '") + u.name + "' (" +
-                              describe(u.full) + ")");
+  distributed::wait(
+      work, std::string("fsdp all_gather of unit '") + u.name + "' (" + describe(u.full) + ")");
   if (u.pending_received.defined()) {
     torch::NoGradGuard no_grad;
     u.full.copy_(u.pending_received);
@@ -264,8 +267,7 @@ void ShardedParameters::on_operator_inputs(c10::ArrayRef<const c10::IValue> inpu
     auto it = unit_of_storage_.find(t.storage().unsafeGetStorageImpl());
     if (it == unit_of_storage_.end()) return;
     missing = missing || !units_[it->second].gathered;
-    if (std::find(used.begin(), used.end(), it->second) == used.end())
-      used.push_back(it->second);
+    if (std::find(used.begin(), used.end(), it->second) == used.end()) used.push_back(it->second);
   };
   for (const c10::IValue& v : inputs) {
     if (v.isTensor()) {

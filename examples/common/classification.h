@@ -3,10 +3,11 @@
 //
 // Config keys used: trainer.* (max_epochs, max_steps, eval_every_n_epochs, limit_eval_batches,
 // accumulate_grad_batches, ema_decay, ema_warmup, gradient_clip_*), data.* (batch_size, shuffle,
-// drop_last, num_workers, prefetch), optimizer.*, scheduler.*, logging.* (run_dir, log_every_n_steps), checkpoint.* (fabric/checkpointer.h: saves,
-// rotation, resume: auto after a crash, weights for Python at the end).
-// Metrics (logging.loggers: csv): train/loss, lr, train/images_per_second, epoch at every progress
-// line and test/accuracy at every evaluation, by step, in <run dir>/metrics.csv.
+// drop_last, num_workers, prefetch), optimizer.*, scheduler.*, logging.* (run_dir,
+// log_every_n_steps), checkpoint.* (fabric/checkpointer.h: saves, rotation, resume: auto after a
+// crash, weights for Python at the end). Metrics (logging.loggers: csv): train/loss, lr,
+// train/images_per_second, epoch at every progress line and test/accuracy at every evaluation, by
+// step, in <run dir>/metrics.csv.
 //
 // Output (rank 0): the progress bar (logging.progress_bar: in place on a terminal, else a line
 // every log_every_n_steps), one line per evaluation, and, last, the path of summary.json.
@@ -78,7 +79,7 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
   const fabric::Config& c = f.config();
   const auto run = f.create_run_directory(task.name);
 
-  auto optimizer = fabric::make_optimizer(c, model->parameters());
+  auto optimizer = fabric::make_optimizer(c, *model);  // optimizer.no_weight_decay, lr_scale
   f.setup(model, *optimizer);
   // trainer.ema_decay: averaged weights, updated after every optimizer step, used to evaluate.
   std::optional<fabric::ExponentialMovingAverage> ema;
@@ -137,6 +138,15 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
   state.add("model", model).add("optimizer", *optimizer).add("scheduler", scheduler);
   state.add("train_loader", train);
   if (ema) ema->add_to(state, "ema");
+  // scheduler.name: plateau watching train/loss: the mean loss since the last evaluation (kept
+  // identical on every rank, so it resumes exactly from rank 0's checkpoint).
+  const bool report_train_loss = c.get_string("scheduler.name") == "plateau" &&
+                                 c.get_string("scheduler.monitor") == "train/loss";
+  auto loss_since_report = torch::zeros({}, torch::dtype(torch::kDouble).device(f.device()));
+  int64_t steps_since_report = 0;
+  if (report_train_loss) {
+    state.add("loss_since_report", loss_since_report).add("steps_since_report", steps_since_report);
+  }
   fabric::Checkpointer checkpoints(f, state, task.name, run.path());
 
   int64_t step = checkpoints.step(), epoch = checkpoints.epoch(), images = 0;
@@ -180,6 +190,11 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
       ++step;
       window_loss += loss.detach().to(torch::kFloat);  // no host sync until the progress line
       ++window;
+      if (report_train_loss) {  // the mean over ranks, so every rank (and rank 0's
+                                // checkpoint) holds the same sum: one scalar all-reduce a step
+        loss_since_report += f.all_reduce(loss.detach().to(torch::kDouble));
+        ++steps_since_report;
+      }
       if (step % log_every == 0 || step == total_steps) {
         last_loss = f.all_reduce(window_loss / static_cast<double>(window)).item<double>();
         const double secs = std::chrono::duration<double>(Clock::now() - window_start).count();
@@ -214,7 +229,18 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
         accuracy = evaluate(f, model, test, limit_eval);
       }
       f.print("epoch ", epoch + 1, " test accuracy ", accuracy);
-      f.log_dict({{"test/accuracy", accuracy}, {"epoch", static_cast<double>(epoch + 1)}}, step);
+      if (c.get_string("scheduler.name") == "plateau") {
+        // Every rank reports the same (all-reduced) value; metrics.csv shows what was reported.
+        double monitored = accuracy;
+        if (report_train_loss) {
+          const double steps = static_cast<double>(std::max<int64_t>(steps_since_report, 1));
+          monitored = (loss_since_report / steps).item<double>();
+          loss_since_report.zero_();
+          steps_since_report = 0;
+        }
+        scheduler.report(monitored);
+        f.log_dict({{"scheduler/monitored", monitored}}, step);
+      }
       window_start += Clock::now() - eval_start;  // keep evaluation out of the img/s window
     }
     checkpoints.epoch_end();
@@ -226,8 +252,8 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
     if (ema && !checkpoints.export_weights().empty()) {  // beside them: <stem>_ema<ext>
       const std::filesystem::path weights = checkpoints.export_weights();
       auto averaged = ema->swap_into_model();
-      f.save_weights(model, (weights.parent_path() / (weights.stem().string() + "_ema" +
-                                                      weights.extension().string()))
+      f.save_weights(model, (weights.parent_path() /
+                             (weights.stem().string() + "_ema" + weights.extension().string()))
                                 .string());
     }
   } else {

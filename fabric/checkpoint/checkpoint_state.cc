@@ -74,17 +74,64 @@ CheckpointState& CheckpointState::add(const std::string& name, torch::optim::Opt
 }
 
 CheckpointState& CheckpointState::add(const std::string& name, LRScheduler& scheduler) {
-  return add_entry({name, Entry::Kind::kScheduler, &scheduler,
-                    [&scheduler] {
-                      Dict d = new_dict();
-                      d.insert("step", scheduler.current_step());
-                      return c10::IValue(d);
-                    },
-                    [&scheduler](const c10::IValue& v, const std::string& source) {
-                      const int64_t step = int_field(v, "step", source);
-                      return std::function<void()>(
-                          [&scheduler, step] { scheduler.set_step(step); });
-                    }});
+  // {"step", "group_scales", "lr_factor", "best", "has_best", "bad_reports", "cooldown_left"};
+  // checkpoints from before parameter groups and plateau hold only "step".
+  return add_entry(
+      {name, Entry::Kind::kScheduler, &scheduler,
+       [&scheduler] {
+         const LRScheduler::State s = scheduler.state();
+         Dict d = new_dict();
+         d.insert("step", s.step);
+         // A plain list (a typed double list pickles as a TorchScript call Python's
+         // weights_only loader and ours refuse).
+         c10::impl::GenericList scales(c10::AnyType::get());
+         for (double x : s.group_scales) scales.push_back(x);
+         d.insert("group_scales", scales);
+         d.insert("lr_factor", s.lr_factor);
+         d.insert("best", s.best);
+         d.insert("has_best", s.has_best);
+         d.insert("bad_reports", s.bad_reports);
+         d.insert("cooldown_left", s.cooldown_left);
+         return c10::IValue(d);
+       },
+       [&scheduler](const c10::IValue& v, const std::string& source) {
+         LRScheduler::State s = scheduler.state();
+         s.step = int_field(v, "step", source);
+         const Dict dict = v.toGenericDict();
+         auto optional = [&](const char* key) {
+           auto it = dict.find(key);
+           return it == dict.end() ? c10::IValue() : it->value();
+         };
+         auto number = [&](const char* key, double fallback) {
+           const c10::IValue x = optional(key);
+           if (x.isNone()) return fallback;
+           if (!x.isDouble() && !x.isInt())
+             throw Error(source + ": malformed (\"" + key + "\" is not a number)");
+           return x.isDouble() ? x.toDouble() : static_cast<double>(x.toInt());
+         };
+         if (const c10::IValue scales = optional("group_scales"); !scales.isNone()) {
+           if (!scales.isList())
+             throw Error(source + ": malformed (\"group_scales\" is not a list of numbers)");
+           s.group_scales.clear();
+           for (const c10::IValue& x : scales.toListRef()) {
+             if (!x.isDouble())
+               throw Error(source + ": malformed (\"group_scales\" is not a list of numbers)");
+             s.group_scales.push_back(x.toDouble());
+           }
+         }
+         s.lr_factor = number("lr_factor", 1.0);
+         s.best = number("best", 0.0);
+         s.has_best = optional("has_best").isBool() && optional("has_best").toBool();
+         s.bad_reports = static_cast<int64_t>(number("bad_reports", 0));
+         s.cooldown_left = static_cast<int64_t>(number("cooldown_left", 0));
+         const size_t groups = scheduler.state().group_scales.size();
+         if (s.group_scales.size() != groups) {
+           throw Error(source + ": holds " + std::to_string(s.group_scales.size()) +
+                       " parameter-group ratios, the optimizer has " + std::to_string(groups) +
+                       " groups (were optimizer.no_weight_decay or optimizer.lr_scale changed?)");
+         }
+         return std::function<void()>([&scheduler, s] { scheduler.load_state(s); });
+       }});
 }
 
 CheckpointState& CheckpointState::add(const std::string& name, GradScaler& scaler) {

@@ -340,7 +340,8 @@ std::vector<double> Config::get_double_list(const std::string& path) const {
 
 std::vector<std::string> Config::get_string_list(const std::string& path) const {
   std::vector<std::string> out;
-  for (const auto& item : entry_of(*impl_, path, KeyType::kChoiceList).value)
+  for (const auto& item :
+       entry_of(*impl_, path, KeyType::kChoiceList, {KeyType::kStringList}).value)
     out.push_back(item.Scalar());
   return out;
 }

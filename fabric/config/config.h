@@ -64,7 +64,8 @@ class Config {
   double get_double(const std::string& path) const;       // kFloat and kInt keys
   std::string get_string(const std::string& path) const;  // kString and kChoice keys
   std::vector<double> get_double_list(const std::string& path) const;
-  std::vector<std::string> get_string_list(const std::string& path) const;  // kChoiceList keys
+  // kChoiceList and kStringList keys.
+  std::vector<std::string> get_string_list(const std::string& path) const;
   DeviceRequest get_devices(const std::string& path) const;
 
   // The canonical YAML text of any value ("16-mixed", "0.1", "[0, 1]").

@@ -43,6 +43,12 @@ KeySpec KeySpec::choice_list(std::vector<std::string> choices,
   return spec;
 }
 
+KeySpec KeySpec::string_list(std::vector<std::string> default_value) {
+  YAML::Emitter out;
+  out << YAML::Flow << default_value;
+  return KeySpec(KeyType::kStringList, out.c_str());
+}
+
 KeySpec KeySpec::devices() { return KeySpec(KeyType::kDevices, "auto"); }
 
 KeySpec& KeySpec::min(double bound, bool inclusive) {
@@ -88,6 +94,8 @@ std::string KeySpec::type_name() const {
       return "a list of numbers";
     case KeyType::kChoiceList:
       return "a list of " + join(choices_, "|");
+    case KeyType::kStringList:
+      return "a list of strings";
     case KeyType::kDevices:
       return "auto, a device count or a list of device ids";
   }

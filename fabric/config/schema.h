@@ -28,6 +28,7 @@ enum class KeyType {
   kChoice,      // one of a fixed set of strings (with optional aliases)
   kFloatList,   // [0.9, 0.999]
   kChoiceList,  // [csv, tensorboard]: each element one of a fixed set, no repeats
+  kStringList,  // ["*.bias", "type:*Norm*"]: free non-empty strings, no repeats
   kDevices,     // auto | N (≥ 1) | -1 (all) | [id, ...]
 };
 
@@ -44,6 +45,7 @@ class KeySpec {
   static KeySpec real_list(std::vector<double> default_value);
   static KeySpec choice_list(std::vector<std::string> choices,
                              std::vector<std::string> default_value);
+  static KeySpec string_list(std::vector<std::string> default_value);
   static KeySpec devices();  // Default: auto.
 
   // Numeric bounds (kInt, kFloat, and each element of kFloatList).

@@ -100,19 +100,21 @@ ConfigSchema default_schema() {
                  "(gathered again in backward); false keeps them until their gradients are "
                  "reduced: less communication, more memory; auto: true under full_shard, false "
                  "under shard_grad_op"));
-  s.add("fabric.fsdp.prefetch",
-        KeySpec::choice({"auto", "true", "false"}, "auto")
-            .doc("start the all-gather of the unit the previous step used next (forward and "
-                 "backward) while this one computes: one more unit gathered; auto: when "
-                 "collectives run beside compute (NCCL, Gloo), not with the shared-memory backend"));
+  s.add(
+      "fabric.fsdp.prefetch",
+      KeySpec::choice({"auto", "true", "false"}, "auto")
+          .doc("start the all-gather of the unit the previous step used next (forward and "
+               "backward) while this one computes: one more unit gathered; auto: when "
+               "collectives run beside compute (NCCL, Gloo), not with the shared-memory backend"));
   for (const char* key : {"fabric.fsdp.param_dtype", "fabric.fsdp.reduce_dtype"})
-    s.add(key, KeySpec::choice({"auto", "fp32", "bf16", "fp16"}, "auto")
-                   .doc(std::string(key) == "fabric.fsdp.param_dtype"
-                            ? "the dtype units are all-gathered in for compute (the shards keep "
-                              "the parameters' dtype; checkpoints and exports gather exactly); "
-                              "auto: the parameters' dtype"
-                            : "the dtype gradients are reduce-scattered in (added into the "
-                              "shards' gradients in their own dtype); auto: the parameters' dtype"));
+    s.add(key,
+          KeySpec::choice({"auto", "fp32", "bf16", "fp16"}, "auto")
+              .doc(std::string(key) == "fabric.fsdp.param_dtype"
+                       ? "the dtype units are all-gathered in for compute (the shards keep "
+                         "the parameters' dtype; checkpoints and exports gather exactly); "
+                         "auto: the parameters' dtype"
+                       : "the dtype gradients are reduce-scattered in (added into the "
+                         "shards' gradients in their own dtype); auto: the parameters' dtype"));
   s.add("fabric.fsdp.wrap_modules",
         KeySpec::string("").doc(
             "comma-separated module types that become units (Linear, MyBlock; C++ type names, "
@@ -180,9 +182,8 @@ ConfigSchema training_schema() {
   s.add("trainer.limit_eval_batches", KeySpec::integer(-1).min(-1).doc("-1: the whole test split"));
   s.add("trainer.accumulate_grad_batches",
         KeySpec::integer(1).min(1).doc("batches per optimizer step (gradients accumulated)"));
-  s.add("trainer.ema_decay",
-        KeySpec::real(0.0).min(0).max(1, false).doc(
-            "average of the weights per optimizer step (e.g. 0.999); 0: off"));
+  s.add("trainer.ema_decay", KeySpec::real(0.0).min(0).max(1, false).doc(
+                                 "average of the weights per optimizer step (e.g. 0.999); 0: off"));
   s.add("trainer.ema_warmup",
         KeySpec::boolean(true).doc("decay min(ema_decay, (1 + n) / (10 + n)) at update n"));
   s.add("trainer.gradient_clip_val", KeySpec::real(0.0).min(0).doc("0: no clipping"));
@@ -214,6 +215,14 @@ ConfigSchema training_schema() {
   s.add("optimizer.momentum", KeySpec::real(0.9).min(0).max(1, false).doc("sgd"));
   s.add("optimizer.nesterov", KeySpec::boolean(false).doc("sgd"));
   s.add("optimizer.weight_decay", KeySpec::real(0.0).min(0));
+  s.add("optimizer.no_weight_decay",
+        KeySpec::string_list({}).doc(
+            "parameters trained without weight decay: name globs or type:GLOB module types, "
+            "e.g. [\"*.bias\", \"type:*Norm*\"] (fabric/training/param_groups.h)"));
+  s.add("optimizer.lr_scale",
+        KeySpec::string_list({}).doc(
+            "per-parameter learning-rate factors SELECTOR=FACTOR, first match wins, e.g. "
+            "[\"fc.*=10\"]; schedules keep the ratios"));
   s.add("optimizer.betas",
         KeySpec::real_list({0.9, 0.999}).min(0).max(1, false).doc("adam, adamw"));
   s.add("optimizer.eps", KeySpec::real(1e-8).min(0, false).doc("adam, adamw"));
@@ -223,18 +232,35 @@ ConfigSchema training_schema() {
 
   s.section_doc("scheduler", "Learning rate per optimizer step (never scaled by world size).");
   s.add("scheduler.name",
-        KeySpec::choice({"none", "cosine", "one_cycle", "linear", "step", "multistep"}, "none")
+        KeySpec::choice({"none", "cosine", "one_cycle", "linear", "step", "multistep", "plateau"},
+                        "none")
             .alias("constant", "none")
+            .alias("reduce_on_plateau", "plateau")
             .noun("a scheduler")
             .doc("cosine: to min_lr; one_cycle: up then down; linear: to min_lr; step: times "
-                 "gamma every step_size steps; multistep: times gamma at each milestone"));
+                 "gamma every step_size steps; multistep: times gamma at each milestone; "
+                 "plateau: times gamma when `monitor` stops improving"));
   s.add("scheduler.warmup_steps",
-        KeySpec::integer(0).min(0).doc("linear warm-up from 0 (none/cosine/linear)"));
-  s.add("scheduler.min_lr", KeySpec::real(0.0).min(0));
-  s.add("scheduler.step_size", KeySpec::integer(1000).min(1).doc("step: optimizer steps per decay"));
-  s.add("scheduler.gamma", KeySpec::real(0.1).min(0, false).doc("step, multistep: decay factor"));
+        KeySpec::integer(0).min(0).doc("linear warm-up from 0 (all but one_cycle)"));
+  s.add("scheduler.min_lr",
+        KeySpec::real(0.0).min(0).doc("cosine, linear: the end; plateau: the floor"));
+  s.add("scheduler.step_size",
+        KeySpec::integer(1000).min(1).doc("step: optimizer steps per decay"));
+  s.add("scheduler.gamma",
+        KeySpec::real(0.1).min(0, false).doc("step, multistep, plateau: decay factor"));
   s.add("scheduler.milestones",
         KeySpec::real_list({}).min(0).doc("multistep: optimizer steps, increasing"));
+  s.add("scheduler.monitor",
+        KeySpec::choice({"test/accuracy", "train/loss"}, "test/accuracy")
+            .doc("plateau: the metric reported at each evaluation (accuracy: higher is better; "
+                 "loss: the mean training loss since the last evaluation, lower is better)"));
+  s.add("scheduler.patience",
+        KeySpec::integer(10).min(0).doc(
+            "plateau: evaluations without improvement tolerated before a reduction"));
+  s.add("scheduler.threshold",
+        KeySpec::real(1e-4).min(0).doc("plateau: relative improvement that counts"));
+  s.add("scheduler.cooldown",
+        KeySpec::integer(0).min(0).doc("plateau: evaluations ignored after a reduction"));
   s.add("scheduler.pct_start", KeySpec::real(0.3).min(0, false).max(1, false).doc("one_cycle"));
   s.add("scheduler.div_factor",
         KeySpec::real(25.0).min(0, false).doc("one_cycle: initial lr = lr / div_factor"));

@@ -51,8 +51,7 @@ LRSchedule LRSchedule::one_cycle(double max_lr, int64_t total_steps, double pct_
   return s;
 }
 
-LRSchedule LRSchedule::step(double base_lr, int64_t step_size, double gamma,
-                            int64_t warmup_steps) {
+LRSchedule LRSchedule::step(double base_lr, int64_t step_size, double gamma, int64_t warmup_steps) {
   if (step_size < 1 || !(gamma > 0)) {
     throw Error("LRSchedule::step: step_size must be >= 1 and gamma > 0 (got " +
                 std::to_string(step_size) + ", " + std::to_string(gamma) + ")");
@@ -79,6 +78,25 @@ LRSchedule LRSchedule::multistep(double base_lr, std::vector<int64_t> milestones
   return s;
 }
 
+LRSchedule LRSchedule::plateau(double base_lr, bool maximize, double factor, int64_t patience,
+                               double threshold, int64_t cooldown, double min_lr,
+                               int64_t warmup_steps) {
+  if (!(factor > 0 && factor < 1) || patience < 0 || !(threshold >= 0) || cooldown < 0) {
+    throw Error(
+        "LRSchedule::plateau: needs 0 < factor < 1, patience >= 0, threshold >= 0 and "
+        "cooldown >= 0");
+  }
+  LRSchedule s = constant(base_lr, warmup_steps);
+  s.name_ = "plateau";
+  s.maximize_ = maximize;
+  s.gamma_ = factor;
+  s.patience_ = patience;
+  s.threshold_ = threshold;
+  s.cooldown_ = cooldown;
+  s.min_ = min_lr;
+  return s;
+}
+
 LRSchedule LRSchedule::from_config(const Config& c, int64_t total_steps) {
   if (total_steps < 1) throw Error("LRSchedule::from_config: total_steps must be >= 1");
   const std::string name = c.get_string("scheduler.name");
@@ -101,6 +119,13 @@ LRSchedule LRSchedule::from_config(const Config& c, int64_t total_steps) {
       milestones.push_back(static_cast<int64_t>(m));
     }
     return multistep(lr, std::move(milestones), c.get_double("scheduler.gamma"), warmup);
+  }
+  if (name == "plateau") {
+    const double gamma = c.get_double("scheduler.gamma");
+    if (!(gamma < 1)) throw c.error_at("scheduler.gamma", "plateau: the factor must be < 1");
+    return plateau(lr, c.get_string("scheduler.monitor") == "test/accuracy", gamma,
+                   c.get_int("scheduler.patience"), c.get_double("scheduler.threshold"),
+                   c.get_int("scheduler.cooldown"), min_lr, warmup);
   }
   if (name == "one_cycle") {
     return one_cycle(lr, total_steps, c.get_double("scheduler.pct_start"),
@@ -133,7 +158,7 @@ double LRSchedule::lr_at(int64_t step) const {
     return cos_anneal(base_, final_lr, (t - up_end) / std::max(down_end - up_end, 1e-12));
   }
   if (step < warmup_) return base_ * static_cast<double>(step + 1) / static_cast<double>(warmup_);
-  if (name_ == "none") return base_;
+  if (name_ == "none" || name_ == "plateau") return base_;
   const double span = static_cast<double>(std::max<int64_t>(total_ - warmup_, 1));
   const double progress = std::min(1.0, static_cast<double>(step - warmup_) / span);
   if (name_ == "linear") return base_ + (min_ - base_) * progress;
@@ -142,6 +167,9 @@ double LRSchedule::lr_at(int64_t step) const {
 
 LRScheduler::LRScheduler(torch::optim::Optimizer& optimizer, LRSchedule schedule)
     : optimizer_(optimizer), schedule_(std::move(schedule)) {
+  const double base = schedule_.base_lr();
+  for (const auto& group : optimizer_.param_groups())
+    state_.group_scales.push_back(base > 0 ? group.options().get_lr() / base : 1.0);
   apply();
 }
 
@@ -155,9 +183,61 @@ void LRScheduler::set_step(int64_t step) {
   apply();
 }
 
+void LRScheduler::report(double metric) {
+  if (schedule_.name() != "plateau") return;
+  State& s = state_;
+  const double t = schedule_.threshold_;
+  // PyTorch's relative threshold: better than best·(1 ± threshold); NaN never is.
+  const bool better = !s.has_best           ? !std::isnan(metric)
+                      : schedule_.maximize_ ? metric > s.best * (1.0 + t)
+                                            : metric < s.best * (1.0 - t);
+  if (better) {
+    s.best = metric;
+    s.has_best = true;
+    s.bad_reports = 0;
+  } else {
+    ++s.bad_reports;
+  }
+  if (s.cooldown_left > 0) {
+    --s.cooldown_left;
+    s.bad_reports = 0;
+  }
+  if (s.bad_reports > schedule_.patience_) {
+    const double base = schedule_.base_lr();
+    const double now = base * s.lr_factor;
+    const double reduced = std::max(now * schedule_.gamma_, schedule_.min_);
+    if (now - reduced > 1e-8 && base > 0) s.lr_factor = reduced / base;  // as PyTorch's eps
+    s.cooldown_left = schedule_.cooldown_;
+    s.bad_reports = 0;
+    apply();
+  }
+}
+
+LRScheduler::State LRScheduler::state() const {
+  State s = state_;
+  s.step = step_;
+  return s;
+}
+
+void LRScheduler::load_state(const State& state) {
+  if (state.group_scales.size() != optimizer_.param_groups().size()) {
+    throw Error("the scheduler state has " + std::to_string(state.group_scales.size()) +
+                " parameter-group ratios, the optimizer " +
+                std::to_string(optimizer_.param_groups().size()) +
+                " groups (optimizer.no_weight_decay / optimizer.lr_scale changed?)");
+  }
+  state_ = state;
+  step_ = state.step;
+  apply();
+}
+
 void LRScheduler::apply() {
-  const double lr = schedule_.lr_at(step_);
-  for (auto& group : optimizer_.param_groups()) group.options().set_lr(lr);
+  const double lr = get_lr();
+  auto& groups = optimizer_.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const double scale = g < state_.group_scales.size() ? state_.group_scales[g] : 1.0;
+    groups[g].options().set_lr(lr * scale);
+  }
 }
 
 }  // namespace fabric

@@ -11,6 +11,11 @@
 //   one_cycle   torch.optim.lr_scheduler.OneCycleLR (cosine annealing, two phases): from
 //               max_lr/div_factor up to max_lr at pct_start·total, then down to
 //               max_lr/div_factor/final_div_factor at the last step
+//   plateau     torch.optim.lr_scheduler.ReduceLROnPlateau (threshold_mode rel): base_lr until a
+//               monitored metric, reported with LRScheduler::report() after each evaluation, has
+//               not improved by the relative threshold for more than `patience` reports; then the
+//               rate is multiplied by factor (not below min_lr), followed by `cooldown` reports
+//               during which nothing is counted
 //
 // step and multistep count from step 0 as PyTorch's do; with warmup_steps the first steps ramp
 // linearly to the rate the schedule has there.
@@ -46,12 +51,19 @@ class LRSchedule {
   // Throws fabric::Error unless the milestones are non-negative and strictly increasing.
   static LRSchedule multistep(double base_lr, std::vector<int64_t> milestones, double gamma = 0.1,
                               int64_t warmup_steps = 0);
+  // REQUIRES: 0 < factor < 1, patience >= 0, threshold >= 0, cooldown >= 0. `maximize`: the
+  // metric is better when larger (an accuracy) rather than smaller (a loss).
+  static LRSchedule plateau(double base_lr, bool maximize, double factor = 0.1,
+                            int64_t patience = 10, double threshold = 1e-4, int64_t cooldown = 0,
+                            double min_lr = 0.0, int64_t warmup_steps = 0);
   // From the `scheduler:` section with base/max lr = optimizer.lr. REQUIRES: total_steps ≥ 1.
   static LRSchedule from_config(const Config& config, int64_t total_steps);
 
-  // Learning rate for optimizer step `step` (clamped to the last step beyond total_steps).
+  // Learning rate for optimizer step `step` (clamped to the last step beyond total_steps); for
+  // plateau, before any reduction.
   double lr_at(int64_t step) const;
   const std::string& name() const { return name_; }
+  double base_lr() const { return base_; }
 
  private:
   LRSchedule() = default;
@@ -62,10 +74,20 @@ class LRSchedule {
   int64_t step_size_ = 1;
   double gamma_ = 0.1;
   std::vector<int64_t> milestones_;
+  friend class LRScheduler;  // plateau's parameters
+  bool maximize_ = false;
+  int64_t patience_ = 10, cooldown_ = 0;
+  double threshold_ = 1e-4;
 };
 
 // Applies a schedule to every parameter group of an optimizer: the constructor sets the rate of
 // step 0; step() (after each optimizer step) advances it.
+//
+// Parameter groups keep their ratios: a group whose rate is r when the scheduler is made learns at
+// r / schedule.base_lr() times the schedule's rate (groups from optimizer.lr_scale, made by
+// fabric::make_optimizer with the schedule's base rate, keep their factors). Make the scheduler
+// right after the optimizer, before a checkpoint is loaded; the ratios are saved with its state,
+// so a resumed run uses the saved ones.
 class LRScheduler {
  public:
   LRScheduler(torch::optim::Optimizer& optimizer, LRSchedule schedule);
@@ -73,13 +95,35 @@ class LRScheduler {
   // Jumps to `step` (resume).
   void set_step(int64_t step);
   int64_t current_step() const { return step_; }
-  double get_lr() const { return schedule_.lr_at(step_); }
+  // The schedule's rate now (that of a group with ratio 1), plateau reductions included.
+  double get_lr() const { return schedule_.lr_at(step_) * state_.lr_factor; }
+
+  // A metric measured after an evaluation, the same value on every rank (e.g. an all-reduced
+  // accuracy). The plateau schedule decides on it; the others ignore it. NaN counts as no
+  // improvement.
+  void report(double metric);
+
+  // Everything a resume needs (CheckpointState::add(name, LRScheduler&) saves and restores it).
+  struct State {
+    int64_t step = 0;
+    std::vector<double> group_scales;  // per parameter group
+    double lr_factor = 1.0;            // plateau: product of the reductions (min_lr included)
+    double best = 0.0;                 // plateau: best metric reported so far
+    bool has_best = false;             // plateau: false until the first report
+    int64_t bad_reports = 0;           // plateau: reports since the last improvement
+    int64_t cooldown_left = 0;         // plateau
+  };
+  State state() const;
+  // Throws fabric::Error (and changes nothing) when `state` has another number of group scales
+  // than the optimizer has groups.
+  void load_state(const State& state);
 
  private:
   void apply();
   torch::optim::Optimizer& optimizer_;
   LRSchedule schedule_;
   int64_t step_ = 0;
+  State state_;  // its step is kept in step_
 };
 
 }  // namespace fabric

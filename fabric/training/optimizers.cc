@@ -4,10 +4,31 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
-namespace fabric {
+#include "fabric/training/param_groups.h"
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Config& c,
-                                                        std::vector<torch::Tensor> parameters) {
+namespace fabric {
+namespace {
+
+// One group of every parameter (no rules), or the rule groups with each its own options: the rate
+// times its scale, and weight decay 0 where the rules exempt it.
+template <typename Optim, typename Options>
+std::unique_ptr<torch::optim::Optimizer> build(const Options& options, OptimizerImpl impl,
+                                               std::vector<torch::Tensor> parameters,
+                                               const std::vector<ParamGroup>* groups) {
+  if (groups == nullptr) return std::make_unique<Optim>(std::move(parameters), options, impl);
+  std::vector<torch::optim::OptimizerParamGroup> out;
+  for (const ParamGroup& g : *groups) {
+    auto o = std::make_unique<Options>(options);
+    o->lr(options.lr() * g.lr_scale);
+    if (!g.weight_decay) o->weight_decay(0.0);
+    out.emplace_back(g.params, std::move(o));
+  }
+  return std::make_unique<Optim>(out, options, impl);
+}
+
+std::unique_ptr<torch::optim::Optimizer> make(const Config& c,
+                                              std::vector<torch::Tensor> parameters,
+                                              const std::vector<ParamGroup>* groups) {
   const std::string name = c.get_string("optimizer.name");
   const double lr = c.get_double("optimizer.lr");
   const double wd = c.get_double("optimizer.weight_decay");
@@ -18,9 +39,9 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Config& c,
     if (nesterov && momentum == 0) {
       throw c.error_at("optimizer.nesterov", "nesterov needs optimizer.momentum > 0");
     }
-    return std::make_unique<SGD>(
-        std::move(parameters),
-        torch::optim::SGDOptions(lr).momentum(momentum).nesterov(nesterov).weight_decay(wd), impl);
+    return build<SGD>(
+        torch::optim::SGDOptions(lr).momentum(momentum).nesterov(nesterov).weight_decay(wd), impl,
+        std::move(parameters), groups);
   }
   const std::vector<double> betas = c.get_double_list("optimizer.betas");
   if (betas.size() != 2)
@@ -28,13 +49,59 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Config& c,
   const auto b = std::make_tuple(betas[0], betas[1]);
   const double eps = c.get_double("optimizer.eps");
   if (name == "adam") {
-    return std::make_unique<Adam>(
-        std::move(parameters), torch::optim::AdamOptions(lr).betas(b).eps(eps).weight_decay(wd),
-        impl);
+    return build<Adam>(torch::optim::AdamOptions(lr).betas(b).eps(eps).weight_decay(wd), impl,
+                       std::move(parameters), groups);
   }
-  return std::make_unique<AdamW>(
-      std::move(parameters), torch::optim::AdamWOptions(lr).betas(b).eps(eps).weight_decay(wd),
-      impl);
+  return build<AdamW>(torch::optim::AdamWOptions(lr).betas(b).eps(eps).weight_decay(wd), impl,
+                      std::move(parameters), groups);
+}
+
+const char* const kRuleKeys[] = {"optimizer.no_weight_decay", "optimizer.lr_scale"};
+
+}  // namespace
+
+ParamGroupRules param_group_rules(const Config& c) {
+  ParamGroupRules rules;
+  rules.no_weight_decay = c.get_string_list("optimizer.no_weight_decay");
+  for (const auto& text : c.get_string_list("optimizer.lr_scale")) {
+    try {
+      rules.lr_scale.push_back(parse_lr_scale(text));
+    } catch (const Error& e) {
+      throw c.error_at("optimizer.lr_scale", e.what());
+    }
+  }
+  return rules;
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Config& c,
+                                                        std::vector<torch::Tensor> parameters) {
+  for (const char* key : kRuleKeys) {
+    if (!c.get_string_list(key).empty())
+      throw c.error_at(key,
+                       "needs the parameters' names: build the optimizer with "
+                       "fabric::make_optimizer(config, *model) instead of model->parameters()");
+  }
+  return make(c, std::move(parameters), nullptr);
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Config& c,
+                                                        const torch::nn::Module& module) {
+  const ParamGroupRules rules = param_group_rules(c);
+  if (rules.empty()) return make(c, module.parameters(), nullptr);
+  // Each key alone first, so that a selector matching nothing is reported at its own key.
+  ParamGroupRules decay_only, scale_only;
+  decay_only.no_weight_decay = rules.no_weight_decay;
+  scale_only.lr_scale = rules.lr_scale;
+  for (const auto& [key, alone] :
+       {std::make_pair(kRuleKeys[0], &decay_only), std::make_pair(kRuleKeys[1], &scale_only)}) {
+    try {
+      group_parameters(module, *alone);
+    } catch (const Error& e) {
+      throw c.error_at(key, e.what());
+    }
+  }
+  const std::vector<ParamGroup> groups = group_parameters(module, rules);
+  return make(c, {}, &groups);
 }
 
 }  // namespace fabric

@@ -5,9 +5,16 @@
 // and implementation (auto | fused | foreach | for_loop): fabric::SGD / Adam / AdamW
 // (fabric/training/fast_optimizers.h), torch::optim's optimizers with a faster step; for_loop is
 // torch::optim's own loop.
+// Parameter groups (fabric/training/param_groups.h) from two keys, given the module:
+//   no_weight_decay  selectors of parameters trained with weight decay 0, e.g. ["*.bias",
+//                    "type:*Norm*"]
+//   lr_scale         "SELECTOR=FACTOR" entries: those parameters learn at FACTOR × the rate (the
+//                    LRScheduler keeps each group's ratio), e.g. ["fc.*=10"]
+// With neither, the optimizer has one group of every parameter.
 #ifndef FABRIC_TRAINING_OPTIMIZERS_H_
 #define FABRIC_TRAINING_OPTIMIZERS_H_
 
+#include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
 #include <memory>
@@ -15,12 +22,24 @@
 
 #include "fabric/config/config.h"
 #include "fabric/training/fast_optimizers.h"
+#include "fabric/training/param_groups.h"
 
 namespace fabric {
 
-// Throws ConfigError (at optimizer.nesterov) for nesterov without momentum.
+// The optimizer for `module`'s parameters, grouped by optimizer.no_weight_decay and
+// optimizer.lr_scale. Throws ConfigError naming the key: nesterov without momentum, a malformed
+// lr_scale entry, a selector that matches no parameter.
+//   auto optimizer = fabric::make_optimizer(config, *model);
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Config& config,
+                                                        const torch::nn::Module& module);
+
+// One group of `parameters` (no names, so the two group keys must be empty: ConfigError if not).
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Config& config,
                                                         std::vector<torch::Tensor> parameters);
+
+// The rules of optimizer.no_weight_decay and optimizer.lr_scale. Throws ConfigError for a malformed
+// lr_scale entry.
+ParamGroupRules param_group_rules(const Config& config);
 
 }  // namespace fabric
 

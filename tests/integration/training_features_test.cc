@@ -1,10 +1,16 @@
 // The training features end to end in the cifar10 example (docs/training.md, "Training
 // features"): gradient accumulation and EMA resumed mid-epoch, activation checkpointing under ddp,
-// the recipe config, and EMA refused under fsdp.
+// the recipe config, parameter groups with a plateau schedule resumed mid-epoch, and EMA refused
+// under fsdp.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "tests/integration/examples_fixture.h"
 
@@ -16,14 +22,37 @@ using fabric::testing::ExamplesTest;
 using fabric::testing::kTinyCifar;
 using fabric::testing::Result;
 
+// The non-empty values of `name` in a metrics.csv, by step.
+std::map<int64_t, std::string> column(const fs::path& csv, const std::string& name) {
+  std::ifstream in(csv);
+  std::string line;
+  std::map<int64_t, std::string> out;
+  auto split = [](const std::string& row) {
+    std::vector<std::string> cells;
+    std::stringstream text(row);
+    for (std::string cell; std::getline(text, cell, ',');) cells.push_back(cell);
+    if (!row.empty() && row.back() == ',') cells.push_back("");
+    return cells;
+  };
+  if (!std::getline(in, line)) return out;
+  const auto header = split(line);
+  const size_t at = std::find(header.begin(), header.end(), name) - header.begin();
+  while (std::getline(in, line)) {
+    const auto cells = split(line);
+    if (at < cells.size() && !cells[at].empty()) out[std::stoll(cells[0])] = cells[at];
+  }
+  return out;
+}
+
 // trainer.accumulate_grad_batches: 3 batches per optimizer step over 2 ranks (4 batches per rank
 // and epoch: groups of 3 and 1) with trainer.ema_decay, resumed from a checkpoint in the middle of
 // an epoch (step 3: 3 of its 4 batches taken), ends with weights and averaged weights bitwise
 // those of the uninterrupted run; max_steps counts optimizer steps.
 TEST_F(ExamplesTest, Cifar10AccumulationAndEmaResumeBitwise) {
-  const std::string args = std::string("--config=ddp.yaml fabric.accelerator=cpu") + kTinyCifar +
-                           " trainer.max_epochs=3 trainer.max_steps=5 trainer.accumulate_grad_batches=3"
-                           " checkpoint.every_n_steps=3 trainer.ema_decay=0.9";
+  const std::string args =
+      std::string("--config=ddp.yaml fabric.accelerator=cpu") + kTinyCifar +
+      " trainer.max_epochs=3 trainer.max_steps=5 trainer.accumulate_grad_batches=3"
+      " checkpoint.every_n_steps=3 trainer.ema_decay=0.9";
   Result whole = run("cifar10", args + " logging.run_dir=whole");
   ASSERT_EQ(whole.code, 0) << whole.out;
   EXPECT_EQ(summary_of(whole)["steps"], 5);
@@ -49,7 +78,8 @@ TEST_F(ExamplesTest, Cifar10ActivationCheckpointingUnderDdpIsBitwiseThePlainRun)
       std::string("--config=ddp.yaml fabric.accelerator=cpu") + kTinyCifar + " trainer.max_steps=3";
   Result plain = run("cifar10", args + " logging.run_dir=plain");
   ASSERT_EQ(plain.code, 0) << plain.out;
-  Result ckpt = run("cifar10", args + " logging.run_dir=ckpt model.activation_checkpointing=[BasicBlock]");
+  Result ckpt =
+      run("cifar10", args + " logging.run_dir=ckpt model.activation_checkpointing=[BasicBlock]");
   ASSERT_EQ(ckpt.code, 0) << ckpt.out;
   const std::string a = bytes(dir_ / "plain" / "weights.pt");
   ASSERT_FALSE(a.empty()) << plain.out;
@@ -67,6 +97,44 @@ TEST_F(ExamplesTest, Cifar10RecipeConfigRunsWithEveryTrainingFeature) {
   const fs::path run_dir = fs::path(r.last_line()).parent_path();
   EXPECT_TRUE(fs::exists(run_dir / "weights.pt")) << r.out;
   EXPECT_TRUE(fs::exists(run_dir / "weights_ema.pt")) << r.out;
+}
+
+// optimizer.no_weight_decay and optimizer.lr_scale (four parameter groups) with scheduler.name:
+// plateau watching the training loss (a threshold no epoch meets, so every evaluation after the
+// first halves the rate) over 2 ranks (4 steps per epoch), resumed from the checkpoint at step 6
+// (the middle of epoch 2: the plateau state of epoch 1 and the loss sum of steps 5-6 in it), ends
+// with weights bitwise those of the uninterrupted run; the rate was halved after epoch 2.
+TEST_F(ExamplesTest, Cifar10ParamGroupsAndPlateauResumeBitwise) {
+  const std::string args =
+      std::string("--config=ddp.yaml fabric.accelerator=cpu") + kTinyCifar +
+      " trainer.max_epochs=3 trainer.max_steps=-1 checkpoint.every_n_steps=6"
+      " optimizer.weight_decay=0.0005 'optimizer.no_weight_decay=[\"*.bias\", \"type:*Norm*\"]'"
+      " 'optimizer.lr_scale=[\"fc.*=3\"]' scheduler.name=plateau scheduler.monitor=train/loss"
+      " scheduler.patience=0 scheduler.threshold=0.9 scheduler.gamma=0.5 scheduler.warmup_steps=0";
+  Result whole = run("cifar10", args + " logging.run_dir=whole");
+  ASSERT_EQ(whole.code, 0) << whole.out;
+  EXPECT_EQ(summary_of(whole)["steps"], 12);
+  const fs::path ckpt = dir_ / "whole" / "checkpoints" / "step-00000006.ckpt";
+  ASSERT_TRUE(fs::exists(ckpt)) << whole.out;
+  Result resumed =
+      run("cifar10", args + " logging.run_dir=resumed checkpoint.resume=" + ckpt.string());
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  const std::string a = bytes(dir_ / "whole" / "weights.pt");
+  ASSERT_FALSE(a.empty()) << whole.out;
+  EXPECT_TRUE(a == bytes(dir_ / "resumed" / "weights.pt")) << resumed.out;
+
+  // metrics.csv: the rate halved after epoch 2; the value reported to the scheduler at the end of
+  // epochs 2 and 3 (the mean training loss since the previous evaluation, part of it from before
+  // the resume) is the uninterrupted run's.
+  const auto whole_lr = column(dir_ / "whole" / "metrics.csv", "lr");
+  ASSERT_TRUE(whole_lr.count(1) && whole_lr.count(12)) << bytes(dir_ / "whole" / "metrics.csv");
+  EXPECT_NEAR(std::stod(whole_lr.at(12)) / std::stod(whole_lr.at(1)), 0.5, 1e-6);
+  const auto a_reported = column(dir_ / "whole" / "metrics.csv", "scheduler/monitored");
+  const auto b_reported = column(dir_ / "resumed" / "metrics.csv", "scheduler/monitored");
+  for (int64_t step : {8, 12}) {
+    ASSERT_TRUE(a_reported.count(step) && b_reported.count(step)) << step;
+    EXPECT_EQ(a_reported.at(step), b_reported.at(step)) << "step " << step;
+  }
 }
 
 TEST_F(ExamplesTest, EmaUnderFsdpIsAConfigError) {

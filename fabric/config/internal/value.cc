@@ -105,6 +105,9 @@ Normalized normalize_scalar(const KeySpec& spec, const YAML::Node& value) {
     case KeyType::kChoiceList:
       return fail(describe(value) + " is not a list: write it like [" + spec.choices().front() +
                   "] (or [] for none)");
+    case KeyType::kStringList:
+      return fail(describe(value) + " is not a list: write it like [" + describe(value) +
+                  "] (or [] for none)");
   }
   return fail("unsupported key type");
 }
@@ -180,6 +183,19 @@ Normalized normalize_value(const KeySpec& spec, const YAML::Node& value) {
                       ")");
         if (!seen.insert(text).second) return fail("'" + text + "' is listed twice");
         list.push_back(text);
+      }
+      list.SetStyle(YAML::EmitterStyle::Flow);
+      return ok(list);
+    }
+    if (spec.type() == KeyType::kStringList) {
+      YAML::Node list(YAML::NodeType::Sequence);
+      std::set<std::string> seen;
+      for (const auto& item : value) {
+        if (!item.IsScalar() || item.Scalar().empty())
+          return fail("list elements must be non-empty strings, got " + describe(item));
+        if (!seen.insert(item.Scalar()).second)
+          return fail("'" + item.Scalar() + "' is listed twice");
+        list.push_back(item.Scalar());
       }
       list.SetStyle(YAML::EmitterStyle::Flow);
       return ok(list);
