@@ -1,7 +1,7 @@
 // The training features end to end in the cifar10 example (docs/training.md, "Training
-// features"): gradient accumulation and EMA resumed mid-epoch, activation checkpointing under ddp,
-// the recipe config, parameter groups with a plateau schedule resumed mid-epoch, and EMA refused
-// under fsdp.
+// features"): gradient accumulation and EMA resumed mid-epoch, activation checkpointing under ddp
+// and fsdp, the recipe config, parameter groups with a plateau schedule resumed mid-epoch, and EMA
+// refused under fsdp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -71,19 +71,22 @@ TEST_F(ExamplesTest, Cifar10AccumulationAndEmaResumeBitwise) {
 }
 
 // model.activation_checkpointing: [BasicBlock] under ddp over 2 ranks (SyncBatchNorm off, BatchNorm
-// running statistics restored after each recomputation) trains to weights bitwise those of the
-// same run keeping its activations.
-TEST_F(ExamplesTest, Cifar10ActivationCheckpointingUnderDdpIsBitwiseThePlainRun) {
-  const std::string args =
-      std::string("--config=ddp.yaml fabric.accelerator=cpu") + kTinyCifar + " trainer.max_steps=3";
-  Result plain = run("cifar10", args + " logging.run_dir=plain");
-  ASSERT_EQ(plain.code, 0) << plain.out;
-  Result ckpt =
-      run("cifar10", args + " logging.run_dir=ckpt model.activation_checkpointing=[BasicBlock]");
-  ASSERT_EQ(ckpt.code, 0) << ckpt.out;
-  const std::string a = bytes(dir_ / "plain" / "weights.pt");
-  ASSERT_FALSE(a.empty()) << plain.out;
-  EXPECT_TRUE(a == bytes(dir_ / "ckpt" / "weights.pt")) << ckpt.out;
+// running statistics restored after each recomputation) and under fsdp over 2 ranks (units small
+// enough that blocks are gathered again for the recomputation) trains to weights bitwise those of
+// the same run keeping its activations.
+TEST_F(ExamplesTest, Cifar10ActivationCheckpointingUnderDdpAndFsdpIsBitwiseThePlainRun) {
+  for (const std::string config : {"ddp.yaml", "fsdp.yaml fabric.fsdp.min_unit_params=100"}) {
+    const std::string args = "--config=" + config + " fabric.accelerator=cpu" + kTinyCifar;
+    const std::string name = config.substr(0, config.find('.'));
+    Result plain = run("cifar10", args + " logging.run_dir=plain_" + name);
+    ASSERT_EQ(plain.code, 0) << plain.out;
+    Result ckpt = run("cifar10", args + " logging.run_dir=ckpt_" + name +
+                                     " model.activation_checkpointing=[BasicBlock]");
+    ASSERT_EQ(ckpt.code, 0) << ckpt.out;
+    const std::string a = bytes(dir_ / ("plain_" + name) / "weights.pt");
+    ASSERT_FALSE(a.empty()) << plain.out;
+    EXPECT_TRUE(a == bytes(dir_ / ("ckpt_" + name) / "weights.pt")) << config << "\n" << ckpt.out;
+  }
 }
 
 // The recipe config (cosine + warm-up, accumulation, EMA, checkpointed blocks) runs and writes
