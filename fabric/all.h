@@ -8,6 +8,7 @@
 //   fabric/training/lr_scheduler.h the schedule of the scheduler: section
 //   fabric/training/graphed_step.h whole training steps replayed as CUDA graphs
 //   fabric/data/augment.h          device-side crop/flip/normalize
+//   fabric/data/npy.h              NumPy .npy/.npz arrays (memory-mapped) and NpyDataset
 //   fabric/nn/batch_norm.h         BatchNorm that can synchronize across processes (SyncBatchNorm)
 //   fabric/connector.h             how the config was resolved (Fabric::setup_info)
 #ifndef FABRIC_ALL_H_
@@ -16,6 +17,7 @@
 #include "fabric/checkpointer.h"
 #include "fabric/connector.h"
 #include "fabric/data/augment.h"
+#include "fabric/data/npy.h"
 #include "fabric/fabric.h"
 #include "fabric/main.h"
 #include "fabric/nn/batch_norm.h"

@@ -229,6 +229,7 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
         accuracy = evaluate(f, model, test, limit_eval);
       }
       f.print("epoch ", epoch + 1, " test accuracy ", accuracy);
+      f.log_dict({{"test/accuracy", accuracy}, {"epoch", static_cast<double>(epoch + 1)}}, step);
       if (c.get_string("scheduler.name") == "plateau") {
         // Every rank reports the same (all-reduced) value; metrics.csv shows what was reported.
         double monitored = accuracy;

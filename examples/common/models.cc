@@ -56,13 +56,13 @@ torch::Tensor BasicBlockImpl::forward(torch::Tensor x) {
   return torch::relu(y + (shortcut->is_empty() ? x : shortcut->forward(x)));
 }
 
-ResNet18CifarImpl::ResNet18CifarImpl(int64_t width, int64_t classes)
-    : width(width), classes(classes) {
+ResNet18CifarImpl::ResNet18CifarImpl(int64_t width, int64_t classes, int64_t in_channels)
+    : width(width), classes(classes), in_channels(in_channels) {
   reset();
 }
 
 void ResNet18CifarImpl::reset() {
-  stem = register_module("stem", conv3x3(3, width));
+  stem = register_module("stem", conv3x3(in_channels, width));
   stem_bn = register_module("stem_bn", fabric::nn::BatchNorm2d(width));
   layers = nn::Sequential();
   int64_t in = width;
@@ -82,7 +82,9 @@ torch::Tensor ResNet18CifarImpl::forward(torch::Tensor x) {
     for (size_t i = 0; i < layers->size(); ++i) {
       auto block = layers->ptr<BasicBlockImpl>(i);
       x = fabric::checkpoint(
-          [block](const fabric::TensorList& in) { return fabric::TensorList{block->forward(in[0])}; },
+          [block](const fabric::TensorList& in) {
+            return fabric::TensorList{block->forward(in[0])};
+          },
           {x}, block.get())[0];
     }
   } else {

@@ -34,10 +34,10 @@ struct BasicBlockImpl : torch::nn::Cloneable<BasicBlockImpl> {
 TORCH_MODULE(BasicBlock);
 
 struct ResNet18CifarImpl : torch::nn::Cloneable<ResNet18CifarImpl> {
-  explicit ResNet18CifarImpl(int64_t width = 64, int64_t classes = 10);
+  explicit ResNet18CifarImpl(int64_t width = 64, int64_t classes = 10, int64_t in_channels = 3);
   void reset() override;
   torch::Tensor forward(torch::Tensor x);
-  int64_t width, classes;
+  int64_t width, classes, in_channels;
   // Runs every BasicBlock through fabric::checkpoint_activations (model.activation_checkpointing:
   // [BasicBlock]): its activations are recomputed in backward instead of kept.
   bool checkpoint_blocks = false;

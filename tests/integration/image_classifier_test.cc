@@ -1,0 +1,106 @@
+// //examples:image_classifier on NumPy data (data.format: npy) written by NumPy from the real
+// Fashion-MNIST files on this machine: a train split as .npy files ([N, H, W] uint8) and a val
+// split as an .npz: it trains to the accuracy band of the binary-format example on the same
+// images; over 2 ranks, resumed from a checkpoint in the middle of an epoch, it ends with weights
+// bitwise those of the uninterrupted run; a missing split is one line naming what was expected.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "tests/integration/examples_fixture.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using fabric::testing::ExamplesTest;
+using fabric::testing::Result;
+
+class ImageClassifierTest : public ExamplesTest {
+ protected:
+  // DIR/train/{inputs,targets}.npy (the first `train` images) and DIR/val.npz (the first `val`
+  // test images) from /usr/share/datasets/fashion-mnist.
+  fs::path write_npy_data(int train, int val) {
+    const fs::path root = dir_ / "fmnist_npy";
+    const std::string program =
+        "import gzip, sys, numpy as np, os\n"
+        "src, root, ntrain, nval = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])\n"
+        "def idx(name, offset):\n"
+        "    return np.frombuffer(gzip.open(f'{src}/{name}.gz').read(), np.uint8, offset=offset)\n"
+        "x = idx('train-images-idx3-ubyte', 16).reshape(-1, 28, 28)[:ntrain]\n"
+        "y = idx('train-labels-idx1-ubyte', 8)[:ntrain]\n"
+        "os.makedirs(f'{root}/train', exist_ok=True)\n"
+        "np.save(f'{root}/train/inputs.npy', x); np.save(f'{root}/train/targets.npy', y)\n"
+        "xv = idx('t10k-images-idx3-ubyte', 16).reshape(-1, 28, 28)[:nval]\n"
+        "yv = idx('t10k-labels-idx1-ubyte', 8)[:nval].astype(np.int64)\n"
+        "np.savez(f'{root}/val.npz', inputs=xv, targets=yv)\n";
+    std::ofstream(dir_ / "write.py") << program;
+    const auto r = fabric::testing::run_command(
+        fabric::testing::python_interpreter() + " " + (dir_ / "write.py").string() +
+        " /usr/share/datasets/fashion-mnist " + root.string() + " " + std::to_string(train) + " " +
+        std::to_string(val));
+    EXPECT_EQ(r.code, 0) << r.out;
+    return root;
+  }
+};
+
+const char* const kSmall =
+    " fabric.accelerator=cpu model.width=8 data.batch_size=64 optimizer.lr=0.05"
+    " logging.log_every_n_steps=10";
+
+TEST_F(ImageClassifierTest, NpyFashionMnistReachesTheBinaryExamplesAccuracyBand) {
+  const fs::path root = write_npy_data(4096, 1000);
+  Result npy = run("image_classifier", "--config=single_cpu.yaml data.root=" + root.string() +
+                                           kSmall + " trainer.max_epochs=2 trainer.max_steps=-1");
+  ASSERT_EQ(npy.code, 0) << npy.out;
+  EXPECT_NE(npy.out.find("4096 train / 1000 val images [1, 28, 28] (Byte), 10 classes"),
+            std::string::npos)
+      << npy.out;
+  const double accuracy = summary_of(npy)["test_accuracy"].get<double>();
+  // The binary-format example's small CNN on the same 128 steps of the same images.
+  Result binary = run("fashion_mnist",
+                      "--config=fashion_mnist.yaml fabric.accelerator=cpu "
+                      "data.batch_size=64 trainer.max_steps=128 "
+                      "trainer.limit_eval_batches=16");
+  ASSERT_EQ(binary.code, 0) << binary.out;
+  const double reference = summary_of(binary)["test_accuracy"].get<double>();
+  EXPECT_GT(accuracy, 0.7) << npy.out;
+  EXPECT_GT(accuracy, reference - 0.1) << "binary example: " << reference << "\n" << npy.out;
+}
+
+TEST_F(ImageClassifierTest, NpyOverTwoRanksResumesMidEpochBitwise) {
+  const fs::path root = write_npy_data(512, 128);
+  // 512 / (2 ranks x 64) = 4 steps an epoch; the checkpoint at step 6 is in the middle of epoch 2.
+  const std::string args = "--config=ddp.yaml data.root=" + root.string() + kSmall +
+                           " trainer.max_epochs=3 checkpoint.every_n_steps=6";
+  Result whole = run("image_classifier", args + " logging.run_dir=whole");
+  ASSERT_EQ(whole.code, 0) << whole.out;
+  EXPECT_EQ(summary_of(whole)["steps"], 12);
+  const fs::path ckpt = dir_ / "whole" / "checkpoints" / "step-00000006.ckpt";
+  ASSERT_TRUE(fs::exists(ckpt)) << whole.out;
+  Result resumed =
+      run("image_classifier", args + " logging.run_dir=resumed checkpoint.resume=" + ckpt.string());
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  const std::string a = bytes(dir_ / "whole" / "weights.pt");
+  ASSERT_FALSE(a.empty()) << whole.out;
+  EXPECT_TRUE(a == bytes(dir_ / "resumed" / "weights.pt")) << resumed.out;
+}
+
+TEST_F(ImageClassifierTest, MissingSplitsAndFoldersAreOneLine) {
+  const fs::path root = write_npy_data(64, 16);
+  fs::remove(root / "val.npz");
+  Result r = run("image_classifier", "data.root=" + root.string() + " fabric.accelerator=cpu");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find(root.string() + ": no val split: expected " + (root / "val").string() +
+                       "/inputs.npy (with targets.npy) or " + (root / "val.npz").string()),
+            std::string::npos)
+      << r.out;
+  Result none = run("image_classifier", "fabric.accelerator=cpu");
+  EXPECT_EQ(none.code, 2) << none.out;
+  EXPECT_NE(none.out.find("data.root: set it to your data folder, e.g. data.root=DIR"),
+            std::string::npos)
+      << none.out;
+}
+
+}  // namespace
