@@ -113,7 +113,8 @@ Header parse_header(const std::string& dict, const std::string& name) {
         "without running code; save a numeric array, e.g. np.save(f, a.astype(np.float32))");
   if (digits.empty() || digits.size() > 2 ||
       digits.find_first_not_of("0123456789") != std::string::npos)
-    throw Error(name + ": dtype '" + descr + "' is not supported (numbers and bool only)");
+    throw Error(name + ": dtype '" + one_line(descr, 40) +
+                "' is not supported (numbers and bool only)");
   h.itemsize = std::stoul(digits);
 
   at = find_key(dict, "fortran_order");
@@ -157,7 +158,7 @@ c10::ScalarType scalar_type(const Header& h, const std::string& name) {
   if (it == types.end()) {
     const std::string hint =
         dtype == "u8" ? "; convert it with a.astype(np.int64)" : " (numbers and bool only)";
-    throw Error(name + ": dtype '" + dtype + "' is not supported" + hint);
+    throw Error(name + ": dtype '" + one_line(dtype, 40) + "' is not supported" + hint);
   }
   return it->second;
 }
@@ -306,7 +307,7 @@ std::map<std::string, torch::Tensor> parse_npz(const char* d, size_t n, const st
                                                std::shared_ptr<const void> owner) {
   std::map<std::string, torch::Tensor> out;
   for (const Member& m : zip_members(d, n, path)) {
-    const std::string name = path + ":" + m.name;
+    const std::string name = path + ":" + one_line(m.name, 200);
     if (m.local > n || n - m.local < 30 || le(d + m.local, 4) != 0x04034b50)
       throw Error(name + ": bad local header");
     const uint64_t start = m.local + 30 + le(d + m.local + 26, 2) + le(d + m.local + 28, 2);
