@@ -3,16 +3,25 @@
 // ResNet-18 (the CIFAR variant: 3x3 stem, no max-pool, global average pooling, so any image size)
 // trained on your own data in `data.root`, laid out as torchvision's ImageNet folder is (a train
 // and a val split):
+//   data.format: image_folder
+//                       DIR/train/<class>/<image> and DIR/val/<class>/<image> (JPEG or PNG; classes
+//                       are the folder names, sorted; the same in both splits), or DIR/train.csv
+//                       and DIR/val.csv listing "path,label" lines (fabric/data/image_folder.h).
+//                       Training images get a random resized crop to data.image_size and a flip;
+//                       val images a resize and centre crop. Decoded by the loader's threads
+//                       (data.num_workers); data.skip_bad_files leaves unreadable ones out, each
+//                       with a warning, and counts them (summary.json: bad_files).
 //   data.format: npy    DIR/train/inputs.npy + DIR/train/targets.npy and the same in DIR/val/ (or
 //                       DIR/train.npz and DIR/val.npz holding arrays `inputs` and `targets`), as
 //                       numpy.save / numpy.savez write them. Inputs: images [N, C, H, W],
 //                       [N, H, W] (one channel) or [N, H, W, C] with C of 1, 3 or 4 (channels last,
 //                       as PIL and OpenCV give them), any numeric dtype; the arrays are
 //                       memory-mapped (fabric/data/npy.h). Targets: integer class labels [N].
-//   data.format: auto   npy when DIR/train/inputs.npy or DIR/train.npz exists.
+//   data.format: auto   npy when DIR/train/inputs.npy or DIR/train.npz exists, else image_folder.
 // The classes are 0 .. max(train labels). Inputs are normalized per channel with the mean and
-// standard deviation of up to 4096 evenly spaced training images (printed).
-// Extra config keys: data.format (auto), model.width (default 64). Exit status: fabric/main.h,
+// standard deviation of up to 4096 evenly spaced training images (512 for image files; printed).
+// Extra config keys: data.format (auto), data.image_size (224), data.skip_bad_files (false),
+// data.max_image_pixels (89478485), model.width (default 64). Exit status: fabric/main.h,
 // and 3 when training stopped on non-finite losses (trainer.stop_on_nonfinite).
 #include <algorithm>
 #include <cmath>
@@ -21,6 +30,7 @@
 #include "examples/common/classification.h"
 #include "examples/common/models.h"
 #include "fabric/core/paths.h"
+#include "fabric/data/image_folder.h"
 #include "fabric/data/npy.h"
 #include "fabric/fabric.h"
 #include "fabric/main.h"
@@ -31,10 +41,20 @@ namespace {
 
 fabric::ConfigSchema schema() {
   fabric::ConfigSchema s = fabric::training_schema();
-  s.add("data.format", fabric::KeySpec::choice({"auto", "npy"}, "auto")
-                           .noun("a data format")
-                           .doc("npy: DIR/{train,val}/{inputs,targets}.npy or DIR/{train,val}.npz; "
-                                "auto: detected from DIR"));
+  s.add("data.format",
+        fabric::KeySpec::choice({"auto", "npy", "image_folder"}, "auto")
+            .noun("a data format")
+            .doc("npy: DIR/{train,val}/{inputs,targets}.npy or DIR/{train,val}.npz; image_folder: "
+                 "DIR/{train,val}/<class>/<image> or DIR/{train,val}.csv; auto: detected"));
+  s.add("data.image_size",
+        fabric::KeySpec::integer(224).min(1).doc("image_folder: height and width of the crops"));
+  s.add("data.skip_bad_files",
+        fabric::KeySpec::boolean(false).doc(
+            "image_folder: leave unreadable images out (a warning each) instead of stopping"));
+  s.add("data.max_image_pixels",
+        fabric::KeySpec::integer(fabric::kDefaultMaxImagePixels)
+            .min(1)
+            .doc("image_folder: larger images are errors (PIL's limit by default)"));
   s.section_doc("model", "ResNet-18, CIFAR variant (any image size).");
   s.add("model.width",
         fabric::KeySpec::integer(64).min(1).doc("channels of the first stage (64 = standard)"));
@@ -76,41 +96,84 @@ torch::Tensor as_nchw(const torch::Tensor& x) {
 }
 
 struct Split {
-  std::shared_ptr<const fabric::NpyDataset> train, val;
+  std::shared_ptr<const fabric::Dataset> train, val;
   int64_t classes = 0, channels = 0;
-  torch::Tensor mean, std;  // [1, C, 1, 1]
+  torch::Tensor mean, std;                                                     // [1, C, 1, 1]
+  std::shared_ptr<const fabric::ImageFolderDataset> train_images, val_images;  // image_folder
 };
+
+bool has_npy(const fs::path& root) {
+  return fs::exists(root / "train" / "inputs.npy") || fs::exists(root / "train.npz");
+}
+
+// DIR/<split>.csv, else the class folders DIR/<split>/.
+std::shared_ptr<const fabric::ImageFolderDataset> image_split(const fs::path& root,
+                                                              const std::string& split,
+                                                              fabric::ImageFolderOptions options) {
+  const fs::path list = root / (split + ".csv");
+  if (fs::exists(list)) return fabric::ImageFolderDataset::from_list(list.string(), options);
+  if (!fs::is_directory(root / split)) {
+    throw fabric::Error(root.string() + ": no " + split + " split: expected " +
+                        (root / split).string() + "/<class>/<images> or " + list.string());
+  }
+  return fabric::ImageFolderDataset::from_folder((root / split).string(), options);
+}
 
 Split load_data(const fabric::Config& c, fabric::Fabric& f) {
   const fs::path root = fabric::absolute_from_working_directory(c.get_string("data.root"));
   if (c.get_string("data.root").empty())
     throw c.error_at("data.root", "set it to your data folder, e.g. data.root=DIR");
   if (!fs::is_directory(root)) throw c.error_at("data.root", root.string() + " is not a folder");
+  const std::string format = c.get_string("data.format");
   Split s;
-  s.train = load_split(root, "train");
-  s.val = load_split(root, "val");
-  const auto& inputs = s.train->inputs();
-  if (inputs.dim() < 3 || inputs.dim() > 4) {
-    throw fabric::Error(root.string() + ": train inputs have shape " + c10::str(inputs.sizes()) +
-                        "; expected images [N, C, H, W], [N, H, W] or [N, H, W, C]");
+  torch::Tensor sample;  // float [n, C, H, W]: what the normalization is computed from
+  if (format == "npy" || (format == "auto" && has_npy(root))) {
+    auto train = load_split(root, "train");
+    s.val = load_split(root, "val");
+    const auto& inputs = train->inputs();
+    if (inputs.dim() < 3 || inputs.dim() > 4) {
+      throw fabric::Error(root.string() + ": train inputs have shape " + c10::str(inputs.sizes()) +
+                          "; expected images [N, C, H, W], [N, H, W] or [N, H, W, C]");
+    }
+    if (train->targets().dim() != 1)
+      throw fabric::Error(root.string() + ": train targets must be class labels [N]");
+    s.classes = train->targets().max().item<int64_t>() + 1;
+    const int64_t n = train->size(), count = std::min<int64_t>(n, 4096);
+    const auto rows = torch::linspace(0, static_cast<double>(n - 1), count).to(torch::kInt64);
+    sample = as_nchw(inputs.index_select(0, rows));
+    s.train = train;
+  } else {
+    fabric::ImageFolderOptions options;
+    options.image_size = c.get_int("data.image_size");
+    options.skip_bad_files = c.get_bool("data.skip_bad_files");
+    options.max_image_pixels = c.get_int("data.max_image_pixels");
+    s.train_images = image_split(root, "train", options);
+    options.train = false;
+    s.val_images = image_split(root, "val", options);
+    if (s.val_images->classes() != s.train_images->classes() && !fs::exists(root / "train.csv")) {
+      throw fabric::Error(root.string() + ": the val split's class folders differ from train's (" +
+                          std::to_string(s.val_images->classes().size()) + " vs " +
+                          std::to_string(s.train_images->classes().size()) + ")");
+    }
+    s.classes = static_cast<int64_t>(s.train_images->classes().size());
+    const int64_t n = s.train_images->size(), count = std::min<int64_t>(n, 512);
+    std::vector<int64_t> rows;
+    for (int64_t i = 0; i < count; ++i) rows.push_back(count > 1 ? i * (n - 1) / (count - 1) : 0);
+    sample = s.train_images->get_batch(rows).data.to(torch::kFloat);  // the val pipeline
+    s.train = s.train_images;
+    s.val = s.val_images;
   }
-  if (s.train->targets().dim() != 1)
-    throw fabric::Error(root.string() + ": train targets must be class labels [N]");
-  s.classes = s.train->targets().max().item<int64_t>() + 1;
-  const int64_t n = s.train->size(), sample = std::min<int64_t>(n, 4096);
-  const auto rows = torch::linspace(0, static_cast<double>(n - 1), sample).to(torch::kInt64);
-  const torch::Tensor x = as_nchw(inputs.index_select(0, rows));
-  s.channels = x.size(1);
-  s.mean = x.mean({0, 2, 3}, /*keepdim=*/true);
-  s.std = x.std({0, 2, 3}, /*unbiased=*/false, /*keepdim=*/true).clamp_min(1e-6);
+  s.channels = sample.size(1);
+  s.mean = sample.mean({0, 2, 3}, /*keepdim=*/true);
+  s.std = sample.std({0, 2, 3}, /*unbiased=*/false, /*keepdim=*/true).clamp_min(1e-6);
   auto list = [](const torch::Tensor& t) {
     std::string out;
     for (int64_t i = 0; i < t.numel(); ++i)
       out += (i ? ", " : "") + c10::str(std::round(t.flatten()[i].item<double>() * 1e4) / 1e4);
     return "[" + out + "]";
   };
-  f.print("image_classifier: ", root.string(), ": ", n, " train / ", s.val->size(), " val images ",
-          c10::str(x.sizes().slice(1)), " (", inputs.scalar_type(), "), ", s.classes,
+  f.print("image_classifier: ", root.string(), ": ", s.train->size(), " train / ", s.val->size(),
+          " val images ", c10::str(sample.sizes().slice(1)), ", ", s.classes,
           " classes; normalized with mean ", list(s.mean), ", std ", list(s.std));
   return s;
 }
@@ -128,8 +191,18 @@ int main(int argc, char** argv) {
         b.data = (as_nchw(b.data) - mean) / std;
         return b;
       };
-      return examples::train_classifier(
-          f, model, {"image_classifier", data.train, data.val, "real", normalize, normalize});
+      examples::ClassificationTask task{"image_classifier", data.train, data.val, "real",
+                                        normalize,          normalize};
+      if (data.train_images) {  // data.skip_bad_files: how many were left out, over all ranks
+        task.finish = [&data](fabric::Fabric& fab, nlohmann::json& summary) {
+          const auto bad = static_cast<int64_t>(fab.all_reduce(
+              static_cast<double>(data.train_images->bad_files() + data.val_images->bad_files()),
+              fabric::ReduceOp::kSum));
+          if (bad > 0) fab.print("skipped ", bad, " unreadable image files (data.skip_bad_files)");
+          summary["bad_files"] = bad;
+        };
+      }
+      return examples::train_classifier(f, model, task);
     });
   });
 }

@@ -9,6 +9,7 @@
 //   fabric/training/graphed_step.h whole training steps replayed as CUDA graphs
 //   fabric/data/augment.h          device-side crop/flip/normalize
 //   fabric/data/npy.h              NumPy .npy/.npz arrays (memory-mapped) and NpyDataset
+//   fabric/data/image_folder.h     JPEG/PNG class folders and path,label lists
 //   fabric/nn/batch_norm.h         BatchNorm that can synchronize across processes (SyncBatchNorm)
 //   fabric/connector.h             how the config was resolved (Fabric::setup_info)
 #ifndef FABRIC_ALL_H_
@@ -17,6 +18,7 @@
 #include "fabric/checkpointer.h"
 #include "fabric/connector.h"
 #include "fabric/data/augment.h"
+#include "fabric/data/image_folder.h"
 #include "fabric/data/npy.h"
 #include "fabric/fabric.h"
 #include "fabric/main.h"

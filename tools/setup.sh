@@ -28,6 +28,8 @@ DEBIAN_PACKAGES=(
   libgmock-dev
   libbenchmark-dev
   zlib1g-dev
+  libjpeg62-turbo-dev    # JPEG decoding (libjpeg-turbo) for data.format: image_folder
+  libpng-dev             # PNG decoding
   nlohmann-json3-dev     # JSON output (env report, summaries, benchmarks)
   patchelf               # relocatable bundles (tools/bundle.sh)
   dataset-fashion-mnist  # /usr/share/datasets/fashion-mnist

@@ -17,6 +17,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -40,6 +41,8 @@ struct ClassificationTask {
   std::shared_ptr<const fabric::Dataset> train, test;
   std::string data_kind;  // "real" or "synthetic"
   fabric::BatchTransform train_transform, test_transform;
+  // Called on every rank before summary.json is written (may add keys, print, use collectives).
+  std::function<void(fabric::Fabric&, nlohmann::json&)> finish = nullptr;
 };
 
 // Correct predictions / examples over the test loader (all ranks; summed across ranks; each
@@ -290,6 +293,7 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
       {"stopped", stopped},
       {"nonfinite_checkpoint", nonfinite_checkpoint},
   };
+  if (task.finish) task.finish(f, summary);
   const auto summary_path = run.write_summary(summary);
   f.print(summary_path.string());
   return !stopped.empty() && f.is_global_zero() ? 3 : 0;

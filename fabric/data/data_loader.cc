@@ -110,12 +110,12 @@ class DataLoader::Pass {
     const int64_t begin = b * bs;
     const int64_t end = std::min<int64_t>(begin + bs, static_cast<int64_t>(indices_.size()));
     std::vector<int64_t> ids(indices_.begin() + begin, indices_.begin() + end);
-    Batch batch = dataset_->get_batch(ids);
-    if (options_.transform()) {
-      at::Generator gen =
-          at::detail::createCPUGenerator(batch_seed(options_.seed().value_or(0), epoch_, b));
-      batch = options_.transform()(std::move(batch), gen);
-    }
+    // One generator per batch: the dataset draws first (random crops while decoding), then
+    // the transform.
+    at::Generator gen =
+        at::detail::createCPUGenerator(batch_seed(options_.seed().value_or(0), epoch_, b));
+    Batch batch = dataset_->get_batch(ids, gen);
+    if (options_.transform()) batch = options_.transform()(std::move(batch), gen);
     batch.padding = end - std::max(begin, std::min(end, num_real_));
     if (placement_.channels_last && batch.data.dim() == 4)
       batch.data = batch.data.contiguous(at::MemoryFormat::ChannelsLast);

@@ -6,6 +6,7 @@
 #ifndef FABRIC_DATA_DATASET_H_
 #define FABRIC_DATA_DATASET_H_
 
+#include <ATen/core/Generator.h>
 #include <torch/types.h>
 
 #include <cstdint>
@@ -33,6 +34,14 @@ class Dataset {
   virtual int64_t size() const = 0;
   // The examples at `indices`, stacked along dimension 0.
   virtual Batch get_batch(const std::vector<int64_t>& indices) const = 0;
+  // The same for datasets that draw randomness per example (random crops while decoding):
+  // `gen` is the DataLoader's generator of this batch (seeded from seed, epoch and batch; the
+  // transform draws from it next), so a batch is the same whatever thread builds it. Default:
+  // get_batch(indices).
+  virtual Batch get_batch(const std::vector<int64_t>& indices, at::Generator& gen) const {
+    (void)gen;
+    return get_batch(indices);
+  }
   // Where get_batch's tensors live. Default: CPU. A dataset on a GPU is read by DataLoaders in
   // the training thread (no worker threads, no copies).
   virtual c10::Device device() const { return c10::kCPU; }

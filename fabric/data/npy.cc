@@ -249,11 +249,12 @@ torch::Tensor parse_npy(const char* bytes, size_t size, const std::string& name,
   const c10::ScalarType type = scalar_type(h, name);
   if (h.itemsize != c10::elementSize(type)) throw Error(name + ": inconsistent dtype size");
 
-  int64_t numel = 1;
+  int64_t numel = 1, extent = 1;  // extent: the product with zeros skipped (strides need it)
   for (int64_t d : h.shape) {
-    if (d < 0 || (d > 0 && numel > std::numeric_limits<int64_t>::max() / d))
+    if (d < 0 || (d > 0 && extent > std::numeric_limits<int64_t>::max() / 16 / d))
       throw Error(name + ": shape too large");
     numel *= d;
+    extent *= std::max<int64_t>(d, 1);
   }
   const size_t offset = start + header_len;
   const uint64_t need = static_cast<uint64_t>(numel) * h.itemsize;

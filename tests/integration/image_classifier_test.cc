@@ -1,11 +1,14 @@
-// //examples:image_classifier on NumPy data (data.format: npy) written by NumPy from the real
-// Fashion-MNIST files on this machine: a train split as .npy files ([N, H, W] uint8) and a val
-// split as an .npz: it trains to the accuracy band of the binary-format example on the same
-// images; over 2 ranks, resumed from a checkpoint in the middle of an epoch, it ends with weights
-// bitwise those of the uninterrupted run; a missing split is one line naming what was expected.
+// //examples:image_classifier on data written from the real Fashion-MNIST files on this machine,
+// in each format: NumPy (a train split as .npy files of [N, H, W] uint8, a val split as an .npz)
+// and image folders (train/<class>/*.jpg and val/<class>/*.png written by Pillow). Each trains to
+// the accuracy band of the binary-format example on the same images; over 2 ranks, resumed from a
+// checkpoint in the middle of an epoch, each ends with weights bitwise those of the uninterrupted
+// run; a corrupt image stops the run with one line naming it, or with data.skip_bad_files is
+// left out and counted; a missing split is one line naming what was expected.
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "tests/integration/examples_fixture.h"
@@ -43,6 +46,48 @@ class ImageClassifierTest : public ExamplesTest {
     EXPECT_EQ(r.code, 0) << r.out;
     return root;
   }
+
+  // DIR/train/<label>_<name>/*.jpg and DIR/val/<label>_<name>/*.png, as Pillow writes them.
+  fs::path write_image_folders(int train, int val) {
+    const fs::path root = dir_ / "fmnist_images";
+    const std::string program = R"(
+import gzip, sys, os, numpy as np
+from PIL import Image
+src, root, ntrain, nval = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+names = ['tshirt', 'trouser', 'pullover', 'dress', 'coat', 'sandal', 'shirt', 'sneaker', 'bag',
+         'boot']
+def idx(name, offset):
+    return np.frombuffer(gzip.open(f'{src}/{name}.gz').read(), np.uint8, offset=offset)
+x = idx('train-images-idx3-ubyte', 16).reshape(-1, 28, 28)[:ntrain]
+y = idx('train-labels-idx1-ubyte', 8)[:ntrain]
+xv = idx('t10k-images-idx3-ubyte', 16).reshape(-1, 28, 28)[:nval]
+yv = idx('t10k-labels-idx1-ubyte', 8)[:nval]
+for split, xs, ys, ext in (('train', x, y, 'jpg'), ('val', xv, yv, 'png')):
+    for i, (im, label) in enumerate(zip(xs, ys)):
+        d = f'{root}/{split}/{label}_{names[label]}'
+        os.makedirs(d, exist_ok=True)
+        Image.fromarray(im, 'L').save(f'{d}/{i:05d}.{ext}', **({'quality': 95} if ext == 'jpg' else {}))
+)";
+    std::ofstream(dir_ / "write_images.py") << program;
+    const auto r = fabric::testing::run_command(
+        fabric::testing::python_interpreter() + " " + (dir_ / "write_images.py").string() +
+        " /usr/share/datasets/fashion-mnist " + root.string() + " " + std::to_string(train) + " " +
+        std::to_string(val));
+    EXPECT_EQ(r.code, 0) << r.out;
+    return root;
+  }
+
+  // The binary-format example's small CNN on 128 steps of batch 64 of the same images.
+  double binary_example_accuracy() {
+    Result binary = run("fashion_mnist",
+                        "--config=fashion_mnist.yaml fabric.accelerator=cpu data.batch_size=64 "
+                        "trainer.max_steps=128 trainer.limit_eval_batches=16");
+    EXPECT_EQ(binary.code, 0) << binary.out;
+    return binary.code == 0 ? summary_of(binary)["test_accuracy"].get<double>() : 0.0;
+  }
+
+  // Two ranks, 4 steps an epoch; resumed from the checkpoint at step 6 (the middle of epoch 2).
+  void expect_resume_bitwise(const fs::path& root, const std::string& extra);
 };
 
 const char* const kSmall =
@@ -54,25 +99,16 @@ TEST_F(ImageClassifierTest, NpyFashionMnistReachesTheBinaryExamplesAccuracyBand)
   Result npy = run("image_classifier", "--config=single_cpu.yaml data.root=" + root.string() +
                                            kSmall + " trainer.max_epochs=2 trainer.max_steps=-1");
   ASSERT_EQ(npy.code, 0) << npy.out;
-  EXPECT_NE(npy.out.find("4096 train / 1000 val images [1, 28, 28] (Byte), 10 classes"),
-            std::string::npos)
+  EXPECT_NE(npy.out.find("4096 train / 1000 val images [1, 28, 28], 10 classes"), std::string::npos)
       << npy.out;
   const double accuracy = summary_of(npy)["test_accuracy"].get<double>();
-  // The binary-format example's small CNN on the same 128 steps of the same images.
-  Result binary = run("fashion_mnist",
-                      "--config=fashion_mnist.yaml fabric.accelerator=cpu "
-                      "data.batch_size=64 trainer.max_steps=128 "
-                      "trainer.limit_eval_batches=16");
-  ASSERT_EQ(binary.code, 0) << binary.out;
-  const double reference = summary_of(binary)["test_accuracy"].get<double>();
+  const double reference = binary_example_accuracy();
   EXPECT_GT(accuracy, 0.7) << npy.out;
   EXPECT_GT(accuracy, reference - 0.1) << "binary example: " << reference << "\n" << npy.out;
 }
 
-TEST_F(ImageClassifierTest, NpyOverTwoRanksResumesMidEpochBitwise) {
-  const fs::path root = write_npy_data(512, 128);
-  // 512 / (2 ranks x 64) = 4 steps an epoch; the checkpoint at step 6 is in the middle of epoch 2.
-  const std::string args = "--config=ddp.yaml data.root=" + root.string() + kSmall +
+void ImageClassifierTest::expect_resume_bitwise(const fs::path& root, const std::string& extra) {
+  const std::string args = "--config=ddp.yaml data.root=" + root.string() + kSmall + extra +
                            " trainer.max_epochs=3 checkpoint.every_n_steps=6";
   Result whole = run("image_classifier", args + " logging.run_dir=whole");
   ASSERT_EQ(whole.code, 0) << whole.out;
@@ -85,6 +121,51 @@ TEST_F(ImageClassifierTest, NpyOverTwoRanksResumesMidEpochBitwise) {
   const std::string a = bytes(dir_ / "whole" / "weights.pt");
   ASSERT_FALSE(a.empty()) << whole.out;
   EXPECT_TRUE(a == bytes(dir_ / "resumed" / "weights.pt")) << resumed.out;
+}
+
+TEST_F(ImageClassifierTest, NpyOverTwoRanksResumesMidEpochBitwise) {
+  expect_resume_bitwise(write_npy_data(512, 128), "");
+}
+
+TEST_F(ImageClassifierTest, ImageFolderFashionMnistReachesTheBinaryExamplesAccuracyBand) {
+  const fs::path root = write_image_folders(4096, 1000);
+  Result images =
+      run("image_classifier", "--config=single_cpu.yaml data.root=" + root.string() + kSmall +
+                                  " data.image_size=28 trainer.max_epochs=2 trainer.max_steps=-1");
+  ASSERT_EQ(images.code, 0) << images.out;
+  EXPECT_NE(images.out.find("4096 train / 1000 val images [3, 28, 28], 10 classes"),
+            std::string::npos)
+      << images.out;
+  const double accuracy = summary_of(images)["test_accuracy"].get<double>();
+  const double reference = binary_example_accuracy();
+  EXPECT_GT(accuracy, 0.65) << images.out;  // random resized crops: a harder task in 128 steps
+  EXPECT_GT(accuracy, reference - 0.1) << "binary example: " << reference << "\n" << images.out;
+}
+
+// Random resized crops and flips drawn per batch: the resumed run decodes exactly the same crops,
+// whichever of the two loader threads builds a batch.
+TEST_F(ImageClassifierTest, ImageFolderOverTwoRanksResumesMidEpochBitwise) {
+  expect_resume_bitwise(write_image_folders(512, 128), " data.image_size=24 data.num_workers=2");
+}
+
+TEST_F(ImageClassifierTest, ACorruptImageStopsTheRunOrIsSkippedAndCounted) {
+  const fs::path root = write_image_folders(256, 64);
+  const fs::path bad = root / "train" / "0_tshirt" / "zz_corrupt.jpg";
+  std::ofstream(bad, std::ios::binary) << std::string("\xFF\xD8\xFF\xE0 truncated", 14);
+  const std::string args = "--config=single_cpu.yaml data.root=" + root.string() + kSmall +
+                           " data.image_size=28 trainer.max_steps=-1 trainer.max_epochs=1";
+  Result strict = run("image_classifier", args);
+  EXPECT_EQ(strict.code, 1) << strict.out;
+  EXPECT_NE(strict.out.find(bad.string() + ": corrupt JPEG ("), std::string::npos) << strict.out;
+  Result lenient = run("image_classifier", args + " data.skip_bad_files=true");
+  ASSERT_EQ(lenient.code, 0) << lenient.out;
+  EXPECT_NE(lenient.out.find("warning: skipped " + bad.string() + ": corrupt JPEG ("),
+            std::string::npos)
+      << lenient.out;
+  EXPECT_NE(lenient.out.find("skipped 1 unreadable image files (data.skip_bad_files)"),
+            std::string::npos)
+      << lenient.out;
+  EXPECT_EQ(summary_of(lenient)["bad_files"], 1);
 }
 
 TEST_F(ImageClassifierTest, MissingSplitsAndFoldersAreOneLine) {

@@ -68,6 +68,19 @@ SYSTEM_LIBRARIES = {
         linkopts = ["-lz"],
         target_name = "zlib",
     ),
+    "libjpeg": dict(
+        debian_package = "libjpeg62-turbo-dev",
+        headers = ["jpeglib.h", "jmorecfg.h", "jerror.h"],  # jconfig.h: the multiarch folder
+        linkopts = ["-ljpeg"],
+        target_name = "libjpeg",
+    ),
+    "libpng": dict(
+        debian_package = "libpng-dev",
+        headers = ["png.h", "pngconf.h", "pnglibconf.h"],
+        linkopts = ["-lpng16"],
+        target_name = "libpng",
+        deps = ["@zlib"],
+    ),
     "nlohmann_json": dict(
         debian_package = "nlohmann-json3-dev",
         headers = ["nlohmann"],
