@@ -205,8 +205,9 @@ Batch ImageFolderDataset::build(const std::vector<int64_t>& indices, at::Generat
                           : centre_crop(size.height, size.width, s, options_.eval_crop_ratio);
       const bool flip = random && draw.uniform(0, 1) < 0.5;
       // Decode no smaller than what keeps the crop at S pixels or more on each side.
-      const int64_t min_w = (size.width * s + box.width - 1) / box.width;
-      const int64_t min_h = (size.height * s + box.height - 1) / box.height;
+      const int64_t min_w = options_.dct_scaling ? (size.width * s + box.width - 1) / box.width : 0;
+      const int64_t min_h =
+          options_.dct_scaling ? (size.height * s + box.height - 1) / box.height : 0;
       const torch::Tensor hwc =
           decode_image(bytes.data(), bytes.size(), file, min_w, min_h, options_.max_image_pixels);
       // The box in decoded pixels (a JPEG may have been decoded at 1/2, 1/4 or 1/8 scale).

@@ -52,6 +52,9 @@ struct ImageFolderOptions {
   double eval_crop_ratio = 0.875;
   bool skip_bad_files = false;
   int64_t max_image_pixels = kDefaultMaxImagePixels;
+  // Decode JPEGs at 1/2, 1/4 or 1/8 scale when the crop still gets S pixels (false: always the
+  // full size, as torchvision's loader does; for like-for-like benchmarks).
+  bool dct_scaling = true;
 };
 
 class ImageFolderDataset : public Dataset {
