@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <cstdio>
+
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -54,6 +56,30 @@ class ExamplesTest : public ::testing::Test {
   static std::string bytes(const fs::path& p) {
     std::ifstream in(p, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+  // Runs `binary` with `args` to the end (run dir "whole") and again resumed from the
+  // checkpoint of optimizer step `from` (run dir "resumed"); expects both to exit 0 after `steps`
+  // optimizer steps and weights.pt to be bitwise the same. Returns false (with the failure
+  // recorded) when a run failed, so the caller can stop.
+  bool expect_resume_bitwise(const std::string& binary, const std::string& args, int from,
+                             int steps) {
+    Result whole = run(binary, args + " logging.run_dir=whole");
+    EXPECT_EQ(whole.code, 0) << whole.out;
+    if (whole.code != 0) return false;
+    EXPECT_EQ(summary_of(whole)["steps"], steps);
+    char name[32];
+    std::snprintf(name, sizeof(name), "step-%08d.ckpt", from);
+    const fs::path ckpt = dir_ / "whole" / "checkpoints" / name;
+    EXPECT_TRUE(fs::exists(ckpt)) << whole.out;
+    Result resumed =
+        run(binary, args + " logging.run_dir=resumed checkpoint.resume=" + ckpt.string());
+    EXPECT_EQ(resumed.code, 0) << resumed.out;
+    if (resumed.code != 0) return false;
+    const std::string a = bytes(dir_ / "whole" / "weights.pt");
+    EXPECT_FALSE(a.empty()) << whole.out;
+    EXPECT_TRUE(a == bytes(dir_ / "resumed" / "weights.pt")) << resumed.out;
+    return !a.empty();
   }
 
   fs::path dir_;

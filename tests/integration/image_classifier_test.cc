@@ -87,7 +87,7 @@ for split, xs, ys, ext in (('train', x, y, 'jpg'), ('val', xv, yv, 'png')):
   }
 
   // Two ranks, 4 steps an epoch; resumed from the checkpoint at step 6 (the middle of epoch 2).
-  void expect_resume_bitwise(const fs::path& root, const std::string& extra);
+  void expect_resume_bitwise_on(const fs::path& root, const std::string& extra);
 };
 
 const char* const kSmall =
@@ -107,24 +107,16 @@ TEST_F(ImageClassifierTest, NpyFashionMnistReachesTheBinaryExamplesAccuracyBand)
   EXPECT_GT(accuracy, reference - 0.1) << "binary example: " << reference << "\n" << npy.out;
 }
 
-void ImageClassifierTest::expect_resume_bitwise(const fs::path& root, const std::string& extra) {
-  const std::string args = "--config=ddp.yaml data.root=" + root.string() + kSmall + extra +
-                           " trainer.max_epochs=3 checkpoint.every_n_steps=6";
-  Result whole = run("image_classifier", args + " logging.run_dir=whole");
-  ASSERT_EQ(whole.code, 0) << whole.out;
-  EXPECT_EQ(summary_of(whole)["steps"], 12);
-  const fs::path ckpt = dir_ / "whole" / "checkpoints" / "step-00000006.ckpt";
-  ASSERT_TRUE(fs::exists(ckpt)) << whole.out;
-  Result resumed =
-      run("image_classifier", args + " logging.run_dir=resumed checkpoint.resume=" + ckpt.string());
-  ASSERT_EQ(resumed.code, 0) << resumed.out;
-  const std::string a = bytes(dir_ / "whole" / "weights.pt");
-  ASSERT_FALSE(a.empty()) << whole.out;
-  EXPECT_TRUE(a == bytes(dir_ / "resumed" / "weights.pt")) << resumed.out;
+void ImageClassifierTest::expect_resume_bitwise_on(const fs::path& root, const std::string& extra) {
+  ExamplesTest::expect_resume_bitwise("image_classifier",
+                                      "--config=ddp.yaml data.root=" + root.string() + kSmall +
+                                          extra +
+                                          " trainer.max_epochs=3 checkpoint.every_n_steps=6",
+                                      6, 12);
 }
 
 TEST_F(ImageClassifierTest, NpyOverTwoRanksResumesMidEpochBitwise) {
-  expect_resume_bitwise(write_npy_data(512, 128), "");
+  expect_resume_bitwise_on(write_npy_data(512, 128), "");
 }
 
 TEST_F(ImageClassifierTest, ImageFolderFashionMnistReachesTheBinaryExamplesAccuracyBand) {
@@ -145,7 +137,7 @@ TEST_F(ImageClassifierTest, ImageFolderFashionMnistReachesTheBinaryExamplesAccur
 // Random resized crops and flips drawn per batch: the resumed run decodes exactly the same crops,
 // whichever of the two loader threads builds a batch.
 TEST_F(ImageClassifierTest, ImageFolderOverTwoRanksResumesMidEpochBitwise) {
-  expect_resume_bitwise(write_image_folders(512, 128), " data.image_size=24 data.num_workers=2");
+  expect_resume_bitwise_on(write_image_folders(512, 128), " data.image_size=24 data.num_workers=2");
 }
 
 TEST_F(ImageClassifierTest, ACorruptImageStopsTheRunOrIsSkippedAndCounted) {

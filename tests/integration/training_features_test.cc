@@ -53,20 +53,11 @@ TEST_F(ExamplesTest, Cifar10AccumulationAndEmaResumeBitwise) {
       std::string("--config=ddp.yaml fabric.accelerator=cpu") + kTinyCifar +
       " trainer.max_epochs=3 trainer.max_steps=5 trainer.accumulate_grad_batches=3"
       " checkpoint.every_n_steps=3 trainer.ema_decay=0.9";
-  Result whole = run("cifar10", args + " logging.run_dir=whole");
-  ASSERT_EQ(whole.code, 0) << whole.out;
-  EXPECT_EQ(summary_of(whole)["steps"], 5);
-  const fs::path ckpt = dir_ / "whole" / "checkpoints" / "step-00000003.ckpt";
-  ASSERT_TRUE(fs::exists(ckpt)) << whole.out;
-  Result resumed =
-      run("cifar10", args + " logging.run_dir=resumed checkpoint.resume=" + ckpt.string());
-  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  ASSERT_TRUE(expect_resume_bitwise("cifar10", args, 3, 5));
   const std::string a = bytes(dir_ / "whole" / "weights.pt");
-  ASSERT_FALSE(a.empty()) << whole.out;
-  EXPECT_TRUE(a == bytes(dir_ / "resumed" / "weights.pt")) << resumed.out;
   const std::string ema = bytes(dir_ / "whole" / "weights_ema.pt");
-  ASSERT_FALSE(ema.empty()) << whole.out;
-  EXPECT_TRUE(ema == bytes(dir_ / "resumed" / "weights_ema.pt")) << resumed.out;
+  ASSERT_FALSE(ema.empty());
+  EXPECT_TRUE(ema == bytes(dir_ / "resumed" / "weights_ema.pt"));
   EXPECT_FALSE(ema == a);  // the average is not the last weights
 }
 
@@ -114,17 +105,7 @@ TEST_F(ExamplesTest, Cifar10ParamGroupsAndPlateauResumeBitwise) {
       " optimizer.weight_decay=0.0005 'optimizer.no_weight_decay=[\"*.bias\", \"type:*Norm*\"]'"
       " 'optimizer.lr_scale=[\"fc.*=3\"]' scheduler.name=plateau scheduler.monitor=train/loss"
       " scheduler.patience=0 scheduler.threshold=0.9 scheduler.gamma=0.5 scheduler.warmup_steps=0";
-  Result whole = run("cifar10", args + " logging.run_dir=whole");
-  ASSERT_EQ(whole.code, 0) << whole.out;
-  EXPECT_EQ(summary_of(whole)["steps"], 12);
-  const fs::path ckpt = dir_ / "whole" / "checkpoints" / "step-00000006.ckpt";
-  ASSERT_TRUE(fs::exists(ckpt)) << whole.out;
-  Result resumed =
-      run("cifar10", args + " logging.run_dir=resumed checkpoint.resume=" + ckpt.string());
-  ASSERT_EQ(resumed.code, 0) << resumed.out;
-  const std::string a = bytes(dir_ / "whole" / "weights.pt");
-  ASSERT_FALSE(a.empty()) << whole.out;
-  EXPECT_TRUE(a == bytes(dir_ / "resumed" / "weights.pt")) << resumed.out;
+  ASSERT_TRUE(expect_resume_bitwise("cifar10", args, 6, 12));
 
   // metrics.csv: the rate halved after epoch 2; the value reported to the scheduler at the end of
   // epochs 2 and 3 (the mean training loss since the previous evaluation, part of it from before
