@@ -17,10 +17,18 @@
 //                       [N, H, W] (one channel) or [N, H, W, C] with C of 1, 3 or 4 (channels last,
 //                       as PIL and OpenCV give them), any numeric dtype; the arrays are
 //                       memory-mapped (fabric/data/npy.h). Targets: integer class labels [N].
-//   data.format: auto   npy when DIR/train/inputs.npy or DIR/train.npz exists, else image_folder.
+//   data.format: webdataset
+//                       WebDataset tar shards (fabric/data/webdataset.h): samples KEY.jpg (or
+//                       .jpeg, .png) + KEY.cls (the label as text), in data.train_shards and
+//                       data.val_shards (brace patterns such as train-{000..099}.tar, relative to
+//                       DIR); by default every DIR/train/*.tar and DIR/val/*.tar. Decoded and
+//                       augmented as image_folder's images.
+//   data.format: auto   npy when DIR/train/inputs.npy or DIR/train.npz exists, webdataset when
+//                       data.train_shards is set or DIR/train holds .tar files, else image_folder.
 // The classes are 0 .. max(train labels). Inputs are normalized per channel with the mean and
 // standard deviation of up to 4096 evenly spaced training images (512 for image files; printed).
-// Extra config keys: data.format (auto), data.image_size (224), data.skip_bad_files (false),
+// Extra config keys: data.format (auto), data.train_shards / data.val_shards (""),
+// data.image_size (224), data.skip_bad_files (false),
 // data.max_image_pixels (89478485), model.width (default 64). Exit status: fabric/main.h,
 // and 3 when training stopped on non-finite losses (trainer.stop_on_nonfinite).
 #include <algorithm>
@@ -32,6 +40,7 @@
 #include "fabric/core/paths.h"
 #include "fabric/data/image_folder.h"
 #include "fabric/data/npy.h"
+#include "fabric/data/webdataset.h"
 #include "fabric/fabric.h"
 #include "fabric/main.h"
 
@@ -42,10 +51,19 @@ namespace {
 fabric::ConfigSchema schema() {
   fabric::ConfigSchema s = fabric::training_schema();
   s.add("data.format",
-        fabric::KeySpec::choice({"auto", "npy", "image_folder"}, "auto")
+        fabric::KeySpec::choice({"auto", "npy", "image_folder", "webdataset"}, "auto")
             .noun("a data format")
             .doc("npy: DIR/{train,val}/{inputs,targets}.npy or DIR/{train,val}.npz; image_folder: "
-                 "DIR/{train,val}/<class>/<image> or DIR/{train,val}.csv; auto: detected"));
+                 "DIR/{train,val}/<class>/<image> or DIR/{train,val}.csv; webdataset: tar shards "
+                 "(data.train_shards, data.val_shards); auto: detected"));
+  s.add("data.train_shards",
+        fabric::KeySpec::string("").doc(
+            "webdataset: the training shards, a brace pattern relative to data.root (e.g. "
+            "train-{000..099}.tar); empty: every DIR/train/*.tar"));
+  s.add("data.val_shards",
+        fabric::KeySpec::string("").doc(
+            "webdataset: the validation shards (as data.train_shards); empty: every "
+            "DIR/val/*.tar"));
   s.add("data.image_size",
         fabric::KeySpec::integer(224).min(1).doc("image_folder: height and width of the crops"));
   s.add("data.skip_bad_files",
@@ -106,10 +124,57 @@ bool has_npy(const fs::path& root) {
   return fs::exists(root / "train" / "inputs.npy") || fs::exists(root / "train.npz");
 }
 
-// DIR/<split>.csv, else the class folders DIR/<split>/.
-std::shared_ptr<const fabric::ImageFolderDataset> image_split(const fs::path& root,
+// The .tar files directly in `folder`, sorted (none when it is not a folder).
+std::vector<std::string> tar_files(const fs::path& folder) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  if (!fs::is_directory(folder, ec)) return out;
+  for (const auto& entry : fs::directory_iterator(folder, ec))
+    if (entry.path().extension() == ".tar" && entry.is_regular_file(ec))
+      out.push_back(entry.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The shards of `split` (data.<split>_shards expanded against DIR, else DIR/<split>/*.tar).
+std::vector<std::string> shards_of(const fabric::Config& c, const fs::path& root,
+                                   const std::string& split) {
+  const std::string key = "data." + split + "_shards";
+  const std::string pattern = c.get_string(key);
+  if (pattern.empty()) {
+    auto found = tar_files(root / split);
+    if (found.empty())
+      throw c.error_at(key, "no shards: set it (e.g. " + split + "-{000..009}.tar) or put " +
+                                (root / split).string() + "/*.tar");
+    return found;
+  }
+  std::vector<std::string> out;
+  try {
+    for (const auto& name : fabric::expand_braces(pattern)) {
+      const fs::path p = fs::path(name).is_absolute() ? fs::path(name) : root / name;
+      if (!fs::exists(p))
+        throw fabric::Error(p.string() + " does not exist (one of the shards '" + pattern +
+                            "' names)");
+      out.push_back(p.string());
+    }
+  } catch (const fabric::Error& e) {
+    throw c.error_at(key, e.what());
+  }
+  return out;
+}
+
+bool has_shards(const fabric::Config& c, const fs::path& root) {
+  return !c.get_string("data.train_shards").empty() || !tar_files(root / "train").empty();
+}
+
+// DIR/<split>.csv, else the class folders DIR/<split>/; the split's shards for webdataset.
+std::shared_ptr<const fabric::ImageFolderDataset> image_split(const fabric::Config& c,
+                                                              const fs::path& root,
                                                               const std::string& split,
-                                                              fabric::ImageFolderOptions options) {
+                                                              fabric::ImageFolderOptions options,
+                                                              bool shards) {
+  if (shards)
+    return fabric::ImageFolderDataset::from_webdataset(shards_of(c, root, split), options);
   const fs::path list = root / (split + ".csv");
   if (fs::exists(list)) return fabric::ImageFolderDataset::from_list(list.string(), options);
   if (!fs::is_directory(root / split)) {
@@ -147,10 +212,12 @@ Split load_data(const fabric::Config& c, fabric::Fabric& f) {
     options.image_size = c.get_int("data.image_size");
     options.skip_bad_files = c.get_bool("data.skip_bad_files");
     options.max_image_pixels = c.get_int("data.max_image_pixels");
-    s.train_images = image_split(root, "train", options);
+    const bool shards = format == "webdataset" || (format == "auto" && has_shards(c, root));
+    s.train_images = image_split(c, root, "train", options, shards);
     options.train = false;
-    s.val_images = image_split(root, "val", options);
-    if (s.val_images->classes() != s.train_images->classes() && !fs::exists(root / "train.csv")) {
+    s.val_images = image_split(c, root, "val", options, shards);
+    if (s.val_images->classes() != s.train_images->classes() && !shards &&
+        !fs::exists(root / "train.csv")) {
       throw fabric::Error(root.string() + ": the val split's class folders differ from train's (" +
                           std::to_string(s.val_images->classes().size()) + " vs " +
                           std::to_string(s.train_images->classes().size()) + ")");

@@ -9,7 +9,8 @@
 //   fabric/training/graphed_step.h whole training steps replayed as CUDA graphs
 //   fabric/data/augment.h          device-side crop/flip/normalize
 //   fabric/data/npy.h              NumPy .npy/.npz arrays (memory-mapped) and NpyDataset
-//   fabric/data/image_folder.h     JPEG/PNG class folders and path,label lists
+//   fabric/data/image_folder.h     JPEG/PNG class folders, path,label lists and WebDataset shards
+//   fabric/data/webdataset.h       tar shards: brace patterns, members, samples by key
 //   fabric/nn/batch_norm.h         BatchNorm that can synchronize across processes (SyncBatchNorm)
 //   fabric/connector.h             how the config was resolved (Fabric::setup_info)
 #ifndef FABRIC_ALL_H_
@@ -20,6 +21,7 @@
 #include "fabric/data/augment.h"
 #include "fabric/data/image_folder.h"
 #include "fabric/data/npy.h"
+#include "fabric/data/webdataset.h"
 #include "fabric/fabric.h"
 #include "fabric/main.h"
 #include "fabric/nn/batch_norm.h"

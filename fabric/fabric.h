@@ -168,6 +168,14 @@ class Fabric {
     return strategy_->no_backward_sync();
   }
 
+  // This rank's part of each floating-point parameter of `module` after setup: each parameter
+  // whole, or under fsdp the elements of it this rank holds (views the optimizer updates), with
+  // what gathers them. What fabric::ExponentialMovingAverage averages, on any strategy.
+  template <typename Module>
+  ParameterParts parameter_parts(Module& module) {
+    return strategy_->parameter_parts(module_ref(module));
+  }
+
   // Model weights (parameters and buffers by name) to a file in PyTorch's serialization format,
   // written crash-safe by global rank 0; every rank returns once it is complete (or throws the
   // writer's error). Python reads it: torch.load(path, weights_only=True) → dict name → tensor.

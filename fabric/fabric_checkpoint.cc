@@ -48,6 +48,19 @@ CheckpointState with_split_optimizers(Strategy& strategy, const CheckpointState&
   return out;
 }
 
+// `state` with each split entry (CheckpointState::add_split) saved whole: gathered now, on every
+// rank (collective, in entry order).
+CheckpointState with_whole_splits(const CheckpointState& state) {
+  CheckpointState out = state;
+  for (const auto& entry : state.entries()) {
+    if (!entry.gather) continue;
+    const c10::IValue whole = entry.gather();
+    out.replace_functions(
+        entry.name, [whole] { return whole; }, entry.prepare);
+  }
+  return out;
+}
+
 // `state` with each module and optimizer that `strategy` splits over the ranks saved as this
 // rank's pieces (sharded checkpoints; no communication).
 CheckpointState with_local_pieces(Strategy& strategy, const CheckpointState& state) {
@@ -234,7 +247,8 @@ void Fabric::save(const std::string& path, const CheckpointState& state) {
   }
   // Optimizers the strategy splits over the ranks: gathered now, on every rank (collective);
   // modules whose parameters it splits: whole until written.
-  const CheckpointState contents = with_split_optimizers(*strategy_, state, /*gather=*/true);
+  const CheckpointState contents =
+      with_whole_splits(with_split_optimizers(*strategy_, state, /*gather=*/true));
   const std::vector<ScopeGuard> whole = materialize_modules(*strategy_, modules_of(state), false);
   strategy_->save_checkpoint(file, [&] { return contents_of(contents); });
 }
@@ -249,7 +263,8 @@ std::function<void()> Fabric::snapshot_for_save(const std::string& path,
     snapshot = std::make_shared<c10::IValue>(host_copy(contents_of(contents), snapshot.get()));
     return strategy_->sharded_checkpoint_writer(file, snapshot, setup_->ddp.timeout);
   }
-  const CheckpointState contents = with_split_optimizers(*strategy_, state, /*gather=*/true);
+  const CheckpointState contents =
+      with_whole_splits(with_split_optimizers(*strategy_, state, /*gather=*/true));
   const std::vector<ScopeGuard> whole = materialize_modules(*strategy_, modules_of(state), false);
   if (!is_global_zero()) {
     snapshot.reset();

@@ -9,6 +9,7 @@
 
 #include "fabric/core/error.h"
 #include "fabric/distributed/process_group.h"
+#include "strategies/collectives.h"
 #include "strategies/optimizer_shard.h"
 #include "strategies/sharded_parameters.h"
 
@@ -48,6 +49,27 @@ std::optional<std::function<void()>> Fsdp::prepare_local_module_state(
     torch::nn::Module& module, const c10::IValue& value, const std::string& source) {
   if (&module != module_ || !sharded_) return std::nullopt;
   return sharded_->prepare_load(module, value, source);
+}
+
+ParameterParts Fsdp::parameter_parts(torch::nn::Module& module) {
+  if (&module != module_ || !sharded_) return Strategy::parameter_parts(module);
+  ParameterParts out;
+  out.parts = sharded_->parts(module);
+  out.changed = [this] {
+    if (sharded_) sharded_->after_step();  // gathered units hold the values before the write
+  };
+  // Rank r holds the r-th contiguous run of the parameter's elements: joined in rank order.
+  std::vector<std::vector<int64_t>> sizes;
+  for (const auto& part : out.parts) sizes.push_back(part.sizes);
+  out.gather = [this, sizes = std::move(sizes)](const torch::Tensor& part, size_t i) {
+    torch::NoGradGuard no_grad;
+    const torch::Tensor whole = torch::cat(all_gather_padded(*this, part.contiguous().view(-1)));
+    if (i >= sizes.size() || whole.numel() != c10::multiply_integers(sizes[i]))
+      throw Error("fsdp: the ranks' parts of parameter " + std::to_string(i) +
+                  " do not make up the whole tensor");
+    return whole.view(sizes[i]);
+  };
+  return out;
 }
 
 void Fsdp::teardown() {

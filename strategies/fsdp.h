@@ -56,6 +56,8 @@ class Fsdp : public ParallelStrategy {
                                                 at::IntArrayRef strides) override;
   std::optional<std::function<void()>> prepare_local_module_state(
       torch::nn::Module& module, const c10::IValue& value, const std::string& source) override;
+  // A sharded parameter as this rank's elements of it (a view of its shard).
+  ParameterParts parameter_parts(torch::nn::Module& module) override;
   ScopeGuard no_backward_sync() override;
   void set_capturable_gradient_sync(bool on) override;
   void teardown() override;

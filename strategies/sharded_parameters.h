@@ -48,6 +48,7 @@
 
 #include "fabric/checkpoint/sharded.h"
 #include "fabric/core/scope_guard.h"
+#include "fabric/training/parameter_parts.h"
 #include "strategies/optimizer_shard.h"
 
 namespace c10d {
@@ -107,6 +108,10 @@ class ShardedParameters {
   // each parameter of a unit as this rank's piece of it (fabric/checkpoint/sharded.h), for
   // sharded checkpoints. No communication; nothing is gathered.
   c10::IValue local_state(const torch::nn::Module& module) const;
+
+  // `module`'s floating-point parameters as this rank holds them: a sharded parameter as its
+  // elements in this rank's shard (a view the optimizer updates), the others whole.
+  std::vector<ParameterPart> parts(const torch::nn::Module& module) const;
 
   // Loading without gathering: the elements of parameter `path` (its name as sharded_path
   // writes it) this rank keeps, given the tensor's shape and strides in the checkpoint (nullopt:

@@ -72,6 +72,27 @@ std::function<void()> ShardedParameters::prepare_load(const torch::nn::Module& m
   };
 }
 
+std::vector<ParameterPart> ShardedParameters::parts(const torch::nn::Module& module) const {
+  std::unordered_map<const void*, std::pair<size_t, size_t>> where;  // unit, index
+  for (size_t k = 0; k < units_.size(); ++k)
+    for (size_t i = 0; i < units_[k].params.size(); ++i)
+      where[units_[k].params[i].unsafeGetTensorImpl()] = {k, i};
+  std::vector<ParameterPart> out;
+  for (const auto& item : module.named_parameters()) {
+    const torch::Tensor& p = item.value();
+    if (!p.defined() || !p.is_floating_point()) continue;
+    auto it = where.find(p.unsafeGetTensorImpl());
+    if (it == where.end()) {  // not sharded (does not require gradients)
+      out.push_back({item.key(), p.detach(), p.sizes().vec(), 0, false});
+      continue;
+    }
+    const Unit& u = units_[it->second.first];
+    const size_t i = it->second.second;
+    out.push_back({item.key(), own_values(u, i), p.sizes().vec(), own_range(u, i).first, true});
+  }
+  return out;
+}
+
 c10::IValue ShardedParameters::local_state(const torch::nn::Module& module) const {
   std::unordered_map<const void*, std::pair<size_t, size_t>> where;  // unit, index
   for (size_t k = 0; k < units_.size(); ++k)

@@ -152,6 +152,14 @@ std::function<void()> Strategy::sharded_checkpoint_writer(
   };
 }
 
+ParameterParts Strategy::parameter_parts(torch::nn::Module& module) {
+  ParameterParts out;
+  for (const auto& item : module.named_parameters())
+    if (item.value().is_floating_point())
+      out.parts.push_back({item.key(), item.value().detach(), item.value().sizes().vec(), 0, false});
+  return out;
+}
+
 torch::Tensor Strategy::clip_gradients_norm(torch::nn::Module& module,
                                             torch::optim::Optimizer& optimizer, double max_norm,
                                             double norm_type) {

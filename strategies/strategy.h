@@ -23,6 +23,7 @@
 #include "fabric/checkpoint/sharded.h"
 #include "fabric/core/scope_guard.h"
 #include "fabric/precision/precision.h"
+#include "fabric/training/parameter_parts.h"
 
 namespace fabric {
 
@@ -180,6 +181,11 @@ class Strategy {
     (void)write_back;
     return ScopeGuard();
   }
+
+  // This rank's part of each floating-point parameter of `module` (after setup_module), for
+  // state kept per parameter beside the optimizer (fabric::ExponentialMovingAverage). The
+  // default: every parameter whole; a strategy that shards parameters gives its pieces.
+  virtual ParameterParts parameter_parts(torch::nn::Module& module);
 
   // Skips gradient synchronization (of every module set up) while the guard lives: gradient
   // accumulation.

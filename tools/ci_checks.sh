@@ -133,9 +133,9 @@ fi
 rm -rf "$tmp"
 
 # 6. The libFuzzer harnesses (tests/fuzz/, clang with -fsanitize=fuzzer,address: the config and
-#    checkpoint readers, the .npy/.npz reader, the JPEG/PNG decoders) build and run
+#    checkpoint readers, the .npy/.npz reader, the JPEG/PNG decoders, the tar reader) build and run
 #    30 s each without a crash, a sanitizer report or an unexpected exception.
-for harness in config checkpoint npy image; do
+for harness in config checkpoint npy image tar; do
   tmp=$(mktemp -d)
   cp -r "tests/fuzz/corpus/$harness/." "$tmp/"
   out=$(LSAN_OPTIONS="suppressions=$PWD/tests/fuzz/lsan.supp" bazel run --noshow_progress --config=fuzz \

@@ -84,15 +84,12 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
 
   auto optimizer = fabric::make_optimizer(c, *model);  // optimizer.no_weight_decay, lr_scale
   f.setup(model, *optimizer);
-  // trainer.ema_decay: averaged weights, updated after every optimizer step, used to evaluate.
+  // trainer.ema_decay: averaged weights, updated after every optimizer step, used to evaluate
+  // (under fsdp each rank averages the part of each parameter it holds).
   std::optional<fabric::ExponentialMovingAverage> ema;
   if (c.get_double("trainer.ema_decay") > 0) {
-    if (f.strategy().name() == "fsdp") {
-      throw c.error_at("trainer.ema_decay",
-                       "not supported with fabric.strategy: fsdp (its parameters are sharded); "
-                       "use ddp or set trainer.ema_decay: 0");
-    }
-    ema.emplace(*model, c.get_double("trainer.ema_decay"), c.get_bool("trainer.ema_warmup"));
+    ema.emplace(f.parameter_parts(model), c.get_double("trainer.ema_decay"),
+                c.get_bool("trainer.ema_warmup"));
   }
   // data.on_device: in-memory datasets move to the GPU once (uint8); batches and their
   // augmentation are then built there.

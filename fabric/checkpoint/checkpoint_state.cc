@@ -1,11 +1,14 @@
 #include "fabric/checkpoint/checkpoint_state.h"
 
+#include <c10/core/GradMode.h>
+
 #include <map>
 #include <memory>
 #include <sstream>
 
 #include "fabric/checkpoint/archive.h"
 #include "fabric/checkpoint/optimizer_state.h"
+#include "fabric/checkpoint/sharded.h"
 #include "fabric/checkpoint/state_dict.h"
 #include "fabric/core/error.h"
 
@@ -249,6 +252,46 @@ CheckpointState& CheckpointState::add(const std::string& name, torch::Tensor& va
            value = x.to(value.defined() ? value.device() : torch::Device(torch::kCPU));
          });
        }});
+}
+
+CheckpointState& CheckpointState::add_split(const std::string& name, torch::Tensor& part,
+                                            std::vector<int64_t> sizes, int64_t offset,
+                                            std::function<torch::Tensor()> gather) {
+  const auto shape = [](at::IntArrayRef s) { return c10::str(s); };
+  Entry entry{name, Entry::Kind::kValue, nullptr,
+              [&part, sizes, offset] {
+                return tensor_piece(sizes, c10::contiguous_strides(sizes), offset, part);
+              },
+              [&part, sizes, offset, shape](const c10::IValue& v, const std::string& source) {
+                const int64_t n = part.numel();
+                torch::Tensor from;
+                if (auto piece = as_tensor_piece(v)) {
+                  if (piece->sizes != sizes || piece->offset != offset ||
+                      piece->values.numel() != n) {
+                    throw Error(source + ": holds elements " + std::to_string(piece->offset) +
+                                " to " + std::to_string(piece->offset + piece->values.numel()) +
+                                " of a tensor of shape " + shape(piece->sizes) +
+                                "; this rank keeps elements " + std::to_string(offset) + " to " +
+                                std::to_string(offset + n) + " of shape " + shape(sizes));
+                  }
+                  from = piece->values;
+                } else if (v.isTensor()) {
+                  const torch::Tensor whole = v.toTensor();
+                  if (!whole.sizes().equals(sizes)) {
+                    throw Error(source + ": a tensor of shape " + shape(whole.sizes()) +
+                                ", expected " + shape(sizes));
+                  }
+                  from = whole.contiguous().reshape(-1).narrow(0, offset, n);
+                } else {
+                  throw Error(kind_error(source, "a tensor", v));
+                }
+                return std::function<void()>([&part, from] {
+                  c10::NoGradGuard no_grad;
+                  part.copy_(from);
+                });
+              }};
+  entry.gather = [gather = std::move(gather)] { return c10::IValue(gather()); };
+  return add_entry(std::move(entry));
 }
 
 }  // namespace fabric

@@ -48,6 +48,15 @@ class CheckpointState {
   CheckpointState& add(const std::string& name, bool& value);
   CheckpointState& add(const std::string& name, std::string& value);
   CheckpointState& add(const std::string& name, torch::Tensor& value);
+  // A tensor split over the ranks (fabric/training/parameter_parts.h): this rank holds `part`,
+  // elements [offset, offset + part.numel()) of a contiguous tensor of `sizes`. A sharded
+  // checkpoint stores the part as this rank's piece; a one-file checkpoint stores the whole
+  // tensor, joined by `gather` (collective: Fabric::save calls it on every rank before writing).
+  // Loading copies this rank's elements into `part` (in place) from the whole tensor or from
+  // its piece, so the checkpoint loads at any world size and under any strategy.
+  CheckpointState& add_split(const std::string& name, torch::Tensor& part,
+                             std::vector<int64_t> sizes, int64_t offset,
+                             std::function<torch::Tensor()> gather);
 
   // For Fabric::save / load.
   struct Entry {
@@ -58,6 +67,8 @@ class CheckpointState {
     std::function<c10::IValue()> save;
     // Checks a saved value (throws fabric::Error "SOURCE: ...") and returns what applies it.
     std::function<std::function<void()>(const c10::IValue&, const std::string& source)> prepare;
+    // Split entries (add_split) only: the whole value, for one-file checkpoints (collective).
+    std::function<c10::IValue()> gather = {};
   };
   const std::vector<Entry>& entries() const { return entries_; }
   // The entry named `name` saves and loads through `save` and `prepare` instead (Fabric::save and

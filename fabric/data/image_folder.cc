@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "fabric/core/error.h"
+#include "fabric/data/webdataset.h"
 
 namespace fs = std::filesystem;
 
@@ -168,6 +169,67 @@ std::shared_ptr<ImageFolderDataset> ImageFolderDataset::from_list(
                                               std::move(classes), options);
 }
 
+std::shared_ptr<ImageFolderDataset> ImageFolderDataset::from_webdataset(
+    const std::vector<std::string>& shards, const ImageFolderOptions& options) {
+  if (shards.empty()) throw Error("webdataset: no shards given");
+  std::vector<std::string> names;
+  std::vector<int64_t> labels;
+  std::vector<uint32_t> shard_of;
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  int64_t max_label = -1;
+  for (const WebDatasetSample& sample : index_webdataset(shards)) {
+    const std::string& shard = shards[sample.shard];
+    const TarMember* image = nullptr;
+    const TarMember* label = nullptr;
+    std::string extensions;
+    for (const auto& [ext, member] : sample.members) {
+      std::string lower = ext;
+      std::transform(lower.begin(), lower.end(), lower.begin(),
+                     [](unsigned char c) { return std::tolower(c); });
+      if (image == nullptr && (lower == "jpg" || lower == "jpeg" || lower == "png"))
+        image = &member;
+      if (lower == "cls") label = &member;
+      extensions += (extensions.empty() ? "" : ", ") + ext;
+    }
+    const std::string where = shard + ":" + one_line(sample.key, 120);
+    if (image == nullptr)
+      throw Error(where + ": sample has no image member (.jpg, .jpeg or .png); its members: " +
+                  one_line(extensions, 120));
+    if (label == nullptr)
+      throw Error(where + ": sample has no label member (.cls); its members: " +
+                  one_line(extensions, 120));
+    if (label->size > 32)
+      throw Error(shard + ":" + one_line(label->name, 120) + ": a label of " +
+                  std::to_string(label->size) + " bytes (expected an integer >= 0 as text)");
+    std::string text = read_file_range(shard, label->offset, label->size, shard + ":" + label->name);
+    while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+    char* end = nullptr;
+    const long long value = std::strtoll(text.c_str(), &end, 10);
+    if (text.empty() || *end != '\0' || value < 0)
+      throw Error(shard + ":" + one_line(label->name, 120) + ": label '" + one_line(text, 40) +
+                  "' is not an integer >= 0");
+    names.push_back(shard + ":" + image->name);
+    labels.push_back(value);
+    shard_of.push_back(static_cast<uint32_t>(sample.shard));
+    ranges.emplace_back(image->offset, image->size);
+    max_label = std::max<int64_t>(max_label, value);
+  }
+  std::vector<std::string> classes;
+  for (int64_t c = 0; c <= max_label; ++c) classes.push_back(std::to_string(c));
+  auto out = std::make_shared<ImageFolderDataset>(std::move(names), std::move(labels),
+                                                  std::move(classes), options);
+  out->shards_ = shards;
+  out->shard_of_ = std::move(shard_of);
+  out->ranges_ = std::move(ranges);
+  return out;
+}
+
+std::string ImageFolderDataset::bytes_of(size_t index) const {
+  if (ranges_.empty()) return read_file(files_.at(index));
+  const auto [offset, size] = ranges_.at(index);
+  return read_file_range(shards_.at(shard_of_.at(index)), offset, size, files_.at(index));
+}
+
 int64_t ImageFolderDataset::bad_files() const {
   std::lock_guard<std::mutex> lock(bad_mutex_);
   return static_cast<int64_t>(bad_.size());
@@ -197,7 +259,7 @@ Batch ImageFolderDataset::build(const std::vector<int64_t>& indices, at::Generat
   for (int64_t index : indices) {
     const std::string& file = files_.at(static_cast<size_t>(index));
     try {
-      const std::string bytes = read_file(file);
+      const std::string bytes = bytes_of(static_cast<size_t>(index));
       const ImageSize size =
           read_image_size(bytes.data(), bytes.size(), file, options_.max_image_pixels);
       const Box box = random

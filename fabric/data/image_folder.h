@@ -7,6 +7,10 @@
 //                       hidden entries (".*") are ignored.
 //   from_list(FILE)     lines "path,label" (a header line "path,label" is allowed; paths relative
 //                       to FILE's folder; labels are integers >= 0).
+//   from_webdataset(SHARDS)  WebDataset tar shards (fabric/data/webdataset.h): each sample's
+//                       image member (jpg, jpeg or png) and its label member (cls: an integer
+//                       >= 0 as text), read from the shard where they lie; errors name
+//                       "SHARD:MEMBER". A sample without an image or a label is an error.
 // An empty class folder, a file that is not .jpg/.jpeg/.png (by name), an unreadable or corrupt
 // image: one-line fabric::Error naming the file. With skip_bad_files, a file that cannot be decoded
 // is left out of its batch (the batch is one example shorter) with one warning line per file on
@@ -64,6 +68,8 @@ class ImageFolderDataset : public Dataset {
                                                          const ImageFolderOptions& options);
   static std::shared_ptr<ImageFolderDataset> from_list(const std::string& list_file,
                                                        const ImageFolderOptions& options);
+  static std::shared_ptr<ImageFolderDataset> from_webdataset(const std::vector<std::string>& shards,
+                                                             const ImageFolderOptions& options);
   // REQUIRES: files.size() == labels.size().
   ImageFolderDataset(std::vector<std::string> files, std::vector<int64_t> labels,
                      std::vector<std::string> classes, ImageFolderOptions options);
@@ -73,8 +79,9 @@ class ImageFolderDataset : public Dataset {
   Batch get_batch(const std::vector<int64_t>& indices) const override;
   Batch get_batch(const std::vector<int64_t>& indices, at::Generator& gen) const override;
 
-  // Class names by label (folder names; "0", "1", ... for a list).
+  // Class names by label (folder names; "0", "1", ... for a list or shards).
   const std::vector<std::string>& classes() const { return classes_; }
+  // The images' names as errors give them (paths; "SHARD:MEMBER" for shards).
   const std::vector<std::string>& files() const { return files_; }
   const std::vector<int64_t>& labels() const { return labels_; }
   // Files left out so far (skip_bad_files), each counted once.
@@ -83,7 +90,12 @@ class ImageFolderDataset : public Dataset {
 
  private:
   Batch build(const std::vector<int64_t>& indices, at::Generator* gen) const;
+  std::string bytes_of(size_t index) const;
   std::vector<std::string> files_;
+  // Shards: image i is ranges_[i] = {offset, size} of shards_[shard_of_[i]] (empty otherwise).
+  std::vector<std::string> shards_;
+  std::vector<uint32_t> shard_of_;
+  std::vector<std::pair<int64_t, int64_t>> ranges_;
   std::vector<int64_t> labels_;
   std::vector<std::string> classes_;
   ImageFolderOptions options_;

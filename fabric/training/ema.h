@@ -1,8 +1,8 @@
 // fabric::ExponentialMovingAverage: an average of a model's parameters over the optimizer steps,
 // the weights many recipes evaluate and ship (Lightning's EMA/weight averaging, timm's ModelEma).
 //
-//   fabric::ExponentialMovingAverage ema(model, 0.999);   // after f.setup(model, optimizer)
-//   state.add_all(ema, "ema");                            // checkpointed, resumes exactly
+//   fabric::ExponentialMovingAverage ema(f.parameter_parts(*model), 0.999);  // after f.setup
+//   ema.add_to(state, "ema");                             // checkpointed, resumes exactly
 //   for (...) { ...; f.step(optimizer); ema.update(); }
 //   { auto averaged = ema.swap_into_model(); evaluate(model); f.save_weights(model, path); }
 //
@@ -14,10 +14,14 @@
 // are the model's own. The averages live on the parameters' device, in their dtype.
 //
 // Construct it after Fabric::setup (which moves the parameters in place; the average follows the
-// parameters' storage from then on). Strategies: single device, dp and ddp (replicas are identical,
-// and so are their averages). Not under fsdp, which shards the parameters: each rank would average
-// only its pieces, and swapping would miss the gathered whole (the examples refuse
-// trainer.ema_decay there with a one-line error).
+// parameters' storage from then on), from f.parameter_parts(model): every strategy, fsdp
+// included. Under single device, dp and ddp each rank averages whole parameters (replicas are
+// identical, and so are their averages); under fsdp each rank averages the part of every
+// parameter it holds (1/N of the memory), swap_into_model() puts the averaged parts in place (the
+// model gathers them as it gathers parameters), and checkpoints hold each rank's part as a piece
+// (sharded) or the whole average (checkpoint.format: full), loadable at any world size and under
+// any strategy. The constructor from a module alone is for unsplit parameters (it refuses a
+// module whose parameters fsdp shards).
 #ifndef FABRIC_TRAINING_EMA_H_
 #define FABRIC_TRAINING_EMA_H_
 
@@ -29,12 +33,17 @@
 
 #include "fabric/checkpoint/checkpoint_state.h"
 #include "fabric/core/scope_guard.h"
+#include "fabric/training/parameter_parts.h"
 
 namespace fabric {
 
 class ExponentialMovingAverage {
  public:
-  // Starts from the module's current parameters. REQUIRES: 0 <= decay < 1 (else fabric::Error).
+  // Starts from the current values of the parts (Fabric::parameter_parts(model)).
+  // REQUIRES: 0 <= decay < 1 (else fabric::Error).
+  ExponentialMovingAverage(ParameterParts parts, double decay, bool warmup = true);
+  // Every floating-point parameter of `module`, whole. Throws fabric::Error when a parameter has
+  // no memory of its own (sharded by fsdp: use the constructor above).
   ExponentialMovingAverage(torch::nn::Module& module, double decay, bool warmup = true);
 
   // One update from the module's parameters (after an optimizer step).
@@ -47,17 +56,21 @@ class ExponentialMovingAverage {
   // ends, then swaps back: evaluate or export the averaged model inside. Not nestable.
   ScopeGuard swap_into_model();
 
-  // Adds the averages ("<prefix>.<parameter name>") and the update count ("<prefix>.updates") to
-  // a checkpoint, so a resumed run continues the same average.
+  // Adds the averages ("<prefix>.<parameter name>"; split parts through
+  // CheckpointState::add_split) and the update count ("<prefix>.updates") to a checkpoint, so a
+  // resumed run continues the same average.
   void add_to(CheckpointState& state, const std::string& prefix);
 
  private:
+  std::vector<torch::Tensor> live_averages() const;  // averages_ at live_index_
+
   double decay_;
   bool warmup_;
   int64_t updates_ = 0;
-  std::vector<std::string> names_;
-  std::vector<torch::Tensor> params_;    // the module's parameters (detached aliases)
-  std::vector<torch::Tensor> averages_;  // same order
+  ParameterParts parts_;
+  std::vector<torch::Tensor> live_;      // the non-empty parts' values (aliases of the parameters)
+  std::vector<size_t> live_index_;       // their indices in parts_.parts
+  std::vector<torch::Tensor> averages_;  // one per part, in order
   bool swapped_ = false;
 };
 

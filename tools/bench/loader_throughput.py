@@ -5,6 +5,9 @@ own DataLoader delivers, with nothing else running.
                                      RandomResizedCrop(S, antialias=True), RandomHorizontalFlip and
                                      PILToTensor: uint8 [B, 3, S, S], as the C++ side delivers
   --format npy --root DIR            TensorDataset over np.load(DIR/inputs.npy, mmap_mode='r')
+  --format webdataset --shards PATTERN  the webdataset package (pip install webdataset): shards
+                                     streamed, split over the workers, a 1000-sample shuffle
+                                     buffer, decoded with PIL and the image_folder transforms
 
 Workers are processes (num_workers); each uses one intra-op thread (DataLoader's default).
 Prints one line: "images_per_second=X batches=N workers=W seconds=T".
@@ -19,8 +22,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--format", default="image_folder", choices=["image_folder", "npy"])
-    p.add_argument("--root", required=True)
+    p.add_argument("--format", default="image_folder", choices=["image_folder", "npy", "webdataset"])
+    p.add_argument("--root", default="")
+    p.add_argument("--shards", default="")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--image_size", type=int, default=224)
@@ -33,14 +37,24 @@ def main():
     else:
         from torchvision import datasets, transforms
 
-        data = datasets.ImageFolder(a.root, transforms.Compose([
+        transform = transforms.Compose([
             transforms.RandomResizedCrop(a.image_size, antialias=True),
             transforms.RandomHorizontalFlip(),
             transforms.PILToTensor(),
-        ]))
-    loader = DataLoader(data, batch_size=a.batch_size, shuffle=True, num_workers=a.workers,
-                        prefetch_factor=2 if a.workers > 0 else None,
-                        persistent_workers=False)
+        ])
+        if a.format == "image_folder":
+            data = datasets.ImageFolder(a.root, transform)
+    if a.format == "webdataset":
+        import webdataset as wds
+
+        data = (wds.WebDataset(a.shards, shardshuffle=True, nodesplitter=wds.single_node_only)
+                .shuffle(1000).decode("pil").to_tuple("jpg", "cls").map_tuple(transform, int))
+        loader = wds.WebLoader(data, batch_size=a.batch_size, num_workers=a.workers,
+                               prefetch_factor=2 if a.workers > 0 else None)
+    else:
+        loader = DataLoader(data, batch_size=a.batch_size, shuffle=True, num_workers=a.workers,
+                            prefetch_factor=2 if a.workers > 0 else None,
+                            persistent_workers=False)
     start = time.perf_counter()
     images = batches = 0
     for _ in range(a.epochs):
