@@ -23,6 +23,21 @@ using fabric::testing::Result;
 
 class ImageClassifierTest : public ExamplesTest {
  protected:
+  // Runs the Python `program` (as dir_/NAME.py) with the Fashion-MNIST folder, `root`, the
+  // train and val counts and `extra` as arguments; returns `root`.
+  fs::path write_fashion_mnist(const std::string& name, const std::string& program,
+                               const fs::path& root, int train, int val,
+                               const std::string& extra = "") {
+    const fs::path script = dir_ / (name + ".py");
+    std::ofstream(script) << program;
+    const auto r = fabric::testing::run_command(
+        fabric::testing::python_interpreter() + " " + script.string() +
+        " /usr/share/datasets/fashion-mnist " + root.string() + " " + std::to_string(train) + " " +
+        std::to_string(val) + extra);
+    EXPECT_EQ(r.code, 0) << r.out;
+    return root;
+  }
+
   // DIR/train/{inputs,targets}.npy (the first `train` images) and DIR/val.npz (the first `val`
   // test images) from /usr/share/datasets/fashion-mnist.
   fs::path write_npy_data(int train, int val) {
@@ -39,13 +54,7 @@ class ImageClassifierTest : public ExamplesTest {
         "xv = idx('t10k-images-idx3-ubyte', 16).reshape(-1, 28, 28)[:nval]\n"
         "yv = idx('t10k-labels-idx1-ubyte', 8)[:nval].astype(np.int64)\n"
         "np.savez(f'{root}/val.npz', inputs=xv, targets=yv)\n";
-    std::ofstream(dir_ / "write.py") << program;
-    const auto r = fabric::testing::run_command(
-        fabric::testing::python_interpreter() + " " + (dir_ / "write.py").string() +
-        " /usr/share/datasets/fashion-mnist " + root.string() + " " + std::to_string(train) + " " +
-        std::to_string(val));
-    EXPECT_EQ(r.code, 0) << r.out;
-    return root;
+    return write_fashion_mnist("write", program, root, train, val);
   }
 
   // DIR/train/<label>_<name>/*.jpg and DIR/val/<label>_<name>/*.png, as Pillow writes them.
@@ -69,13 +78,7 @@ for split, xs, ys, ext in (('train', x, y, 'jpg'), ('val', xv, yv, 'png')):
         os.makedirs(d, exist_ok=True)
         Image.fromarray(im, 'L').save(f'{d}/{i:05d}.{ext}', **({'quality': 95} if ext == 'jpg' else {}))
 )";
-    std::ofstream(dir_ / "write_images.py") << program;
-    const auto r = fabric::testing::run_command(
-        fabric::testing::python_interpreter() + " " + (dir_ / "write_images.py").string() +
-        " /usr/share/datasets/fashion-mnist " + root.string() + " " + std::to_string(train) + " " +
-        std::to_string(val));
-    EXPECT_EQ(r.code, 0) << r.out;
-    return root;
+    return write_fashion_mnist("write_images", program, root, train, val);
   }
 
   // WebDataset shards: DIR/train-{000..S-1}.tar (the train images as KEY.jpg + KEY.cls, split
@@ -107,13 +110,8 @@ for s in range(nshards):
     write(f'{root}/train-{s:03d}.tar', [(i, x[i]) for i in range(bounds[s], bounds[s + 1])], y, 'jpg')
 write(f'{root}/val/val-000.tar', list(enumerate(xv)), yv, 'png')
 )";
-    std::ofstream(dir_ / "write_shards.py") << program;
-    const auto r = fabric::testing::run_command(
-        fabric::testing::python_interpreter() + " " + (dir_ / "write_shards.py").string() +
-        " /usr/share/datasets/fashion-mnist " + root.string() + " " + std::to_string(train) + " " +
-        std::to_string(val) + " " + std::to_string(shards));
-    EXPECT_EQ(r.code, 0) << r.out;
-    return root;
+    return write_fashion_mnist("write_shards", program, root, train, val,
+                               " " + std::to_string(shards));
   }
 
   // The binary-format example's small CNN on 128 steps of batch 64 of the same images.

@@ -143,9 +143,15 @@ TEST_F(ExamplesTest, Cifar10EmaUnderFsdpEqualsDdpAndResumesBitwise) {
   const auto fsdp_ema = fabric::read_checkpoint(dir_ / "whole" / "weights_ema.pt");
   const auto ddp_ema = fabric::read_checkpoint(dir_ / "ddp" / "weights_ema.pt");
   const auto fsdp_last = fabric::read_checkpoint(dir_ / "whole" / "weights.pt");
+  const auto ddp_last = fabric::read_checkpoint(dir_ / "ddp" / "weights.pt");
+  // The averages agree as closely as the trained weights themselves do (reduce-scatter and
+  // all-reduce round differently), not merely "close".
   const double difference = fabric::testing::max_relative_difference(fsdp_ema, ddp_ema);
-  std::cout << "fsdp vs ddp averages: max relative difference " << difference << std::endl;
+  const double weights = fabric::testing::max_relative_difference(fsdp_last, ddp_last);
+  std::cout << "fsdp vs ddp: averages differ by " << difference << ", weights by " << weights
+            << " (max relative)" << std::endl;
   EXPECT_LT(difference, 1e-4);
+  EXPECT_LT(difference, 2 * weights + 1e-6);
   EXPECT_GT(fabric::testing::max_relative_difference(fsdp_ema, fsdp_last), 1e-3);  // an average
 }
 
