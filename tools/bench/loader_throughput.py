@@ -47,7 +47,7 @@ def main():
     if a.format == "webdataset":
         import webdataset as wds
 
-        data = (wds.WebDataset(a.shards, shardshuffle=True, nodesplitter=wds.single_node_only)
+        data = (wds.WebDataset(a.shards, shardshuffle=100, nodesplitter=wds.single_node_only)
                 .shuffle(1000).decode("pil").to_tuple("jpg", "cls").map_tuple(transform, int))
         loader = wds.WebLoader(data, batch_size=a.batch_size, num_workers=a.workers,
                                prefetch_factor=2 if a.workers > 0 else None)
