@@ -177,6 +177,8 @@ std::shared_ptr<ImageFolderDataset> ImageFolderDataset::from_webdataset(
   std::vector<uint32_t> shard_of;
   std::vector<std::pair<int64_t, int64_t>> ranges;
   int64_t max_label = -1;
+  std::ifstream labels_in;
+  size_t open_shard = shards.size();
   for (const WebDatasetSample& sample : index_webdataset(shards)) {
     const std::string& shard = shards[sample.shard];
     const TarMember* image = nullptr;
@@ -201,7 +203,17 @@ std::shared_ptr<ImageFolderDataset> ImageFolderDataset::from_webdataset(
     if (label->size > 32)
       throw Error(shard + ":" + one_line(label->name, 120) + ": a label of " +
                   std::to_string(label->size) + " bytes (expected an integer >= 0 as text)");
-    std::string text = read_file_range(shard, label->offset, label->size, shard + ":" + label->name);
+    // The labels are read through one open stream per shard (samples come in shard order), not
+    // one open per label.
+    if (open_shard != sample.shard) {
+      labels_in = std::ifstream(shard, std::ios::binary);
+      open_shard = sample.shard;
+    }
+    std::string text(static_cast<size_t>(label->size), '\0');
+    if (!labels_in.seekg(label->offset) || !labels_in.read(text.data(), label->size))
+      throw Error(shard + ":" + one_line(label->name, 120) + ": cannot read " +
+                  std::to_string(label->size) + " bytes at byte " + std::to_string(label->offset) +
+                  " (the shard changed or is truncated)");
     while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
     char* end = nullptr;
     const long long value = std::strtoll(text.c_str(), &end, 10);
