@@ -24,13 +24,22 @@ using fabric::testing::Result;
 
 class ImageClassifierTest : public ExamplesTest {
  protected:
-  // Runs the Python `program` (as dir_/NAME.py) with the Fashion-MNIST folder, `root`, the
-  // train and val counts and `extra` as arguments; returns `root`.
+  // Runs the Python `program` (as dir_/NAME.py) after a prelude that reads the first `train`
+  // Fashion-MNIST training images and labels (x, y, uint8) and the first `val` test ones (xv, yv)
+  // and sets `root`; `extra` are more arguments (sys.argv[5:]). Returns `root`.
   fs::path write_fashion_mnist(const std::string& name, const std::string& program,
                                const fs::path& root, int train, int val,
                                const std::string& extra = "") {
     const fs::path script = dir_ / (name + ".py");
-    std::ofstream(script) << program;
+    std::ofstream(script) << R"(import gzip, io, os, sys, tarfile, numpy as np
+src, root, ntrain, nval = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+def idx(name, offset):
+    return np.frombuffer(gzip.open(f'{src}/{name}.gz').read(), np.uint8, offset=offset)
+x = idx('train-images-idx3-ubyte', 16).reshape(-1, 28, 28)[:ntrain]
+y = idx('train-labels-idx1-ubyte', 8)[:ntrain]
+xv = idx('t10k-images-idx3-ubyte', 16).reshape(-1, 28, 28)[:nval]
+yv = idx('t10k-labels-idx1-ubyte', 8)[:nval]
+)" << program;
     const auto r = fabric::testing::run_command(
         fabric::testing::python_interpreter() + " " + script.string() +
         " /usr/share/datasets/fashion-mnist " + root.string() + " " + std::to_string(train) + " " +
@@ -44,17 +53,9 @@ class ImageClassifierTest : public ExamplesTest {
   fs::path write_npy_data(int train, int val) {
     const fs::path root = dir_ / "fmnist_npy";
     const std::string program =
-        "import gzip, sys, numpy as np, os\n"
-        "src, root, ntrain, nval = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])\n"
-        "def idx(name, offset):\n"
-        "    return np.frombuffer(gzip.open(f'{src}/{name}.gz').read(), np.uint8, offset=offset)\n"
-        "x = idx('train-images-idx3-ubyte', 16).reshape(-1, 28, 28)[:ntrain]\n"
-        "y = idx('train-labels-idx1-ubyte', 8)[:ntrain]\n"
         "os.makedirs(f'{root}/train', exist_ok=True)\n"
         "np.save(f'{root}/train/inputs.npy', x); np.save(f'{root}/train/targets.npy', y)\n"
-        "xv = idx('t10k-images-idx3-ubyte', 16).reshape(-1, 28, 28)[:nval]\n"
-        "yv = idx('t10k-labels-idx1-ubyte', 8)[:nval].astype(np.int64)\n"
-        "np.savez(f'{root}/val.npz', inputs=xv, targets=yv)\n";
+        "np.savez(f'{root}/val.npz', inputs=xv, targets=yv.astype(np.int64))\n";
     return write_fashion_mnist("write", program, root, train, val);
   }
 
@@ -62,17 +63,9 @@ class ImageClassifierTest : public ExamplesTest {
   fs::path write_image_folders(int train, int val) {
     const fs::path root = dir_ / "fmnist_images";
     const std::string program = R"(
-import gzip, sys, os, numpy as np
 from PIL import Image
-src, root, ntrain, nval = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 names = ['tshirt', 'trouser', 'pullover', 'dress', 'coat', 'sandal', 'shirt', 'sneaker', 'bag',
          'boot']
-def idx(name, offset):
-    return np.frombuffer(gzip.open(f'{src}/{name}.gz').read(), np.uint8, offset=offset)
-x = idx('train-images-idx3-ubyte', 16).reshape(-1, 28, 28)[:ntrain]
-y = idx('train-labels-idx1-ubyte', 8)[:ntrain]
-xv = idx('t10k-images-idx3-ubyte', 16).reshape(-1, 28, 28)[:nval]
-yv = idx('t10k-labels-idx1-ubyte', 8)[:nval]
 for split, xs, ys, ext in (('train', x, y, 'jpg'), ('val', xv, yv, 'png')):
     for i, (im, label) in enumerate(zip(xs, ys)):
         d = f'{root}/{split}/{label}_{names[label]}'
@@ -87,15 +80,8 @@ for split, xs, ys, ext in (('train', x, y, 'jpg'), ('val', xv, yv, 'png')):
   fs::path write_shards(int train, int val, int shards) {
     const fs::path root = dir_ / "fmnist_shards";
     const std::string program = R"(
-import gzip, io, sys, os, tarfile, numpy as np
 from PIL import Image
-src, root, ntrain, nval, nshards = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
-def idx(name, offset):
-    return np.frombuffer(gzip.open(f'{src}/{name}.gz').read(), np.uint8, offset=offset)
-x = idx('train-images-idx3-ubyte', 16).reshape(-1, 28, 28)[:ntrain]
-y = idx('train-labels-idx1-ubyte', 8)[:ntrain]
-xv = idx('t10k-images-idx3-ubyte', 16).reshape(-1, 28, 28)[:nval]
-yv = idx('t10k-labels-idx1-ubyte', 8)[:nval]
+nshards = int(sys.argv[5])
 def add(tar, name, data):
     info = tarfile.TarInfo(name); info.size = len(data); tar.addfile(info, io.BytesIO(data))
 def write(path, xs, ys, ext):
