@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <set>
 
 #include "fabric/core/error.h"
 #include "tools/sweep/sweep_report.h"
@@ -71,7 +73,7 @@ TEST(SweepSpec, ErrorsNameTheLineAndTheFix) {
   EXPECT_EQ(error_of(std::string(kHead) + "seed: [1]\n"),
             "s.yaml:4:1: unknown sweep key 'seed'; did you mean 'seeds'? (keys: name, binary, "
             "config, overrides, grid, list, seeds, parallel, metric, devices_per_run, mode, dir, "
-            "seed_key, resume_runs)");
+            "seed_key, resume_runs, search, trials, space, random_seed)");
   EXPECT_EQ(error_of("binary: x\nmode: max\ngrid: {a.b: [1]}\n"),
             "s.yaml: metric: missing; name a key of the runs' summary.json, e.g. metric: "
             "test_accuracy");
@@ -93,7 +95,7 @@ TEST(SweepSpec, ErrorsNameTheLineAndTheFix) {
             "s.yaml:4:11: parallel: 0 is out of range: must be >= 1");
   EXPECT_EQ(error_of(std::string(kHead) + "grid: [1\n"),
             "s.yaml:5:1: YAML syntax error: end of sequence flow not found");
-  EXPECT_EQ(error_of(std::string(kHead)), "s.yaml: nothing to sweep: add grid:, list: or seeds:");
+  EXPECT_EQ(error_of(std::string(kHead)), "s.yaml: nothing to sweep: add grid:, list:, space: or seeds:");
 }
 
 std::map<std::string, RunRecord> records(const SweepSpec& spec,
@@ -108,6 +110,128 @@ std::map<std::string, RunRecord> records(const SweepSpec& spec,
     out[run.id] = r;
   }
   return out;
+}
+
+// search: random draws `trials` points, each value inside its distribution, the same points on
+// every parse, and raising trials only adds points.
+constexpr const char* kRandom =
+    "search: random\n"
+    "space:\n"
+    "  optimizer.lr: {loguniform: [0.0001, 1]}\n"
+    "  optimizer.momentum: {uniform: [0.5, 0.99]}\n"
+    "  model.width: {int: [16, 20]}\n"
+    "  optimizer.name: [sgd, adamw]\n";
+
+double value_of(const SweepRun& run, const std::string& key) {
+  for (const auto& [k, v] : run.overrides)
+    if (k == key) return std::stod(v);
+  ADD_FAILURE() << key << " not in run " << run.id;
+  return NAN;
+}
+
+TEST(SweepSpec, RandomSearchDrawsInsideEachDistributionReproducibly) {
+  const auto spec = parse_sweep(std::string(kHead) + kRandom + "trials: 40\nseeds: [1, 2]\n",
+                                "s.yaml");
+  ASSERT_EQ(spec.runs.size(), 80u);  // 40 points, each with both seeds
+  EXPECT_EQ(spec.search, "random");
+  EXPECT_EQ(spec.swept_keys, (std::vector<std::string>{"optimizer.lr", "optimizer.momentum",
+                                                        "model.width", "optimizer.name"}));
+  std::set<std::string> names, ids;
+  std::set<int> widths;
+  int lr_below_0_01 = 0;
+  for (size_t i = 0; i < 40; ++i) {
+    const SweepRun& run = spec.runs[i];
+    ASSERT_EQ(run.overrides.size(), 4u) << run.id;
+    const double lr = value_of(run, "optimizer.lr"), m = value_of(run, "optimizer.momentum");
+    const double w = value_of(run, "model.width");
+    EXPECT_GE(lr, 0.0001);
+    EXPECT_LE(lr, 1.0);
+    EXPECT_GE(m, 0.5);
+    EXPECT_LE(m, 0.99);
+    EXPECT_EQ(w, std::floor(w));
+    widths.insert(static_cast<int>(w));
+    lr_below_0_01 += lr < 0.01;
+    names.insert(run.overrides[3].second);
+    ids.insert(run.id);
+    // The seed-2 copy of point i has the same values.
+    EXPECT_EQ(spec.runs[40 + i].overrides, run.overrides);
+  }
+  EXPECT_EQ(ids.size(), 40u);
+  EXPECT_EQ(widths, (std::set<int>{16, 17, 18, 19, 20}));  // int bounds are inclusive
+  EXPECT_EQ(names, (std::set<std::string>{"sgd", "adamw"}));
+  // Log-uniform over four decades: half the draws fall in the lower two (a uniform draw would
+  // put 1 % there). Deterministic: the draws are a function of the file.
+  EXPECT_GE(lr_below_0_01, 12);
+  EXPECT_LE(lr_below_0_01, 28);
+
+  const auto again = parse_sweep(std::string(kHead) + kRandom + "trials: 40\nseeds: [1, 2]\n",
+                                 "s.yaml");
+  const auto fewer = parse_sweep(std::string(kHead) + kRandom + "trials: 10\nseeds: [1, 2]\n",
+                                 "s.yaml");
+  const auto other = parse_sweep(
+      std::string(kHead) + kRandom + "trials: 40\nseeds: [1, 2]\nrandom_seed: 1\n", "s.yaml");
+  int same_as_other = 0;
+  for (size_t i = 0; i < 40; ++i) {
+    EXPECT_EQ(again.runs[i].id, spec.runs[i].id);
+    same_as_other += other.runs[i].overrides == spec.runs[i].overrides;
+  }
+  for (size_t i = 0; i < 10; ++i) EXPECT_EQ(fewer.runs[i].id, spec.runs[i].id);
+  EXPECT_EQ(same_as_other, 0);
+}
+
+TEST(SweepSpec, RandomSearchRedrawsRepeatsAndRefusesTooManyTrials) {
+  const auto spec = parse_sweep(std::string(kHead) +
+                                    "search: random\ntrials: 3\nspace: {model.width: [8, 16, 32]}\n",
+                                "s.yaml");
+  std::set<std::string> ids;
+  for (const auto& run : spec.runs) ids.insert(run.id);
+  EXPECT_EQ(ids, (std::set<std::string>{"width=8", "width=16", "width=32"}));
+  EXPECT_EQ(error_of(std::string(kHead) + "search: random\ntrials: 4\nspace: {model.width: [8, 16, 32]}\n"),
+            "s.yaml:5:9: trials: 4 distinct points were asked for, but space: holds only 3; "
+            "lower trials:");
+}
+
+TEST(SweepSpec, RandomSearchErrorsNameTheLineAndTheFix) {
+  const std::string head = std::string(kHead) + "search: random\n";
+  EXPECT_EQ(error_of(head + "space: {optimizer.lr: {uniform: [0, 1]}}\n"),
+            "s.yaml:4:9: search: random needs trials: (how many points to draw), e.g. trials: 8");
+  EXPECT_EQ(error_of(head + "trials: 2\n"),
+            "s.yaml:4:9: search: random needs space:, e.g. space: {optimizer.lr: {loguniform: "
+            "[0.001, 1]}}");
+  EXPECT_EQ(error_of(head + "trials: 2\nspace: {optimizer.lr: {logunifrom: [0.1, 1]}}\n"),
+            "s.yaml:6:24: space: optimizer.lr: unknown distribution 'logunifrom'; did you mean "
+            "'loguniform'? (distributions: uniform, loguniform, int, choice)");
+  EXPECT_EQ(error_of(head + "trials: 2\nspace: {optimizer.lr: {loguniform: [0, 1]}}\n"),
+            "s.yaml:6:36: space: optimizer.lr: loguniform: low must be above 0 (use uniform for "
+            "ranges that reach 0)");
+  EXPECT_EQ(error_of(head + "trials: 2\nspace: {optimizer.lr: {uniform: [1, 0.5]}}\n"),
+            "s.yaml:6:33: space: optimizer.lr: uniform: low must be below high");
+  EXPECT_EQ(error_of(head + "trials: 2\nspace: {model.width: {int: [8, 16.5]}}\n"),
+            "s.yaml:6:32: space: model.width: '16.5' is not an integer");
+  EXPECT_EQ(error_of(head + "trials: 2\nspace: {optimizer.lr: 0.1}\n"),
+            "s.yaml:6:23: space: optimizer.lr: expected a distribution, e.g. {uniform: [0, 1]}, "
+            "{loguniform: [0.001, 1]}, {int: [16, 64]} or a list of choices");
+  EXPECT_EQ(error_of(head + "trials: 2\nspace: {optimizer.lr: [0.1]}\ngrid: {model.width: [8]}\n"),
+            "s.yaml:7:7: grid: not used by search: random; write each key under space: as a list "
+            "(a choice among its values)");
+  EXPECT_EQ(error_of(std::string(kHead) + "search: optuna\n"),
+            "s.yaml:4:9: search: optuna is not available yet; use grid or random");
+  EXPECT_EQ(error_of(std::string(kHead) + "search: grids\n"),
+            "s.yaml:4:9: search: 'grids' is not grid or random; did you mean 'grid'?");
+  EXPECT_EQ(error_of(std::string(kHead) + "grid: {optimizer.lr: [0.1]}\ntrials: 4\n"),
+            "s.yaml:5:9: trials: only used by search: random; add search: random");
+}
+
+// Every shipped sweep file (configs/sweeps/) parses and has runs.
+TEST(SweepSpec, EveryShippedSweepFileParses) {
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("configs/sweeps")) {
+    if (entry.path().extension() != ".yaml") continue;
+    ++files;
+    const SweepSpec spec = load_sweep(entry.path().string());
+    EXPECT_FALSE(spec.runs.empty()) << entry.path();
+  }
+  EXPECT_GE(files, 3);
 }
 
 TEST(SweepReport, MeanAndSampleStdSortedByMode) {

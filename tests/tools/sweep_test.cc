@@ -6,6 +6,7 @@
 #include <sys/file.h>
 
 #include <cmath>
+#include <set>
 
 #include "tests/tools/sweep_testing.h"
 
@@ -86,6 +87,40 @@ TEST_F(SweepTest, RunsEveryPointWritesResultsAndRerunRetriesOnlyTheFailedRuns) {
 
 // A run that stops on non-finite values (exit 3) is a result: recorded as diverged with its step,
 // ranked after the finished points, the sweep exits 0, and a re-run does not repeat it.
+// search: random end to end: `trials` runs with the drawn values on their command lines, ranked
+// by the metric; raising trials on the same directory runs only the new points.
+TEST_F(SweepTest, RandomSearchRunsTheDrawnTrialsAndMoreTrialsRunOnlyTheNewOnes) {
+  const std::string space =
+      "search: random\nspace: {optimizer.lr: {uniform: [0.05, 0.35]}}\nseeds: [1]\n"
+      "metric: fake_metric\nmode: max\n";
+  write_sweep(space + "trials: 3\n");
+  auto r = sweep();
+  ASSERT_EQ(r.code, 0) << r.out;
+  ASSERT_EQ(invocations().size(), 3u) << r.out;
+  auto csv = lines(read(dir_ / "out" / "results.csv"));
+  ASSERT_EQ(csv.size(), 4u) << read(dir_ / "out" / "results.csv");
+  std::set<double> lrs;
+  for (size_t i = 1; i < csv.size(); ++i) {
+    std::istringstream row(csv[i]);
+    std::vector<std::string> c;
+    for (std::string cell; std::getline(row, cell, ',');) c.push_back(cell);
+    ASSERT_GE(c.size(), 7u) << csv[i];
+    EXPECT_EQ(c[1], "done") << csv[i];
+    const double lr = std::stod(c[4]);
+    EXPECT_GE(lr, 0.05);
+    EXPECT_LE(lr, 0.35);
+    EXPECT_NEAR(std::stod(c[6]), fake_metric(lr, 1), 1e-9) << csv[i];  // the run got this lr
+    lrs.insert(lr);
+  }
+  EXPECT_EQ(lrs.size(), 3u);
+
+  write_sweep(space + "trials: 5\n");
+  r = sweep();
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(invocations().size(), 5u) << r.out;  // 3 + the 2 new points
+  EXPECT_EQ(lines(read(dir_ / "out" / "results.csv")).size(), 6u);
+}
+
 TEST_F(SweepTest, DivergedRunsAreResultsNotFailures) {
   write_sweep(kLrSeeds);
   auto r = sweep("FAKE_DIVERGE_LR=0.3");

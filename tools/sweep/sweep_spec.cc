@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -22,7 +23,50 @@ constexpr size_t kMaxIdLength = 100;
 
 const std::vector<std::string> kTopKeys = {
     "name",     "binary", "config",          "overrides", "grid", "list",     "seeds",
-    "parallel", "metric", "devices_per_run", "mode",      "dir",  "seed_key", "resume_runs"};
+    "parallel", "metric", "devices_per_run", "mode",      "dir",  "seed_key", "resume_runs",
+    "search",   "trials", "space",           "random_seed"};
+const std::vector<std::string> kDistributions = {"uniform", "loguniform", "int", "choice"};
+
+// A search-space entry of `search: random`.
+struct Distribution {
+  std::string kind;                 // one of kDistributions
+  double low = 0, high = 0;         // uniform, loguniform, int (inclusive)
+  std::vector<std::string> values;  // choice: value texts
+};
+
+// SplitMix64: a portable generator (std:: distributions differ between standard libraries, and
+// a sweep must draw the same trials everywhere).
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// The value text of `d` for draw number `draw` of key `key`: a function of (random_seed, key,
+// draw) alone, so adding trials or keys leaves the values already drawn as they were.
+std::string draw_value(const Distribution& d, const std::string& key, uint64_t random_seed,
+                       uint64_t draw) {
+  const uint64_t bits = mix(mix(random_seed ^ fnv1a64(key)) ^ mix(draw));
+  const double u = static_cast<double>(bits >> 11) * 0x1.0p-53;  // [0, 1)
+  char buf[32];
+  if (d.kind == "choice") {
+    const size_t i = std::min(d.values.size() - 1, static_cast<size_t>(u * d.values.size()));
+    return d.values[i];
+  }
+  if (d.kind == "int") {
+    const double span = d.high - d.low + 1;
+    const double v = std::min(d.high, d.low + std::floor(u * span));
+    std::snprintf(buf, sizeof(buf), "%lld", static_cast<long long>(v));
+    return buf;
+  }
+  const double v = d.kind == "loguniform"
+                       ? std::exp(std::log(d.low) + u * (std::log(d.high) - std::log(d.low)))
+                       : d.low + u * (d.high - d.low);
+  // Four significant digits: the value the run gets is the text the table shows.
+  std::snprintf(buf, sizeof(buf), "%.4g", v);
+  return buf;
+}
 
 class Parser {
  public:
@@ -53,6 +97,19 @@ class Parser {
     if (used == 0 || used != text.size()) fail(node, key + ": '" + text + "' is not an integer");
     if (value < min)
       fail(node, key + ": " + text + " is out of range: must be >= " + std::to_string(min));
+    return value;
+  }
+  double number(const YAML::Node& node, const std::string& key) const {
+    const std::string text = scalar(node, key);
+    double value = 0;
+    size_t used = 0;
+    try {
+      value = std::stod(text, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != text.size() || !std::isfinite(value))
+      fail(node, key + ": '" + text + "' is not a number");
     return value;
   }
   bool boolean(const YAML::Node& node, const std::string& key) const {
@@ -173,7 +230,7 @@ SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
   spec.file = file;
   spec.name = std::filesystem::path(file).stem().string();
   std::string dir = "sweeps/{name}";
-  YAML::Node grid, list, metric_node;
+  YAML::Node grid, list, metric_node, space, search_node;
   for (const auto& item : root) {
     const std::string key = p.scalar(item.first, "sweep key");
     const YAML::Node& v = item.second;
@@ -229,6 +286,23 @@ SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
       spec.seed_key = p.scalar(v, key);
     } else if (key == "resume_runs") {
       spec.resume_runs = p.boolean(v, key);
+    } else if (key == "search") {
+      spec.search = p.scalar(v, key);
+      search_node = v;
+      if (spec.search == "optuna")
+        p.fail(v, "search: optuna is not available yet; use grid or random");
+      if (spec.search != "grid" && spec.search != "random")
+        p.fail(v, "search: '" + spec.search + "' is not grid or random" +
+                      did_you_mean(spec.search, {"grid", "random"}));
+    } else if (key == "trials") {
+      spec.trials = p.integer(v, key, 1);
+    } else if (key == "random_seed") {
+      spec.random_seed = static_cast<uint64_t>(p.integer(v, key, 0));
+    } else if (key == "space") {
+      if (!v.IsMap() || v.size() == 0)
+        p.fail(v, "space: expected a mapping of config keys to distributions, e.g. "
+                  "optimizer.lr: {loguniform: [0.001, 1]}");
+      space = v;
     } else {
       p.fail(item.first, "unknown sweep key '" + key + "'" + did_you_mean(key, kTopKeys) +
                              " (keys: " + join(kTopKeys) + ")");
@@ -243,8 +317,21 @@ SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
         ": metric: missing; name a key of the runs' summary.json, e.g. metric: test_accuracy");
   if (!root["mode"])
     throw ConfigError(file + ": mode: missing; write mode: max (higher is better) or mode: min");
-  if (!grid.IsMap() && !list.IsSequence() && spec.seeds.empty())
-    throw ConfigError(file + ": nothing to sweep: add grid:, list: or seeds:");
+  if (spec.search == "random") {
+    if (!space.IsMap())
+      p.fail(search_node, "search: random needs space:, e.g. space: {optimizer.lr: {loguniform: "
+                          "[0.001, 1]}}");
+    if (spec.trials == 0)
+      p.fail(search_node, "search: random needs trials: (how many points to draw), e.g. trials: 8");
+    if (grid.IsMap())
+      p.fail(grid, "grid: not used by search: random; write each key under space: as a list "
+                   "(a choice among its values)");
+  } else {
+    for (const char* k : {"trials", "space", "random_seed"})
+      if (root[k]) p.fail(root[k], std::string(k) + ": only used by search: random; add search: random");
+  }
+  if (!grid.IsMap() && !list.IsSequence() && !space.IsMap() && spec.seeds.empty())
+    throw ConfigError(file + ": nothing to sweep: add grid:, list:, space: or seeds:");
   try {
     spec.dir = expand_fields(dir, {{"name", spec.name}});
   } catch (const Error& e) {
@@ -286,6 +373,74 @@ SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
           next.push_back(std::move(extended));
         }
       points = std::move(next);
+    }
+  }
+  if (space.IsMap()) {
+    std::vector<std::pair<std::string, Distribution>> dists;
+    std::vector<std::string> at;
+    for (const auto& d : space) {
+      claim(d.first, "space");
+      const std::string k = d.first.Scalar();
+      const std::string where = "space: " + k;
+      Distribution dist;
+      if (d.second.IsSequence()) {
+        dist.kind = "choice";
+        for (const auto& value : d.second) dist.values.push_back(value_text(value));
+      } else if (d.second.IsMap() && d.second.size() == 1) {
+        const YAML::Node name = d.second.begin()->first, args = d.second.begin()->second;
+        dist.kind = p.scalar(name, where);
+        if (std::find(kDistributions.begin(), kDistributions.end(), dist.kind) ==
+            kDistributions.end())
+          p.fail(name, where + ": unknown distribution '" + dist.kind + "'" +
+                           did_you_mean(dist.kind, kDistributions) +
+                           " (distributions: " + join(kDistributions) + ")");
+        if (!args.IsSequence()) p.fail(args, where + ": " + dist.kind + ": expected a list");
+        if (dist.kind == "choice") {
+          for (const auto& value : args) dist.values.push_back(value_text(value));
+        } else {
+          if (args.size() != 2)
+            p.fail(args, where + ": " + dist.kind + ": expected [low, high]");
+          if (dist.kind == "int") {
+            dist.low = static_cast<double>(p.integer(args[0], where, INT64_MIN));
+            dist.high = static_cast<double>(p.integer(args[1], where, INT64_MIN));
+          } else {
+            dist.low = p.number(args[0], where);
+            dist.high = p.number(args[1], where);
+          }
+          if (!(dist.low < dist.high))
+            p.fail(args, where + ": " + dist.kind + ": low must be below high");
+          if (dist.kind == "loguniform" && dist.low <= 0)
+            p.fail(args, where + ": loguniform: low must be above 0 (use uniform for ranges "
+                             "that reach 0)");
+        }
+      } else {
+        p.fail(d.second, where + ": expected a distribution, e.g. {uniform: [0, 1]}, {loguniform: "
+                             "[0.001, 1]}, {int: [16, 64]} or a list of choices");
+      }
+      if (dist.kind == "choice" && dist.values.empty())
+        p.fail(d.second, where + ": choice: expected at least one value");
+      dists.emplace_back(k, std::move(dist));
+      at.push_back(p.at(d.second));
+    }
+    // Draw until `trials` distinct points (a small discrete space can repeat a point; it is drawn
+    // again). Point n is the same whatever `trials` is, so raising it only adds runs.
+    points.clear();
+    std::set<std::string> drawn;
+    const uint64_t max_draws = 100 * static_cast<uint64_t>(spec.trials) + 1000;
+    for (uint64_t draw = 0; points.size() < static_cast<size_t>(spec.trials); ++draw) {
+      if (draw == max_draws)
+        p.fail(root["trials"], "trials: " + std::to_string(spec.trials) +
+                                   " distinct points were asked for, but space: holds only " +
+                                   std::to_string(points.size()) + "; lower trials:");
+      std::vector<Value> point;
+      std::string key;
+      for (size_t i = 0; i < dists.size(); ++i) {
+        point.push_back({dists[i].first, draw_value(dists[i].second, dists[i].first,
+                                                    spec.random_seed, draw),
+                         at[i]});
+        key += point.back().key + "=" + point.back().text + "\n";
+      }
+      if (drawn.insert(key).second) points.push_back(std::move(point));
     }
   }
   std::vector<std::vector<Value>> entries = {{}};

@@ -17,6 +17,12 @@
 //   dir: sweeps/{name}                # sweep directory, relative to where the command was run
 //   seed_key: fabric.seed             # the config key the seeds go to
 //   resume_runs: true                 # a retried run resumes from its checkpoint (resume: auto)
+//   search: grid                      # grid | random
+//   trials: 8                         # search: random: how many points to draw
+//   random_seed: 0                    # search: random: which points (same seed, same points)
+//   space:                            # search: random: a distribution per key
+//     optimizer.lr: {loguniform: [0.001, 1]}   # also uniform: [low, high], int: [low, high]
+//     model.width: [16, 32, 64]                 # a list: a choice (also {choice: [...]})
 //
 // Every problem is one ConfigError line "FILE:LINE:COL: KEY: problem; fix".
 #ifndef TOOLS_SWEEP_SWEEP_SPEC_H_
@@ -63,6 +69,9 @@ struct SweepSpec {
   std::string dir;  // as written, {name} expanded
   std::string seed_key = "fabric.seed";
   bool resume_runs = true;
+  std::string search = "grid";  // grid | random
+  int64_t trials = 0;           // search: random
+  uint64_t random_seed = 0;     // search: random
   std::vector<SweepRun> runs;  // the expansion, in order: list entry, then grid (last key fastest)
 };
 
