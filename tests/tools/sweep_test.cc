@@ -85,6 +85,28 @@ TEST_F(SweepTest, RunsEveryPointWritesResultsAndRerunRetriesOnlyTheFailedRuns) {
   EXPECT_EQ(invocations().size(), 8u) << r.out;
 }
 
+// best.yaml: the best run's whole config (the first-ranked point lr 0.2, its better seed 2), which
+// re-runs that trial: the program given --config=best.yaml reports the same metric.
+TEST_F(SweepTest, BestYamlReRunsTheBestTrial) {
+  write_sweep(kLrSeeds);
+  auto r = sweep();
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("best: lr=0.2_seed=2 -> "), std::string::npos) << r.out;
+  const fs::path best = dir_ / "out" / "best.yaml";
+  const std::string text = read(best);
+  ASSERT_FALSE(text.empty()) << r.out;
+  EXPECT_EQ(text.rfind("# The best run of sweep s (fake_metric, max): lr=0.2_seed=2", 0), 0u) << text;
+  EXPECT_EQ(text.find("run_dir:"), std::string::npos) << text;
+  EXPECT_EQ(text.find("resume:"), std::string::npos) << text;
+  EXPECT_NE(text.find("lr: 0.2\n"), std::string::npos) << text;
+
+  const auto rerun = fabric::testing::run_command(
+      "cd '" + dir_.string() + "' && '" + fake_ + "' --config=out/best.yaml logging.run_dir=rerun");
+  ASSERT_EQ(rerun.code, 0) << rerun.out;
+  const auto summary = nlohmann::json::parse(read(dir_ / "rerun" / "summary.json"));
+  EXPECT_EQ(summary["fake_metric"].get<double>(), fake_metric(0.2, 2));
+}
+
 // A run that stops on non-finite values (exit 3) is a result: recorded as diverged with its step,
 // ranked after the finished points, the sweep exits 0, and a re-run does not repeat it.
 // search: random end to end: `trials` runs with the drawn values on their command lines, ranked

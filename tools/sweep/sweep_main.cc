@@ -3,7 +3,8 @@
 //
 // Runs a config sweep (file format: tools/sweep/sweep_spec.h) and writes, in the sweep directory
 // (default sweeps/<name>, relative to where the command was run): runs/<id>/ (each run's run
-// directory), logs/<id>.log, sweep_state.json, results.csv and results.md (also printed).
+// directory), logs/<id>.log, sweep_state.json, results.csv, results.md (also printed) and
+// best.yaml (the best run's config).
 //
 // Before anything runs, every pending run's command line is checked with the program's
 // --print_config: a bad key or value stops the sweep with one line naming the sweep file's line.

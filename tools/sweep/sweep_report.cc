@@ -1,11 +1,15 @@
 #include "tools/sweep/sweep_report.h"
 
+#include <yaml-cpp/yaml.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <sstream>
 
 #include "fabric/core/atomic_file.h"
+#include "fabric/core/error.h"
 #include "fabric/core/paths.h"
 #include "fabric/core/suggest.h"
 
@@ -103,21 +107,28 @@ std::string results_csv(const SweepSpec& spec, const std::map<std::string, RunRe
   return out.str();
 }
 
-std::string results_markdown(const SweepSpec& spec,
-                             const std::map<std::string, RunRecord>& records) {
-  struct Point {
-    std::vector<std::string> values;
-    std::vector<double> metric, wall;
-    int runs = 0;
-    int diverged = 0;
-  };
+namespace {
+
+// A point of the sweep (its swept values) with its runs' results.
+struct Point {
+  std::vector<std::string> values;
+  std::vector<double> metric, wall;
+  std::vector<std::string> done_ids;  // the runs behind `metric`, in the same order
+  int runs = 0;
+  int diverged = 0;
+};
+
+// The points, best first: those whose runs all finished by the metric (mode), then those with a
+// diverged run (by the metric of the rest), then those without a metric.
+std::vector<Point> ranked_points(const SweepSpec& spec,
+                                 const std::map<std::string, RunRecord>& records) {
   std::vector<Point> points;
   std::map<std::vector<std::string>, size_t> index;
   for (const SweepRun& run : spec.runs) {
     std::vector<std::string> values;
     for (const auto& k : spec.swept_keys) values.push_back(value_of(run, k));
     auto [it, inserted] = index.emplace(values, points.size());
-    if (inserted) points.push_back({values, {}, {}, 0, 0});
+    if (inserted) points.push_back({values, {}, {}, {}, 0, 0});
     Point& p = points[it->second];
     ++p.runs;
     auto rec = records.find(run.id);
@@ -127,10 +138,9 @@ std::string results_markdown(const SweepSpec& spec,
     if (summary.is_object() && summary.contains(spec.metric) && summary[spec.metric].is_number()) {
       p.metric.push_back(summary[spec.metric].get<double>());
       p.wall.push_back(rec->second.wall_seconds);
+      p.done_ids.push_back(run.id);
     }
   }
-  // Points whose runs all finished first, by the metric; then points with a diverged run (by the
-  // metric of the rest); then points without a metric.
   std::stable_sort(points.begin(), points.end(), [&](const Point& a, const Point& b) {
     if (a.metric.empty() != b.metric.empty()) return b.metric.empty();
     if (a.metric.empty()) return a.diverged > b.diverged;
@@ -138,6 +148,14 @@ std::string results_markdown(const SweepSpec& spec,
     const double ma = stats_of(a.metric).mean, mb = stats_of(b.metric).mean;
     return spec.maximize ? ma > mb : ma < mb;
   });
+  return points;
+}
+
+}  // namespace
+
+std::string results_markdown(const SweepSpec& spec,
+                             const std::map<std::string, RunRecord>& records) {
+  const std::vector<Point> points = ranked_points(spec, records);
 
   const auto names = short_names(spec.swept_keys);
   std::ostringstream out;
@@ -169,12 +187,63 @@ std::string results_markdown(const SweepSpec& spec,
   return out.str();
 }
 
+std::optional<BestConfig> best_config(const SweepSpec& spec,
+                                      const std::map<std::string, RunRecord>& records) {
+  const std::vector<Point> points = ranked_points(spec, records);
+  if (points.empty() || points[0].metric.empty() || points[0].diverged > 0) return std::nullopt;
+  const Point& p = points[0];
+  size_t best = 0;
+  for (size_t i = 1; i < p.metric.size(); ++i)
+    if (spec.maximize ? p.metric[i] > p.metric[best] : p.metric[i] < p.metric[best]) best = i;
+  const RunRecord& rec = records.at(p.done_ids[best]);
+  const std::filesystem::path source = std::filesystem::path(rec.run_dir) / "config.yaml";
+  YAML::Node config;
+  try {
+    config = YAML::LoadFile(source.string());
+  } catch (const YAML::Exception& e) {
+    throw Error("cannot read " + source.string() + ": " + e.what());
+  }
+  if (!config.IsMap()) throw Error(source.string() + " is not a YAML mapping");
+  // Where the sweep put the run and how it resumed it are the sweep's business, not the config's.
+  for (const auto& [section, key] : {std::pair<const char*, const char*>{"logging", "run_dir"},
+                                     {"checkpoint", "resume"}}) {
+    if (config[section].IsMap()) {
+      config[section].remove(key);
+      if (config[section].size() == 0) config.remove(section);
+    }
+  }
+  const Stats m = stats_of(p.metric);
+  std::ostringstream text;
+  text << "# The best run of sweep " << spec.name << " (" << spec.metric << ", "
+       << (spec.maximize ? "max" : "min") << "): " << p.done_ids[best] << ", " << spec.metric << " "
+       << exact(p.metric[best]) << "; its point ranks first with " << number(m.mean);
+  if (m.n > 1) text << " ± " << number(m.std) << " over " << m.n << " runs";
+  text << ".\n# Its resolved config.yaml, logging.run_dir and checkpoint.resume left to their "
+          "defaults. Re-run:\n#   "
+       << (spec.binary.rfind("//", 0) == 0 ? "bazel run " + spec.binary + " -- "
+                                           : spec.binary + " ")
+       << "--config=best.yaml\n";
+  YAML::Emitter out;
+  out << config;
+  text << out.c_str() << "\n";
+  return BestConfig{p.done_ids[best], text.str()};
+}
+
 int write_report(const SweepSpec& spec, SweepState& state, const std::filesystem::path& sweep_dir,
                  int run_code, std::ostream& out) {
   const auto& records = state.runs();
   const std::string table = results_markdown(spec, records);
   write_file_atomically(sweep_dir / "results.csv", results_csv(spec, records));
   write_file_atomically(sweep_dir / "results.md", "# Sweep " + spec.name + "\n\n" + table);
+  std::string best_line;
+  try {
+    if (const auto best = best_config(spec, records)) {
+      write_file_atomically(sweep_dir / "best.yaml", best->yaml);
+      best_line = "best: " + best->run_id + " -> " + display_path(sweep_dir / "best.yaml") + "\n";
+    }
+  } catch (const Error& e) {  // the results stand without it
+    best_line = std::string("best.yaml not written: ") + e.what() + "\n";
+  }
   int done = 0, diverged = 0, failed = 0, submitted = 0, left = 0;
   for (const SweepRun& run : spec.runs) {
     auto it = records.find(run.id);
@@ -199,7 +268,8 @@ int write_report(const SweepSpec& spec, SweepState& state, const std::filesystem
       << failed << " failed, "
       << (submitted > 0 ? std::to_string(submitted) + " queued or running in SLURM, " : "") << left
       << " not run; " << display_path(sweep_dir / "results.csv") << ", "
-      << display_path(sweep_dir / "results.md") << "\n";
+      << display_path(sweep_dir / "results.md") << "\n"
+      << best_line;
   if (submitted > 0)
     out << "run the same command again to gather the SLURM runs once they end (squeue --me)\n";
   else if (left > 0 || failed > 0)

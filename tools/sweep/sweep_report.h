@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -31,8 +32,19 @@ Stats stats_of(const std::vector<double>& values);
 std::string results_markdown(const SweepSpec& spec,
                              const std::map<std::string, RunRecord>& records);
 
-// Writes results.csv and results.md to `sweep_dir`, prints the table, the failed runs and where
-// the files are. Returns the sweep's exit status: `run_code` when non-zero (a signal), 1 when a
+// best.yaml: the resolved config.yaml of the best run of the first-ranked point, without
+// logging.run_dir and checkpoint.resume, under a comment naming the run, its metric and the
+// command that re-runs it. nullopt when that point has no finished run or a diverged one.
+// Throws fabric::Error when the run's config.yaml cannot be read.
+struct BestConfig {
+  std::string run_id;
+  std::string yaml;
+};
+std::optional<BestConfig> best_config(const SweepSpec& spec,
+                                      const std::map<std::string, RunRecord>& records);
+
+// Writes results.csv, results.md and best.yaml to `sweep_dir`, prints the table, the failed runs and
+// where the files are. Returns the sweep's exit status: `run_code` when non-zero (a signal), 1 when a
 // run of the spec failed, else 0 (diverged runs are results: they do not make it 1).
 int write_report(const SweepSpec& spec, SweepState& state, const std::filesystem::path& sweep_dir,
                  int run_code, std::ostream& out);
