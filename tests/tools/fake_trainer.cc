@@ -2,7 +2,8 @@
 // and config checks (fabric::run_main, fabric::training_schema) and writes summary.json to its run
 // directory with fake_metric = 1 - 10 (optimizer.lr - 0.2)^2 + 0.001 fabric.seed.
 //
-// Test controls (environment): FAKE_INVOCATIONS=FILE appends "lr seed" per run; FAKE_FAIL_LR=X
+// Test controls (environment): FAKE_INVOCATIONS=FILE appends "lr seed" per run; FAKE_CPUS_LOG=FILE
+// appends the FABRIC_CPUS it was given ("unset" when none); FAKE_FAIL_LR=X
 // fails (exit 1, one error line) when optimizer.lr == X; FAKE_DIVERGE_LR=X stops as a diverged
 // Fabric program does (summary.json with "stopped", exit 3) when optimizer.lr == X;
 // FAKE_BLOCK_LR=X writes its pid to the file $FAKE_STARTED then blocks until killed when
@@ -35,6 +36,10 @@ int main(int argc, char** argv) {
     const int64_t seed = c.get_int("fabric.seed");
     if (const char* log = std::getenv("FAKE_INVOCATIONS")) {
       std::ofstream(log, std::ios::app) << lr << " " << seed << "\n";
+    }
+    if (const char* log = std::getenv("FAKE_CPUS_LOG")) {
+      const char* cpus = std::getenv("FABRIC_CPUS");
+      std::ofstream(log, std::ios::app) << (cpus ? cpus : "unset") << "\n";
     }
     if (env_is("FAKE_FAIL_LR", lr)) throw fabric::Error("fake failure at lr " + std::to_string(lr));
     if (env_is("FAKE_BLOCK_LR", lr)) {

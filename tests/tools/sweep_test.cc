@@ -85,6 +85,25 @@ TEST_F(SweepTest, RunsEveryPointWritesResultsAndRerunRetriesOnlyTheFailedRuns) {
   EXPECT_EQ(invocations().size(), 8u) << r.out;
 }
 
+// Parallel runs on CPU split the sweep's CPUs: with FABRIC_CPUS=4 and --parallel=2 each run gets
+// FABRIC_CPUS=2, and the sweep says so; one run at a time keeps the whole budget.
+TEST_F(SweepTest, ParallelRunsOnCpuSplitTheCpus) {
+  write_sweep(kLrSeeds);
+  const std::string log = (dir_ / "cpus").string();
+  auto r = sweep("FABRIC_CPUS=4 FAKE_CPUS_LOG='" + log + "'", "--parallel=2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("parallel 2, 2 CPU(s) per run (FABRIC_CPUS)"), std::string::npos) << r.out;
+  EXPECT_EQ(lines(read(log)), std::vector<std::string>(6, "2"));
+
+  r = fabric::testing::run_command(
+      command("FABRIC_CPUS=4 FAKE_CPUS_LOG='" + log + "'", "--parallel=1", "out1"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("CPU(s) per run"), std::string::npos) << r.out;
+  const auto all = lines(read(log));
+  ASSERT_EQ(all.size(), 12u);
+  EXPECT_EQ(std::vector<std::string>(all.begin() + 6, all.end()), std::vector<std::string>(6, "4"));
+}
+
 // best.yaml: the best run's whole config (the first-ranked point lr 0.2, its better seed 2), which
 // re-runs that trial: the program given --config=best.yaml reports the same metric.
 TEST_F(SweepTest, BestYamlReRunsTheBestTrial) {

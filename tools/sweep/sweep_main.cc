@@ -198,6 +198,9 @@ int sweep_main(int argc, char** argv) {
             << " done earlier), "
             << (slurm && options.parallel == 0 ? std::string("parallel: SLURM decides")
                                                : "parallel " + std::to_string(options.parallel))
+            << (options.cpus_per_run > 0
+                    ? ", " + std::to_string(options.cpus_per_run) + " CPU(s) per run (FABRIC_CPUS)"
+                    : std::string())
             << (slurm ? ", SLURM job array" : "") << ", directory "
             << fabric::display_path(options.sweep_dir) << std::endl;
   if (flags.dry_run) {
