@@ -223,6 +223,41 @@ TEST_F(SweepTest, InterruptStopsTheRunningRunAndTheRerunContinuesWithTheRest) {
   EXPECT_EQ(calls[4], "0.1 2");
 }
 
+// kill -9 of the sweep itself: its running run dies with it (PR_SET_PDEATHSIG), the state file
+// still says "running", and the same command then finishes the sweep without repeating the runs
+// that had finished.
+TEST_F(SweepTest, SweepKilledWithSigkillCompletesOnRerunWithoutRepeatingFinishedRuns) {
+  write_sweep(kLrSeeds);
+  const fs::path started = dir_ / "started";
+  const pid_t pid =
+      start_in_background(command("FAKE_BLOCK_LR=0.3 FAKE_STARTED='" + started.string() + "'"));
+  ASSERT_GE(pid, 0);
+  const std::string blocked = wait_for_line(started);
+  ASSERT_FALSE(blocked.empty()) << read(dir_ / "first.out");
+  kill(pid, SIGKILL);
+  const auto stopped = wait_for_exit(pid, std::chrono::seconds(60));
+  ASSERT_TRUE(stopped);
+  EXPECT_TRUE(WIFSIGNALED(*stopped) && WTERMSIG(*stopped) == SIGKILL);
+  const pid_t run_pid = std::stoi(blocked);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (kill(run_pid, 0) == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(kill(run_pid, 0), -1) << "the run must die with the sweep";
+  auto s = state();
+  EXPECT_EQ(s["runs"]["lr=0.1_seed=1"]["status"], "done");
+  EXPECT_EQ(s["runs"]["lr=0.2_seed=1"]["status"], "done");
+  EXPECT_EQ(s["runs"]["lr=0.3_seed=1"]["status"], "running");  // as the killed sweep left it
+
+  const auto r = sweep();
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("6 runs (2 done earlier)"), std::string::npos) << r.out;
+  const auto calls = invocations();
+  ASSERT_EQ(calls.size(), 7u) << r.out;  // 3 before the kill, then the 4 left: none repeated
+  EXPECT_EQ(calls[3], "0.3 1");
+  EXPECT_EQ(calls[4], "0.1 2");
+  EXPECT_EQ(state()["runs"]["lr=0.3_seed=1"]["status"], "done");
+}
+
 TEST_F(SweepTest, EveryRunIsCheckedBeforeAnyRuns) {
   write_sweep("grid:\n  optimizer.lr: [0.1, -1]\nmetric: fake_metric\nmode: max\n");
   auto r = sweep();
