@@ -194,19 +194,15 @@ TEST_F(SweepTest, DivergedRunsAreResultsNotFailures) {
 
 TEST_F(SweepTest, InterruptStopsTheRunningRunAndTheRerunContinuesWithTheRest) {
   write_sweep(kLrSeeds);
-  const fs::path started = dir_ / "started";
-  const pid_t pid =
-      start_in_background(command("FAKE_BLOCK_LR=0.3 FAKE_STARTED='" + started.string() + "'"));
-  ASSERT_GE(pid, 0);
   // Wait (bounded) until the third run is blocked, then press "Ctrl-C".
-  const std::string blocked = wait_for_line(started);
-  ASSERT_FALSE(blocked.empty()) << read(dir_ / "first.out");
+  const auto [pid, run_pid] = start_with_blocked_run("0.3");
+  ASSERT_GT(pid, 0);
+  ASSERT_GT(run_pid, 0) << read(dir_ / "first.out");
   kill(pid, SIGINT);
   const auto stopped = wait_for_exit(pid, std::chrono::seconds(60));
   ASSERT_TRUE(stopped) << "the sweep did not stop on SIGINT:\n" << read(dir_ / "first.out");
   const int status = *stopped;
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGINT) << read(dir_ / "first.out");
-  const pid_t run_pid = std::stoi(blocked);
   EXPECT_EQ(kill(run_pid, 0), -1) << "the interrupted run must be gone";
   auto s = state();
   EXPECT_EQ(s["runs"]["lr=0.1_seed=1"]["status"], "done");
@@ -228,17 +224,13 @@ TEST_F(SweepTest, InterruptStopsTheRunningRunAndTheRerunContinuesWithTheRest) {
 // that had finished.
 TEST_F(SweepTest, SweepKilledWithSigkillCompletesOnRerunWithoutRepeatingFinishedRuns) {
   write_sweep(kLrSeeds);
-  const fs::path started = dir_ / "started";
-  const pid_t pid =
-      start_in_background(command("FAKE_BLOCK_LR=0.3 FAKE_STARTED='" + started.string() + "'"));
-  ASSERT_GE(pid, 0);
-  const std::string blocked = wait_for_line(started);
-  ASSERT_FALSE(blocked.empty()) << read(dir_ / "first.out");
+  const auto [pid, run_pid] = start_with_blocked_run("0.3");
+  ASSERT_GT(pid, 0);
+  ASSERT_GT(run_pid, 0) << read(dir_ / "first.out");
   kill(pid, SIGKILL);
   const auto stopped = wait_for_exit(pid, std::chrono::seconds(60));
   ASSERT_TRUE(stopped);
   EXPECT_TRUE(WIFSIGNALED(*stopped) && WTERMSIG(*stopped) == SIGKILL);
-  const pid_t run_pid = std::stoi(blocked);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (kill(run_pid, 0) == 0 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));

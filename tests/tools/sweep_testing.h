@@ -15,6 +15,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <utility>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -77,6 +78,15 @@ class SweepTest : public ::testing::Test {
       _exit(127);
     }
     return pid;
+  }
+  // Starts the sweep in the background with the run of lr `lr` blocking once started; returns
+  // the sweep's pid and, once that run has started (bounded wait), its pid (0 when it did not).
+  std::pair<pid_t, pid_t> start_with_blocked_run(const std::string& lr) {
+    const fs::path started = dir_ / "started";
+    const pid_t pid = start_in_background(
+        command("FAKE_BLOCK_LR=" + lr + " FAKE_STARTED='" + started.string() + "'"));
+    const std::string blocked = pid > 0 ? wait_for_line(started) : "";
+    return {pid, blocked.empty() ? 0 : std::stoi(blocked)};
   }
   // The contents of `file` once it ends with a newline ("" after 120 s).
   static std::string wait_for_line(const fs::path& file) {
