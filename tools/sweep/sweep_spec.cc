@@ -15,6 +15,7 @@
 #include "fabric/core/hash.h"
 #include "fabric/core/suggest.h"
 #include "fabric/logging/run_dir.h"
+#include "tools/sweep/sweep_space.h"
 
 namespace fabric::sweep {
 namespace {
@@ -25,49 +26,6 @@ const std::vector<std::string> kTopKeys = {
     "name",     "binary", "config",          "overrides", "grid", "list",     "seeds",
     "parallel", "metric", "devices_per_run", "mode",      "dir",  "seed_key", "resume_runs",
     "search",   "trials", "space",           "random_seed"};
-const std::vector<std::string> kDistributions = {"uniform", "loguniform", "int", "choice"};
-
-// A search-space entry of `search: random`.
-struct Distribution {
-  std::string kind;                 // one of kDistributions
-  double low = 0, high = 0;         // uniform, loguniform, int (inclusive)
-  std::vector<std::string> values;  // choice: value texts
-};
-
-// SplitMix64: a portable generator (std:: distributions differ between standard libraries, and
-// a sweep must draw the same trials everywhere).
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-// The value text of `d` for draw number `draw` of key `key`: a function of (random_seed, key,
-// draw) alone, so adding trials or keys leaves the values already drawn as they were.
-std::string draw_value(const Distribution& d, const std::string& key, uint64_t random_seed,
-                       uint64_t draw) {
-  const uint64_t bits = mix(mix(random_seed ^ fnv1a64(key)) ^ mix(draw));
-  const double u = static_cast<double>(bits >> 11) * 0x1.0p-53;  // [0, 1)
-  char buf[32];
-  if (d.kind == "choice") {
-    const size_t i = std::min(d.values.size() - 1, static_cast<size_t>(u * d.values.size()));
-    return d.values[i];
-  }
-  if (d.kind == "int") {
-    const double span = d.high - d.low + 1;
-    const double v = std::min(d.high, d.low + std::floor(u * span));
-    std::snprintf(buf, sizeof(buf), "%lld", static_cast<long long>(v));
-    return buf;
-  }
-  const double v = d.kind == "loguniform"
-                       ? std::exp(std::log(d.low) + u * (std::log(d.high) - std::log(d.low)))
-                       : d.low + u * (d.high - d.low);
-  // Four significant digits: the value the run gets is the text the table shows.
-  std::snprintf(buf, sizeof(buf), "%.4g", v);
-  return buf;
-}
-
 class Parser {
  public:
   Parser(std::string file) : file_(std::move(file)) {}
@@ -422,25 +380,16 @@ SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
       dists.emplace_back(k, std::move(dist));
       at.push_back(p.at(d.second));
     }
-    // Draw until `trials` distinct points (a small discrete space can repeat a point; it is drawn
-    // again). Point n is the same whatever `trials` is, so raising it only adds runs.
+    const auto drawn = draw_points(dists, spec.trials, spec.random_seed);
+    if (drawn.size() < static_cast<size_t>(spec.trials))
+      p.fail(root["trials"], "trials: " + std::to_string(spec.trials) +
+                                 " distinct points were asked for, but space: holds only " +
+                                 std::to_string(drawn.size()) + "; lower trials:");
     points.clear();
-    std::set<std::string> drawn;
-    const uint64_t max_draws = 100 * static_cast<uint64_t>(spec.trials) + 1000;
-    for (uint64_t draw = 0; points.size() < static_cast<size_t>(spec.trials); ++draw) {
-      if (draw == max_draws)
-        p.fail(root["trials"], "trials: " + std::to_string(spec.trials) +
-                                   " distinct points were asked for, but space: holds only " +
-                                   std::to_string(points.size()) + "; lower trials:");
+    for (const auto& texts : drawn) {
       std::vector<Value> point;
-      std::string key;
-      for (size_t i = 0; i < dists.size(); ++i) {
-        point.push_back({dists[i].first, draw_value(dists[i].second, dists[i].first,
-                                                    spec.random_seed, draw),
-                         at[i]});
-        key += point.back().key + "=" + point.back().text + "\n";
-      }
-      if (drawn.insert(key).second) points.push_back(std::move(point));
+      for (size_t i = 0; i < dists.size(); ++i) point.push_back({dists[i].first, texts[i], at[i]});
+      points.push_back(std::move(point));
     }
   }
   std::vector<std::vector<Value>> entries = {{}};
