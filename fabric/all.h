@@ -4,6 +4,7 @@
 //   fabric/main.h                  run_main: --config, key=value overrides, exit statuses 0/1/2
 //   fabric/checkpointer.h          periodic checkpoints, rotation, resume: auto
 //   fabric/nonfinite_guard.h       trainer.stop_on_nonfinite
+//   fabric/stop_signal.h           SIGTERM → checkpoint and exit 143
 //   fabric/training/optimizers.h   the optimizer of the optimizer: section (fused where it can)
 //   fabric/training/lr_scheduler.h the schedule of the scheduler: section
 //   fabric/training/graphed_step.h whole training steps replayed as CUDA graphs
@@ -26,6 +27,7 @@
 #include "fabric/main.h"
 #include "fabric/nn/batch_norm.h"
 #include "fabric/nonfinite_guard.h"
+#include "fabric/stop_signal.h"
 #include "fabric/training/activation_checkpoint.h"
 #include "fabric/training/ema.h"
 #include "fabric/training/graphed_step.h"

@@ -29,6 +29,7 @@
 #include "fabric/logging/progress.h"
 #include "fabric/logging/run_dir.h"
 #include "fabric/nonfinite_guard.h"
+#include "fabric/stop_signal.h"
 #include "fabric/training/ema.h"
 #include "fabric/training/graphed_step.h"
 #include "fabric/training/lr_scheduler.h"
@@ -74,7 +75,8 @@ double evaluate(fabric::Fabric& f, Model& model, fabric::DataLoader& loader,
   return n == 0 ? 0.0 : static_cast<double>(correct.item<int64_t>()) / static_cast<double>(n);
 }
 
-// Returns the exit status: 0, or 3 (on global rank 0) when training stopped on non-finite losses.
+// Returns the exit status: 0; 3 (on global rank 0) when training stopped on non-finite losses;
+// 143 when SIGTERM stopped it (a checkpoint of that step saved; checkpoint.resume=auto continues).
 template <typename Model>
 int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& task) {
   using Clock = std::chrono::steady_clock;
@@ -156,6 +158,8 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
   auto window_start = Clock::now();
   fabric::ProgressBar& bar = f.progress_bar(total_steps, max_epochs, step);
   fabric::NonFiniteGuard nonfinite(f);  // trainer.stop_on_nonfinite
+  fabric::StopSignal stop_signal(f, log_every);  // SIGTERM: checkpoint this step, exit 143
+  bool signalled = false;
   auto loss_of = [&](const torch::Tensor& data, const torch::Tensor& target) {
     auto guard = f.autocast();
     return torch::cross_entropy_loss(f.forward(model, f.precision().convert_input(data)), target);
@@ -217,6 +221,11 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
         stopped = nonfinite.message();
         break;
       }
+      if (stop_signal.requested(step)) {
+        signalled = true;
+        stopped = "stopped by SIGTERM at step " + std::to_string(step);
+        break;
+      }
       if (step >= total_steps) break;  // before taking a batch this run would not train on
     }
     train_seconds += std::chrono::duration<double>(Clock::now() - epoch_start).count();
@@ -248,7 +257,11 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
   }
   bar.finish();
   std::string nonfinite_checkpoint;
-  if (stopped.empty()) {
+  if (signalled) {
+    const std::filesystem::path saved = checkpoints.save();
+    f.print(stopped, "; the state is in ", saved.empty() ? "(not saved)" : saved.string(),
+            " (checkpoint.resume=auto continues from it)");
+  } else if (stopped.empty()) {
     checkpoints.finish();
     if (ema && !checkpoints.export_weights().empty()) {  // beside them: <stem>_ema<ext>
       const std::filesystem::path weights = checkpoints.export_weights();
@@ -293,6 +306,7 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
   if (task.finish) task.finish(f, summary);
   const auto summary_path = run.write_summary(summary);
   f.print(summary_path.string());
+  if (signalled) return fabric::StopSignal::kExitStatus;
   return !stopped.empty() && f.is_global_zero() ? 3 : 0;
 }
 

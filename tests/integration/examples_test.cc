@@ -1,13 +1,17 @@
 // End-to-end runs of the example binaries (data dependencies of this test): every shipped config
 // that can run on a CPU, for a few steps, plus the exit statuses and error lines users see.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "tests/integration/examples_fixture.h"
 
@@ -107,6 +111,64 @@ TEST_F(ExamplesTest, DivergingRunStopsWithExitThreeAndKeepsItsStateAside) {
       << r.out;
   const fs::path sharded_aside = summary_of(r)["nonfinite_checkpoint"].get<std::string>();
   EXPECT_TRUE(fs::exists(sharded_aside / "manifest.json")) << sharded_aside;
+}
+
+// SIGTERM (a sweep's pruner, a scheduler's preemption) stops the example cleanly: a checkpoint of
+// that step, exit 143, and checkpoint.resume=auto continues to the same weights, bitwise, as the
+// run never stopped.
+TEST_F(ExamplesTest, SigtermSavesTheStepAndResumeAutoEndsBitwiseAsTheWholeRun) {
+  const std::string args = std::string("--config=single_cpu.yaml") + kTinyCifar +
+                           " trainer.max_steps=300 trainer.max_epochs=100 checkpoint.every_n_epochs=0 "
+                           "trainer.eval_every_n_epochs=0";
+  Result whole = run("cifar10", args + " logging.run_dir=whole");
+  ASSERT_EQ(whole.code, 0) << whole.out;
+
+  // Started in the background; stopped (SIGSTOP) as soon as its first metrics row is there, sent
+  // SIGTERM, continued: the signal lands early in its 300 steps.
+  const fs::path out = dir_ / "stopped.out";
+  const std::string exe = (fs::current_path() / "examples" / "cifar10").string();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c",
+          ("cd '" + dir_.string() + "' && exec '" + exe + "' " + args +
+           " logging.run_dir=stopped >'" + out.string() + "' 2>&1")
+              .c_str(),
+          nullptr);
+    _exit(127);
+  }
+  ASSERT_GT(pid, 0);
+  const fs::path metrics = dir_ / "stopped" / "metrics.csv";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < deadline &&
+         (!fs::exists(metrics) || fs::file_size(metrics) == 0 || bytes(metrics).find('\n') ==
+                                                                      bytes(metrics).rfind('\n')))
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  kill(pid, SIGSTOP);
+  kill(pid, SIGTERM);
+  kill(pid, SIGCONT);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  const std::string text = bytes(out);
+  ASSERT_TRUE(WIFEXITED(status)) << text;
+  ASSERT_EQ(WEXITSTATUS(status), 143) << text;
+  const size_t at = text.find("stopped by SIGTERM at step ");
+  ASSERT_NE(at, std::string::npos) << text;
+  const int step = std::stoi(text.substr(at + 27));
+  EXPECT_GE(step, 1);
+  EXPECT_LT(step, 300);
+  char name[32];
+  std::snprintf(name, sizeof(name), "step-%08d.ckpt", step);
+  EXPECT_TRUE(fs::exists(dir_ / "stopped" / "checkpoints" / name)) << text;
+  EXPECT_NE(text.find("(checkpoint.resume=auto continues from it)"), std::string::npos) << text;
+
+  Result resumed = run("cifar10", args + " logging.run_dir=stopped checkpoint.resume=auto");
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_NE(resumed.out.find(name), std::string::npos) << resumed.out;  // resumed from it
+  const auto s = summary_of(resumed);
+  EXPECT_EQ(s["steps"], 300);
+  EXPECT_TRUE(bytes(dir_ / "whole" / "weights.pt") ==
+              bytes(fs::path(s["run_dir"].get<std::string>()) / "weights.pt"))
+      << resumed.out;
 }
 
 TEST_F(ExamplesTest, SingleCpuConfigRunsOnSyntheticData) {

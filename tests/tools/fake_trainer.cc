@@ -8,16 +8,26 @@
 // Fabric program does (summary.json with "stopped", exit 3) when optimizer.lr == X;
 // FAKE_BLOCK_LR=X writes its pid to the file $FAKE_STARTED then blocks until killed when
 // optimizer.lr == X.
+//
+// Training (for pruners): FAKE_STEPS=N "trains" N steps of FAKE_STEP_MS milliseconds each (default
+// 20), logging fake/score = fake_metric · step / N to metrics.csv at every step. SIGTERM stops it as
+// a Fabric example stops: it saves its step to <logging.run_dir>.fake_ckpt and exits 143; with
+// checkpoint.resume=auto it starts from that step. FAKE_STEPS_LOG=FILE appends "lr from to" for
+// every attempt (the steps it trained).
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "fabric/config/config.h"
 #include "fabric/core/error.h"
+#include "fabric/logging/metrics_csv.h"
 #include "fabric/logging/run_dir.h"
 #include "fabric/main.h"
 
@@ -26,6 +36,37 @@ namespace {
 bool env_is(const char* name, double value) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' && std::stod(v) == value;
+}
+
+std::atomic<bool> stop_requested{false};
+
+// FAKE_STEPS: trains step by step (see the top); returns the exit status.
+int train_steps(const fabric::Config& c, const fabric::RunDirectory& run, double metric, int steps) {
+  const char* step_ms = std::getenv("FAKE_STEP_MS");
+  const auto pause = std::chrono::milliseconds(step_ms ? std::atoi(step_ms) : 20);
+  const std::string checkpoint = c.get_string("logging.run_dir") + ".fake_ckpt";
+  int from = 0;
+  if (c.get_string("checkpoint.resume") == "auto") std::ifstream(checkpoint) >> from;
+  struct sigaction action {};
+  action.sa_handler = [](int) { stop_requested = true; };
+  sigaction(SIGTERM, &action, nullptr);
+  fabric::CsvMetrics metrics(run.path() / "metrics.csv");
+  int step = from;
+  while (step < steps && !stop_requested) {
+    std::this_thread::sleep_for(pause);
+    ++step;
+    metrics.log({{"fake/score", metric * step / steps}, {"epoch", 1}}, step);
+    metrics.flush();
+  }
+  if (const char* log = std::getenv("FAKE_STEPS_LOG"))
+    std::ofstream(log, std::ios::app) << c.get_double("optimizer.lr") << " " << from << " " << step
+                                      << "\n";
+  if (step < steps) {
+    std::ofstream(checkpoint) << step << "\n";
+    return 128 + SIGTERM;
+  }
+  run.write_summary({{"fake_metric", metric}, {"steps", step}, {"name", "fake"}});
+  return 0;
 }
 
 }  // namespace
@@ -55,7 +96,9 @@ int main(int argc, char** argv) {
                           "(detected at step 7; trainer.stop_on_nonfinite: 3)"}});
       return 3;
     }
-    run.write_summary({{"fake_metric", 1 - 10 * (lr - 0.2) * (lr - 0.2) + 0.001 * seed},
+    const double metric = 1 - 10 * (lr - 0.2) * (lr - 0.2) + 0.001 * seed;
+    if (const char* steps = std::getenv("FAKE_STEPS")) return train_steps(c, run, metric, std::atoi(steps));
+    run.write_summary({{"fake_metric", metric},
                        {"steps", 10},
                        {"name", "fake"}});
     return 0;

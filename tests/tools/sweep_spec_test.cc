@@ -73,7 +73,7 @@ TEST(SweepSpec, ErrorsNameTheLineAndTheFix) {
   EXPECT_EQ(error_of(std::string(kHead) + "seed: [1]\n"),
             "s.yaml:4:1: unknown sweep key 'seed'; did you mean 'seeds'? (keys: name, binary, "
             "config, overrides, grid, list, seeds, parallel, metric, devices_per_run, mode, dir, "
-            "seed_key, resume_runs, search, trials, space, random_seed)");
+            "seed_key, resume_runs, search, trials, space, random_seed, pruner)");
   EXPECT_EQ(error_of("binary: x\nmode: max\ngrid: {a.b: [1]}\n"),
             "s.yaml: metric: missing; name a key of the runs' summary.json, e.g. metric: "
             "test_accuracy");
@@ -220,6 +220,45 @@ TEST(SweepSpec, RandomSearchErrorsNameTheLineAndTheFix) {
             "s.yaml:4:9: search: 'grids' is not grid or random; did you mean 'grid'?");
   EXPECT_EQ(error_of(std::string(kHead) + "grid: {optimizer.lr: [0.1]}\ntrials: 4\n"),
             "s.yaml:5:9: trials: only used by search: random; add search: random");
+}
+
+TEST(SweepSpec, PrunerSectionDefaultsAndErrors) {
+  const std::string head = std::string(kHead) + "grid: {optimizer.lr: [0.1, 0.2]}\n";
+  const SweepSpec asha =
+      parse_sweep(head + "pruner: {type: asha, metric: test/accuracy, min_epochs: 2}\n", "s.yaml");
+  EXPECT_EQ(asha.pruner.type, "asha");
+  EXPECT_EQ(asha.pruner.metric, "test/accuracy");
+  EXPECT_TRUE(asha.pruner.maximize);  // the sweep's mode
+  EXPECT_TRUE(asha.pruner.by_epoch);
+  EXPECT_EQ(asha.pruner.min_resource, 2);
+  EXPECT_EQ(asha.pruner.reduction_factor, 3);
+  const SweepSpec median = parse_sweep(
+      head + "pruner: {type: median, metric: train/loss, mode: min, min_runs: 5}\n", "s.yaml");
+  EXPECT_FALSE(median.pruner.maximize);
+  EXPECT_FALSE(median.pruner.by_epoch);
+  EXPECT_EQ(median.pruner.min_resource, 1);
+  EXPECT_EQ(median.pruner.min_runs, 5);
+  EXPECT_EQ(parse_sweep(head, "s.yaml").pruner.type, "");
+
+  EXPECT_EQ(error_of(head + "pruner: {type: hyperband, metric: m}\n"),
+            "s.yaml:5:16: pruner: type: 'hyperband' is not median or asha");
+  EXPECT_EQ(error_of(head + "pruner: {type: asha}\n"),
+            "s.yaml:5:9: pruner: metric: missing; name the metrics.csv column the decisions use, "
+            "e.g. metric: test/accuracy");
+  EXPECT_EQ(error_of(head + "pruner: {metric: m}\n"),
+            "s.yaml:5:9: pruner: type: missing; write type: median or type: asha");
+  EXPECT_EQ(error_of(head + "pruner: {type: asha, metric: m, min_steps: 2, min_epochs: 1}\n"),
+            "s.yaml:5:47: pruner: give min_steps or min_epochs, not both");
+  EXPECT_EQ(error_of(head + "pruner: {type: median, metric: m, reduction_factor: 2}\n"),
+            "s.yaml:5:53: pruner: reduction_factor: only used by type: asha");
+  EXPECT_EQ(error_of(head + "pruner: {type: asha, metric: m, reduction_factr: 2}\n"),
+            "s.yaml:5:33: unknown pruner key 'reduction_factr'; did you mean 'reduction_factor'? "
+            "(keys: type, metric, mode, min_steps, min_epochs, reduction_factor, min_runs)");
+  EXPECT_EQ(error_of(head + "pruner: {type: asha, metric: m, reduction_factor: 1}\n"),
+            "s.yaml:5:51: pruner: reduction_factor: 1 is out of range: must be >= 2");
+  EXPECT_EQ(error_of(head + "pruner: {type: asha, metric: step}\n"),
+            "s.yaml:5:30: pruner: metric: name a metrics.csv column the runs log, e.g. "
+            "test/accuracy");
 }
 
 // Every shipped sweep file (configs/sweeps/) parses and has runs.

@@ -126,8 +126,6 @@ TEST_F(SweepTest, BestYamlReRunsTheBestTrial) {
   EXPECT_EQ(summary["fake_metric"].get<double>(), fake_metric(0.2, 2));
 }
 
-// A run that stops on non-finite values (exit 3) is a result: recorded as diverged with its step,
-// ranked after the finished points, the sweep exits 0, and a re-run does not repeat it.
 // search: random end to end: `trials` runs with the drawn values on their command lines, ranked
 // by the metric; raising trials on the same directory runs only the new points.
 TEST_F(SweepTest, RandomSearchRunsTheDrawnTrialsAndMoreTrialsRunOnlyTheNewOnes) {
@@ -162,6 +160,8 @@ TEST_F(SweepTest, RandomSearchRunsTheDrawnTrialsAndMoreTrialsRunOnlyTheNewOnes) 
   EXPECT_EQ(lines(read(dir_ / "out" / "results.csv")).size(), 6u);
 }
 
+// A run that stops on non-finite values (exit 3) is a result: recorded as diverged with its step,
+// ranked after the finished points, the sweep exits 0, and a re-run does not repeat it.
 TEST_F(SweepTest, DivergedRunsAreResultsNotFailures) {
   write_sweep(kLrSeeds);
   auto r = sweep("FAKE_DIVERGE_LR=0.3");

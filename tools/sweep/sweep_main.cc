@@ -24,8 +24,8 @@
 //   --sbatch="ARGS" extra sbatch arguments, split on spaces (e.g. "--partition=gpu --time=2:00:00");
 //                   sbatch's SBATCH_* environment variables work too
 //   --no_wait       SLURM: return once the array is submitted; the next invocation gathers it
-// Exit status: 0 every run done; 1 some run failed (the others ran; see results.md) or an error;
-//              2 bad sweep file, flag or run config; 128+S stopped by signal S (re-run continues).
+// Exit status: 0 every run has a result (done, diverged or pruned); 1 some run failed (the others
+//              ran; see results.md) or an error; 2 bad sweep file, flag or run config; 128+S stopped by signal S (re-run continues).
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -162,6 +162,10 @@ int sweep_main(int argc, char** argv) {
   const fabric::sweep::Setup setup = fabric::sweep::prepare(spec, file, options);
   options = setup.options;
   const bool slurm = flags.launcher == "slurm";
+  if (slurm && !spec.pruner.type.empty())
+    throw ConfigError(spec.pruner.origin + ": pruner: not available with --launcher=slurm (the "
+                      "sweep reads the runs' metrics.csv while they run); run it with the local "
+                      "launcher or remove pruner:");
   fabric::sweep::SlurmOptions slurm_options;
   if (slurm) {
     options.parallel = flags.parallel > 0 ? flags.parallel : spec.parallel.value_or(0);

@@ -116,10 +116,13 @@ struct Point {
   std::vector<std::string> done_ids;  // the runs behind `metric`, in the same order
   int runs = 0;
   int diverged = 0;
+  int pruned = 0;
+  int unfinished() const { return diverged + pruned; }
 };
 
 // The points, best first: those whose runs all finished by the metric (mode), then those with a
-// diverged run (by the metric of the rest), then those without a metric.
+// diverged or pruned run (by the metric of the rest), then those without a metric (the ones with
+// pruned runs before the ones with diverged runs).
 std::vector<Point> ranked_points(const SweepSpec& spec,
                                  const std::map<std::string, RunRecord>& records) {
   std::vector<Point> points;
@@ -128,11 +131,12 @@ std::vector<Point> ranked_points(const SweepSpec& spec,
     std::vector<std::string> values;
     for (const auto& k : spec.swept_keys) values.push_back(value_of(run, k));
     auto [it, inserted] = index.emplace(values, points.size());
-    if (inserted) points.push_back({values, {}, {}, {}, 0, 0});
+    if (inserted) points.push_back({values, {}, {}, {}, 0, 0, 0});
     Point& p = points[it->second];
     ++p.runs;
     auto rec = records.find(run.id);
     if (rec != records.end() && rec->second.status == RunStatus::kDiverged) ++p.diverged;
+    if (rec != records.end() && rec->second.status == RunStatus::kPruned) ++p.pruned;
     if (rec == records.end() || rec->second.status != RunStatus::kDone) continue;
     const auto& summary = rec->second.summary;
     if (summary.is_object() && summary.contains(spec.metric) && summary[spec.metric].is_number()) {
@@ -143,8 +147,11 @@ std::vector<Point> ranked_points(const SweepSpec& spec,
   }
   std::stable_sort(points.begin(), points.end(), [&](const Point& a, const Point& b) {
     if (a.metric.empty() != b.metric.empty()) return b.metric.empty();
-    if (a.metric.empty()) return a.diverged > b.diverged;
-    if ((a.diverged > 0) != (b.diverged > 0)) return b.diverged > 0;
+    if (a.metric.empty()) {
+      if ((a.pruned > 0) != (b.pruned > 0)) return a.pruned > 0;
+      return a.unfinished() > b.unfinished();
+    }
+    if ((a.unfinished() > 0) != (b.unfinished() > 0)) return b.unfinished() > 0;
     const double ma = stats_of(a.metric).mean, mb = stats_of(b.metric).mean;
     return spec.maximize ? ma > mb : ma < mb;
   });
@@ -168,7 +175,7 @@ std::string results_markdown(const SweepSpec& spec,
   int rank = 0;
   for (const Point& p : points) {
     const Stats m = stats_of(p.metric), w = stats_of(p.wall);
-    const bool ranked = !p.metric.empty() || p.diverged > 0;
+    const bool ranked = !p.metric.empty() || p.unfinished() > 0;
     out << "| " << (ranked ? std::to_string(++rank) : std::string("–")) << " |";
     for (const auto& v : p.values) out << " " << (v.empty() ? "–" : v) << " |";
     if (m.n == 0) {
@@ -182,6 +189,7 @@ std::string results_markdown(const SweepSpec& spec,
     std::snprintf(wall, sizeof(wall), "%.1f", w.mean);
     out << " " << m.n << "/" << p.runs
         << (p.diverged > 0 ? ", " + std::to_string(p.diverged) + " diverged" : std::string())
+        << (p.pruned > 0 ? ", " + std::to_string(p.pruned) + " pruned" : std::string())
         << " | " << (w.n ? wall : "–") << " |\n";
   }
   return out.str();
@@ -190,7 +198,7 @@ std::string results_markdown(const SweepSpec& spec,
 std::optional<BestConfig> best_config(const SweepSpec& spec,
                                       const std::map<std::string, RunRecord>& records) {
   const std::vector<Point> points = ranked_points(spec, records);
-  if (points.empty() || points[0].metric.empty() || points[0].diverged > 0) return std::nullopt;
+  if (points.empty() || points[0].metric.empty() || points[0].unfinished() > 0) return std::nullopt;
   const Point& p = points[0];
   size_t best = 0;
   for (size_t i = 1; i < p.metric.size(); ++i)
@@ -244,7 +252,7 @@ int write_report(const SweepSpec& spec, SweepState& state, const std::filesystem
   } catch (const Error& e) {  // the results stand without it
     best_line = std::string("best.yaml not written: ") + e.what() + "\n";
   }
-  int done = 0, diverged = 0, failed = 0, submitted = 0, left = 0;
+  int done = 0, diverged = 0, pruned = 0, failed = 0, submitted = 0, left = 0;
   for (const SweepRun& run : spec.runs) {
     auto it = records.find(run.id);
     const RunStatus s = it == records.end() ? RunStatus::kPending : it->second.status;
@@ -253,6 +261,10 @@ int write_report(const SweepSpec& spec, SweepState& state, const std::filesystem
     } else if (s == RunStatus::kDiverged) {
       ++diverged;
       out << "diverged: " << run.id << ": " << it->second.reason << "\n";
+    } else if (s == RunStatus::kPruned) {
+      ++pruned;
+      out << "pruned: " << run.id << ": " << it->second.reason.substr(it->second.reason.find(' ') + 1)
+          << "\n";
     } else if (s == RunStatus::kFailed) {
       ++failed;
       out << "failed: " << run.id << ": " << it->second.reason << "\n";
@@ -265,6 +277,7 @@ int write_report(const SweepSpec& spec, SweepState& state, const std::filesystem
   out << "\n"
       << table << "\n"
       << done << " done, " << (diverged > 0 ? std::to_string(diverged) + " diverged, " : "")
+      << (pruned > 0 ? std::to_string(pruned) + " pruned, " : "")
       << failed << " failed, "
       << (submitted > 0 ? std::to_string(submitted) + " queued or running in SLURM, " : "") << left
       << " not run; " << display_path(sweep_dir / "results.csv") << ", "

@@ -27,8 +27,8 @@ struct Stats {
 Stats stats_of(const std::vector<double>& values);
 
 // | rank | <swept keys> | <metric> (mean ± std) | seeds done | wall s |: best first (mode);
-// points with a diverged run after those whose runs all finished (their runs column says
-// "1/2, 1 diverged"), points without a result last.
+// points with a diverged or pruned run after those whose runs all finished (their runs column
+// says "1/2, 1 diverged" or "0/1, 1 pruned"), points without a result last.
 std::string results_markdown(const SweepSpec& spec,
                              const std::map<std::string, RunRecord>& records);
 

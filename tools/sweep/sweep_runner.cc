@@ -15,6 +15,7 @@
 
 #include "fabric/core/error.h"
 #include "fabric/core/paths.h"
+#include "tools/sweep/sweep_pruner.h"
 
 namespace fabric::sweep {
 namespace {
@@ -65,6 +66,8 @@ struct Running {
   int slot;
   Clock::time_point start;
   fs::file_time_type file_start;
+  std::string prune_reason;                  // set once the pruner stopped it (SIGTERM sent)
+  std::optional<Clock::time_point> kill_at;  // SIGKILL then, when it has not ended
 };
 
 std::string seconds(double s) {
@@ -81,16 +84,16 @@ bool is_run_dir_of(const std::string& name, const std::string& id) {
          name.find_first_not_of("0123456789", id.size() + 1) == std::string::npos;
 }
 
-// The run directory of the attempt: runs/<id> or runs/<id>-N holding a summary.json written
-// since the attempt started (newest first).
-std::string find_summary_dir(const fs::path& runs, const std::string& id,
-                             fs::file_time_type since) {
+// The run directory of the attempt: runs/<id> or runs/<id>-N holding `file` (summary.json,
+// metrics.csv) written since the attempt started (newest first).
+std::string find_attempt_dir(const fs::path& runs, const std::string& id,
+                             fs::file_time_type since, const char* file = "summary.json") {
   std::error_code ec;
   fs::path best;
   fs::file_time_type best_time{};
   for (const auto& e : fs::directory_iterator(runs, ec)) {
     if (!is_run_dir_of(e.path().filename().string(), id)) continue;
-    const auto t = fs::last_write_time(e.path() / "summary.json", ec);
+    const auto t = fs::last_write_time(e.path() / file, ec);
     if (ec || t < since) continue;
     if (best.empty() || t > best_time) best = e.path(), best_time = t;
   }
@@ -135,7 +138,7 @@ namespace {
 // rec.run_dir and rec.summary; returns why not ("" when read).
 std::string read_summary(const SweepRun& run, fs::file_time_type since, const fs::path& runs,
                          RunRecord& rec) {
-  rec.run_dir = find_summary_dir(runs, run.id, since);
+  rec.run_dir = find_attempt_dir(runs, run.id, since);
   rec.summary = nlohmann::json();
   std::ifstream in(fs::path(rec.run_dir) / "summary.json");
   if (rec.run_dir.empty() || !in)
@@ -238,7 +241,11 @@ int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& o
   int started = 0, stop_signal = 0;
   std::optional<Clock::time_point> kill_at;
 
-  auto launch = [&](const SweepRun* run) {
+  const PrunerSpec& pruner = spec.pruner;
+  std::map<std::string, const SweepRun*> by_id;
+  for (const SweepRun& run : spec.runs) by_id[run.id] = &run;
+
+  auto launch = [&](const SweepRun* run, bool promoted) {
     int slot = 0;
     while (slot_busy[static_cast<size_t>(slot)]) ++slot;
     RunRecord& rec = state[run->id];
@@ -269,12 +276,48 @@ int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& o
     }
     close(fd);
     slot_busy[static_cast<size_t>(slot)] = true;
-    running[pid] = {run, slot, Clock::now(), file_start};
-    ++started;
-    out << "[" << started << "/" << total << "] start " << run->id;
+    running[pid] = {run, slot, Clock::now(), file_start, {}, {}};
+    if (promoted) {
+      out << "promote " << run->id << " (asha: now in the top 1/" << pruner.reduction_factor
+          << " at rung " << rec.rung << "; resumes from its checkpoint)";
+    } else {
+      ++started;
+      out << "[" << started << "/" << total << "] start " << run->id;
+    }
     if (!options.gpu_slots.empty())
       out << " (GPU " << options.gpu_slots[static_cast<size_t>(slot)] << ")";
     out << std::endl;
+  };
+
+  // Merges the attempt's metrics.csv into the run's reports; true when they changed.
+  auto read_reports_of = [&](const Running& r) {
+    const std::string dir = find_attempt_dir(runs, r.run->id, r.file_start, "metrics.csv");
+    if (dir.empty()) return false;
+    RunRecord& rec = state[r.run->id];
+    bool changed = false;
+    for (const auto& [at, value] : read_reports(fs::path(dir) / "metrics.csv", pruner)) {
+      auto [it, inserted] = rec.reports.emplace(at, value);
+      if (!inserted && it->second == value) continue;
+      it->second = value;
+      changed = true;
+    }
+    return changed;
+  };
+  // The pruner's look at every running run with new reports: SIGTERM to those it stops.
+  auto prune = [&]() {
+    for (auto& [pid, r] : running) {
+      if (!r.prune_reason.empty() || !read_reports_of(r)) continue;
+      auto records = state.runs();
+      const auto reason = decide(pruner, r.run->id, records);
+      state[r.run->id].rung = records[r.run->id].rung;
+      if (reason) {
+        r.prune_reason = *reason;
+        r.kill_at = Clock::now() + kStopGrace;
+        kill(-pid, SIGTERM);
+        out << "pruning " << r.run->id << ": " << *reason << std::endl;
+      }
+      state.save();
+    }
   };
 
   auto finished = [&](pid_t pid, int status) {
@@ -283,7 +326,21 @@ int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& o
     slot_busy[static_cast<size_t>(r.slot)] = false;
     RunRecord& rec = state[r.run->id];
     const double wall = std::chrono::duration<double>(Clock::now() - r.start).count();
-    if (stop_signal != 0) {
+    if (stop_signal == 0 && !r.prune_reason.empty()) {
+      read_reports_of(r);  // the rows written on the way out
+      const bool finished_anyway = status_code(status) == 0;
+      if (finished_anyway) {
+        out << record_exit(spec, *r.run, 0, "exit 0", wall, r.file_start, runs, rec) << std::endl;
+      } else {
+        rec.wall_seconds = wall;
+        rec.exit_code = status_code(status);
+        rec.status = RunStatus::kPruned;
+        rec.reason = "pruned: " + r.prune_reason;
+        rec.run_dir = find_attempt_dir(runs, r.run->id, r.file_start, "metrics.csv");
+        out << "pruned " << r.run->id << " in " << seconds(wall) << ": " << r.prune_reason
+            << std::endl;
+      }
+    } else if (stop_signal != 0) {
       rec.wall_seconds = wall;
       rec.exit_code = status_code(status);
       rec.status = RunStatus::kInterrupted;
@@ -295,6 +352,13 @@ int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& o
                                   : "exit " + std::to_string(status_code(status));
       out << record_exit(spec, *r.run, status_code(status), how, wall, r.file_start, runs, rec)
           << std::endl;
+      if (!pruner.type.empty()) read_reports_of(r);  // its last reports
+      if (pruner.type == "asha") {  // and the rungs it passed on the way
+        auto records = state.runs();
+        while (decide(pruner, r.run->id, records)) {  // each call judges at least one more rung
+        }
+        rec.rung = records[r.run->id].rung;
+      }
     }
     state.save();
   };
@@ -303,13 +367,33 @@ int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& o
     for (const auto& [pid, r] : running) kill(-pid, sig);
   };
 
+  // asha: a pruned run that is now in the top of its rung resumes before a new run starts.
+  auto next_promotion = [&]() -> const SweepRun* {
+    for (const auto& id : promotable(pruner, state.runs())) {
+      auto it = by_id.find(id);
+      if (it == by_id.end()) continue;
+      bool is_running = false;
+      for (const auto& [pid, r] : running) is_running |= r.run == it->second;
+      if (!is_running) return it->second;
+    }
+    return nullptr;
+  };
+
   while (true) {
-    while (stop_signal == 0 && !pending.empty() && static_cast<int>(running.size()) < slots) {
-      launch(pending.front());
-      pending.pop_front();
+    while (stop_signal == 0 && static_cast<int>(running.size()) < slots) {
+      if (const SweepRun* promoted = next_promotion()) {
+        launch(promoted, true);
+      } else if (!pending.empty()) {
+        launch(pending.front(), false);
+        pending.pop_front();
+      } else {
+        break;
+      }
     }
     if (running.empty()) break;
-    timespec timeout{1, 0};
+    // With a pruner, metrics.csv is read 10 times a second (a decision comes within 0.1 s of the
+    // report, plus the run's own reaction to SIGTERM).
+    timespec timeout = pruner.type.empty() ? timespec{1, 0} : timespec{0, 100'000'000};
     siginfo_t info;
     const int sig = sigtimedwait(&watched, &info, &timeout);
     if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
@@ -322,6 +406,9 @@ int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& o
       }
     }
     if (kill_at && Clock::now() >= *kill_at) stop_all(SIGKILL);
+    if (stop_signal == 0 && !pruner.type.empty()) prune();
+    for (const auto& [pid, r] : running)
+      if (r.kill_at && Clock::now() >= *r.kill_at) kill(-pid, SIGKILL);
     // Reap whatever exited (also after a timeout: a SIGCHLD may have been merged).
     for (auto it = running.begin(); it != running.end();) {
       int status = 0;

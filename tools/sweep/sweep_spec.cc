@@ -25,7 +25,7 @@ constexpr size_t kMaxIdLength = 100;
 const std::vector<std::string> kTopKeys = {
     "name",     "binary", "config",          "overrides", "grid", "list",     "seeds",
     "parallel", "metric", "devices_per_run", "mode",      "dir",  "seed_key", "resume_runs",
-    "search",   "trials", "space",           "random_seed"};
+    "search",   "trials", "space",           "random_seed", "pruner"};
 class Parser {
  public:
   Parser(std::string file) : file_(std::move(file)) {}
@@ -151,6 +151,58 @@ void assign_ids(SweepSpec& spec) {
   }
 }
 
+const std::vector<std::string> kPrunerKeys = {"type",       "metric",           "mode",
+                                             "min_steps",  "min_epochs",       "reduction_factor",
+                                             "min_runs"};
+
+PrunerSpec parse_pruner(const Parser& p, const YAML::Node& node, bool sweep_maximizes) {
+  PrunerSpec pruner;
+  pruner.origin = p.at(node);
+  pruner.maximize = sweep_maximizes;
+  bool min_given = false;
+  for (const auto& item : node) {
+    const std::string key = p.scalar(item.first, "pruner key");
+    const YAML::Node& v = item.second;
+    const std::string where = "pruner: " + key;
+    if (key == "type") {
+      pruner.type = p.scalar(v, where);
+      if (pruner.type != "median" && pruner.type != "asha")
+        p.fail(v, where + ": '" + pruner.type + "' is not median or asha" +
+                      did_you_mean(pruner.type, {"median", "asha"}));
+    } else if (key == "metric") {
+      pruner.metric = p.scalar(v, where);
+      if (pruner.metric.empty() || pruner.metric == "step" || pruner.metric == "epoch")
+        p.fail(v, where + ": name a metrics.csv column the runs log, e.g. test/accuracy");
+    } else if (key == "mode") {
+      const std::string mode = p.scalar(v, where);
+      if (mode != "max" && mode != "min")
+        p.fail(v, where + ": '" + mode + "' is not max or min" + did_you_mean(mode, {"max", "min"}));
+      pruner.maximize = mode == "max";
+    } else if (key == "min_steps" || key == "min_epochs") {
+      if (min_given) p.fail(item.first, "pruner: give min_steps or min_epochs, not both");
+      min_given = true;
+      pruner.by_epoch = key == "min_epochs";
+      pruner.min_resource = static_cast<double>(p.integer(v, where, 1));
+    } else if (key == "reduction_factor") {
+      pruner.reduction_factor = static_cast<int>(p.integer(v, where, 2));
+    } else if (key == "min_runs") {
+      pruner.min_runs = static_cast<int>(p.integer(v, where, 1));
+    } else {
+      p.fail(item.first, "unknown pruner key '" + key + "'" + did_you_mean(key, kPrunerKeys) +
+                             " (keys: " + join(kPrunerKeys) + ")");
+    }
+  }
+  if (pruner.type.empty()) p.fail(node, "pruner: type: missing; write type: median or type: asha");
+  if (pruner.metric.empty())
+    p.fail(node, "pruner: metric: missing; name the metrics.csv column the decisions use, e.g. "
+                 "metric: test/accuracy");
+  if (pruner.type == "median" && node["reduction_factor"])
+    p.fail(node["reduction_factor"], "pruner: reduction_factor: only used by type: asha");
+  if (pruner.type == "asha" && node["min_runs"])
+    p.fail(node["min_runs"], "pruner: min_runs: only used by type: median");
+  return pruner;
+}
+
 }  // namespace
 
 std::vector<std::string> SweepRun::arguments(const Overrides& common,
@@ -188,7 +240,7 @@ SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
   spec.file = file;
   spec.name = std::filesystem::path(file).stem().string();
   std::string dir = "sweeps/{name}";
-  YAML::Node grid, list, metric_node, space, search_node;
+  YAML::Node grid, list, metric_node, space, search_node, pruner;
   for (const auto& item : root) {
     const std::string key = p.scalar(item.first, "sweep key");
     const YAML::Node& v = item.second;
@@ -256,6 +308,9 @@ SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
       spec.trials = p.integer(v, key, 1);
     } else if (key == "random_seed") {
       spec.random_seed = static_cast<uint64_t>(p.integer(v, key, 0));
+    } else if (key == "pruner") {
+      if (!v.IsMap()) p.fail(v, "pruner: expected a mapping, e.g. {type: asha, metric: test/accuracy}");
+      pruner = v;
     } else if (key == "space") {
       if (!v.IsMap() || v.size() == 0)
         p.fail(v, "space: expected a mapping of config keys to distributions, e.g. "
@@ -288,6 +343,7 @@ SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
     for (const char* k : {"trials", "space", "random_seed"})
       if (root[k]) p.fail(root[k], std::string(k) + ": only used by search: random; add search: random");
   }
+  if (pruner.IsMap()) spec.pruner = parse_pruner(p, pruner, spec.maximize);
   if (!grid.IsMap() && !list.IsSequence() && !space.IsMap() && spec.seeds.empty())
     throw ConfigError(file + ": nothing to sweep: add grid:, list:, space: or seeds:");
   try {

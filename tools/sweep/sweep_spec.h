@@ -23,6 +23,14 @@
 //   space:                            # search: random: a distribution per key
 //     optimizer.lr: {loguniform: [0.001, 1]}   # also uniform: [low, high], int: [low, high]
 //     model.width: [16, 32, 64]                 # a list: a choice (also {choice: [...]})
+//   pruner:                           # optional: stop runs that fall behind (sweep_pruner.h)
+//     type: asha                      # median | asha
+//     metric: test/accuracy           # a metrics.csv column (required)
+//     mode: max                       # default: the sweep's mode
+//     min_steps: 100                  # or min_epochs: 1 (the resource axis: metrics.csv's step or
+//                                     # epoch column); no decision before it; asha's first rung
+//     reduction_factor: 3             # asha: rung k at min·factor^k; the top 1/factor go on
+//     min_runs: 3                     # median: finished runs at a step before it decides there
 //
 // Every problem is one ConfigError line "FILE:LINE:COL: KEY: problem; fix".
 #ifndef TOOLS_SWEEP_SWEEP_SPEC_H_
@@ -52,6 +60,18 @@ struct SweepRun {
   std::vector<std::string> arguments(const Overrides& common, const std::string& seed_key) const;
 };
 
+// The `pruner:` section (tools/sweep/sweep_pruner.h).
+struct PrunerSpec {
+  std::string type;       // "" (none) | median | asha
+  std::string metric;     // metrics.csv column
+  bool maximize = true;
+  bool by_epoch = false;  // the resource: metrics.csv's epoch column (min_epochs) or step
+  double min_resource = 1;
+  int reduction_factor = 3;
+  int min_runs = 3;
+  std::string origin;  // FILE:LINE:COL of `pruner:`
+};
+
 struct SweepSpec {
   std::string file;  // as given, for messages
   std::string name;
@@ -72,6 +92,7 @@ struct SweepSpec {
   std::string search = "grid";  // grid | random
   int64_t trials = 0;           // search: random
   uint64_t random_seed = 0;     // search: random
+  PrunerSpec pruner;
   std::vector<SweepRun> runs;  // the expansion, in order: list entry, then grid (last key fastest)
 };
 

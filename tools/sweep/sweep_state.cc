@@ -14,7 +14,7 @@ constexpr int kVersion = 1;
 RunStatus status_from(const std::string& s) {
   for (RunStatus st :
        {RunStatus::kPending, RunStatus::kRunning, RunStatus::kSubmitted, RunStatus::kDone,
-        RunStatus::kDiverged, RunStatus::kFailed, RunStatus::kInterrupted}) {
+        RunStatus::kDiverged, RunStatus::kFailed, RunStatus::kInterrupted, RunStatus::kPruned}) {
     if (to_string(st) == s) return st;
   }
   throw Error("unknown run status '" + s + "'");
@@ -38,6 +38,8 @@ std::string to_string(RunStatus status) {
       return "failed";
     case RunStatus::kInterrupted:
       return "interrupted";
+    case RunStatus::kPruned:
+      return "pruned";
   }
   return "pending";
 }
@@ -65,6 +67,10 @@ SweepState SweepState::load(const std::filesystem::path& path) {
       rec.log = r.value("log", "");
       rec.summary = r.value("summary", nlohmann::json());
       rec.slurm_job = r.value("slurm_job", "");
+      if (r.contains("reports"))
+        for (const auto& point : r.at("reports"))
+          rec.reports[point.at(0).get<double>()] = point.at(1).get<double>();
+      rec.rung = r.value("rung", -1);
       state.runs_[id] = std::move(rec);
     }
   } catch (const std::exception& e) {
@@ -86,6 +92,12 @@ void SweepState::save() const {
                 {"log", r.log},
                 {"summary", r.summary}};
     if (!r.slurm_job.empty()) runs[id]["slurm_job"] = r.slurm_job;
+    if (!r.reports.empty()) {
+      nlohmann::json reports = nlohmann::json::array();
+      for (const auto& [at, value] : r.reports) reports.push_back({at, value});
+      runs[id]["reports"] = reports;
+    }
+    if (r.rung >= 0) runs[id]["rung"] = r.rung;
   }
   const nlohmann::json j = {{"version", kVersion}, {"runs", runs}};
   write_file_atomically(path_, j.dump(2) + "\n");

@@ -16,12 +16,24 @@ namespace fabric::sweep {
 
 // kDiverged: the program stopped on non-finite values (exit status 3, trainer.stop_on_nonfinite):
 // a result like kDone (never retried; ranked after the runs that finished), not a failure.
-enum class RunStatus { kPending, kRunning, kSubmitted, kDone, kDiverged, kFailed, kInterrupted };
+// kPruned: the sweep's pruner stopped the run (SIGTERM; tools/sweep/sweep_pruner.h): a result too,
+// ranked after the finished runs; under asha it may be promoted later (resumed from its checkpoint).
+enum class RunStatus {
+  kPending,
+  kRunning,
+  kSubmitted,
+  kDone,
+  kDiverged,
+  kFailed,
+  kInterrupted,
+  kPruned
+};
 
 std::string to_string(RunStatus status);
-// Done or diverged: the run has its result and is not run again.
+// Done, diverged or pruned: the run has its result and is not run again (an asha promotion aside).
 inline bool has_result(RunStatus status) {
-  return status == RunStatus::kDone || status == RunStatus::kDiverged;
+  return status == RunStatus::kDone || status == RunStatus::kDiverged ||
+         status == RunStatus::kPruned;
 }
 // The exit status of a Fabric program that stopped on non-finite values (trainer.stop_on_nonfinite;
 // examples/common/classification.h).
@@ -37,6 +49,10 @@ struct RunRecord {
   std::string log;          // log file of the last attempt
   nlohmann::json summary;   // the run's summary.json (done runs)
   std::string slurm_job;    // "JOB_TASK": the SLURM array element of the last attempt (--launcher=slurm)
+  // With a pruner: the run's reports of the pruner's metric, resource (step or epoch) → value, from
+  // its metrics.csv; and under asha the highest rung it was judged at (-1: none yet).
+  std::map<double, double> reports;
+  int rung = -1;
 };
 
 class SweepState {
