@@ -64,6 +64,33 @@ TEST_F(PlotTest, ASweepGivesOneCurvePerRun) {
   EXPECT_EQ(png_size(dir_ / "all.png"), std::make_pair(1200u, 800u)) << r.out;
 }
 
+// A sweep directory with its state and results: curves coloured by status (counted in the printed
+// line) and metric_by_key.png, the metric against each swept key for the runs that have it.
+TEST_F(PlotTest, ASweepWithStateColoursByStatusAndPlotsTheMetricByKey) {
+  const fs::path sweep = dir_ / "sweep";
+  write_metrics(sweep / "runs" / "lr=0.1_width=8", 1);
+  write_metrics(sweep / "runs" / "lr=2_width=16", 2);
+  write_metrics(sweep / "runs" / "lr=2_width=16-1", 2);  // its resumed attempt
+  std::ofstream(sweep / "sweep_state.json")
+      << R"({"version": 1, "runs": {"lr=0.1_width=8": {"status": "done"},)"
+      << R"( "lr=2_width=16": {"status": "pruned"}}})";
+  std::ofstream(sweep / "results.csv")
+      << "run,status,exit_code,attempts,optimizer.lr,model.width,seed,test_accuracy,steps,"
+         "wall_time_s,run_dir,reason\n"
+      << "lr=0.1_width=8,done,0,1,0.1,8,,0.8,30,1.5,x,\n"
+      << "lr=2_width=16,pruned,143,1,2,16,,,,0.5,x,\"pruned: test/accuracy 0.6 at step 20\"\n";
+  const auto r = plot("sweep --size=800x600");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("sweep/curves.png: 3 curves (1 done, 2 pruned)"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("sweep/metric_by_key.png: test_accuracy against optimizer.lr, model.width "
+                       "(1 run)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(png_size(sweep / "curves.png"), std::make_pair(800u, 600u)) << r.out;
+  EXPECT_EQ(png_size(sweep / "metric_by_key.png"), std::make_pair(800u, 600u)) << r.out;
+}
+
 TEST_F(PlotTest, BadInputIsOneLineAndExitTwo) {
   auto r = plot("nowhere");
   EXPECT_EQ(r.code, 2) << r.out;
