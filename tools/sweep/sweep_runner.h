@@ -13,6 +13,10 @@
 // sweep: running runs get SIGTERM (SIGKILL after 10 s), are marked interrupted, and are retried
 // (resuming from their checkpoints) by the next invocation. Runs die with the sweep
 // (PR_SET_PDEATHSIG), also when it is SIGKILLed.
+//
+// With a pruner (spec.pruner, tools/sweep/sweep_pruner.h) the running runs' metrics.csv files are
+// read ten times a second; a run the pruner stops gets SIGTERM (SIGKILL after 10 s) and ends as
+// pruned, and under asha a free slot first resumes a stopped run that is now promotable.
 #ifndef TOOLS_SWEEP_SWEEP_RUNNER_H_
 #define TOOLS_SWEEP_SWEEP_RUNNER_H_
 
