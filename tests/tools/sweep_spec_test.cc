@@ -73,7 +73,8 @@ TEST(SweepSpec, ErrorsNameTheLineAndTheFix) {
   EXPECT_EQ(error_of(std::string(kHead) + "seed: [1]\n"),
             "s.yaml:4:1: unknown sweep key 'seed'; did you mean 'seeds'? (keys: name, binary, "
             "config, overrides, grid, list, seeds, parallel, metric, devices_per_run, mode, dir, "
-            "seed_key, resume_runs, search, trials, space, random_seed, pruner)");
+            "seed_key, resume_runs, search, trials, space, random_seed, pruner, sampler, storage, "
+            "study)");
   EXPECT_EQ(error_of("binary: x\nmode: max\ngrid: {a.b: [1]}\n"),
             "s.yaml: metric: missing; name a key of the runs' summary.json, e.g. metric: "
             "test_accuracy");
@@ -214,12 +215,37 @@ TEST(SweepSpec, RandomSearchErrorsNameTheLineAndTheFix) {
   EXPECT_EQ(error_of(head + "trials: 2\nspace: {optimizer.lr: [0.1]}\ngrid: {model.width: [8]}\n"),
             "s.yaml:7:7: grid: not used by search: random; write each key under space: as a list "
             "(a choice among its values)");
-  EXPECT_EQ(error_of(std::string(kHead) + "search: optuna\n"),
-            "s.yaml:4:9: search: optuna is not available yet; use grid or random");
   EXPECT_EQ(error_of(std::string(kHead) + "search: grids\n"),
-            "s.yaml:4:9: search: 'grids' is not grid or random; did you mean 'grid'?");
+            "s.yaml:4:9: search: 'grids' is not grid, random or optuna; did you mean 'grid'?");
   EXPECT_EQ(error_of(std::string(kHead) + "grid: {optimizer.lr: [0.1]}\ntrials: 4\n"),
-            "s.yaml:5:9: trials: only used by search: random; add search: random");
+            "s.yaml:5:9: trials: only used by search: random or optuna; add search: random");
+}
+
+TEST(SweepSpec, OptunaSearchKeepsTheSpaceAndAsksForTheRunsLater) {
+  const std::string head = std::string(kHead) + "search: optuna\n";
+  const SweepSpec spec = parse_sweep(
+      head + "trials: 5\nspace: {optimizer.lr: {loguniform: [0.001, 1]}, model.width: [8, 16]}\n",
+      "s.yaml");
+  EXPECT_TRUE(spec.runs.empty());
+  ASSERT_EQ(spec.space.size(), 2u);
+  EXPECT_EQ(spec.space[0].second.kind, "loguniform");
+  EXPECT_EQ(spec.space[1].second.values, (std::vector<std::string>{"8", "16"}));
+  EXPECT_EQ(spec.swept_keys, (std::vector<std::string>{"optimizer.lr", "model.width"}));
+  EXPECT_EQ(spec.sampler, "TPESampler");
+  EXPECT_EQ(spec.study, "s");
+  EXPECT_EQ(spec.storage, "");
+  const std::string space = "trials: 2\nspace: {optimizer.lr: [0.1, 0.2]}\n";
+  EXPECT_EQ(error_of(head + "space: {optimizer.lr: [0.1]}\n"),
+            "s.yaml:4:9: search: optuna needs trials: (how many points to ask Optuna for), e.g. "
+            "trials: 8");
+  EXPECT_EQ(error_of(head + space + "seeds: [1, 2]\n"),
+            "s.yaml:7:8: seeds: not used by search: optuna (each trial is one run and Optuna is "
+            "told its metric); remove it, or use search: random");
+  EXPECT_EQ(error_of(head + space + "pruner: {type: asha, metric: m}\n"),
+            "s.yaml:7:9: pruner: not available with search: optuna yet; use search: random or "
+            "grid with a pruner");
+  EXPECT_EQ(error_of(std::string(kHead) + "grid: {optimizer.lr: [0.1]}\nsampler: TPESampler\n"),
+            "s.yaml:5:10: sampler: only used by search: optuna");
 }
 
 TEST(SweepSpec, PrunerSectionDefaultsAndErrors) {

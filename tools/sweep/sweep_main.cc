@@ -4,7 +4,8 @@
 // Runs a config sweep (file format: tools/sweep/sweep_spec.h) and writes, in the sweep directory
 // (default sweeps/<name>, relative to where the command was run): runs/<id>/ (each run's run
 // directory), logs/<id>.log, sweep_state.json, results.csv, results.md (also printed) and
-// best.yaml (the best run's config).
+// best.yaml (the best run's config); with search: optuna also optuna.db (the study, unless the
+// sweep file names another storage:; tools/sweep/sweep_optuna.h).
 //
 // Before anything runs, every pending run's command line is checked with the program's
 // --print_config: a bad key or value stops the sweep with one line naming the sweep file's line.
@@ -33,6 +34,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <iostream>
 #include <set>
 #include <sstream>
@@ -41,6 +43,7 @@
 #include "fabric/core/paths.h"
 #include "fabric/core/suggest.h"
 #include "tools/sweep/sweep_report.h"
+#include "tools/sweep/sweep_optuna.h"
 #include "tools/sweep/sweep_runner.h"
 #include "tools/sweep/sweep_setup.h"
 #include "tools/sweep/sweep_slurm.h"
@@ -195,17 +198,62 @@ int sweep_main(int argc, char** argv) {
                 "); wait for them (squeue --me) or cancel them (scancel), or go on with "
                 "--launcher=slurm");
   }
+  // search: optuna: the trials asked earlier are runs again; new ones are asked as slots free up.
+  std::optional<fabric::sweep::OptunaStudy> optuna;
+  if (spec.search == "optuna") {
+    if (slurm)
+      throw ConfigError(spec.search_origin + ": search: optuna: not available with "
+                        "--launcher=slurm yet (trials are asked one by one as runs end)");
+    optuna.emplace(spec, options.sweep_dir);
+    fabric::sweep::add_recorded_trials(spec, state);
+    fabric::sweep::SweepSpec probe = spec;  // the keys, checked once before anything is asked
+    probe.runs = {fabric::sweep::probe_run(spec)};
+    fabric::sweep::SweepState none;
+    fabric::sweep::preflight(probe, none, options);
+    options.more_runs = static_cast<int>(std::max<int64_t>(0, spec.trials - spec.runs.size()));
+    options.next_run = [&]() -> const fabric::sweep::SweepRun* {
+      if (static_cast<int64_t>(spec.runs.size()) >= spec.trials) return nullptr;
+      const auto [number, values] = optuna->ask();
+      spec.runs.push_back(fabric::sweep::trial_run(spec, number, values));
+      auto& rec = state[spec.runs.back().id];
+      rec.trial = number;
+      rec.values = values;
+      state.save();
+      return &spec.runs.back();
+    };
+    options.on_result = [&](const fabric::sweep::SweepRun& run,
+                            const fabric::sweep::RunRecord& rec) {
+      try {
+        if (rec.status == fabric::sweep::RunStatus::kDone && rec.summary.contains(spec.metric) &&
+            rec.summary[spec.metric].is_number()) {
+          optuna->tell(rec.trial, rec.summary[spec.metric].get<double>());
+        } else {
+          optuna->tell(rec.trial, rec.status == fabric::sweep::RunStatus::kPruned ? "pruned"
+                                                                                   : "fail");
+        }
+      } catch (const Error& e) {
+        std::cout << "warning: Optuna was not told how trial " << rec.trial << " (" << run.id
+                  << ") ended: " << e.what() << std::endl;
+      }
+    };
+  }
   int done = 0;
   for (const auto& run : spec.runs) done += fabric::sweep::has_result(state[run.id].status);
   fabric::sweep::preflight(spec, state, options);
-  std::cout << "sweep " << spec.name << ": " << spec.runs.size() << " runs (" << done
+  const size_t runs = optuna ? std::max<size_t>(spec.runs.size(), static_cast<size_t>(spec.trials))
+                            : spec.runs.size();
+  std::cout << "sweep " << spec.name << ": " << runs << " runs (" << done
             << " done earlier), "
             << (slurm && options.parallel == 0 ? std::string("parallel: SLURM decides")
                                                : "parallel " + std::to_string(options.parallel))
             << (options.cpus_per_run > 0
                     ? ", " + std::to_string(options.cpus_per_run) + " CPU(s) per run (FABRIC_CPUS)"
                     : std::string())
-            << (slurm ? ", SLURM job array" : "") << ", directory "
+            << (slurm ? ", SLURM job array" : "")
+            << (optuna ? ", Optuna " + spec.sampler + " study " + spec.study + " in " +
+                             optuna->storage()
+                       : std::string())
+            << ", directory "
             << fabric::display_path(options.sweep_dir) << std::endl;
   if (flags.dry_run) {
     std::vector<const fabric::sweep::SweepRun*> pending;
@@ -220,6 +268,8 @@ int sweep_main(int argc, char** argv) {
     for (const auto* run : pending)
       std::cout << "  " << fabric::join(fabric::sweep::run_command_line(spec, *run, options), " ")
                 << "\n";
+    if (optuna && options.more_runs > 0)
+      std::cout << "  and " << options.more_runs << " trial(s) Optuna will choose\n";
     return 0;
   }
   const int code =

@@ -224,7 +224,7 @@ int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& o
     if (!has_result(state[run.id].status)) pending.push_back(&run);
   if (options.max_runs > 0 && static_cast<int>(pending.size()) > options.max_runs)
     pending.resize(static_cast<size_t>(options.max_runs));
-  const int total = static_cast<int>(pending.size());
+  const int total = static_cast<int>(pending.size()) + options.more_runs;
   const fs::path logs = options.sweep_dir / "logs", runs = options.sweep_dir / "runs";
   fs::create_directories(logs);
   fs::create_directories(runs);
@@ -361,6 +361,7 @@ int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& o
       }
     }
     state.save();
+    if (options.on_result && has_result(rec.status)) options.on_result(*r.run, rec);
   };
 
   auto stop_all = [&](int sig) {
@@ -386,6 +387,12 @@ int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& o
       } else if (!pending.empty()) {
         launch(pending.front(), false);
         pending.pop_front();
+      } else if (options.next_run &&
+                 (options.max_runs == 0 || started < options.max_runs)) {
+        const SweepRun* run = options.next_run();
+        if (run == nullptr) break;
+        by_id[run->id] = run;
+        launch(run, false);
       } else {
         break;
       }

@@ -21,6 +21,7 @@
 #define TOOLS_SWEEP_SWEEP_RUNNER_H_
 
 #include <filesystem>
+#include <functional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -40,6 +41,12 @@ struct RunnerOptions {
   std::vector<std::string> gpu_slots;  // CUDA_VISIBLE_DEVICES value per slot; empty: no GPUs
   int64_t cpus_per_run = 0;            // FABRIC_CPUS for each run; 0: leave alone
   int max_runs = 0;                    // start at most this many runs; 0: all pending
+  // search: optuna: when a slot is free and no run is pending, a new run (nullptr: no more), and
+  // how many such runs may still come (for the [k/n] count).
+  std::function<const SweepRun*()> next_run;
+  int more_runs = 0;
+  // Called when a run ends with a result (done, diverged, pruned); e.g. to tell Optuna.
+  std::function<void(const SweepRun&, const RunRecord&)> on_result;
 };
 
 // The full command line of `run` (argv[0] = binary).

@@ -25,7 +25,8 @@ constexpr size_t kMaxIdLength = 100;
 const std::vector<std::string> kTopKeys = {
     "name",     "binary", "config",          "overrides", "grid", "list",     "seeds",
     "parallel", "metric", "devices_per_run", "mode",      "dir",  "seed_key", "resume_runs",
-    "search",   "trials", "space",           "random_seed", "pruner"};
+    "search",   "trials", "space",           "random_seed", "pruner", "sampler",
+    "storage",  "study"};
 class Parser {
  public:
   Parser(std::string file) : file_(std::move(file)) {}
@@ -133,16 +134,9 @@ std::string canonical(const SweepRun& run) {
 }
 
 void assign_ids(SweepSpec& spec) {
-  const auto names = short_names(spec.swept_keys);
   std::map<std::string, int> count;
   for (SweepRun& run : spec.runs) {
-    std::vector<std::string> parts;
-    for (const auto& key : spec.swept_keys) {
-      for (const auto& [k, v] : run.overrides)
-        if (k == key) parts.push_back(sanitize(names.at(k)) + "=" + sanitize(v));
-    }
-    if (run.seed) parts.push_back("seed=" + std::to_string(*run.seed));
-    run.id = parts.empty() ? "run" : join(parts, "_");
+    run.id = point_id(spec.swept_keys, run.overrides, run.seed);
     ++count[run.id];
   }
   for (SweepRun& run : spec.runs) {
@@ -212,6 +206,18 @@ std::vector<std::string> SweepRun::arguments(const Overrides& common,
   for (const auto& [k, v] : overrides) args.push_back(k + "=" + v);
   if (seed) args.push_back(seed_key + "=" + std::to_string(*seed));
   return args;
+}
+
+std::string point_id(const std::vector<std::string>& keys, const Overrides& values,
+                     std::optional<int64_t> seed, const std::string& prefix) {
+  const auto names = short_names(keys);
+  std::vector<std::string> parts;
+  for (const auto& key : keys) {
+    for (const auto& [k, v] : values)
+      if (k == key) parts.push_back(sanitize(names.at(k)) + "=" + sanitize(v));
+  }
+  if (seed) parts.push_back("seed=" + std::to_string(*seed));
+  return prefix + (parts.empty() ? "run" : join(parts, "_"));
 }
 
 std::map<std::string, std::string> short_names(const std::vector<std::string>& keys) {
@@ -299,11 +305,16 @@ SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
     } else if (key == "search") {
       spec.search = p.scalar(v, key);
       search_node = v;
-      if (spec.search == "optuna")
-        p.fail(v, "search: optuna is not available yet; use grid or random");
-      if (spec.search != "grid" && spec.search != "random")
-        p.fail(v, "search: '" + spec.search + "' is not grid or random" +
-                      did_you_mean(spec.search, {"grid", "random"}));
+      spec.search_origin = p.at(v);
+      if (spec.search != "grid" && spec.search != "random" && spec.search != "optuna")
+        p.fail(v, "search: '" + spec.search + "' is not grid, random or optuna" +
+                      did_you_mean(spec.search, {"grid", "random", "optuna"}));
+    } else if (key == "sampler") {
+      spec.sampler = p.scalar(v, key);
+    } else if (key == "storage") {
+      spec.storage = p.scalar(v, key);
+    } else if (key == "study") {
+      spec.study = p.scalar(v, key);
     } else if (key == "trials") {
       spec.trials = p.integer(v, key, 1);
     } else if (key == "random_seed") {
@@ -330,18 +341,35 @@ SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
         ": metric: missing; name a key of the runs' summary.json, e.g. metric: test_accuracy");
   if (!root["mode"])
     throw ConfigError(file + ": mode: missing; write mode: max (higher is better) or mode: min");
-  if (spec.search == "random") {
+  const bool drawn_search = spec.search == "random" || spec.search == "optuna";
+  if (drawn_search) {
+    const std::string s = "search: " + spec.search;
     if (!space.IsMap())
-      p.fail(search_node, "search: random needs space:, e.g. space: {optimizer.lr: {loguniform: "
-                          "[0.001, 1]}}");
+      p.fail(search_node, s + " needs space:, e.g. space: {optimizer.lr: {loguniform: [0.001, 1]}}");
     if (spec.trials == 0)
-      p.fail(search_node, "search: random needs trials: (how many points to draw), e.g. trials: 8");
+      p.fail(search_node, s + " needs trials: (how many points to " +
+                              (spec.search == "random" ? "draw" : "ask Optuna for") +
+                              "), e.g. trials: 8");
     if (grid.IsMap())
-      p.fail(grid, "grid: not used by search: random; write each key under space: as a list "
+      p.fail(grid, "grid: not used by " + s + "; write each key under space: as a list "
                    "(a choice among its values)");
   } else {
     for (const char* k : {"trials", "space", "random_seed"})
-      if (root[k]) p.fail(root[k], std::string(k) + ": only used by search: random; add search: random");
+      if (root[k])
+        p.fail(root[k], std::string(k) + ": only used by search: random or optuna; add search: random");
+  }
+  if (spec.search != "optuna") {
+    for (const char* k : {"sampler", "storage", "study"})
+      if (root[k]) p.fail(root[k], std::string(k) + ": only used by search: optuna");
+  } else {
+    for (const char* k : {"seeds", "list"})
+      if (root[k])
+        p.fail(root[k], std::string(k) + ": not used by search: optuna (each trial is one run and "
+                        "Optuna is told its metric); remove it, or use search: random");
+    if (pruner.IsMap())
+      p.fail(pruner, "pruner: not available with search: optuna yet; use search: random or grid "
+                     "with a pruner");
+    if (spec.study.empty()) spec.study = spec.name;
   }
   if (pruner.IsMap()) spec.pruner = parse_pruner(p, pruner, spec.maximize);
   if (!grid.IsMap() && !list.IsSequence() && !space.IsMap() && spec.seeds.empty())
@@ -435,6 +463,11 @@ SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
         p.fail(d.second, where + ": choice: expected at least one value");
       dists.emplace_back(k, std::move(dist));
       at.push_back(p.at(d.second));
+    }
+    spec.space = dists;
+    if (spec.search == "optuna") {  // no runs yet: the sweep asks Optuna for them one by one
+      assign_ids(spec);
+      return spec;
     }
     const auto drawn = draw_points(dists, spec.trials, spec.random_seed);
     if (drawn.size() < static_cast<size_t>(spec.trials))

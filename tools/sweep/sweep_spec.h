@@ -17,12 +17,15 @@
 //   dir: sweeps/{name}                # sweep directory, relative to where the command was run
 //   seed_key: fabric.seed             # the config key the seeds go to
 //   resume_runs: true                 # a retried run resumes from its checkpoint (resume: auto)
-//   search: grid                      # grid | random
+//   search: grid                      # grid | random | optuna (tools/sweep/sweep_optuna.h)
 //   trials: 8                         # search: random: how many points to draw
 //   random_seed: 0                    # search: random: which points (same seed, same points)
 //   space:                            # search: random: a distribution per key
 //     optimizer.lr: {loguniform: [0.001, 1]}   # also uniform: [low, high], int: [low, high]
 //     model.width: [16, 32, 64]                 # a list: a choice (also {choice: [...]})
+//   sampler: TPESampler               # search: optuna: any of optuna.samplers by name
+//   storage: sqlite:///path/optuna.db # search: optuna: default <sweep dir>/optuna.db
+//   study: NAME                       # search: optuna: default the sweep's name
 //   pruner:                           # optional: stop runs that fall behind (sweep_pruner.h)
 //     type: asha                      # median | asha
 //     metric: test/accuracy           # a metrics.csv column (required)
@@ -42,6 +45,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "tools/sweep/sweep_space.h"
 
 namespace fabric::sweep {
 
@@ -89,17 +94,29 @@ struct SweepSpec {
   std::string dir;  // as written, {name} expanded
   std::string seed_key = "fabric.seed";
   bool resume_runs = true;
-  std::string search = "grid";  // grid | random
-  int64_t trials = 0;           // search: random
-  uint64_t random_seed = 0;     // search: random
+  std::string search = "grid";  // grid | random | optuna
+  int64_t trials = 0;           // search: random, optuna
+  uint64_t random_seed = 0;     // search: random; optuna: the sampler's seed
+  std::string search_origin;    // FILE:LINE:COL of `search:`
+  // search: optuna: the space (also parsed for random, whose runs are drawn at parse time), the
+  // sampler's name, the storage URL ("" = <sweep dir>/optuna.db) and the study name.
+  std::vector<std::pair<std::string, Distribution>> space;
+  std::string sampler = "TPESampler", storage, study;
   PrunerSpec pruner;
-  std::vector<SweepRun> runs;  // the expansion, in order: list entry, then grid (last key fastest)
+  // The expansion, in order: list entry, then grid (last key fastest). search: optuna: empty at
+  // parse time; the sweep adds a run per trial as it asks Optuna (sweep_optuna.h).
+  std::vector<SweepRun> runs;
 };
 
 // Parses and checks `yaml` (the contents of `file`). Throws fabric::ConfigError.
 SweepSpec parse_sweep(const std::string& yaml, const std::string& file);
 // Reads `path` then parse_sweep. Throws ConfigError when it cannot be read.
 SweepSpec load_sweep(const std::string& path);
+
+// The id of a run with these swept values (and seed): "lr=0.1_width=16_seed=2", the keys by their
+// short names, every part reduced to [A-Za-z0-9.+-]. `prefix` goes first ("t3_").
+std::string point_id(const std::vector<std::string>& keys, const Overrides& values,
+                     std::optional<int64_t> seed, const std::string& prefix = "");
 
 // The short column name of each swept key: its last component ("lr"), or the whole key when two
 // keys share a last component.

@@ -71,6 +71,10 @@ SweepState SweepState::load(const std::filesystem::path& path) {
         for (const auto& point : r.at("reports"))
           rec.reports[point.at(0).get<double>()] = point.at(1).get<double>();
       rec.rung = r.value("rung", -1);
+      rec.trial = r.value("trial", static_cast<int64_t>(-1));
+      if (r.contains("values"))
+        for (const auto& kv : r.at("values"))
+          rec.values.emplace_back(kv.at(0).get<std::string>(), kv.at(1).get<std::string>());
       state.runs_[id] = std::move(rec);
     }
   } catch (const std::exception& e) {
@@ -98,6 +102,12 @@ void SweepState::save() const {
       runs[id]["reports"] = reports;
     }
     if (r.rung >= 0) runs[id]["rung"] = r.rung;
+    if (r.trial >= 0) {
+      runs[id]["trial"] = r.trial;
+      nlohmann::json values = nlohmann::json::array();
+      for (const auto& [k, v] : r.values) values.push_back({k, v});
+      runs[id]["values"] = values;
+    }
   }
   const nlohmann::json j = {{"version", kVersion}, {"runs", runs}};
   write_file_atomically(path_, j.dump(2) + "\n");

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -53,6 +55,10 @@ struct RunRecord {
   // its metrics.csv; and under asha the highest rung it was judged at (-1: none yet).
   std::map<double, double> reports;
   int rung = -1;
+  // search: optuna: the run's trial number in the study and its values (key, value text), so that
+  // a re-run rebuilds the run (-1: not a trial).
+  int64_t trial = -1;
+  std::vector<std::pair<std::string, std::string>> values;
 };
 
 class SweepState {

@@ -1,0 +1,94 @@
+// search: optuna end to end (//tools:sweep with tests/tools/fake_trainer and the real Optuna
+// through tools/optuna_bridge.py): every trial's result is told to the study, a re-run with more
+// trials continues the same study without repeating a trial, and a bad sampler is one line.
+#include "tests/tools/sweep_testing.h"
+
+namespace {
+
+using fabric::testing::lines;
+using fabric::testing::read;
+using fabric::testing::SweepTest;
+
+// The study's trials as "number state value lr" lines (Optuna itself reads the storage).
+std::string study_trials(const std::string& db) {
+  const char* python = std::getenv("PYTHON");
+  const auto r = fabric::testing::run_command(
+      std::string("'") + (python ? python : "python3") + "' -c \"import optuna\n"
+      "optuna.logging.set_verbosity(optuna.logging.WARNING)\n"
+      "s = optuna.load_study(study_name='s', storage='sqlite:///" + db + "')\n"
+      "for t in s.trials: print(t.number, t.state.name, repr(t.value), "
+      "t.params['optimizer.lr'])\"");
+  return r.code == 0 ? r.out : "error: " + r.out;
+}
+
+bool optuna_importable() {
+  const char* python = std::getenv("PYTHON");
+  return fabric::testing::run_command(std::string("'") + (python ? python : "python3") +
+                                      "' -c 'import optuna'")
+             .code == 0;
+}
+
+constexpr const char* kOptuna =
+    "search: optuna\nspace: {optimizer.lr: {uniform: [0.05, 0.35]}}\nmetric: fake_metric\n"
+    "mode: max\n";
+
+TEST_F(SweepTest, OptunaTellsEveryResultAndARerunContinuesTheStudy) {
+  if (!optuna_importable()) GTEST_SKIP() << "optuna is not installed (tools/setup.sh installs it)";
+  write_sweep(std::string(kOptuna) + "trials: 3\n");
+  auto r = sweep();
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("Optuna TPESampler study s in sqlite:///"), std::string::npos) << r.out;
+  ASSERT_EQ(invocations().size(), 3u) << r.out;
+  const std::string db = (dir_ / "out" / "optuna.db").string();
+  auto trials = lines(study_trials(db));
+  ASSERT_EQ(trials.size(), 3u) << study_trials(db);
+  // Each trial is COMPLETE with the metric its run wrote, for the lr Optuna chose (the run got it
+  // with four significant digits).
+  const auto st = state()["runs"];
+  for (const auto& line : trials) {
+    std::istringstream in(line);
+    int number = -1;
+    std::string state_name;
+    double value = 0, lr = 0;
+    in >> number >> state_name >> value >> lr;
+    EXPECT_EQ(state_name, "COMPLETE") << line;
+    bool found = false;
+    for (const auto& [id, run] : st.items()) {
+      if (run["trial"] != number) continue;
+      found = true;
+      EXPECT_EQ(id.rfind("t" + std::to_string(number) + "_lr=", 0), 0u) << id;
+      EXPECT_EQ(run["summary"]["fake_metric"].get<double>(), value) << line;
+      const double used = std::stod(run["values"][0][1].get<std::string>());
+      EXPECT_NEAR(used, lr, 5e-4 * lr) << line;
+      EXPECT_NEAR(value, fabric::testing::fake_metric(used, 42), 1e-12) << line;
+    }
+    EXPECT_TRUE(found) << line << "\n" << st.dump(1);
+  }
+
+  // More trials on the same directory: the study goes on from 3; nothing is run twice.
+  write_sweep(std::string(kOptuna) + "trials: 5\n");
+  r = sweep();
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("5 runs (3 done earlier)"), std::string::npos) << r.out;
+  EXPECT_EQ(invocations().size(), 5u) << r.out;
+  trials = lines(study_trials(db));
+  ASSERT_EQ(trials.size(), 5u) << study_trials(db);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(trials[i].rfind(std::to_string(i) + " COMPLETE ", 0), 0u);
+  EXPECT_EQ(lines(read(dir_ / "out" / "results.csv")).size(), 6u);
+}
+
+TEST_F(SweepTest, OptunaWithAnUnknownSamplerIsOneLine) {
+  if (!optuna_importable()) GTEST_SKIP() << "optuna is not installed (tools/setup.sh installs it)";
+  write_sweep(std::string(kOptuna) + "trials: 2\nsampler: TPE\n");
+  const auto r = sweep();
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_EQ(r.out.rfind("s.yaml:2:9: search: optuna: sampler: 'TPE' is not one of Optuna's "
+                        "samplers (BruteForceSampler, ",
+                        0),
+            0u)
+      << r.out;
+  EXPECT_EQ(lines(r.out).size(), 1u) << r.out;
+  EXPECT_TRUE(invocations().empty());
+}
+
+}  // namespace

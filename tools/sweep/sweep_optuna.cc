@@ -1,0 +1,141 @@
+#include "tools/sweep/sweep_optuna.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+#include <nlohmann/json.hpp>
+
+#include "fabric/core/error.h"
+#include "fabric/core/paths.h"
+#include "tools/sweep/sweep_runner.h"
+
+namespace fabric::sweep {
+namespace fs = std::filesystem;
+namespace {
+
+std::string number_text(double v, bool integer) {
+  char buf[48];
+  if (integer) {
+    std::snprintf(buf, sizeof(buf), "%lld", static_cast<long long>(v));
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.4g", v);
+  }
+  return buf;
+}
+
+fs::path find_bridge() {
+  if (const auto runfiles = runfiles_directory()) {
+    const fs::path p = *runfiles / "tools" / "optuna_bridge.py";
+    if (fs::is_regular_file(p)) return p;
+  }
+  const fs::path in_tree = absolute_from_working_directory("tools/optuna_bridge.py");
+  if (fs::is_regular_file(in_tree)) return in_tree;
+  throw Error("tools/optuna_bridge.py is not bundled with this sweep binary (run it with "
+              "bazel run //tools:sweep)");
+}
+
+}  // namespace
+
+OptunaStudy::OptunaStudy(const SweepSpec& spec, const fs::path& sweep_dir) : spec_(spec) {
+  const char* python = std::getenv("PYTHON");
+  python_ = python != nullptr && *python != '\0' ? python : "python3";
+  storage_ = spec.storage.empty() ? "sqlite:///" + (sweep_dir / "optuna.db").string() : spec.storage;
+  try {
+    bridge_ = find_bridge();
+    run({"check", "--sampler=" + spec.sampler});
+  } catch (const Error& e) {
+    throw ConfigError(spec.search_origin + ": search: optuna: " + e.what());
+  }
+}
+
+std::string OptunaStudy::run(const std::vector<std::string>& args) const {
+  std::vector<std::string> argv = {"/usr/bin/env", python_, bridge_.string()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  const Captured c = run_captured(argv, fs::current_path());
+  if (c.code != 0) {
+    std::string line = last_line(c.output);
+    const std::string prefix = "optuna_bridge: ";
+    if (line.rfind(prefix, 0) == 0) line = line.substr(prefix.size());
+    throw Error(line.empty() ? "the Optuna bridge exited " + std::to_string(c.code) : line);
+  }
+  return c.output;
+}
+
+std::pair<int64_t, Overrides> OptunaStudy::ask() const {
+  nlohmann::json space = nlohmann::json::array();
+  for (const auto& [key, d] : spec_.space) {
+    nlohmann::json spec = {{"kind", d.kind}};
+    if (d.kind == "choice") {
+      spec["values"] = d.values;
+    } else {
+      spec["low"] = d.low;
+      spec["high"] = d.high;
+    }
+    space.push_back({key, spec});
+  }
+  const std::string out = run({"ask", "--storage=" + storage_, "--study=" + spec_.study,
+                               std::string("--direction=") + (spec_.maximize ? "maximize" : "minimize"),
+                               "--sampler=" + spec_.sampler,
+                               "--seed=" + std::to_string(spec_.random_seed),
+                               "--space=" + space.dump()});
+  nlohmann::json answer;
+  try {
+    answer = nlohmann::json::parse(last_line(out));
+  } catch (const std::exception& e) {
+    throw Error("the Optuna bridge's answer is not JSON: " + last_line(out));
+  }
+  Overrides values;
+  for (const auto& [key, d] : spec_.space) {
+    const auto& v = answer.at("params").at(key);
+    values.emplace_back(key, v.is_string() ? v.get<std::string>()
+                                           : number_text(v.get<double>(), d.kind == "int"));
+  }
+  return {answer.at("number").get<int64_t>(), values};
+}
+
+void OptunaStudy::tell(int64_t number, double value) const {
+  char buf[48];
+  std::snprintf(buf, sizeof(buf), "%.17g", value);
+  run({"tell", "--storage=" + storage_, "--study=" + spec_.study,
+       "--number=" + std::to_string(number), std::string("--value=") + buf});
+}
+
+void OptunaStudy::tell(int64_t number, const std::string& state) const {
+  run({"tell", "--storage=" + storage_, "--study=" + spec_.study,
+       "--number=" + std::to_string(number), "--state=" + state});
+}
+
+SweepRun trial_run(const SweepSpec& spec, int64_t number, const Overrides& values) {
+  SweepRun run;
+  run.overrides = values;
+  run.origin = spec.search_origin;
+  for (size_t i = 0; i < values.size(); ++i) run.value_origin.push_back(spec.search_origin);
+  run.id = point_id(spec.swept_keys, values, std::nullopt, "t" + std::to_string(number) + "_");
+  return run;
+}
+
+void add_recorded_trials(SweepSpec& spec, SweepState& state) {
+  spec.runs.reserve(static_cast<size_t>(std::max<int64_t>(spec.trials, 0)) + state.runs().size());
+  std::vector<std::pair<int64_t, std::string>> trials;
+  for (const auto& [id, rec] : state.runs())
+    if (rec.trial >= 0) trials.emplace_back(rec.trial, id);
+  std::sort(trials.begin(), trials.end());
+  for (const auto& [number, id] : trials) {
+    SweepRun run = trial_run(spec, number, state[id].values);
+    run.id = id;  // as recorded
+    spec.runs.push_back(std::move(run));
+  }
+}
+
+SweepRun probe_run(const SweepSpec& spec) {
+  Overrides values;
+  for (const auto& [key, d] : spec.space)
+    values.emplace_back(key, d.kind == "choice" ? d.values.front()
+                                                : number_text(d.low, d.kind == "int"));
+  SweepRun run = trial_run(spec, 0, values);
+  run.id = "probe";
+  return run;
+}
+
+}  // namespace fabric::sweep
