@@ -76,7 +76,8 @@ double evaluate(fabric::Fabric& f, Model& model, fabric::DataLoader& loader,
 }
 
 // Returns the exit status: 0; 3 (on global rank 0) when training stopped on non-finite losses;
-// 143 when SIGTERM stopped it (a checkpoint of that step saved; checkpoint.resume=auto continues).
+// 143 when SIGTERM stopped a single-process run (a checkpoint of that step saved;
+// checkpoint.resume=auto continues).
 template <typename Model>
 int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& task) {
   using Clock = std::chrono::steady_clock;
@@ -158,7 +159,11 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
   auto window_start = Clock::now();
   fabric::ProgressBar& bar = f.progress_bar(total_steps, max_epochs, step);
   fabric::NonFiniteGuard nonfinite(f);  // trainer.stop_on_nonfinite
-  fabric::StopSignal stop_signal(f, log_every);  // SIGTERM: checkpoint this step, exit 143
+  // SIGTERM: checkpoint this step, exit 143. Single-process runs only: in a multi-rank job a
+  // SIGTERM from the launcher usually means another rank failed, and a rank blocked in a
+  // collective with a dead peer would only end at the launcher's SIGKILL, seconds later.
+  std::optional<fabric::StopSignal> stop_signal;
+  if (f.world_size() == 1) stop_signal.emplace(f, log_every);
   bool signalled = false;
   auto loss_of = [&](const torch::Tensor& data, const torch::Tensor& target) {
     auto guard = f.autocast();
@@ -221,7 +226,7 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
         stopped = nonfinite.message();
         break;
       }
-      if (stop_signal.requested(step)) {
+      if (stop_signal && stop_signal->requested(step)) {
         signalled = true;
         stopped = "stopped by SIGTERM at step " + std::to_string(step);
         break;
