@@ -10,6 +10,11 @@ call, so that the C++ sweep keeps no Python state and every decision is in Optun
       ([[key, {"kind": "uniform"|"loguniform"|"int"|"choice", "low", "high", "values"}], ...])
       and prints {"number": N, "params": {key: value}} on one line
   optuna_bridge.py tell --storage=URL --study=NAME --number=N (--value=V | --state=pruned|fail)
+  optuna_bridge.py report --storage=URL --study=NAME --number=N --reports=JSON --pruner=median|asha
+                          --min=M [--min_runs=K] [--factor=F]
+      reports the trial's intermediate values ([[step, value], ...]; steps already in the study
+      are skipped) and prints "prune" or "continue": Optuna's MedianPruner(n_startup_trials=K,
+      n_warmup_steps=M) or SuccessiveHalvingPruner(min_resource=M, reduction_factor=F) decides
 
 The sampler is built fresh on every ask, seeded with seed + the number of trials already in the
 study: the draws are reproducible for a given history and differ from one trial to the next.
@@ -27,8 +32,9 @@ def fail(message):
 
 
 def parse(argv):
-    if not argv or argv[0] not in ("check", "ask", "tell"):
-        fail("expected a command: check, ask or tell (see the top of tools/optuna_bridge.py)")
+    if not argv or argv[0] not in ("check", "ask", "tell", "report"):
+        fail("expected a command: check, ask, tell or report (see the top of "
+             "tools/optuna_bridge.py)")
     args = {}
     for a in argv[1:]:
         if not a.startswith("--") or "=" not in a:
@@ -75,6 +81,46 @@ def load(optuna, args, create):
         fail("storage " + storage + ", study " + study + ": " + str(e).splitlines()[0])
 
 
+def pruner(optuna, args):
+    name, low = need(args, "pruner"), int(need(args, "min"))
+    if name == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=int(args.get("min_runs", "3")),
+                                           n_warmup_steps=low)
+    if name == "asha":
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=low,
+                                                      reduction_factor=int(args.get("factor", "3")))
+    fail("--pruner=" + name + ": expected median or asha")
+
+
+def report(optuna, args):
+    storage, name = need(args, "storage"), need(args, "study")
+    try:
+        study = optuna.load_study(study_name=name, storage=storage, pruner=pruner(optuna, args))
+    except Exception as e:
+        fail("storage " + storage + ", study " + name + ": " + str(e).splitlines()[0])
+    number = int(need(args, "number"))
+    frozen = [t for t in study.get_trials(deepcopy=False) if t.number == number]
+    if not frozen:
+        fail("study " + name + " has no trial " + str(number))
+    # The ask-and-tell interface gives a Trial only to the process that asked; a later process
+    # reaches the same trial through its id (a documented constructor, Optuna's own route for
+    # its integrations).
+    trial = optuna.trial.Trial(study, frozen[0]._trial_id)
+    try:
+        reports = json.loads(need(args, "reports"))
+    except ValueError as e:
+        fail("--reports is not JSON: " + str(e))
+    try:
+        for step, value in reports:
+            if int(step) not in frozen[0].intermediate_values:
+                trial.report(float(value), int(step))
+        decision = trial.should_prune()
+    except Exception as e:
+        fail("trial " + str(number) + ": " + str(e).splitlines()[0])
+    print("prune" if decision else "continue")
+    return 0
+
+
 def distribution(optuna, spec):
     d = optuna.distributions
     kind = spec["kind"]
@@ -109,6 +155,8 @@ def main(argv):
         trial = study.ask({key: distribution(optuna, spec) for key, spec in space})
         print(json.dumps({"number": trial.number, "params": trial.params}))
         return 0
+    if command == "report":
+        return report(optuna, args)
     study = load(optuna, args, create=False)
     number = int(need(args, "number"))
     if "value" in args:

@@ -8,6 +8,7 @@ namespace {
 using fabric::testing::lines;
 using fabric::testing::read;
 using fabric::testing::SweepTest;
+namespace fs = std::filesystem;
 
 // The study's trials as "number state value lr" lines (Optuna itself reads the storage).
 std::string study_trials(const std::string& db) {
@@ -75,6 +76,46 @@ TEST_F(SweepTest, OptunaTellsEveryResultAndARerunContinuesTheStudy) {
   ASSERT_EQ(trials.size(), 5u) << study_trials(db);
   for (int i = 0; i < 5; ++i) EXPECT_EQ(trials[i].rfind(std::to_string(i) + " COMPLETE ", 0), 0u);
   EXPECT_EQ(lines(read(dir_ / "out" / "results.csv")).size(), 6u);
+}
+
+// pruner: under search: optuna is Optuna's own: the runs' metrics.csv reports become the trials'
+// intermediate values and its MedianPruner stops the trials below the median of the finished
+// ones; they are PRUNED in the study and pruned in the sweep, which exits 0.
+TEST_F(SweepTest, OptunasMedianPrunerStopsTrialsBelowTheMedian) {
+  if (!optuna_importable()) GTEST_SKIP() << "optuna is not installed (tools/setup.sh installs it)";
+  write_sweep(std::string(kOptuna) +
+              "trials: 5\nsampler: RandomSampler\nrandom_seed: 3\n"
+              "pruner: {type: median, metric: fake/score, min_steps: 3, min_runs: 2}\n");
+  const fs::path steps = dir_ / "steps";
+  const auto r = fabric::testing::run_command(
+      command("FAKE_STEPS=24 FAKE_STEP_MS=300 FAKE_STEPS_LOG='" + steps.string() + "'"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto trials = lines(study_trials((dir_ / "out" / "optuna.db").string()));
+  ASSERT_EQ(trials.size(), 5u) << r.out;
+  int pruned = 0, trained = 0;
+  for (const auto& t : trials) pruned += t.find(" PRUNED ") != std::string::npos;
+  for (const auto& line : lines(read(steps))) {
+    std::istringstream in(line);
+    double lr = 0;
+    int from = 0, to = 0;
+    in >> lr >> from >> to;
+    trained += to - from;
+  }
+  EXPECT_EQ(pruned, 2) << r.out;
+  EXPECT_LT(trained, 5 * 24) << r.out;
+  EXPECT_NE(r.out.find("Optuna's MedianPruner stopped it at step "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(std::to_string(5 - pruned) + " done, " + std::to_string(pruned) +
+                       " pruned, 0 failed"),
+            std::string::npos)
+      << r.out;
+  // The two first trials (Optuna's startup trials) finish. With random_seed 3 the sampler draws
+  // lr 0.2152, 0.3401, 0.1166, 0.3179, 0.07289: the third is above the median of the first two
+  // (0.972 against 0.943) and finishes, the last two are below it and are pruned.
+  EXPECT_EQ(trials[0].rfind("0 COMPLETE ", 0), 0u) << trials[0];
+  EXPECT_EQ(trials[1].rfind("1 COMPLETE ", 0), 0u) << trials[1];
+  EXPECT_EQ(trials[2].rfind("2 COMPLETE ", 0), 0u) << trials[2];
+  EXPECT_EQ(trials[3].rfind("3 PRUNED ", 0), 0u) << trials[3];
+  EXPECT_EQ(trials[4].rfind("4 PRUNED ", 0), 0u) << trials[4];
 }
 
 TEST_F(SweepTest, OptunaWithAnUnknownSamplerIsOneLine) {

@@ -241,9 +241,8 @@ TEST(SweepSpec, OptunaSearchKeepsTheSpaceAndAsksForTheRunsLater) {
   EXPECT_EQ(error_of(head + space + "seeds: [1, 2]\n"),
             "s.yaml:7:8: seeds: not used by search: optuna (each trial is one run and Optuna is "
             "told its metric); remove it, or use search: random");
-  EXPECT_EQ(error_of(head + space + "pruner: {type: asha, metric: m}\n"),
-            "s.yaml:7:9: pruner: not available with search: optuna yet; use search: random or "
-            "grid with a pruner");
+  EXPECT_EQ(parse_sweep(head + space + "pruner: {type: asha, metric: m}\n", "s.yaml").pruner.type,
+            "asha");  // Optuna's SuccessiveHalvingPruner decides
   EXPECT_EQ(error_of(std::string(kHead) + "grid: {optimizer.lr: [0.1]}\nsampler: TPESampler\n"),
             "s.yaml:5:10: sampler: only used by search: optuna");
 }

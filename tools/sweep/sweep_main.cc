@@ -33,6 +33,7 @@
 #include <fcntl.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <iostream>
@@ -44,6 +45,7 @@
 #include "fabric/core/suggest.h"
 #include "tools/sweep/sweep_report.h"
 #include "tools/sweep/sweep_optuna.h"
+#include "tools/sweep/sweep_pruner.h"
 #include "tools/sweep/sweep_runner.h"
 #include "tools/sweep/sweep_setup.h"
 #include "tools/sweep/sweep_slurm.h"
@@ -221,9 +223,41 @@ int sweep_main(int argc, char** argv) {
       state.save();
       return &spec.runs.back();
     };
+    if (!spec.pruner.type.empty()) {  // Optuna's pruners decide
+      options.external_pruner = [&](const fabric::sweep::SweepRun& run,
+                                    const fabric::sweep::RunRecord& rec)
+          -> std::optional<std::string> {
+        // No bridge call where Optuna cannot decide yet: before min, and (median) while fewer than
+        // min_runs trials finished. The reports so far go with the next call, or with the result.
+        if (rec.reports.rbegin()->first < spec.pruner.min_resource) return std::nullopt;
+        if (spec.pruner.type == "median") {
+          int finished = 0;
+          for (const auto& [id, r] : state.runs())
+            finished += r.trial >= 0 && r.status == fabric::sweep::RunStatus::kDone;
+          if (finished < spec.pruner.min_runs) return std::nullopt;
+        }
+        try {
+          if (!optuna->report(rec.trial, rec.reports, spec.pruner)) return std::nullopt;
+        } catch (const Error& e) {
+          std::cout << "warning: Optuna's pruner was not asked about " << run.id << ": "
+                    << e.what() << std::endl;
+          return std::nullopt;
+        }
+        const auto& last = *rec.reports.rbegin();
+        char value[32];
+        std::snprintf(value, sizeof(value), "%.4g", last.second);
+        return "Optuna's " +
+               std::string(spec.pruner.type == "median" ? "MedianPruner" : "SuccessiveHalvingPruner") +
+               " stopped it at " + fabric::sweep::resource_text(spec.pruner, last.first) + " (" +
+               spec.pruner.metric + " " + value + ")";
+      };
+    }
     options.on_result = [&](const fabric::sweep::SweepRun& run,
                             const fabric::sweep::RunRecord& rec) {
       try {
+        // Every report of the run, so that Optuna's pruners compare later trials with whole curves.
+        if (!spec.pruner.type.empty() && !rec.reports.empty())
+          optuna->report(rec.trial, rec.reports, spec.pruner);
         if (rec.status == fabric::sweep::RunStatus::kDone && rec.summary.contains(spec.metric) &&
             rec.summary[spec.metric].is_number()) {
           optuna->tell(rec.trial, rec.summary[spec.metric].get<double>());

@@ -106,6 +106,20 @@ void OptunaStudy::tell(int64_t number, const std::string& state) const {
        "--number=" + std::to_string(number), "--state=" + state});
 }
 
+bool OptunaStudy::report(int64_t number, const std::map<double, double>& reports,
+                         const PrunerSpec& pruner) const {
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& [at, value] : reports) list.push_back({at, value});
+  char low[32];
+  std::snprintf(low, sizeof(low), "%.0f", pruner.min_resource);
+  const std::string out = run({"report", "--storage=" + storage_, "--study=" + spec_.study,
+                               "--number=" + std::to_string(number), "--reports=" + list.dump(),
+                               "--pruner=" + pruner.type, std::string("--min=") + low,
+                               "--min_runs=" + std::to_string(pruner.min_runs),
+                               "--factor=" + std::to_string(pruner.reduction_factor)});
+  return last_line(out) == "prune";
+}
+
 SweepRun trial_run(const SweepSpec& spec, int64_t number, const Overrides& values) {
   SweepRun run;
   run.overrides = values;

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <utility>
 
@@ -37,6 +38,11 @@ class OptunaStudy {
   // Tells the study how trial `number` ended: `value`, or state "pruned" / "fail".
   void tell(int64_t number, double value) const;
   void tell(int64_t number, const std::string& state) const;
+  // With a pruner: reports the trial's `reports` (resource → value) as its intermediate values and
+  // returns whether Optuna's pruner of that type (MedianPruner, SuccessiveHalvingPruner, set up
+  // from `pruner`) says to stop it.
+  bool report(int64_t number, const std::map<double, double>& reports,
+              const PrunerSpec& pruner) const;
 
   const std::string& storage() const { return storage_; }
 

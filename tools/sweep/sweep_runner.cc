@@ -307,9 +307,14 @@ int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& o
   auto prune = [&]() {
     for (auto& [pid, r] : running) {
       if (!r.prune_reason.empty() || !read_reports_of(r)) continue;
-      auto records = state.runs();
-      const auto reason = decide(pruner, r.run->id, records);
-      state[r.run->id].rung = records[r.run->id].rung;
+      std::optional<std::string> reason;
+      if (options.external_pruner) {
+        reason = options.external_pruner(*r.run, state[r.run->id]);
+      } else {
+        auto records = state.runs();
+        reason = decide(pruner, r.run->id, records);
+        state[r.run->id].rung = records[r.run->id].rung;
+      }
       if (reason) {
         r.prune_reason = *reason;
         r.kill_at = Clock::now() + kStopGrace;
@@ -353,7 +358,7 @@ int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& o
       out << record_exit(spec, *r.run, status_code(status), how, wall, r.file_start, runs, rec)
           << std::endl;
       if (!pruner.type.empty()) read_reports_of(r);  // its last reports
-      if (pruner.type == "asha") {  // and the rungs it passed on the way
+      if (pruner.type == "asha" && !options.external_pruner) {  // and the rungs it passed
         auto records = state.runs();
         while (decide(pruner, r.run->id, records)) {  // each call judges at least one more rung
         }
@@ -370,6 +375,7 @@ int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& o
 
   // asha: a pruned run that is now in the top of its rung resumes before a new run starts.
   auto next_promotion = [&]() -> const SweepRun* {
+    if (options.external_pruner) return nullptr;
     for (const auto& id : promotable(pruner, state.runs())) {
       auto it = by_id.find(id);
       if (it == by_id.end()) continue;

@@ -22,6 +22,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -45,6 +46,9 @@ struct RunnerOptions {
   // how many such runs may still come (for the [k/n] count).
   std::function<const SweepRun*()> next_run;
   int more_runs = 0;
+  // With a pruner: decides instead of the sweep's own pruner (search: optuna: Optuna's pruners):
+  // the reason to stop the run, or nullopt. No asha promotions then.
+  std::function<std::optional<std::string>(const SweepRun&, const RunRecord&)> external_pruner;
   // Called when a run ends with a result (done, diverged, pruned); e.g. to tell Optuna.
   std::function<void(const SweepRun&, const RunRecord&)> on_result;
 };

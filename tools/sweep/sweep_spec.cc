@@ -366,9 +366,6 @@ SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
       if (root[k])
         p.fail(root[k], std::string(k) + ": not used by search: optuna (each trial is one run and "
                         "Optuna is told its metric); remove it, or use search: random");
-    if (pruner.IsMap())
-      p.fail(pruner, "pruner: not available with search: optuna yet; use search: random or grid "
-                     "with a pruner");
     if (spec.study.empty()) spec.study = spec.name;
   }
   if (pruner.IsMap()) spec.pruner = parse_pruner(p, pruner, spec.maximize);
