@@ -26,7 +26,8 @@
 //   sampler: TPESampler               # search: optuna: any of optuna.samplers by name
 //   storage: sqlite:///path/optuna.db # search: optuna: default <sweep dir>/optuna.db
 //   study: NAME                       # search: optuna: default the sweep's name
-//   pruner:                           # optional: stop runs that fall behind (sweep_pruner.h)
+//   pruner:                           # optional: stop runs that fall behind (sweep_pruner.h;
+//                                     # under search: optuna, Optuna's pruners decide)
 //     type: asha                      # median | asha
 //     metric: test/accuracy           # a metrics.csv column (required)
 //     mode: max                       # default: the sweep's mode
