@@ -13,7 +13,8 @@
 // 20), logging fake/score = fake_metric · step / N to metrics.csv at every step. SIGTERM stops it as
 // a Fabric example stops: it saves its step to <logging.run_dir>.fake_ckpt and exits 143; with
 // checkpoint.resume=auto it starts from that step. FAKE_STEPS_LOG=FILE appends "lr from to" for
-// every attempt (the steps it trained).
+// every attempt (the steps it trained). FAKE_LINGER_MS=N: after writing summary.json it takes N ms
+// more to exit, with SIGTERM's default action back (a program killed while exiting).
 #include <signal.h>
 #include <unistd.h>
 
@@ -66,6 +67,10 @@ int train_steps(const fabric::Config& c, const fabric::RunDirectory& run, double
     return 128 + SIGTERM;
   }
   run.write_summary({{"fake_metric", metric}, {"steps", step}, {"name", "fake"}});
+  if (const char* linger = std::getenv("FAKE_LINGER_MS")) {  // exiting slowly, SIGTERM fatal again
+    signal(SIGTERM, SIG_DFL);
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(linger)));
+  }
   return 0;
 }
 

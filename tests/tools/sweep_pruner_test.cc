@@ -141,4 +141,24 @@ TEST_F(SweepPrunerTest, MedianStopsRunsBelowTheMedianOfFinishedRuns) {
   EXPECT_EQ(rows[5].rfind("| 2 | 0.15 |", 0), 0u) << rows[5];
 }
 
+// A run the pruner judges at its last report, SIGTERMed while it exits (after its summary.json),
+// keeps its result: done, not pruned.
+TEST_F(SweepPrunerTest, ARunThatFinishedBeforeTheSigtermTookEffectIsDone) {
+  write_sweep("grid:\n  optimizer.lr: [0.2, 0.15, 0.1]\nmetric: fake_metric\nmode: max\n"
+              "pruner: {type: median, metric: fake/score, min_steps: " +
+              std::to_string(kSteps) + ", min_runs: 2}\n");
+  const auto r = fabric::testing::run_command(
+      command("FAKE_STEPS=" + std::to_string(kSteps) + " FAKE_STEP_MS=0 FAKE_LINGER_MS=3000", "",
+              "linger"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  // 0.1 is below the median of the first two at step 18, its last: the pruner stops it while it
+  // exits; it had written its summary, so its result stands.
+  EXPECT_NE(r.out.find("pruning lr=0.1: fake/score"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("done lr=0.1 in "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("3 done, 0 failed, 0 not run"), std::string::npos) << r.out;
+  const auto run = state_of("linger")["runs"]["lr=0.1"];
+  EXPECT_EQ(run["status"], "done") << run.dump();
+  EXPECT_EQ(run["exit_code"], 128 + SIGTERM) << run.dump();
+}
+
 }  // namespace

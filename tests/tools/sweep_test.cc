@@ -115,6 +115,7 @@ TEST_F(SweepTest, BestYamlReRunsTheBestTrial) {
   const std::string text = read(best);
   ASSERT_FALSE(text.empty()) << r.out;
   EXPECT_EQ(text.rfind("# The best run of sweep s (fake_metric, max): lr=0.2_seed=2", 0), 0u) << text;
+  EXPECT_NE(text.find("--config=" + best.string() + "\n"), std::string::npos) << text;
   EXPECT_EQ(text.find("run_dir:"), std::string::npos) << text;
   EXPECT_EQ(text.find("resume:"), std::string::npos) << text;
   EXPECT_NE(text.find("lr: 0.2\n"), std::string::npos) << text;

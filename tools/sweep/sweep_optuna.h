@@ -6,8 +6,8 @@
 // so far), `tell` when a run ends with a result: done → its metric; diverged → FAIL; pruned →
 // PRUNED. A failed or interrupted run is not told: its trial stays RUNNING in the study and the
 // next invocation runs it again with the same values. The study lives in `storage:` (default
-// sqlite:///<sweep dir>/optuna.db; a database URL lets several machines share one study) under
-// `study:` (default the sweep's name), so `optuna-dashboard sqlite:///<sweep dir>/optuna.db` opens
+// sqlite:///<sweep dir>/optuna.db; a database URL for several machines sharing one study) under
+// `study:` (default the sweep's name), so `optuna-dashboard sqlite:///<sweep dir>/optuna.db` shows
 // it and running the same sweep again continues it. Each trial is a run with id
 // t<number>_<key>=<value>..., its values written as random search writes them (four significant
 // digits for uniform and loguniform; Optuna keeps its unrounded value); sweep_state.json keeps

@@ -196,7 +196,8 @@ std::string results_markdown(const SweepSpec& spec,
 }
 
 std::optional<BestConfig> best_config(const SweepSpec& spec,
-                                      const std::map<std::string, RunRecord>& records) {
+                                      const std::map<std::string, RunRecord>& records,
+                                      const std::filesystem::path& best_yaml) {
   const std::vector<Point> points = ranked_points(spec, records);
   if (points.empty() || points[0].metric.empty() || points[0].unfinished() > 0) return std::nullopt;
   const Point& p = points[0];
@@ -230,7 +231,7 @@ std::optional<BestConfig> best_config(const SweepSpec& spec,
           "defaults. Re-run:\n#   "
        << (spec.binary.rfind("//", 0) == 0 ? "bazel run " + spec.binary + " -- "
                                            : spec.binary + " ")
-       << "--config=best.yaml\n";
+       << "--config=" << best_yaml.string() << "\n";
   YAML::Emitter out;
   out << config;
   text << out.c_str() << "\n";
@@ -245,7 +246,7 @@ int write_report(const SweepSpec& spec, SweepState& state, const std::filesystem
   write_file_atomically(sweep_dir / "results.md", "# Sweep " + spec.name + "\n\n" + table);
   std::string best_line;
   try {
-    if (const auto best = best_config(spec, records)) {
+    if (const auto best = best_config(spec, records, sweep_dir / "best.yaml")) {
       write_file_atomically(sweep_dir / "best.yaml", best->yaml);
       best_line = "best: " + best->run_id + " -> " + display_path(sweep_dir / "best.yaml") + "\n";
     }

@@ -34,14 +34,16 @@ std::string results_markdown(const SweepSpec& spec,
 
 // best.yaml: the resolved config.yaml of the best run of the first-ranked point, without
 // logging.run_dir and checkpoint.resume, under a comment naming the run, its metric and the
-// command that re-runs it. nullopt when that point has no finished run or a diverged one.
+// command that re-runs it (`--config=` the absolute path `best_yaml`, where it is written).
+// nullopt when that point has no finished run or a diverged one.
 // Throws fabric::Error when the run's config.yaml cannot be read.
 struct BestConfig {
   std::string run_id;
   std::string yaml;
 };
 std::optional<BestConfig> best_config(const SweepSpec& spec,
-                                      const std::map<std::string, RunRecord>& records);
+                                      const std::map<std::string, RunRecord>& records,
+                                      const std::filesystem::path& best_yaml);
 
 // Writes results.csv, results.md and best.yaml to `sweep_dir`, prints the table, the failed runs and
 // where the files are. Returns the sweep's exit status: `run_code` when non-zero (a signal), 1 when a

@@ -333,9 +333,17 @@ int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& o
     const double wall = std::chrono::duration<double>(Clock::now() - r.start).count();
     if (stop_signal == 0 && !r.prune_reason.empty()) {
       read_reports_of(r);  // the rows written on the way out
-      const bool finished_anyway = status_code(status) == 0;
+      // Done when it completed before the SIGTERM took effect: exit 0, or a summary.json without a
+      // stop message written by this attempt (the signal landed while the program was exiting,
+      // after its last evaluation: e.g. a pruner judging at a rung at the run's last epoch).
+      RunRecord probe;
+      read_summary(*r.run, r.file_start, runs, probe);
+      const bool completed = probe.summary.is_object() &&
+                             probe.summary.value("stopped", std::string()).empty();
+      const bool finished_anyway = status_code(status) == 0 || completed;
       if (finished_anyway) {
         out << record_exit(spec, *r.run, 0, "exit 0", wall, r.file_start, runs, rec) << std::endl;
+        rec.exit_code = status_code(status);
       } else {
         rec.wall_seconds = wall;
         rec.exit_code = status_code(status);
