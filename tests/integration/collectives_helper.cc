@@ -4,6 +4,8 @@
 //                                       hold; rank 0 prints "metric=X"
 //   collectives_helper WORLD nonfinite  NonFiniteGuard(limit 3) with NaN losses on the last rank
 //                                       from step 7: every rank prints "rank R stopped at step 9"
+//   collectives_helper WORLD stopsignal StopSignal(every 4): the last rank sends itself SIGTERM
+//                                       at step 6: every rank prints "rank R stopped at step 8"
 //   collectives_helper WORLD diverge    debug_collectives: rank 1's third collective is a broadcast
 //                                       instead of an all_reduce (reshape: another shape)
 //   collectives_helper WORLD threads [KEY=VALUE]  every rank prints "rank R threads T interop I
@@ -13,6 +15,7 @@
 //   collectives_helper WORLD skip      rank 1 calls all_reduce that rank 0 never joins (rank 0
 //                                       waits for the job to be torn down): must end in a timeout
 //                                       error naming the collective, not a hang
+#include <signal.h>
 #include <unistd.h>
 
 #include <ATen/Parallel.h>
@@ -23,6 +26,7 @@
 #include "fabric/fabric.h"
 #include "fabric/main.h"
 #include "fabric/nonfinite_guard.h"
+#include "fabric/stop_signal.h"
 
 namespace {
 
@@ -122,6 +126,20 @@ int main(int argc, char** argv) {
             std::printf("rank %lld stopped at step %lld: %s\n",
                         static_cast<long long>(f.global_rank()), static_cast<long long>(step),
                         guard.message().c_str());
+            std::fflush(stdout);
+            return;
+          }
+        }
+        std::printf("rank %lld never stopped\n", static_cast<long long>(f.global_rank()));
+        return;
+      }
+      if (mode == "stopsignal") {
+        fabric::StopSignal stop(f, 4);
+        for (int64_t step = 1; step <= 40; ++step) {
+          if (f.global_rank() == f.world_size() - 1 && step == 6) raise(SIGTERM);
+          if (stop.requested(step)) {
+            std::printf("rank %lld stopped at step %lld\n", static_cast<long long>(f.global_rank()),
+                        static_cast<long long>(step));
             std::fflush(stdout);
             return;
           }

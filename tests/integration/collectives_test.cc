@@ -93,4 +93,14 @@ TEST(CollectivesTest, NonFiniteLossesOnOneRankStopEveryRankAtTheSameStep) {
       << out;
 }
 
+// fabric::StopSignal: SIGTERM on one rank stops every rank at the same step, the first multiple of
+// `every` (4) after the signal (step 6).
+TEST(CollectivesTest, SigtermOnOneRankStopsEveryRankAtTheSameStep) {
+  auto [code, out] = run("3 stopsignal");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_EQ(fabric::testing::ranks_missing_report(out, 3, " stopped at step 8"),
+            std::vector<int>{})
+      << out;
+}
+
 }  // namespace
