@@ -18,6 +18,7 @@ Flags:
 Exit status: 0 written (its path is printed); 2 usage error or nothing to plot.
 """
 import csv
+import json
 import math
 import os
 import sys
@@ -85,8 +86,6 @@ def run_statuses(sweep_dir):
     path = os.path.join(sweep_dir, "sweep_state.json")
     if not os.path.isfile(path):
         return {}
-    import json
-
     try:
         with open(path) as f:
             runs = json.load(f)["runs"]
@@ -113,6 +112,7 @@ def counted(statuses):
 
 def metric_by_key(sweep_dir, size, plt):
     """metric_by_key.png from results.csv; returns the printed line, or None without results."""
+    import matplotlib.ticker
     path = os.path.join(sweep_dir, "results.csv")
     if not os.path.isfile(path):
         return None
@@ -146,8 +146,6 @@ def metric_by_key(sweep_dir, size, plt):
             xs = [float(t) for t in texts]
             positive = all(x > 0 for x in xs)
             if positive and max(xs) > 10 * min(xs):
-                import matplotlib.ticker
-
                 ax.set_xscale("log")
                 ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         except ValueError:  # categorical values: one position per distinct value

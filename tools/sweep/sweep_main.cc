@@ -33,7 +33,6 @@
 #include <fcntl.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <iostream>
@@ -45,7 +44,6 @@
 #include "fabric/core/suggest.h"
 #include "tools/sweep/sweep_report.h"
 #include "tools/sweep/sweep_optuna.h"
-#include "tools/sweep/sweep_pruner.h"
 #include "tools/sweep/sweep_runner.h"
 #include "tools/sweep/sweep_setup.h"
 #include "tools/sweep/sweep_slurm.h"
@@ -207,69 +205,7 @@ int sweep_main(int argc, char** argv) {
       throw ConfigError(spec.search_origin + ": search: optuna: not available with "
                         "--launcher=slurm yet (trials are asked one by one as runs end)");
     optuna.emplace(spec, options.sweep_dir);
-    fabric::sweep::add_recorded_trials(spec, state);
-    fabric::sweep::SweepSpec probe = spec;  // the keys, checked once before anything is asked
-    probe.runs = {fabric::sweep::probe_run(spec)};
-    fabric::sweep::SweepState none;
-    fabric::sweep::preflight(probe, none, options);
-    options.more_runs = static_cast<int>(std::max<int64_t>(0, spec.trials - spec.runs.size()));
-    options.next_run = [&]() -> const fabric::sweep::SweepRun* {
-      if (static_cast<int64_t>(spec.runs.size()) >= spec.trials) return nullptr;
-      const auto [number, values] = optuna->ask();
-      spec.runs.push_back(fabric::sweep::trial_run(spec, number, values));
-      auto& rec = state[spec.runs.back().id];
-      rec.trial = number;
-      rec.values = values;
-      state.save();
-      return &spec.runs.back();
-    };
-    if (!spec.pruner.type.empty()) {  // Optuna's pruners decide
-      options.external_pruner = [&](const fabric::sweep::SweepRun& run,
-                                    const fabric::sweep::RunRecord& rec)
-          -> std::optional<std::string> {
-        // No bridge call where Optuna cannot decide yet: before min, and (median) while fewer than
-        // min_runs trials finished. The reports so far go with the next call, or with the result.
-        if (rec.reports.rbegin()->first < spec.pruner.min_resource) return std::nullopt;
-        if (spec.pruner.type == "median") {
-          int finished = 0;
-          for (const auto& [id, r] : state.runs())
-            finished += r.trial >= 0 && r.status == fabric::sweep::RunStatus::kDone;
-          if (finished < spec.pruner.min_runs) return std::nullopt;
-        }
-        try {
-          if (!optuna->report(rec.trial, rec.reports, spec.pruner)) return std::nullopt;
-        } catch (const Error& e) {
-          std::cout << "warning: Optuna's pruner was not asked about " << run.id << ": "
-                    << e.what() << std::endl;
-          return std::nullopt;
-        }
-        const auto& last = *rec.reports.rbegin();
-        char value[32];
-        std::snprintf(value, sizeof(value), "%.4g", last.second);
-        return "Optuna's " +
-               std::string(spec.pruner.type == "median" ? "MedianPruner" : "SuccessiveHalvingPruner") +
-               " stopped it at " + fabric::sweep::resource_text(spec.pruner, last.first) + " (" +
-               spec.pruner.metric + " " + value + ")";
-      };
-    }
-    options.on_result = [&](const fabric::sweep::SweepRun& run,
-                            const fabric::sweep::RunRecord& rec) {
-      try {
-        // Every report of the run, so that Optuna's pruners compare later trials with whole curves.
-        if (!spec.pruner.type.empty() && !rec.reports.empty())
-          optuna->report(rec.trial, rec.reports, spec.pruner);
-        if (rec.status == fabric::sweep::RunStatus::kDone && rec.summary.contains(spec.metric) &&
-            rec.summary[spec.metric].is_number()) {
-          optuna->tell(rec.trial, rec.summary[spec.metric].get<double>());
-        } else {
-          optuna->tell(rec.trial, rec.status == fabric::sweep::RunStatus::kPruned ? "pruned"
-                                                                                   : "fail");
-        }
-      } catch (const Error& e) {
-        std::cout << "warning: Optuna was not told how trial " << rec.trial << " (" << run.id
-                  << ") ended: " << e.what() << std::endl;
-      }
-    };
+    fabric::sweep::connect(*optuna, spec, state, options, std::cout);
   }
   int done = 0;
   for (const auto& run : spec.runs) done += fabric::sweep::has_result(state[run.id].status);

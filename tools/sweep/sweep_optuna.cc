@@ -8,7 +8,9 @@
 
 #include "fabric/core/error.h"
 #include "fabric/core/paths.h"
+#include "tools/sweep/sweep_pruner.h"
 #include "tools/sweep/sweep_runner.h"
+#include "tools/sweep/sweep_setup.h"
 
 namespace fabric::sweep {
 namespace fs = std::filesystem;
@@ -150,6 +152,79 @@ SweepRun probe_run(const SweepSpec& spec) {
   SweepRun run = trial_run(spec, 0, values);
   run.id = "probe";
   return run;
+}
+
+namespace {
+
+// The stop reason of a run Optuna's pruner stopped, at its last report.
+std::string optuna_stop_reason(const PrunerSpec& pruner, const RunRecord& rec) {
+  const auto& last = *rec.reports.rbegin();
+  char value[32];
+  std::snprintf(value, sizeof(value), "%.4g", last.second);
+  return "Optuna's " +
+         std::string(pruner.type == "median" ? "MedianPruner" : "SuccessiveHalvingPruner") +
+         " stopped it at " + resource_text(pruner, last.first) + " (" + pruner.metric + " " +
+         value + ")";
+}
+
+}  // namespace
+
+void connect(const OptunaStudy& study, SweepSpec& spec, SweepState& state,
+             RunnerOptions& options, std::ostream& out) {
+  add_recorded_trials(spec, state);
+  SweepSpec probe = spec;  // the keys, checked once before anything is asked
+  probe.runs = {probe_run(spec)};
+  SweepState none;
+  preflight(probe, none, options);
+  options.more_runs = static_cast<int>(std::max<int64_t>(0, spec.trials - spec.runs.size()));
+  options.next_run = [&]() -> const SweepRun* {
+    if (static_cast<int64_t>(spec.runs.size()) >= spec.trials) return nullptr;
+    const auto [number, values] = study.ask();
+    spec.runs.push_back(trial_run(spec, number, values));
+    auto& rec = state[spec.runs.back().id];
+    rec.trial = number;
+    rec.values = values;
+    state.save();
+    return &spec.runs.back();
+  };
+  if (!spec.pruner.type.empty()) {  // Optuna's pruners decide
+    options.external_pruner = [&](const SweepRun& run,
+                                  const RunRecord& rec) -> std::optional<std::string> {
+      // No bridge call where Optuna cannot decide yet: before min, and (median) while fewer than
+      // min_runs trials finished. The reports so far go with the next call, or with the result.
+      if (rec.reports.rbegin()->first < spec.pruner.min_resource) return std::nullopt;
+      if (spec.pruner.type == "median") {
+        int finished = 0;
+        for (const auto& [id, r] : state.runs())
+          finished += r.trial >= 0 && r.status == RunStatus::kDone;
+        if (finished < spec.pruner.min_runs) return std::nullopt;
+      }
+      try {
+        if (!study.report(rec.trial, rec.reports, spec.pruner)) return std::nullopt;
+      } catch (const Error& e) {
+        out << "warning: Optuna's pruner was not asked about " << run.id << ": " << e.what()
+            << std::endl;
+        return std::nullopt;
+      }
+      return optuna_stop_reason(spec.pruner, rec);
+    };
+  }
+  options.on_result = [&](const SweepRun& run, const RunRecord& rec) {
+    try {
+      // Every report of the run, so that Optuna's pruners compare later trials with whole curves.
+      if (!spec.pruner.type.empty() && !rec.reports.empty())
+        study.report(rec.trial, rec.reports, spec.pruner);
+      if (rec.status == RunStatus::kDone && rec.summary.contains(spec.metric) &&
+          rec.summary[spec.metric].is_number()) {
+        study.tell(rec.trial, rec.summary[spec.metric].get<double>());
+      } else {
+        study.tell(rec.trial, rec.status == RunStatus::kPruned ? "pruned" : "fail");
+      }
+    } catch (const Error& e) {
+      out << "warning: Optuna was not told how trial " << rec.trial << " (" << run.id
+          << ") ended: " << e.what() << std::endl;
+    }
+  };
 }
 
 }  // namespace fabric::sweep

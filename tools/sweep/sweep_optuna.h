@@ -18,9 +18,11 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <ostream>
 #include <string>
 #include <utility>
 
+#include "tools/sweep/sweep_runner.h"
 #include "tools/sweep/sweep_spec.h"
 #include "tools/sweep/sweep_state.h"
 
@@ -60,6 +62,14 @@ SweepRun trial_run(const SweepSpec& spec, int64_t number, const Overrides& value
 // Adds the runs of the trials recorded in `state` to spec.runs, by trial number, after reserving
 // room for spec.trials runs (pointers to them stay valid while the sweep adds more).
 void add_recorded_trials(SweepSpec& spec, SweepState& state);
+
+// Prepares a search: optuna sweep for run_pending: the runs of the trials recorded in `state`
+// (add_recorded_trials), the keys checked once with probe_run, and the runner's hooks:
+// options.next_run asks `study` for a trial, on_result tells it how a run ended (its reports
+// first, with a pruner), and with a pruner external_pruner asks Optuna's. `study`, `spec` and
+// `state` must outlive the run; warnings (a failed tell) go to `out`. Throws ConfigError.
+void connect(const OptunaStudy& study, SweepSpec& spec, SweepState& state,
+             RunnerOptions& options, std::ostream& out);
 
 // A run with each key's first value (low end, first choice), for checking the keys before any
 // trial is asked.

@@ -46,12 +46,14 @@ std::optional<double> value_at_rung(const PrunerSpec& spec, const RunRecord& rec
   return it->second;
 }
 
-// The values at rung k of the runs judged there (passed it or were stopped at it).
+// The values at rung k of the runs judged there (passed it or were stopped at it), `except` left
+// out.
 std::vector<double> judged_at(const PrunerSpec& spec, int k,
-                              const std::map<std::string, RunRecord>& records) {
+                              const std::map<std::string, RunRecord>& records,
+                              const std::string& except = "") {
   std::vector<double> values;
   for (const auto& [id, rec] : records) {
-    if (rec.rung < k) continue;
+    if (rec.rung < k || id == except) continue;
     if (auto v = value_at_rung(spec, rec, k)) values.push_back(*v);
   }
   return values;
@@ -87,13 +89,15 @@ std::optional<std::string> decide_median(const PrunerSpec& spec, const std::stri
 }
 
 std::optional<std::string> decide_asha(const PrunerSpec& spec, const std::string& id,
-                                       std::map<std::string, RunRecord>& records) {
-  RunRecord& rec = records.at(id);
+                                       const std::map<std::string, RunRecord>& records,
+                                       int* rung) {
+  const RunRecord& rec = records.at(id);
   const double t = rec.reports.rbegin()->first;
-  while (rung_resource(spec, rec.rung + 1) <= t + 1e-9) {
-    const int k = ++rec.rung;
+  while (rung_resource(spec, *rung + 1) <= t + 1e-9) {
+    const int k = ++*rung;
     const double value = *value_at_rung(spec, rec, k);
-    const std::vector<double> values = judged_at(spec, k, records);
+    std::vector<double> values = judged_at(spec, k, records, id);
+    values.push_back(value);
     const int n = static_cast<int>(values.size());
     const int top = std::max(1, n / spec.reduction_factor);
     if (rank_of(spec, value, values) >= top)
@@ -144,10 +148,18 @@ std::map<double, double> read_reports(const std::filesystem::path& metrics_csv,
   return reports;
 }
 
+int rung_at(const PrunerSpec& spec, double resource) {
+  int k = -1;
+  while (rung_resource(spec, k + 1) <= resource + 1e-9) ++k;
+  return k;
+}
+
 std::optional<std::string> decide(const PrunerSpec& spec, const std::string& id,
-                                  std::map<std::string, RunRecord>& records) {
-  if (spec.type.empty() || records[id].reports.empty()) return std::nullopt;
-  return spec.type == "median" ? decide_median(spec, id, records) : decide_asha(spec, id, records);
+                                  const std::map<std::string, RunRecord>& records, int* rung) {
+  auto it = records.find(id);
+  if (spec.type.empty() || it == records.end() || it->second.reports.empty()) return std::nullopt;
+  return spec.type == "median" ? decide_median(spec, id, records)
+                               : decide_asha(spec, id, records, rung);
 }
 
 std::vector<std::string> promotable(const PrunerSpec& spec,
@@ -167,6 +179,44 @@ std::vector<std::string> promotable(const PrunerSpec& spec,
   std::vector<std::string> ids;
   for (const auto& f : found) ids.push_back(f.second);
   return ids;
+}
+
+bool PruneWatch::read(const SweepRun& run, const std::filesystem::path& metrics_csv) {
+  std::error_code ec, size_ec;
+  const auto version = std::make_pair(std::filesystem::last_write_time(metrics_csv, ec),
+                                      std::filesystem::file_size(metrics_csv, size_ec));
+  if (ec || size_ec) return false;
+  auto [seen, first] = read_at_.emplace(metrics_csv, version);
+  if (!first && seen->second == version) return false;
+  seen->second = version;
+  RunRecord& rec = state_[run.id];
+  bool changed = false;
+  for (const auto& [at, value] : read_reports(metrics_csv, spec_)) {
+    auto [it, inserted] = rec.reports.emplace(at, value);
+    if (!inserted && it->second == value) continue;
+    it->second = value;
+    changed = true;
+  }
+  return changed;
+}
+
+std::optional<std::string> PruneWatch::verdict(const SweepRun& run) {
+  if (external_) return external_(run, state_[run.id]);
+  int rung = state_[run.id].rung;
+  auto reason = decide(spec_, run.id, state_.runs(), &rung);
+  state_[run.id].rung = rung;
+  return reason;
+}
+
+void PruneWatch::ended(const SweepRun& run) {
+  RunRecord& rec = state_[run.id];
+  if (spec_.type != "asha" || external_ || rec.reports.empty()) return;
+  rec.rung = std::max(rec.rung, rung_at(spec_, rec.reports.rbegin()->first));
+}
+
+std::vector<std::string> PruneWatch::promotions() const {
+  if (external_) return {};
+  return promotable(spec_, state_.runs());
 }
 
 }  // namespace fabric::sweep

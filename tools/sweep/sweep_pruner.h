@@ -24,9 +24,11 @@
 #define TOOLS_SWEEP_SWEEP_PRUNER_H_
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tools/sweep/sweep_spec.h"
@@ -42,14 +44,47 @@ std::map<double, double> read_reports(const std::filesystem::path& metrics_csv,
 
 // The decision for run `id` after its reports in `records` grew: the reason it must stop
 // ("test/accuracy 0.41 at step 2 is not in the top 1 of the 5 runs at rung 0 (step 2)"), or
-// nullopt to go on. Under asha it records the rungs the run passed in records[id].rung.
+// nullopt to go on. Under asha `*rung` is the run's rung (records[id].rung) and comes back as the
+// highest rung it was judged at, passed or stopped at.
 std::optional<std::string> decide(const PrunerSpec& spec, const std::string& id,
-                                  std::map<std::string, RunRecord>& records);
+                                  const std::map<std::string, RunRecord>& records, int* rung);
+
+// asha: the highest rung at or below `resource` (-1: before the first).
+int rung_at(const PrunerSpec& spec, double resource);
 
 // asha: the pruned runs that are now in the top ⌊n/η⌋ of the rung they were stopped at, best
 // first (empty for median, which never promotes).
 std::vector<std::string> promotable(const PrunerSpec& spec,
                                     const std::map<std::string, RunRecord>& records);
+
+// The pruner's side of a running sweep (run_pending, tools/sweep/sweep_runner.h): reads each
+// running run's metrics.csv into its reports in the state, judges it, and keeps the asha rungs of
+// the runs that end.
+class PruneWatch {
+ public:
+  // Decides instead of the spec's own rules (search: optuna: Optuna's pruners); no promotions.
+  using Decider = std::function<std::optional<std::string>(const SweepRun&, const RunRecord&)>;
+  PruneWatch(const PrunerSpec& spec, SweepState& state, Decider external)
+      : spec_(spec), state_(state), external_(std::move(external)) {}
+  bool active() const { return !spec_.type.empty(); }
+
+  // Merges the rows of `metrics_csv` (the run's current attempt) into its reports; true when they
+  // changed. The file is parsed only when its modification time or size moved since the last read.
+  bool read(const SweepRun& run, const std::filesystem::path& metrics_csv);
+  // For a running run whose reports changed: the reason to stop it, or nullopt.
+  std::optional<std::string> verdict(const SweepRun& run);
+  // A run ended with a result: under asha (own rules) the highest rung its reports reached.
+  void ended(const SweepRun& run);
+  // The pruned runs to resume now (asha, own rules), best first.
+  std::vector<std::string> promotions() const;
+
+ private:
+  const PrunerSpec& spec_;
+  SweepState& state_;
+  Decider external_;
+  // metrics.csv → its (modification time, size) when last parsed.
+  std::map<std::filesystem::path, std::pair<std::filesystem::file_time_type, uintmax_t>> read_at_;
+};
 
 // "step 2" or "epoch 3".
 std::string resource_text(const PrunerSpec& spec, double resource);

@@ -68,6 +68,7 @@ struct Running {
   fs::file_time_type file_start;
   std::string prune_reason;                  // set once the pruner stopped it (SIGTERM sent)
   std::optional<Clock::time_point> kill_at;  // SIGKILL then, when it has not ended
+  fs::path metrics;                          // the attempt's metrics.csv, once it exists
 };
 
 std::string seconds(double s) {
@@ -242,6 +243,7 @@ int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& o
   std::optional<Clock::time_point> kill_at;
 
   const PrunerSpec& pruner = spec.pruner;
+  PruneWatch watch(pruner, state, options.external_pruner);
   std::map<std::string, const SweepRun*> by_id;
   for (const SweepRun& run : spec.runs) by_id[run.id] = &run;
 
@@ -276,7 +278,7 @@ int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& o
     }
     close(fd);
     slot_busy[static_cast<size_t>(slot)] = true;
-    running[pid] = {run, slot, Clock::now(), file_start, {}, {}};
+    running[pid] = {run, slot, Clock::now(), file_start, {}, {}, {}};
     if (promoted) {
       out << "promote " << run->id << " (asha: now in the top 1/" << pruner.reduction_factor
           << " at rung " << rec.rung << "; resumes from its checkpoint)";
@@ -289,33 +291,20 @@ int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& o
     out << std::endl;
   };
 
-  // Merges the attempt's metrics.csv into the run's reports; true when they changed.
-  auto read_reports_of = [&](const Running& r) {
-    const std::string dir = find_attempt_dir(runs, r.run->id, r.file_start, "metrics.csv");
-    if (dir.empty()) return false;
-    RunRecord& rec = state[r.run->id];
-    bool changed = false;
-    for (const auto& [at, value] : read_reports(fs::path(dir) / "metrics.csv", pruner)) {
-      auto [it, inserted] = rec.reports.emplace(at, value);
-      if (!inserted && it->second == value) continue;
-      it->second = value;
-      changed = true;
+  // Merges the attempt's metrics.csv (found once) into the run's reports; true when they changed.
+  auto read_reports_of = [&](Running& r) {
+    if (r.metrics.empty()) {
+      const std::string dir = find_attempt_dir(runs, r.run->id, r.file_start, "metrics.csv");
+      if (dir.empty()) return false;
+      r.metrics = fs::path(dir) / "metrics.csv";
     }
-    return changed;
+    return watch.read(*r.run, r.metrics);
   };
   // The pruner's look at every running run with new reports: SIGTERM to those it stops.
   auto prune = [&]() {
     for (auto& [pid, r] : running) {
       if (!r.prune_reason.empty() || !read_reports_of(r)) continue;
-      std::optional<std::string> reason;
-      if (options.external_pruner) {
-        reason = options.external_pruner(*r.run, state[r.run->id]);
-      } else {
-        auto records = state.runs();
-        reason = decide(pruner, r.run->id, records);
-        state[r.run->id].rung = records[r.run->id].rung;
-      }
-      if (reason) {
+      if (const auto reason = watch.verdict(*r.run)) {
         r.prune_reason = *reason;
         r.kill_at = Clock::now() + kStopGrace;
         kill(-pid, SIGTERM);
@@ -326,7 +315,7 @@ int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& o
   };
 
   auto finished = [&](pid_t pid, int status) {
-    Running r = running.at(pid);
+    Running r = std::move(running.at(pid));
     running.erase(pid);
     slot_busy[static_cast<size_t>(r.slot)] = false;
     RunRecord& rec = state[r.run->id];
@@ -349,7 +338,7 @@ int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& o
         rec.exit_code = status_code(status);
         rec.status = RunStatus::kPruned;
         rec.reason = "pruned: " + r.prune_reason;
-        rec.run_dir = find_attempt_dir(runs, r.run->id, r.file_start, "metrics.csv");
+        rec.run_dir = r.metrics.parent_path().string();
         out << "pruned " << r.run->id << " in " << seconds(wall) << ": " << r.prune_reason
             << std::endl;
       }
@@ -365,12 +354,9 @@ int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& o
                                   : "exit " + std::to_string(status_code(status));
       out << record_exit(spec, *r.run, status_code(status), how, wall, r.file_start, runs, rec)
           << std::endl;
-      if (!pruner.type.empty()) read_reports_of(r);  // its last reports
-      if (pruner.type == "asha" && !options.external_pruner) {  // and the rungs it passed
-        auto records = state.runs();
-        while (decide(pruner, r.run->id, records)) {  // each call judges at least one more rung
-        }
-        rec.rung = records[r.run->id].rung;
+      if (watch.active()) {  // its last reports, and the rungs they reached
+        read_reports_of(r);
+        watch.ended(*r.run);
       }
     }
     state.save();
@@ -383,8 +369,7 @@ int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& o
 
   // asha: a pruned run that is now in the top of its rung resumes before a new run starts.
   auto next_promotion = [&]() -> const SweepRun* {
-    if (options.external_pruner) return nullptr;
-    for (const auto& id : promotable(pruner, state.runs())) {
+    for (const auto& id : watch.promotions()) {
       auto it = by_id.find(id);
       if (it == by_id.end()) continue;
       bool is_running = false;
@@ -414,7 +399,7 @@ int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& o
     if (running.empty()) break;
     // With a pruner, metrics.csv is read 10 times a second (a decision comes within 0.1 s of the
     // report, plus the run's own reaction to SIGTERM).
-    timespec timeout = pruner.type.empty() ? timespec{1, 0} : timespec{0, 100'000'000};
+    timespec timeout = watch.active() ? timespec{0, 100'000'000} : timespec{1, 0};
     siginfo_t info;
     const int sig = sigtimedwait(&watched, &info, &timeout);
     if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
@@ -427,7 +412,7 @@ int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& o
       }
     }
     if (kill_at && Clock::now() >= *kill_at) stop_all(SIGKILL);
-    if (stop_signal == 0 && !pruner.type.empty()) prune();
+    if (stop_signal == 0 && watch.active()) prune();
     for (const auto& [pid, r] : running)
       if (r.kill_at && Clock::now() >= *r.kill_at) kill(-pid, SIGKILL);
     // Reap whatever exited (also after a timeout: a SIGCHLD may have been merged).
