@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "tools/sweep/sweep_process.h"
 #include "tools/sweep/sweep_spec.h"
 #include "tools/sweep/sweep_state.h"
 
@@ -70,17 +71,6 @@ std::string record_exit(const SweepSpec& spec, const SweepRun& run, int exit_cod
                         const std::string& how, double wall_seconds,
                         std::filesystem::file_time_type since,
                         const std::filesystem::path& runs, RunRecord& rec);
-
-struct Captured {
-  int code = -1;  // exit status, or 128 + signal
-  std::string output;
-};
-// Runs `argv` in `cwd` and returns its status and combined stdout + stderr.
-Captured run_captured(const std::vector<std::string>& argv, const std::filesystem::path& cwd);
-
-// The last non-empty line of `text` (of a file's last 64 KiB for last_line_of_file).
-std::string last_line(const std::string& text);
-std::string last_line_of_file(const std::filesystem::path& path);
 
 }  // namespace fabric::sweep
 
