@@ -16,6 +16,7 @@
 #include "fabric/core/suggest.h"
 #include "fabric/logging/run_dir.h"
 #include "tools/sweep/sweep_space.h"
+#include "tools/sweep/sweep_yaml.h"
 
 namespace fabric::sweep {
 namespace {
@@ -27,84 +28,6 @@ const std::vector<std::string> kTopKeys = {
     "parallel", "metric", "devices_per_run", "mode",      "dir",  "seed_key", "resume_runs",
     "search",   "trials", "space",           "random_seed", "pruner", "sampler",
     "storage",  "study"};
-class Parser {
- public:
-  Parser(std::string file) : file_(std::move(file)) {}
-
-  std::string at(const YAML::Node& node) const {
-    const YAML::Mark m = node.Mark();
-    if (m.is_null()) return file_;
-    return file_ + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
-  }
-  [[noreturn]] void fail(const YAML::Node& node, const std::string& message) const {
-    throw ConfigError(at(node) + ": " + message);
-  }
-
-  std::string scalar(const YAML::Node& node, const std::string& key) const {
-    if (!node.IsScalar()) fail(node, key + ": expected a single value");
-    return node.Scalar();
-  }
-  int64_t integer(const YAML::Node& node, const std::string& key, int64_t min) const {
-    const std::string text = scalar(node, key);
-    int64_t value = 0;
-    size_t used = 0;
-    try {
-      value = std::stoll(text, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != text.size()) fail(node, key + ": '" + text + "' is not an integer");
-    if (value < min)
-      fail(node, key + ": " + text + " is out of range: must be >= " + std::to_string(min));
-    return value;
-  }
-  double number(const YAML::Node& node, const std::string& key) const {
-    const std::string text = scalar(node, key);
-    double value = 0;
-    size_t used = 0;
-    try {
-      value = std::stod(text, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != text.size() || !std::isfinite(value))
-      fail(node, key + ": '" + text + "' is not a number");
-    return value;
-  }
-  bool boolean(const YAML::Node& node, const std::string& key) const {
-    const std::string text = scalar(node, key);
-    if (text == "true") return true;
-    if (text == "false") return false;
-    fail(node, key + ": '" + text + "' is not a boolean: write true or false");
-  }
-
-  // key → value text of a mapping of overrides (grid values are sequences, checked by the caller).
-  void check_key(const YAML::Node& key_node, const std::string& where) const {
-    const std::string key = scalar(key_node, where);
-    if (key.find('.') == std::string::npos || key.front() == '.' || key.back() == '.')
-      fail(key_node, where + ": '" + key + "' is not a config key like 'optimizer.lr'");
-  }
-
- private:
-  std::string file_;
-};
-
-// YAML text of a value, for `key=value` on the command line ("0.1", "[0.9, 0.99]", "'a b'").
-std::string value_text(const YAML::Node& node) {
-  if (node.IsScalar()) {
-    // A plain scalar keeps its spelling; a quoted one is re-emitted quoted (it may look like a
-    // number or a list otherwise).
-    if (node.Tag() != "!") return node.Scalar();
-    YAML::Emitter out;
-    out << YAML::DoubleQuoted << node.Scalar();
-    return out.c_str();
-  }
-  YAML::Emitter out;
-  out.SetSeqFormat(YAML::Flow);
-  out.SetMapFormat(YAML::Flow);
-  out << node;
-  return out.c_str();
-}
 
 std::string sanitize(const std::string& text) {
   std::string out;
@@ -143,58 +66,6 @@ void assign_ids(SweepSpec& spec) {
     if (count[run.id] > 1 || run.id.size() > kMaxIdLength)
       run.id = run.id.substr(0, kMaxIdLength - 9) + "-" + hex_hash(canonical(run));
   }
-}
-
-const std::vector<std::string> kPrunerKeys = {"type",       "metric",           "mode",
-                                             "min_steps",  "min_epochs",       "reduction_factor",
-                                             "min_runs"};
-
-PrunerSpec parse_pruner(const Parser& p, const YAML::Node& node, bool sweep_maximizes) {
-  PrunerSpec pruner;
-  pruner.origin = p.at(node);
-  pruner.maximize = sweep_maximizes;
-  bool min_given = false;
-  for (const auto& item : node) {
-    const std::string key = p.scalar(item.first, "pruner key");
-    const YAML::Node& v = item.second;
-    const std::string where = "pruner: " + key;
-    if (key == "type") {
-      pruner.type = p.scalar(v, where);
-      if (pruner.type != "median" && pruner.type != "asha")
-        p.fail(v, where + ": '" + pruner.type + "' is not median or asha" +
-                      did_you_mean(pruner.type, {"median", "asha"}));
-    } else if (key == "metric") {
-      pruner.metric = p.scalar(v, where);
-      if (pruner.metric.empty() || pruner.metric == "step" || pruner.metric == "epoch")
-        p.fail(v, where + ": name a metrics.csv column the runs log, e.g. test/accuracy");
-    } else if (key == "mode") {
-      const std::string mode = p.scalar(v, where);
-      if (mode != "max" && mode != "min")
-        p.fail(v, where + ": '" + mode + "' is not max or min" + did_you_mean(mode, {"max", "min"}));
-      pruner.maximize = mode == "max";
-    } else if (key == "min_steps" || key == "min_epochs") {
-      if (min_given) p.fail(item.first, "pruner: give min_steps or min_epochs, not both");
-      min_given = true;
-      pruner.by_epoch = key == "min_epochs";
-      pruner.min_resource = static_cast<double>(p.integer(v, where, 1));
-    } else if (key == "reduction_factor") {
-      pruner.reduction_factor = static_cast<int>(p.integer(v, where, 2));
-    } else if (key == "min_runs") {
-      pruner.min_runs = static_cast<int>(p.integer(v, where, 1));
-    } else {
-      p.fail(item.first, "unknown pruner key '" + key + "'" + did_you_mean(key, kPrunerKeys) +
-                             " (keys: " + join(kPrunerKeys) + ")");
-    }
-  }
-  if (pruner.type.empty()) p.fail(node, "pruner: type: missing; write type: median or type: asha");
-  if (pruner.metric.empty())
-    p.fail(node, "pruner: metric: missing; name the metrics.csv column the decisions use, e.g. "
-                 "metric: test/accuracy");
-  if (pruner.type == "median" && node["reduction_factor"])
-    p.fail(node["reduction_factor"], "pruner: reduction_factor: only used by type: asha");
-  if (pruner.type == "asha" && node["min_runs"])
-    p.fail(node["min_runs"], "pruner: min_runs: only used by type: median");
-  return pruner;
 }
 
 }  // namespace
@@ -421,43 +292,7 @@ SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
       claim(d.first, "space");
       const std::string k = d.first.Scalar();
       const std::string where = "space: " + k;
-      Distribution dist;
-      if (d.second.IsSequence()) {
-        dist.kind = "choice";
-        for (const auto& value : d.second) dist.values.push_back(value_text(value));
-      } else if (d.second.IsMap() && d.second.size() == 1) {
-        const YAML::Node name = d.second.begin()->first, args = d.second.begin()->second;
-        dist.kind = p.scalar(name, where);
-        if (std::find(kDistributions.begin(), kDistributions.end(), dist.kind) ==
-            kDistributions.end())
-          p.fail(name, where + ": unknown distribution '" + dist.kind + "'" +
-                           did_you_mean(dist.kind, kDistributions) +
-                           " (distributions: " + join(kDistributions) + ")");
-        if (!args.IsSequence()) p.fail(args, where + ": " + dist.kind + ": expected a list");
-        if (dist.kind == "choice") {
-          for (const auto& value : args) dist.values.push_back(value_text(value));
-        } else {
-          if (args.size() != 2)
-            p.fail(args, where + ": " + dist.kind + ": expected [low, high]");
-          if (dist.kind == "int") {
-            dist.low = static_cast<double>(p.integer(args[0], where, INT64_MIN));
-            dist.high = static_cast<double>(p.integer(args[1], where, INT64_MIN));
-          } else {
-            dist.low = p.number(args[0], where);
-            dist.high = p.number(args[1], where);
-          }
-          if (!(dist.low < dist.high))
-            p.fail(args, where + ": " + dist.kind + ": low must be below high");
-          if (dist.kind == "loguniform" && dist.low <= 0)
-            p.fail(args, where + ": loguniform: low must be above 0 (use uniform for ranges "
-                             "that reach 0)");
-        }
-      } else {
-        p.fail(d.second, where + ": expected a distribution, e.g. {uniform: [0, 1]}, {loguniform: "
-                             "[0.001, 1]}, {int: [16, 64]} or a list of choices");
-      }
-      if (dist.kind == "choice" && dist.values.empty())
-        p.fail(d.second, where + ": choice: expected at least one value");
+      Distribution dist = parse_distribution(p, d.second, where);
       dists.emplace_back(k, std::move(dist));
       at.push_back(p.at(d.second));
     }
