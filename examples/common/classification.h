@@ -102,13 +102,15 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
     const auto t = std::dynamic_pointer_cast<const fabric::TensorDataset>(d);
     return keep_on_device && t ? fabric::device_dataset(*t, f.device()) : d;
   };
-  auto train = f.setup_dataloader(place(task.train), fabric::DataLoaderOptions()
-                                                         .batch_size(c.get_int("data.batch_size"))
-                                                         .shuffle(c.get_bool("data.shuffle"))
-                                                         .drop_last(c.get_bool("data.drop_last"))
-                                                         .num_workers(c.get_int("data.num_workers"))
-                                                         .prefetch(c.get_int("data.prefetch"))
-                                                         .transform(task.train_transform));
+  auto train =
+      f.setup_dataloader(place(task.train), fabric::DataLoaderOptions()
+                                                .batch_size(c.get_int("data.batch_size"))
+                                                .shuffle(c.get_bool("data.shuffle"))
+                                                .drop_last(c.get_bool("data.drop_last"))
+                                                .num_workers(c.get_int("data.num_workers"))
+                                                .prefetch(c.get_int("data.prefetch"))
+                                                .shuffle_buffer(c.get_int("data.shuffle_buffer"))
+                                                .transform(task.train_transform));
   auto test = f.setup_dataloader(place(task.test), fabric::DataLoaderOptions()
                                                        .batch_size(c.get_int("data.batch_size"))
                                                        .num_workers(c.get_int("data.num_workers"))

@@ -31,6 +31,14 @@ int64_t int_field(const c10::IValue& value, const std::string& key, const std::s
   return v.toInt();
 }
 
+// `key` of a dict, or `fallback` when the dict has none (checkpoints written before it existed).
+int64_t int_field_or(const c10::IValue& value, const std::string& key, int64_t fallback,
+                     const std::string& source) {
+  if (value.isGenericDict() && value.toGenericDict().find(key) == value.toGenericDict().end())
+    return fallback;
+  return int_field(value, key, source);
+}
+
 std::string kind_error(const std::string& source, const char* expected, const c10::IValue& v) {
   return source + ": holds a " + v.tagKind() + ", expected " + expected;
 }
@@ -173,27 +181,47 @@ CheckpointState& CheckpointState::add(const std::string& name, DataLoader& loade
         {"samples per rank", loader.num_samples()},
         {"shuffle", o.shuffle()},
         {"drop_last", o.drop_last()},
-        {"seed", static_cast<int64_t>(o.seed().value_or(0))}};
+        {"seed", static_cast<int64_t>(o.seed().value_or(0))},
+        {"shuffle_buffer", o.shuffle_buffer()}};
+  };
+  // Streamed loaders: where rank 0's stream stands (shard, byte offset of the next example read),
+  // so a resume notices shards that were changed, reordered or rewritten since.
+  auto position = [&loader](const DataLoader::State& s) {
+    return loader.options().shuffle_buffer() > 0 ? loader.stream_position(s, 0)
+                                                 : std::pair<int64_t, int64_t>{-1, -1};
   };
   return add_entry(
       {name, Entry::Kind::kLoader, &loader,
-       [&loader, facts] {
+       [&loader, facts, position] {
          Dict d = new_dict();
          const auto s = loader.state();
          d.insert("epoch", s.epoch);
          d.insert("batches", s.batches);
          d.insert("batches_per_epoch", loader.size());
          for (const auto& [key, value] : facts()) d.insert(key, value);
+         if (loader.options().shuffle_buffer() > 0) {
+           const auto [shard, offset] = position(s);
+           d.insert("stream_shard", shard);
+           d.insert("stream_offset", offset);
+         }
          return c10::IValue(d);
        },
-       [&loader, facts](const c10::IValue& v, const std::string& source) {
+       [&loader, facts, position](const c10::IValue& v, const std::string& source) {
          const DataLoader::State s{int_field(v, "epoch", source), int_field(v, "batches", source)};
          const int64_t per_epoch = int_field(v, "batches_per_epoch", source);
          if (s.batches > 0 && s.batches < per_epoch) {
            // Mid-epoch: the rest of the epoch is only the right data in the same order.
            std::string changed;
-           for (const auto& [key, now] : facts()) {
-             const int64_t was = int_field(v, key, source);
+           auto now_facts = facts();
+           if (loader.options().shuffle_buffer() > 0 &&
+               int_field_or(v, "shuffle_buffer", 0, source) > 0) {
+             const auto [shard, offset] = position(s);
+             now_facts.emplace_back("stream_shard", shard);
+             now_facts.emplace_back("stream_offset", offset);
+           }
+           for (const auto& [key, now] : now_facts) {
+             const int64_t was = key == "shuffle_buffer" ? int_field_or(v, key, 0, source)
+                                                         : int_field(v, key, source);
              if (was != now)
                changed += (changed.empty() ? "" : ", ") + key + " " + std::to_string(was) + " → " +
                           std::to_string(now);
@@ -258,38 +286,38 @@ CheckpointState& CheckpointState::add_split(const std::string& name, torch::Tens
                                             std::vector<int64_t> sizes, int64_t offset,
                                             std::function<torch::Tensor()> gather) {
   const auto shape = [](at::IntArrayRef s) { return c10::str(s); };
-  Entry entry{name, Entry::Kind::kValue, nullptr,
-              [&part, sizes, offset] {
-                return tensor_piece(sizes, c10::contiguous_strides(sizes), offset, part);
-              },
-              [&part, sizes, offset, shape](const c10::IValue& v, const std::string& source) {
-                const int64_t n = part.numel();
-                torch::Tensor from;
-                if (auto piece = as_tensor_piece(v)) {
-                  if (piece->sizes != sizes || piece->offset != offset ||
-                      piece->values.numel() != n) {
-                    throw Error(source + ": holds elements " + std::to_string(piece->offset) +
-                                " to " + std::to_string(piece->offset + piece->values.numel()) +
-                                " of a tensor of shape " + shape(piece->sizes) +
-                                "; this rank keeps elements " + std::to_string(offset) + " to " +
-                                std::to_string(offset + n) + " of shape " + shape(sizes));
-                  }
-                  from = piece->values;
-                } else if (v.isTensor()) {
-                  const torch::Tensor whole = v.toTensor();
-                  if (!whole.sizes().equals(sizes)) {
-                    throw Error(source + ": a tensor of shape " + shape(whole.sizes()) +
-                                ", expected " + shape(sizes));
-                  }
-                  from = whole.contiguous().reshape(-1).narrow(0, offset, n);
-                } else {
-                  throw Error(kind_error(source, "a tensor", v));
-                }
-                return std::function<void()>([&part, from] {
-                  c10::NoGradGuard no_grad;
-                  part.copy_(from);
-                });
-              }};
+  Entry entry{
+      name, Entry::Kind::kValue, nullptr,
+      [&part, sizes, offset] {
+        return tensor_piece(sizes, c10::contiguous_strides(sizes), offset, part);
+      },
+      [&part, sizes, offset, shape](const c10::IValue& v, const std::string& source) {
+        const int64_t n = part.numel();
+        torch::Tensor from;
+        if (auto piece = as_tensor_piece(v)) {
+          if (piece->sizes != sizes || piece->offset != offset || piece->values.numel() != n) {
+            throw Error(source + ": holds elements " + std::to_string(piece->offset) + " to " +
+                        std::to_string(piece->offset + piece->values.numel()) +
+                        " of a tensor of shape " + shape(piece->sizes) +
+                        "; this rank keeps elements " + std::to_string(offset) + " to " +
+                        std::to_string(offset + n) + " of shape " + shape(sizes));
+          }
+          from = piece->values;
+        } else if (v.isTensor()) {
+          const torch::Tensor whole = v.toTensor();
+          if (!whole.sizes().equals(sizes)) {
+            throw Error(source + ": a tensor of shape " + shape(whole.sizes()) + ", expected " +
+                        shape(sizes));
+          }
+          from = whole.contiguous().reshape(-1).narrow(0, offset, n);
+        } else {
+          throw Error(kind_error(source, "a tensor", v));
+        }
+        return std::function<void()>([&part, from] {
+          c10::NoGradGuard no_grad;
+          part.copy_(from);
+        });
+      }};
   entry.gather = [gather = std::move(gather)] { return c10::IValue(gather()); };
   return add_entry(std::move(entry));
 }

@@ -205,6 +205,11 @@ ConfigSchema training_schema() {
           "background loader threads; 0 = in the loop; -1 = automatic: 0 for in-memory "
           "datasets without augmentation on CPU (a hand-over costs more than the batch), else 1"));
   s.add("data.prefetch", KeySpec::integer(2).min(1).doc("batches prepared ahead"));
+  s.add("data.shuffle_buffer",
+        KeySpec::integer(0).min(0).doc(
+            "0: a global shuffle of every example; N: stream shards as WebDataset does, each rank "
+            "reading its part of the epoch's shard order front to back through a shuffle buffer "
+            "of N examples (fabric/data/sampler.h)"));
   s.add("data.on_device", KeySpec::choice({"auto", "true", "false"}, "auto")
                               .doc("keep in-memory datasets on the GPU as uint8 and augment "
                                    "there (auto: on CUDA); no effect on CPU"));

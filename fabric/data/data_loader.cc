@@ -36,14 +36,14 @@ uint64_t batch_seed(uint64_t seed, int64_t epoch, int64_t b) {
 class DataLoader::Pass {
  public:
   Pass(std::shared_ptr<const Dataset> dataset, const DataLoaderOptions& options,
-       const LoaderPlacement& placement, std::vector<int64_t> indices, int64_t num_real,
-       int64_t epoch, int64_t start)
+       const LoaderPlacement& placement, const Sampler& sampler, int64_t epoch, int64_t start)
       : dataset_(std::move(dataset)),
         options_(options),
         placement_(placement),
-        indices_(std::move(indices)),
-        num_real_(num_real),
+        indices_(sampler.indices()),
+        num_real_(sampler.num_real_samples()),
         epoch_(epoch),
+        start_(start),
         next_(start),
         consumed_(start),
         delivered_(start) {
@@ -52,6 +52,10 @@ class DataLoader::Pass {
     num_batches_ = options_.drop_last() ? n / bs : (n + bs - 1) / bs;
     capacity_ = std::max(options_.prefetch(), options_.num_workers());
     for (int64_t w = 0; w < options_.num_workers(); ++w) workers_.emplace_back([this] { work(); });
+    if (const auto* streamed = dynamic_cast<const StreamSampler*>(&sampler)) {
+      stream_ = streamed->stream();
+      reader_ = std::thread([this, streamed = *streamed] { read_ahead(streamed); });
+    }
   }
 
   ~Pass() {
@@ -62,6 +66,7 @@ class DataLoader::Pass {
     }
     cv_.notify_all();
     for (auto& t : workers_) t.join();
+    if (reader_.joinable()) reader_.join();
   }
 
   int64_t num_batches() const { return num_batches_; }
@@ -73,6 +78,11 @@ class DataLoader::Pass {
   Batch& get(int64_t b) {
     if (b == current_index_) return current_;
     if (in_thread_) {
+      if (reader_.joinable()) {  // let the read-ahead move on
+        std::lock_guard<std::mutex> lock(mutex_);
+        consumed_ = b;
+        cv_.notify_all();
+      }
       current_ = build(b);
     } else {
       std::unique_lock<std::mutex> lock(mutex_);
@@ -152,6 +162,32 @@ class DataLoader::Pass {
     }
   }
 
+  // Streamed loaders: hands the dataset the stream's next examples in read order, in chunks of
+  // a batch, keeping the examples of the batches in flight and of the next `capacity_` ones read
+  // (with a shuffle buffer, an example leaves it at most buffer - 1 places before it is read).
+  // Examples a resumed pass's buffer held are read on demand.
+  void read_ahead(const StreamSampler& sampler) {
+    const int64_t bs = options_.batch_size();
+    const int64_t n = static_cast<int64_t>(stream_.size());
+    int64_t at = sampler.stream_read(start_ * bs);
+    while (at < n) {
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [&] {
+          return stopped_ || at < sampler.stream_read((consumed_ + 2 * capacity_) * bs);
+        });
+        if (stopped_) return;
+      }
+      const int64_t to = std::min(n, at + bs);
+      try {
+        dataset_->will_read(std::vector<int64_t>(stream_.begin() + at, stream_.begin() + to));
+      } catch (...) {
+        // A hint only: get_batch reads (and reports) the same examples itself.
+      }
+      at = to;
+    }
+  }
+
   void copy_to_device(Slot& slot) {
     if (placement_.device.is_cpu()) return;
 #ifdef FABRIC_WITH_CUDA
@@ -194,14 +230,17 @@ class DataLoader::Pass {
   std::mutex mutex_;
   std::condition_variable cv_;
   bool stopped_ = false;
-  int64_t next_;      // next batch a worker will claim
-  int64_t consumed_;  // batch the consumer is waiting for / holds
+  const int64_t start_;  // the pass's first batch (a resumed pass: not 0)
+  int64_t next_;         // next batch a worker will claim
+  int64_t consumed_;     // batch the consumer is waiting for / holds
   int64_t delivered_;
   std::map<int64_t, Slot> ready_;
   // Set before any worker starts and never changed: workers read it while workers_ still grows
   // (a data race ThreadSanitizer found when build() asked workers_.empty()).
   const bool in_thread_ = options_.num_workers() == 0;
   std::vector<std::thread> workers_;
+  std::vector<int64_t> stream_;  // streamed: this rank's examples in read order
+  std::thread reader_;           // streamed: read_ahead()
 
   Batch current_;
   int64_t current_index_ = -1;
@@ -209,12 +248,11 @@ class DataLoader::Pass {
 
 DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options,
                        LoaderPlacement placement)
-    : dataset_(std::move(dataset)),
-      options_(std::move(options)),
-      placement_(placement),
-      sampler_(dataset_ ? dataset_->size() : 0, placement.num_replicas, placement.rank,
-               options_.shuffle(), options_.seed().value_or(0), options_.drop_last()) {
+    : dataset_(std::move(dataset)), options_(std::move(options)), placement_(placement) {
   if (!dataset_) throw Error("DataLoader: dataset is null");
+  if (options_.shuffle_buffer() < 0)
+    throw Error("DataLoader: shuffle_buffer must be >= 0 (0: a global shuffle)");
+  sampler_ = make_sampler(placement_.rank);
   if (options_.batch_size() < 1) throw Error("DataLoader: batch_size must be >= 1");
   if (options_.num_workers() < DataLoaderOptions::kAutoWorkers)
     throw Error("DataLoader: num_workers must be >= 0, or -1 for automatic");
@@ -230,12 +268,41 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
 
 DataLoader::~DataLoader() = default;
 
+std::unique_ptr<Sampler> DataLoader::make_sampler(int64_t rank) const {
+  const uint64_t seed = options_.seed().value_or(0);
+  if (options_.shuffle_buffer() == 0) {
+    return std::make_unique<DistributedSampler>(dataset_->size(), placement_.num_replicas, rank,
+                                                options_.shuffle(), seed, options_.drop_last());
+  }
+  std::vector<int64_t> shards = dataset_->shard_sizes();
+  int64_t total = 0;
+  for (int64_t s : shards) total += s;
+  if (total != dataset_->size())
+    throw Error("DataLoader: the dataset's shard_sizes() add up to " + std::to_string(total) +
+                ", its size() is " + std::to_string(dataset_->size()));
+  return std::make_unique<StreamSampler>(std::move(shards), placement_.num_replicas, rank,
+                                         options_.shuffle(), seed, options_.drop_last(),
+                                         options_.shuffle_buffer());
+}
+
+std::pair<int64_t, int64_t> DataLoader::stream_position(const State& state, int64_t rank) const {
+  if (options_.shuffle_buffer() == 0)
+    throw Error("DataLoader: stream_position needs a streamed loader (shuffle_buffer > 0)");
+  std::unique_ptr<Sampler> sampler = make_sampler(rank);
+  auto& streamed = static_cast<StreamSampler&>(*sampler);
+  streamed.set_epoch(state.epoch);
+  const std::vector<int64_t> stream = streamed.stream();
+  const int64_t read =
+      streamed.stream_read(std::min(state.batches * options_.batch_size(), streamed.num_samples()));
+  if (read >= static_cast<int64_t>(stream.size())) return {-1, -1};
+  return dataset_->locate(stream[static_cast<size_t>(read)]);
+}
+
 DataLoader::Iterator DataLoader::begin() {
   pass_.reset();  // joins the old pass's workers first
-  sampler_.set_epoch(next_epoch_);
+  sampler_->set_epoch(next_epoch_);
   const int64_t start = next_batch_;
-  pass_ = std::make_shared<Pass>(dataset_, options_, placement_, sampler_.indices(),
-                                 sampler_.num_real_samples(), next_epoch_, start);
+  pass_ = std::make_shared<Pass>(dataset_, options_, placement_, *sampler_, next_epoch_, start);
   ++next_epoch_;
   next_batch_ = 0;
   return Iterator(pass_, start);
@@ -265,7 +332,7 @@ void DataLoader::load_state(const State& state) {
 DataLoader::Iterator DataLoader::end() { return Iterator(nullptr, size()); }
 
 int64_t DataLoader::size() const {
-  const int64_t n = sampler_.num_samples();
+  const int64_t n = sampler_->num_samples();
   const int64_t bs = options_.batch_size();
   return options_.drop_last() ? n / bs : (n + bs - 1) / bs;
 }

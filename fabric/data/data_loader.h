@@ -3,7 +3,8 @@
 //
 // Each pass (range-for over the loader) is one epoch: the first pass is epoch 0 and every later
 // begin() advances the epoch, so shuffling changes per epoch without user code (set_epoch()
-// overrides it; load_state() resumes in the middle of an epoch). The order is DistributedSampler's;
+// overrides it; load_state() resumes in the middle of an epoch). The order is DistributedSampler's
+// (or StreamSampler's: DataLoaderOptions::shuffle_buffer);
 // batch b of epoch e is always built from the same indices and the same augmentation randomness (a
 // generator seeded from seed, epoch and b), whatever the number of threads, so runs are
 // reproducible.
@@ -31,6 +32,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <utility>
 
 #include "fabric/core/arg.h"
 #include "fabric/data/dataset.h"
@@ -52,6 +54,13 @@ struct DataLoaderOptions {
   // 0 = none; N = N background threads.
   FABRIC_ARG(int64_t, num_workers) = -1;
   FABRIC_ARG(int64_t, prefetch) = 2;  // Default: 2 batches ready ahead.
+  // Default: 0: the order is DistributedSampler's, a global shuffle of every example. N > 0: the
+  // dataset is streamed as WebDataset streams it (StreamSampler, fabric/data/sampler.h): each rank
+  // reads its contiguous part of the epoch's shard order front to back and shuffles through a
+  // buffer of N examples; a read-ahead thread asks the dataset (Dataset::will_read) for the
+  // examples about to be read, in stream order, N + the batches in flight ahead of the consumer,
+  // so files are read sequentially. Exact resume holds as for the global shuffle.
+  FABRIC_ARG(int64_t, shuffle_buffer) = 0;
   // Default: unset: Fabric::setup_dataloader fills in fabric.seed; a bare DataLoader uses 0.
   FABRIC_ARG(std::optional<uint64_t>, seed) = std::nullopt;
   FABRIC_ARG(BatchTransform, transform) = nullptr;  // Default: none.
@@ -128,8 +137,13 @@ class DataLoader {
   // epoch's last batch, the next begin() runs the next epoch from its start. Stops a pass in
   // progress. Throws fabric::Error for negative values.
   void load_state(const State& state);
+  // Streamed loaders (shuffle_buffer > 0): where rank `rank`'s stream stands at `state`, as
+  // Dataset::locate gives it ({shard, byte offset} of the next example it reads; {-1, -1} when its
+  // part of the epoch is read). Checkpoints record rank 0's, and a resume checks it (a changed
+  // shard list or shard moves it). Throws fabric::Error for a loader that is not streamed.
+  std::pair<int64_t, int64_t> stream_position(const State& state, int64_t rank) const;
   // Examples per pass for this rank.
-  int64_t num_samples() const { return sampler_.num_samples(); }
+  int64_t num_samples() const { return sampler_->num_samples(); }
   const DataLoaderOptions& options() const { return options_; }
   const LoaderPlacement& placement() const { return placement_; }
 
@@ -137,7 +151,8 @@ class DataLoader {
   std::shared_ptr<const Dataset> dataset_;
   DataLoaderOptions options_;
   LoaderPlacement placement_;
-  DistributedSampler sampler_;
+  std::unique_ptr<Sampler> make_sampler(int64_t rank) const;
+  std::unique_ptr<Sampler> sampler_;  // DistributedSampler, or StreamSampler (shuffle_buffer > 0)
   int64_t next_epoch_ = 0;
   int64_t next_batch_ = 0;  // where the next begin() starts (resume)
   std::shared_ptr<Pass> pass_;

@@ -10,6 +10,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace fabric {
@@ -49,6 +50,17 @@ class Dataset {
   // batch to another thread costs more than building it in the training thread. DataLoader's
   // automatic num_workers uses no thread for such datasets without a transform. Default: false.
   virtual bool cheap_batches() const { return false; }
+
+  // Streamed reading (DataLoaderOptions::shuffle_buffer > 0; the order: StreamSampler in
+  // fabric/data/sampler.h). The sizes of the shards the indices fall into, in index order (the
+  // first shard_sizes()[0] indices are shard 0, ...). Default: {size()}, one shard.
+  virtual std::vector<int64_t> shard_sizes() const { return {size()}; }
+  // Where example `index` lies: {shard, byte offset in it}; a streamed loader's checkpoint records
+  // where its stream stands with it. Default: {0, index}.
+  virtual std::pair<int64_t, int64_t> locate(int64_t index) const { return {0, index}; }
+  // A streamed loader's read-ahead: `indices` will be read soon, in this order (called from a
+  // loader thread, possibly while get_batch runs). Default: nothing.
+  virtual void will_read(const std::vector<int64_t>& indices) const { (void)indices; }
 };
 
 // Examples are rows of two tensors (e.g. images [N, C, H, W] and labels [N]).

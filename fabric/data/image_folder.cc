@@ -1,10 +1,14 @@
 #include "fabric/data/image_folder.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -198,8 +202,8 @@ std::shared_ptr<ImageFolderDataset> ImageFolderDataset::from_webdataset(
       throw Error(where + ": sample has no image member (.jpg, .jpeg or .png); its members: " +
                   one_line(extensions, 120));
     if (label == nullptr)
-      throw Error(where + ": sample has no label member (.cls); its members: " +
-                  one_line(extensions, 120));
+      throw Error(where +
+                  ": sample has no label member (.cls); its members: " + one_line(extensions, 120));
     if (label->size > 32)
       throw Error(shard + ":" + one_line(label->name, 120) + ": a label of " +
                   std::to_string(label->size) + " bytes (expected an integer >= 0 as text)");
@@ -240,6 +244,44 @@ std::string ImageFolderDataset::bytes_of(size_t index) const {
   if (ranges_.empty()) return read_file(files_.at(index));
   const auto [offset, size] = ranges_.at(index);
   return read_file_range(shards_.at(shard_of_.at(index)), offset, size, files_.at(index));
+}
+
+std::vector<int64_t> ImageFolderDataset::shard_sizes() const {
+  if (ranges_.empty()) return {size()};
+  std::vector<int64_t> sizes(shards_.size(), 0);
+  for (uint32_t s : shard_of_) ++sizes[s];
+  return sizes;
+}
+
+std::pair<int64_t, int64_t> ImageFolderDataset::locate(int64_t index) const {
+  if (ranges_.empty()) return {0, index};
+  const auto i = static_cast<size_t>(index);
+  return {static_cast<int64_t>(shard_of_.at(i)), ranges_.at(i).first};
+}
+
+void ImageFolderDataset::will_read(const std::vector<int64_t>& indices) const {
+  auto advise = [](const std::string& path, int64_t offset, int64_t length) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;  // get_batch reports it
+    ::posix_fadvise(fd, offset, length, POSIX_FADV_WILLNEED);
+    ::close(fd);
+  };
+  if (ranges_.empty()) {
+    for (int64_t index : indices) advise(files_.at(static_cast<size_t>(index)), 0, 0);
+    return;
+  }
+  // Runs of examples in one shard: one range from the first byte to the last.
+  size_t i = 0;
+  while (i < indices.size()) {
+    const uint32_t shard = shard_of_.at(static_cast<size_t>(indices[i]));
+    int64_t lo = INT64_MAX, hi = 0;
+    for (; i < indices.size() && shard_of_.at(static_cast<size_t>(indices[i])) == shard; ++i) {
+      const auto [offset, size] = ranges_.at(static_cast<size_t>(indices[i]));
+      lo = std::min(lo, offset);
+      hi = std::max(hi, offset + size);
+    }
+    advise(shards_.at(shard), lo, hi - lo);
+  }
 }
 
 int64_t ImageFolderDataset::bad_files() const {

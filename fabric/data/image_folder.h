@@ -79,6 +79,15 @@ class ImageFolderDataset : public Dataset {
   Batch get_batch(const std::vector<int64_t>& indices) const override;
   Batch get_batch(const std::vector<int64_t>& indices, at::Generator& gen) const override;
 
+  // Streamed reading (DataLoaderOptions::shuffle_buffer > 0): for shards, one shard per shard
+  // file and {shard, byte offset of the image member} for locate(); otherwise one shard holding
+  // every file, in order, and {0, index}. will_read asks the kernel to read the examples' bytes
+  // ahead (posix_fadvise WILLNEED: a shard's consecutive examples as one range), so the decoding
+  // threads find them in the page cache.
+  std::vector<int64_t> shard_sizes() const override;
+  std::pair<int64_t, int64_t> locate(int64_t index) const override;
+  void will_read(const std::vector<int64_t>& indices) const override;
+
   // Class names by label (folder names; "0", "1", ... for a list or shards).
   const std::vector<std::string>& classes() const { return classes_; }
   // The images' names as errors give them (paths; "SHARD:MEMBER" for shards).

@@ -6,6 +6,41 @@
 #include "fabric/core/error.h"
 
 namespace fabric {
+namespace {
+
+uint64_t splitmix(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+// Uniform draws below n, the i-th a function of (key, i) only: no library distribution whose
+// output differs between standard libraries.
+class Draws {
+ public:
+  Draws(uint64_t seed, int64_t epoch, int64_t stream)
+      : key_(splitmix(splitmix(seed) ^ splitmix(static_cast<uint64_t>(epoch) + 0x51ED27ULL) ^
+                      (static_cast<uint64_t>(stream) * 0xD1B54A32D192ED03ULL))) {}
+  uint64_t below(uint64_t n) {
+    const uint64_t x = splitmix(key_ + 0x9E3779B97F4A7C15ULL * ++count_);
+    return static_cast<uint64_t>((static_cast<unsigned __int128>(x) * n) >> 64);
+  }
+
+ private:
+  uint64_t key_;
+  uint64_t count_ = 0;
+};
+
+void check_rank(int64_t num_replicas, int64_t rank, const char* who) {
+  if (num_replicas < 1 || rank < 0 || rank >= num_replicas) {
+    throw Error(std::string(who) +
+                ": need num_replicas >= 1 and 0 <= rank < num_replicas, got rank " +
+                std::to_string(rank) + " of " + std::to_string(num_replicas));
+  }
+}
+
+}  // namespace
 
 DistributedSampler::DistributedSampler(int64_t dataset_size, int64_t num_replicas, int64_t rank,
                                        bool shuffle, uint64_t seed, bool drop_last)
@@ -15,11 +50,8 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int64_t num_replica
       shuffle_(shuffle),
       seed_(seed),
       drop_last_(drop_last) {
-  if (num_replicas_ < 1 || rank_ < 0 || rank_ >= num_replicas_ || size_ < 0) {
-    throw Error(
-        "DistributedSampler: need num_replicas >= 1 and 0 <= rank < num_replicas, got rank " +
-        std::to_string(rank_) + " of " + std::to_string(num_replicas_));
-  }
+  check_rank(num_replicas_, rank_, "DistributedSampler");
+  if (size_ < 0) throw Error("DistributedSampler: dataset size " + std::to_string(size_) + " < 0");
   num_samples_ = drop_last_ ? size_ / num_replicas_ : (size_ + num_replicas_ - 1) / num_replicas_;
 }
 
@@ -46,6 +78,107 @@ std::vector<int64_t> DistributedSampler::indices() const {
     out.push_back(order[static_cast<size_t>(pos % std::max<int64_t>(size_, 1))]);  // wrap = pad
   }
   return out;
+}
+
+StreamSampler::StreamSampler(std::vector<int64_t> shard_sizes, int64_t num_replicas, int64_t rank,
+                             bool shuffle, uint64_t seed, bool drop_last, int64_t buffer)
+    : shard_sizes_(std::move(shard_sizes)),
+      total_(0),
+      num_replicas_(num_replicas),
+      rank_(rank),
+      shuffle_(shuffle),
+      seed_(seed),
+      drop_last_(drop_last),
+      buffer_(buffer) {
+  check_rank(num_replicas_, rank_, "StreamSampler");
+  if (buffer_ < 1) throw Error("StreamSampler: shuffle buffer " + std::to_string(buffer_) + " < 1");
+  for (size_t s = 0; s < shard_sizes_.size(); ++s) {
+    if (shard_sizes_[s] < 0)
+      throw Error("StreamSampler: shard " + std::to_string(s) + " has a negative size");
+    shard_start_.push_back(total_);
+    total_ += shard_sizes_[s];
+  }
+  num_samples_ = drop_last_ ? total_ / num_replicas_ : (total_ + num_replicas_ - 1) / num_replicas_;
+}
+
+int64_t StreamSampler::num_real_samples() const {
+  return std::max<int64_t>(0, std::min(num_samples_, total_ - rank_ * num_samples_));
+}
+
+// Positions [from, to) of the epoch's stream (to ≤ T), as dataset indices.
+namespace {
+std::vector<int64_t> positions(const std::vector<int64_t>& order, const std::vector<int64_t>& sizes,
+                               const std::vector<int64_t>& starts, int64_t from, int64_t to) {
+  std::vector<int64_t> out;
+  if (to <= from) return out;
+  out.reserve(static_cast<size_t>(to - from));
+  int64_t at = 0;  // stream position of the current shard's first sample
+  for (int64_t s : order) {
+    const int64_t size = sizes[static_cast<size_t>(s)];
+    const int64_t lo = std::max(from, at), hi = std::min(to, at + size);
+    for (int64_t p = lo; p < hi; ++p) out.push_back(starts[static_cast<size_t>(s)] + p - at);
+    at += size;
+    if (at >= to) break;
+  }
+  return out;
+}
+}  // namespace
+
+std::vector<int64_t> StreamSampler::shard_order() const {
+  std::vector<int64_t> order(shard_sizes_.size());
+  for (size_t s = 0; s < order.size(); ++s) order[s] = static_cast<int64_t>(s);
+  if (shuffle_) {  // Fisher-Yates, the same draws on every rank
+    Draws draws(seed_, epoch_, -1);
+    for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[draws.below(i)]);
+  }
+  return order;
+}
+
+std::vector<int64_t> StreamSampler::stream() const {
+  const std::vector<int64_t> order = shard_order();
+  const int64_t from = rank_ * num_samples_;
+  return positions(order, shard_sizes_, shard_start_, from, from + num_real_samples());
+}
+
+std::vector<int64_t> StreamSampler::indices() const {
+  std::vector<int64_t> real = stream();
+  std::vector<int64_t> out;
+  out.reserve(static_cast<size_t>(num_samples_));
+  if (shuffle_ && buffer_ > 1) {
+    Draws draws(seed_, epoch_, rank_);
+    std::vector<int64_t> buf;
+    buf.reserve(static_cast<size_t>(std::min<int64_t>(buffer_, num_samples_)));
+    auto emit = [&] {
+      std::swap(buf[draws.below(buf.size())], buf.back());
+      out.push_back(buf.back());
+      buf.pop_back();
+    };
+    for (int64_t index : real) {
+      buf.push_back(index);
+      if (static_cast<int64_t>(buf.size()) >= buffer_) emit();
+    }
+    while (!buf.empty()) emit();
+  } else {
+    out = std::move(real);
+  }
+  // Padding: the positions past T wrap to the start of the epoch's stream.
+  const int64_t real_count = static_cast<int64_t>(out.size());
+  if (real_count < num_samples_) {
+    const int64_t from = rank_ * num_samples_ + real_count, to = (rank_ + 1) * num_samples_;
+    const std::vector<int64_t> order = shard_order();
+    for (int64_t p = from; p < to; ++p) {
+      const int64_t wrapped = p % total_;
+      out.push_back(positions(order, shard_sizes_, shard_start_, wrapped, wrapped + 1).at(0));
+    }
+  }
+  return out;
+}
+
+int64_t StreamSampler::stream_read(int64_t emitted) const {
+  const int64_t real = num_real_samples();
+  if (emitted <= 0) return 0;
+  if (!shuffle_ || buffer_ <= 1) return std::min(emitted, real);
+  return std::min(real, emitted + buffer_ - 1);
 }
 
 }  // namespace fabric

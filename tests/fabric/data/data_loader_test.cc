@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <mutex>
+#include <set>
 #include <stdexcept>
+#include <utility>
 
 #include "fabric/core/error.h"
 
@@ -204,6 +207,146 @@ TEST(DataLoaderTest, ShortFinalBatchRunsWithoutCudnnBenchmarking) {
     EXPECT_FALSE(ctx.benchmarkCuDNN());
   }
   ctx.setBenchmarkCuDNN(before);
+}
+
+// Streamed loaders (shuffle_buffer > 0) over a numbered dataset cut into uneven shards, recording
+// the read-ahead's hints.
+class ShardedNumbered : public fabric::TensorDataset {
+ public:
+  ShardedNumbered(std::vector<int64_t> shards, int64_t n)
+      : fabric::TensorDataset(
+            torch::arange(n, torch::kLong).to(torch::kFloat).unsqueeze(1).repeat({1, 2}),
+            torch::arange(n, torch::kLong)),
+        shards_(std::move(shards)) {}
+  std::vector<int64_t> shard_sizes() const override { return shards_; }
+  std::pair<int64_t, int64_t> locate(int64_t index) const override {
+    return {index / 10, index * 100};
+  }
+  void will_read(const std::vector<int64_t>& indices) const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    hinted_.insert(hinted_.end(), indices.begin(), indices.end());
+  }
+  std::vector<int64_t> hinted() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return hinted_;
+  }
+  void clear() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    hinted_.clear();
+  }
+
+ private:
+  std::vector<int64_t> shards_;
+  mutable std::mutex mutex_;
+  mutable std::vector<int64_t> hinted_;
+};
+
+DataLoaderOptions streamed(int64_t workers) {
+  return DataLoaderOptions()
+      .batch_size(6)
+      .shuffle(true)
+      .seed(21)
+      .num_workers(workers)
+      .shuffle_buffer(25);
+}
+
+TEST(DataLoaderTest, StreamedLoaderResumesMidEpochWithTheBatchesOfTheWholeRun) {
+  auto ds = std::make_shared<ShardedNumbered>(std::vector<int64_t>{17, 40, 3, 29, 31}, 120);
+  for (int64_t replicas : {1, 2}) {
+    for (int64_t workers : {0, 2}) {
+      for (int64_t rank = 0; rank < replicas; ++rank) {
+        const fabric::LoaderPlacement at{replicas, rank, torch::kCPU};
+        DataLoader whole(ds, streamed(workers), at);
+        std::vector<int64_t> expected = targets_of(whole);  // epoch 0
+        const auto epoch1 = targets_of(whole);
+        expected.insert(expected.end(), epoch1.begin(), epoch1.end());
+        fabric::StreamSampler sampler(ds->shard_sizes(), replicas, rank, true, 21, false, 25);
+        EXPECT_EQ(std::vector<int64_t>(expected.begin(), expected.begin() + sampler.num_samples()),
+                  sampler.indices());
+
+        // Stopped after 3 batches of epoch 0 (the third in hand), resumed by a new loader.
+        DataLoader first(ds, streamed(workers), at);
+        std::vector<int64_t> got;
+        int64_t batches = 0;
+        for (Batch& b : first) {
+          for (int64_t i = 0; i < b.target.size(0); ++i) got.push_back(b.target[i].item<int64_t>());
+          if (++batches == 3) break;
+        }
+        const DataLoader::State state = first.state();
+        EXPECT_EQ(state.batches, 3);
+        DataLoader resumed(ds, streamed(workers), at);
+        resumed.load_state(state);
+        for (int pass = 0; pass < 2; ++pass) {
+          const auto rest = targets_of(resumed);
+          got.insert(got.end(), rest.begin(), rest.end());
+        }
+        EXPECT_EQ(got, expected) << replicas << " ranks, rank " << rank << ", " << workers
+                                 << " workers";
+      }
+    }
+  }
+}
+
+TEST(DataLoaderTest, StreamedReadAheadHintsTheStreamInReadOrderBoundedAhead) {
+  auto ds = std::make_shared<ShardedNumbered>(std::vector<int64_t>{17, 40, 3, 29, 31}, 120);
+  for (int64_t workers : {0, 2}) {
+    ds->clear();
+    const fabric::LoaderPlacement at{2, 1, torch::kCPU};
+    DataLoader loader(ds, streamed(workers), at);
+    fabric::StreamSampler sampler(ds->shard_sizes(), 2, 1, true, 21, false, 25);
+    const int64_t capacity = std::max<int64_t>(2, workers);  // prefetch 2
+    int64_t b = 0;
+    for (Batch& batch : loader) {
+      (void)batch;
+      // The reader hints a batch's worth at a time, and only while below this bound.
+      EXPECT_LE(static_cast<int64_t>(ds->hinted().size()),
+                sampler.stream_read((b + 2 * capacity) * 6) + 6)
+          << "batch " << b << ", " << workers << " workers";
+      ++b;
+    }
+    loader.load_state({0, 0});  // joins the pass's threads
+    // In read order, each once: a prefix of the stream (the reader may still have been behind
+    // when the pass ended: hints do not hold up batches).
+    const auto stream = sampler.stream();
+    auto hinted = ds->hinted();
+    ASSERT_LE(hinted.size(), stream.size());
+    EXPECT_EQ(hinted, std::vector<int64_t>(stream.begin(), stream.begin() + hinted.size()))
+        << workers << " workers";
+
+    // A resumed pass hints from where the stream stood (the buffer's examples are read on demand).
+    ds->clear();
+    loader.load_state({1, 4});
+    sampler.set_epoch(1);
+    for (Batch& batch : loader) (void)batch;
+    loader.load_state({0, 0});
+    const auto stream1 = sampler.stream();
+    const auto from = stream1.begin() + sampler.stream_read(4 * 6);
+    hinted = ds->hinted();
+    ASSERT_LE(hinted.size(), static_cast<size_t>(stream1.end() - from));
+    EXPECT_EQ(hinted, std::vector<int64_t>(from, from + hinted.size()));
+  }
+}
+
+TEST(DataLoaderTest, StreamedPositionIsTheNextExampleRank0Reads) {
+  auto ds = std::make_shared<ShardedNumbered>(std::vector<int64_t>{17, 40, 3, 29, 31}, 120);
+  DataLoader loader(ds, streamed(0), {2, 1, torch::kCPU});
+  fabric::StreamSampler rank0(ds->shard_sizes(), 2, 0, true, 21, false, 25);
+  rank0.set_epoch(2);
+  const int64_t next = rank0.stream()[static_cast<size_t>(rank0.stream_read(3 * 6))];
+  EXPECT_EQ(loader.stream_position({2, 3}, 0),
+            (std::pair<int64_t, int64_t>{next / 10, next * 100}));
+  EXPECT_EQ(loader.stream_position({2, 10}, 0), (std::pair<int64_t, int64_t>{-1, -1}))
+      << "rank 0's 60 examples are read after its 10th batch";
+  DataLoader global(ds, DataLoaderOptions().batch_size(6));
+  EXPECT_THROW(global.stream_position({0, 1}, 0), fabric::Error);
+  auto wrong = std::make_shared<ShardedNumbered>(std::vector<int64_t>{17, 40}, 120);
+  try {
+    DataLoader bad(wrong, streamed(0));
+    FAIL() << "shards that do not add up to the dataset";
+  } catch (const fabric::Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "DataLoader: the dataset's shard_sizes() add up to 57, its size() is 120");
+  }
 }
 
 }  // namespace
