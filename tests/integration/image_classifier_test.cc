@@ -182,6 +182,17 @@ TEST_F(ImageClassifierTest, WebDatasetOverTwoRanksResumesMidEpochBitwise) {
                            " data.num_workers=2");
 }
 
+// Streamed (data.shuffle_buffer): each rank reads its contiguous part of the epoch's shard order
+// through a shuffle buffer; the checkpoint holds rank 0's stream position, and the resumed run
+// continues with the batches and crops of the uninterrupted one.
+TEST_F(ImageClassifierTest, StreamedWebDatasetOverTwoRanksResumesMidEpochBitwise) {
+  expect_resume_bitwise_on(write_shards(512, 128, 3),
+                           " data.train_shards=train-{000..002}.tar data.image_size=24"
+                           " data.num_workers=2 data.shuffle_buffer=100");
+  const std::string ckpt = bytes(dir_ / "whole" / "checkpoints" / "step-00000006.ckpt");
+  EXPECT_NE(ckpt.find("stream_offset"), std::string::npos) << "a streamed loader's checkpoint";
+}
+
 TEST_F(ImageClassifierTest, WebDatasetShardErrorsAreOneLine) {
   const fs::path root = write_shards(64, 16, 2);
   const std::string args = "--config=single_cpu.yaml data.root=" + root.string() + kSmall +

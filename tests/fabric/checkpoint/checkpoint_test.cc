@@ -137,8 +137,7 @@ TEST_F(CheckpointTest, ChannelsLastFusedOptimizersContinueExactly) {
       torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(1e-4), f);
   expect_channels_last_continuation<fabric::AdamW>(
       torch::optim::AdamWOptions(0.01).betas({0.8, 0.99}), f);
-  expect_channels_last_continuation<fabric::Adam>(torch::optim::AdamOptions(0.01).amsgrad(true),
-                                                  f);
+  expect_channels_last_continuation<fabric::Adam>(torch::optim::AdamOptions(0.01).amsgrad(true), f);
 }
 
 TEST_F(CheckpointTest, OptimizerMismatchesAreNamedAndChangeNothing) {
@@ -197,6 +196,89 @@ TEST_F(CheckpointTest, DataLoaderResumesInTheMiddleOfAnEpoch) {
   third.load_state({1, 8});
   EXPECT_EQ(third.next_epoch(), 2);
   EXPECT_EQ(third.state().batches, 0);
+}
+
+// Numbered examples in shards of the given sizes; example i lies at byte 1000 * i of its shard.
+class Shards : public fabric::TensorDataset {
+ public:
+  explicit Shards(std::vector<int64_t> sizes)
+      : fabric::TensorDataset(torch::arange(60).view({60, 1}), torch::arange(60)),
+        sizes_(std::move(sizes)) {}
+  std::vector<int64_t> shard_sizes() const override { return sizes_; }
+  std::pair<int64_t, int64_t> locate(int64_t index) const override {
+    int64_t shard = 0;
+    while (index >= sizes_[static_cast<size_t>(shard)])
+      index -= sizes_[static_cast<size_t>(shard++)];
+    return {shard, 1000 * index};
+  }
+
+ private:
+  std::vector<int64_t> sizes_;
+};
+
+// A streamed loader's checkpoint holds rank 0's stream position: the same shards resume exactly;
+// shards cut differently (same examples, other shard sizes) or another buffer are refused.
+TEST_F(CheckpointTest, StreamedLoaderResumesExactlyAndRefusesMovedShards) {
+  fabric::Fabric f(config(), kCpu);
+  auto options = fabric::DataLoaderOptions().batch_size(4).shuffle(true).seed(3).shuffle_buffer(9);
+  auto shards = std::make_shared<Shards>(std::vector<int64_t>{25, 10, 25});
+  fabric::DataLoader reference(shards, options);
+  std::vector<torch::Tensor> expected;
+  for (auto& batch : reference) expected.push_back(batch.target.clone());
+
+  fabric::DataLoader first(shards, options);
+  int taken = 0;
+  for (auto& batch : first) {
+    (void)batch;
+    if (++taken == 5) break;
+  }
+  fabric::CheckpointState saving;
+  saving.add("loader", first);
+  const fs::path file = dir_ / "stream.ckpt";
+  f.save(file.string(), saving);
+
+  fabric::DataLoader second(shards, options);
+  fabric::CheckpointState loading;
+  loading.add("loader", second);
+  f.load(file.string(), loading);
+  std::vector<torch::Tensor> rest;
+  for (auto& batch : second) rest.push_back(batch.target.clone());
+  ASSERT_EQ(rest.size() + 5, expected.size());
+  for (size_t i = 0; i < rest.size(); ++i)
+    EXPECT_TRUE(torch::equal(rest[i], expected[5 + i])) << "batch " << i;
+
+  auto expect_refused = [&](std::shared_ptr<const fabric::Dataset> data,
+                            fabric::DataLoaderOptions o, const std::string& change) {
+    fabric::DataLoader other(std::move(data), o);
+    fabric::CheckpointState state;
+    state.add("loader", other);
+    try {
+      f.load(file.string(), state);
+      FAIL() << "resumed although " << change;
+    } catch (const fabric::Error& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("cannot resume in the middle of epoch 0 (after batch 5 of 15): the "
+                             "data order changed (" +
+                             change),
+                std::string::npos)
+          << message;
+    }
+  };
+  const auto [shard, offset] = first.stream_position({0, 5}, 0);
+  auto recut = std::make_shared<Shards>(std::vector<int64_t>{20, 20, 20});
+  const auto [new_shard, new_offset] =
+      fabric::DataLoader(recut, options).stream_position({0, 5}, 0);
+  ASSERT_TRUE(shard != new_shard || offset != new_offset) << "the test needs a moved position";
+  std::string moved;
+  if (shard != new_shard)
+    moved = "stream_shard " + std::to_string(shard) + " → " + std::to_string(new_shard);
+  if (offset != new_offset)
+    moved += (moved.empty() ? "" : ", ") + std::string("stream_offset ") + std::to_string(offset) +
+             " → " + std::to_string(new_offset);
+  expect_refused(recut, options, moved);
+  auto other_buffer = options;
+  other_buffer.shuffle_buffer(16);
+  expect_refused(shards, other_buffer, "shuffle_buffer 9 → 16");
 }
 
 TEST_F(CheckpointTest, SaveLoadRestoresEverythingAndRefusesBadInput) {
