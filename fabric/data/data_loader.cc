@@ -5,6 +5,7 @@
 
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -52,9 +53,19 @@ class DataLoader::Pass {
     num_batches_ = options_.drop_last() ? n / bs : (n + bs - 1) / bs;
     capacity_ = std::max(options_.prefetch(), options_.num_workers());
     for (int64_t w = 0; w < options_.num_workers(); ++w) workers_.emplace_back([this] { work(); });
+    // Read-ahead for datasets that read files (not in-memory ones): in the order the examples
+    // are read, each example as many places ahead as the sampler lets it leave early.
     if (const auto* streamed = dynamic_cast<const StreamSampler*>(&sampler)) {
-      stream_ = streamed->stream();
-      reader_ = std::thread([this, streamed = *streamed] { read_ahead(streamed); });
+      read_order_ = streamed->stream();
+      reader_ = std::thread([this, streamed = *streamed] {
+        read_ahead([&streamed](int64_t emitted) { return streamed.stream_read(emitted); });
+      });
+    } else if (!dataset_->cheap_batches()) {
+      read_order_.assign(indices_.begin(), indices_.begin() + std::min<int64_t>(num_real_, n));
+      reader_ = std::thread([this] {
+        const auto real = static_cast<int64_t>(read_order_.size());
+        read_ahead([real](int64_t emitted) { return std::min(emitted, real); });
+      });
     }
   }
 
@@ -162,25 +173,26 @@ class DataLoader::Pass {
     }
   }
 
-  // Streamed loaders: hands the dataset the stream's next examples in read order, in chunks of
-  // a batch, keeping the examples of the batches in flight and of the next `capacity_` ones read
-  // (with a shuffle buffer, an example leaves it at most buffer - 1 places before it is read).
-  // Examples a resumed pass's buffer held are read on demand.
-  void read_ahead(const StreamSampler& sampler) {
+  // Hands the dataset the next examples in read order (Dataset::will_read), in chunks of a batch,
+  // keeping those of the batches in flight and of the next `capacity_` ones asked for.
+  // `reads_before(k)`: how many of read_order_ have been read when k examples have been handed
+  // out (k itself for a global shuffle; with a shuffle buffer, up to buffer - 1 more). Examples a
+  // resumed pass's shuffle buffer held are read on demand.
+  void read_ahead(const std::function<int64_t(int64_t)>& reads_before) {
     const int64_t bs = options_.batch_size();
-    const int64_t n = static_cast<int64_t>(stream_.size());
-    int64_t at = sampler.stream_read(start_ * bs);
+    const int64_t n = static_cast<int64_t>(read_order_.size());
+    int64_t at = reads_before(start_ * bs);
     while (at < n) {
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        cv_.wait(lock, [&] {
-          return stopped_ || at < sampler.stream_read((consumed_ + 2 * capacity_) * bs);
-        });
+        cv_.wait(lock,
+                 [&] { return stopped_ || at < reads_before((consumed_ + 2 * capacity_) * bs); });
         if (stopped_) return;
       }
       const int64_t to = std::min(n, at + bs);
       try {
-        dataset_->will_read(std::vector<int64_t>(stream_.begin() + at, stream_.begin() + to));
+        dataset_->will_read(
+            std::vector<int64_t>(read_order_.begin() + at, read_order_.begin() + to));
       } catch (...) {
         // A hint only: get_batch reads (and reports) the same examples itself.
       }
@@ -239,8 +251,8 @@ class DataLoader::Pass {
   // (a data race ThreadSanitizer found when build() asked workers_.empty()).
   const bool in_thread_ = options_.num_workers() == 0;
   std::vector<std::thread> workers_;
-  std::vector<int64_t> stream_;  // streamed: this rank's examples in read order
-  std::thread reader_;           // streamed: read_ahead()
+  std::vector<int64_t> read_order_;  // this pass's examples in the order they are read
+  std::thread reader_;               // read_ahead()
 
   Batch current_;
   int64_t current_index_ = -1;

@@ -57,9 +57,12 @@ struct DataLoaderOptions {
   // Default: 0: the order is DistributedSampler's, a global shuffle of every example. N > 0: the
   // dataset is streamed as WebDataset streams it (StreamSampler, fabric/data/sampler.h): each rank
   // reads its contiguous part of the epoch's shard order front to back and shuffles through a
-  // buffer of N examples; a read-ahead thread asks the dataset (Dataset::will_read) for the
-  // examples about to be read, in stream order, N + the batches in flight ahead of the consumer,
-  // so files are read sequentially. Exact resume holds as for the global shuffle.
+  // buffer of N examples. Exact resume holds as for the global shuffle. Either way, for datasets
+  // that read files (not Dataset::cheap_batches()), a read-ahead thread hands the dataset
+  // (Dataset::will_read) the examples about to be read, in read order, up to
+  // 2 × max(prefetch, num_workers) batches ahead of the consumer (streamed: plus the up to N - 1
+  // examples the buffer holds back), so the reads are under way before a worker decodes them
+  // (measured: docs/benchmarks.md, "Read-ahead").
   FABRIC_ARG(int64_t, shuffle_buffer) = 0;
   // Default: unset: Fabric::setup_dataloader fills in fabric.seed; a bare DataLoader uses 0.
   FABRIC_ARG(std::optional<uint64_t>, seed) = std::nullopt;

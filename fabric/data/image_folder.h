@@ -81,9 +81,10 @@ class ImageFolderDataset : public Dataset {
 
   // Streamed reading (DataLoaderOptions::shuffle_buffer > 0): for shards, one shard per shard
   // file and {shard, byte offset of the image member} for locate(); otherwise one shard holding
-  // every file, in order, and {0, index}. will_read asks the kernel to read the examples' bytes
-  // ahead (posix_fadvise WILLNEED: a shard's consecutive examples as one range), so the decoding
-  // threads find them in the page cache.
+  // every file, in order, and {0, index}. will_read (the loader's read-ahead, in any order) asks
+  // the kernel to read shard bytes ahead (posix_fadvise WILLNEED; a run of one shard's examples
+  // as one range), so the decoding threads find them in the page cache; for image files it does
+  // nothing (one more open per file costs more than it saves when the files are cached).
   std::vector<int64_t> shard_sizes() const override;
   std::pair<int64_t, int64_t> locate(int64_t index) const override;
   void will_read(const std::vector<int64_t>& indices) const override;

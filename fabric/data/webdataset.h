@@ -9,7 +9,10 @@
 // loader semantic of the other formats holds: the rank partition and per-epoch reshuffle of
 // DistributedSampler over all samples of all shards, any number of loader threads, and a
 // resumed run that continues with exactly the batches (and random crops) of the uninterrupted
-// one. Streaming with a shuffle buffer (for shards without random access) is not provided.
+// one. WebDataset's streamed order (each rank reading its part of the epoch's shard order front
+// to back through a shuffle buffer) is DataLoaderOptions::shuffle_buffer (fabric/data/sampler.h,
+// StreamSampler); its reads are still preads of indexed members, so shards without random access
+// (pipes, .tar.gz) are not read.
 //
 // Example:
 //   auto shards = fabric::expand_braces("data/train-{000..099}.tar");

@@ -219,6 +219,8 @@ class ShardedNumbered : public fabric::TensorDataset {
             torch::arange(n, torch::kLong)),
         shards_(std::move(shards)) {}
   std::vector<int64_t> shard_sizes() const override { return shards_; }
+  // As a dataset that reads files: the loader's read-ahead runs for any order.
+  bool cheap_batches() const override { return false; }
   std::pair<int64_t, int64_t> locate(int64_t index) const override {
     return {index / 10, index * 100};
   }
@@ -324,6 +326,32 @@ TEST(DataLoaderTest, StreamedReadAheadHintsTheStreamInReadOrderBoundedAhead) {
     hinted = ds->hinted();
     ASSERT_LE(hinted.size(), static_cast<size_t>(stream1.end() - from));
     EXPECT_EQ(hinted, std::vector<int64_t>(from, from + hinted.size()));
+  }
+}
+
+// A global shuffle of a dataset that reads files: hints in the order batches take the examples.
+TEST(DataLoaderTest, GlobalShuffleReadAheadHintsTheBatchOrder) {
+  auto ds = std::make_shared<ShardedNumbered>(std::vector<int64_t>{17, 40, 3, 29, 31}, 120);
+  for (int64_t workers : {0, 2}) {
+    ds->clear();
+    DataLoader loader(ds,
+                      DataLoaderOptions().batch_size(6).shuffle(true).seed(5).num_workers(workers),
+                      {2, 0, torch::kCPU});
+    fabric::DistributedSampler sampler(120, 2, 0, true, 5);
+    const int64_t capacity = std::max<int64_t>(2, workers);
+    int64_t b = 0;
+    for (Batch& batch : loader) {
+      (void)batch;
+      EXPECT_LE(static_cast<int64_t>(ds->hinted().size()), (b + 2 * capacity + 1) * 6)
+          << "batch " << b << ", " << workers << " workers";
+      ++b;
+    }
+    loader.load_state({0, 0});
+    const auto order = sampler.indices();
+    const auto hinted = ds->hinted();
+    ASSERT_LE(hinted.size(), order.size());
+    EXPECT_EQ(hinted, std::vector<int64_t>(order.begin(), order.begin() + hinted.size()))
+        << workers << " workers";
   }
 }
 
