@@ -24,6 +24,7 @@ unknown sampler, storage error).
 import inspect
 import json
 import sys
+import time
 
 
 def fail(message):
@@ -69,14 +70,34 @@ def sampler_class(optuna, name):
     return getattr(optuna.samplers, name)
 
 
-def load(optuna, args, create):
+def retrying(opening):
+    """opening(), tried again while the database answers with a transient error: sweeps that
+    share a new storage race to create its tables (one gets "UNIQUE constraint failed:
+    alembic_version"), and SQLite reports "database is locked" while another process writes.
+    Up to 8 tries over about 9 s; other errors (a bad URL, a missing study) at once."""
+    try:
+        from sqlalchemy import exc
+        transient = (exc.OperationalError, exc.IntegrityError)
+    except ImportError:
+        transient = ()
+    for attempt in range(8):
+        try:
+            return opening()
+        except transient:
+            if attempt == 7:
+                raise
+            time.sleep(min(2.0, 0.1 * 2 ** attempt))
+
+
+def load(optuna, args, create, **kwargs):
     storage, study = need(args, "storage"), need(args, "study")
     try:
         if create:
             direction = need(args, "direction")
-            return optuna.create_study(study_name=study, storage=storage, direction=direction,
-                                       load_if_exists=True)
-        return optuna.load_study(study_name=study, storage=storage)
+            return retrying(lambda: optuna.create_study(
+                study_name=study, storage=storage, direction=direction, load_if_exists=True,
+                **kwargs))
+        return retrying(lambda: optuna.load_study(study_name=study, storage=storage, **kwargs))
     except Exception as e:  # storage errors come in many types
         fail("storage " + storage + ", study " + study + ": " + str(e).splitlines()[0])
 
@@ -93,11 +114,8 @@ def pruner(optuna, args):
 
 
 def report(optuna, args):
-    storage, name = need(args, "storage"), need(args, "study")
-    try:
-        study = optuna.load_study(study_name=name, storage=storage, pruner=pruner(optuna, args))
-    except Exception as e:
-        fail("storage " + storage + ", study " + name + ": " + str(e).splitlines()[0])
+    name = need(args, "study")
+    study = load(optuna, args, create=False, pruner=pruner(optuna, args))
     number = int(need(args, "number"))
     frozen = [t for t in study.get_trials(deepcopy=False) if t.number == number]
     if not frozen:

@@ -1,6 +1,11 @@
 // search: optuna end to end (//tools:sweep with tests/tools/fake_trainer and the real Optuna
 // through tools/optuna_bridge.py): every trial's result is told to the study, a re-run with more
 // trials continues the same study without repeating a trial, and a bad sampler is one line.
+#include <sys/wait.h>
+
+#include <map>
+#include <set>
+
 #include "tests/tools/sweep_testing.h"
 
 namespace {
@@ -14,9 +19,12 @@ namespace fs = std::filesystem;
 std::string study_trials(const std::string& db) {
   const char* python = std::getenv("PYTHON");
   const auto r = fabric::testing::run_command(
-      std::string("'") + (python ? python : "python3") + "' -c \"import optuna\n"
+      std::string("'") + (python ? python : "python3") +
+      "' -c \"import optuna\n"
       "optuna.logging.set_verbosity(optuna.logging.WARNING)\n"
-      "s = optuna.load_study(study_name='s', storage='sqlite:///" + db + "')\n"
+      "s = optuna.load_study(study_name='s', storage='sqlite:///" +
+      db +
+      "')\n"
       "for t in s.trials: print(t.number, t.state.name, repr(t.value), "
       "t.params['optimizer.lr'])\"");
   return r.code == 0 ? r.out : "error: " + r.out;
@@ -116,6 +124,48 @@ TEST_F(SweepTest, OptunasMedianPrunerStopsTrialsBelowTheMedian) {
   EXPECT_EQ(trials[2].rfind("2 COMPLETE ", 0), 0u) << trials[2];
   EXPECT_EQ(trials[3].rfind("3 PRUNED ", 0), 0u) << trials[3];
   EXPECT_EQ(trials[4].rfind("4 PRUNED ", 0), 0u) << trials[4];
+}
+
+// storage: one database for several sweeps (machines, array jobs): two sweeps with their own
+// directories run at the same time against one SQLite study; every trial number is drawn once,
+// each sweep runs its own `trials`, and the study holds every result, told by the sweep that ran
+// it.
+TEST_F(SweepTest, TwoSweepsSharingAStorageDrawFromOneStudy) {
+  if (!optuna_importable()) GTEST_SKIP() << "optuna is not installed (tools/setup.sh installs it)";
+  const std::string db = (dir_ / "shared.db").string();
+  write_sweep(std::string(kOptuna) + "trials: 4\nstorage: sqlite:///" + db + "\n");
+  const pid_t first = start_in_background(command("FAKE_STEP_MS=50", "", "a"));
+  const auto second = fabric::testing::run_command(command("FAKE_STEP_MS=50", "", "b"));
+  int status = 0;
+  ASSERT_EQ(waitpid(first, &status, 0), first);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << read(dir_ / "first.out");
+  ASSERT_EQ(second.code, 0) << second.out;
+  const auto trials = lines(study_trials(db));
+  ASSERT_EQ(trials.size(), 8u) << study_trials(db);
+  std::map<int, double> told;  // trial number → value in the study
+  for (const auto& line : trials) {
+    std::istringstream in(line);
+    int number = -1;
+    std::string state_name;
+    double value = 0;
+    in >> number >> state_name >> value;
+    EXPECT_EQ(state_name, "COMPLETE") << line;
+    told[number] = value;
+  }
+  std::set<int> ran;
+  for (const char* sweep_dir : {"a", "b"}) {
+    const auto st = nlohmann::json::parse(read(dir_ / sweep_dir / "sweep_state.json"))["runs"];
+    EXPECT_EQ(st.size(), 4u) << sweep_dir << ": " << st.dump(1);
+    for (const auto& [id, run] : st.items()) {
+      const int number = run["trial"].get<int>();
+      EXPECT_TRUE(ran.insert(number).second) << "trial " << number << " ran twice";
+      ASSERT_EQ(told.count(number), 1u) << id;
+      EXPECT_EQ(run["summary"]["fake_metric"].get<double>(), told[number]) << id;
+    }
+  }
+  EXPECT_EQ(ran.size(), 8u);
+  EXPECT_EQ(*ran.begin(), 0);
+  EXPECT_EQ(*ran.rbegin(), 7);
 }
 
 TEST_F(SweepTest, OptunaWithAnUnknownSamplerIsOneLine) {
