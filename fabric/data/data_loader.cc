@@ -17,6 +17,7 @@
 #endif
 
 #include "fabric/core/error.h"
+#include "fabric/core/hash.h"
 
 namespace fabric {
 
@@ -24,11 +25,8 @@ namespace {
 
 // Seed of batch `b` of `epoch`: a SplitMix64 mix so neighbouring batches get unrelated streams.
 uint64_t batch_seed(uint64_t seed, int64_t epoch, int64_t b) {
-  uint64_t z = seed ^ (static_cast<uint64_t>(epoch) * 0x9E3779B97F4A7C15ULL) ^
-               (static_cast<uint64_t>(b) * 0xBF58476D1CE4E5B9ULL);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
+  return mix64(seed ^ (static_cast<uint64_t>(epoch) * 0x9E3779B97F4A7C15ULL) ^
+               (static_cast<uint64_t>(b) * 0xBF58476D1CE4E5B9ULL));
 }
 
 }  // namespace

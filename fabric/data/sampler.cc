@@ -4,26 +4,20 @@
 #include <torch/torch.h>
 
 #include "fabric/core/error.h"
+#include "fabric/core/hash.h"
 
 namespace fabric {
 namespace {
-
-uint64_t splitmix(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ULL;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
 
 // Uniform draws below n, the i-th a function of (key, i) only: no library distribution whose
 // output differs between standard libraries.
 class Draws {
  public:
   Draws(uint64_t seed, int64_t epoch, int64_t stream)
-      : key_(splitmix(splitmix(seed) ^ splitmix(static_cast<uint64_t>(epoch) + 0x51ED27ULL) ^
-                      (static_cast<uint64_t>(stream) * 0xD1B54A32D192ED03ULL))) {}
+      : key_(splitmix64(splitmix64(seed) ^ splitmix64(static_cast<uint64_t>(epoch) + 0x51ED27ULL) ^
+                        (static_cast<uint64_t>(stream) * 0xD1B54A32D192ED03ULL))) {}
   uint64_t below(uint64_t n) {
-    const uint64_t x = splitmix(key_ + 0x9E3779B97F4A7C15ULL * ++count_);
+    const uint64_t x = splitmix64(key_ + 0x9E3779B97F4A7C15ULL * ++count_);
     return static_cast<uint64_t>((static_cast<unsigned __int128>(x) * n) >> 64);
   }
 

@@ -13,17 +13,9 @@ const std::vector<std::string> kDistributions = {"uniform", "loguniform", "int",
 
 namespace {
 
-// SplitMix64: std:: distributions differ between standard libraries.
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 std::string draw_value(const Distribution& d, const std::string& key, uint64_t random_seed,
                        uint64_t draw) {
-  const uint64_t bits = mix(mix(random_seed ^ fnv1a64(key)) ^ mix(draw));
+  const uint64_t bits = splitmix64(splitmix64(random_seed ^ fnv1a64(key)) ^ splitmix64(draw));
   const double u = static_cast<double>(bits >> 11) * 0x1.0p-53;  // [0, 1)
   char buf[32];
   if (d.kind == "choice") {
@@ -50,8 +42,7 @@ std::vector<std::vector<std::string>> draw_points(
   std::vector<std::vector<std::string>> points;
   std::set<std::vector<std::string>> seen;
   const uint64_t max_draws = 100 * static_cast<uint64_t>(trials) + 1000;
-  for (uint64_t draw = 0; points.size() < static_cast<size_t>(trials) && draw < max_draws;
-       ++draw) {
+  for (uint64_t draw = 0; points.size() < static_cast<size_t>(trials) && draw < max_draws; ++draw) {
     std::vector<std::string> texts;
     for (const auto& [key, d] : space) texts.push_back(draw_value(d, key, random_seed, draw));
     if (seen.insert(texts).second) points.push_back(std::move(texts));
