@@ -62,7 +62,7 @@ struct DataLoaderOptions {
   // (Dataset::will_read) the examples about to be read, in read order, up to
   // 2 × max(prefetch, num_workers) batches ahead of the consumer (streamed: plus the up to N - 1
   // examples the buffer holds back), so the reads are under way before a worker decodes them
-  // (measured: docs/benchmarks.md, "Read-ahead").
+  // (measured: docs/benchmarks.md, "Read-ahead and streamed shards").
   FABRIC_ARG(int64_t, shuffle_buffer) = 0;
   // Default: unset: Fabric::setup_dataloader fills in fabric.seed; a bare DataLoader uses 0.
   FABRIC_ARG(std::optional<uint64_t>, seed) = std::nullopt;

@@ -267,7 +267,8 @@ void ImageFolderDataset::will_read(const std::vector<int64_t>& indices) const {
     ::close(fd);
   };
   // Image files: no hint. Opening each file once more costs 7% of the throughput when the files
-  // are in the page cache (docs/benchmarks.md, "Read-ahead"), more than most folders gain.
+  // are in the page cache (docs/benchmarks.md, "Read-ahead and streamed shards"), more than most
+  // folders gain.
   if (ranges_.empty()) return;
   // Runs of examples in one shard: one range from the first byte to the last.
   size_t i = 0;
