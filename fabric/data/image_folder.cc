@@ -1,6 +1,8 @@
 #include "fabric/data/image_folder.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -32,12 +34,44 @@ bool image_name(const fs::path& p) {
 
 bool hidden(const fs::path& p) { return p.filename().string().rfind('.', 0) == 0; }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot read: " + std::strerror(errno));
-  std::string bytes((std::istreambuf_iterator<char>(in)), {});
-  if (in.bad()) throw Error(path + ": read error");
+// The whole file open at `fd` (closed here). Throws fabric::Error naming `path`.
+std::string read_fd(int fd, const std::string& path) {
+  struct stat st {};
+  std::string bytes;
+  if (::fstat(fd, &st) == 0 && st.st_size > 0) bytes.resize(static_cast<size_t>(st.st_size));
+  size_t have = 0;
+  for (;;) {
+    if (have == bytes.size()) bytes.resize(std::max<size_t>(2 * bytes.size(), 1 << 16));
+    const ssize_t got =
+        ::pread(fd, bytes.data() + have, bytes.size() - have, static_cast<off_t>(have));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      ::close(fd);
+      throw Error(path + ": read error");
+    }
+    if (got == 0) break;
+    have += static_cast<size_t>(got);
+  }
+  ::close(fd);
+  bytes.resize(have);
   return bytes;
+}
+
+std::string read_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(path + ": cannot read: " + std::strerror(errno));
+  return read_fd(fd, path);
+}
+
+// Image files the read-ahead may hold open at once (each waits for the thread that decodes it):
+// 1024, or a quarter of the process's open-file limit when that is lower.
+size_t max_open_ahead() {
+  static const size_t limit = [] {
+    struct rlimit r {};
+    if (::getrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return size_t{1024};
+    return std::min<size_t>(1024, static_cast<size_t>(r.rlim_cur / 4));
+  }();
+  return limit;
 }
 
 // Uniform doubles in [a, b) from the batch generator (53 random bits each).
@@ -240,8 +274,22 @@ std::shared_ptr<ImageFolderDataset> ImageFolderDataset::from_webdataset(
   return out;
 }
 
+ImageFolderDataset::~ImageFolderDataset() {
+  for (const auto& [index, fd] : opened_) ::close(fd);
+}
+
 std::string ImageFolderDataset::bytes_of(size_t index) const {
-  if (ranges_.empty()) return read_file(files_.at(index));
+  if (ranges_.empty()) {
+    int fd = -1;
+    {
+      std::lock_guard<std::mutex> lock(opened_mutex_);
+      if (auto it = opened_.find(static_cast<int64_t>(index)); it != opened_.end()) {
+        fd = it->second;
+        opened_.erase(it);
+      }
+    }
+    return fd >= 0 ? read_fd(fd, files_.at(index)) : read_file(files_.at(index));
+  }
   const auto [offset, size] = ranges_.at(index);
   return read_file_range(shards_.at(shard_of_.at(index)), offset, size, files_.at(index));
 }
@@ -266,10 +314,18 @@ void ImageFolderDataset::will_read(const std::vector<int64_t>& indices) const {
     ::posix_fadvise(fd, offset, length, POSIX_FADV_WILLNEED);
     ::close(fd);
   };
-  // Image files: no hint. Opening each file once more costs 7% of the throughput when the files
-  // are in the page cache (docs/benchmarks.md, "Read-ahead and streamed shards"), more than most
-  // folders gain.
-  if (ranges_.empty()) return;
+  // Image files: opened here and handed, open, to the thread that decodes them (bytes_of), so a
+  // hint costs a posix_fadvise, not another open; past max_open_ahead() files are closed again.
+  if (ranges_.empty()) {
+    for (int64_t index : indices) {
+      const int fd = ::open(files_.at(static_cast<size_t>(index)).c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) continue;  // get_batch reports it
+      ::posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
+      std::lock_guard<std::mutex> lock(opened_mutex_);
+      if (opened_.size() >= max_open_ahead() || !opened_.emplace(index, fd).second) ::close(fd);
+    }
+    return;
+  }
   // Runs of examples in one shard: one range from the first byte to the last.
   size_t i = 0;
   while (i < indices.size()) {

@@ -42,6 +42,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "fabric/data/dataset.h"
@@ -73,6 +74,7 @@ class ImageFolderDataset : public Dataset {
   // REQUIRES: files.size() == labels.size().
   ImageFolderDataset(std::vector<std::string> files, std::vector<int64_t> labels,
                      std::vector<std::string> classes, ImageFolderOptions options);
+  ~ImageFolderDataset() override;
 
   int64_t size() const override { return static_cast<int64_t>(files_.size()); }
   // Without a generator (no randomness): the eval pipeline, whatever options.train says.
@@ -82,9 +84,9 @@ class ImageFolderDataset : public Dataset {
   // Streamed reading (DataLoaderOptions::shuffle_buffer > 0): for shards, one shard per shard
   // file and {shard, byte offset of the image member} for locate(); otherwise one shard holding
   // every file, in order, and {0, index}. will_read (the loader's read-ahead, in any order) asks
-  // the kernel to read shard bytes ahead (posix_fadvise WILLNEED; a run of one shard's examples
-  // as one range), so the decoding threads find them in the page cache; for image files it does
-  // nothing (one more open per file costs more than it saves when the files are cached).
+  // the kernel to read the bytes ahead (posix_fadvise WILLNEED; a run of one shard's examples as
+  // one range), so the decoding threads find them in the page cache; an image file stays open
+  // (up to 1024 at a time) until the thread that decodes it reads it, so the hint costs no open.
   std::vector<int64_t> shard_sizes() const override;
   std::pair<int64_t, int64_t> locate(int64_t index) const override;
   void will_read(const std::vector<int64_t>& indices) const override;
@@ -111,6 +113,9 @@ class ImageFolderDataset : public Dataset {
   ImageFolderOptions options_;
   mutable std::mutex bad_mutex_;
   mutable std::set<int64_t> bad_;
+  // Image files the loader's read-ahead opened, by index, until a decoding thread takes them.
+  mutable std::mutex opened_mutex_;
+  mutable std::unordered_map<int64_t, int> opened_;
 };
 
 }  // namespace fabric

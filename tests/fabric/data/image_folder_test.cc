@@ -185,6 +185,25 @@ TEST_F(ImageFolderTest, RandomCropsComeFromTheBatchGenerator) {
   EXPECT_TRUE(torch::equal(eval->get_batch({0, 1}, gen).data, eval->get_batch({0, 1}).data));
 }
 
+// The loader's read-ahead (will_read) opens an image file and hands the open file to the thread
+// that decodes it: a file removed after its hint still decodes, to the same pixels; without a
+// hint the removal is an error naming the file; a file is handed over once.
+TEST_F(ImageFolderTest, AHintedFileIsReadThroughTheFileTheHintOpened) {
+  fs::create_directories(dir_ / "hint" / "a");
+  fs::copy(dir_ / "rgb.jpg", dir_ / "hint" / "a" / "0.jpg");
+  fs::copy(dir_ / "rgb.png", dir_ / "hint" / "a" / "1.png");
+  fabric::ImageFolderOptions options;
+  options.image_size = 8;
+  const auto data = fabric::ImageFolderDataset::from_folder((dir_ / "hint").string(), options);
+  const torch::Tensor expected = data->get_batch({0, 1}).data;
+  data->will_read({0, 1});
+  fs::remove(dir_ / "hint" / "a" / "0.jpg");
+  fs::remove(dir_ / "hint" / "a" / "1.png");
+  EXPECT_TRUE(torch::equal(data->get_batch({0, 1}).data, expected));
+  EXPECT_EQ(error_of([&] { data->get_batch({0}); }),
+            (dir_ / "hint" / "a" / "0.jpg").string() + ": cannot read: No such file or directory");
+}
+
 TEST_F(ImageFolderTest, SkipBadFilesShortensTheBatchAndCountsOnce) {
   fs::create_directories(dir_ / "skip" / "a");
   fs::copy(dir_ / "rgb.jpg", dir_ / "skip" / "a" / "0.jpg");
