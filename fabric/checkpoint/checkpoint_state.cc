@@ -173,9 +173,10 @@ CheckpointState& CheckpointState::add(const std::string& name, GradScaler& scale
 }
 
 CheckpointState& CheckpointState::add(const std::string& name, DataLoader& loader) {
-  auto facts = [&loader] {
+  // What fixes the order of the data at `s` (a mid-epoch resume needs them unchanged).
+  auto facts = [&loader](const DataLoader::State& s) {
     const auto& o = loader.options();
-    return std::vector<std::pair<std::string, int64_t>>{
+    std::vector<std::pair<std::string, int64_t>> out{
         {"world size", loader.placement().num_replicas},
         {"batch_size", o.batch_size()},
         {"samples per rank", loader.num_samples()},
@@ -183,45 +184,38 @@ CheckpointState& CheckpointState::add(const std::string& name, DataLoader& loade
         {"drop_last", o.drop_last()},
         {"seed", static_cast<int64_t>(o.seed().value_or(0))},
         {"shuffle_buffer", o.shuffle_buffer()}};
-  };
-  // Streamed loaders: where rank 0's stream stands (shard, byte offset of the next example read),
-  // so a resume notices shards that were changed, reordered or rewritten since.
-  auto position = [&loader](const DataLoader::State& s) {
-    return loader.options().shuffle_buffer() > 0 ? loader.stream_position(s, 0)
-                                                 : std::pair<int64_t, int64_t>{-1, -1};
+    // Streamed loaders: where rank 0's stream stands (shard, byte offset of the next example it
+    // reads), so a resume notices shards that were changed, reordered or rewritten since.
+    if (o.shuffle_buffer() > 0) {
+      const auto [shard, offset] = loader.stream_position(s, 0);
+      out.emplace_back("stream_shard", shard);
+      out.emplace_back("stream_offset", offset);
+    }
+    return out;
   };
   return add_entry(
       {name, Entry::Kind::kLoader, &loader,
-       [&loader, facts, position] {
+       [&loader, facts] {
          Dict d = new_dict();
          const auto s = loader.state();
          d.insert("epoch", s.epoch);
          d.insert("batches", s.batches);
          d.insert("batches_per_epoch", loader.size());
-         for (const auto& [key, value] : facts()) d.insert(key, value);
-         if (loader.options().shuffle_buffer() > 0) {
-           const auto [shard, offset] = position(s);
-           d.insert("stream_shard", shard);
-           d.insert("stream_offset", offset);
-         }
+         for (const auto& [key, value] : facts(s)) d.insert(key, value);
          return c10::IValue(d);
        },
-       [&loader, facts, position](const c10::IValue& v, const std::string& source) {
+       [&loader, facts](const c10::IValue& v, const std::string& source) {
          const DataLoader::State s{int_field(v, "epoch", source), int_field(v, "batches", source)};
          const int64_t per_epoch = int_field(v, "batches_per_epoch", source);
          if (s.batches > 0 && s.batches < per_epoch) {
            // Mid-epoch: the rest of the epoch is only the right data in the same order.
            std::string changed;
-           auto now_facts = facts();
-           if (loader.options().shuffle_buffer() > 0 &&
-               int_field_or(v, "shuffle_buffer", 0, source) > 0) {
-             const auto [shard, offset] = position(s);
-             now_facts.emplace_back("stream_shard", shard);
-             now_facts.emplace_back("stream_offset", offset);
-           }
-           for (const auto& [key, now] : now_facts) {
-             const int64_t was = key == "shuffle_buffer" ? int_field_or(v, key, 0, source)
-                                                         : int_field(v, key, source);
+           for (const auto& [key, now] : facts(s)) {
+             // Keys some checkpoints lack: shuffle_buffer (written later; absent means 0) and the
+             // stream position (absent when that loader did not stream: shuffle_buffer says so).
+             const int64_t was = key == "shuffle_buffer"        ? int_field_or(v, key, 0, source)
+                                 : key.rfind("stream_", 0) == 0 ? int_field_or(v, key, now, source)
+                                                                : int_field(v, key, source);
              if (was != now)
                changed += (changed.empty() ? "" : ", ") + key + " " + std::to_string(was) + " → " +
                           std::to_string(now);

@@ -54,15 +54,14 @@ class DataLoader::Pass {
     // Read-ahead for datasets that read files (not in-memory ones): in the order the examples
     // are read, each example as many places ahead as the sampler lets it leave early.
     if (const auto* streamed = dynamic_cast<const StreamSampler*>(&sampler)) {
-      read_order_ = streamed->stream();
+      stream_ = streamed->stream();
       reader_ = std::thread([this, streamed = *streamed] {
-        read_ahead([&streamed](int64_t emitted) { return streamed.stream_read(emitted); });
+        read_ahead(stream_, static_cast<int64_t>(stream_.size()),
+                   [&streamed](int64_t emitted) { return streamed.stream_read(emitted); });
       });
     } else if (!dataset_->cheap_batches()) {
-      read_order_.assign(indices_.begin(), indices_.begin() + std::min<int64_t>(num_real_, n));
-      reader_ = std::thread([this] {
-        const auto real = static_cast<int64_t>(read_order_.size());
-        read_ahead([real](int64_t emitted) { return std::min(emitted, real); });
+      reader_ = std::thread([this, real = std::min<int64_t>(num_real_, n)] {
+        read_ahead(indices_, real, [real](int64_t emitted) { return std::min(emitted, real); });
       });
     }
   }
@@ -171,14 +170,14 @@ class DataLoader::Pass {
     }
   }
 
-  // Hands the dataset the next examples in read order (Dataset::will_read), in chunks of a batch,
-  // keeping those of the batches in flight and of the next `capacity_` ones asked for.
-  // `reads_before(k)`: how many of read_order_ have been read when k examples have been handed
-  // out (k itself for a global shuffle; with a shuffle buffer, up to buffer - 1 more). Examples a
-  // resumed pass's shuffle buffer held are read on demand.
-  void read_ahead(const std::function<int64_t(int64_t)>& reads_before) {
+  // Hands the dataset the first `n` of `order` (the examples in the order they are read) ahead
+  // of use (Dataset::will_read), in chunks of a batch, keeping those of the batches in flight and
+  // of the next `capacity_` ones asked for. `reads_before(k)`: how many have been read when k
+  // examples have been handed out (k itself for a global shuffle; with a shuffle buffer, up to
+  // buffer - 1 more). Examples a resumed pass's shuffle buffer held are read on demand.
+  void read_ahead(const std::vector<int64_t>& order, int64_t n,
+                  const std::function<int64_t(int64_t)>& reads_before) {
     const int64_t bs = options_.batch_size();
-    const int64_t n = static_cast<int64_t>(read_order_.size());
     int64_t at = reads_before(start_ * bs);
     while (at < n) {
       {
@@ -189,8 +188,7 @@ class DataLoader::Pass {
       }
       const int64_t to = std::min(n, at + bs);
       try {
-        dataset_->will_read(
-            std::vector<int64_t>(read_order_.begin() + at, read_order_.begin() + to));
+        dataset_->will_read(std::vector<int64_t>(order.begin() + at, order.begin() + to));
       } catch (...) {
         // A hint only: get_batch reads (and reports) the same examples itself.
       }
@@ -249,8 +247,8 @@ class DataLoader::Pass {
   // (a data race ThreadSanitizer found when build() asked workers_.empty()).
   const bool in_thread_ = options_.num_workers() == 0;
   std::vector<std::thread> workers_;
-  std::vector<int64_t> read_order_;  // this pass's examples in the order they are read
-  std::thread reader_;               // read_ahead()
+  std::vector<int64_t> stream_;  // streamed: this rank's examples in the order they are read
+  std::thread reader_;           // read_ahead()
 
   Batch current_;
   int64_t current_index_ = -1;

@@ -34,6 +34,28 @@ void check_rank(int64_t num_replicas, int64_t rank, const char* who) {
   }
 }
 
+// Examples per rank: ceil(total / R), or floor(total / R) with drop_last.
+int64_t samples_per_rank(int64_t total, int64_t num_replicas, bool drop_last) {
+  return drop_last ? total / num_replicas : (total + num_replicas - 1) / num_replicas;
+}
+
+// Positions [from, to) of the epoch's stream (to ≤ T), as dataset indices.
+std::vector<int64_t> positions(const std::vector<int64_t>& order, const std::vector<int64_t>& sizes,
+                               const std::vector<int64_t>& starts, int64_t from, int64_t to) {
+  std::vector<int64_t> out;
+  if (to <= from) return out;
+  out.reserve(static_cast<size_t>(to - from));
+  int64_t at = 0;  // stream position of the current shard's first sample
+  for (int64_t s : order) {
+    const int64_t size = sizes[static_cast<size_t>(s)];
+    const int64_t lo = std::max(from, at), hi = std::min(to, at + size);
+    for (int64_t p = lo; p < hi; ++p) out.push_back(starts[static_cast<size_t>(s)] + p - at);
+    at += size;
+    if (at >= to) break;
+  }
+  return out;
+}
+
 }  // namespace
 
 DistributedSampler::DistributedSampler(int64_t dataset_size, int64_t num_replicas, int64_t rank,
@@ -46,7 +68,7 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int64_t num_replica
       drop_last_(drop_last) {
   check_rank(num_replicas_, rank_, "DistributedSampler");
   if (size_ < 0) throw Error("DistributedSampler: dataset size " + std::to_string(size_) + " < 0");
-  num_samples_ = drop_last_ ? size_ / num_replicas_ : (size_ + num_replicas_ - 1) / num_replicas_;
+  num_samples_ = samples_per_rank(size_, num_replicas_, drop_last_);
 }
 
 int64_t DistributedSampler::num_real_samples() const {
@@ -92,31 +114,12 @@ StreamSampler::StreamSampler(std::vector<int64_t> shard_sizes, int64_t num_repli
     shard_start_.push_back(total_);
     total_ += shard_sizes_[s];
   }
-  num_samples_ = drop_last_ ? total_ / num_replicas_ : (total_ + num_replicas_ - 1) / num_replicas_;
+  num_samples_ = samples_per_rank(total_, num_replicas_, drop_last_);
 }
 
 int64_t StreamSampler::num_real_samples() const {
   return std::max<int64_t>(0, std::min(num_samples_, total_ - rank_ * num_samples_));
 }
-
-// Positions [from, to) of the epoch's stream (to ≤ T), as dataset indices.
-namespace {
-std::vector<int64_t> positions(const std::vector<int64_t>& order, const std::vector<int64_t>& sizes,
-                               const std::vector<int64_t>& starts, int64_t from, int64_t to) {
-  std::vector<int64_t> out;
-  if (to <= from) return out;
-  out.reserve(static_cast<size_t>(to - from));
-  int64_t at = 0;  // stream position of the current shard's first sample
-  for (int64_t s : order) {
-    const int64_t size = sizes[static_cast<size_t>(s)];
-    const int64_t lo = std::max(from, at), hi = std::min(to, at + size);
-    for (int64_t p = lo; p < hi; ++p) out.push_back(starts[static_cast<size_t>(s)] + p - at);
-    at += size;
-    if (at >= to) break;
-  }
-  return out;
-}
-}  // namespace
 
 std::vector<int64_t> StreamSampler::shard_order() const {
   std::vector<int64_t> order(shard_sizes_.size());
@@ -128,14 +131,16 @@ std::vector<int64_t> StreamSampler::shard_order() const {
   return order;
 }
 
-std::vector<int64_t> StreamSampler::stream() const {
-  const std::vector<int64_t> order = shard_order();
+std::vector<int64_t> StreamSampler::stream() const { return stream(shard_order()); }
+
+std::vector<int64_t> StreamSampler::stream(const std::vector<int64_t>& order) const {
   const int64_t from = rank_ * num_samples_;
   return positions(order, shard_sizes_, shard_start_, from, from + num_real_samples());
 }
 
 std::vector<int64_t> StreamSampler::indices() const {
-  std::vector<int64_t> real = stream();
+  const std::vector<int64_t> order = shard_order();
+  std::vector<int64_t> real = stream(order);
   std::vector<int64_t> out;
   out.reserve(static_cast<size_t>(num_samples_));
   if (shuffle_ && buffer_ > 1) {
@@ -159,7 +164,6 @@ std::vector<int64_t> StreamSampler::indices() const {
   const int64_t real_count = static_cast<int64_t>(out.size());
   if (real_count < num_samples_) {
     const int64_t from = rank_ * num_samples_ + real_count, to = (rank_ + 1) * num_samples_;
-    const std::vector<int64_t> order = shard_order();
     for (int64_t p = from; p < to; ++p) {
       const int64_t wrapped = p % total_;
       out.push_back(positions(order, shard_sizes_, shard_start_, wrapped, wrapped + 1).at(0));

@@ -88,10 +88,10 @@ class StreamSampler : public Sampler {
   std::vector<int64_t> stream() const;
   // How many of stream() have been read when the first `emitted` indices() have left the buffer.
   int64_t stream_read(int64_t emitted) const;
-  int64_t buffer() const { return buffer_; }
 
  private:
   std::vector<int64_t> shard_order() const;  // the epoch's shard order
+  std::vector<int64_t> stream(const std::vector<int64_t>& order) const;
   std::vector<int64_t> shard_sizes_, shard_start_;
   int64_t total_, num_replicas_, rank_;
   bool shuffle_;
