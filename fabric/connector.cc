@@ -94,9 +94,37 @@ std::vector<torch::Device> resolve_devices(const Config& c, const MachineFacts& 
     }
     for (int64_t i = 0; i < n; ++i) ids.push_back(i);
   }
+  // fabric.ddp.ranks_per_gpu: each GPU listed that many times, one process per entry.
+  const int64_t per_gpu = c.get_int("fabric.ddp.ranks_per_gpu");
   std::vector<torch::Device> devices;
-  for (int64_t id : ids) devices.emplace_back(torch::kCUDA, static_cast<c10::DeviceIndex>(id));
+  for (int64_t id : ids)
+    for (int64_t k = 0; k < per_gpu; ++k)
+      devices.emplace_back(torch::kCUDA, static_cast<c10::DeviceIndex>(id));
   return devices;
+}
+
+// fabric.ddp.cuda_backend and ranks_per_gpu, once the strategy is known: whether CUDA tensors go
+// through Gloo instead of NCCL.
+bool resolve_cuda_with_gloo(const Config& c, const ResolvedSetup& s) {
+  const std::string backend = c.get_string("fabric.ddp.cuda_backend");
+  const int64_t per_gpu = c.get_int("fabric.ddp.ranks_per_gpu");
+  if (per_gpu > 1 && s.accelerator != c10::DeviceType::CUDA) {
+    throw c.error_at("fabric.ddp.ranks_per_gpu",
+                     std::to_string(per_gpu) +
+                         " applies to cuda only; on cpu fabric.devices=N is the process count");
+  }
+  if (per_gpu > 1 && s.strategy == StrategyKind::kDp) {
+    throw c.error_at("fabric.ddp.ranks_per_gpu",
+                     std::to_string(per_gpu) +
+                         " needs one process per rank: use fabric.strategy ddp or fsdp, not dp");
+  }
+  if (per_gpu > 1 && backend == "nccl") {
+    throw c.error_at("fabric.ddp.cuda_backend",
+                     "nccl cannot run " + std::to_string(per_gpu) +
+                         " ranks on one GPU (fabric.ddp.ranks_per_gpu; NCCL refuses them: "
+                         "\"Duplicate GPU detected\"): use gloo or auto, or ranks_per_gpu=1");
+  }
+  return backend == "gloo" || (backend == "auto" && per_gpu > 1);
 }
 
 // This process's device: its local rank's entry of the machine's devices. Under an external
@@ -216,6 +244,7 @@ void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) 
   s.ddp.comm_hook = parsed(c, "fabric.ddp.comm_hook", strategies::parse_comm_hook);
   s.ddp.shard_optimizer_state = c.get_bool("fabric.ddp.shard_optimizer_state");
   s.ddp.cpu_backend = parsed(c, "fabric.ddp.cpu_backend", distributed::parse_cpu_backend);
+  s.ddp.cuda_with_gloo = resolve_cuda_with_gloo(c, s);
   s.ddp.timeout =
       std::chrono::milliseconds(static_cast<int64_t>(c.get_double("fabric.ddp.timeout_s") * 1000));
   s.ddp.debug_collectives = c.get_bool("fabric.ddp.debug_collectives");
@@ -385,6 +414,8 @@ ResolvedSetup resolve_setup(const Config& c, const MachineFacts& m) {
   } else if (s.strategy == StrategyKind::kDp || s.strategy == StrategyKind::kFsdp) {
     eager_because = std::string("capture under strategy ") + strategy_name(s.strategy) +
                     " is not implemented yet";
+  } else if (s.strategy == StrategyKind::kDdp && s.ddp.cuda_with_gloo) {
+    eager_because = "Gloo's collectives (fabric.ddp.cuda_backend) cannot be captured";
   } else if (s.strategy == StrategyKind::kDdp && s.ddp.sync_batchnorm) {
     eager_because = "SyncBatchNorm reads the global batch size on the host in every step";
   } else if (s.strategy == StrategyKind::kDdp && s.ddp.find_unused_parameters) {

@@ -12,7 +12,8 @@
 #   DIR/MANIFEST   revision, LibTorch version and glibc the bundle was built with
 #
 # TARGETs default to every cc_binary under //examples/..., //tools:env, //tools/bench:throughput,
-# every test tagged `gpu` and the helper one of them starts (//tests/integration:ddp_parity_helper).
+# every test tagged `gpu` and the helpers they start (//tests/integration:ddp_parity_helper,
+# cuda_ranks_helper).
 # Flags:
 #   --out=DIR           (required) output folder; replaced if it exists and holds a MANIFEST.
 #   --bazel_flag=FLAG   extra flag for the inner `bazel build` (repeatable), e.g. --bazel_flag=--config=cpu_only
@@ -48,7 +49,7 @@ command -v patchelf >/dev/null || die "patchelf is missing: run tools/setup.sh"
 cd "$workspace"
 if [ ${#targets[@]} -eq 0 ]; then
   mapfile -t targets < <(bazel query --keep_going --noshow_progress \
-    'kind("cc_binary", //examples/...) + //tools:env + //tools/bench:throughput + //tests/integration:ddp_parity_helper + attr("tags", "\bgpu\b", tests(//...))' 2>/dev/null | sort)
+    'kind("cc_binary", //examples/...) + //tools:env + //tools/bench:throughput + //tests/integration:ddp_parity_helper + //tests/integration:cuda_ranks_helper + attr("tags", "\bgpu\b", tests(//...))' 2>/dev/null | sort)
 fi
 [ ${#targets[@]} -gt 0 ] || die "no targets to bundle"
 

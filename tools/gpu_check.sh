@@ -7,28 +7,40 @@
 #                                             to stdout (progress on stderr)
 #
 # The bundle (//tools:bundle with its default targets) holds every test tagged `gpu` with the
-# helper they start, the examples, //tools:env, the throughput benchmark; gpu_check adds the
-# benchmark's Python side (tools/bench/*.py) and this script. `run` does, in order, each with its own time limit (the whole run stays under 9 minutes
-# on an H100):
-#   1. env          DIR/run.sh env: LibTorch, CUDA, cuDNN, NCCL, devices, what Fabric would set up
-#   2. gpu tests    every GPU-tagged test binary (gtest); a test that skips is reported as skipped
-#   3. examples     cifar10 (synthetic data) with single_gpu / amp / bf16 / ddp_amp on one GPU
-#                   (NCCL world size 1) / single_gpu and ddp_amp + fabric.cuda_graphs / dp on one
-#                   visible GPU (falls back to single_device), a few steps each
-#   4. throughput   tools/bench/gpu_compare.py: ours (eager and CUDA graphs) vs the raw PyTorch loop
-#                   vs Lightning Fabric, ResNet-18 CIFAR, reduced repetitions
+# helpers they start, the examples, //tools:env, the throughput benchmark; gpu_check adds the
+# benchmark's Python side (tools/bench/*.py), tools/compare_weights.py, small Fashion-MNIST data
+# for the image classifier (data/npy, data/images, written here with numpy and Pillow) and this
+# script. `run` runs one suite; every row prints its time.
+#   --suite=check (default; about 6 minutes on one H100, so a 15-minute GPU window can run it twice)
+#     1. env        DIR/run.sh env: LibTorch, CUDA, cuDNN, NCCL, devices, what Fabric would set up
+#     2. tests      every GPU-tagged test binary (gtest); a test that skips is reported as skipped
+#     3. examples   world size 1: cifar10 (synthetic data) with single_gpu / amp / bf16 / ddp_amp
+#                   over NCCL / CUDA graphs / dp falling back; fsdp bf16-mixed, fsdp 16-mixed with
+#                   bf16 wires, ZeRO-1 16-mixed over NCCL, the recipe config in bf16, an async
+#                   checkpoint and resume=auto from it
+#     4. ranks      2 ranks on the one GPU (fabric.ddp.ranks_per_gpu=2, Gloo): fsdp full_shard /
+#                   shard_grad_op and ZeRO-1 against ddp (compare_weights.py), fsdp's async
+#                   sharded checkpoint resumed bitwise, a rank SIGKILLed under fabric.max_restarts
+#                   finishing bitwise like the uninterrupted run, the image classifier on npy and
+#                   on an image folder (pinned memory, loader threads); the GradScaler's inf
+#                   agreement and SyncBatchNorm are rows of tests (cuda_ranks_test)
+#   --suite=throughput: tools/bench/gpu_compare.py: ours (eager and CUDA graphs) vs the raw PyTorch
+#                   loop vs Lightning Fabric, ResNet-18 CIFAR, reduced repetitions
+#   --suite=all: both.
 # Without a usable GPU (or with --cpu) it runs what a CPU can: env, the GPU tests (they must load
-# and skip), one example on CPU and the throughput binary on CPU; tools/ci_checks.sh runs this on
-# every CI run so the bundle keeps building, relocating and running.
+# and skip), one example on CPU, the ranks rows on CPU (2 processes, shared memory) and the
+# throughput binary on CPU; tools/ci_checks.sh runs this on every CI run so the bundle keeps
+# building, relocating and running.
 #
-# run flags: --cpu (CPU checks only), --steps=N (example steps, default 20), --reps=N (throughput
-#   repetitions, default 1), --skip=SECTION[,SECTION] (env, tests, examples, throughput),
-#   --work=DIR (scratch folder for run directories; default a new temporary folder).
+# run flags: --cpu (CPU checks only), --suite=check|throughput|all, --steps=N (example steps,
+#   default 20), --reps=N (throughput repetitions, default 1), --skip=SECTION[,SECTION] (env,
+#   tests, examples, ranks, throughput), --work=DIR (scratch folder for run directories; default a
+#   new temporary folder).
 # Exit status: 0 every check passed (skips allowed); 1 some check failed; 2 usage error.
 set -uo pipefail
 
 usage() {
-  echo "usage: tools/gpu_check.sh build [--out=DIR] | DIR/gpu_check.sh run [--cpu] [--steps=N] [--reps=N] [--skip=LIST] [--work=DIR]" >&2
+  echo "usage: tools/gpu_check.sh build [--out=DIR] | DIR/gpu_check.sh run [--cpu] [--suite=check|throughput|all] [--steps=N] [--reps=N] [--skip=LIST] [--work=DIR]" >&2
   exit 2
 }
 [ $# -ge 1 ] || usage
@@ -57,7 +69,28 @@ build() {
   mkdir -p "$out/bench"
   cp tools/bench/gpu_compare.py tools/bench/throughput.py tools/bench/models.py tools/bench/trace_summary.py "$out/bench/"
   cp tools/gpu_check.sh "$out/gpu_check.sh"
+  cp tools/compare_weights.py "$out/compare_weights.py"
   chmod +x "$out/gpu_check.sh"
+  # The image classifier's rows: 512 + 128 Fashion-MNIST images as npy arrays and as a folder of
+  # PNGs (the node may lack Pillow and the dataset).
+  ${PYTHON:-python3} - "$out/data" <<'PY' || { echo "gpu_check build: could not write data/ (numpy, Pillow, /usr/share/datasets/fashion-mnist: tools/setup.sh)" >&2; exit 1; }
+import gzip, os, sys
+import numpy as np
+from PIL import Image
+src, root = '/usr/share/datasets/fashion-mnist', sys.argv[1]
+def idx(name, offset):
+    return np.frombuffer(gzip.open(f'{src}/{name}.gz').read(), np.uint8, offset=offset)
+x = idx('train-images-idx3-ubyte', 16).reshape(-1, 28, 28)
+y = idx('train-labels-idx1-ubyte', 8)
+splits = {'train': (x[:512], y[:512]), 'val': (x[512:640], y[512:640])}
+for split, (xs, ys) in splits.items():
+    os.makedirs(f'{root}/npy/{split}', exist_ok=True)
+    np.save(f'{root}/npy/{split}/inputs.npy', xs); np.save(f'{root}/npy/{split}/targets.npy', ys)
+    for i, (im, label) in enumerate(zip(xs, ys)):
+        d = f'{root}/images/{split}/{label}'
+        os.makedirs(d, exist_ok=True)
+        Image.fromarray(im, 'L').save(f'{d}/{i:04d}.png')
+PY
   local kib
   kib=$(du -sk "$out" | cut -f1)
   if [ "$kib" -gt $((limit_mib * 1024)) ]; then
@@ -92,8 +125,9 @@ check() {
     note="timed out after ${limit}s; $(tail -n 1 "$log" | cut -c1-160)"
   elif [ $rc -ne 0 ]; then
     status=FAILED
-    note="exit $rc: $(grep -m1 -E 'Failure|FAILED|[Ee]rror' "$log" | cut -c1-200)"
-    [ -n "$note" ] || note="exit $rc: $(tail -n 1 "$log" | cut -c1-200)"
+    note=$(grep -m1 -E 'Failure|FAILED|[Ee]rror' "$log" | cut -c1-200)
+    [ -n "$note" ] || note=$(tail -n 1 "$log" | cut -c1-200)
+    note="exit $rc: $note"
   elif grep -qE '^\[  SKIPPED \]' "$log" && ! grep -qE '^\[       OK \]' "$log"; then
     status=SKIPPED
     note="$(grep -m1 -A1 'Skipped' "$log" | tail -n 1 | cut -c1-160)"
@@ -108,7 +142,7 @@ check() {
 }
 
 run() {
-  local cpu=0 steps=20 reps=1 skip="" 
+  local cpu=0 steps=20 reps=1 skip="" suite=check
   work=""
   for arg in "$@"; do
     case "$arg" in
@@ -116,19 +150,26 @@ run() {
       --steps=*) steps=${arg#--steps=} ;;
       --reps=*) reps=${arg#--reps=} ;;
       --skip=*) skip=${arg#--skip=} ;;
+      --suite=*) suite=${arg#--suite=} ;;
       --work=*) work=${arg#--work=} ;;
       *) echo "gpu_check run: unknown argument '$arg'" >&2; usage ;;
     esac
   done
   [[ "$steps" =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check run: --steps must be a positive integer" >&2; exit 2; }
   [[ "$reps" =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check run: --reps must be a positive integer" >&2; exit 2; }
+  case "$suite" in
+    check) skip="$skip,throughput" ;;
+    throughput) skip="$skip,env,tests,examples,ranks" ;;
+    all) ;;
+    *) echo "gpu_check run: --suite must be check, throughput or all, not '$suite'" >&2; exit 2 ;;
+  esac
   [ -x "$here/run.sh" ] && [ -f "$here/MANIFEST" ] ||
     { echo "gpu_check run: $here is not a bundle (no run.sh/MANIFEST); build one with 'tools/gpu_check.sh build'" >&2; exit 2; }
   [ -n "$work" ] || work=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
   mkdir -p "$work/logs" "$work/tests/integration" || exit 1
   # Tests start their helpers from the helper's package folder under the working directory
   # (Bazel's runfiles layout; fabric::testing::helper_binary in tests/run_command.h).
-  for helper in ddp_parity_helper; do
+  for helper in ddp_parity_helper cuda_ranks_helper; do
     [ -x "$here/bin/$helper" ] && printf '#!/bin/sh\nexec "%s/run.sh" %s "$@"\n' "$here" "$helper" >"$work/tests/integration/$helper" &&
       chmod +x "$work/tests/integration/$helper"
   done
@@ -179,7 +220,67 @@ run() {
       # dp.yaml with one visible GPU runs single_device with a warning (README, Examples).
       CHECK_SUMMARY='accuracy|single_device' check "cifar10 dp (1 GPU: falls back)" 120 env CUDA_VISIBLE_DEVICES=0 \
         "$runsh" cifar10 --config=dp.yaml "${common[@]}"
+      # World size 1 over NCCL: the sharded strategies' CUDA paths and the training features.
+      CHECK_SUMMARY='accuracy' check "cifar10 fsdp bf16-mixed (NCCL, 1 GPU)" 120 "$runsh" cifar10 \
+        --config=fsdp.yaml "${common[@]}" fabric.devices=1 fabric.precision=bf16-mixed
+      CHECK_SUMMARY='accuracy' check "cifar10 fsdp 16-mixed, bf16 wires (NCCL, 1 GPU)" 120 "$runsh" cifar10 \
+        --config=fsdp.yaml "${common[@]}" fabric.devices=1 fabric.precision=16-mixed \
+        fabric.fsdp.param_dtype=bf16 fabric.fsdp.reduce_dtype=bf16
+      CHECK_SUMMARY='accuracy' check "cifar10 ZeRO-1 16-mixed (NCCL, 1 GPU)" 120 "$runsh" cifar10 \
+        --config=ddp_amp.yaml "${common[@]}" fabric.devices=1 fabric.ddp.shard_optimizer_state=true
+      CHECK_SUMMARY='accuracy' check "cifar10_recipe bf16 (EMA, accumulation, activation ckpt)" 120 \
+        "$runsh" cifar10 --config=cifar10_recipe.yaml "${common[@]}" fabric.accelerator=cuda \
+        fabric.precision=bf16-mixed
+      CHECK_SUMMARY='accuracy|resumed' check "cifar10 async checkpoint, resume=auto" 180 \
+        "$here/gpu_check.sh" _resume_auto "$runsh" "$work/runs/async" "${common[@]}"
     fi
+  fi
+
+  if ! skipping ranks; then
+    # Two ranks on the one GPU (Gloo), or on CPU (shared memory) without one; 16 steps of a narrow
+    # ResNet-18, deterministic, so that resumes and restarts can be bitwise.
+    local place=(fabric.devices=1 fabric.ddp.ranks_per_gpu=2)
+    [ $cpu -eq 1 ] && place=(fabric.accelerator=cpu fabric.devices=2)
+    local r2=("${place[@]}" model.width=16 data.synthetic=true data.synthetic_train_size=2048
+              data.synthetic_test_size=256 data.batch_size=32 trainer.max_epochs=1 trainer.max_steps=16
+              trainer.limit_eval_batches=2 logging.log_every_n_steps=8 checkpoint.every_n_steps=4
+              checkpoint.every_n_epochs=0 fabric.precision=32-true fabric.sync_batchnorm=false
+              fabric.deterministic=true)
+    local rd="$work/ranks" cmp=("$python" "$here/compare_weights.py")
+    # Parity over 5 steps (lr 0.1 with momentum: longer runs measure the dynamics; on a CPU fsdp and
+    # ZeRO-1 stay bitwise with ddp for 5 steps and drift apart after 6-16, docs/gpu_verification.md).
+    CHECK_SUMMARY='accuracy' check "2 ranks ddp, 5 steps (reference)" 120 "$runsh" cifar10 --config=ddp.yaml \
+      "${r2[@]}" trainer.max_steps=5 logging.run_dir="$rd/ddp5"
+    local v
+    for v in "fsdp full_shard|fsdp.yaml|fabric.fsdp.min_unit_params=1000" \
+             "fsdp shard_grad_op|fsdp.yaml|fabric.fsdp.min_unit_params=1000 fabric.fsdp.sharding_strategy=shard_grad_op" \
+             "ZeRO-1|ddp.yaml|fabric.ddp.shard_optimizer_state=true"; do
+      IFS='|' read -r name config extra <<<"$v"
+      # shellcheck disable=SC2086  # extra: several KEY=VALUE words
+      CHECK_SUMMARY='^(bitwise|max_rel)' check "2 ranks $name vs ddp, 5 steps" 120 "$here/gpu_check.sh" _then \
+        "$runsh" cifar10 --config="$config" "${r2[@]}" $extra trainer.max_steps=5 logging.run_dir="$rd/${name// /_}" \
+        -- "${cmp[@]}" "$rd/${name// /_}/weights.pt" "$rd/ddp5/weights.pt"
+    done
+    # 16 steps, a checkpoint every 4: resumes and restarts must be bitwise.
+    CHECK_SUMMARY='accuracy' check "2 ranks ddp, 16 steps (reference)" 120 "$runsh" cifar10 --config=ddp.yaml \
+      "${r2[@]}" logging.run_dir="$rd/ddp"
+    CHECK_SUMMARY='accuracy' check "2 ranks fsdp, async sharded checkpoints" 120 "$runsh" cifar10 \
+      --config=fsdp.yaml "${r2[@]}" fabric.fsdp.min_unit_params=1000 checkpoint.async=true logging.run_dir="$rd/fsdp"
+    CHECK_SUMMARY='^(bitwise|max_rel)' check "2 ranks fsdp resumed from step 8 (bitwise)" 120 \
+      "$here/gpu_check.sh" _then "$runsh" cifar10 --config=fsdp.yaml "${r2[@]}" fabric.fsdp.min_unit_params=1000 \
+      checkpoint.resume="$rd/fsdp/checkpoints/step-00000008.ckpt" logging.run_dir="$rd/fsdp_resumed" \
+      -- "${cmp[@]}" --bitwise "$rd/fsdp_resumed/weights.pt" "$rd/fsdp/weights.pt"
+    CHECK_SUMMARY='^(bitwise|max_rel)|restart 1' check "2 ranks, rank 1 SIGKILLed, max_restarts (bitwise)" 180 \
+      "$here/gpu_check.sh" _restart "$runsh" "$rd/restart" "$rd/ddp/weights.pt" --config=ddp.yaml "${r2[@]}"
+    local ic=("${place[@]}" --config=single_cpu.yaml fabric.accelerator=auto fabric.strategy=ddp model.width=8
+              data.batch_size=32 data.image_size=32 data.num_workers=2 trainer.max_epochs=1
+              trainer.max_steps=8 trainer.limit_eval_batches=2 logging.log_every_n_steps=4
+              checkpoint.every_n_epochs=0 "logging.run_dir=$work/runs/{name}/{timestamp}")
+    [ $cpu -eq 1 ] && ic+=(fabric.accelerator=cpu)
+    CHECK_SUMMARY='accuracy|images \[' check "2 ranks image_classifier npy" 120 "$runsh" image_classifier \
+      "${ic[@]}" data.root="$here/data/npy"
+    CHECK_SUMMARY='accuracy|images \[' check "2 ranks image_classifier image folder (PNG)" 120 "$runsh" \
+      image_classifier "${ic[@]}" data.root="$here/data/images"
   fi
 
   if ! skipping throughput; then
@@ -215,8 +316,73 @@ run() {
   [ $failed -eq 0 ]
 }
 
+# _then COMMAND... -- CHECK...: runs COMMAND, then (when it succeeded) CHECK; the status of the
+# first that fails.
+then_() {
+  local first=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do first+=("$1"); shift; done
+  shift
+  "${first[@]}" || return
+  "$@"
+}
+
+# _resume_auto RUNSH DIR ARGS...: cifar10 (ARGS, their trainer.max_steps replaced) for 10 steps
+# with an async checkpoint every 10, then again for 20 with checkpoint.resume=auto, which must
+# resume from that checkpoint at step 10.
+resume_auto() {
+  local runsh=$1 dir=$2 a args=()
+  shift 2
+  for a in "$@"; do [[ "$a" == trainer.max_steps=* || "$a" == logging.run_dir=* ]] || args+=("$a"); done
+  args+=("logging.run_dir=$dir/{timestamp}" checkpoint.every_n_steps=10 checkpoint.async=true)
+  "$runsh" cifar10 --config=single_gpu.yaml "${args[@]}" trainer.max_steps=10 || return
+  local out rc
+  out=$("$runsh" cifar10 --config=single_gpu.yaml "${args[@]}" trainer.max_steps=20 checkpoint.resume=auto 2>&1)
+  rc=$?
+  echo "$out"
+  [ $rc -eq 0 ] || return $rc
+  grep -q 'resumed from .*step-00000010.ckpt at step 10' <<<"$out" ||
+    { echo "the second run did not resume from the first one's checkpoint of step 10"; return 1; }
+}
+
+# _restart RUNSH DIR REFERENCE ARGS...: cifar10 with ARGS and fabric.max_restarts=1; once the
+# checkpoint of step 8 exists, rank 1 of the first attempt is SIGKILLed; the job must restart,
+# finish, and write weights bitwise REFERENCE.
+restart() {
+  local runsh=$1 dir=$2 reference=$3
+  shift 3
+  rm -rf "$dir"
+  "$runsh" cifar10 "$@" fabric.max_restarts=1 fabric.restart_backoff_s=0 \
+    "logging.run_dir=$dir/{timestamp}" >"$dir.log" 2>&1 &
+  local job=$! victim="" i p
+  for ((i = 0; i < 6000; i++)); do
+    if [ -n "$(find "$dir" -name step-00000008.ckpt 2>/dev/null)" ]; then
+      for p in $(pgrep -f 'bin/cifar10'); do
+        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'FABRIC_LOCAL_RANK=1' || continue
+        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -q '^FABRIC_RESTART_COUNT=[1-9]' && continue
+        victim=$p
+      done
+      break
+    fi
+    kill -0 "$job" 2>/dev/null || break
+    sleep 0.01
+  done
+  [ -n "$victim" ] && kill -9 "$victim"
+  wait "$job"
+  local rc=$?
+  cat "$dir.log"
+  [ -n "$victim" ] || { echo "rank 1 was not found running after the checkpoint of step 8"; return 1; }
+  [ $rc -eq 0 ] || return $rc
+  grep -q 'restart 1 of 1' "$dir.log" || { echo "no restart happened"; return 1; }
+  local weights
+  weights=$(find "$dir" -name weights.pt | head -n 1)
+  "${PYTHON:-python3}" "$here/compare_weights.py" --bitwise "$weights" "$reference"
+}
+
 case "$mode" in
   build) build "$@" ;;
   run) run "$@" ;;
+  _then) then_ "$@" ;;
+  _resume_auto) resume_auto "$@" ;;
+  _restart) restart "$@" ;;
   *) usage ;;
 esac

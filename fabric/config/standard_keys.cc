@@ -82,6 +82,14 @@ ConfigSchema default_schema() {
         KeySpec::choice({"auto", "gloo", "shm"}, "auto")
             .doc("CPU all-reduces: shm (shared memory, one machine), gloo; auto: shm when every "
                  "rank is on this machine"));
+  s.add("fabric.ddp.cuda_backend",
+        KeySpec::choice({"auto", "nccl", "gloo"}, "auto")
+            .doc("collectives on CUDA tensors: nccl, gloo (slower: through host memory); auto: "
+                 "nccl, or gloo when fabric.ddp.ranks_per_gpu > 1"));
+  s.add("fabric.ddp.ranks_per_gpu",
+        KeySpec::integer(1).min(1).doc(
+            "testing mode: N processes share each GPU of fabric.devices (Gloo only: NCCL refuses "
+            "two ranks on one GPU); 1: one process per GPU"));
   s.add("fabric.ddp.timeout_s", KeySpec::real(300.0).min(0, false).doc("DDP"));
   s.add("fabric.ddp.debug_collectives",
         KeySpec::boolean(false).doc("check that every rank issues the same collectives (slow)"));

@@ -156,6 +156,45 @@ TEST(ConnectorTest, SeveralProcessesMeanDdp) {
   EXPECT_EQ(s.ddp.timeout, std::chrono::milliseconds(300000));
 }
 
+// fabric.ddp.cuda_backend: NCCL for CUDA tensors unless gloo is asked for; ranks_per_gpu N puts
+// N self-launched ranks on each GPU, which only Gloo can serve.
+TEST(ConnectorTest, CudaBackendAndRanksSharingAGpu) {
+  auto s = resolve({"fabric.devices=2"}, gpu_machine(2));
+  EXPECT_FALSE(s.ddp.cuda_with_gloo);  // auto: nccl
+  s = resolve({"fabric.devices=2", "fabric.ddp.cuda_backend=gloo"}, gpu_machine(2));
+  EXPECT_TRUE(s.ddp.cuda_with_gloo);
+  s = resolve({"fabric.strategy=fsdp", "fabric.devices=1", "fabric.ddp.ranks_per_gpu=3"},
+              gpu_machine(1));
+  EXPECT_EQ(s.strategy, StrategyKind::kFsdp);
+  EXPECT_TRUE(s.ddp.cuda_with_gloo);  // auto with ranks sharing a GPU: gloo
+  EXPECT_EQ(s.environment->world_size(), 3);
+  ASSERT_EQ(s.devices.size(), 3u);
+  for (const auto& d : s.devices) EXPECT_EQ(d.str(), "cuda:0");
+  s = resolve({"fabric.devices=[0, 1]", "fabric.ddp.ranks_per_gpu=2"}, gpu_machine(2));
+  EXPECT_EQ(s.strategy, StrategyKind::kDdp);  // auto strategy, 4 processes
+  ASSERT_EQ(s.devices.size(), 4u);
+  EXPECT_EQ(s.devices[1].str(), "cuda:0");
+  EXPECT_EQ(s.devices[2].str(), "cuda:1");
+  EXPECT_EQ(error_of({"fabric.devices=1", "fabric.ddp.ranks_per_gpu=2",
+                      "fabric.ddp.cuda_backend=nccl"},
+                     gpu_machine(1)),
+            "command line: fabric.ddp.cuda_backend: nccl cannot run 2 ranks on one GPU "
+            "(fabric.ddp.ranks_per_gpu; NCCL refuses them: \"Duplicate GPU detected\"): use "
+            "gloo or auto, or ranks_per_gpu=1");
+  EXPECT_EQ(error_of({"fabric.accelerator=cpu", "fabric.ddp.ranks_per_gpu=2"}, cpu_machine()),
+            "command line: fabric.ddp.ranks_per_gpu: 2 applies to cuda only; on cpu "
+            "fabric.devices=N is the process count");
+  EXPECT_EQ(error_of({"fabric.strategy=dp", "fabric.ddp.ranks_per_gpu=2"}, gpu_machine(2)),
+            "command line: fabric.ddp.ranks_per_gpu: 2 needs one process per rank: use "
+            "fabric.strategy ddp or fsdp, not dp");
+  // Gloo's collectives cannot be captured in a CUDA graph.
+  s = resolve({"fabric.cuda_graphs=true", "fabric.devices=1", "fabric.ddp.ranks_per_gpu=2"},
+              gpu_machine(1));
+  EXPECT_FALSE(s.cuda_graphs);
+  ASSERT_EQ(s.warnings.size(), 1u);
+  EXPECT_NE(s.warnings[0].find("cannot be captured"), std::string::npos) << s.warnings[0];
+}
+
 TEST(ConnectorTest, ExternalLaunchersSetTheWorld) {
   MachineFacts m = gpu_machine(4);
   m.environment = [](const std::string& name) -> std::optional<std::string> {
