@@ -34,6 +34,36 @@ bool elementwise(const torch::optim::Optimizer& o) {
 
 }  // namespace
 
+FlatLayout flat_layout(const std::vector<int64_t>& numels, int64_t element_size, int64_t world) {
+  const int64_t align = std::max<int64_t>(1, 128 / std::max<int64_t>(element_size, 1));
+  auto up = [](int64_t n, int64_t a) { return (n + a - 1) / a * a; };
+  FlatLayout l;
+  for (int64_t n : numels) {
+    l.offsets.push_back(up(l.total, align));
+    l.total = l.offsets.back() + n;
+  }
+  l.shard_size = up((l.total + world - 1) / world, align);
+  if ((world - 1) * l.shard_size < l.total) return l;
+  // A rank would get nothing: packed, as without alignment.
+  FlatLayout packed;
+  for (int64_t n : numels) {
+    packed.offsets.push_back(packed.total);
+    packed.total += n;
+  }
+  packed.shard_size = (packed.total + world - 1) / world;
+  return packed;
+}
+
+void zero_gaps(torch::Tensor& flat, const std::vector<int64_t>& offsets,
+               const std::vector<torch::Tensor>& tensors) {
+  int64_t end = 0;
+  for (size_t i = 0; i <= tensors.size(); ++i) {
+    const int64_t next = i < tensors.size() ? offsets[i] : flat.numel();
+    if (next > end) flat.narrow(0, end, next - end).zero_();
+    if (i < tensors.size()) end = offsets[i] + tensors[i].numel();
+  }
+}
+
 OptimizerShard::OptimizerShard(torch::optim::Optimizer& optimizer,
                                const std::vector<torch::Tensor>& named,
                                const std::vector<std::string>& names,
@@ -41,7 +71,7 @@ OptimizerShard::OptimizerShard(torch::optim::Optimizer& optimizer,
     : optimizer_(optimizer), pg_(std::move(pg)), key_("fabric.ddp.shard_optimizer_state") {
   collect(named, names);
   std::set<const void*> storages;
-  int64_t total = 0;
+  std::vector<int64_t> numels;
   for (size_t i = 0; i < params_.size(); ++i) {
     const torch::Tensor& p = params_[i];
     auto fail = [&](const std::string& why) {
@@ -57,11 +87,13 @@ OptimizerShard::OptimizerShard(torch::optim::Optimizer& optimizer,
     if (!storages.insert(p.storage().unsafeGetStorageImpl()).second)
       fail("shares memory with another parameter (tied weights are not supported)");
     segment_of_.push_back(0);
-    offsets_.push_back(total);
-    total += p.numel();
+    numels.push_back(p.numel());
   }
+  const FlatLayout layout = flat_layout(numels, params_[0].element_size(), world_);
+  offsets_ = layout.offsets;
+  const int64_t total = layout.total;
   totals_ = {total};
-  shard_sizes_ = {(total + world_ - 1) / world_};
+  shard_sizes_ = {layout.shard_size};
   if ((world_ - 1) * shard_sizes_[0] >= total)
     throw error("the optimizer's parameters have " + std::to_string(total) +
                 " elements, too few to give each of the " + std::to_string(world_) +
@@ -83,7 +115,7 @@ OptimizerShard::OptimizerShard(torch::optim::Optimizer& optimizer,
     offsets_.push_back(offset);
   }
   totals_ = segments.elements;
-  for (int64_t t : totals_) shard_sizes_.push_back((t + world_ - 1) / world_);
+  shard_sizes_ = segments.shard_sizes;
   grads_ = std::move(segments.grads);
   split(segments.memory);
 }
@@ -160,7 +192,7 @@ bool OptimizerShard::has_gradients() const {
 
 void OptimizerShard::reduce_scatter_gradients() {
   torch::Tensor& shard_grad = grads_.at(0);
-  const int64_t total = totals_.at(0), shard_size = shard_sizes_.at(0);
+  const int64_t shard_size = shard_sizes_.at(0);
   for (size_t i = 0; i < params_.size(); ++i) {
     const torch::Tensor& grad = params_[i].grad();
     if (!grad.defined())
@@ -172,7 +204,7 @@ void OptimizerShard::reduce_scatter_gradients() {
   }
   torch::NoGradGuard no_grad;
   torch::Tensor flat = torch::empty({world_ * shard_size}, shard_grad.options());
-  if (world_ * shard_size > total) flat.narrow(0, total, world_ * shard_size - total).zero_();
+  zero_gaps(flat, offsets_, params_);  // the layout's gaps and padding
   // The Reducer's factor: a wrapped double scalar, the product computed in the gradient's dtype.
   const torch::Tensor inverse_world = at::native::wrapped_scalar_tensor(1.0 / world_);
   for (size_t i = 0; i < params_.size(); ++i) {

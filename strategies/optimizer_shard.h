@@ -2,7 +2,8 @@
 // the N ranks keeps the optimizer state (momentum, Adam moments) of 1/N of the parameters.
 //
 // Layout: the optimizer's parameters, in its order, are laid end to end (each in its memory
-// order) in one flat vector of T elements padded to N·S, S = ⌈T/N⌉; rank r owns elements
+// order, at flat_layout's aligned places) in one flat vector of T elements padded to N·S; rank r
+// owns elements
 // [r·S, (r+1)·S). At construction the optimizer's parameter groups are rewritten to this rank's
 // pieces: 1-D tensors that alias the parameters' own memory (no copy of the weights is kept), so
 // the optimizer allocates its state for 1/N of the elements and updates the parameters in place.
@@ -53,6 +54,28 @@ class ProcessGroup;
 
 namespace fabric::strategies {
 
+// The flat layout ZeRO-1 and fsdp share: `numels` laid end to end, each starting at a multiple of
+// 128 bytes (32 float32 elements) and each rank's part S a multiple of it too, so that every
+// rank's piece of a parameter starts at a multiple of 128 bytes of that parameter and ends at
+// one or at the parameter's end. CPU kernels (the fused optimizers, TensorIterator's element-wise
+// loops) run whole SIMD vectors from a tensor's first element and finish its last elements one at
+// a time, and the two paths can round differently; with pieces cut at these places each element
+// of a piece takes the path it takes in the whole parameter, so the sharded step is bitwise the
+// step of plain ddp (with one intra-op thread; measured on AVX-512 and AVX2 kernels, tests in
+// fsdp_test and zero_test). When the aligned S would leave a rank without an element (tiny
+// models), the layout is packed (no gaps, S = ⌈T/N⌉) as before. The gaps hold zeros and are never
+// stepped (the optimizer holds only the pieces).
+struct FlatLayout {
+  std::vector<int64_t> offsets;  // each tensor's first element
+  int64_t total = 0;             // T: the end of the last tensor
+  int64_t shard_size = 0;        // S: each rank's part of the N·S padded elements
+};
+FlatLayout flat_layout(const std::vector<int64_t>& numels, int64_t element_size, int64_t world);
+// Zeros the elements of `flat` (a layout's N·S elements) that no tensor of `tensors` (at
+// `offsets`) covers: the gaps and the padding.
+void zero_gaps(torch::Tensor& flat, const std::vector<int64_t>& offsets,
+               const std::vector<torch::Tensor>& tensors);
+
 class OptimizerShard {
  public:
   // `names`: a name for each tensor of `named` (the module's parameters), used in errors.
@@ -60,12 +83,13 @@ class OptimizerShard {
                  const std::vector<std::string>& names, c10::intrusive_ptr<c10d::ProcessGroup> pg);
 
   // The flat memory of a strategy that owns it. Segment s has elements[s] elements, split into
-  // N parts of S_s = ⌈elements[s] / N⌉; `memory[s]` and `grads[s]` are this rank's S_s elements
+  // N parts of S_s = shard_sizes[s] (its flat_layout); `memory[s]` and `grads[s]` are this rank's S_s elements
   // of the values and of the gradients. place(p) names where parameter p (any parameter of the
   // optimizer) lies: {segment, first element}; it throws fabric::Error for a tensor it does not
   // hold.
   struct Segments {
     std::vector<int64_t> elements;
+    std::vector<int64_t> shard_sizes;  // each segment's S
     std::vector<torch::Tensor> memory;
     std::vector<torch::Tensor> grads;
     std::function<std::pair<size_t, int64_t>(const torch::Tensor&)> place;

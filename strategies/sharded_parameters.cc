@@ -110,6 +110,7 @@ ShardedParameters::ShardedParameters(torch::nn::Module& module,
   for (size_t k = 0; k < units_.size(); ++k) {
     Unit& u = units_[k];
     const torch::Tensor& first = u.params[0];
+    std::vector<int64_t> numels;
     for (size_t i = 0; i < u.params.size(); ++i) {
       const torch::Tensor& p = u.params[i];
       if (p.scalar_type() != first.scalar_type() || p.device() != first.device())
@@ -122,10 +123,12 @@ ShardedParameters::ShardedParameters(torch::nn::Module& module,
                     "fabric.fsdp.wrap_modules)");
       if (p.is_sparse())
         throw Error(std::string(kKey) + ": parameter '" + u.names[i] + "' is sparse");
-      u.offsets.push_back(u.total);
-      u.total += p.numel();
+      numels.push_back(p.numel());
     }
-    u.shard_size = (u.total + world_ - 1) / world_;
+    const FlatLayout layout = flat_layout(numels, first.element_size(), world_);
+    u.offsets = layout.offsets;
+    u.total = layout.total;
+    u.shard_size = layout.shard_size;
     const auto options = first.options().requires_grad(false);
     u.full = torch::zeros({world_ * u.shard_size}, options);
     for (size_t i = 0; i < u.params.size(); ++i)
@@ -302,8 +305,7 @@ void ShardedParameters::reduce(Unit& u) {
   torch::NoGradGuard no_grad;
   const auto wire = policy_.reduce_dtype.value_or(u.shard_grad.scalar_type());
   torch::Tensor flat = torch::empty({world_ * u.shard_size}, u.shard_grad.options().dtype(wire));
-  if (world_ * u.shard_size > u.total)
-    flat.narrow(0, u.total, world_ * u.shard_size - u.total).zero_();
+  zero_gaps(flat, u.offsets, u.params);  // the layout's gaps and padding
   // The Reducer's factor: a wrapped double scalar, the product computed in the gradient's dtype.
   const torch::Tensor inverse_world = at::native::wrapped_scalar_tensor(1.0 / world_);
   for (size_t i = 0; i < u.params.size(); ++i) {
@@ -393,6 +395,7 @@ OptimizerShard::Segments ShardedParameters::segments() const {
   std::unordered_map<const void*, std::pair<size_t, int64_t>> where;
   for (size_t k = 0; k < units_.size(); ++k) {
     s.elements.push_back(units_[k].total);
+    s.shard_sizes.push_back(units_[k].shard_size);
     s.memory.push_back(units_[k].shard);
     s.grads.push_back(units_[k].shard_grad);
     for (size_t i = 0; i < units_[k].params.size(); ++i)
@@ -411,8 +414,12 @@ OptimizerShard::Segments ShardedParameters::segments() const {
 
 std::vector<ShardedParameters::UnitInfo> ShardedParameters::units() const {
   std::vector<UnitInfo> out;
-  for (const auto& u : units_)
-    out.push_back({u.name, u.total, static_cast<int64_t>(u.params.size())});
+  for (const auto& u : units_) {
+    int64_t elements = 0;
+    for (const auto& p : u.params) elements += p.numel();
+    out.push_back({u.name, elements, static_cast<int64_t>(u.params.size()),
+                   world_ * u.shard_size});
+  }
   return out;
 }
 

@@ -5,8 +5,9 @@
 // Units. The parameters that require gradients are grouped into units by a wrapping policy: a
 // submodule becomes a unit when its type is named in `wrap_modules` or when the parameters under
 // it that no inner unit took reach `min_unit_params`; what is left is the root unit. A unit's
-// parameters are laid end to end (module order) in one flat vector of T elements padded to N·S,
-// S = ⌈T/N⌉; rank r keeps elements [r·S, (r+1)·S) in its shard, and the parameters become views
+// parameters are laid end to end (module order, each at a multiple of 128 bytes: flat_layout in
+// optimizer_shard.h) in one flat vector of T elements padded to N·S, S ≥ ⌈T/N⌉ a multiple of 128
+// bytes; rank r keeps elements [r·S, (r+1)·S) in its shard, and the parameters become views
 // of the unit's full buffer, whose memory is freed while the unit is sharded (the tensors keep
 // their shapes; their storage holds no bytes).
 //
@@ -131,8 +132,9 @@ class ShardedParameters {
   // The units, in order: name (module path, "(root)") and elements.
   struct UnitInfo {
     std::string name;
-    int64_t elements;
+    int64_t elements;           // of its parameters
     int64_t parameters;
+    int64_t gathered_elements;  // N·S: the unit gathered (its layout's gaps and padding too)
   };
   std::vector<UnitInfo> units() const;
   // Gathers (all-gathers of a unit) and reduce-scatters since construction.

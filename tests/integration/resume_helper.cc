@@ -92,8 +92,7 @@ void print_memory(fabric::Fabric& f, torch::nn::Module& model, const torch::opti
   if (auto* fsdp = dynamic_cast<fabric::strategies::Fsdp*>(&f.strategy())) {
     const auto* sharded = fsdp->sharded();
     int64_t full = 0;
-    for (const auto& u : sharded->units())
-      full += (u.elements + f.world_size() - 1) / f.world_size() * f.world_size() * 4;
+    for (const auto& u : sharded->units()) full += u.gathered_elements * 4;
     const auto stats = f.all_gather(
         torch::tensor({static_cast<int64_t>(sharded->units().size()),
                        sharded->peak_gathered_bytes(), full}));
