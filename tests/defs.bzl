@@ -34,3 +34,23 @@ def test_helper(name, srcs = None, **kwargs):
         testonly = True,
         **kwargs
     )
+
+def simd_twin(name, test, gtest_filter, size = "medium"):
+    """`test` (a fabric_cc_test) run again with the CPU kernels held to AVX2 (tests/simd_twin.sh).
+
+    For parity tests: a bitwise parity or a bound that holds at one SIMD width only (AVX-512 with
+    or without AMX, AVX2) fails here on every machine, not just on the CI machine of one kind.
+
+    Args:
+      name: the twin's target.
+      test: the test target (its data come along).
+      gtest_filter: the tests of `test` to run (--gtest_filter).
+      size: Bazel's test size.
+    """
+    native.sh_test(
+        name = name,
+        srcs = ["//tests:simd_twin.sh"],
+        data = [test],
+        args = ["$(location %s)" % test, "--gtest_filter=" + gtest_filter],
+        size = size,
+    )

@@ -58,6 +58,11 @@ int main(int argc, char** argv) {
   const std::string variant = argv[1];
   const std::string kind = variant.substr(0, 2);
   const bool bf16 = variant == "2d_bf16", channels_last = variant == "2d_cl";
+  // Not bitwise: the reference reduces the whole batch's statistics in one sum, the ranks reduce
+  // their own and then combine counts, means and variances (Welford's merge); float32 rounds
+  // those two orders apart by a few ulps (2^-23 = 1.2e-7) in each of the statistics, the output,
+  // and the three gradient reductions, so 1e-5 (~80 ulps) bounds one forward/backward. bf16
+  // keeps 8 significant bits (2^-8 = 3.9e-3 per value): 3e-2 is ~8 such roundings.
   const double tolerance = bf16 ? 3e-2 : 1e-5;
   std::vector<int64_t> sizes;
   for (int i = 2; i < argc; ++i) sizes.push_back(std::atoll(argv[i]));
