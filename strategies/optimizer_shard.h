@@ -83,10 +83,10 @@ class OptimizerShard {
                  const std::vector<std::string>& names, c10::intrusive_ptr<c10d::ProcessGroup> pg);
 
   // The flat memory of a strategy that owns it. Segment s has elements[s] elements, split into
-  // N parts of S_s = shard_sizes[s] (its flat_layout); `memory[s]` and `grads[s]` are this rank's S_s elements
-  // of the values and of the gradients. place(p) names where parameter p (any parameter of the
-  // optimizer) lies: {segment, first element}; it throws fabric::Error for a tensor it does not
-  // hold.
+  // N parts of S_s = shard_sizes[s] (its flat_layout); `memory[s]` and `grads[s]` are this
+  // rank's S_s elements of the values and of the gradients. place(p) names where parameter p (any
+  // parameter of the optimizer) lies: {segment, first element}; it throws fabric::Error for a
+  // tensor it does not hold.
   struct Segments {
     std::vector<int64_t> elements;
     std::vector<int64_t> shard_sizes;  // each segment's S

@@ -105,6 +105,15 @@ inline double max_relative_difference(const c10::IValue& a, const c10::IValue& b
   return first_difference(a, b, "").empty() ? 0 : kStructure;
 }
 
+// "" when `a` and `b` agree: bitwise when `bound` is 0, else within `bound` (max relative);
+// otherwise what differs, for a test's message.
+inline std::string parity_failure(const c10::IValue& a, const c10::IValue& b,
+                                  const std::string& at, double bound) {
+  if (bound == 0) return first_difference(a, b, at);
+  const double d = max_relative_difference(a, b);
+  return d <= bound ? "" : at + ": max relative difference " + std::to_string(d);
+}
+
 }  // namespace fabric::testing
 
 #endif  // TESTS_CHECKPOINT_DIFF_H_

@@ -19,7 +19,7 @@
 #                   bf16 wires, ZeRO-1 16-mixed over NCCL, the recipe config in bf16, an async
 #                   checkpoint and resume=auto from it
 #     4. ranks      2 ranks on the one GPU (fabric.ddp.ranks_per_gpu=2, Gloo): fsdp full_shard /
-#                   shard_grad_op and ZeRO-1 against ddp (compare_weights.py), fsdp's async
+#                   shard_grad_op and ZeRO-1 bitwise ddp's (compare_weights.py), fsdp's async
 #                   sharded checkpoint resumed bitwise, a rank SIGKILLed under fabric.max_restarts
 #                   finishing bitwise like the uninterrupted run, the image classifier on npy and
 #                   on an image folder (pinned memory, loader threads); the GradScaler's inf
@@ -247,8 +247,7 @@ run() {
               checkpoint.every_n_epochs=0 fabric.precision=32-true fabric.sync_batchnorm=false
               fabric.deterministic=true)
     local rd="$work/ranks" cmp=("$python" "$here/compare_weights.py")
-    # Parity over 5 steps (lr 0.1 with momentum: longer runs measure the dynamics; on a CPU fsdp and
-    # ZeRO-1 stay bitwise with ddp for 5 steps and drift apart after 6-16, docs/gpu_verification.md).
+    # Parity: fsdp and ZeRO-1 are bitwise ddp's (docs/training.md, "Bitwise parity"), on a GPU too.
     CHECK_SUMMARY='accuracy' check "2 ranks ddp, 5 steps (reference)" 120 "$runsh" cifar10 --config=ddp.yaml \
       "${r2[@]}" trainer.max_steps=5 logging.run_dir="$rd/ddp5"
     local v
@@ -259,13 +258,14 @@ run() {
       # shellcheck disable=SC2086  # extra: several KEY=VALUE words
       CHECK_SUMMARY='^(bitwise|max_rel)' check "2 ranks $name vs ddp, 5 steps" 120 "$here/gpu_check.sh" _then \
         "$runsh" cifar10 --config="$config" "${r2[@]}" $extra trainer.max_steps=5 logging.run_dir="$rd/${name// /_}" \
-        -- "${cmp[@]}" "$rd/${name// /_}/weights.pt" "$rd/ddp5/weights.pt"
+        -- "${cmp[@]}" --bitwise "$rd/${name// /_}/weights.pt" "$rd/ddp5/weights.pt"
     done
     # 16 steps, a checkpoint every 4: resumes and restarts must be bitwise.
     CHECK_SUMMARY='accuracy' check "2 ranks ddp, 16 steps (reference)" 120 "$runsh" cifar10 --config=ddp.yaml \
       "${r2[@]}" logging.run_dir="$rd/ddp"
-    CHECK_SUMMARY='accuracy' check "2 ranks fsdp, async sharded checkpoints" 120 "$runsh" cifar10 \
-      --config=fsdp.yaml "${r2[@]}" fabric.fsdp.min_unit_params=1000 checkpoint.async=true logging.run_dir="$rd/fsdp"
+    CHECK_SUMMARY='^(bitwise|max_rel)' check "2 ranks fsdp, async sharded checkpoints vs ddp, 16 steps" 120 \
+      "$here/gpu_check.sh" _then "$runsh" cifar10 --config=fsdp.yaml "${r2[@]}" fabric.fsdp.min_unit_params=1000 \
+      checkpoint.async=true logging.run_dir="$rd/fsdp" -- "${cmp[@]}" --bitwise "$rd/fsdp/weights.pt" "$rd/ddp/weights.pt"
     CHECK_SUMMARY='^(bitwise|max_rel)' check "2 ranks fsdp resumed from step 8 (bitwise)" 120 \
       "$here/gpu_check.sh" _then "$runsh" cifar10 --config=fsdp.yaml "${r2[@]}" fabric.fsdp.min_unit_params=1000 \
       checkpoint.resume="$rd/fsdp/checkpoints/step-00000008.ckpt" logging.run_dir="$rd/fsdp_resumed" \

@@ -7,8 +7,8 @@
 //       the reduce-scatter: the GradScaler's found_inf agreement is what makes the others skip.
 //   cuda_ranks_helper syncbn [KEY=VALUE...]    fabric.sync_batchnorm over the 2 ranks, each with
 //       half of a global batch of 16, for 3 SGD steps; rank 0 also trains the same model (its
-//       BatchNorm unsynchronized: no process group) on the whole batch in its own process: weights and running statistics
-//       must agree to `max_rel` (printed).
+//       BatchNorm unsynchronized: no process group) on the whole batch in its own process: weights
+//       and running statistics must agree to `max_rel` (printed).
 // Prints "rank R: ..." lines; exits 0 when every check held on every rank, 1 otherwise, 77 when
 // no GPU is usable.
 #include <torch/torch.h>
@@ -37,7 +37,8 @@ void expect(bool ok, const fabric::Fabric& f, const std::string& what) {
 // The model's parameters and buffers, flattened on the CPU (as float64).
 torch::Tensor flat_state(torch::nn::Module& m) {
   std::vector<torch::Tensor> parts;
-  for (const auto& p : m.parameters()) parts.push_back(p.detach().cpu().to(torch::kDouble).flatten());
+  for (const auto& p : m.parameters())
+    parts.push_back(p.detach().cpu().to(torch::kDouble).flatten());
   for (const auto& b : m.buffers())
     if (b.is_floating_point()) parts.push_back(b.detach().cpu().to(torch::kDouble).flatten());
   return torch::cat(parts);
@@ -77,9 +78,10 @@ void overflow(fabric::Fabric& f) {
     const bool took = f.step(opt);
     stepped.push_back(took ? 1 : 0);
     const bool unchanged = torch::equal(before, flat_state(*model));
-    expect(took != unchanged, f, "step " + std::to_string(step) + ": Fabric::step said " +
-                                     (took ? "stepped" : "skipped") + " but the weights " +
-                                     (unchanged ? "stayed" : "moved"));
+    expect(took != unchanged, f,
+           "step " + std::to_string(step) + ": Fabric::step said " +
+               (took ? "stepped" : "skipped") + " but the weights " +
+               (unchanged ? "stayed" : "moved"));
   }
   expect(stepped[2] == 0, f, "step 3 (rank 1's inf gradient) was not skipped");
   const auto all_steps = f.all_gather(torch::tensor(stepped));
@@ -143,9 +145,10 @@ void syncbn(fabric::Fabric& f) {
     expect(got.numel() == want.numel(), f, "SyncBatchNorm model and reference differ in size");
     if (got.numel() == want.numel()) {
       const double d = max_rel(got, want);
-      std::printf("rank 0: SyncBatchNorm over %lld ranks vs BatchNorm on the global batch: "
-                  "max_rel=%.3g\n",
-                  static_cast<long long>(world), d);
+      std::printf(
+          "rank 0: SyncBatchNorm over %lld ranks vs BatchNorm on the global batch: "
+          "max_rel=%.3g\n",
+          static_cast<long long>(world), d);
       expect(d < 1e-4, f, "SyncBatchNorm differs from BatchNorm on the global batch");
       const double moved = max_rel(want, flat_state(*BnNet()));
       expect(moved > 1e-3, f, "the reference did not train");
