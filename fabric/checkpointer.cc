@@ -185,8 +185,14 @@ void Checkpointer::publish(const fs::path& path) {
   write_file_atomically(dir_ / "latest", path.filename().string() + "\n");
   if (keep_last_ <= 0) return;
   const auto files = checkpoints_in(dir_);
-  for (size_t i = 0; i + static_cast<size_t>(keep_last_) < files.size(); ++i)
-    if (files[i] != path) fs::remove_all(files[i]);
+  for (size_t i = 0; i + static_cast<size_t>(keep_last_) < files.size(); ++i) {
+    if (files[i] == path) continue;
+    std::error_code ec;
+    remove_tree(files[i], ec);
+    if (ec)
+      throw Error("cannot delete the old checkpoint " + files[i].string() +
+                  " (checkpoint.keep_last: " + std::to_string(keep_last_) + "): " + ec.message());
+  }
 }
 
 void Checkpointer::wait_for_write() {
@@ -229,7 +235,7 @@ void Checkpointer::remove_temporaries() {
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir_, ec))
     if (entry.path().filename().string().find(".tmp.") != std::string::npos)
-      fs::remove_all(entry.path(), ec);
+      remove_tree(entry.path(), ec);
 }
 
 fs::path Checkpointer::write(const std::string& file_name) {

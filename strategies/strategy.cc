@@ -44,7 +44,7 @@ void complete_sharded_folder(const std::filesystem::path& tmp, const std::filesy
   if (replacing) fs::rename(dir, old, ec);
   if (!ec) fs::rename(tmp, dir, ec);
   if (ec) throw Error("cannot write " + dir.string() + ": " + ec.message());
-  if (replacing) fs::remove_all(old, ec);
+  if (replacing) remove_tree(old, ec);
   sync_directory(dir.parent_path());
 }
 
@@ -67,7 +67,7 @@ std::filesystem::path Strategy::sharded_temporary_folder(const std::filesystem::
   const fs::path tmp = dir.string() + suffix;
   on_global_zero(*this, [&] {
     std::error_code ec;
-    fs::remove_all(tmp, ec);
+    remove_tree(tmp, ec);
     fs::create_directories(tmp, ec);
     if (ec) throw Error("cannot write " + dir.string() + ": " + tmp.string() + ": " + ec.message());
   });
@@ -97,7 +97,7 @@ void Strategy::save_sharded_checkpoint(const std::filesystem::path& dir,
     const std::string why = broadcast_string(*this, failure, first_failed);
     if (rank == 0) {
       std::error_code ec;
-      fs::remove_all(tmp, ec);
+      remove_tree(tmp, ec);
     }
     throw Error(why);
   }
@@ -120,7 +120,7 @@ std::function<void()> Strategy::sharded_checkpoint_writer(
       // ends the save at once.
       std::ofstream(tmp / (mine + ".failed")) << e.what();
       std::error_code ec;
-      if (rank == 0) fs::remove_all(tmp, ec);
+      if (rank == 0) remove_tree(tmp, ec);
       throw;
     }
     if (rank != 0) return;
@@ -143,7 +143,7 @@ std::function<void()> Strategy::sharded_checkpoint_writer(
               std::to_string(timeout.count() / 1000) + " s";
       }
       if (!why.empty()) {
-        fs::remove_all(tmp, ec);
+        remove_tree(tmp, ec);
         throw Error(why);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));

@@ -79,6 +79,7 @@ if ./tools/gpu_check.sh build --out="$tmp/b" >"$tmp/log" 2>&1 && mv "$tmp/b" "$t
       'g++ -O1 examples/cmake_consumer/ddp_train.cc -o "$0" $(pkg-config --cflags --libs fabricpp)' "$tmp/ddp_train" \
       >"$tmp/compile.log" 2>&1 &&
     trained=$(cd / && env -i PATH="$PATH" HOME="$HOME" "$tmp/ddp_train" fabric.strategy=ddp fabric.devices=2 \
+      "logging.run_dir=$tmp/run" \
       fabric.accelerator=cpu trainer.max_epochs=20 2>&1)
   runpath=$(readelf -d "$tmp"/prefix/lib/libfabricpp.so.*.*.* 2>/dev/null | sed -n 's/.*(RUNPATH).*\[\(.*\)\]/\1/p')
   if grep -q '^ranks 2: replicas identical' <<<"${trained:-}" && [[ "$runpath" == '$ORIGIN:'* ]]; then
@@ -188,5 +189,15 @@ check_no_deps deps_implementation_not_on_facade \
 # such as examples/, sees no target of theirs but the build stamp; it uses //:fabric.
 check_no_deps visibility_implementation_private \
   'visible(//examples:cifar10, //fabric/... + //strategies/...) except //fabric/core:stamp'
+
+# 8. No std::filesystem::remove_all in what users link: the torch wheel's libtorch.so exports a
+#    copy of it that jumps to address 0, and CMake consumers link libtorch.so before libstdc++
+#    (fabric::remove_tree in fabric/core/atomic_file.h is the replacement).
+found=$(grep -rn --include='*.cc' --include='*.h' 'remove_all(' fabric strategies | grep -v '^fabric/core/atomic_file' || true)
+if [ -z "$found" ]; then
+  pass library_avoids_libtorch_remove_all
+else
+  fail library_avoids_libtorch_remove_all "use fabric::remove_tree: $(head -n 3 <<<"$found" | tr '\n' ' ')"
+fi
 
 exit $failed

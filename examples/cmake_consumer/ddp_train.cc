@@ -1,6 +1,7 @@
 // A research program built with CMake against an installed Fabric++: an MLP learns which of two
 // interleaved spirals a point lies on. Run with `fabric.strategy=ddp fabric.devices=2` it trains in
-// two processes; at the end every rank checks that its parameters equal rank 0's bit for bit.
+// two processes; at the end every rank checks that its parameters equal rank 0's bit for bit. It
+// writes a run folder (logging.run_dir) with checkpoints (checkpoint.*).
 // Usage: ddp_train [--config=FILE] [key=value ...]
 // Exit status: 0 trained (accuracy >= 0.9) with identical replicas; 1 otherwise; 2 bad config.
 #include <torch/torch.h>
@@ -36,13 +37,23 @@ int main(int argc, char** argv) {
       f.setup(model, *optimizer);
       auto dataset = two_spirals(1024);
       auto loader = f.setup_dataloader(dataset, fabric::DataLoaderOptions().batch_size(64).shuffle(true));
-      for (int64_t epoch = 0; epoch < config.get_int("trainer.max_epochs"); ++epoch) {
+      // The run's folder (logging.run_dir) and checkpoints by the checkpoint: keys (every epoch,
+      // the newest 3 kept; checkpoint.resume=auto continues the last run).
+      fabric::RunDirectory run = f.create_run_directory("ddp_train");
+      fabric::CheckpointState state;
+      state.add("model", *model).add("optimizer", *optimizer).add("loader", loader);
+      fabric::Checkpointer checkpoints(f, state, "ddp_train", run.path());
+      for (int64_t epoch = checkpoints.epoch(); epoch < config.get_int("trainer.max_epochs");
+           ++epoch) {
         for (fabric::Batch& batch : loader) {
           optimizer->zero_grad();
           f.backward(torch::cross_entropy_loss(model->forward(batch.data), batch.target));
           f.step(*optimizer);
+          checkpoints.step_end();
         }
+        checkpoints.epoch_end();
       }
+      checkpoints.finish();
       // Every rank: accuracy on the whole set, and its parameters against rank 0's.
       torch::NoGradGuard no_grad;
       auto x = f.to_device(dataset.data());

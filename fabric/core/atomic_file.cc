@@ -1,10 +1,13 @@
 #include "fabric/core/atomic_file.h"
 
 #include <fcntl.h>
+#include <ftw.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -99,6 +102,40 @@ void write_file_atomically(const fs::path& path, std::string_view bytes) {
   AtomicFile file(path);
   file.write(bytes);
   file.commit();
+}
+
+namespace {
+
+// nftw's callback has no user argument: the count and the first error of the walk in progress
+// (one walk at a time per thread).
+thread_local std::uintmax_t t_removed = 0;
+thread_local int t_errno = 0;
+
+int remove_entry(const char* path, const struct stat*, int, struct FTW*) {
+  if (::remove(path) != 0) {
+    t_errno = errno;
+    return 1;  // stop the walk
+  }
+  ++t_removed;
+  return 0;
+}
+
+}  // namespace
+
+std::uintmax_t remove_tree(const std::filesystem::path& path, std::error_code& ec) noexcept {
+  ec.clear();
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno != ENOENT) ec.assign(errno, std::generic_category());
+    return 0;
+  }
+  t_removed = 0;
+  t_errno = 0;
+  // Depth first (a folder after its entries), not following symbolic links, up to 64 open
+  // folders at a time.
+  const int rc = ::nftw(path.c_str(), remove_entry, 64, FTW_DEPTH | FTW_PHYS);
+  if (rc != 0) ec.assign(t_errno != 0 ? t_errno : errno, std::generic_category());
+  return t_removed;
 }
 
 }  // namespace fabric

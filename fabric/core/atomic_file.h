@@ -3,7 +3,9 @@
 #ifndef FABRIC_CORE_ATOMIC_FILE_H_
 #define FABRIC_CORE_ATOMIC_FILE_H_
 
+#include <cstdint>
 #include <filesystem>
+#include <system_error>
 #include <string>
 #include <string_view>
 
@@ -39,6 +41,16 @@ class AtomicFile {
 
 // fsyncs a folder so that renames inside it survive a crash. Throws fabric::Error on failure.
 void sync_directory(const std::filesystem::path& dir);
+
+// Deletes `path` and, when it is a folder, everything under it (symbolic links themselves, not
+// what they point to), like std::filesystem::remove_all; a missing `path` is no error. Returns
+// how many entries it deleted, or sets `ec` (stopping at the first failure) and returns what it
+// deleted until then. Use this, not std::filesystem::remove_all: the torch wheel's libtorch.so
+// exports its own copy of remove_all, which jumps to address 0; a program that links libtorch.so
+// before libstdc++ (CMake's ${TORCH_LIBRARIES} does) calls that copy (reproduced with LibTorch
+// 2.11; its other std::filesystem exports work). tools/ci_checks.sh keeps remove_all out of the
+// library.
+std::uintmax_t remove_tree(const std::filesystem::path& path, std::error_code& ec) noexcept;
 
 }  // namespace fabric
 

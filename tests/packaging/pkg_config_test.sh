@@ -11,7 +11,7 @@ out=$(run_readme_snippet pkg-config "$work" 2>&1); rc=$?
 check "README's pkg-config snippet exits 0 (got $rc: $(tail -n 5 <<<"$out"))" test $rc -eq 0
 check "it trained on 2 ranks with identical replicas" grep -q '^ranks 2: replicas identical' <<<"$out"
 if [ -x "$work/ddp_train" ]; then
-  out=$("$work/ddp_train" trainer.max_epochs=20 2>&1); rc=$?
+  out=$(cd "$work" && ./ddp_train trainer.max_epochs=20 2>&1); rc=$?
   check "one process: exit 0 and 1 rank (got $rc: $(tail -n 2 <<<"$out"))" \
     grep -q '^ranks 1: replicas identical' <<<"$out"
   needed=$(readelf -d "$work/ddp_train" | grep -c "libfabricpp.so.$FABRIC_SOVERSION")
