@@ -99,6 +99,25 @@ Checkpointer::Checkpointer(Fabric& f, CheckpointState state, const std::string& 
   async_ = c.get_bool("checkpoint.async");
   state_.add("checkpointer.step", step_).add("checkpointer.epoch", epoch_);
   resume(c.get_string("checkpoint.resume"));
+  claim_dir();
+}
+
+void Checkpointer::claim_dir() {
+  std::string newest;  // of another run's checkpoints in dir_ (rank 0 looks)
+  if (f_.is_global_zero()) {
+    const auto files = checkpoints_in(dir_);
+    std::error_code ec;
+    const bool continues = !resumed_from_.empty() &&
+                           fs::equivalent(fs::path(resumed_from_).parent_path(), dir_, ec);
+    if (!files.empty() && !continues) newest = files.back().filename().string();
+  }
+  if (f_.world_size() > 1) newest = f_.broadcast(newest);
+  if (newest.empty()) return;
+  throw f_.config().error_at(
+      "checkpoint.dir",
+      dir_.string() + " holds the checkpoints of another run (newest " + newest +
+          "), which this run would overwrite; continue that run with checkpoint.resume=auto (or "
+          "its path), or give this run a folder of its own (the default {run_dir}/checkpoints)");
 }
 
 Checkpointer::~Checkpointer() {

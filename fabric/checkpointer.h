@@ -17,6 +17,11 @@
 // after that checkpoint is complete on every rank. Older checkpoints beyond keep_last are then
 // deleted; temporary files left by a killed save are removed.
 //
+// A checkpoint folder belongs to one run. A run whose checkpoint.dir already holds checkpoints
+// continues them (it resumed from one of them: resume auto, a path, a restart) or stops before
+// training with a one-line error naming the folder, its newest checkpoint and the fix; it never
+// writes over another run's checkpoints.
+//
 // resume: auto takes the newest complete checkpoint (by modification time) of this program's
 // earlier runs: the folders logging.run_dir matches with any {timestamp} (and "-N" suffixes),
 // each with checkpoint.dir inside. Unreadable or damaged files are skipped with a warning; with
@@ -125,6 +130,9 @@ class Checkpointer {
                             const std::vector<std::pair<std::string, std::string>>& fields);
   void resume(const std::string& configured);
   void load_from(const std::string& chosen);
+  // A checkpoint folder belongs to one run: when dir_ holds checkpoints and this run did not
+  // resume from one of them, a ConfigError naming checkpoint.dir (before anything is written).
+  void claim_dir();
   void prepare_dir();  // rank 0: the folder exists, a killed save's temporary files are gone
   void remove_temporaries();  // rank 0: every *.tmp.* file and folder of the checkpoint folder
   void publish(const std::filesystem::path& path);  // rank 0: `latest`, then rotation

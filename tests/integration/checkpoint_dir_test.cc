@@ -1,0 +1,69 @@
+// A checkpoint folder belongs to one run (fabric/checkpointer.h): a second run into a folder that
+// holds another run's checkpoints continues them when it resumes from one, and otherwise stops
+// before training with one line naming the folder and the fix, leaving every file as it was; a
+// run with its own folder writes beside them.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <string>
+
+#include "tests/integration/resume_helper_job.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+class CheckpointDirTest : public fabric::testing::ResumeHelperJob {
+ protected:
+  CheckpointDirTest() : ResumeHelperJob("checkpoint.every_n_steps=4 checkpoint.keep_last=0 ") {}
+
+  // Each file of `folder` (checkpoints and `latest`) with its bytes.
+  std::map<std::string, std::string> files(const std::string& folder) {
+    std::map<std::string, std::string> out;
+    for (const auto& e : fs::recursive_directory_iterator(dir_ / folder))
+      if (e.is_regular_file()) {
+        std::ifstream in(e.path(), std::ios::binary);
+        out[e.path().lexically_relative(dir_).string()] =
+            std::string(std::istreambuf_iterator<char>(in), {});
+      }
+    return out;
+  }
+};
+
+TEST_F(CheckpointDirTest, ASecondRunContinuesTheFolderOrStopsWithoutTouchingIt) {
+  for (const std::string devices : {"1", "2"}) {
+    SCOPED_TRACE("fabric.devices=" + devices);
+    const std::string job = "fabric.devices=" + devices + " ";
+    const std::string shared = "shared" + devices;
+    auto first = run(job + "trainer.max_steps=8 checkpoint.dir=" + shared);
+    ASSERT_EQ(first.code, 0) << first.out;
+    const auto before = files(shared);
+    ASSERT_TRUE(before.count(shared + "/step-00000008.ckpt")) << first.out;
+
+    // Without resuming: refused before training, every byte as it was.
+    auto second = run(job + "checkpoint.dir=" + shared);
+    EXPECT_EQ(second.code, 2) << second.out;
+    EXPECT_NE(second.out.find("checkpoint.dir: " + (dir_ / shared).string() +
+                              " holds the checkpoints of another run (newest "
+                              "step-00000008.ckpt), which this run would overwrite; continue that "
+                              "run with checkpoint.resume=auto (or its path), or give this run a "
+                              "folder of its own (the default {run_dir}/checkpoints)"),
+              std::string::npos)
+        << second.out;
+    EXPECT_TRUE(files(shared) == before);
+
+    // Resuming from one of them: the run continues the folder.
+    auto resumed = run(job + "checkpoint.dir=" + shared + " checkpoint.resume=" + shared);
+    EXPECT_EQ(resumed.code, 0) << resumed.out;
+    EXPECT_TRUE(fs::exists(dir_ / shared / "step-00000016.ckpt")) << resumed.out;
+
+    // With a folder of its own (the default {run_dir}/checkpoints): beside them.
+    auto own = run(job);
+    EXPECT_EQ(own.code, 0) << own.out;
+  }
+}
+
+}  // namespace
