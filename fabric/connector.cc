@@ -162,6 +162,21 @@ void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) 
                          " need an external launcher (torchrun, srun or mpirun) that "
                          "starts the processes on every node; or use 1");
   }
+  // Under a launcher the processes are its: a count in fabric.devices that contradicts them would
+  // otherwise be ignored in silence (or leave a rank without a device).
+  const DeviceRequest request = c.get_devices("fabric.devices");
+  const int64_t launched = s.environment->local_world_size();
+  const auto asked = static_cast<int64_t>(s.devices.size());
+  if (s.environment->creates_processes_externally() && want != "dp" && !request.is_auto &&
+      request.count != -1 && launched > 0 && asked != launched) {
+    throw c.error_at("fabric.devices",
+                     c.get_text("fabric.devices") + " (" + plural(asked, "process") +
+                         " on this machine) contradicts " + s.environment->name() +
+                         ", which started " + std::to_string(launched) +
+                         " here; use auto (the launcher decides) or " +
+                         (request.ids.empty() ? std::to_string(launched)
+                                              : "a list of " + std::to_string(launched) + " ids"));
+  }
   s.max_restarts = c.get_int("fabric.max_restarts");
   s.restart_backoff = std::chrono::milliseconds(
       static_cast<int64_t>(c.get_double("fabric.restart_backoff_s") * 1000));

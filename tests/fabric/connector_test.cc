@@ -195,6 +195,35 @@ TEST(ConnectorTest, CudaBackendAndRanksSharingAGpu) {
   EXPECT_NE(s.warnings[0].find("cannot be captured"), std::string::npos) << s.warnings[0];
 }
 
+// Under torchrun --nproc-per-node=2 the processes are the launcher's: fabric.devices may say auto,
+// -1 or the same count, and anything else is an error rather than ignored.
+TEST(ConnectorTest, DevicesThatContradictTheLauncherAreAnError) {
+  for (const bool gpu : {false, true}) {
+    MachineFacts m = gpu ? gpu_machine(2) : cpu_machine();
+    m.environment = [](const std::string& name) -> std::optional<std::string> {
+      const std::map<std::string, std::string> vars = {
+          {"TORCHELASTIC_RUN_ID", "x"}, {"RANK", "1"},          {"WORLD_SIZE", "2"},
+          {"LOCAL_RANK", "1"},          {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_PORT", "29500"}};
+      auto it = vars.find(name);
+      return it == vars.end() ? std::nullopt : std::optional<std::string>(it->second);
+    };
+    SCOPED_TRACE(gpu ? "gpu" : "cpu");
+    const std::string launcher = resolve({}, m).environment->name();
+    EXPECT_EQ(error_of({"fabric.devices=1"}, m),
+              "command line: fabric.devices: 1 (1 process on this machine) contradicts " +
+                  launcher + ", which started 2 here; use auto (the launcher decides) or 2");
+    EXPECT_EQ(resolve({"fabric.devices=2"}, m).environment->world_size(), 2);
+    EXPECT_EQ(resolve({"fabric.devices=auto"}, m).environment->world_size(), 2);
+    if (gpu) {
+      EXPECT_EQ(resolve({"fabric.devices=-1"}, m).device.str(), "cuda:1");
+      EXPECT_EQ(error_of({"fabric.devices=[1]"}, m),
+                "command line: fabric.devices: [1] (1 process on this machine) contradicts " +
+                    launcher + ", which started 2 here; use auto (the launcher decides) or a "
+                    "list of 2 ids");
+    }
+  }
+}
+
 TEST(ConnectorTest, ExternalLaunchersSetTheWorld) {
   MachineFacts m = gpu_machine(4);
   m.environment = [](const std::string& name) -> std::optional<std::string> {
