@@ -99,6 +99,17 @@ TEST(SweepSpec, ErrorsNameTheLineAndTheFix) {
   EXPECT_EQ(error_of(std::string(kHead)), "s.yaml: nothing to sweep: add grid:, list:, space: or seeds:");
 }
 
+// yaml-cpp keeps a key given twice; the last one used to win in silence (a grid of two "points"
+// at one value, a second metric: ranking the runs).
+TEST(SweepSpec, AKeyGivenTwiceIsAnErrorAtTheSecond) {
+  EXPECT_EQ(error_of(std::string(kHead) + "grid:\n  optimizer.lr: [0.1]\n  optimizer.lr: [0.5]\n"),
+            "s.yaml:6:3: grid.optimizer.lr: duplicate key (first at line 5); give each key once");
+  EXPECT_EQ(error_of(std::string(kHead) + "metric: loss\ngrid: {a.b: [1]}\n"),
+            "s.yaml:4:1: metric: duplicate key (first at line 2); give each key once");
+  EXPECT_EQ(error_of(std::string(kHead) + "list:\n  - {a.b: 1, a.b: 2}\n"),
+            "s.yaml:5:14: list[0].a.b: duplicate key (first at line 5); give each key once");
+}
+
 std::map<std::string, RunRecord> records(const SweepSpec& spec,
                                          const std::map<std::string, double>& metric) {
   std::map<std::string, RunRecord> out;

@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "fabric/config/yaml_load.h"
 #include "fabric/core/error.h"
 #include "fabric/core/hash.h"
 #include "fabric/core/suggest.h"
@@ -102,13 +103,7 @@ std::map<std::string, std::string> short_names(const std::vector<std::string>& k
 
 SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
   Parser p(file);
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml);
-  } catch (const YAML::ParserException& e) {
-    throw ConfigError(file + ":" + std::to_string(e.mark.line + 1) + ":" +
-                      std::to_string(e.mark.column + 1) + ": YAML syntax error: " + e.msg);
-  }
+  const YAML::Node root = load_yaml(yaml, file);  // syntax errors and duplicate keys
   if (!root.IsMap())
     throw ConfigError(
         file + ": a sweep file is a mapping with binary:, metric:, mode: and grid: or list:");
