@@ -18,6 +18,7 @@
 
 #include "fabric/checkpoint/sharded.h"
 #include "fabric/core/error.h"
+#include "fabric/core/suggest.h"
 #include "fabric/distributed/process_group.h"
 #include "fabric/nn/module_type.h"
 
@@ -75,8 +76,13 @@ ShardedParameters::ShardedParameters(torch::nn::Module& module,
     }
     units_.push_back(std::move(u));
   };
+  std::set<std::string> types_seen;  // the module types, as fabric.fsdp.wrap_modules names them
+  std::set<std::string> names_matched;
   std::function<Named(torch::nn::Module&, const std::string&, bool)> visit =
       [&](torch::nn::Module& m, const std::string& path, bool root) -> Named {
+    types_seen.insert(module_type_stem(m.name()));
+    for (const auto& n : policy_.wrap_modules)
+      if (type_matches(m.name(), {n})) names_matched.insert(n);
     Named mine;
     for (const auto& item : m.named_parameters(/*recurse=*/false)) {
       const torch::Tensor& t = item.value();
@@ -102,6 +108,12 @@ ShardedParameters::ShardedParameters(torch::nn::Module& module,
     return mine;
   };
   Named rest = visit(module, "", true);
+  // A name that matches no module would leave its modules unsharded in silence (a typo).
+  const std::vector<std::string> types(types_seen.begin(), types_seen.end());
+  for (const auto& n : policy_.wrap_modules)
+    if (!names_matched.count(n))
+      throw Error("fabric.fsdp.wrap_modules: '" + n + "' is no module type of this model" +
+                  did_you_mean(n, types) + " (its types: " + join(types) + ")");
   if (!rest.empty()) make_unit("(root)", true, rest);
   if (units_.empty())
     throw Error(std::string(kKey) + ": the module has no parameters that require gradients");

@@ -421,6 +421,16 @@ TEST_F(FsdpTest, UnsupportedCombinationsNameTheKey) {
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("fabric.sync_batchnorm"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("not supported with fabric.strategy: fsdp"), std::string::npos) << r.out;
+  // A wrap_modules name that matches no module type (a typo) would leave those modules in the
+  // root unit in silence: an error naming it, the closest type and the model's types.
+  r = run("fabric.devices=2 fabric.strategy=fsdp fabric.fsdp.wrap_modules=Conv2d,Lineer "
+          "fabric.fsdp.min_unit_params=0");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("fabric.fsdp.wrap_modules: 'Lineer' is no module type of this model; did "
+                       "you mean 'Linear'? (its types: "),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("'Conv2d' is no module type"), std::string::npos) << r.out;
 }
 
 }  // namespace
