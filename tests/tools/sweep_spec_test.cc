@@ -99,6 +99,27 @@ TEST(SweepSpec, ErrorsNameTheLineAndTheFix) {
   EXPECT_EQ(error_of(std::string(kHead)), "s.yaml: nothing to sweep: add grid:, list:, space: or seeds:");
 }
 
+// Sizes are checked before any run is planned (a huge trials: used to spin for minutes).
+TEST(SweepSpec, MoreThan100000RunsAreRefusedAtOnce) {
+  EXPECT_EQ(error_of(std::string(kHead) + "search: random\ntrials: 2000000000\n" +
+                     "space: {optimizer.lr: loguniform(1e-4, 1)}\n"),
+            "s.yaml:5:9: trials: 2000000000 is more runs than a sweep takes (at most 100000); "
+            "lower trials:");
+  std::string grid = std::string(kHead) + "grid:\n";
+  for (const char* k : {"a.a", "a.b", "a.c", "a.d", "a.e", "a.f"})
+    grid += std::string("  ") + k + ": [1, 2, 3, 4, 5, 6, 7, 8]\n";
+  EXPECT_EQ(error_of(grid),
+            "s.yaml:10:3: grid: with a.f the grid holds 32768 × 8 points, more than a sweep takes "
+            "(at most 100000); fewer values or a random search:");
+  std::string seeded = std::string(kHead) + "seeds: [";
+  for (int i = 0; i < 20; ++i) seeded += std::to_string(i) + (i < 19 ? ", " : "]\ngrid:\n");
+  for (const char* k : {"a.a", "a.b", "a.c", "a.d", "a.e"})
+    seeded += std::string("  ") + k + ": [1, 2, 3, 4, 5, 6, 7, 8]\n";
+  EXPECT_EQ(error_of(seeded),
+            "s.yaml: the sweep expands to 32768 points × 1 list entries × 20 seeds, more runs than "
+            "a sweep takes (at most 100000)");
+}
+
 // yaml-cpp keeps a key given twice; the last one used to win in silence (a grid of two "points"
 // at one value, a second metric: ranking the runs).
 TEST(SweepSpec, AKeyGivenTwiceIsAnErrorAtTheSecond) {

@@ -101,6 +101,10 @@ std::map<std::string, std::string> short_names(const std::vector<std::string>& k
   return names;
 }
 
+// The most runs one sweep file may expand to: far beyond any sweep's budget, well before its
+// state and plans fill memory (2,000,000,000 trials used to spin drawing points for minutes).
+constexpr int64_t kMaxRuns = 100000;
+
 SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
   Parser p(file);
   const YAML::Node root = load_yaml(yaml, file);  // syntax errors and duplicate keys
@@ -183,6 +187,9 @@ SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
       spec.study = p.scalar(v, key);
     } else if (key == "trials") {
       spec.trials = p.integer(v, key, 1);
+      if (spec.trials > kMaxRuns)
+        p.fail(v, "trials: " + v.Scalar() + " is more runs than a sweep takes (at most " +
+                      std::to_string(kMaxRuns) + "); lower trials:");
     } else if (key == "random_seed") {
       spec.random_seed = static_cast<uint64_t>(p.integer(v, key, 0));
     } else if (key == "pruner") {
@@ -270,6 +277,11 @@ SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
       const std::string k = g.first.Scalar();
       if (!g.second.IsSequence() || g.second.size() == 0)
         p.fail(g.second, "grid: " + k + ": expected a list of values, e.g. [0.1, 0.2]");
+      if (points.size() * g.second.size() > static_cast<size_t>(kMaxRuns))
+        p.fail(g.first, "grid: with " + k + " the grid holds " + std::to_string(points.size()) +
+                            " × " + std::to_string(g.second.size()) +
+                            " points, more than a sweep takes (at most " +
+                            std::to_string(kMaxRuns) + "); fewer values or a random search:");
       std::vector<std::vector<Value>> next;
       for (const auto& point : points)
         for (const auto& value : g.second) {
@@ -336,6 +348,14 @@ SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
   std::vector<std::optional<int64_t>> seeds;
   for (int64_t s : spec.seeds) seeds.emplace_back(s);
   if (seeds.empty()) seeds.emplace_back();
+  if (static_cast<double>(seeds.size()) * static_cast<double>(entries.size()) *
+          static_cast<double>(points.size()) >
+      kMaxRuns)
+    throw ConfigError(file + ": the sweep expands to " + std::to_string(points.size()) +
+                      " points × " + std::to_string(entries.size()) + " list entries × " +
+                      std::to_string(seeds.size()) +
+                      " seeds, more runs than a sweep takes (at most " +
+                      std::to_string(kMaxRuns) + ")");
   std::set<std::string> seen;
   for (const auto& seed : seeds)  // seeds outermost: every point gets a first result early
     for (const auto& entry : entries)
