@@ -81,6 +81,16 @@ void Fabric::setup_optimizer(torch::optim::Optimizer& optimizer) {
 DataLoader Fabric::setup_dataloader(std::shared_ptr<const Dataset> dataset,
                                     DataLoaderOptions options) {
   if (!options.seed()) options.seed(setup_->seed);
+  // Loader threads beyond a few per CPU add memory (each holds batches in flight), not speed: at
+  // most max(8, 4 per CPU of this process). The batches do not depend on the thread count.
+  const int64_t cpus = std::max<int64_t>(setup_->num_threads, 1);
+  const int64_t most = std::max<int64_t>(8, 4 * cpus);
+  if (options.num_workers() > most) {
+    print("warning: data.num_workers: ", options.num_workers(), " loader threads for ",
+          cpus, " CPU(s) per process; using ", most,
+          " (at most max(8, 4 per CPU): more only add memory)");
+    options.num_workers(most);
+  }
   LoaderPlacement placement;
   placement.num_replicas = world_size();
   placement.rank = global_rank();

@@ -132,6 +132,24 @@ TEST(FabricTest, PrecisionsConvertAndTrain) {
   }
 }
 
+// data.num_workers=1000 on a small machine: bounded (each thread holds batches in flight) with one
+// warning line; a sensible count is kept.
+TEST(FabricTest, LoaderThreadsAreBoundedByTheCpus) {
+  fabric::Fabric f(config({"fabric.num_threads=3"}), kCpu);
+  testing::internal::CaptureStdout();
+  auto many = f.setup_dataloader(data(), fabric::DataLoaderOptions().num_workers(1000));
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_EQ(many.options().num_workers(), 12);
+  EXPECT_NE(out.find("warning: data.num_workers: 1000 loader threads for 3 CPU(s) per process; "
+                     "using 12 (at most max(8, 4 per CPU): more only add memory)"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(f.setup_dataloader(data(), fabric::DataLoaderOptions().num_workers(5))
+                .options()
+                .num_workers(),
+            5);
+}
+
 TEST(FabricTest, PropertiesDescribeASingleProcess) {
   fabric::Fabric fabric(config(), kCpu);
   EXPECT_EQ(fabric.world_size(), 1);
