@@ -141,6 +141,23 @@ TEST_F(SweepPrunerTest, MedianStopsRunsBelowTheMedianOfFinishedRuns) {
   EXPECT_EQ(rows[5].rfind("| 2 | 0.15 |", 0), 0u) << rows[5];
 }
 
+// A pruner metric that no run logs (a typo) leaves the pruner without reports: the sweep says so
+// once, naming the closest column, and runs every point to the end.
+TEST_F(SweepPrunerTest, APrunerMetricNoRunLogsIsAWarningNamingTheClosestColumn) {
+  write_sweep("grid:\n  optimizer.lr: [0.2, 0.1]\nmetric: fake_metric\nmode: max\n"
+              "pruner: {type: median, metric: fake/scor, min_steps: 3, min_runs: 1}\n");
+  auto r = train("typo", 10);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("warning: pruner: 'fake/scor' is no column of "), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("metrics.csv; did you mean 'fake/score'? (its columns: "),
+            std::string::npos)
+      << r.out;
+  const size_t first = r.out.find("warning: pruner:");
+  EXPECT_EQ(r.out.find("warning: pruner:", first + 1), std::string::npos) << r.out;  // once
+  EXPECT_NE(r.out.find("2 done, 0 failed"), std::string::npos) << r.out;  // none pruned
+}
+
 // A run the pruner judges at its last report, SIGTERMed while it exits (after its summary.json),
 // keeps its result: done, not pruned.
 TEST_F(SweepPrunerTest, ARunThatFinishedBeforeTheSigtermTookEffectIsDone) {

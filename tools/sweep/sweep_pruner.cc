@@ -6,6 +6,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "fabric/core/suggest.h"
+
 namespace fabric::sweep {
 namespace {
 
@@ -119,7 +121,8 @@ std::string resource_text(const PrunerSpec& spec, double resource) {
 }
 
 std::map<double, double> read_reports(const std::filesystem::path& metrics_csv,
-                                      const PrunerSpec& spec) {
+                                      const PrunerSpec& spec, std::vector<std::string>* columns) {
+  if (columns != nullptr) columns->clear();
   std::map<double, double> reports;
   std::ifstream file(metrics_csv, std::ios::binary);
   std::ostringstream text;
@@ -130,6 +133,7 @@ std::map<double, double> read_reports(const std::filesystem::path& metrics_csv,
   std::string line;
   if (!std::getline(in, line)) return reports;
   const std::vector<std::string> header = split_csv_line(line);
+  if (columns != nullptr) *columns = header;
   const std::string axis = spec.by_epoch ? "epoch" : "step";
   const auto column = [&](const std::string& name) {
     return std::find(header.begin(), header.end(), name) - header.begin();
@@ -191,7 +195,21 @@ bool PruneWatch::read(const SweepRun& run, const std::filesystem::path& metrics_
   seen->second = version;
   RunRecord& rec = state_[run.id];
   bool changed = false;
-  for (const auto& [at, value] : read_reports(metrics_csv, spec_)) {
+  std::vector<std::string> columns;
+  const auto reports = read_reports(metrics_csv, spec_, &columns);
+  if (!warned_ && !columns.empty()) {
+    // A name no run logs would leave the pruner without reports, deciding nothing, in silence.
+    const std::string axis = spec_.by_epoch ? "epoch" : "step";
+    for (const std::string& want : {spec_.metric, axis}) {
+      if (std::find(columns.begin(), columns.end(), want) != columns.end()) continue;
+      warned_ = true;
+      warning_ = "pruner: '" + want + "' is no column of " + metrics_csv.string() +
+                 did_you_mean(want, columns) + " (its columns: " + join(columns) +
+                 "); the pruner stops no run without it";
+      break;
+    }
+  }
+  for (const auto& [at, value] : reports) {
     auto [it, inserted] = rec.reports.emplace(at, value);
     if (!inserted && it->second == value) continue;
     it->second = value;
@@ -206,6 +224,13 @@ std::optional<std::string> PruneWatch::verdict(const SweepRun& run) {
   auto reason = decide(spec_, run.id, state_.runs(), &rung);
   state_[run.id].rung = rung;
   return reason;
+}
+
+std::optional<std::string> PruneWatch::take_warning() {
+  if (warning_.empty()) return std::nullopt;
+  std::string w;
+  w.swap(warning_);
+  return w;
 }
 
 void PruneWatch::ended(const SweepRun& run) {

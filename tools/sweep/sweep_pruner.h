@@ -38,9 +38,11 @@ namespace fabric::sweep {
 
 // The reports in a metrics.csv: resource → value of `spec.metric` (rows without a value, or
 // with a non-finite one, are left out; a later row at the same resource replaces an earlier one).
-// Empty when the file is missing or has no such column. Never throws.
+// Empty when the file is missing or has no such column. Never throws. `columns`, when given,
+// receives the file's header (empty for a missing or empty file).
 std::map<double, double> read_reports(const std::filesystem::path& metrics_csv,
-                                      const PrunerSpec& spec);
+                                      const PrunerSpec& spec,
+                                      std::vector<std::string>* columns = nullptr);
 
 // The decision for run `id` after its reports in `records` grew: the reason it must stop
 // ("test/accuracy 0.41 at step 2 is not in the top 1 of the 5 runs at rung 0 (step 2)"), or
@@ -75,6 +77,9 @@ class PruneWatch {
   std::optional<std::string> verdict(const SweepRun& run);
   // A run ended with a result: under asha (own rules) the highest rung its reports reached.
   void ended(const SweepRun& run);
+  // Once per sweep, when a run's metrics.csv has a header without the pruner's metric (or its
+  // step/epoch column): the line saying so, with the closest column; nullopt otherwise.
+  std::optional<std::string> take_warning();
   // The pruned runs to resume now (asha, own rules), best first.
   std::vector<std::string> promotions() const;
 
@@ -82,6 +87,8 @@ class PruneWatch {
   const PrunerSpec& spec_;
   SweepState& state_;
   Decider external_;
+  std::string warning_;   // not yet taken
+  bool warned_ = false;   // a warning was made (once per sweep)
   // metrics.csv → its (modification time, size) when last parsed.
   std::map<std::filesystem::path, std::pair<std::filesystem::file_time_type, uintmax_t>> read_at_;
 };

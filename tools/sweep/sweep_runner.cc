@@ -213,7 +213,9 @@ int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& o
       if (dir.empty()) return false;
       r.metrics = fs::path(dir) / "metrics.csv";
     }
-    return watch.read(*r.run, r.metrics);
+    const bool changed = watch.read(*r.run, r.metrics);
+    if (const auto warning = watch.take_warning()) out << "warning: " << *warning << std::endl;
+    return changed;
   };
   // The pruner's look at every running run with new reports: SIGTERM to those it stops.
   auto prune = [&]() {
