@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "fabric/config/internal/value.h"
+#include "fabric/config/yaml_load.h"
 #include "fabric/core/hash.h"
 #include "fabric/core/paths.h"
 #include "fabric/core/suggest.h"
@@ -29,8 +30,7 @@ struct Entry {
 using Entries = std::map<std::string, Entry>;
 
 std::string location(const std::string& file, const YAML::Mark& mark) {
-  if (mark.is_null()) return file;
-  return file + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
+  return yaml_location(file, mark);
 }
 
 [[noreturn]] void fail(const std::string& where, const std::string& message) {

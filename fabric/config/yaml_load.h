@@ -16,6 +16,10 @@ namespace fabric {
 // flattens them.
 YAML::Node load_yaml(const std::string& text, const std::string& file);
 
+// "FILE:LINE:COL" of `mark` (1-based), or FILE when the mark is null: how every YAML error of this
+// project names its place.
+std::string yaml_location(const std::string& file, const YAML::Mark& mark);
+
 }  // namespace fabric
 
 #endif  // FABRIC_CONFIG_YAML_LOAD_H_

@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "fabric/config/yaml_load.h"
 #include "fabric/core/error.h"
 #include "tools/sweep/sweep_space.h"
 #include "tools/sweep/sweep_spec.h"
@@ -21,11 +22,7 @@ class Parser {
  public:
   Parser(std::string file) : file_(std::move(file)) {}
 
-  std::string at(const YAML::Node& node) const {
-    const YAML::Mark m = node.Mark();
-    if (m.is_null()) return file_;
-    return file_ + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
-  }
+  std::string at(const YAML::Node& node) const { return yaml_location(file_, node.Mark()); }
   [[noreturn]] void fail(const YAML::Node& node, const std::string& message) const {
     throw ConfigError(at(node) + ": " + message);
   }
