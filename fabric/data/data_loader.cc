@@ -139,7 +139,7 @@ class DataLoader::Pass {
       batch.data = batch.data.contiguous(at::MemoryFormat::ChannelsLast);
     if (in_thread_ && placement_.device != torch::kCPU) {
       batch.data = batch.data.to(placement_.device);
-      batch.target = batch.target.to(placement_.device);
+      if (batch.target.defined()) batch.target = batch.target.to(placement_.device);
     }
     return batch;
   }
@@ -204,7 +204,8 @@ class DataLoader::Pass {
     c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool(false, placement_.device.index());
     c10::cuda::CUDAStreamGuard stream_guard(stream);
     slot.batch.data = slot.batch.data.pin_memory().to(placement_.device, /*non_blocking=*/true);
-    slot.batch.target = slot.batch.target.pin_memory().to(placement_.device, /*non_blocking=*/true);
+    if (slot.batch.target.defined())  // datasets without targets (torch::data::TensorDataset)
+      slot.batch.target = slot.batch.target.pin_memory().to(placement_.device, /*non_blocking=*/true);
     slot.copied = std::make_shared<at::cuda::CUDAEvent>();
     slot.copied->record(stream);
 #else
@@ -220,7 +221,7 @@ class DataLoader::Pass {
     // The tensors were allocated on the side stream; tell the caching allocator they are used on
     // the consumer's stream too, so their memory is not reused before that work finishes.
     current_.data.record_stream(consumer);
-    current_.target.record_stream(consumer);
+    if (current_.target.defined()) current_.target.record_stream(consumer);
 #else
     (void)slot;
 #endif
