@@ -80,6 +80,10 @@ class Checkpointer {
   // this run's folder (Fabric::create_run_directory). Collective.
   Checkpointer(Fabric& f, CheckpointState state, const std::string& name,
                const std::filesystem::path& run_dir);
+  // The same in the job's run directory (Fabric::run_directory(), created here if the program
+  // made none; {name}: Fabric::run_name()).
+  Checkpointer(Fabric& f, CheckpointState state)
+      : Checkpointer(f, std::move(state), f.run_name(), f.run_directory().path()) {}
   ~Checkpointer();  // waits for a background write (a failure is printed, not thrown)
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;

@@ -4,11 +4,17 @@
 
 #include <sys/resource.h>
 
+#include <errno.h>  // program_invocation_short_name
+
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <tuple>
+
+#include <nlohmann/json.hpp>
 
 #include "fabric/connector.h"
 #include "fabric/core/paths.h"
@@ -51,10 +57,13 @@ int Fabric::run_launched(const std::function<int(Fabric&)>& fn) {
   }
   strategy_->setup_environment();
   seed_everything(setup_->seed);
+  const auto start = std::chrono::steady_clock::now();
   int status = 0;
   try {
     status = fn(*this);
     loggers_->flush();
+    write_default_summary(
+        status, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   } catch (...) {
     strategy_->teardown_after_error();  // other ranks may never reach the teardown barrier
     throw;
@@ -150,11 +159,80 @@ AutocastGuard Fabric::autocast() const { return strategy_->precision().autocast(
 RunDirectory Fabric::create_run_directory(const std::string& name) {
   auto run = RunDirectory::create(config_, name, global_rank(), world_size(),
                                   [this](const std::string& path) { return broadcast(path, 0); });
-  has_run_directory_ = true;
+  run_ = run;
+  run_name_ = name;
   loggers_->open_built_in(
       is_global_zero() ? config_.get_string_list("logging.loggers") : std::vector<std::string>{},
       run.path());
   return run;
+}
+
+std::string Fabric::run_name() const {
+  return run_name_.empty() ? std::string(program_invocation_short_name) : run_name_;
+}
+
+const RunDirectory& Fabric::run_directory() {
+  if (!run_) create_run_directory(run_name());
+  return *run_;
+}
+
+void Fabric::write_default_summary(int status, double wall_seconds) {
+  if (!run_ || !is_global_zero()) return;
+  std::error_code ec;
+  if (std::filesystem::exists(run_->path() / "summary.json", ec)) return;  // the program's own
+  nlohmann::json summary = {
+      {"name", run_name()},
+      {"run_dir", run_->path().string()},
+      {"strategy", strategy_->name()},
+      {"precision", to_string(precision().mode())},
+      {"device", device().str()},
+      {"world_size", world_size()},
+      {"steps", steps_},
+      {"wall_seconds", wall_seconds},
+      {"exit_status", status},
+  };
+  for (const auto& [name, value] : last_logged_) summary[name] = value;
+  run_->write_summary(summary);
+}
+
+std::map<std::string, double> Fabric::evaluate(DataLoader& loader, const PerExample& per_example,
+                                               int64_t limit_batches) {
+  torch::NoGradGuard no_grad;
+  std::map<std::string, torch::Tensor> sums;  // float64 on the device
+  int64_t seen = 0, b = 0;
+  for (Batch& batch : loader) {
+    if (limit_batches >= 0 && b++ >= limit_batches) break;
+    std::map<std::string, torch::Tensor> values;
+    {
+      auto guard = autocast();
+      values = per_example(batch);
+    }
+    for (const auto& [name, v] : values) {
+      if (!v.defined() || v.dim() == 0 || v.size(0) != batch.size())
+        throw Error("Fabric::evaluate: '" + name + "' holds " +
+                    (v.defined() ? std::to_string(v.dim() == 0 ? 1 : v.size(0)) : "no") +
+                    " values for a batch of " + std::to_string(batch.size()) +
+                    " examples; return one per example (e.g. a loss with reduction none)");
+      torch::Tensor sum = batch.unpadded(v).to(torch::kDouble).sum();
+      torch::Tensor& acc = sums[name];
+      acc = acc.defined() ? acc + sum : sum;
+    }
+    seen += batch.size() - batch.padding;
+  }
+  std::vector<torch::Tensor> parts;
+  for (const auto& [name, sum] : sums) parts.push_back(sum.to(device()).reshape({1}));
+  parts.push_back(torch::full({1}, static_cast<double>(seen),
+                              torch::dtype(torch::kDouble).device(device())));
+  const torch::Tensor total = all_reduce(torch::cat(parts), ReduceOp::kSum).cpu();
+  const double count = total[total.size(0) - 1].item<double>();
+  std::map<std::string, double> means;
+  int64_t i = 0;
+  for (const auto& [name, sum] : sums) {
+    (void)sum;
+    means[name] = count > 0 ? total[i++].item<double>() / count : 0.0;
+  }
+  means["examples"] = count;
+  return means;
 }
 
 void Fabric::log(const std::string& name, double value, int64_t step) {
@@ -167,11 +245,12 @@ void Fabric::log(const std::string& name, const torch::Tensor& value, int64_t st
 
 void Fabric::log_dict(const std::map<std::string, double>& values, int64_t step) {
   if (!is_global_zero()) return;
-  if (!has_run_directory_)
+  if (!run_)
     throw Error(
-        "Fabric::log: no run directory yet; call create_run_directory(name) first "
-        "(metrics go to <run dir>/metrics.csv)");
+        "Fabric::log: no run directory yet; call f.run_directory() (or create_run_directory) on "
+        "every rank first (metrics go to <run dir>/metrics.csv)");
   loggers_->log(values, step);
+  for (const auto& [name, value] : values) last_logged_[name] = value;
 }
 
 void Fabric::add_logger(std::unique_ptr<MetricLogger> logger) { loggers_->add(std::move(logger)); }

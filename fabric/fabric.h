@@ -62,6 +62,7 @@
 #include "fabric/core/error.h"
 #include "fabric/data/data_loader.h"
 #include "fabric/data/dataset.h"
+#include "fabric/data/torch_dataset.h"
 #include "fabric/logging/logger.h"
 #include "fabric/logging/run_dir.h"
 #include "fabric/nn/data_parallel.h"
@@ -115,11 +116,34 @@ class Fabric {
   // A loader for this rank: sampler partitioned by rank, shuffled from fabric.seed (unless
   // options.seed() is set) + epoch, batches delivered on device(). See fabric/data/data_loader.h.
   DataLoader setup_dataloader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options);
-  template <typename D, typename = std::enable_if_t<std::is_base_of_v<Dataset, std::decay_t<D>>>>
+  template <typename D, std::enable_if_t<std::is_base_of_v<Dataset, std::decay_t<D>>, int> = 0>
   DataLoader setup_dataloader(D&& dataset, DataLoaderOptions options) {
     return setup_dataloader(std::make_shared<const std::decay_t<D>>(std::forward<D>(dataset)),
                             std::move(options));
   }
+  // LibTorch's own datasets (torch::data::datasets::MNIST, TensorDataset, your Dataset<Self>,
+  // .map()-ped through transforms): see fabric/data/torch_dataset.h.
+  template <typename D,
+            std::enable_if_t<!std::is_base_of_v<Dataset, std::decay_t<D>> &&
+                                 torch_data::is_random_access<std::decay_t<D>>::value,
+                             int> = 0>
+  DataLoader setup_dataloader(D&& dataset, DataLoaderOptions options) {
+    return setup_dataloader(from_torch(std::forward<D>(dataset)), std::move(options));
+  }
+
+  // Evaluation in one call: runs `per_example` on each batch of `loader` (at most
+  // `limit_batches`; -1: all) under torch::NoGradGuard and autocast(). It returns values per
+  // example by name, each with the batch's size as first dimension, e.g.
+  //   {{"loss", torch::cross_entropy_loss(logits, b.target, {}, at::Reduction::None)},
+  //    {"accuracy", logits.argmax(1).eq(b.target)}}
+  // The rows the distributed sampler pads with are dropped, the sums and the example count cross
+  // the ranks in one all-reduce, and each name's mean over the examples is returned (every
+  // example counted once: exactly a single process's value), the same on every rank, with
+  // "examples" their count (means are 0 when it is 0). Every rank runs the same number of batches
+  // (the sampler sees to it) and returns the same names. Collective.
+  using PerExample = std::function<std::map<std::string, torch::Tensor>(const Batch&)>;
+  std::map<std::string, double> evaluate(DataLoader& loader, const PerExample& per_example,
+                                         int64_t limit_batches = -1);
 
   // loss.backward() with loss scaling (16-mixed) and gradient synchronization (DDP).
   void backward(const torch::Tensor& loss);
@@ -230,6 +254,16 @@ class Fabric {
   // 0, the same path on every rank; in a multi-process job ranks other than 0 send their stdout
   // and stderr to rank_N.log in it from here on (errors still reach the terminal). Collective.
   RunDirectory create_run_directory(const std::string& name);
+  // This job's run directory: the one create_run_directory made, or else created now with
+  // {name} = the program's file name (so the first call is collective: make it on every rank,
+  // e.g. through fabric::Checkpointer(f, state)). When the function given to launch() returns,
+  // global rank 0 writes summary.json into it unless the program wrote one (RunDirectory::
+  // write_summary): the last value of every metric logged with log()/log_dict() (a sweep's
+  // `metric:` is one of these names), and name, run_dir, strategy, precision, device,
+  // world_size, steps (optimizer steps through step()), wall_seconds and exit_status.
+  const RunDirectory& run_directory();
+  // {name} of the run directory: create_run_directory's argument, else the program's file name.
+  std::string run_name() const;
 
   // Metrics: `value` of `name` at `step` to the loggers of logging.loggers (csv: metrics.csv in
   // the run directory, fabric/logging/metrics_csv.h; tensorboard: an event file in the run
@@ -310,6 +344,8 @@ class Fabric {
   // contents from `state` (no communication).
   std::function<c10::IValue(const CheckpointState&)> gather_for_save();
   void print_line(const std::string& line) const;
+  // Global rank 0, when launch's function returned `status`: summary.json unless one exists.
+  void write_default_summary(int status, double wall_seconds);
   void save_weights_of(torch::nn::Module& module, const std::string& path);
   void load_weights_of(torch::nn::Module& module, const std::string& path);
   double clip_gradients_norm(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
@@ -323,7 +359,9 @@ class Fabric {
   // Built-in (rank 0, opened by create_run_directory from logging.loggers) and added loggers.
   std::unique_ptr<Loggers> loggers_;
   std::unique_ptr<ProgressBar> progress_;
-  bool has_run_directory_ = false;
+  std::optional<RunDirectory> run_;
+  std::string run_name_;
+  std::map<std::string, double> last_logged_;  // global rank 0: each metric's last value
   int64_t steps_ = 0;  // optimizer steps through step(), for messages
 };
 

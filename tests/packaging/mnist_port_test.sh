@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# examples/mnist_port built by CMake against a fresh install, as a library user builds it: the
+# Fabric++ port and the plain LibTorch program it came from, on Fashion-MNIST (the
+# same IDX format as MNIST). With the same seed, data order (sequential) and optimizer, the port
+# ends with bitwise the same weights as the plain loop. Then it trains under ddp, fsdp and ZeRO-1
+# over 2 CPU processes with checkpoints rotated to 2 (fsdp's sharded), to bitwise the same
+# weights, and writes summary.json with the metrics it logged.
+source tests/packaging/testing.sh
+install_prefix
+work="$TEST_TMPDIR/mnist_port"
+mkdir -p "$work"
+cp -RL examples/mnist_port "$work/src"
+chmod -R u+w "$work/src"
+out=$(cmake -S "$work/src" -B "$work/build" -DCMAKE_PREFIX_PATH="$PREFIX;$TORCH_CMAKE" 2>&1 &&
+  cmake --build "$work/build" -j2 2>&1); rc=$?
+check "the port and the plain program build with CMake (exit $rc: $(tail -n 5 <<<"$out"))" test $rc -eq 0
+[ $rc -eq 0 ] || finish
+
+# torch::data::datasets::MNIST reads the four IDX files uncompressed.
+mkdir -p "$work/data"
+for f in /usr/share/datasets/fashion-mnist/*-ubyte.gz; do
+  gzip -dc "$f" >"$work/data/$(basename "$f" .gz)" || fail "cannot decompress $f"
+done
+
+cd "$work" || exit 1
+out=$(build/mnist_plain data --epochs=1 --sequential --save=plain.pt 2>&1); rc=$?
+check "plain/mnist.cc trains an epoch (exit $rc: $(tail -n 2 <<<"$out"))" test $rc -eq 0
+out=$(build/mnist data.shuffle=false trainer.max_epochs=1 fabric.accelerator=cpu \
+  logging.run_dir=single 2>&1); rc=$?
+check "the port trains an epoch in one process (exit $rc: $(tail -n 2 <<<"$out"))" test $rc -eq 0
+# 938 steps with dropout: the same initial weights, batches and dropout masks, or it fails.
+out=$("${PYTHON:-python3}" - single/weights.pt plain.pt <<'PY' 2>&1
+import sys, torch
+a = torch.load(sys.argv[1], weights_only=True)
+b = torch.load(sys.argv[2], weights_only=False)  # torch::pickle_save's typed dict
+differ = [k for k in sorted(set(a) | set(b)) if k not in a or k not in b or not torch.equal(a[k], b[k])]
+print(f"bitwise ({len(a)} tensors)" if not differ else "differ: " + ", ".join(differ))
+PY
+)
+check "its weights are bitwise the plain loop's ($out)" grep -q '^bitwise' <<<"$out"
+check "summary.json holds the logged test/accuracy" grep -q '"test/accuracy"' single/summary.json
+
+for strategy in "fabric.strategy=ddp" "fabric.strategy=fsdp" \
+  "fabric.strategy=ddp fabric.ddp.shard_optimizer_state=true"; do
+  name=$(tr ' =.' '___' <<<"$strategy")
+  # shellcheck disable=SC2086  # strategy: one or two KEY=VALUE words
+  out=$(build/mnist $strategy fabric.devices=2 fabric.accelerator=cpu trainer.max_epochs=1 \
+    checkpoint.every_n_steps=50 checkpoint.keep_last=2 logging.run_dir="$name" 2>&1); rc=$?
+  check "$strategy over 2 processes with rotated checkpoints (exit $rc: $(tail -n 2 <<<"$out"))" test $rc -eq 0
+  kept=$(ls -d "$name"/checkpoints/step-*.ckpt 2>/dev/null | wc -l)
+  check "$strategy: 2 checkpoints kept (found $kept)" test "$kept" -eq 2
+  check "$strategy: summary.json with test/accuracy" grep -q '"test/accuracy"' "$name/summary.json"
+done
+# fsdp and ZeRO-1 keep the same arithmetic as ddp (docs/training.md): bitwise the same weights.
+out=$("${PYTHON:-python3}" - fabric_strategy_ddp/weights.pt fabric_strategy_fsdp/weights.pt \
+  fabric_strategy_ddp_fabric_ddp_shard_optimizer_state_true/weights.pt <<'PY' 2>&1
+import sys, torch
+ddp, *others = (torch.load(p, weights_only=True) for p in sys.argv[1:])
+same = all(sorted(o) == sorted(ddp) and all(torch.equal(o[k], ddp[k]) for k in ddp) for o in others)
+print("bitwise" if same else "differ")
+PY
+)
+check "ddp, fsdp and ZeRO-1 end with bitwise the same weights ($out)" test "$out" = bitwise
+kept=$(ls -d fabric_strategy_fsdp/checkpoints/step-*.ckpt/ 2>/dev/null | wc -l)
+check "fsdp's checkpoints are folders (sharded)" test "$kept" -eq 2
+finish
