@@ -1,12 +1,19 @@
-// The Fabric loop against the same loop written directly on LibTorch: bitwise equal on CPU.
+// The Fabric loop against the same loop written directly on LibTorch: bitwise equal on CPU; and
+// what Fabric keeps for a program (run directory, checkpoints, summary).
 #include "fabric/fabric.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 
+#include <nlohmann/json.hpp>
+
+#include "fabric/checkpointer.h"
 #include "fabric/connector.h"
+#include "fabric/core/atomic_file.h"
 
 namespace {
 
@@ -179,6 +186,47 @@ TEST(FabricTest, SaveAndLoadWeightsRoundTripAndReportBadPaths) {
     EXPECT_THROW(f.save_weights(model, ::testing::TempDir() + "/not_a_dir/w.pt"), fabric::Error);
     EXPECT_THROW(f.load_weights(model, ::testing::TempDir() + "/absent.pt"), fabric::Error);
   });
+}
+
+// The bookkeeping a program need not write: the run directory named after the program, the
+// Checkpointer in it, and summary.json with the last value of each logged metric, unless the
+// program wrote its own.
+TEST(FabricTest, RunDirectoryCheckpointsAndSummaryComeWithoutBookkeeping) {
+  const std::string root = ::testing::TempDir() + "/bookkeeping";
+  std::error_code ec;
+  fabric::remove_tree(root, ec);
+  fabric::Fabric fabric(config({"logging.run_dir=" + root + "/{name}", "logging.loggers=[csv]"}),
+                        kCpu);
+  std::filesystem::path run;
+  fabric.launch([&](fabric::Fabric& f) {
+    Net model;
+    torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.05));
+    f.setup(model, optimizer);
+    fabric::CheckpointState state;
+    state.add("model", model).add("optimizer", optimizer);
+    fabric::Checkpointer checkpoints(f, state);
+    run = f.run_directory().path();
+    EXPECT_EQ(checkpoints.dir(), run / "checkpoints");
+    f.log("test/accuracy", 0.5, 1);
+    f.log_dict({{"test/accuracy", 0.75}, {"train/loss", 2.0}}, 2);
+    checkpoints.finish();
+  });
+  EXPECT_EQ(run, std::filesystem::path(root) / "fabric_test");  // the program's file name
+  std::ifstream in(run / "summary.json");
+  const std::string summary((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(summary.find("\"test/accuracy\": 0.75"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("\"train/loss\": 2.0"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("\"exit_status\": 0"), std::string::npos) << summary;
+  EXPECT_TRUE(std::filesystem::exists(run / "checkpoints" / "latest"));
+
+  fabric::Fabric own(config({"logging.run_dir=" + root + "/own"}), kCpu);
+  own.launch([&](fabric::Fabric& f) {
+    f.create_run_directory("mine").write_summary(nlohmann::json{{"score", 1}});
+    f.log("score", 2.0, 1);
+  });
+  std::ifstream mine(std::filesystem::path(root) / "own" / "summary.json");
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(mine)), {}).find("exit_status"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // Test helper for collectives_test: a self-launched Fabric job (fabric.devices=WORLD on CPU).
 //   collectives_helper WORLD check     every collective on Fabric, checked on every rank, and the
-//                                       uneven-data metric (10 examples, batch 2): exits 0 if all
-//                                       hold; rank 0 prints "metric=X"
+//                                       uneven-data metric (10 examples, batch 2), by hand and by
+//                                       Fabric::evaluate: exits 0 if all hold; rank 0 prints
+//                                       "metric=X"
 //   collectives_helper WORLD nonfinite  NonFiniteGuard(limit 3) with NaN losses on the last rank
 //                                       from step 7: every rank prints "rank R stopped at step 9"
 //   collectives_helper WORLD stopsignal StopSignal(every 4): the last rank sends itself SIGTERM
@@ -19,6 +20,7 @@
 #include <unistd.h>
 
 #include <ATen/Parallel.h>
+#include <torch/data/datasets/tensor.h>
 
 #include <cstdio>
 #include <thread>
@@ -95,6 +97,30 @@ int check(fabric::Fabric& f) {
   auto everything = std::get<0>(torch::cat(f.all_gather(torch::cat(mine))).sort());
   expect(torch::equal(everything, torch::arange(10, torch::kFloat)),
          "gathered unpadded examples are each example exactly once");
+  // Fabric::evaluate: the same metric in one call, and each example's index averaged (4.5), from
+  // a torch::data dataset (fabric/data/torch_dataset.h) split over the ranks.
+  auto torch_loader = f.setup_dataloader(
+      torch::data::datasets::TensorDataset(torch::arange(10, torch::kFloat).unsqueeze(1)),
+      fabric::DataLoaderOptions().batch_size(2));
+  auto means = f.evaluate(loader, [](const fabric::Batch& b) {
+    return std::map<std::string, torch::Tensor>{{"zero", b.target.eq(0)}};
+  });
+  auto index = f.evaluate(torch_loader, [](const fabric::Batch& b) {
+    return std::map<std::string, torch::Tensor>{{"index", b.data.squeeze(1)}};
+  });
+  expect(means.at("zero") == 0.4 && means.at("examples") == 10 && index.at("index") == 4.5 &&
+             index.at("examples") == 10,
+         "evaluate: the single-process means");
+  std::string wrong;
+  try {
+    f.evaluate(loader, [](const fabric::Batch& b) {
+      return std::map<std::string, torch::Tensor>{{"loss", b.data.sum()}};
+    });
+  } catch (const fabric::Error& e) {
+    wrong = e.what();
+  }
+  expect(wrong.find("'loss' holds 1 values for a batch of 2 examples") != std::string::npos,
+         "evaluate: a value that is not per example is an error naming it");
   f.print("metric=", metric);
   return failures;
 }
