@@ -11,7 +11,8 @@ work="$TEST_TMPDIR/mnist_port"
 mkdir -p "$work"
 cp -RL examples/mnist_port "$work/src"
 chmod -R u+w "$work/src"
-out=$(cmake -S "$work/src" -B "$work/build" -DCMAKE_PREFIX_PATH="$PREFIX;$TORCH_CMAKE" 2>&1 &&
+work="$work/src"  # the example's folder, as its sweep.yaml expects: build/, data/
+out=$(cmake -S "$work" -B "$work/build" -DCMAKE_PREFIX_PATH="$PREFIX;$TORCH_CMAKE" 2>&1 &&
   cmake --build "$work/build" -j2 2>&1); rc=$?
 check "the port and the plain program build with CMake (exit $rc: $(tail -n 5 <<<"$out"))" test $rc -eq 0
 [ $rc -eq 0 ] || finish
@@ -63,4 +64,12 @@ PY
 check "ddp, fsdp and ZeRO-1 end with bitwise the same weights ($out)" test "$out" = bitwise
 kept=$(ls -d fabric_strategy_fsdp/checkpoints/step-*.ckpt/ 2>/dev/null | wc -l)
 check "fsdp's checkpoints are folders (sharded)" test "$kept" -eq 2
+
+# The installed sweep tool runs the example's sweep.yaml from elsewhere: runs start in the sweep
+# file's folder (build/mnist, data/), and each run's summary.json holds the logged metric.
+out=$(cd / && "$PREFIX/bin/fabric-sweep" --sweep="$work/sweep.yaml" --dir="$work/sweeps/lr" 2>&1); rc=$?
+check "PREFIX/bin/fabric-sweep runs the port's sweep.yaml (exit $rc: $(tail -n 3 <<<"$out"))" test $rc -eq 0
+check "both runs done, first attempt, test/accuracy a column ($(head -c 300 "$work/sweeps/lr/results.csv"))" \
+  test "$(grep -c '^lr=0\.0[15],done,0,1,' "$work/sweeps/lr/results.csv")" -eq 2 -a \
+  -n "$(head -n 1 "$work/sweeps/lr/results.csv" | grep -F test/accuracy)"
 finish

@@ -3,8 +3,9 @@
 // directory with fake_metric = 1 - 10 (optimizer.lr - 0.2)^2 + 0.001 fabric.seed.
 //
 // Test controls (environment): FAKE_INVOCATIONS=FILE appends "lr seed" per run; FAKE_CPUS_LOG=FILE
-// appends the FABRIC_CPUS it was given ("unset" when none); FAKE_FAIL_LR=X
-// fails (exit 1, one error line) when optimizer.lr == X; FAKE_DIVERGE_LR=X stops as a diverged
+// appends the FABRIC_CPUS it was given ("unset" when none); FAKE_ROOT_LOG=FILE appends data.root
+// made absolute as Fabric programs do (fabric/core/paths.h); FAKE_FAIL_LR=X
+// fails (exit 1, one error line, its run directory created) when optimizer.lr == X; FAKE_DIVERGE_LR=X stops as a diverged
 // Fabric program does (summary.json with "stopped", exit 3) when optimizer.lr == X;
 // FAKE_BLOCK_LR=X writes its pid to the file $FAKE_STARTED then blocks until killed when
 // optimizer.lr == X.
@@ -28,6 +29,7 @@
 
 #include "fabric/config/config.h"
 #include "fabric/core/error.h"
+#include "fabric/core/paths.h"
 #include "fabric/logging/metrics_csv.h"
 #include "fabric/logging/run_dir.h"
 #include "fabric/main.h"
@@ -87,12 +89,15 @@ int main(int argc, char** argv) {
       const char* cpus = std::getenv("FABRIC_CPUS");
       std::ofstream(log, std::ios::app) << (cpus ? cpus : "unset") << "\n";
     }
-    if (env_is("FAKE_FAIL_LR", lr)) throw fabric::Error("fake failure at lr " + std::to_string(lr));
+    if (const char* log = std::getenv("FAKE_ROOT_LOG"))
+      std::ofstream(log, std::ios::app)
+          << fabric::absolute_from_working_directory(c.get_string("data.root")).string() << "\n";
     if (env_is("FAKE_BLOCK_LR", lr)) {
       std::ofstream(std::getenv("FAKE_STARTED")) << getpid() << "\n";
       while (true) pause();
     }
     const auto run = fabric::RunDirectory::create(c, "fake", true);
+    if (env_is("FAKE_FAIL_LR", lr)) throw fabric::Error("fake failure at lr " + std::to_string(lr));
     if (env_is("FAKE_DIVERGE_LR", lr)) {
       run.write_summary({{"steps", 7},
                          {"name", "fake"},

@@ -74,7 +74,7 @@ TEST(SweepSpec, ErrorsNameTheLineAndTheFix) {
             "s.yaml:4:1: unknown sweep key 'seed'; did you mean 'seeds'? (keys: name, binary, "
             "config, overrides, grid, list, seeds, parallel, metric, devices_per_run, mode, dir, "
             "seed_key, resume_runs, search, trials, space, random_seed, pruner, sampler, storage, "
-            "study)");
+            "study, workdir)");
   EXPECT_EQ(error_of("binary: x\nmode: max\ngrid: {a.b: [1]}\n"),
             "s.yaml: metric: missing; name a key of the runs' summary.json, e.g. metric: "
             "test_accuracy");

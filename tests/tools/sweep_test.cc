@@ -77,12 +77,39 @@ TEST_F(SweepTest, RunsEveryPointWritesResultsAndRerunRetriesOnlyTheFailedRuns) {
   EXPECT_EQ(calls[6], "0.3 1");
   EXPECT_EQ(calls[7], "0.3 2");
   EXPECT_EQ(state()["runs"]["lr=0.3_seed=2"]["attempts"], 2);
+  // The failed attempt's run folder (nothing to resume in it) was removed: the retry's is runs/<id>.
+  EXPECT_TRUE(fs::exists(dir_ / "out" / "runs" / "lr=0.3_seed=2" / "summary.json")) << r.out;
+  EXPECT_FALSE(fs::exists(dir_ / "out" / "runs" / "lr=0.3_seed=2-1")) << r.out;
   EXPECT_NE(r.out.find("6 done, 0 failed, 0 not run"), std::string::npos) << r.out;
 
   // Once everything is done, nothing runs.
   r = sweep();
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(invocations().size(), 8u) << r.out;
+}
+
+// Runs start in the sweep file's folder (or its workdir:), also under `bazel run`
+// (BUILD_WORKING_DIRECTORY): a relative path in an override means what it means there.
+TEST_F(SweepTest, RunsStartInTheSweepFilesFolder) {
+  fs::create_directories(dir_ / "sub");
+  const std::string log = (dir_ / "roots").string();
+  for (const std::string workdir : {"", "workdir: ..\n"}) {
+    std::ofstream(dir_ / "sub" / "s.yaml")
+        << "binary: " << fake_ << "\n" << workdir
+        << "metric: fake_metric\nmode: max\noverrides: {data.root: data}\n"
+           "grid: {optimizer.lr: [0.1]}\n";
+    for (const std::string bazel_run : {std::string(), "BUILD_WORKING_DIRECTORY='" + dir_.string() + "' "}) {
+      const std::string out = workdir.empty() ? "a" : "b";
+      fs::remove_all(dir_ / out);
+      auto r = fabric::testing::run_command("cd '" + dir_.string() + "' && FAKE_ROOT_LOG='" + log +
+                                            "' " + bazel_run + "'" + sweep_ +
+                                            "' --sweep=sub/s.yaml --dir=" + out);
+      EXPECT_EQ(r.code, 0) << r.out;
+    }
+  }
+  EXPECT_EQ(lines(read(log)), (std::vector<std::string>{
+                                  (dir_ / "sub" / "data").string(), (dir_ / "sub" / "data").string(),
+                                  (dir_ / "data").string(), (dir_ / "data").string()}));
 }
 
 // Parallel runs on CPU split the sweep's CPUs: with FABRIC_CPUS=4 and --parallel=2 each run gets

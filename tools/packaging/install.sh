@@ -95,6 +95,13 @@ patchelf --set-rpath "$RUNTIME_LIB_DIRS" "$prefix/lib/$lib.tmp"
 mv -f "$prefix/lib/$lib.tmp" "$prefix/lib/$lib"
 ln -sfn "$lib" "$prefix/lib/libfabricpp.so.$FABRIC_SOVERSION"
 ln -sfn "libfabricpp.so.$FABRIC_SOVERSION" "$prefix/lib/libfabricpp.so"
+# The sweep tool (no LibTorch in it): PREFIX/bin/fabric-sweep, its Optuna bridge in share/.
+if [ -f "$here/tools/fabric-sweep" ]; then
+  mkdir -p "$prefix/bin" "$prefix/share/fabricpp"
+  install -m 755 "$here/tools/fabric-sweep" "$prefix/bin/fabric-sweep.tmp"
+  mv -f "$prefix/bin/fabric-sweep.tmp" "$prefix/bin/fabric-sweep"
+  install -m 644 "$here/tools/optuna_bridge.py" "$prefix/share/fabricpp/optuna_bridge.py"
+fi
 if [ -n "$bundled" ]; then
   for dep in "$here"/bundled_libs/*; do
     [ -e "$dep" ] && install -m 755 "$dep" "$prefix/lib/"
@@ -126,3 +133,6 @@ echo "installed Fabric++ $FABRIC_VERSION ($kind build, LibTorch $LIBTORCH_VERSIO
      "${#public[@]} headers, lib/$lib (${size} MB)"
 echo "  CMake:      find_package(FabricPP REQUIRED) with CMAKE_PREFIX_PATH=\"$prefix;\$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')\""
 echo "  pkg-config: PKG_CONFIG_PATH=$prefix/lib/pkgconfig pkg-config --cflags --libs fabricpp"
+if [ -x "$prefix/bin/fabric-sweep" ]; then
+  echo "  sweeps:     $prefix/bin/fabric-sweep --sweep=FILE (docs/experiments.md)"
+fi

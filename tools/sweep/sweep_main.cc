@@ -158,7 +158,6 @@ int sweep_main(int argc, char** argv) {
   const fs::path file = find_sweep_file(flags.sweep);
   fabric::sweep::SweepSpec spec = fabric::sweep::load_sweep(fabric::display_path(file));
   fabric::sweep::RunnerOptions options;
-  options.cwd = fabric::working_directory();
   options.sweep_dir =
       fabric::absolute_from_working_directory(flags.dir.empty() ? spec.dir : flags.dir);
   options.max_runs = flags.max_runs;

@@ -31,10 +31,17 @@ fs::path find_bridge() {
     const fs::path p = *runfiles / "tools" / "optuna_bridge.py";
     if (fs::is_regular_file(p)) return p;
   }
+  // Installed (bazel run //tools:install -- PREFIX): PREFIX/bin/fabric-sweep beside
+  // PREFIX/share/fabricpp/optuna_bridge.py.
+  std::error_code ec;
+  const fs::path installed =
+      fs::read_symlink("/proc/self/exe", ec).parent_path() / ".." / "share" / "fabricpp" /
+      "optuna_bridge.py";
+  if (!ec && fs::is_regular_file(installed)) return installed.lexically_normal();
   const fs::path in_tree = absolute_from_working_directory("tools/optuna_bridge.py");
   if (fs::is_regular_file(in_tree)) return in_tree;
   throw Error("tools/optuna_bridge.py is not bundled with this sweep binary (run it with "
-              "bazel run //tools:sweep)");
+              "bazel run //tools:sweep, or install it: bazel run //tools:install -- PREFIX)");
 }
 
 }  // namespace

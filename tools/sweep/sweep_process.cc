@@ -42,6 +42,10 @@ pid_t spawn(const std::vector<std::string>& argv, const fs::path& cwd, int out_f
       dprintf(STDERR_FILENO, "sweep: cannot enter %s: %s\n", cwd.c_str(), std::strerror(errno));
       _exit(127);
     }
+    // A program started by `bazel run` resolves relative paths against BUILD_WORKING_DIRECTORY
+    // (fabric/core/paths.h): the run's working directory is `cwd`.
+    if (getenv("BUILD_WORKING_DIRECTORY") != nullptr)
+      setenv("BUILD_WORKING_DIRECTORY", cwd.c_str(), 1);
     for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
     execv(args[0], args.data());
     dprintf(STDERR_FILENO, "sweep: cannot run %s: %s\n", args[0], std::strerror(errno));

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 
+#include "fabric/core/atomic_file.h"
 #include "fabric/core/error.h"
 #include "fabric/core/paths.h"
 #include "tools/sweep/sweep_pruner.h"
@@ -64,6 +65,22 @@ std::string find_attempt_dir(const fs::path& runs, const std::string& id,
   return best.string();
 }
 
+// A failed attempt's run folder (written since `since`) that holds no checkpoint to resume from
+// is removed, so the retry writes runs/<id> again rather than runs/<id>-1; its output stays in
+// logs/<id>.log.
+void remove_failed_attempt(const fs::path& runs, const std::string& id, fs::file_time_type since) {
+  const std::string dir = find_attempt_dir(runs, id, since, "config.yaml");
+  if (dir.empty()) return;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
+       it.increment(ec))
+    if (const std::string name = it->path().filename().string();
+        name.rfind("step-", 0) == 0 && name.size() > 10 &&
+        name.compare(name.size() - 5, 5, ".ckpt") == 0)
+      return;  // step-NNNNNNNN.ckpt (fabric/checkpointer.h): checkpoint.resume may continue it
+  if (!ec) remove_tree(dir, ec);
+}
+
 }  // namespace
 
 std::vector<std::string> run_command_line(const SweepSpec& spec, const SweepRun& run,
@@ -86,7 +103,9 @@ std::string read_summary(const SweepRun& run, fs::file_time_type since, const fs
   rec.summary = nlohmann::json();
   std::ifstream in(fs::path(rec.run_dir) / "summary.json");
   if (rec.run_dir.empty() || !in)
-    return "wrote no summary.json under " + display_path(runs / run.id);
+    return "wrote no summary.json under " + display_path(runs / run.id) +
+           " (the sweep reads its metric there: log it with Fabric::log, which writes "
+           "summary.json at the end of launch; docs/experiments.md)";
   try {
     in >> rec.summary;
   } catch (const std::exception& e) {
@@ -124,6 +143,7 @@ std::string record_exit(const SweepSpec& spec, const SweepRun& run, int exit_cod
     rec.reason = how;
     const std::string tail = last_line_of_file(rec.log);
     if (!tail.empty()) rec.reason += ": " + tail;
+    remove_failed_attempt(runs, run.id, since);
   }
   rec.status = rec.reason.empty() ? RunStatus::kDone : RunStatus::kFailed;
   if (rec.status == RunStatus::kDone)

@@ -103,6 +103,15 @@ std::vector<std::string> visible_gpus() {
 }
 
 Setup prepare(const SweepSpec& spec, const fs::path& sweep_file, RunnerOptions options) {
+  // Runs start in the sweep file's folder (or its workdir:).
+  const fs::path workdir =
+      (fs::absolute(sweep_file).parent_path() / spec.workdir).lexically_normal();
+  std::error_code ec;
+  if (!fs::is_directory(workdir, ec))
+    throw ConfigError((spec.workdir_mark.empty() ? spec.file : spec.workdir_mark) +
+                      ": workdir: " + workdir.string() +
+                      " is not a folder; runs start there (relative to the sweep file's folder)");
+  options.cwd = workdir;
   options.binary = find_binary(spec, sweep_file);
   options.config = find_config(spec, sweep_file);
   Setup setup;

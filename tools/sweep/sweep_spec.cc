@@ -28,7 +28,7 @@ const std::vector<std::string> kTopKeys = {
     "name",     "binary", "config",          "overrides", "grid", "list",     "seeds",
     "parallel", "metric", "devices_per_run", "mode",      "dir",  "seed_key", "resume_runs",
     "search",   "trials", "space",           "random_seed", "pruner", "sampler",
-    "storage",  "study"};
+    "storage",  "study",  "workdir"};
 
 std::string sanitize(const std::string& text) {
   std::string out;
@@ -168,6 +168,9 @@ SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
       spec.maximize = mode == "max";
     } else if (key == "dir") {
       dir = p.scalar(v, key);
+    } else if (key == "workdir") {
+      spec.workdir = p.scalar(v, key);
+      spec.workdir_mark = p.at(v);
     } else if (key == "seed_key") {
       spec.seed_key = p.scalar(v, key);
     } else if (key == "resume_runs") {

@@ -15,6 +15,9 @@
 //   metric: test_accuracy             # key of each run's summary.json to rank by (required)
 //   mode: max                         # max | min (required)
 //   dir: sweeps/{name}                # sweep directory, relative to where the command was run
+//   workdir: .                        # where runs start, relative to this file's folder (so
+//                                     # relative paths in it, its config and overrides mean
+//                                     # what they mean when the program is run there)
 //   seed_key: fabric.seed             # the config key the seeds go to
 //   resume_runs: true                 # a retried run resumes from its checkpoint (resume: auto)
 //   search: grid                      # grid | random | optuna (tools/sweep/sweep_optuna.h)
@@ -93,6 +96,8 @@ struct SweepSpec {
   std::string metric;
   bool maximize = true;
   std::string dir;  // as written, {name} expanded
+  std::string workdir = ".";  // relative to the sweep file's folder
+  std::string workdir_mark;   // "FILE:LINE:COL" of workdir:, "" when absent
   std::string seed_key = "fabric.seed";
   bool resume_runs = true;
   std::string search = "grid";  // grid | random | optuna
