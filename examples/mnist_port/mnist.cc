@@ -38,9 +38,12 @@ struct Net : torch::nn::Module {
 
 fabric::ConfigSchema schema() {  // the plain program's constants, now keys with these defaults
   fabric::ConfigSchema s = fabric::training_schema();
-  for (auto [key, value] : {std::pair{"data.root", "data"}, {"data.batch_size", "64"},
-                            {"optimizer.lr", "0.01"}, {"optimizer.momentum", "0.5"},
-                            {"fabric.seed", "1"}, {"checkpoint.every_n_steps", "200"}})
+  for (auto [key, value] : {std::pair{"data.root", "data"},
+                            {"data.batch_size", "64"},
+                            {"optimizer.lr", "0.01"},
+                            {"optimizer.momentum", "0.5"},
+                            {"fabric.seed", "1"},
+                            {"checkpoint.every_n_steps", "200"}})
     s.set_default(key, value);
   return s;
 }
@@ -64,8 +67,9 @@ int main(int argc, char** argv) {
       auto test = f.setup_dataloader(mnist(root, Mode::kTest),
                                      fabric::DataLoaderOptions().batch_size(1000));
       Net model;
-      torch::optim::SGD optimizer(model.parameters(), torch::optim::SGDOptions(c.get_double(
-                                      "optimizer.lr")).momentum(c.get_double("optimizer.momentum")));
+      torch::optim::SGD optimizer(model.parameters(),
+                                  torch::optim::SGDOptions(c.get_double("optimizer.lr"))
+                                      .momentum(c.get_double("optimizer.momentum")));
       f.setup(model, optimizer);
       fabric::CheckpointState state;
       state.add("model", model).add("optimizer", optimizer).add("train", train);

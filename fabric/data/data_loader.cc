@@ -205,7 +205,8 @@ class DataLoader::Pass {
     c10::cuda::CUDAStreamGuard stream_guard(stream);
     slot.batch.data = slot.batch.data.pin_memory().to(placement_.device, /*non_blocking=*/true);
     if (slot.batch.target.defined())  // datasets without targets (torch::data::TensorDataset)
-      slot.batch.target = slot.batch.target.pin_memory().to(placement_.device, /*non_blocking=*/true);
+      slot.batch.target =
+          slot.batch.target.pin_memory().to(placement_.device, /*non_blocking=*/true);
     slot.copied = std::make_shared<at::cuda::CUDAEvent>();
     slot.copied->record(stream);
 #else

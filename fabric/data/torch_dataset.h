@@ -42,10 +42,9 @@ namespace torch_data {
 template <typename D, typename = void>
 struct is_random_access : std::false_type {};
 template <typename D>
-struct is_random_access<D, std::void_t<decltype(std::declval<D&>().get_batch(
-                                           std::declval<c10::ArrayRef<size_t>>())),
-                                       decltype(std::declval<const D&>().size().value())>>
-    : std::true_type {};
+struct is_random_access<
+    D, std::void_t<decltype(std::declval<D&>().get_batch(std::declval<c10::ArrayRef<size_t>>())),
+                   decltype(std::declval<const D&>().size().value())>> : std::true_type {};
 
 template <typename D, typename = void>
 struct has_images_and_targets : std::false_type {};
@@ -93,8 +92,10 @@ class TorchDataset : public Dataset {
  public:
   explicit TorchDataset(D dataset) : prototype_(std::move(dataset)) {
     const std::optional<size_t> n = prototype_.size();
-    if (!n) throw Error("setup_dataloader: this torch::data dataset has no size (a stream?); the "
-                        "loader needs random access: size() and get_batch(indices)");
+    if (!n)
+      throw Error(
+          "setup_dataloader: this torch::data dataset has no size (a stream?); the "
+          "loader needs random access: size() and get_batch(indices)");
     size_ = static_cast<int64_t>(*n);
   }
   int64_t size() const override { return size_; }

@@ -52,8 +52,8 @@ void train(size_t epoch, Net& model, torch::Device device, Loader& loader,
     loss.backward();
     optimizer.step();
     if (batch_idx++ % 10 == 0)
-      std::printf("Train Epoch: %zu [%5zu/%5zu] Loss: %.4f\n", epoch, batch_idx * batch.data.size(0),
-                  dataset_size, loss.template item<float>());
+      std::printf("Train Epoch: %zu [%5zu/%5zu] Loss: %.4f\n", epoch,
+                  batch_idx * batch.data.size(0), dataset_size, loss.template item<float>());
   }
 }
 
@@ -66,7 +66,8 @@ void test(Net& model, torch::Device device, Loader& loader, size_t dataset_size)
   for (const auto& batch : loader) {
     auto data = batch.data.to(device), targets = batch.target.to(device);
     auto output = model.forward(data);
-    test_loss += torch::nll_loss(output, targets, {}, torch::Reduction::Sum).template item<double>();
+    test_loss +=
+        torch::nll_loss(output, targets, {}, torch::Reduction::Sum).template item<double>();
     correct += output.argmax(1).eq(targets).sum().template item<int64_t>();
   }
   std::printf("Test set: Average loss: %.4f | Accuracy: %.3f\n", test_loss / dataset_size,
@@ -79,10 +80,14 @@ int main(int argc, char** argv) {
   bool sequential = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg.rfind("--epochs=", 0) == 0) epochs = std::stoul(arg.substr(9));
-    else if (arg == "--sequential") sequential = true;
-    else if (arg.rfind("--save=", 0) == 0) save = arg.substr(7);
-    else root = arg;
+    if (arg.rfind("--epochs=", 0) == 0)
+      epochs = std::stoul(arg.substr(9));
+    else if (arg == "--sequential")
+      sequential = true;
+    else if (arg.rfind("--save=", 0) == 0)
+      save = arg.substr(7);
+    else
+      root = arg;
   }
   torch::manual_seed(1);
   torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);
