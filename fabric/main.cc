@@ -56,7 +56,7 @@ int run_main(int argc, char** argv, const ConfigSchema& schema, const MainBody& 
     write_to_terminal("error" + rank_suffix() + ": " + without_backtrace(e));
     return 1;
   } catch (const std::exception& e) {
-    write_to_terminal("error" + rank_suffix() + ": " + e.what());
+    write_to_terminal("error" + rank_suffix() + ": " + describe(e));
     return 1;
   }
 }

@@ -98,17 +98,16 @@ PreparedCheckpoint prepare_checkpoint(const c10::IValue& contents, const std::st
   for (const auto& entry : entries)
     if (!known.count(entry.key().toStringRef())) unexpected.push_back(entry.key().toStringRef());
   std::string names;
-  if (!missing.empty()) names += "missing [" + join(missing, ", ") + "]";
+  if (!missing.empty()) names += "missing [" + join_cut(missing) + "]";
   if (!unexpected.empty())
-    names +=
-        (names.empty() ? "" : "; ") + std::string("unexpected [") + join(unexpected, ", ") + "]";
+    names += (names.empty() ? "" : "; ") + std::string("unexpected [") + join_cut(unexpected) + "]";
   if (!names.empty()) {
     if (strict)
       problems.insert(problems.begin(), source + ": entries differ: " + names);
     else
       out.warnings.push_back("entries skipped: " + names);
   }
-  if (!problems.empty()) throw Error(join(problems, "; "));
+  if (!problems.empty()) throw Error(join_cut(problems, 3, "; "));
   // The GradScaler of 16-mixed.
   const auto saved_scaler = find(top, "grad_scaler");
   if (scaler && saved_scaler.isGenericDict()) {

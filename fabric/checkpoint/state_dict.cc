@@ -99,10 +99,11 @@ std::function<void()> prepare_load(const torch::nn::Module& module,
   for (const auto& [name, t] : given) unexpected.push_back(name);
   if (!missing.empty() || !unexpected.empty() || !shapes.empty()) {
     std::string why;
-    if (!missing.empty()) why += "missing [" + join(missing) + "]";
+    // Each list cut after 8 names: another model's checkpoint would name hundreds.
+    if (!missing.empty()) why += "missing [" + join_cut(missing) + "]";
     if (!unexpected.empty())
-      why += std::string(why.empty() ? "" : "; ") + "unexpected [" + join(unexpected) + "]";
-    for (const auto& s : shapes) why += (why.empty() ? "" : "; ") + s;
+      why += std::string(why.empty() ? "" : "; ") + "unexpected [" + join_cut(unexpected) + "]";
+    if (!shapes.empty()) why += std::string(why.empty() ? "" : "; ") + join_cut(shapes, 4, "; ");
     throw Error(source + ": does not match the model: " + why);
   }
   return [copies = std::move(copies), partial_copies = std::move(partial_copies)] {

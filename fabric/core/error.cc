@@ -1,6 +1,7 @@
 #include "fabric/core/error.h"
 
 #include <cstdio>
+#include <filesystem>
 
 namespace fabric {
 
@@ -23,6 +24,19 @@ std::string one_line(const std::string& text, std::size_t max_chars) {
   }
   if (i < text.size()) out += "...";
   return out;
+}
+
+std::string describe(const std::exception& e) {
+  const auto* fs_error = dynamic_cast<const std::filesystem::filesystem_error*>(&e);
+  if (fs_error == nullptr) return e.what();
+  // what(): "filesystem error: <operation>: <reason> [path1] [path2]".
+  std::string operation = fs_error->what();
+  const std::string prefix = "filesystem error: ";
+  if (operation.rfind(prefix, 0) == 0) operation.erase(0, prefix.size());
+  operation = operation.substr(0, operation.find(": "));
+  std::string paths = fs_error->path1().string();
+  if (!fs_error->path2().empty()) paths += " -> " + fs_error->path2().string();
+  return operation + " " + paths + ": " + fs_error->code().message();
 }
 
 }  // namespace fabric

@@ -29,6 +29,11 @@ class ConfigError : public Error {
   explicit ConfigError(const std::string& message) : Error(one_line(message)) {}
 };
 
+// A std::exception's message in the project's terms, for the one line a program ends with. A
+// std::filesystem error ("filesystem error: cannot create directories: Not a directory [P]")
+// becomes "cannot create directories P: Not a directory"; other messages are kept.
+std::string describe(const std::exception& e);
+
 }  // namespace fabric
 
 #endif  // FABRIC_CORE_ERROR_H_

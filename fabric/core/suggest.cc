@@ -50,4 +50,12 @@ std::string join(const std::vector<std::string>& items, std::string_view separat
   return out;
 }
 
+std::string join_cut(const std::vector<std::string>& items, size_t limit,
+                     std::string_view separator) {
+  if (items.size() <= limit + 1) return join(items, separator);
+  std::vector<std::string> head(items.begin(), items.begin() + static_cast<std::ptrdiff_t>(limit));
+  return join(head, separator) + std::string(separator) + "... (" +
+         std::to_string(items.size() - limit) + " more)";
+}
+
 }  // namespace fabric

@@ -23,6 +23,10 @@ std::string did_you_mean(std::string_view word, const std::vector<std::string>& 
 // "a, b, c".
 std::string join(const std::vector<std::string>& items, std::string_view separator = ", ");
 
+// The first `limit` items joined, then "... (N more)" for the rest: lists in one-line errors.
+std::string join_cut(const std::vector<std::string>& items, size_t limit = 8,
+                     std::string_view separator = ", ");
+
 }  // namespace fabric
 
 #endif  // FABRIC_CORE_SUGGEST_H_

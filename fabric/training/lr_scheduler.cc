@@ -111,11 +111,16 @@ LRSchedule LRSchedule::from_config(const Config& c, int64_t total_steps) {
   if (name == "multistep") {
     std::vector<int64_t> milestones;
     for (double m : c.get_double_list("scheduler.milestones")) {
-      if (m != std::floor(m)) {
-        std::ostringstream text;
-        text << "scheduler.milestones: " << m << " is not a whole number of optimizer steps";
-        throw Error(text.str());
-      }
+      std::ostringstream text;
+      text << m;
+      if (m != std::floor(m))
+        throw c.error_at("scheduler.milestones",
+                         text.str() + " is not a whole number of optimizer steps");
+      if (m < 0 || (!milestones.empty() && m <= static_cast<double>(milestones.back())))
+        throw c.error_at("scheduler.milestones",
+                         text.str() +
+                             " breaks the order: milestones are optimizer steps >= 0 in "
+                             "increasing order, e.g. [100, 200]");
       milestones.push_back(static_cast<int64_t>(m));
     }
     return multistep(lr, std::move(milestones), c.get_double("scheduler.gamma"), warmup);

@@ -1,5 +1,6 @@
 // fabric::remove_tree: what std::filesystem::remove_all does, without calling it.
 #include "fabric/core/atomic_file.h"
+#include "fabric/core/error.h"
 
 #include <gtest/gtest.h>
 
@@ -44,6 +45,24 @@ TEST(RemoveTreeTest, AFileAndAMissingPath) {
   EXPECT_FALSE(ec);
   EXPECT_EQ(fabric::remove_tree(root / "missing", ec), 0u);
   EXPECT_FALSE(ec);
+}
+
+}  // namespace
+
+namespace {
+
+// A std::filesystem error leaves a program as one line in the project's terms (run_main, sweep).
+TEST(DescribeTest, FilesystemErrorsNameTheOperationThePathAndTheReason) {
+  const std::filesystem::path file = scratch("describe") / "plain_file";
+  std::ofstream(file) << "x";
+  try {
+    std::filesystem::create_directories(file / "sub");
+    FAIL() << "created a folder under a file";
+  } catch (const std::exception& e) {
+    EXPECT_EQ(fabric::describe(e),
+              "cannot create directories " + (file / "sub").string() + ": Not a directory");
+  }
+  EXPECT_EQ(fabric::describe(std::runtime_error("kept as it is")), "kept as it is");
 }
 
 }  // namespace
