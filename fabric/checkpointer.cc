@@ -1,7 +1,11 @@
 #include "fabric/checkpointer.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <iostream>
 #include <optional>
@@ -102,22 +106,54 @@ Checkpointer::Checkpointer(Fabric& f, CheckpointState state, const std::string& 
   claim_dir();
 }
 
+namespace {
+
+// "" when `dir` exists as a folder this process can write (created if missing), else why not.
+std::string unwritable_folder(const fs::path& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir))
+    return dir.string() + " cannot be a folder (" +
+           (ec ? ec.message() : std::string("a file is there")) + ")";
+  if (access(dir.c_str(), W_OK | X_OK) != 0)
+    return dir.string() + " is not writable (" + std::strerror(errno) + ")";
+  return "";
+}
+
+}  // namespace
+
 void Checkpointer::claim_dir() {
-  std::string newest;  // of another run's checkpoints in dir_ (rank 0 looks)
+  // Rank 0 looks, before training: a folder it cannot write, another run's checkpoints, or an
+  // export_weights folder it cannot write (found at the end of the run otherwise).
+  std::string key, problem;
   if (f_.is_global_zero()) {
     const auto files = checkpoints_in(dir_);
     std::error_code ec;
     const bool continues = !resumed_from_.empty() &&
                            fs::equivalent(fs::path(resumed_from_).parent_path(), dir_, ec);
-    if (!files.empty() && !continues) newest = files.back().filename().string();
+    if (!files.empty() && !continues) {
+      key = "checkpoint.dir";
+      problem = dir_.string() + " holds the checkpoints of another run (newest " +
+                files.back().filename().string() +
+                "), which this run would overwrite; continue that run with "
+                "checkpoint.resume=auto (or its path), or give this run a folder of its own (the "
+                "default {run_dir}/checkpoints)";
+    } else if (const std::string why = unwritable_folder(dir_); !why.empty()) {
+      key = "checkpoint.dir";
+      problem = why + "; give a folder this run can write";
+    } else if (!export_weights_.empty()) {
+      if (const std::string why = unwritable_folder(fs::path(export_weights_).parent_path());
+          !why.empty()) {
+        key = "checkpoint.export_weights";
+        problem = why + "; give a path in a folder this run can write, or none";
+      }
+    }
   }
-  if (f_.world_size() > 1) newest = f_.broadcast(newest);
-  if (newest.empty()) return;
-  throw f_.config().error_at(
-      "checkpoint.dir",
-      dir_.string() + " holds the checkpoints of another run (newest " + newest +
-          "), which this run would overwrite; continue that run with checkpoint.resume=auto (or "
-          "its path), or give this run a folder of its own (the default {run_dir}/checkpoints)");
+  if (f_.world_size() > 1) {
+    key = f_.broadcast(key);
+    problem = f_.broadcast(problem);
+  }
+  if (!problem.empty()) throw f_.config().error_at(key, problem);
 }
 
 Checkpointer::~Checkpointer() {

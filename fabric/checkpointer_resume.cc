@@ -150,8 +150,18 @@ void Checkpointer::resume(const std::string& configured) {
       std::ifstream marker(path / "latest");
       std::string latest;
       if (marker && std::getline(marker, latest) && !latest.empty()) {
+        // `latest` names a checkpoint of this folder (Checkpointer writes it), nothing else.
+        if (checkpoint_step(latest) < 0 || !fs::exists(path / latest, ec))
+          throw c.error_at("checkpoint.resume",
+                           (path / "latest").string() + " names '" + latest.substr(0, 200) +
+                               "', which is no checkpoint of " + path.string() +
+                               " (step-N.ckpt); give a checkpoint's path, or delete latest");
         path /= latest;
       } else {
+        fs::directory_iterator readable(path, ec);
+        if (ec)
+          throw c.error_at("checkpoint.resume",
+                           "cannot read " + path.string() + " (" + ec.message() + ")");
         const auto files = checkpoints_in(path);
         if (files.empty())
           throw c.error_at("checkpoint.resume", path.string() + " holds no checkpoint");

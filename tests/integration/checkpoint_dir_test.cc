@@ -1,7 +1,8 @@
 // A checkpoint folder belongs to one run (fabric/checkpointer.h): a second run into a folder that
 // holds another run's checkpoints continues them when it resumes from one, and otherwise stops
 // before training with one line naming the folder and the fix, leaving every file as it was; a
-// run with its own folder writes beside them.
+// run with its own folder writes beside them. Folders that cannot be written stop a run before
+// training; a `latest` naming something else is refused.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -64,6 +65,34 @@ TEST_F(CheckpointDirTest, ASecondRunContinuesTheFolderOrStopsWithoutTouchingIt) 
     auto own = run(job);
     EXPECT_EQ(own.code, 0) << own.out;
   }
+}
+
+// Where checkpoints or weights cannot go is found before training (exit 2, the key named), and a
+// `latest` that names anything but a checkpoint of its folder is refused naming `latest`.
+TEST_F(CheckpointDirTest, FoldersThatCannotBeWrittenAndForeignLatestStopBeforeTraining) {
+  std::ofstream(dir_ / "a_file") << "x";
+  auto into_file = run("checkpoint.dir=a_file/ckpts");
+  EXPECT_EQ(into_file.code, 2) << into_file.out;
+  EXPECT_NE(into_file.out.find("checkpoint.dir: " + (dir_ / "a_file" / "ckpts").string() +
+                               " cannot be a folder ("),
+            std::string::npos)
+      << into_file.out;
+  EXPECT_EQ(into_file.out.find("done at step"), std::string::npos) << into_file.out;
+  auto weights = run("checkpoint.export_weights=a_file/weights.pt");
+  EXPECT_EQ(weights.code, 2) << weights.out;
+  EXPECT_NE(weights.out.find("checkpoint.export_weights: " + (dir_ / "a_file").string() +
+                             " cannot be a folder ("),
+            std::string::npos)
+      << weights.out;
+
+  fs::create_directories(dir_ / "foreign");
+  std::ofstream(dir_ / "foreign" / "latest") << "/etc/passwd\n";
+  auto foreign = run("checkpoint.resume=foreign");
+  EXPECT_EQ(foreign.code, 2) << foreign.out;
+  EXPECT_NE(foreign.out.find("checkpoint.resume: " + (dir_ / "foreign" / "latest").string() +
+                             " names '/etc/passwd', which is no checkpoint of "),
+            std::string::npos)
+      << foreign.out;
 }
 
 }  // namespace
