@@ -113,6 +113,39 @@ torch::Tensor as_nchw(const torch::Tensor& x) {
   return y.to(torch::kFloat).contiguous();
 }
 
+// At most this many classes (labels 0 .. kMaxClasses - 1): a stray huge label would otherwise size
+// the model's last layer (a label of 2**40: a 140 TB allocation).
+constexpr int64_t kMaxClasses = int64_t{1} << 20;
+
+// Class labels checked when the data opens, not when their batch comes: integers [N], none
+// negative; train's at most kMaxClasses classes; val's within train's `classes` (> 0). Returns
+// the number of classes (max label + 1). Errors name the file and the row.
+int64_t check_labels(const fabric::NpyDataset& d, int64_t classes) {
+  const std::string& file = d.targets_name();
+  const torch::Tensor& y = d.targets();
+  if (c10::isFloatingType(y.scalar_type()) || c10::isComplexType(y.scalar_type()))
+    throw fabric::Error(file + ": labels are " + std::string(c10::toString(y.scalar_type())) +
+                        "; class labels are integers (np.save(f, y.astype(np.int64)))");
+  if (y.dim() != 1)
+    throw fabric::Error(file + ": labels have shape " + c10::str(y.sizes()) +
+                        "; class labels are one integer per row [N]");
+  const auto at = [&](const torch::Tensor& row) {
+    const int64_t r = row.item<int64_t>();
+    return "label " + std::to_string(y[r].item<int64_t>()) + " at row " + std::to_string(r);
+  };
+  if (y.lt(0).any().item<bool>())
+    throw fabric::Error(file + ": " + at(y.argmin()) + "; class labels are 0, 1, 2, ...");
+  const int64_t max = y.max().item<int64_t>();
+  if (classes < 0 && max >= kMaxClasses)
+    throw fabric::Error(file + ": " + at(y.argmax()) + " would make " + std::to_string(max + 1) +
+                        " classes (at most " + std::to_string(kMaxClasses) +
+                        "); class labels are 0 .. C-1");
+  if (classes >= 0 && max >= classes)
+    throw fabric::Error(file + ": " + at(y.argmax()) + " is no class of the train split (0.." +
+                        std::to_string(classes - 1) + ")");
+  return max + 1;
+}
+
 struct Split {
   std::shared_ptr<const fabric::Dataset> train, val;
   int64_t classes = 0, channels = 0;
@@ -194,15 +227,19 @@ Split load_data(const fabric::Config& c, fabric::Fabric& f) {
   torch::Tensor sample;  // float [n, C, H, W]: what the normalization is computed from
   if (format == "npy" || (format == "auto" && has_npy(root))) {
     auto train = load_split(root, "train");
-    s.val = load_split(root, "val");
+    auto val = load_split(root, "val");
+    for (const auto* split : {train.get(), val.get()})
+      if (split->size() == 0)
+        throw fabric::Error(split->inputs_name() + ": the " + (split == train.get() ? "train" : "val") +
+                            " split holds no examples");
+    s.val = val;
     const auto& inputs = train->inputs();
     if (inputs.dim() < 3 || inputs.dim() > 4) {
       throw fabric::Error(root.string() + ": train inputs have shape " + c10::str(inputs.sizes()) +
                           "; expected images [N, C, H, W], [N, H, W] or [N, H, W, C]");
     }
-    if (train->targets().dim() != 1)
-      throw fabric::Error(root.string() + ": train targets must be class labels [N]");
-    s.classes = train->targets().max().item<int64_t>() + 1;
+    s.classes = check_labels(*train, -1);
+    check_labels(*val, s.classes);
     const int64_t n = train->size(), count = std::min<int64_t>(n, 4096);
     const auto rows = torch::linspace(0, static_cast<double>(n - 1), count).to(torch::kInt64);
     sample = as_nchw(inputs.index_select(0, rows));

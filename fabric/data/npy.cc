@@ -362,13 +362,16 @@ std::map<std::string, torch::Tensor> parse_npz(const char* d, size_t n, const st
 
 NpyDataset::NpyDataset(torch::Tensor inputs, torch::Tensor targets, std::string inputs_name,
                        std::string targets_name)
-    : inputs_(std::move(inputs)), targets_(std::move(targets)) {
+    : inputs_(std::move(inputs)),
+      targets_(std::move(targets)),
+      inputs_name_(std::move(inputs_name)),
+      targets_name_(std::move(targets_name)) {
   if (inputs_.dim() == 0 || targets_.dim() == 0)
-    throw Error(inputs_.dim() == 0 ? inputs_name + ": a 0-d array has no rows"
-                                   : targets_name + ": a 0-d array has no rows");
+    throw Error(inputs_.dim() == 0 ? inputs_name_ + ": a 0-d array has no rows"
+                                   : targets_name_ + ": a 0-d array has no rows");
   if (inputs_.size(0) != targets_.size(0)) {
-    throw Error(inputs_name + " has " + std::to_string(inputs_.size(0)) + " rows but " +
-                targets_name + " has " + std::to_string(targets_.size(0)));
+    throw Error(inputs_name_ + " has " + std::to_string(inputs_.size(0)) + " rows but " +
+                targets_name_ + " has " + std::to_string(targets_.size(0)));
   }
   if (!c10::isFloatingType(targets_.scalar_type()) && !c10::isComplexType(targets_.scalar_type()))
     targets_ = targets_.to(torch::kInt64);  // class labels (small next to the inputs)

@@ -59,9 +59,13 @@ class NpyDataset : public Dataset {
   Batch get_batch(const std::vector<int64_t>& indices) const override;
   const torch::Tensor& inputs() const { return inputs_; }
   const torch::Tensor& targets() const { return targets_; }
+  // The sources as given ("DIR/train/targets.npy", "DIR/train.npz:targets"), for messages.
+  const std::string& inputs_name() const { return inputs_name_; }
+  const std::string& targets_name() const { return targets_name_; }
 
  private:
   torch::Tensor inputs_, targets_;
+  std::string inputs_name_, targets_name_;
 };
 
 }  // namespace fabric

@@ -5,7 +5,8 @@
 // the accuracy band of the binary-format example on the same images; over 2 ranks, resumed from a
 // checkpoint in the middle of an epoch, each ends with weights bitwise those of the uninterrupted
 // run; a corrupt image stops the run with one line naming it, or with data.skip_bad_files is
-// left out and counted; a missing split is one line naming what was expected.
+// left out and counted; a missing split is one line naming what was expected, as are bad labels
+// and empty splits.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -251,6 +252,49 @@ TEST_F(ImageClassifierTest, MissingSplitsAndFoldersAreOneLine) {
   EXPECT_NE(none.out.find("data.root: set it to your data folder, e.g. data.root=DIR"),
             std::string::npos)
       << none.out;
+}
+
+// Labels are checked when the data opens, each error one line naming the file and the row (before,
+// float labels failed deep in LibTorch, a label of 2**40 tried a 140 TB allocation, a val label
+// outside the classes counted as a miss, an empty val split reported accuracy 0).
+TEST_F(ImageClassifierTest, BadLabelsAndEmptySplitsAreFoundWhenTheDataOpens) {
+  const fs::path script = dir_ / "bad_labels.py";
+  std::ofstream(script) << R"(import os, sys, numpy as np
+base = sys.argv[1]
+def write(name, y, yv, n=32, nv=8):
+    root = f'{base}/{name}'
+    os.makedirs(f'{root}/train', exist_ok=True)
+    np.save(f'{root}/train/inputs.npy', np.zeros((n, 8, 8), np.uint8))
+    np.save(f'{root}/train/targets.npy', y)
+    np.savez(f'{root}/val.npz', inputs=np.zeros((nv, 8, 8), np.uint8), targets=yv)
+ok, okv = np.arange(32) % 10, np.arange(8) % 10
+write('float', ok.astype(np.float32), okv)
+write('negative', np.where(np.arange(32) == 5, -1, ok), okv)
+write('huge', np.where(np.arange(32) == 7, 2**40, ok), okv)
+write('outside', ok, np.where(np.arange(8) == 3, 12, okv))
+write('empty_val', ok, okv[:0], nv=0)
+write('empty_train', ok[:0], okv, n=0)
+)";
+  const auto made = fabric::testing::run_command(fabric::testing::python_interpreter() + " " +
+                                                 script.string() + " " + dir_.string());
+  ASSERT_EQ(made.code, 0) << made.out;
+  const std::string d = dir_.string();
+  for (const auto& [name, line] : std::vector<std::pair<std::string, std::string>>{
+           {"float", d + "/float/train/targets.npy: labels are Float; class labels are integers "
+                         "(np.save(f, y.astype(np.int64)))"},
+           {"negative", d + "/negative/train/targets.npy: label -1 at row 5; class labels are 0, "
+                            "1, 2, ..."},
+           {"huge", d + "/huge/train/targets.npy: label 1099511627776 at row 7 would make "
+                        "1099511627777 classes (at most 1048576); class labels are 0 .. C-1"},
+           {"outside", d + "/outside/val.npz:targets: label 12 at row 3 is no class of the train "
+                           "split (0..9)"},
+           {"empty_val", d + "/empty_val/val.npz:inputs: the val split holds no examples"},
+           {"empty_train", d + "/empty_train/train/inputs.npy: the train split holds no examples"},
+       }) {
+    Result r = run("image_classifier", "data.root=" + d + "/" + name + " fabric.accelerator=cpu");
+    EXPECT_EQ(r.code, 1) << name << ":\n" << r.out;
+    EXPECT_NE(r.out.find("error: " + line), std::string::npos) << name << ":\n" << r.out;
+  }
 }
 
 }  // namespace
