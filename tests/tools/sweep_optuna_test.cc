@@ -182,4 +182,17 @@ TEST_F(SweepTest, OptunaWithAnUnknownSamplerIsOneLine) {
   EXPECT_TRUE(invocations().empty());
 }
 
+// A storage file in a folder that is not there: said before anything runs, at the storage: line
+// (before, Optuna's error came with no place in the sweep file). No Optuna needed to say it.
+TEST_F(SweepTest, OptunaStorageInAMissingFolderIsOneLineAtItsPlace) {
+  write_sweep(std::string(kOptuna) + "trials: 2\nstorage: sqlite:////no/such/folder/x.db\n");
+  const auto r = sweep();
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("s.yaml:7:10: storage: sqlite:////no/such/folder/x.db: the folder "
+                       "/no/such/folder is not there or not writable; "),
+            std::string::npos)
+      << r.out;
+  EXPECT_TRUE(invocations().empty());
+}
+
 }  // namespace

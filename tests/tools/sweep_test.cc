@@ -278,6 +278,37 @@ TEST_F(SweepTest, SweepKilledWithSigkillCompletesOnRerunWithoutRepeatingFinished
   EXPECT_EQ(state()["runs"]["lr=0.3_seed=1"]["status"], "done");
 }
 
+// Many runs to check (each a start of the program) say so before the first check.
+TEST_F(SweepTest, ChecksOfManyRunsSaySoFirst) {
+  write_sweep("search: random\ntrials: 21\nspace: {optimizer.lr: {uniform: [0.01, 1]}}\n"
+              "metric: fake_metric\nmode: max\n");
+  auto r = sweep("", "--dry_run");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("sweep: checking the configs of 21 runs ("), std::string::npos) << r.out;
+}
+
+// A metric no run reports: the sweep ends saying why best.yaml is missing, with the closest key.
+TEST_F(SweepTest, AMetricNoRunReportsSaysWhyThereIsNoBest) {
+  write_sweep("grid: {optimizer.lr: [0.1]}\nmetric: fake_metrc\nmode: max\n");
+  auto r = sweep();
+  EXPECT_NE(r.out.find("best.yaml not written: no finished run's summary.json has metric "
+                       "'fake_metrc'; did you mean 'fake_metric'? (its numbers: "),
+            std::string::npos)
+      << r.out;
+  EXPECT_FALSE(fs::exists(dir_ / "out" / "best.yaml"));
+}
+
+TEST_F(SweepTest, ASweepFolderThatCannotBeOneIsAConfigError) {
+  write_sweep("grid: {optimizer.lr: [0.1]}\nmetric: fake_metric\nmode: max\n");
+  std::ofstream(dir_ / "a_file") << "x";
+  auto r = fabric::testing::run_command(command("", "", "a_file/sweep"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("command line: --dir=a_file/sweep: cannot be the sweep's folder (Not a "
+                       "directory); give a folder you can write"),
+            std::string::npos)
+      << r.out;
+}
+
 TEST_F(SweepTest, EveryRunIsCheckedBeforeAnyRuns) {
   write_sweep("grid:\n  optimizer.lr: [0.1, -1]\nmetric: fake_metric\nmode: max\n");
   auto r = sweep();

@@ -139,7 +139,12 @@ fs::path find_sweep_file(const std::string& name) {
 
 // Holds an exclusive lock on <dir>/.lock for the life of the process.
 void lock_sweep_dir(const fs::path& dir) {
-  fs::create_directories(dir);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir))
+    throw ConfigError("command line: --dir=" + fabric::display_path(dir) + ": cannot be the sweep's "
+                      "folder (" + (ec ? ec.message() : std::string("a file is there")) +
+                      "); give a folder you can write");
   const fs::path lock = dir / ".lock";
   const int fd = open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) throw Error("cannot write " + lock.string() + ": " + std::strerror(errno));
@@ -208,7 +213,7 @@ int sweep_main(int argc, char** argv) {
   }
   int done = 0;
   for (const auto& run : spec.runs) done += fabric::sweep::has_result(state[run.id].status);
-  fabric::sweep::preflight(spec, state, options);
+  fabric::sweep::preflight(spec, state, options, &std::cout);
   const size_t runs = optuna ? std::max<size_t>(spec.runs.size(), static_cast<size_t>(spec.trials))
                             : spec.runs.size();
   std::cout << "sweep " << spec.name << ": " << runs << " runs (" << done
@@ -256,7 +261,7 @@ int main(int argc, char** argv) {
     std::cerr << e.what() << std::endl;
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << std::endl;
+    std::cerr << "error: " << fabric::describe(e) << std::endl;
     return 1;
   }
 }

@@ -1,5 +1,7 @@
 #include "tools/sweep/sweep_optuna.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -50,6 +52,17 @@ OptunaStudy::OptunaStudy(const SweepSpec& spec, const fs::path& sweep_dir) : spe
   const char* python = std::getenv("PYTHON");
   python_ = python != nullptr && *python != '\0' ? python : "python3";
   storage_ = spec.storage.empty() ? "sqlite:///" + (sweep_dir / "optuna.db").string() : spec.storage;
+  // A SQLite file in a folder that is not there (or not writable) is said now, at its line.
+  if (!spec.storage.empty() && spec.storage.rfind("sqlite:///", 0) == 0) {
+    const fs::path db = spec.storage.substr(10);  // sqlite:////abs/x.db, sqlite:///relative.db
+    const fs::path folder = db.has_parent_path() ? db.parent_path() : fs::path(".");
+    std::error_code ec;
+    if (!fs::is_directory(folder, ec) || access(folder.c_str(), W_OK | X_OK) != 0)
+      throw ConfigError(spec.storage_mark + ": storage: " + spec.storage + ": the folder " +
+                        folder.string() +
+                        " is not there or not writable; create it, or leave storage: out (the "
+                        "study then lives in <sweep dir>/optuna.db)");
+  }
   try {
     bridge_ = find_bridge();
     run({"check", "--sampler=" + spec.sampler});

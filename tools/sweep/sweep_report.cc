@@ -249,6 +249,23 @@ int write_report(const SweepSpec& spec, SweepState& state, const std::filesystem
     if (const auto best = best_config(spec, records, sweep_dir / "best.yaml")) {
       write_file_atomically(sweep_dir / "best.yaml", best->yaml);
       best_line = "best: " + best->run_id + " -> " + display_path(sweep_dir / "best.yaml") + "\n";
+    } else {
+      // Runs finished but none has the metric: a typo in metric: ranks nothing; say so once.
+      std::vector<std::string> keys;
+      bool any_done = false, any_metric = false;
+      for (const auto& [id, rec] : records) {
+        if (rec.status != RunStatus::kDone || !rec.summary.is_object()) continue;
+        any_done = true;
+        any_metric |= rec.summary.contains(spec.metric) && rec.summary[spec.metric].is_number();
+        if (keys.empty())
+          for (const auto& [k, v] : rec.summary.items())
+            if (v.is_number()) keys.push_back(k);
+      }
+      if (any_done && !any_metric)
+        best_line = "best.yaml not written: no finished run's summary.json has metric '" +
+                    spec.metric + "'" + did_you_mean(spec.metric, keys) + " (its numbers: " +
+                    join_cut(keys) + "); set metric: in " + spec.file +
+                    " and run again (finished runs are not repeated)\n";
     }
   } catch (const Error& e) {  // the results stand without it
     best_line = std::string("best.yaml not written: ") + e.what() + "\n";

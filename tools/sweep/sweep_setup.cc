@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <regex>
 #include <vector>
@@ -193,14 +194,30 @@ void plan_devices(const SweepSpec& spec, const Setup& setup, RunnerOptions& opti
   split_cpus();
 }
 
-void preflight(const SweepSpec& spec, SweepState& state, const RunnerOptions& options) {
-  for (const SweepRun& run : spec.runs) {
-    if (has_result(state[run.id].status)) continue;
-    auto argv = run_command_line(spec, run, options);
+void preflight(const SweepSpec& spec, SweepState& state, const RunnerOptions& options,
+               std::ostream* progress) {
+  std::vector<const SweepRun*> pending;
+  for (const SweepRun& run : spec.runs)
+    if (!has_result(state[run.id].status)) pending.push_back(&run);
+  // Many checks take a while (a program's start-up each): say so, then every 5 seconds.
+  using Clock = std::chrono::steady_clock;
+  const bool tell = progress != nullptr && pending.size() > 20;
+  if (tell)
+    *progress << "sweep: checking the configs of " << pending.size() << " runs (" << spec.binary
+              << " --print_config each)" << std::endl;
+  auto next_line = Clock::now() + std::chrono::seconds(5);
+  for (size_t i = 0; i < pending.size(); ++i) {
+    auto argv = run_command_line(spec, *pending[i], options);
     argv.push_back("--print_config");
     const Captured c = run_captured(argv, options.cwd);
     if (c.code != 0)
-      throw ConfigError(locate(spec, &run, last_line(c.output)) + " (run " + run.id + ")");
+      throw ConfigError(locate(spec, pending[i], last_line(c.output)) + " (run " +
+                        pending[i]->id + ")");
+    if (tell && Clock::now() >= next_line) {
+      *progress << "sweep: checked " << i + 1 << " of " << pending.size() << " run configs"
+                << std::endl;
+      next_line = Clock::now() + std::chrono::seconds(5);
+    }
   }
 }
 

@@ -37,7 +37,9 @@ void plan_devices(const SweepSpec& spec, const Setup& setup, RunnerOptions& opti
 
 // Checks every run that is not done with `program ... --print_config`. Throws ConfigError
 // "FILE:LINE:COL: KEY: problem (run ID)" pointing at the value in the sweep file.
-void preflight(const SweepSpec& spec, SweepState& state, const RunnerOptions& options);
+// With more than 20 runs to check, says so on `progress` first and then every 5 seconds.
+void preflight(const SweepSpec& spec, SweepState& state, const RunnerOptions& options,
+               std::ostream* progress = nullptr);
 
 // The visible GPUs: CUDA_VISIBLE_DEVICES entries when set, else /dev/nvidia0, /dev/nvidia1, ...
 std::vector<std::string> visible_gpus();

@@ -186,6 +186,7 @@ SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
       spec.sampler = p.scalar(v, key);
     } else if (key == "storage") {
       spec.storage = p.scalar(v, key);
+      spec.storage_mark = p.at(v);
     } else if (key == "study") {
       spec.study = p.scalar(v, key);
     } else if (key == "trials") {

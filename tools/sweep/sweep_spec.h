@@ -108,6 +108,7 @@ struct SweepSpec {
   // sampler's name, the storage URL ("" = <sweep dir>/optuna.db) and the study name.
   std::vector<std::pair<std::string, Distribution>> space;
   std::string sampler = "TPESampler", storage, study;
+  std::string storage_mark;  // "FILE:LINE:COL" of storage:, "" when absent
   PrunerSpec pruner;
   // The expansion, in order: list entry, then grid (last key fastest). search: optuna: empty at
   // parse time; the sweep adds a run per trial as it asks Optuna (sweep_optuna.h).
