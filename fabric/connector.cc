@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "fabric/accelerators/device_info.h"
+#include "fabric/core/suggest.h"
 #include "fabric/environments/environments.h"
 
 namespace fabric {
@@ -197,6 +198,16 @@ void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) 
   }
   s.strategy = want == "ddp" || (want == "auto" && world > 1) ? StrategyKind::kDdp
                                                               : StrategyKind::kSingleDevice;
+  if (want != "fsdp") {  // fsdp's keys, set by the user, configure nothing else: say so
+    std::vector<std::string> inert;
+    for (const auto& p : c.schema().paths())
+      if (p.rfind("fabric.fsdp.", 0) == 0 && c.origin(p) != "default") inert.push_back(p);
+    if (!inert.empty())
+      s.warnings.push_back(c.origin(inert[0]) + ": " + join(inert) +
+                           (inert.size() == 1 ? ": has" : ": have") +
+                           " no effect under fabric.strategy: " + want +
+                           " (fabric.fsdp keys configure fsdp)");
+  }
   if (want == "fsdp") {
     s.fsdp.sharding_strategy =
         parsed(c, "fabric.fsdp.sharding_strategy", strategies::parse_sharding_strategy);

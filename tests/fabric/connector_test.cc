@@ -46,6 +46,20 @@ TEST(ConnectorTest, DataParallelIsOneProcessOverEveryGpuOrFallsBackWithAWarning)
   }
 }
 
+// fsdp keys someone set, under another strategy, configure nothing: one warning names them.
+TEST(ConnectorTest, FsdpKeysUnderAnotherStrategyAreSaidToHaveNoEffect) {
+  auto s = resolve({"fabric.strategy=ddp", "fabric.fsdp.min_unit_params=5",
+                    "fabric.fsdp.wrap_modules=Linear"},
+                   cpu_machine());
+  ASSERT_EQ(s.warnings.size(), 1u);
+  EXPECT_EQ(s.warnings[0],
+            "command line: fabric.fsdp.wrap_modules, fabric.fsdp.min_unit_params: have no effect "
+            "under fabric.strategy: ddp (fabric.fsdp keys configure fsdp)");
+  EXPECT_TRUE(resolve({"fabric.strategy=fsdp", "fabric.fsdp.min_unit_params=5"}, cpu_machine())
+                  .warnings.empty());
+  EXPECT_TRUE(resolve({"fabric.strategy=ddp"}, cpu_machine()).warnings.empty());
+}
+
 TEST(ConnectorTest, AutoDevicesWithDdpMeanEveryGpuOrTwoCpuProcesses) {
   auto s = resolve({"fabric.strategy=ddp"}, gpu_machine(4));
   EXPECT_EQ(s.devices.size(), 4u);
