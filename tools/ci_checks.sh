@@ -145,9 +145,9 @@ fi
 rm -rf "$tmp"
 
 # 6. The libFuzzer harnesses (tests/fuzz/, clang with -fsanitize=fuzzer,address: the config and
-#    checkpoint readers, the .npy/.npz reader, the JPEG/PNG decoders, the tar reader) build and run
-#    15 s each (their seed corpora included; the 10-minute runs are in docs/building.md) without a crash, a sanitizer report or an unexpected exception.
-for harness in config checkpoint npy image tar; do
+#    checkpoint readers, the .npy/.npz reader, the JPEG/PNG decoders, the tar reader, the sweep
+#    file parser, sharded checkpoint folders) build and run 15 s each (their seed corpora included; the 10-minute runs are in docs/building.md) without a crash, a sanitizer report or an unexpected exception.
+for harness in config checkpoint npy image tar sweep folder; do
   tmp=$(mktemp -d)
   cp -r "tests/fuzz/corpus/$harness/." "$tmp/"
   out=$(LSAN_OPTIONS="suppressions=$PWD/tests/fuzz/lsan.supp" bazel run --noshow_progress --config=fuzz \

@@ -361,14 +361,23 @@ Manifest read_manifest(const fs::path& path) {
     throw Error(where + ": not a sharded checkpoint manifest");
   if (!std::regex_search(manifest, m, std::regex("\"version\": ([0-9]+)")) || m[1] != "1")
     throw Error(where + ": unsupported version (this build reads version 1)");
+  // Numbers of at most 15 digits (the regexes admit only digits): no overflow, no huge loop.
+  const auto number = [&](const std::string& digits, const char* what) {
+    if (digits.size() > 15) throw Error(where + ": " + what + " " + digits + " is out of range");
+    return std::stoll(digits);
+  };
   if (!std::regex_search(manifest, m, std::regex("\"world_size\": ([0-9]+)")))
     throw Error(where + ": no world_size");
   Manifest out;
-  out.world = std::stoll(m[1]);
-  const std::string files = manifest.substr(manifest.find("\"files\""));
+  out.world = number(m[1], "world_size");
+  if (out.world < 1 || out.world > (int64_t{1} << 20))
+    throw Error(where + ": world_size " + std::to_string(out.world) + " is out of range");
+  const size_t files_at = manifest.find("\"files\"");
+  if (files_at == std::string::npos) throw Error(where + ": no files list");
+  const std::string files = manifest.substr(files_at);
   const std::regex entry("\"([^\"]+\\.pt)\": ([0-9]+)");
   for (std::sregex_iterator it(files.begin(), files.end(), entry), end; it != end; ++it)
-    out.sizes[(*it)[1]] = std::stoll((*it)[2]);
+    out.sizes[(*it)[1]] = number((*it)[2], "file size");
   // Every file is there with its size before any is read (a damaged shard fails every reader).
   std::vector<std::string> names = {kShardedCommon};
   for (int64_t r = 0; r < out.world; ++r) names.push_back(shard_file_name(r, out.world));

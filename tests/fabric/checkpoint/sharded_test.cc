@@ -186,6 +186,25 @@ TEST(ShardedTest, AFolderIsReadWholeByReadCheckpointAndByPython) {
                                          " bytes, the manifest says " + std::to_string(bytes) +
                                          " (damaged or replaced)");
   }
+  // Manifests folder_fuzzer wrote (before: std::out_of_range, or a loop over 10^15 names).
+  const fs::path manifest = dir / "manifest.json";
+  for (const auto& [text, why] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"format": "fabric-sharded-checkpoint", "version": 1, "world_size": 2})",
+            "no files list"},
+           {R"({"format": "fabric-sharded-checkpoint", "version": 1, "world_size": )"
+            R"(999999999999999, "files": {}})",
+            "world_size 999999999999999 is out of range"},
+           {R"({"format": "fabric-sharded-checkpoint", "version": 1, "world_size": )"
+            R"(99999999999999999999, "files": {}})",
+            "world_size 99999999999999999999 is out of range"}}) {
+    std::ofstream(manifest, std::ios::trunc) << text;
+    try {
+      fabric::read_checkpoint(dir);
+      ADD_FAILURE() << "read " << text;
+    } catch (const fabric::Error& e) {
+      EXPECT_EQ(std::string(e.what()), manifest.string() + ": " + why);
+    }
+  }
   fs::remove_all(dir);
 }
 
