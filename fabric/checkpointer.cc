@@ -55,13 +55,47 @@ bool all_finite(const c10::IValue& value) {
 
 }  // namespace
 
-std::string Checkpointer::expand(const Config& c, const std::string& key,
-                                 const std::vector<std::pair<std::string, std::string>>& fields) {
+namespace {
+
+// `key`'s pattern with its {fields} replaced; ConfigError at `key` for a bad pattern.
+std::string expand(const Config& c, const std::string& key,
+                   const std::vector<std::pair<std::string, std::string>>& fields) {
   try {
     return expand_fields(c.get_string(key), fields);
   } catch (const Error& e) {
     throw c.error_at(key, e.what());
   }
+}
+
+}  // namespace
+
+CheckpointerOptions CheckpointerOptions::from_config(const Config& c, const std::string& name,
+                                                     const fs::path& run_dir) {
+  CheckpointerOptions o;
+  const std::vector<std::pair<std::string, std::string>> fields = {{"run_dir", run_dir.string()},
+                                                                   {"name", name}};
+  o.dir_pattern = c.get_string("checkpoint.dir");
+  o.dir = absolute_from_working_directory(expand(c, "checkpoint.dir", fields));
+  o.every_n_steps = c.get_int("checkpoint.every_n_steps");
+  o.every_n_epochs = c.get_int("checkpoint.every_n_epochs");
+  o.keep_last = c.get_int("checkpoint.keep_last");
+  o.save_last = c.get_bool("checkpoint.save_last");
+  o.async = c.get_bool("checkpoint.async");
+  o.resume = c.get_string("checkpoint.resume");
+  if (c.get_string("checkpoint.export_weights") != "none")
+    o.export_weights =
+        absolute_from_working_directory(expand(c, "checkpoint.export_weights", fields)).string();
+  return o;
+}
+
+std::vector<fs::path> CheckpointerOptions::search_dirs(const Config& c,
+                                                       const std::string& name) const {
+  if (dir_pattern.find("{run_dir}") == std::string::npos) return {dir};
+  std::vector<fs::path> out;
+  for (const fs::path& run : RunDirectory::earlier(c, name))
+    out.push_back(absolute_from_working_directory(
+        expand(c, "checkpoint.dir", {{"run_dir", run.string()}, {"name", name}})));
+  return out;
 }
 
 std::vector<fs::path> checkpoints_in(const fs::path& dir) {
@@ -85,24 +119,20 @@ int64_t checkpoint_step(const std::string& file_name) {
 
 Checkpointer::Checkpointer(Fabric& f, CheckpointState state, const std::string& name,
                            const fs::path& run_dir)
-    : f_(f), state_(std::move(state)), name_(name), run_dir_(run_dir) {
-  const Config& c = f.config();
-  dir_ = absolute_from_working_directory(
-      expand(c, "checkpoint.dir", {{"run_dir", run_dir.string()}, {"name", name}}));
-  every_n_steps_ = c.get_int("checkpoint.every_n_steps");
-  every_n_epochs_ = c.get_int("checkpoint.every_n_epochs");
-  keep_last_ = c.get_int("checkpoint.keep_last");
-  save_last_ = c.get_bool("checkpoint.save_last");
-  export_weights_ = c.get_string("checkpoint.export_weights");
-  if (export_weights_ == "none") export_weights_.clear();
-  if (!export_weights_.empty())
-    export_weights_ =
-        absolute_from_working_directory(
-            expand(c, "checkpoint.export_weights", {{"run_dir", run_dir.string()}, {"name", name}}))
-            .string();
-  async_ = c.get_bool("checkpoint.async");
+    : f_(f),
+      state_(std::move(state)),
+      name_(name),
+      options_(CheckpointerOptions::from_config(f.config(), name, run_dir)),
+      run_dir_(run_dir),
+      dir_(options_.dir),
+      every_n_steps_(options_.every_n_steps),
+      every_n_epochs_(options_.every_n_epochs),
+      keep_last_(options_.keep_last),
+      save_last_(options_.save_last),
+      async_(options_.async),
+      export_weights_(options_.export_weights) {
   state_.add("checkpointer.step", step_).add("checkpointer.epoch", epoch_);
-  resume(c.get_string("checkpoint.resume"));
+  resume(options_.resume);
   claim_dir();
 }
 

@@ -73,6 +73,25 @@
 
 namespace fabric {
 
+// The checkpoint: keys above, read and checked once (ConfigError at the key), as
+// LRSchedule::from_config does for the scheduler: keys.
+struct CheckpointerOptions {
+  std::filesystem::path dir;  // checkpoint.dir with {run_dir} and {name} expanded, absolute
+  std::string dir_pattern;    // checkpoint.dir as written
+  int64_t every_n_steps = 0, every_n_epochs = 1, keep_last = 3;
+  bool save_last = true, async = false;
+  std::string resume = "none";  // none | auto | PATH (as written)
+  std::string export_weights;   // expanded, absolute; "" when none
+
+  // `config`'s checkpoint: keys for program `name` whose run directory is `run_dir`.
+  static CheckpointerOptions from_config(const Config& config, const std::string& name,
+                                         const std::filesystem::path& run_dir);
+  // Where resume: auto looks: `dir`, and when checkpoint.dir lies in the run directory, that
+  // folder in each earlier run of `name` (RunDirectory::earlier).
+  std::vector<std::filesystem::path> search_dirs(const Config& config,
+                                                 const std::string& name) const;
+};
+
 class Checkpointer {
  public:
   // Reads the policy from f.config() (ConfigError for a bad value) and, per checkpoint.resume,
@@ -129,9 +148,6 @@ class Checkpointer {
   // skipped with a warning naming `why`), on every rank; "" when none. Collective.
   std::string newest_verified(const std::string& why,
                               std::optional<std::chrono::system_clock::time_point> since);
-  // `key`'s pattern with its {fields} replaced; ConfigError at `key` for a bad pattern.
-  static std::string expand(const Config& c, const std::string& key,
-                            const std::vector<std::pair<std::string, std::string>>& fields);
   void resume(const std::string& configured);
   void load_from(const std::string& chosen);
   // A checkpoint folder belongs to one run: when dir_ holds checkpoints and this run did not
@@ -148,6 +164,7 @@ class Checkpointer {
   Fabric& f_;
   CheckpointState state_;
   std::string name_;
+  CheckpointerOptions options_;
   std::filesystem::path run_dir_, dir_;
   int64_t every_n_steps_, every_n_epochs_, keep_last_;
   bool save_last_, async_ = false;

@@ -17,62 +17,11 @@
 namespace fabric {
 namespace fs = std::filesystem;
 
-namespace {
-
-constexpr char kAnyTimestamp = '\x01';  // stands for {timestamp} while searching earlier runs
-constexpr char kAnySuffix = '\x02';     // "-N" a run directory may carry (run_dir.h)
-
-// Folders matching `pattern`, whose components may hold kAnyTimestamp / kAnySuffix.
-std::vector<fs::path> matching_folders(const fs::path& pattern) {
-  std::vector<fs::path> found = {pattern.root_path()};
-  for (const auto& part : pattern.relative_path()) {
-    const std::string p = part.string();
-    std::vector<fs::path> next;
-    if (p.find(kAnyTimestamp) == std::string::npos && p.find(kAnySuffix) == std::string::npos) {
-      for (const auto& f : found)
-        if (std::error_code ec; fs::is_directory(f / part, ec)) next.push_back(f / part);
-    } else {
-      std::string re;
-      for (char ch : p) {
-        if (ch == kAnyTimestamp)
-          re += "[0-9]{8}-[0-9]{6}";
-        else if (ch == kAnySuffix)
-          re += "(-[0-9]+)?";
-        else if (std::isalnum(static_cast<unsigned char>(ch)))
-          re += ch;
-        else
-          re += std::string("\\") + ch;
-      }
-      const std::regex matcher(re);
-      for (const auto& f : found) {
-        std::error_code ec;
-        for (const auto& entry : fs::directory_iterator(f, ec))
-          if (entry.is_directory(ec) && std::regex_match(entry.path().filename().string(), matcher))
-            next.push_back(entry.path());
-      }
-    }
-    found = std::move(next);
-  }
-  return found;
-}
-
-}  // namespace
-
 std::vector<fs::path> Checkpointer::candidates() const { return candidates_since({}); }
 
 std::vector<fs::path> Checkpointer::candidates_since(
     std::optional<std::chrono::system_clock::time_point> since) const {
-  const Config& c = f_.config();
-  std::vector<fs::path> folders = {dir_};
-  if (c.get_string("checkpoint.dir").find("{run_dir}") != std::string::npos) {
-    const std::string runs =
-        expand(
-            c, "logging.run_dir",
-            {{"name", name_}, {"timestamp", std::string(1, kAnyTimestamp)}, {"hash", c.hash()}}) +
-        kAnySuffix;
-    folders = matching_folders(absolute_from_working_directory(
-        expand(c, "checkpoint.dir", {{"run_dir", runs}, {"name", name_}})));
-  }
+  const std::vector<fs::path> folders = options_.search_dirs(f_.config(), name_);
   std::vector<std::pair<fs::file_time_type, fs::path>> found;
   for (const auto& folder : folders)
     for (const auto& file : checkpoints_in(folder)) {

@@ -4,10 +4,12 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <regex>
 
 #include <nlohmann/json.hpp>
 
@@ -93,6 +95,60 @@ fs::path RunDirectory::write_summary(const nlohmann::json& summary) const {
   const fs::path file = path_ / "summary.json";
   if (writer_) write_file_atomically(file, summary.dump(2) + "\n");
   return file;
+}
+
+namespace {
+
+constexpr char kAnyTimestamp = '\x01';  // stands for {timestamp} while searching earlier runs
+constexpr char kAnySuffix = '\x02';     // the "-N" a run directory may carry
+
+// Folders matching `pattern`, whose components may hold kAnyTimestamp / kAnySuffix.
+std::vector<fs::path> matching_folders(const fs::path& pattern) {
+  std::vector<fs::path> found = {pattern.root_path()};
+  for (const auto& part : pattern.relative_path()) {
+    const std::string p = part.string();
+    std::vector<fs::path> next;
+    if (p.find(kAnyTimestamp) == std::string::npos && p.find(kAnySuffix) == std::string::npos) {
+      for (const auto& f : found)
+        if (std::error_code ec; fs::is_directory(f / part, ec)) next.push_back(f / part);
+    } else {
+      std::string re;
+      for (char ch : p) {
+        if (ch == kAnyTimestamp)
+          re += "[0-9]{8}-[0-9]{6}";
+        else if (ch == kAnySuffix)
+          re += "(-[0-9]+)?";
+        else if (std::isalnum(static_cast<unsigned char>(ch)))
+          re += ch;
+        else
+          re += std::string("\\") + ch;
+      }
+      const std::regex matcher(re);
+      for (const auto& f : found) {
+        std::error_code ec;
+        for (const auto& entry : fs::directory_iterator(f, ec))
+          if (entry.is_directory(ec) && std::regex_match(entry.path().filename().string(), matcher))
+            next.push_back(entry.path());
+      }
+    }
+    found = std::move(next);
+  }
+  return found;
+}
+
+}  // namespace
+
+std::vector<fs::path> RunDirectory::earlier(const Config& config, const std::string& name) {
+  std::string pattern;
+  try {
+    pattern = expand_fields(config.get_string("logging.run_dir"),
+                            {{"name", name},
+                             {"timestamp", std::string(1, kAnyTimestamp)},
+                             {"hash", config.hash()}});
+  } catch (const Error& e) {
+    throw config.error_at("logging.run_dir", e.what());
+  }
+  return matching_folders(absolute_from_working_directory(pattern + kAnySuffix));
 }
 
 }  // namespace fabric

@@ -36,6 +36,11 @@ class RunDirectory {
       const Config& config, const std::string& name, int64_t rank, int64_t world_size,
       const std::function<std::string(const std::string&)>& share_from_rank0);
 
+  // The run directories earlier runs of program `name` may have made: the folders
+  // logging.run_dir matches with any {timestamp} and any "-N" suffix ({hash}: this config's).
+  // Throws ConfigError at logging.run_dir for a bad pattern.
+  static std::vector<std::filesystem::path> earlier(const Config& config, const std::string& name);
+
   const std::filesystem::path& path() const { return path_; }
   // Writes summary.json atomically (temporary file + rename); returns its path.
   std::filesystem::path write_summary(const nlohmann::json& summary) const;
