@@ -200,4 +200,12 @@ else
   fail library_avoids_libtorch_remove_all "use fabric::remove_tree: $(head -n 3 <<<"$found" | tr '\n' ' ')"
 fi
 
+# 9. The README is a front door of at most 200 lines (figures in docs/benchmarks.md, depth in docs/).
+lines=$(wc -l <README.md)
+if [ "$lines" -le 200 ]; then
+  pass readme_at_most_200_lines
+else
+  fail readme_at_most_200_lines "README.md has $lines lines; move detail to docs/ and link it"
+fi
+
 exit $failed
