@@ -22,6 +22,7 @@
 #include "fabric/data/augment.h"
 #include "fabric/data/image_folder.h"
 #include "fabric/data/npy.h"
+#include "fabric/data/tokens.h"
 #include "fabric/data/webdataset.h"
 #include "fabric/fabric.h"
 #include "fabric/main.h"

@@ -1,0 +1,94 @@
+#include "fabric/data/tokens.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "fabric/core/error.h"
+
+namespace fabric {
+
+std::shared_ptr<TokenDataset> TokenDataset::open(const std::string& path,
+                                                 const Options& options) {
+  if (options.token_bytes != 2 && options.token_bytes != 4)
+    throw Error(path + ": tokens are 2 (uint16) or 4 (uint32) bytes, not " +
+                std::to_string(options.token_bytes));
+  if (options.block_size < 1) throw Error(path + ": block_size must be at least 1");
+  std::shared_ptr<TokenDataset> d(new TokenDataset());
+  d->path_ = path;
+  d->token_bytes_ = options.token_bytes;
+  d->block_ = options.block_size;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error(path + ": not a regular file");
+  }
+  d->bytes_ = static_cast<size_t>(st.st_size);
+  const char* type = options.token_bytes == 2 ? "uint16" : "uint32";
+  if (d->bytes_ % static_cast<size_t>(options.token_bytes) != 0) {
+    ::close(fd);
+    throw Error(path + ": " + std::to_string(d->bytes_) + " bytes is not a whole number of " +
+                type + " tokens (" + std::to_string(options.token_bytes) +
+                " bytes each); a file of the other width? (data.token_dtype)");
+  }
+  d->tokens_ = static_cast<int64_t>(d->bytes_) / options.token_bytes;
+  if (d->tokens_ < options.block_size + 1) {
+    ::close(fd);
+    throw Error(path + ": " + std::to_string(d->tokens_) + " tokens, fewer than one window of " +
+                std::to_string(options.block_size + 1) +
+                " (block_size + 1); give more text or a smaller block_size");
+  }
+  void* p = ::mmap(nullptr, d->bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int map_errno = errno;
+  ::close(fd);
+  if (p == MAP_FAILED) throw Error(path + ": cannot map (" + std::strerror(map_errno) + ")");
+  d->data_ = static_cast<const unsigned char*>(p);
+  d->windows_ = (d->tokens_ - 1) / d->block_;
+  if (options.vocab_size > 0) {
+    for (int64_t i = 0; i < d->tokens_; ++i)
+      if (d->token(i) >= options.vocab_size)
+        throw Error(path + ": token " + std::to_string(d->token(i)) + " at token offset " +
+                    std::to_string(i) + " (byte " + std::to_string(i * options.token_bytes) +
+                    ") is not below model.vocab_size " + std::to_string(options.vocab_size) +
+                    "; prepare the data with this model's tokenizer, or raise model.vocab_size");
+  }
+  return d;
+}
+
+TokenDataset::~TokenDataset() {
+  if (data_ != nullptr) ::munmap(const_cast<unsigned char*>(data_), bytes_);
+}
+
+int64_t TokenDataset::token(int64_t i) const {
+  const unsigned char* p = data_ + i * token_bytes_;
+  uint32_t v = p[0] | static_cast<uint32_t>(p[1]) << 8;
+  if (token_bytes_ == 4) v |= static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
+  return v;
+}
+
+Batch TokenDataset::get_batch(const std::vector<int64_t>& indices) const {
+  const auto n = static_cast<int64_t>(indices.size());
+  torch::Tensor window = torch::empty({n, block_ + 1}, torch::kInt64);
+  int64_t* out = window.data_ptr<int64_t>();
+  for (int64_t b = 0; b < n; ++b) {
+    const int64_t i = indices[static_cast<size_t>(b)];
+    if (i < 0 || i >= windows_)
+      throw Error(path_ + ": window " + std::to_string(i) + " of " + std::to_string(windows_));
+    for (int64_t t = 0; t <= block_; ++t) out[b * (block_ + 1) + t] = token(i * block_ + t);
+  }
+  return {window.narrow(1, 0, block_).contiguous(), window.narrow(1, 1, block_).contiguous()};
+}
+
+std::vector<uint16_t> byte_tokens(const std::string& bytes) {
+  std::vector<uint16_t> out(bytes.size());
+  for (size_t i = 0; i < bytes.size(); ++i) out[i] = static_cast<unsigned char>(bytes[i]);
+  return out;
+}
+
+}  // namespace fabric

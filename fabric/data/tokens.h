@@ -1,0 +1,62 @@
+// Token files in nanoGPT's format, for language models: a flat array of little-endian uint16 (or
+// uint32, for vocabularies over 65,535) token ids, e.g. DIR/train.bin and DIR/val.bin as
+// nanoGPT's prepare scripts and tools/prepare_text write them. The file is memory-mapped: opening a
+// 20 GB corpus costs nothing until its windows are read.
+//
+// Example i is the window of block_size + 1 tokens starting at token i * block_size: data is its
+// first block_size tokens, target the same shifted by one (the next token at each position), both
+// int64 [block_size]. The windows tile the file (the last token of one is the first of the next),
+// so an epoch reads every token once; the DataLoader's sampler shuffles and shares them between
+// ranks and resumes mid-epoch exactly, as for any dataset.
+//
+// Opening checks the whole file, each problem one line naming the file and the fix: a size that is
+// not a whole number of tokens, a file shorter than one window, a token id at or above
+// `vocab_size` (with its token offset).
+//
+//   auto train = fabric::TokenDataset::open("data/train.bin", {.block_size = 256});
+#ifndef FABRIC_DATA_TOKENS_H_
+#define FABRIC_DATA_TOKENS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fabric/data/dataset.h"
+
+namespace fabric {
+
+class TokenDataset : public Dataset {
+ public:
+  struct Options {
+    int64_t block_size = 256;  // tokens a model sees per example
+    int token_bytes = 2;       // 2: uint16 ids; 4: uint32
+    int64_t vocab_size = 0;    // > 0: every id must be below it (checked when the file opens)
+  };
+  // Throws fabric::Error "PATH: ..." for a file that cannot be read or fails a check above.
+  static std::shared_ptr<TokenDataset> open(const std::string& path, const Options& options);
+  ~TokenDataset() override;
+
+  int64_t size() const override { return windows_; }
+  Batch get_batch(const std::vector<int64_t>& indices) const override;
+  bool cheap_batches() const override { return true; }
+  int64_t tokens() const { return tokens_; }
+  int64_t block_size() const { return block_; }
+
+ private:
+  TokenDataset() = default;
+  int64_t token(int64_t i) const;  // the id at token offset i
+  std::string path_;
+  const unsigned char* data_ = nullptr;
+  size_t bytes_ = 0;
+  int token_bytes_ = 2;
+  int64_t tokens_ = 0, block_ = 0, windows_ = 0;
+};
+
+// Token ids of `bytes` under the byte-level tokenizer (vocabulary 256: each byte is its own id),
+// what tools/prepare_text writes without a BPE vocabulary.
+std::vector<uint16_t> byte_tokens(const std::string& bytes);
+
+}  // namespace fabric
+
+#endif  // FABRIC_DATA_TOKENS_H_
