@@ -197,18 +197,7 @@ bool PruneWatch::read(const SweepRun& run, const std::filesystem::path& metrics_
   bool changed = false;
   std::vector<std::string> columns;
   const auto reports = read_reports(metrics_csv, spec_, &columns);
-  if (!warned_ && !columns.empty()) {
-    // A name no run logs would leave the pruner without reports, deciding nothing, in silence.
-    const std::string axis = spec_.by_epoch ? "epoch" : "step";
-    for (const std::string& want : {spec_.metric, axis}) {
-      if (std::find(columns.begin(), columns.end(), want) != columns.end()) continue;
-      warned_ = true;
-      warning_ = "pruner: '" + want + "' is no column of " + metrics_csv.string() +
-                 did_you_mean(want, columns) + " (its columns: " + join(columns) +
-                 "); the pruner stops no run without it";
-      break;
-    }
-  }
+  if (!columns.empty()) columns_[run.id] = {metrics_csv, columns};
   for (const auto& [at, value] : reports) {
     auto [it, inserted] = rec.reports.emplace(at, value);
     if (!inserted && it->second == value) continue;
@@ -234,6 +223,21 @@ std::optional<std::string> PruneWatch::take_warning() {
 }
 
 void PruneWatch::ended(const SweepRun& run) {
+  // A name the finished run never logged would leave the pruner without reports, deciding
+  // nothing, in silence. Judged at the end: columns appear while a run goes (a metric logged at
+  // evaluation only), so an early header may lack one the run logs later.
+  if (auto it = columns_.find(run.id); !warned_ && it != columns_.end()) {
+    const auto& [csv, columns] = it->second;
+    const std::string axis = spec_.by_epoch ? "epoch" : "step";
+    for (const std::string& want : {spec_.metric, axis}) {
+      if (std::find(columns.begin(), columns.end(), want) != columns.end()) continue;
+      warned_ = true;
+      warning_ = "pruner: '" + want + "' is no column of " + csv.string() +
+                 did_you_mean(want, columns) + " (its columns: " + join(columns) +
+                 "); the pruner stops no run without it";
+      break;
+    }
+  }
   RunRecord& rec = state_[run.id];
   if (spec_.type != "asha" || external_ || rec.reports.empty()) return;
   rec.rung = std::max(rec.rung, rung_at(spec_, rec.reports.rbegin()->first));

@@ -77,8 +77,8 @@ class PruneWatch {
   std::optional<std::string> verdict(const SweepRun& run);
   // A run ended with a result: under asha (own rules) the highest rung its reports reached.
   void ended(const SweepRun& run);
-  // Once per sweep, when a run's metrics.csv has a header without the pruner's metric (or its
-  // step/epoch column): the line saying so, with the closest column; nullopt otherwise.
+  // Once per sweep, when a run ended with a metrics.csv whose header lacks the pruner's metric
+  // (or its step/epoch column): the line saying so, with the closest column; nullopt otherwise.
   std::optional<std::string> take_warning();
   // The pruned runs to resume now (asha, own rules), best first.
   std::vector<std::string> promotions() const;
@@ -89,6 +89,8 @@ class PruneWatch {
   Decider external_;
   std::string warning_;   // not yet taken
   bool warned_ = false;   // a warning was made (once per sweep)
+  // run id → its metrics.csv and that file's columns when last parsed.
+  std::map<std::string, std::pair<std::filesystem::path, std::vector<std::string>>> columns_;
   // metrics.csv → its (modification time, size) when last parsed.
   std::map<std::filesystem::path, std::pair<std::filesystem::file_time_type, uintmax_t>> read_at_;
 };

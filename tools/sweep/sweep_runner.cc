@@ -294,6 +294,7 @@ int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& o
       if (watch.active()) {  // its last reports, and the rungs they reached
         read_reports_of(r);
         watch.ended(*r.run);
+        if (const auto warning = watch.take_warning()) out << "warning: " << *warning << std::endl;
       }
     }
     state.save();
