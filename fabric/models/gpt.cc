@@ -1,0 +1,158 @@
+#include "fabric/models/gpt.h"
+
+#include <ATen/ops/scaled_dot_product_attention.h>
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/init.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <memory>
+
+#include "fabric/core/error.h"
+
+namespace fabric::models {
+
+GPTConfig GPTConfig::preset(const std::string& name) {
+  GPTConfig c;
+  if (name == "gpt2") return c;
+  if (name == "gpt2-medium") {
+    c.n_layer = 24;
+    c.n_head = 16;
+    c.n_embd = 1024;
+    return c;
+  }
+  if (name == "tiny") {
+    c.vocab_size = 256;
+    c.block_size = 256;
+    c.n_layer = 4;
+    c.n_head = 4;
+    c.n_embd = 128;
+    return c;
+  }
+  throw Error("model.preset: '" + name + "' is not a GPT preset (gpt2, gpt2-medium, tiny)");
+}
+
+int64_t GPTConfig::parameters() const {
+  const int64_t C = n_embd, b = bias ? 1 : 0;
+  const int64_t per_block = 2 * C +                // ln_1
+                            3 * C * C + b * 3 * C +  // c_attn
+                            C * C + b * C +          // attn.c_proj
+                            2 * C +                  // ln_2
+                            4 * C * C + b * 4 * C +  // c_fc
+                            4 * C * C + b * C;       // mlp.c_proj
+  return vocab_size * C + block_size * C + n_layer * per_block + 2 * C;
+}
+
+double GPTConfig::flops_per_token() const {
+  const double n = static_cast<double>(parameters() - block_size * n_embd);
+  return 6 * n + 12.0 * static_cast<double>(n_layer * n_embd * block_size);
+}
+
+namespace {
+
+void normal(torch::Tensor& w, double std) {
+  torch::NoGradGuard no_grad;
+  torch::nn::init::normal_(w, 0.0, std);
+}
+
+torch::nn::Linear linear(int64_t in, int64_t out, bool bias, double std) {
+  torch::nn::Linear l(torch::nn::LinearOptions(in, out).bias(bias));
+  normal(l->weight, std);
+  if (bias) {
+    torch::NoGradGuard no_grad;
+    l->bias.zero_();
+  }
+  return l;
+}
+
+}  // namespace
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& c)
+    : n_head_(c.n_head), dropout_(c.dropout) {
+  if (c.n_embd % c.n_head != 0)
+    throw Error("model.n_embd: " + std::to_string(c.n_embd) + " is not a multiple of model.n_head " +
+                std::to_string(c.n_head));
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer));
+  c_attn = register_module("c_attn", linear(c.n_embd, 3 * c.n_embd, c.bias, 0.02));
+  c_proj = register_module("c_proj", linear(c.n_embd, c.n_embd, c.bias, residual_std));
+  resid_dropout = register_module("resid_dropout", torch::nn::Dropout(c.dropout));
+}
+
+torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+  const auto qkv = c_attn->forward(x).split(C, 2);
+  auto heads = [&](const torch::Tensor& t) {
+    return t.view({B, T, n_head_, C / n_head_}).transpose(1, 2);  // [B, nh, T, hs]
+  };
+  torch::Tensor y = at::scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
+                                                     /*attn_mask=*/{},
+                                                     is_training() ? dropout_ : 0.0,
+                                                     /*is_causal=*/true);
+  y = y.transpose(1, 2).contiguous().view({B, T, C});
+  return resid_dropout->forward(c_proj->forward(y));
+}
+
+MLPImpl::MLPImpl(const GPTConfig& c) {
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer));
+  c_fc = register_module("c_fc", linear(c.n_embd, 4 * c.n_embd, c.bias, 0.02));
+  c_proj = register_module("c_proj", linear(4 * c.n_embd, c.n_embd, c.bias, residual_std));
+  dropout = register_module("dropout", torch::nn::Dropout(c.dropout));
+}
+
+torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
+  return dropout->forward(c_proj->forward(torch::gelu(c_fc->forward(x), "tanh")));
+}
+
+BlockImpl::BlockImpl(const GPTConfig& c) {
+  ln_1 = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+  attn = register_module("attn", CausalSelfAttention(c));
+  ln_2 = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+  mlp = register_module("mlp", MLP(c));
+}
+
+torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
+  const torch::Tensor h = x + attn->forward(ln_1->forward(x));
+  return h + mlp->forward(ln_2->forward(h));
+}
+
+GPTImpl::GPTImpl(const GPTConfig& c) : config_(c) {
+  auto transformer = register_module("transformer", std::make_shared<torch::nn::Module>());
+  wte = transformer->register_module("wte", torch::nn::Embedding(c.vocab_size, c.n_embd));
+  wpe = transformer->register_module("wpe", torch::nn::Embedding(c.block_size, c.n_embd));
+  normal(wte->weight, 0.02);
+  normal(wpe->weight, 0.02);
+  drop = transformer->register_module("drop", torch::nn::Dropout(c.dropout));
+  torch::nn::ModuleList h;
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    blocks.push_back(Block(c));
+    h->push_back(blocks.back());
+  }
+  transformer->register_module("h", h);
+  ln_f = transformer->register_module("ln_f",
+                                      torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+}
+
+torch::Tensor GPTImpl::forward(const torch::Tensor& tokens) { return forward(tokens, nullptr); }
+
+torch::Tensor GPTImpl::forward(
+    const torch::Tensor& tokens,
+    const std::function<torch::Tensor(Block&, const torch::Tensor&)>& run_block) {
+  if (tokens.dim() != 2) throw Error("GPT::forward: tokens must be [B, T] token ids");
+  const int64_t T = tokens.size(1);
+  if (T > config_.block_size)
+    throw Error("GPT::forward: a sequence of " + std::to_string(T) +
+                " tokens is longer than model.block_size " + std::to_string(config_.block_size));
+  const torch::Tensor positions =
+      torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
+  torch::Tensor x = drop->forward(wte->forward(tokens) + wpe->forward(positions));
+  for (Block& block : blocks) x = run_block ? run_block(block, x) : block->forward(x);
+  return torch::linear(ln_f->forward(x), wte->weight);  // tied to the token embedding
+}
+
+torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+  return torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
+                                   targets.reshape({-1}));
+}
+
+}  // namespace fabric::models

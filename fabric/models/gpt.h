@@ -1,0 +1,110 @@
+// fabric::models::GPT: a decoder-only transformer language model (GPT-2's architecture) in LibTorch.
+//
+// Pre-LN blocks (LayerNorm → causal self-attention → residual; LayerNorm → GELU MLP → residual),
+// attention through at::scaled_dot_product_attention (FlashAttention / cuDNN / memory-efficient
+// kernels on GPUs, a fused kernel on CPU), learned positions, the output projection tied to the
+// token embedding (logits = x · wte.weightᵀ: one parameter, counted and updated once), dropout,
+// optional biases (the Linear layers'). GPT-2 initialization: every Linear and Embedding
+// weight ~ N(0, 0.02), biases 0, and the residual projections (attention's and the MLP's c_proj)
+// ~ N(0, 0.02 / sqrt(2 · n_layer)). Parameter names follow nanoGPT's (transformer.wte.weight,
+// transformer.h.0.attn.c_attn.weight, ...; no lm_head.weight, which nanoGPT ties to wte's).
+//
+// Each block is a `Block` module: name it for fsdp units (fabric.fsdp.wrap_modules: Block) and run
+// it under fabric::checkpoint_activations for activation checkpointing.
+//
+//   fabric::models::GPT model(fabric::models::GPTConfig::preset("tiny"));
+//   torch::Tensor logits = model->forward(tokens);          // int64 [B, T] → [B, T, vocab_size]
+//   torch::Tensor loss = fabric::models::lm_loss(logits, targets);
+#ifndef FABRIC_MODELS_GPT_H_
+#define FABRIC_MODELS_GPT_H_
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace fabric::models {
+
+struct GPTConfig {
+  int64_t vocab_size = 50304;  // GPT-2's 50257 padded to a multiple of 64 (faster matmuls)
+  int64_t block_size = 1024;   // the longest sequence (positions)
+  int64_t n_layer = 12, n_head = 12, n_embd = 768;
+  double dropout = 0.0;
+  bool bias = true;
+  // "gpt2" (124M), "gpt2-medium" (350M), "tiny" (4 layers, 4 heads, 128 wide, 256 positions,
+  // vocabulary 256: byte-level text on a CPU). Throws fabric::Error naming the presets otherwise.
+  static GPTConfig preset(const std::string& name);
+  // Parameters of the model (the tied output projection counted once).
+  int64_t parameters() const;
+  // Floating-point operations per token of a training step (forward + backward) at sequence
+  // length block_size, as PaLM's appendix B and nanoGPT count them: 6 · N + 12 · n_layer · n_embd
+  // · block_size, N the parameters without the position embedding. For MFU.
+  double flops_per_token() const;
+};
+
+class CausalSelfAttentionImpl : public torch::nn::Module {
+ public:
+  explicit CausalSelfAttentionImpl(const GPTConfig& c);
+  torch::Tensor forward(const torch::Tensor& x);  // [B, T, C] → [B, T, C]
+  torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};
+  torch::nn::Dropout resid_dropout{nullptr};
+
+ private:
+  int64_t n_head_;
+  double dropout_;
+};
+TORCH_MODULE(CausalSelfAttention);
+
+class MLPImpl : public torch::nn::Module {
+ public:
+  explicit MLPImpl(const GPTConfig& c);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
+  torch::nn::Dropout dropout{nullptr};
+};
+TORCH_MODULE(MLP);
+
+class BlockImpl : public torch::nn::Module {
+ public:
+  explicit BlockImpl(const GPTConfig& c);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
+  CausalSelfAttention attn{nullptr};
+  MLP mlp{nullptr};
+};
+TORCH_MODULE(Block);
+
+class GPTImpl : public torch::nn::Module {
+ public:
+  explicit GPTImpl(const GPTConfig& c);
+  // tokens: int64 [B, T] with T <= block_size (fabric::Error otherwise) → logits [B, T, vocab].
+  torch::Tensor forward(const torch::Tensor& tokens);
+  // Runs each block through `run_block` (e.g. fabric::checkpoint_activations); forward() when
+  // null.
+  torch::Tensor forward(const torch::Tensor& tokens,
+                        const std::function<torch::Tensor(Block&, const torch::Tensor&)>& run_block);
+  const GPTConfig& config() const { return config_; }
+  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  torch::nn::Dropout drop{nullptr};
+  std::vector<Block> blocks;  // registered as transformer.h.0, transformer.h.1, ...
+  torch::nn::LayerNorm ln_f{nullptr};
+
+ private:
+  GPTConfig config_;
+};
+TORCH_MODULE(GPT);
+
+// Mean cross-entropy of next-token logits [B, T, V] against targets [B, T] (float32 math).
+torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets);
+
+}  // namespace fabric::models
+
+#endif  // FABRIC_MODELS_GPT_H_
