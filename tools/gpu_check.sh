@@ -26,13 +26,16 @@
 #                   agreement and SyncBatchNorm are rows of tests (cuda_ranks_test)
 #   --suite=throughput: tools/bench/gpu_compare.py: ours (eager and CUDA graphs) vs the raw PyTorch
 #                   loop vs Lightning Fabric, ResNet-18 CIFAR, reduced repetitions
-#   --suite=all: both.
+#   --suite=gpt: tools/bench/gpt_compare.sh: the GPT-2 124M step (batch 16 x 1024, bf16-mixed,
+#                   fused AdamW), ours (eager and CUDA graphs) vs the identical model in PyTorch
+#                   (eager and torch.compile), with a profile summary of ours; tables in the report
+#   --suite=all: all three.
 # Without a usable GPU (or with --cpu) it runs what a CPU can: env, the GPU tests (they must load
 # and skip), one example on CPU, the ranks rows on CPU (2 processes, shared memory) and the
 # throughput binary on CPU; tools/ci_checks.sh runs this on every CI run so the bundle keeps
 # building, relocating and running.
 #
-# run flags: --cpu (CPU checks only), --suite=check|throughput|all, --steps=N (example steps,
+# run flags: --cpu (CPU checks only), --suite=check|throughput|gpt|all, --steps=N (example steps,
 #   default 20), --reps=N (throughput repetitions, default 1), --skip=SECTION[,SECTION] (env,
 #   tests, examples, ranks, throughput), --work=DIR (scratch folder for run directories; default a
 #   new temporary folder).
@@ -40,7 +43,7 @@
 set -uo pipefail
 
 usage() {
-  echo "usage: tools/gpu_check.sh build [--out=DIR] | DIR/gpu_check.sh run [--cpu] [--suite=check|throughput|all] [--steps=N] [--reps=N] [--skip=LIST] [--work=DIR]" >&2
+  echo "usage: tools/gpu_check.sh build [--out=DIR] | DIR/gpu_check.sh run [--cpu] [--suite=check|throughput|gpt|all] [--steps=N] [--reps=N] [--skip=LIST] [--work=DIR]" >&2
   exit 2
 }
 [ $# -ge 1 ] || usage
@@ -67,7 +70,8 @@ build() {
   # The bundle's default targets are what a GPU node needs (tools/bundle.sh).
   bazel run --noshow_progress //tools:bundle -- --out="$out" >&2 || exit 1
   mkdir -p "$out/bench"
-  cp tools/bench/gpu_compare.py tools/bench/throughput.py tools/bench/models.py tools/bench/trace_summary.py "$out/bench/"
+  cp tools/bench/gpu_compare.py tools/bench/throughput.py tools/bench/models.py tools/bench/trace_summary.py \
+    tools/bench/gpt_reference.py tools/bench/gpt_compare.sh "$out/bench/"
   cp tools/gpu_check.sh "$out/gpu_check.sh"
   cp tools/compare_weights.py "$out/compare_weights.py"
   chmod +x "$out/gpu_check.sh"
@@ -158,8 +162,9 @@ run() {
   [[ "$steps" =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check run: --steps must be a positive integer" >&2; exit 2; }
   [[ "$reps" =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check run: --reps must be a positive integer" >&2; exit 2; }
   case "$suite" in
-    check) skip="$skip,throughput" ;;
-    throughput) skip="$skip,env,tests,examples,ranks" ;;
+    check) skip="$skip,throughput,gpt" ;;
+    throughput) skip="$skip,env,tests,examples,ranks,gpt" ;;
+    gpt) skip="$skip,env,tests,examples,ranks,throughput" ;;
     all) ;;
     *) echo "gpu_check run: --suite must be check, throughput or all, not '$suite'" >&2; exit 2 ;;
   esac
@@ -298,6 +303,22 @@ run() {
         while IFS= read -r line; do notes+=("$line"); done <"$table"
         grep -q 'failed' "$table" && { ((failed++)); rows+=("| throughput table | FAILED | - | a framework failed (see the table) |"); }
       fi
+    fi
+  fi
+
+  if ! skipping gpt; then
+    local gdir="$work/gpt" gflags=(--reps="$reps")
+    [ $cpu -eq 1 ] && gflags+=(--device=cpu --model=gpt-tiny --batch=4 --steps=3 --warmup=1 --precision=32-true)
+    CHECK_SUMMARY='^\| (ours|pytorch)' check "gpt" 580 "$here/bench/gpt_compare.sh" "$work/throughput" \
+      "$here/bench/gpt_reference.py" "$gdir" "${gflags[@]}"
+    if [ -s "$gdir/table.md" ]; then
+      notes+=("" "### GPT-2 124M training step (batch 16 x 1024; $reps repetition(s) interleaved, median)" "")
+      while IFS= read -r line; do notes+=("$line"); done <"$gdir/table.md"
+    fi
+    if [ -s "$gdir/trace_summary.txt" ]; then
+      notes+=("" "### Where our GPT step's time goes (tools/bench/trace_summary.py)" "" '```')
+      while IFS= read -r line; do notes+=("$line"); done < <(head -n 60 "$gdir/trace_summary.txt")
+      notes+=('```')
     fi
   fi
 

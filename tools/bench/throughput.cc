@@ -1,7 +1,10 @@
 // Training throughput through Fabric, the C++ side of tools/bench/gpu_compare.py (the Python side
 // is tools/bench/throughput.py: same models, optimizer hyperparameters, loss and data; ours runs
-// --optimizer_impl, the Python side each framework's default implementation).
-//   throughput --model=resnet18|resnet50 --batch=512 --precision=bf16-mixed [--steps=50]
+// --optimizer_impl, the Python side each framework's default implementation) and, for the GPT, of
+// tools/bench/gpt_reference.py (the identical model, init, AdamW and data in PyTorch: eager and
+// torch.compile).
+//   throughput --model=resnet18|resnet50|gpt2|gpt2-medium|gpt-tiny --batch=512
+//              --precision=bf16-mixed [--steps=50]
 //              [--warmup=15] [--data=static|epoch --images=50000] [--channels_last]
 //              [--accelerator=cuda] [--optimizer_impl=auto] [--threads=0] [--cuda_graphs]
 //              [--profile=trace.json --profile_steps=8] [--sync_debug] [--data_only]
@@ -10,6 +13,10 @@
 // crop (pad 4) + flip + normalize on the device (fabric::crop_flip_normalize); one whole epoch is
 // timed after --warmup steps. Prints one line: RESULT {"images_per_s": ..., "step_ms": ...,
 // "peak_device_mib": ..., "peak_rss_mib": ...} (JSON).
+// The GPT models (fabric::models::GPT presets; --batch sequences of --seq tokens, random token ids
+// cycled from a pool of 4 batches on the device) train with AdamW (lr 6e-4, betas 0.9/0.95, weight
+// decay 0.1 on matrices only, --optimizer_impl) and the next-token loss; the RESULT line adds
+// tokens_per_s, tflops (GPTConfig::flops_per_token · tokens/s) and mfu (of --peak_tflops).
 #include <gflags/gflags.h>
 #include <sys/resource.h>
 #include <torch/torch.h>
@@ -19,6 +26,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <set>
 #include <string>
 
@@ -31,11 +39,17 @@
 #include "examples/common/models.h"
 #include "fabric/data/augment.h"
 #include "fabric/fabric.h"
+#include "fabric/models/gpt.h"
 #include "fabric/training/graphed_step.h"
 #include "fabric/training/optimizers.h"
 #include "tools/bench/resnet50.h"
 
-DEFINE_string(model, "resnet18", "resnet18 (CIFAR variant) | resnet50 (ImageNet stem)");
+DEFINE_string(model, "resnet18",
+              "resnet18 (CIFAR variant) | resnet50 (ImageNet stem) | gpt2 | gpt2-medium | gpt-tiny");
+DEFINE_int32(seq, 0, "GPT models: tokens per sequence (0: the preset's block_size)");
+DEFINE_double(clip, 0.0, "GPT models: clip the gradient norm at this value (0: no clipping)");
+DEFINE_double(peak_tflops, 989.0,
+              "GPT models: the device's dense peak for MFU (989: H100/H200 SXM bf16)");
 DEFINE_int32(batch, 512, "batch size");
 DEFINE_string(precision, "32-true", "32-true | bf16-mixed | 16-mixed");
 DEFINE_int32(steps, 50, "timed steps (data=static)");
@@ -111,6 +125,33 @@ void stop_profile(const torch::Device& device, const std::string& path) {
   std::fprintf(stderr, "throughput: wrote the trace %s\n", path.c_str());
 }
 
+// Runs `train_step` `steps` times after a device synchronization and returns the seconds until
+// the device finished; --profile and --sync_debug apply here.
+double timed(const torch::Device& device, int64_t steps, const std::function<void()>& train_step) {
+  synchronize(device);
+  reset_peak_memory(device);
+  const auto t0 = std::chrono::steady_clock::now();
+#ifdef FABRIC_WITH_CUDA
+  if (FLAGS_sync_debug)
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN);
+#endif
+  const int64_t profile_from = std::min<int64_t>(20, steps / 2);
+  const int64_t profile_to = std::min<int64_t>(steps, profile_from + FLAGS_profile_steps);
+  for (int64_t s = 0; s < steps; ++s) {
+    if (!FLAGS_profile.empty() && s == profile_from) start_profile(device);
+    {
+      RECORD_USER_SCOPE("train_step");  // marks the steps in a --profile trace
+      train_step();
+    }
+    if (!FLAGS_profile.empty() && s + 1 == profile_to) stop_profile(device, FLAGS_profile);
+  }
+#ifdef FABRIC_WITH_CUDA
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+#endif
+  synchronize(device);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 template <typename Model>
 int run(fabric::Fabric& f, Model& model) {
   const torch::Device device = f.device();
@@ -164,30 +205,7 @@ int run(fabric::Fabric& f, Model& model) {
   };
   for (int s = 0; s < FLAGS_warmup; ++s) train_step();
   if (loader) it.reset();  // the timed epoch starts at a fresh pass
-  synchronize(device);
-  reset_peak_memory(device);
-  const auto t0 = std::chrono::steady_clock::now();
-#ifdef FABRIC_WITH_CUDA
-  if (FLAGS_sync_debug)
-    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN);
-#endif
-  for (int64_t s = 0; s < timed_steps; ++s) {
-    if (!FLAGS_profile.empty() && s == std::min<int64_t>(20, timed_steps / 2))
-      start_profile(device);
-    {
-      RECORD_USER_SCOPE("train_step");  // marks the steps in a --profile trace
-      train_step();
-    }
-    if (!FLAGS_profile.empty() &&
-        s + 1 == std::min<int64_t>(20, timed_steps / 2) + FLAGS_profile_steps)
-      stop_profile(device, FLAGS_profile);
-  }
-#ifdef FABRIC_WITH_CUDA
-  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
-#endif
-  synchronize(device);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double seconds = timed(device, timed_steps, train_step);
   const double images =
       loader ? static_cast<double>(FLAGS_images) : static_cast<double>(timed_steps) * FLAGS_batch;
   rusage usage{};
@@ -209,6 +227,61 @@ int run(fabric::Fabric& f, Model& model) {
   return 0;
 }
 
+
+// The GPT: AdamW with decay on matrices only, random tokens, the next-token loss.
+int run_gpt(fabric::Fabric& f) {
+  const torch::Device device = f.device();
+  fabric::models::GPTConfig config =
+      fabric::models::GPTConfig::preset(FLAGS_model == "gpt-tiny" ? "tiny" : FLAGS_model);
+  if (FLAGS_seq > 0) config.block_size = FLAGS_seq;
+  fabric::models::GPT model(config);
+  std::vector<torch::Tensor> decay, no_decay;
+  for (const auto& p : model->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  std::vector<torch::optim::OptimizerParamGroup> groups{
+      {decay, std::make_unique<torch::optim::AdamWOptions>(
+                  torch::optim::AdamWOptions(6e-4).betas({0.9, 0.95}).weight_decay(0.1))},
+      {no_decay, std::make_unique<torch::optim::AdamWOptions>(
+                     torch::optim::AdamWOptions(6e-4).betas({0.9, 0.95}).weight_decay(0.0))}};
+  fabric::AdamW opt(groups, torch::optim::AdamWOptions(6e-4).betas({0.9, 0.95}),
+                    fabric::parse_optimizer_impl(FLAGS_optimizer_impl));
+  f.setup(model, opt);
+  model->train();
+  const int64_t T = config.block_size;
+  auto gen = at::detail::createCPUGenerator(0);
+  std::vector<torch::Tensor> pool;  // [B, T + 1] token windows
+  for (int i = 0; i < 4; ++i)
+    pool.push_back(torch::randint(0, config.vocab_size, {FLAGS_batch, T + 1}, gen).to(device));
+  int64_t next = 0;
+  fabric::GraphedStep graphed(
+      f, opt,
+      [&](const std::vector<torch::Tensor>& batch) {
+        auto guard = f.autocast();
+        return fabric::models::lm_loss(model->forward(batch[0]), batch[1]);
+      },
+      fabric::GraphedStepOptions().clip_norm(FLAGS_clip));
+  auto train_step = [&] {
+    const torch::Tensor& w = pool[next++ % pool.size()];
+    graphed({w.narrow(1, 0, T), w.narrow(1, 1, T)});
+  };
+  for (int s = 0; s < FLAGS_warmup; ++s) train_step();
+  const double seconds = timed(device, FLAGS_steps, train_step);
+  const double tokens_per_s = static_cast<double>(FLAGS_steps) * FLAGS_batch * T / seconds;
+  const double tflops = config.flops_per_token() * tokens_per_s / 1e12;
+  std::printf(
+      "RESULT {\"framework\": \"fabric++\", \"model\": \"%s\", \"batch\": %d, \"seq\": %lld, "
+      "\"precision\": \"%s\", \"cuda_graphs\": %s, \"optimizer_impl\": \"%s\", "
+      "\"clip\": %g, \"parameters\": %lld, \"steps\": %d, \"seconds\": %.6f, "
+      "\"tokens_per_s\": %.1f, \"step_ms\": %.4f, \"tflops\": %.2f, \"mfu\": %.4f, "
+      "\"peak_device_mib\": %.1f, \"device\": \"%s\"}\n",
+      FLAGS_model.c_str(), FLAGS_batch, static_cast<long long>(T), FLAGS_precision.c_str(),
+      graphed.graphed() ? "true" : "false", FLAGS_optimizer_impl.c_str(), FLAGS_clip,
+      static_cast<long long>(config.parameters()), FLAGS_steps, seconds, tokens_per_s,
+      1000.0 * seconds / FLAGS_steps, tflops, tflops / FLAGS_peak_tflops, peak_device_mib(device),
+      device.str().c_str());
+  std::fflush(stdout);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -223,6 +296,7 @@ int main(int argc, char** argv) {
   fabric::Fabric fabric(config);
   return fabric.launch([&](fabric::Fabric& f) {
     torch::manual_seed(0);
+    if (FLAGS_model.rfind("gpt", 0) == 0) return run_gpt(f);
     if (FLAGS_model == "resnet50") {
       bench::ResNet50 model(10);
       return run(f, model);
