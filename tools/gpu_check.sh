@@ -315,11 +315,13 @@ run() {
       notes+=("" "### GPT-2 124M training step (batch 16 x 1024; $reps repetition(s) interleaved, median)" "")
       while IFS= read -r line; do notes+=("$line"); done <"$gdir/table.md"
     fi
-    if [ -s "$gdir/trace_summary.txt" ]; then
-      notes+=("" "### Where our GPT step's time goes (tools/bench/trace_summary.py)" "" '```')
-      while IFS= read -r line; do notes+=("$line"); done < <(head -n 60 "$gdir/trace_summary.txt")
+    local side
+    for side in trace_summary trace_summary_pytorch; do
+      [ -s "$gdir/$side.txt" ] || continue
+      notes+=("" "### Where the GPT step's time goes: $side.txt (tools/bench/trace_summary.py)" "" '```')
+      while IFS= read -r line; do notes+=("$line"); done < <(head -n 90 "$gdir/$side.txt")
       notes+=('```')
-    fi
+    done
   fi
 
   echo "# GPU check: ${gpu}"

@@ -66,6 +66,15 @@ torch::nn::Linear linear(int64_t in, int64_t out, bool bias, double std) {
   return l;
 }
 
+// x · Wᵀ + b through ATen's linear, which folds a contiguous [B, T, C] input into one GEMM with the
+// bias added inside it (cuBLASLt's epilogue on GPUs). torch::nn::Linear's forward (LibTorch's
+// functional linear) does that for 2-D inputs only: on [B, T, C] it runs matmul and then a
+// separate broadcast bias add, forward and backward, which made the GPT-2 step on an H100 10%
+// slower than the same model in PyTorch (docs/benchmarks.md, "GPT-2").
+torch::Tensor linear_3d(const torch::nn::Linear& l, const torch::Tensor& x) {
+  return torch::linear(x, l->weight, l->bias);
+}
+
 }  // namespace
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& c)
@@ -81,7 +90,7 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& c)
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
-  const auto qkv = c_attn->forward(x).split(C, 2);
+  const auto qkv = linear_3d(c_attn, x).split(C, 2);
   auto heads = [&](const torch::Tensor& t) {
     return t.view({B, T, n_head_, C / n_head_}).transpose(1, 2);  // [B, nh, T, hs]
   };
@@ -90,7 +99,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
                                                      is_training() ? dropout_ : 0.0,
                                                      /*is_causal=*/true);
   y = y.transpose(1, 2).contiguous().view({B, T, C});
-  return resid_dropout->forward(c_proj->forward(y));
+  return resid_dropout->forward(linear_3d(c_proj, y));
 }
 
 MLPImpl::MLPImpl(const GPTConfig& c) {
@@ -101,7 +110,7 @@ MLPImpl::MLPImpl(const GPTConfig& c) {
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
-  return dropout->forward(c_proj->forward(torch::gelu(c_fc->forward(x), "tanh")));
+  return dropout->forward(linear_3d(c_proj, torch::gelu(linear_3d(c_fc, x), "tanh")));
 }
 
 BlockImpl::BlockImpl(const GPTConfig& c) {
@@ -151,8 +160,16 @@ torch::Tensor GPTImpl::forward(
 }
 
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
-  return torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
-                                   targets.reshape({-1}));
+  const torch::Tensor flat = logits.reshape({-1, logits.size(-1)});
+  const auto dtype = flat.scalar_type();
+  if (flat.is_cuda() && (dtype == torch::kBFloat16 || dtype == torch::kHalf)) {
+    // The softmax kernel reads the 16-bit logits and writes float32 log-probabilities, and its
+    // backward writes the gradient in the logits' dtype: the float32 math of the line below
+    // without a float32 copy of the step's largest tensor and a copy of its gradient (CUDA only:
+    // ATen's CPU softmax has no 16-bit-to-float32 variant).
+    return at::nll_loss(at::_log_softmax(flat, -1, /*half_to_float=*/true), targets.reshape({-1}));
+  }
+  return torch::cross_entropy_loss(flat.to(torch::kFloat), targets.reshape({-1}));
 }
 
 }  // namespace fabric::models

@@ -9,7 +9,7 @@
 # Writes OUT_DIR/results.jsonl (every RESULT line), OUT_DIR/table.md (median tokens/s, MFU and
 # step time per side, the ratio to PyTorch eager) and, from one extra profiled run of ours,
 # OUT_DIR/trace_summary.txt (where the step's time goes; tools/bench/trace_summary.py beside
-# GPT_REFERENCE_PY). gpu_check.sh's bundle carries all three files (bench/).
+# GPT_REFERENCE_PY) and trace_summary_pytorch.txt (the same for PyTorch eager). gpu_check.sh's bundle carries all three files (bench/).
 set -uo pipefail
 [ $# -ge 3 ] || { echo "usage: gpt_compare.sh THROUGHPUT_BIN GPT_REFERENCE_PY OUT_DIR [flags]" >&2; exit 2; }
 bin=$1 ref=$2 out=$3
@@ -53,11 +53,15 @@ for ((r = 1; r <= reps; r++)); do
   side ours-graphs "$bin" "${common[@]}" --accelerator="$device" --cuda_graphs
   side pytorch-compile "$python" "$ref" "${common[@]}" --device="$device" --mode=compile
 done
-# Where ours spends a step (8 profiled steps after the timed ones start).
+# Where each side spends a step (8 profiled steps after the timed ones start).
 "$bin" "${common[@]}" --accelerator="$device" --profile="$out/ours_trace.json" --profile_steps=8 \
   >"$out/profile.log" 2>&1 &&
-  "$python" "$(dirname "$ref")/trace_summary.py" "$out/ours_trace.json" >"$out/trace_summary.txt" 2>&1
-rm -f "$out/ours_trace.json"
+  "$python" "$(dirname "$ref")/trace_summary.py" --top=25 "$out/ours_trace.json" >"$out/trace_summary.txt" 2>&1
+"$python" "$ref" "${common[@]}" --device="$device" --mode=eager --profile="$out/pytorch_trace.json" \
+  --profile_steps=8 >"$out/profile_pytorch.log" 2>&1 &&
+  "$python" "$(dirname "$ref")/trace_summary.py" --top=25 "$out/pytorch_trace.json" \
+    >"$out/trace_summary_pytorch.txt" 2>&1
+rm -f "$out/ours_trace.json" "$out/pytorch_trace.json"
 "$python" - "$results" >"$out/table.md" <<'PY'
 import json, statistics, sys
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]

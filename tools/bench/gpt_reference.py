@@ -109,6 +109,10 @@ def main():
     ap.add_argument("--clip", type=float, default=0.0)
     ap.add_argument("--peak_tflops", type=float, default=989.0)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--profile", default="",
+                    help="write a Chrome trace of --profile_steps timed steps (from timed step "
+                         "min(20, steps/2) on) to this path, as throughput.cc --profile does")
+    ap.add_argument("--profile_steps", type=int, default=8)
     args = ap.parse_args()
 
     torch.manual_seed(0)
@@ -150,9 +154,25 @@ def main():
     sync()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
+    profile_from = min(20, args.steps // 2)
+    profile_to = min(args.steps, profile_from + args.profile_steps)
+    prof = None
     t0 = time.perf_counter()
     for i in range(args.steps):
-        step(i)
+        if args.profile and i == profile_from:
+            sync()
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if device.type == "cuda":
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            prof = torch.profiler.profile(activities=activities)
+            prof.__enter__()
+        with torch.profiler.record_function("train_step"):
+            step(i)
+        if prof is not None and i + 1 == profile_to:
+            sync()
+            prof.__exit__(None, None, None)
+            prof.export_chrome_trace(args.profile)
+            prof = None
     sync()
     seconds = time.perf_counter() - t0
     tokens_per_s = args.steps * args.batch * T / seconds
