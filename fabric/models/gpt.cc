@@ -161,12 +161,11 @@ torch::Tensor GPTImpl::forward(
 
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
   const torch::Tensor flat = logits.reshape({-1, logits.size(-1)});
-  const auto dtype = flat.scalar_type();
-  if (flat.is_cuda() && (dtype == torch::kBFloat16 || dtype == torch::kHalf)) {
-    // The softmax kernel reads the 16-bit logits and writes float32 log-probabilities, and its
-    // backward writes the gradient in the logits' dtype: the float32 math of the line below
-    // without a float32 copy of the step's largest tensor and a copy of its gradient (CUDA only:
-    // ATen's CPU softmax has no 16-bit-to-float32 variant).
+  if (flat.is_cuda() && flat.scalar_type() == torch::kHalf) {
+    // The softmax kernel reads the float16 logits and writes float32 log-probabilities, and its
+    // backward writes the gradient in float16: the float32 math of the line below without a
+    // float32 copy of the step's largest tensor and a copy of its gradient. ATen has this for
+    // float16 on CUDA only ("conversion is supported for Half type only"; bfloat16 and CPUs copy).
     return at::nll_loss(at::_log_softmax(flat, -1, /*half_to_float=*/true), targets.reshape({-1}));
   }
   return torch::cross_entropy_loss(flat.to(torch::kFloat), targets.reshape({-1}));

@@ -102,7 +102,7 @@ class GPTImpl : public torch::nn::Module {
 };
 TORCH_MODULE(GPT);
 
-// Mean cross-entropy of next-token logits [B, T, V] against targets [B, T] (float32 math; 16-bit
+// Mean cross-entropy of next-token logits [B, T, V] against targets [B, T] (float32 math; float16
 // CUDA logits are not copied to float32 first: the softmax kernel upcasts them).
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets);
 

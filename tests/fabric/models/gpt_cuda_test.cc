@@ -1,6 +1,6 @@
-// fabric::models::GPT on a CUDA device (tag gpu; skips elsewhere): lm_loss on bf16 logits (the
-// softmax kernel upcasting, no float32 copy) equals cross-entropy on a float32 copy, value and
-// gradient; the blocks' linear layers (ATen's linear, bias inside the GEMM) equal
+// fabric::models::GPT on a CUDA device (tag gpu; skips elsewhere): lm_loss on fp16 logits (the
+// softmax kernel upcasting, no float32 copy) and on bf16 logits equals cross-entropy on a float32
+// copy, value and gradient; the blocks' linear layers (ATen's linear, bias inside the GEMM) equal
 // torch::nn::Linear's forward; a bf16-mixed step of the tiny model on the GPU lowers its loss.
 #include <gtest/gtest.h>
 #include <ATen/autocast_mode.h>
@@ -14,11 +14,13 @@ namespace {
 using fabric::models::GPT;
 using fabric::models::GPTConfig;
 
-TEST(GPTCudaTest, LmLossOnBf16LogitsEqualsCrossEntropyOnAFloat32Copy) {
+class LmLossTest : public ::testing::TestWithParam<torch::ScalarType> {};
+
+TEST_P(LmLossTest, EqualsCrossEntropyOnAFloat32Copy) {
   SKIP_WITHOUT_CUDA();
   torch::manual_seed(0);
   const auto opts = torch::TensorOptions().device(torch::kCUDA);
-  const torch::Tensor base = (3 * torch::randn({4, 64, 1000}, opts)).to(torch::kBFloat16);
+  const torch::Tensor base = (3 * torch::randn({4, 64, 1000}, opts)).to(GetParam());
   const torch::Tensor targets = torch::randint(0, 1000, {4, 64}, opts.dtype(torch::kLong));
   torch::Tensor a = base.clone().requires_grad_(), b = base.clone().requires_grad_();
   const torch::Tensor ours = fabric::models::lm_loss(a, targets);
@@ -28,11 +30,13 @@ TEST(GPTCudaTest, LmLossOnBf16LogitsEqualsCrossEntropyOnAFloat32Copy) {
   reference.backward();
   EXPECT_EQ(ours.scalar_type(), torch::kFloat);
   EXPECT_NEAR(ours.item<double>(), reference.item<double>(), 1e-6 * reference.item<double>());
-  ASSERT_EQ(a.grad().scalar_type(), torch::kBFloat16);
+  ASSERT_EQ(a.grad().scalar_type(), GetParam());
   const double diff = (a.grad().to(torch::kFloat) - b.grad().to(torch::kFloat)).abs().max().item<double>();
   const double scale = b.grad().to(torch::kFloat).abs().max().item<double>();
-  EXPECT_LE(diff, scale / 128) << "gradients differ by more than one bf16 step: " << diff;
+  EXPECT_LE(diff, scale / 128) << "gradients differ by more than one 16-bit step: " << diff;
 }
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, LmLossTest, ::testing::Values(torch::kHalf, torch::kBFloat16));
 
 TEST(GPTCudaTest, BlockLinearsEqualTorchNnLinear) {
   SKIP_WITHOUT_CUDA();
