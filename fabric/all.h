@@ -13,6 +13,8 @@
 //   fabric/data/image_folder.h     JPEG/PNG class folders, path,label lists and WebDataset shards
 //   fabric/data/webdataset.h       tar shards: brace patterns, members, samples by key
 //   fabric/nn/batch_norm.h         BatchNorm that can synchronize across processes (SyncBatchNorm)
+//   fabric/data/tokens.h           token files in nanoGPT's format (TokenDataset), text → tokens
+//   fabric/models/gpt.h            a GPT-2 language model (presets gpt2, gpt2-medium, tiny)
 //   fabric/connector.h             how the config was resolved (Fabric::setup_info)
 #ifndef FABRIC_ALL_H_
 #define FABRIC_ALL_H_
@@ -26,6 +28,7 @@
 #include "fabric/data/webdataset.h"
 #include "fabric/fabric.h"
 #include "fabric/main.h"
+#include "fabric/models/gpt.h"
 #include "fabric/nn/batch_norm.h"
 #include "fabric/nonfinite_guard.h"
 #include "fabric/stop_signal.h"

@@ -66,6 +66,33 @@ std::string format_cudnn_version(long version) {
          std::to_string(version % 100);
 }
 
+std::optional<double> peak_dense_tflops(const std::string& device_name,
+                                        const std::string& precision) {
+  const bool half = precision == "bf16-mixed" || precision == "bf16-true" ||
+                    precision == "16-mixed" || precision == "16-true";
+  if (!half && precision != "32-true") return std::nullopt;
+  auto has = [&](const char* part) { return device_name.find(part) != std::string::npos; };
+  struct Peak {
+    double half, fp32;
+  };
+  std::optional<Peak> p;
+  if (has("H100") && has("PCIe")) {
+    p = Peak{756, 51};
+  } else if (has("H100") || has("H200")) {
+    p = Peak{989, 67};
+  } else if (has("A100")) {
+    p = Peak{312, 19.5};
+  } else if (has("L40S")) {
+    p = Peak{362, 91.6};
+  } else if (has(" L4")) {
+    p = Peak{121, 30.3};
+  } else if (has(" A10") && !has("A100") && !has("A10G")) {
+    p = Peak{125, 31.2};
+  }
+  if (!p) return std::nullopt;
+  return half ? p->half : p->fp32;
+}
+
 std::string format_cuda_version(long version) {
   return std::to_string(version / 1000) + "." + std::to_string(version / 10 % 100);
 }

@@ -47,6 +47,14 @@ struct RuntimeInfo {
 RuntimeInfo query_runtime_info();
 
 // "9.19.0" from cuDNN's integer version (9 * 10000 + 19 * 100 + 0 since cuDNN 9).
+// The dense peak in TFLOP/s of one CUDA device named `device_name` (CudaDeviceInfo::name) for
+// matmuls at `precision` (bf16-mixed, bf16-true, 16-mixed, 16-true: 16-bit tensor cores; 32-true:
+// float32 without TF32), from the vendors' data sheets: H100 SXM and H200 989 (16-bit) / 67
+// (float32), H100 PCIe 756 / 51, A100 312 / 19.5, L40S 362 / 91.6, L4 121 / 30.3, A10 125 / 31.2.
+// nullopt for other devices and precisions: MFU is then unknown (a config key may give the peak).
+std::optional<double> peak_dense_tflops(const std::string& device_name,
+                                        const std::string& precision);
+
 std::string format_cudnn_version(long version);
 
 // "13.0" from CUDA's integer runtime version (13 * 1000 + 0 * 10).

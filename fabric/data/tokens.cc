@@ -6,8 +6,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 
+#include "fabric/core/atomic_file.h"
 #include "fabric/core/error.h"
 
 namespace fabric {
@@ -89,6 +93,70 @@ std::vector<uint16_t> byte_tokens(const std::string& bytes) {
   std::vector<uint16_t> out(bytes.size());
   for (size_t i = 0; i < bytes.size(); ++i) out[i] = static_cast<unsigned char>(bytes[i]);
   return out;
+}
+
+namespace {
+
+std::string read_all(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw Error(file.string() + ": cannot read");
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::string as_bytes(const std::vector<uint16_t>& tokens, size_t begin, size_t end) {
+  std::string out;
+  out.reserve((end - begin) * 2);
+  for (size_t i = begin; i < end; ++i) {
+    out += static_cast<char>(tokens[i] & 0xff);
+    out += static_cast<char>(tokens[i] >> 8);
+  }
+  return out;
+}
+
+}  // namespace
+
+PreparedText prepare_byte_text(const std::vector<std::filesystem::path>& inputs,
+                               const std::filesystem::path& output, double val_fraction,
+                               const std::function<bool(const std::filesystem::path&)>& accept) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> files;
+  for (const fs::path& input : inputs) {
+    std::error_code ec;
+    if (fs::is_directory(input, ec)) {
+      std::vector<fs::path> under;
+      for (auto it = fs::recursive_directory_iterator(input, ec); !ec && it != fs::end(it);
+           it.increment(ec))
+        if (it->is_regular_file(ec) && (!accept || accept(it->path()))) under.push_back(it->path());
+      std::sort(under.begin(), under.end());
+      files.insert(files.end(), under.begin(), under.end());
+    } else if (fs::is_regular_file(input, ec)) {
+      files.push_back(input);
+    } else {
+      throw Error(input.string() + ": no such file or folder (--input)");
+    }
+  }
+  std::vector<uint16_t> tokens;
+  for (const fs::path& file : files) {
+    const auto t = byte_tokens(read_all(file));
+    tokens.insert(tokens.end(), t.begin(), t.end());
+  }
+  const auto val = static_cast<size_t>(static_cast<double>(tokens.size()) * val_fraction);
+  const size_t train = tokens.size() - val;
+  if (train < 2 || val < 2)
+    throw Error(std::to_string(tokens.size()) + " bytes of text in " +
+                std::to_string(files.size()) +
+                " file(s) are too few for a train and a val split; give more text");
+  std::error_code ec;
+  fs::create_directories(output, ec);
+  if (ec) throw Error(output.string() + ": cannot create (" + ec.message() + ")");
+  write_file_atomically(output / "train.bin", as_bytes(tokens, 0, train));
+  write_file_atomically(output / "val.bin", as_bytes(tokens, train, tokens.size()));
+  write_file_atomically(output / "meta.json",
+                        "{\"tokenizer\": \"bytes\", \"vocab_size\": 256, \"train_tokens\": " +
+                            std::to_string(train) + ", \"val_tokens\": " + std::to_string(val) +
+                            "}\n");
+  return {static_cast<int64_t>(files.size()), static_cast<int64_t>(train),
+          static_cast<int64_t>(val)};
 }
 
 }  // namespace fabric

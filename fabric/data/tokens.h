@@ -18,6 +18,8 @@
 #define FABRIC_DATA_TOKENS_H_
 
 #include <cstdint>
+#include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,6 +58,21 @@ class TokenDataset : public Dataset {
 // Token ids of `bytes` under the byte-level tokenizer (vocabulary 256: each byte is its own id),
 // what tools/prepare_text writes without a BPE vocabulary.
 std::vector<uint16_t> byte_tokens(const std::string& bytes);
+
+// What tools/prepare_text does: the text of `inputs` (files; a folder contributes every regular
+// file under it, in path order, joined as they are) under the byte-level tokenizer, the last
+// `val_fraction` of the tokens written to OUTPUT/val.bin and the rest to OUTPUT/train.bin (uint16),
+// and OUTPUT/meta.json ({"tokenizer": "bytes", "vocab_size": 256, "train_tokens": N,
+// "val_tokens": M}); each file is written whole or not at all. `accept(path)`, when given, picks
+// the files taken from folders. Throws fabric::Error naming the path for an input that cannot be
+// read, too little text for two splits, or an output that cannot be written.
+struct PreparedText {
+  int64_t files = 0, train_tokens = 0, val_tokens = 0;
+};
+PreparedText prepare_byte_text(
+    const std::vector<std::filesystem::path>& inputs, const std::filesystem::path& output,
+    double val_fraction = 0.1,
+    const std::function<bool(const std::filesystem::path&)>& accept = nullptr);
 
 }  // namespace fabric
 

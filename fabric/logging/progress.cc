@@ -91,7 +91,8 @@ std::string ProgressBar::render(bool in_place, int width) const {
   }
   if (loss_ >= 0 || std::isnan(loss_)) line += " loss " + fmt("%.4f", loss_);
   if (lr_ >= 0) line += " lr " + fmt("%.5f", lr_);
-  if (images_per_second_ >= 0) line += " " + fmt("%.0f", images_per_second_) + " img/s";
+  if (images_per_second_ >= 0) line += " " + fmt("%.0f", images_per_second_) + " " + rate_unit_;
+  if (mfu_ >= 0) line += " MFU " + fmt("%.1f%%", 100 * mfu_);
   const double eta = eta_seconds();
   if (eta >= 0) line += " ETA " + format_duration(eta);
   if (in_place && width > 1 && static_cast<int>(line.size()) > width - 1)
@@ -104,6 +105,13 @@ void ProgressBar::set_metrics(double loss, double lr, double images_per_second) 
   lr_ = lr;
   images_per_second_ = images_per_second;
   last_draw_ = -1;  // show new values at the next step
+}
+
+void ProgressBar::set_throughput(double per_second, const std::string& unit, double mfu) {
+  images_per_second_ = per_second;
+  rate_unit_ = unit;
+  mfu_ = mfu;
+  last_draw_ = -1;
 }
 
 void ProgressBar::step(int64_t step, int64_t epoch) {

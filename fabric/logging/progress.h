@@ -43,6 +43,9 @@ class ProgressBar {
 
   // The logging window's smoothed values (mean loss across ranks, learning rate, throughput).
   void set_metrics(double loss, double lr, double images_per_second);
+  // The throughput in another unit than img/s (e.g. "tok/s"), and the model FLOPs utilization
+  // (a fraction; shown as "MFU 31.2%" when >= 0).
+  void set_throughput(double per_second, const std::string& unit, double mfu = -1);
   // After each optimizer step: `step` done so far (1-based), `epoch` 0-based.
   void step(int64_t step, int64_t epoch);
   // A line above the bar (the bar is cleared and redrawn).
@@ -64,7 +67,8 @@ class ProgressBar {
   std::ostream& out_;
   Options options_;
   int64_t step_ = 0, epoch_ = 0;
-  double loss_ = -1, lr_ = -1, images_per_second_ = -1;
+  double loss_ = -1, lr_ = -1, images_per_second_ = -1, mfu_ = -1;
+  std::string rate_unit_ = "img/s";
   double last_time_ = 0, last_draw_ = -1;
   std::deque<double> durations_;  // seconds per step, most recent last
   bool drawn_ = false;            // an unterminated in-place line is on screen

@@ -1,0 +1,398 @@
+// bazel run //examples:gpt -- --config=gpt_tiny.yaml [key=value ...]
+//
+// A GPT language model (fabric::models::GPT) trained on token files in nanoGPT's format:
+// data.root holds train.bin and val.bin (tools/prepare_text writes them from any text). Without
+// data.root the run trains on the sources of this machine's Python standard library, turned into
+// byte tokens on first use and cached (gpt.corpus_cache), and says so.
+// The loop is the one a user writes with Fabric: AdamW from the optimizer: section (weight decay
+// on matrices only by optimizer.no_weight_decay), the scheduler: section (cosine with warm-up),
+// clipping, gradient accumulation, any strategy and precision, checkpoints that resume mid-epoch.
+// Every logging window prints and logs the loss, tokens/s and the model FLOPs utilization (MFU:
+// GPTConfig::flops_per_token × tokens/s over the devices' dense peak, fabric::peak_dense_tflops or
+// gpt.peak_tflops; unknown on CPUs). The validation loss is measured every
+// gpt.eval_every_n_steps and at the end; last, a sample generated from gpt.prompt is printed.
+// summary.json: train_loss, val_loss, tokens_per_s, tflops, mfu (null when the peak is unknown).
+// Exit status: see fabric/main.h; 3 when training stopped on non-finite losses.
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "fabric/accelerators/device_info.h"
+#include "fabric/checkpointer.h"
+#include "fabric/core/error.h"
+#include "fabric/core/paths.h"
+#include "fabric/data/tokens.h"
+#include "fabric/fabric.h"
+#include "fabric/logging/progress.h"
+#include "fabric/main.h"
+#include "fabric/models/gpt.h"
+#include "fabric/nonfinite_guard.h"
+#include "fabric/training/activation_checkpoint.h"
+#include "fabric/training/graphed_step.h"
+#include "fabric/training/lr_scheduler.h"
+#include "fabric/training/optimizers.h"
+
+namespace fs = std::filesystem;
+using fabric::KeySpec;
+
+namespace {
+
+fabric::ConfigSchema schema() {
+  fabric::ConfigSchema s = fabric::training_schema();
+  s.set_default("data.root", "\"\"");
+  s.add("data.token_dtype", KeySpec::choice({"uint16", "uint32"}, "uint16")
+                                .doc("ids in train.bin/val.bin (uint32 for vocabularies over 65,535)"));
+  s.section_doc("model", "fabric::models::GPT: a preset, any field overridden (0: the preset's).");
+  s.add("model.preset", KeySpec::choice({"tiny", "gpt2", "gpt2-medium"}, "tiny"));
+  s.add("model.vocab_size", KeySpec::integer(0).min(0).doc(
+                                "0: data.root/meta.json's vocab_size, else the preset's"));
+  s.add("model.block_size", KeySpec::integer(0).min(0).doc("tokens per sequence"));
+  s.add("model.n_layer", KeySpec::integer(0).min(0));
+  s.add("model.n_head", KeySpec::integer(0).min(0));
+  s.add("model.n_embd", KeySpec::integer(0).min(0));
+  s.add("model.dropout", KeySpec::real(0.0).min(0).max(1, false));
+  s.add("model.bias", KeySpec::boolean(true).doc("biases in the Linear layers"));
+  s.add("model.activation_checkpointing",
+        KeySpec::choice_list({"Block"}, {})
+            .doc("module types whose activations are recomputed in backward instead of kept"));
+  s.add("gpt.eval_every_n_steps",
+        KeySpec::integer(0).min(0).doc("validation loss every N optimizer steps (0: at the end)"));
+  s.add("gpt.prompt", KeySpec::string("def ").doc("the start of the sample printed at the end"));
+  s.add("gpt.sample_tokens", KeySpec::integer(200).min(0).doc("0: no sample"));
+  s.add("gpt.temperature", KeySpec::real(0.8).min(0, false));
+  s.add("gpt.top_k", KeySpec::integer(40).min(0).doc("0: the whole vocabulary"));
+  s.add("gpt.peak_tflops", KeySpec::real(0.0).min(0).doc(
+                                "one device's dense peak for MFU; 0: fabric::peak_dense_tflops"));
+  s.add("gpt.corpus_cache", KeySpec::string("").doc(
+                                "where the default corpus is prepared; \"\": "
+                                "$XDG_CACHE_HOME/fabricpp, else ~/.cache/fabricpp"));
+  return s;
+}
+
+// The folder of this machine's Python standard library (python3 asked), or "" without Python.
+std::string python_stdlib() {
+  FILE* p = popen("python3 -c 'import sysconfig; print(sysconfig.get_paths()[\"stdlib\"])' "
+                  "2>/dev/null",
+                  "r");
+  if (!p) return "";
+  char line[4096] = {0};
+  const bool got = fgets(line, sizeof(line), p) != nullptr;
+  pclose(p);
+  std::string path = got ? line : "";
+  while (!path.empty() && (path.back() == '\n' || path.back() == '\r')) path.pop_back();
+  return path;
+}
+
+// data.root, or the default corpus (prepared by each node's local rank 0 on first use).
+fs::path data_root(fabric::Fabric& f) {
+  const fabric::Config& c = f.config();
+  const std::string root = c.get_string("data.root");
+  if (!root.empty()) return fabric::absolute_from_working_directory(root);
+  const std::string stdlib = python_stdlib();
+  if (stdlib.empty())
+    throw fabric::ConfigError(
+        "data.root: not set, and no Python standard library was found for the default corpus "
+        "(python3 is not on PATH); prepare text with `bazel run //tools:prepare_text -- "
+        "--input=PATH --output=DIR` and set data.root=DIR");
+  fs::path cache = c.get_string("gpt.corpus_cache");
+  if (cache.empty()) {
+    const char* xdg = std::getenv("XDG_CACHE_HOME");
+    const char* home = std::getenv("HOME");
+    cache = xdg && *xdg ? fs::path(xdg) / "fabricpp" : fs::path(home ? home : ".") / ".cache/fabricpp";
+  }
+  const fs::path out = cache / ("text-" + fs::path(stdlib).filename().string() + "-stdlib-bytes");
+  if (f.local_rank() == 0 && !fs::exists(out / "meta.json")) {
+    f.print("data.root is not set: preparing the default corpus, the Python sources of ", stdlib,
+            " (tests left out), as byte tokens in ", out.string());
+    // Test suites are mostly generated data; site-packages differs between machines.
+    auto accept = [](const fs::path& p) {
+      if (p.extension() != ".py") return false;
+      for (const auto& part : p)
+        if (part == "test" || part == "tests" || part == "site-packages" || part == "idlelib")
+          return false;
+      return true;
+    };
+    fabric::prepare_byte_text({stdlib}, out, 0.05, accept);
+  }
+  f.barrier();
+  f.print("data: the default corpus (Python ", fs::path(stdlib).filename().string(),
+          " standard library sources, byte tokens) in ", out.string(), "; data.root=DIR trains on yours");
+  return out;
+}
+
+// meta.json's vocab_size and tokenizer, when the folder has one.
+std::pair<int64_t, std::string> read_meta(const fs::path& root) {
+  std::ifstream in(root / "meta.json");
+  if (!in) return {0, ""};
+  try {
+    const auto meta = nlohmann::json::parse(in);
+    return {meta.value("vocab_size", int64_t{0}), meta.value("tokenizer", std::string())};
+  } catch (const std::exception& e) {
+    throw fabric::Error((root / "meta.json").string() + ": not JSON (" + e.what() +
+                        "); remove it or write it again with tools/prepare_text");
+  }
+}
+
+fabric::models::GPTConfig model_config(const fabric::Config& c, int64_t meta_vocab) {
+  auto m = fabric::models::GPTConfig::preset(c.get_string("model.preset"));
+  auto set = [&](const char* key, int64_t& field) {
+    if (c.get_int(key) > 0) field = c.get_int(key);
+  };
+  if (meta_vocab > 0) m.vocab_size = meta_vocab;
+  set("model.vocab_size", m.vocab_size);
+  set("model.block_size", m.block_size);
+  set("model.n_layer", m.n_layer);
+  set("model.n_head", m.n_head);
+  set("model.n_embd", m.n_embd);
+  m.dropout = c.get_double("model.dropout");
+  m.bias = c.get_bool("model.bias");
+  return m;
+}
+
+// gpt.sample_tokens tokens after gpt.prompt (top-k, temperature; the same on every rank).
+std::string sample(fabric::Fabric& f, fabric::models::GPT& model, const std::string& tokenizer) {
+  const fabric::Config& c = f.config();
+  const int64_t n = c.get_int("gpt.sample_tokens"), top_k = c.get_int("gpt.top_k");
+  if (n == 0) return "";
+  if (tokenizer != "bytes") return "(no sample: data.root's tokenizer is not byte-level)";
+  const auto block = model->config().block_size;
+  std::vector<int64_t> ids;
+  for (const uint16_t t : fabric::byte_tokens(c.get_string("gpt.prompt"))) ids.push_back(t);
+  if (ids.empty()) ids.push_back('\n');
+  auto gen = at::detail::createCPUGenerator(1234);
+  torch::NoGradGuard no_grad;
+  model->eval();
+  for (int64_t i = 0; i < n; ++i) {
+    const auto begin = ids.size() > static_cast<size_t>(block) ? ids.end() - block : ids.begin();
+    const torch::Tensor x = torch::tensor(std::vector<int64_t>(begin, ids.end())).view({1, -1});
+    torch::Tensor logits;
+    {
+      auto guard = f.autocast();
+      logits = f.forward(model, x.to(f.device()));
+    }
+    logits = logits[0][-1].to(torch::kCPU, torch::kFloat) / c.get_double("gpt.temperature");
+    if (top_k > 0 && top_k < logits.size(0)) {
+      const double kth = std::get<0>(logits.topk(top_k))[-1].item<double>();
+      logits.masked_fill_(logits < kth, -INFINITY);
+    }
+    ids.push_back(torch::multinomial(torch::softmax(logits, 0), 1, false, gen).item<int64_t>());
+  }
+  model->train();
+  return std::string(ids.begin(), ids.end());
+}
+
+int train(fabric::Fabric& f) {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const fabric::Config& c = f.config();
+  const fs::path root = data_root(f);
+  const auto [meta_vocab, tokenizer] = read_meta(root);
+  const auto mc = model_config(c, c.get_int("model.vocab_size") > 0 ? 0 : meta_vocab);
+  const fabric::TokenDataset::Options token_options{
+      mc.block_size, c.get_string("data.token_dtype") == "uint32" ? 4 : 2, mc.vocab_size};
+  if (!fs::exists(root / "val.bin"))
+    throw fabric::Error((root / "val.bin").string() +
+                        ": missing (data.root needs train.bin and val.bin; tools/prepare_text "
+                        "writes both)");
+  const auto train_data = fabric::TokenDataset::open((root / "train.bin").string(), token_options);
+  const auto val_data = fabric::TokenDataset::open((root / "val.bin").string(), token_options);
+
+  fabric::models::GPT model(mc);
+  const bool checkpoint_blocks = !c.get_string_list("model.activation_checkpointing").empty();
+  auto forward = [&](const torch::Tensor& x) {
+    if (!checkpoint_blocks) return f.forward(model, x);
+    return model->forward(x, [](fabric::models::Block& b, const torch::Tensor& h) {
+      return fabric::checkpoint_activations(b, h);
+    });
+  };
+  auto optimizer = fabric::make_optimizer(c, *model);
+  f.setup(model, *optimizer);
+  auto loader_options = [&] {
+    return fabric::DataLoaderOptions()
+        .batch_size(c.get_int("data.batch_size"))
+        .num_workers(c.get_int("data.num_workers"))
+        .prefetch(c.get_int("data.prefetch"));
+  };
+  auto train = f.setup_dataloader(train_data, loader_options()
+                                                  .shuffle(c.get_bool("data.shuffle"))
+                                                  .drop_last(c.get_bool("data.drop_last")));
+  auto val = f.setup_dataloader(val_data, loader_options());
+
+  const int64_t accumulate = c.get_int("trainer.accumulate_grad_batches");
+  const int64_t epoch_steps = fabric::MicroBatch::steps_in_epoch(train.size(), accumulate);
+  const int64_t max_epochs = c.get_int("trainer.max_epochs");
+  const int64_t max_steps = c.get_int("trainer.max_steps");
+  const int64_t total_steps = max_steps >= 0 ? std::min(max_steps, max_epochs * epoch_steps)
+                                             : max_epochs * epoch_steps;
+  fabric::LRScheduler scheduler(
+      *optimizer, fabric::LRSchedule::from_config(c, std::max<int64_t>(total_steps, 1)));
+  const int64_t log_every = c.get_int("logging.log_every_n_steps");
+  const int64_t eval_every = c.get_int("gpt.eval_every_n_steps");
+  const int64_t tokens_per_batch = c.get_int("data.batch_size") * mc.block_size;
+
+  // MFU: the job's model FLOP/s over the sum of its devices' peaks.
+  std::optional<double> peak = c.get_double("gpt.peak_tflops") > 0
+                                   ? std::optional<double>(c.get_double("gpt.peak_tflops"))
+                                   : std::nullopt;
+  if (!peak && f.device().is_cuda()) {
+    const auto info = fabric::query_runtime_info();
+    const auto index = static_cast<size_t>(std::max<int>(f.device().index(), 0));
+    if (index < info.devices.size())
+      peak = fabric::peak_dense_tflops(info.devices[index].name, c.get_string("fabric.precision"));
+  }
+
+  fabric::CheckpointState state;
+  state.add("model", model).add("optimizer", *optimizer).add("scheduler", scheduler);
+  state.add("train_loader", train);
+  fabric::Checkpointer checkpoints(f, state);
+  f.print("gpt: ", mc.parameters(), " parameters (", c.get_string("model.preset"), ": ",
+          mc.n_layer, " layers, ", mc.n_head, " heads, width ", mc.n_embd, ", ", mc.block_size,
+          " positions, vocabulary ", mc.vocab_size, "); ", train_data->tokens(), " train / ",
+          val_data->tokens(), " val tokens; strategy ", f.strategy().name(), ", world size ",
+          f.world_size(), ", device ", f.device().str(), ", precision ",
+          fabric::to_string(f.precision().mode()), ", ", f.threads_description(), "; ",
+          total_steps, " steps of ", tokens_per_batch * accumulate * f.world_size(),
+          " tokens; run directory ", f.run_directory().path().string());
+
+  auto validate = [&]() {
+    auto means = f.evaluate(
+        val,
+        [&](const fabric::Batch& b) -> std::map<std::string, torch::Tensor> {
+          const torch::Tensor logits = f.forward(model, b.data);
+          const torch::Tensor per_token = torch::cross_entropy_loss(
+              logits.reshape({-1, logits.size(-1)}).to(torch::kFloat), b.target.reshape({-1}),
+              {}, at::Reduction::None);
+          return {{"loss", per_token.view({b.data.size(0), -1}).mean(1)}};
+        },
+        c.get_int("trainer.limit_eval_batches"));
+    return means.at("loss");
+  };
+
+  fabric::GraphedStepOptions step_options;
+  if (c.get_string("trainer.gradient_clip_algorithm") == "norm") {
+    step_options.clip_norm(c.get_double("trainer.gradient_clip_val"));
+  } else {
+    step_options.clip_value(c.get_double("trainer.gradient_clip_val"));
+  }
+  fabric::GraphedStep train_step(
+      f, *optimizer,
+      [&](const std::vector<torch::Tensor>& b) {
+        auto guard = f.autocast();
+        return fabric::models::lm_loss(forward(b[0]), b[1]);
+      },
+      step_options);
+
+  int64_t step = checkpoints.step(), epoch = checkpoints.epoch();
+  double last_loss = NAN, val_loss = NAN, tokens_per_s = NAN, train_seconds = 0;
+  int64_t tokens = 0, window = 0, window_tokens = 0;
+  auto window_loss = torch::zeros({}, torch::dtype(torch::kFloat).device(f.device()));
+  auto window_start = Clock::now();
+  fabric::ProgressBar& bar = f.progress_bar(total_steps, max_epochs, step);
+  fabric::NonFiniteGuard nonfinite(f);
+  std::string stopped;
+  auto mfu_of = [&](double rate) {
+    return peak ? mc.flops_per_token() * rate / (*peak * 1e12 * f.world_size()) : -1.0;
+  };
+  for (; epoch < max_epochs && step < total_steps && stopped.empty(); ++epoch) {
+    torch::Tensor group_loss;
+    int64_t in_epoch = train.state().batches;
+    const auto epoch_start = Clock::now();
+    for (fabric::Batch& batch : train) {
+      const auto micro = fabric::MicroBatch::in_epoch(in_epoch++, train.size(), accumulate);
+      const torch::Tensor micro_loss = train_step({batch.data, batch.target}, micro);
+      group_loss = micro.first() ? micro_loss : group_loss + micro_loss;
+      window_tokens += batch.data.numel();
+      tokens += batch.data.numel();
+      if (!micro.last()) continue;
+      const torch::Tensor loss = micro.count == 1 ? group_loss : group_loss / micro.count;
+      scheduler.step();
+      ++step;
+      window_loss += loss.detach().to(torch::kFloat);
+      ++window;
+      if (step % log_every == 0 || step == total_steps) {
+        last_loss = f.all_reduce(window_loss / static_cast<double>(window)).item<double>();
+        const double secs = std::chrono::duration<double>(Clock::now() - window_start).count();
+        const double rate = static_cast<double>(window_tokens * f.world_size()) / std::max(secs, 1e-9);
+        bar.set_metrics(last_loss, scheduler.get_lr(), rate);
+        bar.set_throughput(rate, "tok/s", mfu_of(rate));
+        std::map<std::string, double> metrics{{"train/loss", last_loss},
+                                              {"lr", scheduler.get_lr()},
+                                              {"train/tokens_per_second", rate}};
+        if (peak) metrics["train/mfu"] = mfu_of(rate);
+        f.log_dict(metrics, step);
+        window_loss.zero_();
+        window = window_tokens = 0;
+        window_start = Clock::now();
+      }
+      bar.step(step, epoch);
+      checkpoints.step_end();
+      if (nonfinite.update(loss, step)) {
+        stopped = nonfinite.message();
+        break;
+      }
+      if (eval_every > 0 && step % eval_every == 0 && step < total_steps) {
+        const auto eval_start = Clock::now();
+        val_loss = validate();
+        f.print("step ", step, " val loss ", val_loss);
+        f.log_dict({{"val/loss", val_loss}}, step);
+        window_start += Clock::now() - eval_start;
+      }
+      if (step >= total_steps) break;
+    }
+    train_seconds += std::chrono::duration<double>(Clock::now() - epoch_start).count();
+    checkpoints.epoch_end();
+  }
+  bar.finish();
+  if (stopped.empty()) {
+    val_loss = validate();
+    f.print("step ", step, " val loss ", val_loss);
+    f.log_dict({{"val/loss", val_loss}}, step);
+    checkpoints.finish();
+  } else {
+    f.print("stopped: ", stopped, "; the state is in ", checkpoints.save_aside("nonfinite").string());
+  }
+  tokens_per_s = static_cast<double>(tokens * f.world_size()) / std::max(train_seconds, 1e-9);
+  const std::string text = stopped.empty() ? sample(f, model, tokenizer) : "";
+  if (!text.empty()) f.print("sample (gpt.prompt, ", c.get_int("gpt.sample_tokens"), " tokens):\n", text);
+
+  const double mfu = mfu_of(tokens_per_s);
+  nlohmann::json summary = {
+      {"name", f.run_name()},
+      {"config_hash", c.hash()},
+      {"strategy", f.strategy().name()},
+      {"precision", fabric::to_string(f.precision().mode())},
+      {"device", f.device().str()},
+      {"world_size", f.world_size()},
+      {"parameters", mc.parameters()},
+      {"steps", step},
+      {"train_loss", last_loss},
+      {"val_loss", val_loss},
+      {"tokens_per_s", tokens_per_s},
+      {"tflops", mc.flops_per_token() * tokens_per_s / 1e12},
+      {"mfu", mfu >= 0 ? nlohmann::json(mfu) : nlohmann::json(nullptr)},
+      {"wall_seconds", std::chrono::duration<double>(Clock::now() - start).count()},
+      {"data", root.string()},
+      {"resumed_from", checkpoints.resumed_from()},
+      {"stopped", stopped},
+      {"sample", text},
+  };
+  f.print(f.run_directory().write_summary(summary).string());
+  return !stopped.empty() && f.is_global_zero() ? 3 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return fabric::run_main(argc, argv, schema(), [](const fabric::Config& config) {
+    fabric::Fabric fabric(config);
+    return fabric.launch(train);
+  });
+}
