@@ -145,13 +145,14 @@ bool Fabric::step(torch::optim::Optimizer& optimizer) {
 double Fabric::clip_gradients_norm(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                    double max_norm, double norm_type) {
   precision().unscale_gradients(optimizer);
-  return strategy_->clip_gradients_norm(module, optimizer, max_norm, norm_type).item<double>();
+  return strategy_->clip_gradients_norm(module.parameters(), optimizer, max_norm, norm_type)
+      .item<double>();
 }
 
 void Fabric::clip_gradients_by_value(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                      double clip_value) {
   precision().unscale_gradients(optimizer);
-  strategy_->clip_gradients_value(module, optimizer, clip_value);
+  strategy_->clip_gradients_value(module.parameters(), optimizer, clip_value);
 }
 
 AutocastGuard Fabric::autocast() const { return strategy_->precision().autocast(); }

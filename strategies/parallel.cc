@@ -135,19 +135,19 @@ void ParallelStrategy::agree_on_found_inf() {
   });
 }
 
-torch::Tensor ParallelStrategy::clip_gradients_norm(torch::nn::Module& module,
+torch::Tensor ParallelStrategy::clip_gradients_norm(const std::vector<torch::Tensor>& parameters,
                                                     torch::optim::Optimizer& optimizer,
                                                     double max_norm, double norm_type) {
   if (OptimizerShard* shard = shard_of(optimizer))
     return shard->clip_grad_norm(max_norm, norm_type);
-  return Strategy::clip_gradients_norm(module, optimizer, max_norm, norm_type);
+  return Strategy::clip_gradients_norm(parameters, optimizer, max_norm, norm_type);
 }
 
-void ParallelStrategy::clip_gradients_value(torch::nn::Module& module,
+void ParallelStrategy::clip_gradients_value(const std::vector<torch::Tensor>& parameters,
                                             torch::optim::Optimizer& optimizer,
                                             double clip_value) {
   if (OptimizerShard* shard = shard_of(optimizer)) return shard->clip_grad_value(clip_value);
-  Strategy::clip_gradients_value(module, optimizer, clip_value);
+  Strategy::clip_gradients_value(parameters, optimizer, clip_value);
 }
 
 std::optional<c10::IValue> ParallelStrategy::gather_optimizer_state(

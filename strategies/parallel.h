@@ -52,10 +52,11 @@ class ParallelStrategy : public Strategy {
 
   // An optimizer split over the ranks (shard_, ZeRO-1 or fsdp) is clipped over every rank's part
   // and saved in one process's layout; any other goes to Strategy's defaults.
-  torch::Tensor clip_gradients_norm(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                                    double max_norm, double norm_type) override;
-  void clip_gradients_value(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                            double clip_value) override;
+  torch::Tensor clip_gradients_norm(const std::vector<torch::Tensor>& parameters,
+                                    torch::optim::Optimizer& optimizer, double max_norm,
+                                    double norm_type) override;
+  void clip_gradients_value(const std::vector<torch::Tensor>& parameters,
+                            torch::optim::Optimizer& optimizer, double clip_value) override;
   std::optional<c10::IValue> gather_optimizer_state(torch::optim::Optimizer& optimizer) override;
   std::optional<std::function<void()>> prepare_split_optimizer_state(
       torch::optim::Optimizer& optimizer, const c10::IValue& state,

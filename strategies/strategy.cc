@@ -160,17 +160,17 @@ ParameterParts Strategy::parameter_parts(torch::nn::Module& module) {
   return out;
 }
 
-torch::Tensor Strategy::clip_gradients_norm(torch::nn::Module& module,
+torch::Tensor Strategy::clip_gradients_norm(const std::vector<torch::Tensor>& parameters,
                                             torch::optim::Optimizer& optimizer, double max_norm,
                                             double norm_type) {
   (void)optimizer;
-  return clip_grad_norm_on_device(module.parameters(), max_norm, norm_type);
+  return clip_grad_norm_on_device(parameters, max_norm, norm_type);
 }
 
-void Strategy::clip_gradients_value(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                                    double clip_value) {
+void Strategy::clip_gradients_value(const std::vector<torch::Tensor>& parameters,
+                                    torch::optim::Optimizer& optimizer, double clip_value) {
   (void)optimizer;
-  torch::nn::utils::clip_grad_value_(module.parameters(), clip_value);
+  torch::nn::utils::clip_grad_value_(parameters, clip_value);
 }
 
 }  // namespace fabric

@@ -144,14 +144,14 @@ class Strategy {
 
   // Fabric::clip_gradients after unscaling: scales the gradients `optimizer` steps so that their
   // total `norm_type` norm is at most `max_norm`; returns the norm before clipping (0-dim, on the
-  // device). The default clips `module`'s gradients (fabric/training/clip.h); a strategy that
-  // splits the gradients over the ranks takes the norm over all of them (collective).
-  virtual torch::Tensor clip_gradients_norm(torch::nn::Module& module,
+  // device). The default clips the gradients of `parameters` (fabric/training/clip.h); a strategy
+  // that splits the gradients over the ranks takes the norm over all of them (collective).
+  virtual torch::Tensor clip_gradients_norm(const std::vector<torch::Tensor>& parameters,
                                             torch::optim::Optimizer& optimizer, double max_norm,
                                             double norm_type);
   // Clamps the same gradients to [-clip_value, clip_value].
-  virtual void clip_gradients_value(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                                    double clip_value);
+  virtual void clip_gradients_value(const std::vector<torch::Tensor>& parameters,
+                                    torch::optim::Optimizer& optimizer, double clip_value);
 
   // An optimizer whose state this strategy splits over the ranks (fabric.ddp.shard_optimizer_state)
   // is saved and loaded in one process's layout (fabric/checkpoint/optimizer_state.h), so its

@@ -121,10 +121,13 @@ void GraphedStep::backward_and_step(const torch::Tensor& loss) {
 void GraphedStep::clip_and_step() {
   if (options_.clip_norm() > 0 || options_.clip_value() > 0) {
     fabric_.precision().unscale_gradients(optimizer_);  // on the device (fabric/precision)
+    // Through the strategy: under fsdp and ZeRO-1 the optimizer holds this rank's pieces only,
+    // and the norm must cover every rank's (collective).
     if (options_.clip_norm() > 0) {
-      grad_norm_ = clip_grad_norm_on_device(clipped_, options_.clip_norm(), options_.norm_type());
+      grad_norm_ = fabric_.strategy().clip_gradients_norm(clipped_, optimizer_, options_.clip_norm(),
+                                                          options_.norm_type());
     } else {
-      torch::nn::utils::clip_grad_value_(clipped_, options_.clip_value());
+      fabric_.strategy().clip_gradients_value(clipped_, optimizer_, options_.clip_value());
     }
   }
   fabric_.step(optimizer_);
