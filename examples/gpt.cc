@@ -291,7 +291,7 @@ int train(fabric::Fabric& f) {
       step_options);
 
   int64_t step = checkpoints.step(), epoch = checkpoints.epoch();
-  double last_loss = NAN, val_loss = NAN, tokens_per_s = NAN, train_seconds = 0;
+  double last_loss = NAN, val_loss = NAN, train_seconds = 0;
   int64_t tokens = 0, window = 0, window_tokens = 0;
   auto window_loss = torch::zeros({}, torch::dtype(torch::kFloat).device(f.device()));
   auto window_start = Clock::now();
@@ -343,7 +343,9 @@ int train(fabric::Fabric& f) {
         val_loss = validate();
         f.print("step ", step, " val loss ", val_loss);
         f.log_dict({{"val/loss", val_loss}}, step);
-        window_start += Clock::now() - eval_start;
+        const auto eval_time = Clock::now() - eval_start;
+        window_start += eval_time;  // evaluation counts in neither tokens/s
+        train_seconds -= std::chrono::duration<double>(eval_time).count();
       }
       if (step >= total_steps) break;
     }
@@ -359,7 +361,7 @@ int train(fabric::Fabric& f) {
   } else {
     f.print("stopped: ", stopped, "; the state is in ", checkpoints.save_aside("nonfinite").string());
   }
-  tokens_per_s = static_cast<double>(tokens * f.world_size()) / std::max(train_seconds, 1e-9);
+  const double tokens_per_s = static_cast<double>(tokens * f.world_size()) / std::max(train_seconds, 1e-9);
   const std::string text = stopped.empty() ? sample(f, model, tokenizer) : "";
   if (!text.empty()) f.print("sample (gpt.prompt, ", c.get_int("gpt.sample_tokens"), " tokens):\n", text);
 
