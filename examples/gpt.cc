@@ -60,6 +60,8 @@ fabric::ConfigSchema schema() {
   s.add("model.n_embd", KeySpec::integer(0).min(0));
   s.add("model.dropout", KeySpec::real(0.0).min(0).max(1, false));
   s.add("model.bias", KeySpec::boolean(true).doc("biases in the Linear layers"));
+  s.add("model.fused_loss",
+        KeySpec::boolean(true).doc("output layer + cross-entropy fused on GPUs (no float32 logits)"));
   s.add("model.activation_checkpointing",
         KeySpec::choice_list({"Block"}, {})
             .doc("module types whose activations are recomputed in backward instead of kept"));
@@ -154,6 +156,7 @@ fabric::models::GPTConfig model_config(const fabric::Config& c, int64_t meta_voc
   set("model.n_embd", m.n_embd);
   m.dropout = c.get_double("model.dropout");
   m.bias = c.get_bool("model.bias");
+  m.fused_loss = c.get_bool("model.fused_loss");
   return m;
 }
 
@@ -207,9 +210,14 @@ int train(fabric::Fabric& f) {
 
   fabric::models::GPT model(mc);
   const bool checkpoint_blocks = !c.get_string_list("model.activation_checkpointing").empty();
-  auto forward = [&](const torch::Tensor& x) {
-    if (!checkpoint_blocks) return f.forward(model, x);
-    return model->forward(x, [](fabric::models::Block& b, const torch::Tensor& h) {
+  // The step's loss: GPT::loss fuses the output layer and the cross-entropy on GPUs (no float32
+  // logits); under fabric.strategy: dp with several GPUs the replicas' logits are gathered.
+  const auto* replicas = f.strategy().replica_devices();
+  const bool replicated = replicas && replicas->size() > 1;
+  auto step_loss = [&](const torch::Tensor& x, const torch::Tensor& y) {
+    if (replicated) return fabric::models::lm_loss(f.forward(model, x), y);
+    if (!checkpoint_blocks) return model->loss(x, y);
+    return model->loss(x, y, [](fabric::models::Block& b, const torch::Tensor& h) {
       return fabric::checkpoint_activations(b, h);
     });
   };
@@ -286,7 +294,7 @@ int train(fabric::Fabric& f) {
       f, *optimizer,
       [&](const std::vector<torch::Tensor>& b) {
         auto guard = f.autocast();
-        return fabric::models::lm_loss(forward(b[0]), b[1]);
+        return step_loss(b[0], b[1]);
       },
       step_options);
 

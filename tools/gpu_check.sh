@@ -238,6 +238,20 @@ run() {
         fabric.precision=bf16-mixed
       CHECK_SUMMARY='accuracy|resumed' check "cifar10 async checkpoint, resume=auto" 180 \
         "$here/gpu_check.sh" _resume_auto "$runsh" "$work/runs/async" "${common[@]}"
+      # The GPT recipe (configs/gpt2.yaml: GPT-2 124M's shape, bf16-mixed, fused AdamW, clipping)
+      # on the default byte corpus, shortened: ddp, fsdp with Block units, CUDA graphs.
+      local gpt=(--config=gpt2.yaml trainer.max_steps=12 trainer.accumulate_grad_batches=2
+                 gpt.eval_every_n_steps=6 trainer.limit_eval_batches=4 gpt.sample_tokens=32
+                 logging.log_every_n_steps=4 "logging.run_dir=$work/runs/{name}/{timestamp}"
+                 "gpt.corpus_cache=$work/corpus")
+      CHECK_SUMMARY='val loss' check "gpt gpt2.yaml ddp bf16 (NCCL, 1 GPU)" 240 \
+        "$runsh" gpt "${gpt[@]}" fabric.devices=1
+      CHECK_SUMMARY='val loss' check "gpt gpt2.yaml fsdp Block units (NCCL, 1 GPU)" 240 \
+        "$runsh" gpt "${gpt[@]}" fabric.devices=1 fabric.strategy=fsdp fabric.fsdp.wrap_modules=Block
+      # (CUDA graphs capture one micro-batch per step: accumulation 1.)
+      CHECK_SUMMARY='val loss' check "gpt gpt2.yaml cuda_graphs, activation ckpt" 240 \
+        "$runsh" gpt "${gpt[@]}" fabric.devices=1 fabric.cuda_graphs=true \
+        trainer.accumulate_grad_batches=1 "model.activation_checkpointing=[Block]"
     fi
   fi
 

@@ -144,9 +144,16 @@ GPTImpl::GPTImpl(const GPTConfig& c) : config_(c) {
 
 torch::Tensor GPTImpl::forward(const torch::Tensor& tokens) { return forward(tokens, nullptr); }
 
-torch::Tensor GPTImpl::forward(
-    const torch::Tensor& tokens,
-    const std::function<torch::Tensor(Block&, const torch::Tensor&)>& run_block) {
+torch::Tensor GPTImpl::forward(const torch::Tensor& tokens, const RunBlock& run_block) {
+  return torch::linear(hidden(tokens, run_block), wte->weight);  // tied to the token embedding
+}
+
+torch::Tensor GPTImpl::loss(const torch::Tensor& tokens, const torch::Tensor& targets,
+                            const RunBlock& run_block) {
+  return linear_cross_entropy(hidden(tokens, run_block), wte->weight, targets, config_.fused_loss);
+}
+
+torch::Tensor GPTImpl::hidden(const torch::Tensor& tokens, const RunBlock& run_block) {
   if (tokens.dim() != 2) throw Error("GPT::forward: tokens must be [B, T] token ids");
   const int64_t T = tokens.size(1);
   if (T > config_.block_size)
@@ -156,19 +163,7 @@ torch::Tensor GPTImpl::forward(
       torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
   torch::Tensor x = drop->forward(wte->forward(tokens) + wpe->forward(positions));
   for (Block& block : blocks) x = run_block ? run_block(block, x) : block->forward(x);
-  return torch::linear(ln_f->forward(x), wte->weight);  // tied to the token embedding
-}
-
-torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
-  const torch::Tensor flat = logits.reshape({-1, logits.size(-1)});
-  if (flat.is_cuda() && flat.scalar_type() == torch::kHalf) {
-    // The softmax kernel reads the float16 logits and writes float32 log-probabilities, and its
-    // backward writes the gradient in float16: the float32 math of the line below without a
-    // float32 copy of the step's largest tensor and a copy of its gradient. ATen has this for
-    // float16 on CUDA only ("conversion is supported for Half type only"; bfloat16 and CPUs copy).
-    return at::nll_loss(at::_log_softmax(flat, -1, /*half_to_float=*/true), targets.reshape({-1}));
-  }
-  return torch::cross_entropy_loss(flat.to(torch::kFloat), targets.reshape({-1}));
+  return ln_f->forward(x);
 }
 
 }  // namespace fabric::models

@@ -14,7 +14,7 @@
 //
 //   fabric::models::GPT model(fabric::models::GPTConfig::preset("tiny"));
 //   torch::Tensor logits = model->forward(tokens);          // int64 [B, T] → [B, T, vocab_size]
-//   torch::Tensor loss = fabric::models::lm_loss(logits, targets);
+//   torch::Tensor loss = model->loss(tokens, targets);      // mean cross-entropy, fused on GPUs
 #ifndef FABRIC_MODELS_GPT_H_
 #define FABRIC_MODELS_GPT_H_
 
@@ -31,6 +31,8 @@
 #include <string>
 #include <vector>
 
+#include "fabric/models/fused_cross_entropy.h"
+
 namespace fabric::models {
 
 struct GPTConfig {
@@ -39,6 +41,9 @@ struct GPTConfig {
   int64_t n_layer = 12, n_head = 12, n_embd = 768;
   double dropout = 0.0;
   bool bias = true;
+  // loss(): the output layer and the cross-entropy as one fused CUDA step where it applies
+  // (fabric/models/fused_cross_entropy.h); false: the logits through ATen, as forward() + lm_loss.
+  bool fused_loss = true;
   // "gpt2" (124M), "gpt2-medium" (350M), "tiny" (4 layers, 4 heads, 128 wide, 256 positions,
   // vocabulary 256: byte-level text on a CPU). Throws fabric::Error naming the presets otherwise.
   static GPTConfig preset(const std::string& name);
@@ -85,12 +90,17 @@ TORCH_MODULE(Block);
 class GPTImpl : public torch::nn::Module {
  public:
   explicit GPTImpl(const GPTConfig& c);
+  // Runs a block (e.g. through fabric::checkpoint_activations); null: block->forward.
+  using RunBlock = std::function<torch::Tensor(Block&, const torch::Tensor&)>;
   // tokens: int64 [B, T] with T <= block_size (fabric::Error otherwise) → logits [B, T, vocab].
   torch::Tensor forward(const torch::Tensor& tokens);
-  // Runs each block through `run_block` (e.g. fabric::checkpoint_activations); forward() when
-  // null.
-  torch::Tensor forward(const torch::Tensor& tokens,
-                        const std::function<torch::Tensor(Block&, const torch::Tensor&)>& run_block);
+  torch::Tensor forward(const torch::Tensor& tokens, const RunBlock& run_block);
+  // Mean next-token cross-entropy against targets [B, T]: lm_loss(forward(tokens), targets), and
+  // without the float32 logits where linear_cross_entropy can fuse (config().fused_loss).
+  torch::Tensor loss(const torch::Tensor& tokens, const torch::Tensor& targets,
+                     const RunBlock& run_block = nullptr);
+  // The final LayerNorm's output [B, T, C] (the output layer's input).
+  torch::Tensor hidden(const torch::Tensor& tokens, const RunBlock& run_block = nullptr);
   const GPTConfig& config() const { return config_; }
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};
   torch::nn::Dropout drop{nullptr};
@@ -101,10 +111,6 @@ class GPTImpl : public torch::nn::Module {
   GPTConfig config_;
 };
 TORCH_MODULE(GPT);
-
-// Mean cross-entropy of next-token logits [B, T, V] against targets [B, T] (float32 math; float16
-// CUDA logits are not copied to float32 first: the softmax kernel upcasts them).
-torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets);
 
 }  // namespace fabric::models
 

@@ -13,7 +13,8 @@ Environment variables read (changing any of them re-runs this rule):
   LIBTORCH_HOME    LibTorch folder, see above.
   PYTHON_BIN_PATH  Python interpreter used to `import torch` when LIBTORCH_HOME is unset.
   CUDA_HOME        CUDA toolkit used for CUDA/NCCL headers when the nvidia wheels have none
-                   (default /usr/local/cuda).
+                   (default /usr/local/cuda); its bin/nvcc compiles Fabric++'s CUDA kernels.
+  FABRIC_NVCC      nvcc to use instead (else CUDA_HOME's, the nvidia wheels', then PATH's).
   PATH             Where `python3` is looked up.
 
 Targets of the generated repository:
@@ -21,7 +22,8 @@ Targets of the generated repository:
   @libtorch//:cuda_headers  CUDA runtime and NCCL headers (empty on a CPU-only LibTorch).
   @libtorch//:info.bzl      LIBTORCH_PATH, LIBTORCH_CUDA (bool), LIBTORCH_VERSION, RUNTIME_LIB_DIRS,
                             LIBTORCH_CXX11_ABI ('0' or '1'),
-                            TORCH_PYTHON (the interpreter with that torch; '' with LIBTORCH_HOME).
+                            TORCH_PYTHON (the interpreter with that torch; '' with LIBTORCH_HOME),
+                            NVCC (path of nvcc on a CUDA build, '' when none was found).
 
 Defines exported to dependents:
   FABRIC_WITH_CUDA   set when LibTorch has CUDA and the build is not `--config=cpu_only`
@@ -30,7 +32,7 @@ Defines exported to dependents:
   _GLIBCXX_USE_CXX11_ABI=0|1  as detected from libc10.so's symbols.
 """
 
-_ENV_VARS = ["LIBTORCH_HOME", "PYTHON_BIN_PATH", "CUDA_HOME", "PATH"]
+_ENV_VARS = ["LIBTORCH_HOME", "PYTHON_BIN_PATH", "CUDA_HOME", "FABRIC_NVCC", "PATH"]
 
 _FIX = "run tools/setup.sh or set LIBTORCH_HOME"
 
@@ -118,6 +120,7 @@ def _impl(rctx):
 
     cuda_include = None
     nccl_include = None
+    nvcc = ""
     if has_cuda:
         cuda_home = rctx.os.environ.get("CUDA_HOME", "") or "/usr/local/cuda"
         cuda_include = _first_existing(rctx, [
@@ -147,6 +150,15 @@ def _impl(rctx):
             fail(("LibTorch at %s is a CUDA build but libcudart.so was not found beside it or in " +
                   "CUDA_HOME=%s; reinstall the torch wheel (tools/setup.sh) or build with --config=cpu_only") %
                  (torch, cuda_home))
+        # nvcc for Fabric++'s own kernels (tools/bazel/cuda.bzl); without one they fall back to ATen.
+        nvcc = _first_existing(rctx, [
+            rctx.os.environ.get("FABRIC_NVCC", ""),
+            cuda_home + "/bin/nvcc",
+            site + "/nvidia/cu13/bin/nvcc",
+            site + "/nvidia/cuda_nvcc/bin/nvcc",
+        ]) or ""
+        if not nvcc and rctx.which("nvcc"):
+            nvcc = str(rctx.which("nvcc"))
         rctx.symlink(cuda_include.rpartition("/")[0], "cuda_include")
         rctx.symlink(nccl_include.rpartition("/")[0], "nccl_include")
         nvidia = rctx.path(site + "/nvidia")
@@ -234,7 +246,8 @@ LIBTORCH_CUDA = {has_cuda}
 LIBTORCH_CXX11_ABI = {abi}
 RUNTIME_LIB_DIRS = {dirs}
 TORCH_PYTHON = {python}
-""".format(torch = repr(torch), version = repr(version), has_cuda = has_cuda, abi = repr(abi), dirs = repr(rpath_dirs),
+NVCC = {nvcc}
+""".format(nvcc = repr(nvcc), torch = repr(torch), version = repr(version), has_cuda = has_cuda, abi = repr(abi), dirs = repr(rpath_dirs),
            python = repr(_torch_python(rctx))))
 
 libtorch_configure = repository_rule(

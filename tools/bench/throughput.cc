@@ -47,6 +47,8 @@
 DEFINE_string(model, "resnet18",
               "resnet18 (CIFAR variant) | resnet50 (ImageNet stem) | gpt2 | gpt2-medium | gpt-tiny");
 DEFINE_int32(seq, 0, "GPT models: tokens per sequence (0: the preset's block_size)");
+DEFINE_bool(fused_loss, true,
+            "GPT models: the output layer + cross-entropy as one fused CUDA step (GPT::loss)");
 DEFINE_double(clip, 0.0, "GPT models: clip the gradient norm at this value (0: no clipping)");
 DEFINE_double(peak_tflops, 989.0,
               "GPT models: the device's dense peak for MFU (989: H100/H200 SXM bf16)");
@@ -233,6 +235,7 @@ int run_gpt(fabric::Fabric& f) {
   const torch::Device device = f.device();
   fabric::models::GPTConfig config =
       fabric::models::GPTConfig::preset(FLAGS_model == "gpt-tiny" ? "tiny" : FLAGS_model);
+  config.fused_loss = FLAGS_fused_loss;
   if (FLAGS_seq > 0) config.block_size = FLAGS_seq;
   fabric::models::GPT model(config);
   std::vector<torch::Tensor> decay, no_decay;
@@ -256,7 +259,7 @@ int run_gpt(fabric::Fabric& f) {
       f, opt,
       [&](const std::vector<torch::Tensor>& batch) {
         auto guard = f.autocast();
-        return fabric::models::lm_loss(model->forward(batch[0]), batch[1]);
+        return model->loss(batch[0], batch[1]);
       },
       fabric::GraphedStepOptions().clip_norm(FLAGS_clip));
   auto train_step = [&] {
@@ -267,14 +270,21 @@ int run_gpt(fabric::Fabric& f) {
   const double seconds = timed(device, FLAGS_steps, train_step);
   const double tokens_per_s = static_cast<double>(FLAGS_steps) * FLAGS_batch * T / seconds;
   const double tflops = config.flops_per_token() * tokens_per_s / 1e12;
+  bool fused = false;
+  {
+    auto guard = f.autocast();
+    fused = FLAGS_fused_loss && fabric::models::fused_cross_entropy_applies(torch::zeros({1}, device));
+  }
   std::printf(
       "RESULT {\"framework\": \"fabric++\", \"model\": \"%s\", \"batch\": %d, \"seq\": %lld, "
-      "\"precision\": \"%s\", \"cuda_graphs\": %s, \"optimizer_impl\": \"%s\", "
+      "\"precision\": \"%s\", \"cuda_graphs\": %s, \"fused_loss\": %s, \"optimizer_impl\": \"%s\", "
       "\"clip\": %g, \"parameters\": %lld, \"steps\": %d, \"seconds\": %.6f, "
       "\"tokens_per_s\": %.1f, \"step_ms\": %.4f, \"tflops\": %.2f, \"mfu\": %.4f, "
       "\"peak_device_mib\": %.1f, \"device\": \"%s\"}\n",
       FLAGS_model.c_str(), FLAGS_batch, static_cast<long long>(T), FLAGS_precision.c_str(),
-      graphed.graphed() ? "true" : "false", FLAGS_optimizer_impl.c_str(), FLAGS_clip,
+      graphed.graphed() ? "true" : "false",
+      fused ? "true" : "false",
+      FLAGS_optimizer_impl.c_str(), FLAGS_clip,
       static_cast<long long>(config.parameters()), FLAGS_steps, seconds, tokens_per_s,
       1000.0 * seconds / FLAGS_steps, tflops, tflops / FLAGS_peak_tflops, peak_device_mib(device),
       device.str().c_str());

@@ -1,10 +1,15 @@
 // fabric::models::GPT on a CUDA device (tag gpu; skips elsewhere): lm_loss on fp16 logits (the
 // softmax kernel upcasting, no float32 copy) and on bf16 logits equals cross-entropy on a float32
 // copy, value and gradient; the blocks' linear layers (ATen's linear, bias inside the GEMM) equal
-// torch::nn::Linear's forward; a bf16-mixed step of the tiny model on the GPU lowers its loss.
+// torch::nn::Linear's forward; a bf16-mixed step of the tiny model on the GPU lowers its loss; the
+// fused output layer + cross-entropy (linear_cross_entropy, GPT::loss) equals the ATen path in
+// value and gradients for bf16 and fp16, aligned and unaligned vocabularies, scaled losses.
 #include <gtest/gtest.h>
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
+
+#include <cmath>
+#include <vector>
 
 #include "fabric/models/gpt.h"
 #include "tests/cuda_skip.h"
@@ -31,12 +36,90 @@ TEST_P(LmLossTest, EqualsCrossEntropyOnAFloat32Copy) {
   EXPECT_EQ(ours.scalar_type(), torch::kFloat);
   EXPECT_NEAR(ours.item<double>(), reference.item<double>(), 1e-6 * reference.item<double>());
   ASSERT_EQ(a.grad().scalar_type(), GetParam());
-  const double diff = (a.grad().to(torch::kFloat) - b.grad().to(torch::kFloat)).abs().max().item<double>();
+  const double diff =
+      (a.grad().to(torch::kFloat) - b.grad().to(torch::kFloat)).abs().max().item<double>();
   const double scale = b.grad().to(torch::kFloat).abs().max().item<double>();
   EXPECT_LE(diff, scale / 128) << "gradients differ by more than one 16-bit step: " << diff;
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, LmLossTest, ::testing::Values(torch::kHalf, torch::kBFloat16));
+
+struct FusedCase {
+  torch::ScalarType dtype;
+  int64_t vocab;  // 1000: 16-byte loads; 1003: one element at a time
+};
+
+class FusedCrossEntropyTest : public ::testing::TestWithParam<FusedCase> {};
+
+// Runs loss(h, w) under CUDA autocast in `dtype`, backward with the loss scaled by 0.25 (as
+// gradient accumulation does); returns {loss, dh, dw}.
+std::vector<torch::Tensor> run_head(const torch::Tensor& h0, const torch::Tensor& w0,
+                                    const torch::Tensor& targets, torch::ScalarType dtype,
+                                    bool fused) {
+  torch::Tensor h = h0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+  at::autocast::set_autocast_enabled(at::kCUDA, true);
+  at::autocast::set_autocast_dtype(at::kCUDA, dtype);
+  EXPECT_EQ(fabric::models::fused_cross_entropy_applies(h), true);
+  const torch::Tensor loss = fabric::models::linear_cross_entropy(h, w, targets, fused);
+  at::autocast::set_autocast_enabled(at::kCUDA, false);
+  at::autocast::clear_cache();
+  (0.25 * loss).backward();
+  return {loss.detach(), h.grad(), w.grad()};
+}
+
+TEST_P(FusedCrossEntropyTest, EqualsTheLogitsThroughATen) {
+  SKIP_WITHOUT_CUDA();
+  if (!fabric::models::cuda_kernels_built())
+    GTEST_SKIP() << "this build has no CUDA kernels (no nvcc at build time): nothing to compare";
+  torch::manual_seed(0);
+  const auto opts = torch::TensorOptions().device(torch::kCUDA);
+  const int64_t V = GetParam().vocab, C = 64;
+  const torch::Tensor h = torch::randn({4, 96, C}, opts);
+  const torch::Tensor w = 0.3 * torch::randn({V, C}, opts);
+  const torch::Tensor targets = torch::randint(0, V, {4, 96}, opts.dtype(torch::kLong));
+  const auto fused = run_head(h, w, targets, GetParam().dtype, true);
+  const auto aten = run_head(h, w, targets, GetParam().dtype, false);
+  EXPECT_EQ(fused[0].scalar_type(), torch::kFloat);
+  EXPECT_NEAR(fused[0].item<double>(), aten[0].item<double>(), 1e-5 * aten[0].item<double>());
+  for (int i : {1, 2}) {
+    ASSERT_EQ(fused[i].scalar_type(), torch::kFloat) << (i == 1 ? "dh" : "dw");
+    const double diff = (fused[i] - aten[i]).abs().max().item<double>();
+    const double scale = aten[i].abs().max().item<double>();
+    EXPECT_LE(diff, scale / 64) << (i == 1 ? "dh" : "dw") << " differs by " << diff << " of "
+                                << scale;
+    EXPECT_GT(scale, 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(DtypesAndVocabularies, FusedCrossEntropyTest,
+                         ::testing::Values(FusedCase{torch::kBFloat16, 1000},
+                                           FusedCase{torch::kBFloat16, 1003},
+                                           FusedCase{torch::kHalf, 1000}));
+
+TEST(GPTCudaTest, FusedLossOfATargetOutsideTheVocabularyIsNaN) {
+  SKIP_WITHOUT_CUDA();
+  if (!fabric::models::cuda_kernels_built()) GTEST_SKIP() << "no CUDA kernels in this build";
+  const auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  const torch::Tensor h = torch::randn({2, 8}, opts), w = torch::randn({16, 8}, opts);
+  const torch::Tensor targets = torch::tensor({3, 16}, torch::kLong).to(torch::kCUDA);
+  EXPECT_TRUE(std::isnan(fabric::models::linear_cross_entropy(h, w, targets).item<double>()));
+}
+
+TEST(GPTCudaTest, GptLossEqualsForwardAndLmLoss) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(0);
+  GPT model(GPTConfig::preset("tiny"));
+  model->to(torch::kCUDA);
+  const torch::Tensor w = torch::randint(0, 256, {4, 129}, torch::kLong).to(torch::kCUDA);
+  at::autocast::set_autocast_enabled(at::kCUDA, true);
+  at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+  const torch::Tensor fused = model->loss(w.narrow(1, 0, 128), w.narrow(1, 1, 128));
+  const torch::Tensor aten =
+      fabric::models::lm_loss(model->forward(w.narrow(1, 0, 128)), w.narrow(1, 1, 128));
+  at::autocast::set_autocast_enabled(at::kCUDA, false);
+  at::autocast::clear_cache();
+  EXPECT_NEAR(fused.item<double>(), aten.item<double>(), 1e-5 * aten.item<double>());
+}
 
 TEST(GPTCudaTest, BlockLinearsEqualTorchNnLinear) {
   SKIP_WITHOUT_CUDA();
@@ -57,17 +140,16 @@ TEST(GPTCudaTest, ABf16MixedStepOfTheTinyModelLowersItsLoss) {
   GPT model(GPTConfig::preset("tiny"));
   model->to(torch::kCUDA);
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
-  const torch::Tensor w = torch::arange(257, torch::kLong).remainder(17).view({1, 257}).repeat({4, 1}).to(torch::kCUDA);
+  const torch::Tensor w =
+      torch::arange(257, torch::kLong).remainder(17).view({1, 257}).repeat({4, 1}).to(torch::kCUDA);
   double first = 0, last = 0;
   for (int step = 0; step < 30; ++step) {
     opt.zero_grad();
     at::autocast::set_autocast_enabled(at::kCUDA, true);
     at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-    const torch::Tensor logits = model->forward(w.narrow(1, 0, 256));
+    const torch::Tensor loss = model->loss(w.narrow(1, 0, 256), w.narrow(1, 1, 256));
     at::autocast::set_autocast_enabled(at::kCUDA, false);
     at::autocast::clear_cache();
-    EXPECT_EQ(logits.scalar_type(), torch::kBFloat16);
-    const torch::Tensor loss = fabric::models::lm_loss(logits, w.narrow(1, 1, 256));
     loss.backward();
     opt.step();
     (step == 0 ? first : last) = loss.item<double>();

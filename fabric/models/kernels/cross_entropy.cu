@@ -1,0 +1,151 @@
+// Fused softmax cross-entropy over 16-bit logits: one block per row, two passes over the row (the
+// second mostly from L2), float32 math, the gradient written over the logits. It replaces the
+// float32 copy of the logits, the log-softmax, the loss and their backward (about 30 GB of memory
+// traffic per GPT-2 step at batch 16 x 1024) with one read, one re-read and one write of the
+// 16-bit logits (docs/benchmarks.md, "GPT-2 124M training step").
+#include "fabric/models/kernels/cross_entropy.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+namespace fabric::kernels {
+namespace {
+
+constexpr int kThreads = 512;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+
+// Running (max, sum of 2^(x - max)) in the log2 domain; merging two is exact up to rounding.
+struct MaxSum {
+  float m, s;
+};
+
+__device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
+  if (b.m == -INFINITY) return a;
+  if (a.m == -INFINITY) return b;
+  if (a.m < b.m) {
+    const MaxSum t = a;
+    a = b;
+    b = t;
+  }
+  return {a.m, a.s + b.s * exp2f(b.m - a.m)};
+}
+
+__device__ __forceinline__ MaxSum block_reduce(MaxSum v) {
+  __shared__ MaxSum warp_results[kThreads / 32];
+  __shared__ MaxSum total;
+  for (int offset = 16; offset > 0; offset /= 2) {
+    MaxSum o{__shfl_xor_sync(0xffffffff, v.m, offset), __shfl_xor_sync(0xffffffff, v.s, offset)};
+    v = merge(v, o);
+  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) warp_results[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < kThreads / 32 ? warp_results[lane] : MaxSum{-INFINITY, 0.f};
+    for (int offset = 16; offset > 0; offset /= 2) {
+      MaxSum o{__shfl_xor_sync(0xffffffff, v.m, offset), __shfl_xor_sync(0xffffffff, v.s, offset)};
+      v = merge(v, o);
+    }
+    if (lane == 0) total = v;
+  }
+  __syncthreads();
+  return total;
+}
+
+// kVec elements per load: 8 (16 bytes) when the row is 16-byte aligned and vocab % 8 == 0, else 1.
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kThreads)
+    softmax_xent(T* __restrict__ logits, const int64_t* __restrict__ targets, float* __restrict__ loss,
+                 int64_t vocab, int64_t stride, float scale) {
+  const int64_t row = blockIdx.x;
+  T* x = logits + row * stride;
+  const int64_t target = targets[row];
+  const bool valid = target >= 0 && target < vocab;
+  const int64_t n_vec = vocab / kVec;
+
+  struct alignas(sizeof(T) * kVec) Pack {
+    T v[kVec];
+  };
+  Pack* xv = reinterpret_cast<Pack*>(x);
+
+  // Pass 1: max and sum of exponentials, in log2 units.
+  MaxSum acc{-INFINITY, 0.f};
+  for (int64_t i = threadIdx.x; i < n_vec; i += kThreads) {
+    const Pack p = xv[i];
+    float f[kVec];
+    float local_max = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      f[k] = to_float(p.v[k]) * kLog2e;
+      local_max = fmaxf(local_max, f[k]);
+    }
+    if (local_max == -INFINITY) continue;
+    float local_sum = 0.f;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) local_sum += exp2f(f[k] - local_max);
+    acc = merge(acc, MaxSum{local_max, local_sum});
+  }
+  const MaxSum total = block_reduce(acc);
+  const float log2_sum = total.m + log2f(total.s);  // log2 of Σ 2^(x·log2e)
+
+  if (threadIdx.x == 0) {
+    loss[row] = valid ? (log2_sum - to_float(x[target]) * kLog2e) * kLn2 : NAN;
+  }
+  __syncthreads();  // thread 0 read x[target] before anyone overwrites it
+
+  // Pass 2: gradient scale · (softmax - onehot), in place.
+  const float row_scale = valid ? scale : 0.f;
+  for (int64_t i = threadIdx.x; i < n_vec; i += kThreads) {
+    Pack p = xv[i];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const int64_t j = i * kVec + k;
+      float g = exp2f(to_float(p.v[k]) * kLog2e - log2_sum);
+      if (j == target) g -= 1.f;
+      p.v[k] = from_float<T>(g * row_scale);
+    }
+    xv[i] = p;
+  }
+}
+
+template <typename T>
+cudaError_t launch(void* logits, const int64_t* targets, float* loss, int64_t rows, int64_t vocab,
+                   int64_t stride, float scale, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  const bool aligned = reinterpret_cast<uintptr_t>(logits) % 16 == 0 && vocab % 8 == 0 && stride % 8 == 0;
+  T* x = static_cast<T*>(logits);
+  if (aligned) {
+    softmax_xent<T, 8><<<rows, kThreads, 0, stream>>>(x, targets, loss, vocab, stride, scale);
+  } else {
+    softmax_xent<T, 1><<<rows, kThreads, 0, stream>>>(x, targets, loss, vocab, stride, scale);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+int softmax_cross_entropy_forward_backward(void* logits, const int64_t* targets, float* loss,
+                                           int64_t rows, int64_t vocab, int64_t stride,
+                                           float scale, LogitType type, void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  const cudaError_t e =
+      type == LogitType::kBFloat16
+          ? launch<__nv_bfloat16>(logits, targets, loss, rows, vocab, stride, scale, s)
+          : launch<__half>(logits, targets, loss, rows, vocab, stride, scale, s);
+  return static_cast<int>(e);
+}
+
+}  // namespace fabric::kernels
