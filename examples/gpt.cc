@@ -9,10 +9,11 @@
 // clipping, gradient accumulation, any strategy and precision, checkpoints that resume mid-epoch.
 // Every logging window prints and logs the loss, tokens/s and the model FLOPs utilization (MFU:
 // GPTConfig::flops_per_token × tokens/s over the devices' dense peak, fabric::peak_dense_tflops or
-// gpt.peak_tflops; unknown on CPUs). The validation loss is measured every
-// gpt.eval_every_n_steps and at the end; last, a sample generated from gpt.prompt is printed.
-// summary.json: train_loss, val_loss, tokens_per_s, tflops, mfu (null when the peak is unknown).
-// Exit status: see fabric/main.h; 3 when training stopped on non-finite losses.
+// throughput.peak_tflops; unknown on CPUs), and logs TFLOP/s (fabric::Throughput). The validation
+// loss is measured every gpt.eval_every_n_steps and at the end; last, a sample generated from
+// gpt.prompt is printed. summary.json: train_loss, val_loss, tokens_per_s (+ _per_rank),
+// flops_per_token, flops_source, tflops, mfu (null when the peak is unknown). Exit status: see
+// fabric/main.h; 3 when training stopped on non-finite losses.
 #include <torch/torch.h>
 
 #include <chrono>
@@ -25,7 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "fabric/accelerators/device_info.h"
+#include "examples/common/throughput.h"
 #include "fabric/checkpointer.h"
 #include "fabric/core/error.h"
 #include "fabric/core/paths.h"
@@ -48,20 +49,21 @@ namespace {
 fabric::ConfigSchema schema() {
   fabric::ConfigSchema s = fabric::training_schema();
   s.set_default("data.root", "\"\"");
-  s.add("data.token_dtype", KeySpec::choice({"uint16", "uint32"}, "uint16")
-                                .doc("ids in train.bin/val.bin (uint32 for vocabularies over 65,535)"));
+  s.add("data.token_dtype",
+        KeySpec::choice({"uint16", "uint32"}, "uint16")
+            .doc("ids in train.bin/val.bin (uint32 for vocabularies over 65,535)"));
   s.section_doc("model", "fabric::models::GPT: a preset, any field overridden (0: the preset's).");
   s.add("model.preset", KeySpec::choice({"tiny", "gpt2", "gpt2-medium"}, "tiny"));
-  s.add("model.vocab_size", KeySpec::integer(0).min(0).doc(
-                                "0: data.root/meta.json's vocab_size, else the preset's"));
+  s.add("model.vocab_size",
+        KeySpec::integer(0).min(0).doc("0: data.root/meta.json's vocab_size, else the preset's"));
   s.add("model.block_size", KeySpec::integer(0).min(0).doc("tokens per sequence"));
   s.add("model.n_layer", KeySpec::integer(0).min(0));
   s.add("model.n_head", KeySpec::integer(0).min(0));
   s.add("model.n_embd", KeySpec::integer(0).min(0));
   s.add("model.dropout", KeySpec::real(0.0).min(0).max(1, false));
   s.add("model.bias", KeySpec::boolean(true).doc("biases in the Linear layers"));
-  s.add("model.fused_loss",
-        KeySpec::boolean(true).doc("output layer + cross-entropy fused on GPUs (no float32 logits)"));
+  s.add("model.fused_loss", KeySpec::boolean(true).doc(
+                                "output layer + cross-entropy fused on GPUs (no float32 logits)"));
   s.add("model.activation_checkpointing",
         KeySpec::choice_list({"Block"}, {})
             .doc("module types whose activations are recomputed in backward instead of kept"));
@@ -71,19 +73,18 @@ fabric::ConfigSchema schema() {
   s.add("gpt.sample_tokens", KeySpec::integer(200).min(0).doc("0: no sample"));
   s.add("gpt.temperature", KeySpec::real(0.8).min(0, false));
   s.add("gpt.top_k", KeySpec::integer(40).min(0).doc("0: the whole vocabulary"));
-  s.add("gpt.peak_tflops", KeySpec::real(0.0).min(0).doc(
-                                "one device's dense peak for MFU; 0: fabric::peak_dense_tflops"));
-  s.add("gpt.corpus_cache", KeySpec::string("").doc(
-                                "where the default corpus is prepared; \"\": "
+  s.add("gpt.corpus_cache",
+        KeySpec::string("").doc("where the default corpus is prepared; \"\": "
                                 "$XDG_CACHE_HOME/fabricpp, else ~/.cache/fabricpp"));
   return s;
 }
 
 // The folder of this machine's Python standard library (python3 asked), or "" without Python.
 std::string python_stdlib() {
-  FILE* p = popen("python3 -c 'import sysconfig; print(sysconfig.get_paths()[\"stdlib\"])' "
-                  "2>/dev/null",
-                  "r");
+  FILE* p = popen(
+      "python3 -c 'import sysconfig; print(sysconfig.get_paths()[\"stdlib\"])' "
+      "2>/dev/null",
+      "r");
   if (!p) return "";
   char line[4096] = {0};
   const bool got = fgets(line, sizeof(line), p) != nullptr;
@@ -108,7 +109,8 @@ fs::path data_root(fabric::Fabric& f) {
   if (cache.empty()) {
     const char* xdg = std::getenv("XDG_CACHE_HOME");
     const char* home = std::getenv("HOME");
-    cache = xdg && *xdg ? fs::path(xdg) / "fabricpp" : fs::path(home ? home : ".") / ".cache/fabricpp";
+    cache =
+        xdg && *xdg ? fs::path(xdg) / "fabricpp" : fs::path(home ? home : ".") / ".cache/fabricpp";
   }
   const fs::path out = cache / ("text-" + fs::path(stdlib).filename().string() + "-stdlib-bytes");
   if (f.local_rank() == 0 && !fs::exists(out / "meta.json")) {
@@ -126,7 +128,8 @@ fs::path data_root(fabric::Fabric& f) {
   }
   f.barrier();
   f.print("data: the default corpus (Python ", fs::path(stdlib).filename().string(),
-          " standard library sources, byte tokens) in ", out.string(), "; data.root=DIR trains on yours");
+          " standard library sources, byte tokens) in ", out.string(),
+          "; data.root=DIR trains on yours");
   return out;
 }
 
@@ -229,55 +232,49 @@ int train(fabric::Fabric& f) {
         .num_workers(c.get_int("data.num_workers"))
         .prefetch(c.get_int("data.prefetch"));
   };
-  auto train = f.setup_dataloader(train_data, loader_options()
-                                                  .shuffle(c.get_bool("data.shuffle"))
-                                                  .drop_last(c.get_bool("data.drop_last")));
+  auto train = f.setup_dataloader(
+      train_data,
+      loader_options().shuffle(c.get_bool("data.shuffle")).drop_last(c.get_bool("data.drop_last")));
   auto val = f.setup_dataloader(val_data, loader_options());
 
   const int64_t accumulate = c.get_int("trainer.accumulate_grad_batches");
   const int64_t epoch_steps = fabric::MicroBatch::steps_in_epoch(train.size(), accumulate);
   const int64_t max_epochs = c.get_int("trainer.max_epochs");
   const int64_t max_steps = c.get_int("trainer.max_steps");
-  const int64_t total_steps = max_steps >= 0 ? std::min(max_steps, max_epochs * epoch_steps)
-                                             : max_epochs * epoch_steps;
+  const int64_t total_steps =
+      max_steps >= 0 ? std::min(max_steps, max_epochs * epoch_steps) : max_epochs * epoch_steps;
   fabric::LRScheduler scheduler(
       *optimizer, fabric::LRSchedule::from_config(c, std::max<int64_t>(total_steps, 1)));
   const int64_t log_every = c.get_int("logging.log_every_n_steps");
   const int64_t eval_every = c.get_int("gpt.eval_every_n_steps");
   const int64_t tokens_per_batch = c.get_int("data.batch_size") * mc.block_size;
 
-  // MFU: the job's model FLOP/s over the sum of its devices' peaks.
-  std::optional<double> peak = c.get_double("gpt.peak_tflops") > 0
-                                   ? std::optional<double>(c.get_double("gpt.peak_tflops"))
-                                   : std::nullopt;
-  if (!peak && f.device().is_cuda()) {
-    const auto info = fabric::query_runtime_info();
-    const auto index = static_cast<size_t>(std::max<int>(f.device().index(), 0));
-    if (index < info.devices.size())
-      peak = fabric::peak_dense_tflops(info.devices[index].name, c.get_string("fabric.precision"));
-  }
+  // tokens/s, TFLOP/s and MFU: GPTConfig::flops_per_token (documented there) unless
+  // throughput.flops_per_unit says otherwise; the peak from throughput.peak_tflops or the table.
+  fabric::Throughput throughput = examples::make_throughput(f);
+  if (!throughput.has_flops()) throughput.set_flops_per_unit(mc.flops_per_token(), "formula");
 
   fabric::CheckpointState state;
   state.add("model", model).add("optimizer", *optimizer).add("scheduler", scheduler);
   state.add("train_loader", train);
   fabric::Checkpointer checkpoints(f, state);
-  f.print("gpt: ", mc.parameters(), " parameters (", c.get_string("model.preset"), ": ",
-          mc.n_layer, " layers, ", mc.n_head, " heads, width ", mc.n_embd, ", ", mc.block_size,
+  f.print("gpt: ", mc.parameters(), " parameters (", c.get_string("model.preset"), ": ", mc.n_layer,
+          " layers, ", mc.n_head, " heads, width ", mc.n_embd, ", ", mc.block_size,
           " positions, vocabulary ", mc.vocab_size, "); ", train_data->tokens(), " train / ",
           val_data->tokens(), " val tokens; strategy ", f.strategy().name(), ", world size ",
           f.world_size(), ", device ", f.device().str(), ", precision ",
-          fabric::to_string(f.precision().mode()), ", ", f.threads_description(), "; ",
-          total_steps, " steps of ", tokens_per_batch * accumulate * f.world_size(),
-          " tokens; run directory ", f.run_directory().path().string());
+          fabric::to_string(f.precision().mode()), ", ", f.threads_description(), "; ", total_steps,
+          " steps of ", tokens_per_batch * accumulate * f.world_size(), " tokens; run directory ",
+          f.run_directory().path().string());
 
   auto validate = [&]() {
     auto means = f.evaluate(
         val,
         [&](const fabric::Batch& b) -> std::map<std::string, torch::Tensor> {
           const torch::Tensor logits = f.forward(model, b.data);
-          const torch::Tensor per_token = torch::cross_entropy_loss(
-              logits.reshape({-1, logits.size(-1)}).to(torch::kFloat), b.target.reshape({-1}),
-              {}, at::Reduction::None);
+          const torch::Tensor per_token =
+              torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
+                                        b.target.reshape({-1}), {}, at::Reduction::None);
           return {{"loss", per_token.view({b.data.size(0), -1}).mean(1)}};
         },
         c.get_int("trainer.limit_eval_batches"));
@@ -306,9 +303,6 @@ int train(fabric::Fabric& f) {
   fabric::ProgressBar& bar = f.progress_bar(total_steps, max_epochs, step);
   fabric::NonFiniteGuard nonfinite(f);
   std::string stopped;
-  auto mfu_of = [&](double rate) {
-    return peak ? mc.flops_per_token() * rate / (*peak * 1e12 * f.world_size()) : -1.0;
-  };
   for (; epoch < max_epochs && step < total_steps && stopped.empty(); ++epoch) {
     torch::Tensor group_loss;
     int64_t in_epoch = train.state().batches;
@@ -328,13 +322,12 @@ int train(fabric::Fabric& f) {
       if (step % log_every == 0 || step == total_steps) {
         last_loss = f.all_reduce(window_loss / static_cast<double>(window)).item<double>();
         const double secs = std::chrono::duration<double>(Clock::now() - window_start).count();
-        const double rate = static_cast<double>(window_tokens * f.world_size()) / std::max(secs, 1e-9);
-        bar.set_metrics(last_loss, scheduler.get_lr(), rate);
-        bar.set_throughput(rate, "tok/s", mfu_of(rate));
-        std::map<std::string, double> metrics{{"train/loss", last_loss},
-                                              {"lr", scheduler.get_lr()},
-                                              {"train/tokens_per_second", rate}};
-        if (peak) metrics["train/mfu"] = mfu_of(rate);
+        const auto rates = throughput.rates(static_cast<double>(window_tokens), secs);
+        bar.set_metrics(last_loss, scheduler.get_lr(), rates.job);
+        bar.set_throughput(rates.job, "tok/s", rates.mfu);
+        auto metrics = fabric::Throughput::metrics(rates, "tokens");
+        metrics["train/loss"] = last_loss;
+        metrics["lr"] = scheduler.get_lr();
         f.log_dict(metrics, step);
         window_loss.zero_();
         window = window_tokens = 0;
@@ -367,13 +360,16 @@ int train(fabric::Fabric& f) {
     f.log_dict({{"val/loss", val_loss}}, step);
     checkpoints.finish();
   } else {
-    f.print("stopped: ", stopped, "; the state is in ", checkpoints.save_aside("nonfinite").string());
+    f.print("stopped: ", stopped, "; the state is in ",
+            checkpoints.save_aside("nonfinite").string());
   }
-  const double tokens_per_s = static_cast<double>(tokens * f.world_size()) / std::max(train_seconds, 1e-9);
+  const double tokens_per_s =
+      static_cast<double>(tokens * f.world_size()) / std::max(train_seconds, 1e-9);
   const std::string text = stopped.empty() ? sample(f, model, tokenizer) : "";
-  if (!text.empty()) f.print("sample (gpt.prompt, ", c.get_int("gpt.sample_tokens"), " tokens):\n", text);
+  if (!text.empty())
+    f.print("sample (gpt.prompt, ", c.get_int("gpt.sample_tokens"), " tokens):\n", text);
 
-  const double mfu = mfu_of(tokens_per_s);
+  const auto rates = throughput.rates(static_cast<double>(tokens), train_seconds);
   nlohmann::json summary = {
       {"name", f.run_name()},
       {"config_hash", c.hash()},
@@ -386,8 +382,11 @@ int train(fabric::Fabric& f) {
       {"train_loss", last_loss},
       {"val_loss", val_loss},
       {"tokens_per_s", tokens_per_s},
-      {"tflops", mc.flops_per_token() * tokens_per_s / 1e12},
-      {"mfu", mfu >= 0 ? nlohmann::json(mfu) : nlohmann::json(nullptr)},
+      {"tokens_per_s_per_rank", rates.per_rank},
+      {"flops_per_token", throughput.flops_per_unit()},
+      {"flops_source", throughput.flops_source()},
+      {"tflops", rates.tflops},
+      {"mfu", rates.mfu >= 0 ? nlohmann::json(rates.mfu) : nlohmann::json(nullptr)},
       {"wall_seconds", std::chrono::duration<double>(Clock::now() - start).count()},
       {"data", root.string()},
       {"resumed_from", checkpoints.resumed_from()},

@@ -8,6 +8,7 @@
 //   fabric/training/optimizers.h   the optimizer of the optimizer: section (fused where it can)
 //   fabric/training/lr_scheduler.h the schedule of the scheduler: section
 //   fabric/training/graphed_step.h whole training steps replayed as CUDA graphs
+//   fabric/training/throughput.h   samples/s, TFLOP/s and MFU (FLOPs from flop_counter.h)
 //   fabric/data/augment.h          device-side crop/flip/normalize
 //   fabric/data/npy.h              NumPy .npy/.npz arrays (memory-mapped) and NpyDataset
 //   fabric/data/image_folder.h     JPEG/PNG class folders, path,label lists and WebDataset shards
@@ -38,5 +39,7 @@
 #include "fabric/training/lr_scheduler.h"
 #include "fabric/training/optimizers.h"
 #include "fabric/training/state_bytes.h"
+#include "fabric/training/flop_counter.h"
+#include "fabric/training/throughput.h"
 
 #endif  // FABRIC_ALL_H_

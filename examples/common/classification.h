@@ -5,9 +5,11 @@
 // accumulate_grad_batches, ema_decay, ema_warmup, gradient_clip_*), data.* (batch_size, shuffle,
 // drop_last, num_workers, prefetch), optimizer.*, scheduler.*, logging.* (run_dir,
 // log_every_n_steps), checkpoint.* (fabric/checkpointer.h: saves, rotation, resume: auto after a
-// crash, weights for Python at the end). Metrics (logging.loggers: csv): train/loss, lr,
-// train/images_per_second, epoch at every progress line and test/accuracy at every evaluation, by
-// step, in <run dir>/metrics.csv.
+// crash, weights for Python at the end), throughput.* (examples/common/throughput.h). Metrics
+// (logging.loggers: csv): train/loss, lr, train/images_per_second (+ _per_rank), train/tflops
+// (+ _per_rank; FLOPs counted on the first micro-batch), train/mfu (where the peak is known),
+// epoch at every progress line and test/accuracy at every evaluation, by step, in
+// <run dir>/metrics.csv.
 //
 // Output (rank 0): the progress bar (logging.progress_bar: in place on a terminal, else a line
 // every log_every_n_steps), one line per evaluation, and, last, the path of summary.json.
@@ -23,6 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "examples/common/throughput.h"
 #include "fabric/checkpointer.h"
 #include "fabric/data/augment.h"
 #include "fabric/fabric.h"
@@ -159,6 +162,9 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
   auto window_loss = torch::zeros({}, torch::dtype(torch::kFloat).device(f.device()));
   int64_t window = 0, window_images = 0;
   auto window_start = Clock::now();
+  // img/s, TFLOP/s and MFU (throughput.* keys); FLOPs counted on the first micro-batch unless
+  // throughput.flops_per_unit gives them.
+  fabric::Throughput throughput = make_throughput(f);
   fabric::ProgressBar& bar = f.progress_bar(total_steps, max_epochs, step);
   fabric::NonFiniteGuard nonfinite(f);  // trainer.stop_on_nonfinite
   // SIGTERM: checkpoint this step, exit 143. Single-process runs only: in a multi-rank job a
@@ -189,7 +195,15 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
     int64_t in_epoch = train.state().batches;  // where this pass starts (a resume: mid-epoch)
     for (fabric::Batch& batch : train) {
       const auto micro = fabric::MicroBatch::in_epoch(in_epoch++, train.size(), accumulate);
-      const torch::Tensor micro_loss = train_step({batch.data, batch.target}, micro);
+      torch::Tensor micro_loss;
+      if (!throughput.has_flops()) {  // the first micro-batch: count its FLOPs (FlopCounter)
+        fabric::FlopCounter counter;
+        micro_loss = train_step({batch.data, batch.target}, micro);
+        throughput.set_flops_per_unit(counter.total() / static_cast<double>(batch.target.size(0)),
+                                      "counted");
+      } else {
+        micro_loss = train_step({batch.data, batch.target}, micro);
+      }
       group_loss = micro.first() ? micro_loss : group_loss + micro_loss;
       window_images += batch.target.size(0);
       images += batch.target.size(0);
@@ -209,14 +223,14 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
       if (step % log_every == 0 || step == total_steps) {
         last_loss = f.all_reduce(window_loss / static_cast<double>(window)).item<double>();
         const double secs = std::chrono::duration<double>(Clock::now() - window_start).count();
-        const double rate =
-            static_cast<double>(window_images * f.world_size()) / std::max(secs, 1e-9);
-        bar.set_metrics(last_loss, scheduler.get_lr(), rate);
-        f.log_dict({{"train/loss", last_loss},
-                    {"lr", scheduler.get_lr()},
-                    {"train/images_per_second", rate},
-                    {"epoch", static_cast<double>(epoch + 1)}},
-                   step);
+        const auto rates = throughput.rates(static_cast<double>(window_images), secs);
+        bar.set_metrics(last_loss, scheduler.get_lr(), rates.job);
+        if (rates.mfu >= 0) bar.set_throughput(rates.job, "img/s", rates.mfu);
+        auto metrics = fabric::Throughput::metrics(rates, "images");
+        metrics["train/loss"] = last_loss;
+        metrics["lr"] = scheduler.get_lr();
+        metrics["epoch"] = static_cast<double>(epoch + 1);
+        f.log_dict(metrics, step);
         window_loss.zero_();
         window = 0;
         window_images = 0;
@@ -285,6 +299,7 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
   }
 
   const double wall = std::chrono::duration<double>(Clock::now() - start).count();
+  const auto run_rates = throughput.rates(static_cast<double>(images), train_seconds);
   nlohmann::json summary = {
       {"name", task.name},
       {"config_hash", c.hash()},
@@ -298,8 +313,13 @@ int train_classifier(fabric::Fabric& f, Model& model, const ClassificationTask& 
       {"steps", step},
       {"train_loss", last_loss},
       {"test_accuracy", accuracy},
-      {"images_per_second",
-       static_cast<double>(images * f.world_size()) / std::max(train_seconds, 1e-9)},
+      {"images_per_second", run_rates.job},
+      {"images_per_second_per_rank", run_rates.per_rank},
+      {"flops_per_sample", throughput.flops_per_unit()},
+      {"flops_source", throughput.flops_source()},
+      {"tflops",
+       run_rates.tflops >= 0 ? nlohmann::json(run_rates.tflops) : nlohmann::json(nullptr)},
+      {"mfu", run_rates.mfu >= 0 ? nlohmann::json(run_rates.mfu) : nlohmann::json(nullptr)},
       {"wall_seconds", wall},
       {"ema_decay", c.get_double("trainer.ema_decay")},
       {"skipped_steps", f.precision().scaler() ? f.precision().scaler()->skipped_steps() : 0},

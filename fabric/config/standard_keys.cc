@@ -200,6 +200,14 @@ ConfigSchema training_schema() {
         KeySpec::integer(10).min(0).doc(
             "stop (every rank, exit 3) after this many consecutive non-finite losses; 0: never"));
 
+  s.section_doc("throughput", "The examples' throughput monitor (fabric/training/throughput.h).");
+  s.add("throughput.peak_tflops",
+        KeySpec::real(0.0).min(0).doc("one device's dense peak TFLOP/s for MFU; 0: "
+                                      "fabric::peak_dense_tflops by device and precision"));
+  s.add("throughput.flops_per_unit",
+        KeySpec::real(0.0).min(0).doc("FLOPs of one sample's (the GPT: token's) training step; "
+                                      "0: counted (fabric::FlopCounter) or the model's formula"));
+
   s.section_doc("data", "Loading.");
   s.add("data.root",
         KeySpec::string("").doc("dataset folder; relative to where the command was run"));

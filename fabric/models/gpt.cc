@@ -35,7 +35,7 @@ GPTConfig GPTConfig::preset(const std::string& name) {
 
 int64_t GPTConfig::parameters() const {
   const int64_t C = n_embd, b = bias ? 1 : 0;
-  const int64_t per_block = 2 * C +                // ln_1
+  const int64_t per_block = 2 * C +                  // ln_1
                             3 * C * C + b * 3 * C +  // c_attn
                             C * C + b * C +          // attn.c_proj
                             2 * C +                  // ln_2
@@ -80,8 +80,8 @@ torch::Tensor linear_3d(const torch::nn::Linear& l, const torch::Tensor& x) {
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& c)
     : n_head_(c.n_head), dropout_(c.dropout) {
   if (c.n_embd % c.n_head != 0)
-    throw Error("model.n_embd: " + std::to_string(c.n_embd) + " is not a multiple of model.n_head " +
-                std::to_string(c.n_head));
+    throw Error("model.n_embd: " + std::to_string(c.n_embd) +
+                " is not a multiple of model.n_head " + std::to_string(c.n_head));
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer));
   c_attn = register_module("c_attn", linear(c.n_embd, 3 * c.n_embd, c.bias, 0.02));
   c_proj = register_module("c_proj", linear(c.n_embd, c.n_embd, c.bias, residual_std));
@@ -94,10 +94,10 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   auto heads = [&](const torch::Tensor& t) {
     return t.view({B, T, n_head_, C / n_head_}).transpose(1, 2);  // [B, nh, T, hs]
   };
-  torch::Tensor y = at::scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
-                                                     /*attn_mask=*/{},
-                                                     is_training() ? dropout_ : 0.0,
-                                                     /*is_causal=*/true);
+  torch::Tensor y =
+      at::scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
+                                       /*attn_mask=*/{}, is_training() ? dropout_ : 0.0,
+                                       /*is_causal=*/true);
   y = y.transpose(1, 2).contiguous().view({B, T, C});
   return resid_dropout->forward(linear_3d(c_proj, y));
 }
@@ -138,8 +138,8 @@ GPTImpl::GPTImpl(const GPTConfig& c) : config_(c) {
     h->push_back(blocks.back());
   }
   transformer->register_module("h", h);
-  ln_f = transformer->register_module("ln_f",
-                                      torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+  ln_f = transformer->register_module(
+      "ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
 }
 
 torch::Tensor GPTImpl::forward(const torch::Tensor& tokens) { return forward(tokens, nullptr); }

@@ -1,4 +1,5 @@
-// fabric::models::GPT: a decoder-only transformer language model (GPT-2's architecture) in LibTorch.
+// fabric::models::GPT: a decoder-only transformer language model (GPT-2's architecture) in
+// LibTorch.
 //
 // Pre-LN blocks (LayerNorm → causal self-attention → residual; LayerNorm → GELU MLP → residual),
 // attention through at::scaled_dot_product_attention (FlashAttention / cuDNN / memory-efficient

@@ -26,7 +26,7 @@ using fabric::testing::Result;
 TEST_F(ExamplesTest, FashionMnistConfigTrainsAndWritesTheSummary) {
   Result r = run("fashion_mnist",
                  "--config=fashion_mnist.yaml fabric.accelerator=cpu trainer.max_steps=4 trainer.limit_eval_batches=2 "
-                 "logging.log_every_n_steps=2 model.width=4 model.hidden=8");
+                 "logging.log_every_n_steps=2 model.width=4 model.hidden=8 throughput.peak_tflops=0.5");
   ASSERT_EQ(r.code, 0) << r.out;
   auto s = summary_of(r);
   EXPECT_EQ(s["steps"], 4);
@@ -38,6 +38,13 @@ TEST_F(ExamplesTest, FashionMnistConfigTrainsAndWritesTheSummary) {
                           "images_per_second", "wall_seconds"})
     EXPECT_TRUE(s.contains(key)) << key;
   EXPECT_GT(s["test_accuracy"].get<double>(), 0.0);
+  // Throughput: FLOPs counted on the first micro-batch; MFU against the configured peak.
+  EXPECT_EQ(s["flops_source"], "counted");
+  EXPECT_GT(s["flops_per_sample"].get<double>(), 0.0);
+  EXPECT_NEAR(s["tflops"].get<double>(),
+              s["images_per_second"].get<double>() * s["flops_per_sample"].get<double>() / 1e12,
+              1e-9 * s["tflops"].get<double>());
+  EXPECT_NEAR(s["mfu"].get<double>(), s["tflops"].get<double>() / 0.5, 1e-12);
   // The run directory holds the resolved config, and its hash is the summary's.
   const fs::path run_dir = fs::path(r.last_line()).parent_path();
   EXPECT_EQ(run_dir.string().rfind((dir_ / "runs" / "fashion_mnist").string(), 0), 0u) << run_dir;
@@ -54,7 +61,9 @@ TEST_F(ExamplesTest, FashionMnistConfigTrainsAndWritesTheSummary) {
   std::getline(metrics, header);
   std::getline(metrics, row2);
   std::getline(metrics, row4);
-  EXPECT_EQ(header, "step,epoch,lr,train/images_per_second,train/loss,test/accuracy");
+  EXPECT_EQ(header,
+            "step,epoch,lr,train/images_per_second,train/images_per_second_per_rank,train/loss,"
+            "train/mfu,train/tflops,train/tflops_per_rank,test/accuracy");
   EXPECT_EQ(row2.rfind("2,", 0), 0u) << row2;
   EXPECT_EQ(row4.rfind("4,", 0), 0u) << row4;
   EXPECT_NE(row4.back(), ',') << "test accuracy missing: " << row4;

@@ -55,6 +55,8 @@ TEST_F(GptExampleTest, TwoRankDdpEqualsOneProcessOnTheWholeBatch) {
   const auto s = summary_of(two);
   EXPECT_EQ(s["steps"], 6);
   EXPECT_TRUE(s["mfu"].is_null()) << "no peak is known for a CPU";
+  EXPECT_EQ(s["flops_source"], "formula");  // GPTConfig::flops_per_token
+  EXPECT_GT(s["flops_per_token"].get<double>(), 0);
   EXPECT_GT(s["tokens_per_s"].get<double>(), 0);
   EXPECT_NEAR(s["val_loss"].get<double>(), summary_of(one)["val_loss"].get<double>(), 1e-5);
   EXPECT_EQ(parity_failure(weights("one"), weights("two"), "weights", 1e-6), "");

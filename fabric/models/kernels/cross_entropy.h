@@ -17,8 +17,8 @@ enum class LogitType : int { kBFloat16 = 0, kFloat16 = 1 };
 // A target outside [0, vocab) gives loss NaN and a zero gradient row. Launched on `stream` (a
 // cudaStream_t); returns 0, or the cudaError_t of the launch.
 int softmax_cross_entropy_forward_backward(void* logits, const int64_t* targets, float* loss,
-                                           int64_t rows, int64_t vocab, int64_t stride,
-                                           float scale, LogitType type, void* stream);
+                                           int64_t rows, int64_t vocab, int64_t stride, float scale,
+                                           LogitType type, void* stream);
 
 }  // namespace fabric::kernels
 

@@ -4,8 +4,8 @@
 // torch::nn::Linear's forward; a bf16-mixed step of the tiny model on the GPU lowers its loss; the
 // fused output layer + cross-entropy (linear_cross_entropy, GPT::loss) equals the ATen path in
 // value and gradients for bf16 and fp16, aligned and unaligned vocabularies, scaled losses.
-#include <gtest/gtest.h>
 #include <ATen/autocast_mode.h>
+#include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cmath>
