@@ -40,6 +40,7 @@
 #include "fabric/data/augment.h"
 #include "fabric/fabric.h"
 #include "fabric/models/gpt.h"
+#include "fabric/training/activation_checkpoint.h"
 #include "fabric/training/graphed_step.h"
 #include "fabric/training/optimizers.h"
 #include "tools/bench/resnet50.h"
@@ -49,6 +50,9 @@ DEFINE_string(model, "resnet18",
 DEFINE_int32(seq, 0, "GPT models: tokens per sequence (0: the preset's block_size)");
 DEFINE_bool(fused_loss, true,
             "GPT models: the output layer + cross-entropy as one fused CUDA step (GPT::loss)");
+DEFINE_bool(activation_checkpointing, false,
+            "GPT models: recompute every Block's activations in backward "
+            "(model.activation_checkpointing: [Block])");
 DEFINE_double(clip, 0.0, "GPT models: clip the gradient norm at this value (0: no clipping)");
 DEFINE_double(peak_tflops, 989.0,
               "GPT models: the device's dense peak for MFU (989: H100/H200 SXM bf16)");
@@ -91,19 +95,23 @@ void reset_peak_memory(const torch::Device& device) {
 #endif
 }
 
-double peak_device_mib(const torch::Device& device) {
+// MiB allocated on the device: the peak since reset_peak_memory, or now.
+double device_mib(const torch::Device& device, bool peak) {
 #ifdef FABRIC_WITH_CUDA
   if (device.is_cuda()) {
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
-    return static_cast<double>(
-               stats
-                   .allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
-                   .peak) /
-           (1 << 20);
+    const auto& s =
+        stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+    return static_cast<double>(peak ? s.peak : s.current) / (1 << 20);
   }
 #endif
   return 0.0;
 }
+double peak_device_mib(const torch::Device& device) { return device_mib(device, true); }
+
+// What stayed allocated between steps when the timed ones began (weights, gradients, optimizer
+// state): the peak minus it is what one step adds (activations, temporaries).
+double g_start_device_mib = 0;
 
 // The Kineto profiler around a window of steps (--profile): synchronized at both ends so the
 // trace holds whole steps.
@@ -132,6 +140,7 @@ void stop_profile(const torch::Device& device, const std::string& path) {
 double timed(const torch::Device& device, int64_t steps, const std::function<void()>& train_step) {
   synchronize(device);
   reset_peak_memory(device);
+  g_start_device_mib = device_mib(device, false);
   const auto t0 = std::chrono::steady_clock::now();
 #ifdef FABRIC_WITH_CUDA
   if (FLAGS_sync_debug)
@@ -259,7 +268,11 @@ int run_gpt(fabric::Fabric& f) {
       f, opt,
       [&](const std::vector<torch::Tensor>& batch) {
         auto guard = f.autocast();
-        return model->loss(batch[0], batch[1]);
+        if (!FLAGS_activation_checkpointing) return model->loss(batch[0], batch[1]);
+        return model->loss(batch[0], batch[1],
+                           [](fabric::models::Block& b, const torch::Tensor& h) {
+                             return fabric::checkpoint_activations(b, h);
+                           });
       },
       fabric::GraphedStepOptions().clip_norm(FLAGS_clip));
   auto train_step = [&] {
@@ -277,17 +290,18 @@ int run_gpt(fabric::Fabric& f) {
   }
   std::printf(
       "RESULT {\"framework\": \"fabric++\", \"model\": \"%s\", \"batch\": %d, \"seq\": %lld, "
-      "\"precision\": \"%s\", \"cuda_graphs\": %s, \"fused_loss\": %s, \"optimizer_impl\": \"%s\", "
+      "\"precision\": \"%s\", \"cuda_graphs\": %s, \"fused_loss\": %s, "
+      "\"activation_checkpointing\": %s, \"optimizer_impl\": \"%s\", "
       "\"clip\": %g, \"parameters\": %lld, \"steps\": %d, \"seconds\": %.6f, "
       "\"tokens_per_s\": %.1f, \"step_ms\": %.4f, \"tflops\": %.2f, \"mfu\": %.4f, "
-      "\"peak_device_mib\": %.1f, \"device\": \"%s\"}\n",
+      "\"peak_device_mib\": %.1f, \"start_device_mib\": %.1f, \"device\": \"%s\"}\n",
       FLAGS_model.c_str(), FLAGS_batch, static_cast<long long>(T), FLAGS_precision.c_str(),
       graphed.graphed() ? "true" : "false",
-      fused ? "true" : "false",
+      fused ? "true" : "false", FLAGS_activation_checkpointing ? "true" : "false",
       FLAGS_optimizer_impl.c_str(), FLAGS_clip,
       static_cast<long long>(config.parameters()), FLAGS_steps, seconds, tokens_per_s,
       1000.0 * seconds / FLAGS_steps, tflops, tflops / FLAGS_peak_tflops, peak_device_mib(device),
-      device.str().c_str());
+      g_start_device_mib, device.str().c_str());
   std::fflush(stdout);
   return 0;
 }
