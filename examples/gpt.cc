@@ -30,6 +30,7 @@
 #include "fabric/checkpointer.h"
 #include "fabric/core/error.h"
 #include "fabric/core/paths.h"
+#include "fabric/data/bpe.h"
 #include "fabric/data/tokens.h"
 #include "fabric/fabric.h"
 #include "fabric/logging/progress.h"
@@ -134,12 +135,20 @@ fs::path data_root(fabric::Fabric& f) {
 }
 
 // meta.json's vocab_size and tokenizer, when the folder has one.
-std::pair<int64_t, std::string> read_meta(const fs::path& root) {
+// data.root/meta.json as tools/prepare_text writes it (absent: all empty).
+struct Meta {
+  int64_t vocab_size = 0;
+  std::string tokenizer;      // "bytes", "gpt2-bpe" or ""
+  std::string vocab, merges;  // gpt2-bpe: the tokenizer's files
+};
+
+Meta read_meta(const fs::path& root) {
   std::ifstream in(root / "meta.json");
-  if (!in) return {0, ""};
+  if (!in) return {};
   try {
     const auto meta = nlohmann::json::parse(in);
-    return {meta.value("vocab_size", int64_t{0}), meta.value("tokenizer", std::string())};
+    return {meta.value("vocab_size", int64_t{0}), meta.value("tokenizer", std::string()),
+            meta.value("vocab", std::string()), meta.value("merges", std::string())};
   } catch (const std::exception& e) {
     throw fabric::Error((root / "meta.json").string() + ": not JSON (" + e.what() +
                         "); remove it or write it again with tools/prepare_text");
@@ -164,15 +173,28 @@ fabric::models::GPTConfig model_config(const fabric::Config& c, int64_t meta_voc
 }
 
 // gpt.sample_tokens tokens after gpt.prompt (top-k, temperature; the same on every rank).
-std::string sample(fabric::Fabric& f, fabric::models::GPT& model, const std::string& tokenizer) {
+std::string sample(fabric::Fabric& f, fabric::models::GPT& model, const Meta& meta) {
   const fabric::Config& c = f.config();
   const int64_t n = c.get_int("gpt.sample_tokens"), top_k = c.get_int("gpt.top_k");
   if (n == 0) return "";
-  if (tokenizer != "bytes") return "(no sample: data.root's tokenizer is not byte-level)";
+  std::optional<fabric::BpeTokenizer> bpe;
+  if (meta.tokenizer == "gpt2-bpe") {
+    if (!fs::exists(meta.vocab) || !fs::exists(meta.merges))
+      return "(no sample: the BPE files meta.json names are gone: " + meta.vocab + ", " +
+             meta.merges + ")";
+    bpe = fabric::BpeTokenizer::load(meta.vocab, meta.merges);
+  } else if (meta.tokenizer != "bytes") {
+    return "(no sample: data.root/meta.json names no tokenizer tools/prepare_text writes)";
+  }
   const auto block = model->config().block_size;
   std::vector<int64_t> ids;
-  for (const uint16_t t : fabric::byte_tokens(c.get_string("gpt.prompt"))) ids.push_back(t);
-  if (ids.empty()) ids.push_back('\n');
+  if (bpe) {
+    ids = bpe->encode(c.get_string("gpt.prompt"));
+    if (ids.empty() && bpe->eot() >= 0) ids.push_back(bpe->eot());
+  } else {
+    for (const uint16_t t : fabric::byte_tokens(c.get_string("gpt.prompt"))) ids.push_back(t);
+  }
+  if (ids.empty()) ids.push_back(bpe ? 0 : '\n');
   auto gen = at::detail::createCPUGenerator(1234);
   torch::NoGradGuard no_grad;
   model->eval();
@@ -192,7 +214,7 @@ std::string sample(fabric::Fabric& f, fabric::models::GPT& model, const std::str
     ids.push_back(torch::multinomial(torch::softmax(logits, 0), 1, false, gen).item<int64_t>());
   }
   model->train();
-  return std::string(ids.begin(), ids.end());
+  return bpe ? bpe->decode(ids) : std::string(ids.begin(), ids.end());
 }
 
 int train(fabric::Fabric& f) {
@@ -200,8 +222,8 @@ int train(fabric::Fabric& f) {
   const auto start = Clock::now();
   const fabric::Config& c = f.config();
   const fs::path root = data_root(f);
-  const auto [meta_vocab, tokenizer] = read_meta(root);
-  const auto mc = model_config(c, c.get_int("model.vocab_size") > 0 ? 0 : meta_vocab);
+  const Meta meta = read_meta(root);
+  const auto mc = model_config(c, c.get_int("model.vocab_size") > 0 ? 0 : meta.vocab_size);
   const fabric::TokenDataset::Options token_options{
       mc.block_size, c.get_string("data.token_dtype") == "uint32" ? 4 : 2, mc.vocab_size};
   if (!fs::exists(root / "val.bin"))
@@ -365,7 +387,7 @@ int train(fabric::Fabric& f) {
   }
   const double tokens_per_s =
       static_cast<double>(tokens * f.world_size()) / std::max(train_seconds, 1e-9);
-  const std::string text = stopped.empty() ? sample(f, model, tokenizer) : "";
+  const std::string text = stopped.empty() ? sample(f, model, meta) : "";
   if (!text.empty())
     f.print("sample (gpt.prompt, ", c.get_int("gpt.sample_tokens"), " tokens):\n", text);
 

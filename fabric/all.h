@@ -15,6 +15,7 @@
 //   fabric/data/webdataset.h       tar shards: brace patterns, members, samples by key
 //   fabric/nn/batch_norm.h         BatchNorm that can synchronize across processes (SyncBatchNorm)
 //   fabric/data/tokens.h           token files in nanoGPT's format (TokenDataset), text → tokens
+//   fabric/data/bpe.h              GPT-2's byte-level BPE tokenizer (vocab.json + merges.txt)
 //   fabric/models/gpt.h            a GPT-2 language model (presets gpt2, gpt2-medium, tiny)
 //   fabric/connector.h             how the config was resolved (Fabric::setup_info)
 #ifndef FABRIC_ALL_H_
@@ -25,6 +26,7 @@
 #include "fabric/data/augment.h"
 #include "fabric/data/image_folder.h"
 #include "fabric/data/npy.h"
+#include "fabric/data/bpe.h"
 #include "fabric/data/tokens.h"
 #include "fabric/data/webdataset.h"
 #include "fabric/fabric.h"

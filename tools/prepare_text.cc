@@ -1,11 +1,15 @@
 // bazel run //tools:prepare_text -- --input=PATH [--input=PATH ...] --output=DIR [--val_fraction=F]
+//                                   [--vocab=vocab.json --merges=merges.txt]
 //
 // Turns text into token files in nanoGPT's format (fabric/data/tokens.h) for language models:
 // DIR/train.bin and DIR/val.bin (uint16 ids), and DIR/meta.json ({"tokenizer": "bytes",
 // "vocab_size": 256, "train_tokens": N, "val_tokens": M}). The tokenizer is byte-level: each byte
-// of the input is one token (vocabulary 256; no download, any language, any file). An input that
-// is a folder contributes every regular file under it, in path order; the files are joined as they
-// are. The last --val_fraction of the tokens (default 0.1) become val.bin.
+// of the input is one token (vocabulary 256; no download, any language, any file). With --vocab
+// and --merges (GPT-2's vocab.json and merges.txt, or OpenAI's encoder.json and vocab.bpe) it is
+// GPT-2's byte-level BPE (fabric/data/bpe.h): each file encoded on its own and followed by
+// <|endoftext|>, meta.json {"tokenizer": "gpt2-bpe", "vocab_size": 50257, "vocab": ..., ...}. An
+// input that is a folder contributes every regular file under it, in path order; with bytes the
+// files are joined as they are. The last --val_fraction of the tokens (default 0.1) become val.bin.
 // Exit status: 0 written; 1 an input cannot be read or DIR cannot be written; 2 bad usage.
 #include <filesystem>
 #include <iostream>
@@ -21,7 +25,8 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kUsage =
-    "usage: prepare_text --input=PATH [--input=PATH ...] --output=DIR [--val_fraction=F]\n";
+    "usage: prepare_text --input=PATH [--input=PATH ...] --output=DIR [--val_fraction=F] "
+    "[--vocab=vocab.json --merges=merges.txt]\n";
 
 int usage(const std::string& why) {
   std::cerr << "prepare_text: " << why << "\n" << kUsage;
@@ -32,12 +37,16 @@ int usage(const std::string& why) {
 
 int main(int argc, char** argv) {
   std::vector<fs::path> inputs;
-  fs::path output;
+  fs::path output, vocab, merges;
   double val_fraction = 0.1;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg.rfind("--input=", 0) == 0) {
       inputs.push_back(fabric::absolute_from_working_directory(arg.substr(8)));
+    } else if (arg.rfind("--vocab=", 0) == 0) {
+      vocab = fabric::absolute_from_working_directory(arg.substr(8));
+    } else if (arg.rfind("--merges=", 0) == 0) {
+      merges = fabric::absolute_from_working_directory(arg.substr(9));
     } else if (arg.rfind("--output=", 0) == 0) {
       output = fabric::absolute_from_working_directory(arg.substr(9));
     } else if (arg.rfind("--val_fraction=", 0) == 0) {
@@ -57,10 +66,15 @@ int main(int argc, char** argv) {
   }
   if (inputs.empty()) return usage("give at least one --input");
   if (output.empty()) return usage("give --output=DIR");
+  if (vocab.empty() != merges.empty())
+    return usage("--vocab and --merges go together (GPT-2's vocab.json and merges.txt)");
   try {
-    const fabric::PreparedText done = fabric::prepare_byte_text(inputs, output, val_fraction);
+    const fabric::PreparedText done =
+        vocab.empty() ? fabric::prepare_byte_text(inputs, output, val_fraction)
+                      : fabric::prepare_bpe_text(inputs, output, vocab, merges, val_fraction);
     std::cout << "prepare_text: " << done.files << " file(s), "
-              << done.train_tokens + done.val_tokens << " tokens (bytes) -> " << output.string()
+              << done.train_tokens + done.val_tokens << " tokens ("
+              << (vocab.empty() ? "bytes" : "GPT-2 BPE") << ") -> " << output.string()
               << "/train.bin (" << done.train_tokens << "), val.bin (" << done.val_tokens << ")"
               << std::endl;
     return 0;

@@ -5,19 +5,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
 
 #include "fabric/core/atomic_file.h"
 #include "fabric/core/error.h"
+#include "fabric/data/bpe.h"
 
 namespace fabric {
 
-std::shared_ptr<TokenDataset> TokenDataset::open(const std::string& path,
-                                                 const Options& options) {
+std::shared_ptr<TokenDataset> TokenDataset::open(const std::string& path, const Options& options) {
   if (options.token_bytes != 2 && options.token_bytes != 4)
     throw Error(path + ": tokens are 2 (uint16) or 4 (uint32) bytes, not " +
                 std::to_string(options.token_bytes));
@@ -115,9 +116,11 @@ std::string as_bytes(const std::vector<uint16_t>& tokens, size_t begin, size_t e
 
 }  // namespace
 
-PreparedText prepare_byte_text(const std::vector<std::filesystem::path>& inputs,
-                               const std::filesystem::path& output, double val_fraction,
-                               const std::function<bool(const std::filesystem::path&)>& accept) {
+namespace {
+
+std::vector<std::filesystem::path> text_files(
+    const std::vector<std::filesystem::path>& inputs,
+    const std::function<bool(const std::filesystem::path&)>& accept) {
   namespace fs = std::filesystem;
   std::vector<fs::path> files;
   for (const fs::path& input : inputs) {
@@ -135,16 +138,19 @@ PreparedText prepare_byte_text(const std::vector<std::filesystem::path>& inputs,
       throw Error(input.string() + ": no such file or folder (--input)");
     }
   }
-  std::vector<uint16_t> tokens;
-  for (const fs::path& file : files) {
-    const auto t = byte_tokens(read_all(file));
-    tokens.insert(tokens.end(), t.begin(), t.end());
-  }
+  return files;
+}
+
+// Splits `tokens` into OUTPUT/train.bin and val.bin, and writes meta.json with `meta_fields`
+// (JSON members without braces) before the token counts.
+PreparedText write_splits(const std::vector<uint16_t>& tokens, size_t files,
+                          const std::filesystem::path& output, double val_fraction,
+                          const std::string& meta_fields) {
+  namespace fs = std::filesystem;
   const auto val = static_cast<size_t>(static_cast<double>(tokens.size()) * val_fraction);
   const size_t train = tokens.size() - val;
   if (train < 2 || val < 2)
-    throw Error(std::to_string(tokens.size()) + " bytes of text in " +
-                std::to_string(files.size()) +
+    throw Error(std::to_string(tokens.size()) + " tokens of text in " + std::to_string(files) +
                 " file(s) are too few for a train and a val split; give more text");
   std::error_code ec;
   fs::create_directories(output, ec);
@@ -152,11 +158,65 @@ PreparedText prepare_byte_text(const std::vector<std::filesystem::path>& inputs,
   write_file_atomically(output / "train.bin", as_bytes(tokens, 0, train));
   write_file_atomically(output / "val.bin", as_bytes(tokens, train, tokens.size()));
   write_file_atomically(output / "meta.json",
-                        "{\"tokenizer\": \"bytes\", \"vocab_size\": 256, \"train_tokens\": " +
-                            std::to_string(train) + ", \"val_tokens\": " + std::to_string(val) +
-                            "}\n");
-  return {static_cast<int64_t>(files.size()), static_cast<int64_t>(train),
-          static_cast<int64_t>(val)};
+                        "{" + meta_fields + ", \"train_tokens\": " + std::to_string(train) +
+                            ", \"val_tokens\": " + std::to_string(val) + "}\n");
+  return {static_cast<int64_t>(files), static_cast<int64_t>(train), static_cast<int64_t>(val)};
+}
+
+// A JSON string literal of `s` (quotes, backslashes and control characters escaped).
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c));
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+PreparedText prepare_byte_text(const std::vector<std::filesystem::path>& inputs,
+                               const std::filesystem::path& output, double val_fraction,
+                               const std::function<bool(const std::filesystem::path&)>& accept) {
+  const auto files = text_files(inputs, accept);
+  std::vector<uint16_t> tokens;
+  for (const auto& file : files) {
+    const auto t = byte_tokens(read_all(file));
+    tokens.insert(tokens.end(), t.begin(), t.end());
+  }
+  return write_splits(tokens, files.size(), output, val_fraction,
+                      "\"tokenizer\": \"bytes\", \"vocab_size\": 256");
+}
+
+PreparedText prepare_bpe_text(const std::vector<std::filesystem::path>& inputs,
+                              const std::filesystem::path& output,
+                              const std::filesystem::path& vocab_json,
+                              const std::filesystem::path& merges_txt, double val_fraction,
+                              const std::function<bool(const std::filesystem::path&)>& accept) {
+  namespace fs = std::filesystem;
+  const BpeTokenizer bpe = BpeTokenizer::load(vocab_json, merges_txt);
+  if (bpe.vocab_size() > 65536)
+    throw Error(vocab_json.string() + ": " + std::to_string(bpe.vocab_size()) +
+                " ids do not fit uint16 token files, the only kind prepare_text writes");
+  const auto files = text_files(inputs, accept);
+  std::vector<uint16_t> tokens;
+  for (const auto& file : files) {
+    for (const int64_t id : bpe.encode(read_all(file))) tokens.push_back(static_cast<uint16_t>(id));
+    if (bpe.eot() >= 0) tokens.push_back(static_cast<uint16_t>(bpe.eot()));
+  }
+  return write_splits(
+      tokens, files.size(), output, val_fraction,
+      "\"tokenizer\": \"gpt2-bpe\", \"vocab_size\": " + std::to_string(bpe.vocab_size()) +
+          ", \"vocab\": " + json_string(fs::absolute(vocab_json).string()) +
+          ", \"merges\": " + json_string(fs::absolute(merges_txt).string()));
 }
 
 }  // namespace fabric

@@ -74,6 +74,17 @@ PreparedText prepare_byte_text(
     double val_fraction = 0.1,
     const std::function<bool(const std::filesystem::path&)>& accept = nullptr);
 
+// The same with GPT-2's byte-level BPE (fabric/data/bpe.h) instead of bytes: each file's text
+// encoded on its own and followed by the vocabulary's "<|endoftext|>" when it has one (as
+// nanoGPT's prepare scripts separate documents); meta.json says {"tokenizer": "gpt2-bpe",
+// "vocab_size": V, "vocab": PATH, "merges": PATH, ...} with the absolute paths of the two files.
+// A vocabulary over 65,536 ids is refused (uint16 files only).
+PreparedText prepare_bpe_text(
+    const std::vector<std::filesystem::path>& inputs, const std::filesystem::path& output,
+    const std::filesystem::path& vocab_json, const std::filesystem::path& merges_txt,
+    double val_fraction = 0.1,
+    const std::function<bool(const std::filesystem::path&)>& accept = nullptr);
+
 }  // namespace fabric
 
 #endif  // FABRIC_DATA_TOKENS_H_

@@ -93,7 +93,10 @@ RunDirectory RunDirectory::create(
 
 fs::path RunDirectory::write_summary(const nlohmann::json& summary) const {
   const fs::path file = path_ / "summary.json";
-  if (writer_) write_file_atomically(file, summary.dump(2) + "\n");
+  // Invalid UTF-8 in a string (a generated text sample, a path) becomes U+FFFD, not an exception.
+  if (writer_)
+    write_file_atomically(
+        file, summary.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   return file;
 }
 

@@ -1,14 +1,16 @@
 // examples/gpt end to end on CPU, on a small byte-level corpus written here: 2-rank ddp equals one
 // process on the whole batch, fsdp (Block units) and ZeRO-1 equal ddp with clipping, activation checkpointing changes no
 // bit, a run resumed mid-epoch ends bitwise like the uninterrupted one, and bad token data is a
-// one-line error naming the file.
+// one-line error naming the file; BPE token data trains and samples through its tokenizer.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "fabric/checkpoint/sharded.h"
 #include "fabric/data/tokens.h"
+#include "fabric/models/gpt.h"
 #include "tests/checkpoint_diff.h"
 #include "tests/integration/examples_fixture.h"
 
@@ -103,6 +105,27 @@ TEST_F(GptExampleTest, BadTokenDataIsAOneLineErrorNamingTheFile) {
   const Result no_val = run("gpt", args(1));
   EXPECT_NE(no_val.code, 0);
   EXPECT_NE(no_val.out.find("val.bin: missing"), std::string::npos) << no_val.out;
+}
+
+// GPT-2-style BPE data (tools/prepare_text's --vocab/--merges through prepare_bpe_text, with the
+// byte-level BPE fixture of tests/fabric/data/testdata/bpe): the vocabulary comes from meta.json,
+// the run trains, and its sample is decoded by the same tokenizer from the prompt's tokens.
+TEST_F(GptExampleTest, TrainsOnBpeTokensAndDecodesItsSample) {
+  const std::filesystem::path bpe = "tests/fabric/data/testdata/bpe";
+  fabric::prepare_bpe_text({dir_ / "corpus.txt"}, dir_ / "bpe_data", bpe / "vocab.json",
+                           bpe / "merges.txt", 0.1);
+  std::string a = args(1);
+  a.replace(a.find(" data.root="), std::string(" data.root=" + (dir_ / "data").string()).size(),
+            " data.root=" + (dir_ / "bpe_data").string());
+  const Result r = run("gpt", a + " gpt.sample_tokens=12 gpt.prompt=def logging.run_dir=bpe");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto s = summary_of(r);
+  const fabric::models::GPTConfig c{
+      .vocab_size = 700, .block_size = 32, .n_layer = 2, .n_head = 2, .n_embd = 32};
+  EXPECT_EQ(s["parameters"], c.parameters());  // the vocabulary from meta.json
+  const std::string sample = s["sample"];
+  EXPECT_EQ(sample.rfind("def", 0), 0u) << sample;  // the prompt, decoded back
+  EXPECT_GT(sample.size(), 3u) << sample;
 }
 
 }  // namespace

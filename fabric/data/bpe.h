@@ -1,0 +1,61 @@
+// fabric::BpeTokenizer: GPT-2's byte-level BPE tokenizer, from the vocabulary files of GPT-2 (or
+// of any tokenizer trained the same way): vocab.json + merges.txt as Hugging Face ships them,
+// which are OpenAI's encoder.json + vocab.bpe under other names. Nothing is downloaded.
+//
+// Encoding as GPT-2's encoder.py does it: the text is split into pieces by GPT-2's pattern
+// ('s 't 're 've 'm 'll 'd, an optional space followed by letters, by digits or by other symbols,
+// runs of whitespace), each piece's UTF-8 bytes are mapped to GPT-2's printable stand-ins
+// (bytes_to_unicode) and merged pair by pair, lowest merge rank first, and the merged symbols are
+// looked up in the vocabulary. Letters and numbers are Unicode's \p{L} and \p{N} for ASCII; for
+// other characters the C library's C.UTF-8 classes stand in (iswalpha: letters; iswalnum and not
+// iswalpha: numbers), which can split a rare script differently from Python's `regex`.
+// Special tokens ("<|endoftext|>") are never produced from text; eot() gives its id.
+//
+//   auto bpe = fabric::BpeTokenizer::load("gpt2/vocab.json", "gpt2/merges.txt");
+//   std::vector<int64_t> ids = bpe.encode("Hello world");   // {15496, 995} with GPT-2's files
+//   std::string text = bpe.decode(ids);
+#ifndef FABRIC_DATA_BPE_H_
+#define FABRIC_DATA_BPE_H_
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace fabric {
+
+class BpeTokenizer {
+ public:
+  // Throws fabric::Error naming the file and line for a file that cannot be read or parsed, a
+  // merge whose result is not in the vocabulary, or a vocabulary without the 256 byte symbols.
+  static BpeTokenizer load(const std::filesystem::path& vocab_json,
+                           const std::filesystem::path& merges_txt);
+
+  std::vector<int64_t> encode(const std::string& text) const;
+  // The bytes of `ids` (special tokens as their text); throws fabric::Error for an unknown id.
+  std::string decode(const std::vector<int64_t>& ids) const;
+  // Size of the id space: the largest id + 1.
+  int64_t vocab_size() const { return vocab_size_; }
+  // Id of "<|endoftext|>", or -1 when the vocabulary has none.
+  int64_t eot() const { return eot_; }
+
+  // The pieces GPT-2's pattern splits `text` into (exposed for tests).
+  static std::vector<std::string> pretokenize(const std::string& text);
+
+ private:
+  std::unordered_map<std::string, int64_t> vocab_;    // symbol (stand-in UTF-8) → id
+  std::unordered_map<int64_t, std::string> symbols_;  // id → symbol
+  std::map<std::pair<std::string, std::string>, int> ranks_;
+  std::vector<std::string> byte_symbol_;  // byte → stand-in UTF-8
+  std::unordered_map<std::string, unsigned char> symbol_byte_;
+  int64_t vocab_size_ = 0, eot_ = -1;
+  mutable std::shared_ptr<std::unordered_map<std::string, std::vector<int64_t>>> cache_;
+};
+
+}  // namespace fabric
+
+#endif  // FABRIC_DATA_BPE_H_
