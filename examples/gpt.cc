@@ -65,6 +65,9 @@ fabric::ConfigSchema schema() {
   s.add("model.bias", KeySpec::boolean(true).doc("biases in the Linear layers"));
   s.add("model.fused_loss", KeySpec::boolean(true).doc(
                                 "output layer + cross-entropy fused on GPUs (no float32 logits)"));
+  s.add("model.fused_layer_norm",
+        KeySpec::boolean(false).doc(
+            "LayerNorms (+ residual add) as fused CUDA kernels with 16-bit outputs (opt-in)"));
   s.add("model.activation_checkpointing",
         KeySpec::choice_list({"Block"}, {})
             .doc("module types whose activations are recomputed in backward instead of kept"));
@@ -169,6 +172,7 @@ fabric::models::GPTConfig model_config(const fabric::Config& c, int64_t meta_voc
   m.dropout = c.get_double("model.dropout");
   m.bias = c.get_bool("model.bias");
   m.fused_loss = c.get_bool("model.fused_loss");
+  m.fused_layer_norm = c.get_bool("model.fused_layer_norm");
   return m;
 }
 

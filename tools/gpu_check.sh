@@ -248,6 +248,9 @@ run() {
         "$runsh" gpt "${gpt[@]}" fabric.devices=1
       CHECK_SUMMARY='val loss' check "gpt gpt2.yaml fsdp Block units (NCCL, 1 GPU)" 240 \
         "$runsh" gpt "${gpt[@]}" fabric.devices=1 fabric.strategy=fsdp fabric.fsdp.wrap_modules=Block
+      CHECK_SUMMARY='val loss' check "gpt gpt2.yaml fsdp, fused LayerNorm (NCCL, 1 GPU)" 240 \
+        "$runsh" gpt "${gpt[@]}" fabric.devices=1 fabric.strategy=fsdp fabric.fsdp.wrap_modules=Block \
+        model.fused_layer_norm=true
       # (CUDA graphs capture one micro-batch per step: accumulation 1.)
       CHECK_SUMMARY='val loss' check "gpt gpt2.yaml cuda_graphs, activation ckpt" 240 \
         "$runsh" gpt "${gpt[@]}" fabric.devices=1 fabric.cuda_graphs=true \

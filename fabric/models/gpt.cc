@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "fabric/core/error.h"
+#include "fabric/models/fused_layer_norm.h"
 
 namespace fabric::models {
 
@@ -113,7 +114,7 @@ torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
   return dropout->forward(linear_3d(c_proj, torch::gelu(linear_3d(c_fc, x), "tanh")));
 }
 
-BlockImpl::BlockImpl(const GPTConfig& c) {
+BlockImpl::BlockImpl(const GPTConfig& c) : fused_layer_norm_(c.fused_layer_norm) {
   ln_1 = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
   attn = register_module("attn", CausalSelfAttention(c));
   ln_2 = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
@@ -121,6 +122,11 @@ BlockImpl::BlockImpl(const GPTConfig& c) {
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
+  if (fused_layer_norm_ && layer_norm_applies(x, ln_1)) {
+    // ln_1 with a 16-bit output; the residual add and ln_2 in one kernel (fused_layer_norm.h).
+    const auto [h, y] = add_layer_norm_16(x, attn->forward(layer_norm_16(x, ln_1)), ln_2);
+    return h + mlp->forward(y);
+  }
   const torch::Tensor h = x + attn->forward(ln_1->forward(x));
   return h + mlp->forward(ln_2->forward(h));
 }
@@ -163,7 +169,7 @@ torch::Tensor GPTImpl::hidden(const torch::Tensor& tokens, const RunBlock& run_b
       torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
   torch::Tensor x = drop->forward(wte->forward(tokens) + wpe->forward(positions));
   for (Block& block : blocks) x = run_block ? run_block(block, x) : block->forward(x);
-  return ln_f->forward(x);
+  return config_.fused_layer_norm ? layer_norm_16(x, ln_f) : ln_f->forward(x);
 }
 
 }  // namespace fabric::models

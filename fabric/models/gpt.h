@@ -45,6 +45,10 @@ struct GPTConfig {
   // loss(): the output layer and the cross-entropy as one fused CUDA step where it applies
   // (fabric/models/fused_cross_entropy.h); false: the logits through ATen, as forward() + lm_loss.
   bool fused_loss = true;
+  // LayerNorms (and the residual add before ln_2) as fused CUDA kernels with 16-bit outputs where
+  // they apply (fabric/models/fused_layer_norm.h). Off by default until its last fixes (a graph
+  // leak in eager mode, fsdp's gather in backward) have run on a GPU: docs/benchmarks.md.
+  bool fused_layer_norm = false;
   // "gpt2" (124M), "gpt2-medium" (350M), "tiny" (4 layers, 4 heads, 128 wide, 256 positions,
   // vocabulary 256: byte-level text on a CPU). Throws fabric::Error naming the presets otherwise.
   static GPTConfig preset(const std::string& name);
@@ -85,6 +89,9 @@ class BlockImpl : public torch::nn::Module {
   torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
   CausalSelfAttention attn{nullptr};
   MLP mlp{nullptr};
+
+ private:
+  bool fused_layer_norm_;
 };
 TORCH_MODULE(Block);
 

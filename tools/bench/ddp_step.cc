@@ -1,11 +1,14 @@
 // 2-rank CPU DDP step time through Fabric (self-launched ranks, c10d::Reducer; all-reduces through
 // shared memory unless --cpu_backend=gloo), for the
 // comparison with PyTorch's Python DDP in ddp_compare.py (same model, batch, threads, steps).
-//   ddp_step --world=2 --steps=60 --warmup=10 --batch=64 --threads=1 [--model=mlp|resnet18]
+//   ddp_step --world=2 --steps=60 --warmup=10 --batch=64 --threads=1
+//   [--model=mlp|resnet18|gpt-tiny]
 //            [--precision=32-true|bf16-mixed] [--optimizer_impl=auto]
 // Models: mlp = MLP 1024 → 2048 → 1024 → 512 (ReLU), 4.72M parameters, MSE loss, SGD lr 0.01
 // momentum 0.9; resnet18 = the main job's ResNet-18 CIFAR (examples/common/models.h, plain
-// BatchNorm), 3x32x32 inputs, cross-entropy, SGD lr 0.1 momentum 0.9 Nesterov weight decay 5e-4.
+// BatchNorm), 3x32x32 inputs, cross-entropy, SGD lr 0.1 momentum 0.9 Nesterov weight decay 5e-4;
+// gpt-tiny = fabric::models::GPT's tiny preset (858,880 parameters), --batch sequences of 256
+// random token ids, GPT::loss, SGD lr 0.01 momentum 0.9.
 // Optimizer: fabric::SGD with --optimizer_impl (default auto = fused; for_loop is torch::optim's).
 // --threads=0 leaves the threads to Fabric (its default: CPUs / ranks).
 // --shard_optimizer_state: fabric.ddp.shard_optimizer_state (ZeRO-1).
@@ -23,9 +26,11 @@
 #include <chrono>
 #include <cstdio>
 #include <numeric>
+#include <type_traits>
 
 #include "examples/common/models.h"
 #include "fabric/fabric.h"
+#include "fabric/models/gpt.h"
 #include "fabric/training/optimizers.h"
 #include "fabric/training/state_bytes.h"
 
@@ -60,9 +65,16 @@ int time_steps(fabric::Fabric& f, Model& model, const torch::optim::SGDOptions& 
   fabric::SGD opt(model->parameters(), options, fabric::parse_optimizer_impl(FLAGS_optimizer_impl));
   f.setup(model, opt);
   model->train();
-  const bool resnet = FLAGS_model == "resnet18";
-  auto x = resnet ? torch::randn({FLAGS_batch, 3, 32, 32}) : torch::randn({FLAGS_batch, 1024});
-  auto y = resnet ? torch::randint(0, 10, {FLAGS_batch}) : torch::randn({FLAGS_batch, 512});
+  const bool resnet = FLAGS_model == "resnet18", gpt = FLAGS_model == "gpt-tiny";
+  torch::Tensor x, y;
+  if (gpt) {
+    const torch::Tensor w = torch::randint(0, 256, {FLAGS_batch, 257});
+    x = w.narrow(1, 0, 256);
+    y = w.narrow(1, 1, 256);
+  } else {
+    x = resnet ? torch::randn({FLAGS_batch, 3, 32, 32}) : torch::randn({FLAGS_batch, 1024});
+    y = resnet ? torch::randint(0, 10, {FLAGS_batch}) : torch::randn({FLAGS_batch, 512});
+  }
   std::vector<double> ms;
   for (int s = 0; s < FLAGS_warmup + FLAGS_steps; ++s) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -70,8 +82,12 @@ int time_steps(fabric::Fabric& f, Model& model, const torch::optim::SGDOptions& 
     torch::Tensor loss;
     {
       auto autocast = f.autocast();
-      loss = resnet ? torch::cross_entropy_loss(model->forward(x), y)
-                    : torch::mse_loss(model->forward(x), y);
+      if constexpr (std::is_same_v<Model, fabric::models::GPT>) {
+        loss = model->loss(x, y);
+      } else {
+        loss = resnet ? torch::cross_entropy_loss(model->forward(x), y)
+                      : torch::mse_loss(model->forward(x), y);
+      }
     }
     f.backward(loss);
     f.step(opt);
@@ -92,8 +108,8 @@ int time_steps(fabric::Fabric& f, Model& model, const torch::optim::SGDOptions& 
 
 int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
-  if (FLAGS_model != "mlp" && FLAGS_model != "resnet18") {
-    std::fprintf(stderr, "ddp_step: --model must be mlp or resnet18, not '%s'\n",
+  if (FLAGS_model != "mlp" && FLAGS_model != "resnet18" && FLAGS_model != "gpt-tiny") {
+    std::fprintf(stderr, "ddp_step: --model must be mlp, resnet18 or gpt-tiny, not '%s'\n",
                  FLAGS_model.c_str());
     return 2;
   }
@@ -117,6 +133,10 @@ int main(int argc, char** argv) {
       examples::ResNet18Cifar model;
       return time_steps(
           f, model, torch::optim::SGDOptions(0.1).momentum(0.9).nesterov(true).weight_decay(5e-4));
+    }
+    if (FLAGS_model == "gpt-tiny") {
+      fabric::models::GPT model(fabric::models::GPTConfig::preset("tiny"));
+      return time_steps(f, model, torch::optim::SGDOptions(0.01).momentum(0.9));
     }
     torch::nn::Sequential model(torch::nn::Linear(1024, 2048), torch::nn::ReLU(),
                                 torch::nn::Linear(2048, 1024), torch::nn::ReLU(),

@@ -1,11 +1,15 @@
 """PyTorch's own DDP (Python, Gloo) on the model, batch, threads and steps of ddp_step.cc.
 
   python3 tools/bench/ddp_step.py --world=2 --steps=60 --warmup=10 --batch=64 --threads=1
-      [--model=mlp|resnet18] [--precision=32-true|bf16-mixed] [--optimizer=loop|foreach|fused]
+      [--model=mlp|resnet18|gpt-tiny] [--precision=32-true|bf16-mixed]
+      [--optimizer=loop|foreach|fused]
       [--zero]
 mlp: ddp_step.cc's MLP, MSE loss, SGD lr 0.01 momentum 0.9. resnet18: the main job's ResNet-18
 CIFAR (models.py = examples/common/models.cc, plain BatchNorm), 3x32x32 inputs, cross-entropy,
-SGD lr 0.1 momentum 0.9 Nesterov weight decay 5e-4. --optimizer picks torch.optim.SGD's
+SGD lr 0.1 momentum 0.9 Nesterov weight decay 5e-4. gpt-tiny: fabric::models::GPT's tiny preset
+as gpt_reference.py writes it (4 layers, width 128, 256 positions, vocabulary 256), --batch
+sequences of 256 random token ids, next-token cross-entropy, SGD lr 0.01 momentum 0.9. --optimizer
+picks torch.optim.SGD's
 implementation (loop: foreach=False, the CPU default; fused: fused=True), to match ddp_step.cc's
 --optimizer_impl (for_loop / foreach / fused). --zero wraps the SGD in
 torch.distributed.optim.ZeroRedundancyOptimizer (ZeRO-1 over DDP: gradients all-reduced, each
@@ -32,6 +36,7 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpt_reference  # noqa: E402
 import models  # noqa: E402
 
 
@@ -39,6 +44,8 @@ def make_model(args):
     """ddp_step.cc's models: the MLP 1024 → 2048 → 1024 → 512 (4.72M parameters) or ResNet-18."""
     if args.model == "resnet18":
         return models.make("resnet18")
+    if args.model == "gpt-tiny":
+        return gpt_reference.GPT(dict(gpt_reference.PRESETS["gpt-tiny"]))
     return torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.ReLU(),
                                torch.nn.Linear(2048, 1024), torch.nn.ReLU(),
                                torch.nn.Linear(1024, 512))
@@ -67,7 +74,7 @@ def parse_args():
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--bucket_cap_mb", type=float, default=25.0)
-    p.add_argument("--model", default="mlp", choices=["mlp", "resnet18"])
+    p.add_argument("--model", default="mlp", choices=["mlp", "resnet18", "gpt-tiny"])
     p.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"])
     p.add_argument("--optimizer", default="loop", choices=["loop", "foreach", "fused"])
     p.add_argument("--zero", action="store_true")
@@ -81,6 +88,13 @@ def time_steps(args, model, opt, backward):
         x = torch.randn(args.batch, 3, 32, 32)
         y = torch.randint(0, 10, (args.batch,))
         loss_fn = torch.nn.functional.cross_entropy
+    elif args.model == "gpt-tiny":
+        w = torch.randint(0, 256, (args.batch, 257))
+        x, y = w[:, :256], w[:, 1:]
+
+        def loss_fn(logits, targets):
+            return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)),
+                                                     targets.reshape(-1))
     else:
         x = torch.randn(args.batch, 1024)
         y = torch.randn(args.batch, 512)

@@ -50,6 +50,8 @@ DEFINE_string(model, "resnet18",
 DEFINE_int32(seq, 0, "GPT models: tokens per sequence (0: the preset's block_size)");
 DEFINE_bool(fused_loss, true,
             "GPT models: the output layer + cross-entropy as one fused CUDA step (GPT::loss)");
+DEFINE_bool(fused_layer_norm, false,
+            "GPT models: LayerNorms (+ residual add) as fused CUDA kernels (GPTConfig)");
 DEFINE_bool(activation_checkpointing, false,
             "GPT models: recompute every Block's activations in backward "
             "(model.activation_checkpointing: [Block])");
@@ -245,6 +247,7 @@ int run_gpt(fabric::Fabric& f) {
   fabric::models::GPTConfig config =
       fabric::models::GPTConfig::preset(FLAGS_model == "gpt-tiny" ? "tiny" : FLAGS_model);
   config.fused_loss = FLAGS_fused_loss;
+  config.fused_layer_norm = FLAGS_fused_layer_norm;
   if (FLAGS_seq > 0) config.block_size = FLAGS_seq;
   fabric::models::GPT model(config);
   std::vector<torch::Tensor> decay, no_decay;
@@ -291,13 +294,14 @@ int run_gpt(fabric::Fabric& f) {
   std::printf(
       "RESULT {\"framework\": \"fabric++\", \"model\": \"%s\", \"batch\": %d, \"seq\": %lld, "
       "\"precision\": \"%s\", \"cuda_graphs\": %s, \"fused_loss\": %s, "
-      "\"activation_checkpointing\": %s, \"optimizer_impl\": \"%s\", "
+      "\"activation_checkpointing\": %s, \"fused_layer_norm\": %s, \"optimizer_impl\": \"%s\", "
       "\"clip\": %g, \"parameters\": %lld, \"steps\": %d, \"seconds\": %.6f, "
       "\"tokens_per_s\": %.1f, \"step_ms\": %.4f, \"tflops\": %.2f, \"mfu\": %.4f, "
       "\"peak_device_mib\": %.1f, \"start_device_mib\": %.1f, \"device\": \"%s\"}\n",
       FLAGS_model.c_str(), FLAGS_batch, static_cast<long long>(T), FLAGS_precision.c_str(),
       graphed.graphed() ? "true" : "false",
       fused ? "true" : "false", FLAGS_activation_checkpointing ? "true" : "false",
+      FLAGS_fused_layer_norm ? "true" : "false",
       FLAGS_optimizer_impl.c_str(), FLAGS_clip,
       static_cast<long long>(config.parameters()), FLAGS_steps, seconds, tokens_per_s,
       1000.0 * seconds / FLAGS_steps, tflops, tflops / FLAGS_peak_tflops, peak_device_mib(device),

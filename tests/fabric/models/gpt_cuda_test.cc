@@ -9,8 +9,15 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <tuple>
 #include <vector>
 
+#ifdef FABRIC_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <torch/cuda.h>
+#endif
+
+#include "fabric/models/fused_layer_norm.h"
 #include "fabric/models/gpt.h"
 #include "tests/cuda_skip.h"
 
@@ -155,6 +162,173 @@ TEST(GPTCudaTest, ABf16MixedStepOfTheTinyModelLowersItsLoss) {
     (step == 0 ? first : last) = loss.item<double>();
   }
   EXPECT_LT(last, 0.5 * first) << "first " << first << ", last " << last;
+}
+
+// ---- fused LayerNorm (fabric/models/fused_layer_norm.h) ----
+
+class FusedLayerNormTest : public ::testing::TestWithParam<torch::ScalarType> {};
+
+void autocast_on(torch::ScalarType t) {
+  at::autocast::set_autocast_enabled(at::kCUDA, true);
+  at::autocast::set_autocast_dtype(at::kCUDA, t);
+}
+void autocast_off() {
+  at::autocast::set_autocast_enabled(at::kCUDA, false);
+  at::autocast::clear_cache();
+}
+
+double max_rel(const torch::Tensor& a, const torch::Tensor& b) {
+  return ((a.to(torch::kFloat) - b.to(torch::kFloat)).abs().max() /
+          b.to(torch::kFloat).abs().max().clamp_min(1e-30))
+      .item<double>();
+}
+
+// y = LayerNorm(x + d) with d 16-bit, h = x + d used again (as the residual path uses it):
+// values and every gradient equal ATen's add + LayerNorm + cast to float32 rounding.
+TEST_P(FusedLayerNormTest, AddLayerNormEqualsATenValuesAndGradients) {
+  SKIP_WITHOUT_CUDA();
+  if (!fabric::models::cuda_kernels_built()) GTEST_SKIP() << "no CUDA kernels in this build";
+  const torch::ScalarType t = GetParam();
+  torch::manual_seed(0);
+  const auto opts = torch::TensorOptions().device(torch::kCUDA);
+  torch::nn::LayerNorm ln(torch::nn::LayerNormOptions({768}));
+  ln->to(torch::kCUDA);
+  {
+    torch::NoGradGuard no_grad;
+    ln->weight.normal_(1.0, 0.2);
+    ln->bias.normal_(0.0, 0.2);
+  }
+  const torch::Tensor x0 = 3 * torch::randn({4, 64, 768}, opts) + 1;
+  const torch::Tensor d0 = torch::randn({4, 64, 768}, opts).to(t);
+  const torch::Tensor r = torch::randn({4, 64, 768}, opts).to(t);
+  const torch::Tensor q = torch::randn({4, 64, 768}, opts);
+  struct Out {
+    torch::Tensor h, y, dx, dd, dw, db;
+  };
+  auto run = [&](bool fused) {
+    torch::Tensor x = x0.clone().requires_grad_(), d = d0.clone().requires_grad_();
+    ln->zero_grad();
+    autocast_on(t);
+    EXPECT_TRUE(fabric::models::layer_norm_applies(x, ln));
+    torch::Tensor h, y;
+    if (fused) {
+      std::tie(h, y) = fabric::models::add_layer_norm_16(x, d, ln);
+    } else {
+      h = x + d;
+      y = ln->forward(h).to(t);
+    }
+    autocast_off();
+    EXPECT_EQ(y.scalar_type(), t);
+    EXPECT_EQ(h.scalar_type(), torch::kFloat);
+    ((y * r).to(torch::kFloat).sum() + (h * q).sum()).backward();
+    return Out{h.detach(),
+               y.detach(),
+               x.grad(),
+               d.grad(),
+               ln->weight.grad().clone(),
+               ln->bias.grad().clone()};
+  };
+  const Out a = run(true), b = run(false);
+  EXPECT_LE(max_rel(a.h, b.h), 1e-7);
+  EXPECT_LE(max_rel(a.y, b.y), 1.0 / 128) << "more than one 16-bit step";
+  EXPECT_LE(max_rel(a.dx, b.dx), 1e-4);
+  EXPECT_EQ(a.dd.scalar_type(), t);
+  EXPECT_LE(max_rel(a.dd, b.dd), 1.0 / 128);
+  EXPECT_LE(max_rel(a.dw, b.dw), 1e-4);
+  EXPECT_LE(max_rel(a.db, b.db), 1e-4);
+  const Out again = run(true);
+  EXPECT_TRUE(torch::equal(again.dw, a.dw)) << "weight gradient not bitwise reproducible";
+  EXPECT_TRUE(torch::equal(again.dx, a.dx));
+}
+
+TEST_P(FusedLayerNormTest, LayerNormEqualsATen) {
+  SKIP_WITHOUT_CUDA();
+  if (!fabric::models::cuda_kernels_built()) GTEST_SKIP() << "no CUDA kernels in this build";
+  const torch::ScalarType t = GetParam();
+  torch::manual_seed(1);
+  const auto opts = torch::TensorOptions().device(torch::kCUDA);
+  torch::nn::LayerNorm ln(torch::nn::LayerNormOptions({256}));
+  ln->to(torch::kCUDA);
+  const torch::Tensor x0 = torch::randn({300, 256}, opts);
+  const torch::Tensor r = torch::randn({300, 256}, opts).to(t);
+  auto run = [&](bool fused) {
+    torch::Tensor x = x0.clone().requires_grad_();
+    ln->zero_grad();
+    autocast_on(t);
+    torch::Tensor y = fused ? fabric::models::layer_norm_16(x, ln) : ln->forward(x).to(t);
+    autocast_off();
+    (y * r).to(torch::kFloat).sum().backward();
+    return std::vector<torch::Tensor>{y.detach(), x.grad(), ln->weight.grad().clone(),
+                                      ln->bias.grad().clone()};
+  };
+  const auto a = run(true), b = run(false);
+  EXPECT_LE(max_rel(a[0], b[0]), 1.0 / 128);
+  for (int i : {1, 2, 3}) EXPECT_LE(max_rel(a[i], b[i]), 1e-4) << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, FusedLayerNormTest,
+                         ::testing::Values(torch::kBFloat16, torch::kHalf));
+
+TEST(GPTCudaTest, FusedLayerNormGptLossEqualsTheATenOne) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(0);
+  GPTConfig c = GPTConfig::preset("tiny");
+  c.fused_layer_norm = true;
+  GPT fused(c);
+  c.fused_layer_norm = false;
+  GPT aten(c);
+  fused->to(torch::kCUDA);
+  aten->to(torch::kCUDA);
+  {
+    torch::NoGradGuard no_grad;
+    const auto from = fused->parameters();
+    const auto to = aten->parameters();
+    for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
+  }
+  const torch::Tensor w = torch::randint(0, 256, {4, 129}, torch::kLong).to(torch::kCUDA);
+  autocast_on(torch::kBFloat16);
+  const torch::Tensor a = fused->loss(w.narrow(1, 0, 128), w.narrow(1, 1, 128));
+  const torch::Tensor b = aten->loss(w.narrow(1, 0, 128), w.narrow(1, 1, 128));
+  autocast_off();
+  EXPECT_NEAR(a.item<double>(), b.item<double>(), 1e-3 * b.item<double>());
+  a.backward();
+  b.backward();
+  const auto ga = fused->parameters(), gb = aten->parameters();
+  for (size_t i = 0; i < ga.size(); ++i)
+    EXPECT_LE(max_rel(ga[i].grad(), gb[i].grad()), 0.05) << "parameter " << i;
+}
+
+// The fused functions keep nothing alive after a step: an output kept in its own node's context
+// would hold the step's graph (it did, before h was saved detached: 71 GB after 55 GPT-2 steps).
+TEST(GPTCudaTest, FusedLayerNormStepsLeaveNoMemoryBehind) {
+  SKIP_WITHOUT_CUDA();
+  if (!fabric::models::cuda_kernels_built()) GTEST_SKIP() << "no CUDA kernels in this build";
+#ifdef FABRIC_WITH_CUDA
+  torch::manual_seed(0);
+  GPTConfig c = GPTConfig::preset("tiny");
+  c.fused_layer_norm = true;
+  GPT model(c);
+  model->to(torch::kCUDA);
+  const torch::Tensor w = torch::randint(0, 256, {4, 129}, torch::kLong).to(torch::kCUDA);
+  auto step = [&] {
+    autocast_on(torch::kBFloat16);
+    const torch::Tensor loss = model->loss(w.narrow(1, 0, 128), w.narrow(1, 1, 128));
+    autocast_off();
+    loss.backward();
+    model->zero_grad();
+  };
+  auto allocated = [] {
+    torch::cuda::synchronize();
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(0)
+        .allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+        .current;
+  };
+  step();
+  step();
+  const int64_t before = allocated();
+  for (int i = 0; i < 5; ++i) step();
+  EXPECT_EQ(allocated(), before) << "bytes left allocated by 5 more steps";
+#endif
 }
 
 }  // namespace

@@ -1,0 +1,175 @@
+#include "fabric/models/fused_layer_norm.h"
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <torch/autograd.h>
+
+#include <string>
+
+#include "fabric/core/error.h"
+
+#ifdef FABRIC_WITH_CUDA_KERNELS
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "fabric/models/kernels/layer_norm.h"
+#endif
+
+namespace fabric::models {
+namespace {
+
+at::ScalarType autocast_16(const at::Tensor& x) {
+  if (!x.is_cuda() || !at::autocast::is_autocast_enabled(at::kCUDA))
+    return at::ScalarType::Undefined;
+  const at::ScalarType t = at::autocast::get_autocast_dtype(at::kCUDA);
+  return t == at::kBFloat16 || t == at::kHalf ? t : at::ScalarType::Undefined;
+}
+
+#ifdef FABRIC_WITH_CUDA_KERNELS
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+kernels::LogitType kind(at::ScalarType t) {
+  return t == at::kBFloat16 ? kernels::LogitType::kBFloat16 : kernels::LogitType::kFloat16;
+}
+
+void check(int status, const char* what) {
+  if (status != 0)
+    throw Error(std::string("fused LayerNorm: the CUDA kernel (") + what +
+                ") failed to launch (cudaError " + std::to_string(status) + ")");
+}
+
+// Forward shared by both functions: h (x itself without delta), y, mean, rstd.
+variable_list forward_kernel(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& delta,
+                             const at::Tensor& weight, const at::Tensor& bias, double eps,
+                             at::ScalarType type) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  // Through dispatched operators (not data pointers alone), so that fsdp gathers the parameters.
+  const at::Tensor w = weight.to(at::kFloat), b = bias.to(at::kFloat);
+  const at::Tensor x2 = x.contiguous();
+  const int64_t cols = x.size(-1), rows = x.numel() / cols;
+  at::Tensor d;
+  if (delta.defined()) d = delta.to(type).contiguous();
+  at::Tensor h = delta.defined() ? at::empty_like(x2) : x2;
+  at::Tensor y = at::empty(x.sizes(), x.options().dtype(type));
+  at::Tensor mean = at::empty({rows}, x.options().dtype(at::kFloat));
+  at::Tensor rstd = at::empty({rows}, x.options().dtype(at::kFloat));
+  check(kernels::layer_norm_forward(x2.data_ptr<float>(), d.defined() ? d.data_ptr() : nullptr,
+                                    h.data_ptr<float>(), w.data_ptr<float>(), b.data_ptr<float>(),
+                                    y.data_ptr(), mean.data_ptr<float>(), rstd.data_ptr<float>(),
+                                    rows, cols, static_cast<float>(eps), kind(type),
+                                    c10::cuda::getCurrentCUDAStream(x.device().index()).stream()),
+        "forward");
+  // Detached: h is an output of FusedAddLayerNorm, and an output kept in its own node's context
+  // would hold that node, and with it the whole step's graph, forever (a reference cycle).
+  ctx->saved_data["h"] = h.detach();
+  ctx->saved_data["mean"] = mean;
+  ctx->saved_data["rstd"] = rstd;
+  ctx->saved_data["w"] = w;
+  ctx->saved_data["type"] = static_cast<int64_t>(type);
+  ctx->saved_data["w_type"] = static_cast<int64_t>(weight.scalar_type());
+  ctx->saved_data["b_type"] = static_cast<int64_t>(bias.scalar_type());
+  return {h, y};
+}
+
+// {dh, dh16 (or undefined), dweight, dbias}.
+variable_list backward_kernel(AutogradContext* ctx, const at::Tensor& dh_in, const at::Tensor& dy,
+                              bool want_16) {
+  const at::Tensor h = ctx->saved_data["h"].toTensor();
+  const at::Tensor mean = ctx->saved_data["mean"].toTensor();
+  const at::Tensor rstd = ctx->saved_data["rstd"].toTensor();
+  // Through a dispatched operator again: under fsdp the weight's unit may have been freed after
+  // the forward, and an operator that takes it is what gathers it back.
+  const at::Tensor w = ctx->saved_data["w"].toTensor().to(at::kFloat);
+  const auto type = static_cast<at::ScalarType>(ctx->saved_data["type"].toInt());
+  const c10::cuda::CUDAGuard guard(h.device());
+  const int64_t cols = h.size(-1), rows = h.numel() / cols;
+  const at::Tensor g = dy.to(type).contiguous();
+  const at::Tensor dh_prev = dh_in.defined() ? dh_in.to(at::kFloat).contiguous() : at::Tensor();
+  at::Tensor dh = at::empty_like(h);
+  at::Tensor dh16 = want_16 ? at::empty(h.sizes(), h.options().dtype(type)) : at::Tensor();
+  at::Tensor dw = at::empty({cols}, h.options()), db = at::empty({cols}, h.options());
+  at::Tensor workspace = at::empty({kernels::layer_norm_workspace_floats(rows, cols)}, h.options());
+  check(kernels::layer_norm_backward(
+            g.data_ptr(), h.data_ptr<float>(), mean.data_ptr<float>(), rstd.data_ptr<float>(),
+            w.data_ptr<float>(), dh_prev.defined() ? dh_prev.data_ptr<float>() : nullptr,
+            dh.data_ptr<float>(), want_16 ? dh16.data_ptr() : nullptr, dw.data_ptr<float>(),
+            db.data_ptr<float>(), workspace.data_ptr<float>(), rows, cols, kind(type),
+            c10::cuda::getCurrentCUDAStream(h.device().index()).stream()),
+        "backward");
+  const auto w_type = static_cast<at::ScalarType>(ctx->saved_data["w_type"].toInt());
+  const auto b_type = static_cast<at::ScalarType>(ctx->saved_data["b_type"].toInt());
+  return {dh, dh16, dw.to(w_type), db.to(b_type)};
+}
+
+struct FusedLayerNorm : torch::autograd::Function<FusedLayerNorm> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias, double eps, int64_t type) {
+    ctx->saved_data["x_type"] = static_cast<int64_t>(x.scalar_type());
+    return forward_kernel(ctx, x, at::Tensor(), weight, bias, eps,
+                          static_cast<at::ScalarType>(type))[1];
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto g = backward_kernel(ctx, at::Tensor(), grads[0], false);
+    const auto x_type = static_cast<at::ScalarType>(ctx->saved_data["x_type"].toInt());
+    return {g[0].to(x_type), g[2], g[3], at::Tensor(), at::Tensor()};
+  }
+};
+
+struct FusedAddLayerNorm : torch::autograd::Function<FusedAddLayerNorm> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& delta,
+                               const at::Tensor& weight, const at::Tensor& bias, double eps,
+                               int64_t type) {
+    return forward_kernel(ctx, x, delta, weight, bias, eps, static_cast<at::ScalarType>(type));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    at::Tensor dy = grads[1];
+    if (!dy.defined()) dy = at::zeros_like(ctx->saved_data["h"].toTensor(), at::kFloat);
+    auto g = backward_kernel(ctx, grads[0], dy, /*want_16=*/true);  // delta is 16-bit
+    return {g[0], g[1], g[2], g[3], at::Tensor(), at::Tensor()};
+  }
+};
+#endif
+
+}  // namespace
+
+bool layer_norm_applies(const at::Tensor& x, const torch::nn::LayerNorm& ln) {
+#ifdef FABRIC_WITH_CUDA_KERNELS
+  const auto& shape = ln->options.normalized_shape();
+  const int64_t cols = x.dim() > 0 ? x.size(-1) : 0;
+  return autocast_16(x) != at::ScalarType::Undefined && x.scalar_type() == at::kFloat &&
+         shape.size() == 1 && shape[0] == cols && cols % 4 == 0 && cols <= 2048 &&
+         ln->options.elementwise_affine() && ln->weight.defined() && ln->bias.defined() &&
+         ln->weight.scalar_type() == at::kFloat && ln->bias.scalar_type() == at::kFloat &&
+         ln->weight.is_cuda();
+#else
+  (void)x;
+  (void)ln;
+  return false;
+#endif
+}
+
+at::Tensor layer_norm_16(const at::Tensor& x, const torch::nn::LayerNorm& ln) {
+#ifdef FABRIC_WITH_CUDA_KERNELS
+  if (layer_norm_applies(x, ln))
+    return FusedLayerNorm::apply(x, ln->weight, ln->bias, ln->options.eps(),
+                                 static_cast<int64_t>(autocast_16(x)));
+#endif
+  return ln.ptr()->forward(x);
+}
+
+std::pair<at::Tensor, at::Tensor> add_layer_norm_16(const at::Tensor& x, const at::Tensor& delta,
+                                                    const torch::nn::LayerNorm& ln) {
+#ifdef FABRIC_WITH_CUDA_KERNELS
+  if (layer_norm_applies(x, ln) && delta.sizes() == x.sizes() &&
+      delta.scalar_type() == autocast_16(x)) {
+    auto out = FusedAddLayerNorm::apply(x, delta, ln->weight, ln->bias, ln->options.eps(),
+                                        static_cast<int64_t>(autocast_16(x)));
+    return {out[0], out[1]};
+  }
+#endif
+  at::Tensor h = x + delta;
+  return {h, ln.ptr()->forward(h)};
+}
+
+}  // namespace fabric::models

@@ -1,0 +1,37 @@
+// fabric::models::layer_norm_16 / add_layer_norm_16: LayerNorm with a 16-bit output, and the
+// residual add before it, as single CUDA kernels (fabric/models/kernels/layer_norm.cu).
+//
+// Under CUDA autocast (bf16 or fp16) ATen's LayerNorm runs in float32 and writes a float32 output
+// that the next Linear casts to 16 bits; its backward writes the input gradient, then sums the
+// weight and bias gradients in a separate kernel, and the residual add and its gradient are two
+// more kernels. These functions do the same math (float32 statistics, biased variance, the output
+// rounded once to 16 bits) in one kernel each way:
+//   y = layer_norm_16(x, ln)                    y = LayerNorm(x) in the autocast dtype
+//   auto [h, y] = add_layer_norm_16(x, d, ln)   h = x + d (float32), y = LayerNorm(h)
+// Backward adds the gradient h gets elsewhere (the residual path) inside the same kernel and sums
+// the weight and bias gradients in a fixed order (bitwise reproducible).
+//
+// They apply (layer_norm_applies) on a CUDA device under autocast with 16-bit compute, for float32
+// x with a width that is a multiple of 4 and at most 2048, an elementwise-affine LayerNorm with
+// float32 parameters, and when the build compiled the kernels; otherwise they are ATen's
+// LayerNorm (and add), the same values to rounding.
+#ifndef FABRIC_MODELS_FUSED_LAYER_NORM_H_
+#define FABRIC_MODELS_FUSED_LAYER_NORM_H_
+
+#include <torch/nn/modules/normalization.h>
+
+#include <utility>
+
+namespace fabric::models {
+
+bool layer_norm_applies(const at::Tensor& x, const torch::nn::LayerNorm& ln);
+
+at::Tensor layer_norm_16(const at::Tensor& x, const torch::nn::LayerNorm& ln);
+
+// {x + delta, LayerNorm(x + delta)}.
+std::pair<at::Tensor, at::Tensor> add_layer_norm_16(const at::Tensor& x, const at::Tensor& delta,
+                                                    const torch::nn::LayerNorm& ln);
+
+}  // namespace fabric::models
+
+#endif  // FABRIC_MODELS_FUSED_LAYER_NORM_H_

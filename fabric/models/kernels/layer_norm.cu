@@ -1,0 +1,272 @@
+// LayerNorm over float32 rows with a 16-bit output, fused with the residual add before it, and its
+// backward with the residual gradient added and deterministic weight/bias gradients. One warp per
+// row; the row is read from memory again (from L1/L2) instead of kept in registers, so any width
+// that is a multiple of 4 works.
+#include "fabric/models/kernels/layer_norm.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace fabric::kernels {
+namespace {
+
+constexpr int kWarps = 4;  // forward: rows per block
+constexpr int kThreads = 32 * kWarps;
+constexpr int kBwdWarps = 8;  // backward: warps per block, each with its own weight/bias sums
+constexpr int kBwdThreads = 32 * kBwdWarps;
+constexpr int kBackwardBlocks = 264;  // two per SM of an H100; one partial sum of weight/bias each
+constexpr int kReduceGroups = 8;      // ln_backward_reduce: threads per column
+
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffff, v, o);
+  return v;
+}
+
+template <typename T>
+struct alignas(4 * sizeof(T)) Pack4 {
+  T v[4];
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    ln_forward(const float* __restrict__ x, const T* __restrict__ delta, float* __restrict__ h,
+               const float* __restrict__ weight, const float* __restrict__ bias, T* __restrict__ y,
+               float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t rows,
+               int64_t cols, float eps) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int64_t n4 = cols / 4;
+  const float4* xr = reinterpret_cast<const float4*>(x + row * cols);
+  const Pack4<T>* dr = delta ? reinterpret_cast<const Pack4<T>*>(delta + row * cols) : nullptr;
+  float4* hr = reinterpret_cast<float4*>(h + row * cols);
+  const float4* src = delta ? reinterpret_cast<const float4*>(hr) : xr;  // where h lives
+  // Pass 1: h = x + delta, the sum.
+  float sum = 0.f;
+  for (int64_t i = lane; i < n4; i += 32) {
+    float4 v = xr[i];
+    if (dr) {
+      const Pack4<T> d = dr[i];
+      v.x += to_float(d.v[0]);
+      v.y += to_float(d.v[1]);
+      v.z += to_float(d.v[2]);
+      v.w += to_float(d.v[3]);
+      hr[i] = v;
+    }
+    sum += (v.x + v.y) + (v.z + v.w);
+  }
+  const float mean = warp_sum(sum) / static_cast<float>(cols);
+  // Pass 2: the variance about the mean.
+  float sq = 0.f;
+  for (int64_t i = lane; i < n4; i += 32) {
+    const float4 v = src[i];
+    const float a = v.x - mean, b = v.y - mean, c = v.z - mean, d = v.w - mean;
+    sq += (a * a + b * b) + (c * c + d * d);
+  }
+  const float rstd = rsqrtf(warp_sum(sq) / static_cast<float>(cols) + eps);
+  if (lane == 0) {
+    mean_out[row] = mean;
+    rstd_out[row] = rstd;
+  }
+  // Pass 3: y.
+  const float4* w4 = reinterpret_cast<const float4*>(weight);
+  const float4* b4 = reinterpret_cast<const float4*>(bias);
+  Pack4<T>* yr = reinterpret_cast<Pack4<T>*>(y + row * cols);
+  for (int64_t i = lane; i < n4; i += 32) {
+    const float4 v = src[i], w = w4[i], b = b4[i];
+    Pack4<T> o;
+    o.v[0] = from_float<T>((v.x - mean) * rstd * w.x + b.x);
+    o.v[1] = from_float<T>((v.y - mean) * rstd * w.y + b.y);
+    o.v[2] = from_float<T>((v.z - mean) * rstd * w.z + b.z);
+    o.v[3] = from_float<T>((v.w - mean) * rstd * w.w + b.w);
+    yr[i] = o;
+  }
+}
+
+// Each block's warps take rows blockIdx.x * kWarps + warp, then every gridDim.x * kWarps-th; each
+// warp sums dweight/dbias of its rows in its own shared-memory row, the block adds its warps' in
+// order into partial[blockIdx.x], and ln_backward_reduce adds the blocks' in order.
+template <typename T>
+__global__ void __launch_bounds__(kBwdThreads)
+    ln_backward(const T* __restrict__ dy, const float* __restrict__ h,
+                const float* __restrict__ mean_in, const float* __restrict__ rstd_in,
+                const float* __restrict__ weight, const float* __restrict__ dh_in,
+                float* __restrict__ dh, T* __restrict__ dh16, float* __restrict__ partial,
+                int64_t rows, int64_t cols) {
+  extern __shared__ float smem[];  // [kBwdWarps][2][cols]
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float* dw_acc = smem + static_cast<int64_t>(warp) * 2 * cols;
+  float* db_acc = dw_acc + cols;
+  for (int64_t j = lane; j < cols; j += 32) dw_acc[j] = db_acc[j] = 0.f;
+  const int64_t n4 = cols / 4;
+  const float inv_cols = 1.f / static_cast<float>(cols);
+  const float4* w4 = reinterpret_cast<const float4*>(weight);
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kBwdWarps + warp; row < rows;
+       row += static_cast<int64_t>(gridDim.x) * kBwdWarps) {
+    const float mean = mean_in[row], rstd = rstd_in[row];
+    const float4* hr = reinterpret_cast<const float4*>(h + row * cols);
+    const Pack4<T>* gr = reinterpret_cast<const Pack4<T>*>(dy + row * cols);
+    float s1 = 0.f, s2 = 0.f;
+    for (int64_t i = lane; i < n4; i += 32) {
+      const float4 v = hr[i], w = w4[i];
+      const Pack4<T> g = gr[i];
+      const float hv[4] = {v.x, v.y, v.z, v.w}, wv[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float gy = to_float(g.v[k]);
+        const float xhat = (hv[k] - mean) * rstd;
+        const float gx = gy * wv[k];
+        s1 += gx;
+        s2 += gx * xhat;
+        dw_acc[4 * i + k] += gy * xhat;
+        db_acc[4 * i + k] += gy;
+      }
+    }
+    s1 = warp_sum(s1) * inv_cols;
+    s2 = warp_sum(s2) * inv_cols;
+    const float4* dir = dh_in ? reinterpret_cast<const float4*>(dh_in + row * cols) : nullptr;
+    float4* dr = reinterpret_cast<float4*>(dh + row * cols);
+    Pack4<T>* d16 = dh16 ? reinterpret_cast<Pack4<T>*>(dh16 + row * cols) : nullptr;
+    for (int64_t i = lane; i < n4; i += 32) {
+      const float4 v = hr[i], w = w4[i];
+      const Pack4<T> g = gr[i];
+      const float hv[4] = {v.x, v.y, v.z, v.w}, wv[4] = {w.x, w.y, w.z, w.w};
+      float out[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float xhat = (hv[k] - mean) * rstd;
+        out[k] = rstd * (to_float(g.v[k]) * wv[k] - s1 - xhat * s2);
+      }
+      float4 o{out[0], out[1], out[2], out[3]};
+      if (dir) {
+        const float4 a = dir[i];
+        o.x += a.x;
+        o.y += a.y;
+        o.z += a.z;
+        o.w += a.w;
+      }
+      dr[i] = o;
+      if (d16) {
+        Pack4<T> p;
+        p.v[0] = from_float<T>(o.x);
+        p.v[1] = from_float<T>(o.y);
+        p.v[2] = from_float<T>(o.z);
+        p.v[3] = from_float<T>(o.w);
+        d16[i] = p;
+      }
+    }
+  }
+  __syncthreads();
+  float* out = partial + static_cast<int64_t>(blockIdx.x) * 2 * cols;
+  for (int64_t j = threadIdx.x; j < 2 * cols; j += kBwdThreads) {
+    float s = 0.f;
+    for (int w = 0; w < kBwdWarps; ++w) s += smem[static_cast<int64_t>(w) * 2 * cols + j];
+    out[j] = s;
+  }
+}
+
+// 32 columns per block, kReduceGroups threads per column, each summing every kReduceGroups-th
+// block's partial; the groups' sums are then added in order: a fixed order, so deterministic.
+__global__ void __launch_bounds__(32 * kReduceGroups)
+    ln_backward_reduce(const float* __restrict__ partial, int blocks, int64_t cols,
+                       float* __restrict__ dweight, float* __restrict__ dbias) {
+  __shared__ float sums[kReduceGroups][32];
+  const int c = threadIdx.x % 32, g = threadIdx.x / 32;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * 32 + c;
+  float s = 0.f;
+  if (j < 2 * cols)
+    for (int b = g; b < blocks; b += kReduceGroups) s += partial[static_cast<int64_t>(b) * 2 * cols + j];
+  sums[g][c] = s;
+  __syncthreads();
+  if (g == 0 && j < 2 * cols) {
+    float total = 0.f;
+    for (int k = 0; k < kReduceGroups; ++k) total += sums[k][c];
+    if (j < cols) {
+      dweight[j] = total;
+    } else {
+      dbias[j - cols] = total;
+    }
+  }
+}
+
+int backward_blocks(int64_t rows) {
+  return static_cast<int>(std::max<int64_t>(
+      1, std::min<int64_t>(kBackwardBlocks, (rows + kBwdWarps - 1) / kBwdWarps)));
+}
+
+template <typename T>
+cudaError_t forward(const float* x, const void* delta, float* h, const float* weight,
+                    const float* bias, void* y, float* mean, float* rstd, int64_t rows,
+                    int64_t cols, float eps, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  const auto blocks = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
+  ln_forward<T><<<blocks, kThreads, 0, stream>>>(x, static_cast<const T*>(delta), h, weight, bias,
+                                                 static_cast<T*>(y), mean, rstd, rows, cols, eps);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t backward(const void* dy, const float* h, const float* mean, const float* rstd,
+                     const float* weight, const float* dh_in, float* dh, void* dh16,
+                     float* dweight, float* dbias, float* workspace, int64_t rows, int64_t cols,
+                     cudaStream_t stream) {
+  const int blocks = backward_blocks(rows);
+  const size_t smem = sizeof(float) * 2 * static_cast<size_t>(cols) * kBwdWarps;
+  if (smem > 48 * 1024) {
+    const cudaError_t e = cudaFuncSetAttribute(ln_backward<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+  }
+  ln_backward<T><<<blocks, kBwdThreads, smem, stream>>>(static_cast<const T*>(dy), h, mean, rstd,
+                                                     weight, dh_in, dh, static_cast<T*>(dh16),
+                                                     workspace, rows, cols);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  const auto reduce_blocks = static_cast<unsigned>((2 * cols + 31) / 32);
+  ln_backward_reduce<<<reduce_blocks, 32 * kReduceGroups, 0, stream>>>(workspace, blocks, cols,
+                                                                       dweight, dbias);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+int layer_norm_forward(const float* x, const void* delta, float* h, const float* weight,
+                       const float* bias, void* y, float* mean, float* rstd, int64_t rows,
+                       int64_t cols, float eps, LogitType type, void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  return static_cast<int>(
+      type == LogitType::kBFloat16
+          ? forward<__nv_bfloat16>(x, delta, h, weight, bias, y, mean, rstd, rows, cols, eps, s)
+          : forward<__half>(x, delta, h, weight, bias, y, mean, rstd, rows, cols, eps, s));
+}
+
+int layer_norm_backward(const void* dy, const float* h, const float* mean, const float* rstd,
+                        const float* weight, const float* dh_in, float* dh, void* dh16,
+                        float* dweight, float* dbias, float* workspace, int64_t rows,
+                        int64_t cols, LogitType type, void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  return static_cast<int>(
+      type == LogitType::kBFloat16
+          ? backward<__nv_bfloat16>(dy, h, mean, rstd, weight, dh_in, dh, dh16, dweight, dbias,
+                                    workspace, rows, cols, s)
+          : backward<__half>(dy, h, mean, rstd, weight, dh_in, dh, dh16, dweight, dbias,
+                             workspace, rows, cols, s));
+}
+
+int64_t layer_norm_workspace_floats(int64_t rows, int64_t cols) {
+  return static_cast<int64_t>(backward_blocks(rows)) * 2 * cols;
+}
+
+}  // namespace fabric::kernels

@@ -1,0 +1,33 @@
+// C interface of the LayerNorm kernels (layer_norm.cu, compiled by nvcc when the build has one:
+// tools/bazel/cuda.bzl). No CUDA or LibTorch types; fabric/models/fused_layer_norm.cc calls them.
+#ifndef FABRIC_MODELS_KERNELS_LAYER_NORM_H_
+#define FABRIC_MODELS_KERNELS_LAYER_NORM_H_
+
+#include <cstdint>
+
+#include "fabric/models/kernels/cross_entropy.h"  // LogitType: the 16-bit element types
+
+namespace fabric::kernels {
+
+// Rows of `cols` float32 values (row-major, contiguous; cols % 4 == 0). For each row r:
+// h = x + delta (delta: 16-bit of `type`, or null for h = x; h written only when delta is given,
+// to `h`), mean[r], rstd[r] = 1 / sqrt(var + eps) (biased variance), and
+// y = (h - mean) · rstd · weight + bias in `type`. Returns 0 or the cudaError_t of the launch.
+int layer_norm_forward(const float* x, const void* delta, float* h, const float* weight,
+                       const float* bias, void* y, float* mean, float* rstd, int64_t rows,
+                       int64_t cols, float eps, LogitType type, void* stream);
+
+// Backward of the above: dy (16-bit), h (the normalized input), mean, rstd, weight; dh_in
+// (float32, may be null) is the gradient h already has from elsewhere (the residual path). Writes
+// dh = dh_in + ∂loss/∂h (float32), dh16 (the same in `type`, when not null), and the gradients of
+// weight and bias, summed over rows in a fixed order (deterministic), through `workspace` of
+// layer_norm_workspace_floats(rows, cols) floats.
+int layer_norm_backward(const void* dy, const float* h, const float* mean, const float* rstd,
+                        const float* weight, const float* dh_in, float* dh, void* dh16,
+                        float* dweight, float* dbias, float* workspace, int64_t rows, int64_t cols,
+                        LogitType type, void* stream);
+int64_t layer_norm_workspace_floats(int64_t rows, int64_t cols);
+
+}  // namespace fabric::kernels
+
+#endif  // FABRIC_MODELS_KERNELS_LAYER_NORM_H_
