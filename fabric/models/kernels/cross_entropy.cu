@@ -5,6 +5,8 @@
 // 16-bit logits (docs/benchmarks.md, "GPT-2 124M training step").
 #include "fabric/models/kernels/cross_entropy.h"
 
+#include "fabric/models/kernels/convert.cuh"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -18,14 +20,6 @@ namespace {
 constexpr int kThreads = 512;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-template <typename T> __device__ __forceinline__ T from_float(float v);
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
 
 // Running (max, sum of 2^(x - max)) in the log2 domain; merging two is exact up to rounding.
 struct MaxSum {

@@ -4,6 +4,8 @@
 // that is a multiple of 4 works.
 #include "fabric/models/kernels/layer_norm.h"
 
+#include "fabric/models/kernels/convert.cuh"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -20,14 +22,6 @@ constexpr int kBwdWarps = 8;  // backward: warps per block, each with its own we
 constexpr int kBwdThreads = 32 * kBwdWarps;
 constexpr int kBackwardBlocks = 264;  // two per SM of an H100; one partial sum of weight/bias each
 constexpr int kReduceGroups = 8;      // ln_backward_reduce: threads per column
-
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-template <typename T> __device__ __forceinline__ T from_float(float v);
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffff, v, o);
