@@ -1,0 +1,136 @@
+#include "examples/gpt_text.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <optional>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "fabric/core/error.h"
+#include "fabric/core/paths.h"
+#include "fabric/data/bpe.h"
+#include "fabric/data/tokens.h"
+
+namespace examples::gpt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The folder of this machine's Python standard library (python3 asked), or "" without Python.
+std::string python_stdlib() {
+  FILE* p = popen(
+      "python3 -c 'import sysconfig; print(sysconfig.get_paths()[\"stdlib\"])' "
+      "2>/dev/null",
+      "r");
+  if (!p) return "";
+  char line[4096] = {0};
+  const bool got = fgets(line, sizeof(line), p) != nullptr;
+  pclose(p);
+  std::string path = got ? line : "";
+  while (!path.empty() && (path.back() == '\n' || path.back() == '\r')) path.pop_back();
+  return path;
+}
+
+}  // namespace
+
+fs::path data_root(fabric::Fabric& f) {
+  const fabric::Config& c = f.config();
+  const std::string root = c.get_string("data.root");
+  if (!root.empty()) return fabric::absolute_from_working_directory(root);
+  const std::string stdlib = python_stdlib();
+  if (stdlib.empty())
+    throw fabric::ConfigError(
+        "data.root: not set, and no Python standard library was found for the default corpus "
+        "(python3 is not on PATH); prepare text with `bazel run //tools:prepare_text -- "
+        "--input=PATH --output=DIR` and set data.root=DIR");
+  fs::path cache = c.get_string("gpt.corpus_cache");
+  if (cache.empty()) {
+    const char* xdg = std::getenv("XDG_CACHE_HOME");
+    const char* home = std::getenv("HOME");
+    cache =
+        xdg && *xdg ? fs::path(xdg) / "fabricpp" : fs::path(home ? home : ".") / ".cache/fabricpp";
+  }
+  const fs::path out = cache / ("text-" + fs::path(stdlib).filename().string() + "-stdlib-bytes");
+  if (f.local_rank() == 0 && !fs::exists(out / "meta.json")) {
+    f.print("data.root is not set: preparing the default corpus, the Python sources of ", stdlib,
+            " (tests left out), as byte tokens in ", out.string());
+    // Test suites are mostly generated data; site-packages differs between machines.
+    auto accept = [](const fs::path& p) {
+      if (p.extension() != ".py") return false;
+      for (const auto& part : p)
+        if (part == "test" || part == "tests" || part == "site-packages" || part == "idlelib")
+          return false;
+      return true;
+    };
+    fabric::prepare_byte_text({stdlib}, out, 0.05, accept);
+  }
+  f.barrier();
+  f.print("data: the default corpus (Python ", fs::path(stdlib).filename().string(),
+          " standard library sources, byte tokens) in ", out.string(),
+          "; data.root=DIR trains on yours");
+  return out;
+}
+
+Meta read_meta(const fs::path& root) {
+  std::ifstream in(root / "meta.json");
+  if (!in) return {};
+  try {
+    const auto meta = nlohmann::json::parse(in);
+    return {meta.value("vocab_size", int64_t{0}), meta.value("tokenizer", std::string()),
+            meta.value("vocab", std::string()), meta.value("merges", std::string())};
+  } catch (const std::exception& e) {
+    throw fabric::Error((root / "meta.json").string() + ": not JSON (" + e.what() +
+                        "); remove it or write it again with tools/prepare_text");
+  }
+}
+
+std::string sample(fabric::Fabric& f, fabric::models::GPT& model, const Meta& meta) {
+  const fabric::Config& c = f.config();
+  const int64_t n = c.get_int("gpt.sample_tokens"), top_k = c.get_int("gpt.top_k");
+  if (n == 0) return "";
+  std::optional<fabric::BpeTokenizer> bpe;
+  if (meta.tokenizer == "gpt2-bpe") {
+    if (!fs::exists(meta.vocab) || !fs::exists(meta.merges))
+      return "(no sample: the BPE files meta.json names are gone: " + meta.vocab + ", " +
+             meta.merges + ")";
+    bpe = fabric::BpeTokenizer::load(meta.vocab, meta.merges);
+  } else if (meta.tokenizer != "bytes") {
+    return "(no sample: data.root/meta.json names no tokenizer tools/prepare_text writes)";
+  }
+  const auto block = model->config().block_size;
+  std::vector<int64_t> ids;
+  if (bpe) {
+    ids = bpe->encode(c.get_string("gpt.prompt"));
+    if (ids.empty() && bpe->eot() >= 0) ids.push_back(bpe->eot());
+  } else {
+    for (const uint16_t t : fabric::byte_tokens(c.get_string("gpt.prompt"))) ids.push_back(t);
+  }
+  if (ids.empty()) ids.push_back(bpe ? 0 : '\n');
+  auto gen = at::detail::createCPUGenerator(1234);
+  torch::NoGradGuard no_grad;
+  model->eval();
+  for (int64_t i = 0; i < n; ++i) {
+    const auto begin = ids.size() > static_cast<size_t>(block) ? ids.end() - block : ids.begin();
+    const torch::Tensor x = torch::tensor(std::vector<int64_t>(begin, ids.end())).view({1, -1});
+    torch::Tensor logits;
+    {
+      auto guard = f.autocast();
+      logits = f.forward(model, x.to(f.device()));
+    }
+    logits = logits[0][-1].to(torch::kCPU, torch::kFloat) / c.get_double("gpt.temperature");
+    if (top_k > 0 && top_k < logits.size(0)) {
+      const double kth = std::get<0>(logits.topk(top_k))[-1].item<double>();
+      logits.masked_fill_(logits < kth, -INFINITY);
+    }
+    ids.push_back(torch::multinomial(torch::softmax(logits, 0), 1, false, gen).item<int64_t>());
+  }
+  model->train();
+  return bpe ? bpe->decode(ids) : std::string(ids.begin(), ids.end());
+}
+
+}  // namespace examples::gpt
