@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <fstream>
 
 #include "fabric/checkpoint/archive.h"
@@ -435,6 +437,95 @@ TEST_F(CheckpointTest, PythonReadsACheckpoint) {
   last = last.substr(last.rfind('\n') + 1) + "\n";
   EXPECT_EQ(last,
             std::string("1 ['0.bias', '0.weight', '2.bias', '2.weight'] AdamW 1 ") + sum + "\n");
+}
+
+// The objects of FileOfFormatOneStillLoads, as they stood when the fixture was written.
+struct FormatOneObjects {
+  torch::nn::Sequential model = make_model();
+  torch::optim::SGD optimizer{model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9)};
+  fabric::LRScheduler scheduler{optimizer, fabric::LRSchedule::cosine(0.1, 10)};
+  fabric::GradScaler scaler;
+  fabric::DataLoader loader{
+      std::make_shared<fabric::TensorDataset>(torch::arange(30).view({30, 1}), torch::arange(30)),
+      fabric::DataLoaderOptions().batch_size(4).shuffle(true).seed(7)};
+  int64_t count = 0;
+  double ratio = 0;
+  bool flag = false;
+  std::string note;
+  torch::Tensor best;
+  fabric::CheckpointState state() {
+    fabric::CheckpointState s;
+    s.add("model", model).add("optimizer", optimizer).add("scheduler", scheduler);
+    s.add("scaler", scaler).add("train_loader", loader);
+    s.add("count", count).add("ratio", ratio).add("flag", flag).add("note", note).add("best", best);
+    return s;
+  }
+};
+
+// A checkpoint written by the build of 2026-11-26 (before CheckpointState held Stateful objects)
+// loads into today's objects: every entry's values come back. FABRIC_WRITE_FORMAT_ONE=PATH writes
+// the fixture instead (it was written once, by that build).
+TEST_F(CheckpointTest, FileOfFormatOneStillLoads) {
+  fabric::Fabric f(config(), kCpu);
+  if (const char* out = std::getenv("FABRIC_WRITE_FORMAT_ONE")) {
+    torch::manual_seed(0);
+    FormatOneObjects o;
+    train(o.model, o.optimizer, 2, 1);
+    o.scheduler.step();
+    o.scheduler.step();
+    o.scaler.load_state_dict({{"scale", 1024.0},
+                              {"growth_factor", 2.0},
+                              {"backoff_factor", 0.5},
+                              {"growth_interval", 2000.0},
+                              {"growth_tracker", 3.0}});
+    int taken = 0;
+    for (auto& batch : o.loader) {
+      (void)batch;
+      if (++taken == 3) break;
+    }
+    o.count = 5;
+    o.ratio = 0.25;
+    o.flag = true;
+    o.note = "hello";
+    o.best = torch::tensor({0.5, 1.5});
+    f.save(out, o.state());
+    GTEST_SKIP() << "wrote " << out << " (nothing was tested)";
+  }
+  const fs::path file = "tests/fabric/checkpoint/testdata/format1.ckpt";
+  const c10::impl::GenericDict saved =
+      fabric::load_archive(file).toGenericDict().at("state").toGenericDict();
+  torch::manual_seed(1);  // other initial weights than the file's
+  FormatOneObjects o;
+  fabric::CheckpointState state = o.state();
+  f.load(file.string(), state);
+  const auto model = saved.at("model").toGenericDict();
+  for (const auto& p : o.model->named_parameters())
+    EXPECT_TRUE(torch::equal(p.value(), model.at(p.key()).toTensor())) << p.key();
+  const auto buffers = saved.at("optimizer").toGenericDict().at("state").toGenericDict();
+  ASSERT_EQ(buffers.size(), 4u);  // a momentum buffer per parameter
+  const auto params = o.model->parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& live = static_cast<const torch::optim::SGDParamState&>(
+        *o.optimizer.state().at(params[i].unsafeGetTensorImpl()));
+    const auto file_buffer = buffers.at(static_cast<int64_t>(i)).toGenericDict();
+    EXPECT_TRUE(torch::equal(live.momentum_buffer(), file_buffer.at("momentum_buffer").toTensor()))
+        << "parameter " << i;
+  }
+  EXPECT_EQ(o.scheduler.current_step(), 2);
+  EXPECT_DOUBLE_EQ(o.optimizer.param_groups()[0].options().get_lr(),
+                   fabric::LRSchedule::cosine(0.1, 10).lr_at(2));
+  EXPECT_EQ(o.scaler.state_dict(), (std::map<std::string, double>{{"scale", 1024.0},
+                                                                 {"growth_factor", 2.0},
+                                                                 {"backoff_factor", 0.5},
+                                                                 {"growth_interval", 2000.0},
+                                                                 {"growth_tracker", 3.0}}));
+  EXPECT_EQ(o.loader.state().epoch, 0);
+  EXPECT_EQ(o.loader.state().batches, 3);
+  EXPECT_EQ(o.count, 5);
+  EXPECT_EQ(o.ratio, 0.25);
+  EXPECT_TRUE(o.flag);
+  EXPECT_EQ(o.note, "hello");
+  EXPECT_TRUE(torch::equal(o.best, torch::tensor({0.5, 1.5})));
 }
 
 }  // namespace
