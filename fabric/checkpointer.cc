@@ -206,13 +206,13 @@ bool Checkpointer::state_is_finite() {
   };
   torch::NoGradGuard no_grad;
   for (const auto& e : state_.entries()) {
-    if (e.kind == CheckpointState::Entry::Kind::kModule) {
-      auto& module = *static_cast<torch::nn::Module*>(e.object);
+    if (e.module) {
+      auto& module = *e.module;
       for (const auto& p : module.parameters()) check(p);
       for (const auto& b : module.buffers()) check(b);
-    } else if (e.kind == CheckpointState::Entry::Kind::kOptimizer) {
+    } else if (e.optimizer) {
       // Under sharding strategies the optimizer holds the parameters' shards.
-      for (const auto& group : static_cast<torch::optim::Optimizer*>(e.object)->param_groups())
+      for (const auto& group : e.optimizer->param_groups())
         for (const auto& p : group.params()) check(p);
     }
   }
@@ -347,8 +347,8 @@ void Checkpointer::finish() {
   wait_for_write();
   if (export_weights_.empty()) return;
   for (const auto& e : state_.entries())
-    if (e.kind == CheckpointState::Entry::Kind::kModule) {
-      f_.save_weights(*static_cast<torch::nn::Module*>(e.object), export_weights_);
+    if (e.module) {
+      f_.save_weights(*e.module, export_weights_);
       return;
     }
 }

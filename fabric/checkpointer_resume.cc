@@ -11,6 +11,7 @@
 #include "fabric/checkpoint/sharded.h"
 #include "fabric/checkpointer.h"
 #include "fabric/core/paths.h"
+#include "fabric/data/data_loader.h"
 #include "fabric/launchers/job_progress.h"
 #include "fabric/logging/run_dir.h"
 
@@ -131,8 +132,8 @@ void Checkpointer::load_from(const std::string& chosen) {
   // The loop's epoch is the one the data continues with (a checkpoint taken at the last step of
   // an epoch, before epoch_end(), resumes with the next epoch).
   for (const auto& e : state_.entries())
-    if (e.kind == CheckpointState::Entry::Kind::kLoader) {
-      epoch_ = static_cast<DataLoader*>(e.object)->state().epoch;
+    if (const auto* loader = dynamic_cast<const DataLoader*>(e.stateful)) {
+      epoch_ = loader->state().epoch;
       break;
     }
   saved_step_ = step_;

@@ -29,8 +29,8 @@ CheckpointState with_split_optimizers(Strategy& strategy, const CheckpointState&
                                       bool gather) {
   CheckpointState out = state;
   for (const auto& entry : state.entries()) {
-    if (entry.kind != CheckpointState::Entry::Kind::kOptimizer) continue;
-    auto& optimizer = *static_cast<torch::optim::Optimizer*>(entry.object);
+    if (!entry.optimizer) continue;
+    auto& optimizer = *entry.optimizer;
     auto prepare = [&strategy, &optimizer, own = entry.prepare](const c10::IValue& value,
                                                                 const std::string& source) {
       auto split = strategy.prepare_split_optimizer_state(optimizer, value, source);
@@ -67,10 +67,10 @@ CheckpointState with_local_pieces(Strategy& strategy, const CheckpointState& sta
   CheckpointState out = state;
   for (const auto& entry : state.entries()) {
     std::optional<c10::IValue> local;
-    if (entry.kind == CheckpointState::Entry::Kind::kModule)
-      local = strategy.local_module_state(*static_cast<torch::nn::Module*>(entry.object));
-    else if (entry.kind == CheckpointState::Entry::Kind::kOptimizer)
-      local = strategy.local_optimizer_state(*static_cast<torch::optim::Optimizer*>(entry.object));
+    if (entry.module)
+      local = strategy.local_module_state(*entry.module);
+    else if (entry.optimizer)
+      local = strategy.local_optimizer_state(*entry.optimizer);
     if (local)
       out.replace_functions(
           entry.name, [local] { return *local; }, entry.prepare);
@@ -92,8 +92,7 @@ std::vector<ScopeGuard> materialize_modules(Strategy& strategy,
 std::vector<torch::nn::Module*> modules_of(const CheckpointState& state) {
   std::vector<torch::nn::Module*> out;
   for (const auto& entry : state.entries())
-    if (entry.kind == CheckpointState::Entry::Kind::kModule)
-      out.push_back(static_cast<torch::nn::Module*>(entry.object));
+    if (entry.module) out.push_back(entry.module);
   return out;
 }
 
@@ -101,21 +100,18 @@ std::vector<torch::nn::Module*> modules_of(const CheckpointState& state) {
 // (Strategy::wanted_module_piece, wanted_optimizer_piece), by where `state`'s entries lie in it
 // ("state/NAME/...", format.h).
 WantedPieces wanted_pieces(Strategy& strategy, const CheckpointState& state) {
-  using Kind = CheckpointState::Entry::Kind;
-  std::vector<std::tuple<std::string, Kind, void*>> places;
+  std::vector<std::tuple<std::string, torch::nn::Module*, torch::optim::Optimizer*>> places;
   for (const auto& entry : state.entries())
-    if (entry.kind == Kind::kModule || entry.kind == Kind::kOptimizer)
-      places.emplace_back(sharded_path({"state", entry.name}) + "/", entry.kind, entry.object);
+    if (entry.module || entry.optimizer)
+      places.emplace_back(sharded_path({"state", entry.name}) + "/", entry.module,
+                          entry.optimizer);
   return [&strategy, places](const std::string& path, at::IntArrayRef sizes,
                              at::IntArrayRef strides) -> std::optional<PieceRange> {
-    for (const auto& [prefix, kind, object] : places) {
+    for (const auto& [prefix, module, optimizer] : places) {
       if (path.compare(0, prefix.size(), prefix) != 0) continue;
       const std::string inside = path.substr(prefix.size());
-      if (kind == Kind::kModule)
-        return strategy.wanted_module_piece(*static_cast<torch::nn::Module*>(object), inside,
-                                            sizes, strides);
-      return strategy.wanted_optimizer_piece(*static_cast<torch::optim::Optimizer*>(object),
-                                             inside, sizes, strides);
+      if (module) return strategy.wanted_module_piece(*module, inside, sizes, strides);
+      return strategy.wanted_optimizer_piece(*optimizer, inside, sizes, strides);
     }
     return std::nullopt;
   };
@@ -127,8 +123,8 @@ CheckpointState with_local_loaders(Strategy& strategy, const CheckpointState& st
                                    std::shared_ptr<std::vector<torch::nn::Module*>> whole) {
   CheckpointState out = state;
   for (const auto& entry : state.entries()) {
-    if (entry.kind != CheckpointState::Entry::Kind::kModule) continue;
-    auto& module = *static_cast<torch::nn::Module*>(entry.object);
+    if (!entry.module) continue;
+    auto& module = *entry.module;
     out.replace_functions(entry.name, entry.save,
                           [&strategy, &module, whole, own = entry.prepare](
                               const c10::IValue& value, const std::string& source) {

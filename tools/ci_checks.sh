@@ -181,6 +181,12 @@ check_no_deps() {  # NAME QUERY: passes when the query finds no target (names th
 }
 check_no_deps deps_core_depends_on_nothing_of_ours 'deps(//fabric/core/...) intersect (//... except //fabric/core/...)'
 check_no_deps deps_strategies_not_on_facade 'deps(//strategies/...) intersect //fabric:*'
+# The checkpoint package knows no other package: what it saves besides modules, optimizers and
+# values is a fabric::Stateful (fabric/core/stateful.h). Precision sits on core alone too.
+check_no_deps deps_checkpoint_on_core_only \
+  'deps(//fabric/checkpoint/...) intersect (//... except //fabric/core/... except //fabric/checkpoint/...)'
+check_no_deps deps_precision_on_core_only \
+  'deps(//fabric/precision/...) intersect (//... except //fabric/core/... except //fabric/precision/...)'
 # Implementation packages under fabric/ never reach the facade either; the one exception drives a
 # Fabric (GraphedStep takes a Fabric&: a layer above it, docs/architecture.md).
 check_no_deps deps_implementation_not_on_facade \

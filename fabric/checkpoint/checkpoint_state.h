@@ -1,9 +1,9 @@
 // fabric::CheckpointState: what Fabric::save and Fabric::load read and write, by name.
 //
 // Entries refer to the caller's objects (which must outlive the CheckpointState): modules,
-// optimizers (SGD, Adam, AdamW, RMSprop, Adagrad), LR schedulers, GradScalers, data loaders (epoch
-// and position inside the epoch), and plain values (int64_t, double, bool, std::string,
-// torch::Tensor). Saving reads them; loading checks every entry first and changes nothing unless
+// optimizers (SGD, Adam, AdamW, RMSprop, Adagrad), Stateful objects (fabric/core/stateful.h: data
+// loaders with their position inside the epoch, LR schedulers, GradScalers, objects of yours), and
+// plain values (int64_t, double, bool, std::string, torch::Tensor). Saving reads them; loading checks every entry first and changes nothing unless
 // all of them fit, then writes them back (modules and optimizer buffers on their current devices;
 // tensors keep the device of the tensor they replace, CPU if it was undefined).
 //
@@ -25,9 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "fabric/data/data_loader.h"
-#include "fabric/precision/grad_scaler.h"
-#include "fabric/training/lr_scheduler.h"
+#include "fabric/core/stateful.h"
 
 namespace fabric {
 
@@ -40,9 +38,8 @@ class CheckpointState {
     return add(name, static_cast<torch::nn::Module&>(*module));
   }
   CheckpointState& add(const std::string& name, torch::optim::Optimizer& optimizer);
-  CheckpointState& add(const std::string& name, LRScheduler& scheduler);
-  CheckpointState& add(const std::string& name, GradScaler& scaler);
-  CheckpointState& add(const std::string& name, DataLoader& loader);
+  // DataLoader, LRScheduler, GradScaler, or an object of yours.
+  CheckpointState& add(const std::string& name, Stateful& object);
   CheckpointState& add(const std::string& name, int64_t& value);
   CheckpointState& add(const std::string& name, double& value);
   CheckpointState& add(const std::string& name, bool& value);
@@ -60,16 +57,19 @@ class CheckpointState {
 
   // For Fabric::save / load.
   struct Entry {
-    enum class Kind { kModule, kOptimizer, kScheduler, kScaler, kLoader, kValue };
     std::string name;
-    Kind kind = Kind::kValue;
-    void* object = nullptr;  // the Module, DataLoader, ... of kind (nullptr for values)
     std::function<c10::IValue()> save;
     // Checks a saved value (throws fabric::Error "SOURCE: ...") and returns what applies it.
     std::function<std::function<void()>(const c10::IValue&, const std::string& source)> prepare;
     // Split entries (add_split) only: the whole value, for one-file checkpoints (collective).
     std::function<c10::IValue()> gather = {};
+    // What the entry refers to: at most one is set (none for plain values and splits). Strategies
+    // save and load modules and optimizers their own way (sharded state).
+    torch::nn::Module* module = nullptr;
+    torch::optim::Optimizer* optimizer = nullptr;
+    Stateful* stateful = nullptr;
   };
+
   const std::vector<Entry>& entries() const { return entries_; }
   // The entry named `name` saves and loads through `save` and `prepare` instead (Fabric::save and
   // Fabric::load use it for optimizers a strategy splits over the ranks). Throws fabric::Error

@@ -25,7 +25,7 @@ c10::IValue find(const Dict& dict, const std::string& key) {
 }  // namespace
 
 c10::IValue checkpoint_contents(const CheckpointMeta& meta, const CheckpointState& state,
-                                GradScaler* scaler, const std::vector<RngState>& rng_by_rank) {
+                                Stateful* scaler, const std::vector<RngState>& rng_by_rank) {
   Dict fabric = new_dict();
   fabric.insert("format_version", kFormatVersion);
   fabric.insert("libtorch_version", std::string(TORCH_VERSION));
@@ -51,13 +51,13 @@ c10::IValue checkpoint_contents(const CheckpointMeta& meta, const CheckpointStat
   top.insert("fabric", fabric);
   top.insert("state", entries);
   if (scaler)
-    top.insert("grad_scaler", CheckpointState().add("grad_scaler", *scaler).entries()[0].save());
+    top.insert("grad_scaler", scaler->save_state());
   top.insert("rng", ranks);
   return top;
 }
 
 PreparedCheckpoint prepare_checkpoint(const c10::IValue& contents, const std::string& source,
-                                      const CheckpointState& state, bool strict, GradScaler* scaler,
+                                      const CheckpointState& state, bool strict, Stateful* scaler,
                                       int64_t rank) {
   PreparedCheckpoint out;
   if (!contents.isGenericDict() || find(contents.toGenericDict(), "fabric").isNone())
@@ -111,10 +111,7 @@ PreparedCheckpoint prepare_checkpoint(const c10::IValue& contents, const std::st
   // The GradScaler of 16-mixed.
   const auto saved_scaler = find(top, "grad_scaler");
   if (scaler && saved_scaler.isGenericDict()) {
-    out.apply.push_back(CheckpointState()
-                            .add("grad_scaler", *scaler)
-                            .entries()[0]
-                            .prepare(saved_scaler, source + ": grad_scaler"));
+    out.apply.push_back(scaler->prepare_restore(saved_scaler, source + ": grad_scaler"));
   } else if (scaler) {
     out.warnings.push_back("no GradScaler state in the file: the loss scale starts afresh");
   }

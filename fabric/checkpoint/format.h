@@ -19,7 +19,7 @@
 
 #include "fabric/checkpoint/checkpoint_state.h"
 #include "fabric/checkpoint/rng_state.h"
-#include "fabric/precision/grad_scaler.h"
+#include "fabric/core/stateful.h"
 
 namespace fabric {
 
@@ -31,9 +31,9 @@ struct CheckpointMeta {
 };
 
 // The file's contents: `state`'s entries as they are now, the GradScaler when there is one
-// (16-mixed), and the generator states of every rank, in rank order.
+// (16-mixed; `scaler`), and the generator states of every rank, in rank order.
 c10::IValue checkpoint_contents(const CheckpointMeta& meta, const CheckpointState& state,
-                                GradScaler* scaler, const std::vector<RngState>& rng_by_rank);
+                                Stateful* scaler, const std::vector<RngState>& rng_by_rank);
 
 // A loaded checkpoint, checked against `state`, ready to apply.
 struct PreparedCheckpoint {
@@ -47,7 +47,7 @@ struct PreparedCheckpoint {
 // warning). Also takes the GradScaler's state (when `scaler`) and rank `rank`'s generator states.
 // Throws fabric::Error naming `source` and every problem; changes nothing.
 PreparedCheckpoint prepare_checkpoint(const c10::IValue& contents, const std::string& source,
-                                      const CheckpointState& state, bool strict, GradScaler* scaler,
+                                      const CheckpointState& state, bool strict, Stateful* scaler,
                                       int64_t rank);
 
 }  // namespace fabric

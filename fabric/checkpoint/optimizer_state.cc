@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "fabric/core/error.h"
-#include "fabric/training/scaled_step.h"
+#include "fabric/core/scaled_step.h"
 
 namespace fabric {
 namespace {

@@ -32,9 +32,12 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "fabric/core/arg.h"
+#include "fabric/core/stateful.h"
 #include "fabric/data/dataset.h"
 #include "fabric/data/sampler.h"
 
@@ -83,7 +86,7 @@ struct LoaderPlacement {
   bool cudnn_benchmark = false;
 };
 
-class DataLoader {
+class DataLoader : public Stateful {
  private:
   class Pass;
 
@@ -150,7 +153,18 @@ class DataLoader {
   const DataLoaderOptions& options() const { return options_; }
   const LoaderPlacement& placement() const { return placement_; }
 
+  // Stateful (a checkpoint entry): the State with what fixes the data's order at that point
+  // (world size, batch size, samples per rank, shuffle, drop_last, seed, shuffle_buffer, and for
+  // streamed loaders rank 0's stream position). Restoring in the middle of an epoch refuses a
+  // state whose order facts differ from this loader's, naming them (fabric/data/data_loader_state.cc).
+  c10::IValue save_state() const override;
+  std::function<void()> prepare_restore(const c10::IValue& saved,
+                                        const std::string& source) override;
+
  private:
+  // What fixes the order of the data at `state` (a mid-epoch resume needs them unchanged).
+  std::vector<std::pair<std::string, int64_t>> order_facts(const State& state) const;
+
   std::shared_ptr<const Dataset> dataset_;
   DataLoaderOptions options_;
   LoaderPlacement placement_;

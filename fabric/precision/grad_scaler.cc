@@ -9,7 +9,7 @@
 #include <tuple>
 
 #include "fabric/core/error.h"
-#include "fabric/training/scaled_step.h"
+#include "fabric/core/scaled_step.h"
 
 namespace fabric {
 
@@ -190,6 +190,31 @@ void GradScaler::load_state_dict(const std::map<std::string, double>& state) {
   growth_tracker_ = torch::full({1}, static_cast<int32_t>(state.at("growth_tracker")),
                                 torch::dtype(torch::kInt32).device(device));
   per_optimizer_.clear();
+}
+
+c10::IValue GradScaler::save_state() const {
+  c10::impl::GenericDict d = new_state_dict();
+  for (const auto& [key, value] : state_dict()) d.insert(key, value);
+  return d;
+}
+
+std::function<void()> GradScaler::prepare_restore(const c10::IValue& saved,
+                                                  const std::string& source) {
+  if (!saved.isGenericDict()) throw Error(state_type_error(source, "a GradScaler state", saved));
+  std::map<std::string, double> state;
+  for (const auto& e : saved.toGenericDict()) {
+    if (!e.key().isString() || !(e.value().isDouble() || e.value().isInt()))
+      throw Error(source + ": malformed GradScaler state");
+    state[e.key().toStringRef()] =
+        e.value().isInt() ? static_cast<double>(e.value().toInt()) : e.value().toDouble();
+  }
+  GradScaler check(options_);  // load_state_dict names missing/unexpected keys
+  try {
+    check.load_state_dict(state);
+  } catch (const Error& e) {
+    throw Error(source + ": " + e.what());
+  }
+  return [this, state] { load_state_dict(state); };
 }
 
 }  // namespace fabric

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "fabric/core/arg.h"
+#include "fabric/core/stateful.h"
 
 namespace fabric {
 
@@ -40,7 +41,7 @@ struct GradScalerOptions {
   FABRIC_ARG(bool, enabled) = true;
 };
 
-class GradScaler {
+class GradScaler : public Stateful {
  public:
   // Throws fabric::Error for out-of-range options.
   explicit GradScaler(GradScalerOptions options = {});
@@ -77,6 +78,11 @@ class GradScaler {
   std::map<std::string, double> state_dict() const;
   // Restores a state_dict(); throws fabric::Error naming missing or unexpected keys.
   void load_state_dict(const std::map<std::string, double>& state);
+  // Stateful (a checkpoint entry): the state_dict() as a dictionary; restoring checks its keys
+  // and types first.
+  c10::IValue save_state() const override;
+  std::function<void()> prepare_restore(const c10::IValue& saved,
+                                        const std::string& source) override;
 
   // For strategies whose ranks each hold a part of the gradients
   // (fabric.ddp.shard_optimizer_state): `agree` makes this rank's found-inf flag (float32, 1

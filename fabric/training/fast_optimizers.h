@@ -6,7 +6,7 @@
 // time:
 //   kFused     at::_fused_sgd_ / _fused_adam_ / _fused_adamw_ (CPU and CUDA kernels): one pass
 //              over each tensor; under 16-mixed they also take fabric::GradScaler's scale and
-//              found-inf flag on the device (fabric/training/scaled_step.h), so an AMP step is
+//              found-inf flag on the device (fabric/core/scaled_step.h), so an AMP step is
 //              designed to need no host synchronization (unverified on a GPU).
 //   kForeach   at::_foreach_* ops (a few multi-tensor kernels per step).
 //   kForLoop   torch::optim's own per-parameter loop (the reference).
@@ -36,7 +36,7 @@
 #include <utility>
 #include <vector>
 
-#include "fabric/training/scaled_step.h"
+#include "fabric/core/scaled_step.h"
 
 namespace fabric {
 

@@ -20,7 +20,7 @@
 #include "fabric/core/error.h"
 #include "fabric/fabric.h"
 #include "fabric/training/clip.h"
-#include "fabric/training/scaled_step.h"
+#include "fabric/core/scaled_step.h"
 
 namespace fabric {
 

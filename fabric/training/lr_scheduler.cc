@@ -236,6 +236,55 @@ void LRScheduler::load_state(const State& state) {
   apply();
 }
 
+c10::IValue LRScheduler::save_state() const {
+  const State s = state();
+  c10::impl::GenericDict d = new_state_dict();
+  d.insert("step", s.step);
+  // A plain list (a typed double list pickles as a TorchScript call Python's weights_only loader
+  // and ours refuse).
+  c10::impl::GenericList scales(c10::AnyType::get());
+  for (double x : s.group_scales) scales.push_back(x);
+  d.insert("group_scales", scales);
+  d.insert("lr_factor", s.lr_factor);
+  d.insert("best", s.best);
+  d.insert("has_best", s.has_best);
+  d.insert("bad_reports", s.bad_reports);
+  d.insert("cooldown_left", s.cooldown_left);
+  return d;
+}
+
+std::function<void()> LRScheduler::prepare_restore(const c10::IValue& saved,
+                                                   const std::string& source) {
+  State s = state();
+  s.step = state_int(saved, "step", source);
+  auto number = [&](const char* key, double fallback) {
+    return optional_state_field(saved, key, source) ? state_number(saved, key, source) : fallback;
+  };
+  if (const auto scales = optional_state_field(saved, "group_scales", source)) {
+    if (!scales->isList())
+      throw Error(source + ": malformed (\"group_scales\" is not a list of numbers)");
+    s.group_scales.clear();
+    for (const c10::IValue& x : scales->toListRef()) {
+      if (!x.isDouble())
+        throw Error(source + ": malformed (\"group_scales\" is not a list of numbers)");
+      s.group_scales.push_back(x.toDouble());
+    }
+  }
+  s.lr_factor = number("lr_factor", 1.0);
+  s.best = number("best", 0.0);
+  const auto has_best = optional_state_field(saved, "has_best", source);
+  s.has_best = has_best && has_best->isBool() && has_best->toBool();
+  s.bad_reports = static_cast<int64_t>(number("bad_reports", 0));
+  s.cooldown_left = static_cast<int64_t>(number("cooldown_left", 0));
+  const size_t groups = optimizer_.param_groups().size();
+  if (s.group_scales.size() != groups) {
+    throw Error(source + ": holds " + std::to_string(s.group_scales.size()) +
+                " parameter-group ratios, the optimizer has " + std::to_string(groups) +
+                " groups (were optimizer.no_weight_decay or optimizer.lr_scale changed?)");
+  }
+  return [this, s] { load_state(s); };
+}
+
 void LRScheduler::apply() {
   const double lr = get_lr();
   auto& groups = optimizer_.param_groups();

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "fabric/config/config.h"
+#include "fabric/core/stateful.h"
 
 namespace fabric {
 
@@ -88,7 +89,7 @@ class LRSchedule {
 // fabric::make_optimizer with the schedule's base rate, keep their factors). Make the scheduler
 // right after the optimizer, before a checkpoint is loaded; the ratios are saved with its state,
 // so a resumed run uses the saved ones.
-class LRScheduler {
+class LRScheduler : public Stateful {
  public:
   LRScheduler(torch::optim::Optimizer& optimizer, LRSchedule schedule);
   void step();
@@ -103,7 +104,7 @@ class LRScheduler {
   // improvement.
   void report(double metric);
 
-  // Everything a resume needs (CheckpointState::add(name, LRScheduler&) saves and restores it).
+  // Everything a resume needs (a checkpoint entry saves and restores it: Stateful below).
   struct State {
     int64_t step = 0;
     std::vector<double> group_scales;  // per parameter group
@@ -117,6 +118,13 @@ class LRScheduler {
   // Throws fabric::Error (and changes nothing) when `state` has another number of group scales
   // than the optimizer has groups.
   void load_state(const State& state);
+
+  // Stateful: the State as a dictionary {"step", "group_scales", "lr_factor", "best", "has_best",
+  // "bad_reports", "cooldown_left"}. Restoring accepts states from before parameter groups and
+  // the plateau schedule (only "step"); it refuses another number of group ratios.
+  c10::IValue save_state() const override;
+  std::function<void()> prepare_restore(const c10::IValue& saved,
+                                        const std::string& source) override;
 
  private:
   void apply();

@@ -33,6 +33,7 @@
 #include "fabric/main.h"
 #include "fabric/nn/batch_norm.h"
 #include "fabric/nonfinite_guard.h"
+#include "fabric/training/lr_scheduler.h"
 #include "fabric/training/optimizers.h"
 #include "fabric/training/state_bytes.h"
 #include "strategies/fsdp.h"

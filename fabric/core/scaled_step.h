@@ -3,8 +3,8 @@
 // AdamW of fabric/training/fast_optimizers.h), so that a 16-mixed step needs no host
 // synchronization: the kernels unscale the gradients while updating and leave the parameters and
 // state untouched where found_inf != 0.
-#ifndef FABRIC_TRAINING_SCALED_STEP_H_
-#define FABRIC_TRAINING_SCALED_STEP_H_
+#ifndef FABRIC_CORE_SCALED_STEP_H_
+#define FABRIC_CORE_SCALED_STEP_H_
 
 #include <ATen/core/Tensor.h>
 
@@ -43,4 +43,4 @@ class ScaledStep {
 
 }  // namespace fabric
 
-#endif  // FABRIC_TRAINING_SCALED_STEP_H_
+#endif  // FABRIC_CORE_SCALED_STEP_H_
