@@ -35,7 +35,7 @@
 // most one write is in flight: the next save (and finish(), and the destructor) first waits for
 // it; a failed write is reported there as fabric::Error on every rank. Sharded checkpoints
 // (checkpoint.format): every rank writes its part in the background and rank 0 completes the
-// folder once all are there (Strategy::sharded_checkpoint_writer).
+// folder once all are there (fabric/checkpoint/writer.h).
 //
 // Restarts (fabric.max_restarts, fabric/launchers/restart_agent.h; or torchrun --max-restarts):
 // in a restarted attempt the constructor resumes from the newest complete checkpoint written

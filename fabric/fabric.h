@@ -232,7 +232,7 @@ class Fabric {
   // split optimizer state gathered and modules whole; sharded: this rank's pieces) as a copy in
   // host memory, and returns what writes it on this rank: a function with no communication that
   // writes the file crash-safe (full: global rank 0, the others get an empty function; sharded:
-  // every rank its part, rank 0 then completes the folder, Strategy::sharded_checkpoint_writer).
+  // every rank its part, rank 0 then completes the folder, fabric/checkpoint/writer.h).
   // `snapshot` (in and out): an earlier snapshot whose host tensors are reused where the shapes
   // match (no new allocation), replaced by this one (None on ranks that write nothing).
   // Collective.

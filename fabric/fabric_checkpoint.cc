@@ -13,6 +13,7 @@
 #include "fabric/checkpoint/rng_state.h"
 #include "fabric/checkpoint/sharded.h"
 #include "fabric/checkpoint/state_dict.h"
+#include "fabric/checkpoint/writer.h"
 #include "fabric/connector.h"
 #include "fabric/core/paths.h"
 #include "fabric/core/suggest.h"
@@ -238,7 +239,8 @@ void Fabric::save(const std::string& path, const CheckpointState& state) {
   if (saves_sharded()) {
     // Each rank writes what it holds: nothing gathered.
     const CheckpointState contents = with_local_pieces(*strategy_, state);
-    strategy_->save_sharded_checkpoint(file, [&] { return contents_of(contents); });
+    StrategyRanks ranks(*strategy_);
+    write_sharded_checkpoint(ranks, file, [&] { return contents_of(contents); });
     return;
   }
   // Optimizers the strategy splits over the ranks: gathered now, on every rank (collective);
@@ -246,7 +248,8 @@ void Fabric::save(const std::string& path, const CheckpointState& state) {
   const CheckpointState contents =
       with_whole_splits(with_split_optimizers(*strategy_, state, /*gather=*/true));
   const std::vector<ScopeGuard> whole = materialize_modules(*strategy_, modules_of(state), false);
-  strategy_->save_checkpoint(file, [&] { return contents_of(contents); });
+  StrategyRanks ranks(*strategy_);  // they hold the same state: rank 0 writes
+  write_checkpoint_file(ranks, file, [&] { return contents_of(contents); });
 }
 
 std::function<void()> Fabric::snapshot_for_save(const std::string& path,
@@ -257,7 +260,8 @@ std::function<void()> Fabric::snapshot_for_save(const std::string& path,
   if (saves_sharded()) {
     const CheckpointState contents = with_local_pieces(*strategy_, state);
     snapshot = std::make_shared<c10::IValue>(host_copy(contents_of(contents), snapshot.get()));
-    return strategy_->sharded_checkpoint_writer(file, snapshot, setup_->ddp.timeout);
+    StrategyRanks ranks(*strategy_);
+    return sharded_checkpoint_writer(ranks, file, snapshot, setup_->ddp.timeout);
   }
   const CheckpointState contents =
       with_whole_splits(with_split_optimizers(*strategy_, state, /*gather=*/true));
@@ -281,7 +285,8 @@ void Fabric::load(const std::string& path, CheckpointState& state, bool strict) 
   try {
     // A sharded checkpoint: this rank reads only its part of what the strategy splits.
     prepared = prepare_checkpoint(
-        strategy_->load_checkpoint(file, wanted_pieces(*strategy_, state)), source,
+        read_checkpoint(file, {wanted_pieces(*strategy_, state), global_rank(), world_size()}),
+        source,
         with_local_loaders(*strategy_, with_split_optimizers(*strategy_, state, /*gather=*/false),
                            whole_modules),
         strict, precision().scaler(), global_rank());

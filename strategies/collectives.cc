@@ -3,7 +3,6 @@
 #include <torch/torch.h>
 
 #include <cstring>
-#include <exception>
 
 #include "fabric/core/error.h"
 #include "strategies/strategy.h"
@@ -56,17 +55,22 @@ std::vector<torch::Tensor> all_gather_padded(Strategy& strategy, const torch::Te
 }
 
 void on_global_zero(Strategy& strategy, const std::function<void()>& fn) {
-  std::string failure;
-  if (strategy.global_rank() == 0) {
-    try {
-      fn();
-    } catch (const std::exception& e) {
-      failure = e.what();
-      if (failure.empty()) failure = "global rank 0 failed without a message";
-    }
-  }
-  failure = broadcast_string(strategy, failure, 0);
-  if (!failure.empty()) throw Error(failure);
+  StrategyRanks ranks(strategy);
+  on_rank_zero(ranks, fn);
+}
+
+int64_t StrategyRanks::rank() const { return strategy_.global_rank(); }
+int64_t StrategyRanks::size() const { return strategy_.world_size(); }
+
+std::string StrategyRanks::broadcast_string(const std::string& bytes, int64_t src) {
+  return fabric::broadcast_string(strategy_, bytes, src);
+}
+
+int64_t StrategyRanks::all_reduce_min(int64_t value) {
+  if (strategy_.world_size() == 1) return value;
+  // float64 holds every rank number and count exactly.
+  const torch::Tensor t = torch::tensor(static_cast<double>(value)).to(strategy_.root_device());
+  return static_cast<int64_t>(strategy_.all_reduce(t, ReduceOp::kMin).item<double>());
 }
 
 }  // namespace fabric

@@ -11,9 +11,24 @@
 #include <string>
 #include <vector>
 
+#include "fabric/core/rank_group.h"
+
 namespace fabric {
 
 class Strategy;
+
+// `strategy`'s ranks as a RankGroup (for the checkpoint writer, fabric/checkpoint/writer.h).
+class StrategyRanks : public RankGroup {
+ public:
+  explicit StrategyRanks(Strategy& strategy) : strategy_(strategy) {}
+  int64_t rank() const override;
+  int64_t size() const override;
+  std::string broadcast_string(const std::string& bytes, int64_t src) override;
+  int64_t all_reduce_min(int64_t value) override;
+
+ private:
+  Strategy& strategy_;
+};
 
 // Rank `src`'s bytes on every rank.
 std::string broadcast_string(Strategy& strategy, const std::string& bytes, int64_t src);

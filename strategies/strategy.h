@@ -12,8 +12,6 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
-#include <chrono>
-#include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -67,19 +65,6 @@ class Strategy {
   // Every rank's `tensor`, in rank order; REQUIRES: the same shape and dtype on every rank.
   virtual std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor) { return {tensor}; }
 
-  // Checkpoint I/O for Fabric::save / Fabric::load (fabric/checkpoint/format.h builds and checks
-  // the contents). save_checkpoint: `contents` builds what this rank writes; the default, for
-  // strategies whose ranks hold the same state, runs it and writes the file on global rank 0
-  // only, and every rank throws rank 0's error if it failed. A sharding strategy writes each
-  // rank's part. load_checkpoint: what this rank reads (the default: the whole file; throws
-  // fabric::Error naming the file). Collective.
-  // load_checkpoint reads a file or a sharded folder (fabric/checkpoint/sharded.h); from a folder,
-  // the split tensors `wanted` names come as this rank's pieces.
-  virtual void save_checkpoint(const std::filesystem::path& file,
-                               const std::function<c10::IValue()>& contents);
-  virtual c10::IValue load_checkpoint(const std::filesystem::path& file,
-                                      const WantedPieces& wanted);
-
   // Sharded checkpoints (checkpoint.format, fabric/checkpoint/sharded.h). `auto` chooses them
   // when this is true: the strategy splits parameters or optimizer state over the ranks.
   virtual bool splits_state() const { return false; }
@@ -123,24 +108,6 @@ class Strategy {
     (void)module, (void)value, (void)source;
     return std::nullopt;
   }
-
-  // Writes the sharded checkpoint folder `dir`: `contents` builds this rank's dict (with its
-  // pieces); every rank writes its shard file into a temporary folder, rank 0 also the common
-  // part, then, once all are complete, the manifest, and renames the folder to `dir` (replacing
-  // an earlier one). Collective: every rank throws the first failing rank's error, and `dir` is
-  // then untouched.
-  void save_sharded_checkpoint(const std::filesystem::path& dir,
-                               const std::function<c10::IValue()>& contents);
-  // The same in the background (checkpoint.async). Collective now: the temporary folder. Returns
-  // what writes this rank's part of `snapshot` (a host copy of what `contents` above builds)
-  // without communication: its shard (rank 0 also the common part) into the folder; rank 0 then
-  // waits (polling the folder, at most `timeout`) until every rank's shard is complete, writes the
-  // manifest and renames the folder to `dir`. A rank whose write fails leaves its error beside
-  // its shard ("<shard>.failed"), which ends rank 0's wait with it. The writer throws
-  // fabric::Error on the rank that failed (rank 0 also for the others).
-  std::function<void()> sharded_checkpoint_writer(const std::filesystem::path& dir,
-                                                  std::shared_ptr<const c10::IValue> snapshot,
-                                                  std::chrono::milliseconds timeout);
 
   // Fabric::clip_gradients after unscaling: scales the gradients `optimizer` steps so that their
   // total `norm_type` norm is at most `max_norm`; returns the norm before clipping (0-dim, on the
@@ -198,12 +165,6 @@ class Strategy {
 
   Precision& precision() { return *precision_; }
   const Precision& precision() const { return *precision_; }
-
- private:
-  // Rank 0 makes the temporary folder of a sharded save beside `dir` (collective); `suffix`: its
-  // name's ".tmp.PID" part, as on rank 0.
-  std::filesystem::path sharded_temporary_folder(const std::filesystem::path& dir,
-                                                 std::string& suffix);
 
  protected:
   explicit Strategy(std::unique_ptr<Precision> precision) : precision_(std::move(precision)) {}

@@ -5,8 +5,8 @@
 //    "state": {entry name → entry value (fabric/checkpoint/checkpoint_state.h)},
 //    "grad_scaler": {...} (16-mixed only),
 //    "rng": [{"cpu": uint8 tensor, "cuda": [uint8 tensor per device]} for each global rank]}
-// Building and checking the dict is here; who writes and reads the file is the strategy's
-// (Strategy::save_checkpoint / load_checkpoint), the collectives around it Fabric's.
+// Building and checking the dict is here; writing it from every rank is writer.h's, reading it
+// read_checkpoint's (sharded.h).
 #ifndef FABRIC_CHECKPOINT_FORMAT_H_
 #define FABRIC_CHECKPOINT_FORMAT_H_
 

@@ -1,0 +1,134 @@
+#include "fabric/checkpoint/writer.h"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fabric/checkpoint/archive.h"
+#include "fabric/checkpoint/sharded.h"
+#include "fabric/core/atomic_file.h"
+#include "fabric/core/error.h"
+
+namespace fabric {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Rank 0 makes a temporary folder beside `dir` (".tmp." in its name: the Checkpointer removes
+// those a killed save left); `suffix` is that name's tail, the same on every rank. Collective.
+fs::path temporary_folder(RankGroup& ranks, const fs::path& dir, std::string& suffix) {
+  suffix = ranks.broadcast_string(".tmp." + std::to_string(::getpid()), 0);
+  const fs::path tmp = dir.string() + suffix;
+  on_rank_zero(ranks, [&] {
+    std::error_code ec;
+    remove_tree(tmp, ec);
+    fs::create_directories(tmp, ec);
+    if (ec) throw Error("cannot write " + dir.string() + ": " + tmp.string() + ": " + ec.message());
+  });
+  return tmp;
+}
+
+// Rank 0 only: the manifest of the complete temporary folder `tmp`, then `tmp` renamed to `dir`
+// (replacing an earlier one).
+void complete_folder(const fs::path& tmp, const fs::path& dir, int64_t world,
+                     const std::string& suffix) {
+  std::vector<std::string> files = {kShardedCommon};
+  for (int64_t r = 0; r < world; ++r) files.push_back(shard_file_name(r, world));
+  write_manifest(tmp, world, files);
+  std::error_code ec;
+  const fs::path old = dir.string() + ".old" + suffix;
+  const bool replacing = fs::exists(dir, ec);
+  if (replacing) fs::rename(dir, old, ec);
+  if (!ec) fs::rename(tmp, dir, ec);
+  if (ec) throw Error("cannot write " + dir.string() + ": " + ec.message());
+  if (replacing) remove_tree(old, ec);
+  sync_directory(dir.parent_path());
+}
+
+// This rank's files of `contents` in the temporary folder `tmp`.
+void write_shard(const fs::path& tmp, const c10::IValue& contents, int64_t rank, int64_t world) {
+  const ShardedParts parts = split_pieces(contents);
+  if (rank == 0) save_archive(tmp / kShardedCommon, parts.common);
+  save_archive(tmp / shard_file_name(rank, world), parts.shard);
+}
+
+}  // namespace
+
+void write_checkpoint_file(RankGroup& ranks, const fs::path& file,
+                           const std::function<c10::IValue()>& contents) {
+  on_rank_zero(ranks, [&] { save_archive(file, contents()); });
+}
+
+void write_sharded_checkpoint(RankGroup& ranks, const fs::path& dir,
+                              const std::function<c10::IValue()>& contents) {
+  const int64_t world = ranks.size(), rank = ranks.rank();
+  std::string suffix;
+  const fs::path tmp = temporary_folder(ranks, dir, suffix);
+  std::string failure;
+  try {
+    write_shard(tmp, contents(), rank, world);
+  } catch (const std::exception& e) {
+    failure = e.what();
+    if (failure.empty()) failure = "cannot write " + dir.string();
+  }
+  if (const std::string why = first_failure(ranks, failure); !why.empty()) {
+    if (rank == 0) {
+      std::error_code ec;
+      remove_tree(tmp, ec);
+    }
+    throw Error(why);
+  }
+  on_rank_zero(ranks, [&] { complete_folder(tmp, dir, world, suffix); });
+}
+
+std::function<void()> sharded_checkpoint_writer(RankGroup& ranks, const fs::path& dir,
+                                                std::shared_ptr<const c10::IValue> snapshot,
+                                                std::chrono::milliseconds timeout) {
+  const int64_t world = ranks.size(), rank = ranks.rank();
+  std::string suffix;
+  const fs::path tmp = temporary_folder(ranks, dir, suffix);
+  return [=] {
+    const std::string mine = shard_file_name(rank, world);
+    try {
+      write_shard(tmp, *snapshot, rank, world);
+    } catch (const std::exception& e) {
+      // Rank 0 stops waiting for this shard when it finds the reason beside it; its own failure
+      // ends the save at once.
+      std::ofstream(tmp / (mine + ".failed")) << e.what();
+      std::error_code ec;
+      if (rank == 0) remove_tree(tmp, ec);
+      throw;
+    }
+    if (rank != 0) return;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (int64_t r = 0; r < world;) {
+      const fs::path shard = tmp / shard_file_name(r, world);
+      std::error_code ec;
+      if (fs::exists(shard, ec)) {
+        ++r;
+        continue;
+      }
+      const fs::path failed = shard.string() + ".failed";
+      std::string why;
+      if (fs::exists(failed, ec)) {
+        std::ifstream in(failed);
+        std::getline(in, why);
+        why = "rank " + std::to_string(r) + ": " + why;
+      } else if (std::chrono::steady_clock::now() > deadline) {
+        why = "rank " + std::to_string(r) + " did not write " + shard.string() + " within " +
+              std::to_string(timeout.count() / 1000) + " s";
+      }
+      if (!why.empty()) {
+        remove_tree(tmp, ec);
+        throw Error(why);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    complete_folder(tmp, dir, world, suffix);
+  };
+}
+
+}  // namespace fabric
