@@ -12,6 +12,7 @@
 #include "fabric/checkpoint/format.h"
 #include "fabric/checkpoint/rng_state.h"
 #include "fabric/checkpoint/sharded.h"
+#include "fabric/checkpoint/sharded_state.h"
 #include "fabric/checkpoint/state_dict.h"
 #include "fabric/checkpoint/writer.h"
 #include "fabric/connector.h"
@@ -22,62 +23,6 @@
 
 namespace fabric {
 namespace {
-
-// `state` with each optimizer that `strategy` splits over the ranks saved and loaded in one
-// process's layout (Strategy::gather_optimizer_state). `gather`: for saving; gathers now, on
-// every rank (collective). Otherwise for loading (no communication).
-CheckpointState with_split_optimizers(Strategy& strategy, const CheckpointState& state,
-                                      bool gather) {
-  CheckpointState out = state;
-  for (const auto& entry : state.entries()) {
-    if (!entry.optimizer) continue;
-    auto& optimizer = *entry.optimizer;
-    auto prepare = [&strategy, &optimizer, own = entry.prepare](const c10::IValue& value,
-                                                                const std::string& source) {
-      auto split = strategy.prepare_split_optimizer_state(optimizer, value, source);
-      return split ? *split : own(value, source);
-    };
-    if (!gather) {
-      out.replace_functions(entry.name, entry.save, prepare);
-      continue;
-    }
-    std::optional<c10::IValue> full = strategy.gather_optimizer_state(optimizer);
-    if (full)
-      out.replace_functions(
-          entry.name, [full] { return *full; }, prepare);
-  }
-  return out;
-}
-
-// `state` with each split entry (CheckpointState::add_split) saved whole: gathered now, on every
-// rank (collective, in entry order).
-CheckpointState with_whole_splits(const CheckpointState& state) {
-  CheckpointState out = state;
-  for (const auto& entry : state.entries()) {
-    if (!entry.gather) continue;
-    const c10::IValue whole = entry.gather();
-    out.replace_functions(
-        entry.name, [whole] { return whole; }, entry.prepare);
-  }
-  return out;
-}
-
-// `state` with each module and optimizer that `strategy` splits over the ranks saved as this
-// rank's pieces (sharded checkpoints; no communication).
-CheckpointState with_local_pieces(Strategy& strategy, const CheckpointState& state) {
-  CheckpointState out = state;
-  for (const auto& entry : state.entries()) {
-    std::optional<c10::IValue> local;
-    if (entry.module)
-      local = strategy.local_module_state(*entry.module);
-    else if (entry.optimizer)
-      local = strategy.local_optimizer_state(*entry.optimizer);
-    if (local)
-      out.replace_functions(
-          entry.name, [local] { return *local; }, entry.prepare);
-  }
-  return out;
-}
 
 // Every module of `modules` with its full parameters while the guards live (collective: a
 // strategy that shards parameters gathers them on every rank).
@@ -97,47 +42,6 @@ std::vector<torch::nn::Module*> modules_of(const CheckpointState& state) {
   return out;
 }
 
-// The pieces of the split tensors this rank reads from a sharded checkpoint
-// (Strategy::wanted_module_piece, wanted_optimizer_piece), by where `state`'s entries lie in it
-// ("state/NAME/...", format.h).
-WantedPieces wanted_pieces(Strategy& strategy, const CheckpointState& state) {
-  std::vector<std::tuple<std::string, torch::nn::Module*, torch::optim::Optimizer*>> places;
-  for (const auto& entry : state.entries())
-    if (entry.module || entry.optimizer)
-      places.emplace_back(sharded_path({"state", entry.name}) + "/", entry.module,
-                          entry.optimizer);
-  return [&strategy, places](const std::string& path, at::IntArrayRef sizes,
-                             at::IntArrayRef strides) -> std::optional<PieceRange> {
-    for (const auto& [prefix, module, optimizer] : places) {
-      if (path.compare(0, prefix.size(), prefix) != 0) continue;
-      const std::string inside = path.substr(prefix.size());
-      if (module) return strategy.wanted_module_piece(*module, inside, sizes, strides);
-      return strategy.wanted_optimizer_piece(*optimizer, inside, sizes, strides);
-    }
-    return std::nullopt;
-  };
-}
-
-// `state` with each module that `strategy` can load without gathering loaded so
-// (Strategy::prepare_local_module_state); the others are added to `whole` when prepared.
-CheckpointState with_local_loaders(Strategy& strategy, const CheckpointState& state,
-                                   std::shared_ptr<std::vector<torch::nn::Module*>> whole) {
-  CheckpointState out = state;
-  for (const auto& entry : state.entries()) {
-    if (!entry.module) continue;
-    auto& module = *entry.module;
-    out.replace_functions(entry.name, entry.save,
-                          [&strategy, &module, whole, own = entry.prepare](
-                              const c10::IValue& value, const std::string& source) {
-                            if (auto local =
-                                    strategy.prepare_local_module_state(module, value, source))
-                              return *local;
-                            whole->push_back(&module);
-                            return own(value, source);
-                          });
-  }
-  return out;
-}
 
 // A copy of `value` whose tensors are host (CPU) tensors sharing nothing with the original: those
 // of `reuse` (an earlier copy) where it has a tensor of the same dtype and shape at the same
@@ -230,7 +134,7 @@ std::function<c10::IValue(const CheckpointState&)> Fabric::gather_for_save() {
 
 bool Fabric::saves_sharded() const {
   const std::string format = config_.get_string("checkpoint.format");
-  return format == "sharded" || (format == "auto" && strategy_->splits_state());
+  return format == "sharded" || (format == "auto" && strategy_->sharded_state() != nullptr);
 }
 
 void Fabric::save(const std::string& path, const CheckpointState& state) {
@@ -238,7 +142,7 @@ void Fabric::save(const std::string& path, const CheckpointState& state) {
   const auto contents_of = gather_for_save();
   if (saves_sharded()) {
     // Each rank writes what it holds: nothing gathered.
-    const CheckpointState contents = with_local_pieces(*strategy_, state);
+    const CheckpointState contents = with_local_pieces(strategy_->sharded_state(), state);
     StrategyRanks ranks(*strategy_);
     write_sharded_checkpoint(ranks, file, [&] { return contents_of(contents); });
     return;
@@ -246,7 +150,7 @@ void Fabric::save(const std::string& path, const CheckpointState& state) {
   // Optimizers the strategy splits over the ranks: gathered now, on every rank (collective);
   // modules whose parameters it splits: whole until written.
   const CheckpointState contents =
-      with_whole_splits(with_split_optimizers(*strategy_, state, /*gather=*/true));
+      with_whole_splits(with_split_optimizers(strategy_->sharded_state(), state, /*gather=*/true));
   const std::vector<ScopeGuard> whole = materialize_modules(*strategy_, modules_of(state), false);
   StrategyRanks ranks(*strategy_);  // they hold the same state: rank 0 writes
   write_checkpoint_file(ranks, file, [&] { return contents_of(contents); });
@@ -258,13 +162,13 @@ std::function<void()> Fabric::snapshot_for_save(const std::string& path,
   const auto file = absolute_from_working_directory(path);
   const auto contents_of = gather_for_save();
   if (saves_sharded()) {
-    const CheckpointState contents = with_local_pieces(*strategy_, state);
+    const CheckpointState contents = with_local_pieces(strategy_->sharded_state(), state);
     snapshot = std::make_shared<c10::IValue>(host_copy(contents_of(contents), snapshot.get()));
     StrategyRanks ranks(*strategy_);
     return sharded_checkpoint_writer(ranks, file, snapshot, setup_->ddp.timeout);
   }
   const CheckpointState contents =
-      with_whole_splits(with_split_optimizers(*strategy_, state, /*gather=*/true));
+      with_whole_splits(with_split_optimizers(strategy_->sharded_state(), state, /*gather=*/true));
   const std::vector<ScopeGuard> whole = materialize_modules(*strategy_, modules_of(state), false);
   if (!is_global_zero()) {
     snapshot.reset();
@@ -285,9 +189,9 @@ void Fabric::load(const std::string& path, CheckpointState& state, bool strict) 
   try {
     // A sharded checkpoint: this rank reads only its part of what the strategy splits.
     prepared = prepare_checkpoint(
-        read_checkpoint(file, {wanted_pieces(*strategy_, state), global_rank(), world_size()}),
+        read_checkpoint(file, {wanted_pieces(strategy_->sharded_state(), state), global_rank(), world_size()}),
         source,
-        with_local_loaders(*strategy_, with_split_optimizers(*strategy_, state, /*gather=*/false),
+        with_local_loaders(strategy_->sharded_state(), with_split_optimizers(strategy_->sharded_state(), state, /*gather=*/false),
                            whole_modules),
         strict, precision().scaler(), global_rank());
     if (!prepared.saved_config.empty()) {

@@ -49,7 +49,8 @@ class Fsdp : public ParallelStrategy {
   void backward(const torch::Tensor& loss) override;
   bool optimizer_step(torch::optim::Optimizer& optimizer) override;
   ScopeGuard materialize_parameters(torch::nn::Module& module, bool write_back) override;
-  bool splits_state() const override { return true; }
+  // ShardedState: the parameters' shards and the split optimizer's pieces.
+  ShardedState* sharded_state() override { return this; }
   std::optional<c10::IValue> local_module_state(torch::nn::Module& module) override;
   std::optional<PieceRange> wanted_module_piece(const torch::nn::Module& module,
                                                 const std::string& path, at::IntArrayRef sizes,

@@ -28,7 +28,7 @@ class OptimizerShard;
 distributed::RendezvousOptions rendezvous_options(const DdpOptions& options,
                                                   std::vector<std::string> argv);
 
-class ParallelStrategy : public Strategy {
+class ParallelStrategy : public Strategy, public ShardedState {
  public:
   ~ParallelStrategy() override;
 
@@ -57,6 +57,10 @@ class ParallelStrategy : public Strategy {
                                     double norm_type) override;
   void clip_gradients_value(const std::vector<torch::Tensor>& parameters,
                             torch::optim::Optimizer& optimizer, double clip_value) override;
+
+  // ShardedState: the split optimizer's pieces (ZeRO-1; fsdp adds its parameters'). Non-null only
+  // while an optimizer is split.
+  ShardedState* sharded_state() override { return shard_ ? this : nullptr; }
   std::optional<c10::IValue> gather_optimizer_state(torch::optim::Optimizer& optimizer) override;
   std::optional<std::function<void()>> prepare_split_optimizer_state(
       torch::optim::Optimizer& optimizer, const c10::IValue& state,
@@ -64,7 +68,6 @@ class ParallelStrategy : public Strategy {
   std::optional<PieceRange> wanted_optimizer_piece(const torch::optim::Optimizer& optimizer,
                                                    const std::string& path, at::IntArrayRef sizes,
                                                    at::IntArrayRef strides) override;
-  bool splits_state() const override { return shard_ != nullptr; }
   std::optional<c10::IValue> local_optimizer_state(torch::optim::Optimizer& optimizer) override;
 
  protected:

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "fabric/checkpoint/sharded.h"
+#include "fabric/checkpoint/sharded_state.h"
 #include "fabric/core/scope_guard.h"
 #include "fabric/precision/precision.h"
 #include "fabric/training/parameter_parts.h"
@@ -65,49 +65,10 @@ class Strategy {
   // Every rank's `tensor`, in rank order; REQUIRES: the same shape and dtype on every rank.
   virtual std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor) { return {tensor}; }
 
-  // Sharded checkpoints (checkpoint.format, fabric/checkpoint/sharded.h). `auto` chooses them
-  // when this is true: the strategy splits parameters or optimizer state over the ranks.
-  virtual bool splits_state() const { return false; }
-  // `module`'s state (parameters and buffers by name), each parameter this strategy splits over
-  // the ranks replaced by this rank's piece (tensor_piece); nullopt when it splits none of them.
-  // No communication.
-  virtual std::optional<c10::IValue> local_module_state(torch::nn::Module& module) {
-    (void)module;
-    return std::nullopt;
-  }
-  // An optimizer whose state it splits: one process's layout (optimizer_state.h) with this
-  // rank's piece of every buffer; nullopt when not split. No communication.
-  virtual std::optional<c10::IValue> local_optimizer_state(torch::optim::Optimizer& optimizer) {
-    (void)optimizer;
-    return std::nullopt;
-  }
-  // Loading without gathering (Fabric::load). Which elements of a split tensor of `module`'s
-  // state (`path`: the parameter's name as sharded_path writes it) or of `optimizer`'s (one
-  // process's layout: "state/I/FIELD") this rank needs, given its shape and strides in the
-  // checkpoint: read_checkpoint then reads just those (a piece); nullopt (the default): the whole
-  // tensor.
-  virtual std::optional<PieceRange> wanted_module_piece(const torch::nn::Module& module,
-                                                        const std::string& path,
-                                                        at::IntArrayRef sizes,
-                                                        at::IntArrayRef strides) {
-    (void)module, (void)path, (void)sizes, (void)strides;
-    return std::nullopt;
-  }
-  virtual std::optional<PieceRange> wanted_optimizer_piece(
-      const torch::optim::Optimizer& optimizer, const std::string& path, at::IntArrayRef sizes,
-      at::IntArrayRef strides) {
-    (void)optimizer, (void)path, (void)sizes, (void)strides;
-    return std::nullopt;
-  }
-  // What loads `module`'s state `value` (name → tensor whole, or the piece wanted_module_piece
-  // named) straight into this rank's part of the parameters, nothing gathered; nullopt (the
-  // default): Fabric gathers the module (materialize_parameters) and loads it whole. Throws
-  // fabric::Error "SOURCE: ..." as load_state_dict does; changes nothing.
-  virtual std::optional<std::function<void()>> prepare_local_module_state(
-      torch::nn::Module& module, const c10::IValue& value, const std::string& source) {
-    (void)module, (void)value, (void)source;
-    return std::nullopt;
-  }
+  // A strategy that splits parameters or optimizer state over the ranks: what each rank holds
+  // and wants of a checkpoint (fabric/checkpoint/sharded_state.h); null (the default) when every
+  // rank holds the same state. checkpoint.format auto writes sharded folders when it is not null.
+  virtual ShardedState* sharded_state() { return nullptr; }
 
   // Fabric::clip_gradients after unscaling: scales the gradients `optimizer` steps so that their
   // total `norm_type` norm is at most `max_norm`; returns the norm before clipping (0-dim, on the
@@ -119,26 +80,6 @@ class Strategy {
   // Clamps the same gradients to [-clip_value, clip_value].
   virtual void clip_gradients_value(const std::vector<torch::Tensor>& parameters,
                                     torch::optim::Optimizer& optimizer, double clip_value);
-
-  // An optimizer whose state this strategy splits over the ranks (fabric.ddp.shard_optimizer_state)
-  // is saved and loaded in one process's layout (fabric/checkpoint/optimizer_state.h), so its
-  // checkpoints load at any world size and under any strategy. gather_optimizer_state: that
-  // layout, on every rank (collective: Fabric::save calls it on every rank before writing);
-  // nullopt when `optimizer` is not split (its own state is saved).
-  virtual std::optional<c10::IValue> gather_optimizer_state(torch::optim::Optimizer& optimizer) {
-    (void)optimizer;
-    return std::nullopt;
-  }
-  // What loads this rank's part of a state in that layout (each buffer whole, or the piece
-  // wanted_optimizer_piece named); nullopt when not split. Throws
-  // fabric::Error "SOURCE: ..." and changes nothing.
-  virtual std::optional<std::function<void()>> prepare_split_optimizer_state(
-      torch::optim::Optimizer& optimizer, const c10::IValue& state, const std::string& source) {
-    (void)optimizer;
-    (void)state;
-    (void)source;
-    return std::nullopt;
-  }
 
   // Collective. While the guard lives, `module`'s parameters hold their full values on every
   // rank (a strategy that shards them gathers them; the default does nothing). `write_back`:

@@ -34,8 +34,8 @@ class SingleRank : public RankGroup {
 // that no rank waits forever for a writer that failed. Collective.
 void on_rank_zero(RankGroup& ranks, const std::function<void()>& fn);
 
-// Every rank's `failure` ("" where it succeeded) → the lowest failing rank's, on every rank ("" when
-// none failed). Collective.
+// Every rank's `failure` ("" where it succeeded) → the lowest failing rank's, on every rank (""
+// when none failed). Collective.
 std::string first_failure(RankGroup& ranks, const std::string& failure);
 
 }  // namespace fabric
