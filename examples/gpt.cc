@@ -37,7 +37,7 @@
 #include "fabric/models/gpt.h"
 #include "fabric/nonfinite_guard.h"
 #include "fabric/training/activation_checkpoint.h"
-#include "fabric/training/graphed_step.h"
+#include "fabric/graphed_step.h"
 #include "fabric/training/lr_scheduler.h"
 #include "fabric/training/optimizers.h"
 

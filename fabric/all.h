@@ -7,7 +7,7 @@
 //   fabric/stop_signal.h           SIGTERM → checkpoint and exit 143
 //   fabric/training/optimizers.h   the optimizer of the optimizer: section (fused where it can)
 //   fabric/training/lr_scheduler.h the schedule of the scheduler: section
-//   fabric/training/graphed_step.h whole training steps replayed as CUDA graphs
+//   fabric/graphed_step.h whole training steps replayed as CUDA graphs
 //   fabric/training/throughput.h   samples/s, TFLOP/s and MFU (FLOPs from flop_counter.h)
 //   fabric/data/augment.h          device-side crop/flip/normalize
 //   fabric/data/npy.h              NumPy .npy/.npz arrays (memory-mapped) and NpyDataset
@@ -37,7 +37,7 @@
 #include "fabric/stop_signal.h"
 #include "fabric/training/activation_checkpoint.h"
 #include "fabric/training/ema.h"
-#include "fabric/training/graphed_step.h"
+#include "fabric/graphed_step.h"
 #include "fabric/training/lr_scheduler.h"
 #include "fabric/training/optimizers.h"
 #include "fabric/training/state_bytes.h"

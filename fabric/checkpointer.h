@@ -37,7 +37,7 @@
 // (checkpoint.format): every rank writes its part in the background and rank 0 completes the
 // folder once all are there (fabric/checkpoint/writer.h).
 //
-// Restarts (fabric.max_restarts, fabric/launchers/restart_agent.h; or torchrun --max-restarts):
+// Restarts (fabric.max_restarts, fabric/distributed/restart_agent.h; or torchrun --max-restarts):
 // in a restarted attempt the constructor resumes from the newest complete checkpoint written
 // since the job began (those of earlier attempts, found like resume: auto's, damaged ones skipped
 // for the one before), whatever checkpoint.resume says; with none yet it starts as the first

@@ -95,7 +95,7 @@ struct ResolvedSetup {
   // fabric.memory_limit_gb: Fabric::step fails once a process's peak resident host memory
   // exceeds it (0: off).
   double memory_limit_gb = 0;
-  // fabric.max_restarts / restart_backoff_s (fabric/launchers/restart_agent.h). restart_agent:
+  // fabric.max_restarts / restart_backoff_s (fabric/distributed/restart_agent.h). restart_agent:
   // this process supervises the job instead of being its rank 0 (a self-launched job with
   // max_restarts > 0, in the process the user started).
   int64_t max_restarts = 0;

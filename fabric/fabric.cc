@@ -18,7 +18,7 @@
 
 #include "fabric/connector.h"
 #include "fabric/core/paths.h"
-#include "fabric/launchers/restart_agent.h"
+#include "fabric/distributed/restart_agent.h"
 #include "fabric/logging/loggers.h"
 #include "fabric/logging/progress.h"
 #include "strategies/collectives.h"

@@ -1,6 +1,6 @@
 // fabric::strategies::FlatGradientSync: averages gradients over the ranks after backward, through
 // one persistent flat buffer per gradient dtype and device, with no host work between its kernels
-// — so a CUDA graph can capture it, NCCL all-reduce included (fabric/training/graphed_step.h).
+// — so a CUDA graph can capture it, NCCL all-reduce included (fabric/graphed_step.h).
 //
 // The Reducer (strategies/ddp.h) all-reduces buckets from hooks during backward, overlapping
 // communication with compute; its bookkeeping runs on the host between kernels and a replayed

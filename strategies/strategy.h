@@ -99,7 +99,7 @@ class Strategy {
   // accumulation.
   virtual ScopeGuard no_backward_sync() { return ScopeGuard(); }
 
-  // Gradient synchronization a CUDA graph can capture (fabric/training/graphed_step.h turns it on
+  // Gradient synchronization a CUDA graph can capture (fabric/graphed_step.h turns it on
   // for its lifetime): a strategy that synchronizes gradients from hooks during backward, with
   // host bookkeeping between kernels, does it after backward through persistent buffers instead.
   virtual void set_capturable_gradient_sync(bool on) { (void)on; }

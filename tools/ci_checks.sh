@@ -187,10 +187,14 @@ check_no_deps deps_checkpoint_on_core_only \
   'deps(//fabric/checkpoint/...) intersect (//... except //fabric/core/... except //fabric/checkpoint/...)'
 check_no_deps deps_precision_on_core_only \
   'deps(//fabric/precision/...) intersect (//... except //fabric/core/... except //fabric/precision/...)'
-# Implementation packages under fabric/ never reach the facade either; the one exception drives a
-# Fabric (GraphedStep takes a Fabric&: a layer above it, docs/architecture.md).
+# Implementation packages under fabric/ never reach the facade either (what drives a Fabric&,
+# GraphedStep and the Checkpointer, lives in the facade's folder, above it).
 check_no_deps deps_implementation_not_on_facade \
-  'deps(//fabric/... except //fabric:* except //fabric/training:graphed_step) intersect //fabric:*'
+  'deps(//fabric/... except //fabric:*) intersect //fabric:*'
+# Launchers sit below distributed (the rendezvous starts the ranks; the restart agent, which hosts
+# the store, lives in distributed): no cycle between the two folders.
+check_no_deps deps_launchers_not_on_distributed \
+  'deps(//fabric/launchers/...) intersect //fabric/distributed/...'
 # The implementation packages are private to the repository (//:internal): a package outside it,
 # such as examples/, sees no target of theirs but the build stamp; it uses //:fabric.
 check_no_deps visibility_implementation_private \

@@ -34,7 +34,7 @@
 #include "fabric/nonfinite_guard.h"
 #include "fabric/stop_signal.h"
 #include "fabric/training/ema.h"
-#include "fabric/training/graphed_step.h"
+#include "fabric/graphed_step.h"
 #include "fabric/training/lr_scheduler.h"
 #include "fabric/training/optimizers.h"
 

@@ -59,7 +59,7 @@ ConfigSchema default_schema() {
   s.add("fabric.max_restarts",
         KeySpec::integer(0).min(0).doc(
             "self-launched jobs: when a rank fails, restart every rank from the newest complete "
-            "checkpoint of the job, up to this many times (fabric/launchers/restart_agent.h)"));
+            "checkpoint of the job, up to this many times (fabric/distributed/restart_agent.h)"));
   s.add("fabric.restart_backoff_s",
         KeySpec::real(1.0).min(0).doc("seconds between a failure and the restart"));
   s.add("fabric.grad_scaler.init_scale",

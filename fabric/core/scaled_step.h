@@ -30,7 +30,7 @@ class ScaledStep {
   // Forgets device-side counters after the state was replaced (a checkpoint was loaded).
   virtual void state_loaded() = 0;
 
-  // For steps captured in a CUDA graph (fabric/training/graphed_step.h). With device_lr on, the
+  // For steps captured in a CUDA graph (fabric/graphed_step.h). With device_lr on, the
   // update reads each group's learning rate from a float32 scalar on the parameters' device, which
   // refresh_lr() fills from the group's options (outside the graph, before every step), so a
   // replayed step follows the LR schedule. Off by default.

@@ -12,7 +12,7 @@
 //   3. the process group (make_process_group: Gloo or shared memory for CPU tensors, NCCL for
 //      CUDA ones);
 //   4. with debug_collectives, a CollectiveChecker; in a job started by an external launcher or the
-//      restart agent (fabric/launchers/restart_agent.h: it hosts the store, so step 2 is skipped)
+//      restart agent (fabric/distributed/restart_agent.h: it hosts the store, so step 2 is skipped)
 //      with heartbeat_timeout > 0, a Heartbeat that ends this rank (exit status 1, one error line
 //      naming the silent rank) when another stops beating.
 // Collectives of the user-facing API announce themselves with begin_collective(), which numbers

@@ -220,7 +220,7 @@ std::unique_ptr<ClusterEnvironment> detect_environment(const EnvGetter& env,
   Vars v(env, "self");
   const int64_t world = v.integer("FABRIC_WORLD_SIZE", local_world_size);
   const int64_t rank = v.integer("FABRIC_LOCAL_RANK", 0);
-  // Under the restart agent (fabric/launchers/restart_agent.h) the agent hosts the store and each
+  // Under the restart agent (fabric/distributed/restart_agent.h) the agent hosts the store and each
   // attempt keeps its keys apart.
   const bool agent_store = v.text("FABRIC_AGENT_STORE", "") == "1";
   return make({"local", false, world, rank, rank, 0, "127.0.0.1",

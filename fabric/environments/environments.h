@@ -22,7 +22,7 @@
 //                    machine. Its children carry FABRIC_LOCAL_RANK, FABRIC_WORLD_SIZE and
 //                    FABRIC_MASTER_PORT, set by the launcher; under the restart agent also
 //                    FABRIC_AGENT_STORE=1 (the agent hosts the store, keys under
-//                    /attempt_<FABRIC_RESTART_COUNT>), fabric/launchers/restart_agent.h.
+//                    /attempt_<FABRIC_RESTART_COUNT>), fabric/distributed/restart_agent.h.
 //
 // Each also reports the processes on this machine (local_world_size): LOCAL_WORLD_SIZE (torchrun,
 // env), SLURM_NTASKS_PER_NODE or SLURM_TASKS_PER_NODE, OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS.

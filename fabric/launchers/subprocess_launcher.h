@@ -13,7 +13,7 @@
 //     SIGKILL, leaves no orphans; Ctrl-C reaches every process of the foreground group;
 //   - wait() (after rank 0's own work) waits for every child and returns 0, or the first failure.
 //
-// The restart agent (fabric/launchers/restart_agent.h) uses it with first_rank = 0 and
+// The restart agent (fabric/distributed/restart_agent.h) uses it with first_rank = 0 and
 // fail_fast = false: every rank is a child, and a failure stops the others and returns from wait()
 // (failure() says which rank and how) instead of ending this process.
 //

@@ -1,5 +1,5 @@
 // Gradient clipping by total norm that leaves the norm on the device: no host synchronization, so
-// a step that clips can be captured as a CUDA graph (fabric/training/graphed_step.h).
+// a step that clips can be captured as a CUDA graph (fabric/graphed_step.h).
 // Fabric::clip_gradients calls it and reads the returned norm on the host.
 #ifndef FABRIC_TRAINING_CLIP_H_
 #define FABRIC_TRAINING_CLIP_H_

@@ -19,7 +19,7 @@
 
 #include "fabric/fabric.h"
 #include "fabric/main.h"
-#include "fabric/training/graphed_step.h"
+#include "fabric/graphed_step.h"
 #include "strategies/ddp.h"
 #include "strategies/fsdp.h"
 

@@ -1,4 +1,4 @@
-// Whole-step CUDA graphs (fabric/training/graphed_step.h; tag `gpu`, skips without a CUDA device):
+// Whole-step CUDA graphs (fabric/graphed_step.h; tag `gpu`, skips without a CUDA device):
 // steps replayed from the graph train as eager steps do (same parameters within float tolerance,
 // through an LR schedule, in 32-true, bf16-mixed and 16-mixed with the GradScaler on the device,
 // for fused SGD and AdamW); a batch of another shape runs eagerly; a loss function that waits for
@@ -23,7 +23,7 @@
 #include "fabric/core/error.h"
 #include "fabric/fabric.h"
 #include "fabric/training/fast_optimizers.h"
-#include "fabric/training/graphed_step.h"
+#include "fabric/graphed_step.h"
 #include "tests/cuda_skip.h"
 
 namespace {

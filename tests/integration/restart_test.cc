@@ -1,4 +1,4 @@
-// Jobs that heal (fabric.max_restarts, fabric/launchers/restart_agent.h), with real processes:
+// Jobs that heal (fabric.max_restarts, fabric/distributed/restart_agent.h), with real processes:
 //   - a 2-rank DDP job (shared memory on CPU) whose ranks are SIGKILLed from outside at random
 //     moments, three times, finishes with the state of an uninterrupted run, bitwise;
 //   - a frozen rank (SIGSTOP) is found by the heartbeat and the job restarts and finishes bitwise;

@@ -20,7 +20,7 @@ check "no installed header is unused by fabric/all.h (private headers: '${extra/
 check "every header fabric/all.h reads is installed (missing: '${missing//$'\n'/ }')" test -z "$missing"
 check "the public headers are a fraction of the project's ($(wc -l <<<"$installed") of $(wc -l <tools/packaging/project_headers.txt))" \
   test "$(wc -l <<<"$installed")" -lt "$(wc -l <tools/packaging/project_headers.txt)"
-for private in fabric/launchers/restart_agent.h strategies/ddp.h fabric/checkpoint/format.h; do
+for private in fabric/distributed/restart_agent.h strategies/ddp.h fabric/checkpoint/format.h; do
   check "internal header $private is not installed" test ! -e "$PREFIX/include/fabricpp/$private"
 done
 

@@ -41,7 +41,7 @@
 #include "fabric/fabric.h"
 #include "fabric/models/gpt.h"
 #include "fabric/training/activation_checkpoint.h"
-#include "fabric/training/graphed_step.h"
+#include "fabric/graphed_step.h"
 #include "fabric/training/optimizers.h"
 #include "tools/bench/resnet50.h"
 

@@ -3,7 +3,7 @@
 // true (true on CPU runs eagerly after one warning at setup; tests/fabric/connector_test.cc). The
 // capture itself is tested on a GPU by tests/integration/cuda_graphs_test.cc. Clipping inside the
 // step is Fabric's clipping, and clip_grad_norm_on_device is LibTorch's clip_grad_norm_, bitwise.
-#include "fabric/training/graphed_step.h"
+#include "fabric/graphed_step.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -1,4 +1,4 @@
-#include "fabric/launchers/restart_agent.h"
+#include "fabric/distributed/restart_agent.h"
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 

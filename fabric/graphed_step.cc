@@ -1,4 +1,4 @@
-#include "fabric/training/graphed_step.h"
+#include "fabric/graphed_step.h"
 
 #include <torch/torch.h>
 

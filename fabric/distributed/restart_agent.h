@@ -22,8 +22,8 @@
 // SIGTERM to the agent stops every rank and ends the job (130 / 143). After max_restarts restarts
 // the next failure ends the job: "fabric: giving up after 3 restarts (fabric.max_restarts): ..."
 // with the failed rank's status (128 + signal for a signal).
-#ifndef FABRIC_LAUNCHERS_RESTART_AGENT_H_
-#define FABRIC_LAUNCHERS_RESTART_AGENT_H_
+#ifndef FABRIC_DISTRIBUTED_RESTART_AGENT_H_
+#define FABRIC_DISTRIBUTED_RESTART_AGENT_H_
 
 #include <chrono>
 #include <cstdint>
@@ -47,4 +47,4 @@ int run_restart_agent(const RestartAgentOptions& options);
 
 }  // namespace fabric
 
-#endif  // FABRIC_LAUNCHERS_RESTART_AGENT_H_
+#endif  // FABRIC_DISTRIBUTED_RESTART_AGENT_H_

@@ -37,8 +37,8 @@
 //
 // Unverified on a GPU so far (no GPU was available to the sessions that wrote it): the capture
 // path is compiled in CUDA builds only and tested by tests/integration/cuda_graphs_test.cc there.
-#ifndef FABRIC_TRAINING_GRAPHED_STEP_H_
-#define FABRIC_TRAINING_GRAPHED_STEP_H_
+#ifndef FABRIC_GRAPHED_STEP_H_
+#define FABRIC_GRAPHED_STEP_H_
 
 #include <torch/optim/optimizer.h>
 
@@ -120,4 +120,4 @@ class GraphedStep {
 
 }  // namespace fabric
 
-#endif  // FABRIC_TRAINING_GRAPHED_STEP_H_
+#endif  // FABRIC_GRAPHED_STEP_H_
