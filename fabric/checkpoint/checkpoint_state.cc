@@ -2,9 +2,7 @@
 
 #include <c10/core/GradMode.h>
 
-#include <map>
 #include <memory>
-#include <sstream>
 
 #include "fabric/checkpoint/archive.h"
 #include "fabric/checkpoint/optimizer_state.h"

@@ -3,9 +3,10 @@
 // Entries refer to the caller's objects (which must outlive the CheckpointState): modules,
 // optimizers (SGD, Adam, AdamW, RMSprop, Adagrad), Stateful objects (fabric/core/stateful.h: data
 // loaders with their position inside the epoch, LR schedulers, GradScalers, objects of yours), and
-// plain values (int64_t, double, bool, std::string, torch::Tensor). Saving reads them; loading checks every entry first and changes nothing unless
-// all of them fit, then writes them back (modules and optimizer buffers on their current devices;
-// tensors keep the device of the tensor they replace, CPU if it was undefined).
+// plain values (int64_t, double, bool, std::string, torch::Tensor). Saving reads them; loading
+// checks every entry first and changes nothing unless all of them fit, then writes them back
+// (modules and optimizer buffers on their current devices; tensors keep the device of the tensor
+// they replace, CPU if it was undefined).
 //
 // Example:
 //   fabric::CheckpointState state;

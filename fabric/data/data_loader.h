@@ -156,7 +156,7 @@ class DataLoader : public Stateful {
   // Stateful (a checkpoint entry): the State with what fixes the data's order at that point
   // (world size, batch size, samples per rank, shuffle, drop_last, seed, shuffle_buffer, and for
   // streamed loaders rank 0's stream position). Restoring in the middle of an epoch refuses a
-  // state whose order facts differ from this loader's, naming them (fabric/data/data_loader_state.cc).
+  // state whose order facts differ from this loader's, naming them (data_loader_state.cc).
   c10::IValue save_state() const override;
   std::function<void()> prepare_restore(const c10::IValue& saved,
                                         const std::string& source) override;
