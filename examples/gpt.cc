@@ -32,12 +32,12 @@
 #include "fabric/core/error.h"
 #include "fabric/data/tokens.h"
 #include "fabric/fabric.h"
+#include "fabric/graphed_step.h"
 #include "fabric/logging/progress.h"
 #include "fabric/main.h"
 #include "fabric/models/gpt.h"
 #include "fabric/nonfinite_guard.h"
 #include "fabric/training/activation_checkpoint.h"
-#include "fabric/graphed_step.h"
 #include "fabric/training/lr_scheduler.h"
 #include "fabric/training/optimizers.h"
 

@@ -230,8 +230,8 @@ Split load_data(const fabric::Config& c, fabric::Fabric& f) {
     auto val = load_split(root, "val");
     for (const auto* split : {train.get(), val.get()})
       if (split->size() == 0)
-        throw fabric::Error(split->inputs_name() + ": the " + (split == train.get() ? "train" : "val") +
-                            " split holds no examples");
+        throw fabric::Error(split->inputs_name() + ": the " +
+                            (split == train.get() ? "train" : "val") + " split holds no examples");
     s.val = val;
     const auto& inputs = train->inputs();
     if (inputs.dim() < 3 || inputs.dim() > 4) {

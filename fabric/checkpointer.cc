@@ -159,8 +159,8 @@ void Checkpointer::claim_dir() {
   if (f_.is_global_zero()) {
     const auto files = checkpoints_in(dir_);
     std::error_code ec;
-    const bool continues = !resumed_from_.empty() &&
-                           fs::equivalent(fs::path(resumed_from_).parent_path(), dir_, ec);
+    const bool continues =
+        !resumed_from_.empty() && fs::equivalent(fs::path(resumed_from_).parent_path(), dir_, ec);
     if (!files.empty() && !continues) {
       key = "checkpoint.dir";
       problem = dir_.string() + " holds the checkpoints of another run (newest " +
@@ -244,19 +244,19 @@ fs::path Checkpointer::save() {
     // The stall: a copy in host memory (into the previous snapshot's buffers).
     std::function<void()> write = f_.snapshot_for_save(path.string(), state_, snapshot_);
     const bool zero = f_.is_global_zero();
-    writer_ = std::thread([this, path, zero, check_later, write = std::move(write),
-                           taken = snapshot_] {
-      try {
-        if (check_later && taken && !all_finite(*taken)) {
-          write_warning_ = not_finite_warning(checkpoint_step(path.filename().string()));
-          return;
-        }
-        if (write) write();
-        if (zero) publish(path);
-      } catch (const std::exception& e) {
-        write_error_ = e.what();
-      }
-    });
+    writer_ =
+        std::thread([this, path, zero, check_later, write = std::move(write), taken = snapshot_] {
+          try {
+            if (check_later && taken && !all_finite(*taken)) {
+              write_warning_ = not_finite_warning(checkpoint_step(path.filename().string()));
+              return;
+            }
+            if (write) write();
+            if (zero) publish(path);
+          } catch (const std::exception& e) {
+            write_error_ = e.what();
+          }
+        });
   } else {
     this->write(file_name);
     on_global_zero(f_.strategy(), [&] { publish(path); });
@@ -310,8 +310,7 @@ void Checkpointer::prepare_dir() {
   on_global_zero(f_.strategy(), [&] {
     std::error_code ec;
     fs::create_directories(dir_, ec);
-    if (ec)
-      throw Error("cannot write checkpoints to " + dir_.string() + ": " + ec.message());
+    if (ec) throw Error("cannot write checkpoints to " + dir_.string() + ": " + ec.message());
     remove_temporaries();  // of a save that was killed
   });
 }

@@ -42,8 +42,8 @@
 // since the job began (those of earlier attempts, found like resume: auto's, damaged ones skipped
 // for the one before), whatever checkpoint.resume says; with none yet it starts as the first
 // attempt did. It prints "restart 1: resumed from PATH at step 50, epoch 1; the failed attempt had
-// reached step 57 (7 steps to redo)" (the last part under fabric.max_restarts only). step_end() tells the agent each
-// completed step (job_progress.h).
+// reached step 57 (7 steps to redo)" (the last part under fabric.max_restarts only). step_end()
+// tells the agent each completed step (job_progress.h).
 //
 // Example (examples/common/classification.h is complete):
 //   fabric::CheckpointState state;
@@ -153,7 +153,7 @@ class Checkpointer {
   // A checkpoint folder belongs to one run: when dir_ holds checkpoints and this run did not
   // resume from one of them, a ConfigError naming checkpoint.dir (before anything is written).
   void claim_dir();
-  void prepare_dir();  // rank 0: the folder exists, a killed save's temporary files are gone
+  void prepare_dir();         // rank 0: the folder exists, a killed save's temporary files are gone
   void remove_temporaries();  // rank 0: every *.tmp.* file and folder of the checkpoint folder
   void publish(const std::filesystem::path& path);  // rank 0: `latest`, then rotation
   // Waits for the background write, then throws its error on every rank (collective).
@@ -170,7 +170,7 @@ class Checkpointer {
   bool save_last_, async_ = false;
   std::thread writer_;
   std::string write_error_, write_warning_;  // set by the writer thread; read after joining it
-  std::shared_ptr<c10::IValue> snapshot_;     // the last async snapshot (rank 0), reused
+  std::shared_ptr<c10::IValue> snapshot_;    // the last async snapshot (rank 0), reused
   std::string export_weights_;
   int64_t step_ = 0, epoch_ = 0, saved_step_ = -1, saved_epoch_ = -1;
   std::string resumed_from_;

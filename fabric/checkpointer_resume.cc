@@ -69,8 +69,10 @@ void Checkpointer::resume(const std::string& configured) {
     const std::string chosen = newest_verified(
         restart, job_start_time(env).value_or(std::chrono::system_clock::time_point::max()));
     if (chosen.empty()) {
-      f_.print(restart, ": no complete checkpoint of this job yet; starting as its first attempt "
-               "did (checkpoint.resume: ", configured, ")");
+      f_.print(restart,
+               ": no complete checkpoint of this job yet; starting as its first attempt "
+               "did (checkpoint.resume: ",
+               configured, ")");
     } else {
       load_from(chosen);
       std::string lost;

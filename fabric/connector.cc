@@ -203,10 +203,9 @@ void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) 
     for (const auto& p : c.schema().paths())
       if (p.rfind("fabric.fsdp.", 0) == 0 && c.origin(p) != "default") inert.push_back(p);
     if (!inert.empty())
-      s.warnings.push_back(c.origin(inert[0]) + ": " + join(inert) +
-                           (inert.size() == 1 ? ": has" : ": have") +
-                           " no effect under fabric.strategy: " + want +
-                           " (fabric.fsdp keys configure fsdp)");
+      s.warnings.push_back(
+          c.origin(inert[0]) + ": " + join(inert) + (inert.size() == 1 ? ": has" : ": have") +
+          " no effect under fabric.strategy: " + want + " (fabric.fsdp keys configure fsdp)");
   }
   if (want == "fsdp") {
     s.fsdp.sharding_strategy =

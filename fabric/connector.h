@@ -3,10 +3,10 @@
 //
 //   1. accelerator  auto → cuda when this build has CUDA, the loaded LibTorch has CUDA and a device
 //                   is visible; else cpu. `cuda` without any of those is an error saying which.
-//   2. devices      auto → with strategy ddp or dp: every visible CUDA device, or on cpu 2 processes
-//                   (ddp; the smallest real DDP job); otherwise 1 device (cuda:0, or one CPU
-//                   process). N → N devices (on cpu: N processes), -1 → all CUDA devices (on cpu: an
-//                   error, as in Lightning), [ids] → those (cuda only; ids must exist).
+//   2. devices      auto → with strategy ddp or dp: every visible CUDA device, or on cpu
+//                   2 processes (ddp; the smallest real DDP job); otherwise 1 device (cuda:0, or
+//                   one CPU process). N → N devices (on cpu: N processes), -1 → all CUDA devices
+//                   (on cpu: an error, as in Lightning), [ids] → those (cuda only; ids must exist).
 //   3. strategy     the job comes from the launch environment (fabric/environments/environments.h):
 //                   torchrun/SLURM/MPI/RANK+WORLD_SIZE give the world size; otherwise Fabric
 //                   self-launches devices × 1 processes (num_nodes > 1 needs an external launcher).
@@ -65,8 +65,8 @@ struct MachineFacts {
 
 // fabric.strategy after step 3 (auto and the dp fallback decided).
 enum class StrategyKind { kSingleDevice, kDp, kDdp, kFsdp };
-// "single_device" | "dp" | "ddp" | "fsdp": the config's word, and Strategy::name() of what build_strategy
-// makes.
+// "single_device" | "dp" | "ddp" | "fsdp": the config's word, and Strategy::name() of what
+// build_strategy makes.
 const char* strategy_name(StrategyKind kind);
 
 struct ResolvedSetup {
@@ -75,8 +75,8 @@ struct ResolvedSetup {
   StrategyKind strategy = StrategyKind::kSingleDevice;
   std::shared_ptr<ClusterEnvironment> environment;  // the job (world size, ranks, rendezvous)
   torch::Device device = torch::kCPU;               // this process's device
-  strategies::DdpOptions ddp;    // also the process group settings of fsdp
-  strategies::FsdpOptions fsdp;  // fabric.fsdp.*
+  strategies::DdpOptions ddp;                       // also the process group settings of fsdp
+  strategies::FsdpOptions fsdp;                     // fabric.fsdp.*
   PrecisionMode precision = PrecisionMode::k32True;
   GradScalerOptions scaler;
   uint64_t seed = 0;

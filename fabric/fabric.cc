@@ -95,8 +95,8 @@ DataLoader Fabric::setup_dataloader(std::shared_ptr<const Dataset> dataset,
   const int64_t cpus = std::max<int64_t>(setup_->num_threads, 1);
   const int64_t most = std::max<int64_t>(8, 4 * cpus);
   if (options.num_workers() > most) {
-    print("warning: data.num_workers: ", options.num_workers(), " loader threads for ",
-          cpus, " CPU(s) per process; using ", most,
+    print("warning: data.num_workers: ", options.num_workers(), " loader threads for ", cpus,
+          " CPU(s) per process; using ", most,
           " (at most max(8, 4 per CPU): more only add memory)");
     options.num_workers(most);
   }
@@ -132,8 +132,8 @@ bool Fabric::step(torch::optim::Optimizer& optimizer) {
       std::snprintf(text, sizeof(text),
                     "fabric.memory_limit_gb: rank %lld reached %.2f GiB of resident host memory "
                     "by optimizer step %lld, over the limit of %.2f GiB",
-                    static_cast<long long>(global_rank()), peak_gb,
-                    static_cast<long long>(steps_), setup_->memory_limit_gb);
+                    static_cast<long long>(global_rank()), peak_gb, static_cast<long long>(steps_),
+                    setup_->memory_limit_gb);
       throw Error(std::string(text) +
                   "; shard the model over the ranks (fabric.strategy: fsdp, or "
                   "fabric.ddp.shard_optimizer_state), use a smaller batch, or raise the limit");
@@ -222,8 +222,8 @@ std::map<std::string, double> Fabric::evaluate(DataLoader& loader, const PerExam
   }
   std::vector<torch::Tensor> parts;
   for (const auto& [name, sum] : sums) parts.push_back(sum.to(device()).reshape({1}));
-  parts.push_back(torch::full({1}, static_cast<double>(seen),
-                              torch::dtype(torch::kDouble).device(device())));
+  parts.push_back(
+      torch::full({1}, static_cast<double>(seen), torch::dtype(torch::kDouble).device(device())));
   const torch::Tensor total = all_reduce(torch::cat(parts), ReduceOp::kSum).cpu();
   const double count = total[total.size(0) - 1].item<double>();
   std::map<std::string, double> means;

@@ -123,10 +123,9 @@ class Fabric {
   }
   // LibTorch's own datasets (torch::data::datasets::MNIST, TensorDataset, your Dataset<Self>,
   // .map()-ped through transforms): see fabric/data/torch_dataset.h.
-  template <typename D,
-            std::enable_if_t<!std::is_base_of_v<Dataset, std::decay_t<D>> &&
-                                 torch_data::is_random_access<std::decay_t<D>>::value,
-                             int> = 0>
+  template <typename D, std::enable_if_t<!std::is_base_of_v<Dataset, std::decay_t<D>> &&
+                                             torch_data::is_random_access<std::decay_t<D>>::value,
+                                         int> = 0>
   DataLoader setup_dataloader(D&& dataset, DataLoaderOptions options) {
     return setup_dataloader(from_torch(std::forward<D>(dataset)), std::move(options));
   }
@@ -362,7 +361,7 @@ class Fabric {
   std::optional<RunDirectory> run_;
   std::string run_name_;
   std::map<std::string, double> last_logged_;  // global rank 0: each metric's last value
-  int64_t steps_ = 0;  // optimizer steps through step(), for messages
+  int64_t steps_ = 0;                          // optimizer steps through step(), for messages
 };
 
 }  // namespace fabric

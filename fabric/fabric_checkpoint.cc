@@ -42,7 +42,6 @@ std::vector<torch::nn::Module*> modules_of(const CheckpointState& state) {
   return out;
 }
 
-
 // A copy of `value` whose tensors are host (CPU) tensors sharing nothing with the original: those
 // of `reuse` (an earlier copy) where it has a tensor of the same dtype and shape at the same
 // place, new ones elsewhere.
@@ -77,7 +76,8 @@ c10::IValue host_copy(const c10::IValue& value, const c10::IValue* reuse) {
   }
   if (value.isTensorList()) {
     c10::List<at::Tensor> out;
-    for (const at::Tensor& t : value.toTensorVector()) out.push_back(host_copy(t, nullptr).toTensor());
+    for (const at::Tensor& t : value.toTensorVector())
+      out.push_back(host_copy(t, nullptr).toTensor());
     return out;
   }
   if (value.isList()) {
@@ -189,10 +189,13 @@ void Fabric::load(const std::string& path, CheckpointState& state, bool strict) 
   try {
     // A sharded checkpoint: this rank reads only its part of what the strategy splits.
     prepared = prepare_checkpoint(
-        read_checkpoint(file, {wanted_pieces(strategy_->sharded_state(), state), global_rank(), world_size()}),
+        read_checkpoint(
+            file, {wanted_pieces(strategy_->sharded_state(), state), global_rank(), world_size()}),
         source,
-        with_local_loaders(strategy_->sharded_state(), with_split_optimizers(strategy_->sharded_state(), state, /*gather=*/false),
-                           whole_modules),
+        with_local_loaders(
+            strategy_->sharded_state(),
+            with_split_optimizers(strategy_->sharded_state(), state, /*gather=*/false),
+            whole_modules),
         strict, precision().scaler(), global_rank());
     if (!prepared.saved_config.empty()) {
       const auto diff =

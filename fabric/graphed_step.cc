@@ -18,9 +18,9 @@
 
 #include "fabric/connector.h"
 #include "fabric/core/error.h"
+#include "fabric/core/scaled_step.h"
 #include "fabric/fabric.h"
 #include "fabric/training/clip.h"
-#include "fabric/core/scaled_step.h"
 
 namespace fabric {
 
@@ -42,7 +42,7 @@ struct GraphedStep::Graph {
         side(c10::cuda::getStreamFromPool(false, device)),
         device(device) {}
   std::unique_ptr<at::cuda::CUDAGraph> graph;  // replaced after a failed capture
-  c10::cuda::CUDAStream side;  // warm-up and capture (never the default stream)
+  c10::cuda::CUDAStream side;                  // warm-up and capture (never the default stream)
   c10::DeviceIndex device;
   bool captured = false;
   std::vector<torch::Tensor> inputs;  // static copies the graph reads
@@ -124,8 +124,8 @@ void GraphedStep::clip_and_step() {
     // Through the strategy: under fsdp and ZeRO-1 the optimizer holds this rank's pieces only,
     // and the norm must cover every rank's (collective).
     if (options_.clip_norm() > 0) {
-      grad_norm_ = fabric_.strategy().clip_gradients_norm(clipped_, optimizer_, options_.clip_norm(),
-                                                          options_.norm_type());
+      grad_norm_ = fabric_.strategy().clip_gradients_norm(
+          clipped_, optimizer_, options_.clip_norm(), options_.norm_type());
     } else {
       fabric_.strategy().clip_gradients_value(clipped_, optimizer_, options_.clip_value());
     }
@@ -243,7 +243,7 @@ torch::Tensor GraphedStep::operator()(const std::vector<torch::Tensor>& batch) {
     }
     for (size_t i = 0; i < batch.size(); ++i) g.inputs[i].copy_(batch[i], /*non_blocking=*/true);
   }
-  g.graph->replay();          // the capture recorded the step without running it: this runs it
+  g.graph->replay();         // the capture recorded the step without running it: this runs it
   grad_norm_ = g.grad_norm;  // an eager step in between may have pointed it elsewhere
   scaled_->steps_ran_on_device();
   ++replays_;

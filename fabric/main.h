@@ -6,9 +6,9 @@
 //     });
 //   }
 //
-// It parses the command line (fabric/config/config.h: --config=FILE, --print_config, --help, key=value
-// overrides), loads and validates the config, then calls `body`. Errors print one line to stderr,
-// never a stack trace or a core dump:
+// It parses the command line (fabric/config/config.h: --config=FILE, --print_config, --help,
+// key=value overrides), loads and validates the config, then calls `body`. Errors print one line to
+// stderr, never a stack trace or a core dump:
 //   exit 0  body returned 0, or --help / --print_config
 //   exit 2  configuration or usage error (fabric::ConfigError), e.g.
 //           configs/x.yaml:7:14: fabric.precision: '16-mixd' is not a precision; did you mean

@@ -36,7 +36,7 @@ struct DdpOptions {
   // reduce-scattered after backward, each rank steps its 1/N of the parameters, then an
   // all-gather; the optimizer state takes 1/N of the memory.
   bool shard_optimizer_state = false;
-  bool sync_batchnorm = false;           // fabric.sync_batchnorm
+  bool sync_batchnorm = false;  // fabric.sync_batchnorm
   bool cuda_with_gloo = false;  // Gloo instead of NCCL for CUDA tensors (ranks may share a GPU)
   // fabric.ddp.cpu_backend (fabric/distributed/process_group.h).
   distributed::CpuBackend cpu_backend = distributed::CpuBackend::kAuto;

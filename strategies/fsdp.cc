@@ -38,15 +38,15 @@ std::optional<c10::IValue> Fsdp::local_module_state(torch::nn::Module& module) {
 }
 
 std::optional<PieceRange> Fsdp::wanted_module_piece(const torch::nn::Module& module,
-                                                    const std::string& path,
-                                                    at::IntArrayRef sizes,
+                                                    const std::string& path, at::IntArrayRef sizes,
                                                     at::IntArrayRef strides) {
   if (&module != module_ || !sharded_) return std::nullopt;
   return sharded_->wanted(path, sizes, strides);
 }
 
-std::optional<std::function<void()>> Fsdp::prepare_local_module_state(
-    torch::nn::Module& module, const c10::IValue& value, const std::string& source) {
+std::optional<std::function<void()>> Fsdp::prepare_local_module_state(torch::nn::Module& module,
+                                                                      const c10::IValue& value,
+                                                                      const std::string& source) {
   if (&module != module_ || !sharded_) return std::nullopt;
   return sharded_->prepare_load(module, value, source);
 }
@@ -82,7 +82,8 @@ void Fsdp::teardown() {
 void Fsdp::setup_module(torch::nn::Module& module) {
   const auto& pg = group_for("setup_module");
   if (sharded_)
-    throw Error(std::string(kKey) + ": shards one module per process; this job set up a second one");
+    throw Error(std::string(kKey) +
+                ": shards one module per process; this job set up a second one");
   module.to(device_);
   precision_->convert_module(module);
   std::vector<torch::Tensor> params;
@@ -92,7 +93,8 @@ void Fsdp::setup_module(torch::nn::Module& module) {
     names.push_back(item.key());
     params.push_back(item.value());
   }
-  if (params.empty()) throw Error(std::string(kKey) + ": the module has no parameters that require gradients");
+  if (params.empty())
+    throw Error(std::string(kKey) + ": the module has no parameters that require gradients");
   // Same shapes everywhere, then rank 0's values everywhere (every parameter and buffer).
   c10d::verify_params_across_processes(pg, params, std::nullopt);
   std::vector<torch::Tensor> state = module.parameters();
@@ -142,9 +144,8 @@ void Fsdp::setup_optimizer(torch::optim::Optimizer& optimizer) {
                 ": set up the module before its optimizer (Fabric::setup(model, optimizer) does)");
   if (shard_)
     throw Error(std::string(kKey) + ": supports one optimizer; this job set up a second one");
-  shard_ = std::make_unique<OptimizerShard>(optimizer, params_, param_names_,
-                                            group_for("setup_optimizer"), sharded_->segments(),
-                                            kKey);
+  shard_ = std::make_unique<OptimizerShard>(
+      optimizer, params_, param_names_, group_for("setup_optimizer"), sharded_->segments(), kKey);
   agree_on_found_inf();
 }
 

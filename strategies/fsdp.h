@@ -14,8 +14,8 @@
 // writes its pieces of the parameters and optimizer state, nothing gathered
 // (fabric/checkpoint/sharded.h); with checkpoint.format: full, Fabric::save gathers the module
 // (materialize_parameters) and the optimizer state (one process's layout) on every rank and
-// rank 0 writes one file. Both load at any world size and under any strategy. teardown() gives every parameter its full
-// value again, so the module works after Fabric::launch returns.
+// rank 0 writes one file. Both load at any world size and under any strategy. teardown() gives
+// every parameter its full value again, so the module works after Fabric::launch returns.
 //
 // Selected by the Connector for fabric.strategy: fsdp with sharding_strategy full_shard or
 // shard_grad_op (no_shard is ddp).

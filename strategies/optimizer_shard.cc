@@ -80,9 +80,8 @@ OptimizerShard::OptimizerShard(torch::optim::Optimizer& optimizer,
     if (p.is_sparse() || !p.is_non_overlapping_and_dense())
       fail("is not dense in memory (a view or sparse tensor); sharding needs dense parameters");
     if (p.scalar_type() != params_[0].scalar_type() || p.device() != params_[0].device())
-      fail("has dtype " + std::string(c10::toString(p.scalar_type())) + " on " +
-           p.device().str() + ", the first has " +
-           std::string(c10::toString(params_[0].scalar_type())) + " on " +
+      fail("has dtype " + std::string(c10::toString(p.scalar_type())) + " on " + p.device().str() +
+           ", the first has " + std::string(c10::toString(params_[0].scalar_type())) + " on " +
            params_[0].device().str() + "; sharding needs one dtype and device");
     if (!storages.insert(p.storage().unsafeGetStorageImpl()).second)
       fail("shares memory with another parameter (tied weights are not supported)");
@@ -182,8 +181,8 @@ torch::Tensor OptimizerShard::flat_of(size_t param, const torch::Tensor& flat) c
 
 void OptimizerShard::attach_gradients() {
   for (size_t k = 0; k < pieces_.size(); ++k)
-    piece_tensors_[k].mutable_grad() = alias(grads_[segment_of_[pieces_[k].param]],
-                                             pieces_[k].shard_offset, pieces_[k].length);
+    piece_tensors_[k].mutable_grad() =
+        alias(grads_[segment_of_[pieces_[k].param]], pieces_[k].shard_offset, pieces_[k].length);
 }
 
 bool OptimizerShard::has_gradients() const {

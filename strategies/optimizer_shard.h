@@ -165,8 +165,8 @@ class OptimizerShard {
   int64_t world_ = 1;
   std::vector<torch::Tensor> params_;  // the optimizer's, in its order (groups, then members)
   std::vector<std::string> names_;
-  std::vector<size_t> segment_of_;  // each parameter's segment
-  std::vector<int64_t> offsets_;    // each parameter's first element in its segment
+  std::vector<size_t> segment_of_;                 // each parameter's segment
+  std::vector<int64_t> offsets_;                   // each parameter's first element in its segment
   std::vector<std::vector<size_t>> group_params_;  // the parameters of each group
   std::vector<Piece> pieces_;                      // this rank's, in the optimizer's new order
   std::vector<torch::Tensor> piece_tensors_;

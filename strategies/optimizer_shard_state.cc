@@ -104,8 +104,7 @@ c10::IValue OptimizerShard::full_state() {
   }
   for (size_t f = 0; f < fields.size(); ++f) {
     for (size_t s = 0; s < totals_.size(); ++s) {
-      torch::Tensor send =
-          torch::zeros({shard_sizes_[s]}, torch::dtype(dtypes[f]).device(device));
+      torch::Tensor send = torch::zeros({shard_sizes_[s]}, torch::dtype(dtypes[f]).device(device));
       for (size_t k = 0; k < pieces_.size(); ++k) {
         if (segment_of_[pieces_[k].param] != s) continue;
         const torch::Tensor t =
@@ -158,7 +157,7 @@ c10::IValue OptimizerShard::local_state() const {
 }
 
 std::optional<PieceRange> OptimizerShard::wanted(const std::string& path, at::IntArrayRef sizes,
-                                                  at::IntArrayRef strides) const {
+                                                 at::IntArrayRef strides) const {
   // "state/I/FIELD"
   std::smatch m;
   static const std::regex kState("state/([0-9]+)/[^/]+");
@@ -219,8 +218,8 @@ std::function<void()> OptimizerShard::prepare_full_state(const c10::IValue& valu
             given->values.numel() != piece.length)
           return fail("'" + e.key().toStringRef() + "' of '" + names_[piece.param] +
                       "': the checkpoint gave elements " + std::to_string(given->offset) + " to " +
-                      std::to_string(given->offset + given->values.numel()) +
-                      ", this rank keeps " + std::to_string(piece.begin) + " to " +
+                      std::to_string(given->offset + given->values.numel()) + ", this rank keeps " +
+                      std::to_string(piece.begin) + " to " +
                       std::to_string(piece.begin + piece.length));
         s.insert(e.key(), given->values);
       } else if (e.value().isTensor() && e.key().toStringRef() != "step") {

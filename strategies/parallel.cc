@@ -144,8 +144,7 @@ torch::Tensor ParallelStrategy::clip_gradients_norm(const std::vector<torch::Ten
 }
 
 void ParallelStrategy::clip_gradients_value(const std::vector<torch::Tensor>& parameters,
-                                            torch::optim::Optimizer& optimizer,
-                                            double clip_value) {
+                                            torch::optim::Optimizer& optimizer, double clip_value) {
   if (OptimizerShard* shard = shard_of(optimizer)) return shard->clip_grad_value(clip_value);
   Strategy::clip_gradients_value(parameters, optimizer, clip_value);
 }

@@ -429,8 +429,7 @@ std::vector<ShardedParameters::UnitInfo> ShardedParameters::units() const {
   for (const auto& u : units_) {
     int64_t elements = 0;
     for (const auto& p : u.params) elements += p.numel();
-    out.push_back({u.name, elements, static_cast<int64_t>(u.params.size()),
-                   world_ * u.shard_size});
+    out.push_back({u.name, elements, static_cast<int64_t>(u.params.size()), world_ * u.shard_size});
   }
   return out;
 }

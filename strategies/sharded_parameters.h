@@ -41,8 +41,8 @@
 
 #include <cstdint>
 #include <functional>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -132,7 +132,7 @@ class ShardedParameters {
   // The units, in order: name (module path, "(root)") and elements.
   struct UnitInfo {
     std::string name;
-    int64_t elements;           // of its parameters
+    int64_t elements;  // of its parameters
     int64_t parameters;
     int64_t gathered_elements;  // N·S: the unit gathered (its layout's gaps and padding too)
   };
@@ -163,12 +163,12 @@ class ShardedParameters {
     torch::Tensor shard;       // S elements of this rank
     torch::Tensor shard_grad;  // S elements
     bool gathered = false;
-    bool exact = false;         // gathered in its own dtype (not rounded through param_dtype)
+    bool exact = false;  // gathered in its own dtype (not rounded through param_dtype)
     c10::intrusive_ptr<c10d::Work> pending;  // a prefetch in flight into `full`
     torch::Tensor pending_received;          // its buffer when gathered in param_dtype
-    int pins = 0;               // materialize() guards holding it whole
-    size_t grads_ready = 0;     // parameters whose gradient arrived in this backward
-    bool reduced = false;       // reduce-scattered in this backward
+    int pins = 0;                            // materialize() guards holding it whole
+    size_t grads_ready = 0;                  // parameters whose gradient arrived in this backward
+    bool reduced = false;                    // reduce-scattered in this backward
   };
 
   // This rank's elements [x, y) of parameter i of `unit`, as offsets into the parameter.
@@ -185,7 +185,7 @@ class ShardedParameters {
   void finish_gather(Unit& unit);
   // The order units were first used in this phase; prefetch the one after `k` in the last pass.
   void note_use(size_t k);
-  void reduce(Unit& unit);   // the gradients into the shard gradient; collective
+  void reduce(Unit& unit);  // the gradients into the shard gradient; collective
   void on_gradient(size_t unit);
 
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
@@ -195,13 +195,13 @@ class ShardedParameters {
   std::vector<Unit> units_;
   std::unordered_map<const void*, size_t> unit_of_storage_;
   std::unordered_map<std::string, std::pair<size_t, size_t>> by_path_;  // sharded_path: unit, index
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept alive for the hooks
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;    // kept alive for the hooks
   std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks_;
   uint64_t callback_ = 0;
   bool in_backward_ = false;
   bool sync_ = true;
   bool accumulate_ = false;
-  std::vector<size_t> used_now_;   // units in order of first use in this phase
+  std::vector<size_t> used_now_;                        // units in order of first use in this phase
   std::vector<size_t> forward_order_, backward_order_;  // the previous pass's
   int64_t prefetches_ = 0;
   int64_t gathers_ = 0;

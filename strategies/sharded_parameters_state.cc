@@ -29,8 +29,7 @@ torch::Tensor ShardedParameters::own_values(const Unit& u, size_t i) const {
                : torch::empty({0}, u.shard.options());
 }
 
-std::optional<PieceRange> ShardedParameters::wanted(const std::string& path,
-                                                    at::IntArrayRef sizes,
+std::optional<PieceRange> ShardedParameters::wanted(const std::string& path, at::IntArrayRef sizes,
                                                     at::IntArrayRef strides) const {
   auto it = by_path_.find(path);
   if (it == by_path_.end()) return std::nullopt;
@@ -56,8 +55,8 @@ std::function<void()> ShardedParameters::prepare_load(const torch::nn::Module& m
       if (auto piece = as_tensor_piece(v)) {
         if (piece->offset != x || piece->values.numel() != y - x)
           throw Error("the checkpoint gave elements " + std::to_string(piece->offset) + " to " +
-                      std::to_string(piece->offset + piece->values.numel()) +
-                      ", this rank keeps " + std::to_string(x) + " to " + std::to_string(y));
+                      std::to_string(piece->offset + piece->values.numel()) + ", this rank keeps " +
+                      std::to_string(x) + " to " + std::to_string(y));
         from = piece->values;
       } else {
         from = v.toTensor().reshape(-1).narrow(0, x, y - x);

@@ -11,7 +11,8 @@ ParameterParts Strategy::parameter_parts(torch::nn::Module& module) {
   ParameterParts out;
   for (const auto& item : module.named_parameters())
     if (item.value().is_floating_point())
-      out.parts.push_back({item.key(), item.value().detach(), item.value().sizes().vec(), 0, false});
+      out.parts.push_back(
+          {item.key(), item.value().detach(), item.value().sizes().vec(), 0, false});
   return out;
 }
 

@@ -59,7 +59,8 @@ inline std::string first_difference(const c10::IValue& a, const c10::IValue& b,
   return a == b ? "" : at + ": value";
 }
 
-// The state and generator parts of a checkpoint (a file or a sharded folder) (its "fabric" header holds times and configs).
+// The state and generator parts of a checkpoint (a file or a sharded folder) (its "fabric" header
+// holds times and configs).
 inline std::string compare_checkpoints(const std::filesystem::path& a,
                                        const std::filesystem::path& b) {
   const auto x = fabric::read_checkpoint(a).toGenericDict();
@@ -107,8 +108,8 @@ inline double max_relative_difference(const c10::IValue& a, const c10::IValue& b
 
 // "" when `a` and `b` agree: bitwise when `bound` is 0, else within `bound` (max relative);
 // otherwise what differs, for a test's message.
-inline std::string parity_failure(const c10::IValue& a, const c10::IValue& b,
-                                  const std::string& at, double bound) {
+inline std::string parity_failure(const c10::IValue& a, const c10::IValue& b, const std::string& at,
+                                  double bound) {
   if (bound == 0) return first_difference(a, b, at);
   const double d = max_relative_difference(a, b);
   return d <= bound ? "" : at + ": max relative difference " + std::to_string(d);

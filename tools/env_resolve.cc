@@ -49,7 +49,8 @@ FabricResolution resolve_here(const std::string& config_file,
     r.error = e.what();
   }
   const std::string emulated = bf16_emulated_because(facts);
-  r.cpu_bf16 = emulated.empty() ? "native (" + facts.cpu.bf16_flags + ")" : "emulated (" + emulated + ")";
+  r.cpu_bf16 =
+      emulated.empty() ? "native (" + facts.cpu.bf16_flags + ")" : "emulated (" + emulated + ")";
   for (const auto& mode : kPrecisions) {
     auto with_mode = overrides;
     with_mode.push_back("fabric.precision=" + mode);
@@ -87,9 +88,9 @@ std::string format_text(const FabricResolution& r) {
     t.row("devices", devices);
     t.row("strategy", r.strategy);
     t.row("precision", r.precision);
-    t.row("threads per process", r.threads > 0 ? std::to_string(r.threads) + " (" +
-                                                     r.threads_reason + ")"
-                                               : "LibTorch's default (CPUs unknown)");
+    t.row("threads per process", r.threads > 0
+                                     ? std::to_string(r.threads) + " (" + r.threads_reason + ")"
+                                     : "LibTorch's default (CPUs unknown)");
   }
   t.row("CPU bfloat16", r.cpu_bf16);
   for (const auto& [mode, answer] : r.precisions) t.row("precision " + mode, answer);
@@ -108,8 +109,7 @@ nlohmann::json to_json(const FabricResolution& r) {
           {"device", r.device},           {"strategy", r.strategy},
           {"precision", r.precision},     {"precisions", precisions},
           {"threads", r.threads},         {"threads_reason", r.threads_reason},
-          {"cpu_bf16", r.cpu_bf16},
-          {"warnings", r.warnings}};
+          {"cpu_bf16", r.cpu_bf16},       {"warnings", r.warnings}};
 }
 
 }  // namespace fabric::tools

@@ -36,7 +36,8 @@ int main(int argc, char** argv) {
       auto optimizer = fabric::make_optimizer(config, model->parameters());
       f.setup(model, *optimizer);
       auto dataset = two_spirals(1024);
-      auto loader = f.setup_dataloader(dataset, fabric::DataLoaderOptions().batch_size(64).shuffle(true));
+      auto loader =
+          f.setup_dataloader(dataset, fabric::DataLoaderOptions().batch_size(64).shuffle(true));
       // The run's folder (logging.run_dir) and checkpoints by the checkpoint: keys (every epoch,
       // the newest 3 kept; checkpoint.resume=auto continues the last run).
       fabric::RunDirectory run = f.create_run_directory("ddp_train");

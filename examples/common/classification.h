@@ -29,12 +29,12 @@
 #include "fabric/checkpointer.h"
 #include "fabric/data/augment.h"
 #include "fabric/fabric.h"
+#include "fabric/graphed_step.h"
 #include "fabric/logging/progress.h"
 #include "fabric/logging/run_dir.h"
 #include "fabric/nonfinite_guard.h"
 #include "fabric/stop_signal.h"
 #include "fabric/training/ema.h"
-#include "fabric/graphed_step.h"
 #include "fabric/training/lr_scheduler.h"
 #include "fabric/training/optimizers.h"
 

@@ -4,7 +4,8 @@
 //
 // Example:
 //   fabric::CpuInfo cpu = fabric::query_cpu_info();
-//   LOG(INFO) << cpu.usable() << " CPUs usable, bf16 " << (cpu.native_bf16 ? "native" : "emulated");
+//   LOG(INFO) << cpu.usable() << " CPUs usable, bf16 "
+//             << (cpu.native_bf16 ? "native" : "emulated");
 #ifndef FABRIC_ACCELERATORS_CPU_INFO_H_
 #define FABRIC_ACCELERATORS_CPU_INFO_H_
 
@@ -19,7 +20,8 @@ struct CpuInfo {
   int64_t affinity = 0;  // CPUs in this process's affinity mask (taskset, srun/mpirun binding).
   std::optional<double> quota;  // cgroup v2 cpu.max quota ÷ period (e.g. docker --cpus=2), if any.
   // The CPU multiplies bfloat16 in hardware: x86 flags avx512_bf16 or amx_bf16, Arm bf16. Without
-  // them oneDNN and ATen emulate bf16 (about 3× slower than float32 for the main job, measured: docs/benchmarks.md).
+  // them oneDNN and ATen emulate bf16 (about 3× slower than float32 for the main job, measured:
+  // docs/benchmarks.md).
   bool native_bf16 = false;
   std::string bf16_flags;  // the flags that say so, e.g. "avx512_bf16 amx_bf16"; "" when none.
   std::string model;       // "Intel(R) Xeon(R) Platinum 8481C", for reports.

@@ -7,14 +7,14 @@
 #include <array>
 #include <cerrno>
 #include <cstdint>
-#include <fstream>
-#include <map>
-#include <vector>
 #include <cstring>
+#include <fstream>
 #include <functional>
+#include <map>
 #include <optional>
-#include <string_view>
 #include <stdexcept>
+#include <string_view>
+#include <vector>
 
 #include "fabric/checkpoint/torch_pickle.h"
 #include "fabric/core/atomic_file.h"
@@ -183,7 +183,8 @@ struct ZipEntry {
 // Reads byte ranges of a file; throws std::runtime_error past its end.
 class FileRanges {
  public:
-  explicit FileRanges(const fs::path& path) : in_(path, std::ios::binary), size_(fs::file_size(path)) {}
+  explicit FileRanges(const fs::path& path)
+      : in_(path, std::ios::binary), size_(fs::file_size(path)) {}
   uint64_t size() const { return size_; }
   void read(uint64_t at, char* out, uint64_t n) {
     if (at + n > size_ || at + n < at) throw std::runtime_error("truncated zip file");

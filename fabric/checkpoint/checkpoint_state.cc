@@ -98,8 +98,7 @@ CheckpointState& CheckpointState::add(const std::string& name, std::string& valu
 
 CheckpointState& CheckpointState::add(const std::string& name, torch::Tensor& value) {
   return add_entry(
-      {name,
-       [&value] { return value.defined() ? c10::IValue(value.detach()) : c10::IValue(); },
+      {name, [&value] { return value.defined() ? c10::IValue(value.detach()) : c10::IValue(); },
        [&value](const c10::IValue& v, const std::string& source) {
          if (v.isNone()) return std::function<void()>([&value] { value = torch::Tensor(); });
          if (!v.isTensor()) throw Error(state_type_error(source, "a tensor", v));

@@ -50,8 +50,7 @@ c10::IValue checkpoint_contents(const CheckpointMeta& meta, const CheckpointStat
   Dict top = new_dict();
   top.insert("fabric", fabric);
   top.insert("state", entries);
-  if (scaler)
-    top.insert("grad_scaler", scaler->save_state());
+  if (scaler) top.insert("grad_scaler", scaler->save_state());
   top.insert("rng", ranks);
   return top;
 }

@@ -123,10 +123,9 @@ std::vector<int64_t> ints_of(const c10::IValue& v, const std::string& what) {
 }
 
 torch::ScalarType dtype_named(const std::string& name, const std::string& what) {
-  for (torch::ScalarType t :
-       {torch::kFloat, torch::kDouble, torch::kHalf, torch::kBFloat16, torch::kLong, torch::kInt,
-        torch::kShort, torch::kChar, torch::kByte, torch::kBool, torch::kComplexFloat,
-        torch::kComplexDouble})
+  for (torch::ScalarType t : {torch::kFloat, torch::kDouble, torch::kHalf, torch::kBFloat16,
+                              torch::kLong, torch::kInt, torch::kShort, torch::kChar, torch::kByte,
+                              torch::kBool, torch::kComplexFloat, torch::kComplexDouble})
     if (name == c10::toString(t)) return t;
   throw Error(what + ": unknown dtype '" + name + "'");
 }
@@ -136,7 +135,8 @@ int64_t dense_extent(const std::vector<int64_t>& sizes, const std::vector<int64_
   if (sizes.size() != strides.size()) return -1;
   std::vector<size_t> order(sizes.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return strides[a] < strides[b]; });
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return strides[a] < strides[b]; });
   int64_t expected = 1;
   for (size_t i : order) {
     if (sizes[i] < 0) return -1;
@@ -330,9 +330,9 @@ class Joiner {
     int64_t numel = 0;           // the whole tensor's elements
     int64_t begin = 0, end = 0;  // the elements built (a whole tensor: all of them)
     torch::ScalarType dtype = torch::kFloat;
-    torch::Tensor flat;  // their memory (undefined when only verifying)
+    torch::Tensor flat;         // their memory (undefined when only verifying)
     std::optional<Dict> piece;  // the piece in the dict (a wanted piece)
-    int64_t count = 0;   // elements held so far
+    int64_t count = 0;          // elements held so far
     std::vector<std::tuple<int64_t, int64_t, int64_t>> held;  // offset, elements, rank
   };
   int64_t world_;
@@ -423,8 +423,8 @@ c10::IValue join_pieces(const c10::IValue& common, const std::vector<c10::IValue
 void write_manifest(const fs::path& dir, int64_t world_size,
                     const std::vector<std::string>& files) {
   std::ostringstream json;
-  json << "{\n  \"format\": \"" << kFormat << "\",\n  \"version\": 1,\n  \"world_size\": "
-       << world_size << ",\n  \"files\": {";
+  json << "{\n  \"format\": \"" << kFormat
+       << "\",\n  \"version\": 1,\n  \"world_size\": " << world_size << ",\n  \"files\": {";
   for (size_t i = 0; i < files.size(); ++i) {
     std::error_code ec;
     const auto bytes = fs::file_size(dir / files[i], ec);
@@ -450,8 +450,9 @@ c10::IValue read_checkpoint(const fs::path& path, const ReadOptions& options) {
   Joiner joiner(load_archive(path / kShardedCommon), world, path.string(), options.wanted);
   // The shard files in the order most likely to hold this reader's pieces first: at the same
   // world size its own, at another the one that held the same fraction of each tensor.
-  const int64_t first =
-      options.world_size > 0 ? (options.rank * world) / std::max<int64_t>(options.world_size, 1) : 0;
+  const int64_t first = options.world_size > 0
+                            ? (options.rank * world) / std::max<int64_t>(options.world_size, 1)
+                            : 0;
   for (int64_t k = 0; k < world; ++k) {
     const int64_t r = (first + k) % world;
     joiner.add(load_archive(path / shard_file_name(r, world)), r);

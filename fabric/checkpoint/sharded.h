@@ -1,8 +1,8 @@
 // Sharded checkpoints (checkpoint.format: sharded, docs/checkpoints.md): every rank writes the part
 // of the state it holds, in parallel, and nothing is gathered. The checkpoint is a folder named
 // like a checkpoint file (step-00000120.ckpt/) holding
-//   common.pt                  global rank 0: the checkpoint's dict (format.h) with every tensor the
-//                              ranks split replaced by its descriptor
+//   common.pt                  global rank 0: the checkpoint's dict (format.h) with every
+//                              tensor the ranks split replaced by its descriptor
 //                              {"fabric_sharded_tensor": PATH, "shape": [...], "strides": [...],
 //                               "dtype": "Float"}
 //   shard-RRRRR-of-NNNNN.pt    rank R: {"pieces": {PATH: {"offset": E, "values": 1-D tensor}}}

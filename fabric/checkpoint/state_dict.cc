@@ -79,8 +79,7 @@ std::function<void()> prepare_load(const torch::nn::Module& module,
     const auto piece = split != partial.end() ? as_tensor_piece(it->second) : std::nullopt;
     if (!piece && !it->second.isTensor())
       throw Error(source + ": not a state dict (" + name + " is not a tensor)");
-    const std::vector<int64_t> sizes =
-        piece ? piece->sizes : it->second.toTensor().sizes().vec();
+    const std::vector<int64_t> sizes = piece ? piece->sizes : it->second.toTensor().sizes().vec();
     if (!target.sizes().equals(sizes)) {
       shapes.push_back("shape of " + name + " is " + shape_of(sizes) + " in the file, " +
                        shape_of(target.sizes()) + " in the model");
@@ -122,9 +121,9 @@ std::function<void()> prepare_load_state_dict(torch::nn::Module& module, const S
   return prepare_load(module, std::move(given), source, {});
 }
 
-std::function<void()> prepare_load_state_dict(
-    const torch::nn::Module& module, const c10::IValue& value, const std::string& source,
-    const std::map<std::string, PartialTarget>& partial) {
+std::function<void()> prepare_load_state_dict(const torch::nn::Module& module,
+                                              const c10::IValue& value, const std::string& source,
+                                              const std::map<std::string, PartialTarget>& partial) {
   if (!value.isGenericDict())
     throw Error(source + ": not a state dict (holds a " + value.tagKind() + ", not a dict)");
   std::map<std::string, c10::IValue> given;

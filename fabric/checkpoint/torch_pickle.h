@@ -14,10 +14,11 @@
 namespace fabric::internal {
 
 // `pickle`: the bytes of data.pkl; `record(key)` returns the raw bytes of storage `key`
-// (archive/data/<key>) as a CPU byte storage, which the tensors then use without a copy. Returns the value: dicts (string or int keys) as GenericDict, lists as
-// GenericList, tuples, strings, ints, doubles, bools, None, CPU tensors. Throws std::runtime_error
-// describing the first problem (including nesting deeper than 64 levels).
-// `metadata_only`: the storages hold no memory (check_archive); tensors are views of them.
+// (archive/data/<key>) as a CPU byte storage, which the tensors then use without a copy. Returns
+// the value: dicts (string or int keys) as GenericDict, lists as GenericList, tuples, strings,
+// ints, doubles, bools, None, CPU tensors. Throws std::runtime_error describing the first problem
+// (including nesting deeper than 64 levels). `metadata_only`: the storages hold no memory
+// (check_archive); tensors are views of them.
 c10::IValue read_pickle(const std::string& pickle,
                         const std::function<c10::Storage(const std::string&)>& record,
                         bool metadata_only = false);

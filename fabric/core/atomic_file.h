@@ -5,9 +5,9 @@
 
 #include <cstdint>
 #include <filesystem>
-#include <system_error>
 #include <string>
 #include <string_view>
+#include <system_error>
 
 namespace fabric {
 

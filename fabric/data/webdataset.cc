@@ -30,8 +30,8 @@ std::vector<std::string> alternatives(const std::string& inner, const std::strin
     const std::string a = inner.substr(0, dots), b = inner.substr(dots + 2);
     if (a.size() > 18 || b.size() > 18) throw Error(pattern + ": a range bound is too long");
     const int64_t from = std::stoll(a), to = std::stoll(b);
-    const bool pad = a.size() == b.size() || (a.size() > 1 && a[0] == '0') ||
-                     (b.size() > 1 && b[0] == '0');
+    const bool pad =
+        a.size() == b.size() || (a.size() > 1 && a[0] == '0') || (b.size() > 1 && b[0] == '0');
     const size_t width = pad ? std::max(a.size(), b.size()) : 0;
     if (static_cast<uint64_t>(std::abs(to - from)) >= kMaxNames)
       throw Error(pattern + ": {" + inner + "} names more than 1000000 shards");
@@ -72,8 +72,7 @@ void expand_into(const std::string& text, const std::string& pattern,
     out.push_back(text);
     return;
   }
-  if (text.substr(0, open).find('}') != std::string::npos)
-    throw Error(pattern + ": unmatched '}'");
+  if (text.substr(0, open).find('}') != std::string::npos) throw Error(pattern + ": unmatched '}'");
   int depth = 0;
   size_t close = std::string::npos;
   for (size_t i = open; i < text.size(); ++i) {
@@ -85,8 +84,8 @@ void expand_into(const std::string& text, const std::string& pattern,
   }
   if (close == std::string::npos) throw Error(pattern + ": unmatched '{'");
   const std::string head = text.substr(0, open), tail = text.substr(close + 1);
-  const std::vector<std::string> choices = alternatives(text.substr(open + 1, close - open - 1),
-                                                        pattern);
+  const std::vector<std::string> choices =
+      alternatives(text.substr(open + 1, close - open - 1), pattern);
   if (choices.size() == 1 && choices[0].front() == '{') {  // literal braces: keep, go on after
     std::vector<std::string> rest;
     expand_into(tail, pattern, rest);
@@ -211,10 +210,9 @@ std::vector<TarMember> list_tar(const std::string& path) {
                   " (its size field is not a number)");
     const int64_t data = at + kBlock;
     if (size > file_size - data)
-      throw Error(path + ": truncated: member '" +
-                  one_line(string_field(h, 100), 100) + "' needs " + std::to_string(size) +
-                  " bytes at byte " + std::to_string(data) + ", the file has " +
-                  std::to_string(file_size) + " bytes");
+      throw Error(path + ": truncated: member '" + one_line(string_field(h, 100), 100) +
+                  "' needs " + std::to_string(size) + " bytes at byte " + std::to_string(data) +
+                  ", the file has " + std::to_string(file_size) + " bytes");
     const char type = static_cast<char>(h[156]);
     if (type == 'L' || type == 'x') {
       if (size > (1 << 20))
@@ -258,8 +256,7 @@ std::vector<WebDatasetSample> index_webdataset(const std::vector<std::string>& s
       const size_t dot = member.name.find('.', base);
       if (dot == std::string::npos || dot + 1 == member.name.size()) continue;  // no extension
       std::string key = member.name.substr(0, dot), ext = member.name.substr(dot + 1);
-      if (out.size() == before || out.back().key != key)
-        out.push_back({s, std::move(key), {}});
+      if (out.size() == before || out.back().key != key) out.push_back({s, std::move(key), {}});
       out.back().members.emplace_back(std::move(ext), std::move(member));
     }
     if (out.size() == before) throw Error(shards[s] + ": no samples (no member has an extension)");
@@ -270,7 +267,8 @@ std::vector<WebDatasetSample> index_webdataset(const std::vector<std::string>& s
 std::string read_file_range(const std::string& path, int64_t offset, int64_t size,
                             const std::string& name) {
   File file(path);
-  if (file.fd() < 0) throw Error(name + ": cannot open " + path + " (" + std::strerror(errno) + ")");
+  if (file.fd() < 0)
+    throw Error(name + ": cannot open " + path + " (" + std::strerror(errno) + ")");
   std::string bytes(static_cast<size_t>(size), '\0');
   if (size > 0 && !file.read_at(bytes.data(), size, offset))
     throw Error(name + ": cannot read " + std::to_string(size) + " bytes at byte " +

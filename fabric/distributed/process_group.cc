@@ -1,8 +1,8 @@
 #include "fabric/distributed/process_group.h"
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #ifdef FABRIC_WITH_CUDA
@@ -87,7 +87,8 @@ c10::intrusive_ptr<c10d::Store> make_store(const StoreOptions& o) {
 
 int store_port(const c10::intrusive_ptr<c10d::Store>& store) {
   c10::intrusive_ptr<c10d::Store> s = store;
-  while (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(s.get())) s = prefixed->getUnderlyingStore();
+  while (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(s.get()))
+    s = prefixed->getUnderlyingStore();
   auto* tcp = dynamic_cast<c10d::TCPStore*>(s.get());
   if (tcp == nullptr) throw Error("store_port: not a TCPStore");
   return tcp->getPort();

@@ -35,10 +35,10 @@ namespace fabric {
 struct RestartAgentOptions {
   int64_t world_size = 1;
   int64_t max_restarts = 0;
-  std::chrono::milliseconds backoff{1000};           // fabric.restart_backoff_s
-  std::chrono::milliseconds store_timeout{300000};   // fabric.ddp.timeout_s
-  std::chrono::milliseconds grace{5000};             // SIGTERM → SIGKILL
-  std::vector<std::string> argv;                     // empty: this process's command line
+  std::chrono::milliseconds backoff{1000};          // fabric.restart_backoff_s
+  std::chrono::milliseconds store_timeout{300000};  // fabric.ddp.timeout_s
+  std::chrono::milliseconds grace{5000};            // SIGTERM → SIGKILL
+  std::vector<std::string> argv;                    // empty: this process's command line
 };
 
 // Supervises the job as above; returns the exit status for main. Throws fabric::Error when the

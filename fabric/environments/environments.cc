@@ -141,13 +141,13 @@ std::unique_ptr<ClusterEnvironment> detect_environment(const EnvGetter& env,
     // torchrun's agent hosts the store on MASTER_PORT and says so ("True", the value PyTorch's
     // own workers compare with); workers connect as clients.
     const bool agent_store = v.text("TORCHELASTIC_USE_AGENT_STORE", "") == "True";
-    return make({"torchelastic", true, v.integer("WORLD_SIZE"), v.integer("RANK"),
-                 v.integer("LOCAL_RANK"), v.integer("GROUP_RANK", 0),
-                 v.text("MASTER_ADDR", "127.0.0.1"), v.port("MASTER_PORT"),
-                 v.integer("LOCAL_WORLD_SIZE", 0), agent_store,
-                 agent_store ? "/worker/attempt_" +
-                                   std::to_string(v.integer("TORCHELASTIC_RESTART_COUNT", 0))
-                             : std::string()});
+    return make(
+        {"torchelastic", true, v.integer("WORLD_SIZE"), v.integer("RANK"), v.integer("LOCAL_RANK"),
+         v.integer("GROUP_RANK", 0), v.text("MASTER_ADDR", "127.0.0.1"), v.port("MASTER_PORT"),
+         v.integer("LOCAL_WORLD_SIZE", 0), agent_store,
+         agent_store
+             ? "/worker/attempt_" + std::to_string(v.integer("TORCHELASTIC_RESTART_COUNT", 0))
+             : std::string()});
   }
   const std::string job_name = env("SLURM_JOB_NAME").value_or("");
   if (env("SLURM_NTASKS") && env("SLURM_PROCID") && job_name != "bash" &&
@@ -169,7 +169,8 @@ std::unique_ptr<ClusterEnvironment> detect_environment(const EnvGetter& env,
     }
     const int64_t node = v.integer("SLURM_NODEID", 0);
     int64_t local_world = v.integer("SLURM_NTASKS_PER_NODE", 0);
-    if (local_world == 0) local_world = slurm_tasks_on_node(v.text("SLURM_TASKS_PER_NODE", ""), node);
+    if (local_world == 0)
+      local_world = slurm_tasks_on_node(v.text("SLURM_TASKS_PER_NODE", ""), node);
     return make({"slurm", true, v.integer("SLURM_NTASKS"), v.integer("SLURM_PROCID"),
                  v.integer("SLURM_LOCALID", 0), node, address, port, local_world});
   }

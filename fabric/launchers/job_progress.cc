@@ -21,7 +21,9 @@ namespace {
 constexpr size_t kPageBytes = 4096;
 constexpr int64_t kSlots = kPageBytes / sizeof(int64_t);
 
-std::atomic_ref<int64_t> slot(int64_t* steps, int64_t i) { return std::atomic_ref<int64_t>(steps[i]); }
+std::atomic_ref<int64_t> slot(int64_t* steps, int64_t i) {
+  return std::atomic_ref<int64_t>(steps[i]);
+}
 
 std::optional<int64_t> integer(const std::optional<std::string>& text) {
   if (!text || text->empty()) return std::nullopt;
@@ -43,7 +45,8 @@ struct RankPage {
     const auto fd = integer(var("FABRIC_PROGRESS_FD"));
     const auto rank_var = integer(var("FABRIC_LOCAL_RANK"));
     if (!fd || !rank_var || *rank_var < 0 || *rank_var >= kSlots) return;
-    void* p = mmap(nullptr, kPageBytes, PROT_READ | PROT_WRITE, MAP_SHARED, static_cast<int>(*fd), 0);
+    void* p =
+        mmap(nullptr, kPageBytes, PROT_READ | PROT_WRITE, MAP_SHARED, static_cast<int>(*fd), 0);
     if (p == MAP_FAILED) return;
     steps = static_cast<int64_t*>(p);
     rank = *rank_var;

@@ -91,8 +91,8 @@ class SubprocessLauncher {
   int wake_fd_ = -1;  // eventfd: tells the monitor to stop
   std::atomic<int> running_{0};
   std::atomic<bool> stopping_{false};  // children are being stopped on purpose: not failures
-  std::optional<ChildExit> failure_;  // written by the monitor before it ends
-  bool interrupted_ = false;          // likewise
+  std::optional<ChildExit> failure_;   // written by the monitor before it ends
+  bool interrupted_ = false;           // likewise
   std::thread monitor_;
 };
 

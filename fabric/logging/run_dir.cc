@@ -144,10 +144,9 @@ std::vector<fs::path> matching_folders(const fs::path& pattern) {
 std::vector<fs::path> RunDirectory::earlier(const Config& config, const std::string& name) {
   std::string pattern;
   try {
-    pattern = expand_fields(config.get_string("logging.run_dir"),
-                            {{"name", name},
-                             {"timestamp", std::string(1, kAnyTimestamp)},
-                             {"hash", config.hash()}});
+    pattern = expand_fields(
+        config.get_string("logging.run_dir"),
+        {{"name", name}, {"timestamp", std::string(1, kAnyTimestamp)}, {"hash", config.hash()}});
   } catch (const Error& e) {
     throw config.error_at("logging.run_dir", e.what());
   }

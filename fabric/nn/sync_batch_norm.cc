@@ -105,8 +105,8 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
       const Tensor present = counts.gt(0);  // empty ranks carry no statistics
       // ATen's CUDA kernel reads the counts in the running statistics' dtype (the input's when
       // there are none): bf16 under bf16-true, not our float32 row.
-      const auto count_type = args->running_mean.defined() ? args->running_mean.scalar_type()
-                                                           : x.scalar_type();
+      const auto count_type =
+          args->running_mean.defined() ? args->running_mean.scalar_type() : x.scalar_type();
       std::tie(mean, invstd) = at::batch_norm_gather_stats_with_counts(
           x, means.index({present}).to(acc), spreads.index({present}).to(acc), args->running_mean,
           args->running_var, args->momentum, args->eps, counts.index({present}).to(count_type));
@@ -180,7 +180,8 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
           grad_out, x, /*weight=*/{}, /*running_mean=*/{}, /*running_var=*/{}, mean,
           torch::ones_like(invstd), /*train=*/true, 0.0, {false, true, true});
       if (need_weight) grad_weight = (sum_dy_xmu * invstd).to(weight.scalar_type());
-      if (need_bias) grad_bias = sum_dy.to(weight.defined() ? weight.scalar_type() : mean.scalar_type());
+      if (need_bias)
+        grad_bias = sum_dy.to(weight.defined() ? weight.scalar_type() : mean.scalar_type());
       if (need_input) {
         Tensor both = torch::cat({sum_dy, sum_dy_xmu});
         all_reduce_sum(both, *group);

@@ -136,7 +136,8 @@ torch::Tensor GradScaler::combine_found_inf(const std::vector<torch::Tensor>& fl
                                             const torch::Device& device) {
   if (flags.empty()) throw Error("GradScaler::combine_found_inf: no flags");
   torch::Tensor combined = flags[0].to(device);
-  for (size_t i = 1; i < flags.size(); ++i) combined = torch::maximum(combined, flags[i].to(device));
+  for (size_t i = 1; i < flags.size(); ++i)
+    combined = torch::maximum(combined, flags[i].to(device));
   return combined;
 }
 

@@ -1,8 +1,8 @@
 #include "fabric/training/activation_checkpoint.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/Generator.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -119,8 +119,8 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    auto r = c10::static_intrusive_pointer_cast<Recompute>(
-        ctx->saved_data["recompute"].toCapsule());
+    auto r =
+        c10::static_intrusive_pointer_cast<Recompute>(ctx->saved_data["recompute"].toCapsule());
     const variable_list saved = ctx->get_saved_variables();
     const size_t num_params = static_cast<size_t>(ctx->saved_data["params"].toInt());
     const size_t num_inputs = saved.size() - num_params;

@@ -19,8 +19,8 @@
 // The gradients are therefore bitwise those of the plain module (tests/fabric/training/
 // activation_checkpoint_test.cc; under ddp the cifar10 example,
 // tests/integration/training_features_test.cc).
-// With gradients off (evaluation) the function simply runs. Cost: one more forward of the wrapped piece per step; saving: its activations
-// (docs/benchmarks.md, activation checkpointing).
+// With gradients off (evaluation) the function simply runs. Cost: one more forward of the wrapped
+// piece per step; saving: its activations (docs/benchmarks.md, activation checkpointing).
 //
 // Limits: every output must be a floating tensor or one without gradient; the function must not
 // change what it does between the two runs except through the state above; a function that runs

@@ -15,7 +15,8 @@ ParameterParts whole_parameters(torch::nn::Module& module) {
   ParameterParts out;
   for (const auto& item : module.named_parameters())
     if (item.value().is_floating_point())
-      out.parts.push_back({item.key(), item.value().detach(), item.value().sizes().vec(), 0, false});
+      out.parts.push_back(
+          {item.key(), item.value().detach(), item.value().sizes().vec(), 0, false});
   return out;
 }
 
@@ -36,8 +37,7 @@ ExponentialMovingAverage::ExponentialMovingAverage(torch::nn::Module& module, do
                                                    bool warmup)
     : ExponentialMovingAverage(whole_parameters(module), decay, warmup) {}
 
-ExponentialMovingAverage::ExponentialMovingAverage(ParameterParts parts, double decay,
-                                                   bool warmup)
+ExponentialMovingAverage::ExponentialMovingAverage(ParameterParts parts, double decay, bool warmup)
     : decay_(decay), warmup_(warmup), parts_(std::move(parts)) {
   if (!(decay >= 0 && decay < 1)) {
     throw Error("trainer.ema_decay: " + std::to_string(decay) + " is not in [0, 1)");

@@ -60,8 +60,8 @@ TEST(ConnectorTest, SixteenMixedOnCpuBecomesBf16OnlyWhereTheCpuComputesBf16) {
                                  " is emulated on this CPU (this CPU has no avx512_bf16 or "
                                  "amx_bf16 instructions): expect it several times slower than "
                                  "32-true");
-    EXPECT_TRUE(resolve({std::string("fabric.precision=") + mode}, cpu_with_bf16(true))
-                    .warnings.empty());
+    EXPECT_TRUE(
+        resolve({std::string("fabric.precision=") + mode}, cpu_with_bf16(true)).warnings.empty());
   }
 }
 
@@ -82,8 +82,9 @@ TEST(ConnectorTest, ThreadBudgetSplitsTheCpusBetweenTheRanksSharingThem) {
     std::string reason;
   };
   const std::map<std::string, std::string> torchrun = {
-      {"TORCHELASTIC_RUN_ID", "x"}, {"RANK", "1"},         {"WORLD_SIZE", "8"},
-      {"LOCAL_RANK", "1"},          {"LOCAL_WORLD_SIZE", "4"}, {"MASTER_PORT", "29500"}};
+      {"TORCHELASTIC_RUN_ID", "x"}, {"RANK", "1"},
+      {"WORLD_SIZE", "8"},          {"LOCAL_RANK", "1"},
+      {"LOCAL_WORLD_SIZE", "4"},    {"MASTER_PORT", "29500"}};
   MachineFacts quota = cpus(16, 16);
   quota.cpu.quota = 2.5;  // docker --cpus=2.5
   const std::vector<Case> cases = {
@@ -95,7 +96,9 @@ TEST(ConnectorTest, ThreadBudgetSplitsTheCpusBetweenTheRanksSharingThem) {
       {{"fabric.devices=2"}, cpus(16, 4), 2, "auto: 4 CPUs / 2 processes sharing them"},
       {{}, quota, 3, "auto: 3 CPUs / 1 process sharing them"},
       // A sweep running 2 runs at once gives each run half the machine.
-      {{"fabric.devices=2"}, cpus(16, 16, {{"FABRIC_CPUS", "8"}}), 4,
+      {{"fabric.devices=2"},
+       cpus(16, 16, {{"FABRIC_CPUS", "8"}}),
+       4,
        "auto: 8 CPUs (FABRIC_CPUS) / 2 processes sharing them"},
       // torchrun: 4 ranks on this machine, unbound.
       {{}, cpus(16, 16, torchrun), 4, "auto: 16 CPUs / 4 processes sharing them"},
@@ -105,19 +108,30 @@ TEST(ConnectorTest, ThreadBudgetSplitsTheCpusBetweenTheRanksSharingThem) {
       {{}, cpus(16, 8, torchrun), 4, "auto: 8 CPUs / 2 processes sharing them"},
       // A launcher that does not say how many ranks run here: world / fabric.num_nodes.
       {{"fabric.num_nodes=2"},
-       cpus(16, 16, {{"RANK", "0"}, {"WORLD_SIZE", "8"}, {"MASTER_PORT", "29500"}}), 4,
+       cpus(16, 16, {{"RANK", "0"}, {"WORLD_SIZE", "8"}, {"MASTER_PORT", "29500"}}),
+       4,
        "auto: 16 CPUs / 4 processes sharing them"},
-      {{}, cpus(16, 16, {{"SLURM_NTASKS", "6"}, {"SLURM_PROCID", "4"}, {"SLURM_NODEID", "1"},
-                          {"SLURM_TASKS_PER_NODE", "4,2"}, {"SLURM_NODELIST", "n[1-2]"},
-                          {"SLURM_JOB_ID", "12"}}),
-       8, "auto: 16 CPUs / 2 processes sharing them"},
+      {{},
+       cpus(16, 16,
+            {{"SLURM_NTASKS", "6"},
+             {"SLURM_PROCID", "4"},
+             {"SLURM_NODEID", "1"},
+             {"SLURM_TASKS_PER_NODE", "4,2"},
+             {"SLURM_NODELIST", "n[1-2]"},
+             {"SLURM_JOB_ID", "12"}}),
+       8,
+       "auto: 16 CPUs / 2 processes sharing them"},
       // dp drives every device from one process.
       {{"fabric.strategy=dp"}, cpus(16, 16), 16, "auto: 16 CPUs / 1 process sharing them"},
       // Overrides: fabric.num_threads, then OMP_NUM_THREADS (OpenMP's nested form too).
-      {{"fabric.devices=2", "fabric.num_threads=3"}, cpus(2, 2, {{"OMP_NUM_THREADS", "1"}}), 3,
+      {{"fabric.devices=2", "fabric.num_threads=3"},
+       cpus(2, 2, {{"OMP_NUM_THREADS", "1"}}),
+       3,
        "fabric.num_threads"},
       {{"fabric.devices=2"}, cpus(8, 8, {{"OMP_NUM_THREADS", "6,2"}}), 6, "OMP_NUM_THREADS"},
-      {{"fabric.devices=2"}, cpus(8, 8, {{"OMP_NUM_THREADS", "lots"}}), 4,
+      {{"fabric.devices=2"},
+       cpus(8, 8, {{"OMP_NUM_THREADS", "lots"}}),
+       4,
        "auto: 8 CPUs / 2 processes sharing them"},
       // Nothing known about the CPUs: LibTorch's own default stays.
       {{"fabric.devices=2"}, cpu_machine(), 0, ""},

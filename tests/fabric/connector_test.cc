@@ -48,9 +48,9 @@ TEST(ConnectorTest, DataParallelIsOneProcessOverEveryGpuOrFallsBackWithAWarning)
 
 // fsdp keys someone set, under another strategy, configure nothing: one warning names them.
 TEST(ConnectorTest, FsdpKeysUnderAnotherStrategyAreSaidToHaveNoEffect) {
-  auto s = resolve({"fabric.strategy=ddp", "fabric.fsdp.min_unit_params=5",
-                    "fabric.fsdp.wrap_modules=Linear"},
-                   cpu_machine());
+  auto s = resolve(
+      {"fabric.strategy=ddp", "fabric.fsdp.min_unit_params=5", "fabric.fsdp.wrap_modules=Linear"},
+      cpu_machine());
   ASSERT_EQ(s.warnings.size(), 1u);
   EXPECT_EQ(s.warnings[0],
             "command line: fabric.fsdp.wrap_modules, fabric.fsdp.min_unit_params: have no effect "
@@ -189,12 +189,12 @@ TEST(ConnectorTest, CudaBackendAndRanksSharingAGpu) {
   ASSERT_EQ(s.devices.size(), 4u);
   EXPECT_EQ(s.devices[1].str(), "cuda:0");
   EXPECT_EQ(s.devices[2].str(), "cuda:1");
-  EXPECT_EQ(error_of({"fabric.devices=1", "fabric.ddp.ranks_per_gpu=2",
-                      "fabric.ddp.cuda_backend=nccl"},
-                     gpu_machine(1)),
-            "command line: fabric.ddp.cuda_backend: nccl cannot run 2 ranks on one GPU "
-            "(fabric.ddp.ranks_per_gpu; NCCL refuses them: \"Duplicate GPU detected\"): use "
-            "gloo or auto, or ranks_per_gpu=1");
+  EXPECT_EQ(
+      error_of({"fabric.devices=1", "fabric.ddp.ranks_per_gpu=2", "fabric.ddp.cuda_backend=nccl"},
+               gpu_machine(1)),
+      "command line: fabric.ddp.cuda_backend: nccl cannot run 2 ranks on one GPU "
+      "(fabric.ddp.ranks_per_gpu; NCCL refuses them: \"Duplicate GPU detected\"): use "
+      "gloo or auto, or ranks_per_gpu=1");
   EXPECT_EQ(error_of({"fabric.accelerator=cpu", "fabric.ddp.ranks_per_gpu=2"}, cpu_machine()),
             "command line: fabric.ddp.ranks_per_gpu: 2 applies to cuda only; on cpu "
             "fabric.devices=N is the process count");
@@ -216,8 +216,9 @@ TEST(ConnectorTest, DevicesThatContradictTheLauncherAreAnError) {
     MachineFacts m = gpu ? gpu_machine(2) : cpu_machine();
     m.environment = [](const std::string& name) -> std::optional<std::string> {
       const std::map<std::string, std::string> vars = {
-          {"TORCHELASTIC_RUN_ID", "x"}, {"RANK", "1"},          {"WORLD_SIZE", "2"},
-          {"LOCAL_RANK", "1"},          {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_PORT", "29500"}};
+          {"TORCHELASTIC_RUN_ID", "x"}, {"RANK", "1"},
+          {"WORLD_SIZE", "2"},          {"LOCAL_RANK", "1"},
+          {"LOCAL_WORLD_SIZE", "2"},    {"MASTER_PORT", "29500"}};
       auto it = vars.find(name);
       return it == vars.end() ? std::nullopt : std::optional<std::string>(it->second);
     };
@@ -232,7 +233,8 @@ TEST(ConnectorTest, DevicesThatContradictTheLauncherAreAnError) {
       EXPECT_EQ(resolve({"fabric.devices=-1"}, m).device.str(), "cuda:1");
       EXPECT_EQ(error_of({"fabric.devices=[1]"}, m),
                 "command line: fabric.devices: [1] (1 process on this machine) contradicts " +
-                    launcher + ", which started 2 here; use auto (the launcher decides) or a "
+                    launcher +
+                    ", which started 2 here; use auto (the launcher decides) or a "
                     "list of 2 ids");
     }
   }

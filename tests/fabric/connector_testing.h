@@ -13,7 +13,7 @@
 namespace fabric::testing {
 
 inline MachineFacts facts(bool cuda_compiled, bool libtorch_has_cuda, int64_t devices, bool bf16,
-                   const std::string& visible) {
+                          const std::string& visible) {
   MachineFacts m;
   m.cuda_compiled = cuda_compiled;
   m.libtorch_has_cuda = libtorch_has_cuda;
@@ -24,9 +24,12 @@ inline MachineFacts facts(bool cuda_compiled, bool libtorch_has_cuda, int64_t de
 }
 
 inline MachineFacts cpu_machine() { return facts(false, false, 0, false, ""); }
-inline MachineFacts gpu_machine(int64_t n, bool bf16 = true) { return facts(true, true, n, bf16, ""); }
+inline MachineFacts gpu_machine(int64_t n, bool bf16 = true) {
+  return facts(true, true, n, bf16, "");
+}
 
-inline fabric::ResolvedSetup resolve(const std::vector<std::string>& overrides, const MachineFacts& m) {
+inline fabric::ResolvedSetup resolve(const std::vector<std::string>& overrides,
+                                     const MachineFacts& m) {
   return fabric::resolve_setup(fabric::Config::defaults(fabric::training_schema(), overrides), m);
 }
 

@@ -5,7 +5,8 @@
 // limit (4 megapixels here) is decoded.
 // Input: the bytes of an image file (sniffed, as the dataset does).
 //   bazel build --config=fuzz //tests/fuzz:image_fuzzer
-//   bazel-bin/tests/fuzz/image_fuzzer -max_total_time=600 -rss_limit_mb=4096 tests/fuzz/corpus/image
+//   bazel-bin/tests/fuzz/image_fuzzer -max_total_time=600 -rss_limit_mb=4096 \
+//       tests/fuzz/corpus/image
 #include <torch/torch.h>
 
 #include <cstddef>

@@ -27,8 +27,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string yaml(reinterpret_cast<const char*>(data), size);
   try {
     const fabric::sweep::SweepSpec spec = fabric::sweep::parse_sweep(yaml, "s.yaml");
-    require(spec.runs.size() <= 100000, "more than 100,000 runs",
-            std::to_string(spec.runs.size()));
+    require(spec.runs.size() <= 100000, "more than 100,000 runs", std::to_string(spec.runs.size()));
     std::set<std::string> ids;
     for (const auto& run : spec.runs) {
       require(ids.insert(run.id).second, "two runs share an id", run.id);

@@ -18,8 +18,8 @@
 #include <cstdio>
 
 #include "fabric/fabric.h"
-#include "fabric/main.h"
 #include "fabric/graphed_step.h"
+#include "fabric/main.h"
 #include "strategies/ddp.h"
 #include "strategies/fsdp.h"
 
@@ -68,8 +68,7 @@ int main(int argc, char** argv) {
       const std::string mode = c.get_string("test.mode");
       const int64_t world = f.world_size(), rank = f.global_rank();
       auto model = make_model();
-      torch::optim::SGD optimizer(model->parameters(),
-                                  torch::optim::SGDOptions(0.1).momentum(0.9));
+      torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
       f.setup(model, optimizer);
       auto loss_of = [&](const std::vector<torch::Tensor>& b) {
         return torch::mse_loss(model->forward(b[0]), b[1]);
@@ -121,9 +120,9 @@ int main(int argc, char** argv) {
       double max_rel = 0;
       const auto ref = reference->parameters();
       for (size_t i = 0; i < ref.size(); ++i) {
-        const double rel = ((trained[i].cpu() - ref[i]).abs().max() /
-                            ref[i].abs().max().clamp_min(1e-12))
-                               .item<double>();
+        const double rel =
+            ((trained[i].cpu() - ref[i]).abs().max() / ref[i].abs().max().clamp_min(1e-12))
+                .item<double>();
         max_rel = std::max(max_rel, rel);
       }
       std::printf("max_rel_diff=%.3g synced_backward_passes=%lld..%lld optimizer_steps=%lld\n",

@@ -1,4 +1,5 @@
-// checkpoint.async (fabric/checkpointer.h) with real processes (tests/integration/resume_helper.cc):
+// checkpoint.async (fabric/checkpointer.h) with real processes
+// (tests/integration/resume_helper.cc):
 //   - the files hold the state of the step they are named after, bitwise the synchronous ones,
 //     although training goes on while they are written (one process and 2-rank DDP);
 //   - a process killed while a background write is in flight leaves `latest` naming a complete
@@ -54,9 +55,10 @@ TEST_F(AsyncCheckpointTest, FilesHoldTheirStepsStateBitwiseLikeSynchronousOnes) 
     }
     EXPECT_EQ(latest("async" + devices), "step-00000016.ckpt");
     // The comparison can fail: neighbouring steps differ.
-    EXPECT_NE(fabric::testing::compare_checkpoints(dir_ / ("sync" + devices) / "step-00000014.ckpt",
-                                                   dir_ / ("async" + devices) / "step-00000016.ckpt"),
-              "");
+    EXPECT_NE(
+        fabric::testing::compare_checkpoints(dir_ / ("sync" + devices) / "step-00000014.ckpt",
+                                             dir_ / ("async" + devices) / "step-00000016.ckpt"),
+        "");
   }
 }
 
@@ -83,8 +85,7 @@ TEST_F(AsyncCheckpointTest, KilledDuringABackgroundWriteResumesBitwise) {
   EXPECT_EQ(fabric::checkpoint_step(newest), 10) << newest;
   auto resumed = run(job + "checkpoint.dir=killed checkpoint.resume=killed test.out=resumed.ckpt");
   ASSERT_EQ(resumed.code, 0) << resumed.out;
-  EXPECT_NE(resumed.out.find("/killed/" + newest + " at step 10"),
-            std::string::npos)
+  EXPECT_NE(resumed.out.find("/killed/" + newest + " at step 10"), std::string::npos)
       << resumed.out;
   EXPECT_EQ(fabric::testing::compare_checkpoints(dir_ / "full.ckpt", dir_ / "resumed.ckpt"), "");
 }
@@ -100,8 +101,7 @@ TEST_F(AsyncCheckpointTest, ShardedFoldersWrittenInTheBackgroundEqualSynchronous
     char name[32];
     std::snprintf(name, sizeof(name), "step-%08d.ckpt", step);
     ASSERT_TRUE(fabric::is_sharded_checkpoint(dir_ / "async" / name)) << name;
-    EXPECT_EQ(fabric::testing::compare_checkpoints(dir_ / "sync" / name, dir_ / "async" / name),
-              "")
+    EXPECT_EQ(fabric::testing::compare_checkpoints(dir_ / "sync" / name, dir_ / "async" / name), "")
         << name;
   }
   EXPECT_EQ(latest("async"), "step-00000016.ckpt");
@@ -147,8 +147,10 @@ TEST_F(AsyncCheckpointTest, NonFiniteWeightsAreNeverCheckpointed) {
   for (const std::string async : {"false", "true"}) {
     SCOPED_TRACE("checkpoint.async=" + async);
     // lr 1e4 overflows the weights after a few steps; the guard is off, so training goes on.
-    auto r = run("fabric.devices=1 optimizer.name=sgd optimizer.lr=1e4 trainer.stop_on_nonfinite=0 "
-                 "checkpoint.async=" + async + " checkpoint.dir=ckpt_" + async);
+    auto r =
+        run("fabric.devices=1 optimizer.name=sgd optimizer.lr=1e4 trainer.stop_on_nonfinite=0 "
+            "checkpoint.async=" +
+            async + " checkpoint.dir=ckpt_" + async);
     ASSERT_EQ(r.code, 0) << r.out;
     EXPECT_NE(r.out.find(" not written: the weights are not finite (NaN or inf)"),
               std::string::npos)

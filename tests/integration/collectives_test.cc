@@ -39,9 +39,8 @@ TEST(CollectivesTest, EveryRankRunsWithItsThreadBudget) {
                                          {"OMP_NUM_THREADS=1", "2", "fabric.num_threads=2", 2}}) {
     const std::string exe =
         fabric::testing::helper_binary("//tests/integration:collectives_helper");
-    auto [code, out] = fabric::testing::run_command("env -u OMP_NUM_THREADS " + c.env + " " +
-                                                    exe + " " + c.world + " threads " +
-                                                    c.override_arg);
+    auto [code, out] = fabric::testing::run_command("env -u OMP_NUM_THREADS " + c.env + " " + exe +
+                                                    " " + c.world + " threads " + c.override_arg);
     ASSERT_EQ(code, 0) << c.env << "\n" << out;
     const std::string n = std::to_string(c.threads);
     const std::string want = " threads " + n + " interop " + n + " other thread " + n + "\n";
@@ -98,8 +97,7 @@ TEST(CollectivesTest, NonFiniteLossesOnOneRankStopEveryRankAtTheSameStep) {
 TEST(CollectivesTest, SigtermOnOneRankStopsEveryRankAtTheSameStep) {
   auto [code, out] = run("3 stopsignal");
   EXPECT_EQ(code, 0) << out;
-  EXPECT_EQ(fabric::testing::ranks_missing_report(out, 3, " stopped at step 8"),
-            std::vector<int>{})
+  EXPECT_EQ(fabric::testing::ranks_missing_report(out, 3, " stopped at step 8"), std::vector<int>{})
       << out;
 }
 

@@ -22,8 +22,8 @@
 
 #include "fabric/core/error.h"
 #include "fabric/fabric.h"
-#include "fabric/training/fast_optimizers.h"
 #include "fabric/graphed_step.h"
+#include "fabric/training/fast_optimizers.h"
 #include "tests/cuda_skip.h"
 
 namespace {

@@ -16,10 +16,10 @@
 // compares with the CPU reference (tolerance 1e-5); it exits 77 when no GPU is usable. A 4th
 // argument "gloo" sets fabric.ddp.cpu_backend gloo (default auto: shared memory on one host).
 // FABRIC_TEST_KILL_RANK=R (launcher tests): rank R kills itself at step 1 of torchrun's first
-// attempt. Prints "max_rel_diff=X" and "params_hash=H" (FNV-1a of the trained parameters' bytes) and exits 0
-// when X is within tolerance and every check passed.
-#include <torch/torch.h>
+// attempt. Prints "max_rel_diff=X" and "params_hash=H" (FNV-1a of the trained parameters' bytes)
+// and exits 0 when X is within tolerance and every check passed.
 #include <torch/csrc/autograd/variable.h>
+#include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <csignal>

@@ -24,9 +24,11 @@ using fabric::testing::kTinyCifar;
 using fabric::testing::Result;
 
 TEST_F(ExamplesTest, FashionMnistConfigTrainsAndWritesTheSummary) {
-  Result r = run("fashion_mnist",
-                 "--config=fashion_mnist.yaml fabric.accelerator=cpu trainer.max_steps=4 trainer.limit_eval_batches=2 "
-                 "logging.log_every_n_steps=2 model.width=4 model.hidden=8 throughput.peak_tflops=0.5");
+  Result r =
+      run("fashion_mnist",
+          "--config=fashion_mnist.yaml fabric.accelerator=cpu trainer.max_steps=4 "
+          "trainer.limit_eval_batches=2 "
+          "logging.log_every_n_steps=2 model.width=4 model.hidden=8 throughput.peak_tflops=0.5");
   ASSERT_EQ(r.code, 0) << r.out;
   auto s = summary_of(r);
   EXPECT_EQ(s["steps"], 4);
@@ -75,7 +77,8 @@ TEST_F(ExamplesTest, FashionMnistConfigTrainsAndWritesTheSummary) {
 
 TEST_F(ExamplesTest, ProgressBarRedrawsInPlaceWithLinesAboveIt) {
   Result r = run("fashion_mnist",
-                 "--config=fashion_mnist.yaml fabric.accelerator=cpu trainer.max_steps=3 trainer.limit_eval_batches=2 "
+                 "--config=fashion_mnist.yaml fabric.accelerator=cpu trainer.max_steps=3 "
+                 "trainer.limit_eval_batches=2 "
                  "model.width=4 model.hidden=8 logging.progress_bar=true");
   ASSERT_EQ(r.code, 0) << r.out;
   // The last step is drawn complete; the evaluation line replaces the bar and the bar follows.
@@ -89,7 +92,8 @@ TEST_F(ExamplesTest, ProgressBarRedrawsInPlaceWithLinesAboveIt) {
 // and keeps its state aside where resume: auto never picks it up; under fsdp too.
 TEST_F(ExamplesTest, DivergingRunStopsWithExitThreeAndKeepsItsStateAside) {
   Result r = run("fashion_mnist",
-                 "--config=fashion_mnist.yaml fabric.accelerator=cpu trainer.max_steps=40 trainer.limit_eval_batches=2 "
+                 "--config=fashion_mnist.yaml fabric.accelerator=cpu trainer.max_steps=40 "
+                 "trainer.limit_eval_batches=2 "
                  "model.width=4 model.hidden=8 optimizer.lr=1e12 trainer.stop_on_nonfinite=2");
   ASSERT_EQ(r.code, 3) << r.out;
   EXPECT_NE(r.out.find("stopped: the loss was not finite for 2 consecutive steps on rank 0 "
@@ -105,7 +109,8 @@ TEST_F(ExamplesTest, DivergingRunStopsWithExitThreeAndKeepsItsStateAside) {
   EXPECT_EQ(aside.filename().string().rfind("nonfinite-step-", 0), 0u) << aside;
   // Off: the same run trains to the end (the loss stays non-finite).
   r = run("fashion_mnist",
-          "--config=fashion_mnist.yaml fabric.accelerator=cpu trainer.max_steps=6 trainer.limit_eval_batches=2 "
+          "--config=fashion_mnist.yaml fabric.accelerator=cpu trainer.max_steps=6 "
+          "trainer.limit_eval_batches=2 "
           "model.width=4 model.hidden=8 optimizer.lr=1e12 trainer.stop_on_nonfinite=0");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(summary_of(r)["steps"], 6);
@@ -126,9 +131,10 @@ TEST_F(ExamplesTest, DivergingRunStopsWithExitThreeAndKeepsItsStateAside) {
 // that step, exit 143, and checkpoint.resume=auto continues to the same weights, bitwise, as the
 // run never stopped.
 TEST_F(ExamplesTest, SigtermSavesTheStepAndResumeAutoEndsBitwiseAsTheWholeRun) {
-  const std::string args = std::string("--config=single_cpu.yaml") + kTinyCifar +
-                           " trainer.max_steps=300 trainer.max_epochs=100 checkpoint.every_n_epochs=0 "
-                           "trainer.eval_every_n_epochs=0";
+  const std::string args =
+      std::string("--config=single_cpu.yaml") + kTinyCifar +
+      " trainer.max_steps=300 trainer.max_epochs=100 checkpoint.every_n_epochs=0 "
+      "trainer.eval_every_n_epochs=0";
   Result whole = run("cifar10", args + " logging.run_dir=whole");
   ASSERT_EQ(whole.code, 0) << whole.out;
 
@@ -149,8 +155,8 @@ TEST_F(ExamplesTest, SigtermSavesTheStepAndResumeAutoEndsBitwiseAsTheWholeRun) {
   const fs::path metrics = dir_ / "stopped" / "metrics.csv";
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   while (std::chrono::steady_clock::now() < deadline &&
-         (!fs::exists(metrics) || fs::file_size(metrics) == 0 || bytes(metrics).find('\n') ==
-                                                                      bytes(metrics).rfind('\n')))
+         (!fs::exists(metrics) || fs::file_size(metrics) == 0 ||
+          bytes(metrics).find('\n') == bytes(metrics).rfind('\n')))
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   kill(pid, SIGSTOP);
   kill(pid, SIGTERM);
@@ -272,9 +278,9 @@ TEST_F(ExamplesTest, MissingRealDataFallsBackWithABannerOrFailsWhenRequired) {
 // here with ONEDNN_MAX_CPU_ISA=AVX2), an explicit bf16-mixed stays bf16 with a warning.
 TEST_F(ExamplesTest, GpuConfigsRunOnCpuWhenToldAndMixedPrecisionFallsBack) {
   for (const char* config : {"single_gpu.yaml", "amp.yaml", "bf16.yaml"}) {
-    Result r = run("cifar10", std::string("--config=") + config + kTinyCifar +
-                                  " fabric.accelerator=cpu",
-                   "ONEDNN_MAX_CPU_ISA=AVX2");
+    Result r =
+        run("cifar10", std::string("--config=") + config + kTinyCifar + " fabric.accelerator=cpu",
+            "ONEDNN_MAX_CPU_ISA=AVX2");
     ASSERT_EQ(r.code, 0) << config << "\n" << r.out;
     auto s = summary_of(r);
     const std::string want = std::string(config) == "bf16.yaml" ? "bf16-mixed" : "32-true";
@@ -296,7 +302,8 @@ TEST_F(ExamplesTest, GpuConfigsRunOnCpuWhenToldAndMixedPrecisionFallsBack) {
 }
 
 TEST_F(ExamplesTest, DdpConfigTrainsWithTwoSelfLaunchedProcesses) {
-  Result r = run("cifar10", std::string("--config=ddp.yaml") + kTinyCifar + " fabric.accelerator=cpu");
+  Result r =
+      run("cifar10", std::string("--config=ddp.yaml") + kTinyCifar + " fabric.accelerator=cpu");
   ASSERT_EQ(r.code, 0) << r.out;
   auto s = summary_of(r);
   EXPECT_EQ(s["strategy"], "ddp");

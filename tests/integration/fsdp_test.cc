@@ -197,8 +197,9 @@ TEST_F(FsdpTest, CheckpointsLoadAtOtherWorldSizesAndUnderPlainDdp) {
   EXPECT_TRUE(fabric::is_sharded_checkpoint(dir_ / ckpt));
   // Loaded by 3 ranks with other units, saved again at once (nothing left to train), this time
   // as one file gathered to rank 0.
-  auto three = run(common + kBySize + "fabric.devices=3 trainer.max_steps=8 checkpoint.resume=" +
-                   ckpt + " checkpoint.dir=three checkpoint.format=full");
+  auto three =
+      run(common + kBySize + "fabric.devices=3 trainer.max_steps=8 checkpoint.resume=" + ckpt +
+          " checkpoint.dir=three checkpoint.format=full");
   ASSERT_EQ(three.code, 0) << three.out;
   EXPECT_TRUE(fs::is_regular_file(dir_ / "three/step-00000008.ckpt"));
   same_state("three/step-00000008.ckpt");
@@ -213,8 +214,8 @@ TEST_F(FsdpTest, CheckpointsLoadAtOtherWorldSizesAndUnderPlainDdp) {
   auto continued = run(common + "fabric.strategy=ddp fabric.devices=2 checkpoint.resume=" + ckpt +
                        " checkpoint.dir=continued test.out=continued.ckpt");
   ASSERT_EQ(continued.code, 0) << continued.out;
-  EXPECT_EQ(
-      fabric::testing::first_difference(state("ddp.ckpt"), state("continued.ckpt"), "state"), "");
+  EXPECT_EQ(fabric::testing::first_difference(state("ddp.ckpt"), state("continued.ckpt"), "state"),
+            "");
 }
 
 // checkpoint.format: sharded (the default under fsdp) against full, on the same run: the folder
@@ -289,7 +290,8 @@ TEST_F(FsdpTest, PrefetchingTheNextUnitChangesNothingButWhenItIsGathered) {
   const std::string job = "fabric.devices=2 optimizer.name=adamw " + kPerLayer;
   auto ahead = [](const std::string& out) -> int64_t {
     std::smatch m;
-    if (!std::regex_search(out, m, std::regex("fsdp: [0-9]+ all-gathers \\(([0-9]+) started ahead")))
+    if (!std::regex_search(out, m,
+                           std::regex("fsdp: [0-9]+ all-gathers \\(([0-9]+) started ahead")))
       return -1;
     return std::stoll(m[1]);
   };
@@ -366,11 +368,12 @@ TEST_F(FsdpTest, KilledWhileWritingShardedCheckpointsResumesBitwise) {
   std::uniform_int_distribution<int64_t> byte(shard_bytes / 2, 12 * shard_bytes);
   for (int trial = 0; trial < 4; ++trial) {
     const int64_t kill_after = byte(gen);
-    SCOPED_TRACE("trial " + std::to_string(trial) + ": FABRIC_TEST_KILL_AFTER_BYTES=" +
-                 std::to_string(kill_after));
+    SCOPED_TRACE("trial " + std::to_string(trial) +
+                 ": FABRIC_TEST_KILL_AFTER_BYTES=" + std::to_string(kill_after));
     const std::string runs = "runs" + std::to_string(trial);
     const std::string common = job + "logging.run_dir=" + runs + "/{name}/{timestamp} ";
-    auto crashed = run_with_env(common, "FABRIC_TEST_KILL_AFTER_BYTES=" + std::to_string(kill_after));
+    auto crashed =
+        run_with_env(common, "FABRIC_TEST_KILL_AFTER_BYTES=" + std::to_string(kill_after));
     EXPECT_NE(crashed.code, 0) << crashed.out;
     bool partial = false;
     std::error_code none_yet;
@@ -409,8 +412,7 @@ TEST_F(FsdpTest, AModelDdpCannotHoldUnderTheMemoryLimitTrainsSharded) {
   // It resumes under the same limit: each rank reads only its part of the sharded checkpoint
   // into its shards (joining the whole state on every rank peaked at 3.4 GiB).
   ASSERT_TRUE(fabric::is_sharded_checkpoint(dir_ / "ck/step-00000004.ckpt"));
-  auto resumed =
-      run(fsdp_job + "trainer.max_steps=6 checkpoint.resume=auto checkpoint.dir=ck");
+  auto resumed = run(fsdp_job + "trainer.max_steps=6 checkpoint.resume=auto checkpoint.dir=ck");
   EXPECT_EQ(resumed.code, 0) << resumed.out;
   EXPECT_NE(resumed.out.find("step-00000004.ckpt at step 4"), std::string::npos) << resumed.out;
   EXPECT_NE(resumed.out.find("done at step 6"), std::string::npos) << resumed.out;
@@ -423,7 +425,8 @@ TEST_F(FsdpTest, UnsupportedCombinationsNameTheKey) {
   EXPECT_NE(r.out.find("not supported with fabric.strategy: fsdp"), std::string::npos) << r.out;
   // A wrap_modules name that matches no module type (a typo) would leave those modules in the
   // root unit in silence: an error naming it, the closest type and the model's types.
-  r = run("fabric.devices=2 fabric.strategy=fsdp fabric.fsdp.wrap_modules=Conv2d,Lineer "
+  r =
+      run("fabric.devices=2 fabric.strategy=fsdp fabric.fsdp.wrap_modules=Conv2d,Lineer "
           "fabric.fsdp.min_unit_params=0");
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("fabric.fsdp.wrap_modules: 'Lineer' is no module type of this model; did "

@@ -1,7 +1,8 @@
 // examples/gpt end to end on CPU, on a small byte-level corpus written here: 2-rank ddp equals one
-// process on the whole batch, fsdp (Block units) and ZeRO-1 equal ddp with clipping, activation checkpointing changes no
-// bit, a run resumed mid-epoch ends bitwise like the uninterrupted one, and bad token data is a
-// one-line error naming the file; BPE token data trains and samples through its tokenizer.
+// process on the whole batch, fsdp (Block units) and ZeRO-1 equal ddp with clipping, activation
+// checkpointing changes no bit, a run resumed mid-epoch ends bitwise like the uninterrupted one,
+// and bad token data is a one-line error naming the file; BPE token data trains and samples through
+// its tokenizer.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -71,8 +72,8 @@ TEST_F(GptExampleTest, FsdpWithBlockUnitsAndZero1EqualDdpWithClipping) {
   const std::string sgd = " optimizer.name=sgd optimizer.lr=0.1 trainer.gradient_clip_val=0.1";
   const Result ddp = run("gpt", args(2) + sgd + " logging.run_dir=ddp");
   ASSERT_EQ(ddp.code, 0) << ddp.out;
-  const Result fsdp = run(
-      "gpt", args(2, "fsdp") + sgd + " fabric.fsdp.wrap_modules=Block logging.run_dir=fsdp");
+  const Result fsdp =
+      run("gpt", args(2, "fsdp") + sgd + " fabric.fsdp.wrap_modules=Block logging.run_dir=fsdp");
   ASSERT_EQ(fsdp.code, 0) << fsdp.out;
   EXPECT_EQ(parity_failure(weights("ddp"), weights("fsdp"), "weights", 1e-6), "");
   const Result zero1 =

@@ -41,10 +41,10 @@ y = idx('train-labels-idx1-ubyte', 8)[:ntrain]
 xv = idx('t10k-images-idx3-ubyte', 16).reshape(-1, 28, 28)[:nval]
 yv = idx('t10k-labels-idx1-ubyte', 8)[:nval]
 )" << program;
-    const auto r = fabric::testing::run_command(
-        fabric::testing::python_interpreter() + " " + script.string() +
-        " /usr/share/datasets/fashion-mnist " + root.string() + " " + std::to_string(train) + " " +
-        std::to_string(val) + extra);
+    const auto r =
+        fabric::testing::run_command(fabric::testing::python_interpreter() + " " + script.string() +
+                                     " /usr/share/datasets/fashion-mnist " + root.string() + " " +
+                                     std::to_string(train) + " " + std::to_string(val) + extra);
     EXPECT_EQ(r.code, 0) << r.out;
     return root;
   }
@@ -168,10 +168,10 @@ TEST_F(ImageClassifierTest, ImageFolderOverTwoRanksResumesMidEpochBitwise) {
 // data.train_shards as a brace pattern, the val shards found in DIR/val/.
 TEST_F(ImageClassifierTest, WebDatasetFashionMnistReachesTheBinaryExamplesAccuracyBand) {
   const fs::path root = write_shards(4096, 1000, 4);
-  Result shards = run("image_classifier",
-                      "--config=single_cpu.yaml data.root=" + root.string() + kSmall +
-                          " data.train_shards=train-{000..003}.tar data.image_size=28"
-                          " trainer.max_epochs=2 trainer.max_steps=-1");
+  Result shards =
+      run("image_classifier", "--config=single_cpu.yaml data.root=" + root.string() + kSmall +
+                                  " data.train_shards=train-{000..003}.tar data.image_size=28"
+                                  " trainer.max_epochs=2 trainer.max_steps=-1");
   expect_accuracy_band(shards, "4096 train / 1000 val images [3, 28, 28], 10 classes", 0.65);
 }
 
@@ -207,7 +207,8 @@ TEST_F(ImageClassifierTest, WebDatasetShardErrorsAreOneLine) {
   Result none = run("image_classifier", args);
   EXPECT_EQ(none.code, 2) << none.out;
   EXPECT_NE(none.out.find("data.train_shards: no shards: set it (e.g. train-{000..009}.tar) or "
-                          "put " + (root / "train").string() + "/*.tar"),
+                          "put " +
+                          (root / "train").string() + "/*.tar"),
             std::string::npos)
       << none.out;
   std::ofstream(root / "val" / "val-000.tar", std::ios::binary | std::ios::trunc) << "garbage";

@@ -27,7 +27,9 @@ std::string helper() {
   return fabric::testing::helper_binary("//tests/integration:ddp_parity_helper");
 }
 
-std::string torchrun() { return fabric::testing::python_interpreter() + " -m torch.distributed.run"; }
+std::string torchrun() {
+  return fabric::testing::python_interpreter() + " -m torch.distributed.run";
+}
 
 // The self-launched job's parameter hash, the reference every launcher must reproduce.
 std::string self_launched_hash() {
@@ -76,7 +78,8 @@ TEST_F(MpirunTest, TwoRanksTrainLikeTheSelfLaunchedJobWithoutAnyAddressGiven) {
 }
 
 TEST_F(MpirunTest, AKilledRankEndsTheJobWithAnErrorNamingIt) {
-  const auto r = run_command(mpirun_ + "-x FABRIC_TEST_KILL_RANK=1 " + helper() + " 2 4 plain 2>&1");
+  const auto r =
+      run_command(mpirun_ + "-x FABRIC_TEST_KILL_RANK=1 " + helper() + " 2 4 plain 2>&1");
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_NE(r.code, 124) << "timed out: " << r.out;
   EXPECT_NE(r.out.find("rank 1"), std::string::npos) << r.out;
@@ -92,13 +95,15 @@ TEST_F(TorchrunTest, OneAgentTrainsLikeTheSelfLaunchedJob) {
 }
 
 TEST_F(TorchrunTest, TwoAgentsOnLoopbackTrainLikeTheSelfLaunchedJob) {
-  const std::string common = " --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:" +
-                             std::to_string(fabric::testing::free_loopback_port()) + " --no-python " + helper() + " 2 4 plain";
+  const std::string common =
+      " --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:" +
+      std::to_string(fabric::testing::free_loopback_port()) + " --no-python " + helper() +
+      " 2 4 plain";
   // With c10d rendezvous the agents' order of arrival decides the node ranks: keep both outputs.
   const std::string other = (std::filesystem::path(::testing::TempDir()) / "agent_b.log").string();
-  const auto r = run_command("(" + torchrun() + common + " >" + other + " 2>&1 & " + torchrun() +
-                             common + "; a=$?; wait $!; b=$?; cat " + other +
-                             "; [ $a -eq 0 ] && [ $b -eq 0 ]) 2>&1");
+  const auto r =
+      run_command("(" + torchrun() + common + " >" + other + " 2>&1 & " + torchrun() + common +
+                  "; a=$?; wait $!; b=$?; cat " + other + "; [ $a -eq 0 ] && [ $b -eq 0 ]) 2>&1");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(value_after(r.out, "params_hash="), self_hash_) << r.out;
 }
@@ -106,9 +111,9 @@ TEST_F(TorchrunTest, TwoAgentsOnLoopbackTrainLikeTheSelfLaunchedJob) {
 // A rank killed (SIGKILL) in the middle of the job: torchrun stops the other rank and exits
 // non-zero, naming the killed rank; a hang would hit the 120 s timeout instead.
 TEST_F(TorchrunTest, AKilledRankEndsTheJobWithAnErrorNamingIt) {
-  const auto r = run_command("FABRIC_TEST_KILL_RANK=1 timeout 120 " + torchrun() +
-                             " --standalone --nproc-per-node=2 --no-python " + helper() +
-                             " 2 4 plain 2>&1");
+  const auto r =
+      run_command("FABRIC_TEST_KILL_RANK=1 timeout 120 " + torchrun() +
+                  " --standalone --nproc-per-node=2 --no-python " + helper() + " 2 4 plain 2>&1");
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_NE(r.code, 124) << "timed out: " << r.out;
   EXPECT_NE(r.out.find("local_rank: 1"), std::string::npos) << r.out;
@@ -154,8 +159,8 @@ TEST_F(SlurmTest, AnSbatchScriptTrainsLikeTheSelfLaunchedJob) {
   const std::string script = cluster_.dir() + "/job.sh";
   std::ofstream(script) << "#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --ntasks=2\n#SBATCH --output="
                         << cluster_.dir() << "/job.out\nsrun " << helper() << " 2 4 plain\n";
-  const auto r = run_command("timeout 120 sbatch --wait " + script + " 2>&1; cat " + cluster_.dir() +
-                             "/job.out");
+  const auto r = run_command("timeout 120 sbatch --wait " + script + " 2>&1; cat " +
+                             cluster_.dir() + "/job.out");
   EXPECT_NE(r.out.find("Submitted batch job"), std::string::npos) << r.out;
   EXPECT_EQ(value_after(r.out, "params_hash="), self_hash_) << r.out;
 }

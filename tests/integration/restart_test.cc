@@ -123,8 +123,7 @@ class RestartTest : public ::testing::Test {
   // 120 s passed). `rank_var`/`attempt_var`: the variables naming them (the self-launcher's, or
   // torchrun's RANK and TORCHELASTIC_RESTART_COUNT).
   std::optional<pid_t> rank_at_step(pid_t agent, const std::string& runs, int64_t step, int rank,
-                                    int attempt,
-                                    const std::string& rank_var = "FABRIC_LOCAL_RANK",
+                                    int attempt, const std::string& rank_var = "FABRIC_LOCAL_RANK",
                                     const std::string& attempt_var = "FABRIC_RESTART_COUNT") {
     const auto deadline = Clock::now() + std::chrono::seconds(120);
     while (Clock::now() < deadline && waitpid(agent, nullptr, WNOHANG) == 0) {
@@ -162,9 +161,9 @@ TEST_F(RestartTest, RanksKilledAtRandomMomentsRestartAndFinishBitwiseLikeAnUnint
   ASSERT_EQ(reference.code, 0) << reference.out;
 
   const fs::path log = dir_ / "healed.log";
-  const pid_t agent = start(job + "fabric.max_restarts=3 logging.run_dir=healed/{timestamp} " +
-                                "test.out=healed.ckpt",
-                            log);
+  const pid_t agent = start(
+      job + "fabric.max_restarts=3 logging.run_dir=healed/{timestamp} " + "test.out=healed.ckpt",
+      log);
   ASSERT_GT(agent, 0);
   std::mt19937 gen(20261125);
   std::uniform_int_distribution<int> pick_rank(0, 1);
@@ -184,19 +183,18 @@ TEST_F(RestartTest, RanksKilledAtRandomMomentsRestartAndFinishBitwiseLikeAnUnint
   const auto [code, out] = finish(agent, log);
   ASSERT_EQ(code, 0) << kills << "\n" << out;
   for (int k = 1; k <= 3; ++k) {
-    EXPECT_NE(out.find("fabric: restart " + std::to_string(k) + " of 3 in 0.0 s "
+    EXPECT_NE(out.find("fabric: restart " + std::to_string(k) +
+                       " of 3 in 0.0 s "
                        "(fabric.max_restarts): rank "),
               std::string::npos)
         << out;
-    EXPECT_NE(out.find("restart " + std::to_string(k) + ": resumed from "),
-              std::string::npos)
+    EXPECT_NE(out.find("restart " + std::to_string(k) + ": resumed from "), std::string::npos)
         << out;
   }
   EXPECT_NE(out.find("was killed by signal 9 (Killed) after step "), std::string::npos) << out;
   EXPECT_NE(out.find("steps to redo)"), std::string::npos) << out;
   EXPECT_EQ(out.find("restart 4"), std::string::npos) << out;
-  EXPECT_EQ(fabric::testing::compare_checkpoints(dir_ / "reference.ckpt", dir_ / "healed.ckpt"),
-            "")
+  EXPECT_EQ(fabric::testing::compare_checkpoints(dir_ / "reference.ckpt", dir_ / "healed.ckpt"), "")
       << kills << "\n"
       << out;
   std::cout << "killed:" << kills << std::endl;
@@ -207,10 +205,10 @@ TEST_F(RestartTest, AFrozenRankIsFoundByTheHeartbeatAndTheJobRestarts) {
   auto reference = run_reference(job);
   ASSERT_EQ(reference.code, 0) << reference.out;
   const fs::path log = dir_ / "frozen.log";
-  const pid_t agent =
-      start(job + "fabric.max_restarts=1 fabric.ddp.heartbeat_timeout_s=2 "
-                  "logging.run_dir=frozen/{timestamp} test.out=frozen.ckpt",
-            log);
+  const pid_t agent = start(job +
+                                "fabric.max_restarts=1 fabric.ddp.heartbeat_timeout_s=2 "
+                                "logging.run_dir=frozen/{timestamp} test.out=frozen.ckpt",
+                            log);
   ASSERT_GT(agent, 0);
   const auto victim = rank_at_step(agent, "frozen", 6, 1, 0);
   ASSERT_TRUE(victim) << read_file(log);
@@ -223,8 +221,7 @@ TEST_F(RestartTest, AFrozenRankIsFoundByTheHeartbeatAndTheJobRestarts) {
             std::string::npos)
       << out;
   EXPECT_NE(out.find("restart 1: resumed from "), std::string::npos) << out;
-  EXPECT_EQ(fabric::testing::compare_checkpoints(dir_ / "reference.ckpt", dir_ / "frozen.ckpt"),
-            "")
+  EXPECT_EQ(fabric::testing::compare_checkpoints(dir_ / "reference.ckpt", dir_ / "frozen.ckpt"), "")
       << out;
 }
 
@@ -274,8 +271,9 @@ TEST_F(RestartTest, UnderTorchrunARestartedAttemptResumesFromTheJobsNewestCheckp
   // command() ends in "exec 'BINARY' ARGS": torchrun takes the binary's place.
   std::string line = command(job + "logging.run_dir=healed/{timestamp} test.out=healed.ckpt");
   line.replace(line.find("exec '"), 6,
-               "exec " + python + " -m torch.distributed.run --standalone --nproc-per-node=2 "
-                                  "--max-restarts=1 --no-python '");
+               "exec " + python +
+                   " -m torch.distributed.run --standalone --nproc-per-node=2 "
+                   "--max-restarts=1 --no-python '");
   const fs::path log = dir_ / "torchrun.log";
   const pid_t agent = start_shell(line, log);
   ASSERT_GT(agent, 0);
@@ -285,8 +283,7 @@ TEST_F(RestartTest, UnderTorchrunARestartedAttemptResumesFromTheJobsNewestCheckp
   const auto [code, out] = finish(agent, log);
   ASSERT_EQ(code, 0) << out;
   EXPECT_NE(out.find("restart 1: resumed from "), std::string::npos) << out;
-  EXPECT_EQ(fabric::testing::compare_checkpoints(dir_ / "reference.ckpt", dir_ / "healed.ckpt"),
-            "")
+  EXPECT_EQ(fabric::testing::compare_checkpoints(dir_ / "reference.ckpt", dir_ / "healed.ckpt"), "")
       << out;
 }
 

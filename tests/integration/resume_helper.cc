@@ -94,12 +94,12 @@ void print_memory(fabric::Fabric& f, torch::nn::Module& model, const torch::opti
     const auto* sharded = fsdp->sharded();
     int64_t full = 0;
     for (const auto& u : sharded->units()) full += u.gathered_elements * 4;
-    const auto stats = f.all_gather(
-        torch::tensor({static_cast<int64_t>(sharded->units().size()),
-                       sharded->peak_gathered_bytes(), full}));
+    const auto stats = f.all_gather(torch::tensor(
+        {static_cast<int64_t>(sharded->units().size()), sharded->peak_gathered_bytes(), full}));
     for (size_t r = 0; r < stats.size(); ++r)
       f.print("rank ", r, " fsdp units=", stats[r][0].item<int64_t>(),
-              " peak_gathered=", stats[r][1].item<int64_t>(), " full=", stats[r][2].item<int64_t>());
+              " peak_gathered=", stats[r][1].item<int64_t>(),
+              " full=", stats[r][2].item<int64_t>());
   }
 }
 

@@ -166,8 +166,8 @@ TEST_F(ZeroTest, CheckpointsLoadAtOtherWorldSizesAndUnderPlainDdp) {
   auto continued = run(common + "fabric.devices=2 checkpoint.resume=" + ckpt +
                        " checkpoint.dir=continued test.out=continued.ckpt");
   ASSERT_EQ(continued.code, 0) << continued.out;
-  EXPECT_EQ(
-      fabric::testing::first_difference(state("ddp.ckpt"), state("continued.ckpt"), "state"), "");
+  EXPECT_EQ(fabric::testing::first_difference(state("ddp.ckpt"), state("continued.ckpt"), "state"),
+            "");
   // And the sharded job at 3 ranks trains on from it.
   auto onward =
       run(common + zero + "fabric.devices=3 checkpoint.dir=onward checkpoint.resume=" + ckpt);

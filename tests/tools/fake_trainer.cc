@@ -5,14 +5,14 @@
 // Test controls (environment): FAKE_INVOCATIONS=FILE appends "lr seed" per run; FAKE_CPUS_LOG=FILE
 // appends the FABRIC_CPUS it was given ("unset" when none); FAKE_ROOT_LOG=FILE appends data.root
 // made absolute as Fabric programs do (fabric/core/paths.h); FAKE_FAIL_LR=X
-// fails (exit 1, one error line, its run directory created) when optimizer.lr == X; FAKE_DIVERGE_LR=X stops as a diverged
-// Fabric program does (summary.json with "stopped", exit 3) when optimizer.lr == X;
-// FAKE_BLOCK_LR=X writes its pid to the file $FAKE_STARTED then blocks until killed when
-// optimizer.lr == X.
+// fails (exit 1, one error line, its run directory created) when optimizer.lr == X;
+// FAKE_DIVERGE_LR=X stops as a diverged Fabric program does (summary.json with "stopped", exit 3)
+// when optimizer.lr == X; FAKE_BLOCK_LR=X writes its pid to the file $FAKE_STARTED then blocks
+// until killed when optimizer.lr == X.
 //
 // Training (for pruners): FAKE_STEPS=N "trains" N steps of FAKE_STEP_MS milliseconds each (default
-// 20), logging fake/score = fake_metric · step / N to metrics.csv at every step. SIGTERM stops it as
-// a Fabric example stops: it saves its step to <logging.run_dir>.fake_ckpt and exits 143; with
+// 20), logging fake/score = fake_metric · step / N to metrics.csv at every step. SIGTERM stops it
+// as a Fabric example stops: it saves its step to <logging.run_dir>.fake_ckpt and exits 143; with
 // checkpoint.resume=auto it starts from that step. FAKE_STEPS_LOG=FILE appends "lr from to" for
 // every attempt (the steps it trained). FAKE_LINGER_MS=N: after writing summary.json it takes N ms
 // more to exit, with SIGTERM's default action back (a program killed while exiting).
@@ -44,7 +44,8 @@ bool env_is(const char* name, double value) {
 std::atomic<bool> stop_requested{false};
 
 // FAKE_STEPS: trains step by step (see the top); returns the exit status.
-int train_steps(const fabric::Config& c, const fabric::RunDirectory& run, double metric, int steps) {
+int train_steps(const fabric::Config& c, const fabric::RunDirectory& run, double metric,
+                int steps) {
   const char* step_ms = std::getenv("FAKE_STEP_MS");
   const auto pause = std::chrono::milliseconds(step_ms ? std::atoi(step_ms) : 20);
   const std::string checkpoint = c.get_string("logging.run_dir") + ".fake_ckpt";
@@ -62,8 +63,8 @@ int train_steps(const fabric::Config& c, const fabric::RunDirectory& run, double
     metrics.flush();
   }
   if (const char* log = std::getenv("FAKE_STEPS_LOG"))
-    std::ofstream(log, std::ios::app) << c.get_double("optimizer.lr") << " " << from << " " << step
-                                      << "\n";
+    std::ofstream(log, std::ios::app)
+        << c.get_double("optimizer.lr") << " " << from << " " << step << "\n";
   if (step < steps) {
     std::ofstream(checkpoint) << step << "\n";
     return 128 + SIGTERM;
@@ -107,10 +108,9 @@ int main(int argc, char** argv) {
       return 3;
     }
     const double metric = 1 - 10 * (lr - 0.2) * (lr - 0.2) + 0.001 * seed;
-    if (const char* steps = std::getenv("FAKE_STEPS")) return train_steps(c, run, metric, std::atoi(steps));
-    run.write_summary({{"fake_metric", metric},
-                       {"steps", 10},
-                       {"name", "fake"}});
+    if (const char* steps = std::getenv("FAKE_STEPS"))
+      return train_steps(c, run, metric, std::atoi(steps));
+    run.write_summary({{"fake_metric", metric}, {"steps", 10}, {"name", "fake"}});
     return 0;
   });
 }

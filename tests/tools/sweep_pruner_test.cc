@@ -28,8 +28,7 @@ class SweepPrunerTest : public SweepTest {
   fabric::testing::CommandResult train(const std::string& dir, int step_ms = 50) {
     return fabric::testing::run_command(command(
         "FAKE_STEPS=" + std::to_string(kSteps) + " FAKE_STEP_MS=" + std::to_string(step_ms) +
-            " FAKE_STEPS_LOG='" +
-            (dir_ / (dir + ".steps")).string() + "'",
+            " FAKE_STEPS_LOG='" + (dir_ / (dir + ".steps")).string() + "'",
         "", dir));
   }
   // lr → the (from, to) of each of its attempts.
@@ -144,26 +143,27 @@ TEST_F(SweepPrunerTest, MedianStopsRunsBelowTheMedianOfFinishedRuns) {
 // A pruner metric that no run logs (a typo) leaves the pruner without reports: the sweep says so
 // once, naming the closest column, and runs every point to the end.
 TEST_F(SweepPrunerTest, APrunerMetricNoRunLogsIsAWarningNamingTheClosestColumn) {
-  write_sweep("grid:\n  optimizer.lr: [0.2, 0.1]\nmetric: fake_metric\nmode: max\n"
-              "pruner: {type: median, metric: fake/scor, min_steps: 3, min_runs: 1}\n");
+  write_sweep(
+      "grid:\n  optimizer.lr: [0.2, 0.1]\nmetric: fake_metric\nmode: max\n"
+      "pruner: {type: median, metric: fake/scor, min_steps: 3, min_runs: 1}\n");
   auto r = train("typo", 10);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("warning: pruner: 'fake/scor' is no column of "), std::string::npos)
       << r.out;
-  EXPECT_NE(r.out.find("metrics.csv; did you mean 'fake/score'? (its columns: "),
-            std::string::npos)
+  EXPECT_NE(r.out.find("metrics.csv; did you mean 'fake/score'? (its columns: "), std::string::npos)
       << r.out;
   const size_t first = r.out.find("warning: pruner:");
   EXPECT_EQ(r.out.find("warning: pruner:", first + 1), std::string::npos) << r.out;  // once
-  EXPECT_NE(r.out.find("2 done, 0 failed"), std::string::npos) << r.out;  // none pruned
+  EXPECT_NE(r.out.find("2 done, 0 failed"), std::string::npos) << r.out;             // none pruned
 }
 
 // A run the pruner judges at its last report, SIGTERMed while it exits (after its summary.json),
 // keeps its result: done, not pruned.
 TEST_F(SweepPrunerTest, ARunThatFinishedBeforeTheSigtermTookEffectIsDone) {
-  write_sweep("grid:\n  optimizer.lr: [0.2, 0.15, 0.1]\nmetric: fake_metric\nmode: max\n"
-              "pruner: {type: median, metric: fake/score, min_steps: " +
-              std::to_string(kSteps) + ", min_runs: 2}\n");
+  write_sweep(
+      "grid:\n  optimizer.lr: [0.2, 0.15, 0.1]\nmetric: fake_metric\nmode: max\n"
+      "pruner: {type: median, metric: fake/score, min_steps: " +
+      std::to_string(kSteps) + ", min_runs: 2}\n");
   const auto r = fabric::testing::run_command(
       command("FAKE_STEPS=" + std::to_string(kSteps) + " FAKE_STEP_MS=0 FAKE_LINGER_MS=3000", "",
               "linger"));

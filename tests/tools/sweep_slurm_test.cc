@@ -37,8 +37,8 @@ class SlurmSweepTest : public SweepTest {
 constexpr const char* kTwoRuns =
     "grid:\n  optimizer.lr: [0.1, 0.3]\nseeds: [1]\nmetric: fake_metric\nmode: max\n";
 
-// Cells 0, 1, 2, 4, 5, 6 of each results.csv row (run, status, exit code, lr, seed, metric): all but
-// the attempts and what follows the metric.
+// Cells 0, 1, 2, 4, 5, 6 of each results.csv row (run, status, exit code, lr, seed, metric): all
+// but the attempts and what follows the metric.
 std::vector<std::string> outcome(const std::string& csv) {
   std::vector<std::string> out;
   for (const auto& row : lines(csv)) {
@@ -105,9 +105,9 @@ TEST_F(SlurmSweepTest, NoWaitReturnsAndALaterInvocationGathersAndRetriesACancell
   // While its run is in SLURM, the local launcher refuses, naming the job.
   r = sweep();
   EXPECT_EQ(r.code, 1) << r.out;
-  EXPECT_NE(r.out.find("still queued or running in SLURM (job " + job.substr(0, job.find('_')) +
-                       ")"),
-            std::string::npos)
+  EXPECT_NE(
+      r.out.find("still queued or running in SLURM (job " + job.substr(0, job.find('_')) + ")"),
+      std::string::npos)
       << r.out;
 
   // The user cancels it; the next invocation records how it ended and runs it again.

@@ -96,7 +96,8 @@ TEST(SweepSpec, ErrorsNameTheLineAndTheFix) {
             "s.yaml:4:11: parallel: 0 is out of range: must be >= 1");
   EXPECT_EQ(error_of(std::string(kHead) + "grid: [1\n"),
             "s.yaml:5:1: YAML syntax error: end of sequence flow not found");
-  EXPECT_EQ(error_of(std::string(kHead)), "s.yaml: nothing to sweep: add grid:, list:, space: or seeds:");
+  EXPECT_EQ(error_of(std::string(kHead)),
+            "s.yaml: nothing to sweep: add grid:, list:, space: or seeds:");
 }
 
 // Sizes are checked before any run is planned (a huge trials: used to spin for minutes).
@@ -163,12 +164,12 @@ double value_of(const SweepRun& run, const std::string& key) {
 }
 
 TEST(SweepSpec, RandomSearchDrawsInsideEachDistributionReproducibly) {
-  const auto spec = parse_sweep(std::string(kHead) + kRandom + "trials: 40\nseeds: [1, 2]\n",
-                                "s.yaml");
+  const auto spec =
+      parse_sweep(std::string(kHead) + kRandom + "trials: 40\nseeds: [1, 2]\n", "s.yaml");
   ASSERT_EQ(spec.runs.size(), 80u);  // 40 points, each with both seeds
   EXPECT_EQ(spec.search, "random");
   EXPECT_EQ(spec.swept_keys, (std::vector<std::string>{"optimizer.lr", "optimizer.momentum",
-                                                        "model.width", "optimizer.name"}));
+                                                       "model.width", "optimizer.name"}));
   std::set<std::string> names, ids;
   std::set<int> widths;
   int lr_below_0_01 = 0;
@@ -197,10 +198,10 @@ TEST(SweepSpec, RandomSearchDrawsInsideEachDistributionReproducibly) {
   EXPECT_GE(lr_below_0_01, 12);
   EXPECT_LE(lr_below_0_01, 28);
 
-  const auto again = parse_sweep(std::string(kHead) + kRandom + "trials: 40\nseeds: [1, 2]\n",
-                                 "s.yaml");
-  const auto fewer = parse_sweep(std::string(kHead) + kRandom + "trials: 10\nseeds: [1, 2]\n",
-                                 "s.yaml");
+  const auto again =
+      parse_sweep(std::string(kHead) + kRandom + "trials: 40\nseeds: [1, 2]\n", "s.yaml");
+  const auto fewer =
+      parse_sweep(std::string(kHead) + kRandom + "trials: 10\nseeds: [1, 2]\n", "s.yaml");
   const auto other = parse_sweep(
       std::string(kHead) + kRandom + "trials: 40\nseeds: [1, 2]\nrandom_seed: 1\n", "s.yaml");
   int same_as_other = 0;
@@ -213,13 +214,14 @@ TEST(SweepSpec, RandomSearchDrawsInsideEachDistributionReproducibly) {
 }
 
 TEST(SweepSpec, RandomSearchRedrawsRepeatsAndRefusesTooManyTrials) {
-  const auto spec = parse_sweep(std::string(kHead) +
-                                    "search: random\ntrials: 3\nspace: {model.width: [8, 16, 32]}\n",
-                                "s.yaml");
+  const auto spec = parse_sweep(
+      std::string(kHead) + "search: random\ntrials: 3\nspace: {model.width: [8, 16, 32]}\n",
+      "s.yaml");
   std::set<std::string> ids;
   for (const auto& run : spec.runs) ids.insert(run.id);
   EXPECT_EQ(ids, (std::set<std::string>{"width=8", "width=16", "width=32"}));
-  EXPECT_EQ(error_of(std::string(kHead) + "search: random\ntrials: 4\nspace: {model.width: [8, 16, 32]}\n"),
+  EXPECT_EQ(error_of(std::string(kHead) +
+                     "search: random\ntrials: 4\nspace: {model.width: [8, 16, 32]}\n"),
             "s.yaml:5:9: trials: 4 distinct points were asked for, but space: holds only 3; "
             "lower trials:");
 }

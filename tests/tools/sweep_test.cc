@@ -77,7 +77,8 @@ TEST_F(SweepTest, RunsEveryPointWritesResultsAndRerunRetriesOnlyTheFailedRuns) {
   EXPECT_EQ(calls[6], "0.3 1");
   EXPECT_EQ(calls[7], "0.3 2");
   EXPECT_EQ(state()["runs"]["lr=0.3_seed=2"]["attempts"], 2);
-  // The failed attempt's run folder (nothing to resume in it) was removed: the retry's is runs/<id>.
+  // The failed attempt's run folder (nothing to resume in it) was removed: the retry's is
+  // runs/<id>.
   EXPECT_TRUE(fs::exists(dir_ / "out" / "runs" / "lr=0.3_seed=2" / "summary.json")) << r.out;
   EXPECT_FALSE(fs::exists(dir_ / "out" / "runs" / "lr=0.3_seed=2-1")) << r.out;
   EXPECT_NE(r.out.find("6 done, 0 failed, 0 not run"), std::string::npos) << r.out;
@@ -95,10 +96,12 @@ TEST_F(SweepTest, RunsStartInTheSweepFilesFolder) {
   const std::string log = (dir_ / "roots").string();
   for (const std::string workdir : {"", "workdir: ..\n"}) {
     std::ofstream(dir_ / "sub" / "s.yaml")
-        << "binary: " << fake_ << "\n" << workdir
+        << "binary: " << fake_ << "\n"
+        << workdir
         << "metric: fake_metric\nmode: max\noverrides: {data.root: data}\n"
            "grid: {optimizer.lr: [0.1]}\n";
-    for (const std::string bazel_run : {std::string(), "BUILD_WORKING_DIRECTORY='" + dir_.string() + "' "}) {
+    for (const std::string bazel_run :
+         {std::string(), "BUILD_WORKING_DIRECTORY='" + dir_.string() + "' "}) {
       const std::string out = workdir.empty() ? "a" : "b";
       fs::remove_all(dir_ / out);
       auto r = fabric::testing::run_command("cd '" + dir_.string() + "' && FAKE_ROOT_LOG='" + log +
@@ -107,9 +110,10 @@ TEST_F(SweepTest, RunsStartInTheSweepFilesFolder) {
       EXPECT_EQ(r.code, 0) << r.out;
     }
   }
-  EXPECT_EQ(lines(read(log)), (std::vector<std::string>{
-                                  (dir_ / "sub" / "data").string(), (dir_ / "sub" / "data").string(),
-                                  (dir_ / "data").string(), (dir_ / "data").string()}));
+  EXPECT_EQ(
+      lines(read(log)),
+      (std::vector<std::string>{(dir_ / "sub" / "data").string(), (dir_ / "sub" / "data").string(),
+                                (dir_ / "data").string(), (dir_ / "data").string()}));
 }
 
 // Parallel runs on CPU split the sweep's CPUs: with FABRIC_CPUS=4 and --parallel=2 each run gets
@@ -141,14 +145,15 @@ TEST_F(SweepTest, BestYamlReRunsTheBestTrial) {
   const fs::path best = dir_ / "out" / "best.yaml";
   const std::string text = read(best);
   ASSERT_FALSE(text.empty()) << r.out;
-  EXPECT_EQ(text.rfind("# The best run of sweep s (fake_metric, max): lr=0.2_seed=2", 0), 0u) << text;
+  EXPECT_EQ(text.rfind("# The best run of sweep s (fake_metric, max): lr=0.2_seed=2", 0), 0u)
+      << text;
   EXPECT_NE(text.find("--config=" + best.string() + "\n"), std::string::npos) << text;
   EXPECT_EQ(text.find("run_dir:"), std::string::npos) << text;
   EXPECT_EQ(text.find("resume:"), std::string::npos) << text;
   EXPECT_NE(text.find("lr: 0.2\n"), std::string::npos) << text;
 
-  const auto rerun = fabric::testing::run_command(
-      "cd '" + dir_.string() + "' && '" + fake_ + "' --config=out/best.yaml logging.run_dir=rerun");
+  const auto rerun = fabric::testing::run_command("cd '" + dir_.string() + "' && '" + fake_ +
+                                                  "' --config=out/best.yaml logging.run_dir=rerun");
   ASSERT_EQ(rerun.code, 0) << rerun.out;
   const auto summary = nlohmann::json::parse(read(dir_ / "rerun" / "summary.json"));
   EXPECT_EQ(summary["fake_metric"].get<double>(), fake_metric(0.2, 2));
@@ -280,8 +285,9 @@ TEST_F(SweepTest, SweepKilledWithSigkillCompletesOnRerunWithoutRepeatingFinished
 
 // Many runs to check (each a start of the program) say so before the first check.
 TEST_F(SweepTest, ChecksOfManyRunsSaySoFirst) {
-  write_sweep("search: random\ntrials: 21\nspace: {optimizer.lr: {uniform: [0.01, 1]}}\n"
-              "metric: fake_metric\nmode: max\n");
+  write_sweep(
+      "search: random\ntrials: 21\nspace: {optimizer.lr: {uniform: [0.01, 1]}}\n"
+      "metric: fake_metric\nmode: max\n");
   auto r = sweep("", "--dry_run");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("sweep: checking the configs of 21 runs ("), std::string::npos) << r.out;

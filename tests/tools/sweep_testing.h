@@ -15,10 +15,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <utility>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "tests/run_command.h"
@@ -41,7 +41,9 @@ inline std::vector<std::string> lines(const std::string& text) {
   return out;
 }
 
-inline double fake_metric(double lr, int seed) { return 1 - 10 * (lr - 0.2) * (lr - 0.2) + 0.001 * seed; }
+inline double fake_metric(double lr, int seed) {
+  return 1 - 10 * (lr - 0.2) * (lr - 0.2) + 0.001 * seed;
+}
 
 class SweepTest : public ::testing::Test {
  protected:

@@ -5,8 +5,8 @@
 // LibTorch (index_select batches, backward, step), in interleaved repetitions so that machine
 // drift hits both alike. --workers: the loader's num_workers (default -1, the library's automatic
 // choice); --threads: intra-op threads of both loops (default 1, set through fabric.num_threads so
-// Fabric's thread budget keeps it). Prints each repetition and the median step-time ratio fabric/raw
-// (goal <= 1.01); --json writes the numbers. Not a test: timings are never asserted.
+// Fabric's thread budget keeps it). Prints each repetition and the median step-time ratio
+// fabric/raw (goal <= 1.01); --json writes the numbers. Not a test: timings are never asserted.
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -130,9 +130,9 @@ int main(int argc, char** argv) {
   }
   if (threads > 0) at::set_num_threads(static_cast<int>(threads));  // 0: Fabric's budget for both
   const Data data = make_data(8192);
-  fabric::Fabric fabric(
-      fabric::Config::defaults(fabric::training_schema(),
-                               {"fabric.accelerator=cpu", "fabric.num_threads=" + std::to_string(threads)}));
+  fabric::Fabric fabric(fabric::Config::defaults(
+      fabric::training_schema(),
+      {"fabric.accelerator=cpu", "fabric.num_threads=" + std::to_string(threads)}));
   raw_loop(data, steps / 4, batch);  // warm-up both paths (allocator, lazy init)
   fabric_loop(fabric, data, steps / 4, batch, workers);
 

@@ -39,14 +39,15 @@
 #include "examples/common/models.h"
 #include "fabric/data/augment.h"
 #include "fabric/fabric.h"
+#include "fabric/graphed_step.h"
 #include "fabric/models/gpt.h"
 #include "fabric/training/activation_checkpoint.h"
-#include "fabric/graphed_step.h"
 #include "fabric/training/optimizers.h"
 #include "tools/bench/resnet50.h"
 
-DEFINE_string(model, "resnet18",
-              "resnet18 (CIFAR variant) | resnet50 (ImageNet stem) | gpt2 | gpt2-medium | gpt-tiny");
+DEFINE_string(
+    model, "resnet18",
+    "resnet18 (CIFAR variant) | resnet50 (ImageNet stem) | gpt2 | gpt2-medium | gpt-tiny");
 DEFINE_int32(seq, 0, "GPT models: tokens per sequence (0: the preset's block_size)");
 DEFINE_bool(fused_loss, true,
             "GPT models: the output layer + cross-entropy as one fused CUDA step (GPT::loss)");
@@ -240,7 +241,6 @@ int run(fabric::Fabric& f, Model& model) {
   return 0;
 }
 
-
 // The GPT: AdamW with decay on matrices only, random tokens, the next-token loss.
 int run_gpt(fabric::Fabric& f) {
   const torch::Device device = f.device();
@@ -289,7 +289,8 @@ int run_gpt(fabric::Fabric& f) {
   bool fused = false;
   {
     auto guard = f.autocast();
-    fused = FLAGS_fused_loss && fabric::models::fused_cross_entropy_applies(torch::zeros({1}, device));
+    fused =
+        FLAGS_fused_loss && fabric::models::fused_cross_entropy_applies(torch::zeros({1}, device));
   }
   std::printf(
       "RESULT {\"framework\": \"fabric++\", \"model\": \"%s\", \"batch\": %d, \"seq\": %lld, "
@@ -299,13 +300,12 @@ int run_gpt(fabric::Fabric& f) {
       "\"tokens_per_s\": %.1f, \"step_ms\": %.4f, \"tflops\": %.2f, \"mfu\": %.4f, "
       "\"peak_device_mib\": %.1f, \"start_device_mib\": %.1f, \"device\": \"%s\"}\n",
       FLAGS_model.c_str(), FLAGS_batch, static_cast<long long>(T), FLAGS_precision.c_str(),
-      graphed.graphed() ? "true" : "false",
-      fused ? "true" : "false", FLAGS_activation_checkpointing ? "true" : "false",
-      FLAGS_fused_layer_norm ? "true" : "false",
-      FLAGS_optimizer_impl.c_str(), FLAGS_clip,
-      static_cast<long long>(config.parameters()), FLAGS_steps, seconds, tokens_per_s,
-      1000.0 * seconds / FLAGS_steps, tflops, tflops / FLAGS_peak_tflops, peak_device_mib(device),
-      g_start_device_mib, device.str().c_str());
+      graphed.graphed() ? "true" : "false", fused ? "true" : "false",
+      FLAGS_activation_checkpointing ? "true" : "false", FLAGS_fused_layer_norm ? "true" : "false",
+      FLAGS_optimizer_impl.c_str(), FLAGS_clip, static_cast<long long>(config.parameters()),
+      FLAGS_steps, seconds, tokens_per_s, 1000.0 * seconds / FLAGS_steps, tflops,
+      tflops / FLAGS_peak_tflops, peak_device_mib(device), g_start_device_mib,
+      device.str().c_str());
   std::fflush(stdout);
   return 0;
 }

@@ -22,11 +22,13 @@
 //   --launcher=L    local (default): runs are child processes of the sweep; slurm: the pending
 //                   runs are submitted as one SLURM job array (tools/sweep/sweep_slurm.h), parallel
 //                   becomes the array's %N limit (auto: none)
-//   --sbatch="ARGS" extra sbatch arguments, split on spaces (e.g. "--partition=gpu --time=2:00:00");
+//   --sbatch="ARGS" extra sbatch arguments, split on spaces
+//                   (e.g. "--partition=gpu --time=2:00:00");
 //                   sbatch's SBATCH_* environment variables work too
 //   --no_wait       SLURM: return once the array is submitted; the next invocation gathers it
 // Exit status: 0 every run has a result (done, diverged or pruned); 1 some run failed (the others
-//              ran; see results.md) or an error; 2 bad sweep file, flag or run config; 128+S stopped by signal S (re-run continues).
+//              ran; see results.md) or an error; 2 bad sweep file, flag or run config; 128+S
+//              stopped by signal S (re-run continues).
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -34,16 +36,16 @@
 
 #include <algorithm>
 #include <cstring>
-#include <optional>
 #include <iostream>
+#include <optional>
 #include <set>
 #include <sstream>
 
 #include "fabric/core/error.h"
 #include "fabric/core/paths.h"
 #include "fabric/core/suggest.h"
-#include "tools/sweep/sweep_report.h"
 #include "tools/sweep/sweep_optuna.h"
+#include "tools/sweep/sweep_report.h"
 #include "tools/sweep/sweep_runner.h"
 #include "tools/sweep/sweep_setup.h"
 #include "tools/sweep/sweep_slurm.h"
@@ -83,9 +85,9 @@ int to_int(const std::string& flag, const std::string& text, int min) {
 
 Flags parse_flags(int argc, char** argv, bool* help) {
   Flags f;
-  const std::vector<std::string> names = {"--sweep",    "--dir",      "--parallel", "--max_runs",
-                                          "--dry_run",  "--launcher", "--sbatch",   "--no_wait",
-                                          "--help"};
+  const std::vector<std::string> names = {"--sweep",    "--dir",     "--parallel",
+                                          "--max_runs", "--dry_run", "--launcher",
+                                          "--sbatch",   "--no_wait", "--help"};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const std::string name = arg.substr(0, arg.find('='));
@@ -142,8 +144,10 @@ void lock_sweep_dir(const fs::path& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec || !fs::is_directory(dir))
-    throw ConfigError("command line: --dir=" + fabric::display_path(dir) + ": cannot be the sweep's "
-                      "folder (" + (ec ? ec.message() : std::string("a file is there")) +
+    throw ConfigError("command line: --dir=" + fabric::display_path(dir) +
+                      ": cannot be the sweep's "
+                      "folder (" +
+                      (ec ? ec.message() : std::string("a file is there")) +
                       "); give a folder you can write");
   const fs::path lock = dir / ".lock";
   const int fd = open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -170,7 +174,8 @@ int sweep_main(int argc, char** argv) {
   options = setup.options;
   const bool slurm = flags.launcher == "slurm";
   if (slurm && !spec.pruner.type.empty())
-    throw ConfigError(spec.pruner.origin + ": pruner: not available with --launcher=slurm (the "
+    throw ConfigError(spec.pruner.origin +
+                      ": pruner: not available with --launcher=slurm (the "
                       "sweep reads the runs' metrics.csv while they run); run it with the local "
                       "launcher or remove pruner:");
   fabric::sweep::SlurmOptions slurm_options;
@@ -197,8 +202,10 @@ int sweep_main(int argc, char** argv) {
     in_slurm = fabric::sweep::gather_submitted(spec, state, options, std::cout);
   if (!slurm && !in_slurm.empty()) {
     const std::string& element = state[*in_slurm.begin()].slurm_job;  // "JOB_TASK"
-    throw Error(std::to_string(in_slurm.size()) + " run(s) of this sweep are still queued or "
-                "running in SLURM (job " + element.substr(0, element.find('_')) +
+    throw Error(std::to_string(in_slurm.size()) +
+                " run(s) of this sweep are still queued or "
+                "running in SLURM (job " +
+                element.substr(0, element.find('_')) +
                 "); wait for them (squeue --me) or cancel them (scancel), or go on with "
                 "--launcher=slurm");
   }
@@ -206,7 +213,8 @@ int sweep_main(int argc, char** argv) {
   std::optional<fabric::sweep::OptunaStudy> optuna;
   if (spec.search == "optuna") {
     if (slurm)
-      throw ConfigError(spec.search_origin + ": search: optuna: not available with "
+      throw ConfigError(spec.search_origin +
+                        ": search: optuna: not available with "
                         "--launcher=slurm yet (trials are asked one by one as runs end)");
     optuna.emplace(spec, options.sweep_dir);
     fabric::sweep::connect(*optuna, spec, state, options, std::cout);
@@ -215,9 +223,8 @@ int sweep_main(int argc, char** argv) {
   for (const auto& run : spec.runs) done += fabric::sweep::has_result(state[run.id].status);
   fabric::sweep::preflight(spec, state, options, &std::cout);
   const size_t runs = optuna ? std::max<size_t>(spec.runs.size(), static_cast<size_t>(spec.trials))
-                            : spec.runs.size();
-  std::cout << "sweep " << spec.name << ": " << runs << " runs (" << done
-            << " done earlier), "
+                             : spec.runs.size();
+  std::cout << "sweep " << spec.name << ": " << runs << " runs (" << done << " done earlier), "
             << (slurm && options.parallel == 0 ? std::string("parallel: SLURM decides")
                                                : "parallel " + std::to_string(options.parallel))
             << (options.cpus_per_run > 0
@@ -227,8 +234,7 @@ int sweep_main(int argc, char** argv) {
             << (optuna ? ", Optuna " + spec.sampler + " study " + spec.study + " in " +
                              optuna->storage()
                        : std::string())
-            << ", directory "
-            << fabric::display_path(options.sweep_dir) << std::endl;
+            << ", directory " << fabric::display_path(options.sweep_dir) << std::endl;
   if (flags.dry_run) {
     std::vector<const fabric::sweep::SweepRun*> pending;
     for (const auto& run : spec.runs)
@@ -246,9 +252,9 @@ int sweep_main(int argc, char** argv) {
       std::cout << "  and " << options.more_runs << " trial(s) Optuna will choose\n";
     return 0;
   }
-  const int code =
-      slurm ? fabric::sweep::submit_pending(spec, state, options, slurm_options, in_slurm, std::cout)
-            : fabric::sweep::run_pending(spec, state, options, std::cout);
+  const int code = slurm ? fabric::sweep::submit_pending(spec, state, options, slurm_options,
+                                                         in_slurm, std::cout)
+                         : fabric::sweep::run_pending(spec, state, options, std::cout);
   return fabric::sweep::write_report(spec, state, options.sweep_dir, code, std::cout);
 }
 

@@ -36,14 +36,14 @@ fs::path find_bridge() {
   // Installed (bazel run //tools:install -- PREFIX): PREFIX/bin/fabric-sweep beside
   // PREFIX/share/fabricpp/optuna_bridge.py.
   std::error_code ec;
-  const fs::path installed =
-      fs::read_symlink("/proc/self/exe", ec).parent_path() / ".." / "share" / "fabricpp" /
-      "optuna_bridge.py";
+  const fs::path installed = fs::read_symlink("/proc/self/exe", ec).parent_path() / ".." / "share" /
+                             "fabricpp" / "optuna_bridge.py";
   if (!ec && fs::is_regular_file(installed)) return installed.lexically_normal();
   const fs::path in_tree = absolute_from_working_directory("tools/optuna_bridge.py");
   if (fs::is_regular_file(in_tree)) return in_tree;
-  throw Error("tools/optuna_bridge.py is not bundled with this sweep binary (run it with "
-              "bazel run //tools:sweep, or install it: bazel run //tools:install -- PREFIX)");
+  throw Error(
+      "tools/optuna_bridge.py is not bundled with this sweep binary (run it with "
+      "bazel run //tools:sweep, or install it: bazel run //tools:install -- PREFIX)");
 }
 
 }  // namespace
@@ -51,7 +51,8 @@ fs::path find_bridge() {
 OptunaStudy::OptunaStudy(const SweepSpec& spec, const fs::path& sweep_dir) : spec_(spec) {
   const char* python = std::getenv("PYTHON");
   python_ = python != nullptr && *python != '\0' ? python : "python3";
-  storage_ = spec.storage.empty() ? "sqlite:///" + (sweep_dir / "optuna.db").string() : spec.storage;
+  storage_ =
+      spec.storage.empty() ? "sqlite:///" + (sweep_dir / "optuna.db").string() : spec.storage;
   // A SQLite file in a folder that is not there (or not writable) is said now, at its line.
   if (!spec.storage.empty() && spec.storage.rfind("sqlite:///", 0) == 0) {
     const fs::path db = spec.storage.substr(10);  // sqlite:////abs/x.db, sqlite:///relative.db
@@ -96,11 +97,11 @@ std::pair<int64_t, Overrides> OptunaStudy::ask() const {
     }
     space.push_back({key, spec});
   }
-  const std::string out = run({"ask", "--storage=" + storage_, "--study=" + spec_.study,
-                               std::string("--direction=") + (spec_.maximize ? "maximize" : "minimize"),
-                               "--sampler=" + spec_.sampler,
-                               "--seed=" + std::to_string(spec_.random_seed),
-                               "--space=" + space.dump()});
+  const std::string out =
+      run({"ask", "--storage=" + storage_, "--study=" + spec_.study,
+           std::string("--direction=") + (spec_.maximize ? "maximize" : "minimize"),
+           "--sampler=" + spec_.sampler, "--seed=" + std::to_string(spec_.random_seed),
+           "--space=" + space.dump()});
   nlohmann::json answer;
   try {
     answer = nlohmann::json::parse(last_line(out));
@@ -110,8 +111,8 @@ std::pair<int64_t, Overrides> OptunaStudy::ask() const {
   Overrides values;
   for (const auto& [key, d] : spec_.space) {
     const auto& v = answer.at("params").at(key);
-    values.emplace_back(key, v.is_string() ? v.get<std::string>()
-                                           : number_text(v.get<double>(), d.kind == "int"));
+    values.emplace_back(
+        key, v.is_string() ? v.get<std::string>() : number_text(v.get<double>(), d.kind == "int"));
   }
   return {answer.at("number").get<int64_t>(), values};
 }
@@ -167,8 +168,8 @@ void add_recorded_trials(SweepSpec& spec, SweepState& state) {
 SweepRun probe_run(const SweepSpec& spec) {
   Overrides values;
   for (const auto& [key, d] : spec.space)
-    values.emplace_back(key, d.kind == "choice" ? d.values.front()
-                                                : number_text(d.low, d.kind == "int"));
+    values.emplace_back(
+        key, d.kind == "choice" ? d.values.front() : number_text(d.low, d.kind == "int"));
   SweepRun run = trial_run(spec, 0, values);
   run.id = "probe";
   return run;
@@ -189,8 +190,8 @@ std::string optuna_stop_reason(const PrunerSpec& pruner, const RunRecord& rec) {
 
 }  // namespace
 
-void connect(const OptunaStudy& study, SweepSpec& spec, SweepState& state,
-             RunnerOptions& options, std::ostream& out) {
+void connect(const OptunaStudy& study, SweepSpec& spec, SweepState& state, RunnerOptions& options,
+             std::ostream& out) {
   add_recorded_trials(spec, state);
   SweepSpec probe = spec;  // the keys, checked once before anything is asked
   probe.runs = {probe_run(spec)};

@@ -68,8 +68,8 @@ void add_recorded_trials(SweepSpec& spec, SweepState& state);
 // options.next_run asks `study` for a trial, on_result tells it how a run ended (its reports
 // first, with a pruner), and with a pruner external_pruner asks Optuna's. `study`, `spec` and
 // `state` must outlive the run; warnings (a failed tell) go to `out`. Throws ConfigError.
-void connect(const OptunaStudy& study, SweepSpec& spec, SweepState& state,
-             RunnerOptions& options, std::ostream& out);
+void connect(const OptunaStudy& study, SweepSpec& spec, SweepState& state, RunnerOptions& options,
+             std::ostream& out);
 
 // A run with each key's first value (low end, first choice), for checking the keys before any
 // trial is asked.

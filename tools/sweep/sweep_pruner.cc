@@ -33,9 +33,7 @@ bool parse_number(const std::string& text, double* out) {
   return end == text.c_str() + text.size();
 }
 
-bool better(const PrunerSpec& spec, double a, double b) {
-  return spec.maximize ? a > b : a < b;
-}
+bool better(const PrunerSpec& spec, double a, double b) { return spec.maximize ? a > b : a < b; }
 
 double rung_resource(const PrunerSpec& spec, int k) {
   return spec.min_resource * std::pow(static_cast<double>(spec.reduction_factor), k);
@@ -91,8 +89,7 @@ std::optional<std::string> decide_median(const PrunerSpec& spec, const std::stri
 }
 
 std::optional<std::string> decide_asha(const PrunerSpec& spec, const std::string& id,
-                                       const std::map<std::string, RunRecord>& records,
-                                       int* rung) {
+                                       const std::map<std::string, RunRecord>& records, int* rung) {
   const RunRecord& rec = records.at(id);
   const double t = rec.reports.rbegin()->first;
   while (rung_resource(spec, *rung + 1) <= t + 1e-9) {

@@ -1,4 +1,5 @@
-// Early stopping of sweep runs that fall behind (`pruner:` in a sweep file, tools/sweep/sweep_spec.h).
+// Early stopping of sweep runs that fall behind (`pruner:` in a sweep file,
+// tools/sweep/sweep_spec.h).
 //
 // While runs train, the sweep reads each running run's metrics.csv (fabric/logging/metrics_csv.h)
 // a few times a second; every row with a value of pruner.metric is a report at a resource (the
@@ -87,8 +88,8 @@ class PruneWatch {
   const PrunerSpec& spec_;
   SweepState& state_;
   Decider external_;
-  std::string warning_;   // not yet taken
-  bool warned_ = false;   // a warning was made (once per sweep)
+  std::string warning_;  // not yet taken
+  bool warned_ = false;  // a warning was made (once per sweep)
   // run id → its metrics.csv and that file's columns when last parsed.
   std::map<std::string, std::pair<std::filesystem::path, std::vector<std::string>>> columns_;
   // metrics.csv → its (modification time, size) when last parsed.

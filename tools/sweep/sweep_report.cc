@@ -189,8 +189,8 @@ std::string results_markdown(const SweepSpec& spec,
     std::snprintf(wall, sizeof(wall), "%.1f", w.mean);
     out << " " << m.n << "/" << p.runs
         << (p.diverged > 0 ? ", " + std::to_string(p.diverged) + " diverged" : std::string())
-        << (p.pruned > 0 ? ", " + std::to_string(p.pruned) + " pruned" : std::string())
-        << " | " << (w.n ? wall : "–") << " |\n";
+        << (p.pruned > 0 ? ", " + std::to_string(p.pruned) + " pruned" : std::string()) << " | "
+        << (w.n ? wall : "–") << " |\n";
   }
   return out.str();
 }
@@ -214,8 +214,8 @@ std::optional<BestConfig> best_config(const SweepSpec& spec,
   }
   if (!config.IsMap()) throw Error(source.string() + " is not a YAML mapping");
   // Where the sweep put the run and how it resumed it are the sweep's business, not the config's.
-  for (const auto& [section, key] : {std::pair<const char*, const char*>{"logging", "run_dir"},
-                                     {"checkpoint", "resume"}}) {
+  for (const auto& [section, key] :
+       {std::pair<const char*, const char*>{"logging", "run_dir"}, {"checkpoint", "resume"}}) {
     if (config[section].IsMap()) {
       config[section].remove(key);
       if (config[section].size() == 0) config.remove(section);
@@ -263,8 +263,8 @@ int write_report(const SweepSpec& spec, SweepState& state, const std::filesystem
       }
       if (any_done && !any_metric)
         best_line = "best.yaml not written: no finished run's summary.json has metric '" +
-                    spec.metric + "'" + did_you_mean(spec.metric, keys) + " (its numbers: " +
-                    join_cut(keys) + "); set metric: in " + spec.file +
+                    spec.metric + "'" + did_you_mean(spec.metric, keys) +
+                    " (its numbers: " + join_cut(keys) + "); set metric: in " + spec.file +
                     " and run again (finished runs are not repeated)\n";
     }
   } catch (const Error& e) {  // the results stand without it
@@ -281,8 +281,8 @@ int write_report(const SweepSpec& spec, SweepState& state, const std::filesystem
       out << "diverged: " << run.id << ": " << it->second.reason << "\n";
     } else if (s == RunStatus::kPruned) {
       ++pruned;
-      out << "pruned: " << run.id << ": " << it->second.reason.substr(it->second.reason.find(' ') + 1)
-          << "\n";
+      out << "pruned: " << run.id << ": "
+          << it->second.reason.substr(it->second.reason.find(' ') + 1) << "\n";
     } else if (s == RunStatus::kFailed) {
       ++failed;
       out << "failed: " << run.id << ": " << it->second.reason << "\n";
@@ -295,8 +295,7 @@ int write_report(const SweepSpec& spec, SweepState& state, const std::filesystem
   out << "\n"
       << table << "\n"
       << done << " done, " << (diverged > 0 ? std::to_string(diverged) + " diverged, " : "")
-      << (pruned > 0 ? std::to_string(pruned) + " pruned, " : "")
-      << failed << " failed, "
+      << (pruned > 0 ? std::to_string(pruned) + " pruned, " : "") << failed << " failed, "
       << (submitted > 0 ? std::to_string(submitted) + " queued or running in SLURM, " : "") << left
       << " not run; " << display_path(sweep_dir / "results.csv") << ", "
       << display_path(sweep_dir / "results.md") << "\n"

@@ -45,9 +45,9 @@ std::optional<BestConfig> best_config(const SweepSpec& spec,
                                       const std::map<std::string, RunRecord>& records,
                                       const std::filesystem::path& best_yaml);
 
-// Writes results.csv, results.md and best.yaml to `sweep_dir`, prints the table, the failed runs and
-// where the files are. Returns the sweep's exit status: `run_code` when non-zero (a signal), 1 when a
-// run of the spec failed, else 0 (diverged runs are results: they do not make it 1).
+// Writes results.csv, results.md and best.yaml to `sweep_dir`, prints the table, the failed runs
+// and where the files are. Returns the sweep's exit status: `run_code` when non-zero (a signal), 1
+// when a run of the spec failed, else 0 (diverged runs are results: they do not make it 1).
 int write_report(const SweepSpec& spec, SweepState& state, const std::filesystem::path& sweep_dir,
                  int run_code, std::ostream& out);
 

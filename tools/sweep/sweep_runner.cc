@@ -51,8 +51,8 @@ bool is_run_dir_of(const std::string& name, const std::string& id) {
 
 // The run directory of the attempt: runs/<id> or runs/<id>-N holding `file` (summary.json,
 // metrics.csv) written since the attempt started (newest first).
-std::string find_attempt_dir(const fs::path& runs, const std::string& id,
-                             fs::file_time_type since, const char* file = "summary.json") {
+std::string find_attempt_dir(const fs::path& runs, const std::string& id, fs::file_time_type since,
+                             const char* file = "summary.json") {
   std::error_code ec;
   fs::path best;
   fs::file_time_type best_time{};
@@ -264,8 +264,8 @@ int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& o
       // after its last evaluation: e.g. a pruner judging at a rung at the run's last epoch).
       RunRecord probe;
       read_summary(*r.run, r.file_start, runs, probe);
-      const bool completed = probe.summary.is_object() &&
-                             probe.summary.value("stopped", std::string()).empty();
+      const bool completed =
+          probe.summary.is_object() && probe.summary.value("stopped", std::string()).empty();
       const bool finished_anyway = status_code(status) == 0 || completed;
       if (finished_anyway) {
         out << record_exit(spec, *r.run, 0, "exit 0", wall, r.file_start, runs, rec) << std::endl;
@@ -324,8 +324,7 @@ int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& o
       } else if (!pending.empty()) {
         launch(pending.front(), false);
         pending.pop_front();
-      } else if (options.next_run &&
-                 (options.max_runs == 0 || started < options.max_runs)) {
+      } else if (options.next_run && (options.max_runs == 0 || started < options.max_runs)) {
         const SweepRun* run = options.next_run();
         if (run == nullptr) break;
         by_id[run->id] = run;

@@ -66,11 +66,12 @@ int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& o
 // Records how an attempt of `run` ended in `rec` (whose `log` is the attempt's log): done when
 // `exit_code` is 0 and runs/<id> (or runs/<id>-N) holds a summary.json written since `since`;
 // failed otherwise, the reason `how` ("exit 1", "killed by signal 9") and the log's last line.
-// Returns the console line: "done ID in 1.2 s: METRIC VALUE" or "FAILED ID in ...: REASON (log: ..)".
+// Returns the console line: "done ID in 1.2 s: METRIC VALUE" or "FAILED ID in ...: REASON (log:
+// ..)".
 std::string record_exit(const SweepSpec& spec, const SweepRun& run, int exit_code,
                         const std::string& how, double wall_seconds,
-                        std::filesystem::file_time_type since,
-                        const std::filesystem::path& runs, RunRecord& rec);
+                        std::filesystem::file_time_type since, const std::filesystem::path& runs,
+                        RunRecord& rec);
 
 }  // namespace fabric::sweep
 

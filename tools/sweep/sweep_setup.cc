@@ -168,7 +168,8 @@ void plan_devices(const SweepSpec& spec, const Setup& setup, RunnerOptions& opti
   auto split_cpus = [&] {
     if (options.parallel <= 1 || std::getenv("OMP_NUM_THREADS") != nullptr) return;
     int64_t cpus = query_cpu_info().usable();
-    if (const char* budget = std::getenv("FABRIC_CPUS")) cpus = parse_cpu_count(budget).value_or(cpus);
+    if (const char* budget = std::getenv("FABRIC_CPUS"))
+      cpus = parse_cpu_count(budget).value_or(cpus);
     if (cpus > 0) options.cpus_per_run = std::max<int64_t>(1, cpus / options.parallel);
   };
   if (gpus.empty()) {
@@ -211,8 +212,8 @@ void preflight(const SweepSpec& spec, SweepState& state, const RunnerOptions& op
     argv.push_back("--print_config");
     const Captured c = run_captured(argv, options.cwd);
     if (c.code != 0)
-      throw ConfigError(locate(spec, pending[i], last_line(c.output)) + " (run " +
-                        pending[i]->id + ")");
+      throw ConfigError(locate(spec, pending[i], last_line(c.output)) + " (run " + pending[i]->id +
+                        ")");
     if (tell && Clock::now() >= next_line) {
       *progress << "sweep: checked " << i + 1 << " of " << pending.size() << " run configs"
                 << std::endl;

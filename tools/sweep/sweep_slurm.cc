@@ -39,7 +39,8 @@ std::string find_program(const std::string& name) {
     const fs::path p = fs::path(dir) / name;
     if (access(p.c_str(), X_OK) == 0) return p.string();
   }
-  throw Error(name + " not found on PATH: --launcher=slurm needs SLURM's client commands "
+  throw Error(name +
+              " not found on PATH: --launcher=slurm needs SLURM's client commands "
               "(sbatch, squeue, scancel; Debian: slurm-client)");
 }
 
@@ -84,10 +85,10 @@ std::string settle(const SweepSpec& spec, const SweepRun& run, const Exit& e,
   std::error_code ec;
   auto since = fs::last_write_time(start_file(options, run.id), ec);
   since = ec ? fs::file_time_type::min() : since - std::chrono::seconds(2);
-  const std::string how = e.code > 128 && e.code < 160
-                              ? "killed by signal " + std::to_string(e.code - 128) + " in SLURM job " +
-                                    rec.slurm_job
-                              : "exit " + std::to_string(e.code);
+  const std::string how =
+      e.code > 128 && e.code < 160
+          ? "killed by signal " + std::to_string(e.code - 128) + " in SLURM job " + rec.slurm_job
+          : "exit " + std::to_string(e.code);
   return record_exit(spec, run, e.code, how, e.seconds, since, options.sweep_dir / "runs", rec);
 }
 
@@ -243,8 +244,8 @@ int submit_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions
       if (rec.status != RunStatus::kSubmitted) continue;
       if (!started.count(run.id) && fs::exists(start_file(options, run.id))) {
         started.insert(run.id);
-        out << "[" << started.size() << "/" << runs.size() << "] start " << run.id
-            << " (SLURM job " << rec.slurm_job << ")" << std::endl;
+        out << "[" << started.size() << "/" << runs.size() << "] start " << run.id << " (SLURM job "
+            << rec.slurm_job << ")" << std::endl;
       }
       if (auto e = read_exit(exit_file(options, run.id))) {
         if (stop_signal != 0) {
@@ -263,7 +264,8 @@ int submit_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions
     if (left == 0) break;
     if (stop_signal != 0 && Clock::now() >= give_up) {
       for (const SweepRun* run : runs)
-        if (state[run->id].status == RunStatus::kSubmitted) mark_interrupted(state[run->id], stop_signal);
+        if (state[run->id].status == RunStatus::kSubmitted)
+          mark_interrupted(state[run->id], stop_signal);
       state.save();
       out << "sweep: SLURM did not end job " << job << " within "
           << std::chrono::duration_cast<std::chrono::seconds>(kCancelWait).count()

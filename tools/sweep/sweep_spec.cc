@@ -25,10 +25,10 @@ namespace {
 constexpr size_t kMaxIdLength = 100;
 
 const std::vector<std::string> kTopKeys = {
-    "name",     "binary", "config",          "overrides", "grid", "list",     "seeds",
-    "parallel", "metric", "devices_per_run", "mode",      "dir",  "seed_key", "resume_runs",
-    "search",   "trials", "space",           "random_seed", "pruner", "sampler",
-    "storage",  "study",  "workdir"};
+    "name",     "binary",      "config",  "overrides",       "grid",   "list",
+    "seeds",    "parallel",    "metric",  "devices_per_run", "mode",   "dir",
+    "seed_key", "resume_runs", "search",  "trials",          "space",  "random_seed",
+    "pruner",   "sampler",     "storage", "study",           "workdir"};
 
 std::string sanitize(const std::string& text) {
   std::string out;
@@ -197,12 +197,14 @@ SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
     } else if (key == "random_seed") {
       spec.random_seed = static_cast<uint64_t>(p.integer(v, key, 0));
     } else if (key == "pruner") {
-      if (!v.IsMap()) p.fail(v, "pruner: expected a mapping, e.g. {type: asha, metric: test/accuracy}");
+      if (!v.IsMap())
+        p.fail(v, "pruner: expected a mapping, e.g. {type: asha, metric: test/accuracy}");
       pruner = v;
     } else if (key == "space") {
       if (!v.IsMap() || v.size() == 0)
-        p.fail(v, "space: expected a mapping of config keys to distributions, e.g. "
-                  "optimizer.lr: {loguniform: [0.001, 1]}");
+        p.fail(v,
+               "space: expected a mapping of config keys to distributions, e.g. "
+               "optimizer.lr: {loguniform: [0.001, 1]}");
       space = v;
     } else {
       p.fail(item.first, "unknown sweep key '" + key + "'" + did_you_mean(key, kTopKeys) +
@@ -222,18 +224,21 @@ SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
   if (drawn_search) {
     const std::string s = "search: " + spec.search;
     if (!space.IsMap())
-      p.fail(search_node, s + " needs space:, e.g. space: {optimizer.lr: {loguniform: [0.001, 1]}}");
+      p.fail(search_node,
+             s + " needs space:, e.g. space: {optimizer.lr: {loguniform: [0.001, 1]}}");
     if (spec.trials == 0)
       p.fail(search_node, s + " needs trials: (how many points to " +
                               (spec.search == "random" ? "draw" : "ask Optuna for") +
                               "), e.g. trials: 8");
     if (grid.IsMap())
-      p.fail(grid, "grid: not used by " + s + "; write each key under space: as a list "
-                   "(a choice among its values)");
+      p.fail(grid, "grid: not used by " + s +
+                       "; write each key under space: as a list "
+                       "(a choice among its values)");
   } else {
     for (const char* k : {"trials", "space", "random_seed"})
       if (root[k])
-        p.fail(root[k], std::string(k) + ": only used by search: random or optuna; add search: random");
+        p.fail(root[k],
+               std::string(k) + ": only used by search: random or optuna; add search: random");
   }
   if (spec.search != "optuna") {
     for (const char* k : {"sampler", "storage", "study"})
@@ -241,8 +246,9 @@ SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
   } else {
     for (const char* k : {"seeds", "list"})
       if (root[k])
-        p.fail(root[k], std::string(k) + ": not used by search: optuna (each trial is one run and "
-                        "Optuna is told its metric); remove it, or use search: random");
+        p.fail(root[k], std::string(k) +
+                            ": not used by search: optuna (each trial is one run and "
+                            "Optuna is told its metric); remove it, or use search: random");
     if (spec.study.empty()) spec.study = spec.name;
   }
   if (pruner.IsMap()) spec.pruner = parse_pruner(p, pruner, spec.maximize);
@@ -355,11 +361,10 @@ SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
   if (static_cast<double>(seeds.size()) * static_cast<double>(entries.size()) *
           static_cast<double>(points.size()) >
       kMaxRuns)
-    throw ConfigError(file + ": the sweep expands to " + std::to_string(points.size()) +
-                      " points × " + std::to_string(entries.size()) + " list entries × " +
-                      std::to_string(seeds.size()) +
-                      " seeds, more runs than a sweep takes (at most " +
-                      std::to_string(kMaxRuns) + ")");
+    throw ConfigError(
+        file + ": the sweep expands to " + std::to_string(points.size()) + " points × " +
+        std::to_string(entries.size()) + " list entries × " + std::to_string(seeds.size()) +
+        " seeds, more runs than a sweep takes (at most " + std::to_string(kMaxRuns) + ")");
   std::set<std::string> seen;
   for (const auto& seed : seeds)  // seeds outermost: every point gets a first result early
     for (const auto& entry : entries)

@@ -71,8 +71,8 @@ struct SweepRun {
 
 // The `pruner:` section (tools/sweep/sweep_pruner.h).
 struct PrunerSpec {
-  std::string type;       // "" (none) | median | asha
-  std::string metric;     // metrics.csv column
+  std::string type;    // "" (none) | median | asha
+  std::string metric;  // metrics.csv column
   bool maximize = true;
   bool by_epoch = false;  // the resource: metrics.csv's epoch column (min_epochs) or step
   double min_resource = 1;
@@ -95,7 +95,7 @@ struct SweepSpec {
   int devices_per_run = 1;
   std::string metric;
   bool maximize = true;
-  std::string dir;  // as written, {name} expanded
+  std::string dir;            // as written, {name} expanded
   std::string workdir = ".";  // relative to the sweep file's folder
   std::string workdir_mark;   // "FILE:LINE:COL" of workdir:, "" when absent
   std::string seed_key = "fabric.seed";

@@ -19,7 +19,8 @@ namespace fabric::sweep {
 // kDiverged: the program stopped on non-finite values (exit status 3, trainer.stop_on_nonfinite):
 // a result like kDone (never retried; ranked after the runs that finished), not a failure.
 // kPruned: the sweep's pruner stopped the run (SIGTERM; tools/sweep/sweep_pruner.h): a result too,
-// ranked after the finished runs; under asha it may be promoted later (resumed from its checkpoint).
+// ranked after the finished runs; under asha it may be promoted later (resumed from its
+// checkpoint).
 enum class RunStatus {
   kPending,
   kRunning,
@@ -50,7 +51,8 @@ struct RunRecord {
   std::string run_dir;      // the attempt's run directory (the one holding summary.json)
   std::string log;          // log file of the last attempt
   nlohmann::json summary;   // the run's summary.json (done runs)
-  std::string slurm_job;    // "JOB_TASK": the SLURM array element of the last attempt (--launcher=slurm)
+  std::string
+      slurm_job;  // "JOB_TASK": the SLURM array element of the last attempt (--launcher=slurm)
   // With a pruner: the run's reports of the pruner's metric, resource (step or epoch) → value, from
   // its metrics.csv; and under asha the highest rung it was judged at (-1: none yet).
   std::map<double, double> reports;

@@ -10,9 +10,8 @@
 namespace fabric::sweep {
 namespace {
 
-const std::vector<std::string> kPrunerKeys = {"type",       "metric",           "mode",
-                                             "min_steps",  "min_epochs",       "reduction_factor",
-                                             "min_runs"};
+const std::vector<std::string> kPrunerKeys = {
+    "type", "metric", "mode", "min_steps", "min_epochs", "reduction_factor", "min_runs"};
 
 }  // namespace
 
@@ -40,8 +39,7 @@ Distribution parse_distribution(const Parser& p, const YAML::Node& node, const s
   } else if (node.IsMap() && node.size() == 1) {
     const YAML::Node name = node.begin()->first, args = node.begin()->second;
     dist.kind = p.scalar(name, where);
-    if (std::find(kDistributions.begin(), kDistributions.end(), dist.kind) ==
-        kDistributions.end())
+    if (std::find(kDistributions.begin(), kDistributions.end(), dist.kind) == kDistributions.end())
       p.fail(name, where + ": unknown distribution '" + dist.kind + "'" +
                        did_you_mean(dist.kind, kDistributions) +
                        " (distributions: " + join(kDistributions) + ")");
@@ -49,8 +47,7 @@ Distribution parse_distribution(const Parser& p, const YAML::Node& node, const s
     if (dist.kind == "choice") {
       for (const auto& value : args) dist.values.push_back(value_text(value));
     } else {
-      if (args.size() != 2)
-        p.fail(args, where + ": " + dist.kind + ": expected [low, high]");
+      if (args.size() != 2) p.fail(args, where + ": " + dist.kind + ": expected [low, high]");
       if (dist.kind == "int") {
         dist.low = static_cast<double>(p.integer(args[0], where, INT64_MIN));
         dist.high = static_cast<double>(p.integer(args[1], where, INT64_MIN));
@@ -61,12 +58,14 @@ Distribution parse_distribution(const Parser& p, const YAML::Node& node, const s
       if (!(dist.low < dist.high))
         p.fail(args, where + ": " + dist.kind + ": low must be below high");
       if (dist.kind == "loguniform" && dist.low <= 0)
-        p.fail(args, where + ": loguniform: low must be above 0 (use uniform for ranges "
+        p.fail(args, where +
+                         ": loguniform: low must be above 0 (use uniform for ranges "
                          "that reach 0)");
     }
   } else {
-    p.fail(node, where + ": expected a distribution, e.g. {uniform: [0, 1]}, {loguniform: "
-                         "[0.001, 1]}, {int: [16, 64]} or a list of choices");
+    p.fail(node, where +
+                     ": expected a distribution, e.g. {uniform: [0, 1]}, {loguniform: "
+                     "[0.001, 1]}, {int: [16, 64]} or a list of choices");
   }
   if (dist.kind == "choice" && dist.values.empty())
     p.fail(node, where + ": choice: expected at least one value");
@@ -94,7 +93,8 @@ PrunerSpec parse_pruner(const Parser& p, const YAML::Node& node, bool sweep_maxi
     } else if (key == "mode") {
       const std::string mode = p.scalar(v, where);
       if (mode != "max" && mode != "min")
-        p.fail(v, where + ": '" + mode + "' is not max or min" + did_you_mean(mode, {"max", "min"}));
+        p.fail(v,
+               where + ": '" + mode + "' is not max or min" + did_you_mean(mode, {"max", "min"}));
       pruner.maximize = mode == "max";
     } else if (key == "min_steps" || key == "min_epochs") {
       if (min_given) p.fail(item.first, "pruner: give min_steps or min_epochs, not both");
@@ -112,8 +112,9 @@ PrunerSpec parse_pruner(const Parser& p, const YAML::Node& node, bool sweep_maxi
   }
   if (pruner.type.empty()) p.fail(node, "pruner: type: missing; write type: median or type: asha");
   if (pruner.metric.empty())
-    p.fail(node, "pruner: metric: missing; name the metrics.csv column the decisions use, e.g. "
-                 "metric: test/accuracy");
+    p.fail(node,
+           "pruner: metric: missing; name the metrics.csv column the decisions use, e.g. "
+           "metric: test/accuracy");
   if (pruner.type == "median" && node["reduction_factor"])
     p.fail(node["reduction_factor"], "pruner: reduction_factor: only used by type: asha");
   if (pruner.type == "asha" && node["min_runs"])

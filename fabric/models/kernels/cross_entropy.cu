@@ -62,8 +62,8 @@ __device__ __forceinline__ MaxSum block_reduce(MaxSum v) {
 // kVec elements per load: 8 (16 bytes) when the row is 16-byte aligned and vocab % 8 == 0, else 1.
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kThreads)
-    softmax_xent(T* __restrict__ logits, const int64_t* __restrict__ targets, float* __restrict__ loss,
-                 int64_t vocab, int64_t stride, float scale) {
+    softmax_xent(T* __restrict__ logits, const int64_t* __restrict__ targets,
+                 float* __restrict__ loss, int64_t vocab, int64_t stride, float scale) {
   const int64_t row = blockIdx.x;
   T* x = logits + row * stride;
   const int64_t target = targets[row];
@@ -119,7 +119,8 @@ template <typename T>
 cudaError_t launch(void* logits, const int64_t* targets, float* loss, int64_t rows, int64_t vocab,
                    int64_t stride, float scale, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  const bool aligned = reinterpret_cast<uintptr_t>(logits) % 16 == 0 && vocab % 8 == 0 && stride % 8 == 0;
+  const bool aligned =
+      reinterpret_cast<uintptr_t>(logits) % 16 == 0 && vocab % 8 == 0 && stride % 8 == 0;
   T* x = static_cast<T*>(logits);
   if (aligned) {
     softmax_xent<T, 8><<<rows, kThreads, 0, stream>>>(x, targets, loss, vocab, stride, scale);
@@ -132,8 +133,8 @@ cudaError_t launch(void* logits, const int64_t* targets, float* loss, int64_t ro
 }  // namespace
 
 int softmax_cross_entropy_forward_backward(void* logits, const int64_t* targets, float* loss,
-                                           int64_t rows, int64_t vocab, int64_t stride,
-                                           float scale, LogitType type, void* stream) {
+                                           int64_t rows, int64_t vocab, int64_t stride, float scale,
+                                           LogitType type, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   const cudaError_t e =
       type == LogitType::kBFloat16

@@ -181,7 +181,8 @@ __global__ void __launch_bounds__(32 * kReduceGroups)
   const int64_t j = static_cast<int64_t>(blockIdx.x) * 32 + c;
   float s = 0.f;
   if (j < 2 * cols)
-    for (int b = g; b < blocks; b += kReduceGroups) s += partial[static_cast<int64_t>(b) * 2 * cols + j];
+    for (int b = g; b < blocks; b += kReduceGroups)
+      s += partial[static_cast<int64_t>(b) * 2 * cols + j];
   sums[g][c] = s;
   __syncthreads();
   if (g == 0 && j < 2 * cols) {
@@ -196,8 +197,8 @@ __global__ void __launch_bounds__(32 * kReduceGroups)
 }
 
 int backward_blocks(int64_t rows) {
-  return static_cast<int>(std::max<int64_t>(
-      1, std::min<int64_t>(kBackwardBlocks, (rows + kBwdWarps - 1) / kBwdWarps)));
+  return static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>(kBackwardBlocks, (rows + kBwdWarps - 1) / kBwdWarps)));
 }
 
 template <typename T>
@@ -213,19 +214,19 @@ cudaError_t forward(const float* x, const void* delta, float* h, const float* we
 
 template <typename T>
 cudaError_t backward(const void* dy, const float* h, const float* mean, const float* rstd,
-                     const float* weight, const float* dh_in, float* dh, void* dh16,
-                     float* dweight, float* dbias, float* workspace, int64_t rows, int64_t cols,
+                     const float* weight, const float* dh_in, float* dh, void* dh16, float* dweight,
+                     float* dbias, float* workspace, int64_t rows, int64_t cols,
                      cudaStream_t stream) {
   const int blocks = backward_blocks(rows);
   const size_t smem = sizeof(float) * 2 * static_cast<size_t>(cols) * kBwdWarps;
   if (smem > 48 * 1024) {
-    const cudaError_t e = cudaFuncSetAttribute(ln_backward<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(smem));
+    const cudaError_t e = cudaFuncSetAttribute(
+        ln_backward<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (e != cudaSuccess) return e;
   }
   ln_backward<T><<<blocks, kBwdThreads, smem, stream>>>(static_cast<const T*>(dy), h, mean, rstd,
-                                                     weight, dh_in, dh, static_cast<T*>(dh16),
-                                                     workspace, rows, cols);
+                                                        weight, dh_in, dh, static_cast<T*>(dh16),
+                                                        workspace, rows, cols);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   const auto reduce_blocks = static_cast<unsigned>((2 * cols + 31) / 32);
@@ -248,15 +249,14 @@ int layer_norm_forward(const float* x, const void* delta, float* h, const float*
 
 int layer_norm_backward(const void* dy, const float* h, const float* mean, const float* rstd,
                         const float* weight, const float* dh_in, float* dh, void* dh16,
-                        float* dweight, float* dbias, float* workspace, int64_t rows,
-                        int64_t cols, LogitType type, void* stream) {
+                        float* dweight, float* dbias, float* workspace, int64_t rows, int64_t cols,
+                        LogitType type, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
-  return static_cast<int>(
-      type == LogitType::kBFloat16
-          ? backward<__nv_bfloat16>(dy, h, mean, rstd, weight, dh_in, dh, dh16, dweight, dbias,
-                                    workspace, rows, cols, s)
-          : backward<__half>(dy, h, mean, rstd, weight, dh_in, dh, dh16, dweight, dbias,
-                             workspace, rows, cols, s));
+  return static_cast<int>(type == LogitType::kBFloat16
+                              ? backward<__nv_bfloat16>(dy, h, mean, rstd, weight, dh_in, dh, dh16,
+                                                        dweight, dbias, workspace, rows, cols, s)
+                              : backward<__half>(dy, h, mean, rstd, weight, dh_in, dh, dh16,
+                                                 dweight, dbias, workspace, rows, cols, s));
 }
 
 int64_t layer_norm_workspace_floats(int64_t rows, int64_t cols) {

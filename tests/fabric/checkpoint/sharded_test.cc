@@ -31,9 +31,9 @@ c10::IValue piece(const torch::Tensor& t, int64_t begin, int64_t end) {
   torch::Tensor flat = t.as_strided({n}, {1}, t.storage_offset());
   begin = std::min(begin, n);
   end = std::min(end, n);
-  return fabric::tensor_piece(t.sizes(), t.strides(), begin < end ? begin : 0,
-                              begin < end ? flat.narrow(0, begin, end - begin)
-                                          : torch::empty({0}, t.options()));
+  return fabric::tensor_piece(
+      t.sizes(), t.strides(), begin < end ? begin : 0,
+      begin < end ? flat.narrow(0, begin, end - begin) : torch::empty({0}, t.options()));
 }
 
 struct Model {
@@ -127,8 +127,8 @@ TEST(ShardedTest, PiecesThatDoNotAddUpAreErrorsNamingTheTensorAndFile) {
             std::string::npos)
       << e;
   // Keys with '/' and '%' are escaped in paths.
-  EXPECT_TRUE(shards[0].toGenericDict().at("pieces").toGenericDict().contains(
-      "state/list%2Fwith slash/0"));
+  EXPECT_TRUE(
+      shards[0].toGenericDict().at("pieces").toGenericDict().contains("state/list%2Fwith slash/0"));
 }
 
 TEST(ShardedTest, AFolderIsReadWholeByReadCheckpointAndByPython) {
@@ -144,15 +144,16 @@ TEST(ShardedTest, AFolderIsReadWholeByReadCheckpointAndByPython) {
     fabric::read_checkpoint(dir);
     ADD_FAILURE() << "read a folder without a manifest";
   } catch (const fabric::Error& e) {
-    EXPECT_EQ(std::string(e.what()), dir.string() + ": incomplete sharded checkpoint (no "
-                                                     "manifest.json: its save did not finish)");
+    EXPECT_EQ(std::string(e.what()), dir.string() +
+                                         ": incomplete sharded checkpoint (no "
+                                         "manifest.json: its save did not finish)");
   }
-  fabric::write_manifest(dir, 2,
-                         {fabric::kShardedCommon, fabric::shard_file_name(0, 2),
-                          fabric::shard_file_name(1, 2)});
+  fabric::write_manifest(
+      dir, 2,
+      {fabric::kShardedCommon, fabric::shard_file_name(0, 2), fabric::shard_file_name(1, 2)});
   EXPECT_TRUE(fabric::is_sharded_checkpoint(dir));
-  EXPECT_EQ(fabric::testing::first_difference(m.dict(0, 1, false), fabric::read_checkpoint(dir), ""),
-            "");
+  EXPECT_EQ(
+      fabric::testing::first_difference(m.dict(0, 1, false), fabric::read_checkpoint(dir), ""), "");
 
   // Python joins the contiguous tensor from the files alone.
   const fs::path script = dir / "join.py";
@@ -270,8 +271,7 @@ TEST(ShardedTest, AReaderGetsJustThePiecesItWantsFromShardsOfAnyWorldSize) {
       };
       check(state.at("a"), m.a);
       check(state.at("list/with slash").toList().get(0), m.b);
-      EXPECT_TRUE(
-          torch::equal(state.at("by_int").toGenericDict().at(int64_t{3}).toTensor(), m.c));
+      EXPECT_TRUE(torch::equal(state.at("by_int").toGenericDict().at(int64_t{3}).toTensor(), m.c));
       EXPECT_TRUE(torch::equal(state.at("replicated").toTensor(), m.replicated));
     }
   }
@@ -321,8 +321,9 @@ TEST(ShardedTest, AReaderGetsJustThePiecesItWantsFromShardsOfAnyWorldSize) {
                   at::IntArrayRef) -> std::optional<fabric::PieceRange> {
     return path == "state/a" ? std::optional<fabric::PieceRange>({10, 5}) : std::nullopt;
   };
-  EXPECT_EQ(error_of([&] { fabric::read_checkpoint(gap, own); }),
-            gap.string() + ": sharded tensor 'state/a': the shards hold 0 of its 5 wanted elements");
+  EXPECT_EQ(
+      error_of([&] { fabric::read_checkpoint(gap, own); }),
+      gap.string() + ": sharded tensor 'state/a': the shards hold 0 of its 5 wanted elements");
   fs::remove_all(gap);
 }
 

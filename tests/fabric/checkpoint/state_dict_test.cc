@@ -175,10 +175,9 @@ TEST_F(StateDictTest, BadFilesFailWithOneLineNamingThem) {
   EXPECT_EQ(message(dir_ / "absent.pt"),
             (dir_ / "absent.pt").string() + ": cannot open (No such file or directory)");
   std::ofstream(dir_ / "random.pt") << "\x13\x37 not a checkpoint at all";
-  EXPECT_EQ(
-      message(dir_ / "random.pt")
-          .rfind((dir_ / "random.pt").string() + ": not a readable PyTorch file (", 0),
-      0u)
+  EXPECT_EQ(message(dir_ / "random.pt")
+                .rfind((dir_ / "random.pt").string() + ": not a readable PyTorch file (", 0),
+            0u)
       << message(dir_ / "random.pt");
   // A truncated file (the first half of a good one).
   fabric::save_state_dict(dir_ / "good.pt", fabric::state_dict(*make_model()));

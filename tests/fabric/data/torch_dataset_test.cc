@@ -61,9 +61,8 @@ TEST(TorchDatasetTest, BatchesLikeTheSameTensorDataset) {
   // with its own copy of the dataset), and MNIST-like stacks read as a TensorDataset.
   DataLoader unstacked(fabric::from_torch(TorchNumbered(30)), options());
   EXPECT_EQ(targets_of(unstacked), expected);
-  DataLoader stacked(
-      fabric::from_torch(TorchNumbered(30).map(torch::data::transforms::Stack<>())),
-      options().num_workers(3));
+  DataLoader stacked(fabric::from_torch(TorchNumbered(30).map(torch::data::transforms::Stack<>())),
+                     options().num_workers(3));
   EXPECT_EQ(targets_of(stacked), expected);
   const auto stack = fabric::from_torch(TorchStacked(30));
   EXPECT_NE(dynamic_cast<const fabric::TensorDataset*>(stack.get()), nullptr);

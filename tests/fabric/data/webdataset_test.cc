@@ -42,8 +42,7 @@ TEST(ExpandBracesTest, RangesListsAndProductsAsBraceexpand) {
   EXPECT_EQ(expand_braces("s{8..11}"), (std::vector<std::string>{"s8", "s9", "s10", "s11"}));
   EXPECT_EQ(expand_braces("s{08..11}"), (std::vector<std::string>{"s08", "s09", "s10", "s11"}));
   EXPECT_EQ(expand_braces("{2..0}"), (std::vector<std::string>{"2", "1", "0"}));
-  EXPECT_EQ(expand_braces("{a,b}-{0..1}"),
-            (std::vector<std::string>{"a-0", "a-1", "b-0", "b-1"}));
+  EXPECT_EQ(expand_braces("{a,b}-{0..1}"), (std::vector<std::string>{"a-0", "a-1", "b-0", "b-1"}));
   EXPECT_EQ(expand_braces("x{a,{b,c}}y"), (std::vector<std::string>{"xay", "xby", "xcy"}));
   EXPECT_EQ(expand_braces("plain.tar"), (std::vector<std::string>{"plain.tar"}));
   EXPECT_EQ(expand_braces("{x}-{1..2}"), (std::vector<std::string>{"{x}-1", "{x}-2"}));
@@ -144,15 +143,15 @@ TEST_F(WebDatasetTest, UstarGnuAndPaxArchivesListWhatPythonWrote) {
     const auto members = fabric::list_tar(path(format + ".tar"));
     ASSERT_EQ(members.size(), 4u) << format;  // the directory and the link are not members
     EXPECT_EQ(members[0].name, "a/one.txt");
-    EXPECT_EQ(fabric::read_file_range(path(format + ".tar"), members[0].offset, members[0].size,
-                                      "m"),
-              "first member");
+    EXPECT_EQ(
+        fabric::read_file_range(path(format + ".tar"), members[0].offset, members[0].size, "m"),
+        "first member");
     EXPECT_EQ(members[1].name, "empty.dat");
     EXPECT_EQ(members[1].size, 0);
     EXPECT_EQ(members[2].name, "random.bin");
-    EXPECT_EQ(fabric::read_file_range(path(format + ".tar"), members[2].offset, members[2].size,
-                                      "m"),
-              bytes(path("random.bin")));
+    EXPECT_EQ(
+        fabric::read_file_range(path(format + ".tar"), members[2].offset, members[2].size, "m"),
+        bytes(path("random.bin")));
     EXPECT_EQ(members[3].name,
               format == "ustar" ? "p/" + std::string(90, 'y') + "/s.bin" : long_name)
         << format;

@@ -163,8 +163,10 @@ std::string error_of(Vars vars) {
 // mpirun gives no address or port: one node defaults to loopback and a port from mpirun's job id
 // (the same on every rank); across nodes MASTER_ADDR must be passed, and the error says how.
 TEST(EnvironmentsTest, OpenMpiDefaultsOnOneNodeAndNamesTheFixAcrossNodes) {
-  const Vars one_node = {{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
-                         {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"OMPI_MCA_orte_num_nodes", "1"},
+  const Vars one_node = {{"OMPI_COMM_WORLD_RANK", "1"},
+                         {"OMPI_COMM_WORLD_SIZE", "2"},
+                         {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                         {"OMPI_MCA_orte_num_nodes", "1"},
                          {"OMPI_MCA_ess_base_jobid", "1970339841"}};
   const auto env = fabric::detect_environment(fake(one_node), 2);
   EXPECT_EQ(env->main_address(), "127.0.0.1");
@@ -198,17 +200,30 @@ TEST(EnvironmentsTest, BadValuesNameTheVariable) {
 // divides the CPUs by it.
 TEST(EnvironmentsTest, LocalWorldSizeComesFromEachLauncher) {
   const std::vector<std::pair<Vars, int64_t>> table = {
-      {{{"TORCHELASTIC_RUN_ID", "a"}, {"RANK", "0"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "0"},
-        {"LOCAL_WORLD_SIZE", "4"}, {"MASTER_PORT", "1"}},
+      {{{"TORCHELASTIC_RUN_ID", "a"},
+        {"RANK", "0"},
+        {"WORLD_SIZE", "8"},
+        {"LOCAL_RANK", "0"},
+        {"LOCAL_WORLD_SIZE", "4"},
+        {"MASTER_PORT", "1"}},
        4},
-      {{{"SLURM_NTASKS", "6"}, {"SLURM_PROCID", "5"}, {"SLURM_NODEID", "1"},
-        {"SLURM_TASKS_PER_NODE", "4,2"}, {"SLURM_NODELIST", "n1"}},
+      {{{"SLURM_NTASKS", "6"},
+        {"SLURM_PROCID", "5"},
+        {"SLURM_NODEID", "1"},
+        {"SLURM_TASKS_PER_NODE", "4,2"},
+        {"SLURM_NODELIST", "n1"}},
        2},
-      {{{"SLURM_NTASKS", "6"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS_PER_NODE", "3"},
-        {"SLURM_TASKS_PER_NODE", "4,2"}, {"SLURM_NODELIST", "n1"}},
+      {{{"SLURM_NTASKS", "6"},
+        {"SLURM_PROCID", "0"},
+        {"SLURM_NTASKS_PER_NODE", "3"},
+        {"SLURM_TASKS_PER_NODE", "4,2"},
+        {"SLURM_NODELIST", "n1"}},
        3},
-      {{{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-        {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"MASTER_ADDR", "n0"}, {"MASTER_PORT", "1"}},
+      {{{"OMPI_COMM_WORLD_RANK", "0"},
+        {"OMPI_COMM_WORLD_SIZE", "4"},
+        {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+        {"MASTER_ADDR", "n0"},
+        {"MASTER_PORT", "1"}},
        2},
       {{{"PMI_RANK", "0"}, {"PMI_SIZE", "4"}, {"MPI_LOCALNRANKS", "4"}, {"MASTER_PORT", "1"}}, 4},
       {{{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"MASTER_PORT", "1"}}, 0},
@@ -229,8 +244,11 @@ TEST(EnvironmentsTest, LocalWorldSizeComesFromEachLauncher) {
 // torchrun's agent hosts the store and says so: ranks connect as clients, under the attempt's
 // prefix (a restarted attempt never reads the previous one's keys). Other launchers: rank 0 hosts.
 TEST(EnvironmentsTest, TorchrunAgentStoreIsUsedAsAClientUnderTheAttemptPrefix) {
-  const Vars torchrun = {{"TORCHELASTIC_RUN_ID", "a"}, {"RANK", "0"}, {"WORLD_SIZE", "2"},
-                         {"LOCAL_RANK", "0"}, {"MASTER_PORT", "29500"}};
+  const Vars torchrun = {{"TORCHELASTIC_RUN_ID", "a"},
+                         {"RANK", "0"},
+                         {"WORLD_SIZE", "2"},
+                         {"LOCAL_RANK", "0"},
+                         {"MASTER_PORT", "29500"}};
   Vars agent = torchrun;
   agent["TORCHELASTIC_USE_AGENT_STORE"] = "True";
   agent["TORCHELASTIC_RESTART_COUNT"] = "2";

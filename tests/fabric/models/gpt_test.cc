@@ -47,7 +47,8 @@ TEST(GPTTest, AttentionEqualsAMaskedSoftmaxWrittenOut) {
   const torch::Tensor x = torch::randn({2, 16, 32});
   const auto qkv = attn->c_attn->forward(x).split(32, 2);
   auto heads = [](const torch::Tensor& t) { return t.view({2, 16, 4, 8}).transpose(1, 2); };
-  torch::Tensor scores = torch::matmul(heads(qkv[0]), heads(qkv[1]).transpose(-2, -1)) / std::sqrt(8.0);
+  torch::Tensor scores =
+      torch::matmul(heads(qkv[0]), heads(qkv[1]).transpose(-2, -1)) / std::sqrt(8.0);
   scores = scores.masked_fill(torch::ones({16, 16}, torch::kBool).triu(1), -INFINITY);
   torch::Tensor y = torch::matmul(scores.softmax(-1), heads(qkv[2]));
   y = attn->c_proj->forward(y.transpose(1, 2).contiguous().view({2, 16, 32}));
@@ -66,7 +67,8 @@ TEST(GPTTest, Gpt2InitializationAndOneTiedProjection) {
   }
   EXPECT_EQ(total, c.parameters());
   const double residual = 0.02 / std::sqrt(16.0);
-  EXPECT_NEAR(model->blocks[3]->attn->c_proj->weight.std().item<double>(), residual, 0.1 * residual);
+  EXPECT_NEAR(model->blocks[3]->attn->c_proj->weight.std().item<double>(), residual,
+              0.1 * residual);
   EXPECT_NEAR(model->blocks[3]->mlp->c_proj->weight.std().item<double>(), residual, 0.1 * residual);
   EXPECT_NEAR(model->blocks[3]->mlp->c_fc->weight.std().item<double>(), 0.02, 0.002);
   EXPECT_NEAR(model->wte->weight.std().item<double>(), 0.02, 0.002);
@@ -98,7 +100,8 @@ TEST(GPTTest, ATinyModelLearnsARepeatingText) {
   torch::manual_seed(3);
   GPT model(small());
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(3e-3));
-  const torch::Tensor text = torch::arange(0, 17, torch::kLong).remainder(5).unsqueeze(0).repeat({4, 1});
+  const torch::Tensor text =
+      torch::arange(0, 17, torch::kLong).remainder(5).unsqueeze(0).repeat({4, 1});
   const torch::Tensor x = text.narrow(1, 0, 16), y = text.narrow(1, 1, 16);
   double first = 0, last = 0;
   for (int step = 0; step < 60; ++step) {

@@ -75,16 +75,14 @@ TEST(DataParallelTest, ReplicaThreadsRunUnderTheCallersAutocast) {
   const torch::Tensor x = torch::randn({6, 5});
   {
     fabric::AutocastGuard guard(torch::kCPU, torch::kBFloat16);
-    EXPECT_EQ(fabric::nn::data_parallel(net, x, kTwo, torch::kCPU).scalar_type(),
-              torch::kBFloat16);
+    EXPECT_EQ(fabric::nn::data_parallel(net, x, kTwo, torch::kCPU).scalar_type(), torch::kBFloat16);
   }
   EXPECT_EQ(fabric::nn::data_parallel(net, x, kTwo, torch::kCPU).scalar_type(), torch::kFloat32);
 }
 
 TEST(DataParallelTest, AReplicasErrorReachesTheCaller) {
   Net net(false);
-  EXPECT_THROW(fabric::nn::data_parallel(net, torch::randn({4, 6}), kTwo, torch::kCPU),
-               c10::Error);
+  EXPECT_THROW(fabric::nn::data_parallel(net, torch::randn({4, 6}), kTwo, torch::kCPU), c10::Error);
 }
 
 }  // namespace

@@ -173,10 +173,10 @@ TEST(GradScalerTest, FoundInfFlagsCombineToOneForTheFusedKernels) {
   const std::vector<torch::Tensor> flags = {torch::ones({1}), torch::ones({1}), torch::zeros({1})};
   const torch::Tensor found = fabric::GradScaler::combine_found_inf(flags, torch::kCPU);
   EXPECT_EQ(found.item<float>(), 1.0f);
-  EXPECT_EQ(fabric::GradScaler::combine_found_inf({torch::zeros({1}), torch::zeros({1})},
-                                                  torch::kCPU)
-                .item<float>(),
-            0.0f);
+  EXPECT_EQ(
+      fabric::GradScaler::combine_found_inf({torch::zeros({1}), torch::zeros({1})}, torch::kCPU)
+          .item<float>(),
+      0.0f);
   // The kernel itself: a step with the combined flag is skipped.
   std::vector<torch::Tensor> params = {torch::ones({3})}, grads = {torch::full({3}, 0.5)};
   const torch::Tensor before = params[0].clone();

@@ -5,8 +5,8 @@
 // several inputs; without gradients the function just runs (nothing recorded).
 #include "fabric/training/activation_checkpoint.h"
 
-#include <gtest/gtest.h>
 #include <ATen/autocast_mode.h>
+#include <gtest/gtest.h>
 #include <torch/torch.h>
 
 namespace {
@@ -70,7 +70,9 @@ void expect_bitwise(bool input_requires_grad, bool autocast) {
   }
 }
 
-TEST(ActivationCheckpointTest, GradientsAndBuffersBitwiseThePlainModels) { expect_bitwise(true, false); }
+TEST(ActivationCheckpointTest, GradientsAndBuffersBitwiseThePlainModels) {
+  expect_bitwise(true, false);
+}
 
 TEST(ActivationCheckpointTest, ParametersGetGradientsWhenTheInputNeedsNone) {
   expect_bitwise(false, false);
@@ -101,7 +103,8 @@ TEST(ActivationCheckpointTest, FunctionOfSeveralInputs) {
 TEST(ActivationCheckpointTest, WithoutGradientsTheFunctionJustRuns) {
   auto a = torch::randn({4}, torch::requires_grad());
   torch::NoGradGuard no_grad;
-  auto out = fabric::checkpoint([](const fabric::TensorList& in) { return fabric::TensorList{in[0] * 2}; }, {a});
+  auto out = fabric::checkpoint(
+      [](const fabric::TensorList& in) { return fabric::TensorList{in[0] * 2}; }, {a});
   EXPECT_FALSE(out[0].requires_grad());
   EXPECT_TRUE(torch::equal(out[0], a * 2));
 }

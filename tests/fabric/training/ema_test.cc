@@ -3,7 +3,8 @@
 // live weights back bitwise, integer parameters are left alone, and a bad decay is an error.
 // Parts of parameters (fsdp's, fabric/training/parameter_parts.h) average as the whole does and
 // are checkpointed as pieces, gathered whole, and loaded from either.
-// Exact resume through checkpoints: training_features_test (Cifar10AccumulationAndEmaResumeBitwise).
+// Exact resume through checkpoints: training_features_test
+// (Cifar10AccumulationAndEmaResumeBitwise).
 #include "fabric/training/ema.h"
 
 #include <gtest/gtest.h>
@@ -30,7 +31,8 @@ TEST(EmaTest, UpdatesTowardTheParametersByOneMinusDecay) {
     EXPECT_DOUBLE_EQ(ema.next_decay(), 0.9);
     ema.update();
     const auto params = layer->parameters();
-    for (size_t i = 0; i < params.size(); ++i) expected[i] = expected[i] * 0.9 + params[i].detach() * 0.1;
+    for (size_t i = 0; i < params.size(); ++i)
+      expected[i] = expected[i] * 0.9 + params[i].detach() * 0.1;
   }
   EXPECT_EQ(ema.updates(), 3);
   auto averaged = ema.swap_into_model();

@@ -105,11 +105,12 @@ TEST(LRScheduleTest, StepSchedulesFromConfigAndTheirErrors) {
            {"[5, 3]",
             "command line: scheduler.milestones: 3 breaks the order: milestones are optimizer "
             "steps >= 0 in increasing order, e.g. [100, 200]"},
-           {"[2.5]", "command line: scheduler.milestones: 2.5 is not a whole number of optimizer "
-                     "steps"}}) {
+           {"[2.5]",
+            "command line: scheduler.milestones: 2.5 is not a whole number of optimizer "
+            "steps"}}) {
     try {
-      LRSchedule::from_config(
-          config({"scheduler.name=multistep", "scheduler.milestones=" + value}), 10);
+      LRSchedule::from_config(config({"scheduler.name=multistep", "scheduler.milestones=" + value}),
+                              10);
       ADD_FAILURE() << value << " was accepted";
     } catch (const fabric::ConfigError& e) {
       EXPECT_EQ(std::string(e.what()), message);
