@@ -218,6 +218,14 @@ else
   fail readme_at_most_200_lines "README.md has $lines lines; move detail to docs/ and link it"
 fi
 
+# 9b. The C++ is formatted as .clang-format says (tools/format.sh --check: Debian's clang-format-14,
+#     which tools/setup.sh installs); a file that differs is named with the command that fixes it.
+if out=$(./tools/format.sh --check 2>&1); then
+  pass clang_format_clean
+else
+  fail clang_format_clean "$out"
+fi
+
 # 10. The tiny GPT recipe (issue 49): `bazel run //examples:gpt -- --config=gpt_tiny.yaml`, 2 CPU
 #     ranks on the default corpus (this machine's Python sources, prepared into a fresh cache),
 #     ends with a validation loss at most 2.5 nats (docs/training.md: the byte unigram entropy of

@@ -4,7 +4,8 @@
 #
 #   Debian packages: Bazel (bazel-bootstrap), yaml-cpp, glog, gflags, GoogleTest/GoogleMock,
 #                    Google Benchmark, zlib, nlohmann-json, patchelf, the Fashion-MNIST dataset,
-#                    CMake, make and pkg-config (the consumers of an installed Fabric++).
+#                    CMake, make and pkg-config (the consumers of an installed Fabric++),
+#                    clang and clang-format-14 (fuzzers, tools/format.sh).
 #   PyPI:            tools/requirements.txt (torch, pinned there and only there).
 #
 # Environment: PYTHON (default python3) is the interpreter whose site-packages receives torch;
@@ -38,6 +39,7 @@ DEBIAN_PACKAGES=(
   slurm-wlm              # srun/sbatch on a one-machine cluster (tools/slurm_local.sh, launchers_test)
   clang                  # --config=fuzz (libFuzzer harnesses in tests/fuzz/)
   libclang-rt-14-dev     # libFuzzer and the sanitizer runtimes for clang 14
+  clang-format-14        # tools/format.sh and its CI check (pinned: formatting differs by version)
   cmake                  # //tests/packaging: the CMake consumer of an installed Fabric++
   make
   pkgconf                # pkg-config: //tests/packaging:pkg_config_test
