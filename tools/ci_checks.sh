@@ -200,6 +200,14 @@ check_no_deps deps_launchers_not_on_distributed \
 check_no_deps visibility_implementation_private \
   'visible(//examples:cifar10, //fabric/... + //strategies/...) except //fabric/core:stamp'
 
+# docs/architecture.md's folder table is the build's (tools/layers.sh: from one `bazel query`;
+# it also fails on a cycle between folders).
+if out=$(./tools/layers.sh --check 2>&1); then
+  pass layers_table_matches_build
+else
+  fail layers_table_matches_build "$out"
+fi
+
 # 8. No std::filesystem::remove_all in what users link: the torch wheel's libtorch.so exports a
 #    copy of it that jumps to address 0, and CMake consumers link libtorch.so before libstdc++
 #    (fabric::remove_tree in fabric/core/atomic_file.h is the replacement).
