@@ -72,6 +72,7 @@ std::string expand(const Config& c, const std::string& key,
 CheckpointerOptions CheckpointerOptions::from_config(const Config& c, const std::string& name,
                                                      const fs::path& run_dir) {
   CheckpointerOptions o;
+  o.name = name;
   const std::vector<std::pair<std::string, std::string>> fields = {{"run_dir", run_dir.string()},
                                                                    {"name", name}};
   o.dir_pattern = c.get_string("checkpoint.dir");
@@ -85,16 +86,17 @@ CheckpointerOptions CheckpointerOptions::from_config(const Config& c, const std:
   if (c.get_string("checkpoint.export_weights") != "none")
     o.export_weights =
         absolute_from_working_directory(expand(c, "checkpoint.export_weights", fields)).string();
+  if (o.dir_pattern.find("{run_dir}") != std::string::npos)
+    o.earlier_runs = RunDirectory::earlier_runs(c, name);
   return o;
 }
 
-std::vector<fs::path> CheckpointerOptions::search_dirs(const Config& c,
-                                                       const std::string& name) const {
+std::vector<fs::path> CheckpointerOptions::search_dirs() const {
   if (dir_pattern.find("{run_dir}") == std::string::npos) return {dir};
-  std::vector<fs::path> out;
-  for (const fs::path& run : RunDirectory::earlier(c, name))
+  std::vector<fs::path> out;  // the pattern expanded once already (from_config): no error here
+  for (const fs::path& run : earlier_runs.find())
     out.push_back(absolute_from_working_directory(
-        expand(c, "checkpoint.dir", {{"run_dir", run.string()}, {"name", name}})));
+        expand_fields(dir_pattern, {{"run_dir", run.string()}, {"name", name}})));
   return out;
 }
 
@@ -121,16 +123,7 @@ Checkpointer::Checkpointer(Fabric& f, CheckpointState state, const std::string& 
                            const fs::path& run_dir)
     : f_(f),
       state_(std::move(state)),
-      name_(name),
-      options_(CheckpointerOptions::from_config(f.config(), name, run_dir)),
-      run_dir_(run_dir),
-      dir_(options_.dir),
-      every_n_steps_(options_.every_n_steps),
-      every_n_epochs_(options_.every_n_epochs),
-      keep_last_(options_.keep_last),
-      save_last_(options_.save_last),
-      async_(options_.async),
-      export_weights_(options_.export_weights) {
+      options_(CheckpointerOptions::from_config(f.config(), name, run_dir)) {
   state_.add("checkpointer.step", step_).add("checkpointer.epoch", epoch_);
   resume(options_.resume);
   claim_dir();
@@ -171,8 +164,9 @@ void Checkpointer::claim_dir() {
     } else if (const std::string why = unwritable_folder(dir_); !why.empty()) {
       key = "checkpoint.dir";
       problem = why + "; give a folder this run can write";
-    } else if (!export_weights_.empty()) {
-      if (const std::string why = unwritable_folder(fs::path(export_weights_).parent_path());
+    } else if (!options_.export_weights.empty()) {
+      if (const std::string why =
+              unwritable_folder(fs::path(options_.export_weights).parent_path());
           !why.empty()) {
         key = "checkpoint.export_weights";
         problem = why + "; give a path in a folder this run can write, or none";
@@ -231,14 +225,14 @@ fs::path Checkpointer::save() {
   const fs::path path = dir_ / file_name;
   // Full format under checkpoint.async: rank 0's snapshot holds the whole state and is checked
   // for non-finite values there, in the background. Otherwise every rank checks now.
-  const bool check_later = async_ && !f_.saves_sharded();
+  const bool check_later = options_.async && !f_.saves_sharded();
   if (!check_later && !state_is_finite()) {
     f_.print(not_finite_warning(step_));
     saved_step_ = step_;  // finish() does not try again
     saved_epoch_ = epoch_;
     return {};
   }
-  if (async_) {
+  if (options_.async) {
     wait_for_write();
     prepare_dir();
     // The stall: a copy in host memory (into the previous snapshot's buffers).
@@ -268,20 +262,21 @@ fs::path Checkpointer::save() {
 
 void Checkpointer::publish(const fs::path& path) {
   write_file_atomically(dir_ / "latest", path.filename().string() + "\n");
-  if (keep_last_ <= 0) return;
+  if (options_.keep_last <= 0) return;
   const auto files = checkpoints_in(dir_);
-  for (size_t i = 0; i + static_cast<size_t>(keep_last_) < files.size(); ++i) {
+  for (size_t i = 0; i + static_cast<size_t>(options_.keep_last) < files.size(); ++i) {
     if (files[i] == path) continue;
     std::error_code ec;
     remove_tree(files[i], ec);
     if (ec)
       throw Error("cannot delete the old checkpoint " + files[i].string() +
-                  " (checkpoint.keep_last: " + std::to_string(keep_last_) + "): " + ec.message());
+                  " (checkpoint.keep_last: " + std::to_string(options_.keep_last) +
+                  "): " + ec.message());
   }
 }
 
 void Checkpointer::wait_for_write() {
-  if (!async_) return;
+  if (!options_.async) return;
   if (writer_.joinable()) writer_.join();
   if (!write_warning_.empty()) f_.print(write_warning_);
   write_warning_.clear();
@@ -333,21 +328,21 @@ fs::path Checkpointer::write(const std::string& file_name) {
 void Checkpointer::step_end() {
   ++step_;
   publish_step(step_);
-  if (every_n_steps_ > 0 && step_ % every_n_steps_ == 0) save();
+  if (options_.every_n_steps > 0 && step_ % options_.every_n_steps == 0) save();
 }
 
 void Checkpointer::epoch_end() {
   ++epoch_;
-  if (every_n_epochs_ > 0 && epoch_ % every_n_epochs_ == 0) save();
+  if (options_.every_n_epochs > 0 && epoch_ % options_.every_n_epochs == 0) save();
 }
 
 void Checkpointer::finish() {
-  if (save_last_ && (saved_step_ != step_ || saved_epoch_ != epoch_)) save();
+  if (options_.save_last && (saved_step_ != step_ || saved_epoch_ != epoch_)) save();
   wait_for_write();
-  if (export_weights_.empty()) return;
+  if (options_.export_weights.empty()) return;
   for (const auto& e : state_.entries())
     if (e.module) {
-      f_.save_weights(*e.module, export_weights_);
+      f_.save_weights(*e.module, options_.export_weights);
       return;
     }
 }

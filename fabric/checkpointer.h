@@ -70,26 +70,29 @@
 #include <vector>
 
 #include "fabric/fabric.h"
+#include "fabric/logging/run_dir.h"
 
 namespace fabric {
 
 // The checkpoint: keys above, read and checked once (ConfigError at the key), as
-// LRSchedule::from_config does for the scheduler: keys.
+// LRSchedule::from_config does for the scheduler: keys. The Checkpointer reads nothing else of
+// the config (checkpoint.format is the Fabric's: Fabric::saves_sharded).
 struct CheckpointerOptions {
+  std::string name;           // the program's run name ({name})
   std::filesystem::path dir;  // checkpoint.dir with {run_dir} and {name} expanded, absolute
   std::string dir_pattern;    // checkpoint.dir as written
   int64_t every_n_steps = 0, every_n_epochs = 1, keep_last = 3;
   bool save_last = true, async = false;
   std::string resume = "none";  // none | auto | PATH (as written)
   std::string export_weights;   // expanded, absolute; "" when none
+  EarlierRuns earlier_runs;     // the run directories of `name`'s earlier runs (logging.run_dir)
 
   // `config`'s checkpoint: keys for program `name` whose run directory is `run_dir`.
   static CheckpointerOptions from_config(const Config& config, const std::string& name,
                                          const std::filesystem::path& run_dir);
   // Where resume: auto looks: `dir`, and when checkpoint.dir lies in the run directory, that
-  // folder in each earlier run of `name` (RunDirectory::earlier).
-  std::vector<std::filesystem::path> search_dirs(const Config& config,
-                                                 const std::string& name) const;
+  // folder in each earlier run (`earlier_runs`, found now).
+  std::vector<std::filesystem::path> search_dirs() const;
 };
 
 class Checkpointer {
@@ -113,11 +116,12 @@ class Checkpointer {
   // The checkpoint resumed from ("" if none).
   const std::string& resumed_from() const { return resumed_from_; }
   // Where finish() exports the model's weights (checkpoint.export_weights, expanded); "": off.
-  const std::string& export_weights() const { return export_weights_; }
+  const std::string& export_weights() const { return options_.export_weights; }
   // Which attempt of a restarting job this is (fabric.max_restarts, torchrun --max-restarts): 0
   // for the first.
   int64_t restart_attempt() const { return attempt_; }
-  const std::filesystem::path& dir() const { return dir_; }
+  const std::filesystem::path& dir() const { return options_.dir; }
+  const CheckpointerOptions& options() const { return options_; }
 
   // After each optimizer step: counts it; saves every_n_steps. Collective.
   void step_end();
@@ -163,15 +167,11 @@ class Checkpointer {
   std::filesystem::path write(const std::string& file_name);
   Fabric& f_;
   CheckpointState state_;
-  std::string name_;
-  CheckpointerOptions options_;
-  std::filesystem::path run_dir_, dir_;
-  int64_t every_n_steps_, every_n_epochs_, keep_last_;
-  bool save_last_, async_ = false;
+  const CheckpointerOptions options_;
+  const std::filesystem::path& dir_ = options_.dir;  // where this run's checkpoints go
   std::thread writer_;
   std::string write_error_, write_warning_;  // set by the writer thread; read after joining it
   std::shared_ptr<c10::IValue> snapshot_;    // the last async snapshot (rank 0), reused
-  std::string export_weights_;
   int64_t step_ = 0, epoch_ = 0, saved_step_ = -1, saved_epoch_ = -1;
   std::string resumed_from_;
   int64_t attempt_ = 0;

@@ -22,7 +22,7 @@ std::vector<fs::path> Checkpointer::candidates() const { return candidates_since
 
 std::vector<fs::path> Checkpointer::candidates_since(
     std::optional<std::chrono::system_clock::time_point> since) const {
-  const std::vector<fs::path> folders = options_.search_dirs(f_.config(), name_);
+  const std::vector<fs::path> folders = options_.search_dirs();
   std::vector<std::pair<fs::file_time_type, fs::path>> found;
   for (const auto& folder : folders)
     for (const auto& file : checkpoints_in(folder)) {
@@ -89,7 +89,7 @@ void Checkpointer::resume(const std::string& configured) {
   if (how == "auto") {
     chosen = newest_verified("checkpoint.resume=auto", std::nullopt);
     if (chosen.empty()) {
-      f_.print("checkpoint.resume=auto: no complete checkpoint of an earlier ", name_,
+      f_.print("checkpoint.resume=auto: no complete checkpoint of an earlier ", options_.name,
                " run; starting from scratch");
       return;
     }

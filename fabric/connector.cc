@@ -408,6 +408,7 @@ ResolvedSetup resolve_setup(const Config& c, const MachineFacts& m) {
   const std::string bench = c.get_string("fabric.cudnn_benchmark");
   s.cudnn_benchmark = bench == "auto" ? !s.deterministic : bench == "true";
   s.matmul_precision = c.get_string("fabric.matmul_precision");
+  s.checkpoint_format = c.get_string("checkpoint.format");
   const std::string channels_last = c.get_string("fabric.channels_last");
   s.channels_last =
       channels_last == "auto" ? s.accelerator == c10::DeviceType::CUDA : channels_last == "true";

@@ -84,6 +84,9 @@ struct ResolvedSetup {
   bool cudnn_benchmark = false;
   std::string matmul_precision = "highest";
   bool channels_last = false;  // fabric.channels_last
+  // checkpoint.format: "full" | "sharded" | "auto" (Fabric::saves_sharded decides auto by the
+  // strategy's sharded state).
+  std::string checkpoint_format = "auto";
   // fabric.cuda_graphs, after resolution: true only on a CUDA device with strategy single_device,
   // or ddp without sync_batchnorm and find_unused_parameters (otherwise one warning line says
   // why steps run eagerly). Read by fabric::GraphedStep.

@@ -133,7 +133,7 @@ std::function<c10::IValue(const CheckpointState&)> Fabric::gather_for_save() {
 }
 
 bool Fabric::saves_sharded() const {
-  const std::string format = config_.get_string("checkpoint.format");
+  const std::string& format = setup_->checkpoint_format;
   return format == "sharded" || (format == "auto" && strategy_->sharded_state() != nullptr);
 }
 

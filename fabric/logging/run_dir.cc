@@ -141,7 +141,11 @@ std::vector<fs::path> matching_folders(const fs::path& pattern) {
 
 }  // namespace
 
-std::vector<fs::path> RunDirectory::earlier(const Config& config, const std::string& name) {
+std::vector<fs::path> EarlierRuns::find() const {
+  return pattern_.empty() ? std::vector<fs::path>{} : matching_folders(pattern_);
+}
+
+EarlierRuns RunDirectory::earlier_runs(const Config& config, const std::string& name) {
   std::string pattern;
   try {
     pattern = expand_fields(
@@ -150,7 +154,7 @@ std::vector<fs::path> RunDirectory::earlier(const Config& config, const std::str
   } catch (const Error& e) {
     throw config.error_at("logging.run_dir", e.what());
   }
-  return matching_folders(absolute_from_working_directory(pattern + kAnySuffix));
+  return EarlierRuns(absolute_from_working_directory(pattern + kAnySuffix));
 }
 
 }  // namespace fabric

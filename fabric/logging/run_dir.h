@@ -23,6 +23,20 @@
 
 namespace fabric {
 
+// Where earlier runs of one program put their run directories (RunDirectory::earlier_runs): the
+// logging.run_dir pattern, read from the config once; find() looks on disk each time it is called.
+class EarlierRuns {
+ public:
+  EarlierRuns() = default;  // finds nothing
+  // The folders the pattern matches now, with any {timestamp} and any "-N" suffix.
+  std::vector<std::filesystem::path> find() const;
+
+ private:
+  friend class RunDirectory;
+  explicit EarlierRuns(std::filesystem::path pattern) : pattern_(std::move(pattern)) {}
+  std::filesystem::path pattern_;
+};
+
 class RunDirectory {
  public:
   // Creates the folder and writes config.yaml (global rank 0 only). Throws fabric::Error with the
@@ -39,7 +53,7 @@ class RunDirectory {
   // The run directories earlier runs of program `name` may have made: the folders
   // logging.run_dir matches with any {timestamp} and any "-N" suffix ({hash}: this config's).
   // Throws ConfigError at logging.run_dir for a bad pattern.
-  static std::vector<std::filesystem::path> earlier(const Config& config, const std::string& name);
+  static EarlierRuns earlier_runs(const Config& config, const std::string& name);
 
   const std::filesystem::path& path() const { return path_; }
   // Writes summary.json atomically (temporary file + rename); returns its path.

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -227,6 +228,44 @@ TEST(FabricTest, RunDirectoryCheckpointsAndSummaryComeWithoutBookkeeping) {
   std::ifstream mine(std::filesystem::path(root) / "own" / "summary.json");
   EXPECT_EQ(std::string((std::istreambuf_iterator<char>(mine)), {}).find("exit_status"),
             std::string::npos);
+}
+
+// The checkpoint: keys are read once (CheckpointerOptions::from_config): a bad pattern is an error
+// at its key there; afterwards the options alone say where resume: auto looks, and the folders of
+// earlier runs are found on disk when asked (a run made after from_config counts).
+TEST(FabricTest, CheckpointerOptionsComeFromTheConfigOnce) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::path(::testing::TempDir()) / "checkpointer_options";
+  std::error_code ec;
+  fabric::remove_tree(root, ec);
+  const fabric::Config c = config({"logging.run_dir=" + (root / "{name}/{timestamp}").string(),
+                                   "checkpoint.every_n_steps=7", "checkpoint.async=true"});
+  const fs::path now = root / "prog" / "20261126-120000";
+  fs::create_directories(root / "prog" / "20261125-080000" / "checkpoints");
+  const auto o = fabric::CheckpointerOptions::from_config(c, "prog", now);
+  EXPECT_EQ(o.dir, now / "checkpoints");
+  EXPECT_EQ(o.every_n_steps, 7);
+  EXPECT_TRUE(o.async);
+  EXPECT_EQ(o.export_weights, (now / "weights.pt").string());
+  fs::create_directories(root / "prog" / "20261125-090000-1");  // made later, found too
+  fs::create_directories(root / "prog" / "not-a-run");
+  auto dirs = o.search_dirs();
+  std::sort(dirs.begin(), dirs.end());
+  EXPECT_EQ(dirs, (std::vector<fs::path>{root / "prog" / "20261125-080000" / "checkpoints",
+                                         root / "prog" / "20261125-090000-1" / "checkpoints"}));
+
+  // A fixed folder is searched alone.
+  const auto fixed = fabric::CheckpointerOptions::from_config(
+      config({"checkpoint.dir=" + (root / "fixed").string()}), "prog", now);
+  EXPECT_EQ(fixed.search_dirs(), std::vector<fs::path>{root / "fixed"});
+
+  try {
+    fabric::CheckpointerOptions::from_config(config({"checkpoint.dir=ckpt/{step}"}), "prog", now);
+    ADD_FAILURE() << "an unknown field was accepted";
+  } catch (const fabric::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("checkpoint.dir"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("{step}"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
