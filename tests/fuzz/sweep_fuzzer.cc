@@ -1,4 +1,4 @@
-// libFuzzer harness: the sweep file parser (tools/sweep/sweep_spec.h) must answer any text with a
+// libFuzzer harness: the sweep file parser (tools/sweep/spec.h) must answer any text with a
 // SweepSpec or a fabric::ConfigError, never a crash, a hang, another exception or a sanitizer
 // report. Properties checked (a violation aborts, which libFuzzer reports with the input): an
 // error is one non-empty line naming the file; an accepted sweep expands to at most 100,000 runs
@@ -13,7 +13,7 @@
 #include <string>
 
 #include "fabric/core/error.h"
-#include "tools/sweep/sweep_spec.h"
+#include "tools/sweep/spec.h"
 
 namespace {
 void require(bool property, const char* what, const std::string& detail) {

@@ -1,6 +1,6 @@
 // search: optuna end to end (//tools:sweep with tests/tools/fake_trainer and the real Optuna
-// through tools/optuna_bridge.py): every trial's result is told to the study, a re-run with more
-// trials continues the same study without repeating a trial, and a bad sampler is one line.
+// through tools/sweep/optuna_bridge.py): every trial's result is told to the study, a re-run with
+// more trials continues the same study without repeating a trial, and a bad sampler is one line.
 #include <sys/wait.h>
 
 #include <map>

@@ -1,6 +1,6 @@
 // Sweep files: expansion into runs, run ids, one-line errors with the file position; the results
 // table's statistics and order.
-#include "tools/sweep/sweep_spec.h"
+#include "tools/sweep/spec.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include <set>
 
 #include "fabric/core/error.h"
-#include "tools/sweep/sweep_report.h"
+#include "tools/sweep/report.h"
 
 namespace fabric::sweep {
 namespace {

@@ -51,7 +51,7 @@ class SweepTest : public ::testing::Test {
     std::string tmpl = (fs::path(::testing::TempDir()) / "sweep_XXXXXX").string();
     dir_ = mkdtemp(tmpl.data());
     fake_ = fabric::testing::helper_binary("//tests/tools:fake_trainer");
-    sweep_ = (fs::current_path() / "tools" / "sweep").string();
+    sweep_ = (fs::current_path() / "tools" / "sweep" / "sweep").string();
   }
   void TearDown() override { fs::remove_all(dir_); }
 

@@ -96,11 +96,11 @@ mv -f "$prefix/lib/$lib.tmp" "$prefix/lib/$lib"
 ln -sfn "$lib" "$prefix/lib/libfabricpp.so.$FABRIC_SOVERSION"
 ln -sfn "libfabricpp.so.$FABRIC_SOVERSION" "$prefix/lib/libfabricpp.so"
 # The sweep tool (no LibTorch in it): PREFIX/bin/fabric-sweep, its Optuna bridge in share/.
-if [ -f "$here/tools/fabric-sweep" ]; then
+if [ -f "$here/tools/sweep/fabric-sweep" ]; then
   mkdir -p "$prefix/bin" "$prefix/share/fabricpp"
-  install -m 755 "$here/tools/fabric-sweep" "$prefix/bin/fabric-sweep.tmp"
+  install -m 755 "$here/tools/sweep/fabric-sweep" "$prefix/bin/fabric-sweep.tmp"
   mv -f "$prefix/bin/fabric-sweep.tmp" "$prefix/bin/fabric-sweep"
-  install -m 644 "$here/tools/optuna_bridge.py" "$prefix/share/fabricpp/optuna_bridge.py"
+  install -m 644 "$here/tools/sweep/optuna_bridge.py" "$prefix/share/fabricpp/optuna_bridge.py"
 fi
 if [ -n "$bundled" ]; then
   for dep in "$here"/bundled_libs/*; do

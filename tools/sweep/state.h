@@ -2,9 +2,9 @@
 // the same sweep again skips finished runs and retries failed or interrupted ones. Written
 // atomically after every change; a sweep killed with SIGKILL leaves runs marked "running", which
 // the next invocation treats as interrupted. Runs handed to SLURM (--launcher=slurm) stay
-// "submitted" until an invocation sees how their array element ended (tools/sweep/sweep_slurm.h).
-#ifndef TOOLS_SWEEP_SWEEP_STATE_H_
-#define TOOLS_SWEEP_SWEEP_STATE_H_
+// "submitted" until an invocation sees how their array element ended (tools/sweep/slurm.h).
+#ifndef TOOLS_SWEEP_STATE_H_
+#define TOOLS_SWEEP_STATE_H_
 
 #include <filesystem>
 #include <map>
@@ -18,7 +18,7 @@ namespace fabric::sweep {
 
 // kDiverged: the program stopped on non-finite values (exit status 3, trainer.stop_on_nonfinite):
 // a result like kDone (never retried; ranked after the runs that finished), not a failure.
-// kPruned: the sweep's pruner stopped the run (SIGTERM; tools/sweep/sweep_pruner.h): a result too,
+// kPruned: the sweep's pruner stopped the run (SIGTERM; tools/sweep/pruner.h): a result too,
 // ranked after the finished runs; under asha it may be promoted later (resumed from its
 // checkpoint).
 enum class RunStatus {
@@ -81,4 +81,4 @@ class SweepState {
 
 }  // namespace fabric::sweep
 
-#endif  // TOOLS_SWEEP_SWEEP_STATE_H_
+#endif  // TOOLS_SWEEP_STATE_H_

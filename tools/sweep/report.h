@@ -1,7 +1,7 @@
 // The results of a sweep: results.csv (one row per run) and a Markdown table (one row per point
 // of the sweep, seeds aggregated as mean ± sample standard deviation, sorted by the metric).
-#ifndef TOOLS_SWEEP_SWEEP_REPORT_H_
-#define TOOLS_SWEEP_SWEEP_REPORT_H_
+#ifndef TOOLS_SWEEP_REPORT_H_
+#define TOOLS_SWEEP_REPORT_H_
 
 #include <filesystem>
 #include <map>
@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "tools/sweep/sweep_spec.h"
-#include "tools/sweep/sweep_state.h"
+#include "tools/sweep/spec.h"
+#include "tools/sweep/state.h"
 
 namespace fabric::sweep {
 
@@ -53,4 +53,4 @@ int write_report(const SweepSpec& spec, SweepState& state, const std::filesystem
 
 }  // namespace fabric::sweep
 
-#endif  // TOOLS_SWEEP_SWEEP_REPORT_H_
+#endif  // TOOLS_SWEEP_REPORT_H_

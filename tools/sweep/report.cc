@@ -1,4 +1,4 @@
-#include "tools/sweep/sweep_report.h"
+#include "tools/sweep/report.h"
 
 #include <yaml-cpp/yaml.h>
 

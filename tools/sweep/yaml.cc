@@ -1,4 +1,4 @@
-#include "tools/sweep/sweep_yaml.h"
+#include "tools/sweep/yaml.h"
 
 #include <algorithm>
 #include <climits>

@@ -1,4 +1,4 @@
-#include "tools/sweep/sweep_setup.h"
+#include "tools/sweep/setup.h"
 
 #include <unistd.h>
 

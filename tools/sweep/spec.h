@@ -20,7 +20,7 @@
 //                                     # what they mean when the program is run there)
 //   seed_key: fabric.seed             # the config key the seeds go to
 //   resume_runs: true                 # a retried run resumes from its checkpoint (resume: auto)
-//   search: grid                      # grid | random | optuna (tools/sweep/sweep_optuna.h)
+//   search: grid                      # grid | random | optuna (tools/sweep/optuna.h)
 //   trials: 8                         # search: random: how many points to draw
 //   random_seed: 0                    # search: random: which points (same seed, same points)
 //   space:                            # search: random: a distribution per key
@@ -40,8 +40,8 @@
 //     min_runs: 3                     # median: finished runs at a step before it decides there
 //
 // Every problem is one ConfigError line "FILE:LINE:COL: KEY: problem; fix".
-#ifndef TOOLS_SWEEP_SWEEP_SPEC_H_
-#define TOOLS_SWEEP_SWEEP_SPEC_H_
+#ifndef TOOLS_SWEEP_SPEC_H_
+#define TOOLS_SWEEP_SPEC_H_
 
 #include <cstdint>
 #include <map>
@@ -50,7 +50,7 @@
 #include <utility>
 #include <vector>
 
-#include "tools/sweep/sweep_space.h"
+#include "tools/sweep/space.h"
 
 namespace fabric::sweep {
 
@@ -69,7 +69,7 @@ struct SweepRun {
   std::vector<std::string> arguments(const Overrides& common, const std::string& seed_key) const;
 };
 
-// The `pruner:` section (tools/sweep/sweep_pruner.h).
+// The `pruner:` section (tools/sweep/pruner.h).
 struct PrunerSpec {
   std::string type;    // "" (none) | median | asha
   std::string metric;  // metrics.csv column
@@ -131,4 +131,4 @@ std::map<std::string, std::string> short_names(const std::vector<std::string>& k
 
 }  // namespace fabric::sweep
 
-#endif  // TOOLS_SWEEP_SWEEP_SPEC_H_
+#endif  // TOOLS_SWEEP_SPEC_H_

@@ -19,17 +19,17 @@
 // --no_wait it returns after sbatch; any later invocation gathers what the array left (a run
 // still queued or running is not submitted again; one whose element ended without an exit file,
 // e.g. its node failed, is failed with that reason) and submits what is left.
-#ifndef TOOLS_SWEEP_SWEEP_SLURM_H_
-#define TOOLS_SWEEP_SWEEP_SLURM_H_
+#ifndef TOOLS_SWEEP_SLURM_H_
+#define TOOLS_SWEEP_SLURM_H_
 
 #include <ostream>
 #include <set>
 #include <string>
 #include <vector>
 
-#include "tools/sweep/sweep_runner.h"
-#include "tools/sweep/sweep_spec.h"
-#include "tools/sweep/sweep_state.h"
+#include "tools/sweep/runner.h"
+#include "tools/sweep/spec.h"
+#include "tools/sweep/state.h"
 
 namespace fabric::sweep {
 
@@ -58,4 +58,4 @@ int submit_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions
 
 }  // namespace fabric::sweep
 
-#endif  // TOOLS_SWEEP_SWEEP_SLURM_H_
+#endif  // TOOLS_SWEEP_SLURM_H_

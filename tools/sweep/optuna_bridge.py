@@ -1,4 +1,4 @@
-"""The sweep tool's bridge to Optuna (search: optuna, tools/sweep/sweep_spec.h): one command per
+"""The sweep tool's bridge to Optuna (search: optuna, tools/sweep/spec.h): one command per
 call, so that the C++ sweep keeps no Python state and every decision is in Optuna's storage.
 
   optuna_bridge.py check --sampler=NAME
@@ -35,7 +35,7 @@ def fail(message):
 def parse(argv):
     if not argv or argv[0] not in ("check", "ask", "tell", "report"):
         fail("expected a command: check, ask, tell or report (see the top of "
-             "tools/optuna_bridge.py)")
+             "tools/sweep/optuna_bridge.py)")
     args = {}
     for a in argv[1:]:
         if not a.startswith("--") or "=" not in a:

@@ -1,4 +1,4 @@
-#include "tools/sweep/sweep_runner.h"
+#include "tools/sweep/runner.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -15,7 +15,7 @@
 #include "fabric/core/atomic_file.h"
 #include "fabric/core/error.h"
 #include "fabric/core/paths.h"
-#include "tools/sweep/sweep_pruner.h"
+#include "tools/sweep/pruner.h"
 
 namespace fabric::sweep {
 namespace {
@@ -153,122 +153,189 @@ std::string record_exit(const SweepSpec& spec, const SweepRun& run, int exit_cod
   return "FAILED " + line + ": " + rec.reason + " (log: " + display_path(rec.log) + ")";
 }
 
-int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& options,
-                std::ostream& out) {
-  std::deque<const SweepRun*> pending;
-  for (const SweepRun& run : spec.runs)
-    if (!has_result(state[run.id].status)) pending.push_back(&run);
-  if (options.max_runs > 0 && static_cast<int>(pending.size()) > options.max_runs)
-    pending.resize(static_cast<size_t>(options.max_runs));
-  const int total = static_cast<int>(pending.size()) + options.more_runs;
-  const fs::path logs = options.sweep_dir / "logs", runs = options.sweep_dir / "runs";
-  fs::create_directories(logs);
-  fs::create_directories(runs);
+namespace {
 
-  // Signals are received synchronously (sigtimedwait): none is lost between checks.
-  sigset_t watched, previous;
-  sigemptyset(&watched);
-  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&watched, s);
-  sigprocmask(SIG_BLOCK, &watched, &previous);
+// One invocation of run_pending: the runs it starts, watches, prunes and reaps.
+class SweepLoop {
+ public:
+  SweepLoop(const SweepSpec& spec, SweepState& state, const RunnerOptions& options,
+            std::ostream& out)
+      : spec_(spec),
+        state_(state),
+        options_(options),
+        out_(out),
+        logs_(options.sweep_dir / "logs"),
+        runs_(options.sweep_dir / "runs"),
+        slots_(std::max(1, options.parallel)),
+        slot_busy_(static_cast<size_t>(slots_), false),
+        pruner_(spec.pruner),
+        watch_(pruner_, state, options.external_pruner) {
+    for (const SweepRun& run : spec.runs)
+      if (!has_result(state[run.id].status)) pending_.push_back(&run);
+    if (options.max_runs > 0 && static_cast<int>(pending_.size()) > options.max_runs)
+      pending_.resize(static_cast<size_t>(options.max_runs));
+    total_ = static_cast<int>(pending_.size()) + options.more_runs;
+    for (const SweepRun& run : spec.runs) by_id_[run.id] = &run;
+    fs::create_directories(logs_);
+    fs::create_directories(runs_);
+  }
 
-  const int slots = std::max(1, options.parallel);
-  std::vector<bool> slot_busy(static_cast<size_t>(slots), false);
-  std::map<pid_t, Running> running;
-  int started = 0, stop_signal = 0;
-  std::optional<Clock::time_point> kill_at;
+  // Runs until nothing is pending and nothing runs, or a signal stopped the sweep; returns 0, or
+  // 128 + the signal.
+  int run() {
+    // Signals are received synchronously (sigtimedwait): none is lost between checks.
+    sigemptyset(&watched_);
+    for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&watched_, s);
+    sigset_t previous;
+    sigprocmask(SIG_BLOCK, &watched_, &previous);
+    while (true) {
+      fill_slots();
+      if (running_.empty()) break;
+      wait_and_reap();
+    }
+    sigprocmask(SIG_SETMASK, &previous, nullptr);
+    return stop_signal_ == 0 ? 0 : 128 + stop_signal_;
+  }
 
-  const PrunerSpec& pruner = spec.pruner;
-  PruneWatch watch(pruner, state, options.external_pruner);
-  std::map<std::string, const SweepRun*> by_id;
-  for (const SweepRun& run : spec.runs) by_id[run.id] = &run;
+ private:
+  // Starts runs while slots are free: promotions first, then pending runs, then new ones.
+  void fill_slots() {
+    while (stop_signal_ == 0 && static_cast<int>(running_.size()) < slots_) {
+      if (const SweepRun* promoted = next_promotion()) {
+        launch(promoted, true);
+      } else if (!pending_.empty()) {
+        launch(pending_.front(), false);
+        pending_.pop_front();
+      } else if (options_.next_run && (options_.max_runs == 0 || started_ < options_.max_runs)) {
+        const SweepRun* run = options_.next_run();
+        if (run == nullptr) break;
+        by_id_[run->id] = run;
+        launch(run, false);
+      } else {
+        break;
+      }
+    }
+  }
 
-  auto launch = [&](const SweepRun* run, bool promoted) {
+  // Waits for a signal or the next look (0.1 s with a pruner, else 1 s), acts on it, and reaps
+  // whatever exited.
+  void wait_and_reap() {
+    // With a pruner, metrics.csv is read 10 times a second (a decision comes within 0.1 s of the
+    // report, plus the run's own reaction to SIGTERM).
+    timespec timeout = watch_.active() ? timespec{0, 100'000'000} : timespec{1, 0};
+    siginfo_t info;
+    const int sig = sigtimedwait(&watched_, &info, &timeout);
+    if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
+      if (stop_signal_ == 0) {
+        out_ << "sweep: stopping on signal " << sig << " (" << running_.size()
+             << " run(s) interrupted; run the same command again to continue)" << std::endl;
+        stop_signal_ = sig;
+        stop_all(SIGTERM);
+        kill_at_ = Clock::now() + kStopGrace;
+      }
+    }
+    if (kill_at_ && Clock::now() >= *kill_at_) stop_all(SIGKILL);
+    if (stop_signal_ == 0 && watch_.active()) prune();
+    for (const auto& [pid, r] : running_)
+      if (r.kill_at && Clock::now() >= *r.kill_at) kill(-pid, SIGKILL);
+    // Reap whatever exited (also after a timeout: a SIGCHLD may have been merged).
+    for (auto it = running_.begin(); it != running_.end();) {
+      int status = 0;
+      const pid_t pid = it->first;
+      ++it;
+      if (waitpid(pid, &status, WNOHANG) == pid) finished(pid, status);
+    }
+  }
+
+  void launch(const SweepRun* run, bool promoted) {
     int slot = 0;
-    while (slot_busy[static_cast<size_t>(slot)]) ++slot;
-    RunRecord& rec = state[run->id];
+    while (slot_busy_[static_cast<size_t>(slot)]) ++slot;
+    RunRecord& rec = state_[run->id];
     rec.status = RunStatus::kRunning;
     ++rec.attempts;
-    rec.log = (logs / (run->id + ".log")).string();
+    rec.log = (logs_ / (run->id + ".log")).string();
     rec.reason.clear();
-    state.save();
+    state_.save();
     const int fd = open(rec.log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd < 0) throw Error("cannot write " + rec.log + ": " + std::strerror(errno));
-    const auto argv = run_command_line(spec, *run, options);
+    const auto argv = run_command_line(spec_, *run, options_);
     std::string header = "=== sweep attempt " + std::to_string(rec.attempts) + ":";
     for (const auto& a : argv) header += " " + a;
     header += "\n";
     (void)!write(fd, header.data(), header.size());
     std::vector<std::pair<std::string, std::string>> env;
-    if (!options.gpu_slots.empty())
-      env.emplace_back("CUDA_VISIBLE_DEVICES", options.gpu_slots[static_cast<size_t>(slot)]);
-    if (options.cpus_per_run > 0)
-      env.emplace_back("FABRIC_CPUS", std::to_string(options.cpus_per_run));
+    if (!options_.gpu_slots.empty())
+      env.emplace_back("CUDA_VISIBLE_DEVICES", options_.gpu_slots[static_cast<size_t>(slot)]);
+    if (options_.cpus_per_run > 0)
+      env.emplace_back("FABRIC_CPUS", std::to_string(options_.cpus_per_run));
     const auto file_start = fs::file_time_type::clock::now() - std::chrono::seconds(2);
     pid_t pid;
     try {
-      pid = spawn(argv, options.cwd, fd, env);
+      pid = spawn(argv, options_.cwd, fd, env);
     } catch (...) {
       close(fd);
       throw;
     }
     close(fd);
-    slot_busy[static_cast<size_t>(slot)] = true;
-    running[pid] = {run, slot, Clock::now(), file_start, {}, {}, {}};
+    slot_busy_[static_cast<size_t>(slot)] = true;
+    running_[pid] = {run, slot, Clock::now(), file_start, {}, {}, {}};
     if (promoted) {
-      out << "promote " << run->id << " (asha: now in the top 1/" << pruner.reduction_factor
-          << " at rung " << rec.rung << "; resumes from its checkpoint)";
+      out_ << "promote " << run->id << " (asha: now in the top 1/" << pruner_.reduction_factor
+           << " at rung " << rec.rung << "; resumes from its checkpoint)";
     } else {
-      ++started;
-      out << "[" << started << "/" << total << "] start " << run->id;
+      ++started_;
+      out_ << "[" << started_ << "/" << total_ << "] start " << run->id;
     }
-    if (!options.gpu_slots.empty())
-      out << " (GPU " << options.gpu_slots[static_cast<size_t>(slot)] << ")";
-    out << std::endl;
-  };
+    if (!options_.gpu_slots.empty())
+      out_ << " (GPU " << options_.gpu_slots[static_cast<size_t>(slot)] << ")";
+    out_ << std::endl;
+  }
 
   // Merges the attempt's metrics.csv (found once) into the run's reports; true when they changed.
-  auto read_reports_of = [&](Running& r) {
+  bool read_reports_of(Running& r) {
     if (r.metrics.empty()) {
-      const std::string dir = find_attempt_dir(runs, r.run->id, r.file_start, "metrics.csv");
+      const std::string dir = find_attempt_dir(runs_, r.run->id, r.file_start, "metrics.csv");
       if (dir.empty()) return false;
       r.metrics = fs::path(dir) / "metrics.csv";
     }
-    const bool changed = watch.read(*r.run, r.metrics);
-    if (const auto warning = watch.take_warning()) out << "warning: " << *warning << std::endl;
+    const bool changed = watch_.read(*r.run, r.metrics);
+    if (const auto warning = watch_.take_warning()) out_ << "warning: " << *warning << std::endl;
     return changed;
-  };
+  }
+
   // The pruner's look at every running run with new reports: SIGTERM to those it stops.
-  auto prune = [&]() {
-    for (auto& [pid, r] : running) {
+  void prune() {
+    for (auto& [pid, r] : running_) {
       if (!r.prune_reason.empty() || !read_reports_of(r)) continue;
-      if (const auto reason = watch.verdict(*r.run)) {
+      if (const auto reason = watch_.verdict(*r.run)) {
         r.prune_reason = *reason;
         r.kill_at = Clock::now() + kStopGrace;
         kill(-pid, SIGTERM);
-        out << "pruning " << r.run->id << ": " << *reason << std::endl;
+        out_ << "pruning " << r.run->id << ": " << *reason << std::endl;
       }
-      state.save();
+      state_.save();
     }
-  };
+  }
 
-  auto finished = [&](pid_t pid, int status) {
-    Running r = std::move(running.at(pid));
-    running.erase(pid);
-    slot_busy[static_cast<size_t>(r.slot)] = false;
-    RunRecord& rec = state[r.run->id];
+  void finished(pid_t pid, int status) {
+    Running r = std::move(running_.at(pid));
+    running_.erase(pid);
+    slot_busy_[static_cast<size_t>(r.slot)] = false;
+    RunRecord& rec = state_[r.run->id];
     const double wall = std::chrono::duration<double>(Clock::now() - r.start).count();
-    if (stop_signal == 0 && !r.prune_reason.empty()) {
+    if (stop_signal_ == 0 && !r.prune_reason.empty()) {
       read_reports_of(r);  // the rows written on the way out
       // Done when it completed before the SIGTERM took effect: exit 0, or a summary.json without a
       // stop message written by this attempt (the signal landed while the program was exiting,
       // after its last evaluation: e.g. a pruner judging at a rung at the run's last epoch).
       RunRecord probe;
-      read_summary(*r.run, r.file_start, runs, probe);
+      read_summary(*r.run, r.file_start, runs_, probe);
       const bool completed =
           probe.summary.is_object() && probe.summary.value("stopped", std::string()).empty();
       const bool finished_anyway = status_code(status) == 0 || completed;
       if (finished_anyway) {
-        out << record_exit(spec, *r.run, 0, "exit 0", wall, r.file_start, runs, rec) << std::endl;
+        out_ << record_exit(spec_, *r.run, 0, "exit 0", wall, r.file_start, runs_, rec)
+             << std::endl;
         rec.exit_code = status_code(status);
       } else {
         rec.wall_seconds = wall;
@@ -276,92 +343,70 @@ int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& o
         rec.status = RunStatus::kPruned;
         rec.reason = "pruned: " + r.prune_reason;
         rec.run_dir = r.metrics.parent_path().string();
-        out << "pruned " << r.run->id << " in " << seconds(wall) << ": " << r.prune_reason
-            << std::endl;
+        out_ << "pruned " << r.run->id << " in " << seconds(wall) << ": " << r.prune_reason
+             << std::endl;
       }
-    } else if (stop_signal != 0) {
+    } else if (stop_signal_ != 0) {
       rec.wall_seconds = wall;
       rec.exit_code = status_code(status);
       rec.status = RunStatus::kInterrupted;
-      rec.reason = "interrupted by the sweep's signal " + std::to_string(stop_signal);
-      out << "interrupted " << r.run->id << " in " << seconds(wall) << std::endl;
+      rec.reason = "interrupted by the sweep's signal " + std::to_string(stop_signal_);
+      out_ << "interrupted " << r.run->id << " in " << seconds(wall) << std::endl;
     } else {
       const std::string how = WIFSIGNALED(status)
                                   ? "killed by signal " + std::to_string(WTERMSIG(status))
                                   : "exit " + std::to_string(status_code(status));
-      out << record_exit(spec, *r.run, status_code(status), how, wall, r.file_start, runs, rec)
-          << std::endl;
-      if (watch.active()) {  // its last reports, and the rungs they reached
+      out_ << record_exit(spec_, *r.run, status_code(status), how, wall, r.file_start, runs_, rec)
+           << std::endl;
+      if (watch_.active()) {  // its last reports, and the rungs they reached
         read_reports_of(r);
-        watch.ended(*r.run);
-        if (const auto warning = watch.take_warning()) out << "warning: " << *warning << std::endl;
+        watch_.ended(*r.run);
+        if (const auto warning = watch_.take_warning())
+          out_ << "warning: " << *warning << std::endl;
       }
     }
-    state.save();
-    if (options.on_result && has_result(rec.status)) options.on_result(*r.run, rec);
-  };
+    state_.save();
+    if (options_.on_result && has_result(rec.status)) options_.on_result(*r.run, rec);
+  }
 
-  auto stop_all = [&](int sig) {
-    for (const auto& [pid, r] : running) kill(-pid, sig);
-  };
+  void stop_all(int sig) {
+    for (const auto& [pid, r] : running_) kill(-pid, sig);
+  }
 
   // asha: a pruned run that is now in the top of its rung resumes before a new run starts.
-  auto next_promotion = [&]() -> const SweepRun* {
-    for (const auto& id : watch.promotions()) {
-      auto it = by_id.find(id);
-      if (it == by_id.end()) continue;
+  const SweepRun* next_promotion() {
+    for (const auto& id : watch_.promotions()) {
+      auto it = by_id_.find(id);
+      if (it == by_id_.end()) continue;
       bool is_running = false;
-      for (const auto& [pid, r] : running) is_running |= r.run == it->second;
+      for (const auto& [pid, r] : running_) is_running |= r.run == it->second;
       if (!is_running) return it->second;
     }
     return nullptr;
-  };
-
-  while (true) {
-    while (stop_signal == 0 && static_cast<int>(running.size()) < slots) {
-      if (const SweepRun* promoted = next_promotion()) {
-        launch(promoted, true);
-      } else if (!pending.empty()) {
-        launch(pending.front(), false);
-        pending.pop_front();
-      } else if (options.next_run && (options.max_runs == 0 || started < options.max_runs)) {
-        const SweepRun* run = options.next_run();
-        if (run == nullptr) break;
-        by_id[run->id] = run;
-        launch(run, false);
-      } else {
-        break;
-      }
-    }
-    if (running.empty()) break;
-    // With a pruner, metrics.csv is read 10 times a second (a decision comes within 0.1 s of the
-    // report, plus the run's own reaction to SIGTERM).
-    timespec timeout = watch.active() ? timespec{0, 100'000'000} : timespec{1, 0};
-    siginfo_t info;
-    const int sig = sigtimedwait(&watched, &info, &timeout);
-    if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
-      if (stop_signal == 0) {
-        out << "sweep: stopping on signal " << sig << " (" << running.size()
-            << " run(s) interrupted; run the same command again to continue)" << std::endl;
-        stop_signal = sig;
-        stop_all(SIGTERM);
-        kill_at = Clock::now() + kStopGrace;
-      }
-    }
-    if (kill_at && Clock::now() >= *kill_at) stop_all(SIGKILL);
-    if (stop_signal == 0 && watch.active()) prune();
-    for (const auto& [pid, r] : running)
-      if (r.kill_at && Clock::now() >= *r.kill_at) kill(-pid, SIGKILL);
-    // Reap whatever exited (also after a timeout: a SIGCHLD may have been merged).
-    for (auto it = running.begin(); it != running.end();) {
-      int status = 0;
-      const pid_t pid = it->first;
-      ++it;
-      if (waitpid(pid, &status, WNOHANG) == pid) finished(pid, status);
-    }
   }
-  sigprocmask(SIG_SETMASK, &previous, nullptr);
-  return stop_signal == 0 ? 0 : 128 + stop_signal;
+
+  const SweepSpec& spec_;
+  SweepState& state_;
+  const RunnerOptions& options_;
+  std::ostream& out_;
+  const fs::path logs_, runs_;
+  const int slots_;
+  std::vector<bool> slot_busy_;
+  std::deque<const SweepRun*> pending_;
+  int total_ = 0, started_ = 0, stop_signal_ = 0;
+  std::map<pid_t, Running> running_;
+  std::optional<Clock::time_point> kill_at_;
+  const PrunerSpec& pruner_;
+  PruneWatch watch_;
+  std::map<std::string, const SweepRun*> by_id_;
+  sigset_t watched_;
+};
+
+}  // namespace
+
+int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& options,
+                std::ostream& out) {
+  return SweepLoop(spec, state, options, out).run();
 }
 
 }  // namespace fabric::sweep

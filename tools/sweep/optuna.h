@@ -1,6 +1,6 @@
-// search: optuna (tools/sweep/sweep_spec.h): Optuna chooses the trials and keeps the study.
+// search: optuna (tools/sweep/spec.h): Optuna chooses the trials and keeps the study.
 //
-// The sweep talks to Optuna through tools/optuna_bridge.py (bundled with //tools:sweep; run
+// The sweep talks to Optuna through tools/sweep/optuna_bridge.py (bundled with //tools:sweep; run
 // with $PYTHON, default python3), one short process per call: `check` once at the start, `ask`
 // when a slot is free and fewer than `trials` runs exist (so the sampler has every result told
 // so far), `tell` when a run ends with a result: done → its metric; diverged → FAIL; pruned →
@@ -12,8 +12,8 @@
 // t<number>_<key>=<value>..., its values written as random search writes them (four significant
 // digits for uniform and loguniform; Optuna keeps its unrounded value); sweep_state.json keeps
 // each run's trial number and values.
-#ifndef TOOLS_SWEEP_SWEEP_OPTUNA_H_
-#define TOOLS_SWEEP_SWEEP_OPTUNA_H_
+#ifndef TOOLS_SWEEP_OPTUNA_H_
+#define TOOLS_SWEEP_OPTUNA_H_
 
 #include <cstdint>
 #include <filesystem>
@@ -22,9 +22,9 @@
 #include <string>
 #include <utility>
 
-#include "tools/sweep/sweep_runner.h"
-#include "tools/sweep/sweep_spec.h"
-#include "tools/sweep/sweep_state.h"
+#include "tools/sweep/runner.h"
+#include "tools/sweep/spec.h"
+#include "tools/sweep/state.h"
 
 namespace fabric::sweep {
 
@@ -77,4 +77,4 @@ SweepRun probe_run(const SweepSpec& spec);
 
 }  // namespace fabric::sweep
 
-#endif  // TOOLS_SWEEP_SWEEP_OPTUNA_H_
+#endif  // TOOLS_SWEEP_OPTUNA_H_

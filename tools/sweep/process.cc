@@ -1,4 +1,4 @@
-#include "tools/sweep/sweep_process.h"
+#include "tools/sweep/process.h"
 
 #include <fcntl.h>
 #include <signal.h>

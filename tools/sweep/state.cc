@@ -1,4 +1,4 @@
-#include "tools/sweep/sweep_state.h"
+#include "tools/sweep/state.h"
 
 #include <fstream>
 #include <sstream>

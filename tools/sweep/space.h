@@ -1,7 +1,7 @@
-// The search space of `search: random` sweeps (tools/sweep/sweep_spec.h): a distribution per
+// The search space of `search: random` sweeps (tools/sweep/spec.h): a distribution per
 // config key, and the points drawn from it.
-#ifndef TOOLS_SWEEP_SWEEP_SPACE_H_
-#define TOOLS_SWEEP_SWEEP_SPACE_H_
+#ifndef TOOLS_SWEEP_SPACE_H_
+#define TOOLS_SWEEP_SPACE_H_
 
 #include <cstdint>
 #include <string>
@@ -31,4 +31,4 @@ std::vector<std::vector<std::string>> draw_points(
 
 }  // namespace fabric::sweep
 
-#endif  // TOOLS_SWEEP_SWEEP_SPACE_H_
+#endif  // TOOLS_SWEEP_SPACE_H_

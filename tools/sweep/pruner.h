@@ -1,5 +1,5 @@
 // Early stopping of sweep runs that fall behind (`pruner:` in a sweep file,
-// tools/sweep/sweep_spec.h).
+// tools/sweep/spec.h).
 //
 // While runs train, the sweep reads each running run's metrics.csv (fabric/logging/metrics_csv.h)
 // a few times a second; every row with a value of pruner.metric is a report at a resource (the
@@ -21,8 +21,8 @@
 //           promoted, as the paper's algorithm does, once enough later runs were judged at its
 //           rung that it is in their top ⌊n/η⌋: when a slot is free the sweep resumes it (from its
 //           checkpoint, with resume_runs) before starting a new run.
-#ifndef TOOLS_SWEEP_SWEEP_PRUNER_H_
-#define TOOLS_SWEEP_SWEEP_PRUNER_H_
+#ifndef TOOLS_SWEEP_PRUNER_H_
+#define TOOLS_SWEEP_PRUNER_H_
 
 #include <filesystem>
 #include <functional>
@@ -32,8 +32,8 @@
 #include <utility>
 #include <vector>
 
-#include "tools/sweep/sweep_spec.h"
-#include "tools/sweep/sweep_state.h"
+#include "tools/sweep/spec.h"
+#include "tools/sweep/state.h"
 
 namespace fabric::sweep {
 
@@ -60,7 +60,7 @@ int rung_at(const PrunerSpec& spec, double resource);
 std::vector<std::string> promotable(const PrunerSpec& spec,
                                     const std::map<std::string, RunRecord>& records);
 
-// The pruner's side of a running sweep (run_pending, tools/sweep/sweep_runner.h): reads each
+// The pruner's side of a running sweep (run_pending, tools/sweep/runner.h): reads each
 // running run's metrics.csv into its reports in the state, judges it, and keeps the asha rungs of
 // the runs that end.
 class PruneWatch {
@@ -101,4 +101,4 @@ std::string resource_text(const PrunerSpec& spec, double resource);
 
 }  // namespace fabric::sweep
 
-#endif  // TOOLS_SWEEP_SWEEP_PRUNER_H_
+#endif  // TOOLS_SWEEP_PRUNER_H_

@@ -14,11 +14,11 @@
 // (resuming from their checkpoints) by the next invocation. Runs die with the sweep
 // (PR_SET_PDEATHSIG), also when it is SIGKILLed.
 //
-// With a pruner (spec.pruner, tools/sweep/sweep_pruner.h) the running runs' metrics.csv files are
+// With a pruner (spec.pruner, tools/sweep/pruner.h) the running runs' metrics.csv files are
 // read ten times a second; a run the pruner stops gets SIGTERM (SIGKILL after 10 s) and ends as
 // pruned, and under asha a free slot first resumes a stopped run that is now promotable.
-#ifndef TOOLS_SWEEP_SWEEP_RUNNER_H_
-#define TOOLS_SWEEP_SWEEP_RUNNER_H_
+#ifndef TOOLS_SWEEP_RUNNER_H_
+#define TOOLS_SWEEP_RUNNER_H_
 
 #include <filesystem>
 #include <functional>
@@ -27,9 +27,9 @@
 #include <string>
 #include <vector>
 
-#include "tools/sweep/sweep_process.h"
-#include "tools/sweep/sweep_spec.h"
-#include "tools/sweep/sweep_state.h"
+#include "tools/sweep/process.h"
+#include "tools/sweep/spec.h"
+#include "tools/sweep/state.h"
 
 namespace fabric::sweep {
 
@@ -75,4 +75,4 @@ std::string record_exit(const SweepSpec& spec, const SweepRun& run, int exit_cod
 
 }  // namespace fabric::sweep
 
-#endif  // TOOLS_SWEEP_SWEEP_RUNNER_H_
+#endif  // TOOLS_SWEEP_RUNNER_H_

@@ -1,4 +1,4 @@
-#include "tools/sweep/sweep_optuna.h"
+#include "tools/sweep/optuna.h"
 
 #include <unistd.h>
 
@@ -10,9 +10,9 @@
 
 #include "fabric/core/error.h"
 #include "fabric/core/paths.h"
-#include "tools/sweep/sweep_pruner.h"
-#include "tools/sweep/sweep_runner.h"
-#include "tools/sweep/sweep_setup.h"
+#include "tools/sweep/pruner.h"
+#include "tools/sweep/runner.h"
+#include "tools/sweep/setup.h"
 
 namespace fabric::sweep {
 namespace fs = std::filesystem;
@@ -30,7 +30,7 @@ std::string number_text(double v, bool integer) {
 
 fs::path find_bridge() {
   if (const auto runfiles = runfiles_directory()) {
-    const fs::path p = *runfiles / "tools" / "optuna_bridge.py";
+    const fs::path p = *runfiles / "tools" / "sweep" / "optuna_bridge.py";
     if (fs::is_regular_file(p)) return p;
   }
   // Installed (bazel run //tools:install -- PREFIX): PREFIX/bin/fabric-sweep beside
@@ -39,11 +39,11 @@ fs::path find_bridge() {
   const fs::path installed = fs::read_symlink("/proc/self/exe", ec).parent_path() / ".." / "share" /
                              "fabricpp" / "optuna_bridge.py";
   if (!ec && fs::is_regular_file(installed)) return installed.lexically_normal();
-  const fs::path in_tree = absolute_from_working_directory("tools/optuna_bridge.py");
+  const fs::path in_tree = absolute_from_working_directory("tools/sweep/optuna_bridge.py");
   if (fs::is_regular_file(in_tree)) return in_tree;
   throw Error(
-      "tools/optuna_bridge.py is not bundled with this sweep binary (run it with "
-      "bazel run //tools:sweep, or install it: bazel run //tools:install -- PREFIX)");
+      "tools/sweep/optuna_bridge.py is not bundled with this sweep binary (run it with "
+      "bazel run //tools/sweep, or install it: bazel run //tools:install -- PREFIX)");
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
 // Child processes of the sweep tool: started in their own process group, dying with the sweep
 // (PR_SET_PDEATHSIG), output to a file descriptor (spawn) or captured (run_captured); and the
 // last line of a program's output, which is where Fabric programs put their one-line errors.
-#ifndef TOOLS_SWEEP_SWEEP_PROCESS_H_
-#define TOOLS_SWEEP_SWEEP_PROCESS_H_
+#ifndef TOOLS_SWEEP_PROCESS_H_
+#define TOOLS_SWEEP_PROCESS_H_
 
 #include <sys/types.h>
 
@@ -35,4 +35,4 @@ std::string last_line_of_file(const std::filesystem::path& path);
 
 }  // namespace fabric::sweep
 
-#endif  // TOOLS_SWEEP_SWEEP_PROCESS_H_
+#endif  // TOOLS_SWEEP_PROCESS_H_

@@ -1,4 +1,4 @@
-#include "tools/sweep/sweep_spec.h"
+#include "tools/sweep/spec.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -16,8 +16,8 @@
 #include "fabric/core/hash.h"
 #include "fabric/core/suggest.h"
 #include "fabric/logging/run_dir.h"
-#include "tools/sweep/sweep_space.h"
-#include "tools/sweep/sweep_yaml.h"
+#include "tools/sweep/space.h"
+#include "tools/sweep/yaml.h"
 
 namespace fabric::sweep {
 namespace {
@@ -105,18 +105,17 @@ std::map<std::string, std::string> short_names(const std::vector<std::string>& k
 // state and plans fill memory (2,000,000,000 trials used to spin drawing points for minutes).
 constexpr int64_t kMaxRuns = 100000;
 
-SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
-  Parser p(file);
-  const YAML::Node root = load_yaml(yaml, file);  // syntax errors and duplicate keys
-  if (!root.IsMap())
-    throw ConfigError(
-        file + ": a sweep file is a mapping with binary:, metric:, mode: and grid: or list:");
+namespace {
 
-  SweepSpec spec;
-  spec.file = file;
-  spec.name = std::filesystem::path(file).stem().string();
+// The top-level sections of a sweep file that are read after the scalar keys.
+struct Sections {
+  YAML::Node grid, list, space, search, pruner;
   std::string dir = "sweeps/{name}";
-  YAML::Node grid, list, metric_node, space, search_node, pruner;
+};
+
+// Reads every top-level key into `spec` (scalars) or the returned sections; unknown keys fail.
+Sections read_keys(const Parser& p, const YAML::Node& root, SweepSpec& spec) {
+  Sections sections;
   for (const auto& item : root) {
     const std::string key = p.scalar(item.first, "sweep key");
     const YAML::Node& v = item.second;
@@ -136,11 +135,11 @@ SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
       }
     } else if (key == "grid") {
       if (!v.IsMap()) p.fail(v, "grid: expected a mapping of config keys to lists of values");
-      grid = v;
+      sections.grid = v;
     } else if (key == "list") {
       if (!v.IsSequence() || v.size() == 0)
         p.fail(v, "list: expected a list of override mappings, e.g. - {optimizer.lr: 0.1}");
-      list = v;
+      sections.list = v;
     } else if (key == "seeds") {
       if (!v.IsSequence() || v.size() == 0)
         p.fail(v, "seeds: expected a list of integers, e.g. [1, 2]");
@@ -160,14 +159,13 @@ SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
       spec.devices_per_run = static_cast<int>(p.integer(v, key, 1));
     } else if (key == "metric") {
       spec.metric = p.scalar(v, key);
-      metric_node = v;
     } else if (key == "mode") {
       const std::string mode = p.scalar(v, key);
       if (mode != "max" && mode != "min")
         p.fail(v, "mode: '" + mode + "' is not max or min" + did_you_mean(mode, {"max", "min"}));
       spec.maximize = mode == "max";
     } else if (key == "dir") {
-      dir = p.scalar(v, key);
+      sections.dir = p.scalar(v, key);
     } else if (key == "workdir") {
       spec.workdir = p.scalar(v, key);
       spec.workdir_mark = p.at(v);
@@ -177,7 +175,7 @@ SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
       spec.resume_runs = p.boolean(v, key);
     } else if (key == "search") {
       spec.search = p.scalar(v, key);
-      search_node = v;
+      sections.search = v;
       spec.search_origin = p.at(v);
       if (spec.search != "grid" && spec.search != "random" && spec.search != "optuna")
         p.fail(v, "search: '" + spec.search + "' is not grid, random or optuna" +
@@ -199,18 +197,24 @@ SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
     } else if (key == "pruner") {
       if (!v.IsMap())
         p.fail(v, "pruner: expected a mapping, e.g. {type: asha, metric: test/accuracy}");
-      pruner = v;
+      sections.pruner = v;
     } else if (key == "space") {
       if (!v.IsMap() || v.size() == 0)
         p.fail(v,
                "space: expected a mapping of config keys to distributions, e.g. "
                "optimizer.lr: {loguniform: [0.001, 1]}");
-      space = v;
+      sections.space = v;
     } else {
       p.fail(item.first, "unknown sweep key '" + key + "'" + did_you_mean(key, kTopKeys) +
                              " (keys: " + join(kTopKeys) + ")");
     }
   }
+  return sections;
+}
+
+// The keys every sweep needs, and the ones that only go with some search.
+void check_keys(const Parser& p, const YAML::Node& root, const Sections& s, SweepSpec& spec) {
+  const std::string& file = spec.file;
   if (spec.binary.empty())
     throw ConfigError(file +
                       ": binary: missing; name the program, e.g. binary: //examples:fashion_mnist");
@@ -222,18 +226,18 @@ SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
     throw ConfigError(file + ": mode: missing; write mode: max (higher is better) or mode: min");
   const bool drawn_search = spec.search == "random" || spec.search == "optuna";
   if (drawn_search) {
-    const std::string s = "search: " + spec.search;
-    if (!space.IsMap())
-      p.fail(search_node,
-             s + " needs space:, e.g. space: {optimizer.lr: {loguniform: [0.001, 1]}}");
+    const std::string search = "search: " + spec.search;
+    if (!s.space.IsMap())
+      p.fail(s.search,
+             search + " needs space:, e.g. space: {optimizer.lr: {loguniform: [0.001, 1]}}");
     if (spec.trials == 0)
-      p.fail(search_node, s + " needs trials: (how many points to " +
-                              (spec.search == "random" ? "draw" : "ask Optuna for") +
-                              "), e.g. trials: 8");
-    if (grid.IsMap())
-      p.fail(grid, "grid: not used by " + s +
-                       "; write each key under space: as a list "
-                       "(a choice among its values)");
+      p.fail(s.search, search + " needs trials: (how many points to " +
+                           (spec.search == "random" ? "draw" : "ask Optuna for") +
+                           "), e.g. trials: 8");
+    if (s.grid.IsMap())
+      p.fail(s.grid, "grid: not used by " + search +
+                         "; write each key under space: as a list "
+                         "(a choice among its values)");
   } else {
     for (const char* k : {"trials", "space", "random_seed"})
       if (root[k])
@@ -251,110 +255,138 @@ SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
                             "Optuna is told its metric); remove it, or use search: random");
     if (spec.study.empty()) spec.study = spec.name;
   }
-  if (pruner.IsMap()) spec.pruner = parse_pruner(p, pruner, spec.maximize);
-  if (!grid.IsMap() && !list.IsSequence() && !space.IsMap() && spec.seeds.empty())
+  if (s.pruner.IsMap()) spec.pruner = parse_pruner(p, s.pruner, spec.maximize);
+  if (!s.grid.IsMap() && !s.list.IsSequence() && !s.space.IsMap() && spec.seeds.empty())
     throw ConfigError(file + ": nothing to sweep: add grid:, list:, space: or seeds:");
   try {
-    spec.dir = expand_fields(dir, {{"name", spec.name}});
+    spec.dir = expand_fields(s.dir, {{"name", spec.name}});
   } catch (const Error& e) {
     throw ConfigError(p.at(root["dir"]) + ": dir: " + e.what());
   }
+}
 
-  // Swept keys may not repeat the common overrides or the seed key.
-  std::set<std::string> common_keys;
-  for (const auto& [k, v] : spec.common) common_keys.insert(k);
-  auto claim = [&](const YAML::Node& key_node, const std::string& where) {
-    p.check_key(key_node, where);
+// One swept value: its key, its text and where it was written.
+struct Value {
+  std::string key, text, at;
+};
+using Point = std::vector<Value>;
+
+// The keys grid:, space: and list: sweep: none may repeat the common overrides or the seed key;
+// each is recorded once in spec.swept_keys, with where it was first written.
+class SweptKeys {
+ public:
+  SweptKeys(const Parser& p, SweepSpec& spec) : p_(p), spec_(spec) {
+    for (const auto& [k, v] : spec.common) common_.insert(k);
+  }
+  void claim(const YAML::Node& key_node, const std::string& where) {
+    p_.check_key(key_node, where);
     const std::string k = key_node.Scalar();
-    if (common_keys.count(k))
-      p.fail(key_node, where + ": '" + k + "' is also in overrides: keep it in one place");
-    if (k == spec.seed_key)
-      p.fail(key_node, where + ": '" + k + "' is the seed key: list the values under seeds:");
-    if (std::find(spec.swept_keys.begin(), spec.swept_keys.end(), k) == spec.swept_keys.end()) {
-      spec.swept_keys.push_back(k);
-      spec.key_origin.emplace(k, p.at(key_node));
-    }
-  };
-
-  // Grid points: each a list of (key, value, node).
-  struct Value {
-    std::string key, text, at;
-  };
-  std::vector<std::vector<Value>> points = {{}};
-  if (grid.IsMap()) {
-    for (const auto& g : grid) {
-      claim(g.first, "grid");
-      const std::string k = g.first.Scalar();
-      if (!g.second.IsSequence() || g.second.size() == 0)
-        p.fail(g.second, "grid: " + k + ": expected a list of values, e.g. [0.1, 0.2]");
-      if (points.size() * g.second.size() > static_cast<size_t>(kMaxRuns))
-        p.fail(g.first, "grid: with " + k + " the grid holds " + std::to_string(points.size()) +
-                            " × " + std::to_string(g.second.size()) +
-                            " points, more than a sweep takes (at most " +
-                            std::to_string(kMaxRuns) + "); fewer values or a random search:");
-      std::vector<std::vector<Value>> next;
-      for (const auto& point : points)
-        for (const auto& value : g.second) {
-          auto extended = point;
-          extended.push_back({k, value_text(value), p.at(value)});
-          next.push_back(std::move(extended));
-        }
-      points = std::move(next);
-    }
-  }
-  if (space.IsMap()) {
-    std::vector<std::pair<std::string, Distribution>> dists;
-    std::vector<std::string> at;
-    for (const auto& d : space) {
-      claim(d.first, "space");
-      const std::string k = d.first.Scalar();
-      const std::string where = "space: " + k;
-      Distribution dist = parse_distribution(p, d.second, where);
-      dists.emplace_back(k, std::move(dist));
-      at.push_back(p.at(d.second));
-    }
-    spec.space = dists;
-    if (spec.search == "optuna") {  // no runs yet: the sweep asks Optuna for them one by one
-      assign_ids(spec);
-      return spec;
-    }
-    const auto drawn = draw_points(dists, spec.trials, spec.random_seed);
-    if (drawn.size() < static_cast<size_t>(spec.trials))
-      p.fail(root["trials"], "trials: " + std::to_string(spec.trials) +
-                                 " distinct points were asked for, but space: holds only " +
-                                 std::to_string(drawn.size()) + "; lower trials:");
-    points.clear();
-    for (const auto& texts : drawn) {
-      std::vector<Value> point;
-      for (size_t i = 0; i < dists.size(); ++i) point.push_back({dists[i].first, texts[i], at[i]});
-      points.push_back(std::move(point));
-    }
-  }
-  std::vector<std::vector<Value>> entries = {{}};
-  if (list.IsSequence()) {
-    entries.clear();
-    for (const auto& entry : list) {
-      if (!entry.IsMap() || entry.size() == 0)
-        p.fail(entry,
-               "list: each entry is a mapping of config keys to values, e.g. {optimizer.lr: 0.1}");
-      std::vector<Value> values;
-      for (const auto& o : entry) {
-        claim(o.first, "list");
-        const std::string k = o.first.Scalar();
-        if (grid.IsMap() && grid[k])
-          p.fail(o.first, "list: '" + k + "' is also a grid key: keep it in one place");
-        values.push_back({k, value_text(o.second), p.at(o.second)});
-      }
-      for (const auto& earlier : entries) {
-        bool same = earlier.size() == values.size();
-        for (size_t i = 0; same && i < values.size(); ++i)
-          same = earlier[i].key == values[i].key && earlier[i].text == values[i].text;
-        if (same) p.fail(entry, "list: this entry repeats an earlier one; remove one");
-      }
-      entries.push_back(std::move(values));
+    if (common_.count(k))
+      p_.fail(key_node, where + ": '" + k + "' is also in overrides: keep it in one place");
+    if (k == spec_.seed_key)
+      p_.fail(key_node, where + ": '" + k + "' is the seed key: list the values under seeds:");
+    if (std::find(spec_.swept_keys.begin(), spec_.swept_keys.end(), k) == spec_.swept_keys.end()) {
+      spec_.swept_keys.push_back(k);
+      spec_.key_origin.emplace(k, p_.at(key_node));
     }
   }
 
+ private:
+  const Parser& p_;
+  SweepSpec& spec_;
+  std::set<std::string> common_;
+};
+
+// Every point of grid: (the product of its lists), or one empty point without a grid.
+std::vector<Point> grid_points(const Parser& p, const YAML::Node& grid, SweptKeys& keys) {
+  std::vector<Point> points = {{}};
+  if (!grid.IsMap()) return points;
+  for (const auto& g : grid) {
+    keys.claim(g.first, "grid");
+    const std::string k = g.first.Scalar();
+    if (!g.second.IsSequence() || g.second.size() == 0)
+      p.fail(g.second, "grid: " + k + ": expected a list of values, e.g. [0.1, 0.2]");
+    if (points.size() * g.second.size() > static_cast<size_t>(kMaxRuns))
+      p.fail(g.first, "grid: with " + k + " the grid holds " + std::to_string(points.size()) +
+                          " × " + std::to_string(g.second.size()) +
+                          " points, more than a sweep takes (at most " + std::to_string(kMaxRuns) +
+                          "); fewer values or a random search:");
+    std::vector<Point> next;
+    for (const auto& point : points)
+      for (const auto& value : g.second) {
+        auto extended = point;
+        extended.push_back({k, value_text(value), p.at(value)});
+        next.push_back(std::move(extended));
+      }
+    points = std::move(next);
+  }
+  return points;
+}
+
+// space:'s distributions into spec.space; returns where each was written.
+std::vector<std::string> read_space(const Parser& p, const YAML::Node& space, SweptKeys& keys,
+                                    SweepSpec& spec) {
+  std::vector<std::string> at;
+  for (const auto& d : space) {
+    keys.claim(d.first, "space");
+    const std::string k = d.first.Scalar();
+    spec.space.emplace_back(k, parse_distribution(p, d.second, "space: " + k));
+    at.push_back(p.at(d.second));
+  }
+  return at;
+}
+
+// search: random's points: `trials` distinct draws from spec.space.
+std::vector<Point> drawn_points(const Parser& p, const YAML::Node& root, const SweepSpec& spec,
+                                const std::vector<std::string>& at) {
+  const auto drawn = draw_points(spec.space, spec.trials, spec.random_seed);
+  if (drawn.size() < static_cast<size_t>(spec.trials))
+    p.fail(root["trials"], "trials: " + std::to_string(spec.trials) +
+                               " distinct points were asked for, but space: holds only " +
+                               std::to_string(drawn.size()) + "; lower trials:");
+  std::vector<Point> points;
+  for (const auto& texts : drawn) {
+    Point point;
+    for (size_t i = 0; i < spec.space.size(); ++i)
+      point.push_back({spec.space[i].first, texts[i], at[i]});
+    points.push_back(std::move(point));
+  }
+  return points;
+}
+
+// list:'s entries (each a point of its own), or one empty entry without a list.
+std::vector<Point> list_entries(const Parser& p, const Sections& s, SweptKeys& keys) {
+  std::vector<Point> entries = {{}};
+  if (!s.list.IsSequence()) return entries;
+  entries.clear();
+  for (const auto& entry : s.list) {
+    if (!entry.IsMap() || entry.size() == 0)
+      p.fail(entry,
+             "list: each entry is a mapping of config keys to values, e.g. {optimizer.lr: 0.1}");
+    Point values;
+    for (const auto& o : entry) {
+      keys.claim(o.first, "list");
+      const std::string k = o.first.Scalar();
+      if (s.grid.IsMap() && s.grid[k])
+        p.fail(o.first, "list: '" + k + "' is also a grid key: keep it in one place");
+      values.push_back({k, value_text(o.second), p.at(o.second)});
+    }
+    for (const auto& earlier : entries) {
+      bool same = earlier.size() == values.size();
+      for (size_t i = 0; same && i < values.size(); ++i)
+        same = earlier[i].key == values[i].key && earlier[i].text == values[i].text;
+      if (same) p.fail(entry, "list: this entry repeats an earlier one; remove one");
+    }
+    entries.push_back(std::move(values));
+  }
+  return entries;
+}
+
+// spec.runs: every seed × list entry × point, seeds outermost (every point gets a first result
+// early); a run that appears twice is an error.
+void expand_runs(const std::vector<Point>& entries, const std::vector<Point>& points,
+                 SweepSpec& spec) {
+  const std::string& file = spec.file;
   std::vector<std::optional<int64_t>> seeds;
   for (int64_t s : spec.seeds) seeds.emplace_back(s);
   if (seeds.empty()) seeds.emplace_back();
@@ -382,6 +414,33 @@ SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
           throw ConfigError(run.origin + ": this run appears twice; remove one");
         spec.runs.push_back(std::move(run));
       }
+}
+
+}  // namespace
+
+SweepSpec parse_sweep(const std::string& yaml, const std::string& file) {
+  Parser p(file);
+  const YAML::Node root = load_yaml(yaml, file);  // syntax errors and duplicate keys
+  if (!root.IsMap())
+    throw ConfigError(
+        file + ": a sweep file is a mapping with binary:, metric:, mode: and grid: or list:");
+  SweepSpec spec;
+  spec.file = file;
+  spec.name = std::filesystem::path(file).stem().string();
+  const Sections sections = read_keys(p, root, spec);
+  check_keys(p, root, sections, spec);
+
+  SweptKeys keys(p, spec);
+  std::vector<Point> points = grid_points(p, sections.grid, keys);
+  if (sections.space.IsMap()) {
+    const std::vector<std::string> at = read_space(p, sections.space, keys, spec);
+    if (spec.search == "optuna") {  // no runs yet: the sweep asks Optuna for them one by one
+      assign_ids(spec);
+      return spec;
+    }
+    points = drawn_points(p, root, spec, at);
+  }
+  expand_runs(list_entries(p, sections, keys), points, spec);
   assign_ids(spec);
   return spec;
 }

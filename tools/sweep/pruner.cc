@@ -1,4 +1,4 @@
-#include "tools/sweep/sweep_pruner.h"
+#include "tools/sweep/pruner.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "tools/sweep/sweep_space.h"
+#include "tools/sweep/space.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,15 +1,15 @@
 // Everything the sweep checks and decides before the first run starts.
-#ifndef TOOLS_SWEEP_SWEEP_SETUP_H_
-#define TOOLS_SWEEP_SWEEP_SETUP_H_
+#ifndef TOOLS_SWEEP_SETUP_H_
+#define TOOLS_SWEEP_SETUP_H_
 
 #include <filesystem>
 #include <map>
 #include <ostream>
 #include <string>
 
-#include "tools/sweep/sweep_runner.h"
-#include "tools/sweep/sweep_spec.h"
-#include "tools/sweep/sweep_state.h"
+#include "tools/sweep/runner.h"
+#include "tools/sweep/spec.h"
+#include "tools/sweep/state.h"
 
 namespace fabric::sweep {
 
@@ -46,4 +46,4 @@ std::vector<std::string> visible_gpus();
 
 }  // namespace fabric::sweep
 
-#endif  // TOOLS_SWEEP_SWEEP_SETUP_H_
+#endif  // TOOLS_SWEEP_SETUP_H_

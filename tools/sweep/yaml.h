@@ -1,8 +1,8 @@
-// The YAML side of reading a sweep file (tools/sweep/sweep_spec.cc): a Parser whose every problem
+// The YAML side of reading a sweep file (tools/sweep/spec.cc): a Parser whose every problem
 // is one ConfigError "FILE:LINE:COL: KEY: problem; fix", a value's YAML text, and the parsers of
-// the `space:` distributions and the `pruner:` section. Internal to //tools:sweep_lib.
-#ifndef TOOLS_SWEEP_SWEEP_YAML_H_
-#define TOOLS_SWEEP_SWEEP_YAML_H_
+// the `space:` distributions and the `pruner:` section. Internal to //tools/sweep:lib.
+#ifndef TOOLS_SWEEP_YAML_H_
+#define TOOLS_SWEEP_YAML_H_
 
 #include <yaml-cpp/yaml.h>
 
@@ -13,8 +13,8 @@
 
 #include "fabric/config/yaml_load.h"
 #include "fabric/core/error.h"
-#include "tools/sweep/sweep_space.h"
-#include "tools/sweep/sweep_spec.h"
+#include "tools/sweep/space.h"
+#include "tools/sweep/spec.h"
 
 namespace fabric::sweep {
 
@@ -88,4 +88,4 @@ PrunerSpec parse_pruner(const Parser& p, const YAML::Node& node, bool sweep_maxi
 
 }  // namespace fabric::sweep
 
-#endif  // TOOLS_SWEEP_SWEEP_YAML_H_
+#endif  // TOOLS_SWEEP_YAML_H_

@@ -1,11 +1,11 @@
 // bazel run //tools:sweep -- --sweep=FILE [--dir=DIR] [--parallel=N] [--max_runs=N] [--dry_run]
 //                             [--launcher=local|slurm [--sbatch="ARGS"] [--no_wait]]
 //
-// Runs a config sweep (file format: tools/sweep/sweep_spec.h) and writes, in the sweep directory
+// Runs a config sweep (file format: tools/sweep/spec.h) and writes, in the sweep directory
 // (default sweeps/<name>, relative to where the command was run): runs/<id>/ (each run's run
 // directory), logs/<id>.log, sweep_state.json, results.csv, results.md (also printed) and
 // best.yaml (the best run's config); with search: optuna also optuna.db (the study, unless the
-// sweep file names another storage:; tools/sweep/sweep_optuna.h).
+// sweep file names another storage:; tools/sweep/optuna.h).
 //
 // Before anything runs, every pending run's command line is checked with the program's
 // --print_config: a bad key or value stops the sweep with one line naming the sweep file's line.
@@ -20,7 +20,7 @@
 //   --max_runs=N    start at most N pending runs in this invocation (0: all)
 //   --dry_run       check everything and print the commands (SLURM: the array script); run nothing
 //   --launcher=L    local (default): runs are child processes of the sweep; slurm: the pending
-//                   runs are submitted as one SLURM job array (tools/sweep/sweep_slurm.h), parallel
+//                   runs are submitted as one SLURM job array (tools/sweep/slurm.h), parallel
 //                   becomes the array's %N limit (auto: none)
 //   --sbatch="ARGS" extra sbatch arguments, split on spaces
 //                   (e.g. "--partition=gpu --time=2:00:00");
@@ -44,12 +44,12 @@
 #include "fabric/core/error.h"
 #include "fabric/core/paths.h"
 #include "fabric/core/suggest.h"
-#include "tools/sweep/sweep_optuna.h"
-#include "tools/sweep/sweep_report.h"
-#include "tools/sweep/sweep_runner.h"
-#include "tools/sweep/sweep_setup.h"
-#include "tools/sweep/sweep_slurm.h"
-#include "tools/sweep/sweep_spec.h"
+#include "tools/sweep/optuna.h"
+#include "tools/sweep/report.h"
+#include "tools/sweep/runner.h"
+#include "tools/sweep/setup.h"
+#include "tools/sweep/slurm.h"
+#include "tools/sweep/spec.h"
 
 namespace {
 
@@ -60,7 +60,7 @@ using fabric::Error;
 constexpr const char* kUsage =
     "usage: sweep --sweep=FILE [--dir=DIR] [--parallel=N] [--max_runs=N] [--dry_run]\n"
     "             [--launcher=local|slurm] [--sbatch=\"ARGS\"] [--no_wait]\n"
-    "  Runs a config sweep; see tools/sweep/sweep_spec.h and docs/experiments.md.\n";
+    "  Runs a config sweep; see tools/sweep/spec.h and docs/experiments.md.\n";
 
 struct Flags {
   std::string sweep, dir, launcher = "local";
