@@ -148,11 +148,10 @@ torch::Device device_of_local_rank(const Config& c, const MachineFacts& m, const
 }
 
 // Step 3.
-void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) {
-  const std::string want = c.get_string("fabric.strategy");
-  const EnvGetter env =
-      m.environment ? m.environment
-                    : [](const std::string&) -> std::optional<std::string> { return std::nullopt; };
+// The job: which launch environment (and so the world), checked against fabric.num_nodes and a
+// fabric.devices count the launcher contradicts.
+void resolve_launch(const Config& c, const EnvGetter& env, const std::string& want,
+                    ResolvedSetup& s) {
   // dp drives all its devices from one process; otherwise one process per device.
   s.environment =
       detect_environment(env, want == "dp" ? 1 : static_cast<int64_t>(s.devices.size()));
@@ -178,6 +177,11 @@ void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) 
                          (request.ids.empty() ? std::to_string(launched)
                                               : "a list of " + std::to_string(launched) + " ids"));
   }
+}
+
+// fabric.max_restarts: whether this process is the restart agent, or a warning under a launcher
+// that restarts ranks itself.
+void resolve_restarts(const Config& c, const EnvGetter& env, ResolvedSetup& s) {
   s.max_restarts = c.get_int("fabric.max_restarts");
   s.restart_backoff = std::chrono::milliseconds(
       static_cast<int64_t>(c.get_double("fabric.restart_backoff_s") * 1000));
@@ -190,70 +194,69 @@ void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) 
   } else if (s.max_restarts > 0) {
     s.restart_agent = !env("FABRIC_LOCAL_RANK").has_value();  // not one of the agent's ranks
   }
-  const int64_t world = s.environment->world_size();
-  if (want == "single_device" && world > 1) {
-    throw c.error_at("fabric.strategy",
-                     "'single_device' cannot run " + plural(world, "process") +
-                         " (from fabric.devices or the launcher): use ddp or auto");
+}
+
+// The fabric.fsdp.* keys (fabric.strategy: fsdp).
+strategies::FsdpOptions fsdp_options(const Config& c) {
+  strategies::FsdpOptions o;
+  o.sharding_strategy =
+      parsed(c, "fabric.fsdp.sharding_strategy", strategies::parse_sharding_strategy);
+  o.min_unit_params = c.get_int("fabric.fsdp.min_unit_params");
+  const std::string reshard = c.get_string("fabric.fsdp.reshard_after_forward");
+  o.reshard_after_forward = reshard == "auto"
+                                ? o.sharding_strategy == strategies::ShardingStrategy::kFullShard
+                                : reshard == "true";
+  auto wire = [&c](const char* key) -> std::optional<c10::ScalarType> {
+    const std::string v = c.get_string(key);
+    if (v == "bf16") return c10::kBFloat16;
+    if (v == "fp16") return c10::kHalf;
+    if (v == "fp32") return c10::kFloat;
+    return std::nullopt;  // auto
+  };
+  const std::string prefetch = c.get_string("fabric.fsdp.prefetch");
+  o.prefetch = prefetch == "auto" ? std::nullopt : std::optional<bool>(prefetch == "true");
+  o.param_dtype = wire("fabric.fsdp.param_dtype");
+  o.reduce_dtype = wire("fabric.fsdp.reduce_dtype");
+  std::stringstream names(c.get_string("fabric.fsdp.wrap_modules"));
+  for (std::string name; std::getline(names, name, ',');) {
+    name.erase(0, name.find_first_not_of(" \t"));
+    name.erase(name.find_last_not_of(" \t") + 1);
+    if (!name.empty()) o.wrap_modules.push_back(name);
   }
-  s.strategy = want == "ddp" || (want == "auto" && world > 1) ? StrategyKind::kDdp
-                                                              : StrategyKind::kSingleDevice;
-  if (want != "fsdp") {  // fsdp's keys, set by the user, configure nothing else: say so
-    std::vector<std::string> inert;
-    for (const auto& p : c.schema().paths())
-      if (p.rfind("fabric.fsdp.", 0) == 0 && c.origin(p) != "default") inert.push_back(p);
-    if (!inert.empty())
-      s.warnings.push_back(
-          c.origin(inert[0]) + ": " + join(inert) + (inert.size() == 1 ? ": has" : ": have") +
-          " no effect under fabric.strategy: " + want + " (fabric.fsdp keys configure fsdp)");
+  return o;
+}
+
+// fabric.fsdp keys set by the user under another strategy configure nothing: one warning says so.
+void warn_inert_fsdp_keys(const Config& c, const std::string& want, ResolvedSetup& s) {
+  std::vector<std::string> inert;
+  for (const auto& p : c.schema().paths())
+    if (p.rfind("fabric.fsdp.", 0) == 0 && c.origin(p) != "default") inert.push_back(p);
+  if (!inert.empty())
+    s.warnings.push_back(
+        c.origin(inert[0]) + ": " + join(inert) + (inert.size() == 1 ? ": has" : ": have") +
+        " no effect under fabric.strategy: " + want + " (fabric.fsdp keys configure fsdp)");
+}
+
+// fabric.strategy: dp: one process; replicas on 2 or more CUDA devices, else single_device with a
+// warning.
+void resolve_dp(const Config& c, int64_t world, ResolvedSetup& s) {
+  if (world > 1) {
+    throw c.error_at("fabric.strategy", "'dp' runs one process, but the launcher started " +
+                                            plural(world, "process") + ": use ddp");
   }
-  if (want == "fsdp") {
-    s.fsdp.sharding_strategy =
-        parsed(c, "fabric.fsdp.sharding_strategy", strategies::parse_sharding_strategy);
-    // no_shard keeps everything whole on every rank: that is ddp.
-    s.strategy = s.fsdp.sharding_strategy == strategies::ShardingStrategy::kNoShard
-                     ? StrategyKind::kDdp
-                     : StrategyKind::kFsdp;
-    s.fsdp.min_unit_params = c.get_int("fabric.fsdp.min_unit_params");
-    const std::string reshard = c.get_string("fabric.fsdp.reshard_after_forward");
-    s.fsdp.reshard_after_forward =
-        reshard == "auto" ? s.fsdp.sharding_strategy == strategies::ShardingStrategy::kFullShard
-                          : reshard == "true";
-    auto wire = [&c](const char* key) -> std::optional<c10::ScalarType> {
-      const std::string v = c.get_string(key);
-      if (v == "bf16") return c10::kBFloat16;
-      if (v == "fp16") return c10::kHalf;
-      if (v == "fp32") return c10::kFloat;
-      return std::nullopt;  // auto
-    };
-    const std::string prefetch = c.get_string("fabric.fsdp.prefetch");
-    s.fsdp.prefetch = prefetch == "auto" ? std::nullopt : std::optional<bool>(prefetch == "true");
-    s.fsdp.param_dtype = wire("fabric.fsdp.param_dtype");
-    s.fsdp.reduce_dtype = wire("fabric.fsdp.reduce_dtype");
-    std::stringstream names(c.get_string("fabric.fsdp.wrap_modules"));
-    for (std::string name; std::getline(names, name, ',');) {
-      name.erase(0, name.find_first_not_of(" \t"));
-      name.erase(name.find_last_not_of(" \t") + 1);
-      if (!name.empty()) s.fsdp.wrap_modules.push_back(name);
-    }
+  if (s.accelerator == c10::DeviceType::CUDA && s.devices.size() >= 2) {
+    s.strategy = StrategyKind::kDp;
+  } else {
+    s.warnings.push_back(
+        c.origin("fabric.strategy") + ": fabric.strategy: dp needs 2 or more CUDA devices (have " +
+        plural(static_cast<int64_t>(s.devices.size()), "device") + " on " +
+        c10::DeviceTypeName(s.accelerator, true) + "); running single_device instead");
+    s.devices.erase(s.devices.begin() + 1, s.devices.end());
   }
-  if (want == "dp") {
-    if (world > 1) {
-      throw c.error_at("fabric.strategy", "'dp' runs one process, but the launcher started " +
-                                              plural(world, "process") + ": use ddp");
-    }
-    if (s.accelerator == c10::DeviceType::CUDA && s.devices.size() >= 2) {
-      s.strategy = StrategyKind::kDp;
-    } else {
-      s.warnings.push_back(c.origin("fabric.strategy") +
-                           ": fabric.strategy: dp needs 2 or more CUDA devices (have " +
-                           plural(static_cast<int64_t>(s.devices.size()), "device") + " on " +
-                           c10::DeviceTypeName(s.accelerator, true) +
-                           "); running single_device instead");
-      s.devices.erase(s.devices.begin() + 1, s.devices.end());
-    }
-  }
-  s.device = device_of_local_rank(c, m, s);
+}
+
+// The fabric.ddp.* keys (also the process group settings of fsdp).
+void resolve_ddp_options(const Config& c, ResolvedSetup& s) {
   s.ddp.bucket_cap_mb = c.get_double("fabric.ddp.bucket_cap_mb");
   s.ddp.find_unused_parameters = c.get_bool("fabric.ddp.find_unused_parameters");
   s.ddp.broadcast_buffers = c.get_bool("fabric.ddp.broadcast_buffers");
@@ -275,6 +278,34 @@ void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) 
   s.ddp.debug_collectives = c.get_bool("fabric.ddp.debug_collectives");
   s.ddp.heartbeat_timeout = std::chrono::milliseconds(
       static_cast<int64_t>(c.get_double("fabric.ddp.heartbeat_timeout_s") * 1000));
+}
+
+void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) {
+  const std::string want = c.get_string("fabric.strategy");
+  const EnvGetter env =
+      m.environment ? m.environment
+                    : [](const std::string&) -> std::optional<std::string> { return std::nullopt; };
+  resolve_launch(c, env, want, s);
+  resolve_restarts(c, env, s);
+  const int64_t world = s.environment->world_size();
+  if (want == "single_device" && world > 1) {
+    throw c.error_at("fabric.strategy",
+                     "'single_device' cannot run " + plural(world, "process") +
+                         " (from fabric.devices or the launcher): use ddp or auto");
+  }
+  s.strategy = want == "ddp" || (want == "auto" && world > 1) ? StrategyKind::kDdp
+                                                              : StrategyKind::kSingleDevice;
+  if (want != "fsdp") warn_inert_fsdp_keys(c, want, s);
+  if (want == "fsdp") {
+    s.fsdp = fsdp_options(c);
+    // no_shard keeps everything whole on every rank: that is ddp.
+    s.strategy = s.fsdp.sharding_strategy == strategies::ShardingStrategy::kNoShard
+                     ? StrategyKind::kDdp
+                     : StrategyKind::kFsdp;
+  }
+  if (want == "dp") resolve_dp(c, world, s);
+  s.device = device_of_local_rank(c, m, s);
+  resolve_ddp_options(c, s);
 }
 
 // Step 4.

@@ -62,6 +62,26 @@ ShardedParameters::ShardedParameters(torch::nn::Module& module,
   rank_ = pg_->getRank();
   world_ = pg_->getSize();
 
+  form_units(module);
+  torch::NoGradGuard no_grad;
+  for (size_t k = 0; k < units_.size(); ++k) flatten_unit(k);
+  peak_gathered_bytes_ = 0;
+  for (size_t k = 0; k < units_.size(); ++k)
+    for (size_t i = 0; i < units_[k].names.size(); ++i)
+      by_path_[sharded_path({units_[k].names[i]})] = {k, i};
+
+  install_gradient_hooks();
+
+  ShardedParameters* expected = nullptr;
+  if (!g_instance.compare_exchange_strong(expected, this))
+    throw Error(std::string(kKey) +
+                ": one module per process is sharded; this job set up a second one");
+  callback_ = at::addThreadLocalCallback(at::RecordFunctionCallback(&on_operator)
+                                             .needsInputs(true)
+                                             .scopes({at::RecordScope::FUNCTION}));
+}
+
+void ShardedParameters::form_units(torch::nn::Module& module) {
   // The units, inner ones first (as PyTorch's auto-wrap policies recurse), the root last.
   std::set<const void*> seen;
   std::set<const void*> storages;
@@ -117,51 +137,47 @@ ShardedParameters::ShardedParameters(torch::nn::Module& module,
   if (!rest.empty()) make_unit("(root)", true, rest);
   if (units_.empty())
     throw Error(std::string(kKey) + ": the module has no parameters that require gradients");
+}
 
-  torch::NoGradGuard no_grad;
-  for (size_t k = 0; k < units_.size(); ++k) {
-    Unit& u = units_[k];
-    const torch::Tensor& first = u.params[0];
-    std::vector<int64_t> numels;
-    for (size_t i = 0; i < u.params.size(); ++i) {
-      const torch::Tensor& p = u.params[i];
-      if (p.scalar_type() != first.scalar_type() || p.device() != first.device())
-        throw Error(std::string(kKey) + ": unit '" + u.name + "': parameter '" + u.names[i] +
-                    "' is " + std::string(c10::toString(p.scalar_type())) + " on " +
-                    p.device().str() + ", '" + u.names[0] + "' is " +
-                    std::string(c10::toString(first.scalar_type())) + " on " +
-                    first.device().str() +
-                    "; a unit needs one dtype and device (wrap them apart with "
-                    "fabric.fsdp.wrap_modules)");
-      if (p.is_sparse())
-        throw Error(std::string(kKey) + ": parameter '" + u.names[i] + "' is sparse");
-      numels.push_back(p.numel());
-    }
-    const FlatLayout layout = flat_layout(numels, first.element_size(), world_);
-    u.offsets = layout.offsets;
-    u.total = layout.total;
-    u.shard_size = layout.shard_size;
-    const auto options = first.options().requires_grad(false);
-    u.full = torch::zeros({world_ * u.shard_size}, options);
-    for (size_t i = 0; i < u.params.size(); ++i)
-      u.full.narrow(0, u.offsets[i], u.params[i].numel()).copy_(u.params[i].reshape(-1));
-    u.shard = u.full.narrow(0, rank_ * u.shard_size, u.shard_size).clone();
-    u.shard_grad = torch::zeros({u.shard_size}, options);
-    for (size_t i = 0; i < u.params.size(); ++i) {
-      torch::Tensor& p = u.params[i];
-      const std::vector<int64_t> sizes = p.sizes().vec();
-      p.set_(u.full.storage(), u.offsets[i], sizes, c10::contiguous_strides(sizes));
-    }
-    u.gathered = true;
-    gathered_bytes_ += static_cast<int64_t>(u.full.storage().nbytes());
-    unit_of_storage_[u.full.storage().unsafeGetStorageImpl()] = k;
-    release(u);
+void ShardedParameters::flatten_unit(size_t k) {
+  Unit& u = units_[k];
+  const torch::Tensor& first = u.params[0];
+  std::vector<int64_t> numels;
+  for (size_t i = 0; i < u.params.size(); ++i) {
+    const torch::Tensor& p = u.params[i];
+    if (p.scalar_type() != first.scalar_type() || p.device() != first.device())
+      throw Error(std::string(kKey) + ": unit '" + u.name + "': parameter '" + u.names[i] +
+                  "' is " + std::string(c10::toString(p.scalar_type())) + " on " +
+                  p.device().str() + ", '" + u.names[0] + "' is " +
+                  std::string(c10::toString(first.scalar_type())) + " on " + first.device().str() +
+                  "; a unit needs one dtype and device (wrap them apart with "
+                  "fabric.fsdp.wrap_modules)");
+    if (p.is_sparse())
+      throw Error(std::string(kKey) + ": parameter '" + u.names[i] + "' is sparse");
+    numels.push_back(p.numel());
   }
-  peak_gathered_bytes_ = 0;
-  for (size_t k = 0; k < units_.size(); ++k)
-    for (size_t i = 0; i < units_[k].names.size(); ++i)
-      by_path_[sharded_path({units_[k].names[i]})] = {k, i};
+  const FlatLayout layout = flat_layout(numels, first.element_size(), world_);
+  u.offsets = layout.offsets;
+  u.total = layout.total;
+  u.shard_size = layout.shard_size;
+  const auto options = first.options().requires_grad(false);
+  u.full = torch::zeros({world_ * u.shard_size}, options);
+  for (size_t i = 0; i < u.params.size(); ++i)
+    u.full.narrow(0, u.offsets[i], u.params[i].numel()).copy_(u.params[i].reshape(-1));
+  u.shard = u.full.narrow(0, rank_ * u.shard_size, u.shard_size).clone();
+  u.shard_grad = torch::zeros({u.shard_size}, options);
+  for (size_t i = 0; i < u.params.size(); ++i) {
+    torch::Tensor& p = u.params[i];
+    const std::vector<int64_t> sizes = p.sizes().vec();
+    p.set_(u.full.storage(), u.offsets[i], sizes, c10::contiguous_strides(sizes));
+  }
+  u.gathered = true;
+  gathered_bytes_ += static_cast<int64_t>(u.full.storage().nbytes());
+  unit_of_storage_[u.full.storage().unsafeGetStorageImpl()] = k;
+  release(u);
+}
 
+void ShardedParameters::install_gradient_hooks() {
   // After the gradient of each parameter is accumulated.
   for (size_t k = 0; k < units_.size(); ++k) {
     for (const auto& p : units_[k].params) {
@@ -177,14 +193,6 @@ ShardedParameters::ShardedParameters(torch::nn::Module& module,
       accumulators_.push_back(std::move(node));
     }
   }
-
-  ShardedParameters* expected = nullptr;
-  if (!g_instance.compare_exchange_strong(expected, this))
-    throw Error(std::string(kKey) +
-                ": one module per process is sharded; this job set up a second one");
-  callback_ = at::addThreadLocalCallback(at::RecordFunctionCallback(&on_operator)
-                                             .needsInputs(true)
-                                             .scopes({at::RecordScope::FUNCTION}));
 }
 
 ShardedParameters::~ShardedParameters() {

@@ -178,6 +178,12 @@ class ShardedParameters {
   // `exact`: in the unit's own dtype even when param_dtype is set (a unit gathered rounded is
   // gathered again).
   void gather(Unit& unit, bool exact = false);
+  // The constructor's steps: the units (inner ones first, the root last; policy_ decides), each
+  // unit's parameters moved into one flat buffer of which this rank keeps its shard, and the
+  // hooks that reduce a unit's gradients once they are all accumulated.
+  void form_units(torch::nn::Module& module);
+  void flatten_unit(size_t k);
+  void install_gradient_hooks();
   void release(Unit& unit);  // frees the full buffer's memory (after a prefetch in flight)
   // Starts the all-gather of `unit` (allocating its buffer unless gathered) without waiting;
   // finish_gather waits for it (and upcasts a param_dtype gather into the buffer).

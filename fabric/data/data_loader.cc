@@ -53,11 +53,10 @@ class DataLoader::Pass {
     for (int64_t w = 0; w < options_.num_workers(); ++w) workers_.emplace_back([this] { work(); });
     // Read-ahead for datasets that read files (not in-memory ones): in the order the examples
     // are read, each example as many places ahead as the sampler lets it leave early.
-    if (const auto* streamed = dynamic_cast<const StreamSampler*>(&sampler)) {
-      stream_ = streamed->stream();
-      reader_ = std::thread([this, streamed = *streamed] {
-        read_ahead(stream_, static_cast<int64_t>(stream_.size()),
-                   [&streamed](int64_t emitted) { return streamed.stream_read(emitted); });
+    if (auto order = sampler.read_order()) {
+      stream_ = std::move(order->examples);
+      reader_ = std::thread([this, read_when = std::move(order->read_when)] {
+        read_ahead(stream_, static_cast<int64_t>(stream_.size()), read_when);
       });
     } else if (!dataset_->cheap_batches()) {
       reader_ = std::thread([this, real = std::min<int64_t>(num_real_, n)] {
@@ -249,7 +248,7 @@ class DataLoader::Pass {
   // (a data race ThreadSanitizer found when build() asked workers_.empty()).
   const bool in_thread_ = options_.num_workers() == 0;
   std::vector<std::thread> workers_;
-  std::vector<int64_t> stream_;  // streamed: this rank's examples in the order they are read
+  std::vector<int64_t> stream_;  // Sampler::read_order's examples (when it has an order)
   std::thread reader_;           // read_ahead()
 
   Batch current_;

@@ -133,6 +133,11 @@ std::vector<int64_t> StreamSampler::shard_order() const {
 
 std::vector<int64_t> StreamSampler::stream() const { return stream(shard_order()); }
 
+std::optional<Sampler::ReadOrder> StreamSampler::read_order() const {
+  // A copy of this epoch's sampler: the loader's own moves on to the next epoch meanwhile.
+  return ReadOrder{stream(), [copy = *this](int64_t emitted) { return copy.stream_read(emitted); }};
+}
+
 std::vector<int64_t> StreamSampler::stream(const std::vector<int64_t>& order) const {
   const int64_t from = rank_ * num_samples_;
   return positions(order, shard_sizes_, shard_start_, from, from + num_real_samples());

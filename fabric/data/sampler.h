@@ -12,6 +12,8 @@
 #define FABRIC_DATA_SAMPLER_H_
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <vector>
 
 namespace fabric {
@@ -26,6 +28,16 @@ class Sampler {
   virtual std::vector<int64_t> indices() const = 0;
   virtual int64_t num_samples() const = 0;
   virtual int64_t num_real_samples() const = 0;
+
+  // The order this rank reads its examples in, when it is not the order they are handed out
+  // (the DataLoader reads ahead in it: Dataset::will_read).
+  struct ReadOrder {
+    std::vector<int64_t> examples;  // every real example of the epoch, in reading order
+    // How many of `examples` have been read when the first `emitted` indices() are handed out.
+    std::function<int64_t(int64_t emitted)> read_when;
+  };
+  // nullopt (the default): examples are read as indices() hands them out.
+  virtual std::optional<ReadOrder> read_order() const { return std::nullopt; }
 };
 
 class DistributedSampler : public Sampler {
@@ -86,6 +98,8 @@ class StreamSampler : public Sampler {
   // This rank's real samples of the current epoch in the order they are read (before the
   // shuffle buffer).
   std::vector<int64_t> stream() const;
+  // stream(), with stream_read() of this epoch.
+  std::optional<ReadOrder> read_order() const override;
   // How many of stream() have been read when the first `emitted` indices() have left the buffer.
   int64_t stream_read(int64_t emitted) const;
 

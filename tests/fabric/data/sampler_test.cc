@@ -179,6 +179,23 @@ TEST(StreamSamplerTest, AnExampleLeavesTheBufferAtMostBufferMinusOnePlacesBefore
   }
 }
 
+// What the DataLoader reads ahead in: a stream sampler's reading order, fixed at the epoch it was
+// asked in; a distributed sampler reads as it hands out (no order of its own).
+TEST(StreamSamplerTest, ReadOrderIsTheStreamOfThatEpoch) {
+  StreamSampler s(shard_sizes(), 2, 1, true, 4, false, 7);
+  s.set_epoch(1);
+  const auto order = s.read_order();
+  ASSERT_TRUE(order.has_value());
+  EXPECT_EQ(order->examples, s.stream());
+  std::vector<int64_t> read;
+  for (int64_t e = 0; e <= s.num_samples(); ++e) read.push_back(s.stream_read(e));
+  s.set_epoch(2);  // the order keeps epoch 1
+  EXPECT_NE(s.stream(), order->examples);
+  for (int64_t e = 0; e <= static_cast<int64_t>(read.size()) - 1; ++e)
+    EXPECT_EQ(order->read_when(e), read[static_cast<size_t>(e)]) << e;
+  EXPECT_FALSE(DistributedSampler(100, 2, 1, true, 4).read_order().has_value());
+}
+
 TEST(StreamSamplerTest, OrderIsAFunctionOfSeedEpochAndRankOnly) {
   StreamSampler a(shard_sizes(), 2, 0, true, 7, false, 20),
       b(shard_sizes(), 2, 0, true, 7, false, 20);
