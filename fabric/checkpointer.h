@@ -45,7 +45,7 @@
 // reached step 57 (7 steps to redo)" (the last part under fabric.max_restarts only). step_end()
 // tells the agent each completed step (job_progress.h).
 //
-// Example (examples/common/classification.h is complete):
+// Example (examples/common/classification.cc is complete):
 //   fabric::CheckpointState state;
 //   state.add("model", model).add("optimizer", *optimizer).add("scheduler", scheduler)
 //        .add("train_loader", train);

@@ -4,7 +4,7 @@
 // While a StopSignal exists, SIGTERM no longer ends the process: it sets a flag that requested()
 // reports, on every rank at the same step; the training loop then saves a checkpoint and exits
 // with status 143 (128 + SIGTERM), which `checkpoint.resume=auto` continues from. The examples
-// (examples/common/classification.h) do this. The destructor puts the previous handler back.
+// (examples/common/classification.cc) do this. The destructor puts the previous handler back.
 // Only one may exist at a time. SIGKILL still ends the process at once: the sweep and the
 // launchers send it when a stopped program has not ended within their grace period.
 //

@@ -39,7 +39,7 @@ inline bool has_result(RunStatus status) {
          status == RunStatus::kPruned;
 }
 // The exit status of a Fabric program that stopped on non-finite values (trainer.stop_on_nonfinite;
-// examples/common/classification.h).
+// examples/common/classification.cc).
 constexpr int kDivergedExitStatus = 3;
 
 struct RunRecord {
