@@ -1,6 +1,6 @@
 #include "fabric/fabric.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <sys/resource.h>
 

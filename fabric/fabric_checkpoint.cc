@@ -1,7 +1,7 @@
 // Fabric's checkpoint side: save, snapshot_for_save (checkpoint.async), load, save_weights and
 // load_weights, and how they let the strategy split, gather and read back the state. The rest of
 // the facade is in fabric.cc.
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <functional>
 #include <memory>

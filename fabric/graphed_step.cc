@@ -1,6 +1,6 @@
 #include "fabric/graphed_step.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #ifdef FABRIC_WITH_CUDA
 #include <ATen/autocast_mode.h>

@@ -1,6 +1,6 @@
 #include "strategies/collectives.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstring>
 

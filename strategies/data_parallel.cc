@@ -1,6 +1,6 @@
 #include "strategies/data_parallel.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #ifdef FABRIC_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>

@@ -1,7 +1,7 @@
 #include "strategies/flat_gradient_sync.h"
 
 #include <ATen/ScalarOps.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <sstream>

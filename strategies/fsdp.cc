@@ -1,6 +1,6 @@
 #include "strategies/fsdp.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <iostream>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>

@@ -2,7 +2,7 @@
 
 #include <ATen/native/TensorFactories.h>
 #include <torch/optim.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <limits>

@@ -3,7 +3,7 @@
 #ifndef STRATEGIES_OPTIMIZER_SHARD_DETAIL_H_
 #define STRATEGIES_OPTIMIZER_SHARD_DETAIL_H_
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdint>
 #include <string>

@@ -1,7 +1,7 @@
 // OptimizerShard's checkpoint side: the optimizer state in one process's layout, gathered
 // (full_state) or as this rank's pieces (local_state), and loading it back (prepare_full_state).
 #include <torch/optim.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <regex>
 #include <string>

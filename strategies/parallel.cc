@@ -1,6 +1,6 @@
 #include "strategies/parallel.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #ifdef FABRIC_WITH_CUDA

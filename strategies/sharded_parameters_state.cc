@@ -1,7 +1,7 @@
 // ShardedParameters' checkpoint side: this rank's pieces of the parameters for sharded
 // checkpoints (local_state) and loading them back straight into the shards (wanted,
 // prepare_load), nothing gathered.
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <map>

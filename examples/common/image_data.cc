@@ -1,6 +1,6 @@
 #include "examples/common/image_data.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 #include <zlib.h>
 
 #include <sys/wait.h>

@@ -1,6 +1,6 @@
 #include "examples/common/models.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "fabric/training/activation_checkpoint.h"
 

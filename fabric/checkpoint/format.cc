@@ -1,6 +1,6 @@
 #include "fabric/checkpoint/format.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 #include <torch/version.h>
 
 #include <chrono>

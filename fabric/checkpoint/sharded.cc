@@ -1,6 +1,6 @@
 #include "fabric/checkpoint/sharded.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <cstdio>

@@ -1,6 +1,6 @@
 #include "fabric/checkpoint/state_dict.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <map>
 #include <sstream>

@@ -1,6 +1,6 @@
 #include "fabric/checkpoint/torch_pickle.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstring>
 #include <map>

@@ -1,6 +1,6 @@
 #include "fabric/data/augment.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <mutex>
 #include <string>

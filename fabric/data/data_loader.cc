@@ -1,7 +1,7 @@
 #include "fabric/data/data_loader.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <condition_variable>
 #include <exception>

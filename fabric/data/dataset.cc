@@ -1,6 +1,6 @@
 #include "fabric/data/dataset.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "fabric/core/error.h"
 

@@ -9,7 +9,7 @@
 #include <jerror.h>
 #include <jpeglib.h>
 #include <png.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "fabric/core/error.h"
 

@@ -11,7 +11,7 @@
 #include <limits>
 #include <vector>
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "fabric/core/error.h"
 

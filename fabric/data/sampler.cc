@@ -1,7 +1,7 @@
 #include "fabric/data/sampler.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "fabric/core/error.h"
 #include "fabric/core/hash.h"

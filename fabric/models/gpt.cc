@@ -4,7 +4,7 @@
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/init.h>
 #include <torch/nn/modules/container/modulelist.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cmath>
 #include <memory>

@@ -4,7 +4,7 @@
 // spread is the biased variance on CPU and the inverse standard deviation on CUDA (the form ATen's
 // CUDA kernels take).
 #include <torch/csrc/autograd/custom_function.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <sstream>

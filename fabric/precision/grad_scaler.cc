@@ -1,6 +1,6 @@
 #include "fabric/precision/grad_scaler.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 #include <ATen/ops/_amp_update_scale.h>

@@ -1,6 +1,6 @@
 #include "fabric/precision/precision.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "fabric/core/error.h"
 

@@ -1,6 +1,6 @@
 #include "fabric/training/clip.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <limits>
 

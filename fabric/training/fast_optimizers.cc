@@ -12,7 +12,7 @@
 #include <ATen/ops/_fused_adamw.h>
 #include <ATen/ops/_fused_sgd.h>
 #include <torch/serialize/archive.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cmath>
 #include <map>
