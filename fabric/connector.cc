@@ -295,13 +295,14 @@ void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) 
   }
   s.strategy = want == "ddp" || (want == "auto" && world > 1) ? StrategyKind::kDdp
                                                               : StrategyKind::kSingleDevice;
-  if (want != "fsdp") warn_inert_fsdp_keys(c, want, s);
   if (want == "fsdp") {
     s.fsdp = fsdp_options(c);
     // no_shard keeps everything whole on every rank: that is ddp.
     s.strategy = s.fsdp.sharding_strategy == strategies::ShardingStrategy::kNoShard
                      ? StrategyKind::kDdp
                      : StrategyKind::kFsdp;
+  } else {
+    warn_inert_fsdp_keys(c, want, s);
   }
   if (want == "dp") resolve_dp(c, world, s);
   s.device = device_of_local_rank(c, m, s);
