@@ -1,6 +1,6 @@
 """Test rules: a test is one source file named like its target, beside its BUILD file."""
 
-load("@rules_cc//cc:defs.bzl", "cc_binary", "cc_test")
+load("//tools/bazel:cc.bzl", "cc_binary", "cc_test")
 
 def fabric_cc_test(name, srcs = None, deps = [], size = "small", **kwargs):
     """A GoogleTest test `name` built from `name`.cc (unless `srcs` says otherwise), with main.

@@ -3,7 +3,7 @@
 // ClassifierLoop in the order a run meets them.
 #include "examples/common/classification.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <chrono>

@@ -1,5 +1,7 @@
 #include "examples/common/models.h"
 
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/pooling.h>
 #include <torch/types.h>
 
 #include "fabric/training/activation_checkpoint.h"

@@ -2,7 +2,11 @@
 #ifndef EXAMPLES_COMMON_MODELS_H_
 #define EXAMPLES_COMMON_MODELS_H_
 
-#include <torch/nn.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
 
 #include "fabric/nn/batch_norm.h"
 

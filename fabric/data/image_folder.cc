@@ -6,7 +6,8 @@
 #include <unistd.h>
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <torch/torch.h>
+#include <torch/nn/functional/upsampling.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <cmath>

@@ -1,6 +1,10 @@
 // convert_sync_batchnorm: walks a module tree, hands the process group to fabric BatchNorms and
 // swaps torch BatchNorms held by containers for fabric ones.
-#include <torch/torch.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/moduledict.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/types.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <functional>

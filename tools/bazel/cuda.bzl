@@ -11,7 +11,7 @@ sm_120, plus PTX of compute_120 for newer GPUs (the driver compiles it on first 
 """
 
 load("@libtorch//:info.bzl", "NVCC")
-load("@rules_cc//cc:defs.bzl", "cc_library")
+load("//tools/bazel:cc.bzl", "cc_library")
 
 _GENCODE = " ".join([
     "-gencode arch=compute_80,code=sm_80",
