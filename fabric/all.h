@@ -14,25 +14,24 @@
 //   fabric/data/image_folder.h     JPEG/PNG class folders, path,label lists and WebDataset shards
 //   fabric/data/webdataset.h       tar shards: brace patterns, members, samples by key
 //   fabric/nn/batch_norm.h         BatchNorm that can synchronize across processes (SyncBatchNorm)
+//   fabric/connector.h             how the config was resolved (Fabric::setup_info)
+// The GPT and its token data are a second public target, //:gpt, kept out of what every program
+// compiles (it is not included here):
+//   fabric/models/gpt.h            a GPT-2 language model (presets gpt2, gpt2-medium, tiny)
 //   fabric/data/tokens.h           token files in nanoGPT's format (TokenDataset), text → tokens
 //   fabric/data/bpe.h              GPT-2's byte-level BPE tokenizer (vocab.json + merges.txt)
-//   fabric/models/gpt.h            a GPT-2 language model (presets gpt2, gpt2-medium, tiny)
-//   fabric/connector.h             how the config was resolved (Fabric::setup_info)
 #ifndef FABRIC_ALL_H_
 #define FABRIC_ALL_H_
 
 #include "fabric/checkpointer.h"
 #include "fabric/connector.h"
 #include "fabric/data/augment.h"
-#include "fabric/data/bpe.h"
 #include "fabric/data/image_folder.h"
 #include "fabric/data/npy.h"
-#include "fabric/data/tokens.h"
 #include "fabric/data/webdataset.h"
 #include "fabric/fabric.h"
 #include "fabric/graphed_step.h"
 #include "fabric/main.h"
-#include "fabric/models/gpt.h"
 #include "fabric/nn/batch_norm.h"
 #include "fabric/nonfinite_guard.h"
 #include "fabric/stop_signal.h"

@@ -1,23 +1,25 @@
 #!/usr/bin/env bash
 # The install tree of `bazel run //tools:install -- PREFIX`: exactly the public headers (each one
-# is read when a program includes fabric/all.h, and nothing else is there), a versioned shared
+# is read when a program includes fabric/all.h or the GPT's headers, and nothing else is there), a versioned shared
 # library that carries all of Fabric++ and runs against the build's LibTorch, and an installer that
 # replaces its own files only.
 source tests/packaging/testing.sh
 install_prefix
 
-# 1. The headers a compile of fabric/all.h reads from the prefix = the headers installed.
-echo '#include "fabric/all.h"' >"$TEST_TMPDIR/use.cc"
+# 1. The headers a compile of fabric/all.h and //:gpt's three reads from the prefix = the headers
+#    installed.
+printf '#include "%s"\n' fabric/all.h fabric/models/gpt.h fabric/data/tokens.h fabric/data/bpe.h \
+  >"$TEST_TMPDIR/use.cc"
 # shellcheck disable=SC2046
 g++ $(pkg-config --cflags fabricpp) -M "$TEST_TMPDIR/use.cc" -o "$TEST_TMPDIR/use.d" ||
-  fail "fabric/all.h does not preprocess with only the installed headers (pkg-config --cflags)"
+  fail "the public headers do not preprocess with only the installed headers (pkg-config --cflags)"
 read_headers=$(tr ' \\' '\n\n' <"$TEST_TMPDIR/use.d" | grep "^$PREFIX/include/fabricpp/" |
   sed "s|^$PREFIX/include/fabricpp/||" | sort -u)
 installed=$(cd "$PREFIX/include/fabricpp" && find . -type f | sed 's|^\./||' | sort)
 extra=$(comm -13 <(echo "$read_headers") <(echo "$installed"))
 missing=$(comm -23 <(echo "$read_headers") <(echo "$installed"))
-check "no installed header is unused by fabric/all.h (private headers: '${extra//$'\n'/ }')" test -z "$extra"
-check "every header fabric/all.h reads is installed (missing: '${missing//$'\n'/ }')" test -z "$missing"
+check "no installed header is unused by the public ones (private headers: '${extra//$'\n'/ }')" test -z "$extra"
+check "every header the public ones read is installed (missing: '${missing//$'\n'/ }')" test -z "$missing"
 check "the public headers are a fraction of the project's ($(wc -l <<<"$installed") of $(wc -l <tools/packaging/project_headers.txt))" \
   test "$(wc -l <<<"$installed")" -lt "$(wc -l <tools/packaging/project_headers.txt)"
 for private in fabric/distributed/restart_agent.h strategies/ddp.h fabric/checkpoint/format.h; do

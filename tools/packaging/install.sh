@@ -6,9 +6,10 @@
 #                                                 the bundle was built against)
 #
 # Installs Fabric++ for CMake and pkg-config consumers (docs/building.md, "Use it in your project"):
-#   PREFIX/include/fabricpp/      the public headers: fabric/all.h and every header of this project it
-#                                 includes, nothing else (#include "fabric/all.h" with
-#                                 -I PREFIX/include/fabricpp)
+#   PREFIX/include/fabricpp/      the public headers: fabric/all.h, fabric/models/gpt.h,
+#                                 fabric/data/tokens.h, fabric/data/bpe.h and every header of this
+#                                 project they include, nothing else (#include "fabric/all.h"
+#                                 with -I PREFIX/include/fabricpp)
 #   PREFIX/lib/libfabricpp.so.X.Y.Z   one shared library (soname libfabricpp.so.X, links
 #                                 libfabricpp.so.X and libfabricpp.so beside it); its run path is the
 #                                 LibTorch folders the build found (tools/bazel/libtorch_configure.bzl)
@@ -66,16 +67,16 @@ else
 fi
 command -v patchelf >/dev/null || die "patchelf is missing: run tools/setup.sh"
 
-# --- Public headers: the closure of fabric/all.h over this project's "..." includes ----------------
+# --- Public headers: the closure of fabric/all.h and of //:gpt's three over "..." includes ------------
 declare -A available=()
 while read -r h; do available[$h]=1; done <"$here/tools/packaging/project_headers.txt"
 declare -A public=()
-queue=(fabric/all.h)
+queue=(fabric/all.h fabric/models/gpt.h fabric/data/tokens.h fabric/data/bpe.h)
 while [ ${#queue[@]} -gt 0 ]; do
   h=${queue[0]}
   queue=("${queue[@]:1}")
   [ -z "${public[$h]:-}" ] || continue
-  [ -n "${available[$h]:-}" ] || die "fabric/all.h reaches $h, which is not among //:fabric's headers"
+  [ -n "${available[$h]:-}" ] || die "the public headers reach $h, which is not among //:installed's headers"
   public[$h]=1
   while read -r inc; do
     [ -n "${available[$inc]:-}" ] && queue+=("$inc")
