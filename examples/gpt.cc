@@ -26,6 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "examples/common/classification.h"
 #include "examples/common/throughput.h"
 #include "examples/gpt_text.h"
 #include "fabric/checkpointer.h"
@@ -135,6 +136,7 @@ int train(fabric::Fabric& f) {
   };
   auto optimizer = fabric::make_optimizer(c, *model);
   f.setup(model, *optimizer);
+  examples::load_init_weights(f, *model);
   auto loader_options = [&] {
     return fabric::DataLoaderOptions()
         .batch_size(c.get_int("data.batch_size"))

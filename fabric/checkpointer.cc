@@ -83,9 +83,24 @@ CheckpointerOptions CheckpointerOptions::from_config(const Config& c, const std:
   o.save_last = c.get_bool("checkpoint.save_last");
   o.async = c.get_bool("checkpoint.async");
   o.resume = c.get_string("checkpoint.resume");
-  if (c.get_string("checkpoint.export_weights") != "none")
-    o.export_weights =
-        absolute_from_working_directory(expand(c, "checkpoint.export_weights", fields)).string();
+  if (c.get_string("checkpoint.export_weights") != "none") {
+    fs::path weights =
+        absolute_from_working_directory(expand(c, "checkpoint.export_weights", fields));
+    const bool safetensors = c.get_string("checkpoint.export_format") == "safetensors";
+    if (safetensors && weights.extension() == ".pt") weights.replace_extension(".safetensors");
+    if (safetensors && weights.extension() != ".safetensors")
+      throw c.error_at("checkpoint.export_weights",
+                       weights.filename().string() +
+                           " is not a .safetensors name while checkpoint.export_format is "
+                           "safetensors; end it in .safetensors (or .pt, which becomes "
+                           ".safetensors)");
+    if (!safetensors && weights.extension() == ".safetensors")
+      throw c.error_at("checkpoint.export_weights",
+                       weights.filename().string() +
+                           " ends in .safetensors while checkpoint.export_format is pt; set "
+                           "checkpoint.export_format: safetensors");
+    o.export_weights = weights.string();
+  }
   if (o.dir_pattern.find("{run_dir}") != std::string::npos)
     o.earlier_runs = RunDirectory::earlier_runs(c, name);
   return o;

@@ -7,6 +7,7 @@
 //   checkpoint.save_last      true   save when training ends (finish())
 //   checkpoint.resume         none   none | auto | PATH
 //   checkpoint.export_weights "{run_dir}/weights.pt"  model weights at the end (none: off)
+//   checkpoint.export_format  pt                      pt | safetensors (.pt becomes .safetensors)
 //
 //   checkpoint.format         auto   full | sharded | auto (Fabric::save; sharded: each checkpoint
 //                                    is a folder, fabric/checkpoint/sharded.h)

@@ -2,10 +2,13 @@
 
 #include <torch/types.h>
 
+#include <algorithm>
+#include <fstream>
 #include <map>
 #include <sstream>
 
 #include "fabric/checkpoint/archive.h"
+#include "fabric/checkpoint/safetensors.h"
 #include "fabric/checkpoint/sharded.h"
 #include "fabric/core/error.h"
 #include "fabric/core/suggest.h"
@@ -33,6 +36,7 @@ StateDict state_dict(const torch::nn::Module& module) {
 }
 
 void save_state_dict(const fs::path& path, const StateDict& tensors) {
+  if (path.extension() == ".safetensors") return save_safetensors(path, tensors);
   c10::Dict<std::string, torch::Tensor> dict;
   for (const auto& [name, t] : tensors) {
     if (dict.contains(name))
@@ -55,6 +59,11 @@ StateDict state_dict_from(const c10::IValue& value, const std::string& source) {
 }
 
 StateDict load_state_dict_file(const fs::path& path) {
+  std::string head(9, '\0');
+  std::ifstream in(path, std::ios::binary);
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<size_t>(std::max<std::streamsize>(in.gcount(), 0)));
+  if (looks_like_safetensors(head)) return load_safetensors(path).tensors;
   return state_dict_from(load_archive(path), path.string());
 }
 

@@ -31,14 +31,17 @@ using StateDict = std::vector<std::pair<std::string, torch::Tensor>>;
 StateDict state_dict(const torch::nn::Module& module);
 
 // Writes `tensors` (on any device; saved as CPU tensors) to `path`, crash-safe (temporary file,
-// fsync, rename; see fabric/core/atomic_file.h). Throws fabric::Error "cannot write PATH: ...".
+// fsync, rename; see fabric/core/atomic_file.h): a .safetensors file when `path` ends in
+// .safetensors (safetensors.h), else torch.save's layout. Throws fabric::Error "cannot write
+// PATH: ...".
 void save_state_dict(const std::filesystem::path& path, const StateDict& tensors);
 
 // The name → tensor entries of an archive's value (see archive.h); fabric::Error "SOURCE: not a
 // state dict (...)" for anything else.
 StateDict state_dict_from(const c10::IValue& value, const std::string& source);
 
-// Reads a name → tensor dict (save_state_dict's or Python's torch.save(state_dict)). Throws
+// Reads a name → tensor dict (save_state_dict's, Python's torch.save(state_dict), or a
+// .safetensors file, told apart by their first bytes whatever the file's name). Throws
 // fabric::Error "PATH: ..." for a missing, truncated or foreign file.
 StateDict load_state_dict_file(const std::filesystem::path& path);
 

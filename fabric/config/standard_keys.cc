@@ -176,11 +176,20 @@ ConfigSchema default_schema() {
   s.add("checkpoint.export_weights",
         KeySpec::string("{run_dir}/weights.pt")
             .doc("model weights for Python's torch.load(weights_only=True) at the end; none: off"));
+  s.add("checkpoint.export_format",
+        KeySpec::choice({"pt", "safetensors"}, "pt")
+            .doc("the exported weights' format: pt (torch.save's zip) or safetensors (Hugging "
+                 "Face's; a .pt name in checkpoint.export_weights becomes .safetensors)"));
   return s;
 }
 
 ConfigSchema training_schema() {
   ConfigSchema s = default_schema();
+  s.add("model.init_weights",
+        KeySpec::string("none").doc(
+            "start from these weights (.pt from torch.save(state_dict) or save_weights, or "
+            ".safetensors; told apart by contents), loaded strictly after setup; none: the "
+            "model's own initialisation"));
   s.section_doc("trainer", "Loop bounds.");
   s.add("trainer.max_epochs", KeySpec::integer(10).min(1));
   s.add("trainer.max_steps",

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "fabric/checkpoint/safetensors.h"
 #include "tests/integration/examples_fixture.h"
 
 namespace fs = std::filesystem;
@@ -214,6 +215,51 @@ TEST_F(ExamplesTest, Cifar10KilledWhileSavingResumesWithAuto) {
   EXPECT_NE(from.find("step-00000002.ckpt"), std::string::npos) << resumed.out;
   // Python-readable weights at the end (checkpoint.export_weights).
   EXPECT_TRUE(fs::exists(fs::path(resumed.last_line()).parent_path() / "weights.pt"));
+}
+
+// checkpoint.export_format: safetensors writes weights.safetensors; model.init_weights starts a
+// run from it: with a learning rate of 1e-30 (each update below a float's resolution) its
+// parameters end as they began, the file's, not the seed's initialisation.
+TEST_F(ExamplesTest, Cifar10ExportsSafetensorsAndStartsFromThem) {
+  const std::string args = std::string("--config=single_cpu.yaml") + kTinyCifar +
+                           " trainer.max_steps=2 checkpoint.export_format=safetensors";
+  Result first = run("cifar10", args + " logging.run_dir=first");
+  ASSERT_EQ(first.code, 0) << first.out;
+  const fs::path exported = dir_ / "first" / "weights.safetensors";
+  ASSERT_TRUE(fs::exists(exported)) << first.out;
+  Result second = run("cifar10", args +
+                                     " logging.run_dir=second optimizer.lr=1e-30 "
+                                     "optimizer.weight_decay=0 model.init_weights=" +
+                                     exported.string());
+  ASSERT_EQ(second.code, 0) << second.out;
+  const auto a = fabric::load_safetensors(exported);
+  const auto b = fabric::load_safetensors(dir_ / "second" / "weights.safetensors");
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  int compared = 0;
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    const auto& [name, t] = a.tensors[i];
+    ASSERT_EQ(name, b.tensors[i].first);
+    if (name.find("running_") != std::string::npos || name.find("num_batches") != std::string::npos)
+      continue;  // BatchNorm statistics move in every forward, whatever the learning rate
+    EXPECT_TRUE(t.equal(b.tensors[i].second)) << name;
+    ++compared;
+  }
+  EXPECT_GT(compared, 20);
+
+  Result missing = run("cifar10", args + " model.init_weights=" + (dir_ / "none.pt").string());
+  EXPECT_EQ(missing.code, 2) << missing.out;
+  EXPECT_NE(missing.out.find("model.init_weights: " + (dir_ / "none.pt").string() +
+                             ": cannot open (No such file or directory)"),
+            std::string::npos)
+      << missing.out;
+  Result clash = run("cifar10", args +
+                                    " checkpoint.export_weights=w.pt checkpoint.export_format=pt "
+                                    "checkpoint.export_weights=w.safetensors");
+  EXPECT_EQ(clash.code, 2) << clash.out;
+  EXPECT_NE(clash.out.find("w.safetensors ends in .safetensors while checkpoint.export_format is "
+                           "pt; set checkpoint.export_format: safetensors"),
+            std::string::npos)
+      << clash.out;
 }
 
 // The README's main command on a CPU-only machine: 2 self-launched ranks, SyncBN, 16-mixed
