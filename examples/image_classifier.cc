@@ -260,6 +260,13 @@ Split load_data(const fabric::Config& c, fabric::Fabric& f) {
                           std::to_string(s.train_images->classes().size()) + ")");
     }
     s.classes = static_cast<int64_t>(s.train_images->classes().size());
+    for (const auto* images : {s.train_images.get(), s.val_images.get()}) {
+      const auto& skipped = images->not_images();
+      if (skipped.empty()) continue;
+      f.print("image_classifier: left out ", skipped.size(), " non-image file",
+              skipped.size() == 1 ? "" : "s",
+              ", as torchvision's ImageFolder does (first: ", skipped.front(), ")");
+    }
     const int64_t n = s.train_images->size(), count = std::min<int64_t>(n, 512);
     std::vector<int64_t> rows;
     for (int64_t i = 0; i < count; ++i) rows.push_back(count > 1 ? i * (n - 1) / (count - 1) : 0);

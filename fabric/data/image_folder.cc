@@ -26,11 +26,24 @@ namespace fs = std::filesystem;
 namespace fabric {
 namespace {
 
-bool image_name(const fs::path& p) {
+std::string lower_extension(const fs::path& p) {
   std::string ext = p.extension().string();
   std::transform(ext.begin(), ext.end(), ext.begin(),
                  [](unsigned char c) { return std::tolower(c); });
+  return ext;
+}
+
+bool image_name(const fs::path& p) {
+  const std::string ext = lower_extension(p);
   return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
+}
+
+// An image torchvision's ImageFolder would list (its IMG_EXTENSIONS) that this build cannot decode.
+bool other_image_name(const fs::path& p) {
+  const std::string ext = lower_extension(p);
+  for (const char* other : {".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp"})
+    if (ext == other) return true;
+  return false;
 }
 
 bool hidden(const fs::path& p) { return p.filename().string().rfind('.', 0) == 0; }
@@ -149,13 +162,20 @@ std::shared_ptr<ImageFolderDataset> ImageFolderDataset::from_folder(
     throw Error(root + ": no class folders (expected " + root + "/<class>/<image files>)");
   std::vector<std::string> files, classes;
   std::vector<int64_t> labels;
+  std::vector<std::string> left_out;
   for (size_t c = 0; c < class_dirs.size(); ++c) {
     std::vector<fs::path> entries;
     for (const auto& e : fs::directory_iterator(class_dirs[c], ec)) {
       if (hidden(e.path()) || e.is_directory()) continue;
-      if (!image_name(e.path()))
+      if (other_image_name(e.path()))
         throw Error(e.path().string() +
-                    ": not an image file (expected .jpg, .jpeg or .png); move it out of " + root);
+                    ": an image format this build does not decode (it reads .jpg, .jpeg and "
+                    ".png); convert it, or move it out of " +
+                    root);
+      if (!image_name(e.path())) {
+        left_out.push_back(e.path().string());  // as torchvision leaves a labels.txt out
+        continue;
+      }
       entries.push_back(e.path());
     }
     if (ec) throw Error(class_dirs[c].string() + ": cannot list: " + ec.message());
@@ -168,8 +188,11 @@ std::shared_ptr<ImageFolderDataset> ImageFolderDataset::from_folder(
     }
     classes.push_back(class_dirs[c].filename().string());
   }
-  return std::make_shared<ImageFolderDataset>(std::move(files), std::move(labels),
-                                              std::move(classes), options);
+  auto dataset = std::make_shared<ImageFolderDataset>(std::move(files), std::move(labels),
+                                                      std::move(classes), options);
+  std::sort(left_out.begin(), left_out.end());
+  dataset->not_images_ = std::move(left_out);
+  return dataset;
 }
 
 std::shared_ptr<ImageFolderDataset> ImageFolderDataset::from_list(

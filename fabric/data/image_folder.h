@@ -11,10 +11,13 @@
 //                       image member (jpg, jpeg or png) and its label member (cls: an integer
 //                       >= 0 as text), read from the shard where they lie; errors name
 //                       "SHARD:MEMBER". A sample without an image or a label is an error.
-// An empty class folder, a file that is not .jpg/.jpeg/.png (by name), an unreadable or corrupt
-// image: one-line fabric::Error naming the file. With skip_bad_files, a file that cannot be decoded
-// is left out of its batch (the batch is one example shorter) with one warning line per file on
-// stderr, counted by bad_files(); a file with a wrong name is still an error at listing time.
+// In a class folder, a file whose name is not an image's (a labels.txt, a README.md) is left out,
+// as torchvision's ImageFolder leaves it out, and listed by not_images() (the examples print one
+// line counting them). An empty class folder, an image format torchvision lists but this build
+// does not decode (.bmp, .ppm, .pgm, .tif, .tiff, .webp), an unreadable or corrupt image: one-line
+// fabric::Error naming the file. With skip_bad_files, a file that cannot be decoded is left out of
+// its batch (the batch is one example shorter) with one warning line per file on stderr, counted
+// by bad_files(). A list's path that is not a .jpg/.jpeg/.png is an error at listing time.
 //
 // Each image (its randomness drawn from the loader's per-batch generator, in order, so a resumed
 // run decodes exactly what the uninterrupted run did):
@@ -98,12 +101,15 @@ class ImageFolderDataset : public Dataset {
   const std::vector<int64_t>& labels() const { return labels_; }
   // Files left out so far (skip_bad_files), each counted once.
   int64_t bad_files() const;
+  // from_folder: the files of class folders left out because their names are not images', sorted.
+  const std::vector<std::string>& not_images() const { return not_images_; }
   const ImageFolderOptions& options() const { return options_; }
 
  private:
   Batch build(const std::vector<int64_t>& indices, at::Generator* gen) const;
   std::string bytes_of(size_t index) const;
   std::vector<std::string> files_;
+  std::vector<std::string> not_images_;
   // Shards: image i is ranges_[i] = {offset, size} of shards_[shard_of_[i]] (empty otherwise).
   std::vector<std::string> shards_;
   std::vector<uint32_t> shard_of_;

@@ -223,6 +223,8 @@ TEST_F(ImageClassifierTest, ACorruptImageStopsTheRunOrIsSkippedAndCounted) {
   const fs::path root = write_image_folders(256, 64);
   const fs::path bad = root / "train" / "0_tshirt" / "zz_corrupt.jpg";
   std::ofstream(bad, std::ios::binary) << std::string("\xFF\xD8\xFF\xE0 truncated", 14);
+  const fs::path notes = root / "train" / "0_tshirt" / "labels.txt";  // left out, as torchvision
+  std::ofstream(notes) << "0 tshirt\n";
   const std::string args = "--config=single_cpu.yaml data.root=" + root.string() + kSmall +
                            " data.image_size=28 trainer.max_steps=-1 trainer.max_epochs=1";
   Result strict = run("image_classifier", args);
@@ -237,6 +239,11 @@ TEST_F(ImageClassifierTest, ACorruptImageStopsTheRunOrIsSkippedAndCounted) {
             std::string::npos)
       << lenient.out;
   EXPECT_EQ(summary_of(lenient)["bad_files"], 1);
+  EXPECT_NE(lenient.out.find("image_classifier: left out 1 non-image file, as torchvision's "
+                             "ImageFolder does (first: " +
+                             notes.string() + ")"),
+            std::string::npos)
+      << lenient.out;
 }
 
 TEST_F(ImageClassifierTest, MissingSplitsAndFoldersAreOneLine) {

@@ -154,12 +154,25 @@ TEST_F(ImageFolderTest, FolderAndListLayouts) {
   EXPECT_EQ(
       error_of([&] { fabric::ImageFolderDataset::from_folder((dir_ / "bad1").string(), options); }),
       (dir_ / "bad1" / "cherry").string() + ": empty class folder (no .jpg, .jpeg or .png files)");
+  // A file that is not an image is left out, as torchvision leaves it out, and listed; an image
+  // format torchvision lists but this build does not decode is an error naming it.
+  fs::copy(dir_ / "folder", dir_ / "notes", fs::copy_options::recursive);
+  std::ofstream(dir_ / "notes" / "apple" / "labels.txt") << "x";
+  std::ofstream(dir_ / "notes" / "banana" / "README.md") << "x";
+  const auto with_notes =
+      fabric::ImageFolderDataset::from_folder((dir_ / "notes").string(), options);
+  EXPECT_EQ(with_notes->files().size(), folder->files().size());
+  EXPECT_EQ(with_notes->not_images(),
+            (std::vector<std::string>{(dir_ / "notes" / "apple" / "labels.txt").string(),
+                                      (dir_ / "notes" / "banana" / "README.md").string()}));
+  EXPECT_TRUE(folder->not_images().empty());
   fs::create_directories(dir_ / "bad2" / "apple");
-  std::ofstream(dir_ / "bad2" / "apple" / "notes.txt") << "x";
+  std::ofstream(dir_ / "bad2" / "apple" / "photo.webp") << "x";
   EXPECT_EQ(
       error_of([&] { fabric::ImageFolderDataset::from_folder((dir_ / "bad2").string(), options); }),
-      (dir_ / "bad2" / "apple" / "notes.txt").string() +
-          ": not an image file (expected .jpg, .jpeg or .png); move it out of " +
+      (dir_ / "bad2" / "apple" / "photo.webp").string() +
+          ": an image format this build does not decode (it reads .jpg, .jpeg and .png); convert "
+          "it, or move it out of " +
           (dir_ / "bad2").string());
   std::ofstream(dir_ / "bad.csv") << "path,label\nfolder/apple/0.png,x\n";
   EXPECT_EQ(error_of([&] {
