@@ -2,6 +2,7 @@
 // programs that want it all (examples/consumer/train.cc). Libraries and larger programs include
 // what they use instead: fabric/fabric.h for the facade, and beside it
 //   fabric/main.h                  run_main: --config, key=value overrides, exit statuses 0/1/2
+//   fabric/callbacks.h             callbacks: the interface (callback.h), early stopping
 //   fabric/checkpointer.h          periodic checkpoints, rotation, resume: auto
 //   fabric/nonfinite_guard.h       trainer.stop_on_nonfinite
 //   fabric/stop_signal.h           SIGTERM → checkpoint and exit 143
@@ -23,6 +24,7 @@
 #ifndef FABRIC_ALL_H_
 #define FABRIC_ALL_H_
 
+#include "fabric/callbacks.h"
 #include "fabric/checkpointer.h"
 #include "fabric/connector.h"
 #include "fabric/data/augment.h"

@@ -64,12 +64,55 @@ int Fabric::run_launched(const std::function<int(Fabric&)>& fn) {
     loggers_->flush();
     write_default_summary(
         status, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  } catch (const std::exception& e) {
+    for (const auto& callback : callbacks_) {
+      try {
+        callback->on_exception(*this, e);
+      } catch (...) {  // the first error is the one to report
+      }
+    }
+    strategy_->teardown_after_error();
+    throw;
   } catch (...) {
     strategy_->teardown_after_error();  // other ranks may never reach the teardown barrier
     throw;
   }
   strategy_->teardown();
   return status;
+}
+
+void Fabric::add_callback(std::shared_ptr<Callback> callback) {
+  if (!callback) throw Error("add_callback: null callback");
+  for (const auto& c : callbacks_)
+    if (c->name() == callback->name())
+      throw Error("add_callback: a callback named '" + callback->name() + "' was already added");
+  callbacks_.push_back(std::move(callback));
+}
+
+void Fabric::call(const std::string& hook, int64_t step, const Metrics& values) {
+  for (const auto& c : callbacks_) {
+    if (hook == "on_fit_start") {
+      c->on_fit_start(*this);
+    } else if (hook == "on_fit_end") {
+      c->on_fit_end(*this);
+    } else if (hook == "on_train_batch_end") {
+      c->on_train_batch_end(*this, step, values);
+    } else if (hook == "on_validation_end") {
+      c->on_validation_end(*this, step, values);
+    } else {
+      c->on_event(*this, hook, step, values);
+    }
+  }
+}
+
+bool Fabric::should_stop() {
+  std::string reason;
+  if (is_global_zero())
+    for (const auto& c : callbacks_)
+      if (reason = c->stop_reason(); !reason.empty()) break;
+  reason = broadcast(reason, 0);
+  if (!reason.empty()) stop_reason_ = reason;
+  return !reason.empty();
 }
 
 void Fabric::setup_module(torch::nn::Module& module) {

@@ -56,7 +56,9 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
+#include "fabric/callback.h"
 #include "fabric/checkpoint/checkpoint_state.h"
 #include "fabric/config/config.h"
 #include "fabric/core/error.h"
@@ -277,6 +279,19 @@ class Fabric {
   // keep it without calling it. Its flush() runs when the function given to launch() returns.
   void add_logger(std::unique_ptr<MetricLogger> logger);
 
+  // Callbacks (fabric/callback.h), called in the order added; fabric/callbacks.h makes the
+  // built-in ones from the config. Throws fabric::Error for a name already added.
+  void add_callback(std::shared_ptr<Callback> callback);
+  const std::vector<std::shared_ptr<Callback>>& callbacks() const { return callbacks_; }
+  // Fires `hook` on every callback, on this rank: "on_fit_start", "on_fit_end",
+  // "on_train_batch_end" and "on_validation_end" reach those methods, any other name on_event.
+  void call(const std::string& hook, int64_t step = 0, const Metrics& values = {});
+  // Collective (call it on every rank at the same point of the loop): true on every rank when a
+  // callback on global rank 0 asks to stop (Callback::stop_reason), which stop_reason() then
+  // holds, so every rank leaves the loop at the same step.
+  bool should_stop();
+  const std::string& stop_reason() const { return stop_reason_; }
+
   // Seeds torch's CPU and CUDA generators (and thus dropout/init) with `seed`.
   void seed_everything(uint64_t seed);
 
@@ -362,6 +377,8 @@ class Fabric {
   std::string run_name_;
   std::map<std::string, double> last_logged_;  // global rank 0: each metric's last value
   int64_t steps_ = 0;                          // optimizer steps through step(), for messages
+  std::vector<std::shared_ptr<Callback>> callbacks_;
+  std::string stop_reason_;
 };
 
 }  // namespace fabric

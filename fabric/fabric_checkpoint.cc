@@ -145,6 +145,7 @@ void Fabric::save(const std::string& path, const CheckpointState& state) {
     const CheckpointState contents = with_local_pieces(strategy_->sharded_state(), state);
     StrategyRanks ranks(*strategy_);
     write_sharded_checkpoint(ranks, file, [&] { return contents_of(contents); });
+    for (const auto& c : callbacks_) c->on_save_checkpoint(*this, file.string());
     return;
   }
   // Optimizers the strategy splits over the ranks: gathered now, on every rank (collective);
@@ -154,6 +155,7 @@ void Fabric::save(const std::string& path, const CheckpointState& state) {
   const std::vector<ScopeGuard> whole = materialize_modules(*strategy_, modules_of(state), false);
   StrategyRanks ranks(*strategy_);  // they hold the same state: rank 0 writes
   write_checkpoint_file(ranks, file, [&] { return contents_of(contents); });
+  for (const auto& c : callbacks_) c->on_save_checkpoint(*this, file.string());
 }
 
 std::function<void()> Fabric::snapshot_for_save(const std::string& path,
@@ -225,6 +227,7 @@ void Fabric::load(const std::string& path, CheckpointState& state, bool strict) 
   if (is_global_zero())
     for (const auto& w : prepared.warnings)
       std::cerr << "warning: " << source << ": " << w << std::endl;
+  for (const auto& c : callbacks_) c->on_load_checkpoint(*this, source);
 }
 
 void Fabric::load_weights_of(torch::nn::Module& module, const std::string& path) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "examples/common/throughput.h"
+#include "fabric/callbacks.h"
 #include "fabric/checkpointer.h"
 #include "fabric/graphed_step.h"
 #include "fabric/logging/progress.h"
@@ -153,6 +154,7 @@ class ClassifierLoop {
             f.world_size(), ", device ", f.device().str(), ", precision ",
             fabric::to_string(f.precision().mode()), ", ", f.threads_description(), ", ",
             s_.total_steps, " steps; run directory ", run_.path().string());
+    for (auto& callback : fabric::make_callbacks(c_)) f.add_callback(std::move(callback));
     resume();
     // img/s, TFLOP/s and MFU (throughput.* keys); FLOPs counted on the first micro-batch unless
     // throughput.flops_per_unit gives them.
@@ -177,6 +179,7 @@ class ClassifierLoop {
   }
 
   int run() {
+    f_.call("on_fit_start", step_);
     for (; epoch_ < s_.max_epochs && step_ < s_.total_steps; ++epoch_) {
       const auto epoch_start = Clock::now();
       train_epoch();
@@ -185,6 +188,12 @@ class ClassifierLoop {
       const bool last = epoch_ + 1 == s_.max_epochs || step_ >= s_.total_steps;
       if (last || (s_.eval_every > 0 && (epoch_ + 1) % s_.eval_every == 0)) evaluate_epoch();
       checkpoints_->epoch_end();
+      // Callbacks (callbacks.* keys): every rank leaves at the same epoch, rank 0 deciding.
+      if (!f_.callbacks().empty() && f_.should_stop()) {
+        f_.print(f_.stop_reason());
+        ++epoch_;
+        break;
+      }
     }
     bar_->finish();
     end_training();
@@ -202,6 +211,9 @@ class ClassifierLoop {
     state_.add("model", model_.module).add("optimizer", *optimizer_).add("scheduler", scheduler_);
     state_.add("train_loader", train_);
     if (ema_) ema_->add_to(state_, "ema");
+    for (const auto& callback : f_.callbacks())  // a stateful callback resumes where it was
+      if (auto* stateful = dynamic_cast<fabric::Stateful*>(callback.get()))
+        state_.add("callbacks." + callback->name(), *stateful);
     loss_since_report_ = torch::zeros({}, torch::dtype(torch::kDouble).device(f_.device()));
     if (s_.report_train_loss) {
       state_.add("loss_since_report", loss_since_report_)
@@ -251,6 +263,7 @@ class ClassifierLoop {
     scheduler_.step();
     if (ema_) ema_->update();
     ++step_;
+    f_.call("on_train_batch_end", step_);  // no loss value: that would sync with the device
     window_loss_ += loss.detach().to(torch::kFloat);  // no host sync until the progress line
     ++window_;
     if (s_.report_train_loss) {  // the mean over ranks, so every rank (and rank 0's
@@ -301,6 +314,8 @@ class ClassifierLoop {
     }
     f_.print("epoch ", epoch_ + 1, " test accuracy ", accuracy_);
     f_.log_dict({{"test/accuracy", accuracy_}, {"epoch", static_cast<double>(epoch_ + 1)}}, step_);
+    f_.call("on_validation_end", step_,
+            {{"test/accuracy", accuracy_}, {"epoch", static_cast<double>(epoch_ + 1)}});
     if (s_.plateau) {
       // Every rank reports the same (all-reduced) value; metrics.csv shows what was reported.
       double monitored = accuracy_;
@@ -319,6 +334,7 @@ class ClassifierLoop {
   // The last checkpoint: this step's on SIGTERM, the final one (and the EMA weights beside the
   // exported ones), or, after non-finite values, one set aside.
   void end_training() {
+    f_.call("on_fit_end", step_);
     if (signalled_) {
       const std::filesystem::path saved = checkpoints_->save();
       f_.print(stopped_, "; the state is in ", saved.empty() ? "(not saved)" : saved.string(),
@@ -371,6 +387,8 @@ class ClassifierLoop {
         {"restart_attempt", checkpoints_->restart_attempt()},
         {"checkpoint_dir", checkpoints_->dir().string()},
         {"stopped", stopped_},
+        {"stopped_early",
+         f_.stop_reason().empty() ? nlohmann::json(nullptr) : nlohmann::json(f_.stop_reason())},
         {"nonfinite_checkpoint", nonfinite_checkpoint_},
     };
   }

@@ -190,6 +190,18 @@ ConfigSchema training_schema() {
             "start from these weights (.pt from torch.save(state_dict) or save_weights, or "
             ".safetensors; told apart by contents), loaded strictly after setup; none: the "
             "model's own initialisation"));
+  s.section_doc("callbacks", "Built-in callbacks (fabric/callbacks.h).");
+  s.add("callbacks.early_stopping.monitor",
+        KeySpec::string("").doc("stop when this metric of the validation stops improving "
+                                "(cifar10 and the image examples: test/accuracy; gpt: val/loss); "
+                                "\"\": off"));
+  s.add("callbacks.early_stopping.mode",
+        KeySpec::choice({"auto", "max", "min"}, "auto")
+            .doc("max | min | auto (min for a name with \"loss\" in it, else max)"));
+  s.add("callbacks.early_stopping.patience",
+        KeySpec::integer(3).min(1).doc("evaluations without improvement before stopping"));
+  s.add("callbacks.early_stopping.min_delta",
+        KeySpec::real(0.0).min(0).doc("an improvement must exceed this"));
   s.section_doc("trainer", "Loop bounds.");
   s.add("trainer.max_epochs", KeySpec::integer(10).min(1));
   s.add("trainer.max_steps",

@@ -262,6 +262,39 @@ TEST_F(ExamplesTest, Cifar10ExportsSafetensorsAndStartsFromThem) {
       << clash.out;
 }
 
+// callbacks.early_stopping: accuracy cannot rise by min_delta 0.5 after the first evaluation, so
+// patience 2 stops the run after epoch 3 of 10 on both ranks. A run stopped after epoch 2 and
+// resumed stops after epoch 3 too: the callback's state came back (afresh it would wait until
+// epoch 5).
+TEST_F(ExamplesTest, Cifar10EarlyStoppingStopsEveryRankAndResumesItsPatience) {
+  const std::string args = std::string("--config=single_cpu.yaml") + kTinyCifar +
+                           " trainer.max_steps=-1 data.synthetic_train_size=64 "
+                           "callbacks.early_stopping.monitor=test/accuracy "
+                           "callbacks.early_stopping.patience=2 "
+                           "callbacks.early_stopping.min_delta=0.5 checkpoint.export_weights=none";
+  Result whole = run("cifar10", args +
+                                    " trainer.max_epochs=10 fabric.devices=2 "
+                                    "logging.run_dir=whole");
+  ASSERT_EQ(whole.code, 0) << whole.out;
+  auto s = summary_of(whole);
+  EXPECT_EQ(s["epochs"], 3);
+  EXPECT_EQ(s["world_size"], 2);
+  EXPECT_NE(s["stopped_early"].get<std::string>().find(
+                "test/accuracy did not rise by more than 0.5 in 2 evaluations (best "),
+            std::string::npos)
+      << whole.out;
+
+  Result first = run("cifar10", args + " trainer.max_epochs=2 logging.run_dir=resumed");
+  ASSERT_EQ(first.code, 0) << first.out;
+  EXPECT_TRUE(summary_of(first)["stopped_early"].is_null());
+  Result second = run("cifar10", args +
+                                     " trainer.max_epochs=10 logging.run_dir=resumed "
+                                     "checkpoint.resume=auto");
+  ASSERT_EQ(second.code, 0) << second.out;
+  EXPECT_EQ(summary_of(second)["epochs"], 3) << second.out;
+  EXPECT_FALSE(summary_of(second)["stopped_early"].is_null());
+}
+
 // The README's main command on a CPU-only machine: 2 self-launched ranks, SyncBN, 16-mixed
 // resolved for the CPU (32-true where bf16 is emulated: ONEDNN_MAX_CPU_ISA=AVX2 makes every
 // machine such a one, so the test does not depend on the CPU it runs on), threads split

@@ -1,0 +1,73 @@
+// Built-in callbacks (fabric/callback.h), made from the config's callbacks: section by
+// make_callbacks (the examples register them):
+//
+//   callbacks.early_stopping.monitor   ""     a metric the loop passes to on_validation_end (the
+//                                             examples: test/accuracy; gpt: val/loss); "": off
+//   callbacks.early_stopping.mode      auto   max | min | auto (min for names with "loss", else
+//   max) callbacks.early_stopping.patience  3      evaluations without improvement before stopping
+//   callbacks.early_stopping.min_delta 0.0    an improvement must exceed this
+//
+// EarlyStopping stops every rank at the same step: the loop asks Fabric::should_stop(), which
+// takes global rank 0's decision. It is a fabric::Stateful (best value and its step, evaluations
+// without improvement), so a resumed run stops where the uninterrupted one would; a checkpoint of
+// a run that watched another metric restores nothing (the new metric starts afresh).
+#ifndef FABRIC_CALLBACKS_H_
+#define FABRIC_CALLBACKS_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fabric/callback.h"
+#include "fabric/config/config.h"
+#include "fabric/core/stateful.h"
+
+namespace fabric {
+
+struct EarlyStoppingOptions {
+  std::string monitor;
+  std::string mode = "auto";  // max | min | auto
+  int64_t patience = 3;
+  double min_delta = 0.0;
+};
+
+class EarlyStopping : public Callback, public Stateful {
+ public:
+  // Throws fabric::Error for an empty monitor, a mode other than max/min/auto, patience < 1 or
+  // min_delta < 0.
+  explicit EarlyStopping(EarlyStoppingOptions options);
+
+  std::string name() const override { return "early_stopping"; }
+  // Throws fabric::Error naming the metrics there are when `metrics` lacks the monitored one.
+  void on_validation_end(Fabric& f, int64_t step, const Metrics& metrics) override;
+  std::string stop_reason() const override { return reason_; }
+
+  c10::IValue save_state() const override;
+  std::function<void()> prepare_restore(const c10::IValue& saved,
+                                        const std::string& source) override;
+
+  // The best value so far (nullopt before the first evaluation) and the step it was seen at.
+  std::optional<double> best() const { return best_; }
+  int64_t best_step() const { return best_step_; }
+  // Evaluations since the last improvement.
+  int64_t wait() const { return wait_; }
+  bool maximize() const { return maximize_; }
+
+ private:
+  EarlyStoppingOptions options_;
+  bool maximize_;
+  std::optional<double> best_;
+  int64_t best_step_ = 0;
+  int64_t wait_ = 0;
+  std::string reason_;
+};
+
+// The callbacks the config asks for (none when callbacks.early_stopping.monitor is ""); errors
+// are ConfigErrors at their key. Needs training_schema()'s callbacks: keys.
+std::vector<std::shared_ptr<Callback>> make_callbacks(const Config& config);
+
+}  // namespace fabric
+
+#endif  // FABRIC_CALLBACKS_H_
