@@ -29,6 +29,7 @@
 #include "examples/common/classification.h"
 #include "examples/common/throughput.h"
 #include "examples/gpt_text.h"
+#include "fabric/callbacks.h"
 #include "fabric/checkpointer.h"
 #include "fabric/core/error.h"
 #include "fabric/data/tokens.h"
@@ -168,6 +169,12 @@ int train(fabric::Fabric& f) {
   fabric::CheckpointState state;
   state.add("model", model).add("optimizer", *optimizer).add("scheduler", scheduler);
   state.add("train_loader", train);
+  for (auto& callback : fabric::make_callbacks(
+           c, model.get(), optimizer.get())) {  // callbacks.*: checkpointed when stateful
+    if (auto* stateful = dynamic_cast<fabric::Stateful*>(callback.get()))
+      state.add("callbacks." + callback->name(), *stateful);
+    f.add_callback(std::move(callback));
+  }
   fabric::Checkpointer checkpoints(f, state);
   f.print("gpt: ", mc.parameters(), " parameters (", c.get_string("model.preset"), ": ", mc.n_layer,
           " layers, ", mc.n_head, " heads, width ", mc.n_embd, ", ", mc.block_size,
@@ -214,7 +221,9 @@ int train(fabric::Fabric& f) {
   fabric::ProgressBar& bar = f.progress_bar(total_steps, max_epochs, step);
   fabric::NonFiniteGuard nonfinite(f);
   std::string stopped;
-  for (; epoch < max_epochs && step < total_steps && stopped.empty(); ++epoch) {
+  bool stop_early = false;  // a callback asked (callbacks.early_stopping)
+  f.call("on_fit_start", step);
+  for (; epoch < max_epochs && step < total_steps && stopped.empty() && !stop_early; ++epoch) {
     torch::Tensor group_loss;
     int64_t in_epoch = train.state().batches;
     const auto epoch_start = Clock::now();
@@ -255,9 +264,15 @@ int train(fabric::Fabric& f) {
         val_loss = validate();
         f.print("step ", step, " val loss ", val_loss);
         f.log_dict({{"val/loss", val_loss}}, step);
+        f.call("on_validation_end", step, {{"val/loss", val_loss}});
         const auto eval_time = Clock::now() - eval_start;
         window_start += eval_time;  // evaluation counts in neither tokens/s
         train_seconds -= std::chrono::duration<double>(eval_time).count();
+        if (!f.callbacks().empty() && f.should_stop()) {
+          f.print(f.stop_reason());
+          stop_early = true;
+          break;
+        }
       }
       if (step >= total_steps) break;
     }
@@ -265,6 +280,7 @@ int train(fabric::Fabric& f) {
     checkpoints.epoch_end();
   }
   bar.finish();
+  f.call("on_fit_end", step);
   if (stopped.empty()) {
     val_loss = validate();
     f.print("step ", step, " val loss ", val_loss);
@@ -302,6 +318,8 @@ int train(fabric::Fabric& f) {
       {"data", root.string()},
       {"resumed_from", checkpoints.resumed_from()},
       {"stopped", stopped},
+      {"stopped_early",
+       f.stop_reason().empty() ? nlohmann::json(nullptr) : nlohmann::json(f.stop_reason())},
       {"sample", text},
   };
   f.print(f.run_directory().write_summary(summary).string());

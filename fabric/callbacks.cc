@@ -1,9 +1,11 @@
 #include "fabric/callbacks.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
 #include "fabric/core/error.h"
+#include "fabric/fabric.h"
 
 namespace fabric {
 namespace {
@@ -79,8 +81,94 @@ std::function<void()> EarlyStopping::prepare_restore(const c10::IValue& saved,
   };
 }
 
-std::vector<std::shared_ptr<Callback>> make_callbacks(const Config& config) {
+namespace {
+
+std::string bytes_text(int64_t bytes) {
+  std::ostringstream out;
+  out.precision(3);
+  if (bytes >= (int64_t{1} << 20)) {
+    out << static_cast<double>(bytes) / (1 << 20) << " MiB";
+  } else if (bytes >= 1024) {
+    out << static_cast<double>(bytes) / 1024 << " KiB";
+  } else {
+    out << bytes << " B";
+  }
+  return out.str();
+}
+
+}  // namespace
+
+ModelSummary::ModelSummary(const torch::nn::Module& module) {
+  struct Row {
+    std::string name, type;
+    int64_t params = 0, bytes = 0;
+  };
+  std::vector<Row> rows;
+  int64_t total = 0, trainable = 0, bytes = 0;
+  const auto count = [](const torch::Tensor& p) { return p.defined() ? p.numel() : int64_t{0}; };
+  for (const auto& child : module.named_children()) {
+    Row row{child.key(), child.value()->name()};
+    if (row.type.size() > 4 && row.type.compare(row.type.size() - 4, 4, "Impl") == 0)
+      row.type.resize(row.type.size() - 4);  // torch::nn::LinearImpl → torch::nn::Linear
+    for (const auto& p : child.value()->parameters()) {
+      row.params += count(p);
+      row.bytes += count(p) * static_cast<int64_t>(p.element_size());
+    }
+    rows.push_back(row);
+  }
+  for (const auto& p : module.parameters()) {
+    total += count(p);
+    if (p.requires_grad()) trainable += count(p);
+    bytes += count(p) * static_cast<int64_t>(p.element_size());
+  }
+  size_t name_width = 4, type_width = 4;
+  for (const auto& r : rows) {
+    name_width = std::max(name_width, r.name.size());
+    type_width = std::max(type_width, r.type.size());
+  }
+  const auto pad = [](const std::string& s, size_t w) {
+    return s + std::string(w - s.size(), ' ');
+  };
+  lines_.push_back(pad("name", name_width) + "  " + pad("type", type_width) +
+                   "  parameters  bytes");
+  for (const auto& r : rows)
+    lines_.push_back(pad(r.name, name_width) + "  " + pad(r.type, type_width) + "  " +
+                     pad(std::to_string(r.params), 10) + "  " + bytes_text(r.bytes));
+  lines_.push_back("total " + std::to_string(total) + " parameters (" + std::to_string(trainable) +
+                   " trainable), " + bytes_text(bytes));
+}
+
+void ModelSummary::on_fit_start(Fabric& f) {
+  for (const auto& line : lines_) f.print(line);
+}
+
+LearningRateMonitor::LearningRateMonitor(const torch::optim::Optimizer& optimizer, int64_t every)
+    : optimizer_(optimizer), every_(std::max<int64_t>(every, 1)) {}
+
+void LearningRateMonitor::on_train_batch_end(Fabric& f, int64_t step, const Metrics&) {
+  if (step % every_ != 0) return;
+  Metrics rates;
+  const auto& groups = optimizer_.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g)
+    rates["lr/group_" + std::to_string(g)] = groups[g].options().get_lr();
+  f.log_dict(rates, step);
+}
+
+std::vector<std::shared_ptr<Callback>> make_callbacks(const Config& config,
+                                                      const torch::nn::Module* module,
+                                                      const torch::optim::Optimizer* optimizer) {
   std::vector<std::shared_ptr<Callback>> out;
+  if (config.get_bool("callbacks.model_summary")) {
+    if (!module)
+      throw config.error_at("callbacks.model_summary", "this program passes no model to watch");
+    out.push_back(std::make_shared<ModelSummary>(*module));
+  }
+  if (config.get_bool("callbacks.lr_monitor")) {
+    if (!optimizer)
+      throw config.error_at("callbacks.lr_monitor", "this program passes no optimizer to watch");
+    out.push_back(std::make_shared<LearningRateMonitor>(
+        *optimizer, config.get_int("logging.log_every_n_steps")));
+  }
   EarlyStoppingOptions early;
   early.monitor = config.get_string("callbacks.early_stopping.monitor");
   if (!early.monitor.empty()) {

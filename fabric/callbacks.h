@@ -6,6 +6,9 @@
 //   callbacks.early_stopping.mode      auto   max | min | auto (min for names with "loss", else
 //   max) callbacks.early_stopping.patience  3      evaluations without improvement before stopping
 //   callbacks.early_stopping.min_delta 0.0    an improvement must exceed this
+//   callbacks.model_summary            false  print the model's parameters per top-level module
+//   callbacks.lr_monitor               false  log lr/group_N of every parameter group
+//                                             every logging.log_every_n_steps optimizer steps
 //
 // EarlyStopping stops every rank at the same step: the loop asks Fabric::should_stop(), which
 // takes global rank 0's decision. It is a fabric::Stateful (best value and its step, evaluations
@@ -19,6 +22,9 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
 
 #include "fabric/callback.h"
 #include "fabric/config/config.h"
@@ -64,9 +70,39 @@ class EarlyStopping : public Callback, public Stateful {
   std::string reason_;
 };
 
-// The callbacks the config asks for (none when callbacks.early_stopping.monitor is ""); errors
-// are ConfigErrors at their key. Needs training_schema()'s callbacks: keys.
-std::vector<std::shared_ptr<Callback>> make_callbacks(const Config& config);
+// At on_fit_start, global rank 0 prints each top-level module's type, parameter count and bytes,
+// with the totals and the trainable count (shapes as built: the same under every strategy).
+class ModelSummary : public Callback {
+ public:
+  explicit ModelSummary(const torch::nn::Module& module);
+  std::string name() const override { return "model_summary"; }
+  void on_fit_start(Fabric& f) override;
+  // The lines on_fit_start prints.
+  const std::vector<std::string>& lines() const { return lines_; }
+
+ private:
+  std::vector<std::string> lines_;
+};
+
+// Logs lr/group_0, lr/group_1, ... (the optimizer's current rates) at every `every`-th
+// on_train_batch_end step.
+class LearningRateMonitor : public Callback {
+ public:
+  LearningRateMonitor(const torch::optim::Optimizer& optimizer, int64_t every);
+  std::string name() const override { return "lr_monitor"; }
+  void on_train_batch_end(Fabric& f, int64_t step, const Metrics& values) override;
+
+ private:
+  const torch::optim::Optimizer& optimizer_;
+  int64_t every_;
+};
+
+// The callbacks the config asks for; errors are ConfigErrors at their key. Needs
+// training_schema()'s callbacks: keys. `module` and `optimizer` (set up already) are what
+// model_summary and lr_monitor watch; a key that needs one that is null is an error at the key.
+std::vector<std::shared_ptr<Callback>> make_callbacks(
+    const Config& config, const torch::nn::Module* module = nullptr,
+    const torch::optim::Optimizer* optimizer = nullptr);
 
 }  // namespace fabric
 

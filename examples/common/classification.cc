@@ -154,7 +154,8 @@ class ClassifierLoop {
             f.world_size(), ", device ", f.device().str(), ", precision ",
             fabric::to_string(f.precision().mode()), ", ", f.threads_description(), ", ",
             s_.total_steps, " steps; run directory ", run_.path().string());
-    for (auto& callback : fabric::make_callbacks(c_)) f.add_callback(std::move(callback));
+    for (auto& callback : fabric::make_callbacks(c_, &model.module, optimizer_.get()))
+      f.add_callback(std::move(callback));
     resume();
     // img/s, TFLOP/s and MFU (throughput.* keys); FLOPs counted on the first micro-batch unless
     // throughput.flops_per_unit gives them.

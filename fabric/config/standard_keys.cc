@@ -202,6 +202,11 @@ ConfigSchema training_schema() {
         KeySpec::integer(3).min(1).doc("evaluations without improvement before stopping"));
   s.add("callbacks.early_stopping.min_delta",
         KeySpec::real(0.0).min(0).doc("an improvement must exceed this"));
+  s.add("callbacks.model_summary",
+        KeySpec::boolean(false).doc("print the parameters of each top-level module at the start"));
+  s.add("callbacks.lr_monitor",
+        KeySpec::boolean(false).doc("log lr/group_N of every parameter group each "
+                                    "logging.log_every_n_steps steps"));
   s.section_doc("trainer", "Loop bounds.");
   s.add("trainer.max_epochs", KeySpec::integer(10).min(1));
   s.add("trainer.max_steps",

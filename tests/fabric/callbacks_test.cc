@@ -6,6 +6,8 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -124,6 +126,42 @@ TEST(CallbacksTest, EarlyStoppingModesMinDeltaAndResume) {
               "(there: epoch, val/loss)");
   }
   EXPECT_THROW(fabric::EarlyStopping({"x", "up", 1, 0.0}), fabric::Error);
+}
+
+TEST(CallbacksTest, ModelSummaryAndLearningRateMonitor) {
+  auto model =
+      torch::nn::Sequential(torch::nn::Linear(4, 3), torch::nn::ReLU(), torch::nn::Linear(3, 2));
+  model[2]->as<torch::nn::Linear>()->bias.set_requires_grad(false);
+  torch::optim::SGD sgd(model->parameters(), 0.25);
+  EXPECT_THROW(fabric::make_callbacks(config({"callbacks.lr_monitor=true"})),
+               fabric::ConfigError);  // no optimizer given
+  const auto callbacks =
+      fabric::make_callbacks(config({"callbacks.model_summary=true", "callbacks.lr_monitor=true",
+                                     "logging.log_every_n_steps=2"}),
+                             model.get(), &sgd);
+  ASSERT_EQ(callbacks.size(), 2u);
+  const auto* summary = dynamic_cast<fabric::ModelSummary*>(callbacks[0].get());
+  ASSERT_NE(summary, nullptr);
+  EXPECT_EQ(
+      summary->lines(),
+      (std::vector<std::string>{
+          "name  type               parameters  bytes", "0     torch::nn::Linear  15          60 B",
+          "1     torch::nn::ReLU    0           0 B", "2     torch::nn::Linear  8           32 B",
+          "total 23 parameters (21 trainable), 92 B"}));
+
+  // The monitor logs each group's rate every 2nd step (read back from metrics.csv).
+  const auto root = std::filesystem::path(::testing::TempDir()) / "lr_monitor";
+  fabric::Fabric f(config({"logging.run_dir=" + root.string()}), kCpu);
+  f.add_callback(callbacks[1]);
+  f.launch([&](fabric::Fabric& fab) {
+    fab.create_run_directory("lr");
+    for (int64_t step = 1; step <= 4; ++step) fab.call("on_train_batch_end", step);
+  });
+  std::ifstream csv(root / "metrics.csv");
+  std::stringstream text;
+  text << csv.rdbuf();
+  EXPECT_NE(text.str().find("lr/group_0"), std::string::npos) << text.str();
+  EXPECT_NE(text.str().find("0.25"), std::string::npos) << text.str();
 }
 
 }  // namespace

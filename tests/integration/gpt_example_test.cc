@@ -82,6 +82,24 @@ TEST_F(GptExampleTest, FsdpWithBlockUnitsAndZero1EqualDdpWithClipping) {
   EXPECT_EQ(parity_failure(weights("ddp"), weights("zero1"), "weights", 1e-6), "");
 }
 
+// callbacks.early_stopping on val/loss (mode auto: min): evaluated every step, the loss cannot
+// fall by min_delta 10, so patience 1 stops the run at the second evaluation, step 2 of 6.
+TEST_F(GptExampleTest, EarlyStoppingOnTheValidationLoss) {
+  const Result r = run("gpt", args(1) +
+                                  " gpt.eval_every_n_steps=1 "
+                                  "callbacks.early_stopping.monitor=val/loss "
+                                  "callbacks.early_stopping.patience=1 "
+                                  "callbacks.early_stopping.min_delta=10");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto s = summary_of(r);
+  EXPECT_EQ(s["steps"], 2);
+  EXPECT_NE(s["stopped_early"].get<std::string>().find(
+                "early stopping at step 2: val/loss did not fall by more than 10 in 1 "
+                "evaluations (best "),
+            std::string::npos)
+      << r.out;
+}
+
 TEST_F(GptExampleTest, ActivationCheckpointingChangesNoBit) {
   const Result kept = run("gpt", args(1) + " logging.run_dir=kept");
   ASSERT_EQ(kept.code, 0) << kept.out;
