@@ -295,6 +295,52 @@ TEST_F(ExamplesTest, Cifar10EarlyStoppingStopsEveryRankAndResumesItsPatience) {
   EXPECT_FALSE(summary_of(second)["stopped_early"].is_null());
 }
 
+// bazel run //tools:ckpt: a sharded fsdp checkpoint inspected, verified, consolidated into one
+// .safetensors file equal to the weights the run exported, and a damaged part found.
+TEST_F(ExamplesTest, CkptToolConsolidatesAShardedCheckpointIntoTheExportedWeights) {
+  Result r = run("cifar10", std::string("--config=single_cpu.yaml") + kTinyCifar +
+                                " fabric.devices=2 fabric.strategy=fsdp checkpoint.format=sharded"
+                                " logging.run_dir=run");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const fs::path folder = dir_ / "run" / "checkpoints" / "step-00000003.ckpt";
+  ASSERT_TRUE(fs::is_directory(folder)) << r.out;
+  const std::string ckpt = "../tools/ckpt";
+  Result inspect = run(ckpt, "inspect " + folder.string());
+  ASSERT_EQ(inspect.code, 0) << inspect.out;
+  EXPECT_NE(inspect.out.find("world_size: 2"), std::string::npos) << inspect.out;
+  EXPECT_NE(inspect.out.find("model.fc.weight  Float [10, 32]"), std::string::npos) << inspect.out;
+  Result verify = run(ckpt, "verify " + folder.string());
+  EXPECT_EQ(verify.code, 0) << verify.out;
+  EXPECT_NE(verify.out.find("every record checked, OK"), std::string::npos) << verify.out;
+
+  const fs::path full = dir_ / "full.safetensors";
+  Result consolidated = run(ckpt, "consolidate " + folder.string() + " " + full.string());
+  ASSERT_EQ(consolidated.code, 0) << consolidated.out;
+  Result same = run(ckpt, "diff " + full.string() + " " + (dir_ / "run" / "weights.pt").string());
+  ASSERT_EQ(same.code, 0) << same.out;
+  EXPECT_NE(same.out.find("0 of "), std::string::npos) << same.out;
+  EXPECT_NE(same.out.find("entries differ; largest tensor difference 0"), std::string::npos)
+      << same.out;
+
+  Result no_entry = run(ckpt, "consolidate " + folder.string() + " x.pt --entry=nope");
+  EXPECT_EQ(no_entry.code, 1) << no_entry.out;
+  EXPECT_NE(no_entry.out.find("no entry 'nope' in the state (there: "), std::string::npos)
+      << no_entry.out;
+  // One byte changed in the middle of a part: verify names that file and exits 1.
+  fs::path part;
+  for (const auto& e : fs::directory_iterator(folder))  // the largest part
+    if (e.path().filename() != "manifest.json" &&
+        (part.empty() || fs::file_size(e.path()) > fs::file_size(part)))
+      part = e.path();
+  ASSERT_FALSE(part.empty());
+  std::string data = bytes(part);
+  data[data.size() / 2] ^= 0x5a;
+  std::ofstream(part, std::ios::binary | std::ios::trunc) << data;
+  Result damaged = run(ckpt, "verify " + folder.string());
+  EXPECT_EQ(damaged.code, 1) << damaged.out;
+  EXPECT_NE(damaged.out.find(part.filename().string()), std::string::npos) << damaged.out;
+}
+
 // The README's main command on a CPU-only machine: 2 self-launched ranks, SyncBN, 16-mixed
 // resolved for the CPU (32-true where bf16 is emulated: ONEDNN_MAX_CPU_ISA=AVX2 makes every
 // machine such a one, so the test does not depend on the CPU it runs on), threads split

@@ -1,0 +1,268 @@
+// bazel run //tools:ckpt -- inspect PATH
+//                         verify PATH
+//                         consolidate PATH OUT [--entry=model]
+//                         diff PATH_A PATH_B
+//
+// Tools for the checkpoints Fabric::save writes (a .ckpt file or a sharded folder) and for weight
+// files (.pt, .safetensors):
+//   inspect      what the file records about its run (format version, LibTorch, revision, config
+//                hash, world size, time) and every entry of its state, tensors with shape and dtype
+//                (Lightning's and Accelerate's "what is in this checkpoint").
+//   verify       every byte checked as loading would check it (each record's CRC; for a folder the
+//                manifest, every file's size, and that the pieces cover every split tensor once),
+//                streaming: no tensor is held in memory.
+//   consolidate  one full weights file from a checkpoint (a sharded folder joined): the state
+//                entry --entry (default model) as a state dict, written as OUT's extension says
+//                (.safetensors: Hugging Face's format; else torch.save's), which Python reads
+//                (torch.load(OUT, weights_only=True) or safetensors.torch.load_file(OUT)).
+//   diff         per tensor, the largest absolute difference between two checkpoints or weight
+//                files, tensors only in one, or of another shape; the last line the largest.
+// Exit status: 0 done (diff: whatever the differences); 1 a file cannot be read, is damaged or
+// has no such entry; 2 bad usage.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "fabric/checkpoint/safetensors.h"
+#include "fabric/checkpoint/sharded.h"
+#include "fabric/checkpoint/state_dict.h"
+#include "fabric/core/error.h"
+#include "fabric/core/paths.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: ckpt inspect PATH | verify PATH | consolidate PATH OUT [--entry=NAME] | diff A B\n";
+
+int usage(const std::string& why) {
+  std::cerr << "ckpt: " << why << "\n" << kUsage;
+  return 2;
+}
+
+std::string shape_of(const torch::Tensor& t) {
+  std::string out = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) out += (i ? ", " : "") + std::to_string(t.size(i));
+  return out + "]";
+}
+
+// A checkpoint (file or folder) or a weights file, as one value: weight files (safetensors, or a
+// .pt holding a plain state dict) become {"state": {"weights": dict}}.
+c10::IValue read_any(const fs::path& path) {
+  if (!fs::is_directory(path)) {
+    std::string head(9, '\0');
+    if (FILE* f = std::fopen(path.c_str(), "rb")) {
+      head.resize(std::fread(head.data(), 1, head.size(), f));
+      std::fclose(f);
+    }
+    if (fabric::looks_like_safetensors(head)) {
+      c10::impl::GenericDict weights(c10::StringType::get(), c10::AnyType::get());
+      for (auto& [name, t] : fabric::load_safetensors(path).tensors) weights.insert(name, t);
+      c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
+      state.insert("weights", weights);
+      c10::impl::GenericDict top(c10::StringType::get(), c10::AnyType::get());
+      top.insert("state", state);
+      return top;
+    }
+  }
+  c10::IValue value = fabric::read_checkpoint(path);
+  if (value.isGenericDict() && !value.toGenericDict().contains("state")) {
+    c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
+    state.insert("weights", value);
+    c10::impl::GenericDict top(c10::StringType::get(), c10::AnyType::get());
+    top.insert("state", state);
+    return top;
+  }
+  return value;
+}
+
+std::string key_text(const c10::IValue& key) {
+  return key.isString() ? key.toStringRef() : c10::str(key);
+}
+
+// Calls `leaf(path, value)` for every tensor and plain value under `value`.
+void walk(const c10::IValue& value, const std::string& path,
+          const std::function<void(const std::string&, const c10::IValue&)>& leaf) {
+  const auto join = [&](const std::string& k) { return path.empty() ? k : path + "." + k; };
+  if (value.isGenericDict()) {
+    for (const auto& e : value.toGenericDict()) walk(e.value(), join(key_text(e.key())), leaf);
+  } else if (value.isList()) {
+    const auto list = value.toListRef();
+    for (size_t i = 0; i < list.size(); ++i) walk(list[i], join(std::to_string(i)), leaf);
+  } else if (value.isTuple()) {
+    const auto& items = value.toTupleRef().elements();
+    for (size_t i = 0; i < items.size(); ++i) walk(items[i], join(std::to_string(i)), leaf);
+  } else {
+    leaf(path, value);
+  }
+}
+
+c10::IValue field(const c10::IValue& dict, const std::string& key) {
+  if (!dict.isGenericDict()) return c10::IValue();
+  const auto d = dict.toGenericDict();
+  return d.contains(key) ? d.at(key) : c10::IValue();
+}
+
+int inspect(const fs::path& path) {
+  const c10::IValue value = read_any(path);
+  const c10::IValue meta = field(value, "fabric");
+  if (meta.isGenericDict()) {
+    for (const auto& e : meta.toGenericDict()) {
+      const std::string k = key_text(e.key());
+      if (k == "config") continue;  // the whole YAML: too long for a line
+      std::string v = e.value().isString() ? e.value().toStringRef() : c10::str(e.value());
+      if (k == "saved_unix_time" && e.value().isInt()) {
+        const std::time_t t = static_cast<std::time_t>(e.value().toInt());
+        char buf[32];
+        std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", std::gmtime(&t));
+        v += std::string(" (") + buf + ")";
+      }
+      std::cout << k << ": " << v << "\n";
+    }
+  }
+  int64_t tensors = 0, elements = 0, bytes = 0;
+  walk(field(value, "state"), "", [&](const std::string& name, const c10::IValue& v) {
+    if (v.isTensor()) {
+      const auto& t = v.toTensor();
+      std::cout << name << "  " << c10::toString(t.scalar_type()) << " " << shape_of(t) << "\n";
+      ++tensors;
+      elements += t.numel();
+      bytes += static_cast<int64_t>(t.nbytes());
+    } else {
+      std::cout << name << "  " << (v.isString() ? v.toStringRef() : c10::str(v)) << "\n";
+    }
+  });
+  std::cout << "state: " << tensors << " tensors, " << elements << " elements, " << bytes
+            << " bytes\n";
+  return 0;
+}
+
+int consolidate(const fs::path& path, const fs::path& out, const std::string& entry) {
+  const c10::IValue state = field(read_any(path), "state");
+  std::string names;
+  if (state.isGenericDict())
+    for (const auto& e : state.toGenericDict())
+      names += (names.empty() ? "" : ", ") + key_text(e.key());
+  const c10::IValue chosen = field(state, entry);
+  if (chosen.isNone())
+    throw fabric::Error(path.string() + ": no entry '" + entry + "' in the state (there: " +
+                        (names.empty() ? "none" : names) + "); choose one with --entry=NAME");
+  const fabric::StateDict weights =
+      fabric::state_dict_from(chosen, path.string() + " (entry " + entry + ")");
+  fabric::save_state_dict(out, weights);
+  int64_t elements = 0;
+  for (const auto& [name, t] : weights) elements += t.numel();
+  std::cout << out.string() << ": " << weights.size() << " tensors, " << elements
+            << " elements (entry " << entry << " of " << path.string() << ")\n";
+  return 0;
+}
+
+int diff(const fs::path& a, const fs::path& b) {
+  std::map<std::string, torch::Tensor> left, right;
+  std::map<std::string, std::string> left_values, right_values;
+  const auto collect = [](const c10::IValue& v, std::map<std::string, torch::Tensor>& tensors,
+                          std::map<std::string, std::string>& values) {
+    walk(field(v, "state"), "", [&](const std::string& name, const c10::IValue& leaf) {
+      if (leaf.isTensor()) {
+        tensors[name] = leaf.toTensor();
+      } else {
+        values[name] = leaf.isString() ? leaf.toStringRef() : c10::str(leaf);
+      }
+    });
+  };
+  collect(read_any(a), left, left_values);
+  collect(read_any(b), right, right_values);
+  double largest = 0;
+  std::string largest_name;
+  int64_t differing = 0;
+  for (const auto& [name, t] : left) {
+    const auto other = right.find(name);
+    if (other == right.end()) {
+      std::cout << name << "  only in " << a.string() << "\n";
+      ++differing;
+      continue;
+    }
+    const auto& u = other->second;
+    if (t.sizes() != u.sizes()) {
+      std::cout << name << "  shape " << shape_of(t) << " vs " << shape_of(u) << "\n";
+      ++differing;
+      continue;
+    }
+    const bool floating = t.is_floating_point() || u.is_floating_point();
+    const auto kind = floating ? torch::kDouble : torch::kLong;
+    const double d = t.numel() == 0
+                         ? 0.0
+                         : (t.to(kind) - u.to(kind)).abs().max().to(torch::kDouble).item<double>();
+    if (d != 0 || std::isnan(d)) {
+      std::cout << name << "  max |a - b| " << d << "\n";
+      ++differing;
+    }
+    if (d > largest || std::isnan(d)) {
+      largest = d;
+      largest_name = name;
+    }
+  }
+  for (const auto& [name, t] : right)
+    if (!left.count(name)) {
+      std::cout << name << "  only in " << b.string() << "\n";
+      ++differing;
+    }
+  for (const auto& [name, v] : left_values) {
+    const auto other = right_values.find(name);
+    if (other != right_values.end() && other->second != v) {
+      std::cout << name << "  " << v << " vs " << other->second << "\n";
+      ++differing;
+    }
+  }
+  std::cout << differing << " of " << left.size() + left_values.size()
+            << " entries differ; largest tensor difference " << largest
+            << (largest_name.empty() ? "" : " (" + largest_name + ")") << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args;
+  std::string entry = "model";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--entry=", 0) == 0) {
+      entry = a.substr(8);
+    } else if (a == "--help" || a == "-h") {
+      std::cout << kUsage;
+      return 0;
+    } else if (a.rfind("--", 0) == 0) {
+      return usage("unknown flag " + a);
+    } else {
+      args.push_back(a);
+    }
+  }
+  if (args.empty()) return usage("no command");
+  const std::string command = args[0];
+  const auto path = [&](size_t i) { return fabric::absolute_from_working_directory(args[i]); };
+  try {
+    if (command == "inspect" && args.size() == 2) return inspect(path(1));
+    if (command == "verify" && args.size() == 2) {
+      fabric::verify_checkpoint(path(1));
+      std::cout << path(1).string() << ": every record checked, OK\n";
+      return 0;
+    }
+    if (command == "consolidate" && args.size() == 3) return consolidate(path(1), path(2), entry);
+    if (command == "diff" && args.size() == 3) return diff(path(1), path(2));
+  } catch (const std::exception& e) {
+    std::cerr << "ckpt: " << e.what() << "\n";
+    return 1;
+  }
+  return usage("bad command line");
+}
