@@ -58,6 +58,20 @@ StateDict state_dict_from(const c10::IValue& value, const std::string& source) {
   return out;
 }
 
+StateDict map_names(StateDict tensors,
+                    const std::function<std::string(const std::string&)>& rename) {
+  StateDict out;
+  std::map<std::string, std::string> from;  // new name → the name it came from
+  for (auto& [name, t] : tensors) {
+    std::string to = rename(name);
+    if (to.empty()) continue;
+    if (const auto [it, fresh] = from.emplace(to, name); !fresh)
+      throw Error("map_names: '" + it->second + "' and '" + name + "' both map to '" + to + "'");
+    out.emplace_back(std::move(to), std::move(t));
+  }
+  return out;
+}
+
 StateDict load_state_dict_file(const fs::path& path) {
   std::string head(9, '\0');
   std::ifstream in(path, std::ios::binary);

@@ -45,6 +45,17 @@ StateDict state_dict_from(const c10::IValue& value, const std::string& source);
 // fabric::Error "PATH: ..." for a missing, truncated or foreign file.
 StateDict load_state_dict_file(const std::filesystem::path& path);
 
+// The name-mapping hook for weights written by another program (a Hugging Face checkpoint's
+// "transformer.h.0.attn.c_attn.weight" for this model's "blocks.0.attn.qkv.weight"): each name
+// replaced by rename(name), and the entry dropped when that is "". Throws fabric::Error naming
+// both sources when two names map to one.
+//   auto w = fabric::map_names(fabric::load_state_dict_file(path), [](const std::string& n) {
+//     return n.rfind("transformer.", 0) == 0 ? n.substr(12) : n;
+//   });
+//   fabric::load_state_dict(*model, w, path);
+StateDict map_names(StateDict tensors,
+                    const std::function<std::string(const std::string&)>& rename);
+
 // Copies `tensors` into the parameters and buffers of `module` (on their devices and dtypes).
 // Strict: if any name is missing, unexpected or of another shape, nothing is copied and
 // fabric::Error lists them all: "SOURCE: does not match the model: missing [a, b]; unexpected

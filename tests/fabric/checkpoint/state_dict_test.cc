@@ -114,6 +114,29 @@ constexpr const char* kPrintRows =
     "for k, v in sd.items():\n"
     "    print('T', k, v.numel(), '%.6e' % v.double().sum().item())\n";
 
+TEST_F(StateDictTest, MapNamesRenamesDropsAndRefusesCollisions) {
+  torch::manual_seed(6);
+  auto model = make_model();
+  fabric::StateDict foreign;  // another program's names: "net." prefix, plus an extra entry
+  for (const auto& [name, t] : fabric::state_dict(*model)) foreign.emplace_back("net." + name, t);
+  foreign.emplace_back("extra.step", torch::ones(1));
+  auto fresh = make_model();
+  const auto mapped = fabric::map_names(foreign, [](const std::string& n) {
+    return n.rfind("net.", 0) == 0 ? n.substr(4) : std::string();  // "" drops extra.step
+  });
+  fabric::load_state_dict(*fresh, mapped, "mapped");
+  const auto a = fabric::state_dict(*model), b = fabric::state_dict(*fresh);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i].second, b[i].second));
+  try {
+    fabric::map_names(foreign, [](const std::string&) { return std::string("same"); });
+    FAIL() << "no error";
+  } catch (const fabric::Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "map_names: 'net.0.weight' and 'net.0.bias' both map to 'same'");
+  }
+}
+
 TEST_F(StateDictTest, PythonReadsOurFileWithWeightsOnly) {
   torch::manual_seed(1);
   auto model = make_model();
