@@ -154,10 +154,42 @@ void LearningRateMonitor::on_train_batch_end(Fabric& f, int64_t step, const Metr
   f.log_dict(rates, step);
 }
 
+void ProfilerCallback::on_train_batch_end(Fabric& f, int64_t, const Metrics&) {
+  if (!profiler_) {
+    options_.dir = f.run_directory().path() / "profiler";
+    options_.rank = f.global_rank();
+    if (!f.device().is_cuda()) options_.cuda = false;  // no kernels to record
+    profiler_ = std::make_unique<StepProfiler>(options_);
+  }
+  profiler_->step();
+}
+
+void ProfilerCallback::on_fit_end(Fabric& f) {
+  if (!profiler_ || profiler_->traces().empty()) return;
+  f.print("profiler: ", profiler_->traces().size(), " trace(s) per rank in ", options_.dir.string(),
+          " (open in ui.perfetto.dev or TensorBoard); rank 0's ops:\n", profiler_->table());
+}
+
 std::vector<std::shared_ptr<Callback>> make_callbacks(const Config& config,
                                                       const torch::nn::Module* module,
                                                       const torch::optim::Optimizer* optimizer) {
   std::vector<std::shared_ptr<Callback>> out;
+  if (config.get_bool("profiler.enabled")) {
+    StepProfilerOptions o;
+    o.wait = config.get_int("profiler.wait");
+    o.warmup = config.get_int("profiler.warmup");
+    o.active = config.get_int("profiler.active");
+    o.repeat = config.get_int("profiler.repeat");
+    const auto activities = config.get_string_list("profiler.activities");
+    o.cpu = std::find(activities.begin(), activities.end(), "cpu") != activities.end();
+    o.cuda = std::find(activities.begin(), activities.end(), "cuda") != activities.end();
+    if (!o.cpu && !o.cuda) throw config.error_at("profiler.activities", "name cpu, cuda or both");
+    o.record_shapes = config.get_bool("profiler.record_shapes");
+    o.profile_memory = config.get_bool("profiler.profile_memory");
+    o.with_stack = config.get_bool("profiler.with_stack");
+    o.row_limit = config.get_int("profiler.row_limit");
+    out.push_back(std::make_shared<ProfilerCallback>(o));
+  }
   if (config.get_bool("callbacks.model_summary")) {
     if (!module)
       throw config.error_at("callbacks.model_summary", "this program passes no model to watch");

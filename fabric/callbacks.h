@@ -9,6 +9,8 @@
 //   callbacks.model_summary            false  print the model's parameters per top-level module
 //   callbacks.lr_monitor               false  log lr/group_N of every parameter group
 //                                             every logging.log_every_n_steps optimizer steps
+//   profiler.enabled                   false  LibTorch's profiler on a schedule of steps
+//                                             (ProfilerCallback below; profiler.* keys)
 //
 // EarlyStopping stops every rank at the same step: the loop asks Fabric::should_stop(), which
 // takes global rank 0's decision. It is a fabric::Stateful (best value and its step, evaluations
@@ -29,6 +31,7 @@
 #include "fabric/callback.h"
 #include "fabric/config/config.h"
 #include "fabric/core/stateful.h"
+#include "fabric/training/profiler.h"
 
 namespace fabric {
 
@@ -95,6 +98,22 @@ class LearningRateMonitor : public Callback {
  private:
   const torch::optim::Optimizer& optimizer_;
   int64_t every_;
+};
+
+// profiler.*: a fabric::StepProfiler (fabric/training/profiler.h) stepped at every
+// on_train_batch_end; each rank writes its traces to <run dir>/profiler/ and, at on_fit_end,
+// global rank 0 prints where they are and its top-ops table.
+class ProfilerCallback : public Callback {
+ public:
+  explicit ProfilerCallback(StepProfilerOptions options) : options_(std::move(options)) {}
+  std::string name() const override { return "profiler"; }
+  void on_train_batch_end(Fabric& f, int64_t step, const Metrics& values) override;
+  void on_fit_end(Fabric& f) override;
+  const StepProfiler* profiler() const { return profiler_.get(); }
+
+ private:
+  StepProfilerOptions options_;
+  std::unique_ptr<StepProfiler> profiler_;
 };
 
 // The callbacks the config asks for; errors are ConfigErrors at their key. Needs

@@ -295,6 +295,27 @@ TEST_F(ExamplesTest, Cifar10EarlyStoppingStopsEveryRankAndResumesItsPatience) {
   EXPECT_FALSE(summary_of(second)["stopped_early"].is_null());
 }
 
+// profiler.enabled: each of 2 ranks writes the trace of steps 3-4 into the run directory, and
+// rank 0 prints its top ops.
+TEST_F(ExamplesTest, Cifar10ProfilerWritesATracePerRankAndATable) {
+  Result r = run("cifar10", std::string("--config=single_cpu.yaml") + kTinyCifar +
+                                " trainer.max_steps=5 fabric.devices=2 profiler.enabled=true"
+                                " profiler.active=2 logging.run_dir=run");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* rank : {"0", "1"}) {
+    const fs::path trace =
+        dir_ / "run" / "profiler" / (std::string("rank_") + rank + "_step_4.pt.trace.json");
+    ASSERT_TRUE(fs::exists(trace)) << r.out;
+    const auto j = nlohmann::json::parse(bytes(trace));
+    EXPECT_GT(j.at("traceEvents").size(), 10u);
+  }
+  EXPECT_NE(r.out.find("profiler: 1 trace(s) per rank in " + (dir_ / "run" / "profiler").string()),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("CPU ops (self time)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("aten::convolution"), std::string::npos) << r.out;
+}
+
 // bazel run //tools:ckpt: a sharded fsdp checkpoint inspected, verified, consolidated into one
 // .safetensors file equal to the weights the run exported, and a damaged part found.
 TEST_F(ExamplesTest, CkptToolConsolidatesAShardedCheckpointIntoTheExportedWeights) {
