@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -76,6 +77,15 @@ inline std::string value_after(const std::string& text, const std::string& key) 
 inline std::string python_interpreter() {
   const char* py = std::getenv("PYTHON");
   return py != nullptr && *py != '\0' ? py : "python3";
+}
+
+// Runs `program` (Python source, written to `dir`/program.py) with the setup's Python and `arg`
+// as its one argument.
+inline CommandResult run_python(const std::string& program, const std::filesystem::path& dir,
+                                const std::string& arg) {
+  const std::filesystem::path script = dir / "program.py";
+  std::ofstream(script) << program;
+  return run_command(python_interpreter() + " " + script.string() + " " + arg);
 }
 
 // A TCP port nothing listens on right now on 127.0.0.1 (the kernel's choice for port 0).

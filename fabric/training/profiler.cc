@@ -27,6 +27,18 @@ impl::ProfilerConfig config_of(const StepProfilerOptions& o) {
                               o.with_stack);
 }
 
+// Runs `start` (prepareProfiler or enableProfiler), its failure one fabric::Error.
+template <typename Start>
+void starting(Start&& start) {
+  try {
+    start();
+  } catch (const std::exception& e) {
+    std::string why = e.what();
+    throw Error("profiler: cannot start LibTorch's profiler (" + why.substr(0, why.find('\n')) +
+                ")");
+  }
+}
+
 }  // namespace
 
 StepProfiler::StepProfiler(StepProfilerOptions options) : options_(std::move(options)) {
@@ -46,14 +58,10 @@ StepProfiler::~StepProfiler() {
 }
 
 void StepProfiler::start_recording() {
-  try {
+  starting([&] {
     if (!prepared_) kineto::prepareProfiler(config_of(options_), activities(options_));
     kineto::enableProfiler(config_of(options_), activities(options_));
-  } catch (const std::exception& e) {
-    std::string why = e.what();
-    throw Error("profiler: cannot start LibTorch's profiler (" + why.substr(0, why.find('\n')) +
-                ")");
-  }
+  });
   prepared_ = false;
   recording_ = true;
 }
@@ -130,13 +138,7 @@ void StepProfiler::step() {
     if (options_.repeat > 0 && cycles_done_ >= options_.repeat) return;
   }
   if (at == options_.wait && options_.warmup > 0 && !prepared_ && !recording_) {
-    try {
-      kineto::prepareProfiler(config_of(options_), activities(options_));
-    } catch (const std::exception& e) {
-      std::string why = e.what();
-      throw Error("profiler: cannot start LibTorch's profiler (" + why.substr(0, why.find('\n')) +
-                  ")");
-    }
+    starting([&] { kineto::prepareProfiler(config_of(options_), activities(options_)); });
     prepared_ = true;
   }
   if (at == options_.wait + options_.warmup && !recording_) start_recording();

@@ -86,10 +86,7 @@ class SafetensorsTest : public ::testing::Test {
   fs::path dir_;
 
   fabric::testing::CommandResult run_python(const std::string& program, const fs::path& file) {
-    const fs::path script = dir_ / "program.py";
-    std::ofstream(script) << program;
-    return fabric::testing::run_command(fabric::testing::python_interpreter() + " " +
-                                        script.string() + " " + file.string());
+    return fabric::testing::run_python(program, dir_, file.string());
   }
 
   // Writes `bytes` as a file and returns the error load_safetensors gives for it ("" if none).

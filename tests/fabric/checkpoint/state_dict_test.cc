@@ -31,10 +31,7 @@ class StateDictTest : public ::testing::Test {
 
   // Runs `program` with the setup's Python and `file` as its argument.
   fabric::testing::CommandResult run_python(const std::string& program, const fs::path& file) {
-    const fs::path script = dir_ / "program.py";
-    std::ofstream(script) << program;
-    return fabric::testing::run_command(fabric::testing::python_interpreter() + " " +
-                                        script.string() + " " + file.string());
+    return fabric::testing::run_python(program, dir_, file.string());
   }
 };
 
