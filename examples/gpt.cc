@@ -169,12 +169,9 @@ int train(fabric::Fabric& f) {
   fabric::CheckpointState state;
   state.add("model", model).add("optimizer", *optimizer).add("scheduler", scheduler);
   state.add("train_loader", train);
-  for (auto& callback : fabric::make_callbacks(
-           c, model.get(), optimizer.get())) {  // callbacks.*: checkpointed when stateful
-    if (auto* stateful = dynamic_cast<fabric::Stateful*>(callback.get()))
-      state.add("callbacks." + callback->name(), *stateful);
+  for (auto& callback : fabric::make_callbacks(c, model.get(), optimizer.get()))
     f.add_callback(std::move(callback));
-  }
+  fabric::add_stateful_callbacks(f, state);  // callbacks.*: checkpointed when stateful
   fabric::Checkpointer checkpoints(f, state);
   f.print("gpt: ", mc.parameters(), " parameters (", c.get_string("model.preset"), ": ", mc.n_layer,
           " layers, ", mc.n_head, " heads, width ", mc.n_embd, ", ", mc.block_size,

@@ -170,6 +170,12 @@ void ProfilerCallback::on_fit_end(Fabric& f) {
           " (open in ui.perfetto.dev or TensorBoard); rank 0's ops:\n", profiler_->table());
 }
 
+void add_stateful_callbacks(const Fabric& f, CheckpointState& state) {
+  for (const auto& callback : f.callbacks())
+    if (auto* stateful = dynamic_cast<Stateful*>(callback.get()))
+      state.add("callbacks." + callback->name(), *stateful);
+}
+
 std::vector<std::shared_ptr<Callback>> make_callbacks(const Config& config,
                                                       const torch::nn::Module* module,
                                                       const torch::optim::Optimizer* optimizer) {

@@ -29,6 +29,7 @@
 #include <torch/optim/optimizer.h>
 
 #include "fabric/callback.h"
+#include "fabric/checkpoint/checkpoint_state.h"
 #include "fabric/config/config.h"
 #include "fabric/core/stateful.h"
 #include "fabric/training/profiler.h"
@@ -115,6 +116,10 @@ class ProfilerCallback : public Callback {
   StepProfilerOptions options_;
   std::unique_ptr<StepProfiler> profiler_;
 };
+
+// Adds each callback of `f` that is also a fabric::Stateful to `state` as "callbacks.<name>", so
+// a checkpoint holds it and a resumed run continues it.
+void add_stateful_callbacks(const Fabric& f, CheckpointState& state);
 
 // The callbacks the config asks for; errors are ConfigErrors at their key. Needs
 // training_schema()'s callbacks: keys. `module` and `optimizer` (set up already) are what

@@ -21,7 +21,6 @@
 // has no such entry; 2 bad usage.
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <functional>
@@ -60,12 +59,7 @@ std::string shape_of(const torch::Tensor& t) {
 // .pt holding a plain state dict) become {"state": {"weights": dict}}.
 c10::IValue read_any(const fs::path& path) {
   if (!fs::is_directory(path)) {
-    std::string head(9, '\0');
-    if (FILE* f = std::fopen(path.c_str(), "rb")) {
-      head.resize(std::fread(head.data(), 1, head.size(), f));
-      std::fclose(f);
-    }
-    if (fabric::looks_like_safetensors(head)) {
+    if (fabric::is_safetensors_file(path)) {
       c10::impl::GenericDict weights(c10::StringType::get(), c10::AnyType::get());
       for (auto& [name, t] : fabric::load_safetensors(path).tensors) weights.insert(name, t);
       c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());

@@ -212,9 +212,7 @@ class ClassifierLoop {
     state_.add("model", model_.module).add("optimizer", *optimizer_).add("scheduler", scheduler_);
     state_.add("train_loader", train_);
     if (ema_) ema_->add_to(state_, "ema");
-    for (const auto& callback : f_.callbacks())  // a stateful callback resumes where it was
-      if (auto* stateful = dynamic_cast<fabric::Stateful*>(callback.get()))
-        state_.add("callbacks." + callback->name(), *stateful);
+    fabric::add_stateful_callbacks(f_, state_);  // a stateful callback resumes where it was
     loss_since_report_ = torch::zeros({}, torch::dtype(torch::kDouble).device(f_.device()));
     if (s_.report_train_loss) {
       state_.add("loss_since_report", loss_since_report_)

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <set>
 
@@ -151,6 +152,14 @@ Entry read_entry(const std::string& path, const std::string& name, const json& e
 
 bool looks_like_safetensors(std::string_view first_bytes) {
   return first_bytes.size() >= 9 && first_bytes[8] == '{' && first_bytes.substr(0, 4) != "PK\3\4";
+}
+
+bool is_safetensors_file(const fs::path& path) {
+  std::string head(9, '\0');
+  std::ifstream in(path, std::ios::binary);
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<size_t>(std::max<std::streamsize>(in.gcount(), 0)));
+  return looks_like_safetensors(head);
 }
 
 void save_safetensors(const fs::path& path,

@@ -46,6 +46,8 @@ SafetensorsFile load_safetensors(const std::filesystem::path& path);
 // True when `bytes` (a file's first 9 bytes or more) start like a safetensors file: a header
 // length, then '{'. A torch.save zip starts with "PK\3\4".
 bool looks_like_safetensors(std::string_view first_bytes);
+// The same for the file at `path` (false for a folder or a file that cannot be read).
+bool is_safetensors_file(const std::filesystem::path& path);
 
 }  // namespace fabric
 

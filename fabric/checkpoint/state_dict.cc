@@ -2,8 +2,6 @@
 
 #include <torch/types.h>
 
-#include <algorithm>
-#include <fstream>
 #include <map>
 #include <sstream>
 
@@ -73,11 +71,7 @@ StateDict map_names(StateDict tensors,
 }
 
 StateDict load_state_dict_file(const fs::path& path) {
-  std::string head(9, '\0');
-  std::ifstream in(path, std::ios::binary);
-  in.read(head.data(), static_cast<std::streamsize>(head.size()));
-  head.resize(static_cast<size_t>(std::max<std::streamsize>(in.gcount(), 0)));
-  if (looks_like_safetensors(head)) return load_safetensors(path).tensors;
+  if (is_safetensors_file(path)) return load_safetensors(path).tensors;
   return state_dict_from(load_archive(path), path.string());
 }
 
