@@ -487,6 +487,8 @@ ResolvedSetup resolve_setup(const Config& c, const MachineFacts& m) {
     s.cuda_graphs = false;
   }
   s.memory_limit_gb = c.get_double("fabric.memory_limit_gb");
+  s.tensor_memory_limit_gb = c.get_double("fabric.tensor_memory_limit_gb");
+  s.empty_init = c.get_bool("fabric.empty_init");
   resolve_threads(c, m, s);  // 6
   return s;
 }

@@ -98,6 +98,10 @@ struct ResolvedSetup {
   // fabric.memory_limit_gb: Fabric::step fails once a process's peak resident host memory
   // exceeds it (0: off).
   double memory_limit_gb = 0;
+  // fabric.tensor_memory_limit_gb: the most tensor memory a process may hold on its device
+  // (fabric/accelerators/memory.h; 0: no limit), and fabric.empty_init (Fabric::init_module).
+  double tensor_memory_limit_gb = 0;
+  bool empty_init = false;
   // fabric.max_restarts / restart_backoff_s (fabric/distributed/restart_agent.h). restart_agent:
   // this process supervises the job instead of being its rank 0 (a self-launched job with
   // max_restarts > 0, in the process the user started).

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "fabric/accelerators/memory.h"
 #include "fabric/connector.h"
 #include "strategies/data_parallel.h"
 #include "strategies/ddp.h"
@@ -59,6 +60,8 @@ void apply_global_settings(const ResolvedSetup& s) {
   ctx.setDeterministicCuDNN(s.deterministic);
   ctx.setBenchmarkCuDNN(s.cudnn_benchmark);
   ctx.setFloat32MatmulPrecision(s.matmul_precision);
+  if (s.tensor_memory_limit_gb > 0)
+    set_memory_limit(s.device, static_cast<int64_t>(s.tensor_memory_limit_gb * (1LL << 30)));
   if (s.num_threads > 0) {
     at::set_num_threads(static_cast<int>(s.num_threads));
     // The inter-op pool can be sized once, before it starts; a second Fabric in the process (or

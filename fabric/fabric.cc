@@ -123,8 +123,20 @@ void Fabric::setup_module(torch::nn::Module& module) {
     for (auto& p : module.parameters())
       if (p.dim() == 4) p.set_data(p.data().contiguous(at::MemoryFormat::ChannelsLast));
   }
+  // The empty init that made this module's tensors, if any (init_module).
+  for (auto it = pending_inits_.begin(); it != pending_inits_.end(); ++it) {
+    bool made = false;
+    for (const auto& p : module.parameters()) made = made || (*it)->made(p);
+    for (const auto& b : module.buffers()) made = made || (*it)->made(b);
+    if (!made) continue;
+    strategy_->set_empty_init(*it);
+    pending_inits_.erase(it);
+    break;
+  }
   strategy_->setup_module(module);
 }
+
+bool Fabric::empty_init_default() const { return setup_->empty_init; }
 
 void Fabric::setup_optimizer(torch::optim::Optimizer& optimizer) {
   strategy_->setup_optimizer(optimizer);

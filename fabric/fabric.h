@@ -68,6 +68,7 @@
 #include "fabric/logging/logger.h"
 #include "fabric/logging/run_dir.h"
 #include "fabric/nn/data_parallel.h"
+#include "fabric/nn/empty_init.h"
 #include "fabric/precision/precision.h"
 #include "fabric/training/accumulation.h"
 #include "strategies/strategy.h"
@@ -114,6 +115,24 @@ class Fabric {
   }
   void setup_module(torch::nn::Module& module);
   void setup_optimizer(torch::optim::Optimizer& optimizer);
+
+  // Builds a module with `make()` (a function returning it). With an empty init (`empty_init`,
+  // or fabric.empty_init when not given) its parameters and buffers get no memory until
+  // setup(), which gives them exactly the values `make()` gives with the same seed: whole on
+  // the device, or under fsdp only this rank's shard of each, so a model larger than one
+  // rank's memory can be set up (fabric/nn/empty_init.h says what a constructor may do). An
+  // optimizer may be built on its parameters before setup.
+  //     auto model = f.init_module([&] { return Gpt(config); });
+  template <typename Make>
+  auto init_module(Make&& make, std::optional<bool> empty_init = std::nullopt) {
+    if (!empty_init.value_or(empty_init_default())) return make();
+    auto scope = std::make_unique<EmptyInit>();
+    auto module = make();
+    std::shared_ptr<InitRecord> record = scope->record();
+    scope.reset();  // the record is complete
+    pending_inits_.push_back(std::move(record));
+    return module;
+  }
 
   // A loader for this rank: sampler partitioned by rank, shuffled from fabric.seed (unless
   // options.seed() is set) + epoch, batches delivered on device(). See fabric/data/data_loader.h.
@@ -354,6 +373,7 @@ class Fabric {
     return *m;
   }
   int run_launched(const std::function<int(Fabric&)>& fn);
+  bool empty_init_default() const;
   // Gathers every rank's generator states (collective); the returned function builds the file's
   // contents from `state` (no communication).
   std::function<c10::IValue(const CheckpointState&)> gather_for_save();
@@ -378,6 +398,7 @@ class Fabric {
   std::map<std::string, double> last_logged_;  // global rank 0: each metric's last value
   int64_t steps_ = 0;                          // optimizer steps through step(), for messages
   std::vector<std::shared_ptr<Callback>> callbacks_;
+  std::vector<std::shared_ptr<InitRecord>> pending_inits_;  // init_module's, until setup
   std::string stop_reason_;
 };
 

@@ -22,6 +22,7 @@ void DataParallel::setup_environment() {
 }
 
 void DataParallel::setup_module(torch::nn::Module& module) {
+  materialize_empty_init(module, devices_.front());
   module.to(devices_.front());
   precision_->convert_module(module);
 }

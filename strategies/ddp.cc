@@ -77,6 +77,7 @@ void Ddp::release() {
 
 void Ddp::setup_module(torch::nn::Module& module) {
   const auto& pg = group_for("setup_module");
+  materialize_empty_init(module, device_);
   module.to(device_);
   precision_->convert_module(module);
   if (options_.sync_batchnorm) {

@@ -9,6 +9,7 @@
 
 #include "fabric/core/error.h"
 #include "fabric/distributed/process_group.h"
+#include "fabric/nn/empty_init.h"
 #include "strategies/collectives.h"
 #include "strategies/optimizer_shard.h"
 #include "strategies/sharded_parameters.h"
@@ -75,7 +76,11 @@ ParameterParts Fsdp::parameter_parts(torch::nn::Module& module) {
 void Fsdp::teardown() {
   // Every rank gets here together after the user's function returned: the parameters take
   // their full values back (collective) before the process group ends.
-  if (sharded_) sharded_->gather_all_into_parameters();
+  if (sharded_ && built_empty_) {
+    sharded_->drop_to_meta();
+  } else if (sharded_) {
+    sharded_->gather_all_into_parameters();
+  }
   ParallelStrategy::teardown();
 }
 
@@ -84,7 +89,16 @@ void Fsdp::setup_module(torch::nn::Module& module) {
   if (sharded_)
     throw Error(std::string(kKey) +
                 ": shards one module per process; this job set up a second one");
-  module.to(device_);
+  // An empty init (fabric/nn/empty_init.h) is replayed after the units are formed, each rank
+  // keeping only its shard of each value; the module stays on the meta device until then.
+  std::shared_ptr<InitRecord> empty_init = std::move(empty_init_);
+  empty_init_.reset();
+  if (empty_init && !has_meta_tensors(module)) empty_init.reset();
+  if (!empty_init && has_meta_tensors(module))
+    throw Error(
+        "setup: the module has parameters or buffers on the meta device that no empty init "
+        "recorded; build it with Fabric::init_module (or give those tensors a device)");
+  if (!empty_init) module.to(device_);
   precision_->convert_module(module);
   std::vector<torch::Tensor> params;
   std::vector<std::string> names;
@@ -95,11 +109,17 @@ void Fsdp::setup_module(torch::nn::Module& module) {
   }
   if (params.empty())
     throw Error(std::string(kKey) + ": the module has no parameters that require gradients");
-  // Same shapes everywhere, then rank 0's values everywhere (every parameter and buffer).
-  c10d::verify_params_across_processes(pg, params, std::nullopt);
-  std::vector<torch::Tensor> state = module.parameters();
-  for (const auto& b : module.buffers()) state.push_back(b);
-  {
+  if (empty_init) {
+    // Every rank replays from rank 0's generator state: the same values everywhere.
+    torch::Tensor state = empty_init->generator_state().to(device_);
+    std::vector<torch::Tensor> one{state};
+    distributed::wait(pg->broadcast(one), "fsdp empty init: broadcast of the generator state");
+    empty_init->set_generator_state(state.cpu());
+  } else {
+    // Same shapes everywhere, then rank 0's values everywhere (every parameter and buffer).
+    c10d::verify_params_across_processes(pg, params, std::nullopt);
+    std::vector<torch::Tensor> state = module.parameters();
+    for (const auto& b : module.buffers()) state.push_back(b);
     torch::NoGradGuard no_grad;
     c10d::broadcast_coalesced(pg, state, 250 * 1024 * 1024, 0);
   }
@@ -111,8 +131,17 @@ void Fsdp::setup_module(torch::nn::Module& module) {
   policy.prefetch = options_.prefetch.value_or(
       device_.is_cuda() || distributed::active_cpu_backend(*pg) != "fabric_shm");
   policy.reduce_dtype = options_.reduce_dtype;
+  policy.empty_init_device = device_;
   sharded_ = std::make_unique<ShardedParameters>(module, pg, policy);
   module_ = &module;
+  built_empty_ = empty_init != nullptr;
+  if (empty_init) {
+    empty_init->replay(
+        module, [&](const std::string&, torch::Tensor& held, const torch::Tensor& value) {
+          if (!sharded_->take_initial_value(held, value))  // a buffer, a frozen parameter: whole
+            replace_data(held, value.to(device_, held.scalar_type()));
+        });
+  }
   if (global_rank() == 0) {  // the wrapping policy's result, once
     const auto units = sharded_->units();
     int64_t largest = 0, root = 0;

@@ -77,6 +77,7 @@ class Fsdp : public ParallelStrategy {
   std::vector<std::string> param_names_;
   bool sync_ = true;
   int64_t synced_backwards_ = 0;
+  bool built_empty_ = false;  // the module was built by an empty init (teardown leaves it meta)
 };
 
 }  // namespace fabric::strategies

@@ -20,6 +20,7 @@
 #include "fabric/core/error.h"
 #include "fabric/core/suggest.h"
 #include "fabric/distributed/process_group.h"
+#include "fabric/nn/empty_init.h"
 #include "fabric/nn/module_type.h"
 
 namespace fabric::strategies {
@@ -160,21 +161,46 @@ void ShardedParameters::flatten_unit(size_t k) {
   u.offsets = layout.offsets;
   u.total = layout.total;
   u.shard_size = layout.shard_size;
-  const auto options = first.options().requires_grad(false);
+  const bool empty_init = first.is_meta();  // values come later: take_initial_value
+  const auto options = first.options().requires_grad(false).device(
+      empty_init ? policy_.empty_init_device : first.device());
   u.full = torch::zeros({world_ * u.shard_size}, options);
-  for (size_t i = 0; i < u.params.size(); ++i)
-    u.full.narrow(0, u.offsets[i], u.params[i].numel()).copy_(u.params[i].reshape(-1));
-  u.shard = u.full.narrow(0, rank_ * u.shard_size, u.shard_size).clone();
+  if (empty_init) {
+    u.shard = torch::zeros({u.shard_size}, options);
+  } else {
+    for (size_t i = 0; i < u.params.size(); ++i)
+      u.full.narrow(0, u.offsets[i], u.params[i].numel()).copy_(u.params[i].reshape(-1));
+    u.shard = u.full.narrow(0, rank_ * u.shard_size, u.shard_size).clone();
+  }
   u.shard_grad = torch::zeros({u.shard_size}, options);
   for (size_t i = 0; i < u.params.size(); ++i) {
     torch::Tensor& p = u.params[i];
     const std::vector<int64_t> sizes = p.sizes().vec();
+    if (empty_init) replace_data(p, torch::empty({0}, options));
     p.set_(u.full.storage(), u.offsets[i], sizes, c10::contiguous_strides(sizes));
+    by_object_[p.unsafeGetTensorImpl()] = {k, i};
   }
   u.gathered = true;
   gathered_bytes_ += static_cast<int64_t>(u.full.storage().nbytes());
   unit_of_storage_[u.full.storage().unsafeGetStorageImpl()] = k;
   release(u);
+}
+
+bool ShardedParameters::take_initial_value(const torch::Tensor& held, const torch::Tensor& value) {
+  auto it = by_object_.find(held.unsafeGetTensorImpl());
+  if (it == by_object_.end()) return false;
+  const Unit& u = units_[it->second.first];
+  const size_t i = it->second.second;
+  if (value.numel() != u.params[i].numel())
+    throw Error(std::string(kKey) + ": parameter '" + u.names[i] + "' has " +
+                std::to_string(u.params[i].numel()) + " elements, its empty init's value " +
+                std::to_string(value.numel()));
+  const auto [x, y] = own_range(u, i);
+  if (x < y) {
+    torch::NoGradGuard no_grad;
+    own_values(u, i).copy_(value.reshape(-1).narrow(0, x, y - x));
+  }
+  return true;
 }
 
 void ShardedParameters::install_gradient_hooks() {
@@ -407,6 +433,22 @@ void ShardedParameters::gather_all_into_parameters() {
     unit_of_storage_.erase(u.full.storage().unsafeGetStorageImpl());
     u.pins = 0;
     release(u);
+  }
+}
+
+void ShardedParameters::drop_to_meta() {
+  torch::NoGradGuard no_grad;
+  for (auto& u : units_) {
+    {
+      Inside inside;
+      for (auto& p : u.params)
+        replace_data(p, torch::empty(p.sizes(), p.options().device(c10::kMeta)));
+    }
+    unit_of_storage_.erase(u.full.storage().unsafeGetStorageImpl());
+    u.pins = 0;
+    release(u);
+    u.shard = torch::Tensor();
+    u.shard_grad = torch::Tensor();
   }
 }
 

@@ -32,6 +32,12 @@
 //
 // Requires: one dtype and device per unit; no tensors sharing memory between parameters (tied
 // weights); parameters are written only by the optimizer (through the shards) or by materialize().
+//
+// Empty init. Parameters on the meta device (a module built under fabric::EmptyInit) have shapes
+// but no values: each unit is laid out as usual on policy.empty_init_device (its full buffer
+// exists only while the unit is formed), its shard starts as zeros, and take_initial_value()
+// copies this rank's elements of each parameter's replayed value into it. The setup then holds
+// the shards, one unit and one parameter's value at a time, never the model.
 #ifndef STRATEGIES_SHARDED_PARAMETERS_H_
 #define STRATEGIES_SHARDED_PARAMETERS_H_
 
@@ -75,6 +81,10 @@ struct ShardingPolicy {
   // fabric.fsdp.prefetch: when a unit is gathered, start the asynchronous all-gather of the unit
   // that came next in the same phase (forward, backward) of the previous pass.
   bool prefetch = false;
+  // Where the units live when the module's parameters are on the meta device (an empty init,
+  // fabric/nn/empty_init.h): the shards start as zeros and take their values from
+  // take_initial_value.
+  torch::Device empty_init_device = torch::kCPU;
 };
 
 class ShardedParameters {
@@ -104,6 +114,9 @@ class ShardedParameters {
   // Collective: every parameter gets memory of its own again holding its full value (after
   // training, so that the module works without this class).
   void gather_all_into_parameters();
+  // Instead (a model that may not fit one rank): every parameter of a unit goes to the meta
+  // device (its shape and dtype, no memory) and the shards are freed. No communication.
+  void drop_to_meta();
 
   // `module`'s state (its parameters and buffers by name, as fabric::state_dict names them),
   // each parameter of a unit as this rank's piece of it (fabric/checkpoint/sharded.h), for
@@ -125,6 +138,10 @@ class ShardedParameters {
   // load_state_dict does and changes nothing.
   std::function<void()> prepare_load(const torch::nn::Module& module, const c10::IValue& value,
                                      const std::string& source);
+
+  // An empty init's value of a parameter of a unit (`held`: the module's parameter object): this
+  // rank's elements of it go into its shard. False when `held` is no parameter of a unit.
+  bool take_initial_value(const torch::Tensor& held, const torch::Tensor& value);
 
   // The flat memory for OptimizerShard (one segment per unit).
   OptimizerShard::Segments segments() const;
@@ -201,7 +218,8 @@ class ShardedParameters {
   std::vector<Unit> units_;
   std::unordered_map<const void*, size_t> unit_of_storage_;
   std::unordered_map<std::string, std::pair<size_t, size_t>> by_path_;  // sharded_path: unit, index
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;    // kept alive for the hooks
+  std::unordered_map<const void*, std::pair<size_t, size_t>> by_object_;  // TensorImpl: the same
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept alive for the hooks
   std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks_;
   uint64_t callback_ = 0;
   bool in_backward_ = false;

@@ -3,9 +3,22 @@
 #include <torch/nn/utils/clip_grad.h>
 
 #include "fabric/core/error.h"
+#include "fabric/nn/empty_init.h"
 #include "fabric/training/clip.h"
 
 namespace fabric {
+
+void Strategy::materialize_empty_init(torch::nn::Module& module, torch::Device device) {
+  auto record = std::move(empty_init_);
+  empty_init_.reset();
+  if (record) {
+    materialize(module, *record, device);
+  } else if (has_meta_tensors(module)) {
+    throw Error(
+        "setup: the module has parameters or buffers on the meta device that no empty init "
+        "recorded; build it with Fabric::init_module (or give those tensors a device)");
+  }
+}
 
 ParameterParts Strategy::parameter_parts(torch::nn::Module& module) {
   ParameterParts out;

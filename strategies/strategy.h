@@ -25,6 +25,8 @@
 
 namespace fabric {
 
+class InitRecord;  // fabric/nn/empty_init.h
+
 enum class ReduceOp { kSum, kMean, kMax, kMin };
 
 class Strategy {
@@ -50,7 +52,11 @@ class Strategy {
   virtual void teardown_after_error() {}
 
   // Moves `module` to root_device(), converts it for the precision, and prepares gradient sync.
+  // A module built under an empty init (fabric/nn/empty_init.h) gets its values from the record
+  // given to set_empty_init first: whole on the device, or under fsdp only this rank's shards.
   virtual void setup_module(torch::nn::Module& module) = 0;
+  // The record of the empty init that built the module of the next setup_module (consumed by it).
+  void set_empty_init(std::shared_ptr<InitRecord> record) { empty_init_ = std::move(record); }
   virtual void setup_optimizer(torch::optim::Optimizer& optimizer) { (void)optimizer; }
 
   virtual void backward(const torch::Tensor& loss) { precision_->backward(loss); }
@@ -109,7 +115,12 @@ class Strategy {
 
  protected:
   explicit Strategy(std::unique_ptr<Precision> precision) : precision_(std::move(precision)) {}
+  // The whole-model strategies' first step of setup_module: a pending empty init's values,
+  // whole, on `device` (nothing when there is none). Throws fabric::Error for a module with meta
+  // tensors and no record.
+  void materialize_empty_init(torch::nn::Module& module, torch::Device device);
   std::unique_ptr<Precision> precision_;
+  std::shared_ptr<InitRecord> empty_init_;
 };
 
 }  // namespace fabric

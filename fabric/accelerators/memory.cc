@@ -147,9 +147,8 @@ void reset_peak_memory(c10::Device device) {
   }
 #ifdef FABRIC_WITH_CUDA
   if (device.is_cuda())
-    c10::cuda::CUDACachingAllocator::resetPeakStats(device.has_index()
-                                                        ? device.index()
-                                                        : c10::cuda::current_device());
+    c10::cuda::CUDACachingAllocator::resetPeakStats(
+        device.has_index() ? device.index() : c10::cuda::current_device());
 #endif
 }
 

@@ -56,6 +56,15 @@ ConfigSchema default_schema() {
         KeySpec::real(0.0).min(0).doc(
             "each process: fail at the first optimizer step after its peak resident host memory "
             "exceeds this (GiB); 0: off"));
+  s.add("fabric.tensor_memory_limit_gb",
+        KeySpec::real(0.0).min(0).doc(
+            "each process: the most tensor memory (GiB) it may hold on its device; an allocation "
+            "past it raises an out-of-memory error (CPU: counted by a wrapper of LibTorch's "
+            "allocator; CUDA: the caching allocator's memory fraction); 0: off"));
+  s.add("fabric.empty_init",
+        KeySpec::boolean(false).doc(
+            "Fabric::init_module builds the model without parameter memory; setup gives it the "
+            "values of a full init with the same seed (fsdp: each rank only its shards)"));
   s.add("fabric.max_restarts",
         KeySpec::integer(0).min(0).doc(
             "self-launched jobs: when a rank fails, restart every rank from the newest complete "

@@ -280,8 +280,8 @@ void InitRecord::replay(const torch::nn::Module& module, const Take& take) const
   }
 }
 
-void set_data_from_meta(const torch::Tensor& held, const torch::Tensor& value) {
-  if (!held.is_meta()) {
+void replace_data(const torch::Tensor& held, const torch::Tensor& value) {
+  if (!held.is_meta() && !value.is_meta()) {
     held.set_data(value);
     return;
   }
@@ -289,14 +289,14 @@ void set_data_from_meta(const torch::Tensor& held, const torch::Tensor& value) {
   // though it is the same TensorImpl); this is its body without that check.
   if (auto* meta = torch::autograd::impl::get_autograd_meta(held)) {
     std::lock_guard<std::mutex> lock(meta->mutex_);
-    meta->grad_accumulator_.reset();  // made for the meta device
+    meta->grad_accumulator_.reset();  // made for the other device
   }
   held.unsafeGetTensorImpl()->shallow_copy_from(value.getIntrusivePtr());
 }
 
 void materialize(torch::nn::Module& module, const InitRecord& record, torch::Device device) {
   record.replay(module, [&](const std::string&, torch::Tensor& held, const torch::Tensor& value) {
-    set_data_from_meta(held, value.to(device, held.scalar_type()).contiguous());
+    replace_data(held, value.to(device, held.scalar_type()).contiguous());
   });
 }
 

@@ -103,9 +103,9 @@ class InitRecord {
 // materialise).
 bool has_meta_tensors(const torch::nn::Module& module);
 
-// held.set_data(value) for a `held` tensor on the meta device too (which Tensor::set_data
-// refuses): the object stays, so a module's members and parameter list see the new memory.
-void set_data_from_meta(const torch::Tensor& held, const torch::Tensor& value);
+// held.set_data(value), also from or to the meta device (which Tensor::set_data refuses): the
+// object stays, so a module's members, its parameter list and optimizers see the change.
+void replace_data(const torch::Tensor& held, const torch::Tensor& value);
 
 // Every meta tensor of `module` becomes real on `device` with its replayed value (converted to
 // the dtype the tensor has now): the whole-model strategies' materialisation.

@@ -16,6 +16,8 @@
 //     the exact fp32 master weights;
 //   - a model whose ddp state exceeds fabric.memory_limit_gb trains under full_shard, and
 //     resumes from its sharded checkpoint under the same limit;
+//   - empty init: a full init's values at 2 and 3 ranks (bitwise ddp's training), and a model
+//     larger than fabric.tensor_memory_limit_gb sets up holding shards plus one unit and trains;
 //   - errors: what it cannot do names the key.
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -416,6 +418,59 @@ TEST_F(FsdpTest, AModelDdpCannotHoldUnderTheMemoryLimitTrainsSharded) {
   EXPECT_EQ(resumed.code, 0) << resumed.out;
   EXPECT_NE(resumed.out.find("step-00000004.ckpt at step 4"), std::string::npos) << resumed.out;
   EXPECT_NE(resumed.out.find("done at step 6"), std::string::npos) << resumed.out;
+}
+
+// Empty init (fabric.empty_init: Fabric::init_module builds the net on the meta device, setup
+// replays its construction keeping each rank's shards): the initial values are a full init's
+// with the same seed at any world size, so training is bitwise ddp's with a full init.
+TEST_F(FsdpTest, EmptyInitGivesAFullInitsValuesAtAnyWorldSize) {
+  for (const char* world : {"2", "3"}) {
+    SCOPED_TRACE(world);
+    const std::string job = std::string("fabric.devices=") + world + " optimizer.name=adamw ";
+    auto ddp = run(job + "fabric.strategy=ddp test.out=ddp.ckpt");
+    ASSERT_EQ(ddp.code, 0) << ddp.out;
+    auto fsdp = run(job + kPerLayer + "fabric.empty_init=true test.out=fsdp.ckpt");
+    ASSERT_EQ(fsdp.code, 0) << fsdp.out;
+    for (const char* name : {"model", "optimizer"})
+      EXPECT_EQ(fabric::testing::parity_failure(entry("ddp.ckpt", name), entry("fsdp.ckpt", name),
+                                                name, 0),
+                "");
+  }
+}
+
+// 64M extra parameters (256 MB) in 16 Table units, SGD, 4 ranks, each capped at 0.22 GiB (236
+// MB) of tensors (fabric.tensor_memory_limit_gb): a full init cannot even build the model; an
+// empty init sets up holding its shards (parameters and gradients, 128 MB) and one unit (16
+// MB): 144,008,640 bytes measured, never the model, and trains (peak 208 MB). Weight export is
+// off: it gathers the whole model on every rank.
+TEST_F(FsdpTest, EmptyInitSetsUpAndTrainsAModelLargerThanTheMemoryLimit) {
+  const std::string job =
+      "fabric.devices=4 optimizer.name=sgd optimizer.momentum=0 trainer.max_steps=2 "
+      "test.extra_params=64000000 test.extra_units=16 checkpoint.save_last=false "
+      "checkpoint.export_weights=none test.peaks=true fabric.tensor_memory_limit_gb=0.22 "
+      "fabric.strategy=fsdp fabric.fsdp.wrap_modules=Table ";
+  auto full = run(job);
+  EXPECT_EQ(full.code, 1) << full.out;
+  EXPECT_NE(full.out.find("CPU out of memory: tried to allocate"), std::string::npos) << full.out;
+  EXPECT_NE(full.out.find("(fabric.tensor_memory_limit_gb)"), std::string::npos) << full.out;
+  auto empty = run(job + "fabric.empty_init=true");
+  ASSERT_EQ(empty.code, 0) << empty.out;
+  EXPECT_NE(empty.out.find("done at step 2"), std::string::npos) << empty.out;
+  const int64_t model = 64000000 * 4;
+  const int64_t unit = model / 16;
+  std::smatch m;
+  std::string rest = empty.out;
+  int ranks = 0;
+  while (std::regex_search(rest, m, std::regex("rank (\\d) setup_peak=(\\d+)"))) {
+    const int64_t peak = std::stoll(m[2]);
+    // Its shard of the parameters and of the gradients, one unit being laid out, and the
+    // conv net; nothing near the model.
+    EXPECT_GE(peak, model / 2 + unit) << m[0];
+    EXPECT_LE(peak, model / 2 + unit + (1 << 20)) << m[0];
+    ++ranks;
+    rest = m.suffix();
+  }
+  EXPECT_EQ(ranks, 4) << empty.out;
 }
 
 TEST_F(FsdpTest, UnsupportedCombinationsNameTheKey) {

@@ -21,6 +21,11 @@
 //                           the optimizer state; under fabric.strategy: fsdp also "rank R fsdp
 //                           units=U peak_gathered=B full=F": the most bytes of whole units at any
 //                           time so far and the bytes of all units whole
+//   test.peaks         false  rank 0 prints "rank R setup_peak=B" after setup and "rank R peak=B"
+//                           at the end: the most bytes of CPU tensors the rank held
+//                           (fabric/accelerators/memory.h; counted from launch when
+//                           fabric.tensor_memory_limit_gb is set)
+// The model is built by Fabric::init_module (fabric.empty_init applies).
 // trainer.stop_on_nonfinite applies (fabric::NonFiniteGuard): a diverged run prints the guard's
 // message and exits 3 on rank 0, like the examples.
 // At the end under fsdp, rank 0 prints "fsdp: N all-gathers (M started ahead of use), R
@@ -28,6 +33,7 @@
 // Everything else is the training schema (fabric.*, checkpoint.*, data.*, ...).
 #include <torch/torch.h>
 
+#include "fabric/accelerators/memory.h"
 #include "fabric/checkpointer.h"
 #include "fabric/fabric.h"
 #include "fabric/main.h"
@@ -122,13 +128,21 @@ int main(int argc, char** argv) {
   schema.add("test.clip_norm", fabric::KeySpec::real(0.0).min(0));
   schema.add("test.accumulate", fabric::KeySpec::integer(1).min(1));
   schema.add("test.memory", fabric::KeySpec::boolean(false));
+  schema.add("test.peaks", fabric::KeySpec::boolean(false));
   return fabric::run_main(argc, argv, schema, [](const fabric::Config& c) {
     fabric::Fabric fabric(c);
     return fabric.launch([&](fabric::Fabric& f) {
-      Net model(c.get_int("test.width"), c.get_int("test.extra_params"),
-                c.get_int("test.extra_units"), c.get_bool("test.cross_units"));
+      Net model = f.init_module([&] {
+        return Net(c.get_int("test.width"), c.get_int("test.extra_params"),
+                   c.get_int("test.extra_units"), c.get_bool("test.cross_units"));
+      });
       auto optimizer = fabric::make_optimizer(c, model->parameters());
       f.setup(model, *optimizer);
+      if (c.get_bool("test.peaks")) {  // tensor memory: the most during construction and setup
+        const auto peak = f.all_gather(torch::tensor({fabric::memory_stats(torch::kCPU).peak}));
+        for (size_t r = 0; r < peak.size(); ++r)
+          f.print("rank ", r, " setup_peak=", peak[r][0].item<int64_t>());
+      }
       torch::manual_seed(123);  // the data is the same in every run and on every rank
       auto data = std::make_shared<fabric::TensorDataset>(torch::randn({40, 3, 8, 8}),
                                                           torch::randint(0, 5, {40}));
@@ -186,6 +200,11 @@ int main(int argc, char** argv) {
         f.print("fsdp: ", fsdp->sharded()->gathers(), " all-gathers (",
                 fsdp->sharded()->prefetches(), " started ahead of use), ",
                 fsdp->sharded()->reduce_scatters(), " reduce-scatters");
+      if (c.get_bool("test.peaks")) {  // and the most in all
+        const auto peak = f.all_gather(torch::tensor({fabric::memory_stats(torch::kCPU).peak}));
+        for (size_t r = 0; r < peak.size(); ++r)
+          f.print("rank ", r, " peak=", peak[r][0].item<int64_t>());
+      }
       f.print("done at step ", checkpoints.step(), " epoch ", checkpoints.epoch());
       return 0;
     });

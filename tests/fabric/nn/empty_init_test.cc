@@ -104,7 +104,7 @@ TEST(EmptyInit, ConversionsAfterTheScopeAreTheCallersAndPiecesComeOnce) {
                    EXPECT_NE(value.scalar_type(), torch::kBFloat16) << name;  // as recorded
                    if (value.is_floating_point())
                      EXPECT_EQ(held.scalar_type(), torch::kBFloat16) << name;
-                   fabric::set_data_from_meta(held, value.to(held.scalar_type()));
+                   fabric::replace_data(held, value.to(held.scalar_type()));
                  });
   for (const auto& [name, n] : seen) EXPECT_EQ(n, 1) << name;
   EXPECT_EQ(seen.size(), 13u);  // every parameter and buffer but the constant table
