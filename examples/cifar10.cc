@@ -91,7 +91,8 @@ int main(int argc, char** argv) {
     fabric::Fabric fabric(config);
     return fabric.launch([&](fabric::Fabric& f) {
       const auto data = load_data(config, f);
-      examples::ResNet18Cifar model(config.get_int("model.width"));
+      auto model =
+          f.init_module([&] { return examples::ResNet18Cifar(config.get_int("model.width")); });
       for (const auto& type : config.get_string_list("model.activation_checkpointing"))
         if (type == "BasicBlock") model->checkpoint_blocks = true;
       const auto train_transform = config.get_bool("data.augment")

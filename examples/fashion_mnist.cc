@@ -32,7 +32,9 @@ int main(int argc, char** argv) {
     return fabric.launch([&](fabric::Fabric& f) {
       const auto data = examples::load_fashion_mnist(
           fabric::absolute_from_working_directory(config.get_string("data.root")));
-      examples::SmallCnn model(config.get_int("model.width"), config.get_int("model.hidden"));
+      auto model = f.init_module([&] {
+        return examples::SmallCnn(config.get_int("model.width"), config.get_int("model.hidden"));
+      });
       const auto norm = fabric::normalize_images({0.2860}, {0.3530});
       return examples::train_classifier(
           f, model, {"fashion_mnist", data.train, data.test, data.kind, norm, norm});

@@ -122,7 +122,7 @@ int train(fabric::Fabric& f) {
   const auto train_data = fabric::TokenDataset::open((root / "train.bin").string(), token_options);
   const auto val_data = fabric::TokenDataset::open((root / "val.bin").string(), token_options);
 
-  fabric::models::GPT model(mc);
+  auto model = f.init_module([&] { return fabric::models::GPT(mc); });
   const bool checkpoint_blocks = !c.get_string_list("model.activation_checkpointing").empty();
   // The step's loss: GPT::loss fuses the output layer and the cross-entropy on GPUs (no float32
   // logits); under fabric.strategy: dp with several GPUs the replicas' logits are gathered.

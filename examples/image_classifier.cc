@@ -296,7 +296,9 @@ int main(int argc, char** argv) {
     fabric::Fabric fabric(config);
     return fabric.launch([&](fabric::Fabric& f) {
       const Split data = load_data(config, f);
-      examples::ResNet18Cifar model(config.get_int("model.width"), data.classes, data.channels);
+      auto model = f.init_module([&] {
+        return examples::ResNet18Cifar(config.get_int("model.width"), data.classes, data.channels);
+      });
       const torch::Tensor mean = data.mean, std = data.std;
       fabric::BatchTransform normalize = [mean, std](fabric::Batch b, at::Generator&) {
         b.data = (as_nchw(b.data) - mean) / std;

@@ -67,7 +67,8 @@ TEST_F(GptExampleTest, TwoRankDdpEqualsOneProcessOnTheWholeBatch) {
 
 // With clipping that acts (norm 0.1): the sharded strategies must clip by the norm over every
 // rank's pieces. Before GraphedStep clipped through the strategy, each rank clipped by its own
-// pieces' norm, and fsdp ended 8.4e-2 (relative) away from ddp.
+// pieces' norm, and fsdp ended 8.4e-2 (relative) away from ddp. fsdp with an empty init is
+// bitwise fsdp with a full one.
 TEST_F(GptExampleTest, FsdpWithBlockUnitsAndZero1EqualDdpWithClipping) {
   const std::string sgd = " optimizer.name=sgd optimizer.lr=0.1 trainer.gradient_clip_val=0.1";
   const Result ddp = run("gpt", args(2) + sgd + " logging.run_dir=ddp");
@@ -76,6 +77,13 @@ TEST_F(GptExampleTest, FsdpWithBlockUnitsAndZero1EqualDdpWithClipping) {
       run("gpt", args(2, "fsdp") + sgd + " fabric.fsdp.wrap_modules=Block logging.run_dir=fsdp");
   ASSERT_EQ(fsdp.code, 0) << fsdp.out;
   EXPECT_EQ(parity_failure(weights("ddp"), weights("fsdp"), "weights", 1e-6), "");
+  // Built without parameter memory (Fabric::init_module) and replayed into the shards: the same
+  // initial values, so bitwise the same run.
+  const Result empty = run("gpt", args(2, "fsdp") + sgd +
+                                      " fabric.fsdp.wrap_modules=Block fabric.empty_init=true "
+                                      "logging.run_dir=empty");
+  ASSERT_EQ(empty.code, 0) << empty.out;
+  EXPECT_EQ(parity_failure(weights("fsdp"), weights("empty"), "weights", 0), "");
   const Result zero1 =
       run("gpt", args(2) + sgd + " fabric.ddp.shard_optimizer_state=true logging.run_dir=zero1");
   ASSERT_EQ(zero1.code, 0) << zero1.out;

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "fabric/core/error.h"
+#include "fabric/nn/empty_init.h"
 #include "fabric/nn/module_type.h"
 
 namespace {
@@ -83,6 +84,28 @@ TEST(GPTTest, Gpt2InitializationAndOneTiedProjection) {
   EXPECT_FALSE(torch::allclose(before.select(2, 7), after.select(2, 7)));
   EXPECT_EQ(fabric::module_type_stem(model->blocks[0]->name()), "Block");  // fsdp wrap_modules
   EXPECT_EQ(model->named_parameters().find("transformer.h.1.attn.c_attn.weight") != nullptr, true);
+}
+
+// Built under an empty init (no parameter memory) and materialised: the values of a full
+// construction with the same seed, bit for bit.
+TEST(GPTTest, AnEmptyInitMaterialisesAFullInitsWeights) {
+  torch::manual_seed(11);
+  GPT full(small());
+  torch::manual_seed(11);
+  GPT empty{nullptr};
+  std::shared_ptr<fabric::InitRecord> record;
+  {
+    fabric::EmptyInit scope;
+    empty = GPT(small());
+    record = scope.record();
+  }
+  for (const auto& p : empty->parameters()) ASSERT_TRUE(p.is_meta());
+  fabric::materialize(*empty, *record, torch::kCPU);
+  const auto expected = full->named_parameters();
+  for (const auto& p : empty->named_parameters())
+    EXPECT_TRUE(torch::equal(p.value(), expected[p.key()])) << p.key();
+  for (const auto& b : full->named_buffers())
+    EXPECT_TRUE(torch::equal(b.value(), empty->named_buffers()[b.key()])) << b.key();
 }
 
 TEST(GPTTest, PresetsHaveGpt2sSizes) {
