@@ -42,6 +42,7 @@
 #include "fabric/training/activation_checkpoint.h"
 #include "fabric/training/lr_scheduler.h"
 #include "fabric/training/optimizers.h"
+#include "fabric/training/state_bytes.h"
 
 namespace fs = std::filesystem;
 using examples::gpt::data_root;
@@ -138,9 +139,40 @@ int train(fabric::Fabric& f) {
   auto optimizer = fabric::make_optimizer(c, *model);
   f.setup(model, *optimizer);
   examples::load_init_weights(f, *model);
+  // data.batch_size: auto: the largest that runs a step (Fabric::find_batch_size): sequences of
+  // the first tokens through the loss and backward, no gradient synchronization, the optimizer's
+  // future state held; from 8, doubling, up to 1024 and this process's share of the windows.
+  std::vector<fabric::Fabric::BatchSizeTrial> batch_size_trials;
+  int64_t batch_size = 0;
+  if (c.is_auto("data.batch_size")) {
+    const int64_t most =
+        std::min<int64_t>(1024, std::max<int64_t>(1, train_data->size() / f.world_size()));
+    batch_size = f.find_batch_size(
+        [&](int64_t b) {
+          std::vector<int64_t> rows(static_cast<size_t>(b));
+          for (int64_t i = 0; i < b; ++i) rows[static_cast<size_t>(i)] = i % train_data->size();
+          const fabric::Batch batch = f.to_device(train_data->get_batch(rows));
+          const torch::Tensor reserved =
+              torch::empty({fabric::optimizer_state_bytes_expected(*optimizer)},
+                           torch::TensorOptions().dtype(torch::kUInt8).device(f.device()));
+          {
+            const auto no_sync = f.no_backward_sync(model);
+            torch::Tensor loss;
+            {
+              auto guard = f.autocast();
+              loss = step_loss(batch.data, batch.target);
+            }
+            f.backward(loss);
+          }
+          optimizer->zero_grad(/*set_to_none=*/true);
+        },
+        std::min<int64_t>(8, most), most, &batch_size_trials);
+  } else {
+    batch_size = c.get_int("data.batch_size");
+  }
   auto loader_options = [&] {
     return fabric::DataLoaderOptions()
-        .batch_size(c.get_int("data.batch_size"))
+        .batch_size(batch_size)
         .num_workers(c.get_int("data.num_workers"))
         .prefetch(c.get_int("data.prefetch"));
   };
@@ -159,7 +191,7 @@ int train(fabric::Fabric& f) {
       *optimizer, fabric::LRSchedule::from_config(c, std::max<int64_t>(total_steps, 1)));
   const int64_t log_every = c.get_int("logging.log_every_n_steps");
   const int64_t eval_every = c.get_int("gpt.eval_every_n_steps");
-  const int64_t tokens_per_batch = c.get_int("data.batch_size") * mc.block_size;
+  const int64_t tokens_per_batch = batch_size * mc.block_size;
 
   // tokens/s, TFLOP/s and MFU: GPTConfig::flops_per_token (documented there) unless
   // throughput.flops_per_unit says otherwise; the peak from throughput.peak_tflops or the table.
@@ -294,6 +326,11 @@ int train(fabric::Fabric& f) {
     f.print("sample (gpt.prompt, ", c.get_int("gpt.sample_tokens"), " tokens):\n", text);
 
   const auto rates = throughput.rates(static_cast<double>(tokens), train_seconds);
+  nlohmann::json search = nullptr;  // data.batch_size: auto's trials, [[size, fits], ...]
+  for (const auto& t : batch_size_trials) {
+    if (search.is_null()) search = nlohmann::json::array();
+    search.push_back({t.batch_size, t.fits});
+  }
   nlohmann::json summary = {
       {"name", f.run_name()},
       {"config_hash", c.hash()},
@@ -312,6 +349,8 @@ int train(fabric::Fabric& f) {
       {"tflops", rates.tflops},
       {"mfu", rates.mfu >= 0 ? nlohmann::json(rates.mfu) : nlohmann::json(nullptr)},
       {"wall_seconds", std::chrono::duration<double>(Clock::now() - start).count()},
+      {"batch_size", batch_size},
+      {"batch_size_search", search},
       {"data", root.string()},
       {"resumed_from", checkpoints.resumed_from()},
       {"stopped", stopped},

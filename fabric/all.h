@@ -15,6 +15,8 @@
 //   fabric/data/image_folder.h     JPEG/PNG class folders, path,label lists and WebDataset shards
 //   fabric/data/webdataset.h       tar shards: brace patterns, members, samples by key
 //   fabric/nn/batch_norm.h         BatchNorm that can synchronize across processes (SyncBatchNorm)
+//   fabric/nn/empty_init.h         a model built without memory, replayed at setup (init_module)
+//   fabric/accelerators/memory.h   tensor memory per process: statistics, a limit
 //   fabric/connector.h             how the config was resolved (Fabric::setup_info)
 // The GPT and its token data are a second public target, //:gpt, kept out of what every program
 // compiles (it is not included here):
@@ -24,6 +26,7 @@
 #ifndef FABRIC_ALL_H_
 #define FABRIC_ALL_H_
 
+#include "fabric/accelerators/memory.h"
 #include "fabric/callbacks.h"
 #include "fabric/checkpointer.h"
 #include "fabric/connector.h"

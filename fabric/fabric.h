@@ -116,6 +116,22 @@ class Fabric {
   void setup_module(torch::nn::Module& module);
   void setup_optimizer(torch::optim::Optimizer& optimizer);
 
+  // data.batch_size: auto (Accelerate's find_executable_batch_size, Lightning's batch-size
+  // tuner): the largest batch per process that `trial(b)` runs without running out of memory
+  // (c10::OutOfMemoryError: CUDA's, or on CPU fabric.tensor_memory_limit_gb's). Tries `start`,
+  // then doubles while it fits, up to `most`; a first size that does not fit is halved until
+  // one does. After a failure the device's cached memory is released before the next try. Every
+  // rank runs the same trials and takes the same answer (a size fits when it fits on every
+  // rank); `trial` must run no collective (run the backward under no_backward_sync), since a
+  // rank that fails leaves the others. Throws fabric::Error when not even 1 fits. rank 0 prints
+  // the trials.
+  struct BatchSizeTrial {
+    int64_t batch_size;
+    bool fits;
+  };
+  int64_t find_batch_size(const std::function<void(int64_t)>& trial, int64_t start, int64_t most,
+                          std::vector<BatchSizeTrial>* trials = nullptr);
+
   // Builds a module with `make()` (a function returning it). With an empty init (`empty_init`,
   // or fabric.empty_init when not given) its parameters and buffers get no memory until
   // setup(), which gives them exactly the values `make()` gives with the same seed: whole on

@@ -25,6 +25,7 @@
 #include "fabric/training/ema.h"
 #include "fabric/training/lr_scheduler.h"
 #include "fabric/training/optimizers.h"
+#include "fabric/training/state_bytes.h"
 
 namespace examples {
 namespace {
@@ -72,11 +73,12 @@ std::shared_ptr<const fabric::Dataset> place(fabric::Fabric& f,
   return keep_on_device && t ? fabric::device_dataset(*t, f.device()) : d;
 }
 
-fabric::DataLoader train_loader(fabric::Fabric& f, const ClassificationTask& task) {
+fabric::DataLoader train_loader(fabric::Fabric& f, const ClassificationTask& task,
+                                int64_t batch_size) {
   const fabric::Config& c = f.config();
   return f.setup_dataloader(place(f, task.train),
                             fabric::DataLoaderOptions()
-                                .batch_size(c.get_int("data.batch_size"))
+                                .batch_size(batch_size)
                                 .shuffle(c.get_bool("data.shuffle"))
                                 .drop_last(c.get_bool("data.drop_last"))
                                 .num_workers(c.get_int("data.num_workers"))
@@ -85,10 +87,11 @@ fabric::DataLoader train_loader(fabric::Fabric& f, const ClassificationTask& tas
                                 .transform(task.train_transform));
 }
 
-fabric::DataLoader test_loader(fabric::Fabric& f, const ClassificationTask& task) {
+fabric::DataLoader test_loader(fabric::Fabric& f, const ClassificationTask& task,
+                               int64_t batch_size) {
   const fabric::Config& c = f.config();
   return f.setup_dataloader(place(f, task.test), fabric::DataLoaderOptions()
-                                                     .batch_size(c.get_int("data.batch_size"))
+                                                     .batch_size(batch_size)
                                                      .num_workers(c.get_int("data.num_workers"))
                                                      .transform(task.test_transform));
 }
@@ -134,6 +137,44 @@ nlohmann::json null_if_negative(double value) {
   return value >= 0 ? nlohmann::json(value) : nlohmann::json(nullptr);
 }
 
+// data.batch_size, resolving auto (Fabric::find_batch_size): each trial takes the first batch of
+// a loader of that size through forward and backward (no gradient synchronization) while the
+// bytes the optimizer's state will take are held; the module's buffers (BatchNorm statistics)
+// are put back afterwards. From 8, doubling, up to 4096 and this process's share of the data.
+int64_t resolve_batch_size(fabric::Fabric& f, const ClassifierModel& model,
+                           const ClassificationTask& task, torch::optim::Optimizer& optimizer,
+                           std::vector<fabric::Fabric::BatchSizeTrial>* trials) {
+  const fabric::Config& c = f.config();
+  if (!c.is_auto("data.batch_size")) return c.get_int("data.batch_size");
+  std::vector<torch::Tensor> buffers;
+  for (const auto& b : model.module.buffers()) buffers.push_back(b.detach().clone());
+  const int64_t most =
+      std::min<int64_t>(4096, std::max<int64_t>(1, task.train->size() / f.world_size()));
+  const auto trial = [&](int64_t b) {
+    fabric::DataLoader loader = train_loader(f, task, b);
+    const fabric::Batch batch = *loader.begin();
+    const torch::Tensor reserved =
+        torch::empty({fabric::optimizer_state_bytes_expected(optimizer)},
+                     torch::TensorOptions().dtype(torch::kUInt8).device(f.device()));
+    {
+      const auto no_sync = f.no_backward_sync(model.module);
+      torch::Tensor loss;
+      {
+        auto guard = f.autocast();
+        loss = torch::cross_entropy_loss(model.forward(f.precision().convert_input(batch.data)),
+                                         batch.target);
+      }
+      f.backward(loss);
+    }
+    optimizer.zero_grad(/*set_to_none=*/true);
+  };
+  const int64_t chosen = f.find_batch_size(trial, std::min<int64_t>(8, most), most, trials);
+  torch::NoGradGuard no_grad;
+  const auto now = model.module.buffers();
+  for (size_t i = 0; i < now.size() && i < buffers.size(); ++i) now[i].copy_(buffers[i]);
+  return chosen;
+}
+
 class ClassifierLoop {
  public:
   ClassifierLoop(fabric::Fabric& f, const ClassifierModel& model, const ClassificationTask& task)
@@ -144,8 +185,9 @@ class ClassifierLoop {
         run_(f.create_run_directory(task.name)),
         optimizer_(set_up_optimizer(f, model)),
         ema_(make_ema(f, model)),
-        train_(train_loader(f, task)),
-        test_(test_loader(f, task)),
+        batch_size_(resolve_batch_size(f, model, task, *optimizer_, &batch_size_trials_)),
+        train_(train_loader(f, task, batch_size_)),
+        test_(test_loader(f, task, batch_size_)),
         s_(LoopSettings::read(c_, train_.size())),
         scheduler_(*optimizer_,
                    fabric::LRSchedule::from_config(c_, std::max<int64_t>(s_.total_steps, 1))) {
@@ -379,6 +421,8 @@ class ClassifierLoop {
         {"tflops", null_if_negative(run_rates.tflops)},
         {"mfu", null_if_negative(run_rates.mfu)},
         {"wall_seconds", wall},
+        {"batch_size", batch_size_},
+        {"batch_size_search", batch_size_search()},
         {"ema_decay", c_.get_double("trainer.ema_decay")},
         {"skipped_steps", scaler ? scaler->skipped_steps() : 0},
         {"run_dir", run_.path().string()},
@@ -392,6 +436,14 @@ class ClassifierLoop {
     };
   }
 
+  // data.batch_size: auto's trials, [[size, fits], ...] (null when the size was given).
+  nlohmann::json batch_size_search() const {
+    if (batch_size_trials_.empty()) return nullptr;
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& t : batch_size_trials_) out.push_back({t.batch_size, t.fits});
+    return out;
+  }
+
   fabric::Fabric& f_;
   const ClassifierModel& model_;
   const ClassificationTask& task_;
@@ -400,6 +452,8 @@ class ClassifierLoop {
   const fabric::RunDirectory run_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<fabric::ExponentialMovingAverage> ema_;
+  std::vector<fabric::Fabric::BatchSizeTrial> batch_size_trials_;  // data.batch_size: auto's
+  int64_t batch_size_;
   fabric::DataLoader train_, test_;
   const LoopSettings s_;
   fabric::LRScheduler scheduler_;

@@ -16,6 +16,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <mutex>
 #include <stdexcept>
 #include <unordered_map>
@@ -168,6 +169,24 @@ void set_memory_limit(c10::Device device, int64_t bytes) {
     c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, index);
   }
 #endif
+}
+
+void release_cached_memory(c10::Device device) {
+#ifdef FABRIC_WITH_CUDA
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
+#else
+  (void)device;
+#endif
+}
+
+int64_t available_host_memory() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
 }
 
 bool is_out_of_memory(const std::exception& e) {

@@ -28,6 +28,14 @@ void reset_peak_memory(c10::Device device);
 // Caps this process's tensor memory on `device` (bytes; 0 lifts the cap).
 void set_memory_limit(c10::Device device, int64_t bytes);
 
+// Frees what the device's allocator keeps cached for reuse (CUDA: emptyCache; CPU: nothing),
+// after an out-of-memory error and before a retry.
+void release_cached_memory(c10::Device device);
+
+// The host memory available to new allocations now (Linux: MemAvailable of /proc/meminfo);
+// 0 when unknown.
+int64_t available_host_memory();
+
 // True for the error an allocation over a limit (or over a GPU's memory) throws.
 bool is_out_of_memory(const std::exception& e);
 

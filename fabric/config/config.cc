@@ -319,7 +319,17 @@ bool Config::get_bool(const std::string& path) const {
 }
 
 int64_t Config::get_int(const std::string& path) const {
-  return entry_of(*impl_, path, KeyType::kInt).value.as<int64_t>();
+  const Entry& e = entry_of(*impl_, path, KeyType::kInt);
+  if (e.value.Scalar() == "auto")
+    throw Error("Config: '" + path + "' is auto; the program resolves it (Config::is_auto)");
+  return e.value.as<int64_t>();
+}
+
+bool Config::is_auto(const std::string& path) const {
+  const KeySpec* spec = impl_->schema.find(path);
+  if (spec == nullptr) throw Error("Config: no key '" + path + "' in the schema");
+  const Entry& e = impl_->entries.at(path);
+  return e.value.IsScalar() && e.value.Scalar() == "auto";
 }
 
 double Config::get_double(const std::string& path) const {

@@ -61,6 +61,8 @@ class Config {
   // Typed access. REQUIRES: `path` is declared with the matching type (else fabric::Error).
   bool get_bool(const std::string& path) const;
   int64_t get_int(const std::string& path) const;
+  // A key that is `auto` (KeySpec::or_auto, fabric.devices' auto): get_int throws for it.
+  bool is_auto(const std::string& path) const;
   double get_double(const std::string& path) const;       // kFloat and kInt keys
   std::string get_string(const std::string& path) const;  // kString and kChoice keys
   std::vector<double> get_double_list(const std::string& path) const;

@@ -73,6 +73,11 @@ KeySpec& KeySpec::noun(std::string noun) {
   return *this;
 }
 
+KeySpec& KeySpec::or_auto() {
+  or_auto_ = true;
+  return *this;
+}
+
 KeySpec& KeySpec::doc(std::string text) {
   doc_ = std::move(text);
   return *this;
@@ -83,7 +88,7 @@ std::string KeySpec::type_name() const {
     case KeyType::kBool:
       return "a boolean";
     case KeyType::kInt:
-      return "an integer";
+      return or_auto_ ? "an integer or auto" : "an integer";
     case KeyType::kFloat:
       return "a number";
     case KeyType::kString:

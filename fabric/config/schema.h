@@ -55,6 +55,8 @@ class KeySpec {
   KeySpec& alias(std::string alias, std::string canonical);
   // kChoice: what a value is, for messages ("'x' is not a precision"). Default: "an allowed value".
   KeySpec& noun(std::string noun);
+  // kInt: the word `auto` is also accepted (the program decides; Config::is_auto).
+  KeySpec& or_auto();
   KeySpec& doc(std::string text);
 
   KeyType type() const { return type_; }
@@ -63,6 +65,7 @@ class KeySpec {
   const std::map<std::string, std::string>& aliases() const { return aliases_; }
   const std::string& noun_text() const { return noun_; }
   const std::string& doc_text() const { return doc_; }
+  bool allows_auto() const { return or_auto_; }
   const std::optional<double>& min_bound() const { return min_; }
   const std::optional<double>& max_bound() const { return max_; }
   bool min_inclusive() const { return min_inclusive_; }
@@ -81,6 +84,7 @@ class KeySpec {
   std::string doc_;
   std::optional<double> min_, max_;
   bool min_inclusive_ = true, max_inclusive_ = true;
+  bool or_auto_ = false;
 };
 
 class ConfigSchema {

@@ -263,7 +263,11 @@ ConfigSchema training_schema() {
   s.section_doc("data", "Loading.");
   s.add("data.root",
         KeySpec::string("").doc("dataset folder; relative to where the command was run"));
-  s.add("data.batch_size", KeySpec::integer(128).min(1).doc("per process"));
+  s.add("data.batch_size",
+        KeySpec::integer(128).min(1).or_auto().doc(
+            "per process; auto: the largest power-of-two multiple of 8 (up to 4096 and the "
+            "process's share of the data) whose training step fits in memory "
+            "(Fabric::find_batch_size)"));
   s.add("data.shuffle",
         KeySpec::boolean(true).doc("reshuffled each epoch from fabric.seed + epoch"));
   s.add("data.drop_last", KeySpec::boolean(false));

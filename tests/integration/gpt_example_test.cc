@@ -90,6 +90,21 @@ TEST_F(GptExampleTest, FsdpWithBlockUnitsAndZero1EqualDdpWithClipping) {
   EXPECT_EQ(parity_failure(weights("ddp"), weights("zero1"), "weights", 1e-6), "");
 }
 
+// data.batch_size: auto: under a tensor limit the search stops at the first size that does not
+// fit and trains with the one before; the tokens per step follow it.
+TEST_F(GptExampleTest, AutoBatchSizeTrainsWithTheLargestThatFits) {
+  const Result r = run("gpt", args(1) + " data.batch_size=auto fabric.tensor_memory_limit_gb=0.02");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto s = summary_of(r);
+  const auto& search = s["batch_size_search"];
+  ASSERT_TRUE(search.is_array() && search.size() >= 2) << r.out;
+  EXPECT_EQ(search.back()[1], false) << r.out;
+  EXPECT_EQ(search[search.size() - 2][1], true) << r.out;
+  EXPECT_EQ(s["batch_size"], search[search.size() - 2][0]) << r.out;
+  EXPECT_EQ(search.back()[0].get<int64_t>(), 2 * s["batch_size"].get<int64_t>());
+  EXPECT_EQ(s["steps"], 6);
+}
+
 // callbacks.early_stopping on val/loss (mode auto: min): evaluated every step, the loss cannot
 // fall by min_delta 10, so patience 1 stops the run at the second evaluation, step 2 of 6.
 TEST_F(GptExampleTest, EarlyStoppingOnTheValidationLoss) {

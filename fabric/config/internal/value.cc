@@ -69,7 +69,10 @@ Normalized normalize_scalar(const KeySpec& spec, const YAML::Node& value) {
     }
     case KeyType::kInt: {
       int64_t v = 0;
-      if (!parse_int(text, &v)) return fail(describe(value) + " is not an integer");
+      if (spec.allows_auto() && text == "auto") return ok(YAML::Node("auto"));
+      if (!parse_int(text, &v))
+        return fail(describe(value) +
+                    (spec.allows_auto() ? " is not an integer or auto" : " is not an integer"));
       if (auto e = check_bounds(spec, static_cast<double>(v)); !e.empty())
         return fail(text + " " + e);
       return ok(YAML::Node(v));
