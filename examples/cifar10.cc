@@ -17,34 +17,13 @@
 #include "examples/common/classification.h"
 #include "examples/common/image_data.h"
 #include "examples/common/models.h"
+#include "examples/common/recipes.h"
 #include "fabric/core/paths.h"
 #include "fabric/data/augment.h"
 #include "fabric/fabric.h"
 #include "fabric/main.h"
 
 namespace {
-
-fabric::ConfigSchema schema() {
-  fabric::ConfigSchema s = fabric::training_schema();
-  s.set_default("data.root", "data/cifar10");
-  s.add("data.download",
-        fabric::KeySpec::boolean(true).doc("download CIFAR-10 when data.root has none"));
-  s.add("data.synthetic",
-        fabric::KeySpec::boolean(false).doc("use the synthetic stand-in even if real data exists"));
-  s.add("data.require_real",
-        fabric::KeySpec::boolean(false).doc("fail instead of falling back to synthetic data"));
-  s.add("data.augment",
-        fabric::KeySpec::boolean(true).doc("random crop (pad 4) and horizontal flip"));
-  s.add("data.synthetic_train_size", fabric::KeySpec::integer(50000).min(1));
-  s.add("data.synthetic_test_size", fabric::KeySpec::integer(10000).min(1));
-  s.section_doc("model", "ResNet-18, CIFAR variant.");
-  s.add("model.width",
-        fabric::KeySpec::integer(64).min(1).doc("channels of the first stage (64 = standard)"));
-  s.add("model.activation_checkpointing",
-        fabric::KeySpec::choice_list({"BasicBlock"}, {})
-            .doc("module types whose activations are recomputed in backward instead of kept"));
-  return s;
-}
 
 const std::vector<double> kMean = {0.4914, 0.4822, 0.4465};
 const std::vector<double> kStd = {0.2470, 0.2435, 0.2616};
@@ -87,7 +66,7 @@ examples::ImageSplits load_data(const fabric::Config& c, fabric::Fabric& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return fabric::run_main(argc, argv, schema(), [](const fabric::Config& config) {
+  return fabric::run_main(argc, argv, examples::cifar10_schema(), [](const fabric::Config& config) {
     fabric::Fabric fabric(config);
     return fabric.launch([&](fabric::Fabric& f) {
       const auto data = load_data(config, f);

@@ -8,36 +8,28 @@
 #include "examples/common/classification.h"
 #include "examples/common/image_data.h"
 #include "examples/common/models.h"
+#include "examples/common/recipes.h"
 #include "fabric/core/paths.h"
 #include "fabric/data/augment.h"
 #include "fabric/fabric.h"
 #include "fabric/main.h"
 
-namespace {
-
-fabric::ConfigSchema schema() {
-  fabric::ConfigSchema s = fabric::training_schema();
-  s.set_default("data.root", "/usr/share/datasets/fashion-mnist");
-  s.section_doc("model", "SmallCnn: two conv blocks and a two-layer head.");
-  s.add("model.width", fabric::KeySpec::integer(32).min(1).doc("channels of the first conv block"));
-  s.add("model.hidden", fabric::KeySpec::integer(128).min(1).doc("units of the hidden layer"));
-  return s;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 int main(int argc, char** argv) {
-  return fabric::run_main(argc, argv, schema(), [](const fabric::Config& config) {
-    fabric::Fabric fabric(config);
-    return fabric.launch([&](fabric::Fabric& f) {
-      const auto data = examples::load_fashion_mnist(
-          fabric::absolute_from_working_directory(config.get_string("data.root")));
-      auto model = f.init_module([&] {
-        return examples::SmallCnn(config.get_int("model.width"), config.get_int("model.hidden"));
+  return fabric::run_main(
+      argc, argv, examples::fashion_mnist_schema(), [](const fabric::Config& config) {
+        fabric::Fabric fabric(config);
+        return fabric.launch([&](fabric::Fabric& f) {
+          const auto data = examples::load_fashion_mnist(
+              fabric::absolute_from_working_directory(config.get_string("data.root")));
+          auto model = f.init_module([&] {
+            return examples::SmallCnn(config.get_int("model.width"),
+                                      config.get_int("model.hidden"));
+          });
+          const auto norm = fabric::normalize_images({0.2860}, {0.3530});
+          return examples::train_classifier(
+              f, model, {"fashion_mnist", data.train, data.test, data.kind, norm, norm});
+        });
       });
-      const auto norm = fabric::normalize_images({0.2860}, {0.3530});
-      return examples::train_classifier(
-          f, model, {"fashion_mnist", data.train, data.test, data.kind, norm, norm});
-    });
-  });
 }

@@ -28,7 +28,9 @@
 
 #include "examples/common/classification.h"
 #include "examples/common/throughput.h"
+#include "examples/gpt_recipe.h"
 #include "examples/gpt_text.h"
+#include "fabric/accelerators/memory.h"
 #include "fabric/callbacks.h"
 #include "fabric/checkpointer.h"
 #include "fabric/core/error.h"
@@ -53,67 +55,14 @@ using fabric::KeySpec;
 
 namespace {
 
-fabric::ConfigSchema schema() {
-  fabric::ConfigSchema s = fabric::training_schema();
-  s.set_default("data.root", "\"\"");
-  s.add("data.token_dtype",
-        KeySpec::choice({"uint16", "uint32"}, "uint16")
-            .doc("ids in train.bin/val.bin (uint32 for vocabularies over 65,535)"));
-  s.section_doc("model", "fabric::models::GPT: a preset, any field overridden (0: the preset's).");
-  s.add("model.preset", KeySpec::choice({"tiny", "gpt2", "gpt2-medium"}, "tiny"));
-  s.add("model.vocab_size",
-        KeySpec::integer(0).min(0).doc("0: data.root/meta.json's vocab_size, else the preset's"));
-  s.add("model.block_size", KeySpec::integer(0).min(0).doc("tokens per sequence"));
-  s.add("model.n_layer", KeySpec::integer(0).min(0));
-  s.add("model.n_head", KeySpec::integer(0).min(0));
-  s.add("model.n_embd", KeySpec::integer(0).min(0));
-  s.add("model.dropout", KeySpec::real(0.0).min(0).max(1, false));
-  s.add("model.bias", KeySpec::boolean(true).doc("biases in the Linear layers"));
-  s.add("model.fused_loss", KeySpec::boolean(true).doc(
-                                "output layer + cross-entropy fused on GPUs (no float32 logits)"));
-  s.add("model.fused_layer_norm",
-        KeySpec::boolean(false).doc(
-            "LayerNorms (+ residual add) as fused CUDA kernels with 16-bit outputs (opt-in)"));
-  s.add("model.activation_checkpointing",
-        KeySpec::choice_list({"Block"}, {})
-            .doc("module types whose activations are recomputed in backward instead of kept"));
-  s.add("gpt.eval_every_n_steps",
-        KeySpec::integer(0).min(0).doc("validation loss every N optimizer steps (0: at the end)"));
-  s.add("gpt.prompt", KeySpec::string("def ").doc("the start of the sample printed at the end"));
-  s.add("gpt.sample_tokens", KeySpec::integer(200).min(0).doc("0: no sample"));
-  s.add("gpt.temperature", KeySpec::real(0.8).min(0, false));
-  s.add("gpt.top_k", KeySpec::integer(40).min(0).doc("0: the whole vocabulary"));
-  s.add("gpt.corpus_cache",
-        KeySpec::string("").doc("where the default corpus is prepared; \"\": "
-                                "$XDG_CACHE_HOME/fabricpp, else ~/.cache/fabricpp"));
-  return s;
-}
-
-fabric::models::GPTConfig model_config(const fabric::Config& c, int64_t meta_vocab) {
-  auto m = fabric::models::GPTConfig::preset(c.get_string("model.preset"));
-  auto set = [&](const char* key, int64_t& field) {
-    if (c.get_int(key) > 0) field = c.get_int(key);
-  };
-  if (meta_vocab > 0) m.vocab_size = meta_vocab;
-  set("model.vocab_size", m.vocab_size);
-  set("model.block_size", m.block_size);
-  set("model.n_layer", m.n_layer);
-  set("model.n_head", m.n_head);
-  set("model.n_embd", m.n_embd);
-  m.dropout = c.get_double("model.dropout");
-  m.bias = c.get_bool("model.bias");
-  m.fused_loss = c.get_bool("model.fused_loss");
-  m.fused_layer_norm = c.get_bool("model.fused_layer_norm");
-  return m;
-}
-
 int train(fabric::Fabric& f) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   const fabric::Config& c = f.config();
   const fs::path root = data_root(f);
   const Meta meta = read_meta(root);
-  const auto mc = model_config(c, c.get_int("model.vocab_size") > 0 ? 0 : meta.vocab_size);
+  const auto mc =
+      examples::gpt::model_config(c, c.get_int("model.vocab_size") > 0 ? 0 : meta.vocab_size);
   const fabric::TokenDataset::Options token_options{
       mc.block_size, c.get_string("data.token_dtype") == "uint32" ? 4 : 2, mc.vocab_size};
   if (!fs::exists(root / "val.bin"))
@@ -326,6 +275,12 @@ int train(fabric::Fabric& f) {
     f.print("sample (gpt.prompt, ", c.get_int("gpt.sample_tokens"), " tokens):\n", text);
 
   const auto rates = throughput.rates(static_cast<double>(tokens), train_seconds);
+  // The most tensor memory any rank held, where it was counted from the start (CUDA, or the CPU
+  // under fabric.tensor_memory_limit_gb; fabric/accelerators/memory.h).
+  nlohmann::json peak_tensor_bytes = nullptr;
+  if (fabric::memory_counted(f.device()))
+    peak_tensor_bytes = static_cast<int64_t>(f.all_reduce(
+        static_cast<double>(fabric::memory_stats(f.device()).peak), fabric::ReduceOp::kMax));
   nlohmann::json search = nullptr;  // data.batch_size: auto's trials, [[size, fits], ...]
   for (const auto& t : batch_size_trials) {
     if (search.is_null()) search = nlohmann::json::array();
@@ -351,6 +306,7 @@ int train(fabric::Fabric& f) {
       {"wall_seconds", std::chrono::duration<double>(Clock::now() - start).count()},
       {"batch_size", batch_size},
       {"batch_size_search", search},
+      {"peak_tensor_bytes", peak_tensor_bytes},
       {"data", root.string()},
       {"resumed_from", checkpoints.resumed_from()},
       {"stopped", stopped},
@@ -365,7 +321,7 @@ int train(fabric::Fabric& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return fabric::run_main(argc, argv, schema(), [](const fabric::Config& config) {
+  return fabric::run_main(argc, argv, examples::gpt::schema(), [](const fabric::Config& config) {
     fabric::Fabric fabric(config);
     return fabric.launch(train);
   });

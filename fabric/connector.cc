@@ -196,36 +196,6 @@ void resolve_restarts(const Config& c, const EnvGetter& env, ResolvedSetup& s) {
   }
 }
 
-// The fabric.fsdp.* keys (fabric.strategy: fsdp).
-strategies::FsdpOptions fsdp_options(const Config& c) {
-  strategies::FsdpOptions o;
-  o.sharding_strategy =
-      parsed(c, "fabric.fsdp.sharding_strategy", strategies::parse_sharding_strategy);
-  o.min_unit_params = c.get_int("fabric.fsdp.min_unit_params");
-  const std::string reshard = c.get_string("fabric.fsdp.reshard_after_forward");
-  o.reshard_after_forward = reshard == "auto"
-                                ? o.sharding_strategy == strategies::ShardingStrategy::kFullShard
-                                : reshard == "true";
-  auto wire = [&c](const char* key) -> std::optional<c10::ScalarType> {
-    const std::string v = c.get_string(key);
-    if (v == "bf16") return c10::kBFloat16;
-    if (v == "fp16") return c10::kHalf;
-    if (v == "fp32") return c10::kFloat;
-    return std::nullopt;  // auto
-  };
-  const std::string prefetch = c.get_string("fabric.fsdp.prefetch");
-  o.prefetch = prefetch == "auto" ? std::nullopt : std::optional<bool>(prefetch == "true");
-  o.param_dtype = wire("fabric.fsdp.param_dtype");
-  o.reduce_dtype = wire("fabric.fsdp.reduce_dtype");
-  std::stringstream names(c.get_string("fabric.fsdp.wrap_modules"));
-  for (std::string name; std::getline(names, name, ',');) {
-    name.erase(0, name.find_first_not_of(" \t"));
-    name.erase(name.find_last_not_of(" \t") + 1);
-    if (!name.empty()) o.wrap_modules.push_back(name);
-  }
-  return o;
-}
-
 // fabric.fsdp keys set by the user under another strategy configure nothing: one warning says so.
 void warn_inert_fsdp_keys(const Config& c, const std::string& want, ResolvedSetup& s) {
   std::vector<std::string> inert;
@@ -398,6 +368,35 @@ void resolve_threads(const Config& c, const MachineFacts& m, ResolvedSetup& s) {
 }
 
 }  // namespace
+
+strategies::FsdpOptions fsdp_options(const Config& c) {
+  strategies::FsdpOptions o;
+  o.sharding_strategy =
+      parsed(c, "fabric.fsdp.sharding_strategy", strategies::parse_sharding_strategy);
+  o.min_unit_params = c.get_int("fabric.fsdp.min_unit_params");
+  const std::string reshard = c.get_string("fabric.fsdp.reshard_after_forward");
+  o.reshard_after_forward = reshard == "auto"
+                                ? o.sharding_strategy == strategies::ShardingStrategy::kFullShard
+                                : reshard == "true";
+  auto wire = [&c](const char* key) -> std::optional<c10::ScalarType> {
+    const std::string v = c.get_string(key);
+    if (v == "bf16") return c10::kBFloat16;
+    if (v == "fp16") return c10::kHalf;
+    if (v == "fp32") return c10::kFloat;
+    return std::nullopt;  // auto
+  };
+  const std::string prefetch = c.get_string("fabric.fsdp.prefetch");
+  o.prefetch = prefetch == "auto" ? std::nullopt : std::optional<bool>(prefetch == "true");
+  o.param_dtype = wire("fabric.fsdp.param_dtype");
+  o.reduce_dtype = wire("fabric.fsdp.reduce_dtype");
+  std::stringstream names(c.get_string("fabric.fsdp.wrap_modules"));
+  for (std::string name; std::getline(names, name, ',');) {
+    name.erase(0, name.find_first_not_of(" \t"));
+    name.erase(name.find_last_not_of(" \t") + 1);
+    if (!name.empty()) o.wrap_modules.push_back(name);
+  }
+  return o;
+}
 
 std::string bf16_emulated_because(const MachineFacts& m) {
   if (!m.cpu.native_bf16) return "this CPU has no avx512_bf16 or amx_bf16 instructions";

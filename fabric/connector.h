@@ -115,6 +115,9 @@ struct ResolvedSetup {
 // amx_bf16 instructions, or ONEDNN_MAX_CPU_ISA holds oneDNN below them.
 std::string bf16_emulated_because(const MachineFacts& facts);
 
+// The fabric.fsdp.* keys as options (fabric.strategy: fsdp; tools/estimate_memory too).
+strategies::FsdpOptions fsdp_options(const Config& config);
+
 // Steps 1–6. Throws ConfigError (exit status 2) for impossible requests.
 ResolvedSetup resolve_setup(const Config& config, const MachineFacts& facts);
 

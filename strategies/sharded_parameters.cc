@@ -82,27 +82,29 @@ ShardedParameters::ShardedParameters(torch::nn::Module& module,
                                              .scopes({at::RecordScope::FUNCTION}));
 }
 
-void ShardedParameters::form_units(torch::nn::Module& module) {
+std::vector<ShardedParameters::PlannedUnit> ShardedParameters::plan_units(
+    const torch::nn::Module& module, const ShardingPolicy& policy) {
+  std::vector<PlannedUnit> units;
   // The units, inner ones first (as PyTorch's auto-wrap policies recurse), the root last.
   std::set<const void*> seen;
   std::set<const void*> storages;
   using Named = std::vector<std::pair<std::string, torch::Tensor>>;
-  auto make_unit = [this](const std::string& name, bool root, const Named& members) {
-    Unit u;
+  auto make_unit = [&units](const std::string& name, bool root, const Named& members) {
+    PlannedUnit u;
     u.name = name;
     u.root = root;
     for (const auto& [n, t] : members) {
       u.names.push_back(n);
       u.params.push_back(t);
     }
-    units_.push_back(std::move(u));
+    units.push_back(std::move(u));
   };
   std::set<std::string> types_seen;  // the module types, as fabric.fsdp.wrap_modules names them
   std::set<std::string> names_matched;
-  std::function<Named(torch::nn::Module&, const std::string&, bool)> visit =
-      [&](torch::nn::Module& m, const std::string& path, bool root) -> Named {
+  std::function<Named(const torch::nn::Module&, const std::string&, bool)> visit =
+      [&](const torch::nn::Module& m, const std::string& path, bool root) -> Named {
     types_seen.insert(module_type_stem(m.name()));
-    for (const auto& n : policy_.wrap_modules)
+    for (const auto& n : policy.wrap_modules)
       if (type_matches(m.name(), {n})) names_matched.insert(n);
     Named mine;
     for (const auto& item : m.named_parameters(/*recurse=*/false)) {
@@ -120,8 +122,8 @@ void ShardedParameters::form_units(torch::nn::Module& module) {
     if (root) return mine;
     int64_t elements = 0;
     for (const auto& [n, t] : mine) elements += t.numel();
-    const bool by_type = type_matches(m.name(), policy_.wrap_modules);
-    const bool by_size = policy_.min_unit_params > 0 && elements >= policy_.min_unit_params;
+    const bool by_type = type_matches(m.name(), policy.wrap_modules);
+    const bool by_size = policy.min_unit_params > 0 && elements >= policy.min_unit_params;
     if (!mine.empty() && (by_type || by_size)) {
       make_unit(path.substr(0, path.size() - 1), false, mine);
       return {};
@@ -131,13 +133,25 @@ void ShardedParameters::form_units(torch::nn::Module& module) {
   Named rest = visit(module, "", true);
   // A name that matches no module would leave its modules unsharded in silence (a typo).
   const std::vector<std::string> types(types_seen.begin(), types_seen.end());
-  for (const auto& n : policy_.wrap_modules)
+  for (const auto& n : policy.wrap_modules)
     if (!names_matched.count(n))
       throw Error("fabric.fsdp.wrap_modules: '" + n + "' is no module type of this model" +
                   did_you_mean(n, types) + " (its types: " + join(types) + ")");
   if (!rest.empty()) make_unit("(root)", true, rest);
-  if (units_.empty())
+  if (units.empty())
     throw Error(std::string(kKey) + ": the module has no parameters that require gradients");
+  return units;
+}
+
+void ShardedParameters::form_units(torch::nn::Module& module) {
+  for (auto& planned : plan_units(module, policy_)) {
+    Unit u;
+    u.name = std::move(planned.name);
+    u.root = planned.root;
+    u.names = std::move(planned.names);
+    u.params = std::move(planned.params);
+    units_.push_back(std::move(u));
+  }
 }
 
 void ShardedParameters::flatten_unit(size_t k) {

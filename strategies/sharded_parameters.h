@@ -146,6 +146,18 @@ class ShardedParameters {
   // The flat memory for OptimizerShard (one segment per unit).
   OptimizerShard::Segments segments() const;
 
+  // The units `policy` makes of `module`'s parameters that require gradients, inner ones first,
+  // the root last, without sharding anything (tools/estimate_memory). Throws fabric::Error as
+  // the constructor does for a wrap_modules name that matches no module or tied parameters.
+  struct PlannedUnit {
+    std::string name;
+    bool root = false;
+    std::vector<std::string> names;
+    std::vector<torch::Tensor> params;
+  };
+  static std::vector<PlannedUnit> plan_units(const torch::nn::Module& module,
+                                             const ShardingPolicy& policy);
+
   // The units, in order: name (module path, "(root)") and elements.
   struct UnitInfo {
     std::string name;

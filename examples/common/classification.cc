@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "examples/common/throughput.h"
+#include "fabric/accelerators/memory.h"
 #include "fabric/callbacks.h"
 #include "fabric/checkpointer.h"
 #include "fabric/graphed_step.h"
@@ -240,6 +241,11 @@ class ClassifierLoop {
     }
     bar_->finish();
     end_training();
+    // The most tensor memory any rank held (fabric/accelerators/memory.h), where it was counted
+    // from the start: CUDA, or the CPU under fabric.tensor_memory_limit_gb.
+    if (fabric::memory_counted(f_.device()))
+      peak_tensor_bytes_ = f_.all_reduce(
+          static_cast<double>(fabric::memory_stats(f_.device()).peak), fabric::ReduceOp::kMax);
     nlohmann::json summary = this->summary();
     if (task_.finish) task_.finish(f_, summary);
     const auto summary_path = run_.write_summary(summary);
@@ -423,6 +429,9 @@ class ClassifierLoop {
         {"wall_seconds", wall},
         {"batch_size", batch_size_},
         {"batch_size_search", batch_size_search()},
+        {"peak_tensor_bytes", peak_tensor_bytes_ >= 0
+                                  ? nlohmann::json(static_cast<int64_t>(peak_tensor_bytes_))
+                                  : nlohmann::json(nullptr)},
         {"ema_decay", c_.get_double("trainer.ema_decay")},
         {"skipped_steps", scaler ? scaler->skipped_steps() : 0},
         {"run_dir", run_.path().string()},
@@ -453,6 +462,7 @@ class ClassifierLoop {
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<fabric::ExponentialMovingAverage> ema_;
   std::vector<fabric::Fabric::BatchSizeTrial> batch_size_trials_;  // data.batch_size: auto's
+  double peak_tensor_bytes_ = -1;  // max over ranks; -1: not counted
   int64_t batch_size_;
   fabric::DataLoader train_, test_;
   const LoopSettings s_;

@@ -87,11 +87,14 @@ class CountingCpuAllocator final : public c10::Allocator {
   std::unordered_map<void*, Entry> live_;
 };
 
+std::atomic<bool> g_installed{false};
+
 CountingCpuAllocator* counting() {
   // Installed once, never removed (allocations it made may outlive any scope).
   static CountingCpuAllocator* instance = [] {
     auto* a = new CountingCpuAllocator(c10::GetCPUAllocator());
     c10::SetCPUAllocator(a, /*priority=*/100);
+    g_installed.store(true);
     return a;
   }();
   return instance;
@@ -139,6 +142,8 @@ MemoryStats memory_stats(c10::Device device) {
 #endif
   return s;
 }
+
+bool memory_counted(c10::Device device) { return device.is_cuda() || g_installed.load(); }
 
 void reset_peak_memory(c10::Device device) {
   if (device.is_cpu()) {

@@ -24,6 +24,10 @@ struct MemoryStats {
 };
 
 MemoryStats memory_stats(c10::Device device);
+// Whether memory_stats(device) counts every tensor the process made since it started using the
+// device: CUDA always; the CPU once a limit was set or the statistics asked for (the counting
+// allocator installed), which fabric.tensor_memory_limit_gb does at launch.
+bool memory_counted(c10::Device device);
 void reset_peak_memory(c10::Device device);
 // Caps this process's tensor memory on `device` (bytes; 0 lifts the cap).
 void set_memory_limit(c10::Device device, int64_t bytes);

@@ -1,0 +1,62 @@
+#include "examples/gpt_recipe.h"
+
+#include "fabric/config/standard_keys.h"
+
+namespace examples::gpt {
+
+fabric::ConfigSchema schema() {
+  fabric::ConfigSchema s = fabric::training_schema();
+  s.set_default("data.root", "\"\"");
+  s.add("data.token_dtype",
+        fabric::KeySpec::choice({"uint16", "uint32"}, "uint16")
+            .doc("ids in train.bin/val.bin (uint32 for vocabularies over 65,535)"));
+  s.section_doc("model", "fabric::models::GPT: a preset, any field overridden (0: the preset's).");
+  s.add("model.preset", fabric::KeySpec::choice({"tiny", "gpt2", "gpt2-medium"}, "tiny"));
+  s.add("model.vocab_size", fabric::KeySpec::integer(0).min(0).doc(
+                                "0: data.root/meta.json's vocab_size, else the preset's"));
+  s.add("model.block_size", fabric::KeySpec::integer(0).min(0).doc("tokens per sequence"));
+  s.add("model.n_layer", fabric::KeySpec::integer(0).min(0));
+  s.add("model.n_head", fabric::KeySpec::integer(0).min(0));
+  s.add("model.n_embd", fabric::KeySpec::integer(0).min(0));
+  s.add("model.dropout", fabric::KeySpec::real(0.0).min(0).max(1, false));
+  s.add("model.bias", fabric::KeySpec::boolean(true).doc("biases in the Linear layers"));
+  s.add("model.fused_loss", fabric::KeySpec::boolean(true).doc(
+                                "output layer + cross-entropy fused on GPUs (no float32 logits)"));
+  s.add("model.fused_layer_norm",
+        fabric::KeySpec::boolean(false).doc(
+            "LayerNorms (+ residual add) as fused CUDA kernels with 16-bit outputs (opt-in)"));
+  s.add("model.activation_checkpointing",
+        fabric::KeySpec::choice_list({"Block"}, {})
+            .doc("module types whose activations are recomputed in backward instead of kept"));
+  s.add("gpt.eval_every_n_steps", fabric::KeySpec::integer(0).min(0).doc(
+                                      "validation loss every N optimizer steps (0: at the end)"));
+  s.add("gpt.prompt",
+        fabric::KeySpec::string("def ").doc("the start of the sample printed at the end"));
+  s.add("gpt.sample_tokens", fabric::KeySpec::integer(200).min(0).doc("0: no sample"));
+  s.add("gpt.temperature", fabric::KeySpec::real(0.8).min(0, false));
+  s.add("gpt.top_k", fabric::KeySpec::integer(40).min(0).doc("0: the whole vocabulary"));
+  s.add("gpt.corpus_cache",
+        fabric::KeySpec::string("").doc("where the default corpus is prepared; \"\": "
+                                        "$XDG_CACHE_HOME/fabricpp, else ~/.cache/fabricpp"));
+  return s;
+}
+
+fabric::models::GPTConfig model_config(const fabric::Config& c, int64_t meta_vocab) {
+  auto m = fabric::models::GPTConfig::preset(c.get_string("model.preset"));
+  auto set = [&](const char* key, int64_t& field) {
+    if (c.get_int(key) > 0) field = c.get_int(key);
+  };
+  if (meta_vocab > 0) m.vocab_size = meta_vocab;
+  set("model.vocab_size", m.vocab_size);
+  set("model.block_size", m.block_size);
+  set("model.n_layer", m.n_layer);
+  set("model.n_head", m.n_head);
+  set("model.n_embd", m.n_embd);
+  m.dropout = c.get_double("model.dropout");
+  m.bias = c.get_bool("model.bias");
+  m.fused_loss = c.get_bool("model.fused_loss");
+  m.fused_layer_norm = c.get_bool("model.fused_layer_norm");
+  return m;
+}
+
+}  // namespace examples::gpt

@@ -1,0 +1,329 @@
+// bazel run //tools:estimate_memory -- --config=FILE [--program=auto|cifar10|fashion_mnist|gpt]
+//                                      [--json] [key=value ...]
+//
+// What one process of an example program's training run holds, for each strategy at the
+// config's world size: parameters, gradients, optimizer state, the strategy's own buffers (ddp's
+// gradient buckets, fsdp's gathered units) and activations, in bytes (Accelerate's
+// `accelerate estimate-memory`, which counts the parameters only).
+//
+// How. The model is built from the config as the program builds it, under an empty init (no
+// memory; fabric/nn/empty_init.h): parameters in the precision's dtype (*-true converts them),
+// the optimizer's state from its options (fabric::optimizer_state_bytes_expected), fsdp's units
+// by the wrapping policy (ShardedParameters::plan_units). Activations are measured, not modelled:
+// the model is materialised on the CPU and one forward and backward run at data.batch_size (at
+// most 16) and at half of it with LibTorch's allocator counted (fabric/accelerators/memory.h);
+// the difference gives one example's activations, scaled to data.batch_size; what does not grow
+// with the batch beyond the gradients (the loss's outputs, workspaces) is added once. Under *-mixed
+// the CPU's autocast runs (bf16; fp16 under 16-mixed), which is close to, not the same as, CUDA's.
+// --activations=skip leaves them out (for a model too large to materialise here).
+// Checked against runs: tests/integration/examples_tools_test.cc compares the totals with the
+// peak tensor memory the runs record (summary.json's peak_tensor_bytes): within 20%.
+//
+// Exit status: 0; 2 for a bad config or argument (one line naming it).
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "examples/common/models.h"
+#include "examples/common/recipes.h"
+#include "examples/gpt_recipe.h"
+#include "fabric/accelerators/memory.h"
+#include "fabric/config/config.h"
+#include "fabric/connector.h"
+#include "fabric/core/error.h"
+#include "fabric/nn/empty_init.h"
+#include "fabric/precision/autocast.h"
+#include "fabric/precision/precision.h"
+#include "fabric/training/optimizers.h"
+#include "fabric/training/state_bytes.h"
+#include "strategies/sharded_parameters.h"
+
+namespace {
+
+using fabric::Config;
+using fabric::Error;
+
+struct Model {
+  std::string program, description;
+  std::shared_ptr<torch::nn::Module> module;
+  std::shared_ptr<fabric::InitRecord> record;
+  // One training step's loss for a batch of `b` examples (the program's inputs and loss).
+  std::function<torch::Tensor(int64_t b)> loss;
+};
+
+Model build(const std::string& program, const Config& c) {
+  Model m;
+  m.program = program;
+  fabric::EmptyInit scope;
+  if (program == "gpt") {
+    const auto mc = examples::gpt::model_config(c, 0);  // model.vocab_size, else the preset's
+    fabric::models::GPT gpt(mc);
+    m.module = gpt.ptr();
+    m.description = "GPT(" + std::to_string(mc.n_layer) + " layers, " + std::to_string(mc.n_embd) +
+                    " wide, vocabulary " + std::to_string(mc.vocab_size) + ", " +
+                    std::to_string(mc.block_size) + " tokens per sequence)";
+    m.loss = [gpt, mc](int64_t b) mutable {
+      const auto tokens = torch::randint(mc.vocab_size, {b, mc.block_size}, torch::kLong);
+      return gpt->loss(tokens, tokens);
+    };
+  } else if (program == "fashion_mnist") {
+    examples::SmallCnn net(c.get_int("model.width"), c.get_int("model.hidden"));
+    m.module = net.ptr();
+    m.description = "SmallCnn(width " + std::to_string(c.get_int("model.width")) + ", hidden " +
+                    std::to_string(c.get_int("model.hidden")) + ")";
+    m.loss = [net](int64_t b) mutable {
+      return torch::cross_entropy_loss(net->forward(torch::randn({b, 1, 28, 28})),
+                                       torch::randint(10, {b}, torch::kLong));
+    };
+  } else {
+    examples::ResNet18Cifar net(c.get_int("model.width"));
+    m.module = net.ptr();
+    m.description = "ResNet18Cifar(width " + std::to_string(c.get_int("model.width")) + ")";
+    m.loss = [net](int64_t b) mutable {
+      return torch::cross_entropy_loss(net->forward(torch::randn({b, 3, 32, 32})),
+                                       torch::randint(10, {b}, torch::kLong));
+    };
+  }
+  m.record = scope.record();
+  return m;
+}
+
+// The config under the first program whose keys it has (a config of fabric.* keys only is
+// cifar10's, the README's program).
+std::pair<std::string, Config> load(const std::string& program, const std::string& file,
+                                    const std::vector<std::string>& overrides) {
+  const std::vector<std::pair<std::string, fabric::ConfigSchema (*)()>> programs = {
+      {"cifar10", &examples::cifar10_schema},
+      {"fashion_mnist", &examples::fashion_mnist_schema},
+      {"gpt", &examples::gpt::schema}};
+  std::string first_error;
+  for (const auto& [name, schema] : programs) {
+    if (program != "auto" && program != name) continue;
+    try {
+      return {name, Config::load(file, overrides, schema())};
+    } catch (const fabric::ConfigError& e) {
+      if (program != "auto") throw;
+      if (first_error.empty()) first_error = e.what();
+    }
+  }
+  if (program != "auto")
+    throw Error("--program=" + program + ": not one of auto, cifar10, fashion_mnist, gpt");
+  throw Error(first_error + " (read as cifar10's config; --program=NAME names another)");
+}
+
+int64_t element_bytes(fabric::PrecisionMode mode) {
+  switch (mode) {
+    case fabric::PrecisionMode::k64True:
+      return 8;
+    case fabric::PrecisionMode::k16True:
+    case fabric::PrecisionMode::kBf16True:
+      return 2;
+    default:
+      return 4;
+  }
+}
+
+// Bytes that grow with the batch (per example) and the rest of a step's working memory beyond
+// the gradients, measured on the CPU.
+struct Activations {
+  int64_t per_example = 0;
+  int64_t fixed = 0;
+};
+
+Activations measure(Model& m, fabric::PrecisionMode mode, int64_t gradient_bytes, int64_t batch) {
+  fabric::materialize(*m.module, *m.record, torch::kCPU);
+  if (mode == fabric::PrecisionMode::k64True) m.module->to(torch::kDouble);
+  if (mode == fabric::PrecisionMode::kBf16True) m.module->to(torch::kBFloat16);
+  if (mode == fabric::PrecisionMode::k16True) m.module->to(torch::kHalf);
+  m.module->train();
+  const c10::Device cpu(c10::kCPU);
+  auto step = [&](int64_t b) {
+    for (auto& p : m.module->parameters()) p.mutable_grad() = torch::Tensor();
+    fabric::reset_peak_memory(cpu);
+    const int64_t before = fabric::memory_stats(cpu).allocated;
+    {
+      const bool mixed =
+          mode == fabric::PrecisionMode::kBf16Mixed || mode == fabric::PrecisionMode::k16Mixed;
+      fabric::AutocastGuard autocast(
+          c10::DeviceType::CPU,
+          mode == fabric::PrecisionMode::k16Mixed ? torch::kHalf : torch::kBFloat16, mixed);
+      torch::Tensor loss = m.loss(b);
+      loss.backward();
+    }
+    return fabric::memory_stats(cpu).peak - before;
+  };
+  // At the batch size (at most 16: beyond it linear) and half of it; a first step at 1 leaves
+  // lazily made state (oneDNN's, the generator's) out of the measurement.
+  const int64_t full = std::clamp<int64_t>(batch, 2, 16), half = full / 2;
+  step(1);
+  const int64_t at_half = step(half), at_full = step(full);
+  Activations a;
+  a.per_example = std::max<int64_t>(0, (at_full - at_half) / (full - half));
+  a.fixed = std::max<int64_t>(0, at_full - a.per_example * full - gradient_bytes);
+  for (auto& p : m.module->parameters()) p.mutable_grad() = torch::Tensor();
+  return a;
+}
+
+std::string mib(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f", static_cast<double>(bytes) / (1 << 20));
+  return text;
+}
+
+int run(int argc, char** argv) {
+  std::string program = "auto", file;
+  bool json = false, activations = true;
+  std::vector<std::string> overrides;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--config=", 0) == 0) {
+      file = a.substr(9);
+    } else if (a.rfind("--program=", 0) == 0) {
+      program = a.substr(10);
+    } else if (a == "--json") {
+      json = true;
+    } else if (a == "--activations=skip") {
+      activations = false;
+    } else if (a == "--activations=measure") {
+      activations = true;
+    } else if (a.find('=') != std::string::npos && a.rfind("--", 0) != 0) {
+      overrides.push_back(a);
+    } else {
+      throw Error("estimate_memory: unknown argument '" + a +
+                  "' (--config=FILE, --program=auto|cifar10|fashion_mnist|gpt, --json, "
+                  "--activations=measure|skip, key=value)");
+    }
+  }
+  if (file.empty()) throw Error("estimate_memory: --config=FILE is required");
+  auto [name, c] = load(program, file, overrides);
+
+  const fabric::DeviceRequest devices = c.get_devices("fabric.devices");
+  int64_t local = 1;
+  if (!devices.ids.empty())
+    local = static_cast<int64_t>(devices.ids.size());
+  else if (!devices.is_auto && devices.count > 0)
+    local = devices.count;
+  const int64_t world = local * c.get_int("fabric.num_nodes");
+  const int64_t batch = c.is_auto("data.batch_size") ? 0 : c.get_int("data.batch_size");
+  const fabric::PrecisionMode mode = fabric::parse_precision(c.get_string("fabric.precision"));
+  std::string chosen = c.get_string("fabric.strategy");
+  if (chosen == "auto") chosen = world > 1 ? "ddp" : "single_device";
+  if (chosen == "ddp" && c.get_bool("fabric.ddp.shard_optimizer_state")) chosen = "ddp+zero1";
+
+  Model m = build(name, c);
+  const int64_t bytes = element_bytes(mode);
+  int64_t trainable = 0, frozen = 0;
+  for (const auto& p : m.module->parameters())
+    (p.requires_grad() ? trainable : frozen) += p.numel() * bytes;
+  for (const auto& b : m.module->buffers()) frozen += b.numel() * b.element_size();
+  // The optimizer on the meta parameters in their training dtype (no memory).
+  if (bytes != 4)
+    m.module->to(bytes == 8 ? torch::kDouble : bytes == 2 ? torch::kBFloat16 : torch::kFloat);
+  const auto optimizer = fabric::make_optimizer(c, *m.module);
+  const int64_t optimizer_bytes = fabric::optimizer_state_bytes_expected(*optimizer);
+  if (bytes != 4) m.module->to(torch::kFloat);
+
+  // fsdp: the units of the wrapping policy; the largest other than the root is whole in the
+  // forward and, with its gradients, in the backward; the root stays whole.
+  fabric::strategies::ShardingPolicy policy;
+  const auto fsdp = fabric::fsdp_options(c);
+  policy.wrap_modules = fsdp.wrap_modules;
+  policy.min_unit_params = fsdp.min_unit_params;
+  int64_t largest_unit = 0, root_unit = 0, units = 0;
+  for (const auto& u : fabric::strategies::ShardedParameters::plan_units(*m.module, policy)) {
+    int64_t n = 0;
+    for (const auto& p : u.params) n += p.numel() * bytes;
+    ++units;
+    if (u.root)
+      root_unit = n;
+    else
+      largest_unit = std::max(largest_unit, n);
+  }
+
+  Activations act;
+  if (activations) act = measure(m, mode, trainable, std::max<int64_t>(batch, 1));
+  const int64_t activation_bytes = act.per_example * batch + act.fixed;
+
+  struct Row {
+    std::string strategy;
+    int64_t ranks, parameters, gradients, optimizer, buffers, activations;
+    std::string buffers_are;
+  };
+  const int64_t n = std::max<int64_t>(world, 1);
+  std::vector<Row> rows = {
+      {"single_device", 1, trainable + frozen, trainable, optimizer_bytes, 0, activation_bytes, ""},
+      {"ddp", n, trainable + frozen, trainable, optimizer_bytes, n > 1 ? trainable : 0,
+       activation_bytes, "gradient buckets"},
+      {"ddp+zero1", n, trainable + frozen, trainable, optimizer_bytes / n, n > 1 ? trainable : 0,
+       activation_bytes, "gradient buckets"},
+      {"fsdp", n, trainable / n + frozen, trainable / n, optimizer_bytes / n,
+       root_unit + 2 * largest_unit, activation_bytes, "gathered units"},
+  };
+  if (json) {
+    nlohmann::json out = {{"program", name},
+                          {"model", m.description},
+                          {"precision", c.get_string("fabric.precision")},
+                          {"world_size", world},
+                          {"batch_size", batch},
+                          {"strategy", chosen},
+                          {"fsdp_units", units},
+                          {"activation_bytes_per_example", act.per_example},
+                          {"rows", nlohmann::json::array()}};
+    for (const auto& r : rows)
+      out["rows"].push_back(
+          {{"strategy", r.strategy},
+           {"ranks", r.ranks},
+           {"parameters", r.parameters},
+           {"gradients", r.gradients},
+           {"optimizer", r.optimizer},
+           {"buffers", r.buffers},
+           {"activations", r.activations},
+           {"total", r.parameters + r.gradients + r.optimizer + r.buffers + r.activations}});
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << name << ": " << m.description << ", " << (trainable + frozen) / bytes
+            << " parameters and buffers, precision " << c.get_string("fabric.precision")
+            << ", optimizer " << c.get_string("optimizer.name") << ", "
+            << (batch > 0 ? std::to_string(batch) : std::string("auto"))
+            << " examples per process, " << world << (world == 1 ? " process" : " processes")
+            << "\n";
+  std::cout << "MiB per process     parameters  gradients  optimizer  buffers  activations  "
+               "total\n";
+  for (const auto& r : rows) {
+    char line[256];
+    const int64_t total = r.parameters + r.gradients + r.optimizer + r.buffers + r.activations;
+    std::snprintf(line, sizeof(line), "%s%-16s %12s %10s %10s %8s %12s %8s\n",
+                  r.strategy == chosen ? "* " : "  ", r.strategy.c_str(), mib(r.parameters).c_str(),
+                  mib(r.gradients).c_str(), mib(r.optimizer).c_str(), mib(r.buffers).c_str(),
+                  activations ? mib(r.activations).c_str() : "-", mib(total).c_str());
+    std::cout << line;
+  }
+  std::cout << "(* the config's strategy; ddp's buffers: its gradient buckets; fsdp's: the root "
+               "unit and twice the largest of "
+            << units
+            << " units, gathered; activations measured on this CPU at the batch size (up to 16, "
+               "linear beyond) and half of it"
+            << (activations ? "" : ": skipped") << ")\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    std::cerr << "error: " << what.substr(0, what.find('\n')) << "\n";
+    return 2;
+  }
+}
