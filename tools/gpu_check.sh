@@ -17,7 +17,8 @@
 #     3. examples   world size 1: cifar10 (synthetic data) with single_gpu / amp / bf16 / ddp_amp
 #                   over NCCL / CUDA graphs / dp falling back; fsdp bf16-mixed, fsdp 16-mixed with
 #                   bf16 wires, ZeRO-1 16-mixed over NCCL, the recipe config in bf16, an async
-#                   checkpoint and resume=auto from it
+#                   checkpoint and resume=auto from it, data.batch_size: auto under a memory
+#                   fraction, the profiler with CUDA activities, an fsdp empty init
 #     4. ranks      2 ranks on the one GPU (fabric.ddp.ranks_per_gpu=2, Gloo): fsdp full_shard /
 #                   shard_grad_op and ZeRO-1 bitwise ddp's (compare_weights.py), fsdp's async
 #                   sharded checkpoint resumed bitwise, a rank SIGKILLed under fabric.max_restarts
@@ -238,6 +239,16 @@ run() {
         fabric.precision=bf16-mixed
       CHECK_SUMMARY='accuracy|resumed' check "cifar10 async checkpoint, resume=auto" 180 \
         "$here/gpu_check.sh" _resume_auto "$runsh" "$work/runs/async" "${common[@]}"
+      # Issue 51 on CUDA: data.batch_size: auto halving on the caching allocator's out-of-memory
+      # error (a 2 GiB memory fraction, so that the search meets it), the profiler's CUDA
+      # kernels in the trace and the table, and an fsdp empty init over NCCL.
+      CHECK_SUMMARY='auto:|accuracy' check "cifar10 data.batch_size: auto (CUDA OOM path)" 180 \
+        "$runsh" cifar10 --config=single_gpu.yaml "${common[@]}" data.batch_size=auto \
+        fabric.tensor_memory_limit_gb=2
+      CHECK_SUMMARY='profiler|Self CUDA|accuracy' check "cifar10 profiler, CUDA activities" 120 \
+        "$runsh" cifar10 --config=single_gpu.yaml "${common[@]}" profiler.enabled=true
+      CHECK_SUMMARY='accuracy' check "cifar10 fsdp empty init (NCCL, 1 GPU)" 120 "$runsh" cifar10 \
+        --config=fsdp.yaml "${common[@]}" fabric.devices=1 fabric.empty_init=true
       # The GPT recipe (configs/gpt2.yaml: GPT-2 124M's shape, bf16-mixed, fused AdamW, clipping)
       # on the default byte corpus, shortened: ddp, fsdp with Block units, CUDA graphs.
       local gpt=(--config=gpt2.yaml trainer.max_steps=12 trainer.accumulate_grad_batches=2
