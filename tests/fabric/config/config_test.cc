@@ -59,6 +59,17 @@ TEST_F(ConfigTest, DefaultsFillEveryKey) {
   EXPECT_EQ(c.origin("optimizer.lr"), "default");
 }
 
+// data.batch_size takes auto (KeySpec::or_auto): is_auto says so, and get_int refuses to guess.
+TEST_F(ConfigTest, AnIntegerKeyThatTakesAutoSaysSo) {
+  const Config c = Config::load(write("auto.yaml", "data:\n  batch_size: auto\n"), {}, schema_);
+  EXPECT_TRUE(c.is_auto("data.batch_size"));
+  EXPECT_THROW(c.get_int("data.batch_size"), fabric::Error);
+  const Config given = Config::load(write("given.yaml", "data: {}\n"), {"data.batch_size=64"}, schema_);
+  EXPECT_FALSE(given.is_auto("data.batch_size"));
+  EXPECT_EQ(given.get_int("data.batch_size"), 64);
+  EXPECT_EQ(schema_.find("data.batch_size")->type_name(), "an integer or auto");
+}
+
 TEST_F(ConfigTest, FileValuesCarryTheirLocation) {
   const std::string path = write("a.yaml", "fabric:\n  precision: bf16\noptimizer:\n  lr: 0.05\n");
   Config c = Config::load(path, {}, schema_);
@@ -129,11 +140,13 @@ TEST_F(ConfigTest, BadValuesNameFileLineColumnKeyAndFix) {
                 ":2:14: fabric.precision: '16-mixd' is not a precision; did you mean '16-mixed'? "
                 "(one of 32-true, 64-true, 16-mixed, bf16-mixed, 16-true, bf16-true)");
   EXPECT_EQ(load_error("data:\n  batch_size: abc\n"),
-            (dir_ / "x.yaml").string() + ":2:15: data.batch_size: 'abc' is not an integer");
+            (dir_ / "x.yaml").string() + ":2:15: data.batch_size: 'abc' is not an integer or auto");
+  EXPECT_EQ(load_error("trainer:\n  max_epochs: auto\n"),
+            (dir_ / "x.yaml").string() + ":2:15: trainer.max_epochs: 'auto' is not an integer");
   EXPECT_EQ(load_error("data:\n  batch_size: 0\n"),
             (dir_ / "x.yaml").string() + ":2:15: data.batch_size: 0 is out of range: must be >= 1");
   EXPECT_EQ(load_error("data:\n  batch_size: 1.5\n"),
-            (dir_ / "x.yaml").string() + ":2:15: data.batch_size: '1.5' is not an integer");
+            (dir_ / "x.yaml").string() + ":2:15: data.batch_size: '1.5' is not an integer or auto");
   EXPECT_EQ(load_error("optimizer:\n  momentum: 1.0\n"),
             (dir_ / "x.yaml").string() +
                 ":2:13: optimizer.momentum: 1.0 is out of range: must be >= 0.0 and < 1.0");

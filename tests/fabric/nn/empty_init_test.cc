@@ -102,8 +102,9 @@ TEST(EmptyInit, ConversionsAfterTheScopeAreTheCallersAndPiecesComeOnce) {
                  [&](const std::string& name, torch::Tensor& held, const torch::Tensor& value) {
                    ++seen[name];
                    EXPECT_NE(value.scalar_type(), torch::kBFloat16) << name;  // as recorded
-                   if (value.is_floating_point())
+                   if (value.is_floating_point()) {
                      EXPECT_EQ(held.scalar_type(), torch::kBFloat16) << name;
+                   }
                    fabric::replace_data(held, value.to(held.scalar_type()));
                  });
   for (const auto& [name, n] : seen) EXPECT_EQ(n, 1) << name;
