@@ -64,7 +64,8 @@ TEST_F(ConfigTest, AnIntegerKeyThatTakesAutoSaysSo) {
   const Config c = Config::load(write("auto.yaml", "data:\n  batch_size: auto\n"), {}, schema_);
   EXPECT_TRUE(c.is_auto("data.batch_size"));
   EXPECT_THROW(c.get_int("data.batch_size"), fabric::Error);
-  const Config given = Config::load(write("given.yaml", "data: {}\n"), {"data.batch_size=64"}, schema_);
+  const Config given =
+      Config::load(write("given.yaml", "data: {}\n"), {"data.batch_size=64"}, schema_);
   EXPECT_FALSE(given.is_auto("data.batch_size"));
   EXPECT_EQ(given.get_int("data.batch_size"), 64);
   EXPECT_EQ(schema_.find("data.batch_size")->type_name(), "an integer or auto");
