@@ -140,6 +140,14 @@ void Fabric::setup_module(torch::nn::Module& module) {
 
 bool Fabric::empty_init_default() const { return setup_->empty_init; }
 
+void Fabric::empty_init_failed(const c10::Error& e) const {
+  const std::string what = e.what_without_backtrace();
+  throw Error("init_module: the model's constructor failed on the meta device of an empty init (" +
+              what.substr(0, what.find('\n')) +
+              "); a constructor that reads values or moves tensors cannot run without memory: "
+              "set fabric.empty_init: false, or make those tensors with a device");
+}
+
 int64_t Fabric::find_batch_size(const std::function<void(int64_t)>& trial, int64_t start,
                                 int64_t most, std::vector<BatchSizeTrial>* trials) {
   if (start < 1 || most < start)

@@ -143,11 +143,15 @@ class Fabric {
   auto init_module(Make&& make, std::optional<bool> empty_init = std::nullopt) {
     if (!empty_init.value_or(empty_init_default())) return make();
     auto scope = std::make_unique<EmptyInit>();
-    auto module = make();
-    std::shared_ptr<InitRecord> record = scope->record();
-    scope.reset();  // the record is complete
-    pending_inits_.push_back(std::move(record));
-    return module;
+    try {
+      auto module = make();
+      std::shared_ptr<InitRecord> record = scope->record();
+      scope.reset();  // the record is complete
+      pending_inits_.push_back(std::move(record));
+      return module;
+    } catch (const c10::Error& e) {
+      empty_init_failed(e);  // throws fabric::Error naming fabric.empty_init
+    }
   }
 
   // A loader for this rank: sampler partitioned by rank, shuffled from fabric.seed (unless
@@ -390,6 +394,7 @@ class Fabric {
   }
   int run_launched(const std::function<int(Fabric&)>& fn);
   bool empty_init_default() const;
+  [[noreturn]] void empty_init_failed(const c10::Error& e) const;
   // Gathers every rank's generator states (collective); the returned function builds the file's
   // contents from `state` (no communication).
   std::function<c10::IValue(const CheckpointState&)> gather_for_save();

@@ -170,6 +170,42 @@ TEST(FabricTest, PropertiesDescribeASingleProcess) {
   EXPECT_THROW(fabric.broadcast(t, 1), fabric::Error);
 }
 
+// Fabric::init_module under fabric.empty_init: no memory until setup, then a full init's values;
+// a constructor that reads a value fails with one line naming the key.
+TEST(FabricTest, InitModuleBuildsEmptyAndSetupGivesAFullInitsValues) {
+  fabric::Fabric fabric(config({"fabric.empty_init=true"}), kCpu);
+  fabric.launch([&](fabric::Fabric& f) {
+    torch::manual_seed(5);
+    Net full;
+    torch::manual_seed(5);
+    Net model = f.init_module([] { return Net(); });
+    EXPECT_TRUE(model->fc1->weight.is_meta());
+    auto optimizer = torch::optim::SGD(model->parameters(), 0.1);  // before setup, on meta
+    f.setup(model, optimizer);
+    EXPECT_FALSE(model->fc1->weight.is_meta());
+    EXPECT_TRUE(torch::equal(model->fc1->weight, full->fc1->weight));
+    EXPECT_TRUE(torch::equal(model->fc2->bias, full->fc2->bias));
+    Net eager = f.init_module([] { return Net(); }, /*empty_init=*/false);
+    EXPECT_FALSE(eager->fc1->weight.is_meta());
+    try {
+      f.init_module([] {
+        Net n;
+        return n->fc1->weight.sum().item<double>();  // reads a value
+      });
+      FAIL() << "no error";
+    } catch (const fabric::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("init_module: the model's constructor failed on the "
+                                           "meta device of an empty init"),
+                std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("set fabric.empty_init: false"), std::string::npos);
+    }
+    // A second recording after a failed one starts cleanly.
+    Net again = f.init_module([] { return Net(); });
+    EXPECT_TRUE(again->fc1->weight.is_meta());
+  });
+}
+
 TEST(FabricTest, SaveAndLoadWeightsRoundTripAndReportBadPaths) {
   fabric::Fabric fabric(config(), kCpu);
   fabric.launch([&](fabric::Fabric& f) {
