@@ -44,7 +44,6 @@
 #include "fabric/training/activation_checkpoint.h"
 #include "fabric/training/lr_scheduler.h"
 #include "fabric/training/optimizers.h"
-#include "fabric/training/state_bytes.h"
 
 namespace fs = std::filesystem;
 using examples::gpt::data_root;
@@ -97,23 +96,12 @@ int train(fabric::Fabric& f) {
     const int64_t most =
         std::min<int64_t>(1024, std::max<int64_t>(1, train_data->size() / f.world_size()));
     batch_size = f.find_batch_size(
+        *model, *optimizer,
         [&](int64_t b) {
           std::vector<int64_t> rows(static_cast<size_t>(b));
           for (int64_t i = 0; i < b; ++i) rows[static_cast<size_t>(i)] = i % train_data->size();
           const fabric::Batch batch = f.to_device(train_data->get_batch(rows));
-          const torch::Tensor reserved =
-              torch::empty({fabric::optimizer_state_bytes_expected(*optimizer)},
-                           torch::TensorOptions().dtype(torch::kUInt8).device(f.device()));
-          {
-            const auto no_sync = f.no_backward_sync(model);
-            torch::Tensor loss;
-            {
-              auto guard = f.autocast();
-              loss = step_loss(batch.data, batch.target);
-            }
-            f.backward(loss);
-          }
-          optimizer->zero_grad(/*set_to_none=*/true);
+          return step_loss(batch.data, batch.target);
         },
         std::min<int64_t>(8, most), most, &batch_size_trials);
   } else {

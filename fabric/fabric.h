@@ -131,6 +131,14 @@ class Fabric {
   };
   int64_t find_batch_size(const std::function<void(int64_t)>& trial, int64_t start, int64_t most,
                           std::vector<BatchSizeTrial>* trials = nullptr);
+  // The same with the training step as the trial: `loss(b)` (a batch of b examples through the
+  // model and its loss; called under autocast) and its backward without gradient
+  // synchronization, while a buffer the size of the optimizer's future state is held
+  // (fabric::optimizer_state_bytes_expected); the gradients are dropped after each trial and
+  // `module`'s buffers (BatchNorm statistics) put back after the search.
+  int64_t find_batch_size(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                          const std::function<torch::Tensor(int64_t)>& loss, int64_t start,
+                          int64_t most, std::vector<BatchSizeTrial>* trials = nullptr);
 
   // Builds a module with `make()` (a function returning it). With an empty init (`empty_init`,
   // or fabric.empty_init when not given) its parameters and buffers get no memory until

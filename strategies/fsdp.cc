@@ -91,13 +91,7 @@ void Fsdp::setup_module(torch::nn::Module& module) {
                 ": shards one module per process; this job set up a second one");
   // An empty init (fabric/nn/empty_init.h) is replayed after the units are formed, each rank
   // keeping only its shard of each value; the module stays on the meta device until then.
-  std::shared_ptr<InitRecord> empty_init = std::move(empty_init_);
-  empty_init_.reset();
-  if (empty_init && !has_meta_tensors(module)) empty_init.reset();
-  if (!empty_init && has_meta_tensors(module))
-    throw Error(
-        "setup: the module has parameters or buffers on the meta device that no empty init "
-        "recorded; build it with Fabric::init_module (or give those tensors a device)");
+  const std::shared_ptr<InitRecord> empty_init = take_empty_init(module);
   if (!empty_init) module.to(device_);
   precision_->convert_module(module);
   std::vector<torch::Tensor> params;

@@ -8,16 +8,19 @@
 
 namespace fabric {
 
-void Strategy::materialize_empty_init(torch::nn::Module& module, torch::Device device) {
-  auto record = std::move(empty_init_);
+std::shared_ptr<InitRecord> Strategy::take_empty_init(const torch::nn::Module& module) {
+  std::shared_ptr<InitRecord> record = std::move(empty_init_);
   empty_init_.reset();
-  if (record) {
-    materialize(module, *record, device);
-  } else if (has_meta_tensors(module)) {
+  if (!has_meta_tensors(module)) return nullptr;
+  if (!record)
     throw Error(
         "setup: the module has parameters or buffers on the meta device that no empty init "
         "recorded; build it with Fabric::init_module (or give those tensors a device)");
-  }
+  return record;
+}
+
+void Strategy::materialize_empty_init(torch::nn::Module& module, torch::Device device) {
+  if (auto record = take_empty_init(module)) materialize(module, *record, device);
 }
 
 ParameterParts Strategy::parameter_parts(torch::nn::Module& module) {

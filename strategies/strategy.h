@@ -115,9 +115,11 @@ class Strategy {
 
  protected:
   explicit Strategy(std::unique_ptr<Precision> precision) : precision_(std::move(precision)) {}
+  // Takes the pending empty init's record (consumed) when `module` has meta tensors to give
+  // values to; null when it has none. Throws fabric::Error for meta tensors and no record.
+  std::shared_ptr<InitRecord> take_empty_init(const torch::nn::Module& module);
   // The whole-model strategies' first step of setup_module: a pending empty init's values,
-  // whole, on `device` (nothing when there is none). Throws fabric::Error for a module with meta
-  // tensors and no record.
+  // whole, on `device` (nothing when there is none).
   void materialize_empty_init(torch::nn::Module& module, torch::Device device);
   std::unique_ptr<Precision> precision_;
   std::shared_ptr<InitRecord> empty_init_;

@@ -55,8 +55,9 @@ struct Model {
   std::string program, description;
   std::shared_ptr<torch::nn::Module> module;
   std::shared_ptr<fabric::InitRecord> record;
-  // One training step's loss for a batch of `b` examples (the program's inputs and loss).
-  std::function<torch::Tensor(int64_t b)> loss;
+  // One training step's loss for a batch of `b` examples (the program's inputs, converted by
+  // the precision, and its loss).
+  std::function<torch::Tensor(int64_t b, const fabric::Precision&)> loss;
 };
 
 Model build(const std::string& program, const Config& c) {
@@ -70,7 +71,7 @@ Model build(const std::string& program, const Config& c) {
     m.description = "GPT(" + std::to_string(mc.n_layer) + " layers, " + std::to_string(mc.n_embd) +
                     " wide, vocabulary " + std::to_string(mc.vocab_size) + ", " +
                     std::to_string(mc.block_size) + " tokens per sequence)";
-    m.loss = [gpt, mc](int64_t b) mutable {
+    m.loss = [gpt, mc](int64_t b, const fabric::Precision&) mutable {
       const auto tokens = torch::randint(mc.vocab_size, {b, mc.block_size}, torch::kLong);
       return gpt->loss(tokens, tokens);
     };
@@ -79,16 +80,16 @@ Model build(const std::string& program, const Config& c) {
     m.module = net.ptr();
     m.description = "SmallCnn(width " + std::to_string(c.get_int("model.width")) + ", hidden " +
                     std::to_string(c.get_int("model.hidden")) + ")";
-    m.loss = [net](int64_t b) mutable {
-      return torch::cross_entropy_loss(net->forward(torch::randn({b, 1, 28, 28})),
+    m.loss = [net](int64_t b, const fabric::Precision& p) mutable {
+      return torch::cross_entropy_loss(net->forward(p.convert_input(torch::randn({b, 1, 28, 28}))),
                                        torch::randint(10, {b}, torch::kLong));
     };
   } else {
     examples::ResNet18Cifar net(c.get_int("model.width"));
     m.module = net.ptr();
     m.description = "ResNet18Cifar(width " + std::to_string(c.get_int("model.width")) + ")";
-    m.loss = [net](int64_t b) mutable {
-      return torch::cross_entropy_loss(net->forward(torch::randn({b, 3, 32, 32})),
+    m.loss = [net](int64_t b, const fabric::Precision& p) mutable {
+      return torch::cross_entropy_loss(net->forward(p.convert_input(torch::randn({b, 3, 32, 32}))),
                                        torch::randint(10, {b}, torch::kLong));
     };
   }
@@ -119,18 +120,6 @@ std::pair<std::string, Config> load(const std::string& program, const std::strin
   throw Error(first_error + " (read as cifar10's config; --program=NAME names another)");
 }
 
-int64_t element_bytes(fabric::PrecisionMode mode) {
-  switch (mode) {
-    case fabric::PrecisionMode::k64True:
-      return 8;
-    case fabric::PrecisionMode::k16True:
-    case fabric::PrecisionMode::kBf16True:
-      return 2;
-    default:
-      return 4;
-  }
-}
-
 // Bytes that grow with the batch (per example) and the rest of a step's working memory beyond
 // the gradients, measured on the CPU.
 struct Activations {
@@ -138,26 +127,22 @@ struct Activations {
   int64_t fixed = 0;
 };
 
-Activations measure(Model& m, fabric::PrecisionMode mode, int64_t gradient_bytes, int64_t batch) {
+Activations measure(Model& m, const fabric::Precision& precision, int64_t gradient_bytes,
+                    int64_t batch) {
   fabric::materialize(*m.module, *m.record, torch::kCPU);
-  if (mode == fabric::PrecisionMode::k64True) m.module->to(torch::kDouble);
-  if (mode == fabric::PrecisionMode::kBf16True) m.module->to(torch::kBFloat16);
-  if (mode == fabric::PrecisionMode::k16True) m.module->to(torch::kHalf);
+  precision.convert_module(*m.module);
   m.module->train();
   const c10::Device cpu(c10::kCPU);
   auto step = [&](int64_t b) {
     for (auto& p : m.module->parameters()) p.mutable_grad() = torch::Tensor();
     fabric::reset_peak_memory(cpu);
     const int64_t before = fabric::memory_stats(cpu).allocated;
+    torch::Tensor loss;
     {
-      const bool mixed =
-          mode == fabric::PrecisionMode::kBf16Mixed || mode == fabric::PrecisionMode::k16Mixed;
-      fabric::AutocastGuard autocast(
-          c10::DeviceType::CPU,
-          mode == fabric::PrecisionMode::k16Mixed ? torch::kHalf : torch::kBFloat16, mixed);
-      torch::Tensor loss = m.loss(b);
-      loss.backward();
+      const fabric::AutocastGuard autocast = precision.autocast();
+      loss = m.loss(b, precision);
     }
+    loss.backward();
     return fabric::memory_stats(cpu).peak - before;
   };
   // At the batch size (at most 16: beyond it linear) and half of it; a first step at 1 leaves
@@ -213,23 +198,22 @@ int run(int argc, char** argv) {
     local = devices.count;
   const int64_t world = local * c.get_int("fabric.num_nodes");
   const int64_t batch = c.is_auto("data.batch_size") ? 0 : c.get_int("data.batch_size");
-  const fabric::PrecisionMode mode = fabric::parse_precision(c.get_string("fabric.precision"));
+  // The precision as a CPU runs it: its parameter dtype, its autocast (bf16; fp16 under 16-mixed).
+  const fabric::Precision precision(fabric::parse_precision(c.get_string("fabric.precision")),
+                                    c10::DeviceType::CPU);
   std::string chosen = c.get_string("fabric.strategy");
   if (chosen == "auto") chosen = world > 1 ? "ddp" : "single_device";
   if (chosen == "ddp" && c.get_bool("fabric.ddp.shard_optimizer_state")) chosen = "ddp+zero1";
 
   Model m = build(name, c);
-  const int64_t bytes = element_bytes(mode);
+  const int64_t bytes = static_cast<int64_t>(c10::elementSize(precision.param_dtype()));
   int64_t trainable = 0, frozen = 0;
   for (const auto& p : m.module->parameters())
     (p.requires_grad() ? trainable : frozen) += p.numel() * bytes;
   for (const auto& b : m.module->buffers()) frozen += b.numel() * b.element_size();
-  // The optimizer on the meta parameters in their training dtype (no memory).
-  if (bytes != 4)
-    m.module->to(bytes == 8 ? torch::kDouble : bytes == 2 ? torch::kBFloat16 : torch::kFloat);
+  // The optimizer on the meta parameters (no memory); its state takes their training dtype.
   const auto optimizer = fabric::make_optimizer(c, *m.module);
-  const int64_t optimizer_bytes = fabric::optimizer_state_bytes_expected(*optimizer);
-  if (bytes != 4) m.module->to(torch::kFloat);
+  const int64_t optimizer_bytes = fabric::optimizer_state_bytes_expected(*optimizer) / 4 * bytes;
 
   // fsdp: the units of the wrapping policy; the largest other than the root is whole in the
   // forward and, with its gradients, in the backward; the root stays whole.
@@ -249,23 +233,22 @@ int run(int argc, char** argv) {
   }
 
   Activations act;
-  if (activations) act = measure(m, mode, trainable, std::max<int64_t>(batch, 1));
+  if (activations) act = measure(m, precision, trainable, std::max<int64_t>(batch, 1));
   const int64_t activation_bytes = act.per_example * batch + act.fixed;
 
   struct Row {
     std::string strategy;
     int64_t ranks, parameters, gradients, optimizer, buffers, activations;
-    std::string buffers_are;
   };
   const int64_t n = std::max<int64_t>(world, 1);
   std::vector<Row> rows = {
-      {"single_device", 1, trainable + frozen, trainable, optimizer_bytes, 0, activation_bytes, ""},
+      {"single_device", 1, trainable + frozen, trainable, optimizer_bytes, 0, activation_bytes},
       {"ddp", n, trainable + frozen, trainable, optimizer_bytes, n > 1 ? trainable : 0,
-       activation_bytes, "gradient buckets"},
+       activation_bytes},
       {"ddp+zero1", n, trainable + frozen, trainable, optimizer_bytes / n, n > 1 ? trainable : 0,
-       activation_bytes, "gradient buckets"},
+       activation_bytes},
       {"fsdp", n, trainable / n + frozen, trainable / n, optimizer_bytes / n,
-       root_unit + 2 * largest_unit, activation_bytes, "gathered units"},
+       root_unit + 2 * largest_unit, activation_bytes},
   };
   if (json) {
     nlohmann::json out = {{"program", name},

@@ -26,7 +26,6 @@
 #include "fabric/training/ema.h"
 #include "fabric/training/lr_scheduler.h"
 #include "fabric/training/optimizers.h"
-#include "fabric/training/state_bytes.h"
 
 namespace examples {
 namespace {
@@ -139,41 +138,22 @@ nlohmann::json null_if_negative(double value) {
 }
 
 // data.batch_size, resolving auto (Fabric::find_batch_size): each trial takes the first batch of
-// a loader of that size through forward and backward (no gradient synchronization) while the
-// bytes the optimizer's state will take are held; the module's buffers (BatchNorm statistics)
-// are put back afterwards. From 8, doubling, up to 4096 and this process's share of the data.
+// a loader of that size through the training step. From 8, doubling, up to 4096 and this
+// process's share of the data.
 int64_t resolve_batch_size(fabric::Fabric& f, const ClassifierModel& model,
                            const ClassificationTask& task, torch::optim::Optimizer& optimizer,
                            std::vector<fabric::Fabric::BatchSizeTrial>* trials) {
   const fabric::Config& c = f.config();
   if (!c.is_auto("data.batch_size")) return c.get_int("data.batch_size");
-  std::vector<torch::Tensor> buffers;
-  for (const auto& b : model.module.buffers()) buffers.push_back(b.detach().clone());
   const int64_t most =
       std::min<int64_t>(4096, std::max<int64_t>(1, task.train->size() / f.world_size()));
-  const auto trial = [&](int64_t b) {
+  const auto loss = [&](int64_t b) {
     fabric::DataLoader loader = train_loader(f, task, b);
     const fabric::Batch batch = *loader.begin();
-    const torch::Tensor reserved =
-        torch::empty({fabric::optimizer_state_bytes_expected(optimizer)},
-                     torch::TensorOptions().dtype(torch::kUInt8).device(f.device()));
-    {
-      const auto no_sync = f.no_backward_sync(model.module);
-      torch::Tensor loss;
-      {
-        auto guard = f.autocast();
-        loss = torch::cross_entropy_loss(model.forward(f.precision().convert_input(batch.data)),
-                                         batch.target);
-      }
-      f.backward(loss);
-    }
-    optimizer.zero_grad(/*set_to_none=*/true);
+    return torch::cross_entropy_loss(model.forward(f.precision().convert_input(batch.data)),
+                                     batch.target);
   };
-  const int64_t chosen = f.find_batch_size(trial, std::min<int64_t>(8, most), most, trials);
-  torch::NoGradGuard no_grad;
-  const auto now = model.module.buffers();
-  for (size_t i = 0; i < now.size() && i < buffers.size(); ++i) now[i].copy_(buffers[i]);
-  return chosen;
+  return f.find_batch_size(model.module, optimizer, loss, std::min<int64_t>(8, most), most, trials);
 }
 
 class ClassifierLoop {

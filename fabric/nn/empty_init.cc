@@ -26,8 +26,7 @@ struct InitRecord::Node {
   // new tensor object instead of the one returned, and the objects are what replay follows.
   std::vector<std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>>> outputs;
   // The meta storages it mentions, as they were (kept alive so that no other takes the address).
-  std::vector<c10::Storage> storage_refs;
-  std::vector<const c10::StorageImpl*> storages;
+  std::vector<c10::Storage> storages;
 };
 
 namespace {
@@ -89,7 +88,7 @@ void record_operation(const c10::OperatorHandle& op, c10::DispatchKeySet,
   const std::vector<c10::IValue> outputs(stack->end() - static_cast<std::ptrdiff_t>(n_out),
                                          stack->end());
   if (!made_meta && !has_meta(inputs) && !has_meta(outputs)) return;  // real: a constant
-  InitRecord::Node node{op, {}, {}, {}, {}};
+  InitRecord::Node node{op, {}, {}, {}};
   for (const auto& v : outputs) {
     node.outputs.emplace_back();
     for_each_tensor(v, [&](const at::Tensor& t) {
@@ -100,8 +99,7 @@ void record_operation(const c10::OperatorHandle& op, c10::DispatchKeySet,
   // (set_data), so storages are read from both sides.
   auto note = [&](const at::Tensor& t) {
     if (!t.defined() || !t.is_meta() || !t.has_storage()) return;
-    node.storage_refs.push_back(t.storage());
-    node.storages.push_back(t.storage().unsafeGetStorageImpl());
+    node.storages.push_back(t.storage());
   };
   for (const auto& v : inputs) for_each_tensor(v, note);
   for (const auto& v : outputs) for_each_tensor(v, note);
@@ -156,7 +154,7 @@ void InitRecord::seal() {
   std::unordered_map<const c10::StorageImpl*, size_t> storage_last_use;
   std::unordered_map<const c10::TensorImpl*, c10::weak_intrusive_ptr<c10::TensorImpl>> made;
   for (size_t i = 0; i < nodes_.size(); ++i) {
-    for (const c10::StorageImpl* s : nodes_[i].storages) storage_last_use[s] = i;
+    for (const c10::Storage& s : nodes_[i].storages) storage_last_use[s.unsafeGetStorageImpl()] = i;
     for (const auto& v : nodes_[i].inputs)
       for_each_tensor(v, [&](const at::Tensor& t) {
         if (t.defined() && t.is_meta()) last_use[t.unsafeGetTensorImpl()] = i;

@@ -109,6 +109,13 @@ void print_memory(fabric::Fabric& f, torch::nn::Module& model, const torch::opti
   }
 }
 
+// Every rank's most bytes of CPU tensors so far, as rank 0 prints them: "rank R LABEL=B".
+void print_peak(fabric::Fabric& f, const char* label) {
+  const auto peak = f.all_gather(torch::tensor({fabric::memory_stats(torch::kCPU).peak}));
+  for (size_t r = 0; r < peak.size(); ++r)
+    f.print("rank ", r, " ", label, "=", peak[r][0].item<int64_t>());
+}
+
 fabric::Batch random_flip(fabric::Batch batch, at::Generator& gen) {
   auto flip = torch::rand({batch.data.size(0)}, gen) < 0.5;
   batch.data = torch::where(flip.view({-1, 1, 1, 1}), batch.data.flip(3), batch.data);
@@ -138,11 +145,8 @@ int main(int argc, char** argv) {
       });
       auto optimizer = fabric::make_optimizer(c, model->parameters());
       f.setup(model, *optimizer);
-      if (c.get_bool("test.peaks")) {  // tensor memory: the most during construction and setup
-        const auto peak = f.all_gather(torch::tensor({fabric::memory_stats(torch::kCPU).peak}));
-        for (size_t r = 0; r < peak.size(); ++r)
-          f.print("rank ", r, " setup_peak=", peak[r][0].item<int64_t>());
-      }
+      // Tensor memory: the most during construction and setup.
+      if (c.get_bool("test.peaks")) print_peak(f, "setup_peak");
       torch::manual_seed(123);  // the data is the same in every run and on every rank
       auto data = std::make_shared<fabric::TensorDataset>(torch::randn({40, 3, 8, 8}),
                                                           torch::randint(0, 5, {40}));
@@ -200,11 +204,7 @@ int main(int argc, char** argv) {
         f.print("fsdp: ", fsdp->sharded()->gathers(), " all-gathers (",
                 fsdp->sharded()->prefetches(), " started ahead of use), ",
                 fsdp->sharded()->reduce_scatters(), " reduce-scatters");
-      if (c.get_bool("test.peaks")) {  // and the most in all
-        const auto peak = f.all_gather(torch::tensor({fabric::memory_stats(torch::kCPU).peak}));
-        for (size_t r = 0; r < peak.size(); ++r)
-          f.print("rank ", r, " peak=", peak[r][0].item<int64_t>());
-      }
+      if (c.get_bool("test.peaks")) print_peak(f, "peak");  // and the most in all
       f.print("done at step ", checkpoints.step(), " epoch ", checkpoints.epoch());
       return 0;
     });

@@ -12,7 +12,9 @@
 #include <torch/utils.h>
 
 #include <map>
+#include <memory>
 #include <string>
+#include <utility>
 
 #include "fabric/core/error.h"
 
@@ -47,6 +49,13 @@ std::map<std::string, torch::Tensor> state(const torch::nn::Module& m) {
   return out;
 }
 
+// A Net built under an empty init, and its record.
+std::pair<Net, std::shared_ptr<fabric::InitRecord>> build_empty() {
+  fabric::EmptyInit scope;
+  Net net;
+  return {net, scope.record()};
+}
+
 TEST(EmptyInit, BuildsWithoutMemoryAndMaterialisesTheFullInitValues) {
   torch::manual_seed(7);
   Net full;
@@ -54,13 +63,7 @@ TEST(EmptyInit, BuildsWithoutMemoryAndMaterialisesTheFullInitValues) {
   const torch::Tensor next_full = torch::rand({4});
 
   torch::manual_seed(7);
-  std::shared_ptr<fabric::InitRecord> record;
-  Net empty{nullptr};
-  {
-    fabric::EmptyInit scope;
-    empty = Net();
-    record = scope.record();
-  }
+  auto [empty, record] = build_empty();
   EXPECT_TRUE(fabric::has_meta_tensors(*empty));
   for (const auto& p : empty->parameters()) EXPECT_TRUE(p.is_meta());
   EXPECT_FALSE(empty->table.is_meta());  // torch::tensor's values are real: a constant
@@ -89,13 +92,7 @@ TEST(EmptyInit, ConversionsAfterTheScopeAreTheCallersAndPiecesComeOnce) {
   Net full;
   full->to(torch::kBFloat16);
   torch::manual_seed(3);
-  std::shared_ptr<fabric::InitRecord> record;
-  Net empty{nullptr};
-  {
-    fabric::EmptyInit scope;
-    empty = Net();
-    record = scope.record();
-  }
+  auto [empty, record] = build_empty();
   empty->to(torch::kBFloat16);  // a precision's conversion of the meta module
   std::map<std::string, int> seen;
   record->replay(*empty,
