@@ -57,8 +57,8 @@ void normal(torch::Tensor& w, double std) {
   torch::nn::init::normal_(w, 0.0, std);
 }
 
-torch::nn::Linear linear(int64_t in, int64_t out, bool bias, double std) {
-  torch::nn::Linear l(torch::nn::LinearOptions(in, out).bias(bias));
+fabric::nn::Linear linear(int64_t in, int64_t out, bool bias, double std) {
+  fabric::nn::Linear l(torch::nn::LinearOptions(in, out).bias(bias));
   normal(l->weight, std);
   if (bias) {
     torch::NoGradGuard no_grad;
@@ -67,22 +67,13 @@ torch::nn::Linear linear(int64_t in, int64_t out, bool bias, double std) {
   return l;
 }
 
-// x · Wᵀ + b through ATen's linear, which folds a contiguous [B, T, C] input into one GEMM with the
-// bias added inside it (cuBLASLt's epilogue on GPUs). torch::nn::Linear's forward (LibTorch's
-// functional linear) does that for 2-D inputs only: on [B, T, C] it runs matmul and then a
-// separate broadcast bias add, forward and backward, which made the GPT-2 step on an H100 10%
-// slower than the same model in PyTorch (docs/benchmarks.md, "GPT-2").
-torch::Tensor linear_3d(const torch::nn::Linear& l, const torch::Tensor& x) {
-  return torch::linear(x, l->weight, l->bias);
-}
-
 }  // namespace
 
-CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& c)
-    : n_head_(c.n_head), dropout_(c.dropout) {
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& c) : dropout_(c.dropout) {
   if (c.n_embd % c.n_head != 0)
     throw Error("model.n_embd: " + std::to_string(c.n_embd) +
                 " is not a multiple of model.n_head " + std::to_string(c.n_head));
+  head_size_ = c.n_embd / c.n_head;
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer));
   c_attn = register_module("c_attn", linear(c.n_embd, 3 * c.n_embd, c.bias, 0.02));
   c_proj = register_module("c_proj", linear(c.n_embd, c.n_embd, c.bias, residual_std));
@@ -90,17 +81,21 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& c)
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
-  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
-  const auto qkv = linear_3d(c_attn, x).split(C, 2);
+  // C: this rank's q (k, v) width: n_embd, or its heads' share under tensor parallelism.
+  const int64_t B = x.size(0), T = x.size(1), C = c_attn->weight.size(0) / 3;
+  // ATen's linear folds a contiguous [B, T, C] input into one GEMM with the bias added inside it
+  // (cuBLASLt's epilogue on GPUs); torch::nn::Linear's forward ran matmul and a separate bias add
+  // on 3-D inputs, 10% slower on an H100 (docs/benchmarks.md, "GPT-2"). fabric::nn::Linear uses it.
+  const auto qkv = c_attn->forward(x).split(C, 2);
   auto heads = [&](const torch::Tensor& t) {
-    return t.view({B, T, n_head_, C / n_head_}).transpose(1, 2);  // [B, nh, T, hs]
+    return t.view({B, T, C / head_size_, head_size_}).transpose(1, 2);  // [B, nh, T, hs]
   };
   torch::Tensor y =
       at::scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
                                        /*attn_mask=*/{}, is_training() ? dropout_ : 0.0,
                                        /*is_causal=*/true);
   y = y.transpose(1, 2).contiguous().view({B, T, C});
-  return resid_dropout->forward(linear_3d(c_proj, y));
+  return resid_dropout->forward(c_proj->forward(y));
 }
 
 MLPImpl::MLPImpl(const GPTConfig& c) {
@@ -111,7 +106,7 @@ MLPImpl::MLPImpl(const GPTConfig& c) {
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
-  return dropout->forward(linear_3d(c_proj, torch::gelu(linear_3d(c_fc, x), "tanh")));
+  return dropout->forward(c_proj->forward(torch::gelu(c_fc->forward(x), "tanh")));
 }
 
 BlockImpl::BlockImpl(const GPTConfig& c) : fused_layer_norm_(c.fused_layer_norm) {
@@ -133,7 +128,7 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
 
 GPTImpl::GPTImpl(const GPTConfig& c) : config_(c) {
   auto transformer = register_module("transformer", std::make_shared<torch::nn::Module>());
-  wte = transformer->register_module("wte", torch::nn::Embedding(c.vocab_size, c.n_embd));
+  wte = transformer->register_module("wte", fabric::nn::Embedding(c.vocab_size, c.n_embd));
   wpe = transformer->register_module("wpe", torch::nn::Embedding(c.block_size, c.n_embd));
   normal(wte->weight, 0.02);
   normal(wpe->weight, 0.02);
@@ -151,12 +146,18 @@ GPTImpl::GPTImpl(const GPTConfig& c) : config_(c) {
 torch::Tensor GPTImpl::forward(const torch::Tensor& tokens) { return forward(tokens, nullptr); }
 
 torch::Tensor GPTImpl::forward(const torch::Tensor& tokens, const RunBlock& run_block) {
-  return torch::linear(hidden(tokens, run_block), wte->weight);  // tied to the token embedding
+  return fabric::nn::tied_logits(hidden(tokens, run_block), wte);  // tied to the token embedding
 }
 
 torch::Tensor GPTImpl::loss(const torch::Tensor& tokens, const torch::Tensor& targets,
                             const RunBlock& run_block) {
-  return linear_cross_entropy(hidden(tokens, run_block), wte->weight, targets, config_.fused_loss);
+  const torch::Tensor h = hidden(tokens, run_block);
+  if (const auto& p = wte->parallel()) {
+    const torch::Tensor logits =
+        torch::linear(fabric::nn::copy_to_parallel(h, p->group), wte->weight);
+    return fabric::nn::vocab_parallel_cross_entropy(logits, targets, wte->vocab_start(), p->group);
+  }
+  return linear_cross_entropy(h, wte->weight, targets, config_.fused_loss);
 }
 
 torch::Tensor GPTImpl::hidden(const torch::Tensor& tokens, const RunBlock& run_block) {
@@ -170,6 +171,15 @@ torch::Tensor GPTImpl::hidden(const torch::Tensor& tokens, const RunBlock& run_b
   torch::Tensor x = drop->forward(wte->forward(tokens) + wpe->forward(positions));
   for (Block& block : blocks) x = run_block ? run_block(block, x) : block->forward(x);
   return config_.fused_layer_norm ? layer_norm_16(x, ln_f) : ln_f->forward(x);
+}
+
+fabric::nn::TensorParallelPlan gpt_tensor_parallel_plan() {
+  using Style = fabric::nn::TensorParallelStyle;
+  return {{{"transformer.wte", Style::vocab()},
+           {"transformer.h.*.attn.c_attn", Style::column(3)},
+           {"transformer.h.*.attn.c_proj", Style::row()},
+           {"transformer.h.*.mlp.c_fc", Style::column()},
+           {"transformer.h.*.mlp.c_proj", Style::row()}}};
 }
 
 }  // namespace fabric::models

@@ -13,6 +13,11 @@
 // Each block is a `Block` module: name it for fsdp units (fabric.fsdp.wrap_modules: Block) and run
 // it under fabric::checkpoint_activations for activation checkpointing.
 //
+// Tensor parallelism: the Linear layers and the token embedding are fabric::nn's drop-ins, so
+// fabric::nn::parallelize(*model, gpt_tensor_parallel_plan(), tp_group) splits the attention heads,
+// the MLP and the vocabulary (fabric/nn/tensor_parallel.h); forward and loss then run on the
+// rank's slices, the loss without the whole logits.
+//
 //   fabric::models::GPT model(fabric::models::GPTConfig::preset("tiny"));
 //   torch::Tensor logits = model->forward(tokens);          // int64 [B, T] → [B, T, vocab_size]
 //   torch::Tensor loss = model->loss(tokens, targets);      // mean cross-entropy, fused on GPUs
@@ -33,6 +38,7 @@
 #include <vector>
 
 #include "fabric/models/fused_cross_entropy.h"
+#include "fabric/nn/tensor_parallel.h"
 
 namespace fabric::models {
 
@@ -64,11 +70,11 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   explicit CausalSelfAttentionImpl(const GPTConfig& c);
   torch::Tensor forward(const torch::Tensor& x);  // [B, T, C] → [B, T, C]
-  torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};
+  fabric::nn::Linear c_attn{nullptr}, c_proj{nullptr};
   torch::nn::Dropout resid_dropout{nullptr};
 
  private:
-  int64_t n_head_;
+  int64_t head_size_;
   double dropout_;
 };
 TORCH_MODULE(CausalSelfAttention);
@@ -77,7 +83,7 @@ class MLPImpl : public torch::nn::Module {
  public:
   explicit MLPImpl(const GPTConfig& c);
   torch::Tensor forward(const torch::Tensor& x);
-  torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
+  fabric::nn::Linear c_fc{nullptr}, c_proj{nullptr};
   torch::nn::Dropout dropout{nullptr};
 };
 TORCH_MODULE(MLP);
@@ -110,7 +116,8 @@ class GPTImpl : public torch::nn::Module {
   // The final LayerNorm's output [B, T, C] (the output layer's input).
   torch::Tensor hidden(const torch::Tensor& tokens, const RunBlock& run_block = nullptr);
   const GPTConfig& config() const { return config_; }
-  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  fabric::nn::Embedding wte{nullptr};
+  torch::nn::Embedding wpe{nullptr};
   torch::nn::Dropout drop{nullptr};
   std::vector<Block> blocks;  // registered as transformer.h.0, transformer.h.1, ...
   torch::nn::LayerNorm ln_f{nullptr};
@@ -119,6 +126,10 @@ class GPTImpl : public torch::nn::Module {
   GPTConfig config_;
 };
 TORCH_MODULE(GPT);
+
+// The GPT's tensor-parallel plan: c_attn column(3) (q, k and v each split by heads), attn.c_proj
+// row, mlp.c_fc column, mlp.c_proj row, transformer.wte vocab (and with it the tied output layer).
+fabric::nn::TensorParallelPlan gpt_tensor_parallel_plan();
 
 }  // namespace fabric::models
 

@@ -1,0 +1,379 @@
+#include "fabric/nn/tensor_parallel.h"
+
+#include <torch/autograd.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/nn/functional/embedding.h>
+#include <torch/nn/init.h>
+
+#include <cmath>
+#include <memory>
+#include <ostream>
+
+#include "fabric/core/error.h"
+#include "fabric/distributed/process_group.h"
+
+namespace fabric::nn {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+std::string describe(const torch::Tensor& t) {
+  std::string s = std::string(c10::toString(t.scalar_type())) + " [";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+// The group travels through autograd contexts as a raw pointer: the layers (and the mesh) that own
+// the group outlive every backward of their forward.
+c10d::ProcessGroup* raw(const ProcessGroupPtr& g) { return g.get(); }
+c10d::ProcessGroup& from(AutogradContext* ctx) {
+  return *reinterpret_cast<c10d::ProcessGroup*>(ctx->saved_data["group"].toInt());
+}
+void keep(AutogradContext* ctx, const ProcessGroupPtr& g) {
+  ctx->saved_data["group"] = reinterpret_cast<int64_t>(raw(g));
+}
+
+torch::Tensor all_reduce(c10d::ProcessGroup& g, const torch::Tensor& x, c10d::ReduceOp op) {
+  std::vector<torch::Tensor> t = {x.contiguous().clone()};
+  c10d::AllreduceOptions o;
+  o.reduceOp = op;
+  distributed::wait(g.allreduce(t, o), "tensor-parallel all_reduce (" + describe(x) + ")");
+  return t[0];
+}
+
+torch::Tensor all_gather(c10d::ProcessGroup& g, const torch::Tensor& x, int64_t dim) {
+  torch::Tensor in = x.movedim(dim, 0).contiguous();
+  std::vector<int64_t> sizes = in.sizes().vec();
+  sizes[0] *= g.getSize();
+  torch::Tensor out = torch::empty(sizes, in.options());
+  distributed::wait(g._allgather_base(out, in), "tensor-parallel all_gather (" + describe(x) + ")");
+  return out.movedim(0, dim).contiguous();
+}
+
+torch::Tensor slice_of(const torch::Tensor& x, int64_t rank, int64_t size, int64_t dim) {
+  const int64_t n = x.size(dim);
+  if (n % size != 0)
+    throw Error("tensor parallel: size " + std::to_string(n) + " of dimension " +
+                std::to_string(dim) + " is not divisible by tp " + std::to_string(size));
+  return x.narrow(dim, rank * (n / size), n / size);
+}
+
+struct CopyToParallel : torch::autograd::Function<CopyToParallel> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, const ProcessGroupPtr& g) {
+    keep(ctx, g);
+    return x.view_as(x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {all_reduce(from(ctx), grad[0], c10d::ReduceOp::SUM), torch::Tensor()};
+  }
+};
+
+struct ReduceFromParallel : torch::autograd::Function<ReduceFromParallel> {
+  static torch::Tensor forward(AutogradContext*, torch::Tensor x, const ProcessGroupPtr& g) {
+    return all_reduce(*g, x, c10d::ReduceOp::SUM);
+  }
+  static variable_list backward(AutogradContext*, variable_list grad) {
+    return {grad[0], torch::Tensor()};
+  }
+};
+
+struct GatherFromParallel : torch::autograd::Function<GatherFromParallel> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, const ProcessGroupPtr& g,
+                               int64_t dim) {
+    keep(ctx, g);
+    ctx->saved_data["dim"] = dim;
+    return all_gather(*g, x, dim);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    c10d::ProcessGroup& g = from(ctx);
+    return {slice_of(grad[0], g.getRank(), g.getSize(), ctx->saved_data["dim"].toInt()).contiguous(),
+            torch::Tensor(), torch::Tensor()};
+  }
+};
+
+struct ScatterToParallel : torch::autograd::Function<ScatterToParallel> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, const ProcessGroupPtr& g,
+                               int64_t dim) {
+    keep(ctx, g);
+    ctx->saved_data["dim"] = dim;
+    return slice_of(x, g->getRank(), g->getSize(), dim).contiguous();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {all_gather(from(ctx), grad[0], ctx->saved_data["dim"].toInt()), torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
+int64_t wrap_dim(int64_t dim, const torch::Tensor& x) { return dim < 0 ? dim + x.dim() : dim; }
+
+}  // namespace
+
+torch::Tensor copy_to_parallel(const torch::Tensor& x, const ProcessGroupPtr& group) {
+  return CopyToParallel::apply(x, group);
+}
+torch::Tensor reduce_from_parallel(const torch::Tensor& x, const ProcessGroupPtr& group) {
+  return ReduceFromParallel::apply(x, group);
+}
+torch::Tensor gather_from_parallel(const torch::Tensor& x, const ProcessGroupPtr& group,
+                                   int64_t dim) {
+  return GatherFromParallel::apply(x, group, wrap_dim(dim, x));
+}
+torch::Tensor scatter_to_parallel(const torch::Tensor& x, const ProcessGroupPtr& group,
+                                  int64_t dim) {
+  return ScatterToParallel::apply(x, group, wrap_dim(dim, x));
+}
+
+// --- Shards --------------------------------------------------------------------------------------
+
+std::string TensorParallelStyle::name() const {
+  switch (kind) {
+    case Kind::kRow:
+      return "row";
+    case Kind::kVocab:
+      return "vocab";
+    case Kind::kColumn:
+      break;
+  }
+  return parts == 1 ? "column" : "column(" + std::to_string(parts) + ")";
+}
+
+TensorParallelShard::TensorParallelShard(ProcessGroupPtr group_, TensorParallelStyle style_,
+                                         int64_t rank_, int64_t size_, int64_t dim_,
+                                         std::vector<int64_t> full_sizes_)
+    : group(std::move(group_)),
+      style(style_),
+      rank(rank_),
+      size(size_),
+      dim(dim_),
+      full_sizes(std::move(full_sizes_)) {}
+TensorParallelShard::TensorParallelShard(const TensorParallelShard&) = default;
+TensorParallelShard::TensorParallelShard(TensorParallelShard&&) noexcept = default;
+TensorParallelShard& TensorParallelShard::operator=(const TensorParallelShard&) = default;
+TensorParallelShard& TensorParallelShard::operator=(TensorParallelShard&&) noexcept = default;
+TensorParallelShard::~TensorParallelShard() = default;
+
+torch::Tensor TensorParallelShard::slice(const torch::Tensor& whole, int64_t along) const {
+  const int64_t p = style.parts;
+  if (whole.size(along) % (p * size) != 0)
+    throw Error("tensor parallel: size " + std::to_string(whole.size(along)) +
+                " is not divisible by " + std::to_string(p) + " x tp " + std::to_string(size));
+  std::vector<torch::Tensor> pieces;
+  for (const torch::Tensor& block : whole.chunk(p, along))
+    pieces.push_back(slice_of(block, rank, size, along));
+  return torch::cat(pieces, along);
+}
+
+torch::Tensor TensorParallelShard::gather(const torch::Tensor& piece, int64_t along) const {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor all = all_gather(*group, piece, along);  // [rank 0's, rank 1's, ...]
+  const int64_t p = style.parts;
+  if (p == 1) return all;
+  // Each rank's piece is p blocks; the whole is block 0 of every rank, then block 1, ...
+  std::vector<torch::Tensor> blocks;
+  const std::vector<torch::Tensor> per_rank = all.chunk(size, along);
+  for (int64_t b = 0; b < p; ++b)
+    for (const torch::Tensor& r : per_rank) blocks.push_back(r.chunk(p, along)[b]);
+  return torch::cat(blocks, along);
+}
+
+// --- Linear --------------------------------------------------------------------------------------
+
+LinearImpl::LinearImpl(const torch::nn::LinearOptions& options_) : options(options_) { reset(); }
+
+void LinearImpl::reset() {
+  weight = register_parameter("weight",
+                              torch::empty({options.out_features(), options.in_features()}));
+  if (options.bias()) {
+    bias = register_parameter("bias", torch::empty(options.out_features()));
+  } else {
+    bias = register_parameter("bias", {}, /*requires_grad=*/false);
+  }
+  reset_parameters();
+}
+
+void LinearImpl::reset_parameters() {
+  torch::nn::init::kaiming_uniform_(weight, std::sqrt(5));
+  if (bias.defined()) {
+    const auto fans = torch::nn::init::_calculate_fan_in_and_fan_out(weight);
+    const double bound = 1 / std::sqrt(static_cast<double>(std::get<0>(fans)));
+    torch::nn::init::uniform_(bias, -bound, bound);
+  }
+}
+
+void LinearImpl::pretty_print(std::ostream& stream) const {
+  stream << "fabric::nn::Linear(in_features=" << options.in_features()
+         << ", out_features=" << options.out_features() << ", bias=" << std::boolalpha
+         << options.bias();
+  if (parallel_) stream << ", tp=" << parallel_->style.name() << " " << parallel_->rank << "/"
+                        << parallel_->size;
+  stream << ")";
+}
+
+void LinearImpl::set_parallel(TensorParallelShard shard) {
+  torch::NoGradGuard no_grad;
+  const int64_t along = shard.dim;
+  weight.set_data(shard.slice(weight, along).clone());
+  if (bias.defined() && along == 0) bias.set_data(shard.slice(bias, 0).clone());
+  parallel_ = std::move(shard);
+}
+
+torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
+  if (!parallel_) return torch::linear(x, weight, bias);
+  const TensorParallelShard& p = *parallel_;
+  if (p.style.kind == TensorParallelStyle::Kind::kColumn)
+    return torch::linear(copy_to_parallel(x, p.group), weight, bias);
+  // Row: partial sums of every rank's input features, then the (whole) bias once.
+  torch::Tensor y = reduce_from_parallel(torch::linear(x, weight), p.group);
+  return bias.defined() ? y + bias : y;
+}
+
+// --- Embedding -----------------------------------------------------------------------------------
+
+EmbeddingImpl::EmbeddingImpl(const torch::nn::EmbeddingOptions& options_) : options(options_) {
+  reset();
+}
+
+void EmbeddingImpl::reset() {
+  if (options.padding_idx() || options.max_norm() || options.sparse() || options._weight().defined())
+    throw Error("fabric::nn::Embedding: padding_idx, max_norm, sparse and _weight are not supported");
+  weight = register_parameter(
+      "weight", torch::empty({options.num_embeddings(), options.embedding_dim()}));
+  reset_parameters();
+}
+
+void EmbeddingImpl::reset_parameters() { torch::nn::init::normal_(weight); }
+
+void EmbeddingImpl::pretty_print(std::ostream& stream) const {
+  stream << "fabric::nn::Embedding(num_embeddings=" << options.num_embeddings()
+         << ", embedding_dim=" << options.embedding_dim();
+  if (parallel_) stream << ", tp=vocab " << parallel_->rank << "/" << parallel_->size;
+  stream << ")";
+}
+
+void EmbeddingImpl::set_parallel(TensorParallelShard shard) {
+  torch::NoGradGuard no_grad;
+  weight.set_data(shard.slice(weight, 0).clone());
+  parallel_ = std::move(shard);
+}
+
+int64_t EmbeddingImpl::vocab_start() const {
+  return parallel_ ? parallel_->rank * weight.size(0) : 0;
+}
+
+torch::Tensor EmbeddingImpl::forward(const torch::Tensor& ids) {
+  if (!parallel_) return torch::embedding(weight, ids);
+  const int64_t start = vocab_start(), rows = weight.size(0);
+  const torch::Tensor other = (ids < start).logical_or(ids >= start + rows);
+  const torch::Tensor local = (ids - start).masked_fill(other, 0);
+  const torch::Tensor e = torch::embedding(weight, local).masked_fill(other.unsqueeze(-1), 0.0);
+  return reduce_from_parallel(e, parallel_->group);
+}
+
+torch::Tensor tied_logits(const torch::Tensor& h, Embedding& embedding) {
+  const auto& p = embedding->parallel();
+  if (!p) return torch::linear(h, embedding->weight);
+  return gather_from_parallel(torch::linear(copy_to_parallel(h, p->group), embedding->weight),
+                              p->group, -1);
+}
+
+torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                                           int64_t vocab_start, const ProcessGroupPtr& group) {
+  const torch::Tensor z = logits.to(torch::kFloat);
+  const int64_t rows = z.size(-1);
+  torch::Tensor max;
+  {
+    torch::NoGradGuard no_grad;
+    max = all_reduce(*group, std::get<0>(z.max(-1)), c10d::ReduceOp::MAX);
+  }
+  const torch::Tensor shifted = z - max.unsqueeze(-1);
+  const torch::Tensor sum_exp = reduce_from_parallel(shifted.exp().sum(-1), group);
+  const torch::Tensor other = (targets < vocab_start).logical_or(targets >= vocab_start + rows);
+  const torch::Tensor local = (targets - vocab_start).masked_fill(other, 0);
+  const torch::Tensor target_logit = reduce_from_parallel(
+      shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(other, 0.0), group);
+  return (sum_exp.log() - target_logit).mean();
+}
+
+// --- Plans ---------------------------------------------------------------------------------------
+
+bool plan_pattern_matches(const std::string& pattern, const std::string& name) {
+  size_t p = 0, n = 0;
+  while (true) {
+    const size_t pe = pattern.find('.', p), ne = name.find('.', n);
+    const std::string pc = pattern.substr(p, pe == std::string::npos ? std::string::npos : pe - p);
+    const std::string nc = name.substr(n, ne == std::string::npos ? std::string::npos : ne - n);
+    if (pc != "*" && pc != nc) return false;
+    if ((pe == std::string::npos) != (ne == std::string::npos)) return false;
+    if (pe == std::string::npos) return true;
+    p = pe + 1;
+    n = ne + 1;
+  }
+}
+
+std::vector<std::string> parallelize(torch::nn::Module& model, const TensorParallelPlan& plan,
+                                     const ProcessGroupPtr& group) {
+  const int64_t size = group->getSize(), rank = group->getRank();
+  // First every check, then the splits: an error leaves the model whole.
+  struct Match {
+    std::string name;
+    size_t rule;
+    std::shared_ptr<torch::nn::Module> module;
+  };
+  std::vector<Match> matches;
+  std::vector<bool> used(plan.rules.size(), false);
+  const auto modules = model.named_modules("", /*include_self=*/false);
+  for (const auto& item : modules) {
+    size_t r = 0;
+    while (r < plan.rules.size() && !plan_pattern_matches(plan.rules[r].first, item.key())) ++r;
+    if (r == plan.rules.size()) continue;
+    used[r] = true;
+    matches.push_back({item.key(), r, item.value()});
+  }
+  for (size_t r = 0; r < plan.rules.size(); ++r)
+    if (!used[r])
+      throw Error("tensor parallel plan rule '" + plan.rules[r].first +
+                  "' matches no module of the model; module names look like '" +
+                  (modules.is_empty() ? std::string("(none)") : modules.keys().back()) +
+                  "' ('*' matches one name component)");
+  std::vector<TensorParallelShard> shards;
+  for (const Match& m : matches) {
+    const TensorParallelStyle style = plan.rules[m.rule].second;
+    const std::string where = "tensor parallel plan rule '" + plan.rules[m.rule].first + "' (" +
+                              style.name() + ") on " + m.name;
+    TensorParallelShard shard(group, style, rank, size, 0, {});
+    const bool vocab = style.kind == TensorParallelStyle::Kind::kVocab;
+    auto* e = m.module->as<EmbeddingImpl>();
+    auto* l = m.module->as<LinearImpl>();
+    if (vocab ? e == nullptr : l == nullptr)
+      throw Error(where + ": the module is a " + m.module->name() + ", not a fabric::nn::" +
+                  (vocab ? "Embedding" : "Linear") + "; build it as fabric::nn::" +
+                  (vocab ? "Embedding" : "Linear") + " (same options and parameters) to split it");
+    if (vocab ? e->parallel().has_value() : l->parallel().has_value())
+      throw Error(where + ": the module is split already");
+    shard.full_sizes = (vocab ? e->weight : l->weight).sizes().vec();
+    shard.dim = style.kind == TensorParallelStyle::Kind::kRow ? 1 : 0;
+    const int64_t n = shard.full_sizes[shard.dim];
+    if (style.parts < 1 || n % (style.parts * size) != 0)
+      throw Error(where + ": its " +
+                  (vocab ? "vocabulary size" : shard.dim == 0 ? "out_features" : "in_features") +
+                  " " + std::to_string(n) + " is not divisible by " +
+                  (style.parts > 1 ? std::to_string(style.parts) + " parts x " : "") + "tp " +
+                  std::to_string(size));
+    shards.push_back(std::move(shard));
+  }
+  std::vector<std::string> done;
+  for (size_t i = 0; i < matches.size(); ++i) {
+    done.push_back(matches[i].name);
+    if (size == 1) continue;
+    if (auto* e = matches[i].module->as<EmbeddingImpl>()) {
+      e->set_parallel(std::move(shards[i]));
+    } else {
+      matches[i].module->as<LinearImpl>()->set_parallel(std::move(shards[i]));
+    }
+  }
+  return done;
+}
+
+}  // namespace fabric::nn

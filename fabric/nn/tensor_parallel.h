@@ -1,0 +1,186 @@
+// fabric::nn tensor parallelism (Megatron-LM's scheme) on a c10d process group: layers whose
+// weights are split over the ranks of a `tp` group, the collectives between them as autograd
+// functions, and parallelize(), which applies a plan of module-name patterns to a model.
+//
+// Why modules of our own: a LibTorch module's forward is not virtual and has no hooks, so nothing
+// can change what a torch::nn::Linear does once the model's forward calls it. fabric::nn::Linear
+// and fabric::nn::Embedding are drop-ins (same options, same parameter names "weight" and "bias",
+// the same initialization, drawing the same random numbers, the same forward) that a plan can
+// split. A model that uses them for the layers to split can be parallelized; everything else in
+// it stays plain LibTorch.
+//
+// Styles (what parallelize() does to the module a rule names):
+//   column(parts): Linear [out, in]: each rank keeps out / tp rows (with `parts` > 1 the output is
+//     `parts` equal blocks, e.g. q, k, v, each split: rank r keeps the r-th slice of every block).
+//     Forward: the input stays whole (its gradient is all-reduced in backward), the output is this
+//     rank's slice of the features.
+//   row: Linear [out, in]: each rank keeps in / tp columns; the input is this rank's slice of the
+//     features (a column layer's output), the partial outputs are all-reduced, then the bias
+//     (whole on every rank) is added.
+//   vocab: Embedding [V, C]: each rank keeps V / tp rows (ids [r · V/tp, (r + 1) · V/tp)); ids of
+//     other ranks give zeros, and the rows are all-reduced. With a tied output layer,
+//     vocab_parallel_logits() / vocab_parallel_cross_entropy() compute on the rank's rows only:
+//     the full logits never exist on one rank.
+// So a column layer followed by a row layer (attention's qkv → heads → projection, an MLP's
+// fc → GELU → proj) communicates once forward and once backward, and the heads are split.
+//
+//   fabric::nn::TensorParallelPlan plan{{"blocks.*.fc", fabric::nn::TensorParallelStyle::column()},
+//                                       {"blocks.*.proj", fabric::nn::TensorParallelStyle::row()}};
+//   fabric::nn::parallelize(*model, plan, mesh.group("tp"));   // before the optimizer is built
+//
+// Parameters a rule names are replaced in place by this rank's slice (the Parameter objects stay:
+// anything holding them sees the slice); every other parameter stays whole on every rank and gets
+// the same gradient there. The collectives are collective over the group: every rank of it runs
+// the same forward and backward.
+#ifndef FABRIC_NN_TENSOR_PARALLEL_H_
+#define FABRIC_NN_TENSOR_PARALLEL_H_
+
+#include <c10/util/intrusive_ptr.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/options/embedding.h>
+#include <torch/nn/options/linear.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace c10d {
+class ProcessGroup;
+}  // namespace c10d
+
+namespace fabric::nn {
+
+using ProcessGroupPtr = c10::intrusive_ptr<c10d::ProcessGroup>;
+
+// --- Collectives as autograd functions (Megatron's f and g) --------------------------------------
+// Forward identity, backward all-reduce (sum): where a whole input enters column layers.
+torch::Tensor copy_to_parallel(const torch::Tensor& x, const ProcessGroupPtr& group);
+// Forward all-reduce (sum), backward identity: where row layers' partial outputs leave.
+torch::Tensor reduce_from_parallel(const torch::Tensor& x, const ProcessGroupPtr& group);
+// Forward: every rank's x concatenated along `dim`; backward: this rank's slice of the gradient.
+torch::Tensor gather_from_parallel(const torch::Tensor& x, const ProcessGroupPtr& group,
+                                   int64_t dim);
+// Forward: this rank's slice along `dim` (size divisible by the group's); backward: all-gather.
+torch::Tensor scatter_to_parallel(const torch::Tensor& x, const ProcessGroupPtr& group,
+                                  int64_t dim);
+
+// --- Layers --------------------------------------------------------------------------------------
+
+struct TensorParallelStyle {
+  enum class Kind { kColumn, kRow, kVocab };
+  Kind kind = Kind::kColumn;
+  int64_t parts = 1;  // column only: the output's equal blocks, each split over the ranks
+  static TensorParallelStyle column(int64_t parts = 1) { return {Kind::kColumn, parts}; }
+  static TensorParallelStyle row() { return {Kind::kRow, 1}; }
+  static TensorParallelStyle vocab() { return {Kind::kVocab, 1}; }
+  std::string name() const;  // "column", "column(3)", "row", "vocab"
+};
+
+// How a parallelized layer's weight is cut: along `dim` (0: rows, 1: columns) into `size`
+// slices of each of `parts` equal blocks; this rank holds slice `rank` of every block.
+struct TensorParallelShard {
+  // Out of line: c10d::ProcessGroup stays an incomplete type here.
+  TensorParallelShard(ProcessGroupPtr group, TensorParallelStyle style, int64_t rank, int64_t size,
+                      int64_t dim, std::vector<int64_t> full_sizes);
+  TensorParallelShard(const TensorParallelShard&);
+  TensorParallelShard(TensorParallelShard&&) noexcept;
+  TensorParallelShard& operator=(const TensorParallelShard&);
+  TensorParallelShard& operator=(TensorParallelShard&&) noexcept;
+  ~TensorParallelShard();
+
+  ProcessGroupPtr group;
+  TensorParallelStyle style;
+  int64_t rank = 0, size = 1;
+  int64_t dim = 0;
+  std::vector<int64_t> full_sizes;  // the whole weight's sizes
+  // This rank's slice of a whole tensor cut like the weight (a bias: along dim 0 when the style
+  // cuts rows). Used by parallelize() and to load a whole checkpoint.
+  torch::Tensor slice(const torch::Tensor& whole, int64_t along) const;
+  // The whole tensor from every rank's slice (collective over the group).
+  torch::Tensor gather(const torch::Tensor& piece, int64_t along) const;
+};
+
+// A Linear layer a tensor-parallel plan can split; otherwise torch::nn::Linear's twin.
+class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
+ public:
+  LinearImpl(int64_t in_features, int64_t out_features)
+      : LinearImpl(torch::nn::LinearOptions(in_features, out_features)) {}
+  explicit LinearImpl(const torch::nn::LinearOptions& options);
+  void reset() override;
+  void reset_parameters();  // as torch::nn::Linear's (Kaiming uniform; uniform bias)
+  void pretty_print(std::ostream& stream) const override;
+  // x [..., in] → [..., out] through ATen's linear (one GEMM with the bias for 3-D input too);
+  // parallelized: as its style says (the file comment).
+  torch::Tensor forward(const torch::Tensor& x);
+  const std::optional<TensorParallelShard>& parallel() const { return parallel_; }
+  void set_parallel(TensorParallelShard shard);  // parallelize() calls it
+
+  torch::nn::LinearOptions options;
+  torch::Tensor weight, bias;
+
+ private:
+  std::optional<TensorParallelShard> parallel_;
+};
+TORCH_MODULE(Linear);
+
+// An Embedding a tensor-parallel plan can split by vocabulary; otherwise torch::nn::Embedding's
+// twin (weight ~ N(0, 1); no padding_idx, max_norm or sparse gradients).
+class EmbeddingImpl : public torch::nn::Cloneable<EmbeddingImpl> {
+ public:
+  EmbeddingImpl(int64_t num_embeddings, int64_t embedding_dim)
+      : EmbeddingImpl(torch::nn::EmbeddingOptions(num_embeddings, embedding_dim)) {}
+  explicit EmbeddingImpl(const torch::nn::EmbeddingOptions& options);
+  void reset() override;
+  void reset_parameters();
+  void pretty_print(std::ostream& stream) const override;
+  torch::Tensor forward(const torch::Tensor& ids);
+  const std::optional<TensorParallelShard>& parallel() const { return parallel_; }
+  void set_parallel(TensorParallelShard shard);
+  // The first id this rank's rows hold (0 when not parallelized).
+  int64_t vocab_start() const;
+
+  torch::nn::EmbeddingOptions options;
+  torch::Tensor weight;
+
+ private:
+  std::optional<TensorParallelShard> parallel_;
+};
+TORCH_MODULE(Embedding);
+
+// Logits of an output layer tied to `embedding` (h · weightᵀ): whole [..., V] on every rank
+// (gathered when the embedding is vocabulary-parallel).
+torch::Tensor tied_logits(const torch::Tensor& h, Embedding& embedding);
+// Mean cross-entropy of those logits against targets [...] (int64 ids in [0, V)). Vocabulary-
+// parallel: from this rank's V / tp logits, with three all-reduces of [...]-sized tensors (max, sum
+// of exponentials, target logit): the whole logits are never formed. Otherwise `whole` (e.g.
+// fabric::models::linear_cross_entropy) computes it.
+torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                                           int64_t vocab_start, const ProcessGroupPtr& group);
+
+// --- Plans ---------------------------------------------------------------------------------------
+
+// Module-name patterns → styles. A pattern matches a module's full name (as named_modules() gives
+// it, e.g. "transformer.h.3.attn.c_attn"); '*' matches one name component ("transformer.h.*.mlp.c_fc").
+// The first rule that matches a module decides.
+struct TensorParallelPlan {
+  std::vector<std::pair<std::string, TensorParallelStyle>> rules;
+};
+
+// Whether `pattern` matches `name` (components separated by '.', '*' is any one component).
+bool plan_pattern_matches(const std::string& pattern, const std::string& name);
+
+// Splits the modules `plan` names over `group` (see the file comment); returns their names.
+// fabric::Error for: a rule that matches no module; a match that is not a fabric::nn::Linear
+// (column, row) or fabric::nn::Embedding (vocab), naming its type and the drop-in to use; a size
+// the group's size does not divide (naming the module, the size and tp); a module already split.
+// A group of one rank changes nothing. Call before building the optimizer.
+std::vector<std::string> parallelize(torch::nn::Module& model, const TensorParallelPlan& plan,
+                                     const ProcessGroupPtr& group);
+
+}  // namespace fabric::nn
+
+#endif  // FABRIC_NN_TENSOR_PARALLEL_H_

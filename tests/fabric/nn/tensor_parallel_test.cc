@@ -1,0 +1,149 @@
+// fabric::nn tensor parallelism in one process: the drop-in Linear and Embedding equal LibTorch's
+// (same random numbers, same values, same forward), plan patterns, the errors parallelize() gives
+// for a bad plan, and the mesh's layout (tp innermost). The splits themselves run in real processes:
+// tests/integration/tensor_parallel_test.cc.
+#include "fabric/nn/tensor_parallel.h"
+
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/torch.h>
+
+#include <string>
+
+#include "fabric/core/error.h"
+#include "fabric/distributed/device_mesh.h"
+#include "fabric/distributed/process_group.h"
+
+namespace {
+
+using fabric::nn::TensorParallelPlan;
+using fabric::nn::TensorParallelStyle;
+
+TEST(TensorParallelTest, LinearAndEmbeddingAreLibTorchsTwins) {
+  for (bool bias : {true, false}) {
+    torch::manual_seed(3);
+    torch::nn::Linear a(torch::nn::LinearOptions(6, 5).bias(bias));
+    torch::manual_seed(3);
+    fabric::nn::Linear b(torch::nn::LinearOptions(6, 5).bias(bias));
+    EXPECT_TRUE(torch::equal(a->weight, b->weight));
+    EXPECT_EQ(a->bias.defined(), b->bias.defined());
+    if (bias) EXPECT_TRUE(torch::equal(a->bias, b->bias));
+    EXPECT_EQ(a->named_parameters().keys(), b->named_parameters().keys());
+    const torch::Tensor x = torch::randn({2, 3, 6});
+    EXPECT_TRUE(torch::allclose(a->forward(x), b->forward(x), 1e-6, 1e-6));
+  }
+  torch::manual_seed(4);
+  torch::nn::Embedding a(10, 4);
+  torch::manual_seed(4);
+  fabric::nn::Embedding b(10, 4);
+  EXPECT_TRUE(torch::equal(a->weight, b->weight));
+  const torch::Tensor ids = torch::randint(0, 10, {2, 7}, torch::kLong);
+  EXPECT_TRUE(torch::equal(a->forward(ids), b->forward(ids)));
+}
+
+TEST(TensorParallelTest, PatternsMatchWholeComponents) {
+  using fabric::nn::plan_pattern_matches;
+  EXPECT_TRUE(plan_pattern_matches("transformer.h.*.mlp.c_fc", "transformer.h.12.mlp.c_fc"));
+  EXPECT_FALSE(plan_pattern_matches("transformer.h.*.mlp.c_fc", "transformer.h.1.mlp.c_fc.x"));
+  EXPECT_FALSE(plan_pattern_matches("transformer.h.*.mlp.c_fc", "transformer.h.mlp.c_fc"));
+  EXPECT_FALSE(plan_pattern_matches("transformer.h.*", "transformer.h1.x"));
+  EXPECT_TRUE(plan_pattern_matches("*", "fc"));
+  EXPECT_FALSE(plan_pattern_matches("fc", "fc2"));
+}
+
+struct Net : torch::nn::Module {
+  Net() {
+    fc = register_module("fc", fabric::nn::Linear(8, 6));
+    plain = register_module("plain", torch::nn::Linear(8, 6));
+    emb = register_module("emb", fabric::nn::Embedding(10, 8));
+  }
+  fabric::nn::Linear fc{nullptr};
+  torch::nn::Linear plain{nullptr};
+  fabric::nn::Embedding emb{nullptr};
+};
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const fabric::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(TensorParallelTest, ABadPlanNamesTheRuleTheModuleAndTheFix) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto group = fabric::distributed::make_process_group(store, {0, 1});
+  Net net;
+  const torch::Tensor before = net.fc->weight.clone();
+  EXPECT_EQ(error_of([&] {
+              fabric::nn::parallelize(net, {{{"fc", TensorParallelStyle::column()},
+                                             {"blocks.*.fc", TensorParallelStyle::row()}}},
+                                      group);
+            }),
+            "tensor parallel plan rule 'blocks.*.fc' matches no module of the model; module names "
+            "look like 'emb' ('*' matches one name component)");
+  EXPECT_EQ(error_of([&] {
+              fabric::nn::parallelize(net, {{{"plain", TensorParallelStyle::row()}}}, group);
+            }),
+            "tensor parallel plan rule 'plain' (row) on plain: the module is a "
+            "torch::nn::LinearImpl, not a fabric::nn::Linear; build it as fabric::nn::Linear "
+            "(same options and parameters) to split it");
+  EXPECT_EQ(error_of([&] {
+              fabric::nn::parallelize(net, {{{"fc", TensorParallelStyle::vocab()}}}, group);
+            }),
+            "tensor parallel plan rule 'fc' (vocab) on fc: the module is a fabric::nn::LinearImpl, "
+            "not a fabric::nn::Embedding; build it as fabric::nn::Embedding (same options and "
+            "parameters) to split it");
+  EXPECT_EQ(error_of([&] {
+              fabric::nn::parallelize(net, {{{"fc", TensorParallelStyle::column(4)}}}, group);
+            }),
+            "tensor parallel plan rule 'fc' (column(4)) on fc: its out_features 6 is not divisible "
+            "by 4 parts x tp 1");
+  EXPECT_TRUE(torch::equal(net.fc->weight, before));  // an error leaves the model whole
+  // A group of one: the plan applies and changes nothing.
+  EXPECT_EQ(fabric::nn::parallelize(net, {{{"fc", TensorParallelStyle::column()}}}, group),
+            std::vector<std::string>{"fc"});
+  EXPECT_TRUE(torch::equal(net.fc->weight, before));
+  EXPECT_FALSE(net.fc->parallel().has_value());
+}
+
+TEST(TensorParallelTest, ShardSlicesEveryBlockAndGathersBack) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto group = fabric::distributed::make_process_group(store, {0, 1});
+  // Rank 1 of 2 with three blocks of 4 rows: rows 2-3, 6-7, 10-11.
+  fabric::nn::TensorParallelShard shard(group, TensorParallelStyle::column(3), 1, 2, 0, {12, 2});
+  const torch::Tensor whole = torch::arange(24, torch::kFloat).view({12, 2});
+  const torch::Tensor piece = shard.slice(whole, 0);
+  EXPECT_TRUE(torch::equal(piece.select(1, 0),
+                           torch::tensor({4.0f, 6.0f, 12.0f, 14.0f, 20.0f, 22.0f})));
+}
+
+TEST(TensorParallelTest, MeshLaysTensorParallelInnermost) {
+  using fabric::distributed::DeviceMesh;
+  // dp_replicate=2 x dp_shard=2 x tp=2: rank 5 = (1, 0, 1).
+  DeviceMesh mesh(5, {{"dp_replicate", 2}, {"dp_shard", 2}, {"tp", 2}},
+                  {{"dp", {"dp_replicate", "dp_shard"}}});
+  EXPECT_EQ(mesh.world_size(), 8);
+  EXPECT_EQ(mesh.coordinate("dp_replicate"), 1);
+  EXPECT_EQ(mesh.coordinate("dp_shard"), 0);
+  EXPECT_EQ(mesh.coordinate("tp"), 1);
+  EXPECT_EQ(mesh.coordinate("dp"), 2);
+  EXPECT_EQ(mesh.size("dp"), 4);
+  EXPECT_EQ(mesh.ranks("tp"), (std::vector<int64_t>{4, 5}));
+  EXPECT_EQ(mesh.ranks("dp_shard"), (std::vector<int64_t>{5, 7}));
+  EXPECT_EQ(mesh.ranks("dp"), (std::vector<int64_t>{1, 3, 5, 7}));
+  EXPECT_EQ(mesh.rank_at({0, 1, 1}), 3);
+  EXPECT_EQ(mesh.describe(), "dp_replicate=2 x dp_shard=2 x tp=2");
+  EXPECT_EQ(error_of([&] { mesh.size("pp"); }),
+            "DeviceMesh: 'pp' is not a dimension of this mesh (dp_replicate, dp_shard, tp, dp)");
+  EXPECT_EQ(error_of([&] { mesh.group("tp"); }),
+            "DeviceMesh::group('tp'): this mesh was built without process groups");
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  EXPECT_EQ(error_of([&] { DeviceMesh(store, {0, 3}, {{"dp", 2}, {"tp", 2}}); }),
+            "DeviceMesh: dp=2 x tp=2 holds 4 ranks, but the job has 3; make the sizes' product the "
+            "world size");
+}
+
+}  // namespace
