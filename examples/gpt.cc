@@ -94,7 +94,7 @@ int train(fabric::Fabric& f) {
   int64_t batch_size = 0;
   if (c.is_auto("data.batch_size")) {
     const int64_t most =
-        std::min<int64_t>(1024, std::max<int64_t>(1, train_data->size() / f.world_size()));
+        std::min<int64_t>(1024, std::max<int64_t>(1, train_data->size() / f.data_parallel_size()));
     batch_size = f.find_batch_size(
         *model, *optimizer,
         [&](int64_t b) {
@@ -148,8 +148,8 @@ int train(fabric::Fabric& f) {
           val_data->tokens(), " val tokens; strategy ", f.strategy().name(), ", world size ",
           f.world_size(), ", device ", f.device().str(), ", precision ",
           fabric::to_string(f.precision().mode()), ", ", f.threads_description(), "; ", total_steps,
-          " steps of ", tokens_per_batch * accumulate * f.world_size(), " tokens; run directory ",
-          f.run_directory().path().string());
+          " steps of ", tokens_per_batch * accumulate * f.data_parallel_size(),
+          " tokens; run directory ", f.run_directory().path().string());
 
   auto validate = [&]() {
     auto means = f.evaluate(
@@ -182,6 +182,7 @@ int train(fabric::Fabric& f) {
   int64_t step = checkpoints.step(), epoch = checkpoints.epoch();
   double last_loss = NAN, val_loss = NAN, train_seconds = 0;
   int64_t tokens = 0, window = 0, window_tokens = 0;
+  const int64_t tp_ranks = f.world_size() / f.data_parallel_size();
   auto window_loss = torch::zeros({}, torch::dtype(torch::kFloat).device(f.device()));
   auto window_start = Clock::now();
   fabric::ProgressBar& bar = f.progress_bar(total_steps, max_epochs, step);
@@ -197,8 +198,9 @@ int train(fabric::Fabric& f) {
       const auto micro = fabric::MicroBatch::in_epoch(in_epoch++, train.size(), accumulate);
       const torch::Tensor micro_loss = train_step({batch.data, batch.target}, micro);
       group_loss = micro.first() ? micro_loss : group_loss + micro_loss;
-      window_tokens += batch.data.numel();
-      tokens += batch.data.numel();
+      // A rank's share of the tokens: its batch, split over its tensor-parallel partners.
+      window_tokens += batch.data.numel() / tp_ranks;
+      tokens += batch.data.numel() / tp_ranks;
       if (!micro.last()) continue;
       const torch::Tensor loss = micro.count == 1 ? group_loss : group_loss / micro.count;
       scheduler.step();
@@ -257,7 +259,7 @@ int train(fabric::Fabric& f) {
             checkpoints.save_aside("nonfinite").string());
   }
   const double tokens_per_s =
-      static_cast<double>(tokens * f.world_size()) / std::max(train_seconds, 1e-9);
+      static_cast<double>(tokens * f.world_size()) / std::max(train_seconds, 1e-9);  // all ranks
   const std::string text = stopped.empty() ? sample(f, model, meta) : "";
   if (!text.empty())
     f.print("sample (gpt.prompt, ", c.get_int("gpt.sample_tokens"), " tokens):\n", text);

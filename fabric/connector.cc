@@ -69,9 +69,10 @@ std::vector<torch::Device> resolve_devices(const Config& c, const MachineFacts& 
                        "-1 (every CUDA device) does not apply to cpu: give a process count >= 1, "
                        "or auto (2 processes with ddp, else 1)");
     }
-    // auto with ddp: 2 processes, the smallest real DDP job (CPU DDP is for trying the
-    // distributed path on any machine); otherwise 1.
-    const int64_t n = r.is_auto ? (strategy == "ddp" ? 2 : 1) : r.count;
+    // auto with ddp or model_parallel: 2 processes, the smallest real job of either (on CPU
+    // they are for trying the distributed path on any machine); otherwise 1.
+    const int64_t n =
+        r.is_auto ? (strategy == "ddp" || strategy == "model_parallel" ? 2 : 1) : r.count;
     return std::vector<torch::Device>(static_cast<size_t>(n), torch::Device(torch::kCPU));
   }
   std::vector<int64_t> ids;
@@ -207,6 +208,34 @@ void warn_inert_fsdp_keys(const Config& c, const std::string& want, ResolvedSetu
         " no effect under fabric.strategy: " + want + " (fabric.fsdp keys configure fsdp)");
 }
 
+// fabric.model_parallel.*: tensor_parallel_size (auto: the processes of one node) times
+// data_parallel_size (auto: the rest) must be the world size.
+strategies::ModelParallelOptions resolve_model_parallel(const Config& c,
+                                                        const ClusterEnvironment& env) {
+  const char* tp_key = "fabric.model_parallel.tensor_parallel_size";
+  const char* dp_key = "fabric.model_parallel.data_parallel_size";
+  const int64_t world = env.world_size();
+  strategies::ModelParallelOptions o;
+  if (c.is_auto(tp_key)) {
+    const int64_t local = env.local_world_size() > 0 ? env.local_world_size() : world;
+    o.tensor_parallel_size = c.is_auto(dp_key) ? local : world / c.get_int(dp_key);
+  } else {
+    o.tensor_parallel_size = c.get_int(tp_key);
+  }
+  if (o.tensor_parallel_size < 1 || world % o.tensor_parallel_size != 0)
+    throw c.error_at(tp_key, std::to_string(o.tensor_parallel_size) +
+                                 " does not divide the world size " + std::to_string(world) +
+                                 ": give a divisor of it (tensor-parallel partners are "
+                                 "consecutive ranks)");
+  o.data_parallel_size = world / o.tensor_parallel_size;
+  if (!c.is_auto(dp_key) && c.get_int(dp_key) != o.data_parallel_size)
+    throw c.error_at(dp_key, std::to_string(c.get_int(dp_key)) + " x tensor_parallel_size " +
+                                 std::to_string(o.tensor_parallel_size) +
+                                 " is not the world size " + std::to_string(world) +
+                                 ": make the product the world size, or set it to auto");
+  return o;
+}
+
 // fabric.strategy: dp: one process; replicas on 2 or more CUDA devices, else single_device with a
 // warning.
 void resolve_dp(const Config& c, int64_t world, ResolvedSetup& s) {
@@ -271,8 +300,24 @@ void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) 
     s.strategy = s.fsdp.sharding_strategy == strategies::ShardingStrategy::kNoShard
                      ? StrategyKind::kDdp
                      : StrategyKind::kFsdp;
+  } else if (want == "model_parallel") {
+    s.fsdp = fsdp_options(c);
+    if (s.fsdp.sharding_strategy == strategies::ShardingStrategy::kNoShard)
+      throw c.error_at("fabric.fsdp.sharding_strategy",
+                       "no_shard is not supported under fabric.strategy: model_parallel (its "
+                       "data-parallel ranks are fsdp's); use full_shard or shard_grad_op");
+    s.model_parallel = resolve_model_parallel(c, *s.environment);
+    s.strategy = StrategyKind::kModelParallel;
   } else {
     warn_inert_fsdp_keys(c, want, s);
+  }
+  if (want != "model_parallel") {
+    for (const char* key :
+         {"fabric.model_parallel.tensor_parallel_size", "fabric.model_parallel.data_parallel_size"})
+      if (c.origin(key) != "default")
+        s.warnings.push_back(c.origin(key) + ": " + key +
+                             ": has no effect under fabric.strategy: " + want +
+                             " (it configures model_parallel)");
   }
   if (want == "dp") resolve_dp(c, world, s);
   s.device = device_of_local_rank(c, m, s);

@@ -64,9 +64,9 @@ struct MachineFacts {
 };
 
 // fabric.strategy after step 3 (auto and the dp fallback decided).
-enum class StrategyKind { kSingleDevice, kDp, kDdp, kFsdp };
-// "single_device" | "dp" | "ddp" | "fsdp": the config's word, and Strategy::name() of what
-// build_strategy makes.
+enum class StrategyKind { kSingleDevice, kDp, kDdp, kFsdp, kModelParallel };
+// "single_device" | "dp" | "ddp" | "fsdp" | "model_parallel": the config's word, and
+// Strategy::name() of what build_strategy makes.
 const char* strategy_name(StrategyKind kind);
 
 struct ResolvedSetup {
@@ -76,7 +76,8 @@ struct ResolvedSetup {
   std::shared_ptr<ClusterEnvironment> environment;  // the job (world size, ranks, rendezvous)
   torch::Device device = torch::kCPU;               // this process's device
   strategies::DdpOptions ddp;                       // also the process group settings of fsdp
-  strategies::FsdpOptions fsdp;                     // fabric.fsdp.*
+  strategies::FsdpOptions fsdp;                     // fabric.fsdp.* (also model_parallel's)
+  strategies::ModelParallelOptions model_parallel;  // fabric.model_parallel.*, resolved
   PrecisionMode precision = PrecisionMode::k32True;
   GradScalerOptions scaler;
   uint64_t seed = 0;

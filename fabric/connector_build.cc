@@ -12,6 +12,7 @@
 #include "strategies/data_parallel.h"
 #include "strategies/ddp.h"
 #include "strategies/fsdp.h"
+#include "strategies/model_parallel.h"
 #include "strategies/single_device.h"
 
 namespace fabric {
@@ -24,6 +25,8 @@ const char* strategy_name(StrategyKind kind) {
       return "ddp";
     case StrategyKind::kFsdp:
       return "fsdp";
+    case StrategyKind::kModelParallel:
+      return "model_parallel";
     case StrategyKind::kSingleDevice:
       break;
   }
@@ -42,6 +45,10 @@ std::unique_ptr<Strategy> build_strategy(const ResolvedSetup& s) {
     case StrategyKind::kFsdp:
       return std::make_unique<strategies::Fsdp>(s.environment, s.device, std::move(precision),
                                                 s.ddp, s.fsdp, std::vector<std::string>{});
+    case StrategyKind::kModelParallel:
+      return std::make_unique<strategies::ModelParallel>(
+          s.environment, s.device, std::move(precision), s.ddp, s.fsdp, s.model_parallel,
+          std::vector<std::string>{});
     case StrategyKind::kSingleDevice:
       break;
   }

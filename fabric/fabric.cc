@@ -164,8 +164,8 @@ DataLoader Fabric::setup_dataloader(std::shared_ptr<const Dataset> dataset,
     options.num_workers(most);
   }
   LoaderPlacement placement;
-  placement.num_replicas = world_size();
-  placement.rank = global_rank();
+  placement.num_replicas = strategy_->data_parallel_size();
+  placement.rank = strategy_->data_parallel_rank();
   placement.device = device();
   placement.channels_last = setup_->channels_last;
   placement.cudnn_benchmark = setup_->cudnn_benchmark && placement.device.is_cuda();

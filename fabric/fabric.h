@@ -382,6 +382,10 @@ class Fabric {
   int64_t local_rank() const { return strategy_->local_rank(); }
   int64_t node_rank() const { return strategy_->node_rank(); }
   int64_t world_size() const { return strategy_->world_size(); }
+  // The ranks that read different data, and this rank's place among them: the world, except
+  // under model_parallel, where each tensor-parallel group reads one share (world / tp of them).
+  int64_t data_parallel_size() const { return strategy_->data_parallel_size(); }
+  int64_t data_parallel_rank() const { return strategy_->data_parallel_rank(); }
   bool is_global_zero() const { return global_rank() == 0; }
 
   const Config& config() const { return config_; }

@@ -134,7 +134,9 @@ std::function<c10::IValue(const CheckpointState&)> Fabric::gather_for_save() {
 
 bool Fabric::saves_sharded() const {
   const std::string& format = setup_->checkpoint_format;
-  return format == "sharded" || (format == "auto" && strategy_->sharded_state() != nullptr);
+  if (format == "sharded") return true;
+  const ShardedState* sharded = strategy_->sharded_state();
+  return format == "auto" && sharded != nullptr && sharded->writes_pieces();
 }
 
 void Fabric::save(const std::string& path, const CheckpointState& state) {

@@ -79,6 +79,14 @@ struct FsdpOptions {
   std::optional<c10::ScalarType> reduce_dtype;
 };
 
+// fabric.strategy: model_parallel (strategies/model_parallel.h): tensor parallelism inside groups
+// of tensor_parallel_size consecutive ranks, fsdp (FsdpOptions) over the data_parallel_size
+// groups. Both resolved: their product is the world size.
+struct ModelParallelOptions {
+  int64_t tensor_parallel_size = 1;  // fabric.model_parallel.tensor_parallel_size
+  int64_t data_parallel_size = 1;    // fabric.model_parallel.data_parallel_size
+};
+
 }  // namespace fabric::strategies
 
 #endif  // STRATEGIES_DDP_OPTIONS_H_

@@ -15,16 +15,14 @@
 #include "strategies/sharded_parameters.h"
 
 namespace fabric::strategies {
-namespace {
-constexpr const char* kKey = "fabric.strategy: fsdp";
-}  // namespace
 
 Fsdp::Fsdp(std::shared_ptr<ClusterEnvironment> environment, torch::Device device,
            std::unique_ptr<Precision> precision, const DdpOptions& ddp, FsdpOptions options,
            std::vector<std::string> argv)
     : ParallelStrategy(std::move(environment), device, std::move(precision),
                        rendezvous_options(ddp, std::move(argv))),
-      options_(std::move(options)) {}
+      options_(std::move(options)),
+      key_("fabric.strategy: fsdp") {}
 
 Fsdp::~Fsdp() = default;
 
@@ -76,19 +74,22 @@ ParameterParts Fsdp::parameter_parts(torch::nn::Module& module) {
 void Fsdp::teardown() {
   // Every rank gets here together after the user's function returned: the parameters take
   // their full values back (collective) before the process group ends.
+  release_shards_whole();
+  ParallelStrategy::teardown();
+}
+
+void Fsdp::release_shards_whole() {
   if (sharded_ && built_empty_) {
     sharded_->drop_to_meta();
   } else if (sharded_) {
     sharded_->gather_all_into_parameters();
   }
-  ParallelStrategy::teardown();
+  release();
 }
 
 void Fsdp::setup_module(torch::nn::Module& module) {
-  const auto& pg = group_for("setup_module");
-  if (sharded_)
-    throw Error(std::string(kKey) +
-                ": shards one module per process; this job set up a second one");
+  const auto& pg = data_parallel_group("setup_module");
+  if (sharded_) throw Error(key_ + ": shards one module per process; this job set up a second one");
   // An empty init (fabric/nn/empty_init.h) is replayed after the units are formed, each rank
   // keeping only its shard of each value; the module stays on the meta device until then.
   const std::shared_ptr<InitRecord> empty_init = take_empty_init(module);
@@ -101,8 +102,7 @@ void Fsdp::setup_module(torch::nn::Module& module) {
     names.push_back(item.key());
     params.push_back(item.value());
   }
-  if (params.empty())
-    throw Error(std::string(kKey) + ": the module has no parameters that require gradients");
+  if (params.empty()) throw Error(key_ + ": the module has no parameters that require gradients");
   if (empty_init) {
     // Every rank replays from rank 0's generator state: the same values everywhere.
     torch::Tensor state = empty_init->generator_state().to(device_);
@@ -149,8 +149,9 @@ void Fsdp::setup_module(torch::nn::Module& module) {
       }
     }
     const size_t wrapped = units.size() - (root > 0 ? 1 : 0);
-    std::cerr << "fsdp: " << sharding_strategy_name(options_.sharding_strategy) << " over "
-              << world_size() << (world_size() == 1 ? " rank, " : " ranks, ") << wrapped
+    const int64_t n = data_parallel_size();
+    std::cerr << name() << ": " << sharding_strategy_name(options_.sharding_strategy) << " over "
+              << n << (n == 1 ? " rank, " : " ranks, ") << wrapped
               << (wrapped == 1 ? " unit" : " units");
     if (wrapped > 0)
       std::cerr << " (largest '" << largest_name << "', " << largest << " parameters)";
@@ -163,18 +164,18 @@ void Fsdp::setup_module(torch::nn::Module& module) {
 
 void Fsdp::setup_optimizer(torch::optim::Optimizer& optimizer) {
   if (!sharded_)
-    throw Error(std::string(kKey) +
+    throw Error(key_ +
                 ": set up the module before its optimizer (Fabric::setup(model, optimizer) does)");
-  if (shard_)
-    throw Error(std::string(kKey) + ": supports one optimizer; this job set up a second one");
-  shard_ = std::make_unique<OptimizerShard>(
-      optimizer, params_, param_names_, group_for("setup_optimizer"), sharded_->segments(), kKey);
+  if (shard_) throw Error(key_ + ": supports one optimizer; this job set up a second one");
+  shard_ = std::make_unique<OptimizerShard>(optimizer, params_, param_names_,
+                                            data_parallel_group("setup_optimizer"),
+                                            sharded_->segments(), key_);
   agree_on_found_inf();
 }
 
 void Fsdp::backward(const torch::Tensor& loss) {
   if (!shard_)
-    throw Error(std::string(kKey) +
+    throw Error(key_ +
                 ": backward before the optimizer was set up; pass it to "
                 "Fabric::setup(model, optimizer)");
   sharded_->begin_backward(sync_, shard_->has_gradients());
@@ -188,7 +189,7 @@ void Fsdp::backward(const torch::Tensor& loss) {
 
 bool Fsdp::optimizer_step(torch::optim::Optimizer& optimizer) {
   if (!shard_of(optimizer))
-    throw Error(std::string(kKey) +
+    throw Error(key_ +
                 ": step of an optimizer that was not set up with the module; pass it to "
                 "Fabric::setup(model, optimizer)");
   const bool stepped = precision_->optimizer_step(optimizer);
@@ -209,7 +210,7 @@ ScopeGuard Fsdp::no_backward_sync() {
 
 void Fsdp::set_capturable_gradient_sync(bool on) {
   if (on)
-    throw Error(std::string(kKey) +
+    throw Error(key_ +
                 ": fabric.cuda_graphs is not supported with it; set fabric.cuda_graphs: false");
 }
 

@@ -67,10 +67,14 @@ class Fsdp : public ParallelStrategy {
   const ShardedParameters* sharded() const { return sharded_.get(); }
   int64_t synced_backward_passes() const { return synced_backwards_; }
 
- private:
+ protected:
   void release() override;
+  // teardown()'s first step: the parameters whole again (collective; a module built empty goes
+  // back to meta), then release().
+  void release_shards_whole();
 
   FsdpOptions options_;
+  std::string key_;  // "fabric.strategy: fsdp", or the strategy built on this one, in errors
   const torch::nn::Module* module_ = nullptr;
   std::unique_ptr<ShardedParameters> sharded_;
   std::vector<torch::Tensor> params_;  // those that require gradients, in module order

@@ -230,11 +230,22 @@ void OptimizerShard::gather_parameters() {
     alias(params_[i], 0, params_[i].numel()).copy_(flat.narrow(0, offsets_[i], params_[i].numel()));
 }
 
+void OptimizerShard::set_norm_scope(c10::intrusive_ptr<c10d::ProcessGroup> group,
+                                    const std::function<double(const torch::Tensor&)>& weight) {
+  norm_pg_ = std::move(group);
+  norm_weights_.clear();
+  for (const auto& p : params_) norm_weights_.push_back(weight(p));
+}
+
 torch::Tensor OptimizerShard::clip_grad_norm(double max_norm, double norm_type) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> grads;
-  for (const auto& t : piece_tensors_)
-    if (t.grad().defined()) grads.push_back(t.grad());
+  std::vector<double> weights;
+  for (size_t k = 0; k < piece_tensors_.size(); ++k) {
+    if (!piece_tensors_[k].grad().defined()) continue;
+    grads.push_back(piece_tensors_[k].grad());
+    weights.push_back(norm_weights_.empty() ? 1.0 : norm_weights_[pieces_[k].param]);
+  }
   const auto options = grads_.at(0).options();
   torch::Tensor total;
   if (norm_type == 0) {  // LibTorch's count of gradients, over the whole model
@@ -243,17 +254,20 @@ torch::Tensor OptimizerShard::clip_grad_norm(double max_norm, double norm_type) 
   } else {
     const bool inf = norm_type == std::numeric_limits<double>::infinity();
     torch::Tensor local = torch::zeros({1}, options);
-    for (const auto& g : grads) {
+    for (size_t i = 0; i < grads.size(); ++i) {
+      const torch::Tensor& g = grads[i];
       if (inf) {
         local = torch::maximum(local, g.abs().max().reshape({1}));
-      } else {
+      } else if (weights[i] == 1.0) {
         local.add_(g.norm(norm_type).pow(norm_type).reshape({1}));
+      } else {
+        local.add_(g.norm(norm_type).pow(norm_type).reshape({1}), weights[i]);
       }
     }
     std::vector<torch::Tensor> v = {local};
     c10d::AllreduceOptions o;
     o.reduceOp = inf ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
-    distributed::wait(pg_->allreduce(v, o), "gradient norm all_reduce");
+    distributed::wait((norm_pg_ ? norm_pg_ : pg_)->allreduce(v, o), "gradient norm all_reduce");
     total = (inf ? local : local.pow(1.0 / norm_type)).reshape({});
   }
   const torch::Tensor coefficient =

@@ -115,6 +115,11 @@ class OptimizerShard {
   // Fabric::clip_gradients over the sharded gradients: the total norm over every rank's pieces
   // (collective), the same coefficient everywhere, as clip_grad_norm_on_device computes it.
   torch::Tensor clip_grad_norm(double max_norm, double norm_type);
+  // Tensor parallelism (model_parallel): clip_grad_norm sums over `group` (every rank of the mesh)
+  // instead of the shard's group, each parameter's share weighted by weight(parameter): 1 for a
+  // parameter split over the tp ranks, 1 / tp for one every tp rank holds whole.
+  void set_norm_scope(c10::intrusive_ptr<c10d::ProcessGroup> group,
+                      const std::function<double(const torch::Tensor&)>& weight);
   void clip_grad_value(double clip_value);
 
   // The optimizer state in one process's layout (fabric/checkpoint/optimizer_state.h), each
@@ -173,6 +178,8 @@ class OptimizerShard {
   std::vector<int64_t> totals_;       // each segment's elements
   std::vector<int64_t> shard_sizes_;  // each segment's S
   std::vector<torch::Tensor> grads_;  // each segment's S gradient elements (the pieces' alias)
+  c10::intrusive_ptr<c10d::ProcessGroup> norm_pg_;  // set_norm_scope's group (null: pg_)
+  std::vector<double> norm_weights_;                // per parameter (empty: all 1)
 };
 
 }  // namespace fabric::strategies

@@ -200,8 +200,10 @@ std::function<void()> OptimizerShard::prepare_full_state(const c10::IValue& valu
   }
 
   Dict piece_state(c10::IntType::get(), c10::AnyType::get());
-  std::vector<c10::impl::GenericList> piece_ids(group_params_.size(),
-                                                c10::impl::GenericList(c10::AnyType::get()));
+  // One list per group: c10::List copies share their elements, so the vector's fill
+  // constructor would give every group the same list.
+  std::vector<c10::impl::GenericList> piece_ids;
+  for (size_t g = 0; g < group_params_.size(); ++g) piece_ids.emplace_back(c10::AnyType::get());
   for (size_t k = 0; k < pieces_.size(); ++k) {
     const Piece& piece = pieces_[k];
     piece_ids[group_of[piece.param]].push_back(static_cast<int64_t>(k));

@@ -78,6 +78,14 @@ class ParallelStrategy : public Strategy, public ShardedState {
   virtual void release() {}
   // The process group; throws fabric::Error naming `what` before setup_environment().
   const c10::intrusive_ptr<c10d::ProcessGroup>& group_for(const std::string& what) const;
+  // The group gradients are averaged and parameters sharded over: the world's, or under
+  // model_parallel its data-parallel dimension's.
+  virtual const c10::intrusive_ptr<c10d::ProcessGroup>& data_parallel_group(
+      const std::string& what) const {
+    return group_for(what);
+  }
+  // The rendezvous (null before setup_environment() and after teardown).
+  const distributed::Rendezvous* rendezvous() const { return rendezvous_.get(); }
   // The split optimizer when it is `optimizer`, else null.
   OptimizerShard* shard_of(const torch::optim::Optimizer& optimizer) const;
   // Under 16-mixed every rank skips the same steps: the GradScaler's found_inf is all-reduced

@@ -40,6 +40,11 @@ class Strategy {
   virtual int64_t global_rank() const { return 0; }
   virtual int64_t local_rank() const { return 0; }
   virtual int64_t node_rank() const { return 0; }
+  // The ranks that see different data (the sampler's replicas) and this rank's place among them:
+  // the world, except under model_parallel, where the ranks of one tensor-parallel group share
+  // their data.
+  virtual int64_t data_parallel_size() const { return world_size(); }
+  virtual int64_t data_parallel_rank() const { return global_rank(); }
 
   // dp only: the devices Fabric::forward spreads each batch over (null: forward runs the model).
   virtual const std::vector<torch::Device>* replica_devices() const { return nullptr; }

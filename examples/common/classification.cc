@@ -146,7 +146,7 @@ int64_t resolve_batch_size(fabric::Fabric& f, const ClassifierModel& model,
   const fabric::Config& c = f.config();
   if (!c.is_auto("data.batch_size")) return c.get_int("data.batch_size");
   const int64_t most =
-      std::min<int64_t>(4096, std::max<int64_t>(1, task.train->size() / f.world_size()));
+      std::min<int64_t>(4096, std::max<int64_t>(1, task.train->size() / f.data_parallel_size()));
   const auto loss = [&](int64_t b) {
     fabric::DataLoader loader = train_loader(f, task, b);
     const fabric::Batch batch = *loader.begin();

@@ -29,6 +29,10 @@ class ShardedState {
  public:
   virtual ~ShardedState() = default;
 
+  // Whether checkpoint.format auto writes a sharded folder (each rank its pieces) for this state;
+  // false: one file, gathered (model_parallel until its pieces are written).
+  virtual bool writes_pieces() const { return true; }
+
   // Saving a sharded folder. `module`'s state (parameters and buffers by name), each parameter
   // split over the ranks replaced by this rank's piece (tensor_piece). No communication.
   virtual std::optional<c10::IValue> local_module_state(torch::nn::Module& module) {

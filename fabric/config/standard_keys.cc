@@ -16,10 +16,12 @@ ConfigSchema default_schema() {
         KeySpec::devices().doc(
             "auto: 1 device; N (on cpu: N processes); -1 = all CUDA devices; [ids]"));
   s.add("fabric.num_nodes", KeySpec::integer(1).min(1).doc("machines in the job"));
-  s.add("fabric.strategy", KeySpec::choice({"auto", "single_device", "dp", "ddp", "fsdp"}, "auto")
-                               .noun("a strategy")
-                               .doc("auto: ddp for more than one process, else single_device; "
-                                    "fsdp: parameters, gradients and optimizer state sharded"));
+  s.add("fabric.strategy",
+        KeySpec::choice({"auto", "single_device", "dp", "ddp", "fsdp", "model_parallel"}, "auto")
+            .noun("a strategy")
+            .doc("auto: ddp for more than one process, else single_device; fsdp: parameters, "
+                 "gradients and optimizer state sharded; model_parallel: tensor parallel inside "
+                 "groups of fabric.model_parallel.tensor_parallel_size ranks, fsdp across them"));
   s.add("fabric.precision",
         KeySpec::choice({"32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"},
                         "32-true")
@@ -140,6 +142,16 @@ ConfigSchema default_schema() {
         KeySpec::integer(1000000).min(0).doc(
             "a submodule holding at least this many parameters not in an inner unit becomes a "
             "unit; 0: off; the rest is the root unit"));
+
+  s.add("fabric.model_parallel.tensor_parallel_size",
+        KeySpec::integer(1).min(1).or_auto().doc(
+            "ranks that split each layer (consecutive ranks; model_parallel only); auto: the "
+            "processes of one node"));
+  s.add("fabric.model_parallel.data_parallel_size",
+        KeySpec::integer(1).min(1).or_auto().doc(
+            "fsdp groups (model_parallel only); auto: world size / tensor_parallel_size"));
+  s.set_default("fabric.model_parallel.tensor_parallel_size", "auto");
+  s.set_default("fabric.model_parallel.data_parallel_size", "auto");
 
   s.section_doc("logging", "Where results go.");
   s.add("logging.run_dir", KeySpec::string("runs/{name}/{timestamp}")

@@ -14,7 +14,8 @@ namespace {
 
 std::string shape_of(const std::vector<MeshDim>& dims) {
   std::string s;
-  for (const MeshDim& d : dims) s += (s.empty() ? "" : " x ") + d.name + "=" + std::to_string(d.size);
+  for (const MeshDim& d : dims)
+    s += (s.empty() ? "" : " x ") + d.name + "=" + std::to_string(d.size);
   return s.empty() ? "(no dimensions)" : s;
 }
 
@@ -78,7 +79,8 @@ int64_t DeviceMesh::world_size() const {
 }
 
 bool DeviceMesh::has(const std::string& name) const {
-  return std::any_of(dims_.begin(), dims_.end(), [&](const MeshDim& d) { return d.name == name; }) ||
+  return std::any_of(dims_.begin(), dims_.end(),
+                     [&](const MeshDim& d) { return d.name == name; }) ||
          std::any_of(flatten_.begin(), flatten_.end(),
                      [&](const MeshFlatten& f) { return f.name == name; });
 }
@@ -130,8 +132,8 @@ std::vector<int64_t> DeviceMesh::ranks(const std::string& name) const {
 
 int64_t DeviceMesh::rank_at(const std::vector<int64_t>& coordinates) const {
   if (coordinates.size() != dims_.size())
-    throw Error("DeviceMesh::rank_at: " + std::to_string(coordinates.size()) +
-                " coordinates for " + shape_of(dims_));
+    throw Error("DeviceMesh::rank_at: " + std::to_string(coordinates.size()) + " coordinates for " +
+                shape_of(dims_));
   int64_t r = 0;
   for (size_t i = 0; i < dims_.size(); ++i) {
     if (coordinates[i] < 0 || coordinates[i] >= dims_[i].size)

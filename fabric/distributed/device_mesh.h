@@ -2,9 +2,9 @@
 // dp_shard, tp, ...), with one process group per dimension.
 //
 // Ranks are laid out row-major over the dimensions as given, the last one innermost: with
-// {dp_shard: 2, tp: 2}, ranks 0 and 1 are the tp partners of dp coordinate 0, ranks 2 and 3 those of
-// coordinate 1. Put `tp` last so tensor-parallel partners are consecutive ranks, which launchers place
-// on one node.
+// {dp_shard: 2, tp: 2}, ranks 0 and 1 are the tp partners of dp coordinate 0, ranks 2 and 3 those
+// of coordinate 1. Put `tp` last so tensor-parallel partners are consecutive ranks, which launchers
+// place on one node.
 //
 // For every dimension, this rank joins the process group of the ranks that share its coordinates on
 // every other dimension (make_process_group over the job's store under "mesh/<name>/<index>/": Gloo

@@ -58,6 +58,7 @@ Rendezvous::Rendezvous(std::shared_ptr<ClusterEnvironment> environment, Rendezvo
   pg.cuda_with_gloo = options_.cuda_with_gloo;
   pg.single_node = single_node;
   pg.cpu_backend = options_.cpu_backend;
+  group_options_ = pg;
   pg_ = make_process_group(store_, pg);
   if (options_.debug_collectives && world > 1)
     checker_ = std::make_unique<CollectiveChecker>(store_, rank, world, options_.timeout);

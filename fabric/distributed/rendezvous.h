@@ -72,6 +72,8 @@ class Rendezvous {
 
   const c10::intrusive_ptr<c10d::ProcessGroup>& process_group() const { return pg_; }
   const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
+  // The settings the world's group was made with (for groups over subsets of it: DeviceMesh).
+  const ProcessGroupOptions& group_options() const { return group_options_; }
 
   // Counts one collective of the API (kind e.g. "all_reduce(sum)"; tensor may be null), checks
   // it across ranks under debug_collectives (throws fabric::Error at the first divergence), and
@@ -91,6 +93,7 @@ class Rendezvous {
   RendezvousOptions options_;
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  ProcessGroupOptions group_options_;
   std::unique_ptr<SubprocessLauncher> launcher_;
   std::unique_ptr<Heartbeat> heartbeat_;
   std::unique_ptr<CollectiveChecker> checker_;

@@ -173,6 +173,10 @@ torch::Tensor GPTImpl::hidden(const torch::Tensor& tokens, const RunBlock& run_b
   return config_.fused_layer_norm ? layer_norm_16(x, ln_f) : ln_f->forward(x);
 }
 
+fabric::nn::TensorParallelPlan GPTImpl::tensor_parallel_plan() const {
+  return gpt_tensor_parallel_plan();
+}
+
 fabric::nn::TensorParallelPlan gpt_tensor_parallel_plan() {
   using Style = fabric::nn::TensorParallelStyle;
   return {{{"transformer.wte", Style::vocab()},

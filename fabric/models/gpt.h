@@ -101,9 +101,11 @@ class BlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
-class GPTImpl : public torch::nn::Module {
+class GPTImpl : public torch::nn::Module, public fabric::nn::TensorParallelPlanned {
  public:
   explicit GPTImpl(const GPTConfig& c);
+  // gpt_tensor_parallel_plan() (fabric.strategy: model_parallel uses it).
+  fabric::nn::TensorParallelPlan tensor_parallel_plan() const override;
   // Runs a block (e.g. through fabric::checkpoint_activations); null: block->forward.
   using RunBlock = std::function<torch::Tensor(Block&, const torch::Tensor&)>;
   // tokens: int64 [B, T] with T <= block_size (fabric::Error otherwise) → logits [B, T, vocab].

@@ -1,9 +1,9 @@
 #include "fabric/nn/tensor_parallel.h"
 
 #include <torch/autograd.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/nn/functional/embedding.h>
 #include <torch/nn/init.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <cmath>
 #include <memory>
@@ -88,8 +88,9 @@ struct GatherFromParallel : torch::autograd::Function<GatherFromParallel> {
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
     c10d::ProcessGroup& g = from(ctx);
-    return {slice_of(grad[0], g.getRank(), g.getSize(), ctx->saved_data["dim"].toInt()).contiguous(),
-            torch::Tensor(), torch::Tensor()};
+    return {
+        slice_of(grad[0], g.getRank(), g.getSize(), ctx->saved_data["dim"].toInt()).contiguous(),
+        torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -183,8 +184,8 @@ torch::Tensor TensorParallelShard::gather(const torch::Tensor& piece, int64_t al
 LinearImpl::LinearImpl(const torch::nn::LinearOptions& options_) : options(options_) { reset(); }
 
 void LinearImpl::reset() {
-  weight = register_parameter("weight",
-                              torch::empty({options.out_features(), options.in_features()}));
+  weight =
+      register_parameter("weight", torch::empty({options.out_features(), options.in_features()}));
   if (options.bias()) {
     bias = register_parameter("bias", torch::empty(options.out_features()));
   } else {
@@ -206,8 +207,9 @@ void LinearImpl::pretty_print(std::ostream& stream) const {
   stream << "fabric::nn::Linear(in_features=" << options.in_features()
          << ", out_features=" << options.out_features() << ", bias=" << std::boolalpha
          << options.bias();
-  if (parallel_) stream << ", tp=" << parallel_->style.name() << " " << parallel_->rank << "/"
-                        << parallel_->size;
+  if (parallel_)
+    stream << ", tp=" << parallel_->style.name() << " " << parallel_->rank << "/"
+           << parallel_->size;
   stream << ")";
 }
 
@@ -236,10 +238,12 @@ EmbeddingImpl::EmbeddingImpl(const torch::nn::EmbeddingOptions& options_) : opti
 }
 
 void EmbeddingImpl::reset() {
-  if (options.padding_idx() || options.max_norm() || options.sparse() || options._weight().defined())
-    throw Error("fabric::nn::Embedding: padding_idx, max_norm, sparse and _weight are not supported");
-  weight = register_parameter(
-      "weight", torch::empty({options.num_embeddings(), options.embedding_dim()}));
+  if (options.padding_idx() || options.max_norm() || options.sparse() ||
+      options._weight().defined())
+    throw Error(
+        "fabric::nn::Embedding: padding_idx, max_norm, sparse and _weight are not supported");
+  weight = register_parameter("weight",
+                              torch::empty({options.num_embeddings(), options.embedding_dim()}));
   reset_parameters();
 }
 
@@ -278,8 +282,9 @@ torch::Tensor tied_logits(const torch::Tensor& h, Embedding& embedding) {
                               p->group, -1);
 }
 
-torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets,
-                                           int64_t vocab_start, const ProcessGroupPtr& group) {
+torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits,
+                                           const torch::Tensor& targets, int64_t vocab_start,
+                                           const ProcessGroupPtr& group) {
   const torch::Tensor z = logits.to(torch::kFloat);
   const int64_t rows = z.size(-1);
   torch::Tensor max;
@@ -347,9 +352,10 @@ std::vector<std::string> parallelize(torch::nn::Module& model, const TensorParal
     auto* e = m.module->as<EmbeddingImpl>();
     auto* l = m.module->as<LinearImpl>();
     if (vocab ? e == nullptr : l == nullptr)
-      throw Error(where + ": the module is a " + m.module->name() + ", not a fabric::nn::" +
-                  (vocab ? "Embedding" : "Linear") + "; build it as fabric::nn::" +
-                  (vocab ? "Embedding" : "Linear") + " (same options and parameters) to split it");
+      throw Error(where + ": the module is a " + m.module->name() +
+                  ", not a fabric::nn::" + (vocab ? "Embedding" : "Linear") +
+                  "; build it as fabric::nn::" + (vocab ? "Embedding" : "Linear") +
+                  " (same options and parameters) to split it");
     if (vocab ? e->parallel().has_value() : l->parallel().has_value())
       throw Error(where + ": the module is split already");
     shard.full_sizes = (vocab ? e->weight : l->weight).sizes().vec();
@@ -357,7 +363,9 @@ std::vector<std::string> parallelize(torch::nn::Module& model, const TensorParal
     const int64_t n = shard.full_sizes[shard.dim];
     if (style.parts < 1 || n % (style.parts * size) != 0)
       throw Error(where + ": its " +
-                  (vocab ? "vocabulary size" : shard.dim == 0 ? "out_features" : "in_features") +
+                  (vocab            ? "vocabulary size"
+                   : shard.dim == 0 ? "out_features"
+                                    : "in_features") +
                   " " + std::to_string(n) + " is not divisible by " +
                   (style.parts > 1 ? std::to_string(style.parts) + " parts x " : "") + "tp " +
                   std::to_string(size));
@@ -374,6 +382,33 @@ std::vector<std::string> parallelize(torch::nn::Module& model, const TensorParal
     }
   }
   return done;
+}
+
+void unparallelize(torch::nn::Module& model) {
+  torch::NoGradGuard no_grad;
+  for (const auto& m : model.modules()) {
+    if (auto* l = m->as<LinearImpl>(); l != nullptr && l->parallel()) {
+      const TensorParallelShard p = *l->parallel();
+      l->weight.set_data(p.gather(l->weight.detach(), p.dim));
+      if (l->bias.defined() && p.dim == 0) l->bias.set_data(p.gather(l->bias.detach(), 0));
+      l->clear_parallel();
+    } else if (auto* e = m->as<EmbeddingImpl>(); e != nullptr && e->parallel()) {
+      e->weight.set_data(e->parallel()->gather(e->weight.detach(), 0));
+      e->clear_parallel();
+    }
+  }
+}
+
+bool is_split_parameter(torch::nn::Module& model, const torch::Tensor& tensor) {
+  for (const auto& m : model.modules()) {
+    if (auto* l = m->as<LinearImpl>(); l != nullptr && l->parallel()) {
+      if (l->weight.is_same(tensor)) return true;
+      if (l->bias.defined() && l->bias.is_same(tensor)) return l->parallel()->dim == 0;
+    } else if (auto* e = m->as<EmbeddingImpl>(); e != nullptr && e->parallel()) {
+      if (e->weight.is_same(tensor)) return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace fabric::nn

@@ -118,6 +118,7 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   torch::Tensor forward(const torch::Tensor& x);
   const std::optional<TensorParallelShard>& parallel() const { return parallel_; }
   void set_parallel(TensorParallelShard shard);  // parallelize() calls it
+  void clear_parallel() { parallel_.reset(); }   // unparallelize() calls it, after the gather
 
   torch::nn::LinearOptions options;
   torch::Tensor weight, bias;
@@ -140,6 +141,7 @@ class EmbeddingImpl : public torch::nn::Cloneable<EmbeddingImpl> {
   torch::Tensor forward(const torch::Tensor& ids);
   const std::optional<TensorParallelShard>& parallel() const { return parallel_; }
   void set_parallel(TensorParallelShard shard);
+  void clear_parallel() { parallel_.reset(); }
   // The first id this rank's rows hold (0 when not parallelized).
   int64_t vocab_start() const;
 
@@ -158,14 +160,15 @@ torch::Tensor tied_logits(const torch::Tensor& h, Embedding& embedding);
 // parallel: from this rank's V / tp logits, with three all-reduces of [...]-sized tensors (max, sum
 // of exponentials, target logit): the whole logits are never formed. Otherwise `whole` (e.g.
 // fabric::models::linear_cross_entropy) computes it.
-torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets,
-                                           int64_t vocab_start, const ProcessGroupPtr& group);
+torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits,
+                                           const torch::Tensor& targets, int64_t vocab_start,
+                                           const ProcessGroupPtr& group);
 
 // --- Plans ---------------------------------------------------------------------------------------
 
 // Module-name patterns → styles. A pattern matches a module's full name (as named_modules() gives
-// it, e.g. "transformer.h.3.attn.c_attn"); '*' matches one name component ("transformer.h.*.mlp.c_fc").
-// The first rule that matches a module decides.
+// it, e.g. "transformer.h.3.attn.c_attn"); '*' matches one name component
+// ("transformer.h.*.mlp.c_fc"). The first rule that matches a module decides.
 struct TensorParallelPlan {
   std::vector<std::pair<std::string, TensorParallelStyle>> rules;
 };
@@ -180,6 +183,22 @@ bool plan_pattern_matches(const std::string& pattern, const std::string& name);
 // A group of one rank changes nothing. Call before building the optimizer.
 std::vector<std::string> parallelize(torch::nn::Module& model, const TensorParallelPlan& plan,
                                      const ProcessGroupPtr& group);
+
+// Every split module of `model` whole again and no longer split (collective over each one's
+// group): what Fabric's model_parallel strategy does at teardown, so the model works alone after.
+void unparallelize(torch::nn::Module& model);
+
+// Whether `tensor` is a parameter split over its tp group (a split layer's weight, or a column
+// layer's bias), as opposed to one every tp rank holds whole.
+bool is_split_parameter(torch::nn::Module& model, const torch::Tensor& tensor);
+
+// A model that carries its own plan: fabric.strategy: model_parallel asks the module it sets up
+// for it (the GPT does: fabric::models::gpt_tensor_parallel_plan).
+class TensorParallelPlanned {
+ public:
+  virtual ~TensorParallelPlanned() = default;
+  virtual TensorParallelPlan tensor_parallel_plan() const = 0;
+};
 
 }  // namespace fabric::nn
 

@@ -10,8 +10,8 @@
 //   "rank R of W: max_loss_diff=X max_param_diff=Y max_logit_diff=Z split_bytes=S whole_bytes=B"
 // and exits 0 (1 when a collective or a check failed).
 //   tensor_parallel_helper WORLD TP STEPS
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <algorithm>
 #include <cstdio>

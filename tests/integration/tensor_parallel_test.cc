@@ -31,7 +31,8 @@ void expect_parity(int world, int tp) {
       EXPECT_LE(d, 1e-5) << "world " << world << " tp " << tp << ": " << line;
     }
     // Every split layer's weight is 1 / tp; the row layers' biases (2 x 64 floats per block) stay.
-    const double split = number_after(line, "split_bytes="), whole = number_after(line, "whole_bytes=");
+    const double split = number_after(line, "split_bytes="),
+                 whole = number_after(line, "whole_bytes=");
     const double row_biases = 3 * 2 * 64 * 4;
     EXPECT_NEAR(split, (whole - row_biases) / tp + row_biases, 1.0) << line;
   }

@@ -1,13 +1,13 @@
 // fabric::nn tensor parallelism in one process: the drop-in Linear and Embedding equal LibTorch's
 // (same random numbers, same values, same forward), plan patterns, the errors parallelize() gives
-// for a bad plan, and the mesh's layout (tp innermost). The splits themselves run in real processes:
-// tests/integration/tensor_parallel_test.cc.
+// for a bad plan, and the mesh's layout (tp innermost). The splits themselves run in real
+// processes: tests/integration/tensor_parallel_test.cc.
 #include "fabric/nn/tensor_parallel.h"
 
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#include <torch/torch.h>
 
 #include <string>
 
@@ -78,8 +78,9 @@ TEST(TensorParallelTest, ABadPlanNamesTheRuleTheModuleAndTheFix) {
   Net net;
   const torch::Tensor before = net.fc->weight.clone();
   EXPECT_EQ(error_of([&] {
-              fabric::nn::parallelize(net, {{{"fc", TensorParallelStyle::column()},
-                                             {"blocks.*.fc", TensorParallelStyle::row()}}},
+              fabric::nn::parallelize(net,
+                                      {{{"fc", TensorParallelStyle::column()},
+                                        {"blocks.*.fc", TensorParallelStyle::row()}}},
                                       group);
             }),
             "tensor parallel plan rule 'blocks.*.fc' matches no module of the model; module names "
@@ -116,8 +117,8 @@ TEST(TensorParallelTest, ShardSlicesEveryBlockAndGathersBack) {
   fabric::nn::TensorParallelShard shard(group, TensorParallelStyle::column(3), 1, 2, 0, {12, 2});
   const torch::Tensor whole = torch::arange(24, torch::kFloat).view({12, 2});
   const torch::Tensor piece = shard.slice(whole, 0);
-  EXPECT_TRUE(torch::equal(piece.select(1, 0),
-                           torch::tensor({4.0f, 6.0f, 12.0f, 14.0f, 20.0f, 22.0f})));
+  EXPECT_TRUE(
+      torch::equal(piece.select(1, 0), torch::tensor({4.0f, 6.0f, 12.0f, 14.0f, 20.0f, 22.0f})));
 }
 
 TEST(TensorParallelTest, MeshLaysTensorParallelInnermost) {
@@ -141,7 +142,9 @@ TEST(TensorParallelTest, MeshLaysTensorParallelInnermost) {
   EXPECT_EQ(error_of([&] { mesh.group("tp"); }),
             "DeviceMesh::group('tp'): this mesh was built without process groups");
   auto store = c10::make_intrusive<c10d::HashStore>();
-  EXPECT_EQ(error_of([&] { DeviceMesh(store, {0, 3}, {{"dp", 2}, {"tp", 2}}); }),
+  EXPECT_EQ(error_of([&] {
+              DeviceMesh(store, {0, 3}, {{"dp", 2}, {"tp", 2}});
+            }),
             "DeviceMesh: dp=2 x tp=2 holds 4 ranks, but the job has 3; make the sizes' product the "
             "world size");
 }

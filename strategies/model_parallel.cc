@@ -1,0 +1,287 @@
+#include "strategies/model_parallel.h"
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <iostream>
+#include <memory>
+
+#include "fabric/core/error.h"
+#include "fabric/distributed/device_mesh.h"
+#include "fabric/distributed/rendezvous.h"
+#include "fabric/nn/empty_init.h"
+#include "strategies/optimizer_shard.h"
+
+namespace fabric::strategies {
+
+ModelParallel::ModelParallel(std::shared_ptr<ClusterEnvironment> environment, torch::Device device,
+                             std::unique_ptr<Precision> precision, const DdpOptions& ddp,
+                             FsdpOptions fsdp, ModelParallelOptions options,
+                             std::vector<std::string> argv)
+    : Fsdp(std::move(environment), device, std::move(precision), ddp, std::move(fsdp),
+           std::move(argv)),
+      options_mp_(options) {
+  key_ = "fabric.strategy: model_parallel";
+}
+
+ModelParallel::~ModelParallel() = default;
+
+Error ModelParallel::unsupported(const std::string& what) const {
+  return Error(key_ + ": " + what);
+}
+
+int64_t ModelParallel::data_parallel_rank() const {
+  return global_rank() / options_mp_.tensor_parallel_size;
+}
+
+void ModelParallel::setup_environment() {
+  Fsdp::setup_environment();
+  const int64_t tp = options_mp_.tensor_parallel_size, dp = options_mp_.data_parallel_size;
+  if (tp * dp != world_size())
+    throw Error(key_ + ": fabric.model_parallel.data_parallel_size " + std::to_string(dp) +
+                " x tensor_parallel_size " + std::to_string(tp) + " is not the world size " +
+                std::to_string(world_size()));
+  mesh_ = std::make_unique<distributed::DeviceMesh>(
+      rendezvous()->store(), rendezvous()->group_options(),
+      std::vector<distributed::MeshDim>{{"dp_shard", dp}, {"tp", tp}});
+}
+
+const c10::intrusive_ptr<c10d::ProcessGroup>& ModelParallel::data_parallel_group(
+    const std::string& what) const {
+  if (!mesh_) return group_for(what);  // throws before setup_environment
+  return mesh_->group("dp_shard");
+}
+
+void ModelParallel::setup_module(torch::nn::Module& module) {
+  if (!mesh_) group_for("setup_module");  // names the missing setup_environment
+  if (split_module_ != nullptr)
+    throw unsupported("splits one module per process; this job set up a second one");
+  if (fabric::has_meta_tensors(module))
+    throw unsupported(
+        "fabric.empty_init is not supported with it yet; set fabric.empty_init: false");
+  fabric::nn::TensorParallelPlan plan;
+  if (plan_) {
+    plan = *plan_;
+  } else if (const auto* planned = dynamic_cast<const fabric::nn::TensorParallelPlanned*>(&module)) {
+    plan = planned->tensor_parallel_plan();
+  } else {
+    throw unsupported("the module (" + module.name() +
+                      ") carries no tensor-parallel plan: derive it from "
+                      "fabric::nn::TensorParallelPlanned, or give one to "
+                      "ModelParallel::set_plan (docs/training.md, \"Tensor parallelism\")");
+  }
+  const std::vector<std::string> split =
+      fabric::nn::parallelize(module, plan, mesh_->group("tp"));
+  split_module_ = &module;
+  try {  // a module owned by a shared_ptr (every ModuleHolder's) may be gone by teardown
+    owner_ = module.shared_from_this();
+    owned_ = true;
+  } catch (const std::bad_weak_ptr&) {
+    owned_ = false;
+  }
+  for (const auto& item : module.named_modules()) {
+    const std::string prefix = item.key().empty() ? "" : item.key() + ".";
+    if (auto* l = item.value()->as<fabric::nn::LinearImpl>(); l != nullptr && l->parallel()) {
+      const auto& p = *l->parallel();
+      module_splits_.emplace(prefix + "weight", Split{p, p.dim, p.full_sizes});
+      if (l->bias.defined() && p.dim == 0)
+        module_splits_.emplace(prefix + "bias", Split{p, 0, {p.full_sizes[0]}});
+    } else if (auto* e = item.value()->as<fabric::nn::EmbeddingImpl>();
+               e != nullptr && e->parallel()) {
+      const auto& p = *e->parallel();
+      module_splits_.emplace(prefix + "weight", Split{p, 0, p.full_sizes});
+    }
+  }
+  if (global_rank() == 0)
+    std::cerr << name() << ": " << mesh_->describe() << ", " << split.size()
+              << (split.size() == 1 ? " module" : " modules") << " split over tp" << std::endl;
+  Fsdp::setup_module(module);
+}
+
+void ModelParallel::setup_optimizer(torch::optim::Optimizer& optimizer) {
+  // Each of the optimizer's parameters (in its order, as checkpoints number them): split or not.
+  std::map<const void*, const Split*> by_tensor;
+  const auto named = split_module_ != nullptr ? split_module_->named_parameters()
+                                              : torch::OrderedDict<std::string, torch::Tensor>();
+  for (const auto& [name, split] : module_splits_)
+    by_tensor[named[name].unsafeGetTensorImpl()] = &split;
+  optimizer_splits_.clear();
+  for (const auto& group : optimizer.param_groups())
+    for (const auto& p : group.params()) {
+      auto it = by_tensor.find(p.unsafeGetTensorImpl());
+      optimizer_splits_.push_back(it == by_tensor.end() ? std::nullopt
+                                                        : std::optional<Split>(*it->second));
+    }
+  Fsdp::setup_optimizer(optimizer);
+  const double tp = static_cast<double>(options_mp_.tensor_parallel_size);
+  torch::nn::Module& module = *split_module_;
+  shard_->set_norm_scope(process_group(), [&](const torch::Tensor& p) {
+    return fabric::nn::is_split_parameter(module, p) ? 1.0 : 1.0 / tp;
+  });
+}
+
+torch::Tensor ModelParallel::clip_gradients_norm(const std::vector<torch::Tensor>& parameters,
+                                                 torch::optim::Optimizer& optimizer,
+                                                 double max_norm, double norm_type) {
+  if (shard_of(optimizer) == nullptr)
+    throw unsupported("clip_gradients of an optimizer that was not set up with the module");
+  return Fsdp::clip_gradients_norm(parameters, optimizer, max_norm, norm_type);
+}
+
+ScopeGuard ModelParallel::materialize_parameters(torch::nn::Module& module, bool write_back) {
+  if (&module != split_module_) return Fsdp::materialize_parameters(module, write_back);
+  auto fsdp_whole = std::make_shared<ScopeGuard>(Fsdp::materialize_parameters(module, write_back));
+  struct Held {
+    torch::Tensor param, slice;
+    const Split* split;
+  };
+  std::vector<Held> held;
+  torch::NoGradGuard no_grad;
+  const auto params = module.named_parameters();
+  for (const auto& [name, split] : module_splits_) {
+    torch::Tensor p = params[name];
+    held.push_back({p, p.detach(), &split});
+    p.set_data(split.shard.gather(p.detach(), split.along));
+  }
+  return ScopeGuard([held, fsdp_whole, write_back]() mutable {
+    torch::NoGradGuard no_grad;
+    for (Held& h : held) {
+      if (write_back) h.slice.copy_(h.split->shard.slice(h.param.detach(), h.split->along));
+      h.param.set_data(h.slice);
+    }
+    fsdp_whole.reset();  // fsdp takes the slices' values back into its shards
+  });
+}
+
+ParameterParts ModelParallel::parameter_parts(torch::nn::Module& module) {
+  if (&module != split_module_) return Fsdp::parameter_parts(module);
+  throw unsupported("state kept per parameter beside the optimizer (callbacks.ema) is not "
+                    "supported with it yet; turn it off or use fabric.strategy: fsdp");
+}
+
+std::optional<c10::IValue> ModelParallel::local_module_state(torch::nn::Module& module) {
+  if (&module != split_module_) return Fsdp::local_module_state(module);
+  throw unsupported("checkpoint.format: sharded is not supported with it yet; use auto or full "
+                    "(one file, loadable at any tp x dp shape)");
+}
+
+std::optional<c10::IValue> ModelParallel::local_optimizer_state(torch::optim::Optimizer& optimizer) {
+  if (shard_of(optimizer) == nullptr) return Fsdp::local_optimizer_state(optimizer);
+  throw unsupported("checkpoint.format: sharded is not supported with it yet; use auto or full "
+                    "(one file, loadable at any tp x dp shape)");
+}
+
+c10::IValue ModelParallel::map_split_buffers(const c10::IValue& layout, bool gather) const {
+  const auto dict = layout.toGenericDict();
+  c10::impl::GenericDict out(dict.keyType(), dict.valueType());
+  for (const auto& item : dict) {
+    if (!(item.key().isString() && item.key().toStringRef() == "state")) {
+      out.insert(item.key(), item.value());
+      continue;
+    }
+    const auto state = item.value().toGenericDict();
+    c10::impl::GenericDict mapped(state.keyType(), state.valueType());
+    for (const auto& entry : state) {
+      const int64_t index = entry.key().toInt();
+      const bool split = index >= 0 && index < static_cast<int64_t>(optimizer_splits_.size()) &&
+                         optimizer_splits_[index].has_value();
+      if (!split || !entry.value().isGenericDict()) {
+        mapped.insert(entry.key(), entry.value());
+        continue;
+      }
+      const Split& s = *optimizer_splits_[index];
+      const auto fields = entry.value().toGenericDict();
+      c10::impl::GenericDict cut(fields.keyType(), fields.valueType());
+      for (const auto& f : fields) {
+        c10::IValue v = f.value();
+        if (v.isTensor() && v.toTensor().dim() == static_cast<int64_t>(s.whole_sizes.size()) &&
+            v.toTensor().dim() > 0) {
+          const torch::Tensor t = v.toTensor();
+          if (gather) {
+            v = s.shard.gather(t, s.along);
+          } else if (t.sizes().vec() == s.whole_sizes) {
+            v = s.shard.slice(t, s.along).contiguous();
+          }
+        }
+        cut.insert(f.key(), v);
+      }
+      mapped.insert(entry.key(), cut);
+    }
+    out.insert(item.key(), mapped);
+  }
+  return out;
+}
+
+std::optional<c10::IValue> ModelParallel::gather_optimizer_state(
+    torch::optim::Optimizer& optimizer) {
+  std::optional<c10::IValue> state = Fsdp::gather_optimizer_state(optimizer);
+  if (!state || shard_of(optimizer) == nullptr) return state;
+  torch::NoGradGuard no_grad;
+  return map_split_buffers(*state, /*gather=*/true);
+}
+
+std::optional<PieceRange> ModelParallel::wanted_module_piece(const torch::nn::Module& module,
+                                                             const std::string& path,
+                                                             at::IntArrayRef sizes,
+                                                             at::IntArrayRef strides) {
+  // Split tensors are read whole and cut here; the rest as fsdp reads them.
+  if (&module == split_module_ && module_splits_.count(path) > 0) return std::nullopt;
+  return Fsdp::wanted_module_piece(module, path, sizes, strides);
+}
+
+std::optional<PieceRange> ModelParallel::wanted_optimizer_piece(
+    const torch::optim::Optimizer& optimizer, const std::string& path, at::IntArrayRef sizes,
+    at::IntArrayRef strides) {
+  if (shard_of(optimizer) != nullptr && path.rfind("state/", 0) == 0) {
+    const size_t end = path.find('/', 6);
+    const int64_t index = std::stoll(path.substr(6, end - 6));
+    if (index >= 0 && index < static_cast<int64_t>(optimizer_splits_.size()) &&
+        optimizer_splits_[index].has_value())
+      return std::nullopt;
+  }
+  return Fsdp::wanted_optimizer_piece(optimizer, path, sizes, strides);
+}
+
+std::optional<std::function<void()>> ModelParallel::prepare_local_module_state(
+    torch::nn::Module& module, const c10::IValue& value, const std::string& source) {
+  if (&module != split_module_ || !value.isGenericDict())
+    return Fsdp::prepare_local_module_state(module, value, source);
+  const auto dict = value.toGenericDict();
+  c10::impl::GenericDict cut(dict.keyType(), dict.valueType());
+  for (const auto& item : dict) {
+    c10::IValue v = item.value();
+    if (item.key().isString() && v.isTensor()) {
+      auto it = module_splits_.find(item.key().toStringRef());
+      if (it != module_splits_.end() && v.toTensor().sizes().vec() == it->second.whole_sizes)
+        v = it->second.shard.slice(v.toTensor(), it->second.along).contiguous();
+    }
+    cut.insert(item.key(), v);
+  }
+  return Fsdp::prepare_local_module_state(module, cut, source);
+}
+
+std::optional<std::function<void()>> ModelParallel::prepare_split_optimizer_state(
+    torch::optim::Optimizer& optimizer, const c10::IValue& state, const std::string& source) {
+  if (shard_of(optimizer) == nullptr || !state.isGenericDict())
+    return Fsdp::prepare_split_optimizer_state(optimizer, state, source);
+  return Fsdp::prepare_split_optimizer_state(optimizer, map_split_buffers(state, false), source);
+}
+
+void ModelParallel::teardown() {
+  // Whole again: fsdp's shards first (over dp_shard), then the tp slices (over tp), while the
+  // groups still exist.
+  keep_mesh_ = true;
+  release_shards_whole();
+  keep_mesh_ = false;
+  if (split_module_ != nullptr && (!owned_ || !owner_.expired()))
+    fabric::nn::unparallelize(*split_module_);
+  split_module_ = nullptr;
+  ParallelStrategy::teardown();  // release(): the mesh's groups end before the rendezvous
+}
+
+void ModelParallel::release() {
+  Fsdp::release();
+  // After an error the module keeps its slices: the groups that could gather them end here.
+  if (!keep_mesh_) mesh_.reset();
+}
+
+}  // namespace fabric::strategies

@@ -1,0 +1,113 @@
+// fabric::strategies::ModelParallel: tensor parallelism composed with fsdp (fabric.strategy:
+// model_parallel), as Lightning's ModelParallelStrategy and TorchTitan compose them, on c10d.
+//
+// The world is a mesh {dp_shard: data_parallel_size, tp: tensor_parallel_size}
+// (fabric/distributed/device_mesh.h; tp innermost, so tp partners are consecutive ranks, which
+// launchers place on one node). setup_module() splits the module over its tp group by the plan
+// the module carries (fabric::nn::TensorParallelPlanned, e.g. the GPT's) or the one given to
+// set_plan(), then shards what each rank holds over its dp_shard group exactly as Fsdp does over
+// the world. The sampler splits the data over the dp_shard coordinate only: the ranks of one tp
+// group read the same batches. Gradient clipping takes the norm over the whole mesh (a split
+// parameter counted on every tp rank, a whole one once). teardown() gathers everything whole
+// again, so the module works alone after Fabric::launch returns.
+//
+// Checkpoints are one file (checkpoint.format auto or full): the module and the optimizer state
+// gathered whole (fsdp's shards over dp_shard, then the tp slices over tp), so they load at any
+// tp x dp shape and under every other strategy; loading cuts each rank's slice of every split
+// tensor and its fsdp shard. Not yet: sharded checkpoint folders, empty init, sequence
+// parallelism, dp_replicate (HSDP), EMA; each refuses with an error naming the alternative.
+#ifndef STRATEGIES_MODEL_PARALLEL_H_
+#define STRATEGIES_MODEL_PARALLEL_H_
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fabric/core/error.h"
+#include "fabric/nn/tensor_parallel.h"
+#include "strategies/fsdp.h"
+
+namespace fabric::distributed {
+class DeviceMesh;
+}  // namespace fabric::distributed
+
+namespace fabric::strategies {
+
+class ModelParallel : public Fsdp {
+ public:
+  ModelParallel(std::shared_ptr<ClusterEnvironment> environment, torch::Device device,
+                std::unique_ptr<Precision> precision, const DdpOptions& ddp, FsdpOptions fsdp,
+                ModelParallelOptions options, std::vector<std::string> argv);
+  ~ModelParallel() override;
+
+  std::string name() const override { return "model_parallel"; }
+  int64_t data_parallel_size() const override { return options_mp_.data_parallel_size; }
+  int64_t data_parallel_rank() const override;
+
+  // Builds the mesh after the rendezvous (collective).
+  void setup_environment() override;
+  // The plan for the next setup_module, instead of the module's own.
+  void set_plan(fabric::nn::TensorParallelPlan plan) { plan_ = std::move(plan); }
+  void setup_module(torch::nn::Module& module) override;
+  void setup_optimizer(torch::optim::Optimizer& optimizer) override;
+  torch::Tensor clip_gradients_norm(const std::vector<torch::Tensor>& parameters,
+                                    torch::optim::Optimizer& optimizer, double max_norm,
+                                    double norm_type) override;
+  ScopeGuard materialize_parameters(torch::nn::Module& module, bool write_back) override;
+  ParameterParts parameter_parts(torch::nn::Module& module) override;
+  void teardown() override;
+
+  // ShardedState: one file, whole (see above).
+  bool writes_pieces() const override { return false; }
+  std::optional<c10::IValue> local_module_state(torch::nn::Module& module) override;
+  std::optional<c10::IValue> local_optimizer_state(torch::optim::Optimizer& optimizer) override;
+  std::optional<c10::IValue> gather_optimizer_state(torch::optim::Optimizer& optimizer) override;
+  std::optional<PieceRange> wanted_module_piece(const torch::nn::Module& module,
+                                                const std::string& path, at::IntArrayRef sizes,
+                                                at::IntArrayRef strides) override;
+  std::optional<PieceRange> wanted_optimizer_piece(const torch::optim::Optimizer& optimizer,
+                                                   const std::string& path, at::IntArrayRef sizes,
+                                                   at::IntArrayRef strides) override;
+  std::optional<std::function<void()>> prepare_local_module_state(
+      torch::nn::Module& module, const c10::IValue& value, const std::string& source) override;
+  std::optional<std::function<void()>> prepare_split_optimizer_state(
+      torch::optim::Optimizer& optimizer, const c10::IValue& state,
+      const std::string& source) override;
+
+  // Null before setup_environment().
+  const distributed::DeviceMesh* mesh() const { return mesh_.get(); }
+
+ protected:
+  const c10::intrusive_ptr<c10d::ProcessGroup>& data_parallel_group(
+      const std::string& what) const override;
+  void release() override;
+
+ private:
+  // A tensor split over tp: its shard and the dimension it is cut along.
+  struct Split {
+    fabric::nn::TensorParallelShard shard;
+    int64_t along = 0;
+    std::vector<int64_t> whole_sizes;
+  };
+  Error unsupported(const std::string& what) const;
+  // The optimizer's state (one process's layout) with each split parameter's buffers whole
+  // (`gather`, collective over tp) or cut to this rank's slice.
+  c10::IValue map_split_buffers(const c10::IValue& layout, bool gather) const;
+
+  std::map<std::string, Split> module_splits_;  // the split module's split tensors, by name
+  std::vector<std::optional<Split>> optimizer_splits_;  // per parameter, in the optimizer's order
+
+  ModelParallelOptions options_mp_;
+  std::unique_ptr<distributed::DeviceMesh> mesh_;
+  std::optional<fabric::nn::TensorParallelPlan> plan_;
+  torch::nn::Module* split_module_ = nullptr;
+  std::weak_ptr<torch::nn::Module> owner_;  // split_module_'s, when a shared_ptr owns it
+  bool owned_ = false;
+  bool keep_mesh_ = false;  // teardown: the tp groups are still needed after fsdp's release
+};
+
+}  // namespace fabric::strategies
+
+#endif  // STRATEGIES_MODEL_PARALLEL_H_
