@@ -61,7 +61,8 @@ void ModelParallel::setup_module(torch::nn::Module& module) {
   fabric::nn::TensorParallelPlan plan;
   if (plan_) {
     plan = *plan_;
-  } else if (const auto* planned = dynamic_cast<const fabric::nn::TensorParallelPlanned*>(&module)) {
+  } else if (const auto* planned =
+                 dynamic_cast<const fabric::nn::TensorParallelPlanned*>(&module)) {
     plan = planned->tensor_parallel_plan();
   } else {
     throw unsupported("the module (" + module.name() +
@@ -69,8 +70,7 @@ void ModelParallel::setup_module(torch::nn::Module& module) {
                       "fabric::nn::TensorParallelPlanned, or give one to "
                       "ModelParallel::set_plan (docs/training.md, \"Tensor parallelism\")");
   }
-  const std::vector<std::string> split =
-      fabric::nn::parallelize(module, plan, mesh_->group("tp"));
+  const std::vector<std::string> split = fabric::nn::parallelize(module, plan, mesh_->group("tp"));
   split_module_ = &module;
   try {  // a module owned by a shared_ptr (every ModuleHolder's) may be gone by teardown
     owner_ = module.shared_from_this();
@@ -154,20 +154,24 @@ ScopeGuard ModelParallel::materialize_parameters(torch::nn::Module& module, bool
 
 ParameterParts ModelParallel::parameter_parts(torch::nn::Module& module) {
   if (&module != split_module_) return Fsdp::parameter_parts(module);
-  throw unsupported("state kept per parameter beside the optimizer (callbacks.ema) is not "
-                    "supported with it yet; turn it off or use fabric.strategy: fsdp");
+  throw unsupported(
+      "state kept per parameter beside the optimizer (callbacks.ema) is not "
+      "supported with it yet; turn it off or use fabric.strategy: fsdp");
 }
 
 std::optional<c10::IValue> ModelParallel::local_module_state(torch::nn::Module& module) {
   if (&module != split_module_) return Fsdp::local_module_state(module);
-  throw unsupported("checkpoint.format: sharded is not supported with it yet; use auto or full "
-                    "(one file, loadable at any tp x dp shape)");
+  throw unsupported(
+      "checkpoint.format: sharded is not supported with it yet; use auto or full "
+      "(one file, loadable at any tp x dp shape)");
 }
 
-std::optional<c10::IValue> ModelParallel::local_optimizer_state(torch::optim::Optimizer& optimizer) {
+std::optional<c10::IValue> ModelParallel::local_optimizer_state(
+    torch::optim::Optimizer& optimizer) {
   if (shard_of(optimizer) == nullptr) return Fsdp::local_optimizer_state(optimizer);
-  throw unsupported("checkpoint.format: sharded is not supported with it yet; use auto or full "
-                    "(one file, loadable at any tp x dp shape)");
+  throw unsupported(
+      "checkpoint.format: sharded is not supported with it yet; use auto or full "
+      "(one file, loadable at any tp x dp shape)");
 }
 
 c10::IValue ModelParallel::map_split_buffers(const c10::IValue& layout, bool gather) const {

@@ -96,7 +96,7 @@ class ModelParallel : public Fsdp {
   // (`gather`, collective over tp) or cut to this rank's slice.
   c10::IValue map_split_buffers(const c10::IValue& layout, bool gather) const;
 
-  std::map<std::string, Split> module_splits_;  // the split module's split tensors, by name
+  std::map<std::string, Split> module_splits_;          // the split module's split tensors, by name
   std::vector<std::optional<Split>> optimizer_splits_;  // per parameter, in the optimizer's order
 
   ModelParallelOptions options_mp_;
