@@ -12,6 +12,18 @@
 namespace fabric {
 namespace {
 
+// "a, b,,c" → {"a", "b", "c"}: the items of a comma-separated key, trimmed, empty ones dropped.
+std::vector<std::string> comma_separated(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream items(text);
+  for (std::string item; std::getline(items, item, ',');) {
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
 std::string plural(int64_t n, const std::string& word) {
   if (n == 1) return "1 " + word;
   return std::to_string(n) + " " + word + (word.back() == 's' ? "es" : "s");
@@ -351,12 +363,21 @@ PrecisionMode resolve_precision(const Config& c, const MachineFacts& m, c10::Dev
                            "fabric.precision=bf16-mixed forces bf16");
         p = PrecisionMode::k32True;
       }
-    } else if ((p == PrecisionMode::kBf16Mixed || p == PrecisionMode::kBf16True) &&
+    } else if ((p == PrecisionMode::kBf16Mixed || p == PrecisionMode::kBf16True ||
+                p == PrecisionMode::kFp8Mixed) &&
                !emulated.empty()) {
       warnings.push_back(c.origin("fabric.precision") + ": fabric.precision: " + to_string(p) +
                          " is emulated on this CPU (" + emulated +
                          "): expect it several times slower than 32-true");
     }
+    if (p == PrecisionMode::kFp8Mixed)
+      warnings.push_back(c.origin("fabric.precision") +
+                         ": fabric.precision: fp8-mixed on CPU runs its float8 GEMMs through "
+                         "LibTorch's CPU _scaled_mm: for checking numerics, not for speed");
+  } else if (p == PrecisionMode::kFp8Mixed && !m.cuda_fp8_supported) {
+    throw c.error_at("fabric.precision",
+                     "'fp8-mixed' needs GPUs of compute capability >= 8.9 (Ada, Hopper or "
+                     "newer) for float8 GEMMs: use bf16-mixed");
   } else if ((p == PrecisionMode::kBf16Mixed || p == PrecisionMode::kBf16True) &&
              !m.cuda_bf16_supported) {
     throw c.error_at("fabric.precision",
@@ -434,12 +455,7 @@ strategies::FsdpOptions fsdp_options(const Config& c) {
   o.prefetch = prefetch == "auto" ? std::nullopt : std::optional<bool>(prefetch == "true");
   o.param_dtype = wire("fabric.fsdp.param_dtype");
   o.reduce_dtype = wire("fabric.fsdp.reduce_dtype");
-  std::stringstream names(c.get_string("fabric.fsdp.wrap_modules"));
-  for (std::string name; std::getline(names, name, ',');) {
-    name.erase(0, name.find_first_not_of(" \t"));
-    name.erase(name.find_last_not_of(" \t") + 1);
-    if (!name.empty()) o.wrap_modules.push_back(name);
-  }
+  o.wrap_modules = comma_separated(c.get_string("fabric.fsdp.wrap_modules"));
   return o;
 }
 
@@ -465,8 +481,11 @@ MachineFacts MachineFacts::query() {
 #endif
   m.libtorch_has_cuda = info.libtorch_has_cuda;
   m.cuda_device_count = static_cast<int64_t>(info.devices.size());
-  m.cuda_bf16_supported = !info.devices.empty();
-  for (const auto& d : info.devices) m.cuda_bf16_supported &= d.supports_bf16;
+  m.cuda_bf16_supported = m.cuda_fp8_supported = !info.devices.empty();
+  for (const auto& d : info.devices) {
+    m.cuda_bf16_supported &= d.supports_bf16;
+    m.cuda_fp8_supported &= d.capability_major * 10 + d.capability_minor >= 89;
+  }
   if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) m.cuda_visible_devices = v;
   m.environment = process_environment();
   m.cpu = query_cpu_info();
@@ -479,7 +498,14 @@ ResolvedSetup resolve_setup(const Config& c, const MachineFacts& m) {
   s.devices = resolve_devices(c, m, s.accelerator);                  // 2
   resolve_strategy(c, m, s);                                         // 3
   s.precision = resolve_precision(c, m, s.accelerator, s.warnings);  // 4
-  s.seed = static_cast<uint64_t>(c.get_int("fabric.seed"));          // 5
+  {
+    s.fp8_exclude = comma_separated(c.get_string("fabric.fp8.exclude_modules"));
+    if (!s.fp8_exclude.empty() && s.precision != PrecisionMode::kFp8Mixed)
+      s.warnings.push_back(c.origin("fabric.fp8.exclude_modules") +
+                           ": fabric.fp8.exclude_modules: has no effect under fabric.precision: " +
+                           to_string(s.precision) + " (it configures fp8-mixed)");
+  }
+  s.seed = static_cast<uint64_t>(c.get_int("fabric.seed"));  // 5
   s.deterministic = c.get_bool("fabric.deterministic");
   const std::string bench = c.get_string("fabric.cudnn_benchmark");
   s.cudnn_benchmark = bench == "auto" ? !s.deterministic : bench == "true";

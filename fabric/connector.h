@@ -56,6 +56,7 @@ struct MachineFacts {
   bool libtorch_has_cuda = false;  // the loaded LibTorch has its CUDA part
   int64_t cuda_device_count = 0;
   bool cuda_bf16_supported = false;  // every visible device has compute capability ≥ 8.0
+  bool cuda_fp8_supported = false;   // every visible device has compute capability ≥ 8.9
   std::string cuda_visible_devices;  // $CUDA_VISIBLE_DEVICES, for messages
   EnvGetter environment;             // launch variables (RANK, SLURM_*, ...); empty: none set
   CpuInfo cpu;                       // CPUs usable here, native bf16; all zero/false: unknown
@@ -79,6 +80,7 @@ struct ResolvedSetup {
   strategies::FsdpOptions fsdp;                     // fabric.fsdp.* (also model_parallel's)
   strategies::ModelParallelOptions model_parallel;  // fabric.model_parallel.*, resolved
   PrecisionMode precision = PrecisionMode::k32True;
+  std::vector<std::string> fp8_exclude;  // fabric.fp8.exclude_modules
   GradScalerOptions scaler;
   uint64_t seed = 0;
   bool deterministic = false;

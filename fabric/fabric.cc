@@ -134,6 +134,21 @@ void Fabric::setup_module(torch::nn::Module& module) {
     break;
   }
   strategy_->setup_module(module);
+  if (precision().mode() == PrecisionMode::kFp8Mixed && is_global_zero()) {
+    const auto& c = precision().fp8_conversion();
+    auto some = [](const std::vector<std::string>& names) {
+      std::string s;
+      for (size_t i = 0; i < names.size() && i < 3; ++i) s += (i ? ", " : "") + names[i];
+      return names.size() > 3 ? s + ", ..." : s;
+    };
+    std::string kept;
+    if (!c.excluded.empty()) kept += "; excluded (fabric.fp8.exclude_modules): " + some(c.excluded);
+    if (!c.unfit.empty()) kept += "; features not a multiple of 16: " + some(c.unfit);
+    if (!c.plain.empty()) kept += "; torch::nn::Linear: " + some(c.plain);
+    print_line("fp8-mixed: " + std::to_string(c.converted.size()) +
+               " Linear layers run their GEMMs in float8" +
+               (kept.empty() ? std::string() : ", bf16 kept" + kept));
+  }
 }
 
 bool Fabric::empty_init_default() const { return setup_->empty_init; }

@@ -78,15 +78,17 @@ void ModelParallel::setup_module(torch::nn::Module& module) {
   } catch (const std::bad_weak_ptr&) {
     owned_ = false;
   }
-  for (const auto& item : module.named_modules()) {
-    const std::string prefix = item.key().empty() ? "" : item.key() + ".";
-    if (auto* l = item.value()->as<fabric::nn::LinearImpl>(); l != nullptr && l->parallel()) {
+  std::vector<std::pair<std::string, torch::nn::Module*>> all = {{"", &module}};
+  for (const auto& item : module.named_modules("", /*include_self=*/false))
+    all.emplace_back(item.key(), item.value().get());
+  for (const auto& [name, m] : all) {
+    const std::string prefix = name.empty() ? "" : name + ".";
+    if (auto* l = m->as<fabric::nn::LinearImpl>(); l != nullptr && l->parallel()) {
       const auto& p = *l->parallel();
       module_splits_.emplace(prefix + "weight", Split{p, p.dim, p.full_sizes});
       if (l->bias.defined() && p.dim == 0)
         module_splits_.emplace(prefix + "bias", Split{p, 0, {p.full_sizes[0]}});
-    } else if (auto* e = item.value()->as<fabric::nn::EmbeddingImpl>();
-               e != nullptr && e->parallel()) {
+    } else if (auto* e = m->as<fabric::nn::EmbeddingImpl>(); e != nullptr && e->parallel()) {
       const auto& p = *e->parallel();
       module_splits_.emplace(prefix + "weight", Split{p, 0, p.full_sizes});
     }

@@ -23,15 +23,21 @@ ConfigSchema default_schema() {
                  "gradients and optimizer state sharded; model_parallel: tensor parallel inside "
                  "groups of fabric.model_parallel.tensor_parallel_size ranks, fsdp across them"));
   s.add("fabric.precision",
-        KeySpec::choice({"32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"},
-                        "32-true")
+        KeySpec::choice(
+            {"32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "fp8-mixed"},
+            "32-true")
             .alias("32", "32-true")
             .alias("64", "64-true")
             .alias("16", "16-mixed")
             .alias("bf16", "bf16-mixed")
+            .alias("fp8", "fp8-mixed")
             .noun("a precision")
             .doc("*-mixed: autocast + fp32 weights (16-mixed scales the loss); *-true: weights in "
-                 "that dtype"));
+                 "that dtype; fp8-mixed: bf16-mixed with fabric::nn::Linear GEMMs in float8"));
+  s.add("fabric.fp8.exclude_modules",
+        KeySpec::string("").doc(
+            "fp8-mixed: comma-separated module-name patterns ('*' = one name component, e.g. "
+            "transformer.h.0.*) whose Linear layers stay in bf16"));
   s.add("fabric.sync_batchnorm",
         KeySpec::boolean(false).doc("ddp: BatchNorm statistics over the global batch"));
   s.add("fabric.seed",

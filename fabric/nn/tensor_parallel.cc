@@ -11,6 +11,7 @@
 
 #include "fabric/core/error.h"
 #include "fabric/distributed/process_group.h"
+#include "fabric/nn/fp8.h"
 
 namespace fabric::nn {
 
@@ -207,6 +208,7 @@ void LinearImpl::pretty_print(std::ostream& stream) const {
   stream << "fabric::nn::Linear(in_features=" << options.in_features()
          << ", out_features=" << options.out_features() << ", bias=" << std::boolalpha
          << options.bias();
+  if (fp8_) stream << ", float8";
   if (parallel_)
     stream << ", tp=" << parallel_->style.name() << " " << parallel_->rank << "/"
            << parallel_->size;
@@ -222,12 +224,15 @@ void LinearImpl::set_parallel(TensorParallelShard shard) {
 }
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
-  if (!parallel_) return torch::linear(x, weight, bias);
+  auto gemm = [this](const torch::Tensor& in, const torch::Tensor& b) {
+    return fp8_ ? fp8_linear(in, weight, b) : torch::linear(in, weight, b);
+  };
+  if (!parallel_) return gemm(x, bias);
   const TensorParallelShard& p = *parallel_;
   if (p.style.kind == TensorParallelStyle::Kind::kColumn)
-    return torch::linear(copy_to_parallel(x, p.group), weight, bias);
+    return gemm(copy_to_parallel(x, p.group), bias);
   // Row: partial sums of every rank's input features, then the (whole) bias once.
-  torch::Tensor y = reduce_from_parallel(torch::linear(x, weight), p.group);
+  torch::Tensor y = reduce_from_parallel(gemm(x, torch::Tensor()), p.group);
   return bias.defined() ? y + bias : y;
 }
 
@@ -384,9 +389,19 @@ std::vector<std::string> parallelize(torch::nn::Module& model, const TensorParal
   return done;
 }
 
+namespace {
+// `model` and every module in it (named_modules can include the model itself only when a
+// shared_ptr owns it).
+std::vector<torch::nn::Module*> all_modules(torch::nn::Module& model) {
+  std::vector<torch::nn::Module*> out = {&model};
+  for (const auto& m : model.modules(/*include_self=*/false)) out.push_back(m.get());
+  return out;
+}
+}  // namespace
+
 void unparallelize(torch::nn::Module& model) {
   torch::NoGradGuard no_grad;
-  for (const auto& m : model.modules()) {
+  for (torch::nn::Module* m : all_modules(model)) {
     if (auto* l = m->as<LinearImpl>(); l != nullptr && l->parallel()) {
       const TensorParallelShard p = *l->parallel();
       l->weight.set_data(p.gather(l->weight.detach(), p.dim));
@@ -400,7 +415,7 @@ void unparallelize(torch::nn::Module& model) {
 }
 
 bool is_split_parameter(torch::nn::Module& model, const torch::Tensor& tensor) {
-  for (const auto& m : model.modules()) {
+  for (torch::nn::Module* m : all_modules(model)) {
     if (auto* l = m->as<LinearImpl>(); l != nullptr && l->parallel()) {
       if (l->weight.is_same(tensor)) return true;
       if (l->bias.defined() && l->bias.is_same(tensor)) return l->parallel()->dim == 0;

@@ -119,12 +119,16 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   const std::optional<TensorParallelShard>& parallel() const { return parallel_; }
   void set_parallel(TensorParallelShard shard);  // parallelize() calls it
   void clear_parallel() { parallel_.reset(); }   // unparallelize() calls it, after the gather
+  // Float8 GEMMs (fabric/nn/fp8.h) instead of ATen's linear; convert_to_fp8() sets it.
+  void set_fp8(bool on) { fp8_ = on; }
+  bool fp8() const { return fp8_; }
 
   torch::nn::LinearOptions options;
   torch::Tensor weight, bias;
 
  private:
   std::optional<TensorParallelShard> parallel_;
+  bool fp8_ = false;
 };
 TORCH_MODULE(Linear);
 

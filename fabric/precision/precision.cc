@@ -8,9 +8,10 @@ namespace fabric {
 
 namespace {
 constexpr std::pair<PrecisionMode, const char*> kNames[] = {
-    {PrecisionMode::k32True, "32-true"},   {PrecisionMode::k64True, "64-true"},
-    {PrecisionMode::k16Mixed, "16-mixed"}, {PrecisionMode::kBf16Mixed, "bf16-mixed"},
-    {PrecisionMode::k16True, "16-true"},   {PrecisionMode::kBf16True, "bf16-true"},
+    {PrecisionMode::k32True, "32-true"},     {PrecisionMode::k64True, "64-true"},
+    {PrecisionMode::k16Mixed, "16-mixed"},   {PrecisionMode::kBf16Mixed, "bf16-mixed"},
+    {PrecisionMode::k16True, "16-true"},     {PrecisionMode::kBf16True, "bf16-true"},
+    {PrecisionMode::kFp8Mixed, "fp8-mixed"},
 };
 }  // namespace
 
@@ -32,7 +33,8 @@ Precision::Precision(PrecisionMode mode, c10::DeviceType device_type, GradScaler
 }
 
 bool Precision::is_mixed() const {
-  return mode_ == PrecisionMode::k16Mixed || mode_ == PrecisionMode::kBf16Mixed;
+  return mode_ == PrecisionMode::k16Mixed || mode_ == PrecisionMode::kBf16Mixed ||
+         mode_ == PrecisionMode::kFp8Mixed;
 }
 
 c10::ScalarType Precision::param_dtype() const {
@@ -50,7 +52,8 @@ c10::ScalarType Precision::param_dtype() const {
 
 std::optional<c10::ScalarType> Precision::autocast_dtype() const {
   if (mode_ == PrecisionMode::k16Mixed) return c10::kHalf;
-  if (mode_ == PrecisionMode::kBf16Mixed) return c10::kBFloat16;
+  if (mode_ == PrecisionMode::kBf16Mixed || mode_ == PrecisionMode::kFp8Mixed)
+    return c10::kBFloat16;
   return std::nullopt;
 }
 
@@ -59,7 +62,20 @@ AutocastGuard Precision::autocast() const {
   return AutocastGuard();
 }
 
-void Precision::convert_module(torch::nn::Module& module) const {
+void Precision::convert_module(torch::nn::Module& module) {
+  if (mode_ == PrecisionMode::kFp8Mixed) {
+    fp8_conversion_ = fabric::nn::convert_to_fp8(module, fp8_exclude_);
+    if (fp8_conversion_.converted.empty()) {
+      const auto& c = fp8_conversion_;
+      throw Error(
+          "fabric.precision: fp8-mixed: the module has no Linear layer to run in float8 (" +
+          std::to_string(c.plain.size()) + " torch::nn::Linear, " +
+          std::to_string(c.excluded.size()) + " excluded by fabric.fp8.exclude_modules, " +
+          std::to_string(c.unfit.size()) +
+          " with features not a multiple of 16); build the layers as fabric::nn::Linear (same "
+          "options and parameters), or use bf16-mixed");
+    }
+  }
   if (param_dtype() == c10::kFloat) return;
   // Module::to(dtype) would also cast integer buffers (BatchNorm's num_batches_tracked); like
   // Python's module.to(dtype), convert floating-point tensors only.

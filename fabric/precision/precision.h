@@ -18,12 +18,22 @@
 #include <optional>
 #include <string>
 
+#include "fabric/nn/fp8.h"
 #include "fabric/precision/autocast.h"
 #include "fabric/precision/grad_scaler.h"
 
 namespace fabric {
 
-enum class PrecisionMode { k32True, k64True, k16Mixed, kBf16Mixed, k16True, kBf16True };
+enum class PrecisionMode {
+  k32True,
+  k64True,
+  k16Mixed,
+  kBf16Mixed,
+  k16True,
+  kBf16True,
+  // bf16-mixed, and the fabric::nn::Linear layers' GEMMs in float8 (fabric/nn/fp8.h).
+  kFp8Mixed
+};
 
 // "16-mixed" → k16Mixed. Accepts canonical names only (aliases are resolved by the config).
 // Throws fabric::Error for unknown names.
@@ -44,8 +54,14 @@ class Precision {
 
   // Autocast region for *-mixed; a no-op guard otherwise.
   AutocastGuard autocast() const;
-  // Casts parameters and buffers to param_dtype() (no-op for 32-true and *-mixed).
-  void convert_module(torch::nn::Module& module) const;
+  // Casts parameters and buffers to param_dtype() (no-op for 32-true and *-mixed). fp8-mixed:
+  // turns float8 GEMMs on for the module's fabric::nn::Linear layers except those matching
+  // set_fp8_exclude's patterns (fp8_conversion() says which); fabric::Error when none is left.
+  void convert_module(torch::nn::Module& module);
+  // fabric.fp8.exclude_modules: module-name patterns that stay in bf16 under fp8-mixed.
+  void set_fp8_exclude(std::vector<std::string> patterns) { fp8_exclude_ = std::move(patterns); }
+  // What the last convert_module did under fp8-mixed (empty otherwise).
+  const fabric::nn::Fp8Conversion& fp8_conversion() const { return fp8_conversion_; }
   // Casts a floating tensor to param_dtype() for *-true/64-true; other tensors pass unchanged.
   torch::Tensor convert_input(const torch::Tensor& tensor) const;
 
@@ -65,6 +81,8 @@ class Precision {
   PrecisionMode mode_;
   c10::DeviceType device_type_;
   std::unique_ptr<GradScaler> scaler_;
+  std::vector<std::string> fp8_exclude_;
+  fabric::nn::Fp8Conversion fp8_conversion_;
 };
 
 }  // namespace fabric

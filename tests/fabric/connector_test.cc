@@ -153,6 +153,35 @@ TEST(ConnectorTest, ImpossibleRequestsSayWhyAndWhatToDo) {
   EXPECT_EQ(error_of({"fabric.precision=bf16"}, gpu_machine(1, /*bf16=*/false)),
             "command line: fabric.precision: 'bf16-mixed' needs a GPU with bfloat16 support "
             "(compute capability >= 8.0): use 16-mixed");
+  // gpu_machine's devices are bf16-capable, not fp8-capable (cuda_fp8_supported false).
+  EXPECT_EQ(error_of({"fabric.precision=fp8"}, gpu_machine(1)),
+            "command line: fabric.precision: 'fp8-mixed' needs GPUs of compute capability >= 8.9 "
+            "(Ada, Hopper or newer) for float8 GEMMs: use bf16-mixed");
+  EXPECT_EQ(error_of({"fabric.strategy=model_parallel", "fabric.devices=4",
+                      "fabric.model_parallel.tensor_parallel_size=3"},
+                     cpu_machine()),
+            "command line: fabric.model_parallel.tensor_parallel_size: 3 does not divide the world "
+            "size 4: give a divisor of it (tensor-parallel partners are consecutive ranks)");
+  EXPECT_EQ(error_of({"fabric.strategy=model_parallel", "fabric.devices=4",
+                      "fabric.model_parallel.tensor_parallel_size=2",
+                      "fabric.model_parallel.data_parallel_size=4"},
+                     cpu_machine()),
+            "command line: fabric.model_parallel.data_parallel_size: 4 x tensor_parallel_size 2 "
+            "is not the world size 4: make the product the world size, or set it to auto");
+}
+
+TEST(ConnectorTest, ModelParallelSizesDefaultToTheNodeAndTheRest) {
+  auto s = resolve({"fabric.strategy=model_parallel", "fabric.devices=4"}, cpu_machine());
+  EXPECT_EQ(s.strategy, StrategyKind::kModelParallel);
+  EXPECT_EQ(s.model_parallel.tensor_parallel_size, 4);  // every process of this one node
+  EXPECT_EQ(s.model_parallel.data_parallel_size, 1);
+  s = resolve({"fabric.strategy=model_parallel", "fabric.devices=4",
+               "fabric.model_parallel.data_parallel_size=2"},
+              cpu_machine());
+  EXPECT_EQ(s.model_parallel.tensor_parallel_size, 2);
+  EXPECT_EQ(s.model_parallel.data_parallel_size, 2);
+  s = resolve({"fabric.strategy=model_parallel"}, cpu_machine());  // devices auto: 2 processes
+  EXPECT_EQ(s.model_parallel.tensor_parallel_size, 2);
 }
 
 TEST(ConnectorTest, SeveralProcessesMeanDdp) {
