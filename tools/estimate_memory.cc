@@ -127,8 +127,7 @@ struct Activations {
   int64_t fixed = 0;
 };
 
-Activations measure(Model& m, const fabric::Precision& precision, int64_t gradient_bytes,
-                    int64_t batch) {
+Activations measure(Model& m, fabric::Precision& precision, int64_t gradient_bytes, int64_t batch) {
   fabric::materialize(*m.module, *m.record, torch::kCPU);
   precision.convert_module(*m.module);
   m.module->train();
@@ -199,8 +198,8 @@ int run(int argc, char** argv) {
   const int64_t world = local * c.get_int("fabric.num_nodes");
   const int64_t batch = c.is_auto("data.batch_size") ? 0 : c.get_int("data.batch_size");
   // The precision as a CPU runs it: its parameter dtype, its autocast (bf16; fp16 under 16-mixed).
-  const fabric::Precision precision(fabric::parse_precision(c.get_string("fabric.precision")),
-                                    c10::DeviceType::CPU);
+  fabric::Precision precision(fabric::parse_precision(c.get_string("fabric.precision")),
+                              c10::DeviceType::CPU);
   std::string chosen = c.get_string("fabric.strategy");
   if (chosen == "auto") chosen = world > 1 ? "ddp" : "single_device";
   if (chosen == "ddp" && c.get_bool("fabric.ddp.shard_optimizer_state")) chosen = "ddp+zero1";

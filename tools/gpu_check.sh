@@ -266,6 +266,16 @@ run() {
       CHECK_SUMMARY='val loss' check "gpt gpt2.yaml cuda_graphs, activation ckpt" 240 \
         "$runsh" gpt "${gpt[@]}" fabric.devices=1 fabric.cuda_graphs=true \
         trainer.accumulate_grad_batches=1 "model.activation_checkpointing=[Block]"
+      # Issue 50: fp8-mixed (float8 GEMMs through _scaled_mm, sm_89+) against the bf16 row above
+      # (tok/s in both summaries), and model_parallel tp 2 on the one GPU (2 ranks, Gloo for CUDA
+      # tensors): the tiny GPT, whose loss must fall.
+      CHECK_SUMMARY='val loss|tok/s' check "gpt gpt2.yaml fp8-mixed (NCCL, 1 GPU)" 240 \
+        "$runsh" gpt "${gpt[@]}" fabric.devices=1 fabric.precision=fp8-mixed
+      CHECK_SUMMARY='val loss|tok/s' check "gpt tiny model_parallel tp 2 (2 ranks, 1 GPU, Gloo)" 240 \
+        "$runsh" gpt --config=gpt_tp.yaml fabric.accelerator=cuda fabric.devices=1 \
+        fabric.ddp.ranks_per_gpu=2 fabric.model_parallel.tensor_parallel_size=2 \
+        trainer.max_steps=40 gpt.sample_tokens=0 "logging.run_dir=$work/runs/{name}/{timestamp}" \
+        "gpt.corpus_cache=$work/corpus"
     fi
   fi
 

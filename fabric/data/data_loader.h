@@ -154,9 +154,13 @@ class DataLoader : public Stateful {
   const LoaderPlacement& placement() const { return placement_; }
 
   // Stateful (a checkpoint entry): the State with what fixes the data's order at that point
-  // (world size, batch size, samples per rank, shuffle, drop_last, seed, shuffle_buffer, and for
-  // streamed loaders rank 0's stream position). Restoring in the middle of an epoch refuses a
-  // state whose order facts differ from this loader's, naming them (data_loader_state.cc).
+  // (world size, batch size, samples per rank, shuffle, drop_last, seed, shuffle_buffer, for
+  // streamed loaders rank 0's stream position) and how much of the epoch's global order was
+  // read. Restoring in the middle of an epoch at the same shape resumes bitwise; at another world
+  // size or batch size (a job that lost or gained ranks) the rest of the epoch's global order is
+  // split over the new ranks, so no example of the epoch is read twice or skipped; a changed
+  // order (shuffle, seed, drop_last, streaming) is refused, naming what changed
+  // (data_loader_state.cc).
   c10::IValue save_state() const override;
   std::function<void()> prepare_restore(const c10::IValue& saved,
                                         const std::string& source) override;
@@ -164,6 +168,10 @@ class DataLoader : public Stateful {
  private:
   // What fixes the order of the data at `state` (a mid-epoch resume needs them unchanged).
   std::vector<std::pair<std::string, int64_t>> order_facts(const State& state) const;
+  // How many positions of the epoch's global order were read at `state` (-1: streamed loader).
+  int64_t consumed(const State& state) const;
+  // Resume epoch `epoch` after `consumed` positions of its global order (another shape).
+  void carry_over(int64_t epoch, int64_t consumed);
 
   std::shared_ptr<const Dataset> dataset_;
   DataLoaderOptions options_;

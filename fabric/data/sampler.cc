@@ -71,11 +71,22 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int64_t num_replica
   num_samples_ = samples_per_rank(size_, num_replicas_, drop_last_);
 }
 
+void DistributedSampler::set_consumed(int64_t epoch, int64_t consumed) {
+  skip_epoch_ = consumed > 0 ? epoch : -1;
+  skip_ = consumed > 0 ? std::min(consumed, size_) : 0;
+}
+
+int64_t DistributedSampler::num_samples() const {
+  if (epoch_ != skip_epoch_) return num_samples_;
+  return samples_per_rank(size_ - skip_, num_replicas_, drop_last_);
+}
+
 int64_t DistributedSampler::num_real_samples() const {
-  if (drop_last_) return num_samples_;
+  const int64_t n = num_samples();
+  if (drop_last_) return n;
   // Rank r's j-th example is position r + j * R of the padded list; positions >= size wrap.
-  const int64_t left = size_ - rank_;
-  return left <= 0 ? 0 : std::min(num_samples_, (left + num_replicas_ - 1) / num_replicas_);
+  const int64_t left = size_ - consumed_before(epoch_) - rank_;
+  return left <= 0 ? 0 : std::min(n, (left + num_replicas_ - 1) / num_replicas_);
 }
 
 std::vector<int64_t> DistributedSampler::indices() const {
@@ -87,11 +98,13 @@ std::vector<int64_t> DistributedSampler::indices() const {
   } else {
     for (int64_t i = 0; i < size_; ++i) order[static_cast<size_t>(i)] = i;
   }
-  const int64_t total = num_samples_ * num_replicas_;
+  // The rest of the order after what an earlier job of another shape read (set_consumed).
+  const int64_t skip = consumed_before(epoch_), rest = size_ - skip;
+  const int64_t n = num_samples(), total = n * num_replicas_;
   std::vector<int64_t> out;
-  out.reserve(static_cast<size_t>(num_samples_));
+  out.reserve(static_cast<size_t>(n));
   for (int64_t pos = rank_; pos < total; pos += num_replicas_) {
-    out.push_back(order[static_cast<size_t>(pos % std::max<int64_t>(size_, 1))]);  // wrap = pad
+    out.push_back(order[static_cast<size_t>(skip + pos % std::max<int64_t>(rest, 1))]);  // pad
   }
   return out;
 }

@@ -50,8 +50,16 @@ class DistributedSampler : public Sampler {
   int64_t epoch() const { return epoch_; }
   // This rank's indices for the current epoch.
   std::vector<int64_t> indices() const override;
-  // Examples per rank per epoch.
-  int64_t num_samples() const override { return num_samples_; }
+  // Examples per rank per epoch (of epoch set_consumed named: of the rest).
+  int64_t num_samples() const override;
+  // Epoch `epoch` resumes after the first `consumed` positions of its global order (the
+  // shuffled dataset that rank r reads at positions r, r + R, r + 2R, ...), read by a job of
+  // another shape: that epoch hands out the rest, split over this sampler's ranks the same way.
+  // Other epochs are whole. consumed <= 0 clears it.
+  void set_consumed(int64_t epoch, int64_t consumed);
+  // The positions of `epoch`'s global order read before its first index (0 but for the epoch
+  // of set_consumed).
+  int64_t consumed_before(int64_t epoch) const { return epoch == skip_epoch_ ? skip_ : 0; }
   // How many of them are distinct examples: the first num_real_samples() of indices(); the rest
   // (at most one, only without drop_last) repeat earlier examples to even out the ranks.
   int64_t num_real_samples() const override;
@@ -63,6 +71,7 @@ class DistributedSampler : public Sampler {
   bool drop_last_;
   int64_t epoch_ = 0;
   int64_t num_samples_;
+  int64_t skip_epoch_ = -1, skip_ = 0;  // set_consumed
 };
 
 // fabric::StreamSampler: the order in which WebDataset streams shards (webdataset's

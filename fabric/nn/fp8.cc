@@ -78,9 +78,9 @@ struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
     const torch::Tensor grad_x =
         scaled_mm(qg.q, w8.t().contiguous().t(), qg.inverse, sw, x_dtype).view(x_sizes);
     // grad_w [N, K] = gᵀ [N, M] · x [M, K]: gᵀ row-major, x column-major.
-    const torch::Tensor grad_w = scaled_mm(qg.q.t().contiguous(), x8.t().contiguous().t(),
-                                           qg.inverse, sx, torch::kFloat)
-                                     .to(w_dtype);
+    const torch::Tensor grad_w =
+        scaled_mm(qg.q.t().contiguous(), x8.t().contiguous().t(), qg.inverse, sx, torch::kFloat)
+            .to(w_dtype);
     return {grad_x, grad_w};
   }
 };

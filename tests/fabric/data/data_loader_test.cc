@@ -105,6 +105,85 @@ TEST(DataLoaderTest, RanksSeeDisjointShards) {
   EXPECT_EQ(all.size(), 40u);
 }
 
+// A job of `from` ranks reads `batches` batches of epoch 0 on each rank and saves rank 0's loader
+// state; a job of `to` ranks (another batch size too) restores it on every rank and reads the rest
+// of the epoch, then epoch 1. Every example of epoch 0 is read once across the two jobs (none
+// twice, none skipped), and epoch 1 is whole (it is the new shape's own).
+void expect_carried_over(int64_t n, int64_t from, int64_t from_bs, int64_t batches, int64_t to,
+                         int64_t to_bs, bool drop_last) {
+  auto ds = numbered(n);
+  const auto options = [&](int64_t bs) {
+    return DataLoaderOptions().batch_size(bs).shuffle(true).seed(5).drop_last(drop_last);
+  };
+  std::multiset<int64_t> epoch0;
+  c10::IValue saved;
+  for (int64_t rank = 0; rank < from; ++rank) {
+    DataLoader first(ds, options(from_bs), {from, rank, torch::kCPU});
+    int64_t taken = 0;
+    for (Batch& b : first) {
+      for (int64_t i = 0; i < b.target.size(0); ++i) epoch0.insert(b.target[i].item<int64_t>());
+      if (++taken == batches) break;
+    }
+    if (rank == 0) saved = first.save_state();
+  }
+  std::multiset<int64_t> epoch1;
+  for (int64_t rank = 0; rank < to; ++rank) {
+    DataLoader resumed(ds, options(to_bs), {to, rank, torch::kCPU});
+    resumed.prepare_restore(saved, "ckpt")();
+    EXPECT_EQ(resumed.state().epoch, 0);
+    for (auto t : targets_of(resumed)) epoch0.insert(t);
+    for (auto t : targets_of(resumed)) epoch1.insert(t);
+  }
+  const std::string shape = std::to_string(from) + " ranks x " + std::to_string(from_bs) + " → " +
+                            std::to_string(to) + " ranks x " + std::to_string(to_bs);
+  // drop_last leaves out what does not fill the split and the ranks' last batches, as in any
+  // epoch: of the rest, at most `to` examples and `to` x (to_bs - 1) go unread.
+  const int64_t distinct =
+      static_cast<int64_t>(std::set<int64_t>(epoch0.begin(), epoch0.end()).size());
+  if (drop_last) {
+    EXPECT_GE(distinct, n - to - to * (to_bs - 1)) << shape;
+  } else {
+    EXPECT_EQ(distinct, n) << shape;
+  }
+  for (int64_t id = 0; id < n; ++id) EXPECT_LE(epoch0.count(id), 1u) << shape << ": id " << id;
+  const int64_t whole_epoch = drop_last ? to * (n / to / to_bs * to_bs) : n;
+  EXPECT_EQ(std::set<int64_t>(epoch1.begin(), epoch1.end()).size(),
+            static_cast<size_t>(whole_epoch))
+      << shape;
+}
+
+TEST(DataLoaderTest, MidEpochResumeAtAnotherShapeReadsTheRestOfTheEpochOnce) {
+  expect_carried_over(60, 2, 4, 3, 3, 4, false);  // 2 → 3 ranks
+  expect_carried_over(60, 3, 5, 2, 2, 4, false);  // 3 → 2 ranks, another batch size
+  expect_carried_over(61, 2, 4, 5, 3, 3, false);  // an odd count
+  expect_carried_over(61, 3, 4, 2, 2, 4, true);   // drop_last
+  expect_carried_over(60, 4, 2, 3, 1, 8, false);  // 4 ranks → 1 (tp x dp: dp shrinks)
+}
+
+TEST(DataLoaderTest, MidEpochResumeRefusesAnotherOrder) {
+  auto ds = numbered(60);
+  DataLoader first(ds, DataLoaderOptions().batch_size(4).shuffle(true).seed(5),
+                   {2, 0, torch::kCPU});
+  int64_t taken = 0;
+  for (Batch& b : first) {
+    (void)b;
+    if (++taken == 2) break;
+  }
+  const c10::IValue saved = first.save_state();
+  DataLoader other(ds, DataLoaderOptions().batch_size(4).shuffle(true).seed(6),
+                   {3, 0, torch::kCPU});
+  try {
+    other.prepare_restore(saved, "ckpt");
+    FAIL() << "resumed with another seed";
+  } catch (const fabric::Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "ckpt: cannot resume in the middle of epoch 0 (after batch 2 of 8): the data "
+                 "order changed (world size 2 → 3, samples per rank 30 → 20, seed 5 → 6); resume "
+                 "with the same order (shuffle, seed, drop_last, streaming) or from an "
+                 "end-of-epoch checkpoint");
+  }
+}
+
 TEST(DataLoaderTest, BreakingEarlyThenStartingAgainWorks) {
   auto ds = numbered(100);
   DataLoader loader(ds, DataLoaderOptions().batch_size(5).num_workers(2).prefetch(4));
