@@ -240,6 +240,7 @@ strategies::ModelParallelOptions resolve_model_parallel(const Config& c,
                                  ": give a divisor of it (tensor-parallel partners are "
                                  "consecutive ranks)");
   o.data_parallel_size = world / o.tensor_parallel_size;
+  o.sequence_parallel = c.get_bool("fabric.model_parallel.sequence_parallel");
   if (!c.is_auto(dp_key) && c.get_int(dp_key) != o.data_parallel_size)
     throw c.error_at(dp_key, std::to_string(c.get_int(dp_key)) + " x tensor_parallel_size " +
                                  std::to_string(o.tensor_parallel_size) +
@@ -325,7 +326,8 @@ void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) 
   }
   if (want != "model_parallel") {
     for (const char* key :
-         {"fabric.model_parallel.tensor_parallel_size", "fabric.model_parallel.data_parallel_size"})
+         {"fabric.model_parallel.tensor_parallel_size", "fabric.model_parallel.data_parallel_size",
+          "fabric.model_parallel.sequence_parallel"})
       if (c.origin(key) != "default")
         s.warnings.push_back(c.origin(key) + ": " + key +
                              ": has no effect under fabric.strategy: " + want +

@@ -70,6 +70,7 @@ void ModelParallel::setup_module(torch::nn::Module& module) {
                       "fabric::nn::TensorParallelPlanned, or give one to "
                       "ModelParallel::set_plan (docs/training.md, \"Tensor parallelism\")");
   }
+  plan.sequence_parallel = plan.sequence_parallel || options_mp_.sequence_parallel;
   const std::vector<std::string> split = fabric::nn::parallelize(module, plan, mesh_->group("tp"));
   split_module_ = &module;
   try {  // a module owned by a shared_ptr (every ModuleHolder's) may be gone by teardown
@@ -95,7 +96,8 @@ void ModelParallel::setup_module(torch::nn::Module& module) {
   }
   if (global_rank() == 0)
     std::cerr << name() << ": " << mesh_->describe() << ", " << split.size()
-              << (split.size() == 1 ? " module" : " modules") << " split over tp" << std::endl;
+              << (split.size() == 1 ? " module" : " modules") << " split over tp"
+              << (plan.sequence_parallel ? ", sequence parallel" : "") << std::endl;
   Fsdp::setup_module(module);
 }
 

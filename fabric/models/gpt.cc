@@ -81,12 +81,14 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& c) : dropout_(
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
-  // C: this rank's q (k, v) width: n_embd, or its heads' share under tensor parallelism.
-  const int64_t B = x.size(0), T = x.size(1), C = c_attn->weight.size(0) / 3;
+  // C: this rank's q (k, v) width: n_embd, or its heads' share under tensor parallelism; T from
+  // c_attn's output (under sequence parallelism x holds T / tp positions, c_attn gathers them).
   // ATen's linear folds a contiguous [B, T, C] input into one GEMM with the bias added inside it
   // (cuBLASLt's epilogue on GPUs); torch::nn::Linear's forward ran matmul and a separate bias add
   // on 3-D inputs, 10% slower on an H100 (docs/benchmarks.md, "GPT-2"). fabric::nn::Linear uses it.
-  const auto qkv = c_attn->forward(x).split(C, 2);
+  const torch::Tensor qkv_all = c_attn->forward(x);
+  const int64_t B = qkv_all.size(0), T = qkv_all.size(1), C = c_attn->weight.size(0) / 3;
+  const auto qkv = qkv_all.split(C, 2);
   auto heads = [&](const torch::Tensor& t) {
     return t.view({B, T, C / head_size_, head_size_}).transpose(1, 2);  // [B, nh, T, hs]
   };
@@ -116,7 +118,25 @@ BlockImpl::BlockImpl(const GPTConfig& c) : fused_layer_norm_(c.fused_layer_norm)
   mlp = register_module("mlp", MLP(c));
 }
 
+namespace {
+
+// A LayerNorm whose weights are summed over the tp ranks in backward under sequence parallelism
+// (each rank normalizes its own positions); ln->forward otherwise.
+torch::Tensor norm(torch::nn::LayerNorm& ln, const torch::Tensor& x,
+                   const std::optional<fabric::nn::TensorParallelShard>& shard) {
+  if (!shard || !shard->sequence_parallel) return ln->forward(x);
+  return torch::layer_norm(
+      x, ln->options.normalized_shape(), fabric::nn::sequence_parallel_weight(ln->weight, shard),
+      fabric::nn::sequence_parallel_weight(ln->bias, shard), ln->options.eps());
+}
+
+}  // namespace
+
 torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
+  if (const auto& shard = attn->c_attn->parallel(); shard && shard->sequence_parallel) {
+    const torch::Tensor h = x + attn->forward(norm(ln_1, x, shard));
+    return h + mlp->forward(norm(ln_2, h, shard));
+  }
   if (fused_layer_norm_ && layer_norm_applies(x, ln_1)) {
     // ln_1 with a 16-bit output; the residual add and ln_2 in one kernel (fused_layer_norm.h).
     const auto [h, y] = add_layer_norm_16(x, attn->forward(layer_norm_16(x, ln_1)), ln_2);
@@ -169,6 +189,14 @@ torch::Tensor GPTImpl::hidden(const torch::Tensor& tokens, const RunBlock& run_b
   const torch::Tensor positions =
       torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
   torch::Tensor x = drop->forward(wte->forward(tokens) + wpe->forward(positions));
+  // Sequence parallelism (a plan's): the blocks run on this rank's T / tp positions; the output
+  // is gathered whole for the (vocabulary-parallel) head.
+  const auto& shard = blocks.empty() ? wte->parallel() : blocks[0]->attn->c_attn->parallel();
+  if (shard && shard->sequence_parallel) {
+    x = fabric::nn::enter_sequence_parallel(x, shard);
+    for (Block& block : blocks) x = run_block ? run_block(block, x) : block->forward(x);
+    return fabric::nn::leave_sequence_parallel(norm(ln_f, x, shard), shard);
+  }
   for (Block& block : blocks) x = run_block ? run_block(block, x) : block->forward(x);
   return config_.fused_layer_norm ? layer_norm_16(x, ln_f) : ln_f->forward(x);
 }

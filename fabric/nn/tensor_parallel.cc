@@ -108,6 +108,46 @@ struct ScatterToParallel : torch::autograd::Function<ScatterToParallel> {
   }
 };
 
+torch::Tensor reduce_scatter(c10d::ProcessGroup& g, const torch::Tensor& x, int64_t dim) {
+  const int64_t n = x.size(dim);
+  if (n % g.getSize() != 0)
+    throw Error("tensor parallel: size " + std::to_string(n) + " of dimension " +
+                std::to_string(dim) + " is not divisible by tp " + std::to_string(g.getSize()));
+  torch::Tensor in = x.movedim(dim, 0).contiguous();
+  std::vector<int64_t> sizes = in.sizes().vec();
+  sizes[0] /= g.getSize();
+  torch::Tensor out = torch::empty(sizes, in.options());
+  distributed::wait(g._reduce_scatter_base(out, in),
+                    "tensor-parallel reduce_scatter (" + describe(x) + ")");
+  return out.movedim(0, dim).contiguous();
+}
+
+struct GatherSequence : torch::autograd::Function<GatherSequence> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, const ProcessGroupPtr& g,
+                               int64_t dim) {
+    keep(ctx, g);
+    ctx->saved_data["dim"] = dim;
+    return all_gather(*g, x, dim);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {reduce_scatter(from(ctx), grad[0], ctx->saved_data["dim"].toInt()), torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
+struct ReduceScatterSequence : torch::autograd::Function<ReduceScatterSequence> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, const ProcessGroupPtr& g,
+                               int64_t dim) {
+    keep(ctx, g);
+    ctx->saved_data["dim"] = dim;
+    return reduce_scatter(*g, x, dim);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {all_gather(from(ctx), grad[0], ctx->saved_data["dim"].toInt()), torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
 int64_t wrap_dim(int64_t dim, const torch::Tensor& x) { return dim < 0 ? dim + x.dim() : dim; }
 
 }  // namespace
@@ -125,6 +165,38 @@ torch::Tensor gather_from_parallel(const torch::Tensor& x, const ProcessGroupPtr
 torch::Tensor scatter_to_parallel(const torch::Tensor& x, const ProcessGroupPtr& group,
                                   int64_t dim) {
   return ScatterToParallel::apply(x, group, wrap_dim(dim, x));
+}
+
+torch::Tensor gather_sequence(const torch::Tensor& x, const ProcessGroupPtr& group, int64_t dim) {
+  return GatherSequence::apply(x, group, wrap_dim(dim, x));
+}
+torch::Tensor reduce_scatter_sequence(const torch::Tensor& x, const ProcessGroupPtr& group,
+                                      int64_t dim) {
+  return ReduceScatterSequence::apply(x, group, wrap_dim(dim, x));
+}
+
+torch::Tensor enter_sequence_parallel(const torch::Tensor& x,
+                                      const std::optional<TensorParallelShard>& shard) {
+  if (!shard || !shard->sequence_parallel) return x;
+  if (x.dim() < 2 || x.size(1) % shard->size != 0)
+    throw Error("sequence parallelism: a sequence of " +
+                std::to_string(x.dim() < 2 ? 0 : x.size(1)) + " positions is not divisible by tp " +
+                std::to_string(shard->size) +
+                "; make the sequence length a multiple of fabric.model_parallel."
+                "tensor_parallel_size, or turn sequence_parallel off");
+  return scatter_to_parallel(x, shard->group, 1);
+}
+
+torch::Tensor leave_sequence_parallel(const torch::Tensor& x,
+                                      const std::optional<TensorParallelShard>& shard) {
+  if (!shard || !shard->sequence_parallel) return x;
+  return gather_from_parallel(x, shard->group, 1);
+}
+
+torch::Tensor sequence_parallel_weight(const torch::Tensor& weight,
+                                       const std::optional<TensorParallelShard>& shard) {
+  if (!shard || !shard->sequence_parallel || !weight.defined()) return weight;
+  return copy_to_parallel(weight, shard->group);
 }
 
 // --- Shards --------------------------------------------------------------------------------------
@@ -230,8 +302,15 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   if (!parallel_) return gemm(x, bias);
   const TensorParallelShard& p = *parallel_;
   if (p.style.kind == TensorParallelStyle::Kind::kColumn)
-    return gemm(copy_to_parallel(x, p.group), bias);
-  // Row: partial sums of every rank's input features, then the (whole) bias once.
+    return gemm(p.sequence_parallel ? gather_sequence(x, p.group, 1) : copy_to_parallel(x, p.group),
+                bias);
+  // Row: partial sums of every rank's input features, then the (whole) bias once; under
+  // sequence parallelism each rank keeps its positions of the sum, and the bias's gradient on
+  // them is partial.
+  if (p.sequence_parallel) {
+    torch::Tensor y = reduce_scatter_sequence(gemm(x, torch::Tensor()), p.group, 1);
+    return bias.defined() ? y + copy_to_parallel(bias, p.group) : y;
+  }
   torch::Tensor y = reduce_from_parallel(gemm(x, torch::Tensor()), p.group);
   return bias.defined() ? y + bias : y;
 }
@@ -353,6 +432,7 @@ std::vector<std::string> parallelize(torch::nn::Module& model, const TensorParal
     const std::string where = "tensor parallel plan rule '" + plan.rules[m.rule].first + "' (" +
                               style.name() + ") on " + m.name;
     TensorParallelShard shard(group, style, rank, size, 0, {});
+    shard.sequence_parallel = plan.sequence_parallel;
     const bool vocab = style.kind == TensorParallelStyle::Kind::kVocab;
     auto* e = m.module->as<EmbeddingImpl>();
     auto* l = m.module->as<LinearImpl>();

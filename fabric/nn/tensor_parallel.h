@@ -67,6 +67,13 @@ torch::Tensor gather_from_parallel(const torch::Tensor& x, const ProcessGroupPtr
 // Forward: this rank's slice along `dim` (size divisible by the group's); backward: all-gather.
 torch::Tensor scatter_to_parallel(const torch::Tensor& x, const ProcessGroupPtr& group,
                                   int64_t dim);
+// Sequence parallelism's pair. Forward all-gather along `dim`, backward reduce-scatter (the
+// gradient of a whole tensor each rank used partly): where cut activations enter a column layer.
+torch::Tensor gather_sequence(const torch::Tensor& x, const ProcessGroupPtr& group, int64_t dim);
+// Forward reduce-scatter along `dim` (partial sums → this rank's slice of the total), backward
+// all-gather: where a row layer's partial outputs leave.
+torch::Tensor reduce_scatter_sequence(const torch::Tensor& x, const ProcessGroupPtr& group,
+                                      int64_t dim);
 
 // --- Layers --------------------------------------------------------------------------------------
 
@@ -97,12 +104,25 @@ struct TensorParallelShard {
   int64_t rank = 0, size = 1;
   int64_t dim = 0;
   std::vector<int64_t> full_sizes;  // the whole weight's sizes
+  bool sequence_parallel = false;   // the plan's (TensorParallelPlan::sequence_parallel)
   // This rank's slice of a whole tensor cut like the weight (a bias: along dim 0 when the style
   // cuts rows). Used by parallelize() and to load a whole checkpoint.
   torch::Tensor slice(const torch::Tensor& whole, int64_t along) const;
   // The whole tensor from every rank's slice (collective over the group).
   torch::Tensor gather(const torch::Tensor& piece, int64_t along) const;
 };
+
+// A model's side of sequence parallelism, for the layer `shard` belongs to (identity when the
+// plan has none): enter cuts whole activations [B, T, ...] to this rank's T / tp positions
+// (fabric::Error naming T when tp does not divide it); leave gathers them whole again.
+torch::Tensor enter_sequence_parallel(const torch::Tensor& x,
+                                      const std::optional<TensorParallelShard>& shard);
+torch::Tensor leave_sequence_parallel(const torch::Tensor& x,
+                                      const std::optional<TensorParallelShard>& shard);
+// A whole tensor (a norm's weight) used on this rank's positions: its gradient summed over the
+// ranks in backward (identity when the plan has no sequence parallelism).
+torch::Tensor sequence_parallel_weight(const torch::Tensor& weight,
+                                       const std::optional<TensorParallelShard>& shard);
 
 // A Linear layer a tensor-parallel plan can split; otherwise torch::nn::Linear's twin.
 class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
@@ -175,6 +195,14 @@ torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits,
 // ("transformer.h.*.mlp.c_fc"). The first rule that matches a module decides.
 struct TensorParallelPlan {
   std::vector<std::pair<std::string, TensorParallelStyle>> rules;
+  // Sequence parallelism (Megatron-LM's): between the split layers the activations [B, T, ...]
+  // are cut along T (dimension 1) over the ranks instead of whole on each, so the norms,
+  // dropout and residual adds run on T / tp positions. A column layer all-gathers its input along
+  // T (reduce-scatter in backward), a row layer reduce-scatters its output along T (all-gather in
+  // backward) instead of all-reducing it, and whole tensors used on a slice of T (norm weights,
+  // row layers' biases) have their gradients summed over the ranks. The model enters and leaves
+  // the cut activations itself (enter_sequence_parallel / leave_sequence_parallel; the GPT does).
+  bool sequence_parallel = false;
 };
 
 // Whether `pattern` matches `name` (components separated by '.', '*' is any one component).

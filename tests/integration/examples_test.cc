@@ -351,7 +351,7 @@ TEST_F(ExamplesTest, MalformedConfigsExitTwoWithOneLine) {
   EXPECT_EQ(
       r.out,
       "bad.yaml:3:14: fabric.precision: '16-mixd' is not a precision; did you mean '16-mixed'? "
-      "(one of 32-true, 64-true, 16-mixed, bf16-mixed, 16-true, bf16-true)\n");
+      "(one of 32-true, 64-true, 16-mixed, bf16-mixed, 16-true, bf16-true, fp8-mixed)\n");
   r = run("fashion_mnist", "--config=fashion_mnist.yaml optimizer.lr=fast");
   EXPECT_EQ(r.code, 2);
   EXPECT_EQ(r.out, "command line: optimizer.lr: 'fast' is not a number\n");

@@ -96,7 +96,7 @@ TEST_F(GptExampleTest, FsdpWithBlockUnitsAndZero1EqualDdpWithClipping) {
 
 // fabric.strategy: model_parallel, tp = 2 x dp = 2 (the GPT's plan: heads, MLP and vocabulary
 // split; fsdp over the dp pairs) trains as ddp on 4 ranks, with clipping that acts: measured
-// 7.5e-9 apart on this CPU (reduction order only).
+// 7.5e-9 apart on this CPU (reduction order only); with sequence parallelism too.
 TEST_F(GptExampleTest, ModelParallelTwoByTwoEqualsDdpOnFourRanks) {
   const std::string sgd = " optimizer.name=sgd optimizer.lr=0.1 trainer.gradient_clip_val=0.1";
   const Result ddp = run("gpt", args(4) + sgd + " logging.run_dir=ddp");
@@ -111,6 +111,14 @@ TEST_F(GptExampleTest, ModelParallelTwoByTwoEqualsDdpOnFourRanks) {
   EXPECT_EQ(parity_failure(weights("ddp"), weights("mp"), "weights", 1e-5), "");
   EXPECT_NEAR(summary_of(mp)["val_loss"].get<double>(), summary_of(ddp)["val_loss"].get<double>(),
               1e-5);
+  // With sequence parallelism: the blocks on 16 of the 32 positions per rank.
+  const Result sp = run("gpt", args(4, "model_parallel") + sgd +
+                                   " fabric.model_parallel.tensor_parallel_size=2 "
+                                   "fabric.model_parallel.sequence_parallel=true "
+                                   "data.batch_size=4 logging.run_dir=sp");
+  ASSERT_EQ(sp.code, 0) << sp.out;
+  EXPECT_NE(sp.out.find("split over tp, sequence parallel"), std::string::npos) << sp.out;
+  EXPECT_EQ(parity_failure(weights("ddp"), weights("sp"), "weights", 1e-5), "");
 }
 
 // A model_parallel checkpoint is one file, whole: written at tp = 2 x dp = 2 at the end of epoch

@@ -9,7 +9,8 @@
 // split ones gathered from their slices). Prints, per rank,
 //   "rank R of W: max_loss_diff=X max_param_diff=Y max_logit_diff=Z split_bytes=S whole_bytes=B"
 // and exits 0 (1 when a collective or a check failed).
-//   tensor_parallel_helper WORLD TP STEPS
+//   tensor_parallel_helper WORLD TP STEPS [sp]
+// sp: with sequence parallelism (TensorParallelPlan::sequence_parallel).
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
@@ -55,7 +56,8 @@ double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 4) return 2;
+  if (argc != 4 && argc != 5) return 2;
+  const bool sp = argc == 5 && std::string(argv[4]) == "sp";
   const int64_t world = std::atoll(argv[1]), tp = std::atoll(argv[2]), steps = std::atoll(argv[3]);
   auto env = fabric::detect_environment(fabric::process_environment(), world);
   const int64_t rank = env->global_rank();
@@ -101,7 +103,9 @@ int main(int argc, char** argv) {
     return n;
   };
   whole_bytes = split_modules();
-  fabric::nn::parallelize(*model, fabric::models::gpt_tensor_parallel_plan(), mesh.group("tp"));
+  fabric::nn::TensorParallelPlan plan = fabric::models::gpt_tensor_parallel_plan();
+  plan.sequence_parallel = sp;
+  fabric::nn::parallelize(*model, plan, mesh.group("tp"));
   split_bytes = split_modules();
   auto opt = make_optimizer(model);
   const auto dp_group = mesh.group("dp");

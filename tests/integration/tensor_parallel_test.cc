@@ -1,6 +1,7 @@
 // Tensor parallelism in real processes (tensor_parallel_helper): the tiny GPT split over a tp
 // group trains as one process on the whole batch does, to 1e-5 after 20 SGD-momentum steps (losses,
-// parameters, logits), at tp = 2, tp = 4, and tp = 2 x dp = 2 on 4 ranks; each rank holds 1 / tp
+// parameters, logits), at tp = 2, tp = 4, and tp = 2 x dp = 2 on 4 ranks, with and without sequence
+// parallelism; each rank holds 1 / tp
 // of the split layers' parameters (counted from the live tensors; a row layer's bias stays whole).
 #include <gtest/gtest.h>
 
@@ -15,11 +16,11 @@ double number_after(const std::string& out, const std::string& key) {
   return v.empty() ? -1.0 : std::stod(v);
 }
 
-void expect_parity(int world, int tp) {
+void expect_parity(int world, int tp, bool sp = false) {
   const std::string exe =
       fabric::testing::helper_binary("//tests/integration:tensor_parallel_helper");
   const auto r = fabric::testing::run_command(exe + " " + std::to_string(world) + " " +
-                                              std::to_string(tp) + " 20");
+                                              std::to_string(tp) + " 20" + (sp ? " sp" : ""));
   ASSERT_EQ(r.code, 0) << r.out;
   for (int rank = 0; rank < world; ++rank) {
     const std::string line = fabric::testing::value_after(
@@ -43,5 +44,11 @@ TEST(TensorParallelTest, TwoRanksTrainAsOneProcess) { expect_parity(2, 2); }
 TEST(TensorParallelTest, FourRanksTrainAsOneProcess) { expect_parity(4, 4); }
 
 TEST(TensorParallelTest, TwoByTwoMeshTrainsAsOneProcess) { expect_parity(4, 2); }
+
+// Sequence parallelism: norms and residuals on T / tp positions, their weights' gradients summed.
+TEST(TensorParallelTest, SequenceParallelTrainsAsOneProcess) {
+  expect_parity(2, 2, true);
+  expect_parity(4, 2, true);
+}
 
 }  // namespace

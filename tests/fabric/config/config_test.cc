@@ -139,7 +139,7 @@ TEST_F(ConfigTest, BadValuesNameFileLineColumnKeyAndFix) {
   EXPECT_EQ(load_error("fabric:\n  precision: 16-mixd\n"),
             (dir_ / "x.yaml").string() +
                 ":2:14: fabric.precision: '16-mixd' is not a precision; did you mean '16-mixed'? "
-                "(one of 32-true, 64-true, 16-mixed, bf16-mixed, 16-true, bf16-true)");
+                "(one of 32-true, 64-true, 16-mixed, bf16-mixed, 16-true, bf16-true, fp8-mixed)");
   EXPECT_EQ(load_error("data:\n  batch_size: abc\n"),
             (dir_ / "x.yaml").string() + ":2:15: data.batch_size: 'abc' is not an integer or auto");
   EXPECT_EQ(load_error("trainer:\n  max_epochs: auto\n"),
