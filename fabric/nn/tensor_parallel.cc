@@ -80,34 +80,6 @@ struct ReduceFromParallel : torch::autograd::Function<ReduceFromParallel> {
   }
 };
 
-struct GatherFromParallel : torch::autograd::Function<GatherFromParallel> {
-  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, const ProcessGroupPtr& g,
-                               int64_t dim) {
-    keep(ctx, g);
-    ctx->saved_data["dim"] = dim;
-    return all_gather(*g, x, dim);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grad) {
-    c10d::ProcessGroup& g = from(ctx);
-    return {
-        slice_of(grad[0], g.getRank(), g.getSize(), ctx->saved_data["dim"].toInt()).contiguous(),
-        torch::Tensor(), torch::Tensor()};
-  }
-};
-
-struct ScatterToParallel : torch::autograd::Function<ScatterToParallel> {
-  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, const ProcessGroupPtr& g,
-                               int64_t dim) {
-    keep(ctx, g);
-    ctx->saved_data["dim"] = dim;
-    return slice_of(x, g->getRank(), g->getSize(), dim).contiguous();
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grad) {
-    return {all_gather(from(ctx), grad[0], ctx->saved_data["dim"].toInt()), torch::Tensor(),
-            torch::Tensor()};
-  }
-};
-
 torch::Tensor reduce_scatter(c10d::ProcessGroup& g, const torch::Tensor& x, int64_t dim) {
   const int64_t n = x.size(dim);
   if (n % g.getSize() != 0)
@@ -122,31 +94,40 @@ torch::Tensor reduce_scatter(c10d::ProcessGroup& g, const torch::Tensor& x, int6
   return out.movedim(0, dim).contiguous();
 }
 
-struct GatherSequence : torch::autograd::Function<GatherSequence> {
-  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, const ProcessGroupPtr& g,
-                               int64_t dim) {
-    keep(ctx, g);
-    ctx->saved_data["dim"] = dim;
-    return all_gather(*g, x, dim);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grad) {
-    return {reduce_scatter(from(ctx), grad[0], ctx->saved_data["dim"].toInt()), torch::Tensor(),
-            torch::Tensor()};
-  }
-};
+// What AlongDim does in one direction.
+enum class Move { kAllGather, kSlice, kReduceScatter };
 
-struct ReduceScatterSequence : torch::autograd::Function<ReduceScatterSequence> {
+torch::Tensor move(Move m, c10d::ProcessGroup& g, const torch::Tensor& x, int64_t dim) {
+  switch (m) {
+    case Move::kAllGather:
+      return all_gather(g, x, dim);
+    case Move::kSlice:
+      return slice_of(x, g.getRank(), g.getSize(), dim).contiguous();
+    case Move::kReduceScatter:
+      break;
+  }
+  return reduce_scatter(g, x, dim);
+}
+
+// A collective along `dim` as an autograd function: Forward in forward, Backward (its
+// transpose) in backward.
+template <Move Forward, Move Backward>
+struct AlongDim : torch::autograd::Function<AlongDim<Forward, Backward>> {
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, const ProcessGroupPtr& g,
                                int64_t dim) {
     keep(ctx, g);
     ctx->saved_data["dim"] = dim;
-    return reduce_scatter(*g, x, dim);
+    return move(Forward, *g, x, dim);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
-    return {all_gather(from(ctx), grad[0], ctx->saved_data["dim"].toInt()), torch::Tensor(),
+    return {move(Backward, from(ctx), grad[0], ctx->saved_data["dim"].toInt()), torch::Tensor(),
             torch::Tensor()};
   }
 };
+using GatherFromParallel = AlongDim<Move::kAllGather, Move::kSlice>;
+using ScatterToParallel = AlongDim<Move::kSlice, Move::kAllGather>;
+using GatherSequence = AlongDim<Move::kAllGather, Move::kReduceScatter>;
+using ReduceScatterSequence = AlongDim<Move::kReduceScatter, Move::kAllGather>;
 
 int64_t wrap_dim(int64_t dim, const torch::Tensor& x) { return dim < 0 ? dim + x.dim() : dim; }
 
