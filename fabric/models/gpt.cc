@@ -186,16 +186,27 @@ torch::Tensor GPTImpl::hidden(const torch::Tensor& tokens, const RunBlock& run_b
   if (T > config_.block_size)
     throw Error("GPT::forward: a sequence of " + std::to_string(T) +
                 " tokens is longer than model.block_size " + std::to_string(config_.block_size));
-  const torch::Tensor positions =
-      torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
-  torch::Tensor x = drop->forward(wte->forward(tokens) + wpe->forward(positions));
-  // Sequence parallelism (a plan's): the blocks run on this rank's T / tp positions; the output
-  // is gathered whole for the (vocabulary-parallel) head.
+  // Sequence parallelism (a plan's): the blocks run on this rank's positions, so the sequence is
+  // padded to a multiple of tp (a sample's growing prompt; causal attention keeps the padding
+  // out of the real positions) and the output gathered whole for the (vocabulary-parallel) head.
   const auto& shard = blocks.empty() ? wte->parallel() : blocks[0]->attn->c_attn->parallel();
-  if (shard && shard->sequence_parallel) {
+  const bool sequence_parallel = shard && shard->sequence_parallel;
+  const int64_t pad = sequence_parallel ? (shard->size - T % shard->size) % shard->size : 0;
+  if (T + pad > config_.block_size)
+    throw Error("GPT::forward: sequence parallelism pads " + std::to_string(T) + " tokens to " +
+                std::to_string(T + pad) + ", more than model.block_size " +
+                std::to_string(config_.block_size) + "; make model.block_size a multiple of tp");
+  const torch::Tensor ids =
+      pad > 0 ? torch::cat({tokens, torch::zeros({tokens.size(0), pad}, tokens.options())}, 1)
+              : tokens;
+  const torch::Tensor positions =
+      torch::arange(T + pad, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
+  torch::Tensor x = drop->forward(wte->forward(ids) + wpe->forward(positions));
+  if (sequence_parallel) {
     x = fabric::nn::enter_sequence_parallel(x, shard);
     for (Block& block : blocks) x = run_block ? run_block(block, x) : block->forward(x);
-    return fabric::nn::leave_sequence_parallel(norm(ln_f, x, shard), shard);
+    x = fabric::nn::leave_sequence_parallel(norm(ln_f, x, shard), shard);
+    return pad > 0 ? x.narrow(1, 0, T) : x;
   }
   for (Block& block : blocks) x = run_block ? run_block(block, x) : block->forward(x);
   return config_.fused_layer_norm ? layer_norm_16(x, ln_f) : ln_f->forward(x);

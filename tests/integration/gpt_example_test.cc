@@ -111,11 +111,12 @@ TEST_F(GptExampleTest, ModelParallelTwoByTwoEqualsDdpOnFourRanks) {
   EXPECT_EQ(parity_failure(weights("ddp"), weights("mp"), "weights", 1e-5), "");
   EXPECT_NEAR(summary_of(mp)["val_loss"].get<double>(), summary_of(ddp)["val_loss"].get<double>(),
               1e-5);
-  // With sequence parallelism: the blocks on 16 of the 32 positions per rank.
+  // With sequence parallelism: the blocks on 16 of the 32 positions per rank; the sample's
+  // prompts of every length (padded to a multiple of tp) after training.
   const Result sp = run("gpt", args(4, "model_parallel") + sgd +
                                    " fabric.model_parallel.tensor_parallel_size=2 "
                                    "fabric.model_parallel.sequence_parallel=true "
-                                   "data.batch_size=4 logging.run_dir=sp");
+                                   "data.batch_size=4 gpt.sample_tokens=5 logging.run_dir=sp");
   ASSERT_EQ(sp.code, 0) << sp.out;
   EXPECT_NE(sp.out.find("split over tp, sequence parallel"), std::string::npos) << sp.out;
   EXPECT_EQ(parity_failure(weights("ddp"), weights("sp"), "weights", 1e-5), "");
