@@ -159,7 +159,7 @@ ConfigSchema default_schema() {
   s.add("fabric.model_parallel.sequence_parallel",
         KeySpec::boolean(false).doc(
             "activations cut along the sequence between the split layers (norms, dropout and "
-            "residuals on T / tp positions; the sequence length must be a multiple of tp)"));
+            "residuals on T / tp positions)"));
   s.set_default("fabric.model_parallel.tensor_parallel_size", "auto");
   s.set_default("fabric.model_parallel.data_parallel_size", "auto");
 
