@@ -135,7 +135,7 @@ void Fabric::setup_module(torch::nn::Module& module) {
   }
   strategy_->setup_module(module);
   if (precision().mode() == PrecisionMode::kFp8Mixed && is_global_zero()) {
-    const auto& c = precision().fp8_conversion();
+    const auto& c = strategy_->fp8_conversion();
     auto some = [](const std::vector<std::string>& names) {
       std::string s;
       for (size_t i = 0; i < names.size() && i < 3; ++i) s += (i ? ", " : "") + names[i];

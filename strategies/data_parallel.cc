@@ -24,7 +24,7 @@ void DataParallel::setup_environment() {
 void DataParallel::setup_module(torch::nn::Module& module) {
   materialize_empty_init(module, devices_.front());
   module.to(devices_.front());
-  precision_->convert_module(module);
+  convert_module(module);
 }
 
 torch::Tensor DataParallel::all_reduce(const torch::Tensor& tensor, ReduceOp op) {

@@ -79,7 +79,7 @@ void Ddp::setup_module(torch::nn::Module& module) {
   const auto& pg = group_for("setup_module");
   materialize_empty_init(module, device_);
   module.to(device_);
-  precision_->convert_module(module);
+  convert_module(module);
   if (options_.sync_batchnorm) {
     // Before collecting parameters: swapped modules keep the same parameter tensors anyway.
     sync_batchnorm_modules_ =

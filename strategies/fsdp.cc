@@ -94,7 +94,7 @@ void Fsdp::setup_module(torch::nn::Module& module) {
   // keeping only its shard of each value; the module stays on the meta device until then.
   const std::shared_ptr<InitRecord> empty_init = take_empty_init(module);
   if (!empty_init) module.to(device_);
-  precision_->convert_module(module);
+  convert_module(module);
   std::vector<torch::Tensor> params;
   std::vector<std::string> names;
   for (const auto& item : module.named_parameters()) {

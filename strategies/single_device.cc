@@ -23,7 +23,7 @@ void SingleDevice::setup_module(torch::nn::Module& module) {
   // Module::to uses set_data, so optimizers built before setup keep valid parameter references.
   materialize_empty_init(module, device_);
   module.to(device_);
-  precision_->convert_module(module);
+  convert_module(module);
 }
 
 torch::Tensor SingleDevice::all_reduce(const torch::Tensor& tensor, ReduceOp op) {

@@ -8,6 +8,20 @@
 
 namespace fabric {
 
+void Strategy::convert_module(torch::nn::Module& module) {
+  precision_->convert_module(module);
+  if (precision_->mode() != PrecisionMode::kFp8Mixed) return;
+  fp8_conversion_ = fabric::nn::convert_to_fp8(module, precision_->fp8_exclude());
+  const auto& c = fp8_conversion_;
+  if (c.converted.empty())
+    throw Error("fabric.precision: fp8-mixed: the module has no Linear layer to run in float8 (" +
+                std::to_string(c.plain.size()) + " torch::nn::Linear, " +
+                std::to_string(c.excluded.size()) + " excluded by fabric.fp8.exclude_modules, " +
+                std::to_string(c.unfit.size()) +
+                " with features not a multiple of 16); build the layers as fabric::nn::Linear "
+                "(same options and parameters), or use bf16-mixed");
+}
+
 std::shared_ptr<InitRecord> Strategy::take_empty_init(const torch::nn::Module& module) {
   std::shared_ptr<InitRecord> record = std::move(empty_init_);
   empty_init_.reset();

@@ -20,6 +20,7 @@
 
 #include "fabric/checkpoint/sharded_state.h"
 #include "fabric/core/scope_guard.h"
+#include "fabric/nn/fp8.h"
 #include "fabric/precision/precision.h"
 #include "fabric/training/parameter_parts.h"
 
@@ -117,6 +118,9 @@ class Strategy {
 
   Precision& precision() { return *precision_; }
   const Precision& precision() const { return *precision_; }
+  // What the module's setup did under fp8-mixed (empty otherwise): which Linear layers run their
+  // GEMMs in float8 and why the others do not.
+  const fabric::nn::Fp8Conversion& fp8_conversion() const { return fp8_conversion_; }
 
  protected:
   explicit Strategy(std::unique_ptr<Precision> precision) : precision_(std::move(precision)) {}
@@ -126,8 +130,13 @@ class Strategy {
   // The whole-model strategies' first step of setup_module: a pending empty init's values,
   // whole, on `device` (nothing when there is none).
   void materialize_empty_init(torch::nn::Module& module, torch::Device device);
+  // The precision's conversion of `module` (Precision::convert_module) and, under fp8-mixed, the
+  // float8 GEMMs of its fabric::nn::Linear layers but those fabric.fp8.exclude_modules names
+  // (fabric::Error when no layer is left to convert, naming why).
+  void convert_module(torch::nn::Module& module);
   std::unique_ptr<Precision> precision_;
   std::shared_ptr<InitRecord> empty_init_;
+  fabric::nn::Fp8Conversion fp8_conversion_;
 };
 
 }  // namespace fabric

@@ -13,8 +13,8 @@
 // Where it runs: CUDA devices of compute capability 8.9 or newer (Ada, Hopper, Blackwell), and the
 // CPU (LibTorch 2.11 has a tensorwise _scaled_mm there: for checking numerics, not for speed).
 //
-// convert_to_fp8() turns it on for the fabric::nn::Linear layers of a module (Precision's
-// convert_module does, under fp8-mixed).
+// convert_to_fp8() turns it on for the fabric::nn::Linear layers of a module (the strategy's
+// setup does, under fp8-mixed: Strategy::convert_module).
 #ifndef FABRIC_NN_FP8_H_
 #define FABRIC_NN_FP8_H_
 

@@ -62,20 +62,7 @@ AutocastGuard Precision::autocast() const {
   return AutocastGuard();
 }
 
-void Precision::convert_module(torch::nn::Module& module) {
-  if (mode_ == PrecisionMode::kFp8Mixed) {
-    fp8_conversion_ = fabric::nn::convert_to_fp8(module, fp8_exclude_);
-    if (fp8_conversion_.converted.empty()) {
-      const auto& c = fp8_conversion_;
-      throw Error(
-          "fabric.precision: fp8-mixed: the module has no Linear layer to run in float8 (" +
-          std::to_string(c.plain.size()) + " torch::nn::Linear, " +
-          std::to_string(c.excluded.size()) + " excluded by fabric.fp8.exclude_modules, " +
-          std::to_string(c.unfit.size()) +
-          " with features not a multiple of 16); build the layers as fabric::nn::Linear (same "
-          "options and parameters), or use bf16-mixed");
-    }
-  }
+void Precision::convert_module(torch::nn::Module& module) const {
   if (param_dtype() == c10::kFloat) return;
   // Module::to(dtype) would also cast integer buffers (BatchNorm's num_batches_tracked); like
   // Python's module.to(dtype), convert floating-point tensors only.

@@ -17,8 +17,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
-#include "fabric/nn/fp8.h"
 #include "fabric/precision/autocast.h"
 #include "fabric/precision/grad_scaler.h"
 
@@ -54,14 +54,13 @@ class Precision {
 
   // Autocast region for *-mixed; a no-op guard otherwise.
   AutocastGuard autocast() const;
-  // Casts parameters and buffers to param_dtype() (no-op for 32-true and *-mixed). fp8-mixed:
-  // turns float8 GEMMs on for the module's fabric::nn::Linear layers except those matching
-  // set_fp8_exclude's patterns (fp8_conversion() says which); fabric::Error when none is left.
-  void convert_module(torch::nn::Module& module);
+  // Casts parameters and buffers to param_dtype() (no-op for 32-true and *-mixed). (fp8-mixed's
+  // float8 GEMMs are turned on by the strategy, Strategy::convert_module: this package knows no
+  // layers.)
+  void convert_module(torch::nn::Module& module) const;
   // fabric.fp8.exclude_modules: module-name patterns that stay in bf16 under fp8-mixed.
   void set_fp8_exclude(std::vector<std::string> patterns) { fp8_exclude_ = std::move(patterns); }
-  // What the last convert_module did under fp8-mixed (empty otherwise).
-  const fabric::nn::Fp8Conversion& fp8_conversion() const { return fp8_conversion_; }
+  const std::vector<std::string>& fp8_exclude() const { return fp8_exclude_; }
   // Casts a floating tensor to param_dtype() for *-true/64-true; other tensors pass unchanged.
   torch::Tensor convert_input(const torch::Tensor& tensor) const;
 
@@ -82,7 +81,6 @@ class Precision {
   c10::DeviceType device_type_;
   std::unique_ptr<GradScaler> scaler_;
   std::vector<std::string> fp8_exclude_;
-  fabric::nn::Fp8Conversion fp8_conversion_;
 };
 
 }  // namespace fabric

@@ -1,7 +1,7 @@
 // fabric::nn float8 GEMMs (fabric.precision: fp8-mixed) on the CPU's _scaled_mm: the product and
 // both gradients close to float32's but not equal (they were quantized), dtypes as ATen's linear
 // gives them (autocast included), sizes _scaled_mm cannot take computed exactly, what
-// convert_to_fp8 converts and why it keeps the rest, and Precision's error for a model with
+// convert_to_fp8 converts and why it keeps the rest, and the strategy's error for a model with
 // nothing to convert.
 #include "fabric/nn/fp8.h"
 
@@ -12,6 +12,7 @@
 #include "fabric/nn/tensor_parallel.h"
 #include "fabric/precision/autocast.h"
 #include "fabric/precision/precision.h"
+#include "strategies/single_device.h"
 
 namespace {
 
@@ -80,11 +81,13 @@ TEST(Fp8Test, ConvertsFabricLinearsAndSaysWhyItKeptTheRest) {
   EXPECT_FALSE(net.named_children()["head"]->as<fabric::nn::LinearImpl>()->fp8());
 }
 
-TEST(Fp8Test, PrecisionRefusesAModelWithNothingToConvert) {
-  fabric::Precision p(fabric::PrecisionMode::kFp8Mixed, c10::DeviceType::CPU);
+TEST(Fp8Test, SetupRefusesAModelWithNothingToConvert) {
+  fabric::strategies::SingleDevice s(
+      torch::kCPU,
+      std::make_unique<fabric::Precision>(fabric::PrecisionMode::kFp8Mixed, c10::DeviceType::CPU));
   torch::nn::Sequential plain(torch::nn::Linear(64, 32));
   try {
-    p.convert_module(*plain);
+    s.setup_module(*plain);
     FAIL() << "no error";
   } catch (const fabric::Error& e) {
     EXPECT_STREQ(e.what(),
@@ -93,7 +96,7 @@ TEST(Fp8Test, PrecisionRefusesAModelWithNothingToConvert) {
                  "not a multiple of 16); build the layers as fabric::nn::Linear (same options and "
                  "parameters), or use bf16-mixed");
   }
-  EXPECT_EQ(p.autocast_dtype(), c10::kBFloat16);
+  EXPECT_EQ(s.precision().autocast_dtype(), c10::kBFloat16);
 }
 
 }  // namespace
