@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "examples/common/classification.h"
+#include "examples/common/ema.h"
 #include "examples/common/throughput.h"
 #include "examples/gpt_recipe.h"
 #include "examples/gpt_text.h"
@@ -138,6 +139,10 @@ int train(fabric::Fabric& f) {
   fabric::CheckpointState state;
   state.add("model", model).add("optimizer", *optimizer).add("scheduler", scheduler);
   state.add("train_loader", train);
+  // trainer.ema_decay: averaged weights, updated after every optimizer step; the validation loss
+  // and the exported <stem>_ema weights use them.
+  const std::unique_ptr<fabric::ExponentialMovingAverage> ema = examples::make_ema(f, *model);
+  if (ema) ema->add_to(state, "ema");
   for (auto& callback : fabric::make_callbacks(c, model.get(), optimizer.get()))
     f.add_callback(std::move(callback));
   fabric::add_stateful_callbacks(f, state);  // callbacks.*: checkpointed when stateful
@@ -152,6 +157,7 @@ int train(fabric::Fabric& f) {
           " tokens; run directory ", f.run_directory().path().string());
 
   auto validate = [&]() {
+    auto averaged = ema ? ema->swap_into_model() : fabric::ScopeGuard();
     auto means = f.evaluate(
         val,
         [&](const fabric::Batch& b) -> std::map<std::string, torch::Tensor> {
@@ -203,6 +209,7 @@ int train(fabric::Fabric& f) {
       tokens += batch.data.numel() / tp_ranks;
       if (!micro.last()) continue;
       const torch::Tensor loss = micro.count == 1 ? group_loss : group_loss / micro.count;
+      if (ema) ema->update();
       scheduler.step();
       ++step;
       window_loss += loss.detach().to(torch::kFloat);
@@ -254,6 +261,7 @@ int train(fabric::Fabric& f) {
     f.print("step ", step, " val loss ", val_loss);
     f.log_dict({{"val/loss", val_loss}}, step);
     checkpoints.finish();
+    examples::export_ema_weights(f, *model, ema.get(), checkpoints.export_weights());
   } else {
     f.print("stopped: ", stopped, "; the state is in ",
             checkpoints.save_aside("nonfinite").string());

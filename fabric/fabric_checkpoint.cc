@@ -136,7 +136,7 @@ bool Fabric::saves_sharded() const {
   const std::string& format = setup_->checkpoint_format;
   if (format == "sharded") return true;
   const ShardedState* sharded = strategy_->sharded_state();
-  return format == "auto" && sharded != nullptr && sharded->writes_pieces();
+  return format == "auto" && sharded != nullptr;
 }
 
 void Fabric::save(const std::string& path, const CheckpointState& state) {

@@ -2,7 +2,9 @@
 
 #include <torch/types.h>
 
+#include <algorithm>
 #include <iostream>
+#include <string>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
@@ -10,7 +12,6 @@
 #include "fabric/core/error.h"
 #include "fabric/distributed/process_group.h"
 #include "fabric/nn/empty_init.h"
-#include "strategies/collectives.h"
 #include "strategies/optimizer_shard.h"
 #include "strategies/sharded_parameters.h"
 
@@ -57,12 +58,26 @@ ParameterParts Fsdp::parameter_parts(torch::nn::Module& module) {
   out.changed = [this] {
     if (sharded_) sharded_->after_step();  // gathered units hold the values before the write
   };
-  // Rank r holds the r-th contiguous run of the parameter's elements: joined in rank order.
+  // Rank r of the data-parallel group holds the r-th contiguous run of the parameter's elements:
+  // joined in rank order (runs of different lengths: padded to the longest for the all-gather).
   std::vector<std::vector<int64_t>> sizes;
   for (const auto& part : out.parts) sizes.push_back(part.sizes);
   out.gather = [this, sizes = std::move(sizes)](const torch::Tensor& part, size_t i) {
     torch::NoGradGuard no_grad;
-    const torch::Tensor whole = torch::cat(all_gather_padded(*this, part.contiguous().view(-1)));
+    const std::string what = "gathering a parameter's parts";
+    c10d::ProcessGroup& group = *data_parallel_group(what);
+    const torch::Tensor flat = part.contiguous().view(-1);
+    const auto counts = distributed::all_gather(
+        group, torch::full({1}, flat.numel(), flat.options().dtype(torch::kLong)), what);
+    int64_t longest = 0;
+    for (const auto& c : counts) longest = std::max(longest, c.item<int64_t>());
+    const torch::Tensor padded = flat.numel() == longest
+                                     ? flat
+                                     : torch::cat({flat, flat.new_zeros({longest - flat.numel()})});
+    std::vector<torch::Tensor> runs = distributed::all_gather(group, padded, what);
+    for (size_t r = 0; r < runs.size(); ++r)
+      runs[r] = runs[r].narrow(0, 0, counts[r].item<int64_t>());
+    const torch::Tensor whole = torch::cat(runs);
     if (i >= sizes.size() || whole.numel() != c10::multiply_integers(sizes[i]))
       throw Error("fsdp: the ranks' parts of parameter " + std::to_string(i) +
                   " do not make up the whole tensor");

@@ -5,6 +5,8 @@
 #include <iostream>
 #include <memory>
 
+#include "fabric/checkpoint/piece_layout.h"
+#include "fabric/checkpoint/sharded.h"
 #include "fabric/core/error.h"
 #include "fabric/distributed/device_mesh.h"
 #include "fabric/distributed/rendezvous.h"
@@ -32,6 +34,8 @@ Error ModelParallel::unsupported(const std::string& what) const {
 int64_t ModelParallel::data_parallel_rank() const {
   return global_rank() / options_mp_.tensor_parallel_size;
 }
+
+int64_t ModelParallel::tp_rank() const { return global_rank() % options_mp_.tensor_parallel_size; }
 
 void ModelParallel::setup_environment() {
   Fsdp::setup_environment();
@@ -157,28 +161,62 @@ ScopeGuard ModelParallel::materialize_parameters(torch::nn::Module& module, bool
 }
 
 ParameterParts ModelParallel::parameter_parts(torch::nn::Module& module) {
-  if (&module != split_module_) return Fsdp::parameter_parts(module);
-  throw unsupported(
-      "state kept per parameter beside the optimizer (callbacks.ema) is not "
-      "supported with it yet; turn it off or use fabric.strategy: fsdp");
+  ParameterParts out = Fsdp::parameter_parts(module);
+  if (&module != split_module_) return out;
+  // A tp-split parameter's part: fsdp's run of this rank's slice, placed among the whole
+  // tensor's elements in the slices' order; gathered over dp_shard (fsdp), then over tp.
+  std::vector<const Split*> splits;
+  for (ParameterPart& part : out.parts) {
+    auto it = module_splits_.find(part.name);
+    splits.push_back(it == module_splits_.end() ? nullptr : &it->second);
+    if (it == module_splits_.end()) {
+      part.written = tp_rank() == 0;  // the tp ranks hold the same fsdp part
+      continue;
+    }
+    const Split& s = it->second;
+    if (!part.split)
+      throw unsupported(
+          "state kept per parameter beside the optimizer (callbacks.ema) of a "
+          "split parameter without gradients (" +
+          part.name + ") is not supported; set requires_grad or leave it out of the plan");
+    const int64_t slice_numel = c10::multiply_integers(s.whole_sizes) / s.shard.size;
+    part.offset += s.shard.rank * slice_numel;
+    part.sizes = s.whole_sizes;
+    part.layout = slices_layout(s.whole_sizes, s.along, s.shard.style.parts, s.shard.size);
+  }
+  auto slice = out.gather;  // fsdp's: this rank's whole slice
+  out.gather = [slice, splits](const torch::Tensor& part, size_t i) {
+    torch::Tensor t = slice(part, i);
+    if (i < splits.size() && splits[i] != nullptr) t = splits[i]->shard.gather(t, splits[i]->along);
+    return t;
+  };
+  return out;
 }
 
 std::optional<c10::IValue> ModelParallel::local_module_state(torch::nn::Module& module) {
-  if (&module != split_module_) return Fsdp::local_module_state(module);
-  throw unsupported(
-      "checkpoint.format: sharded is not supported with it yet; use auto or full "
-      "(one file, loadable at any tp x dp shape)");
+  std::optional<c10::IValue> local = Fsdp::local_module_state(module);
+  if (&module != split_module_ || !local || !local->isGenericDict()) return local;
+  const auto dict = local->toGenericDict();
+  c10::impl::GenericDict out(dict.keyType(), dict.valueType());
+  for (const auto& item : dict) {
+    auto it = item.key().isString() ? module_splits_.find(item.key().toStringRef())
+                                    : module_splits_.end();
+    out.insert(item.key(),
+               whole_piece(item.value(), it == module_splits_.end() ? nullptr : &it->second));
+  }
+  return out;
 }
 
 std::optional<c10::IValue> ModelParallel::local_optimizer_state(
     torch::optim::Optimizer& optimizer) {
-  if (shard_of(optimizer) == nullptr) return Fsdp::local_optimizer_state(optimizer);
-  throw unsupported(
-      "checkpoint.format: sharded is not supported with it yet; use auto or full "
-      "(one file, loadable at any tp x dp shape)");
+  std::optional<c10::IValue> local = Fsdp::local_optimizer_state(optimizer);
+  if (!local || shard_of(optimizer) == nullptr) return local;
+  return map_split_fields(*local, [this](const c10::IValue& v, const Split* s) {
+    return as_tensor_piece(v) ? whole_piece(v, s) : v;
+  });
 }
 
-c10::IValue ModelParallel::map_split_buffers(const c10::IValue& layout, bool gather) const {
+c10::IValue ModelParallel::map_split_fields(const c10::IValue& layout, const FieldMap& map) const {
   const auto dict = layout.toGenericDict();
   c10::impl::GenericDict out(dict.keyType(), dict.valueType());
   for (const auto& item : dict) {
@@ -192,31 +230,58 @@ c10::IValue ModelParallel::map_split_buffers(const c10::IValue& layout, bool gat
       const int64_t index = entry.key().toInt();
       const bool split = index >= 0 && index < static_cast<int64_t>(optimizer_splits_.size()) &&
                          optimizer_splits_[index].has_value();
-      if (!split || !entry.value().isGenericDict()) {
+      if (!entry.value().isGenericDict()) {
         mapped.insert(entry.key(), entry.value());
         continue;
       }
-      const Split& s = *optimizer_splits_[index];
+      const Split* s = split ? &*optimizer_splits_[index] : nullptr;
       const auto fields = entry.value().toGenericDict();
       c10::impl::GenericDict cut(fields.keyType(), fields.valueType());
-      for (const auto& f : fields) {
-        c10::IValue v = f.value();
-        if (v.isTensor() && v.toTensor().dim() == static_cast<int64_t>(s.whole_sizes.size()) &&
-            v.toTensor().dim() > 0) {
-          const torch::Tensor t = v.toTensor();
-          if (gather) {
-            v = s.shard.gather(t, s.along);
-          } else if (t.sizes().vec() == s.whole_sizes) {
-            v = s.shard.slice(t, s.along).contiguous();
-          }
-        }
-        cut.insert(f.key(), v);
-      }
+      for (const auto& f : fields) cut.insert(f.key(), map(f.value(), s));
       mapped.insert(entry.key(), cut);
     }
     out.insert(item.key(), mapped);
   }
   return out;
+}
+
+c10::IValue ModelParallel::map_split_buffers(const c10::IValue& layout, bool gather) const {
+  return map_split_fields(
+      layout, [gather](const c10::IValue& v, const Split* split) -> c10::IValue {
+        // A buffer shaped like a split parameter (not a scalar such as "step").
+        if (split == nullptr) return v;
+        const Split& s = *split;
+        if (!v.isTensor() || v.toTensor().dim() != static_cast<int64_t>(s.whole_sizes.size()) ||
+            v.toTensor().dim() == 0)
+          return v;
+        const torch::Tensor t = v.toTensor();
+        if (gather) return s.shard.gather(t, s.along);
+        if (t.sizes().vec() == s.whole_sizes) return s.shard.slice(t, s.along).contiguous();
+        return v;
+      });
+}
+
+c10::IValue ModelParallel::whole_piece(const c10::IValue& v, const Split* split) const {
+  if (split == nullptr) {
+    // Not split over tp: every tp rank holds the same fsdp piece; the first writes it.
+    auto piece = as_tensor_piece(v);
+    if (!piece || tp_rank() == 0) return v;
+    return tensor_piece(piece->sizes, piece->strides, piece->offset, piece->values.new_empty({0}));
+  }
+  const Split& s = *split;
+  // Rank r's slice is the r-th run of the tensor in slices_layout's order; fsdp's piece of the
+  // slice a run inside it.
+  const int64_t slice_numel = c10::multiply_integers(s.whole_sizes) / s.shard.size;
+  const auto layout = slices_layout(s.whole_sizes, s.along, s.shard.style.parts, s.shard.size);
+  const auto strides = c10::contiguous_strides(s.whole_sizes);
+  const int64_t base = s.shard.rank * slice_numel;
+  if (auto piece = as_tensor_piece(v))
+    return tensor_piece(s.whole_sizes, strides, base + piece->offset, piece->values, layout);
+  if (!v.isTensor() || v.toTensor().numel() != slice_numel) return v;
+  // A slice fsdp does not shard (no gradient) is held by every dp rank: the first writes it.
+  const torch::Tensor t = v.toTensor();
+  return tensor_piece(s.whole_sizes, strides, base,
+                      data_parallel_rank() == 0 ? t : t.new_empty({0}), layout);
 }
 
 std::optional<c10::IValue> ModelParallel::gather_optimizer_state(

@@ -11,14 +11,17 @@
 // parameter counted on every tp rank, a whole one once). teardown() gathers everything whole
 // again, so the module works alone after Fabric::launch returns.
 //
-// Checkpoints are one file (checkpoint.format auto or full): the module and the optimizer state
-// gathered whole (fsdp's shards over dp_shard, then the tp slices over tp), so they load at any
-// tp x dp shape and under every other strategy; loading cuts each rank's slice of every split
-// tensor and its fsdp shard. Not yet: sharded checkpoint folders, empty init, sequence
-// parallelism, dp_replicate (HSDP), EMA; each refuses with an error naming the alternative.
+// Checkpoints (checkpoint.format auto: sharded) are folders in which each rank writes its fsdp
+// piece of its tp slice of every split tensor, as a run of the whole tensor's elements in the
+// slices' order (fabric::slices_layout); with format full, one file gathered whole (fsdp's shards
+// over dp_shard, then the tp slices over tp). Both load at any tp x dp shape and under every
+// other strategy: loading reads each split tensor whole and cuts this rank's slice and its fsdp
+// shard. ExponentialMovingAverage's parts (Fabric::parameter_parts) follow the same order.
+// Not yet: empty init and dp_replicate (HSDP), each refused with an error naming the alternative.
 #ifndef STRATEGIES_MODEL_PARALLEL_H_
 #define STRATEGIES_MODEL_PARALLEL_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -59,8 +62,8 @@ class ModelParallel : public Fsdp {
   ParameterParts parameter_parts(torch::nn::Module& module) override;
   void teardown() override;
 
-  // ShardedState: one file, whole (see above).
-  bool writes_pieces() const override { return false; }
+  // ShardedState: each rank's piece of its slices (sharded folders), or everything gathered
+  // whole (one file); see above.
   std::optional<c10::IValue> local_module_state(torch::nn::Module& module) override;
   std::optional<c10::IValue> local_optimizer_state(torch::optim::Optimizer& optimizer) override;
   std::optional<c10::IValue> gather_optimizer_state(torch::optim::Optimizer& optimizer) override;
@@ -92,9 +95,19 @@ class ModelParallel : public Fsdp {
     std::vector<int64_t> whole_sizes;
   };
   Error unsupported(const std::string& what) const;
-  // The optimizer's state (one process's layout) with each split parameter's buffers whole
-  // (`gather`, collective over tp) or cut to this rank's slice.
+  // The optimizer's state (one process's layout) with each field of each split parameter's
+  // state replaced by `map`'s value for it.
+  // (`map` gets null for a parameter not split over tp.)
+  using FieldMap = std::function<c10::IValue(const c10::IValue&, const Split*)>;
+  c10::IValue map_split_fields(const c10::IValue& layout, const FieldMap& map) const;
+  // ... with each split parameter's buffers whole (`gather`, collective over tp) or cut to this
+  // rank's slice.
   c10::IValue map_split_buffers(const c10::IValue& layout, bool gather) const;
+  // `v`, fsdp's piece of this rank's slice of `split` (or the slice itself), as a piece of the
+  // whole tensor (sharded checkpoints); for a tensor not split over tp (null), fsdp's piece on
+  // tp rank 0 and an empty one on the others (they hold the same).
+  c10::IValue whole_piece(const c10::IValue& v, const Split* split) const;
+  int64_t tp_rank() const;
 
   std::map<std::string, Split> module_splits_;          // the split module's split tensors, by name
   std::vector<std::optional<Split>> optimizer_splits_;  // per parameter, in the optimizer's order

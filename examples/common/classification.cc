@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "examples/common/ema.h"
 #include "examples/common/throughput.h"
 #include "fabric/accelerators/memory.h"
 #include "fabric/callbacks.h"
@@ -23,7 +24,6 @@
 #include "fabric/logging/run_dir.h"
 #include "fabric/nonfinite_guard.h"
 #include "fabric/stop_signal.h"
-#include "fabric/training/ema.h"
 #include "fabric/training/lr_scheduler.h"
 #include "fabric/training/optimizers.h"
 
@@ -122,17 +122,6 @@ std::unique_ptr<torch::optim::Optimizer> set_up_optimizer(fabric::Fabric& f,
   return optimizer;
 }
 
-// trainer.ema_decay: averaged weights, updated after every optimizer step, used to evaluate
-// (under fsdp each rank averages the part of each parameter it holds).
-std::unique_ptr<fabric::ExponentialMovingAverage> make_ema(fabric::Fabric& f,
-                                                           const ClassifierModel& model) {
-  const fabric::Config& c = f.config();
-  if (c.get_double("trainer.ema_decay") <= 0) return nullptr;
-  return std::make_unique<fabric::ExponentialMovingAverage>(f.parameter_parts(model.module),
-                                                            c.get_double("trainer.ema_decay"),
-                                                            c.get_bool("trainer.ema_warmup"));
-}
-
 nlohmann::json null_if_negative(double value) {
   return value >= 0 ? nlohmann::json(value) : nlohmann::json(nullptr);
 }
@@ -165,7 +154,7 @@ class ClassifierLoop {
         c_(f.config()),
         run_(f.create_run_directory(task.name)),
         optimizer_(set_up_optimizer(f, model)),
-        ema_(make_ema(f, model)),
+        ema_(examples::make_ema(f, model.module)),
         batch_size_(resolve_batch_size(f, model, task, *optimizer_, &batch_size_trials_)),
         train_(train_loader(f, task, batch_size_)),
         test_(test_loader(f, task, batch_size_)),
@@ -368,13 +357,7 @@ class ClassifierLoop {
                " (checkpoint.resume=auto continues from it)");
     } else if (stopped_.empty()) {
       checkpoints_->finish();
-      if (ema_ && !checkpoints_->export_weights().empty()) {  // beside them: <stem>_ema<ext>
-        const std::filesystem::path weights = checkpoints_->export_weights();
-        auto averaged = ema_->swap_into_model();
-        f_.save_weights(model_.module, (weights.parent_path() / (weights.stem().string() + "_ema" +
-                                                                 weights.extension().string()))
-                                           .string());
-      }
+      examples::export_ema_weights(f_, model_.module, ema_.get(), checkpoints_->export_weights());
     } else {
       nonfinite_checkpoint_ = checkpoints_->save_aside("nonfinite").string();
       f_.print("stopped: ", stopped_, "; the state is in ", nonfinite_checkpoint_,

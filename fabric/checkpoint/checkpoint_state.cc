@@ -110,14 +110,16 @@ CheckpointState& CheckpointState::add(const std::string& name, torch::Tensor& va
 
 CheckpointState& CheckpointState::add_split(const std::string& name, torch::Tensor& part,
                                             std::vector<int64_t> sizes, int64_t offset,
-                                            std::function<torch::Tensor()> gather) {
+                                            std::function<torch::Tensor()> gather,
+                                            std::optional<PieceLayout> layout, bool written) {
   const auto shape = [](at::IntArrayRef s) { return c10::str(s); };
   Entry entry{
       name,
-      [&part, sizes, offset] {
-        return tensor_piece(sizes, c10::contiguous_strides(sizes), offset, part);
+      [&part, sizes, offset, layout, written] {
+        return tensor_piece(sizes, c10::contiguous_strides(sizes), offset,
+                            written ? part : part.new_empty({0}), layout);
       },
-      [&part, sizes, offset, shape](const c10::IValue& v, const std::string& source) {
+      [&part, sizes, offset, shape, layout](const c10::IValue& v, const std::string& source) {
         const int64_t n = part.numel();
         torch::Tensor from;
         if (auto piece = as_tensor_piece(v)) {
@@ -135,7 +137,8 @@ CheckpointState& CheckpointState::add_split(const std::string& name, torch::Tens
             throw Error(source + ": a tensor of shape " + shape(whole.sizes()) + ", expected " +
                         shape(sizes));
           }
-          from = whole.contiguous().reshape(-1).narrow(0, offset, n);
+          from = (layout ? to_layout_order(whole, *layout) : whole.contiguous().reshape(-1))
+                     .narrow(0, offset, n);
         } else {
           throw Error(state_type_error(source, "a tensor", v));
         }

@@ -23,9 +23,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "fabric/checkpoint/piece_layout.h"
 #include "fabric/core/stateful.h"
 
 namespace fabric {
@@ -52,9 +54,12 @@ class CheckpointState {
   // tensor, joined by `gather` (collective: Fabric::save calls it on every rank before writing).
   // Loading copies this rank's elements into `part` (in place) from the whole tensor or from
   // its piece, so the checkpoint loads at any world size and under any strategy.
+  // With `layout`, `offset` counts in its order (piece_layout.h). `written` false: another rank
+  // holds the same elements and writes them to sharded checkpoints (this one loads them).
   CheckpointState& add_split(const std::string& name, torch::Tensor& part,
                              std::vector<int64_t> sizes, int64_t offset,
-                             std::function<torch::Tensor()> gather);
+                             std::function<torch::Tensor()> gather,
+                             std::optional<PieceLayout> layout = std::nullopt, bool written = true);
 
   // For Fabric::save / load.
   struct Entry {

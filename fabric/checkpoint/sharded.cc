@@ -166,14 +166,37 @@ std::string shard_file_name(int64_t rank, int64_t world_size) {
   return name;
 }
 
+namespace {
+
+Dict layout_dict(const PieceLayout& layout) {
+  Dict d = new_dict();
+  d.insert("shape", int_list(layout.shape));
+  d.insert("permute", int_list(layout.permute));
+  return d;
+}
+
+std::optional<PieceLayout> layout_of(const Dict& d, const std::string& what) {
+  if (!d.contains("layout")) return std::nullopt;
+  const c10::IValue& v = d.at("layout");
+  if (!is_marked(v, "shape") || !v.toGenericDict().contains("permute"))
+    throw Error(what + ": malformed layout");
+  PieceLayout layout;
+  layout.shape = ints_of(v.toGenericDict().at("shape"), what + ": malformed layout shape");
+  layout.permute = ints_of(v.toGenericDict().at("permute"), what + ": malformed layout permute");
+  return layout;
+}
+
+}  // namespace
+
 c10::IValue tensor_piece(at::IntArrayRef sizes, at::IntArrayRef strides, int64_t offset,
-                         const torch::Tensor& values) {
+                         const torch::Tensor& values, const std::optional<PieceLayout>& layout) {
   Dict d = new_dict();
   d.insert(kPieceKey, true);
   d.insert("shape", int_list(sizes));
   d.insert("strides", int_list(strides));
   d.insert("offset", offset);
   d.insert("values", values.detach().reshape(-1));
+  if (layout) d.insert("layout", layout_dict(*layout));
   return d;
 }
 
@@ -194,6 +217,7 @@ ShardedParts split_pieces(const c10::IValue& contents) {
     descriptor.insert("shape", piece.at("shape"));
     descriptor.insert("strides", piece.at("strides"));
     descriptor.insert("dtype", std::string(c10::toString(values.scalar_type())));
+    if (piece.contains("layout")) descriptor.insert("layout", piece.at("layout"));
     return std::optional<c10::IValue>(descriptor);
   });
   Dict shard = new_dict();
@@ -226,12 +250,25 @@ class Joiner {
       const torch::ScalarType dtype = dtype_named(d.at("dtype").toStringRef(), what);
       const int64_t numel = dense_extent(sizes, strides);
       if (numel < 0) throw Error(what + ": shape and strides do not describe a dense tensor");
+      std::optional<PieceLayout> layout = layout_of(d, what);
+      if (layout) {
+        check_layout(*layout, numel, what);
+        if (!c10::IntArrayRef(strides).equals(c10::contiguous_strides(sizes)))
+          throw Error(what + ": a layout with strides that are not contiguous");
+      }
       Target& t = tensors_[at];
       t.numel = numel;
       t.begin = 0;
       t.end = numel;
       t.dtype = dtype;
       if (verify_only) return std::optional<c10::IValue>();
+      if (layout) {  // read whole, joined in the layout's order, put in shape in finish()
+        ++whole_tensors_;
+        t.layout = layout;
+        t.flat = torch::empty({numel}, torch::dtype(dtype));
+        t.whole = torch::empty(sizes, torch::dtype(dtype));
+        return std::optional<c10::IValue>(t.whole);
+      }
       if (auto range = wanted ? wanted(at, sizes, strides) : std::nullopt) {
         if (range->offset < 0 || range->count < 0 || range->offset + range->count > numel)
           throw Error(what + ": elements " + std::to_string(range->offset) + " to " +
@@ -321,6 +358,10 @@ class Joiner {
         throw Error(what + ": the shards hold " + std::to_string(t.count) + " of its " +
                     std::to_string(t.end - t.begin) +
                     (t.end - t.begin == t.numel ? "" : " wanted") + " elements");
+      if (t.layout) {
+        t.whole.copy_(from_layout_order(t.flat, *t.layout, t.whole.sizes()));
+        t.flat = torch::Tensor();
+      }
     }
     return whole_;
   }
@@ -330,9 +371,11 @@ class Joiner {
     int64_t numel = 0;           // the whole tensor's elements
     int64_t begin = 0, end = 0;  // the elements built (a whole tensor: all of them)
     torch::ScalarType dtype = torch::kFloat;
-    torch::Tensor flat;         // their memory (undefined when only verifying)
-    std::optional<Dict> piece;  // the piece in the dict (a wanted piece)
-    int64_t count = 0;          // elements held so far
+    torch::Tensor flat;                 // their memory (undefined when only verifying)
+    std::optional<Dict> piece;          // the piece in the dict (a wanted piece)
+    std::optional<PieceLayout> layout;  // `flat` in this order, `whole` the tensor in the dict
+    torch::Tensor whole;
+    int64_t count = 0;                                        // elements held so far
     std::vector<std::tuple<int64_t, int64_t, int64_t>> held;  // offset, elements, rank
   };
   int64_t world_;
@@ -359,8 +402,9 @@ Manifest read_manifest(const fs::path& path) {
   std::smatch m;
   if (!std::regex_search(manifest, m, std::regex("\"format\": \"([^\"]*)\"")) || m[1] != kFormat)
     throw Error(where + ": not a sharded checkpoint manifest");
-  if (!std::regex_search(manifest, m, std::regex("\"version\": ([0-9]+)")) || m[1] != "1")
-    throw Error(where + ": unsupported version (this build reads version 1)");
+  if (!std::regex_search(manifest, m, std::regex("\"version\": ([0-9]+)")) ||
+      (m[1] != "1" && m[1] != "2"))
+    throw Error(where + ": unsupported version (this build reads versions 1 and 2)");
   // Numbers of at most 15 digits (the regexes admit only digits): no overflow, no huge loop.
   const auto number = [&](const std::string& digits, const char* what) {
     if (digits.size() > 15) throw Error(where + ": " + what + " " + digits + " is out of range");
@@ -404,6 +448,7 @@ std::optional<TensorPiece> as_tensor_piece(const c10::IValue& value) {
   p.strides = ints_of(d.at("strides"), "malformed piece");
   p.offset = d.at("offset").toInt();
   p.values = d.at("values").toTensor();
+  p.layout = layout_of(d, "malformed piece");
   return p;
 }
 
@@ -424,7 +469,7 @@ void write_manifest(const fs::path& dir, int64_t world_size,
                     const std::vector<std::string>& files) {
   std::ostringstream json;
   json << "{\n  \"format\": \"" << kFormat
-       << "\",\n  \"version\": 1,\n  \"world_size\": " << world_size << ",\n  \"files\": {";
+       << "\",\n  \"version\": 2,\n  \"world_size\": " << world_size << ",\n  \"files\": {";
   for (size_t i = 0; i < files.size(); ++i) {
     std::error_code ec;
     const auto bytes = fs::file_size(dir / files[i], ec);

@@ -4,19 +4,21 @@
 //   common.pt                  global rank 0: the checkpoint's dict (format.h) with every
 //                              tensor the ranks split replaced by its descriptor
 //                              {"fabric_sharded_tensor": PATH, "shape": [...], "strides": [...],
-//                               "dtype": "Float"}
+//                               "dtype": "Float"} and, for a tensor whose pieces are not runs
+//                              of its memory order, "layout": {"shape": [...], "permute": [...]}
 //   shard-RRRRR-of-NNNNN.pt    rank R: {"pieces": {PATH: {"offset": E, "values": 1-D tensor}}}
 //   manifest.json              written last, by global rank 0 once every rank's file is complete:
-//                              {"format": "fabric-sharded-checkpoint", "version": 1,
+//                              {"format": "fabric-sharded-checkpoint", "version": 2,
 //                               "world_size": N, "files": {NAME: BYTES, ...}}
 // A piece holds elements [E, E + values.numel()) of the whole tensor's memory, in the order its
-// strides give (for contiguous strides: the flattened tensor); the pieces of all ranks cover every
-// element exactly once. PATH names the tensor's place in the dict: the keys from the root joined
-// by '/' ('%' and '/' inside a key written %25 and %2F), e.g. "state/model/fc.weight".
-// Every file is a torch.save archive (Python: torch.load(path, weights_only=True)). The pieces do
-// not depend on the world size that wrote them: reading joins them into the whole dict, which
-// loads at any world size and under any strategy. A folder without manifest.json is a save that
-// did not finish and is never read.
+// strides give (for contiguous strides: the flattened tensor), or in the order its layout gives
+// (PieceLayout); the pieces of all ranks cover every element exactly once. Version 2 added the
+// layout; version 1 folders read as before. PATH names the tensor's place in the dict: the keys
+// from the root joined by '/' ('%' and '/' inside a key written %25 and %2F), e.g.
+// "state/model/fc.weight". Every file is a torch.save archive (Python: torch.load(path,
+// weights_only=True)). The pieces do not depend on the world size that wrote them: reading joins
+// them into the whole dict, which loads at any world size and under any strategy. A folder without
+// manifest.json is a save that did not finish and is never read.
 #ifndef FABRIC_CHECKPOINT_SHARDED_H_
 #define FABRIC_CHECKPOINT_SHARDED_H_
 
@@ -30,6 +32,8 @@
 #include <string>
 #include <vector>
 
+#include "fabric/checkpoint/piece_layout.h"
+
 namespace fabric {
 
 inline constexpr char kShardedManifest[] = "manifest.json";
@@ -39,11 +43,13 @@ inline constexpr char kShardedCommon[] = "common.pt";
 std::string shard_file_name(int64_t rank, int64_t world_size);
 
 // This rank's piece of a tensor split over the ranks: elements [offset, offset + values.numel())
-// of a tensor of `sizes` and `strides` (dense), in memory order; `values` may be empty (this rank
-// holds none of it). It stands in place of the tensor in a checkpoint's dict
-// (Strategy::local_module_state, local_optimizer_state) until split_pieces takes it out.
+// of a tensor of `sizes` and `strides` (dense), in memory order (or `layout`'s: then `strides`
+// are contiguous); `values` may be empty (this rank holds none of it). It stands in place of the
+// tensor in a checkpoint's dict (Strategy::local_module_state, local_optimizer_state) until
+// split_pieces takes it out.
 c10::IValue tensor_piece(at::IntArrayRef sizes, at::IntArrayRef strides, int64_t offset,
-                         const torch::Tensor& values);
+                         const torch::Tensor& values,
+                         const std::optional<PieceLayout>& layout = std::nullopt);
 
 // A checkpoint's dict holding pieces, split into what this rank writes.
 struct ShardedParts {
@@ -58,7 +64,8 @@ struct PieceRange {
   int64_t count = 0;
 };
 // For the split tensor at PATH (its descriptor's shape and strides): the elements the reader needs
-// as a piece, or nullopt for the whole tensor.
+// as a piece, or nullopt for the whole tensor. Not asked for tensors with a PieceLayout: those
+// are read whole.
 using WantedPieces = std::function<std::optional<PieceRange>(
     const std::string& path, at::IntArrayRef sizes, at::IntArrayRef strides)>;
 
@@ -69,6 +76,7 @@ struct TensorPiece {
   std::vector<int64_t> strides;
   int64_t offset = 0;
   torch::Tensor values;  // 1-D
+  std::optional<PieceLayout> layout;
 };
 std::optional<TensorPiece> as_tensor_piece(const c10::IValue& value);
 

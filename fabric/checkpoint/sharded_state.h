@@ -1,6 +1,6 @@
 // fabric::ShardedState: what a strategy that splits state over the ranks tells the checkpoint
 // (Strategy::sharded_state(); null for strategies whose ranks hold the same state). Fsdp's
-// parameter shards and ZeRO's optimizer pieces implement it; so will tensor parallelism. With it,
+// parameter shards, ZeRO's optimizer pieces and model_parallel's slices implement it. With it,
 // Fabric::save writes a sharded folder (checkpoint.format auto) in which each rank holds its
 // pieces, and Fabric::load reads into each rank only the elements it keeps, from a folder cut for
 // any world size or from one file.
@@ -28,10 +28,6 @@ namespace fabric {
 class ShardedState {
  public:
   virtual ~ShardedState() = default;
-
-  // Whether checkpoint.format auto writes a sharded folder (each rank its pieces) for this state;
-  // false: one file, gathered (model_parallel until its pieces are written).
-  virtual bool writes_pieces() const { return true; }
 
   // Saving a sharded folder. `module`'s state (parameters and buffers by name), each parameter
   // split over the ranks replaced by this rank's piece (tensor_piece). No communication.

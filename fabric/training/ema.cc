@@ -102,8 +102,9 @@ void ExponentialMovingAverage::add_to(CheckpointState& state, const std::string&
       state.add(name, averages_[i]);
       continue;
     }
-    state.add_split(name, averages_[i], part.sizes, part.offset,
-                    [this, i] { return parts_.gather(averages_[i], i); });
+    state.add_split(
+        name, averages_[i], part.sizes, part.offset,
+        [this, i] { return parts_.gather(averages_[i], i); }, part.layout, part.written);
   }
   state.add(prefix + ".updates", updates_);
 }

@@ -45,8 +45,26 @@ class GptExampleTest : public ExamplesTest {
            " gpt.sample_tokens=0 logging.log_every_n_steps=2";
   }
 
-  c10::IValue weights(const std::string& run) {
-    return fabric::read_checkpoint(dir_ / run / "weights.pt");
+  c10::IValue weights(const std::string& run, const std::string& file = "weights.pt") {
+    return fabric::read_checkpoint(dir_ / run / file);
+  }
+
+  // `run`'s last checkpoint (a file or a sharded folder).
+  fs::path last_checkpoint(const std::string& run) {
+    fs::path last;
+    for (const auto& e : fs::directory_iterator(dir_ / run / "checkpoints"))
+      if (e.path().extension() == ".ckpt" && e.path() > last) last = e.path();
+    return last;
+  }
+  // Its model and optimizer state.
+  c10::IValue trained_state(const std::string& run) {
+    const auto state =
+        fabric::read_checkpoint(last_checkpoint(run)).toGenericDict().at("state").toGenericDict();
+    c10::impl::GenericDict out(c10::StringType::get(), c10::AnyType::get());
+    for (const char* key : {"model", "optimizer"}) out.insert(key, state.at(key));
+    for (const auto& e : state)  // trainer.ema_decay's averages
+      if (e.key().toStringRef().rfind("ema.", 0) == 0) out.insert(e.key(), e.value());
+    return out;
   }
 };
 
@@ -96,9 +114,13 @@ TEST_F(GptExampleTest, FsdpWithBlockUnitsAndZero1EqualDdpWithClipping) {
 
 // fabric.strategy: model_parallel, tp = 2 x dp = 2 (the GPT's plan: heads, MLP and vocabulary
 // split; fsdp over the dp pairs) trains as ddp on 4 ranks, with clipping that acts: measured
-// 7.5e-9 apart on this CPU (reduction order only); with sequence parallelism too.
+// 7.5e-9 apart on this CPU (reduction order only); with sequence parallelism too. Its last
+// checkpoint, a sharded folder (each rank's piece of its slices) and with format full one file
+// gathered whole, holds the model, the SGD momentum and the weights' moving average
+// (trainer.ema_decay) that ddp's file holds.
 TEST_F(GptExampleTest, ModelParallelTwoByTwoEqualsDdpOnFourRanks) {
-  const std::string sgd = " optimizer.name=sgd optimizer.lr=0.1 trainer.gradient_clip_val=0.1";
+  const std::string sgd =
+      " optimizer.name=sgd optimizer.lr=0.1 trainer.gradient_clip_val=0.1 trainer.ema_decay=0.8";
   const Result ddp = run("gpt", args(4) + sgd + " logging.run_dir=ddp");
   ASSERT_EQ(ddp.code, 0) << ddp.out;
   const Result mp = run("gpt", args(4, "model_parallel") + sgd +
@@ -111,21 +133,32 @@ TEST_F(GptExampleTest, ModelParallelTwoByTwoEqualsDdpOnFourRanks) {
   EXPECT_EQ(parity_failure(weights("ddp"), weights("mp"), "weights", 1e-5), "");
   EXPECT_NEAR(summary_of(mp)["val_loss"].get<double>(), summary_of(ddp)["val_loss"].get<double>(),
               1e-5);
+  EXPECT_EQ(parity_failure(weights("ddp", "weights_ema.pt"), weights("mp", "weights_ema.pt"),
+                           "averaged weights", 1e-5),
+            "");
+  EXPECT_NE(parity_failure(weights("mp"), weights("mp", "weights_ema.pt"), "averaged", 1e-3), "");
+  EXPECT_TRUE(fabric::is_sharded_checkpoint(last_checkpoint("mp")));
+  EXPECT_EQ(parity_failure(trained_state("ddp"), trained_state("mp"), "state", 1e-5), "");
   // With sequence parallelism: the blocks on 16 of the 32 positions per rank; the sample's
   // prompts of every length (padded to a multiple of tp) after training.
   const Result sp = run("gpt", args(4, "model_parallel") + sgd +
                                    " fabric.model_parallel.tensor_parallel_size=2 "
                                    "fabric.model_parallel.sequence_parallel=true "
-                                   "data.batch_size=4 gpt.sample_tokens=5 logging.run_dir=sp");
+                                   "data.batch_size=4 gpt.sample_tokens=5 "
+                                   "checkpoint.format=full logging.run_dir=sp");
   ASSERT_EQ(sp.code, 0) << sp.out;
   EXPECT_NE(sp.out.find("split over tp, sequence parallel"), std::string::npos) << sp.out;
   EXPECT_EQ(parity_failure(weights("ddp"), weights("sp"), "weights", 1e-5), "");
+  EXPECT_TRUE(fs::is_regular_file(last_checkpoint("sp")));
+  EXPECT_EQ(parity_failure(trained_state("ddp"), trained_state("sp"), "state", 1e-5), "");
 }
 
-// A model_parallel checkpoint is one file, whole: written at tp = 2 x dp = 2 at the end of epoch
-// 1, it resumes at tp = 1 x dp = 2, at tp = 4 x dp = 1 and under ddp, and each run ends where the
-// uninterrupted one does. (Epochs of 4 steps: a corpus of ~40 windows. The same samples make
-// each global batch at any dp size, so only the summation order differs.)
+// A model_parallel checkpoint, a sharded folder in which each of the 4 ranks holds a quarter of the
+// state: written at tp = 2 x dp = 2 at the end of epoch 1, it resumes at tp = 1 x dp = 2, at
+// tp = 4 x dp = 1 and under ddp, and each run ends where the uninterrupted one does, the weights'
+// moving average included. (Epochs of 4
+// steps: a corpus of ~40 windows. The same samples make each global batch at any dp size, so only
+// the summation order differs.)
 TEST_F(GptExampleTest, ModelParallelCheckpointResumesAtOtherShapes) {
   std::ofstream text(dir_ / "small.txt");
   for (int i = 0; i < 40; ++i) text << "def g" << i << "(y):\n    return y - " << i % 17 << "\n";
@@ -136,7 +169,7 @@ TEST_F(GptExampleTest, ModelParallelCheckpointResumesAtOtherShapes) {
               " data.root=" + (dir_ / "small").string());
     return a +
            " model.n_head=4 trainer.max_epochs=2 data.drop_last=true optimizer.name=sgd "
-           "optimizer.lr=0.1 trainer.gradient_clip_val=0.1";
+           "optimizer.lr=0.1 trainer.gradient_clip_val=0.1 trainer.ema_decay=0.8";
   };
   const std::string mp = " fabric.model_parallel.tensor_parallel_size=";
   const Result whole = run("gpt", on_small(args(4, "model_parallel")) + mp +
@@ -147,6 +180,12 @@ TEST_F(GptExampleTest, ModelParallelCheckpointResumesAtOtherShapes) {
     if (e.path().extension() == ".ckpt") saved.push_back(e.path());
   std::sort(saved.begin(), saved.end());
   ASSERT_EQ(saved.size(), 2u) << whole.out;  // the end of epoch 1, and the last
+  ASSERT_TRUE(fabric::is_sharded_checkpoint(saved[0]));
+  std::vector<double> shard_bytes;
+  for (int r = 0; r < 4; ++r)
+    shard_bytes.push_back(fs::file_size(saved[0] / fabric::shard_file_name(r, 4)));
+  const double all = shard_bytes[0] + shard_bytes[1] + shard_bytes[2] + shard_bytes[3];
+  for (double b : shard_bytes) EXPECT_NEAR(b / all, 0.25, 0.05) << b << " of " << all;
   const std::string resume = " checkpoint.resume=" + saved[0].string();
   for (const auto& [name, a] : std::vector<std::pair<std::string, std::string>>{
            {"tp1", on_small(args(2, "model_parallel")) + mp + "1 data.batch_size=4"},
@@ -156,6 +195,10 @@ TEST_F(GptExampleTest, ModelParallelCheckpointResumesAtOtherShapes) {
     ASSERT_EQ(r.code, 0) << r.out;
     EXPECT_EQ(summary_of(r)["resumed_from"], saved[0].string()) << r.out;
     EXPECT_EQ(parity_failure(weights("whole"), weights(name), "weights", 1e-5), "") << name;
+    EXPECT_EQ(parity_failure(weights("whole", "weights_ema.pt"), weights(name, "weights_ema.pt"),
+                             "averaged weights", 1e-5),
+              "")
+        << name;
   }
 }
 

@@ -13,6 +13,7 @@
 #include <iterator>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "fabric/checkpoint/archive.h"
@@ -325,6 +326,110 @@ TEST(ShardedTest, AReaderGetsJustThePiecesItWantsFromShardsOfAnyWorldSize) {
       error_of([&] { fabric::read_checkpoint(gap, own); }),
       gap.string() + ": sharded tensor 'state/a': the shards hold 0 of its 5 wanted elements");
   fs::remove_all(gap);
+}
+
+// Tensor parallelism's slices (a weight cut along `in`, q/k/v cut by heads in 3 blocks) written as
+// tp 2 x dp 2 ranks would: each tp rank's slice one run in slices_layout's order, each dp rank a
+// run of that. The pieces join into the whole tensors, in C++ and in Python from the files alone,
+// and a layout that does not add up is an error naming the tensor.
+TEST(ShardedTest, SlicesOfTensorParallelismJoinThroughTheirLayout) {
+  const torch::Tensor row = torch::randn({3, 12}), qkv = torch::randn({12, 2});
+  // Rank r's slice as fabric::nn::TensorParallelShard cuts it: its run of each of `parts` blocks.
+  auto slice = [](const torch::Tensor& t, int64_t along, int64_t parts, int64_t r) {
+    std::vector<torch::Tensor> runs;
+    for (const auto& block : t.chunk(parts, along)) runs.push_back(block.chunk(2, along)[r]);
+    return torch::cat(runs, along).contiguous();
+  };
+  const auto row_layout = fabric::slices_layout(row.sizes(), 1, 2, 2);
+  const auto qkv_layout = fabric::slices_layout(qkv.sizes(), 0, 3, 2);
+  ASSERT_TRUE(row_layout && qkv_layout);
+  EXPECT_FALSE(fabric::slices_layout(row.sizes(), 0, 1, 2));  // rows: already runs
+  EXPECT_FALSE(fabric::slices_layout(row.sizes(), 1, 2, 1));  // one rank
+  for (int64_t r = 0; r < 2; ++r) {
+    EXPECT_TRUE(fabric::to_layout_order(row, *row_layout)
+                    .narrow(0, r * 18, 18)
+                    .equal(slice(row, 1, 2, r).reshape(-1)));
+    EXPECT_TRUE(fabric::to_layout_order(qkv, *qkv_layout)
+                    .narrow(0, r * 12, 12)
+                    .equal(slice(qkv, 0, 3, r).reshape(-1)));
+  }
+  std::vector<fabric::ShardedParts> parts;
+  for (int64_t tp = 0; tp < 2; ++tp)
+    for (int64_t dp = 0; dp < 2; ++dp) {
+      Dict state = fabric::new_dict();
+      for (const auto& [name, t, along, blocks, layout] :
+           {std::make_tuple("row", row, 1, 2, row_layout),
+            std::make_tuple("qkv", qkv, 0, 3, qkv_layout)}) {
+        const torch::Tensor s = slice(t, along, blocks, tp).reshape(-1);
+        const int64_t half = s.numel() / 2;
+        state.insert(name, fabric::tensor_piece(t.sizes(), t.strides(), tp * s.numel() + dp * half,
+                                                s.narrow(0, dp * half, half), layout));
+      }
+      Dict root = fabric::new_dict();
+      root.insert("state", state);
+      parts.push_back(fabric::split_pieces(root));
+    }
+  const auto joined = fabric::join_pieces(parts[0].common, shards_of(parts), "ckpt")
+                          .toGenericDict()
+                          .at("state")
+                          .toGenericDict();
+  EXPECT_TRUE(joined.at("row").toTensor().equal(row));
+  EXPECT_TRUE(joined.at("qkv").toTensor().equal(qkv));
+
+  // From the files alone: each piece into the flat memory, then the layout's view.
+  std::string tmpl = (fs::path(::testing::TempDir()) / "layout_XXXXXX").string();
+  const fs::path dir = mkdtemp(tmpl.data());
+  std::vector<std::string> files = {fabric::kShardedCommon};
+  fabric::save_archive(dir / fabric::kShardedCommon, parts[0].common);
+  for (int64_t r = 0; r < 4; ++r) {
+    files.push_back(fabric::shard_file_name(r, 4));
+    fabric::save_archive(dir / files.back(), parts[r].shard);
+  }
+  fabric::write_manifest(dir, 4, files);
+  fabric::verify_checkpoint(dir);
+  EXPECT_TRUE(fabric::read_checkpoint(dir)
+                  .toGenericDict()
+                  .at("state")
+                  .toGenericDict()
+                  .at("row")
+                  .toTensor()
+                  .equal(row));
+  const fs::path script = dir / "join.py";
+  std::ofstream(script)
+      << "import sys, os, math, torch\n"
+         "d = sys.argv[1]\n"
+         "desc = torch.load(os.path.join(d, 'common.pt'), weights_only=True)['state']['row']\n"
+         "flat = torch.empty(math.prod(desc['shape']))\n"
+         "for f in sorted(os.listdir(d)):\n"
+         "    if f.startswith('shard-'):\n"
+         "        p = torch.load(os.path.join(d, f), weights_only=True)['pieces']['state/row']\n"
+         "        flat[p['offset']:p['offset'] + p['values'].numel()] = p['values']\n"
+         "l = desc['layout']\n"
+         "t = flat.view(l['shape']).permute(l['permute']).reshape(desc['shape'])\n"
+         "print('%.6f' % t[1, 7].item())\n";
+  const auto py = fabric::testing::run_command(fabric::testing::python_interpreter() + " " +
+                                               script.string() + " " + dir.string());
+  ASSERT_EQ(py.code, 0) << py.out;
+  char value[32];
+  std::snprintf(value, sizeof(value), "%.6f", row[1][7].item<float>());
+  EXPECT_NE(py.out.find(value), std::string::npos) << py.out;
+  fs::remove_all(dir);
+
+  // A layout whose permutation repeats a dimension.
+  Dict bad = parts[0].common.toGenericDict();
+  Dict state = bad.at("state").toGenericDict().copy();
+  Dict descriptor = state.at("row").toGenericDict().copy();
+  Dict layout = descriptor.at("layout").toGenericDict().copy();
+  c10::impl::GenericList permute(c10::AnyType::get());
+  for (int64_t d : {0, 0, 2, 3}) permute.push_back(d);
+  layout.insert_or_assign("permute", permute);
+  descriptor.insert_or_assign("layout", layout);
+  state.insert_or_assign("row", descriptor);
+  Dict root = fabric::new_dict();
+  root.insert("state", state);
+  EXPECT_EQ(join_error(root, shards_of(parts)),
+            "ckpt: sharded tensor 'state/row': its layout does not describe a tensor of 36 "
+            "elements");
 }
 
 }  // namespace
