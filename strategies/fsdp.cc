@@ -119,10 +119,12 @@ void Fsdp::setup_module(torch::nn::Module& module) {
   }
   if (params.empty()) throw Error(key_ + ": the module has no parameters that require gradients");
   if (empty_init) {
-    // Every rank replays from rank 0's generator state: the same values everywhere.
+    // Every rank replays from rank 0's generator state: the same values everywhere (over the
+    // world: model_parallel's tp partners cut their slices from the same values).
     torch::Tensor state = empty_init->generator_state().to(device_);
     std::vector<torch::Tensor> one{state};
-    distributed::wait(pg->broadcast(one), "fsdp empty init: broadcast of the generator state");
+    distributed::wait(process_group()->broadcast(one),
+                      "fsdp empty init: broadcast of the generator state");
     empty_init->set_generator_state(state.cpu());
   } else {
     // Same shapes everywhere, then rank 0's values everywhere (every parameter and buffer).
@@ -146,7 +148,8 @@ void Fsdp::setup_module(torch::nn::Module& module) {
   built_empty_ = empty_init != nullptr;
   if (empty_init) {
     empty_init->replay(
-        module, [&](const std::string&, torch::Tensor& held, const torch::Tensor& value) {
+        module, [&](const std::string&, torch::Tensor& held, const torch::Tensor& whole) {
+          const torch::Tensor value = initial_value(held, whole);
           if (!sharded_->take_initial_value(held, value))  // a buffer, a frozen parameter: whole
             replace_data(held, value.to(device_, held.scalar_type()));
         });

@@ -72,6 +72,12 @@ class Fsdp : public ParallelStrategy {
   // teardown()'s first step: the parameters whole again (collective; a module built empty goes
   // back to meta), then release().
   void release_shards_whole();
+  // An empty init's replayed `value` of the module's tensor `held`, as this process keeps it
+  // (model_parallel: its tp slice); the value itself here.
+  virtual torch::Tensor initial_value(const torch::Tensor& held, const torch::Tensor& value) {
+    (void)held;
+    return value;
+  }
 
   FsdpOptions options_;
   std::string key_;  // "fabric.strategy: fsdp", or the strategy built on this one, in errors

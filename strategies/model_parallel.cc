@@ -1,6 +1,7 @@
 #include "strategies/model_parallel.h"
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/comm.hpp>
 
 #include <iostream>
 #include <memory>
@@ -59,9 +60,6 @@ void ModelParallel::setup_module(torch::nn::Module& module) {
   if (!mesh_) group_for("setup_module");  // names the missing setup_environment
   if (split_module_ != nullptr)
     throw unsupported("splits one module per process; this job set up a second one");
-  if (fabric::has_meta_tensors(module))
-    throw unsupported(
-        "fabric.empty_init is not supported with it yet; set fabric.empty_init: false");
   fabric::nn::TensorParallelPlan plan;
   if (plan_) {
     plan = *plan_;
@@ -75,6 +73,16 @@ void ModelParallel::setup_module(torch::nn::Module& module) {
                       "ModelParallel::set_plan (docs/training.md, \"Tensor parallelism\")");
   }
   plan.sequence_parallel = plan.sequence_parallel || options_mp_.sequence_parallel;
+  if (!fabric::has_meta_tensors(module)) {
+    // Rank 0's values everywhere before they are cut (fsdp then spreads each slice over its
+    // dp_shard group); an empty init's are the same everywhere by construction (Fsdp replays
+    // from rank 0's generator, initial_value cuts them).
+    module.to(device_);
+    std::vector<torch::Tensor> state = module.parameters();
+    for (const auto& b : module.buffers()) state.push_back(b);
+    torch::NoGradGuard no_grad;
+    c10d::broadcast_coalesced(process_group(), state, 250 * 1024 * 1024, 0);
+  }
   const std::vector<std::string> split = fabric::nn::parallelize(module, plan, mesh_->group("tp"));
   split_module_ = &module;
   try {  // a module owned by a shared_ptr (every ModuleHolder's) may be gone by teardown
@@ -98,11 +106,20 @@ void ModelParallel::setup_module(torch::nn::Module& module) {
       module_splits_.emplace(prefix + "weight", Split{p, 0, p.full_sizes});
     }
   }
+  const auto named = module.named_parameters();
+  for (const auto& [name, split] : module_splits_)
+    split_of_tensor_[named[name].unsafeGetTensorImpl()] = &split;
   if (global_rank() == 0)
     std::cerr << name() << ": " << mesh_->describe() << ", " << split.size()
               << (split.size() == 1 ? " module" : " modules") << " split over tp"
               << (plan.sequence_parallel ? ", sequence parallel" : "") << std::endl;
   Fsdp::setup_module(module);
+}
+
+torch::Tensor ModelParallel::initial_value(const torch::Tensor& held, const torch::Tensor& value) {
+  auto it = split_of_tensor_.find(held.unsafeGetTensorImpl());
+  if (it == split_of_tensor_.end()) return value;
+  return it->second->shard.slice(value, it->second->along).contiguous();
 }
 
 void ModelParallel::setup_optimizer(torch::optim::Optimizer& optimizer) {

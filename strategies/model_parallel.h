@@ -17,7 +17,8 @@
 // over dp_shard, then the tp slices over tp). Both load at any tp x dp shape and under every
 // other strategy: loading reads each split tensor whole and cuts this rank's slice and its fsdp
 // shard. ExponentialMovingAverage's parts (Fabric::parameter_parts) follow the same order.
-// Not yet: empty init and dp_replicate (HSDP), each refused with an error naming the alternative.
+// fabric.empty_init: the module is cut on the meta device and each rank replays the init, keeping
+// its fsdp shard of its slice of each value. Not yet: dp_replicate (HSDP).
 #ifndef STRATEGIES_MODEL_PARALLEL_H_
 #define STRATEGIES_MODEL_PARALLEL_H_
 
@@ -86,6 +87,7 @@ class ModelParallel : public Fsdp {
   const c10::intrusive_ptr<c10d::ProcessGroup>& data_parallel_group(
       const std::string& what) const override;
   void release() override;
+  torch::Tensor initial_value(const torch::Tensor& held, const torch::Tensor& value) override;
 
  private:
   // A tensor split over tp: its shard and the dimension it is cut along.
@@ -109,8 +111,9 @@ class ModelParallel : public Fsdp {
   c10::IValue whole_piece(const c10::IValue& v, const Split* split) const;
   int64_t tp_rank() const;
 
-  std::map<std::string, Split> module_splits_;          // the split module's split tensors, by name
-  std::vector<std::optional<Split>> optimizer_splits_;  // per parameter, in the optimizer's order
+  std::map<std::string, Split> module_splits_;  // the split module's split tensors, by name
+  std::map<const void*, const Split*> split_of_tensor_;  // the same, by TensorImpl
+  std::vector<std::optional<Split>> optimizer_splits_;   // per parameter, in the optimizer's order
 
   ModelParallelOptions options_mp_;
   std::unique_ptr<distributed::DeviceMesh> mesh_;

@@ -11,6 +11,7 @@
 
 #include "fabric/core/error.h"
 #include "fabric/distributed/process_group.h"
+#include "fabric/nn/empty_init.h"
 #include "fabric/nn/fp8.h"
 
 namespace fabric::nn {
@@ -222,6 +223,11 @@ torch::Tensor TensorParallelShard::slice(const torch::Tensor& whole, int64_t alo
 
 torch::Tensor TensorParallelShard::gather(const torch::Tensor& piece, int64_t along) const {
   torch::NoGradGuard no_grad;
+  if (piece.is_meta()) {  // no values (an empty init's module at teardown): the shape only
+    std::vector<int64_t> sizes = piece.sizes().vec();
+    sizes[along] *= size;
+    return torch::empty(sizes, piece.options());
+  }
   const torch::Tensor all = all_gather(*group, piece, along);  // [rank 0's, rank 1's, ...]
   const int64_t p = style.parts;
   if (p == 1) return all;
@@ -271,8 +277,9 @@ void LinearImpl::pretty_print(std::ostream& stream) const {
 void LinearImpl::set_parallel(TensorParallelShard shard) {
   torch::NoGradGuard no_grad;
   const int64_t along = shard.dim;
-  weight.set_data(shard.slice(weight, along).clone());
-  if (bias.defined() && along == 0) bias.set_data(shard.slice(bias, 0).clone());
+  // replace_data: the tensors may be an empty init's, on the meta device.
+  replace_data(weight, shard.slice(weight, along).clone());
+  if (bias.defined() && along == 0) replace_data(bias, shard.slice(bias, 0).clone());
   parallel_ = std::move(shard);
 }
 
@@ -323,7 +330,7 @@ void EmbeddingImpl::pretty_print(std::ostream& stream) const {
 
 void EmbeddingImpl::set_parallel(TensorParallelShard shard) {
   torch::NoGradGuard no_grad;
-  weight.set_data(shard.slice(weight, 0).clone());
+  replace_data(weight, shard.slice(weight, 0).clone());
   parallel_ = std::move(shard);
 }
 

@@ -5,6 +5,7 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include "fabric/core/error.h"
+#include "fabric/nn/empty_init.h"
 #include "fabric/nn/tensor_parallel.h"
 
 namespace fabric::nn {
@@ -106,11 +107,11 @@ void unparallelize(torch::nn::Module& model) {
   for (torch::nn::Module* m : all_modules(model)) {
     if (auto* l = m->as<LinearImpl>(); l != nullptr && l->parallel()) {
       const TensorParallelShard p = *l->parallel();
-      l->weight.set_data(p.gather(l->weight.detach(), p.dim));
-      if (l->bias.defined() && p.dim == 0) l->bias.set_data(p.gather(l->bias.detach(), 0));
+      replace_data(l->weight, p.gather(l->weight.detach(), p.dim));
+      if (l->bias.defined() && p.dim == 0) replace_data(l->bias, p.gather(l->bias.detach(), 0));
       l->clear_parallel();
     } else if (auto* e = m->as<EmbeddingImpl>(); e != nullptr && e->parallel()) {
-      e->weight.set_data(e->parallel()->gather(e->weight.detach(), 0));
+      replace_data(e->weight, e->parallel()->gather(e->weight.detach(), 0));
       e->clear_parallel();
     }
   }

@@ -117,7 +117,7 @@ TEST_F(GptExampleTest, FsdpWithBlockUnitsAndZero1EqualDdpWithClipping) {
 // 7.5e-9 apart on this CPU (reduction order only); with sequence parallelism too. Its last
 // checkpoint, a sharded folder (each rank's piece of its slices) and with format full one file
 // gathered whole, holds the model, the SGD momentum and the weights' moving average
-// (trainer.ema_decay) that ddp's file holds.
+// (trainer.ema_decay) that ddp's file holds. Built by an empty init, it is bitwise the same run.
 TEST_F(GptExampleTest, ModelParallelTwoByTwoEqualsDdpOnFourRanks) {
   const std::string sgd =
       " optimizer.name=sgd optimizer.lr=0.1 trainer.gradient_clip_val=0.1 trainer.ema_decay=0.8";
@@ -139,6 +139,14 @@ TEST_F(GptExampleTest, ModelParallelTwoByTwoEqualsDdpOnFourRanks) {
   EXPECT_NE(parity_failure(weights("mp"), weights("mp", "weights_ema.pt"), "averaged", 1e-3), "");
   EXPECT_TRUE(fabric::is_sharded_checkpoint(last_checkpoint("mp")));
   EXPECT_EQ(parity_failure(trained_state("ddp"), trained_state("mp"), "state", 1e-5), "");
+  // Built without parameter memory: cut on the meta device, each rank replays the init and keeps
+  // its shard of its slice: bitwise the same run.
+  const Result empty = run("gpt", args(4, "model_parallel") + sgd +
+                                      " fabric.model_parallel.tensor_parallel_size=2 "
+                                      "data.batch_size=4 fabric.empty_init=true "
+                                      "logging.run_dir=empty");
+  ASSERT_EQ(empty.code, 0) << empty.out;
+  EXPECT_EQ(parity_failure(weights("mp"), weights("empty"), "weights", 0), "");
   // With sequence parallelism: the blocks on 16 of the 32 positions per rank; the sample's
   // prompts of every length (padded to a multiple of tp) after training.
   const Result sp = run("gpt", args(4, "model_parallel") + sgd +
