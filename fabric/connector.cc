@@ -221,7 +221,8 @@ void warn_inert_fsdp_keys(const Config& c, const std::string& want, ResolvedSetu
 }
 
 // fabric.model_parallel.*: tensor_parallel_size (auto: the processes of one node) times
-// data_parallel_size (auto: the rest) must be the world size.
+// data_parallel_size (auto: the rest) must be the world size; data_parallel_replicate_size
+// divides data_parallel_size.
 strategies::ModelParallelOptions resolve_model_parallel(const Config& c,
                                                         const ClusterEnvironment& env) {
   const char* tp_key = "fabric.model_parallel.tensor_parallel_size";
@@ -246,6 +247,14 @@ strategies::ModelParallelOptions resolve_model_parallel(const Config& c,
                                  std::to_string(o.tensor_parallel_size) +
                                  " is not the world size " + std::to_string(world) +
                                  ": make the product the world size, or set it to auto");
+  const char* replicate_key = "fabric.model_parallel.data_parallel_replicate_size";
+  o.replicate_size = c.get_int(replicate_key);
+  if (o.data_parallel_size % o.replicate_size != 0)
+    throw c.error_at(replicate_key, std::to_string(o.replicate_size) +
+                                        " does not divide data_parallel_size " +
+                                        std::to_string(o.data_parallel_size) +
+                                        ": give a divisor of it (each copy is an fsdp group of "
+                                        "data_parallel_size / this ranks)");
   return o;
 }
 
@@ -327,6 +336,7 @@ void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) 
   if (want != "model_parallel") {
     for (const char* key :
          {"fabric.model_parallel.tensor_parallel_size", "fabric.model_parallel.data_parallel_size",
+          "fabric.model_parallel.data_parallel_replicate_size",
           "fabric.model_parallel.sequence_parallel"})
       if (c.origin(key) != "default")
         s.warnings.push_back(c.origin(key) + ": " + key +

@@ -85,6 +85,9 @@ struct FsdpOptions {
 struct ModelParallelOptions {
   int64_t tensor_parallel_size = 1;  // fabric.model_parallel.tensor_parallel_size
   int64_t data_parallel_size = 1;    // fabric.model_parallel.data_parallel_size
+  // fabric.model_parallel.data_parallel_replicate_size: of the data-parallel ranks, how many
+  // groups hold the same fsdp shards (HSDP); fsdp shards over data_parallel_size / this.
+  int64_t replicate_size = 1;
   // fabric.model_parallel.sequence_parallel: activations cut along the sequence between the split
   // layers (fabric::nn::TensorParallelPlan::sequence_parallel).
   bool sequence_parallel = false;

@@ -86,6 +86,8 @@ ParameterParts Fsdp::parameter_parts(torch::nn::Module& module) {
   return out;
 }
 
+c10::intrusive_ptr<c10d::ProcessGroup> Fsdp::replicate_group() const { return {}; }
+
 void Fsdp::teardown() {
   // Every rank gets here together after the user's function returned: the parameters take
   // their full values back (collective) before the process group ends.
@@ -144,6 +146,7 @@ void Fsdp::setup_module(torch::nn::Module& module) {
   policy.reduce_dtype = options_.reduce_dtype;
   policy.empty_init_device = device_;
   sharded_ = std::make_unique<ShardedParameters>(module, pg, policy);
+  sharded_->set_replicate_group(replicate_group());
   module_ = &module;
   built_empty_ = empty_init != nullptr;
   if (empty_init) {

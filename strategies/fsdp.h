@@ -78,6 +78,8 @@ class Fsdp : public ParallelStrategy {
     (void)held;
     return value;
   }
+  // The group of ranks holding the same shards as this one (hybrid sharding); null: none.
+  virtual c10::intrusive_ptr<c10d::ProcessGroup> replicate_group() const;
 
   FsdpOptions options_;
   std::string key_;  // "fabric.strategy: fsdp", or the strategy built on this one, in errors

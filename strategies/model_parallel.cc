@@ -38,6 +38,15 @@ int64_t ModelParallel::data_parallel_rank() const {
 
 int64_t ModelParallel::tp_rank() const { return global_rank() % options_mp_.tensor_parallel_size; }
 
+int64_t ModelParallel::replica() const {
+  return global_rank() / (world_size() / options_mp_.replicate_size);
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> ModelParallel::replicate_group() const {
+  if (!mesh_ || options_mp_.replicate_size == 1) return {};
+  return mesh_->group("dp_replicate");
+}
+
 void ModelParallel::setup_environment() {
   Fsdp::setup_environment();
   const int64_t tp = options_mp_.tensor_parallel_size, dp = options_mp_.data_parallel_size;
@@ -45,9 +54,11 @@ void ModelParallel::setup_environment() {
     throw Error(key_ + ": fabric.model_parallel.data_parallel_size " + std::to_string(dp) +
                 " x tensor_parallel_size " + std::to_string(tp) + " is not the world size " +
                 std::to_string(world_size()));
-  mesh_ = std::make_unique<distributed::DeviceMesh>(
-      rendezvous()->store(), rendezvous()->group_options(),
-      std::vector<distributed::MeshDim>{{"dp_shard", dp}, {"tp", tp}});
+  const int64_t copies = options_mp_.replicate_size;
+  std::vector<distributed::MeshDim> dims{{"dp_shard", dp / copies}, {"tp", tp}};
+  if (copies > 1) dims.insert(dims.begin(), {"dp_replicate", copies});
+  mesh_ = std::make_unique<distributed::DeviceMesh>(rendezvous()->store(),
+                                                    rendezvous()->group_options(), dims);
 }
 
 const c10::intrusive_ptr<c10d::ProcessGroup>& ModelParallel::data_parallel_group(
@@ -137,10 +148,13 @@ void ModelParallel::setup_optimizer(torch::optim::Optimizer& optimizer) {
                                                         : std::optional<Split>(*it->second));
     }
   Fsdp::setup_optimizer(optimizer);
+  // Over the world each element of a shard is counted once per copy (HSDP), and a tensor not
+  // split over tp once per tp rank too.
   const double tp = static_cast<double>(options_mp_.tensor_parallel_size);
+  const double copies = static_cast<double>(options_mp_.replicate_size);
   torch::nn::Module& module = *split_module_;
   shard_->set_norm_scope(process_group(), [&](const torch::Tensor& p) {
-    return fabric::nn::is_split_parameter(module, p) ? 1.0 : 1.0 / tp;
+    return (fabric::nn::is_split_parameter(module, p) ? 1.0 : 1.0 / tp) / copies;
   });
 }
 
@@ -186,8 +200,9 @@ ParameterParts ModelParallel::parameter_parts(torch::nn::Module& module) {
   for (ParameterPart& part : out.parts) {
     auto it = module_splits_.find(part.name);
     splits.push_back(it == module_splits_.end() ? nullptr : &it->second);
+    part.written = replica() == 0;  // HSDP: the other copies hold the same parts
     if (it == module_splits_.end()) {
-      part.written = tp_rank() == 0;  // the tp ranks hold the same fsdp part
+      part.written = part.written && tp_rank() == 0;  // the tp ranks hold the same fsdp part
       continue;
     }
     const Split& s = it->second;
@@ -279,10 +294,11 @@ c10::IValue ModelParallel::map_split_buffers(const c10::IValue& layout, bool gat
 }
 
 c10::IValue ModelParallel::whole_piece(const c10::IValue& v, const Split* split) const {
+  const bool first_copy = replica() == 0;  // HSDP: the other copies hold the same pieces
   if (split == nullptr) {
     // Not split over tp: every tp rank holds the same fsdp piece; the first writes it.
     auto piece = as_tensor_piece(v);
-    if (!piece || tp_rank() == 0) return v;
+    if (!piece || (tp_rank() == 0 && first_copy)) return v;
     return tensor_piece(piece->sizes, piece->strides, piece->offset, piece->values.new_empty({0}));
   }
   const Split& s = *split;
@@ -293,7 +309,8 @@ c10::IValue ModelParallel::whole_piece(const c10::IValue& v, const Split* split)
   const auto strides = c10::contiguous_strides(s.whole_sizes);
   const int64_t base = s.shard.rank * slice_numel;
   if (auto piece = as_tensor_piece(v))
-    return tensor_piece(s.whole_sizes, strides, base + piece->offset, piece->values, layout);
+    return tensor_piece(s.whole_sizes, strides, base + piece->offset,
+                        first_copy ? piece->values : piece->values.new_empty({0}), layout);
   if (!v.isTensor() || v.toTensor().numel() != slice_numel) return v;
   // A slice fsdp does not shard (no gradient) is held by every dp rank: the first writes it.
   const torch::Tensor t = v.toTensor();

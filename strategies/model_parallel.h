@@ -1,7 +1,9 @@
 // fabric::strategies::ModelParallel: tensor parallelism composed with fsdp (fabric.strategy:
 // model_parallel), as Lightning's ModelParallelStrategy and TorchTitan compose them, on c10d.
 //
-// The world is a mesh {dp_shard: data_parallel_size, tp: tensor_parallel_size}
+// The world is a mesh {dp_shard: data_parallel_size, tp: tensor_parallel_size}, or with hybrid
+// sharding {dp_replicate: R, dp_shard: data_parallel_size / R, tp} (data_parallel_replicate_size
+// R: fsdp shards over dp_shard and the R copies all-reduce their gradient shards)
 // (fabric/distributed/device_mesh.h; tp innermost, so tp partners are consecutive ranks, which
 // launchers place on one node). setup_module() splits the module over its tp group by the plan
 // the module carries (fabric::nn::TensorParallelPlanned, e.g. the GPT's) or the one given to
@@ -18,7 +20,7 @@
 // other strategy: loading reads each split tensor whole and cuts this rank's slice and its fsdp
 // shard. ExponentialMovingAverage's parts (Fabric::parameter_parts) follow the same order.
 // fabric.empty_init: the module is cut on the meta device and each rank replays the init, keeping
-// its fsdp shard of its slice of each value. Not yet: dp_replicate (HSDP).
+// its fsdp shard of its slice of each value.
 #ifndef STRATEGIES_MODEL_PARALLEL_H_
 #define STRATEGIES_MODEL_PARALLEL_H_
 
@@ -88,6 +90,7 @@ class ModelParallel : public Fsdp {
       const std::string& what) const override;
   void release() override;
   torch::Tensor initial_value(const torch::Tensor& held, const torch::Tensor& value) override;
+  c10::intrusive_ptr<c10d::ProcessGroup> replicate_group() const override;
 
  private:
   // A tensor split over tp: its shard and the dimension it is cut along.
@@ -110,6 +113,7 @@ class ModelParallel : public Fsdp {
   // tp rank 0 and an empty one on the others (they hold the same).
   c10::IValue whole_piece(const c10::IValue& v, const Split* split) const;
   int64_t tp_rank() const;
+  int64_t replica() const;  // this rank's dp_replicate coordinate (0 without HSDP)
 
   std::map<std::string, Split> module_splits_;  // the split module's split tensors, by name
   std::map<const void*, const Split*> split_of_tensor_;  // the same, by TensorImpl

@@ -287,6 +287,10 @@ void ShardedParameters::on_gradient(size_t k) {
   if (++u.grads_ready == u.params.size() && !u.reduced) reduce(u);
 }
 
+void ShardedParameters::set_replicate_group(c10::intrusive_ptr<c10d::ProcessGroup> group) {
+  replicate_ = std::move(group);
+}
+
 void ShardedParameters::reduce(Unit& u) {
   Inside inside;
   torch::NoGradGuard no_grad;
@@ -294,7 +298,10 @@ void ShardedParameters::reduce(Unit& u) {
   torch::Tensor flat = torch::empty({world_ * u.shard_size}, u.shard_grad.options().dtype(wire));
   zero_gaps(flat, u.offsets, u.params);  // the layout's gaps and padding
   // The Reducer's factor: a wrapped double scalar, the product computed in the gradient's dtype.
-  const torch::Tensor inverse_world = at::native::wrapped_scalar_tensor(1.0 / world_);
+  const auto& replicas = replicate_;
+  const int64_t copies = replicas ? replicas->getSize() : 1;
+  const torch::Tensor inverse_world =
+      at::native::wrapped_scalar_tensor(1.0 / static_cast<double>(world_ * copies));
   for (size_t i = 0; i < u.params.size(); ++i) {
     torch::Tensor slot = flat.narrow(0, u.offsets[i], u.params[i].numel());
     const torch::Tensor& grad = u.params[i].grad();
@@ -312,6 +319,12 @@ void ShardedParameters::reduce(Unit& u) {
   distributed::wait(pg_->_reduce_scatter_base(out, flat),
                     std::string("fsdp reduce_scatter of unit '") + u.name + "' gradients (" +
                         describe(flat) + ")");
+  if (copies > 1) {
+    std::vector<torch::Tensor> shard{out};
+    distributed::wait(replicas->allreduce(shard), std::string("hsdp all_reduce of unit '") +
+                                                      u.name + "' gradient shards (" +
+                                                      describe(out) + ")");
+  }
   if (accumulate_)
     u.shard_grad.add_(out);
   else if (!direct)

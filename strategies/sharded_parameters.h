@@ -95,6 +95,10 @@ class ShardedParameters {
   ShardedParameters(torch::nn::Module& module, c10::intrusive_ptr<c10d::ProcessGroup> pg,
                     ShardingPolicy policy);
   // Removes the trigger and the hooks. The parameters are left as they are (see gather_all).
+  // Hybrid sharding (HSDP): the group of ranks that hold the same shards as this one (null:
+  // none). After the reduce-scatter each shard's gradient is all-reduced over it, and the
+  // gradients are averaged over both groups. Before the first backward.
+  void set_replicate_group(c10::intrusive_ptr<c10d::ProcessGroup> group);
   ~ShardedParameters();
   ShardedParameters(const ShardedParameters&) = delete;
   ShardedParameters& operator=(const ShardedParameters&) = delete;
@@ -225,6 +229,7 @@ class ShardedParameters {
 
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
   ShardingPolicy policy_;
+  c10::intrusive_ptr<c10d::ProcessGroup> replicate_;  // set_replicate_group
   int64_t rank_ = 0;
   int64_t world_ = 1;
   std::vector<Unit> units_;

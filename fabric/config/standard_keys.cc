@@ -155,7 +155,13 @@ ConfigSchema default_schema() {
             "processes of one node"));
   s.add("fabric.model_parallel.data_parallel_size",
         KeySpec::integer(1).min(1).or_auto().doc(
-            "fsdp groups (model_parallel only); auto: world size / tensor_parallel_size"));
+            "data-parallel ranks, each its share of the batch (model_parallel only); auto: world "
+            "size / tensor_parallel_size"));
+  s.add("fabric.model_parallel.data_parallel_replicate_size",
+        KeySpec::integer(1).min(1).doc(
+            "hybrid sharding (HSDP): copies of the fsdp-sharded model among the data-parallel "
+            "ranks, fsdp over data_parallel_size / this ranks in each, gradients all-reduced "
+            "across the copies; 1: fsdp over all of them"));
   s.add("fabric.model_parallel.sequence_parallel",
         KeySpec::boolean(false).doc(
             "activations cut along the sequence between the split layers (norms, dropout and "

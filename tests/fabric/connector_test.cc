@@ -168,6 +168,13 @@ TEST(ConnectorTest, ImpossibleRequestsSayWhyAndWhatToDo) {
                      cpu_machine()),
             "command line: fabric.model_parallel.data_parallel_size: 4 x tensor_parallel_size 2 "
             "is not the world size 4: make the product the world size, or set it to auto");
+  EXPECT_EQ(error_of({"fabric.strategy=model_parallel", "fabric.devices=4",
+                      "fabric.model_parallel.tensor_parallel_size=2",
+                      "fabric.model_parallel.data_parallel_replicate_size=4"},
+                     cpu_machine()),
+            "command line: fabric.model_parallel.data_parallel_replicate_size: 4 does not divide "
+            "data_parallel_size 2: give a divisor of it (each copy is an fsdp group of "
+            "data_parallel_size / this ranks)");
 }
 
 TEST(ConnectorTest, ModelParallelSizesDefaultToTheNodeAndTheRest) {
@@ -180,6 +187,13 @@ TEST(ConnectorTest, ModelParallelSizesDefaultToTheNodeAndTheRest) {
               cpu_machine());
   EXPECT_EQ(s.model_parallel.tensor_parallel_size, 2);
   EXPECT_EQ(s.model_parallel.data_parallel_size, 2);
+  EXPECT_EQ(s.model_parallel.replicate_size, 1);
+  s = resolve({"fabric.strategy=model_parallel", "fabric.devices=4",
+               "fabric.model_parallel.tensor_parallel_size=1",
+               "fabric.model_parallel.data_parallel_replicate_size=2"},
+              cpu_machine());
+  EXPECT_EQ(s.model_parallel.data_parallel_size, 4);  // 2 copies of an fsdp group of 2
+  EXPECT_EQ(s.model_parallel.replicate_size, 2);
   s = resolve({"fabric.strategy=model_parallel"}, cpu_machine());  // devices auto: 2 processes
   EXPECT_EQ(s.model_parallel.tensor_parallel_size, 2);
 }

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -117,7 +118,8 @@ TEST_F(GptExampleTest, FsdpWithBlockUnitsAndZero1EqualDdpWithClipping) {
 // 7.5e-9 apart on this CPU (reduction order only); with sequence parallelism too. Its last
 // checkpoint, a sharded folder (each rank's piece of its slices) and with format full one file
 // gathered whole, holds the model, the SGD momentum and the weights' moving average
-// (trainer.ema_decay) that ddp's file holds. Built by an empty init, it is bitwise the same run.
+// (trainer.ema_decay) that ddp's file holds. Built by an empty init, it is bitwise the same run;
+// with hybrid sharding (data_parallel_replicate_size 2) the same within 1e-5.
 TEST_F(GptExampleTest, ModelParallelTwoByTwoEqualsDdpOnFourRanks) {
   const std::string sgd =
       " optimizer.name=sgd optimizer.lr=0.1 trainer.gradient_clip_val=0.1 trainer.ema_decay=0.8";
@@ -147,6 +149,22 @@ TEST_F(GptExampleTest, ModelParallelTwoByTwoEqualsDdpOnFourRanks) {
                                       "logging.run_dir=empty");
   ASSERT_EQ(empty.code, 0) << empty.out;
   EXPECT_EQ(parity_failure(weights("mp"), weights("empty"), "weights", 0), "");
+  // Hybrid sharding: two copies of an fsdp pair (tp 1), and two copies of a tp pair: ddp's run
+  // and state; the copies after the first write no pieces (the folder joins: nothing twice).
+  const std::string replicate = " fabric.model_parallel.data_parallel_replicate_size=2";
+  for (const auto& [dir, extra, mesh] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"hsdp", " fabric.model_parallel.tensor_parallel_size=1",
+            "dp_replicate=2 x dp_shard=2 x tp=1"},
+           {"hsdp_tp", " fabric.model_parallel.tensor_parallel_size=2 data.batch_size=4",
+            "dp_replicate=2 x dp_shard=1 x tp=2"}}) {
+    const Result r =
+        run("gpt", args(4, "model_parallel") + sgd + replicate + extra + " logging.run_dir=" + dir);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("model_parallel: " + mesh), std::string::npos) << r.out;
+    EXPECT_EQ(parity_failure(weights("ddp"), weights(dir), "weights", 1e-5), "") << dir;
+    EXPECT_EQ(parity_failure(trained_state("ddp"), trained_state(dir), "state", 1e-5), "") << dir;
+  }
   // With sequence parallelism: the blocks on 16 of the 32 positions per rank; the sample's
   // prompts of every length (padded to a multiple of tp) after training.
   const Result sp = run("gpt", args(4, "model_parallel") + sgd +
