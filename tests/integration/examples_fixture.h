@@ -60,7 +60,7 @@ class ExamplesTest : public ::testing::Test {
 
   // Runs `binary` with `args` to the end (run dir "whole") and again resumed from the
   // checkpoint of optimizer step `from` (run dir "resumed"); expects both to exit 0 after `steps`
-  // optimizer steps and weights.pt to be bitwise the same. Returns false (with the failure
+  // optimizer steps, the second to say it resumed, and weights.pt to be bitwise the same. Returns false (with the failure
   // recorded) when a run failed, so the caller can stop.
   bool expect_resume_bitwise(const std::string& binary, const std::string& args, int from,
                              int steps) {
@@ -76,6 +76,8 @@ class ExamplesTest : public ::testing::Test {
         run(binary, args + " logging.run_dir=resumed checkpoint.resume=" + ckpt.string());
     EXPECT_EQ(resumed.code, 0) << resumed.out;
     if (resumed.code != 0) return false;
+    // (A run that started over would end bitwise the same too.)
+    EXPECT_EQ(summary_of(resumed)["resumed_from"], ckpt.string()) << resumed.out;
     const std::string a = bytes(dir_ / "whole" / "weights.pt");
     EXPECT_FALSE(a.empty()) << whole.out;
     EXPECT_TRUE(a == bytes(dir_ / "resumed" / "weights.pt")) << resumed.out;

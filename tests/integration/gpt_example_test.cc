@@ -294,6 +294,19 @@ TEST_F(GptExampleTest, ResumedMidEpochEndsBitwiseLikeTheUninterruptedRun) {
 // ddp (2 → 3 ranks), fsdp (3 → 2) and model_parallel (dp 2 → 1): the rest of the epoch's order is
 // split over the new ranks (data_loader_test counts that no example is read twice or skipped) and
 // the run ends near the uninterrupted one. Before, each was refused ("the data order changed").
+// The same under model_parallel tp 2 x dp 2 with sequence parallelism, AdamW, gradient
+// accumulation and the weights' moving average: its sharded checkpoint (each rank's pieces of its
+// slices) resumes at the same shape bitwise.
+TEST_F(GptExampleTest, ModelParallelResumedMidEpochEndsBitwise) {
+  expect_resume_bitwise("gpt",
+                        args(4, "model_parallel") +
+                            " fabric.model_parallel.tensor_parallel_size=2 "
+                            "fabric.model_parallel.sequence_parallel=true data.batch_size=2 "
+                            "trainer.accumulate_grad_batches=2 trainer.ema_decay=0.9 "
+                            "checkpoint.every_n_steps=3",
+                        3, 6);
+}
+
 TEST_F(GptExampleTest, MidEpochCheckpointResumesAtAnotherWorldSize) {
   const std::string every3 = " checkpoint.every_n_steps=3";
   const std::string mp = " fabric.model_parallel.tensor_parallel_size=2";
