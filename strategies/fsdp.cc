@@ -39,8 +39,10 @@ std::optional<c10::IValue> Fsdp::local_module_state(torch::nn::Module& module) {
 
 std::optional<PieceRange> Fsdp::wanted_module_piece(const torch::nn::Module& module,
                                                     const std::string& path, at::IntArrayRef sizes,
-                                                    at::IntArrayRef strides) {
-  if (&module != module_ || !sharded_) return std::nullopt;
+                                                    at::IntArrayRef strides,
+                                                    const std::optional<PieceLayout>& layout) {
+  // A tensor in a layout (model_parallel's) is not in fsdp's order: whole.
+  if (&module != module_ || !sharded_ || layout) return std::nullopt;
   return sharded_->wanted(path, sizes, strides);
 }
 

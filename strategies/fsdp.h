@@ -54,7 +54,8 @@ class Fsdp : public ParallelStrategy {
   std::optional<c10::IValue> local_module_state(torch::nn::Module& module) override;
   std::optional<PieceRange> wanted_module_piece(const torch::nn::Module& module,
                                                 const std::string& path, at::IntArrayRef sizes,
-                                                at::IntArrayRef strides) override;
+                                                at::IntArrayRef strides,
+                                                const std::optional<PieceLayout>& layout) override;
   std::optional<std::function<void()>> prepare_local_module_state(
       torch::nn::Module& module, const c10::IValue& value, const std::string& source) override;
   // A sharded parameter as this rank's elements of it (a view of its shard).

@@ -279,10 +279,11 @@ c10::IValue ModelParallel::map_split_fields(const c10::IValue& layout, const Fie
 
 c10::IValue ModelParallel::map_split_buffers(const c10::IValue& layout, bool gather) const {
   return map_split_fields(
-      layout, [gather](const c10::IValue& v, const Split* split) -> c10::IValue {
+      layout, [this, gather](const c10::IValue& v, const Split* split) -> c10::IValue {
         // A buffer shaped like a split parameter (not a scalar such as "step").
         if (split == nullptr) return v;
         const Split& s = *split;
+        if (!gather && as_tensor_piece(v)) return piece_of_slice(v, s);  // run_of_slice's
         if (!v.isTensor() || v.toTensor().dim() != static_cast<int64_t>(s.whole_sizes.size()) ||
             v.toTensor().dim() == 0)
           return v;
@@ -326,26 +327,68 @@ std::optional<c10::IValue> ModelParallel::gather_optimizer_state(
   return map_split_buffers(*state, /*gather=*/true);
 }
 
-std::optional<PieceRange> ModelParallel::wanted_module_piece(const torch::nn::Module& module,
-                                                             const std::string& path,
-                                                             at::IntArrayRef sizes,
-                                                             at::IntArrayRef strides) {
-  // Split tensors are read whole and cut here; the rest as fsdp reads them.
-  if (&module == split_module_ && module_splits_.count(path) > 0) return std::nullopt;
-  return Fsdp::wanted_module_piece(module, path, sizes, strides);
+std::vector<int64_t> ModelParallel::slice_sizes(const Split& s) {
+  std::vector<int64_t> sizes = s.whole_sizes;
+  sizes[s.along] /= s.shard.size;
+  return sizes;
+}
+
+std::optional<PieceRange> ModelParallel::run_of_slice(
+    const Split& s, at::IntArrayRef sizes, at::IntArrayRef strides,
+    const std::optional<PieceLayout>& layout,
+    const std::function<std::optional<PieceRange>(at::IntArrayRef)>& inner) const {
+  // Only where the checkpoint lays the slices out as this job cuts them (the same tp size, or a
+  // cut along the first dimension at any) is this rank's slice one run of it.
+  const auto cut = slices_layout(s.whole_sizes, s.along, s.shard.style.parts, s.shard.size);
+  const bool same =
+      !sizes.equals(s.whole_sizes)                      ? false
+      : !strides.equals(c10::contiguous_strides(sizes)) ? false
+      : layout.has_value() != cut.has_value()
+          ? false
+          : !layout || (layout->shape == cut->shape && layout->permute == cut->permute);
+  if (!same) return std::nullopt;  // read whole, cut here
+  const std::optional<PieceRange> in_slice = inner(slice_sizes(s));
+  if (!in_slice) return std::nullopt;
+  const int64_t slice_numel = c10::multiply_integers(s.whole_sizes) / s.shard.size;
+  return PieceRange{s.shard.rank * slice_numel + in_slice->offset, in_slice->count};
+}
+
+c10::IValue ModelParallel::piece_of_slice(const c10::IValue& v, const Split& s) const {
+  auto piece = as_tensor_piece(v);
+  if (!piece) return v;
+  const int64_t slice_numel = c10::multiply_integers(s.whole_sizes) / s.shard.size;
+  const auto sizes = slice_sizes(s);
+  return tensor_piece(sizes, c10::contiguous_strides(sizes),
+                      piece->offset - s.shard.rank * slice_numel, piece->values);
+}
+
+std::optional<PieceRange> ModelParallel::wanted_module_piece(
+    const torch::nn::Module& module, const std::string& path, at::IntArrayRef sizes,
+    at::IntArrayRef strides, const std::optional<PieceLayout>& layout) {
+  auto it = &module == split_module_ ? module_splits_.find(path) : module_splits_.end();
+  if (it == module_splits_.end())
+    return Fsdp::wanted_module_piece(module, path, sizes, strides, layout);
+  return run_of_slice(it->second, sizes, strides, layout, [&](at::IntArrayRef slice) {
+    return Fsdp::wanted_module_piece(module, path, slice, c10::contiguous_strides(slice),
+                                     std::nullopt);
+  });
 }
 
 std::optional<PieceRange> ModelParallel::wanted_optimizer_piece(
     const torch::optim::Optimizer& optimizer, const std::string& path, at::IntArrayRef sizes,
-    at::IntArrayRef strides) {
+    at::IntArrayRef strides, const std::optional<PieceLayout>& layout) {
   if (shard_of(optimizer) != nullptr && path.rfind("state/", 0) == 0) {
     const size_t end = path.find('/', 6);
     const int64_t index = std::stoll(path.substr(6, end - 6));
     if (index >= 0 && index < static_cast<int64_t>(optimizer_splits_.size()) &&
         optimizer_splits_[index].has_value())
-      return std::nullopt;
+      return run_of_slice(
+          *optimizer_splits_[index], sizes, strides, layout, [&](at::IntArrayRef slice) {
+            return Fsdp::wanted_optimizer_piece(optimizer, path, slice,
+                                                c10::contiguous_strides(slice), std::nullopt);
+          });
   }
-  return Fsdp::wanted_optimizer_piece(optimizer, path, sizes, strides);
+  return Fsdp::wanted_optimizer_piece(optimizer, path, sizes, strides, layout);
 }
 
 std::optional<std::function<void()>> ModelParallel::prepare_local_module_state(
@@ -356,10 +399,13 @@ std::optional<std::function<void()>> ModelParallel::prepare_local_module_state(
   c10::impl::GenericDict cut(dict.keyType(), dict.valueType());
   for (const auto& item : dict) {
     c10::IValue v = item.value();
-    if (item.key().isString() && v.isTensor()) {
-      auto it = module_splits_.find(item.key().toStringRef());
-      if (it != module_splits_.end() && v.toTensor().sizes().vec() == it->second.whole_sizes)
-        v = it->second.shard.slice(v.toTensor(), it->second.along).contiguous();
+    auto it = item.key().isString() ? module_splits_.find(item.key().toStringRef())
+                                    : module_splits_.end();
+    if (it != module_splits_.end() && v.isTensor() &&
+        v.toTensor().sizes().vec() == it->second.whole_sizes) {
+      v = it->second.shard.slice(v.toTensor(), it->second.along).contiguous();
+    } else if (it != module_splits_.end()) {
+      v = piece_of_slice(v, it->second);  // run_of_slice's piece
     }
     cut.insert(item.key(), v);
   }

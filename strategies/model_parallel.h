@@ -72,10 +72,11 @@ class ModelParallel : public Fsdp {
   std::optional<c10::IValue> gather_optimizer_state(torch::optim::Optimizer& optimizer) override;
   std::optional<PieceRange> wanted_module_piece(const torch::nn::Module& module,
                                                 const std::string& path, at::IntArrayRef sizes,
-                                                at::IntArrayRef strides) override;
-  std::optional<PieceRange> wanted_optimizer_piece(const torch::optim::Optimizer& optimizer,
-                                                   const std::string& path, at::IntArrayRef sizes,
-                                                   at::IntArrayRef strides) override;
+                                                at::IntArrayRef strides,
+                                                const std::optional<PieceLayout>& layout) override;
+  std::optional<PieceRange> wanted_optimizer_piece(
+      const torch::optim::Optimizer& optimizer, const std::string& path, at::IntArrayRef sizes,
+      at::IntArrayRef strides, const std::optional<PieceLayout>& layout) override;
   std::optional<std::function<void()>> prepare_local_module_state(
       torch::nn::Module& module, const c10::IValue& value, const std::string& source) override;
   std::optional<std::function<void()>> prepare_split_optimizer_state(
@@ -113,6 +114,18 @@ class ModelParallel : public Fsdp {
   // tp rank 0 and an empty one on the others (they hold the same).
   c10::IValue whole_piece(const c10::IValue& v, const Split* split) const;
   int64_t tp_rank() const;
+  // The sizes of this rank's slice of `s`.
+  static std::vector<int64_t> slice_sizes(const Split& s);
+  // Loading a sharded checkpoint: this rank's elements of split tensor `s` (`sizes`, `strides`,
+  // `layout` from its descriptor) as one run, `inner`'s run of the slice (fsdp's) placed in the
+  // slice's run, where the checkpoint lays the slices out as this job cuts them; else nullopt
+  // (read whole and cut).
+  std::optional<PieceRange> run_of_slice(
+      const Split& s, at::IntArrayRef sizes, at::IntArrayRef strides,
+      const std::optional<PieceLayout>& layout,
+      const std::function<std::optional<PieceRange>(at::IntArrayRef)>& inner) const;
+  // Such a piece as a piece of this rank's slice (what fsdp loads); other values unchanged.
+  c10::IValue piece_of_slice(const c10::IValue& v, const Split& s) const;
   int64_t replica() const;  // this rank's dp_replicate coordinate (0 without HSDP)
 
   std::map<std::string, Split> module_splits_;  // the split module's split tensors, by name

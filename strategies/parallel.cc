@@ -163,9 +163,10 @@ std::optional<c10::IValue> ParallelStrategy::local_optimizer_state(
 
 std::optional<PieceRange> ParallelStrategy::wanted_optimizer_piece(
     const torch::optim::Optimizer& optimizer, const std::string& path, at::IntArrayRef sizes,
-    at::IntArrayRef strides) {
-  if (OptimizerShard* shard = shard_of(optimizer)) return shard->wanted(path, sizes, strides);
-  return std::nullopt;
+    at::IntArrayRef strides, const std::optional<PieceLayout>& layout) {
+  OptimizerShard* shard = shard_of(optimizer);
+  if (shard == nullptr || layout) return std::nullopt;  // a layout: not this optimizer's order
+  return shard->wanted(path, sizes, strides);
 }
 
 std::optional<std::function<void()>> ParallelStrategy::prepare_split_optimizer_state(

@@ -262,14 +262,15 @@ class Joiner {
       t.end = numel;
       t.dtype = dtype;
       if (verify_only) return std::optional<c10::IValue>();
-      if (layout) {  // read whole, joined in the layout's order, put in shape in finish()
+      auto range = wanted ? wanted(at, sizes, strides, layout) : std::nullopt;
+      if (layout && !range) {  // whole: joined in the layout's order, put in shape in finish()
         ++whole_tensors_;
         t.layout = layout;
         t.flat = torch::empty({numel}, torch::dtype(dtype));
         t.whole = torch::empty(sizes, torch::dtype(dtype));
         return std::optional<c10::IValue>(t.whole);
       }
-      if (auto range = wanted ? wanted(at, sizes, strides) : std::nullopt) {
+      if (range) {
         if (range->offset < 0 || range->count < 0 || range->offset + range->count > numel)
           throw Error(what + ": elements " + std::to_string(range->offset) + " to " +
                       std::to_string(range->offset + range->count) + " asked of " +
@@ -277,7 +278,7 @@ class Joiner {
         t.begin = range->offset;
         t.end = range->offset + range->count;
         t.flat = torch::empty({range->count}, torch::dtype(dtype));
-        c10::IValue piece = tensor_piece(sizes, strides, t.begin, t.flat);
+        c10::IValue piece = tensor_piece(sizes, strides, t.begin, t.flat, layout);
         t.piece = piece.toGenericDict();
         return std::optional<c10::IValue>(piece);
       }

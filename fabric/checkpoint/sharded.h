@@ -63,11 +63,12 @@ struct PieceRange {
   int64_t offset = 0;
   int64_t count = 0;
 };
-// For the split tensor at PATH (its descriptor's shape and strides): the elements the reader needs
-// as a piece, or nullopt for the whole tensor. Not asked for tensors with a PieceLayout: those
-// are read whole.
+// For the split tensor at PATH (its descriptor's shape, strides and layout): the elements the
+// reader needs as a piece (counted in the layout's order when there is one), or nullopt for the
+// whole tensor.
 using WantedPieces = std::function<std::optional<PieceRange>(
-    const std::string& path, at::IntArrayRef sizes, at::IntArrayRef strides)>;
+    const std::string& path, at::IntArrayRef sizes, at::IntArrayRef strides,
+    const std::optional<PieceLayout>& layout)>;
 
 // A piece (tensor_piece, or one read_checkpoint made for WantedPieces), or nullopt for anything
 // else.

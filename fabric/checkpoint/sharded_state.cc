@@ -65,13 +65,13 @@ WantedPieces wanted_pieces(ShardedState* sharded, const CheckpointState& state) 
   for (const auto& entry : state.entries())
     if (entry.module || entry.optimizer)
       places.emplace_back(sharded_path({"state", entry.name}) + "/", entry.module, entry.optimizer);
-  return [sharded, places](const std::string& path, at::IntArrayRef sizes,
-                           at::IntArrayRef strides) -> std::optional<PieceRange> {
+  return [sharded, places](const std::string& path, at::IntArrayRef sizes, at::IntArrayRef strides,
+                           const std::optional<PieceLayout>& layout) -> std::optional<PieceRange> {
     for (const auto& [prefix, module, optimizer] : places) {
       if (path.compare(0, prefix.size(), prefix) != 0) continue;
       const std::string inside = path.substr(prefix.size());
-      if (module) return sharded->wanted_module_piece(*module, inside, sizes, strides);
-      return sharded->wanted_optimizer_piece(*optimizer, inside, sizes, strides);
+      if (module) return sharded->wanted_module_piece(*module, inside, sizes, strides, layout);
+      return sharded->wanted_optimizer_piece(*optimizer, inside, sizes, strides, layout);
     }
     return std::nullopt;
   };

@@ -53,20 +53,20 @@ class ShardedState {
 
   // Loading without gathering. Which elements of a split tensor of `module`'s state (`path`: the
   // parameter's name as sharded_path writes it) or of `optimizer`'s (one process's layout:
-  // "state/I/FIELD") this rank keeps, given the tensor's shape and strides in the checkpoint:
-  // read_checkpoint then reads just those (a piece).
+  // "state/I/FIELD") this rank keeps, given the tensor's shape, strides and layout in the
+  // checkpoint (offsets in the layout's order): read_checkpoint then reads just those (a piece).
   virtual std::optional<PieceRange> wanted_module_piece(const torch::nn::Module& module,
                                                         const std::string& path,
                                                         at::IntArrayRef sizes,
-                                                        at::IntArrayRef strides) {
-    (void)module, (void)path, (void)sizes, (void)strides;
+                                                        at::IntArrayRef strides,
+                                                        const std::optional<PieceLayout>& layout) {
+    (void)module, (void)path, (void)sizes, (void)strides, (void)layout;
     return std::nullopt;
   }
-  virtual std::optional<PieceRange> wanted_optimizer_piece(const torch::optim::Optimizer& optimizer,
-                                                           const std::string& path,
-                                                           at::IntArrayRef sizes,
-                                                           at::IntArrayRef strides) {
-    (void)optimizer, (void)path, (void)sizes, (void)strides;
+  virtual std::optional<PieceRange> wanted_optimizer_piece(
+      const torch::optim::Optimizer& optimizer, const std::string& path, at::IntArrayRef sizes,
+      at::IntArrayRef strides, const std::optional<PieceLayout>& layout) {
+    (void)optimizer, (void)path, (void)sizes, (void)strides, (void)layout;
     return std::nullopt;
   }
   // What loads `module`'s state `value` (name → tensor whole, or the piece wanted_module_piece

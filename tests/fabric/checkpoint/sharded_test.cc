@@ -248,8 +248,9 @@ TEST(ShardedTest, AReaderGetsJustThePiecesItWantsFromShardsOfAnyWorldSize) {
       fabric::ReadOptions options;
       options.rank = r;
       options.world_size = world;
-      options.wanted = [&](const std::string& path, at::IntArrayRef sizes,
-                           at::IntArrayRef) -> std::optional<fabric::PieceRange> {
+      options.wanted =
+          [&](const std::string& path, at::IntArrayRef sizes, at::IntArrayRef,
+              const std::optional<fabric::PieceLayout>&) -> std::optional<fabric::PieceRange> {
         if (path == "state/by_int/3") return std::nullopt;
         int64_t n = 1;
         for (int64_t s : sizes) n *= s;
@@ -294,8 +295,8 @@ TEST(ShardedTest, AReaderGetsJustThePiecesItWantsFromShardsOfAnyWorldSize) {
   fabric::ReadOptions own;
   own.rank = 0;
   own.world_size = 3;
-  own.wanted = [](const std::string&, at::IntArrayRef sizes,
-                  at::IntArrayRef) -> std::optional<fabric::PieceRange> {
+  own.wanted = [](const std::string&, at::IntArrayRef sizes, at::IntArrayRef,
+                  const std::optional<fabric::PieceLayout>&) -> std::optional<fabric::PieceRange> {
     int64_t n = 1;
     for (int64_t s : sizes) n *= s;
     return fabric::PieceRange{0, (n + 2) / 3};
@@ -318,8 +319,8 @@ TEST(ShardedTest, AReaderGetsJustThePiecesItWantsFromShardsOfAnyWorldSize) {
             gap.string() + ": sharded tensor 'state/a': the shards hold 10 of its 15 elements");
   // ...and a reader wanting the missing elements is told which.
   own.rank = 2;
-  own.wanted = [](const std::string& path, at::IntArrayRef,
-                  at::IntArrayRef) -> std::optional<fabric::PieceRange> {
+  own.wanted = [](const std::string& path, at::IntArrayRef, at::IntArrayRef,
+                  const std::optional<fabric::PieceLayout>&) -> std::optional<fabric::PieceRange> {
     return path == "state/a" ? std::optional<fabric::PieceRange>({10, 5}) : std::nullopt;
   };
   EXPECT_EQ(
@@ -394,6 +395,24 @@ TEST(ShardedTest, SlicesOfTensorParallelismJoinThroughTheirLayout) {
                   .at("row")
                   .toTensor()
                   .equal(row));
+  // A reader asking for one rank's run of a tensor in a layout (tp rank 1, dp 0: elements 18 to
+  // 27 in the layout's order) gets that piece, with the layout; the other tensor whole.
+  fabric::ReadOptions own;
+  own.rank = 2;
+  own.world_size = 4;
+  own.wanted =
+      [](const std::string& path, at::IntArrayRef, at::IntArrayRef,
+         const std::optional<fabric::PieceLayout>& layout) -> std::optional<fabric::PieceRange> {
+    if (path != "state/row" || !layout) return std::nullopt;
+    return fabric::PieceRange{18, 9};
+  };
+  const auto read = fabric::read_checkpoint(dir, own).toGenericDict().at("state").toGenericDict();
+  const auto run = fabric::as_tensor_piece(read.at("row"));
+  ASSERT_TRUE(run && run->layout);
+  EXPECT_EQ(run->offset, 18);
+  EXPECT_EQ(run->layout->permute, row_layout->permute);
+  EXPECT_TRUE(run->values.equal(slice(row, 1, 2, 1).reshape(-1).narrow(0, 0, 9)));
+  EXPECT_TRUE(read.at("qkv").toTensor().equal(qkv));
   const fs::path script = dir / "join.py";
   std::ofstream(script)
       << "import sys, os, math, torch\n"
