@@ -6,37 +6,16 @@
 #include <sstream>
 
 #include "fabric/accelerators/device_info.h"
-#include "fabric/core/suggest.h"
+#include "fabric/connector_steps.h"
 #include "fabric/environments/environments.h"
 
 namespace fabric {
 namespace {
 
-// "a, b,,c" → {"a", "b", "c"}: the items of a comma-separated key, trimmed, empty ones dropped.
-std::vector<std::string> comma_separated(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream items(text);
-  for (std::string item; std::getline(items, item, ',');) {
-    item.erase(0, item.find_first_not_of(" \t"));
-    item.erase(item.find_last_not_of(" \t") + 1);
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
-std::string plural(int64_t n, const std::string& word) {
-  if (n == 1) return "1 " + word;
-  return std::to_string(n) + " " + word + (word.back() == 's' ? "es" : "s");
-}
-
-// A choice key's value as its enum; the schema admits only the choices, so a miss is a bug here.
-template <typename Enum>
-Enum parsed(const Config& c, const std::string& key,
-            std::optional<Enum> (*parse)(const std::string&)) {
-  const std::string value = c.get_string(key);
-  if (auto e = parse(value)) return *e;
-  throw c.error_at(key, "'" + value + "' is not one of its choices (connector out of date)");
-}
+using detail::comma_separated;
+using detail::plural;
+using detail::resolve_ddp_options;
+using detail::resolve_strategy_options;
 
 // Step 1.
 c10::DeviceType resolve_accelerator(const Config& c, const MachineFacts& m) {
@@ -117,30 +96,6 @@ std::vector<torch::Device> resolve_devices(const Config& c, const MachineFacts& 
   return devices;
 }
 
-// fabric.ddp.cuda_backend and ranks_per_gpu, once the strategy is known: whether CUDA tensors go
-// through Gloo instead of NCCL.
-bool resolve_cuda_with_gloo(const Config& c, const ResolvedSetup& s) {
-  const std::string backend = c.get_string("fabric.ddp.cuda_backend");
-  const int64_t per_gpu = c.get_int("fabric.ddp.ranks_per_gpu");
-  if (per_gpu > 1 && s.accelerator != c10::DeviceType::CUDA) {
-    throw c.error_at("fabric.ddp.ranks_per_gpu",
-                     std::to_string(per_gpu) +
-                         " applies to cuda only; on cpu fabric.devices=N is the process count");
-  }
-  if (per_gpu > 1 && s.strategy == StrategyKind::kDp) {
-    throw c.error_at("fabric.ddp.ranks_per_gpu",
-                     std::to_string(per_gpu) +
-                         " needs one process per rank: use fabric.strategy ddp or fsdp, not dp");
-  }
-  if (per_gpu > 1 && backend == "nccl") {
-    throw c.error_at("fabric.ddp.cuda_backend",
-                     "nccl cannot run " + std::to_string(per_gpu) +
-                         " ranks on one GPU (fabric.ddp.ranks_per_gpu; NCCL refuses them: "
-                         "\"Duplicate GPU detected\"): use gloo or auto, or ranks_per_gpu=1");
-  }
-  return backend == "gloo" || (backend == "auto" && per_gpu > 1);
-}
-
 // This process's device: its local rank's entry of the machine's devices. Under an external
 // launcher with devices auto (or -1) on CUDA: the local rank's GPU, or, where the launcher gives
 // each process its own GPU (a per-rank CUDA_VISIBLE_DEVICES, as SLURM's --gpus-per-task does),
@@ -209,98 +164,6 @@ void resolve_restarts(const Config& c, const EnvGetter& env, ResolvedSetup& s) {
   }
 }
 
-// fabric.fsdp keys set by the user under another strategy configure nothing: one warning says so.
-void warn_inert_fsdp_keys(const Config& c, const std::string& want, ResolvedSetup& s) {
-  std::vector<std::string> inert;
-  for (const auto& p : c.schema().paths())
-    if (p.rfind("fabric.fsdp.", 0) == 0 && c.origin(p) != "default") inert.push_back(p);
-  if (!inert.empty())
-    s.warnings.push_back(
-        c.origin(inert[0]) + ": " + join(inert) + (inert.size() == 1 ? ": has" : ": have") +
-        " no effect under fabric.strategy: " + want + " (fabric.fsdp keys configure fsdp)");
-}
-
-// fabric.model_parallel.*: tensor_parallel_size (auto: the processes of one node) times
-// data_parallel_size (auto: the rest) must be the world size; data_parallel_replicate_size
-// divides data_parallel_size.
-strategies::ModelParallelOptions resolve_model_parallel(const Config& c,
-                                                        const ClusterEnvironment& env) {
-  const char* tp_key = "fabric.model_parallel.tensor_parallel_size";
-  const char* dp_key = "fabric.model_parallel.data_parallel_size";
-  const int64_t world = env.world_size();
-  strategies::ModelParallelOptions o;
-  if (c.is_auto(tp_key)) {
-    const int64_t local = env.local_world_size() > 0 ? env.local_world_size() : world;
-    o.tensor_parallel_size = c.is_auto(dp_key) ? local : world / c.get_int(dp_key);
-  } else {
-    o.tensor_parallel_size = c.get_int(tp_key);
-  }
-  if (o.tensor_parallel_size < 1 || world % o.tensor_parallel_size != 0)
-    throw c.error_at(tp_key, std::to_string(o.tensor_parallel_size) +
-                                 " does not divide the world size " + std::to_string(world) +
-                                 ": give a divisor of it (tensor-parallel partners are "
-                                 "consecutive ranks)");
-  o.data_parallel_size = world / o.tensor_parallel_size;
-  o.sequence_parallel = c.get_bool("fabric.model_parallel.sequence_parallel");
-  if (!c.is_auto(dp_key) && c.get_int(dp_key) != o.data_parallel_size)
-    throw c.error_at(dp_key, std::to_string(c.get_int(dp_key)) + " x tensor_parallel_size " +
-                                 std::to_string(o.tensor_parallel_size) +
-                                 " is not the world size " + std::to_string(world) +
-                                 ": make the product the world size, or set it to auto");
-  const char* replicate_key = "fabric.model_parallel.data_parallel_replicate_size";
-  o.replicate_size = c.get_int(replicate_key);
-  if (o.data_parallel_size % o.replicate_size != 0)
-    throw c.error_at(replicate_key, std::to_string(o.replicate_size) +
-                                        " does not divide data_parallel_size " +
-                                        std::to_string(o.data_parallel_size) +
-                                        ": give a divisor of it (each copy is an fsdp group of "
-                                        "data_parallel_size / this ranks)");
-  return o;
-}
-
-// fabric.strategy: dp: one process; replicas on 2 or more CUDA devices, else single_device with a
-// warning.
-void resolve_dp(const Config& c, int64_t world, ResolvedSetup& s) {
-  if (world > 1) {
-    throw c.error_at("fabric.strategy", "'dp' runs one process, but the launcher started " +
-                                            plural(world, "process") + ": use ddp");
-  }
-  if (s.accelerator == c10::DeviceType::CUDA && s.devices.size() >= 2) {
-    s.strategy = StrategyKind::kDp;
-  } else {
-    s.warnings.push_back(
-        c.origin("fabric.strategy") + ": fabric.strategy: dp needs 2 or more CUDA devices (have " +
-        plural(static_cast<int64_t>(s.devices.size()), "device") + " on " +
-        c10::DeviceTypeName(s.accelerator, true) + "); running single_device instead");
-    s.devices.erase(s.devices.begin() + 1, s.devices.end());
-  }
-}
-
-// The fabric.ddp.* keys (also the process group settings of fsdp).
-void resolve_ddp_options(const Config& c, ResolvedSetup& s) {
-  s.ddp.bucket_cap_mb = c.get_double("fabric.ddp.bucket_cap_mb");
-  s.ddp.find_unused_parameters = c.get_bool("fabric.ddp.find_unused_parameters");
-  s.ddp.broadcast_buffers = c.get_bool("fabric.ddp.broadcast_buffers");
-  s.ddp.gradient_as_bucket_view = c.get_bool("fabric.ddp.gradient_as_bucket_view");
-  if (s.ddp.gradient_as_bucket_view) {
-    // torch::optim::Optimizer::zero_grad() calls detach_() on every gradient, which LibTorch
-    // forbids on the bucket views this option makes the gradients into (it would abort mid-run).
-    throw c.error_at("fabric.ddp.gradient_as_bucket_view",
-                     "true is not supported: LibTorch's C++ Optimizer::zero_grad() detaches "
-                     "gradients in place, which bucket views forbid; use false");
-  }
-  s.ddp.static_graph = c.get_bool("fabric.ddp.static_graph");
-  s.ddp.comm_hook = parsed(c, "fabric.ddp.comm_hook", strategies::parse_comm_hook);
-  s.ddp.shard_optimizer_state = c.get_bool("fabric.ddp.shard_optimizer_state");
-  s.ddp.cpu_backend = parsed(c, "fabric.ddp.cpu_backend", distributed::parse_cpu_backend);
-  s.ddp.cuda_with_gloo = resolve_cuda_with_gloo(c, s);
-  s.ddp.timeout =
-      std::chrono::milliseconds(static_cast<int64_t>(c.get_double("fabric.ddp.timeout_s") * 1000));
-  s.ddp.debug_collectives = c.get_bool("fabric.ddp.debug_collectives");
-  s.ddp.heartbeat_timeout = std::chrono::milliseconds(
-      static_cast<int64_t>(c.get_double("fabric.ddp.heartbeat_timeout_s") * 1000));
-}
-
 void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) {
   const std::string want = c.get_string("fabric.strategy");
   const EnvGetter env =
@@ -314,36 +177,7 @@ void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) 
                      "'single_device' cannot run " + plural(world, "process") +
                          " (from fabric.devices or the launcher): use ddp or auto");
   }
-  s.strategy = want == "ddp" || (want == "auto" && world > 1) ? StrategyKind::kDdp
-                                                              : StrategyKind::kSingleDevice;
-  if (want == "fsdp") {
-    s.fsdp = fsdp_options(c);
-    // no_shard keeps everything whole on every rank: that is ddp.
-    s.strategy = s.fsdp.sharding_strategy == strategies::ShardingStrategy::kNoShard
-                     ? StrategyKind::kDdp
-                     : StrategyKind::kFsdp;
-  } else if (want == "model_parallel") {
-    s.fsdp = fsdp_options(c);
-    if (s.fsdp.sharding_strategy == strategies::ShardingStrategy::kNoShard)
-      throw c.error_at("fabric.fsdp.sharding_strategy",
-                       "no_shard is not supported under fabric.strategy: model_parallel (its "
-                       "data-parallel ranks are fsdp's); use full_shard or shard_grad_op");
-    s.model_parallel = resolve_model_parallel(c, *s.environment);
-    s.strategy = StrategyKind::kModelParallel;
-  } else {
-    warn_inert_fsdp_keys(c, want, s);
-  }
-  if (want != "model_parallel") {
-    for (const char* key :
-         {"fabric.model_parallel.tensor_parallel_size", "fabric.model_parallel.data_parallel_size",
-          "fabric.model_parallel.data_parallel_replicate_size",
-          "fabric.model_parallel.sequence_parallel"})
-      if (c.origin(key) != "default")
-        s.warnings.push_back(c.origin(key) + ": " + key +
-                             ": has no effect under fabric.strategy: " + want +
-                             " (it configures model_parallel)");
-  }
-  if (want == "dp") resolve_dp(c, world, s);
+  resolve_strategy_options(c, want, world, s);
   s.device = device_of_local_rank(c, m, s);
   resolve_ddp_options(c, s);
 }
@@ -446,30 +280,6 @@ void resolve_threads(const Config& c, const MachineFacts& m, ResolvedSetup& s) {
 }
 
 }  // namespace
-
-strategies::FsdpOptions fsdp_options(const Config& c) {
-  strategies::FsdpOptions o;
-  o.sharding_strategy =
-      parsed(c, "fabric.fsdp.sharding_strategy", strategies::parse_sharding_strategy);
-  o.min_unit_params = c.get_int("fabric.fsdp.min_unit_params");
-  const std::string reshard = c.get_string("fabric.fsdp.reshard_after_forward");
-  o.reshard_after_forward = reshard == "auto"
-                                ? o.sharding_strategy == strategies::ShardingStrategy::kFullShard
-                                : reshard == "true";
-  auto wire = [&c](const char* key) -> std::optional<c10::ScalarType> {
-    const std::string v = c.get_string(key);
-    if (v == "bf16") return c10::kBFloat16;
-    if (v == "fp16") return c10::kHalf;
-    if (v == "fp32") return c10::kFloat;
-    return std::nullopt;  // auto
-  };
-  const std::string prefetch = c.get_string("fabric.fsdp.prefetch");
-  o.prefetch = prefetch == "auto" ? std::nullopt : std::optional<bool>(prefetch == "true");
-  o.param_dtype = wire("fabric.fsdp.param_dtype");
-  o.reduce_dtype = wire("fabric.fsdp.reduce_dtype");
-  o.wrap_modules = comma_separated(c.get_string("fabric.fsdp.wrap_modules"));
-  return o;
-}
 
 std::string bf16_emulated_because(const MachineFacts& m) {
   if (!m.cpu.native_bf16) return "this CPU has no avx512_bf16 or amx_bf16 instructions";
