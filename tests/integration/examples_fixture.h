@@ -60,8 +60,8 @@ class ExamplesTest : public ::testing::Test {
 
   // Runs `binary` with `args` to the end (run dir "whole") and again resumed from the
   // checkpoint of optimizer step `from` (run dir "resumed"); expects both to exit 0 after `steps`
-  // optimizer steps, the second to say it resumed, and weights.pt to be bitwise the same. Returns false (with the failure
-  // recorded) when a run failed, so the caller can stop.
+  // optimizer steps, the second to say it resumed, and weights.pt to be bitwise the same. Returns
+  // false (with the failure recorded) when a run failed, so the caller can stop.
   bool expect_resume_bitwise(const std::string& binary, const std::string& args, int from,
                              int steps) {
     Result whole = run(binary, args + " logging.run_dir=whole");
