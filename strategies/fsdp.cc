@@ -131,12 +131,15 @@ void Fsdp::setup_module(torch::nn::Module& module) {
                       "fsdp empty init: broadcast of the generator state");
     empty_init->set_generator_state(state.cpu());
   } else {
-    // Same shapes everywhere, then rank 0's values everywhere (every parameter and buffer).
+    // Same shapes everywhere, then rank 0's values everywhere (every parameter and buffer),
+    // unless a strategy built on this one already broadcast them.
     c10d::verify_params_across_processes(pg, params, std::nullopt);
-    std::vector<torch::Tensor> state = module.parameters();
-    for (const auto& b : module.buffers()) state.push_back(b);
-    torch::NoGradGuard no_grad;
-    c10d::broadcast_coalesced(pg, state, 250 * 1024 * 1024, 0);
+    if (!values_broadcast_) {
+      std::vector<torch::Tensor> state = module.parameters();
+      for (const auto& b : module.buffers()) state.push_back(b);
+      torch::NoGradGuard no_grad;
+      c10d::broadcast_coalesced(pg, state, 250 * 1024 * 1024, 0);
+    }
   }
   ShardingPolicy policy;
   policy.wrap_modules = options_.wrap_modules;

@@ -91,6 +91,9 @@ class Fsdp : public ParallelStrategy {
   bool sync_ = true;
   int64_t synced_backwards_ = 0;
   bool built_empty_ = false;  // the module was built by an empty init (teardown leaves it meta)
+  // setup_module: the module already holds rank 0's values on every rank (model_parallel
+  // broadcasts them over the world before cutting): no broadcast over the group.
+  bool values_broadcast_ = false;
 };
 
 }  // namespace fabric::strategies

@@ -96,9 +96,16 @@ class ModelParallel : public Fsdp {
  private:
   // A tensor split over tp: its shard and the dimension it is cut along.
   struct Split {
+    Split(fabric::nn::TensorParallelShard shard, int64_t along, std::vector<int64_t> whole_sizes);
     fabric::nn::TensorParallelShard shard;
     int64_t along = 0;
     std::vector<int64_t> whole_sizes;
+    // Derived: this rank's slice's sizes; the order in which the ranks' slices lie one after
+    // another as runs of the whole tensor (slices_layout; nullopt: its memory order); and where
+    // this rank's run starts in it.
+    std::vector<int64_t> slice_sizes;
+    std::optional<PieceLayout> layout;
+    int64_t start = 0;
   };
   Error unsupported(const std::string& what) const;
   // The optimizer's state (one process's layout) with each field of each split parameter's
@@ -114,8 +121,6 @@ class ModelParallel : public Fsdp {
   // tp rank 0 and an empty one on the others (they hold the same).
   c10::IValue whole_piece(const c10::IValue& v, const Split* split) const;
   int64_t tp_rank() const;
-  // The sizes of this rank's slice of `s`.
-  static std::vector<int64_t> slice_sizes(const Split& s);
   // Loading a sharded checkpoint: this rank's elements of split tensor `s` (`sizes`, `strides`,
   // `layout` from its descriptor) as one run, `inner`'s run of the slice (fsdp's) placed in the
   // slice's run, where the checkpoint lays the slices out as this job cuts them; else nullopt

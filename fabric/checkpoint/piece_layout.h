@@ -21,6 +21,9 @@ namespace fabric {
 struct PieceLayout {
   std::vector<int64_t> shape;
   std::vector<int64_t> permute;
+  bool operator==(const PieceLayout& other) const {
+    return shape == other.shape && permute == other.permute;
+  }
 };
 // The elements of `whole` in `layout`'s memory order (1-D).
 torch::Tensor to_layout_order(const torch::Tensor& whole, const PieceLayout& layout);
