@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #ifdef FABRIC_WITH_CUDA
+#include <ATen/Context.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -117,6 +118,18 @@ void CountingCpuAllocator::free(void* data) {
   if (entry.deleter != nullptr) entry.deleter(data);
 }
 
+#ifdef FABRIC_WITH_CUDA
+namespace {
+// The caching allocator's per-device state exists only after CUDA's lazy initialisation (the
+// first CUDA tensor, or this); before it, its setters and statistics throw "Allocator not
+// initialized for device" (seen on an H200 when fabric.tensor_memory_limit_gb was set first).
+c10::DeviceIndex ready_cuda_index(c10::Device device) {
+  at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+  return device.has_index() ? device.index() : c10::cuda::current_device();
+}
+}  // namespace
+#endif
+
 MemoryStats memory_stats(c10::Device device) {
   MemoryStats s;
   if (device.is_cpu()) {
@@ -128,7 +141,7 @@ MemoryStats memory_stats(c10::Device device) {
   }
 #ifdef FABRIC_WITH_CUDA
   if (device.is_cuda()) {
-    const auto index = device.has_index() ? device.index() : c10::cuda::current_device();
+    const auto index = ready_cuda_index(device);
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
     const auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
     s.allocated = stats.allocated_bytes[all].current;
@@ -152,9 +165,7 @@ void reset_peak_memory(c10::Device device) {
     return;
   }
 #ifdef FABRIC_WITH_CUDA
-  if (device.is_cuda())
-    c10::cuda::CUDACachingAllocator::resetPeakStats(
-        device.has_index() ? device.index() : c10::cuda::current_device());
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(ready_cuda_index(device));
 #endif
 }
 
@@ -165,7 +176,7 @@ void set_memory_limit(c10::Device device, int64_t bytes) {
   }
 #ifdef FABRIC_WITH_CUDA
   if (device.is_cuda()) {
-    const auto index = device.has_index() ? device.index() : c10::cuda::current_device();
+    const auto index = ready_cuda_index(device);
     size_t free_bytes = 0, total = 0;
     c10::cuda::CUDAGuard guard(index);
     TORCH_CHECK(cudaMemGetInfo(&free_bytes, &total) == cudaSuccess, "cudaMemGetInfo failed");
@@ -178,7 +189,10 @@ void set_memory_limit(c10::Device device, int64_t bytes) {
 
 void release_cached_memory(c10::Device device) {
 #ifdef FABRIC_WITH_CUDA
-  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
+  if (device.is_cuda()) {
+    ready_cuda_index(device);
+    c10::cuda::CUDACachingAllocator::emptyCache();
+  }
 #else
   (void)device;
 #endif
