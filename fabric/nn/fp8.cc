@@ -6,9 +6,19 @@
 #include <torch/nn/modules/linear.h>
 
 #include <algorithm>
+#include <optional>
+#include <string>
 
 #include "fabric/accelerators/device_info.h"
+#include "fabric/core/error.h"
 #include "fabric/nn/tensor_parallel.h"
+
+#ifdef FABRIC_WITH_CUDA_KERNELS
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "fabric/nn/kernels/fp8_cast.h"
+#endif
 
 namespace fabric::nn {
 
@@ -20,23 +30,72 @@ using torch::autograd::variable_list;
 constexpr double kE4m3Max = 448.0;
 constexpr double kE5m2Max = 57344.0;
 
-// `t` as float8 of `dtype` scaled so that its largest magnitude is the format's largest, and the
-// scale that undoes it (float32 scalar): t ≈ q · inverse.
+// A [rows, cols] tensor as float8 of `dtype` scaled so that its largest magnitude becomes the
+// format's largest, row-major (q) and transposed (qt: [cols, rows] row-major, the column-major
+// operand _scaled_mm wants in backward), and the scale that undoes it (float32 scalar):
+// t ≈ q · inverse.
 struct Quantized {
-  torch::Tensor q, inverse;
+  torch::Tensor q, qt, inverse;
 };
-Quantized quantize(const torch::Tensor& t, c10::ScalarType dtype, double largest) {
+
+Quantized quantize_aten(const torch::Tensor& t, c10::ScalarType dtype, double largest) {
   const torch::Tensor amax = t.abs().amax().to(torch::kFloat).clamp_min(1e-12);
   const torch::Tensor scale = largest / amax;
   const torch::Tensor q =
       (t.to(torch::kFloat) * scale).clamp(-largest, largest).to(dtype);  // saturate, no inf
-  return {q, scale.reciprocal()};
+  return {q, q.t().contiguous(), scale.reciprocal()};
+}
+
+#ifdef FABRIC_WITH_CUDA_KERNELS
+// The same values and bits in two kernels (fabric/nn/kernels/fp8_cast.h) instead of six ATen
+// passes over float32 copies and a transposing copy.
+bool kernels_apply(const torch::Tensor& t) {
+  const c10::ScalarType s = t.scalar_type();
+  return t.is_cuda() && t.dim() == 2 &&
+         (s == torch::kFloat || s == torch::kBFloat16 || s == torch::kHalf);
+}
+
+void check(int status, const char* what) {
+  if (status != 0)
+    throw Error(std::string("fp8-mixed: the CUDA kernel (") + what +
+                ") failed to launch (cudaError " + std::to_string(status) + ")");
+}
+
+Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype) {
+  const c10::cuda::CUDAGuard guard(t.device());
+  const torch::Tensor x = t.contiguous();
+  const int64_t rows = x.size(0), cols = x.size(1);
+  const c10::ScalarType s = x.scalar_type();
+  const auto source = s == torch::kFloat      ? kernels::Fp8Source::kFloat32
+                      : s == torch::kBFloat16 ? kernels::Fp8Source::kBFloat16
+                                              : kernels::Fp8Source::kFloat16;
+  const auto scalar = x.options().dtype(torch::kFloat);
+  torch::Tensor amax = torch::empty({}, scalar), inverse = torch::empty({}, scalar);
+  torch::Tensor q = torch::empty({rows, cols}, x.options().dtype(dtype));
+  torch::Tensor qt = torch::empty({cols, rows}, x.options().dtype(dtype));
+  void* stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+  check(kernels::fp8_amax(x.data_ptr(), x.numel(), source, amax.data_ptr<float>(), stream),
+        "fp8_amax");
+  check(kernels::fp8_cast(x.data_ptr(), rows, cols, source, dtype == torch::kFloat8_e5m2,
+                          amax.data_ptr<float>(), q.data_ptr(), qt.data_ptr(),
+                          inverse.data_ptr<float>(), stream),
+        "fp8_cast");
+  return {q, qt, inverse};
+}
+#endif
+
+Quantized quantize(const torch::Tensor& t, c10::ScalarType dtype, double largest) {
+#ifdef FABRIC_WITH_CUDA_KERNELS
+  if (kernels_apply(t)) return quantize_kernels(t, dtype);
+#endif
+  return quantize_aten(t, dtype, largest);
 }
 
 // a [M, K] row-major, b [K, N] column-major (b = w8.t() of a row-major w8 [N, K]).
 torch::Tensor scaled_mm(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& sa,
-                        const torch::Tensor& sb, c10::ScalarType out) {
-  return at::_scaled_mm(a, b, sa, sb, /*bias=*/std::nullopt, /*scale_result=*/std::nullopt, out);
+                        const torch::Tensor& sb, c10::ScalarType out,
+                        const std::optional<torch::Tensor>& bias = std::nullopt) {
+  return at::_scaled_mm(a, b, sa, sb, bias, /*scale_result=*/std::nullopt, out);
 }
 
 bool fits(int64_t m, int64_t k, int64_t n) { return m % 16 == 0 && k % 16 == 0 && n % 16 == 0; }
@@ -48,17 +107,29 @@ c10::ScalarType output_dtype(const torch::Tensor& x) {
 }
 
 struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
+  // bias: a tensor with no elements for none (an undefined tensor cannot be an input).
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
-                               const torch::Tensor& weight) {
+                               const torch::Tensor& weight, const torch::Tensor& bias) {
     const int64_t k = weight.size(1), n = weight.size(0);
     const torch::Tensor x2 = x.reshape({-1, k}).contiguous();
     const c10::ScalarType out = output_dtype(x);
     const Quantized qx = quantize(x2, torch::kFloat8_e4m3fn, kE4m3Max);
     const Quantized qw = quantize(weight, torch::kFloat8_e4m3fn, kE4m3Max);
-    const torch::Tensor y = scaled_mm(qx.q, qw.q.t(), qx.inverse, qw.inverse, out);
-    ctx->save_for_backward({qx.q, qx.inverse, qw.q, qw.inverse});
+    // A 16-bit product takes the bias in the GEMM's epilogue (as ATen's linear does); a float32
+    // one (no autocast) adds it after (_scaled_mm takes a bias only for 16-bit outputs on CUDA).
+    const bool has_bias = bias.numel() > 0,
+               in_gemm = out == torch::kBFloat16 || out == torch::kHalf;
+    torch::Tensor y =
+        scaled_mm(qx.q, qw.q.t(), qx.inverse, qw.inverse, out,
+                  has_bias && in_gemm ? std::optional<torch::Tensor>(bias.to(out)) : std::nullopt);
+    if (has_bias && !in_gemm) y = y + bias.to(out);
+    // Backward reads both operands transposed (column-major for _scaled_mm): keep those.
+    ctx->save_for_backward({qx.qt, qx.inverse, qw.qt, qw.inverse});
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(weight.scalar_type());
+    ctx->saved_data["b_dtype"] =
+        static_cast<int64_t>(has_bias ? bias.scalar_type() : x.scalar_type());
+    ctx->saved_data["has_bias"] = has_bias;
     std::vector<int64_t> sizes = x.sizes().vec();
     sizes.back() = n;
     return y.view(sizes);
@@ -66,22 +137,26 @@ struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const torch::Tensor &x8 = saved[0], &sx = saved[1], &w8 = saved[2], &sw = saved[3];
+    // x8t [K, M] and w8t [K, N]: x and w transposed, row-major.
+    const torch::Tensor &x8t = saved[0], &sx = saved[1], &w8t = saved[2], &sw = saved[3];
     const auto x_dtype = static_cast<c10::ScalarType>(ctx->saved_data["x_dtype"].toInt());
     const auto w_dtype = static_cast<c10::ScalarType>(ctx->saved_data["w_dtype"].toInt());
-    const int64_t n = w8.size(0), k = w8.size(1);
+    const int64_t k = w8t.size(0), n = w8t.size(1);
     std::vector<int64_t> x_sizes = grads[0].sizes().vec();
     x_sizes.back() = k;
     const torch::Tensor g2 = grads[0].reshape({-1, n}).contiguous();
     const Quantized qg = quantize(g2, torch::kFloat8_e5m2, kE5m2Max);
     // grad_x [M, K] = g [M, N] · w [N, K]: w as a column-major [N, K].
-    const torch::Tensor grad_x =
-        scaled_mm(qg.q, w8.t().contiguous().t(), qg.inverse, sw, x_dtype).view(x_sizes);
+    const torch::Tensor grad_x = scaled_mm(qg.q, w8t.t(), qg.inverse, sw, x_dtype).view(x_sizes);
     // grad_w [N, K] = gᵀ [N, M] · x [M, K]: gᵀ row-major, x column-major.
     const torch::Tensor grad_w =
-        scaled_mm(qg.q.t().contiguous(), x8.t().contiguous().t(), qg.inverse, sx, torch::kFloat)
-            .to(w_dtype);
-    return {grad_x, grad_w};
+        scaled_mm(qg.qt, x8t.t(), qg.inverse, sx, torch::kFloat).to(w_dtype);
+    // The bias's gradient: the rows' sum, accumulated in float32.
+    torch::Tensor grad_b;
+    if (ctx->saved_data["has_bias"].toBool())
+      grad_b = g2.sum(0, /*keepdim=*/false, torch::kFloat)
+                   .to(static_cast<c10::ScalarType>(ctx->saved_data["b_dtype"].toInt()));
+    return {grad_x, grad_w, grad_b};
   }
 };
 
@@ -91,10 +166,7 @@ torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight,
                          const torch::Tensor& bias) {
   const int64_t m = x.numel() / std::max<int64_t>(x.size(-1), 1);
   if (!fits(m, weight.size(1), weight.size(0))) return torch::linear(x, weight, bias);
-  // The bias outside the function (autograd gives its gradient; an undefined tensor cannot be
-  // an input of a custom function), in the product's dtype as ATen's linear adds it.
-  const torch::Tensor y = Fp8Linear::apply(x, weight);
-  return bias.defined() ? y + bias.to(y.scalar_type()) : y;
+  return Fp8Linear::apply(x, weight, bias.defined() ? bias : torch::empty({0}, weight.options()));
 }
 
 bool fp8_supported(const torch::Device& device, std::string* why_not) {

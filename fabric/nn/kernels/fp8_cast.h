@@ -1,0 +1,28 @@
+// C interface of the float8 quantization kernels (fp8_cast.cu, compiled by nvcc when the build has
+// one: tools/bazel/cuda.bzl). No CUDA or LibTorch types; fabric/nn/fp8.cc calls them for CUDA
+// tensors, in place of six ATen kernels per operand and the transposed copies _scaled_mm needs.
+#ifndef FABRIC_NN_KERNELS_FP8_CAST_H_
+#define FABRIC_NN_KERNELS_FP8_CAST_H_
+
+#include <cstdint>
+
+namespace fabric::kernels {
+
+// Element types the kernels read.
+enum class Fp8Source { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+
+// *amax = the largest |x| over n contiguous elements of `type` (float32, on the device; NaN when x
+// holds one). Returns 0 or the cudaError_t of the launch.
+int fp8_amax(const void* x, int64_t n, Fp8Source type, float* amax, void* stream);
+
+// With s = largest / max(*amax, 1e-12) in float32 (largest: 448 for e4m3, 57344 for e5m2), writes
+// q = x · s rounded to the nearest float8 (e4m3fn, or e5m2 when `e5m2`), saturated to ±largest,
+// for x of rows × cols (row-major, contiguous): q row-major (when not null) and qt, its transpose
+// (cols × rows row-major, when not null), and *inverse = 1 / s: the same values and bits as ATen's
+// (x.to(float) · s).clamp(-largest, largest).to(float8) and s.reciprocal().
+int fp8_cast(const void* x, int64_t rows, int64_t cols, Fp8Source type, bool e5m2,
+             const float* amax, void* q, void* qt, float* inverse, void* stream);
+
+}  // namespace fabric::kernels
+
+#endif  // FABRIC_NN_KERNELS_FP8_CAST_H_
