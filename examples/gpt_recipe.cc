@@ -23,8 +23,9 @@ fabric::ConfigSchema schema() {
   s.add("model.fused_loss", fabric::KeySpec::boolean(true).doc(
                                 "output layer + cross-entropy fused on GPUs (no float32 logits)"));
   s.add("model.fused_layer_norm",
-        fabric::KeySpec::boolean(false).doc(
-            "LayerNorms (+ residual add) as fused CUDA kernels with 16-bit outputs (opt-in)"));
+        fabric::KeySpec::boolean(true).doc(
+            "LayerNorms (+ residual add) as fused CUDA kernels with 16-bit outputs where they "
+            "apply (CUDA, bf16/fp16 autocast); false: ATen's LayerNorm"));
   s.add("model.activation_checkpointing",
         fabric::KeySpec::choice_list({"Block"}, {})
             .doc("module types whose activations are recomputed in backward instead of kept"));

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPT training throughput side by side on one device: ours (tools/bench/throughput.cc --model=gpt2,
-# eager, with fabric.cuda_graphs, and eager with the opt-in fused LayerNorm kernels:
-# --fused_layer_norm=true) against the identical model in PyTorch
+# eager, with fabric.cuda_graphs, and eager with ATen's LayerNorm instead of our fused kernels:
+# --fused_layer_norm=false) against the identical model in PyTorch
 # (tools/bench/gpt_reference.py, eager and torch.compile), repetitions interleaved, medians.
 #
 #   gpt_compare.sh THROUGHPUT_BIN GPT_REFERENCE_PY OUT_DIR [--reps=2] [--steps=40] [--warmup=15]
@@ -52,7 +52,7 @@ for ((r = 1; r <= reps; r++)); do
   side ours-eager "$bin" "${common[@]}" --accelerator="$device"
   side pytorch-eager "$python" "$ref" "${common[@]}" --device="$device" --mode=eager
   side ours-graphs "$bin" "${common[@]}" --accelerator="$device" --cuda_graphs
-  side ours-fused-layernorm "$bin" "${common[@]}" --accelerator="$device" --fused_layer_norm=true
+  side ours-aten-layernorm "$bin" "${common[@]}" --accelerator="$device" --fused_layer_norm=false
   side pytorch-compile "$python" "$ref" "${common[@]}" --device="$device" --mode=compile
 done
 # Where each side spends a step (8 profiled steps after the timed ones start).
@@ -74,7 +74,7 @@ med = {k: statistics.median(r["tokens_per_s"] for r in v) for k, v in by.items()
 base = med.get("pytorch-eager")
 print("| side | runs | tokens/s (median) | MFU | step ms | peak MiB | vs PyTorch eager |")
 print("|---|---|---|---|---|---|---|")
-for k in ["ours-eager", "ours-graphs", "ours-fused-layernorm", "pytorch-eager", "pytorch-compile"]:
+for k in ["ours-eager", "ours-graphs", "ours-aten-layernorm", "pytorch-eager", "pytorch-compile"]:
     if k not in by:
         continue
     v = by[k]

@@ -51,7 +51,7 @@ DEFINE_string(
 DEFINE_int32(seq, 0, "GPT models: tokens per sequence (0: the preset's block_size)");
 DEFINE_bool(fused_loss, true,
             "GPT models: the output layer + cross-entropy as one fused CUDA step (GPT::loss)");
-DEFINE_bool(fused_layer_norm, false,
+DEFINE_bool(fused_layer_norm, true,
             "GPT models: LayerNorms (+ residual add) as fused CUDA kernels (GPTConfig)");
 DEFINE_bool(activation_checkpointing, false,
             "GPT models: recompute every Block's activations in backward "
