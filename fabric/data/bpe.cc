@@ -1,9 +1,8 @@
 #include "fabric/data/bpe.h"
 
-#include <locale.h>
-#include <wctype.h>
-
+#include <algorithm>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <mutex>
 #include <sstream>
@@ -70,12 +69,17 @@ std::pair<uint32_t, size_t> char_at(const std::string& text, size_t i) {
 
 enum class Class { kLetter, kNumber, kSpace, kOther };
 
-locale_t utf8_locale() {
-  static const locale_t loc = [] {
-    locale_t l = newlocale(LC_CTYPE_MASK, "C.UTF-8", static_cast<locale_t>(0));
-    return l ? l : newlocale(LC_CTYPE_MASK, "en_US.UTF-8", static_cast<locale_t>(0));
-  }();
-  return loc;
+struct CodePointRange {
+  uint32_t first, last;
+};
+#include "fabric/data/unicode_classes.inc"
+
+template <size_t N>
+bool in_ranges(const CodePointRange (&ranges)[N], uint32_t cp) {
+  const auto* it =
+      std::upper_bound(std::begin(ranges), std::end(ranges), cp,
+                       [](uint32_t v, const CodePointRange& r) { return v < r.first; });
+  return it != std::begin(ranges) && cp <= std::prev(it)->last;
 }
 
 Class class_of(uint32_t cp) {
@@ -89,11 +93,9 @@ Class class_of(uint32_t cp) {
   if (cp == 0x85 || cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 ||
       cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000)
     return Class::kSpace;
-  const locale_t loc = utf8_locale();
-  if (loc == static_cast<locale_t>(0)) return Class::kLetter;
-  const auto w = static_cast<wint_t>(cp);
-  if (iswalpha_l(w, loc)) return Class::kLetter;
-  if (iswalnum_l(w, loc)) return Class::kNumber;
+  // \p{L} and \p{N}: Unicode's general categories (tools/gen_unicode_classes.py).
+  if (in_ranges(kLetterRanges, cp)) return Class::kLetter;
+  if (in_ranges(kNumberRanges, cp)) return Class::kNumber;
   return Class::kOther;
 }
 

@@ -6,9 +6,9 @@
 // ('s 't 're 've 'm 'll 'd, an optional space followed by letters, by digits or by other symbols,
 // runs of whitespace), each piece's UTF-8 bytes are mapped to GPT-2's printable stand-ins
 // (bytes_to_unicode) and merged pair by pair, lowest merge rank first, and the merged symbols are
-// looked up in the vocabulary. Letters and numbers are Unicode's \p{L} and \p{N} for ASCII; for
-// other characters the C library's C.UTF-8 classes stand in (iswalpha: letters; iswalnum and not
-// iswalpha: numbers), which can split a rare script differently from Python's `regex`.
+// looked up in the vocabulary. Letters and numbers are Unicode's \p{L} and \p{N} (general
+// categories L* and N* of Unicode 14, tools/gen_unicode_classes.py). With GPT-2's own files the
+// ids equal tiktoken's "gpt2" encoding (docs/data.md gives the check and its result).
 // Special tokens ("<|endoftext|>") are never produced from text; eot() gives its id.
 //
 //   auto bpe = fabric::BpeTokenizer::load("gpt2/vocab.json", "gpt2/merges.txt");
