@@ -303,10 +303,12 @@ MachineFacts MachineFacts::query() {
 #endif
   m.libtorch_has_cuda = info.libtorch_has_cuda;
   m.cuda_device_count = static_cast<int64_t>(info.devices.size());
-  m.cuda_bf16_supported = m.cuda_fp8_supported = !info.devices.empty();
+  m.cuda_bf16_supported = m.cuda_fp8_supported = m.cuda_fp8_rowwise_supported =
+      !info.devices.empty();
   for (const auto& d : info.devices) {
     m.cuda_bf16_supported &= d.supports_bf16;
     m.cuda_fp8_supported &= d.capability_major * 10 + d.capability_minor >= 89;
+    m.cuda_fp8_rowwise_supported &= d.capability_major * 10 + d.capability_minor >= 90;
   }
   if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) m.cuda_visible_devices = v;
   m.environment = process_environment();
@@ -326,6 +328,21 @@ ResolvedSetup resolve_setup(const Config& c, const MachineFacts& m) {
       s.warnings.push_back(c.origin("fabric.fp8.exclude_modules") +
                            ": fabric.fp8.exclude_modules: has no effect under fabric.precision: " +
                            to_string(s.precision) + " (it configures fp8-mixed)");
+    s.fp8_rowwise = c.get_string("fabric.fp8.recipe") == "rowwise";
+    if (s.fp8_rowwise && s.precision == PrecisionMode::kFp8Mixed) {
+      if (s.accelerator != c10::DeviceType::CUDA)
+        throw c.error_at("fabric.fp8.recipe",
+                         "'rowwise' runs on CUDA GPUs only (LibTorch's CPU _scaled_mm takes one "
+                         "scale per tensor): use tensorwise on a CPU");
+      if (!m.cuda_fp8_rowwise_supported)
+        throw c.error_at("fabric.fp8.recipe",
+                         "'rowwise' needs GPUs of compute capability >= 9.0 (Hopper or newer): "
+                         "use tensorwise");
+    } else if (s.fp8_rowwise) {
+      s.warnings.push_back(c.origin("fabric.fp8.recipe") +
+                           ": fabric.fp8.recipe: has no effect under fabric.precision: " +
+                           to_string(s.precision) + " (it configures fp8-mixed)");
+    }
   }
   s.seed = static_cast<uint64_t>(c.get_int("fabric.seed"));  // 5
   s.deterministic = c.get_bool("fabric.deterministic");

@@ -55,11 +55,12 @@ struct MachineFacts {
   bool cuda_compiled = false;      // FABRIC_WITH_CUDA in this build
   bool libtorch_has_cuda = false;  // the loaded LibTorch has its CUDA part
   int64_t cuda_device_count = 0;
-  bool cuda_bf16_supported = false;  // every visible device has compute capability ≥ 8.0
-  bool cuda_fp8_supported = false;   // every visible device has compute capability ≥ 8.9
-  std::string cuda_visible_devices;  // $CUDA_VISIBLE_DEVICES, for messages
-  EnvGetter environment;             // launch variables (RANK, SLURM_*, ...); empty: none set
-  CpuInfo cpu;                       // CPUs usable here, native bf16; all zero/false: unknown
+  bool cuda_bf16_supported = false;         // every visible device has compute capability ≥ 8.0
+  bool cuda_fp8_supported = false;          // every visible device has compute capability ≥ 8.9
+  bool cuda_fp8_rowwise_supported = false;  // every visible device has compute capability ≥ 9.0
+  std::string cuda_visible_devices;         // $CUDA_VISIBLE_DEVICES, for messages
+  EnvGetter environment;  // launch variables (RANK, SLURM_*, ...); empty: none set
+  CpuInfo cpu;            // CPUs usable here, native bf16; all zero/false: unknown
 
   static MachineFacts query();
 };
@@ -81,6 +82,7 @@ struct ResolvedSetup {
   strategies::ModelParallelOptions model_parallel;  // fabric.model_parallel.*, resolved
   PrecisionMode precision = PrecisionMode::k32True;
   std::vector<std::string> fp8_exclude;  // fabric.fp8.exclude_modules
+  bool fp8_rowwise = false;              // fabric.fp8.recipe: rowwise
   GradScalerOptions scaler;
   uint64_t seed = 0;
   bool deterministic = false;

@@ -36,6 +36,7 @@ const char* strategy_name(StrategyKind kind) {
 std::unique_ptr<Strategy> build_strategy(const ResolvedSetup& s) {
   auto precision = std::make_unique<Precision>(s.precision, s.accelerator, s.scaler);
   precision->set_fp8_exclude(s.fp8_exclude);
+  precision->set_fp8_rowwise(s.fp8_rowwise);
   switch (s.strategy) {
     case StrategyKind::kDp:
       return std::make_unique<strategies::DataParallel>(s.devices, std::move(precision));

@@ -11,7 +11,10 @@ namespace fabric {
 void Strategy::convert_module(torch::nn::Module& module) {
   precision_->convert_module(module);
   if (precision_->mode() != PrecisionMode::kFp8Mixed) return;
-  fp8_conversion_ = fabric::nn::convert_to_fp8(module, precision_->fp8_exclude());
+  fp8_conversion_ =
+      fabric::nn::convert_to_fp8(module, precision_->fp8_exclude(),
+                                 precision_->fp8_rowwise() ? fabric::nn::Fp8Scaling::kRowwise
+                                                           : fabric::nn::Fp8Scaling::kTensorwise);
   const auto& c = fp8_conversion_;
   if (c.converted.empty())
     throw Error("fabric.precision: fp8-mixed: the module has no Linear layer to run in float8 (" +

@@ -271,6 +271,8 @@ run() {
       # tensors): the tiny GPT, whose loss must fall.
       CHECK_SUMMARY='val loss|tok/s' check "gpt gpt2.yaml fp8-mixed (NCCL, 1 GPU)" 240 \
         "$runsh" gpt "${gpt[@]}" fabric.devices=1 fabric.precision=fp8-mixed
+      CHECK_SUMMARY='val loss|tok/s' check "gpt gpt2.yaml fp8-mixed rowwise (NCCL, 1 GPU)" 240 \
+        "$runsh" gpt "${gpt[@]}" fabric.devices=1 fabric.precision=fp8-mixed fabric.fp8.recipe=rowwise
       CHECK_SUMMARY='val loss|tok/s' check "gpt tiny model_parallel tp 2 (2 ranks, 1 GPU, Gloo)" 240 \
         "$runsh" gpt --config=gpt_tp.yaml fabric.accelerator=cuda fabric.devices=1 \
         fabric.ddp.ranks_per_gpu=2 fabric.model_parallel.tensor_parallel_size=2 \

@@ -38,6 +38,10 @@ ConfigSchema default_schema() {
         KeySpec::string("").doc(
             "fp8-mixed: comma-separated module-name patterns ('*' = one name component, e.g. "
             "transformer.h.0.*) whose Linear layers stay in bf16"));
+  s.add("fabric.fp8.recipe",
+        KeySpec::choice({"tensorwise", "rowwise"}, "tensorwise")
+            .doc("fp8-mixed scales: one per tensor, or one per row of each GEMM operand "
+                 "(rowwise: CUDA compute capability >= 9.0 only)"));
   s.add("fabric.sync_batchnorm",
         KeySpec::boolean(false).doc("ddp: BatchNorm statistics over the global batch"));
   s.add("fabric.seed",

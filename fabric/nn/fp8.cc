@@ -30,20 +30,31 @@ using torch::autograd::variable_list;
 constexpr double kE4m3Max = 448.0;
 constexpr double kE5m2Max = 57344.0;
 
-// A [rows, cols] tensor as float8 of `dtype` scaled so that its largest magnitude becomes the
-// format's largest, row-major (q) and transposed (qt: [cols, rows] row-major, the column-major
-// operand _scaled_mm wants in backward), and the scale that undoes it (float32 scalar):
-// t ≈ q · inverse.
+// A [rows, cols] tensor as float8 of `dtype`, scaled so that the largest magnitude of the tensor
+// (tensorwise) or of each line (rowwise) becomes the format's largest: row-major q, and qt, the
+// transpose ([cols, rows] row-major: the column-major operand _scaled_mm wants in backward), with
+// the scales that undo them (float32): t ≈ q · rows_inverse, tᵀ ≈ qt · cols_inverse. Tensorwise,
+// both are one scalar; rowwise, q's row r has rows_inverse[r] and qt's row c (t's column c)
+// cols_inverse[c].
 struct Quantized {
-  torch::Tensor q, qt, inverse;
+  torch::Tensor q, qt, rows_inverse, cols_inverse;
 };
 
-Quantized quantize_aten(const torch::Tensor& t, c10::ScalarType dtype, double largest) {
-  const torch::Tensor amax = t.abs().amax().to(torch::kFloat).clamp_min(1e-12);
-  const torch::Tensor scale = largest / amax;
-  const torch::Tensor q =
-      (t.to(torch::kFloat) * scale).clamp(-largest, largest).to(dtype);  // saturate, no inf
-  return {q, q.t().contiguous(), scale.reciprocal()};
+Quantized quantize_aten(const torch::Tensor& t, c10::ScalarType dtype, double largest,
+                        bool rowwise) {
+  const torch::Tensor tf = t.to(torch::kFloat);
+  auto cast = [&](const torch::Tensor& scale) {
+    return (tf * scale).clamp(-largest, largest).to(dtype);  // saturate, no inf
+  };
+  if (!rowwise) {
+    const torch::Tensor scale = largest / t.abs().amax().to(torch::kFloat).clamp_min(1e-12);
+    const torch::Tensor q = cast(scale), inverse = scale.reciprocal();
+    return {q, q.t().contiguous(), inverse, inverse};
+  }
+  const torch::Tensor rows = largest / t.abs().amax(1, true).to(torch::kFloat).clamp_min(1e-12);
+  const torch::Tensor cols = largest / t.abs().amax(0, true).to(torch::kFloat).clamp_min(1e-12);
+  return {cast(rows), cast(cols).t().contiguous(), rows.reciprocal().view(-1),
+          cols.reciprocal().view(-1)};
 }
 
 #ifdef FABRIC_WITH_CUDA_KERNELS
@@ -61,7 +72,7 @@ void check(int status, const char* what) {
                 ") failed to launch (cudaError " + std::to_string(status) + ")");
 }
 
-Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype) {
+Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype, bool rowwise) {
   const c10::cuda::CUDAGuard guard(t.device());
   const torch::Tensor x = t.contiguous();
   const int64_t rows = x.size(0), cols = x.size(1);
@@ -69,26 +80,48 @@ Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype) {
   const auto source = s == torch::kFloat      ? kernels::Fp8Source::kFloat32
                       : s == torch::kBFloat16 ? kernels::Fp8Source::kBFloat16
                                               : kernels::Fp8Source::kFloat16;
-  const auto scalar = x.options().dtype(torch::kFloat);
-  torch::Tensor amax = torch::empty({}, scalar), inverse = torch::empty({}, scalar);
+  const auto f32 = x.options().dtype(torch::kFloat);
+  const bool e5m2 = dtype == torch::kFloat8_e5m2;
   torch::Tensor q = torch::empty({rows, cols}, x.options().dtype(dtype));
   torch::Tensor qt = torch::empty({cols, rows}, x.options().dtype(dtype));
   void* stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
-  check(kernels::fp8_amax(x.data_ptr(), x.numel(), source, amax.data_ptr<float>(), stream),
-        "fp8_amax");
-  check(kernels::fp8_cast(x.data_ptr(), rows, cols, source, dtype == torch::kFloat8_e5m2,
-                          amax.data_ptr<float>(), q.data_ptr(), qt.data_ptr(),
-                          inverse.data_ptr<float>(), stream),
-        "fp8_cast");
-  return {q, qt, inverse};
+  if (!rowwise) {
+    torch::Tensor amax = torch::empty({}, f32), inverse = torch::empty({}, f32);
+    check(kernels::fp8_amax(x.data_ptr(), x.numel(), source, amax.data_ptr<float>(), stream),
+          "fp8_amax");
+    check(kernels::fp8_cast(x.data_ptr(), rows, cols, source, e5m2, amax.data_ptr<float>(),
+                            q.data_ptr(), qt.data_ptr(), inverse.data_ptr<float>(), stream),
+          "fp8_cast");
+    return {q, qt, inverse, inverse};
+  }
+  torch::Tensor row_amax = torch::empty({rows}, f32), col_amax = torch::empty({cols}, f32);
+  torch::Tensor row_inverse = torch::empty({rows}, f32), col_inverse = torch::empty({cols}, f32);
+  check(kernels::fp8_amax_axes(x.data_ptr(), rows, cols, source, row_amax.data_ptr<float>(),
+                               col_amax.data_ptr<float>(), stream),
+        "fp8_amax_axes");
+  check(
+      kernels::fp8_cast_axes(x.data_ptr(), rows, cols, source, e5m2, row_amax.data_ptr<float>(),
+                             col_amax.data_ptr<float>(), q.data_ptr(), qt.data_ptr(),
+                             row_inverse.data_ptr<float>(), col_inverse.data_ptr<float>(), stream),
+      "fp8_cast_axes");
+  return {q, qt, row_inverse, col_inverse};
 }
 #endif
 
-Quantized quantize(const torch::Tensor& t, c10::ScalarType dtype, double largest) {
+Quantized quantize(const torch::Tensor& t, c10::ScalarType dtype, double largest, bool rowwise) {
 #ifdef FABRIC_WITH_CUDA_KERNELS
-  if (kernels_apply(t)) return quantize_kernels(t, dtype);
+  if (kernels_apply(t)) return quantize_kernels(t, dtype, rowwise);
 #endif
-  return quantize_aten(t, dtype, largest);
+  return quantize_aten(t, dtype, largest, rowwise);
+}
+
+// _scaled_mm's scale of an operand: the scalar, or (rowwise) its lines as [M, 1] for the first
+// operand and [1, N] for the second.
+torch::Tensor scale_a(const torch::Tensor& inverse) {
+  return inverse.dim() == 0 ? inverse : inverse.view({-1, 1});
+}
+torch::Tensor scale_b(const torch::Tensor& inverse) {
+  return inverse.dim() == 0 ? inverse : inverse.view({1, -1});
 }
 
 // a [M, K] row-major, b [K, N] column-major (b = w8.t() of a row-major w8 [N, K]).
@@ -109,27 +142,32 @@ c10::ScalarType output_dtype(const torch::Tensor& x) {
 struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
   // bias: a tensor with no elements for none (an undefined tensor cannot be an input).
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
-                               const torch::Tensor& weight, const torch::Tensor& bias) {
+                               const torch::Tensor& weight, const torch::Tensor& bias,
+                               bool rowwise) {
     const int64_t k = weight.size(1), n = weight.size(0);
     const torch::Tensor x2 = x.reshape({-1, k}).contiguous();
     const c10::ScalarType out = output_dtype(x);
-    const Quantized qx = quantize(x2, torch::kFloat8_e4m3fn, kE4m3Max);
-    const Quantized qw = quantize(weight, torch::kFloat8_e4m3fn, kE4m3Max);
+    const Quantized qx = quantize(x2, torch::kFloat8_e4m3fn, kE4m3Max, rowwise);
+    const Quantized qw = quantize(weight, torch::kFloat8_e4m3fn, kE4m3Max, rowwise);
     // A 16-bit product takes the bias in the GEMM's epilogue (as ATen's linear does); a float32
     // one (no autocast) adds it after (_scaled_mm takes a bias only for 16-bit outputs on CUDA).
-    const bool has_bias = bias.numel() > 0,
-               in_gemm = out == torch::kBFloat16 || out == torch::kHalf;
+    // Rowwise GEMMs write bf16 and add the bias after.
+    const bool has_bias = bias.numel() > 0;
+    const bool in_gemm = !rowwise && (out == torch::kBFloat16 || out == torch::kHalf);
     torch::Tensor y =
-        scaled_mm(qx.q, qw.q.t(), qx.inverse, qw.inverse, out,
+        scaled_mm(qx.q, qw.q.t(), scale_a(qx.rows_inverse), scale_b(qw.rows_inverse),
+                  rowwise ? torch::kBFloat16 : out,
                   has_bias && in_gemm ? std::optional<torch::Tensor>(bias.to(out)) : std::nullopt);
+    if (y.scalar_type() != out) y = y.to(out);
     if (has_bias && !in_gemm) y = y + bias.to(out);
     // Backward reads both operands transposed (column-major for _scaled_mm): keep those.
-    ctx->save_for_backward({qx.qt, qx.inverse, qw.qt, qw.inverse});
+    ctx->save_for_backward({qx.qt, qx.cols_inverse, qw.qt, qw.cols_inverse});
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(weight.scalar_type());
     ctx->saved_data["b_dtype"] =
         static_cast<int64_t>(has_bias ? bias.scalar_type() : x.scalar_type());
     ctx->saved_data["has_bias"] = has_bias;
+    ctx->saved_data["rowwise"] = rowwise;
     std::vector<int64_t> sizes = x.sizes().vec();
     sizes.back() = n;
     return y.view(sizes);
@@ -137,39 +175,57 @@ struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    // x8t [K, M] and w8t [K, N]: x and w transposed, row-major.
+    // x8t [K, M] and w8t [K, N]: x and w transposed, row-major, each row k with sx[k] / sw[k]
+    // when rowwise.
     const torch::Tensor &x8t = saved[0], &sx = saved[1], &w8t = saved[2], &sw = saved[3];
     const auto x_dtype = static_cast<c10::ScalarType>(ctx->saved_data["x_dtype"].toInt());
     const auto w_dtype = static_cast<c10::ScalarType>(ctx->saved_data["w_dtype"].toInt());
+    const bool rowwise = ctx->saved_data["rowwise"].toBool();
     const int64_t k = w8t.size(0), n = w8t.size(1);
     std::vector<int64_t> x_sizes = grads[0].sizes().vec();
     x_sizes.back() = k;
     const torch::Tensor g2 = grads[0].reshape({-1, n}).contiguous();
-    const Quantized qg = quantize(g2, torch::kFloat8_e5m2, kE5m2Max);
+    const Quantized qg = quantize(g2, torch::kFloat8_e5m2, kE5m2Max, rowwise);
     // grad_x [M, K] = g [M, N] · w [N, K]: w as a column-major [N, K].
-    const torch::Tensor grad_x = scaled_mm(qg.q, w8t.t(), qg.inverse, sw, x_dtype).view(x_sizes);
+    const torch::Tensor grad_x = scaled_mm(qg.q, w8t.t(), scale_a(qg.rows_inverse), scale_b(sw),
+                                           rowwise ? torch::kBFloat16 : x_dtype)
+                                     .to(x_dtype)
+                                     .view(x_sizes);
     // grad_w [N, K] = gᵀ [N, M] · x [M, K]: gᵀ row-major, x column-major.
-    const torch::Tensor grad_w =
-        scaled_mm(qg.qt, x8t.t(), qg.inverse, sx, torch::kFloat).to(w_dtype);
+    const torch::Tensor grad_w = scaled_mm(qg.qt, x8t.t(), scale_a(qg.cols_inverse), scale_b(sx),
+                                           rowwise ? torch::kBFloat16 : torch::kFloat)
+                                     .to(w_dtype);
     // The bias's gradient: the rows' sum, accumulated in float32.
     torch::Tensor grad_b;
     if (ctx->saved_data["has_bias"].toBool())
       grad_b = g2.sum(0, /*keepdim=*/false, torch::kFloat)
                    .to(static_cast<c10::ScalarType>(ctx->saved_data["b_dtype"].toInt()));
-    return {grad_x, grad_w, grad_b};
+    return {grad_x, grad_w, grad_b, torch::Tensor()};
   }
 };
 
 }  // namespace
 
 torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight,
-                         const torch::Tensor& bias) {
+                         const torch::Tensor& bias, Fp8Scaling scaling) {
   const int64_t m = x.numel() / std::max<int64_t>(x.size(-1), 1);
   if (!fits(m, weight.size(1), weight.size(0))) return torch::linear(x, weight, bias);
-  return Fp8Linear::apply(x, weight, bias.defined() ? bias : torch::empty({0}, weight.options()));
+  const bool rowwise = scaling == Fp8Scaling::kRowwise;
+  if (rowwise && !x.is_cuda())
+    throw Error(
+        "fabric.fp8.recipe: rowwise: float8 GEMMs with a scale per row run on CUDA only ("
+        "LibTorch's CPU _scaled_mm takes one scale per tensor); use tensorwise on " +
+        x.device().str());
+  return Fp8Linear::apply(x, weight, bias.defined() ? bias : torch::empty({0}, weight.options()),
+                          rowwise);
 }
 
-bool fp8_supported(const torch::Device& device, std::string* why_not) {
+bool fp8_supported(const torch::Device& device, std::string* why_not, Fp8Scaling scaling) {
+  const bool rowwise = scaling == Fp8Scaling::kRowwise;
+  if (device.is_cpu() && rowwise) {
+    if (why_not) *why_not = "rowwise float8 scaling runs on CUDA only (the CPU's is tensorwise)";
+    return false;
+  }
   if (device.is_cpu()) return true;
   if (!device.is_cuda()) {
     if (why_not) *why_not = "float8 GEMMs run on CUDA and CPU devices, not " + device.str();
@@ -177,18 +233,21 @@ bool fp8_supported(const torch::Device& device, std::string* why_not) {
   }
   for (const auto& d : query_runtime_info().devices) {
     if (d.index != device.index()) continue;
-    if (d.capability_major * 10 + d.capability_minor >= 89) return true;
+    const int need = rowwise ? 90 : 89;
+    if (d.capability_major * 10 + d.capability_minor >= need) return true;
     if (why_not)
       *why_not = "cuda:" + std::to_string(d.index) + " has compute capability " +
                  std::to_string(d.capability_major) + "." + std::to_string(d.capability_minor) +
-                 " < 8.9 (float8 needs Ada, Hopper or newer)";
+                 (rowwise ? " < 9.0 (rowwise float8 needs Hopper or newer)"
+                          : " < 8.9 (float8 needs Ada, Hopper or newer)");
     return false;
   }
   if (why_not) *why_not = "no CUDA device " + device.str();
   return false;
 }
 
-Fp8Conversion convert_to_fp8(torch::nn::Module& module, const std::vector<std::string>& exclude) {
+Fp8Conversion convert_to_fp8(torch::nn::Module& module, const std::vector<std::string>& exclude,
+                             Fp8Scaling scaling) {
   Fp8Conversion out;
   // The module itself by reference (named_modules can include it only when a shared_ptr owns it).
   std::vector<std::pair<std::string, torch::nn::Module*>> all = {{"(root)", &module}};
@@ -208,7 +267,7 @@ Fp8Conversion convert_to_fp8(torch::nn::Module& module, const std::vector<std::s
     } else if (l->weight.size(0) % 16 != 0 || l->weight.size(1) % 16 != 0) {
       out.unfit.push_back(name);
     } else {
-      l->set_fp8(true);
+      l->set_fp8(true, scaling);
       out.converted.push_back(name);
     }
   }

@@ -26,13 +26,20 @@
 
 namespace fabric::nn {
 
-// x [..., K], weight [N, K] (float32 master or 16-bit), bias [N] or undefined → [..., N].
-torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight,
-                         const torch::Tensor& bias);
+// How the scales are taken (fabric.fp8.recipe): one per tensor, or one per row of each GEMM
+// operand (rowwise: x and the output gradient per token, the weight per output and per input
+// feature; CUDA only, compute capability >= 9.0; the GEMMs write bf16).
+enum class Fp8Scaling { kTensorwise, kRowwise };
 
-// Whether `device` can run float8 GEMMs; `why_not` (when given) receives the reason otherwise
-// ("compute capability 8.0 < 8.9").
-bool fp8_supported(const torch::Device& device, std::string* why_not = nullptr);
+// x [..., K], weight [N, K] (float32 master or 16-bit), bias [N] or undefined → [..., N].
+// Rowwise on a CPU tensor throws fabric::Error (LibTorch's CPU _scaled_mm is tensorwise only).
+torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight,
+                         const torch::Tensor& bias, Fp8Scaling scaling = Fp8Scaling::kTensorwise);
+
+// Whether `device` can run float8 GEMMs with `scaling`; `why_not` (when given) receives the
+// reason otherwise ("compute capability 8.0 < 8.9").
+bool fp8_supported(const torch::Device& device, std::string* why_not = nullptr,
+                   Fp8Scaling scaling = Fp8Scaling::kTensorwise);
 
 struct Fp8Conversion {
   std::vector<std::string> converted;  // fabric::nn::Linear layers now in float8
@@ -43,8 +50,9 @@ struct Fp8Conversion {
 
 // Turns float8 GEMMs on for every fabric::nn::Linear of `module` except those whose name matches
 // a pattern of `exclude` (the plan pattern syntax of tensor_parallel.h: '*' is one name
-// component) and those whose sizes _scaled_mm cannot take. Returns what it did.
-Fp8Conversion convert_to_fp8(torch::nn::Module& module, const std::vector<std::string>& exclude);
+// component) and those whose sizes _scaled_mm cannot take, with `scaling`. Returns what it did.
+Fp8Conversion convert_to_fp8(torch::nn::Module& module, const std::vector<std::string>& exclude,
+                             Fp8Scaling scaling = Fp8Scaling::kTensorwise);
 
 }  // namespace fabric::nn
 

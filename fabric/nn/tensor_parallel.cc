@@ -267,7 +267,7 @@ void LinearImpl::pretty_print(std::ostream& stream) const {
   stream << "fabric::nn::Linear(in_features=" << options.in_features()
          << ", out_features=" << options.out_features() << ", bias=" << std::boolalpha
          << options.bias();
-  if (fp8_) stream << ", float8";
+  if (fp8_) stream << (fp8_scaling_ == Fp8Scaling::kRowwise ? ", float8 rowwise" : ", float8");
   if (parallel_)
     stream << ", tp=" << parallel_->style.name() << " " << parallel_->rank << "/"
            << parallel_->size;
@@ -285,7 +285,7 @@ void LinearImpl::set_parallel(TensorParallelShard shard) {
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   auto gemm = [this](const torch::Tensor& in, const torch::Tensor& b) {
-    return fp8_ ? fp8_linear(in, weight, b) : torch::linear(in, weight, b);
+    return fp8_ ? fp8_linear(in, weight, b, fp8_scaling_) : torch::linear(in, weight, b);
   };
   if (!parallel_) return gemm(x, bias);
   const TensorParallelShard& p = *parallel_;

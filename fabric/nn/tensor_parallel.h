@@ -48,6 +48,8 @@
 #include <utility>
 #include <vector>
 
+#include "fabric/nn/fp8.h"
+
 namespace c10d {
 class ProcessGroup;
 }  // namespace c10d
@@ -140,8 +142,12 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   void set_parallel(TensorParallelShard shard);  // parallelize() calls it
   void clear_parallel() { parallel_.reset(); }   // unparallelize() calls it, after the gather
   // Float8 GEMMs (fabric/nn/fp8.h) instead of ATen's linear; convert_to_fp8() sets it.
-  void set_fp8(bool on) { fp8_ = on; }
+  void set_fp8(bool on, Fp8Scaling scaling = Fp8Scaling::kTensorwise) {
+    fp8_ = on;
+    fp8_scaling_ = scaling;
+  }
   bool fp8() const { return fp8_; }
+  Fp8Scaling fp8_scaling() const { return fp8_scaling_; }
 
   torch::nn::LinearOptions options;
   torch::Tensor weight, bias;
@@ -149,6 +155,7 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
  private:
   std::optional<TensorParallelShard> parallel_;
   bool fp8_ = false;
+  Fp8Scaling fp8_scaling_ = Fp8Scaling::kTensorwise;
 };
 TORCH_MODULE(Linear);
 

@@ -61,6 +61,9 @@ class Precision {
   // fabric.fp8.exclude_modules: module-name patterns that stay in bf16 under fp8-mixed.
   void set_fp8_exclude(std::vector<std::string> patterns) { fp8_exclude_ = std::move(patterns); }
   const std::vector<std::string>& fp8_exclude() const { return fp8_exclude_; }
+  // fabric.fp8.recipe: rowwise (a scale per row of each GEMM operand) instead of tensorwise.
+  void set_fp8_rowwise(bool on) { fp8_rowwise_ = on; }
+  bool fp8_rowwise() const { return fp8_rowwise_; }
   // Casts a floating tensor to param_dtype() for *-true/64-true; other tensors pass unchanged.
   torch::Tensor convert_input(const torch::Tensor& tensor) const;
 
@@ -81,6 +84,7 @@ class Precision {
   c10::DeviceType device_type_;
   std::unique_ptr<GradScaler> scaler_;
   std::vector<std::string> fp8_exclude_;
+  bool fp8_rowwise_ = false;
 };
 
 }  // namespace fabric

@@ -4,7 +4,7 @@
 // tools/bench/gpt_reference.py (the identical model, init, AdamW and data in PyTorch: eager and
 // torch.compile).
 //   throughput --model=resnet18|resnet50|gpt2|gpt2-medium|gpt-tiny --batch=512
-//              --precision=bf16-mixed [--steps=50]
+//              --precision=bf16-mixed [--fp8_recipe=tensorwise] [--steps=50]
 //              [--warmup=15] [--data=static|epoch --images=50000] [--channels_last]
 //              [--accelerator=cuda] [--optimizer_impl=auto] [--threads=0] [--cuda_graphs]
 //              [--profile=trace.json --profile_steps=8] [--sync_debug] [--data_only]
@@ -60,7 +60,9 @@ DEFINE_double(clip, 0.0, "GPT models: clip the gradient norm at this value (0: n
 DEFINE_double(peak_tflops, 989.0,
               "GPT models: the device's dense peak for MFU (989: H100/H200 SXM bf16)");
 DEFINE_int32(batch, 512, "batch size");
-DEFINE_string(precision, "32-true", "32-true | bf16-mixed | 16-mixed");
+DEFINE_string(precision, "32-true", "32-true | bf16-mixed | 16-mixed | fp8-mixed");
+DEFINE_string(fp8_recipe, "tensorwise",
+              "fp8-mixed scales: tensorwise | rowwise (fabric.fp8.recipe)");
 DEFINE_int32(steps, 50, "timed steps (data=static)");
 DEFINE_int32(warmup, 15, "untimed steps first");
 DEFINE_string(data, "static", "static | epoch");
@@ -294,13 +296,13 @@ int run_gpt(fabric::Fabric& f) {
   }
   std::printf(
       "RESULT {\"framework\": \"fabric++\", \"model\": \"%s\", \"batch\": %d, \"seq\": %lld, "
-      "\"precision\": \"%s\", \"cuda_graphs\": %s, \"fused_loss\": %s, "
+      "\"precision\": \"%s\", \"fp8_recipe\": \"%s\", \"cuda_graphs\": %s, \"fused_loss\": %s, "
       "\"activation_checkpointing\": %s, \"fused_layer_norm\": %s, \"optimizer_impl\": \"%s\", "
       "\"clip\": %g, \"parameters\": %lld, \"steps\": %d, \"seconds\": %.6f, "
       "\"tokens_per_s\": %.1f, \"step_ms\": %.4f, \"tflops\": %.2f, \"mfu\": %.4f, "
       "\"peak_device_mib\": %.1f, \"start_device_mib\": %.1f, \"device\": \"%s\"}\n",
       FLAGS_model.c_str(), FLAGS_batch, static_cast<long long>(T), FLAGS_precision.c_str(),
-      graphed.graphed() ? "true" : "false", fused ? "true" : "false",
+      FLAGS_fp8_recipe.c_str(), graphed.graphed() ? "true" : "false", fused ? "true" : "false",
       FLAGS_activation_checkpointing ? "true" : "false", FLAGS_fused_layer_norm ? "true" : "false",
       FLAGS_optimizer_impl.c_str(), FLAGS_clip, static_cast<long long>(config.parameters()),
       FLAGS_steps, seconds, tokens_per_s, 1000.0 * seconds / FLAGS_steps, tflops,
@@ -318,7 +320,8 @@ int main(int argc, char** argv) {
       fabric::training_schema(),
       {"fabric.accelerator=" + FLAGS_accelerator, "fabric.devices=1",
        "fabric.strategy=single_device", "fabric.precision=" + FLAGS_precision,
-       "fabric.cudnn_benchmark=true", "fabric.num_threads=" + std::to_string(FLAGS_threads),
+       "fabric.fp8.recipe=" + FLAGS_fp8_recipe, "fabric.cudnn_benchmark=true",
+       "fabric.num_threads=" + std::to_string(FLAGS_threads),
        std::string("fabric.channels_last=") + (FLAGS_channels_last ? "true" : "false"),
        std::string("fabric.cuda_graphs=") + (FLAGS_cuda_graphs ? "true" : "false")});
   fabric::Fabric fabric(config);

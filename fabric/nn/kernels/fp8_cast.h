@@ -23,6 +23,18 @@ int fp8_amax(const void* x, int64_t n, Fp8Source type, float* amax, void* stream
 int fp8_cast(const void* x, int64_t rows, int64_t cols, Fp8Source type, bool e5m2,
              const float* amax, void* q, void* qt, float* inverse, void* stream);
 
+// Rowwise scaling, for x of rows × cols (row-major, contiguous): row_amax[r] = the largest |x| of
+// row r, col_amax[c] that of column c (float32 on the device; NaN where the line holds one).
+int fp8_amax_axes(const void* x, int64_t rows, int64_t cols, Fp8Source type, float* row_amax,
+                  float* col_amax, void* stream);
+
+// As fp8_cast, with a scale per line: q's row r (row-major, when not null) with
+// s_r = largest / max(row_amax[r], 1e-12), qt's row c (x's column c, when not null) with t_c from
+// col_amax[c]; row_inverse[r] = 1 / s_r and col_inverse[c] = 1 / t_c (each when not null).
+int fp8_cast_axes(const void* x, int64_t rows, int64_t cols, Fp8Source type, bool e5m2,
+                  const float* row_amax, const float* col_amax, void* q, void* qt,
+                  float* row_inverse, float* col_inverse, void* stream);
+
 }  // namespace fabric::kernels
 
 #endif  // FABRIC_NN_KERNELS_FP8_CAST_H_

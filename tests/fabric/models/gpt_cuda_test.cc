@@ -5,7 +5,7 @@
 // fused output layer + cross-entropy (linear_cross_entropy, GPT::loss) equals the ATen path in
 // value and gradients for bf16 and fp16, aligned and unaligned vocabularies, scaled losses; the
 // float8 linear (fp8-mixed) equals the CPU's _scaled_mm and stays near float32, and its
-// quantization kernels give ATen's bits.
+// quantization kernels give ATen's bits, tensorwise and rowwise.
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -415,6 +415,60 @@ TEST(GPTCudaTest, Fp8LinearsKernelsQuantizeAsATenDoes) {
         w.grad(), mm(qg.q.t().contiguous(), qx.q.t().contiguous().t(), qg, qx, torch::kFloat)))
         << dtype;
   }
+}
+
+// Rowwise (fabric.fp8.recipe: rowwise, compute capability >= 9.0): our kernels' scales per row
+// and per column give ATen's bits (the product and both gradients equal _scaled_mm of operands
+// ATen quantized line by line), and a row with an outlier costs the other rows nothing: their
+// error against float32 is below tensorwise's.
+TEST(GPTCudaTest, Fp8RowwiseQuantizesAsATenDoesAndIsolatesAnOutlierRow) {
+  SKIP_WITHOUT_CUDA();
+  std::string why;
+  const torch::Device cuda(torch::kCUDA, 0);
+  if (!fabric::nn::fp8_supported(cuda, &why, fabric::nn::Fp8Scaling::kRowwise)) GTEST_SKIP() << why;
+  struct Q {
+    torch::Tensor q, inverse;
+  };
+  // Scales per line along `dim` (1: per row, 0: per column), as keepdim shapes.
+  auto lines = [](const torch::Tensor& t, c10::ScalarType dtype, double largest, int64_t dim) {
+    const torch::Tensor scale =
+        largest / t.abs().amax(dim, true).to(torch::kFloat).clamp_min(1e-12);
+    return Q{(t.to(torch::kFloat) * scale).clamp(-largest, largest).to(dtype), scale.reciprocal()};
+  };
+  auto mm = [](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& sa,
+               const torch::Tensor& sb) {
+    return at::_scaled_mm(a, b, sa, sb, std::nullopt, std::nullopt, torch::kBFloat16);
+  };
+  torch::manual_seed(2);
+  torch::Tensor x0 = torch::randn({112, 160});
+  x0[5] *= 1000;  // one outlier row
+  x0 = x0.to(cuda, torch::kBFloat16);
+  const torch::Tensor w0 = (torch::randn({48, 160}) * 0.05).to(cuda),
+                      g0 = torch::randn({112, 48}).to(cuda, torch::kBFloat16);
+  torch::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+  const torch::Tensor y =
+      fabric::nn::fp8_linear(x, w, torch::Tensor(), fabric::nn::Fp8Scaling::kRowwise);
+  y.backward(g0);
+  const Q qx = lines(x0, torch::kFloat8_e4m3fn, 448, 1),
+          qw = lines(w0, torch::kFloat8_e4m3fn, 448, 1),
+          qg = lines(g0, torch::kFloat8_e5m2, 57344, 1);
+  const Q qw_cols = lines(w0, torch::kFloat8_e4m3fn, 448, 0),
+          qg_cols = lines(g0, torch::kFloat8_e5m2, 57344, 0),
+          qx_cols = lines(x0, torch::kFloat8_e4m3fn, 448, 0);
+  EXPECT_TRUE(torch::equal(y, mm(qx.q, qw.q.t(), qx.inverse, qw.inverse.view({1, -1}))));
+  EXPECT_TRUE(torch::equal(x.grad(),
+                           mm(qg.q, qw_cols.q.t().contiguous().t(), qg.inverse, qw_cols.inverse)));
+  EXPECT_TRUE(torch::equal(w.grad(), mm(qg_cols.q.t().contiguous(), qx_cols.q.t().contiguous().t(),
+                                        qg_cols.inverse.view({-1, 1}), qx_cols.inverse)
+                                         .to(torch::kFloat)));
+  const torch::Tensor exact = torch::linear(x0.to(torch::kFloat), w0);
+  const torch::Tensor tensorwise = fabric::nn::fp8_linear(x0, w0, torch::Tensor());
+  const torch::Tensor others = torch::cat({torch::arange(0, 5), torch::arange(6, 112)}).to(cuda);
+  auto error = [&](const torch::Tensor& t) {
+    return relative_norm(t.index_select(0, others), exact.index_select(0, others));
+  };
+  EXPECT_LT(error(y), 0.1 * error(tensorwise))
+      << "rowwise " << error(y) << ", tensorwise " << error(tensorwise);
 }
 
 }  // namespace

@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <string>
+
 #include "fabric/core/error.h"
 #include "fabric/nn/tensor_parallel.h"
 #include "fabric/precision/autocast.h"
@@ -79,6 +81,25 @@ TEST(Fp8Test, ConvertsFabricLinearsAndSaysWhyItKeptTheRest) {
   EXPECT_EQ(c.excluded, std::vector<std::string>{"head"});
   EXPECT_TRUE(net.named_children()["fc"]->as<fabric::nn::LinearImpl>()->fp8());
   EXPECT_FALSE(net.named_children()["head"]->as<fabric::nn::LinearImpl>()->fp8());
+}
+
+TEST(Fp8Test, RowwiseIsCarriedByTheConversionAndRefusedOnTheCpu) {
+  Net net;
+  fabric::nn::convert_to_fp8(net, {}, fabric::nn::Fp8Scaling::kRowwise);
+  auto* fc = net.named_children()["fc"]->as<fabric::nn::LinearImpl>();
+  EXPECT_EQ(fc->fp8_scaling(), fabric::nn::Fp8Scaling::kRowwise);
+  try {
+    fc->forward(torch::randn({16, 64}));
+    FAIL() << "no error";
+  } catch (const fabric::Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "fabric.fp8.recipe: rowwise: float8 GEMMs with a scale per row run on CUDA only "
+                 "(LibTorch's CPU _scaled_mm takes one scale per tensor); use tensorwise on cpu");
+  }
+  std::string why;
+  EXPECT_FALSE(fabric::nn::fp8_supported(torch::kCPU, &why, fabric::nn::Fp8Scaling::kRowwise));
+  EXPECT_EQ(why, "rowwise float8 scaling runs on CUDA only (the CPU's is tensorwise)");
+  EXPECT_TRUE(fabric::nn::fp8_supported(torch::kCPU));
 }
 
 TEST(Fp8Test, SetupRefusesAModelWithNothingToConvert) {
