@@ -185,7 +185,10 @@ struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
     std::vector<int64_t> x_sizes = grads[0].sizes().vec();
     x_sizes.back() = k;
     const torch::Tensor g2 = grads[0].reshape({-1, n}).contiguous();
-    const Quantized qg = quantize(g2, torch::kFloat8_e5m2, kE5m2Max, rowwise);
+    // Rowwise quantizes the gradient to e4m3 as well (as torchao's rowwise recipe does: a scale
+    // per row covers the range e5m2's exponent bits are for, and the rowwise GEMM takes e4m3).
+    const Quantized qg = rowwise ? quantize(g2, torch::kFloat8_e4m3fn, kE4m3Max, true)
+                                 : quantize(g2, torch::kFloat8_e5m2, kE5m2Max, false);
     // grad_x [M, K] = g [M, N] · w [N, K]: w as a column-major [N, K].
     const torch::Tensor grad_x = scaled_mm(qg.q, w8t.t(), scale_a(qg.rows_inverse), scale_b(sw),
                                            rowwise ? torch::kBFloat16 : x_dtype)

@@ -28,7 +28,7 @@ namespace fabric::nn {
 
 // How the scales are taken (fabric.fp8.recipe): one per tensor, or one per row of each GEMM
 // operand (rowwise: x and the output gradient per token, the weight per output and per input
-// feature; CUDA only, compute capability >= 9.0; the GEMMs write bf16).
+// feature; gradients in e4m3 too; CUDA only, compute capability >= 9.0; the GEMMs write bf16).
 enum class Fp8Scaling { kTensorwise, kRowwise };
 
 // x [..., K], weight [N, K] (float32 master or 16-bit), bias [N] or undefined → [..., N].
