@@ -12,9 +12,9 @@
 namespace fabric {
 namespace {
 
-using detail::comma_separated;
 using detail::plural;
 using detail::resolve_ddp_options;
+using detail::resolve_precision_options;
 using detail::resolve_strategy_options;
 
 // Step 1.
@@ -182,58 +182,6 @@ void resolve_strategy(const Config& c, const MachineFacts& m, ResolvedSetup& s) 
   resolve_ddp_options(c, s);
 }
 
-// Step 4.
-PrecisionMode resolve_precision(const Config& c, const MachineFacts& m, c10::DeviceType accelerator,
-                                std::vector<std::string>& warnings) {
-  PrecisionMode p = parse_precision(c.get_string("fabric.precision"));
-  if (accelerator == c10::DeviceType::CPU) {
-    if (p == PrecisionMode::k16True) {
-      throw c.error_at("fabric.precision",
-                       "'16-true' is not supported on CPU (float16 CPU kernels are slow and "
-                       "incomplete): use bf16-true or bf16-mixed, or run on cuda");
-    }
-    const std::string emulated = bf16_emulated_because(m);
-    if (p == PrecisionMode::k16Mixed) {
-      if (emulated.empty()) {
-        warnings.push_back(c.origin("fabric.precision") +
-                           ": fabric.precision: 16-mixed is not supported on CPU; using bf16-mixed "
-                           "(this CPU computes bf16 natively: " +
-                           m.cpu.bf16_flags + ")");
-        p = PrecisionMode::kBf16Mixed;
-      } else {
-        warnings.push_back(c.origin("fabric.precision") +
-                           ": fabric.precision: 16-mixed is not supported on CPU and bf16 would be "
-                           "emulated (" +
-                           emulated +
-                           "; several times slower than float32); using 32-true. "
-                           "fabric.precision=bf16-mixed forces bf16");
-        p = PrecisionMode::k32True;
-      }
-    } else if ((p == PrecisionMode::kBf16Mixed || p == PrecisionMode::kBf16True ||
-                p == PrecisionMode::kFp8Mixed) &&
-               !emulated.empty()) {
-      warnings.push_back(c.origin("fabric.precision") + ": fabric.precision: " + to_string(p) +
-                         " is emulated on this CPU (" + emulated +
-                         "): expect it several times slower than 32-true");
-    }
-    if (p == PrecisionMode::kFp8Mixed)
-      warnings.push_back(c.origin("fabric.precision") +
-                         ": fabric.precision: fp8-mixed on CPU runs its float8 GEMMs through "
-                         "LibTorch's CPU _scaled_mm: for checking numerics, not for speed");
-  } else if (p == PrecisionMode::kFp8Mixed && !m.cuda_fp8_supported) {
-    throw c.error_at("fabric.precision",
-                     "'fp8-mixed' needs GPUs of compute capability >= 8.9 (Ada, Hopper or "
-                     "newer) for float8 GEMMs: use bf16-mixed");
-  } else if ((p == PrecisionMode::kBf16Mixed || p == PrecisionMode::kBf16True) &&
-             !m.cuda_bf16_supported) {
-    throw c.error_at("fabric.precision",
-                     "'" + to_string(p) +
-                         "' needs a GPU with bfloat16 support (compute capability "
-                         ">= 8.0): use 16-mixed");
-  }
-  return p;
-}
-
 // Step 6. A positive count from an environment variable (parse_cpu_count).
 std::optional<int64_t> positive_from_env(const EnvGetter& env, const std::string& name) {
   if (!env) return std::nullopt;
@@ -318,32 +266,10 @@ MachineFacts MachineFacts::query() {
 
 ResolvedSetup resolve_setup(const Config& c, const MachineFacts& m) {
   ResolvedSetup s;
-  s.accelerator = resolve_accelerator(c, m);                         // 1
-  s.devices = resolve_devices(c, m, s.accelerator);                  // 2
-  resolve_strategy(c, m, s);                                         // 3
-  s.precision = resolve_precision(c, m, s.accelerator, s.warnings);  // 4
-  {
-    s.fp8_exclude = comma_separated(c.get_string("fabric.fp8.exclude_modules"));
-    if (!s.fp8_exclude.empty() && s.precision != PrecisionMode::kFp8Mixed)
-      s.warnings.push_back(c.origin("fabric.fp8.exclude_modules") +
-                           ": fabric.fp8.exclude_modules: has no effect under fabric.precision: " +
-                           to_string(s.precision) + " (it configures fp8-mixed)");
-    s.fp8_rowwise = c.get_string("fabric.fp8.recipe") == "rowwise";
-    if (s.fp8_rowwise && s.precision == PrecisionMode::kFp8Mixed) {
-      if (s.accelerator != c10::DeviceType::CUDA)
-        throw c.error_at("fabric.fp8.recipe",
-                         "'rowwise' runs on CUDA GPUs only (LibTorch's CPU _scaled_mm takes one "
-                         "scale per tensor): use tensorwise on a CPU");
-      if (!m.cuda_fp8_rowwise_supported)
-        throw c.error_at("fabric.fp8.recipe",
-                         "'rowwise' needs GPUs of compute capability >= 9.0 (Hopper or newer): "
-                         "use tensorwise");
-    } else if (s.fp8_rowwise) {
-      s.warnings.push_back(c.origin("fabric.fp8.recipe") +
-                           ": fabric.fp8.recipe: has no effect under fabric.precision: " +
-                           to_string(s.precision) + " (it configures fp8-mixed)");
-    }
-  }
+  s.accelerator = resolve_accelerator(c, m);                 // 1
+  s.devices = resolve_devices(c, m, s.accelerator);          // 2
+  resolve_strategy(c, m, s);                                 // 3
+  resolve_precision_options(c, m, s);                        // 4
   s.seed = static_cast<uint64_t>(c.get_int("fabric.seed"));  // 5
   s.deterministic = c.get_bool("fabric.deterministic");
   const std::string bench = c.get_string("fabric.cudnn_benchmark");

@@ -1,6 +1,6 @@
 // The connector's steps shared by its files (fabric/connector.h): connector.cc resolves the
-// accelerator, devices, launch, precision and threads; connector_strategy.cc the strategy and its
-// options. Not part of the API.
+// accelerator, devices, launch and threads; connector_strategy.cc the strategy and its options;
+// connector_precision.cc the precision and the fp8 keys. Not part of the API.
 #ifndef FABRIC_CONNECTOR_STEPS_H_
 #define FABRIC_CONNECTOR_STEPS_H_
 
@@ -35,6 +35,10 @@ void resolve_strategy_options(const Config& c, const std::string& want, int64_t 
 // The fabric.ddp.* keys (also the process group settings of fsdp and model_parallel), once the
 // strategy and device are known.
 void resolve_ddp_options(const Config& c, ResolvedSetup& s);
+
+// Step 4: s.precision (with CPU fallbacks and GPU requirements), s.fp8_exclude, s.fp8_rowwise;
+// warnings for fp8 keys under another precision.
+void resolve_precision_options(const Config& c, const MachineFacts& m, ResolvedSetup& s);
 
 }  // namespace fabric::detail
 
