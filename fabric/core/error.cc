@@ -39,4 +39,10 @@ std::string describe(const std::exception& e) {
   return operation + " " + paths + ": " + fs_error->code().message();
 }
 
+void check_kernel_launch(int status, const std::string& what, const std::string& kernel) {
+  if (status == 0) return;
+  throw Error(what + ": the CUDA kernel (" + kernel + ") failed to launch (cudaError " +
+              std::to_string(status) + "); was Fabric++ built for this GPU's architecture?");
+}
+
 }  // namespace fabric

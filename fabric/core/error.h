@@ -34,6 +34,11 @@ class ConfigError : public Error {
 // becomes "cannot create directories P: Not a directory"; other messages are kept.
 std::string describe(const std::exception& e);
 
+// The status of a launcher of our CUDA kernels (0, or a cudaError_t): otherwise throws Error
+// "WHAT: the CUDA kernel (KERNEL) failed to launch (cudaError N); was Fabric++ built for this
+// GPU's architecture?".
+void check_kernel_launch(int status, const std::string& what, const std::string& kernel);
+
 }  // namespace fabric
 
 #endif  // FABRIC_CORE_ERROR_H_

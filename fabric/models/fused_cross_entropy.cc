@@ -71,10 +71,7 @@ struct FusedLinearCrossEntropy : torch::autograd::Function<FusedLinearCrossEntro
         logits.stride(0), rows > 0 ? 1.0f / static_cast<float>(rows) : 0.f,
         type == at::kBFloat16 ? kernels::LogitType::kBFloat16 : kernels::LogitType::kFloat16,
         c10::cuda::getCurrentCUDAStream(h.device().index()).stream());
-    if (status != 0) {
-      throw Error("linear_cross_entropy: the CUDA kernel failed to launch (cudaError " +
-                  std::to_string(status) + "); was Fabric++ built for this GPU's architecture?");
-    }
+    check_kernel_launch(status, "linear_cross_entropy", "softmax_cross_entropy_forward_backward");
     ctx->saved_data["grad"] = logits;
     ctx->saved_data["h"] = h2;
     ctx->saved_data["w"] = w2;

@@ -33,12 +33,6 @@ kernels::LogitType kind(at::ScalarType t) {
   return t == at::kBFloat16 ? kernels::LogitType::kBFloat16 : kernels::LogitType::kFloat16;
 }
 
-void check(int status, const char* what) {
-  if (status != 0)
-    throw Error(std::string("fused LayerNorm: the CUDA kernel (") + what +
-                ") failed to launch (cudaError " + std::to_string(status) + ")");
-}
-
 // Forward shared by both functions: h (x itself without delta), y, mean, rstd.
 variable_list forward_kernel(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& delta,
                              const at::Tensor& weight, const at::Tensor& bias, double eps,
@@ -54,12 +48,13 @@ variable_list forward_kernel(AutogradContext* ctx, const at::Tensor& x, const at
   at::Tensor y = at::empty(x.sizes(), x.options().dtype(type));
   at::Tensor mean = at::empty({rows}, x.options().dtype(at::kFloat));
   at::Tensor rstd = at::empty({rows}, x.options().dtype(at::kFloat));
-  check(kernels::layer_norm_forward(x2.data_ptr<float>(), d.defined() ? d.data_ptr() : nullptr,
-                                    h.data_ptr<float>(), w.data_ptr<float>(), b.data_ptr<float>(),
-                                    y.data_ptr(), mean.data_ptr<float>(), rstd.data_ptr<float>(),
-                                    rows, cols, static_cast<float>(eps), kind(type),
-                                    c10::cuda::getCurrentCUDAStream(x.device().index()).stream()),
-        "forward");
+  check_kernel_launch(
+      kernels::layer_norm_forward(x2.data_ptr<float>(), d.defined() ? d.data_ptr() : nullptr,
+                                  h.data_ptr<float>(), w.data_ptr<float>(), b.data_ptr<float>(),
+                                  y.data_ptr(), mean.data_ptr<float>(), rstd.data_ptr<float>(),
+                                  rows, cols, static_cast<float>(eps), kind(type),
+                                  c10::cuda::getCurrentCUDAStream(x.device().index()).stream()),
+      "fused LayerNorm", "layer_norm_forward");
   // Detached: h is an output of FusedAddLayerNorm, and an output kept in its own node's context
   // would hold that node, and with it the whole step's graph, forever (a reference cycle).
   ctx->saved_data["h"] = h.detach();
@@ -90,13 +85,14 @@ variable_list backward_kernel(AutogradContext* ctx, const at::Tensor& dh_in, con
   at::Tensor dh16 = want_16 ? at::empty(h.sizes(), h.options().dtype(type)) : at::Tensor();
   at::Tensor dw = at::empty({cols}, h.options()), db = at::empty({cols}, h.options());
   at::Tensor workspace = at::empty({kernels::layer_norm_workspace_floats(rows, cols)}, h.options());
-  check(kernels::layer_norm_backward(
-            g.data_ptr(), h.data_ptr<float>(), mean.data_ptr<float>(), rstd.data_ptr<float>(),
-            w.data_ptr<float>(), dh_prev.defined() ? dh_prev.data_ptr<float>() : nullptr,
-            dh.data_ptr<float>(), want_16 ? dh16.data_ptr() : nullptr, dw.data_ptr<float>(),
-            db.data_ptr<float>(), workspace.data_ptr<float>(), rows, cols, kind(type),
-            c10::cuda::getCurrentCUDAStream(h.device().index()).stream()),
-        "backward");
+  check_kernel_launch(
+      kernels::layer_norm_backward(
+          g.data_ptr(), h.data_ptr<float>(), mean.data_ptr<float>(), rstd.data_ptr<float>(),
+          w.data_ptr<float>(), dh_prev.defined() ? dh_prev.data_ptr<float>() : nullptr,
+          dh.data_ptr<float>(), want_16 ? dh16.data_ptr() : nullptr, dw.data_ptr<float>(),
+          db.data_ptr<float>(), workspace.data_ptr<float>(), rows, cols, kind(type),
+          c10::cuda::getCurrentCUDAStream(h.device().index()).stream()),
+      "fused LayerNorm", "layer_norm_backward");
   const auto w_type = static_cast<at::ScalarType>(ctx->saved_data["w_type"].toInt());
   const auto b_type = static_cast<at::ScalarType>(ctx->saved_data["b_type"].toInt());
   return {dh, dh16, dw.to(w_type), db.to(b_type)};

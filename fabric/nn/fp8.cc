@@ -66,12 +66,6 @@ bool kernels_apply(const torch::Tensor& t) {
          (s == torch::kFloat || s == torch::kBFloat16 || s == torch::kHalf);
 }
 
-void check(int status, const char* what) {
-  if (status != 0)
-    throw Error(std::string("fp8-mixed: the CUDA kernel (") + what +
-                ") failed to launch (cudaError " + std::to_string(status) + ")");
-}
-
 Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype, bool rowwise) {
   const c10::cuda::CUDAGuard guard(t.device());
   const torch::Tensor x = t.contiguous();
@@ -87,23 +81,26 @@ Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype, bool r
   void* stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
   if (!rowwise) {
     torch::Tensor amax = torch::empty({}, f32), inverse = torch::empty({}, f32);
-    check(kernels::fp8_amax(x.data_ptr(), x.numel(), source, amax.data_ptr<float>(), stream),
-          "fp8_amax");
-    check(kernels::fp8_cast(x.data_ptr(), rows, cols, source, e5m2, amax.data_ptr<float>(),
-                            q.data_ptr(), qt.data_ptr(), inverse.data_ptr<float>(), stream),
-          "fp8_cast");
+    check_kernel_launch(
+        kernels::fp8_amax(x.data_ptr(), x.numel(), source, amax.data_ptr<float>(), stream),
+        "fp8-mixed", "fp8_amax");
+    check_kernel_launch(
+        kernels::fp8_cast(x.data_ptr(), rows, cols, source, e5m2, amax.data_ptr<float>(),
+                          q.data_ptr(), qt.data_ptr(), inverse.data_ptr<float>(), stream),
+        "fp8-mixed", "fp8_cast");
     return {q, qt, inverse, inverse};
   }
   torch::Tensor row_amax = torch::empty({rows}, f32), col_amax = torch::empty({cols}, f32);
   torch::Tensor row_inverse = torch::empty({rows}, f32), col_inverse = torch::empty({cols}, f32);
-  check(kernels::fp8_amax_axes(x.data_ptr(), rows, cols, source, row_amax.data_ptr<float>(),
-                               col_amax.data_ptr<float>(), stream),
-        "fp8_amax_axes");
-  check(
+  check_kernel_launch(
+      kernels::fp8_amax_axes(x.data_ptr(), rows, cols, source, row_amax.data_ptr<float>(),
+                             col_amax.data_ptr<float>(), stream),
+      "fp8-mixed", "fp8_amax_axes");
+  check_kernel_launch(
       kernels::fp8_cast_axes(x.data_ptr(), rows, cols, source, e5m2, row_amax.data_ptr<float>(),
                              col_amax.data_ptr<float>(), q.data_ptr(), qt.data_ptr(),
                              row_inverse.data_ptr<float>(), col_inverse.data_ptr<float>(), stream),
-      "fp8_cast_axes");
+      "fp8-mixed", "fp8_cast_axes");
   return {q, qt, row_inverse, col_inverse};
 }
 #endif
