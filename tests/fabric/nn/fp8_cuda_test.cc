@@ -1,0 +1,157 @@
+// fabric::nn float8 GEMMs (fabric.precision: fp8-mixed) on a CUDA device of compute capability
+// >= 8.9 (tag gpu; skips elsewhere): the float8 linear equals the CPU's _scaled_mm and stays near
+// float32; its quantization kernels (fabric/nn/kernels/fp8_cast.h) give ATen's bits, tensorwise
+// and rowwise, and rowwise keeps an outlier row from coarsening the others. The CPU side is
+// fp8_test.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "fabric/nn/fp8.h"
+#include "tests/cuda_skip.h"
+
+namespace {
+
+double max_rel(const torch::Tensor& a, const torch::Tensor& b) {
+  return ((a.to(torch::kFloat) - b.to(torch::kFloat)).abs().max() /
+          b.to(torch::kFloat).abs().max().clamp_min(1e-30))
+      .item<double>();
+}
+
+double relative_norm(const torch::Tensor& a, const torch::Tensor& b) {
+  return ((a.to(torch::kFloat) - b.to(torch::kFloat)).norm() / b.to(torch::kFloat).norm())
+      .item<double>();
+}
+
+// On sm_89+ _scaled_mm is cuBLASLt's float8 GEMM. The scales are computed alike on both devices
+// and a product of two float8 values is exact in float32, so the product and both gradients
+// stay within 0.1% of the CPU's _scaled_mm of the same operands, and a few percent from
+// float32's (they were quantized: not equal to it either).
+TEST(Fp8CudaTest, Fp8LinearOnCudaEqualsTheCpusAndStaysNearFloat32) {
+  SKIP_WITHOUT_CUDA();
+  std::string why;
+  if (!fabric::nn::fp8_supported(torch::Device(torch::kCUDA, 0), &why)) GTEST_SKIP() << why;
+  torch::manual_seed(0);
+  const torch::Tensor x0 = torch::randn({4, 64, 256}), w0 = torch::randn({384, 256}) * 0.05,
+                      b0 = torch::randn({384}), probe = torch::randn({4, 64, 384});
+  auto run = [&](torch::Device d, bool fp8) {
+    // (Copies: to() of a CPU tensor to the CPU is the tensor itself, whose gradient the next
+    // CPU run would add to.)
+    torch::Tensor x = x0.to(d, false, true).requires_grad_(),
+                  w = w0.to(d, false, true).requires_grad_(),
+                  b = b0.to(d, false, true).requires_grad_();
+    torch::Tensor y = fp8 ? fabric::nn::fp8_linear(x, w, b) : torch::linear(x, w, b);
+    (y * probe.to(d)).sum().backward();
+    return std::vector<torch::Tensor>{y.detach().cpu(), x.grad().cpu(), w.grad().cpu(),
+                                      b.grad().cpu()};
+  };
+  const auto cuda = run(torch::kCUDA, true), cpu = run(torch::kCPU, true),
+             exact = run(torch::kCPU, false);
+  for (size_t i = 0; i < cuda.size(); ++i) {
+    EXPECT_EQ(cuda[i].scalar_type(), torch::kFloat) << i;
+    // (Not bitwise: a value on a rounding tie may land on another float8 step on either side.)
+    EXPECT_LT(relative_norm(cuda[i], cpu[i]), 1e-3)
+        << i << ": largest difference " << max_rel(cuda[i], cpu[i]) << " of the largest element";
+    EXPECT_LT(relative_norm(cuda[i], exact[i]), i == 0 ? 0.06 : 0.15) << i;
+  }
+  EXPECT_GT(relative_norm(cuda[0], exact[0]), 1e-4);
+  EXPECT_GT(relative_norm(cuda[2], exact[2]), 1e-4);
+}
+
+// The CUDA path quantizes with its own kernels (fabric/nn/kernels/fp8_cast.h): they must give
+// the bits ATen's ops give, so the product and both gradients equal _scaled_mm of operands
+// quantized by ATen, bitwise; for float32 and bf16 inputs, rows not a multiple of the kernel's
+// 32-row tile.
+TEST(Fp8CudaTest, Fp8LinearsKernelsQuantizeAsATenDoes) {
+  SKIP_WITHOUT_CUDA();
+  std::string why;
+  const torch::Device cuda(torch::kCUDA, 0);
+  if (!fabric::nn::fp8_supported(cuda, &why)) GTEST_SKIP() << why;
+  struct Q {
+    torch::Tensor q, inverse;
+  };
+  auto quantize = [](const torch::Tensor& t, c10::ScalarType dtype, double largest) {
+    const torch::Tensor scale = largest / t.abs().amax().to(torch::kFloat).clamp_min(1e-12);
+    return Q{(t.to(torch::kFloat) * scale).clamp(-largest, largest).to(dtype), scale.reciprocal()};
+  };
+  auto mm = [](const torch::Tensor& a, const torch::Tensor& b, const Q& qa, const Q& qb,
+               c10::ScalarType out) {
+    return at::_scaled_mm(a, b, qa.inverse, qb.inverse, std::nullopt, std::nullopt, out);
+  };
+  torch::manual_seed(1);
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    const torch::Tensor x0 = (torch::randn({112, 160}) * 3).to(cuda, dtype),
+                        w0 = (torch::randn({48, 160}) * 0.05).to(cuda),
+                        g0 = torch::randn({112, 48}).to(cuda, dtype);
+    torch::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+    const torch::Tensor y = fabric::nn::fp8_linear(x, w, torch::Tensor());
+    y.backward(g0);
+    const Q qx = quantize(x0, torch::kFloat8_e4m3fn, 448),
+            qw = quantize(w0, torch::kFloat8_e4m3fn, 448),
+            qg = quantize(g0, torch::kFloat8_e5m2, 57344);
+    EXPECT_TRUE(torch::equal(y, mm(qx.q, qw.q.t(), qx, qw, dtype))) << dtype;
+    EXPECT_TRUE(torch::equal(x.grad(), mm(qg.q, qw.q.t().contiguous().t(), qg, qw, dtype)))
+        << dtype;
+    EXPECT_TRUE(torch::equal(
+        w.grad(), mm(qg.q.t().contiguous(), qx.q.t().contiguous().t(), qg, qx, torch::kFloat)))
+        << dtype;
+  }
+}
+
+// Rowwise (fabric.fp8.recipe: rowwise, compute capability >= 9.0; gradients in e4m3 too): our
+// kernels' scales per row and per column give ATen's bits (the product and both gradients equal
+// _scaled_mm of operands ATen quantized line by line), and a row with an outlier costs the other
+// rows nothing: their error against float32 is below tensorwise's.
+TEST(Fp8CudaTest, Fp8RowwiseQuantizesAsATenDoesAndIsolatesAnOutlierRow) {
+  SKIP_WITHOUT_CUDA();
+  std::string why;
+  const torch::Device cuda(torch::kCUDA, 0);
+  if (!fabric::nn::fp8_supported(cuda, &why, fabric::nn::Fp8Scaling::kRowwise)) GTEST_SKIP() << why;
+  struct Q {
+    torch::Tensor q, inverse;
+  };
+  // Scales per line along `dim` (1: per row, 0: per column), as keepdim shapes.
+  auto lines = [](const torch::Tensor& t, c10::ScalarType dtype, double largest, int64_t dim) {
+    const torch::Tensor scale =
+        largest / t.abs().amax(dim, true).to(torch::kFloat).clamp_min(1e-12);
+    return Q{(t.to(torch::kFloat) * scale).clamp(-largest, largest).to(dtype), scale.reciprocal()};
+  };
+  auto mm = [](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& sa,
+               const torch::Tensor& sb) {
+    return at::_scaled_mm(a, b, sa, sb, std::nullopt, std::nullopt, torch::kBFloat16);
+  };
+  torch::manual_seed(2);
+  torch::Tensor x0 = torch::randn({112, 160});
+  x0[5] *= 1000;  // one outlier row
+  x0 = x0.to(cuda, torch::kBFloat16);
+  const torch::Tensor w0 = (torch::randn({48, 160}) * 0.05).to(cuda),
+                      g0 = torch::randn({112, 48}).to(cuda, torch::kBFloat16);
+  torch::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+  const torch::Tensor y =
+      fabric::nn::fp8_linear(x, w, torch::Tensor(), fabric::nn::Fp8Scaling::kRowwise);
+  y.backward(g0);
+  const Q qx = lines(x0, torch::kFloat8_e4m3fn, 448, 1),
+          qw = lines(w0, torch::kFloat8_e4m3fn, 448, 1),
+          qg = lines(g0, torch::kFloat8_e4m3fn, 448, 1);
+  const Q qw_cols = lines(w0, torch::kFloat8_e4m3fn, 448, 0),
+          qg_cols = lines(g0, torch::kFloat8_e4m3fn, 448, 0),
+          qx_cols = lines(x0, torch::kFloat8_e4m3fn, 448, 0);
+  EXPECT_TRUE(torch::equal(y, mm(qx.q, qw.q.t(), qx.inverse, qw.inverse.view({1, -1}))));
+  EXPECT_TRUE(torch::equal(x.grad(),
+                           mm(qg.q, qw_cols.q.t().contiguous().t(), qg.inverse, qw_cols.inverse)));
+  EXPECT_TRUE(torch::equal(w.grad(), mm(qg_cols.q.t().contiguous(), qx_cols.q.t().contiguous().t(),
+                                        qg_cols.inverse.view({-1, 1}), qx_cols.inverse)
+                                         .to(torch::kFloat)));
+  const torch::Tensor exact = torch::linear(x0.to(torch::kFloat), w0);
+  const torch::Tensor tensorwise = fabric::nn::fp8_linear(x0, w0, torch::Tensor());
+  const torch::Tensor others = torch::cat({torch::arange(0, 5), torch::arange(6, 112)}).to(cuda);
+  auto error = [&](const torch::Tensor& t) {
+    return relative_norm(t.index_select(0, others), exact.index_select(0, others));
+  };
+  EXPECT_LT(error(y), 0.1 * error(tensorwise))
+      << "rowwise " << error(y) << ", tensorwise " << error(tensorwise);
+}
+
+}  // namespace
