@@ -6,6 +6,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -62,13 +63,15 @@ Quantized quantize_aten(const torch::Tensor& t, c10::ScalarType dtype, double la
 // passes over float32 copies and a transposing copy.
 bool kernels_apply(const torch::Tensor& t) {
   const c10::ScalarType s = t.scalar_type();
-  return t.is_cuda() && t.dim() == 2 &&
+  return t.is_cuda() && t.dim() == 2 && t.size(0) % 8 == 0 && t.size(1) % 8 == 0 &&
          (s == torch::kFloat || s == torch::kBFloat16 || s == torch::kHalf);
 }
 
 Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype, bool rowwise) {
   const c10::cuda::CUDAGuard guard(t.device());
-  const torch::Tensor x = t.contiguous();
+  torch::Tensor x = t.contiguous();
+  // The kernels read 16 bytes at a time: a view that starts mid-allocation may be misaligned.
+  if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) x = x.clone();
   const int64_t rows = x.size(0), cols = x.size(1);
   const c10::ScalarType s = x.scalar_type();
   const auto source = s == torch::kFloat      ? kernels::Fp8Source::kFloat32

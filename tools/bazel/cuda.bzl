@@ -54,3 +54,38 @@ def cuda_kernels(name, src, hdrs = [], visibility = None):
         visibility = visibility,
         alwayslink = True,
     )
+
+def cuda_emulated_test(name, src, driver, hdrs = [], size = "small"):
+    """`src`'s kernels run on the CPU by tools/cuda_emu, checked by `driver`, when nvcc was found.
+
+    tools/cuda_emu/launches.py rewrites `src` (its launches become host calls, its CUDA runtime
+    include tools/cuda_emu/shim.h), `driver` (a main() returning non-zero on a failure) is
+    appended, and nvcc compiles the whole as host C++ (it supplies the CUDA headers' host float8
+    and bf16 conversions). Without nvcc there is nothing to check: no test is defined.
+
+    Args:
+      name: the sh_test's name.
+      src: the .cu file.
+      driver: a .cc file with main().
+      hdrs: headers `src` includes.
+      size: the test's size.
+    """
+    if not NVCC:
+        return
+    native.genrule(
+        name = name + "_bin",
+        srcs = [src, driver, "//tools/cuda_emu:shim.h"] + hdrs,
+        tools = ["//tools/cuda_emu:launches.py"],
+        outs = [name + "_emulated"],
+        cmd = ("(python3 $(location //tools/cuda_emu:launches.py) $(location %s) && " +
+               "cat $(location %s)) > $@.cc && " +
+               "%s -x c++ -std=c++20 -O1 -cudart none -I. $@.cc -o $@ -Xcompiler -pthread,-w") %
+              (src, driver, NVCC),
+        message = "emulating " + src,
+        testonly = True,
+    )
+    native.sh_test(
+        name = name,
+        srcs = [name + "_emulated"],
+        size = size,
+    )

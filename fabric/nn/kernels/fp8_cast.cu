@@ -1,6 +1,9 @@
 // Float8 quantization for fabric/nn/fp8.cc: the largest magnitude of a tensor (one read, one
 // atomic per block), then the scaled, saturated cast written row-major and transposed from one
 // read through a shared-memory tile (_scaled_mm wants the backward's operands column-major).
+// Bandwidth-bound: every thread moves 8 elements at a time (16-byte loads of 16-bit inputs,
+// 8-byte stores of float8), so the kernels need 16-byte-aligned inputs whose rows and columns
+// are multiples of 8 (fp8.cc's GEMMs need multiples of 16).
 #include "fabric/nn/kernels/fp8_cast.h"
 
 #include <cuda_bf16.h>
@@ -14,15 +17,66 @@
 namespace fabric::kernels {
 namespace {
 
+constexpr int kVec = 8;  // elements a thread moves at once
 constexpr int kAmaxThreads = 256;
-constexpr int kTile = 32;     // cast: a kTile × kTile tile per block
-constexpr int kTileRows = 8;  // cast: blockDim (kTile, kTileRows)
+constexpr int kTile = 64;  // tiled kernels: a kTile × kTile tile per block
+constexpr int kTileThreads = 256;
+constexpr int kGroups = kTile / kVec;             // vectors per tile row (8)
+constexpr int kRowStep = kTileThreads / kGroups;  // tile rows one pass of the block covers (32)
+constexpr int kPasses = kTile / kRowStep;         // passes per tile (2)
+constexpr int kTileStride = kTile + 4;  // bytes per shared tile row: 4-byte stores, and the
+                                        // transposing reads of 8 rows fall in 4 banks
 
 __device__ __forceinline__ float load(const float* p, int64_t i) { return p[i]; }
 __device__ __forceinline__ float load(const __nv_bfloat16* p, int64_t i) {
   return __bfloat162float(p[i]);
 }
 __device__ __forceinline__ float load(const __half* p, int64_t i) { return __half2float(p[i]); }
+
+// v[0..8) = p[0..8) as float32; p 16-byte aligned.
+__device__ __forceinline__ void load8(const float* p, float v[kVec]) {
+  const float4 a = *reinterpret_cast<const float4*>(p);
+  const float4 b = *reinterpret_cast<const float4*>(p + 4);
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void load8(const __nv_bfloat16* p, float v[kVec]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const auto* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < kVec / 2; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    v[2 * i] = f.x, v[2 * i + 1] = f.y;
+  }
+}
+__device__ __forceinline__ void load8(const __half* p, float v[kVec]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const auto* h = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+  for (int i = 0; i < kVec / 2; ++i) {
+    const float2 f = __half22float2(h[i]);
+    v[2 * i] = f.x, v[2 * i + 1] = f.y;
+  }
+}
+
+__device__ __forceinline__ float keep_max(float m, float a) { return (a > m || a != a) ? a : m; }
+
+__device__ __forceinline__ float scale_of(float amax, float largest) {
+  return largest / (amax != amax ? amax : fmaxf(amax, 1e-12f));
+}
+
+// Two floats as two float8 bytes, the first in the low byte: (x · s) saturated to ±largest,
+// rounded to nearest even (ATen's clamp then cast).
+__device__ __forceinline__ uint32_t cvt2(float a, float b, __nv_fp8_interpretation_t kind) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, kind);
+}
+
+// 8 values times their scales as 8 float8 bytes in element order (little-endian).
+__device__ __forceinline__ uint2 cast8(const float v[kVec], const float s[kVec],
+                                       __nv_fp8_interpretation_t kind) {
+  return make_uint2(
+      cvt2(v[0] * s[0], v[1] * s[1], kind) | (cvt2(v[2] * s[2], v[3] * s[3], kind) << 16),
+      cvt2(v[4] * s[4], v[5] * s[5], kind) | (cvt2(v[6] * s[6], v[7] * s[7], kind) << 16));
+}
 
 // |v| as bits: for non-negative floats (and NaN, whose bits exceed infinity's) the integer order
 // is the float order, so atomicMax on int finds the largest.
@@ -31,11 +85,15 @@ __global__ void __launch_bounds__(kAmaxThreads)
     amax_kernel(const T* __restrict__ x, int64_t n, float* amax) {
   float m = 0.f;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    const float a = fabsf(load(x, i));
-    m = (a > m || a != a) ? a : m;  // keeps a NaN
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t vectors = n / kVec;
+  for (int64_t i = first; i < vectors; i += stride) {
+    float v[kVec];
+    load8(x + i * kVec, v);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) m = keep_max(m, fabsf(v[j]));
   }
+  for (int64_t i = vectors * kVec + first; i < n; i += stride) m = keep_max(m, fabsf(load(x, i)));
   int bits = __float_as_int(m);
   for (int o = 16; o > 0; o /= 2) bits = max(bits, __shfl_xor_sync(0xffffffff, bits, o));
   __shared__ int warp_max[kAmaxThreads / 32];
@@ -47,87 +105,131 @@ __global__ void __launch_bounds__(kAmaxThreads)
   }
 }
 
-__device__ __forceinline__ float scale_of(float amax, float largest) {
-  return largest / (amax != amax ? amax : fmaxf(amax, 1e-12f));
-}
-
-__device__ __forceinline__ float keep_max(float m, float a) { return (a > m || a != a) ? a : m; }
-
+// Thread t of a tiled block owns vector group g = t % kGroups (tile columns 8g .. 8g + 7) of
+// tile rows t / kGroups + kRowStep · p, p < kPasses.
+//
 // Tensorwise (kAxes false): one scale from amax[0] for q and qt, *row_inverse = its inverse.
 // Axiswise (kAxes true): q's row r scaled by row_amax[r], qt's row c (x's column c) by
 // col_amax[c]; row_inverse[r] and col_inverse[c] their inverses.
 template <typename T, bool kAxes>
-__global__ void __launch_bounds__(kTile* kTileRows)
+__global__ void __launch_bounds__(kTileThreads)
     cast_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, bool e5m2,
                 const float* __restrict__ row_amax, const float* __restrict__ col_amax,
-                __nv_fp8_storage_t* __restrict__ q, __nv_fp8_storage_t* __restrict__ qt,
-                float* __restrict__ row_inverse, float* __restrict__ col_inverse) {
+                uint8_t* __restrict__ q, uint8_t* __restrict__ qt, float* __restrict__ row_inverse,
+                float* __restrict__ col_inverse) {
   const float largest = e5m2 ? 57344.f : 448.f;
   const float tensor_scale = kAxes ? 0.f : scale_of(row_amax[0], largest);
   const __nv_fp8_interpretation_t kind = e5m2 ? __NV_E5M2 : __NV_E4M3;
-  if (!kAxes && row_inverse != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 &&
-      threadIdx.y == 0)
+  if (!kAxes && row_inverse != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
     *row_inverse = 1.f / tensor_scale;
-  __shared__ __nv_fp8_storage_t tile[kTile][kTile + 4];
+  __shared__ __align__(16) uint8_t tile[kTile][kTileStride];
+  const int g = threadIdx.x % kGroups, sub = threadIdx.x / kGroups;
   const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t col = col0 + g * kVec;
+  const bool col_in = col < cols;  // cols % 8 == 0: a group is wholly inside or outside
+  float col_scale[kVec];
+#pragma unroll
+  for (int j = 0; j < kVec; ++j)
+    col_scale[j] = kAxes && col_in ? scale_of(col_amax[col + j], largest) : tensor_scale;
+  if (kAxes && col_inverse != nullptr && blockIdx.y == 0 && sub == 0 && col_in) {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) col_inverse[col + j] = 1.f / col_scale[j];
+  }
   const int64_t row_tiles = (rows + kTile - 1) / kTile;
-  const int64_t col = col0 + threadIdx.x;
-  const float col_scale = kAxes && col < cols ? scale_of(col_amax[col], largest) : tensor_scale;
-  if (kAxes && blockIdx.y == 0 && threadIdx.y == 0 && col < cols && col_inverse != nullptr)
-    col_inverse[col] = 1.f / col_scale;
   for (int64_t rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
     const int64_t row0 = rt * kTile;
-    for (int r = threadIdx.y; r < kTile; r += kTileRows) {
+    float v[kPasses][kVec];
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {  // every load in flight before the first store
+      const int64_t row = row0 + sub + p * kRowStep;
+      if (row < rows && col_in) load8(x + row * cols + col, v[p]);
+    }
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {
+      const int r = sub + p * kRowStep;
       const int64_t row = row0 + r;
-      if (row < rows && col < cols) {
-        // (x · s) saturated to ±largest, rounded to nearest even: ATen's clamp then cast.
-        const float v = load(x, row * cols + col);
-        const float row_scale = kAxes ? scale_of(row_amax[row], largest) : tensor_scale;
-        if (kAxes && blockIdx.x == 0 && threadIdx.x == 0 && row_inverse != nullptr)
-          row_inverse[row] = 1.f / row_scale;
-        const __nv_fp8_storage_t vq = __nv_cvt_float_to_fp8(v * row_scale, __NV_SATFINITE, kind);
-        if (q != nullptr) q[row * cols + col] = vq;
-        tile[r][threadIdx.x] =
-            kAxes ? __nv_cvt_float_to_fp8(v * col_scale, __NV_SATFINITE, kind) : vq;
+      if (row >= rows || !col_in) continue;
+      float row_scale[kVec];
+      const float rs = kAxes ? scale_of(row_amax[row], largest) : tensor_scale;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) row_scale[j] = rs;
+      if (kAxes && blockIdx.x == 0 && g == 0 && row_inverse != nullptr) row_inverse[row] = 1.f / rs;
+      const uint2 vq = cast8(v[p], row_scale, kind);
+      if (q != nullptr) *reinterpret_cast<uint2*>(q + row * cols + col) = vq;
+      if (qt != nullptr) {
+        const uint2 vt = kAxes ? cast8(v[p], col_scale, kind) : vq;
+        auto* dst = reinterpret_cast<uint32_t*>(&tile[r][g * kVec]);
+        dst[0] = vt.x;
+        dst[1] = vt.y;
       }
     }
     if (qt == nullptr) continue;
     __syncthreads();
-    for (int c = threadIdx.y; c < kTile; c += kTileRows) {
-      const int64_t tcol = col0 + c, row = row0 + threadIdx.x;
-      if (row < rows && tcol < cols) qt[tcol * rows + row] = tile[threadIdx.x][c];
+    // Transposed: thread t writes qt's row col0 + c (c = t / kGroups + kRowStep · p), bytes
+    // row0 + 8g .. row0 + 8g + 7: a warp writes 64 contiguous bytes of 4 rows of qt.
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {
+      const int c = sub + p * kRowStep;
+      const int64_t tcol = col0 + c, trow = row0 + g * kVec;
+      if (tcol >= cols || trow >= rows) continue;  // rows % 8 == 0: all 8 rows or none
+      uint32_t lo = 0, hi = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        lo |= static_cast<uint32_t>(tile[g * kVec + j][c]) << (8 * j);
+        hi |= static_cast<uint32_t>(tile[g * kVec + 4 + j][c]) << (8 * j);
+      }
+      *reinterpret_cast<uint2*>(qt + tcol * rows + trow) = make_uint2(lo, hi);
     }
     __syncthreads();
   }
 }
 
-// row_amax[r] = max over the row, col_amax[c] = max over the column; one atomic per tile row
-// and per tile column.
+// row_amax[r] = max over the row, col_amax[c] = max over the column; one atomic per row per
+// tile column and one per column per block. Threads as in cast_kernel.
 template <typename T>
-__global__ void __launch_bounds__(kTile* kTileRows)
+__global__ void __launch_bounds__(kTileThreads)
     amax_axes_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, float* row_amax,
                      float* col_amax) {
-  __shared__ int col_bits[kTileRows][kTile];
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * kTile + threadIdx.x;
+  __shared__ int col_bits[kRowStep][kTile];
+  const int g = threadIdx.x % kGroups, sub = threadIdx.x / kGroups;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t col = col0 + g * kVec;
+  const bool col_in = col < cols;
   const int64_t row_tiles = (rows + kTile - 1) / kTile;
-  float cm = 0.f;
+  float cm[kVec] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   for (int64_t rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
-    for (int r = threadIdx.y; r < kTile; r += kTileRows) {
-      const int64_t row = rt * kTile + r;
-      float a = 0.f;
-      if (row < rows && col < cols) a = fabsf(load(x, row * cols + col));
-      cm = keep_max(cm, a);
-      int bits = __float_as_int(a);  // the warp is one tile row: reduce over its columns
-      for (int o = 16; o > 0; o /= 2) bits = max(bits, __shfl_xor_sync(0xffffffff, bits, o));
-      if (threadIdx.x == 0 && row < rows) atomicMax(reinterpret_cast<int*>(row_amax + row), bits);
+    float v[kPasses][kVec];
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {
+      const int64_t row = rt * kTile + sub + p * kRowStep;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) v[p][j] = 0.f;
+      if (row < rows && col_in) load8(x + row * cols + col, v[p]);
+    }
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {
+      const int64_t row = rt * kTile + sub + p * kRowStep;
+      float rm = 0.f;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const float a = fabsf(v[p][j]);
+        cm[j] = keep_max(cm[j], a);
+        rm = keep_max(rm, a);
+      }
+      // The kGroups lanes of one tile row are adjacent: reduce over them (every lane takes part).
+      int bits = __float_as_int(rm);
+      for (int o = kGroups / 2; o > 0; o /= 2)
+        bits = max(bits, __shfl_xor_sync(0xffffffff, bits, o));
+      if (g == 0 && row < rows && col_in) atomicMax(reinterpret_cast<int*>(row_amax + row), bits);
     }
   }
-  col_bits[threadIdx.y][threadIdx.x] = __float_as_int(cm);
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) col_bits[sub][g * kVec + j] = __float_as_int(cm[j]);
   __syncthreads();
-  if (threadIdx.y == 0 && col < cols) {
+  if (threadIdx.x < kTile && col0 + threadIdx.x < cols) {
     int bits = col_bits[0][threadIdx.x];
-    for (int y = 1; y < kTileRows; ++y) bits = max(bits, col_bits[y][threadIdx.x]);
-    atomicMax(reinterpret_cast<int*>(col_amax + col), bits);
+    for (int y = 1; y < kRowStep; ++y) bits = max(bits, col_bits[y][threadIdx.x]);
+    atomicMax(reinterpret_cast<int*>(col_amax + col0 + threadIdx.x), bits);
   }
 }
 
@@ -136,48 +238,48 @@ dim3 tile_grid(int64_t rows, int64_t cols) {
               static_cast<unsigned>(std::min<int64_t>((rows + kTile - 1) / kTile, 65535)));
 }
 
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The tiled kernels' preconditions (see fp8_cast.h).
+bool tileable(const void* x, int64_t rows, int64_t cols) {
+  return aligned16(x) && rows % kVec == 0 && cols % kVec == 0;
+}
+
 template <typename T>
 int amax_as(const void* x, int64_t n, float* amax, cudaStream_t stream) {
+  if (!aligned16(x)) return cudaErrorMisalignedAddress;
   cudaError_t e = cudaMemsetAsync(amax, 0, sizeof(float), stream);
   if (e != cudaSuccess) return e;
   if (n == 0) return 0;
-  const int64_t want = (n + kAmaxThreads * 8 - 1) / (kAmaxThreads * 8);  // ~8 elements per thread
+  // ~2 vectors per thread
+  const int64_t want = (n + kAmaxThreads * kVec * 2 - 1) / (kAmaxThreads * kVec * 2);
   const int blocks = static_cast<int>(std::min<int64_t>(std::max<int64_t>(want, 1), 4096));
   amax_kernel<T><<<blocks, kAmaxThreads, 0, stream>>>(static_cast<const T*>(x), n, amax);
   return cudaGetLastError();
 }
 
-template <typename T>
-int cast_as(const void* x, int64_t rows, int64_t cols, bool e5m2, const float* amax, void* q,
-            void* qt, float* inverse, cudaStream_t stream) {
+template <typename T, bool kAxes>
+int cast_as(const void* x, int64_t rows, int64_t cols, bool e5m2, const float* row_amax,
+            const float* col_amax, void* q, void* qt, float* row_inverse, float* col_inverse,
+            cudaStream_t stream) {
+  if (!tileable(x, rows, cols)) return cudaErrorInvalidValue;
   if (rows == 0 || cols == 0) return 0;
-  cast_kernel<T, false><<<tile_grid(rows, cols), dim3(kTile, kTileRows), 0, stream>>>(
-      static_cast<const T*>(x), rows, cols, e5m2, amax, nullptr,
-      static_cast<__nv_fp8_storage_t*>(q), static_cast<__nv_fp8_storage_t*>(qt), inverse, nullptr);
+  cast_kernel<T, kAxes><<<tile_grid(rows, cols), kTileThreads, 0, stream>>>(
+      static_cast<const T*>(x), rows, cols, e5m2, row_amax, col_amax, static_cast<uint8_t*>(q),
+      static_cast<uint8_t*>(qt), row_inverse, col_inverse);
   return cudaGetLastError();
 }
 
 template <typename T>
 int amax_axes_as(const void* x, int64_t rows, int64_t cols, float* row_amax, float* col_amax,
                  cudaStream_t stream) {
+  if (!tileable(x, rows, cols)) return cudaErrorInvalidValue;
   cudaError_t e = cudaMemsetAsync(row_amax, 0, sizeof(float) * rows, stream);
   if (e == cudaSuccess) e = cudaMemsetAsync(col_amax, 0, sizeof(float) * cols, stream);
   if (e != cudaSuccess) return e;
   if (rows == 0 || cols == 0) return 0;
-  amax_axes_kernel<T><<<tile_grid(rows, cols), dim3(kTile, kTileRows), 0, stream>>>(
+  amax_axes_kernel<T><<<tile_grid(rows, cols), kTileThreads, 0, stream>>>(
       static_cast<const T*>(x), rows, cols, row_amax, col_amax);
-  return cudaGetLastError();
-}
-
-template <typename T>
-int cast_axes_as(const void* x, int64_t rows, int64_t cols, bool e5m2, const float* row_amax,
-                 const float* col_amax, void* q, void* qt, float* row_inverse, float* col_inverse,
-                 cudaStream_t stream) {
-  if (rows == 0 || cols == 0) return 0;
-  cast_kernel<T, true><<<tile_grid(rows, cols), dim3(kTile, kTileRows), 0, stream>>>(
-      static_cast<const T*>(x), rows, cols, e5m2, row_amax, col_amax,
-      static_cast<__nv_fp8_storage_t*>(q), static_cast<__nv_fp8_storage_t*>(qt), row_inverse,
-      col_inverse);
   return cudaGetLastError();
 }
 
@@ -201,11 +303,12 @@ int fp8_cast(const void* x, int64_t rows, int64_t cols, Fp8Source type, bool e5m
   const auto s = static_cast<cudaStream_t>(stream);
   switch (type) {
     case Fp8Source::kFloat32:
-      return cast_as<float>(x, rows, cols, e5m2, amax, q, qt, inverse, s);
+      return cast_as<float, false>(x, rows, cols, e5m2, amax, nullptr, q, qt, inverse, nullptr, s);
     case Fp8Source::kBFloat16:
-      return cast_as<__nv_bfloat16>(x, rows, cols, e5m2, amax, q, qt, inverse, s);
+      return cast_as<__nv_bfloat16, false>(x, rows, cols, e5m2, amax, nullptr, q, qt, inverse,
+                                           nullptr, s);
     case Fp8Source::kFloat16:
-      return cast_as<__half>(x, rows, cols, e5m2, amax, q, qt, inverse, s);
+      return cast_as<__half, false>(x, rows, cols, e5m2, amax, nullptr, q, qt, inverse, nullptr, s);
   }
   return cudaErrorInvalidValue;
 }
@@ -230,14 +333,14 @@ int fp8_cast_axes(const void* x, int64_t rows, int64_t cols, Fp8Source type, boo
   const auto s = static_cast<cudaStream_t>(stream);
   switch (type) {
     case Fp8Source::kFloat32:
-      return cast_axes_as<float>(x, rows, cols, e5m2, row_amax, col_amax, q, qt, row_inverse,
-                                 col_inverse, s);
-    case Fp8Source::kBFloat16:
-      return cast_axes_as<__nv_bfloat16>(x, rows, cols, e5m2, row_amax, col_amax, q, qt,
-                                         row_inverse, col_inverse, s);
-    case Fp8Source::kFloat16:
-      return cast_axes_as<__half>(x, rows, cols, e5m2, row_amax, col_amax, q, qt, row_inverse,
+      return cast_as<float, true>(x, rows, cols, e5m2, row_amax, col_amax, q, qt, row_inverse,
                                   col_inverse, s);
+    case Fp8Source::kBFloat16:
+      return cast_as<__nv_bfloat16, true>(x, rows, cols, e5m2, row_amax, col_amax, q, qt,
+                                          row_inverse, col_inverse, s);
+    case Fp8Source::kFloat16:
+      return cast_as<__half, true>(x, rows, cols, e5m2, row_amax, col_amax, q, qt, row_inverse,
+                                   col_inverse, s);
   }
   return cudaErrorInvalidValue;
 }

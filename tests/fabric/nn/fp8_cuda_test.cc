@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -62,8 +63,9 @@ TEST(Fp8CudaTest, Fp8LinearOnCudaEqualsTheCpusAndStaysNearFloat32) {
 
 // The CUDA path quantizes with its own kernels (fabric/nn/kernels/fp8_cast.h): they must give
 // the bits ATen's ops give, so the product and both gradients equal _scaled_mm of operands
-// quantized by ATen, bitwise; for float32 and bf16 inputs, rows not a multiple of the kernel's
-// 32-row tile.
+// quantized by ATen, bitwise; for float32, bf16 and fp16 inputs, rows and columns not multiples
+// of the kernels' 64 × 64 tile, and an input that starts 6 or 12 bytes into its allocation (the
+// kernels read 16 bytes at a time: fp8.cc copies such an input first).
 TEST(Fp8CudaTest, Fp8LinearsKernelsQuantizeAsATenDoes) {
   SKIP_WITHOUT_CUDA();
   std::string why;
@@ -81,23 +83,30 @@ TEST(Fp8CudaTest, Fp8LinearsKernelsQuantizeAsATenDoes) {
     return at::_scaled_mm(a, b, qa.inverse, qb.inverse, std::nullopt, std::nullopt, out);
   };
   torch::manual_seed(1);
-  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
-    const torch::Tensor x0 = (torch::randn({112, 160}) * 3).to(cuda, dtype),
-                        w0 = (torch::randn({48, 160}) * 0.05).to(cuda),
-                        g0 = torch::randn({112, 48}).to(cuda, dtype);
-    torch::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
-    const torch::Tensor y = fabric::nn::fp8_linear(x, w, torch::Tensor());
-    y.backward(g0);
-    const Q qx = quantize(x0, torch::kFloat8_e4m3fn, 448),
-            qw = quantize(w0, torch::kFloat8_e4m3fn, 448),
-            qg = quantize(g0, torch::kFloat8_e5m2, 57344);
-    EXPECT_TRUE(torch::equal(y, mm(qx.q, qw.q.t(), qx, qw, dtype))) << dtype;
-    EXPECT_TRUE(torch::equal(x.grad(), mm(qg.q, qw.q.t().contiguous().t(), qg, qw, dtype)))
-        << dtype;
-    EXPECT_TRUE(torch::equal(
-        w.grad(), mm(qg.q.t().contiguous(), qx.q.t().contiguous().t(), qg, qx, torch::kFloat)))
-        << dtype;
-  }
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf})
+    for (const bool misaligned : {false, true}) {
+      const torch::Tensor x0 = (torch::randn({112, 160}) * 3).to(cuda, dtype),
+                          w0 = (torch::randn({48, 160}) * 0.05).to(cuda),
+                          g0 = torch::randn({112, 48}).to(cuda, dtype);
+      torch::Tensor x = x0.clone();
+      if (misaligned)  // 3 elements in: contiguous, 6 or 12 bytes past a 16-byte boundary
+        x = torch::empty({112 * 160 + 3}, x0.options()).narrow(0, 3, 112 * 160).view({112, 160});
+      x.copy_(x0);
+      x = x.detach().requires_grad_();
+      ASSERT_EQ(reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0, misaligned);
+      torch::Tensor w = w0.clone().requires_grad_();
+      const torch::Tensor y = fabric::nn::fp8_linear(x, w, torch::Tensor());
+      y.backward(g0);
+      const Q qx = quantize(x0, torch::kFloat8_e4m3fn, 448),
+              qw = quantize(w0, torch::kFloat8_e4m3fn, 448),
+              qg = quantize(g0, torch::kFloat8_e5m2, 57344);
+      EXPECT_TRUE(torch::equal(y, mm(qx.q, qw.q.t(), qx, qw, dtype))) << dtype << misaligned;
+      EXPECT_TRUE(torch::equal(x.grad(), mm(qg.q, qw.q.t().contiguous().t(), qg, qw, dtype)))
+          << dtype;
+      EXPECT_TRUE(torch::equal(
+          w.grad(), mm(qg.q.t().contiguous(), qx.q.t().contiguous().t(), qg, qx, torch::kFloat)))
+          << dtype;
+    }
 }
 
 // Rowwise (fabric.fp8.recipe: rowwise, compute capability >= 9.0; gradients in e4m3 too): our

@@ -1,0 +1,162 @@
+// fabric/nn/kernels/fp8_cast.cu run on the CPU through tools/cuda_emu (CUDA threads as host
+// threads): the amax and cast kernels, tensorwise and per line, against a scalar reference of
+// their contract (fp8_cast.h) with the CUDA headers' own float8 rounding, for float32, bf16 and
+// fp16 inputs whose rows and columns are not multiples of the 64 × 64 tile, e4m3 and e5m2, with
+// the preconditions refused. What it checks is the kernels' indexing, tiling, shared-memory
+// transpose and reductions; the device's arithmetic is fp8_cuda_test's (on a GPU). Built by
+// tools/bazel/cuda.bzl's cuda_emulated_test, which appends this file to the rewritten kernels.
+#include <cstdio>
+#include <random>
+#include <vector>
+
+namespace {
+
+using fabric::kernels::Fp8Source;
+
+int g_failures = 0;
+
+#define EXPECT(cond, ...)                                 \
+  do {                                                    \
+    if (!(cond) && g_failures++ < 20) {                   \
+      std::printf("%s:%d: failed: ", __FILE__, __LINE__); \
+      std::printf(__VA_ARGS__);                           \
+      std::printf("\n");                                  \
+    }                                                     \
+  } while (0)
+
+template <typename T>
+T from_float(float f);
+template <>
+float from_float<float>(float f) {
+  return f;
+}
+template <>
+__nv_bfloat16 from_float<__nv_bfloat16>(float f) {
+  return __float2bfloat16(f);
+}
+template <>
+__half from_float<__half>(float f) {
+  return __float2half(f);
+}
+float to_float(float v) { return v; }
+float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+float to_float(__half v) { return __half2float(v); }
+
+float scale_for(float amax, float largest) { return largest / std::max(amax, 1e-12f); }
+
+uint8_t reference(float v, float scale, bool e5m2) {
+  return __nv_cvt_float_to_fp8(v * scale, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
+}
+
+// A 16-byte-aligned buffer of rows × cols values of T (normal, a few 10x outliers).
+template <typename T>
+struct Input {
+  std::vector<T> storage;
+  T* x;
+  std::vector<float> values;
+  Input(int64_t rows, int64_t cols) : storage(rows * cols + 16), values(rows * cols) {
+    const auto misalignment = reinterpret_cast<uintptr_t>(storage.data()) % 16;
+    x = reinterpret_cast<T*>(reinterpret_cast<char*>(storage.data()) + (16 - misalignment) % 16);
+    std::mt19937 gen(static_cast<unsigned>(rows * 7919 + cols));
+    std::normal_distribution<float> normal;
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      x[i] = from_float<T>(normal(gen) * (i % 97 == 0 ? 30.f : 3.f));
+      values[i] = to_float(x[i]);
+    }
+  }
+};
+
+template <typename T>
+void check_shape(int64_t rows, int64_t cols, Fp8Source type, bool e5m2) {
+  const Input<T> in(rows, cols);
+  const float largest = e5m2 ? 57344.f : 448.f;
+  const int64_t n = rows * cols;
+  // Tensorwise.
+  float amax = -1.f, inverse = 0.f;
+  EXPECT(fabric::kernels::fp8_amax(in.x, n, type, &amax, nullptr) == 0, "fp8_amax");
+  float want = 0.f;
+  for (float v : in.values) want = std::max(want, std::fabs(v));
+  EXPECT(amax == want, "amax %g, want %g (%ld x %ld)", amax, want, rows, cols);
+  std::vector<uint8_t> q(n, 0xAB), qt(n, 0xAB);
+  EXPECT(fabric::kernels::fp8_cast(in.x, rows, cols, type, e5m2, &amax, q.data(), qt.data(),
+                                   &inverse, nullptr) == 0,
+         "fp8_cast");
+  const float scale = scale_for(want, largest);
+  EXPECT(inverse == 1.f / scale, "inverse %g, want %g", inverse, 1.f / scale);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const uint8_t e = reference(in.values[r * cols + c], scale, e5m2);
+      EXPECT(q[r * cols + c] == e, "q[%ld, %ld] = %d, want %d (%ld x %ld)", r, c, q[r * cols + c],
+             e, rows, cols);
+      EXPECT(qt[c * rows + r] == e, "qt[%ld, %ld] = %d, want %d (%ld x %ld)", c, r,
+             qt[c * rows + r], e, rows, cols);
+    }
+  // Only the transpose asked for: the same bytes.
+  std::vector<uint8_t> qt_only(n, 0xAB);
+  EXPECT(fabric::kernels::fp8_cast(in.x, rows, cols, type, e5m2, &amax, nullptr, qt_only.data(),
+                                   nullptr, nullptr) == 0,
+         "fp8_cast, qt only");
+  EXPECT(qt_only == qt, "qt alone differs (%ld x %ld)", rows, cols);
+  // Per line.
+  std::vector<float> row_amax(rows, -1.f), col_amax(cols, -1.f), row_inverse(rows),
+      col_inverse(cols), want_rows(rows, 0.f), want_cols(cols, 0.f);
+  EXPECT(fabric::kernels::fp8_amax_axes(in.x, rows, cols, type, row_amax.data(), col_amax.data(),
+                                        nullptr) == 0,
+         "fp8_amax_axes");
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const float a = std::fabs(in.values[r * cols + c]);
+      want_rows[r] = std::max(want_rows[r], a);
+      want_cols[c] = std::max(want_cols[c], a);
+    }
+  EXPECT(row_amax == want_rows, "row amax (%ld x %ld)", rows, cols);
+  EXPECT(col_amax == want_cols, "column amax (%ld x %ld)", rows, cols);
+  std::fill(q.begin(), q.end(), 0xAB);
+  std::fill(qt.begin(), qt.end(), 0xAB);
+  EXPECT(fabric::kernels::fp8_cast_axes(in.x, rows, cols, type, e5m2, row_amax.data(),
+                                        col_amax.data(), q.data(), qt.data(), row_inverse.data(),
+                                        col_inverse.data(), nullptr) == 0,
+         "fp8_cast_axes");
+  for (int64_t r = 0; r < rows; ++r)
+    EXPECT(row_inverse[r] == 1.f / scale_for(want_rows[r], largest), "row inverse %ld", r);
+  for (int64_t c = 0; c < cols; ++c)
+    EXPECT(col_inverse[c] == 1.f / scale_for(want_cols[c], largest), "column inverse %ld", c);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const float v = in.values[r * cols + c];
+      EXPECT(q[r * cols + c] == reference(v, scale_for(want_rows[r], largest), e5m2),
+             "rowwise q[%ld, %ld] (%ld x %ld)", r, c, rows, cols);
+      EXPECT(qt[c * rows + r] == reference(v, scale_for(want_cols[c], largest), e5m2),
+             "rowwise qt[%ld, %ld] (%ld x %ld)", c, r, rows, cols);
+    }
+}
+
+void check_preconditions() {
+  Input<float> in(16, 16);
+  float amax = 0.f;
+  std::vector<uint8_t> q(256);
+  // 12 bytes past a 16-byte boundary; 10 columns (not a multiple of 8).
+  EXPECT(fabric::kernels::fp8_amax(in.x + 3, 8, Fp8Source::kFloat32, &amax, nullptr) != 0,
+         "a misaligned input was accepted");
+  EXPECT(fabric::kernels::fp8_cast(in.x + 3, 8, 8, Fp8Source::kFloat32, false, &amax, q.data(),
+                                   nullptr, nullptr, nullptr) != 0,
+         "a misaligned input was accepted");
+  EXPECT(fabric::kernels::fp8_cast(in.x, 12, 10, Fp8Source::kFloat32, false, &amax, q.data(),
+                                   nullptr, nullptr, nullptr) != 0,
+         "10 columns were accepted");
+}
+
+}  // namespace
+
+int main() {
+  const int64_t shapes[][2] = {{112, 160}, {64, 64}, {8, 8}, {200, 72}, {8, 520}, {136, 8}};
+  for (const auto& s : shapes)
+    for (const bool e5m2 : {false, true}) {
+      check_shape<float>(s[0], s[1], Fp8Source::kFloat32, e5m2);
+      check_shape<__nv_bfloat16>(s[0], s[1], Fp8Source::kBFloat16, e5m2);
+      check_shape<__half>(s[0], s[1], Fp8Source::kFloat16, e5m2);
+    }
+  check_preconditions();
+  std::printf("fp8_cast.cu emulated: %d failures\n", g_failures);
+  return g_failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,112 @@
+// Host emulation of the CUDA built-ins our kernels use, so that their index arithmetic, tiling,
+// shared-memory exchanges and reductions run (slowly) on a CPU in CI: one std::thread per CUDA
+// thread of a block, blocks one after another, __shared__ arrays as statics (one block at a
+// time), __syncthreads as a barrier. Warp shuffles are emulated with block-wide barriers, so a
+// kernel may shuffle only where every thread of its block does. Float8/bf16/fp16 conversions are
+// the CUDA headers' own host versions (the same rounding as the device's cvt instructions).
+// Used by tools/cuda_emu/launches.py's output (tools/bazel/cuda.bzl: cuda_emulated_test); not
+// part of any library.
+#ifndef TOOLS_CUDA_EMU_SHIM_H_
+#define TOOLS_CUDA_EMU_SHIM_H_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <driver_types.h>
+#include <vector_functions.h>
+#include <vector_types.h>
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#undef __global__
+#define __global__
+#undef __shared__
+#define __shared__ static
+#undef __launch_bounds__
+#define __launch_bounds__(...)
+#undef __align__
+#define __align__(n) __attribute__((aligned(n)))
+#define cudaMemsetAsync fabric_emu_memset
+#define cudaGetLastError fabric_emu_last_error
+
+namespace fabric_emu {
+inline thread_local dim3 thread_index, block_index;
+inline dim3 grid_size, block_size;
+inline std::barrier<>* block_barrier = nullptr;
+inline int shuffle_slots[1024];
+}  // namespace fabric_emu
+
+#define threadIdx fabric_emu::thread_index
+#define blockIdx fabric_emu::block_index
+#define gridDim fabric_emu::grid_size
+#define blockDim fabric_emu::block_size
+
+inline cudaError_t fabric_emu_memset(void* p, int value, size_t bytes, cudaStream_t) {
+  std::memset(p, value, bytes);
+  return cudaSuccess;
+}
+inline cudaError_t fabric_emu_last_error() { return cudaSuccess; }
+
+inline void __syncthreads() { fabric_emu::block_barrier->arrive_and_wait(); }
+
+// Every thread of the block must call it (see the file comment).
+inline int __shfl_xor_sync(unsigned /*mask*/, int value, int lane_mask) {
+  const unsigned t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  fabric_emu::shuffle_slots[t] = value;
+  __syncthreads();
+  const int other = fabric_emu::shuffle_slots[t ^ static_cast<unsigned>(lane_mask)];
+  __syncthreads();
+  return other;
+}
+
+inline int atomicMax(int* address, int value) {
+  std::atomic_ref<int> a(*address);
+  int old = a.load();
+  while (old < value && !a.compare_exchange_weak(old, value)) {
+  }
+  return old;
+}
+
+inline int __float_as_int(float f) {
+  int i;
+  std::memcpy(&i, &f, sizeof i);
+  return i;
+}
+
+using std::max;
+using std::min;
+
+// kernel<<<grid, block, 0, stream>>>(args) becomes fabric_emu::launch(grid, block, [&] {
+// kernel(args); }): the block's threads are started once and run the blocks in order.
+namespace fabric_emu {
+inline void launch(dim3 grid, dim3 block, const std::function<void()>& body) {
+  grid_size = grid;
+  block_size = block;
+  const unsigned n = block.x * block.y * block.z;
+  std::barrier<> barrier(static_cast<std::ptrdiff_t>(n));
+  block_barrier = &barrier;
+  std::vector<std::thread> threads;
+  for (unsigned t = 0; t < n; ++t)
+    threads.emplace_back([&, t] {
+      thread_index = dim3(t % block.x, (t / block.x) % block.y, t / (block.x * block.y));
+      for (unsigned bz = 0; bz < grid.z; ++bz)
+        for (unsigned by = 0; by < grid.y; ++by)
+          for (unsigned bx = 0; bx < grid.x; ++bx) {
+            block_index = dim3(bx, by, bz);
+            body();
+            barrier.arrive_and_wait();  // the next block reuses the __shared__ statics
+          }
+    });
+  for (auto& thread : threads) thread.join();
+}
+}  // namespace fabric_emu
+
+#endif  // TOOLS_CUDA_EMU_SHIM_H_
