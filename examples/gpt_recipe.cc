@@ -11,7 +11,8 @@ fabric::ConfigSchema schema() {
         fabric::KeySpec::choice({"uint16", "uint32"}, "uint16")
             .doc("ids in train.bin/val.bin (uint32 for vocabularies over 65,535)"));
   s.section_doc("model", "fabric::models::GPT: a preset, any field overridden (0: the preset's).");
-  s.add("model.preset", fabric::KeySpec::choice({"tiny", "gpt2", "gpt2-medium"}, "tiny"));
+  s.add("model.preset",
+        fabric::KeySpec::choice({"tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"}, "tiny"));
   s.add("model.vocab_size", fabric::KeySpec::integer(0).min(0).doc(
                                 "0: data.root/meta.json's vocab_size, else the preset's"));
   s.add("model.block_size", fabric::KeySpec::integer(0).min(0).doc("tokens per sequence"));

@@ -20,7 +20,7 @@
 //   fabric/connector.h             how the config was resolved (Fabric::setup_info)
 // The GPT and its token data are a second public target, //:gpt, kept out of what every program
 // compiles (it is not included here):
-//   fabric/models/gpt.h            a GPT-2 language model (presets gpt2, gpt2-medium, tiny)
+//   fabric/models/gpt.h            a GPT-2 language model (presets gpt2 .. gpt2-xl, tiny)
 //   fabric/data/tokens.h           token files in nanoGPT's format (TokenDataset), text → tokens
 //   fabric/data/bpe.h              GPT-2's byte-level BPE tokenizer (vocab.json + merges.txt)
 #ifndef FABRIC_ALL_H_

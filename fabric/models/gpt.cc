@@ -23,6 +23,18 @@ GPTConfig GPTConfig::preset(const std::string& name) {
     c.n_embd = 1024;
     return c;
   }
+  if (name == "gpt2-large") {
+    c.n_layer = 36;
+    c.n_head = 20;
+    c.n_embd = 1280;
+    return c;
+  }
+  if (name == "gpt2-xl") {
+    c.n_layer = 48;
+    c.n_head = 25;
+    c.n_embd = 1600;
+    return c;
+  }
   if (name == "tiny") {
     c.vocab_size = 256;
     c.block_size = 256;
@@ -31,7 +43,8 @@ GPTConfig GPTConfig::preset(const std::string& name) {
     c.n_embd = 128;
     return c;
   }
-  throw Error("model.preset: '" + name + "' is not a GPT preset (gpt2, gpt2-medium, tiny)");
+  throw Error("model.preset: '" + name +
+              "' is not a GPT preset (gpt2, gpt2-medium, gpt2-large, gpt2-xl, tiny)");
 }
 
 int64_t GPTConfig::parameters() const {

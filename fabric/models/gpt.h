@@ -56,8 +56,9 @@ struct GPTConfig {
   // On since its leak and fsdp fixes passed on an H200: +11.6% tokens/s for GPT-2 124M there
   // (docs/benchmarks.md). false: ATen's LayerNorm everywhere.
   bool fused_layer_norm = true;
-  // "gpt2" (124M), "gpt2-medium" (350M), "tiny" (4 layers, 4 heads, 128 wide, 256 positions,
-  // vocabulary 256: byte-level text on a CPU). Throws fabric::Error naming the presets otherwise.
+  // "gpt2" (124M), "gpt2-medium" (350M), "gpt2-large" (774M), "gpt2-xl" (1.5B), "tiny" (4
+  // layers, 4 heads, 128 wide, 256 positions, vocabulary 256: byte-level text on a CPU). Throws
+  // fabric::Error naming the presets otherwise.
   static GPTConfig preset(const std::string& name);
   // Parameters of the model (the tied output projection counted once).
   int64_t parameters() const;

@@ -25,6 +25,8 @@ import torch.nn.functional as F
 PRESETS = {
     "gpt2": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304),
     "gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024, block_size=1024, vocab_size=50304),
+    "gpt2-large": dict(n_layer=36, n_head=20, n_embd=1280, block_size=1024, vocab_size=50304),
+    "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600, block_size=1024, vocab_size=50304),
     "gpt-tiny": dict(n_layer=4, n_head=4, n_embd=128, block_size=256, vocab_size=256),
 }
 

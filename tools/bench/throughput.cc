@@ -3,7 +3,7 @@
 // --optimizer_impl, the Python side each framework's default implementation) and, for the GPT, of
 // tools/bench/gpt_reference.py (the identical model, init, AdamW and data in PyTorch: eager and
 // torch.compile).
-//   throughput --model=resnet18|resnet50|gpt2|gpt2-medium|gpt-tiny --batch=512
+//   throughput --model=resnet18|resnet50|gpt2[-medium|-large|-xl]|gpt-tiny --batch=512
 //              --precision=bf16-mixed [--fp8_recipe=tensorwise] [--steps=50]
 //              [--warmup=15] [--data=static|epoch --images=50000] [--channels_last]
 //              [--accelerator=cuda] [--optimizer_impl=auto] [--threads=0] [--cuda_graphs]
@@ -47,7 +47,8 @@
 
 DEFINE_string(
     model, "resnet18",
-    "resnet18 (CIFAR variant) | resnet50 (ImageNet stem) | gpt2 | gpt2-medium | gpt-tiny");
+    "resnet18 (CIFAR variant) | resnet50 (ImageNet stem) | gpt2 | gpt2-medium | gpt2-large | "
+    "gpt2-xl | gpt-tiny");
 DEFINE_int32(seq, 0, "GPT models: tokens per sequence (0: the preset's block_size)");
 DEFINE_bool(fused_loss, true,
             "GPT models: the output layer + cross-entropy as one fused CUDA step (GPT::loss)");

@@ -109,11 +109,15 @@ TEST(GPTTest, AnEmptyInitMaterialisesAFullInitsWeights) {
 }
 
 TEST(GPTTest, PresetsHaveGpt2sSizes) {
-  // GPT-2 with its own vocabulary of 50257: 124,439,808 parameters (medium: 354,823,168).
-  GPTConfig gpt2 = GPTConfig::preset("gpt2"), medium = GPTConfig::preset("gpt2-medium");
-  gpt2.vocab_size = medium.vocab_size = 50257;
+  // GPT-2 with its own vocabulary of 50257: 124,439,808 parameters (medium: 354,823,168, large:
+  // 774,030,080, xl: 1,557,611,200, as Hugging Face's checkpoints of them hold).
+  GPTConfig gpt2 = GPTConfig::preset("gpt2"), medium = GPTConfig::preset("gpt2-medium"),
+            large = GPTConfig::preset("gpt2-large"), xl = GPTConfig::preset("gpt2-xl");
+  gpt2.vocab_size = medium.vocab_size = large.vocab_size = xl.vocab_size = 50257;
   EXPECT_EQ(gpt2.parameters(), 124439808);
   EXPECT_EQ(medium.parameters(), 354823168);
+  EXPECT_EQ(large.parameters(), 774030080);
+  EXPECT_EQ(xl.parameters(), 1557611200);
   EXPECT_THROW(GPTConfig::preset("gpt3"), fabric::Error);
   GPT model(small());
   EXPECT_THROW(model->forward(torch::zeros({1, 17}, torch::kLong)), fabric::Error);
