@@ -8,9 +8,11 @@
 
 #include <cmath>
 #include <memory>
+#include <optional>
 
 #include "fabric/core/error.h"
 #include "fabric/models/fused_layer_norm.h"
+#include "fabric/nn/parallel_rng.h"
 
 namespace fabric::models {
 
@@ -65,6 +67,23 @@ double GPTConfig::flops_per_token() const {
 
 namespace {
 
+// Whether this layer's output is a piece that differs between the ranks of its tp group (its
+// heads' outputs; its positions under sequence parallelism, `positions`): dropout there draws
+// from the rank's own stream (fabric/nn/parallel_rng.h).
+bool split_across_ranks(const std::optional<fabric::nn::TensorParallelShard>& shard,
+                        bool positions) {
+  return shard && shard->size > 1 && (!positions || shard->sequence_parallel);
+}
+
+// d(x), with this rank's own random stream where x is its piece of the positions.
+torch::Tensor dropout(torch::nn::Dropout& d, const torch::Tensor& x,
+                      const std::optional<fabric::nn::TensorParallelShard>& shard) {
+  if (!d->is_training() || d->options.p() == 0.0 || !split_across_ranks(shard, true))
+    return d->forward(x);
+  const fabric::nn::RankRandomScope own(x.device(), shard->rank);
+  return d->forward(x);
+}
+
 void normal(torch::Tensor& w, double std) {
   torch::NoGradGuard no_grad;
   torch::nn::init::normal_(w, 0.0, std);
@@ -105,12 +124,15 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   auto heads = [&](const torch::Tensor& t) {
     return t.view({B, T, C / head_size_, head_size_}).transpose(1, 2);  // [B, nh, T, hs]
   };
-  torch::Tensor y =
-      at::scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
-                                       /*attn_mask=*/{}, is_training() ? dropout_ : 0.0,
-                                       /*is_causal=*/true);
+  const double p = is_training() ? dropout_ : 0.0;
+  const auto& shard = c_proj->parallel();
+  std::optional<fabric::nn::RankRandomScope> own;  // this rank's heads: its own masks
+  if (p > 0.0 && split_across_ranks(shard, false)) own.emplace(x.device(), shard->rank);
+  torch::Tensor y = at::scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
+                                                     /*attn_mask=*/{}, p, /*is_causal=*/true);
+  own.reset();
   y = y.transpose(1, 2).contiguous().view({B, T, C});
-  return resid_dropout->forward(c_proj->forward(y));
+  return dropout(resid_dropout, c_proj->forward(y), shard);
 }
 
 MLPImpl::MLPImpl(const GPTConfig& c) {
@@ -121,7 +143,8 @@ MLPImpl::MLPImpl(const GPTConfig& c) {
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
-  return dropout->forward(c_proj->forward(torch::gelu(c_fc->forward(x), "tanh")));
+  return models::dropout(dropout, c_proj->forward(torch::gelu(c_fc->forward(x), "tanh")),
+                         c_proj->parallel());
 }
 
 BlockImpl::BlockImpl(const GPTConfig& c) : fused_layer_norm_(c.fused_layer_norm) {

@@ -286,6 +286,29 @@ TEST_F(GptExampleTest, ActivationCheckpointingChangesNoBit) {
   EXPECT_EQ(parity_failure(weights("kept"), weights("recomputed"), "weights", 0), "");
 }
 
+// Dropout under tp 2 with sequence parallelism draws each rank's masks from a stream of its own
+// (fabric/nn/parallel_rng.h), seeded from the default generator's state: recomputing the Blocks
+// in backward (activation checkpointing restores that state) redraws the same masks, so the
+// weights end bitwise equal; were the streams not reproducible, they would differ.
+TEST_F(GptExampleTest, ModelParallelDropoutRedrawsItsMasksInRecompute) {
+  const std::string tp = args(2, "model_parallel") +
+                         " fabric.model_parallel.tensor_parallel_size=2"
+                         " fabric.model_parallel.sequence_parallel=true model.dropout=0.2";
+  const Result kept = run("gpt", tp + " logging.run_dir=kept");
+  ASSERT_EQ(kept.code, 0) << kept.out;
+  const Result recomputed =
+      run("gpt", tp + " model.activation_checkpointing=[Block] logging.run_dir=recomputed");
+  ASSERT_EQ(recomputed.code, 0) << recomputed.out;
+  EXPECT_EQ(parity_failure(weights("kept"), weights("recomputed"), "weights", 0), "");
+  const Result plain = run("gpt", args(2, "model_parallel") +
+                                      " fabric.model_parallel.tensor_parallel_size=2"
+                                      " fabric.model_parallel.sequence_parallel=true"
+                                      " logging.run_dir=plain");
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  EXPECT_NE(parity_failure(weights("kept"), weights("plain"), "weights", 0), "")
+      << "model.dropout=0.2 changed nothing";
+}
+
 TEST_F(GptExampleTest, ResumedMidEpochEndsBitwiseLikeTheUninterruptedRun) {
   expect_resume_bitwise("gpt", args(2) + " checkpoint.every_n_steps=3", 3, 6);
 }

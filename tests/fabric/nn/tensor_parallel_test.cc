@@ -14,6 +14,7 @@
 #include "fabric/core/error.h"
 #include "fabric/distributed/device_mesh.h"
 #include "fabric/distributed/process_group.h"
+#include "fabric/nn/parallel_rng.h"
 
 namespace {
 
@@ -147,6 +148,43 @@ TEST(TensorParallelTest, MeshLaysTensorParallelInnermost) {
             }),
             "DeviceMesh: dp=2 x tp=2 holds 4 ranks, but the job has 3; make the sizes' product the "
             "world size");
+}
+
+// Where tp ranks hold different pieces (heads; positions under sequence parallelism) their dropout
+// masks must differ, while the default generator stays in step on every rank (whole activations
+// keep equal masks) and a recompute from the same state redraws the same numbers.
+TEST(TensorParallelTest, RankRandomScopeGivesEachRankItsOwnStreamInStep) {
+  auto scoped = [](uint64_t seed, int64_t rank) {
+    torch::manual_seed(seed);
+    torch::Tensor inside;
+    {
+      const fabric::nn::RankRandomScope own(torch::kCPU, rank);
+      inside = torch::rand({1000});
+    }
+    return std::make_pair(inside, torch::rand({16}));  // the default generator after it
+  };
+  const auto [rank0, after0] = scoped(7, 0);
+  const auto [rank1, after1] = scoped(7, 1);
+  EXPECT_FALSE(torch::equal(rank0, rank1)) << "two ranks drew the same numbers";
+  EXPECT_TRUE(torch::equal(after0, after1)) << "the ranks' default generators left step";
+  EXPECT_TRUE(torch::equal(scoped(7, 0).first, rank0)) << "a recompute would draw other masks";
+  EXPECT_FALSE(torch::equal(scoped(8, 0).first, rank0));
+  torch::manual_seed(7);
+  const torch::Tensor plain = torch::rand({1000});
+  EXPECT_FALSE(torch::equal(plain, rank0));
+  // Successive scopes (layer after layer) draw different numbers.
+  torch::manual_seed(7);
+  torch::Tensor first, second;
+  {
+    const fabric::nn::RankRandomScope own(torch::kCPU, 0);
+    first = torch::rand({1000});
+  }
+  {
+    const fabric::nn::RankRandomScope own(torch::kCPU, 0);
+    second = torch::rand({1000});
+  }
+  EXPECT_TRUE(torch::equal(first, rank0));
+  EXPECT_FALSE(torch::equal(first, second));
 }
 
 }  // namespace
