@@ -30,13 +30,18 @@
 #   --suite=gpt: tools/bench/gpt_compare.sh: the GPT-2 124M step (batch 16 x 1024, bf16-mixed,
 #                   fused AdamW), ours (eager and CUDA graphs) vs the identical model in PyTorch
 #                   (eager and torch.compile), with a profile summary of ours; tables in the report
-#   --suite=all: all three.
+#   --suite=model_parallel: issue 50's GPU rows: fp8_cuda_test (the float8 kernels bitwise ATen's),
+#                   the tiny GPT under tp 2 with sequence parallelism and dropout (2 ranks, Gloo),
+#                   and gpt_compare.sh's ours-eager (bf16-mixed) vs ours-fp8 vs ours-fp8-rowwise
+#                   on gpt2-medium (batch 16) and gpt2-xl (batch 8) x 1024 tokens, 15 timed steps
+#                   after 6, --reps interleaved, with a profile summary of ours-fp8 on each
+#   --suite=all: check, throughput and gpt.
 # Without a usable GPU (or with --cpu) it runs what a CPU can: env, the GPU tests (they must load
 # and skip), one example on CPU, the ranks rows on CPU (2 processes, shared memory) and the
 # throughput binary on CPU; tools/ci_checks.sh runs this on every CI run so the bundle keeps
 # building, relocating and running.
 #
-# run flags: --cpu (CPU checks only), --suite=check|throughput|gpt|all, --steps=N (example steps,
+# run flags: --cpu (CPU checks only), --suite=check|throughput|gpt|model_parallel|all, --steps=N (example steps,
 #   default 20), --reps=N (throughput repetitions, default 1), --skip=SECTION[,SECTION] (env,
 #   tests, examples, ranks, throughput), --work=DIR (scratch folder for run directories; default a
 #   new temporary folder).
@@ -44,7 +49,7 @@
 set -uo pipefail
 
 usage() {
-  echo "usage: tools/gpu_check.sh build [--out=DIR] | DIR/gpu_check.sh run [--cpu] [--suite=check|throughput|gpt|all] [--steps=N] [--reps=N] [--skip=LIST] [--work=DIR]" >&2
+  echo "usage: tools/gpu_check.sh build [--out=DIR] | DIR/gpu_check.sh run [--cpu] [--suite=check|throughput|gpt|model_parallel|all] [--steps=N] [--reps=N] [--skip=LIST] [--work=DIR]" >&2
   exit 2
 }
 [ $# -ge 1 ] || usage
@@ -163,11 +168,12 @@ run() {
   [[ "$steps" =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check run: --steps must be a positive integer" >&2; exit 2; }
   [[ "$reps" =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check run: --reps must be a positive integer" >&2; exit 2; }
   case "$suite" in
-    check) skip="$skip,throughput,gpt" ;;
-    throughput) skip="$skip,env,tests,examples,ranks,gpt" ;;
-    gpt) skip="$skip,env,tests,examples,ranks,throughput" ;;
-    all) ;;
-    *) echo "gpu_check run: --suite must be check, throughput or all, not '$suite'" >&2; exit 2 ;;
+    check) skip="$skip,throughput,gpt,model_parallel" ;;
+    throughput) skip="$skip,env,tests,examples,ranks,gpt,model_parallel" ;;
+    gpt) skip="$skip,env,tests,examples,ranks,throughput,model_parallel" ;;
+    model_parallel) skip="$skip,env,tests,examples,ranks,throughput,gpt" ;;
+    all) skip="$skip,model_parallel" ;;
+    *) echo "gpu_check run: --suite must be check, throughput, gpt, model_parallel or all, not '$suite'" >&2; exit 2 ;;
   esac
   [ -x "$here/run.sh" ] && [ -f "$here/MANIFEST" ] ||
     { echo "gpu_check run: $here is not a bundle (no run.sh/MANIFEST); build one with 'tools/gpu_check.sh build'" >&2; exit 2; }
@@ -361,6 +367,35 @@ run() {
       notes+=("" "### Where the GPT step's time goes: $side.txt (tools/bench/trace_summary.py)" "" '```')
       while IFS= read -r line; do notes+=("$line"); done < <(head -n 90 "$gdir/$side.txt")
       notes+=('```')
+    done
+  fi
+
+  if ! skipping model_parallel; then
+    check fp8_cuda_test 240 "$runsh" fp8_cuda_test --gtest_brief=1
+    local place=(fabric.accelerator=cuda fabric.devices=1 fabric.ddp.ranks_per_gpu=2)
+    [ $cpu -eq 1 ] && place=(fabric.accelerator=cpu fabric.devices=2)
+    CHECK_SUMMARY='val loss|tok/s' check "gpt tiny tp 2, sequence parallel, dropout 0.1 (2 ranks)" 240 \
+      "$runsh" gpt --config=gpt_tp.yaml "${place[@]}" fabric.model_parallel.tensor_parallel_size=2 \
+      fabric.model_parallel.sequence_parallel=true model.dropout=0.1 trainer.max_steps=40 \
+      gpt.sample_tokens=0 "logging.run_dir=$work/runs/{name}/{timestamp}" "gpt.corpus_cache=$work/corpus"
+    local m b spec
+    for spec in "gpt2-medium 16" "gpt2-xl 8"; do
+      read -r m b <<<"$spec"
+      local mflags=(--reps="$reps" --model="$m" --batch="$b" --steps=15 --warmup=6
+                    --sides=ours-eager,ours-fp8,ours-fp8-rowwise --base=ours-eager --profile=ours-fp8)
+      [ $cpu -eq 1 ] && m=gpt-tiny b=4 && mflags+=(--device=cpu --model=gpt-tiny --batch=4 --steps=2
+                                 --warmup=1 --precision=32-true --sides=ours-eager,ours-fp8 --profile=)
+      CHECK_SUMMARY='^\| ours' check "fp8 vs bf16, $m" 580 "$here/bench/gpt_compare.sh" "$work/throughput" \
+        "$here/bench/gpt_reference.py" "$work/fp8_$m" "${mflags[@]}"
+      if [ -s "$work/fp8_$m/table.md" ]; then
+        notes+=("" "### fp8-mixed vs bf16-mixed, $m (batch $b x 1024; $reps repetition(s) interleaved, median)" "")
+        while IFS= read -r line; do notes+=("$line"); done <"$work/fp8_$m/table.md"
+      fi
+      if [ -s "$work/fp8_$m/trace_summary.txt" ]; then
+        notes+=("" "### Where the fp8 step's time goes, $m (trace_summary.py)" "" '```')
+        while IFS= read -r line; do notes+=("$line"); done < <(head -n 60 "$work/fp8_$m/trace_summary.txt")
+        notes+=('```')
+      fi
     done
   fi
 

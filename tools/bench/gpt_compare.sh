@@ -1,21 +1,30 @@
 #!/usr/bin/env bash
-# GPT training throughput side by side on one device: ours (tools/bench/throughput.cc --model=gpt2,
-# eager, with fabric.cuda_graphs, and eager with ATen's LayerNorm instead of our fused kernels:
-# --fused_layer_norm=false) against the identical model in PyTorch
-# (tools/bench/gpt_reference.py, eager and torch.compile), repetitions interleaved, medians.
+# GPT training throughput side by side on one device, repetitions interleaved, medians. Sides:
+#   ours-eager           tools/bench/throughput.cc --model=MODEL (fused loss and LayerNorm)
+#   ours-graphs          the same with fabric.cuda_graphs
+#   ours-aten-layernorm  ours with ATen's LayerNorm (--fused_layer_norm=false)
+#   ours-fp8             ours with --precision=fp8-mixed (float8 GEMMs, tensorwise scales)
+#   ours-fp8-rowwise     the same with --fp8_recipe=rowwise
+#   pytorch-eager        the identical model in PyTorch (tools/bench/gpt_reference.py)
+#   pytorch-compile      the same under torch.compile
 #
 #   gpt_compare.sh THROUGHPUT_BIN GPT_REFERENCE_PY OUT_DIR [--reps=2] [--steps=40] [--warmup=15]
 #                  [--model=gpt2] [--batch=16] [--precision=bf16-mixed] [--device=cuda]
+#                  [--sides=ours-eager,pytorch-eager,ours-graphs,ours-aten-layernorm,pytorch-compile]
+#                  [--base=pytorch-eager] [--profile=ours-eager,pytorch-eager]
 #
 # Writes OUT_DIR/results.jsonl (every RESULT line), OUT_DIR/table.md (median tokens/s, MFU and
-# step time per side, the ratio to PyTorch eager) and, from one extra profiled run of ours,
-# OUT_DIR/trace_summary.txt (where the step's time goes; tools/bench/trace_summary.py beside
-# GPT_REFERENCE_PY) and trace_summary_pytorch.txt (the same for PyTorch eager). gpu_check.sh's bundle carries all three files (bench/).
+# step time per side, the ratio to --base) and, from one extra profiled run of each --profile
+# side, OUT_DIR/trace_summary.txt (the first; tools/bench/trace_summary.py beside
+# GPT_REFERENCE_PY) and trace_summary_pytorch.txt (pytorch-eager's). gpu_check.sh's bundle
+# carries all three files (bench/).
 set -uo pipefail
 [ $# -ge 3 ] || { echo "usage: gpt_compare.sh THROUGHPUT_BIN GPT_REFERENCE_PY OUT_DIR [flags]" >&2; exit 2; }
 bin=$1 ref=$2 out=$3
 shift 3
 reps=2 steps=40 warmup=15 model=gpt2 batch=16 precision=bf16-mixed device=cuda
+sides=ours-eager,pytorch-eager,ours-graphs,ours-aten-layernorm,pytorch-compile
+base=pytorch-eager profile=ours-eager,pytorch-eager
 for arg in "$@"; do
   case "$arg" in
     --reps=*) reps=${arg#--reps=} ;;
@@ -25,6 +34,9 @@ for arg in "$@"; do
     --batch=*) batch=${arg#--batch=} ;;
     --precision=*) precision=${arg#--precision=} ;;
     --device=*) device=${arg#--device=} ;;
+    --sides=*) sides=${arg#--sides=} ;;
+    --base=*) base=${arg#--base=} ;;
+    --profile=*) profile=${arg#--profile=} ;;
     *) echo "gpt_compare.sh: unknown flag '$arg'" >&2; exit 2 ;;
   esac
 done
@@ -48,33 +60,53 @@ side() {
     failed=1
   fi
 }
+# side_command NAME: the command line of side NAME (in the array cmd).
+side_command() {
+  case "$1" in
+    ours-eager) cmd=("$bin" "${common[@]}" --accelerator="$device") ;;
+    ours-graphs) cmd=("$bin" "${common[@]}" --accelerator="$device" --cuda_graphs) ;;
+    ours-aten-layernorm) cmd=("$bin" "${common[@]}" --accelerator="$device" --fused_layer_norm=false) ;;
+    ours-fp8) cmd=("$bin" "${common[@]}" --accelerator="$device" --precision=fp8-mixed) ;;
+    ours-fp8-rowwise)
+      cmd=("$bin" "${common[@]}" --accelerator="$device" --precision=fp8-mixed --fp8_recipe=rowwise) ;;
+    pytorch-eager) cmd=("$python" "$ref" "${common[@]}" --device="$device" --mode=eager) ;;
+    pytorch-compile) cmd=("$python" "$ref" "${common[@]}" --device="$device" --mode=compile) ;;
+    *) echo "gpt_compare.sh: unknown side '$1'" >&2; exit 2 ;;
+  esac
+}
+IFS=',' read -r -a side_list <<<"$sides"
+IFS=',' read -r -a profile_list <<<"$profile"
+for name in "${side_list[@]}" "${profile_list[@]}"; do side_command "$name"; done  # names checked
 for ((r = 1; r <= reps; r++)); do
-  side ours-eager "$bin" "${common[@]}" --accelerator="$device"
-  side pytorch-eager "$python" "$ref" "${common[@]}" --device="$device" --mode=eager
-  side ours-graphs "$bin" "${common[@]}" --accelerator="$device" --cuda_graphs
-  side ours-aten-layernorm "$bin" "${common[@]}" --accelerator="$device" --fused_layer_norm=false
-  side pytorch-compile "$python" "$ref" "${common[@]}" --device="$device" --mode=compile
+  for name in "${side_list[@]}"; do
+    side_command "$name"
+    side "$name" "${cmd[@]}"
+  done
 done
-# Where each side spends a step (8 profiled steps after the timed ones start).
-"$bin" "${common[@]}" --accelerator="$device" --profile="$out/ours_trace.json" --profile_steps=8 \
-  >"$out/profile.log" 2>&1 &&
-  "$python" "$(dirname "$ref")/trace_summary.py" --top=25 "$out/ours_trace.json" >"$out/trace_summary.txt" 2>&1
-"$python" "$ref" "${common[@]}" --device="$device" --mode=eager --profile="$out/pytorch_trace.json" \
-  --profile_steps=8 >"$out/profile_pytorch.log" 2>&1 &&
-  "$python" "$(dirname "$ref")/trace_summary.py" --top=25 "$out/pytorch_trace.json" \
-    >"$out/trace_summary_pytorch.txt" 2>&1
-rm -f "$out/ours_trace.json" "$out/pytorch_trace.json"
-"$python" - "$results" >"$out/table.md" <<'PY'
+# Where a side spends a step (8 profiled steps after the timed ones start).
+first=1
+for name in "${profile_list[@]}"; do
+  summary="$out/trace_summary.txt"
+  [ "$name" = pytorch-eager ] && summary="$out/trace_summary_pytorch.txt"
+  [ "$name" != pytorch-eager ] && [ $first -eq 0 ] && summary="$out/trace_summary_$name.txt"
+  [ "$name" != pytorch-eager ] && first=0
+  side_command "$name"
+  "${cmd[@]}" --profile="$out/trace.json" --profile_steps=8 >"$out/profile_$name.log" 2>&1 &&
+    "$python" "$(dirname "$ref")/trace_summary.py" --top=25 "$out/trace.json" >"$summary" 2>&1
+  rm -f "$out/trace.json"
+done
+"$python" - "$results" "$sides" "$base" >"$out/table.md" <<'PY'
 import json, statistics, sys
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+order, base_side = sys.argv[2].split(","), sys.argv[3]
 by = {}
 for r in rows:
     by.setdefault(r["side"], []).append(r)
 med = {k: statistics.median(r["tokens_per_s"] for r in v) for k, v in by.items()}
-base = med.get("pytorch-eager")
-print("| side | runs | tokens/s (median) | MFU | step ms | peak MiB | vs PyTorch eager |")
+base = med.get(base_side)
+print(f"| side | runs | tokens/s (median) | MFU | step ms | peak MiB | vs {base_side} |")
 print("|---|---|---|---|---|---|---|")
-for k in ["ours-eager", "ours-graphs", "ours-aten-layernorm", "pytorch-eager", "pytorch-compile"]:
+for k in order:
     if k not in by:
         continue
     v = by[k]
