@@ -151,14 +151,19 @@ std::optional<PieceRange> ModelParallel::run_of_slice(
     const Split& s, at::IntArrayRef sizes, at::IntArrayRef strides,
     const std::optional<PieceLayout>& layout,
     const std::function<std::optional<PieceRange>(at::IntArrayRef)>& inner) const {
-  // Only where the checkpoint lays the slices out as this job cuts them (the same tp size, or a
-  // cut along the first dimension at any) is this rank's slice one run of it.
-  if (!sizes.equals(s.whole_sizes) || !strides.equals(c10::contiguous_strides(sizes)) ||
-      layout != s.layout)
+  if (!sizes.equals(s.whole_sizes) || !strides.equals(c10::contiguous_strides(sizes)))
     return std::nullopt;  // read whole, cut here
   const std::optional<PieceRange> in_slice = inner(s.slice_sizes);
   if (!in_slice) return std::nullopt;
-  return PieceRange{s.start + in_slice->offset, in_slice->count};
+  // Where the checkpoint lays the slices out as this job cuts them (the same tp size, or a cut
+  // along the first dimension at any), this rank's slice is one run of it.
+  if (layout == s.layout) return PieceRange{s.start + in_slice->offset, in_slice->count};
+  // Written at another tp size: the same elements as runs of its order, so that this rank reads
+  // and holds only its own part instead of the whole tensor.
+  auto runs = slice_runs(s.whole_sizes, s.along, s.shard.style.parts, s.shard.size, s.shard.rank,
+                         in_slice->offset, in_slice->count, layout);
+  if (!runs) return std::nullopt;
+  return PieceRange{s.start + in_slice->offset, in_slice->count, std::move(*runs), s.layout};
 }
 
 c10::IValue ModelParallel::piece_of_slice(const c10::IValue& v, const Split& s) const {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fabric {
@@ -37,6 +38,16 @@ torch::Tensor from_layout_order(const torch::Tensor& flat, const PieceLayout& la
 // own memory order (a cut along the first dimension in one block, or one rank).
 std::optional<PieceLayout> slices_layout(at::IntArrayRef sizes, int64_t along, int64_t parts,
                                          int64_t ranks);
+// Where rank `rank`'s slice of a tensor of `sizes` cut as slices_layout cuts it (along `along`,
+// `parts` blocks, `ranks` ranks) lies in `stored`'s order (nullopt: the tensor's own row-major
+// order): runs {offset, count} of that order holding the slice's elements [first, first + count)
+// (row-major over the slice's sizes), one after another in the slice's order, adjacent runs
+// merged. A reader at one tp size reads its slice out of a checkpoint written at another with
+// them. nullopt when the stored order's innermost dimension is not the tensor's (no such layout
+// is written).
+std::optional<std::vector<std::pair<int64_t, int64_t>>> slice_runs(
+    at::IntArrayRef sizes, int64_t along, int64_t parts, int64_t ranks, int64_t rank, int64_t first,
+    int64_t count, const std::optional<PieceLayout>& stored);
 // Throws fabric::Error "WHAT: ..." unless `layout` describes a tensor of `numel` elements.
 void check_layout(const PieceLayout& layout, int64_t numel, const std::string& what);
 

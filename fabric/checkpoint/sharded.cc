@@ -258,8 +258,8 @@ class Joiner {
       }
       Target& t = tensors_[at];
       t.numel = numel;
-      t.begin = 0;
-      t.end = numel;
+      t.runs = {{0, numel, 0}};
+      t.total = numel;
       t.dtype = dtype;
       if (verify_only) return std::optional<c10::IValue>();
       auto range = wanted ? wanted(at, sizes, strides, layout) : std::nullopt;
@@ -271,14 +271,33 @@ class Joiner {
         return std::optional<c10::IValue>(t.whole);
       }
       if (range) {
-        if (range->offset < 0 || range->count < 0 || range->offset + range->count > numel)
-          throw Error(what + ": elements " + std::to_string(range->offset) + " to " +
-                      std::to_string(range->offset + range->count) + " asked of " +
-                      std::to_string(numel));
-        t.begin = range->offset;
-        t.end = range->offset + range->count;
+        auto asked = [&](int64_t offset, int64_t count) {
+          if (offset < 0 || count < 0 || offset > numel - count)
+            throw Error(what + ": elements " + std::to_string(offset) + " to " +
+                        std::to_string(offset + count) + " asked of " + std::to_string(numel));
+        };
+        t.runs.clear();
+        if (range->from.empty()) {
+          asked(range->offset, range->count);
+          t.runs.push_back({range->offset, range->count, 0});
+        } else {
+          int64_t dest = 0;
+          for (const auto& [offset, count] : range->from) {
+            asked(offset, count);
+            t.runs.push_back({offset, count, dest});
+            dest += count;
+          }
+          if (dest != range->count)
+            throw Error(what + ": runs of " + std::to_string(dest) + " elements for a piece of " +
+                        std::to_string(range->count));
+          std::sort(t.runs.begin(), t.runs.end());
+        }
+        t.total = range->count;
         t.flat = torch::empty({range->count}, torch::dtype(dtype));
-        c10::IValue piece = tensor_piece(sizes, strides, t.begin, t.flat, layout);
+        c10::IValue piece =
+            range->from.empty()
+                ? tensor_piece(sizes, strides, range->offset, t.flat, layout)
+                : tensor_piece(sizes, strides, range->offset, t.flat, range->layout);
         t.piece = piece.toGenericDict();
         return std::optional<c10::IValue>(piece);
       }
@@ -317,20 +336,27 @@ class Joiner {
       if (offset < 0 || offset + n > t.numel)
         throw Error(what + " holds elements " + std::to_string(offset) + " to " +
                     std::to_string(offset + n) + " of " + std::to_string(t.numel));
-      // The part of [offset, offset + n) inside [begin, end).
-      const int64_t x = std::max(offset, t.begin), y = std::min(offset + n, t.end);
-      if (x >= y) continue;
-      if (t.flat.defined() && t.end - t.begin != t.numel && t.count == 0 && x == t.begin &&
-          y == t.end && offset == x && n == y - x) {
-        // The piece is exactly what the reader wants (the same world size): no copy. Its memory
-        // was never touched, so it was never resident.
-        t.flat = values.reshape(-1);
-        t.piece->insert_or_assign("values", t.flat);
-      } else if (t.flat.defined()) {
-        t.flat.narrow(0, x - t.begin, y - x).copy_(values.reshape(-1).narrow(0, x - offset, y - x));
+      // The parts of [offset, offset + n) inside the runs built (sorted, disjoint): the first
+      // run ending after `offset`, and on.
+      auto run = std::upper_bound(t.runs.begin(), t.runs.end(), offset,
+                                  [](int64_t o, const Run& r) { return o < r.stored + r.count; });
+      for (; run != t.runs.end() && run->stored < offset + n; ++run) {
+        const int64_t x = std::max(offset, run->stored);
+        const int64_t y = std::min(offset + n, run->stored + run->count);
+        if (x >= y) continue;
+        const int64_t dest = run->dest + (x - run->stored);
+        if (t.flat.defined() && t.piece && t.total != t.numel && t.runs.size() == 1 &&
+            t.count == 0 && dest == 0 && y - x == t.total && offset == x && n == y - x) {
+          // The piece is exactly what the reader wants (the same world size): no copy. Its
+          // memory was never touched, so it was never resident.
+          t.flat = values.reshape(-1);
+          t.piece->insert_or_assign("values", t.flat);
+        } else if (t.flat.defined()) {
+          t.flat.narrow(0, dest, y - x).copy_(values.reshape(-1).narrow(0, x - offset, y - x));
+        }
+        t.held.push_back({dest, y - x, rank});
+        t.count += y - x;
       }
-      t.held.push_back({x, y - x, rank});
-      t.count += y - x;
     }
   }
 
@@ -338,27 +364,27 @@ class Joiner {
   bool pieces_complete() const {
     if (whole_tensors_ > 0) return false;
     for (const auto& [at, t] : tensors_)
-      if (t.count < t.end - t.begin) return false;
+      if (t.count < t.total) return false;
     return true;
   }
 
   // The dict; throws when an element is missing or held twice.
   c10::IValue finish() {
     for (auto& [at, t] : tensors_) {
+      // Held places, in the order of what is built (a whole tensor's: its own): each once.
       std::sort(t.held.begin(), t.held.end());
-      int64_t next = t.begin;
+      int64_t next = 0;
       const std::string what = source_ + ": sharded tensor '" + at + "'";
-      for (const auto& [offset, n, rank] : t.held) {
-        if (offset < next)
+      for (const auto& [dest, n, rank] : t.held) {
+        if (dest < next)
           throw Error(what + ": " + shard_file_name(rank, world_) + " holds elements from " +
-                      std::to_string(offset) + ", which another shard holds too");
-        if (offset > next) break;
+                      std::to_string(stored_of(t, dest)) + ", which another shard holds too");
+        if (dest > next) break;
         next += n;
       }
-      if (next != t.end)
+      if (next != t.total)
         throw Error(what + ": the shards hold " + std::to_string(t.count) + " of its " +
-                    std::to_string(t.end - t.begin) +
-                    (t.end - t.begin == t.numel ? "" : " wanted") + " elements");
+                    std::to_string(t.total) + (t.piece ? " wanted" : "") + " elements");
       if (t.layout) {
         t.whole.copy_(from_layout_order(t.flat, *t.layout, t.whole.sizes()));
         t.flat = torch::Tensor();
@@ -368,17 +394,29 @@ class Joiner {
   }
 
  private:
+  // Elements [stored, stored + count) of the stored order, built at [dest, dest + count).
+  struct Run {
+    int64_t stored = 0, count = 0, dest = 0;
+    bool operator<(const Run& other) const { return stored < other.stored; }
+  };
   struct Target {
-    int64_t numel = 0;           // the whole tensor's elements
-    int64_t begin = 0, end = 0;  // the elements built (a whole tensor: all of them)
+    int64_t numel = 0;      // the whole tensor's elements
+    std::vector<Run> runs;  // what is built, sorted by `stored` (a whole tensor: one run)
+    int64_t total = 0;      // their elements
     torch::ScalarType dtype = torch::kFloat;
     torch::Tensor flat;                 // their memory (undefined when only verifying)
     std::optional<Dict> piece;          // the piece in the dict (a wanted piece)
     std::optional<PieceLayout> layout;  // `flat` in this order, `whole` the tensor in the dict
     torch::Tensor whole;
     int64_t count = 0;                                        // elements held so far
-    std::vector<std::tuple<int64_t, int64_t, int64_t>> held;  // offset, elements, rank
+    std::vector<std::tuple<int64_t, int64_t, int64_t>> held;  // dest, elements, rank
   };
+  // The stored place of built element `dest` (for messages).
+  static int64_t stored_of(const Target& t, int64_t dest) {
+    for (const Run& r : t.runs)
+      if (dest >= r.dest && dest < r.dest + r.count) return r.stored + (dest - r.dest);
+    return dest;
+  }
   int64_t world_;
   std::string source_;
   c10::IValue whole_;

@@ -59,9 +59,15 @@ struct ShardedParts {
 ShardedParts split_pieces(const c10::IValue& contents);
 
 // The elements [offset, offset + count) of a split tensor's memory that one process needs.
+// With `from`, they lie elsewhere in the stored order (a reader at another tp size than the
+// writer): the piece's values are those runs {offset, count} of the stored order one after
+// another (counts summing to `count`), and it is presented as [offset, offset + count) of
+// `layout`'s order (the reader's own).
 struct PieceRange {
   int64_t offset = 0;
   int64_t count = 0;
+  std::vector<std::pair<int64_t, int64_t>> from;
+  std::optional<PieceLayout> layout;
 };
 // For the split tensor at PATH (its descriptor's shape, strides and layout): the elements the
 // reader needs as a piece (counted in the layout's order when there is one), or nullopt for the

@@ -432,6 +432,40 @@ TEST(ShardedTest, SlicesOfTensorParallelismJoinThroughTheirLayout) {
   char value[32];
   std::snprintf(value, sizeof(value), "%.6f", row[1][7].item<float>());
   EXPECT_NE(py.out.find(value), std::string::npos) << py.out;
+
+  // A reader cut another way (row over 3 ranks, qkv over 4; rank 0 of each) reads its slices out
+  // of these tp 2 files as runs of their layouts (slice_runs): pieces, never the whole tensors,
+  // and only the files that hold them (tp rank 0's two: the other two are damaged here, same
+  // size, and never opened).
+  auto cut = [](const torch::Tensor& t, int64_t along, int64_t parts, int64_t ranks, int64_t r) {
+    std::vector<torch::Tensor> runs;
+    for (const auto& block : t.chunk(parts, along)) runs.push_back(block.chunk(ranks, along)[r]);
+    return torch::cat(runs, along).contiguous();
+  };
+  for (int64_t r = 2; r < 4; ++r) {
+    const fs::path f = dir / fabric::shard_file_name(r, 4);
+    const auto size = fs::file_size(f);
+    std::ofstream(f, std::ios::binary | std::ios::trunc) << std::string(size, 'x');
+  }
+  fabric::ReadOptions other;
+  other.world_size = 4;
+  other.wanted =
+      [](const std::string& path, at::IntArrayRef sizes, at::IntArrayRef,
+         const std::optional<fabric::PieceLayout>& stored) -> std::optional<fabric::PieceRange> {
+    const bool is_row = path == "state/row";
+    const int64_t along = is_row ? 1 : 0, parts = is_row ? 2 : 3, ranks = is_row ? 3 : 4;
+    const int64_t n = c10::multiply_integers(sizes) / ranks;
+    auto runs = fabric::slice_runs(sizes, along, parts, ranks, 0, 0, n, stored);
+    if (!runs) return std::nullopt;
+    return fabric::PieceRange{0, n, *runs, fabric::slices_layout(sizes, along, parts, ranks)};
+  };
+  const auto mine = fabric::read_checkpoint(dir, other).toGenericDict().at("state").toGenericDict();
+  const auto row_piece = fabric::as_tensor_piece(mine.at("row"));
+  const auto qkv_piece = fabric::as_tensor_piece(mine.at("qkv"));
+  ASSERT_TRUE(row_piece && qkv_piece);
+  EXPECT_TRUE(row_piece->values.equal(cut(row, 1, 2, 3, 0).reshape(-1)));
+  EXPECT_TRUE(qkv_piece->values.equal(cut(qkv, 0, 3, 4, 0).reshape(-1)));
+  EXPECT_EQ(row_piece->layout, fabric::slices_layout(row.sizes(), 1, 2, 3));
   fs::remove_all(dir);
 
   // A layout whose permutation repeats a dimension.
@@ -449,6 +483,52 @@ TEST(ShardedTest, SlicesOfTensorParallelismJoinThroughTheirLayout) {
   EXPECT_EQ(join_error(root, shards_of(parts)),
             "ckpt: sharded tensor 'state/row': its layout does not describe a tensor of 36 "
             "elements");
+}
+
+// slice_runs against brute force: for tensors cut along each dimension, in 1 or 2 blocks, stored
+// as 1 or 2 writers cut them and read as 1, 2 or 4 readers do, every rank's elements (and ranges
+// of them) are at the places of the stored order that the runs name.
+TEST(ShardedTest, SliceRunsFindARanksElementsInAnotherCutsOrder) {
+  const std::vector<int64_t> sizes = {4, 8, 8};
+  const int64_t numel = 4 * 8 * 8;
+  const torch::Tensor index = torch::arange(numel, torch::kLong).view(sizes);
+  auto cut = [](const torch::Tensor& t, int64_t along, int64_t parts, int64_t ranks, int64_t r) {
+    std::vector<torch::Tensor> runs;
+    for (const auto& block : t.chunk(parts, along)) runs.push_back(block.chunk(ranks, along)[r]);
+    return torch::cat(runs, along).contiguous().view(-1);
+  };
+  int checked = 0;
+  for (int64_t along = 0; along < 3; ++along)
+    for (int64_t parts : {1, 2})
+      for (int64_t writers : {1, 2})
+        for (int64_t readers : {1, 2, 4}) {
+          if (sizes[along] % (parts * writers) != 0 || sizes[along] % (parts * readers) != 0)
+            continue;
+          const auto stored = fabric::slices_layout(sizes, along, parts, writers);
+          const torch::Tensor order =
+              stored ? fabric::to_layout_order(index, *stored) : index.view(-1);
+          const torch::Tensor place = torch::empty_like(order);  // element -> stored place
+          place.index_put_({order}, torch::arange(numel, torch::kLong));
+          for (int64_t r = 0; r < readers; ++r) {
+            const torch::Tensor mine = cut(index, along, parts, readers, r);
+            for (const auto& [first, count] :
+                 std::vector<std::pair<int64_t, int64_t>>{{0, mine.numel()}, {3, 11}}) {
+              const auto runs =
+                  fabric::slice_runs(sizes, along, parts, readers, r, first, count, stored);
+              ASSERT_TRUE(runs);
+              std::vector<int64_t> got;
+              for (const auto& [offset, n] : *runs)
+                for (int64_t i = 0; i < n; ++i) got.push_back(offset + i);
+              const torch::Tensor want = place.index_select(0, mine.narrow(0, first, count));
+              ASSERT_EQ(static_cast<int64_t>(got.size()), count);
+              EXPECT_TRUE(torch::equal(torch::tensor(got), want))
+                  << "along " << along << " parts " << parts << " writers " << writers
+                  << " readers " << readers << " rank " << r << " first " << first;
+              ++checked;
+            }
+          }
+        }
+  EXPECT_GT(checked, 40);
 }
 
 }  // namespace
