@@ -1,9 +1,11 @@
-"""Rewrites a .cu file for tools/cuda_emu/shim.h: its CUDA runtime include becomes the shim's and
+"""Rewrites a .cu file for tools/cuda_emu/shim.h: its CUDA runtime include becomes the shim's,
 every `kernel<<<grid, block, shared, stream>>>(args)` becomes
-`fabric_emu::launch(dim3(grid), dim3(block), [&] { kernel(args); })`.
+`fabric_emu::launch(dim3(grid), dim3(block), shared, [&] { kernel(args); })`, and every
+`extern __shared__ T name[];` a pointer into the launch's dynamic shared memory.
 
 Usage: python3 launches.py in.cu > out.cc
 """
+import re
 import sys
 
 
@@ -22,6 +24,8 @@ def split_top(text, sep):
 
 def rewrite(s):
     s = s.replace("#include <cuda_runtime.h>", '#include "tools/cuda_emu/shim.h"')
+    s = re.sub(r"extern __shared__ (\w+) (\w+)\[\];",
+               r"\1* \2 = reinterpret_cast<\1*>(fabric_emu::dynamic_shared.data());", s)
     out, i = [], 0
     while True:
         j = s.find("<<<", i)
@@ -51,8 +55,9 @@ def rewrite(s):
                 break
             m += 1
         out.append(s[i:k])
-        out.append("fabric_emu::launch(dim3(%s), dim3(%s), [&] { %s(%s); })"
-                   % (config[0].strip(), config[1].strip(), s[k:j], s[a + 1:m]))
+        shared = config[2].strip() if len(config) > 2 else "0"
+        out.append("fabric_emu::launch(dim3(%s), dim3(%s), %s, [&] { %s(%s); })"
+                   % (config[0].strip(), config[1].strip(), shared, s[k:j], s[a + 1:m]))
         i = m + 1
 
 

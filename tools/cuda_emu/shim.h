@@ -1,9 +1,10 @@
 // Host emulation of the CUDA built-ins our kernels use, so that their index arithmetic, tiling,
 // shared-memory exchanges and reductions run (slowly) on a CPU in CI: one std::thread per CUDA
 // thread of a block, blocks one after another, __shared__ arrays as statics (one block at a
-// time), __syncthreads as a barrier. Warp shuffles are emulated with block-wide barriers, so a
-// kernel may shuffle only where every thread of its block does. Float8/bf16/fp16 conversions are
-// the CUDA headers' own host versions (the same rounding as the device's cvt instructions).
+// time), dynamic shared memory as one buffer, __syncthreads as a barrier of the block, warp
+// shuffles over a barrier of the warp (so, as on the device with a full mask, all 32 lanes of a
+// warp must take part). Float8/bf16/fp16 conversions are the CUDA headers' own host versions
+// (the device's rounding); float math is the host's (exp2f, rsqrtf: within a few ulp).
 // Used by tools/cuda_emu/launches.py's output (tools/bazel/cuda.bzl: cuda_emulated_test); not
 // part of any library.
 #ifndef TOOLS_CUDA_EMU_SHIM_H_
@@ -20,9 +21,11 @@
 #include <atomic>
 #include <barrier>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -36,12 +39,15 @@
 #define __align__(n) __attribute__((aligned(n)))
 #define cudaMemsetAsync fabric_emu_memset
 #define cudaGetLastError fabric_emu_last_error
+#define cudaFuncSetAttribute fabric_emu_set_attribute
 
 namespace fabric_emu {
 inline thread_local dim3 thread_index, block_index;
 inline dim3 grid_size, block_size;
 inline std::barrier<>* block_barrier = nullptr;
-inline int shuffle_slots[1024];
+inline std::vector<std::unique_ptr<std::barrier<>>> warp_barriers;
+inline uint64_t shuffle_slots[1024];
+inline std::vector<std::max_align_t> dynamic_shared;  // extern __shared__ (launches.py)
 }  // namespace fabric_emu
 
 #define threadIdx fabric_emu::thread_index
@@ -54,17 +60,31 @@ inline cudaError_t fabric_emu_memset(void* p, int value, size_t bytes, cudaStrea
   return cudaSuccess;
 }
 inline cudaError_t fabric_emu_last_error() { return cudaSuccess; }
+template <typename F>
+cudaError_t fabric_emu_set_attribute(F, cudaFuncAttribute, int) {
+  return cudaSuccess;
+}
+inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 
 inline void __syncthreads() { fabric_emu::block_barrier->arrive_and_wait(); }
 
-// Every thread of the block must call it (see the file comment).
-inline int __shfl_xor_sync(unsigned /*mask*/, int value, int lane_mask) {
+// Every lane of the caller's warp must call it (the device's rule for a full mask).
+template <typename T>
+T __shfl_xor_sync(unsigned /*mask*/, T value, int lane_mask) {
+  static_assert(sizeof(T) <= sizeof(uint64_t), "shuffles of up to 8 bytes");
   const unsigned t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
-  fabric_emu::shuffle_slots[t] = value;
-  __syncthreads();
-  const int other = fabric_emu::shuffle_slots[t ^ static_cast<unsigned>(lane_mask)];
-  __syncthreads();
+  std::barrier<>& warp = *fabric_emu::warp_barriers[t / 32];
+  std::memcpy(&fabric_emu::shuffle_slots[t], &value, sizeof(T));
+  warp.arrive_and_wait();
+  T other;
+  std::memcpy(&other, &fabric_emu::shuffle_slots[(t & ~31u) | ((t % 32) ^ lane_mask)], sizeof(T));
+  warp.arrive_and_wait();
   return other;
+}
+
+inline void __syncwarp(unsigned /*mask*/ = 0xffffffffu) {
+  const unsigned t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  fabric_emu::warp_barriers[t / 32]->arrive_and_wait();
 }
 
 inline int atomicMax(int* address, int value) {
@@ -84,15 +104,20 @@ inline int __float_as_int(float f) {
 using std::max;
 using std::min;
 
-// kernel<<<grid, block, 0, stream>>>(args) becomes fabric_emu::launch(grid, block, [&] {
-// kernel(args); }): the block's threads are started once and run the blocks in order.
+// kernel<<<grid, block, shared, stream>>>(args) becomes fabric_emu::launch(grid, block, shared,
+// [&] { kernel(args); }): the block's threads are started once and run the blocks in order.
 namespace fabric_emu {
-inline void launch(dim3 grid, dim3 block, const std::function<void()>& body) {
+inline void launch(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body) {
   grid_size = grid;
   block_size = block;
   const unsigned n = block.x * block.y * block.z;
+  dynamic_shared.assign((shared_bytes + sizeof(std::max_align_t) - 1) / sizeof(std::max_align_t),
+                        std::max_align_t{});
   std::barrier<> barrier(static_cast<std::ptrdiff_t>(n));
   block_barrier = &barrier;
+  warp_barriers.clear();
+  for (unsigned w = 0; w * 32 < n; ++w)
+    warp_barriers.push_back(std::make_unique<std::barrier<>>(std::min(32u, n - w * 32)));
   std::vector<std::thread> threads;
   for (unsigned t = 0; t < n; ++t)
     threads.emplace_back([&, t] {

@@ -104,6 +104,9 @@ __global__ void __launch_bounds__(kBwdThreads)
   float* dw_acc = smem + static_cast<int64_t>(warp) * 2 * cols;
   float* db_acc = dw_acc + cols;
   for (int64_t j = lane; j < cols; j += 32) dw_acc[j] = db_acc[j] = 0.f;
+  // Lane l zeroed columns l, l + 32, ...; it accumulates columns 4l .. 4l + 3 below: another
+  // lane's. A warp's lanes need not run in step (independent thread scheduling, sm_70+).
+  __syncwarp();
   const int64_t n4 = cols / 4;
   const float inv_cols = 1.f / static_cast<float>(cols);
   const float4* w4 = reinterpret_cast<const float4*>(weight);

@@ -1,0 +1,148 @@
+// fabric/models/kernels/layer_norm.cu run on the CPU through tools/cuda_emu (CUDA threads as host
+// threads): the fused LayerNorm's forward (with and without the residual add) and backward (with
+// and without an incoming gradient and a 16-bit copy of it) against a double-precision reference,
+// bf16 and fp16, for row counts that leave a block's warps idle and that make the backward's
+// warps loop over rows. It checks the kernels' indexing, warp reductions and the backward's
+// per-block sums; the device's arithmetic is gpt_cuda_test's (on a GPU). Built by
+// tools/bazel/cuda.bzl's cuda_emulated_test, appended to the rewritten kernels.
+#include <cstdio>
+#include <random>
+#include <vector>
+
+namespace {
+
+using fabric::kernels::LogitType;
+
+int g_failures = 0;
+
+#define EXPECT(cond, ...)                                 \
+  do {                                                    \
+    if (!(cond) && g_failures++ < 20) {                   \
+      std::printf("%s:%d: failed: ", __FILE__, __LINE__); \
+      std::printf(__VA_ARGS__);                           \
+      std::printf("\n");                                  \
+    }                                                     \
+  } while (0)
+
+template <typename T>
+T to16(float f);
+template <>
+__nv_bfloat16 to16<__nv_bfloat16>(float f) {
+  return __float2bfloat16_rn(f);
+}
+template <>
+__half to16<__half>(float f) {
+  return __float2half_rn(f);
+}
+float of16(__nv_bfloat16 v) { return __bfloat162float(v); }
+float of16(__half v) { return __half2float(v); }
+
+// |a - b| within `rel` of the largest |b| (plus a floor for values near 0).
+bool near(double a, double b, double rel, double scale) {
+  return std::fabs(a - b) <= rel * scale + 1e-6;
+}
+
+template <typename T>
+void check(int64_t rows, int64_t cols, bool with_delta, bool with_dh_in, bool with_dh16,
+           LogitType type) {
+  const double step = std::is_same_v<T, __half> ? 1.0 / 1024 : 1.0 / 128;  // 16-bit spacing
+  std::mt19937 gen(static_cast<unsigned>(rows * 31 + cols));
+  std::normal_distribution<float> normal;
+  const int64_t n = rows * cols;
+  std::vector<float> x(n), h(n, -7.f), w(cols), b(cols), mean(rows), rstd(rows), dh_in(n), dh(n),
+      dw(cols), db(cols);
+  std::vector<T> delta(n), y(n), dy(n), dh16(n);
+  for (auto& v : x) v = normal(gen) * 2 + 0.5f;
+  for (auto& v : delta) v = to16<T>(normal(gen));
+  for (int64_t j = 0; j < cols; ++j) w[j] = 1 + 0.1f * normal(gen), b[j] = 0.1f * normal(gen);
+  for (auto& v : dy) v = to16<T>(normal(gen));
+  for (auto& v : dh_in) v = normal(gen);
+  const float eps = 1e-5f;
+  EXPECT(fabric::kernels::layer_norm_forward(x.data(), with_delta ? delta.data() : nullptr,
+                                             h.data(), w.data(), b.data(), y.data(), mean.data(),
+                                             rstd.data(), rows, cols, eps, type, nullptr) == 0,
+         "forward launch");
+  std::vector<double> hr(n), ref_mean(rows), ref_rstd(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    double s = 0, q = 0;
+    for (int64_t j = 0; j < cols; ++j) {
+      const int64_t i = r * cols + j;
+      hr[i] = with_delta ? static_cast<double>(x[i] + of16(delta[i])) : x[i];
+      s += hr[i];
+    }
+    ref_mean[r] = s / cols;
+    for (int64_t j = 0; j < cols; ++j)
+      q += (hr[r * cols + j] - ref_mean[r]) * (hr[r * cols + j] - ref_mean[r]);
+    ref_rstd[r] = 1 / std::sqrt(q / cols + eps);
+    EXPECT(near(mean[r], ref_mean[r], 1e-5, 1), "mean[%ld] %g, want %g", r, mean[r], ref_mean[r]);
+    EXPECT(near(rstd[r], ref_rstd[r], 1e-4, ref_rstd[r]), "rstd[%ld] %g, want %g", r, rstd[r],
+           ref_rstd[r]);
+    for (int64_t j = 0; j < cols; ++j) {
+      const int64_t i = r * cols + j;
+      if (with_delta) EXPECT(h[i] == static_cast<float>(hr[i]), "h[%ld]", i);
+      const double want = (hr[i] - ref_mean[r]) * ref_rstd[r] * w[j] + b[j];
+      EXPECT(near(of16(y[i]), want, step, std::fabs(want) + 1), "y[%ld, %ld] %g, want %g", r, j,
+             of16(y[i]), want);
+    }
+  }
+  // Backward, from h (the normalized input: x when there was no delta).
+  const std::vector<float>& hin = with_delta ? h : x;
+  std::vector<float> workspace(fabric::kernels::layer_norm_workspace_floats(rows, cols));
+  EXPECT(fabric::kernels::layer_norm_backward(
+             dy.data(), hin.data(), mean.data(), rstd.data(), w.data(),
+             with_dh_in ? dh_in.data() : nullptr, dh.data(), with_dh16 ? dh16.data() : nullptr,
+             dw.data(), db.data(), workspace.data(), rows, cols, type, nullptr) == 0,
+         "backward launch");
+  std::vector<double> ref_dw(cols, 0), ref_db(cols, 0);
+  double largest_dh = 0;
+  std::vector<double> ref_dh(n);
+  for (int64_t r = 0; r < rows; ++r) {
+    double s1 = 0, s2 = 0;
+    for (int64_t j = 0; j < cols; ++j) {
+      const int64_t i = r * cols + j;
+      const double xhat = (hin[i] - mean[r]) * static_cast<double>(rstd[r]);
+      const double gx = of16(dy[i]) * static_cast<double>(w[j]);
+      s1 += gx;
+      s2 += gx * xhat;
+      ref_dw[j] += of16(dy[i]) * xhat;
+      ref_db[j] += of16(dy[i]);
+    }
+    s1 /= cols;
+    s2 /= cols;
+    for (int64_t j = 0; j < cols; ++j) {
+      const int64_t i = r * cols + j;
+      const double xhat = (hin[i] - mean[r]) * static_cast<double>(rstd[r]);
+      ref_dh[i] = rstd[r] * (of16(dy[i]) * w[j] - s1 - xhat * s2) + (with_dh_in ? dh_in[i] : 0);
+      largest_dh = std::max(largest_dh, std::fabs(ref_dh[i]));
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    EXPECT(near(dh[i], ref_dh[i], 1e-4, largest_dh), "dh[%ld] %g, want %g (%ld x %ld)", i, dh[i],
+           ref_dh[i], rows, cols);
+    if (with_dh16)
+      EXPECT(of16(dh16[i]) == of16(to16<T>(dh[i])), "dh16[%ld] is not dh in 16 bits", i);
+  }
+  double largest_dw = 0, largest_db = 0;
+  for (int64_t j = 0; j < cols; ++j)
+    largest_dw = std::max(largest_dw, std::fabs(ref_dw[j])),
+    largest_db = std::max(largest_db, std::fabs(ref_db[j]));
+  for (int64_t j = 0; j < cols; ++j) {
+    EXPECT(near(dw[j], ref_dw[j], 1e-4, largest_dw), "dweight[%ld] %g, want %g (%ld rows)", j,
+           dw[j], ref_dw[j], rows);
+    EXPECT(near(db[j], ref_db[j], 1e-4, largest_db), "dbias[%ld] %g, want %g (%ld rows)", j, db[j],
+           ref_db[j], rows);
+  }
+}
+
+}  // namespace
+
+int main() {
+  // 37 rows: the last forward block has one busy warp of 4; 2200 rows: more than 264 blocks x 8
+  // warps, so the backward's warps take several rows each. 264 columns: 66 float4 per row, more
+  // than a warp's 32 lanes.
+  check<__nv_bfloat16>(37, 64, true, true, true, LogitType::kBFloat16);
+  check<__half>(37, 264, false, false, false, LogitType::kFloat16);
+  check<__nv_bfloat16>(2200, 32, true, false, true, LogitType::kBFloat16);
+  std::printf("layer_norm.cu emulated: %d failures\n", g_failures);
+  return g_failures == 0 ? 0 : 1;
+}
