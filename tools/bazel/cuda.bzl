@@ -60,8 +60,9 @@ def cuda_emulated_test(name, src, driver, hdrs = [], size = "small"):
 
     tools/cuda_emu/launches.py rewrites `src` (its launches become host calls, its CUDA runtime
     include tools/cuda_emu/shim.h), `driver` (a main() returning non-zero on a failure) is
-    appended, and nvcc compiles the whole as host C++ (it supplies the CUDA headers' host float8
-    and bf16 conversions). Without nvcc there is nothing to check: no test is defined.
+    appended (it may include tools/cuda_emu/check.h: EXPECT and the exit status), and nvcc
+    compiles the whole as host C++ (it supplies the CUDA headers' host float8 and bf16
+    conversions). Without nvcc there is nothing to check: no test is defined.
 
     Args:
       name: the sh_test's name.
@@ -74,7 +75,7 @@ def cuda_emulated_test(name, src, driver, hdrs = [], size = "small"):
         return
     native.genrule(
         name = name + "_bin",
-        srcs = [src, driver, "//tools/cuda_emu:shim.h"] + hdrs,
+        srcs = [src, driver, "//tools/cuda_emu:check.h", "//tools/cuda_emu:shim.h"] + hdrs,
         tools = ["//tools/cuda_emu:launches.py"],
         outs = [name + "_emulated"],
         cmd = ("(python3 $(location //tools/cuda_emu:launches.py) $(location %s) && " +

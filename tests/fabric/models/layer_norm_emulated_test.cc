@@ -9,33 +9,13 @@
 #include <random>
 #include <vector>
 
+#include "tools/cuda_emu/check.h"
+
 namespace {
 
+using fabric::kernels::from_float;
 using fabric::kernels::LogitType;
-
-int g_failures = 0;
-
-#define EXPECT(cond, ...)                                 \
-  do {                                                    \
-    if (!(cond) && g_failures++ < 20) {                   \
-      std::printf("%s:%d: failed: ", __FILE__, __LINE__); \
-      std::printf(__VA_ARGS__);                           \
-      std::printf("\n");                                  \
-    }                                                     \
-  } while (0)
-
-template <typename T>
-T to16(float f);
-template <>
-__nv_bfloat16 to16<__nv_bfloat16>(float f) {
-  return __float2bfloat16_rn(f);
-}
-template <>
-__half to16<__half>(float f) {
-  return __float2half_rn(f);
-}
-float of16(__nv_bfloat16 v) { return __bfloat162float(v); }
-float of16(__half v) { return __half2float(v); }
+using fabric::kernels::to_float;
 
 // |a - b| within `rel` of the largest |b| (plus a floor for values near 0).
 bool near(double a, double b, double rel, double scale) {
@@ -53,9 +33,9 @@ void check(int64_t rows, int64_t cols, bool with_delta, bool with_dh_in, bool wi
       dw(cols), db(cols);
   std::vector<T> delta(n), y(n), dy(n), dh16(n);
   for (auto& v : x) v = normal(gen) * 2 + 0.5f;
-  for (auto& v : delta) v = to16<T>(normal(gen));
+  for (auto& v : delta) v = from_float<T>(normal(gen));
   for (int64_t j = 0; j < cols; ++j) w[j] = 1 + 0.1f * normal(gen), b[j] = 0.1f * normal(gen);
-  for (auto& v : dy) v = to16<T>(normal(gen));
+  for (auto& v : dy) v = from_float<T>(normal(gen));
   for (auto& v : dh_in) v = normal(gen);
   const float eps = 1e-5f;
   EXPECT(fabric::kernels::layer_norm_forward(x.data(), with_delta ? delta.data() : nullptr,
@@ -67,7 +47,7 @@ void check(int64_t rows, int64_t cols, bool with_delta, bool with_dh_in, bool wi
     double s = 0, q = 0;
     for (int64_t j = 0; j < cols; ++j) {
       const int64_t i = r * cols + j;
-      hr[i] = with_delta ? static_cast<double>(x[i] + of16(delta[i])) : x[i];
+      hr[i] = with_delta ? static_cast<double>(x[i] + to_float(delta[i])) : x[i];
       s += hr[i];
     }
     ref_mean[r] = s / cols;
@@ -81,8 +61,8 @@ void check(int64_t rows, int64_t cols, bool with_delta, bool with_dh_in, bool wi
       const int64_t i = r * cols + j;
       if (with_delta) EXPECT(h[i] == static_cast<float>(hr[i]), "h[%ld]", i);
       const double want = (hr[i] - ref_mean[r]) * ref_rstd[r] * w[j] + b[j];
-      EXPECT(near(of16(y[i]), want, step, std::fabs(want) + 1), "y[%ld, %ld] %g, want %g", r, j,
-             of16(y[i]), want);
+      EXPECT(near(to_float(y[i]), want, step, std::fabs(want) + 1), "y[%ld, %ld] %g, want %g", r, j,
+             to_float(y[i]), want);
     }
   }
   // Backward, from h (the normalized input: x when there was no delta).
@@ -101,18 +81,18 @@ void check(int64_t rows, int64_t cols, bool with_delta, bool with_dh_in, bool wi
     for (int64_t j = 0; j < cols; ++j) {
       const int64_t i = r * cols + j;
       const double xhat = (hin[i] - mean[r]) * static_cast<double>(rstd[r]);
-      const double gx = of16(dy[i]) * static_cast<double>(w[j]);
+      const double gx = to_float(dy[i]) * static_cast<double>(w[j]);
       s1 += gx;
       s2 += gx * xhat;
-      ref_dw[j] += of16(dy[i]) * xhat;
-      ref_db[j] += of16(dy[i]);
+      ref_dw[j] += to_float(dy[i]) * xhat;
+      ref_db[j] += to_float(dy[i]);
     }
     s1 /= cols;
     s2 /= cols;
     for (int64_t j = 0; j < cols; ++j) {
       const int64_t i = r * cols + j;
       const double xhat = (hin[i] - mean[r]) * static_cast<double>(rstd[r]);
-      ref_dh[i] = rstd[r] * (of16(dy[i]) * w[j] - s1 - xhat * s2) + (with_dh_in ? dh_in[i] : 0);
+      ref_dh[i] = rstd[r] * (to_float(dy[i]) * w[j] - s1 - xhat * s2) + (with_dh_in ? dh_in[i] : 0);
       largest_dh = std::max(largest_dh, std::fabs(ref_dh[i]));
     }
   }
@@ -120,7 +100,8 @@ void check(int64_t rows, int64_t cols, bool with_delta, bool with_dh_in, bool wi
     EXPECT(near(dh[i], ref_dh[i], 1e-4, largest_dh), "dh[%ld] %g, want %g (%ld x %ld)", i, dh[i],
            ref_dh[i], rows, cols);
     if (with_dh16)
-      EXPECT(of16(dh16[i]) == of16(to16<T>(dh[i])), "dh16[%ld] is not dh in 16 bits", i);
+      EXPECT(to_float(dh16[i]) == to_float(from_float<T>(dh[i])), "dh16[%ld] is not dh in 16 bits",
+             i);
   }
   double largest_dw = 0, largest_db = 0;
   for (int64_t j = 0; j < cols; ++j)
@@ -143,6 +124,5 @@ int main() {
   check<__nv_bfloat16>(37, 64, true, true, true, LogitType::kBFloat16);
   check<__half>(37, 264, false, false, false, LogitType::kFloat16);
   check<__nv_bfloat16>(2200, 32, true, false, true, LogitType::kBFloat16);
-  std::printf("layer_norm.cu emulated: %d failures\n", g_failures);
-  return g_failures == 0 ? 0 : 1;
+  return emulated_result("layer_norm.cu");
 }

@@ -9,20 +9,11 @@
 #include <random>
 #include <vector>
 
+#include "tools/cuda_emu/check.h"
+
 namespace {
 
 using fabric::kernels::Fp8Source;
-
-int g_failures = 0;
-
-#define EXPECT(cond, ...)                                 \
-  do {                                                    \
-    if (!(cond) && g_failures++ < 20) {                   \
-      std::printf("%s:%d: failed: ", __FILE__, __LINE__); \
-      std::printf(__VA_ARGS__);                           \
-      std::printf("\n");                                  \
-    }                                                     \
-  } while (0)
 
 template <typename T>
 T from_float(float f);
@@ -157,6 +148,5 @@ int main() {
       check_shape<__half>(s[0], s[1], Fp8Source::kFloat16, e5m2);
     }
   check_preconditions();
-  std::printf("fp8_cast.cu emulated: %d failures\n", g_failures);
-  return g_failures == 0 ? 0 : 1;
+  return emulated_result("fp8_cast.cu");
 }
