@@ -31,6 +31,7 @@
 #                   fused AdamW), ours (eager and CUDA graphs) vs the identical model in PyTorch
 #                   (eager and torch.compile), with a profile summary of ours; tables in the report
 #   --suite=model_parallel: issue 50's GPU rows: fp8_cuda_test (the float8 kernels bitwise ATen's),
+#                   gpt_cuda_test (the fused loss and LayerNorm kernels),
 #                   the tiny GPT under tp 2 with sequence parallelism and dropout (2 ranks, Gloo),
 #                   and gpt_compare.sh's ours-eager (bf16-mixed) vs ours-fp8 vs ours-fp8-rowwise
 #                   on gpt2-medium (batch 16) and gpt2-xl (batch 8) x 1024 tokens, 15 timed steps
@@ -372,6 +373,7 @@ run() {
 
   if ! skipping model_parallel; then
     check fp8_cuda_test 240 "$runsh" fp8_cuda_test --gtest_brief=1
+    check gpt_cuda_test 240 "$runsh" gpt_cuda_test --gtest_brief=1  # the LayerNorm's __syncwarp
     local place=(fabric.accelerator=cuda fabric.devices=1 fabric.ddp.ranks_per_gpu=2)
     [ $cpu -eq 1 ] && place=(fabric.accelerator=cpu fabric.devices=2)
     CHECK_SUMMARY='val loss|tok/s' check "gpt tiny tp 2, sequence parallel, dropout 0.1 (2 ranks)" 240 \
