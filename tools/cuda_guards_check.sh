@@ -37,6 +37,16 @@ if ! bazel aquery --noshow_progress --config=cpu_only \
   exit 2
 fi
 execroot=$(bazel info --config=cpu_only execution_root 2>/dev/null)
+# The compile lines run in the execution root, whose links to the sources and to external/NAME
+# are only those the last build used: compile from a root of our own that links every top-level
+# entry of the workspace, bazel-out and every fetched external repository.
+output_base=$(bazel info --config=cpu_only output_base 2>/dev/null)
+workspace=$(bazel info workspace 2>/dev/null)
+root="$tmp/root"
+mkdir -p "$root/external"
+for entry in "$workspace"/*; do ln -s "$entry" "$root/"; done
+ln -sfn "$execroot/bazel-out" "$root/bazel-out"
+for repo in "$output_base"/external/*/; do ln -s "${repo%/}" "$root/external/"; done
 
 # One shell script per file: the compile line with `-c SRC -o OBJ` (and the dependency file)
 # replaced by `-fsyntax-only SRC`, without the precompiled header.
@@ -86,7 +96,7 @@ printf '%s\n' "${files[@]}" | xargs -P "$jobs" -n 1 bash -c '
     echo "PASSED cuda_guards_cpu_only:$2"
   else
     echo "FAILED cuda_guards_cpu_only:$2"
-    sed "s/^/  $2: /" "$script.log" | head -n 20 >&2
-  fi' "$tmp" "$execroot" | sort >"$tmp/results"
+    sed "s|^|  $2: |" "$script.log" | head -n 20 >&2
+  fi' "$tmp" "$root" | sort >"$tmp/results"
 cat "$tmp/results"
 ! grep -q '^FAILED' "$tmp/results"

@@ -16,6 +16,7 @@
 #define FABRIC_NN_PARALLEL_RNG_H_
 
 #include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
 #include <cstdint>
