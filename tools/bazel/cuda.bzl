@@ -10,8 +10,8 @@ Architectures: SASS for sm_80 (A100; runs on sm_86/sm_89), sm_90 (H100/H200), sm
 sm_120, plus PTX of compute_120 for newer GPUs (the driver compiles it on first use).
 """
 
-load("@libtorch//:info.bzl", "NVCC")
-load("//tools/bazel:cc.bzl", "cc_library")
+load("@libtorch//:info.bzl", "LIBTORCH_CUDA", "NVCC")
+load("//tools/bazel:cc.bzl", "cc_library", "cc_test")
 
 _GENCODE = " ".join([
     "-gencode arch=compute_80,code=sm_80",
@@ -55,38 +55,52 @@ def cuda_kernels(name, src, hdrs = [], visibility = None):
         alwayslink = True,
     )
 
-def cuda_emulated_test(name, src, driver, hdrs = [], size = "small"):
-    """`src`'s kernels run on the CPU by tools/cuda_emu, checked by `driver`, when nvcc was found.
+def cuda_emulated_test(name, src, hdrs = [], size = "small"):
+    """A GoogleTest test `name`.cc that runs `src`'s kernels on the CPU (tools/cuda_emu).
 
     tools/cuda_emu/launches.py rewrites `src` (its launches become host calls, its CUDA runtime
-    include tools/cuda_emu/shim.h), `driver` (a main() returning non-zero on a failure) is
-    appended (it may include tools/cuda_emu/check.h: EXPECT and the exit status), and nvcc
-    compiles the whole as host C++ (it supplies the CUDA headers' host float8 and bf16
-    conversions). Without nvcc there is nothing to check: no test is defined.
+    include tools/cuda_emu/shim.h) into a library built against the CUDA headers LibTorch's CUDA
+    build ships (their host float8/bf16/fp16 conversions); the test calls the kernels through
+    their C interface (`hdrs`). nvcc is not needed. Without a CUDA LibTorch there are no CUDA
+    headers: nothing is defined.
 
     Args:
-      name: the sh_test's name.
+      name: the test, and its source file's stem.
       src: the .cu file.
-      driver: a .cc file with main().
-      hdrs: headers `src` includes.
+      hdrs: headers `src` includes (its C interface among them).
       size: the test's size.
     """
-    if not NVCC:
+    if not LIBTORCH_CUDA:
         return
     native.genrule(
-        name = name + "_bin",
-        srcs = [src, driver, "//tools/cuda_emu:check.h", "//tools/cuda_emu:shim.h"] + hdrs,
+        name = name + "_rewrite",
+        srcs = [src],
         tools = ["//tools/cuda_emu:launches.py"],
-        outs = [name + "_emulated"],
-        cmd = ("(python3 $(location //tools/cuda_emu:launches.py) $(location %s) && " +
-               "cat $(location %s)) > $@.cc && " +
-               "%s -x c++ -std=c++20 -O1 -cudart none -I. $@.cc -o $@ -Xcompiler -pthread,-w") %
-              (src, driver, NVCC),
-        message = "emulating " + src,
+        outs = [name + "_kernels.cc"],
+        cmd = "python3 $(location //tools/cuda_emu:launches.py) $(location %s) > $@" % src,
+        message = "rewriting " + src + " for the CPU",
         testonly = True,
     )
-    native.sh_test(
+    cc_library(
+        name = name + "_kernels",
+        srcs = [name + "_kernels.cc"],
+        hdrs = hdrs,
+        # Kernels reinterpret memory as vector types (float4, uint4), as CUDA code does and nvcc
+        # allows; a host compiler's strict-aliasing optimizations would read stale values.
+        copts = ["-Wno-unknown-pragmas", "-fno-strict-aliasing"],
+        deps = [
+            "//tools/cuda_emu:shim",
+            "@libtorch//:cuda_headers",
+        ],
+        testonly = True,
+    )
+    cc_test(
         name = name,
-        srcs = [name + "_emulated"],
+        srcs = [name + ".cc"],
         size = size,
+        deps = [
+            name + "_kernels",
+            "@gtest//:gtest_main",
+            "@libtorch//:cuda_headers",
+        ],
     )

@@ -5,7 +5,7 @@
 // shuffles over a barrier of the warp (so, as on the device with a full mask, all 32 lanes of a
 // warp must take part). Float8/bf16/fp16 conversions are the CUDA headers' own host versions
 // (the device's rounding); float math is the host's (exp2f, rsqrtf: within a few ulp).
-// Used by tools/cuda_emu/launches.py's output (tools/bazel/cuda.bzl: cuda_emulated_test); not
+// Included by tools/cuda_emu/launches.py's output (tools/bazel/cuda.bzl: cuda_emulated_test); not
 // part of any library.
 #ifndef TOOLS_CUDA_EMU_SHIM_H_
 #define TOOLS_CUDA_EMU_SHIM_H_

@@ -4,12 +4,20 @@
 // of 8) and the element path (vocab 1003, a padded stride), with a target outside the vocabulary
 // (loss NaN, gradient row zero) and rows past a padded stride left alone. It checks the kernel's
 // indexing and its two-level block reduction; the device's arithmetic is gpt_cuda_test's (on a
-// GPU). Built by tools/bazel/cuda.bzl's cuda_emulated_test, appended to the rewritten kernel.
-#include <cstdio>
+// GPU). The kernel comes from tools/bazel/cuda.bzl's cuda_emulated_library.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <random>
+#include <type_traits>
 #include <vector>
 
-#include "tools/cuda_emu/check.h"
+#include "fabric/models/kernels/convert.cuh"
+#include "fabric/models/kernels/cross_entropy.h"
 
 namespace {
 
@@ -32,10 +40,10 @@ void check(int64_t rows, int64_t vocab, int64_t stride, LogitType type) {
   targets[1] = -1;  // outside the vocabulary
   std::vector<float> loss(rows, -1.f);
   const float scale = 0.25f;
-  EXPECT(fabric::kernels::softmax_cross_entropy_forward_backward(logits.data(), targets.data(),
-                                                                 loss.data(), rows, vocab, stride,
-                                                                 scale, type, nullptr) == 0,
-         "launch");
+  ASSERT_TRUE(fabric::kernels::softmax_cross_entropy_forward_backward(
+                  logits.data(), targets.data(), loss.data(), rows, vocab, stride, scale, type,
+                  nullptr) == 0)
+      << "launch";
   for (int64_t r = 0; r < rows; ++r) {
     const T* x = before.data() + r * stride;
     double m = -INFINITY;
@@ -46,30 +54,31 @@ void check(int64_t rows, int64_t vocab, int64_t stride, LogitType type) {
     const bool valid = targets[r] >= 0;
     if (valid) {
       const double want = lse - to_float(x[targets[r]]);
-      EXPECT(std::fabs(loss[r] - want) <= 1e-4 * std::fabs(want) + 1e-5,
-             "loss[%ld] %g, want %g (vocab %ld)", r, loss[r], want, vocab);
+      ASSERT_TRUE(std::fabs(loss[r] - want) <= 1e-4 * std::fabs(want) + 1e-5)
+          << "loss[" << r << "] " << loss[r] << ", want " << want << " (vocab " << vocab << ")";
     } else {
-      EXPECT(std::isnan(loss[r]), "loss[%ld] %g for a target outside the vocabulary", r, loss[r]);
+      ASSERT_TRUE(std::isnan(loss[r]))
+          << "loss[" << r << "] " << loss[r] << " for a target outside the vocabulary";
     }
     for (int64_t j = 0; j < vocab; ++j) {
       double want = valid ? std::exp(to_float(x[j]) - lse) - (j == targets[r] ? 1 : 0) : 0;
       want *= scale;
       const double got = to_float(logits[r * stride + j]);
-      EXPECT(std::fabs(got - want) <= step * std::fabs(want) + 1e-7,
-             "gradient[%ld, %ld] %g, want %g (vocab %ld)", r, j, got, want, vocab);
+      ASSERT_TRUE(std::fabs(got - want) <= step * std::fabs(want) + 1e-7)
+          << "gradient[" << r << ", " << j << "] " << got << ", want " << want << " (vocab "
+          << vocab << ")";
     }
     for (int64_t j = vocab; j < stride; ++j)
-      EXPECT(to_float(logits[r * stride + j]) == to_float(x[j]), "padding [%ld, %ld] written", r,
-             j);
+      ASSERT_TRUE(to_float(logits[r * stride + j]) == to_float(x[j]))
+          << "padding [" << r << ", " << j << "] written";
   }
 }
 
 }  // namespace
 
-int main() {
+TEST(CrossEntropyEmulatedTest, LossAndGradientMatchDoublePrecision) {
   check<__nv_bfloat16>(4, 1000, 1000, LogitType::kBFloat16);  // 16-byte loads
   check<__half>(4, 1000, 1008, LogitType::kFloat16);          // 16-byte loads, padded rows
   check<__nv_bfloat16>(3, 1003, 1003, LogitType::kBFloat16);  // element by element
   check<__half>(3, 1003, 1010, LogitType::kFloat16);
-  return emulated_result("cross_entropy.cu");
 }

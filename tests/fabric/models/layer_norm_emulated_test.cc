@@ -3,13 +3,21 @@
 // and without an incoming gradient and a 16-bit copy of it) against a double-precision reference,
 // bf16 and fp16, for row counts that leave a block's warps idle and that make the backward's
 // warps loop over rows. It checks the kernels' indexing, warp reductions and the backward's
-// per-block sums; the device's arithmetic is gpt_cuda_test's (on a GPU). Built by
-// tools/bazel/cuda.bzl's cuda_emulated_test, appended to the rewritten kernels.
-#include <cstdio>
+// per-block sums; the device's arithmetic is gpt_cuda_test's (on a GPU). The kernels come from
+// tools/bazel/cuda.bzl's cuda_emulated_library.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <random>
+#include <type_traits>
 #include <vector>
 
-#include "tools/cuda_emu/check.h"
+#include "fabric/models/kernels/convert.cuh"
+#include "fabric/models/kernels/layer_norm.h"
 
 namespace {
 
@@ -38,10 +46,10 @@ void check(int64_t rows, int64_t cols, bool with_delta, bool with_dh_in, bool wi
   for (auto& v : dy) v = from_float<T>(normal(gen));
   for (auto& v : dh_in) v = normal(gen);
   const float eps = 1e-5f;
-  EXPECT(fabric::kernels::layer_norm_forward(x.data(), with_delta ? delta.data() : nullptr,
-                                             h.data(), w.data(), b.data(), y.data(), mean.data(),
-                                             rstd.data(), rows, cols, eps, type, nullptr) == 0,
-         "forward launch");
+  ASSERT_TRUE(fabric::kernels::layer_norm_forward(
+                  x.data(), with_delta ? delta.data() : nullptr, h.data(), w.data(), b.data(),
+                  y.data(), mean.data(), rstd.data(), rows, cols, eps, type, nullptr) == 0)
+      << "forward launch";
   std::vector<double> hr(n), ref_mean(rows), ref_rstd(rows);
   for (int64_t r = 0; r < rows; ++r) {
     double s = 0, q = 0;
@@ -54,25 +62,26 @@ void check(int64_t rows, int64_t cols, bool with_delta, bool with_dh_in, bool wi
     for (int64_t j = 0; j < cols; ++j)
       q += (hr[r * cols + j] - ref_mean[r]) * (hr[r * cols + j] - ref_mean[r]);
     ref_rstd[r] = 1 / std::sqrt(q / cols + eps);
-    EXPECT(near(mean[r], ref_mean[r], 1e-5, 1), "mean[%ld] %g, want %g", r, mean[r], ref_mean[r]);
-    EXPECT(near(rstd[r], ref_rstd[r], 1e-4, ref_rstd[r]), "rstd[%ld] %g, want %g", r, rstd[r],
-           ref_rstd[r]);
+    ASSERT_TRUE(near(mean[r], ref_mean[r], 1e-5, 1))
+        << "mean[" << r << "] " << mean[r] << ", want " << ref_mean[r];
+    ASSERT_TRUE(near(rstd[r], ref_rstd[r], 1e-4, ref_rstd[r]))
+        << "rstd[" << r << "] " << rstd[r] << ", want " << ref_rstd[r];
     for (int64_t j = 0; j < cols; ++j) {
       const int64_t i = r * cols + j;
-      if (with_delta) EXPECT(h[i] == static_cast<float>(hr[i]), "h[%ld]", i);
+      if (with_delta) ASSERT_TRUE(h[i] == static_cast<float>(hr[i])) << "h[" << i << "]";
       const double want = (hr[i] - ref_mean[r]) * ref_rstd[r] * w[j] + b[j];
-      EXPECT(near(to_float(y[i]), want, step, std::fabs(want) + 1), "y[%ld, %ld] %g, want %g", r, j,
-             to_float(y[i]), want);
+      ASSERT_TRUE(near(to_float(y[i]), want, step, std::fabs(want) + 1))
+          << "y[" << r << ", " << j << "] " << to_float(y[i]) << ", want " << want;
     }
   }
   // Backward, from h (the normalized input: x when there was no delta).
   const std::vector<float>& hin = with_delta ? h : x;
   std::vector<float> workspace(fabric::kernels::layer_norm_workspace_floats(rows, cols));
-  EXPECT(fabric::kernels::layer_norm_backward(
-             dy.data(), hin.data(), mean.data(), rstd.data(), w.data(),
-             with_dh_in ? dh_in.data() : nullptr, dh.data(), with_dh16 ? dh16.data() : nullptr,
-             dw.data(), db.data(), workspace.data(), rows, cols, type, nullptr) == 0,
-         "backward launch");
+  ASSERT_TRUE(fabric::kernels::layer_norm_backward(
+                  dy.data(), hin.data(), mean.data(), rstd.data(), w.data(),
+                  with_dh_in ? dh_in.data() : nullptr, dh.data(), with_dh16 ? dh16.data() : nullptr,
+                  dw.data(), db.data(), workspace.data(), rows, cols, type, nullptr) == 0)
+      << "backward launch";
   std::vector<double> ref_dw(cols, 0), ref_db(cols, 0);
   double largest_dh = 0;
   std::vector<double> ref_dh(n);
@@ -97,32 +106,32 @@ void check(int64_t rows, int64_t cols, bool with_delta, bool with_dh_in, bool wi
     }
   }
   for (int64_t i = 0; i < n; ++i) {
-    EXPECT(near(dh[i], ref_dh[i], 1e-4, largest_dh), "dh[%ld] %g, want %g (%ld x %ld)", i, dh[i],
-           ref_dh[i], rows, cols);
+    ASSERT_TRUE(near(dh[i], ref_dh[i], 1e-4, largest_dh))
+        << "dh[" << i << "] " << dh[i] << ", want " << ref_dh[i] << " (" << rows << " x " << cols
+        << ")";
     if (with_dh16)
-      EXPECT(to_float(dh16[i]) == to_float(from_float<T>(dh[i])), "dh16[%ld] is not dh in 16 bits",
-             i);
+      ASSERT_TRUE(to_float(dh16[i]) == to_float(from_float<T>(dh[i])))
+          << "dh16[" << i << "] is not dh in 16 bits";
   }
   double largest_dw = 0, largest_db = 0;
   for (int64_t j = 0; j < cols; ++j)
     largest_dw = std::max(largest_dw, std::fabs(ref_dw[j])),
     largest_db = std::max(largest_db, std::fabs(ref_db[j]));
   for (int64_t j = 0; j < cols; ++j) {
-    EXPECT(near(dw[j], ref_dw[j], 1e-4, largest_dw), "dweight[%ld] %g, want %g (%ld rows)", j,
-           dw[j], ref_dw[j], rows);
-    EXPECT(near(db[j], ref_db[j], 1e-4, largest_db), "dbias[%ld] %g, want %g (%ld rows)", j, db[j],
-           ref_db[j], rows);
+    ASSERT_TRUE(near(dw[j], ref_dw[j], 1e-4, largest_dw))
+        << "dweight[" << j << "] " << dw[j] << ", want " << ref_dw[j] << " (" << rows << " rows)";
+    ASSERT_TRUE(near(db[j], ref_db[j], 1e-4, largest_db))
+        << "dbias[" << j << "] " << db[j] << ", want " << ref_db[j] << " (" << rows << " rows)";
   }
 }
 
 }  // namespace
 
-int main() {
-  // 37 rows: the last forward block has one busy warp of 4; 2200 rows: more than 264 blocks x 8
-  // warps, so the backward's warps take several rows each. 264 columns: 66 float4 per row, more
-  // than a warp's 32 lanes.
+// 37 rows: the last forward block has one busy warp of 4; 2200 rows: more than 264 blocks x 8
+// warps, so the backward's warps take several rows each. 264 columns: 66 float4 per row, more
+// than a warp's 32 lanes.
+TEST(LayerNormEmulatedTest, ForwardAndBackwardMatchDoublePrecision) {
   check<__nv_bfloat16>(37, 64, true, true, true, LogitType::kBFloat16);
   check<__half>(37, 264, false, false, false, LogitType::kFloat16);
   check<__nv_bfloat16>(2200, 32, true, false, true, LogitType::kBFloat16);
-  return emulated_result("layer_norm.cu");
 }

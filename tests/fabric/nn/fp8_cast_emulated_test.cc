@@ -3,13 +3,20 @@
 // their contract (fp8_cast.h) with the CUDA headers' own float8 rounding, for float32, bf16 and
 // fp16 inputs whose rows and columns are not multiples of the 64 × 64 tile, e4m3 and e5m2, with
 // the preconditions refused. What it checks is the kernels' indexing, tiling, shared-memory
-// transpose and reductions; the device's arithmetic is fp8_cuda_test's (on a GPU). Built by
-// tools/bazel/cuda.bzl's cuda_emulated_test, which appends this file to the rewritten kernels.
-#include <cstdio>
+// transpose and reductions; the device's arithmetic is fp8_cuda_test's (on a GPU). The kernels
+// come from tools/bazel/cuda.bzl's cuda_emulated_library.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <random>
 #include <vector>
 
-#include "tools/cuda_emu/check.h"
+#include "fabric/nn/kernels/fp8_cast.h"
 
 namespace {
 
@@ -64,61 +71,64 @@ void check_shape(int64_t rows, int64_t cols, Fp8Source type, bool e5m2) {
   const int64_t n = rows * cols;
   // Tensorwise.
   float amax = -1.f, inverse = 0.f;
-  EXPECT(fabric::kernels::fp8_amax(in.x, n, type, &amax, nullptr) == 0, "fp8_amax");
+  ASSERT_TRUE(fabric::kernels::fp8_amax(in.x, n, type, &amax, nullptr) == 0) << "fp8_amax";
   float want = 0.f;
   for (float v : in.values) want = std::max(want, std::fabs(v));
-  EXPECT(amax == want, "amax %g, want %g (%ld x %ld)", amax, want, rows, cols);
+  ASSERT_TRUE(amax == want) << "amax " << amax << ", want " << want << " (" << rows << " x " << cols
+                            << ")";
   std::vector<uint8_t> q(n, 0xAB), qt(n, 0xAB);
-  EXPECT(fabric::kernels::fp8_cast(in.x, rows, cols, type, e5m2, &amax, q.data(), qt.data(),
-                                   &inverse, nullptr) == 0,
-         "fp8_cast");
+  ASSERT_TRUE(fabric::kernels::fp8_cast(in.x, rows, cols, type, e5m2, &amax, q.data(), qt.data(),
+                                        &inverse, nullptr) == 0)
+      << "fp8_cast";
   const float scale = scale_for(want, largest);
-  EXPECT(inverse == 1.f / scale, "inverse %g, want %g", inverse, 1.f / scale);
+  ASSERT_TRUE(inverse == 1.f / scale) << "inverse " << inverse << ", want " << 1.f / scale;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) {
       const uint8_t e = reference(in.values[r * cols + c], scale, e5m2);
-      EXPECT(q[r * cols + c] == e, "q[%ld, %ld] = %d, want %d (%ld x %ld)", r, c, q[r * cols + c],
-             e, rows, cols);
-      EXPECT(qt[c * rows + r] == e, "qt[%ld, %ld] = %d, want %d (%ld x %ld)", c, r,
-             qt[c * rows + r], e, rows, cols);
+      ASSERT_TRUE(q[r * cols + c] == e)
+          << "q[" << r << ", " << c << "] = " << static_cast<int>(q[r * cols + c]) << ", want "
+          << static_cast<int>(e) << " (" << rows << " x " << cols << ")";
+      ASSERT_TRUE(qt[c * rows + r] == e)
+          << "qt[" << c << ", " << r << "] = " << static_cast<int>(qt[c * rows + r]) << ", want "
+          << static_cast<int>(e) << " (" << rows << " x " << cols << ")";
     }
   // Only the transpose asked for: the same bytes.
   std::vector<uint8_t> qt_only(n, 0xAB);
-  EXPECT(fabric::kernels::fp8_cast(in.x, rows, cols, type, e5m2, &amax, nullptr, qt_only.data(),
-                                   nullptr, nullptr) == 0,
-         "fp8_cast, qt only");
-  EXPECT(qt_only == qt, "qt alone differs (%ld x %ld)", rows, cols);
+  ASSERT_TRUE(fabric::kernels::fp8_cast(in.x, rows, cols, type, e5m2, &amax, nullptr,
+                                        qt_only.data(), nullptr, nullptr) == 0)
+      << "fp8_cast, qt only";
+  ASSERT_TRUE(qt_only == qt) << "qt alone differs (" << rows << " x " << cols << ")";
   // Per line.
   std::vector<float> row_amax(rows, -1.f), col_amax(cols, -1.f), row_inverse(rows),
       col_inverse(cols), want_rows(rows, 0.f), want_cols(cols, 0.f);
-  EXPECT(fabric::kernels::fp8_amax_axes(in.x, rows, cols, type, row_amax.data(), col_amax.data(),
-                                        nullptr) == 0,
-         "fp8_amax_axes");
+  ASSERT_TRUE(fabric::kernels::fp8_amax_axes(in.x, rows, cols, type, row_amax.data(),
+                                             col_amax.data(), nullptr) == 0)
+      << "fp8_amax_axes";
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) {
       const float a = std::fabs(in.values[r * cols + c]);
       want_rows[r] = std::max(want_rows[r], a);
       want_cols[c] = std::max(want_cols[c], a);
     }
-  EXPECT(row_amax == want_rows, "row amax (%ld x %ld)", rows, cols);
-  EXPECT(col_amax == want_cols, "column amax (%ld x %ld)", rows, cols);
+  ASSERT_TRUE(row_amax == want_rows) << "row amax (" << rows << " x " << cols << ")";
+  ASSERT_TRUE(col_amax == want_cols) << "column amax (" << rows << " x " << cols << ")";
   std::fill(q.begin(), q.end(), 0xAB);
   std::fill(qt.begin(), qt.end(), 0xAB);
-  EXPECT(fabric::kernels::fp8_cast_axes(in.x, rows, cols, type, e5m2, row_amax.data(),
-                                        col_amax.data(), q.data(), qt.data(), row_inverse.data(),
-                                        col_inverse.data(), nullptr) == 0,
-         "fp8_cast_axes");
+  ASSERT_TRUE(fabric::kernels::fp8_cast_axes(in.x, rows, cols, type, e5m2, row_amax.data(),
+                                             col_amax.data(), q.data(), qt.data(),
+                                             row_inverse.data(), col_inverse.data(), nullptr) == 0)
+      << "fp8_cast_axes";
   for (int64_t r = 0; r < rows; ++r)
-    EXPECT(row_inverse[r] == 1.f / scale_for(want_rows[r], largest), "row inverse %ld", r);
+    ASSERT_TRUE(row_inverse[r] == 1.f / scale_for(want_rows[r], largest)) << "row inverse " << r;
   for (int64_t c = 0; c < cols; ++c)
-    EXPECT(col_inverse[c] == 1.f / scale_for(want_cols[c], largest), "column inverse %ld", c);
+    ASSERT_TRUE(col_inverse[c] == 1.f / scale_for(want_cols[c], largest)) << "column inverse " << c;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) {
       const float v = in.values[r * cols + c];
-      EXPECT(q[r * cols + c] == reference(v, scale_for(want_rows[r], largest), e5m2),
-             "rowwise q[%ld, %ld] (%ld x %ld)", r, c, rows, cols);
-      EXPECT(qt[c * rows + r] == reference(v, scale_for(want_cols[c], largest), e5m2),
-             "rowwise qt[%ld, %ld] (%ld x %ld)", c, r, rows, cols);
+      ASSERT_TRUE(q[r * cols + c] == reference(v, scale_for(want_rows[r], largest), e5m2))
+          << "rowwise q[" << r << ", " << c << "] (" << rows << " x " << cols << ")";
+      ASSERT_TRUE(qt[c * rows + r] == reference(v, scale_for(want_cols[c], largest), e5m2))
+          << "rowwise qt[" << c << ", " << r << "] (" << rows << " x " << cols << ")";
     }
 }
 
@@ -127,19 +137,19 @@ void check_preconditions() {
   float amax = 0.f;
   std::vector<uint8_t> q(256);
   // 12 bytes past a 16-byte boundary; 10 columns (not a multiple of 8).
-  EXPECT(fabric::kernels::fp8_amax(in.x + 3, 8, Fp8Source::kFloat32, &amax, nullptr) != 0,
-         "a misaligned input was accepted");
-  EXPECT(fabric::kernels::fp8_cast(in.x + 3, 8, 8, Fp8Source::kFloat32, false, &amax, q.data(),
-                                   nullptr, nullptr, nullptr) != 0,
-         "a misaligned input was accepted");
-  EXPECT(fabric::kernels::fp8_cast(in.x, 12, 10, Fp8Source::kFloat32, false, &amax, q.data(),
-                                   nullptr, nullptr, nullptr) != 0,
-         "10 columns were accepted");
+  ASSERT_TRUE(fabric::kernels::fp8_amax(in.x + 3, 8, Fp8Source::kFloat32, &amax, nullptr) != 0)
+      << "a misaligned input was accepted";
+  ASSERT_TRUE(fabric::kernels::fp8_cast(in.x + 3, 8, 8, Fp8Source::kFloat32, false, &amax, q.data(),
+                                        nullptr, nullptr, nullptr) != 0)
+      << "a misaligned input was accepted";
+  ASSERT_TRUE(fabric::kernels::fp8_cast(in.x, 12, 10, Fp8Source::kFloat32, false, &amax, q.data(),
+                                        nullptr, nullptr, nullptr) != 0)
+      << "10 columns were accepted";
 }
 
 }  // namespace
 
-int main() {
+TEST(Fp8CastEmulatedTest, KernelsWriteTheReferencesBytesForEveryShapeAndType) {
   const int64_t shapes[][2] = {{112, 160}, {64, 64}, {8, 8}, {200, 72}, {8, 520}, {136, 8}};
   for (const auto& s : shapes)
     for (const bool e5m2 : {false, true}) {
@@ -147,6 +157,6 @@ int main() {
       check_shape<__nv_bfloat16>(s[0], s[1], Fp8Source::kBFloat16, e5m2);
       check_shape<__half>(s[0], s[1], Fp8Source::kFloat16, e5m2);
     }
-  check_preconditions();
-  return emulated_result("fp8_cast.cu");
 }
+
+TEST(Fp8CastEmulatedTest, MisalignedInputsAndOddColumnsAreRefused) { check_preconditions(); }
