@@ -68,7 +68,9 @@ void check(int64_t rows, int64_t cols, bool with_delta, bool with_dh_in, bool wi
         << "rstd[" << r << "] " << rstd[r] << ", want " << ref_rstd[r];
     for (int64_t j = 0; j < cols; ++j) {
       const int64_t i = r * cols + j;
-      if (with_delta) ASSERT_TRUE(h[i] == static_cast<float>(hr[i])) << "h[" << i << "]";
+      if (with_delta) {
+        ASSERT_TRUE(h[i] == static_cast<float>(hr[i])) << "h[" << i << "]";
+      }
       const double want = (hr[i] - ref_mean[r]) * ref_rstd[r] * w[j] + b[j];
       ASSERT_TRUE(near(to_float(y[i]), want, step, std::fabs(want) + 1))
           << "y[" << r << ", " << j << "] " << to_float(y[i]) << ", want " << want;
@@ -109,9 +111,10 @@ void check(int64_t rows, int64_t cols, bool with_delta, bool with_dh_in, bool wi
     ASSERT_TRUE(near(dh[i], ref_dh[i], 1e-4, largest_dh))
         << "dh[" << i << "] " << dh[i] << ", want " << ref_dh[i] << " (" << rows << " x " << cols
         << ")";
-    if (with_dh16)
+    if (with_dh16) {
       ASSERT_TRUE(to_float(dh16[i]) == to_float(from_float<T>(dh[i])))
           << "dh16[" << i << "] is not dh in 16 bits";
+    }
   }
   double largest_dw = 0, largest_db = 0;
   for (int64_t j = 0; j < cols; ++j)
