@@ -230,13 +230,15 @@ TEST_F(GptExampleTest, ModelParallelCheckpointResumesAtOtherShapes) {
 
 // fabric.precision: fp8-mixed: the GPT's 8 Linear layers run their GEMMs in float8 (LibTorch's
 // CPU _scaled_mm), the rest as bf16-mixed; after 100 steps the loss is within 2% of bf16-mixed's
-// and not equal to it (the GEMMs were quantized). The same under model_parallel, tp = 2: the split
-// layers convert too, each rank scaling its own slices. Measured 0.5% apart, 0.1% at tp = 2 (AMD
-// EPYC, 2 vCPUs).
+// and not equal to it (the GEMMs were quantized). The same under fsdp over 2 ranks (the gathered
+// weights convert) and model_parallel, tp = 2 (the split layers convert, each rank scaling its own
+// slices). Measured 0.5% apart in one process, 0.06% under fsdp, 0.1% at tp = 2 (AMD EPYC, 2
+// vCPUs).
 TEST_F(GptExampleTest, Fp8MixedTrainsWithinTwoPercentOfBf16Mixed) {
   const std::string steps = " trainer.max_steps=100 scheduler.warmup_steps=10";
   for (const auto& [name, a] : std::vector<std::pair<std::string, std::string>>{
            {"one", args(1) + steps},
+           {"fsdp", args(2, "fsdp") + steps},
            {"tp2", args(2, "model_parallel") + steps +
                        " fabric.model_parallel.tensor_parallel_size=2 data.batch_size=8"}}) {
     const Result bf16 = run("gpt", a + " fabric.precision=bf16-mixed logging.run_dir=bf16_" + name);
