@@ -81,6 +81,10 @@ strategies::ModelParallelOptions resolve_model_parallel(const Config& c,
   strategies::ModelParallelOptions o;
   if (c.is_auto(tp_key)) {
     const int64_t local = env.local_world_size() > 0 ? env.local_world_size() : world;
+    if (!c.is_auto(dp_key) && world % c.get_int(dp_key) != 0)
+      throw c.error_at(dp_key, std::to_string(c.get_int(dp_key)) +
+                                   " does not divide the world size " + std::to_string(world) +
+                                   ": give a divisor of it, or set it to auto");
     o.tensor_parallel_size = c.is_auto(dp_key) ? local : world / c.get_int(dp_key);
   } else {
     o.tensor_parallel_size = c.get_int(tp_key);

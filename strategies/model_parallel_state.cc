@@ -157,7 +157,8 @@ std::optional<PieceRange> ModelParallel::run_of_slice(
   if (!in_slice) return std::nullopt;
   // Where the checkpoint lays the slices out as this job cuts them (the same tp size, or a cut
   // along the first dimension at any), this rank's slice is one run of it.
-  if (layout == s.layout) return PieceRange{s.start + in_slice->offset, in_slice->count};
+  if (layout == s.layout)
+    return PieceRange{s.start + in_slice->offset, in_slice->count, {}, std::nullopt};
   // Written at another tp size: the same elements as runs of its order, so that this rank reads
   // and holds only its own part instead of the whole tensor.
   auto runs = slice_runs(s.whole_sizes, s.along, s.shard.style.parts, s.shard.size, s.shard.rank,

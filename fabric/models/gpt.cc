@@ -249,14 +249,16 @@ torch::Tensor GPTImpl::hidden(const torch::Tensor& tokens, const RunBlock& run_b
 }
 
 fabric::nn::TensorParallelPlan GPTImpl::tensor_parallel_plan() const {
-  return gpt_tensor_parallel_plan();
+  return gpt_tensor_parallel_plan(config_);
 }
 
-fabric::nn::TensorParallelPlan gpt_tensor_parallel_plan() {
+fabric::nn::TensorParallelPlan gpt_tensor_parallel_plan(const GPTConfig& c) {
   using Style = fabric::nn::TensorParallelStyle;
+  const int64_t head_size = c.n_head > 0 ? c.n_embd / c.n_head : 1;
+  const char* heads = "attention heads (model.n_head)";
   return {{{"transformer.wte", Style::vocab()},
-           {"transformer.h.*.attn.c_attn", Style::column(3)},
-           {"transformer.h.*.attn.c_proj", Style::row()},
+           {"transformer.h.*.attn.c_attn", Style::column(3).in_units(head_size, heads)},
+           {"transformer.h.*.attn.c_proj", Style::row().in_units(head_size, heads)},
            {"transformer.h.*.mlp.c_fc", Style::column()},
            {"transformer.h.*.mlp.c_proj", Style::row()}}};
 }

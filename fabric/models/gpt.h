@@ -14,9 +14,9 @@
 // it under fabric::checkpoint_activations for activation checkpointing.
 //
 // Tensor parallelism: the Linear layers and the token embedding are fabric::nn's drop-ins, so
-// fabric::nn::parallelize(*model, gpt_tensor_parallel_plan(), tp_group) splits the attention heads,
-// the MLP and the vocabulary (fabric/nn/tensor_parallel.h); forward and loss then run on the
-// rank's slices, the loss without the whole logits.
+// fabric::nn::parallelize(*model, model->tensor_parallel_plan(), tp_group) splits the attention
+// heads, the MLP and the vocabulary (fabric/nn/tensor_parallel.h); forward and loss then run on
+// the rank's slices, the loss without the whole logits.
 //
 //   fabric::models::GPT model(fabric::models::GPTConfig::preset("tiny"));
 //   torch::Tensor logits = model->forward(tokens);          // int64 [B, T] → [B, T, vocab_size]
@@ -106,7 +106,7 @@ TORCH_MODULE(Block);
 class GPTImpl : public torch::nn::Module, public fabric::nn::TensorParallelPlanned {
  public:
   explicit GPTImpl(const GPTConfig& c);
-  // gpt_tensor_parallel_plan() (fabric.strategy: model_parallel uses it).
+  // gpt_tensor_parallel_plan(config()) (fabric.strategy: model_parallel uses it).
   fabric::nn::TensorParallelPlan tensor_parallel_plan() const override;
   // Runs a block (e.g. through fabric::checkpoint_activations); null: block->forward.
   using RunBlock = std::function<torch::Tensor(Block&, const torch::Tensor&)>;
@@ -131,9 +131,10 @@ class GPTImpl : public torch::nn::Module, public fabric::nn::TensorParallelPlann
 };
 TORCH_MODULE(GPT);
 
-// The GPT's tensor-parallel plan: c_attn column(3) (q, k and v each split by heads), attn.c_proj
-// row, mlp.c_fc column, mlp.c_proj row, transformer.wte vocab (and with it the tied output layer).
-fabric::nn::TensorParallelPlan gpt_tensor_parallel_plan();
+// The GPT's tensor-parallel plan for a model of config `c`: c_attn column(3) (q, k and v each
+// split by whole heads), attn.c_proj row (by heads), mlp.c_fc column, mlp.c_proj row,
+// transformer.wte vocab (and with it the tied output layer).
+fabric::nn::TensorParallelPlan gpt_tensor_parallel_plan(const GPTConfig& c);
 
 }  // namespace fabric::models
 

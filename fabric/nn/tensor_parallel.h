@@ -83,9 +83,27 @@ struct TensorParallelStyle {
   enum class Kind { kColumn, kRow, kVocab };
   Kind kind = Kind::kColumn;
   int64_t parts = 1;  // column only: the output's equal blocks, each split over the ranks
-  static TensorParallelStyle column(int64_t parts = 1) { return {Kind::kColumn, parts}; }
-  static TensorParallelStyle row() { return {Kind::kRow, 1}; }
-  static TensorParallelStyle vocab() { return {Kind::kVocab, 1}; }
+  // Units of this many elements the cut keeps whole (an attention head's width): each block's
+  // count of them must be a multiple of tp. `unit_name` names them in that error.
+  int64_t unit = 1;
+  std::string unit_name;
+  static TensorParallelStyle column(int64_t parts = 1) { return of(Kind::kColumn, parts); }
+  static TensorParallelStyle row() { return of(Kind::kRow, 1); }
+  static TensorParallelStyle vocab() { return of(Kind::kVocab, 1); }
+  static TensorParallelStyle of(Kind kind, int64_t parts) {
+    TensorParallelStyle out;
+    out.kind = kind;
+    out.parts = parts;
+    return out;
+  }
+  // This style cutting only between units of `width` elements, e.g. column(3).in_units(64,
+  // "attention heads"): parallelize() refuses a tp that would split one.
+  TensorParallelStyle in_units(int64_t width, std::string name) const {
+    TensorParallelStyle out = *this;
+    out.unit = width;
+    out.unit_name = std::move(name);
+    return out;
+  }
   std::string name() const;  // "column", "column(3)", "row", "vocab"
 };
 

@@ -69,14 +69,25 @@ std::vector<std::string> parallelize(torch::nn::Module& model, const TensorParal
     shard.full_sizes = (vocab ? e->weight : l->weight).sizes().vec();
     shard.dim = style.kind == TensorParallelStyle::Kind::kRow ? 1 : 0;
     const int64_t n = shard.full_sizes[shard.dim];
-    if (style.parts < 1 || n % (style.parts * size) != 0)
-      throw Error(where + ": its " +
-                  (vocab            ? "vocabulary size"
-                   : shard.dim == 0 ? "out_features"
-                                    : "in_features") +
-                  " " + std::to_string(n) + " is not divisible by " +
-                  (style.parts > 1 ? std::to_string(style.parts) + " parts x " : "") + "tp " +
+    const std::string extent = std::string(vocab            ? "vocabulary size"
+                                           : shard.dim == 0 ? "out_features"
+                                                            : "in_features") +
+                               " " + std::to_string(n);
+    const std::string parts =
+        style.parts > 1 ? std::to_string(style.parts) + " parts x " : std::string();
+    if (style.parts < 1 || style.unit < 1 || n % (style.parts * size) != 0)
+      throw Error(where + ": its " + extent + " is not divisible by " + parts + "tp " +
                   std::to_string(size));
+    if (n % (style.parts * size * style.unit) != 0) {
+      const std::string units = (style.unit_name.empty() ? "units" : style.unit_name) + " of " +
+                                std::to_string(style.unit) + " elements";
+      if (n % (style.parts * style.unit) != 0)
+        throw Error(where + ": its " + extent + " is not a whole number of " + units +
+                    ": a slice would cut one apart");
+      throw Error(where + ": its " + extent + " is " + parts +
+                  std::to_string(n / (style.parts * style.unit)) + " " + units + ", which tp " +
+                  std::to_string(size) + " would cut apart: make their number a multiple of tp");
+    }
     shards.push_back(std::move(shard));
   }
   std::vector<std::string> done;

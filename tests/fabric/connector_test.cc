@@ -158,6 +158,11 @@ TEST(ConnectorTest, ImpossibleRequestsSayWhyAndWhatToDo) {
             "command line: fabric.model_parallel.data_parallel_size: 4 x tensor_parallel_size 2 "
             "is not the world size 4: make the product the world size, or set it to auto");
   EXPECT_EQ(error_of({"fabric.strategy=model_parallel", "fabric.devices=4",
+                      "fabric.model_parallel.data_parallel_size=3"},
+                     cpu_machine()),
+            "command line: fabric.model_parallel.data_parallel_size: 3 does not divide the world "
+            "size 4: give a divisor of it, or set it to auto");
+  EXPECT_EQ(error_of({"fabric.strategy=model_parallel", "fabric.devices=4",
                       "fabric.model_parallel.tensor_parallel_size=2",
                       "fabric.model_parallel.data_parallel_replicate_size=4"},
                      cpu_machine()),

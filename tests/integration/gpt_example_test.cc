@@ -365,6 +365,22 @@ TEST_F(GptExampleTest, MidEpochCheckpointResumesAtAnotherWorldSize) {
   }
 }
 
+// 3 heads over tp 2 would cut a head apart (the plan splits by whole heads): refused before
+// training, naming the rule, the sizes and the key; it used to fail in attention's reshape.
+TEST_F(GptExampleTest, ModelParallelRefusesAHeadCountTpDoesNotDivide) {
+  const Result r = run("gpt", args(2, "model_parallel") +
+                                  " fabric.model_parallel.tensor_parallel_size=2 data.batch_size=8"
+                                  " model.n_head=3 model.n_embd=48 logging.run_dir=heads");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("error: tensor parallel plan rule 'transformer.h.*.attn.c_attn' "
+                       "(column(3)) on transformer.h.0.attn.c_attn: its out_features 144 is 3 "
+                       "parts x 3 attention heads (model.n_head) of 16 elements, which tp 2 would "
+                       "cut apart: make their number a multiple of tp\n"),
+            std::string::npos)
+      << r.out;
+  EXPECT_FALSE(fs::exists(dir_ / "heads" / "weights.pt"));
+}
+
 TEST_F(GptExampleTest, BadTokenDataIsAOneLineErrorNamingTheFile) {
   // Byte tokens reach 'x' (120): a vocabulary of 64 cannot hold them.
   const Result small_vocab = run("gpt", args(1) + " model.vocab_size=64");

@@ -103,7 +103,7 @@ int main(int argc, char** argv) {
     return n;
   };
   whole_bytes = split_modules();
-  fabric::nn::TensorParallelPlan plan = fabric::models::gpt_tensor_parallel_plan();
+  fabric::nn::TensorParallelPlan plan = model->tensor_parallel_plan();
   plan.sequence_parallel = sp;
   fabric::nn::parallelize(*model, plan, mesh.group("tp"));
   split_bytes = split_modules();

@@ -29,7 +29,9 @@ TEST(TensorParallelTest, LinearAndEmbeddingAreLibTorchsTwins) {
     fabric::nn::Linear b(torch::nn::LinearOptions(6, 5).bias(bias));
     EXPECT_TRUE(torch::equal(a->weight, b->weight));
     EXPECT_EQ(a->bias.defined(), b->bias.defined());
-    if (bias) EXPECT_TRUE(torch::equal(a->bias, b->bias));
+    if (bias) {
+      EXPECT_TRUE(torch::equal(a->bias, b->bias));
+    }
     EXPECT_EQ(a->named_parameters().keys(), b->named_parameters().keys());
     const torch::Tensor x = torch::randn({2, 3, 6});
     EXPECT_TRUE(torch::allclose(a->forward(x), b->forward(x), 1e-6, 1e-6));
@@ -103,6 +105,12 @@ TEST(TensorParallelTest, ABadPlanNamesTheRuleTheModuleAndTheFix) {
             }),
             "tensor parallel plan rule 'fc' (column(4)) on fc: its out_features 6 is not divisible "
             "by 4 parts x tp 1");
+  EXPECT_EQ(error_of([&] {
+              fabric::nn::parallelize(
+                  net, {{{"fc", TensorParallelStyle::column().in_units(4, "heads")}}}, group);
+            }),
+            "tensor parallel plan rule 'fc' (column) on fc: its out_features 6 is not a whole "
+            "number of heads of 4 elements: a slice would cut one apart");
   EXPECT_TRUE(torch::equal(net.fc->weight, before));  // an error leaves the model whole
   // A group of one: the plan applies and changes nothing.
   EXPECT_EQ(fabric::nn::parallelize(net, {{{"fc", TensorParallelStyle::column()}}}, group),
