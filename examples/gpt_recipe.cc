@@ -14,7 +14,8 @@ fabric::ConfigSchema schema() {
   s.add("model.preset",
         fabric::KeySpec::choice({"tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"}, "tiny"));
   s.add("model.vocab_size", fabric::KeySpec::integer(0).min(0).doc(
-                                "0: data.root/meta.json's vocab_size, else the preset's"));
+                                "0: data.root/meta.json's vocab_size padded up to a multiple "
+                                "of 64, else the preset's"));
   s.add("model.block_size", fabric::KeySpec::integer(0).min(0).doc("tokens per sequence"));
   s.add("model.n_layer", fabric::KeySpec::integer(0).min(0));
   s.add("model.n_head", fabric::KeySpec::integer(0).min(0));
@@ -48,7 +49,10 @@ fabric::models::GPTConfig model_config(const fabric::Config& c, int64_t meta_voc
   auto set = [&](const char* key, int64_t& field) {
     if (c.get_int(key) > 0) field = c.get_int(key);
   };
-  if (meta_vocab > 0) m.vocab_size = meta_vocab;
+  // The data's vocabulary padded up to a multiple of 64, as nanoGPT's 50304 for GPT-2's 50257:
+  // GEMMs of that width run faster, and tp (up to 64) divides it. The ids above the data's are
+  // never targets and never sampled (gpt_text.cc).
+  if (meta_vocab > 0) m.vocab_size = (meta_vocab + 63) / 64 * 64;
   set("model.vocab_size", m.vocab_size);
   set("model.block_size", m.block_size);
   set("model.n_layer", m.n_layer);

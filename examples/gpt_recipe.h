@@ -14,7 +14,7 @@ namespace examples::gpt {
 
 fabric::ConfigSchema schema();
 // model.preset with the model.* fields that are > 0 replacing the preset's; `meta_vocab` (> 0):
-// the data's vocabulary, unless model.vocab_size is set.
+// the data's vocabulary (padded up to a multiple of 64), unless model.vocab_size is set.
 fabric::models::GPTConfig model_config(const fabric::Config& c, int64_t meta_vocab);
 
 }  // namespace examples::gpt

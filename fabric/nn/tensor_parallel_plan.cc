@@ -1,5 +1,6 @@
 // Plans applied to a model: parallelize() (checks first, then splits), unparallelize() and
 // is_split_parameter(). The layers and collectives they set up are in tensor_parallel.cc.
+#include <algorithm>
 #include <memory>
 #include <utility>
 
@@ -77,7 +78,8 @@ std::vector<std::string> parallelize(torch::nn::Module& model, const TensorParal
         style.parts > 1 ? std::to_string(style.parts) + " parts x " : std::string();
     if (style.parts < 1 || style.unit < 1 || n % (style.parts * size) != 0)
       throw Error(where + ": its " + extent + " is not divisible by " + parts + "tp " +
-                  std::to_string(size));
+                  std::to_string(size) + ": make it a multiple of " +
+                  std::to_string(std::max<int64_t>(style.parts, 1) * size));
     if (n % (style.parts * size * style.unit) != 0) {
       const std::string units = (style.unit_name.empty() ? "units" : style.unit_name) + " of " +
                                 std::to_string(style.unit) + " elements";

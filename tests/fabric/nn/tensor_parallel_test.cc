@@ -104,7 +104,7 @@ TEST(TensorParallelTest, ABadPlanNamesTheRuleTheModuleAndTheFix) {
               fabric::nn::parallelize(net, {{{"fc", TensorParallelStyle::column(4)}}}, group);
             }),
             "tensor parallel plan rule 'fc' (column(4)) on fc: its out_features 6 is not divisible "
-            "by 4 parts x tp 1");
+            "by 4 parts x tp 1: make it a multiple of 4");
   EXPECT_EQ(error_of([&] {
               fabric::nn::parallelize(
                   net, {{{"fc", TensorParallelStyle::column().in_units(4, "heads")}}}, group);
