@@ -146,50 +146,6 @@ TEST(ConnectorTest, ImpossibleRequestsSayWhyAndWhatToDo) {
   EXPECT_EQ(error_of({"fabric.devices=[0]"}, cpu_machine()),
             "command line: fabric.devices: device ids apply to cuda only; on cpu give a process "
             "count (1)");
-  EXPECT_EQ(error_of({"fabric.strategy=model_parallel", "fabric.devices=4",
-                      "fabric.model_parallel.tensor_parallel_size=3"},
-                     cpu_machine()),
-            "command line: fabric.model_parallel.tensor_parallel_size: 3 does not divide the world "
-            "size 4: give a divisor of it (tensor-parallel partners are consecutive ranks)");
-  EXPECT_EQ(error_of({"fabric.strategy=model_parallel", "fabric.devices=4",
-                      "fabric.model_parallel.tensor_parallel_size=2",
-                      "fabric.model_parallel.data_parallel_size=4"},
-                     cpu_machine()),
-            "command line: fabric.model_parallel.data_parallel_size: 4 x tensor_parallel_size 2 "
-            "is not the world size 4: make the product the world size, or set it to auto");
-  EXPECT_EQ(error_of({"fabric.strategy=model_parallel", "fabric.devices=4",
-                      "fabric.model_parallel.data_parallel_size=3"},
-                     cpu_machine()),
-            "command line: fabric.model_parallel.data_parallel_size: 3 does not divide the world "
-            "size 4: give a divisor of it, or set it to auto");
-  EXPECT_EQ(error_of({"fabric.strategy=model_parallel", "fabric.devices=4",
-                      "fabric.model_parallel.tensor_parallel_size=2",
-                      "fabric.model_parallel.data_parallel_replicate_size=4"},
-                     cpu_machine()),
-            "command line: fabric.model_parallel.data_parallel_replicate_size: 4 does not divide "
-            "data_parallel_size 2: give a divisor of it (each copy is an fsdp group of "
-            "data_parallel_size / this ranks)");
-}
-
-TEST(ConnectorTest, ModelParallelSizesDefaultToTheNodeAndTheRest) {
-  auto s = resolve({"fabric.strategy=model_parallel", "fabric.devices=4"}, cpu_machine());
-  EXPECT_EQ(s.strategy, StrategyKind::kModelParallel);
-  EXPECT_EQ(s.model_parallel.tensor_parallel_size, 4);  // every process of this one node
-  EXPECT_EQ(s.model_parallel.data_parallel_size, 1);
-  s = resolve({"fabric.strategy=model_parallel", "fabric.devices=4",
-               "fabric.model_parallel.data_parallel_size=2"},
-              cpu_machine());
-  EXPECT_EQ(s.model_parallel.tensor_parallel_size, 2);
-  EXPECT_EQ(s.model_parallel.data_parallel_size, 2);
-  EXPECT_EQ(s.model_parallel.replicate_size, 1);
-  s = resolve({"fabric.strategy=model_parallel", "fabric.devices=4",
-               "fabric.model_parallel.tensor_parallel_size=1",
-               "fabric.model_parallel.data_parallel_replicate_size=2"},
-              cpu_machine());
-  EXPECT_EQ(s.model_parallel.data_parallel_size, 4);  // 2 copies of an fsdp group of 2
-  EXPECT_EQ(s.model_parallel.replicate_size, 2);
-  s = resolve({"fabric.strategy=model_parallel"}, cpu_machine());  // devices auto: 2 processes
-  EXPECT_EQ(s.model_parallel.tensor_parallel_size, 2);
 }
 
 TEST(ConnectorTest, SeveralProcessesMeanDdp) {

@@ -1,0 +1,76 @@
+// The Connector's model_parallel step (fabric/connector_strategy.cc) from replaceable machine
+// facts: the mesh's sizes by default and as given, sizes that do not fit the world refused with
+// the key and the fix, and the model_parallel keys under another strategy said to do nothing.
+#include <gtest/gtest.h>
+
+#include "fabric/connector.h"
+#include "tests/fabric/connector_testing.h"
+
+namespace {
+
+using fabric::StrategyKind;
+using namespace fabric::testing;  // NOLINT
+
+TEST(ConnectorModelParallelTest, ModelParallelSizesDefaultToTheNodeAndTheRest) {
+  auto s = resolve({"fabric.strategy=model_parallel", "fabric.devices=4"}, cpu_machine());
+  EXPECT_EQ(s.strategy, StrategyKind::kModelParallel);
+  EXPECT_EQ(s.model_parallel.tensor_parallel_size, 4);  // every process of this one node
+  EXPECT_EQ(s.model_parallel.data_parallel_size, 1);
+  s = resolve({"fabric.strategy=model_parallel", "fabric.devices=4",
+               "fabric.model_parallel.data_parallel_size=2"},
+              cpu_machine());
+  EXPECT_EQ(s.model_parallel.tensor_parallel_size, 2);
+  EXPECT_EQ(s.model_parallel.data_parallel_size, 2);
+  EXPECT_EQ(s.model_parallel.replicate_size, 1);
+  s = resolve({"fabric.strategy=model_parallel", "fabric.devices=4",
+               "fabric.model_parallel.tensor_parallel_size=1",
+               "fabric.model_parallel.data_parallel_replicate_size=2"},
+              cpu_machine());
+  EXPECT_EQ(s.model_parallel.data_parallel_size, 4);  // 2 copies of an fsdp group of 2
+  EXPECT_EQ(s.model_parallel.replicate_size, 2);
+  s = resolve({"fabric.strategy=model_parallel"}, cpu_machine());  // devices auto: 2 processes
+  EXPECT_EQ(s.model_parallel.tensor_parallel_size, 2);
+}
+
+TEST(ConnectorModelParallelTest, SizesThatDoNotFitTheWorldNameTheKeyAndTheFix) {
+  EXPECT_EQ(error_of({"fabric.strategy=model_parallel", "fabric.devices=4",
+                      "fabric.model_parallel.tensor_parallel_size=3"},
+                     cpu_machine()),
+            "command line: fabric.model_parallel.tensor_parallel_size: 3 does not divide the world "
+            "size 4: give a divisor of it (tensor-parallel partners are consecutive ranks)");
+  EXPECT_EQ(error_of({"fabric.strategy=model_parallel", "fabric.devices=4",
+                      "fabric.model_parallel.tensor_parallel_size=2",
+                      "fabric.model_parallel.data_parallel_size=4"},
+                     cpu_machine()),
+            "command line: fabric.model_parallel.data_parallel_size: 4 x tensor_parallel_size 2 "
+            "is not the world size 4: make the product the world size, or set it to auto");
+  EXPECT_EQ(error_of({"fabric.strategy=model_parallel", "fabric.devices=4",
+                      "fabric.model_parallel.data_parallel_size=3"},
+                     cpu_machine()),
+            "command line: fabric.model_parallel.data_parallel_size: 3 does not divide the world "
+            "size 4: give a divisor of it, or set it to auto");
+  EXPECT_EQ(error_of({"fabric.strategy=model_parallel", "fabric.devices=4",
+                      "fabric.model_parallel.tensor_parallel_size=2",
+                      "fabric.model_parallel.data_parallel_replicate_size=4"},
+                     cpu_machine()),
+            "command line: fabric.model_parallel.data_parallel_replicate_size: 4 does not divide "
+            "data_parallel_size 2: give a divisor of it (each copy is an fsdp group of "
+            "data_parallel_size / this ranks)");
+  EXPECT_EQ(error_of({"fabric.strategy=model_parallel", "fabric.fsdp.sharding_strategy=no_shard"},
+                     cpu_machine()),
+            "command line: fabric.fsdp.sharding_strategy: no_shard is not supported under "
+            "fabric.strategy: model_parallel (its data-parallel ranks are fsdp's); use full_shard "
+            "or shard_grad_op");
+}
+
+TEST(ConnectorModelParallelTest, ItsKeysUnderAnotherStrategyAreSaidToHaveNoEffect) {
+  const auto s = resolve({"fabric.strategy=ddp", "fabric.model_parallel.tensor_parallel_size=2"},
+                         cpu_machine());
+  EXPECT_EQ(s.strategy, StrategyKind::kDdp);
+  ASSERT_EQ(s.warnings.size(), 1u);
+  EXPECT_EQ(s.warnings[0],
+            "command line: fabric.model_parallel.tensor_parallel_size: has no effect under "
+            "fabric.strategy: ddp (it configures model_parallel)");
+}
+
+}  // namespace
