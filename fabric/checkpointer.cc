@@ -99,6 +99,15 @@ CheckpointerOptions CheckpointerOptions::from_config(const Config& c, const std:
                        weights.filename().string() +
                            " ends in .safetensors while checkpoint.export_format is pt; set "
                            "checkpoint.export_format: safetensors");
+    // Never over a checkpoint: a weights file written over step-N.ckpt destroys it.
+    std::error_code ec;
+    if (weights.extension() == ".ckpt" || fs::is_directory(weights, ec))
+      throw c.error_at("checkpoint.export_weights",
+                       weights.string() +
+                           (weights.extension() == ".ckpt" ? " is a checkpoint's name (.ckpt)"
+                                                           : " is a folder") +
+                           ": the weights would be written over it; give a .pt or .safetensors "
+                           "file name");
     o.export_weights = weights.string();
   }
   if (o.dir_pattern.find("{run_dir}") != std::string::npos)

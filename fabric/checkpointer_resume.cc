@@ -46,7 +46,11 @@ std::string Checkpointer::newest_verified(
   if (f_.is_global_zero()) {
     for (const auto& file : candidates_since(since)) {
       try {
-        verify_checkpoint(file);  // every byte, CRCs checked: a damaged one is skipped
+        // Every byte, CRCs checked: a damaged one is skipped, and so is a file that is no
+        // checkpoint (a weights file under a checkpoint's name).
+        const c10::IValue checked = verify_checkpoint(file);
+        if (!checked.isGenericDict() || !checked.toGenericDict().contains("fabric"))
+          throw Error(file.string() + ": not a Fabric++ checkpoint (no \"fabric\" entry)");
         chosen = file.string();
         break;
       } catch (const Error& e) {

@@ -124,7 +124,8 @@ c10::IValue read_checkpoint(const std::filesystem::path& path, const ReadOptions
 // Checks every byte of the checkpoint at `path` as read_checkpoint would read it (each file's
 // records against their CRCs, and for a folder every file's size and that the pieces cover every
 // split tensor exactly once), streaming: no tensor is held in memory. Throws as read_checkpoint.
-void verify_checkpoint(const std::filesystem::path& path);
+// Returns what was checked with tensors that have no memory (a folder's: common.pt's tree).
+c10::IValue verify_checkpoint(const std::filesystem::path& path);
 
 }  // namespace fabric
 

@@ -301,18 +301,16 @@ c10::IValue read_checkpoint(const fs::path& path, const ReadOptions& options) {
   return joiner.finish();
 }
 
-void verify_checkpoint(const fs::path& path) {
+c10::IValue verify_checkpoint(const fs::path& path) {
   std::error_code ec;
-  if (!fs::is_directory(path, ec)) {
-    check_archive(path);
-    return;
-  }
+  if (!fs::is_directory(path, ec)) return check_archive(path);
   const Manifest manifest = read_manifest(path);
-  Joiner joiner(check_archive(path / kShardedCommon), manifest.world, path.string(), nullptr,
-                /*verify_only=*/true);
+  c10::IValue common = check_archive(path / kShardedCommon);
+  Joiner joiner(common, manifest.world, path.string(), nullptr, /*verify_only=*/true);
   for (int64_t r = 0; r < manifest.world; ++r)
     joiner.add(check_archive(path / shard_file_name(r, manifest.world)), r);
   joiner.finish();
+  return common;
 }
 
 }  // namespace fabric

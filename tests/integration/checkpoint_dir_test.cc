@@ -10,6 +10,8 @@
 #include <iterator>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tests/integration/resume_helper_job.h"
 
@@ -67,8 +69,9 @@ TEST_F(CheckpointDirTest, ASecondRunContinuesTheFolderOrStopsWithoutTouchingIt) 
   }
 }
 
-// Where checkpoints or weights cannot go is found before training (exit 2, the key named), and a
-// `latest` that names anything but a checkpoint of its folder is refused naming `latest`.
+// Where checkpoints or weights cannot go (or would destroy a checkpoint) is found before training
+// (exit 2, the key named), and a `latest` that names anything but a checkpoint of its folder is
+// refused naming `latest`.
 TEST_F(CheckpointDirTest, FoldersThatCannotBeWrittenAndForeignLatestStopBeforeTraining) {
   std::ofstream(dir_ / "a_file") << "x";
   auto into_file = run("checkpoint.dir=a_file/ckpts");
@@ -84,6 +87,20 @@ TEST_F(CheckpointDirTest, FoldersThatCannotBeWrittenAndForeignLatestStopBeforeTr
                              " cannot be a folder ("),
             std::string::npos)
       << weights.out;
+  // Weights written over a checkpoint would destroy it: a .ckpt name or a folder is refused.
+  fs::create_directories(dir_ / "old" / "step-00000003.ckpt");
+  for (const auto& [target, what] : std::vector<std::pair<std::string, std::string>>{
+           {"old/step-00000004.ckpt", " is a checkpoint's name (.ckpt)"},
+           {"old/step-00000003.ckpt", " is a checkpoint's name (.ckpt)"},
+           {"old", " is a folder"}}) {
+    auto over = run("checkpoint.export_weights=" + target);
+    EXPECT_EQ(over.code, 2) << over.out;
+    EXPECT_NE(over.out.find("checkpoint.export_weights: " + (dir_ / target).string() + what +
+                            ": the weights would be written over it; give a .pt or .safetensors "
+                            "file name"),
+              std::string::npos)
+        << over.out;
+  }
 
   fs::create_directories(dir_ / "foreign");
   std::ofstream(dir_ / "foreign" / "latest") << "/etc/passwd\n";

@@ -150,7 +150,7 @@ TEST_F(ResumeTest, KilledAtRandomMomentsResumesFromACompleteCheckpoint) {
   // trials are asserted to die, so the test does not depend on the machine's speed.
 }
 
-TEST_F(ResumeTest, AutoSkipsADamagedNewestCheckpoint) {
+TEST_F(ResumeTest, AutoSkipsADamagedNewestCheckpointAndOneThatIsNone) {
   const std::string job =
       "fabric.devices=1 checkpoint.every_n_steps=4 checkpoint.every_n_epochs=0 ";
   auto first = run(job + "test.stop_at_step=8");
@@ -163,8 +163,17 @@ TEST_F(ResumeTest, AutoSkipsADamagedNewestCheckpoint) {
   const auto damaged = newest.parent_path() / "step-00000009.ckpt";
   fs::copy_file(newest, damaged);
   fs::resize_file(damaged, fs::file_size(damaged) / 2);
+  // Newer still: a whole, readable file that is no checkpoint (weights under a checkpoint's name).
+  const auto weights = newest.parent_path() / "step-00000010.ckpt";
+  c10::impl::GenericDict w = fabric::new_dict();
+  w.insert("weight", torch::ones({2}));
+  fabric::save_archive(weights, w);
   auto second = run(job + "checkpoint.resume=auto");
   ASSERT_EQ(second.code, 0) << second.out;
+  EXPECT_NE(second.out.find("warning: checkpoint.resume=auto: skipping " + weights.string() +
+                            ": not a Fabric++ checkpoint"),
+            std::string::npos)
+      << second.out;
   EXPECT_NE(second.out.find("warning: checkpoint.resume=auto: skipping " + damaged.string()),
             std::string::npos)
       << second.out;
