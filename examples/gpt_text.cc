@@ -122,9 +122,11 @@ std::string sample(fabric::Fabric& f, fabric::models::GPT& model, const Meta& me
       auto guard = f.autocast();
       logits = f.forward(model, x.to(f.device()));
     }
-    logits = logits[0][-1].to(torch::kCPU, torch::kFloat) / c.get_double("gpt.temperature");
+    logits = logits[0][-1].to(torch::kCPU, torch::kDouble);
     if (meta.vocab_size > 0 && meta.vocab_size < logits.size(0))  // the padding's ids: never
       logits = logits.narrow(0, 0, meta.vocab_size);
+    // Shifted so the largest is 0 before dividing: a tiny temperature gives -inf, not inf - inf.
+    logits = (logits - logits.max()) / c.get_double("gpt.temperature");
     if (top_k > 0 && top_k < logits.size(0)) {
       const double kth = std::get<0>(logits.topk(top_k))[-1].item<double>();
       logits.masked_fill_(logits < kth, -INFINITY);

@@ -63,6 +63,11 @@ KeySpec& KeySpec::max(double bound, bool inclusive) {
   return *this;
 }
 
+KeySpec& KeySpec::except(double value) {
+  excluded_ = value;
+  return *this;
+}
+
 KeySpec& KeySpec::alias(std::string alias, std::string canonical) {
   aliases_[std::move(alias)] = std::move(canonical);
   return *this;

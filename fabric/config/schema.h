@@ -51,6 +51,8 @@ class KeySpec {
   // Numeric bounds (kInt, kFloat, and each element of kFloatList).
   KeySpec& min(double bound, bool inclusive = true);
   KeySpec& max(double bound, bool inclusive = true);
+  // A value inside the bounds that is refused all the same (e.g. 0 where -1 means "all").
+  KeySpec& except(double value);
   // kChoice: `alias` is accepted and stored as `canonical` (e.g. "16" → "16-mixed").
   KeySpec& alias(std::string alias, std::string canonical);
   // kChoice: what a value is, for messages ("'x' is not a precision"). Default: "an allowed value".
@@ -68,6 +70,7 @@ class KeySpec {
   bool allows_auto() const { return or_auto_; }
   const std::optional<double>& min_bound() const { return min_; }
   const std::optional<double>& max_bound() const { return max_; }
+  const std::optional<double>& excluded() const { return excluded_; }
   bool min_inclusive() const { return min_inclusive_; }
   bool max_inclusive() const { return max_inclusive_; }
   std::string type_name() const;  // "integer", "one of a|b|c", ...
@@ -82,7 +85,7 @@ class KeySpec {
   std::map<std::string, std::string> aliases_;
   std::string noun_ = "an allowed value";
   std::string doc_;
-  std::optional<double> min_, max_;
+  std::optional<double> min_, max_, excluded_;
   bool min_inclusive_ = true, max_inclusive_ = true;
   bool or_auto_ = false;
 };

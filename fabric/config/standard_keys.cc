@@ -271,7 +271,8 @@ ConfigSchema training_schema() {
         KeySpec::integer(-1).min(-1).doc("-1: no limit (max_epochs bounds the run)"));
   s.add("trainer.eval_every_n_epochs",
         KeySpec::integer(1).min(0).doc("0: evaluate only at the end"));
-  s.add("trainer.limit_eval_batches", KeySpec::integer(-1).min(-1).doc("-1: the whole test split"));
+  s.add("trainer.limit_eval_batches",
+        KeySpec::integer(-1).min(-1).except(0).doc("-1: the whole test split"));
   s.add("trainer.accumulate_grad_batches",
         KeySpec::integer(1).min(1).doc("batches per optimizer step (gradients accumulated)"));
   s.add("trainer.ema_decay", KeySpec::real(0.0).min(0).max(1, false).doc(

@@ -41,13 +41,15 @@ std::string bound_text(const KeySpec& spec) {
     if (!out.empty()) out += " and ";
     out += std::string(spec.max_inclusive() ? "<= " : "< ") + number(*spec.max_bound());
   }
+  if (spec.excluded()) out += (out.empty() ? "not " : " and not ") + number(*spec.excluded());
   return out;
 }
 
 // Empty when `v` satisfies the bounds, else "must be >= 0 and < 1".
 std::string check_bounds(const KeySpec& spec, double v) {
   if (std::isnan(v)) return "is not a number";
-  bool ok = true;
+  if (std::isinf(v)) return "is not finite";
+  bool ok = !spec.excluded() || v != *spec.excluded();
   if (spec.min_bound()) ok &= spec.min_inclusive() ? v >= *spec.min_bound() : v > *spec.min_bound();
   if (spec.max_bound()) ok &= spec.max_inclusive() ? v <= *spec.max_bound() : v < *spec.max_bound();
   return ok ? "" : "is out of range: must be " + bound_text(spec);

@@ -202,6 +202,9 @@ TEST_F(ConfigTest, OverrideErrorsSayCommandLine) {
   EXPECT_EQ(err("optimizer.lr=fast"), "command line: optimizer.lr: 'fast' is not a number");
   EXPECT_EQ(err("optimizer.lr=-1"),
             "command line: optimizer.lr: -1 is out of range: must be > 0.0");
+  EXPECT_EQ(err("optimizer.lr=.inf"), "command line: optimizer.lr: .inf is not finite");
+  EXPECT_EQ(err("trainer.limit_eval_batches=0"),
+            "command line: trainer.limit_eval_batches: 0 is out of range: must be >= -1 and not 0");
   EXPECT_EQ(err("lr"),
             "command line: 'lr' is not an override: write key=value (e.g. optimizer.lr=0.2)");
   EXPECT_NE(err("optimizer.lr=[1,").find("command line: optimizer.lr: '[1,' is not a YAML value"),
