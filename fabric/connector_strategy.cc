@@ -1,5 +1,7 @@
 // The connector's strategy step (fabric/connector.h, step 3): which strategy, and its options.
+#include <functional>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -59,15 +61,39 @@ bool resolve_cuda_with_gloo(const Config& c, const ResolvedSetup& s) {
   return backend == "gloo" || (backend == "auto" && per_gpu > 1);
 }
 
-// fabric.fsdp keys set by the user under another strategy configure nothing: one warning says so.
-void warn_inert_fsdp_keys(const Config& c, const std::string& want, ResolvedSetup& s) {
+// Keys `applies` accepts, set by the user, that configure nothing under fabric.strategy `want`:
+// one warning names them and says what they configure (`what`).
+void warn_inert_keys(const Config& c, const std::function<bool(const std::string&)>& applies,
+                     const std::string& want, const std::string& what, ResolvedSetup& s) {
   std::vector<std::string> inert;
   for (const auto& p : c.schema().paths())
-    if (p.rfind("fabric.fsdp.", 0) == 0 && c.origin(p) != "default") inert.push_back(p);
+    if (applies(p) && c.origin(p) != "default") inert.push_back(p);
   if (!inert.empty())
-    s.warnings.push_back(
-        c.origin(inert[0]) + ": " + join(inert) + (inert.size() == 1 ? ": has" : ": have") +
-        " no effect under fabric.strategy: " + want + " (fabric.fsdp keys configure fsdp)");
+    s.warnings.push_back(c.origin(inert[0]) + ": " + join(inert) +
+                         (inert.size() == 1 ? ": has" : ": have") +
+                         " no effect under fabric.strategy: " + want + " (" + what + ")");
+}
+
+// fabric.fsdp keys under another strategy.
+void warn_inert_fsdp_keys(const Config& c, const std::string& want, ResolvedSetup& s) {
+  warn_inert_keys(
+      c, [](const std::string& p) { return p.rfind("fabric.fsdp.", 0) == 0; }, want,
+      "fabric.fsdp keys configure fsdp", s);
+}
+
+// DDP's own gradient and optimizer settings under fsdp or model_parallel (fabric.ddp's process
+// group settings, timeouts, backends and checks, apply to them too).
+void warn_inert_ddp_keys(const Config& c, const std::string& want, ResolvedSetup& s) {
+  static const std::set<std::string> ddp_only = {
+      "fabric.ddp.bucket_cap_mb",        "fabric.ddp.find_unused_parameters",
+      "fabric.ddp.broadcast_buffers",    "fabric.ddp.gradient_as_bucket_view",
+      "fabric.ddp.static_graph",         "fabric.ddp.comm_hook",
+      "fabric.ddp.shard_optimizer_state"};
+  warn_inert_keys(
+      c, [](const std::string& p) { return ddp_only.count(p) > 0; }, want,
+      "fabric.ddp's gradient and ZeRO-1 keys configure ddp; " + want +
+          " shards gradients and optimizer state itself",
+      s);
 }
 
 // fabric.model_parallel.*: tensor_parallel_size (auto: the processes of one node) times
@@ -144,6 +170,7 @@ void resolve_strategy_options(const Config& c, const std::string& want, int64_t 
     s.strategy = s.fsdp.sharding_strategy == strategies::ShardingStrategy::kNoShard
                      ? StrategyKind::kDdp
                      : StrategyKind::kFsdp;
+    if (s.strategy == StrategyKind::kFsdp) warn_inert_ddp_keys(c, want, s);  // no_shard: ddp
   } else if (want == "model_parallel") {
     s.fsdp = fsdp_options(c);
     if (s.fsdp.sharding_strategy == strategies::ShardingStrategy::kNoShard)
@@ -152,6 +179,7 @@ void resolve_strategy_options(const Config& c, const std::string& want, int64_t 
                        "data-parallel ranks are fsdp's); use full_shard or shard_grad_op");
     s.model_parallel = resolve_model_parallel(c, *s.environment);
     s.strategy = StrategyKind::kModelParallel;
+    warn_inert_ddp_keys(c, want, s);
   } else {
     warn_inert_fsdp_keys(c, want, s);
   }

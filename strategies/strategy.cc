@@ -16,6 +16,15 @@ void Strategy::convert_module(torch::nn::Module& module) {
                                  precision_->fp8_rowwise() ? fabric::nn::Fp8Scaling::kRowwise
                                                            : fabric::nn::Fp8Scaling::kTensorwise);
   const auto& c = fp8_conversion_;
+  if (!c.unmatched.empty()) {
+    // A typo would keep nothing out of float8 in silence.
+    const auto& names = !c.converted.empty() ? c.converted : c.excluded;
+    throw Error(
+        "fabric.fp8.exclude_modules: '" + c.unmatched[0] +
+        "' matches no fabric::nn::Linear of the model" +
+        (names.empty() ? std::string() : "; Linear names look like '" + names.back() + "'") +
+        " ('*' matches one name component; a pattern names the Linear itself)");
+  }
   if (c.converted.empty())
     throw Error("fabric.precision: fp8-mixed: the module has no Linear layer to run in float8 (" +
                 std::to_string(c.plain.size()) + " torch::nn::Linear, " +

@@ -256,6 +256,7 @@ Fp8Conversion convert_to_fp8(torch::nn::Module& module, const std::vector<std::s
   std::vector<std::pair<std::string, torch::nn::Module*>> all = {{"(root)", &module}};
   for (const auto& item : module.named_modules("", /*include_self=*/false))
     all.emplace_back(item.key(), item.value().get());
+  std::vector<bool> used(exclude.size(), false);
   for (const auto& [name, m] : all) {
     if (m->as<torch::nn::LinearImpl>() != nullptr) {
       out.plain.push_back(name);
@@ -264,7 +265,11 @@ Fp8Conversion convert_to_fp8(torch::nn::Module& module, const std::vector<std::s
     auto* l = m->as<LinearImpl>();
     if (l == nullptr) continue;
     bool skip = false;
-    for (const std::string& pattern : exclude) skip = skip || plan_pattern_matches(pattern, name);
+    for (size_t i = 0; i < exclude.size(); ++i) {
+      const bool hit = plan_pattern_matches(exclude[i], name);
+      used[i] = used[i] || hit;
+      skip = skip || hit;
+    }
     if (skip) {
       out.excluded.push_back(name);
     } else if (l->weight.size(0) % 16 != 0 || l->weight.size(1) % 16 != 0) {
@@ -274,6 +279,8 @@ Fp8Conversion convert_to_fp8(torch::nn::Module& module, const std::vector<std::s
       out.converted.push_back(name);
     }
   }
+  for (size_t i = 0; i < exclude.size(); ++i)
+    if (!used[i]) out.unmatched.push_back(exclude[i]);
   return out;
 }
 

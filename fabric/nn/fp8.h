@@ -44,6 +44,7 @@ bool fp8_supported(const torch::Device& device, std::string* why_not = nullptr,
 struct Fp8Conversion {
   std::vector<std::string> converted;  // fabric::nn::Linear layers now in float8
   std::vector<std::string> excluded;   // matched a pattern of `exclude`
+  std::vector<std::string> unmatched;  // patterns of `exclude` no fabric::nn::Linear matched
   std::vector<std::string> unfit;      // in or out features not a multiple of 16
   std::vector<std::string> plain;      // torch::nn::Linear layers (cannot be converted)
 };

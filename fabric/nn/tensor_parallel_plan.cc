@@ -76,11 +76,8 @@ std::vector<std::string> parallelize(torch::nn::Module& model, const TensorParal
                                " " + std::to_string(n);
     const std::string parts =
         style.parts > 1 ? std::to_string(style.parts) + " parts x " : std::string();
-    if (style.parts < 1 || style.unit < 1 || n % (style.parts * size) != 0)
-      throw Error(where + ": its " + extent + " is not divisible by " + parts + "tp " +
-                  std::to_string(size) + ": make it a multiple of " +
-                  std::to_string(std::max<int64_t>(style.parts, 1) * size));
-    if (n % (style.parts * size * style.unit) != 0) {
+    // Whole units first (a head count names the key to change), then the plain division.
+    if (style.unit > 1 && style.parts >= 1 && n % (style.parts * size * style.unit) != 0) {
       const std::string units = (style.unit_name.empty() ? "units" : style.unit_name) + " of " +
                                 std::to_string(style.unit) + " elements";
       if (n % (style.parts * style.unit) != 0)
@@ -90,6 +87,10 @@ std::vector<std::string> parallelize(torch::nn::Module& model, const TensorParal
                   std::to_string(n / (style.parts * style.unit)) + " " + units + ", which tp " +
                   std::to_string(size) + " would cut apart: make their number a multiple of tp");
     }
+    if (style.parts < 1 || style.unit < 1 || n % (style.parts * size) != 0)
+      throw Error(where + ": its " + extent + " is not divisible by " + parts + "tp " +
+                  std::to_string(size) + ": make it a multiple of " +
+                  std::to_string(std::max<int64_t>(style.parts, 1) * size));
     shards.push_back(std::move(shard));
   }
   std::vector<std::string> done;

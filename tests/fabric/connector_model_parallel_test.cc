@@ -63,6 +63,26 @@ TEST(ConnectorModelParallelTest, SizesThatDoNotFitTheWorldNameTheKeyAndTheFix) {
             "or shard_grad_op");
 }
 
+// DDP's gradient and ZeRO-1 keys do nothing under fsdp and model_parallel (their process group
+// settings do apply); under fsdp no_shard, which is ddp, they apply.
+TEST(ConnectorModelParallelTest, DdpsGradientKeysUnderShardingStrategiesAreSaidToHaveNoEffect) {
+  for (const std::string want : {"fsdp", "model_parallel"}) {
+    const auto s = resolve({"fabric.strategy=" + want, "fabric.ddp.shard_optimizer_state=true",
+                            "fabric.ddp.comm_hook=fp16", "fabric.ddp.timeout_s=60"},
+                           cpu_machine());
+    ASSERT_EQ(s.warnings.size(), 1u) << want;
+    EXPECT_EQ(s.warnings[0],
+              "command line: fabric.ddp.comm_hook, fabric.ddp.shard_optimizer_state: have no "
+              "effect under fabric.strategy: " +
+                  want + " (fabric.ddp's gradient and ZeRO-1 keys configure ddp; " + want +
+                  " shards gradients and optimizer state itself)");
+  }
+  EXPECT_TRUE(resolve({"fabric.strategy=fsdp", "fabric.fsdp.sharding_strategy=no_shard",
+                       "fabric.ddp.comm_hook=fp16"},
+                      cpu_machine())
+                  .warnings.empty());
+}
+
 TEST(ConnectorModelParallelTest, ItsKeysUnderAnotherStrategyAreSaidToHaveNoEffect) {
   const auto s = resolve({"fabric.strategy=ddp", "fabric.model_parallel.tensor_parallel_size=2"},
                          cpu_machine());

@@ -81,6 +81,28 @@ TEST(Fp8Test, ConvertsFabricLinearsAndSaysWhyItKeptTheRest) {
   EXPECT_EQ(c.excluded, std::vector<std::string>{"head"});
   EXPECT_TRUE(net.named_children()["fc"]->as<fabric::nn::LinearImpl>()->fp8());
   EXPECT_FALSE(net.named_children()["head"]->as<fabric::nn::LinearImpl>()->fp8());
+  EXPECT_TRUE(c.unmatched.empty());
+  // 'plain' is a torch::nn::Linear, 'HEAD' a typo: neither names a Linear float8 could take.
+  Net other;
+  EXPECT_EQ(fabric::nn::convert_to_fp8(other, {"head", "HEAD", "plain"}).unmatched,
+            (std::vector<std::string>{"HEAD", "plain"}));
+}
+
+TEST(Fp8Test, SetupRefusesAnExcludePatternThatMatchesNoLinear) {
+  auto precision =
+      std::make_unique<fabric::Precision>(fabric::PrecisionMode::kFp8Mixed, c10::DeviceType::CPU);
+  precision->set_fp8_exclude({"fc", "transformer.h.0.ATTN"});
+  fabric::strategies::SingleDevice s(torch::kCPU, std::move(precision));
+  Net net;
+  try {
+    s.setup_module(net);
+    FAIL() << "no error";
+  } catch (const fabric::Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "fabric.fp8.exclude_modules: 'transformer.h.0.ATTN' matches no fabric::nn::Linear "
+                 "of the model; Linear names look like 'head' ('*' matches one name component; a "
+                 "pattern names the Linear itself)");
+  }
 }
 
 TEST(Fp8Test, RowwiseIsCarriedByTheConversionAndRefusedOnTheCpu) {
