@@ -258,13 +258,18 @@ std::function<void()> prepare_optimizer_state(torch::optim::Optimizer& optimizer
         // In the parameter's memory format (files hold contiguous tensors): fused kernels pass
         // over parameter, gradient and state as flat arrays, so their layouts must match. A
         // tensor read for this already has it (a sharded checkpoint's piece): taken as it is.
-        if (t.strides().equals(params[i].strides()) && t.device() == params[i].device() &&
-            t.is_non_overlapping_and_dense()) {
+        // Floating state takes the parameter's dtype, as torch.optim's load_state_dict casts
+        // it: a run resumed at another fabric.precision (32-true -> bf16-true) steps on.
+        const torch::ScalarType dtype = t.is_floating_point() && params[i].is_floating_point()
+                                            ? params[i].scalar_type()
+                                            : t.scalar_type();
+        if (t.scalar_type() == dtype && t.strides().equals(params[i].strides()) &&
+            t.device() == params[i].device() && t.is_non_overlapping_and_dense()) {
           field.set(*s, t.detach());
           continue;
         }
-        torch::Tensor restored = at::empty_like(
-            params[i], params[i].options().dtype(t.scalar_type()), at::MemoryFormat::Preserve);
+        torch::Tensor restored =
+            at::empty_like(params[i], params[i].options().dtype(dtype), at::MemoryFormat::Preserve);
         field.set(*s, restored.copy_(t));
       }
       states.emplace_back(params[i], std::move(s));

@@ -105,6 +105,41 @@ TEST_F(CheckpointTest, ChannelsLastFusedOptimizersContinueExactly) {
   expect_channels_last_continuation<fabric::Adam>(torch::optim::AdamOptions(0.01).amsgrad(true), f);
 }
 
+// Resumed at another fabric.precision (32-true -> bf16-true), the state takes the parameters'
+// dtype, as torch.optim's load_state_dict casts it: the fused kernels step on bf16 parameters
+// (they stopped with "expected scalar type BFloat16 but found Float").
+TEST_F(CheckpointTest, OptimizerStateTakesTheParametersDtype) {
+  torch::manual_seed(0);
+  auto model = make_model();
+  fabric::AdamW opt(model->parameters(), torch::optim::AdamWOptions(0.01),
+                    fabric::OptimizerImpl::kFused);
+  train(model, opt, 3, 1);
+  opt.sync_state();
+  const auto state = fabric::optimizer_state(opt);
+  auto copy = make_model();
+  fabric::load_state_dict(*copy, fabric::state_dict(*model), "model");
+  copy->to(torch::kBFloat16);
+  fabric::AdamW fresh(copy->parameters(), torch::optim::AdamWOptions(0.5),
+                      fabric::OptimizerImpl::kFused);
+  fabric::prepare_optimizer_state(fresh, state, "f.ckpt: opt")();
+  auto exp_avg = [](const c10::IValue& saved) {
+    for (const auto& e : saved.toGenericDict().at("state").toGenericDict())
+      return e.value().toGenericDict().at("exp_avg").toTensor();  // the first parameter's
+    return torch::Tensor();
+  };
+  fresh.sync_state();
+  ASSERT_EQ(exp_avg(state).scalar_type(), torch::kFloat);
+  EXPECT_EQ(exp_avg(fabric::optimizer_state(fresh)).scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(
+      torch::equal(exp_avg(fabric::optimizer_state(fresh)), exp_avg(state).to(torch::kBFloat16)));
+  const torch::Tensor p = copy->parameters()[0];
+  const torch::Tensor before = p.detach().clone();
+  fresh.zero_grad();
+  copy->forward(torch::randn({2, 4}, torch::kBFloat16)).sum().backward();
+  EXPECT_NO_THROW(fresh.step());
+  EXPECT_FALSE(torch::equal(p, before));
+}
+
 TEST_F(CheckpointTest, OptimizerMismatchesAreNamedAndChangeNothing) {
   auto model = make_model();
   torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(0.01));
