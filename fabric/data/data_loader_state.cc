@@ -20,6 +20,7 @@ DistributedSampler* distributed(const std::unique_ptr<Sampler>& sampler) {
 std::vector<std::pair<std::string, int64_t>> DataLoader::order_facts(const State& state) const {
   std::vector<std::pair<std::string, int64_t>> out{
       {"world size", placement_.num_replicas},
+      {"examples", dataset_->size()},
       {"batch_size", options_.batch_size()},
       {"samples per rank", num_samples()},
       {"shuffle", options_.shuffle()},
@@ -66,10 +67,11 @@ std::function<void()> DataLoader::prepare_restore(const c10::IValue& saved,
     std::string changed;
     std::set<std::string> changed_keys;
     for (const auto& [key, now] : order_facts(s)) {
-      // Keys some states lack: shuffle_buffer and skipped (written later; absent means 0) and
-      // the stream position (absent when that loader did not stream: shuffle_buffer says so).
+      // Keys some states lack: shuffle_buffer and skipped (written later; absent means 0), the
+      // stream position (absent when that loader did not stream: shuffle_buffer says so) and
+      // the dataset's size (written later; absent: not compared).
       const bool zero_if_absent = key == "shuffle_buffer" || key == "skipped";
-      const bool optional = zero_if_absent || key.rfind("stream_", 0) == 0;
+      const bool optional = zero_if_absent || key.rfind("stream_", 0) == 0 || key == "examples";
       const int64_t was = optional && !optional_state_field(saved, key, source)
                               ? (zero_if_absent ? 0 : now)
                               : state_int(saved, key, source);
@@ -97,8 +99,8 @@ std::function<void()> DataLoader::prepare_restore(const c10::IValue& saved,
       throw Error(source + ": cannot resume in the middle of epoch " + std::to_string(s.epoch) +
                   " (after batch " + std::to_string(s.batches) + " of " +
                   std::to_string(per_epoch) + "): the data order changed (" + changed +
-                  "); resume with the same order (shuffle, seed, drop_last, streaming) or from "
-                  "an end-of-epoch checkpoint");
+                  "); resume with the same data and order (dataset, shuffle, seed, drop_last, "
+                  "streaming) or from an end-of-epoch checkpoint");
   }
   return [this, s] { load_state(s); };
 }

@@ -179,8 +179,20 @@ TEST(DataLoaderTest, MidEpochResumeRefusesAnotherOrder) {
     EXPECT_STREQ(e.what(),
                  "ckpt: cannot resume in the middle of epoch 0 (after batch 2 of 8): the data "
                  "order changed (world size 2 → 3, samples per rank 30 → 20, seed 5 → 6); resume "
-                 "with the same order (shuffle, seed, drop_last, streaming) or from an "
-                 "end-of-epoch checkpoint");
+                 "with the same data and order (dataset, shuffle, seed, drop_last, streaming) or "
+                 "from an end-of-epoch checkpoint");
+  }
+  // Another dataset (data.root changed): the rest of the epoch would be other examples, or
+  // none (a smaller one); a world size that changes too cannot carry it over either.
+  for (const int64_t world : {2, 3}) {
+    DataLoader smaller(numbered(10), DataLoaderOptions().batch_size(4).shuffle(true).seed(5),
+                       {world, 0, torch::kCPU});
+    try {
+      smaller.prepare_restore(saved, "ckpt");
+      FAIL() << "resumed on another dataset at world size " << world;
+    } catch (const fabric::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("examples 60 → 10"), std::string::npos) << e.what();
+    }
   }
 }
 
