@@ -193,7 +193,7 @@ c10::IValue tensor_piece(at::IntArrayRef sizes, at::IntArrayRef strides, int64_t
   return d;
 }
 
-ShardedParts split_pieces(const c10::IValue& contents) {
+ShardedParts split_pieces(const c10::IValue& contents, const std::string& save_id) {
   Dict pieces = new_dict();
   auto replaced = transform(contents, "", [&](const c10::IValue& v, const std::string& at) {
     if (!is_marked(v, kPieceKey)) return std::optional<c10::IValue>();
@@ -215,7 +215,14 @@ ShardedParts split_pieces(const c10::IValue& contents) {
   });
   Dict shard = new_dict();
   shard.insert("pieces", pieces);
-  return {replaced ? *replaced : contents, shard};
+  c10::IValue common = replaced ? *replaced : contents;
+  if (!save_id.empty() && common.isGenericDict()) {
+    Dict top = common.toGenericDict().copy();  // contents' own dict stays as it was
+    top.insert(kSaveIdKey, save_id);
+    shard.insert(kSaveIdKey, save_id);
+    common = top;
+  }
+  return {common, shard};
 }
 
 std::optional<TensorPiece> as_tensor_piece(const c10::IValue& value) {

@@ -56,7 +56,9 @@ struct ShardedParts {
   c10::IValue common;  // the dict, each piece replaced by its descriptor (rank 0 writes it)
   c10::IValue shard;   // {"pieces": {PATH: {"offset", "values"}}}: this rank's non-empty pieces
 };
-ShardedParts split_pieces(const c10::IValue& contents);
+// `save_id` (non-empty): one save's token, written into both so that a reader refuses a folder
+// whose files come from different saves.
+ShardedParts split_pieces(const c10::IValue& contents, const std::string& save_id = "");
 
 // The elements [offset, offset + count) of a split tensor's memory that one process needs.
 // With `from`, they lie elsewhere in the stored order (a reader at another tp size than the

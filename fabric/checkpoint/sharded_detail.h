@@ -23,6 +23,8 @@ using Dict = c10::impl::GenericDict;
 inline constexpr char kPieceKey[] = "fabric_tensor_piece";
 inline constexpr char kDescriptorKey[] = "fabric_sharded_tensor";
 inline constexpr char kFormat[] = "fabric-sharded-checkpoint";
+// One save's token in common.pt's top dict and in each shard (split_pieces' save_id).
+inline constexpr char kSaveIdKey[] = "fabric_save_id";
 
 // A dict with string keys holding `key` (a piece or a descriptor).
 bool is_marked(const c10::IValue& v, const char* key);

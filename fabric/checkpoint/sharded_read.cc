@@ -103,6 +103,14 @@ class Joiner {
       return std::optional<c10::IValue>(out);
     });
     whole_ = whole ? *whole : common;
+    // The save's token (written since it was added): kept for add(), not part of the dict.
+    if (whole_.isGenericDict() && whole_.toGenericDict().contains(kSaveIdKey)) {
+      Dict top = whole_.toGenericDict().copy();
+      const c10::IValue id = top.at(kSaveIdKey);
+      save_id_ = id.isString() ? id.toStringRef() : "?";
+      top.erase(kSaveIdKey);
+      whole_ = top;
+    }
   }
 
   // Copies rank `rank`'s pieces in (those elements of them this reader builds).
@@ -111,6 +119,17 @@ class Joiner {
     const std::string file = source_ + "/" + name;
     if (!is_marked(shard, "pieces") || !shard.toGenericDict().at("pieces").isGenericDict())
       throw Error(file + ": not a shard of a sharded checkpoint (no \"pieces\" dict)");
+    // Every file of one save carries its token: a shard copied in from another save (same
+    // size, so the manifest's check passes) would mix two steps' states in silence.
+    const Dict top = shard.toGenericDict();
+    const std::string id = top.contains(kSaveIdKey) && top.at(kSaveIdKey).isString()
+                               ? top.at(kSaveIdKey).toStringRef()
+                               : std::string();
+    if (id != save_id_)
+      throw Error(file + ": written by another save than " + kShardedCommon + " (save " +
+                  (id.empty() ? "unmarked" : id) + ", " + kShardedCommon + "'s " +
+                  (save_id_.empty() ? "unmarked" : save_id_) +
+                  "): the folder mixes two checkpoints' files; resume from a complete one");
     for (const auto& e : shard.toGenericDict().at("pieces").toGenericDict()) {
       const c10::IValue& p = e.value();
       if (!e.key().isString() || !is_marked(p, "offset") || !p.toGenericDict().contains("values") ||
@@ -215,6 +234,7 @@ class Joiner {
   }
   int64_t world_;
   std::string source_;
+  std::string save_id_;  // common.pt's token ("" when it has none)
   c10::IValue whole_;
   int64_t whole_tensors_ = 0;
   std::map<std::string, Target> tensors_;

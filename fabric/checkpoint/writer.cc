@@ -2,7 +2,10 @@
 
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
 #include <fstream>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,8 +22,14 @@ namespace fs = std::filesystem;
 
 // Rank 0 makes a temporary folder beside `dir` (".tmp." in its name: the Checkpointer removes
 // those a killed save left); `suffix` is that name's tail, the same on every rank. Collective.
+// The part after ".tmp." is the save's token (split_pieces' save_id): pid and a random number.
 fs::path temporary_folder(RankGroup& ranks, const fs::path& dir, std::string& suffix) {
-  suffix = ranks.broadcast_string(".tmp." + std::to_string(::getpid()), 0);
+  char token[17];
+  std::snprintf(token, sizeof(token), "%016llx",
+                static_cast<unsigned long long>(std::random_device()()) << 32 ^
+                    static_cast<unsigned long long>(
+                        std::chrono::steady_clock::now().time_since_epoch().count()));
+  suffix = ranks.broadcast_string(".tmp." + std::to_string(::getpid()) + "." + token, 0);
   const fs::path tmp = dir.string() + suffix;
   on_rank_zero(ranks, [&] {
     std::error_code ec;
@@ -49,8 +58,9 @@ void complete_folder(const fs::path& tmp, const fs::path& dir, int64_t world,
 }
 
 // This rank's files of `contents` in the temporary folder `tmp`.
-void write_shard(const fs::path& tmp, const c10::IValue& contents, int64_t rank, int64_t world) {
-  const ShardedParts parts = split_pieces(contents);
+void write_shard(const fs::path& tmp, const c10::IValue& contents, int64_t rank, int64_t world,
+                 const std::string& suffix) {
+  const ShardedParts parts = split_pieces(contents, suffix.substr(suffix.find(".tmp.") + 5));
   if (rank == 0) save_archive(tmp / kShardedCommon, parts.common);
   save_archive(tmp / shard_file_name(rank, world), parts.shard);
 }
@@ -69,7 +79,7 @@ void write_sharded_checkpoint(RankGroup& ranks, const fs::path& dir,
   const fs::path tmp = temporary_folder(ranks, dir, suffix);
   std::string failure;
   try {
-    write_shard(tmp, contents(), rank, world);
+    write_shard(tmp, contents(), rank, world, suffix);
   } catch (const std::exception& e) {
     failure = e.what();
     if (failure.empty()) failure = "cannot write " + dir.string();
@@ -93,7 +103,7 @@ std::function<void()> sharded_checkpoint_writer(RankGroup& ranks, const fs::path
   return [=] {
     const std::string mine = shard_file_name(rank, world);
     try {
-      write_shard(tmp, *snapshot, rank, world);
+      write_shard(tmp, *snapshot, rank, world, suffix);
     } catch (const std::exception& e) {
       // Rank 0 stops waiting for this shard when it finds the reason beside it; its own failure
       // ends the save at once.

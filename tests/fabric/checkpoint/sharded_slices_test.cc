@@ -103,7 +103,7 @@ TEST(ShardedSlicesTest, SlicesOfTensorParallelismJoinThroughTheirLayout) {
       [](const std::string& path, at::IntArrayRef, at::IntArrayRef,
          const std::optional<fabric::PieceLayout>& layout) -> std::optional<fabric::PieceRange> {
     if (path != "state/row" || !layout) return std::nullopt;
-    return fabric::PieceRange{18, 9};
+    return fabric::PieceRange{18, 9, {}, std::nullopt};
   };
   const auto read = fabric::read_checkpoint(dir, own).toGenericDict().at("state").toGenericDict();
   const auto run = fabric::as_tensor_piece(read.at("row"));

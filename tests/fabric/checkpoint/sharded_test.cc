@@ -213,6 +213,43 @@ std::string error_of(const std::function<void()>& fn) {
   return "";
 }
 
+// Every file of a save carries its token (split_pieces' save_id): the joined dict is the same
+// without it, and a shard or common.pt of another save (the same size, so the manifest passes)
+// is refused by a read and by verify_checkpoint, naming the file.
+TEST(ShardedTest, FilesOfAnotherSaveAreRefused) {
+  const Model m;
+  std::string tmpl = (fs::path(::testing::TempDir()) / "saves_XXXXXX").string();
+  const fs::path dir = mkdtemp(tmpl.data());
+  auto write = [&](const std::string& common_id, const std::string& shard1_id) {
+    std::vector<std::string> files = {fabric::kShardedCommon};
+    fabric::save_archive(dir / fabric::kShardedCommon,
+                         fabric::split_pieces(m.dict(0, 2, true), common_id).common);
+    for (int64_t r = 0; r < 2; ++r) {
+      files.push_back(fabric::shard_file_name(r, 2));
+      fabric::save_archive(
+          dir / files.back(),
+          fabric::split_pieces(m.dict(r, 2, true), r == 1 ? shard1_id : common_id).shard);
+    }
+    fabric::write_manifest(dir, 2, files);
+  };
+  write("1.aa", "1.aa");
+  EXPECT_EQ(
+      fabric::testing::first_difference(m.dict(0, 1, false), fabric::read_checkpoint(dir), ""), "");
+  const std::string shard1 = (dir / fabric::shard_file_name(1, 2)).string();
+  for (const auto& [common_id, shard1_id, why] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"1.aa", "2.bb", "(save 2.bb, common.pt's 1.aa)"},
+           {"1.aa", "", "(save unmarked, common.pt's 1.aa)"}}) {
+    write(common_id, shard1_id);
+    const std::string expected = shard1 + ": written by another save than common.pt " + why +
+                                 ": the folder mixes two checkpoints' files; resume from a "
+                                 "complete one";
+    EXPECT_EQ(error_of([&] { fabric::read_checkpoint(dir); }), expected);
+    EXPECT_EQ(error_of([&] { fabric::verify_checkpoint(dir); }), expected);
+  }
+  fs::remove_all(dir);
+}
+
 // A reader of another world size asks for its own part of each split tensor (here: rank r of
 // `world` keeps elements [r·S, (r+1)·S) of each, except the tensor at 'state/by_int/3', which it
 // wants whole) and gets exactly those elements; at the same world size it reads only its own
