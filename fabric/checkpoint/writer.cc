@@ -20,17 +20,17 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Rank 0 makes a temporary folder beside `dir` (".tmp." in its name: the Checkpointer removes
-// those a killed save left); `suffix` is that name's tail, the same on every rank. Collective.
-// The part after ".tmp." is the save's token (split_pieces' save_id): pid and a random number.
-fs::path temporary_folder(RankGroup& ranks, const fs::path& dir, std::string& suffix) {
+// Rank 0 makes a temporary folder `dir`.tmp.`save_id` (".tmp." in its name: the Checkpointer
+// removes those a killed save left); `save_id`, the same on every rank, is rank 0's pid and a
+// random number: the save's token (split_pieces'). Collective.
+fs::path temporary_folder(RankGroup& ranks, const fs::path& dir, std::string& save_id) {
   char token[17];
   std::snprintf(token, sizeof(token), "%016llx",
                 static_cast<unsigned long long>(std::random_device()()) << 32 ^
                     static_cast<unsigned long long>(
                         std::chrono::steady_clock::now().time_since_epoch().count()));
-  suffix = ranks.broadcast_string(".tmp." + std::to_string(::getpid()) + "." + token, 0);
-  const fs::path tmp = dir.string() + suffix;
+  save_id = ranks.broadcast_string(std::to_string(::getpid()) + "." + token, 0);
+  const fs::path tmp = dir.string() + ".tmp." + save_id;
   on_rank_zero(ranks, [&] {
     std::error_code ec;
     remove_tree(tmp, ec);
@@ -43,12 +43,12 @@ fs::path temporary_folder(RankGroup& ranks, const fs::path& dir, std::string& su
 // Rank 0 only: the manifest of the complete temporary folder `tmp`, then `tmp` renamed to `dir`
 // (replacing an earlier one).
 void complete_folder(const fs::path& tmp, const fs::path& dir, int64_t world,
-                     const std::string& suffix) {
+                     const std::string& save_id) {
   std::vector<std::string> files = {kShardedCommon};
   for (int64_t r = 0; r < world; ++r) files.push_back(shard_file_name(r, world));
   write_manifest(tmp, world, files);
   std::error_code ec;
-  const fs::path old = dir.string() + ".old" + suffix;
+  const fs::path old = dir.string() + ".old.tmp." + save_id;
   const bool replacing = fs::exists(dir, ec);
   if (replacing) fs::rename(dir, old, ec);
   if (!ec) fs::rename(tmp, dir, ec);
@@ -59,8 +59,8 @@ void complete_folder(const fs::path& tmp, const fs::path& dir, int64_t world,
 
 // This rank's files of `contents` in the temporary folder `tmp`.
 void write_shard(const fs::path& tmp, const c10::IValue& contents, int64_t rank, int64_t world,
-                 const std::string& suffix) {
-  const ShardedParts parts = split_pieces(contents, suffix.substr(suffix.find(".tmp.") + 5));
+                 const std::string& save_id) {
+  const ShardedParts parts = split_pieces(contents, save_id);
   if (rank == 0) save_archive(tmp / kShardedCommon, parts.common);
   save_archive(tmp / shard_file_name(rank, world), parts.shard);
 }
@@ -75,11 +75,11 @@ void write_checkpoint_file(RankGroup& ranks, const fs::path& file,
 void write_sharded_checkpoint(RankGroup& ranks, const fs::path& dir,
                               const std::function<c10::IValue()>& contents) {
   const int64_t world = ranks.size(), rank = ranks.rank();
-  std::string suffix;
-  const fs::path tmp = temporary_folder(ranks, dir, suffix);
+  std::string save_id;
+  const fs::path tmp = temporary_folder(ranks, dir, save_id);
   std::string failure;
   try {
-    write_shard(tmp, contents(), rank, world, suffix);
+    write_shard(tmp, contents(), rank, world, save_id);
   } catch (const std::exception& e) {
     failure = e.what();
     if (failure.empty()) failure = "cannot write " + dir.string();
@@ -91,19 +91,19 @@ void write_sharded_checkpoint(RankGroup& ranks, const fs::path& dir,
     }
     throw Error(why);
   }
-  on_rank_zero(ranks, [&] { complete_folder(tmp, dir, world, suffix); });
+  on_rank_zero(ranks, [&] { complete_folder(tmp, dir, world, save_id); });
 }
 
 std::function<void()> sharded_checkpoint_writer(RankGroup& ranks, const fs::path& dir,
                                                 std::shared_ptr<const c10::IValue> snapshot,
                                                 std::chrono::milliseconds timeout) {
   const int64_t world = ranks.size(), rank = ranks.rank();
-  std::string suffix;
-  const fs::path tmp = temporary_folder(ranks, dir, suffix);
+  std::string save_id;
+  const fs::path tmp = temporary_folder(ranks, dir, save_id);
   return [=] {
     const std::string mine = shard_file_name(rank, world);
     try {
-      write_shard(tmp, *snapshot, rank, world, suffix);
+      write_shard(tmp, *snapshot, rank, world, save_id);
     } catch (const std::exception& e) {
       // Rank 0 stops waiting for this shard when it finds the reason beside it; its own failure
       // ends the save at once.
@@ -137,7 +137,7 @@ std::function<void()> sharded_checkpoint_writer(RankGroup& ranks, const fs::path
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    complete_folder(tmp, dir, world, suffix);
+    complete_folder(tmp, dir, world, save_id);
   };
 }
 
