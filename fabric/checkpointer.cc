@@ -12,6 +12,7 @@
 #include <regex>
 
 #include "fabric/checkpoint/archive.h"
+#include "fabric/checkpoint/output_check.h"
 #include "fabric/checkpoint/sharded.h"
 #include "fabric/core/atomic_file.h"
 #include "fabric/core/paths.h"
@@ -99,15 +100,28 @@ CheckpointerOptions CheckpointerOptions::from_config(const Config& c, const std:
                        weights.filename().string() +
                            " ends in .safetensors while checkpoint.export_format is pt; set "
                            "checkpoint.export_format: safetensors");
-    // Never over a checkpoint: a weights file written over step-N.ckpt destroys it.
-    std::error_code ec;
-    if (weights.extension() == ".ckpt" || fs::is_directory(weights, ec))
-      throw c.error_at("checkpoint.export_weights",
-                       weights.string() +
-                           (weights.extension() == ".ckpt" ? " is a checkpoint's name (.ckpt)"
-                                                           : " is a folder") +
-                           ": the weights would be written over it; give a .pt or .safetensors "
-                           "file name");
+    // Never over an input or a checkpoint (fabric/checkpoint/output_check.h): the weights
+    // written over step-N.ckpt, `latest` or the data's val.bin destroy them.
+    std::vector<InputPath> inputs = {{o.dir / "latest", "the marker of checkpoint.dir"}};
+    const auto string_key = [&](const std::string& key) {
+      const KeySpec* spec = c.schema().find(key);
+      return spec && (spec->type() == KeyType::kString) ? c.get_string(key) : std::string();
+    };
+    if (const std::string w = string_key("model.init_weights"); !w.empty() && w != "none")
+      inputs.push_back({absolute_from_working_directory(w), "model.init_weights"});
+    if (const std::string r = string_key("checkpoint.resume");
+        !r.empty() && r != "none" && r != "auto")
+      inputs.push_back({absolute_from_working_directory(r), "checkpoint.resume"});
+    // The data folder's files (its val.bin), unless the weights go into this run's own folder
+    // (a run folder inside data.root may replace its own earlier export).
+    if (const std::string root = string_key("data.root");
+        !root.empty() && !path_within(weights, run_dir))
+      inputs.push_back({absolute_from_working_directory(root), "data.root", false});
+    try {
+      check_output(weights, "checkpoint.export_weights", inputs);
+    } catch (const Error& e) {
+      throw c.error_at("checkpoint.export_weights", e.what());
+    }
     o.export_weights = weights.string();
   }
   if (o.dir_pattern.find("{run_dir}") != std::string::npos)

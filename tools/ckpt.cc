@@ -10,15 +10,20 @@
 //                (Lightning's and Accelerate's "what is in this checkpoint").
 //   verify       every byte checked as loading would check it (each record's CRC; for a folder the
 //                manifest, every file's size, and that the pieces cover every split tensor once),
-//                streaming: no tensor is held in memory.
+//                streaming: no tensor is held in memory. A .safetensors file: its header and every
+//                byte range (the format has no checksums).
 //   consolidate  one full weights file from a checkpoint (a sharded folder joined): the state
 //                entry --entry (default model) as a state dict, written as OUT's extension says
 //                (.safetensors: Hugging Face's format; else torch.save's), which Python reads
-//                (torch.load(OUT, weights_only=True) or safetensors.torch.load_file(OUT)).
+//                (torch.load(OUT, weights_only=True) or safetensors.torch.load_file(OUT)). OUT is
+//                refused before anything is read when it is PATH, lies inside it, or is or lies
+//                inside any checkpoint (fabric/checkpoint/output_check.h).
 //   diff         per tensor, the largest absolute difference between two checkpoints or weight
-//                files, tensors only in one, or of another shape; the last line the largest.
+//                files, tensors only in one, or of another shape; the last line the largest. A
+//                checkpoint against a weights file compares the weights with the checkpoint's
+//                state entry --entry (default model).
 // Exit status: 0 done (diff: whatever the differences); 1 a file cannot be read, is damaged or
-// has no such entry; 2 bad usage.
+// has no such entry; 2 bad usage (including a refused OUT).
 #include <algorithm>
 #include <cmath>
 #include <ctime>
@@ -31,6 +36,7 @@
 
 #include <torch/types.h>
 
+#include "fabric/checkpoint/output_check.h"
 #include "fabric/checkpoint/safetensors.h"
 #include "fabric/checkpoint/sharded.h"
 #include "fabric/checkpoint/state_dict.h"
@@ -56,8 +62,10 @@ std::string shape_of(const torch::Tensor& t) {
 }
 
 // A checkpoint (file or folder) or a weights file, as one value: weight files (safetensors, or a
-// .pt holding a plain state dict) become {"state": {"weights": dict}}.
-c10::IValue read_any(const fs::path& path) {
+// .pt holding a plain state dict) become {"state": {"weights": dict}}, and `weights_file` (when
+// given) says so.
+c10::IValue read_any(const fs::path& path, bool* weights_file = nullptr) {
+  if (weights_file) *weights_file = true;
   if (!fs::is_directory(path)) {
     if (fabric::is_safetensors_file(path)) {
       c10::impl::GenericDict weights(c10::StringType::get(), c10::AnyType::get());
@@ -77,6 +85,7 @@ c10::IValue read_any(const fs::path& path) {
     top.insert("state", state);
     return top;
   }
+  if (weights_file) *weights_file = false;
   return value;
 }
 
@@ -161,7 +170,22 @@ int consolidate(const fs::path& path, const fs::path& out, const std::string& en
   return 0;
 }
 
-int diff(const fs::path& a, const fs::path& b) {
+// {"state": {entry: value}} of a checkpoint's state entry `entry`, renamed `as`.
+c10::IValue only_entry(const c10::IValue& checkpoint, const std::string& entry,
+                       const std::string& as, const fs::path& path) {
+  const c10::IValue chosen = field(field(checkpoint, "state"), entry);
+  if (chosen.isNone())
+    throw fabric::Error(path.string() + ": no entry '" + entry +
+                        "' in the state to compare with the weights file; choose one with "
+                        "--entry=NAME");
+  c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
+  state.insert(as, chosen);
+  c10::impl::GenericDict top(c10::StringType::get(), c10::AnyType::get());
+  top.insert("state", state);
+  return top;
+}
+
+int diff(const fs::path& a, const fs::path& b, const std::string& entry) {
   std::map<std::string, torch::Tensor> left, right;
   std::map<std::string, std::string> left_values, right_values;
   const auto collect = [](const c10::IValue& v, std::map<std::string, torch::Tensor>& tensors,
@@ -174,8 +198,18 @@ int diff(const fs::path& a, const fs::path& b) {
       }
     });
   };
-  collect(read_any(a), left, left_values);
-  collect(read_any(b), right, right_values);
+  bool a_weights = false, b_weights = false;
+  c10::IValue va = read_any(a, &a_weights), vb = read_any(b, &b_weights);
+  // A checkpoint against a weights file (its own export, say): the weights against the
+  // checkpoint's --entry, not every entry of the checkpoint against nothing.
+  if (a_weights != b_weights) {
+    const fs::path& checkpoint = a_weights ? b : a;
+    std::cout << "comparing the weights file " << (a_weights ? a : b).string() << " with entry '"
+              << entry << "' of " << checkpoint.string() << "\n";
+    (a_weights ? vb : va) = only_entry(a_weights ? vb : va, entry, "weights", checkpoint);
+  }
+  collect(va, left, left_values);
+  collect(vb, right, right_values);
   double largest = 0;
   std::string largest_name;
   int64_t differing = 0;
@@ -247,15 +281,34 @@ int main(int argc, char** argv) {
   const auto path = [&](size_t i) { return fabric::absolute_from_working_directory(args[i]); };
   try {
     if (command == "inspect" && args.size() == 2) return inspect(path(1));
+    if (command == "verify" && args.size() == 2 && fabric::is_safetensors_file(path(1))) {
+      const auto file = fabric::load_safetensors(path(1));
+      std::cout << path(1).string() << ": a safetensors file, " << file.tensors.size()
+                << " tensors; its header and every byte range checked, OK (the format has no "
+                   "checksums)\n";
+      return 0;
+    }
     if (command == "verify" && args.size() == 2) {
       fabric::verify_checkpoint(path(1));
       std::cout << path(1).string() << ": every record checked, OK\n";
       return 0;
     }
-    if (command == "consolidate" && args.size() == 3) return consolidate(path(1), path(2), entry);
-    if (command == "diff" && args.size() == 3) return diff(path(1), path(2));
+    if (command == "consolidate" && args.size() == 3) {
+      // Never over the checkpoint read, nor into any checkpoint; checked before reading.
+      try {
+        fabric::check_output(path(2), "OUT", {{path(1), "the checkpoint read"}});
+      } catch (const fabric::Error& e) {
+        return usage(e.what());
+      }
+      return consolidate(path(1), path(2), entry);
+    }
+    if (command == "diff" && args.size() == 3) return diff(path(1), path(2), entry);
+  } catch (const c10::Error& e) {
+    // LibTorch's text without its C++ stack trace, on one line.
+    std::cerr << "ckpt: " << fabric::one_line(e.what_without_backtrace(), 300) << "\n";
+    return 1;
   } catch (const std::exception& e) {
-    std::cerr << "ckpt: " << e.what() << "\n";
+    std::cerr << "ckpt: " << fabric::describe(e) << "\n";
     return 1;
   }
   return usage("bad command line");

@@ -19,7 +19,8 @@
 // Checked against runs: tests/integration/examples_tools_test.cc compares the totals with the
 // peak tensor memory the runs record (summary.json's peak_tensor_bytes): within 20%.
 //
-// Exit status: 0; 2 for a bad config or argument (one line naming it).
+// Exit status: 0 (also for --help); 2 for a bad config or argument, or sizes whose byte counts
+// overflow 64 bits (one line naming it).
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -156,6 +157,25 @@ Activations measure(Model& m, fabric::Precision& precision, int64_t gradient_byt
   return a;
 }
 
+// Byte counts in checked arithmetic: sizes whose product or sum passes 2^63 bytes (an absurd
+// data.batch_size or model width) are refused, not printed as negative MiB.
+int64_t times(int64_t a, int64_t b) {
+  int64_t out = 0;
+  if (__builtin_mul_overflow(a, b, &out))
+    throw Error("estimate_memory: the estimate overflows 64-bit byte counts (" +
+                std::to_string(a) + " x " + std::to_string(b) +
+                "): the config's sizes (data.batch_size, the model's) are beyond any machine");
+  return out;
+}
+int64_t plus(int64_t a, int64_t b) {
+  int64_t out = 0;
+  if (__builtin_add_overflow(a, b, &out))
+    throw Error("estimate_memory: the estimate overflows 64-bit byte counts (" +
+                std::to_string(a) + " + " + std::to_string(b) +
+                "): the config's sizes (data.batch_size, the model's) are beyond any machine");
+  return out;
+}
+
 std::string mib(int64_t bytes) {
   char text[32];
   std::snprintf(text, sizeof(text), "%.1f", static_cast<double>(bytes) / (1 << 20));
@@ -172,6 +192,10 @@ int run(int argc, char** argv) {
       file = a.substr(9);
     } else if (a.rfind("--program=", 0) == 0) {
       program = a.substr(10);
+    } else if (a == "--help" || a == "-h") {
+      std::cout << "usage: estimate_memory --config=FILE [--program=auto|cifar10|fashion_mnist|gpt] "
+                   "[--json] [--activations=measure|skip] [key=value ...]\n";
+      return 0;
     } else if (a == "--json") {
       json = true;
     } else if (a == "--activations=skip") {
@@ -207,12 +231,16 @@ int run(int argc, char** argv) {
   Model m = build(name, c);
   const int64_t bytes = static_cast<int64_t>(c10::elementSize(precision.param_dtype()));
   int64_t trainable = 0, frozen = 0;
-  for (const auto& p : m.module->parameters())
-    (p.requires_grad() ? trainable : frozen) += p.numel() * bytes;
-  for (const auto& b : m.module->buffers()) frozen += b.numel() * b.element_size();
+  for (const auto& p : m.module->parameters()) {
+    int64_t& sum = p.requires_grad() ? trainable : frozen;
+    sum = plus(sum, times(p.numel(), bytes));
+  }
+  for (const auto& b : m.module->buffers())
+    frozen = plus(frozen, times(b.numel(), static_cast<int64_t>(b.element_size())));
   // The optimizer on the meta parameters (no memory); its state takes their training dtype.
   const auto optimizer = fabric::make_optimizer(c, *m.module);
-  const int64_t optimizer_bytes = fabric::optimizer_state_bytes_expected(*optimizer) / 4 * bytes;
+  const int64_t optimizer_bytes =
+      times(fabric::optimizer_state_bytes_expected(*optimizer) / 4, bytes);
 
   // fsdp: the units of the wrapping policy; the largest other than the root is whole in the
   // forward and, with its gradients, in the backward; the root stays whole.
@@ -223,7 +251,7 @@ int run(int argc, char** argv) {
   int64_t largest_unit = 0, root_unit = 0, units = 0;
   for (const auto& u : fabric::strategies::ShardedParameters::plan_units(*m.module, policy)) {
     int64_t n = 0;
-    for (const auto& p : u.params) n += p.numel() * bytes;
+    for (const auto& p : u.params) n = plus(n, times(p.numel(), bytes));
     ++units;
     if (u.root)
       root_unit = n;
@@ -233,13 +261,16 @@ int run(int argc, char** argv) {
 
   Activations act;
   if (activations) act = measure(m, precision, trainable, std::max<int64_t>(batch, 1));
-  const int64_t activation_bytes = act.per_example * batch + act.fixed;
+  const int64_t activation_bytes = plus(times(act.per_example, batch), act.fixed);
 
   struct Row {
     std::string strategy;
     int64_t ranks, parameters, gradients, optimizer, buffers, activations;
   };
   const int64_t n = std::max<int64_t>(world, 1);
+  // Every row's total below is at most this sum (fsdp's units are parts of the parameters).
+  plus(plus(plus(plus(plus(trainable, frozen), trainable), optimizer_bytes), times(trainable, 3)),
+       activation_bytes);
   std::vector<Row> rows = {
       {"single_device", 1, trainable + frozen, trainable, optimizer_bytes, 0, activation_bytes},
       {"ddp", n, trainable + frozen, trainable, optimizer_bytes, n > 1 ? trainable : 0,

@@ -10,12 +10,17 @@
 // <|endoftext|>, meta.json {"tokenizer": "gpt2-bpe", "vocab_size": 50257, "vocab": ..., ...}. An
 // input that is a folder contributes every regular file under it, in path order; with bytes the
 // files are joined as they are. The last --val_fraction of the tokens (default 0.1) become val.bin.
-// Exit status: 0 written; 1 an input cannot be read or DIR cannot be written; 2 bad usage.
+// DIR is refused before anything is read when it is, or lies inside, an --input folder, when
+// train.bin, val.bin or meta.json would replace an --input, --vocab or --merges file, or when it
+// is or lies inside a checkpoint (fabric/checkpoint/output_check.h).
+// Exit status: 0 written; 1 an input cannot be read or DIR cannot be written; 2 bad usage
+// (including a refused DIR).
 #include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include "fabric/checkpoint/output_check.h"
 #include "fabric/core/error.h"
 #include "fabric/core/paths.h"
 #include "fabric/data/tokens.h"
@@ -68,6 +73,18 @@ int main(int argc, char** argv) {
   if (output.empty()) return usage("give --output=DIR");
   if (vocab.empty() != merges.empty())
     return usage("--vocab and --merges go together (GPT-2's vocab.json and merges.txt)");
+  try {
+    // Never over an input: --output inside an --input folder would be read back as text by the
+    // next run (validation tokens leaking into training); train.bin over an --input destroys it.
+    std::vector<fabric::InputPath> read;
+    for (const fs::path& in : inputs) read.push_back({in, "--input"});
+    read.push_back({vocab, "--vocab"});
+    read.push_back({merges, "--merges"});
+    fabric::check_output(output, "--output", read, /*folder=*/true,
+                         {"train.bin", "val.bin", "meta.json"});
+  } catch (const std::exception& e) {
+    return usage(fabric::describe(e));
+  }
   try {
     const fabric::PreparedText done =
         vocab.empty() ? fabric::prepare_byte_text(inputs, output, val_fraction)

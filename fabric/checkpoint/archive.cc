@@ -4,6 +4,7 @@
 #include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/csrc/jit/serialization/pickler_helper.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstdint>
@@ -19,6 +20,7 @@
 #include "fabric/checkpoint/torch_pickle.h"
 #include "fabric/core/atomic_file.h"
 #include "fabric/core/error.h"
+#include "fabric/core/files.h"
 
 namespace fabric {
 
@@ -157,20 +159,34 @@ uint64_t little(const std::string& b, size_t at, int bytes) {
   return v;
 }
 
+// What a file that is not a zip is instead, from its first bytes ("" when nothing is known):
+// the zip reader's own text for a JSON file says nothing a user recognises.
+std::string what_else(const fs::path& path) {
+  char head[64] = {};
+  std::ifstream in(path, std::ios::binary);
+  in.read(head, sizeof head);
+  const std::string_view bytes(head, static_cast<size_t>(std::max<std::streamsize>(in.gcount(), 0)));
+  if (bytes.size() >= 4 && bytes.substr(0, 4) == std::string_view("PK\3\4", 4)) return "";
+  const size_t first = bytes.find_first_not_of(" \t\r\n");
+  if (first == std::string_view::npos) return bytes.empty() ? "an empty file" : "";
+  if (bytes[first] == '{' || bytes[first] == '[') return "JSON text";
+  if (std::all_of(bytes.begin(), bytes.end(), [](char c) {
+        return c == '\n' || c == '\r' || c == '\t' || (c >= 0x20 && c < 0x7f);
+      }))
+    return "text";
+  return "";
+}
+
 Error unreadable(const fs::path& path, const std::exception& e) {
+  if (const std::string other = what_else(path); !other.empty())
+    return Error(path.string() + ": not a readable PyTorch file (it is " + other +
+                 ", not torch.save's zip archive)");
   std::string why = e.what();
   why = why.substr(0, why.find('\n'));
   // miniz explains at length what a damaged file may be; the first sentence says it.
   if (const size_t cut = why.find(". This is an internal miniz error"); cut != std::string::npos)
     why = why.substr(0, cut);
   return Error(path.string() + ": not a readable PyTorch file (" + why + ")");
-}
-
-void require_regular_file(const fs::path& path) {
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec))
-    throw Error(path.string() + ": cannot open (" +
-                (fs::exists(path, ec) ? "not a regular file" : std::strerror(ENOENT)) + ")");
 }
 
 // A record as the zip central directory lists it.

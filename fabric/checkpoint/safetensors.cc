@@ -20,6 +20,7 @@
 
 #include "fabric/core/atomic_file.h"
 #include "fabric/core/error.h"
+#include "fabric/core/files.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -82,6 +83,7 @@ struct Mapping {
 };
 
 std::shared_ptr<Mapping> map_file(const std::string& path) {
+  require_regular_file(path);  // a FIFO would block open() forever
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw Error(path + ": cannot read: " + std::strerror(errno));
   struct stat st {};
@@ -128,7 +130,8 @@ Entry read_entry(const std::string& path, const std::string& name, const json& e
   const auto shape = e.find("shape");
   if (shape == e.end() || !shape->is_array()) throw Error(where + "no \"shape\" list");
   for (const auto& d : *shape) {
-    if (!d.is_number_unsigned()) throw Error(where + "shape " + shape->dump() + " is not sizes");
+    if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t{INT64_MAX})
+      throw Error(where + "shape " + shape->dump() + " is not sizes");
     out.shape.push_back(d.get<int64_t>());
   }
   const auto offsets = e.find("data_offsets");
@@ -139,8 +142,16 @@ Entry read_entry(const std::string& path, const std::string& name, const json& e
   out.end = (*offsets)[1].get<uint64_t>();
   if (out.end < out.begin)
     throw Error(where + "data_offsets " + offsets->dump() + " end before they begin");
+  // In checked arithmetic: a shape whose byte size overflows 64 bits must not wrap around to
+  // the range's size (Python's safetensors refuses it too).
   uint64_t bytes = c10::elementSize(out.type);
-  for (const int64_t d : out.shape) bytes *= static_cast<uint64_t>(d);
+  int64_t elements = 1;
+  for (const int64_t d : out.shape) {
+    if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes) ||
+        __builtin_mul_overflow(elements, d, &elements))
+      throw Error(where + "shape " + shape_text(out.shape) + " of " + dname +
+                  " is too large: its size overflows 64 bits");
+  }
   if (bytes != out.end - out.begin)
     throw Error(where + "data_offsets " + offsets->dump() + " hold " +
                 std::to_string(out.end - out.begin) + " bytes, but shape " + shape_text(out.shape) +
@@ -155,6 +166,8 @@ bool looks_like_safetensors(std::string_view first_bytes) {
 }
 
 bool is_safetensors_file(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return false;  // a FIFO would block the open below
   std::string head(9, '\0');
   std::ifstream in(path, std::ios::binary);
   in.read(head.data(), static_cast<std::streamsize>(head.size()));

@@ -17,6 +17,7 @@
 #include "fabric/checkpoint/sharded_detail.h"
 #include "fabric/core/atomic_file.h"
 #include "fabric/core/error.h"
+#include "fabric/core/files.h"
 
 namespace fabric {
 namespace fs = std::filesystem;
@@ -141,6 +142,7 @@ int64_t dense_extent(const std::vector<int64_t>& sizes, const std::vector<int64_
 }
 
 std::string read_text(const fs::path& path) {
+  require_regular_file(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path.string() + ": cannot open");
   std::ostringstream s;

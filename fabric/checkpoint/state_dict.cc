@@ -97,9 +97,20 @@ std::function<void()> prepare_load(const torch::nn::Module& module,
     if (!piece && !it->second.isTensor())
       throw Error(source + ": not a state dict (" + name + " is not a tensor)");
     const std::vector<int64_t> sizes = piece ? piece->sizes : it->second.toTensor().sizes().vec();
+    const at::ScalarType given_type =
+        piece ? (piece->values.defined() ? piece->values.scalar_type() : target.scalar_type())
+              : it->second.toTensor().scalar_type();
     if (!target.sizes().equals(sizes)) {
       shapes.push_back("shape of " + name + " is " + shape_of(sizes) + " in the file, " +
                        shape_of(target.sizes()) + " in the model");
+    } else if (target.is_floating_point() && !at::isFloatingType(given_type) &&
+               !at::isComplexType(given_type)) {
+      // Integers copied by value into floating parameters train from nonsense (a NaN loss
+      // from the first step); floating dtypes convert as torch's load_state_dict does.
+      shapes.push_back(name + " is " + std::string(c10::toString(given_type)) +
+                       " in the file, a floating-point " +
+                       std::string(c10::toString(target.scalar_type())) +
+                       " in the model (not weights of this model?)");
     } else if (split != partial.end()) {
       try {
         partial_copies.push_back(split->second(it->second));

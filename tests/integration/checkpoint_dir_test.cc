@@ -87,20 +87,26 @@ TEST_F(CheckpointDirTest, FoldersThatCannotBeWrittenAndForeignLatestStopBeforeTr
                              " cannot be a folder ("),
             std::string::npos)
       << weights.out;
-  // Weights written over a checkpoint would destroy it: a .ckpt name or a folder is refused.
+  // Weights written over a checkpoint would destroy it: a .ckpt name, a folder, `latest` or a
+  // sharded checkpoint's file is refused (fabric/checkpoint/output_check.h).
   fs::create_directories(dir_ / "old" / "step-00000003.ckpt");
+  std::ofstream(dir_ / "old" / "latest") << "step-00000003.ckpt\n";
   for (const auto& [target, what] : std::vector<std::pair<std::string, std::string>>{
-           {"old/step-00000004.ckpt", " is a checkpoint's name (.ckpt)"},
-           {"old/step-00000003.ckpt", " is a checkpoint's name (.ckpt)"},
-           {"old", " is a folder"}}) {
+           {"old/step-00000004.ckpt", ": is a checkpoint's name (.ckpt)"},
+           {"old/step-00000003.ckpt", ": is a folder; give a file name"},
+           {"old/step-00000003.ckpt/common.pt", ": lies inside the checkpoint folder "},
+           {"old/latest", ": is the marker naming the newest checkpoint of "},
+           {"old", ": is a folder; give a file name"}}) {
     auto over = run("checkpoint.export_weights=" + target);
     EXPECT_EQ(over.code, 2) << over.out;
-    EXPECT_NE(over.out.find("checkpoint.export_weights: " + (dir_ / target).string() + what +
-                            ": the weights would be written over it; give a .pt or .safetensors "
-                            "file name"),
+    EXPECT_NE(over.out.find("checkpoint.export_weights: " + (dir_ / target).string() + what),
               std::string::npos)
         << over.out;
   }
+  // This run's own `latest` (not there yet) and its input weights are refused too.
+  auto own = run("checkpoint.export_weights='\"{run_dir}/checkpoints/latest\"'");
+  EXPECT_EQ(own.code, 2) << own.out;
+  EXPECT_NE(own.out.find("checkpoints/latest: is the input "), std::string::npos) << own.out;
 
   fs::create_directories(dir_ / "foreign");
   std::ofstream(dir_ / "foreign" / "latest") << "/etc/passwd\n";

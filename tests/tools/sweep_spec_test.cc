@@ -10,6 +10,7 @@
 
 #include "fabric/core/error.h"
 #include "tools/sweep/report.h"
+#include "tools/sweep/setup.h"
 
 namespace fabric::sweep {
 namespace {
@@ -101,6 +102,26 @@ TEST(SweepSpec, ErrorsNameTheLineAndTheFix) {
 }
 
 // Sizes are checked before any run is planned (a huge trials: used to spin for minutes).
+// The configs checked before a sweep: 1000 random trials over a real learning rate and an integer
+// width are checked at each real's extremes and at each integer once; a grid's every choice.
+TEST(SweepSpec, PreflightChecksEachKeySetValueAndExtremeOnce) {
+  std::vector<SweepRun> runs(1000);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    runs[i].id = std::to_string(i);
+    runs[i].overrides = {{"optimizer.lr", std::to_string(0.5 + 0.001 * ((i * 7919) % 1000))},
+                         {"model.width", std::to_string(16 << (i % 3))}};
+  }
+  runs[500].overrides[0].second = "1e-9";  // the smallest, written with an exponent
+  runs.push_back({"extra", {{"fabric.precision", "bf16-mixed"}}, {}, std::nullopt, ""});
+  std::vector<const SweepRun*> all;
+  for (const auto& r : runs) all.push_back(&r);
+  std::set<std::string> ids;
+  for (const SweepRun* r : runs_to_check(all)) ids.insert(r->id);
+  // Widths 16, 32, 64 first seen in runs 0-2; the largest lr 1.499 at i*7919 % 1000 == 999
+  // (i = 321); the smallest 1e-9 in run 500; the other key set.
+  EXPECT_EQ(ids, (std::set<std::string>{"0", "1", "2", "321", "500", "extra"}));
+}
+
 TEST(SweepSpec, MoreThan100000RunsAreRefusedAtOnce) {
   EXPECT_EQ(error_of(std::string(kHead) + "search: random\ntrials: 2000000000\n" +
                      "space: {optimizer.lr: loguniform(1e-4, 1)}\n"),

@@ -42,6 +42,7 @@
 #include <sstream>
 
 #include "fabric/core/error.h"
+#include "fabric/core/files.h"
 #include "fabric/core/paths.h"
 #include "fabric/core/suggest.h"
 #include "tools/sweep/optuna.h"
@@ -190,6 +191,17 @@ int sweep_main(int argc, char** argv) {
     fabric::sweep::plan_devices(spec, setup, options, std::cout);
   }
 
+  // The sweep's own files never replace its inputs (a sweep file called results.md or
+  // best.yaml in its own folder).
+  for (const char* name :
+       {"results.csv", "results.md", "best.yaml", "sweep_state.json", "optuna.db", ".lock"}) {
+    try {
+      fabric::check_output_path(options.sweep_dir / name, "--dir", {{file, "the sweep file"}});
+    } catch (const Error& e) {
+      throw ConfigError("command line: --dir=" + fabric::display_path(options.sweep_dir) + ": " +
+                        e.what() + " (it writes " + name + " there)");
+    }
+  }
   if (!flags.dry_run) lock_sweep_dir(options.sweep_dir);
   auto state = fabric::sweep::SweepState::load(options.sweep_dir / "sweep_state.json");
   // Runs an earlier --launcher=slurm invocation submitted: settle the ended ones first.

@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <map>
+#include <set>
 #include <cstdlib>
 #include <regex>
 #include <vector>
@@ -195,17 +198,52 @@ void plan_devices(const SweepSpec& spec, const Setup& setup, RunnerOptions& opti
   split_cpus();
 }
 
+std::vector<const SweepRun*> runs_to_check(const std::vector<const SweepRun*>& runs) {
+  std::vector<bool> chosen(runs.size(), false);
+  std::set<std::vector<std::string>> key_sets;
+  std::set<std::pair<std::string, std::string>> values;
+  // key → (run index, value) of its smallest and largest number
+  std::map<std::string, std::pair<size_t, double>> low, high;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    std::vector<std::string> keys;
+    for (const auto& [key, text] : runs[i]->overrides) {
+      keys.push_back(key);
+      char* end = nullptr;
+      const double x = std::strtod(text.c_str(), &end);
+      const bool real = !text.empty() && end == text.c_str() + text.size() &&
+                        text.find_first_of(".eE") != std::string::npos && std::isfinite(x);
+      if (!real) {
+        if (values.emplace(key, text).second) chosen[i] = true;
+        continue;
+      }
+      if (!low.count(key) || x < low[key].second) low[key] = {i, x};
+      if (!high.count(key) || x > high[key].second) high[key] = {i, x};
+    }
+    if (key_sets.insert(keys).second) chosen[i] = true;
+  }
+  for (const auto* ends : {&low, &high})
+    for (const auto& [key, at] : *ends) chosen[at.first] = true;
+  std::vector<const SweepRun*> out;
+  for (size_t i = 0; i < runs.size(); ++i)
+    if (chosen[i]) out.push_back(runs[i]);
+  return out;
+}
+
 void preflight(const SweepSpec& spec, SweepState& state, const RunnerOptions& options,
                std::ostream* progress) {
-  std::vector<const SweepRun*> pending;
+  std::vector<const SweepRun*> runs;
   for (const SweepRun& run : spec.runs)
-    if (!has_result(state[run.id].status)) pending.push_back(&run);
+    if (!has_result(state[run.id].status)) runs.push_back(&run);
+  const std::vector<const SweepRun*> pending = runs_to_check(runs);
   // Many checks take a while (a program's start-up each): say so, then every 5 seconds.
   using Clock = std::chrono::steady_clock;
-  const bool tell = progress != nullptr && pending.size() > 20;
+  const bool tell = progress != nullptr && runs.size() > 20;
   if (tell)
-    *progress << "sweep: checking the configs of " << pending.size() << " runs (" << spec.binary
-              << " --print_config each)" << std::endl;
+    *progress << "sweep: checking the configs of " << runs.size() << " runs (" << spec.binary
+              << " --print_config for " << pending.size()
+              << " of them: each distinct set of keys and non-real value, each real value's "
+                 "smallest and largest)"
+              << std::endl;
   auto next_line = Clock::now() + std::chrono::seconds(5);
   for (size_t i = 0; i < pending.size(); ++i) {
     auto argv = run_command_line(spec, *pending[i], options);

@@ -35,7 +35,15 @@ Setup prepare(const SweepSpec& spec, const std::filesystem::path& sweep_file,
 void plan_devices(const SweepSpec& spec, const Setup& setup, RunnerOptions& options,
                   std::ostream& out);
 
-// Checks every run that is not done with `program ... --print_config`. Throws ConfigError
+// The runs whose configs stand for all of `runs`: the first of each distinct set of swept keys,
+// each run bringing a (key, value) not seen before for values that are not real numbers (choices,
+// integers, strings: every one checked), and for real numbers (with a '.' or an exponent: learning
+// rates, dropouts) the runs holding each key's smallest and largest value (schema checks are
+// ranges). A random search of 1000 trials over real values checks a handful, not 1000.
+std::vector<const SweepRun*> runs_to_check(const std::vector<const SweepRun*>& runs);
+
+// Checks the runs that are not done (runs_to_check of them) with `program ... --print_config`.
+// Throws ConfigError
 // "FILE:LINE:COL: KEY: problem (run ID)" pointing at the value in the sweep file.
 // With more than 20 runs to check, says so on `progress` first and then every 5 seconds.
 void preflight(const SweepSpec& spec, SweepState& state, const RunnerOptions& options,

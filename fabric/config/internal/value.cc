@@ -144,7 +144,11 @@ Normalized normalize_value(const KeySpec& spec, const YAML::Node& value) {
   if (!value.IsDefined() || value.IsNull())
     return fail("no value given: write a value or delete the key");
   if (value.IsMap())
-    return fail("expected " + spec.type_name() + ", got a mapping " + describe(value));
+    return fail("expected " + spec.type_name() + ", got a mapping " + describe(value) +
+                (spec.type() == KeyType::kString
+                     ? "; YAML reads a value that starts with '{' as a mapping: quote it, "
+                       "'\"{run_dir}/weights.pt\"' (in a shell: key='\"{run_dir}/...\"')"
+                     : ""));
   if (value.IsSequence()) {
     if (spec.type() == KeyType::kDevices) {
       YAML::Node ids(YAML::NodeType::Sequence);

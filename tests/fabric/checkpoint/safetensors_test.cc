@@ -4,6 +4,7 @@
 #include "fabric/checkpoint/safetensors.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -87,6 +88,16 @@ class SafetensorsTest : public ::testing::Test {
 
   fabric::testing::CommandResult run_python(const std::string& program, const fs::path& file) {
     return fabric::testing::run_python(program, dir_, file.string());
+  }
+
+  // The error load_safetensors gives for `file` ("" if none).
+  static std::string error_for_existing(const fs::path& file) {
+    try {
+      fabric::load_safetensors(file);
+    } catch (const fabric::Error& e) {
+      return e.what();
+    }
+    return "";
   }
 
   // Writes `bytes` as a file and returns the error load_safetensors gives for it ("" if none).
@@ -200,6 +211,24 @@ TEST_F(SafetensorsTest, WeightsFilesChooseTheFormatByNameAndContents) {
   }
 }
 
+// A FIFO is neither sniffed nor opened (either would wait for a writer forever): the error says
+// what it is.
+TEST_F(SafetensorsTest, AFifoIsRefusedNotWaitedOn) {
+  const fs::path fifo = dir_ / "pipe.safetensors";
+  fs::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_FALSE(fabric::is_safetensors_file(fifo));
+  EXPECT_EQ(error_for_existing(fifo),
+            fifo.string() + ": cannot open (a FIFO (named pipe), not a regular file)");
+  try {
+    fabric::load_state_dict_file(fifo);
+    FAIL() << "no error";
+  } catch (const fabric::Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              fifo.string() + ": cannot open (a FIFO (named pipe), not a regular file)");
+  }
+}
+
 TEST_F(SafetensorsTest, BrokenFilesAreOneLineErrors) {
   const std::string ok_header = R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
   const std::string data(8, '\0');
@@ -233,6 +262,21 @@ TEST_F(SafetensorsTest, BrokenFilesAreOneLineErrors) {
                            R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
                            data));
   EXPECT_TRUE(has(e, "tensor 'b' starts at byte 4 of the data, where it overlaps")) << e;
+  // A shape whose byte size overflows 64 bits (2^62 x 2^2 F32 elements x 4 bytes = 2^66) must not
+  // wrap around to the 0-byte range it claims (Python's safetensors refuses it too).
+  e = error_for("overflow.safetensors",
+                file_bytes(R"({"w":{"dtype":"F32","shape":[4611686018427387904,4],)"
+                           R"("data_offsets":[0,0]}})",
+                           ""));
+  EXPECT_TRUE(has(e, "overflow.safetensors: tensor 'w': shape [4611686018427387904, 4] of F32 is "
+                     "too large: its size overflows 64 bits"))
+      << e;
+  e = error_for("huge.safetensors",
+                file_bytes(R"({"w":{"dtype":"F32","shape":[18446744073709551615],)"
+                           R"("data_offsets":[0,0]}})",
+                           ""));
+  EXPECT_TRUE(has(e, "huge.safetensors: tensor 'w': shape [18446744073709551615] is not sizes"))
+      << e;
   e = error_for("tail.safetensors", file_bytes(ok_header, data + "zz"));
   EXPECT_TRUE(has(e, "the tensors' data end at byte 8 but the file holds 10 bytes of data")) << e;
   EXPECT_EQ(e.find('\n'), std::string::npos) << e;

@@ -87,6 +87,27 @@ TEST_F(StateDictTest, AnotherModelsFileIsOneShortLine) {
   }
 }
 
+// Integer tensors for floating parameters (an I32 file of the right shapes) are refused: copied by
+// value they made a NaN loss from the first step. Floating dtypes still convert.
+TEST_F(StateDictTest, IntegerTensorsAreRefusedForFloatingParameters) {
+  torch::nn::Linear model(3, 2);
+  fabric::StateDict ints = {{"weight", torch::ones({2, 3}, torch::kInt)},
+                            {"bias", torch::ones({2}, torch::kInt)}};
+  try {
+    fabric::load_state_dict(*model, ints, "ints.safetensors");
+    FAIL() << "no error";
+  } catch (const fabric::Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "ints.safetensors: does not match the model: weight is Int in the file, a "
+              "floating-point Float in the model (not weights of this model?); bias is Int in "
+              "the file, a floating-point Float in the model (not weights of this model?)");
+  }
+  fabric::StateDict halves = {{"weight", torch::ones({2, 3}, torch::kHalf)},
+                              {"bias", torch::zeros({2}, torch::kDouble)}};
+  fabric::load_state_dict(*model, halves, "halves");
+  EXPECT_TRUE(model->weight.equal(torch::ones({2, 3})));
+}
+
 std::string describe(const torch::Tensor& t) {
   char buf[128];
   std::snprintf(buf, sizeof(buf), "%lld %.6e", static_cast<long long>(t.numel()),
@@ -199,6 +220,15 @@ TEST_F(StateDictTest, BadFilesFailWithOneLineNamingThem) {
                 .rfind((dir_ / "random.pt").string() + ": not a readable PyTorch file (", 0),
             0u)
       << message(dir_ / "random.pt");
+  // JSON or other text (a meta.json given as weights): said so, not the zip reader's words.
+  std::ofstream(dir_ / "meta.json") << "{\"vocab_size\": 65}\n";
+  EXPECT_EQ(message(dir_ / "meta.json"),
+            (dir_ / "meta.json").string() +
+                ": not a readable PyTorch file (it is JSON text, not torch.save's zip archive)");
+  std::ofstream(dir_ / "notes.pt") << "some notes\n";
+  EXPECT_EQ(message(dir_ / "notes.pt"),
+            (dir_ / "notes.pt").string() +
+                ": not a readable PyTorch file (it is text, not torch.save's zip archive)");
   // A truncated file (the first half of a good one).
   fabric::save_state_dict(dir_ / "good.pt", fabric::state_dict(*make_model()));
   std::ifstream in(dir_ / "good.pt", std::ios::binary);

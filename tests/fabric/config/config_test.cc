@@ -200,6 +200,11 @@ TEST_F(ConfigTest, OverrideErrorsSayCommandLine) {
   EXPECT_EQ(err("optimzer.lr=0.2"),
             "command line: unknown key 'optimzer.lr'; did you mean 'optimizer.lr'?");
   EXPECT_EQ(err("optimizer.lr=fast"), "command line: optimizer.lr: 'fast' is not a number");
+  // An unquoted {run_dir} pattern is a YAML mapping: the error says to quote it.
+  EXPECT_EQ(err("checkpoint.dir={run_dir}/ckpts"),
+            "command line: checkpoint.dir: expected a string, got a mapping {run_dir: ~}; YAML "
+            "reads a value that starts with '{' as a mapping: quote it, "
+            "'\"{run_dir}/weights.pt\"' (in a shell: key='\"{run_dir}/...\"')");
   EXPECT_EQ(err("optimizer.lr=-1"),
             "command line: optimizer.lr: -1 is out of range: must be > 0.0");
   EXPECT_EQ(err("optimizer.lr=.inf"), "command line: optimizer.lr: .inf is not finite");

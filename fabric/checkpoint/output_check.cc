@@ -1,0 +1,59 @@
+#include "fabric/checkpoint/output_check.h"
+
+#include "fabric/checkpoint/sharded.h"
+#include "fabric/core/error.h"
+
+namespace fs = std::filesystem;
+
+namespace fabric {
+namespace {
+
+// True when `dir` holds a checkpoint: a .ckpt file or folder, or a sharded folder.
+bool holds_checkpoints(const fs::path& dir) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    if (entry.path().extension() == ".ckpt" || is_sharded_checkpoint(entry.path())) return true;
+  }
+  return false;
+}
+
+void check_one(const fs::path& output, const std::string& output_what,
+               const std::vector<InputPath>& inputs) {
+  const fs::path path = fs::absolute(output).lexically_normal();
+  const std::string out = path.string();
+  const std::string fix = "; choose another " + output_what;
+  check_output_path(path, output_what, inputs);
+  if (path.extension() == ".ckpt")
+    throw Error(out + ": is a checkpoint's name (.ckpt); the output would be written over it or "
+                "be taken for one" + fix);
+  for (fs::path dir = path.parent_path(); !dir.empty(); dir = dir.parent_path()) {
+    if (dir.extension() == ".ckpt" || is_sharded_checkpoint(dir))
+      throw Error(out + ": lies inside the checkpoint folder " + dir.string() +
+                  ", which writing would damage" + fix + " outside it");
+    if (dir == dir.parent_path()) break;
+  }
+  if (path.filename() == "latest" && holds_checkpoints(path.parent_path()))
+    throw Error(out + ": is the marker naming the newest checkpoint of " +
+                path.parent_path().string() + ", which writing would replace" + fix);
+}
+
+}  // namespace
+
+void check_output(const fs::path& output, const std::string& output_what,
+                  const std::vector<InputPath>& inputs, bool folder,
+                  const std::vector<std::string>& written) {
+  std::error_code ec;
+  if (!folder && fs::is_directory(output, ec))
+    throw Error(output.string() + ": is a folder; give a file name as " + output_what);
+  if (folder && fs::exists(output, ec) && !fs::is_directory(output, ec))
+    throw Error(output.string() + ": is " + file_kind(output) +
+                ", not a folder; give a folder as " + output_what);
+  check_one(output, output_what, inputs);
+  if (folder && is_sharded_checkpoint(output))
+    throw Error(output.string() +
+                ": is a sharded checkpoint folder, which writing would damage; choose another " +
+                output_what);
+  for (const std::string& name : written) check_one(output / name, output_what, inputs);
+}
+
+}  // namespace fabric

@@ -1,0 +1,170 @@
+// The command-line tools with bad files: //tools:ckpt, //tools:prepare_text and
+// //tools:estimate_memory never write over their input or a checkpoint, never wait on a FIFO,
+// and end bad input with one line (issue 67: each case here once lost data, hung or printed a
+// trace).
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include "fabric/checkpoint/archive.h"
+#include "fabric/checkpoint/safetensors.h"
+#include "fabric/checkpoint/state_dict.h"
+#include "tests/run_command.h"
+
+namespace fs = std::filesystem;
+
+namespace fabric::testing {
+namespace {
+
+class FileToolsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) /
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  // `tool` (a //tools target) with `args`, in dir_; a tool that waits more than 60 s fails.
+  CommandResult tool(const std::string& name, const std::string& args) {
+    return run_command("cd '" + dir_.string() + "' && timeout 60 '" +
+                       fs::absolute(helper_binary("//tools:" + name)).string() + "' " + args);
+  }
+  static std::string bytes(const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  // A checkpoint as Fabric::save lays it out: {"fabric": {...}, "state": {"model": {...},
+  // "step": 3}}.
+  fs::path write_checkpoint(const std::string& name, const torch::Tensor& w) {
+    c10::impl::GenericDict model(c10::StringType::get(), c10::AnyType::get());
+    model.insert("fc.weight", w);
+    c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
+    state.insert("model", model);
+    state.insert("step", int64_t{3});
+    c10::impl::GenericDict meta(c10::StringType::get(), c10::AnyType::get());
+    meta.insert("format_version", int64_t{1});
+    c10::impl::GenericDict top(c10::StringType::get(), c10::AnyType::get());
+    top.insert("fabric", meta);
+    top.insert("state", state);
+    const fs::path p = dir_ / name;
+    save_archive(p, top);
+    return p;
+  }
+  fs::path dir_;
+};
+
+TEST_F(FileToolsTest, CkptConsolidateNeverWritesOverACheckpoint) {
+  const fs::path ckpt = write_checkpoint("step-3.ckpt", torch::arange(6.0).reshape({2, 3}));
+  const std::string before = bytes(ckpt);
+  // Over itself, over another checkpoint's name, into a checkpoint folder, onto `latest`.
+  fs::create_directories(dir_ / "sharded.ckpt");
+  std::ofstream(dir_ / "latest") << "step-3.ckpt\n";
+  for (const auto& [out, why] : std::vector<std::pair<std::string, std::string>>{
+           {"step-3.ckpt", ": is the input " + ckpt.string() + " (the checkpoint read)"},
+           {"other.ckpt", ": is a checkpoint's name (.ckpt)"},
+           {"sharded.ckpt/w.pt", ": lies inside the checkpoint folder "},
+           {"latest", ": is the marker naming the newest checkpoint of "}}) {
+    CommandResult r = tool("ckpt", "consolidate step-3.ckpt " + out);
+    EXPECT_EQ(r.code, 2) << out << ": " << r.out;
+    EXPECT_NE(r.out.find("ckpt: " + (dir_ / out).string() + why), std::string::npos) << r.out;
+  }
+  EXPECT_EQ(bytes(ckpt), before) << "the checkpoint was changed";
+  EXPECT_EQ(bytes(dir_ / "latest"), "step-3.ckpt\n");
+
+  // Allowed: a new weights file; it then verifies (safetensors too) and diffs against the
+  // checkpoint's model entry as equal.
+  CommandResult ok = tool("ckpt", "consolidate step-3.ckpt w.safetensors");
+  ASSERT_EQ(ok.code, 0) << ok.out;
+  CommandResult verify = tool("ckpt", "verify w.safetensors");
+  EXPECT_EQ(verify.code, 0) << verify.out;
+  EXPECT_NE(verify.out.find("a safetensors file, 1 tensors; its header and every byte range "
+                            "checked, OK"),
+            std::string::npos)
+      << verify.out;
+  CommandResult diff = tool("ckpt", "diff step-3.ckpt w.safetensors");
+  EXPECT_EQ(diff.code, 0) << diff.out;
+  EXPECT_NE(diff.out.find("comparing the weights file " + (dir_ / "w.safetensors").string() +
+                          " with entry 'model' of " + ckpt.string()),
+            std::string::npos)
+      << diff.out;
+  EXPECT_NE(diff.out.find("0 of 1 entries differ; largest tensor difference 0"),
+            std::string::npos)
+      << diff.out;
+}
+
+TEST_F(FileToolsTest, CkptRefusesAFifoAndAnOverflowingSafetensorsHeaderInOneLine) {
+  const fs::path fifo = dir_ / "pipe.pt";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string command : {"inspect pipe.pt", "verify pipe.pt", "diff pipe.pt pipe.pt",
+                                    "consolidate pipe.pt out.pt"}) {
+    CommandResult r = tool("ckpt", command);
+    EXPECT_EQ(r.code, 1) << command << ": " << r.out;  // 124: it waited on the FIFO
+    EXPECT_NE(r.out.find(fifo.string() + ": cannot open (a FIFO (named pipe), not a regular file)"),
+              std::string::npos)
+        << command << ": " << r.out;
+  }
+  // A header whose shape's byte size overflows 64 bits, claiming 0 bytes.
+  const std::string header =
+      R"({"w":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,0]}})";
+  std::string file(8, '\0');
+  const uint64_t n = header.size();
+  std::memcpy(file.data(), &n, 8);
+  std::ofstream(dir_ / "big.safetensors", std::ios::binary) << file + header;
+  for (const std::string command : {"diff big.safetensors big.safetensors",
+                                    "consolidate big.safetensors big2.safetensors --entry=weights",
+                                    "verify big.safetensors"}) {
+    CommandResult r = tool("ckpt", command);
+    EXPECT_EQ(r.code, 1) << command << ": " << r.out;
+    EXPECT_NE(r.out.find("is too large: its size overflows 64 bits"), std::string::npos)
+        << command << ": " << r.out;
+    EXPECT_EQ(r.out.find('\n'), r.out.size() - 1) << command << ": " << r.out;
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "big2.safetensors"));
+}
+
+TEST_F(FileToolsTest, PrepareTextNeverWritesIntoItsInput) {
+  fs::create_directories(dir_ / "corpus");
+  std::ofstream(dir_ / "corpus" / "a.txt") << std::string(400, 'a');
+  // nanoGPT's layout: the text and the token files side by side is fine.
+  CommandResult first = tool("prepare_text", "--input=corpus/a.txt --output=corpus");
+  ASSERT_EQ(first.code, 0) << first.out;
+  // Then the folder as input with the output inside it: the second run would tokenize
+  // train.bin and val.bin as text (validation leaking into training).
+  const std::string train = bytes(dir_ / "corpus" / "train.bin");
+  for (const std::string out : {"corpus", "corpus/tokens"}) {
+    CommandResult again = tool("prepare_text", "--input=corpus --output=" + out);
+    EXPECT_EQ(again.code, 2) << again.out;
+    EXPECT_NE(again.out.find(" the input folder " + (dir_ / "corpus").string() +
+                             " (--input), whose every file is read"),
+              std::string::npos)
+        << again.out;
+  }
+  CommandResult over = tool("prepare_text", "--input=corpus/train.bin --output=corpus");
+  EXPECT_EQ(over.code, 2) << over.out;
+  EXPECT_NE(over.out.find((dir_ / "corpus" / "train.bin").string() + ": is the input "),
+            std::string::npos)
+      << over.out;
+  EXPECT_EQ(bytes(dir_ / "corpus" / "train.bin"), train);
+  EXPECT_FALSE(fs::exists(dir_ / "corpus" / "tokens"));
+}
+
+TEST_F(FileToolsTest, EstimateMemoryHelpAndSizesThatOverflow) {
+  CommandResult help = tool("estimate_memory", "--help");
+  EXPECT_EQ(help.code, 0) << help.out;
+  EXPECT_NE(help.out.find("usage: estimate_memory --config=FILE"), std::string::npos) << help.out;
+  CommandResult huge = tool("estimate_memory",
+                            "--config=fashion_mnist.yaml data.batch_size=1000000000000000000");
+  EXPECT_EQ(huge.code, 2) << huge.out;
+  EXPECT_NE(huge.out.find("the estimate overflows 64-bit byte counts"), std::string::npos)
+      << huge.out;
+  EXPECT_EQ(huge.out.find("MiB per process"), std::string::npos) << huge.out;
+}
+
+}  // namespace
+}  // namespace fabric::testing
