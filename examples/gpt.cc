@@ -11,9 +11,11 @@
 // GPTConfig::flops_per_token × tokens/s over the devices' dense peak, fabric::peak_dense_tflops or
 // throughput.peak_tflops; unknown on CPUs), and logs TFLOP/s (fabric::Throughput). The validation
 // loss is measured every gpt.eval_every_n_steps and at the end; last, a sample generated from
-// gpt.prompt is printed. summary.json: train_loss, val_loss, tokens_per_s (+ _per_rank),
-// flops_per_token, flops_source, tflops, mfu (null when the peak is unknown). Exit status: see
-// fabric/main.h; 3 when training stopped on non-finite losses.
+// gpt.prompt is printed. Callbacks (callbacks.*, profiler.*) fire as in the image examples:
+// on_train_batch_end every optimizer step, on_validation_end with val/loss at every
+// gpt.eval_every_n_steps (scheduler.name: plateau reports there too). summary.json: train_loss,
+// val_loss, tokens_per_s (+ _per_rank), flops_per_token, flops_source, tflops, mfu (null when the
+// peak is unknown). Exit status: see fabric/main.h; 3 when training stopped on non-finite losses.
 #include <torch/torch.h>
 
 #include <chrono>
@@ -28,6 +30,7 @@
 
 #include "examples/common/classification.h"
 #include "examples/common/ema.h"
+#include "examples/common/evaluations.h"
 #include "examples/common/throughput.h"
 #include "examples/gpt_recipe.h"
 #include "examples/gpt_text.h"
@@ -35,6 +38,7 @@
 #include "fabric/callbacks.h"
 #include "fabric/checkpointer.h"
 #include "fabric/core/error.h"
+#include "fabric/data/token_meta.h"
 #include "fabric/data/tokens.h"
 #include "fabric/fabric.h"
 #include "fabric/graphed_step.h"
@@ -60,7 +64,7 @@ int train(fabric::Fabric& f) {
   const auto start = Clock::now();
   const fabric::Config& c = f.config();
   const fs::path root = data_root(f);
-  const Meta meta = read_meta(root);
+  Meta meta = read_meta(root);
   const auto mc =
       examples::gpt::model_config(c, c.get_int("model.vocab_size") > 0 ? 0 : meta.vocab_size);
   const fabric::TokenDataset::Options token_options{
@@ -69,8 +73,12 @@ int train(fabric::Fabric& f) {
     throw fabric::Error((root / "val.bin").string() +
                         ": missing (data.root needs train.bin and val.bin; tools/prepare_text "
                         "writes both)");
-  const auto train_data = fabric::TokenDataset::open((root / "train.bin").string(), token_options);
-  const auto val_data = fabric::TokenDataset::open((root / "val.bin").string(), token_options);
+  // train.bin and val.bin checked against meta.json, gpt.prompt against both vocabularies: all
+  // before training (fabric/data/token_meta.h).
+  const auto splits = fabric::open_token_splits(root, meta, token_options);
+  const auto& train_data = splits.train;
+  const auto& val_data = splits.val;
+  examples::gpt::check_prompt(c, meta, mc.vocab_size);
 
   auto model = f.init_module([&] { return fabric::models::GPT(mc); });
   const bool checkpoint_blocks = !c.get_string_list("model.activation_checkpointing").empty();
@@ -146,6 +154,8 @@ int train(fabric::Fabric& f) {
   for (auto& callback : fabric::make_callbacks(c, model.get(), optimizer.get()))
     f.add_callback(std::move(callback));
   fabric::add_stateful_callbacks(f, state);  // callbacks.*: checkpointed when stateful
+  examples::PlateauReport plateau(f);        // scheduler.name: plateau, at every evaluation
+  plateau.add_to(state);
   fabric::Checkpointer checkpoints(f, state);
   f.print("gpt: ", mc.parameters(), " parameters (", c.get_string("model.preset"), ": ", mc.n_layer,
           " layers, ", mc.n_head, " heads, width ", mc.n_embd, ", ", mc.block_size,
@@ -212,6 +222,8 @@ int train(fabric::Fabric& f) {
       if (ema) ema->update();
       scheduler.step();
       ++step;
+      f.call("on_train_batch_end", step);  // no loss value: that would sync with the device
+      plateau.step(loss);
       window_loss += loss.detach().to(torch::kFloat);
       ++window;
       if (step % log_every == 0 || step == total_steps) {
@@ -240,6 +252,7 @@ int train(fabric::Fabric& f) {
         f.print("step ", step, " val loss ", val_loss);
         f.log_dict({{"val/loss", val_loss}}, step);
         f.call("on_validation_end", step, {{"val/loss", val_loss}});
+        plateau.report(scheduler, val_loss, step);
         const auto eval_time = Clock::now() - eval_start;
         window_start += eval_time;  // evaluation counts in neither tokens/s
         train_seconds -= std::chrono::duration<double>(eval_time).count();
@@ -268,9 +281,19 @@ int train(fabric::Fabric& f) {
   }
   const double tokens_per_s =
       static_cast<double>(tokens * f.world_size()) / std::max(train_seconds, 1e-9);  // all ranks
-  const std::string text = stopped.empty() ? sample(f, model, meta) : "";
-  if (!text.empty())
-    f.print("sample (gpt.prompt, ", c.get_int("gpt.sample_tokens"), " tokens):\n", text);
+  // Weights that diverged without stopping the run (fewer than trainer.stop_on_nonfinite
+  // non-finite losses) sample nothing, and summary.json is still written.
+  std::string text;
+  if (stopped.empty() && !std::isfinite(val_loss) && c.get_int("gpt.sample_tokens") > 0) {
+    text = "(no sample: the validation loss is not finite)";
+    f.print("gpt: no sample: the validation loss is ", val_loss,
+            " (the weights diverged: lower optimizer.lr, clip gradients with "
+            "trainer.gradient_clip_val, or stop sooner with trainer.stop_on_nonfinite)");
+  } else if (stopped.empty()) {
+    text = sample(f, model, meta);
+    if (!text.empty())
+      f.print("sample (gpt.prompt, ", c.get_int("gpt.sample_tokens"), " tokens):\n", text);
+  }
 
   const auto rates = throughput.rates(static_cast<double>(tokens), train_seconds);
   // The most tensor memory any rank held, where it was counted from the start (CUDA, or the CPU
@@ -320,6 +343,10 @@ int train(fabric::Fabric& f) {
 
 int main(int argc, char** argv) {
   return fabric::run_main(argc, argv, examples::gpt::schema(), [](const fabric::Config& config) {
+    // Before any process starts: ConfigErrors (exit 2, never restarted by fabric.max_restarts).
+    examples::gpt::model_config(config, 0);
+    examples::check_evaluation_keys(
+        config, {"gpt.eval_every_n_steps", {"val/loss"}, {"val/loss", "train/loss"}});
     fabric::Fabric fabric(config);
     return fabric.launch(train);
   });

@@ -1,5 +1,7 @@
 #include "examples/gpt_recipe.h"
 
+#include <string>
+
 #include "fabric/config/standard_keys.h"
 
 namespace examples::gpt {
@@ -7,6 +9,7 @@ namespace examples::gpt {
 fabric::ConfigSchema schema() {
   fabric::ConfigSchema s = fabric::training_schema();
   s.set_default("data.root", "\"\"");
+  s.set_default("scheduler.monitor", "val/loss");  // plateau: the loss at gpt.eval_every_n_steps
   s.add("data.token_dtype",
         fabric::KeySpec::choice({"uint16", "uint32"}, "uint16")
             .doc("ids in train.bin/val.bin (uint32 for vocabularies over 65,535)"));
@@ -62,6 +65,16 @@ fabric::models::GPTConfig model_config(const fabric::Config& c, int64_t meta_voc
   m.bias = c.get_bool("model.bias");
   m.fused_loss = c.get_bool("model.fused_loss");
   m.fused_layer_norm = c.get_bool("model.fused_layer_norm");
+  // A config error (exit 2; fabric.max_restarts never restarts it), found before any work.
+  if (m.n_embd % m.n_head != 0) {
+    const std::string why = " (the width splits evenly into the attention heads)";
+    if (c.get_int("model.n_embd") > 0)
+      throw c.error_at("model.n_embd", std::to_string(m.n_embd) +
+                                           " is not a multiple of model.n_head " +
+                                           std::to_string(m.n_head) + why);
+    throw c.error_at("model.n_head", std::to_string(m.n_head) + " does not divide model.n_embd " +
+                                         std::to_string(m.n_embd) + why);
+  }
   return m;
 }
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "examples/common/ema.h"
+#include "examples/common/evaluations.h"
 #include "examples/common/throughput.h"
 #include "fabric/accelerators/memory.h"
 #include "fabric/callbacks.h"
@@ -478,6 +479,10 @@ double evaluate(fabric::Fabric& f, const ClassifierModel& model, fabric::DataLoa
 
 int train_classifier(fabric::Fabric& f, const ClassifierModel& model,
                      const ClassificationTask& task) {
+  // Early stopping and the plateau schedule must be able to act: ConfigErrors before training.
+  check_evaluation_keys(
+      f.config(),
+      {"trainer.eval_every_n_epochs", {"test/accuracy", "epoch"}, {"test/accuracy", "train/loss"}});
   return ClassifierLoop(f, model, task).run();
 }
 

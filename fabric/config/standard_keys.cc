@@ -361,9 +361,10 @@ ConfigSchema training_schema() {
   s.add("scheduler.milestones",
         KeySpec::real_list({}).min(0).doc("multistep: optimizer steps, increasing"));
   s.add("scheduler.monitor",
-        KeySpec::choice({"test/accuracy", "train/loss"}, "test/accuracy")
+        KeySpec::choice({"test/accuracy", "train/loss", "val/loss"}, "test/accuracy")
             .doc("plateau: the metric reported at each evaluation (accuracy: higher is better; "
-                 "loss: the mean training loss since the last evaluation, lower is better)"));
+                 "train/loss: the mean training loss since the last evaluation, val/loss: the "
+                 "validation loss (the GPT example's default), lower is better)"));
   s.add("scheduler.patience",
         KeySpec::integer(10).min(0).doc(
             "plateau: evaluations without improvement tolerated before a reduction"));
