@@ -2,9 +2,11 @@
 
 #include <c10/util/Exception.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <regex>
 
 #include "fabric/core/output.h"
 
@@ -19,6 +21,30 @@ std::string without_backtrace(const c10::Error& e) {
 }
 
 }  // namespace
+
+std::string explain_torch_error(const std::string& message) {
+  // The CPU allocator's words for a size no machine holds (model.vocab_size=1e9, say).
+  static const std::regex allocation("DefaultCPUAllocator: (?:not enough memory|can't allocate "
+                                     "memory): you tried to allocate ([0-9]+) bytes");
+  std::smatch m;
+  if (std::regex_search(message, m, allocation)) {
+    const double gib = std::stod(m[1].str()) / (1024.0 * 1024 * 1024);
+    char size[64];
+    std::snprintf(size, sizeof size, "%.1f GiB", gib);
+    return std::string("out of memory: a tensor of ") + size +
+           " did not fit in this machine's memory; lower the sizes in the config "
+           "(data.batch_size, the model's sizes such as model.vocab_size or model.n_embd) or "
+           "see what a run needs with //tools:estimate_memory";
+  }
+  if (message.find("index out of range in self") != std::string::npos)
+    return "index out of range in an embedding: an id (a token, a class) at or above the table's "
+           "size; check model.vocab_size (or the number of classes) against the data's ids";
+  if (message.find("probability tensor contains either `inf`, `nan` or element < 0") !=
+      std::string::npos)
+    return "sampling from a distribution with inf/nan probabilities (the model's outputs are not "
+           "finite: a diverged run, or a temperature too close to 0)";
+  return message;
+}
 
 // " (rank N)" in processes of a multi-process job, so an error names where it happened.
 std::string rank_suffix() {
@@ -53,7 +79,7 @@ int run_main(int argc, char** argv, const ConfigSchema& schema, const MainBody& 
     write_to_terminal("error" + rank_suffix() + ": " + e.what());
     return 1;
   } catch (const c10::Error& e) {
-    write_to_terminal("error" + rank_suffix() + ": " + without_backtrace(e));
+    write_to_terminal("error" + rank_suffix() + ": " + explain_torch_error(without_backtrace(e)));
     return 1;
   } catch (const std::exception& e) {
     write_to_terminal("error" + rank_suffix() + ": " + describe(e));

@@ -19,6 +19,7 @@
 #define FABRIC_MAIN_H_
 
 #include <functional>
+#include <string>
 
 #include "fabric/config/config.h"
 
@@ -27,6 +28,12 @@ namespace fabric {
 using MainBody = std::function<int(const Config& config)>;
 
 int run_main(int argc, char** argv, const ConfigSchema& schema, const MainBody& body);
+
+// A LibTorch error's first line in the project's terms where LibTorch's own words do not say
+// what to change: an allocation no machine holds ("out of memory: a tensor of 3725.3 GiB did not
+// fit ...; lower the sizes ..."), an embedding index out of range, sampling from inf/nan
+// probabilities. Other messages come back unchanged. run_main prints LibTorch errors through it.
+std::string explain_torch_error(const std::string& message);
 
 }  // namespace fabric
 

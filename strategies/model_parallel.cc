@@ -80,11 +80,14 @@ void ModelParallel::setup_module(torch::nn::Module& module) {
   if (split_module_ != nullptr)
     throw unsupported("splits one module per process; this job set up a second one");
   fabric::nn::TensorParallelPlan plan;
+  const int64_t tp = mesh_->group("tp")->getSize();
   if (plan_) {
     plan = *plan_;
   } else if (const auto* planned =
                  dynamic_cast<const fabric::nn::TensorParallelPlanned*>(&module)) {
     plan = planned->tensor_parallel_plan();
+  } else if (tp == 1) {
+    // tensor_parallel_size 1 is plain fsdp (HSDP over nodes): nothing to split, no plan needed.
   } else {
     throw unsupported("the module (" + module.name() +
                       ") carries no tensor-parallel plan: derive it from "
@@ -92,6 +95,11 @@ void ModelParallel::setup_module(torch::nn::Module& module) {
                       "ModelParallel::set_plan (docs/training.md, \"Tensor parallelism\")");
   }
   plan.sequence_parallel = plan.sequence_parallel || options_mp_.sequence_parallel;
+  if (tp == 1 && options_mp_.sequence_parallel && global_rank() == 0)
+    std::cerr << "warning: fabric.model_parallel.sequence_parallel has no effect at "
+                 "tensor_parallel_size 1 (nothing is split over tp)"
+              << std::endl;
+  if (tp == 1) plan.sequence_parallel = false;
   if (!fabric::has_meta_tensors(module)) {
     // Rank 0's values everywhere before they are cut (fsdp then spreads each slice over its
     // dp_shard group); an empty init's are the same everywhere by construction (Fsdp replays
@@ -129,7 +137,10 @@ void ModelParallel::setup_module(torch::nn::Module& module) {
   const auto named = module.named_parameters();
   for (const auto& [name, split] : module_splits_)
     split_of_tensor_[named[name].unsafeGetTensorImpl()] = &split;
-  if (global_rank() == 0)
+  if (global_rank() == 0 && tp == 1)
+    std::cerr << name() << ": " << mesh_->describe()
+              << ", tensor_parallel_size 1: no module split (fsdp over dp_shard)" << std::endl;
+  else if (global_rank() == 0)
     std::cerr << name() << ": " << mesh_->describe() << ", " << split.size()
               << (split.size() == 1 ? " module" : " modules") << " split over tp"
               << (plan.sequence_parallel ? ", sequence parallel" : "") << std::endl;

@@ -333,6 +333,19 @@ TEST_F(ExamplesTest, FsdpConfigTrainsBothExamplesUnchanged) {
                      "trainer.limit_eval_batches=2 model.width=4 model.hidden=8");
   ASSERT_EQ(mnist.code, 0) << mnist.out;
   EXPECT_EQ(summary_of(mnist)["strategy"], "fsdp");
+  // model_parallel at tensor_parallel_size 1 is fsdp: a model without a tensor-parallel plan
+  // trains (it was refused), and sequence_parallel is said to do nothing.
+  Result mp = run("fashion_mnist",
+                  "--config=fashion_mnist.yaml fabric.accelerator=cpu "
+                  "fabric.strategy=model_parallel fabric.devices=2 "
+                  "fabric.model_parallel.tensor_parallel_size=1 "
+                  "fabric.model_parallel.sequence_parallel=true trainer.max_steps=2 "
+                  "trainer.limit_eval_batches=1 model.width=4 model.hidden=8");
+  ASSERT_EQ(mp.code, 0) << mp.out;
+  EXPECT_NE(mp.out.find("tensor_parallel_size 1: no module split"), std::string::npos) << mp.out;
+  EXPECT_NE(mp.out.find("sequence_parallel has no effect at tensor_parallel_size 1"),
+            std::string::npos)
+      << mp.out;
 }
 
 TEST_F(ExamplesTest, CudaConfigWithoutAGpuIsAConfigError) {
