@@ -17,9 +17,10 @@ void Strategy::convert_module(torch::nn::Module& module) {
                                                            : fabric::nn::Fp8Scaling::kTensorwise);
   const auto& c = fp8_conversion_;
   if (!c.unmatched.empty()) {
-    // A typo would keep nothing out of float8 in silence.
+    // A typo would keep nothing out of float8 in silence. A config error (exit 2, never
+    // restarted), as optimizer.no_weight_decay's pattern that matches nothing.
     const auto& names = !c.converted.empty() ? c.converted : c.excluded;
-    throw Error(
+    throw ConfigError(
         "fabric.fp8.exclude_modules: '" + c.unmatched[0] +
         "' matches no fabric::nn::Linear of the model" +
         (names.empty() ? std::string() : "; Linear names look like '" + names.back() + "'") +

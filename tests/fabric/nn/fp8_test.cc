@@ -102,6 +102,7 @@ TEST(Fp8Test, SetupRefusesAnExcludePatternThatMatchesNoLinear) {
                  "fabric.fp8.exclude_modules: 'transformer.h.0.ATTN' matches no fabric::nn::Linear "
                  "of the model; Linear names look like 'head' ('*' matches one name component; a "
                  "pattern names the Linear itself)");
+    EXPECT_NE(dynamic_cast<const fabric::ConfigError*>(&e), nullptr) << "exit 2, as a config error";
   }
 }
 
