@@ -38,7 +38,6 @@
 #include "fabric/callbacks.h"
 #include "fabric/checkpointer.h"
 #include "fabric/core/error.h"
-#include "fabric/data/token_meta.h"
 #include "fabric/data/tokens.h"
 #include "fabric/fabric.h"
 #include "fabric/graphed_step.h"
@@ -74,7 +73,7 @@ int train(fabric::Fabric& f) {
                         ": missing (data.root needs train.bin and val.bin; tools/prepare_text "
                         "writes both)");
   // train.bin and val.bin checked against meta.json, gpt.prompt against both vocabularies: all
-  // before training (fabric/data/token_meta.h).
+  // before training (fabric/data/tokens.h).
   const auto splits = fabric::open_token_splits(root, meta, token_options);
   const auto& train_data = splits.train;
   const auto& val_data = splits.val;

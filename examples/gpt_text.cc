@@ -4,11 +4,8 @@
 
 #include <cmath>
 #include <cstdio>
-#include <fstream>
-#include <optional>
+#include <memory>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "fabric/core/error.h"
 #include "fabric/core/paths.h"
@@ -77,40 +74,40 @@ fs::path data_root(fabric::Fabric& f) {
 }
 
 Meta read_meta(const fs::path& root) {
-  std::ifstream in(root / "meta.json");
-  if (!in) return {};
-  try {
-    const auto meta = nlohmann::json::parse(in);
-    return {meta.value("vocab_size", int64_t{0}), meta.value("tokenizer", std::string()),
-            meta.value("vocab", std::string()), meta.value("merges", std::string())};
-  } catch (const std::exception& e) {
-    throw fabric::Error((root / "meta.json").string() + ": not JSON (" + e.what() +
-                        "); remove it or write it again with tools/prepare_text");
+  Meta meta;
+  static_cast<fabric::TokenMeta&>(meta) = fabric::read_token_meta(root);
+  return meta;
+}
+
+void check_prompt(const fabric::Config& c, Meta& meta, int64_t model_vocab) {
+  if (c.get_int("gpt.sample_tokens") == 0) return;
+  if (meta.tokenizer == "gpt2-bpe") {
+    try {
+      meta.bpe = std::make_shared<const fabric::BpeTokenizer>(fabric::load_meta_tokenizer(meta));
+    } catch (const fabric::Error& e) {
+      throw fabric::Error(std::string(e.what()) + " (or gpt.sample_tokens=0: no sample)");
+    }
+  } else if (meta.tokenizer != "bytes") {
+    meta.no_sample =
+        "(no sample: data.root/meta.json names no tokenizer tools/prepare_text writes)";
+    return;
   }
+  meta.prompt = fabric::encode_checked(meta, meta.bpe.get(), c.get_string("gpt.prompt"),
+                                       model_vocab, "gpt.prompt");
+  if (meta.prompt.empty() && meta.bpe && meta.bpe->eot() >= 0)
+    meta.prompt.push_back(meta.bpe->eot());
+  if (meta.prompt.empty()) meta.prompt.push_back(meta.bpe ? 0 : '\n');
 }
 
 std::string sample(fabric::Fabric& f, fabric::models::GPT& model, const Meta& meta) {
   const fabric::Config& c = f.config();
   const int64_t n = c.get_int("gpt.sample_tokens"), top_k = c.get_int("gpt.top_k");
   if (n == 0) return "";
-  std::optional<fabric::BpeTokenizer> bpe;
-  if (meta.tokenizer == "gpt2-bpe") {
-    if (!fs::exists(meta.vocab) || !fs::exists(meta.merges))
-      return "(no sample: the BPE files meta.json names are gone: " + meta.vocab + ", " +
-             meta.merges + ")";
-    bpe = fabric::BpeTokenizer::load(meta.vocab, meta.merges);
-  } else if (meta.tokenizer != "bytes") {
-    return "(no sample: data.root/meta.json names no tokenizer tools/prepare_text writes)";
-  }
+  if (!meta.no_sample.empty()) return meta.no_sample;
+  const auto& bpe = meta.bpe;
   const auto block = model->config().block_size;
-  std::vector<int64_t> ids;
-  if (bpe) {
-    ids = bpe->encode(c.get_string("gpt.prompt"));
-    if (ids.empty() && bpe->eot() >= 0) ids.push_back(bpe->eot());
-  } else {
-    for (const uint16_t t : fabric::byte_tokens(c.get_string("gpt.prompt"))) ids.push_back(t);
-  }
-  if (ids.empty()) ids.push_back(bpe ? 0 : '\n');
+  std::vector<int64_t> ids = meta.prompt;
+  if (ids.empty()) return "(no sample: gpt.prompt was not encoded (check_prompt))";
   auto gen = at::detail::createCPUGenerator(1234);
   torch::NoGradGuard no_grad;
   model->eval();

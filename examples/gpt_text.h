@@ -5,27 +5,38 @@
 #define EXAMPLES_GPT_TEXT_H_
 
 #include <filesystem>
+#include <memory>
 #include <string>
+#include <vector>
 
+#include "fabric/data/bpe.h"
+#include "fabric/data/tokens.h"
 #include "fabric/fabric.h"
 #include "fabric/models/gpt.h"
 
 namespace examples::gpt {
 
-// data.root/meta.json as tools/prepare_text writes it (absent: all empty).
-struct Meta {
-  int64_t vocab_size = 0;
-  std::string tokenizer;      // "bytes", "gpt2-bpe" or ""
-  std::string vocab, merges;  // gpt2-bpe: the tokenizer's files
+// data.root/meta.json as tools/prepare_text writes it (fabric::TokenMeta; absent: all empty), and
+// the sample's tokenizer and prompt, found before training (check_prompt).
+struct Meta : fabric::TokenMeta {
+  std::shared_ptr<const fabric::BpeTokenizer> bpe;  // gpt2-bpe
+  std::vector<int64_t> prompt;                      // gpt.prompt's ids
+  std::string no_sample;                            // why there is none, or ""
 };
 
 // data.root, or the default corpus (prepared by each node's local rank 0 on first use).
 std::filesystem::path data_root(fabric::Fabric& f);
 
-// The meta.json in `root`; fabric::Error naming it when it is not JSON.
+// The meta.json in `root` (fabric::read_token_meta: fabric::Error naming the file, the field and
+// the fix for a bad one).
 Meta read_meta(const std::filesystem::path& root);
 
-// gpt.sample_tokens tokens after gpt.prompt (top-k, temperature; the same on every rank),
+// With gpt.sample_tokens > 0: loads meta.json's tokenizer and encodes gpt.prompt into
+// meta.prompt, its ids checked against meta.json's vocab_size and the model's `model_vocab`
+// (fabric::encode_checked), so that a bad prompt or tokenizer stops the run before training.
+void check_prompt(const fabric::Config& c, Meta& meta, int64_t model_vocab);
+
+// gpt.sample_tokens tokens after meta.prompt (top-k, temperature; the same on every rank),
 // decoded by meta.json's tokenizer.
 std::string sample(fabric::Fabric& f, fabric::models::GPT& model, const Meta& meta);
 

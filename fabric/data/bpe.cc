@@ -172,6 +172,12 @@ BpeTokenizer BpeTokenizer::load(const std::filesystem::path& vocab_json,
     if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0)
       throw Error(vocab_json.string() + ": \"" + it.key() + "\" has no non-negative integer id");
     const int64_t id = it.value().get<int64_t>();
+    // Two symbols with one id: decoding could not tell them apart, and training data written
+    // with one would decode as the other.
+    if (const auto other = t.symbols_.find(id); other != t.symbols_.end())
+      throw Error(vocab_json.string() + ": \"" + one_line(other->second, 40) + "\" and \"" +
+                  one_line(it.key(), 40) + "\" share id " + std::to_string(id) +
+                  "; each symbol needs its own id (a damaged or hand-edited vocabulary?)");
     t.vocab_[it.key()] = id;
     t.symbols_[id] = it.key();
     t.vocab_size_ = std::max(t.vocab_size_, id + 1);

@@ -31,7 +31,8 @@ namespace fabric {
 class BpeTokenizer {
  public:
   // Throws fabric::Error naming the file and line for a file that cannot be read or parsed, a
-  // merge whose result is not in the vocabulary, or a vocabulary without the 256 byte symbols.
+  // merge whose result is not in the vocabulary, a vocabulary without the 256 byte symbols, or
+  // one whose ids are negative or shared by two symbols.
   static BpeTokenizer load(const std::filesystem::path& vocab_json,
                            const std::filesystem::path& merges_txt);
 

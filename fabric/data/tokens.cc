@@ -55,14 +55,31 @@ std::shared_ptr<TokenDataset> TokenDataset::open(const std::string& path, const 
   if (p == MAP_FAILED) throw Error(path + ": cannot map (" + std::strerror(map_errno) + ")");
   d->data_ = static_cast<const unsigned char*>(p);
   d->windows_ = (d->tokens_ - 1) / d->block_;
-  if (options.vocab_size > 0) {
-    for (int64_t i = 0; i < d->tokens_; ++i)
-      if (d->token(i) >= options.vocab_size)
-        throw Error(path + ": token " + std::to_string(d->token(i)) + " at token offset " +
-                    std::to_string(i) + " (byte " + std::to_string(i * options.token_bytes) +
-                    ") is not below model.vocab_size " + std::to_string(options.vocab_size) +
-                    "; prepare the data with this model's tokenizer, or raise model.vocab_size");
+  // One pass over the ids: each below the vocabulary; with uint16, whether every second id is 0
+  // (uint32 ids of a vocabulary under 65,536 read as uint16: the model would train on half zeros).
+  bool odd_zero = options.token_bytes == 2 && d->tokens_ >= 16, even_nonzero = false;
+  for (int64_t i = 0; i < d->tokens_; ++i) {
+    const int64_t id = d->token(i);
+    if (i % 2 == 1) {
+      odd_zero = odd_zero && id == 0;
+    } else {
+      even_nonzero = even_nonzero || id != 0;
+    }
+    if (options.vocab_size <= 0 || id < options.vocab_size) continue;
+    std::string fix =
+        options.vocab_fix.empty()
+            ? "prepare the data with this model's tokenizer, or raise model.vocab_size"
+            : options.vocab_fix;
+    if (options.token_bytes == 4 && id > 65535 && options.vocab_size <= 65536)
+      fix = "uint16 ids read as uint32? set data.token_dtype=uint16";
+    throw Error(path + ": token " + std::to_string(id) + " at token offset " + std::to_string(i) +
+                " (byte " + std::to_string(i * options.token_bytes) + ") is not below " +
+                options.vocab_name + " " + std::to_string(options.vocab_size) + "; " + fix);
   }
+  if (odd_zero && even_nonzero)
+    throw Error(path +
+                ": every second uint16 id is 0, as uint32 ids read as uint16 give; set "
+                "data.token_dtype=uint32");
   return d;
 }
 

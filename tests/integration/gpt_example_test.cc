@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -144,6 +145,29 @@ TEST_F(GptExampleTest, BadTokenDataIsAOneLineErrorNamingTheFile) {
   EXPECT_NE(small_vocab.out.find((dir_ / "data" / "train.bin").string()), std::string::npos)
       << small_vocab.out;
   EXPECT_NE(small_vocab.out.find("model.vocab_size"), std::string::npos) << small_vocab.out;
+  // meta.json checked against the files and the prompt before training (token_meta_test has
+  // every case; these are the example's use of it). Before: "raise model.vocab_size" for uint16
+  // files read as uint32, and a bad prompt's "index out of range in self" after training.
+  const Result wide = run("gpt", args(1) + " data.token_dtype=uint32");
+  EXPECT_NE(wide.code, 0);
+  EXPECT_NE(wide.out.find((dir_ / "data" / "meta.json").string() + ": \"train_tokens\" is "),
+            std::string::npos)
+      << wide.out;
+  EXPECT_NE(wide.out.find("set data.token_dtype=uint16"), std::string::npos) << wide.out;
+  const Result prompt =
+      run("gpt", args(1) + " model.vocab_size=128 gpt.sample_tokens=4 " + "gpt.prompt=\xc3\xa9");
+  EXPECT_NE(prompt.code, 0);
+  EXPECT_NE(prompt.out.find("gpt.prompt: byte 0 of '\xc3\xa9' is id 195, not below "
+                            "model.vocab_size 128; change gpt.prompt, or raise model.vocab_size"),
+            std::string::npos)
+      << prompt.out;
+  EXPECT_EQ(prompt.out.find("val loss"), std::string::npos) << "no training: " << prompt.out;
+  std::ofstream(dir_ / "data" / "meta.json") << R"({"tokenizer": "bytes", "vocab_size": -5})";
+  const Result negative = run("gpt", args(1));  // ignored before
+  EXPECT_NE(negative.code, 0);
+  EXPECT_NE(negative.out.find("meta.json: \"vocab_size\" is -5, below 1; "), std::string::npos)
+      << negative.out;
+  fs::remove(dir_ / "data" / "meta.json");
   fs::remove(dir_ / "data" / "val.bin");
   const Result no_val = run("gpt", args(1));
   EXPECT_NE(no_val.code, 0);

@@ -74,6 +74,15 @@ TEST(BpeTokenizerTest, BadFilesAreOneLineErrorsNamingFileAndLine) {
             std::string::npos);
   EXPECT_NE(error_of(dir / "missing.json", kDir / "merges.txt").find("missing.json: cannot read"),
             std::string::npos);
+  { std::ofstream(dir / "vocab.json") << "{\"a\": -1}"; }
+  EXPECT_EQ(error_of(dir / "vocab.json", kDir / "merges.txt"),
+            (dir / "vocab.json").string() + ": \"a\" has no non-negative integer id");
+  // Two symbols sharing an id were accepted before: the data would decode as either.
+  { std::ofstream(dir / "vocab.json") << "{\"a\": 5, \"b\": 5}"; }
+  EXPECT_EQ(error_of(dir / "vocab.json", kDir / "merges.txt"),
+            (dir / "vocab.json").string() +
+                ": \"a\" and \"b\" share id 5; each symbol needs its own id (a damaged or "
+                "hand-edited vocabulary?)");
 }
 
 }  // namespace
