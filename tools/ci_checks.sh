@@ -147,11 +147,13 @@ rm -rf "$tmp"
 # 6. The libFuzzer harnesses (tests/fuzz/, clang with -fsanitize=fuzzer,address: the config and
 #    checkpoint readers, the .npy/.npz reader, the JPEG/PNG decoders, the tar reader, the sweep
 #    file parser, sharded checkpoint folders) build and run 15 s each (their seed corpora included; the 10-minute runs are in docs/building.md) without a crash, a sanitizer report or an unexpected exception.
-for harness in config checkpoint npy image tar sweep folder; do
+#    The token reader with meta.json (tokens) runs 5 s: its inputs are small and its paths few.
+declare -A fuzz_seconds=([tokens]=5)
+for harness in config checkpoint npy image tar sweep folder tokens; do
   tmp=$(mktemp -d)
   cp -r "tests/fuzz/corpus/$harness/." "$tmp/"
   out=$(LSAN_OPTIONS="suppressions=$PWD/tests/fuzz/lsan.supp" bazel run --noshow_progress --config=fuzz \
-        "//tests/fuzz:${harness}_fuzzer" -- -max_total_time=15 -timeout=10 -rss_limit_mb=4096 "$tmp" 2>&1)
+        "//tests/fuzz:${harness}_fuzzer" -- -max_total_time="${fuzz_seconds[$harness]:-15}" -timeout=10 -rss_limit_mb=4096 "$tmp" 2>&1)
   rc=$?
   runs=$(grep -o 'Done [0-9]* runs in [0-9]* second' <<<"$out" | tail -n 1)
   if [ $rc -eq 0 ] && [ -n "$runs" ]; then
