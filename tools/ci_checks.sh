@@ -146,10 +146,11 @@ rm -rf "$tmp"
 
 # 6. The libFuzzer harnesses (tests/fuzz/, clang with -fsanitize=fuzzer,address: the config and
 #    checkpoint readers, the .npy/.npz reader, the JPEG/PNG decoders, the tar reader, the sweep
-#    file parser, sharded checkpoint folders) build and run 15 s each (their seed corpora included; the 10-minute runs are in docs/building.md) without a crash, a sanitizer report or an unexpected exception.
-#    The token reader with meta.json (tokens) runs 5 s: its inputs are small and its paths few.
-declare -A fuzz_seconds=([tokens]=5)
-for harness in config checkpoint npy image tar sweep folder tokens; do
+#    file parser, sharded checkpoint folders, .safetensors) build and run 15 s each (their seed corpora included; the 10-minute runs are in docs/building.md) without a crash, a sanitizer report or an unexpected exception.
+#    The token reader with meta.json (tokens) runs 5 s, the .safetensors reader 10 s: their inputs
+#    are small and their paths few.
+declare -A fuzz_seconds=([tokens]=5 [safetensors]=10)
+for harness in config checkpoint npy image tar sweep folder safetensors tokens; do
   tmp=$(mktemp -d)
   cp -r "tests/fuzz/corpus/$harness/." "$tmp/"
   out=$(LSAN_OPTIONS="suppressions=$PWD/tests/fuzz/lsan.supp" bazel run --noshow_progress --config=fuzz \

@@ -72,7 +72,7 @@ std::string read_fd(int fd, const std::string& path) {
 }
 
 std::string read_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw Error(path + ": cannot read: " + std::strerror(errno));
   return read_fd(fd, path);
 }
@@ -333,7 +333,7 @@ std::pair<int64_t, int64_t> ImageFolderDataset::locate(int64_t index) const {
 
 void ImageFolderDataset::will_read(const std::vector<int64_t>& indices) const {
   auto advise = [](const std::string& path, int64_t offset, int64_t length) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return;  // get_batch reports it
     ::posix_fadvise(fd, offset, length, POSIX_FADV_WILLNEED);
     ::close(fd);
@@ -342,7 +342,8 @@ void ImageFolderDataset::will_read(const std::vector<int64_t>& indices) const {
   // hint costs a posix_fadvise, not another open; past max_open_ahead() files are closed again.
   if (ranges_.empty()) {
     for (int64_t index : indices) {
-      const int fd = ::open(files_.at(static_cast<size_t>(index)).c_str(), O_RDONLY | O_CLOEXEC);
+      const int fd = ::open(files_.at(static_cast<size_t>(index)).c_str(),
+                            O_RDONLY | O_CLOEXEC | O_NONBLOCK);
       if (fd < 0) continue;  // get_batch reports it
       ::posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
       std::lock_guard<std::mutex> lock(opened_mutex_);

@@ -27,7 +27,7 @@ std::shared_ptr<TokenDataset> TokenDataset::open(const std::string& path, const 
   d->path_ = path;
   d->token_bytes_ = options.token_bytes;
   d->block_ = options.block_size;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

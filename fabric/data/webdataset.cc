@@ -130,7 +130,9 @@ std::string string_field(const unsigned char* field, size_t width) {
 
 class File {
  public:
-  explicit File(const std::string& path) : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {}
+  // O_NONBLOCK: a FIFO would block open() until a writer came (regular files ignore it).
+  explicit File(const std::string& path)
+      : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)) {}
   ~File() {
     if (fd_ >= 0) ::close(fd_);
   }
