@@ -159,20 +159,19 @@ Activations measure(Model& m, fabric::Precision& precision, int64_t gradient_byt
 
 // Byte counts in checked arithmetic: sizes whose product or sum passes 2^63 bytes (an absurd
 // data.batch_size or model width) are refused, not printed as negative MiB.
+[[noreturn]] void overflows(int64_t a, const char* op, int64_t b) {
+  throw Error("estimate_memory: the estimate overflows 64-bit byte counts (" + std::to_string(a) +
+              op + std::to_string(b) +
+              "): the config's sizes (data.batch_size, the model's) are beyond any machine");
+}
 int64_t times(int64_t a, int64_t b) {
   int64_t out = 0;
-  if (__builtin_mul_overflow(a, b, &out))
-    throw Error("estimate_memory: the estimate overflows 64-bit byte counts (" +
-                std::to_string(a) + " x " + std::to_string(b) +
-                "): the config's sizes (data.batch_size, the model's) are beyond any machine");
+  if (__builtin_mul_overflow(a, b, &out)) overflows(a, " x ", b);
   return out;
 }
 int64_t plus(int64_t a, int64_t b) {
   int64_t out = 0;
-  if (__builtin_add_overflow(a, b, &out))
-    throw Error("estimate_memory: the estimate overflows 64-bit byte counts (" +
-                std::to_string(a) + " + " + std::to_string(b) +
-                "): the config's sizes (data.batch_size, the model's) are beyond any machine");
+  if (__builtin_add_overflow(a, b, &out)) overflows(a, " + ", b);
   return out;
 }
 
