@@ -46,7 +46,7 @@ std::vector<std::string> parallelize(torch::nn::Module& model, const TensorParal
   }
   for (size_t r = 0; r < plan.rules.size(); ++r)
     if (!used[r])
-      throw Error("tensor parallel plan rule '" + plan.rules[r].first +
+      throw ConfigError("tensor parallel plan rule '" + plan.rules[r].first +
                   "' matches no module of the model; module names look like '" +
                   (modules.is_empty() ? std::string("(none)") : modules.keys().back()) +
                   "' ('*' matches one name component)");
@@ -61,7 +61,7 @@ std::vector<std::string> parallelize(torch::nn::Module& model, const TensorParal
     auto* e = m.module->as<EmbeddingImpl>();
     auto* l = m.module->as<LinearImpl>();
     if (vocab ? e == nullptr : l == nullptr)
-      throw Error(where + ": the module is a " + m.module->name() +
+      throw ConfigError(where + ": the module is a " + m.module->name() +
                   ", not a fabric::nn::" + (vocab ? "Embedding" : "Linear") +
                   "; build it as fabric::nn::" + (vocab ? "Embedding" : "Linear") +
                   " (same options and parameters) to split it");
@@ -81,14 +81,14 @@ std::vector<std::string> parallelize(torch::nn::Module& model, const TensorParal
       const std::string units = (style.unit_name.empty() ? "units" : style.unit_name) + " of " +
                                 std::to_string(style.unit) + " elements";
       if (n % (style.parts * style.unit) != 0)
-        throw Error(where + ": its " + extent + " is not a whole number of " + units +
+        throw ConfigError(where + ": its " + extent + " is not a whole number of " + units +
                     ": a slice would cut one apart");
-      throw Error(where + ": its " + extent + " is " + parts +
+      throw ConfigError(where + ": its " + extent + " is " + parts +
                   std::to_string(n / (style.parts * style.unit)) + " " + units + ", which tp " +
                   std::to_string(size) + " would cut apart: make their number a multiple of tp");
     }
     if (style.parts < 1 || style.unit < 1 || n % (style.parts * size) != 0)
-      throw Error(where + ": its " + extent + " is not divisible by " + parts + "tp " +
+      throw ConfigError(where + ": its " + extent + " is not divisible by " + parts + "tp " +
                   std::to_string(size) + ": make it a multiple of " +
                   std::to_string(std::max<int64_t>(style.parts, 1) * size));
     shards.push_back(std::move(shard));
