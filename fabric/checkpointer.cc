@@ -102,7 +102,12 @@ CheckpointerOptions CheckpointerOptions::from_config(const Config& c, const std:
                            "checkpoint.export_format: safetensors");
     // Never over an input or a checkpoint (fabric/checkpoint/output_check.h): the weights
     // written over step-N.ckpt, `latest` or the data's val.bin destroy them.
-    std::vector<InputPath> inputs = {{o.dir / "latest", "the marker of checkpoint.dir"}};
+    // The run's own files too (written later: the weights would be written over them or they
+    // over the weights).
+    std::vector<InputPath> inputs = {{o.dir / "latest", "the marker of checkpoint.dir"},
+                                     {run_dir / "config.yaml", "the run's config"},
+                                     {run_dir / "summary.json", "the run's summary"},
+                                     {run_dir / "metrics.csv", "the run's metrics"}};
     const auto string_key = [&](const std::string& key) {
       const KeySpec* spec = c.schema().find(key);
       return spec && (spec->type() == KeyType::kString) ? c.get_string(key) : std::string();
@@ -118,7 +123,7 @@ CheckpointerOptions CheckpointerOptions::from_config(const Config& c, const std:
         !root.empty() && !path_within(weights, run_dir))
       inputs.push_back({absolute_from_working_directory(root), "data.root", false});
     try {
-      check_output(weights, "checkpoint.export_weights", inputs);
+      check_weights_output(weights, "checkpoint.export_weights", inputs);
     } catch (const Error& e) {
       throw c.error_at("checkpoint.export_weights", e.what());
     }

@@ -16,8 +16,9 @@
 //                entry --entry (default model) as a state dict, written as OUT's extension says
 //                (.safetensors: Hugging Face's format; else torch.save's), which Python reads
 //                (torch.load(OUT, weights_only=True) or safetensors.torch.load_file(OUT)). OUT is
-//                refused before anything is read when it is PATH, lies inside it, or is or lies
-//                inside any checkpoint (fabric/checkpoint/output_check.h).
+//                refused before anything is read when it is PATH, lies inside it, is or lies
+//                inside any checkpoint, is a FIFO or device, or is an existing file that is not
+//                a weights file (fabric/checkpoint/output_check.h).
 //   diff         per tensor, the largest absolute difference between two checkpoints or weight
 //                files, tensors only in one, or of another shape; the last line the largest. A
 //                checkpoint against a weights file compares the weights with the checkpoint's
@@ -296,7 +297,7 @@ int main(int argc, char** argv) {
     if (command == "consolidate" && args.size() == 3) {
       // Never over the checkpoint read, nor into any checkpoint; checked before reading.
       try {
-        fabric::check_output(path(2), "OUT", {{path(1), "the checkpoint read"}});
+        fabric::check_weights_output(path(2), "OUT", {{path(1), "the checkpoint read"}});
       } catch (const fabric::Error& e) {
         return usage(e.what());
       }

@@ -22,6 +22,7 @@
 
 #include "fabric/checkpoint/output_check.h"
 #include "fabric/core/error.h"
+#include "fabric/core/files.h"
 #include "fabric/core/paths.h"
 #include "fabric/data/tokens.h"
 
@@ -74,6 +75,11 @@ int main(int argc, char** argv) {
   if (vocab.empty() != merges.empty())
     return usage("--vocab and --merges go together (GPT-2's vocab.json and merges.txt)");
   try {
+    // Inputs that are not files or folders (a FIFO would block, /dev/zero never end).
+    for (const fs::path& in : inputs)
+      if (fs::exists(in) && !fs::is_directory(in)) fabric::require_regular_file(in);
+    if (!vocab.empty()) fabric::require_regular_file(vocab);
+    if (!merges.empty()) fabric::require_regular_file(merges);
     // Never over an input: --output inside an --input folder would be read back as text by the
     // next run (validation tokens leaking into training); train.bin over an --input destroys it.
     std::vector<fabric::InputPath> read;

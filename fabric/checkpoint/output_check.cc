@@ -1,5 +1,10 @@
 #include "fabric/checkpoint/output_check.h"
 
+#include <algorithm>
+#include <fstream>
+#include <string_view>
+
+#include "fabric/checkpoint/safetensors.h"
 #include "fabric/checkpoint/sharded.h"
 #include "fabric/core/error.h"
 
@@ -54,6 +59,22 @@ void check_output(const fs::path& output, const std::string& output_what,
                 ": is a sharded checkpoint folder, which writing would damage; choose another " +
                 output_what);
   for (const std::string& name : written) check_one(output / name, output_what, inputs);
+}
+
+void check_weights_output(const fs::path& output, const std::string& output_what,
+                          const std::vector<InputPath>& inputs) {
+  check_output(output, output_what, inputs);
+  std::error_code ec;
+  if (!fs::is_regular_file(output, ec) || fs::file_size(output, ec) == 0) return;
+  char head[9] = {};
+  std::ifstream in(output, std::ios::binary);
+  in.read(head, sizeof head);
+  const std::string_view bytes(head, static_cast<size_t>(std::max<std::streamsize>(in.gcount(), 0)));
+  if (looks_like_safetensors(bytes) || bytes.substr(0, 4) == std::string_view("PK\3\4", 4)) return;
+  throw Error(output.string() +
+              ": is an existing file that is not a weights file (neither .safetensors nor a "
+              "torch.save zip), which writing would replace; choose another " +
+              output_what + " or remove the file first");
 }
 
 }  // namespace fabric

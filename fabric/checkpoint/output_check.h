@@ -25,6 +25,12 @@ void check_output(const std::filesystem::path& output, const std::string& output
                   const std::vector<InputPath>& inputs, bool folder = false,
                   const std::vector<std::string>& written = {});
 
+// The same for a weights file (checkpoint.export_weights, ckpt consolidate's OUT): besides the
+// above, an existing file there is replaced only when it is a weights file itself (a .safetensors
+// file or a torch.save zip): a token file, a config, a CSV is refused.
+void check_weights_output(const std::filesystem::path& output, const std::string& output_what,
+                          const std::vector<InputPath>& inputs);
+
 }  // namespace fabric
 
 #endif  // FABRIC_CHECKPOINT_OUTPUT_CHECK_H_

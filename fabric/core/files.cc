@@ -67,6 +67,11 @@ void check_output_path(const fs::path& output, const std::string& output_what,
   const std::string fix = "; choose another " + output_what;
   std::error_code ec;
   const bool exists = fs::exists(output, ec);
+  // A FIFO, device or socket is never written over: the writer's rename would replace the node
+  // itself (as root, /dev/null with a regular file).
+  if (const fs::file_type type = fs::status(output, ec).type();
+      exists && type != fs::file_type::regular && type != fs::file_type::directory)
+    throw Error(out + ": is " + file_kind(output) + ", not a file; choose another " + output_what);
   for (const InputPath& input : inputs) {
     if (input.path.empty()) continue;
     const std::string in = input.path.string() + " (" + input.what + ")";

@@ -36,7 +36,8 @@ struct InputPath {
 };
 
 // Throws fabric::Error "OUTPUT: <what it would overwrite>; <fix>" when writing `output` would
-// overwrite or mix with an input (see above). `output_what` names the flag or key that gave it.
+// overwrite or mix with an input (see above), or when `output` is a FIFO, a device or a socket
+// (a writer renaming its file over /dev/null would replace the device node). `output_what` names the flag or key that gave it.
 void check_output_path(const std::filesystem::path& output, const std::string& output_what,
                        const std::vector<InputPath>& inputs);
 

@@ -107,6 +107,12 @@ TEST_F(CheckpointDirTest, FoldersThatCannotBeWrittenAndForeignLatestStopBeforeTr
   auto own = run("checkpoint.export_weights='\"{run_dir}/checkpoints/latest\"'");
   EXPECT_EQ(own.code, 2) << own.out;
   EXPECT_NE(own.out.find("checkpoints/latest: is the input "), std::string::npos) << own.out;
+  // And the run's own files: its config (there at the start), its summary (written at the end).
+  for (const std::string name : {"config.yaml", "summary.json"}) {
+    auto mine = run("checkpoint.export_weights='\"{run_dir}/" + name + "\"'");
+    EXPECT_EQ(mine.code, 2) << mine.out;
+    EXPECT_NE(mine.out.find(name + ": is the input "), std::string::npos) << mine.out;
+  }
 
   fs::create_directories(dir_ / "foreign");
   std::ofstream(dir_ / "foreign" / "latest") << "/etc/passwd\n";

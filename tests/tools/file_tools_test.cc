@@ -6,8 +6,8 @@
 #include <sys/stat.h>
 #include <torch/torch.h>
 
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -74,6 +74,19 @@ TEST_F(FileToolsTest, CkptConsolidateNeverWritesOverACheckpoint) {
     EXPECT_EQ(r.code, 2) << out << ": " << r.out;
     EXPECT_NE(r.out.find("ckpt: " + (dir_ / out).string() + why), std::string::npos) << r.out;
   }
+  // Never over a FIFO or device (renaming over /dev/null replaced the device node), nor over an
+  // existing file that is not a weights file (a token folder's train.bin).
+  ASSERT_EQ(::mkfifo((dir_ / "pipe").c_str(), 0600), 0);
+  std::ofstream(dir_ / "train.bin") << "tokens";
+  for (const auto& [out, why] : std::vector<std::pair<std::string, std::string>>{
+           {"pipe", ": is a FIFO (named pipe), not a file; choose another OUT"},
+           {"train.bin", ": is an existing file that is not a weights file"}}) {
+    CommandResult r = tool("ckpt", "consolidate step-3.ckpt " + out);
+    EXPECT_EQ(r.code, 2) << out << ": " << r.out;
+    EXPECT_NE(r.out.find("ckpt: " + (dir_ / out).string() + why), std::string::npos) << r.out;
+  }
+  EXPECT_EQ(bytes(dir_ / "train.bin"), "tokens");
+  EXPECT_EQ(fs::status(dir_ / "pipe").type(), fs::file_type::fifo);
   EXPECT_EQ(bytes(ckpt), before) << "the checkpoint was changed";
   EXPECT_EQ(bytes(dir_ / "latest"), "step-3.ckpt\n");
 
@@ -81,6 +94,8 @@ TEST_F(FileToolsTest, CkptConsolidateNeverWritesOverACheckpoint) {
   // checkpoint's model entry as equal.
   CommandResult ok = tool("ckpt", "consolidate step-3.ckpt w.safetensors");
   ASSERT_EQ(ok.code, 0) << ok.out;
+  CommandResult again = tool("ckpt", "consolidate step-3.ckpt w.safetensors");
+  ASSERT_EQ(again.code, 0) << "an earlier weights file is replaced: " << again.out;
   CommandResult verify = tool("ckpt", "verify w.safetensors");
   EXPECT_EQ(verify.code, 0) << verify.out;
   EXPECT_NE(verify.out.find("a safetensors file, 1 tensors; its header and every byte range "
@@ -151,6 +166,20 @@ TEST_F(FileToolsTest, PrepareTextNeverWritesIntoItsInput) {
             std::string::npos)
       << over.out;
   EXPECT_EQ(bytes(dir_ / "corpus" / "train.bin"), train);
+  // A FIFO as the vocabulary or an input is refused at once (it hung).
+  ASSERT_EQ(::mkfifo((dir_ / "vocab.json").c_str(), 0600), 0);
+  std::ofstream(dir_ / "merges.txt") << "#version: 0.2\n";
+  CommandResult fifo =
+      tool("prepare_text", "--input=corpus/a.txt --output=out --vocab=vocab.json --merges=merges.txt");
+  EXPECT_EQ(fifo.code, 2) << fifo.out;
+  EXPECT_NE(fifo.out.find((dir_ / "vocab.json").string() +
+                          ": cannot open (a FIFO (named pipe), not a regular file)"),
+            std::string::npos)
+      << fifo.out;
+  CommandResult input = tool("prepare_text", "--input=vocab.json --output=out");
+  EXPECT_EQ(input.code, 2) << input.out;
+  EXPECT_NE(input.out.find("a FIFO (named pipe), not a regular file"), std::string::npos)
+      << input.out;
   EXPECT_FALSE(fs::exists(dir_ / "corpus" / "tokens"));
 }
 

@@ -69,6 +69,30 @@ TEST_F(OutputCheckTest, CheckpointsAreNeverWrittenOver) {
   EXPECT_EQ(error_of(dir_ / "latest"), "");
 }
 
+// A weights output replaces an earlier weights file, never another kind of file, a FIFO or a
+// device.
+TEST_F(OutputCheckTest, AWeightsOutputReplacesOnlyWeights) {
+  const auto weights_error = [&](const fs::path& out) {
+    try {
+      check_weights_output(out, "OUT", {});
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  std::ofstream(dir_ / "config.yaml") << "fabric:\n  seed: 1\n";
+  EXPECT_EQ(weights_error(dir_ / "config.yaml"),
+            (dir_ / "config.yaml").string() +
+                ": is an existing file that is not a weights file (neither .safetensors nor a "
+                "torch.save zip), which writing would replace; choose another OUT or remove the "
+                "file first");
+  std::ofstream(dir_ / "old.pt") << std::string("PK\3\4rest of a zip", 17);
+  EXPECT_EQ(weights_error(dir_ / "old.pt"), "");
+  EXPECT_EQ(weights_error(dir_ / "new.pt"), "");
+  EXPECT_EQ(weights_error("/dev/null"),
+            "/dev/null: is a character device, not a file; choose another OUT");
+}
+
 TEST_F(OutputCheckTest, AFolderOutputChecksEveryFileItWrites) {
   touch(dir_ / "data" / "input.txt");
   const std::vector<InputPath> inputs = {{dir_ / "data" / "train.bin", "--input"}};

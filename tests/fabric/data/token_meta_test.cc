@@ -170,6 +170,27 @@ TEST(TokenMetaTest, IdsAreCheckedAgainstTheUnpaddedVocabulary) {
             std::string::npos);
 }
 
+// val.bin a link to train.bin (symbolic or hard): validation on the training data, refused.
+TEST(TokenMetaTest, AValBinLinkedToTrainBinIsRefused) {
+  for (const bool hard : {false, true}) {
+    const fs::path dir = folder(hard ? "hard_link" : "sym_link");
+    std::vector<uint32_t> ids(200, 7);
+    write_tokens(dir / "train.bin", ids, 2);
+    fs::remove(dir / "val.bin");
+    if (hard)
+      fs::create_hard_link(dir / "train.bin", dir / "val.bin");
+    else
+      fs::create_symlink("train.bin", dir / "val.bin");
+    EXPECT_EQ(error_of([&] {
+                fabric::open_token_splits(dir, fabric::read_token_meta(dir), {.block_size = 8});
+              }),
+              (dir / "val.bin").string() +
+                  ": is the same file as train.bin (a link to it): the validation loss would be "
+                  "measured on the training data; write val.bin with tools/prepare_text")
+        << hard;
+  }
+}
+
 TEST(TokenMetaTest, WithoutMetaTheReaderNamesTheOtherWidth) {
   std::vector<uint32_t> ids;
   for (uint32_t i = 0; i < 200; ++i) ids.push_back(1 + i % 250);
