@@ -24,8 +24,9 @@ std::string without_backtrace(const c10::Error& e) {
 
 std::string explain_torch_error(const std::string& message) {
   // The CPU allocator's words for a size no machine holds (model.vocab_size=1e9, say).
-  static const std::regex allocation("DefaultCPUAllocator: (?:not enough memory|can't allocate "
-                                     "memory): you tried to allocate ([0-9]+) bytes");
+  static const std::regex allocation(
+      "DefaultCPUAllocator: (?:not enough memory|can't allocate "
+      "memory): you tried to allocate ([0-9]+) bytes");
   std::smatch m;
   if (std::regex_search(message, m, allocation)) {
     const double gib = std::stod(m[1].str()) / (1024.0 * 1024 * 1024);

@@ -192,8 +192,9 @@ int run(int argc, char** argv) {
     } else if (a.rfind("--program=", 0) == 0) {
       program = a.substr(10);
     } else if (a == "--help" || a == "-h") {
-      std::cout << "usage: estimate_memory --config=FILE [--program=auto|cifar10|fashion_mnist|gpt] "
-                   "[--json] [--activations=measure|skip] [key=value ...]\n";
+      std::cout
+          << "usage: estimate_memory --config=FILE [--program=auto|cifar10|fashion_mnist|gpt] "
+             "[--json] [--activations=measure|skip] [key=value ...]\n";
       return 0;
     } else if (a == "--json") {
       json = true;

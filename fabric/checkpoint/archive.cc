@@ -165,7 +165,8 @@ std::string what_else(const fs::path& path) {
   char head[64] = {};
   std::ifstream in(path, std::ios::binary);
   in.read(head, sizeof head);
-  const std::string_view bytes(head, static_cast<size_t>(std::max<std::streamsize>(in.gcount(), 0)));
+  const std::string_view bytes(head,
+                               static_cast<size_t>(std::max<std::streamsize>(in.gcount(), 0)));
   if (bytes.size() >= 4 && bytes.substr(0, 4) == std::string_view("PK\3\4", 4)) return "";
   const size_t first = bytes.find_first_not_of(" \t\r\n");
   if (first == std::string_view::npos) return bytes.empty() ? "an empty file" : "";

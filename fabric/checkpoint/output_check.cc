@@ -29,8 +29,10 @@ void check_one(const fs::path& output, const std::string& output_what,
   const std::string fix = "; choose another " + output_what;
   check_output_path(path, output_what, inputs);
   if (path.extension() == ".ckpt")
-    throw Error(out + ": is a checkpoint's name (.ckpt); the output would be written over it or "
-                "be taken for one" + fix);
+    throw Error(out +
+                ": is a checkpoint's name (.ckpt); the output would be written over it or "
+                "be taken for one" +
+                fix);
   for (fs::path dir = path.parent_path(); !dir.empty(); dir = dir.parent_path()) {
     if (dir.extension() == ".ckpt" || is_sharded_checkpoint(dir))
       throw Error(out + ": lies inside the checkpoint folder " + dir.string() +
@@ -69,7 +71,8 @@ void check_weights_output(const fs::path& output, const std::string& output_what
   char head[9] = {};
   std::ifstream in(output, std::ios::binary);
   in.read(head, sizeof head);
-  const std::string_view bytes(head, static_cast<size_t>(std::max<std::streamsize>(in.gcount(), 0)));
+  const std::string_view bytes(head,
+                               static_cast<size_t>(std::max<std::streamsize>(in.gcount(), 0)));
   if (looks_like_safetensors(bytes) || bytes.substr(0, 4) == std::string_view("PK\3\4", 4)) return;
   throw Error(output.string() +
               ": is an existing file that is not a weights file (neither .safetensors nor a "

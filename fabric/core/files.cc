@@ -29,14 +29,22 @@ bool same_file(const fs::path& a, const fs::path& b) {
 std::string file_kind(const fs::path& path) {
   std::error_code ec;
   switch (fs::status(path, ec).type()) {
-    case fs::file_type::regular: return "a regular file";
-    case fs::file_type::directory: return "a folder";
-    case fs::file_type::fifo: return "a FIFO (named pipe)";
-    case fs::file_type::character: return "a character device";
-    case fs::file_type::block: return "a block device";
-    case fs::file_type::socket: return "a socket";
-    case fs::file_type::not_found: return "missing";
-    default: return ec ? "unreadable (" + ec.message() + ")" : "not a regular file";
+    case fs::file_type::regular:
+      return "a regular file";
+    case fs::file_type::directory:
+      return "a folder";
+    case fs::file_type::fifo:
+      return "a FIFO (named pipe)";
+    case fs::file_type::character:
+      return "a character device";
+    case fs::file_type::block:
+      return "a block device";
+    case fs::file_type::socket:
+      return "a socket";
+    case fs::file_type::not_found:
+      return "missing";
+    default:
+      return ec ? "unreadable (" + ec.message() + ")" : "not a regular file";
   }
 }
 

@@ -21,7 +21,8 @@
 namespace fabric {
 
 // Throws fabric::Error "PATH: cannot open (...)" unless `path` is a regular file (links followed):
-// "No such file or directory", "a folder, not a file", "a FIFO (named pipe), not a regular file", ...
+// "No such file or directory", "a folder, not a file", "a FIFO (named pipe), not a regular file",
+// ...
 void require_regular_file(const std::filesystem::path& path);
 
 // What `path` is, in words, for messages: "a regular file", "a folder", "a FIFO (named pipe)",
@@ -31,13 +32,14 @@ std::string file_kind(const std::filesystem::path& path);
 // An input of a run as check_output_path sees it.
 struct InputPath {
   std::filesystem::path path;
-  std::string what;         // for the message, e.g. "--input", "model.init_weights"
-  bool read_whole = true;   // a folder whose every file is read (else: only files it names)
+  std::string what;        // for the message, e.g. "--input", "model.init_weights"
+  bool read_whole = true;  // a folder whose every file is read (else: only files it names)
 };
 
 // Throws fabric::Error "OUTPUT: <what it would overwrite>; <fix>" when writing `output` would
 // overwrite or mix with an input (see above), or when `output` is a FIFO, a device or a socket
-// (a writer renaming its file over /dev/null would replace the device node). `output_what` names the flag or key that gave it.
+// (a writer renaming its file over /dev/null would replace the device node). `output_what` names
+// the flag or key that gave it.
 void check_output_path(const std::filesystem::path& output, const std::string& output_what,
                        const std::vector<InputPath>& inputs);
 

@@ -342,8 +342,8 @@ void ImageFolderDataset::will_read(const std::vector<int64_t>& indices) const {
   // hint costs a posix_fadvise, not another open; past max_open_ahead() files are closed again.
   if (ranges_.empty()) {
     for (int64_t index : indices) {
-      const int fd = ::open(files_.at(static_cast<size_t>(index)).c_str(),
-                            O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+      const int fd =
+          ::open(files_.at(static_cast<size_t>(index)).c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
       if (fd < 0) continue;  // get_batch reports it
       ::posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
       std::lock_guard<std::mutex> lock(opened_mutex_);

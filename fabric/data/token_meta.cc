@@ -153,8 +153,10 @@ TokenSplits open_token_splits(const fs::path& dir, const TokenMeta& meta,
   const fs::path train = dir / "train.bin", val = dir / "val.bin";
   std::error_code same_ec;
   if (fs::equivalent(train, val, same_ec) && !same_ec)
-    throw Error(val.string() + ": is the same file as train.bin (a link to it): the validation "
-                "loss would be measured on the training data; write val.bin with tools/prepare_text");
+    throw Error(
+        val.string() +
+        ": is the same file as train.bin (a link to it): the validation "
+        "loss would be measured on the training data; write val.bin with tools/prepare_text");
   check_count(meta, train, "train_tokens", meta.train_tokens, options.token_bytes);
   check_count(meta, val, "val_tokens", meta.val_tokens, options.token_bytes);
   // The tighter vocabulary: meta.json's (unpadded) unless the model's is smaller.

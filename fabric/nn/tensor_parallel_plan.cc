@@ -47,9 +47,9 @@ std::vector<std::string> parallelize(torch::nn::Module& model, const TensorParal
   for (size_t r = 0; r < plan.rules.size(); ++r)
     if (!used[r])
       throw ConfigError("tensor parallel plan rule '" + plan.rules[r].first +
-                  "' matches no module of the model; module names look like '" +
-                  (modules.is_empty() ? std::string("(none)") : modules.keys().back()) +
-                  "' ('*' matches one name component)");
+                        "' matches no module of the model; module names look like '" +
+                        (modules.is_empty() ? std::string("(none)") : modules.keys().back()) +
+                        "' ('*' matches one name component)");
   std::vector<TensorParallelShard> shards;
   for (const Match& m : matches) {
     const TensorParallelStyle style = plan.rules[m.rule].second;
@@ -62,9 +62,9 @@ std::vector<std::string> parallelize(torch::nn::Module& model, const TensorParal
     auto* l = m.module->as<LinearImpl>();
     if (vocab ? e == nullptr : l == nullptr)
       throw ConfigError(where + ": the module is a " + m.module->name() +
-                  ", not a fabric::nn::" + (vocab ? "Embedding" : "Linear") +
-                  "; build it as fabric::nn::" + (vocab ? "Embedding" : "Linear") +
-                  " (same options and parameters) to split it");
+                        ", not a fabric::nn::" + (vocab ? "Embedding" : "Linear") +
+                        "; build it as fabric::nn::" + (vocab ? "Embedding" : "Linear") +
+                        " (same options and parameters) to split it");
     if (vocab ? e->parallel().has_value() : l->parallel().has_value())
       throw Error(where + ": the module is split already");
     shard.full_sizes = (vocab ? e->weight : l->weight).sizes().vec();
@@ -82,15 +82,16 @@ std::vector<std::string> parallelize(torch::nn::Module& model, const TensorParal
                                 std::to_string(style.unit) + " elements";
       if (n % (style.parts * style.unit) != 0)
         throw ConfigError(where + ": its " + extent + " is not a whole number of " + units +
-                    ": a slice would cut one apart");
+                          ": a slice would cut one apart");
       throw ConfigError(where + ": its " + extent + " is " + parts +
-                  std::to_string(n / (style.parts * style.unit)) + " " + units + ", which tp " +
-                  std::to_string(size) + " would cut apart: make their number a multiple of tp");
+                        std::to_string(n / (style.parts * style.unit)) + " " + units +
+                        ", which tp " + std::to_string(size) +
+                        " would cut apart: make their number a multiple of tp");
     }
     if (style.parts < 1 || style.unit < 1 || n % (style.parts * size) != 0)
       throw ConfigError(where + ": its " + extent + " is not divisible by " + parts + "tp " +
-                  std::to_string(size) + ": make it a multiple of " +
-                  std::to_string(std::max<int64_t>(style.parts, 1) * size));
+                        std::to_string(size) + ": make it a multiple of " +
+                        std::to_string(std::max<int64_t>(style.parts, 1) * size));
     shards.push_back(std::move(shard));
   }
   std::vector<std::string> done;

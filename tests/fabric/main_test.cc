@@ -34,15 +34,15 @@ TEST(ExplainTorchError, RealAllocatorEmbeddingAndSamplingErrorsSayWhatToChange) 
 
   torch::nn::Embedding table(10, 4);
   const std::string index = torch_error([&] { table(torch::tensor({12}, torch::kLong)); });
-  EXPECT_EQ(fabric::explain_torch_error(index).rfind("index out of range in an embedding: an id", 0),
-            0u)
+  EXPECT_EQ(
+      fabric::explain_torch_error(index).rfind("index out of range in an embedding: an id", 0), 0u)
       << index;
 
   const std::string sample = torch_error([] {
     torch::multinomial(torch::tensor({std::nanf(""), 1.0f}), 1);
   });
-  EXPECT_EQ(fabric::explain_torch_error(sample).rfind("sampling from a distribution with inf/nan", 0),
-            0u)
+  EXPECT_EQ(
+      fabric::explain_torch_error(sample).rfind("sampling from a distribution with inf/nan", 0), 0u)
       << sample;
 
   EXPECT_EQ(fabric::explain_torch_error("shape '[2, 3]' is invalid for input of size 5"),

@@ -108,8 +108,7 @@ TEST_F(FileToolsTest, CkptConsolidateNeverWritesOverACheckpoint) {
                           " with entry 'model' of " + ckpt.string()),
             std::string::npos)
       << diff.out;
-  EXPECT_NE(diff.out.find("0 of 1 entries differ; largest tensor difference 0"),
-            std::string::npos)
+  EXPECT_NE(diff.out.find("0 of 1 entries differ; largest tensor difference 0"), std::string::npos)
       << diff.out;
 }
 
@@ -131,9 +130,9 @@ TEST_F(FileToolsTest, CkptRefusesAFifoAndAnOverflowingSafetensorsHeaderInOneLine
   const uint64_t n = header.size();
   std::memcpy(file.data(), &n, 8);
   std::ofstream(dir_ / "big.safetensors", std::ios::binary) << file + header;
-  for (const std::string command : {"diff big.safetensors big.safetensors",
-                                    "consolidate big.safetensors big2.safetensors --entry=weights",
-                                    "verify big.safetensors"}) {
+  for (const std::string command :
+       {"diff big.safetensors big.safetensors",
+        "consolidate big.safetensors big2.safetensors --entry=weights", "verify big.safetensors"}) {
     CommandResult r = tool("ckpt", command);
     EXPECT_EQ(r.code, 1) << command << ": " << r.out;
     EXPECT_NE(r.out.find("is too large: its size overflows 64 bits"), std::string::npos)
@@ -169,8 +168,8 @@ TEST_F(FileToolsTest, PrepareTextNeverWritesIntoItsInput) {
   // A FIFO as the vocabulary or an input is refused at once (it hung).
   ASSERT_EQ(::mkfifo((dir_ / "vocab.json").c_str(), 0600), 0);
   std::ofstream(dir_ / "merges.txt") << "#version: 0.2\n";
-  CommandResult fifo =
-      tool("prepare_text", "--input=corpus/a.txt --output=out --vocab=vocab.json --merges=merges.txt");
+  CommandResult fifo = tool(
+      "prepare_text", "--input=corpus/a.txt --output=out --vocab=vocab.json --merges=merges.txt");
   EXPECT_EQ(fifo.code, 2) << fifo.out;
   EXPECT_NE(fifo.out.find((dir_ / "vocab.json").string() +
                           ": cannot open (a FIFO (named pipe), not a regular file)"),
@@ -187,8 +186,8 @@ TEST_F(FileToolsTest, EstimateMemoryHelpAndSizesThatOverflow) {
   CommandResult help = tool("estimate_memory", "--help");
   EXPECT_EQ(help.code, 0) << help.out;
   EXPECT_NE(help.out.find("usage: estimate_memory --config=FILE"), std::string::npos) << help.out;
-  CommandResult huge = tool("estimate_memory",
-                            "--config=fashion_mnist.yaml data.batch_size=1000000000000000000");
+  CommandResult huge =
+      tool("estimate_memory", "--config=fashion_mnist.yaml data.batch_size=1000000000000000000");
   EXPECT_EQ(huge.code, 2) << huge.out;
   EXPECT_NE(huge.out.find("the estimate overflows 64-bit byte counts"), std::string::npos)
       << huge.out;

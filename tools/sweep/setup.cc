@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <map>
-#include <set>
 #include <cstdlib>
+#include <map>
 #include <regex>
+#include <set>
 #include <vector>
 
 #include "fabric/accelerators/cpu_info.h"

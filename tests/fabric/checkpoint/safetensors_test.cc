@@ -268,8 +268,9 @@ TEST_F(SafetensorsTest, BrokenFilesAreOneLineErrors) {
                 file_bytes(R"({"w":{"dtype":"F32","shape":[4611686018427387904,4],)"
                            R"("data_offsets":[0,0]}})",
                            ""));
-  EXPECT_TRUE(has(e, "overflow.safetensors: tensor 'w': shape [4611686018427387904, 4] of F32 is "
-                     "too large: its size overflows 64 bits"))
+  EXPECT_TRUE(has(e,
+                  "overflow.safetensors: tensor 'w': shape [4611686018427387904, 4] of F32 is "
+                  "too large: its size overflows 64 bits"))
       << e;
   e = error_for("huge.safetensors",
                 file_bytes(R"({"w":{"dtype":"F32","shape":[18446744073709551615],)"

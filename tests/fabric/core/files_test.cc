@@ -69,8 +69,7 @@ TEST_F(FilesTest, AnOutputNeverReplacesAnInput) {
             in.string() + ": is the input " + in.string() +
                 " (--input), which writing would replace; choose another --output");
   // The same file by another spelling, a symbolic link or a hard link.
-  EXPECT_NE(error_of([&] { check_output_path(dir_ / "data/../data/./val.bin", "o", inputs); }),
-            "");
+  EXPECT_NE(error_of([&] { check_output_path(dir_ / "data/../data/./val.bin", "o", inputs); }), "");
   fs::create_symlink(in, dir_ / "sym.bin");
   EXPECT_NE(error_of([&] { check_output_path(dir_ / "sym.bin", "o", inputs); }), "");
   fs::create_hard_link(in, dir_ / "hard.bin");
