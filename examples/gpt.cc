@@ -93,8 +93,7 @@ int train(fabric::Fabric& f) {
     });
   };
   auto optimizer = fabric::make_optimizer(c, *model);
-  f.setup(model, *optimizer);
-  examples::load_init_weights(f, *model);
+  f.setup(model, *optimizer);  // and model.init_weights, if set
   // data.batch_size: auto: the largest that runs a step (Fabric::find_batch_size): sequences of
   // the first tokens through the loss and backward, no gradient synchronization, the optimizer's
   // future state held; from 8, doubling, up to 1024 and this process's share of the windows.

@@ -61,6 +61,7 @@ int Fabric::run_launched(const std::function<int(Fabric&)>& fn) {
   int status = 0;
   try {
     status = fn(*this);
+    status = report_unread_keys(status);
     loggers_->flush();
     write_default_summary(
         status, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
@@ -134,6 +135,7 @@ void Fabric::setup_module(torch::nn::Module& module) {
     break;
   }
   strategy_->setup_module(module);
+  apply_init_weights(module);
   if (precision().mode() == PrecisionMode::kFp8Mixed && is_global_zero()) {
     const auto& c = strategy_->fp8_conversion();
     auto some = [](const std::vector<std::string>& names) {
@@ -199,6 +201,7 @@ void Fabric::backward(const torch::Tensor& loss, MicroBatch micro) {
 }
 
 bool Fabric::step(torch::optim::Optimizer& optimizer) {
+  clip_for_config(optimizer);
   const bool stepped = strategy_->optimizer_step(optimizer);
   ++steps_;
   if (setup_->memory_limit_gb > 0) {
@@ -222,6 +225,7 @@ bool Fabric::step(torch::optim::Optimizer& optimizer) {
 
 double Fabric::clip_gradients_norm(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                    double max_norm, double norm_type) {
+  clipped_since_step_ = true;
   precision().unscale_gradients(optimizer);
   return strategy_->clip_gradients_norm(module.parameters(), optimizer, max_norm, norm_type)
       .item<double>();
@@ -229,6 +233,7 @@ double Fabric::clip_gradients_norm(torch::nn::Module& module, torch::optim::Opti
 
 void Fabric::clip_gradients_by_value(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                      double clip_value) {
+  clipped_since_step_ = true;
   precision().unscale_gradients(optimizer);
   strategy_->clip_gradients_value(module.parameters(), optimizer, clip_value);
 }
@@ -298,6 +303,9 @@ std::map<std::string, double> Fabric::evaluate(DataLoader& loader, const PerExam
     }
     seen += batch.size() - batch.padding;
   }
+  // A pass left after limit_batches ends here, in the checkpointed state too: the next
+  // evaluation, live or resumed, runs the next epoch from its start.
+  loader.end_pass();
   std::vector<torch::Tensor> parts;
   for (const auto& [name, sum] : sums) parts.push_back(sum.to(device()).reshape({1}));
   parts.push_back(

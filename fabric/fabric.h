@@ -108,6 +108,8 @@ class Fabric {
   // Moves `module` to the device, converts it for the precision (*-true), prepares gradient
   // synchronization; the optimizers (built on the module's parameters before or after) are set up
   // for the strategy. Optimizers keep valid parameter references (parameters are moved in place).
+  // The first module set up gets the weights of model.init_weights unless the program read that
+  // key before (ConfigError naming it when they do not load).
   template <typename Module, typename... Optimizers>
   void setup(Module& module, Optimizers&... optimizers) {
     setup_module(module_ref(module));
@@ -188,7 +190,9 @@ class Fabric {
   // the ranks in one all-reduce, and each name's mean over the examples is returned (every
   // example counted once: exactly a single process's value), the same on every rank, with
   // "examples" their count (means are 0 when it is 0). Every rank runs the same number of batches
-  // (the sampler sees to it) and returns the same names. Collective.
+  // (the sampler sees to it) and returns the same names. Collective. The pass ends with the call
+  // (DataLoader::end_pass), also one stopped by the limit: the loader's state, and so a resumed
+  // run, continue with the next epoch as the live run does.
   using PerExample = std::function<std::map<std::string, torch::Tensor>(const Batch&)>;
   std::map<std::string, double> evaluate(DataLoader& loader, const PerExample& per_example,
                                          int64_t limit_batches = -1);
@@ -204,7 +208,9 @@ class Fabric {
   // (fabric/training/fast_optimizers.h) decides on the device without waiting for it, and then
   // this returns true (the GradScaler's skipped_steps() counts its skips). With
   // fabric.memory_limit_gb, then throws fabric::Error naming the key when this process's peak
-  // resident host memory exceeds it.
+  // resident host memory exceeds it. With trainer.gradient_clip_val > 0 that the program never
+  // read before its first step, it first clips the optimizer's gradients to it (by norm or by
+  // value: trainer.gradient_clip_algorithm), unless clip_gradients* ran since the last step.
   bool step(torch::optim::Optimizer& optimizer);
   // Unscales (16-mixed) then clips the gradients of `module` to total norm `max_norm`; returns
   // the total norm before clipping.
@@ -419,6 +425,10 @@ class Fabric {
                              double max_norm, double norm_type);
   void clip_gradients_by_value(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                double clip_value);
+  // fabric_keys.cc: the keys a program leaves to Fabric, and the report of keys nothing read.
+  void apply_init_weights(torch::nn::Module& module);        // model.init_weights, first setup
+  void clip_for_config(torch::optim::Optimizer& optimizer);  // trainer.gradient_clip_val
+  int report_unread_keys(int status);  // rank 0; returns 2 under fabric.strict_keys
 
   Config config_;
   std::unique_ptr<const ResolvedSetup> setup_;
@@ -433,6 +443,10 @@ class Fabric {
   std::vector<std::shared_ptr<Callback>> callbacks_;
   std::vector<std::shared_ptr<InitRecord>> pending_inits_;  // init_module's, until setup
   std::string stop_reason_;
+  bool init_weights_decided_ = false;  // apply_init_weights ran (first setup_module)
+  std::optional<double> config_clip_;  // decided at the first step: 0 when the program clips
+  bool config_clip_by_value_ = false;  // trainer.gradient_clip_algorithm: value
+  bool clipped_since_step_ = false;    // clip_gradients* ran since the last step
 };
 
 }  // namespace fabric

@@ -97,29 +97,12 @@ fabric::DataLoader test_loader(fabric::Fabric& f, const ClassificationTask& task
                                                      .transform(task.test_transform));
 }
 
-}  // namespace
-
-void load_init_weights(fabric::Fabric& f, torch::nn::Module& module) {
-  const std::string weights = f.config().get_string("model.init_weights");
-  if (weights == "none") return;
-  try {
-    f.load_weights(module, weights);
-  } catch (const fabric::ConfigError&) {
-    throw;
-  } catch (const fabric::Error& e) {
-    throw f.config().error_at("model.init_weights", e.what());
-  }
-}
-
-namespace {
-
-// The optimizer (optimizer.no_weight_decay, lr_scale), set up with the model; then the weights of
-// model.init_weights, if any (a checkpoint resumed later replaces them).
+// The optimizer (optimizer.no_weight_decay, lr_scale), set up with the model (which gets the
+// weights of model.init_weights there, if any; a checkpoint resumed later replaces them).
 std::unique_ptr<torch::optim::Optimizer> set_up_optimizer(fabric::Fabric& f,
                                                           const ClassifierModel& model) {
   auto optimizer = fabric::make_optimizer(f.config(), model.module);
   f.setup(model.module, *optimizer);
-  load_init_weights(f, model.module);
   return optimizer;
 }
 

@@ -45,11 +45,6 @@ struct ClassifierModel {
   std::function<torch::Tensor(const torch::Tensor&)> forward;
 };
 
-// model.init_weights (training_schema): unless "none", loads that file into `module` (set up
-// already) on every rank, strictly; a missing, foreign or mismatched file is a ConfigError at the
-// key naming what is wrong.
-void load_init_weights(fabric::Fabric& f, torch::nn::Module& module);
-
 // Correct predictions / examples over the test loader (all ranks; summed across ranks; each
 // example counted once).
 double evaluate(fabric::Fabric& f, const ClassifierModel& model, fabric::DataLoader& loader,

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
 
@@ -221,6 +222,12 @@ class Loader {
 
 }  // namespace
 
+// The keys read through any copy of a Config (Config::was_read, unread_keys).
+struct ReadKeys {
+  std::mutex mutex;
+  std::set<std::string> keys;
+};
+
 struct Config::Impl {
   ConfigSchema schema;
   Entries entries;
@@ -228,6 +235,7 @@ struct Config::Impl {
   std::vector<std::string> overrides;
   std::string yaml;
   std::string hash;
+  std::shared_ptr<ReadKeys> read = std::make_shared<ReadKeys>();
 };
 
 namespace {
@@ -301,10 +309,16 @@ Config Config::from_command_line(int argc, char** argv, const ConfigSchema& sche
 
 namespace {
 
+void mark_read(const Config::Impl& impl, const std::string& path) {
+  std::lock_guard<std::mutex> lock(impl.read->mutex);
+  impl.read->keys.insert(path);
+}
+
 const Entry& entry_of(const Config::Impl& impl, const std::string& path, KeyType want,
                       std::initializer_list<KeyType> also = {}) {
   const KeySpec* spec = impl.schema.find(path);
   if (spec == nullptr) throw Error("Config: no key '" + path + "' in the schema");
+  mark_read(impl, path);
   bool ok = spec->type() == want;
   for (KeyType t : also) ok |= spec->type() == t;
   if (!ok)
@@ -328,6 +342,7 @@ int64_t Config::get_int(const std::string& path) const {
 bool Config::is_auto(const std::string& path) const {
   const KeySpec* spec = impl_->schema.find(path);
   if (spec == nullptr) throw Error("Config: no key '" + path + "' in the schema");
+  mark_read(*impl_, path);
   const Entry& e = impl_->entries.at(path);
   return e.value.IsScalar() && e.value.Scalar() == "auto";
 }
@@ -373,6 +388,7 @@ DeviceRequest Config::get_devices(const std::string& path) const {
 std::string Config::get_text(const std::string& path) const {
   if (impl_->schema.find(path) == nullptr)
     throw Error("Config: no key '" + path + "' in the schema");
+  mark_read(*impl_, path);
   const YAML::Node& v = impl_->entries.at(path).value;
   return v.IsScalar() ? v.Scalar() : internal::describe(v);
 }
@@ -381,6 +397,47 @@ std::string Config::origin(const std::string& path) const {
   if (impl_->schema.find(path) == nullptr)
     throw Error("Config: no key '" + path + "' in the schema");
   return impl_->entries.at(path).origin;
+}
+
+bool Config::was_read(const std::string& path) const {
+  std::lock_guard<std::mutex> lock(impl_->read->mutex);
+  return impl_->read->keys.count(path) > 0;
+}
+
+namespace {
+
+// Whether `value` says what the key's default says (numbers compared as numbers: 0.0 is 0).
+bool is_default_value(const KeySpec& spec, const YAML::Node& value) {
+  YAML::Node fallback;
+  try {
+    fallback = YAML::Load(spec.default_text());
+  } catch (const YAML::Exception&) {
+    return false;
+  }
+  if (value.IsScalar() && fallback.IsScalar()) {
+    if (value.Scalar() == fallback.Scalar()) return true;
+    char *end_a = nullptr, *end_b = nullptr;
+    const double a = std::strtod(value.Scalar().c_str(), &end_a);
+    const double b = std::strtod(fallback.Scalar().c_str(), &end_b);
+    return !value.Scalar().empty() && !fallback.Scalar().empty() && *end_a == '\0' &&
+           *end_b == '\0' && a == b;
+  }
+  return internal::describe(value) == internal::describe(fallback);
+}
+
+}  // namespace
+
+std::vector<UnreadKey> Config::unread_keys() const {
+  std::vector<UnreadKey> out;
+  std::lock_guard<std::mutex> lock(impl_->read->mutex);
+  for (const auto& path : impl_->schema.paths()) {
+    const Entry& e = impl_->entries.at(path);
+    if (e.origin == "default" || impl_->read->keys.count(path)) continue;
+    if (is_default_value(*impl_->schema.find(path), e.value)) continue;
+    out.push_back(
+        {path, e.value.IsScalar() ? e.value.Scalar() : internal::describe(e.value), e.origin});
+  }
+  return out;
 }
 
 ConfigError Config::error_at(const std::string& path, const std::string& message) const {

@@ -42,6 +42,13 @@ struct DeviceRequest {
   std::vector<int64_t> ids;  // explicit ids [0, 1]
 };
 
+// A key the config sets that the program never read (Config::unread_keys).
+struct UnreadKey {
+  std::string path;    // "trainer.ema_decay"
+  std::string value;   // its YAML text, "0.999"
+  std::string origin;  // "configs/x.yaml:7:14" or "command line"
+};
+
 class Config {
  public:
   // Loads `file` (searched as described above) and applies `overrides`. Throws ConfigError.
@@ -76,6 +83,15 @@ class Config {
   std::string origin(const std::string& path) const;
   // A ConfigError located at `path`'s origin: "configs/x.yaml:7:14: fabric.accelerator: <message>".
   ConfigError error_at(const std::string& path, const std::string& message) const;
+
+  // Read tracking, shared by every copy of this Config: each typed get_*, is_auto and get_text
+  // marks its key read. Fabric reports the keys a config set that nothing read when the function
+  // given to Fabric::launch returns (fabric.strict_keys), and applies some keys a program leaves
+  // unread itself (docs/training.md, "Keys your loop reads").
+  bool was_read(const std::string& path) const;
+  // The keys set by the config file, its base chain or the command line to a value other than
+  // their default that no get_* has read yet, in schema order.
+  std::vector<UnreadKey> unread_keys() const;
 
   // The resolved configuration (every key, defaults filled in, in schema order) as YAML.
   std::string to_yaml() const;

@@ -77,6 +77,10 @@ ConfigSchema default_schema() {
         KeySpec::boolean(false).doc(
             "Fabric::init_module builds the model without parameter memory; setup gives it the "
             "values of a full init with the same seed (fsdp: each rank only its shards)"));
+  s.add("fabric.strict_keys",
+        KeySpec::boolean(false).doc(
+            "keys the config sets (to non-default values) that the program never read: false "
+            "warns, true fails the run with exit 2, when the function given to launch returns"));
   s.add("fabric.max_restarts",
         KeySpec::integer(0).min(0).doc(
             "self-launched jobs: when a rank fails, restart every rank from the newest complete "
@@ -229,8 +233,9 @@ ConfigSchema training_schema() {
   s.add("model.init_weights",
         KeySpec::string("none").doc(
             "start from these weights (.pt from torch.save(state_dict) or save_weights, or "
-            ".safetensors; told apart by contents), loaded strictly after setup; none: the "
-            "model's own initialisation"));
+            ".safetensors; told apart by contents), loaded strictly into the first module "
+            "Fabric::setup gets, unless the program read this key before; none: the model's own "
+            "initialisation"));
   s.section_doc("callbacks", "Built-in callbacks (fabric/callbacks.h).");
   s.add("callbacks.early_stopping.monitor",
         KeySpec::string("").doc("stop when this metric of the validation stops improving "
@@ -279,7 +284,10 @@ ConfigSchema training_schema() {
                                  "average of the weights per optimizer step (e.g. 0.999); 0: off"));
   s.add("trainer.ema_warmup",
         KeySpec::boolean(true).doc("decay min(ema_decay, (1 + n) / (10 + n)) at update n"));
-  s.add("trainer.gradient_clip_val", KeySpec::real(0.0).min(0).doc("0: no clipping"));
+  s.add("trainer.gradient_clip_val",
+        KeySpec::real(0.0).min(0).doc(
+            "0: no clipping; Fabric::step clips the optimizer's gradients to it when the "
+            "program did not read it and did not clip that step"));
   s.add("trainer.gradient_clip_algorithm", KeySpec::choice({"norm", "value"}, "norm"));
   s.add("trainer.stop_on_nonfinite",
         KeySpec::integer(10).min(0).doc(

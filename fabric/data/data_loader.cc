@@ -317,6 +317,11 @@ DataLoader::Iterator DataLoader::begin() {
   return Iterator(pass_, start);
 }
 
+void DataLoader::end_pass() {
+  pass_.reset();  // begin() already moved next_epoch_ past it
+  next_batch_ = 0;
+}
+
 void DataLoader::set_epoch(int64_t epoch) {
   next_epoch_ = epoch;
   next_batch_ = 0;

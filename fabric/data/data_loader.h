@@ -121,6 +121,13 @@ class DataLoader : public Stateful {
 
   // Starts a pass over the next epoch (stopping any unfinished pass).
   Iterator begin();
+  // Ends the pass in progress as if it had run to its end: state() (and a checkpoint) then says
+  // what the next begin() does, the next epoch from its first batch. Call it after leaving a pass
+  // early that the program will not continue (an evaluation on a few batches; Fabric::evaluate
+  // with a limit does), so that a resumed run evaluates on the batches the live one would. A
+  // pass left without it stays "in progress" in state(): how a training loop that stops mid-epoch
+  // is resumed where it stopped.
+  void end_pass();
   Iterator end();
 
   // Batches per pass for this rank.

@@ -1,0 +1,87 @@
+// Fabric and the keys of its config a program may leave to it: model.init_weights (applied by
+// setup), trainer.gradient_clip_val (applied by step), and the report of keys nothing read
+// (fabric.strict_keys). docs/training.md, "Keys your loop reads".
+#include <torch/types.h>
+
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "fabric/fabric.h"
+
+namespace fabric {
+namespace {
+
+// Whether `config` declares `path` and nothing has read it yet.
+bool unclaimed(const Config& config, const std::string& path) {
+  return config.schema().find(path) != nullptr && !config.was_read(path);
+}
+
+}  // namespace
+
+void Fabric::apply_init_weights(torch::nn::Module& module) {
+  if (init_weights_decided_) return;
+  init_weights_decided_ = true;
+  if (!unclaimed(config_, "model.init_weights")) return;
+  const std::string path = config_.get_string("model.init_weights");
+  if (path == "none") return;
+  try {
+    load_weights_of(module, path);
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const Error& e) {
+    throw config_.error_at("model.init_weights", e.what());
+  }
+  print("model.init_weights: loaded ", path, " into the model (the first module set up)");
+}
+
+void Fabric::clip_for_config(torch::optim::Optimizer& optimizer) {
+  if (!config_clip_) {
+    config_clip_ = 0.0;
+    if (unclaimed(config_, "trainer.gradient_clip_val")) {
+      config_clip_ = config_.get_double("trainer.gradient_clip_val");
+      config_clip_by_value_ = config_.schema().find("trainer.gradient_clip_algorithm") &&
+                              config_.get_string("trainer.gradient_clip_algorithm") == "value";
+    }
+  }
+  const bool clipped = clipped_since_step_;
+  clipped_since_step_ = false;
+  if (*config_clip_ <= 0 || clipped) return;
+  std::vector<torch::Tensor> parameters;
+  for (const auto& group : optimizer.param_groups())
+    for (const auto& p : group.params()) parameters.push_back(p);
+  precision().unscale_gradients(optimizer);
+  if (config_clip_by_value_) {
+    strategy_->clip_gradients_value(parameters, optimizer, *config_clip_);
+  } else {
+    strategy_->clip_gradients_norm(parameters, optimizer, *config_clip_, 2.0);
+  }
+}
+
+int Fabric::report_unread_keys(int status) {
+  if (!is_global_zero()) return status;
+  const bool strict = config_.schema().find("fabric.strict_keys") != nullptr &&
+                      config_.get_bool("fabric.strict_keys");
+  const std::vector<UnreadKey> unread = config_.unread_keys();
+  if (unread.empty()) return status;
+  std::string list;
+  for (const auto& k : unread)
+    list += (list.empty() ? "" : ", ") + k.path + ": " + k.value + " (" + k.origin + ")";
+  const std::string what =
+      std::to_string(unread.size()) +
+      (unread.size() == 1 ? " key the config sets was" : " keys the config sets were") +
+      " never read by this program, so " + (unread.size() == 1 ? "it" : "they") +
+      " had no effect: " + list;
+  const std::string fix =
+      "read them in your loop (or let Fabric apply them: docs/training.md, \"Keys your loop "
+      "reads\") or remove them";
+  if (strict && status == 0) {
+    std::cerr << "error: fabric.strict_keys: " << what << "; " << fix << std::endl;
+    return 2;
+  }
+  std::cerr << "warning: " << what << "; " << fix
+            << " (fabric.strict_keys: true makes this an error)" << std::endl;
+  return status;
+}
+
+}  // namespace fabric
