@@ -21,6 +21,7 @@
 #include "fabric/distributed/restart_agent.h"
 #include "fabric/logging/loggers.h"
 #include "fabric/logging/progress.h"
+#include "fabric/main.h"
 #include "strategies/collectives.h"
 
 namespace fabric {
@@ -66,6 +67,7 @@ int Fabric::run_launched(const std::function<int(Fabric&)>& fn) {
     write_default_summary(
         status, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   } catch (const std::exception& e) {
+    set_error_site(error_site());
     for (const auto& callback : callbacks_) {
       try {
         callback->on_exception(*this, e);
@@ -117,6 +119,7 @@ bool Fabric::should_stop() {
 }
 
 void Fabric::setup_module(torch::nn::Module& module) {
+  phase_ = Phase::kSetup;
   if (setup_->channels_last) {
     // Before the strategy sees the module: moves and dtype casts keep the memory format, and
     // DDP's buckets follow the parameters' layout from the start.
@@ -136,6 +139,7 @@ void Fabric::setup_module(torch::nn::Module& module) {
   }
   strategy_->setup_module(module);
   apply_init_weights(module);
+  phase_ = Phase::kForward;
   if (precision().mode() == PrecisionMode::kFp8Mixed && is_global_zero()) {
     const auto& c = strategy_->fp8_conversion();
     auto some = [](const std::vector<std::string>& names) {
@@ -164,7 +168,9 @@ void Fabric::empty_init_failed(const c10::Error& e) const {
 }
 
 void Fabric::setup_optimizer(torch::optim::Optimizer& optimizer) {
+  phase_ = Phase::kSetup;
   strategy_->setup_optimizer(optimizer);
+  phase_ = Phase::kForward;
 }
 
 DataLoader Fabric::setup_dataloader(std::shared_ptr<const Dataset> dataset,
@@ -189,7 +195,11 @@ DataLoader Fabric::setup_dataloader(std::shared_ptr<const Dataset> dataset,
   return DataLoader(std::move(dataset), std::move(options), placement);
 }
 
-void Fabric::backward(const torch::Tensor& loss) { strategy_->backward(loss); }
+void Fabric::backward(const torch::Tensor& loss) {
+  phase_ = Phase::kBackward;
+  strategy_->backward(loss);
+  phase_ = Phase::kAfterBackward;
+}
 
 void Fabric::backward(const torch::Tensor& loss, MicroBatch micro) {
   if (micro.count < 1 || micro.index < 0 || micro.index >= micro.count) {
@@ -197,13 +207,17 @@ void Fabric::backward(const torch::Tensor& loss, MicroBatch micro) {
                 std::to_string(micro.count) + " is outside [0, count)");
   }
   const ScopeGuard no_sync = micro.last() ? ScopeGuard() : strategy_->no_backward_sync();
+  phase_ = Phase::kBackward;
   strategy_->backward(micro.count == 1 ? loss : loss / static_cast<double>(micro.count));
+  phase_ = Phase::kAfterBackward;
 }
 
 bool Fabric::step(torch::optim::Optimizer& optimizer) {
+  phase_ = Phase::kStep;
   clip_for_config(optimizer);
   const bool stepped = strategy_->optimizer_step(optimizer);
   ++steps_;
+  phase_ = Phase::kForward;
   if (setup_->memory_limit_gb > 0) {
     rusage usage{};
     getrusage(RUSAGE_SELF, &usage);
@@ -281,6 +295,7 @@ void Fabric::write_default_summary(int status, double wall_seconds) {
 
 std::map<std::string, double> Fabric::evaluate(DataLoader& loader, const PerExample& per_example,
                                                int64_t limit_batches) {
+  phase_ = Phase::kEvaluate;
   torch::NoGradGuard no_grad;
   std::map<std::string, torch::Tensor> sums;  // float64 on the device
   int64_t seen = 0, b = 0;
@@ -319,6 +334,7 @@ std::map<std::string, double> Fabric::evaluate(DataLoader& loader, const PerExam
     means[name] = count > 0 ? total[i++].item<double>() / count : 0.0;
   }
   means["examples"] = count;
+  phase_ = Phase::kAfterEvaluate;
   return means;
 }
 

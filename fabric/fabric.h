@@ -443,6 +443,20 @@ class Fabric {
   std::vector<std::shared_ptr<Callback>> callbacks_;
   std::vector<std::shared_ptr<InitRecord>> pending_inits_;  // init_module's, until setup
   std::string stop_reason_;
+  // Where the loop is, for the line an error ends the program with (fabric/main.h
+  // set_error_site): the Fabric call running, or the last one that returned.
+  enum class Phase {
+    kBeforeSetup,
+    kSetup,
+    kForward,
+    kBackward,
+    kAfterBackward,
+    kStep,
+    kEvaluate,
+    kAfterEvaluate
+  };
+  Phase phase_ = Phase::kBeforeSetup;
+  std::string error_site() const;
   bool init_weights_decided_ = false;  // apply_init_weights ran (first setup_module)
   std::optional<double> config_clip_;  // decided at the first step: 0 when the program clips
   bool config_clip_by_value_ = false;  // trainer.gradient_clip_algorithm: value

@@ -84,4 +84,29 @@ int Fabric::report_unread_keys(int status) {
   return status;
 }
 
+std::string Fabric::error_site() const {
+  const std::string after = std::to_string(steps_) +
+                            (steps_ == 1 ? " optimizer step" : " optimizer steps") +
+                            " of this process";
+  switch (phase_) {
+    case Phase::kBeforeSetup:
+      return "before setup";
+    case Phase::kSetup:
+      return "in setup";
+    case Phase::kForward:
+      return "in forward (the loop's code before backward), after " + after;
+    case Phase::kBackward:
+      return "in backward, after " + after;
+    case Phase::kAfterBackward:
+      return "between backward and the optimizer step, after " + after;
+    case Phase::kStep:
+      return "in optimizer step " + std::to_string(steps_ + 1);
+    case Phase::kEvaluate:
+      return "in evaluate, after " + after;
+    case Phase::kAfterEvaluate:
+      return "in the loop's code after evaluate, after " + after;
+  }
+  return "";
+}
+
 }  // namespace fabric

@@ -20,6 +20,21 @@ std::string without_backtrace(const c10::Error& e) {
   return msg;
 }
 
+std::string& error_site() {
+  static std::string site;
+  return site;
+}
+
+bool debugging() {
+  const char* v = std::getenv("FABRIC_DEBUG");
+  return v != nullptr && *v != '\0' && std::string(v) != "0";
+}
+
+// " (SITE)" when Fabric::launch recorded where the error happened.
+std::string site_suffix() {
+  return error_site().empty() ? std::string() : " (" + error_site() + ")";
+}
+
 }  // namespace
 
 std::string explain_torch_error(const std::string& message) {
@@ -46,6 +61,8 @@ std::string explain_torch_error(const std::string& message) {
            "finite: a diverged run, or a temperature too close to 0)";
   return message;
 }
+
+void set_error_site(const std::string& site) { error_site() = site; }
 
 // " (rank N)" in processes of a multi-process job, so an error names where it happened.
 std::string rank_suffix() {
@@ -77,13 +94,18 @@ int run_main(int argc, char** argv, const ConfigSchema& schema, const MainBody& 
     write_to_terminal(e.what());
     return 2;
   } catch (const Error& e) {
-    write_to_terminal("error" + rank_suffix() + ": " + e.what());
+    write_to_terminal("error" + rank_suffix() + ": " + e.what() + site_suffix());
     return 1;
   } catch (const c10::Error& e) {
-    write_to_terminal("error" + rank_suffix() + ": " + explain_torch_error(without_backtrace(e)));
+    write_to_terminal(
+        "error" + rank_suffix() + ": " + explain_torch_error(without_backtrace(e)) + site_suffix() +
+        (debugging() ? "\nFABRIC_DEBUG: LibTorch's whole message, with the C++ stack where it "
+                       "threw:\n" +
+                           std::string(e.what())
+                     : std::string()));
     return 1;
   } catch (const std::exception& e) {
-    write_to_terminal("error" + rank_suffix() + ": " + describe(e));
+    write_to_terminal("error" + rank_suffix() + ": " + describe(e) + site_suffix());
     return 1;
   }
 }

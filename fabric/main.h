@@ -14,7 +14,9 @@
 //           configs/x.yaml:7:14: fabric.precision: '16-mixd' is not a precision; did you mean
 //           '16-mixed'?
 //   exit 1  any other error (fabric::Error, LibTorch errors, std::exception), printed as "error:
-//   ..." other   whatever body returns.
+//           ..." and, for an error from inside Fabric::launch, where in the loop it happened
+//           (set_error_site below; FABRIC_DEBUG=1 adds a LibTorch error's C++ stack)
+//   other   whatever body returns.
 #ifndef FABRIC_MAIN_H_
 #define FABRIC_MAIN_H_
 
@@ -28,6 +30,13 @@ namespace fabric {
 using MainBody = std::function<int(const Config& config)>;
 
 int run_main(int argc, char** argv, const ConfigSchema& schema, const MainBody& body);
+
+// Where in a training loop the error now leaving Fabric::launch happened, e.g. "in backward,
+// after 12 optimizer steps of this process": Fabric::launch records it and run_main appends it to
+// the line it prints ("error: ... (in backward, after 12 optimizer steps of this process)"). With
+// FABRIC_DEBUG=1 in the environment run_main also prints a LibTorch error's C++ stack (the one
+// LibTorch recorded where it threw). "" forgets the site.
+void set_error_site(const std::string& site);
 
 // A LibTorch error's first line in the project's terms where LibTorch's own words do not say
 // what to change: an allocation no machine holds ("out of memory: a tensor of 3725.3 GiB did not

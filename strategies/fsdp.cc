@@ -182,6 +182,18 @@ void Fsdp::setup_module(torch::nn::Module& module) {
     if (wrapped > 0)
       std::cerr << " (largest '" << largest_name << "', " << largest << " parameters)";
     if (root > 0) std::cerr << " and the root unit (" << root << " parameters)";
+    if (wrapped == 0 && root > 0) {
+      // Why nothing was split into units: the policy's two rules, with the fix.
+      std::string types;
+      for (const auto& t : options_.wrap_modules) types += (types.empty() ? "" : ",") + t;
+      std::cerr << ": no submodule holds fabric.fsdp.min_unit_params (" << options_.min_unit_params
+                << ") parameters or more"
+                << (types.empty() ? std::string(" and fabric.fsdp.wrap_modules names no type")
+                                  : " or has a type in fabric.fsdp.wrap_modules (" + types + ")")
+                << ", so the whole model is gathered at once (fine for a small model; for a "
+                   "large one name its block type in fabric.fsdp.wrap_modules or lower "
+                   "min_unit_params)";
+    }
     std::cerr << std::endl;
   }
   params_ = std::move(params);

@@ -2,6 +2,8 @@
 
 #include <torch/csrc/autograd/profiler_kineto.h>
 
+#include <stdlib.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <set>
@@ -46,6 +48,11 @@ StepProfiler::StepProfiler(StepProfilerOptions options) : options_(std::move(opt
     throw Error("profiler: wait, warmup and repeat must be >= 0");
   if (options_.active < 1) throw Error("profiler: active must be >= 1");
   if (!options_.cpu && !options_.cuda) throw Error("profiler: no activity to record (cpu, cuda)");
+  // Recording CPU ops only, Kineto still looks for GPUs; with a CUDA build of LibTorch on a
+  // machine without them it logs "ERROR ... gpuGetDeviceCount failed with code 35" (no driver),
+  // which reads like a failure and is none. Its log level, read when it starts, silences that
+  // unless the user set one (KINETO_LOG_LEVEL=2 shows its warnings again).
+  if (!options_.cuda) setenv("KINETO_LOG_LEVEL", "5", /*overwrite=*/0);
 }
 
 StepProfiler::~StepProfiler() {

@@ -12,6 +12,8 @@
 //   test.end_pass      true   test.own_eval: call DataLoader::end_pass() after the break
 //   test.save_init     ""     write the weights right after setup here (save_weights), go on
 //   test.kill_at_step  -1     SIGKILL this process right after this step's checkpoint
+//   test.fail          none   forward | backward: at step 3, a LibTorch error there (a view of a
+//                             non-contiguous tensor; the backward of a loss without gradient)
 // Prints, on rank 0: "init SUM" after setup (the sum of every parameter, %.17g), "step S grad
 // NORM MAX" after each f.step (the total norm and largest magnitude of the gradients the optimizer
 // used), "val step S loss L examples N" after each evaluation.
@@ -55,6 +57,7 @@ int main(int argc, char** argv) {
   schema.add("test.end_pass", fabric::KeySpec::boolean(true));
   schema.add("test.save_init", fabric::KeySpec::string(""));
   schema.add("test.kill_at_step", fabric::KeySpec::integer(-1).min(-1));
+  schema.add("test.fail", fabric::KeySpec::choice({"none", "forward", "backward"}, "none"));
   return fabric::run_main(argc, argv, schema, [](const fabric::Config& c) {
     fabric::Fabric fabric(c);
     return fabric.launch([&](fabric::Fabric& f) {
@@ -100,7 +103,11 @@ int main(int argc, char** argv) {
       while (checkpoints.step() < steps) {
         for (fabric::Batch& batch : train) {
           optimizer.zero_grad();
-          f.backward(torch::cross_entropy_loss(model->forward(batch.data), batch.target));
+          const std::string fail = checkpoints.step() == 2 ? c.get_string("test.fail") : "none";
+          torch::Tensor logits = model->forward(batch.data);
+          if (fail == "forward") logits = logits.t().view({-1});
+          torch::Tensor loss = torch::cross_entropy_loss(logits, batch.target);
+          f.backward(fail == "backward" ? loss.detach() : loss);
           f.step(optimizer);
           double norm = 0, largest = 0;
           for (const auto& p : model->parameters()) {

@@ -166,4 +166,31 @@ TEST_F(UserLoopTest, EvaluationWithALimitDoesNotBreakExactResume) {
   }
 }
 
+TEST_F(UserLoopTest, AnErrorInTheLoopSaysWhereItHappened) {
+  auto forward = run("test.fail=forward");
+  EXPECT_EQ(forward.code, 1) << forward.out;
+  EXPECT_NE(forward.out.find("(in forward (the loop's code before backward), after 2 optimizer "
+                             "steps of this process)"),
+            std::string::npos)
+      << forward.out;
+  EXPECT_NE(forward.out.find("error: view size is not compatible"), std::string::npos)
+      << forward.out;
+  EXPECT_EQ(forward.out.find("frame #"), std::string::npos) << forward.out;
+
+  auto backward = run("test.fail=backward");
+  EXPECT_EQ(backward.code, 1) << backward.out;
+  EXPECT_NE(backward.out.find("(in backward, after 2 optimizer steps of this process)"),
+            std::string::npos)
+      << backward.out;
+
+  const std::string exe = fabric::testing::helper_binary("//tests/integration:user_loop_helper");
+  auto debug = fabric::testing::run_command("cd '" + dir_.string() + "' && FABRIC_DEBUG=1 '" + exe +
+                                            "' fabric.accelerator=cpu test.fail=forward");
+  EXPECT_EQ(debug.code, 1) << debug.out;
+  EXPECT_NE(debug.out.find("FABRIC_DEBUG: LibTorch's whole message, with the C++ stack"),
+            std::string::npos)
+      << debug.out;
+  EXPECT_NE(debug.out.find("frame #"), std::string::npos) << debug.out;
+}
+
 }  // namespace
