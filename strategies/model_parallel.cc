@@ -90,9 +90,10 @@ void ModelParallel::setup_module(torch::nn::Module& module) {
     // tensor_parallel_size 1 is plain fsdp (HSDP over nodes): nothing to split, no plan needed.
   } else {
     throw unsupported("the module (" + module.name() +
-                      ") carries no tensor-parallel plan: derive it from "
-                      "fabric::nn::TensorParallelPlanned, or give one to "
-                      "ModelParallel::set_plan (docs/training.md, \"Tensor parallelism\")");
+                      ") carries no tensor-parallel plan: derive its class from "
+                      "fabric::nn::TensorParallelPlanned (fabric/all.h) and return the plan from "
+                      "tensor_parallel_plan() (docs/tensor_parallel.md), or set "
+                      "fabric.model_parallel.tensor_parallel_size: 1");
   }
   plan.sequence_parallel = plan.sequence_parallel || options_mp_.sequence_parallel;
   if (tp == 1 && options_mp_.sequence_parallel && global_rank() == 0)

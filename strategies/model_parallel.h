@@ -54,7 +54,8 @@ class ModelParallel : public Fsdp {
 
   // Builds the mesh after the rendezvous (collective).
   void setup_environment() override;
-  // The plan for the next setup_module, instead of the module's own.
+  // The plan for the next setup_module, instead of the module's own (for programs that build
+  // the strategy themselves; a Fabric program's model carries its plan: TensorParallelPlanned).
   void set_plan(fabric::nn::TensorParallelPlan plan) { plan_ = std::move(plan); }
   void setup_module(torch::nn::Module& module) override;
   void setup_optimizer(torch::optim::Optimizer& optimizer) override;

@@ -132,6 +132,35 @@ using ReduceScatterSequence = AlongDim<Move::kReduceScatter, Move::kAllGather>;
 
 int64_t wrap_dim(int64_t dim, const torch::Tensor& x) { return dim < 0 ? dim + x.dim() : dim; }
 
+// "fabric::nn::Linear 'blocks.0.attn.qkv' (column(3), tp 2)": a split layer, for errors.
+std::string layer_label(const TensorParallelShard& p) {
+  return "fabric::nn::Linear " +
+         (p.module_name.empty() ? std::string() : "'" + p.module_name + "' ") + "(" +
+         p.style.name() + ", tp " + std::to_string(p.size) + ")";
+}
+
+// A column layer under sequence parallelism gathers its input along T: it must be this rank's
+// T / tp positions of activations enter_sequence_parallel cut. Whole activations would be
+// gathered to tp x T positions and fail later in LibTorch's words (a GEMM's or a view's shapes).
+void check_sequence_cut(const TensorParallelShard& p, const torch::Tensor& x) {
+  const int64_t entered = p.entered_sequence ? p.entered_sequence->load() : -1;
+  const std::string fix =
+      "call x = fabric::nn::enter_sequence_parallel(x, layer->parallel()) after the embeddings "
+      "and leave_sequence_parallel before the head (docs/tensor_parallel.md), or set "
+      "fabric.model_parallel.sequence_parallel: false";
+  if (entered < 0)
+    throw Error(layer_label(p) +
+                " runs under sequence parallelism, but the model never cut its "
+                "activations along the sequence: " +
+                fix);
+  if (x.dim() < 3 || x.size(1) * p.size != entered)
+    throw Error(layer_label(p) + " runs under sequence parallelism and takes this rank's " +
+                std::to_string(entered / p.size) + " of " + std::to_string(entered) +
+                " positions, [B, T / tp, ...], but its input is " + describe(x) +
+                ": give the split layers the activations between enter_sequence_parallel and "
+                "leave_sequence_parallel, or set fabric.model_parallel.sequence_parallel: false");
+}
+
 }  // namespace
 
 torch::Tensor copy_to_parallel(const torch::Tensor& x, const ProcessGroupPtr& group) {
@@ -166,6 +195,7 @@ torch::Tensor enter_sequence_parallel(const torch::Tensor& x,
                 std::to_string(shard->size) +
                 "; make the sequence length a multiple of fabric.model_parallel."
                 "tensor_parallel_size, or turn sequence_parallel off");
+  if (shard->entered_sequence) shard->entered_sequence->store(x.size(1));
   return scatter_to_parallel(x, shard->group, 1);
 }
 
@@ -203,7 +233,8 @@ TensorParallelShard::TensorParallelShard(ProcessGroupPtr group_, TensorParallelS
       rank(rank_),
       size(size_),
       dim(dim_),
-      full_sizes(std::move(full_sizes_)) {}
+      full_sizes(std::move(full_sizes_)),
+      entered_sequence(std::make_shared<std::atomic<int64_t>>(-1)) {}
 TensorParallelShard::TensorParallelShard(const TensorParallelShard&) = default;
 TensorParallelShard::TensorParallelShard(TensorParallelShard&&) noexcept = default;
 TensorParallelShard& TensorParallelShard::operator=(const TensorParallelShard&) = default;
@@ -289,9 +320,11 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   };
   if (!parallel_) return gemm(x, bias);
   const TensorParallelShard& p = *parallel_;
-  if (p.style.kind == TensorParallelStyle::Kind::kColumn)
-    return gemm(p.sequence_parallel ? gather_sequence(x, p.group, 1) : copy_to_parallel(x, p.group),
-                bias);
+  if (p.style.kind == TensorParallelStyle::Kind::kColumn) {
+    if (!p.sequence_parallel) return gemm(copy_to_parallel(x, p.group), bias);
+    check_sequence_cut(p, x);
+    return gemm(gather_sequence(x, p.group, 1), bias);
+  }
   // Row: partial sums of every rank's input features, then the (whole) bias once; under
   // sequence parallelism each rank keeps its positions of the sum, and the bias's gradient on
   // them is partial.
@@ -301,6 +334,21 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   }
   torch::Tensor y = reduce_from_parallel(gemm(x, torch::Tensor()), p.group);
   return bias.defined() ? y + bias : y;
+}
+
+int64_t local_heads(const LinearImpl& layer, int64_t n_head) {
+  if (n_head < 1)
+    throw Error("fabric::nn::local_heads: n_head must be at least 1 (got " +
+                std::to_string(n_head) + ")");
+  const auto& p = layer.parallel();
+  if (!p) return n_head;
+  if (n_head % p->size != 0)
+    throw Error(layer_label(*p) + " holds n_head / tp heads per rank, but " +
+                std::to_string(n_head) + " heads do not divide by tp " + std::to_string(p->size) +
+                ": make n_head a multiple of fabric.model_parallel.tensor_parallel_size "
+                "(.in_units(head_size, \"attention heads\") on the plan rule refuses such a tp "
+                "at setup); then reshape with -1 or the local head count, never n_head");
+  return n_head / p->size;
 }
 
 // --- Embedding -----------------------------------------------------------------------------------

@@ -28,6 +28,10 @@
 //                                       {"blocks.*.proj", fabric::nn::TensorParallelStyle::row()}};
 //   fabric::nn::parallelize(*model, plan, mesh.group("tp"));   // before the optimizer is built
 //
+// Under Fabric (fabric.strategy: model_parallel) a model carries its plan instead
+// (TensorParallelPlanned, at the end) and the strategy calls parallelize(). What a user's own
+// model changes, with a complete attention + MLP block: docs/tensor_parallel.md.
+//
 // Parameters a rule names are replaced in place by this rank's slice (the Parameter objects stay:
 // anything holding them sees the slice); every other parameter stays whole on every rank and gets
 // the same gradient there. The collectives are collective over the group: every rank of it runs
@@ -42,7 +46,9 @@
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -125,6 +131,11 @@ struct TensorParallelShard {
   int64_t dim = 0;
   std::vector<int64_t> full_sizes;  // the whole weight's sizes
   bool sequence_parallel = false;   // the plan's (TensorParallelPlan::sequence_parallel)
+  std::string module_name;          // the layer's name in the model (parallelize() sets it)
+  // The whole sequence length enter_sequence_parallel last cut for this shard's plan (-1: never),
+  // shared by the shards of one parallelize() (each constructed shard starts its own): a layer
+  // under sequence parallelism tells activations that were never cut from its own cut of them.
+  std::shared_ptr<std::atomic<int64_t>> entered_sequence;
   // This rank's slice of a whole tensor cut like the weight (a bias: along dim 0 when the style
   // cuts rows). Used by parallelize() and to load a whole checkpoint.
   torch::Tensor slice(const torch::Tensor& whole, int64_t along) const;
@@ -134,7 +145,9 @@ struct TensorParallelShard {
 
 // A model's side of sequence parallelism, for the layer `shard` belongs to (identity when the
 // plan has none): enter cuts whole activations [B, T, ...] to this rank's T / tp positions
-// (fabric::Error naming T when tp does not divide it); leave gathers them whole again.
+// (fabric::Error naming T when tp does not divide it); leave gathers them whole again. A split
+// layer under sequence parallelism whose input was not cut this way (the model never calls
+// enter, or hands it whole activations) throws fabric::Error naming the layer and this fix.
 torch::Tensor enter_sequence_parallel(const torch::Tensor& x,
                                       const std::optional<TensorParallelShard>& shard);
 torch::Tensor leave_sequence_parallel(const torch::Tensor& x,
@@ -176,6 +189,17 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   Fp8Scaling fp8_scaling_ = Fp8Scaling::kTensorwise;
 };
 TORCH_MODULE(Linear);
+
+// The attention heads this rank holds of a layer cut between heads: n_head / tp when a plan split
+// `layer` (column or row), else n_head. A split qkv layer's output is this rank's heads only, so
+// reshape it with this count (or -1), never the model's n_head:
+//   q.view({B, T, fabric::nn::local_heads(qkv, n_head), head_size})
+// Ask in forward(): before Fabric's setup splits it the layer is whole. fabric::Error naming the
+// layer when tp does not divide n_head (a rank would hold part of a head), or n_head < 1.
+int64_t local_heads(const LinearImpl& layer, int64_t n_head);
+inline int64_t local_heads(const Linear& layer, int64_t n_head) {
+  return local_heads(*layer, n_head);
+}
 
 // An Embedding a tensor-parallel plan can split by vocabulary; otherwise torch::nn::Embedding's
 // twin (weight ~ N(0, 1); no padding_idx, max_norm or sparse gradients).
@@ -234,10 +258,13 @@ struct TensorParallelPlan {
 bool plan_pattern_matches(const std::string& pattern, const std::string& name);
 
 // Splits the modules `plan` names over `group` (see the file comment); returns their names.
-// fabric::Error for: a rule that matches no module; a match that is not a fabric::nn::Linear
-// (column, row) or fabric::nn::Embedding (vocab), naming its type and the drop-in to use; a size
-// the group's size does not divide (naming the module, the size and tp); a module already split.
-// A group of one rank changes nothing. Call before building the optimizer.
+// fabric::ConfigError, naming the rule, the module and the fix, for: a rule that matches no module
+// (listing the model's Linear, or Embedding, names closest to the rule, as patterns); a match that
+// is not a fabric::nn::Linear (column, row) or fabric::nn::Embedding (vocab): a torch::nn one
+// (the drop-in to build instead, with its sizes), or a module holding layers (the names inside
+// to point the rule at); a size the group's size does not divide (naming the size and tp). A
+// module already split: fabric::Error. A group of one rank changes nothing. Call before building
+// the optimizer.
 std::vector<std::string> parallelize(torch::nn::Module& model, const TensorParallelPlan& plan,
                                      const ProcessGroupPtr& group);
 
@@ -250,7 +277,9 @@ void unparallelize(torch::nn::Module& model);
 bool is_split_parameter(torch::nn::Module& model, const torch::Tensor& tensor);
 
 // A model that carries its own plan: fabric.strategy: model_parallel asks the module it sets up
-// for it (the GPT does: fabric::models::gpt_tensor_parallel_plan).
+// for it (the GPT does: fabric::models::gpt_tensor_parallel_plan). Derive the module's class
+// (the Impl of a ModuleHolder) from it beside torch::nn::Module (docs/tensor_parallel.md):
+//   struct NetImpl : torch::nn::Module, fabric::nn::TensorParallelPlanned { ... };
 class TensorParallelPlanned {
  public:
   virtual ~TensorParallelPlanned() = default;

@@ -1,10 +1,16 @@
 // Plans applied to a model: parallelize() (checks first, then splits), unparallelize() and
 // is_split_parameter(). The layers and collectives they set up are in tensor_parallel.cc.
 #include <algorithm>
+#include <atomic>
 #include <memory>
+#include <string>
 #include <utility>
+#include <vector>
 
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
 #include "fabric/core/error.h"
 #include "fabric/nn/empty_init.h"
 #include "fabric/nn/tensor_parallel.h"
@@ -25,6 +31,171 @@ bool plan_pattern_matches(const std::string& pattern, const std::string& name) {
   }
 }
 
+namespace {
+
+using Modules = torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>>;
+
+// The kinds of layer a style splits, and LibTorch's twins of them.
+bool splits(const TensorParallelStyle& style, const torch::nn::Module& m) {
+  if (style.kind == TensorParallelStyle::Kind::kVocab) return m.as<EmbeddingImpl>() != nullptr;
+  return m.as<LinearImpl>() != nullptr;
+}
+bool layer_of_kind(const TensorParallelStyle& style, const torch::nn::Module& m) {
+  if (style.kind == TensorParallelStyle::Kind::kVocab)
+    return m.as<EmbeddingImpl>() != nullptr || m.as<torch::nn::EmbeddingImpl>() != nullptr;
+  return m.as<LinearImpl>() != nullptr || m.as<torch::nn::LinearImpl>() != nullptr;
+}
+std::string kind_name(const TensorParallelStyle& style) {
+  return style.kind == TensorParallelStyle::Kind::kVocab ? "Embedding" : "Linear";
+}
+
+// "TensorParallelStyle::column(3)": the style as a plan writes it.
+std::string style_expression(const TensorParallelStyle& style) {
+  const std::string name = style.name();
+  return "TensorParallelStyle::" + (name.back() == ')' ? name : name + "()");
+}
+
+// A module name as a rule would write it for every block: numbered components become '*'
+// ("blocks.3.attn.qkv" → "blocks.*.attn.qkv").
+std::string as_pattern(const std::string& name) {
+  std::string out, component;
+  auto flush = [&] {
+    const bool number =
+        !component.empty() && std::all_of(component.begin(), component.end(),
+                                          [](char c) { return c >= '0' && c <= '9'; });
+    out += number ? "*" : component;
+    component.clear();
+  };
+  for (char c : name) {
+    if (c == '.') {
+      flush();
+      out += '.';
+    } else {
+      component += c;
+    }
+  }
+  flush();
+  return out;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The distinct patterns of `names`, closest to `rule` first (ties in the model's order).
+std::vector<std::string> closest_patterns(const std::vector<std::string>& names,
+                                          const std::string& rule) {
+  std::vector<std::string> patterns;
+  for (const std::string& n : names) {
+    const std::string p = as_pattern(n);
+    if (std::find(patterns.begin(), patterns.end(), p) == patterns.end()) patterns.push_back(p);
+  }
+  std::stable_sort(patterns.begin(), patterns.end(),
+                   [&](const std::string& a, const std::string& b) {
+                     return edit_distance(a, rule) < edit_distance(b, rule);
+                   });
+  return patterns;
+}
+
+// "'a', 'b', 'c' (and 2 more)": at most `most` of them.
+std::string quoted_list(const std::vector<std::string>& items, size_t most = 4) {
+  std::string out;
+  for (size_t i = 0; i < items.size() && i < most; ++i) out += (i ? ", '" : "'") + items[i] + "'";
+  if (items.size() > most) out += " (and " + std::to_string(items.size() - most) + " more)";
+  return out;
+}
+
+// The names (relative to `prefix`) of the layers of `style`'s kind in `modules` under `prefix`.
+std::vector<std::string> layers_of_kind(const Modules& modules, const TensorParallelStyle& style,
+                                        const std::string& prefix = "") {
+  std::vector<std::string> out;
+  for (const auto& item : modules) {
+    if (!layer_of_kind(style, *item.value())) continue;
+    if (prefix.empty()) {
+      out.push_back(item.key());
+    } else if (item.key().rfind(prefix + ".", 0) == 0) {
+      out.push_back(item.key().substr(prefix.size() + 1));
+    }
+  }
+  return out;
+}
+
+// Why rule `r` matches nothing, with the model's own names to use instead.
+std::string matches_nothing(const Modules& modules, const std::string& rule,
+                            const TensorParallelStyle& style) {
+  const std::string head = "tensor parallel plan rule '" + rule + "' (" + style.name() +
+                           ") matches no module of the model";
+  const std::string star = " ('*' matches one name component)";
+  std::vector<std::string> layers = closest_patterns(layers_of_kind(modules, style), rule);
+  if (!layers.empty())
+    return head + "; its " + kind_name(style) + " layers, closest first: " + quoted_list(layers) +
+           "; point the rule at one, e.g. {\"" + layers.front() + "\", " + style_expression(style) +
+           "}" + star;
+  const std::vector<std::string> names = closest_patterns(modules.keys(), rule);
+  return head + " and the model has no " + kind_name(style) +
+         " layer; its modules, closest first: " +
+         (names.empty() ? std::string("(none)") : quoted_list(names)) + star;
+}
+
+// Why `m` (named `name`, matched by rule `rule`) cannot be split by `style`, and the fix.
+std::string cannot_split(const Modules& modules, const std::string& where, const std::string& rule,
+                         const std::string& name, const torch::nn::Module& m,
+                         const TensorParallelStyle& style) {
+  const bool vocab = style.kind == TensorParallelStyle::Kind::kVocab;
+  const std::string local =
+      name.substr(name.rfind('.') == std::string::npos ? 0 : name.rfind('.') + 1);
+  if (const auto* l = m.as<torch::nn::LinearImpl>(); l != nullptr && !vocab) {
+    const auto& o = l->options;
+    const std::string args =
+        std::to_string(o.in_features()) + ", " + std::to_string(o.out_features());
+    return where + ": the module is a torch::nn::Linear, which no plan can split; build it as " +
+           "fabric::nn::Linear, its drop-in (same options, parameter names and initialization), " +
+           "e.g. register_module(\"" + local + "\", fabric::nn::Linear(" +
+           (o.bias() ? args : "torch::nn::LinearOptions(" + args + ").bias(false)") + "))";
+  }
+  if (const auto* e = m.as<torch::nn::EmbeddingImpl>(); e != nullptr && vocab) {
+    const auto& o = e->options;
+    return where + ": the module is a torch::nn::Embedding, which no plan can split; build it as " +
+           "fabric::nn::Embedding, its drop-in (same options, parameter names and " +
+           "initialization), e.g. register_module(\"" + local + "\", fabric::nn::Embedding(" +
+           std::to_string(o.num_embeddings()) + ", " + std::to_string(o.embedding_dim()) + "))";
+  }
+  if (m.as<LinearImpl>() != nullptr || m.as<EmbeddingImpl>() != nullptr ||
+      m.as<torch::nn::LinearImpl>() != nullptr || m.as<torch::nn::EmbeddingImpl>() != nullptr) {
+    const bool linear = m.as<LinearImpl>() != nullptr || m.as<torch::nn::LinearImpl>() != nullptr;
+    return where + ": the module is a" + (linear ? " Linear" : "n Embedding") + ", and " +
+           style.name() + " splits " + (vocab ? "an Embedding" : "a Linear") + ": give it " +
+           (linear ? "column or row" : "vocab") + " (" + style_expression(style) + " is for " +
+           (vocab ? "fabric::nn::Embedding" : "fabric::nn::Linear") + ")";
+  }
+  const std::vector<std::string> inside = layers_of_kind(modules, style, name);
+  const std::string type = m.name();
+  if (!inside.empty())
+    return where + ": the module is a " + type + " holding " + kind_name(style) + " layers " +
+           quoted_list(inside) + "; a rule names the layer itself, e.g. {\"" + rule + "." +
+           as_pattern(inside.front()) + "\", " + style_expression(style) + "}";
+  const std::vector<std::string> layers = closest_patterns(layers_of_kind(modules, style), rule);
+  return where + ": the module is a " + type + ", not a fabric::nn::" + kind_name(style) +
+         "; a plan splits fabric::nn::Linear (column, row) and fabric::nn::Embedding (vocab) " +
+         "layers only" +
+         (layers.empty() ? std::string()
+                         : "; the model's " + kind_name(style) +
+                               " layers, closest first: " + quoted_list(layers));
+}
+
+}  // namespace
+
 std::vector<std::string> parallelize(torch::nn::Module& model, const TensorParallelPlan& plan,
                                      const ProcessGroupPtr& group) {
   const int64_t size = group->getSize(), rank = group->getRank();
@@ -36,7 +207,7 @@ std::vector<std::string> parallelize(torch::nn::Module& model, const TensorParal
   };
   std::vector<Match> matches;
   std::vector<bool> used(plan.rules.size(), false);
-  const auto modules = model.named_modules("", /*include_self=*/false);
+  const Modules modules = model.named_modules("", /*include_self=*/false);
   for (const auto& item : modules) {
     size_t r = 0;
     while (r < plan.rules.size() && !plan_pattern_matches(plan.rules[r].first, item.key())) ++r;
@@ -46,10 +217,9 @@ std::vector<std::string> parallelize(torch::nn::Module& model, const TensorParal
   }
   for (size_t r = 0; r < plan.rules.size(); ++r)
     if (!used[r])
-      throw ConfigError("tensor parallel plan rule '" + plan.rules[r].first +
-                        "' matches no module of the model; module names look like '" +
-                        (modules.is_empty() ? std::string("(none)") : modules.keys().back()) +
-                        "' ('*' matches one name component)");
+      throw ConfigError(matches_nothing(modules, plan.rules[r].first, plan.rules[r].second));
+  // The shards of this plan share one record of the sequence enter_sequence_parallel cut.
+  const auto entered_sequence = std::make_shared<std::atomic<int64_t>>(-1);
   std::vector<TensorParallelShard> shards;
   for (const Match& m : matches) {
     const TensorParallelStyle style = plan.rules[m.rule].second;
@@ -57,14 +227,14 @@ std::vector<std::string> parallelize(torch::nn::Module& model, const TensorParal
                               style.name() + ") on " + m.name;
     TensorParallelShard shard(group, style, rank, size, 0, {});
     shard.sequence_parallel = plan.sequence_parallel;
+    shard.module_name = m.name;
+    shard.entered_sequence = entered_sequence;
     const bool vocab = style.kind == TensorParallelStyle::Kind::kVocab;
     auto* e = m.module->as<EmbeddingImpl>();
     auto* l = m.module->as<LinearImpl>();
-    if (vocab ? e == nullptr : l == nullptr)
-      throw ConfigError(where + ": the module is a " + m.module->name() +
-                        ", not a fabric::nn::" + (vocab ? "Embedding" : "Linear") +
-                        "; build it as fabric::nn::" + (vocab ? "Embedding" : "Linear") +
-                        " (same options and parameters) to split it");
+    if (!splits(style, *m.module))
+      throw ConfigError(
+          cannot_split(modules, where, plan.rules[m.rule].first, m.name, *m.module, style));
     if (vocab ? e->parallel().has_value() : l->parallel().has_value())
       throw Error(where + ": the module is split already");
     shard.full_sizes = (vocab ? e->weight : l->weight).sizes().vec();

@@ -86,20 +86,22 @@ TEST(TensorParallelTest, ABadPlanNamesTheRuleTheModuleAndTheFix) {
                                         {"blocks.*.fc", TensorParallelStyle::row()}}},
                                       group);
             }),
-            "tensor parallel plan rule 'blocks.*.fc' matches no module of the model; module names "
-            "look like 'emb' ('*' matches one name component)");
+            "tensor parallel plan rule 'blocks.*.fc' (row) matches no module of the model; its "
+            "Linear layers, closest first: 'fc', 'plain'; point the rule at one, e.g. {\"fc\", "
+            "TensorParallelStyle::row()} ('*' matches one name component)");
   EXPECT_EQ(error_of([&] {
               fabric::nn::parallelize(net, {{{"plain", TensorParallelStyle::row()}}}, group);
             }),
-            "tensor parallel plan rule 'plain' (row) on plain: the module is a "
-            "torch::nn::LinearImpl, not a fabric::nn::Linear; build it as fabric::nn::Linear "
-            "(same options and parameters) to split it");
+            "tensor parallel plan rule 'plain' (row) on plain: the module is a torch::nn::Linear, "
+            "which no plan can split; build it as fabric::nn::Linear, its drop-in (same options, "
+            "parameter names and initialization), e.g. register_module(\"plain\", "
+            "fabric::nn::Linear(8, 6))");
   EXPECT_EQ(error_of([&] {
               fabric::nn::parallelize(net, {{{"fc", TensorParallelStyle::vocab()}}}, group);
             }),
-            "tensor parallel plan rule 'fc' (vocab) on fc: the module is a fabric::nn::LinearImpl, "
-            "not a fabric::nn::Embedding; build it as fabric::nn::Embedding (same options and "
-            "parameters) to split it");
+            "tensor parallel plan rule 'fc' (vocab) on fc: the module is a Linear, and vocab "
+            "splits an Embedding: give it column or row (TensorParallelStyle::vocab() is for "
+            "fabric::nn::Embedding)");
   EXPECT_EQ(error_of([&] {
               fabric::nn::parallelize(net, {{{"fc", TensorParallelStyle::column(4)}}}, group);
             }),
@@ -117,6 +119,129 @@ TEST(TensorParallelTest, ABadPlanNamesTheRuleTheModuleAndTheFix) {
             std::vector<std::string>{"fc"});
   EXPECT_TRUE(torch::equal(net.fc->weight, before));
   EXPECT_FALSE(net.fc->parallel().has_value());
+}
+
+// A user's nanoGPT-style model, its layers named its own way: a plan written for other names
+// gets them back as patterns, closest first, with a rule to copy.
+struct Attention : torch::nn::Module {
+  Attention() {
+    qkv = register_module("qkv", fabric::nn::Linear(8, 24));
+    proj = register_module("proj", torch::nn::Linear(torch::nn::LinearOptions(8, 8).bias(false)));
+  }
+  fabric::nn::Linear qkv{nullptr};
+  torch::nn::Linear proj{nullptr};
+};
+struct Block : torch::nn::Module {
+  Block() {
+    attn = register_module("attn", std::make_shared<Attention>());
+    ln = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({8})));
+  }
+  std::shared_ptr<Attention> attn;
+  torch::nn::LayerNorm ln{nullptr};
+};
+struct UserModel : torch::nn::Module {
+  UserModel() {
+    wte = register_module("wte", torch::nn::Embedding(16, 8));
+    torch::nn::ModuleList list;
+    for (int i = 0; i < 2; ++i) list->push_back(std::make_shared<Block>());
+    blocks = register_module("blocks", list);
+  }
+  torch::nn::Embedding wte{nullptr};
+  torch::nn::ModuleList blocks{nullptr};
+};
+
+TEST(TensorParallelTest, PlanErrorsOfAUsersModelNameItsOwnLayers) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto group = fabric::distributed::make_process_group(store, {0, 1});
+  UserModel model;
+  auto parallelize = [&](const std::string& rule, const TensorParallelStyle& style) {
+    return error_of([&] { fabric::nn::parallelize(model, {{{rule, style}}}, group); });
+  };
+  EXPECT_EQ(parallelize("blocks.*.attn.c_attn", TensorParallelStyle::column(3)),
+            "tensor parallel plan rule 'blocks.*.attn.c_attn' (column(3)) matches no module of "
+            "the model; its Linear layers, closest first: 'blocks.*.attn.qkv', "
+            "'blocks.*.attn.proj'; point the rule at one, e.g. {\"blocks.*.attn.qkv\", "
+            "TensorParallelStyle::column(3)} ('*' matches one name component)");
+  EXPECT_EQ(parallelize("transformer.wte", TensorParallelStyle::vocab()),
+            "tensor parallel plan rule 'transformer.wte' (vocab) matches no module of the model; "
+            "its Embedding layers, closest first: 'wte'; point the rule at one, e.g. {\"wte\", "
+            "TensorParallelStyle::vocab()} ('*' matches one name component)");
+  // A rule on the attention module itself, not on its layers.
+  EXPECT_EQ(parallelize("blocks.*.attn", TensorParallelStyle::column()),
+            "tensor parallel plan rule 'blocks.*.attn' (column) on blocks.0.attn: the module is a "
+            "(anonymous namespace)::Attention holding Linear layers 'qkv', 'proj'; a rule names "
+            "the layer itself, e.g. {\"blocks.*.attn.qkv\", TensorParallelStyle::column()}");
+  EXPECT_EQ(parallelize("blocks.*.attn.proj", TensorParallelStyle::row()),
+            "tensor parallel plan rule 'blocks.*.attn.proj' (row) on blocks.0.attn.proj: the "
+            "module is a torch::nn::Linear, which no plan can split; build it as "
+            "fabric::nn::Linear, its drop-in (same options, parameter names and initialization), "
+            "e.g. register_module(\"proj\", fabric::nn::Linear(torch::nn::LinearOptions(8, "
+            "8).bias(false)))");
+  EXPECT_EQ(parallelize("wte", TensorParallelStyle::vocab()),
+            "tensor parallel plan rule 'wte' (vocab) on wte: the module is a torch::nn::Embedding, "
+            "which no plan can split; build it as fabric::nn::Embedding, its drop-in (same "
+            "options, parameter names and initialization), e.g. register_module(\"wte\", "
+            "fabric::nn::Embedding(16, 8))");
+  EXPECT_EQ(parallelize("blocks.*.ln", TensorParallelStyle::row()),
+            "tensor parallel plan rule 'blocks.*.ln' (row) on blocks.0.ln: the module is a "
+            "torch::nn::LayerNormImpl, not a fabric::nn::Linear; a plan splits fabric::nn::Linear "
+            "(column, row) and fabric::nn::Embedding (vocab) layers only; the model's Linear "
+            "layers, closest first: 'blocks.*.attn.qkv', 'blocks.*.attn.proj'");
+}
+
+// Attention reshapes a split qkv layer's output with the heads this rank holds.
+TEST(TensorParallelTest, LocalHeadsAreThisRanksShareOrANamedError) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto group = fabric::distributed::make_process_group(store, {0, 1});
+  fabric::nn::Linear qkv(8, 24);
+  EXPECT_EQ(fabric::nn::local_heads(qkv, 6), 6);  // whole (before setup, or tp 1)
+  // As parallelize() leaves rank 0 of tp 2, then of tp 4.
+  fabric::nn::TensorParallelShard shard(group, TensorParallelStyle::column(3), 0, 2, 0, {24, 8});
+  shard.module_name = "blocks.0.attn.qkv";
+  qkv->set_parallel(shard);
+  EXPECT_EQ(fabric::nn::local_heads(qkv, 4), 2);
+  fabric::nn::Linear wide(8, 24);
+  shard.size = 4;
+  wide->set_parallel(shard);
+  EXPECT_EQ(error_of([&] { fabric::nn::local_heads(wide, 6); }),
+            "fabric::nn::Linear 'blocks.0.attn.qkv' (column(3), tp 4) holds n_head / tp heads "
+            "per rank, but 6 heads do not divide by tp 4: make n_head a multiple of "
+            "fabric.model_parallel.tensor_parallel_size (.in_units(head_size, \"attention "
+            "heads\") on the plan rule refuses such a tp at setup); then reshape with -1 or the "
+            "local head count, never n_head");
+  EXPECT_EQ(error_of([&] { fabric::nn::local_heads(qkv, 0); }),
+            "fabric::nn::local_heads: n_head must be at least 1 (got 0)");
+}
+
+// fabric.model_parallel.sequence_parallel on a model that never cuts its activations: the first
+// split layer says so (before any collective), instead of LibTorch's shape error later.
+TEST(TensorParallelTest, SequenceParallelWithoutEnterNamesTheLayerAndTheFix) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto group = fabric::distributed::make_process_group(store, {0, 1});
+  fabric::nn::Linear fc(8, 8);
+  fabric::nn::TensorParallelShard shard(group, TensorParallelStyle::column(), 0, 2, 0, {8, 8});
+  shard.module_name = "blocks.0.mlp.fc";
+  shard.sequence_parallel = true;
+  fc->set_parallel(shard);
+  const torch::Tensor x = torch::randn({2, 4, 8});
+  EXPECT_EQ(error_of([&] { fc(x); }),
+            "fabric::nn::Linear 'blocks.0.mlp.fc' (column, tp 2) runs under sequence "
+            "parallelism, but the model never cut its activations along the sequence: call x = "
+            "fabric::nn::enter_sequence_parallel(x, layer->parallel()) after the embeddings and "
+            "leave_sequence_parallel before the head (docs/tensor_parallel.md), or set "
+            "fabric.model_parallel.sequence_parallel: false");
+  // The group here has one rank: enter keeps the 4 positions, and records that it cut 4.
+  fabric::nn::enter_sequence_parallel(x, fc->parallel());
+  EXPECT_EQ(error_of([&] { fc(x); }),
+            "fabric::nn::Linear 'blocks.0.mlp.fc' (column, tp 2) runs under sequence parallelism "
+            "and takes this rank's 2 of 4 positions, [B, T / tp, ...], but its input is Float "
+            "[2, 4, 8]: give the split layers the activations between enter_sequence_parallel "
+            "and leave_sequence_parallel, or set fabric.model_parallel.sequence_parallel: false");
+  EXPECT_NE(error_of([&] {
+              fc(x.view({8, 8}));
+            }).find("but its input is Float [8, 8]"),
+            std::string::npos);
+  EXPECT_EQ(fc(x.narrow(1, 0, 2)).sizes(), (std::vector<int64_t>{2, 2, 4}));  // a rank's cut
 }
 
 TEST(TensorParallelTest, ShardSlicesEveryBlockAndGathersBack) {
