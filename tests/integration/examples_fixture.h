@@ -21,10 +21,17 @@ namespace fabric::testing {
 namespace fs = std::filesystem;
 
 struct Result : fabric::testing::CommandResult {
+  // The last line of the output, before the report of config keys nothing read (on stderr, after
+  // the program's last line of stdout), which names keys a test's overrides left inert.
   std::string last_line() const {
     std::string s = out;
-    while (!s.empty() && s.back() == '\n') s.pop_back();
-    return s.substr(s.rfind('\n') + 1);
+    for (;;) {
+      while (!s.empty() && s.back() == '\n') s.pop_back();
+      const std::string line = s.substr(s.rfind('\n') + 1);
+      if (line.find("never read by this program") == std::string::npos || line.size() == s.size())
+        return line;
+      s.resize(s.size() - line.size());
+    }
   }
 };
 
