@@ -16,6 +16,10 @@
 //   fabric/data/webdataset.h       tar shards: brace patterns, members, samples by key
 //   fabric/nn/batch_norm.h         BatchNorm that can synchronize across processes (SyncBatchNorm)
 //   fabric/nn/empty_init.h         a model built without memory, replayed at setup (init_module)
+//   fabric/nn/tensor_parallel.h    Linear and Embedding a tensor-parallel plan can split, the
+//                                  plan (TensorParallelPlanned), local_heads, sequence
+//                                  parallelism's enter/leave (docs/tensor_parallel.md)
+//   fabric/nn/parallel_rng.h       RankRandomScope: dropout on a rank's own heads or positions
 //   fabric/accelerators/memory.h   tensor memory per process: statistics, a limit
 //   fabric/connector.h             how the config was resolved (Fabric::setup_info)
 // The GPT and its token data are a second public target, //:gpt, kept out of what every program
@@ -38,6 +42,8 @@
 #include "fabric/graphed_step.h"
 #include "fabric/main.h"
 #include "fabric/nn/batch_norm.h"
+#include "fabric/nn/parallel_rng.h"
+#include "fabric/nn/tensor_parallel.h"
 #include "fabric/nonfinite_guard.h"
 #include "fabric/stop_signal.h"
 #include "fabric/training/activation_checkpoint.h"
