@@ -67,7 +67,7 @@ int Fabric::run_launched(const std::function<int(Fabric&)>& fn) {
     write_default_summary(
         status, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   } catch (const std::exception& e) {
-    set_error_site(error_site());
+    set_error_site(error_site(e));
     for (const auto& callback : callbacks_) {
       try {
         callback->on_exception(*this, e);

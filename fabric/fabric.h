@@ -456,7 +456,8 @@ class Fabric {
     kAfterEvaluate
   };
   Phase phase_ = Phase::kBeforeSetup;
-  std::string error_site() const;
+  std::string error_site(const std::exception& e) const;  // the phase, and a hint for `e`
+  std::string phase_description() const;
   bool init_weights_decided_ = false;  // apply_init_weights ran (first setup_module)
   std::optional<double> config_clip_;  // decided at the first step: 0 when the program clips
   bool config_clip_by_value_ = false;  // trainer.gradient_clip_algorithm: value

@@ -3,6 +3,8 @@
 // (fabric.strict_keys). docs/training.md, "Keys your loop reads".
 #include <torch/types.h>
 
+#include <algorithm>
+#include <exception>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -84,7 +86,26 @@ int Fabric::report_unread_keys(int status) {
   return status;
 }
 
-std::string Fabric::error_site() const {
+namespace {
+
+// A hint for an error under tensor parallelism whose words do not say it: reshaping split heads
+// with the model's whole head count.
+std::string tensor_parallel_hint(const std::exception& e, int64_t tp) {
+  if (tp <= 1 || std::string(e.what()).find("is invalid for input of size") == std::string::npos)
+    return "";
+  return "; under tensor parallelism (tp " + std::to_string(tp) +
+         ") each rank holds n_head / tp heads: reshape with -1 or fabric::nn::local_heads(layer, "
+         "n_head), not n_head (docs/tensor_parallel.md)";
+}
+
+}  // namespace
+
+std::string Fabric::error_site(const std::exception& e) const {
+  return phase_description() +
+         tensor_parallel_hint(e, world_size() / std::max<int64_t>(data_parallel_size(), 1));
+}
+
+std::string Fabric::phase_description() const {
   const std::string after = std::to_string(steps_) +
                             (steps_ == 1 ? " optimizer step" : " optimizer steps") +
                             " of this process";

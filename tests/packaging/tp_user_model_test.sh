@@ -67,4 +67,19 @@ run dropout $tp2 fabric.model_parallel.sequence_parallel=true model.dropout=0.1;
 check "tp 2 with dropout trains (exit $rc: $(tail -n 2 run_dropout.log))" test $rc -eq 0
 check "... and its loss falls ($(losses run_dropout.log | sed -n '1p;$p' | tr '\n' ' '))" \
   falls run_dropout.log
+
+# The mistake the doc warns about, made: the model's whole head count in the reshape. LibTorch's
+# shape error comes out with where it happened and the fix.
+mkdir -p bad
+sed 's/fabric::nn::local_heads(qkv, n_head)/n_head/' model.h >bad/model.h
+cp train.cc CMakeLists.txt bad/
+check "the bad model reshapes with n_head" grep -q "const int64_t heads = n_head;" bad/model.h
+out=$(cmake -S bad -B bad/build -DCMAKE_PREFIX_PATH="$PREFIX;$TORCH_CMAKE" 2>&1 &&
+  cmake --build bad/build -j2 2>&1); rc=$?
+check "the bad model builds (exit $rc)" test $rc -eq 0
+# shellcheck disable=SC2086
+(cd run_tp2 && ../bad/build/train fabric.accelerator=cpu $tp2 >../run_bad.log 2>&1); rc=$?
+check "tp 2 with n_head in the reshape fails (exit $rc)" test $rc -eq 1
+check "its error says where and names local_heads ($(grep -m1 error run_bad.log))" \
+  grep -q "is invalid for input of size .*(in forward (the loop's code before backward), after 0 optimizer steps of this process; under tensor parallelism (tp 2) each rank holds n_head / tp heads: reshape with -1 or fabric::nn::local_heads(layer, n_head)" run_bad.log
 finish
