@@ -14,6 +14,18 @@
 //   auto bpe = fabric::BpeTokenizer::load("gpt2/vocab.json", "gpt2/merges.txt");
 //   std::vector<int64_t> ids = bpe.encode("Hello world");   // {15496, 995} with GPT-2's files
 //   std::string text = bpe.decode(ids);
+//
+// Or from a Hugging Face tokenizer.json of a byte-level BPE (GPT-2's, Llama 3's and Qwen2's kind),
+// run as Hugging Face `tokenizers` runs it: its added and special tokens are cut out of the text
+// first (lstrip, rstrip, single_word, normalized as the file says), the rest is normalized (none,
+// or NFC), split by the file's pre-tokenizer pattern (GPT-2's, Llama 3's or Qwen2's; the three are
+// hand-written scanners over Unicode classes, not a regex engine) and merged as above, with
+// `ignore_merges` (Llama 3: a piece that is a whole vocabulary entry is that entry). Merges may be
+// "a b" strings or ["a", "b"] pairs. bos/eos come from tokenizer_config.json and
+// generation_config.json beside the file when they exist. Unigram, WordPiece, WordLevel models,
+// other normalizers and other patterns are a one-line fabric::Error naming the file.
+//
+//   auto tok = fabric::BpeTokenizer::from_tokenizer_json("llama3/tokenizer.json");
 #ifndef FABRIC_DATA_BPE_H_
 #define FABRIC_DATA_BPE_H_
 
@@ -36,16 +48,31 @@ class BpeTokenizer {
   static BpeTokenizer load(const std::filesystem::path& vocab_json,
                            const std::filesystem::path& merges_txt);
 
+  // Throws fabric::Error (one line naming the file) for a file that cannot be read or parsed and
+  // for a tokenizer this class does not run (the message says what is not supported).
+  static BpeTokenizer from_tokenizer_json(const std::filesystem::path& tokenizer_json);
+
   std::vector<int64_t> encode(const std::string& text) const;
   // The bytes of `ids` (special tokens as their text); throws fabric::Error for an unknown id.
   std::string decode(const std::vector<int64_t>& ids) const;
   // Size of the id space: the largest id + 1.
   int64_t vocab_size() const { return vocab_size_; }
   // Id of "<|endoftext|>", or -1 when the vocabulary has none.
+  // From tokenizer.json: the eos token's id (tokenizer_config.json, else generation_config.json),
+  // else "<|endoftext|>"'s.
   int64_t eot() const { return eot_; }
+  // The bos token's id (tokenizer_config.json, else generation_config.json), or -1.
+  int64_t bos() const { return bos_; }
 
-  // The pieces GPT-2's pattern splits `text` into (exposed for tests).
-  static std::vector<std::string> pretokenize(const std::string& text);
+  // The pre-tokenizer patterns: GPT-2's, Llama 3's (digits in threes, case-insensitive
+  // contractions, a symbol or space joined to the word after it) and Qwen2's (Llama 3's, digits
+  // one by one).
+  enum class Pattern { kGpt2, kLlama3, kQwen2 };
+  // The pieces `pattern` splits `text` into (exposed for tests).
+  static std::vector<std::string> pretokenize(const std::string& text,
+                                              Pattern pattern = Pattern::kGpt2);
+  // Unicode's NFC of UTF-8 `text` (exposed for tests).
+  static std::string nfc(const std::string& text);
 
  private:
   std::unordered_map<std::string, int64_t> vocab_;    // symbol (stand-in UTF-8) → id
@@ -53,7 +80,21 @@ class BpeTokenizer {
   std::map<std::pair<std::string, std::string>, int> ranks_;
   std::vector<std::string> byte_symbol_;  // byte → stand-in UTF-8
   std::unordered_map<std::string, unsigned char> symbol_byte_;
-  int64_t vocab_size_ = 0, eot_ = -1;
+  int64_t vocab_size_ = 0, eot_ = -1, bos_ = -1;
+  // tokenizer.json's settings.
+  struct AddedToken {
+    std::string content;
+    int64_t id;
+    bool lstrip, rstrip, single_word, normalized;
+  };
+  std::vector<AddedToken> added_;
+  std::unordered_map<int64_t, std::string> added_text_;  // id → content, for decode
+  std::vector<std::vector<size_t>> added_by_byte_;       // first byte → indices into added_
+  Pattern pattern_ = Pattern::kGpt2;
+  bool nfc_ = false, ignore_merges_ = false, add_prefix_space_ = false, prefix_pieces_ = false;
+  struct Loader;  // bpe.cc: the vocabulary and merges of both file kinds
+  void encode_text(const std::string& text, std::vector<int64_t>& ids) const;
+  void encode_piece(const std::string& piece, std::vector<int64_t>& ids) const;
   mutable std::shared_ptr<std::unordered_map<std::string, std::vector<int64_t>>> cache_;
 };
 

@@ -1,0 +1,134 @@
+// Hugging Face tokenizer.json files run as Hugging Face `tokenizers` runs them:
+// hf_tokenizer_parity.py trains GPT-2-, Llama 3- and Qwen2-style byte-level BPEs with `tokenizers`
+// (merges as pairs and as strings; special, lstrip/rstrip and single_word added tokens; NFC;
+// ignore_merges) and checks
+// //tools:tokenize's ids and --decode against it on other text. Here too: the two new patterns'
+// splits, NFC, bos/eos from the configs, and the one-line errors for other kinds and bad files.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "fabric/core/error.h"
+#include "fabric/data/bpe.h"
+#include "tests/run_command.h"
+
+namespace fs = std::filesystem;
+using fabric::BpeTokenizer;
+
+namespace {
+
+class HfTokenizerTest : public ::testing::Test {
+ protected:
+  // Trains the tokenizers and runs the parity check once for the suite.
+  static void SetUpTestSuite() {
+    dir_ = fs::path(::testing::TempDir()) / "hf_tokenizer";
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    parity_ = fabric::testing::run_command(
+        fabric::testing::python_interpreter() + " tests/fabric/data/hf_tokenizer_parity.py " +
+        fabric::testing::helper_binary("//tools:tokenize") + " " + dir_.string());
+  }
+  static std::string tool_error(const std::string& tokenizer, const std::string& input = "hi",
+                                const std::string& flags = "") {
+    std::ofstream(dir_ / "stdin") << input;
+    const auto r = fabric::testing::run_command(fabric::testing::helper_binary("//tools:tokenize") +
+                                                " --tokenizer=" + tokenizer + " " + flags + " < " +
+                                                (dir_ / "stdin").string());
+    EXPECT_EQ(r.code, 1) << r.out;
+    return r.out;
+  }
+  static inline fs::path dir_;
+  static inline fabric::testing::CommandResult parity_;
+};
+
+TEST_F(HfTokenizerTest, IdsAndDecodingAreTokenizersOwn) {
+  ASSERT_EQ(parity_.code, 0) << parity_.out
+                             << "\n(needs `tokenizers`: pip install -r tools/requirements.txt)";
+  EXPECT_NE(parity_.out.find("ok "), std::string::npos) << parity_.out;
+}
+
+TEST_F(HfTokenizerTest, OtherKindsAndBadFilesAreOneLineErrors) {
+  ASSERT_EQ(parity_.code, 0) << parity_.out;
+  const std::string only =
+      " is not supported; only byte-level BPE tokenizers (GPT-2's, Llama 3's, Qwen2's kind) are\n";
+  const std::string unigram = (dir_ / "unigram/tokenizer.json").string();
+  EXPECT_EQ(tool_error(unigram), "tokenize: " + unigram +
+                                     ": a Unigram model (SentencePiece's kind: T5, ALBERT, XLNet)" +
+                                     only);
+  const std::string wordpiece = (dir_ / "wordpiece/tokenizer.json").string();
+  EXPECT_EQ(tool_error(wordpiece),
+            "tokenize: " + wordpiece + ": a WordPiece model (BERT's kind)" + only);
+  const std::string missing = (dir_ / "missing/tokenizer.json").string();
+  EXPECT_EQ(tool_error(missing),
+            "tokenize: " + missing + ": cannot read (a Hugging Face tokenizer.json)\n");
+  const std::string garbled = (dir_ / "garbled.json").string();
+  std::ofstream(garbled) << "{\"model\": ";
+  const std::string error = tool_error(garbled);
+  EXPECT_EQ(error.rfind("tokenize: " + garbled + ": not JSON (", 0), 0u) << error;
+  EXPECT_NE(error.find("); give a Hugging Face tokenizer.json\n"), std::string::npos) << error;
+  EXPECT_EQ(error.find('\n'), error.size() - 1) << error;
+
+  const std::string gpt2 = (dir_ / "gpt2/tokenizer.json").string();
+  EXPECT_EQ(tool_error(gpt2, "a\xff"),
+            "tokenize: stdin: byte 1 is not UTF-8; give UTF-8 text (or decode it first)\n");
+  EXPECT_EQ(tool_error(gpt2, "1 x", "--decode"),
+            "tokenize: stdin: 'x' is not a token id; give ids separated by spaces\n");
+  // A pattern of another tokenizer, a normalizer of another kind.
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(dir_ / "llama3/tokenizer.json"));
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\w+";
+  std::ofstream(dir_ / "other_pattern.json") << j.dump();
+  EXPECT_EQ(tool_error((dir_ / "other_pattern.json").string()),
+            "tokenize: " + (dir_ / "other_pattern.json").string() +
+                ": pre-tokenizer pattern '\\w+' is not supported; only GPT-2's, Llama 3's and "
+                "Qwen2's are\n");
+  j = nlohmann::json::parse(std::ifstream(dir_ / "qwen2/tokenizer.json"));
+  j["normalizer"] = {{"type", "NFKC"}};
+  std::ofstream(dir_ / "nfkc.json") << j.dump();
+  EXPECT_EQ(tool_error((dir_ / "nfkc.json").string()),
+            "tokenize: " + (dir_ / "nfkc.json").string() +
+                ": normalizer \"NFKC\" is not supported; only none and NFC are\n");
+}
+
+TEST_F(HfTokenizerTest, BosAndEosFromTheTokenizerAndGenerationConfigs) {
+  ASSERT_EQ(parity_.code, 0) << parity_.out;
+  const auto want = nlohmann::json::parse(std::ifstream(dir_ / "llama3_bos_eos.json"));
+  const auto llama = BpeTokenizer::from_tokenizer_json(dir_ / "llama3/tokenizer.json");
+  EXPECT_EQ(llama.bos(), want["bos"].get<int64_t>());
+  EXPECT_EQ(llama.eot(), want["eos"].get<int64_t>());
+  const auto qwen = BpeTokenizer::from_tokenizer_json(dir_ / "qwen2/tokenizer.json");
+  EXPECT_EQ(qwen.bos(), 5);  // generation_config.json's
+  EXPECT_EQ(qwen.eot(), 0);  // the first of its eos_token_id list
+  const auto gpt2 = BpeTokenizer::from_tokenizer_json(dir_ / "gpt2/tokenizer.json");
+  EXPECT_EQ(gpt2.bos(), -1);
+  EXPECT_EQ(gpt2.eot(), 0);            // <|endoftext|>, trained first
+  EXPECT_EQ(gpt2.vocab_size(), 1202);  // 1200 trained, 2 added
+}
+
+TEST(HfPatternTest, Llama3AndQwen2Splits) {
+  using V = std::vector<std::string>;
+  constexpr auto kLlama = BpeTokenizer::Pattern::kLlama3;
+  constexpr auto kQwen = BpeTokenizer::Pattern::kQwen2;
+  EXPECT_EQ(BpeTokenizer::pretokenize("Hello   world", kLlama), (V{"Hello", "  ", " world"}));
+  EXPECT_EQ(BpeTokenizer::pretokenize("DON'T 'Re x", kLlama), (V{"DON", "'T", " '", "Re", " x"}));
+  EXPECT_EQ(BpeTokenizer::pretokenize("1234567 (a) ((b", kLlama),
+            (V{"123", "456", "7", " (", "a", ")", " ((", "b"}));
+  EXPECT_EQ(BpeTokenizer::pretokenize("123 x", kQwen), (V{"1", "2", "3", " x"}));
+  EXPECT_EQ(BpeTokenizer::pretokenize("a.\n\n  b\tc \n", kLlama),
+            (V{"a", ".\n\n", " ", " b", "\tc", " \n"}));
+  EXPECT_EQ(BpeTokenizer::pretokenize("x\t\t(y", kLlama), (V{"x", "\t", "\t", "(y"}));
+}
+
+TEST(HfPatternTest, Nfc) {
+  EXPECT_EQ(BpeTokenizer::nfc("Cafe\u0301 A\u030a"), "Caf\u00e9 \u00c5");
+  EXPECT_EQ(BpeTokenizer::nfc("\u1100\u1161\u11a8"), "\uac01");  // Hangul
+  EXPECT_EQ(BpeTokenizer::nfc("a\u0323\u0302"), "\u1ead");       // reordered marks
+  EXPECT_EQ(BpeTokenizer::nfc("a\u0302\u0323"), "\u1ead");
+  EXPECT_EQ(BpeTokenizer::nfc("\u212b plain ascii"), "\u00c5 plain ascii");  // singleton
+}
+
+}  // namespace
