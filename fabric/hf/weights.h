@@ -1,0 +1,45 @@
+// The weights of a Hugging Face model folder (what save_pretrained(..., safe_serialization=True)
+// writes): model.safetensors, or model.safetensors.index.json and the shards its weight_map names.
+// Read memory-mapped through fabric/checkpoint/safetensors.h; each tensor remembers its file so
+// errors can name it.
+//
+//   fabric::hf::Weights w = fabric::hf::read_weights("Qwen2.5-0.5B");
+//   fabric::hf::load_weights(*model, w, "Qwen2.5-0.5B");   // by name, float32 from bf16 etc.
+#ifndef FABRIC_HF_WEIGHTS_H_
+#define FABRIC_HF_WEIGHTS_H_
+
+#include <torch/nn/module.h>
+
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <string>
+
+#include "fabric/checkpoint/state_dict.h"
+
+namespace fabric::hf {
+
+struct Weights {
+  StateDict tensors;                                  // views of the memory-mapped files
+  std::map<std::string, std::filesystem::path> file;  // each tensor's file
+};
+
+// The folder's tensors. fabric::Error naming the file: no weights in the folder (neither file, or
+// only PyTorch's pytorch_model.bin), an index that is not JSON or has no weight_map, a shard the
+// index names that is missing (with a tensor it should hold), a tensor the index places in a shard
+// that lacks it, a tensor in two shards, or a file that is not a valid safetensors file.
+Weights read_weights(const std::filesystem::path& folder);
+
+// Copies `weights` into the parameters of `module` by name (converting floating dtypes: bf16 and
+// fp16 files into float32 parameters). Names for which `ignore(name)` is true are skipped (e.g.
+// buffers some writers save, like rotary inv_freq). Checked before anything is copied;
+// fabric::Error, one line naming the file and the tensor, for the first of: a tensor the model
+// does not have ("unexpected"), a tensor of another shape than the model's (which config.json
+// decided), a parameter no file holds ("missing").
+void load_weights(torch::nn::Module& module, const Weights& weights,
+                  const std::filesystem::path& folder,
+                  const std::function<bool(const std::string&)>& ignore = nullptr);
+
+}  // namespace fabric::hf
+
+#endif  // FABRIC_HF_WEIGHTS_H_

@@ -1,0 +1,250 @@
+#include "fabric/models/llama.h"
+
+#include <ATen/ops/scaled_dot_product_attention.h>
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/init.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/types.h>
+
+#include <cmath>
+#include <memory>
+#include <numbers>
+
+#include "fabric/core/error.h"
+#include "fabric/models/fused_cross_entropy.h"
+
+namespace fabric::models {
+
+void LlamaConfig::validate() const {
+  auto positive = [](int64_t v, const char* key) {
+    if (v < 1)
+      throw Error(std::string("LlamaConfig.") + key + ": " + std::to_string(v) +
+                  " must be at least 1");
+  };
+  positive(vocab_size, "vocab_size");
+  positive(hidden_size, "hidden_size");
+  positive(intermediate_size, "intermediate_size");
+  positive(num_hidden_layers, "num_hidden_layers");
+  positive(num_attention_heads, "num_attention_heads");
+  positive(num_key_value_heads, "num_key_value_heads");
+  positive(max_position_embeddings, "max_position_embeddings");
+  if (num_attention_heads % num_key_value_heads != 0)
+    throw Error("LlamaConfig.num_key_value_heads: " + std::to_string(num_key_value_heads) +
+                " does not divide num_attention_heads " + std::to_string(num_attention_heads) +
+                "; each key/value head serves a whole group of query heads");
+  if (head_dim == 0 && hidden_size % num_attention_heads != 0)
+    throw Error("LlamaConfig.hidden_size: " + std::to_string(hidden_size) +
+                " is not a multiple of num_attention_heads " + std::to_string(num_attention_heads) +
+                "; set head_dim");
+  if (resolved_head_dim() % 2 != 0)
+    throw Error("LlamaConfig.head_dim: " + std::to_string(resolved_head_dim()) +
+                " must be even (rotary embeddings rotate pairs)");
+  if (rope_type != "default" && rope_type != "llama3")
+    throw Error("LlamaConfig.rope_type: '" + rope_type + "' is not default or llama3");
+}
+
+int64_t LlamaConfig::parameters() const {
+  const int64_t C = hidden_size, D = resolved_head_dim(), H = num_attention_heads,
+                KV = num_key_value_heads, I = intermediate_size;
+  const int64_t bias = attention_bias ? (H + 2 * KV) * D + C : qkv_bias ? (H + 2 * KV) * D : 0;
+  const int64_t per_layer = 2 * C + C * H * D + 2 * C * KV * D + H * D * C + bias + 3 * C * I;
+  return vocab_size * C * (tie_word_embeddings ? 1 : 2) + num_hidden_layers * per_layer + C;
+}
+
+torch::Tensor llama_rope_inv_freq(const LlamaConfig& c) {
+  const int64_t dim = c.resolved_head_dim();
+  // In float32, as Hugging Face computes them (bit for bit the same frequencies).
+  const torch::Tensor exponents = torch::arange(0, dim, 2, torch::kLong).to(torch::kFloat) / dim;
+  torch::Tensor inv_freq = 1.0 / torch::pow(c.rope_theta, exponents);
+  if (c.rope_type == "llama3") {
+    // Llama 3.1's scaling: long wavelengths (beyond the original context / low_freq_factor) are
+    // stretched by `factor`, short ones (below it / high_freq_factor) kept, and the band between
+    // interpolated smoothly.
+    const double old_context = static_cast<double>(c.rope_original_max_position_embeddings);
+    const double low_wavelen = old_context / c.rope_low_freq_factor;
+    const double high_wavelen = old_context / c.rope_high_freq_factor;
+    const torch::Tensor wavelen = 2 * std::numbers::pi / inv_freq;
+    torch::Tensor scaled = torch::where(wavelen > low_wavelen, inv_freq / c.rope_factor, inv_freq);
+    const torch::Tensor smooth = (old_context / wavelen - c.rope_low_freq_factor) /
+                                 (c.rope_high_freq_factor - c.rope_low_freq_factor);
+    const torch::Tensor smoothed = (1 - smooth) * scaled / c.rope_factor + smooth * scaled;
+    const torch::Tensor medium = (wavelen >= high_wavelen).logical_and(wavelen <= low_wavelen);
+    inv_freq = torch::where(medium, smoothed, scaled);
+  }
+  return inv_freq;
+}
+
+namespace {
+
+fabric::nn::Linear linear(int64_t in, int64_t out, bool bias) {
+  fabric::nn::Linear l(torch::nn::LinearOptions(in, out).bias(bias));
+  torch::NoGradGuard no_grad;
+  torch::nn::init::normal_(l->weight, 0.0, 0.02);
+  if (bias) l->bias.zero_();
+  return l;
+}
+
+// [..., D] → [..., D]: the second half negated in front of the first (Hugging Face's convention:
+// dimension i pairs with i + D/2).
+torch::Tensor rotate_half(const torch::Tensor& x) {
+  const auto halves = x.chunk(2, -1);
+  return torch::cat({-halves[1], halves[0]}, -1);
+}
+
+}  // namespace
+
+RMSNormImpl::RMSNormImpl(int64_t size, double eps) : eps_(eps) {
+  weight = register_parameter("weight", torch::ones({size}));
+}
+
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  const torch::Tensor x32 = x.to(torch::kFloat);
+  const torch::Tensor normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, true) + eps_);
+  return weight * normed.to(x.scalar_type());
+}
+
+LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
+    : heads_(c.num_attention_heads),
+      kv_heads_(c.num_key_value_heads),
+      head_dim_(c.resolved_head_dim()),
+      inv_freq_(llama_rope_inv_freq(c)) {
+  const bool qkv_bias = c.attention_bias || c.qkv_bias;
+  q_proj = register_module("q_proj", linear(c.hidden_size, heads_ * head_dim_, qkv_bias));
+  k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads_ * head_dim_, qkv_bias));
+  v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads_ * head_dim_, qkv_bias));
+  o_proj = register_module("o_proj", linear(heads_ * head_dim_, c.hidden_size, c.attention_bias));
+}
+
+torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1);
+  // Rotary angles [T, D]: position · frequency, each frequency twice (for the two halves).
+  const torch::Tensor positions =
+      torch::arange(T, torch::TensorOptions().dtype(torch::kFloat).device(x.device()));
+  const torch::Tensor half = torch::outer(positions, inv_freq_.to(x.device()));
+  const torch::Tensor angles = torch::cat({half, half}, -1);
+  const torch::Tensor cos = angles.cos().to(x.scalar_type()),
+                      sin = angles.sin().to(x.scalar_type());
+  // This rank's heads under tensor parallelism (the whole model's otherwise).
+  const int64_t heads = fabric::nn::local_heads(q_proj, heads_);
+  const int64_t kv_heads = fabric::nn::local_heads(k_proj, kv_heads_);
+  auto split = [&](const torch::Tensor& t, int64_t n) {
+    return t.view({B, T, n, head_dim_}).transpose(1, 2);  // [B, n, T, D]
+  };
+  auto rotate = [&](const torch::Tensor& t) { return t * cos + rotate_half(t) * sin; };
+  const torch::Tensor q = rotate(split(q_proj->forward(x), heads));
+  const torch::Tensor k = rotate(split(k_proj->forward(x), kv_heads));
+  const torch::Tensor v = split(v_proj->forward(x), kv_heads);
+  // Grouped-query attention: query head h reads key/value head h / (heads / kv_heads).
+  torch::Tensor y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                                     /*is_causal=*/true, /*scale=*/std::nullopt,
+                                                     /*enable_gqa=*/heads != kv_heads);
+  y = y.transpose(1, 2).contiguous().view({B, T, heads * head_dim_});
+  return o_proj->forward(y);
+}
+
+LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c) {
+  gate_proj = register_module("gate_proj", linear(c.hidden_size, c.intermediate_size, false));
+  up_proj = register_module("up_proj", linear(c.hidden_size, c.intermediate_size, false));
+  down_proj = register_module("down_proj", linear(c.intermediate_size, c.hidden_size, false));
+}
+
+torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
+  return down_proj->forward(torch::silu(gate_proj->forward(x)) * up_proj->forward(x));
+}
+
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c) {
+  self_attn = register_module("self_attn", LlamaAttention(c));
+  mlp = register_module("mlp", LlamaMLP(c));
+  input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+}
+
+torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x) {
+  const torch::Tensor h = x + self_attn->forward(input_layernorm->forward(x));
+  return h + mlp->forward(post_attention_layernorm->forward(h));
+}
+
+LlamaImpl::LlamaImpl(const LlamaConfig& c) : config_(c) {
+  c.validate();
+  auto model = register_module("model", std::make_shared<torch::nn::Module>());
+  embed_tokens =
+      model->register_module("embed_tokens", fabric::nn::Embedding(c.vocab_size, c.hidden_size));
+  {
+    torch::NoGradGuard no_grad;
+    torch::nn::init::normal_(embed_tokens->weight, 0.0, 0.02);
+  }
+  torch::nn::ModuleList list;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    layers.push_back(LlamaDecoderLayer(c));
+    list->push_back(layers.back());
+  }
+  model->register_module("layers", list);
+  norm = model->register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+  if (!c.tie_word_embeddings)
+    lm_head = register_module("lm_head", linear(c.hidden_size, c.vocab_size, false));
+}
+
+const torch::Tensor& LlamaImpl::output_weight() const {
+  return lm_head ? lm_head->weight : embed_tokens->weight;
+}
+
+torch::Tensor LlamaImpl::hidden(const torch::Tensor& tokens, const RunBlock& run_block) {
+  if (tokens.dim() != 2) throw Error("Llama::forward: tokens must be [B, T] token ids");
+  const int64_t T = tokens.size(1);
+  if (T > config_.max_position_embeddings)
+    throw Error("Llama::forward: a sequence of " + std::to_string(T) +
+                " tokens is longer than max_position_embeddings " +
+                std::to_string(config_.max_position_embeddings));
+  if (config_.sliding_window > 0 && T > config_.sliding_window)
+    throw Error("Llama::forward: a sequence of " + std::to_string(T) +
+                " tokens is longer than config.json's sliding_window " +
+                std::to_string(config_.sliding_window) +
+                ", and sliding-window attention is not implemented; use shorter sequences");
+  if (!layers.empty()) {
+    const auto& shard = layers[0]->self_attn->q_proj->parallel();
+    if (shard && shard->sequence_parallel)
+      throw Error("Llama: sequence parallelism is not implemented; turn it off in the plan");
+  }
+  torch::Tensor x = embed_tokens->forward(tokens);
+  for (LlamaDecoderLayer& layer : layers) x = run_block ? run_block(layer, x) : layer->forward(x);
+  return norm->forward(x);
+}
+
+torch::Tensor LlamaImpl::forward(const torch::Tensor& tokens, const RunBlock& run_block) {
+  const torch::Tensor h = hidden(tokens, run_block);
+  return lm_head ? lm_head->forward(h) : fabric::nn::tied_logits(h, embed_tokens);
+}
+
+torch::Tensor LlamaImpl::loss(const torch::Tensor& tokens, const torch::Tensor& targets,
+                              const RunBlock& run_block) {
+  const torch::Tensor h = hidden(tokens, run_block);
+  if (const auto& p = embed_tokens->parallel(); p && !lm_head) {
+    const torch::Tensor logits =
+        torch::linear(fabric::nn::copy_to_parallel(h, p->group), embed_tokens->weight);
+    return fabric::nn::vocab_parallel_cross_entropy(logits, targets, embed_tokens->vocab_start(),
+                                                    p->group);
+  }
+  return linear_cross_entropy(h, output_weight(), targets, /*fused=*/true);
+}
+
+fabric::nn::TensorParallelPlan LlamaImpl::tensor_parallel_plan() const {
+  return llama_tensor_parallel_plan(config_);
+}
+
+fabric::nn::TensorParallelPlan llama_tensor_parallel_plan(const LlamaConfig& c) {
+  using Style = fabric::nn::TensorParallelStyle;
+  const int64_t d = c.resolved_head_dim();
+  const char* heads = "attention heads (num_attention_heads)";
+  const char* kv_heads = "key/value heads (num_key_value_heads)";
+  return {{{"model.embed_tokens", Style::vocab()},
+           {"model.layers.*.self_attn.q_proj", Style::column().in_units(d, heads)},
+           {"model.layers.*.self_attn.k_proj", Style::column().in_units(d, kv_heads)},
+           {"model.layers.*.self_attn.v_proj", Style::column().in_units(d, kv_heads)},
+           {"model.layers.*.self_attn.o_proj", Style::row().in_units(d, heads)},
+           {"model.layers.*.mlp.gate_proj", Style::column()},
+           {"model.layers.*.mlp.up_proj", Style::column()},
+           {"model.layers.*.mlp.down_proj", Style::row()}}};
+}
+
+}  // namespace fabric::models

@@ -1,0 +1,156 @@
+// fabric::models::Llama: the Llama family of decoder-only language models (Llama 2/3, Qwen2,
+// Mistral: one architecture told apart by config flags) in LibTorch.
+//
+// Pre-norm blocks (RMSNorm → causal grouped-query self-attention with rotary positions →
+// residual; RMSNorm → SwiGLU MLP → residual), attention through at::scaled_dot_product_attention,
+// an output layer of its own (lm_head) or tied to the token embedding (tie_word_embeddings). Rotary
+// embeddings rotate each head's halves (Hugging Face's rotate_half convention, not interleaved
+// pairs), with the "llama3" frequency scaling when the config asks for it.
+//
+// Parameter names are Hugging Face's (model.embed_tokens.weight,
+// model.layers.0.self_attn.q_proj.weight, model.layers.0.mlp.gate_proj.weight, model.norm.weight,
+// lm_head.weight; no lm_head.weight when tied), so a Hugging Face checkpoint loads by name
+// (fabric/hf/llama.h reads the folder).
+//
+// Each block is a `LlamaDecoderLayer` module: name it for fsdp units (fabric.fsdp.wrap_modules:
+// LlamaDecoderLayer) and run it under fabric::checkpoint_activations for activation checkpointing.
+//
+// Tensor parallelism: the Linear layers and the token embedding are fabric::nn's drop-ins;
+// tensor_parallel_plan() splits the attention by whole heads (q by query heads, k and v by
+// key/value heads), the MLP, and the vocabulary of the embedding (not yet a separate lm_head).
+// Sequence parallelism is not implemented (fabric::Error in forward).
+//
+//   fabric::models::Llama model(fabric::hf::read_llama_config("folder/config.json"));
+//   fabric::hf::load_llama_weights(*model, "folder");
+//   torch::Tensor logits = model->forward(tokens);        // int64 [B, T] → [B, T, vocab_size]
+#ifndef FABRIC_MODELS_LLAMA_H_
+#define FABRIC_MODELS_LLAMA_H_
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "fabric/nn/tensor_parallel.h"
+
+namespace fabric::models {
+
+struct LlamaConfig {
+  std::string model_type = "llama";  // llama, qwen2 or mistral (informational)
+  int64_t vocab_size = 32000;
+  int64_t hidden_size = 4096;
+  int64_t intermediate_size = 11008;
+  int64_t num_hidden_layers = 32;
+  int64_t num_attention_heads = 32;
+  int64_t num_key_value_heads = 32;  // grouped-query attention when fewer than the heads
+  int64_t head_dim = 0;              // 0: hidden_size / num_attention_heads
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  // Rotary frequency scaling: "default" (none) or "llama3" (with the four values below).
+  std::string rope_type = "default";
+  double rope_factor = 1.0, rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;
+  int64_t rope_original_max_position_embeddings = 8192;
+  int64_t max_position_embeddings = 2048;
+  bool attention_bias = false;  // biases on q_proj, k_proj, v_proj and o_proj (Llama's flag)
+  bool qkv_bias = false;        // biases on q_proj, k_proj and v_proj only (Qwen2)
+  bool tie_word_embeddings = false;
+  // Sliding-window attention is not implemented: forward refuses sequences longer than this
+  // (0: no window).
+  int64_t sliding_window = 0;
+  std::string torch_dtype = "float32";  // the checkpoint's dtype; parameters are float32 here
+
+  int64_t resolved_head_dim() const {
+    return head_dim > 0 ? head_dim : hidden_size / num_attention_heads;
+  }
+  // fabric::Error naming the first inconsistent field (heads not dividing, sizes < 1).
+  void validate() const;
+  int64_t parameters() const;
+};
+
+// x · rsqrt(mean(x²) + eps) · weight over the last dimension, computed in float32.
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t size, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(RMSNorm);
+
+class LlamaAttentionImpl : public torch::nn::Module {
+ public:
+  explicit LlamaAttentionImpl(const LlamaConfig& c);
+  // x [B, T, hidden] (positions 0 .. T-1) → [B, T, hidden].
+  torch::Tensor forward(const torch::Tensor& x);
+  fabric::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+
+ private:
+  int64_t heads_, kv_heads_, head_dim_;
+  torch::Tensor inv_freq_;  // llama_rope_inv_freq (not a buffer: checkpoints do not hold it)
+};
+TORCH_MODULE(LlamaAttention);
+
+class LlamaMLPImpl : public torch::nn::Module {
+ public:
+  explicit LlamaMLPImpl(const LlamaConfig& c);
+  torch::Tensor forward(const torch::Tensor& x);  // down(silu(gate(x)) · up(x))
+  fabric::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(LlamaMLP);
+
+class LlamaDecoderLayerImpl : public torch::nn::Module {
+ public:
+  explicit LlamaDecoderLayerImpl(const LlamaConfig& c);
+  torch::Tensor forward(const torch::Tensor& x);  // [B, T, hidden] → [B, T, hidden]
+  RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  LlamaAttention self_attn{nullptr};
+  LlamaMLP mlp{nullptr};
+};
+TORCH_MODULE(LlamaDecoderLayer);
+
+class LlamaImpl : public torch::nn::Module, public fabric::nn::TensorParallelPlanned {
+ public:
+  // Initialized as Hugging Face initializes a new model: Linear and Embedding weights ~ N(0,
+  // 0.02), biases 0, norm weights 1. fabric::Error for an inconsistent config (validate()).
+  explicit LlamaImpl(const LlamaConfig& c);
+  fabric::nn::TensorParallelPlan tensor_parallel_plan() const override;
+  // Runs a block (e.g. through fabric::checkpoint_activations); null: block->forward.
+  using RunBlock = std::function<torch::Tensor(LlamaDecoderLayer&, const torch::Tensor&)>;
+  // tokens: int64 [B, T] (T <= max_position_embeddings, and <= sliding_window when set; otherwise
+  // fabric::Error) → float logits [B, T, vocab_size].
+  torch::Tensor forward(const torch::Tensor& tokens, const RunBlock& run_block = nullptr);
+  // Mean next-token cross-entropy against targets [B, T] (fused on GPUs where it applies).
+  torch::Tensor loss(const torch::Tensor& tokens, const torch::Tensor& targets,
+                     const RunBlock& run_block = nullptr);
+  // model.norm's output [B, T, hidden] (the output layer's input).
+  torch::Tensor hidden(const torch::Tensor& tokens, const RunBlock& run_block = nullptr);
+  // The output layer's weight [vocab, hidden]: lm_head's, or the embedding's when tied.
+  const torch::Tensor& output_weight() const;
+  const LlamaConfig& config() const { return config_; }
+
+  fabric::nn::Embedding embed_tokens{nullptr};  // model.embed_tokens
+  std::vector<LlamaDecoderLayer> layers;        // model.layers.0, model.layers.1, ...
+  RMSNorm norm{nullptr};                        // model.norm
+  fabric::nn::Linear lm_head{nullptr};          // null when tie_word_embeddings
+
+ private:
+  LlamaConfig config_;
+};
+TORCH_MODULE(Llama);
+
+// The rotary inverse frequencies [head_dim / 2] (float32) of config `c`, llama3 scaling applied.
+torch::Tensor llama_rope_inv_freq(const LlamaConfig& c);
+
+// The Llama's tensor-parallel plan: q_proj column by query heads, k_proj and v_proj column by
+// key/value heads (a tp that does not divide num_key_value_heads is refused, naming it), o_proj
+// row by heads, gate_proj and up_proj column, down_proj row, model.embed_tokens vocab.
+fabric::nn::TensorParallelPlan llama_tensor_parallel_plan(const LlamaConfig& c);
+
+}  // namespace fabric::models
+
+#endif  // FABRIC_MODELS_LLAMA_H_
