@@ -81,7 +81,7 @@ Meta read_meta(const fs::path& root) {
 
 void check_prompt(const fabric::Config& c, Meta& meta, int64_t model_vocab) {
   if (c.get_int("gpt.sample_tokens") == 0) return;
-  if (meta.tokenizer == "gpt2-bpe") {
+  if (meta.tokenizer == "gpt2-bpe" || meta.tokenizer == "hf-tokenizer") {
     try {
       meta.bpe = std::make_shared<const fabric::BpeTokenizer>(fabric::load_meta_tokenizer(meta));
     } catch (const fabric::Error& e) {

@@ -104,8 +104,9 @@ TokenMeta parse_token_meta(const std::string& text, const fs::path& path) {
                 "remove it or write it again with tools/prepare_text");
   TokenMeta m;
   m.path = path;
-  m.tokenizer = string_field(meta, "tokenizer", path,
-                             std::string("write \"bytes\" or \"gpt2-bpe\", ") + kPrepareAgain);
+  m.tokenizer = string_field(
+      meta, "tokenizer", path,
+      std::string("write \"bytes\", \"gpt2-bpe\" or \"hf-tokenizer\", ") + kPrepareAgain);
   const std::string count_fix = std::string("write the file's token count (its size / 2 for ") +
                                 "uint16 ids), " + kPrepareAgain;
   m.vocab_size = whole_number(meta, "vocab_size", 1, int64_t{1} << 32, 0, path,
@@ -117,6 +118,12 @@ TokenMeta parse_token_meta(const std::string& text, const fs::path& path) {
   const std::string file_fix = std::string("write the file's path, ") + kPrepareAgain;
   const std::string vocab = string_field(meta, "vocab", path, file_fix);
   const std::string merges = string_field(meta, "merges", path, file_fix);
+  const std::string tokenizer_json = string_field(meta, "tokenizer_json", path, file_fix);
+  if (m.tokenizer == "hf-tokenizer" && tokenizer_json.empty())
+    throw Error(path.string() +
+                ": \"tokenizer\": \"hf-tokenizer\" without \"tokenizer_json\" (the path of its "
+                "tokenizer.json); add it, or prepare the data again with tools/prepare_text "
+                "--tokenizer=tokenizer.json");
   if (m.tokenizer == "gpt2-bpe") {
     for (const auto& [field, value, file] :
          {std::tuple<const char*, const std::string&, const char*>{"vocab", vocab, "vocab.json"},
@@ -131,6 +138,9 @@ TokenMeta parse_token_meta(const std::string& text, const fs::path& path) {
   if (!vocab.empty()) m.vocab = fs::path(vocab).is_absolute() ? fs::path(vocab) : folder / vocab;
   if (!merges.empty())
     m.merges = fs::path(merges).is_absolute() ? fs::path(merges) : folder / merges;
+  if (!tokenizer_json.empty())
+    m.tokenizer_json =
+        fs::path(tokenizer_json).is_absolute() ? fs::path(tokenizer_json) : folder / tokenizer_json;
   return m;
 }
 
@@ -170,21 +180,25 @@ TokenSplits open_token_splits(const fs::path& dir, const TokenMeta& meta,
 }
 
 BpeTokenizer load_meta_tokenizer(const TokenMeta& meta) {
-  if (meta.tokenizer != "gpt2-bpe")
+  const bool hf = meta.tokenizer == "hf-tokenizer";
+  if (meta.tokenizer != "gpt2-bpe" && !hf)
     throw Error(meta.path.string() + ": \"tokenizer\" is \"" + one_line(meta.tokenizer, 40) +
-                "\", not gpt2-bpe");
+                "\", not gpt2-bpe or hf-tokenizer");
+  using Field = std::pair<const char*, const fs::path&>;
   for (const auto& [field, file] :
-       {std::pair<const char*, const fs::path&>{"vocab", meta.vocab}, {"merges", meta.merges}}) {
+       hf ? std::vector<Field>{{"tokenizer_json", meta.tokenizer_json}}
+          : std::vector<Field>{{"vocab", meta.vocab}, {"merges", meta.merges}}) {
     std::error_code ec;
     if (!fs::is_regular_file(file, ec))
       throw Error(meta.path.string() + ": \"" + field + "\" names " + file.string() + ", which " +
                   (fs::exists(file, ec) ? "is not a regular file" : "does not exist") +
                   "; restore it or correct the path");
   }
-  BpeTokenizer bpe = BpeTokenizer::load(meta.vocab, meta.merges);
+  BpeTokenizer bpe = hf ? BpeTokenizer::from_tokenizer_json(meta.tokenizer_json)
+                        : BpeTokenizer::load(meta.vocab, meta.merges);
   if (meta.vocab_size > 0 && bpe.vocab_size() != meta.vocab_size)
     throw Error(meta.path.string() + ": \"vocab_size\" is " + std::to_string(meta.vocab_size) +
-                ", but " + meta.vocab.string() + " holds ids up to " +
+                ", but " + (hf ? meta.tokenizer_json : meta.vocab).string() + " holds ids up to " +
                 std::to_string(bpe.vocab_size() - 1) + " (vocabulary size " +
                 std::to_string(bpe.vocab_size()) + "); write " + std::to_string(bpe.vocab_size()) +
                 " there, " + kPrepareAgain);
@@ -195,7 +209,8 @@ std::vector<int64_t> encode_checked(const TokenMeta& meta, const BpeTokenizer* b
                                     const std::string& text, int64_t model_vocab,
                                     const std::string& key) {
   const bool bytes = meta.tokenizer == "bytes";
-  if (!bytes && (meta.tokenizer != "gpt2-bpe" || bpe == nullptr))
+  if (!bytes &&
+      ((meta.tokenizer != "gpt2-bpe" && meta.tokenizer != "hf-tokenizer") || bpe == nullptr))
     throw Error(key + ": no tokenizer for \"" + one_line(meta.tokenizer, 40) + "\" (" +
                 meta.path.string() + ")");
   std::vector<int64_t> ids;

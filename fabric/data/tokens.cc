@@ -121,13 +121,13 @@ std::string read_all(const std::filesystem::path& file) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-std::string as_bytes(const std::vector<uint16_t>& tokens, size_t begin, size_t end) {
+// Little-endian uint16 or uint32 ids.
+template <typename Id>
+std::string as_bytes(const std::vector<Id>& tokens, size_t begin, size_t end) {
   std::string out;
-  out.reserve((end - begin) * 2);
-  for (size_t i = begin; i < end; ++i) {
-    out += static_cast<char>(tokens[i] & 0xff);
-    out += static_cast<char>(tokens[i] >> 8);
-  }
+  out.reserve((end - begin) * sizeof(Id));
+  for (size_t i = begin; i < end; ++i)
+    for (size_t k = 0; k < sizeof(Id); ++k) out += static_cast<char>((tokens[i] >> (8 * k)) & 0xff);
   return out;
 }
 
@@ -160,7 +160,8 @@ std::vector<std::filesystem::path> text_files(
 
 // Splits `tokens` into OUTPUT/train.bin and val.bin, and writes meta.json with `meta_fields`
 // (JSON members without braces) before the token counts.
-PreparedText write_splits(const std::vector<uint16_t>& tokens, size_t files,
+template <typename Id>
+PreparedText write_splits(const std::vector<Id>& tokens, size_t files,
                           const std::filesystem::path& output, double val_fraction,
                           const std::string& meta_fields) {
   namespace fs = std::filesystem;
@@ -234,6 +235,28 @@ PreparedText prepare_bpe_text(const std::vector<std::filesystem::path>& inputs,
       "\"tokenizer\": \"gpt2-bpe\", \"vocab_size\": " + std::to_string(bpe.vocab_size()) +
           ", \"vocab\": " + json_string(fs::absolute(vocab_json).string()) +
           ", \"merges\": " + json_string(fs::absolute(merges_txt).string()));
+}
+
+PreparedText prepare_hf_text(const std::vector<std::filesystem::path>& inputs,
+                             const std::filesystem::path& output,
+                             const std::filesystem::path& tokenizer_json, double val_fraction,
+                             const std::function<bool(const std::filesystem::path&)>& accept) {
+  namespace fs = std::filesystem;
+  const BpeTokenizer bpe = BpeTokenizer::from_tokenizer_json(tokenizer_json);
+  const auto files = text_files(inputs, accept);
+  std::vector<uint32_t> tokens;
+  for (const auto& file : files) {
+    for (const int64_t id : bpe.encode(read_all(file))) tokens.push_back(static_cast<uint32_t>(id));
+    if (bpe.eot() >= 0) tokens.push_back(static_cast<uint32_t>(bpe.eot()));
+  }
+  const std::string fields =
+      "\"tokenizer\": \"hf-tokenizer\", \"vocab_size\": " + std::to_string(bpe.vocab_size()) +
+      ", \"tokenizer_json\": " + json_string(fs::absolute(tokenizer_json).string());
+  if (bpe.vocab_size() > 65536)
+    return write_splits(tokens, files.size(), output, val_fraction,
+                        fields + ", \"token_dtype\": \"uint32\"");
+  const std::vector<uint16_t> narrow(tokens.begin(), tokens.end());
+  return write_splits(narrow, files.size(), output, val_fraction, fields);
 }
 
 }  // namespace fabric

@@ -92,6 +92,16 @@ PreparedText prepare_bpe_text(
     double val_fraction = 0.1,
     const std::function<bool(const std::filesystem::path&)>& accept = nullptr);
 
+// The same with a Hugging Face tokenizer.json (BpeTokenizer::from_tokenizer_json): each file
+// followed by the tokenizer's eos (else "<|endoftext|>") when it has one; meta.json says
+// {"tokenizer": "hf-tokenizer", "vocab_size": V, "tokenizer_json": PATH, ...}. A vocabulary over
+// 65,536 ids (Llama 3's, Qwen2's) is written as uint32 ids, and meta.json adds "token_dtype":
+// "uint32" (read them with data.token_dtype=uint32).
+PreparedText prepare_hf_text(
+    const std::vector<std::filesystem::path>& inputs, const std::filesystem::path& output,
+    const std::filesystem::path& tokenizer_json, double val_fraction = 0.1,
+    const std::function<bool(const std::filesystem::path&)>& accept = nullptr);
+
 // DIR/meta.json, what describes a folder of token files (tools/prepare_text writes it beside
 // train.bin and val.bin), and the one place token data is checked against it (token_meta.cc): its
 // fields' types and signs, its token counts against the files' sizes (a factor of two: the other
@@ -103,17 +113,20 @@ PreparedText prepare_bpe_text(
 //   const auto splits = fabric::open_token_splits(dir, meta, {.block_size = 256, .vocab_size = v});
 //
 // meta.json's fields (all optional; an absent file gives all of them absent):
-//   "tokenizer": "bytes" | "gpt2-bpe" | another string (then no tokenizer is known)
+//   "tokenizer": "bytes" | "gpt2-bpe" | "hf-tokenizer" | another string (then no tokenizer is
+//                known)
 //   "vocab_size": the tokenizer's id space (its largest id + 1; unpadded), a whole number >= 1
 //   "train_tokens", "val_tokens": the token counts of train.bin and val.bin, whole numbers >= 0
 //   "vocab", "merges": gpt2-bpe's vocab.json and merges.txt (both required for gpt2-bpe; a
 //                      relative path is taken from meta.json's folder)
+//   "tokenizer_json": hf-tokenizer's tokenizer.json (required for hf-tokenizer; relative as above)
 struct TokenMeta {
   std::filesystem::path path;  // the meta.json read; empty when there was none
   std::string tokenizer;
   int64_t vocab_size = 0;                      // 0: not given
   int64_t train_tokens = -1, val_tokens = -1;  // -1: not given
   std::filesystem::path vocab, merges;
+  std::filesystem::path tokenizer_json;
 };
 
 // `text` as the meta.json at `path`. Throws fabric::Error "PATH: ..." for text that is not a JSON
@@ -133,11 +146,13 @@ struct TokenSplits {
 TokenSplits open_token_splits(const std::filesystem::path& dir, const TokenMeta& meta,
                               TokenDataset::Options options);
 
-// meta's gpt2-bpe tokenizer, loaded from its vocab and merges files: a file that cannot be read
+// meta's gpt2-bpe tokenizer, loaded from its vocab and merges files (hf-tokenizer: its
+// tokenizer.json): a file that cannot be read
 // names meta.json's field; a vocabulary whose size is not meta's vocab_size is refused.
 BpeTokenizer load_meta_tokenizer(const TokenMeta& meta);
 
-// `text`'s ids under meta's tokenizer (bytes: each byte; gpt2-bpe: `bpe`, which must be given),
+// `text`'s ids under meta's tokenizer (bytes: each byte; gpt2-bpe, hf-tokenizer: `bpe`, which
+// must be given),
 // each checked below meta's vocab_size and `model_vocab` (> 0): fabric::Error "KEY: ..." naming
 // the character and the fix. `key` is the config key `text` came from (e.g. gpt.prompt).
 std::vector<int64_t> encode_checked(const TokenMeta& meta, const BpeTokenizer* bpe,

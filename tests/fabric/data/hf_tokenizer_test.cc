@@ -8,6 +8,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -15,6 +17,7 @@
 
 #include "fabric/core/error.h"
 #include "fabric/data/bpe.h"
+#include "fabric/data/tokens.h"
 #include "tests/run_command.h"
 
 namespace fs = std::filesystem;
@@ -107,6 +110,57 @@ TEST_F(HfTokenizerTest, BosAndEosFromTheTokenizerAndGenerationConfigs) {
   EXPECT_EQ(gpt2.bos(), -1);
   EXPECT_EQ(gpt2.eot(), 0);            // <|endoftext|>, trained first
   EXPECT_EQ(gpt2.vocab_size(), 1202);  // 1200 trained, 2 added
+}
+
+// Little-endian ids of `width` bytes in `file`.
+std::vector<int64_t> read_ids(const fs::path& file, int width) {
+  std::ifstream in(file, std::ios::binary);
+  const std::string bytes{std::istreambuf_iterator<char>(in), {}};
+  std::vector<int64_t> ids;
+  for (size_t i = 0; i + width <= bytes.size(); i += width) {
+    int64_t id = 0;
+    for (int k = 0; k < width; ++k)
+      id |= int64_t{static_cast<unsigned char>(bytes[i + k])} << (8 * k);
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+// prepare_text --tokenizer: the ids tools/tokenize gives (tokenizers' own, above) and the eos, in
+// uint16 files, or uint32 ones for a vocabulary over 65,536 ids; meta.json names the tokenizer.
+TEST_F(HfTokenizerTest, PrepareTextWritesTheTokenizersIds) {
+  ASSERT_EQ(parity_.code, 0) << parity_.out;
+  nlohmann::json big = nlohmann::json::parse(std::ifstream(dir_ / "qwen2/tokenizer.json"));
+  big["added_tokens"].push_back({{"id", 70000}, {"content", "<|far|>"}, {"special", true}});
+  fs::create_directories(dir_ / "big");
+  std::ofstream(dir_ / "big/tokenizer.json") << big.dump();
+  const std::string text_file = "tests/fabric/data/hf_tokenizer_parity.py";
+  for (const auto& [name, width] : {std::pair<std::string, int>{"llama3", 2}, {"big", 4}}) {
+    const fs::path tokenizer = dir_ / name / "tokenizer.json", out = dir_ / ("prepared_" + name);
+    const auto r = fabric::testing::run_command(
+        fabric::testing::helper_binary("//tools:prepare_text") + " --input=" + text_file +
+        " --tokenizer=" + tokenizer.string() + " --output=" + out.string());
+    ASSERT_EQ(r.code, 0) << r.out;
+    const auto tool =
+        fabric::testing::run_command(fabric::testing::helper_binary("//tools:tokenize") +
+                                     " --tokenizer=" + tokenizer.string() + " < " + text_file);
+    ASSERT_EQ(tool.code, 0) << tool.out;
+    std::vector<int64_t> want;
+    std::istringstream words(tool.out);
+    for (int64_t id; words >> id;) want.push_back(id);
+    const fabric::TokenMeta meta = fabric::read_token_meta(out);
+    const BpeTokenizer loaded = fabric::load_meta_tokenizer(meta);
+    want.push_back(loaded.eot());
+    std::vector<int64_t> got = read_ids(out / "train.bin", width);
+    const auto val = read_ids(out / "val.bin", width);
+    got.insert(got.end(), val.begin(), val.end());
+    EXPECT_EQ(got, want) << name;
+    EXPECT_EQ(meta.tokenizer, "hf-tokenizer");
+    EXPECT_EQ(meta.tokenizer_json, tokenizer);
+    EXPECT_EQ(meta.vocab_size, width == 4 ? 70001 : 1202);
+    EXPECT_EQ(loaded.encode("Hello world"),
+              BpeTokenizer::from_tokenizer_json(tokenizer).encode("Hello world"));
+  }
 }
 
 TEST(HfPatternTest, Llama3AndQwen2Splits) {

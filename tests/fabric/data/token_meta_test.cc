@@ -81,7 +81,7 @@ TEST(TokenMetaTest, FieldsOfTheWrongTypeOrSignAreOneLineNamingTheField) {
             0u);
   EXPECT_EQ(meta_error(R"({"tokenizer": 3})")
                 .rfind("d/meta.json: \"tokenizer\" is 3, not a "
-                       "string; write \"bytes\" or \"gpt2-bpe\"",
+                       "string; write \"bytes\", \"gpt2-bpe\" or \"hf-tokenizer\"",
                        0),
             0u);
   EXPECT_EQ(meta_error("[256]").rfind("d/meta.json: not a JSON object", 0), 0u);
