@@ -125,14 +125,24 @@ LlamaConfig read_llama_config(const fs::path& given) {
     r.fail("attention_dropout", "attention dropout is not implemented; set it to 0.0");
   if (r.has("quantization_config"))
     r.fail("quantization_config", "quantized checkpoints are not read; use unquantized weights");
-  // A sliding window: forward refuses sequences longer than it (there it would matter).
-  const bool sliding = c.model_type == "mistral" || r.boolean("use_sliding_window", false);
-  if (sliding && r.has("sliding_window")) c.sliding_window = r.integer("sliding_window");
+  // A sliding window: forward refuses sequences longer than it (there it would matter). Qwen2's
+  // applies to the layers from max_window_layers on (transformers 5 lists them in layer_types).
+  bool sliding = c.model_type == "mistral";
+  if (c.model_type == "qwen2" && r.boolean("use_sliding_window", false))
+    sliding = c.num_hidden_layers > r.integer("max_window_layers", 28);
   if (r.has("layer_types")) {
-    for (const auto& type : json["layer_types"])
-      if (type != "full_attention" && !(type == "sliding_attention" && c.sliding_window > 0))
-        r.fail("layer_types", type.dump() + " is not supported (full_attention)");
+    if (!json["layer_types"].is_array()) r.fail("layer_types", "not a list");
+    sliding = false;
+    for (const auto& type : json["layer_types"]) {
+      if (type == "sliding_attention") {
+        sliding = true;
+      } else if (type != "full_attention") {
+        r.fail("layer_types",
+               type.dump() + " is not supported (full_attention, sliding_attention)");
+      }
+    }
   }
+  if (sliding && r.has("sliding_window")) c.sliding_window = r.integer("sliding_window");
   try {
     c.validate();
   } catch (const Error& e) {

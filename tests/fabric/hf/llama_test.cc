@@ -222,6 +222,28 @@ TEST_F(LlamaHfTest, UnsupportedConfigsNameConfigJsonAndTheKey) {
   e = config_error(copy("llama", "no_vocab", [](nlohmann::json& j) { j.erase("vocab_size"); }));
   EXPECT_NE(e.find("config.json: vocab_size: missing"), std::string::npos) << e;
 
+  // Qwen2's window applies to the layers layer_types marks (from max_window_layers on).
+  EXPECT_EQ(fabric::hf::read_llama_config(copy("qwen2", "qwen2_full",
+                                               [](nlohmann::json& j) {
+                                                 j["use_sliding_window"] = true;
+                                                 j["sliding_window"] = 8;
+                                               }))
+                .sliding_window,
+            0);
+  EXPECT_EQ(fabric::hf::read_llama_config(copy("qwen2", "qwen2_window",
+                                               [](nlohmann::json& j) {
+                                                 j["use_sliding_window"] = true;
+                                                 j["sliding_window"] = 8;
+                                                 j["layer_types"][1] = "sliding_attention";
+                                               }))
+                .sliding_window,
+            8);
+  e = config_error(copy("qwen2", "qwen2_chunked",
+                        [](nlohmann::json& j) { j["layer_types"][1] = "chunked_attention"; }));
+  EXPECT_NE(e.find("config.json: layer_types: \"chunked_attention\" is not supported"),
+            std::string::npos)
+      << e;
+
   // A sliding window that a sequence exceeds is refused where it would matter.
   const fs::path mistral = copy("llama", "mistral", [](nlohmann::json& j) {
     j["model_type"] = "mistral";
