@@ -632,7 +632,7 @@ bool word_char(uint32_t cp) { return cp != 0 && in_ranges(kWordRanges, cp); }
 
 std::vector<int64_t> BpeTokenizer::encode(const std::string& text) const {
   std::vector<int64_t> ids;
-  if (added_.empty()) {
+  if (added_.empty() && !nfc_) {
     encode_text(text, ids);
     return ids;
   }

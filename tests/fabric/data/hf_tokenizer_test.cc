@@ -112,6 +112,18 @@ TEST_F(HfTokenizerTest, BosAndEosFromTheTokenizerAndGenerationConfigs) {
   EXPECT_EQ(gpt2.vocab_size(), 1202);  // 1200 trained, 2 added
 }
 
+// NFC applies with and without added tokens in the file (Qwen2's normalizer).
+TEST_F(HfTokenizerTest, NfcWithoutAddedTokens) {
+  ASSERT_EQ(parity_.code, 0) << parity_.out;
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(dir_ / "qwen2/tokenizer.json"));
+  j["added_tokens"] = nlohmann::json::array();
+  std::ofstream(dir_ / "qwen2_bare.json") << j.dump();
+  const auto bare = BpeTokenizer::from_tokenizer_json(dir_ / "qwen2_bare.json");
+  EXPECT_EQ(bare.encode("Cafe\u0301 A\u030a"), bare.encode("Caf\u00e9 \u00c5"));
+  const auto qwen = BpeTokenizer::from_tokenizer_json(dir_ / "qwen2/tokenizer.json");
+  EXPECT_EQ(bare.encode("Cafe\u0301 A\u030a"), qwen.encode("Caf\u00e9 \u00c5"));
+}
+
 // Little-endian ids of `width` bytes in `file`.
 std::vector<int64_t> read_ids(const fs::path& file, int width) {
   std::ifstream in(file, std::ios::binary);
