@@ -1,7 +1,9 @@
 """Trains byte-level BPE tokenizers with Hugging Face `tokenizers` (GPT-2's, Llama 3's and Qwen2's
 pre-tokenizer, normalizer and ignore_merges; added and special tokens; merges saved as pairs and as
-"a b" strings) on Python standard library sources, encodes other text with them and with
-//tools:tokenize, and checks that the ids are the same and that --decode gives the text back.
+"a b" strings) on Python standard library sources, has `transformers` write GPT-2's and Qwen2's
+tokenizer.json for the GPT-2-style vocabulary (as their converters do for the real models),
+encodes other text with them and with //tools:tokenize, and checks that the ids are the same and
+that --decode gives the text back.
 Writes the files hf_tokenizer_test's error cases read. Prints "ok N cases" or the first mismatch.
 
     python3 hf_tokenizer_parity.py TOKENIZE_BINARY OUT_DIR
@@ -106,6 +108,14 @@ def main():
         path = train(family, train_files, os.path.join(out, family))
         paths += [(family, path), (family + " (merges as strings)",
                                    with_string_merges(path, os.path.join(out, family + "_strings")))]
+    # The same vocabulary and merges as transformers' GPT-2 and Qwen2 tokenizers write them.
+    from transformers import GPT2TokenizerFast, Qwen2TokenizerFast
+    trained = json.load(open(paths[0][1], encoding="utf-8"))["model"]
+    for name, cls in [("transformers-gpt2", GPT2TokenizerFast),
+                      ("transformers-qwen2", Qwen2TokenizerFast)]:
+        cls(vocab=trained["vocab"], merges=[tuple(m) for m in trained["merges"]]).save_pretrained(
+            os.path.join(out, name))
+        paths.append((name, os.path.join(out, name, "tokenizer.json")))
     for name, path in paths:
         tok = Tokenizer.from_file(path)
         for text in cases:
@@ -115,7 +125,7 @@ def main():
                 sys.exit(f"FAIL {name}: ids of {text[:200]!r}:\n  tokenizers {want}\n  ours       {got}")
             back = run(binary, path, " ".join(map(str, got)).encode(), decode=True).decode()
             # The text itself (NFC for Qwen2's), but for the spaces that <tool> strips.
-            expect = unicodedata.normalize("NFC", text) if name.startswith("qwen2") else text
+            expect = unicodedata.normalize("NFC", text) if "qwen2" in name else text
             hf = tok.decode(got, skip_special_tokens=False)
             if back != hf or ("<tool>" not in text and back != expect):
                 sys.exit(f"FAIL {name}: decode of {text[:200]!r} gave {back[:200]!r}, "

@@ -1,9 +1,10 @@
 // Hugging Face tokenizer.json files run as Hugging Face `tokenizers` runs them:
 // hf_tokenizer_parity.py trains GPT-2-, Llama 3- and Qwen2-style byte-level BPEs with `tokenizers`
 // (merges as pairs and as strings; special, lstrip/rstrip and single_word added tokens; NFC;
-// ignore_merges) and checks
-// //tools:tokenize's ids and --decode against it on other text. Here too: the two new patterns'
-// splits, NFC, bos/eos from the configs, and the one-line errors for other kinds and bad files.
+// ignore_merges), has `transformers` write GPT-2's and Qwen2's files for one of them, and checks
+// //tools:tokenize's ids and --decode against `tokenizers` on other text. Here too: the two new
+// patterns' splits, NFC, bos/eos from the configs, prepare_text --tokenizer, and the one-line
+// errors for other kinds and bad files.
 #include <gtest/gtest.h>
 
 #include <filesystem>
