@@ -47,6 +47,7 @@
 #include <torch/nn/pimpl.h>
 #include <torch/optim/optimizer.h>
 
+#include <exception>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -453,9 +454,25 @@ class Fabric {
     kAfterBackward,
     kStep,
     kEvaluate,
-    kAfterEvaluate
+    kAfterEvaluate,
+    kSave,
+    kLoad
   };
   Phase phase_ = Phase::kBeforeSetup;
+  // `phase` while it lives; the one before it again when it ends without an exception.
+  class PhaseScope {
+   public:
+    PhaseScope(Fabric& f, Phase phase) : f_(f), before_(f.phase_) { f.phase_ = phase; }
+    ~PhaseScope() {
+      if (std::uncaught_exceptions() == 0) f_.phase_ = before_;
+    }
+    PhaseScope(const PhaseScope&) = delete;
+    PhaseScope& operator=(const PhaseScope&) = delete;
+
+   private:
+    Fabric& f_;
+    Phase before_;
+  };
   std::string error_site(const std::exception& e) const;  // the phase, and a hint for `e`
   std::string phase_description() const;
   bool init_weights_decided_ = false;  // apply_init_weights ran (first setup_module)

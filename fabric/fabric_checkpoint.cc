@@ -140,6 +140,7 @@ bool Fabric::saves_sharded() const {
 }
 
 void Fabric::save(const std::string& path, const CheckpointState& state) {
+  const PhaseScope phase(*this, Phase::kSave);
   const auto file = absolute_from_working_directory(path);
   const auto contents_of = gather_for_save();
   if (saves_sharded()) {
@@ -163,6 +164,7 @@ void Fabric::save(const std::string& path, const CheckpointState& state) {
 std::function<void()> Fabric::snapshot_for_save(const std::string& path,
                                                 const CheckpointState& state,
                                                 std::shared_ptr<c10::IValue>& snapshot) {
+  const PhaseScope phase(*this, Phase::kSave);
   const auto file = absolute_from_working_directory(path);
   const auto contents_of = gather_for_save();
   if (saves_sharded()) {
@@ -184,6 +186,7 @@ std::function<void()> Fabric::snapshot_for_save(const std::string& path,
 }
 
 void Fabric::load(const std::string& path, CheckpointState& state, bool strict) {
+  const PhaseScope phase(*this, Phase::kLoad);
   const auto file = absolute_from_working_directory(path);
   const std::string source = file.string();
   PreparedCheckpoint prepared;

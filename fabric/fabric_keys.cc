@@ -126,6 +126,10 @@ std::string Fabric::phase_description() const {
       return "in evaluate, after " + after;
     case Phase::kAfterEvaluate:
       return "in the loop's code after evaluate, after " + after;
+    case Phase::kSave:
+      return "while saving a checkpoint, after " + after;
+    case Phase::kLoad:
+      return "while loading a checkpoint, after " + after;
   }
   return "";
 }
