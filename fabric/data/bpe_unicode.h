@@ -1,0 +1,25 @@
+// What bpe.cc takes from bpe_unicode.cc (internal to //fabric/data:bpe, not installed): UTF-8
+// and the character classes the added tokens' lstrip/rstrip/single_word look at.
+#ifndef FABRIC_DATA_BPE_UNICODE_H_
+#define FABRIC_DATA_BPE_UNICODE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+namespace fabric::bpe_unicode {
+
+// Appends code point `cp` to `out` as UTF-8.
+void append_utf8(std::string& out, uint32_t cp);
+// The character of `text` at byte `i`: its code point and length in bytes (an invalid byte is a
+// character of its own, U+FFFD).
+std::pair<uint32_t, size_t> char_at(const std::string& text, size_t i);
+// Unicode White_Space.
+bool is_space(uint32_t cp);
+// A word character as Rust's regex \w sees it (single_word added tokens).
+bool is_word_char(uint32_t cp);
+
+}  // namespace fabric::bpe_unicode
+
+#endif  // FABRIC_DATA_BPE_UNICODE_H_
