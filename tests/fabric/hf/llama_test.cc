@@ -1,7 +1,9 @@
 // fabric::hf::load_llama against Hugging Face transformers: tiny random models built and saved by
 // make_llamas.py (transformers, fixed seeds) load here and give transformers' logits, loss and
 // gradients to 1e-5 (relative to the largest value); broken folders give one-line errors naming
-// the file and the tensor or key.
+// the file and the tensor or key. Greedy generation with the key/value cache
+// (fabric/models/llama_generate.h) gives transformers' generate(do_sample=False) ids, for one
+// prompt and for a left-padded batch of prompts of different lengths.
 #include "fabric/hf/llama.h"
 
 #include <gtest/gtest.h>
@@ -16,6 +18,7 @@
 
 #include "fabric/checkpoint/safetensors.h"
 #include "fabric/core/error.h"
+#include "fabric/models/llama_generate.h"
 #include "tests/run_command.h"
 
 namespace fs = std::filesystem;
@@ -41,6 +44,30 @@ class LlamaHfTest : public ::testing::Test {
     for (auto& [n, t] : fabric::load_safetensors(dir_ / (name + ".ref.safetensors")).tensors)
       out[n] = t;
     return out;
+  }
+
+  // NAME.gen.safetensors: transformers' greedy generations.
+  static std::map<std::string, torch::Tensor> generation_reference(const std::string& name) {
+    std::map<std::string, torch::Tensor> out;
+    for (auto& [n, t] : fabric::load_safetensors(dir_ / (name + ".gen.safetensors")).tensors)
+      out[n] = t;
+    return out;
+  }
+
+  static std::vector<int64_t> row(const torch::Tensor& t) {
+    const torch::Tensor c = t.to(torch::kLong).contiguous();
+    return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+  }
+
+  // The batch's prompts without their left padding.
+  static std::vector<std::vector<int64_t>> batch_prompts(
+      const std::map<std::string, torch::Tensor>& gen) {
+    const torch::Tensor padded = gen.at("batch.prompt");
+    const std::vector<int64_t> lengths = row(gen.at("batch.lengths"));
+    std::vector<std::vector<int64_t>> prompts;
+    for (int64_t b = 0; b < padded.size(0); ++b)
+      prompts.push_back(row(padded[b].narrow(0, padded.size(1) - lengths[b], lengths[b])));
+    return prompts;
   }
 
   // max |a - b| / max |b|.
@@ -259,6 +286,108 @@ TEST_F(LlamaHfTest, UnsupportedConfigsNameConfigJsonAndTheKey) {
     std::cout << "error: " << err.what() << "\n";
     EXPECT_NE(std::string(err.what()).find("config.json's sliding_window 8"), std::string::npos);
   }
+}
+
+// Greedy ids with the key/value cache against transformers' generate(do_sample=False,
+// max_new_tokens=32) in float32: one prompt, and a batch of 3 prompts of lengths 5, 9, 3
+// (transformers: left padding and attention_mask; here: the same, one batch).
+TEST_F(LlamaHfTest, GreedyGenerationWithKvCacheMatchesTransformers) {
+  for (const std::string name : {"llama", "qwen2"}) {
+    SCOPED_TRACE(name);
+    fabric::models::Llama model = fabric::hf::load_llama(dir_ / name);
+    const auto gen = generation_reference(name);
+    fabric::models::GenerateOptions o;
+    o.max_new_tokens = 32;
+    auto single = fabric::models::generate(*model, {row(gen.at("single.prompt"))}, o);
+    EXPECT_TRUE(torch::equal(single.ids, gen.at("single.new")))
+        << "got " << single.ids << "\ntransformers " << gen.at("single.new");
+    auto batch = fabric::models::generate(*model, batch_prompts(gen), o);
+    EXPECT_TRUE(torch::equal(batch.ids, gen.at("batch.new")))
+        << "got " << batch.ids << "\ntransformers " << gen.at("batch.new");
+    EXPECT_EQ(batch.steps, 32);
+    for (const auto& t : batch.tokens) EXPECT_EQ(t.size(), 32u);
+    std::cout << name << ": decode " << batch.decode_tokens_per_second << " tokens/s (batch of 3, "
+              << batch.steps - 1 << " steps, CPU), " << single.decode_tokens_per_second
+              << " tokens/s (one row); prefill " << batch.prefill_seconds * 1e3 << " ms\n";
+  }
+}
+
+// The cache changes nothing: greedy ids with it equal argmax of a full forward over the whole
+// sequence at each step.
+TEST_F(LlamaHfTest, KvCacheGreedyEqualsGreedyWithoutCache) {
+  for (const std::string name : {"llama", "qwen2"}) {
+    SCOPED_TRACE(name);
+    fabric::models::Llama model = fabric::hf::load_llama(dir_ / name);
+    const auto gen = generation_reference(name);
+    fabric::models::GenerateOptions o;
+    o.max_new_tokens = 24;
+    auto prompts = batch_prompts(gen);
+    prompts.push_back(row(gen.at("single.prompt")));
+    for (const auto& prompt : prompts) {
+      const auto cached = fabric::models::generate(*model, {prompt}, o);
+      std::vector<int64_t> ids = prompt, uncached;
+      torch::NoGradGuard no_grad;
+      for (int64_t i = 0; i < o.max_new_tokens; ++i) {
+        const torch::Tensor logits = model->forward(torch::tensor(ids).view({1, -1}));
+        uncached.push_back(logits[0][-1].argmax().item<int64_t>());
+        ids.push_back(uncached.back());
+      }
+      EXPECT_EQ(cached.tokens[0], uncached);
+    }
+  }
+}
+
+TEST_F(LlamaHfTest, TopK1AndTinyTopPSamplingEqualGreedy) {
+  fabric::models::Llama model = fabric::hf::load_llama(dir_ / "llama");
+  const auto gen = generation_reference("llama");
+  fabric::models::GenerateOptions o;
+  o.max_new_tokens = 32;
+  o.temperature = 1.5;
+  o.top_k = 1;
+  o.seed = 11;
+  EXPECT_TRUE(torch::equal(fabric::models::generate(*model, batch_prompts(gen), o).ids,
+                           gen.at("batch.new")));
+  o.top_k = 0;
+  o.top_p = 1e-6;
+  EXPECT_TRUE(torch::equal(fabric::models::generate(*model, batch_prompts(gen), o).ids,
+                           gen.at("batch.new")));
+  // Real sampling: the same seed gives the same ids, and they are not the greedy ones.
+  o.top_p = 0.9;
+  o.top_k = 20;
+  const torch::Tensor a = fabric::models::generate(*model, batch_prompts(gen), o).ids;
+  EXPECT_TRUE(torch::equal(a, fabric::models::generate(*model, batch_prompts(gen), o).ids));
+  EXPECT_FALSE(torch::equal(a, gen.at("batch.new")));
+  EXPECT_TRUE(a.ge(0).all().item<bool>() && a.lt(96).all().item<bool>());
+}
+
+TEST_F(LlamaHfTest, EosStopsARowAndPadsAfterIt) {
+  fabric::models::Llama model = fabric::hf::load_llama(dir_ / "llama");
+  const auto gen = generation_reference("llama");
+  const torch::Tensor greedy = gen.at("batch.new");
+  fabric::models::GenerateOptions o;
+  o.max_new_tokens = 32;
+  o.pad_token_id = -1;  // not a token id: padding is visible
+  // Row 1's second token as eos: each row is its greedy ids up to that token's first occurrence.
+  const int64_t eos = greedy[1][1].item<int64_t>();
+  o.eos_token_ids = {eos};
+  const auto out = fabric::models::generate(*model, batch_prompts(gen), o);
+  for (int64_t b = 0; b < greedy.size(0); ++b) {
+    std::vector<int64_t> expected;
+    for (int64_t id : row(greedy[b])) {
+      expected.push_back(id);
+      if (id == eos) break;
+    }
+    EXPECT_EQ(out.tokens[b], expected) << "row " << b;
+    for (int64_t s = 0; s < out.steps; ++s)
+      EXPECT_EQ(out.ids[b][s].item<int64_t>(),
+                s < static_cast<int64_t>(expected.size()) ? expected[s] : o.pad_token_id);
+  }
+  EXPECT_EQ(out.tokens[1].size(), 2u);
+  // Every row's third token as eos: all stop by step 3, and generation ends there.
+  o.eos_token_ids = row(greedy.select(1, 2));
+  const auto early = fabric::models::generate(*model, batch_prompts(gen), o);
+  EXPECT_LE(early.steps, 3);
+  for (const auto& t : early.tokens) EXPECT_LE(t.size(), 3u);
 }
 
 }  // namespace

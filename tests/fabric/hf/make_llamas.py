@@ -8,6 +8,10 @@ token ids, transformers' float32 logits, the loss of one step and every paramete
   llama       GQA (4 heads, 2 key/value heads), llama3 rope scaling, untied lm_head, sharded
   qwen2       q/k/v biases, tied embeddings, one model.safetensors
   qwen2_bf16  the qwen2 model saved in bfloat16 (the reference: transformers loading it as float32)
+and, for llama and qwen2, OUT_DIR/NAME.gen.safetensors: transformers' greedy generate
+(do_sample=False, 32 new tokens, float32, no eos) after one prompt ("single.prompt" [1, 7] →
+"single.new" [1, 32]) and after a batch of 3 prompts of lengths 5, 9, 3, left-padded with 0 and
+masked ("batch.prompt" [3, 9], "batch.lengths" [3] → "batch.new" [3, 32]).
 """
 import os
 import sys
@@ -46,6 +50,34 @@ def reference(model, name, seed):
     save_file(tensors, os.path.join(out, name + ".ref.safetensors"))
 
 
+def generation(model, name, seed):
+    g = torch.Generator().manual_seed(seed)
+    model.eval()
+    # No eos: every row runs all 32 tokens (the C++ side generates without one too).
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    new = 32
+
+    def run(ids, mask):
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
+                                 max_new_tokens=new, min_new_tokens=new, eos_token_id=None,
+                                 pad_token_id=0)
+        assert out.shape[1] == ids.shape[1] + new, out.shape
+        return out[:, ids.shape[1]:].contiguous()
+
+    single = torch.randint(3, model.config.vocab_size, (1, 7), generator=g)
+    lengths = torch.tensor([5, 9, 3])
+    batch = torch.zeros(3, 9, dtype=torch.long)
+    mask = torch.zeros(3, 9, dtype=torch.long)
+    for i, n in enumerate(lengths.tolist()):
+        batch[i, 9 - n:] = torch.randint(3, model.config.vocab_size, (n,), generator=g)
+        mask[i, 9 - n:] = 1
+    save_file({"single.prompt": single, "single.new": run(single, torch.ones_like(single)),
+               "batch.prompt": batch, "batch.lengths": lengths, "batch.new": run(batch, mask)},
+              os.path.join(out, name + ".gen.safetensors"))
+
+
 torch.manual_seed(1)
 llama = LlamaForCausalLM(LlamaConfig(
     **common, max_position_embeddings=64, rope_theta=500000.0, tie_word_embeddings=False,
@@ -54,6 +86,7 @@ llama = LlamaForCausalLM(LlamaConfig(
 randomize(llama, 2)
 llama.save_pretrained(os.path.join(out, "llama"), safe_serialization=True, max_shard_size="40KB")
 reference(llama, "llama", 3)
+generation(llama, "llama", 7)
 
 torch.manual_seed(4)
 qwen = Qwen2ForCausalLM(Qwen2Config(**common, max_position_embeddings=64, rope_theta=1000.0,
@@ -61,6 +94,7 @@ qwen = Qwen2ForCausalLM(Qwen2Config(**common, max_position_embeddings=64, rope_t
 randomize(qwen, 5)
 qwen.save_pretrained(os.path.join(out, "qwen2"), safe_serialization=True)
 reference(qwen, "qwen2", 6)
+generation(qwen, "qwen2", 8)
 
 qwen.to(torch.bfloat16).save_pretrained(os.path.join(out, "qwen2_bf16"), safe_serialization=True)
 # transformers' own float32 load of the bfloat16 file (a model converted back and forth in memory
