@@ -115,6 +115,14 @@ uint32_t compose(uint32_t a, uint32_t b) {
   return it != std::end(kCompositions) && it->first == a && it->second == b ? it->composite : 0;
 }
 
+// The length in characters of a contraction ('s 't 'm 'd: 2; 're 've 'll: 3) whose letters are
+// `a` and `b` after the apostrophe, or 0. Both pre-tokenizers take these first.
+size_t contraction_length(uint32_t a, uint32_t b) {
+  if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
+  if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return 3;
+  return 0;
+}
+
 // Llama 3's and Qwen2's pattern, alternative by alternative as a backtracking regex engine takes
 // them: (?i:'s|'t|'re|'ve|'m|'ll|'d) | [^\r\n\p{L}\p{N}]?\p{L}+ | \p{N}{1,max_digits} |
 // ' '?[^\s\p{L}\p{N}]+[\r\n]* | \s*[\r\n]+ | \s+(?!\S) | \s+.
@@ -137,10 +145,7 @@ std::vector<std::string> split_llama(const std::string& text, const std::vector<
   size_t i = 0;
   while (i < n) {
     if (chars[i].cp == '\'') {
-      const uint32_t a = lower(i + 1), b = lower(i + 2);
-      size_t len = 0;
-      if (a == 's' || a == 't' || a == 'm' || a == 'd') len = 2;
-      if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) len = 3;
+      const size_t len = contraction_length(lower(i + 1), lower(i + 2));  // case-insensitive
       if (len > 0) {
         piece(i, i + len);
         i += len;
@@ -288,10 +293,8 @@ std::vector<std::string> BpeTokenizer::pretokenize(const std::string& text, Patt
   while (i < n) {
     // 's 't 're 've 'm 'll 'd
     if (chars[i].cp == '\'' && i + 1 < n) {
-      const uint32_t a = chars[i + 1].cp, b = i + 2 < n ? chars[i + 2].cp : 0;
-      size_t len = 0;
-      if (a == 's' || a == 't' || a == 'm' || a == 'd') len = 2;
-      if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) len = 3;
+      const size_t len =
+          contraction_length(chars[i + 1].cp, i + 2 < n ? chars[i + 2].cp : 0);  // case-sensitive
       if (len > 0) {
         piece(i, i + len);
         i += len;
