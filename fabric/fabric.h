@@ -61,6 +61,7 @@
 
 #include "fabric/callback.h"
 #include "fabric/checkpoint/checkpoint_state.h"
+#include "fabric/checkpoint/state_dict.h"
 #include "fabric/config/config.h"
 #include "fabric/core/error.h"
 #include "fabric/data/data_loader.h"
@@ -269,6 +270,24 @@ class Fabric {
   void load_weights(Module& module, const std::string& path) {
     load_weights_of(module_ref(module), path);
   }
+  // Loads named tensors into `module` by name: `tensors` (name → tensor, e.g.
+  // fabric::hf::read_weights(folder).tensors, views of memory-mapped safetensors files; any
+  // floating dtype converted to the parameter's), `source` (a file or folder) naming them in
+  // errors. Names and shapes are the module's logical (unsharded) ones. Strict: a missing,
+  // unexpected or reshaped name → one fabric::Error line "SOURCE: does not match the model: ..."
+  // naming the tensors, and nothing copied. After setup under fsdp, hsdp and model_parallel
+  // (tensor parallel), each rank copies only the elements it keeps, straight from the given
+  // tensors, and the whole model is never gathered (the strategy's ShardedState,
+  // fabric/checkpoint/sharded_state.h); ranks holding whole parameters copy them whole. Before
+  // setup it copies into the module as built; a module of an empty init (init_module) has no
+  // memory until setup and is refused: load its weights after setup. No communication.
+  //     auto w = fabric::hf::read_weights(folder);   // fabric/hf/weights.h
+  //     f.setup(model, *optimizer);
+  //     f.load_weights(model, w.tensors, folder);
+  template <typename Module>
+  void load_weights(Module& module, const StateDict& tensors, const std::string& source) {
+    load_weights_of(module_ref(module), tensors, source);
+  }
 
   // Checkpoint: writes `state` (fabric/checkpoint/checkpoint_state.h) to `path` with,
   // automatically, every rank's random generator states (CPU and CUDA), the 16-mixed GradScaler,
@@ -422,6 +441,8 @@ class Fabric {
   void write_default_summary(int status, double wall_seconds);
   void save_weights_of(torch::nn::Module& module, const std::string& path);
   void load_weights_of(torch::nn::Module& module, const std::string& path);
+  void load_weights_of(torch::nn::Module& module, const StateDict& tensors,
+                       const std::string& source);
   double clip_gradients_norm(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                              double max_norm, double norm_type);
   void clip_gradients_by_value(torch::nn::Module& module, torch::optim::Optimizer& optimizer,

@@ -241,4 +241,35 @@ void Fabric::load_weights_of(torch::nn::Module& module, const std::string& path)
   load_state_dict(module, load_state_dict_file(file), file.string());
 }
 
+void Fabric::load_weights_of(torch::nn::Module& module, const StateDict& tensors,
+                             const std::string& source) {
+  // A module of an empty init not yet set up: its tensors are on the meta device, and a copy
+  // into them would be lost.
+  for (const auto& record : pending_inits_) {
+    bool made = false;
+    for (const auto& p : module.parameters()) made = made || record->made(p);
+    for (const auto& b : module.buffers()) made = made || record->made(b);
+    if (made)
+      throw Error(source +
+                  ": the module was built by an empty init (init_module) and has no memory "
+                  "until setup(); load its weights after setup");
+  }
+  if (ShardedState* sharded = strategy_->sharded_state()) {
+    // Each rank copies the elements it keeps straight from `tensors` (views: a memory-mapped
+    // file is read only where this rank's elements lie).
+    c10::impl::GenericDict value(c10::StringType::get(), c10::AnyType::get());
+    for (const auto& [name, tensor] : tensors) {
+      if (value.contains(name)) throw Error(source + ": tensor " + name + " is given twice");
+      value.insert(name, tensor);
+    }
+    if (auto load = sharded->prepare_local_module_state(module, value, source)) {
+      (*load)();
+      return;
+    }
+  }
+  // Whole parameters on every rank (a strategy that shards them gathers them while copied).
+  const ScopeGuard whole = strategy_->materialize_parameters(module, /*write_back=*/true);
+  load_state_dict(module, tensors, source);
+}
+
 }  // namespace fabric
