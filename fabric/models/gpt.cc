@@ -135,7 +135,10 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   return dropout(resid_dropout, c_proj->forward(y), shard);
 }
 
-MLPImpl::MLPImpl(const GPTConfig& c) {
+MLPImpl::MLPImpl(const GPTConfig& c) : gelu_(c.gelu) {
+  if (gelu_ != "tanh" && gelu_ != "none")
+    throw Error("GPTConfig.gelu: '" + gelu_ +
+                "' is not a GELU form (tanh: the tanh approximation, none: exact)");
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer));
   c_fc = register_module("c_fc", linear(c.n_embd, 4 * c.n_embd, c.bias, 0.02));
   c_proj = register_module("c_proj", linear(4 * c.n_embd, c.n_embd, c.bias, residual_std));
@@ -143,14 +146,15 @@ MLPImpl::MLPImpl(const GPTConfig& c) {
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
-  return models::dropout(dropout, c_proj->forward(torch::gelu(c_fc->forward(x), "tanh")),
+  return models::dropout(dropout, c_proj->forward(torch::gelu(c_fc->forward(x), gelu_)),
                          c_proj->parallel());
 }
 
 BlockImpl::BlockImpl(const GPTConfig& c) : fused_layer_norm_(c.fused_layer_norm) {
-  ln_1 = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+  const auto ln = torch::nn::LayerNormOptions({c.n_embd}).eps(c.layer_norm_epsilon);
+  ln_1 = register_module("ln_1", torch::nn::LayerNorm(ln));
   attn = register_module("attn", CausalSelfAttention(c));
-  ln_2 = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+  ln_2 = register_module("ln_2", torch::nn::LayerNorm(ln));
   mlp = register_module("mlp", MLP(c));
 }
 
@@ -196,7 +200,8 @@ GPTImpl::GPTImpl(const GPTConfig& c) : config_(c) {
   }
   transformer->register_module("h", h);
   ln_f = transformer->register_module(
-      "ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+      "ln_f",
+      torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd}).eps(c.layer_norm_epsilon)));
 }
 
 torch::Tensor GPTImpl::forward(const torch::Tensor& tokens) { return forward(tokens, nullptr); }

@@ -1,10 +1,11 @@
 // fabric::models::GPT: a decoder-only transformer language model (GPT-2's architecture) in
 // LibTorch.
 //
-// Pre-LN blocks (LayerNorm → causal self-attention → residual; LayerNorm → GELU MLP → residual),
-// attention through at::scaled_dot_product_attention (FlashAttention / cuDNN / memory-efficient
-// kernels on GPUs, a fused kernel on CPU), learned positions, the output projection tied to the
-// token embedding (logits = x · wte.weightᵀ: one parameter, counted and updated once), dropout,
+// Pre-LN blocks (LayerNorm → causal self-attention → residual; LayerNorm → GELU MLP → residual;
+// the GELU's tanh approximation by default, GPTConfig::gelu), attention through
+// at::scaled_dot_product_attention (FlashAttention / cuDNN / memory-efficient kernels on GPUs, a
+// fused kernel on CPU), learned positions, the output projection tied to the token embedding
+// (logits = x · wte.weightᵀ: one parameter, counted and updated once), dropout,
 // optional biases (the Linear layers'). GPT-2 initialization: every Linear and Embedding
 // weight ~ N(0, 0.02), biases 0, and the residual projections (attention's and the MLP's c_proj)
 // ~ N(0, 0.02 / sqrt(2 · n_layer)). Parameter names follow nanoGPT's (transformer.wte.weight,
@@ -48,6 +49,11 @@ struct GPTConfig {
   int64_t n_layer = 12, n_head = 12, n_embd = 768;
   double dropout = 0.0;
   bool bias = true;
+  // The MLP's GELU: "tanh" (the tanh approximation, GPT-2's and Hugging Face's gelu_new /
+  // gelu_pytorch_tanh; the default) or "none" (the exact erf form, Hugging Face's gelu), as
+  // torch::gelu's `approximate` names them. Others: fabric::Error when the model is built.
+  std::string gelu = "tanh";
+  double layer_norm_epsilon = 1e-5;  // every LayerNorm's eps (GPT-2's layer_norm_epsilon)
   // loss(): the output layer and the cross-entropy as one fused CUDA step where it applies
   // (fabric/models/fused_cross_entropy.h); false: the logits through ATen, as forward() + lm_loss.
   bool fused_loss = true;
@@ -87,6 +93,9 @@ class MLPImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
   fabric::nn::Linear c_fc{nullptr}, c_proj{nullptr};
   torch::nn::Dropout dropout{nullptr};
+
+ private:
+  std::string gelu_;  // torch::gelu's approximate: "tanh" or "none"
 };
 TORCH_MODULE(MLP);
 
