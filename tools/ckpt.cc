@@ -1,6 +1,7 @@
 // bazel run //tools:ckpt -- inspect PATH
 //                         verify PATH
 //                         consolidate PATH OUT [--entry=model]
+//                         hf PATH OUT [--entry=model] [--max-shard-bytes=N] [--config=YAML]
 //                         diff PATH_A PATH_B
 //
 // Tools for the checkpoints Fabric::save writes (a .ckpt file or a sharded folder) and for weight
@@ -19,6 +20,18 @@
 //                refused before anything is read when it is PATH, lies inside it, is or lies
 //                inside any checkpoint, is a FIFO or device, or is an existing file that is not
 //                a weights file (fabric/checkpoint/output_check.h).
+//   hf           a Hugging Face folder from a checkpoint (file or sharded folder, joined as
+//                consolidate joins it) that transformers.AutoModelForCausalLM.from_pretrained
+//                loads (fabric/hf/export.h): config.json and model.safetensors, or above
+//                --max-shard-bytes (default 5 GB) the shards and model.safetensors.index.json. The
+//                architecture comes from the run's resolved config the checkpoint records (or, for
+//                a weights file, --config=YAML, the run's config): with model.pretrained (a Hugging
+//                Face folder, found from the working directory) that folder's config.json (llama,
+//                qwen2, mistral or gpt2), its tokenizer and generation files copied along; else
+//                the GPT of the model.* keys (vocabulary and positions from the weights' shapes)
+//                as a GPT-2 folder (GPT2LMHeadModel, activation_function gelu_new: the GPT's tanh
+//                GELU). OUT is refused as consolidate refuses it, and when it is a non-empty folder
+//                that is not a Hugging Face folder (one is replaced, its other files kept).
 //   diff         per tensor, the largest absolute difference between two checkpoints or weight
 //                files, tensors only in one, or of another shape; the last line the largest. A
 //                checkpoint against a weights file compares the weights with the checkpoint's
@@ -37,19 +50,25 @@
 
 #include <torch/types.h>
 
+#include "examples/gpt_recipe.h"
 #include "fabric/checkpoint/output_check.h"
 #include "fabric/checkpoint/safetensors.h"
 #include "fabric/checkpoint/sharded.h"
 #include "fabric/checkpoint/state_dict.h"
 #include "fabric/core/error.h"
 #include "fabric/core/paths.h"
+#include "fabric/hf/config_reader.h"
+#include "fabric/hf/export.h"
+#include "fabric/hf/gpt2.h"
+#include "fabric/hf/llama.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
 constexpr const char* kUsage =
-    "usage: ckpt inspect PATH | verify PATH | consolidate PATH OUT [--entry=NAME] | diff A B\n";
+    "usage: ckpt inspect PATH | verify PATH | consolidate PATH OUT [--entry=NAME] | hf PATH OUT "
+    "[--entry=NAME] [--max-shard-bytes=N] [--config=YAML] | diff A B\n";
 
 int usage(const std::string& why) {
   std::cerr << "ckpt: " << why << "\n" << kUsage;
@@ -151,8 +170,10 @@ int inspect(const fs::path& path) {
   return 0;
 }
 
-int consolidate(const fs::path& path, const fs::path& out, const std::string& entry) {
-  const c10::IValue state = field(read_any(path), "state");
+// The state dict of entry `entry` of a checkpoint's (or weights file's) `value`.
+fabric::StateDict entry_state(const c10::IValue& value, const fs::path& path,
+                              const std::string& entry) {
+  const c10::IValue state = field(value, "state");
   std::string names;
   if (state.isGenericDict())
     for (const auto& e : state.toGenericDict())
@@ -161,13 +182,90 @@ int consolidate(const fs::path& path, const fs::path& out, const std::string& en
   if (chosen.isNone())
     throw fabric::Error(path.string() + ": no entry '" + entry + "' in the state (there: " +
                         (names.empty() ? "none" : names) + "); choose one with --entry=NAME");
-  const fabric::StateDict weights =
-      fabric::state_dict_from(chosen, path.string() + " (entry " + entry + ")");
+  return fabric::state_dict_from(chosen, path.string() + " (entry " + entry + ")");
+}
+
+int consolidate(const fs::path& path, const fs::path& out, const std::string& entry) {
+  const fabric::StateDict weights = entry_state(read_any(path), path, entry);
   fabric::save_state_dict(out, weights);
   int64_t elements = 0;
   for (const auto& [name, t] : weights) elements += t.numel();
   std::cout << out.string() << ": " << weights.size() << " tensors, " << elements
             << " elements (entry " << entry << " of " << path.string() << ")\n";
+  return 0;
+}
+
+const torch::Tensor* find_tensor(const fabric::StateDict& state, const std::string& name) {
+  for (const auto& [n, t] : state)
+    if (n == name) return &t;
+  return nullptr;
+}
+
+// `ckpt hf`: the architecture from the run's config (see the header comment), then
+// fabric::hf::save_llama or save_gpt2.
+int to_hf(const fs::path& path, const fs::path& out, std::string entry, int64_t max_shard_bytes,
+          const std::string& config_file) {
+  bool weights_file = false;
+  const c10::IValue value = read_any(path, &weights_file);
+  std::string yaml, source = path.string() + "'s config";
+  if (!config_file.empty()) {
+    const fabric::Config loaded = fabric::Config::load(config_file, {}, examples::gpt::schema());
+    yaml = loaded.to_yaml();
+    source = config_file;
+  } else if (const c10::IValue saved = field(field(value, "fabric"), "config"); saved.isString()) {
+    yaml = saved.toStringRef();
+  } else {
+    throw fabric::Error(path.string() +
+                        ": records no config (a weights file); give the run's config with "
+                        "--config=YAML");
+  }
+  if (weights_file) entry = "weights";  // read_any's name for a weights file's tensors
+  const fabric::StateDict state = entry_state(value, path, entry);
+  const fabric::Config c = fabric::Config::parse(yaml, {}, examples::gpt::schema(), source);
+  std::string pretrained;
+  try {
+    pretrained = c.get_string("model.pretrained");
+  } catch (const fabric::Error&) {
+    // A schema without the key: the GPT of model.*.
+  }
+  std::string written;
+  if (!pretrained.empty()) {
+    const fs::path folder = fabric::absolute_from_working_directory(pretrained);
+    fabric::check_output(out, "OUT", {{path, "the checkpoint read"}, {folder, "model.pretrained"}},
+                         /*folder=*/true);
+    const auto [json, config_path] = fabric::hf::read_config_json(folder);
+    const fabric::hf::ConfigReader r(json, config_path, "a Hugging Face config.json names it");
+    const std::string type = r.string("model_type", "");
+    fabric::hf::ExportExtras extras;
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json",
+                          "special_tokens_map.json", "vocab.json", "merges.txt"})
+      if (fs::is_regular_file(folder / f)) extras.copy_files.push_back(folder / f);
+    for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"})
+      if (r.has(key)) extras.config[key] = json[key];
+    if (type == "gpt2") {
+      fabric::hf::save_gpt2(fabric::hf::read_gpt2_config(folder), state, out, max_shard_bytes,
+                            extras);
+    } else {
+      fabric::hf::save_llama(fabric::hf::read_llama_config(folder), state, out, max_shard_bytes,
+                             extras);
+    }
+    written = (type.empty() ? std::string("?") : type) + " (model.pretrained " + pretrained + ")";
+  } else {
+    fabric::models::GPTConfig gpt = examples::gpt::model_config(c, 0);
+    // The vocabulary (the data's, padded) and positions the run trained with: the weights'.
+    if (const auto* wte = find_tensor(state, "transformer.wte.weight"))
+      gpt.vocab_size = wte->size(0);
+    if (const auto* wpe = find_tensor(state, "transformer.wpe.weight"))
+      gpt.block_size = wpe->size(0);
+    fabric::hf::save_gpt2(gpt, state, out, max_shard_bytes);
+    written = "gpt2 (the GPT of model.*: " + std::to_string(gpt.n_layer) + " layers, " +
+              std::to_string(gpt.n_head) + " heads, " + std::to_string(gpt.n_embd) + " wide)";
+  }
+  int64_t elements = 0;
+  for (const auto& [name, t] : state) elements += t.numel();
+  std::cout << out.string() << ": a Hugging Face " << written << " folder, " << state.size()
+            << " tensors, " << elements << " elements (entry " << entry << " of " << path.string()
+            << ")\n";
   return 0;
 }
 
@@ -263,11 +361,22 @@ int diff(const fs::path& a, const fs::path& b, const std::string& entry) {
 
 int main(int argc, char** argv) {
   std::vector<std::string> args;
-  std::string entry = "model";
+  std::string entry = "model", config_file;
+  int64_t max_shard_bytes = 5'000'000'000;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--entry=", 0) == 0) {
       entry = a.substr(8);
+    } else if (a.rfind("--config=", 0) == 0) {
+      config_file = a.substr(9);
+    } else if (a.rfind("--max-shard-bytes=", 0) == 0) {
+      try {
+        size_t used = 0;
+        max_shard_bytes = std::stoll(a.substr(18), &used);
+        if (used != a.size() - 18 || max_shard_bytes < 1) throw std::invalid_argument(a);
+      } catch (const std::exception&) {
+        return usage(a + ": not a positive number of bytes");
+      }
     } else if (a == "--help" || a == "-h") {
       std::cout << kUsage;
       return 0;
@@ -302,6 +411,14 @@ int main(int argc, char** argv) {
         return usage(e.what());
       }
       return consolidate(path(1), path(2), entry);
+    }
+    if (command == "hf" && args.size() == 3) {
+      try {
+        fabric::check_output(path(2), "OUT", {{path(1), "the checkpoint read"}}, /*folder=*/true);
+      } catch (const fabric::Error& e) {
+        return usage(e.what());
+      }
+      return to_hf(path(1), path(2), entry, max_shard_bytes, config_file);
     }
     if (command == "diff" && args.size() == 3) return diff(path(1), path(2), entry);
   } catch (const c10::Error& e) {

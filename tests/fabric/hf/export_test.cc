@@ -16,6 +16,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "examples/gpt_recipe.h"
+#include "fabric/checkpoint/archive.h"
 #include "fabric/checkpoint/safetensors.h"
 #include "fabric/checkpoint/state_dict.h"
 #include "fabric/core/error.h"
@@ -225,6 +227,69 @@ TEST_F(HfExportTest, ReplacesHfFoldersKeepingOtherFilesAndRefusesOthers) {
             std::string::npos)
       << e;
   EXPECT_FALSE(fs::exists(out / "m"));
+}
+
+// ckpt hf: a checkpoint of examples/gpt (its resolved config recorded, the GPT of model.*, here
+// without biases) as a GPT-2 folder, sharded; transformers loads it with our logits.
+TEST_F(HfExportTest, CkptHfConvertsAGptCheckpointThatTransformersLoads) {
+  const fs::path out = dir_ / "out";
+  const fabric::Config config = fabric::Config::defaults(
+      examples::gpt::schema(), {"model.preset=tiny", "model.n_layer=2", "model.bias=false"});
+  fabric::models::GPT gpt(examples::gpt::model_config(config, 0));
+  {
+    torch::NoGradGuard no_grad;  // LayerNorms away from 1 and 0
+    for (auto& p : gpt->parameters()) p.add_(torch::randn(p.sizes()) * 0.05);
+  }
+  c10::impl::GenericDict model(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& [n, t] : fabric::state_dict(*gpt)) model.insert(n, t);
+  c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
+  state.insert("model", model);
+  state.insert("step", int64_t{3});
+  c10::impl::GenericDict meta(c10::StringType::get(), c10::AnyType::get());
+  meta.insert("format_version", int64_t{1});
+  meta.insert("config", config.to_yaml());
+  c10::impl::GenericDict top(c10::StringType::get(), c10::AnyType::get());
+  top.insert("fabric", meta);
+  top.insert("state", state);
+  fabric::save_archive(out / "run.ckpt", top);
+  const torch::Tensor ids = torch::randint(0, 256, {2, 12}, torch::kLong);
+  fabric::save_safetensors(dir_ / "ckpt.ref.safetensors", {{"ids", ids}});
+
+  const std::string ckpt = fs::absolute(fabric::testing::helper_binary("//tools:ckpt")).string();
+  auto r = fabric::testing::run_command("cd '" + out.string() + "' && '" + ckpt +
+                                        "' hf run.ckpt ckpt_gpt --max-shard-bytes=100000");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::cout << r.out;
+  EXPECT_TRUE(fs::exists(out / "ckpt_gpt" / "model.safetensors.index.json"));
+  nlohmann::json json;
+  std::ifstream(out / "ckpt_gpt" / "config.json") >> json;
+  EXPECT_EQ(json["activation_function"], "gelu_new");  // the GPT's tanh GELU
+  EXPECT_EQ(json["vocab_size"], 256);
+  EXPECT_EQ(json["n_layer"], 2);
+
+  const auto theirs = transformers_logits({"ckpt_gpt"}, "ckpt");
+  torch::NoGradGuard no_grad;
+  gpt->eval();
+  const double d = relative(gpt->forward(ids), theirs.at("ckpt_gpt"));
+  std::cout << "ckpt hf (GPT without biases): transformers' logits differ by " << d
+            << " (relative)\n";
+  EXPECT_LT(d, 1e-5);
+
+  // Refused like consolidate's OUT (exit 2), and a folder that is not a Hugging Face one (exit 1).
+  r = fabric::testing::run_command("cd '" + out.string() + "' && '" + ckpt +
+                                   "' hf run.ckpt run.ckpt");
+  EXPECT_EQ(r.code, 2) << r.out;
+  r = fabric::testing::run_command("cd '" + out.string() + "' && '" + ckpt +
+                                   "' hf run.ckpt other.ckpt");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("other.ckpt: is a checkpoint's name (.ckpt)"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(out / "other.ckpt"));
+  fs::create_directories(out / "notes");
+  std::ofstream(out / "notes" / "todo.txt") << "x";
+  r = fabric::testing::run_command("cd '" + out.string() + "' && '" + ckpt +
+                                   "' hf run.ckpt notes 2>&1");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("not a Hugging Face folder"), std::string::npos) << r.out;
 }
 
 }  // namespace
