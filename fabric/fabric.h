@@ -265,7 +265,9 @@ class Fabric {
   }
   // Loads weights saved by save_weights or by Python's torch.save(model.state_dict(), path) into
   // `module` on every rank, strictly (missing, unexpected or reshaped names → one error listing
-  // them; nothing copied). See fabric/checkpoint/state_dict.h.
+  // them; nothing copied). See fabric/checkpoint/state_dict.h. The file's tensors go through
+  // load_weights(module, tensors, path) below (a .safetensors file memory-mapped: after setup
+  // each rank reads only its elements of it).
   template <typename Module>
   void load_weights(Module& module, const std::string& path) {
     load_weights_of(module_ref(module), path);
@@ -277,13 +279,17 @@ class Fabric {
   // unexpected or reshaped name → one fabric::Error line "SOURCE: does not match the model: ..."
   // naming the tensors, and nothing copied. After setup under fsdp, hsdp and model_parallel
   // (tensor parallel), each rank copies only the elements it keeps, straight from the given
-  // tensors, and the whole model is never gathered (the strategy's ShardedState,
-  // fabric/checkpoint/sharded_state.h); ranks holding whole parameters copy them whole. Before
-  // setup it copies into the module as built; a module of an empty init (init_module) has no
-  // memory until setup and is refused: load its weights after setup. No communication.
-  //     auto w = fabric::hf::read_weights(folder);   // fabric/hf/weights.h
+  // tensors (of a memory-mapped file, only those pages are read), and the whole model is never
+  // gathered (the strategy's ShardedState, fabric/checkpoint/sharded_state.h); ranks holding
+  // whole parameters (single device, ddp, ZeRO-1) copy them whole. Before setup it copies into
+  // the module as built; a module of an empty init (init_module) has no memory until setup and
+  // is refused: load its weights after setup, and no rank ever holds the whole model. No
+  // communication. docs/pretrained.md, "Memory per rank".
+  //     auto model = f.init_module([&] { return fabric::models::Llama(config); });
+  //     auto w = fabric::hf::read_weights(folder);                      // fabric/hf/weights.h
+  //     auto kept = fabric::hf::checked_weights(*model, w, folder);     // whole shapes: now
   //     f.setup(model, *optimizer);
-  //     f.load_weights(model, w.tensors, folder);
+  //     f.load_weights(model, kept, folder);
   template <typename Module>
   void load_weights(Module& module, const StateDict& tensors, const std::string& source) {
     load_weights_of(module_ref(module), tensors, source);

@@ -237,8 +237,8 @@ void Fabric::load(const std::string& path, CheckpointState& state, bool strict) 
 
 void Fabric::load_weights_of(torch::nn::Module& module, const std::string& path) {
   const auto file = absolute_from_working_directory(path);
-  const ScopeGuard whole = strategy_->materialize_parameters(module, /*write_back=*/true);
-  load_state_dict(module, load_state_dict_file(file), file.string());
+  // A .safetensors file is memory-mapped: each rank then reads only where its elements lie.
+  load_weights_of(module, load_state_dict_file(file), file.string());
 }
 
 void Fabric::load_weights_of(torch::nn::Module& module, const StateDict& tensors,

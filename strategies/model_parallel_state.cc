@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -216,6 +217,13 @@ std::optional<std::function<void()>> ModelParallel::prepare_local_module_state(
     if (it != module_splits_.end() && v.isTensor() &&
         v.toTensor().sizes().vec() == it->second.whole_sizes) {
       v = it->second.shard.slice(v.toTensor(), it->second.along).contiguous();
+    } else if (it != module_splits_.end() && v.isTensor()) {
+      // Named in the model's whole shape (not this rank's slice's, which the check below sees).
+      std::ostringstream why;
+      why << source << ": does not match the model: shape of " << item.key().toStringRef() << " is "
+          << v.toTensor().sizes() << " in the file, " << c10::IntArrayRef(it->second.whole_sizes)
+          << " in the model";
+      throw Error(why.str());
     } else if (it != module_splits_.end()) {
       v = piece_of_slice(v, it->second);  // run_of_slice's piece
     }

@@ -83,8 +83,9 @@ Weights read_weights(const fs::path& folder) {
               "; save the model with save_pretrained(folder, safe_serialization=True)");
 }
 
-void load_weights(torch::nn::Module& module, const Weights& weights, const fs::path& folder,
-                  const std::function<bool(const std::string&)>& ignore) {
+StateDict checked_weights(const torch::nn::Module& module, const Weights& weights,
+                          const fs::path& folder,
+                          const std::function<bool(const std::string&)>& ignore) {
   const auto parameters = module.named_parameters(/*recurse=*/true);
   StateDict kept;
   std::set<std::string> seen;
@@ -111,7 +112,12 @@ void load_weights(torch::nn::Module& module, const Weights& weights, const fs::p
       throw Error(folder.string() + ": tensor " + item.key() + " " + shape(item.value().sizes()) +
                   " is missing from the weights, but " + (folder / "config.json").string() +
                   " asks for it (check tie_word_embeddings, num_hidden_layers and the biases)");
-  load_state_dict(module, kept, folder.string());
+  return kept;
+}
+
+void load_weights(torch::nn::Module& module, const Weights& weights, const fs::path& folder,
+                  const std::function<bool(const std::string&)>& ignore) {
+  load_state_dict(module, checked_weights(module, weights, folder, ignore), folder.string());
 }
 
 }  // namespace fabric::hf

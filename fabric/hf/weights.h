@@ -40,6 +40,18 @@ void load_weights(torch::nn::Module& module, const Weights& weights,
                   const std::filesystem::path& folder,
                   const std::function<bool(const std::string&)>& ignore = nullptr);
 
+// load_weights' check without the copy: the tensors of `weights` that `module` takes, by name
+// (views of the files; `ignore`d names dropped), after the same checks and errors. For a module
+// whose parameters have their whole shapes (before setup; an empty init's meta tensors do), then
+// copied by Fabric after setup, each rank only its part:
+//   auto model = f.init_module([&] { return fabric::models::Llama(config); });
+//   const fabric::StateDict kept = fabric::hf::checked_weights(*model, weights, folder);
+//   f.setup(model, *optimizer);
+//   f.load_weights(model, kept, folder.string());
+StateDict checked_weights(const torch::nn::Module& module, const Weights& weights,
+                          const std::filesystem::path& folder,
+                          const std::function<bool(const std::string&)>& ignore = nullptr);
+
 }  // namespace fabric::hf
 
 #endif  // FABRIC_HF_WEIGHTS_H_
