@@ -1,6 +1,9 @@
 // bazel run //examples:gpt -- --config=gpt_tiny.yaml [key=value ...]
+// bazel run //examples:gpt -- model.pretrained=DIR data.root=TOKENS [key=value ...]
 //
-// A GPT language model (fabric::models::GPT) trained on token files in nanoGPT's format:
+// A GPT language model (fabric::models::GPT), or with model.pretrained a Hugging Face model
+// folder's Llama, Qwen2, Mistral or GPT-2 (its architecture and weights; docs/pretrained.md),
+// trained on token files in nanoGPT's format:
 // data.root holds train.bin and val.bin (tools/prepare_text writes them from any text). Without
 // data.root the run trains on the sources of this machine's Python standard library, turned into
 // byte tokens on first use and cached (gpt.corpus_cache), and says so.
@@ -41,9 +44,11 @@
 #include "fabric/data/tokens.h"
 #include "fabric/fabric.h"
 #include "fabric/graphed_step.h"
+#include "fabric/hf/pretrained.h"
 #include "fabric/logging/progress.h"
 #include "fabric/main.h"
 #include "fabric/models/gpt.h"
+#include "fabric/models/llama.h"
 #include "fabric/nonfinite_guard.h"
 #include "fabric/training/activation_checkpoint.h"
 #include "fabric/training/lr_scheduler.h"
@@ -58,16 +63,16 @@ using fabric::KeySpec;
 
 namespace {
 
-int train(fabric::Fabric& f) {
+// Trains the model `make` builds (a GPT or a Llama holder) as `choice` describes it.
+template <typename Make>
+int train_model(fabric::Fabric& f, const examples::gpt::ModelChoice& choice, const fs::path& root,
+                Meta meta, Make&& make) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   const fabric::Config& c = f.config();
-  const fs::path root = data_root(f);
-  Meta meta = read_meta(root);
-  const auto mc =
-      examples::gpt::model_config(c, c.get_int("model.vocab_size") > 0 ? 0 : meta.vocab_size);
+  const int64_t sequence = choice.window, vocab_size = choice.vocab_size();
   const fabric::TokenDataset::Options token_options{
-      mc.block_size, c.get_string("data.token_dtype") == "uint32" ? 4 : 2, mc.vocab_size};
+      sequence, c.get_string("data.token_dtype") == "uint32" ? 4 : 2, vocab_size};
   if (!fs::exists(root / "val.bin"))
     throw fabric::Error((root / "val.bin").string() +
                         ": missing (data.root needs train.bin and val.bin; tools/prepare_text "
@@ -77,9 +82,9 @@ int train(fabric::Fabric& f) {
   const auto splits = fabric::open_token_splits(root, meta, token_options);
   const auto& train_data = splits.train;
   const auto& val_data = splits.val;
-  examples::gpt::check_prompt(c, meta, mc.vocab_size);
+  examples::gpt::check_prompt(c, meta, vocab_size);
 
-  auto model = f.init_module([&] { return fabric::models::GPT(mc); });
+  auto model = f.init_module(make);
   const bool checkpoint_blocks = !c.get_string_list("model.activation_checkpointing").empty();
   // The step's loss: GPT::loss fuses the output layer and the cross-entropy on GPUs (no float32
   // logits); under fabric.strategy: dp with several GPUs the replicas' logits are gathered.
@@ -88,12 +93,20 @@ int train(fabric::Fabric& f) {
   auto step_loss = [&](const torch::Tensor& x, const torch::Tensor& y) {
     if (replicated) return fabric::models::lm_loss(f.forward(model, x), y);
     if (!checkpoint_blocks) return model->loss(x, y);
-    return model->loss(x, y, [](fabric::models::Block& b, const torch::Tensor& h) {
-      return fabric::checkpoint_activations(b, h);
+    return model->loss(x, y, [](auto& block, const torch::Tensor& h) {
+      return fabric::checkpoint_activations(block, h);
     });
   };
   auto optimizer = fabric::make_optimizer(c, *model);
   f.setup(model, *optimizer);  // and model.init_weights, if set
+  // model.pretrained's weights, after the sharding: each rank copies only its own elements from
+  // the memory-mapped files (Fabric::load_weights), so no rank holds the whole model.
+  if (choice.pretrained) {
+    const fabric::hf::Weights weights = fabric::hf::model_weights(*choice.pretrained);
+    f.load_weights(model, weights.tensors, choice.pretrained->folder.string());
+    f.print("model.pretrained: loaded ", weights.tensors.size(), " tensors from ",
+            choice.pretrained->folder.string());
+  }
   // data.batch_size: auto: the largest that runs a step (Fabric::find_batch_size): sequences of
   // the first tokens through the loss and backward, no gradient synchronization, the optimizer's
   // future state held; from 8, doubling, up to 1024 and this process's share of the windows.
@@ -135,12 +148,12 @@ int train(fabric::Fabric& f) {
       *optimizer, fabric::LRSchedule::from_config(c, std::max<int64_t>(total_steps, 1)));
   const int64_t log_every = c.get_int("logging.log_every_n_steps");
   const int64_t eval_every = c.get_int("gpt.eval_every_n_steps");
-  const int64_t tokens_per_batch = batch_size * mc.block_size;
+  const int64_t tokens_per_batch = batch_size * sequence;
 
   // tokens/s, TFLOP/s and MFU: GPTConfig::flops_per_token (documented there) unless
   // throughput.flops_per_unit says otherwise; the peak from throughput.peak_tflops or the table.
   fabric::Throughput throughput = examples::make_throughput(f);
-  if (!throughput.has_flops()) throughput.set_flops_per_unit(mc.flops_per_token(), "formula");
+  if (!throughput.has_flops()) throughput.set_flops_per_unit(choice.flops_per_token(), "formula");
 
   fabric::CheckpointState state;
   state.add("model", model).add("optimizer", *optimizer).add("scheduler", scheduler);
@@ -155,14 +168,15 @@ int train(fabric::Fabric& f) {
   examples::PlateauReport plateau(f);        // scheduler.name: plateau, at every evaluation
   plateau.add_to(state);
   fabric::Checkpointer checkpoints(f, state);
-  f.print("gpt: ", mc.parameters(), " parameters (", c.get_string("model.preset"), ": ", mc.n_layer,
-          " layers, ", mc.n_head, " heads, width ", mc.n_embd, ", ", mc.block_size,
-          " positions, vocabulary ", mc.vocab_size, "); ", train_data->tokens(), " train / ",
-          val_data->tokens(), " val tokens; strategy ", f.strategy().name(), ", world size ",
-          f.world_size(), ", device ", f.device().str(), ", precision ",
-          fabric::to_string(f.precision().mode()), ", ", f.threads_description(), "; ", total_steps,
-          " steps of ", tokens_per_batch * accumulate * f.data_parallel_size(),
-          " tokens; run directory ", f.run_directory().path().string());
+  checkpoints.set_hf_export([&](const fabric::StateDict& whole, const fs::path& folder) {
+    examples::gpt::export_hf(c, choice, whole, folder);
+  });
+  f.print("gpt: ", choice.describe(c), "; ", train_data->tokens(), " train / ", val_data->tokens(),
+          " val tokens; strategy ", f.strategy().name(), ", world size ", f.world_size(),
+          ", device ", f.device().str(), ", precision ", fabric::to_string(f.precision().mode()),
+          ", ", f.threads_description(), "; ", total_steps, " steps of ",
+          tokens_per_batch * accumulate * f.data_parallel_size(), " tokens; run directory ",
+          f.run_directory().path().string());
 
   auto validate = [&]() {
     auto averaged = ema ? ema->swap_into_model() : fabric::ScopeGuard();
@@ -288,7 +302,9 @@ int train(fabric::Fabric& f) {
             " (the weights diverged: lower optimizer.lr, clip gradients with "
             "trainer.gradient_clip_val, or stop sooner with trainer.stop_on_nonfinite)");
   } else if (stopped.empty()) {
-    text = sample(f, model, meta);
+    text = sample(
+        f, *model, [&](const torch::Tensor& x) { return f.forward(model, x); }, choice.positions(),
+        meta, choice.pretrained ? choice.pretrained->eos_token_ids : std::vector<int64_t>{});
     if (!text.empty())
       f.print("sample (gpt.prompt, ", c.get_int("gpt.sample_tokens"), " tokens):\n", text);
   }
@@ -312,7 +328,9 @@ int train(fabric::Fabric& f) {
       {"precision", fabric::to_string(f.precision().mode())},
       {"device", f.device().str()},
       {"world_size", f.world_size()},
-      {"parameters", mc.parameters()},
+      {"parameters", choice.parameters()},
+      {"pretrained", choice.pretrained ? nlohmann::json(choice.pretrained->folder.string())
+                                       : nlohmann::json(nullptr)},
       {"steps", step},
       {"train_loss", last_loss},
       {"val_loss", val_loss},
@@ -337,12 +355,27 @@ int train(fabric::Fabric& f) {
   return !stopped.empty() && f.is_global_zero() ? 3 : 0;
 }
 
+int train(fabric::Fabric& f) {
+  const fabric::Config& c = f.config();
+  const fs::path root = data_root(f);
+  Meta meta = read_meta(root);
+  const auto choice =
+      examples::gpt::choose_model(c, c.get_int("model.vocab_size") > 0 ? 0 : meta.vocab_size);
+  if (choice.pretrained) examples::gpt::check_tokenizer(f, *choice.pretrained, meta);
+  if (choice.is_llama()) {
+    const fabric::models::LlamaConfig lc = *choice.pretrained->llama;
+    return train_model(f, choice, root, std::move(meta), [&] { return fabric::models::Llama(lc); });
+  }
+  return train_model(f, choice, root, std::move(meta),
+                     [&] { return fabric::models::GPT(choice.gpt); });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   return fabric::run_main(argc, argv, examples::gpt::schema(), [](const fabric::Config& config) {
     // Before any process starts: ConfigErrors (exit 2, never restarted by fabric.max_restarts).
-    examples::gpt::model_config(config, 0);
+    examples::gpt::choose_model(config, 0);
     examples::check_evaluation_keys(
         config, {"gpt.eval_every_n_steps", {"val/loss"}, {"val/loss", "train/loss"}});
     fabric::Fabric fabric(config);

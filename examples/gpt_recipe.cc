@@ -1,8 +1,11 @@
 #include "examples/gpt_recipe.h"
 
+#include <algorithm>
 #include <string>
 
 #include "fabric/config/standard_keys.h"
+#include "fabric/core/error.h"
+#include "fabric/hf/export.h"
 
 namespace examples::gpt {
 
@@ -13,13 +16,23 @@ fabric::ConfigSchema schema() {
   s.add("data.token_dtype",
         fabric::KeySpec::choice({"uint16", "uint32"}, "uint16")
             .doc("ids in train.bin/val.bin (uint32 for vocabularies over 65,535)"));
-  s.section_doc("model", "fabric::models::GPT: a preset, any field overridden (0: the preset's).");
+  s.section_doc("model",
+                "fabric::models::GPT: a preset, any field overridden (0: the preset's); or a "
+                "Hugging Face model folder (model.pretrained)");
+  s.add("model.pretrained",
+        fabric::KeySpec::string("").doc(
+            "a Hugging Face model folder (config.json, model.safetensors or its index and "
+            "shards): llama, qwen2, mistral or gpt2, its architecture and weights (the size keys "
+            "below must stay unset; model.block_size is the training window)"));
   s.add("model.preset",
         fabric::KeySpec::choice({"tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"}, "tiny"));
   s.add("model.vocab_size", fabric::KeySpec::integer(0).min(0).doc(
                                 "0: data.root/meta.json's vocab_size padded up to a multiple "
                                 "of 64, else the preset's"));
-  s.add("model.block_size", fabric::KeySpec::integer(0).min(0).doc("tokens per sequence"));
+  s.add("model.block_size",
+        fabric::KeySpec::integer(0).min(0).doc(
+            "tokens per sequence (with model.pretrained: at most the model's positions; 0: the "
+            "smaller of them and 1024)"));
   s.add("model.n_layer", fabric::KeySpec::integer(0).min(0));
   s.add("model.n_head", fabric::KeySpec::integer(0).min(0));
   s.add("model.n_embd", fabric::KeySpec::integer(0).min(0));
@@ -32,8 +45,9 @@ fabric::ConfigSchema schema() {
             "LayerNorms (+ residual add) as fused CUDA kernels with 16-bit outputs where they "
             "apply (CUDA, bf16/fp16 autocast); false: ATen's LayerNorm"));
   s.add("model.activation_checkpointing",
-        fabric::KeySpec::choice_list({"Block"}, {})
-            .doc("module types whose activations are recomputed in backward instead of kept"));
+        fabric::KeySpec::choice_list({"Block", "LlamaDecoderLayer"}, {})
+            .doc("module types whose activations are recomputed in backward instead of kept "
+                 "(the GPT's Block, the Llama family's LlamaDecoderLayer)"));
   s.add("gpt.eval_every_n_steps", fabric::KeySpec::integer(0).min(0).doc(
                                       "validation loss every N optimizer steps (0: at the end)"));
   s.add("gpt.prompt",
@@ -76,6 +90,129 @@ fabric::models::GPTConfig model_config(const fabric::Config& c, int64_t meta_voc
                                          std::to_string(m.n_embd) + why);
   }
   return m;
+}
+
+int64_t ModelChoice::vocab_size() const {
+  return is_llama() ? pretrained->vocab_size() : gpt.vocab_size;
+}
+
+int64_t ModelChoice::positions() const {
+  return is_llama() ? pretrained->max_positions() : gpt.block_size;
+}
+
+int64_t ModelChoice::parameters() const {
+  return is_llama() ? pretrained->parameters() : gpt.parameters();
+}
+
+double ModelChoice::flops_per_token() const {
+  if (is_llama()) return pretrained->llama->flops_per_token(window);
+  const double n = static_cast<double>(gpt.parameters() - gpt.block_size * gpt.n_embd);
+  return 6 * n + 12.0 * static_cast<double>(gpt.n_layer * gpt.n_embd * window);
+}
+
+std::string ModelChoice::describe(const fabric::Config& c) const {
+  std::string s = std::to_string(parameters()) + " parameters (";
+  if (pretrained) {
+    s += pretrained->describe() + ", from " + pretrained->folder.string();
+  } else {
+    s += c.get_string("model.preset") + ": " + std::to_string(gpt.n_layer) + " layers, " +
+         std::to_string(gpt.n_head) + " heads, width " + std::to_string(gpt.n_embd) + ", " +
+         std::to_string(gpt.block_size) + " positions, vocabulary " +
+         std::to_string(gpt.vocab_size);
+  }
+  return s + "), sequences of " + std::to_string(window) + " tokens";
+}
+
+namespace {
+
+// model.activation_checkpointing names the block type of the model the run trains.
+void check_checkpointed_blocks(const fabric::Config& c, const ModelChoice& m) {
+  const std::string own = m.is_llama() ? "LlamaDecoderLayer" : "Block";
+  for (const std::string& b : c.get_string_list("model.activation_checkpointing"))
+    if (b != own)
+      throw c.error_at("model.activation_checkpointing",
+                       b + " is not a block of this model (" +
+                           (m.pretrained ? m.pretrained->model_type : std::string("the GPT")) +
+                           "'s is " + own + ")");
+}
+
+}  // namespace
+
+ModelChoice choose_model(const fabric::Config& c, int64_t meta_vocab) {
+  ModelChoice m;
+  const std::string folder = c.get_string("model.pretrained");
+  if (folder.empty()) {
+    m.gpt = model_config(c, meta_vocab);
+    m.window = m.gpt.block_size;
+    check_checkpointed_blocks(c, m);
+    return m;
+  }
+  // The architecture is the folder's: a size key given too would be silently ignored.
+  for (const char* key : {"model.preset", "model.vocab_size", "model.n_layer", "model.n_head",
+                          "model.n_embd", "model.bias"})
+    if (c.origin(key) != "default")
+      throw c.error_at(key, "set together with model.pretrained (" + c.origin("model.pretrained") +
+                                "), whose config.json decides the architecture; remove " + key);
+  try {
+    m.pretrained = fabric::hf::read_pretrained(folder);
+  } catch (const fabric::Error& e) {
+    throw c.error_at("model.pretrained", e.what());
+  }
+  const fabric::hf::Pretrained& p = *m.pretrained;
+  if (p.gpt2) {
+    m.gpt = *p.gpt2;
+    if (c.origin("model.dropout") != "default") m.gpt.dropout = c.get_double("model.dropout");
+    m.gpt.fused_loss = c.get_bool("model.fused_loss");
+    m.gpt.fused_layer_norm = c.get_bool("model.fused_layer_norm");
+  } else if (c.get_double("model.dropout") > 0) {
+    throw c.error_at("model.dropout", "the Llama family (" + p.model_type +
+                                          ") has no dropout; remove model.dropout");
+  }
+  const int64_t positions = m.positions();
+  m.window = c.get_int("model.block_size") > 0 ? c.get_int("model.block_size")
+                                               : std::min<int64_t>(positions, 1024);
+  if (m.window > positions)
+    throw c.error_at("model.block_size",
+                     std::to_string(m.window) + " is more than the " + std::to_string(positions) +
+                         " positions of " + (p.folder / "config.json").string() +
+                         "; train on windows of at most " + std::to_string(positions));
+  if (p.llama && p.llama->sliding_window > 0 && m.window > p.llama->sliding_window)
+    throw c.error_at("model.block_size",
+                     std::to_string(m.window) + " is more than the sliding window (" +
+                         std::to_string(p.llama->sliding_window) + ", not implemented) of " +
+                         (p.folder / "config.json").string() +
+                         "; train on windows of at most that");
+  if (meta_vocab > m.vocab_size())
+    throw c.error_at("model.pretrained",
+                     "the data's vocabulary (" + std::to_string(meta_vocab) +
+                         " ids, data.root/meta.json) does not fit the model's " +
+                         std::to_string(m.vocab_size()) + " (" +
+                         (p.folder / "config.json").string() +
+                         "); prepare the data with tools/prepare_text --tokenizer=" +
+                         (p.folder / "tokenizer.json").string());
+  check_checkpointed_blocks(c, m);
+  return m;
+}
+
+void export_hf(const fabric::Config& c, const ModelChoice& m, const fabric::StateDict& whole,
+               const std::filesystem::path& folder) {
+  const auto shard = static_cast<int64_t>(c.get_double("checkpoint.export_shard_gb") * 1e9);
+  fabric::hf::ExportExtras extras;
+  if (m.pretrained) {
+    const fabric::hf::Pretrained& p = *m.pretrained;
+    for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                             "generation_config.json"})
+      if (std::filesystem::exists(p.folder / name)) extras.copy_files.push_back(p.folder / name);
+    if (p.bos_token_id >= 0) extras.config["bos_token_id"] = p.bos_token_id;
+    if (p.eos_token_ids.size() == 1) extras.config["eos_token_id"] = p.eos_token_ids[0];
+    if (p.eos_token_ids.size() > 1) extras.config["eos_token_id"] = p.eos_token_ids;
+    if (p.pad_token_id >= 0) extras.config["pad_token_id"] = p.pad_token_id;
+  }
+  if (m.is_llama()) {
+    fabric::hf::save_llama(*m.pretrained->llama, whole, folder, shard, extras);
+  } else {
+    fabric::hf::save_gpt2(m.gpt, whole, folder, shard, extras);
+  }
 }
 
 }  // namespace examples::gpt

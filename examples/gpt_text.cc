@@ -2,8 +2,11 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <vector>
 
@@ -99,25 +102,27 @@ void check_prompt(const fabric::Config& c, Meta& meta, int64_t model_vocab) {
   if (meta.prompt.empty()) meta.prompt.push_back(meta.bpe ? 0 : '\n');
 }
 
-std::string sample(fabric::Fabric& f, fabric::models::GPT& model, const Meta& meta) {
+std::string sample(fabric::Fabric& f, torch::nn::Module& model,
+                   const std::function<torch::Tensor(const torch::Tensor&)>& logits_of,
+                   int64_t positions, const Meta& meta, const std::vector<int64_t>& eos) {
   const fabric::Config& c = f.config();
   const int64_t n = c.get_int("gpt.sample_tokens"), top_k = c.get_int("gpt.top_k");
   if (n == 0) return "";
   if (!meta.no_sample.empty()) return meta.no_sample;
   const auto& bpe = meta.bpe;
-  const auto block = model->config().block_size;
   std::vector<int64_t> ids = meta.prompt;
   if (ids.empty()) return "(no sample: gpt.prompt was not encoded (check_prompt))";
   auto gen = at::detail::createCPUGenerator(1234);
   torch::NoGradGuard no_grad;
-  model->eval();
+  model.eval();
   for (int64_t i = 0; i < n; ++i) {
-    const auto begin = ids.size() > static_cast<size_t>(block) ? ids.end() - block : ids.begin();
+    const auto begin =
+        ids.size() > static_cast<size_t>(positions) ? ids.end() - positions : ids.begin();
     const torch::Tensor x = torch::tensor(std::vector<int64_t>(begin, ids.end())).view({1, -1});
     torch::Tensor logits;
     {
       auto guard = f.autocast();
-      logits = f.forward(model, x.to(f.device()));
+      logits = logits_of(x.to(f.device()));
     }
     logits = logits[0][-1].to(torch::kCPU, torch::kDouble);
     if (meta.vocab_size > 0 && meta.vocab_size < logits.size(0))  // the padding's ids: never
@@ -129,9 +134,32 @@ std::string sample(fabric::Fabric& f, fabric::models::GPT& model, const Meta& me
       logits.masked_fill_(logits < kth, -INFINITY);
     }
     ids.push_back(torch::multinomial(torch::softmax(logits, 0), 1, false, gen).item<int64_t>());
+    if (std::find(eos.begin(), eos.end(), ids.back()) != eos.end()) break;
   }
-  model->train();
+  model.train();
   return bpe ? bpe->decode(ids) : std::string(ids.begin(), ids.end());
+}
+
+void check_tokenizer(fabric::Fabric& f, const fabric::hf::Pretrained& p, const Meta& meta) {
+  const fs::path own = p.folder / "tokenizer.json";
+  auto contents = [](const fs::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  std::string problem;
+  if (meta.tokenizer != "hf-tokenizer") {
+    problem = "data.root/meta.json names the tokenizer '" +
+              (meta.tokenizer.empty() ? std::string("(none)") : meta.tokenizer) + "'";
+  } else if (fs::exists(own) && meta.tokenizer_json != own &&
+             contents(meta.tokenizer_json) != contents(own)) {
+    problem = "data.root's tokens come from " + meta.tokenizer_json.string() +
+              ", whose contents differ from " + own.string();
+  }
+  if (!problem.empty())
+    f.print("warning: model.pretrained: ", problem,
+            "; the model reads ids as its own tokenizer made them (tools/prepare_text "
+            "--tokenizer=",
+            own.string(), ")");
 }
 
 }  // namespace examples::gpt

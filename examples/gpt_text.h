@@ -5,6 +5,7 @@
 #define EXAMPLES_GPT_TEXT_H_
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -12,7 +13,7 @@
 #include "fabric/data/bpe.h"
 #include "fabric/data/tokens.h"
 #include "fabric/fabric.h"
-#include "fabric/models/gpt.h"
+#include "fabric/hf/pretrained.h"
 
 namespace examples::gpt {
 
@@ -36,9 +37,16 @@ Meta read_meta(const std::filesystem::path& root);
 // (fabric::encode_checked), so that a bad prompt or tokenizer stops the run before training.
 void check_prompt(const fabric::Config& c, Meta& meta, int64_t model_vocab);
 
-// gpt.sample_tokens tokens after meta.prompt (top-k, temperature; the same on every rank),
-// decoded by meta.json's tokenizer.
-std::string sample(fabric::Fabric& f, fabric::models::GPT& model, const Meta& meta);
+// gpt.sample_tokens tokens after meta.prompt (top-k, temperature; the same on every rank; a
+// token of `eos` ends it), each from the last position of logits_of(ids [1, T]) with T at most
+// `positions`, decoded by meta.json's tokenizer. `model` is put in eval mode meanwhile.
+std::string sample(fabric::Fabric& f, torch::nn::Module& model,
+                   const std::function<torch::Tensor(const torch::Tensor&)>& logits_of,
+                   int64_t positions, const Meta& meta, const std::vector<int64_t>& eos);
+
+// With model.pretrained: prints a warning when data.root's tokens were not made by the folder's
+// tokenizer.json (meta.json names another tokenizer or another file with other contents).
+void check_tokenizer(fabric::Fabric& f, const fabric::hf::Pretrained& p, const Meta& meta);
 
 }  // namespace examples::gpt
 

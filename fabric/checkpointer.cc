@@ -87,7 +87,12 @@ CheckpointerOptions CheckpointerOptions::from_config(const Config& c, const std:
   if (c.get_string("checkpoint.export_weights") != "none") {
     fs::path weights =
         absolute_from_working_directory(expand(c, "checkpoint.export_weights", fields));
-    const bool safetensors = c.get_string("checkpoint.export_format") == "safetensors";
+    const std::string format = c.get_string("checkpoint.export_format");
+    const bool safetensors = format == "safetensors";
+    o.export_hf = format == "hf";
+    // hf: a folder; the default name (weights.pt) loses its extension.
+    if (o.export_hf && (weights.extension() == ".pt" || weights.extension() == ".safetensors"))
+      weights.replace_extension();
     if (safetensors && weights.extension() == ".pt") weights.replace_extension(".safetensors");
     if (safetensors && weights.extension() != ".safetensors")
       throw c.error_at("checkpoint.export_weights",
@@ -95,7 +100,7 @@ CheckpointerOptions CheckpointerOptions::from_config(const Config& c, const std:
                            " is not a .safetensors name while checkpoint.export_format is "
                            "safetensors; end it in .safetensors (or .pt, which becomes "
                            ".safetensors)");
-    if (!safetensors && weights.extension() == ".safetensors")
+    if (format == "pt" && weights.extension() == ".safetensors")
       throw c.error_at("checkpoint.export_weights",
                        weights.filename().string() +
                            " ends in .safetensors while checkpoint.export_format is pt; set "
@@ -123,7 +128,12 @@ CheckpointerOptions CheckpointerOptions::from_config(const Config& c, const std:
         !root.empty() && !path_within(weights, run_dir))
       inputs.push_back({absolute_from_working_directory(root), "data.root", false});
     try {
-      check_weights_output(weights, "checkpoint.export_weights", inputs);
+      if (o.export_hf) {
+        check_output(weights, "checkpoint.export_weights", inputs, /*folder=*/true,
+                     {"config.json", "model.safetensors", "model.safetensors.index.json"});
+      } else {
+        check_weights_output(weights, "checkpoint.export_weights", inputs);
+      }
     } catch (const Error& e) {
       throw c.error_at("checkpoint.export_weights", e.what());
     }
@@ -385,7 +395,18 @@ void Checkpointer::finish() {
   if (options_.export_weights.empty()) return;
   for (const auto& e : state_.entries())
     if (e.module) {
-      f_.save_weights(*e.module, options_.export_weights);
+      if (!options_.export_hf) {
+        f_.save_weights(*e.module, options_.export_weights);
+        return;
+      }
+      if (!hf_export_)
+        throw f_.config().error_at(
+            "checkpoint.export_format",
+            "hf, but this program writes no Hugging Face architecture (examples:gpt does); use "
+            "pt or safetensors (the last checkpoint is saved)");
+      const ScopeGuard whole = f_.strategy().materialize_parameters(*e.module, false);
+      on_global_zero(f_.strategy(),
+                     [&] { hf_export_(state_dict(*e.module), options_.export_weights); });
       return;
     }
 }

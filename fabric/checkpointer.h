@@ -8,6 +8,7 @@
 //   checkpoint.resume         none   none | auto | PATH
 //   checkpoint.export_weights "{run_dir}/weights.pt"  model weights at the end (none: off)
 //   checkpoint.export_format  pt                      pt | safetensors (.pt becomes .safetensors)
+//                                                     | hf (a Hugging Face folder: set_hf_export)
 //
 //   checkpoint.format         auto   full | sharded | auto (Fabric::save; sharded: each checkpoint
 //                                    is a folder, fabric/checkpoint/sharded.h)
@@ -63,6 +64,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -86,6 +88,7 @@ struct CheckpointerOptions {
   bool save_last = true, async = false;
   std::string resume = "none";  // none | auto | PATH (as written)
   std::string export_weights;   // expanded, absolute; "" when none
+  bool export_hf = false;       // checkpoint.export_format hf: export_weights is a folder
   EarlierRuns earlier_runs;     // the run directories of `name`'s earlier runs (logging.run_dir)
 
   // `config`'s checkpoint: keys for program `name` whose run directory is `run_dir`.
@@ -131,6 +134,13 @@ class Checkpointer {
   // When training ends: saves (save_last) unless this step is saved already; exports the weights
   // of the state's first module (export_weights). Collective.
   void finish();
+  // What writes a Hugging Face folder (checkpoint.export_format: hf) from the first module's
+  // whole state (gathered from any strategy's pieces; names as the module's): called by finish()
+  // on global rank 0 with that state and export_weights(). A program that trains a Hugging Face
+  // architecture sets it (examples/gpt.cc: fabric::hf::save_llama / save_gpt2); without it,
+  // export_format hf is a ConfigError at finish().
+  using HfExport = std::function<void(const StateDict& whole, const std::filesystem::path& folder)>;
+  void set_hf_export(HfExport write) { hf_export_ = std::move(write); }
   // Saves now; returns the checkpoint's path. When a weight, buffer or optimizer parameter is not
   // finite on any rank, writes nothing (one warning line) and returns an empty path: a regular
   // checkpoint never holds NaN weights for resume: auto or a restart to pick (under
@@ -146,6 +156,7 @@ class Checkpointer {
   std::vector<std::filesystem::path> candidates() const;
 
  private:
+  HfExport hf_export_;
   // candidates() written at or after `since` (all when nullopt).
   std::vector<std::filesystem::path> candidates_since(
       std::optional<std::chrono::system_clock::time_point> since) const;

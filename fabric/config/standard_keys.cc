@@ -222,9 +222,15 @@ ConfigSchema default_schema() {
         KeySpec::string("{run_dir}/weights.pt")
             .doc("model weights for Python's torch.load(weights_only=True) at the end; none: off"));
   s.add("checkpoint.export_format",
-        KeySpec::choice({"pt", "safetensors"}, "pt")
-            .doc("the exported weights' format: pt (torch.save's zip) or safetensors (Hugging "
-                 "Face's; a .pt name in checkpoint.export_weights becomes .safetensors)"));
+        KeySpec::choice({"pt", "safetensors", "hf"}, "pt")
+            .doc("the exported weights' format: pt (torch.save's zip), safetensors (Hugging "
+                 "Face's; a .pt name in checkpoint.export_weights becomes .safetensors) or hf (a "
+                 "Hugging Face model folder that transformers loads, from programs with such an "
+                 "architecture: examples:gpt; export_weights names the folder, .pt dropped)"));
+  s.add("checkpoint.export_shard_gb",
+        KeySpec::real(5.0).min(0, false).doc(
+            "hf: model.safetensors above this many GB is written as shards of at most it, with "
+            "model.safetensors.index.json (as save_pretrained's max_shard_size)"));
   return s;
 }
 

@@ -447,6 +447,13 @@ void BpeTokenizer::encode_piece(const std::string& piece, std::vector<int64_t>& 
   cache_->emplace(piece, std::move(piece_ids));
 }
 
+std::string BpeTokenizer::decode_text(const std::vector<int64_t>& ids) const {
+  std::vector<int64_t> known;
+  for (const int64_t id : ids)
+    if (added_text_.count(id) || symbols_.count(id)) known.push_back(id);
+  return bpe_unicode::utf8_lossy(decode(known));
+}
+
 std::string BpeTokenizer::decode(const std::vector<int64_t>& ids) const {
   std::string out;
   for (const int64_t id : ids) {

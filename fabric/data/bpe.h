@@ -55,6 +55,10 @@ class BpeTokenizer {
   std::vector<int64_t> encode(const std::string& text) const;
   // The bytes of `ids` (special tokens as their text); throws fabric::Error for an unknown id.
   std::string decode(const std::vector<int64_t>& ids) const;
+  // What `tokenizers`' decode(ids, skip_special_tokens=False) returns: ids outside the vocabulary
+  // skipped (a model's vocabulary padded past the tokenizer's) and the bytes made valid UTF-8
+  // (each ill-formed sequence one U+FFFD). For text shown to people or written to JSON.
+  std::string decode_text(const std::vector<int64_t>& ids) const;
   // Size of the id space: the largest id + 1.
   int64_t vocab_size() const { return vocab_size_; }
   // Id of "<|endoftext|>", or -1 when the vocabulary has none.

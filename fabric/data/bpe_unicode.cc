@@ -215,6 +215,48 @@ std::pair<uint32_t, size_t> char_at(const std::string& text, size_t i) {
   return char_at_impl(text, i);
 }
 
+std::string utf8_lossy(const std::string& bytes) {
+  std::string out;
+  out.reserve(bytes.size());
+  const size_t n = bytes.size();
+  for (size_t i = 0; i < n;) {
+    const auto c = static_cast<unsigned char>(bytes[i]);
+    if (c < 0x80) {
+      out += static_cast<char>(c);
+      ++i;
+      continue;
+    }
+    // The sequence's length and the range its second byte must lie in (no overlongs, no
+    // surrogates, nothing above U+10FFFF); the later bytes lie in 80..BF.
+    size_t len = 0;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    }
+    size_t k = 1;
+    while (len > 0 && k < len && i + k < n) {
+      const auto d = static_cast<unsigned char>(bytes[i + k]);
+      if (d < (k == 1 ? lo : 0x80) || d > (k == 1 ? hi : 0xBF)) break;
+      ++k;
+    }
+    if (len > 0 && k == len) {
+      out.append(bytes, i, len);
+    } else {
+      append_utf8(out, 0xFFFD);  // the lead byte and the continuation bytes that fit it
+    }
+    i += k;
+  }
+  return out;
+}
+
 bool is_space(uint32_t cp) { return class_of(cp) == Class::kSpace; }
 
 bool is_word_char(uint32_t cp) { return cp != 0 && in_ranges(kWordRanges, cp); }

@@ -15,6 +15,10 @@ void append_utf8(std::string& out, uint32_t cp);
 // The character of `text` at byte `i`: its code point and length in bytes (an invalid byte is a
 // character of its own, U+FFFD).
 std::pair<uint32_t, size_t> char_at(const std::string& text, size_t i);
+// `bytes` as valid UTF-8: each maximal ill-formed subsequence replaced by U+FFFD (the Unicode
+// Standard's "substitution of maximal subparts", what Rust's String::from_utf8_lossy and so
+// `tokenizers`' byte-level decoding do).
+std::string utf8_lossy(const std::string& bytes);
 // Unicode White_Space.
 bool is_space(uint32_t cp);
 // A word character as Rust's regex \w sees it (single_word added tokens).

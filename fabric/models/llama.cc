@@ -12,6 +12,7 @@
 
 #include "fabric/core/error.h"
 #include "fabric/models/fused_cross_entropy.h"
+#include "fabric/nn/empty_init.h"
 
 namespace fabric::models {
 
@@ -51,9 +52,18 @@ int64_t LlamaConfig::parameters() const {
   return vocab_size * C * (tie_word_embeddings ? 1 : 2) + num_hidden_layers * per_layer + C;
 }
 
+double LlamaConfig::flops_per_token(int64_t sequence) const {
+  const int64_t lookup = tie_word_embeddings ? 0 : vocab_size * hidden_size;
+  const double n = static_cast<double>(parameters() - lookup);
+  return 6 * n + 12.0 * static_cast<double>(num_hidden_layers * num_attention_heads *
+                                            resolved_head_dim() * sequence);
+}
+
 torch::Tensor llama_rope_inv_freq(const LlamaConfig& c) {
   const int64_t dim = c.resolved_head_dim();
-  // In float32, as Hugging Face computes them (bit for bit the same frequencies).
+  // In float32, as Hugging Face computes them (bit for bit the same frequencies); real tensors
+  // under an empty init too (a constant, not a parameter: fabric/nn/empty_init.h).
+  const fabric::NotRecorded real;
   const torch::Tensor exponents = torch::arange(0, dim, 2, torch::kLong).to(torch::kFloat) / dim;
   torch::Tensor inv_freq = 1.0 / torch::pow(c.rope_theta, exponents);
   if (c.rope_type == "llama3") {

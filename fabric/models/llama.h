@@ -68,6 +68,11 @@ struct LlamaConfig {
   // fabric::Error naming the first inconsistent field (heads not dividing, sizes < 1).
   void validate() const;
   int64_t parameters() const;
+  // Floating-point operations per token of a training step (forward + backward) over sequences
+  // of `sequence` tokens, counted as for the GPT (PaLM's appendix B): 6 · N + 12 · layers ·
+  // heads · head_dim · sequence, N the parameters without the input embedding's lookup table
+  // (the output layer's matrix counted, once when tied). For MFU.
+  double flops_per_token(int64_t sequence) const;
 };
 
 // x · rsqrt(mean(x²) + eps) · weight over the last dimension, computed in float32.

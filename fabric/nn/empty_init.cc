@@ -298,4 +298,11 @@ void materialize(torch::nn::Module& module, const InitRecord& record, torch::Dev
   });
 }
 
+struct NotRecorded::Guard {
+  c10::impl::ExcludeDispatchKeyGuard off{c10::DispatchKey::DeferredInit};
+};
+
+NotRecorded::NotRecorded() : guard_(std::make_unique<Guard>()) {}
+NotRecorded::~NotRecorded() = default;
+
 }  // namespace fabric

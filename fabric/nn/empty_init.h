@@ -60,6 +60,22 @@ class EmptyInit {
   std::unique_ptr<Guard> guard_;
 };
 
+// A scope in which this thread's tensor operations run for real even while an EmptyInit records:
+// for constants a constructor computes that are neither parameters nor buffers (a model's rotary
+// frequencies), which would otherwise be meta tensors mixed with real ones. Nothing here is
+// recorded or replayed. Without an EmptyInit it changes nothing.
+class NotRecorded {
+ public:
+  NotRecorded();
+  ~NotRecorded();
+  NotRecorded(const NotRecorded&) = delete;
+  NotRecorded& operator=(const NotRecorded&) = delete;
+
+ private:
+  struct Guard;
+  std::unique_ptr<Guard> guard_;
+};
+
 class InitRecord {
  public:
   struct Node;

@@ -1,0 +1,215 @@
+// bazel run //examples:generate -- model.pretrained=DIR generate.prompt="TEXT" [key=value ...]
+//
+// Text from a Hugging Face model folder (Llama, Qwen2, Mistral or GPT-2; docs/pretrained.md):
+// the prompt encoded by DIR/tokenizer.json (a bos id first when the tokenizer adds one:
+// generate.add_bos), up to generate.max_new_tokens ids generated after it (greedy at
+// generate.temperature 0, else sampled with generate.top_k / generate.top_p from generate.seed),
+// stopping at an eos id of DIR/generation_config.json (else config.json). Prints the completion and
+// the decode speed; generate.output=FILE also writes FILE as JSON: prompt_ids, ids (the new ids
+// only), text (their decoding), and the timings.
+//
+// The Llama family decodes with a key/value cache (fabric/models/llama_generate.h) where the
+// model is whole on the rank (single, ddp); elsewhere (fsdp, model_parallel, GPT-2) every step
+// runs the model's forward over the whole sequence through Fabric. fabric.precision and the
+// strategy keys work as in training (fabric.precision=32-true: float32, as the parity checks use).
+// Exit status: fabric/main.h (2: a config error, e.g. model.pretrained missing or unreadable).
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "fabric/config/standard_keys.h"
+#include "fabric/core/error.h"
+#include "fabric/data/bpe.h"
+#include "fabric/fabric.h"
+#include "fabric/hf/pretrained.h"
+#include "fabric/main.h"
+#include "fabric/models/gpt.h"
+#include "fabric/models/llama.h"
+#include "fabric/models/llama_generate.h"
+
+namespace fs = std::filesystem;
+using fabric::KeySpec;
+
+namespace {
+
+fabric::ConfigSchema schema() {
+  fabric::ConfigSchema s = fabric::default_schema();
+  s.section_doc("model", "the model to generate with");
+  s.add("model.pretrained",
+        KeySpec::string("").doc("a Hugging Face model folder (config.json, model.safetensors or "
+                                "its index and shards, tokenizer.json); required"));
+  s.section_doc("generate", "what to generate (examples/generate.cc)");
+  s.add("generate.prompt", KeySpec::string("").doc("the text to continue"));
+  s.add("generate.max_new_tokens", KeySpec::integer(64).min(1));
+  s.add("generate.temperature",
+        KeySpec::real(0.0).min(0).doc("0: greedy (the likeliest id every step); else sampled"));
+  s.add("generate.top_k", KeySpec::integer(0).min(0).doc("sampling: the k likeliest ids (0: all)"));
+  s.add("generate.top_p",
+        KeySpec::real(1.0).min(0, false).max(1).doc("sampling: the likeliest ids holding p"));
+  s.add("generate.seed", KeySpec::integer(0).min(0).doc("sampling's random generator"));
+  s.add("generate.add_bos",
+        KeySpec::choice({"auto", "true", "false"}, "auto")
+            .doc("put the bos id before the prompt; auto: when tokenizer_config.json's "
+                 "add_bos_token is true"));
+  s.add("generate.stop_at_eos",
+        KeySpec::boolean(true).doc("stop at an eos id of generation_config.json / config.json"));
+  s.add("generate.output",
+        KeySpec::string("").doc("a JSON file: prompt_ids, ids (the new ids), text; \"\": none"));
+  return s;
+}
+
+// Whether the folder's tokenizer_config.json asks for a bos id before the text.
+bool tokenizer_adds_bos(const fs::path& folder) {
+  std::ifstream in(folder / "tokenizer_config.json");
+  if (!in) return false;
+  const auto json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return json.is_object() && json.value("add_bos_token", false) == true;
+}
+
+// Generation without a cache: every step the model's forward over the whole sequence, through
+// Fabric (any strategy), the next id chosen as fabric::models::choose_next_tokens does.
+template <typename Holder>
+std::vector<int64_t> generate_uncached(fabric::Fabric& f, Holder& model, std::vector<int64_t> ids,
+                                       int64_t positions,
+                                       const fabric::models::GenerateOptions& o) {
+  torch::NoGradGuard no_grad;
+  model->eval();
+  at::Generator gen = at::detail::createCPUGenerator(o.seed);
+  const size_t prompt = ids.size();
+  for (int64_t i = 0; i < o.max_new_tokens && static_cast<int64_t>(ids.size()) < positions; ++i) {
+    const torch::Tensor x = torch::tensor(ids).view({1, -1}).to(f.device());
+    torch::Tensor logits;
+    {
+      auto guard = f.autocast();
+      logits = f.forward(model, x);
+    }
+    const int64_t next = fabric::models::choose_next_tokens(
+                             logits.select(1, -1).to(torch::kCPU, torch::kFloat), o, gen)[0]
+                             .item<int64_t>();
+    ids.push_back(next);
+    if (std::find(o.eos_token_ids.begin(), o.eos_token_ids.end(), next) != o.eos_token_ids.end())
+      break;
+  }
+  return std::vector<int64_t>(ids.begin() + static_cast<std::ptrdiff_t>(prompt), ids.end());
+}
+
+int run(fabric::Fabric& f) {
+  using Clock = std::chrono::steady_clock;
+  const fabric::Config& c = f.config();
+  fabric::hf::Pretrained p;
+  try {
+    p = fabric::hf::read_pretrained(c.get_string("model.pretrained"));
+  } catch (const fabric::Error& e) {
+    throw c.error_at("model.pretrained", e.what());
+  }
+  const fs::path tokenizer_json = p.folder / "tokenizer.json";
+  if (!fs::exists(tokenizer_json))
+    throw c.error_at("model.pretrained", tokenizer_json.string() +
+                                             ": missing; generate reads the prompt and writes "
+                                             "the text with the folder's tokenizer.json");
+  const fabric::BpeTokenizer tokenizer = fabric::BpeTokenizer::from_tokenizer_json(tokenizer_json);
+  if (tokenizer.vocab_size() > p.vocab_size())
+    throw c.error_at("model.pretrained",
+                     tokenizer_json.string() + ": its vocabulary (" +
+                         std::to_string(tokenizer.vocab_size()) +
+                         " ids) does not fit the model's " + std::to_string(p.vocab_size()) + " (" +
+                         (p.folder / "config.json").string() + "); use the model's own tokenizer");
+  std::vector<int64_t> prompt_ids;
+  const std::string add_bos = c.get_string("generate.add_bos");
+  if (add_bos == "true" || (add_bos == "auto" && tokenizer_adds_bos(p.folder))) {
+    const int64_t bos = p.bos_token_id >= 0 ? p.bos_token_id : tokenizer.bos();
+    if (bos < 0)
+      throw c.error_at("generate.add_bos", "true, but " + p.folder.string() +
+                                               " names no bos token; set generate.add_bos=false");
+    prompt_ids.push_back(bos);
+  }
+  for (const int64_t id : tokenizer.encode(c.get_string("generate.prompt")))
+    prompt_ids.push_back(id);
+  if (prompt_ids.empty())
+    throw c.error_at("generate.prompt",
+                     "empty, and the model has no bos id to start from; give "
+                     "some text");
+  fabric::models::GenerateOptions o;
+  o.max_new_tokens = c.get_int("generate.max_new_tokens");
+  o.temperature = c.get_double("generate.temperature");
+  o.top_k = c.get_int("generate.top_k");
+  o.top_p = c.get_double("generate.top_p");
+  o.seed = static_cast<uint64_t>(c.get_int("generate.seed"));
+  if (c.get_bool("generate.stop_at_eos")) o.eos_token_ids = p.eos_token_ids;
+  o.pad_token_id = p.pad_token_id;
+  const int64_t positions = p.max_positions();
+  if (static_cast<int64_t>(prompt_ids.size()) + o.max_new_tokens > positions)
+    throw c.error_at("generate.max_new_tokens",
+                     std::to_string(o.max_new_tokens) + " new ids after the prompt's " +
+                         std::to_string(prompt_ids.size()) + " exceed the model's " +
+                         std::to_string(positions) + " positions; ask for at most " +
+                         std::to_string(positions - static_cast<int64_t>(prompt_ids.size())));
+
+  const fabric::hf::Weights weights = fabric::hf::model_weights(p);
+  std::vector<int64_t> ids;
+  double prefill_s = 0, decode_s = 0, decode_rate = 0;
+  const auto start = Clock::now();
+  const std::string strategy = f.strategy().name();
+  // Where every rank holds the whole model, the cached decode reads the layers directly.
+  const bool whole = strategy == "single_device" || strategy == "ddp";
+  if (p.llama) {
+    auto model = f.init_module([&] { return fabric::models::Llama(*p.llama); });
+    f.setup(model);
+    f.load_weights(model, weights.tensors, p.folder.string());
+    if (whole) {
+      auto guard = f.autocast();
+      const auto out = fabric::models::generate(*model, {prompt_ids}, o);
+      ids = out.tokens[0];
+      prefill_s = out.prefill_seconds;
+      decode_s = out.decode_seconds;
+      decode_rate = out.decode_tokens_per_second;
+    } else {
+      ids = generate_uncached(f, model, prompt_ids, positions, o);
+    }
+  } else {
+    auto model = f.init_module([&] { return fabric::models::GPT(*p.gpt2); });
+    f.setup(model);
+    f.load_weights(model, weights.tensors, p.folder.string());
+    ids = generate_uncached(f, model, prompt_ids, positions, o);
+  }
+  const double total_s = std::chrono::duration<double>(Clock::now() - start).count();
+  if (decode_rate == 0 && ids.size() > 1) decode_rate = static_cast<double>(ids.size()) / total_s;
+  const std::string text = tokenizer.decode_text(ids);  // as `tokenizers` decodes them
+  f.print(c.get_string("generate.prompt"), text);
+  f.print("generate: ", prompt_ids.size(), " prompt ids, ", ids.size(), " new ids; decode ",
+          decode_rate, " tokens/s", whole && p.llama ? " (key/value cache)" : " (no cache)", "; ",
+          p.describe(), "; strategy ", strategy, ", precision ",
+          fabric::to_string(f.precision().mode()), ", ", f.threads_description());
+  if (const std::string out = c.get_string("generate.output"); !out.empty() && f.is_global_zero()) {
+    const nlohmann::json json = {{"prompt_ids", prompt_ids},
+                                 {"ids", ids},
+                                 {"text", text},
+                                 {"prefill_seconds", prefill_s},
+                                 {"decode_seconds", decode_s},
+                                 {"decode_tokens_per_second", decode_rate}};
+    std::ofstream file(out);
+    file << json.dump(1) << "\n";
+    if (!file.flush())
+      throw c.error_at("generate.output", "cannot write " + out + " (check the folder exists)");
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return fabric::run_main(argc, argv, schema(), [](const fabric::Config& config) {
+    if (config.get_string("model.pretrained").empty())
+      throw config.error_at("model.pretrained",
+                            "not set; give a Hugging Face model folder: model.pretrained=DIR");
+    fabric::Fabric fabric(config);
+    return fabric.launch(run);
+  });
+}
