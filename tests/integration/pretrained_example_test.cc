@@ -1,0 +1,196 @@
+// examples:gpt and examples:generate with model.pretrained, against Hugging Face transformers:
+// small random Llama (GQA, llama3 rope, untied), Qwen2 (biases, tied) and GPT-2 folders with
+// tokenizers trained by `tokenizers` (pretrained_models.py make) are
+//   - generated from: greedy float32 ids, prompt ids and text equal transformers' and tokenizers';
+//   - loaded under one process, fsdp over 2 (empty init) and tp 2: the validation loss before any
+//     step equals transformers' on the same windows (so every rank's slices were right);
+//   - trained 2 steps and exported (checkpoint.export_format=hf) from fsdp, tp and ddp (sharded
+//     files), and a GPT trained from scratch as GPT-2: transformers loads each folder and its
+//     validation loss equals the run's own;
+// and bad input (a missing folder, a Fabric++ checkpoint, size keys beside model.pretrained, a
+// window longer than the model's positions, data whose vocabulary does not fit, a truncated
+// safetensors file) stops with one line naming the key or file.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tests/run_command.h"
+
+namespace fs = std::filesystem;
+using fabric::testing::run_command;
+
+namespace {
+
+class PretrainedExampleTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    std::string tmpl = (fs::path(::testing::TempDir()) / "pretrained_XXXXXX").string();
+    dir_ = mkdtemp(tmpl.data());
+    // Text for the tokenizers and the token files: this repository's README, three times.
+    std::ifstream readme("README.md");
+    const std::string text(std::istreambuf_iterator<char>(readme), {});
+    std::ofstream(dir_ / "text.txt") << text << text << text;
+    const auto made = run_command(python() + " tests/integration/pretrained_models.py make " +
+                                  dir_.string() + " " + (dir_ / "text.txt").string());
+    ASSERT_EQ(made.code, 0) << made.out;
+    for (const char* m : {"llama", "qwen2", "gpt2"}) {
+      const auto r = run_command("tools/prepare_text --tokenizer=" +
+                                 (dir_ / m / "tokenizer.json").string() +
+                                 " --input=" + (dir_ / "text.txt").string() +
+                                 " --output=" + (dir_ / (std::string("tok_") + m)).string());
+      ASSERT_EQ(r.code, 0) << r.out;
+    }
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  static std::string python() {
+    const char* p = std::getenv("PYTHON");
+    return p ? p : "python3";
+  }
+
+  // examples/<binary> with `args`, run from the suite's folder.
+  static fabric::testing::CommandResult run(const std::string& binary, const std::string& args) {
+    return run_command("cd '" + dir_.string() + "' && '" +
+                       (fs::current_path() / "examples" / binary).string() + "' " + args);
+  }
+
+  // examples/gpt on model `m`'s folder and tokens: `steps` steps of 4 windows of 64 per rank,
+  // float32, 2 validation batches; returns summary.json's path.
+  static std::string train(const std::string& m, int steps, const std::string& extra) {
+    const auto r = run("gpt", "model.pretrained=" + (dir_ / m).string() +
+                                  " data.root=" + (dir_ / ("tok_" + m)).string() +
+                                  " trainer.max_steps=" + std::to_string(steps) +
+                                  " data.batch_size=4 model.block_size=64 fabric.precision=32-true"
+                                  " trainer.limit_eval_batches=2 gpt.sample_tokens=0 " +
+                                  extra);
+    EXPECT_EQ(r.code, 0) << r.out;
+    const size_t at = r.out.rfind("summary.json");
+    if (r.code != 0 || at == std::string::npos) return "";
+    const size_t begin = r.out.rfind('\n', at) + 1;
+    return r.out.substr(begin, at + 12 - begin);
+  }
+
+  static fs::path dir_;
+};
+
+fs::path PretrainedExampleTest::dir_;
+
+const char kFsdp[] =
+    "fabric.devices=2 fabric.strategy=fsdp fabric.fsdp.wrap_modules=LlamaDecoderLayer "
+    "fabric.empty_init=true";
+const char kTp[] =
+    "fabric.devices=2 fabric.strategy=model_parallel fabric.model_parallel.tensor_parallel_size=2 "
+    "fabric.empty_init=true";
+
+TEST_F(PretrainedExampleTest, MatchesTransformers) {
+  std::ofstream checks(dir_ / "checks.jsonl");
+  auto check = [&](const nlohmann::json& c) { checks << c.dump() << "\n"; };
+  const std::string prompt = "Fabric++ trains";
+  for (const char* m : {"llama", "qwen2", "gpt2"}) {
+    const fs::path out = dir_ / (std::string(m) + ".gen.json");
+    const auto r = run("generate", "model.pretrained=" + (dir_ / m).string() +
+                                       " generate.prompt='" + prompt +
+                                       "' generate.max_new_tokens=24 generate.temperature=0"
+                                       " fabric.precision=32-true generate.output=" +
+                                       out.string());
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("tokens/s"), std::string::npos) << r.out;
+    check({"generate", (dir_ / m).string(), out.string(), prompt});
+  }
+  // Loaded weights: the validation loss before any step (windows: 8 per rank).
+  const std::string window = "64";
+  check({"val_loss", (dir_ / "qwen2").string(), (dir_ / "tok_qwen2").string(), window, 8,
+         train("qwen2", 0, "")});
+  check({"val_loss", (dir_ / "llama").string(), (dir_ / "tok_llama").string(), window, 16,
+         train("llama", 0, kFsdp)});
+  check({"val_loss", (dir_ / "gpt2").string(), (dir_ / "tok_gpt2").string(), window, 8,
+         train("gpt2", 0, kTp)});
+  // Exports after 2 steps, from fsdp, tp and ddp (in shards of at most 50 KB).
+  auto exported = [&](const std::string& m, const std::string& strategy, int windows) {
+    const fs::path out = dir_ / ("export_" + m);
+    const std::string summary =
+        train(m, 2,
+              strategy + " checkpoint.export_format=hf checkpoint.export_weights=" + out.string());
+    EXPECT_TRUE(fs::exists(out / "tokenizer.json")) << "the tokenizer is copied beside";
+    check({"val_loss", out.string(), (dir_ / ("tok_" + m)).string(), window, windows, summary});
+  };
+  exported("llama", kFsdp, 16);
+  exported("gpt2", kTp, 8);
+  exported("qwen2", "fabric.devices=2 fabric.strategy=ddp checkpoint.export_shard_gb=0.00005", 16);
+  EXPECT_TRUE(fs::exists(dir_ / "export_qwen2" / "model.safetensors.index.json"));
+  EXPECT_TRUE(fs::exists(dir_ / "export_qwen2" / "model-00002-of-00006.safetensors"));
+  // A GPT trained from scratch (no model.pretrained) exported as GPT-2.
+  {
+    const fs::path out = dir_ / "export_scratch";
+    const auto r = run("gpt", "data.root=" + (dir_ / "tok_gpt2").string() +
+                                  " model.n_layer=2 model.n_head=2 model.n_embd=32 "
+                                  "model.block_size=64 trainer.max_steps=2 data.batch_size=4 "
+                                  "trainer.limit_eval_batches=2 gpt.sample_tokens=0 "
+                                  "fabric.precision=32-true checkpoint.export_format=hf "
+                                  "checkpoint.export_weights=" +
+                                  out.string());
+    ASSERT_EQ(r.code, 0) << r.out;
+    const size_t at = r.out.rfind("summary.json");
+    const size_t begin = r.out.rfind('\n', at) + 1;
+    check({"val_loss", out.string(), (dir_ / "tok_gpt2").string(), window, 8,
+           r.out.substr(begin, at + 12 - begin)});
+  }
+  checks.close();
+  const auto r = run_command(python() + " tests/integration/pretrained_models.py checks " +
+                             (dir_ / "checks.jsonl").string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  size_t ok = 0;
+  for (size_t at = r.out.find("\nok "); at != std::string::npos; at = r.out.find("\nok ", at + 1))
+    ++ok;
+  if (r.out.rfind("ok ", 0) == 0) ++ok;
+  EXPECT_EQ(ok, 10u) << r.out;
+}
+
+TEST_F(PretrainedExampleTest, BadInputIsOneLine) {
+  auto expect_error = [&](const std::string& binary, const std::string& args,
+                          const std::vector<std::string>& words) {
+    const auto r = run(binary, args);
+    EXPECT_NE(r.code, 0) << args << "\n" << r.out;
+    std::string out = r.out;
+    while (!out.empty() && out.back() == '\n') out.pop_back();
+    const std::string line = out.substr(out.rfind('\n') + 1);  // the last line says it all
+    for (const auto& w : words) EXPECT_NE(line.find(w), std::string::npos) << w << " in " << line;
+  };
+  const std::string llama = "model.pretrained=" + (dir_ / "llama").string();
+  const std::string data = " data.root=" + (dir_ / "tok_llama").string() + " trainer.max_steps=1";
+  expect_error("gpt", "model.pretrained=" + (dir_ / "nowhere").string() + data,
+               {"model.pretrained", "nowhere", "no such folder"});
+  std::ofstream(dir_ / "step-1.ckpt") << "not a folder";
+  expect_error("gpt", "model.pretrained=" + (dir_ / "step-1.ckpt").string() + data,
+               {"model.pretrained", "Fabric++ checkpoint", "checkpoint.resume"});
+  fs::create_directories(dir_ / "sharded");
+  std::ofstream(dir_ / "sharded" / "manifest.json") << "{}";
+  expect_error("gpt", "model.pretrained=" + (dir_ / "sharded").string() + data,
+               {"Fabric++ checkpoint", "model.init_weights"});
+  expect_error("gpt", llama + data + " model.n_layer=4", {"model.n_layer", "model.pretrained"});
+  expect_error("gpt", llama + data + " model.block_size=4096",
+               {"model.block_size", "128 positions", "config.json"});
+  // Token data whose meta.json claims more ids than the model has.
+  fs::copy(dir_ / "tok_llama", dir_ / "tok_big");
+  {
+    std::ifstream in(dir_ / "tok_big" / "meta.json");
+    nlohmann::json meta = nlohmann::json::parse(in);
+    meta["vocab_size"] = 5000;
+    std::ofstream(dir_ / "tok_big" / "meta.json") << meta.dump();
+  }
+  expect_error("gpt", llama + " data.root=" + (dir_ / "tok_big").string(),
+               {"model.pretrained", "5000", "does not fit", "prepare_text --tokenizer="});
+  // A safetensors file cut short.
+  fs::copy(dir_ / "qwen2", dir_ / "cut");
+  fs::resize_file(dir_ / "cut" / "model.safetensors",
+                  fs::file_size(dir_ / "cut" / "model.safetensors") / 2);
+  expect_error("generate", "model.pretrained=" + (dir_ / "cut").string() + " generate.prompt=a",
+               {"model.safetensors"});
+}
+
+}  // namespace
