@@ -20,6 +20,7 @@
 #include "fabric/checkpoint/archive.h"
 #include "fabric/checkpoint/safetensors.h"
 #include "fabric/checkpoint/state_dict.h"
+#include "fabric/config/config.h"
 #include "fabric/core/error.h"
 #include "fabric/hf/gpt2.h"
 #include "fabric/hf/llama.h"
@@ -165,7 +166,9 @@ TEST_F(HfExportTest, Gpt2FolderLoadsInTransformersWithOurLogits) {
                      fabric::state_dict(*exact));
   // Conv1D's [in, out], contiguous, as transformers writes it.
   for (const auto& [n, t] : fabric::load_safetensors(out / "gpt2" / "model.safetensors").tensors) {
-    if (n == "transformer.h.0.mlp.c_fc.weight") EXPECT_EQ(t.sizes(), at::IntArrayRef({64, 256}));
+    if (n == "transformer.h.0.mlp.c_fc.weight") {
+      EXPECT_EQ(t.sizes(), at::IntArrayRef({64, 256}));
+    }
   }
 
   const auto theirs = transformers_logits({"gpt2", "gpt2_exact"}, "gpt2");
@@ -233,6 +236,7 @@ TEST_F(HfExportTest, ReplacesHfFoldersKeepingOtherFilesAndRefusesOthers) {
 // without biases) as a GPT-2 folder, sharded; transformers loads it with our logits.
 TEST_F(HfExportTest, CkptHfConvertsAGptCheckpointThatTransformersLoads) {
   const fs::path out = dir_ / "out";
+  torch::manual_seed(11);
   const fabric::Config config = fabric::Config::defaults(
       examples::gpt::schema(), {"model.preset=tiny", "model.n_layer=2", "model.bias=false"});
   fabric::models::GPT gpt(examples::gpt::model_config(config, 0));
@@ -290,6 +294,54 @@ TEST_F(HfExportTest, CkptHfConvertsAGptCheckpointThatTransformersLoads) {
                                    "' hf run.ckpt notes 2>&1");
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("not a Hugging Face folder"), std::string::npos) << r.out;
+}
+
+// ckpt hf with model.pretrained: the Llama-family architecture of that folder's config.json, its
+// generation_config.json copied along; transformers loads the result with our logits.
+TEST_F(HfExportTest, CkptHfConvertsAPretrainedQwen2Checkpoint) {
+  const fs::path out = dir_ / "out";
+  const fs::path folder = dir_ / "qwen2";
+  torch::manual_seed(12);
+  const fabric::Config config =
+      fabric::Config::defaults(examples::gpt::schema(), {"model.pretrained=" + folder.string()});
+  fabric::models::Llama qwen = fabric::hf::load_llama(folder);
+  {
+    torch::NoGradGuard no_grad;  // "trained": not the folder's weights any more
+    for (auto& p : qwen->parameters()) p.add_(torch::randn(p.sizes()) * 0.01);
+  }
+  c10::impl::GenericDict model(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& [n, t] : fabric::state_dict(*qwen)) model.insert(n, t);
+  c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
+  state.insert("model", model);
+  c10::impl::GenericDict meta(c10::StringType::get(), c10::AnyType::get());
+  meta.insert("format_version", int64_t{1});
+  meta.insert("config", config.to_yaml());
+  c10::impl::GenericDict top(c10::StringType::get(), c10::AnyType::get());
+  top.insert("fabric", meta);
+  top.insert("state", state);
+  fabric::save_archive(out / "qwen_run.ckpt", top);
+
+  const std::string ckpt = fs::absolute(fabric::testing::helper_binary("//tools:ckpt")).string();
+  auto r = fabric::testing::run_command("cd '" + out.string() + "' && '" + ckpt +
+                                        "' hf qwen_run.ckpt ckpt_qwen2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::cout << r.out;
+  EXPECT_TRUE(fs::exists(out / "ckpt_qwen2" / "model.safetensors"));
+  EXPECT_TRUE(fs::exists(out / "ckpt_qwen2" / "generation_config.json"));
+  EXPECT_TRUE(fabric::hf::read_llama_config(out / "ckpt_qwen2").tie_word_embeddings);
+
+  // The folder model.pretrained names is an input: never the output.
+  r = fabric::testing::run_command("cd '" + out.string() + "' && '" + ckpt +
+                                   "' hf qwen_run.ckpt '" + folder.string() + "'");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("model.pretrained"), std::string::npos) << r.out;
+
+  const auto theirs = transformers_logits({"ckpt_qwen2"}, "llama");
+  torch::NoGradGuard no_grad;
+  const double d = relative(qwen->forward(ids("llama")), theirs.at("ckpt_qwen2"));
+  std::cout << "ckpt hf (model.pretrained qwen2): transformers' logits differ by " << d
+            << " (relative)\n";
+  EXPECT_LT(d, 1e-5);
 }
 
 }  // namespace
