@@ -466,6 +466,10 @@ int train_classifier(fabric::Fabric& f, const ClassifierModel& model,
   check_evaluation_keys(
       f.config(),
       {"trainer.eval_every_n_epochs", {"test/accuracy", "epoch"}, {"test/accuracy", "train/loss"}});
+  if (f.config().get_string("checkpoint.export_format") == "hf")
+    throw f.config().error_at("checkpoint.export_format",
+                              "hf writes Hugging Face language models (examples:gpt); an image "
+                              "classifier exports pt or safetensors");
   return ClassifierLoop(f, model, task).run();
 }
 
