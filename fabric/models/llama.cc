@@ -223,7 +223,12 @@ torch::Tensor LlamaImpl::hidden(const torch::Tensor& tokens, const RunBlock& run
 
 torch::Tensor LlamaImpl::forward(const torch::Tensor& tokens, const RunBlock& run_block) {
   const torch::Tensor h = hidden(tokens, run_block);
-  return lm_head ? lm_head->forward(h) : fabric::nn::tied_logits(h, embed_tokens);
+  if (!lm_head) return fabric::nn::tied_logits(h, embed_tokens);
+  const torch::Tensor logits = lm_head->forward(h);
+  // Vocabulary-parallel: this rank's V / tp columns, gathered whole.
+  if (const auto& p = lm_head->parallel())
+    return fabric::nn::gather_from_parallel(logits, p->group, logits.dim() - 1);
+  return logits;
 }
 
 torch::Tensor LlamaImpl::loss(const torch::Tensor& tokens, const torch::Tensor& targets,
@@ -233,6 +238,13 @@ torch::Tensor LlamaImpl::loss(const torch::Tensor& tokens, const torch::Tensor& 
     const torch::Tensor logits =
         torch::linear(fabric::nn::copy_to_parallel(h, p->group), embed_tokens->weight);
     return fabric::nn::vocab_parallel_cross_entropy(logits, targets, embed_tokens->vocab_start(),
+                                                    p->group);
+  }
+  // An untied lm_head split by vocabulary (column): the loss from this rank's V / tp logits, the
+  // whole logits never formed.
+  if (const auto& p = lm_head ? lm_head->parallel() : std::nullopt) {
+    const int64_t local = lm_head->weight.size(0);
+    return fabric::nn::vocab_parallel_cross_entropy(lm_head->forward(h), targets, p->rank * local,
                                                     p->group);
   }
   return linear_cross_entropy(h, output_weight(), targets, /*fused=*/true);
@@ -254,7 +266,9 @@ fabric::nn::TensorParallelPlan llama_tensor_parallel_plan(const LlamaConfig& c) 
            {"model.layers.*.self_attn.o_proj", Style::row().in_units(d, heads)},
            {"model.layers.*.mlp.gate_proj", Style::column()},
            {"model.layers.*.mlp.up_proj", Style::column()},
-           {"model.layers.*.mlp.down_proj", Style::row()}}};
+           {"model.layers.*.mlp.down_proj", Style::row()},
+           // Untied: the output layer by vocabulary (its rows); tied, the embedding's rule holds.
+           {"lm_head", Style::column()}}};
 }
 
 }  // namespace fabric::models

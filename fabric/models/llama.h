@@ -17,7 +17,8 @@
 //
 // Tensor parallelism: the Linear layers and the token embedding are fabric::nn's drop-ins;
 // tensor_parallel_plan() splits the attention by whole heads (q by query heads, k and v by
-// key/value heads), the MLP, and the vocabulary of the embedding (not yet a separate lm_head).
+// key/value heads), the MLP, the vocabulary of the embedding and of an untied lm_head (forward
+// gathers the logits whole; loss computes the cross-entropy from each rank's V / tp of them).
 // Sequence parallelism is not implemented (fabric::Error in forward).
 //
 //   fabric::models::Llama model(fabric::hf::read_llama_config("folder/config.json"));
@@ -153,7 +154,8 @@ torch::Tensor llama_rope_inv_freq(const LlamaConfig& c);
 
 // The Llama's tensor-parallel plan: q_proj column by query heads, k_proj and v_proj column by
 // key/value heads (a tp that does not divide num_key_value_heads is refused, naming it), o_proj
-// row by heads, gate_proj and up_proj column, down_proj row, model.embed_tokens vocab.
+// row by heads, gate_proj and up_proj column, down_proj row, model.embed_tokens vocab, lm_head
+// (untied) column by vocabulary.
 fabric::nn::TensorParallelPlan llama_tensor_parallel_plan(const LlamaConfig& c);
 
 }  // namespace fabric::models
