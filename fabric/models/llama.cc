@@ -259,16 +259,18 @@ fabric::nn::TensorParallelPlan llama_tensor_parallel_plan(const LlamaConfig& c) 
   const int64_t d = c.resolved_head_dim();
   const char* heads = "attention heads (num_attention_heads)";
   const char* kv_heads = "key/value heads (num_key_value_heads)";
-  return {{{"model.embed_tokens", Style::vocab()},
-           {"model.layers.*.self_attn.q_proj", Style::column().in_units(d, heads)},
-           {"model.layers.*.self_attn.k_proj", Style::column().in_units(d, kv_heads)},
-           {"model.layers.*.self_attn.v_proj", Style::column().in_units(d, kv_heads)},
-           {"model.layers.*.self_attn.o_proj", Style::row().in_units(d, heads)},
-           {"model.layers.*.mlp.gate_proj", Style::column()},
-           {"model.layers.*.mlp.up_proj", Style::column()},
-           {"model.layers.*.mlp.down_proj", Style::row()},
-           // Untied: the output layer by vocabulary (its rows); tied, the embedding's rule holds.
-           {"lm_head", Style::column()}}};
+  fabric::nn::TensorParallelPlan plan{
+      {{"model.embed_tokens", Style::vocab()},
+       {"model.layers.*.self_attn.q_proj", Style::column().in_units(d, heads)},
+       {"model.layers.*.self_attn.k_proj", Style::column().in_units(d, kv_heads)},
+       {"model.layers.*.self_attn.v_proj", Style::column().in_units(d, kv_heads)},
+       {"model.layers.*.self_attn.o_proj", Style::row().in_units(d, heads)},
+       {"model.layers.*.mlp.gate_proj", Style::column()},
+       {"model.layers.*.mlp.up_proj", Style::column()},
+       {"model.layers.*.mlp.down_proj", Style::row()}}};
+  // Untied: the output layer by vocabulary (its rows); tied, the embedding's rule holds.
+  if (!c.tie_word_embeddings) plan.rules.emplace_back("lm_head", Style::column());
+  return plan;
 }
 
 }  // namespace fabric::models

@@ -101,7 +101,9 @@ TEST(LlamaTest, TensorParallelPlanOnTwoRanksGivesTheWholeModelsLogitsAndLoss) {
     const auto errors = on_two_ranks([&](int64_t rank, const auto& group) {
       Llama& model = copies[rank];
       const auto split = fabric::nn::parallelize(*model, model->tensor_parallel_plan(), group);
-      EXPECT_EQ(split.size(), 15u);  // the embedding and 7 layers in each of 2 blocks
+      // The embedding, 7 layers in each of 2 blocks, and an untied lm_head by vocabulary.
+      EXPECT_EQ(split.size(), tied ? 15u : 16u);
+      if (!tied) EXPECT_EQ(model->lm_head->weight.size(0), 32);           // 32 of the 64 ids
       EXPECT_EQ(model->layers[0]->self_attn->k_proj->weight.size(0), 8);  // 1 of 2 KV heads
       got_logits[rank] = model->forward(inputs).detach();
       got_loss[rank] = model->loss(inputs, targets).detach();
