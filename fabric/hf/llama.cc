@@ -6,6 +6,7 @@
 #include <string>
 
 #include "fabric/core/error.h"
+#include "fabric/hf/config_reader.h"
 #include "fabric/hf/weights.h"
 
 namespace fabric::hf {
@@ -15,45 +16,7 @@ using fabric::models::LlamaConfig;
 
 namespace {
 
-// Typed reads of config.json's keys, each error "PATH: KEY: problem; fix".
-class Reader {
- public:
-  Reader(const nlohmann::json& json, std::string path) : json_(json), path_(std::move(path)) {}
-
-  [[noreturn]] void fail(const std::string& key, const std::string& problem) const {
-    throw Error(path_ + ": " + key + ": " + problem);
-  }
-  bool has(const std::string& key) const { return json_.contains(key) && !json_[key].is_null(); }
-  const nlohmann::json& at(const std::string& key) const { return json_[key]; }
-
-  int64_t integer(const std::string& key, std::optional<int64_t> fallback = std::nullopt) const {
-    if (!has(key)) {
-      if (fallback) return *fallback;
-      fail(key, "missing; a Llama-family config.json names it");
-    }
-    if (!json_[key].is_number_integer()) fail(key, json_[key].dump() + " is not an integer");
-    return json_[key].get<int64_t>();
-  }
-  double number(const std::string& key, double fallback) const {
-    if (!has(key)) return fallback;
-    if (!json_[key].is_number()) fail(key, json_[key].dump() + " is not a number");
-    return json_[key].get<double>();
-  }
-  bool boolean(const std::string& key, bool fallback) const {
-    if (!has(key)) return fallback;
-    if (!json_[key].is_boolean()) fail(key, json_[key].dump() + " is not true or false");
-    return json_[key].get<bool>();
-  }
-  std::string string(const std::string& key, const std::string& fallback) const {
-    if (!has(key)) return fallback;
-    if (!json_[key].is_string()) fail(key, json_[key].dump() + " is not a string");
-    return json_[key].get<std::string>();
-  }
-
- private:
-  const nlohmann::json& json_;
-  std::string path_;
-};
+using Reader = ConfigReader;
 
 // The rotary settings: transformers 5's rope_parameters (rope_theta inside), else transformers 4's
 // rope_scaling (null for none) beside a top-level rope_theta.
@@ -63,7 +26,7 @@ void read_rope(const Reader& r, const nlohmann::json& top, const std::string& pa
   const char* key = r.has("rope_parameters") ? "rope_parameters" : "rope_scaling";
   if (!r.has(key)) return;
   if (!top[key].is_object()) r.fail(key, top[key].dump() + " is not an object");
-  const Reader rope(top[key], path);
+  const Reader rope(top[key], path, "rope_type llama3 needs it");
   auto fail = [&](const std::string& sub, const std::string& problem) {
     r.fail(std::string(key) + "." + sub, problem);
   };
@@ -90,13 +53,8 @@ void read_rope(const Reader& r, const nlohmann::json& top, const std::string& pa
 }  // namespace
 
 LlamaConfig read_llama_config(const fs::path& given) {
-  const fs::path path = fs::is_directory(given) ? given / "config.json" : given;
-  std::ifstream in(path);
-  if (!in) throw Error(path.string() + ": cannot read; give a Hugging Face model's config.json");
-  const nlohmann::json json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded() || !json.is_object())
-    throw Error(path.string() + ": not a JSON object; give a Hugging Face model's config.json");
-  const Reader r(json, path.string());
+  const auto [json, path] = read_config_json(given);
+  const Reader r(json, path, "a Llama-family config.json names it");
   LlamaConfig c;
   c.model_type = r.string("model_type", "");
   if (c.model_type != "llama" && c.model_type != "qwen2" && c.model_type != "mistral")
@@ -111,7 +69,7 @@ LlamaConfig read_llama_config(const fs::path& given) {
   c.head_dim = r.integer("head_dim", 0);
   c.rms_norm_eps = r.number("rms_norm_eps", 1e-6);
   c.max_position_embeddings = r.integer("max_position_embeddings", 2048);
-  read_rope(r, json, path.string(), c);
+  read_rope(r, json, path, c);
   c.attention_bias = c.model_type != "qwen2" && r.boolean("attention_bias", false);
   c.qkv_bias = c.model_type == "qwen2";
   c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
@@ -146,19 +104,26 @@ LlamaConfig read_llama_config(const fs::path& given) {
   try {
     c.validate();
   } catch (const Error& e) {
-    throw Error(path.string() + ": " + e.what());
+    throw Error(path + ": " + e.what());
   }
   return c;
 }
 
+Weights llama_weights(const Weights& folder, const fabric::models::LlamaConfig& config) {
+  const std::string inv_freq = "rotary_emb.inv_freq";
+  Weights kept;
+  for (const auto& [name, tensor] : folder.tensors) {
+    const bool rotary = name.size() >= inv_freq.size() &&
+                        name.compare(name.size() - inv_freq.size(), inv_freq.size(), inv_freq) == 0;
+    if (rotary || (config.tie_word_embeddings && name == "lm_head.weight")) continue;
+    kept.file[name] = folder.file.at(name);
+    kept.tensors.emplace_back(name, tensor);
+  }
+  return kept;
+}
+
 void load_llama_weights(fabric::models::LlamaImpl& model, const fs::path& folder) {
-  const bool tied = model.config().tie_word_embeddings;
-  load_weights(model, read_weights(folder), folder, [&](const std::string& name) {
-    const std::string inv_freq = "rotary_emb.inv_freq";
-    return (tied && name == "lm_head.weight") ||
-           (name.size() >= inv_freq.size() &&
-            name.compare(name.size() - inv_freq.size(), inv_freq.size(), inv_freq) == 0);
-  });
+  load_weights(model, llama_weights(read_weights(folder), model.config()), folder);
 }
 
 fabric::models::Llama load_llama(const fs::path& folder) {

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 
+#include "fabric/hf/weights.h"
 #include "fabric/models/llama.h"
 
 namespace fabric::hf {
@@ -22,6 +23,10 @@ namespace fabric::hf {
 // missing or mistyped required key; a feature not implemented (another rope_type, hidden_act other
 // than silu, mlp_bias, attention_dropout, quantization_config); inconsistent sizes.
 fabric::models::LlamaConfig read_llama_config(const std::filesystem::path& path);
+
+// The folder's tensors the model has (views, files kept for errors): rotary inv_freq buffers some
+// writers save dropped, and lm_head.weight when the config ties it to the embedding.
+Weights llama_weights(const Weights& folder, const fabric::models::LlamaConfig& config);
 
 // Copies the folder's weights into `model` (fabric/hf/weights.h: read_weights, load_weights; the
 // errors name the file and tensor). Tied models' files have no lm_head.weight (one there is

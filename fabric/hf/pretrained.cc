@@ -24,8 +24,7 @@ nlohmann::json read_json(const fs::path& path) {
   std::ifstream in(path);
   if (!in) throw Error(path.string() + ": cannot read");
   nlohmann::json json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded() || !json.is_object())
-    throw Error(path.string() + ": not a JSON object");
+  if (json.is_discarded() || !json.is_object()) throw Error(path.string() + ": not a JSON object");
   return json;
 }
 
@@ -79,18 +78,20 @@ std::string Pretrained::describe() const {
 
 Pretrained read_pretrained(const fs::path& folder) {
   if (!fs::exists(folder))
-    throw Error(folder.string() + ": no such folder; give a Hugging Face model folder "
-                                  "(config.json, model.safetensors, tokenizer.json)");
-  if (!fs::is_directory(folder) || fs::exists(folder / kShardedManifest))
     throw Error(folder.string() +
-                (fs::is_directory(folder) || folder.extension() == ".ckpt" ||
-                         folder.extension() == ".pt"
-                     ? std::string(kCheckpointHint)
-                     : std::string(" is a file; give a Hugging Face model folder")));
+                ": no such folder; give a Hugging Face model folder "
+                "(config.json, model.safetensors, tokenizer.json)");
+  if (!fs::is_directory(folder) || fs::exists(folder / kShardedManifest))
+    throw Error(
+        folder.string() +
+        (fs::is_directory(folder) || folder.extension() == ".ckpt" || folder.extension() == ".pt"
+             ? std::string(kCheckpointHint)
+             : std::string(" is a file; give a Hugging Face model folder")));
   const fs::path config = folder / "config.json";
   if (!fs::exists(config))
-    throw Error(folder.string() + ": no config.json; give a Hugging Face model folder (what "
-                                  "save_pretrained or a download from the Hub writes)");
+    throw Error(folder.string() +
+                ": no config.json; give a Hugging Face model folder (what "
+                "save_pretrained or a download from the Hub writes)");
   const nlohmann::json json = read_json(config);
   Pretrained p;
   p.folder = folder;
@@ -116,19 +117,8 @@ Pretrained read_pretrained(const fs::path& folder) {
 }
 
 Weights model_weights(const Pretrained& p) {
-  Weights w = read_weights(p.folder);
-  if (p.gpt2) return gpt2_weights(w);
-  const bool tied = p.llama->tie_word_embeddings;
-  const std::string inv_freq = "rotary_emb.inv_freq";
-  Weights kept;
-  for (auto& [name, tensor] : w.tensors) {
-    const bool rotary = name.size() >= inv_freq.size() &&
-                        name.compare(name.size() - inv_freq.size(), inv_freq.size(), inv_freq) == 0;
-    if (rotary || (tied && name == "lm_head.weight")) continue;
-    kept.file[name] = w.file[name];
-    kept.tensors.emplace_back(name, tensor);
-  }
-  return kept;
+  const Weights w = read_weights(p.folder);
+  return p.gpt2 ? gpt2_weights(w) : llama_weights(w, *p.llama);
 }
 
 }  // namespace fabric::hf
