@@ -107,11 +107,25 @@ RMSNormImpl::RMSNormImpl(int64_t size, double eps) : eps_(eps) {
   weight = register_parameter("weight", torch::ones({size}));
 }
 
-torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) { return forward(x, weight); }
+
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x, const torch::Tensor& w) {
   const torch::Tensor x32 = x.to(torch::kFloat);
   const torch::Tensor normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, true) + eps_);
-  return weight * normed.to(x.scalar_type());
+  return w * normed.to(x.scalar_type());
 }
+
+namespace {
+
+// An RMSNorm on this rank's positions under sequence parallelism: its weight's gradient summed
+// over the tp ranks in backward (fabric::nn::sequence_parallel_weight); norm->forward otherwise.
+torch::Tensor rms_norm(RMSNorm& norm, const torch::Tensor& x,
+                       const std::optional<fabric::nn::TensorParallelShard>& shard) {
+  if (!shard || !shard->sequence_parallel) return norm->forward(x);
+  return norm->forward(x, fabric::nn::sequence_parallel_weight(norm->weight, shard));
+}
+
+}  // namespace
 
 LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
     : heads_(c.num_attention_heads),
@@ -126,7 +140,11 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
 }
 
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
-  const int64_t B = x.size(0), T = x.size(1);
+  // Under sequence parallelism x holds this rank's T / tp positions and the column layers gather
+  // the whole sequence: T is theirs.
+  const torch::Tensor q_out = q_proj->forward(x), k_out = k_proj->forward(x),
+                      v_out = v_proj->forward(x);
+  const int64_t B = x.size(0), T = q_out.size(1);
   // Rotary angles [T, D]: position · frequency, each frequency twice (for the two halves).
   const torch::Tensor positions =
       torch::arange(T, torch::TensorOptions().dtype(torch::kFloat).device(x.device()));
@@ -141,9 +159,9 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
     return t.view({B, T, n, head_dim_}).transpose(1, 2);  // [B, n, T, D]
   };
   auto rotate = [&](const torch::Tensor& t) { return t * cos + rotate_half(t) * sin; };
-  const torch::Tensor q = rotate(split(q_proj->forward(x), heads));
-  const torch::Tensor k = rotate(split(k_proj->forward(x), kv_heads));
-  const torch::Tensor v = split(v_proj->forward(x), kv_heads);
+  const torch::Tensor q = rotate(split(q_out, heads));
+  const torch::Tensor k = rotate(split(k_out, kv_heads));
+  const torch::Tensor v = split(v_out, kv_heads);
   // Grouped-query attention: query head h reads key/value head h / (heads / kv_heads).
   torch::Tensor y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
                                                      /*is_causal=*/true, /*scale=*/std::nullopt,
@@ -171,8 +189,9 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c) {
 }
 
 torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x) {
-  const torch::Tensor h = x + self_attn->forward(input_layernorm->forward(x));
-  return h + mlp->forward(post_attention_layernorm->forward(h));
+  const auto& shard = self_attn->q_proj->parallel();
+  const torch::Tensor h = x + self_attn->forward(rms_norm(input_layernorm, x, shard));
+  return h + mlp->forward(rms_norm(post_attention_layernorm, h, shard));
 }
 
 LlamaImpl::LlamaImpl(const LlamaConfig& c) : config_(c) {
@@ -200,6 +219,11 @@ const torch::Tensor& LlamaImpl::output_weight() const {
 }
 
 torch::Tensor LlamaImpl::hidden(const torch::Tensor& tokens, const RunBlock& run_block) {
+  return hidden(tokens, run_block, /*whole=*/true);
+}
+
+torch::Tensor LlamaImpl::hidden(const torch::Tensor& tokens, const RunBlock& run_block,
+                                bool whole) {
   if (tokens.dim() != 2) throw Error("Llama::forward: tokens must be [B, T] token ids");
   const int64_t T = tokens.size(1);
   if (T > config_.max_position_embeddings)
@@ -211,40 +235,64 @@ torch::Tensor LlamaImpl::hidden(const torch::Tensor& tokens, const RunBlock& run
                 " tokens is longer than config.json's sliding_window " +
                 std::to_string(config_.sliding_window) +
                 ", and sliding-window attention is not implemented; use shorter sequences");
-  if (!layers.empty()) {
-    const auto& shard = layers[0]->self_attn->q_proj->parallel();
-    if (shard && shard->sequence_parallel)
-      throw Error("Llama: sequence parallelism is not implemented; turn it off in the plan");
+  // Sequence parallelism (a plan's): the layers run on this rank's positions, the sequence padded
+  // to a multiple of tp (causal attention keeps the padding out of the real positions) and the
+  // output gathered whole for the output layer.
+  const auto& shard =
+      layers.empty() ? embed_tokens->parallel() : layers[0]->self_attn->q_proj->parallel();
+  if (shard && shard->sequence_parallel) {
+    const int64_t pad = (shard->size - T % shard->size) % shard->size;
+    if (T + pad > config_.max_position_embeddings)
+      throw Error("Llama::forward: sequence parallelism pads " + std::to_string(T) + " tokens to " +
+                  std::to_string(T + pad) + ", more than max_position_embeddings " +
+                  std::to_string(config_.max_position_embeddings) +
+                  "; use sequences of a multiple of tp");
+    const torch::Tensor ids =
+        pad > 0 ? torch::cat({tokens, torch::zeros({tokens.size(0), pad}, tokens.options())}, 1)
+                : tokens;
+    torch::Tensor x = fabric::nn::enter_sequence_parallel(embed_tokens->forward(ids), shard);
+    for (LlamaDecoderLayer& layer : layers) x = run_block ? run_block(layer, x) : layer->forward(x);
+    x = rms_norm(norm, x, shard);
+    if (!whole) return x;  // this rank's positions of the padded sequence
+    x = fabric::nn::leave_sequence_parallel(x, shard);
+    return pad > 0 ? x.narrow(1, 0, T) : x;
   }
   torch::Tensor x = embed_tokens->forward(tokens);
   for (LlamaDecoderLayer& layer : layers) x = run_block ? run_block(layer, x) : layer->forward(x);
   return norm->forward(x);
 }
 
+torch::Tensor LlamaImpl::split_head_logits(const torch::Tensor& tokens, const RunBlock& run_block) {
+  if (!lm_head->parallel()->sequence_parallel) return lm_head->forward(hidden(tokens, run_block));
+  // Under sequence parallelism lm_head gathers the positions itself (then drops the padding).
+  const torch::Tensor logits = lm_head->forward(hidden(tokens, run_block, /*whole=*/false));
+  return logits.narrow(1, 0, tokens.size(1));
+}
+
 torch::Tensor LlamaImpl::forward(const torch::Tensor& tokens, const RunBlock& run_block) {
-  const torch::Tensor h = hidden(tokens, run_block);
-  if (!lm_head) return fabric::nn::tied_logits(h, embed_tokens);
-  const torch::Tensor logits = lm_head->forward(h);
+  if (!lm_head) return fabric::nn::tied_logits(hidden(tokens, run_block), embed_tokens);
   // Vocabulary-parallel: this rank's V / tp columns, gathered whole.
-  if (const auto& p = lm_head->parallel())
+  if (const auto& p = lm_head->parallel()) {
+    const torch::Tensor logits = split_head_logits(tokens, run_block);
     return fabric::nn::gather_from_parallel(logits, p->group, logits.dim() - 1);
-  return logits;
+  }
+  return lm_head->forward(hidden(tokens, run_block));
 }
 
 torch::Tensor LlamaImpl::loss(const torch::Tensor& tokens, const torch::Tensor& targets,
                               const RunBlock& run_block) {
+  // An untied lm_head split by vocabulary (column): the loss from this rank's V / tp logits, the
+  // whole logits never formed.
+  if (const auto& p = lm_head ? lm_head->parallel() : std::nullopt) {
+    const int64_t local = lm_head->weight.size(0);
+    return fabric::nn::vocab_parallel_cross_entropy(split_head_logits(tokens, run_block), targets,
+                                                    p->rank * local, p->group);
+  }
   const torch::Tensor h = hidden(tokens, run_block);
   if (const auto& p = embed_tokens->parallel(); p && !lm_head) {
     const torch::Tensor logits =
         torch::linear(fabric::nn::copy_to_parallel(h, p->group), embed_tokens->weight);
     return fabric::nn::vocab_parallel_cross_entropy(logits, targets, embed_tokens->vocab_start(),
-                                                    p->group);
-  }
-  // An untied lm_head split by vocabulary (column): the loss from this rank's V / tp logits, the
-  // whole logits never formed.
-  if (const auto& p = lm_head ? lm_head->parallel() : std::nullopt) {
-    const int64_t local = lm_head->weight.size(0);
-    return fabric::nn::vocab_parallel_cross_entropy(lm_head->forward(h), targets, p->rank * local,
                                                     p->group);
   }
   return linear_cross_entropy(h, output_weight(), targets, /*fused=*/true);

@@ -19,7 +19,9 @@
 // tensor_parallel_plan() splits the attention by whole heads (q by query heads, k and v by
 // key/value heads), the MLP, the vocabulary of the embedding and of an untied lm_head (forward
 // gathers the logits whole; loss computes the cross-entropy from each rank's V / tp of them).
-// Sequence parallelism is not implemented (fabric::Error in forward).
+// Sequence parallelism (fabric.model_parallel.sequence_parallel): between the split layers the
+// residual stream holds T / tp positions per rank; the RMSNorms' gradients are summed over the
+// ranks; sequences are padded to a multiple of tp inside forward.
 //
 //   fabric::models::Llama model(fabric::hf::read_llama_config("folder/config.json"));
 //   fabric::hf::load_llama_weights(*model, "folder");
@@ -81,6 +83,7 @@ class RMSNormImpl : public torch::nn::Module {
  public:
   RMSNormImpl(int64_t size, double eps);
   torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& weight);  // another weight
   torch::Tensor weight;
 
  private:
@@ -145,6 +148,10 @@ class LlamaImpl : public torch::nn::Module, public fabric::nn::TensorParallelPla
   fabric::nn::Linear lm_head{nullptr};          // null when tie_word_embeddings
 
  private:
+  // whole false under sequence parallelism: this rank's positions of the padded sequence.
+  torch::Tensor hidden(const torch::Tensor& tokens, const RunBlock& run_block, bool whole);
+  // This rank's [B, T, V / tp] logits of an lm_head split by vocabulary.
+  torch::Tensor split_head_logits(const torch::Tensor& tokens, const RunBlock& run_block);
   LlamaConfig config_;
 };
 TORCH_MODULE(Llama);

@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -83,38 +84,61 @@ std::vector<std::string> on_two_ranks(
   return errors;
 }
 
-TEST(LlamaTest, TensorParallelPlanOnTwoRanksGivesTheWholeModelsLogitsAndLoss) {
-  for (const bool tied : {false, true}) {
-    SCOPED_TRACE(tied ? "tied" : "untied");
-    torch::manual_seed(1);
-    Llama whole(tiny(tied));
-    const torch::Tensor ids = torch::randint(0, 64, {2, 9});
-    const torch::Tensor inputs = ids.narrow(1, 0, 8), targets = ids.narrow(1, 1, 8);
-    const torch::Tensor logits = whole->forward(inputs).detach();
-    const torch::Tensor loss = whole->loss(inputs, targets).detach();
-    std::vector<Llama> copies;
-    for (int r = 0; r < 2; ++r) {
+// tp 2, with and without sequence parallelism (7 tokens: padded to 8 inside forward), tied and
+// untied: the whole model's logits and loss on both ranks, and the gradients of the whole (not
+// split) RMSNorm weights, which sequence parallelism sums over the ranks.
+TEST(LlamaTest, TensorParallelPlanOnTwoRanksGivesTheWholeModelsLogitsLossAndNormGradients) {
+  for (const bool sequence_parallel : {false, true})
+    for (const bool tied : {false, true}) {
+      SCOPED_TRACE(std::string(tied ? "tied" : "untied") + (sequence_parallel ? ", sp" : ""));
       torch::manual_seed(1);
-      copies.emplace_back(tiny(tied));
+      Llama whole(tiny(tied));
+      const torch::Tensor ids = torch::randint(0, 64, {2, 8});
+      const torch::Tensor inputs = ids.narrow(1, 0, 7), targets = ids.narrow(1, 1, 7);
+      const torch::Tensor logits = whole->forward(inputs).detach();
+      const torch::Tensor loss = whole->loss(inputs, targets);
+      loss.backward();
+      std::vector<Llama> copies;
+      for (int r = 0; r < 2; ++r) {
+        torch::manual_seed(1);
+        copies.emplace_back(tiny(tied));
+      }
+      std::vector<torch::Tensor> got_logits(2), got_loss(2);
+      const auto errors = on_two_ranks([&](int64_t rank, const auto& group) {
+        Llama& model = copies[rank];
+        auto plan = model->tensor_parallel_plan();
+        plan.sequence_parallel = sequence_parallel;
+        const auto split = fabric::nn::parallelize(*model, plan, group);
+        // The embedding, 7 layers in each of 2 blocks, and an untied lm_head by vocabulary.
+        EXPECT_EQ(split.size(), tied ? 15u : 16u);
+        if (!tied) EXPECT_EQ(model->lm_head->weight.size(0), 32);           // 32 of the 64 ids
+        EXPECT_EQ(model->layers[0]->self_attn->k_proj->weight.size(0), 8);  // 1 of 2 KV heads
+        got_logits[rank] = model->forward(inputs).detach();
+        const torch::Tensor l = model->loss(inputs, targets);
+        l.backward();
+        got_loss[rank] = l.detach();
+      });
+      ASSERT_EQ(errors, std::vector<std::string>(2)) << errors[0] << " | " << errors[1];
+      for (int r = 0; r < 2; ++r) {
+        EXPECT_LT((got_logits[r] - logits).abs().max().item<double>(),
+                  1e-5 * logits.abs().max().item<double>());
+        EXPECT_NEAR(got_loss[r].item<double>(), loss.item<double>(), 1e-5);
+        using fabric::models::LlamaImpl;
+        using fabric::models::RMSNorm;
+        const std::vector<std::pair<const char*, std::function<RMSNorm&(LlamaImpl&)>>> norms = {
+            {"model.norm", [](LlamaImpl& m) -> RMSNorm& { return m.norm; }},
+            {"layers.0.input_layernorm",
+             [](LlamaImpl& m) -> RMSNorm& { return m.layers[0]->input_layernorm; }},
+            {"layers.1.post_attention_layernorm",
+             [](LlamaImpl& m) -> RMSNorm& { return m.layers[1]->post_attention_layernorm; }}};
+        for (const auto& [name, of] : norms) {
+          const torch::Tensor want = of(*whole)->weight.grad();
+          EXPECT_LT((of(*copies[r])->weight.grad() - want).abs().max().item<double>(),
+                    1e-5 * want.abs().max().item<double>())
+              << name << " on rank " << r;
+        }
+      }
     }
-    std::vector<torch::Tensor> got_logits(2), got_loss(2);
-    const auto errors = on_two_ranks([&](int64_t rank, const auto& group) {
-      Llama& model = copies[rank];
-      const auto split = fabric::nn::parallelize(*model, model->tensor_parallel_plan(), group);
-      // The embedding, 7 layers in each of 2 blocks, and an untied lm_head by vocabulary.
-      EXPECT_EQ(split.size(), tied ? 15u : 16u);
-      if (!tied) EXPECT_EQ(model->lm_head->weight.size(0), 32);           // 32 of the 64 ids
-      EXPECT_EQ(model->layers[0]->self_attn->k_proj->weight.size(0), 8);  // 1 of 2 KV heads
-      got_logits[rank] = model->forward(inputs).detach();
-      got_loss[rank] = model->loss(inputs, targets).detach();
-    });
-    ASSERT_EQ(errors, std::vector<std::string>(2)) << errors[0] << " | " << errors[1];
-    for (int r = 0; r < 2; ++r) {
-      EXPECT_LT((got_logits[r] - logits).abs().max().item<double>(),
-                1e-5 * logits.abs().max().item<double>());
-      EXPECT_NEAR(got_loss[r].item<double>(), loss.item<double>(), 1e-5);
-    }
-  }
 }
 
 TEST(LlamaTest, ATpThatSplitsAKeyValueHeadIsAOneLineError) {
