@@ -216,7 +216,14 @@ std::optional<std::function<void()>> ModelParallel::prepare_local_module_state(
                                     : module_splits_.end();
     if (it != module_splits_.end() && v.isTensor() &&
         v.toTensor().sizes().vec() == it->second.whole_sizes) {
-      v = it->second.shard.slice(v.toTensor(), it->second.along).contiguous();
+      // A view where the style has one part (fsdp then copies from it tensor by tensor: no copy
+      // of every slice held at once, and of a memory-mapped file only this slice is read); a
+      // fused layer's parts are joined (a copy).
+      const Split& split = it->second;
+      const torch::Tensor whole = v.toTensor();
+      const int64_t n = whole.size(split.along) / split.shard.size;
+      v = split.shard.style.parts == 1 ? whole.narrow(split.along, split.shard.rank * n, n)
+                                       : split.shard.slice(whole, split.along);
     } else if (it != module_splits_.end() && v.isTensor()) {
       // Named in the model's whole shape (not this rank's slice's, which the check below sees).
       std::ostringstream why;

@@ -51,17 +51,25 @@ std::function<void()> ShardedParameters::prepare_load(const torch::nn::Module& m
     const auto [x, y] = own_range(u, i);
     const torch::Tensor destination = own_values(u, i);
     partial[u.names[i]] = [destination, x = x, y = y](const c10::IValue& v) {
-      torch::Tensor from;
       if (auto piece = as_tensor_piece(v)) {
         if (piece->offset != x || piece->values.numel() != y - x)
           throw Error("the checkpoint gave elements " + std::to_string(piece->offset) + " to " +
                       std::to_string(piece->offset + piece->values.numel()) + ", this rank keeps " +
                       std::to_string(x) + " to " + std::to_string(y));
-        from = piece->values;
-      } else {
-        from = v.toTensor().reshape(-1).narrow(0, x, y - x);
+        return std::function<void()>(
+            [destination, from = piece->values] { destination.copy_(from); });
       }
-      return std::function<void()>([destination, from] { destination.copy_(from); });
+      // The whole tensor, maybe a strided view (model_parallel's slice of a memory-mapped file):
+      // its elements [x, y) taken only when copied, so that loading holds no copy of any but the
+      // one being copied (a run of a strided view is a copy).
+      return std::function<void()>([destination, whole = v.toTensor(), x = x, y = y] {
+        if (x == y) return;
+        if (x == 0 && y == whole.numel()) {
+          destination.view(whole.sizes()).copy_(whole);
+        } else {
+          destination.copy_(whole.reshape(-1).narrow(0, x, y - x));
+        }
+      });
     };
   }
   auto copy = prepare_load_state_dict(module, value, source, partial);

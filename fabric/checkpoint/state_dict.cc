@@ -86,7 +86,16 @@ std::function<void()> prepare_load(const torch::nn::Module& module,
   std::vector<std::string> missing, shapes;
   std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;  // (destination, source)
   std::vector<std::function<void()>> partial_copies;
-  for (const auto& [name, target] : state_dict(module)) {
+  // The module's tensors as they are, not state_dict's detached views: detach is an operator, and
+  // under fsdp the first operator that takes a sharded parameter gathers its unit (an all-gather
+  // of the whole unit, strategies/sharded_parameters.h); a load that writes each rank's part must
+  // read only shapes and dtypes here. (The copies run under NoGradGuard.)
+  StateDict targets;
+  for (const auto& p : module.named_parameters())
+    if (p.value().defined()) targets.emplace_back(p.key(), p.value());
+  for (const auto& b : module.named_buffers())
+    if (b.value().defined()) targets.emplace_back(b.key(), b.value());
+  for (const auto& [name, target] : targets) {
     auto it = given.find(name);
     if (it == given.end()) {
       missing.push_back(name);
