@@ -2,8 +2,9 @@
 // small random Llama (GQA, llama3 rope, untied), Qwen2 (biases, tied) and GPT-2 folders with
 // tokenizers trained by `tokenizers` (pretrained_models.py make) are
 //   - generated from: greedy float32 ids, prompt ids and text equal transformers' and tokenizers';
-//   - loaded under one process, fsdp over 2 (empty init) and tp 2: the validation loss before any
-//     step equals transformers' on the same windows (so every rank's slices were right);
+//   - loaded under one process, fsdp over 2 (empty init), tp 2 and tp 2 with sequence parallelism:
+//     the validation loss before any step equals transformers' on the same windows (so every
+//     rank's slices were right);
 //   - trained 2 steps and exported (checkpoint.export_format=hf) from fsdp, tp and ddp (sharded
 //     files), and a GPT trained from scratch as GPT-2: transformers loads each folder and its
 //     validation loss equals the run's own;
@@ -39,10 +40,10 @@ class PretrainedExampleTest : public ::testing::Test {
                                   dir_.string() + " " + (dir_ / "text.txt").string());
     ASSERT_EQ(made.code, 0) << made.out;
     for (const char* m : {"llama", "qwen2", "gpt2"}) {
-      const auto r = run_command("tools/prepare_text --tokenizer=" +
-                                 (dir_ / m / "tokenizer.json").string() +
-                                 " --input=" + (dir_ / "text.txt").string() +
-                                 " --output=" + (dir_ / (std::string("tok_") + m)).string());
+      const auto r =
+          run_command("tools/prepare_text --tokenizer=" + (dir_ / m / "tokenizer.json").string() +
+                      " --input=" + (dir_ / "text.txt").string() +
+                      " --output=" + (dir_ / (std::string("tok_") + m)).string());
       ASSERT_EQ(r.code, 0) << r.out;
     }
   }
@@ -93,11 +94,11 @@ TEST_F(PretrainedExampleTest, MatchesTransformers) {
   const std::string prompt = "Fabric++ trains";
   for (const char* m : {"llama", "qwen2", "gpt2"}) {
     const fs::path out = dir_ / (std::string(m) + ".gen.json");
-    const auto r = run("generate", "model.pretrained=" + (dir_ / m).string() +
-                                       " generate.prompt='" + prompt +
-                                       "' generate.max_new_tokens=24 generate.temperature=0"
-                                       " fabric.precision=32-true generate.output=" +
-                                       out.string());
+    const auto r =
+        run("generate", "model.pretrained=" + (dir_ / m).string() + " generate.prompt='" + prompt +
+                            "' generate.max_new_tokens=24 generate.temperature=0"
+                            " fabric.precision=32-true generate.output=" +
+                            out.string());
     ASSERT_EQ(r.code, 0) << r.out;
     EXPECT_NE(r.out.find("tokens/s"), std::string::npos) << r.out;
     check({"generate", (dir_ / m).string(), out.string(), prompt});
@@ -110,12 +111,13 @@ TEST_F(PretrainedExampleTest, MatchesTransformers) {
          train("llama", 0, kFsdp)});
   check({"val_loss", (dir_ / "gpt2").string(), (dir_ / "tok_gpt2").string(), window, 8,
          train("gpt2", 0, kTp)});
+  check({"val_loss", (dir_ / "llama").string(), (dir_ / "tok_llama").string(), window, 8,
+         train("llama", 0, std::string(kTp) + " fabric.model_parallel.sequence_parallel=true")});
   // Exports after 2 steps, from fsdp, tp and ddp (in shards of at most 50 KB).
   auto exported = [&](const std::string& m, const std::string& strategy, int windows) {
     const fs::path out = dir_ / ("export_" + m);
-    const std::string summary =
-        train(m, 2,
-              strategy + " checkpoint.export_format=hf checkpoint.export_weights=" + out.string());
+    const std::string summary = train(
+        m, 2, strategy + " checkpoint.export_format=hf checkpoint.export_weights=" + out.string());
     EXPECT_TRUE(fs::exists(out / "tokenizer.json")) << "the tokenizer is copied beside";
     check({"val_loss", out.string(), (dir_ / ("tok_" + m)).string(), window, windows, summary});
   };
@@ -148,7 +150,7 @@ TEST_F(PretrainedExampleTest, MatchesTransformers) {
   for (size_t at = r.out.find("\nok "); at != std::string::npos; at = r.out.find("\nok ", at + 1))
     ++ok;
   if (r.out.rfind("ok ", 0) == 0) ++ok;
-  EXPECT_EQ(ok, 10u) << r.out;
+  EXPECT_EQ(ok, 11u) << r.out;
 }
 
 TEST_F(PretrainedExampleTest, BadInputIsOneLine) {
