@@ -4,7 +4,8 @@
 // What one process of an example program's training run holds, for each strategy at the
 // config's world size: parameters, gradients, optimizer state, the strategy's own buffers (ddp's
 // gradient buckets, fsdp's gathered units) and activations, in bytes (Accelerate's
-// `accelerate estimate-memory`, which counts the parameters only).
+// `accelerate estimate-memory`, which counts the parameters only). For gpt, model.pretrained=DIR
+// estimates that Hugging Face folder's model (its config.json; the weights are not read).
 //
 // How. The model is built from the config as the program builds it, under an empty init (no
 // memory; fabric/nn/empty_init.h): parameters in the precision's dtype (*-true converts them),
@@ -40,6 +41,7 @@
 #include "fabric/config/config.h"
 #include "fabric/connector.h"
 #include "fabric/core/error.h"
+#include "fabric/models/llama.h"
 #include "fabric/nn/empty_init.h"
 #include "fabric/precision/autocast.h"
 #include "fabric/precision/precision.h"
@@ -65,7 +67,28 @@ Model build(const std::string& program, const Config& c) {
   Model m;
   m.program = program;
   fabric::EmptyInit scope;
-  if (program == "gpt") {
+  if (program == "gpt" && !c.get_string("model.pretrained").empty()) {
+    // A Hugging Face folder's model (config.json only; the weights are not read).
+    const auto choice = examples::gpt::choose_model(c, 0);
+    const int64_t window = choice.window, vocab = choice.vocab_size();
+    m.description =
+        choice.pretrained->describe() + ", " + std::to_string(window) + " tokens per sequence";
+    if (choice.is_llama()) {
+      fabric::models::Llama llama(*choice.pretrained->llama);
+      m.module = llama.ptr();
+      m.loss = [llama, window, vocab](int64_t b, const fabric::Precision&) mutable {
+        const auto tokens = torch::randint(vocab, {b, window}, torch::kLong);
+        return llama->loss(tokens, tokens);
+      };
+    } else {
+      fabric::models::GPT gpt(choice.gpt);
+      m.module = gpt.ptr();
+      m.loss = [gpt, window, vocab](int64_t b, const fabric::Precision&) mutable {
+        const auto tokens = torch::randint(vocab, {b, window}, torch::kLong);
+        return gpt->loss(tokens, tokens);
+      };
+    }
+  } else if (program == "gpt") {
     const auto mc = examples::gpt::model_config(c, 0);  // model.vocab_size, else the preset's
     fabric::models::GPT gpt(mc);
     m.module = gpt.ptr();
