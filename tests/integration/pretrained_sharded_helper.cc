@@ -4,7 +4,8 @@
 //   loaded_exact=0|1   the loaded weights (gathered: save_weights) equal the folder's bitwise
 //   logits=R           max |logits - transformers'| / max |transformers'| (gathered over tp)
 //   stepped=R          the same for the weights after one step against ref - lr * grad
-//   rank R vmhwm_kb=K  each rank's peak resident memory (VmHWM)
+//   rank R load_extra_bytes=B ...  tensor memory the load allocated beyond the model's, and the
+//                      peak resident memory (VmHWM) after the load and at the end
 // test.before_setup: loaded before setup instead (with test.empty_init=false: a whole model);
 // test.cut=NAME: tensor NAME given a row short (the load's error ends the program).
 #include <torch/torch.h>
@@ -15,6 +16,7 @@
 #include <map>
 #include <string>
 
+#include "fabric/accelerators/memory.h"
 #include "fabric/checkpoint/safetensors.h"
 #include "fabric/checkpoint/state_dict.h"
 #include "fabric/fabric.h"
@@ -62,6 +64,7 @@ int main(int argc, char** argv) {
       const fs::path out = c.get_string("test.out");
       const double lr = c.get_double("test.lr");
       const bool before = c.get_bool("test.before_setup");
+      fabric::memory_stats(torch::Device(torch::kCPU));  // counts tensors from here on
       const fabric::models::LlamaConfig config = fabric::hf::read_llama_config(folder);
       auto model = f.init_module([&] { return fabric::models::Llama(config); },
                                  c.get_bool("test.empty_init"));
@@ -79,7 +82,13 @@ int main(int argc, char** argv) {
       }
       if (before) f.load_weights(model, tensors, folder.string());
       f.setup(model, optimizer);
+      // Tensor memory the load allocates beyond what the model holds: none (no unit gathered,
+      // no copy of a slice or of the model kept).
+      const torch::Device cpu(torch::kCPU);
+      const int64_t held = fabric::memory_stats(cpu).allocated;
+      fabric::reset_peak_memory(cpu);
       if (!before) f.load_weights(model, tensors, folder.string());
+      const int64_t load_extra = fabric::memory_stats(cpu).peak - held;
       const std::string after_load = vmhwm_kb();
 
       const auto file = by_name(weights.tensors);
@@ -122,8 +131,8 @@ int main(int argc, char** argv) {
       const std::string hwm = vmhwm_kb();
       for (int64_t r = 0; r < f.world_size(); ++r) {
         if (r == f.global_rank())
-          std::cout << "rank " << r << " after_load_vmhwm_kb=" << after_load << " vmhwm_kb=" << hwm
-                    << std::endl;
+          std::cout << "rank " << r << " load_extra_bytes=" << load_extra
+                    << " after_load_vmhwm_kb=" << after_load << " vmhwm_kb=" << hwm << std::endl;
         f.barrier();
       }
       return 0;

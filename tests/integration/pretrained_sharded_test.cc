@@ -9,8 +9,10 @@
 //     vocabulary is split),
 //   - after one SGD step (lr 0.1) the weights reference - lr * gradient (transformers') to 1e-5:
 //     the loaded pieces, forward, backward and the gradient synchronization of each strategy.
-// A whole model loaded before setup gives the same; a tensor of another shape is one error line
-// naming the folder, the tensor and its whole shapes under every strategy.
+// While loading no rank allocates tensor memory beyond the model's (fsdp gathers no unit, tp
+// keeps no copy of its slices). A whole model loaded before setup gives the same; a tensor of
+// another shape is one error line naming the folder, the tensor and its whole shapes under every
+// strategy.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -55,6 +57,14 @@ class PretrainedShardedTest : public ::testing::Test {
     const auto r = run(name, args);
     ASSERT_EQ(r.code, 0) << r.out;
     EXPECT_EQ(fabric::testing::value_after(r.out, "loaded_exact="), "1") << r.out;
+    // Each rank copies into what it holds: no tensor memory beyond the model's while loading.
+    const int world = args.find("fabric.devices=2") != std::string::npos ? 2 : 1;
+    for (int rank = 0; rank < world; ++rank) {
+      const std::string line = fabric::testing::value_after(
+          r.out, "rank " + std::to_string(rank) + " load_extra_bytes=");
+      ASSERT_FALSE(line.empty()) << "rank " << rank << " did not report:\n" << r.out;
+      EXPECT_EQ(std::stoll(line), 0) << "rank " << rank << ": " << line;
+    }
     for (const char* key : {"logits=", "stepped="}) {
       const std::string v = fabric::testing::value_after(r.out, key);
       ASSERT_FALSE(v.empty()) << key << " missing:\n" << r.out;
