@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # One command to verify the CUDA paths on a GPU node that has PyTorch in Python but no Bazel.
 #
-#   tools/gpu_check.sh build [--out=DIR]      here, with Bazel: writes the bundle (default
-#                                             .device/gpu_check; must stay <= 64 MiB)
+#   tools/gpu_check.sh build [--out=DIR] [--suite=pretrained]
+#                                             here, with Bazel: writes the bundle (default
+#                                             .device/gpu_check; must stay <= 64 MiB);
+#                                             --suite=pretrained: only what that suite runs
+#                                             (gpt, generate, prepare_text, env, and
+#                                             transformers; no data/ or install/), 15 MiB
 #   DIR/gpu_check.sh run [flags]              on the node: runs the checks, prints a markdown report
 #                                             to stdout (progress on stderr)
 #
@@ -36,21 +40,35 @@
 #                   and gpt_compare.sh's ours-eager (bf16-mixed) vs ours-fp8 vs ours-fp8-rowwise
 #                   on gpt2-medium (batch 16) and gpt2-xl (batch 8) x 1024 tokens, 15 timed steps
 #                   after 6, --reps interleaved, with a profile summary of ours-fp8 on each
+#   --suite=pretrained: issue 69 item 7, tools/bench/llama_gpu_bench.sh, one row per step
+#                   (about 5 minutes on an H200, unverified until a GPU session runs it;
+#                   best from `build --suite=pretrained`'s bundle, which carries transformers):
+#                   transformers (bench/transformers.tar.gz, else the node's) checked;
+#                   a Llama-3.2-1B-shaped random folder written (bf16 safetensors, tied, llama3
+#                   rope; a tokenizer.json trained on the bundle's text) and its tokens
+#                   (prepare_text); training, batch 8 (4 under 120 GiB) x 2048, 20 timed steps
+#                   after 5: ours (gpt model.pretrained=, bf16-mixed, fused AdamW) vs transformers
+#                   (SDPA, float32 weights + bf16 autocast, AdamW(fused=True)) eager and with
+#                   torch.compile per decoder layer; greedy decode of 128 ids: ours (bf16-mixed,
+#                   bf16-true) vs transformers.generate (float32 + autocast, bfloat16); TorchTitan
+#                   a skipped row naming why; tables of tokens/s, MFU (one peak) and the ratios
 #   --suite=all: check, throughput and gpt.
 # Without a usable GPU (or with --cpu) it runs what a CPU can: env, the GPU tests (they must load
 # and skip), one example on CPU, the ranks rows on CPU (2 processes, shared memory) and the
 # throughput binary on CPU; tools/ci_checks.sh runs this on every CI run so the bundle keeps
 # building, relocating and running.
 #
-# run flags: --cpu (CPU checks only), --suite=check|throughput|gpt|model_parallel|all, --steps=N (example steps,
+# run flags: --cpu (CPU checks only; --suite=pretrained then runs a tiny Llama on the CPU),
+#   --suite=check|throughput|gpt|model_parallel|pretrained|all, --steps=N (example steps,
 #   default 20), --reps=N (throughput repetitions, default 1), --skip=SECTION[,SECTION] (env,
 #   tests, examples, ranks, throughput), --work=DIR (scratch folder for run directories; default a
 #   new temporary folder).
 # Exit status: 0 every check passed (skips allowed); 1 some check failed; 2 usage error.
+# A row whose command exits 77 is SKIPPED, its last line the reason.
 set -uo pipefail
 
 usage() {
-  echo "usage: tools/gpu_check.sh build [--out=DIR] | DIR/gpu_check.sh run [--cpu] [--suite=check|throughput|gpt|model_parallel|all] [--steps=N] [--reps=N] [--skip=LIST] [--work=DIR]" >&2
+  echo "usage: tools/gpu_check.sh build [--out=DIR] [--suite=pretrained] | DIR/gpu_check.sh run [--cpu] [--suite=check|throughput|gpt|model_parallel|pretrained|all] [--steps=N] [--reps=N] [--skip=LIST] [--work=DIR]" >&2
   exit 2
 }
 [ $# -ge 1 ] || usage
@@ -61,10 +79,11 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 limit_mib=64
 
 build() {
-  local out=""
+  local out="" only=""
   for arg in "$@"; do
     case "$arg" in
       --out=*) out=${arg#--out=} ;;
+      --suite=pretrained) only=pretrained ;;
       *) echo "gpu_check build: unknown argument '$arg'" >&2; usage ;;
     esac
   done
@@ -75,16 +94,24 @@ build() {
   out=${out:-$repo/.device/gpu_check}
   case "$out" in /*) ;; *) out="$PWD/$out" ;; esac
   # The bundle's default targets are what a GPU node needs (tools/bundle.sh).
-  bazel run --noshow_progress //tools:bundle -- --out="$out" >&2 || exit 1
+  local targets=()
+  [ "$only" = pretrained ] && targets=(//examples:gpt //examples:generate //tools:prepare_text //tools:env)
+  bazel run --noshow_progress //tools:bundle -- --out="$out" "${targets[@]}" >&2 || exit 1
   mkdir -p "$out/bench"
   cp tools/bench/gpu_compare.py tools/bench/throughput.py tools/bench/models.py tools/bench/trace_summary.py \
-    tools/bench/gpt_reference.py tools/bench/gpt_compare.sh "$out/bench/"
+    tools/bench/gpt_reference.py tools/bench/gpt_compare.sh tools/bench/llama_hf_train.py \
+    tools/bench/llama_gpu_bench.sh "$out/bench/"
   cp tools/gpu_check.sh "$out/gpu_check.sh"
   cp tools/compare_weights.py "$out/compare_weights.py"
   chmod +x "$out/gpu_check.sh"
+  if [ "$only" = pretrained ]; then
+    # Nothing of that suite installs Fabric++ or reads the image data; run refuses other suites.
+    rm -rf "$out/install" "$out/install.sh"
+    echo pretrained >"$out/SUITES"
+  fi
   # The image classifier's rows: 512 + 128 Fashion-MNIST images as npy arrays and as a folder of
   # PNGs (the node may lack Pillow and the dataset).
-  ${PYTHON:-python3} - "$out/data" <<'PY' || { echo "gpu_check build: could not write data/ (numpy, Pillow, /usr/share/datasets/fashion-mnist: tools/setup.sh)" >&2; exit 1; }
+  [ "$only" = pretrained ] || ${PYTHON:-python3} - "$out/data" <<'PY' || { echo "gpu_check build: could not write data/ (numpy, Pillow, /usr/share/datasets/fashion-mnist: tools/setup.sh)" >&2; exit 1; }
 import gzip, os, sys
 import numpy as np
 from PIL import Image
@@ -102,6 +129,36 @@ for split, (xs, ys) in splits.items():
         os.makedirs(d, exist_ok=True)
         Image.fromarray(im, 'L').save(f'{d}/{i:04d}.png')
 PY
+  # --suite=pretrained's reference, in that suite's bundle only (the full one is near the 64 MiB
+  # a call carries; its pretrained rows use the node's transformers): this machine's transformers
+  # (tools/requirements.txt pins it) as bench/transformers.tar.gz, its models/ cut to llama and
+  # auto (1.8 MiB instead of the wheel's 13); the node's tokenizers, safetensors and
+  # huggingface_hub serve it.
+  [ "$only" != pretrained ] || ${PYTHON:-python3} - "$out/bench/transformers.tar.gz" <<'PY' ||
+import importlib.metadata as md, os, sys, tarfile
+import transformers
+src = os.path.dirname(transformers.__file__)
+info = os.path.join(os.path.dirname(src), f"transformers-{md.version('transformers')}.dist-info")
+def keep(ti):
+    parts = ti.name.split("/")
+    if "__pycache__" in parts or ti.name.endswith(".pyc"):
+        return None
+    if parts[:2] == ["transformers", "models"] and len(parts) > 2 and \
+            parts[2] not in ("__init__.py", "auto", "llama"):
+        return None
+    if parts[0].endswith(".dist-info") and len(parts) > 1 and parts[1] in ("RECORD", "INSTALLER"):
+        return None
+    ti.uid = ti.gid = 0
+    ti.uname = ti.gname = ""
+    ti.mtime = 0
+    return ti
+with tarfile.open(sys.argv[1], "w:gz", compresslevel=9) as t:
+    t.add(src, "transformers", filter=keep)
+    if os.path.isdir(info):
+        t.add(info, os.path.basename(info), filter=keep)
+PY
+    { echo "gpu_check build: no transformers here to carry (tools/setup.sh); --suite=pretrained will use the node's" >&2
+      rm -f "$out/bench/transformers.tar.gz"; }
   local kib
   kib=$(du -sk "$out" | cut -f1)
   if [ "$kib" -gt $((limit_mib * 1024)) ]; then
@@ -134,6 +191,9 @@ check() {
   if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
     status=FAILED
     note="timed out after ${limit}s; $(tail -n 1 "$log" | cut -c1-160)"
+  elif [ $rc -eq 77 ]; then
+    status=SKIPPED
+    note=$(tail -n 1 "$log" | cut -c1-400)
   elif [ $rc -ne 0 ]; then
     status=FAILED
     note=$(grep -m1 -E 'Failure|FAILED|[Ee]rror' "$log" | cut -c1-200)
@@ -169,13 +229,18 @@ run() {
   [[ "$steps" =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check run: --steps must be a positive integer" >&2; exit 2; }
   [[ "$reps" =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check run: --reps must be a positive integer" >&2; exit 2; }
   case "$suite" in
-    check) skip="$skip,throughput,gpt,model_parallel" ;;
-    throughput) skip="$skip,env,tests,examples,ranks,gpt,model_parallel" ;;
-    gpt) skip="$skip,env,tests,examples,ranks,throughput,model_parallel" ;;
-    model_parallel) skip="$skip,env,tests,examples,ranks,throughput,gpt" ;;
-    all) skip="$skip,model_parallel" ;;
-    *) echo "gpu_check run: --suite must be check, throughput, gpt, model_parallel or all, not '$suite'" >&2; exit 2 ;;
+    check) skip="$skip,throughput,gpt,model_parallel,pretrained" ;;
+    throughput) skip="$skip,env,tests,examples,ranks,gpt,model_parallel,pretrained" ;;
+    gpt) skip="$skip,env,tests,examples,ranks,throughput,model_parallel,pretrained" ;;
+    model_parallel) skip="$skip,env,tests,examples,ranks,throughput,gpt,pretrained" ;;
+    pretrained) skip="$skip,env,tests,examples,ranks,throughput,gpt,model_parallel" ;;
+    all) skip="$skip,model_parallel,pretrained" ;;
+    *) echo "gpu_check run: --suite must be check, throughput, gpt, model_parallel, pretrained or all, not '$suite'" >&2; exit 2 ;;
   esac
+  if [ -f "$here/SUITES" ] && [[ " $(cat "$here/SUITES") " != *" $suite "* ]]; then
+    echo "gpu_check run: this bundle holds only what --suite=$(cat "$here/SUITES") needs (gpu_check.sh build --suite=...); build a full one for --suite=$suite" >&2
+    exit 2
+  fi
   [ -x "$here/run.sh" ] && [ -f "$here/MANIFEST" ] ||
     { echo "gpu_check run: $here is not a bundle (no run.sh/MANIFEST); build one with 'tools/gpu_check.sh build'" >&2; exit 2; }
   [ -n "$work" ] || work=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
@@ -399,6 +464,24 @@ run() {
         notes+=('```')
       fi
     done
+  fi
+
+  if ! skipping pretrained; then
+    # Issue 69 item 7: each step of tools/bench/llama_gpu_bench.sh one row (state in $work/pretrained).
+    local pdir="$work/pretrained" pflags=() st
+    [ $cpu -eq 1 ] && pflags+=(--cpu)
+    # torch.compile last: the slowest and least sure (its limit keeps the suite inside 10 minutes).
+    for st in "pylib 90" "make 240" "tokens 60" "ours-train 240" "hf-train 240" "ours-decode 150" \
+              "ours-decode-bf16 150" "hf-decode 150" "hf-decode-bf16 150" "hf-compile 300" \
+              "torchtitan 30" "table 30"; do
+      read -r name limit <<<"$st"
+      CHECK_SUMMARY='^(rate: |transformers |using |prepare_text: |.*parameters .* save )' check "pretrained $name" "$limit" \
+        "$here/bench/llama_gpu_bench.sh" "$name" "$here" "$pdir" "${pflags[@]}"
+    done
+    if [ -s "$pdir/table.md" ]; then
+      notes+=("" "### Llama-3.2-1B-shaped random model: ours vs transformers (issue 69 item 7)" "")
+      while IFS= read -r line; do notes+=("$line"); done <"$pdir/table.md"
+    fi
   fi
 
   echo "# GPU check: ${gpu}"
