@@ -1,0 +1,254 @@
+#include "fabric/data/instruct.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <utility>
+
+#include "fabric/core/error.h"
+
+namespace fabric {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using Segments = std::vector<std::pair<std::string, bool>>;
+
+const char kAlpacaIntro[] =
+    "Below is an instruction that describes a task. Write a response that appropriately completes "
+    "the request.\n\n";
+const char kAlpacaIntroWithInput[] =
+    "Below is an instruction that describes a task, paired with an input that provides further "
+    "context. Write a response that appropriately completes the request.\n\n";
+
+std::string text_field(const nlohmann::json& j, const char* key, const std::string& where,
+                       bool required) {
+  if (!j.contains(key) || j[key].is_null()) {
+    if (required)
+      throw Error(where + ": " + key +
+                  ": missing; a line is {\"prompt\": ..., \"response\": ...} "
+                  "or {\"messages\": [{\"role\": ..., \"content\": ...}]}");
+    return "";
+  }
+  if (!j[key].is_string()) throw Error(where + ": " + key + ": " + j[key].dump() + " is not text");
+  return j[key].get<std::string>();
+}
+
+// The messages of a line: {"messages": [...]}, or a prompt/response line as user + assistant.
+std::vector<std::pair<std::string, std::string>> messages_of(const nlohmann::json& j,
+                                                             const std::string& where) {
+  std::vector<std::pair<std::string, std::string>> out;
+  if (!j.contains("messages")) {
+    std::string prompt = text_field(j, "prompt", where, true);
+    if (const std::string input = text_field(j, "input", where, false); !input.empty())
+      prompt += "\n\n" + input;
+    out.emplace_back("user", prompt);
+    out.emplace_back("assistant", text_field(j, "response", where, true));
+    return out;
+  }
+  if (!j["messages"].is_array() || j["messages"].empty())
+    throw Error(where + ": messages: not a non-empty list of {\"role\", \"content\"}");
+  for (size_t i = 0; i < j["messages"].size(); ++i) {
+    const auto& m = j["messages"][i];
+    const std::string at = where + ": messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) throw Error(at + ": not an object {\"role\", \"content\"}");
+    const std::string role = text_field(m, "role", at, true);
+    if (role != "system" && role != "user" && role != "assistant")
+      throw Error(at + ".role: '" + role + "' is not system, user or assistant");
+    out.emplace_back(role, text_field(m, "content", at, true));
+  }
+  const bool answered =
+      std::any_of(out.begin(), out.end(), [](const auto& m) { return m.first == "assistant"; });
+  if (!answered)
+    throw Error(where + ": messages: no assistant message; the loss is on the assistant's words");
+  return out;
+}
+
+}  // namespace
+
+Segments render_instruct_example(const std::string& line, const std::string& template_text,
+                                 const std::string& where) {
+  const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object())
+    throw Error(where +
+                ": not a JSON object; a line is {\"prompt\": ..., \"response\": ...} or "
+                "{\"messages\": [...]}");
+  Segments out;
+  if (template_text == "chatml") {
+    const auto messages = messages_of(j, where);
+    std::string prompt;
+    for (const auto& [role, content] : messages) {
+      if (role == "assistant") {
+        out.emplace_back(prompt + "<|im_start|>assistant\n", false);
+        out.emplace_back(content + "<|im_end|>\n", true);
+        prompt.clear();
+      } else {
+        prompt += "<|im_start|>" + role + "\n" + content + "<|im_end|>\n";
+      }
+    }
+    if (!prompt.empty()) out.emplace_back(prompt, false);  // turns after the last answer
+    return out;
+  }
+  if (j.contains("messages"))
+    throw Error(where + ": messages: a chat line needs data.template chatml (the template '" +
+                (template_text.size() > 20 ? template_text.substr(0, 20) + "..." : template_text) +
+                "' renders prompt and response)");
+  const std::string prompt = text_field(j, "prompt", where, true);
+  const std::string input = text_field(j, "input", where, false);
+  const std::string response = text_field(j, "response", where, true);
+  if (template_text == "alpaca") {
+    std::string p = input.empty() ? kAlpacaIntro : kAlpacaIntroWithInput;
+    p += "### Instruction:\n" + prompt + "\n\n";
+    if (!input.empty()) p += "### Input:\n" + input + "\n\n";
+    p += "### Response:\n";
+    out.emplace_back(p, false);
+    out.emplace_back(response, true);
+    return out;
+  }
+  const size_t at = template_text.find("{response}");
+  if (at == std::string::npos)
+    throw Error("template '" + template_text +
+                "': no {response} in it; write where the response goes, e.g. "
+                "\"Q: {prompt}\\nA: {response}\" (or alpaca, chatml)");
+  auto fill = [&](std::string s) {
+    for (size_t p = s.find("{prompt}"); p != std::string::npos; p = s.find("{prompt}", p))
+      s.replace(p, 8, prompt), p += prompt.size();
+    for (size_t p = s.find("{input}"); p != std::string::npos; p = s.find("{input}", p))
+      s.replace(p, 7, input), p += input.size();
+    return s;
+  };
+  out.emplace_back(fill(template_text.substr(0, at)), false);
+  out.emplace_back(response, true);
+  const std::string after = fill(template_text.substr(at + 10));
+  if (!after.empty()) out.emplace_back(after, true);  // the template's own end of a response
+  return out;
+}
+
+std::shared_ptr<InstructDataset> InstructDataset::open(const fs::path& jsonl,
+                                                       const Options& options) {
+  if (options.tokenizer_json.empty())
+    throw Error(jsonl.string() + ": no tokenizer.json given to tokenize it with");
+  return open(jsonl, options,
+              std::make_shared<const BpeTokenizer>(
+                  BpeTokenizer::from_tokenizer_json(options.tokenizer_json)));
+}
+
+std::shared_ptr<InstructDataset> InstructDataset::open(
+    const fs::path& jsonl, const Options& options, std::shared_ptr<const BpeTokenizer> tokenizer) {
+  if (options.block_size < 1) throw Error("InstructDataset: block_size must be at least 1");
+  std::ifstream in(jsonl);
+  if (!in) throw Error(jsonl.string() + ": cannot read (a JSONL file of examples)");
+  std::shared_ptr<InstructDataset> d(new InstructDataset());
+  d->options_ = options;
+  const int64_t eos = tokenizer->eot();
+  if (options.append_eos && eos < 0)
+    throw Error(options.tokenizer_json.string() +
+                ": names no eos token to end each response with; give one in "
+                "tokenizer_config.json (eos_token) or turn append_eos off");
+  d->pad_id_ = options.pad_id >= 0 ? options.pad_id : std::max<int64_t>(eos, 0);
+  std::string line;
+  int64_t number = 0, responses = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines
+    const std::string where = jsonl.string() + ":" + std::to_string(number);
+    Example e;
+    if (options.add_bos && tokenizer->bos() >= 0) {
+      e.ids.push_back(tokenizer->bos());
+      e.response.push_back(false);
+    }
+    for (const auto& [text, response] :
+         render_instruct_example(line, options.template_text, where)) {
+      const std::vector<int64_t> ids = tokenizer->encode(text);
+      e.ids.insert(e.ids.end(), ids.begin(), ids.end());
+      e.response.insert(e.response.end(), ids.size(), response);
+    }
+    if (options.append_eos) {
+      e.ids.push_back(eos);
+      e.response.push_back(true);
+    }
+    // Padded rows end at block_size + 1 ids; packed examples flow across windows, whole.
+    if (!options.packed && static_cast<int64_t>(e.ids.size()) > options.block_size + 1) {
+      e.ids.resize(static_cast<size_t>(options.block_size + 1));
+      e.response.resize(e.ids.size());
+      ++d->truncated_;
+    }
+    // A target is the next id: response ids after the first position count.
+    responses += std::count(e.response.begin() + 1, e.response.end(), true);
+    d->examples_.push_back(std::move(e));
+  }
+  if (d->examples_.empty())
+    throw Error(jsonl.string() + ": no examples (one JSON object per line)");
+  if (responses == 0)
+    throw Error(jsonl.string() + ": no example has a response token within block_size " +
+                std::to_string(options.block_size) +
+                " (the loss would be empty); check the response fields, or raise block_size");
+  if (options.packed) {
+    for (const Example& e : d->examples_)
+      for (size_t i = 0; i < e.ids.size(); ++i) {
+        d->stream_.push_back(e.ids[i]);
+        d->stream_label_.push_back(e.response[i] ? e.ids[i] : -100);
+      }
+    if (static_cast<int64_t>(d->stream_.size()) < options.block_size + 1)
+      throw Error(jsonl.string() + ": " + std::to_string(d->stream_.size()) +
+                  " ids in all, fewer than one packed window of block_size + 1 = " +
+                  std::to_string(options.block_size + 1) + "; lower block_size or pad instead");
+  }
+  return d;
+}
+
+int64_t InstructDataset::size() const {
+  if (options_.packed) return (static_cast<int64_t>(stream_.size()) - 1) / options_.block_size;
+  return static_cast<int64_t>(examples_.size());
+}
+
+int64_t InstructDataset::response_tokens() const {
+  int64_t n = 0;
+  for (const Example& e : examples_)
+    n += std::count(e.response.begin() + 1, e.response.end(), true);
+  return n;
+}
+
+Batch InstructDataset::get_batch(const std::vector<int64_t>& indices) const {
+  const auto B = static_cast<int64_t>(indices.size());
+  for (const int64_t i : indices)
+    if (i < 0 || i >= size())
+      throw Error("InstructDataset: index " + std::to_string(i) + " outside [0, " +
+                  std::to_string(size()) + ")");
+  if (options_.packed) {
+    const int64_t T = options_.block_size;
+    torch::Tensor data = torch::empty({B, T}, torch::kLong),
+                  target = torch::empty({B, T}, torch::kLong);
+    auto d = data.accessor<int64_t, 2>();
+    auto t = target.accessor<int64_t, 2>();
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t start = indices[static_cast<size_t>(b)] * T;
+      for (int64_t k = 0; k < T; ++k) {
+        d[b][k] = stream_[static_cast<size_t>(start + k)];
+        t[b][k] = stream_label_[static_cast<size_t>(start + k + 1)];
+      }
+    }
+    return {data, target};
+  }
+  int64_t T = 1;
+  for (const int64_t i : indices)
+    T = std::max<int64_t>(T,
+                          static_cast<int64_t>(examples_[static_cast<size_t>(i)].ids.size()) - 1);
+  torch::Tensor data = torch::full({B, T}, pad_id_, torch::kLong);
+  torch::Tensor target = torch::full({B, T}, -100, torch::kLong);
+  auto d = data.accessor<int64_t, 2>();
+  auto t = target.accessor<int64_t, 2>();
+  for (int64_t b = 0; b < B; ++b) {
+    const Example& e = examples_[static_cast<size_t>(indices[static_cast<size_t>(b)])];
+    for (size_t k = 0; k + 1 < e.ids.size(); ++k) {
+      d[b][static_cast<int64_t>(k)] = e.ids[k];
+      if (e.response[k + 1]) t[b][static_cast<int64_t>(k)] = e.ids[k + 1];
+    }
+  }
+  return {data, target};
+}
+
+}  // namespace fabric

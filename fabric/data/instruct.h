@@ -1,0 +1,103 @@
+// fabric::InstructDataset: instruction-tuning examples from a JSONL file, tokenized by a Hugging
+// Face tokenizer.json, with the loss on the response tokens only (the others' targets -100, as
+// transformers, LitGPT and TorchTune label them).
+//
+// A line is one example, either
+//   {"prompt": "...", "response": "..."}                        (Alpaca-like; "input" optional)
+//   {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]}
+// rendered by a template:
+//   alpaca   the Stanford Alpaca prompt ("Below is an instruction ... ### Instruction:\n{prompt}
+//            \n\n### Response:\n", with "### Input:" when "input" is there), then the response
+//   chatml   "<|im_start|>ROLE\nCONTENT<|im_end|>\n" per message (a prompt/response line is a user
+//            and an assistant message); after the last non-assistant message
+//            "<|im_start|>assistant\n" belongs to the prompt; the assistants' contents and their
+//            "<|im_end|>\n" are the response
+//   TEXT     any other string: "{prompt}" and "{response}" stand for the fields; the text before
+//            "{response}" is the prompt part (a template without "{response}" is an error)
+// Each part is encoded on its own (the template's parts end at a newline or a special token,
+// where the tokenizer's pre-tokenizer splits anyway) and the eos id is appended to every response
+// (Options::append_eos). Loss targets: the response ids (eos included); prompt, system and user
+// ids get -100.
+//
+// Padded, examples longer than block_size + 1 ids are cut (truncated() counts them). Batches:
+//   padded (default): each example on its own row, [B, L] with L the longest in the batch
+//     (at most block_size): inputs ids[:-1] padded with pad_id, targets ids[1:] padded with -100.
+//   packed: the examples (in file order) joined into one stream cut into windows of
+//     block_size + 1 ids, as TokenDataset cuts token files (a window may span examples).
+//
+// Errors (fabric::Error, one line "FILE:LINE: FIELD: problem; fix"): a line that is not a JSON
+// object, a missing or non-string field, a message without role or content or with an unknown
+// role, no assistant message, an empty file; and a file whose examples have no response token at
+// all ("...: no example has a response token within block_size ...").
+//
+//   fabric::InstructDataset::Options o;
+//   o.tokenizer_json = "Qwen2.5-0.5B/tokenizer.json";
+//   o.template_text = "chatml";
+//   auto data = fabric::InstructDataset::open("train.jsonl", o);
+//   fabric::Batch b = data->get_batch({0, 1});   // b.data [2, L] ids, b.target [2, L] (-100
+//   masked)
+#ifndef FABRIC_DATA_INSTRUCT_H_
+#define FABRIC_DATA_INSTRUCT_H_
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fabric/data/bpe.h"
+#include "fabric/data/dataset.h"
+
+namespace fabric {
+
+class InstructDataset : public Dataset {
+ public:
+  struct Options {
+    std::filesystem::path tokenizer_json;
+    std::string template_text = "alpaca";  // alpaca | chatml | a TEXT with {prompt}, {response}
+    int64_t block_size = 512;              // the longest input a model sees
+    bool packed = false;
+    bool append_eos = true;  // the tokenizer's eos after each response (none: nothing appended)
+    bool add_bos = false;    // the tokenizer's bos before each example
+    int64_t pad_id = -1;     // padded inputs' id (-1: the eos id, else 0)
+  };
+  // One example: its ids and which of them are response ids (the loss's targets).
+  struct Example {
+    std::vector<int64_t> ids;
+    std::vector<bool> response;
+  };
+
+  // Reads and tokenizes `jsonl` (errors: see above).
+  static std::shared_ptr<InstructDataset> open(const std::filesystem::path& jsonl,
+                                               const Options& options);
+  // The same from a tokenizer already loaded (tests; several files with one tokenizer).
+  static std::shared_ptr<InstructDataset> open(const std::filesystem::path& jsonl,
+                                               const Options& options,
+                                               std::shared_ptr<const BpeTokenizer> tokenizer);
+
+  int64_t size() const override;
+  Batch get_batch(const std::vector<int64_t>& indices) const override;
+  bool cheap_batches() const override { return true; }
+
+  const std::vector<Example>& examples() const { return examples_; }
+  int64_t truncated() const { return truncated_; }  // examples cut to block_size + 1 ids
+  int64_t response_tokens() const;                  // targets that are not -100, in all examples
+
+ private:
+  InstructDataset() = default;
+  Options options_;
+  std::vector<Example> examples_;
+  std::vector<int64_t> stream_;        // packed: every example's ids in order
+  std::vector<int64_t> stream_label_;  // packed: the id where it is a response id, else -100
+  int64_t truncated_ = 0, pad_id_ = 0;
+};
+
+// The prompt and response parts of one JSONL line (`where`: "FILE:LINE" for errors) under
+// `template_text`, as alternating segments: {text, is_response}. Exposed for tests.
+std::vector<std::pair<std::string, bool>> render_instruct_example(const std::string& line,
+                                                                  const std::string& template_text,
+                                                                  const std::string& where);
+
+}  // namespace fabric
+
+#endif  // FABRIC_DATA_INSTRUCT_H_

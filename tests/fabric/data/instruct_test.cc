@@ -1,0 +1,153 @@
+// fabric::InstructDataset against the Python references (make_instruct.py): Alpaca lines give the
+// ids `tokenizers` gives the whole rendered text and LitGPT's prompt mask; chat lines give the
+// ids and assistant mask of transformers' apply_chat_template(return_assistant_tokens_mask=True)
+// under ChatML. Batches shift by one with -100 on prompt and padding; packing keeps every id
+// once; bad lines are one error naming FILE:LINE and the field.
+#include "fabric/data/instruct.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "fabric/core/error.h"
+#include "tests/run_command.h"
+
+namespace fs = std::filesystem;
+using fabric::InstructDataset;
+
+namespace {
+
+class InstructTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::path(::testing::TempDir()) / "instruct";
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    const char* python = std::getenv("PYTHON");
+    const auto r = fabric::testing::run_command(std::string(python ? python : "python3") +
+                                                " tests/fabric/data/make_instruct.py " +
+                                                dir_.string() + " README.md");
+    ASSERT_EQ(r.code, 0) << r.out;
+  }
+  static InstructDataset::Options options(const std::string& tmpl) {
+    InstructDataset::Options o;
+    o.tokenizer_json = dir_ / "tokenizer.json";
+    o.template_text = tmpl;
+    o.block_size = 256;
+    return o;
+  }
+  static nlohmann::json reference(const std::string& name) {
+    std::ifstream in(dir_ / (name + ".ref.json"));
+    return nlohmann::json::parse(in);
+  }
+  static std::string error_of(const std::string& lines, const std::string& tmpl = "alpaca") {
+    std::ofstream(dir_ / "bad.jsonl") << lines;
+    try {
+      InstructDataset::open(dir_ / "bad.jsonl", options(tmpl));
+    } catch (const fabric::Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  }
+  static fs::path dir_;
+};
+
+fs::path InstructTest::dir_;
+
+TEST_F(InstructTest, IdsAndMasksEqualThePythonReferences) {
+  for (const auto& [name, tmpl] : {std::pair{"alpaca", "alpaca"}, std::pair{"chat", "chatml"}}) {
+    SCOPED_TRACE(name);
+    const auto data = InstructDataset::open(dir_ / (std::string(name) + ".jsonl"), options(tmpl));
+    const nlohmann::json ref = reference(name);
+    ASSERT_EQ(data->size(), static_cast<int64_t>(ref.size()));
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const auto& e = data->examples()[i];
+      EXPECT_EQ(e.ids, ref[i]["ids"].get<std::vector<int64_t>>()) << "example " << i;
+      EXPECT_EQ(e.response, ref[i]["mask"].get<std::vector<bool>>()) << "example " << i;
+    }
+    EXPECT_EQ(data->truncated(), 0);
+  }
+}
+
+TEST_F(InstructTest, BatchesShiftByOneAndMaskPromptsAndPadding) {
+  const auto data = InstructDataset::open(dir_ / "alpaca.jsonl", options("alpaca"));
+  const fabric::Batch b = data->get_batch({0, 1});
+  const auto& e0 = data->examples()[0];
+  const auto& e1 = data->examples()[1];
+  const int64_t L = std::max(e0.ids.size(), e1.ids.size()) - 1;
+  ASSERT_EQ(b.data.sizes(), (std::vector<int64_t>{2, L}));
+  for (int64_t row = 0; row < 2; ++row) {
+    const auto& e = row == 0 ? e0 : e1;
+    for (int64_t k = 0; k < L; ++k) {
+      const bool real = k + 1 < static_cast<int64_t>(e.ids.size());
+      const int64_t want_target = real && e.response[k + 1] ? e.ids[k + 1] : -100;
+      EXPECT_EQ(b.target[row][k].item<int64_t>(), want_target) << row << "," << k;
+      if (real) EXPECT_EQ(b.data[row][k].item<int64_t>(), e.ids[k]);
+    }
+  }
+  // Packing: windows of block_size + 1 over the examples in order, each id once.
+  auto o = options("alpaca");
+  o.block_size = 16;
+  o.packed = true;
+  const auto packed = InstructDataset::open(dir_ / "alpaca.jsonl", o);
+  std::vector<int64_t> all;
+  for (const auto& e : packed->examples()) all.insert(all.end(), e.ids.begin(), e.ids.end());
+  ASSERT_EQ(packed->size(), (static_cast<int64_t>(all.size()) - 1) / 16);
+  const fabric::Batch p = packed->get_batch({1});
+  for (int64_t k = 0; k < 16; ++k) EXPECT_EQ(p.data[0][k].item<int64_t>(), all[16 + k]);
+  // Truncation: block_size 48 cuts the longer examples to 49 ids and counts them.
+  o.packed = false;
+  o.block_size = 48;
+  o.template_text = "chatml";
+  const auto whole = InstructDataset::open(dir_ / "chat.jsonl", options("chatml"));
+  const auto cut = InstructDataset::open(dir_ / "chat.jsonl", o);
+  int64_t longer = 0;
+  for (size_t i = 0; i < whole->examples().size(); ++i) {
+    const auto& ids = whole->examples()[i].ids;
+    longer += ids.size() > 49;
+    const std::vector<int64_t> head(ids.begin(), ids.begin() + std::min<size_t>(49, ids.size()));
+    EXPECT_EQ(cut->examples()[i].ids, head);
+  }
+  EXPECT_GT(longer, 0);
+  EXPECT_EQ(cut->truncated(), longer);
+}
+
+TEST_F(InstructTest, BadInputIsOneLineNamingFileLineAndField) {
+  auto expect = [](const std::string& error, const std::vector<std::string>& words) {
+    for (const auto& w : words) EXPECT_NE(error.find(w), std::string::npos) << w << " in " << error;
+    EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+  };
+  expect(error_of("{\"prompt\": \"a\", \"response\": \"b\"}\nnot json\n"),
+         {"bad.jsonl:2", "not a JSON object"});
+  expect(error_of("{\"prompt\": \"a\"}\n"), {"bad.jsonl:1", "response: missing"});
+  expect(error_of("{\"prompt\": 3, \"response\": \"b\"}\n"), {"bad.jsonl:1", "prompt", "not text"});
+  expect(error_of("{\"messages\": [{\"role\": \"bot\", \"content\": \"x\"}]}\n", "chatml"),
+         {"bad.jsonl:1", "messages[0].role", "'bot'"});
+  expect(error_of("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}\n", "chatml"),
+         {"bad.jsonl:1", "no assistant message"});
+  expect(error_of("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}\n"),
+         {"bad.jsonl:1", "chatml"});
+  expect(error_of("{\"prompt\": \"a\", \"response\": \"b\"}\n", "Q: {prompt} A:"),
+         {"no {response}"});
+  expect(error_of(""), {"no examples"});
+  // Responses that fall beyond the window: no target would count.
+  auto o = options("alpaca");
+  o.block_size = 4;
+  o.append_eos = false;
+  std::ofstream(dir_ / "long.jsonl")
+      << "{\"prompt\": \"a long prompt here\", \"response\": \"b\"}\n";
+  try {
+    InstructDataset::open(dir_ / "long.jsonl", o);
+    ADD_FAILURE() << "no error";
+  } catch (const fabric::Error& e) {
+    expect(e.what(), {"long.jsonl", "no example has a response token", "block_size 4"});
+  }
+}
+
+}  // namespace

@@ -1,0 +1,83 @@
+"""Instruction data and its reference ids and loss masks for instruct_test.cc.
+
+usage: make_instruct.py OUT_DIR TEXT_FILE
+
+Writes OUT_DIR/tokenizer.json (a byte-level BPE that `tokenizers` trains on TEXT_FILE, with the
+special tokens <|end|> (eos), <|im_start|>, <|im_end|>) and tokenizer_config.json, and
+  alpaca.jsonl + alpaca.ref.json: each example's ids as `tokenizers` encodes the whole rendered
+      text at once (the Stanford Alpaca prompt, then the response, then eos) and the mask LitGPT
+      uses (the first len(encode(prompt)) ids are the prompt's);
+  chat.jsonl + chat.ref.json: each conversation's ids and assistant mask as transformers'
+      apply_chat_template(return_assistant_tokens_mask=True) gives them under a ChatML template
+      whose assistant turns are {% generation %} blocks, then eos.
+"""
+import json
+import os
+import sys
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+out, text_file = sys.argv[1], sys.argv[2]
+tok = Tokenizer(models.BPE())
+tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+tok.decoder = decoders.ByteLevel()
+special = ["<|end|>", "<|im_start|>", "<|im_end|>"]
+tok.train([text_file], trainers.BpeTrainer(vocab_size=400, special_tokens=special,
+                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+tok.save(os.path.join(out, "tokenizer.json"))
+with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+    json.dump({"eos_token": "<|end|>"}, f)
+eos = tok.token_to_id("<|end|>")
+
+alpaca = [
+    {"prompt": "Name the strategy that shards parameters.", "response": "fsdp shards them."},
+    {"prompt": "Translate to French:", "input": "the model trains", "response": "le modèle apprend"},
+    {"prompt": "Count: one, two,", "response": " three, four\n\nfive."},
+]
+intro = ("Below is an instruction that describes a task. Write a response that appropriately "
+         "completes the request.\n\n")
+intro_input = ("Below is an instruction that describes a task, paired with an input that provides "
+               "further context. Write a response that appropriately completes the request.\n\n")
+ref = []
+for e in alpaca:
+    if e.get("input"):
+        p = intro_input + "### Instruction:\n" + e["prompt"] + "\n\n### Input:\n" + e["input"] + \
+            "\n\n### Response:\n"
+    else:
+        p = intro + "### Instruction:\n" + e["prompt"] + "\n\n### Response:\n"
+    ids = tok.encode(p + e["response"]).ids + [eos]
+    n = len(tok.encode(p).ids)
+    ref.append({"ids": ids, "mask": [False] * n + [True] * (len(ids) - n)})
+with open(os.path.join(out, "alpaca.jsonl"), "w") as f:
+    for e in alpaca:
+        f.write(json.dumps(e, ensure_ascii=False) + "\n")
+json.dump(ref, open(os.path.join(out, "alpaca.ref.json"), "w"))
+
+chats = [
+    [{"role": "system", "content": "You are terse."},
+     {"role": "user", "content": "What does ddp all-reduce?"},
+     {"role": "assistant", "content": "The gradients."}],
+    [{"role": "user", "content": "Hi"},
+     {"role": "assistant", "content": "Hello! How can I help?"},
+     {"role": "user", "content": "Say 3 words."},
+     {"role": "assistant", "content": "One two three"}],
+]
+template = ("{% for m in messages %}{% if m['role'] == 'assistant' %}<|im_start|>assistant\n"
+            "{% generation %}{{ m['content'] }}<|im_end|>\n{% endgeneration %}"
+            "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}"
+            "{% endfor %}")
+fast = PreTrainedTokenizerFast(tokenizer_object=tok)
+fast.chat_template = template
+ref = []
+for c in chats:
+    r = fast.apply_chat_template(c, tokenize=True, return_dict=True,
+                                 return_assistant_tokens_mask=True)
+    ids = list(r["input_ids"]) + [eos]
+    mask = [bool(m) for m in r["assistant_masks"]] + [True]
+    ref.append({"ids": ids, "mask": mask})
+with open(os.path.join(out, "chat.jsonl"), "w") as f:
+    for c in chats:
+        f.write(json.dumps({"messages": c}) + "\n")
+json.dump(ref, open(os.path.join(out, "chat.ref.json"), "w"))
+print("ok", out)
