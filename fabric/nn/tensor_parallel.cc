@@ -283,6 +283,7 @@ void LinearImpl::reset() {
     bias = register_parameter("bias", {}, /*requires_grad=*/false);
   }
   reset_parameters();
+  if (lora_rank_ > 0) register_lora();  // clone(): the copy's adapter, its values copied after
 }
 
 void LinearImpl::reset_parameters() {
@@ -302,10 +303,16 @@ void LinearImpl::pretty_print(std::ostream& stream) const {
   if (parallel_)
     stream << ", tp=" << parallel_->style.name() << " " << parallel_->rank << "/"
            << parallel_->size;
+  if (lora_rank_ > 0) stream << ", lora r=" << lora_rank_ << " scaling=" << lora_scaling_;
   stream << ")";
 }
 
 void LinearImpl::set_parallel(TensorParallelShard shard) {
+  if (lora_rank_ > 0)
+    throw Error("fabric::nn::Linear" +
+                (shard.module_name.empty() ? std::string() : " '" + shard.module_name + "'") +
+                " has a LoRA adapter: tensor parallelism of LoRA layers is not implemented; "
+                "merge_lora first, or train the adapters without model_parallel");
   torch::NoGradGuard no_grad;
   const int64_t along = shard.dim;
   // replace_data: the tensors may be an empty init's, on the meta device.
@@ -314,7 +321,49 @@ void LinearImpl::set_parallel(TensorParallelShard shard) {
   parallel_ = std::move(shard);
 }
 
+void LinearImpl::register_lora() {
+  const int64_t in = options.in_features(), out = options.out_features();
+  torch::nn::Linear a(torch::nn::LinearOptions(in, lora_rank_).bias(false));  // Kaiming uniform
+  torch::nn::Linear b(torch::nn::LinearOptions(lora_rank_, out).bias(false));
+  {
+    torch::NoGradGuard no_grad;
+    b->weight.zero_();
+  }
+  a->to(weight.device(), weight.scalar_type());
+  b->to(weight.device(), weight.scalar_type());
+  lora_A = register_module("lora_A", a);
+  lora_B = register_module("lora_B", b);
+}
+
+void LinearImpl::set_lora(int64_t rank, double scaling, double dropout) {
+  if (parallel_)
+    throw Error(layer_label(*parallel_) + ": LoRA on a split layer is not implemented");
+  if (lora_rank_ > 0) throw Error("fabric::nn::Linear: it has a LoRA adapter already");
+  if (rank < 1) throw Error("fabric::nn::Linear: LoRA rank must be at least 1");
+  lora_rank_ = rank;
+  lora_scaling_ = scaling;
+  lora_dropout_ = dropout;
+  register_lora();
+}
+
+void LinearImpl::clear_lora() {
+  if (lora_rank_ == 0) return;
+  unregister_module("lora_A");
+  unregister_module("lora_B");
+  lora_A = nullptr;
+  lora_B = nullptr;
+  lora_rank_ = 0;
+  lora_scaling_ = lora_dropout_ = 0;
+}
+
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
+  if (lora_rank_ == 0) return base_forward(x);
+  // peft's order: the base output, then B(A(dropout(x))) scaled, added.
+  const torch::Tensor in = lora_dropout_ > 0 ? torch::dropout(x, lora_dropout_, is_training()) : x;
+  return base_forward(x) + lora_B->forward(lora_A->forward(in)) * lora_scaling_;
+}
+
+torch::Tensor LinearImpl::base_forward(const torch::Tensor& x) {
   auto gemm = [this](const torch::Tensor& in, const torch::Tensor& b) {
     return fp8_ ? fp8_linear(in, weight, b, fp8_scaling_) : torch::linear(in, weight, b);
   };

@@ -41,6 +41,7 @@
 
 #include <c10/util/intrusive_ptr.h>
 #include <torch/nn/cloneable.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/nn/options/embedding.h>
 #include <torch/nn/options/linear.h>
 #include <torch/nn/pimpl.h>
@@ -179,14 +180,29 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   }
   bool fp8() const { return fp8_; }
   Fp8Scaling fp8_scaling() const { return fp8_scaling_; }
+  // A LoRA adapter (fabric/nn/lora.h: apply_lora, merge_lora): registers the submodules lora_A
+  // [rank, in] (Kaiming uniform, a = sqrt(5)) and lora_B [out, rank] (zeros), torch::nn::Linear
+  // without bias (peft's names: "lora_A.weight"), and forward adds
+  // lora_B(lora_A(dropout(x))) · scaling to the layer's output. fabric::Error on a split layer
+  // (tensor parallelism with adapters is not implemented) or one that has an adapter already.
+  void set_lora(int64_t rank, double scaling, double dropout);
+  void clear_lora();  // the adapter's submodules removed; forward as before set_lora
+  int64_t lora_rank() const { return lora_rank_; }  // 0: no adapter
+  double lora_scaling() const { return lora_scaling_; }
+  double lora_dropout() const { return lora_dropout_; }
 
   torch::nn::LinearOptions options;
   torch::Tensor weight, bias;
+  torch::nn::Linear lora_A{nullptr}, lora_B{nullptr};  // null without an adapter
 
  private:
+  torch::Tensor base_forward(const torch::Tensor& x);
+  void register_lora();  // lora_A, lora_B of lora_rank_ (set_lora, and reset() for clone())
   std::optional<TensorParallelShard> parallel_;
   bool fp8_ = false;
   Fp8Scaling fp8_scaling_ = Fp8Scaling::kTensorwise;
+  int64_t lora_rank_ = 0;
+  double lora_scaling_ = 0, lora_dropout_ = 0;
 };
 TORCH_MODULE(Linear);
 

@@ -1,0 +1,260 @@
+#include "fabric/nn/lora.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "fabric/checkpoint/safetensors.h"
+#include "fabric/core/atomic_file.h"
+#include "fabric/core/error.h"
+#include "fabric/core/suggest.h"
+#include "fabric/nn/tensor_parallel.h"
+
+namespace fabric::nn {
+
+namespace {
+
+const std::string kPrefix = "base_model.model.";
+
+std::vector<std::string> components(const std::string& name) {
+  std::vector<std::string> out;
+  std::string part;
+  std::istringstream in(name);
+  while (std::getline(in, part, '.')) out.push_back(part);
+  return out;
+}
+
+// The pattern's components equal the name's last ones ('*' any one component).
+bool target_matches(const std::string& pattern, const std::string& name) {
+  const std::vector<std::string> p = components(pattern), n = components(name);
+  if (p.empty() || p.size() > n.size()) return false;
+  const size_t offset = n.size() - p.size();
+  for (size_t i = 0; i < p.size(); ++i)
+    if (p[i] != "*" && p[i] != n[offset + i]) return false;
+  return true;
+}
+
+// The model's fabric::nn::Linear layers (not the adapters' own torch::nn::Linear ones).
+std::vector<std::pair<std::string, LinearImpl*>> linear_layers(torch::nn::Module& model) {
+  std::vector<std::pair<std::string, LinearImpl*>> out;
+  for (const auto& item : model.named_modules("", /*include_self=*/false))
+    if (auto* linear = item.value()->as<LinearImpl>()) out.emplace_back(item.key(), linear);
+  return out;
+}
+
+// "'q_proj', 'k_proj', ...": the layers' last components, closest to `pattern` first.
+std::string closest_names(const std::vector<std::pair<std::string, LinearImpl*>>& layers,
+                          const std::string& pattern) {
+  std::vector<std::string> names;
+  for (const auto& [name, layer] : layers) {
+    const std::string last = components(name).back();
+    if (std::find(names.begin(), names.end(), last) == names.end()) names.push_back(last);
+  }
+  std::stable_sort(names.begin(), names.end(), [&](const std::string& a, const std::string& b) {
+    return edit_distance(a, pattern) < edit_distance(b, pattern);
+  });
+  for (std::string& n : names) n = "'" + n + "'";
+  return join_cut(names, 6);
+}
+
+std::string sizes_of(const torch::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+std::string format_double(double v) {
+  std::ostringstream out;
+  out << v;
+  return out.str();
+}
+
+}  // namespace
+
+std::vector<std::string> apply_lora(torch::nn::Module& model, const LoraOptions& options) {
+  const std::string head = "LoRA: ";
+  if (options.target_modules.empty())
+    throw Error(head +
+                "target_modules is empty; name the Linear layers to adapt, e.g. "
+                "{\"q_proj\", \"v_proj\"}");
+  if (options.rank < 1)
+    throw Error(head + "rank must be at least 1 (got " + std::to_string(options.rank) + ")");
+  if (!(options.alpha > 0))
+    throw Error(head + "alpha must be positive (got " + format_double(options.alpha) + ")");
+  if (!(options.dropout >= 0 && options.dropout < 1))
+    throw Error(head + "dropout must be in [0, 1) (got " + format_double(options.dropout) + ")");
+  const auto layers = linear_layers(model);
+  std::vector<char> chosen(layers.size(), 0);
+  for (const std::string& pattern : options.target_modules) {
+    bool any = false;
+    for (size_t i = 0; i < layers.size(); ++i)
+      if (target_matches(pattern, layers[i].first)) chosen[i] = any = true;
+    if (!any)
+      throw Error(head + "target module '" + pattern + "' matches no fabric::nn::Linear layer" +
+                  (layers.empty()
+                       ? std::string(" (the model has none)")
+                       : "; its Linear layers, closest first: " + closest_names(layers, pattern)) +
+                  " (a pattern matches a name's last components, '*' any one component)");
+  }
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (!chosen[i]) continue;
+    const LinearImpl& l = *layers[i].second;
+    const int64_t in = l.options.in_features(), out = l.options.out_features();
+    if (options.rank > std::min(in, out))
+      throw Error(head + "rank " + std::to_string(options.rank) + " is larger than layer '" +
+                  layers[i].first + "' [out " + std::to_string(out) + ", in " + std::to_string(in) +
+                  "] allows (min(in, out) = " + std::to_string(std::min(in, out)) + ")");
+    if (l.lora_rank() > 0)
+      throw Error(head + "layer '" + layers[i].first + "' has an adapter already");
+    if (l.parallel())
+      throw Error(head + "layer '" + layers[i].first +
+                  "' is split by tensor parallelism: LoRA on split layers is not implemented");
+  }
+  for (auto& p : model.parameters()) p.set_requires_grad(false);
+  std::vector<std::string> names;
+  const double scaling = options.alpha / static_cast<double>(options.rank);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (!chosen[i]) continue;
+    layers[i].second->set_lora(options.rank, scaling, options.dropout);
+    names.push_back(layers[i].first);
+  }
+  return names;
+}
+
+std::vector<std::string> merge_lora(torch::nn::Module& model) {
+  std::vector<std::string> names;
+  torch::NoGradGuard no_grad;
+  for (auto& [name, layer] : linear_layers(model)) {
+    if (layer->lora_rank() == 0) continue;
+    const torch::Tensor delta =
+        torch::matmul(layer->lora_B->weight, layer->lora_A->weight) * layer->lora_scaling();
+    layer->weight.add_(delta.to(layer->weight.scalar_type()));
+    layer->clear_lora();
+    names.push_back(name);
+  }
+  return names;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> lora_state(torch::nn::Module& model) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (auto& [name, layer] : linear_layers(model)) {
+    if (layer->lora_rank() == 0) continue;
+    out.emplace_back(kPrefix + name + ".lora_A.weight", layer->lora_A->weight.detach());
+    out.emplace_back(kPrefix + name + ".lora_B.weight", layer->lora_B->weight.detach());
+  }
+  return out;
+}
+
+void load_lora_state(torch::nn::Module& model,
+                     const std::vector<std::pair<std::string, torch::Tensor>>& state) {
+  std::map<std::string, torch::Tensor> ours;
+  for (auto& [name, tensor] : lora_state(model)) ours.emplace(name, tensor);
+  if (ours.empty())
+    throw Error("load_lora_state: the model has no LoRA adapter (apply_lora first)");
+  std::set<std::string> loaded;
+  torch::NoGradGuard no_grad;
+  for (const auto& [given, tensor] : state) {
+    std::string name = given.rfind(kPrefix, 0) == 0 ? given : kPrefix + given;
+    for (const char* adapter : {".lora_A.default.weight", ".lora_B.default.weight"}) {
+      const size_t at = name.rfind(adapter);
+      if (at != std::string::npos && at + std::string(adapter).size() == name.size())
+        name = name.substr(0, at) + std::string(adapter).substr(0, 7) + ".weight";
+    }
+    auto it = ours.find(name);
+    if (it == ours.end()) {
+      std::vector<std::string> keys;
+      for (const auto& kv : ours) keys.push_back(kv.first);
+      throw Error("load_lora_state: '" + given + "' is no adapter of the model" +
+                  did_you_mean(name, keys));
+    }
+    if (!it->second.sizes().equals(tensor.sizes()))
+      throw Error("load_lora_state: '" + given + "' is " + sizes_of(tensor) +
+                  ", the model's adapter " + sizes_of(it->second) +
+                  " (another rank or another base model?)");
+    it->second.copy_(tensor);
+    loaded.insert(name);
+  }
+  for (const auto& kv : ours)
+    if (!loaded.count(kv.first))
+      throw Error("load_lora_state: the state has no '" + kv.first + "' (" +
+                  std::to_string(ours.size() - loaded.size()) + " of the model's " +
+                  std::to_string(ours.size()) + " adapter tensors missing)");
+}
+
+void save_lora_adapter(torch::nn::Module& model, const std::filesystem::path& folder,
+                       const LoraOptions& options, const std::string& base_model_name_or_path) {
+  const auto state = lora_state(model);
+  if (state.empty())
+    throw Error("save_lora_adapter: the model has no LoRA adapter (apply_lora first)");
+  std::error_code ec;
+  std::filesystem::create_directories(folder, ec);
+  if (ec) throw Error("cannot write " + folder.string() + ": " + ec.message());
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& [name, tensor] : state) tensors.emplace_back(name, tensor.cpu().contiguous());
+  save_safetensors(folder / "adapter_model.safetensors", tensors, {{"format", "pt"}});
+  nlohmann::ordered_json config = {
+      {"base_model_name_or_path", base_model_name_or_path.empty()
+                                      ? nlohmann::ordered_json(nullptr)
+                                      : nlohmann::ordered_json(base_model_name_or_path)},
+      {"bias", "none"},
+      {"fan_in_fan_out", false},
+      {"inference_mode", true},
+      {"init_lora_weights", true},
+      {"lora_alpha", options.alpha},
+      {"lora_dropout", options.dropout},
+      {"modules_to_save", nullptr},
+      {"peft_type", "LORA"},
+      {"r", options.rank},
+      {"target_modules", options.target_modules},
+      {"task_type", "CAUSAL_LM"},
+      {"use_dora", false},
+      {"use_rslora", false},
+  };
+  write_file_atomically(folder / "adapter_config.json", config.dump(2) + "\n");
+}
+
+LoraOptions read_lora_options(const std::filesystem::path& folder) {
+  const std::filesystem::path path = folder / "adapter_config.json";
+  std::ifstream in(path);
+  if (!in) throw Error(path.string() + ": cannot read (not a peft adapter folder?)");
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const std::exception& e) {
+    throw Error(path.string() + ": not JSON: " + e.what());
+  }
+  auto fail = [&](const std::string& what) { throw Error(path.string() + ": " + what); };
+  if (j.value("peft_type", std::string()) != "LORA")
+    fail("peft_type must be LORA (got " + j.value("peft_type", std::string("none")) + ")");
+  for (const char* flag : {"use_dora", "use_rslora", "fan_in_fan_out"})
+    if (j.contains(flag) && j[flag].is_boolean() && j[flag].get<bool>())
+      fail(std::string(flag) + ": true is not supported");
+  if (j.contains("bias") && j["bias"] != "none") fail("bias: only \"none\" is supported");
+  LoraOptions o;
+  try {
+    o.rank = j.at("r").get<int64_t>();
+    o.alpha = j.at("lora_alpha").get<double>();
+    o.dropout = j.value("lora_dropout", 0.0);
+    if (!j.at("target_modules").is_array())
+      fail("target_modules: a regular expression is not supported; list the module names");
+    o.target_modules = j.at("target_modules").get<std::vector<std::string>>();
+  } catch (const nlohmann::json::exception& e) {
+    fail(std::string("missing or mistyped key: ") + e.what());
+  }
+  return o;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> read_lora_state(
+    const std::filesystem::path& folder) {
+  SafetensorsFile file = load_safetensors(folder / "adapter_model.safetensors");
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (auto& [name, tensor] : file.tensors) out.emplace_back(name, tensor);
+  return out;
+}
+
+}  // namespace fabric::nn

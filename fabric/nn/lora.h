@@ -1,0 +1,93 @@
+// fabric::nn LoRA (low-rank adapters, Hu et al. 2021) on a model's fabric::nn::Linear layers, as
+// Hugging Face peft's LoraConfig does them, so an adapter trained here loads in peft and back.
+//
+//   fabric::nn::LoraOptions lora;
+//   lora.rank = 8; lora.alpha = 16; lora.target_modules = {"q_proj", "v_proj"};
+//   fabric::nn::apply_lora(*model, lora);       // before the optimizer: only adapters train
+//   ... train (the optimizer over model->parameters(): frozen ones get no gradient) ...
+//   fabric::nn::save_lora_adapter(*model, "out/adapter", lora, "meta-llama/Llama-3.2-1B");
+//   fabric::nn::merge_lora(*model);             // or fold them into the base weights
+//
+// Each adapted layer y = W x + b becomes y = W x + b + B (A (dropout(x))) · alpha / rank, with
+// A [rank, in] Kaiming-uniform (a = sqrt(5)) and B [out, rank] zeros (peft's default init: the
+// model starts equal to the base). The adapter lives in the layer (fabric::nn::LinearImpl::
+// set_lora) as the submodules lora_A and lora_B, so the parameter names are peft's without its
+// "base_model.model." prefix and ".default" adapter name: "model.layers.0.self_attn.q_proj.
+// lora_A.weight" (peft's file: "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight").
+// The base weights keep their names (a base checkpoint still loads by name).
+//
+// Target patterns: a pattern matches a layer when its '.'-separated components equal the last
+// components of the layer's name, '*' matching any one component: "q_proj" matches
+// "model.layers.0.self_attn.q_proj" (peft's suffix rule for a list of names), "layers.*.mlp.
+// down_proj" every block's down_proj, "model.layers.0.self_attn.q_proj" that one layer. Only
+// fabric::nn::Linear layers are candidates (torch::nn::Linear and the adapters' own are not).
+// peft's single-string regular expressions are not supported.
+//
+// With strategies: ddp and fsdp take only parameters that require a gradient, so their buckets,
+// all-reduces and optimizer state hold the adapters only; Fabric's checkpoints still save every
+// parameter (the frozen base too). Tensor parallelism refuses adapted layers (not implemented).
+// Apply to a model with values (after loading; not to an empty init's meta model).
+#ifndef FABRIC_NN_LORA_H_
+#define FABRIC_NN_LORA_H_
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace fabric::nn {
+
+struct LoraOptions {
+  int64_t rank = 8;    // r: 1 .. min(in, out) of every adapted layer
+  double alpha = 16;   // lora_alpha: the adapter's output scaled by alpha / rank
+  double dropout = 0;  // lora_dropout: on the adapter's input, in training mode only
+  std::vector<std::string> target_modules;  // patterns (the file comment); at least one
+};
+
+// Adds an adapter to every fabric::nn::Linear of `model` that a pattern matches, sets
+// requires_grad false on every other parameter of the model, and returns the adapted layers'
+// names in the model's order. fabric::Error (one line) for: no patterns; a pattern matching no
+// Linear layer (naming the model's Linear names closest to it); rank < 1 or rank > min(in, out)
+// of a matched layer (naming it and its sizes); alpha <= 0; dropout outside [0, 1); a layer that
+// has an adapter already or is split by tensor parallelism.
+std::vector<std::string> apply_lora(torch::nn::Module& model, const LoraOptions& options);
+
+// Folds every adapter into its layer's weight (W += B · A · scaling, peft's merge) and removes
+// the adapters: the model computes what it computed with them, as plain Linear layers. The
+// base parameters keep the requires_grad apply_lora gave them (false). Returns the layers merged.
+std::vector<std::string> merge_lora(torch::nn::Module& model);
+
+// The adapters' parameters under peft's names ("base_model.model." + our name): what
+// adapter_model.safetensors holds. Views of the parameters (detached).
+std::vector<std::pair<std::string, torch::Tensor>> lora_state(torch::nn::Module& model);
+
+// Copies `state` (peft's names, as lora_state gives them, or ours without the prefix; peft's
+// ".default" adapter name accepted) into the model's adapters. fabric::Error naming the tensor
+// for a name the model has no adapter for, a shape that differs, or an adapter the state misses.
+void load_lora_state(torch::nn::Module& model,
+                     const std::vector<std::pair<std::string, torch::Tensor>>& state);
+
+// Writes folder/adapter_model.safetensors (lora_state, as float32 or the parameters' dtype) and
+// folder/adapter_config.json (peft_type LORA, task_type CAUSAL_LM, r, lora_alpha, lora_dropout,
+// target_modules, bias none, fan_in_fan_out false, base_model_name_or_path), which
+// peft.PeftModel.from_pretrained(base_model, folder) loads. Creates the folder. fabric::Error
+// when the model has no adapter or a file cannot be written.
+void save_lora_adapter(torch::nn::Module& model, const std::filesystem::path& folder,
+                       const LoraOptions& options, const std::string& base_model_name_or_path = "");
+
+// The LoraOptions and the adapter weights of a peft folder (adapter_config.json,
+// adapter_model.safetensors): apply_lora(model, read_lora_options(folder)) then
+// load_lora_state(model, read_lora_state(folder)). fabric::Error "PATH: ..." for a missing file,
+// a peft_type other than LORA, use_dora / use_rslora / fan_in_fan_out / a bias other than none,
+// or a target_modules that is a regular expression.
+LoraOptions read_lora_options(const std::filesystem::path& folder);
+std::vector<std::pair<std::string, torch::Tensor>> read_lora_state(
+    const std::filesystem::path& folder);
+
+}  // namespace fabric::nn
+
+#endif  // FABRIC_NN_LORA_H_

@@ -1,0 +1,211 @@
+// fabric::nn LoRA against Hugging Face peft: make_lora.py saves a tiny random transformers Llama,
+// a peft adapter on q_proj, v_proj and down_proj (lora_B random so gradients reach lora_A) and
+// peft's logits, loss, adapter gradients and merged logits. Here fabric::hf::load_llama +
+// apply_lora + the adapter file give the same to 1e-5 (relative to the largest value), with no
+// gradient on the frozen base; merge_lora keeps the logits; our save_lora_adapter loads in peft
+// with our logits; mistakes give one-line errors.
+#include "fabric/nn/lora.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include "fabric/checkpoint/safetensors.h"
+#include "fabric/core/error.h"
+#include "fabric/hf/llama.h"
+#include "fabric/nn/tensor_parallel.h"
+#include "tests/run_command.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const char kScript[] = "tests/fabric/nn/make_lora.py";
+
+class LoraTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    dir_ = fs::path(tmp ? tmp : fs::temp_directory_path().string()) / "lora";
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    const auto r = fabric::testing::run_command(fabric::testing::python_interpreter() + " " +
+                                                kScript + " " + dir_.string());
+    ASSERT_EQ(r.code, 0) << r.out;
+    for (auto& [n, t] : fabric::load_safetensors(dir_ / "ref.safetensors").tensors) ref_[n] = t;
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  static fabric::nn::LoraOptions peft_options() {
+    fabric::nn::LoraOptions o;
+    o.rank = 4;
+    o.alpha = 8;
+    o.target_modules = {"q_proj", "v_proj", "down_proj"};
+    return o;
+  }
+  // The base folder's Llama with peft's adapter on it.
+  static fabric::models::Llama adapted() {
+    fabric::models::Llama model = fabric::hf::load_llama(dir_ / "base");
+    const auto names = fabric::nn::apply_lora(*model, peft_options());
+    EXPECT_EQ(names.size(), 6u);
+    fabric::nn::load_lora_state(*model, fabric::nn::read_lora_state(dir_ / "adapter"));
+    return model;
+  }
+  static torch::Tensor logits(fabric::models::Llama& model) {
+    torch::NoGradGuard no_grad;
+    model->eval();
+    return model->forward(ref_.at("ids"));
+  }
+  // max |a - b| / max |b|.
+  static double relative(const torch::Tensor& a, const torch::Tensor& b) {
+    return (a - b).abs().max().item<double>() / b.abs().max().item<double>();
+  }
+
+  static fs::path dir_;
+  static std::map<std::string, torch::Tensor> ref_;
+};
+fs::path LoraTest::dir_;
+std::map<std::string, torch::Tensor> LoraTest::ref_;
+
+TEST_F(LoraTest, OneStepEqualsPeftLossAndAdapterGradients) {
+  fabric::models::Llama model = adapted();
+  EXPECT_LT(relative(logits(model), ref_.at("logits")), 1e-5);
+
+  model->train();
+  const torch::Tensor ids = ref_.at("ids");
+  const int64_t T = ids.size(1);
+  const torch::Tensor loss = model->loss(ids.narrow(1, 0, T - 1), ids.narrow(1, 1, T - 1));
+  loss.backward();
+  const double dl = relative(loss.detach().reshape({1}), ref_.at("loss"));
+  EXPECT_LT(dl, 1e-5);
+  int adapters = 0;
+  double worst = 0;
+  for (const auto& item : model->named_parameters()) {
+    const std::string& name = item.key();
+    const bool adapter =
+        name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
+    if (!adapter) {
+      EXPECT_FALSE(item.value().requires_grad()) << name;
+      EXPECT_FALSE(item.value().grad().defined()) << name;
+      continue;
+    }
+    ++adapters;
+    const std::string key = "grad.base_model.model." + name;
+    ASSERT_TRUE(ref_.count(key)) << key;
+    ASSERT_TRUE(item.value().grad().defined()) << name;
+    const double d = relative(item.value().grad(), ref_.at(key));
+    worst = std::max(worst, d);
+    EXPECT_LT(d, 1e-5) << name;
+  }
+  EXPECT_EQ(adapters, 12);
+  std::cout << "loss relative difference " << dl << ", worst adapter gradient " << worst << "\n";
+}
+
+TEST_F(LoraTest, MergeKeepsTheLogitsAndEqualsPeftsMergeAndUnload) {
+  fabric::models::Llama model = adapted();
+  const torch::Tensor before = logits(model);
+  EXPECT_EQ(fabric::nn::merge_lora(*model).size(), 6u);
+  EXPECT_TRUE(fabric::nn::lora_state(*model).empty());
+  for (const auto& item : model->named_parameters())
+    EXPECT_EQ(item.key().find("lora_"), std::string::npos) << item.key();
+  const torch::Tensor after = logits(model);
+  EXPECT_LT(relative(after, before), 1e-5);
+  EXPECT_LT(relative(after, ref_.at("merged_logits")), 1e-5);
+}
+
+TEST_F(LoraTest, SavedAdapterLoadsInPeftWithOurLogits) {
+  fabric::models::Llama model = adapted();
+  const fs::path folder = dir_ / "ours";
+  fabric::nn::save_lora_adapter(*model, folder, peft_options(), "tiny-llama");
+  const auto r =
+      fabric::testing::run_command(fabric::testing::python_interpreter() + " " + kScript + " " +
+                                   dir_.string() + " " + folder.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto peft = fabric::load_safetensors(dir_ / "ours.logits.safetensors").tensors;
+  ASSERT_EQ(peft.size(), 1u);
+  EXPECT_LT(relative(logits(model), peft[0].second), 1e-5);
+
+  // And back: the folder's options and tensors rebuild the same model.
+  const fabric::nn::LoraOptions o = fabric::nn::read_lora_options(folder);
+  EXPECT_EQ(o.rank, 4);
+  EXPECT_EQ(o.alpha, 8);
+  EXPECT_EQ(o.target_modules, peft_options().target_modules);
+  fabric::models::Llama again = fabric::hf::load_llama(dir_ / "base");
+  fabric::nn::apply_lora(*again, o);
+  fabric::nn::load_lora_state(*again, fabric::nn::read_lora_state(folder));
+  EXPECT_TRUE(torch::equal(logits(again), logits(model)));
+}
+
+TEST_F(LoraTest, FreshAdaptersLeaveTheOutputBitwiseAndPatternsMatchSuffixes) {
+  fabric::models::Llama base = fabric::hf::load_llama(dir_ / "base");
+  fabric::models::Llama model = fabric::hf::load_llama(dir_ / "base");
+  fabric::nn::LoraOptions o;
+  o.rank = 2;
+  o.target_modules = {"layers.*.mlp.*", "model.layers.1.self_attn.o_proj"};
+  const auto names = fabric::nn::apply_lora(*model, o);
+  ASSERT_EQ(names.size(), 7u);  // gate, up, down of 2 layers + one o_proj
+  EXPECT_EQ(names.back(), "model.layers.1.mlp.down_proj");
+  EXPECT_TRUE(torch::equal(logits(model), logits(base)));  // B = 0: + 0 exactly
+  EXPECT_EQ(fabric::nn::lora_state(*model).size(), 14u);
+  // A layer with an adapter clones (dp's replicas) with it.
+  auto copy =
+      std::dynamic_pointer_cast<fabric::nn::LinearImpl>(model->layers[0]->mlp->down_proj->clone());
+  ASSERT_TRUE(copy);
+  EXPECT_EQ(copy->lora_rank(), 2);
+  const torch::Tensor x = torch::randn({3, 96});
+  EXPECT_TRUE(torch::equal(copy->forward(x), model->layers[0]->mlp->down_proj->forward(x)));
+}
+
+TEST_F(LoraTest, MistakesAreOneLineErrors) {
+  fabric::models::Llama model = fabric::hf::load_llama(dir_ / "base");
+  auto message = [&](fabric::nn::LoraOptions o) -> std::string {
+    try {
+      fabric::nn::apply_lora(*model, o);
+    } catch (const fabric::Error& e) {
+      const std::string m = e.what();
+      EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+      return m;
+    }
+    return "no error";
+  };
+  fabric::nn::LoraOptions o = peft_options();
+  o.target_modules = {"q_prj"};
+  std::string m = message(o);
+  EXPECT_NE(m.find("'q_prj' matches no fabric::nn::Linear"), std::string::npos) << m;
+  EXPECT_NE(m.find("closest first: 'q_proj'"), std::string::npos) << m;
+  o = peft_options();
+  o.rank = 0;
+  m = message(o);
+  EXPECT_NE(m.find("rank must be at least 1"), std::string::npos) << m;
+  o.rank = 65;  // q_proj is [64, 64]
+  m = message(o);
+  EXPECT_NE(m.find("rank 65 is larger than layer 'model.layers.0.self_attn.q_proj'"),
+            std::string::npos)
+      << m;
+  o = peft_options();
+  o.target_modules = {};
+  EXPECT_NE(message(o).find("target_modules is empty"), std::string::npos);
+  // Nothing changed by the refused calls: every parameter still trains.
+  for (const auto& p : model->parameters()) EXPECT_TRUE(p.requires_grad());
+  // Twice on one layer.
+  o = peft_options();
+  fabric::nn::apply_lora(*model, o);
+  EXPECT_NE(message(o).find("has an adapter already"), std::string::npos);
+  // An adapter file of another model.
+  auto state = fabric::nn::lora_state(*model);
+  state[0].second = torch::zeros({3, 3});
+  try {
+    fabric::nn::load_lora_state(*model, state);
+    ADD_FAILURE() << "no error";
+  } catch (const fabric::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is [3, 3], the model's adapter [4, 64]"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
