@@ -1,0 +1,84 @@
+// lora_test's multi-process program: make_lora.py's tiny Llama (test.folder/base) with peft's
+// adapter (test.folder/adapter) set up under the strategy the config names, then one SGD step
+// (lr 0.1) of the optimizer over the adapters on the reference ids: one process takes both rows,
+// each of 2 ddp ranks one. Every rank prints "rank R base_grads=N base_changed=M" (base
+// parameters with a gradient, and changed by the step: 0 and 0 when only the adapters are in
+// the reducer and the optimizer); global rank 0 writes the adapters after the step to
+// test.out/adapters<world>.safetensors and prints "loss=L" (the mean over the ranks).
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "fabric/checkpoint/safetensors.h"
+#include "fabric/fabric.h"
+#include "fabric/hf/llama.h"
+#include "fabric/main.h"
+#include "fabric/models/llama.h"
+#include "fabric/nn/lora.h"
+
+namespace fs = std::filesystem;
+
+int main(int argc, char** argv) {
+  fabric::ConfigSchema schema = fabric::training_schema();
+  schema.add("test.folder", fabric::KeySpec::string(""));
+  schema.add("test.out", fabric::KeySpec::string(""));
+  return fabric::run_main(argc, argv, schema, [](const fabric::Config& c) {
+    fabric::Fabric fabric(c);
+    return fabric.launch([&](fabric::Fabric& f) {
+      const fs::path folder = c.get_string("test.folder");
+      fabric::models::Llama model = fabric::hf::load_llama(folder / "base");
+      fabric::nn::LoraOptions lora;
+      lora.rank = 4;
+      lora.alpha = 8;
+      lora.target_modules = {"q_proj", "v_proj", "down_proj"};
+      fabric::nn::apply_lora(*model, lora);
+      fabric::nn::load_lora_state(*model, fabric::nn::read_lora_state(folder / "adapter"));
+      std::map<std::string, torch::Tensor> before;
+      std::vector<torch::Tensor> trainable;
+      for (const auto& item : model->named_parameters()) {
+        before[item.key()] = item.value().detach().clone();
+        if (item.value().requires_grad()) trainable.push_back(item.value());
+      }
+      torch::optim::SGD optimizer(trainable, torch::optim::SGDOptions(0.1));
+      f.setup(model, optimizer);
+
+      torch::Tensor ids;
+      for (auto& [n, t] : fabric::load_safetensors(folder / "ref.safetensors").tensors)
+        if (n == "ids") ids = t;
+      const int64_t world = f.world_size(), rank = f.global_rank();
+      const int64_t rows = ids.size(0) / world, T = ids.size(1);
+      ids = ids.narrow(0, rank * rows, rows);
+      optimizer.zero_grad();
+      torch::Tensor loss = model->loss(ids.narrow(1, 0, T - 1), ids.narrow(1, 1, T - 1));
+      f.backward(loss);
+      f.step(optimizer);
+
+      int base_grads = 0, base_changed = 0;
+      for (const auto& item : model->named_parameters()) {
+        if (item.key().find(".lora_") != std::string::npos) continue;
+        base_grads += item.value().grad().defined() ? 1 : 0;
+        base_changed += torch::equal(item.value().detach(), before.at(item.key())) ? 0 : 1;
+      }
+      for (int64_t r = 0; r < world; ++r) {
+        if (r == rank)
+          std::cout << "rank " << r << " base_grads=" << base_grads
+                    << " base_changed=" << base_changed << std::endl;
+        f.barrier();
+      }
+      const torch::Tensor mean = f.all_reduce(loss.detach());
+      if (f.is_global_zero()) {
+        const fs::path out = fs::path(c.get_string("test.out")) /
+                             ("adapters" + std::to_string(world) + ".safetensors");
+        std::vector<std::pair<std::string, at::Tensor>> tensors;
+        for (const auto& [n, t] : fabric::nn::lora_state(*model)) tensors.emplace_back(n, t);
+        fabric::save_safetensors(out, tensors);
+        std::cout << "loss=" << mean.item<double>() << std::endl;
+      }
+      return 0;
+    });
+  });
+}
