@@ -25,7 +25,10 @@
 //
 // With strategies: ddp and fsdp take only parameters that require a gradient, so their buckets,
 // all-reduces and optimizer state hold the adapters only; Fabric's checkpoints still save every
-// parameter (the frozen base too). Tensor parallelism refuses adapted layers (not implemented).
+// parameter (the frozen base too). Under fsdp reading a unit's parameters gathers them (a
+// collective): call lora_state on every rank (and save_lora_adapter from one rank with its
+// tensors, or from all into one folder). Tensor parallelism refuses adapted layers (not
+// implemented).
 // Apply to a model with values (after loading; not to an empty init's meta model).
 #ifndef FABRIC_NN_LORA_H_
 #define FABRIC_NN_LORA_H_

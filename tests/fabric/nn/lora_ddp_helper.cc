@@ -1,7 +1,7 @@
 // lora_test's multi-process program: make_lora.py's tiny Llama (test.folder/base) with peft's
 // adapter (test.folder/adapter) set up under the strategy the config names, then one SGD step
 // (lr 0.1) of the optimizer over the adapters on the reference ids: one process takes both rows,
-// each of 2 ddp ranks one. Every rank prints "rank R base_grads=N base_changed=M" (base
+// each of 2 ranks (ddp or fsdp) one. Every rank prints "rank R base_grads=N base_changed=M" (base
 // parameters with a gradient, and changed by the step: 0 and 0 when only the adapters are in
 // the reducer and the optimizer); global rank 0 writes the adapters after the step to
 // test.out/adapters<world>.safetensors and prints "loss=L" (the mean over the ranks).
@@ -70,11 +70,12 @@ int main(int argc, char** argv) {
         f.barrier();
       }
       const torch::Tensor mean = f.all_reduce(loss.detach());
+      // On every rank: under fsdp reading a unit's parameter gathers it (collective).
+      std::vector<std::pair<std::string, at::Tensor>> tensors;
+      for (const auto& [n, t] : fabric::nn::lora_state(*model)) tensors.emplace_back(n, t.clone());
       if (f.is_global_zero()) {
         const fs::path out = fs::path(c.get_string("test.out")) /
                              ("adapters" + std::to_string(world) + ".safetensors");
-        std::vector<std::pair<std::string, at::Tensor>> tensors;
-        for (const auto& [n, t] : fabric::nn::lora_state(*model)) tensors.emplace_back(n, t);
         fabric::save_safetensors(out, tensors);
         std::cout << "loss=" << mean.item<double>() << std::endl;
       }

@@ -3,7 +3,8 @@
 // peft's logits, loss, adapter gradients and merged logits. Here fabric::hf::load_llama +
 // apply_lora + the adapter file give the same to 1e-5 (relative to the largest value), with no
 // gradient on the frozen base; merge_lora keeps the logits; our save_lora_adapter loads in peft
-// with our logits; mistakes give one-line errors; one step under 2-process ddp equals one process.
+// with our logits; mistakes give one-line errors; one step under 2-process ddp
+// and fsdp equals one process.
 #include "fabric/nn/lora.h"
 
 #include <gtest/gtest.h>
@@ -208,46 +209,48 @@ TEST_F(LoraTest, MistakesAreOneLineErrors) {
   }
 }
 
-// One SGD step of the adapters under 2-process ddp (one row of the batch each) equals one process
-// on both rows; no base parameter gets a gradient or changes on any rank: the reducer and the
-// optimizer hold the adapters only.
-TEST_F(LoraTest, DdpStepOfTheAdaptersEqualsOneProcess) {
+// One SGD step of the adapters under 2-process ddp and fsdp (one row of the batch each; fsdp in
+// a unit per block) equals one process on both rows; no base parameter gets a gradient or
+// changes on any rank: the reducer, fsdp's shards and the optimizer hold the adapters only.
+TEST_F(LoraTest, DdpAndFsdpStepOfTheAdaptersEqualsOneProcess) {
   const std::string exe = fabric::testing::helper_binary("//tests/fabric/nn:lora_ddp_helper");
   const fs::path out = dir_ / "ddp";
   fs::create_directories(out);
-  auto run = [&](const std::string& args) {
-    return fabric::testing::run_command("'" + exe + "' fabric.accelerator=cpu test.folder=" +
-                                        dir_.string() + " test.out=" + out.string() + " " + args);
+  auto run = [&](const std::string& args, int world) {
+    const auto r = fabric::testing::run_command(
+        "'" + exe + "' fabric.accelerator=cpu test.folder=" + dir_.string() +
+        " test.out=" + out.string() + " " + args);
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_TRUE(
+        fabric::testing::ranks_missing_report(r.out, world, " base_grads=0 base_changed=0").empty())
+        << r.out;
+    const std::string loss = fabric::testing::value_after(r.out, "loss=");
+    return loss.empty() ? -1.0 : std::stod(loss);
   };
-  const auto one = run("fabric.devices=1");
-  ASSERT_EQ(one.code, 0) << one.out;
-  const auto two = run("fabric.devices=2 fabric.strategy=ddp");
-  ASSERT_EQ(two.code, 0) << two.out;
-  for (const auto* r : {&one, &two})
-    EXPECT_TRUE(fabric::testing::ranks_missing_report(r->out, r == &one ? 1 : 2,
-                                                      " base_grads=0 base_changed=0")
-                    .empty())
-        << r->out;
-  const double l1 = std::stod(fabric::testing::value_after(one.out, "loss="));
-  const double l2 = std::stod(fabric::testing::value_after(two.out, "loss="));
-  EXPECT_NEAR(l2, l1, 1e-6 * std::abs(l1));
-  const auto a1 = fabric::load_safetensors(out / "adapters1.safetensors").tensors;
-  const auto a2 = fabric::load_safetensors(out / "adapters2.safetensors").tensors;
   std::map<std::string, torch::Tensor> initial;
   for (auto& [n, t] : fabric::nn::read_lora_state(dir_ / "adapter")) initial[n] = t;
+  const double l1 = run("fabric.devices=1", 1);
+  const auto a1 = fabric::load_safetensors(out / "adapters1.safetensors").tensors;
   ASSERT_EQ(a1.size(), 12u);
-  ASSERT_EQ(a2.size(), a1.size());
-  double worst = 0;
-  for (size_t i = 0; i < a1.size(); ++i) {
-    ASSERT_EQ(a1[i].first, a2[i].first);
-    EXPECT_FALSE(torch::equal(a1[i].second, initial.at(a1[i].first))) << a1[i].first;
-    const torch::Tensor step = a1[i].second - initial.at(a1[i].first);
-    worst = std::max(worst, relative(a2[i].second - initial.at(a1[i].first), step));
+  for (const char* strategy :
+       {"fabric.strategy=ddp", "fabric.strategy=fsdp fabric.fsdp.wrap_modules=LlamaDecoderLayer"}) {
+    SCOPED_TRACE(strategy);
+    const double l2 = run(std::string("fabric.devices=2 ") + strategy, 2);
+    EXPECT_NEAR(l2, l1, 1e-6 * std::abs(l1));
+    const auto a2 = fabric::load_safetensors(out / "adapters2.safetensors").tensors;
+    ASSERT_EQ(a2.size(), a1.size());
+    double worst = 0;
+    for (size_t i = 0; i < a1.size(); ++i) {
+      ASSERT_EQ(a1[i].first, a2[i].first);
+      EXPECT_FALSE(torch::equal(a1[i].second, initial.at(a1[i].first))) << a1[i].first;
+      const torch::Tensor step = a1[i].second - initial.at(a1[i].first);
+      worst = std::max(worst, relative(a2[i].second - initial.at(a1[i].first), step));
+    }
+    // The rows' float32 gradients summed in another order: measured 5.4e-6 of the step (ddp).
+    EXPECT_LT(worst, 5e-5);
+    std::cout << strategy << " 2 vs 1 process: loss " << l2 << " vs " << l1
+              << ", worst adapter step difference " << worst << "\n";
   }
-  // The two sum the rows' float32 gradients in another order: measured 5.4e-6 of the step.
-  EXPECT_LT(worst, 5e-5);
-  std::cout << "ddp 2 vs 1 process: loss " << l2 << " vs " << l1
-            << ", worst adapter step difference " << worst << "\n";
 }
 
 }  // namespace
