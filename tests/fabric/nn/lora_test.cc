@@ -161,6 +161,30 @@ TEST_F(LoraTest, FreshAdaptersLeaveTheOutputBitwiseAndPatternsMatchSuffixes) {
   EXPECT_TRUE(torch::equal(copy->forward(x), model->layers[0]->mlp->down_proj->forward(x)));
 }
 
+// Dropout (peft's: on the adapter's input only, in training mode): eval is the dropout-free
+// output, training drops inputs of the adapter and never of the base.
+TEST(Lora, DropoutOnTheAdaptersInputInTrainingOnly) {
+  torch::manual_seed(0);
+  fabric::nn::Linear layer(16, 8);
+  layer->set_lora(4, 2.0, 0.5);
+  torch::nn::init::normal_(layer->lora_B->weight);
+  const torch::Tensor x = torch::randn({5, 16});
+  const torch::Tensor base = torch::linear(x, layer->weight, layer->bias);
+  const torch::Tensor full =
+      base + torch::linear(torch::linear(x, layer->lora_A->weight), layer->lora_B->weight) * 2.0;
+  layer->eval();
+  EXPECT_TRUE(torch::allclose(layer->forward(x), full, 1e-6, 1e-6));
+  layer->train();
+  torch::manual_seed(1);
+  const torch::Tensor dropped = layer->forward(x);
+  torch::manual_seed(1);
+  const torch::Tensor kept = torch::dropout(x, 0.5, true);  // the same draw
+  const torch::Tensor expected =
+      base + torch::linear(torch::linear(kept, layer->lora_A->weight), layer->lora_B->weight) * 2.0;
+  EXPECT_TRUE(torch::allclose(dropped, expected, 1e-6, 1e-6));
+  EXPECT_FALSE(torch::allclose(dropped, full, 1e-3, 1e-3));
+}
+
 TEST_F(LoraTest, MistakesAreOneLineErrors) {
   fabric::models::Llama model = fabric::hf::load_llama(dir_ / "base");
   auto message = [&](fabric::nn::LoraOptions o) -> std::string {
