@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <cstdlib>
 #include <filesystem>
@@ -183,6 +184,39 @@ TEST(Lora, DropoutOnTheAdaptersInputInTrainingOnly) {
       base + torch::linear(torch::linear(kept, layer->lora_A->weight), layer->lora_B->weight) * 2.0;
   EXPECT_TRUE(torch::allclose(dropped, expected, 1e-6, 1e-6));
   EXPECT_FALSE(torch::allclose(dropped, full, 1e-3, 1e-3));
+}
+
+// Tensor parallelism of adapted layers is not implemented: refused both ways, in one line.
+TEST(Lora, TensorParallelLayersAreRefusedBothWays) {
+  auto shard = [] {
+    fabric::nn::TensorParallelShard s({}, fabric::nn::TensorParallelStyle::column(), 0, 1, 0,
+                                      {8, 16});
+    s.module_name = "fc";
+    return s;
+  };
+  torch::nn::Sequential net;
+  net->push_back("fc", fabric::nn::Linear(16, 8));
+  auto* fc = net[0]->as<fabric::nn::LinearImpl>();
+  fc->set_lora(2, 1.0, 0.0);
+  try {
+    fc->set_parallel(shard());
+    ADD_FAILURE() << "no error";
+  } catch (const fabric::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'fc' has a LoRA adapter"), std::string::npos) << e.what();
+  }
+  fc->clear_lora();
+  EXPECT_EQ(fc->named_parameters().size(), 2u);  // weight, bias: the adapter gone
+  fc->set_parallel(shard());
+  fabric::nn::LoraOptions o;
+  o.rank = 2;
+  o.target_modules = {"fc"};
+  try {
+    fabric::nn::apply_lora(*net, o);
+    ADD_FAILURE() << "no error";
+  } catch (const fabric::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'fc' is split by tensor parallelism"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST_F(LoraTest, MistakesAreOneLineErrors) {
