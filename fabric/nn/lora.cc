@@ -115,7 +115,11 @@ std::vector<std::string> apply_lora(torch::nn::Module& model, const LoraOptions&
       throw Error(head + "layer '" + layers[i].first +
                   "' is split by tensor parallelism: LoRA on split layers is not implemented");
   }
-  for (auto& p : model.parameters()) p.set_requires_grad(false);
+  // Everything but the adapters (those of an earlier apply_lora keep training).
+  for (auto& item : model.named_parameters())
+    if (item.key().find("lora_A.") == std::string::npos &&
+        item.key().find("lora_B.") == std::string::npos)
+      item.value().set_requires_grad(false);
   std::vector<std::string> names;
   const double scaling = options.alpha / static_cast<double>(options.rank);
   for (size_t i = 0; i < layers.size(); ++i) {

@@ -52,9 +52,9 @@ struct LoraOptions {
 };
 
 // Adds an adapter to every fabric::nn::Linear of `model` that a pattern matches, sets
-// requires_grad false on every other parameter of the model, and returns the adapted layers'
-// names in the model's order. fabric::Error (one line) for: no patterns; a pattern matching no
-// Linear layer (naming the model's Linear names closest to it); rank < 1 or rank > min(in, out)
+// requires_grad false on every parameter of the model but the adapters, and returns the adapted
+// layers' names in the model's order. fabric::Error (one line) for: no patterns; a pattern matching
+// no Linear layer (naming the model's Linear names closest to it); rank < 1 or rank > min(in, out)
 // of a matched layer (naming it and its sizes); alpha <= 0; dropout outside [0, 1); a layer that
 // has an adapter already or is split by tensor parallelism.
 std::vector<std::string> apply_lora(torch::nn::Module& model, const LoraOptions& options);

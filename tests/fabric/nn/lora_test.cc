@@ -153,6 +153,12 @@ TEST_F(LoraTest, FreshAdaptersLeaveTheOutputBitwiseAndPatternsMatchSuffixes) {
   EXPECT_EQ(names.back(), "model.layers.1.mlp.down_proj");
   EXPECT_TRUE(torch::equal(logits(model), logits(base)));  // B = 0: + 0 exactly
   EXPECT_EQ(fabric::nn::lora_state(*model).size(), 14u);
+  // A second call adds adapters elsewhere; the first ones keep training.
+  o.target_modules = {"model.layers.0.self_attn.k_proj"};
+  EXPECT_EQ(fabric::nn::apply_lora(*model, o).size(), 1u);
+  int trainable = 0;
+  for (const auto& p : model->parameters()) trainable += p.requires_grad() ? 1 : 0;
+  EXPECT_EQ(trainable, 16);
   // A layer with an adapter clones (dp's replicas) with it.
   auto copy =
       std::dynamic_pointer_cast<fabric::nn::LinearImpl>(model->layers[0]->mlp->down_proj->clone());
