@@ -467,7 +467,10 @@ torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits,
   const torch::Tensor local = (targets - vocab_start).masked_fill(other, 0);
   const torch::Tensor target_logit = reduce_from_parallel(
       shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(other, 0.0), group);
-  return (sum_exp.log() - target_logit).mean();
+  // Targets -100 count nowhere (torch's cross_entropy ignore_index: prompt and padding tokens of
+  // instruction data); the mean is over the others.
+  const torch::Tensor kept = targets.ne(-100).to(torch::kFloat);
+  return ((sum_exp.log() - target_logit) * kept).sum() / kept.sum();
 }
 
 }  // namespace fabric::nn

@@ -248,7 +248,8 @@ torch::Tensor tied_logits(const torch::Tensor& h, Embedding& embedding);
 // Mean cross-entropy of those logits against targets [...] (int64 ids in [0, V)). Vocabulary-
 // parallel: from this rank's V / tp logits, with three all-reduces of [...]-sized tensors (max, sum
 // of exponentials, target logit): the whole logits are never formed. Otherwise `whole` (e.g.
-// fabric::models::linear_cross_entropy) computes it.
+// fabric::models::linear_cross_entropy) computes it. Targets -100 are ignored (the mean is over
+// the others), as torch's cross_entropy ignores them.
 torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits,
                                            const torch::Tensor& targets, int64_t vocab_start,
                                            const ProcessGroupPtr& group);

@@ -98,12 +98,16 @@ TEST(LlamaTest, TensorParallelPlanOnTwoRanksGivesTheWholeModelsLogitsLossAndNorm
       const torch::Tensor logits = whole->forward(inputs).detach();
       const torch::Tensor loss = whole->loss(inputs, targets);
       loss.backward();
+      // Targets -100 (a prompt's, in instruction data) count nowhere, split vocabulary or not.
+      const torch::Tensor masked = targets.clone();
+      masked.narrow(1, 0, 4).fill_(-100);
+      const torch::Tensor masked_loss = whole->loss(inputs, masked).detach();
       std::vector<Llama> copies;
       for (int r = 0; r < 2; ++r) {
         torch::manual_seed(1);
         copies.emplace_back(tiny(tied));
       }
-      std::vector<torch::Tensor> got_logits(2), got_loss(2);
+      std::vector<torch::Tensor> got_logits(2), got_loss(2), got_masked(2);
       const auto errors = on_two_ranks([&](int64_t rank, const auto& group) {
         Llama& model = copies[rank];
         auto plan = model->tensor_parallel_plan();
@@ -114,6 +118,7 @@ TEST(LlamaTest, TensorParallelPlanOnTwoRanksGivesTheWholeModelsLogitsLossAndNorm
         if (!tied) EXPECT_EQ(model->lm_head->weight.size(0), 32);           // 32 of the 64 ids
         EXPECT_EQ(model->layers[0]->self_attn->k_proj->weight.size(0), 8);  // 1 of 2 KV heads
         got_logits[rank] = model->forward(inputs).detach();
+        got_masked[rank] = model->loss(inputs, masked).detach();
         const torch::Tensor l = model->loss(inputs, targets);
         l.backward();
         got_loss[rank] = l.detach();
@@ -123,6 +128,8 @@ TEST(LlamaTest, TensorParallelPlanOnTwoRanksGivesTheWholeModelsLogitsLossAndNorm
         EXPECT_LT((got_logits[r] - logits).abs().max().item<double>(),
                   1e-5 * logits.abs().max().item<double>());
         EXPECT_NEAR(got_loss[r].item<double>(), loss.item<double>(), 1e-5);
+        EXPECT_NEAR(got_masked[r].item<double>(), masked_loss.item<double>(), 1e-5);
+        EXPECT_GT(std::abs(masked_loss.item<double>() - loss.item<double>()), 1e-3);
         using fabric::models::LlamaImpl;
         using fabric::models::RMSNorm;
         const std::vector<std::pair<const char*, std::function<RMSNorm&(LlamaImpl&)>>> norms = {
