@@ -23,7 +23,7 @@ namespace fabric::hf {
 
 struct Pretrained {
   std::filesystem::path folder;
-  std::string model_type;  // config.json's: llama, qwen2, mistral or gpt2
+  std::string model_type;                            // config.json's: llama, qwen2, mistral or gpt2
   std::optional<fabric::models::LlamaConfig> llama;  // llama, qwen2, mistral
   std::optional<fabric::models::GPTConfig> gpt2;     // gpt2
   // generation_config.json (else config.json): the ids that end a generation (eos_token_id, one
