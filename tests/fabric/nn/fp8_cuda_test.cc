@@ -112,7 +112,9 @@ TEST(Fp8CudaTest, Fp8LinearsKernelsQuantizeAsATenDoes) {
 // Rowwise (fabric.fp8.recipe: rowwise, compute capability >= 9.0; gradients in e4m3 too): our
 // kernels' scales per row and per column give ATen's bits (the product and both gradients equal
 // _scaled_mm of operands ATen quantized line by line), and a row with an outlier costs the other
-// rows nothing: their error against float32 is below tensorwise's.
+// rows nothing: their error against float32 is below a tenth of tensorwise's. (The outlier is
+// 1e6 times the rest: e4m3 keeps relative precision down to 2^-6, so a 1e3 outlier, as this test
+// had, still left the other rows normal numbers under one scale: 0.0366 vs 0.0383 on an H200.)
 TEST(Fp8CudaTest, Fp8RowwiseQuantizesAsATenDoesAndIsolatesAnOutlierRow) {
   SKIP_WITHOUT_CUDA();
   std::string why;
@@ -133,7 +135,7 @@ TEST(Fp8CudaTest, Fp8RowwiseQuantizesAsATenDoesAndIsolatesAnOutlierRow) {
   };
   torch::manual_seed(2);
   torch::Tensor x0 = torch::randn({112, 160});
-  x0[5] *= 1000;  // one outlier row
+  x0[5] *= 1e6;  // one outlier row: under one scale the others flush to zero in e4m3
   x0 = x0.to(cuda, torch::kBFloat16);
   const torch::Tensor w0 = (torch::randn({48, 160}) * 0.05).to(cuda),
                       g0 = torch::randn({112, 48}).to(cuda, torch::kBFloat16);
