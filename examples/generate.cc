@@ -12,7 +12,9 @@
 // model is whole on the rank (single, ddp); elsewhere (fsdp, model_parallel, GPT-2) every step
 // runs the model's forward over the whole sequence through Fabric. fabric.precision and the
 // strategy keys work as in training (fabric.precision=32-true: float32, as the parity checks use).
-// Exit status: fabric/main.h (2: a config error, e.g. model.pretrained missing or unreadable).
+// profiler.enabled=true profiles the cached decode steps on the profiler.* schedule (traces in the
+// run directory, the top ops printed). Exit status: fabric/main.h (2: a config error, e.g.
+// model.pretrained missing or unreadable).
 #include <torch/torch.h>
 
 #include <chrono>
@@ -24,6 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fabric/callbacks.h"
 #include "fabric/config/standard_keys.h"
 #include "fabric/core/error.h"
 #include "fabric/data/bpe.h"
@@ -62,6 +65,7 @@ fabric::ConfigSchema schema() {
         KeySpec::boolean(true).doc("stop at an eos id of generation_config.json / config.json"));
   s.add("generate.output",
         KeySpec::string("").doc("a JSON file: prompt_ids, ids (the new ids), text; \"\": none"));
+  fabric::add_profiler_keys(s);  // profiler.*: decode steps of the key/value-cached path
   return s;
 }
 
@@ -164,12 +168,19 @@ int run(fabric::Fabric& f) {
     f.setup(model);
     f.load_weights(model, weights.tensors, p.folder.string());
     if (whole) {
+      // profiler.enabled: the decode steps on its schedule, its table printed at the end.
+      std::shared_ptr<fabric::ProfilerCallback> profiler;
+      if (auto po = fabric::profiler_options(c)) {
+        profiler = std::make_shared<fabric::ProfilerCallback>(*po);
+        o.on_step = [&](int64_t s) { profiler->on_train_batch_end(f, s, {}); };
+      }
       auto guard = f.autocast();
       const auto out = fabric::models::generate(*model, {prompt_ids}, o);
       ids = out.tokens[0];
       prefill_s = out.prefill_seconds;
       decode_s = out.decode_seconds;
       decode_rate = out.decode_tokens_per_second;
+      if (profiler) profiler->on_fit_end(f);
     } else {
       ids = generate_uncached(f, model, prompt_ids, positions, o);
     }

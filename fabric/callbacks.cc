@@ -176,26 +176,29 @@ void add_stateful_callbacks(const Fabric& f, CheckpointState& state) {
       state.add("callbacks." + callback->name(), *stateful);
 }
 
+std::optional<StepProfilerOptions> profiler_options(const Config& config) {
+  if (!config.get_bool("profiler.enabled")) return std::nullopt;
+  StepProfilerOptions o;
+  o.wait = config.get_int("profiler.wait");
+  o.warmup = config.get_int("profiler.warmup");
+  o.active = config.get_int("profiler.active");
+  o.repeat = config.get_int("profiler.repeat");
+  const auto activities = config.get_string_list("profiler.activities");
+  o.cpu = std::find(activities.begin(), activities.end(), "cpu") != activities.end();
+  o.cuda = std::find(activities.begin(), activities.end(), "cuda") != activities.end();
+  if (!o.cpu && !o.cuda) throw config.error_at("profiler.activities", "name cpu, cuda or both");
+  o.record_shapes = config.get_bool("profiler.record_shapes");
+  o.profile_memory = config.get_bool("profiler.profile_memory");
+  o.with_stack = config.get_bool("profiler.with_stack");
+  o.row_limit = config.get_int("profiler.row_limit");
+  return o;
+}
+
 std::vector<std::shared_ptr<Callback>> make_callbacks(const Config& config,
                                                       const torch::nn::Module* module,
                                                       const torch::optim::Optimizer* optimizer) {
   std::vector<std::shared_ptr<Callback>> out;
-  if (config.get_bool("profiler.enabled")) {
-    StepProfilerOptions o;
-    o.wait = config.get_int("profiler.wait");
-    o.warmup = config.get_int("profiler.warmup");
-    o.active = config.get_int("profiler.active");
-    o.repeat = config.get_int("profiler.repeat");
-    const auto activities = config.get_string_list("profiler.activities");
-    o.cpu = std::find(activities.begin(), activities.end(), "cpu") != activities.end();
-    o.cuda = std::find(activities.begin(), activities.end(), "cuda") != activities.end();
-    if (!o.cpu && !o.cuda) throw config.error_at("profiler.activities", "name cpu, cuda or both");
-    o.record_shapes = config.get_bool("profiler.record_shapes");
-    o.profile_memory = config.get_bool("profiler.profile_memory");
-    o.with_stack = config.get_bool("profiler.with_stack");
-    o.row_limit = config.get_int("profiler.row_limit");
-    out.push_back(std::make_shared<ProfilerCallback>(o));
-  }
+  if (auto o = profiler_options(config)) out.push_back(std::make_shared<ProfilerCallback>(*o));
   if (config.get_bool("callbacks.model_summary")) {
     if (!module)
       throw config.error_at("callbacks.model_summary", "this program passes no model to watch");

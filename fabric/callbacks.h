@@ -121,6 +121,11 @@ class ProfilerCallback : public Callback {
 // a checkpoint holds it and a resumed run continues it.
 void add_stateful_callbacks(const Fabric& f, CheckpointState& state);
 
+// The profiler: section's options (add_profiler_keys' keys; the dir and rank are the callback's
+// to set), or nullopt when profiler.enabled is false; a ConfigError at profiler.activities
+// naming neither cpu nor cuda.
+std::optional<StepProfilerOptions> profiler_options(const Config& config);
+
 // The callbacks the config asks for; errors are ConfigErrors at their key. Needs
 // training_schema()'s callbacks: keys. `module` and `optimizer` (set up already) are what
 // model_summary and lr_monitor watch; a key that needs one that is null is an error at the key.

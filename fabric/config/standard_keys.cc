@@ -234,6 +234,26 @@ ConfigSchema default_schema() {
   return s;
 }
 
+void add_profiler_keys(ConfigSchema& s) {
+  s.section_doc("profiler",
+                "LibTorch's profiler on a schedule of steps (optimizer steps; decode steps in "
+                "examples/generate) (fabric/training/profiler.h); "
+                "traces in <run dir>/profiler/.");
+  s.add("profiler.enabled", KeySpec::boolean(false));
+  s.add("profiler.wait", KeySpec::integer(1).min(0).doc("steps skipped at the start of a cycle"));
+  s.add("profiler.warmup",
+        KeySpec::integer(1).min(0).doc("steps the profiler runs unrecorded before recording"));
+  s.add("profiler.active", KeySpec::integer(3).min(1).doc("steps recorded into one trace"));
+  s.add("profiler.repeat", KeySpec::integer(1).min(0).doc("cycles; 0: until the run ends"));
+  s.add("profiler.activities",
+        KeySpec::choice_list({"cpu", "cuda"}, {"cpu", "cuda"})
+            .doc("what is recorded: CPU ops, CUDA kernels (cuda is left out on a CPU device)"));
+  s.add("profiler.record_shapes", KeySpec::boolean(false).doc("input shapes of each op"));
+  s.add("profiler.profile_memory", KeySpec::boolean(false).doc("allocations and frees"));
+  s.add("profiler.with_stack", KeySpec::boolean(false).doc("source locations (slower)"));
+  s.add("profiler.row_limit", KeySpec::integer(15).min(1).doc("rows of the printed table"));
+}
+
 ConfigSchema training_schema() {
   ConfigSchema s = default_schema();
   s.add("model.init_weights",
@@ -259,23 +279,7 @@ ConfigSchema training_schema() {
   s.add("callbacks.lr_monitor",
         KeySpec::boolean(false).doc("log lr/group_N of every parameter group each "
                                     "logging.log_every_n_steps steps"));
-  s.section_doc(
-      "profiler",
-      "LibTorch's profiler on a schedule of optimizer steps (fabric/training/profiler.h); "
-      "traces in <run dir>/profiler/.");
-  s.add("profiler.enabled", KeySpec::boolean(false));
-  s.add("profiler.wait", KeySpec::integer(1).min(0).doc("steps skipped at the start of a cycle"));
-  s.add("profiler.warmup",
-        KeySpec::integer(1).min(0).doc("steps the profiler runs unrecorded before recording"));
-  s.add("profiler.active", KeySpec::integer(3).min(1).doc("steps recorded into one trace"));
-  s.add("profiler.repeat", KeySpec::integer(1).min(0).doc("cycles; 0: until the run ends"));
-  s.add("profiler.activities",
-        KeySpec::choice_list({"cpu", "cuda"}, {"cpu", "cuda"})
-            .doc("what is recorded: CPU ops, CUDA kernels (cuda is left out on a CPU device)"));
-  s.add("profiler.record_shapes", KeySpec::boolean(false).doc("input shapes of each op"));
-  s.add("profiler.profile_memory", KeySpec::boolean(false).doc("allocations and frees"));
-  s.add("profiler.with_stack", KeySpec::boolean(false).doc("source locations (slower)"));
-  s.add("profiler.row_limit", KeySpec::integer(15).min(1).doc("rows of the printed table"));
+  add_profiler_keys(s);
   s.section_doc("trainer", "Loop bounds.");
   s.add("trainer.max_epochs", KeySpec::integer(10).min(1));
   s.add("trainer.max_steps",

@@ -16,6 +16,9 @@ ConfigSchema default_schema();
 // `trainer:`, `data:`, `optimizer:`, `scheduler:`, `checkpoint:`.
 ConfigSchema training_schema();
 
+// The `profiler:` section (training_schema() has it; a program that only generates adds it).
+void add_profiler_keys(ConfigSchema& s);
+
 }  // namespace fabric
 
 #endif  // FABRIC_CONFIG_STANDARD_KEYS_H_

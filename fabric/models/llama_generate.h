@@ -18,6 +18,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -34,6 +35,9 @@ struct GenerateOptions {
   int64_t pad_token_id = 0;  // GenerateOutput::ids after a row stopped (any value, -1 too)
   uint64_t seed = 0;         // sampling's generator (CPU), when `generator` is unset
   std::optional<at::Generator> generator;
+  // Called after each decode step with the number of new ids so far (2, 3, ...; not after the
+  // prefill), e.g. to step a profiler (examples/generate: profiler.*).
+  std::function<void(int64_t)> on_step;
 };
 
 struct GenerateOutput {
