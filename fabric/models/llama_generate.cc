@@ -2,10 +2,12 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <limits>
 #include <string>
 
@@ -19,6 +21,26 @@ namespace {
 torch::Tensor rotate_half(const torch::Tensor& x) {
   const auto halves = x.chunk(2, -1);
   return torch::cat({-halves[1], halves[0]}, -1);
+}
+
+// Attention of one new position per row: q [B, heads, 1, D] over the cached keys and values
+// [B, kv_heads, S, D], `blocked` [B, 1, 1, S] true where a row may not attend, in float32 (products
+// of the model's dtype exact, as a fused kernel's float32 accumulation; autocast off), the result
+// in q's dtype. Not SDPA: for a masked query on CUDA it picks cuDNN, which builds a graph for every
+// key length S, i.e. every decode step: 4.6 ms of host time per layer and step on an H200, 18
+// tokens/s for a 1B Llama (docs/benchmarks.md). Query head h reads key/value head h / (heads /
+// kv_heads), as transformers' repeat_kv.
+torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, const torch::Tensor& blocked) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  const int64_t B = q.size(0), heads = q.size(1), D = q.size(3), kv_heads = k.size(1);
+  // The heads sharing a key/value head as rows of one matrix: [B, kv_heads, heads / kv_heads, D].
+  const torch::Tensor qg = q.reshape({B, kv_heads, heads / kv_heads, D}).to(torch::kFloat) *
+                           (1.0 / std::sqrt(static_cast<double>(D)));
+  const torch::Tensor p = torch::matmul(qg, k.to(torch::kFloat).transpose(-1, -2))
+                              .masked_fill_(blocked, -std::numeric_limits<float>::infinity())
+                              .softmax(-1);
+  return torch::matmul(p, v.to(torch::kFloat)).to(q.scalar_type()).view({B, heads, 1, D});
 }
 
 // One layer's cached keys and values, [B, kv_heads, capacity, D] each.
@@ -54,6 +76,7 @@ torch::Tensor step(LlamaImpl& model, std::vector<LayerCache>& caches, const torc
                                  .view({B, 1, 1, S})
                                  .logical_and(causal.view({1, 1, T, S}))
                                  .logical_or((s_index == t_index).view({1, 1, T, S}));
+  const torch::Tensor blocked = T == 1 ? mask.logical_not() : torch::Tensor();  // [B, 1, 1, S]
   auto split = [&](const torch::Tensor& t, int64_t n) {
     return t.view({B, T, n, D}).transpose(1, 2);  // [B, n, T, D]
   };
@@ -65,9 +88,11 @@ torch::Tensor step(LlamaImpl& model, std::vector<LayerCache>& caches, const torc
     const torch::Tensor q = rotate(split(attn.q_proj->forward(h), heads));
     caches[i].k.narrow(2, cached, T).copy_(rotate(split(attn.k_proj->forward(h), kv_heads)));
     caches[i].v.narrow(2, cached, T).copy_(split(attn.v_proj->forward(h), kv_heads));
-    torch::Tensor y = at::scaled_dot_product_attention(
-        q, caches[i].k.narrow(2, 0, S), caches[i].v.narrow(2, 0, S), mask, /*dropout_p=*/0.0,
-        /*is_causal=*/false, /*scale=*/std::nullopt, /*enable_gqa=*/heads != kv_heads);
+    const torch::Tensor keys = caches[i].k.narrow(2, 0, S), values = caches[i].v.narrow(2, 0, S);
+    torch::Tensor y = T == 1 ? decode_attention(q, keys, values, blocked)
+                             : at::scaled_dot_product_attention(
+                                   q, keys, values, mask, /*dropout_p=*/0.0, /*is_causal=*/false,
+                                   /*scale=*/std::nullopt, /*enable_gqa=*/heads != kv_heads);
     y = y.transpose(1, 2).contiguous().view({B, T, heads * D});
     x = x + attn.o_proj->forward(y);
     x = x + layer.mlp->forward(layer.post_attention_layernorm->forward(x));
@@ -217,6 +242,7 @@ GenerateOutput generate(LlamaImpl& model, const std::vector<std::vector<int64_t>
     logits = step(model, caches, feed.view({B, 1}).to(device), pos.to(device), cached, key_valid,
                   inv_freq);
     ++cached;
+    if (o.on_step) o.on_step(s + 2);
   }
   out.decode_seconds = out.steps > 1 ? seconds_since(decode_start) : 0;
   out.decode_tokens_per_second =
