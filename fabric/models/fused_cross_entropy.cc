@@ -48,6 +48,9 @@ at::ScalarType fused_dtype(const at::Tensor& h) {
 }
 
 #ifdef FABRIC_WITH_CUDA_KERNELS
+// torch's default ignore_index, which at::cross_entropy_loss and at::nll_loss (lm_loss) use.
+constexpr int64_t kIgnoreIndex = -100;
+
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
@@ -66,9 +69,13 @@ struct FusedLinearCrossEntropy : torch::autograd::Function<FusedLinearCrossEntro
     }
     at::Tensor logits = at::mm(h2, w2.t());  // [rows, vocab], becomes the gradient in place
     at::Tensor loss = at::empty({rows}, h.options().dtype(at::kFloat));
+    // The number of rows that are not ignored, as torch's mean divides by: an int64 on the
+    // device, which the kernel reads for the gradient's scale and the loss is divided by, so that
+    // nothing here waits for the GPU.
+    const at::Tensor count = t.ne(kIgnoreIndex).sum();
     const int status = kernels::softmax_cross_entropy_forward_backward(
         logits.data_ptr(), t.data_ptr<int64_t>(), loss.data_ptr<float>(), rows, vocab,
-        logits.stride(0), rows > 0 ? 1.0f / static_cast<float>(rows) : 0.f,
+        logits.stride(0), count.data_ptr<int64_t>(), kIgnoreIndex,
         type == at::kBFloat16 ? kernels::LogitType::kBFloat16 : kernels::LogitType::kFloat16,
         c10::cuda::getCurrentCUDAStream(h.device().index()).stream());
     check_kernel_launch(status, "linear_cross_entropy", "softmax_cross_entropy_forward_backward");
@@ -78,7 +85,9 @@ struct FusedLinearCrossEntropy : torch::autograd::Function<FusedLinearCrossEntro
     ctx->saved_data["h_type"] = static_cast<int64_t>(h.scalar_type());
     ctx->saved_data["w_type"] = static_cast<int64_t>(weight.scalar_type());
     ctx->saved_data["h_sizes"] = h.sizes().vec();
-    return loss.mean();
+    // Ignored rows' losses are 0. With every row ignored (or none) this is 0 / 0 = NaN, as
+    // at::cross_entropy_loss gives; the gradient is then zero, as ATen's.
+    return loss.sum().div(count);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {

@@ -17,12 +17,19 @@
 
 namespace fabric::models {
 
-// Mean cross-entropy of next-token logits [..., V] against targets [...] (int64 ids in [0, V)):
-// float32 math; float16 CUDA logits are read by the softmax kernel without a float32 copy.
+// Mean cross-entropy of next-token logits [..., V] against targets [...] (int64 ids in [0, V), or
+// -100): float32 math; float16 CUDA logits are read by the softmax kernel without a float32 copy.
+// A target -100 is ignored (at::cross_entropy_loss's and at::nll_loss's default ignore_index):
+// its row adds nothing to the loss or the gradient, and the mean is over the other rows (NaN if
+// every row is ignored).
 at::Tensor lm_loss(const at::Tensor& logits, const at::Tensor& targets);
 
 // h [..., C], weight [V, C], targets [...]: lm_loss(h · weightᵀ, targets), fused where it can be
-// (see above). With the fused path a target outside [0, V) makes the loss NaN.
+// (see above). Both paths ignore targets -100 in the same way (loss, gradient and the count the
+// mean divides by, NaN if every row is ignored); the fused path keeps that count on the device
+// and never synchronizes with the host. With the fused path any other target outside [0, V)
+// makes the loss NaN (its gradient row is zero); ATen's path raises an error on the CPU and a
+// device-side assert on CUDA.
 at::Tensor linear_cross_entropy(const at::Tensor& h, const at::Tensor& weight,
                                 const at::Tensor& targets, bool fused = true);
 

@@ -63,17 +63,32 @@ __device__ __forceinline__ MaxSum block_reduce(MaxSum v) {
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kThreads)
     softmax_xent(T* __restrict__ logits, const int64_t* __restrict__ targets,
-                 float* __restrict__ loss, int64_t vocab, int64_t stride, float scale) {
+                 float* __restrict__ loss, int64_t vocab, int64_t stride,
+                 const int64_t* __restrict__ count, int64_t ignore_index) {
   const int64_t row = blockIdx.x;
   T* x = logits + row * stride;
   const int64_t target = targets[row];
-  const bool valid = target >= 0 && target < vocab;
+  const bool ignored = target == ignore_index;
+  const bool valid = !ignored && target >= 0 && target < vocab;
   const int64_t n_vec = vocab / kVec;
 
   struct alignas(sizeof(T) * kVec) Pack {
     T v[kVec];
   };
   Pack* xv = reinterpret_cast<Pack*>(x);
+
+  // An ignored row adds 0 to the loss and has a zero gradient, as torch's ignore_index; any other
+  // target outside the vocabulary has loss NaN (it poisons the mean) and a zero gradient. The
+  // whole block takes this branch (one target per block), so no barrier is skipped by only some
+  // threads, and the row is written without being read.
+  if (!valid) {
+    if (threadIdx.x == 0) loss[row] = ignored ? 0.f : NAN;
+    Pack zero;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) zero.v[k] = from_float<T>(0.f);
+    for (int64_t i = threadIdx.x; i < n_vec; i += kThreads) xv[i] = zero;
+    return;
+  }
 
   // Pass 1: max and sum of exponentials, in log2 units.
   MaxSum acc{-INFINITY, 0.f};
@@ -95,13 +110,13 @@ __global__ void __launch_bounds__(kThreads)
   const MaxSum total = block_reduce(acc);
   const float log2_sum = total.m + log2f(total.s);  // log2 of Σ 2^(x·log2e)
 
-  if (threadIdx.x == 0) {
-    loss[row] = valid ? (log2_sum - to_float(x[target]) * kLog2e) * kLn2 : NAN;
-  }
+  if (threadIdx.x == 0) loss[row] = (log2_sum - to_float(x[target]) * kLog2e) * kLn2;
   __syncthreads();  // thread 0 read x[target] before anyone overwrites it
 
-  // Pass 2: gradient scale · (softmax - onehot), in place.
-  const float row_scale = valid ? scale : 0.f;
+  // Pass 2: gradient (softmax - onehot) / count, in place. The count of rows that are not
+  // ignored is read from device memory, where the caller computed it, so the host never waits
+  // for it; it is at least 1 here, since this row is counted.
+  const float row_scale = 1.f / static_cast<float>(*count);
   for (int64_t i = threadIdx.x; i < n_vec; i += kThreads) {
     Pack p = xv[i];
 #pragma unroll
@@ -117,29 +132,28 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename T>
 cudaError_t launch(void* logits, const int64_t* targets, float* loss, int64_t rows, int64_t vocab,
-                   int64_t stride, float scale, cudaStream_t stream) {
+                   int64_t stride, const int64_t* count, int64_t ignore, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   const bool aligned =
       reinterpret_cast<uintptr_t>(logits) % 16 == 0 && vocab % 8 == 0 && stride % 8 == 0;
   T* x = static_cast<T*>(logits);
-  if (aligned) {
-    softmax_xent<T, 8><<<rows, kThreads, 0, stream>>>(x, targets, loss, vocab, stride, scale);
-  } else {
-    softmax_xent<T, 1><<<rows, kThreads, 0, stream>>>(x, targets, loss, vocab, stride, scale);
-  }
+  const auto kernel = aligned ? softmax_xent<T, 8> : softmax_xent<T, 1>;
+  kernel<<<rows, kThreads, 0, stream>>>(x, targets, loss, vocab, stride, count, ignore);
   return cudaGetLastError();
 }
 
 }  // namespace
 
 int softmax_cross_entropy_forward_backward(void* logits, const int64_t* targets, float* loss,
-                                           int64_t rows, int64_t vocab, int64_t stride, float scale,
+                                           int64_t rows, int64_t vocab, int64_t stride,
+                                           const int64_t* count, int64_t ignore_index,
                                            LogitType type, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   const cudaError_t e =
       type == LogitType::kBFloat16
-          ? launch<__nv_bfloat16>(logits, targets, loss, rows, vocab, stride, scale, s)
-          : launch<__half>(logits, targets, loss, rows, vocab, stride, scale, s);
+          ? launch<__nv_bfloat16>(logits, targets, loss, rows, vocab, stride, count, ignore_index,
+                                  s)
+          : launch<__half>(logits, targets, loss, rows, vocab, stride, count, ignore_index, s);
   return static_cast<int>(e);
 }
 

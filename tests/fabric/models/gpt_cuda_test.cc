@@ -3,7 +3,9 @@
 // copy, value and gradient; the blocks' linear layers (ATen's linear, bias inside the GEMM) equal
 // torch::nn::Linear's forward; a bf16-mixed step of the tiny model on the GPU lowers its loss; the
 // fused output layer + cross-entropy (linear_cross_entropy, GPT::loss) equals the ATen path in
-// value and gradients for bf16 and fp16, aligned and unaligned vocabularies, scaled losses.
+// value and gradients for bf16 and fp16, aligned and unaligned vocabularies, scaled losses, and
+// with targets -100 (ignored: the mean over the other rows, zero gradient rows; NaN and zero
+// gradients when every target is ignored) without waiting for the device.
 // (The float8 linear's CUDA cases: tests/fabric/nn/fp8_cuda_test.)
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
@@ -15,6 +17,7 @@
 
 #ifdef FABRIC_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/cuda.h>
 #endif
 
@@ -96,6 +99,82 @@ TEST_P(FusedCrossEntropyTest, EqualsTheLogitsThroughATen) {
     EXPECT_LE(diff, scale / 64) << (i == 1 ? "dh" : "dw") << " differs by " << diff << " of "
                                 << scale;
     EXPECT_GT(scale, 0);
+  }
+}
+
+// Instruction fine-tuning's targets: -100 at prompt and padding positions (a third at random,
+// and the first 40 positions of the first sequence). Both paths ignore them alike: the loss is
+// the mean over the other rows, and an ignored row adds nothing to dh or dw. The fused forward
+// runs with CUDA's sync debug mode set to raise, so it fails if the count of rows that are not
+// ignored is brought to the host.
+TEST_P(FusedCrossEntropyTest, IgnoresTargetsMinus100AsTheATenPath) {
+  SKIP_WITHOUT_CUDA();
+  if (!fabric::models::cuda_kernels_built())
+    GTEST_SKIP() << "this build has no CUDA kernels (no nvcc at build time): nothing to compare";
+  torch::manual_seed(1);
+  const auto opts = torch::TensorOptions().device(torch::kCUDA);
+  const int64_t V = GetParam().vocab, C = 64;
+  const torch::Tensor h = torch::randn({4, 96, C}, opts);
+  const torch::Tensor w = 0.3 * torch::randn({V, C}, opts);
+  torch::Tensor targets = torch::randint(0, V, {4, 96}, opts.dtype(torch::kLong));
+  targets.masked_fill_(torch::rand({4, 96}, opts) < 0.3, -100);
+  targets.select(0, 0).narrow(0, 0, 40).fill_(-100);
+  const torch::Tensor ignored = targets == -100;
+#ifdef FABRIC_WITH_CUDA
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+  {
+    torch::NoGradGuard no_grad;
+    at::autocast::set_autocast_enabled(at::kCUDA, true);
+    at::autocast::set_autocast_dtype(at::kCUDA, GetParam().dtype);
+    EXPECT_NO_THROW(fabric::models::linear_cross_entropy(h, w, targets))
+        << "the fused forward synchronized with the host";
+    at::autocast::set_autocast_enabled(at::kCUDA, false);
+    at::autocast::clear_cache();
+  }
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+#endif
+  const auto fused = run_head(h, w, targets, GetParam().dtype, true);
+  const auto aten = run_head(h, w, targets, GetParam().dtype, false);
+  ASSERT_FALSE(std::isnan(aten[0].item<double>()));
+  EXPECT_NEAR(fused[0].item<double>(), aten[0].item<double>(), 1e-5 * aten[0].item<double>());
+  for (int i : {1, 2}) {
+    const double diff = (fused[i] - aten[i]).abs().max().item<double>();
+    const double scale = aten[i].abs().max().item<double>();
+    EXPECT_LE(diff, scale / 64) << (i == 1 ? "dh" : "dw") << " differs by " << diff << " of "
+                                << scale;
+    EXPECT_GT(scale, 0);
+  }
+  EXPECT_EQ(fused[1].index({ignored}).abs().max().item<double>(), 0)
+      << "an ignored position has a gradient";
+  // The mean is over the rows that are not ignored, not over all of them.
+  const torch::Tensor kept = ignored.logical_not();
+  const torch::Tensor over_kept = fabric::models::lm_loss(
+      at::linear(h.index({kept}), w).to(GetParam().dtype), targets.index({kept}));
+  EXPECT_NEAR(fused[0].item<double>(), over_kept.item<double>(), 1e-2 * over_kept.item<double>());
+}
+
+// Every target -100 (a micro-batch of prompt only): the fused loss is NaN (0 / 0), as
+// at::cross_entropy_loss gives for float32 on the CPU, and the gradients are zero, as the ATen
+// path's.
+TEST_P(FusedCrossEntropyTest, EveryTargetMinus100GivesNaNAndZeroGradients) {
+  SKIP_WITHOUT_CUDA();
+  if (!fabric::models::cuda_kernels_built())
+    GTEST_SKIP() << "this build has no CUDA kernels (no nvcc at build time): nothing to compare";
+  torch::manual_seed(2);
+  const auto opts = torch::TensorOptions().device(torch::kCUDA);
+  const int64_t V = GetParam().vocab, C = 64;
+  const torch::Tensor h = torch::randn({2, 16, C}, opts);
+  const torch::Tensor w = 0.3 * torch::randn({V, C}, opts);
+  const torch::Tensor targets = torch::full({2, 16}, -100, opts.dtype(torch::kLong));
+  const auto fused = run_head(h, w, targets, GetParam().dtype, true);
+  const auto aten = run_head(h, w, targets, GetParam().dtype, false);
+  const torch::Tensor cpu =
+      torch::cross_entropy_loss(torch::zeros({32, V}), targets.cpu().reshape({-1}));
+  EXPECT_TRUE(std::isnan(cpu.item<double>())) << "ATen's loss on the CPU " << cpu.item<double>();
+  EXPECT_TRUE(std::isnan(fused[0].item<double>())) << "the fused loss " << fused[0].item<double>();
+  for (int i : {1, 2}) {
+    EXPECT_EQ(aten[i].abs().max().item<double>(), 0) << (i == 1 ? "ATen's dh" : "ATen's dw");
+    EXPECT_EQ(fused[i].abs().max().item<double>(), 0) << (i == 1 ? "fused dh" : "fused dw");
   }
 }
 
