@@ -195,6 +195,52 @@ void save_lora_adapter(torch::nn::Module& model, const std::filesystem::path& fo
   const auto state = lora_state(model);
   if (state.empty())
     throw Error("save_lora_adapter: the model has no LoRA adapter (apply_lora first)");
+  save_lora_adapter(state, folder, options, base_model_name_or_path);
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> lora_state_of(
+    const std::vector<std::pair<std::string, torch::Tensor>>& whole) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& [name, tensor] : whole)
+    if (name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos)
+      out.emplace_back(kPrefix + name, tensor);
+  return out;
+}
+
+void merge_lora_state(std::vector<std::pair<std::string, torch::Tensor>>& whole,
+                      const LoraOptions& options) {
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < whole.size(); ++i) index.emplace(whole[i].first, i);
+  const std::string suffix = ".lora_A.weight";
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, a] : whole) {
+    if (name.size() <= suffix.size() ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+      continue;
+    const std::string layer = name.substr(0, name.size() - suffix.size());
+    const auto b = index.find(layer + ".lora_B.weight");
+    const auto w = index.find(layer + ".weight");
+    if (b == index.end() || w == index.end())
+      throw Error("merge_lora_state: " + layer + ": the state has its lora_A but not " +
+                  (b == index.end() ? "its lora_B" : "its base weight"));
+    torch::Tensor& base = whole[w->second].second;
+    const torch::Tensor delta =
+        torch::matmul(whole[b->second].second.to(torch::kFloat), a.to(torch::kFloat)) *
+        (options.alpha / static_cast<double>(options.rank));
+    base = (base.to(torch::kFloat) + delta.to(base.device())).to(base.scalar_type());
+  }
+  whole.erase(std::remove_if(whole.begin(), whole.end(),
+                             [](const auto& e) {
+                               return e.first.find(".lora_A.") != std::string::npos ||
+                                      e.first.find(".lora_B.") != std::string::npos;
+                             }),
+              whole.end());
+}
+
+void save_lora_adapter(const std::vector<std::pair<std::string, torch::Tensor>>& state,
+                       const std::filesystem::path& folder, const LoraOptions& options,
+                       const std::string& base_model_name_or_path) {
+  if (state.empty()) throw Error("save_lora_adapter: no adapter tensors to save");
   std::error_code ec;
   std::filesystem::create_directories(folder, ec);
   if (ec) throw Error("cannot write " + folder.string() + ": " + ec.message());

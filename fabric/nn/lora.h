@@ -82,6 +82,24 @@ void load_lora_state(torch::nn::Module& model,
 void save_lora_adapter(torch::nn::Module& model, const std::filesystem::path& folder,
                        const LoraOptions& options, const std::string& base_model_name_or_path = "");
 
+// The same from the adapters' tensors under peft's names (lora_state's, or lora_state_of's), e.g.
+// gathered from a sharded model on one rank.
+void save_lora_adapter(const std::vector<std::pair<std::string, torch::Tensor>>& state,
+                       const std::filesystem::path& folder, const LoraOptions& options,
+                       const std::string& base_model_name_or_path = "");
+
+// A whole model state by our names (Checkpointer's HfExport gets one): the adapters' entries
+// ("….lora_A.weight", "….lora_B.weight") under peft's names, in order.
+std::vector<std::pair<std::string, torch::Tensor>> lora_state_of(
+    const std::vector<std::pair<std::string, torch::Tensor>>& whole);
+
+// Folds the adapters of a whole model state into their base weights (W + B · A · alpha / rank,
+// merge_lora's arithmetic in float32, the result in W's dtype) and drops the adapters' entries:
+// the state of the merged model, by the base model's names. fabric::Error naming the layer for an
+// adapter whose base weight or partner is missing.
+void merge_lora_state(std::vector<std::pair<std::string, torch::Tensor>>& whole,
+                      const LoraOptions& options);
+
 // The LoraOptions and the adapter weights of a peft folder (adapter_config.json,
 // adapter_model.safetensors): apply_lora(model, read_lora_options(folder)) then
 // load_lora_state(model, read_lora_state(folder)). fabric::Error "PATH: ..." for a missing file,
