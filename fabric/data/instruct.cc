@@ -176,11 +176,18 @@ std::shared_ptr<InstructDataset> InstructDataset::open(
       e.response.resize(e.ids.size());
       ++d->truncated_;
     }
-    // A target is the next id: response ids after the first position count.
-    responses += std::count(e.response.begin() + 1, e.response.end(), true);
+    // A target is the next id: response ids after the first position count. A padded row left
+    // without one (its response cut off) would be a row of -100 targets only: it is dropped and
+    // counted, so no batch has an empty loss.
+    const auto targets = std::count(e.response.begin() + 1, e.response.end(), true);
+    if (!options.packed && targets == 0) {
+      ++d->dropped_;
+      continue;
+    }
+    responses += targets;
     d->examples_.push_back(std::move(e));
   }
-  if (d->examples_.empty())
+  if (d->examples_.empty() && d->dropped_ == 0)
     throw Error(jsonl.string() + ": no examples (one JSON object per line)");
   if (responses == 0)
     throw Error(jsonl.string() + ": no example has a response token within block_size " +

@@ -19,7 +19,8 @@
 // (Options::append_eos). Loss targets: the response ids (eos included); prompt, system and user
 // ids get -100.
 //
-// Padded, examples longer than block_size + 1 ids are cut (truncated() counts them). Batches:
+// Padded, examples longer than block_size + 1 ids are cut (truncated() counts them), and one left
+// without a response id is dropped (dropped() counts them). Batches:
 //   padded (default): each example on its own row, [B, L] with L the longest in the batch
 //     (at most block_size): inputs ids[:-1] padded with pad_id, targets ids[1:] padded with -100.
 //   packed: the examples (in file order) joined into one stream cut into windows of
@@ -81,7 +82,9 @@ class InstructDataset : public Dataset {
 
   const std::vector<Example>& examples() const { return examples_; }
   int64_t truncated() const { return truncated_; }  // examples cut to block_size + 1 ids
-  int64_t response_tokens() const;                  // targets that are not -100, in all examples
+  // Padded: examples left out because no response id remained within block_size + 1 ids.
+  int64_t dropped() const { return dropped_; }
+  int64_t response_tokens() const;  // targets that are not -100, in all examples
 
  private:
   InstructDataset() = default;
@@ -89,7 +92,7 @@ class InstructDataset : public Dataset {
   std::vector<Example> examples_;
   std::vector<int64_t> stream_;        // packed: every example's ids in order
   std::vector<int64_t> stream_label_;  // packed: the id where it is a response id, else -100
-  int64_t truncated_ = 0, pad_id_ = 0;
+  int64_t truncated_ = 0, dropped_ = 0, pad_id_ = 0;
 };
 
 // The prompt and response parts of one JSONL line (`where`: "FILE:LINE" for errors) under

@@ -6,7 +6,9 @@
 #include "fabric/data/instruct.h"
 
 #include <gtest/gtest.h>
+
 #include <torch/torch.h>
+#include <algorithm>
 
 #include <cstdlib>
 #include <filesystem>
@@ -107,14 +109,25 @@ TEST_F(InstructTest, BatchesShiftByOneAndMaskPromptsAndPadding) {
   o.template_text = "chatml";
   const auto whole = InstructDataset::open(dir_ / "chat.jsonl", options("chatml"));
   const auto cut = InstructDataset::open(dir_ / "chat.jsonl", o);
-  int64_t longer = 0;
+  // An example whose cut leaves no response target is dropped (and counted), the rest kept in
+  // order.
+  int64_t longer = 0, dropped = 0;
+  size_t kept = 0;
   for (size_t i = 0; i < whole->examples().size(); ++i) {
-    const auto& ids = whole->examples()[i].ids;
-    longer += ids.size() > 49;
-    const std::vector<int64_t> head(ids.begin(), ids.begin() + std::min<size_t>(49, ids.size()));
-    EXPECT_EQ(cut->examples()[i].ids, head);
+    const auto& e = whole->examples()[i];
+    const size_t n = std::min<size_t>(49, e.ids.size());
+    longer += e.ids.size() > 49;
+    if (std::find(e.response.begin() + 1, e.response.begin() + n, true) == e.response.begin() + n) {
+      ++dropped;
+      continue;
+    }
+    ASSERT_LT(kept, cut->examples().size());
+    EXPECT_EQ(cut->examples()[kept++].ids, std::vector<int64_t>(e.ids.begin(), e.ids.begin() + n));
   }
+  EXPECT_EQ(kept, cut->examples().size());
   EXPECT_GT(longer, 0);
+  EXPECT_GT(dropped, 0);
+  EXPECT_EQ(cut->dropped(), dropped);
   EXPECT_EQ(cut->truncated(), longer);
 }
 
