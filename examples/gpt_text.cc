@@ -19,9 +19,6 @@ namespace examples::gpt {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-// The folder of this machine's Python standard library (python3 asked), or "" without Python.
 std::string python_stdlib() {
   FILE* p = popen(
       "python3 -c 'import sysconfig; print(sysconfig.get_paths()[\"stdlib\"])' "
@@ -35,8 +32,6 @@ std::string python_stdlib() {
   while (!path.empty() && (path.back() == '\n' || path.back() == '\r')) path.pop_back();
   return path;
 }
-
-}  // namespace
 
 fs::path data_root(fabric::Fabric& f) {
   const fabric::Config& c = f.config();

@@ -28,6 +28,9 @@ struct Meta : fabric::TokenMeta {
 // data.root, or the default corpus (prepared by each node's local rank 0 on first use).
 std::filesystem::path data_root(fabric::Fabric& f);
 
+// The folder of this machine's Python standard library (python3 asked), or "" without Python.
+std::string python_stdlib();
+
 // The meta.json in `root` (fabric::read_token_meta: fabric::Error naming the file, the field and
 // the fix for a bad one).
 Meta read_meta(const std::filesystem::path& root);

@@ -28,9 +28,9 @@ std::string read_file(const std::filesystem::path& path, const char* what) {
   return text.str();
 }
 
-// GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the other 68 bytes for
-// the code points 256, 257, ... in byte order.
-std::vector<std::string> byte_symbols() {
+}  // namespace
+
+std::vector<std::string> byte_level_symbols() {
   std::vector<std::string> s(256);
   uint32_t next = 256;
   for (uint32_t b = 0; b < 256; ++b) {
@@ -39,8 +39,6 @@ std::vector<std::string> byte_symbols() {
   }
   return s;
 }
-
-}  // namespace
 
 struct BpeTokenizer::Loader {
   static void set_vocab(BpeTokenizer& t, const nlohmann::json& vocab, const std::string& file) {
@@ -76,7 +74,7 @@ struct BpeTokenizer::Loader {
 BpeTokenizer BpeTokenizer::load(const std::filesystem::path& vocab_json,
                                 const std::filesystem::path& merges_txt) {
   BpeTokenizer t;
-  t.byte_symbol_ = byte_symbols();
+  t.byte_symbol_ = byte_level_symbols();
   for (int b = 0; b < 256; ++b) t.symbol_byte_[t.byte_symbol_[b]] = static_cast<unsigned char>(b);
   nlohmann::json vocab;
   try {
@@ -202,7 +200,7 @@ BpeTokenizer BpeTokenizer::from_tokenizer_json(const std::filesystem::path& toke
     throw Error(file + ": model has no \"vocab\" object or no \"merges\" list");
 
   BpeTokenizer t;
-  t.byte_symbol_ = byte_symbols();
+  t.byte_symbol_ = byte_level_symbols();
   for (int b = 0; b < 256; ++b) t.symbol_byte_[t.byte_symbol_[b]] = static_cast<unsigned char>(b);
   Loader::set_vocab(t, model["vocab"], file);
   int rank = 0;

@@ -102,6 +102,10 @@ class BpeTokenizer {
   mutable std::shared_ptr<std::unordered_map<std::string, std::vector<int64_t>>> cache_;
 };
 
+// GPT-2's bytes_to_unicode: the UTF-8 stand-in of each byte 0..255 in a byte-level vocabulary
+// (printable Latin-1 bytes stand for themselves, the other 68 for code points 256, 257, ...).
+std::vector<std::string> byte_level_symbols();
+
 }  // namespace fabric
 
 #endif  // FABRIC_DATA_BPE_H_
