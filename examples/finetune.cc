@@ -1,0 +1,433 @@
+// bazel run //examples:finetune -- --config=finetune_lora.yaml [key=value ...]
+// bazel run //examples:finetune -- --config=finetune_lora.yaml model.pretrained=DIR \
+//     data.train=train.jsonl data.val=val.jsonl data.template=alpaca|chatml|TEXT
+//
+// Instruction fine-tuning of a Hugging Face Llama-family folder (llama, qwen2, mistral;
+// docs/finetune.md): LoRA adapters on the layers finetune.lora.target_modules names (the base
+// frozen; only the adapters train, are all-reduced and held by the optimizer), or every weight
+// (finetune.method: full). The data: JSONL files read by fabric::InstructDataset
+// (fabric/data/instruct.h) with the model's tokenizer.json, the loss on the response tokens only
+// (the others' targets -100), padded per batch or packed (data.packed). Any strategy and precision
+// the other examples take; checkpoints resume mid-epoch; the validation loss (response tokens
+// only) every finetune.eval_every_n_steps and at the end; a greedy answer to
+// finetune.sample_prompt at the end (single, ddp).
+//
+// Without model.pretrained it builds a tiny Llama and instruction data from this machine's Python
+// standard library (examples/finetune_demo.h) and fine-tunes that, and says so.
+//
+// Export at the end (checkpoint.export_weights, default {run_dir}/export): LoRA writes the peft
+// adapter (adapter_model.safetensors, adapter_config.json: peft.PeftModel.from_pretrained loads
+// it onto the base model), or with finetune.lora.merge_on_export=true the merged model as a
+// Hugging Face folder; a full fine-tune writes the Hugging Face folder. The base folder's
+// tokenizer files are copied beside a model folder. summary.json: train_loss, val_loss,
+// tokens_per_s, trainable_params, parameters, steps. Exit status: fabric/main.h (2: a config
+// error; 3: stopped on non-finite losses).
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "examples/finetune_demo.h"
+#include "examples/gpt_recipe.h"
+#include "fabric/callbacks.h"
+#include "fabric/checkpointer.h"
+#include "fabric/config/standard_keys.h"
+#include "fabric/core/error.h"
+#include "fabric/core/paths.h"
+#include "fabric/data/bpe.h"
+#include "fabric/data/instruct.h"
+#include "fabric/fabric.h"
+#include "fabric/hf/pretrained.h"
+#include "fabric/logging/progress.h"
+#include "fabric/main.h"
+#include "fabric/models/llama.h"
+#include "fabric/models/llama_generate.h"
+#include "fabric/nn/lora.h"
+#include "fabric/nonfinite_guard.h"
+#include "fabric/training/activation_checkpoint.h"
+#include "fabric/training/lr_scheduler.h"
+#include "fabric/training/optimizers.h"
+
+namespace fs = std::filesystem;
+using fabric::KeySpec;
+
+namespace {
+
+fabric::ConfigSchema schema() {
+  fabric::ConfigSchema s = fabric::training_schema();
+  s.set_default("checkpoint.export_weights", "\"{run_dir}/export\"");
+  s.set_default("checkpoint.export_format", "hf");
+  s.section_doc("model", "the Hugging Face folder to fine-tune");
+  s.add(
+      "model.pretrained",
+      KeySpec::string("").doc("a llama, qwen2 or mistral folder (config.json, safetensors, "
+                              "tokenizer.json); \"\": the offline demo (a tiny model it builds)"));
+  s.add("model.activation_checkpointing",
+        KeySpec::choice_list({"LlamaDecoderLayer"}, {})
+            .doc("decoder layers whose activations are recomputed in backward"));
+  s.add("data.train",
+        KeySpec::string("").doc("JSONL, one example a line (fabric/data/instruct.h)"));
+  s.add("data.val", KeySpec::string("").doc("JSONL for the validation loss; \"\": none"));
+  s.add("data.template",
+        KeySpec::string("alpaca").doc("alpaca | chatml | a TEXT with {prompt} and {response}"));
+  s.add("data.packed", KeySpec::boolean(false).doc(
+                           "join the examples into windows of data.block_size (else one example "
+                           "a row, padded to the batch's longest)"));
+  s.add("data.block_size", KeySpec::integer(512).min(8).doc("the longest input the model sees"));
+  s.add("data.add_bos", KeySpec::choice({"auto", "true", "false"}, "auto")
+                            .doc("the bos id first; auto: tokenizer_config.json's add_bos_token"));
+  s.section_doc("finetune", "what trains (examples/finetune.cc)");
+  s.add("finetune.method", KeySpec::choice({"lora", "full"}, "lora"));
+  s.add("finetune.lora.rank", KeySpec::integer(8).min(1));
+  s.add("finetune.lora.alpha", KeySpec::real(16.0).min(0, false).doc("scaling alpha / rank"));
+  s.add("finetune.lora.dropout", KeySpec::real(0.05).min(0).max(1, false));
+  s.add("finetune.lora.target_modules",
+        KeySpec::string_list({"q_proj", "v_proj"})
+            .doc("Linear layers by name: a name's last components, '*' any one component"));
+  s.add("finetune.lora.merge_on_export",
+        KeySpec::boolean(false).doc("export the merged model folder instead of the adapter"));
+  s.add("finetune.eval_every_n_steps",
+        KeySpec::integer(0).min(0).doc("validation loss every N steps (0: at the end only)"));
+  s.add("finetune.sample_prompt",
+        KeySpec::string("").doc("answered greedily at the end (rendered by data.template)"));
+  s.add("finetune.sample_tokens", KeySpec::integer(48).min(0));
+  s.add("finetune.demo_cache",
+        KeySpec::string("").doc("where the offline demo is written (\"\": ~/.cache/fabricpp)"));
+  return s;
+}
+
+fs::path demo_cache(const fabric::Config& c) {
+  const std::string given = c.get_string("finetune.demo_cache");
+  if (!given.empty()) return fabric::absolute_from_working_directory(given);
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  return xdg && *xdg ? fs::path(xdg) / "fabricpp" : fs::path(home ? home : ".") / ".cache/fabricpp";
+}
+
+fabric::nn::LoraOptions lora_options(const fabric::Config& c) {
+  fabric::nn::LoraOptions o;
+  o.rank = c.get_int("finetune.lora.rank");
+  o.alpha = c.get_double("finetune.lora.alpha");
+  o.dropout = c.get_double("finetune.lora.dropout");
+  o.target_modules = c.get_string_list("finetune.lora.target_modules");
+  return o;
+}
+
+// The prompt part of one example under the template: what the model answers at the end.
+std::vector<int64_t> sample_ids(const fabric::Config& c, const fabric::BpeTokenizer& tokenizer,
+                                bool bos) {
+  const std::string line =
+      nlohmann::json({{"prompt", c.get_string("finetune.sample_prompt")}, {"response", ""}}).dump();
+  std::vector<int64_t> ids;
+  if (bos && tokenizer.bos() >= 0) ids.push_back(tokenizer.bos());
+  for (const auto& [text, response] :
+       fabric::render_instruct_example(line, c.get_string("data.template"), "finetune.sample"))
+    if (!response)
+      for (int64_t id : tokenizer.encode(text)) ids.push_back(id);
+  return ids;
+}
+
+int run(fabric::Fabric& f) {
+  using Clock = std::chrono::steady_clock;
+  const fabric::Config& c = f.config();
+  // The model folder and the data: given, or the demo's.
+  fs::path folder = c.get_string("model.pretrained");
+  fs::path train_file = c.get_string("data.train"), val_file = c.get_string("data.val");
+  if (folder.empty()) {
+    const examples::finetune::Demo demo = examples::finetune::prepare_demo(f, demo_cache(c));
+    folder = demo.model;
+    if (train_file.empty()) train_file = demo.train;
+    if (val_file.empty() && c.get_string("data.train").empty()) val_file = demo.val;
+  } else {
+    folder = fabric::absolute_from_working_directory(folder.string());
+  }
+  fabric::hf::Pretrained p;
+  try {
+    p = fabric::hf::read_pretrained(folder);
+  } catch (const fabric::Error& e) {
+    throw c.error_at("model.pretrained", e.what());
+  }
+  if (train_file.empty())
+    throw c.error_at("data.train", "not set; give the JSONL file of training examples");
+  try {  // the template, before any file is read
+    fabric::render_instruct_example(R"({"prompt": "p", "response": "r"})",
+                                    c.get_string("data.template"), "data.template");
+  } catch (const fabric::Error& e) {
+    throw c.error_at("data.template", e.what());
+  }
+  if (!p.llama)
+    throw c.error_at("model.pretrained",
+                     p.model_type +
+                         " is not fine-tuned here yet (llama, qwen2, mistral are); "
+                         "examples:gpt trains GPT-2 folders on token files");
+  const fabric::models::LlamaConfig lc = *p.llama;
+  const int64_t block = c.get_int("data.block_size");
+  if (block > lc.max_position_embeddings)
+    throw c.error_at("data.block_size", std::to_string(block) + " exceeds the model's " +
+                                            std::to_string(lc.max_position_embeddings) +
+                                            " positions; lower it");
+
+  fabric::InstructDataset::Options o;
+  o.tokenizer_json = folder / "tokenizer.json";
+  o.template_text = c.get_string("data.template");
+  o.block_size = block;
+  o.packed = c.get_bool("data.packed");
+  const std::string add_bos = c.get_string("data.add_bos");
+  o.add_bos = add_bos == "true" || (add_bos == "auto" && p.bos_token_id >= 0 && [&] {
+                std::ifstream in(folder / "tokenizer_config.json");
+                const auto j = nlohmann::json::parse(in, nullptr, false);
+                return j.is_object() && j.value("add_bos_token", false);
+              }());
+  const auto tokenizer = std::make_shared<const fabric::BpeTokenizer>(
+      fabric::BpeTokenizer::from_tokenizer_json(o.tokenizer_json));
+  const auto train_data = fabric::InstructDataset::open(train_file, o, tokenizer);
+  const auto val_data =
+      val_file.empty() ? nullptr : fabric::InstructDataset::open(val_file, o, tokenizer);
+  f.print(
+      "data: ", train_data->examples().size(), " train examples (", train_data->truncated(),
+      " cut to data.block_size ", block, ", ", train_data->dropped(),
+      " dropped: no response token left), ", train_data->response_tokens(), " response tokens; ",
+      val_data ? std::to_string(val_data->examples().size()) : "no", " val examples; template ",
+      [&] {
+        std::string t = o.template_text;  // on one line
+        for (size_t i = t.find('\n'); i != std::string::npos; i = t.find('\n', i + 2))
+          t.replace(i, 1, "\\n");
+        return t;
+      }(),
+      o.packed ? ", packed" : ", padded");
+
+  const bool lora = c.get_string("finetune.method") == "lora";
+  const fabric::nn::LoraOptions lopt = lora_options(c);
+  auto model = f.init_module([&] { return fabric::models::Llama(lc); });
+  // The base weights before the adapters exist (apply_lora freezes what it finds); the adapters
+  // start as peft's (B = 0: the model begins equal to the base).
+  const fabric::hf::Weights weights = fabric::hf::model_weights(p);
+  std::vector<std::string> adapted;
+  if (lora) {
+    f.load_weights(model, weights.tensors, folder.string());
+    try {
+      adapted = fabric::nn::apply_lora(*model, lopt);
+    } catch (const fabric::Error& e) {
+      throw c.error_at("finetune.lora.target_modules", e.what());
+    }
+  }
+  int64_t trainable = 0;  // counted on the whole model, before a strategy shards it
+  for (const auto& t : model->parameters())
+    if (t.requires_grad()) trainable += t.numel();
+  auto optimizer = fabric::make_optimizer(c, *model);
+  f.setup(model, *optimizer);
+  if (!lora) f.load_weights(model, weights.tensors, folder.string());
+  const int64_t parameters = lc.parameters() + (lora ? trainable : 0);
+
+  const bool checkpoint_layers = !c.get_string_list("model.activation_checkpointing").empty();
+  auto step_loss = [&](const torch::Tensor& x, const torch::Tensor& y) {
+    if (!checkpoint_layers) return model->loss(x, y);
+    return model->loss(x, y, [](auto& layer, const torch::Tensor& h) {
+      return fabric::checkpoint_activations(layer, h);
+    });
+  };
+  const int64_t batch_size = c.get_int("data.batch_size");
+  auto loader_options = [&] {
+    return fabric::DataLoaderOptions()
+        .batch_size(batch_size)
+        .num_workers(c.get_int("data.num_workers"))
+        .prefetch(c.get_int("data.prefetch"));
+  };
+  auto train = f.setup_dataloader(
+      train_data,
+      loader_options().shuffle(c.get_bool("data.shuffle")).drop_last(c.get_bool("data.drop_last")));
+  std::optional<fabric::DataLoader> val;
+  if (val_data) val.emplace(f.setup_dataloader(val_data, loader_options()));
+
+  const int64_t accumulate = c.get_int("trainer.accumulate_grad_batches");
+  const int64_t epoch_steps = fabric::MicroBatch::steps_in_epoch(train.size(), accumulate);
+  const int64_t max_epochs = c.get_int("trainer.max_epochs");
+  const int64_t max_steps = c.get_int("trainer.max_steps");
+  const int64_t total_steps =
+      max_steps >= 0 ? std::min(max_steps, max_epochs * epoch_steps) : max_epochs * epoch_steps;
+  fabric::LRScheduler scheduler(
+      *optimizer, fabric::LRSchedule::from_config(c, std::max<int64_t>(total_steps, 1)));
+
+  fabric::CheckpointState state;
+  state.add("model", model).add("optimizer", *optimizer).add("scheduler", scheduler);
+  state.add("train_loader", train);
+  for (auto& callback : fabric::make_callbacks(c, model.get(), optimizer.get()))
+    f.add_callback(std::move(callback));
+  fabric::Checkpointer checkpoints(f, state);
+  examples::gpt::ModelChoice choice;
+  choice.pretrained = p;
+  checkpoints.set_hf_export([&](const fabric::StateDict& whole, const fs::path& out) {
+    if (lora && !c.get_bool("finetune.lora.merge_on_export")) {
+      fabric::nn::save_lora_adapter(fabric::nn::lora_state_of(whole), out, lopt, folder.string());
+      return;
+    }
+    fabric::StateDict merged = whole;
+    if (lora) fabric::nn::merge_lora_state(merged, lopt);
+    examples::gpt::export_hf(c, choice, merged, out);
+  });
+  f.print("finetune: ", p.describe(), "; ",
+          lora ? "LoRA rank " + std::to_string(lopt.rank) + " on " +
+                     std::to_string(adapted.size()) + " layers"
+               : std::string("full"),
+          ", ", trainable, " trainable of ", parameters, " parameters; strategy ",
+          f.strategy().name(), ", world size ", f.world_size(), ", device ", f.device().str(),
+          ", precision ", fabric::to_string(f.precision().mode()), ", ", f.threads_description(),
+          "; ", total_steps, " steps; run directory ", f.run_directory().path().string());
+
+  // The validation loss over response tokens: each batch's mean times its token count, summed
+  // over the batches and ranks, over the tokens.
+  auto validate = [&]() -> double {
+    if (!val) return NAN;
+    torch::NoGradGuard no_grad;
+    model->eval();
+    auto guard = f.autocast();
+    auto sum = torch::zeros({}, torch::dtype(torch::kDouble).device(f.device()));
+    auto count = torch::zeros_like(sum);
+    const int64_t limit = c.get_int("trainer.limit_eval_batches");
+    int64_t seen = 0;
+    for (fabric::Batch& b : *val) {
+      if (limit >= 0 && seen++ >= limit) break;
+      if (b.padding >= b.size()) continue;
+      // The sampler's padding rows (repeats that even out the ranks) count nowhere.
+      torch::Tensor target = b.target;
+      if (b.padding > 0) {
+        target = target.clone();
+        target.narrow(0, b.size() - b.padding, b.padding).fill_(-100);
+      }
+      const torch::Tensor n = (target != -100).sum().to(torch::kDouble);
+      sum += step_loss(b.data, target).to(torch::kDouble) * n;
+      count += n;
+    }
+    val->end_pass();  // a pass cut by limit_eval_batches ends here (resumes start the next one)
+    model->train();
+    const double total = f.all_reduce(count, fabric::ReduceOp::kSum).item<double>();
+    return f.all_reduce(sum, fabric::ReduceOp::kSum).item<double>() / std::max(total, 1.0);
+  };
+
+  const int64_t log_every = c.get_int("logging.log_every_n_steps");
+  const int64_t eval_every = c.get_int("finetune.eval_every_n_steps");
+  int64_t step = checkpoints.step(), epoch = checkpoints.epoch(), tokens = 0;
+  double last_loss = NAN, val_loss = NAN, train_seconds = 0;
+  auto window_loss = torch::zeros({}, torch::dtype(torch::kFloat).device(f.device()));
+  int64_t window = 0;
+  fabric::ProgressBar& bar = f.progress_bar(total_steps, max_epochs, step);
+  fabric::NonFiniteGuard nonfinite(f);
+  std::string stopped;
+  f.call("on_fit_start", step);
+  for (; epoch < max_epochs && step < total_steps && stopped.empty(); ++epoch) {
+    int64_t in_epoch = train.state().batches;
+    torch::Tensor group_loss;
+    const auto epoch_start = Clock::now();
+    for (fabric::Batch& batch : train) {
+      const auto micro = fabric::MicroBatch::in_epoch(in_epoch++, train.size(), accumulate);
+      torch::Tensor loss;
+      {
+        auto guard = f.autocast();
+        loss = step_loss(batch.data, batch.target);
+      }
+      f.backward(loss, micro);  // loss / micro.count; gradients synchronized on the last one
+      tokens += batch.data.numel();
+      group_loss = micro.first() ? loss.detach() : group_loss + loss.detach();
+      if (!micro.last()) continue;
+      f.step(*optimizer);  // clipping: trainer.gradient_clip_val
+      optimizer->zero_grad();
+      scheduler.step();
+      ++step;
+      const torch::Tensor mean = group_loss / static_cast<double>(micro.count);
+      f.call("on_train_batch_end", step);
+      window_loss += mean.to(torch::kFloat);
+      ++window;
+      if (step % log_every == 0 || step == total_steps) {
+        last_loss = f.all_reduce(window_loss / static_cast<double>(window)).item<double>();
+        bar.set_metrics(last_loss, scheduler.get_lr(), 0);
+        f.log_dict({{"train/loss", last_loss}, {"lr", scheduler.get_lr()}}, step);
+        window_loss.zero_();
+        window = 0;
+      }
+      bar.step(step, epoch);
+      checkpoints.step_end();
+      if (nonfinite.update(mean, step)) {
+        stopped = nonfinite.message();
+        break;
+      }
+      if (eval_every > 0 && step % eval_every == 0 && step < total_steps) {
+        const auto eval_start = Clock::now();
+        val_loss = validate();
+        f.print("step ", step, " val loss ", val_loss);
+        f.log_dict({{"val/loss", val_loss}}, step);
+        train_seconds -= std::chrono::duration<double>(Clock::now() - eval_start).count();
+      }
+      if (step >= total_steps) break;
+    }
+    train_seconds += std::chrono::duration<double>(Clock::now() - epoch_start).count();
+    checkpoints.epoch_end();
+  }
+  bar.finish();
+  f.call("on_fit_end", step);
+  std::string answer;
+  if (stopped.empty()) {
+    val_loss = validate();
+    f.print("step ", step, " val loss ", val_loss, " (response tokens)");
+    f.log_dict({{"val/loss", val_loss}}, step);
+    const std::string name = f.strategy().name();
+    if (!c.get_string("finetune.sample_prompt").empty() &&
+        c.get_int("finetune.sample_tokens") > 0 && (name == "single_device" || name == "ddp")) {
+      fabric::models::GenerateOptions g;
+      g.max_new_tokens = c.get_int("finetune.sample_tokens");
+      g.eos_token_ids = p.eos_token_ids;
+      auto guard = f.autocast();
+      const auto out = fabric::models::generate(*model, {sample_ids(c, *tokenizer, o.add_bos)}, g);
+      answer = tokenizer->decode_text(out.tokens[0]);
+      f.print("sample (finetune.sample_prompt): ", answer);
+    }
+    checkpoints.finish();
+    if (!checkpoints.export_weights().empty())
+      f.print("exported ",
+              lora && !c.get_bool("finetune.lora.merge_on_export") ? "the adapter" : "the model",
+              " to ", checkpoints.export_weights());
+  } else {
+    f.print("stopped: ", stopped, "; the state is in ",
+            checkpoints.save_aside("nonfinite").string());
+  }
+  const double tokens_per_s =
+      static_cast<double>(tokens * f.world_size()) / std::max(train_seconds, 1e-9);
+  nlohmann::json summary = {
+      {"name", f.run_name()},
+      {"config_hash", c.hash()},
+      {"strategy", f.strategy().name()},
+      {"precision", fabric::to_string(f.precision().mode())},
+      {"device", f.device().str()},
+      {"world_size", f.world_size()},
+      {"pretrained", folder.string()},
+      {"method", lora ? "lora" : "full"},
+      {"parameters", parameters},
+      {"trainable_params", trainable},
+      {"steps", step},
+      {"train_loss", last_loss},
+      {"val_loss", std::isnan(val_loss) ? nlohmann::json(nullptr) : nlohmann::json(val_loss)},
+      {"tokens_per_s", tokens_per_s},
+      {"export", checkpoints.export_weights()},
+      {"resumed_from", checkpoints.resumed_from()},
+      {"stopped", stopped},
+      {"sample", answer},
+  };
+  f.print(f.run_directory().write_summary(summary).string());
+  return !stopped.empty() && f.is_global_zero() ? 3 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return fabric::run_main(argc, argv, schema(), [](const fabric::Config& config) {
+    fabric::Fabric fabric(config);
+    return fabric.launch(run);
+  });
+}

@@ -1,0 +1,86 @@
+"""The Python side of finetune_example_test: what transformers, peft and tokenizers make of
+examples:finetune's exports.
+
+  finetune_reference.py loss --model=DIR [--adapter=DIR] --data=FILE.jsonl --template=TEXT
+                             --block_size=N
+      The validation loss as examples:finetune defines it, computed by transformers (the model
+      folder, float32) with peft's adapter loaded onto it when --adapter is given
+      (PeftModel.from_pretrained): each example's prompt part (the template before {response})
+      and its response encoded separately by `tokenizers`, the eos id after the response, ids cut
+      to block_size + 1, targets -100 on the prompt, examples without a response target
+      dropped; the cross-entropy summed over every response target of the file over their
+      count. Prints "LOSS <value>".
+  finetune_reference.py same A B
+      Exit 0 when safetensors files A and B hold the same names with bitwise equal tensors.
+"""
+import argparse
+import json
+import sys
+
+import torch
+
+
+def loss(a):
+    from tokenizers import Tokenizer
+    from transformers import LlamaForCausalLM
+
+    tok = Tokenizer.from_file(f"{a.model}/tokenizer.json")
+    eos = json.load(open(f"{a.model}/config.json"))["eos_token_id"]
+    model = LlamaForCausalLM.from_pretrained(a.model, torch_dtype=torch.float32)
+    if a.adapter:
+        from peft import PeftModel
+        model = PeftModel.from_pretrained(model, a.adapter)
+    model.eval()
+    head, tail = a.template.split("{response}")
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for line in open(a.data):
+            if not line.strip():
+                continue
+            e = json.loads(line)
+            prompt = tok.encode(head.replace("{prompt}", e["prompt"]), add_special_tokens=False).ids
+            response = tok.encode(e["response"], add_special_tokens=False).ids
+            ids = prompt + response + [eos]
+            labels = [-100] * len(prompt) + response + [eos]
+            ids, labels = ids[: a.block_size + 1], labels[: a.block_size + 1]
+            targets = torch.tensor(labels[1:])
+            if (targets != -100).sum() == 0:
+                continue
+            logits = model(torch.tensor([ids[:-1]])).logits[0].float()
+            ce = torch.nn.functional.cross_entropy(logits, targets, reduction="sum")
+            total += ce.item()
+            count += int((targets != -100).sum())
+    print(f"LOSS {total / count:.9f}")
+
+
+def same(a):
+    from safetensors.torch import load_file
+
+    x, y = load_file(a.a), load_file(a.b)
+    if sorted(x) != sorted(y):
+        sys.exit(f"different names: {sorted(set(x) ^ set(y))[:4]}")
+    for k in x:
+        if not torch.equal(x[k], y[k]):
+            sys.exit(f"{k}: differs by {(x[k].float() - y[k].float()).abs().max().item():.3e}")
+    print(f"bitwise equal: {len(x)} tensors")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="cmd", required=True)
+    q = sub.add_parser("loss")
+    q.add_argument("--model", required=True)
+    q.add_argument("--adapter", default="")
+    q.add_argument("--data", required=True)
+    q.add_argument("--template", required=True)
+    q.add_argument("--block_size", type=int, required=True)
+    s = sub.add_parser("same")
+    s.add_argument("a")
+    s.add_argument("b")
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    {"loss": loss, "same": same}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    main()
