@@ -24,6 +24,7 @@
 // error; 3: stopped on non-finite losses).
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -111,6 +112,21 @@ fs::path demo_cache(const fabric::Config& c) {
   const char* home = std::getenv("HOME");
   return xdg && *xdg ? fs::path(xdg) / "fabricpp" : fs::path(home ? home : ".") / ".cache/fabricpp";
 }
+
+// The trainable parameters of a model as a module of their own (the same tensors, '.' in their
+// names written '/'): what a LoRA run's checkpoints hold instead of the whole model, whose frozen
+// base is the pretrained folder's.
+struct TrainableImpl : torch::nn::Module {
+  explicit TrainableImpl(torch::nn::Module& model) {
+    for (auto& p : model.named_parameters()) {
+      if (!p.value().requires_grad()) continue;
+      std::string name = p.key();
+      std::replace(name.begin(), name.end(), '.', '/');
+      register_parameter(name, p.value());
+    }
+  }
+};
+TORCH_MODULE(Trainable);
 
 fabric::nn::LoraOptions lora_options(const fabric::Config& c) {
   fabric::nn::LoraOptions o;
@@ -256,12 +272,23 @@ int run(fabric::Fabric& f) {
   fabric::LRScheduler scheduler(
       *optimizer, fabric::LRSchedule::from_config(c, std::max<int64_t>(total_steps, 1)));
 
+  // A LoRA run where every rank holds the whole model (single, ddp) checkpoints the adapters
+  // only; under fsdp (sharded parameters) and a full fine-tune, the model.
   fabric::CheckpointState state;
-  state.add("model", model).add("optimizer", *optimizer).add("scheduler", scheduler);
-  state.add("train_loader", train);
+  const std::string strategy = f.strategy().name();
+  const bool adapters_only = lora && (strategy == "single_device" || strategy == "ddp");
+  Trainable adapters{nullptr};
+  if (adapters_only) {
+    adapters = Trainable(*model);
+    state.add("adapters", adapters);
+  } else {
+    state.add("model", model);
+  }
+  state.add("optimizer", *optimizer).add("scheduler", scheduler).add("train_loader", train);
   for (auto& callback : fabric::make_callbacks(c, model.get(), optimizer.get()))
     f.add_callback(std::move(callback));
   fabric::Checkpointer checkpoints(f, state);
+  checkpoints.set_export_module(*model);
   examples::gpt::ModelChoice choice;
   choice.pretrained = p;
   checkpoints.set_hf_export([&](const fabric::StateDict& whole, const fs::path& out) {
@@ -377,9 +404,9 @@ int run(fabric::Fabric& f) {
     val_loss = validate();
     f.print("step ", step, " val loss ", val_loss, " (response tokens)");
     f.log_dict({{"val/loss", val_loss}}, step);
-    const std::string name = f.strategy().name();
     if (!c.get_string("finetune.sample_prompt").empty() &&
-        c.get_int("finetune.sample_tokens") > 0 && (name == "single_device" || name == "ddp")) {
+        c.get_int("finetune.sample_tokens") > 0 &&
+        (strategy == "single_device" || strategy == "ddp")) {
       fabric::models::GenerateOptions g;
       g.max_new_tokens = c.get_int("finetune.sample_tokens");
       g.eos_token_ids = p.eos_token_ids;

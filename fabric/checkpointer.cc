@@ -393,22 +393,21 @@ void Checkpointer::finish() {
   if (options_.save_last && (saved_step_ != step_ || saved_epoch_ != epoch_)) save();
   wait_for_write();
   if (options_.export_weights.empty()) return;
+  torch::nn::Module* module = export_module_;
   for (const auto& e : state_.entries())
-    if (e.module) {
-      if (!options_.export_hf) {
-        f_.save_weights(*e.module, options_.export_weights);
-        return;
-      }
-      if (!hf_export_)
-        throw f_.config().error_at(
-            "checkpoint.export_format",
-            "hf, but this program writes no Hugging Face architecture (examples:gpt does); use "
-            "pt or safetensors (the last checkpoint is saved)");
-      const ScopeGuard whole = f_.strategy().materialize_parameters(*e.module, false);
-      on_global_zero(f_.strategy(),
-                     [&] { hf_export_(state_dict(*e.module), options_.export_weights); });
-      return;
-    }
+    if (!module && e.module) module = e.module;
+  if (!module) return;
+  if (!options_.export_hf) {
+    f_.save_weights(*module, options_.export_weights);
+    return;
+  }
+  if (!hf_export_)
+    throw f_.config().error_at(
+        "checkpoint.export_format",
+        "hf, but this program writes no Hugging Face architecture (examples:gpt does); use "
+        "pt or safetensors (the last checkpoint is saved)");
+  const ScopeGuard whole = f_.strategy().materialize_parameters(*module, false);
+  on_global_zero(f_.strategy(), [&] { hf_export_(state_dict(*module), options_.export_weights); });
 }
 
 }  // namespace fabric

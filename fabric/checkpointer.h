@@ -141,6 +141,10 @@ class Checkpointer {
   // export_format hf is a ConfigError at finish().
   using HfExport = std::function<void(const StateDict& whole, const std::filesystem::path& folder)>;
   void set_hf_export(HfExport write) { hf_export_ = std::move(write); }
+  // The module finish() exports instead of the state's first module: one that is not in the
+  // state (e.g. a LoRA model whose checkpoints hold only its adapters, examples/finetune.cc). It
+  // must outlive the Checkpointer and be set up with Fabric.
+  void set_export_module(torch::nn::Module& module) { export_module_ = &module; }
   // Saves now; returns the checkpoint's path. When a weight, buffer or optimizer parameter is not
   // finite on any rank, writes nothing (one warning line) and returns an empty path: a regular
   // checkpoint never holds NaN weights for resume: auto or a restart to pick (under
@@ -157,6 +161,7 @@ class Checkpointer {
 
  private:
   HfExport hf_export_;
+  torch::nn::Module* export_module_ = nullptr;
   // candidates() written at or after `since` (all when nullopt).
   std::vector<std::filesystem::path> candidates_since(
       std::optional<std::chrono::system_clock::time_point> since) const;

@@ -47,7 +47,8 @@ class FinetuneExampleTest : public ::testing::Test {
     return run_command("cd '" + dir_.string() + "' && '" +
                        (fs::current_path() / "examples" / "finetune").string() +
                        "' fabric.accelerator=cpu fabric.precision=32-true finetune.demo_cache=" +
-                       (dir_ / "cache").string() + " 'data.template=\"Q: {prompt}\\nA: {response}\"'" +
+                       (dir_ / "cache").string() +
+                       " 'data.template=\"Q: {prompt}\\nA: {response}\"'" +
                        " data.block_size=96 data.batch_size=4 trainer.limit_eval_batches=-1" +
                        " finetune.sample_tokens=0 finetune.eval_every_n_steps=0" +
                        " logging.log_every_n_steps=2 optimizer.lr=1e-2 " + extra);
@@ -156,6 +157,9 @@ TEST_F(FinetuneExampleTest, AResumedRunExportsTheUninterruptedRunsAdapterBitwise
                                 (dir_ / "cut" / "checkpoints" / "step-00000004.ckpt").string());
   ASSERT_EQ(resumed.code, 0) << resumed.out;
   EXPECT_NE(resumed.out.find("at step 4"), std::string::npos) << resumed.out;
+  // The checkpoint holds the adapters, not the frozen base: smaller than the base's weights.
+  const auto ckpt = fs::file_size(dir_ / "cut" / "checkpoints" / "step-00000004.ckpt");
+  EXPECT_LT(ckpt, fs::file_size(demo("model") / "model.safetensors") / 2) << ckpt;
   const auto same = run_command(python() + " tests/integration/finetune_reference.py same " +
                                 (dir_ / "whole/export/adapter_model.safetensors").string() + " " +
                                 (dir_ / "resumed/export/adapter_model.safetensors").string());

@@ -8,8 +8,9 @@ examples:finetune's exports.
       (PeftModel.from_pretrained): each example's prompt part (the template before {response})
       and its response encoded separately by `tokenizers`, the eos id after the response, ids cut
       to block_size + 1, targets -100 on the prompt, examples without a response target
-      dropped; the cross-entropy summed over every response target of the file over their
-      count. Prints "LOSS <value>".
+      dropped; transformers' loss with those labels (model(input_ids, labels=...).loss) times
+      each example's response targets, summed over the file, over their count. Prints
+      "LOSS <value>".
   finetune_reference.py same A B
       Exit 0 when safetensors files A and B hold the same names with bitwise equal tensors.
 """
@@ -43,13 +44,14 @@ def loss(a):
             ids = prompt + response + [eos]
             labels = [-100] * len(prompt) + response + [eos]
             ids, labels = ids[: a.block_size + 1], labels[: a.block_size + 1]
-            targets = torch.tensor(labels[1:])
-            if (targets != -100).sum() == 0:
+            n = sum(1 for t in labels[1:] if t != -100)
+            if n == 0:
                 continue
-            logits = model(torch.tensor([ids[:-1]])).logits[0].float()
-            ce = torch.nn.functional.cross_entropy(logits, targets, reduction="sum")
-            total += ce.item()
-            count += int((targets != -100).sum())
+            # transformers' own loss with -100 labels (it shifts them: position i predicts
+            # labels[i + 1]), a mean over the example's response targets.
+            out = model(input_ids=torch.tensor([ids]), labels=torch.tensor([labels]))
+            total += out.loss.item() * n
+            count += n
     print(f"LOSS {total / count:.9f}")
 
 
