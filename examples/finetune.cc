@@ -20,8 +20,8 @@
 // it onto the base model), or with finetune.lora.merge_on_export=true the merged model as a
 // Hugging Face folder; a full fine-tune writes the Hugging Face folder. The base folder's
 // tokenizer files are copied beside a model folder. summary.json: train_loss, val_loss,
-// tokens_per_s, trainable_params, parameters, steps. Exit status: fabric/main.h (2: a config
-// error; 3: stopped on non-finite losses).
+// tokens_per_s, trainable_params, parameters, steps, peak_tensor_bytes. Exit status: fabric/main.h
+// (2: a config error; 3: stopped on non-finite losses).
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -38,6 +38,7 @@
 
 #include "examples/finetune_demo.h"
 #include "examples/gpt_recipe.h"
+#include "fabric/accelerators/memory.h"
 #include "fabric/callbacks.h"
 #include "fabric/checkpointer.h"
 #include "fabric/config/standard_keys.h"
@@ -83,6 +84,9 @@ fabric::ConfigSchema schema() {
                            "join the examples into windows of data.block_size (else one example "
                            "a row, padded to the batch's longest)"));
   s.add("data.block_size", KeySpec::integer(512).min(8).doc("the longest input the model sees"));
+  s.add("data.token_cache",
+        KeySpec::string("auto").doc("where tokenized JSONL files are kept between runs; auto: "
+                                    "~/.cache/fabricpp/instruct; none: not kept"));
   s.add("data.add_bos", KeySpec::choice({"auto", "true", "false"}, "auto")
                             .doc("the bos id first; auto: tokenizer_config.json's add_bos_token"));
   s.section_doc("finetune", "what trains (examples/finetune.cc)");
@@ -105,12 +109,16 @@ fabric::ConfigSchema schema() {
   return s;
 }
 
-fs::path demo_cache(const fabric::Config& c) {
-  const std::string given = c.get_string("finetune.demo_cache");
-  if (!given.empty()) return fabric::absolute_from_working_directory(given);
+// $XDG_CACHE_HOME/fabricpp, else ~/.cache/fabricpp.
+fs::path default_cache() {
   const char* xdg = std::getenv("XDG_CACHE_HOME");
   const char* home = std::getenv("HOME");
   return xdg && *xdg ? fs::path(xdg) / "fabricpp" : fs::path(home ? home : ".") / ".cache/fabricpp";
+}
+
+fs::path demo_cache(const fabric::Config& c) {
+  const std::string given = c.get_string("finetune.demo_cache");
+  return given.empty() ? default_cache() : fabric::absolute_from_working_directory(given);
 }
 
 // The trainable parameters of a model as a module of their own (the same tensors, '.' in their
@@ -204,13 +212,25 @@ int run(fabric::Fabric& f) {
               }());
   const auto tokenizer = std::make_shared<const fabric::BpeTokenizer>(
       fabric::BpeTokenizer::from_tokenizer_json(o.tokenizer_json));
-  const auto train_data = fabric::InstructDataset::open(train_file, o, tokenizer);
-  const auto val_data =
-      val_file.empty() ? nullptr : fabric::InstructDataset::open(val_file, o, tokenizer);
+  const std::string token_cache = c.get_string("data.token_cache");
+  if (token_cache == "auto")
+    o.cache_dir = default_cache() / "instruct";
+  else if (token_cache != "none")
+    o.cache_dir = fabric::absolute_from_working_directory(token_cache);
+  // Each node's local rank 0 tokenizes (and caches) first; the others then read its cache.
+  std::shared_ptr<fabric::InstructDataset> train_data, val_data;
+  auto open_data = [&] {
+    train_data = fabric::InstructDataset::open(train_file, o, tokenizer);
+    if (!val_file.empty()) val_data = fabric::InstructDataset::open(val_file, o, tokenizer);
+  };
+  if (f.local_rank() == 0) open_data();
+  f.barrier();
+  if (f.local_rank() != 0) open_data();
   f.print(
       "data: ", train_data->examples().size(), " train examples (", train_data->truncated(),
       " cut to data.block_size ", block, ", ", train_data->dropped(),
-      " dropped: no response token left), ", train_data->response_tokens(), " response tokens; ",
+      " dropped: no response token left), ", train_data->response_tokens(), " response tokens",
+      train_data->from_cache() ? " (from the token cache)" : "", "; ",
       val_data ? std::to_string(val_data->examples().size()) : "no", " val examples; template ",
       [&] {
         std::string t = o.template_text;  // on one line
@@ -344,7 +364,8 @@ int run(fabric::Fabric& f) {
   int64_t step = checkpoints.step(), epoch = checkpoints.epoch(), tokens = 0;
   double last_loss = NAN, val_loss = NAN, train_seconds = 0;
   auto window_loss = torch::zeros({}, torch::dtype(torch::kFloat).device(f.device()));
-  int64_t window = 0;
+  int64_t window = 0, window_tokens = 0;
+  auto window_start = Clock::now();
   fabric::ProgressBar& bar = f.progress_bar(total_steps, max_epochs, step);
   fabric::NonFiniteGuard nonfinite(f);
   std::string stopped;
@@ -360,8 +381,9 @@ int run(fabric::Fabric& f) {
         auto guard = f.autocast();
         loss = step_loss(batch.data, batch.target);
       }
-      f.backward(loss, micro);  // loss / micro.count; gradients synchronized on the last one
-      tokens += batch.data.numel();
+      f.backward(loss, micro);       // loss / micro.count; gradients synchronized on the last one
+      tokens += batch.data.numel();  // input positions, padding included
+      window_tokens += batch.data.numel();
       group_loss = micro.first() ? loss.detach() : group_loss + loss.detach();
       if (!micro.last()) continue;
       f.step(*optimizer);  // clipping: trainer.gradient_clip_val
@@ -374,10 +396,17 @@ int run(fabric::Fabric& f) {
       ++window;
       if (step % log_every == 0 || step == total_steps) {
         last_loss = f.all_reduce(window_loss / static_cast<double>(window)).item<double>();
-        bar.set_metrics(last_loss, scheduler.get_lr(), 0);
-        f.log_dict({{"train/loss", last_loss}, {"lr", scheduler.get_lr()}}, step);
+        const double secs = std::chrono::duration<double>(Clock::now() - window_start).count();
+        const double rate = static_cast<double>(window_tokens * f.world_size()) / secs;
+        bar.set_metrics(last_loss, scheduler.get_lr(), rate);
+        bar.set_throughput(rate, "tok/s", -1);
+        f.log_dict({{"train/loss", last_loss},
+                    {"lr", scheduler.get_lr()},
+                    {"train/tokens_per_second", rate}},
+                   step);
         window_loss.zero_();
-        window = 0;
+        window = window_tokens = 0;
+        window_start = Clock::now();
       }
       bar.step(step, epoch);
       checkpoints.step_end();
@@ -390,7 +419,9 @@ int run(fabric::Fabric& f) {
         val_loss = validate();
         f.print("step ", step, " val loss ", val_loss);
         f.log_dict({{"val/loss", val_loss}}, step);
-        train_seconds -= std::chrono::duration<double>(Clock::now() - eval_start).count();
+        const auto eval_time = Clock::now() - eval_start;
+        window_start += eval_time;  // evaluation counts in neither tokens/s
+        train_seconds -= std::chrono::duration<double>(eval_time).count();
       }
       if (step >= total_steps) break;
     }
@@ -426,6 +457,11 @@ int run(fabric::Fabric& f) {
   }
   const double tokens_per_s =
       static_cast<double>(tokens * f.world_size()) / std::max(train_seconds, 1e-9);
+  // The most tensor memory any rank held (CUDA; the CPU under fabric.tensor_memory_limit_gb).
+  nlohmann::json peak_tensor_bytes = nullptr;
+  if (fabric::memory_counted(f.device()))
+    peak_tensor_bytes = static_cast<int64_t>(f.all_reduce(
+        static_cast<double>(fabric::memory_stats(f.device()).peak), fabric::ReduceOp::kMax));
   nlohmann::json summary = {
       {"name", f.run_name()},
       {"config_hash", c.hash()},
@@ -441,6 +477,7 @@ int run(fabric::Fabric& f) {
       {"train_loss", last_loss},
       {"val_loss", std::isnan(val_loss) ? nlohmann::json(nullptr) : nlohmann::json(val_loss)},
       {"tokens_per_s", tokens_per_s},
+      {"peak_tensor_bytes", peak_tensor_bytes},
       {"export", checkpoints.export_weights()},
       {"resumed_from", checkpoints.resumed_from()},
       {"stopped", stopped},

@@ -3,11 +3,15 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "fabric/core/atomic_file.h"
 #include "fabric/core/error.h"
+#include "fabric/core/hash.h"
 
 namespace fabric {
 
@@ -16,6 +20,70 @@ namespace fs = std::filesystem;
 namespace {
 
 using Segments = std::vector<std::pair<std::string, bool>>;
+
+std::string file_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// The cache file of `jsonl` tokenized under `o`: named by a hash of the file's bytes, the
+// tokenizer.json's bytes and the options that change the ids (template, bos, eos), so an edited
+// file, another tokenizer or another template never reads a stale cache.
+std::string cache_name(const fs::path& jsonl, const InstructDataset::Options& o) {
+  uint64_t h = fnv1a64(file_bytes(jsonl));
+  h = fnv1a64(file_bytes(o.tokenizer_json), h);
+  h = fnv1a64(o.template_text + '\0' + (o.add_bos ? '1' : '0') + (o.append_eos ? '1' : '0'), h);
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
+  return "instruct-" + jsonl.stem().string() + "-" + hex + ".bin";
+}
+
+constexpr char kCacheMagic[] = "fabric-instruct-cache-1\n";
+
+// Cache file: the magic, the example count (int64), then per example its id count (int64), its
+// ids (int64) and one byte per id (1: a response id). False when absent or not in this format.
+bool read_cache(const fs::path& path, std::vector<InstructDataset::Example>& out) {
+  const std::string bytes = file_bytes(path);
+  const size_t magic = sizeof(kCacheMagic) - 1;
+  if (bytes.size() < magic + 8 || bytes.compare(0, magic, kCacheMagic) != 0) return false;
+  size_t at = magic;
+  auto take = [&](void* to, size_t n) {
+    if (at + n > bytes.size()) return false;
+    std::memcpy(to, bytes.data() + at, n);
+    at += n;
+    return true;
+  };
+  int64_t count = 0;
+  if (!take(&count, 8) || count < 0) return false;
+  std::vector<InstructDataset::Example> examples(static_cast<size_t>(count));
+  for (auto& e : examples) {
+    int64_t n = 0;
+    if (!take(&n, 8) || n < 0 || at + static_cast<size_t>(n) * 9 > bytes.size()) return false;
+    e.ids.resize(static_cast<size_t>(n));
+    take(e.ids.data(), static_cast<size_t>(n) * 8);
+    e.response.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) e.response[static_cast<size_t>(i)] = bytes[at++] != 0;
+  }
+  if (at != bytes.size()) return false;
+  out = std::move(examples);
+  return true;
+}
+
+void write_cache(const fs::path& path, const std::vector<InstructDataset::Example>& examples) {
+  std::string bytes(kCacheMagic);
+  auto put = [&](const void* from, size_t n) { bytes.append(static_cast<const char*>(from), n); };
+  const auto count = static_cast<int64_t>(examples.size());
+  put(&count, 8);
+  for (const auto& e : examples) {
+    const auto n = static_cast<int64_t>(e.ids.size());
+    put(&n, 8);
+    put(e.ids.data(), e.ids.size() * 8);
+    for (const bool r : e.response) bytes.push_back(r ? 1 : 0);
+  }
+  std::error_code ec;
+  fs::create_directories(path.parent_path(), ec);
+  write_file_atomically(path, bytes);  // ranks writing the same file at once: one wins, whole
+}
 
 const char kAlpacaIntro[] =
     "Below is an instruction that describes a task. Write a response that appropriately completes "
@@ -149,27 +217,42 @@ std::shared_ptr<InstructDataset> InstructDataset::open(
                 ": names no eos token to end each response with; give one in "
                 "tokenizer_config.json (eos_token) or turn append_eos off");
   d->pad_id_ = options.pad_id >= 0 ? options.pad_id : std::max<int64_t>(eos, 0);
-  std::string line;
-  int64_t number = 0, responses = 0;
-  while (std::getline(in, line)) {
-    ++number;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines
-    const std::string where = jsonl.string() + ":" + std::to_string(number);
-    Example e;
-    if (options.add_bos && tokenizer->bos() >= 0) {
-      e.ids.push_back(tokenizer->bos());
-      e.response.push_back(false);
+  // The examples as tokenized, whole: from the cache when it holds this file under these
+  // options, else tokenized now (and cached).
+  std::vector<Example> whole;
+  fs::path cached;
+  if (!options.cache_dir.empty() && !options.tokenizer_json.empty()) {
+    cached = options.cache_dir / cache_name(jsonl, options);
+    d->from_cache_ = read_cache(cached, whole);
+  }
+  if (!d->from_cache_) {
+    std::string line;
+    int64_t number = 0;
+    while (std::getline(in, line)) {
+      ++number;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines
+      const std::string where = jsonl.string() + ":" + std::to_string(number);
+      Example e;
+      if (options.add_bos && tokenizer->bos() >= 0) {
+        e.ids.push_back(tokenizer->bos());
+        e.response.push_back(false);
+      }
+      for (const auto& [text, response] :
+           render_instruct_example(line, options.template_text, where)) {
+        const std::vector<int64_t> ids = tokenizer->encode(text);
+        e.ids.insert(e.ids.end(), ids.begin(), ids.end());
+        e.response.insert(e.response.end(), ids.size(), response);
+      }
+      if (options.append_eos) {
+        e.ids.push_back(eos);
+        e.response.push_back(true);
+      }
+      whole.push_back(std::move(e));
     }
-    for (const auto& [text, response] :
-         render_instruct_example(line, options.template_text, where)) {
-      const std::vector<int64_t> ids = tokenizer->encode(text);
-      e.ids.insert(e.ids.end(), ids.begin(), ids.end());
-      e.response.insert(e.response.end(), ids.size(), response);
-    }
-    if (options.append_eos) {
-      e.ids.push_back(eos);
-      e.response.push_back(true);
-    }
+    if (!cached.empty()) write_cache(cached, whole);
+  }
+  int64_t responses = 0;
+  for (Example& e : whole) {
     // Padded rows end at block_size + 1 ids; packed examples flow across windows, whole.
     if (!options.packed && static_cast<int64_t>(e.ids.size()) > options.block_size + 1) {
       e.ids.resize(static_cast<size_t>(options.block_size + 1));

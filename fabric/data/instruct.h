@@ -61,6 +61,10 @@ class InstructDataset : public Dataset {
     bool append_eos = true;  // the tokenizer's eos after each response (none: nothing appended)
     bool add_bos = false;    // the tokenizer's bos before each example
     int64_t pad_id = -1;     // padded inputs' id (-1: the eos id, else 0)
+    // Where the tokenized examples are kept between runs ("": nowhere): one file per JSONL file,
+    // named by a hash of its bytes, tokenizer_json's bytes, the template and bos/eos, read back
+    // instead of tokenizing again (block_size and packing apply after). Needs tokenizer_json.
+    std::filesystem::path cache_dir;
   };
   // One example: its ids and which of them are response ids (the loss's targets).
   struct Example {
@@ -84,7 +88,8 @@ class InstructDataset : public Dataset {
   int64_t truncated() const { return truncated_; }  // examples cut to block_size + 1 ids
   // Padded: examples left out because no response id remained within block_size + 1 ids.
   int64_t dropped() const { return dropped_; }
-  int64_t response_tokens() const;  // targets that are not -100, in all examples
+  bool from_cache() const { return from_cache_; }  // read from Options::cache_dir
+  int64_t response_tokens() const;                 // targets that are not -100, in all examples
 
  private:
   InstructDataset() = default;
@@ -93,6 +98,7 @@ class InstructDataset : public Dataset {
   std::vector<int64_t> stream_;        // packed: every example's ids in order
   std::vector<int64_t> stream_label_;  // packed: the id where it is a response id, else -100
   int64_t truncated_ = 0, dropped_ = 0, pad_id_ = 0;
+  bool from_cache_ = false;
 };
 
 // The prompt and response parts of one JSONL line (`where`: "FILE:LINE" for errors) under

@@ -44,14 +44,14 @@ class FinetuneExampleTest : public ::testing::Test {
   // examples/finetune on the demo (its files under the suite's folder), float32, the validation
   // loss over `val` (every batch), no sample; `extra` last. Returns the run's output.
   static fabric::testing::CommandResult finetune(const std::string& extra) {
-    return run_command("cd '" + dir_.string() + "' && '" +
-                       (fs::current_path() / "examples" / "finetune").string() +
-                       "' fabric.accelerator=cpu fabric.precision=32-true finetune.demo_cache=" +
-                       (dir_ / "cache").string() +
-                       " 'data.template=\"Q: {prompt}\\nA: {response}\"'" +
-                       " data.block_size=96 data.batch_size=4 trainer.limit_eval_batches=-1" +
-                       " finetune.sample_tokens=0 finetune.eval_every_n_steps=0" +
-                       " logging.log_every_n_steps=2 optimizer.lr=1e-2 " + extra);
+    return run_command(
+        "cd '" + dir_.string() + "' && '" +
+        (fs::current_path() / "examples" / "finetune").string() +
+        "' fabric.accelerator=cpu fabric.precision=32-true finetune.demo_cache=" +
+        (dir_ / "cache").string() + " 'data.template=\"Q: {prompt}\\nA: {response}\"'" +
+        " data.block_size=96 data.batch_size=4 trainer.limit_eval_batches=-1" +
+        " finetune.sample_tokens=0 finetune.eval_every_n_steps=0" +
+        " logging.log_every_n_steps=2 optimizer.lr=1e-2 data.token_cache=tokens " + extra);
   }
 
   // The JSON summary the run's last line names.
@@ -111,6 +111,7 @@ TEST_F(FinetuneExampleTest, LoraAdapterMergedAndFullExportsGiveTransformersTheRu
       finetune("fabric.devices=1 trainer.max_steps=6 logging.run_dir=lora2 data.val=" +
                (dir_ / "val.jsonl").string() + " data.train=" + demo("train.jsonl").string());
   ASSERT_EQ(run.code, 0) << run.out;
+  EXPECT_NE(run.out.find("(from the token cache)"), std::string::npos) << run.out;
   const auto s = summary(run.out);
   ASSERT_TRUE(s.is_object()) << run.out;
   const double ours = s["val_loss"].get<double>();

@@ -131,6 +131,38 @@ TEST_F(InstructTest, BatchesShiftByOneAndMaskPromptsAndPadding) {
   EXPECT_EQ(cut->truncated(), longer);
 }
 
+// Options::cache_dir: the second open reads the cache and gives the same examples; an edited
+// file or another template is tokenized again, never read from a stale cache; a damaged cache
+// file is tokenized again too.
+TEST_F(InstructTest, TheTokenCacheGivesTheSameExamplesAndNeverAStaleOne) {
+  auto o = options("alpaca");
+  o.cache_dir = dir_ / "cache";
+  fs::copy_file(dir_ / "alpaca.jsonl", dir_ / "cached.jsonl", fs::copy_options::overwrite_existing);
+  const auto first = InstructDataset::open(dir_ / "cached.jsonl", o);
+  EXPECT_FALSE(first->from_cache());
+  const auto again = InstructDataset::open(dir_ / "cached.jsonl", o);
+  EXPECT_TRUE(again->from_cache());
+  ASSERT_EQ(again->examples().size(), first->examples().size());
+  for (size_t i = 0; i < first->examples().size(); ++i) {
+    EXPECT_EQ(again->examples()[i].ids, first->examples()[i].ids);
+    EXPECT_EQ(again->examples()[i].response, first->examples()[i].response);
+  }
+  auto chat = o;
+  chat.template_text = "Q: {prompt}\nA: {response}";
+  EXPECT_FALSE(InstructDataset::open(dir_ / "cached.jsonl", chat)->from_cache());
+  std::ofstream(dir_ / "cached.jsonl", std::ios::app)
+      << R"({"prompt": "one more", "response": "x"})"
+      << "\n";
+  const auto edited = InstructDataset::open(dir_ / "cached.jsonl", o);
+  EXPECT_FALSE(edited->from_cache());
+  EXPECT_EQ(edited->examples().size(), first->examples().size() + 1);
+  for (const auto& e : fs::directory_iterator(dir_ / "cache"))
+    std::ofstream(e.path(), std::ios::trunc) << "damaged";
+  const auto damaged = InstructDataset::open(dir_ / "cached.jsonl", o);
+  EXPECT_FALSE(damaged->from_cache());
+  EXPECT_EQ(damaged->examples().size(), edited->examples().size());
+}
+
 TEST_F(InstructTest, BadInputIsOneLineNamingFileLineAndField) {
   auto expect = [](const std::string& error, const std::vector<std::string>& words) {
     for (const auto& w : words) EXPECT_NE(error.find(w), std::string::npos) << w << " in " << error;
