@@ -435,11 +435,11 @@ int run(fabric::Fabric& f) {
     val_loss = validate();
     f.print("step ", step, " val loss ", val_loss, " (response tokens)");
     f.log_dict({{"val/loss", val_loss}}, step);
-    if (!c.get_string("finetune.sample_prompt").empty() &&
-        c.get_int("finetune.sample_tokens") > 0 &&
+    const int64_t sample_tokens = c.get_int("finetune.sample_tokens");
+    if (!c.get_string("finetune.sample_prompt").empty() && sample_tokens > 0 &&
         (strategy == "single_device" || strategy == "ddp")) {
       fabric::models::GenerateOptions g;
-      g.max_new_tokens = c.get_int("finetune.sample_tokens");
+      g.max_new_tokens = sample_tokens;
       g.eos_token_ids = p.eos_token_ids;
       auto guard = f.autocast();
       const auto out = fabric::models::generate(*model, {sample_ids(c, *tokenizer, o.add_bos)}, g);
