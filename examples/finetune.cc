@@ -36,6 +36,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "examples/common/evaluations.h"
 #include "examples/finetune_demo.h"
 #include "examples/gpt_recipe.h"
 #include "fabric/accelerators/memory.h"
@@ -307,6 +308,9 @@ int run(fabric::Fabric& f) {
   state.add("optimizer", *optimizer).add("scheduler", scheduler).add("train_loader", train);
   for (auto& callback : fabric::make_callbacks(c, model.get(), optimizer.get()))
     f.add_callback(std::move(callback));
+  fabric::add_stateful_callbacks(f, state);  // callbacks.*: checkpointed when stateful
+  examples::PlateauReport plateau(f);        // scheduler.name: plateau, at every evaluation
+  plateau.add_to(state);
   fabric::Checkpointer checkpoints(f, state);
   checkpoints.set_export_module(*model);
   examples::gpt::ModelChoice choice;
@@ -369,8 +373,9 @@ int run(fabric::Fabric& f) {
   fabric::ProgressBar& bar = f.progress_bar(total_steps, max_epochs, step);
   fabric::NonFiniteGuard nonfinite(f);
   std::string stopped;
+  bool stop_early = false;  // a callback asked (callbacks.early_stopping)
   f.call("on_fit_start", step);
-  for (; epoch < max_epochs && step < total_steps && stopped.empty(); ++epoch) {
+  for (; epoch < max_epochs && step < total_steps && stopped.empty() && !stop_early; ++epoch) {
     int64_t in_epoch = train.state().batches;
     torch::Tensor group_loss;
     const auto epoch_start = Clock::now();
@@ -392,6 +397,7 @@ int run(fabric::Fabric& f) {
       ++step;
       const torch::Tensor mean = group_loss / static_cast<double>(micro.count);
       f.call("on_train_batch_end", step);
+      plateau.step(mean);
       window_loss += mean.to(torch::kFloat);
       ++window;
       if (step % log_every == 0 || step == total_steps) {
@@ -419,9 +425,16 @@ int run(fabric::Fabric& f) {
         val_loss = validate();
         f.print("step ", step, " val loss ", val_loss);
         f.log_dict({{"val/loss", val_loss}}, step);
+        f.call("on_validation_end", step, {{"val/loss", val_loss}});
+        plateau.report(scheduler, val_loss, step);
         const auto eval_time = Clock::now() - eval_start;
         window_start += eval_time;  // evaluation counts in neither tokens/s
         train_seconds -= std::chrono::duration<double>(eval_time).count();
+        if (!f.callbacks().empty() && f.should_stop()) {
+          f.print(f.stop_reason());
+          stop_early = true;
+          break;
+        }
       }
       if (step >= total_steps) break;
     }
@@ -481,6 +494,8 @@ int run(fabric::Fabric& f) {
       {"export", checkpoints.export_weights()},
       {"resumed_from", checkpoints.resumed_from()},
       {"stopped", stopped},
+      {"stopped_early",
+       f.stop_reason().empty() ? nlohmann::json(nullptr) : nlohmann::json(f.stop_reason())},
       {"sample", answer},
   };
   f.print(f.run_directory().write_summary(summary).string());
@@ -491,6 +506,9 @@ int run(fabric::Fabric& f) {
 
 int main(int argc, char** argv) {
   return fabric::run_main(argc, argv, schema(), [](const fabric::Config& config) {
+    // Before any process starts: what the loop cannot honour (exit 2).
+    examples::check_evaluation_keys(
+        config, {"finetune.eval_every_n_steps", {"val/loss"}, {"val/loss", "train/loss"}});
     fabric::Fabric fabric(config);
     return fabric.launch(run);
   });

@@ -167,6 +167,26 @@ TEST_F(FinetuneExampleTest, AResumedRunExportsTheUninterruptedRunsAdapterBitwise
   EXPECT_EQ(same.code, 0) << same.out;
 }
 
+// The validation loss reaches the callbacks: early stopping (min_delta 10 is never met, patience
+// 1) ends the run at the second evaluation, step 2 of 20.
+TEST_F(FinetuneExampleTest, EarlyStoppingActsOnTheValidationLoss) {
+  const auto r = finetune(
+      "fabric.devices=1 trainer.max_steps=20 finetune.eval_every_n_steps=1 "
+      "trainer.limit_eval_batches=1 callbacks.early_stopping.monitor=val/loss "
+      "callbacks.early_stopping.patience=1 callbacks.early_stopping.min_delta=10 "
+      "logging.run_dir=early");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto s = summary(r.out);
+  ASSERT_TRUE(s.is_object()) << r.out;
+  EXPECT_EQ(s["steps"].get<int64_t>(), 2) << r.out;
+  EXPECT_TRUE(s["stopped_early"].is_string()) << r.out;
+  // Without evaluations during training nothing could stop it: refused before training.
+  const auto refused =
+      finetune("fabric.devices=1 trainer.max_steps=2 callbacks.early_stopping.monitor=val/loss");
+  EXPECT_EQ(refused.code, 2) << refused.out;
+  EXPECT_NE(refused.out.find("finetune.eval_every_n_steps"), std::string::npos) << refused.out;
+}
+
 TEST_F(FinetuneExampleTest, BadInputStopsWithOneLineNamingTheKey) {
   struct Case {
     std::string args, key, fix;
