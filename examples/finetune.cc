@@ -1,6 +1,6 @@
 // bazel run //examples:finetune -- --config=finetune_lora.yaml [key=value ...]
-// bazel run //examples:finetune -- --config=finetune_lora.yaml model.pretrained=DIR \
-//     data.train=train.jsonl data.val=val.jsonl data.template=alpaca|chatml|TEXT
+// bazel run //examples:finetune -- --config=finetune_lora.yaml model.pretrained=DIR
+//     data.train=train.jsonl data.val=val.jsonl data.template=alpaca|chatml|TEXT   (one line)
 //
 // Instruction fine-tuning of a Hugging Face Llama-family folder (llama, qwen2, mistral;
 // docs/finetune.md): LoRA adapters on the layers finetune.lora.target_modules names (the base
