@@ -5,8 +5,8 @@
 #                                             here, with Bazel: writes the bundle (default
 #                                             .device/gpu_check; must stay <= 64 MiB);
 #                                             --suite=pretrained: only what that suite runs
-#                                             (gpt, generate, prepare_text, env, and
-#                                             transformers; no data/ or install/), 15 MiB
+#                                             (gpt, generate, prepare_text, env, lora_step,
+#                                             transformers, peft; no data/ or install/)
 #   DIR/gpu_check.sh run [flags]              on the node: runs the checks, prints a markdown report
 #                                             to stdout (progress on stderr)
 #
@@ -50,7 +50,8 @@
 #                   after 5: ours (gpt model.pretrained=, bf16-mixed, fused AdamW) vs transformers
 #                   (SDPA, float32 weights + bf16 autocast, AdamW(fused=True)) eager and with
 #                   torch.compile per decoder layer; greedy decode of 128 ids: ours (bf16-mixed,
-#                   bf16-true) vs transformers.generate (float32 + autocast, bfloat16); TorchTitan
+#                   bf16-true) vs transformers.generate (float32 + autocast, bfloat16); a LoRA step
+#                   (lora_step vs transformers + peft, bench/peft.tar.gz); TorchTitan
 #                   a skipped row naming why; tables of tokens/s, MFU (one peak) and the ratios
 #   --suite=all: check, throughput and gpt.
 # Without a usable GPU (or with --cpu) it runs what a CPU can: env, the GPU tests (they must load
@@ -95,12 +96,13 @@ build() {
   case "$out" in /*) ;; *) out="$PWD/$out" ;; esac
   # The bundle's default targets are what a GPU node needs (tools/bundle.sh).
   local targets=()
-  [ "$only" = pretrained ] && targets=(//examples:gpt //examples:generate //tools:prepare_text //tools:env)
+  [ "$only" = pretrained ] && targets=(//examples:gpt //examples:generate //tools:prepare_text //tools:env
+                                       //tools/bench:lora_step)
   bazel run --noshow_progress //tools:bundle -- --out="$out" "${targets[@]}" >&2 || exit 1
   mkdir -p "$out/bench"
   cp tools/bench/gpu_compare.py tools/bench/throughput.py tools/bench/models.py tools/bench/trace_summary.py \
     tools/bench/gpt_reference.py tools/bench/gpt_compare.sh tools/bench/llama_hf_train.py \
-    tools/bench/llama_gpu_bench.sh "$out/bench/"
+    tools/bench/llama_gpu_bench.sh tools/bench/lora_step_peft.py "$out/bench/"
   cp tools/gpu_check.sh "$out/gpu_check.sh"
   cp tools/compare_weights.py "$out/compare_weights.py"
   chmod +x "$out/gpu_check.sh"
@@ -132,8 +134,8 @@ PY
   # --suite=pretrained's reference, in that suite's bundle only (the full one is near the 64 MiB
   # a call carries; its pretrained rows use the node's transformers): this machine's transformers
   # (tools/requirements.txt pins it) as bench/transformers.tar.gz, its models/ cut to llama and
-  # auto (1.8 MiB instead of the wheel's 13); the node's tokenizers, safetensors and
-  # huggingface_hub serve it.
+  # auto, and encoder_decoder and bloom that peft imports (about 2 MiB instead of the wheel's 13);
+  # the node's tokenizers, safetensors and huggingface_hub serve it.
   [ "$only" != pretrained ] || ${PYTHON:-python3} - "$out/bench/transformers.tar.gz" <<'PY' ||
 import importlib.metadata as md, os, sys, tarfile
 import transformers
@@ -144,7 +146,7 @@ def keep(ti):
     if "__pycache__" in parts or ti.name.endswith(".pyc"):
         return None
     if parts[:2] == ["transformers", "models"] and len(parts) > 2 and \
-            parts[2] not in ("__init__.py", "auto", "llama"):
+            parts[2] not in ("__init__.py", "auto", "llama", "encoder_decoder", "bloom"):
         return None
     if parts[0].endswith(".dist-info") and len(parts) > 1 and parts[1] in ("RECORD", "INSTALLER"):
         return None
@@ -159,6 +161,23 @@ with tarfile.open(sys.argv[1], "w:gz", compresslevel=9) as t:
 PY
     { echo "gpu_check build: no transformers here to carry (tools/setup.sh); --suite=pretrained will use the node's" >&2
       rm -f "$out/bench/transformers.tar.gz"; }
+  # peft for the LoRA rows (pure Python; the node has none), in the pretrained bundle only.
+  [ "$only" != pretrained ] || ${PYTHON:-python3} - "$out/bench/peft.tar.gz" <<'PY' ||
+import os, sys, tarfile
+import peft
+src = os.path.dirname(peft.__file__)
+def keep(ti):
+    if "__pycache__" in ti.name.split("/") or ti.name.endswith(".pyc"):
+        return None
+    ti.uid = ti.gid = 0
+    ti.uname = ti.gname = ""
+    ti.mtime = 0
+    return ti
+with tarfile.open(sys.argv[1], "w:gz", compresslevel=9) as t:
+    t.add(src, "peft", filter=keep)
+PY
+    { echo "gpu_check build: no peft here to carry (tools/setup.sh); the peft-lora row will use the node's" >&2
+      rm -f "$out/bench/peft.tar.gz"; }
   local kib
   kib=$(du -sk "$out" | cut -f1)
   if [ "$kib" -gt $((limit_mib * 1024)) ]; then
@@ -472,8 +491,8 @@ run() {
     [ $cpu -eq 1 ] && pflags+=(--cpu)
     # torch.compile last: the slowest and least sure (its limit keeps the suite inside 10 minutes).
     for st in "pylib 90" "make 240" "tokens 60" "ours-train 240" "hf-train 240" "ours-decode 150" \
-              "ours-decode-bf16 150" "hf-decode 150" "hf-decode-bf16 150" "hf-compile 300" \
-              "torchtitan 30" "table 30"; do
+              "ours-decode-bf16 150" "hf-decode 150" "hf-decode-bf16 150" "ours-lora 180" \
+              "peft-lora 180" "hf-compile 300" "torchtitan 30" "table 30"; do
       read -r name limit <<<"$st"
       CHECK_SUMMARY='^(rate: |transformers |using |prepare_text: |.*parameters .* save )' check "pretrained $name" "$limit" \
         "$here/bench/llama_gpu_bench.sh" "$name" "$here" "$pdir" "${pflags[@]}"

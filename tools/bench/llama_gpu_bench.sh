@@ -23,6 +23,10 @@
 #                      ours-decode-bf16: fabric.precision=bf16-true
 #         hf-decode    transformers.generate on ours' prompt ids, float32 weights under autocast;
 #                      hf-decode-bf16: bfloat16 weights
+#         ours-lora    BUNDLE's lora_step (issue 70 item 6): one LoRA step, rank 16 on all seven
+#                      projections, --steps=10 after 3, bf16-mixed, writing its initial adapter;
+#                      peft-lora: lora_step_peft.py (transformers + peft, bench/peft.tar.gz or the
+#                      node's) from that adapter: tokens/s and peak memory against peft's
 #         torchtitan   skips: not installable offline on the node (the reason is the row's note)
 #         table        OUT/table.md from OUT/results.jsonl
 # --cpu: the tiny shape (llama_hf_train.py --tiny), 32-true, sequence 64, batch 2, 2 + 1 steps,
@@ -95,17 +99,25 @@ case "$step" in
 from transformers import LlamaForCausalLM
 print("transformers", transformers.__version__, "at", transformers.__file__, "; tokenizers", tokenizers.__version__)'
     why=""
+    # peft (the LoRA rows' reference) beside whichever transformers serves: the carried one
+    # (bench/peft.tar.gz), else the node's; the rows say when neither imports.
+    rm -rf "$out/peftlib"
+    if [ -f "$bundle/bench/peft.tar.gz" ]; then
+      mkdir -p "$out/peftlib" && tar -xzf "$bundle/bench/peft.tar.gz" -C "$out/peftlib"
+    fi
+    peft_path="export PYTHONPATH=\"\${PYTHONPATH:+\$PYTHONPATH:}$out/peftlib\""
     if [ -f "$bundle/bench/transformers.tar.gz" ]; then
       mkdir -p "$out/pylib" && tar -xzf "$bundle/bench/transformers.tar.gz" -C "$out/pylib" &&
         PYTHONPATH="$out/pylib${PYTHONPATH:+:$PYTHONPATH}" "$python" -c "$check" &&
-        { echo "export PYTHONPATH=\"$out/pylib\${PYTHONPATH:+:\$PYTHONPATH}\"" >"$out/env"; exit 0; }
+        { echo "export PYTHONPATH=\"$out/pylib\${PYTHONPATH:+:\$PYTHONPATH}\"" >"$out/env"
+          echo "$peft_path" >>"$out/env"; exit 0; }
       why="the carried transformers did not import; "
     else
       why="no carried transformers (BUNDLE/bench/transformers.tar.gz); "
     fi
     rm -rf "$out/pylib"
     if "$python" -c "$check"; then
-      echo "# ${why}the node's own" >"$out/env"
+      { echo "# ${why}the node's own"; echo "$peft_path"; } >"$out/env"
       echo "using the node's own transformers (${why%; })"
       exit 0
     fi
@@ -208,6 +220,41 @@ print("RESULT " + json.dumps({"side": sys.argv[2], "precision": sys.argv[3], "pr
       --new_tokens="$new_tokens" --device=$device --weights=$w 2>&1 | tee "$out/$step.result" || exit
     record "$out/$step.result"
     ;;
+  ours-lora|peft-lora)
+    # Issue 70 item 6: one LoRA step on the same model, ours (lora_step) against transformers +
+    # peft (lora_step_peft.py) from the same initial adapters: rank 16, alpha 32, all seven
+    # projections, random windows of block_size + 1 ids, fused AdamW, bf16 autocast.
+    need_model
+    lflags=(--model="$out/llama/model" --seq=$block --batch="$batch" --warmup=3 --steps=10
+            --rank=16 --alpha=32 --targets=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj
+            --device=$device --precision=$precision)
+    [ $cpu -eq 1 ] && lflags+=(--warmup=1 --steps=2)
+    if [ "$step" = ours-lora ]; then
+      [ -x "$bundle/bin/lora_step" ] || skip "no lora_step in this bundle (gpu_check.sh build --suite=pretrained)"
+      rm -rf "$out/lora_adapter"
+      "$bundle/run.sh" lora_step "${lflags[@]}" --save_adapter="$out/lora_adapter" >"$out/$step.raw" || exit
+      side=ours-lora
+    else
+      need_transformers
+      "$python" -c 'import peft' 2>/dev/null || skip "no peft: neither carried (bench/peft.tar.gz) nor on the node"
+      [ -d "$out/lora_adapter" ] || skip "no initial adapter (see the ours-lora row)"
+      "$python" "$bundle/bench/lora_step_peft.py" "${lflags[@]}" --load_adapter="$out/lora_adapter" \
+        >"$out/$step.raw" || exit
+      side=transformers-peft-lora
+    fi
+    "$python" - "$out/$step.raw" "$side" >"$out/$step.result" <<'PY' || exit 1
+import json, sys
+line = [l for l in open(sys.argv[1]) if l.startswith("RESULT ")][-1]
+r = json.loads(line[len("RESULT "):])
+print("RESULT " + json.dumps({
+    "side": sys.argv[2], "lora": True, "device": r["device"], "precision": r["precision"],
+    "batch": r["batch"], "block_size": r["seq"], "tokens_per_s": r["tokens_per_s"],
+    "step_ms": r["step_ms_median"], "peak_device_mib": r["peak_mib"], "loss0": r["loss0"],
+    "loss": r["loss"], "losses": r["losses"], "trainable_params": r["trainable_params"],
+    "mfu": None}))
+PY
+    record "$out/$step.result"
+    ;;
   torchtitan)
     "$python" -c 'import torchtitan' 2>/dev/null &&
       skip "torchtitan imports, but this suite has no runner for it yet (TorchTitan's llama3 needs its own config and a dataset)"
@@ -218,7 +265,8 @@ print("RESULT " + json.dumps({"side": sys.argv[2], "precision": sys.argv[3], "pr
     "$python" - "$results" >"$out/table.md" <<'PY' || exit 1
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
-train = [r for r in rows if "tokens_per_s" in r]
+train = [r for r in rows if "tokens_per_s" in r and not r.get("lora")]
+lora = [r for r in rows if r.get("lora")]
 dec = [r for r in rows if "decode_tokens_per_second" in r]
 def pct(x): return f"{100 * x:.1f}%" if x is not None else "-"
 def mib(x): return f"{x:,.0f}" if x is not None else "-"
@@ -241,6 +289,20 @@ if train:
         ratio_c = f"{r['tokens_per_s'] / comp['tokens_per_s']:.3f}x" if comp else "-"
         print(f"| {r['side']} | {r['tokens_per_s']:,.0f} | {pct(r.get('mfu'))} | {r['step_ms']:.1f} | "
               f"{mib(r.get('peak_device_mib'))} | {r['loss']:.4f} | {ratio} | {ratio_c} |")
+if lora:
+    peft = next((r for r in lora if r["side"] == "transformers-peft-lora"), None)
+    print()
+    print(f"LoRA step (rank 16 on all projections, the same initial adapters): batch {lora[0]['batch']} x "
+          f"{lora[0]['block_size']}, {lora[0]['precision']}, {len(lora[0]['losses'])} steps")
+    print()
+    print("| side | tokens/s | step ms | peak MiB | loss first / last | vs peft tokens/s | vs peft memory |")
+    print("|---|---|---|---|---|---|---|")
+    for r in lora:
+        ratio = f"{r['tokens_per_s'] / peft['tokens_per_s']:.3f}x" if peft else "-"
+        mem = (f"{r['peak_device_mib'] / peft['peak_device_mib']:.3f}x"
+               if peft and r.get("peak_device_mib") and peft.get("peak_device_mib") else "-")
+        print(f"| {r['side']} | {r['tokens_per_s']:,.0f} | {r['step_ms']:.1f} | {mib(r.get('peak_device_mib'))} | "
+              f"{r['loss0']:.4f} / {r['loss']:.4f} | {ratio} | {mem} |")
 if dec:
     ours = next((r for r in dec if r["side"] == "ours-generate"), None)
     hfd = next((r for r in dec if r["side"] == "transformers-generate-float32"), None)

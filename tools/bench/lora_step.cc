@@ -2,10 +2,11 @@
 //     [--batch=8] [--seq=256] [--rank=8] [--alpha=16] [--targets=q_proj,k_proj,v_proj,o_proj]
 //     [--lr=1e-3] [--seed=0] [--save_adapter=DIR] [--profile=DIR]
 //
-// One LoRA fine-tuning step on CPU through Fabric's default path, timed against Hugging Face peft
-// by tools/bench/lora_step_peft.py (the same step in PyTorch; docs/benchmarks.md, "LoRA
-// fine-tuning step on CPU"). The Hugging Face Llama folder --model (tools/bench/make_bench_llama.py
-// writes one) loads as float32 (fabric.precision 32-true, CPU); apply_lora puts adapters of
+// One LoRA fine-tuning step (on CPU, or --device=cuda) through Fabric's default path, timed against
+// Hugging Face peft by tools/bench/lora_step_peft.py (the same step in PyTorch; docs/benchmarks.md,
+// "LoRA fine-tuning step on CPU"). The Hugging Face Llama folder --model
+// (tools/bench/make_bench_llama.py writes one) loads as float32 (fabric.precision 32-true, CPU);
+// apply_lora puts adapters of
 // --rank, --alpha and dropout 0 on the --targets layers; fabric::AdamW (fused, the default
 // implementation; lr --lr, weight decay 0.01 as torch.optim.AdamW's) trains the adapters only.
 // The batch: --batch windows of --seq + 1 random token ids from torch::manual_seed(--seed), the
@@ -13,6 +14,9 @@
 // targets the next ones. Each step: forward, loss = mean cross-entropy over every position,
 // Fabric's backward and step, zero_grad. --warmup steps run untimed, then --steps timed ones.
 //
+// --device=cuda --precision=bf16-mixed: the same on one GPU under bf16 autocast (the weights
+// float32), the GPU row of issue 70 (tools/bench/llama_gpu_bench.sh ours-lora); "peak_mib" in
+// the result is the most tensor memory held (CUDA; null on the CPU).
 // --threads: fabric.num_threads (intra- and inter-op threads); without it Fabric picks (OMP_NUM_
 // THREADS, else the CPUs this process may use). --save_adapter writes the initial adapter (before
 // any step) in peft's format, so lora_step_peft.py --load_adapter starts from the same weights
@@ -38,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "fabric/accelerators/memory.h"
 #include "fabric/fabric.h"
 #include "fabric/hf/llama.h"
 #include "fabric/nn/lora.h"
@@ -49,7 +54,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct Args {
-  std::string model, save_adapter, profile;
+  std::string model, save_adapter, profile, device = "cpu", precision = "32-true";
   int64_t threads = 0, warmup = 3, steps = 10, batch = 8, seq = 256, rank = 8, seed = 0;
   double alpha = 16, lr = 1e-3;
   std::vector<std::string> targets = {"q_proj", "k_proj", "v_proj", "o_proj"};
@@ -66,7 +71,7 @@ std::vector<std::string> split(const std::string& s) {
 const char kUsage[] =
     "usage: lora_step --model=DIR [--threads=N] [--warmup=N] [--steps=N] [--batch=N] [--seq=N] "
     "[--rank=N] [--alpha=X] [--targets=a,b] [--lr=X] [--seed=N] [--save_adapter=DIR] "
-    "[--profile=DIR]\n";
+    "[--profile=DIR] [--device=cpu|cuda] [--precision=32-true|bf16-mixed]\n";
 
 std::optional<Args> parse(int argc, char** argv) {
   Args a;
@@ -81,6 +86,10 @@ std::optional<Args> parse(int argc, char** argv) {
       a.save_adapter = v;
     else if (key == "profile")
       a.profile = v;
+    else if (key == "device")
+      a.device = v;
+    else if (key == "precision")
+      a.precision = v;
     else if (key == "threads")
       a.threads = std::stoll(v);
     else if (key == "warmup")
@@ -129,7 +138,8 @@ int main(int argc, char** argv) {
   args.save_adapter = resolve(args.save_adapter);
   args.profile = resolve(args.profile);
 
-  std::vector<std::string> overrides = {"fabric.accelerator=cpu", "fabric.precision=32-true"};
+  std::vector<std::string> overrides = {"fabric.accelerator=" + args.device, "fabric.devices=1",
+                                        "fabric.precision=" + args.precision};
   if (args.threads > 0) overrides.push_back("fabric.num_threads=" + std::to_string(args.threads));
   fabric::Fabric fabric(fabric::Config::defaults(fabric::training_schema(), overrides));
 
@@ -162,8 +172,8 @@ int main(int argc, char** argv) {
     torch::manual_seed(static_cast<uint64_t>(args.seed));
     const int64_t vocab = model->config().vocab_size;
     const torch::Tensor ids = torch::randint(0, vocab, {args.batch, args.seq + 1}, torch::kLong);
-    const torch::Tensor x = ids.narrow(1, 0, args.seq).contiguous();
-    const torch::Tensor y = ids.narrow(1, 1, args.seq).contiguous();
+    const torch::Tensor x = ids.narrow(1, 0, args.seq).contiguous().to(f.device());
+    const torch::Tensor y = ids.narrow(1, 1, args.seq).contiguous().to(f.device());
 
     std::unique_ptr<fabric::StepProfiler> profiler;
     if (!args.profile.empty()) {
@@ -177,7 +187,11 @@ int main(int argc, char** argv) {
     std::vector<double> losses, step_ms;
     for (int64_t i = 0; i < args.warmup + args.steps; ++i) {
       const auto start = Clock::now();
-      const torch::Tensor loss = model->loss(x, y);
+      torch::Tensor loss;
+      {
+        auto guard = f.autocast();  // --precision bf16-mixed: bf16 compute, float32 weights
+        loss = model->loss(x, y);
+      }
       f.backward(loss);
       f.step(optimizer);
       optimizer.zero_grad();
@@ -204,7 +218,14 @@ int main(int argc, char** argv) {
               {"loss0", losses.front()},
               {"loss", losses.back()},
               {"losses", losses},
-              {"tokens_sum", ids.sum().item<int64_t>()}};
+              {"tokens_sum", ids.sum().item<int64_t>()},
+              {"device", f.device().str()},
+              {"precision", args.precision},
+              {"peak_mib",
+               fabric::memory_counted(f.device())
+                   ? nlohmann::json(static_cast<double>(fabric::memory_stats(f.device()).peak) /
+                                    (1 << 20))
+                   : nlohmann::json(nullptr)}};
   });
   std::cout << "RESULT " << result.dump() << std::endl;
   return 0;

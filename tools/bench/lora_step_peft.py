@@ -4,6 +4,7 @@
 usage: lora_step_peft.py --model=DIR [--threads=N] [--warmup=3] [--steps=10] [--batch=8]
                          [--seq=256] [--rank=8] [--alpha=16] [--targets=q_proj,k_proj,v_proj,o_proj]
                          [--lr=1e-3] [--seed=0] [--load_adapter=DIR] [--profile]
+                         [--device=cpu|cuda] [--precision=32-true|bf16-mixed]
 
 The Hugging Face Llama folder --model (tools/bench/make_bench_llama.py) loads as
 LlamaForCausalLM(attn_implementation="sdpa", float32, CPU); peft's LoraConfig puts adapters of
@@ -15,6 +16,8 @@ torch.manual_seed(--seed) + torch.randint (the ids lora_step draws); inputs the 
 targets the next. Each step: forward (use_cache off), loss = mean cross-entropy over every
 position, backward, step, zero_grad; --warmup untimed steps, then --steps timed ones.
 
+--device=cuda --precision=bf16-mixed: the model on the GPU under torch.autocast(bfloat16)
+(weights float32, the loss in float32), "peak_mib" torch.cuda.max_memory_allocated.
 --threads: torch.set_num_threads and set_num_interop_threads; without it torch's default.
 --profile: torch.profiler over 3 more steps after the timed ones, its op table (self CPU time)
 to stderr.
@@ -32,7 +35,7 @@ import torch
 def parse(argv):
     a = dict(model=None, threads=0, warmup=3, steps=10, batch=8, seq=256, rank=8, alpha=16.0,
              targets="q_proj,k_proj,v_proj,o_proj", lr=1e-3, seed=0, load_adapter=None,
-             profile=False)
+             profile=False, device="cpu", precision="32-true")
     for arg in argv:
         if arg == "--profile":
             a["profile"] = True
@@ -68,6 +71,7 @@ def main():
                             target_modules=a["targets"].split(","), bias="none",
                             task_type="CAUSAL_LM")
         model = get_peft_model(base, config)
+    model.to(a["device"])
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=a["lr"], weight_decay=0.01, fused=True)
@@ -75,12 +79,15 @@ def main():
     torch.manual_seed(a["seed"])
     vocab = base.config.vocab_size
     ids = torch.randint(0, vocab, (a["batch"], a["seq"] + 1), dtype=torch.long)
-    x, y = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+    x, y = ids[:, :-1].contiguous().to(a["device"]), ids[:, 1:].contiguous().to(a["device"])
+    bf16 = a["precision"] == "bf16-mixed"
 
     def step():
-        logits = model(input_ids=x, use_cache=False).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)),
-                                                 y.reshape(-1))
+        with torch.autocast(device_type=a["device"].split(":")[0], dtype=torch.bfloat16,
+                            enabled=bf16):
+            logits = model(input_ids=x, use_cache=False).logits
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -106,7 +113,10 @@ def main():
               "seq": a["seq"], "tokens_per_s": a["batch"] * a["seq"] / (median / 1e3),
               "step_ms_median": median, "step_ms_min": min(step_ms),
               "trainable_params": sum(p.numel() for p in trainable), "loss0": losses[0],
-              "loss": losses[-1], "losses": losses, "tokens_sum": int(ids.sum())}
+              "loss": losses[-1], "losses": losses, "tokens_sum": int(ids.sum()),
+              "device": a["device"], "precision": a["precision"],
+              "peak_mib": torch.cuda.max_memory_allocated() / 2**20
+              if a["device"].startswith("cuda") else None}
     print("RESULT " + json.dumps(result), flush=True)
 
 
