@@ -227,6 +227,9 @@ int run(fabric::Fabric& f) {
   if (f.local_rank() == 0) open_data();
   f.barrier();
   if (f.local_rank() != 0) open_data();
+  if (!train_data->cache_warning().empty())
+    f.print("warning: data.token_cache: ", train_data->cache_warning(),
+            " (tokenized again next run; set data.token_cache=DIR or none)");
   f.print(
       "data: ", train_data->examples().size(), " train examples (", train_data->truncated(),
       " cut to data.block_size ", block, ", ", train_data->dropped(),

@@ -249,7 +249,15 @@ std::shared_ptr<InstructDataset> InstructDataset::open(
       }
       whole.push_back(std::move(e));
     }
-    if (!cached.empty()) write_cache(cached, whole);
+    // The cache is an optimisation: a folder that cannot be written costs the next run a
+    // tokenization, not this run.
+    if (!cached.empty()) {
+      try {
+        write_cache(cached, whole);
+      } catch (const Error& e) {
+        d->cache_warning_ = e.what();
+      }
+    }
   }
   int64_t responses = 0;
   for (Example& e : whole) {

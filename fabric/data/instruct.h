@@ -89,7 +89,9 @@ class InstructDataset : public Dataset {
   // Padded: examples left out because no response id remained within block_size + 1 ids.
   int64_t dropped() const { return dropped_; }
   bool from_cache() const { return from_cache_; }  // read from Options::cache_dir
-  int64_t response_tokens() const;                 // targets that are not -100, in all examples
+  // Why the cache could not be written ("" when it was, or none was asked for).
+  const std::string& cache_warning() const { return cache_warning_; }
+  int64_t response_tokens() const;  // targets that are not -100, in all examples
 
  private:
   InstructDataset() = default;
@@ -99,6 +101,7 @@ class InstructDataset : public Dataset {
   std::vector<int64_t> stream_label_;  // packed: the id where it is a response id, else -100
   int64_t truncated_ = 0, dropped_ = 0, pad_id_ = 0;
   bool from_cache_ = false;
+  std::string cache_warning_;
 };
 
 // The prompt and response parts of one JSONL line (`where`: "FILE:LINE" for errors) under

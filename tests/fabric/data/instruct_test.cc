@@ -161,6 +161,13 @@ TEST_F(InstructTest, TheTokenCacheGivesTheSameExamplesAndNeverAStaleOne) {
   const auto damaged = InstructDataset::open(dir_ / "cached.jsonl", o);
   EXPECT_FALSE(damaged->from_cache());
   EXPECT_EQ(damaged->examples().size(), edited->examples().size());
+  EXPECT_TRUE(damaged->cache_warning().empty());
+  // A cache folder that cannot be made: the examples still come, with a warning.
+  std::ofstream(dir_ / "not_a_folder") << "x";
+  o.cache_dir = dir_ / "not_a_folder" / "cache";
+  const auto unwritable = InstructDataset::open(dir_ / "cached.jsonl", o);
+  EXPECT_EQ(unwritable->examples().size(), edited->examples().size());
+  EXPECT_FALSE(unwritable->cache_warning().empty());
 }
 
 TEST_F(InstructTest, BadInputIsOneLineNamingFileLineAndField) {
