@@ -131,22 +131,26 @@ for split, (xs, ys) in splits.items():
         os.makedirs(d, exist_ok=True)
         Image.fromarray(im, 'L').save(f'{d}/{i:04d}.png')
 PY
-  # --suite=pretrained's reference, in that suite's bundle only (the full one is near the 64 MiB
+  # --suite=pretrained's references, in that suite's bundle only (the full one is near the 64 MiB
   # a call carries; its pretrained rows use the node's transformers): this machine's transformers
   # (tools/requirements.txt pins it) as bench/transformers.tar.gz, its models/ cut to llama and
-  # auto, and encoder_decoder and bloom that peft imports (about 2 MiB instead of the wheel's 13);
-  # the node's tokenizers, safetensors and huggingface_hub serve it.
-  [ "$only" != pretrained ] || ${PYTHON:-python3} - "$out/bench/transformers.tar.gz" <<'PY' ||
-import importlib.metadata as md, os, sys, tarfile
-import transformers
-src = os.path.dirname(transformers.__file__)
-info = os.path.join(os.path.dirname(src), f"transformers-{md.version('transformers')}.dist-info")
+  # auto, and encoder_decoder and bloom that peft imports (about 2 MiB instead of the wheel's 13;
+  # the node's tokenizers, safetensors and huggingface_hub serve it), and peft (pure Python, the
+  # node has none) as bench/peft.tar.gz for the LoRA rows.
+  if [ "$only" = pretrained ]; then
+    local package
+    for package in transformers peft; do
+      ${PYTHON:-python3} - "$package" "$out/bench/$package.tar.gz" <<'PY' ||
+import importlib, importlib.metadata as md, os, sys, tarfile
+name, target = sys.argv[1], sys.argv[2]
+src = os.path.dirname(importlib.import_module(name).__file__)
+info = os.path.join(os.path.dirname(src), f"{name}-{md.version(name)}.dist-info")
+models = ("__init__.py", "auto", "llama", "encoder_decoder", "bloom")
 def keep(ti):
     parts = ti.name.split("/")
     if "__pycache__" in parts or ti.name.endswith(".pyc"):
         return None
-    if parts[:2] == ["transformers", "models"] and len(parts) > 2 and \
-            parts[2] not in ("__init__.py", "auto", "llama", "encoder_decoder", "bloom"):
+    if parts[:2] == ["transformers", "models"] and len(parts) > 2 and parts[2] not in models:
         return None
     if parts[0].endswith(".dist-info") and len(parts) > 1 and parts[1] in ("RECORD", "INSTALLER"):
         return None
@@ -154,30 +158,15 @@ def keep(ti):
     ti.uname = ti.gname = ""
     ti.mtime = 0
     return ti
-with tarfile.open(sys.argv[1], "w:gz", compresslevel=9) as t:
-    t.add(src, "transformers", filter=keep)
+with tarfile.open(target, "w:gz", compresslevel=9) as t:
+    t.add(src, name, filter=keep)
     if os.path.isdir(info):
         t.add(info, os.path.basename(info), filter=keep)
 PY
-    { echo "gpu_check build: no transformers here to carry (tools/setup.sh); --suite=pretrained will use the node's" >&2
-      rm -f "$out/bench/transformers.tar.gz"; }
-  # peft for the LoRA rows (pure Python; the node has none), in the pretrained bundle only.
-  [ "$only" != pretrained ] || ${PYTHON:-python3} - "$out/bench/peft.tar.gz" <<'PY' ||
-import os, sys, tarfile
-import peft
-src = os.path.dirname(peft.__file__)
-def keep(ti):
-    if "__pycache__" in ti.name.split("/") or ti.name.endswith(".pyc"):
-        return None
-    ti.uid = ti.gid = 0
-    ti.uname = ti.gname = ""
-    ti.mtime = 0
-    return ti
-with tarfile.open(sys.argv[1], "w:gz", compresslevel=9) as t:
-    t.add(src, "peft", filter=keep)
-PY
-    { echo "gpu_check build: no peft here to carry (tools/setup.sh); the peft-lora row will use the node's" >&2
-      rm -f "$out/bench/peft.tar.gz"; }
+        { echo "gpu_check build: no $package here to carry (tools/setup.sh); --suite=pretrained will use the node's" >&2
+          rm -f "$out/bench/$package.tar.gz"; }
+    done
+  fi
   local kib
   kib=$(du -sk "$out" | cut -f1)
   if [ "$kib" -gt $((limit_mib * 1024)) ]; then
