@@ -122,6 +122,11 @@ CheckpointerOptions CheckpointerOptions::from_config(const Config& c, const std:
     if (const std::string r = string_key("checkpoint.resume");
         !r.empty() && r != "none" && r != "auto")
       inputs.push_back({absolute_from_working_directory(r), "checkpoint.resume"});
+    // A pretrained folder the run started from, and instruction data files (examples:finetune):
+    // an export into the base model's folder would mix with (or replace) its weights.
+    for (const char* key : {"model.pretrained", "data.train", "data.val"})
+      if (const std::string in = string_key(key); !in.empty())
+        inputs.push_back({absolute_from_working_directory(in), key});
     // The data folder's files (its val.bin), unless the weights go into this run's own folder
     // (a run folder inside data.root may replace its own earlier export).
     if (const std::string root = string_key("data.root");

@@ -196,6 +196,10 @@ TEST_F(FinetuneExampleTest, BadInputStopsWithOneLineNamingTheKey) {
       {"finetune.lora.target_modules=[qq_proj]", "qq_proj", "q_proj"},
       {"model.pretrained=" + (dir_ / "cache").string(), "model.pretrained", "config.json"},
       {"model.pretrained=" + demo("model").string(), "data.train", "JSONL"},
+      // An export into the base folder would mix with its weights (Checkpointer's input check).
+      {"model.pretrained=" + demo("model").string() + " data.train=" +
+           demo("train.jsonl").string() + " checkpoint.export_weights=" + demo("model").string(),
+       "checkpoint.export_weights", "model.pretrained"},
   };
   for (const Case& k : cases) {
     const auto r = finetune("fabric.devices=1 trainer.max_steps=1 " + k.args);
