@@ -69,14 +69,6 @@ fabric::ConfigSchema schema() {
   return s;
 }
 
-// Whether the folder's tokenizer_config.json asks for a bos id before the text.
-bool tokenizer_adds_bos(const fs::path& folder) {
-  std::ifstream in(folder / "tokenizer_config.json");
-  if (!in) return false;
-  const auto json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  return json.is_object() && json.value("add_bos_token", false) == true;
-}
-
 // Generation without a cache: every step the model's forward over the whole sequence, through
 // Fabric (any strategy), the next id chosen as fabric::models::choose_next_tokens does.
 template <typename Holder>
@@ -127,7 +119,7 @@ int run(fabric::Fabric& f) {
                          (p.folder / "config.json").string() + "); use the model's own tokenizer");
   std::vector<int64_t> prompt_ids;
   const std::string add_bos = c.get_string("generate.add_bos");
-  if (add_bos == "true" || (add_bos == "auto" && tokenizer_adds_bos(p.folder))) {
+  if (add_bos == "true" || (add_bos == "auto" && p.add_bos_token)) {
     const int64_t bos = p.bos_token_id >= 0 ? p.bos_token_id : tokenizer.bos();
     if (bos < 0)
       throw c.error_at("generate.add_bos", "true, but " + p.folder.string() +

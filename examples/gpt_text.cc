@@ -19,6 +19,12 @@ namespace examples::gpt {
 
 namespace fs = std::filesystem;
 
+fs::path cache_home() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  return xdg && *xdg ? fs::path(xdg) / "fabricpp" : fs::path(home ? home : ".") / ".cache/fabricpp";
+}
+
 std::string python_stdlib() {
   FILE* p = popen(
       "python3 -c 'import sysconfig; print(sysconfig.get_paths()[\"stdlib\"])' "
@@ -44,12 +50,7 @@ fs::path data_root(fabric::Fabric& f) {
         "(python3 is not on PATH); prepare text with `bazel run //tools:prepare_text -- "
         "--input=PATH --output=DIR` and set data.root=DIR");
   fs::path cache = c.get_string("gpt.corpus_cache");
-  if (cache.empty()) {
-    const char* xdg = std::getenv("XDG_CACHE_HOME");
-    const char* home = std::getenv("HOME");
-    cache =
-        xdg && *xdg ? fs::path(xdg) / "fabricpp" : fs::path(home ? home : ".") / ".cache/fabricpp";
-  }
+  if (cache.empty()) cache = cache_home();
   const fs::path out = cache / ("text-" + fs::path(stdlib).filename().string() + "-stdlib-bytes");
   if (f.local_rank() == 0 && !fs::exists(out / "meta.json")) {
     f.print("data.root is not set: preparing the default corpus, the Python sources of ", stdlib,

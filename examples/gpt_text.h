@@ -28,6 +28,10 @@ struct Meta : fabric::TokenMeta {
 // data.root, or the default corpus (prepared by each node's local rank 0 on first use).
 std::filesystem::path data_root(fabric::Fabric& f);
 
+// Where the examples keep what they prepare once (corpora, demos, token caches):
+// $XDG_CACHE_HOME/fabricpp, else ~/.cache/fabricpp.
+std::filesystem::path cache_home();
+
 // The folder of this machine's Python standard library (python3 asked), or "" without Python.
 std::string python_stdlib();
 

@@ -113,6 +113,11 @@ Pretrained read_pretrained(const fs::path& folder) {
   p.eos_token_ids = pick("eos_token_id");
   if (const auto bos = pick("bos_token_id"); !bos.empty()) p.bos_token_id = bos.front();
   if (const auto pad = pick("pad_token_id"); !pad.empty()) p.pad_token_id = pad.front();
+  // tokenizer_config.json's add_bos_token: whether the folder's own tokenizer puts bos first.
+  if (std::ifstream tc(folder / "tokenizer_config.json"); tc) {
+    const auto j = nlohmann::json::parse(tc, nullptr, /*allow_exceptions=*/false);
+    p.add_bos_token = j.is_object() && j.value("add_bos_token", false) == true;
+  }
   return p;
 }
 

@@ -30,6 +30,8 @@ struct Pretrained {
   // or a list), bos_token_id and pad_token_id (-1: none).
   std::vector<int64_t> eos_token_ids;
   int64_t bos_token_id = -1, pad_token_id = -1;
+  // tokenizer_config.json's add_bos_token (false without the file): the bos id goes first.
+  bool add_bos_token = false;
 
   int64_t vocab_size() const;
   int64_t max_positions() const;  // max_position_embeddings / n_positions

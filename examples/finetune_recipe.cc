@@ -1,0 +1,188 @@
+#include "examples/finetune_recipe.h"
+
+#include <algorithm>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "examples/finetune_demo.h"
+#include "examples/gpt_text.h"
+#include "fabric/config/standard_keys.h"
+#include "fabric/core/error.h"
+#include "fabric/core/paths.h"
+#include "fabric/data/instruct.h"
+
+namespace examples::finetune {
+
+namespace fs = std::filesystem;
+using fabric::KeySpec;
+
+fabric::ConfigSchema schema() {
+  fabric::ConfigSchema s = fabric::training_schema();
+  s.set_default("checkpoint.export_weights", "\"{run_dir}/export\"");
+  s.set_default("checkpoint.export_format", "hf");
+  s.section_doc("model", "the Hugging Face folder to fine-tune");
+  s.add(
+      "model.pretrained",
+      KeySpec::string("").doc("a llama, qwen2 or mistral folder (config.json, safetensors, "
+                              "tokenizer.json); \"\": the offline demo (a tiny model it builds)"));
+  s.add("model.activation_checkpointing",
+        KeySpec::choice_list({"LlamaDecoderLayer"}, {})
+            .doc("decoder layers whose activations are recomputed in backward"));
+  s.add("data.train",
+        KeySpec::string("").doc("JSONL, one example a line (fabric/data/instruct.h)"));
+  s.add("data.val", KeySpec::string("").doc("JSONL for the validation loss; \"\": none"));
+  s.add("data.template",
+        KeySpec::string("alpaca").doc("alpaca | chatml | a TEXT with {prompt} and {response}"));
+  s.add("data.packed", KeySpec::boolean(false).doc(
+                           "join the examples into windows of data.block_size (else one example "
+                           "a row, padded to the batch's longest)"));
+  s.add("data.block_size", KeySpec::integer(512).min(8).doc("the longest input the model sees"));
+  s.add("data.token_cache",
+        KeySpec::string("auto").doc("where tokenized JSONL files are kept between runs; auto: "
+                                    "~/.cache/fabricpp/instruct; none: not kept"));
+  s.add("data.add_bos", KeySpec::choice({"auto", "true", "false"}, "auto")
+                            .doc("the bos id first; auto: tokenizer_config.json's add_bos_token"));
+  s.section_doc("finetune", "what trains (examples/finetune.cc)");
+  s.add("finetune.method", KeySpec::choice({"lora", "full"}, "lora"));
+  s.add("finetune.lora.rank", KeySpec::integer(8).min(1));
+  s.add("finetune.lora.alpha", KeySpec::real(16.0).min(0, false).doc("scaling alpha / rank"));
+  s.add("finetune.lora.dropout", KeySpec::real(0.05).min(0).max(1, false));
+  s.add("finetune.lora.target_modules",
+        KeySpec::string_list({"q_proj", "v_proj"})
+            .doc("Linear layers by name: a name's last components, '*' any one component"));
+  s.add("finetune.lora.merge_on_export",
+        KeySpec::boolean(false).doc("export the merged model folder instead of the adapter"));
+  s.add("finetune.eval_every_n_steps",
+        KeySpec::integer(0).min(0).doc("validation loss every N steps (0: at the end only)"));
+  s.add("finetune.sample_prompt",
+        KeySpec::string("").doc("answered greedily at the end (rendered by data.template)"));
+  s.add("finetune.sample_tokens", KeySpec::integer(48).min(0));
+  s.add("finetune.demo_cache",
+        KeySpec::string("").doc("where the offline demo is written (\"\": ~/.cache/fabricpp)"));
+  return s;
+}
+
+fs::path demo_cache(const fabric::Config& c) {
+  const std::string given = c.get_string("finetune.demo_cache");
+  return given.empty() ? examples::gpt::cache_home()
+                       : fabric::absolute_from_working_directory(given);
+}
+
+TrainableImpl::TrainableImpl(torch::nn::Module& model) {
+  for (auto& p : model.named_parameters()) {
+    if (!p.value().requires_grad()) continue;
+    std::string name = p.key();
+    std::replace(name.begin(), name.end(), '.', '/');
+    register_parameter(name, p.value());
+  }
+}
+
+fabric::nn::LoraOptions lora_options(const fabric::Config& c) {
+  fabric::nn::LoraOptions o;
+  o.rank = c.get_int("finetune.lora.rank");
+  o.alpha = c.get_double("finetune.lora.alpha");
+  o.dropout = c.get_double("finetune.lora.dropout");
+  o.target_modules = c.get_string_list("finetune.lora.target_modules");
+  return o;
+}
+
+std::vector<int64_t> sample_ids(const fabric::Config& c, const fabric::BpeTokenizer& tokenizer,
+                                bool bos) {
+  const std::string line =
+      nlohmann::json({{"prompt", c.get_string("finetune.sample_prompt")}, {"response", ""}}).dump();
+  std::vector<int64_t> ids;
+  if (bos && tokenizer.bos() >= 0) ids.push_back(tokenizer.bos());
+  for (const auto& [text, response] :
+       fabric::render_instruct_example(line, c.get_string("data.template"), "finetune.sample"))
+    if (!response)
+      for (int64_t id : tokenizer.encode(text)) ids.push_back(id);
+  return ids;
+}
+
+Inputs open_inputs(fabric::Fabric& f) {
+  const fabric::Config& c = f.config();
+  // The model folder and the data: given, or the demo's.
+  fs::path folder = c.get_string("model.pretrained");
+  fs::path train_file = c.get_string("data.train"), val_file = c.get_string("data.val");
+  if (folder.empty()) {
+    const examples::finetune::Demo demo =
+        examples::finetune::prepare_demo(f, examples::finetune::demo_cache(c));
+    folder = demo.model;
+    if (train_file.empty()) train_file = demo.train;
+    if (val_file.empty() && c.get_string("data.train").empty()) val_file = demo.val;
+  } else {
+    folder = fabric::absolute_from_working_directory(folder.string());
+  }
+  fabric::hf::Pretrained p;
+  try {
+    p = fabric::hf::read_pretrained(folder);
+  } catch (const fabric::Error& e) {
+    throw c.error_at("model.pretrained", e.what());
+  }
+  if (train_file.empty())
+    throw c.error_at("data.train", "not set; give the JSONL file of training examples");
+  try {  // the template, before any file is read
+    fabric::render_instruct_example(R"({"prompt": "p", "response": "r"})",
+                                    c.get_string("data.template"), "data.template");
+  } catch (const fabric::Error& e) {
+    throw c.error_at("data.template", e.what());
+  }
+  if (!p.llama)
+    throw c.error_at("model.pretrained",
+                     p.model_type +
+                         " is not fine-tuned here yet (llama, qwen2, mistral are); "
+                         "examples:gpt trains GPT-2 folders on token files");
+  const int64_t block = c.get_int("data.block_size");
+  if (block > p.llama->max_position_embeddings)
+    throw c.error_at("data.block_size", std::to_string(block) + " exceeds the model's " +
+                                            std::to_string(p.llama->max_position_embeddings) +
+                                            " positions; lower it");
+
+  fabric::InstructDataset::Options o;
+  o.tokenizer_json = folder / "tokenizer.json";
+  o.template_text = c.get_string("data.template");
+  o.block_size = block;
+  o.packed = c.get_bool("data.packed");
+  const std::string add_bos = c.get_string("data.add_bos");
+  o.add_bos = add_bos == "true" || (add_bos == "auto" && p.add_bos_token);
+  const auto tokenizer = std::make_shared<const fabric::BpeTokenizer>(
+      fabric::BpeTokenizer::from_tokenizer_json(o.tokenizer_json));
+  const std::string token_cache = c.get_string("data.token_cache");
+  if (token_cache == "auto")
+    o.cache_dir = examples::gpt::cache_home() / "instruct";
+  else if (token_cache != "none")
+    o.cache_dir = fabric::absolute_from_working_directory(token_cache);
+  // Each node's local rank 0 tokenizes (and caches) first; the others then read its cache.
+  Inputs in{folder, p, o, tokenizer, nullptr, nullptr};
+  auto& train_data = in.train;
+  auto& val_data = in.val;
+  auto open_data = [&] {
+    train_data = fabric::InstructDataset::open(train_file, o, tokenizer);
+    if (!val_file.empty()) val_data = fabric::InstructDataset::open(val_file, o, tokenizer);
+  };
+  if (f.local_rank() == 0) open_data();
+  f.barrier();
+  if (f.local_rank() != 0) open_data();
+  if (!train_data->cache_warning().empty())
+    f.print("warning: data.token_cache: ", train_data->cache_warning(),
+            " (tokenized again next run; set data.token_cache=DIR or none)");
+  f.print(
+      "data: ", train_data->examples().size(), " train examples (", train_data->truncated(),
+      " cut to data.block_size ", block, ", ", train_data->dropped(),
+      " dropped: no response token left), ", train_data->response_tokens(), " response tokens",
+      train_data->from_cache() ? " (from the token cache)" : "", "; ",
+      val_data ? std::to_string(val_data->examples().size()) : "no", " val examples; template ",
+      [&] {
+        std::string t = o.template_text;  // on one line
+        for (size_t i = t.find('\n'); i != std::string::npos; i = t.find('\n', i + 2))
+          t.replace(i, 1, "\\n");
+        return t;
+      }(),
+      o.packed ? ", packed" : ", padded");
+
+  return in;
+}
+
+}  // namespace examples::finetune

@@ -1,0 +1,64 @@
+// The parts of //examples:finetune around its training loop: its config keys, the LoRA options
+// they give, the sample prompt's ids, the trainable-only module a LoRA checkpoint holds.
+#ifndef EXAMPLES_FINETUNE_RECIPE_H_
+#define EXAMPLES_FINETUNE_RECIPE_H_
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "fabric/config/config.h"
+#include "fabric/config/schema.h"
+#include "fabric/data/bpe.h"
+#include "fabric/data/instruct.h"
+#include "fabric/fabric.h"
+#include "fabric/hf/pretrained.h"
+#include "fabric/nn/lora.h"
+
+namespace examples::finetune {
+
+// training_schema() plus model.*, data.* (train, val, template, packed, block_size, token_cache,
+// add_bos) and finetune.* (docs/finetune.md lists them with their defaults); checkpoint.export_*
+// default to {run_dir}/export as a Hugging Face folder or adapter.
+fabric::ConfigSchema schema();
+
+// finetune.demo_cache, or the examples' cache folder (examples::gpt::cache_home).
+std::filesystem::path demo_cache(const fabric::Config& c);
+
+// The trainable parameters of a model as a module of their own (the same tensors, '.' in their
+// names written '/'): what a LoRA run's checkpoints hold instead of the whole model, whose frozen
+// base is the pretrained folder's.
+struct TrainableImpl : torch::nn::Module {
+  explicit TrainableImpl(torch::nn::Module& model);
+};
+TORCH_MODULE(Trainable);
+
+// What a run reads before its model: the folder (model.pretrained, else the demo's, written
+// first), its config (a Llama-family model; ConfigErrors at model.pretrained, data.train,
+// data.template, data.block_size), the tokenizer, and the instruction data tokenized under
+// data.* (each node's local rank 0 first, through data.token_cache; the others read its
+// cache). Prints what it read. Collective (a barrier).
+struct Inputs {
+  std::filesystem::path folder;
+  fabric::hf::Pretrained pretrained;
+  fabric::InstructDataset::Options options;
+  std::shared_ptr<const fabric::BpeTokenizer> tokenizer;
+  std::shared_ptr<fabric::InstructDataset> train, val;  // val: null without data.val
+};
+Inputs open_inputs(fabric::Fabric& f);
+
+// finetune.lora.* as fabric::nn::LoraOptions.
+fabric::nn::LoraOptions lora_options(const fabric::Config& c);
+
+// The prompt part of finetune.sample_prompt under data.template (the bos id first when `bos`):
+// what the model answers at the end.
+std::vector<int64_t> sample_ids(const fabric::Config& c, const fabric::BpeTokenizer& tokenizer,
+                                bool bos);
+
+}  // namespace examples::finetune
+
+#endif  // EXAMPLES_FINETUNE_RECIPE_H_
