@@ -195,6 +195,23 @@ std::vector<PipelineAction> pipeline_actions(PipelineSchedule schedule, int64_t 
   return actions;
 }
 
+std::vector<std::pair<int64_t, int64_t>> split_stage_units(int64_t units, int64_t stages,
+                                                           const std::string& what) {
+  if (stages >= 1 && units >= stages && units % stages == 0) {
+    std::vector<std::pair<int64_t, int64_t>> out;
+    const int64_t each = units / stages;
+    for (int64_t k = 0; k < stages; ++k) out.emplace_back(k * each, (k + 1) * each);
+    return out;
+  }
+  std::string divisors;
+  for (int64_t d = 1; d <= units; ++d)
+    if (units % d == 0) divisors += (divisors.empty() ? "" : ", ") + std::to_string(d);
+  throw Error(std::to_string(units) + " blocks (" + what + ") do not split evenly into " +
+              std::to_string(stages) + " pipeline stages; stage counts that divide " +
+              std::to_string(units) + ": " + (divisors.empty() ? "none" : divisors) +
+              " (pipeline_parallel_size x virtual_stages)");
+}
+
 ScheduleStats simulate_pipeline(PipelineSchedule schedule, int64_t pp, int64_t micro_batches,
                                 int64_t virtual_stages) {
   validate(schedule, 0, pp, micro_batches, virtual_stages);

@@ -32,6 +32,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fabric::distributed {
@@ -74,6 +75,14 @@ std::string to_string(const PipelineAction& action);
 // needs micro_batches >= pp; interleaved_1f1b needs micro_batches a multiple of pp.
 std::vector<PipelineAction> pipeline_actions(PipelineSchedule schedule, int64_t rank, int64_t pp,
                                              int64_t micro_batches, int64_t virtual_stages = 1);
+
+// The units (a model's blocks) of each of `stages` pipeline stages in model order, as
+// [begin, end) ranges of units / stages each. fabric::Error when `stages` does not divide `units`,
+// one line naming `what` (e.g. "model.n_layer"), both counts and the stage counts that would
+// divide it, e.g. "6 blocks (model.n_layer) do not split evenly into 4 pipeline stages; stage
+// counts that divide 6: 1, 2, 3, 6 (pipeline_parallel_size x virtual_stages)".
+std::vector<std::pair<int64_t, int64_t>> split_stage_units(int64_t units, int64_t stages,
+                                                           const std::string& what);
 
 struct ScheduleStats {
   int64_t time_steps = 0;           // the makespan, in units of one stage's forward

@@ -212,21 +212,46 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& tokens, const RunBlock& run_
 
 torch::Tensor GPTImpl::loss(const torch::Tensor& tokens, const torch::Tensor& targets,
                             const RunBlock& run_block) {
-  const torch::Tensor h = hidden(tokens, run_block);
+  return gpt_head_loss(config_, wte, hidden(tokens, run_block), targets);
+}
+
+namespace {
+
+void check_tokens(const torch::Tensor& tokens, int64_t block_size) {
+  if (tokens.dim() != 2) throw Error("GPT::forward: tokens must be [B, T] token ids");
+  if (tokens.size(1) > block_size)
+    throw Error("GPT::forward: a sequence of " + std::to_string(tokens.size(1)) +
+                " tokens is longer than model.block_size " + std::to_string(block_size));
+}
+
+}  // namespace
+
+torch::Tensor gpt_embed(const GPTConfig& c, fabric::nn::Embedding& wte, torch::nn::Embedding& wpe,
+                        torch::nn::Dropout& drop, const torch::Tensor& tokens) {
+  check_tokens(tokens, c.block_size);
+  const torch::Tensor positions = torch::arange(
+      tokens.size(1), torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
+  return drop->forward(wte->forward(tokens) + wpe->forward(positions));
+}
+
+torch::Tensor gpt_head_loss(const GPTConfig& c, fabric::nn::Embedding& wte, const torch::Tensor& h,
+                            const torch::Tensor& targets) {
   if (const auto& p = wte->parallel()) {
     const torch::Tensor logits =
         torch::linear(fabric::nn::copy_to_parallel(h, p->group), wte->weight);
     return fabric::nn::vocab_parallel_cross_entropy(logits, targets, wte->vocab_start(), p->group);
   }
-  return linear_cross_entropy(h, wte->weight, targets, config_.fused_loss);
+  return linear_cross_entropy(h, wte->weight, targets, c.fused_loss);
+}
+
+torch::Tensor gpt_final_norm(const GPTConfig& c, torch::nn::LayerNorm& ln_f,
+                             const torch::Tensor& x) {
+  return c.fused_layer_norm ? layer_norm_16(x, ln_f) : ln_f->forward(x);
 }
 
 torch::Tensor GPTImpl::hidden(const torch::Tensor& tokens, const RunBlock& run_block) {
-  if (tokens.dim() != 2) throw Error("GPT::forward: tokens must be [B, T] token ids");
+  check_tokens(tokens, config_.block_size);
   const int64_t T = tokens.size(1);
-  if (T > config_.block_size)
-    throw Error("GPT::forward: a sequence of " + std::to_string(T) +
-                " tokens is longer than model.block_size " + std::to_string(config_.block_size));
   // Sequence parallelism (a plan's): the blocks run on this rank's positions, so the sequence is
   // padded to a multiple of tp (a sample's growing prompt; causal attention keeps the padding
   // out of the real positions) and the output gathered whole for the (vocabulary-parallel) head.
@@ -240,9 +265,7 @@ torch::Tensor GPTImpl::hidden(const torch::Tensor& tokens, const RunBlock& run_b
   const torch::Tensor ids =
       pad > 0 ? torch::cat({tokens, torch::zeros({tokens.size(0), pad}, tokens.options())}, 1)
               : tokens;
-  const torch::Tensor positions =
-      torch::arange(T + pad, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
-  torch::Tensor x = drop->forward(wte->forward(ids) + wpe->forward(positions));
+  torch::Tensor x = gpt_embed(config_, wte, wpe, drop, ids);
   if (sequence_parallel) {
     x = fabric::nn::enter_sequence_parallel(x, shard);
     for (Block& block : blocks) x = run_block ? run_block(block, x) : block->forward(x);
@@ -250,7 +273,7 @@ torch::Tensor GPTImpl::hidden(const torch::Tensor& tokens, const RunBlock& run_b
     return pad > 0 ? x.narrow(1, 0, T) : x;
   }
   for (Block& block : blocks) x = run_block ? run_block(block, x) : block->forward(x);
-  return config_.fused_layer_norm ? layer_norm_16(x, ln_f) : ln_f->forward(x);
+  return gpt_final_norm(config_, ln_f, x);
 }
 
 fabric::nn::TensorParallelPlan GPTImpl::tensor_parallel_plan() const {

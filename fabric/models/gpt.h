@@ -128,6 +128,7 @@ class GPTImpl : public torch::nn::Module, public fabric::nn::TensorParallelPlann
                      const RunBlock& run_block = nullptr);
   // The final LayerNorm's output [B, T, C] (the output layer's input).
   torch::Tensor hidden(const torch::Tensor& tokens, const RunBlock& run_block = nullptr);
+
   const GPTConfig& config() const { return config_; }
   fabric::nn::Embedding wte{nullptr};
   torch::nn::Embedding wpe{nullptr};
@@ -139,6 +140,20 @@ class GPTImpl : public torch::nn::Module, public fabric::nn::TensorParallelPlann
   GPTConfig config_;
 };
 TORCH_MODULE(GPT);
+
+// The pieces of GPTImpl::loss around its blocks, on the modules given (a GPT's own, or those a
+// pipeline stage holds: fabric/models/gpt_pipeline.h). gpt_embed: the first block's input from
+// token ids [B, T] (T <= c.block_size; fabric::Error otherwise); no sequence parallelism.
+// gpt_head_loss: the mean next-token cross-entropy from the final LayerNorm's output `h` through
+// the output layer tied to `wte` (vocabulary-parallel when wte is split over tp; fused where
+// c.fused_loss and linear_cross_entropy allow).
+torch::Tensor gpt_embed(const GPTConfig& c, fabric::nn::Embedding& wte, torch::nn::Embedding& wpe,
+                        torch::nn::Dropout& drop, const torch::Tensor& tokens);
+torch::Tensor gpt_head_loss(const GPTConfig& c, fabric::nn::Embedding& wte, const torch::Tensor& h,
+                            const torch::Tensor& targets);
+// The final LayerNorm as GPTImpl::hidden applies it (fused with a 16-bit output where it can).
+torch::Tensor gpt_final_norm(const GPTConfig& c, torch::nn::LayerNorm& ln_f,
+                             const torch::Tensor& x);
 
 // The GPT's tensor-parallel plan for a model of config `c`: c_attn column(3) (q, k and v each
 // split by whole heads), attn.c_proj row (by heads), mlp.c_fc column, mlp.c_proj row,

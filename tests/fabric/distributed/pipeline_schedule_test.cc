@@ -369,3 +369,26 @@ TEST(PipelineScheduleTest, OneRankWithVirtualStagesHandsOffInMemory) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(SplitStageUnitsTest, CutsBlocksEvenlyInModelOrder) {
+  const auto r = fabric::distributed::split_stage_units(8, 4, "model.n_layer");
+  ASSERT_EQ(r.size(), 4u);
+  EXPECT_EQ(r[0], (std::pair<int64_t, int64_t>{0, 2}));
+  EXPECT_EQ(r[3], (std::pair<int64_t, int64_t>{6, 8}));
+}
+
+TEST(SplitStageUnitsTest, UnevenCutNamesTheCountsThatDivide) {
+  try {
+    fabric::distributed::split_stage_units(6, 4, "model.n_layer");
+    FAIL() << "6 blocks into 4 stages was accepted";
+  } catch (const fabric::Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "6 blocks (model.n_layer) do not split evenly into 4 pipeline stages; stage counts "
+              "that divide 6: 1, 2, 3, 6 (pipeline_parallel_size x virtual_stages)");
+  }
+  EXPECT_THROW(fabric::distributed::split_stage_units(2, 4, "model.n_layer"), fabric::Error);
+}
+
+}  // namespace

@@ -1,0 +1,226 @@
+#include "fabric/distributed/pipeline_runtime.h"
+
+#include <torch/autograd.h>
+#include <torch/types.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <sstream>
+#include <utility>
+
+#include "fabric/core/error.h"
+#include "fabric/distributed/process_group.h"
+
+namespace fabric::distributed {
+
+namespace {
+
+std::string sizes_text(at::IntArrayRef sizes, c10::ScalarType dtype) {
+  std::ostringstream s;
+  s << sizes << " " << c10::toString(dtype);
+  return s.str();
+}
+
+// What one (stage, micro-batch) holds between its forward and its backward.
+struct Slot {
+  at::Tensor input;       // requires grad (stages after the first)
+  at::Tensor output;      // the forward's output (every stage but the last)
+  at::Tensor loss;        // the last stage's
+  at::Tensor grad_in;     // the gradient of `output`, received
+  at::Tensor input_grad;  // the gradient of `input`, after backward (until sent or used)
+};
+
+constexpr int kSumBetweenTag = 1 << 30;
+
+}  // namespace
+
+PipelineRunner::PipelineRunner(c10::intrusive_ptr<c10d::ProcessGroup> group,
+                               PipelineOptions options)
+    : group_(std::move(group)), options_(std::move(options)) {
+  if (group_) {
+    rank_ = group_->getRank();
+    pp_ = group_->getSize();
+  }
+  actions_ = pipeline_actions(options_.schedule, rank_, pp_, options_.micro_batches,
+                              options_.virtual_stages);
+  if (stages() > 1 && options_.activation_sizes.empty())
+    throw Error("pipeline: PipelineOptions::activation_sizes is empty; a pipeline of " +
+                std::to_string(stages()) +
+                " stages needs the shape of one micro-batch's activation between two stages");
+  const int64_t tags = 2 * stages() * options_.micro_batches;
+  if (tags >= kSumBetweenTag)
+    throw Error("pipeline: " + std::to_string(stages()) + " stages x " +
+                std::to_string(options_.micro_batches) +
+                " micro-batches need more message tags than c10d has; use fewer micro-batches");
+}
+
+PipelineRunner::~PipelineRunner() = default;
+
+std::vector<int64_t> PipelineRunner::local_stages() const {
+  std::vector<int64_t> out;
+  for (int64_t k = rank_; k < stages(); k += pp_) out.push_back(k);
+  return out;
+}
+
+at::Tensor PipelineRunner::step(const PipelineStageCalls& calls) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  const int64_t m = options_.micro_batches, last = stages() - 1;
+  auto seconds = [&t0] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  // Tag of the activation stage k sends to k + 1 (gradient = false), or of the gradient of that
+  // activation, sent back from k + 1 to k (gradient = true).
+  auto tag = [&](bool gradient, int64_t stage, int64_t mb) {
+    return static_cast<int>(((gradient ? 1 : 0) * stages() + stage) * m + mb);
+  };
+  std::map<std::pair<int64_t, int64_t>, Slot> slots;
+  struct Pending {
+    std::vector<at::Tensor> tensors;
+    c10::intrusive_ptr<c10d::Work> work;
+    std::string what;
+  };
+  std::vector<Pending> sends;
+  const auto buffer_options =
+      at::TensorOptions().dtype(options_.activation_dtype).device(options_.device);
+  at::Tensor loss_sum =
+      torch::zeros({}, at::TensorOptions().dtype(at::kFloat).device(options_.device));
+  int64_t in_flight = 0;
+  peak_in_flight_ = 0;
+  timeline_.clear();
+
+  auto send = [&](at::Tensor t, int64_t peer, int tag_value, const PipelineAction& a) {
+    Pending p{{t.contiguous()}, {}, to_string(a)};
+    p.work = group_->send(p.tensors, static_cast<int>(peer), tag_value);
+    sends.push_back(std::move(p));
+  };
+  auto recv = [&](int64_t peer, int tag_value, const PipelineAction& a) {
+    std::vector<at::Tensor> t = {at::empty(options_.activation_sizes, buffer_options)};
+    wait(group_->recv(t, static_cast<int>(peer), tag_value), "pipeline " + to_string(a));
+    return t[0];
+  };
+
+  for (const PipelineAction& a : actions_) {
+    const int64_t k = a.stage, mb = a.micro_batch;
+    switch (a.kind) {
+      case PipelineAction::kRecvActivation:
+        slots[{k, mb}].input = recv(a.peer_rank, tag(false, k - 1, mb), a);
+        break;
+      case PipelineAction::kRecvGradient:
+        slots[{k, mb}].grad_in = recv(a.peer_rank, tag(true, k, mb), a);
+        break;
+      case PipelineAction::kSendActivation:
+        send(slots.at({k, mb}).output.detach(), a.peer_rank, tag(false, k, mb), a);
+        break;
+      case PipelineAction::kSendGradient: {
+        auto it = slots.find({k, mb});
+        send(it->second.input_grad, a.peer_rank, tag(true, k - 1, mb), a);
+        slots.erase(it);
+        break;
+      }
+      case PipelineAction::kForward: {
+        PipelineEvent event{true, k, mb, seconds(), 0};
+        Slot& s = slots[{k, mb}];
+        if (k > 0) {
+          // From the previous stage: received, or its output here (same rank) cut from its graph.
+          at::Tensor in = holds(k - 1) ? slots.at({k - 1, mb}).output.detach() : s.input;
+          s.input = in.requires_grad_(true);
+        }
+        at::Tensor out = calls.forward(k, mb, s.input);
+        if (k == last) {
+          s.loss = calls.loss(mb, out);
+          loss_sum += s.loss.detach().to(at::kFloat);
+        } else {
+          if (!out.defined() || out.sizes() != at::IntArrayRef(options_.activation_sizes) ||
+              out.scalar_type() != options_.activation_dtype)
+            throw Error("pipeline: stage " + std::to_string(k) + "'s forward of micro-batch " +
+                        std::to_string(mb) + " returned " +
+                        (out.defined() ? sizes_text(out.sizes(), out.scalar_type())
+                                       : std::string("no tensor")) +
+                        "; the next stage expects " +
+                        sizes_text(options_.activation_sizes, options_.activation_dtype) +
+                        " (PipelineOptions::activation_sizes and activation_dtype)");
+          s.output = out;
+        }
+        peak_in_flight_ = std::max(peak_in_flight_, ++in_flight);
+        if (options_.record_timeline) {
+          event.end = seconds();
+          timeline_.push_back(event);
+        }
+        break;
+      }
+      case PipelineAction::kBackward: {
+        PipelineEvent event{false, k, mb, seconds(), 0};
+        Slot& s = slots.at({k, mb});
+        if (k == last) {
+          const at::Tensor scaled = s.loss / static_cast<double>(m);
+          if (calls.backward) {
+            calls.backward(scaled);
+          } else {
+            scaled.backward();
+          }
+        } else {
+          at::Tensor grad = s.grad_in;
+          if (holds(k + 1)) {  // the next stage ran here: its input's gradient, in memory
+            auto next = slots.find({k + 1, mb});
+            grad = next->second.input_grad;
+            slots.erase(next);
+          }
+          torch::autograd::backward({s.output}, {grad});
+        }
+        if (k > 0) {
+          const at::Tensor g = s.input.grad();
+          s.input_grad = g.defined() ? g : at::zeros_like(s.input);
+        }
+        s.input = at::Tensor();
+        s.output = at::Tensor();
+        s.loss = at::Tensor();
+        s.grad_in = at::Tensor();
+        --in_flight;
+        if (k == 0) slots.erase({k, mb});
+        if (options_.record_timeline) {
+          event.end = seconds();
+          timeline_.push_back(event);
+        }
+        break;
+      }
+    }
+  }
+  for (Pending& p : sends) wait(p.work, "pipeline " + p.what);
+  at::Tensor mean = loss_sum / static_cast<double>(m);
+  if (pp_ > 1) {
+    std::vector<at::Tensor> t = {mean};
+    c10d::BroadcastOptions o;
+    o.rootRank = static_cast<int>(last % pp_);
+    wait(group_->broadcast(t, o), "pipeline loss broadcast");
+    mean = t[0];
+  }
+  return mean;
+}
+
+void PipelineRunner::sum_between(at::Tensor& t, int64_t a, int64_t b) {
+  if (a == b || pp_ == 1 || (rank_ != a && rank_ != b)) return;
+  std::vector<at::Tensor> mine = {t.is_contiguous() ? t : t.contiguous()};
+  if (rank_ == b) {
+    wait(group_->send(mine, static_cast<int>(a), kSumBetweenTag), "pipeline sum_between send");
+    wait(group_->recv(mine, static_cast<int>(a), kSumBetweenTag), "pipeline sum_between recv");
+  } else {
+    std::vector<at::Tensor> theirs = {at::empty_like(mine[0])};
+    wait(group_->recv(theirs, static_cast<int>(b), kSumBetweenTag), "pipeline sum_between recv");
+    mine[0].add_(theirs[0]);
+    wait(group_->send(mine, static_cast<int>(b), kSumBetweenTag), "pipeline sum_between send");
+  }
+  if (!mine[0].is_same(t)) t.copy_(mine[0]);
+}
+
+double bubble_fraction(const std::vector<PipelineEvent>& timeline, double makespan) {
+  if (timeline.empty()) return 0;
+  double busy = 0, end = 0;
+  for (const PipelineEvent& e : timeline) {
+    busy += e.end - e.start;
+    end = std::max(end, e.end);
+  }
+  const double span = makespan > 0 ? makespan : end;
+  return span > 0 ? 1.0 - busy / span : 0;
+}
+
+}  // namespace fabric::distributed

@@ -1,0 +1,97 @@
+// The pipeline runner on one process (the multi-process proofs are tests/integration:
+// pipeline_test): one stage equals the model's own loss and gradients bitwise; a stage's output
+// of the wrong shape, a stage the rank does not hold and an uneven cut are refused in one line.
+#include "fabric/distributed/pipeline_runtime.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "fabric/core/error.h"
+#include "fabric/models/gpt.h"
+#include "fabric/models/gpt_pipeline.h"
+
+namespace {
+
+using fabric::distributed::PipelineOptions;
+using fabric::distributed::PipelineRunner;
+using fabric::distributed::PipelineSchedule;
+using fabric::distributed::PipelineStageCalls;
+
+fabric::models::GPT tiny(int64_t layers) {
+  auto c = fabric::models::GPTConfig::preset("tiny");
+  c.n_layer = layers;
+  c.n_embd = 32;
+  c.n_head = 2;
+  c.block_size = 16;
+  torch::manual_seed(3);
+  return fabric::models::GPT(c);
+}
+
+TEST(PipelineRuntimeTest, OneStageIsTheModelsOwnStep) {
+  auto whole = tiny(2), reference = tiny(2);
+  torch::manual_seed(4);
+  const torch::Tensor b = torch::randint(0, 256, {4, 17}, torch::kLong);
+  const torch::Tensor x = b.narrow(1, 0, 16), y = b.narrow(1, 1, 16);
+  const torch::Tensor ref_loss = reference->loss(x, y);
+  ref_loss.backward();
+
+  PipelineOptions o;
+  o.schedule = PipelineSchedule::kGPipe;
+  PipelineRunner runner(nullptr, o);
+  EXPECT_EQ(runner.local_stages(), std::vector<int64_t>{0});
+  fabric::models::GPTStages mine(whole, runner.local_stages(), runner.stages());
+  PipelineStageCalls calls;
+  calls.forward = [&](int64_t k, int64_t, const torch::Tensor&) { return mine->forward(k, x); };
+  calls.loss = [&](int64_t, const torch::Tensor& out) { return mine->loss(out, y); };
+  EXPECT_TRUE(torch::equal(runner.step(calls), ref_loss.detach()));
+  const auto ref = reference->named_parameters();
+  for (const auto& p : mine->named_parameters())
+    EXPECT_TRUE(torch::equal(p.value().grad(), ref[p.key()].grad())) << p.key();
+}
+
+TEST(PipelineRuntimeTest, AStageOutputOfTheWrongShapeNamesTheStage) {
+  PipelineOptions o;
+  o.schedule = PipelineSchedule::kInterleavedOneFOneB;
+  o.micro_batches = 1;
+  o.virtual_stages = 2;
+  o.activation_sizes = {2, 16, 32};
+  PipelineRunner runner(nullptr, o);
+  PipelineStageCalls calls;
+  calls.forward = [](int64_t, int64_t, const torch::Tensor&) { return torch::zeros({2, 8, 32}); };
+  calls.loss = [](int64_t, const torch::Tensor& out) { return out.sum(); };
+  try {
+    runner.step(calls);
+    FAIL() << "a [2, 8, 32] activation was accepted";
+  } catch (const fabric::Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "pipeline: stage 0's forward of micro-batch 0 returned [2, 8, 32] Float; the next "
+              "stage expects [2, 16, 32] Float (PipelineOptions::activation_sizes and "
+              "activation_dtype)");
+  }
+  o.activation_sizes.clear();
+  EXPECT_THROW(PipelineRunner(nullptr, o), fabric::Error);
+}
+
+TEST(PipelineRuntimeTest, GptStagesRefuseAnUnevenCutAndForeignStages) {
+  auto whole = tiny(3);
+  try {
+    fabric::models::GPTStages(whole, std::vector<int64_t>{0}, 2);
+    FAIL() << "3 blocks in 2 stages was accepted";
+  } catch (const fabric::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("3 blocks (model.n_layer) do not split evenly into 2 "
+                                         "pipeline stages; stage counts that divide 3: 1, 3"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(fabric::models::GPTStages(whole, std::vector<int64_t>{3}, 3), fabric::Error);
+  fabric::models::GPTStages middle(whole, std::vector<int64_t>{1}, 3);
+  EXPECT_FALSE(middle->wte);  // neither the first nor the last stage: no embedding
+  EXPECT_EQ(middle->blocks_of(1), (std::pair<int64_t, int64_t>{1, 2}));
+  EXPECT_THROW(middle->loss(torch::zeros({1, 4, 128}), torch::zeros({1, 4}, torch::kLong)),
+               fabric::Error);
+}
+
+}  // namespace

@@ -1,0 +1,201 @@
+// Test helper for pipeline_test: a self-launched job of WORLD processes on the mesh {pp: PP, dp:
+// WORLD / PP} (pp outermost). Every rank trains the tiny GPT (fp32, no dropout, LAYERS blocks, 64
+// wide, sequences of 32, batches of 8) for STEPS SGD-momentum steps three ways:
+//   whole:        alone, on the whole batch of every step (what ddp equals);
+//   accumulated:  alone, on the same micro-batches, each loss / m backward in order (the sums of
+//                 the pipeline's gradients in the same order);
+//   pipeline:     its stages of the model cut into PP x V stages (GPTStages), run by
+//                 PipelineRunner with SCHEDULE over M micro-batches of its dp coordinate's rows;
+//                 the tied wte's gradient summed between the first and the last stage's ranks,
+//                 every gradient averaged over dp.
+// Then it compares the pipeline's losses and final parameters (by the whole model's names) with
+// the whole run's, and its parameters after the first step with the accumulated run's (after
+// that, the tied wte's different summation order spreads to every parameter). Prints, per rank,
+//   "rank R of W: max_loss_diff=X max_param_diff=Y accumulated_differ=N [names] param_bytes=B
+//    whole_bytes=C peak_in_flight=P"
+// (accumulated_differ: this rank's parameters not bitwise equal to the accumulated run's after
+// step 1; -1 with dp > 1, where the all-reduce changes the order anyway) and
+// exits 0 (1 when a collective or a check failed).
+//   pipeline_helper WORLD PP SCHEDULE M V STEPS LAYERS
+#include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "fabric/distributed/device_mesh.h"
+#include "fabric/distributed/pipeline_runtime.h"
+#include "fabric/distributed/process_group.h"
+#include "fabric/environments/environments.h"
+#include "fabric/launchers/subprocess_launcher.h"
+#include "fabric/models/gpt.h"
+#include "fabric/models/gpt_pipeline.h"
+
+namespace {
+
+constexpr int64_t kBatch = 8, kSeq = 32;
+
+fabric::models::GPT make_model(int64_t layers) {
+  fabric::models::GPTConfig c = fabric::models::GPTConfig::preset("tiny");
+  c.n_layer = layers;
+  c.n_embd = 64;
+  c.block_size = kSeq;
+  torch::manual_seed(11);
+  return fabric::models::GPT(c);
+}
+
+torch::Tensor batch(int64_t step) {
+  torch::manual_seed(500 + step);
+  return torch::randint(0, 256, {kBatch, kSeq + 1}, torch::kLong);
+}
+
+torch::optim::SGD make_optimizer(const std::vector<torch::Tensor>& params) {
+  return torch::optim::SGD(params, torch::optim::SGDOptions(0.3).momentum(0.9));
+}
+
+double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a - b).abs().max().item<double>();
+}
+
+int64_t bytes(torch::nn::Module& m) {
+  int64_t n = 0;
+  for (const auto& p : m.parameters()) n += p.nbytes();
+  return n;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 8) {
+    std::fprintf(stderr, "usage: pipeline_helper WORLD PP SCHEDULE M V STEPS LAYERS\n");
+    return 2;
+  }
+  const int64_t world = std::atoll(argv[1]), pp = std::atoll(argv[2]);
+  const auto schedule = fabric::distributed::parse_pipeline_schedule(argv[3]);
+  const int64_t m = std::atoll(argv[4]), v = std::atoll(argv[5]), steps = std::atoll(argv[6]),
+                layers = std::atoll(argv[7]);
+  torch::set_num_threads(1);
+  int64_t rank = 0;
+  c10::intrusive_ptr<c10d::Store> store;
+  std::unique_ptr<fabric::SubprocessLauncher> launcher;
+  std::unique_ptr<fabric::distributed::DeviceMesh> mesh;
+  if (world > 1) {
+    auto env = fabric::detect_environment(fabric::process_environment(), world);
+    rank = env->global_rank();
+    const std::chrono::seconds timeout(60);
+    if (rank == 0) {
+      store = fabric::distributed::make_store({"127.0.0.1", 0, true, world, timeout});
+      launcher = std::make_unique<fabric::SubprocessLauncher>(
+          fabric::LaunchOptions{world, fabric::distributed::store_port(store)},
+          std::vector<std::string>(argv, argv + argc));
+    } else {
+      store =
+          fabric::distributed::make_store({"127.0.0.1", env->main_port(), false, world, timeout});
+    }
+    mesh = std::make_unique<fabric::distributed::DeviceMesh>(
+        store, fabric::distributed::ProcessGroupOptions{rank, world, timeout},
+        std::vector<fabric::distributed::MeshDim>{{"pp", pp}, {"dp", world / pp}});
+  }
+  const int64_t dp = mesh ? mesh->size("dp") : 1, dp_rank = mesh ? mesh->coordinate("dp") : 0;
+
+  // The references, on one process.
+  auto whole_ref = make_model(layers), accumulated_ref = make_model(layers);
+  auto whole_opt = make_optimizer(whole_ref->parameters());
+  auto accumulated_opt = make_optimizer(accumulated_ref->parameters());
+  std::vector<double> ref_losses;
+  for (int64_t s = 0; s < steps; ++s) {
+    const torch::Tensor b = batch(s);
+    whole_opt.zero_grad();
+    torch::Tensor loss = whole_ref->loss(b.narrow(1, 0, kSeq), b.narrow(1, 1, kSeq));
+    loss.backward();
+    whole_opt.step();
+    ref_losses.push_back(loss.item<double>());
+    if (dp == 1 && s == 0) {
+      accumulated_opt.zero_grad();
+      for (const torch::Tensor& mb : b.chunk(m, 0)) {
+        torch::Tensor l = accumulated_ref->loss(mb.narrow(1, 0, kSeq), mb.narrow(1, 1, kSeq));
+        (l / static_cast<double>(m)).backward();
+      }
+      accumulated_opt.step();
+    }
+  }
+
+  // The pipeline.
+  fabric::distributed::PipelineOptions options;
+  options.schedule = schedule;
+  options.micro_batches = m;
+  options.virtual_stages = v;
+  options.activation_sizes = {kBatch / dp / m, kSeq, 64};
+  fabric::distributed::PipelineRunner runner(
+      mesh ? mesh->group("pp") : c10::intrusive_ptr<c10d::ProcessGroup>(), options);
+  auto whole = make_model(layers);
+  const int64_t whole_bytes = bytes(*whole);
+  fabric::models::GPTStages mine(whole, runner.local_stages(), runner.stages());
+  whole = fabric::models::GPT(nullptr);  // the other ranks' blocks go with it
+  auto opt = make_optimizer(mine->parameters());
+  const int64_t first_rank = 0, last_rank = (runner.stages() - 1) % pp;
+  double max_loss_diff = 0;
+  int64_t differ = 0;  // after the first step: parameters not bitwise the accumulated run's
+  std::string differ_names;
+  std::vector<torch::Tensor> tokens, targets;
+  fabric::distributed::PipelineStageCalls calls;
+  calls.forward = [&](int64_t k, int64_t mb, const torch::Tensor& in) {
+    return mine->forward(k, k == 0 ? tokens[static_cast<size_t>(mb)] : in);
+  };
+  calls.loss = [&](int64_t mb, const torch::Tensor& out) {
+    return mine->loss(out, targets[static_cast<size_t>(mb)]);
+  };
+  for (int64_t s = 0; s < steps; ++s) {
+    const torch::Tensor rows = batch(s).chunk(dp, 0)[dp_rank];
+    tokens.clear();
+    targets.clear();
+    for (const torch::Tensor& mb : rows.chunk(m, 0)) {
+      tokens.push_back(mb.narrow(1, 0, kSeq));
+      targets.push_back(mb.narrow(1, 1, kSeq));
+    }
+    opt.zero_grad();
+    torch::Tensor loss = runner.step(calls);
+    if (mine->wte) {
+      torch::Tensor g = mine->wte->weight.mutable_grad();
+      runner.sum_between(g, first_rank, last_rank);
+    }
+    if (dp > 1) {
+      for (const torch::Tensor& p : mine->parameters()) {
+        std::vector<torch::Tensor> g = {p.grad()};
+        fabric::distributed::wait(mesh->group("dp")->allreduce(g), "dp gradient all_reduce");
+        p.mutable_grad().div_(static_cast<double>(dp));
+      }
+      std::vector<torch::Tensor> l = {loss};
+      fabric::distributed::wait(mesh->group("dp")->allreduce(l), "dp loss all_reduce");
+      loss = l[0] / static_cast<double>(dp);
+    }
+    opt.step();
+    max_loss_diff = std::max(max_loss_diff, std::abs(loss.item<double>() - ref_losses[s]));
+    if (dp == 1 && s == 0) {
+      const auto accumulated_params = accumulated_ref->named_parameters();
+      for (const auto& p : mine->named_parameters()) {
+        if (!torch::equal(p.value(), accumulated_params[p.key()])) {
+          ++differ;
+          differ_names += (differ_names.empty() ? "" : ",") + p.key();
+        }
+      }
+    }
+  }
+
+  double max_param_diff = 0;
+  const auto whole_params = whole_ref->named_parameters();
+  for (const auto& p : mine->named_parameters())
+    max_param_diff = std::max(max_param_diff, max_abs_diff(p.value(), whole_params[p.key()]));
+  std::printf(
+      "rank %lld of %lld: max_loss_diff=%.3g max_param_diff=%.3g accumulated_differ=%lld [%s] "
+      "param_bytes=%lld whole_bytes=%lld peak_in_flight=%lld\n",
+      static_cast<long long>(rank), static_cast<long long>(world), max_loss_diff, max_param_diff,
+      static_cast<long long>(dp == 1 ? differ : -1), differ_names.c_str(),
+      static_cast<long long>(bytes(*mine)), static_cast<long long>(whole_bytes),
+      static_cast<long long>(runner.peak_in_flight()));
+  std::fflush(stdout);
+  if (mesh) mesh->group("pp")->barrier()->wait();
+  return launcher ? launcher->wait() : 0;
+}
