@@ -1,0 +1,228 @@
+// Test helper for context_parallel_test, and a benchmark: a self-launched job of CP processes, one
+// cp group over Gloo on CPU (loopback), float32, one thread per rank.
+//   context_parallel_helper CP check
+// For every case (H = 4 query heads with Hk = 2 (grouped-query) or 4 key/value heads; causal or
+// not; B = 1, T = 1024, D = 32) every rank computes, from the same seeds, the whole-sequence
+// at::scaled_dot_product_attention and its gradients with respect to q, k and v for a fixed random
+// upstream gradient, takes the rows of its tokens (cp_rank_positions), and runs
+// fabric::nn::ring_attention on those rows with the same upstream rows. Prints, per rank and case,
+//   "rank R of CP: H=4 Hk=2 causal=1: out_diff=X dq_diff=Y dk_diff=Z dv_diff=W"
+// (max abs differences), then, per rank,
+//   "rank R of CP: bf16: dtype=BFloat16 out_diff=X"  (bfloat16 inputs: the result's dtype, its
+//                                                     difference from the float32 reference)
+//   "rank R of CP: bad_T_error=MESSAGE"               (7 local tokens: the fabric::Error's message)
+//   context_parallel_helper CP bench [T]
+// Causal attention forward + backward at sequence T (default 4096; B = 1, H = Hk = 8, D = 64):
+// rank 0 alone times at::scaled_dot_product_attention on the whole sequence (with 1 thread, then
+// with one thread per rank, the job's CPU), while the others wait; then every rank times
+// ring_attention on its T / CP tokens. Medians of 5 runs after 1 warm-up, printed as
+//   "bench T=4096 sdpa_1thread_ms=X sdpa_CPthreads_ms=Y"
+//   "rank R of CP: bench T=4096 ring_ms=Z"
+// Exits 0 (1 when a send/recv, a collective or an unexpected error failed; 2 on bad arguments).
+#include <ATen/ops/scaled_dot_product_attention.h>
+#include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fabric/core/error.h"
+#include "fabric/distributed/process_group.h"
+#include "fabric/environments/environments.h"
+#include "fabric/launchers/subprocess_launcher.h"
+#include "fabric/nn/ring_attention.h"
+#include "fabric/nn/ring_attention_dist.h"
+
+namespace {
+
+using ProcessGroupPtr = c10::intrusive_ptr<c10d::ProcessGroup>;
+
+double max_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>();
+}
+
+torch::Tensor rows_of(const torch::Tensor& t, const torch::Tensor& positions) {
+  return t.index_select(2, positions).contiguous();
+}
+
+struct Inputs {
+  torch::Tensor q, k, v, grad;  // whole sequence
+};
+
+Inputs make_inputs(int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t D, uint64_t seed) {
+  torch::manual_seed(seed);
+  Inputs in;
+  in.q = torch::randn({B, H, T, D});
+  in.k = torch::randn({B, Hk, T, D});
+  in.v = torch::randn({B, Hk, T, D});
+  in.grad = torch::randn({B, H, T, D});
+  return in;
+}
+
+void check_case(const ProcessGroupPtr& group, int64_t H, int64_t Hk, bool causal) {
+  const int64_t B = 1, T = 1024, D = 32, cp = group->getSize(), rank = group->getRank();
+  const Inputs in = make_inputs(B, H, Hk, T, D, 1000 + H * 10 + Hk + (causal ? 1 : 0));
+
+  // The reference on the whole sequence.
+  const torch::Tensor q = in.q.clone().requires_grad_(), k = in.k.clone().requires_grad_(),
+                      v = in.v.clone().requires_grad_();
+  const torch::Tensor ref = at::scaled_dot_product_attention(q, k, v, {}, 0.0, causal, std::nullopt,
+                                                             /*enable_gqa=*/Hk != H);
+  (ref * in.grad).sum().backward();
+
+  // This rank's rows through the ring.
+  const std::vector<int64_t> pos = fabric::nn::cp_rank_positions(T, cp, rank);
+  const torch::Tensor positions = torch::tensor(pos, torch::kLong);
+  const torch::Tensor ql = rows_of(in.q, positions).requires_grad_(),
+                      kl = rows_of(in.k, positions).requires_grad_(),
+                      vl = rows_of(in.v, positions).requires_grad_();
+  const torch::Tensor out = fabric::nn::ring_attention(ql, kl, vl, group, causal);
+  (out * rows_of(in.grad, positions)).sum().backward();
+
+  std::printf(
+      "rank %lld of %lld: H=%lld Hk=%lld causal=%d: out_diff=%.3g dq_diff=%.3g dk_diff=%.3g "
+      "dv_diff=%.3g\n",
+      static_cast<long long>(rank), static_cast<long long>(cp), static_cast<long long>(H),
+      static_cast<long long>(Hk), causal ? 1 : 0, max_diff(out, rows_of(ref.detach(), positions)),
+      max_diff(ql.grad(), rows_of(q.grad(), positions)),
+      max_diff(kl.grad(), rows_of(k.grad(), positions)),
+      max_diff(vl.grad(), rows_of(v.grad(), positions)));
+  std::fflush(stdout);
+}
+
+// bfloat16 inputs: the result comes back in bfloat16 (computed in float32 inside).
+void check_bf16(const ProcessGroupPtr& group) {
+  const int64_t T = 256, cp = group->getSize(), rank = group->getRank();
+  const Inputs in = make_inputs(1, 4, 2, T, 32, 77);
+  const torch::Tensor q = in.q.to(torch::kBFloat16), k = in.k.to(torch::kBFloat16),
+                      v = in.v.to(torch::kBFloat16);
+  const torch::Tensor ref = at::scaled_dot_product_attention(
+      q.to(torch::kFloat), k.to(torch::kFloat), v.to(torch::kFloat), {}, 0.0, true, std::nullopt,
+      /*enable_gqa=*/true);
+  const torch::Tensor positions = torch::tensor(fabric::nn::cp_rank_positions(T, cp, rank));
+  torch::NoGradGuard no_grad;
+  const torch::Tensor out = fabric::nn::ring_attention(rows_of(q, positions), rows_of(k, positions),
+                                                       rows_of(v, positions), group, true);
+  std::printf("rank %lld of %lld: bf16: dtype=%s out_diff=%.3g\n", static_cast<long long>(rank),
+              static_cast<long long>(cp), c10::toString(out.scalar_type()),
+              max_diff(out, rows_of(ref, positions)));
+  std::fflush(stdout);
+}
+
+// 7 local tokens: T = 7 · cp is no multiple of 2 · cp. Every rank throws before communicating.
+void check_bad_length(const ProcessGroupPtr& group) {
+  std::string message = "(no error)";
+  try {
+    const torch::Tensor q = torch::randn({1, 2, 7, 8}), kv = torch::randn({1, 2, 7, 8});
+    fabric::nn::ring_attention(q, kv, kv, group, true);
+  } catch (const fabric::Error& e) {
+    message = e.what();
+  }
+  std::printf("rank %d of %d: bad_T_error=%s\n", group->getRank(), group->getSize(),
+              message.c_str());
+  std::fflush(stdout);
+}
+
+double median_ms(const std::function<void()>& f) {
+  f();  // warm-up
+  std::vector<double> ms;
+  for (int i = 0; i < 5; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[2];
+}
+
+void bench(const ProcessGroupPtr& group, int64_t T) {
+  const int64_t B = 1, H = 8, D = 64, cp = group->getSize(), rank = group->getRank();
+  const Inputs in = make_inputs(B, H, H, T, D, 5);
+  if (rank == 0) {
+    auto sdpa = [&] {
+      const torch::Tensor q = in.q.clone().requires_grad_(), k = in.k.clone().requires_grad_(),
+                          v = in.v.clone().requires_grad_();
+      (at::scaled_dot_product_attention(q, k, v, {}, 0.0, true) * in.grad).sum().backward();
+    };
+    const double one = median_ms(sdpa);
+    torch::set_num_threads(static_cast<int>(cp));
+    const double all = median_ms(sdpa);
+    torch::set_num_threads(1);
+    std::printf("bench T=%lld sdpa_1thread_ms=%.1f sdpa_%lldthreads_ms=%.1f\n",
+                static_cast<long long>(T), one, static_cast<long long>(cp), all);
+    std::fflush(stdout);
+  }
+  group->barrier()->wait();
+  const torch::Tensor positions = torch::tensor(fabric::nn::cp_rank_positions(T, cp, rank));
+  const torch::Tensor ql = rows_of(in.q, positions), kl = rows_of(in.k, positions),
+                      vl = rows_of(in.v, positions), gl = rows_of(in.grad, positions);
+  const double ring = median_ms([&] {
+    const torch::Tensor q = ql.clone().requires_grad_(), k = kl.clone().requires_grad_(),
+                        v = vl.clone().requires_grad_();
+    (fabric::nn::ring_attention(q, k, v, group, true) * gl).sum().backward();
+  });
+  std::printf("rank %lld of %lld: bench T=%lld ring_ms=%.1f\n", static_cast<long long>(rank),
+              static_cast<long long>(cp), static_cast<long long>(T), ring);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) return 2;
+  const int64_t world = std::atoll(argv[1]);
+  const std::string mode = argv[2];
+  if (world < 1 || (mode != "check" && mode != "bench")) return 2;
+  const int64_t T = argc > 3 ? std::atoll(argv[3]) : 4096;
+  auto env = fabric::detect_environment(fabric::process_environment(), world);
+  const int64_t rank = env->global_rank();
+  const std::chrono::seconds timeout(120);
+  fabric::distributed::StoreOptions store_options;
+  store_options.world_size = world;
+  store_options.timeout = timeout;
+  std::unique_ptr<fabric::SubprocessLauncher> launcher;
+  c10::intrusive_ptr<c10d::Store> store;
+  if (rank == 0) {
+    store_options.is_server = true;
+    store = fabric::distributed::make_store(store_options);
+    fabric::LaunchOptions launch;
+    launch.world_size = world;
+    launch.master_port = fabric::distributed::store_port(store);
+    launcher = std::make_unique<fabric::SubprocessLauncher>(
+        launch, std::vector<std::string>(argv, argv + argc));
+  } else {
+    store_options.port = env->main_port();
+    store = fabric::distributed::make_store(store_options);
+  }
+  torch::set_num_threads(1);
+  fabric::distributed::ProcessGroupOptions options;
+  options.rank = rank;
+  options.world_size = world;
+  options.timeout = timeout;
+  options.cpu_backend = fabric::distributed::CpuBackend::kGloo;
+  const ProcessGroupPtr group = fabric::distributed::make_process_group(store, options);
+  try {
+    if (mode == "check") {
+      for (const int64_t hk : {2, 4}) {
+        for (const bool causal : {true, false}) check_case(group, 4, hk, causal);
+      }
+      check_bf16(group);
+      check_bad_length(group);
+    } else {
+      bench(group, T);
+    }
+  } catch (const std::exception& e) {
+    std::printf("rank %lld of %lld: failed: %s\n", static_cast<long long>(rank),
+                static_cast<long long>(world), e.what());
+    std::fflush(stdout);
+    return 1;
+  }
+  group->barrier()->wait();
+  return launcher ? launcher->wait() : 0;
+}

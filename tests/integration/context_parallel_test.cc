@@ -1,0 +1,62 @@
+// Context parallelism's ring attention in real processes (context_parallel_helper): over cp = 2
+// and cp = 4 Gloo ranks on CPU, each rank's rows of fabric::nn::ring_attention and of its q, k, v
+// gradients equal those of at::scaled_dot_product_attention on the whole sequence (T = 1024,
+// grouped-query and plain heads, causal and not) to 1e-5; bfloat16 inputs give a bfloat16 result;
+// a length that 2·cp does not divide fails on every rank with one line naming T, cp and the
+// nearest valid lengths.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "tests/run_command.h"
+
+namespace {
+
+double number_after(const std::string& out, const std::string& key) {
+  const std::string v = fabric::testing::value_after(out, key);
+  return v.empty() ? -1.0 : std::stod(v);
+}
+
+void expect_ring_equals_sdpa(int cp) {
+  const std::string exe =
+      fabric::testing::helper_binary("//tests/integration:context_parallel_helper");
+  const auto r = fabric::testing::run_command(exe + " " + std::to_string(cp) + " check");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string of = " of " + std::to_string(cp) + ": ";
+  for (int rank = 0; rank < cp; ++rank) {
+    const std::string who = "rank " + std::to_string(rank) + of;
+    for (const char* heads : {"H=4 Hk=2", "H=4 Hk=4"}) {
+      for (const char* causal : {"causal=1", "causal=0"}) {
+        const std::string line =
+            fabric::testing::value_after(r.out, who + heads + " " + causal + ": ");
+        ASSERT_FALSE(line.empty()) << who << heads << " " << causal << " missing:\n" << r.out;
+        for (const char* key : {"out_diff=", "dq_diff=", "dk_diff=", "dv_diff="}) {
+          const double d = number_after(line, key);
+          EXPECT_GE(d, 0.0) << key << " missing or NaN: " << line;
+          EXPECT_LE(d, 1e-5) << "cp " << cp << " " << who << heads << " " << causal << ": " << line;
+        }
+      }
+    }
+    const std::string bf16 = fabric::testing::value_after(r.out, who + "bf16: ");
+    EXPECT_EQ(bf16.rfind("dtype=BFloat16 ", 0), 0u) << bf16;
+    EXPECT_LE(number_after(bf16, "out_diff="), 2e-2) << bf16;
+    EXPECT_GE(number_after(bf16, "out_diff="), 0.0) << bf16;
+
+    // 7 local tokens x cp: T = 7·cp, between the valid lengths 2·cp·3 and 2·cp·4.
+    const std::string err = fabric::testing::value_after(r.out, who + "bad_T_error=");
+    const std::string T = std::to_string(7 * cp), below = std::to_string(6 * cp),
+                      above = std::to_string(8 * cp);
+    EXPECT_NE(err.find("7 local tokens per rank x cp=" + std::to_string(cp)), std::string::npos)
+        << err;
+    EXPECT_NE(err.find("T=" + T + " is not a positive multiple of 2*cp=" + std::to_string(2 * cp)),
+              std::string::npos)
+        << err;
+    EXPECT_NE(err.find("T=" + below + " or T=" + above), std::string::npos) << err;
+  }
+}
+
+TEST(ContextParallelTest, TwoRanksRingEqualsSdpa) { expect_ring_equals_sdpa(2); }
+
+TEST(ContextParallelTest, FourRanksRingEqualsSdpa) { expect_ring_equals_sdpa(4); }
+
+}  // namespace
