@@ -1,22 +1,25 @@
 // Test helper for pipeline_test: a self-launched job of WORLD processes on the mesh {pp: PP, dp:
-// WORLD / PP} (pp outermost). Every rank trains the tiny GPT (fp32, no dropout, LAYERS blocks, 64
-// wide, sequences of 32, batches of 8) for STEPS SGD-momentum steps three ways:
+// WORLD / (PP x TP), tp: TP} (pp outermost, tp innermost). Every rank trains the tiny GPT (fp32, no
+// dropout, LAYERS blocks, 64 wide, sequences of 32, batches of 8) for STEPS SGD-momentum steps
+// three ways:
 //   whole:        alone, on the whole batch of every step (what ddp equals);
 //   accumulated:  alone, on the same micro-batches, each loss / m backward in order (the sums of
 //                 the pipeline's gradients in the same order);
 //   pipeline:     its stages of the model cut into PP x V stages (GPTStages), run by
 //                 PipelineRunner with SCHEDULE over M micro-batches of its dp coordinate's rows;
 //                 the tied wte's gradient summed between the first and the last stage's ranks,
-//                 every gradient averaged over dp.
+//                 every gradient averaged over dp; with TP > 1 the model is split over its tp
+//                 group (the GPT's plan, fabric::nn::parallelize) before it is cut.
 // Then it compares the pipeline's losses and final parameters (by the whole model's names) with
 // the whole run's, and its parameters after the first step with the accumulated run's (after
 // that, the tied wte's different summation order spreads to every parameter). Prints, per rank,
 //   "rank R of W: max_loss_diff=X max_param_diff=Y accumulated_differ=N [names] param_bytes=B
 //    whole_bytes=C peak_in_flight=P"
 // (accumulated_differ: this rank's parameters not bitwise equal to the accumulated run's after
-// step 1; -1 with dp > 1, where the all-reduce changes the order anyway) and
+// step 1; -1 with dp or tp > 1, whose all-reduces change the order anyway; split parameters are
+// gathered whole before they are compared) and
 // exits 0 (1 when a collective or a check failed).
-//   pipeline_helper WORLD PP SCHEDULE M V STEPS LAYERS
+//   pipeline_helper WORLD PP SCHEDULE M V STEPS LAYERS [TP]
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
@@ -32,6 +35,7 @@
 #include "fabric/launchers/subprocess_launcher.h"
 #include "fabric/models/gpt.h"
 #include "fabric/models/gpt_pipeline.h"
+#include "fabric/nn/tensor_parallel.h"
 
 namespace {
 
@@ -59,6 +63,18 @@ double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
   return (a - b).abs().max().item<double>();
 }
 
+// A parameter of module `m` whole: gathered from the tp ranks' slices where the plan split it.
+torch::Tensor whole_of(torch::nn::Module& m, const std::string& leaf, const torch::Tensor& t) {
+  if (auto* l = m.as<fabric::nn::LinearImpl>(); l != nullptr && l->parallel()) {
+    const auto& p = *l->parallel();
+    if (leaf == "bias" && p.dim == 1) return t;  // a row layer's bias is whole on every rank
+    return p.gather(t, leaf == "bias" ? 0 : p.dim);
+  }
+  if (auto* e = m.as<fabric::nn::EmbeddingImpl>(); e != nullptr && e->parallel())
+    return e->parallel()->gather(t, 0);
+  return t;
+}
+
 int64_t bytes(torch::nn::Module& m) {
   int64_t n = 0;
   for (const auto& p : m.parameters()) n += p.nbytes();
@@ -68,14 +84,14 @@ int64_t bytes(torch::nn::Module& m) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 8) {
-    std::fprintf(stderr, "usage: pipeline_helper WORLD PP SCHEDULE M V STEPS LAYERS\n");
+  if (argc != 8 && argc != 9) {
+    std::fprintf(stderr, "usage: pipeline_helper WORLD PP SCHEDULE M V STEPS LAYERS [TP]\n");
     return 2;
   }
   const int64_t world = std::atoll(argv[1]), pp = std::atoll(argv[2]);
   const auto schedule = fabric::distributed::parse_pipeline_schedule(argv[3]);
   const int64_t m = std::atoll(argv[4]), v = std::atoll(argv[5]), steps = std::atoll(argv[6]),
-                layers = std::atoll(argv[7]);
+                layers = std::atoll(argv[7]), tp = argc == 9 ? std::atoll(argv[8]) : 1;
   torch::set_num_threads(1);
   int64_t rank = 0;
   c10::intrusive_ptr<c10d::Store> store;
@@ -96,9 +112,10 @@ int main(int argc, char** argv) {
     }
     mesh = std::make_unique<fabric::distributed::DeviceMesh>(
         store, fabric::distributed::ProcessGroupOptions{rank, world, timeout},
-        std::vector<fabric::distributed::MeshDim>{{"pp", pp}, {"dp", world / pp}});
+        std::vector<fabric::distributed::MeshDim>{{"pp", pp}, {"dp", world / pp / tp}, {"tp", tp}});
   }
   const int64_t dp = mesh ? mesh->size("dp") : 1, dp_rank = mesh ? mesh->coordinate("dp") : 0;
+  const bool exact = dp == 1 && tp == 1;  // the accumulated run's order of sums
 
   // The references, on one process.
   auto whole_ref = make_model(layers), accumulated_ref = make_model(layers);
@@ -112,7 +129,7 @@ int main(int argc, char** argv) {
     loss.backward();
     whole_opt.step();
     ref_losses.push_back(loss.item<double>());
-    if (dp == 1 && s == 0) {
+    if (exact && s == 0) {
       accumulated_opt.zero_grad();
       for (const torch::Tensor& mb : b.chunk(m, 0)) {
         torch::Tensor l = accumulated_ref->loss(mb.narrow(1, 0, kSeq), mb.narrow(1, 1, kSeq));
@@ -132,6 +149,7 @@ int main(int argc, char** argv) {
       mesh ? mesh->group("pp") : c10::intrusive_ptr<c10d::ProcessGroup>(), options);
   auto whole = make_model(layers);
   const int64_t whole_bytes = bytes(*whole);
+  if (tp > 1) fabric::nn::parallelize(*whole, whole->tensor_parallel_plan(), mesh->group("tp"));
   fabric::models::GPTStages mine(whole, runner.local_stages(), runner.stages());
   whole = fabric::models::GPT(nullptr);  // the other ranks' blocks go with it
   auto opt = make_optimizer(mine->parameters());
@@ -173,7 +191,7 @@ int main(int argc, char** argv) {
     }
     opt.step();
     max_loss_diff = std::max(max_loss_diff, std::abs(loss.item<double>() - ref_losses[s]));
-    if (dp == 1 && s == 0) {
+    if (exact && s == 0) {
       const auto accumulated_params = accumulated_ref->named_parameters();
       for (const auto& p : mine->named_parameters()) {
         if (!torch::equal(p.value(), accumulated_params[p.key()])) {
@@ -186,13 +204,19 @@ int main(int argc, char** argv) {
 
   double max_param_diff = 0;
   const auto whole_params = whole_ref->named_parameters();
-  for (const auto& p : mine->named_parameters())
-    max_param_diff = std::max(max_param_diff, max_abs_diff(p.value(), whole_params[p.key()]));
+  for (const auto& m : mine->named_modules()) {
+    for (const auto& p : m.value()->named_parameters(/*recurse=*/false)) {
+      const std::string name = (m.key().empty() ? "" : m.key() + ".") + p.key();
+      max_param_diff = std::max(
+          max_param_diff,
+          max_abs_diff(whole_of(*m.value(), p.key(), p.value().detach()), whole_params[name]));
+    }
+  }
   std::printf(
       "rank %lld of %lld: max_loss_diff=%.3g max_param_diff=%.3g accumulated_differ=%lld [%s] "
       "param_bytes=%lld whole_bytes=%lld peak_in_flight=%lld\n",
       static_cast<long long>(rank), static_cast<long long>(world), max_loss_diff, max_param_diff,
-      static_cast<long long>(dp == 1 ? differ : -1), differ_names.c_str(),
+      static_cast<long long>(exact ? differ : -1), differ_names.c_str(),
       static_cast<long long>(bytes(*mine)), static_cast<long long>(whole_bytes),
       static_cast<long long>(runner.peak_in_flight()));
   std::fflush(stdout);

@@ -1,6 +1,7 @@
 // Pipeline parallelism in real processes (pipeline_helper): the tiny GPT cut into stages over 2
 // and 4 ranks (and 2 on one rank) trains as one process does after 10 SGD-momentum steps, under
-// GPipe, 1F1B and interleaved 1F1B (2 virtual stages per rank), and pp 2 x dp 2 as ddp does:
+// GPipe, 1F1B and interleaved 1F1B (2 virtual stages per rank), and pp 2 x dp 2 and pp 2 x tp 2
+// as one process on the whole batch does (ddp's equal):
 //   - losses and parameters within 1e-6 of one process on the whole batch;
 //   - after the first step, bitwise equal to one process accumulating the same micro-batches,
 //     except the tied token embedding where two ranks hold it (its two gradients are summed
@@ -24,13 +25,14 @@ double number_after(const std::string& out, const std::string& key) {
 
 constexpr double kWteBytes = 256 * 64 * 4;  // the tiny GPT's vocabulary x width, float32
 
-void expect_parity(int world, int pp, const std::string& schedule, int m, int v = 1) {
+void expect_parity(int world, int pp, const std::string& schedule, int m, int v = 1, int tp = 1) {
   const std::string exe = fabric::testing::helper_binary("//tests/integration:pipeline_helper");
   const std::string args = std::to_string(world) + " " + std::to_string(pp) + " " + schedule + " " +
-                           std::to_string(m) + " " + std::to_string(v) + " 10 4";
+                           std::to_string(m) + " " + std::to_string(v) + " 10 4 " +
+                           std::to_string(tp);
   const auto r = fabric::testing::run_command(exe + " " + args);
   ASSERT_EQ(r.code, 0) << args << "\n" << r.out;
-  const int dp = world / pp;
+  const int dp = world / pp / tp;
   double bytes = 0, whole = 0;
   for (int rank = 0; rank < world; ++rank) {
     const std::string line = fabric::testing::value_after(
@@ -42,8 +44,8 @@ void expect_parity(int world, int pp, const std::string& schedule, int m, int v 
       EXPECT_GE(d, 0.0) << key << " missing";
       EXPECT_LE(d, 1e-6) << key;
     }
-    const int pp_rank = rank / dp;
-    if (dp == 1) {
+    const int pp_rank = rank / (dp * tp);
+    if (dp == 1 && tp == 1) {
       const double differ = number_after(line, "accumulated_differ=");
       // The first and the last stage each use wte (one rank's copy, or two ranks' copies).
       const bool holds_wte_twice = pp * v > 1 && (pp_rank == 0 || pp_rank == pp - 1);
@@ -54,13 +56,13 @@ void expect_parity(int world, int pp, const std::string& schedule, int m, int v 
         EXPECT_EQ(differ, 0);
       }
     }
-    if (rank % dp == 0) bytes += number_after(line, "param_bytes=");  // one dp replica
+    if (rank % (dp * tp) == 0) bytes += number_after(line, "param_bytes=");  // one replica
     whole = number_after(line, "whole_bytes=");
     const double peak = number_after(line, "peak_in_flight=");
     if (schedule == "gpipe") EXPECT_EQ(peak, m);
     if (schedule == "1f1b") EXPECT_EQ(peak, std::min(m, pp - pp_rank));
   }
-  EXPECT_EQ(bytes, whole + (pp > 1 ? kWteBytes : 0)) << args;
+  if (tp == 1) EXPECT_EQ(bytes, whole + (pp > 1 ? kWteBytes : 0)) << args;
 }
 
 TEST(PipelineTest, TwoStagesGPipe) { expect_parity(2, 2, "gpipe", 4); }
@@ -80,5 +82,10 @@ TEST(PipelineTest, InterleavedTwoVirtualStagesPerRank) {
 TEST(PipelineTest, OneRankTwoVirtualStages) { expect_parity(1, 1, "interleaved_1f1b", 2, 2); }
 
 TEST(PipelineTest, PipelineTimesDataParallelEqualsDdp) { expect_parity(4, 2, "1f1b", 2); }
+
+// Each stage's blocks and the vocabulary split over tp 2 (the GPT's plan), then cut by pp 2.
+TEST(PipelineTest, PipelineTimesTensorParallelEqualsOneProcess) {
+  expect_parity(4, 2, "1f1b", 2, 1, 2);
+}
 
 }  // namespace

@@ -1,0 +1,160 @@
+// The pipeline schedules' bubble and activation memory, measured against theory (issue 71): a
+// self-launched job of --pp processes trains a GPT cut into stages (GPTStages, PipelineRunner)
+// under GPipe, 1F1B and interleaved 1F1B (2 virtual stages per rank) at each --micro_batches, and
+// rank 0 prints one line per run:
+//   schedule, m, v, the bubble fraction measured from the step's timeline (each rank's idle share
+//   of the makespan from a common start after a barrier, averaged over the ranks; the median of
+//   --steps steps), theory's (p-1)/(m+p-1), or (p-1)/(v*m+p-1) interleaved, the most activations
+//   any rank held at once (PipelineRunner::peak_in_flight, micro-batch x stage units), and the
+//   most tensor bytes any rank allocated during a step above what it held before it (the counting
+//   CPU allocator, fabric/accelerators/memory.h): the activations' memory.
+//   bazel run -c opt //tools/bench:pipeline_bubble -- --pp=2 --micro_batches=8,16
+// One intra-op thread per rank: run with --pp at most the CPUs, or the ranks share cores and the
+// timeline measures the sharing, not the schedule.
+#include <gflags/gflags.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "fabric/accelerators/memory.h"
+#include "fabric/distributed/pipeline_runtime.h"
+#include "fabric/distributed/process_group.h"
+#include "fabric/environments/environments.h"
+#include "fabric/launchers/subprocess_launcher.h"
+#include "fabric/models/gpt.h"
+#include "fabric/models/gpt_pipeline.h"
+
+DEFINE_int32(pp, 2, "pipeline ranks (processes)");
+DEFINE_string(micro_batches, "8,16", "micro-batch counts, comma-separated");
+DEFINE_int32(micro_batch_size, 2, "sequences per micro-batch");
+DEFINE_int32(seq, 128, "tokens per sequence");
+DEFINE_int32(layers, 8, "GPT blocks (a multiple of 2 x pp)");
+DEFINE_int32(width, 256, "GPT n_embd");
+DEFINE_int32(steps, 5, "timed steps per run (after 1 warm-up)");
+
+namespace {
+
+std::vector<int64_t> numbers(const std::string& text) {
+  std::vector<int64_t> out;
+  std::stringstream s(text);
+  for (std::string item; std::getline(s, item, ',');) out.push_back(std::stoll(item));
+  return out;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<std::string> args(argv, argv + argc);  // for the other ranks, flags and all
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  const int64_t pp = FLAGS_pp;
+  auto env = fabric::detect_environment(fabric::process_environment(), pp);
+  const int64_t rank = env->global_rank();
+  const std::chrono::seconds timeout(300);
+  c10::intrusive_ptr<c10d::Store> store;
+  std::unique_ptr<fabric::SubprocessLauncher> launcher;
+  if (rank == 0) {
+    store = fabric::distributed::make_store({"127.0.0.1", 0, true, pp, timeout, "127.0.0.1", ""});
+    fabric::LaunchOptions launch;
+    launch.world_size = pp;
+    launch.master_port = fabric::distributed::store_port(store);
+    launcher = std::make_unique<fabric::SubprocessLauncher>(launch, args);
+  } else {
+    store = fabric::distributed::make_store(
+        {"127.0.0.1", env->main_port(), false, pp, timeout, "127.0.0.1", ""});
+  }
+  torch::set_num_threads(1);
+  fabric::distributed::ProcessGroupOptions group_options;
+  group_options.rank = rank;
+  group_options.world_size = pp;
+  group_options.timeout = timeout;
+  auto group = fabric::distributed::make_process_group(store, group_options);
+  fabric::memory_stats(torch::kCPU);  // installs the counting allocator
+
+  fabric::models::GPTConfig c = fabric::models::GPTConfig::preset("tiny");
+  c.n_layer = FLAGS_layers;
+  c.n_embd = FLAGS_width;
+  c.block_size = FLAGS_seq;
+  struct Run {
+    std::string schedule;
+    int64_t v;
+  };
+  if (rank == 0)
+    std::printf(
+        "pp=%lld, %d blocks of width %d, micro-batches of %d x %d tokens\n%-17s %4s %2s %9s "
+        "%9s %9s %13s\n",
+        static_cast<long long>(pp), FLAGS_layers, FLAGS_width, FLAGS_micro_batch_size, FLAGS_seq,
+        "schedule", "m", "v", "bubble", "theory", "in_flight", "activation_MiB");
+  for (const int64_t m : numbers(FLAGS_micro_batches)) {
+    for (const Run& run : {Run{"gpipe", 1}, Run{"1f1b", 1}, Run{"interleaved_1f1b", 2}}) {
+      fabric::distributed::PipelineOptions o;
+      o.schedule = fabric::distributed::parse_pipeline_schedule(run.schedule);
+      o.micro_batches = m;
+      o.virtual_stages = run.v;
+      o.activation_sizes = {FLAGS_micro_batch_size, FLAGS_seq, FLAGS_width};
+      o.record_timeline = true;
+      fabric::distributed::PipelineRunner runner(group, o);
+      torch::manual_seed(1);
+      fabric::models::GPT whole(c);
+      fabric::models::GPTStages mine(whole, runner.local_stages(), runner.stages());
+      whole = fabric::models::GPT(nullptr);
+      std::vector<torch::Tensor> tokens, targets;
+      for (int64_t i = 0; i < m; ++i) {
+        const torch::Tensor b = torch::randint(0, 256, {FLAGS_micro_batch_size, FLAGS_seq + 1});
+        tokens.push_back(b.narrow(1, 0, FLAGS_seq));
+        targets.push_back(b.narrow(1, 1, FLAGS_seq));
+      }
+      fabric::distributed::PipelineStageCalls calls;
+      calls.forward = [&](int64_t k, int64_t mb, const torch::Tensor& in) {
+        return mine->forward(k, k == 0 ? tokens[static_cast<size_t>(mb)] : in);
+      };
+      calls.loss = [&](int64_t mb, const torch::Tensor& out) {
+        return mine->loss(out, targets[static_cast<size_t>(mb)]);
+      };
+      std::vector<double> bubbles;
+      double activation_bytes = 0;
+      for (int step = 0; step <= FLAGS_steps; ++step) {
+        for (auto& p : mine->parameters()) p.mutable_grad() = torch::Tensor();
+        // Gradients exist after the first step: the memory above this is the step's own.
+        const int64_t before = fabric::memory_stats(torch::kCPU).allocated;
+        fabric::reset_peak_memory(torch::kCPU);
+        group->barrier()->wait();
+        runner.step(calls);
+        const double peak = static_cast<double>(fabric::memory_stats(torch::kCPU).peak - before);
+        double end = 0, busy = 0;
+        for (const auto& e : runner.timeline()) {
+          end = std::max(end, e.end);
+          busy += e.end - e.start;
+        }
+        // [makespan, peak bytes] maxed over the ranks, busy summed.
+        std::vector<torch::Tensor> most = {torch::tensor({end, peak}, torch::kDouble)};
+        fabric::distributed::wait(group->allreduce(most, {c10d::ReduceOp::MAX}), "max");
+        std::vector<torch::Tensor> sum = {torch::tensor({busy}, torch::kDouble)};
+        fabric::distributed::wait(group->allreduce(sum), "sum");
+        if (step == 0) continue;  // warm-up
+        const double makespan = most[0][0].item<double>();
+        bubbles.push_back(1.0 - sum[0][0].item<double>() / static_cast<double>(pp) / makespan);
+        activation_bytes = std::max(activation_bytes, most[0][1].item<double>());
+      }
+      std::vector<torch::Tensor> in_flight = {torch::tensor({runner.peak_in_flight()})};
+      fabric::distributed::wait(group->allreduce(in_flight, {c10d::ReduceOp::MAX}), "max");
+      const double p = static_cast<double>(pp), vm = static_cast<double>(run.v * m);
+      if (rank == 0)
+        std::printf("%-17s %4lld %2lld %9.3f %9.3f %9lld %13.1f\n", run.schedule.c_str(),
+                    static_cast<long long>(m), static_cast<long long>(run.v), median(bubbles),
+                    (p - 1) / (vm + p - 1), static_cast<long long>(in_flight[0].item<int64_t>()),
+                    activation_bytes / (1 << 20));
+      std::fflush(stdout);
+    }
+  }
+  group->barrier()->wait();
+  return launcher ? launcher->wait() : 0;
+}
