@@ -130,6 +130,10 @@ void ModelParallel::setup_module(torch::nn::Module& module) {
       module_splits_.emplace(prefix + "weight", Split{p, p.dim, p.full_sizes});
       if (l->bias.defined() && p.dim == 0)
         module_splits_.emplace(prefix + "bias", Split{p, 0, {p.full_sizes[0]}});
+      // A LoRA adapter's tensor cut with the layer (a column layer's lora_B, a row layer's
+      // lora_A): saved, loaded and gathered like the weight.
+      if (const auto cut = l->lora_cut())
+        module_splits_.emplace(prefix + cut->name, Split{p, cut->along, cut->whole_sizes});
     } else if (auto* e = m->as<fabric::nn::EmbeddingImpl>(); e != nullptr && e->parallel()) {
       const auto& p = *e->parallel();
       module_splits_.emplace(prefix + "weight", Split{p, 0, p.full_sizes});

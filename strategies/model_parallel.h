@@ -19,6 +19,8 @@
 // over dp_shard, then the tp slices over tp). Both load at any tp x dp shape and under every
 // other strategy: loading reads each split tensor whole and cuts this rank's slice and its fsdp
 // shard. ExponentialMovingAverage's parts (Fabric::parameter_parts) follow the same order.
+// A LoRA layer's cut adapter tensor (fabric::nn::LinearImpl::lora_cut) is one of the split
+// tensors: checkpoints, exports and materialize_parameters hold it whole.
 // fabric.empty_init: the module is cut on the meta device and each rank replays the init, keeping
 // its fsdp shard of its slice of each value.
 #ifndef STRATEGIES_MODEL_PARALLEL_H_

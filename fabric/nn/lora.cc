@@ -62,9 +62,9 @@ std::string closest_names(const std::vector<std::pair<std::string, LinearImpl*>>
   return join_cut(names, 6);
 }
 
-std::string sizes_of(const torch::Tensor& t) {
+std::string sizes_of(at::IntArrayRef sizes) {
   std::string s = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
   return s + "]";
 }
 
@@ -111,9 +111,6 @@ std::vector<std::string> apply_lora(torch::nn::Module& model, const LoraOptions&
                   "] allows (min(in, out) = " + std::to_string(std::min(in, out)) + ")");
     if (l.lora_rank() > 0)
       throw Error(head + "layer '" + layers[i].first + "' has an adapter already");
-    if (l.parallel())
-      throw Error(head + "layer '" + layers[i].first +
-                  "' is split by tensor parallelism: LoRA on split layers is not implemented");
   }
   // Everything but the adapters (those of an earlier apply_lora keep training).
   for (auto& item : model.named_parameters())
@@ -144,20 +141,50 @@ std::vector<std::string> merge_lora(torch::nn::Module& model) {
   return names;
 }
 
-std::vector<std::pair<std::string, torch::Tensor>> lora_state(torch::nn::Module& model) {
-  std::vector<std::pair<std::string, torch::Tensor>> out;
+namespace {
+
+// An adapter tensor of the model: the parameter, its whole sizes, and the layer when tensor
+// parallelism cut it (its LoraCut names it).
+struct AdapterTensor {
+  torch::Tensor param;
+  std::vector<int64_t> whole_sizes;
+  const LinearImpl* cut_by = nullptr;
+  int64_t along = 0;
+};
+
+std::vector<std::pair<std::string, AdapterTensor>> adapter_tensors(torch::nn::Module& model) {
+  std::vector<std::pair<std::string, AdapterTensor>> out;
   for (auto& [name, layer] : linear_layers(model)) {
     if (layer->lora_rank() == 0) continue;
-    out.emplace_back(kPrefix + name + ".lora_A.weight", layer->lora_A->weight.detach());
-    out.emplace_back(kPrefix + name + ".lora_B.weight", layer->lora_B->weight.detach());
+    const auto cut = layer->lora_cut();
+    for (const char* part : {"lora_A.weight", "lora_B.weight"}) {
+      const torch::Tensor& w = part[5] == 'A' ? layer->lora_A->weight : layer->lora_B->weight;
+      AdapterTensor t{w, w.sizes().vec()};
+      if (cut && cut->name == part) {
+        t.whole_sizes = cut->whole_sizes;
+        t.cut_by = layer;
+        t.along = cut->along;
+      }
+      out.emplace_back(kPrefix + name + "." + part, t);
+    }
   }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, torch::Tensor>> lora_state(torch::nn::Module& model) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (auto& [name, t] : adapter_tensors(model))
+    out.emplace_back(name, t.cut_by ? t.cut_by->parallel()->gather(t.param.detach(), t.along)
+                                    : t.param.detach());
   return out;
 }
 
 void load_lora_state(torch::nn::Module& model,
                      const std::vector<std::pair<std::string, torch::Tensor>>& state) {
-  std::map<std::string, torch::Tensor> ours;
-  for (auto& [name, tensor] : lora_state(model)) ours.emplace(name, tensor);
+  std::map<std::string, AdapterTensor> ours;
+  for (auto& [name, tensor] : adapter_tensors(model)) ours.emplace(name, tensor);
   if (ours.empty())
     throw Error("load_lora_state: the model has no LoRA adapter (apply_lora first)");
   std::set<std::string> loaded;
@@ -176,11 +203,13 @@ void load_lora_state(torch::nn::Module& model,
       throw Error("load_lora_state: '" + given + "' is no adapter of the model" +
                   did_you_mean(name, keys));
     }
-    if (!it->second.sizes().equals(tensor.sizes()))
-      throw Error("load_lora_state: '" + given + "' is " + sizes_of(tensor) +
-                  ", the model's adapter " + sizes_of(it->second) +
-                  " (another rank or another base model?)");
-    it->second.copy_(tensor);
+    const AdapterTensor& t = it->second;
+    if (!tensor.sizes().equals(t.whole_sizes))
+      throw Error("load_lora_state: '" + given + "' is " + sizes_of(tensor.sizes()) +
+                  ", the model's adapter " + sizes_of(t.whole_sizes) +
+                  " (another rank's slice, or another base model?)");
+    // A tensor tensor parallelism cut: this rank's slice of the whole one.
+    t.param.detach().copy_(t.cut_by ? t.cut_by->parallel()->slice(tensor, t.along) : tensor);
     loaded.insert(name);
   }
   for (const auto& kv : ours)

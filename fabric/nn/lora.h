@@ -27,8 +27,13 @@
 // all-reduces and optimizer state hold the adapters only; Fabric's checkpoints still save every
 // parameter (the frozen base too). Under fsdp reading a unit's parameters gathers them (a
 // collective): call lora_state on every rank (and save_lora_adapter from one rank with its
-// tensors, or from all into one folder). Tensor parallelism refuses adapted layers (not
-// implemented).
+// tensors, or from all into one folder). Under tensor parallelism (fabric::nn::parallelize, the
+// model_parallel strategy; before or after apply_lora) a split layer's adapter is split with it:
+// A like the layer's input, B like its output (a column layer keeps A whole and its rows of B, a
+// row layer its columns of A and B whole; fabric::nn::LinearImpl::set_lora), and trains as one
+// process; lora_state gathers the cut tensors whole (a collective over tp: call it on every rank),
+// load_lora_state takes whole tensors and keeps this rank's slices, merge_lora folds each rank's
+// slice into its slice of the weight.
 // Apply to a model with values (after loading; not to an empty init's meta model).
 #ifndef FABRIC_NN_LORA_H_
 #define FABRIC_NN_LORA_H_
@@ -56,7 +61,8 @@ struct LoraOptions {
 // layers' names in the model's order. fabric::Error (one line) for: no patterns; a pattern matching
 // no Linear layer (naming the model's Linear names closest to it); rank < 1 or rank > min(in, out)
 // of a matched layer (naming it and its sizes); alpha <= 0; dropout outside [0, 1); a layer that
-// has an adapter already or is split by tensor parallelism.
+// has an adapter already. A layer split by tensor parallelism gets its rank's slice of the
+// adapter (drawn whole: the same values as one process's).
 std::vector<std::string> apply_lora(torch::nn::Module& model, const LoraOptions& options);
 
 // Folds every adapter into its layer's weight (W += B · A · scaling, peft's merge) and removes
@@ -65,12 +71,14 @@ std::vector<std::string> apply_lora(torch::nn::Module& model, const LoraOptions&
 std::vector<std::string> merge_lora(torch::nn::Module& model);
 
 // The adapters' parameters under peft's names ("base_model.model." + our name): what
-// adapter_model.safetensors holds. Views of the parameters (detached).
+// adapter_model.safetensors holds. Views of the parameters (detached); a tensor that tensor
+// parallelism cut is gathered whole (collective over its tp group: every rank calls it).
 std::vector<std::pair<std::string, torch::Tensor>> lora_state(torch::nn::Module& model);
 
 // Copies `state` (peft's names, as lora_state gives them, or ours without the prefix; peft's
-// ".default" adapter name accepted) into the model's adapters. fabric::Error naming the tensor
-// for a name the model has no adapter for, a shape that differs, or an adapter the state misses.
+// ".default" adapter name accepted) into the model's adapters: whole tensors (a layer split by
+// tensor parallelism keeps this rank's slice). fabric::Error naming the tensor for a name the
+// model has no adapter for, a shape that differs, or an adapter the state misses.
 void load_lora_state(torch::nn::Module& model,
                      const std::vector<std::pair<std::string, torch::Tensor>>& state);
 

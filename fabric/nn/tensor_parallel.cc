@@ -308,17 +308,29 @@ void LinearImpl::pretty_print(std::ostream& stream) const {
 }
 
 void LinearImpl::set_parallel(TensorParallelShard shard) {
-  if (lora_rank_ > 0)
-    throw Error("fabric::nn::Linear" +
-                (shard.module_name.empty() ? std::string() : " '" + shard.module_name + "'") +
-                " has a LoRA adapter: tensor parallelism of LoRA layers is not implemented; "
-                "merge_lora first, or train the adapters without model_parallel");
   torch::NoGradGuard no_grad;
   const int64_t along = shard.dim;
   // replace_data: the tensors may be an empty init's, on the meta device.
   replace_data(weight, shard.slice(weight, along).clone());
   if (bias.defined() && along == 0) replace_data(bias, shard.slice(bias, 0).clone());
   parallel_ = std::move(shard);
+  cut_lora();
+}
+
+std::optional<LinearImpl::LoraCut> LinearImpl::lora_cut() const {
+  if (lora_rank_ == 0 || !parallel_) return std::nullopt;
+  const int64_t in = options.in_features(), out = options.out_features();
+  if (parallel_->style.kind == TensorParallelStyle::Kind::kRow)
+    return LoraCut{"lora_A.weight", lora_A->weight, 1, {lora_rank_, in}};
+  return LoraCut{"lora_B.weight", lora_B->weight, 0, {out, lora_rank_}};
+}
+
+void LinearImpl::cut_lora() {
+  const auto cut = lora_cut();
+  if (!cut || cut->tensor.size(cut->along) != cut->whole_sizes[cut->along]) return;
+  torch::NoGradGuard no_grad;
+  torch::Tensor t = cut->tensor;
+  replace_data(t, parallel_->slice(t, cut->along).clone());
 }
 
 void LinearImpl::register_lora() {
@@ -333,11 +345,11 @@ void LinearImpl::register_lora() {
   b->to(weight.device(), weight.scalar_type());
   lora_A = register_module("lora_A", a);
   lora_B = register_module("lora_B", b);
+  // A split layer: drawn whole (every rank the same numbers, as one process), then cut.
+  cut_lora();
 }
 
 void LinearImpl::set_lora(int64_t rank, double scaling, double dropout) {
-  if (parallel_)
-    throw Error(layer_label(*parallel_) + ": LoRA on a split layer is not implemented");
   if (lora_rank_ > 0) throw Error("fabric::nn::Linear: it has a LoRA adapter already");
   if (rank < 1) throw Error("fabric::nn::Linear: LoRA rank must be at least 1");
   lora_rank_ = rank;
@@ -359,8 +371,54 @@ void LinearImpl::clear_lora() {
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   if (lora_rank_ == 0) return base_forward(x);
   // peft's order: the base output, then B(A(dropout(x))) scaled, added.
+  if (parallel_) {
+    const torch::Tensor base = base_forward(x);
+    return base + lora_parallel_forward(x) * lora_scaling_;
+  }
   const torch::Tensor in = lora_dropout_ > 0 ? torch::dropout(x, lora_dropout_, is_training()) : x;
   return base_forward(x) + lora_B->forward(lora_A->forward(in)) * lora_scaling_;
+}
+
+namespace {
+
+// Dropout of x, this rank's part (its chunk of `size` along `dim`) of a whole tensor: the whole
+// tensor's mask drawn as one process draws it for the whole (the same generator calls, the same
+// numbers), this rank's part of it applied. x * mask is what torch::dropout computes.
+torch::Tensor dropout_of_part(const torch::Tensor& x, double p, bool training, int64_t dim,
+                              int64_t rank, int64_t size) {
+  if (p == 0 || !training) return x;
+  dim = dim < 0 ? dim + x.dim() : dim;
+  std::vector<int64_t> whole = x.sizes().vec();
+  whole[dim] *= size;
+  const torch::Tensor mask = torch::dropout(torch::ones(whole, x.options()), p, true);
+  return x * mask.narrow(dim, rank * x.size(dim), x.size(dim));
+}
+
+}  // namespace
+
+torch::Tensor LinearImpl::lora_parallel_forward(const torch::Tensor& x) {
+  const TensorParallelShard& p = *parallel_;
+  const torch::Tensor &a = lora_A->weight, &b = lora_B->weight;
+  const bool training = is_training();
+  if (p.style.kind == TensorParallelStyle::Kind::kColumn) {
+    if (!p.sequence_parallel) {
+      // x is whole and the same on every rank, and so is its mask. Each rank's B slice gives part
+      // of the gradient of x A: summed over the ranks (A's gradient and x's through A whole).
+      const torch::Tensor in = lora_dropout_ > 0 ? torch::dropout(x, lora_dropout_, training) : x;
+      return torch::linear(copy_to_parallel(torch::linear(in, a), p.group), b);
+    }
+    // This rank's positions: x A on them, gathered whole (backward: reduce-scattered, so each
+    // rank's positions get every B slice's part); A used on part of the positions.
+    const torch::Tensor in = dropout_of_part(x, lora_dropout_, training, 1, p.rank, p.size);
+    const torch::Tensor xa = torch::linear(in, sequence_parallel_weight(a, parallel_));
+    return torch::linear(gather_sequence(xa, p.group, 1), b);
+  }
+  // Row: this rank's input features through its columns of A, summed over the ranks, then B.
+  const torch::Tensor in = dropout_of_part(x, lora_dropout_, training, -1, p.rank, p.size);
+  const torch::Tensor partial = torch::linear(in, a);
+  if (!p.sequence_parallel) return torch::linear(reduce_from_parallel(partial, p.group), b);
+  return torch::linear(reduce_scatter_sequence(partial, p.group, 1),
+                       sequence_parallel_weight(b, parallel_));
 }
 
 torch::Tensor LinearImpl::base_forward(const torch::Tensor& x) {

@@ -34,8 +34,9 @@
 //
 // Parameters a rule names are replaced in place by this rank's slice (the Parameter objects stay:
 // anything holding them sees the slice); every other parameter stays whole on every rank and gets
-// the same gradient there. The collectives are collective over the group: every rank of it runs
-// the same forward and backward.
+// the same gradient there. A LoRA adapter of a split layer (LinearImpl::set_lora) is split with
+// it: lora_A like the layer's input, lora_B like its output (LinearImpl::lora_cut). The collectives
+// are collective over the group: every rank of it runs the same forward and backward.
 #ifndef FABRIC_NN_TENSOR_PARALLEL_H_
 #define FABRIC_NN_TENSOR_PARALLEL_H_
 
@@ -183,13 +184,36 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   // A LoRA adapter (fabric/nn/lora.h: apply_lora, merge_lora): registers the submodules lora_A
   // [rank, in] (Kaiming uniform, a = sqrt(5)) and lora_B [out, rank] (zeros), torch::nn::Linear
   // without bias (peft's names: "lora_A.weight"), and forward adds
-  // lora_B(lora_A(dropout(x))) · scaling to the layer's output. fabric::Error on a split layer
-  // (tensor parallelism with adapters is not implemented) or one that has an adapter already.
+  // lora_B(lora_A(dropout(x))) · scaling to the layer's output. fabric::Error on a layer that has
+  // an adapter already.
+  // Split by tensor parallelism (set_parallel before or after): A like the layer's input, B like
+  // its output, so the layer computes and trains exactly what it does whole:
+  //   column: A whole [rank, in]; B this rank's rows [out / tp, rank] (of every part, as the
+  //     weight's). x A on every rank, its gradient summed over the ranks (B's slices each give
+  //     part of it); under sequence parallelism x A on this rank's positions, gathered, A's
+  //     gradient summed.
+  //   row: A this rank's columns [rank, in / tp]; B whole [out, rank]. The partial x A summed
+  //     over the ranks before B (under sequence parallelism reduce-scattered: B on this rank's
+  //     positions, its gradient summed).
+  // Dropout draws the mask of the whole input, as one process draws it, and keeps this rank's
+  // part (a row layer's features, a column layer's positions under sequence parallelism); a
+  // column layer's whole input gets the same mask on every rank (the ranks' generators are in
+  // step). One extra collective of [..., rank] per adapted layer forward or backward.
   void set_lora(int64_t rank, double scaling, double dropout);
   void clear_lora();  // the adapter's submodules removed; forward as before set_lora
   int64_t lora_rank() const { return lora_rank_; }  // 0: no adapter
   double lora_scaling() const { return lora_scaling_; }
   double lora_dropout() const { return lora_dropout_; }
+  // The adapter tensor a split layer's adapter has cut over tp: "lora_B.weight" of a column
+  // layer along 0 (by the weight's parts), "lora_A.weight" of a row layer along 1; its whole
+  // sizes. nullopt for a layer without adapter or not split (the other adapter tensor is whole).
+  struct LoraCut {
+    std::string name;  // under the layer
+    torch::Tensor tensor;
+    int64_t along = 0;
+    std::vector<int64_t> whole_sizes;
+  };
+  std::optional<LoraCut> lora_cut() const;
 
   torch::nn::LinearOptions options;
   torch::Tensor weight, bias;
@@ -197,7 +221,9 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
 
  private:
   torch::Tensor base_forward(const torch::Tensor& x);
+  torch::Tensor lora_parallel_forward(const torch::Tensor& x);  // B A dropout(x), split
   void register_lora();  // lora_A, lora_B of lora_rank_ (set_lora, and reset() for clone())
+  void cut_lora();       // the adapter tensor a split layer cuts: this rank's slice of it
   std::optional<TensorParallelShard> parallel_;
   bool fp8_ = false;
   Fp8Scaling fp8_scaling_ = Fp8Scaling::kTensorwise;
@@ -285,12 +311,14 @@ bool plan_pattern_matches(const std::string& pattern, const std::string& name);
 std::vector<std::string> parallelize(torch::nn::Module& model, const TensorParallelPlan& plan,
                                      const ProcessGroupPtr& group);
 
-// Every split module of `model` whole again and no longer split (collective over each one's
-// group): what Fabric's model_parallel strategy does at teardown, so the model works alone after.
+// Every split module of `model` (and its LoRA adapter) whole again and no longer split
+// (collective over each one's group): what Fabric's model_parallel strategy does at teardown, so
+// the model works alone after.
 void unparallelize(torch::nn::Module& model);
 
-// Whether `tensor` is a parameter split over its tp group (a split layer's weight, or a column
-// layer's bias), as opposed to one every tp rank holds whole.
+// Whether `tensor` is a parameter split over its tp group (a split layer's weight, a column
+// layer's bias, the adapter tensor LinearImpl::lora_cut names), as opposed to one every tp rank
+// holds whole.
 bool is_split_parameter(torch::nn::Module& model, const torch::Tensor& tensor);
 
 // A model that carries its own plan: fabric.strategy: model_parallel asks the module it sets up

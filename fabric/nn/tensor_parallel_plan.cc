@@ -294,6 +294,10 @@ void unparallelize(torch::nn::Module& model) {
       const TensorParallelShard p = *l->parallel();
       replace_data(l->weight, p.gather(l->weight.detach(), p.dim));
       if (l->bias.defined() && p.dim == 0) replace_data(l->bias, p.gather(l->bias.detach(), 0));
+      if (const auto cut = l->lora_cut()) {
+        torch::Tensor t = cut->tensor;
+        replace_data(t, p.gather(t.detach(), cut->along));
+      }
       l->clear_parallel();
     } else if (auto* e = m->as<EmbeddingImpl>(); e != nullptr && e->parallel()) {
       replace_data(e->weight, e->parallel()->gather(e->weight.detach(), 0));
@@ -307,6 +311,7 @@ bool is_split_parameter(torch::nn::Module& model, const torch::Tensor& tensor) {
     if (auto* l = m->as<LinearImpl>(); l != nullptr && l->parallel()) {
       if (l->weight.is_same(tensor)) return true;
       if (l->bias.defined() && l->bias.is_same(tensor)) return l->parallel()->dim == 0;
+      if (const auto cut = l->lora_cut(); cut && cut->tensor.is_same(tensor)) return true;
     } else if (auto* e = m->as<EmbeddingImpl>(); e != nullptr && e->parallel()) {
       if (e->weight.is_same(tensor)) return true;
     }

@@ -192,36 +192,41 @@ TEST(Lora, DropoutOnTheAdaptersInputInTrainingOnly) {
   EXPECT_FALSE(torch::allclose(dropped, full, 1e-3, 1e-3));
 }
 
-// Tensor parallelism of adapted layers is not implemented: refused both ways, in one line.
-TEST(Lora, TensorParallelLayersAreRefusedBothWays) {
-  auto shard = [] {
-    fabric::nn::TensorParallelShard s({}, fabric::nn::TensorParallelStyle::column(), 0, 1, 0,
-                                      {8, 16});
+// A split layer's adapter is cut with it, in either order (apply_lora before or after the
+// split): a column layer's lora_B by rows, a row layer's lora_A by columns (LinearImpl::lora_cut;
+// the parity of the cut adapters runs in tensor_parallel_test and finetune_example_test).
+TEST(Lora, SplitLayersCutTheirAdapterLikeTheWeight) {
+  using fabric::nn::TensorParallelStyle;
+  auto shard = [](TensorParallelStyle style, int64_t dim) {
+    fabric::nn::TensorParallelShard s({}, style, 0, 1, dim, {8, 16});
     s.module_name = "fc";
     return s;
   };
-  torch::nn::Sequential net;
-  net->push_back("fc", fabric::nn::Linear(16, 8));
-  auto* fc = net[0]->as<fabric::nn::LinearImpl>();
-  fc->set_lora(2, 1.0, 0.0);
-  try {
-    fc->set_parallel(shard());
-    ADD_FAILURE() << "no error";
-  } catch (const fabric::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("'fc' has a LoRA adapter"), std::string::npos) << e.what();
-  }
-  fc->clear_lora();
-  EXPECT_EQ(fc->named_parameters().size(), 2u);  // weight, bias: the adapter gone
-  fc->set_parallel(shard());
-  fabric::nn::LoraOptions o;
-  o.rank = 2;
-  o.target_modules = {"fc"};
-  try {
-    fabric::nn::apply_lora(*net, o);
-    ADD_FAILURE() << "no error";
-  } catch (const fabric::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("'fc' is split by tensor parallelism"), std::string::npos)
-        << e.what();
+  for (bool row : {false, true}) {
+    for (bool lora_first : {false, true}) {
+      torch::nn::Sequential net;
+      net->push_back("fc", fabric::nn::Linear(16, 8));
+      auto* fc = net[0]->as<fabric::nn::LinearImpl>();
+      fabric::nn::LoraOptions o;
+      o.rank = 2;
+      o.target_modules = {"fc"};
+      const auto split = [&] {
+        fc->set_parallel(row ? shard(TensorParallelStyle::row(), 1)
+                             : shard(TensorParallelStyle::column(), 0));
+      };
+      EXPECT_FALSE(fc->lora_cut().has_value());
+      if (!lora_first) split();
+      EXPECT_EQ(fabric::nn::apply_lora(*net, o), std::vector<std::string>{"fc"});
+      if (lora_first) split();
+      const auto cut = fc->lora_cut();
+      ASSERT_TRUE(cut.has_value());
+      EXPECT_EQ(cut->name, row ? "lora_A.weight" : "lora_B.weight");
+      EXPECT_EQ(cut->along, row ? 1 : 0);
+      EXPECT_EQ(cut->whole_sizes, (row ? std::vector<int64_t>{2, 16} : std::vector<int64_t>{8, 2}));
+      EXPECT_TRUE(cut->tensor.is_same(row ? fc->lora_A->weight : fc->lora_B->weight));
+      fc->clear_lora();
+      EXPECT_FALSE(fc->lora_cut().has_value());
+    }
   }
 }
 
