@@ -8,9 +8,9 @@
 // (finetune.method: full). The data: JSONL files read by fabric::InstructDataset
 // (fabric/data/instruct.h) with the model's tokenizer.json, the loss on the response tokens only
 // (the others' targets -100), padded per batch or packed (data.packed). Any strategy and precision
-// the other examples take; checkpoints resume mid-epoch; the validation loss (response tokens
-// only) every finetune.eval_every_n_steps and at the end; a greedy answer to
-// finetune.sample_prompt at the end (single, ddp).
+// the other examples take (under model_parallel the adapters split with their layers); checkpoints
+// resume mid-epoch; the validation loss (response tokens only) every finetune.eval_every_n_steps
+// and at the end; a greedy answer to finetune.sample_prompt at the end (single, ddp).
 //
 // Without model.pretrained it builds a tiny Llama and instruction data from this machine's Python
 // standard library (examples/finetune_demo.h) and fine-tunes that, and says so.
@@ -95,7 +95,13 @@ int run(fabric::Fabric& f) {
   int64_t trainable = 0;  // counted on the whole model, before a strategy shards it
   for (const auto& t : model->parameters())
     if (t.requires_grad()) trainable += t.numel();
-  auto optimizer = fabric::make_optimizer(c, *model);
+  // Under fsdp and model_parallel the optimizer holds only what trains (those strategies refuse
+  // frozen parameters); under single and ddp the whole model's (its checkpoints' numbering).
+  const std::string strategy = f.strategy().name();
+  const bool sharded = strategy == "fsdp" || strategy == "model_parallel";
+  auto optimizer = lora && sharded
+                       ? fabric::make_optimizer(c, *examples::finetune::trainable_tree(*model))
+                       : fabric::make_optimizer(c, *model);
   f.setup(model, *optimizer);
   if (!lora) f.load_weights(model, weights.tensors, folder.string());
   const int64_t parameters = lc.parameters() + (lora ? trainable : 0);
@@ -132,7 +138,6 @@ int run(fabric::Fabric& f) {
   // A LoRA run where every rank holds the whole model (single, ddp) checkpoints the adapters
   // only; under fsdp (sharded parameters) and a full fine-tune, the model.
   fabric::CheckpointState state;
-  const std::string strategy = f.strategy().name();
   const bool adapters_only = lora && (strategy == "single_device" || strategy == "ddp");
   Trainable adapters{nullptr};
   if (adapters_only) {

@@ -25,10 +25,15 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr int64_t kEos = 256;  // <|endoftext|>; <|im_start|> 257, <|im_end|> 258
+// The embedding's rows: the tokenizer's 259 ids padded to a multiple of 8, so tensor parallelism
+// (which splits the vocabulary) runs the demo at tp 2, 4 and 8; ids 259-263 are never produced.
+constexpr int64_t kVocab = 264;
+// Written to the folder's "done": a demo of another version (an older vocabulary) is rebuilt.
+constexpr const char* kDemoVersion = "2 vocab 264\n";
 
 fabric::models::LlamaConfig tiny_llama() {
   fabric::models::LlamaConfig c;
-  c.vocab_size = 259;
+  c.vocab_size = kVocab;
   c.hidden_size = 64;
   c.intermediate_size = 176;
   c.num_hidden_layers = 2;
@@ -92,10 +97,23 @@ void write_text(const fs::path& path, const std::string& text) {
   if (!out.flush()) throw fabric::Error("cannot write " + path.string());
 }
 
+// Seed 0 for the model, the run's CPU generator as it was afterwards: a run that writes the demo
+// draws what one that reads it draws, and local rank 0 stays in step with the other ranks
+// (tensor-parallel ranks draw the same dropout masks).
+fabric::models::Llama seeded_llama(const fabric::models::LlamaConfig& c) {
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  struct Restore {
+    at::Generator& g;
+    at::Tensor state;
+    ~Restore() { g.set_state(state); }
+  } restore{generator, generator.get_state()};
+  torch::manual_seed(0);
+  return fabric::models::Llama(c);
+}
+
 void write_model(const fs::path& folder) {
   const fabric::models::LlamaConfig c = tiny_llama();
-  torch::manual_seed(0);
-  fabric::models::Llama model(c);
+  fabric::models::Llama model = seeded_llama(c);
   fabric::StateDict state;
   for (const auto& p : model->named_parameters()) state.emplace_back(p.key(), p.value().detach());
   fabric::hf::ExportExtras extras;
@@ -170,7 +188,12 @@ Demo prepare_demo(fabric::Fabric& f, const fs::path& cache) {
         "instruction data (python3 is not on PATH); set model.pretrained=DIR and data.train=FILE");
   const fs::path root = cache / ("finetune-demo-" + fs::path(stdlib).filename().string());
   Demo d{root / "model", root / "train.jsonl", root / "val.jsonl"};
-  if (f.local_rank() == 0 && !fs::exists(root / "done")) {
+  const bool current = [&] {
+    std::ifstream in(root / "done");  // missing: empty, so not current
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()) ==
+           kDemoVersion;
+  }();
+  if (f.local_rank() == 0 && !current) {
     f.print(
         "model.pretrained is not set: building the demo, a tiny random Llama and instruction "
         "data from the docstrings of ",
@@ -179,7 +202,7 @@ Demo prepare_demo(fabric::Fabric& f, const fs::path& cache) {
     write_model(d.model);
     int64_t val = 0;
     write_examples(stdlib, d.train, d.val, &val);
-    write_text(root / "done", "\n");
+    write_text(root / "done", kDemoVersion);
   }
   f.barrier();
   d.train_examples = count_lines(d.train);

@@ -5,7 +5,8 @@
 // The model folder (a Hugging Face layout that transformers and peft load): config.json and
 // model.safetensors of a random Llama (2 layers, width 64, 4 heads, 2 key/value heads, tied
 // output; seed 0), and a byte-level tokenizer.json with no merges (the 256 bytes, then
-// <|endoftext|> as eos, <|im_start|> and <|im_end|> for the chatml template). The data: one
+// <|endoftext|> as eos, <|im_start|> and <|im_end|> for the chatml template; the embedding has
+// 264 rows, a multiple of 8 for tensor parallelism, the last 5 unused). The data: one
 // example per documented public function, {"prompt": "What does NAME(ARGS) in Python's MODULE
 // do?", "response": the first line of its docstring}, every tenth one to val.jsonl.
 #ifndef EXAMPLES_FINETUNE_DEMO_H_
@@ -23,7 +24,8 @@ struct Demo {
   int64_t train_examples = 0, val_examples = 0;
 };
 
-// Writes (local rank 0; once: reused when the files exist) and returns the demo under `cache`
+// Writes (local rank 0; once: reused when the files exist, rebuilt when an older version of the
+// demo wrote them; the run's random generator left as it was) and returns the demo under `cache`
 // (finetune.demo_cache, default ~/.cache/fabricpp). fabric::ConfigError when no Python standard
 // library is found (python3 not on PATH): then give model.pretrained and data.train.
 Demo prepare_demo(fabric::Fabric& f, const std::filesystem::path& cache);

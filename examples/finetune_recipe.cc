@@ -79,6 +79,26 @@ TrainableImpl::TrainableImpl(torch::nn::Module& model) {
   }
 }
 
+std::shared_ptr<torch::nn::Module> trainable_tree(torch::nn::Module& model) {
+  auto root = std::make_shared<torch::nn::Module>();
+  for (auto& p : model.named_parameters()) {
+    if (!p.value().requires_grad()) continue;
+    const std::string& name = p.key();
+    torch::nn::Module* at = root.get();
+    size_t begin = 0;
+    for (size_t dot = name.find('.'); dot != std::string::npos; dot = name.find('.', begin)) {
+      const std::string part = name.substr(begin, dot - begin);
+      auto children = at->named_children();
+      at = children.contains(part)
+               ? children[part].get()
+               : at->register_module(part, std::make_shared<torch::nn::Module>()).get();
+      begin = dot + 1;
+    }
+    at->register_parameter(name.substr(begin), p.value());
+  }
+  return root;
+}
+
 fabric::nn::LoraOptions lora_options(const fabric::Config& c) {
   fabric::nn::LoraOptions o;
   o.rank = c.get_int("finetune.lora.rank");

@@ -37,6 +37,12 @@ struct TrainableImpl : torch::nn::Module {
 };
 TORCH_MODULE(Trainable);
 
+// The trainable parameters of a model under their own names ('.'-separated, in a tree of
+// submodules holding only them; the same tensors): the optimizer's module where the strategy
+// (fsdp, model_parallel) takes only parameters that train, optimizer.no_weight_decay and
+// optimizer.lr_scale still matching the model's names.
+std::shared_ptr<torch::nn::Module> trainable_tree(torch::nn::Module& model);
+
 // What a run reads before its model: the folder (model.pretrained, else the demo's, written
 // first), its config (a Llama-family model; ConfigErrors at model.pretrained, data.train,
 // data.template, data.block_size), the tokenizer, and the instruction data tokenized under
