@@ -1,5 +1,7 @@
 #include "fabric/nn/ring_attention_dist.h"
 
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
@@ -85,116 +87,155 @@ std::string what_of(const char* pass, int64_t step, const Ring& ring, const char
          std::to_string(ring.prev()) + ")";
 }
 
-// Which of a rank's local queries see which rows of a held key/value block: query rows
-// [q_begin, q_begin + q_len) against block rows [k_begin, k_begin + k_len), with `masked`
-// [q_len, k_len] true for the pairs a causal mask hides (undefined: none hidden). Both row sets
-// are whole chunks of c rows (the first, the second or both, so contiguous).
+// A part of a held key/value block that some of a rank's local queries see: query rows
+// [q_begin, q_begin + q_len) against block rows [k_begin, k_begin + k_len), all visible, or, when
+// `diagonal`, one chunk against the same chunk of the sequence (q_len = k_len = c, query i sees
+// keys 0..i: causal aligned at the top left, as SDPA's is_causal). Row sets are whole chunks (the
+// first, the second or both, so contiguous). Chunks are aligned, so a causal pair of chunks is
+// either entirely visible, entirely in the future, or the diagonal.
 struct BlockPlan {
   int64_t q_begin = 0, q_len = 0, k_begin = 0, k_len = 0;
-  torch::Tensor masked;
+  bool diagonal = false;
 };
 
-// The parts of a held block (kv_rank's chunks) that rank q_rank's queries see: one plan per query
-// chunk that sees any of it (so a chunk's keys entirely in its future cost nothing), merged into
-// one when both query chunks see the same keys wholly (no mask). Empty: nothing seen.
+// The parts of a held block (kv_rank's chunks) that rank q_rank's queries see: per query chunk,
+// the key chunks it sees wholly (one range) and its diagonal; chunks entirely in its future cost
+// nothing. Both query chunks seeing the same keys wholly make one part. Empty: nothing seen.
 std::vector<BlockPlan> plan_block(int64_t cp, int64_t c, int64_t q_rank, int64_t kv_rank,
-                                  bool causal, const torch::Device& device) {
+                                  bool causal) {
   const std::vector<int64_t> qc = load_balanced_chunks(cp, q_rank);
   const std::vector<int64_t> kc = load_balanced_chunks(cp, kv_rank);
-  const auto opts = torch::TensorOptions().dtype(torch::kLong).device(device);
   std::vector<BlockPlan> plans;
   for (int64_t i = 0; i < 2; ++i) {
-    const int64_t qo = qc[i] * c;
-    bool col[2] = {false, false}, partial = false;
+    bool whole[2] = {false, false};
     for (int64_t j = 0; j < 2; ++j) {
-      const int64_t ko = kc[j] * c;
-      if (causal && ko > qo + c - 1) continue;  // every key after every query: nothing seen
-      col[j] = true;
-      partial = partial || (causal && ko + c - 1 > qo);  // the diagonal
-    }
-    if (!col[0] && !col[1]) continue;
-    BlockPlan p;
-    p.q_begin = i * c;
-    p.q_len = c;
-    p.k_begin = col[0] ? 0 : c;
-    p.k_len = (col[0] + col[1]) * c;
-    if (partial) {
-      std::vector<torch::Tensor> kpos;
-      for (int64_t j = 0; j < 2; ++j) {
-        if (col[j]) kpos.push_back(torch::arange(kc[j] * c, kc[j] * c + c, opts));
+      if (causal && kc[j] == qc[i]) {
+        plans.push_back({i * c, c, j * c, c, /*diagonal=*/true});
+      } else {
+        whole[j] = !causal || kc[j] < qc[i];
       }
-      const torch::Tensor qpos = torch::arange(qo, qo + c, opts);
-      p.masked = torch::cat(kpos).view({1, -1}) > qpos.view({-1, 1});
     }
-    if (!plans.empty() && !p.masked.defined() && !plans.back().masked.defined() &&
-        plans.back().k_begin == p.k_begin && plans.back().k_len == p.k_len) {
+    if (!whole[0] && !whole[1]) continue;
+    const BlockPlan p{i * c, c, whole[0] ? 0 : c, (whole[0] + whole[1]) * c, false};
+    auto same_keys = [&](const BlockPlan& o) {
+      return !o.diagonal && o.k_begin == p.k_begin && o.k_len == p.k_len &&
+             o.q_begin + o.q_len == p.q_begin;
+    };
+    if (!plans.empty() && same_keys(plans.back())) {
       plans.back().q_len += c;  // rows 0 .. 2c against the same keys: one product
     } else {
-      plans.push_back(std::move(p));
+      plans.push_back(p);
     }
   }
   return plans;
 }
 
-// One block of the forward by online softmax: the rank's grouped queries qg [B, Hk, G, Tl, D]
-// against the held block kv [2, B, Hk, Tl, D] (keys, values), into the running state: acc
-// (unnormalized outputs), row_max and row_sum [B, Hk, G, Tl, 1]. A row that has seen nothing keeps
-// row_max −inf; its shift is 0 so that every exponential is exp(−inf) = 0, never NaN.
-void forward_block(const torch::Tensor& qg, const torch::Tensor& kv, const BlockPlan& p,
-                   double scale, torch::Tensor& acc, torch::Tensor& row_max,
-                   torch::Tensor& row_sum) {
-  const torch::Tensor qs = qg.narrow(3, p.q_begin, p.q_len);
-  const torch::Tensor ks = kv.select(0, 0).narrow(2, p.k_begin, p.k_len).unsqueeze(2);
-  const torch::Tensor vs = kv.select(0, 1).narrow(2, p.k_begin, p.k_len).unsqueeze(2);
-  torch::Tensor s = torch::matmul(qs, ks.transpose(-1, -2)).mul_(scale);  // [B, Hk, G, q, k]
-  if (p.masked.defined()) s.masked_fill_(p.masked, -kInf);
-  torch::Tensor m_old = row_max.narrow(3, p.q_begin, p.q_len);
-  const torch::Tensor m_new = torch::maximum(m_old, std::get<0>(s.max(-1, /*keepdim=*/true)));
-  const torch::Tensor shift =
-      torch::where(m_new.isfinite(), m_new, torch::zeros({}, m_new.options()));
-  const torch::Tensor e = s.sub_(shift).exp_();
-  const torch::Tensor alpha = (m_old - shift).exp_();  // 0 while the row had seen nothing
-  row_sum.narrow(3, p.q_begin, p.q_len).mul_(alpha).add_(e.sum(-1, /*keepdim=*/true));
-  acc.narrow(3, p.q_begin, p.q_len).mul_(alpha).add_(torch::matmul(e, vs));
-  m_old.copy_(m_new);
+// A plan's tensors: the queries (and the upstream gradient, the output, the lse in the backward)
+// narrowed to its rows, the held block's keys and values to its rows.
+torch::Tensor rows(const torch::Tensor& t, const BlockPlan& p) {
+  return t.narrow(2, p.q_begin, p.q_len);
+}
+torch::Tensor keys(const torch::Tensor& kv, const BlockPlan& p) {
+  return kv.select(0, 0).narrow(2, p.k_begin, p.k_len);
+}
+torch::Tensor values(const torch::Tensor& kv, const BlockPlan& p) {
+  return kv.select(0, 1).narrow(2, p.k_begin, p.k_len);
 }
 
-// One block of the backward: with P = exp(S·scale − lse) recomputed from the saved lse, delta =
-// rowsum(dO·O): dV += Pᵀ·dO, dS = P·(dO·Vᵀ − delta), dQ += dS·K·scale, dK += dSᵀ·Q·scale (dK and
-// dV summed over the G query heads sharing a key/value head). dkv [2, B, Hk, Tl, D]: the block's
-// dK and dV.
-void backward_block(const torch::Tensor& qg, const torch::Tensor& dog, const torch::Tensor& delta,
-                    const torch::Tensor& lse, const torch::Tensor& kv, const BlockPlan& p,
-                    double scale, torch::Tensor& dq, torch::Tensor& dkv) {
-  const torch::Tensor qs = qg.narrow(3, p.q_begin, p.q_len);
-  const torch::Tensor dos = dog.narrow(3, p.q_begin, p.q_len);
-  const torch::Tensor ks = kv.select(0, 0).narrow(2, p.k_begin, p.k_len).unsqueeze(2);
-  const torch::Tensor vs = kv.select(0, 1).narrow(2, p.k_begin, p.k_len).unsqueeze(2);
-  torch::Tensor prob = torch::matmul(qs, ks.transpose(-1, -2)).mul_(scale);
-  if (p.masked.defined()) prob.masked_fill_(p.masked, -kInf);
-  prob.sub_(lse.narrow(3, p.q_begin, p.q_len)).exp_();  // masked pairs: exp(−inf) = 0
-  dkv.select(0, 1)
-      .narrow(2, p.k_begin, p.k_len)
-      .add_(torch::matmul(prob.transpose(-1, -2), dos).sum(2));
-  torch::Tensor ds = torch::matmul(dos, vs.transpose(-1, -2));  // dP
-  ds.sub_(delta.narrow(3, p.q_begin, p.q_len)).mul_(prob);      // dS
-  dq.narrow(3, p.q_begin, p.q_len).add_(torch::matmul(ds, ks), scale);
-  dkv.select(0, 0)
-      .narrow(2, p.k_begin, p.k_len)
-      .add_(torch::matmul(ds.transpose(-1, -2), qs).sum(2), scale);
+// [c, c] true above the diagonal: the pairs a diagonal part hides.
+torch::Tensor above_diagonal(int64_t c, const torch::Device& device) {
+  return torch::ones({c, c}, torch::TensorOptions().dtype(torch::kBool).device(device)).triu(1);
+}
+
+// The grouped view [B, Hk, G, T, ·] of [B, H, T, ·]: the G query heads of each key/value head.
+torch::Tensor grouped(const torch::Tensor& t, int64_t Hk) {
+  std::vector<int64_t> shape = t.sizes().vec();
+  shape[1] /= Hk;
+  shape.insert(shape.begin() + 1, Hk);
+  return t.reshape(shape);
+}
+
+// One part of the forward: its output [B, H, q_len, D] (normalized over its own keys) and lse
+// [B, H, q_len]. kFused: ATen's CPU flash-attention kernel, which returns the lse and reads
+// grouped key/value heads directly. Otherwise scores, softmax and product in torch operations.
+std::pair<torch::Tensor, torch::Tensor> forward_part(const torch::Tensor& q,
+                                                     const torch::Tensor& kv, const BlockPlan& p,
+                                                     double scale, bool fused) {
+  const torch::Tensor qs = rows(q, p), ks = keys(kv, p), vs = values(kv, p);
+  if (fused) {
+    auto [o, l] =
+        at::_scaled_dot_product_flash_attention_for_cpu(qs, ks, vs, 0.0, p.diagonal, {}, scale);
+    return {o, l};
+  }
+  const int64_t Hk = ks.size(1);
+  torch::Tensor s = torch::matmul(grouped(qs, Hk), ks.unsqueeze(2).transpose(-1, -2)).mul_(scale);
+  if (p.diagonal) s.masked_fill_(above_diagonal(p.q_len, q.device()), -kInf);
+  // Every row of a part sees at least one key (the diagonal's first), so the maximum is finite.
+  const torch::Tensor m = std::get<0>(s.max(-1, /*keepdim=*/true));
+  const torch::Tensor e = s.sub_(m).exp_();
+  const torch::Tensor sum = e.sum(-1, /*keepdim=*/true);
+  const torch::Tensor out = torch::matmul(e, vs.unsqueeze(2)).div_(sum);
+  return {out.flatten(1, 2), (sum.log_() + m).squeeze(-1).flatten(1, 2)};
+}
+
+// Merges a part (o, l) into the running attention of its rows (out [B, H, Tl, D], lse [B, H, Tl],
+// normalized): lse' = log(exp(lse) + exp(l)), out' = out·exp(lse − lse') + o·exp(l − lse'). Both
+// weights relative to the larger lse; a row that has seen nothing yet (lse −inf) takes the part.
+void merge_part(const BlockPlan& p, const torch::Tensor& o, const torch::Tensor& l,
+                torch::Tensor& out, torch::Tensor& lse) {
+  torch::Tensor lse_rows = rows(lse, p), out_rows = rows(out, p);
+  const torch::Tensor larger = torch::maximum(lse_rows, l);
+  const torch::Tensor ref = torch::where(larger.isfinite(), larger, torch::zeros({}, l.options()));
+  const torch::Tensor wa = (lse_rows - ref).exp_(), wb = (l - ref).exp_();
+  const torch::Tensor total = wa + wb;
+  const torch::Tensor seen = total > 0;
+  const torch::Tensor total_safe = torch::where(seen, total, torch::ones({}, total.options()));
+  out_rows.mul_((wa / total_safe).unsqueeze(-1)).add_(o * (wb / total_safe).unsqueeze(-1));
+  lse_rows.copy_(torch::where(seen, total_safe.log() + ref, torch::full({}, -kInf, l.options())));
+}
+
+// One part of the backward, with the whole attention's out and lse (so that P = exp(S·scale −
+// lse) are the final probabilities): adds its dQ to dq [B, H, Tl, D] and its dK, dV to dkv
+// [2, B, Hk, Tl, D]. kFused: ATen's CPU flash-attention backward. Otherwise: delta = rowsum(dO·O),
+// dV += Pᵀ·dO, dS = P·(dO·Vᵀ − delta), dQ += dS·K·scale, dK += dSᵀ·Q·scale (dK, dV summed over
+// the G query heads of a key/value head).
+void backward_part(const torch::Tensor& q, const torch::Tensor& dout, const torch::Tensor& out,
+                   const torch::Tensor& lse, const torch::Tensor& delta, const torch::Tensor& kv,
+                   const BlockPlan& p, double scale, bool fused, torch::Tensor& dq,
+                   torch::Tensor& dkv) {
+  const torch::Tensor qs = rows(q, p), dos = rows(dout, p), ks = keys(kv, p), vs = values(kv, p);
+  torch::Tensor dk = dkv.select(0, 0).narrow(2, p.k_begin, p.k_len);
+  torch::Tensor dv = dkv.select(0, 1).narrow(2, p.k_begin, p.k_len);
+  if (fused) {
+    const auto [gq, gk, gv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+        dos, qs, ks, vs, rows(out, p), rows(lse, p), 0.0, p.diagonal, {}, scale);
+    rows(dq, p).add_(gq);
+    dk.add_(gk);
+    dv.add_(gv);
+    return;
+  }
+  const int64_t Hk = ks.size(1);
+  const torch::Tensor qg = grouped(qs, Hk), dog = grouped(dos, Hk);
+  const torch::Tensor kg = ks.unsqueeze(2), vg = vs.unsqueeze(2);
+  torch::Tensor prob = torch::matmul(qg, kg.transpose(-1, -2)).mul_(scale);
+  if (p.diagonal) prob.masked_fill_(above_diagonal(p.q_len, q.device()), -kInf);
+  prob.sub_(grouped(rows(lse, p), Hk).unsqueeze(-1)).exp_();  // hidden pairs: exp(−inf) = 0
+  dv.add_(torch::matmul(prob.transpose(-1, -2), dog).sum(2));
+  torch::Tensor ds = torch::matmul(dog, vg.transpose(-1, -2));    // dP
+  ds.sub_(grouped(rows(delta, p), Hk).unsqueeze(-1)).mul_(prob);  // dS
+  rows(dq, p).add_(torch::matmul(ds, kg).flatten(1, 2), scale);
+  dk.add_(torch::matmul(ds.transpose(-1, -2), qg).sum(2), scale);
 }
 
 // The forward ring: out [B, H, Tl, D] and lse [B, H, Tl], float32.
 std::pair<torch::Tensor, torch::Tensor> ring_forward(const torch::Tensor& q, const torch::Tensor& k,
                                                      const torch::Tensor& v, const Ring& ring,
-                                                     bool causal, double scale) {
-  const int64_t B = q.size(0), H = q.size(1), Tl = q.size(2), D = q.size(3), Hk = k.size(1);
-  const int64_t G = H / Hk, c = Tl / 2;
-  const torch::Tensor qg = q.to(torch::kFloat).reshape({B, Hk, G, Tl, D});
+                                                     bool causal, double scale, bool fused) {
+  const int64_t B = q.size(0), H = q.size(1), Tl = q.size(2), D = q.size(3), c = Tl / 2;
+  const torch::Tensor qf = q.to(torch::kFloat);
   torch::Tensor held = torch::stack({k.to(torch::kFloat), v.to(torch::kFloat)}).contiguous();
-  torch::Tensor acc = torch::zeros({B, Hk, G, Tl, D}, qg.options());
-  torch::Tensor row_max = torch::full({B, Hk, G, Tl, 1}, -kInf, qg.options());
-  torch::Tensor row_sum = torch::zeros({B, Hk, G, Tl, 1}, qg.options());
+  torch::Tensor out = torch::zeros({B, H, Tl, D}, qf.options());
+  torch::Tensor lse = torch::full({B, H, Tl}, -kInf, qf.options());
   for (int64_t step = 0; step < ring.cp; ++step) {
     // The next block's transfer first, so that it overlaps this block's compute.
     WorkPtr send, recv;
@@ -204,20 +245,17 @@ std::pair<torch::Tensor, torch::Tensor> ring_forward(const torch::Tensor& q, con
       send = post_send(ring, held, static_cast<int>(step));
       recv = post_recv(ring, incoming, static_cast<int>(step));
     }
-    for (const BlockPlan& p :
-         plan_block(ring.cp, c, ring.rank, ring.holder_of(step), causal, q.device()))
-      forward_block(qg, held, p, scale, acc, row_max, row_sum);
+    for (const BlockPlan& p : plan_block(ring.cp, c, ring.rank, ring.holder_of(step), causal)) {
+      const auto [o, l] = forward_part(qf, held, p, scale, fused);
+      merge_part(p, o, l, out, lse);
+    }
     if (send) {
       distributed::wait(send, what_of("forward", step, ring, "send of the key/value block"));
       distributed::wait(recv, what_of("forward", step, ring, "receive of the key/value block"));
       held = incoming;
     }
   }
-  const torch::Tensor seen = row_sum > 0;
-  const torch::Tensor out = acc / torch::where(seen, row_sum, torch::ones({}, row_sum.options()));
-  const torch::Tensor lse =
-      torch::where(seen, row_sum.log() + row_max, torch::full({}, -kInf, row_sum.options()));
-  return {out.reshape({B, H, Tl, D}), lse.reshape({B, H, Tl})};
+  return {out, lse};
 }
 
 struct Grads {
@@ -229,17 +267,12 @@ struct Grads {
 // arrives at the block's owner.
 Grads ring_backward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                     const torch::Tensor& out, const torch::Tensor& lse, const torch::Tensor& dout,
-                    const Ring& ring, bool causal, double scale) {
-  const int64_t B = q.size(0), H = q.size(1), Tl = q.size(2), D = q.size(3), Hk = k.size(1);
-  const int64_t G = H / Hk, c = Tl / 2;
-  const torch::Tensor qg = q.to(torch::kFloat).reshape({B, Hk, G, Tl, D});
-  const torch::Tensor dog = dout.to(torch::kFloat).reshape({B, Hk, G, Tl, D});
-  const torch::Tensor delta = (dog * out.reshape({B, Hk, G, Tl, D})).sum(-1, /*keepdim=*/true);
-  // A row that saw no key (lse −inf) has every score masked: a shift of 0 keeps P at 0.
-  const torch::Tensor lse_g = lse.reshape({B, Hk, G, Tl, 1});
-  const torch::Tensor lse_safe =
-      torch::where(lse_g.isfinite(), lse_g, torch::zeros({}, lse_g.options()));
-  torch::Tensor dq = torch::zeros_like(qg);
+                    const Ring& ring, bool causal, double scale, bool fused) {
+  const int64_t c = q.size(2) / 2;
+  const torch::Tensor qf = q.to(torch::kFloat), dof = dout.to(torch::kFloat);
+  // rowsum(dO·O), for the torch-operations path (the fused kernel computes its own).
+  const torch::Tensor delta = fused ? torch::Tensor() : (dof * out).sum(-1);
+  torch::Tensor dq = torch::zeros_like(qf);
   torch::Tensor held = torch::stack({k.to(torch::kFloat), v.to(torch::kFloat)}).contiguous();
   torch::Tensor dkv, grad_in, grad_out;
   WorkPtr grad_send, grad_recv;
@@ -253,9 +286,8 @@ Grads ring_backward(const torch::Tensor& q, const torch::Tensor& k, const torch:
       recv = post_recv(ring, incoming, static_cast<int>(step));
     }
     dkv = torch::zeros_like(held);  // this rank's share of the held block's dK, dV
-    for (const BlockPlan& p :
-         plan_block(ring.cp, c, ring.rank, ring.holder_of(step), causal, q.device()))
-      backward_block(qg, dog, delta, lse_safe, held, p, scale, dq, dkv);
+    for (const BlockPlan& p : plan_block(ring.cp, c, ring.rank, ring.holder_of(step), causal))
+      backward_part(qf, dof, out, lse, delta, held, p, scale, fused, dq, dkv);
     if (ring.cp > 1) {
       if (step > 0) {
         distributed::wait(grad_recv, what_of("backward", step, ring, "receive of dK/dV"));
@@ -278,7 +310,7 @@ Grads ring_backward(const torch::Tensor& q, const torch::Tensor& k, const torch:
     distributed::wait(grad_recv, what_of("backward", ring.cp - 1, ring, "receive of own dK/dV"));
     dkv = grad_in;
   }
-  return {dq.reshape({B, H, Tl, D}), dkv.select(0, 0), dkv.select(0, 1)};
+  return {dq, dkv.select(0, 0), dkv.select(0, 1)};
 }
 
 // The group travels through the autograd context as a capsule (a counted reference): a backward
@@ -286,9 +318,11 @@ Grads ring_backward(const torch::Tensor& q, const torch::Tensor& k, const torch:
 struct RingAttentionFunction : torch::autograd::Function<RingAttentionFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q,
                                const torch::Tensor& k, const torch::Tensor& v,
-                               const ProcessGroupPtr& group, bool causal, double scale) {
+                               const ProcessGroupPtr& group, bool causal, double scale,
+                               bool fused) {
     const Ring ring{group, group->getSize(), group->getRank()};
-    auto [out, lse] = ring_forward(q, k, v, ring, causal, scale);
+    auto [out, lse] = ring_forward(q, k, v, ring, causal, scale, fused);
+    ctx->saved_data["fused"] = fused;
     ctx->saved_data["group"] = c10::IValue::make_capsule(group);
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["scale"] = scale;
@@ -304,11 +338,13 @@ struct RingAttentionFunction : torch::autograd::Function<RingAttentionFunction> 
     const ProcessGroupPtr group = c10::static_intrusive_pointer_cast<c10d::ProcessGroup>(
         ctx->saved_data["group"].toCapsule());
     const Ring ring{group, group->getSize(), group->getRank()};
-    const Grads g =
-        ring_backward(q, k, v, saved[3], saved[4], grads[0], ring,
-                      ctx->saved_data["causal"].toBool(), ctx->saved_data["scale"].toDouble());
+    const Grads g = ring_backward(
+        q, k, v, saved[3], saved[4], grads[0], ring, ctx->saved_data["causal"].toBool(),
+        ctx->saved_data["scale"].toDouble(), ctx->saved_data["fused"].toBool());
+    // None for the group, causal, scale and fused.
     return {g.dq.to(q.scalar_type()), g.dk.to(k.scalar_type()), g.dv.to(v.scalar_type()),
-            torch::Tensor(),          torch::Tensor(),          torch::Tensor()};
+            torch::Tensor(),          torch::Tensor(),          torch::Tensor(),
+            torch::Tensor()};
   }
 };
 
@@ -316,7 +352,7 @@ struct RingAttentionFunction : torch::autograd::Function<RingAttentionFunction> 
 
 torch::Tensor ring_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                              const ProcessGroupPtr& cp_group, bool causal,
-                             std::optional<double> scale) {
+                             std::optional<double> scale, RingAttentionKernel kernel) {
   if (!cp_group) {
     throw Error(
         "ring_attention: the cp group is null; pass the process group of the ranks that "
@@ -324,7 +360,8 @@ torch::Tensor ring_attention(const torch::Tensor& q, const torch::Tensor& k, con
   }
   check_inputs(q, k, v, cp_group->getSize());
   const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
-  return RingAttentionFunction::apply(q, k, v, cp_group, causal, s);
+  const bool fused = kernel == RingAttentionKernel::kAuto && q.device().is_cpu();
+  return RingAttentionFunction::apply(q, k, v, cp_group, causal, s, fused);
 }
 
 }  // namespace fabric::nn

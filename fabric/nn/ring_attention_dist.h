@@ -3,7 +3,7 @@
 // order) and gets the attention of its queries over the whole sequence. Its keys and values travel
 // around the ring (rank r sends to r + 1 and receives from r − 1) with c10d send/recv, the next
 // block's transfer posted before the current block is computed so that communication overlaps
-// compute; the partial attentions merge by log-sum-exp (online softmax). The backward is a custom
+// compute; the partial attentions merge exactly by their log-sum-exps. The backward is a custom
 // autograd function, not autograd through communication: it recomputes each block's probabilities
 // from the saved output and log-sum-exp (flash-attention style), keeps dQ on the rank, and lets the
 // dK/dV accumulators travel with their key/value blocks so that each ends at its owner.
@@ -11,10 +11,11 @@
 // The one-process math (attention_part, merge_attention, the split, ring_attention_reference) is
 // in ring_attention.h, which stays free of communication; this target adds c10d.
 //
-// REQUIRES: every rank of `cp_group` calls ring_attention with the same shapes, causal and scale,
-// in the same order as its other collectives and send/recv on that group (a rank that does not
-// call it leaves the others waiting until the group's timeout). CPU tensors need a group with a
-// CPU backend (Gloo), CUDA tensors one with a CUDA backend.
+// REQUIRES: every rank of `cp_group` calls ring_attention with the same shapes, causal, scale and
+// kernel, in the same order as its other collectives and send/recv on that group (a rank that does
+// not call it leaves the others waiting until the group's timeout), and runs the backward too if
+// any rank does. CPU tensors need a group with a CPU backend (Gloo), CUDA tensors one with a CUDA
+// backend.
 // Thread-safety: one call at a time per group; calls on different groups may run concurrently.
 #ifndef FABRIC_NN_RING_ATTENTION_DIST_H_
 #define FABRIC_NN_RING_ATTENTION_DIST_H_
@@ -29,6 +30,13 @@ class ProcessGroup;
 }  // namespace c10d
 
 namespace fabric::nn {
+
+// What computes each (query chunk, key/value block) part, forward and backward. kAuto: on CPU,
+// ATen's fused flash-attention kernels (_scaled_dot_product_flash_attention_for_cpu and its
+// backward: tiled, the scores never materialized, the lse returned); on other devices kMatmul.
+// kMatmul: scores, softmax and products in plain torch operations (any device; the scores of one
+// part materialized). Both give the same values to float32 rounding; the tests run both.
+enum class RingAttentionKernel { kAuto, kMatmul };
 
 // This rank's rows of the attention of the whole sequence: q [B, H, Tl, D] and k, v
 // [B, Hk, Tl, D] are the rank's local tokens in cp_rank_positions(T, cp, rank) order, with
@@ -47,7 +55,8 @@ namespace fabric::nn {
 // gone, the group's timeout) throws fabric::Error naming the step.
 torch::Tensor ring_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                              const c10::intrusive_ptr<c10d::ProcessGroup>& cp_group, bool causal,
-                             std::optional<double> scale = std::nullopt);
+                             std::optional<double> scale = std::nullopt,
+                             RingAttentionKernel kernel = RingAttentionKernel::kAuto);
 
 }  // namespace fabric::nn
 

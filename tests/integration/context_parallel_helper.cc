@@ -1,12 +1,13 @@
 // Test helper for context_parallel_test, and a benchmark: a self-launched job of CP processes, one
 // cp group over Gloo on CPU (loopback), float32, one thread per rank.
 //   context_parallel_helper CP check
-// For every case (H = 4 query heads with Hk = 2 (grouped-query) or 4 key/value heads; causal or
-// not; B = 1, T = 1024, D = 32) every rank computes, from the same seeds, the whole-sequence
+// For every case (both kernels, RingAttentionKernel::kAuto (the CPU flash-attention kernel) and
+// kMatmul; H = 4 query heads with Hk = 2 (grouped-query) or 4 key/value heads; causal or not;
+// B = 1, T = 1024, D = 32) every rank computes, from the same seeds, the whole-sequence
 // at::scaled_dot_product_attention and its gradients with respect to q, k and v for a fixed random
 // upstream gradient, takes the rows of its tokens (cp_rank_positions), and runs
 // fabric::nn::ring_attention on those rows with the same upstream rows. Prints, per rank and case,
-//   "rank R of CP: H=4 Hk=2 causal=1: out_diff=X dq_diff=Y dk_diff=Z dv_diff=W"
+//   "rank R of CP: kernel=auto H=4 Hk=2 causal=1: out_diff=X dq_diff=Y dk_diff=Z dv_diff=W"
 // (max abs differences), then, per rank,
 //   "rank R of CP: bf16: dtype=BFloat16 out_diff=X"  (bfloat16 inputs: the result's dtype, its
 //                                                     difference from the float32 reference)
@@ -14,14 +15,17 @@
 //   context_parallel_helper CP bench [T]
 // Causal attention forward + backward at sequence T (default 4096; B = 1, H = Hk = 8, D = 64):
 // rank 0 alone times at::scaled_dot_product_attention on the whole sequence (with 1 thread, then
-// with one thread per rank, the job's CPU), while the others wait; then every rank times
-// ring_attention on its T / CP tokens. Medians of 5 runs after 1 warm-up, printed as
-//   "bench T=4096 sdpa_1thread_ms=X sdpa_CPthreads_ms=Y"
-//   "rank R of CP: bench T=4096 ring_ms=Z"
+// with CP threads, the job's share of the CPU), while the others wait in a barrier; then every
+// rank times ring_attention on its T / CP tokens, with each kernel. Medians of 5 runs after 1
+// warm-up (wall-clock, and the process's CPU time), printed as
+//   "bench T=4096 sdpa 1 thread: forward_ms=A fwd_bwd_ms=B fwd_bwd_cpu_ms=C; 2 threads: ..."
+//   "rank R of CP: bench T=4096 ring kernel=auto: forward_ms=A fwd_bwd_ms=B fwd_bwd_cpu_ms=C"
 // Exits 0 (1 when a send/recv, a collective or an unexpected error failed; 2 on bad arguments).
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -64,7 +68,8 @@ Inputs make_inputs(int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t D, uint6
   return in;
 }
 
-void check_case(const ProcessGroupPtr& group, int64_t H, int64_t Hk, bool causal) {
+void check_case(const ProcessGroupPtr& group, fabric::nn::RingAttentionKernel kernel, int64_t H,
+                int64_t Hk, bool causal) {
   const int64_t B = 1, T = 1024, D = 32, cp = group->getSize(), rank = group->getRank();
   const Inputs in = make_inputs(B, H, Hk, T, D, 1000 + H * 10 + Hk + (causal ? 1 : 0));
 
@@ -81,14 +86,18 @@ void check_case(const ProcessGroupPtr& group, int64_t H, int64_t Hk, bool causal
   const torch::Tensor ql = rows_of(in.q, positions).requires_grad_(),
                       kl = rows_of(in.k, positions).requires_grad_(),
                       vl = rows_of(in.v, positions).requires_grad_();
-  const torch::Tensor out = fabric::nn::ring_attention(ql, kl, vl, group, causal);
+  const torch::Tensor out =
+      fabric::nn::ring_attention(ql, kl, vl, group, causal, std::nullopt, kernel);
   (out * rows_of(in.grad, positions)).sum().backward();
 
   std::printf(
-      "rank %lld of %lld: H=%lld Hk=%lld causal=%d: out_diff=%.3g dq_diff=%.3g dk_diff=%.3g "
+      "rank %lld of %lld: kernel=%s H=%lld Hk=%lld causal=%d: out_diff=%.3g dq_diff=%.3g "
+      "dk_diff=%.3g "
       "dv_diff=%.3g\n",
-      static_cast<long long>(rank), static_cast<long long>(cp), static_cast<long long>(H),
-      static_cast<long long>(Hk), causal ? 1 : 0, max_diff(out, rows_of(ref.detach(), positions)),
+      static_cast<long long>(rank), static_cast<long long>(cp),
+      kernel == fabric::nn::RingAttentionKernel::kAuto ? "auto" : "matmul",
+      static_cast<long long>(H), static_cast<long long>(Hk), causal ? 1 : 0,
+      max_diff(out, rows_of(ref.detach(), positions)),
       max_diff(ql.grad(), rows_of(q.grad(), positions)),
       max_diff(kl.grad(), rows_of(k.grad(), positions)),
       max_diff(vl.grad(), rows_of(v.grad(), positions)));
@@ -128,17 +137,33 @@ void check_bad_length(const ProcessGroupPtr& group) {
   std::fflush(stdout);
 }
 
-double median_ms(const std::function<void()>& f) {
+// Medians over 5 runs after 1 warm-up: wall-clock and this process's CPU time (all its threads,
+// Gloo's included), in milliseconds. CPU time below wall time: the process waited (for a peer, or
+// for a core other programs held).
+struct Timing {
+  double wall_ms, cpu_ms;
+};
+
+double cpu_now_ms() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+Timing median_ms(const std::function<void()>& f) {
   f();  // warm-up
-  std::vector<double> ms;
+  std::vector<double> wall, cpu;
   for (int i = 0; i < 5; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
+    const double c0 = cpu_now_ms();
     f();
-    ms.push_back(
+    cpu.push_back(cpu_now_ms() - c0);
+    wall.push_back(
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
-  std::sort(ms.begin(), ms.end());
-  return ms[2];
+  std::sort(wall.begin(), wall.end());
+  std::sort(cpu.begin(), cpu.end());
+  return {wall[2], cpu[2]};
 }
 
 void bench(const ProcessGroupPtr& group, int64_t T) {
@@ -150,26 +175,46 @@ void bench(const ProcessGroupPtr& group, int64_t T) {
                           v = in.v.clone().requires_grad_();
       (at::scaled_dot_product_attention(q, k, v, {}, 0.0, true) * in.grad).sum().backward();
     };
-    const double one = median_ms(sdpa);
+    const Timing forward = median_ms([&] {
+      torch::NoGradGuard no_grad;
+      at::scaled_dot_product_attention(in.q, in.k, in.v, {}, 0.0, true);
+    });
+    const Timing one = median_ms(sdpa);
     torch::set_num_threads(static_cast<int>(cp));
-    const double all = median_ms(sdpa);
+    const Timing all = median_ms(sdpa);
     torch::set_num_threads(1);
-    std::printf("bench T=%lld sdpa_1thread_ms=%.1f sdpa_%lldthreads_ms=%.1f\n",
-                static_cast<long long>(T), one, static_cast<long long>(cp), all);
+    std::printf(
+        "bench T=%lld sdpa 1 thread: forward_ms=%.1f fwd_bwd_ms=%.1f fwd_bwd_cpu_ms=%.1f; "
+        "%lld threads: fwd_bwd_ms=%.1f\n",
+        static_cast<long long>(T), forward.wall_ms, one.wall_ms, one.cpu_ms,
+        static_cast<long long>(cp), all.wall_ms);
     std::fflush(stdout);
   }
   group->barrier()->wait();
   const torch::Tensor positions = torch::tensor(fabric::nn::cp_rank_positions(T, cp, rank));
   const torch::Tensor ql = rows_of(in.q, positions), kl = rows_of(in.k, positions),
                       vl = rows_of(in.v, positions), gl = rows_of(in.grad, positions);
-  const double ring = median_ms([&] {
-    const torch::Tensor q = ql.clone().requires_grad_(), k = kl.clone().requires_grad_(),
-                        v = vl.clone().requires_grad_();
-    (fabric::nn::ring_attention(q, k, v, group, true) * gl).sum().backward();
-  });
-  std::printf("rank %lld of %lld: bench T=%lld ring_ms=%.1f\n", static_cast<long long>(rank),
-              static_cast<long long>(cp), static_cast<long long>(T), ring);
-  std::fflush(stdout);
+  for (const auto kernel :
+       {fabric::nn::RingAttentionKernel::kAuto, fabric::nn::RingAttentionKernel::kMatmul}) {
+    const Timing forward = median_ms([&] {
+      torch::NoGradGuard no_grad;
+      fabric::nn::ring_attention(ql, kl, vl, group, true, std::nullopt, kernel);
+    });
+    const Timing ring = median_ms([&] {
+      const torch::Tensor q = ql.clone().requires_grad_(), k = kl.clone().requires_grad_(),
+                          v = vl.clone().requires_grad_();
+      (fabric::nn::ring_attention(q, k, v, group, true, std::nullopt, kernel) * gl)
+          .sum()
+          .backward();
+    });
+    std::printf(
+        "rank %lld of %lld: bench T=%lld ring kernel=%s: forward_ms=%.1f fwd_bwd_ms=%.1f "
+        "fwd_bwd_cpu_ms=%.1f\n",
+        static_cast<long long>(rank), static_cast<long long>(cp), static_cast<long long>(T),
+        kernel == fabric::nn::RingAttentionKernel::kAuto ? "auto" : "matmul", forward.wall_ms,
+        ring.wall_ms, ring.cpu_ms);
+    std::fflush(stdout);
+  }
 }
 
 }  // namespace
@@ -209,8 +254,11 @@ int main(int argc, char** argv) {
   const ProcessGroupPtr group = fabric::distributed::make_process_group(store, options);
   try {
     if (mode == "check") {
-      for (const int64_t hk : {2, 4}) {
-        for (const bool causal : {true, false}) check_case(group, 4, hk, causal);
+      for (const auto kernel :
+           {fabric::nn::RingAttentionKernel::kAuto, fabric::nn::RingAttentionKernel::kMatmul}) {
+        for (const int64_t hk : {2, 4}) {
+          for (const bool causal : {true, false}) check_case(group, kernel, 4, hk, causal);
+        }
       }
       check_bf16(group);
       check_bad_length(group);

@@ -1,7 +1,8 @@
 // Context parallelism's ring attention in real processes (context_parallel_helper): over cp = 2
 // and cp = 4 Gloo ranks on CPU, each rank's rows of fabric::nn::ring_attention and of its q, k, v
 // gradients equal those of at::scaled_dot_product_attention on the whole sequence (T = 1024,
-// grouped-query and plain heads, causal and not) to 1e-5; bfloat16 inputs give a bfloat16 result;
+// grouped-query and plain heads, causal and not) to 1e-5, with either kernel (the CPU
+// flash-attention kernel, plain torch operations); bfloat16 inputs give a bfloat16 result;
 // a length that 2·cp does not divide fails on every rank with one line naming T, cp and the
 // nearest valid lengths.
 #include <gtest/gtest.h>
@@ -25,15 +26,17 @@ void expect_ring_equals_sdpa(int cp) {
   const std::string of = " of " + std::to_string(cp) + ": ";
   for (int rank = 0; rank < cp; ++rank) {
     const std::string who = "rank " + std::to_string(rank) + of;
-    for (const char* heads : {"H=4 Hk=2", "H=4 Hk=4"}) {
-      for (const char* causal : {"causal=1", "causal=0"}) {
-        const std::string line =
-            fabric::testing::value_after(r.out, who + heads + " " + causal + ": ");
-        ASSERT_FALSE(line.empty()) << who << heads << " " << causal << " missing:\n" << r.out;
-        for (const char* key : {"out_diff=", "dq_diff=", "dk_diff=", "dv_diff="}) {
-          const double d = number_after(line, key);
-          EXPECT_GE(d, 0.0) << key << " missing or NaN: " << line;
-          EXPECT_LE(d, 1e-5) << "cp " << cp << " " << who << heads << " " << causal << ": " << line;
+    for (const char* kernel : {"kernel=auto", "kernel=matmul"}) {
+      for (const char* heads : {"H=4 Hk=2", "H=4 Hk=4"}) {
+        for (const char* causal : {"causal=1", "causal=0"}) {
+          const std::string what = std::string(kernel) + " " + heads + " " + causal;
+          const std::string line = fabric::testing::value_after(r.out, who + what + ": ");
+          ASSERT_FALSE(line.empty()) << who << what << " missing:\n" << r.out;
+          for (const char* key : {"out_diff=", "dq_diff=", "dk_diff=", "dv_diff="}) {
+            const double d = number_after(line, key);
+            EXPECT_GE(d, 0.0) << key << " missing or NaN: " << line;
+            EXPECT_LE(d, 1e-5) << "cp " << cp << " " << who << what << ": " << line;
+          }
         }
       }
     }
