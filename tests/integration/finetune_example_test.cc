@@ -11,8 +11,9 @@
 //     bitwise equal to the uninterrupted run's;
 //   - LoRA on every projection under tensor parallelism (model_parallel, tp 2; with and without
 //     sequence parallelism; dropout on) trains as one process: losses, the exported adapter
-//     (whole: one process's names and shapes) and the merged export within 1e-5; a tp 2 run
-//     resumed from its sharded checkpoint exports the uninterrupted one's adapter bitwise;
+//     (whole: one process's names and shapes) and the merged export (gradients clipped) within
+//     1e-5; a tp 2 run resumed from its sharded checkpoint exports the uninterrupted one's
+//     adapter bitwise (within 1e-5 resumed at tp 1);
 // and bad input (a template without {response}, LoRA targets matching nothing, data.train
 // missing with a model of one's own) stops with one line naming the key.
 #include <gtest/gtest.h>
@@ -236,31 +237,45 @@ TEST_F(FinetuneExampleTest, TensorParallelLoraTrainsAsOneProcess) {
         << run;
     EXPECT_GT(largest, 1e-2) << run;
   }
-  // merge_on_export: the merged model gathered from tp 2 is one process's merged model.
-  const auto merged_one = finetune(common +
-                                   "fabric.devices=1 finetune.lora.merge_on_export=true "
-                                   "logging.run_dir=tp_one_merged");
+  // merge_on_export: the merged model gathered from tp 2 is one process's merged model; with
+  // gradient clipping (active at 0.05: the norm counts the cut adapter tensors once, the whole
+  // ones once per tp group).
+  const std::string merged = "finetune.lora.merge_on_export=true trainer.gradient_clip_val=0.05 ";
+  const auto merged_one = finetune(common + merged + "fabric.devices=1 logging.run_dir=tp_one_m");
   ASSERT_EQ(merged_one.code, 0) << merged_one.out;
-  const auto merged_two =
-      finetune(common + tp + "finetune.lora.merge_on_export=true logging.run_dir=tp_two_merged");
+  const auto clipped = summary(merged_one.out);
+  ASSERT_TRUE(clipped.is_object()) << merged_one.out;
+  EXPECT_GT(std::abs(clipped["val_loss"].get<double>() - s1["val_loss"].get<double>()), 1e-3);
+  const auto merged_two = finetune(common + tp + merged + "logging.run_dir=tp_two_m");
   ASSERT_EQ(merged_two.code, 0) << merged_two.out;
-  EXPECT_LE(max_difference(dir_ / "tp_one_merged" / "export" / "model.safetensors",
-                           dir_ / "tp_two_merged" / "export" / "model.safetensors"),
+  EXPECT_LE(max_difference(dir_ / "tp_one_m" / "export" / "model.safetensors",
+                           dir_ / "tp_two_m" / "export" / "model.safetensors"),
             1e-5);
   EXPECT_GT(max_difference(demo("model") / "model.safetensors",
-                           dir_ / "tp_two_merged" / "export" / "model.safetensors"),
+                           dir_ / "tp_two_m" / "export" / "model.safetensors"),
             1e-4);  // the adapters are in it
-  // A sharded checkpoint (each rank's slices of the cut adapters) resumes bitwise.
+  // A sharded checkpoint (each rank's slices of the cut adapters) resumes bitwise, and at tp 1.
+  const std::string checkpoint = (dir_ / "tp_cut" / "checkpoints" / "step-00000003.ckpt").string();
   const auto cut = finetune(
       common + tp + "trainer.max_steps=3 checkpoint.every_n_steps=3 logging.run_dir=tp_cut");
   ASSERT_EQ(cut.code, 0) << cut.out;
-  const auto resumed = finetune(common + tp + "logging.run_dir=tp_resumed checkpoint.resume=" +
-                                (dir_ / "tp_cut" / "checkpoints" / "step-00000003.ckpt").string());
+  const auto resumed =
+      finetune(common + tp + "logging.run_dir=tp_resumed checkpoint.resume=" + checkpoint);
   ASSERT_EQ(resumed.code, 0) << resumed.out;
   EXPECT_NE(resumed.out.find("at step 3"), std::string::npos) << resumed.out;
   EXPECT_EQ(max_difference(dir_ / "tp_two" / "export" / "adapter_model.safetensors",
                            dir_ / "tp_resumed" / "export" / "adapter_model.safetensors"),
             0.0);
+  const auto at_one = finetune(common +
+                               "fabric.devices=1 fabric.strategy=model_parallel "
+                               "fabric.model_parallel.tensor_parallel_size=1 "
+                               "logging.run_dir=tp_resumed_1 checkpoint.resume=" +
+                               checkpoint);
+  ASSERT_EQ(at_one.code, 0) << at_one.out;
+  EXPECT_NE(at_one.out.find("at step 3"), std::string::npos) << at_one.out;
+  EXPECT_LE(max_difference(dir_ / "tp_two" / "export" / "adapter_model.safetensors",
+                           dir_ / "tp_resumed_1" / "export" / "adapter_model.safetensors"),
+            1e-5);
 }
 
 // The validation loss reaches the callbacks: early stopping (min_delta 10 is never met, patience
