@@ -142,7 +142,7 @@ class GPTImpl : public torch::nn::Module, public fabric::nn::TensorParallelPlann
 TORCH_MODULE(GPT);
 
 // The pieces of GPTImpl::loss around its blocks, on the modules given (a GPT's own, or those a
-// pipeline stage holds: fabric/models/gpt_pipeline.h). gpt_embed: the first block's input from
+// pipeline stage holds: fabric/models/pipeline_stages.h). gpt_embed: the first block's input from
 // token ids [B, T] (T <= c.block_size; fabric::Error otherwise); no sequence parallelism.
 // gpt_head_loss: the mean next-token cross-entropy from the final LayerNorm's output `h` through
 // the output layer tied to `wte` (vocabulary-parallel when wte is split over tp; fused where

@@ -222,19 +222,43 @@ torch::Tensor LlamaImpl::hidden(const torch::Tensor& tokens, const RunBlock& run
   return hidden(tokens, run_block, /*whole=*/true);
 }
 
-torch::Tensor LlamaImpl::hidden(const torch::Tensor& tokens, const RunBlock& run_block,
-                                bool whole) {
+void llama_check_tokens(const LlamaConfig& c, const torch::Tensor& tokens) {
   if (tokens.dim() != 2) throw Error("Llama::forward: tokens must be [B, T] token ids");
   const int64_t T = tokens.size(1);
-  if (T > config_.max_position_embeddings)
+  if (T > c.max_position_embeddings)
     throw Error("Llama::forward: a sequence of " + std::to_string(T) +
                 " tokens is longer than max_position_embeddings " +
-                std::to_string(config_.max_position_embeddings));
-  if (config_.sliding_window > 0 && T > config_.sliding_window)
+                std::to_string(c.max_position_embeddings));
+  if (c.sliding_window > 0 && T > c.sliding_window)
     throw Error("Llama::forward: a sequence of " + std::to_string(T) +
                 " tokens is longer than config.json's sliding_window " +
-                std::to_string(config_.sliding_window) +
+                std::to_string(c.sliding_window) +
                 ", and sliding-window attention is not implemented; use shorter sequences");
+}
+
+torch::Tensor llama_head_loss(fabric::nn::Embedding& embed_tokens, fabric::nn::Linear& lm_head,
+                              const torch::Tensor& h, const torch::Tensor& targets) {
+  // An untied lm_head split by vocabulary (column): the loss from this rank's V / tp logits, the
+  // whole logits never formed.
+  if (const auto& p = lm_head ? lm_head->parallel() : std::nullopt) {
+    const int64_t local = lm_head->weight.size(0);
+    return fabric::nn::vocab_parallel_cross_entropy(lm_head->forward(h), targets, p->rank * local,
+                                                    p->group);
+  }
+  if (const auto& p = lm_head ? std::nullopt : embed_tokens->parallel()) {
+    const torch::Tensor logits =
+        torch::linear(fabric::nn::copy_to_parallel(h, p->group), embed_tokens->weight);
+    return fabric::nn::vocab_parallel_cross_entropy(logits, targets, embed_tokens->vocab_start(),
+                                                    p->group);
+  }
+  return linear_cross_entropy(h, lm_head ? lm_head->weight : embed_tokens->weight, targets,
+                              /*fused=*/true);
+}
+
+torch::Tensor LlamaImpl::hidden(const torch::Tensor& tokens, const RunBlock& run_block,
+                                bool whole) {
+  llama_check_tokens(config_, tokens);
+  const int64_t T = tokens.size(1);
   // Sequence parallelism (a plan's): the layers run on this rank's positions, the sequence padded
   // to a multiple of tp (causal attention keeps the padding out of the real positions) and the
   // output gathered whole for the output layer.
@@ -281,21 +305,13 @@ torch::Tensor LlamaImpl::forward(const torch::Tensor& tokens, const RunBlock& ru
 
 torch::Tensor LlamaImpl::loss(const torch::Tensor& tokens, const torch::Tensor& targets,
                               const RunBlock& run_block) {
-  // An untied lm_head split by vocabulary (column): the loss from this rank's V / tp logits, the
-  // whole logits never formed.
-  if (const auto& p = lm_head ? lm_head->parallel() : std::nullopt) {
+  // An untied lm_head split by vocabulary under sequence parallelism gathers the positions itself.
+  if (const auto& p = lm_head ? lm_head->parallel() : std::nullopt; p && p->sequence_parallel) {
     const int64_t local = lm_head->weight.size(0);
     return fabric::nn::vocab_parallel_cross_entropy(split_head_logits(tokens, run_block), targets,
                                                     p->rank * local, p->group);
   }
-  const torch::Tensor h = hidden(tokens, run_block);
-  if (const auto& p = embed_tokens->parallel(); p && !lm_head) {
-    const torch::Tensor logits =
-        torch::linear(fabric::nn::copy_to_parallel(h, p->group), embed_tokens->weight);
-    return fabric::nn::vocab_parallel_cross_entropy(logits, targets, embed_tokens->vocab_start(),
-                                                    p->group);
-  }
-  return linear_cross_entropy(h, output_weight(), targets, /*fused=*/true);
+  return llama_head_loss(embed_tokens, lm_head, hidden(tokens, run_block), targets);
 }
 
 fabric::nn::TensorParallelPlan LlamaImpl::tensor_parallel_plan() const {

@@ -156,6 +156,15 @@ class LlamaImpl : public torch::nn::Module, public fabric::nn::TensorParallelPla
 };
 TORCH_MODULE(Llama);
 
+// The pieces of LlamaImpl::loss around its layers, on the modules given (the model's own, or those
+// a pipeline stage holds: fabric/models/pipeline_stages.h). llama_check_tokens: fabric::Error for
+// token ids that are not [B, T] or longer than the config allows. llama_head_loss: the mean
+// next-token cross-entropy from model.norm's output `h` (whole positions) through lm_head, or the
+// embedding when lm_head is null (tied); vocabulary-parallel where either is split over tp.
+void llama_check_tokens(const LlamaConfig& c, const torch::Tensor& tokens);
+torch::Tensor llama_head_loss(fabric::nn::Embedding& embed_tokens, fabric::nn::Linear& lm_head,
+                              const torch::Tensor& h, const torch::Tensor& targets);
+
 // The rotary inverse frequencies [head_dim / 2] (float32) of config `c`, llama3 scaling applied.
 torch::Tensor llama_rope_inv_freq(const LlamaConfig& c);
 

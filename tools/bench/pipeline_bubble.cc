@@ -26,7 +26,7 @@
 #include "fabric/environments/environments.h"
 #include "fabric/launchers/subprocess_launcher.h"
 #include "fabric/models/gpt.h"
-#include "fabric/models/gpt_pipeline.h"
+#include "fabric/models/pipeline_stages.h"
 
 DEFINE_int32(pp, 2, "pipeline ranks (processes)");
 DEFINE_string(micro_batches, "8,16", "micro-batch counts, comma-separated");

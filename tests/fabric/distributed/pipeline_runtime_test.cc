@@ -11,7 +11,7 @@
 
 #include "fabric/core/error.h"
 #include "fabric/models/gpt.h"
-#include "fabric/models/gpt_pipeline.h"
+#include "fabric/models/pipeline_stages.h"
 
 namespace {
 

@@ -1,0 +1,136 @@
+#include "fabric/models/pipeline_stages.h"
+
+#include <memory>
+#include <string>
+
+#include "fabric/core/error.h"
+#include "fabric/distributed/pipeline_schedule.h"
+
+namespace fabric::models {
+
+PipelineStagesImpl::PipelineStagesImpl(int64_t blocks, const std::vector<int64_t>& stages,
+                                       int64_t stage_count, const std::string& what,
+                                       bool sequence_parallel)
+    : stage_count_(stage_count) {
+  const auto split = fabric::distributed::split_stage_units(blocks, stage_count, what);
+  if (sequence_parallel)
+    throw Error(
+        "pipeline parallelism: a model's stages do not run under sequence parallelism yet; set "
+        "fabric.model_parallel.sequence_parallel: false");
+  for (int64_t k : stages) {
+    if (k < 0 || k >= stage_count)
+      throw Error("pipeline stages: stage " + std::to_string(k) + " is not one of the " +
+                  std::to_string(stage_count) + " stages (0 .. " + std::to_string(stage_count - 1) +
+                  ")");
+    ranges_[k] = split[static_cast<size_t>(k)];
+  }
+}
+
+std::pair<int64_t, int64_t> PipelineStagesImpl::blocks_of(int64_t stage) const {
+  auto it = ranges_.find(stage);
+  if (it == ranges_.end())
+    throw Error("pipeline stages: stage " + std::to_string(stage) + " is not held by this rank");
+  return it->second;
+}
+
+torch::nn::Module& PipelineStagesImpl::folder(const std::string& path) {
+  torch::nn::Module* at = this;
+  size_t start = 0;
+  while (start <= path.size()) {
+    const size_t dot = std::min(path.find('.', start), path.size());
+    const std::string name = path.substr(start, dot - start);
+    const auto children = at->named_children();
+    at = children.contains(name)
+             ? children[name].get()
+             : at->register_module(name, std::make_shared<torch::nn::Module>()).get();
+    start = dot + 1;
+  }
+  return *at;
+}
+
+namespace {
+
+template <typename Shard>
+bool sequence_parallel(const Shard& shard) {
+  return shard && shard->sequence_parallel;
+}
+
+}  // namespace
+
+GPTStagesImpl::GPTStagesImpl(const GPT& whole, const std::vector<int64_t>& stages,
+                             int64_t stage_count)
+    : PipelineStagesImpl(
+          whole->config().n_layer, stages, stage_count, "model.n_layer",
+          sequence_parallel(whole->blocks.empty() ? whole->wte->parallel()
+                                                  : whole->blocks[0]->attn->c_attn->parallel())),
+      config_(whole->config()) {
+  if (holds_first() || holds_last()) wte = hold("transformer.wte", whole->wte);
+  if (holds_first()) {
+    wpe = hold("transformer.wpe", whole->wpe);
+    drop = hold("transformer.drop", whole->drop);
+  }
+  for (int64_t k = 0; k < stage_count; ++k) {
+    if (!holds(k)) continue;
+    const auto [begin, end] = blocks_of(k);
+    for (int64_t i = begin; i < end; ++i)
+      blocks.emplace(i, hold("transformer.h." + std::to_string(i), whole->blocks[i]));
+  }
+  if (holds_last()) ln_f = hold("transformer.ln_f", whole->ln_f);
+}
+
+torch::Tensor GPTStagesImpl::forward(int64_t stage, const torch::Tensor& input) {
+  const auto [begin, end] = blocks_of(stage);
+  torch::Tensor x = stage == 0 ? gpt_embed(config_, wte, wpe, drop, input) : input;
+  for (int64_t i = begin; i < end; ++i) x = blocks.at(i)->forward(x);
+  return x;
+}
+
+torch::Tensor GPTStagesImpl::loss(const torch::Tensor& x, const torch::Tensor& targets) {
+  blocks_of(stage_count() - 1);  // throws unless this rank holds the last stage
+  return gpt_head_loss(config_, wte, gpt_final_norm(config_, ln_f, x), targets);
+}
+
+LlamaStagesImpl::LlamaStagesImpl(const Llama& whole, const std::vector<int64_t>& stages,
+                                 int64_t stage_count)
+    : PipelineStagesImpl(whole->config().num_hidden_layers, stages, stage_count,
+                         "num_hidden_layers",
+                         sequence_parallel(whole->layers.empty()
+                                               ? whole->embed_tokens->parallel()
+                                               : whole->layers[0]->self_attn->q_proj->parallel())),
+      config_(whole->config()) {
+  const bool tied = !whole->lm_head;
+  if (holds_first() || (tied && holds_last()))
+    embed_tokens = hold("model.embed_tokens", whole->embed_tokens);
+  for (int64_t k = 0; k < stage_count; ++k) {
+    if (!holds(k)) continue;
+    const auto [begin, end] = blocks_of(k);
+    for (int64_t i = begin; i < end; ++i)
+      layers.emplace(i, hold("model.layers." + std::to_string(i), whole->layers[i]));
+  }
+  if (holds_last()) {
+    norm = hold("model.norm", whole->norm);
+    if (!tied) lm_head = hold("lm_head", whole->lm_head);
+  }
+}
+
+torch::Tensor LlamaStagesImpl::forward(int64_t stage, const torch::Tensor& input) {
+  const auto [begin, end] = blocks_of(stage);
+  torch::Tensor x = input;
+  if (stage == 0) {
+    llama_check_tokens(config_, input);
+    x = embed_tokens->forward(input);
+  }
+  for (int64_t i = begin; i < end; ++i) x = layers.at(i)->forward(x);
+  return x;
+}
+
+torch::Tensor LlamaStagesImpl::loss(const torch::Tensor& x, const torch::Tensor& targets) {
+  blocks_of(stage_count() - 1);  // throws unless this rank holds the last stage
+  return llama_head_loss(embed_tokens, lm_head, norm->forward(x), targets);
+}
+
+torch::Tensor LlamaStagesImpl::tied_weight() const {
+  return config_.tie_word_embeddings && embed_tokens ? embed_tokens->weight : torch::Tensor();
+}
+
+}  // namespace fabric::models

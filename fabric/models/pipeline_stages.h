@@ -1,0 +1,127 @@
+// fabric::models::GPTStages and LlamaStages: the part of a GPT (fabric/models/gpt.h) or a Llama
+// (fabric/models/llama.h: Llama, Qwen2, Mistral) that one pipeline-parallel rank holds (issue
+// 71), and how its stages run (fabric/distributed/pipeline_runtime.h runs them).
+//
+// A model is cut by blocks: its N blocks over `stage_count` virtual stages, N / stage_count
+// consecutive blocks each (fabric::distributed::split_stage_units: an uneven cut is an error
+// naming the counts that divide). Stage 0 also holds the token embedding (the GPT's positions and
+// dropout too), the last stage the final norm and the output layer. An output layer tied to the
+// embedding (the GPT's always, a Llama's with tie_word_embeddings) is held by both: when the
+// first and the last stage are on different ranks each has a copy, and its two gradients must be
+// summed between them after backward (PipelineRunner::sum_between on tied_weight()) before the
+// optimizer steps, as Megatron's embedding group does.
+//
+// The modules are the whole model's own (shared, not copied), registered under the whole model's
+// names (transformer.h.3.attn.c_attn.weight, model.layers.3.self_attn.q_proj.weight, ...), so
+// this rank's parameters and state dict are its pieces of the whole one's; once the whole model is
+// gone, the blocks of other ranks' stages are freed and a rank holds about 1 / pp of the model.
+// A model split over tp first (fabric::nn::parallelize) keeps its slices; sequence parallelism is
+// refused (not supported yet).
+//
+//   GPT whole(config);                                        // same values on every rank
+//   GPTStages mine(whole, runner.local_stages(), runner.stages());
+//   calls.forward = [&](int64_t k, int64_t mb, const torch::Tensor& in) {
+//     return mine->forward(k, k == 0 ? tokens[mb] : in);
+//   };
+//   calls.loss = [&](int64_t mb, const torch::Tensor& out) { return mine->loss(out, targets[mb]);
+//   };
+//
+// Thread-safety: as any torch::nn::Module.
+#ifndef FABRIC_MODELS_PIPELINE_STAGES_H_
+#define FABRIC_MODELS_PIPELINE_STAGES_H_
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fabric/models/gpt.h"
+#include "fabric/models/llama.h"
+
+namespace fabric::models {
+
+// What the stages of every model share: which stages this rank holds, and their blocks.
+class PipelineStagesImpl : public torch::nn::Module {
+ public:
+  bool holds(int64_t stage) const { return ranges_.count(stage) > 0; }
+  bool holds_first() const { return holds(0); }
+  bool holds_last() const { return holds(stage_count_ - 1); }
+  int64_t stage_count() const { return stage_count_; }
+  // The blocks [begin, end) of a stage this rank holds (fabric::Error for another).
+  std::pair<int64_t, int64_t> blocks_of(int64_t stage) const;
+  // The embedding's weight where the output layer is tied to it and this rank holds it (undefined
+  // otherwise): what PipelineRunner::sum_between sums between the first and the last stage.
+  virtual torch::Tensor tied_weight() const = 0;
+
+ protected:
+  // `blocks` blocks (named by `what`, e.g. "model.n_layer") over `stage_count` stages, of which
+  // this rank holds `stages`. fabric::Error: an uneven cut, a stage out of range, or
+  // `sequence_parallel`.
+  PipelineStagesImpl(int64_t blocks, const std::vector<int64_t>& stages, int64_t stage_count,
+                     const std::string& what, bool sequence_parallel);
+  // `child` registered at the dotted `path` under this module ("model.layers.3"), the parents
+  // made as plain modules where they do not exist yet.
+  template <typename M>
+  M hold(const std::string& path, M child) {
+    const auto dot = path.rfind('.');
+    torch::nn::Module& parent = dot == std::string::npos ? *this : folder(path.substr(0, dot));
+    return parent.register_module(path.substr(dot == std::string::npos ? 0 : dot + 1), child);
+  }
+
+ private:
+  torch::nn::Module& folder(const std::string& path);
+  int64_t stage_count_;
+  std::map<int64_t, std::pair<int64_t, int64_t>> ranges_;
+};
+
+class GPTStagesImpl : public PipelineStagesImpl {
+ public:
+  // `whole`'s modules for the virtual stages `stages` of a pipeline of `stage_count` stages.
+  GPTStagesImpl(const GPT& whole, const std::vector<int64_t>& stages, int64_t stage_count);
+  // Stage `stage`'s forward: from token ids [B, T] (stage 0) or the previous stage's output
+  // [B, T, C], through its blocks, to [B, T, C] float32 (the residual stream).
+  torch::Tensor forward(int64_t stage, const torch::Tensor& input);
+  // The last stage's mean cross-entropy from its forward output: final LayerNorm, output layer,
+  // loss, as GPT::loss computes them.
+  torch::Tensor loss(const torch::Tensor& x, const torch::Tensor& targets);
+  torch::Tensor tied_weight() const override { return wte ? wte->weight : torch::Tensor(); }
+  const GPTConfig& config() const { return config_; }
+
+  fabric::nn::Embedding wte{nullptr};  // stages 0 and last
+  torch::nn::Embedding wpe{nullptr};   // stage 0
+  torch::nn::Dropout drop{nullptr};    // stage 0
+  torch::nn::LayerNorm ln_f{nullptr};  // the last stage
+  std::map<int64_t, Block> blocks;     // by the block's index in the whole model
+
+ private:
+  GPTConfig config_;
+};
+TORCH_MODULE(GPTStages);
+
+class LlamaStagesImpl : public PipelineStagesImpl {
+ public:
+  LlamaStagesImpl(const Llama& whole, const std::vector<int64_t>& stages, int64_t stage_count);
+  // As GPTStages: token ids [B, T] (stage 0) or [B, T, hidden] → [B, T, hidden].
+  torch::Tensor forward(int64_t stage, const torch::Tensor& input);
+  // The last stage's mean cross-entropy: model.norm, lm_head (or the tied embedding), loss.
+  torch::Tensor loss(const torch::Tensor& x, const torch::Tensor& targets);
+  torch::Tensor tied_weight() const override;
+  const LlamaConfig& config() const { return config_; }
+
+  fabric::nn::Embedding embed_tokens{nullptr};  // stage 0 (and the last when tied)
+  RMSNorm norm{nullptr};                        // the last stage
+  fabric::nn::Linear lm_head{nullptr};          // the last stage, untied
+  std::map<int64_t, LlamaDecoderLayer> layers;  // by the layer's index in the whole model
+
+ private:
+  LlamaConfig config_;
+};
+TORCH_MODULE(LlamaStages);
+
+}  // namespace fabric::models
+
+#endif  // FABRIC_MODELS_PIPELINE_STAGES_H_
