@@ -33,6 +33,10 @@ struct Slot {
 
 constexpr int kSumBetweenTag = 1 << 30;
 
+bool is_compute(const PipelineAction& a) {
+  return a.kind == PipelineAction::kForward || a.kind == PipelineAction::kBackward;
+}
+
 }  // namespace
 
 PipelineRunner::PipelineRunner(c10::intrusive_ptr<c10d::ProcessGroup> group,
@@ -93,20 +97,48 @@ at::Tensor PipelineRunner::step(const PipelineStageCalls& calls) {
     p.work = group_->send(p.tensors, static_cast<int>(peer), tag_value);
     sends.push_back(std::move(p));
   };
-  auto recv = [&](int64_t peer, int tag_value, const PipelineAction& a) {
-    std::vector<at::Tensor> t = {at::empty(options_.activation_sizes, buffer_options)};
-    wait(group_->recv(t, static_cast<int>(peer), tag_value), "pipeline " + to_string(a));
-    return t[0];
+  // Recvs by action index: posted when reached, or (recv_ahead) as soon as the compute before
+  // them starts, so the transfer overlaps that compute.
+  std::map<size_t, Pending> posted;
+  auto is_recv = [](const PipelineAction& a) {
+    return a.kind == PipelineAction::kRecvActivation || a.kind == PipelineAction::kRecvGradient;
+  };
+  auto post = [&](size_t i) {
+    const PipelineAction& a = actions_[i];
+    if (posted.count(i) > 0) return;
+    const int tag_value = a.kind == PipelineAction::kRecvActivation
+                              ? tag(false, a.stage - 1, a.micro_batch)
+                              : tag(true, a.stage, a.micro_batch);
+    Pending p{{at::empty(options_.activation_sizes, buffer_options)}, {}, to_string(a)};
+    p.work = group_->recv(p.tensors, static_cast<int>(a.peer_rank), tag_value);
+    posted.emplace(i, std::move(p));
+  };
+  auto recv = [&](size_t i) {
+    post(i);
+    auto it = posted.find(i);
+    wait(it->second.work, "pipeline " + it->second.what);
+    at::Tensor t = it->second.tensors[0];
+    posted.erase(it);
+    return t;
   };
 
-  for (const PipelineAction& a : actions_) {
+  for (size_t i = 0; i < actions_.size(); ++i) {
+    const PipelineAction& a = actions_[i];
     const int64_t k = a.stage, mb = a.micro_batch;
+    if (options_.recv_ahead && is_compute(a)) {
+      for (size_t j = i + 1; j < actions_.size(); ++j) {
+        if (is_recv(actions_[j])) {
+          post(j);
+          break;
+        }
+      }
+    }
     switch (a.kind) {
       case PipelineAction::kRecvActivation:
-        slots[{k, mb}].input = recv(a.peer_rank, tag(false, k - 1, mb), a);
+        slots[{k, mb}].input = recv(i);
         break;
       case PipelineAction::kRecvGradient:
-        slots[{k, mb}].grad_in = recv(a.peer_rank, tag(true, k, mb), a);
+        slots[{k, mb}].grad_in = recv(i);
         break;
       case PipelineAction::kSendActivation:
         send(slots.at({k, mb}).output.detach(), a.peer_rank, tag(false, k, mb), a);

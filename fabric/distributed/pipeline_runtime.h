@@ -19,9 +19,10 @@
 //
 // Communication: shapes are known ahead (PipelineOptions::activation_sizes, the same for every
 // stage boundary and micro-batch), so a recv needs no handshake. Sends are asynchronous (isend);
-// the runner waits for them at the end of the step, and for a recv right before the compute that
-// needs it, so a rank blocks no earlier than its data (the schedules are proven free of deadlock
-// under exactly that model, simulate_pipeline). Each tensor has its own tag (kind, stage,
+// the runner waits for them at the end of the step. A recv is posted when the compute before it
+// starts (recv_ahead) and waited for right before the compute that needs it, so a rank blocks no
+// earlier than its data (the schedules are proven free of deadlock under that model,
+// simulate_pipeline: posting a recv early never blocks). Each tensor has its own tag (kind, stage,
 // micro-batch), so two tensors between the same ranks never match the wrong recv.
 //
 //   PipelineRunner runner(pp_group, options);
@@ -73,6 +74,9 @@ struct PipelineOptions {
   c10::Device device = c10::kCPU;
   // Record when each compute starts and ends (timeline()).
   bool record_timeline = false;
+  // Post the next recv when the compute before it starts, so its transfer overlaps that
+  // compute; false: post each recv when it is reached (then it waits for the whole transfer).
+  bool recv_ahead = true;
 };
 
 // One forward or backward of the step, in seconds from the step's start.

@@ -9,6 +9,8 @@
 //   most tensor bytes any rank allocated during a step above what it held before it (the counting
 //   CPU allocator, fabric/accelerators/memory.h): the activations' memory.
 //   bazel run -c opt //tools/bench:pipeline_bubble -- --pp=2 --micro_batches=8,16
+// --recv_ahead=false posts each recv only when it is reached (the runner's default posts it one
+// compute early).
 // One intra-op thread per rank: run with --pp at most the CPUs, or the ranks share cores and the
 // timeline measures the sharing, not the schedule.
 #include <gflags/gflags.h>
@@ -35,6 +37,7 @@ DEFINE_int32(seq, 128, "tokens per sequence");
 DEFINE_int32(layers, 8, "GPT blocks (a multiple of 2 x pp)");
 DEFINE_int32(width, 256, "GPT n_embd");
 DEFINE_int32(steps, 5, "timed steps per run (after 1 warm-up)");
+DEFINE_bool(recv_ahead, true, "PipelineOptions::recv_ahead: post each recv one compute early");
 
 namespace {
 
@@ -101,6 +104,7 @@ int main(int argc, char** argv) {
       o.virtual_stages = run.v;
       o.activation_sizes = {FLAGS_micro_batch_size, FLAGS_seq, FLAGS_width};
       o.record_timeline = true;
+      o.recv_ahead = FLAGS_recv_ahead;
       fabric::distributed::PipelineRunner runner(group, o);
       torch::manual_seed(1);
       fabric::models::GPT whole(c);
