@@ -229,6 +229,31 @@ at::Tensor PipelineRunner::step(const PipelineStageCalls& calls) {
   return mean;
 }
 
+at::Tensor PipelineRunner::clip_grad_norm(const std::vector<at::Tensor>& parameters,
+                                          double max_norm, const std::vector<at::Tensor>& shared) {
+  std::vector<at::Tensor> grads, norms;
+  for (const at::Tensor& p : parameters) {
+    if (!p.grad().defined()) continue;
+    grads.push_back(p.grad());
+    const bool counted_elsewhere =
+        !holds_first() && std::any_of(shared.begin(), shared.end(),
+                                      [&](const at::Tensor& s) { return s.is_same(p); });
+    if (!counted_elsewhere) norms.push_back(at::linalg_vector_norm(p.grad().to(at::kFloat), 2));
+  }
+  at::Tensor squares =
+      norms.empty() ? at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(options_.device))
+                    : at::stack(norms).pow(2).sum();
+  if (pp_ > 1) {
+    std::vector<at::Tensor> t = {squares};
+    wait(group_->allreduce(t), "pipeline clip_grad_norm all_reduce");
+    squares = t[0];
+  }
+  const at::Tensor total = squares.sqrt();
+  const at::Tensor coefficient = (max_norm / (total + 1e-6)).clamp_max(1.0);
+  for (at::Tensor& g : grads) g.mul_(coefficient.to(g.dtype()));
+  return total;
+}
+
 void PipelineRunner::sum_between(at::Tensor& t, int64_t a, int64_t b) {
   if (a == b || pp_ == 1 || (rank_ != a && rank_ != b)) return;
   std::vector<at::Tensor> mine = {t.is_contiguous() ? t : t.contiguous()};

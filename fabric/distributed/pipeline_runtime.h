@@ -118,6 +118,16 @@ class PipelineRunner {
   // The last step's computes (PipelineOptions::record_timeline), in the order they ran.
   const std::vector<PipelineEvent>& timeline() const { return timeline_; }
 
+  // Collective over the group: scales the gradients of `parameters` (those this rank's stages
+  // hold) so that their total 2-norm over the whole pipeline is at most `max_norm`, as
+  // torch::nn::utils::clip_grad_norm_ does for one process (coefficient max_norm / (norm + 1e-6),
+  // at most 1), and returns that total norm (0-dim float32). `shared`: parameters two ranks hold
+  // (a tied embedding, after sum_between), counted once, on the first stage's rank. Parameters
+  // without a gradient are skipped. Not for parameters split over tp (they would be counted once
+  // per tp rank).
+  at::Tensor clip_grad_norm(const std::vector<at::Tensor>& parameters, double max_norm,
+                            const std::vector<at::Tensor>& shared = {});
+
   // Collective over the group's ranks `a` and `b` only (the others return at once): `t` becomes
   // the sum of theirs, bitwise the same on both (rank a adds, then sends the sum back). For a
   // parameter held by two stages, e.g. a token embedding tied to the output layer. a == b: no-op.

@@ -19,7 +19,9 @@
 // step 1; -1 with dp or tp > 1, whose all-reduces change the order anyway; split parameters are
 // gathered whole before they are compared) and
 // exits 0 (1 when a collective or a check failed).
-//   pipeline_helper WORLD PP SCHEDULE M V STEPS LAYERS TP MODEL
+//   pipeline_helper WORLD PP SCHEDULE M V STEPS LAYERS TP MODEL [CLIP]
+// CLIP > 0: gradients clipped to that total norm (PipelineRunner::clip_grad_norm over the
+// stages; clip_grad_norm_ in the references), tp 1 only.
 // MODEL: gpt, llama (grouped-query attention, its own lm_head) or llama_tied (the output layer
 // tied to the embedding, as Qwen2's small models).
 #include <torch/torch.h>
@@ -137,8 +139,9 @@ int64_t bytes(torch::nn::Module& m) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 10) {
-    std::fprintf(stderr, "usage: pipeline_helper WORLD PP SCHEDULE M V STEPS LAYERS TP MODEL\n");
+  if (argc != 10 && argc != 11) {
+    std::fprintf(stderr,
+                 "usage: pipeline_helper WORLD PP SCHEDULE M V STEPS LAYERS TP MODEL [CLIP]\n");
     return 2;
   }
   const int64_t world = std::atoll(argv[1]), pp = std::atoll(argv[2]);
@@ -146,6 +149,7 @@ int main(int argc, char** argv) {
   const int64_t m = std::atoll(argv[4]), v = std::atoll(argv[5]), steps = std::atoll(argv[6]),
                 layers = std::atoll(argv[7]), tp = std::atoll(argv[8]);
   const std::string kind = argv[9];
+  const double clip = argc == 11 ? std::atof(argv[10]) : 0.0;
   torch::set_num_threads(1);
   int64_t rank = 0;
   c10::intrusive_ptr<c10d::Store> store;
@@ -169,18 +173,24 @@ int main(int argc, char** argv) {
         std::vector<fabric::distributed::MeshDim>{{"pp", pp}, {"dp", world / pp / tp}, {"tp", tp}});
   }
   const int64_t dp = mesh ? mesh->size("dp") : 1, dp_rank = mesh ? mesh->coordinate("dp") : 0;
-  const bool exact = dp == 1 && tp == 1;  // the accumulated run's order of sums
+  // The accumulated run's order of sums (clipping sums the norm over the ranks in another).
+  const bool exact = dp == 1 && tp == 1 && clip == 0;
 
   // The references, on one process.
   const Whole whole_ref = make_model(kind, layers), accumulated_ref = make_model(kind, layers);
   auto whole_opt = make_optimizer(whole_ref.module->parameters());
   auto accumulated_opt = make_optimizer(accumulated_ref.module->parameters());
   std::vector<double> ref_losses;
+  double first_norm = 0, pipeline_first_norm = 0;  // the gradients' norm at step 1 (clipping)
   for (int64_t s = 0; s < steps; ++s) {
     const torch::Tensor b = batch(s);
     whole_opt.zero_grad();
     torch::Tensor loss = whole_ref.loss(b.narrow(1, 0, kSeq), b.narrow(1, 1, kSeq));
     loss.backward();
+    if (clip > 0) {
+      const double norm = torch::nn::utils::clip_grad_norm_(whole_ref.module->parameters(), clip);
+      if (s == 0) first_norm = norm;
+    }
     whole_opt.step();
     ref_losses.push_back(loss.item<double>());
     if (exact && s == 0) {
@@ -243,6 +253,14 @@ int main(int argc, char** argv) {
       fabric::distributed::wait(mesh->group("dp")->allreduce(l), "dp loss all_reduce");
       loss = l[0] / static_cast<double>(dp);
     }
+    if (clip > 0) {
+      std::vector<torch::Tensor> shared;
+      if (const torch::Tensor tied = mine.module->tied_weight(); tied.defined())
+        shared.push_back(tied);
+      const double norm =
+          runner.clip_grad_norm(mine.module->parameters(), clip, shared).item<double>();
+      if (s == 0) pipeline_first_norm = norm;
+    }
     opt.step();
     max_loss_rel = std::max(
         max_loss_rel, std::abs(loss.item<double>() - ref_losses[s]) / std::abs(ref_losses[s]));
@@ -269,11 +287,12 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "rank %lld of %lld: max_loss_rel=%.3g max_param_diff=%.3g accumulated_differ=%lld [%s] "
-      "param_bytes=%lld whole_bytes=%lld peak_in_flight=%lld\n",
+      "param_bytes=%lld whole_bytes=%lld peak_in_flight=%lld first_norm=%.9g "
+      "pipeline_first_norm=%.9g\n",
       static_cast<long long>(rank), static_cast<long long>(world), max_loss_rel, max_param_diff,
       static_cast<long long>(exact ? differ : -1), differ_names.c_str(),
       static_cast<long long>(bytes(*mine.module)), static_cast<long long>(whole_bytes),
-      static_cast<long long>(runner.peak_in_flight()));
+      static_cast<long long>(runner.peak_in_flight()), first_norm, pipeline_first_norm);
   std::fflush(stdout);
   if (mesh) mesh->group("pp")->barrier()->wait();
   return launcher ? launcher->wait() : 0;

@@ -10,7 +10,8 @@
 //     parameter through the forward);
 //   - each rank holds its stages' parameters only: over the ranks they add up to the model plus
 //     one copy of the tied embedding;
-//   - the activations a rank holds at once: all m micro-batches' under GPipe, pp - rank under 1F1B.
+//   - the activations a rank holds at once: all m micro-batches' under GPipe, pp - rank under 1F1B;
+//   - gradients clipped over the whole pipeline take one process's norm (1e-6 relative).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -27,14 +28,15 @@ double number_after(const std::string& out, const std::string& key) {
 constexpr double kEmbeddingBytes = 256 * 64 * 4;  // the tiny models' vocabulary x width, float32
 
 void expect_parity(int world, int pp, const std::string& schedule, int m, int v = 1, int tp = 1,
-                   const std::string& model = "gpt") {
+                   const std::string& model = "gpt", double clip = 0) {
   const bool tied = model != "llama";
   const std::string tied_name =
       model == "gpt" ? "transformer.wte.weight" : "model.embed_tokens.weight";
   const std::string exe = fabric::testing::helper_binary("//tests/integration:pipeline_helper");
   const std::string args = std::to_string(world) + " " + std::to_string(pp) + " " + schedule + " " +
                            std::to_string(m) + " " + std::to_string(v) + " 10 4 " +
-                           std::to_string(tp) + " " + model;
+                           std::to_string(tp) + " " + model +
+                           (clip > 0 ? " " + std::to_string(clip) : std::string());
   const auto r = fabric::testing::run_command(exe + " " + args);
   ASSERT_EQ(r.code, 0) << args << "\n" << r.out;
   const int dp = world / pp / tp;
@@ -50,7 +52,14 @@ void expect_parity(int world, int pp, const std::string& schedule, int m, int v 
       EXPECT_LE(d, 1e-6) << key;
     }
     const int pp_rank = rank / (dp * tp);
-    if (dp == 1 && tp == 1) {
+    if (clip > 0) {
+      // Clipping acted (the norm above the bound), on the pipeline's norm over every stage.
+      const double norm = number_after(line, "first_norm="),
+                   mine = number_after(line, "pipeline_first_norm=");
+      EXPECT_GT(norm, clip);
+      EXPECT_NEAR(mine, norm, 1e-6 * norm);
+    }
+    if (dp == 1 && tp == 1 && clip == 0) {
       const double differ = number_after(line, "accumulated_differ=");
       // The first and the last stage each use a tied embedding (one rank's, or two copies).
       const bool holds_it_twice = tied && pp * v > 1 && (pp_rank == 0 || pp_rank == pp - 1);
@@ -98,6 +107,13 @@ TEST(PipelineTest, PipelineTimesTensorParallelEqualsOneProcess) {
 TEST(PipelineTest, LlamaStagesUntiedAndTied) {
   expect_parity(2, 2, "1f1b", 4, 1, 1, "llama");
   expect_parity(2, 2, "interleaved_1f1b", 4, 2, 1, "llama_tied");
+}
+
+// Gradient clipping over the whole pipeline (PipelineRunner::clip_grad_norm): the norm of every
+// stage's gradients, a tied embedding counted once, as one process's clip_grad_norm_.
+TEST(PipelineTest, ClippingTakesTheNormOverAllStages) {
+  expect_parity(2, 2, "1f1b", 4, 1, 1, "gpt", 0.5);
+  expect_parity(4, 4, "gpipe", 4, 1, 1, "llama_tied", 0.5);
 }
 
 }  // namespace
