@@ -6,13 +6,15 @@
 //   of the makespan from a common start after a barrier, averaged over the ranks; the median of
 //   --steps steps), theory's (p-1)/(m+p-1), or (p-1)/(v*m+p-1) interleaved, the most activations
 //   any rank held at once (PipelineRunner::peak_in_flight, micro-batch x stage units), and the
-//   most tensor bytes any rank allocated during a step above what it held before it (the counting
-//   CPU allocator, fabric/accelerators/memory.h): the activations' memory.
+//   most tensor bytes any rank allocated during a step above what it held before it (gradients
+//   are zeroed in place, allocated since the warm-up step; the counting CPU allocator,
+//   fabric/accelerators/memory.h): the activations' memory.
 //   bazel run -c opt //tools/bench:pipeline_bubble -- --pp=2 --micro_batches=8,16
 // --recv_ahead=false posts each recv only when it is reached (the runner's default posts it one
 // compute early).
-// One intra-op thread per rank: run with --pp at most the CPUs, or the ranks share cores and the
-// timeline measures the sharing, not the schedule.
+// --gantt=N prints each run's last step as text, one row per rank (forwards as the micro-batch's
+// digit, backwards as a letter, idle as '.'). One intra-op thread per rank: run with --pp at most
+// the CPUs, or the ranks share cores and the timeline measures the sharing, not the schedule.
 #include <gflags/gflags.h>
 #include <torch/torch.h>
 
@@ -38,6 +40,7 @@ DEFINE_int32(layers, 8, "GPT blocks (a multiple of 2 x pp)");
 DEFINE_int32(width, 256, "GPT n_embd");
 DEFINE_int32(steps, 5, "timed steps per run (after 1 warm-up)");
 DEFINE_bool(recv_ahead, true, "PipelineOptions::recv_ahead: post each recv one compute early");
+DEFINE_int32(gantt, 0, "print each run's last step as a text chart this many columns wide");
 
 namespace {
 
@@ -46,6 +49,39 @@ std::vector<int64_t> numbers(const std::string& text) {
   std::stringstream s(text);
   for (std::string item; std::getline(s, item, ',');) out.push_back(std::stoll(item));
   return out;
+}
+
+// Rank 0 prints every rank's timeline as a row of `--gantt` columns: a forward as its
+// micro-batch's digit (mod 10), a backward as a letter (a = 0), idle as '.'.
+void gantt(c10d::ProcessGroup& group, const std::vector<fabric::distributed::PipelineEvent>& events,
+           double makespan, int64_t rank) {
+  std::vector<torch::Tensor> counts = {torch::tensor({static_cast<int64_t>(events.size())})};
+  fabric::distributed::wait(group.allreduce(counts, {c10d::ReduceOp::MAX}), "gantt count");
+  const int64_t most = counts[0].item<int64_t>();
+  torch::Tensor mine = torch::full({most, 4}, -1.0, torch::kDouble);  // forward, mb, start, end
+  for (size_t i = 0; i < events.size(); ++i) {
+    const auto& e = events[i];
+    mine[static_cast<int64_t>(i)] =
+        torch::tensor({e.forward ? 1.0 : 0.0, static_cast<double>(e.micro_batch), e.start, e.end},
+                      torch::kDouble);
+  }
+  const auto all = fabric::distributed::all_gather(group, mine, "gantt");
+  if (rank != 0) return;
+  const int width = FLAGS_gantt;
+  for (size_t r = 0; r < all.size(); ++r) {
+    std::string row(static_cast<size_t>(width), '.');
+    for (int64_t i = 0; i < most; ++i) {
+      const auto e = all[r][i];
+      if (e[0].item<double>() < 0) continue;
+      const int64_t mb = static_cast<int64_t>(e[1].item<double>());
+      const char mark = e[0].item<double>() > 0 ? static_cast<char>('0' + mb % 10)
+                                                : static_cast<char>('a' + mb % 26);
+      const int from = static_cast<int>(e[2].item<double>() / makespan * width);
+      const int to = std::max(from + 1, static_cast<int>(e[3].item<double>() / makespan * width));
+      for (int c = from; c < std::min(to, width); ++c) row[static_cast<size_t>(c)] = mark;
+    }
+    std::printf("  rank %zu |%s|\n", r, row.c_str());
+  }
 }
 
 double median(std::vector<double> v) {
@@ -126,8 +162,9 @@ int main(int argc, char** argv) {
       std::vector<double> bubbles;
       double activation_bytes = 0;
       for (int step = 0; step <= FLAGS_steps; ++step) {
-        for (auto& p : mine->parameters()) p.mutable_grad() = torch::Tensor();
-        // Gradients exist after the first step: the memory above this is the step's own.
+        for (auto& p : mine->parameters())
+          if (p.grad().defined()) p.mutable_grad().zero_();
+        // Gradients exist after the warm-up step: the memory above this is the step's own.
         const int64_t before = fabric::memory_stats(torch::kCPU).allocated;
         fabric::reset_peak_memory(torch::kCPU);
         group->barrier()->wait();
@@ -147,6 +184,8 @@ int main(int argc, char** argv) {
         const double makespan = most[0][0].item<double>();
         bubbles.push_back(1.0 - sum[0][0].item<double>() / static_cast<double>(pp) / makespan);
         activation_bytes = std::max(activation_bytes, most[0][1].item<double>());
+        if (FLAGS_gantt > 0 && step == FLAGS_steps)
+          gantt(*group, runner.timeline(), makespan, rank);
       }
       std::vector<torch::Tensor> in_flight = {torch::tensor({runner.peak_in_flight()})};
       fabric::distributed::wait(group->allreduce(in_flight, {c10d::ReduceOp::MAX}), "max");
