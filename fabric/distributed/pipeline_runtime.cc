@@ -48,6 +48,18 @@ PipelineRunner::PipelineRunner(c10::intrusive_ptr<c10d::ProcessGroup> group,
   }
   actions_ = pipeline_actions(options_.schedule, rank_, pp_, options_.micro_batches,
                               options_.virtual_stages);
+  // Evaluation: each local stage in model order over every micro-batch (GPipe's forward half per
+  // stage). A recv waits only on a lower stage, which its rank runs first: no cycle, no deadlock.
+  const int64_t last = stages() - 1;
+  for (int64_t k : local_stages()) {
+    for (int64_t mb = 0; mb < options_.micro_batches; ++mb) {
+      if (k > 0 && !holds(k - 1))
+        forward_actions_.push_back({PipelineAction::kRecvActivation, mb, k, (k - 1) % pp_});
+      forward_actions_.push_back({PipelineAction::kForward, mb, k, -1});
+      if (k < last && !holds(k + 1))
+        forward_actions_.push_back({PipelineAction::kSendActivation, mb, k, (k + 1) % pp_});
+    }
+  }
   if (stages() > 1 && options_.activation_sizes.empty())
     throw Error("pipeline: PipelineOptions::activation_sizes is empty; a pipeline of " +
                 std::to_string(stages()) +
@@ -68,6 +80,16 @@ std::vector<int64_t> PipelineRunner::local_stages() const {
 }
 
 at::Tensor PipelineRunner::step(const PipelineStageCalls& calls) {
+  return run(actions_, calls, /*train=*/true);
+}
+
+at::Tensor PipelineRunner::evaluate(const PipelineStageCalls& calls) {
+  torch::NoGradGuard no_grad;
+  return run(forward_actions_, calls, /*train=*/false);
+}
+
+at::Tensor PipelineRunner::run(const std::vector<PipelineAction>& actions,
+                               const PipelineStageCalls& calls, bool train) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   const int64_t m = options_.micro_batches, last = stages() - 1;
@@ -89,7 +111,7 @@ at::Tensor PipelineRunner::step(const PipelineStageCalls& calls) {
   at::Tensor loss_sum =
       torch::zeros({}, at::TensorOptions().dtype(at::kFloat).device(options_.device));
   int64_t in_flight = 0;
-  peak_in_flight_ = 0;
+  if (train) peak_in_flight_ = 0;
   timeline_.clear();
 
   auto send = [&](at::Tensor t, int64_t peer, int tag_value, const PipelineAction& a) {
@@ -104,7 +126,7 @@ at::Tensor PipelineRunner::step(const PipelineStageCalls& calls) {
     return a.kind == PipelineAction::kRecvActivation || a.kind == PipelineAction::kRecvGradient;
   };
   auto post = [&](size_t i) {
-    const PipelineAction& a = actions_[i];
+    const PipelineAction& a = actions[i];
     if (posted.count(i) > 0) return;
     const int tag_value = a.kind == PipelineAction::kRecvActivation
                               ? tag(false, a.stage - 1, a.micro_batch)
@@ -122,12 +144,12 @@ at::Tensor PipelineRunner::step(const PipelineStageCalls& calls) {
     return t;
   };
 
-  for (size_t i = 0; i < actions_.size(); ++i) {
-    const PipelineAction& a = actions_[i];
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const PipelineAction& a = actions[i];
     const int64_t k = a.stage, mb = a.micro_batch;
     if (options_.recv_ahead && is_compute(a)) {
-      for (size_t j = i + 1; j < actions_.size(); ++j) {
-        if (is_recv(actions_[j])) {
+      for (size_t j = i + 1; j < actions.size(); ++j) {
+        if (is_recv(actions[j])) {
           post(j);
           break;
         }
@@ -142,6 +164,7 @@ at::Tensor PipelineRunner::step(const PipelineStageCalls& calls) {
         break;
       case PipelineAction::kSendActivation:
         send(slots.at({k, mb}).output.detach(), a.peer_rank, tag(false, k, mb), a);
+        if (!train) slots.erase({k, mb});  // no backward to keep it for
         break;
       case PipelineAction::kSendGradient: {
         auto it = slots.find({k, mb});
@@ -155,12 +178,14 @@ at::Tensor PipelineRunner::step(const PipelineStageCalls& calls) {
         if (k > 0) {
           // From the previous stage: received, or its output here (same rank) cut from its graph.
           at::Tensor in = holds(k - 1) ? slots.at({k - 1, mb}).output.detach() : s.input;
-          s.input = in.requires_grad_(true);
+          s.input = train ? in.requires_grad_(true) : in;
+          if (!train && holds(k - 1)) slots.erase({k - 1, mb});
         }
-        at::Tensor out = calls.forward(k, mb, s.input);
+        at::Tensor out = calls.forward(k, mb, s.input);  // (std::map: `s` outlives other erases)
         if (k == last) {
           s.loss = calls.loss(mb, out);
           loss_sum += s.loss.detach().to(at::kFloat);
+          if (!train) slots.erase({k, mb});
         } else {
           if (!out.defined() || out.sizes() != at::IntArrayRef(options_.activation_sizes) ||
               out.scalar_type() != options_.activation_dtype)
@@ -173,7 +198,7 @@ at::Tensor PipelineRunner::step(const PipelineStageCalls& calls) {
                         " (PipelineOptions::activation_sizes and activation_dtype)");
           s.output = out;
         }
-        peak_in_flight_ = std::max(peak_in_flight_, ++in_flight);
+        if (train) peak_in_flight_ = std::max(peak_in_flight_, ++in_flight);
         if (options_.record_timeline) {
           event.end = seconds();
           timeline_.push_back(event);

@@ -113,6 +113,11 @@ class PipelineRunner {
   // A forward output of the wrong shape or dtype throws fabric::Error naming the stage.
   at::Tensor step(const PipelineStageCalls& calls);
 
+  // The forwards only, without gradients (torch::NoGradGuard): each local stage over every
+  // micro-batch in turn, activations sent on and dropped. Returns the mean of the micro-batches'
+  // losses on every rank of the group, as step() does; no gradient changes. For validation.
+  at::Tensor evaluate(const PipelineStageCalls& calls);
+
   // The most (stage, micro-batch) activations this rank held at once in the last step.
   int64_t peak_in_flight() const { return peak_in_flight_; }
   // The last step's computes (PipelineOptions::record_timeline), in the order they ran.
@@ -137,7 +142,12 @@ class PipelineRunner {
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   PipelineOptions options_;
   int64_t rank_ = 0, pp_ = 1;
-  std::vector<PipelineAction> actions_;
+  // step()'s and evaluate()'s bodies: `actions` in order; train: inputs require grad, the last
+  // stage's loss is kept for backward.
+  at::Tensor run(const std::vector<PipelineAction>& actions, const PipelineStageCalls& calls,
+                 bool train);
+
+  std::vector<PipelineAction> actions_, forward_actions_;
   int64_t peak_in_flight_ = 0;
   std::vector<PipelineEvent> timeline_;
 };

@@ -10,9 +10,11 @@
 //                 a tied embedding's gradient summed between the first and the last stage's ranks,
 //                 every gradient averaged over dp; with TP > 1 the model is split over its tp
 //                 group (the GPT's plan, fabric::nn::parallelize) before it is cut.
-// Then it compares the pipeline's losses and final parameters (by the whole model's names) with
-// the whole run's, and its parameters after the first step with the accumulated run's (after
-// that, a tied embedding's different summation order spreads to every parameter). Prints, per rank,
+// Then it compares the pipeline's losses and final parameters, and its evaluation
+// (PipelineRunner::evaluate, forwards only) of a new batch (eval_rel, relative), (by the whole
+// model's names) with the whole run's, and its parameters after the first step with the accumulated
+// run's (after that, a tied embedding's different summation order spreads to every parameter).
+// Prints, per rank,
 //   "rank R of W: max_loss_rel=X max_param_diff=Y accumulated_differ=N [names] param_bytes=B
 //    whole_bytes=C peak_in_flight=P"
 // (accumulated_differ: this rank's parameters not bitwise equal to the accumulated run's after
@@ -275,6 +277,34 @@ int main(int argc, char** argv) {
     }
   }
 
+  // Evaluation (forwards only) on a batch no step saw.
+  const torch::Tensor probe = batch(1000);
+  double eval_rel = 0;
+  {
+    const torch::Tensor rows = probe.chunk(dp, 0)[dp_rank];
+    tokens.clear();
+    targets.clear();
+    for (const torch::Tensor& mb : rows.chunk(m, 0)) {
+      tokens.push_back(mb.narrow(1, 0, kSeq));
+      targets.push_back(mb.narrow(1, 1, kSeq));
+    }
+    std::vector<torch::Tensor> grads_before;
+    for (const auto& p : mine.module->parameters()) grads_before.push_back(p.grad().clone());
+    torch::Tensor loss = runner.evaluate(calls);
+    if (dp > 1) {
+      std::vector<torch::Tensor> l = {loss};
+      fabric::distributed::wait(mesh->group("dp")->allreduce(l), "dp loss all_reduce");
+      loss = l[0] / static_cast<double>(dp);
+    }
+    torch::NoGradGuard no_grad;
+    const double ref =
+        whole_ref.loss(probe.narrow(1, 0, kSeq), probe.narrow(1, 1, kSeq)).item<double>();
+    eval_rel = std::abs(loss.item<double>() - ref) / std::abs(ref);
+    size_t i = 0;  // evaluate computes no gradient: the last step's stay as they were
+    for (const auto& p : mine.module->parameters())
+      if (!torch::equal(p.grad(), grads_before[i++])) eval_rel = 1;
+  }
+
   double max_param_diff = 0;
   const auto whole_params = whole_ref.module->named_parameters();
   for (const auto& m : mine.module->named_modules()) {
@@ -288,11 +318,11 @@ int main(int argc, char** argv) {
   std::printf(
       "rank %lld of %lld: max_loss_rel=%.3g max_param_diff=%.3g accumulated_differ=%lld [%s] "
       "param_bytes=%lld whole_bytes=%lld peak_in_flight=%lld first_norm=%.9g "
-      "pipeline_first_norm=%.9g\n",
+      "pipeline_first_norm=%.9g eval_rel=%.3g\n",
       static_cast<long long>(rank), static_cast<long long>(world), max_loss_rel, max_param_diff,
       static_cast<long long>(exact ? differ : -1), differ_names.c_str(),
       static_cast<long long>(bytes(*mine.module)), static_cast<long long>(whole_bytes),
-      static_cast<long long>(runner.peak_in_flight()), first_norm, pipeline_first_norm);
+      static_cast<long long>(runner.peak_in_flight()), first_norm, pipeline_first_norm, eval_rel);
   std::fflush(stdout);
   if (mesh) mesh->group("pp")->barrier()->wait();
   return launcher ? launcher->wait() : 0;

@@ -11,7 +11,9 @@
 //   - each rank holds its stages' parameters only: over the ranks they add up to the model plus
 //     one copy of the tied embedding;
 //   - the activations a rank holds at once: all m micro-batches' under GPipe, pp - rank under 1F1B;
-//   - gradients clipped over the whole pipeline take one process's norm (1e-6 relative).
+//   - gradients clipped over the whole pipeline take one process's norm (1e-6 relative);
+//   - evaluation (forwards only, PipelineRunner::evaluate) of a new batch gives one process's
+//     loss (1e-6 relative) and leaves the gradients alone.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -46,7 +48,7 @@ void expect_parity(int world, int pp, const std::string& schedule, int m, int v 
         r.out, "rank " + std::to_string(rank) + " of " + std::to_string(world) + ": ");
     ASSERT_FALSE(line.empty()) << "rank " << rank << " did not report:\n" << r.out;
     SCOPED_TRACE(args + ": " + line);
-    for (const char* key : {"max_loss_rel=", "max_param_diff="}) {
+    for (const char* key : {"max_loss_rel=", "max_param_diff=", "eval_rel="}) {
       const double d = number_after(line, key);
       EXPECT_GE(d, 0.0) << key << " missing";
       EXPECT_LE(d, 1e-6) << key;

@@ -52,6 +52,32 @@ TEST(PipelineRuntimeTest, OneStageIsTheModelsOwnStep) {
     EXPECT_TRUE(torch::equal(p.value().grad(), ref[p.key()].grad())) << p.key();
 }
 
+// Two virtual stages on one rank, forwards only: the whole batch's loss, no gradients.
+TEST(PipelineRuntimeTest, EvaluateIsTheModelsLossWithoutGradients) {
+  auto whole = tiny(2), reference = tiny(2);
+  torch::manual_seed(4);
+  const torch::Tensor b = torch::randint(0, 256, {4, 17}, torch::kLong);
+  PipelineOptions o;
+  o.schedule = PipelineSchedule::kInterleavedOneFOneB;
+  o.micro_batches = 2;
+  o.virtual_stages = 2;
+  o.activation_sizes = {2, 16, 32};
+  PipelineRunner runner(nullptr, o);
+  fabric::models::GPTStages mine(whole, runner.local_stages(), runner.stages());
+  const auto rows = b.chunk(2, 0);
+  PipelineStageCalls calls;
+  calls.forward = [&](int64_t k, int64_t mb, const torch::Tensor& in) {
+    return mine->forward(k, k == 0 ? rows[static_cast<size_t>(mb)].narrow(1, 0, 16) : in);
+  };
+  calls.loss = [&](int64_t mb, const torch::Tensor& out) {
+    return mine->loss(out, rows[static_cast<size_t>(mb)].narrow(1, 1, 16));
+  };
+  const double loss = runner.evaluate(calls).item<double>();
+  const double expected = reference->loss(b.narrow(1, 0, 16), b.narrow(1, 1, 16)).item<double>();
+  EXPECT_NEAR(loss, expected, 1e-6 * expected);
+  for (const auto& p : mine->parameters()) EXPECT_FALSE(p.grad().defined());
+}
+
 TEST(PipelineRuntimeTest, AStageOutputOfTheWrongShapeNamesTheStage) {
   PipelineOptions o;
   o.schedule = PipelineSchedule::kInterleavedOneFOneB;
