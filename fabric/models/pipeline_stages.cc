@@ -11,12 +11,18 @@ namespace fabric::models {
 PipelineStagesImpl::PipelineStagesImpl(int64_t blocks, const std::vector<int64_t>& stages,
                                        int64_t stage_count, const std::string& what,
                                        bool sequence_parallel)
-    : stage_count_(stage_count) {
-  const auto split = fabric::distributed::split_stage_units(blocks, stage_count, what);
+    : PipelineStagesImpl(fabric::distributed::split_stage_units(blocks, stage_count, what),
+                         stages) {
   if (sequence_parallel)
     throw Error(
         "pipeline parallelism: a model's stages do not run under sequence parallelism yet; set "
         "fabric.model_parallel.sequence_parallel: false");
+}
+
+PipelineStagesImpl::PipelineStagesImpl(std::vector<std::pair<int64_t, int64_t>> split,
+                                       const std::vector<int64_t>& stages)
+    : stage_count_(static_cast<int64_t>(split.size())) {
+  const int64_t stage_count = stage_count_;
   for (int64_t k : stages) {
     if (k < 0 || k >= stage_count)
       throw Error("pipeline stages: stage " + std::to_string(k) + " is not one of the " +
@@ -131,6 +137,63 @@ torch::Tensor LlamaStagesImpl::loss(const torch::Tensor& x, const torch::Tensor&
 
 torch::Tensor LlamaStagesImpl::tied_weight() const {
   return config_.tie_word_embeddings && embed_tokens ? embed_tokens->weight : torch::Tensor();
+}
+
+namespace {
+
+// The [begin, end) modules of each stage of a Sequential of `size` modules.
+std::vector<std::pair<int64_t, int64_t>> sequential_split(int64_t size, int64_t stage_count,
+                                                          const std::vector<int64_t>& points) {
+  if (points.empty())
+    return fabric::distributed::split_stage_units(size, stage_count, "the Sequential's modules");
+  std::string given;
+  for (int64_t p : points) given += (given.empty() ? "" : ", ") + std::to_string(p);
+  if (static_cast<int64_t>(points.size()) != stage_count - 1)
+    throw Error("pipeline split points {" + given + "}: " + std::to_string(points.size()) +
+                " points cut " + std::to_string(points.size() + 1) + " stages, not " +
+                std::to_string(stage_count) + "; give " + std::to_string(stage_count - 1) +
+                " (where stages 1 .. " + std::to_string(stage_count - 1) + " start)");
+  std::vector<std::pair<int64_t, int64_t>> out;
+  int64_t begin = 0;
+  for (int64_t p : points) {
+    if (p <= begin || p >= size)
+      throw Error("pipeline split points {" + given + "}: " + std::to_string(p) +
+                  " does not start a stage of at least one module (points strictly increase "
+                  "inside 1 .. " +
+                  std::to_string(size - 1) + " for a Sequential of " + std::to_string(size) +
+                  " modules)");
+    out.emplace_back(begin, p);
+    begin = p;
+  }
+  out.emplace_back(begin, size);
+  return out;
+}
+
+}  // namespace
+
+SequentialStagesImpl::SequentialStagesImpl(const torch::nn::Sequential& whole,
+                                           const std::vector<int64_t>& stages, int64_t stage_count,
+                                           const std::vector<int64_t>& split_points)
+    : PipelineStagesImpl(
+          sequential_split(static_cast<int64_t>(whole->size()), stage_count, split_points),
+          stages) {
+  const auto names = whole->named_children();
+  for (int64_t k = 0; k < stage_count; ++k) {
+    if (!holds(k)) continue;
+    const auto [begin, end] = blocks_of(k);
+    for (int64_t i = begin; i < end; ++i) {
+      const torch::nn::AnyModule& m = *(whole->begin() + i);
+      register_module(names.keys()[static_cast<size_t>(i)], m.ptr());
+      modules_.emplace(i, m);
+    }
+  }
+}
+
+torch::Tensor SequentialStagesImpl::forward(int64_t stage, const torch::Tensor& input) {
+  const auto [begin, end] = blocks_of(stage);
+  torch::Tensor x = input;
+  for (int64_t i = begin; i < end; ++i) x = modules_.at(i).forward(x);
+  return x;
 }
 
 }  // namespace fabric::models

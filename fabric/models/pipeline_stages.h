@@ -1,6 +1,7 @@
-// fabric::models::GPTStages and LlamaStages: the part of a GPT (fabric/models/gpt.h) or a Llama
-// (fabric/models/llama.h: Llama, Qwen2, Mistral) that one pipeline-parallel rank holds (issue
-// 71), and how its stages run (fabric/distributed/pipeline_runtime.h runs them).
+// fabric::models::GPTStages, LlamaStages and SequentialStages: the part of a GPT
+// (fabric/models/gpt.h), a Llama (fabric/models/llama.h: Llama, Qwen2, Mistral) or a user's
+// torch::nn::Sequential that one pipeline-parallel rank holds (issue 71), and how its stages run
+// (fabric/distributed/pipeline_runtime.h runs them).
 //
 // A model is cut by blocks: its N blocks over `stage_count` virtual stages, N / stage_count
 // consecutive blocks each (fabric::distributed::split_stage_units: an uneven cut is an error
@@ -31,6 +32,8 @@
 #define FABRIC_MODELS_PIPELINE_STAGES_H_
 
 #include <torch/nn/module.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
@@ -63,6 +66,9 @@ class PipelineStagesImpl : public torch::nn::Module {
   // `sequence_parallel`.
   PipelineStagesImpl(int64_t blocks, const std::vector<int64_t>& stages, int64_t stage_count,
                      const std::string& what, bool sequence_parallel);
+  // The same with each stage's [begin, end) blocks given.
+  PipelineStagesImpl(std::vector<std::pair<int64_t, int64_t>> split,
+                     const std::vector<int64_t>& stages);
   // `child` registered at the dotted `path` under this module ("model.layers.3"), the parents
   // made as plain modules where they do not exist yet.
   template <typename M>
@@ -121,6 +127,29 @@ class LlamaStagesImpl : public PipelineStagesImpl {
   LlamaConfig config_;
 };
 TORCH_MODULE(LlamaStages);
+
+// A user's model as a torch::nn::Sequential, cut at split points: stage k runs modules
+// [splits[k - 1], splits[k]) (splits[-1] = 0, the last stage runs to the end), held under the
+// Sequential's own names ("0", "1", ...). No split points: the modules split evenly
+// (split_stage_units). The loss is the caller's (PipelineStageCalls::loss on the last stage's
+// output); nothing is tied.
+//
+//   torch::nn::Sequential net(embed, block0, block1, block2, block3, head);
+//   SequentialStages mine(net, runner.local_stages(), 2, {3});  // [embed, b0, b1] | [b2, b3, head]
+class SequentialStagesImpl : public PipelineStagesImpl {
+ public:
+  // fabric::Error: split points not strictly increasing inside 1 .. size - 1, a count of them
+  // other than stage_count - 1, or (none given) a size stage_count does not divide.
+  SequentialStagesImpl(const torch::nn::Sequential& whole, const std::vector<int64_t>& stages,
+                       int64_t stage_count, const std::vector<int64_t>& split_points = {});
+  // Stage `stage`'s modules in order on `input` (the batch's input on stage 0).
+  torch::Tensor forward(int64_t stage, const torch::Tensor& input);
+  torch::Tensor tied_weight() const override { return torch::Tensor(); }
+
+ private:
+  std::map<int64_t, torch::nn::AnyModule> modules_;  // by index in the whole Sequential
+};
+TORCH_MODULE(SequentialStages);
 
 }  // namespace fabric::models
 

@@ -24,8 +24,9 @@
 //   pipeline_helper WORLD PP SCHEDULE M V STEPS LAYERS TP MODEL [CLIP]
 // CLIP > 0: gradients clipped to that total norm (PipelineRunner::clip_grad_norm over the
 // stages; clip_grad_norm_ in the references), tp 1 only.
-// MODEL: gpt, llama (grouped-query attention, its own lm_head) or llama_tied (the output layer
-// tied to the embedding, as Qwen2's small models).
+// MODEL: gpt, llama (grouped-query attention, its own lm_head), llama_tied (the output layer
+// tied to the embedding, as Qwen2's small models) or sequential (a torch::nn::Sequential cut at
+// a split point; LAYERS is ignored).
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
@@ -69,6 +70,16 @@ Whole make_model(const std::string& kind, int64_t layers) {
             [g](const torch::Tensor& x, const torch::Tensor& y) mutable { return g->loss(x, y); },
             g->tensor_parallel_plan()};
   }
+  if (kind == "sequential") {  // a user's model: embedding, two tanh MLP layers, output layer
+    torch::nn::Sequential net(torch::nn::Embedding(256, 64), torch::nn::Linear(64, 64),
+                              torch::nn::Tanh(), torch::nn::Linear(64, 64), torch::nn::Tanh(),
+                              torch::nn::Linear(64, 256));
+    return {net.ptr(),
+            [net](const torch::Tensor& x, const torch::Tensor& y) mutable {
+              return torch::cross_entropy_loss(net->forward(x).flatten(0, 1), y.flatten());
+            },
+            {}};
+  }
   fabric::models::LlamaConfig c;
   c.vocab_size = 256;
   c.hidden_size = 64;
@@ -99,6 +110,15 @@ Mine cut(const std::string& kind, const Whole& whole, const std::vector<int64_t>
         stages, stage_count);
     return {g.ptr(), [g](int64_t k, const torch::Tensor& in) mutable { return g->forward(k, in); },
             [g](const torch::Tensor& x, const torch::Tensor& y) mutable { return g->loss(x, y); }};
+  }
+  if (kind == "sequential") {  // cut after the first Linear: [embedding, Linear] | [the rest]
+    fabric::models::SequentialStages q(
+        torch::nn::Sequential(std::dynamic_pointer_cast<torch::nn::SequentialImpl>(whole.module)),
+        stages, stage_count, stage_count == 2 ? std::vector<int64_t>{2} : std::vector<int64_t>{});
+    return {q.ptr(), [q](int64_t k, const torch::Tensor& in) mutable { return q->forward(k, in); },
+            [](const torch::Tensor& x, const torch::Tensor& y) {
+              return torch::cross_entropy_loss(x.flatten(0, 1), y.flatten());
+            }};
   }
   fabric::models::LlamaStages l(
       fabric::models::Llama(std::dynamic_pointer_cast<fabric::models::LlamaImpl>(whole.module)),

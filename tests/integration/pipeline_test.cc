@@ -31,7 +31,7 @@ constexpr double kEmbeddingBytes = 256 * 64 * 4;  // the tiny models' vocabulary
 
 void expect_parity(int world, int pp, const std::string& schedule, int m, int v = 1, int tp = 1,
                    const std::string& model = "gpt", double clip = 0) {
-  const bool tied = model != "llama";
+  const bool tied = model == "gpt" || model == "llama_tied";
   const std::string tied_name =
       model == "gpt" ? "transformer.wte.weight" : "model.embed_tokens.weight";
   const std::string exe = fabric::testing::helper_binary("//tests/integration:pipeline_helper");
@@ -116,6 +116,11 @@ TEST(PipelineTest, LlamaStagesUntiedAndTied) {
 TEST(PipelineTest, ClippingTakesTheNormOverAllStages) {
   expect_parity(2, 2, "1f1b", 4, 1, 1, "gpt", 0.5);
   expect_parity(4, 4, "gpipe", 4, 1, 1, "llama_tied", 0.5);
+}
+
+// A user's model as a torch::nn::Sequential cut at a split point (SequentialStages).
+TEST(PipelineTest, ASequentialCutAtASplitPoint) {
+  expect_parity(2, 2, "1f1b", 4, 1, 1, "sequential");
 }
 
 }  // namespace

@@ -121,3 +121,30 @@ TEST(PipelineRuntimeTest, GptStagesRefuseAnUnevenCutAndForeignStages) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(PipelineRuntimeTest, SequentialSplitPointsAreChecked) {
+  torch::nn::Sequential net(torch::nn::Linear(4, 4), torch::nn::Tanh(), torch::nn::Linear(4, 4));
+  fabric::models::SequentialStages first(net, std::vector<int64_t>{0}, 2, std::vector<int64_t>{1});
+  EXPECT_EQ(first->blocks_of(0), (std::pair<int64_t, int64_t>{0, 1}));
+  EXPECT_EQ(first->named_parameters().size(), 2u);  // "0.weight", "0.bias"
+  EXPECT_TRUE(first->named_parameters().contains("0.weight"));
+  fabric::models::SequentialStages last(net, std::vector<int64_t>{1}, 2, std::vector<int64_t>{1});
+  EXPECT_TRUE(last->named_parameters().contains("2.weight"));
+  try {
+    fabric::models::SequentialStages(net, std::vector<int64_t>{0}, 2, std::vector<int64_t>{3});
+    FAIL() << "a split point past the end was accepted";
+  } catch (const fabric::Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "pipeline split points {3}: 3 does not start a stage of at least one module "
+              "(points strictly increase inside 1 .. 2 for a Sequential of 3 modules)");
+  }
+  EXPECT_THROW(
+      fabric::models::SequentialStages(net, std::vector<int64_t>{0}, 3, std::vector<int64_t>{1}),
+      fabric::Error);  // 1 point for 3 stages
+  EXPECT_THROW(fabric::models::SequentialStages(net, std::vector<int64_t>{0}, 2),
+               fabric::Error);  // 3 modules do not split evenly into 2
+}
+
+}  // namespace
