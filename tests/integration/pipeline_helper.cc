@@ -140,18 +140,6 @@ double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
   return (a - b).abs().max().item<double>();
 }
 
-// A parameter of module `m` whole: gathered from the tp ranks' slices where the plan split it.
-torch::Tensor whole_of(torch::nn::Module& m, const std::string& leaf, const torch::Tensor& t) {
-  if (auto* l = m.as<fabric::nn::LinearImpl>(); l != nullptr && l->parallel()) {
-    const auto& p = *l->parallel();
-    if (leaf == "bias" && p.dim == 1) return t;  // a row layer's bias is whole on every rank
-    return p.gather(t, leaf == "bias" ? 0 : p.dim);
-  }
-  if (auto* e = m.as<fabric::nn::EmbeddingImpl>(); e != nullptr && e->parallel())
-    return e->parallel()->gather(t, 0);
-  return t;
-}
-
 int64_t bytes(torch::nn::Module& m) {
   int64_t n = 0;
   for (const auto& p : m.parameters()) n += p.nbytes();
@@ -327,21 +315,17 @@ int main(int argc, char** argv) {
 
   double max_param_diff = 0;
   const auto whole_params = whole_ref.module->named_parameters();
-  for (const auto& m : mine.module->named_modules()) {
-    for (const auto& p : m.value()->named_parameters(/*recurse=*/false)) {
-      const std::string name = (m.key().empty() ? "" : m.key() + ".") + p.key();
-      max_param_diff = std::max(
-          max_param_diff,
-          max_abs_diff(whole_of(*m.value(), p.key(), p.value().detach()), whole_params[name]));
-    }
-  }
+  const int64_t param_bytes = bytes(*mine.module);
+  if (tp > 1) fabric::nn::unparallelize(*mine.module);  // the split tensors whole again
+  for (const auto& p : mine.module->named_parameters())
+    max_param_diff = std::max(max_param_diff, max_abs_diff(p.value(), whole_params[p.key()]));
   std::printf(
       "rank %lld of %lld: max_loss_rel=%.3g max_param_diff=%.3g accumulated_differ=%lld [%s] "
       "param_bytes=%lld whole_bytes=%lld peak_in_flight=%lld first_norm=%.9g "
       "pipeline_first_norm=%.9g eval_rel=%.3g\n",
       static_cast<long long>(rank), static_cast<long long>(world), max_loss_rel, max_param_diff,
       static_cast<long long>(exact ? differ : -1), differ_names.c_str(),
-      static_cast<long long>(bytes(*mine.module)), static_cast<long long>(whole_bytes),
+      static_cast<long long>(param_bytes), static_cast<long long>(whole_bytes),
       static_cast<long long>(runner.peak_in_flight()), first_norm, pipeline_first_norm, eval_rel);
   std::fflush(stdout);
   if (mesh) mesh->group("pp")->barrier()->wait();
