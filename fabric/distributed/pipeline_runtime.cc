@@ -144,9 +144,21 @@ at::Tensor PipelineRunner::run(const std::vector<PipelineAction>& actions,
     return t;
   };
 
+  // Sends that completed release their tensors (an activation whose backward ran would otherwise
+  // live until the step's end); a failed one reports here.
+  auto reap = [&] {
+    auto done = std::remove_if(sends.begin(), sends.end(), [](Pending& p) {
+      if (!p.work->isCompleted()) return false;
+      wait(p.work, "pipeline " + p.what);
+      return true;
+    });
+    sends.erase(done, sends.end());
+  };
+
   for (size_t i = 0; i < actions.size(); ++i) {
     const PipelineAction& a = actions[i];
     const int64_t k = a.stage, mb = a.micro_batch;
+    if (is_compute(a)) reap();
     if (options_.recv_ahead && is_compute(a)) {
       for (size_t j = i + 1; j < actions.size(); ++j) {
         if (is_recv(actions[j])) {
