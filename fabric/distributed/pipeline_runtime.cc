@@ -306,6 +306,22 @@ void PipelineRunner::sum_between(at::Tensor& t, int64_t a, int64_t b) {
   if (!mine[0].is_same(t)) t.copy_(mine[0]);
 }
 
+std::vector<at::Tensor> split_micro_batches(const at::Tensor& batch, int64_t micro_batches) {
+  const int64_t rows = batch.dim() > 0 ? batch.size(0) : 0;
+  if (micro_batches >= 1 && rows >= micro_batches && rows % micro_batches == 0)
+    return batch.chunk(micro_batches, 0);
+  std::string divisors;
+  for (int64_t d = 1; d <= rows; ++d)
+    if (rows % d == 0) divisors += (divisors.empty() ? "" : ", ") + std::to_string(d);
+  const std::string m = std::to_string(micro_batches);
+  throw Error("a batch of " + std::to_string(rows) + " rows does not split into " + m +
+              " equal micro-batches (fabric.pipeline.micro_batches); use a batch size that is a "
+              "multiple of " +
+              m + " (" + m + ", " + std::to_string(2 * std::max<int64_t>(micro_batches, 1)) +
+              ", ...), or micro_batches that divides " + std::to_string(rows) + " (" +
+              (divisors.empty() ? "none" : divisors) + ")");
+}
+
 double bubble_fraction(const std::vector<PipelineEvent>& timeline, double makespan) {
   if (timeline.empty()) return 0;
   double busy = 0, end = 0;

@@ -152,6 +152,13 @@ class PipelineRunner {
   std::vector<PipelineEvent> timeline_;
 };
 
+// `batch` cut along dimension 0 into `micro_batches` equal micro-batches (views), as the runner
+// needs them (one activation shape for all). fabric::Error when they do not divide it, one line
+// naming both and the sizes that would, e.g. "a batch of 6 rows does not split into 4 equal
+// micro-batches (fabric.pipeline.micro_batches); use a batch size that is a multiple of 4 (4, 8,
+// ...), or micro_batches that divides 6 (1, 2, 3, 6)".
+std::vector<at::Tensor> split_micro_batches(const at::Tensor& batch, int64_t micro_batches);
+
 // The idle share of one rank's step: 1 - (time its computes took) / makespan. `makespan`: the
 // step's length over all ranks of the pipeline (the latest end anywhere, from a common start);
 // <= 0: this timeline's last end. 0 for an empty timeline.

@@ -243,7 +243,7 @@ int main(int argc, char** argv) {
     const torch::Tensor rows = batch(s).chunk(dp, 0)[dp_rank];
     tokens.clear();
     targets.clear();
-    for (const torch::Tensor& mb : rows.chunk(m, 0)) {
+    for (const torch::Tensor& mb : fabric::distributed::split_micro_batches(rows, m)) {
       tokens.push_back(mb.narrow(1, 0, kSeq));
       targets.push_back(mb.narrow(1, 1, kSeq));
     }
@@ -292,7 +292,7 @@ int main(int argc, char** argv) {
     const torch::Tensor rows = probe.chunk(dp, 0)[dp_rank];
     tokens.clear();
     targets.clear();
-    for (const torch::Tensor& mb : rows.chunk(m, 0)) {
+    for (const torch::Tensor& mb : fabric::distributed::split_micro_batches(rows, m)) {
       tokens.push_back(mb.narrow(1, 0, kSeq));
       targets.push_back(mb.narrow(1, 1, kSeq));
     }

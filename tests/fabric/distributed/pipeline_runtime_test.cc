@@ -147,4 +147,19 @@ TEST(PipelineRuntimeTest, SequentialSplitPointsAreChecked) {
                fabric::Error);  // 3 modules do not split evenly into 2
 }
 
+TEST(PipelineRuntimeTest, MicroBatchesMustDivideTheBatch) {
+  const auto parts = fabric::distributed::split_micro_batches(torch::arange(8).view({4, 2}), 2);
+  ASSERT_EQ(parts.size(), 2u);
+  EXPECT_TRUE(torch::equal(parts[1], torch::tensor({4, 5, 6, 7}).view({2, 2})));
+  try {
+    fabric::distributed::split_micro_batches(torch::zeros({6, 3}), 4);
+    FAIL() << "6 rows into 4 micro-batches was accepted";
+  } catch (const fabric::Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "a batch of 6 rows does not split into 4 equal micro-batches "
+              "(fabric.pipeline.micro_batches); use a batch size that is a multiple of 4 (4, 8, "
+              "...), or micro_batches that divides 6 (1, 2, 3, 6)");
+  }
+}
+
 }  // namespace
