@@ -5,6 +5,7 @@
 #include <torch/nn/init.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/types.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <cmath>
 #include <memory>
@@ -13,8 +14,14 @@
 #include "fabric/core/error.h"
 #include "fabric/models/fused_layer_norm.h"
 #include "fabric/nn/parallel_rng.h"
+#include "fabric/nn/ring_attention.h"
+#include "fabric/nn/ring_attention_dist.h"
 
 namespace fabric::models {
+
+struct ContextParallelGroup {
+  fabric::nn::ProcessGroupPtr group;
+};
 
 GPTConfig GPTConfig::preset(const std::string& name) {
   GPTConfig c;
@@ -128,8 +135,13 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const auto& shard = c_proj->parallel();
   std::optional<fabric::nn::RankRandomScope> own;  // this rank's heads: its own masks
   if (p > 0.0 && split_across_ranks(shard, false)) own.emplace(x.device(), shard->rank);
-  torch::Tensor y = at::scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
-                                                     /*attn_mask=*/{}, p, /*is_causal=*/true);
+  torch::Tensor y =
+      context_parallel
+          ? fabric::nn::ring_attention(heads(qkv[0]).contiguous(), heads(qkv[1]).contiguous(),
+                                       heads(qkv[2]).contiguous(), context_parallel->group,
+                                       /*causal=*/true)
+          : at::scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
+                                             /*attn_mask=*/{}, p, /*is_causal=*/true);
   own.reset();
   y = y.transpose(1, 2).contiguous().view({B, T, C});
   return dropout(resid_dropout, c_proj->forward(y), shard);
@@ -249,7 +261,40 @@ torch::Tensor gpt_final_norm(const GPTConfig& c, torch::nn::LayerNorm& ln_f,
   return c.fused_layer_norm ? layer_norm_16(x, ln_f) : ln_f->forward(x);
 }
 
+void GPTImpl::set_context_parallel(fabric::nn::ProcessGroupPtr group) {
+  if (group && config_.dropout > 0)
+    throw Error("GPT context parallelism: model.dropout " + std::to_string(config_.dropout) +
+                " is not supported (attention dropout does not run in the ring); set it to 0");
+  const auto& shard = blocks.empty() ? wte->parallel() : blocks[0]->attn->c_attn->parallel();
+  if (group && shard && shard->sequence_parallel)
+    throw Error(
+        "GPT context parallelism does not compose with sequence parallelism yet; set "
+        "fabric.model_parallel.sequence_parallel: false");
+  const auto cp =
+      group ? std::make_shared<const ContextParallelGroup>(ContextParallelGroup{std::move(group)})
+            : nullptr;
+  for (Block& block : blocks) block->attn->context_parallel = cp;
+}
+
 torch::Tensor GPTImpl::hidden(const torch::Tensor& tokens, const RunBlock& run_block) {
+  if (!blocks.empty() && blocks[0]->attn->context_parallel) {
+    // This rank's share of each sequence: positions at their global indices (cp_rank_positions).
+    const auto& group = blocks[0]->attn->context_parallel->group;
+    if (tokens.dim() != 2) throw Error("GPT::forward: tokens must be [B, T] token ids");
+    const int64_t cp = group->getSize(), T = tokens.size(1) * cp;
+    if (T > config_.block_size)
+      throw Error("GPT::forward: a sequence of " + std::to_string(T) + " tokens (" +
+                  std::to_string(tokens.size(1)) + " on each of " + std::to_string(cp) +
+                  " context-parallel ranks) is longer than model.block_size " +
+                  std::to_string(config_.block_size));
+    const torch::Tensor positions =
+        torch::tensor(fabric::nn::cp_rank_positions(T, cp, group->getRank()),
+                      torch::TensorOptions().dtype(torch::kLong))
+            .to(tokens.device());
+    torch::Tensor x = drop->forward(wte->forward(tokens) + wpe->forward(positions));
+    for (Block& block : blocks) x = run_block ? run_block(block, x) : block->forward(x);
+    return gpt_final_norm(config_, ln_f, x);
+  }
   check_tokens(tokens, config_.block_size);
   const int64_t T = tokens.size(1);
   // Sequence parallelism (a plan's): the blocks run on this rank's positions, so the sequence is

@@ -35,6 +35,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -74,12 +75,18 @@ struct GPTConfig {
   double flops_per_token() const;
 };
 
+// The process group of context parallelism (defined in gpt.cc, so that this header needs no c10d).
+struct ContextParallelGroup;
+
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   explicit CausalSelfAttentionImpl(const GPTConfig& c);
   torch::Tensor forward(const torch::Tensor& x);  // [B, T, C] → [B, T, C]
   fabric::nn::Linear c_attn{nullptr}, c_proj{nullptr};
   torch::nn::Dropout resid_dropout{nullptr};
+  // Context parallelism (GPTImpl::set_context_parallel): attention over the whole sequence by
+  // fabric::nn::ring_attention over this group; null: SDPA on the tokens given.
+  std::shared_ptr<const ContextParallelGroup> context_parallel;
 
  private:
   int64_t head_size_;
@@ -128,6 +135,16 @@ class GPTImpl : public torch::nn::Module, public fabric::nn::TensorParallelPlann
                      const RunBlock& run_block = nullptr);
   // The final LayerNorm's output [B, T, C] (the output layer's input).
   torch::Tensor hidden(const torch::Tensor& tokens, const RunBlock& run_block = nullptr);
+  // Context parallelism (issue 71) over `group` (cp ranks; null: off): forward, loss and hidden
+  // then take this rank's load-balanced share of each sequence, tokens [B, T / cp] in
+  // fabric::nn::cp_rank_positions(T, cp, rank) order (chunks rank and 2·cp − 1 − rank of 2·cp),
+  // with the learned positions at their global indices and attention over the whole sequence
+  // (fabric::nn::ring_attention); everything else is per position. loss() is then the mean over
+  // this rank's tokens: the mean of it over the group (every rank holds as many) is the whole
+  // sequence's, and the parameters' gradients averaged over the group are the whole sequence's.
+  // fabric::Error: dropout > 0 (attention dropout does not run in the ring) or a model split
+  // under sequence parallelism.
+  void set_context_parallel(fabric::nn::ProcessGroupPtr group);
 
   const GPTConfig& config() const { return config_; }
   fabric::nn::Embedding wte{nullptr};

@@ -12,6 +12,8 @@
 //   "rank R of CP: bf16: dtype=BFloat16 out_diff=X"  (bfloat16 inputs: the result's dtype, its
 //                                                     difference from the float32 reference)
 //   "rank R of CP: bad_T_error=MESSAGE"               (7 local tokens: the fabric::Error's message)
+//   "rank R of CP: gpt: loss_rel=X param_diff=Y"      (the GPT under context parallelism vs whole:
+//                                                     check_gpt below)
 //   context_parallel_helper CP bench [T]
 // Causal attention forward + backward at sequence T (default 4096; B = 1, H = Hk = 8, D = 64):
 // rank 0 alone times at::scaled_dot_product_attention on the whole sequence (with 1 thread, then
@@ -39,6 +41,7 @@
 #include "fabric/distributed/process_group.h"
 #include "fabric/environments/environments.h"
 #include "fabric/launchers/subprocess_launcher.h"
+#include "fabric/models/gpt.h"
 #include "fabric/nn/ring_attention.h"
 #include "fabric/nn/ring_attention_dist.h"
 
@@ -134,6 +137,59 @@ void check_bad_length(const ProcessGroupPtr& group) {
   }
   std::printf("rank %d of %d: bad_T_error=%s\n", group->getRank(), group->getSize(),
               message.c_str());
+  std::fflush(stdout);
+}
+
+// The tiny GPT (2 blocks, 64 wide, 4 heads, vocabulary 256, no dropout) on sequences of T = 1024
+// (B = 2): once whole on this process, once under GPTImpl::set_context_parallel on this rank's
+// tokens (cp_rank_positions), the loss and the gradients averaged over the group; 3 SGD steps
+// (lr 0.1) each. Prints "rank R of CP: gpt: loss_rel=X param_diff=Y" (the largest relative loss
+// difference over the steps, the largest parameter difference after them).
+void check_gpt(const ProcessGroupPtr& group) {
+  constexpr int64_t T = 1024;
+  fabric::models::GPTConfig c = fabric::models::GPTConfig::preset("tiny");
+  c.n_layer = 2;
+  c.n_embd = 64;
+  c.block_size = T;
+  auto make = [&] {
+    torch::manual_seed(21);
+    return fabric::models::GPT(c);
+  };
+  auto whole = make(), split = make();
+  split->set_context_parallel(group);
+  torch::optim::SGD whole_opt(whole->parameters(), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD split_opt(split->parameters(), torch::optim::SGDOptions(0.1));
+  const int64_t cp = group->getSize();
+  const auto mine = torch::tensor(fabric::nn::cp_rank_positions(T, cp, group->getRank()));
+  double loss_rel = 0;
+  for (int64_t step = 0; step < 3; ++step) {
+    torch::manual_seed(700 + step);
+    const torch::Tensor b = torch::randint(0, 256, {2, T + 1});
+    const torch::Tensor x = b.narrow(1, 0, T), y = b.narrow(1, 1, T);
+    whole_opt.zero_grad();
+    const torch::Tensor loss = whole->loss(x, y);
+    loss.backward();
+    whole_opt.step();
+    split_opt.zero_grad();
+    const torch::Tensor local = split->loss(x.index_select(1, mine), y.index_select(1, mine));
+    local.backward();
+    std::vector<torch::Tensor> l = {local.detach().clone()};
+    fabric::distributed::wait(group->allreduce(l), "cp loss all_reduce");
+    for (const torch::Tensor& p : split->parameters()) {
+      std::vector<torch::Tensor> g = {p.grad()};
+      fabric::distributed::wait(group->allreduce(g), "cp gradient all_reduce");
+      p.mutable_grad().div_(static_cast<double>(cp));
+    }
+    split_opt.step();
+    const double mean = l[0].item<double>() / static_cast<double>(cp), ref = loss.item<double>();
+    loss_rel = std::max(loss_rel, std::abs(mean - ref) / std::abs(ref));
+  }
+  double param_diff = 0;
+  const auto ref = whole->named_parameters();
+  for (const auto& p : split->named_parameters())
+    param_diff = std::max(param_diff, (p.value() - ref[p.key()]).abs().max().item<double>());
+  std::printf("rank %d of %d: gpt: loss_rel=%.3g param_diff=%.3g\n", group->getRank(),
+              group->getSize(), loss_rel, param_diff);
   std::fflush(stdout);
 }
 
@@ -262,6 +318,7 @@ int main(int argc, char** argv) {
       }
       check_bf16(group);
       check_bad_length(group);
+      check_gpt(group);
     } else {
       bench(group, T);
     }
