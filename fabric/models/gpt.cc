@@ -10,6 +10,7 @@
 #include <cmath>
 #include <memory>
 #include <optional>
+#include <sstream>
 
 #include "fabric/core/error.h"
 #include "fabric/models/fused_layer_norm.h"
@@ -262,9 +263,12 @@ torch::Tensor gpt_final_norm(const GPTConfig& c, torch::nn::LayerNorm& ln_f,
 }
 
 void GPTImpl::set_context_parallel(fabric::nn::ProcessGroupPtr group) {
-  if (group && config_.dropout > 0)
-    throw Error("GPT context parallelism: model.dropout " + std::to_string(config_.dropout) +
+  if (group && config_.dropout > 0) {
+    std::ostringstream p;
+    p << config_.dropout;
+    throw Error("GPT context parallelism: model.dropout " + p.str() +
                 " is not supported (attention dropout does not run in the ring); set it to 0");
+  }
   const auto& shard = blocks.empty() ? wte->parallel() : blocks[0]->attn->c_attn->parallel();
   if (group && shard && shard->sequence_parallel)
     throw Error(

@@ -144,7 +144,8 @@ void check_bad_length(const ProcessGroupPtr& group) {
 // (B = 2): once whole on this process, once under GPTImpl::set_context_parallel on this rank's
 // tokens (cp_rank_positions), the loss and the gradients averaged over the group; 3 SGD steps
 // (lr 0.1) each. Prints "rank R of CP: gpt: loss_rel=X param_diff=Y" (the largest relative loss
-// difference over the steps, the largest parameter difference after them).
+// difference over the steps, the largest parameter difference after them) and the error a model
+// with dropout 0.1 gets (dropout_error=MESSAGE).
 void check_gpt(const ProcessGroupPtr& group) {
   constexpr int64_t T = 1024;
   fabric::models::GPTConfig c = fabric::models::GPTConfig::preset("tiny");
@@ -188,8 +189,16 @@ void check_gpt(const ProcessGroupPtr& group) {
   const auto ref = whole->named_parameters();
   for (const auto& p : split->named_parameters())
     param_diff = std::max(param_diff, (p.value() - ref[p.key()]).abs().max().item<double>());
-  std::printf("rank %d of %d: gpt: loss_rel=%.3g param_diff=%.3g\n", group->getRank(),
-              group->getSize(), loss_rel, param_diff);
+  std::string refused = "(accepted)";  // dropout: refused, not silently run without it
+  try {
+    fabric::models::GPTConfig d = c;
+    d.dropout = 0.1;
+    fabric::models::GPT(d)->set_context_parallel(group);
+  } catch (const fabric::Error& e) {
+    refused = e.what();
+  }
+  std::printf("rank %d of %d: gpt: loss_rel=%.3g param_diff=%.3g dropout_error=%s\n",
+              group->getRank(), group->getSize(), loss_rel, param_diff, refused.c_str());
   std::fflush(stdout);
 }
 
