@@ -39,6 +39,13 @@ std::pair<int64_t, int64_t> PipelineStagesImpl::blocks_of(int64_t stage) const {
   return it->second;
 }
 
+std::vector<int64_t> PipelineStagesImpl::held_blocks() const {
+  std::vector<int64_t> out;
+  for (const auto& [stage, range] : ranges_)
+    for (int64_t i = range.first; i < range.second; ++i) out.push_back(i);
+  return out;
+}
+
 torch::nn::Module& PipelineStagesImpl::folder(const std::string& path) {
   torch::nn::Module* at = this;
   size_t start = 0;
@@ -75,12 +82,8 @@ GPTStagesImpl::GPTStagesImpl(const GPT& whole, const std::vector<int64_t>& stage
     wpe = hold("transformer.wpe", whole->wpe);
     drop = hold("transformer.drop", whole->drop);
   }
-  for (int64_t k = 0; k < stage_count; ++k) {
-    if (!holds(k)) continue;
-    const auto [begin, end] = blocks_of(k);
-    for (int64_t i = begin; i < end; ++i)
-      blocks.emplace(i, hold("transformer.h." + std::to_string(i), whole->blocks[i]));
-  }
+  for (int64_t i : held_blocks())
+    blocks.emplace(i, hold("transformer.h." + std::to_string(i), whole->blocks[i]));
   if (holds_last()) ln_f = hold("transformer.ln_f", whole->ln_f);
 }
 
@@ -107,12 +110,8 @@ LlamaStagesImpl::LlamaStagesImpl(const Llama& whole, const std::vector<int64_t>&
   const bool tied = !whole->lm_head;
   if (holds_first() || (tied && holds_last()))
     embed_tokens = hold("model.embed_tokens", whole->embed_tokens);
-  for (int64_t k = 0; k < stage_count; ++k) {
-    if (!holds(k)) continue;
-    const auto [begin, end] = blocks_of(k);
-    for (int64_t i = begin; i < end; ++i)
-      layers.emplace(i, hold("model.layers." + std::to_string(i), whole->layers[i]));
-  }
+  for (int64_t i : held_blocks())
+    layers.emplace(i, hold("model.layers." + std::to_string(i), whole->layers[i]));
   if (holds_last()) {
     norm = hold("model.norm", whole->norm);
     if (!tied) lm_head = hold("lm_head", whole->lm_head);
@@ -178,14 +177,10 @@ SequentialStagesImpl::SequentialStagesImpl(const torch::nn::Sequential& whole,
           sequential_split(static_cast<int64_t>(whole->size()), stage_count, split_points),
           stages) {
   const auto names = whole->named_children();
-  for (int64_t k = 0; k < stage_count; ++k) {
-    if (!holds(k)) continue;
-    const auto [begin, end] = blocks_of(k);
-    for (int64_t i = begin; i < end; ++i) {
-      const torch::nn::AnyModule& m = *(whole->begin() + i);
-      register_module(names.keys()[static_cast<size_t>(i)], m.ptr());
-      modules_.emplace(i, m);
-    }
+  for (int64_t i : held_blocks()) {
+    const torch::nn::AnyModule& m = *(whole->begin() + i);
+    register_module(names.keys()[static_cast<size_t>(i)], m.ptr());
+    modules_.emplace(i, m);
   }
 }
 

@@ -56,6 +56,8 @@ class PipelineStagesImpl : public torch::nn::Module {
   int64_t stage_count() const { return stage_count_; }
   // The blocks [begin, end) of a stage this rank holds (fabric::Error for another).
   std::pair<int64_t, int64_t> blocks_of(int64_t stage) const;
+  // Every block of the stages this rank holds, in model order.
+  std::vector<int64_t> held_blocks() const;
   // The embedding's weight where the output layer is tied to it and this rank holds it (undefined
   // otherwise): what PipelineRunner::sum_between sums between the first and the last stage.
   virtual torch::Tensor tied_weight() const = 0;
