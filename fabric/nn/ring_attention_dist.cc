@@ -227,6 +227,28 @@ void backward_part(const torch::Tensor& q, const torch::Tensor& dout, const torc
   dk.add_(torch::matmul(ds.transpose(-1, -2), qg).sum(2), scale);
 }
 
+// One step's move of the held key/value block to the next rank (none at the last step): posted
+// at construction, waited for by finish(), which returns the block to hold next.
+struct KeyValueHop {
+  KeyValueHop(const Ring& ring_, const torch::Tensor& held, int64_t step_)
+      : ring(ring_), step(step_) {
+    if (step + 1 >= ring.cp) return;
+    incoming = torch::empty_like(held);
+    send = post_send(ring, held, static_cast<int>(step));
+    recv = post_recv(ring, incoming, static_cast<int>(step));
+  }
+  torch::Tensor finish(const char* pass, const torch::Tensor& held) {
+    if (!send) return held;
+    distributed::wait(send, what_of(pass, step, ring, "send of the key/value block"));
+    distributed::wait(recv, what_of(pass, step, ring, "receive of the key/value block"));
+    return incoming;
+  }
+  const Ring& ring;
+  int64_t step;
+  WorkPtr send, recv;
+  torch::Tensor incoming;
+};
+
 // The forward ring: out [B, H, Tl, D] and lse [B, H, Tl], float32.
 std::pair<torch::Tensor, torch::Tensor> ring_forward(const torch::Tensor& q, const torch::Tensor& k,
                                                      const torch::Tensor& v, const Ring& ring,
@@ -237,23 +259,12 @@ std::pair<torch::Tensor, torch::Tensor> ring_forward(const torch::Tensor& q, con
   torch::Tensor out = torch::zeros({B, H, Tl, D}, qf.options());
   torch::Tensor lse = torch::full({B, H, Tl}, -kInf, qf.options());
   for (int64_t step = 0; step < ring.cp; ++step) {
-    // The next block's transfer first, so that it overlaps this block's compute.
-    WorkPtr send, recv;
-    torch::Tensor incoming;
-    if (step + 1 < ring.cp) {
-      incoming = torch::empty_like(held);
-      send = post_send(ring, held, static_cast<int>(step));
-      recv = post_recv(ring, incoming, static_cast<int>(step));
-    }
+    KeyValueHop hop(ring, held, step);  // posted first: it overlaps this block's compute
     for (const BlockPlan& p : plan_block(ring.cp, c, ring.rank, ring.holder_of(step), causal)) {
       const auto [o, l] = forward_part(qf, held, p, scale, fused);
       merge_part(p, o, l, out, lse);
     }
-    if (send) {
-      distributed::wait(send, what_of("forward", step, ring, "send of the key/value block"));
-      distributed::wait(recv, what_of("forward", step, ring, "receive of the key/value block"));
-      held = incoming;
-    }
+    held = hop.finish("forward", held);
   }
   return {out, lse};
 }
@@ -278,13 +289,7 @@ Grads ring_backward(const torch::Tensor& q, const torch::Tensor& k, const torch:
   WorkPtr grad_send, grad_recv;
   const int grad_tag = static_cast<int>(ring.cp);  // grad tags cp .. 2·cp − 1, after the kv tags
   for (int64_t step = 0; step < ring.cp; ++step) {
-    WorkPtr send, recv;
-    torch::Tensor incoming;
-    if (step + 1 < ring.cp) {
-      incoming = torch::empty_like(held);
-      send = post_send(ring, held, static_cast<int>(step));
-      recv = post_recv(ring, incoming, static_cast<int>(step));
-    }
+    KeyValueHop hop(ring, held, step);
     dkv = torch::zeros_like(held);  // this rank's share of the held block's dK, dV
     for (const BlockPlan& p : plan_block(ring.cp, c, ring.rank, ring.holder_of(step), causal))
       backward_part(qf, dof, out, lse, delta, held, p, scale, fused, dq, dkv);
@@ -299,11 +304,7 @@ Grads ring_backward(const torch::Tensor& q, const torch::Tensor& k, const torch:
       grad_in = torch::empty_like(held);
       grad_recv = post_recv(ring, grad_in, grad_tag + static_cast<int>(step));
     }
-    if (send) {
-      distributed::wait(send, what_of("backward", step, ring, "send of the key/value block"));
-      distributed::wait(recv, what_of("backward", step, ring, "receive of the key/value block"));
-      held = incoming;
-    }
+    held = hop.finish("backward", held);
   }
   if (ring.cp > 1) {  // the last hop: every block's dK/dV reaches its owner
     distributed::wait(grad_send, what_of("backward", ring.cp - 1, ring, "send of dK/dV home"));
