@@ -28,6 +28,7 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
@@ -35,6 +36,7 @@
 #include "examples/common/ema.h"
 #include "examples/common/evaluations.h"
 #include "examples/common/throughput.h"
+#include "examples/gpt_pipeline.h"
 #include "examples/gpt_recipe.h"
 #include "examples/gpt_text.h"
 #include "fabric/accelerators/memory.h"
@@ -49,6 +51,7 @@
 #include "fabric/main.h"
 #include "fabric/models/gpt.h"
 #include "fabric/models/llama.h"
+#include "fabric/models/pipeline_stages.h"
 #include "fabric/nonfinite_guard.h"
 #include "fabric/training/activation_checkpoint.h"
 #include "fabric/training/lr_scheduler.h"
@@ -63,10 +66,11 @@ using fabric::KeySpec;
 
 namespace {
 
-// Trains the model `make` builds (a GPT or a Llama holder) as `choice` describes it.
+// Trains the model `make` builds (a GPT or a Llama holder) as `choice` describes it; under
+// pipeline parallelism (`pipe`) `make` builds this rank's stages of it (GPTStages, LlamaStages).
 template <typename Make>
 int train_model(fabric::Fabric& f, const examples::gpt::ModelChoice& choice, const fs::path& root,
-                Meta meta, Make&& make) {
+                Meta meta, Make&& make, examples::gpt::Pipeline* pipe = nullptr) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   const fabric::Config& c = f.config();
@@ -85,24 +89,36 @@ int train_model(fabric::Fabric& f, const examples::gpt::ModelChoice& choice, con
   examples::gpt::check_prompt(c, meta, vocab_size);
 
   auto model = f.init_module(make);
+  constexpr bool kStaged = std::is_base_of_v<fabric::models::PipelineStagesImpl,
+                                             typename decltype(model)::ContainedType>;
   const bool checkpoint_blocks = !c.get_string_list("model.activation_checkpointing").empty();
   // The step's loss: GPT::loss fuses the output layer and the cross-entropy on GPUs (no float32
   // logits); under fabric.strategy: dp with several GPUs the replicas' logits are gathered.
   const auto* replicas = f.strategy().replica_devices();
   const bool replicated = replicas && replicas->size() > 1;
-  auto step_loss = [&](const torch::Tensor& x, const torch::Tensor& y) {
-    if (replicated) return fabric::models::lm_loss(f.forward(model, x), y);
-    if (!checkpoint_blocks) return model->loss(x, y);
-    return model->loss(x, y, [](auto& block, const torch::Tensor& h) {
-      return fabric::checkpoint_activations(block, h);
-    });
+  auto step_loss = [&](const torch::Tensor& x, const torch::Tensor& y) -> torch::Tensor {
+    if constexpr (kStaged) {  // the stages' loss runs in Pipeline::train
+      throw fabric::Error("gpt: no whole-model loss under pipeline parallelism");
+    } else {
+      if (replicated) return fabric::models::lm_loss(f.forward(model, x), y);
+      if (!checkpoint_blocks) return model->loss(x, y);
+      return model->loss(x, y, [](auto& block, const torch::Tensor& h) {
+        return fabric::checkpoint_activations(block, h);
+      });
+    }
   };
   auto optimizer = fabric::make_optimizer(c, *model);
+  if constexpr (kStaged) f.setup_pipeline_tied(model->tied_weight(), pipe->runner());
   f.setup(model, *optimizer);  // and model.init_weights, if set
   // model.pretrained's weights, after the sharding: each rank copies only its own elements from
   // the memory-mapped files (Fabric::load_weights), so no rank holds the whole model.
   if (choice.pretrained) {
-    const fabric::hf::Weights weights = fabric::hf::model_weights(*choice.pretrained);
+    fabric::hf::Weights weights = fabric::hf::model_weights(*choice.pretrained);
+    if constexpr (kStaged) {  // the tensors of this rank's stages
+      std::set<std::string> held;
+      for (const auto& item : fabric::state_dict(*model)) held.insert(item.first);
+      std::erase_if(weights.tensors, [&](const auto& item) { return !held.count(item.first); });
+    }
     f.load_weights(model, weights.tensors, choice.pretrained->folder.string());
     f.print("model.pretrained: loaded ", weights.tensors.size(), " tensors from ",
             choice.pretrained->folder.string());
@@ -183,11 +199,15 @@ int train_model(fabric::Fabric& f, const examples::gpt::ModelChoice& choice, con
     auto means = f.evaluate(
         val,
         [&](const fabric::Batch& b) -> std::map<std::string, torch::Tensor> {
-          const torch::Tensor logits = f.forward(model, b.data);
-          const torch::Tensor per_token =
-              torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
-                                        b.target.reshape({-1}), {}, at::Reduction::None);
-          return {{"loss", per_token.view({b.data.size(0), -1}).mean(1)}};
+          if constexpr (kStaged) {  // the batch's mean for every sequence (all one length)
+            return {{"loss", pipe->evaluate(model, b.data, b.target).expand({b.data.size(0)})}};
+          } else {
+            const torch::Tensor logits = f.forward(model, b.data);
+            const torch::Tensor per_token =
+                torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
+                                          b.target.reshape({-1}), {}, at::Reduction::None);
+            return {{"loss", per_token.view({b.data.size(0), -1}).mean(1)}};
+          }
         },
         c.get_int("trainer.limit_eval_batches"));
     return means.at("loss");
@@ -199,13 +219,15 @@ int train_model(fabric::Fabric& f, const examples::gpt::ModelChoice& choice, con
   } else {
     step_options.clip_value(c.get_double("trainer.gradient_clip_val"));
   }
-  fabric::GraphedStep train_step(
-      f, *optimizer,
-      [&](const std::vector<torch::Tensor>& b) {
-        auto guard = f.autocast();
-        return step_loss(b[0], b[1]);
-      },
-      step_options);
+  std::optional<fabric::GraphedStep> train_step;
+  if (!pipe)
+    train_step.emplace(
+        f, *optimizer,
+        [&](const std::vector<torch::Tensor>& b) {
+          auto guard = f.autocast();
+          return step_loss(b[0], b[1]);
+        },
+        step_options);
 
   int64_t step = checkpoints.step(), epoch = checkpoints.epoch();
   double last_loss = NAN, val_loss = NAN, train_seconds = 0;
@@ -224,7 +246,11 @@ int train_model(fabric::Fabric& f, const examples::gpt::ModelChoice& choice, con
     const auto epoch_start = Clock::now();
     for (fabric::Batch& batch : train) {
       const auto micro = fabric::MicroBatch::in_epoch(in_epoch++, train.size(), accumulate);
-      const torch::Tensor micro_loss = train_step({batch.data, batch.target}, micro);
+      torch::Tensor micro_loss;
+      if constexpr (kStaged)
+        micro_loss = pipe->train(model, *optimizer, batch.data, batch.target);
+      else
+        micro_loss = (*train_step)({batch.data, batch.target}, micro);
       group_loss = micro.first() ? micro_loss : group_loss + micro_loss;
       // A rank's share of the tokens: its batch, split over its tensor-parallel partners.
       window_tokens += batch.data.numel() / tp_ranks;
@@ -301,10 +327,17 @@ int train_model(fabric::Fabric& f, const examples::gpt::ModelChoice& choice, con
     f.print("gpt: no sample: the validation loss is ", val_loss,
             " (the weights diverged: lower optimizer.lr, clip gradients with "
             "trainer.gradient_clip_val, or stop sooner with trainer.stop_on_nonfinite)");
-  } else if (stopped.empty()) {
-    text = sample(
-        f, *model, [&](const torch::Tensor& x) { return f.forward(model, x); }, choice.positions(),
-        meta, choice.pretrained ? choice.pretrained->eos_token_ids : std::vector<int64_t>{});
+  } else if (kStaged && stopped.empty() && c.get_int("gpt.sample_tokens") > 0) {
+    text = "(no sample under pipeline parallelism)";
+    f.print(
+        "gpt: no sample under pipeline parallelism (each rank holds some of the blocks); "
+        "generate from the exported weights: bazel run //examples:generate");
+  } else if constexpr (!kStaged) {
+    if (stopped.empty())
+      text = sample(
+          f, *model, [&](const torch::Tensor& x) { return f.forward(model, x); },
+          choice.positions(), meta,
+          choice.pretrained ? choice.pretrained->eos_token_ids : std::vector<int64_t>{});
     if (!text.empty())
       f.print("sample (gpt.prompt, ", c.get_int("gpt.sample_tokens"), " tokens):\n", text);
   }
@@ -362,6 +395,31 @@ int train(fabric::Fabric& f) {
   const auto choice =
       examples::gpt::choose_model(c, c.get_int("model.vocab_size") > 0 ? 0 : meta.vocab_size);
   if (choice.pretrained) examples::gpt::check_tokenizer(f, *choice.pretrained, meta);
+  if (f.pipeline_parallel_size() > 1) {
+    // Every rank builds the whole model (the same values from the same seed) and keeps its
+    // stages; the other blocks are freed when `whole` goes.
+    const int64_t width =
+        choice.is_llama() ? choice.pretrained->llama->hidden_size : choice.gpt.n_embd;
+    examples::gpt::Pipeline pipe(f, c.get_int("data.batch_size"), choice.window, width);
+    const auto& r = pipe.runner();
+    if (choice.is_llama()) {
+      const fabric::models::LlamaConfig lc = *choice.pretrained->llama;
+      return train_model(
+          f, choice, root, std::move(meta),
+          [&] {
+            fabric::models::Llama whole(lc);
+            return fabric::models::LlamaStages(whole, r.local_stages(), r.stages());
+          },
+          &pipe);
+    }
+    return train_model(
+        f, choice, root, std::move(meta),
+        [&] {
+          fabric::models::GPT whole(choice.gpt);
+          return fabric::models::GPTStages(whole, r.local_stages(), r.stages());
+        },
+        &pipe);
+  }
   if (choice.is_llama()) {
     const fabric::models::LlamaConfig lc = *choice.pretrained->llama;
     return train_model(f, choice, root, std::move(meta), [&] { return fabric::models::Llama(lc); });
@@ -375,7 +433,10 @@ int train(fabric::Fabric& f) {
 int main(int argc, char** argv) {
   return fabric::run_main(argc, argv, examples::gpt::schema(), [](const fabric::Config& config) {
     // Before any process starts: ConfigErrors (exit 2, never restarted by fabric.max_restarts).
-    examples::gpt::choose_model(config, 0);
+    const auto choice = examples::gpt::choose_model(config, 0);
+    examples::gpt::check_pipeline_keys(config, choice.is_llama()
+                                                   ? choice.pretrained->llama->num_hidden_layers
+                                                   : choice.gpt.n_layer);
     examples::check_evaluation_keys(
         config, {"gpt.eval_every_n_steps", {"val/loss"}, {"val/loss", "train/loss"}});
     fabric::Fabric fabric(config);

@@ -1,5 +1,6 @@
 // The connector's strategy step (fabric/connector.h, step 3): which strategy, and its options.
 #include <functional>
+#include <numeric>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -9,6 +10,7 @@
 #include "fabric/connector.h"
 #include "fabric/connector_steps.h"
 #include "fabric/core/suggest.h"
+#include "fabric/distributed/pipeline_schedule.h"
 
 namespace fabric {
 namespace detail {
@@ -96,6 +98,28 @@ void warn_inert_ddp_keys(const Config& c, const std::string& want, ResolvedSetup
       s);
 }
 
+// fabric.pipeline.*: the schedule's requirements (fabric::distributed::pipeline_actions) checked
+// before any process starts, each failure at the key to change.
+void resolve_pipeline(const Config& c, strategies::ModelParallelOptions& o) {
+  const int64_t pp = o.pipeline_parallel_size;
+  o.pipeline_schedule = c.get_string("fabric.pipeline.schedule");
+  o.virtual_stages = c.get_int("fabric.pipeline.virtual_stages");
+  o.micro_batches = c.get_int("fabric.pipeline.micro_batches");
+  if (o.micro_batches == 0) o.micro_batches = 2 * pp * o.virtual_stages;
+  if (o.virtual_stages > 1 && o.pipeline_schedule != "interleaved_1f1b")
+    throw c.error_at("fabric.pipeline.virtual_stages",
+                     std::to_string(o.virtual_stages) +
+                         " needs fabric.pipeline.schedule: "
+                         "interleaved_1f1b, not " +
+                         o.pipeline_schedule + "; set that schedule, or virtual_stages: 1");
+  try {
+    distributed::pipeline_actions(distributed::parse_pipeline_schedule(o.pipeline_schedule), 0, pp,
+                                  o.micro_batches, o.virtual_stages);
+  } catch (const Error& e) {
+    throw c.error_at("fabric.pipeline.micro_batches", e.what());
+  }
+}
+
 // fabric.model_parallel.*: tensor_parallel_size (auto: the processes of one node) times
 // data_parallel_size (auto: the rest) must be the world size; data_parallel_replicate_size
 // divides data_parallel_size.
@@ -103,30 +127,41 @@ strategies::ModelParallelOptions resolve_model_parallel(const Config& c,
                                                         const ClusterEnvironment& env) {
   const char* tp_key = "fabric.model_parallel.tensor_parallel_size";
   const char* dp_key = "fabric.model_parallel.data_parallel_size";
-  const int64_t world = env.world_size();
+  const char* pp_key = "fabric.model_parallel.pipeline_parallel_size";
   strategies::ModelParallelOptions o;
+  o.pipeline_parallel_size = c.get_int(pp_key);
+  if (env.world_size() % o.pipeline_parallel_size != 0)
+    throw c.error_at(pp_key, std::to_string(o.pipeline_parallel_size) +
+                                 " does not divide the world size " +
+                                 std::to_string(env.world_size()) +
+                                 ": give a divisor of it (each stage is world size / this ranks)");
+  // The ranks of one pipeline stage: tp x dp of them.
+  const int64_t world = env.world_size() / o.pipeline_parallel_size;
+  const std::string of_world =
+      o.pipeline_parallel_size == 1
+          ? " the world size " + std::to_string(world)
+          : " world size / pipeline_parallel_size = " + std::to_string(world);
   if (c.is_auto(tp_key)) {
     const int64_t local = env.local_world_size() > 0 ? env.local_world_size() : world;
     if (!c.is_auto(dp_key) && world % c.get_int(dp_key) != 0)
-      throw c.error_at(dp_key, std::to_string(c.get_int(dp_key)) +
-                                   " does not divide the world size " + std::to_string(world) +
+      throw c.error_at(dp_key, std::to_string(c.get_int(dp_key)) + " does not divide" + of_world +
                                    ": give a divisor of it, or set it to auto");
-    o.tensor_parallel_size = c.is_auto(dp_key) ? local : world / c.get_int(dp_key);
+    o.tensor_parallel_size = c.is_auto(dp_key) ? std::gcd(local, world) : world / c.get_int(dp_key);
   } else {
     o.tensor_parallel_size = c.get_int(tp_key);
   }
   if (o.tensor_parallel_size < 1 || world % o.tensor_parallel_size != 0)
-    throw c.error_at(tp_key, std::to_string(o.tensor_parallel_size) +
-                                 " does not divide the world size " + std::to_string(world) +
+    throw c.error_at(tp_key, std::to_string(o.tensor_parallel_size) + " does not divide" +
+                                 of_world +
                                  ": give a divisor of it (tensor-parallel partners are "
                                  "consecutive ranks)");
   o.data_parallel_size = world / o.tensor_parallel_size;
+  resolve_pipeline(c, o);
   o.sequence_parallel = c.get_bool("fabric.model_parallel.sequence_parallel");
   if (!c.is_auto(dp_key) && c.get_int(dp_key) != o.data_parallel_size)
     throw c.error_at(dp_key, std::to_string(c.get_int(dp_key)) + " x tensor_parallel_size " +
-                                 std::to_string(o.tensor_parallel_size) +
-                                 " is not the world size " + std::to_string(world) +
-                                 ": make the product the world size, or set it to auto");
+                                 std::to_string(o.tensor_parallel_size) + " is not" + of_world +
+                                 ": make the product that, or set it to auto");
   const char* replicate_key = "fabric.model_parallel.data_parallel_replicate_size";
   o.replicate_size = c.get_int(replicate_key);
   if (o.data_parallel_size % o.replicate_size != 0)
@@ -180,6 +215,12 @@ void resolve_strategy_options(const Config& c, const std::string& want, int64_t 
     s.model_parallel = resolve_model_parallel(c, *s.environment);
     s.strategy = StrategyKind::kModelParallel;
     warn_inert_ddp_keys(c, want, s);
+    if (s.model_parallel.pipeline_parallel_size == 1)
+      for (const char* key : {"fabric.pipeline.schedule", "fabric.pipeline.micro_batches",
+                              "fabric.pipeline.virtual_stages"})
+        if (c.origin(key) != "default")
+          s.warnings.push_back(c.origin(key) + ": " + key +
+                               ": has no effect at fabric.model_parallel.pipeline_parallel_size 1");
   } else {
     warn_inert_fsdp_keys(c, want, s);
   }
@@ -187,7 +228,9 @@ void resolve_strategy_options(const Config& c, const std::string& want, int64_t 
     for (const char* key :
          {"fabric.model_parallel.tensor_parallel_size", "fabric.model_parallel.data_parallel_size",
           "fabric.model_parallel.data_parallel_replicate_size",
-          "fabric.model_parallel.sequence_parallel"})
+          "fabric.model_parallel.sequence_parallel", "fabric.model_parallel.pipeline_parallel_size",
+          "fabric.pipeline.schedule", "fabric.pipeline.micro_batches",
+          "fabric.pipeline.virtual_stages"})
       if (c.origin(key) != "default")
         s.warnings.push_back(c.origin(key) + ": " + key +
                              ": has no effect under fabric.strategy: " + want +

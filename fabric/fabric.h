@@ -75,6 +75,12 @@
 #include "fabric/training/accumulation.h"
 #include "strategies/strategy.h"
 
+namespace fabric::distributed {
+class PipelineRunner;       // fabric/distributed/pipeline_runtime.h
+struct PipelineOptions;     // fabric/distributed/pipeline_runtime.h
+struct PipelineStageCalls;  // fabric/distributed/pipeline_runtime.h
+}  // namespace fabric::distributed
+
 namespace fabric {
 
 class Loggers;
@@ -247,6 +253,31 @@ class Fabric {
     (void)module;
     return strategy_->no_backward_sync();
   }
+
+  // Pipeline parallelism (fabric.strategy: model_parallel with
+  // fabric.model_parallel.pipeline_parallel_size > 1; docs/tensor_parallel.md). The size of the
+  // pipeline (1 without one) and a runner's options from the fabric.pipeline.* keys (schedule,
+  // micro-batches, virtual stages, this device; the caller adds the activations' sizes and dtype):
+  //   distributed::PipelineOptions o = f.pipeline_options();
+  //   o.activation_sizes = {B / o.micro_batches, T, C};
+  //   distributed::PipelineRunner runner(f.strategy().pipeline_group(), o);
+  //   GPTStages mine(whole, runner.local_stages(), runner.stages());  // before setup
+  //   f.setup_pipeline_tied(mine->tied_weight(), runner);
+  //   f.setup(mine, optimizer);
+  //   loss = f.pipeline_backward(runner, calls, mine->tied_weight());  // then clip, step
+  int64_t pipeline_parallel_size() const;
+  distributed::PipelineOptions pipeline_options() const;
+  // Before setup: a weight the first and the last stage both hold (a tied embedding) counts once
+  // in the gradient norm (the first stage's copy).
+  void setup_pipeline_tied(const torch::Tensor& weight, const distributed::PipelineRunner& runner);
+  // One training step's forwards and backwards through the pipeline (runner.step, each forward
+  // under autocast() and each backward through the precision), the gradients accumulated over
+  // the micro-batches and synchronized once after the last; `tied` (defined where this rank
+  // holds it): its gradient summed between the first and the last stage before that. Returns the
+  // mean loss of the micro-batches (every rank of the pipeline). Then clip and step as usual.
+  torch::Tensor pipeline_backward(distributed::PipelineRunner& runner,
+                                  const distributed::PipelineStageCalls& calls,
+                                  const torch::Tensor& tied = {});
 
   // This rank's part of each floating-point parameter of `module` after setup: each parameter
   // whole, or under fsdp the elements of it this rank holds (views the optimizer updates), with

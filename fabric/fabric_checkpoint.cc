@@ -108,7 +108,9 @@ c10::IValue host_copy(const c10::IValue& value, const c10::IValue* reuse) {
 void Fabric::save_weights_of(torch::nn::Module& module, const std::string& path) {
   const auto file = absolute_from_working_directory(path);
   const ScopeGuard whole = strategy_->materialize_parameters(module, /*write_back=*/false);
-  on_global_zero(*strategy_, [&] { save_state_dict(file, state_dict(module)); });
+  // Under pipeline parallelism rank 0 holds the first stage: the others' tensors join it.
+  const StateDict all = strategy_->gather_pipeline_state(state_dict(module));
+  on_global_zero(*strategy_, [&] { save_state_dict(file, all); });
 }
 
 std::function<c10::IValue(const CheckpointState&)> Fabric::gather_for_save() {

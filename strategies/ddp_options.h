@@ -91,6 +91,13 @@ struct ModelParallelOptions {
   // fabric.model_parallel.sequence_parallel: activations cut along the sequence between the split
   // layers (fabric::nn::TensorParallelPlan::sequence_parallel).
   bool sequence_parallel = false;
+  // fabric.model_parallel.pipeline_parallel_size: pipeline stages, the outermost mesh dimension
+  // (the mesh is {pp, [dp_replicate], dp_shard, tp}); the fabric.pipeline.* keys say how a step
+  // runs through them (fabric::distributed::PipelineRunner, Fabric::pipeline_backward).
+  int64_t pipeline_parallel_size = 1;
+  std::string pipeline_schedule = "1f1b";  // fabric.pipeline.schedule
+  int64_t micro_batches = 2;               // fabric.pipeline.micro_batches (0 resolved)
+  int64_t virtual_stages = 1;              // fabric.pipeline.virtual_stages
 };
 
 }  // namespace fabric::strategies

@@ -240,6 +240,17 @@ ScopeGuard Fsdp::materialize_parameters(torch::nn::Module& module, bool write_ba
   return sharded_->materialize(write_back);
 }
 
+void Fsdp::sync_accumulated_gradients() {
+  if (!shard_)
+    throw Error(key_ +
+                ": gradients synchronized before the optimizer was set up; pass it to "
+                "Fabric::setup(model, optimizer)");
+  sharded_->begin_backward(/*sync=*/true, shard_->has_gradients());
+  sharded_->end_backward();  // every unit: its parameters' accumulated gradients
+  shard_->attach_gradients();
+  ++synced_backwards_;
+}
+
 ScopeGuard Fsdp::no_backward_sync() {
   const bool previous = sync_;
   sync_ = false;

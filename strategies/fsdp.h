@@ -61,6 +61,9 @@ class Fsdp : public ParallelStrategy {
   // A sharded parameter as this rank's elements of it (a view of its shard).
   ParameterParts parameter_parts(torch::nn::Module& module) override;
   ScopeGuard no_backward_sync() override;
+  // Reduce-scatters the gradients accumulated whole under no_backward_sync (every unit, as the
+  // end of a synchronized backward does) and attaches the shards' gradients.
+  void sync_accumulated_gradients() override;
   void set_capturable_gradient_sync(bool on) override;
   void teardown() override;
 

@@ -1,10 +1,14 @@
 #include "strategies/model_parallel.h"
 
+#include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/comm.hpp>
 
 #include <iostream>
 #include <memory>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "fabric/checkpoint/piece_layout.h"
 #include "fabric/core/error.h"
@@ -41,13 +45,15 @@ Error ModelParallel::unsupported(const std::string& what) const {
 }
 
 int64_t ModelParallel::data_parallel_rank() const {
-  return global_rank() / options_mp_.tensor_parallel_size;
+  // pp is the outermost dimension: every stage has the same dp coordinates.
+  return global_rank() / options_mp_.tensor_parallel_size % options_mp_.data_parallel_size;
 }
 
 int64_t ModelParallel::tp_rank() const { return global_rank() % options_mp_.tensor_parallel_size; }
 
 int64_t ModelParallel::replica() const {
-  return global_rank() / (world_size() / options_mp_.replicate_size);
+  const int64_t stage_ranks = world_size() / options_mp_.pipeline_parallel_size;
+  return global_rank() % stage_ranks / (stage_ranks / options_mp_.replicate_size);
 }
 
 c10::intrusive_ptr<c10d::ProcessGroup> ModelParallel::replicate_group() const {
@@ -58,15 +64,23 @@ c10::intrusive_ptr<c10d::ProcessGroup> ModelParallel::replicate_group() const {
 void ModelParallel::setup_environment() {
   Fsdp::setup_environment();
   const int64_t tp = options_mp_.tensor_parallel_size, dp = options_mp_.data_parallel_size;
-  if (tp * dp != world_size())
-    throw Error(key_ + ": fabric.model_parallel.data_parallel_size " + std::to_string(dp) +
-                " x tensor_parallel_size " + std::to_string(tp) + " is not the world size " +
-                std::to_string(world_size()));
+  const int64_t pp = options_mp_.pipeline_parallel_size;
+  if (pp * tp * dp != world_size())
+    throw Error(key_ + ": fabric.model_parallel.pipeline_parallel_size " + std::to_string(pp) +
+                " x data_parallel_size " + std::to_string(dp) + " x tensor_parallel_size " +
+                std::to_string(tp) + " is not the world size " + std::to_string(world_size()));
   const int64_t copies = options_mp_.replicate_size;
   std::vector<distributed::MeshDim> dims{{"dp_shard", dp / copies}, {"tp", tp}};
   if (copies > 1) dims.insert(dims.begin(), {"dp_replicate", copies});
+  // pp outermost; "stage": the ranks of one stage (dp x tp), which start from the same values.
+  std::vector<distributed::MeshFlatten> flatten;
+  if (pp > 1) {
+    flatten.push_back({"stage", {}});
+    for (const auto& d : dims) flatten.back().dims.push_back(d.name);
+    dims.insert(dims.begin(), {"pp", pp});
+  }
   mesh_ = std::make_unique<distributed::DeviceMesh>(rendezvous()->store(),
-                                                    rendezvous()->group_options(), dims);
+                                                    rendezvous()->group_options(), dims, flatten);
 }
 
 const c10::intrusive_ptr<c10d::ProcessGroup>& ModelParallel::data_parallel_group(
@@ -109,7 +123,8 @@ void ModelParallel::setup_module(torch::nn::Module& module) {
     std::vector<torch::Tensor> state = module.parameters();
     for (const auto& b : module.buffers()) state.push_back(b);
     torch::NoGradGuard no_grad;
-    c10d::broadcast_coalesced(process_group(), state, 250 * 1024 * 1024, 0);
+    c10d::broadcast_coalesced(mesh_->has("stage") ? mesh_->group("stage") : process_group(), state,
+                              250 * 1024 * 1024, 0);
     values_broadcast_ = true;
   }
   const std::vector<std::string> split = fabric::nn::parallelize(module, plan, mesh_->group("tp"));
@@ -178,7 +193,9 @@ void ModelParallel::setup_optimizer(torch::optim::Optimizer& optimizer) {
   const double tp = static_cast<double>(options_mp_.tensor_parallel_size);
   const double copies = static_cast<double>(options_mp_.replicate_size);
   torch::nn::Module& module = *split_module_;
+  // A pipeline's stages hold different parameters (a tied embedding counted on one of them).
   shard_->set_norm_scope(process_group(), [&](const torch::Tensor& p) {
+    if (uncounted_.count(p.unsafeGetTensorImpl())) return 0.0;
     return (fabric::nn::is_split_parameter(module, p) ? 1.0 : 1.0 / tp) / copies;
   });
 }
@@ -226,6 +243,55 @@ void ModelParallel::teardown() {
     fabric::nn::unparallelize(*split_module_);
   split_module_ = nullptr;
   ParallelStrategy::teardown();  // release(): the mesh's groups end before the rendezvous
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> ModelParallel::pipeline_group() const {
+  if (!mesh_ || !mesh_->has("pp")) return {};
+  return mesh_->group("pp");
+}
+
+void ModelParallel::set_shared_parameter(const torch::Tensor& parameter, bool counted_here) {
+  if (shard_ != nullptr)
+    throw unsupported(
+        "set_shared_parameter after the optimizer was set up; call it before "
+        "Fabric::setup(model, optimizer)");
+  if (!counted_here) uncounted_.insert(parameter.unsafeGetTensorImpl());
+}
+
+StateDict ModelParallel::gather_pipeline_state(StateDict local) {
+  const auto pg = pipeline_group();
+  if (!pg) return local;
+  // Each later stage's tensors as one pickled dict: its byte count, then its bytes.
+  constexpr int kSizeTag = 71001, kBytesTag = 71002;
+  auto bytes_of = [](const std::vector<char>& b) {
+    return torch::from_blob(const_cast<char*>(b.data()), {static_cast<int64_t>(b.size())},
+                            torch::kUInt8);
+  };
+  if (pg->getRank() != 0) {
+    c10::impl::GenericDict dict(c10::StringType::get(), c10::TensorType::get());
+    for (const auto& [name, t] : local) dict.insert(name, t.detach().cpu());
+    const std::vector<char> bytes = torch::jit::pickle_save(dict);
+    std::vector<torch::Tensor> size{torch::tensor({static_cast<int64_t>(bytes.size())})};
+    distributed::wait(pg->send(size, 0, kSizeTag), "pipeline state: send of its size");
+    std::vector<torch::Tensor> data{bytes_of(bytes)};
+    distributed::wait(pg->send(data, 0, kBytesTag), "pipeline state: send");
+    return local;
+  }
+  std::set<std::string> names;
+  for (const auto& item : local) names.insert(item.first);
+  for (int stage = 1; stage < pg->getSize(); ++stage) {
+    std::vector<torch::Tensor> size{torch::zeros({1}, torch::kLong)};
+    distributed::wait(pg->recv(size, stage, kSizeTag), "pipeline state: recv of a size");
+    std::vector<char> bytes(static_cast<size_t>(size[0].item<int64_t>()));
+    std::vector<torch::Tensor> data{bytes_of(bytes)};
+    distributed::wait(pg->recv(data, stage, kBytesTag), "pipeline state: recv");
+    const c10::IValue dict = torch::jit::pickle_load(bytes);
+    for (const auto& item : dict.toGenericDict()) {
+      const std::string name = item.key().toStringRef();
+      if (names.insert(name).second) local.emplace_back(name, item.value().toTensor());
+    }
+  }
+  return local;
 }
 
 void ModelParallel::release() {

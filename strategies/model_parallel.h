@@ -30,6 +30,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,14 @@ class ModelParallel : public Fsdp {
   std::optional<std::function<void()>> prepare_split_optimizer_state(
       torch::optim::Optimizer& optimizer, const c10::IValue& state,
       const std::string& source) override;
+
+  // Pipeline parallelism (options.pipeline_parallel_size > 1): the mesh's pp group; the tied
+  // embedding's second copy left out of the gradient norm; the stages' states joined on the
+  // pipeline's first rank (for exports: every name once, the first stage's copy of a tied one).
+  c10::intrusive_ptr<c10d::ProcessGroup> pipeline_group() const override;
+  void set_shared_parameter(const torch::Tensor& parameter, bool counted_here) override;
+  StateDict gather_pipeline_state(StateDict local) override;
+  const ModelParallelOptions& options() const { return options_mp_; }
 
   // Null before setup_environment().
   const distributed::DeviceMesh* mesh() const { return mesh_.get(); }
@@ -143,6 +152,7 @@ class ModelParallel : public Fsdp {
   ModelParallelOptions options_mp_;
   std::unique_ptr<distributed::DeviceMesh> mesh_;
   std::optional<fabric::nn::TensorParallelPlan> plan_;
+  std::set<const void*> uncounted_;  // set_shared_parameter(p, false), by TensorImpl
   torch::nn::Module* split_module_ = nullptr;
   std::weak_ptr<torch::nn::Module> owner_;  // split_module_'s, when a shared_ptr owns it
   bool owned_ = false;

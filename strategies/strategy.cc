@@ -1,6 +1,7 @@
 #include "strategies/strategy.h"
 
 #include <torch/nn/utils/clip_grad.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "fabric/core/error.h"
 #include "fabric/nn/empty_init.h"
@@ -48,6 +49,14 @@ std::shared_ptr<InitRecord> Strategy::take_empty_init(const torch::nn::Module& m
 
 void Strategy::materialize_empty_init(torch::nn::Module& module, torch::Device device) {
   if (auto record = take_empty_init(module)) materialize(module, *record, device);
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> Strategy::pipeline_group() const { return {}; }
+
+void Strategy::sync_accumulated_gradients() {
+  throw Error("fabric.strategy: " + name() +
+              ": cannot synchronize gradients outside a backward pass; pipeline parallelism "
+              "needs fabric.strategy: model_parallel");
 }
 
 ParameterParts Strategy::parameter_parts(torch::nn::Module& module) {

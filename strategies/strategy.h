@@ -9,6 +9,7 @@
 #define STRATEGIES_STRATEGY_H_
 
 #include <ATen/core/ivalue.h>
+#include <c10/util/intrusive_ptr.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
@@ -19,10 +20,15 @@
 #include <vector>
 
 #include "fabric/checkpoint/sharded_state.h"
+#include "fabric/checkpoint/state_dict.h"
 #include "fabric/core/scope_guard.h"
 #include "fabric/nn/fp8.h"
 #include "fabric/precision/precision.h"
 #include "fabric/training/parameter_parts.h"
+
+namespace c10d {
+class ProcessGroup;
+}  // namespace c10d
 
 namespace fabric {
 
@@ -110,6 +116,25 @@ class Strategy {
   // Skips gradient synchronization (of every module set up) while the guard lives: gradient
   // accumulation.
   virtual ScopeGuard no_backward_sync() { return ScopeGuard(); }
+  // Synchronizes the gradients accumulated whole under no_backward_sync as a synchronized
+  // backward would have, without one (a pipeline step runs many backwards and syncs after the
+  // last: Fabric::pipeline_backward). fabric::Error here; fsdp and model_parallel implement it.
+  virtual void sync_accumulated_gradients();
+
+  // Pipeline parallelism (fabric.model_parallel.pipeline_parallel_size > 1): the process group of
+  // this rank's pipeline (the ranks that hold the other stages of the same data), null without.
+  virtual c10::intrusive_ptr<c10d::ProcessGroup> pipeline_group() const;
+  // `parameter` is also held by another rank of the pipeline with the same gradient (an
+  // embedding tied to the output layer of the last stage): the gradient norm counts it only
+  // where `counted_here`. Before setup_optimizer. A no-op without a pipeline.
+  virtual void set_shared_parameter(const torch::Tensor& parameter, bool counted_here) {
+    (void)parameter;
+    (void)counted_here;
+  }
+  // Collective over the pipeline: every stage's `local` state (names of the whole model) joined
+  // on the pipeline's first rank, in stage order; the other ranks get theirs back. `local`
+  // itself without a pipeline.
+  virtual StateDict gather_pipeline_state(StateDict local) { return local; }
 
   // Gradient synchronization a CUDA graph can capture (fabric/graphed_step.h turns it on
   // for its lifetime): a strategy that synchronizes gradients from hooks during backward, with

@@ -160,11 +160,12 @@ ConfigSchema default_schema() {
   s.add("fabric.model_parallel.tensor_parallel_size",
         KeySpec::integer(1).min(1).or_auto().doc(
             "ranks that split each layer (consecutive ranks; model_parallel only); auto: the "
-            "processes of one node"));
+            "processes of one node (with pipeline_parallel_size P: the largest count dividing "
+            "both those and world size / P)"));
   s.add("fabric.model_parallel.data_parallel_size",
         KeySpec::integer(1).min(1).or_auto().doc(
             "data-parallel ranks, each its share of the batch (model_parallel only); auto: world "
-            "size / tensor_parallel_size"));
+            "size / (tensor_parallel_size x pipeline_parallel_size)"));
   s.add("fabric.model_parallel.data_parallel_replicate_size",
         KeySpec::integer(1).min(1).doc(
             "hybrid sharding (HSDP): copies of the fsdp-sharded model among the data-parallel "
@@ -174,6 +175,25 @@ ConfigSchema default_schema() {
         KeySpec::boolean(false).doc(
             "activations cut along the sequence between the split layers (norms, dropout and "
             "residuals on T / tp positions)"));
+  s.add("fabric.model_parallel.pipeline_parallel_size",
+        KeySpec::integer(1).min(1).doc(
+            "pipeline stages, the outermost mesh dimension: each rank holds 1 / this of the "
+            "model's blocks (the first stage the embeddings, the last the norm, head and loss) "
+            "and the batch runs through them in micro-batches (fabric.pipeline.*)"));
+  s.add("fabric.pipeline.schedule",
+        KeySpec::choice({"gpipe", "1f1b", "interleaved_1f1b"}, "1f1b")
+            .doc("the order of the micro-batches' forwards and backwards on each stage: gpipe "
+                 "(all forwards, then all backwards), 1f1b (one of each, at most "
+                 "pipeline_parallel_size micro-batches' activations held), interleaved_1f1b "
+                 "(1f1b over virtual_stages stages per rank: a smaller bubble)"));
+  s.add("fabric.pipeline.micro_batches",
+        KeySpec::integer(0).min(0).doc(
+            "micro-batches each batch is cut into (they must divide data.batch_size); 0: 2 x "
+            "pipeline_parallel_size x virtual_stages (a 1f1b bubble of at most 1/3)"));
+  s.add("fabric.pipeline.virtual_stages",
+        KeySpec::integer(1).min(1).doc(
+            "stages per rank under interleaved_1f1b (rank r holds stages r, r + pp, ...); 1 "
+            "otherwise"));
   s.set_default("fabric.model_parallel.tensor_parallel_size", "auto");
   s.set_default("fabric.model_parallel.data_parallel_size", "auto");
 

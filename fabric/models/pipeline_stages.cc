@@ -19,6 +19,19 @@ PipelineStagesImpl::PipelineStagesImpl(int64_t blocks, const std::vector<int64_t
         "fabric.model_parallel.sequence_parallel: false");
 }
 
+fabric::nn::TensorParallelPlan PipelineStagesImpl::tensor_parallel_plan() const {
+  fabric::nn::TensorParallelPlan plan = whole_plan_;
+  const auto held = named_modules("", /*include_self=*/false);
+  plan.rules.clear();
+  for (const auto& rule : whole_plan_.rules)
+    for (const auto& item : held)
+      if (fabric::nn::plan_pattern_matches(rule.first, item.key())) {
+        plan.rules.push_back(rule);
+        break;
+      }
+  return plan;
+}
+
 PipelineStagesImpl::PipelineStagesImpl(std::vector<std::pair<int64_t, int64_t>> split,
                                        const std::vector<int64_t>& stages)
     : stage_count_(static_cast<int64_t>(split.size())) {
@@ -77,6 +90,7 @@ GPTStagesImpl::GPTStagesImpl(const GPT& whole, const std::vector<int64_t>& stage
           sequence_parallel(whole->blocks.empty() ? whole->wte->parallel()
                                                   : whole->blocks[0]->attn->c_attn->parallel())),
       config_(whole->config()) {
+  set_whole_plan(whole->tensor_parallel_plan());
   if (holds_first() || holds_last()) wte = hold("transformer.wte", whole->wte);
   if (holds_first()) {
     wpe = hold("transformer.wpe", whole->wpe);
@@ -107,6 +121,7 @@ LlamaStagesImpl::LlamaStagesImpl(const Llama& whole, const std::vector<int64_t>&
                                                ? whole->embed_tokens->parallel()
                                                : whole->layers[0]->self_attn->q_proj->parallel())),
       config_(whole->config()) {
+  set_whole_plan(whole->tensor_parallel_plan());
   const bool tied = !whole->lm_head;
   if (holds_first() || (tied && holds_last()))
     embed_tokens = hold("model.embed_tokens", whole->embed_tokens);

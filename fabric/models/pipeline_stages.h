@@ -44,12 +44,16 @@
 
 #include "fabric/models/gpt.h"
 #include "fabric/models/llama.h"
+#include "fabric/nn/tensor_parallel.h"
 
 namespace fabric::models {
 
 // What the stages of every model share: which stages this rank holds, and their blocks.
-class PipelineStagesImpl : public torch::nn::Module {
+// The stages carry the whole model's tensor-parallel plan, its rules for modules other ranks
+// hold left out, so fabric.strategy: model_parallel splits them over tp like the whole model.
+class PipelineStagesImpl : public torch::nn::Module, public fabric::nn::TensorParallelPlanned {
  public:
+  fabric::nn::TensorParallelPlan tensor_parallel_plan() const override;
   bool holds(int64_t stage) const { return ranges_.count(stage) > 0; }
   bool holds_first() const { return holds(0); }
   bool holds_last() const { return holds(stage_count_ - 1); }
@@ -73,6 +77,8 @@ class PipelineStagesImpl : public torch::nn::Module {
                      const std::vector<int64_t>& stages);
   // `child` registered at the dotted `path` under this module ("model.layers.3"), the parents
   // made as plain modules where they do not exist yet.
+  // The whole model's plan (tensor_parallel_plan keeps the rules that match a held module).
+  void set_whole_plan(fabric::nn::TensorParallelPlan plan) { whole_plan_ = std::move(plan); }
   template <typename M>
   M hold(const std::string& path, M child) {
     const auto dot = path.rfind('.');
@@ -82,6 +88,7 @@ class PipelineStagesImpl : public torch::nn::Module {
 
  private:
   torch::nn::Module& folder(const std::string& path);
+  fabric::nn::TensorParallelPlan whole_plan_;
   int64_t stage_count_;
   std::map<int64_t, std::pair<int64_t, int64_t>> ranges_;
 };

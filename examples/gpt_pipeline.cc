@@ -1,0 +1,98 @@
+#include "examples/gpt_pipeline.h"
+
+#include <string>
+
+#include "fabric/core/error.h"
+#include "fabric/distributed/pipeline_schedule.h"
+
+namespace examples::gpt {
+
+void check_pipeline_keys(const fabric::Config& c, int64_t blocks) {
+  const int64_t pp = c.get_int("fabric.model_parallel.pipeline_parallel_size");
+  if (c.get_string("fabric.strategy") != "model_parallel" || pp == 1) return;
+  try {
+    fabric::distributed::split_stage_units(
+        blocks, pp * c.get_int("fabric.pipeline.virtual_stages"),
+        c.get_string("model.pretrained").empty() ? "model.n_layer" : "num_hidden_layers");
+  } catch (const fabric::Error& e) {
+    throw c.error_at("fabric.model_parallel.pipeline_parallel_size", e.what());
+  }
+  const std::string why =
+      " under pipeline parallelism (fabric.model_parallel."
+      "pipeline_parallel_size " +
+      std::to_string(c.get_int("fabric.model_parallel.pipeline_parallel_size")) + ")";
+  if (c.is_auto("data.batch_size"))
+    throw c.error_at("data.batch_size", "auto is not searched" + why +
+                                            "; give a multiple of fabric.pipeline.micro_batches");
+  if (c.get_int("trainer.accumulate_grad_batches") > 1)
+    throw c.error_at("trainer.accumulate_grad_batches",
+                     std::to_string(c.get_int("trainer.accumulate_grad_batches")) + why +
+                         ": the micro-batches are the accumulation; set it to 1 and "
+                         "fabric.pipeline.micro_batches (and data.batch_size) instead");
+  if (!c.get_string_list("model.activation_checkpointing").empty())
+    throw c.error_at("model.activation_checkpointing", "not supported yet" + why + "; remove it");
+  if (c.get_bool("fabric.model_parallel.sequence_parallel"))
+    throw c.error_at("fabric.model_parallel.sequence_parallel",
+                     "not supported yet" + why + "; set it to false");
+  if (c.get_bool("fabric.empty_init"))
+    throw c.error_at("fabric.empty_init", "not supported yet" + why + "; set it to false");
+  if (c.get_string("fabric.precision").rfind("16-mixed", 0) == 0)
+    throw c.error_at("fabric.precision",
+                     "16-mixed's loss scaling is not supported yet" + why + "; use bf16-mixed");
+  if (c.get_double("trainer.gradient_clip_val") > 0 &&
+      c.get_string("trainer.gradient_clip_algorithm") != "norm")
+    throw c.error_at("trainer.gradient_clip_algorithm",
+                     c.get_string("trainer.gradient_clip_algorithm") + " is not supported" + why +
+                         "; clip by norm (the norm is taken over every stage)");
+}
+
+Pipeline::Pipeline(fabric::Fabric& f, int64_t batch_size, int64_t window, int64_t width)
+    : f_(f), options_(f.pipeline_options()) {
+  // The batch must split into equal micro-batches (one activation shape for all).
+  (void)fabric::distributed::split_micro_batches(torch::empty({batch_size, 0}),
+                                                 options_.micro_batches);
+  options_.activation_sizes = {batch_size / options_.micro_batches, window, width};
+  options_.activation_dtype = f.precision().param_dtype();
+  runner_ = std::make_unique<fabric::distributed::PipelineRunner>(f.strategy().pipeline_group(),
+                                                                  options_);
+  clip_ = f.config().get_double("trainer.gradient_clip_val");
+}
+
+fabric::distributed::PipelineRunner& Pipeline::cut(const torch::Tensor& x, const torch::Tensor& y,
+                                                   bool train) {
+  const int64_t rows = x.size(0), m = options_.micro_batches;
+  fabric::distributed::PipelineRunner* r = runner_.get();
+  fabric::distributed::PipelineOptions o = options_;
+  if (!train) {  // no schedule to keep: as few micro-batches as the stages allow
+    o.schedule = o.virtual_stages > 1 ? fabric::distributed::PipelineSchedule::kInterleavedOneFOneB
+                                      : fabric::distributed::PipelineSchedule::kGPipe;
+    o.micro_batches = o.virtual_stages > 1 ? runner_->size() : 1;
+  }
+  if (!train || rows != options_.activation_sizes[0] * m) {
+    auto& other = others_[{train, rows}];
+    if (!other) {
+      o.activation_sizes[0] = rows / o.micro_batches;
+      (void)fabric::distributed::split_micro_batches(x, o.micro_batches);  // the error, if any
+      other =
+          std::make_unique<fabric::distributed::PipelineRunner>(f_.strategy().pipeline_group(), o);
+    }
+    r = other.get();
+  }
+  const int64_t micro_batches = train ? m : o.micro_batches;
+  xs_ = fabric::distributed::split_micro_batches(x, micro_batches);
+  ys_ = fabric::distributed::split_micro_batches(y, micro_batches);
+  return *r;
+}
+
+torch::Tensor Pipeline::step(fabric::distributed::PipelineRunner& runner,
+                             const fabric::distributed::PipelineStageCalls& calls,
+                             const torch::Tensor& tied, torch::nn::Module& stages,
+                             torch::optim::Optimizer& optimizer) {
+  optimizer.zero_grad();
+  const torch::Tensor loss = f_.pipeline_backward(runner, calls, tied);
+  if (clip_ > 0) f_.clip_gradients(stages, optimizer, clip_);
+  f_.step(optimizer);
+  return loss;
+}
+
+}  // namespace examples::gpt

@@ -1,0 +1,91 @@
+// examples/gpt under pipeline parallelism (fabric.strategy: model_parallel with
+// fabric.model_parallel.pipeline_parallel_size > 1; docs/tensor_parallel.md): each rank builds
+// the whole model, keeps the stages its pipeline rank holds (fabric::models::GPTStages or
+// LlamaStages; the rest is freed) and sets those up; every batch is cut into
+// fabric.pipeline.micro_batches micro-batches that run through the stages in the schedule's
+// order (fabric::distributed::PipelineRunner through Fabric::pipeline_backward), then the
+// gradients are clipped over the whole pipeline and each rank steps its stages' optimizer.
+// Validation runs the forwards only. Checkpoints are not written yet (fabric::Checkpointer says
+// so); checkpoint.export_weights writes the whole model, joined on rank 0.
+#ifndef EXAMPLES_GPT_PIPELINE_H_
+#define EXAMPLES_GPT_PIPELINE_H_
+
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "fabric/config/config.h"
+#include "fabric/distributed/pipeline_runtime.h"
+#include "fabric/fabric.h"
+
+namespace examples::gpt {
+
+// What a pipeline run cannot take, refused before any process starts (ConfigError at the key):
+// data.batch_size auto, trainer.accumulate_grad_batches > 1 (the micro-batches are the
+// accumulation), model.activation_checkpointing, sequence parallelism, fp16 loss scaling,
+// fabric.empty_init, gradient clipping by value; and `blocks` (the model's) that the stages
+// (pipeline_parallel_size x virtual_stages) do not divide.
+void check_pipeline_keys(const fabric::Config& c, int64_t blocks);
+
+class Pipeline {
+ public:
+  // This rank's runner: Fabric::pipeline_options with activations of {batch_size / m, window,
+  // width} in the precision's parameter dtype.
+  Pipeline(fabric::Fabric& f, int64_t batch_size, int64_t window, int64_t width);
+
+  fabric::distributed::PipelineRunner& runner() { return *runner_; }
+
+  // One optimizer step on the batch (x, y): zero_grad, the micro-batches through the stages,
+  // trainer.gradient_clip_val by norm over the pipeline, Fabric::step. The mean loss.
+  // A batch of other rows than data.batch_size (an epoch's last) runs as m micro-batches too
+  // (fabric::Error when m does not divide it: data.drop_last: true avoids it).
+  template <typename Stages>
+  torch::Tensor train(Stages& stages, torch::optim::Optimizer& optimizer, const torch::Tensor& x,
+                      const torch::Tensor& y) {
+    fabric::distributed::PipelineRunner& r = cut(x, y, /*train=*/true);
+    return step(r, calls(stages), stages->tied_weight(), *stages, optimizer);
+  }
+  // The mean loss of the batch, forwards only (collective over the pipeline): the batch whole
+  // (with virtual stages: in pipeline_parallel_size micro-batches, which must divide it).
+  template <typename Stages>
+  torch::Tensor evaluate(Stages& stages, const torch::Tensor& x, const torch::Tensor& y) {
+    return cut(x, y, /*train=*/false).evaluate(calls(stages));
+  }
+
+ private:
+  template <typename Stages>
+  fabric::distributed::PipelineStageCalls calls(Stages& stages) {
+    fabric::distributed::PipelineStageCalls c;
+    c.forward = [this, &stages](int64_t k, int64_t mb, const torch::Tensor& in) {
+      return stages->forward(k, k == 0 ? xs_[static_cast<size_t>(mb)] : in);
+    };
+    c.loss = [this, &stages](int64_t mb, const torch::Tensor& out) {
+      return stages->loss(out, ys_[static_cast<size_t>(mb)]);
+    };
+    return c;
+  }
+  // (x, y) cut into the micro-batches of the runner for their rows (made on first use).
+  fabric::distributed::PipelineRunner& cut(const torch::Tensor& x, const torch::Tensor& y,
+                                           bool train);
+  torch::Tensor step(fabric::distributed::PipelineRunner& runner,
+                     const fabric::distributed::PipelineStageCalls& calls,
+                     const torch::Tensor& tied, torch::nn::Module& stages,
+                     torch::optim::Optimizer& optimizer);
+
+  fabric::Fabric& f_;
+  fabric::distributed::PipelineOptions options_;  // data.batch_size's, for training
+  std::unique_ptr<fabric::distributed::PipelineRunner> runner_;
+  // Runners for other rows: (train, rows) → runner.
+  std::map<std::pair<bool, int64_t>, std::unique_ptr<fabric::distributed::PipelineRunner>> others_;
+  double clip_ = 0;
+  std::vector<torch::Tensor> xs_, ys_;  // this batch's micro-batches
+};
+
+}  // namespace examples::gpt
+
+#endif  // EXAMPLES_GPT_PIPELINE_H_
