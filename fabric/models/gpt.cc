@@ -13,16 +13,12 @@
 #include <sstream>
 
 #include "fabric/core/error.h"
+#include "fabric/models/context_parallel.h"
 #include "fabric/models/fused_layer_norm.h"
 #include "fabric/nn/parallel_rng.h"
-#include "fabric/nn/ring_attention.h"
 #include "fabric/nn/ring_attention_dist.h"
 
 namespace fabric::models {
-
-struct ContextParallelGroup {
-  fabric::nn::ProcessGroupPtr group;
-};
 
 GPTConfig GPTConfig::preset(const std::string& name) {
   GPTConfig c;
@@ -283,18 +279,16 @@ void GPTImpl::set_context_parallel(fabric::nn::ProcessGroupPtr group) {
 torch::Tensor GPTImpl::hidden(const torch::Tensor& tokens, const RunBlock& run_block) {
   if (!blocks.empty() && blocks[0]->attn->context_parallel) {
     // This rank's share of each sequence: positions at their global indices (cp_rank_positions).
-    const auto& group = blocks[0]->attn->context_parallel->group;
+    const ContextParallelGroup& context = *blocks[0]->attn->context_parallel;
     if (tokens.dim() != 2) throw Error("GPT::forward: tokens must be [B, T] token ids");
-    const int64_t cp = group->getSize(), T = tokens.size(1) * cp;
+    const int64_t cp = context.group->getSize(), T = tokens.size(1) * cp;
     if (T > config_.block_size)
       throw Error("GPT::forward: a sequence of " + std::to_string(T) + " tokens (" +
                   std::to_string(tokens.size(1)) + " on each of " + std::to_string(cp) +
                   " context-parallel ranks) is longer than model.block_size " +
                   std::to_string(config_.block_size));
     const torch::Tensor positions =
-        torch::tensor(fabric::nn::cp_rank_positions(T, cp, group->getRank()),
-                      torch::TensorOptions().dtype(torch::kLong))
-            .to(tokens.device());
+        context_parallel_positions(context, tokens.size(1), tokens.device());
     torch::Tensor x = drop->forward(wte->forward(tokens) + wpe->forward(positions));
     for (Block& block : blocks) x = run_block ? run_block(block, x) : block->forward(x);
     return gpt_final_norm(config_, ln_f, x);

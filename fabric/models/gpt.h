@@ -75,7 +75,8 @@ struct GPTConfig {
   double flops_per_token() const;
 };
 
-// The process group of context parallelism (defined in gpt.cc, so that this header needs no c10d).
+// The process group of context parallelism (fabric/models/context_parallel.h; declared only, so
+// that this header needs no c10d).
 struct ContextParallelGroup;
 
 class CausalSelfAttentionImpl : public torch::nn::Module {

@@ -5,14 +5,21 @@
 #include <torch/nn/init.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/types.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <numbers>
+#include <string>
+#include <utility>
 
 #include "fabric/core/error.h"
+#include "fabric/models/context_parallel.h"
 #include "fabric/models/fused_cross_entropy.h"
 #include "fabric/nn/empty_init.h"
+#include "fabric/nn/ring_attention.h"
+#include "fabric/nn/ring_attention_dist.h"
 
 namespace fabric::models {
 
@@ -145,9 +152,13 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
   const torch::Tensor q_out = q_proj->forward(x), k_out = k_proj->forward(x),
                       v_out = v_proj->forward(x);
   const int64_t B = x.size(0), T = q_out.size(1);
-  // Rotary angles [T, D]: position · frequency, each frequency twice (for the two halves).
+  // Rotary angles [T, D]: position · frequency, each frequency twice (for the two halves). Under
+  // context parallelism the tokens' global positions (two chunks, not contiguous), as float32
+  // integers: the angles are those of the whole sequence's rows bit for bit.
   const torch::Tensor positions =
-      torch::arange(T, torch::TensorOptions().dtype(torch::kFloat).device(x.device()));
+      context_parallel
+          ? context_parallel_positions(*context_parallel, T, x.device()).to(torch::kFloat)
+          : torch::arange(T, torch::TensorOptions().dtype(torch::kFloat).device(x.device()));
   const torch::Tensor half = torch::outer(positions, inv_freq_.to(x.device()));
   const torch::Tensor angles = torch::cat({half, half}, -1);
   const torch::Tensor cos = angles.cos().to(x.scalar_type()),
@@ -162,10 +173,15 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
   const torch::Tensor q = rotate(split(q_out, heads));
   const torch::Tensor k = rotate(split(k_out, kv_heads));
   const torch::Tensor v = split(v_out, kv_heads);
-  // Grouped-query attention: query head h reads key/value head h / (heads / kv_heads).
-  torch::Tensor y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                                     /*is_causal=*/true, /*scale=*/std::nullopt,
-                                                     /*enable_gqa=*/heads != kv_heads);
+  // Grouped-query attention: query head h reads key/value head h / (heads / kv_heads), in the ring
+  // too (only the kv_heads travel).
+  torch::Tensor y =
+      context_parallel
+          ? fabric::nn::ring_attention(q.contiguous(), k.contiguous(), v.contiguous(),
+                                       context_parallel->group, /*causal=*/true)
+          : at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                             /*is_causal=*/true, /*scale=*/std::nullopt,
+                                             /*enable_gqa=*/heads != kv_heads);
   y = y.transpose(1, 2).contiguous().view({B, T, heads * head_dim_});
   return o_proj->forward(y);
 }
@@ -222,18 +238,31 @@ torch::Tensor LlamaImpl::hidden(const torch::Tensor& tokens, const RunBlock& run
   return hidden(tokens, run_block, /*whole=*/true);
 }
 
-void llama_check_tokens(const LlamaConfig& c, const torch::Tensor& tokens) {
+namespace {
+
+// fabric::Error for token ids that are not [B, T], or a whole sequence longer than the config
+// allows; cp > 0: the tokens are one of cp context-parallel ranks' share, the sequence cp times
+// as long.
+void check_tokens(const LlamaConfig& c, const torch::Tensor& tokens, int64_t cp) {
   if (tokens.dim() != 2) throw Error("Llama::forward: tokens must be [B, T] token ids");
-  const int64_t T = tokens.size(1);
+  const int64_t T = tokens.size(1) * std::max<int64_t>(cp, 1);
+  const std::string sequence = "Llama::forward: a sequence of " + std::to_string(T) + " tokens" +
+                               (cp > 0 ? " (" + std::to_string(tokens.size(1)) + " on each of " +
+                                             std::to_string(cp) + " context-parallel ranks)"
+                                       : "");
   if (T > c.max_position_embeddings)
-    throw Error("Llama::forward: a sequence of " + std::to_string(T) +
-                " tokens is longer than max_position_embeddings " +
+    throw Error(sequence + " is longer than max_position_embeddings " +
                 std::to_string(c.max_position_embeddings));
   if (c.sliding_window > 0 && T > c.sliding_window)
-    throw Error("Llama::forward: a sequence of " + std::to_string(T) +
-                " tokens is longer than config.json's sliding_window " +
+    throw Error(sequence + " is longer than config.json's sliding_window " +
                 std::to_string(c.sliding_window) +
                 ", and sliding-window attention is not implemented; use shorter sequences");
+}
+
+}  // namespace
+
+void llama_check_tokens(const LlamaConfig& c, const torch::Tensor& tokens) {
+  check_tokens(c, tokens, /*cp=*/0);
 }
 
 torch::Tensor llama_head_loss(fabric::nn::Embedding& embed_tokens, fabric::nn::Linear& lm_head,
@@ -257,6 +286,16 @@ torch::Tensor llama_head_loss(fabric::nn::Embedding& embed_tokens, fabric::nn::L
 
 torch::Tensor LlamaImpl::hidden(const torch::Tensor& tokens, const RunBlock& run_block,
                                 bool whole) {
+  if (!layers.empty() && layers[0]->self_attn->context_parallel) {
+    // This rank's share of each sequence; the layers take their positions from the group. The
+    // length is checked here, before any layer communicates (every rank holds the same shapes).
+    const int64_t cp = layers[0]->self_attn->context_parallel->group->getSize();
+    check_tokens(config_, tokens, cp);
+    fabric::nn::cp_chunk_size(tokens.size(1) * cp, cp);
+    torch::Tensor x = embed_tokens->forward(tokens);
+    for (LlamaDecoderLayer& layer : layers) x = run_block ? run_block(layer, x) : layer->forward(x);
+    return norm->forward(x);
+  }
   llama_check_tokens(config_, tokens);
   const int64_t T = tokens.size(1);
   // Sequence parallelism (a plan's): the layers run on this rank's positions, the sequence padded
@@ -284,6 +323,19 @@ torch::Tensor LlamaImpl::hidden(const torch::Tensor& tokens, const RunBlock& run
   torch::Tensor x = embed_tokens->forward(tokens);
   for (LlamaDecoderLayer& layer : layers) x = run_block ? run_block(layer, x) : layer->forward(x);
   return norm->forward(x);
+}
+
+void LlamaImpl::set_context_parallel(fabric::nn::ProcessGroupPtr group) {
+  const auto& shard =
+      layers.empty() ? embed_tokens->parallel() : layers[0]->self_attn->q_proj->parallel();
+  if (group && shard && shard->sequence_parallel)
+    throw Error(
+        "Llama context parallelism does not compose with sequence parallelism yet; set "
+        "fabric.model_parallel.sequence_parallel: false");
+  const auto cp =
+      group ? std::make_shared<const ContextParallelGroup>(ContextParallelGroup{std::move(group)})
+            : nullptr;
+  for (LlamaDecoderLayer& layer : layers) layer->self_attn->context_parallel = cp;
 }
 
 torch::Tensor LlamaImpl::split_head_logits(const torch::Tensor& tokens, const RunBlock& run_block) {

@@ -23,6 +23,10 @@
 // residual stream holds T / tp positions per rank; the RMSNorms' gradients are summed over the
 // ranks; sequences are padded to a multiple of tp inside forward.
 //
+// Context parallelism (set_context_parallel): each rank of a cp group runs the model on its
+// load-balanced share of every sequence, the rotary embeddings at the tokens' global positions and
+// the attention over the whole sequence by fabric::nn::ring_attention.
+//
 //   fabric::models::Llama model(fabric::hf::read_llama_config("folder/config.json"));
 //   fabric::hf::load_llama_weights(*model, "folder");
 //   torch::Tensor logits = model->forward(tokens);        // int64 [B, T] → [B, T, vocab_size]
@@ -34,6 +38,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -78,6 +83,10 @@ struct LlamaConfig {
   double flops_per_token(int64_t sequence) const;
 };
 
+// The process group of context parallelism (fabric/models/context_parallel.h; declared only, so
+// that this header needs no c10d).
+struct ContextParallelGroup;
+
 // x · rsqrt(mean(x²) + eps) · weight over the last dimension, computed in float32.
 class RMSNormImpl : public torch::nn::Module {
  public:
@@ -94,9 +103,14 @@ TORCH_MODULE(RMSNorm);
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
   explicit LlamaAttentionImpl(const LlamaConfig& c);
-  // x [B, T, hidden] (positions 0 .. T-1) → [B, T, hidden].
+  // x [B, T, hidden] (positions 0 .. T-1; under context parallelism this rank's T of the
+  // sequence's T · cp, at positions cp_rank_positions(T · cp, cp, rank)) → [B, T, hidden].
   torch::Tensor forward(const torch::Tensor& x);
   fabric::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  // Context parallelism (LlamaImpl::set_context_parallel): the rotary angles at the global
+  // positions and attention over the whole sequence by fabric::nn::ring_attention over this group
+  // (grouped-query heads as they are); null: SDPA on the tokens given, at positions 0 .. T-1.
+  std::shared_ptr<const ContextParallelGroup> context_parallel;
 
  private:
   int64_t heads_, kv_heads_, head_dim_;
@@ -138,6 +152,17 @@ class LlamaImpl : public torch::nn::Module, public fabric::nn::TensorParallelPla
                      const RunBlock& run_block = nullptr);
   // model.norm's output [B, T, hidden] (the output layer's input).
   torch::Tensor hidden(const torch::Tensor& tokens, const RunBlock& run_block = nullptr);
+  // Context parallelism (issue 71) over `group` (cp ranks; null: off), as GPTImpl's: forward,
+  // loss and hidden then take this rank's load-balanced share of each sequence, tokens [B, T / cp]
+  // in fabric::nn::cp_rank_positions(T, cp, rank) order (chunks rank and 2·cp − 1 − rank of 2·cp),
+  // with every layer's rotary embeddings at the tokens' global positions and causal attention over
+  // the whole sequence (fabric::nn::ring_attention, key/value heads fewer than the query heads
+  // kept so); everything else is per position. loss() is then the mean over this rank's tokens:
+  // its mean over the group is the whole sequence's, and so are the gradients averaged over the
+  // group. forward refuses (fabric::Error) a T that 2·cp does not divide and a T longer than
+  // max_position_embeddings or sliding_window, naming T and cp. fabric::Error here: a model split
+  // under sequence parallelism.
+  void set_context_parallel(fabric::nn::ProcessGroupPtr group);
   // The output layer's weight [vocab, hidden]: lm_head's, or the embedding's when tied.
   const torch::Tensor& output_weight() const;
   const LlamaConfig& config() const { return config_; }

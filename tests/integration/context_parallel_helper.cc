@@ -14,6 +14,10 @@
 //   "rank R of CP: bad_T_error=MESSAGE"               (7 local tokens: the fabric::Error's message)
 //   "rank R of CP: gpt: loss_rel=X param_diff=Y"      (the GPT under context parallelism vs whole:
 //                                                     check_gpt below)
+//   "rank R of CP: llama: loss_rel=X param_diff=Y"    (the Llama, Qwen2-style variant and refusals
+//   "rank R of CP: qwen2: loss_rel=X param_diff=Y"     under context parallelism: check_llama)
+//   "rank R of CP: llama_window_error=MESSAGE"
+//   "rank R of CP: llama_bad_T_error=MESSAGE"
 //   context_parallel_helper CP bench [T]
 // Causal attention forward + backward at sequence T (default 4096; B = 1, H = Hk = 8, D = 64):
 // rank 0 alone times at::scaled_dot_product_attention on the whole sequence (with 1 thread, then
@@ -35,6 +39,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "fabric/core/error.h"
@@ -42,6 +47,7 @@
 #include "fabric/environments/environments.h"
 #include "fabric/launchers/subprocess_launcher.h"
 #include "fabric/models/gpt.h"
+#include "fabric/models/llama.h"
 #include "fabric/nn/ring_attention.h"
 #include "fabric/nn/ring_attention_dist.h"
 
@@ -140,6 +146,54 @@ void check_bad_length(const ProcessGroupPtr& group) {
   std::fflush(stdout);
 }
 
+// The largest relative loss difference over the steps and the largest parameter difference after
+// them, between a model trained whole on this process and one under context parallelism.
+struct Agreement {
+  double loss_rel = 0, param_diff = 0;
+};
+
+// `whole` and `split` (the same initial weights; split under set_context_parallel(group)) trained
+// side by side for `steps` SGD steps (lr 0.1) on random sequences of T tokens (B = 2, vocabulary
+// `vocab`): whole on the whole sequences, split on this rank's tokens (cp_rank_positions), its
+// loss and gradients averaged over the group, as a data-parallel wrapper over cp would.
+template <typename Model>
+Agreement train_side_by_side(const ProcessGroupPtr& group, Model& whole, Model& split, int64_t T,
+                             int64_t vocab, int64_t steps) {
+  torch::optim::SGD whole_opt(whole->parameters(), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD split_opt(split->parameters(), torch::optim::SGDOptions(0.1));
+  const int64_t cp = group->getSize();
+  const auto mine = torch::tensor(fabric::nn::cp_rank_positions(T, cp, group->getRank()));
+  Agreement a;
+  for (int64_t step = 0; step < steps; ++step) {
+    torch::manual_seed(700 + step);
+    const torch::Tensor b = torch::randint(0, vocab, {2, T + 1});
+    const torch::Tensor x = b.narrow(1, 0, T), y = b.narrow(1, 1, T);
+    whole_opt.zero_grad();
+    const torch::Tensor loss = whole->loss(x, y);
+    loss.backward();
+    whole_opt.step();
+    split_opt.zero_grad();
+    const torch::Tensor local = split->loss(x.index_select(1, mine), y.index_select(1, mine));
+    local.backward();
+    std::vector<torch::Tensor> l = {local.detach().clone()};
+    fabric::distributed::wait(group->allreduce(l), "cp loss all_reduce");
+    for (const torch::Tensor& p : split->parameters()) {
+      std::vector<torch::Tensor> g = {p.grad()};
+      fabric::distributed::wait(group->allreduce(g), "cp gradient all_reduce");
+      p.mutable_grad().div_(static_cast<double>(cp));
+    }
+    split_opt.step();
+    const double mean = l[0].item<double>() / static_cast<double>(cp), ref = loss.item<double>();
+    a.loss_rel = std::max(a.loss_rel, std::abs(mean - ref) / std::abs(ref));
+  }
+  const torch::OrderedDict<std::string, torch::Tensor> ref = whole->named_parameters();
+  for (const auto& p : split->named_parameters()) {
+    const torch::Tensor diff = (p.value() - ref[p.key()]).abs().max();
+    a.param_diff = std::max(a.param_diff, diff.item<double>());
+  }
+  return a;
+}
+
 // The tiny GPT (2 blocks, 64 wide, 4 heads, vocabulary 256, no dropout) on sequences of T = 1024
 // (B = 2): once whole on this process, once under GPTImpl::set_context_parallel on this rank's
 // tokens (cp_rank_positions), the loss and the gradients averaged over the group; 3 SGD steps
@@ -158,37 +212,7 @@ void check_gpt(const ProcessGroupPtr& group) {
   };
   auto whole = make(), split = make();
   split->set_context_parallel(group);
-  torch::optim::SGD whole_opt(whole->parameters(), torch::optim::SGDOptions(0.1));
-  torch::optim::SGD split_opt(split->parameters(), torch::optim::SGDOptions(0.1));
-  const int64_t cp = group->getSize();
-  const auto mine = torch::tensor(fabric::nn::cp_rank_positions(T, cp, group->getRank()));
-  double loss_rel = 0;
-  for (int64_t step = 0; step < 3; ++step) {
-    torch::manual_seed(700 + step);
-    const torch::Tensor b = torch::randint(0, 256, {2, T + 1});
-    const torch::Tensor x = b.narrow(1, 0, T), y = b.narrow(1, 1, T);
-    whole_opt.zero_grad();
-    const torch::Tensor loss = whole->loss(x, y);
-    loss.backward();
-    whole_opt.step();
-    split_opt.zero_grad();
-    const torch::Tensor local = split->loss(x.index_select(1, mine), y.index_select(1, mine));
-    local.backward();
-    std::vector<torch::Tensor> l = {local.detach().clone()};
-    fabric::distributed::wait(group->allreduce(l), "cp loss all_reduce");
-    for (const torch::Tensor& p : split->parameters()) {
-      std::vector<torch::Tensor> g = {p.grad()};
-      fabric::distributed::wait(group->allreduce(g), "cp gradient all_reduce");
-      p.mutable_grad().div_(static_cast<double>(cp));
-    }
-    split_opt.step();
-    const double mean = l[0].item<double>() / static_cast<double>(cp), ref = loss.item<double>();
-    loss_rel = std::max(loss_rel, std::abs(mean - ref) / std::abs(ref));
-  }
-  double param_diff = 0;
-  const auto ref = whole->named_parameters();
-  for (const auto& p : split->named_parameters())
-    param_diff = std::max(param_diff, (p.value() - ref[p.key()]).abs().max().item<double>());
+  const Agreement a = train_side_by_side(group, whole, split, T, 256, 3);
   std::string refused = "(accepted)";  // dropout: refused, not silently run without it
   try {
     fabric::models::GPTConfig d = c;
@@ -198,7 +222,73 @@ void check_gpt(const ProcessGroupPtr& group) {
     refused = e.what();
   }
   std::printf("rank %d of %d: gpt: loss_rel=%.3g param_diff=%.3g dropout_error=%s\n",
-              group->getRank(), group->getSize(), loss_rel, param_diff, refused.c_str());
+              group->getRank(), group->getSize(), a.loss_rel, a.param_diff, refused.c_str());
+  std::fflush(stdout);
+}
+
+// The Llama family under LlamaImpl::set_context_parallel, as check_gpt: a tiny Llama (2 layers, 64
+// wide, 4 query heads over 2 key/value heads, SwiGLU 128, vocabulary 256, untied lm_head) on
+// sequences of T = 1024, and a Qwen2-style one (q/k/v biases, the output layer tied to the
+// embedding, 4 query heads over 1 key/value head, rope_theta 1e6) on T = 512; 3 SGD steps each.
+// Prints "rank R of CP: llama: ..." and "... qwen2: loss_rel=X param_diff=Y", then the errors of a
+// sequence longer than sliding_window 512 (llama_window_error=) and of 7 tokens per rank
+// (llama_bad_T_error=), both thrown on every rank before any layer communicates.
+void check_llama(const ProcessGroupPtr& group) {
+  fabric::models::LlamaConfig c;
+  c.vocab_size = 256;
+  c.hidden_size = 64;
+  c.intermediate_size = 128;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.max_position_embeddings = 1024;
+  fabric::models::LlamaConfig q = c;
+  q.model_type = "qwen2";
+  q.num_key_value_heads = 1;
+  q.qkv_bias = true;
+  q.tie_word_embeddings = true;
+  q.rope_theta = 1e6;
+  const int64_t cp = group->getSize();
+  for (const auto& [name, config, T] :
+       {std::tuple{"llama", c, int64_t{1024}}, std::tuple{"qwen2", q, int64_t{512}}}) {
+    auto make = [&, &config = config] {
+      torch::manual_seed(22);
+      fabric::models::Llama model(config);
+      // q and k sharpened (x 8) so that the attention, and with it the rotary positions, matter:
+      // at N(0, 0.02) the scores are near 0, the attention near uniform, and rotary angles at the
+      // local positions 0 .. T/cp − 1 instead of the global ones moved the parameters by only
+      // 7.6e-6 in 3 steps (cp 2).
+      torch::NoGradGuard no_grad;
+      for (auto& layer : model->layers) {
+        layer->self_attn->q_proj->weight.mul_(8);
+        layer->self_attn->k_proj->weight.mul_(8);
+      }
+      return model;
+    };
+    auto whole = make(), split = make();
+    split->set_context_parallel(group);
+    const Agreement a = train_side_by_side(group, whole, split, T, 256, 3);
+    std::printf("rank %d of %d: %s: loss_rel=%.3g param_diff=%.3g\n", group->getRank(),
+                group->getSize(), name, a.loss_rel, a.param_diff);
+    std::fflush(stdout);
+  }
+  auto refused = [&](const fabric::models::LlamaConfig& config, int64_t local) {
+    std::string message = "(accepted)";
+    try {
+      fabric::models::Llama model(config);
+      model->set_context_parallel(group);
+      model->loss(torch::zeros({1, local}, torch::kLong), torch::zeros({1, local}, torch::kLong));
+    } catch (const fabric::Error& e) {
+      message = e.what();
+    }
+    return message;
+  };
+  fabric::models::LlamaConfig windowed = c;
+  windowed.sliding_window = 512;
+  std::printf("rank %d of %d: llama_window_error=%s\n", group->getRank(), group->getSize(),
+              refused(windowed, 1024 / cp).c_str());
+  std::printf("rank %d of %d: llama_bad_T_error=%s\n", group->getRank(), group->getSize(),
+              refused(c, 7).c_str());
   std::fflush(stdout);
 }
 
@@ -328,6 +418,7 @@ int main(int argc, char** argv) {
       check_bf16(group);
       check_bad_length(group);
       check_gpt(group);
+      check_llama(group);
     } else {
       bench(group, T);
     }
