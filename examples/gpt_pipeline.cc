@@ -3,6 +3,7 @@
 #include <string>
 
 #include "fabric/core/error.h"
+#include "fabric/distributed/pipeline_runtime.h"
 #include "fabric/distributed/pipeline_schedule.h"
 
 namespace examples::gpt {
@@ -18,12 +19,21 @@ void check_pipeline_keys(const fabric::Config& c, int64_t blocks) {
     throw c.error_at("fabric.model_parallel.pipeline_parallel_size", e.what());
   }
   const std::string why =
-      " under pipeline parallelism (fabric.model_parallel."
-      "pipeline_parallel_size " +
-      std::to_string(c.get_int("fabric.model_parallel.pipeline_parallel_size")) + ")";
+      " under pipeline parallelism (fabric.model_parallel.pipeline_parallel_size " +
+      std::to_string(pp) + ")";
   if (c.is_auto("data.batch_size"))
     throw c.error_at("data.batch_size", "auto is not searched" + why +
                                             "; give a multiple of fabric.pipeline.micro_batches");
+  const int64_t v = c.get_int("fabric.pipeline.virtual_stages");
+  const int64_t m = c.get_int("fabric.pipeline.micro_batches") > 0
+                        ? c.get_int("fabric.pipeline.micro_batches")
+                        : 2 * pp * v;  // the connector's default
+  try {
+    (void)fabric::distributed::split_micro_batches(torch::empty({c.get_int("data.batch_size"), 0}),
+                                                   m);
+  } catch (const fabric::Error& e) {
+    throw c.error_at("data.batch_size", e.what());
+  }
   if (c.get_int("trainer.accumulate_grad_batches") > 1)
     throw c.error_at("trainer.accumulate_grad_batches",
                      std::to_string(c.get_int("trainer.accumulate_grad_batches")) + why +
