@@ -52,6 +52,7 @@
 #include "fabric/models/gpt.h"
 #include "fabric/models/llama.h"
 #include "fabric/models/pipeline_stages.h"
+#include "fabric/nn/ring_attention.h"
 #include "fabric/nonfinite_guard.h"
 #include "fabric/training/activation_checkpoint.h"
 #include "fabric/training/lr_scheduler.h"
@@ -110,6 +111,19 @@ int train_model(fabric::Fabric& f, const examples::gpt::ModelChoice& choice, con
   auto optimizer = fabric::make_optimizer(c, *model);
   if constexpr (kStaged) f.setup_pipeline_tied(model->tied_weight(), pipe->runner());
   f.setup(model, *optimizer);  // and model.init_weights, if set
+  // fabric.model_parallel.context_parallel_size: each rank runs its share of every sequence
+  // (`local`: chunks r and 2 cp - 1 - r of 2 cp), attention over the whole by ring.
+  torch::Tensor cp_positions;
+  if constexpr (!kStaged) {
+    if (const auto cp = f.strategy().context_parallel_group()) {
+      model->set_context_parallel(cp);
+      const auto at = fabric::nn::cp_rank_positions(sequence, cp->getSize(), cp->getRank());
+      cp_positions = torch::tensor(at, torch::kLong).to(f.device());
+    }
+  }
+  auto local = [&](const torch::Tensor& t) {
+    return cp_positions.defined() ? t.index_select(1, cp_positions) : t;
+  };
   // model.pretrained's weights, after the sharding: each rank copies only its own elements from
   // the memory-mapped files (Fabric::load_weights), so no rank holds the whole model.
   if (choice.pretrained) {
@@ -202,10 +216,10 @@ int train_model(fabric::Fabric& f, const examples::gpt::ModelChoice& choice, con
           if constexpr (kStaged) {  // the batch's mean for every sequence (all one length)
             return {{"loss", pipe->evaluate(model, b.data, b.target).expand({b.data.size(0)})}};
           } else {
-            const torch::Tensor logits = f.forward(model, b.data);
+            const torch::Tensor logits = f.forward(model, local(b.data));
             const torch::Tensor per_token =
                 torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
-                                          b.target.reshape({-1}), {}, at::Reduction::None);
+                                          local(b.target).reshape({-1}), {}, at::Reduction::None);
             return {{"loss", per_token.view({b.data.size(0), -1}).mean(1)}};
           }
         },
@@ -250,7 +264,7 @@ int train_model(fabric::Fabric& f, const examples::gpt::ModelChoice& choice, con
       if constexpr (kStaged)
         micro_loss = pipe->train(model, *optimizer, batch.data, batch.target);
       else
-        micro_loss = (*train_step)({batch.data, batch.target}, micro);
+        micro_loss = (*train_step)({local(batch.data), local(batch.target)}, micro);
       group_loss = micro.first() ? micro_loss : group_loss + micro_loss;
       // A rank's share of the tokens: its batch, split over its tensor-parallel partners.
       window_tokens += batch.data.numel() / tp_ranks;
@@ -333,6 +347,7 @@ int train_model(fabric::Fabric& f, const examples::gpt::ModelChoice& choice, con
         "gpt: no sample under pipeline parallelism (each rank holds some of the blocks); "
         "generate from the exported weights: bazel run //examples:generate");
   } else if constexpr (!kStaged) {
+    if (cp_positions.defined()) model->set_context_parallel(nullptr);  // whole prompts
     if (stopped.empty())
       text = sample(
           f, *model, [&](const torch::Tensor& x) { return f.forward(model, x); },
@@ -433,10 +448,7 @@ int train(fabric::Fabric& f) {
 int main(int argc, char** argv) {
   return fabric::run_main(argc, argv, examples::gpt::schema(), [](const fabric::Config& config) {
     // Before any process starts: ConfigErrors (exit 2, never restarted by fabric.max_restarts).
-    const auto choice = examples::gpt::choose_model(config, 0);
-    examples::gpt::check_pipeline_keys(config, choice.is_llama()
-                                                   ? choice.pretrained->llama->num_hidden_layers
-                                                   : choice.gpt.n_layer);
+    examples::gpt::check_parallel_keys(config, examples::gpt::choose_model(config, 0));
     examples::check_evaluation_keys(
         config, {"gpt.eval_every_n_steps", {"val/loss"}, {"val/loss", "train/loss"}});
     fabric::Fabric fabric(config);

@@ -8,9 +8,38 @@
 
 namespace examples::gpt {
 
-void check_pipeline_keys(const fabric::Config& c, int64_t blocks) {
+namespace {
+
+void check_context_parallel_keys(const fabric::Config& c, const ModelChoice& m) {
+  const int64_t cp = c.get_int("fabric.model_parallel.context_parallel_size");
+  const std::string why =
+      " under context parallelism (fabric.model_parallel.context_parallel_size " +
+      std::to_string(cp) + ")";
+  if (m.window % (2 * cp) != 0)
+    throw c.error_at("model.block_size", std::to_string(m.window) +
+                                             " tokens per sequence do not split into 2 x " +
+                                             std::to_string(cp) + " equal chunks" + why +
+                                             "; use a multiple of " + std::to_string(2 * cp));
+  if (!m.is_llama() && m.gpt.dropout > 0)
+    throw c.error_at("model.dropout", "not supported" + why +
+                                          " (attention dropout does not run in the ring); "
+                                          "set it to 0");
+  if (c.get_bool("fabric.model_parallel.sequence_parallel"))
+    throw c.error_at("fabric.model_parallel.sequence_parallel",
+                     "not supported yet" + why + "; set it to false");
+  if (c.is_auto("data.batch_size"))
+    throw c.error_at("data.batch_size", "auto is not searched" + why + "; give a number");
+}
+
+}  // namespace
+
+void check_parallel_keys(const fabric::Config& c, const ModelChoice& m) {
+  if (c.get_string("fabric.strategy") != "model_parallel") return;
+  if (c.get_int("fabric.model_parallel.context_parallel_size") > 1)
+    check_context_parallel_keys(c, m);
   const int64_t pp = c.get_int("fabric.model_parallel.pipeline_parallel_size");
-  if (c.get_string("fabric.strategy") != "model_parallel" || pp == 1) return;
+  if (pp == 1) return;
+  const int64_t blocks = m.is_llama() ? m.pretrained->llama->num_hidden_layers : m.gpt.n_layer;
   try {
     fabric::distributed::split_stage_units(
         blocks, pp * c.get_int("fabric.pipeline.virtual_stages"),
@@ -25,12 +54,12 @@ void check_pipeline_keys(const fabric::Config& c, int64_t blocks) {
     throw c.error_at("data.batch_size", "auto is not searched" + why +
                                             "; give a multiple of fabric.pipeline.micro_batches");
   const int64_t v = c.get_int("fabric.pipeline.virtual_stages");
-  const int64_t m = c.get_int("fabric.pipeline.micro_batches") > 0
-                        ? c.get_int("fabric.pipeline.micro_batches")
-                        : 2 * pp * v;  // the connector's default
+  const int64_t micro = c.get_int("fabric.pipeline.micro_batches") > 0
+                            ? c.get_int("fabric.pipeline.micro_batches")
+                            : 2 * pp * v;  // the connector's default
   try {
     (void)fabric::distributed::split_micro_batches(torch::empty({c.get_int("data.batch_size"), 0}),
-                                                   m);
+                                                   micro);
   } catch (const fabric::Error& e) {
     throw c.error_at("data.batch_size", e.what());
   }

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "examples/gpt_recipe.h"
 #include "fabric/config/config.h"
 #include "fabric/distributed/pipeline_runtime.h"
 #include "fabric/fabric.h"
@@ -28,9 +29,11 @@ namespace examples::gpt {
 // What a pipeline run cannot take, refused before any process starts (ConfigError at the key):
 // data.batch_size auto, trainer.accumulate_grad_batches > 1 (the micro-batches are the
 // accumulation), model.activation_checkpointing, sequence parallelism, fp16 loss scaling,
-// fabric.empty_init, gradient clipping by value; and `blocks` (the model's) that the stages
-// (pipeline_parallel_size x virtual_stages) do not divide.
-void check_pipeline_keys(const fabric::Config& c, int64_t blocks);
+// fabric.empty_init, gradient clipping by value; and the model's blocks that the stages
+// (pipeline_parallel_size x virtual_stages) do not divide. Under context parallelism
+// (fabric.model_parallel.context_parallel_size > 1): a window 2 x cp does not divide, dropout,
+// sequence parallelism, data.batch_size auto.
+void check_parallel_keys(const fabric::Config& c, const ModelChoice& m);
 
 class Pipeline {
  public:

@@ -129,18 +129,33 @@ strategies::ModelParallelOptions resolve_model_parallel(const Config& c,
   const char* dp_key = "fabric.model_parallel.data_parallel_size";
   const char* pp_key = "fabric.model_parallel.pipeline_parallel_size";
   strategies::ModelParallelOptions o;
+  const char* cp_key = "fabric.model_parallel.context_parallel_size";
   o.pipeline_parallel_size = c.get_int(pp_key);
+  o.context_parallel_size = c.get_int(cp_key);
   if (env.world_size() % o.pipeline_parallel_size != 0)
     throw c.error_at(pp_key, std::to_string(o.pipeline_parallel_size) +
                                  " does not divide the world size " +
                                  std::to_string(env.world_size()) +
                                  ": give a divisor of it (each stage is world size / this ranks)");
-  // The ranks of one pipeline stage: tp x dp of them.
-  const int64_t world = env.world_size() / o.pipeline_parallel_size;
+  if (env.world_size() / o.pipeline_parallel_size % o.context_parallel_size != 0)
+    throw c.error_at(
+        cp_key, std::to_string(o.context_parallel_size) + " does not divide" +
+                    (o.pipeline_parallel_size == 1 ? " the world size "
+                                                   : " world size / pipeline_parallel_size = ") +
+                    std::to_string(env.world_size() / o.pipeline_parallel_size) +
+                    ": give a divisor of it");
+  if (o.pipeline_parallel_size > 1 && o.context_parallel_size > 1)
+    throw c.error_at(cp_key,
+                     "context parallelism does not compose with pipeline parallelism "
+                     "yet (pipeline_parallel_size " +
+                         std::to_string(o.pipeline_parallel_size) + "); set one of them to 1");
+  // The ranks that split the rest: dp x tp of them, for each pipeline stage and cp rank.
+  const int64_t world = env.world_size() / o.pipeline_parallel_size / o.context_parallel_size;
   const std::string of_world =
-      o.pipeline_parallel_size == 1
+      o.pipeline_parallel_size == 1 && o.context_parallel_size == 1
           ? " the world size " + std::to_string(world)
-          : " world size / pipeline_parallel_size = " + std::to_string(world);
+          : " world size / (pipeline_parallel_size x context_parallel_size) = " +
+                std::to_string(world);
   if (c.is_auto(tp_key)) {
     const int64_t local = env.local_world_size() > 0 ? env.local_world_size() : world;
     if (!c.is_auto(dp_key) && world % c.get_int(dp_key) != 0)
@@ -229,8 +244,8 @@ void resolve_strategy_options(const Config& c, const std::string& want, int64_t 
          {"fabric.model_parallel.tensor_parallel_size", "fabric.model_parallel.data_parallel_size",
           "fabric.model_parallel.data_parallel_replicate_size",
           "fabric.model_parallel.sequence_parallel", "fabric.model_parallel.pipeline_parallel_size",
-          "fabric.pipeline.schedule", "fabric.pipeline.micro_batches",
-          "fabric.pipeline.virtual_stages"})
+          "fabric.model_parallel.context_parallel_size", "fabric.pipeline.schedule",
+          "fabric.pipeline.micro_batches", "fabric.pipeline.virtual_stages"})
       if (c.origin(key) != "default")
         s.warnings.push_back(c.origin(key) + ": " + key +
                              ": has no effect under fabric.strategy: " + want +

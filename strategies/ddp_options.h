@@ -95,6 +95,9 @@ struct ModelParallelOptions {
   // (the mesh is {pp, [dp_replicate], dp_shard, tp}); the fabric.pipeline.* keys say how a step
   // runs through them (fabric::distributed::PipelineRunner, Fabric::pipeline_backward).
   int64_t pipeline_parallel_size = 1;
+  // fabric.model_parallel.context_parallel_size: ranks that split each sequence (ring attention;
+  // the mesh's cp dimension, between dp_shard and tp; fsdp shards over dp_shard x cp).
+  int64_t context_parallel_size = 1;
   std::string pipeline_schedule = "1f1b";  // fabric.pipeline.schedule
   int64_t micro_batches = 2;               // fabric.pipeline.micro_batches (0 resolved)
   int64_t virtual_stages = 1;              // fabric.pipeline.virtual_stages

@@ -175,7 +175,7 @@ void Fsdp::setup_module(torch::nn::Module& module) {
       }
     }
     const size_t wrapped = units.size() - (root > 0 ? 1 : 0);
-    const int64_t n = data_parallel_size();
+    const int64_t n = pg->getSize();  // model_parallel's dp_shard (x cp) group
     std::cerr << name() << ": " << sharding_strategy_name(options_.sharding_strategy) << " over "
               << n << (n == 1 ? " rank, " : " ranks, ") << wrapped
               << (wrapped == 1 ? " unit" : " units");

@@ -45,8 +45,10 @@ Error ModelParallel::unsupported(const std::string& what) const {
 }
 
 int64_t ModelParallel::data_parallel_rank() const {
-  // pp is the outermost dimension: every stage has the same dp coordinates.
-  return global_rank() / options_mp_.tensor_parallel_size % options_mp_.data_parallel_size;
+  // pp is the outermost dimension (every stage has the same dp coordinates); cp lies between
+  // dp_shard and tp.
+  return global_rank() / (options_mp_.tensor_parallel_size * options_mp_.context_parallel_size) %
+         options_mp_.data_parallel_size;
 }
 
 int64_t ModelParallel::tp_rank() const { return global_rank() % options_mp_.tensor_parallel_size; }
@@ -64,16 +66,21 @@ c10::intrusive_ptr<c10d::ProcessGroup> ModelParallel::replicate_group() const {
 void ModelParallel::setup_environment() {
   Fsdp::setup_environment();
   const int64_t tp = options_mp_.tensor_parallel_size, dp = options_mp_.data_parallel_size;
-  const int64_t pp = options_mp_.pipeline_parallel_size;
-  if (pp * tp * dp != world_size())
+  const int64_t pp = options_mp_.pipeline_parallel_size, cp = options_mp_.context_parallel_size;
+  if (pp * cp * tp * dp != world_size())
     throw Error(key_ + ": fabric.model_parallel.pipeline_parallel_size " + std::to_string(pp) +
-                " x data_parallel_size " + std::to_string(dp) + " x tensor_parallel_size " +
-                std::to_string(tp) + " is not the world size " + std::to_string(world_size()));
+                " x data_parallel_size " + std::to_string(dp) + " x context_parallel_size " +
+                std::to_string(cp) + " x tensor_parallel_size " + std::to_string(tp) +
+                " is not the world size " + std::to_string(world_size()));
   const int64_t copies = options_mp_.replicate_size;
   std::vector<distributed::MeshDim> dims{{"dp_shard", dp / copies}, {"tp", tp}};
+  std::vector<distributed::MeshFlatten> flatten;
+  if (cp > 1) {  // fsdp shards over dp_shard x cp: the cp ranks' gradients are averaged too
+    dims.insert(dims.begin() + 1, {"cp", cp});
+    flatten.push_back({"dp_shard_cp", {"dp_shard", "cp"}});
+  }
   if (copies > 1) dims.insert(dims.begin(), {"dp_replicate", copies});
   // pp outermost; "stage": the ranks of one stage (dp x tp), which start from the same values.
-  std::vector<distributed::MeshFlatten> flatten;
   if (pp > 1) {
     flatten.push_back({"stage", {}});
     for (const auto& d : dims) flatten.back().dims.push_back(d.name);
@@ -86,7 +93,7 @@ void ModelParallel::setup_environment() {
 const c10::intrusive_ptr<c10d::ProcessGroup>& ModelParallel::data_parallel_group(
     const std::string& what) const {
   if (!mesh_) return group_for(what);  // throws before setup_environment
-  return mesh_->group("dp_shard");
+  return mesh_->group(mesh_->has("cp") ? "dp_shard_cp" : "dp_shard");
 }
 
 void ModelParallel::setup_module(torch::nn::Module& module) {
@@ -159,7 +166,8 @@ void ModelParallel::setup_module(torch::nn::Module& module) {
     split_of_tensor_[named[name].unsafeGetTensorImpl()] = &split;
   if (global_rank() == 0 && tp == 1)
     std::cerr << name() << ": " << mesh_->describe()
-              << ", tensor_parallel_size 1: no module split (fsdp over dp_shard)" << std::endl;
+              << ", tensor_parallel_size 1: no module split (fsdp over dp_shard"
+              << (mesh_->has("cp") ? " x cp)" : ")") << std::endl;
   else if (global_rank() == 0)
     std::cerr << name() << ": " << mesh_->describe() << ", " << split.size()
               << (split.size() == 1 ? " module" : " modules") << " split over tp"
@@ -243,6 +251,11 @@ void ModelParallel::teardown() {
     fabric::nn::unparallelize(*split_module_);
   split_module_ = nullptr;
   ParallelStrategy::teardown();  // release(): the mesh's groups end before the rendezvous
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> ModelParallel::context_parallel_group() const {
+  if (!mesh_ || !mesh_->has("cp")) return {};
+  return mesh_->group("cp");
 }
 
 c10::intrusive_ptr<c10d::ProcessGroup> ModelParallel::pipeline_group() const {

@@ -91,6 +91,8 @@ class ModelParallel : public Fsdp {
   // embedding's second copy left out of the gradient norm; the stages' states joined on the
   // pipeline's first rank (for exports: every name once, the first stage's copy of a tied one).
   c10::intrusive_ptr<c10d::ProcessGroup> pipeline_group() const override;
+  // Context parallelism (options.context_parallel_size > 1): the mesh's cp group.
+  c10::intrusive_ptr<c10d::ProcessGroup> context_parallel_group() const override;
   void set_shared_parameter(const torch::Tensor& parameter, bool counted_here) override;
   StateDict gather_pipeline_state(StateDict local) override;
   const ModelParallelOptions& options() const { return options_mp_; }

@@ -53,6 +53,8 @@ void Strategy::materialize_empty_init(torch::nn::Module& module, torch::Device d
 
 c10::intrusive_ptr<c10d::ProcessGroup> Strategy::pipeline_group() const { return {}; }
 
+c10::intrusive_ptr<c10d::ProcessGroup> Strategy::context_parallel_group() const { return {}; }
+
 void Strategy::sync_accumulated_gradients() {
   throw Error("fabric.strategy: " + name() +
               ": cannot synchronize gradients outside a backward pass; pipeline parallelism "

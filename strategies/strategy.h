@@ -124,6 +124,9 @@ class Strategy {
   // Pipeline parallelism (fabric.model_parallel.pipeline_parallel_size > 1): the process group of
   // this rank's pipeline (the ranks that hold the other stages of the same data), null without.
   virtual c10::intrusive_ptr<c10d::ProcessGroup> pipeline_group() const;
+  // Context parallelism (fabric.model_parallel.context_parallel_size > 1): the ranks that split
+  // each sequence (a model's set_context_parallel takes it), null without.
+  virtual c10::intrusive_ptr<c10d::ProcessGroup> context_parallel_group() const;
   // `parameter` is also held by another rank of the pipeline with the same gradient (an
   // embedding tied to the output layer of the last stage): the gradient norm counts it only
   // where `counted_here`. Before setup_optimizer. A no-op without a pipeline.

@@ -180,6 +180,11 @@ ConfigSchema default_schema() {
             "pipeline stages, the outermost mesh dimension: each rank holds 1 / this of the "
             "model's blocks (the first stage the embeddings, the last the norm, head and loss) "
             "and the batch runs through them in micro-batches (fabric.pipeline.*)"));
+  s.add("fabric.model_parallel.context_parallel_size",
+        KeySpec::integer(1).min(1).doc(
+            "ranks that split each sequence (context parallelism: attention by ring over them, "
+            "each rank on 2 of 2 x this chunks of every sequence; the GPT and the Llama family); "
+            "their parameters are sharded together with dp's"));
   s.add("fabric.pipeline.schedule",
         KeySpec::choice({"gpipe", "1f1b", "interleaved_1f1b"}, "1f1b")
             .doc("the order of the micro-batches' forwards and backwards on each stage: gpipe "
