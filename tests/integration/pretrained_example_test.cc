@@ -2,10 +2,12 @@
 // small random Llama (GQA, llama3 rope, untied), Qwen2 (biases, tied) and GPT-2 folders with
 // tokenizers trained by `tokenizers` (pretrained_models.py make) are
 //   - generated from: greedy float32 ids, prompt ids and text equal transformers' and tokenizers';
-//   - loaded under one process, fsdp over 2 (empty init), tp 2 and tp 2 with sequence parallelism:
+//   - loaded under one process, fsdp over 2 (empty init), tp 2 and tp 2 with sequence parallelism,
+//     pp 2 and cp 2:
 //     the validation loss before any step equals transformers' on the same windows (so every
 //     rank's slices were right);
-//   - trained 2 steps and exported (checkpoint.export_format=hf) from fsdp, tp and ddp (sharded
+//   - trained 2 steps and exported (checkpoint.export_format=hf) from fsdp, tp, pp, cp, ddp
+//   (sharded
 //     files), and a GPT trained from scratch as GPT-2: transformers loads each folder and its
 //     validation loss equals the run's own;
 // and bad input (a missing folder, a Fabric++ checkpoint, size keys beside model.pretrained, a
@@ -84,6 +86,13 @@ fs::path PretrainedExampleTest::dir_;
 const char kFsdp[] =
     "fabric.devices=2 fabric.strategy=fsdp fabric.fsdp.wrap_modules=LlamaDecoderLayer "
     "fabric.empty_init=true";
+// Pipeline parallelism (2 stages of the 2 layers, 4 micro-batches) and context parallelism (each
+// rank 2 of the 4 chunks of every window): one data-parallel rank, 8 windows.
+const char kPp[] =
+    "fabric.devices=2 fabric.strategy=model_parallel "
+    "fabric.model_parallel.pipeline_parallel_size=2 fabric.pipeline.micro_batches=4";
+const char kCp[] =
+    "fabric.devices=2 fabric.strategy=model_parallel fabric.model_parallel.context_parallel_size=2";
 const char kTp[] =
     "fabric.devices=2 fabric.strategy=model_parallel fabric.model_parallel.tensor_parallel_size=2 "
     "fabric.empty_init=true";
@@ -113,9 +122,14 @@ TEST_F(PretrainedExampleTest, MatchesTransformers) {
          train("gpt2", 0, kTp)});
   check({"val_loss", (dir_ / "llama").string(), (dir_ / "tok_llama").string(), window, 8,
          train("llama", 0, std::string(kTp) + " fabric.model_parallel.sequence_parallel=true")});
+  check({"val_loss", (dir_ / "qwen2").string(), (dir_ / "tok_qwen2").string(), window, 8,
+         train("qwen2", 0, kPp)});
+  check({"val_loss", (dir_ / "llama").string(), (dir_ / "tok_llama").string(), window, 8,
+         train("llama", 0, kCp)});
   // Exports after 2 steps, from fsdp, tp and ddp (in shards of at most 50 KB).
-  auto exported = [&](const std::string& m, const std::string& strategy, int windows) {
-    const fs::path out = dir_ / ("export_" + m);
+  auto exported = [&](const std::string& m, const std::string& strategy, int windows,
+                      const std::string& as = "") {
+    const fs::path out = dir_ / ("export_" + m + as);
     const std::string summary = train(
         m, 2, strategy + " checkpoint.export_format=hf checkpoint.export_weights=" + out.string());
     EXPECT_TRUE(fs::exists(out / "tokenizer.json")) << "the tokenizer is copied beside";
@@ -124,6 +138,8 @@ TEST_F(PretrainedExampleTest, MatchesTransformers) {
   exported("llama", kFsdp, 16);
   exported("gpt2", kTp, 8);
   exported("qwen2", "fabric.devices=2 fabric.strategy=ddp checkpoint.export_shard_gb=0.00005", 16);
+  exported("llama", kPp, 8, "_pp");
+  exported("qwen2", kCp, 8, "_cp");
   EXPECT_TRUE(fs::exists(dir_ / "export_qwen2" / "model.safetensors.index.json"));
   EXPECT_TRUE(fs::exists(dir_ / "export_qwen2" / "model-00002-of-00006.safetensors"));
   // A GPT trained from scratch (no model.pretrained) exported as GPT-2.
@@ -150,7 +166,7 @@ TEST_F(PretrainedExampleTest, MatchesTransformers) {
   for (size_t at = r.out.find("\nok "); at != std::string::npos; at = r.out.find("\nok ", at + 1))
     ++ok;
   if (r.out.rfind("ok ", 0) == 0) ++ok;
-  EXPECT_EQ(ok, 11u) << r.out;
+  EXPECT_EQ(ok, 15u) << r.out;
 }
 
 TEST_F(PretrainedExampleTest, BadInputIsOneLine) {
