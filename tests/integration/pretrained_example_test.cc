@@ -2,14 +2,12 @@
 // small random Llama (GQA, llama3 rope, untied), Qwen2 (biases, tied) and GPT-2 folders with
 // tokenizers trained by `tokenizers` (pretrained_models.py make) are
 //   - generated from: greedy float32 ids, prompt ids and text equal transformers' and tokenizers';
-//   - loaded under one process, fsdp over 2 (empty init), tp 2 and tp 2 with sequence parallelism,
-//     pp 2 and cp 2:
-//     the validation loss before any step equals transformers' on the same windows (so every
-//     rank's slices were right);
-//   - trained 2 steps and exported (checkpoint.export_format=hf) from fsdp, tp, pp, cp, ddp
-//   (sharded
-//     files), and a GPT trained from scratch as GPT-2: transformers loads each folder and its
-//     validation loss equals the run's own;
+//   - loaded under one process, fsdp over 2 (empty init), tp 2 (with sequence parallelism too),
+//     pp 2 (Qwen2) and cp 2 (Llama): the validation loss before any step equals transformers' on
+//     the same windows (so every rank's slices, stages and chunks were right);
+//   - trained 2 steps and exported (checkpoint.export_format=hf) from fsdp, tp, pp, cp and ddp
+//     (sharded files), and a GPT trained from scratch as GPT-2: transformers loads each folder and
+//     its validation loss equals the run's own;
 // and bad input (a missing folder, a Fabric++ checkpoint, size keys beside model.pretrained, a
 // window longer than the model's positions, data whose vocabulary does not fit, a truncated
 // safetensors file) stops with one line naming the key or file.
