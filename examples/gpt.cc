@@ -109,7 +109,10 @@ int train_model(fabric::Fabric& f, const examples::gpt::ModelChoice& choice, con
     }
   };
   auto optimizer = fabric::make_optimizer(c, *model);
-  if constexpr (kStaged) f.setup_pipeline_tied(model->tied_weight(), pipe->runner());
+  if constexpr (kStaged) {
+    f.setup_pipeline_tied(model->tied_weight(), pipe->runner());
+    pipe->describe(*model, choice.parameters());
+  }
   f.setup(model, *optimizer);  // and model.init_weights, if set
   // fabric.model_parallel.context_parallel_size: each rank runs its share of every sequence
   // (`local`: chunks r and 2 cp - 1 - r of 2 cp), attention over the whole by ring.

@@ -97,6 +97,26 @@ Pipeline::Pipeline(fabric::Fabric& f, int64_t batch_size, int64_t window, int64_
   clip_ = f.config().get_double("trainer.gradient_clip_val");
 }
 
+void Pipeline::describe(torch::nn::Module& stages, int64_t parameters) {
+  int64_t held = 0;
+  for (const auto& p : stages.parameters()) held += p.numel();
+  const auto all = f_.all_gather(torch::tensor({held}).to(f_.device()));
+  const int64_t pp = runner_->size(), per_stage = f_.world_size() / pp;  // pp outermost
+  std::string counts;
+  int64_t sum = 0;
+  for (int64_t k = 0; k < pp; ++k) {
+    const int64_t n = all[k * per_stage].item<int64_t>();
+    counts += (k ? " / " : "") + std::to_string(n);
+    sum += n;
+  }
+  const auto& o = options_;
+  f_.print("pipeline: ", runner_->stages(), " stages over pp ", pp, ", ",
+           fabric::distributed::pipeline_schedule_name(o.schedule), ", ", o.micro_batches,
+           " micro-batches of ", o.activation_sizes[0], " sequences; parameters per pp rank ",
+           counts, " of the model's ", parameters,
+           sum > parameters ? " (the tied embedding on the first and the last)" : "");
+}
+
 fabric::distributed::PipelineRunner& Pipeline::cut(const torch::Tensor& x, const torch::Tensor& y,
                                                    bool train) {
   const int64_t rows = x.size(0), m = options_.micro_batches;

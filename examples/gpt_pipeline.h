@@ -42,6 +42,10 @@ class Pipeline {
   Pipeline(fabric::Fabric& f, int64_t batch_size, int64_t window, int64_t width);
 
   fabric::distributed::PipelineRunner& runner() { return *runner_; }
+  // Prints (rank 0) the schedule and each stage's parameters against the model's `parameters`:
+  // "pipeline: 2 stages over pp 2, 1f1b, 4 micro-batches of 2 sequences; parameters per pp rank
+  // 437504 / 429568 of the model's 834304 (...)". Collective; before setup (whole shapes).
+  void describe(torch::nn::Module& stages, int64_t parameters);
 
   // One optimizer step on the batch (x, y): zero_grad, the micro-batches through the stages,
   // trainer.gradient_clip_val by norm over the pipeline, Fabric::step. The mean loss.

@@ -37,6 +37,7 @@
 #   --suite=model_parallel: issue 50's GPU rows: fp8_cuda_test (the float8 kernels bitwise ATen's),
 #                   gpt_cuda_test (the fused loss and LayerNorm kernels),
 #                   the tiny GPT under tp 2 with sequence parallelism and dropout (2 ranks, Gloo),
+#                   issue 71's: pp 2 (1f1b, gpipe, interleaved) and cp 2 against ddp (2 ranks),
 #                   and gpt_compare.sh's ours-eager (bf16-mixed) vs ours-fp8 vs ours-fp8-rowwise
 #                   on gpt2-medium (batch 16) and gpt2-xl (batch 8) x 1024 tokens, 15 timed steps
 #                   after 6, --reps interleaved, with a profile summary of ours-fp8 on each
@@ -453,6 +454,29 @@ run() {
       "$runsh" gpt --config=gpt_tp.yaml "${place[@]}" fabric.model_parallel.tensor_parallel_size=2 \
       fabric.model_parallel.sequence_parallel=true model.dropout=0.1 trainer.max_steps=40 \
       gpt.sample_tokens=0 "logging.run_dir=$work/runs/{name}/{timestamp}" "gpt.corpus_cache=$work/corpus"
+    # Issue 71: pipeline and context parallelism with 2 ranks on the one GPU (Gloo, the runner's
+    # activations through host memory): each schedule and cp 2 against ddp on the same global
+    # batch, exported weights within 1e-5 (compare_weights.py; CPU: 3.4e-7).
+    local pd="$work/pp" cmpw=("$python" "$here/compare_weights.py" --tol=1e-5)
+    local tiny=(--config=gpt_tiny.yaml "${place[@]}" model.n_layer=4 model.n_head=2 model.n_embd=32
+                model.block_size=32 trainer.max_steps=6 scheduler.warmup_steps=2
+                trainer.limit_eval_batches=2 gpt.sample_tokens=0 optimizer.name=sgd optimizer.lr=0.1
+                trainer.gradient_clip_val=0.1 fabric.precision=32-true "gpt.corpus_cache=$work/corpus")
+    CHECK_SUMMARY='val loss' check "gpt tiny ddp, 2 ranks (the pp/cp reference)" 120 "$runsh" gpt \
+      "${tiny[@]}" fabric.strategy=ddp data.batch_size=4 "logging.run_dir=$pd/ddp"
+    local pv
+    for pv in "pp 2 1f1b|fabric.model_parallel.pipeline_parallel_size=2" \
+              "pp 2 gpipe m 8|fabric.model_parallel.pipeline_parallel_size=2 fabric.pipeline.schedule=gpipe fabric.pipeline.micro_batches=8" \
+              "pp 2 interleaved v 2|fabric.model_parallel.pipeline_parallel_size=2 fabric.pipeline.schedule=interleaved_1f1b fabric.pipeline.virtual_stages=2" \
+              "cp 2|fabric.model_parallel.context_parallel_size=2"; do
+      local pname=${pv%%|*} pflags=${pv#*|} pdir
+      pdir="$pd/${pname// /_}"
+      # shellcheck disable=SC2086  # the flags are words
+      CHECK_SUMMARY='val loss' check "gpt tiny $pname (2 ranks)" 120 "$runsh" gpt "${tiny[@]}" \
+        fabric.strategy=model_parallel data.batch_size=8 $pflags "logging.run_dir=$pdir" &&
+        CHECK_SUMMARY='max_rel|bitwise' check "gpt tiny $pname = ddp (weights)" 60 "${cmpw[@]}" \
+          "$pdir/weights.pt" "$pd/ddp/weights.pt"
+    done
     local m b spec
     for spec in "gpt2-medium 16" "gpt2-xl 8"; do
       read -r m b <<<"$spec"

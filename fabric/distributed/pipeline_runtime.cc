@@ -45,6 +45,15 @@ PipelineRunner::PipelineRunner(c10::intrusive_ptr<c10d::ProcessGroup> group,
   if (group_) {
     rank_ = group_->getRank();
     pp_ = group_->getSize();
+    // Gloo's send/recv reads and writes host memory: CUDA tensors go through the host when the
+    // group's CUDA backend is Gloo (several ranks sharing one GPU). Unverified on a GPU so far.
+    if (options_.device.is_cuda() && group_->hasBackends()) {
+      try {
+        host_wire_ = group_->getBackend(c10::DeviceType::CUDA)->getBackendName() == "gloo";
+      } catch (const std::exception&) {
+        host_wire_ = false;  // no CUDA backend registered: the default one's
+      }
+    }
   }
   actions_ = pipeline_actions(options_.schedule, rank_, pp_, options_.micro_batches,
                               options_.virtual_stages);
@@ -115,7 +124,7 @@ at::Tensor PipelineRunner::run(const std::vector<PipelineAction>& actions,
   timeline_.clear();
 
   auto send = [&](at::Tensor t, int64_t peer, int tag_value, const PipelineAction& a) {
-    Pending p{{t.contiguous()}, {}, to_string(a)};
+    Pending p{{host_wire_ ? t.to(at::kCPU) : t.contiguous()}, {}, to_string(a)};
     p.work = group_->send(p.tensors, static_cast<int>(peer), tag_value);
     sends.push_back(std::move(p));
   };
@@ -131,7 +140,10 @@ at::Tensor PipelineRunner::run(const std::vector<PipelineAction>& actions,
     const int tag_value = a.kind == PipelineAction::kRecvActivation
                               ? tag(false, a.stage - 1, a.micro_batch)
                               : tag(true, a.stage, a.micro_batch);
-    Pending p{{at::empty(options_.activation_sizes, buffer_options)}, {}, to_string(a)};
+    Pending p{{at::empty(options_.activation_sizes,
+                         host_wire_ ? buffer_options.device(at::kCPU) : buffer_options)},
+              {},
+              to_string(a)};
     p.work = group_->recv(p.tensors, static_cast<int>(a.peer_rank), tag_value);
     posted.emplace(i, std::move(p));
   };
@@ -141,7 +153,7 @@ at::Tensor PipelineRunner::run(const std::vector<PipelineAction>& actions,
     wait(it->second.work, "pipeline " + it->second.what);
     at::Tensor t = it->second.tensors[0];
     posted.erase(it);
-    return t;
+    return host_wire_ ? t.to(options_.device) : t;
   };
 
   // Sends that completed release their tensors (an activation whose backward ran would otherwise
@@ -293,12 +305,12 @@ at::Tensor PipelineRunner::clip_grad_norm(const std::vector<at::Tensor>& paramet
 
 void PipelineRunner::sum_between(at::Tensor& t, int64_t a, int64_t b) {
   if (a == b || pp_ == 1 || (rank_ != a && rank_ != b)) return;
-  std::vector<at::Tensor> mine = {t.is_contiguous() ? t : t.contiguous()};
+  std::vector<at::Tensor> mine = {host_wire_ ? t.to(at::kCPU) : t.contiguous()};
   if (rank_ == b) {
     wait(group_->send(mine, static_cast<int>(a), kSumBetweenTag), "pipeline sum_between send");
     wait(group_->recv(mine, static_cast<int>(a), kSumBetweenTag), "pipeline sum_between recv");
   } else {
-    std::vector<at::Tensor> theirs = {at::empty_like(mine[0])};
+    std::vector<at::Tensor> theirs = {at::empty_like(mine[0])};  // on mine's device
     wait(group_->recv(theirs, static_cast<int>(b), kSumBetweenTag), "pipeline sum_between recv");
     mine[0].add_(theirs[0]);
     wait(group_->send(mine, static_cast<int>(b), kSumBetweenTag), "pipeline sum_between send");

@@ -148,6 +148,7 @@ class PipelineRunner {
                  bool train);
 
   std::vector<PipelineAction> actions_, forward_actions_;
+  bool host_wire_ = false;  // CUDA tensors sent and received through host memory (Gloo)
   int64_t peak_in_flight_ = 0;
   std::vector<PipelineEvent> timeline_;
 };
