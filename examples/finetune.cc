@@ -53,6 +53,7 @@
 #include "fabric/main.h"
 #include "fabric/models/llama.h"
 #include "fabric/models/llama_generate.h"
+#include "fabric/nn/empty_init.h"
 #include "fabric/nn/lora.h"
 #include "fabric/nonfinite_guard.h"
 #include "fabric/training/activation_checkpoint.h"
@@ -79,19 +80,30 @@ int run(fabric::Fabric& f) {
 
   const bool lora = c.get_string("finetune.method") == "lora";
   const fabric::nn::LoraOptions lopt = lora_options(c);
-  auto model = f.init_module([&] { return fabric::models::Llama(lc); });
-  // The base weights before the adapters exist (apply_lora freezes what it finds); the adapters
-  // start as peft's (B = 0: the model begins equal to the base).
-  const fabric::hf::Weights weights = fabric::hf::model_weights(p);
+  // The adapters are made with the model, so that under fabric.empty_init they are recorded with
+  // the base and setup gives them the values a full construction draws (the same numbers either
+  // way); they start as peft's (B = 0: the model begins equal to the base).
   std::vector<std::string> adapted;
-  if (lora) {
-    f.load_weights(model, weights.tensors, folder.string());
-    try {
-      adapted = fabric::nn::apply_lora(*model, lopt);
-    } catch (const fabric::Error& e) {
-      throw c.error_at("finetune.lora.target_modules", e.what());
+  auto model = f.init_module([&] {
+    fabric::models::Llama m(lc);
+    if (lora) {
+      try {
+        adapted = fabric::nn::apply_lora(*m, lopt);
+      } catch (const fabric::Error& e) {
+        throw c.error_at("finetune.lora.target_modules", e.what());
+      }
     }
-  }
+    return m;
+  });
+  const fabric::hf::Weights weights = fabric::hf::model_weights(p);
+  // The pretrained weights; the folder has no adapters: they keep their init. A LoRA model with
+  // memory loads before setup (whole on each rank; the strategy then shards the loaded values),
+  // an empty init's (no memory until setup) after it, gathered while loaded (the adapters kept),
+  // and a full fine-tune after it (under fsdp and tp each rank copies only its part).
+  const fabric::Fabric::KeepName keep_adapters =
+      lora ? fabric::Fabric::KeepName(fabric::nn::is_lora_tensor) : nullptr;
+  const bool load_after_setup = !lora || fabric::has_meta_tensors(*model);
+  if (!load_after_setup) f.load_weights(model, weights.tensors, folder.string(), keep_adapters);
   int64_t trainable = 0;  // counted on the whole model, before a strategy shards it
   for (const auto& t : model->parameters())
     if (t.requires_grad()) trainable += t.numel();
@@ -103,7 +115,7 @@ int run(fabric::Fabric& f) {
                        ? fabric::make_optimizer(c, *examples::finetune::trainable_tree(*model))
                        : fabric::make_optimizer(c, *model);
   f.setup(model, *optimizer);
-  if (!lora) f.load_weights(model, weights.tensors, folder.string());
+  if (load_after_setup) f.load_weights(model, weights.tensors, folder.string(), keep_adapters);
   const int64_t parameters = lc.parameters() + (lora ? trainable : 0);
 
   const bool checkpoint_layers = !c.get_string_list("model.activation_checkpointing").empty();

@@ -321,9 +321,17 @@ class Fabric {
   //     auto kept = fabric::hf::checked_weights(*model, w, folder);     // whole shapes: now
   //     f.setup(model, *optimizer);
   //     f.load_weights(model, kept, folder);
+  // `keep` (optional): names of the module's tensors that `tensors` may lack, which then keep the
+  // values they have: a pretrained base loaded into a model with LoRA adapters the folder does
+  // not hold, whose values are their init's (under an empty init the ones setup() gave them). A
+  // name it keeps that `tensors` has is loaded. With it a strategy that splits parameters (fsdp,
+  // model_parallel) gathers the module while copying (collective), as a file read whole does.
+  //     f.load_weights(model, w.tensors, folder, fabric::nn::is_lora_tensor);
+  using KeepName = std::function<bool(const std::string& name)>;
   template <typename Module>
-  void load_weights(Module& module, const StateDict& tensors, const std::string& source) {
-    load_weights_of(module_ref(module), tensors, source);
+  void load_weights(Module& module, const StateDict& tensors, const std::string& source,
+                    const KeepName& keep = nullptr) {
+    load_weights_of(module_ref(module), tensors, source, keep);
   }
 
   // Checkpoint: writes `state` (fabric/checkpoint/checkpoint_state.h) to `path` with,
@@ -479,7 +487,7 @@ class Fabric {
   void save_weights_of(torch::nn::Module& module, const std::string& path);
   void load_weights_of(torch::nn::Module& module, const std::string& path);
   void load_weights_of(torch::nn::Module& module, const StateDict& tensors,
-                       const std::string& source);
+                       const std::string& source, const KeepName& keep = nullptr);
   double clip_gradients_norm(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                              double max_norm, double norm_type);
   void clip_gradients_by_value(torch::nn::Module& module, torch::optim::Optimizer& optimizer,

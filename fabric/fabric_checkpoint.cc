@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <tuple>
 
 #include "fabric/checkpoint/archive.h"
@@ -244,7 +245,7 @@ void Fabric::load_weights_of(torch::nn::Module& module, const std::string& path)
 }
 
 void Fabric::load_weights_of(torch::nn::Module& module, const StateDict& tensors,
-                             const std::string& source) {
+                             const std::string& source, const KeepName& keep) {
   // A module of an empty init not yet set up: its tensors are on the meta device, and a copy
   // into them would be lost.
   for (const auto& record : pending_inits_) {
@@ -256,7 +257,10 @@ void Fabric::load_weights_of(torch::nn::Module& module, const StateDict& tensors
                   ": the module was built by an empty init (init_module) and has no memory "
                   "until setup(); load its weights after setup");
   }
-  if (ShardedState* sharded = strategy_->sharded_state()) {
+  // With names kept the module is loaded whole (below): a sharded checkpoint's pieces of the
+  // kept tensors are what each rank writes, not all that it holds.
+  ShardedState* sharded = keep ? nullptr : strategy_->sharded_state();
+  if (sharded != nullptr) {
     // Each rank copies the elements it keeps straight from `tensors` (views: a memory-mapped
     // file is read only where this rank's elements lie).
     c10::impl::GenericDict value(c10::StringType::get(), c10::AnyType::get());
@@ -271,7 +275,16 @@ void Fabric::load_weights_of(torch::nn::Module& module, const StateDict& tensors
   }
   // Whole parameters on every rank (a strategy that shards them gathers them while copied).
   const ScopeGuard whole = strategy_->materialize_parameters(module, /*write_back=*/true);
-  load_state_dict(module, tensors, source);
+  if (!keep) {
+    load_state_dict(module, tensors, source);
+    return;
+  }
+  StateDict all = tensors;
+  std::set<std::string> given;
+  for (const auto& entry : tensors) given.insert(entry.first);
+  for (const auto& [name, tensor] : state_dict(module))
+    if (!given.count(name) && keep(name)) all.emplace_back(name, tensor.detach().clone());
+  load_state_dict(module, all, source);
 }
 
 }  // namespace fabric

@@ -135,6 +135,8 @@ EmptyInit::~EmptyInit() {
   record_->seal();
 }
 
+bool recording_empty_init() { return t_recording != nullptr; }
+
 InitRecord::InitRecord() = default;
 InitRecord::~InitRecord() = default;
 size_t InitRecord::operations() const { return nodes_.size(); }

@@ -115,6 +115,9 @@ class InitRecord {
   std::unordered_map<const c10::TensorImpl*, size_t> final_after_;
 };
 
+// True while an EmptyInit records on this thread (what is built now gets its values at setup).
+bool recording_empty_init();
+
 // True when a parameter or buffer of `module` is on the meta device (an empty init to
 // materialise).
 bool has_meta_tensors(const torch::nn::Module& module);

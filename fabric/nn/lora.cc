@@ -13,6 +13,7 @@
 #include "fabric/core/atomic_file.h"
 #include "fabric/core/error.h"
 #include "fabric/core/suggest.h"
+#include "fabric/nn/empty_init.h"
 #include "fabric/nn/tensor_parallel.h"
 
 namespace fabric::nn {
@@ -111,6 +112,11 @@ std::vector<std::string> apply_lora(torch::nn::Module& model, const LoraOptions&
                   "] allows (min(in, out) = " + std::to_string(std::min(in, out)) + ")");
     if (l.lora_rank() > 0)
       throw Error(head + "layer '" + layers[i].first + "' has an adapter already");
+    // A meta base outside an empty init's recording: the adapters would get no values at setup.
+    if (l.weight.is_meta() && !recording_empty_init())
+      throw Error(head + "layer '" + layers[i].first +
+                  "' is on the meta device (an empty init); call apply_lora inside "
+                  "Fabric::init_module's function, so that setup gives the adapters their values");
   }
   // Everything but the adapters (those of an earlier apply_lora keep training).
   for (auto& item : model.named_parameters())
@@ -125,6 +131,12 @@ std::vector<std::string> apply_lora(torch::nn::Module& model, const LoraOptions&
     names.push_back(layers[i].first);
   }
   return names;
+}
+
+bool is_lora_tensor(const std::string& name) {
+  for (const std::string& part : components(name))
+    if (part == "lora_A" || part == "lora_B") return true;
+  return false;
 }
 
 std::vector<std::string> merge_lora(torch::nn::Module& model) {

@@ -34,7 +34,20 @@
 // process; lora_state gathers the cut tensors whole (a collective over tp: call it on every rank),
 // load_lora_state takes whole tensors and keeps this rank's slices, merge_lora folds each rank's
 // slice into its slice of the weight.
-// Apply to a model with values (after loading; not to an empty init's meta model).
+//
+// With an empty init (Fabric::init_module, fabric.empty_init) apply_lora runs inside the make
+// function, so the adapters are recorded with the base and setup() gives them the values a full
+// construction gives (the same generator draws, on any strategy); the pretrained base then loads
+// after setup, the adapters kept (Fabric::load_weights with is_lora_tensor):
+//   auto model = f.init_module([&] {
+//     fabric::models::Llama m(config);
+//     fabric::nn::apply_lora(*m, lora);
+//     return m;
+//   });
+//   f.setup(model, optimizer);
+//   f.load_weights(model, weights.tensors, folder, fabric::nn::is_lora_tensor);  // base only
+// apply_lora on a model built on the meta device outside such a recording is refused (its
+// adapters would have no values to give).
 #ifndef FABRIC_NN_LORA_H_
 #define FABRIC_NN_LORA_H_
 
@@ -64,6 +77,10 @@ struct LoraOptions {
 // has an adapter already. A layer split by tensor parallelism gets its rank's slice of the
 // adapter (drawn whole: the same values as one process's).
 std::vector<std::string> apply_lora(torch::nn::Module& model, const LoraOptions& options);
+
+// Whether `name` (a parameter's, by our names or peft's) is an adapter's: a component lora_A or
+// lora_B ("model.layers.0.self_attn.q_proj.lora_A.weight").
+bool is_lora_tensor(const std::string& name);
 
 // Folds every adapter into its layer's weight (W += B · A · scaling, peft's merge) and removes
 // the adapters: the model computes what it computed with them, as plain Linear layers. The

@@ -126,8 +126,15 @@ void LinearImpl::register_lora() {
     torch::NoGradGuard no_grad;
     b->weight.zero_();
   }
-  a->to(weight.device(), weight.scalar_type());
-  b->to(weight.device(), weight.scalar_type());
+  if (weight.is_meta()) {
+    // An empty init's recording (fabric/nn/empty_init.h): the adapters are meta tensors already,
+    // and a device named here would be replayed as the meta device: the dtype only.
+    a->to(weight.scalar_type());
+    b->to(weight.scalar_type());
+  } else {
+    a->to(weight.device(), weight.scalar_type());
+    b->to(weight.device(), weight.scalar_type());
+  }
   lora_A = register_module("lora_A", a);
   lora_B = register_module("lora_B", b);
   // A split layer: drawn whole (every rank the same numbers, as one process), then cut.

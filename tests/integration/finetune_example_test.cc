@@ -8,12 +8,13 @@
 //     the same loss;
 //   - full fine-tune under fsdp on 2 processes: the Hugging Face folder loads with the run's loss;
 //   - a run stopped after 4 steps and resumed mid-epoch from its checkpoint exports an adapter
-//     bitwise equal to the uninterrupted run's;
+//     bitwise equal to the uninterrupted run's (ddp 2), and so does fsdp 2 with fabric.empty_init;
+//     one process with it exports the adapter of one process without it, bitwise;
 //   - LoRA on every projection under tensor parallelism (model_parallel, tp 2; with and without
 //     sequence parallelism; dropout on) trains as one process: losses, the exported adapter
 //     (whole: one process's names and shapes) and the merged export (gradients clipped) within
-//     1e-5; a tp 2 run resumed from its sharded checkpoint exports the uninterrupted one's
-//     adapter bitwise (within 1e-5 resumed at tp 1);
+//     1e-5 (the sequence-parallel run under an empty init); a tp 2 run resumed from its sharded
+//     checkpoint exports the uninterrupted one's adapter bitwise (within 1e-5 resumed at tp 1);
 // and bad input (a template without {response}, LoRA targets matching nothing, data.train
 // missing with a model of one's own) stops with one line naming the key.
 #include <gtest/gtest.h>
@@ -172,6 +173,16 @@ TEST_F(FinetuneExampleTest, AResumedRunExportsTheUninterruptedRunsAdapterBitwise
                                 (dir_ / "whole/export/adapter_model.safetensors").string() + " " +
                                 (dir_ / "resumed/export/adapter_model.safetensors").string());
   EXPECT_EQ(same.code, 0) << same.out;
+  // fsdp with an empty init (the base and the adapters built on the meta device, the adapters'
+  // values given by setup, the base loaded after it): the ddp run's adapter, bitwise.
+  const auto empty = finetune(common + "fabric.strategy=fsdp fabric.empty_init=true " +
+                              "logging.run_dir=whole_fsdp_empty");
+  ASSERT_EQ(empty.code, 0) << empty.out;
+  const auto same_empty =
+      run_command(python() + " tests/integration/finetune_reference.py same " +
+                  (dir_ / "whole/export/adapter_model.safetensors").string() + " " +
+                  (dir_ / "whole_fsdp_empty/export/adapter_model.safetensors").string());
+  EXPECT_EQ(same_empty.code, 0) << same_empty.out;
 }
 
 // The largest difference between two safetensors files' tensors of the same names and shapes
@@ -213,11 +224,23 @@ TEST_F(FinetuneExampleTest, TensorParallelLoraTrainsAsOneProcess) {
   const auto split = finetune(common + tp + "logging.run_dir=tp_two");
   ASSERT_EQ(split.code, 0) << split.out;
   EXPECT_NE(split.out.find("modules split over tp"), std::string::npos) << split.out;
-  const auto seq =
-      finetune(common + tp + "fabric.model_parallel.sequence_parallel=true logging.run_dir=tp_sp");
+  // With sequence parallelism, and an empty init (the adapters recorded with the base).
+  const auto seq = finetune(common + tp +
+                            "fabric.model_parallel.sequence_parallel=true fabric.empty_init=true "
+                            "logging.run_dir=tp_sp");
   ASSERT_EQ(seq.code, 0) << seq.out;
   const auto s1 = summary(one.out);
   ASSERT_TRUE(s1.is_object()) << one.out;
+  // One process with an empty init: the same adapters (A drawn as without it), bitwise.
+  const auto empty = finetune(common + "fabric.devices=1 fabric.empty_init=true " +
+                              "logging.run_dir=tp_one_empty");
+  ASSERT_EQ(empty.code, 0) << empty.out;
+  const auto se = summary(empty.out);
+  ASSERT_TRUE(se.is_object()) << empty.out;
+  for (const char* key : {"train_loss", "val_loss"}) EXPECT_EQ(se[key], s1[key]) << key;
+  EXPECT_EQ(max_difference(dir_ / "tp_one" / "export" / "adapter_model.safetensors",
+                           dir_ / "tp_one_empty" / "export" / "adapter_model.safetensors"),
+            0.0);
   for (const auto* run : {&split, &seq}) {
     const auto s = summary(run->out);
     ASSERT_TRUE(s.is_object()) << run->out;

@@ -19,6 +19,7 @@
 #include "fabric/checkpoint/safetensors.h"
 #include "fabric/core/error.h"
 #include "fabric/hf/llama.h"
+#include "fabric/nn/empty_init.h"
 #include "fabric/nn/tensor_parallel.h"
 #include "tests/run_command.h"
 
@@ -227,6 +228,56 @@ TEST(Lora, SplitLayersCutTheirAdapterLikeTheWeight) {
       fc->clear_lora();
       EXPECT_FALSE(fc->lora_cut().has_value());
     }
+  }
+}
+
+// Under an empty init (fabric/nn/empty_init.h) apply_lora inside the recording: the adapters are
+// meta tensors until materialized, then hold a full construction's values (A drawn after the
+// base from the same generator, B zeros), frozen base and all. On a meta base outside a recording
+// it is refused (its adapters would have no values).
+TEST(Lora, AnEmptyInitsAdaptersGetAFullConstructionsValues) {
+  fabric::nn::LoraOptions o;
+  o.rank = 2;
+  o.target_modules = {"fc"};
+  auto build = [&](bool lora) {
+    torch::nn::Sequential net;
+    net->push_back("fc", fabric::nn::Linear(16, 8));
+    if (lora) fabric::nn::apply_lora(*net, o);
+    return net;
+  };
+  torch::manual_seed(5);
+  const torch::nn::Sequential full = build(true);
+  torch::manual_seed(5);
+  torch::nn::Sequential empty{nullptr};
+  std::shared_ptr<fabric::InitRecord> record;
+  {
+    fabric::EmptyInit scope;
+    empty = build(true);
+    record = scope.record();
+  }
+  EXPECT_TRUE(empty[0]->as<fabric::nn::LinearImpl>()->lora_A->weight.is_meta());
+  fabric::materialize(*empty, *record, torch::kCPU);
+  const auto want = full->named_parameters(), got = empty->named_parameters();
+  ASSERT_EQ(got.size(), 4u);  // weight, bias, lora_A, lora_B
+  for (const auto& p : want) {
+    ASSERT_TRUE(got.contains(p.key())) << p.key();
+    EXPECT_TRUE(torch::equal(got[p.key()], p.value())) << p.key();
+    EXPECT_EQ(got[p.key()].requires_grad(), p.value().requires_grad()) << p.key();
+    EXPECT_EQ(fabric::nn::is_lora_tensor(p.key()), p.value().requires_grad()) << p.key();
+  }
+  EXPECT_GT(got["fc.lora_A.weight"].abs().sum().item<double>(), 0);
+  EXPECT_EQ(got["fc.lora_B.weight"].abs().sum().item<double>(), 0);
+  // Built empty, adapted after the recording ended: refused, naming what to do.
+  torch::nn::Sequential meta{nullptr};
+  {
+    fabric::EmptyInit scope;
+    meta = build(false);
+  }
+  try {
+    fabric::nn::apply_lora(*meta, o);
+    ADD_FAILURE() << "apply_lora took a meta base outside a recording";
+  } catch (const fabric::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("init_module"), std::string::npos) << e.what();
   }
 }
 
