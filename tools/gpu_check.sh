@@ -462,7 +462,7 @@ run() {
                 model.block_size=32 trainer.max_steps=6 scheduler.warmup_steps=2
                 trainer.limit_eval_batches=2 gpt.sample_tokens=0 optimizer.name=sgd optimizer.lr=0.1
                 trainer.gradient_clip_val=0.1 fabric.precision=32-true "gpt.corpus_cache=$work/corpus")
-    CHECK_SUMMARY='val loss' check "gpt tiny ddp, 2 ranks (the pp/cp reference)" 120 "$runsh" gpt \
+    CHECK_SUMMARY='val loss' check "gpt tiny ddp, 2 ranks (the pp and cp reference)" 120 "$runsh" gpt \
       "${tiny[@]}" fabric.strategy=ddp data.batch_size=4 "logging.run_dir=$pd/ddp"
     local pv
     for pv in "pp 2 1f1b|fabric.model_parallel.pipeline_parallel_size=2" \
