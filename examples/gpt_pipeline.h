@@ -5,8 +5,9 @@
 // fabric.pipeline.micro_batches micro-batches that run through the stages in the schedule's
 // order (fabric::distributed::PipelineRunner through Fabric::pipeline_backward), then the
 // gradients are clipped over the whole pipeline and each rank steps its stages' optimizer.
-// Validation runs the forwards only. Checkpoints are not written yet (fabric::Checkpointer says
-// so); checkpoint.export_weights writes the whole model, joined on rank 0.
+// Validation runs the forwards only. Checkpoints hold the whole model's state (each stage's
+// tensors and optimizer state under the whole model's names: fabric/checkpoint/pipeline_state.h)
+// and resume at any pp size; checkpoint.export_weights writes the whole model, joined on rank 0.
 #ifndef EXAMPLES_GPT_PIPELINE_H_
 #define EXAMPLES_GPT_PIPELINE_H_
 

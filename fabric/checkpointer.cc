@@ -75,37 +75,11 @@ int64_t checkpoint_step(const std::string& file_name) {
   return std::regex_match(file_name, m, name) ? std::stoll(m[1].str()) : -1;
 }
 
-namespace {
-
-// Under pipeline parallelism (not yet: a checkpoint holds one process's optimizer layout, and a
-// stage holds part of it) no checkpoint is written or read: the keys asking for one are refused,
-// the defaults turned off with one line saying so.
-CheckpointerOptions under_pipeline(Fabric& f, CheckpointerOptions o) {
-  const int64_t pp = f.pipeline_parallel_size();
-  if (pp == 1) return o;
-  const Config& c = f.config();
-  for (const char* key : {"checkpoint.every_n_steps", "checkpoint.every_n_epochs",
-                          "checkpoint.save_last", "checkpoint.resume"})
-    if (c.origin(key) != "default")
-      throw c.error_at(key,
-                       "checkpoints are not written or read under pipeline parallelism yet "
-                       "(fabric.model_parallel.pipeline_parallel_size " +
-                           std::to_string(pp) + "); remove " + key +
-                           " (checkpoint.export_weights still writes the whole model)");
-  o.every_n_steps = o.every_n_epochs = 0;
-  o.save_last = false;
-  f.print("checkpoint: none written under pipeline parallelism yet (pipeline_parallel_size ", pp,
-          "); checkpoint.export_weights writes the whole model at the end");
-  return o;
-}
-
-}  // namespace
-
 Checkpointer::Checkpointer(Fabric& f, CheckpointState state, const std::string& name,
                            const fs::path& run_dir)
     : f_(f),
       state_(std::move(state)),
-      options_(under_pipeline(f, CheckpointerOptions::from_config(f.config(), name, run_dir))) {
+      options_(CheckpointerOptions::from_config(f.config(), name, run_dir)) {
   state_.add("checkpointer.step", step_).add("checkpointer.epoch", epoch_);
   resume(options_.resume);
   claim_dir();

@@ -3,14 +3,21 @@
 // the facade is in fabric.cc.
 #include <torch/types.h>
 
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
+#include <string>
 #include <tuple>
+#include <unordered_map>
+#include <vector>
 
 #include "fabric/checkpoint/archive.h"
 #include "fabric/checkpoint/format.h"
+#include "fabric/checkpoint/pipeline_state.h"
 #include "fabric/checkpoint/rng_state.h"
 #include "fabric/checkpoint/sharded.h"
 #include "fabric/checkpoint/sharded_state.h"
@@ -104,6 +111,135 @@ c10::IValue host_copy(const c10::IValue& value, const c10::IValue* reuse) {
   return value;  // strings, numbers, None: immutable
 }
 
+// The names of each optimizer entry's parameters, group by group in its order: the strategy's for
+// an optimizer it splits, else the names the state's modules give its tensors.
+std::map<std::string, std::vector<std::vector<std::string>>> optimizer_names(
+    Strategy& strategy, const CheckpointState& state) {
+  std::unordered_map<const void*, std::string> by_impl;
+  for (const auto& entry : state.entries())
+    if (entry.module)
+      for (const auto& p : entry.module->named_parameters())
+        by_impl.emplace(p.value().unsafeGetTensorImpl(), p.key());
+  std::map<std::string, std::vector<std::vector<std::string>>> out;
+  for (const auto& entry : state.entries()) {
+    if (!entry.optimizer) continue;
+    if (ShardedState* sharded = strategy.sharded_state())
+      if (auto names = sharded->optimizer_parameter_names(*entry.optimizer)) {
+        out[entry.name] = std::move(*names);
+        continue;
+      }
+    auto& groups = out[entry.name];
+    size_t i = 0;
+    for (const auto& group : entry.optimizer->param_groups()) {
+      groups.emplace_back();
+      for (const auto& p : group.params()) {
+        auto it = by_impl.find(p.unsafeGetTensorImpl());
+        groups.back().push_back(it != by_impl.end() ? it->second
+                                                    : "optimizer parameter #" + std::to_string(i));
+        ++i;
+      }
+    }
+  }
+  return out;
+}
+
+// Under pipeline parallelism (pipeline_state.h): this rank's checkpoint dict `value` as the whole
+// model's. Collective over the pipeline. `sharded`: what this rank writes into a sharded folder
+// (the pipeline's first rank: every stage's descriptors); otherwise the pipeline's first rank gets
+// every stage's state joined (the others their own).
+c10::IValue pipeline_contents(Strategy& strategy, const c10::IValue& value,
+                              const CheckpointState& state, bool sharded) {
+  using Dict = c10::impl::GenericDict;
+  const size_t stage = static_cast<size_t>(strategy.pipeline_group()->getRank());
+  Dict top = value.toGenericDict().copy();
+  Dict entries = top.at("state").toGenericDict().copy();
+  std::vector<std::string> optimizers;
+  for (const auto& [entry, names] : optimizer_names(strategy, state)) {
+    auto it = entries.find(entry);
+    if (it == entries.end()) continue;
+    entries.insert_or_assign(entry, with_parameter_names(it->value(), names));
+    optimizers.push_back(entry);
+  }
+  const PipelineJoin join(strategy.exchange_pipeline(pipeline_skeleton(entries), true), optimizers);
+  c10::IValue mine = join.renumber(entries, stage);
+  if (sharded) {
+    mine = stage == 0 ? join.join_skeletons(mine)
+                      : join.own_pieces(mine, stage, strategy.first_of_stage());
+  } else {
+    const auto all = strategy.exchange_pipeline(host_copy(mine, nullptr), false);
+    for (size_t k = 1; k < all.size(); ++k) mine = merge_first(mine, all[k]);
+  }
+  top.insert_or_assign("state", mine);
+  return top;
+}
+
+// What Fabric::load needs to fit a checkpoint to this process (pipeline_state.h).
+PipelineLocal pipeline_local(Strategy& strategy, const CheckpointState& state) {
+  PipelineLocal local;
+  local.stage_only = static_cast<bool>(strategy.pipeline_group());
+  local.optimizers = optimizer_names(strategy, state);
+  for (const auto& entry : state.entries()) {
+    local.entries.insert(entry.name);
+    if (!entry.module) continue;
+    auto& held = local.modules[entry.name];
+    for (const auto& p : entry.module->named_parameters()) held.insert(p.key());
+    for (const auto& b : entry.module->named_buffers()) held.insert(b.key());
+  }
+  return local;
+}
+
+// `inner` (the strategy's pieces) for a checkpoint whose optimizers `saved` names (pipeline
+// stages'): each buffer asked for at this process's own index of its parameter; under pipeline
+// parallelism nothing of the tensors this process does not hold (an empty piece).
+WantedPieces pipeline_wanted(
+    WantedPieces inner, const PipelineLocal& local,
+    std::shared_ptr<std::map<std::string, std::vector<std::string>>> saved) {
+  if (!inner && !local.stage_only) return inner;
+  std::map<std::string, std::string> entry_of;  // by its escaped name
+  for (const auto& e : local.entries) entry_of[sharded_path({e})] = e;
+  std::map<std::string, std::map<std::string, int64_t>> own;  // optimizer → name → index
+  for (const auto& [entry, groups] : local.optimizers) {
+    int64_t i = 0;
+    for (const auto& group : groups)
+      for (const auto& name : group) own[entry].emplace(name, i++);
+  }
+  std::map<std::string, std::set<std::string>> held;  // module → escaped names
+  for (const auto& [entry, names] : local.modules)
+    for (const auto& n : names) held[entry].insert(sharded_path({n}));
+  const bool stage_only = local.stage_only;
+  return [inner, saved, entry_of, own, held, stage_only](
+             const std::string& path, at::IntArrayRef sizes, at::IntArrayRef strides,
+             const std::optional<PieceLayout>& layout) -> std::optional<PieceRange> {
+    const PieceRange none{0, 0, {}, std::nullopt};
+    auto ask = [&](const std::string& p) {
+      return inner ? inner(p, sizes, strides, layout) : std::optional<PieceRange>();
+    };
+    if (path.rfind("state/", 0) != 0) return ask(path);
+    const size_t end = path.find('/', 6);
+    const std::string escaped = path.substr(6, end == std::string::npos ? end : end - 6);
+    auto e = entry_of.find(escaped);
+    if (e == entry_of.end()) return stage_only ? std::optional<PieceRange>(none) : ask(path);
+    const std::string rest = end == std::string::npos ? "" : path.substr(end + 1);
+    auto names = saved->find(e->second);
+    if (names != saved->end() && rest.rfind("state/", 0) == 0) {
+      const size_t cut = rest.find('/', 6);
+      const std::string index = rest.substr(6, cut == std::string::npos ? cut : cut - 6);
+      const int64_t i = std::stoll(index);
+      if (i < 0 || i >= static_cast<int64_t>(names->second.size())) return ask(path);
+      const auto& mine = own.at(e->second);
+      auto at = mine.find(names->second[static_cast<size_t>(i)]);
+      if (at == mine.end()) return none;
+      return ask("state/" + escaped + "/state/" + std::to_string(at->second) +
+                 (cut == std::string::npos ? "" : rest.substr(cut)));
+    }
+    if (stage_only) {
+      auto h = held.find(e->second);
+      if (h != held.end() && !h->second.count(rest)) return none;
+    }
+    return ask(path);
+  };
+}
+
 }  // namespace
 
 void Fabric::save_weights_of(torch::nn::Module& module, const std::string& path) {
@@ -150,7 +286,12 @@ void Fabric::save(const std::string& path, const CheckpointState& state) {
     // Each rank writes what it holds: nothing gathered.
     const CheckpointState contents = with_local_pieces(strategy_->sharded_state(), state);
     StrategyRanks ranks(*strategy_);
-    write_sharded_checkpoint(ranks, file, [&] { return contents_of(contents); });
+    if (strategy_->pipeline_group()) {
+      const c10::IValue value = pipeline_contents(*strategy_, contents_of(contents), state, true);
+      write_sharded_checkpoint(ranks, file, [&] { return value; });
+    } else {
+      write_sharded_checkpoint(ranks, file, [&] { return contents_of(contents); });
+    }
     for (const auto& c : callbacks_) c->on_save_checkpoint(*this, file.string());
     return;
   }
@@ -159,8 +300,13 @@ void Fabric::save(const std::string& path, const CheckpointState& state) {
   const CheckpointState contents =
       with_whole_splits(with_split_optimizers(strategy_->sharded_state(), state, /*gather=*/true));
   const std::vector<ScopeGuard> whole = materialize_modules(*strategy_, modules_of(state), false);
-  StrategyRanks ranks(*strategy_);  // they hold the same state: rank 0 writes
-  write_checkpoint_file(ranks, file, [&] { return contents_of(contents); });
+  StrategyRanks ranks(*strategy_);    // they hold the same state: rank 0 writes
+  if (strategy_->pipeline_group()) {  // every stage's joined on rank 0
+    const c10::IValue value = pipeline_contents(*strategy_, contents_of(contents), state, false);
+    write_checkpoint_file(ranks, file, [&] { return value; });
+  } else {
+    write_checkpoint_file(ranks, file, [&] { return contents_of(contents); });
+  }
   for (const auto& c : callbacks_) c->on_save_checkpoint(*this, file.string());
 }
 
@@ -172,19 +318,27 @@ std::function<void()> Fabric::snapshot_for_save(const std::string& path,
   const auto contents_of = gather_for_save();
   if (saves_sharded()) {
     const CheckpointState contents = with_local_pieces(strategy_->sharded_state(), state);
-    snapshot = std::make_shared<c10::IValue>(host_copy(contents_of(contents), snapshot.get()));
+    const c10::IValue value =
+        strategy_->pipeline_group()
+            ? pipeline_contents(*strategy_, contents_of(contents), state, true)
+            : contents_of(contents);
+    snapshot = std::make_shared<c10::IValue>(host_copy(value, snapshot.get()));
     StrategyRanks ranks(*strategy_);
     return sharded_checkpoint_writer(ranks, file, snapshot, setup_->ddp.timeout);
   }
   const CheckpointState contents =
       with_whole_splits(with_split_optimizers(strategy_->sharded_state(), state, /*gather=*/true));
   const std::vector<ScopeGuard> whole = materialize_modules(*strategy_, modules_of(state), false);
+  std::optional<c10::IValue> joined;  // under pipeline parallelism: collective
+  if (strategy_->pipeline_group())
+    joined = pipeline_contents(*strategy_, contents_of(contents), state, false);
   if (!is_global_zero()) {
     snapshot.reset();
     return {};
   }
   // A copy, so that training may change the state while the file is written.
-  snapshot = std::make_shared<c10::IValue>(host_copy(contents_of(contents), snapshot.get()));
+  snapshot = std::make_shared<c10::IValue>(
+      host_copy(joined ? *joined : contents_of(contents), snapshot.get()));
   return [file, taken = snapshot] { save_archive(file, *taken); };
 }
 
@@ -197,11 +351,19 @@ void Fabric::load(const std::string& path, CheckpointState& state, bool strict) 
   // The modules loaded whole (gathered while written) rather than in this rank's part.
   auto whole_modules = std::make_shared<std::vector<torch::nn::Module*>>();
   try {
-    // A sharded checkpoint: this rank reads only its part of what the strategy splits.
+    // A sharded checkpoint: this rank reads only its part of what the strategy splits. A
+    // checkpoint of pipeline stages (its optimizers numbered by name) is fitted to this process;
+    // a stage reads only its own tensors.
+    const PipelineLocal local = pipeline_local(*strategy_, state);
+    auto saved = std::make_shared<std::map<std::string, std::vector<std::string>>>();
+    ReadOptions options{
+        pipeline_wanted(wanted_pieces(strategy_->sharded_state(), state), local, saved),
+        global_rank(), world_size()};
+    options.on_common = [&](const c10::IValue& common) {
+      *saved = saved_parameter_names(common, local);
+    };
     prepared = prepare_checkpoint(
-        read_checkpoint(
-            file, {wanted_pieces(strategy_->sharded_state(), state), global_rank(), world_size()}),
-        source,
+        pipeline_localize(read_checkpoint(file, options), local, source), source,
         with_local_loaders(
             strategy_->sharded_state(),
             with_split_optimizers(strategy_->sharded_state(), state, /*gather=*/false),

@@ -4,6 +4,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/comm.hpp>
 
+#include <algorithm>
+#include <cstring>
 #include <iostream>
 #include <memory>
 #include <set>
@@ -305,6 +307,58 @@ StateDict ModelParallel::gather_pipeline_state(StateDict local) {
     }
   }
   return local;
+}
+
+std::vector<c10::IValue> ModelParallel::exchange_pipeline(const c10::IValue& mine, bool everyone) {
+  const auto pg = pipeline_group();
+  if (!pg) return {mine};
+  // Each stage's value pickled: the byte counts gathered, then the bytes (padded to the longest
+  // for an all-gather, or sent to the first rank).
+  constexpr int kSizeTag = 71003, kBytesTag = 71004;
+  const std::vector<char> bytes = torch::jit::pickle_save(mine);
+  const int64_t n = pg->getSize(), me = pg->getRank();
+  std::vector<torch::Tensor> size{torch::tensor({static_cast<int64_t>(bytes.size())})};
+  auto load = [](const torch::Tensor& data, int64_t count) {
+    const char* p = static_cast<const char*>(data.data_ptr());
+    return torch::jit::pickle_load(std::vector<char>(p, p + count));
+  };
+  if (everyone) {
+    std::vector<std::vector<torch::Tensor>> sizes(1);
+    for (int64_t k = 0; k < n; ++k) sizes[0].push_back(torch::zeros({1}, torch::kLong));
+    distributed::wait(pg->allgather(sizes, size), "pipeline checkpoint: all_gather of sizes");
+    int64_t longest = 0;
+    for (const auto& t : sizes[0]) longest = std::max(longest, t.item<int64_t>());
+    std::vector<torch::Tensor> padded{torch::zeros({longest}, torch::kUInt8)};
+    std::memcpy(padded[0].data_ptr(), bytes.data(), bytes.size());
+    std::vector<std::vector<torch::Tensor>> all(1);
+    for (int64_t k = 0; k < n; ++k) all[0].push_back(torch::empty({longest}, torch::kUInt8));
+    distributed::wait(pg->allgather(all, padded), "pipeline checkpoint: all_gather");
+    std::vector<c10::IValue> out;
+    for (int64_t k = 0; k < n; ++k)
+      out.push_back(k == me ? mine : load(all[0][k], sizes[0][k].item<int64_t>()));
+    return out;
+  }
+  if (me != 0) {
+    distributed::wait(pg->send(size, 0, kSizeTag), "pipeline checkpoint: send of its size");
+    std::vector<torch::Tensor> data{torch::from_blob(
+        const_cast<char*>(bytes.data()), {static_cast<int64_t>(bytes.size())}, torch::kUInt8)};
+    distributed::wait(pg->send(data, 0, kBytesTag), "pipeline checkpoint: send");
+    return {mine};
+  }
+  std::vector<c10::IValue> out{mine};
+  for (int64_t k = 1; k < n; ++k) {
+    std::vector<torch::Tensor> count{torch::zeros({1}, torch::kLong)};
+    distributed::wait(pg->recv(count, static_cast<int>(k), kSizeTag),
+                      "pipeline checkpoint: recv of a size");
+    std::vector<torch::Tensor> data{torch::empty({count[0].item<int64_t>()}, torch::kUInt8)};
+    distributed::wait(pg->recv(data, static_cast<int>(k), kBytesTag), "pipeline checkpoint: recv");
+    out.push_back(load(data[0], count[0].item<int64_t>()));
+  }
+  return out;
+}
+
+bool ModelParallel::first_of_stage() const {
+  return !mesh_ || !mesh_->has("stage") || mesh_->group("stage")->getRank() == 0;
 }
 
 void ModelParallel::release() {

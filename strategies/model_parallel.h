@@ -95,6 +95,8 @@ class ModelParallel : public Fsdp {
   c10::intrusive_ptr<c10d::ProcessGroup> context_parallel_group() const override;
   void set_shared_parameter(const torch::Tensor& parameter, bool counted_here) override;
   StateDict gather_pipeline_state(StateDict local) override;
+  std::vector<c10::IValue> exchange_pipeline(const c10::IValue& mine, bool everyone) override;
+  bool first_of_stage() const override;
   const ModelParallelOptions& options() const { return options_mp_; }
 
   // Null before setup_environment().

@@ -139,6 +139,16 @@ class OptimizerShard {
   // changes nothing.
   std::function<void()> prepare_full_state(const c10::IValue& state, const std::string& source);
 
+  // The parameters' names (the module's), group by group in the optimizer's order.
+  std::vector<std::vector<std::string>> names_by_group() const {
+    std::vector<std::vector<std::string>> out;
+    for (const auto& group : group_params_) {
+      out.emplace_back();
+      for (size_t i : group) out.back().push_back(names_[i]);
+    }
+    return out;
+  }
+
   // ZeRO-1 (one segment): its elements and this rank's part.
   int64_t total_elements() const { return totals_.at(0); }
   int64_t shard_elements() const { return shard_sizes_.at(0); }

@@ -161,6 +161,12 @@ std::optional<c10::IValue> ParallelStrategy::local_optimizer_state(
   return std::nullopt;
 }
 
+std::optional<std::vector<std::vector<std::string>>> ParallelStrategy::optimizer_parameter_names(
+    const torch::optim::Optimizer& optimizer) {
+  if (OptimizerShard* shard = shard_of(optimizer)) return shard->names_by_group();
+  return std::nullopt;
+}
+
 std::optional<PieceRange> ParallelStrategy::wanted_optimizer_piece(
     const torch::optim::Optimizer& optimizer, const std::string& path, at::IntArrayRef sizes,
     at::IntArrayRef strides, const std::optional<PieceLayout>& layout) {

@@ -65,6 +65,8 @@ class ParallelStrategy : public Strategy, public ShardedState {
   std::optional<std::function<void()>> prepare_split_optimizer_state(
       torch::optim::Optimizer& optimizer, const c10::IValue& state,
       const std::string& source) override;
+  std::optional<std::vector<std::vector<std::string>>> optimizer_parameter_names(
+      const torch::optim::Optimizer& optimizer) override;
   std::optional<PieceRange> wanted_optimizer_piece(
       const torch::optim::Optimizer& optimizer, const std::string& path, at::IntArrayRef sizes,
       at::IntArrayRef strides, const std::optional<PieceLayout>& layout) override;

@@ -138,6 +138,15 @@ class Strategy {
   // on the pipeline's first rank, in stage order; the other ranks get theirs back. `local`
   // itself without a pipeline.
   virtual StateDict gather_pipeline_state(StateDict local) { return local; }
+  // Collective over the pipeline: every stage's `mine` in stage order, on every rank of it
+  // (`everyone`) or on its first rank only (the others get {mine}). {mine} without a pipeline.
+  virtual std::vector<c10::IValue> exchange_pipeline(const c10::IValue& mine, bool everyone) {
+    (void)everyone;
+    return {mine};
+  }
+  // Whether this rank is the first of the ranks that hold its pipeline stage (data- and
+  // tensor-parallel coordinates 0): it writes what its stage alone holds whole. True without.
+  virtual bool first_of_stage() const { return true; }
 
   // Gradient synchronization a CUDA graph can capture (fabric/graphed_step.h turns it on
   // for its lifetime): a strategy that synchronizes gradients from hooks during backward, with

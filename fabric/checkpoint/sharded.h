@@ -115,6 +115,9 @@ struct ReadOptions {
   WantedPieces wanted;
   int64_t rank = 0;
   int64_t world_size = 1;
+  // Called with common.pt's dict before `wanted` is asked about any tensor (a pipeline stage's
+  // reader learns the saved parameter names there: pipeline_state.h).
+  std::function<void(const c10::IValue& common)> on_common;
 };
 
 // The dict of a checkpoint at `path`: a file (load_archive; `options` do not apply) or a sharded

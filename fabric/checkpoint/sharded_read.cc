@@ -307,7 +307,9 @@ c10::IValue read_checkpoint(const fs::path& path, const ReadOptions& options) {
   if (!fs::is_directory(path, ec)) return load_archive(path);
   const Manifest manifest = read_manifest(path);
   const int64_t world = manifest.world;
-  Joiner joiner(load_archive(path / kShardedCommon), world, path.string(), options.wanted);
+  const c10::IValue common = load_archive(path / kShardedCommon);
+  if (options.on_common) options.on_common(common);
+  Joiner joiner(common, world, path.string(), options.wanted);
   // The shard files in the order most likely to hold this reader's pieces first: at the same
   // world size its own, at another the one that held the same fraction of each tensor.
   const int64_t first = options.world_size > 0

@@ -51,6 +51,15 @@ class ShardedState {
     return std::nullopt;
   }
 
+  // The names of a split optimizer's parameters in one process's layout, group by group (the
+  // module's names for them): a pipeline stage's checkpoint numbers its optimizer by them
+  // (pipeline_state.h).
+  virtual std::optional<std::vector<std::vector<std::string>>> optimizer_parameter_names(
+      const torch::optim::Optimizer& optimizer) {
+    (void)optimizer;
+    return std::nullopt;
+  }
+
   // Loading without gathering. Which elements of a split tensor of `module`'s state (`path`: the
   // parameter's name as sharded_path writes it) or of `optimizer`'s (one process's layout:
   // "state/I/FIELD") this rank keeps, given the tensor's shape, strides and layout in the
