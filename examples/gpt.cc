@@ -116,13 +116,12 @@ int train_model(fabric::Fabric& f, const examples::gpt::ModelChoice& choice, con
   f.setup(model, *optimizer);  // and model.init_weights, if set
   // fabric.model_parallel.context_parallel_size: each rank runs its share of every sequence
   // (`local`: chunks r and 2 cp - 1 - r of 2 cp), attention over the whole by ring.
+  // (Stages: their whole model got the group before the cut, in train().)
   torch::Tensor cp_positions;
-  if constexpr (!kStaged) {
-    if (const auto cp = f.strategy().context_parallel_group()) {
-      model->set_context_parallel(cp);
-      const auto at = fabric::nn::cp_rank_positions(sequence, cp->getSize(), cp->getRank());
-      cp_positions = torch::tensor(at, torch::kLong).to(f.device());
-    }
+  if (const auto cp = f.strategy().context_parallel_group()) {
+    if constexpr (!kStaged) model->set_context_parallel(cp);
+    const auto at = fabric::nn::cp_rank_positions(sequence, cp->getSize(), cp->getRank());
+    cp_positions = torch::tensor(at, torch::kLong).to(f.device());
   }
   auto local = [&](const torch::Tensor& t) {
     return cp_positions.defined() ? t.index_select(1, cp_positions) : t;
@@ -217,7 +216,9 @@ int train_model(fabric::Fabric& f, const examples::gpt::ModelChoice& choice, con
         val,
         [&](const fabric::Batch& b) -> std::map<std::string, torch::Tensor> {
           if constexpr (kStaged) {  // the batch's mean for every sequence (all one length)
-            return {{"loss", pipe->evaluate(model, b.data, b.target).expand({b.data.size(0)})}};
+            return {
+                {"loss",
+                 pipe->evaluate(model, local(b.data), local(b.target)).expand({b.data.size(0)})}};
           } else {
             const torch::Tensor logits = f.forward(model, local(b.data));
             const torch::Tensor per_token =
@@ -265,7 +266,7 @@ int train_model(fabric::Fabric& f, const examples::gpt::ModelChoice& choice, con
       const auto micro = fabric::MicroBatch::in_epoch(in_epoch++, train.size(), accumulate);
       torch::Tensor micro_loss;
       if constexpr (kStaged)
-        micro_loss = pipe->train(model, *optimizer, batch.data, batch.target);
+        micro_loss = pipe->train(model, *optimizer, local(batch.data), local(batch.target));
       else
         micro_loss = (*train_step)({local(batch.data), local(batch.target)}, micro);
       group_loss = micro.first() ? micro_loss : group_loss + micro_loss;
@@ -415,10 +416,14 @@ int train(fabric::Fabric& f) {
   if (choice.pretrained) examples::gpt::check_tokenizer(f, *choice.pretrained, meta);
   if (f.pipeline_parallel_size() > 1) {
     // Every rank builds the whole model (the same values from the same seed) and keeps its
-    // stages; the other blocks are freed when `whole` goes.
+    // stages; the other blocks are freed when `whole` goes. Under context parallelism too the
+    // whole model gets the cp group first, and the activations are the rank's share of each
+    // sequence.
     const int64_t width =
         choice.is_llama() ? choice.pretrained->llama->hidden_size : choice.gpt.n_embd;
-    examples::gpt::Pipeline pipe(f, c.get_int("data.batch_size"), choice.window, width);
+    const auto cp = f.strategy().context_parallel_group();
+    examples::gpt::Pipeline pipe(f, c.get_int("data.batch_size"),
+                                 choice.window / (cp ? cp->getSize() : 1), width);
     const auto& r = pipe.runner();
     if (choice.is_llama()) {
       const fabric::models::LlamaConfig lc = *choice.pretrained->llama;
@@ -426,6 +431,7 @@ int train(fabric::Fabric& f) {
           f, choice, root, std::move(meta),
           [&] {
             fabric::models::Llama whole(lc);
+            if (cp) whole->set_context_parallel(cp);
             return fabric::models::LlamaStages(whole, r.local_stages(), r.stages());
           },
           &pipe);
@@ -434,6 +440,7 @@ int train(fabric::Fabric& f) {
         f, choice, root, std::move(meta),
         [&] {
           fabric::models::GPT whole(choice.gpt);
+          if (cp) whole->set_context_parallel(cp);
           return fabric::models::GPTStages(whole, r.local_stages(), r.stages());
         },
         &pipe);

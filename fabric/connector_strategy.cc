@@ -144,11 +144,6 @@ strategies::ModelParallelOptions resolve_model_parallel(const Config& c,
                                                    : " world size / pipeline_parallel_size = ") +
                     std::to_string(env.world_size() / o.pipeline_parallel_size) +
                     ": give a divisor of it");
-  if (o.pipeline_parallel_size > 1 && o.context_parallel_size > 1)
-    throw c.error_at(cp_key,
-                     "context parallelism does not compose with pipeline parallelism "
-                     "yet (pipeline_parallel_size " +
-                         std::to_string(o.pipeline_parallel_size) + "); set one of them to 1");
   // The ranks that split the rest: dp x tp of them, for each pipeline stage and cp rank.
   const int64_t world = env.world_size() / o.pipeline_parallel_size / o.context_parallel_size;
   const std::string of_world =

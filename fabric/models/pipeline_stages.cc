@@ -5,6 +5,7 @@
 
 #include "fabric/core/error.h"
 #include "fabric/distributed/pipeline_schedule.h"
+#include "fabric/models/context_parallel.h"
 
 namespace fabric::models {
 
@@ -103,7 +104,15 @@ GPTStagesImpl::GPTStagesImpl(const GPT& whole, const std::vector<int64_t>& stage
 
 torch::Tensor GPTStagesImpl::forward(int64_t stage, const torch::Tensor& input) {
   const auto [begin, end] = blocks_of(stage);
-  torch::Tensor x = stage == 0 ? gpt_embed(config_, wte, wpe, drop, input) : input;
+  torch::Tensor x = input;
+  if (stage == 0) {
+    // Under context parallelism (the whole model's, set before the cut) the input is the rank's
+    // share of each sequence: the learned positions at their global indices, as GPT::hidden.
+    const auto& cp = begin < end ? blocks.at(begin)->attn->context_parallel : nullptr;
+    x = cp ? drop->forward(wte->forward(input) + wpe->forward(context_parallel_positions(
+                                                     *cp, input.size(1), input.device())))
+           : gpt_embed(config_, wte, wpe, drop, input);
+  }
   for (int64_t i = begin; i < end; ++i) x = blocks.at(i)->forward(x);
   return x;
 }
