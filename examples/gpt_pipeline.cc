@@ -1,6 +1,8 @@
 #include "examples/gpt_pipeline.h"
 
+#include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "fabric/core/error.h"
 #include "fabric/distributed/pipeline_runtime.h"
@@ -117,29 +119,55 @@ void Pipeline::describe(torch::nn::Module& stages, int64_t parameters) {
            sum > parameters ? " (the tied embedding on the first and the last)" : "");
 }
 
+fabric::distributed::PipelineOptions Pipeline::options_for(int64_t rows, bool train) const {
+  using fabric::distributed::PipelineSchedule;
+  fabric::distributed::PipelineOptions o = options_;
+  const int64_t pp = runner_->size(), v = o.virtual_stages;
+  // Training keeps the schedule and the micro-batch count where they fit; evaluation has no
+  // backward to order, so as few micro-batches as the stages allow.
+  std::vector<PipelineSchedule> schedules{train   ? o.schedule
+                                          : v > 1 ? PipelineSchedule::kInterleavedOneFOneB
+                                                  : PipelineSchedule::kGPipe};
+  if (v == 1) schedules.push_back(PipelineSchedule::kGPipe);  // no bound on micro-batches
+  const int64_t target = train ? o.micro_batches : (v > 1 ? pp : 1);
+  for (const PipelineSchedule schedule : schedules) {
+    int64_t best = 0;
+    for (int64_t d = 1; d <= rows; ++d) {
+      if (rows % d != 0 || (best > 0 && std::abs(d - target) >= std::abs(best - target))) continue;
+      try {
+        (void)fabric::distributed::pipeline_actions(schedule, 0, pp, d, v);
+        best = d;
+      } catch (const fabric::Error&) {
+      }
+    }
+    if (best > 0) {
+      o.schedule = schedule;
+      o.micro_batches = best;
+      o.activation_sizes[0] = rows / best;
+      return o;
+    }
+  }
+  throw fabric::Error("gpt: a batch of " + std::to_string(rows) +
+                      " rows splits into no micro-batch count the pipeline can run (" +
+                      fabric::distributed::pipeline_schedule_name(o.schedule) + ", " +
+                      std::to_string(pp) + " ranks, " + std::to_string(v) +
+                      " virtual stages); set data.drop_last: true, or a data.batch_size that is a "
+                      "multiple of fabric.pipeline.micro_batches and no smaller last batch");
+}
+
 fabric::distributed::PipelineRunner& Pipeline::cut(const torch::Tensor& x, const torch::Tensor& y,
                                                    bool train) {
-  const int64_t rows = x.size(0), m = options_.micro_batches;
+  const int64_t rows = x.size(0);
   fabric::distributed::PipelineRunner* r = runner_.get();
-  fabric::distributed::PipelineOptions o = options_;
-  if (!train) {  // no schedule to keep: as few micro-batches as the stages allow
-    o.schedule = o.virtual_stages > 1 ? fabric::distributed::PipelineSchedule::kInterleavedOneFOneB
-                                      : fabric::distributed::PipelineSchedule::kGPipe;
-    o.micro_batches = o.virtual_stages > 1 ? runner_->size() : 1;
-  }
-  if (!train || rows != options_.activation_sizes[0] * m) {
+  if (!train || rows != options_.activation_sizes[0] * options_.micro_batches) {
     auto& other = others_[{train, rows}];
-    if (!other) {
-      o.activation_sizes[0] = rows / o.micro_batches;
-      (void)fabric::distributed::split_micro_batches(x, o.micro_batches);  // the error, if any
-      other =
-          std::make_unique<fabric::distributed::PipelineRunner>(f_.strategy().pipeline_group(), o);
-    }
+    if (!other)
+      other = std::make_unique<fabric::distributed::PipelineRunner>(f_.strategy().pipeline_group(),
+                                                                    options_for(rows, train));
     r = other.get();
   }
-  const int64_t micro_batches = train ? m : o.micro_batches;
-  xs_ = fabric::distributed::split_micro_batches(x, micro_batches);
-  ys_ = fabric::distributed::split_micro_batches(y, micro_batches);
+  xs_ = fabric::distributed::split_micro_batches(x, r->options().micro_batches);
+  ys_ = fabric::distributed::split_micro_batches(y, r->options().micro_batches);
   return *r;
 }
 

@@ -50,8 +50,8 @@ class Pipeline {
 
   // One optimizer step on the batch (x, y): zero_grad, the micro-batches through the stages,
   // trainer.gradient_clip_val by norm over the pipeline, Fabric::step. The mean loss.
-  // A batch of other rows than data.batch_size (an epoch's last) runs as m micro-batches too
-  // (fabric::Error when m does not divide it: data.drop_last: true avoids it).
+  // A batch of other rows than data.batch_size (an epoch's last) runs in as many micro-batches
+  // as divide it, nearest fabric.pipeline.micro_batches (options_for).
   template <typename Stages>
   torch::Tensor train(Stages& stages, torch::optim::Optimizer& optimizer, const torch::Tensor& x,
                       const torch::Tensor& y) {
@@ -77,6 +77,10 @@ class Pipeline {
     };
     return c;
   }
+  // The runner's options for a batch of `rows` other than data.batch_size's (an epoch's last) or
+  // for evaluation: the micro-batch count nearest the configured one that divides the rows and
+  // the schedule allows (else GPipe's); fabric::Error when none does.
+  fabric::distributed::PipelineOptions options_for(int64_t rows, bool train) const;
   // (x, y) cut into the micro-batches of the runner for their rows (made on first use).
   fabric::distributed::PipelineRunner& cut(const torch::Tensor& x, const torch::Tensor& y,
                                            bool train);

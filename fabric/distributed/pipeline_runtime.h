@@ -97,6 +97,7 @@ class PipelineRunner {
   PipelineRunner(const PipelineRunner&) = delete;
   PipelineRunner& operator=(const PipelineRunner&) = delete;
 
+  const PipelineOptions& options() const { return options_; }
   int64_t rank() const { return rank_; }
   int64_t size() const { return pp_; }
   int64_t stages() const { return pp_ * options_.virtual_stages; }
