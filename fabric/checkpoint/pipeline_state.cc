@@ -146,12 +146,11 @@ PipelineJoin::PipelineJoin(std::vector<c10::IValue> skeletons,
         const auto ids = stages[k].second.get(g).toGenericDict().at("params").toList();
         for (size_t j = 0; j < ids.size(); ++j) {
           const std::string& name = stages[k].first.at(static_cast<size_t>(ids.get(j).toInt()));
-          auto [it, added] = n.index.emplace(name, static_cast<int64_t>(n.names.size()));
-          if (added) {
-            n.names.push_back(name);
-            n.owner[name] = k;
-          }
-          n.groups[g].push_back(it->second);
+          // A parameter two stages hold (a tied embedding) once, where the first holds it.
+          if (!n.index.emplace(name, static_cast<int64_t>(n.names.size())).second) continue;
+          n.names.push_back(name);
+          n.owner[name] = k;
+          n.groups[g].push_back(n.index.at(name));
         }
       }
     numbering_[entry] = std::move(n);
