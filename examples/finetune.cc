@@ -2,15 +2,16 @@
 // bazel run //examples:finetune -- --config=finetune_lora.yaml model.pretrained=DIR
 //     data.train=train.jsonl data.val=val.jsonl data.template=alpaca|chatml|TEXT   (one line)
 //
-// Instruction fine-tuning of a Hugging Face Llama-family folder (llama, qwen2, mistral;
-// docs/finetune.md): LoRA adapters on the layers finetune.lora.target_modules names (the base
-// frozen; only the adapters train, are all-reduced and held by the optimizer), or every weight
-// (finetune.method: full). The data: JSONL files read by fabric::InstructDataset
-// (fabric/data/instruct.h) with the model's tokenizer.json, the loss on the response tokens only
-// (the others' targets -100), padded per batch or packed (data.packed). Any strategy and precision
-// the other examples take (under model_parallel the adapters split with their layers); checkpoints
-// resume mid-epoch; the validation loss (response tokens only) every finetune.eval_every_n_steps
-// and at the end; a greedy answer to finetune.sample_prompt at the end (single, ddp).
+// Instruction fine-tuning of a Hugging Face Llama-family folder (llama, qwen2, mistral) or a
+// GPT-2 folder (gpt2: LoRA on c_attn, c_proj, c_fc; docs/finetune.md): LoRA adapters on the layers
+// finetune.lora.target_modules names (the base frozen; only the adapters train, are all-reduced and
+// held by the optimizer), or every weight (finetune.method: full). The data: JSONL files read by
+// fabric::InstructDataset (fabric/data/instruct.h) with the model's tokenizer.json, the loss on the
+// response tokens only (the others' targets -100), padded per batch or packed (data.packed). Any
+// strategy and precision the other examples take (under model_parallel the adapters split with
+// their layers); checkpoints resume mid-epoch; the validation loss (response tokens only) every
+// finetune.eval_every_n_steps and at the end; a greedy answer to finetune.sample_prompt at the end
+// (single, ddp).
 //
 // Without model.pretrained it builds a tiny Llama and instruction data from this machine's Python
 // standard library (examples/finetune_demo.h) and fine-tunes that, and says so.
@@ -31,6 +32,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -51,6 +53,7 @@
 #include "fabric/hf/pretrained.h"
 #include "fabric/logging/progress.h"
 #include "fabric/main.h"
+#include "fabric/models/gpt.h"
 #include "fabric/models/llama.h"
 #include "fabric/models/llama_generate.h"
 #include "fabric/nn/empty_init.h"
@@ -67,25 +70,28 @@ using examples::finetune::Trainable;
 
 namespace {
 
-int run(fabric::Fabric& f) {
+// The recipe on a model of type Model (fabric::models::Llama or GPT), built by `build`.
+template <typename Model, typename Build>
+int train(fabric::Fabric& f, const examples::finetune::Inputs& in, const Build& build) {
   using Clock = std::chrono::steady_clock;
+  constexpr bool kLlama = std::is_same_v<Model, fabric::models::Llama>;
   const fabric::Config& c = f.config();
-  const examples::finetune::Inputs in = examples::finetune::open_inputs(f);
   const fs::path& folder = in.folder;
   const fabric::hf::Pretrained& p = in.pretrained;
-  const fabric::models::LlamaConfig lc = *p.llama;
   const auto& tokenizer = in.tokenizer;
   const auto& train_data = in.train;
   const auto& val_data = in.val;
 
   const bool lora = c.get_string("finetune.method") == "lora";
-  const fabric::nn::LoraOptions lopt = lora_options(c);
+  fabric::nn::LoraOptions lopt = lora_options(c);
+  // GPT-2's layers are Conv1D in Hugging Face (weights [in, out]): peft's adapter says so.
+  lopt.fan_in_fan_out = !kLlama;
   // The adapters are made with the model, so that under fabric.empty_init they are recorded with
   // the base and setup gives them the values a full construction draws (the same numbers either
   // way); they start as peft's (B = 0: the model begins equal to the base).
   std::vector<std::string> adapted;
   auto model = f.init_module([&] {
-    fabric::models::Llama m(lc);
+    Model m = build();
     if (lora) {
       try {
         adapted = fabric::nn::apply_lora(*m, lopt);
@@ -116,7 +122,7 @@ int run(fabric::Fabric& f) {
                        : fabric::make_optimizer(c, *model);
   f.setup(model, *optimizer);
   if (load_after_setup) f.load_weights(model, weights.tensors, folder.string(), keep_adapters);
-  const int64_t parameters = lc.parameters() + (lora ? trainable : 0);
+  const int64_t parameters = p.parameters() + (lora ? trainable : 0);
 
   const bool checkpoint_layers = !c.get_string_list("model.activation_checkpointing").empty();
   auto step_loss = [&](const torch::Tensor& x, const torch::Tensor& y) {
@@ -168,6 +174,7 @@ int run(fabric::Fabric& f) {
   checkpoints.set_export_module(*model);
   examples::gpt::ModelChoice choice;
   choice.pretrained = p;
+  if (p.gpt2) choice.gpt = *p.gpt2;  // exported as GPT-2 with the folder's config
   checkpoints.set_hf_export([&](const fabric::StateDict& whole, const fs::path& out) {
     if (lora && !c.get_bool("finetune.lora.merge_on_export")) {
       fabric::nn::save_lora_adapter(fabric::nn::lora_state_of(whole), out, lopt, folder.string());
@@ -304,14 +311,19 @@ int run(fabric::Fabric& f) {
     const int64_t sample_tokens = c.get_int("finetune.sample_tokens");
     if (!c.get_string("finetune.sample_prompt").empty() && sample_tokens > 0 &&
         (strategy == "single_device" || strategy == "ddp")) {
-      fabric::models::GenerateOptions g;
-      g.max_new_tokens = sample_tokens;
-      g.eos_token_ids = p.eos_token_ids;
-      auto guard = f.autocast();
-      const auto out =
-          fabric::models::generate(*model, {sample_ids(c, *tokenizer, in.options.add_bos)}, g);
-      answer = tokenizer->decode_text(out.tokens[0]);
-      f.print("sample (finetune.sample_prompt): ", answer);
+      if constexpr (kLlama) {
+        fabric::models::GenerateOptions g;
+        g.max_new_tokens = sample_tokens;
+        g.eos_token_ids = p.eos_token_ids;
+        auto guard = f.autocast();
+        const auto out =
+            fabric::models::generate(*model, {sample_ids(c, *tokenizer, in.options.add_bos)}, g);
+        answer = tokenizer->decode_text(out.tokens[0]);
+        f.print("sample (finetune.sample_prompt): ", answer);
+      } else {
+        f.print("finetune.sample_prompt: not answered (", p.model_type,
+                " models are sampled by examples:generate)");
+      }
     }
     checkpoints.finish();
     if (!checkpoints.export_weights().empty())
@@ -354,6 +366,14 @@ int run(fabric::Fabric& f) {
   };
   f.print(f.run_directory().write_summary(summary).string());
   return !stopped.empty() && f.is_global_zero() ? 3 : 0;
+}
+
+int run(fabric::Fabric& f) {
+  const examples::finetune::Inputs in = examples::finetune::open_inputs(f);
+  const fabric::hf::Pretrained& p = in.pretrained;
+  if (p.gpt2)
+    return train<fabric::models::GPT>(f, in, [&] { return fabric::models::GPT(*p.gpt2); });
+  return train<fabric::models::Llama>(f, in, [&] { return fabric::models::Llama(*p.llama); });
 }
 
 }  // namespace

@@ -23,12 +23,12 @@ fabric::ConfigSchema schema() {
   s.set_default("checkpoint.export_weights", "\"{run_dir}/export\"");
   s.set_default("checkpoint.export_format", "hf");
   s.section_doc("model", "the Hugging Face folder to fine-tune");
-  s.add(
-      "model.pretrained",
-      KeySpec::string("").doc("a llama, qwen2 or mistral folder (config.json, safetensors, "
-                              "tokenizer.json); \"\": the offline demo (a tiny model it builds)"));
+  s.add("model.pretrained",
+        KeySpec::string("").doc("a llama, qwen2, mistral or gpt2 folder (config.json, "
+                                "safetensors, tokenizer.json); \"\": the offline demo (a tiny "
+                                "model it builds)"));
   s.add("model.activation_checkpointing",
-        KeySpec::choice_list({"LlamaDecoderLayer"}, {})
+        KeySpec::choice_list({"LlamaDecoderLayer", "Block"}, {})
             .doc("decoder layers whose activations are recomputed in backward"));
   s.add("data.train",
         KeySpec::string("").doc("JSONL, one example a line (fabric/data/instruct.h)"));
@@ -149,16 +149,18 @@ Inputs open_inputs(fabric::Fabric& f) {
   } catch (const fabric::Error& e) {
     throw c.error_at("data.template", e.what());
   }
-  if (!p.llama)
-    throw c.error_at("model.pretrained",
-                     p.model_type +
-                         " is not fine-tuned here yet (llama, qwen2, mistral are); "
-                         "examples:gpt trains GPT-2 folders on token files");
   const int64_t block = c.get_int("data.block_size");
-  if (block > p.llama->max_position_embeddings)
+  if (block > p.max_positions())
     throw c.error_at("data.block_size", std::to_string(block) + " exceeds the model's " +
-                                            std::to_string(p.llama->max_position_embeddings) +
+                                            std::to_string(p.max_positions()) +
                                             " positions; lower it");
+  // The decoder layers' type, as model.activation_checkpointing names it.
+  const std::string layer = p.gpt2 ? "Block" : "LlamaDecoderLayer";
+  for (const std::string& name : c.get_string_list("model.activation_checkpointing"))
+    if (name != layer)
+      throw c.error_at(
+          "model.activation_checkpointing",
+          name + " is not a layer of a " + p.model_type + " model; its layers are " + layer);
 
   fabric::InstructDataset::Options o;
   o.tokenizer_json = folder / "tokenizer.json";

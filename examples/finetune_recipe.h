@@ -44,10 +44,10 @@ TORCH_MODULE(Trainable);
 std::shared_ptr<torch::nn::Module> trainable_tree(torch::nn::Module& model);
 
 // What a run reads before its model: the folder (model.pretrained, else the demo's, written
-// first), its config (a Llama-family model; ConfigErrors at model.pretrained, data.train,
-// data.template, data.block_size), the tokenizer, and the instruction data tokenized under
-// data.* (each node's local rank 0 first, through data.token_cache; the others read its
-// cache). Prints what it read. Collective (a barrier).
+// first), its config (a Llama-family or GPT-2 model; ConfigErrors at model.pretrained,
+// data.train, data.template, data.block_size, model.activation_checkpointing), the tokenizer,
+// and the instruction data tokenized under data.* (each node's local rank 0 first, through
+// data.token_cache; the others read its cache). Prints what it read. Collective (a barrier).
 struct Inputs {
   std::filesystem::path folder;
   fabric::hf::Pretrained pretrained;

@@ -293,7 +293,7 @@ void save_lora_adapter(const std::vector<std::pair<std::string, torch::Tensor>>&
                                       ? nlohmann::ordered_json(nullptr)
                                       : nlohmann::ordered_json(base_model_name_or_path)},
       {"bias", "none"},
-      {"fan_in_fan_out", false},
+      {"fan_in_fan_out", options.fan_in_fan_out},
       {"inference_mode", true},
       {"init_lora_weights", true},
       {"lora_alpha", options.alpha},
@@ -322,7 +322,7 @@ LoraOptions read_lora_options(const std::filesystem::path& folder) {
   auto fail = [&](const std::string& what) { throw Error(path.string() + ": " + what); };
   if (j.value("peft_type", std::string()) != "LORA")
     fail("peft_type must be LORA (got " + j.value("peft_type", std::string("none")) + ")");
-  for (const char* flag : {"use_dora", "use_rslora", "fan_in_fan_out"})
+  for (const char* flag : {"use_dora", "use_rslora"})
     if (j.contains(flag) && j[flag].is_boolean() && j[flag].get<bool>())
       fail(std::string(flag) + ": true is not supported");
   if (j.contains("bias") && j["bias"] != "none") fail("bias: only \"none\" is supported");
@@ -331,6 +331,7 @@ LoraOptions read_lora_options(const std::filesystem::path& folder) {
     o.rank = j.at("r").get<int64_t>();
     o.alpha = j.at("lora_alpha").get<double>();
     o.dropout = j.value("lora_dropout", 0.0);
+    o.fan_in_fan_out = j.value("fan_in_fan_out", false);
     if (!j.at("target_modules").is_array())
       fail("target_modules: a regular expression is not supported; list the module names");
     o.target_modules = j.at("target_modules").get<std::vector<std::string>>();

@@ -67,6 +67,10 @@ struct LoraOptions {
   double alpha = 16;   // lora_alpha: the adapter's output scaled by alpha / rank
   double dropout = 0;  // lora_dropout: on the adapter's input, in training mode only
   std::vector<std::string> target_modules;  // patterns (the file comment); at least one
+  // adapter_config.json's fan_in_fan_out: the base model's layers are Hugging Face Conv1D
+  // (GPT-2's c_attn, c_proj, c_fc: weights stored [in, out]). The adapters are the same tensors
+  // either way (peft's lora_A [r, in], lora_B [out, r]); only the merge transposes B A there.
+  bool fan_in_fan_out = false;
 };
 
 // Adds an adapter to every fabric::nn::Linear of `model` that a pattern matches, sets
@@ -101,7 +105,7 @@ void load_lora_state(torch::nn::Module& model,
 
 // Writes folder/adapter_model.safetensors (lora_state, as float32 or the parameters' dtype) and
 // folder/adapter_config.json (peft_type LORA, task_type CAUSAL_LM, r, lora_alpha, lora_dropout,
-// target_modules, bias none, fan_in_fan_out false, base_model_name_or_path), which
+// target_modules, bias none, fan_in_fan_out, base_model_name_or_path), which
 // peft.PeftModel.from_pretrained(base_model, folder) loads. Creates the folder. fabric::Error
 // when the model has no adapter or a file cannot be written.
 void save_lora_adapter(torch::nn::Module& model, const std::filesystem::path& folder,
@@ -128,7 +132,7 @@ void merge_lora_state(std::vector<std::pair<std::string, torch::Tensor>>& whole,
 // The LoraOptions and the adapter weights of a peft folder (adapter_config.json,
 // adapter_model.safetensors): apply_lora(model, read_lora_options(folder)) then
 // load_lora_state(model, read_lora_state(folder)). fabric::Error "PATH: ..." for a missing file,
-// a peft_type other than LORA, use_dora / use_rslora / fan_in_fan_out / a bias other than none,
+// a peft_type other than LORA, use_dora / use_rslora / a bias other than none,
 // or a target_modules that is a regular expression.
 LoraOptions read_lora_options(const std::filesystem::path& folder);
 std::vector<std::pair<std::string, torch::Tensor>> read_lora_state(

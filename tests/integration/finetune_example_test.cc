@@ -6,6 +6,8 @@
 //     the adapter's names, scaling and values all agree;
 //   - LoRA merged on export (finetune.lora.merge_on_export): transformers loads the folder with
 //     the same loss;
+//   - LoRA on a GPT-2 folder (Conv1D layers in transformers): peft loads the adapter onto
+//     GPT2LMHeadModel with the run's loss, transformers the merged export;
 //   - full fine-tune under fsdp on 2 processes: the Hugging Face folder loads with the run's loss;
 //   - a run stopped after 4 steps and resumed mid-epoch from its checkpoint exports an adapter
 //     bitwise equal to the uninterrupted run's (ddp 2), and so does fsdp 2 with fabric.empty_init;
@@ -299,6 +301,48 @@ TEST_F(FinetuneExampleTest, TensorParallelLoraTrainsAsOneProcess) {
   EXPECT_LE(max_difference(dir_ / "tp_two" / "export" / "adapter_model.safetensors",
                            dir_ / "tp_resumed_1" / "export" / "adapter_model.safetensors"),
             1e-5);
+}
+
+// A GPT-2 folder (tests/integration/pretrained_models.py's, tokenizer trained on the demo's data):
+// LoRA on c_attn, c_proj and c_fc (Conv1D layers in transformers), 4 steps; the exported adapter
+// (fan_in_fan_out true: a warning of peft's fails the reference) loads in peft onto
+// GPT2LMHeadModel with the run's validation loss, and so does the merged export in transformers.
+TEST_F(FinetuneExampleTest, Gpt2LoraAdapterGivesPeftTheRunsLoss) {
+  if (!fs::exists(demo("train.jsonl"))) {  // this test alone: the demo's data first
+    const auto r = finetune("fabric.devices=1 trainer.max_steps=1 logging.run_dir=demo_only");
+    ASSERT_EQ(r.code, 0) << r.out;
+  }
+  if (!fs::exists(dir_ / "val.jsonl")) write_val(demo("val.jsonl"), dir_ / "val.jsonl");
+  const auto made = run_command(python() + " tests/integration/pretrained_models.py make " +
+                                (dir_ / "hf").string() + " " + demo("train.jsonl").string());
+  ASSERT_EQ(made.code, 0) << made.out;
+  const auto run = finetune("fabric.devices=1 trainer.max_steps=4 logging.run_dir=gpt2 " +
+                            std::string("model.pretrained=") + (dir_ / "hf" / "gpt2").string() +
+                            " data.train=" + demo("train.jsonl").string() +
+                            " data.val=" + (dir_ / "val.jsonl").string() +
+                            " 'finetune.lora.target_modules=[c_attn,c_proj,c_fc]'");
+  ASSERT_EQ(run.code, 0) << run.out;
+  const auto s = summary(run.out);
+  ASSERT_TRUE(s.is_object()) << run.out;
+  const double ours = s["val_loss"].get<double>();
+  const fs::path adapter = dir_ / "gpt2" / "export";
+  std::ifstream config(adapter / "adapter_config.json");
+  EXPECT_TRUE(nlohmann::json::parse(config, nullptr, false).value("fan_in_fan_out", false));
+  const double peft = reference_loss(dir_ / "hf" / "gpt2", adapter);
+  EXPECT_NEAR(ours, peft, 2e-5 * std::abs(peft)) << "ours " << ours << ", peft " << peft;
+  EXPECT_GT(std::abs(reference_loss(dir_ / "hf" / "gpt2", "") - peft), 1e-3);
+  // Merged on export: the adapters folded into our [out, in] weights, written back as Conv1D's
+  // [in, out]; transformers loads the GPT-2 folder with the run's loss.
+  const auto merged = finetune(
+      "fabric.devices=1 trainer.max_steps=4 logging.run_dir=gpt2_merged "
+      "finetune.lora.merge_on_export=true 'finetune.lora.target_modules=[c_attn,c_proj,c_fc]' "
+      "model.pretrained=" +
+      (dir_ / "hf" / "gpt2").string() + " data.train=" + demo("train.jsonl").string() +
+      " data.val=" + (dir_ / "val.jsonl").string());
+  ASSERT_EQ(merged.code, 0) << merged.out;
+  const double merged_ours = summary(merged.out)["val_loss"].get<double>();
+  EXPECT_NEAR(merged_ours, reference_loss(dir_ / "gpt2_merged" / "export", ""),
+              2e-5 * std::abs(merged_ours));
 }
 
 // The validation loss reaches the callbacks: early stopping (min_delta 10 is never met, patience

@@ -4,13 +4,14 @@ examples:finetune's exports.
   finetune_reference.py loss --model=DIR [--adapter=DIR] --data=FILE.jsonl --template=TEXT
                              --block_size=N
       The validation loss as examples:finetune defines it, computed by transformers (the model
-      folder, float32) with peft's adapter loaded onto it when --adapter is given
-      (PeftModel.from_pretrained): each example's prompt part (the template before {response})
-      and its response encoded separately by `tokenizers`, the eos id after the response, ids cut
-      to block_size + 1, targets -100 on the prompt, examples without a response target
-      dropped; transformers' loss with those labels (model(input_ids, labels=...).loss) times
-      each example's response targets, summed over the file, over their count. Prints
-      "LOSS <value>".
+      folder, float32: a Llama-family or GPT-2 model) with peft's adapter loaded onto it when
+      --adapter is given (PeftModel.from_pretrained; a warning of peft's, e.g. that it had to set
+      fan_in_fan_out for GPT-2's Conv1D layers, is an error): each example's prompt part (the
+      template before {response}) and its response encoded separately by `tokenizers`, the eos
+      id after the response, ids cut to block_size + 1, targets -100 on the prompt, examples
+      without a response target dropped; transformers' loss with those labels
+      (model(input_ids, labels=...).loss) times each example's response targets, summed over the
+      file, over their count. Prints "LOSS <value>".
   finetune_reference.py same A B
       Exit 0 when safetensors files A and B hold the same names with bitwise equal tensors.
 """
@@ -23,14 +24,17 @@ import torch
 
 def loss(a):
     from tokenizers import Tokenizer
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     tok = Tokenizer.from_file(f"{a.model}/tokenizer.json")
     eos = json.load(open(f"{a.model}/config.json"))["eos_token_id"]
-    model = LlamaForCausalLM.from_pretrained(a.model, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(a.model, torch_dtype=torch.float32)
     if a.adapter:
+        import warnings
         from peft import PeftModel
-        model = PeftModel.from_pretrained(model, a.adapter)
+        with warnings.catch_warnings():  # peft warns when it has to fix fan_in_fan_out (Conv1D)
+            warnings.simplefilter("error", UserWarning)
+            model = PeftModel.from_pretrained(model, a.adapter)
     model.eval()
     head, tail = a.template.split("{response}")
     total, count = 0.0, 0
