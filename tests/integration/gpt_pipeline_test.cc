@@ -123,10 +123,11 @@ TEST_F(GptExampleTest, ContextParallelEqualsDdp) {
 
 // A pp 2 checkpoint (sharded: each stage's ranks write its tensors, common.pt holds every
 // stage's descriptors; the optimizer numbered over the stages, with the names) written at the end
-// of epoch 1 resumes at pp 1 (model_parallel dp 2, and ddp), at pp 4, and at pp 2 with the blocks
-// cut otherwise (interleaved, 2 virtual stages per rank); each ends where the uninterrupted run
-// ends. A one-file checkpoint (checkpoint.format full: the stages joined on rank 0) resumes at
-// pp 4 too. Epochs of 4 steps on a corpus of ~40 windows, as in gpt_model_parallel_test.
+// of epoch 1 resumes at pp 1 (model_parallel dp 2, and ddp), at pp 4, at pp 2 with the blocks
+// cut otherwise (interleaved, 2 virtual stages per rank), at pp 2 x dp 2 (fsdp pieces) and pp 2 x
+// tp 2 (slices); each ends where the uninterrupted run ends. A one-file checkpoint
+// (checkpoint.format full: the stages joined on rank 0) resumes at pp 4 too. Epochs of 4 steps on a
+// corpus of ~40 windows, as in gpt_model_parallel_test.
 TEST_F(GptExampleTest, PipelineCheckpointResumesAtOtherPipelineSizes) {
   std::ofstream text(dir_ / "small.txt");
   for (int i = 0; i < 48; ++i) text << "def g" << i << "(y):\n    return y - " << i % 17 << "\n";
@@ -167,6 +168,12 @@ TEST_F(GptExampleTest, PipelineCheckpointResumesAtOtherPipelineSizes) {
                           on_small(2, "model_parallel") + pp +
                               "2 data.batch_size=8 fabric.pipeline.schedule=interleaved_1f1b "
                               "fabric.pipeline.virtual_stages=2");
+      shapes.emplace_back("pp2_dp2", on_small(4, "model_parallel") + pp +
+                                         "2 fabric.model_parallel.tensor_parallel_size=1 "
+                                         "data.batch_size=4");
+      shapes.emplace_back("pp2_tp2", on_small(4, "model_parallel") + pp +
+                                         "2 fabric.model_parallel.tensor_parallel_size=2 "
+                                         "data.batch_size=8");
     }
     for (const auto& [shape, a] : shapes) {
       const std::string name = format + "_" + shape;
