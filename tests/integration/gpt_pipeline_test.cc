@@ -45,8 +45,9 @@ c10::IValue comparable(const c10::IValue& state, bool optimizer) {
   return out;
 }
 
-// Measured on a 2-vCPU Xeon: every run ends at ddp's validation loss (5.33982) with weights within
-// 3.4e-7 relative and averaged weights within 3.7e-7 (the order of the micro-batches' sums); the
+// Measured on a 2-vCPU Xeon: every run (pp 2 with each schedule, pp 4, pp 2 x dp 2, x tp 2, x dp 2
+// x tp 2, x cp 2) ends at ddp's validation loss (5.33982) with weights within 3.4e-7 relative and
+// averaged weights within 3.7e-7 (the order of the micro-batches' sums); the
 // last checkpoint (sharded: each stage's ranks write its pieces) holds ddp's model, optimizer and
 // averaged weights within 1e-5.
 TEST_F(GptExampleTest, PipelineSchedulesAndMeshesEqualDdp) {
@@ -65,7 +66,14 @@ TEST_F(GptExampleTest, PipelineSchedulesAndMeshesEqualDdp) {
            {"pp2_dp2", 4, pp + "2 fabric.model_parallel.tensor_parallel_size=1 data.batch_size=4",
             "pp=2 x dp_shard=2 x tp=1"},
            {"pp2_tp2", 4, pp + "2 fabric.model_parallel.tensor_parallel_size=2",
-            "pp=2 x dp_shard=1 x tp=2"}}) {
+            "pp=2 x dp_shard=1 x tp=2"},
+           // 3-D: pp outermost, fsdp over the tp pairs of each stage.
+           {"pp2_dp2_tp2", 8,
+            pp + "2 fabric.model_parallel.tensor_parallel_size=2 data.batch_size=4",
+            "pp=2 x dp_shard=2 x tp=2"},
+           // Each stage's blocks on 2 of the 4 chunks of every sequence (ring attention).
+           {"pp2_cp2", 4, pp + "2 fabric.model_parallel.context_parallel_size=2",
+            "pp=2 x dp_shard=1 x cp=2 x tp=1"}}) {
     // The global batch stays 8: each data-parallel rank reads 8 / dp of it.
     std::string a = pipeline_args(args(ranks, "model_parallel")) + " data.batch_size=8" + extra +
                     " logging.run_dir=" + dir;
