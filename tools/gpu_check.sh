@@ -183,7 +183,8 @@ rows=()       # markdown table rows
 notes=()      # text after the table
 passed=0 failed=0 skipped=0
 
-# check NAME LIMIT_S COMMAND...: runs it with output in $work/logs/NAME.log; records a row.
+# check NAME LIMIT_S COMMAND...: runs it with output in $work/logs/NAME.log; records a row;
+# returns non-zero when the row failed.
 # A gtest binary that skipped tests (and ran none) counts as skipped.
 check() {
   local name=$1 limit=$2
@@ -219,6 +220,7 @@ check() {
   case $status in PASSED) ((passed++)) ;; FAILED) ((failed++)) ;; SKIPPED) ((skipped++)) ;; esac
   rows+=("| $name | $status | $secs | ${note//|/\\|} |")
   echo "gpu_check: $name $status (${secs}s)" >&2
+  [ "$status" != FAILED ]  # the status, for `check A && check B`
 }
 
 run() {
