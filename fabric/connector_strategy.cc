@@ -171,7 +171,9 @@ strategies::ModelParallelOptions resolve_model_parallel(const Config& c,
   if (!c.is_auto(dp_key) && c.get_int(dp_key) != o.data_parallel_size)
     throw c.error_at(dp_key, std::to_string(c.get_int(dp_key)) + " x tensor_parallel_size " +
                                  std::to_string(o.tensor_parallel_size) + " is not" + of_world +
-                                 ": make the product that, or set it to auto");
+                                 ": make the product " +
+                                 (world == env.world_size() ? "the world size" : "that") +
+                                 ", or set it to auto");
   const char* replicate_key = "fabric.model_parallel.data_parallel_replicate_size";
   o.replicate_size = c.get_int(replicate_key);
   if (o.data_parallel_size % o.replicate_size != 0)

@@ -1,6 +1,7 @@
 // The Connector's model_parallel step (fabric/connector_strategy.cc) from replaceable machine
-// facts: the mesh's sizes by default and as given, sizes that do not fit the world refused with
-// the key and the fix, and the model_parallel keys under another strategy said to do nothing.
+// facts: the mesh's sizes (pp and cp too) by default and as given, sizes that do not fit the
+// world refused with the key and the fix, and the model_parallel keys under another strategy said
+// to do nothing.
 #include <gtest/gtest.h>
 
 #include "fabric/connector.h"
@@ -30,6 +31,47 @@ TEST(ConnectorModelParallelTest, ModelParallelSizesDefaultToTheNodeAndTheRest) {
   EXPECT_EQ(s.model_parallel.replicate_size, 2);
   s = resolve({"fabric.strategy=model_parallel"}, cpu_machine());  // devices auto: 2 processes
   EXPECT_EQ(s.model_parallel.tensor_parallel_size, 2);
+}
+
+// pp and cp divide the world first; tp auto is then the largest count dividing both the node's
+// processes and what pp and cp leave; dp the rest. The pipeline keys resolve with them.
+TEST(ConnectorModelParallelTest, PipelineAndContextSizesTakeTheirShareFirst) {
+  auto s = resolve({"fabric.strategy=model_parallel", "fabric.devices=8",
+                    "fabric.model_parallel.pipeline_parallel_size=2"},
+                   cpu_machine());
+  EXPECT_EQ(s.model_parallel.pipeline_parallel_size, 2);
+  EXPECT_EQ(s.model_parallel.tensor_parallel_size, 4);  // gcd(8 on the node, 8 / 2)
+  EXPECT_EQ(s.model_parallel.data_parallel_size, 1);
+  EXPECT_EQ(s.model_parallel.pipeline_schedule, "1f1b");
+  EXPECT_EQ(s.model_parallel.micro_batches, 4);  // 0: 2 x pp x virtual_stages
+  s = resolve({"fabric.strategy=model_parallel", "fabric.devices=8",
+               "fabric.model_parallel.pipeline_parallel_size=2",
+               "fabric.model_parallel.context_parallel_size=2",
+               "fabric.model_parallel.tensor_parallel_size=1",
+               "fabric.pipeline.schedule=interleaved_1f1b", "fabric.pipeline.virtual_stages=2"},
+              cpu_machine());
+  EXPECT_EQ(s.model_parallel.context_parallel_size, 2);
+  EXPECT_EQ(s.model_parallel.data_parallel_size, 2);  // 8 / (pp 2 x cp 2 x tp 1)
+  EXPECT_EQ(s.model_parallel.micro_batches, 8);
+  EXPECT_EQ(error_of({"fabric.strategy=model_parallel", "fabric.devices=4",
+                      "fabric.model_parallel.pipeline_parallel_size=3"},
+                     cpu_machine()),
+            "command line: fabric.model_parallel.pipeline_parallel_size: 3 does not divide the "
+            "world size 4: give a divisor of it (each stage is world size / this ranks)");
+  EXPECT_EQ(error_of({"fabric.strategy=model_parallel", "fabric.devices=4",
+                      "fabric.model_parallel.pipeline_parallel_size=2",
+                      "fabric.model_parallel.context_parallel_size=4"},
+                     cpu_machine()),
+            "command line: fabric.model_parallel.context_parallel_size: 4 does not divide world "
+            "size / pipeline_parallel_size = 2: give a divisor of it");
+  EXPECT_EQ(error_of({"fabric.strategy=model_parallel", "fabric.devices=4",
+                      "fabric.model_parallel.pipeline_parallel_size=2",
+                      "fabric.model_parallel.tensor_parallel_size=2",
+                      "fabric.model_parallel.data_parallel_size=2"},
+                     cpu_machine()),
+            "command line: fabric.model_parallel.data_parallel_size: 2 x tensor_parallel_size 2 "
+            "is not world size / (pipeline_parallel_size x context_parallel_size) = 2: make the "
+            "product that, or set it to auto");
 }
 
 TEST(ConnectorModelParallelTest, SizesThatDoNotFitTheWorldNameTheKeyAndTheFix) {
