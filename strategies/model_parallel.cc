@@ -273,42 +273,6 @@ void ModelParallel::set_shared_parameter(const torch::Tensor& parameter, bool co
   if (!counted_here) uncounted_.insert(parameter.unsafeGetTensorImpl());
 }
 
-StateDict ModelParallel::gather_pipeline_state(StateDict local) {
-  const auto pg = pipeline_group();
-  if (!pg) return local;
-  // Each later stage's tensors as one pickled dict: its byte count, then its bytes.
-  constexpr int kSizeTag = 71001, kBytesTag = 71002;
-  auto bytes_of = [](const std::vector<char>& b) {
-    return torch::from_blob(const_cast<char*>(b.data()), {static_cast<int64_t>(b.size())},
-                            torch::kUInt8);
-  };
-  if (pg->getRank() != 0) {
-    c10::impl::GenericDict dict(c10::StringType::get(), c10::TensorType::get());
-    for (const auto& [name, t] : local) dict.insert(name, t.detach().cpu());
-    const std::vector<char> bytes = torch::jit::pickle_save(dict);
-    std::vector<torch::Tensor> size{torch::tensor({static_cast<int64_t>(bytes.size())})};
-    distributed::wait(pg->send(size, 0, kSizeTag), "pipeline state: send of its size");
-    std::vector<torch::Tensor> data{bytes_of(bytes)};
-    distributed::wait(pg->send(data, 0, kBytesTag), "pipeline state: send");
-    return local;
-  }
-  std::set<std::string> names;
-  for (const auto& item : local) names.insert(item.first);
-  for (int stage = 1; stage < pg->getSize(); ++stage) {
-    std::vector<torch::Tensor> size{torch::zeros({1}, torch::kLong)};
-    distributed::wait(pg->recv(size, stage, kSizeTag), "pipeline state: recv of a size");
-    std::vector<char> bytes(static_cast<size_t>(size[0].item<int64_t>()));
-    std::vector<torch::Tensor> data{bytes_of(bytes)};
-    distributed::wait(pg->recv(data, stage, kBytesTag), "pipeline state: recv");
-    const c10::IValue dict = torch::jit::pickle_load(bytes);
-    for (const auto& item : dict.toGenericDict()) {
-      const std::string name = item.key().toStringRef();
-      if (names.insert(name).second) local.emplace_back(name, item.value().toTensor());
-    }
-  }
-  return local;
-}
-
 std::vector<c10::IValue> ModelParallel::exchange_pipeline(const c10::IValue& mine, bool everyone) {
   const auto pg = pipeline_group();
   if (!pg) return {mine};

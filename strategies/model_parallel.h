@@ -88,13 +88,12 @@ class ModelParallel : public Fsdp {
       const std::string& source) override;
 
   // Pipeline parallelism (options.pipeline_parallel_size > 1): the mesh's pp group; the tied
-  // embedding's second copy left out of the gradient norm; the stages' states joined on the
-  // pipeline's first rank (for exports: every name once, the first stage's copy of a tied one).
+  // embedding's second copy left out of the gradient norm; every stage's value pickled and
+  // gathered over the pp group (checkpoints, Strategy::gather_pipeline_state's exports).
   c10::intrusive_ptr<c10d::ProcessGroup> pipeline_group() const override;
   // Context parallelism (options.context_parallel_size > 1): the mesh's cp group.
   c10::intrusive_ptr<c10d::ProcessGroup> context_parallel_group() const override;
   void set_shared_parameter(const torch::Tensor& parameter, bool counted_here) override;
-  StateDict gather_pipeline_state(StateDict local) override;
   std::vector<c10::IValue> exchange_pipeline(const c10::IValue& mine, bool everyone) override;
   bool first_of_stage() const override;
   const ModelParallelOptions& options() const { return options_mp_; }

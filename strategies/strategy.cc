@@ -3,6 +3,10 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <set>
+#include <string>
+#include <vector>
+
 #include "fabric/core/error.h"
 #include "fabric/nn/empty_init.h"
 #include "fabric/training/clip.h"
@@ -54,6 +58,20 @@ void Strategy::materialize_empty_init(torch::nn::Module& module, torch::Device d
 c10::intrusive_ptr<c10d::ProcessGroup> Strategy::pipeline_group() const { return {}; }
 
 c10::intrusive_ptr<c10d::ProcessGroup> Strategy::context_parallel_group() const { return {}; }
+
+StateDict Strategy::gather_pipeline_state(StateDict local) {
+  if (!pipeline_group()) return local;
+  c10::impl::GenericDict mine(c10::StringType::get(), c10::TensorType::get());
+  for (const auto& [name, t] : local) mine.insert(name, t.detach().cpu());
+  const std::vector<c10::IValue> stages = exchange_pipeline(mine, /*everyone=*/false);
+  std::set<std::string> names;
+  for (const auto& item : local) names.insert(item.first);
+  for (size_t k = 1; k < stages.size(); ++k)  // the first rank only: the later stages' dicts
+    for (const auto& item : stages[k].toGenericDict())
+      if (names.insert(item.key().toStringRef()).second)
+        local.emplace_back(item.key().toStringRef(), item.value().toTensor());
+  return local;
+}
 
 void Strategy::sync_accumulated_gradients() {
   throw Error("fabric.strategy: " + name() +

@@ -136,8 +136,8 @@ class Strategy {
   }
   // Collective over the pipeline: every stage's `local` state (names of the whole model) joined
   // on the pipeline's first rank, in stage order; the other ranks get theirs back. `local`
-  // itself without a pipeline.
-  virtual StateDict gather_pipeline_state(StateDict local) { return local; }
+  // itself without a pipeline. (Over exchange_pipeline; a tied name kept once, the first stage's.)
+  StateDict gather_pipeline_state(StateDict local);
   // Collective over the pipeline: every stage's `mine` in stage order, on every rank of it
   // (`everyone`) or on its first rank only (the others get {mine}). {mine} without a pipeline.
   virtual std::vector<c10::IValue> exchange_pipeline(const c10::IValue& mine, bool everyone) {
