@@ -56,9 +56,8 @@ void check_parallel_keys(const fabric::Config& c, const ModelChoice& m) {
     throw c.error_at("data.batch_size", "auto is not searched" + why +
                                             "; give a multiple of fabric.pipeline.micro_batches");
   const int64_t v = c.get_int("fabric.pipeline.virtual_stages");
-  const int64_t micro = c.get_int("fabric.pipeline.micro_batches") > 0
-                            ? c.get_int("fabric.pipeline.micro_batches")
-                            : 2 * pp * v;  // the connector's default
+  const int64_t micro =
+      fabric::distributed::resolve_micro_batches(c.get_int("fabric.pipeline.micro_batches"), pp, v);
   try {
     (void)fabric::distributed::split_micro_batches(torch::empty({c.get_int("data.batch_size"), 0}),
                                                    micro);

@@ -105,7 +105,7 @@ void resolve_pipeline(const Config& c, strategies::ModelParallelOptions& o) {
   o.pipeline_schedule = c.get_string("fabric.pipeline.schedule");
   o.virtual_stages = c.get_int("fabric.pipeline.virtual_stages");
   o.micro_batches = c.get_int("fabric.pipeline.micro_batches");
-  if (o.micro_batches == 0) o.micro_batches = 2 * pp * o.virtual_stages;
+  o.micro_batches = distributed::resolve_micro_batches(o.micro_batches, pp, o.virtual_stages);
   if (o.virtual_stages > 1 && o.pipeline_schedule != "interleaved_1f1b")
     throw c.error_at("fabric.pipeline.virtual_stages",
                      std::to_string(o.virtual_stages) +

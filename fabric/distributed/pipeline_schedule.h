@@ -39,6 +39,12 @@ namespace fabric::distributed {
 
 enum class PipelineSchedule { kGPipe, kOneFOneB, kInterleavedOneFOneB };
 
+// fabric.pipeline.micro_batches: 0 (the default) is 2 x pp x virtual_stages (a 1F1B bubble of at
+// most 1/3); any other count as given.
+inline int64_t resolve_micro_batches(int64_t micro_batches, int64_t pp, int64_t virtual_stages) {
+  return micro_batches > 0 ? micro_batches : 2 * pp * virtual_stages;
+}
+
 // "gpipe", "1f1b" or "interleaved_1f1b"; fabric::Error naming the valid ones otherwise.
 PipelineSchedule parse_pipeline_schedule(const std::string& name);
 // The inverse of parse_pipeline_schedule.
