@@ -158,23 +158,27 @@ void Fsdp::setup_module(torch::nn::Module& module) {
     empty_init->replay(
         module, [&](const std::string&, torch::Tensor& held, const torch::Tensor& whole) {
           const torch::Tensor value = initial_value(held, whole);
-          if (!sharded_->take_initial_value(held, value))  // a buffer, a frozen parameter: whole
+          if (!sharded_->take_initial_value(held, value))  // a buffer, a tied frozen parameter
             replace_data(held, value.to(device_, held.scalar_type()));
         });
   }
   if (global_rank() == 0) {  // the wrapping policy's result, once
     const auto units = sharded_->units();
-    int64_t largest = 0, root = 0;
+    int64_t largest = 0, root = 0, frozen = 0;
+    size_t frozen_units = 0;
     std::string largest_name;
     for (const auto& u : units) {
-      if (u.name == "(root)") {
+      if (u.frozen) {
+        frozen += u.elements;
+        ++frozen_units;
+      } else if (u.root) {
         root = u.elements;
       } else if (u.elements > largest) {
         largest = u.elements;
         largest_name = u.name;
       }
     }
-    const size_t wrapped = units.size() - (root > 0 ? 1 : 0);
+    const size_t wrapped = units.size() - frozen_units - (root > 0 ? 1 : 0);
     const int64_t n = pg->getSize();  // model_parallel's dp_shard (x cp) group
     std::cerr << name() << ": " << sharding_strategy_name(options_.sharding_strategy) << " over "
               << n << (n == 1 ? " rank, " : " ranks, ") << wrapped
@@ -194,6 +198,9 @@ void Fsdp::setup_module(torch::nn::Module& module) {
                    "large one name its block type in fabric.fsdp.wrap_modules or lower "
                    "min_unit_params)";
     }
+    if (frozen_units > 0)
+      std::cerr << "; " << frozen << " frozen parameters (requires_grad false) sharded in "
+                << frozen_units << (frozen_units == 1 ? " unit" : " units") << " beside them";
     std::cerr << std::endl;
   }
   params_ = std::move(params);

@@ -75,6 +75,8 @@ void ShardedParameters::form_units(torch::nn::Module& module) {
     Unit u;
     u.name = std::move(planned.name);
     u.root = planned.root;
+    u.frozen = planned.frozen;
+    u.group = planned.group;
     u.names = std::move(planned.names);
     u.params = std::move(planned.params);
     units_.push_back(std::move(u));
@@ -113,7 +115,7 @@ void ShardedParameters::flatten_unit(size_t k) {
       u.full.narrow(0, u.offsets[i], u.params[i].numel()).copy_(u.params[i].reshape(-1));
     u.shard = u.full.narrow(0, rank_ * u.shard_size, u.shard_size).clone();
   }
-  u.shard_grad = torch::zeros({u.shard_size}, options);
+  if (!u.frozen) u.shard_grad = torch::zeros({u.shard_size}, options);
   for (size_t i = 0; i < u.params.size(); ++i) {
     torch::Tensor& p = u.params[i];
     const std::vector<int64_t> sizes = p.sizes().vec();
@@ -147,6 +149,7 @@ bool ShardedParameters::take_initial_value(const torch::Tensor& held, const torc
 void ShardedParameters::install_gradient_hooks() {
   // After the gradient of each parameter is accumulated.
   for (size_t k = 0; k < units_.size(); ++k) {
+    if (units_[k].frozen) continue;  // no gradients
     for (const auto& p : units_[k].params) {
       auto node = torch::autograd::impl::grad_accumulator(p);
       const uintptr_t key =
@@ -187,7 +190,10 @@ void ShardedParameters::start_gather(Unit& u, bool exact) {
     peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
   }
   const auto wire = policy_.param_dtype;
-  if (!exact && wire && *wire != u.full.scalar_type()) {
+  // Rounded through param_dtype only when that is fewer bytes (a frozen float8 or bfloat16 unit
+  // travels as it is).
+  if (!exact && wire && *wire != u.full.scalar_type() &&
+      c10::elementSize(*wire) < u.full.element_size()) {
     // Half the bytes on the wire (for bf16/fp16); every rank computes with the same rounded
     // values once finish_gather upcasts them into the buffer.
     torch::NoGradGuard no_grad;
@@ -195,6 +201,11 @@ void ShardedParameters::start_gather(Unit& u, bool exact) {
     u.pending_received = torch::empty({u.full.numel()}, send.options());
     u.pending = pg_->_allgather_base(u.pending_received, send);
     u.exact = false;
+  } else if (c10::isFloat8Type(u.full.scalar_type())) {
+    // Backends reduce no float8; a gather moves bytes.
+    torch::Tensor full = u.full.view(torch::kUInt8), shard = u.shard.view(torch::kUInt8);
+    u.pending = pg_->_allgather_base(full, shard);
+    u.exact = true;
   } else {
     u.pending = pg_->_allgather_base(u.full, u.shard);
     u.exact = true;
@@ -269,11 +280,19 @@ void ShardedParameters::on_operator_inputs(c10::ArrayRef<const c10::IValue> inpu
   }
   for (size_t k : used) missing = missing || units_[k].pending;
   if (!missing) return;
-  if (!in_backward_ && policy_.reshard_after_forward) {
-    for (size_t k = 0; k < units_.size(); ++k)
-      if (!units_[k].root && !units_[k].pending &&
-          std::find(used.begin(), used.end(), k) == used.end())
-        release(units_[k]);
+  if (policy_.reshard_after_forward) {
+    // The forward frees every other unit; the backward the frozen ones (a trainable unit is
+    // freed once its gradients are reduced). A unit used now keeps its siblings (an adapted
+    // layer's base and adapters).
+    c10::SmallVector<size_t, 8> groups;
+    for (size_t k : used) groups.push_back(units_[k].group);
+    for (size_t k = 0; k < units_.size(); ++k) {
+      const Unit& u = units_[k];
+      if (u.root || u.pending || (in_backward_ && !u.frozen) ||
+          std::find(groups.begin(), groups.end(), u.group) != groups.end())
+        continue;
+      release(units_[k]);
+    }
   }
   for (size_t k : used) {
     gather(units_[k]);
@@ -282,7 +301,7 @@ void ShardedParameters::on_operator_inputs(c10::ArrayRef<const c10::IValue> inpu
 }
 
 void ShardedParameters::on_gradient(size_t k) {
-  if (!in_backward_ || !sync_) return;
+  if (!in_backward_ || !sync_ || units_[k].frozen) return;
   Unit& u = units_[k];
   if (++u.grads_ready == u.params.size() && !u.reduced) reduce(u);
 }
@@ -349,7 +368,7 @@ void ShardedParameters::begin_backward(bool sync, bool accumulate) {
 void ShardedParameters::end_backward() {
   if (sync_)
     for (auto& u : units_)
-      if (!u.reduced) reduce(u);  // parameters without a gradient count as zeros
+      if (!u.frozen && !u.reduced) reduce(u);  // parameters without a gradient count as zeros
   for (auto& u : units_) release(u);
   in_backward_ = false;
   backward_order_ = std::move(used_now_);
@@ -409,13 +428,15 @@ void ShardedParameters::drop_to_meta() {
 OptimizerShard::Segments ShardedParameters::segments() const {
   OptimizerShard::Segments s;
   std::unordered_map<const void*, std::pair<size_t, int64_t>> where;
-  for (size_t k = 0; k < units_.size(); ++k) {
-    s.elements.push_back(units_[k].total);
-    s.shard_sizes.push_back(units_[k].shard_size);
-    s.memory.push_back(units_[k].shard);
-    s.grads.push_back(units_[k].shard_grad);
-    for (size_t i = 0; i < units_[k].params.size(); ++i)
-      where[units_[k].params[i].unsafeGetTensorImpl()] = {k, units_[k].offsets[i]};
+  for (const Unit& u : units_) {
+    if (u.frozen) continue;
+    const size_t segment = s.memory.size();
+    s.elements.push_back(u.total);
+    s.shard_sizes.push_back(u.shard_size);
+    s.memory.push_back(u.shard);
+    s.grads.push_back(u.shard_grad);
+    for (size_t i = 0; i < u.params.size(); ++i)
+      where[u.params[i].unsafeGetTensorImpl()] = {segment, u.offsets[i]};
   }
   s.place = [where](const torch::Tensor& p) {
     auto it = where.find(p.unsafeGetTensorImpl());
@@ -433,7 +454,8 @@ std::vector<ShardedParameters::UnitInfo> ShardedParameters::units() const {
   for (const auto& u : units_) {
     int64_t elements = 0;
     for (const auto& p : u.params) elements += p.numel();
-    out.push_back({u.name, elements, static_cast<int64_t>(u.params.size()), world_ * u.shard_size});
+    out.push_back({u.name, u.root, u.frozen, elements, static_cast<int64_t>(u.params.size()),
+                   world_ * u.shard_size});
   }
   return out;
 }

@@ -2,9 +2,14 @@
 // (fabric.strategy: fsdp, strategies/fsdp.h): each rank keeps 1/N of every unit's values and
 // gradients, and a unit's parameters exist whole only while an operation needs them.
 //
-// Units. The parameters that require gradients are grouped into units by a wrapping policy: a
-// submodule becomes a unit when its type is named in `wrap_modules` or when the parameters under
-// it that no inner unit took reach `min_unit_params`; what is left is the root unit. A unit's
+// Units. The parameters are grouped into units by a wrapping policy: a submodule becomes a unit
+// when its type is named in `wrap_modules` or when the parameters under it that no inner unit
+// took reach `min_unit_params`; what is left is the root unit. Parameters that do not require
+// gradients (a LoRA model's frozen base) go into frozen units of their own beside each unit, one
+// per dtype (a base kept in bfloat16 beside float32 norms): sharded and gathered the same way,
+// never reduced, never in the optimizer; a unit and its frozen siblings count as one for
+// freeing, so an adapted layer's base and adapters are gathered together. A frozen parameter
+// that shares memory with another parameter (tied) stays whole on every rank. A unit's
 // parameters are laid end to end (module order, each at a multiple of 128 bytes: flat_layout in
 // optimizer_shard.h) in one flat vector of T elements padded to N·S, S ≥ ⌈T/N⌉ a multiple of 128
 // bytes; rank r keeps elements [r·S, (r+1)·S) in its shard, and the parameters become views
@@ -21,17 +26,20 @@
 // same operators on the same units in the same order (no rank-dependent control flow).
 //
 // Freeing. In the forward (outside backward()), gathering a unit frees every other gathered unit
-// except the root when `reshard_after_forward` (full_shard; shard_grad_op keeps them until their
-// gradients are reduced). In a synchronized backward, once every parameter of a unit has its
-// gradient (post hooks on the gradient accumulators), the gradients ×1/N (the Reducer's factor)
-// are reduce-scattered into the unit's shard gradient, the parameters' own gradients are
-// released and the unit is freed. end_backward() reduces units whose parameters got no gradient
-// (as zeros, in unit order) and frees every unit. Outside synchronization (no_backward_sync) the
-// parameters keep their gradients whole and accumulate, and the next synchronized backward
-// reduces the sum. A unit is gathered again whenever something uses it after it was freed.
+// except the root and the unit's siblings when `reshard_after_forward` (full_shard; shard_grad_op
+// keeps them until their gradients are reduced); in the backward, gathering a unit frees the
+// other frozen units the same way (they have no gradients whose reduction would free them). In a
+// synchronized backward, once every parameter of a unit has its gradient (post hooks on the
+// gradient accumulators), the gradients ×1/N (the Reducer's factor) are reduce-scattered into the
+// unit's shard gradient, the parameters' own gradients are released and the unit is freed.
+// end_backward() reduces units whose parameters got no gradient (as zeros, in unit order) and frees
+// every unit. Outside synchronization (no_backward_sync) the parameters keep their gradients whole
+// and accumulate, and the next synchronized backward reduces the sum. A unit is gathered again
+// whenever something uses it after it was freed.
 //
-// Requires: one dtype and device per unit; no tensors sharing memory between parameters (tied
-// weights); parameters are written only by the optimizer (through the shards) or by materialize().
+// Requires: one device per unit and one dtype per unit of trainable parameters; no trainable
+// tensors sharing memory between parameters (tied weights); parameters are written only by the
+// optimizer (through the shards) or by materialize().
 //
 // Empty init. Parameters on the meta device (a module built under fabric::EmptyInit) have shapes
 // but no values: each unit is laid out as usual on policy.empty_init_device (its full buffer
@@ -150,21 +158,27 @@ class ShardedParameters {
   // The flat memory for OptimizerShard (one segment per unit).
   OptimizerShard::Segments segments() const;
 
-  // The units `policy` makes of `module`'s parameters that require gradients, inner ones first,
-  // the root last, without sharding anything (tools/estimate_memory). Throws fabric::Error as
-  // the constructor does for a wrap_modules name that matches no module or tied parameters.
+  // The units `policy` makes of `module`'s parameters, inner ones first (each unit before its
+  // frozen siblings), the root last, without sharding anything (tools/estimate_memory). Throws
+  // fabric::Error as the constructor does for a wrap_modules name that matches no module or tied
+  // parameters.
   struct PlannedUnit {
     std::string name;
     bool root = false;
+    bool frozen = false;  // parameters that do not require gradients
+    size_t group = 0;     // a unit and its frozen siblings share it
     std::vector<std::string> names;
     std::vector<torch::Tensor> params;
   };
   static std::vector<PlannedUnit> plan_units(const torch::nn::Module& module,
                                              const ShardingPolicy& policy);
 
-  // The units, in order: name (module path, "(root)") and elements.
+  // The units, in order: name (module path, "(root)"; a frozen unit's with " (frozen)") and
+  // elements.
   struct UnitInfo {
     std::string name;
+    bool root = false;
+    bool frozen = false;
     int64_t elements;  // of its parameters
     int64_t parameters;
     int64_t gathered_elements;  // N·S: the unit gathered (its layout's gaps and padding too)
@@ -187,6 +201,8 @@ class ShardedParameters {
   struct Unit {
     std::string name;
     bool root = false;
+    bool frozen = false;  // no gradients: never reduced, not in the optimizer's segments
+    size_t group = 0;     // PlannedUnit::group
     std::vector<torch::Tensor> params;
     std::vector<std::string> names;
     std::vector<int64_t> offsets;
@@ -194,7 +210,7 @@ class ShardedParameters {
     int64_t shard_size = 0;
     torch::Tensor full;        // N·S elements; its storage holds bytes only while gathered
     torch::Tensor shard;       // S elements of this rank
-    torch::Tensor shard_grad;  // S elements
+    torch::Tensor shard_grad;  // S elements (undefined for a frozen unit)
     bool gathered = false;
     bool exact = false;  // gathered in its own dtype (not rounded through param_dtype)
     c10::intrusive_ptr<c10d::Work> pending;  // a prefetch in flight into `full`

@@ -253,33 +253,43 @@ int run(int argc, char** argv) {
 
   Model m = build(name, c);
   const int64_t bytes = static_cast<int64_t>(c10::elementSize(precision.param_dtype()));
-  int64_t trainable = 0, frozen = 0;
+  int64_t trainable = 0, frozen_params = 0, buffers = 0;
   for (const auto& p : m.module->parameters()) {
-    int64_t& sum = p.requires_grad() ? trainable : frozen;
+    int64_t& sum = p.requires_grad() ? trainable : frozen_params;
     sum = plus(sum, times(p.numel(), bytes));
   }
   for (const auto& b : m.module->buffers())
-    frozen = plus(frozen, times(b.numel(), static_cast<int64_t>(b.element_size())));
+    buffers = plus(buffers, times(b.numel(), static_cast<int64_t>(b.element_size())));
+  const int64_t frozen = plus(frozen_params, buffers);
   // The optimizer on the meta parameters (no memory); its state takes their training dtype.
   const auto optimizer = fabric::make_optimizer(c, *m.module);
   const int64_t optimizer_bytes =
       times(fabric::optimizer_state_bytes_expected(*optimizer) / 4, bytes);
 
-  // fsdp: the units of the wrapping policy; the largest other than the root is whole in the
-  // forward and, with its gradients, in the backward; the root stays whole.
+  // fsdp: the units of the wrapping policy; the largest other than the root (with its frozen
+  // siblings) is whole in the forward and, with its gradients, in the backward; the root stays
+  // whole. Frozen parameters are sharded too.
   fabric::strategies::ShardingPolicy policy;
   const auto fsdp = fabric::fsdp_options(c);
   policy.wrap_modules = fsdp.wrap_modules;
   policy.min_unit_params = fsdp.min_unit_params;
-  int64_t largest_unit = 0, root_unit = 0, units = 0;
+  int64_t largest_unit = 0, largest_gradients = 0, root_unit = 0, units = 0;
+  std::map<size_t, std::pair<int64_t, int64_t>> groups;  // whole bytes, gradient bytes
   for (const auto& u : fabric::strategies::ShardedParameters::plan_units(*m.module, policy)) {
     int64_t n = 0;
     for (const auto& p : u.params) n = plus(n, times(p.numel(), bytes));
-    ++units;
-    if (u.root)
-      root_unit = n;
-    else
-      largest_unit = std::max(largest_unit, n);
+    if (!u.frozen) ++units;
+    if (u.root) {
+      root_unit = plus(root_unit, n);
+      continue;
+    }
+    auto& [whole, gradients] = groups[u.group];
+    whole = plus(whole, n);
+    if (!u.frozen) gradients = plus(gradients, n);
+  }
+  for (const auto& [group, sizes] : groups) {
+    largest_unit = std::max(largest_unit, sizes.first);
+    largest_gradients = std::max(largest_gradients, sizes.second);
   }
 
   Activations act;
@@ -300,8 +310,8 @@ int run(int argc, char** argv) {
        activation_bytes},
       {"ddp+zero1", n, trainable + frozen, trainable, optimizer_bytes / n, n > 1 ? trainable : 0,
        activation_bytes},
-      {"fsdp", n, trainable / n + frozen, trainable / n, optimizer_bytes / n,
-       root_unit + 2 * largest_unit, activation_bytes},
+      {"fsdp", n, (trainable + frozen_params) / n + buffers, trainable / n, optimizer_bytes / n,
+       plus(plus(root_unit, largest_unit), largest_gradients), activation_bytes},
   };
   if (json) {
     nlohmann::json out = {{"program", name},

@@ -1,10 +1,11 @@
 // lora_test's multi-process program: make_lora.py's tiny Llama (test.folder/base) with peft's
 // adapter (test.folder/adapter) set up under the strategy the config names, then one SGD step
 // (lr 0.1) of the optimizer over the adapters on the reference ids: one process takes both rows,
-// each of 2 ranks (ddp or fsdp) one. Every rank prints "rank R base_grads=N base_changed=M" (base
-// parameters with a gradient, and changed by the step: 0 and 0 when only the adapters are in
-// the reducer and the optimizer); global rank 0 writes the adapters after the step to
-// test.out/adapters<world>.safetensors and prints "loss=L" (the mean over the ranks).
+// each of 2 ranks (ddp or fsdp) one. Every rank prints "rank R base_grads=N base_changed=M
+// base_held=H of T" (base parameters with a gradient, and changed by the step: 0 and 0 when only
+// the adapters are in the reducer and the optimizer; the base's elements this rank keeps between
+// operators, of its T: fsdp shards the frozen base too); global rank 0 writes the adapters after
+// the step to test.out/adapters<world>.safetensors and prints "loss=L" (the mean over the ranks).
 #include <torch/torch.h>
 
 #include <filesystem>
@@ -19,6 +20,8 @@
 #include "fabric/main.h"
 #include "fabric/models/llama.h"
 #include "fabric/nn/lora.h"
+#include "strategies/fsdp.h"
+#include "strategies/sharded_parameters.h"
 
 namespace fs = std::filesystem;
 
@@ -45,6 +48,13 @@ int main(int argc, char** argv) {
       }
       torch::optim::SGD optimizer(trainable, torch::optim::SGDOptions(0.1));
       f.setup(model, optimizer);
+      int64_t base_total = 0;
+      for (const auto& p : model->parameters())
+        if (!p.requires_grad()) base_total += p.numel();
+      int64_t base_held = base_total;
+      if (auto* fsdp = dynamic_cast<fabric::strategies::Fsdp*>(&f.strategy()))
+        for (const auto& u : fsdp->sharded()->units())
+          if (u.frozen) base_held += u.gathered_elements / f.world_size() - u.elements;
 
       torch::Tensor ids;
       for (auto& [n, t] : fabric::load_safetensors(folder / "ref.safetensors").tensors)
@@ -66,7 +76,8 @@ int main(int argc, char** argv) {
       for (int64_t r = 0; r < world; ++r) {
         if (r == rank)
           std::cout << "rank " << r << " base_grads=" << base_grads
-                    << " base_changed=" << base_changed << std::endl;
+                    << " base_changed=" << base_changed << " base_held=" << base_held << " of "
+                    << base_total << std::endl;
         f.barrier();
       }
       const torch::Tensor mean = f.all_reduce(loss.detach());

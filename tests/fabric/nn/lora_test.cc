@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -331,7 +332,8 @@ TEST_F(LoraTest, MistakesAreOneLineErrors) {
 
 // One SGD step of the adapters under 2-process ddp and fsdp (one row of the batch each; fsdp in
 // a unit per block) equals one process on both rows; no base parameter gets a gradient or
-// changes on any rank: the reducer, fsdp's shards and the optimizer hold the adapters only.
+// changes on any rank: the reducer, fsdp's shards and the optimizer hold the adapters only; fsdp
+// keeps half the frozen base per rank (its frozen units), ddp all of it.
 TEST_F(LoraTest, DdpAndFsdpStepOfTheAdaptersEqualsOneProcess) {
   const std::string exe = fabric::testing::helper_binary("//tests/fabric/nn:lora_ddp_helper");
   const fs::path out = dir_ / "ddp";
@@ -344,6 +346,20 @@ TEST_F(LoraTest, DdpAndFsdpStepOfTheAdaptersEqualsOneProcess) {
     EXPECT_TRUE(
         fabric::testing::ranks_missing_report(r.out, world, " base_grads=0 base_changed=0").empty())
         << r.out;
+    long long held = 0, total = 0;  // "H of T"
+    const bool read = std::sscanf(fabric::testing::value_after(r.out, "base_held=").c_str(),
+                                  "%lld of %lld", &held, &total) == 2;
+    EXPECT_TRUE(read && total > 0) << r.out;
+    if (read && total > 0) {
+      const double fraction = static_cast<double>(held) / static_cast<double>(total);
+      std::cout << args << ": base elements kept per rank " << held << " of " << total << "\n";
+      // fsdp 2: half, plus each frozen unit's alignment padding (measured 0.50x).
+      if (args.find("fsdp") != std::string::npos) {
+        EXPECT_LT(fraction, 0.55) << r.out;
+      } else {
+        EXPECT_EQ(fraction, 1.0) << r.out;
+      }
+    }
     const std::string loss = fabric::testing::value_after(r.out, "loss=");
     return loss.empty() ? -1.0 : std::stod(loss);
   };
