@@ -11,7 +11,7 @@
 // strategy and precision the other examples take (under model_parallel the adapters split with
 // their layers); checkpoints resume mid-epoch; the validation loss (response tokens only) every
 // finetune.eval_every_n_steps and at the end; a greedy answer to finetune.sample_prompt at the end
-// (single, ddp).
+// (single, ddp; GPT-2 too).
 //
 // Without model.pretrained it builds a tiny Llama and instruction data from this machine's Python
 // standard library (examples/finetune_demo.h) and fine-tunes that, and says so.
@@ -311,19 +311,18 @@ int train(fabric::Fabric& f, const examples::finetune::Inputs& in, const Build& 
     const int64_t sample_tokens = c.get_int("finetune.sample_tokens");
     if (!c.get_string("finetune.sample_prompt").empty() && sample_tokens > 0 &&
         (strategy == "single_device" || strategy == "ddp")) {
+      const std::vector<int64_t> prompt = sample_ids(c, *tokenizer, in.options.add_bos);
+      auto guard = f.autocast();
       if constexpr (kLlama) {
         fabric::models::GenerateOptions g;
         g.max_new_tokens = sample_tokens;
         g.eos_token_ids = p.eos_token_ids;
-        auto guard = f.autocast();
-        const auto out =
-            fabric::models::generate(*model, {sample_ids(c, *tokenizer, in.options.add_bos)}, g);
-        answer = tokenizer->decode_text(out.tokens[0]);
-        f.print("sample (finetune.sample_prompt): ", answer);
-      } else {
-        f.print("finetune.sample_prompt: not answered (", p.model_type,
-                " models are sampled by examples:generate)");
+        answer = tokenizer->decode_text(fabric::models::generate(*model, {prompt}, g).tokens[0]);
+      } else {  // GPT-2: greedy too, without a key/value cache (as examples:generate decodes it)
+        answer = tokenizer->decode_text(
+            examples::finetune::gpt_greedy(*model, prompt, sample_tokens, p.eos_token_ids));
       }
+      f.print("sample (finetune.sample_prompt): ", answer);
     }
     checkpoints.finish();
     if (!checkpoints.export_weights().empty())

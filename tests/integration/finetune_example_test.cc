@@ -7,7 +7,9 @@
 //   - LoRA merged on export (finetune.lora.merge_on_export): transformers loads the folder with
 //     the same loss;
 //   - LoRA on a GPT-2 folder (Conv1D layers in transformers): peft loads the adapter onto
-//     GPT2LMHeadModel with the run's loss, transformers the merged export;
+//     GPT2LMHeadModel with the run's loss, transformers the merged export, and the run's greedy
+//     sample is transformers' generate's (finetune_sample_reference.py); under tp 2 (and with
+//     sequence parallelism) it trains as one process within 1e-5;
 //   - full fine-tune under fsdp on 2 processes: the Hugging Face folder loads with the run's loss;
 //   - a run stopped after 4 steps and resumed mid-epoch from its checkpoint exports an adapter
 //     bitwise equal to the uninterrupted run's (ddp 2), and so does fsdp 2 with fabric.empty_init;
@@ -27,6 +29,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -307,6 +310,7 @@ TEST_F(FinetuneExampleTest, TensorParallelLoraTrainsAsOneProcess) {
 // LoRA on c_attn, c_proj and c_fc (Conv1D layers in transformers), 4 steps; the exported adapter
 // (fan_in_fan_out true: a warning of peft's fails the reference) loads in peft onto
 // GPT2LMHeadModel with the run's validation loss, and so does the merged export in transformers.
+// The run's greedy answer to finetune.sample_prompt is transformers' generate's with that adapter.
 TEST_F(FinetuneExampleTest, Gpt2LoraAdapterGivesPeftTheRunsLoss) {
   if (!fs::exists(demo("train.jsonl"))) {  // this test alone: the demo's data first
     const auto r = finetune("fabric.devices=1 trainer.max_steps=1 logging.run_dir=demo_only");
@@ -316,11 +320,13 @@ TEST_F(FinetuneExampleTest, Gpt2LoraAdapterGivesPeftTheRunsLoss) {
   const auto made = run_command(python() + " tests/integration/pretrained_models.py make " +
                                 (dir_ / "hf").string() + " " + demo("train.jsonl").string());
   ASSERT_EQ(made.code, 0) << made.out;
+  const std::string prompt = "What does join do in posixpath?";
   const auto run = finetune("fabric.devices=1 trainer.max_steps=4 logging.run_dir=gpt2 " +
                             std::string("model.pretrained=") + (dir_ / "hf" / "gpt2").string() +
                             " data.train=" + demo("train.jsonl").string() +
                             " data.val=" + (dir_ / "val.jsonl").string() +
-                            " 'finetune.lora.target_modules=[c_attn,c_proj,c_fc]'");
+                            " 'finetune.lora.target_modules=[c_attn,c_proj,c_fc]'" +
+                            " finetune.sample_tokens=12 'finetune.sample_prompt=" + prompt + "'");
   ASSERT_EQ(run.code, 0) << run.out;
   const auto s = summary(run.out);
   ASSERT_TRUE(s.is_object()) << run.out;
@@ -331,6 +337,14 @@ TEST_F(FinetuneExampleTest, Gpt2LoraAdapterGivesPeftTheRunsLoss) {
   const double peft = reference_loss(dir_ / "hf" / "gpt2", adapter);
   EXPECT_NEAR(ours, peft, 2e-5 * std::abs(peft)) << "ours " << ours << ", peft " << peft;
   EXPECT_GT(std::abs(reference_loss(dir_ / "hf" / "gpt2", "") - peft), 1e-3);
+  // The sample: transformers' greedy ids after the template's prompt part, decoded as ours.
+  EXPECT_FALSE(s["sample"].get<std::string>().empty()) << run.out;
+  const auto answer = run_command(
+      python() + " tests/integration/finetune_sample_reference.py --model=" +
+      (dir_ / "hf" / "gpt2").string() + " --adapter=" + adapter.string() + " '--prompt=" + prompt +
+      "' '--template=Q: {prompt}\nA: {response}' --max_new_tokens=12 --summary=" +
+      (dir_ / "gpt2" / "summary.json").string());
+  EXPECT_EQ(answer.code, 0) << answer.out;
   // Merged on export: the adapters folded into our [out, in] weights, written back as Conv1D's
   // [in, out]; transformers loads the GPT-2 folder with the run's loss.
   const auto merged = finetune(
@@ -343,6 +357,65 @@ TEST_F(FinetuneExampleTest, Gpt2LoraAdapterGivesPeftTheRunsLoss) {
   const double merged_ours = summary(merged.out)["val_loss"].get<double>();
   EXPECT_NEAR(merged_ours, reference_loss(dir_ / "gpt2_merged" / "export", ""),
               2e-5 * std::abs(merged_ours));
+}
+
+// GPT-2 LoRA under tensor parallelism (issue 70): c_attn is column(3) (q, k and v each split by
+// heads: lora_B cut by each part's rows), the c_proj layers row (lora_A cut by columns), c_fc
+// column. tp 2, and tp 2 with sequence parallelism under an empty init (the adapters recorded
+// with the base), train as one process (float32, SGD, dropout 0.1, 6 steps): losses and the
+// exported adapters within 1e-5, and peft loads the tp run's adapter with its validation loss.
+TEST_F(FinetuneExampleTest, Gpt2TensorParallelLoraTrainsAsOneProcess) {
+  if (!fs::exists(demo("train.jsonl"))) {  // this test alone: the demo's data first
+    const auto r = finetune("fabric.devices=1 trainer.max_steps=1 logging.run_dir=demo_only");
+    ASSERT_EQ(r.code, 0) << r.out;
+  }
+  if (!fs::exists(dir_ / "val.jsonl")) write_val(demo("val.jsonl"), dir_ / "val.jsonl");
+  const fs::path gpt2 = dir_ / "hf" / "gpt2";
+  if (!fs::exists(gpt2 / "config.json")) {  // else Gpt2LoraAdapterGivesPeftTheRunsLoss's folder
+    const auto made = run_command(python() + " tests/integration/pretrained_models.py make " +
+                                  (dir_ / "hf").string() + " " + demo("train.jsonl").string());
+    ASSERT_EQ(made.code, 0) << made.out;
+  }
+  const std::string common =
+      "trainer.max_steps=6 optimizer.name=sgd optimizer.lr=0.1 finetune.lora.dropout=0.1 "
+      "fabric.seed=3 'finetune.lora.target_modules=[c_attn,c_proj,c_fc]' model.pretrained=" +
+      gpt2.string() + " data.train=" + demo("train.jsonl").string() +
+      " data.val=" + (dir_ / "val.jsonl").string() + " ";
+  const std::string tp =
+      "fabric.devices=2 fabric.strategy=model_parallel "
+      "fabric.model_parallel.tensor_parallel_size=2 ";
+  const auto one = finetune(common + "fabric.devices=1 logging.run_dir=gpt2_tp_one");
+  ASSERT_EQ(one.code, 0) << one.out;
+  const auto split = finetune(common + tp + "logging.run_dir=gpt2_tp_two");
+  ASSERT_EQ(split.code, 0) << split.out;
+  EXPECT_NE(split.out.find("modules split over tp"), std::string::npos) << split.out;
+  const auto seq = finetune(common + tp +
+                            "fabric.model_parallel.sequence_parallel=true fabric.empty_init=true "
+                            "logging.run_dir=gpt2_tp_sp");
+  ASSERT_EQ(seq.code, 0) << seq.out;
+  const auto s1 = summary(one.out);
+  ASSERT_TRUE(s1.is_object()) << one.out;
+  for (const auto* run : {&split, &seq}) {
+    const auto s = summary(run->out);
+    ASSERT_TRUE(s.is_object()) << run->out;
+    for (const char* key : {"train_loss", "val_loss"})
+      EXPECT_NEAR(s[key].get<double>(), s1[key].get<double>(), 1e-5) << key << "\n" << run->out;
+    EXPECT_EQ(s["trainable_params"], s1["trainable_params"]);
+  }
+  // Whole adapters (2 blocks x c_attn, attn.c_proj, c_fc, mlp.c_proj x A, B), trained, equal.
+  const fs::path adapter = dir_ / "gpt2_tp_one" / "export" / "adapter_model.safetensors";
+  EXPECT_EQ(fabric::load_safetensors(adapter).tensors.size(), 16u);
+  for (const char* run : {"gpt2_tp_two", "gpt2_tp_sp"}) {
+    double largest = 0;
+    const double diff =
+        max_difference(adapter, dir_ / run / "export" / "adapter_model.safetensors", &largest);
+    EXPECT_LE(diff, 1e-5) << run;
+    EXPECT_GT(largest, 1e-2) << run;
+    std::cout << run << ": the adapter within " << diff << " of one process's" << std::endl;
+  }
+  const double ours = summary(split.out)["val_loss"].get<double>();
+  const double peft = reference_loss(gpt2, dir_ / "gpt2_tp_two" / "export");
+  EXPECT_NEAR(ours, peft, 2e-5 * std::abs(peft)) << "ours " << ours << ", peft " << peft;
 }
 
 // The validation loss reaches the callbacks: early stopping (min_delta 10 is never met, patience
