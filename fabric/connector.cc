@@ -296,6 +296,14 @@ ResolvedSetup resolve_setup(const Config& c, const MachineFacts& m) {
                      "not supported with fabric.strategy: fsdp yet; use ddp (with "
                      "fabric.ddp.shard_optimizer_state to shard the optimizer state) or false");
   }
+  // (Under other strategies the fsdp keys' warning names it.)
+  if (c.get_bool("fabric.fsdp.cpu_offload") && s.precision == PrecisionMode::k16Mixed &&
+      (s.strategy == StrategyKind::kFsdp || s.strategy == StrategyKind::kModelParallel)) {
+    throw c.error_at("fabric.fsdp.cpu_offload",
+                     "true is not supported with fabric.precision: 16-mixed (its loss scaler "
+                     "checks the gradients on the device, the offloaded ones are in host "
+                     "memory); use bf16-mixed or false");
+  }
   if (s.ddp.sync_batchnorm && s.strategy != StrategyKind::kDdp) {
     s.warnings.push_back(c.origin("fabric.sync_batchnorm") +
                          ": fabric.sync_batchnorm: has no effect with a single process");

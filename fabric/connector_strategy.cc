@@ -299,6 +299,7 @@ strategies::FsdpOptions fsdp_options(const Config& c) {
   o.param_dtype = wire("fabric.fsdp.param_dtype");
   o.reduce_dtype = wire("fabric.fsdp.reduce_dtype");
   o.wrap_modules = comma_separated(c.get_string("fabric.fsdp.wrap_modules"));
+  o.cpu_offload = c.get_bool("fabric.fsdp.cpu_offload");
   return o;
 }
 

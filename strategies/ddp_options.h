@@ -77,6 +77,10 @@ struct FsdpOptions {
   // NCCL, Gloo; the shared-memory backend computes them in the caller).
   std::optional<bool> prefetch;
   std::optional<c10::ScalarType> reduce_dtype;
+  // fabric.fsdp.cpu_offload: the shards (the parameters' masters), their gradients and the
+  // optimizer state in host memory (pinned under CUDA), the optimizer stepping there; the
+  // device holds only the units gathered for compute.
+  bool cpu_offload = false;
 };
 
 // fabric.strategy: model_parallel (strategies/model_parallel.h): tensor parallelism inside groups

@@ -68,7 +68,8 @@ ParameterParts Fsdp::parameter_parts(torch::nn::Module& module) {
     torch::NoGradGuard no_grad;
     const std::string what = "gathering a parameter's parts";
     c10d::ProcessGroup& group = *data_parallel_group(what);
-    const torch::Tensor flat = part.contiguous().view(-1);
+    // Under cpu_offload a part is in host memory; the collectives take the device's tensors.
+    const torch::Tensor flat = part.to(device_).contiguous().view(-1);
     const auto counts = distributed::all_gather(
         group, torch::full({1}, flat.numel(), flat.options().dtype(torch::kLong)), what);
     int64_t longest = 0;
@@ -83,7 +84,7 @@ ParameterParts Fsdp::parameter_parts(torch::nn::Module& module) {
     if (i >= sizes.size() || whole.numel() != c10::multiply_integers(sizes[i]))
       throw Error("fsdp: the ranks' parts of parameter " + std::to_string(i) +
                   " do not make up the whole tensor");
-    return whole.view(sizes[i]);
+    return whole.view(sizes[i]).to(part.device());
   };
   return out;
 }
@@ -111,6 +112,11 @@ void Fsdp::setup_module(torch::nn::Module& module) {
   if (sharded_) throw Error(key_ + ": shards one module per process; this job set up a second one");
   // An empty init (fabric/nn/empty_init.h) is replayed after the units are formed, each rank
   // keeping only its shard of each value; the module stays on the meta device until then.
+  if (options_.cpu_offload && precision_->scaler() != nullptr)
+    throw Error(
+        "fabric.fsdp.cpu_offload: true with fabric.precision: 16-mixed is not supported (its "
+        "loss scaler checks the gradients on the device, the offloaded ones are in host "
+        "memory); use bf16-mixed or set fabric.fsdp.cpu_offload: false");
   const std::shared_ptr<InitRecord> empty_init = take_empty_init(module);
   if (!empty_init) module.to(device_);
   convert_module(module);
@@ -150,6 +156,7 @@ void Fsdp::setup_module(torch::nn::Module& module) {
       device_.is_cuda() || distributed::active_cpu_backend(*pg) != "fabric_shm");
   policy.reduce_dtype = options_.reduce_dtype;
   policy.empty_init_device = device_;
+  policy.cpu_offload = options_.cpu_offload;
   sharded_ = std::make_unique<ShardedParameters>(module, pg, policy);
   sharded_->set_replicate_group(replicate_group());
   module_ = &module;
@@ -198,6 +205,9 @@ void Fsdp::setup_module(torch::nn::Module& module) {
                    "large one name its block type in fabric.fsdp.wrap_modules or lower "
                    "min_unit_params)";
     }
+    if (options_.cpu_offload)
+      std::cerr << "; cpu_offload: the shards, their gradients and the optimizer state in host "
+                   "memory";
     if (frozen_units > 0)
       std::cerr << "; " << frozen << " frozen parameters (requires_grad false) sharded in "
                 << frozen_units << (frozen_units == 1 ? " unit" : " units") << " beside them";

@@ -116,6 +116,7 @@ OptimizerShard::OptimizerShard(torch::optim::Optimizer& optimizer,
   totals_ = segments.elements;
   shard_sizes_ = segments.shard_sizes;
   grads_ = std::move(segments.grads);
+  collective_device_ = segments.collective_device;
   split(segments.memory);
 }
 
@@ -264,10 +265,11 @@ torch::Tensor OptimizerShard::clip_grad_norm(double max_norm, double norm_type) 
         local.add_(g.norm(norm_type).pow(norm_type).reshape({1}), weights[i]);
       }
     }
-    std::vector<torch::Tensor> v = {local};
+    std::vector<torch::Tensor> v = {local.to(collective_device())};
     c10d::AllreduceOptions o;
     o.reduceOp = inf ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
     distributed::wait((norm_pg_ ? norm_pg_ : pg_)->allreduce(v, o), "gradient norm all_reduce");
+    local = v[0].to(local.device());
     total = (inf ? local : local.pow(1.0 / norm_type)).reshape({});
   }
   const torch::Tensor coefficient =

@@ -93,6 +93,9 @@ class OptimizerShard {
     std::vector<torch::Tensor> memory;
     std::vector<torch::Tensor> grads;
     std::function<std::pair<size_t, int64_t>(const torch::Tensor&)> place;
+    // Where the process group's collectives take tensors when the memory is elsewhere (fsdp's
+    // cpu_offload: host shards, CUDA collectives); nullopt: the memory's device.
+    std::optional<torch::Device> collective_device;
   };
   // `key`: the setting named in errors.
   OptimizerShard(torch::optim::Optimizer& optimizer, const std::vector<torch::Tensor>& named,
@@ -188,6 +191,11 @@ class OptimizerShard {
   std::vector<int64_t> totals_;       // each segment's elements
   std::vector<int64_t> shard_sizes_;  // each segment's S
   std::vector<torch::Tensor> grads_;  // each segment's S gradient elements (the pieces' alias)
+  std::optional<torch::Device> collective_device_;  // Segments::collective_device
+  // Where collectives take tensors: collective_device_, else the gradients' device.
+  torch::Device collective_device() const {
+    return collective_device_.value_or(grads_.at(0).device());
+  }
   c10::intrusive_ptr<c10d::ProcessGroup> norm_pg_;  // set_norm_scope's group (null: pg_)
   std::vector<double> norm_weights_;                // per parameter (empty: all 1)
 };

@@ -89,7 +89,7 @@ c10::IValue OptimizerShard::full_state() {
                 std::to_string(pieces_.size()) + " parameter pieces have optimizer state");
   const PieceFields piece_fields(state);
   const auto& [fields, dtypes, scalars] = piece_fields;
-  const torch::Device device = grads_.at(0).device();
+  const torch::Device device = collective_device();
   const auto [lo, hi] =
       min_max(*pg_, static_cast<int64_t>(fields.size()) * 2 + (state.size() > 0), device, what);
   if (lo != hi)

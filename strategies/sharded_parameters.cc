@@ -108,14 +108,17 @@ void ShardedParameters::flatten_unit(size_t k) {
   const auto options = first.options().requires_grad(false).device(
       empty_init ? policy_.empty_init_device : first.device());
   u.full = torch::zeros({world_ * u.shard_size}, options);
-  if (empty_init) {
-    u.shard = torch::zeros({u.shard_size}, options);
-  } else {
+  // Where the shard and its gradient live: beside the units, or in host memory (cpu_offload).
+  const auto held = policy_.cpu_offload
+                        ? options.device(torch::kCPU).pinned_memory(options.device().is_cuda())
+                        : options;
+  u.shard = torch::zeros({u.shard_size}, held);
+  if (!empty_init) {
     for (size_t i = 0; i < u.params.size(); ++i)
       u.full.narrow(0, u.offsets[i], u.params[i].numel()).copy_(u.params[i].reshape(-1));
-    u.shard = u.full.narrow(0, rank_ * u.shard_size, u.shard_size).clone();
+    u.shard.copy_(u.full.narrow(0, rank_ * u.shard_size, u.shard_size));
   }
-  if (!u.frozen) u.shard_grad = torch::zeros({u.shard_size}, options);
+  if (!u.frozen) u.shard_grad = torch::zeros({u.shard_size}, held);
   for (size_t i = 0; i < u.params.size(); ++i) {
     torch::Tensor& p = u.params[i];
     const std::vector<int64_t> sizes = p.sizes().vec();
@@ -197,21 +200,28 @@ void ShardedParameters::start_gather(Unit& u, bool exact) {
     // Half the bytes on the wire (for bf16/fp16); every rank computes with the same rounded
     // values once finish_gather upcasts them into the buffer.
     torch::NoGradGuard no_grad;
-    torch::Tensor send = u.shard.to(*wire);
-    u.pending_received = torch::empty({u.full.numel()}, send.options());
-    u.pending = pg_->_allgather_base(u.pending_received, send);
+    u.pending_send = on_device(u.shard.to(*wire), u);
+    u.pending_received = torch::empty({u.full.numel()}, u.pending_send.options());
+    u.pending = pg_->_allgather_base(u.pending_received, u.pending_send);
     u.exact = false;
   } else if (c10::isFloat8Type(u.full.scalar_type())) {
     // Backends reduce no float8; a gather moves bytes.
-    torch::Tensor full = u.full.view(torch::kUInt8), shard = u.shard.view(torch::kUInt8);
-    u.pending = pg_->_allgather_base(full, shard);
+    torch::Tensor full = u.full.view(torch::kUInt8);
+    u.pending_send = on_device(u.shard, u).view(torch::kUInt8);
+    u.pending = pg_->_allgather_base(full, u.pending_send);
     u.exact = true;
   } else {
-    u.pending = pg_->_allgather_base(u.full, u.shard);
+    u.pending_send = on_device(u.shard, u);
+    u.pending = pg_->_allgather_base(u.full, u.pending_send);
     u.exact = true;
   }
   u.gathered = true;
   ++gathers_;
+}
+
+torch::Tensor ShardedParameters::on_device(const torch::Tensor& shard, const Unit& u) const {
+  if (!policy_.cpu_offload) return shard;
+  return shard.to(u.full.device(), /*non_blocking=*/true, /*copy=*/true);
 }
 
 void ShardedParameters::finish_gather(Unit& u) {
@@ -221,6 +231,7 @@ void ShardedParameters::finish_gather(Unit& u) {
   u.pending.reset();
   distributed::wait(
       work, std::string("fsdp all_gather of unit '") + u.name + "' (" + describe(u.full) + ")");
+  u.pending_send = torch::Tensor();
   if (u.pending_received.defined()) {
     torch::NoGradGuard no_grad;
     u.full.copy_(u.pending_received);
@@ -333,7 +344,7 @@ void ShardedParameters::reduce(Unit& u) {
     }
   }
   for (auto& p : u.params) p.mutable_grad().reset();
-  const bool direct = !accumulate_ && wire == u.shard_grad.scalar_type();
+  const bool direct = !accumulate_ && wire == u.shard_grad.scalar_type() && !policy_.cpu_offload;
   torch::Tensor out = direct ? u.shard_grad : torch::empty({u.shard_size}, flat.options());
   distributed::wait(pg_->_reduce_scatter_base(out, flat),
                     std::string("fsdp reduce_scatter of unit '") + u.name + "' gradients (" +
@@ -345,9 +356,9 @@ void ShardedParameters::reduce(Unit& u) {
                                                       describe(out) + ")");
   }
   if (accumulate_)
-    u.shard_grad.add_(out);
+    u.shard_grad.add_(out.to(u.shard_grad.device()));
   else if (!direct)
-    u.shard_grad.copy_(out);
+    u.shard_grad.copy_(out);  // into host memory under cpu_offload
   u.reduced = true;
   ++reduce_scatters_;
   release(u);
@@ -430,6 +441,7 @@ OptimizerShard::Segments ShardedParameters::segments() const {
   std::unordered_map<const void*, std::pair<size_t, int64_t>> where;
   for (const Unit& u : units_) {
     if (u.frozen) continue;
+    if (policy_.cpu_offload) s.collective_device = u.full.device();
     const size_t segment = s.memory.size();
     s.elements.push_back(u.total);
     s.shard_sizes.push_back(u.shard_size);

@@ -93,6 +93,11 @@ struct ShardingPolicy {
   // fabric/nn/empty_init.h): the shards start as zeros and take their values from
   // take_initial_value.
   torch::Device empty_init_device = torch::kCPU;
+  // fabric.fsdp.cpu_offload: the shards and their gradients live in host memory (pinned when the
+  // units are on CUDA); a gather copies the shard to the units' device first, a reduce-scatter
+  // lands on the device and is copied (or added) into the host gradient. The optimizer's pieces
+  // (views of the shards) are then host tensors: it steps there.
+  bool cpu_offload = false;
 };
 
 class ShardedParameters {
@@ -214,6 +219,7 @@ class ShardedParameters {
     bool gathered = false;
     bool exact = false;  // gathered in its own dtype (not rounded through param_dtype)
     c10::intrusive_ptr<c10d::Work> pending;  // a prefetch in flight into `full`
+    torch::Tensor pending_send;              // what it sends (kept alive until it ends)
     torch::Tensor pending_received;          // its buffer when gathered in param_dtype
     int pins = 0;                            // materialize() guards holding it whole
     size_t grads_ready = 0;                  // parameters whose gradient arrived in this backward
@@ -238,6 +244,9 @@ class ShardedParameters {
   // finish_gather waits for it (and upcasts a param_dtype gather into the buffer).
   void start_gather(Unit& unit, bool exact);
   void finish_gather(Unit& unit);
+  // What a gather sends of `shard`: the tensor itself, or under cpu_offload its copy on the
+  // units' device (always a copy, even when that is the CPU: one code path).
+  torch::Tensor on_device(const torch::Tensor& shard, const Unit& unit) const;
   // The order units were first used in this phase; prefetch the one after `k` in the last pass.
   void note_use(size_t k);
   void reduce(Unit& unit);  // the gradients into the shard gradient; collective

@@ -139,6 +139,11 @@ ConfigSchema default_schema() {
           .doc("start the all-gather of the unit the previous step used next (forward and "
                "backward) while this one computes: one more unit gathered; auto: when "
                "collectives run beside compute (NCCL, Gloo), not with the shared-memory backend"));
+  s.add("fabric.fsdp.cpu_offload",
+        KeySpec::boolean(false).doc(
+            "keep the shards (fp32 masters), their gradients and the optimizer state in host "
+            "memory (pinned under CUDA) and step there (fused CPU kernels): the device holds "
+            "only the units gathered for compute; the same weights, bitwise"));
   for (const char* key : {"fabric.fsdp.param_dtype", "fabric.fsdp.reduce_dtype"})
     s.add(key,
           KeySpec::choice({"auto", "fp32", "bf16", "fp16"}, "auto")

@@ -58,6 +58,18 @@ TEST(ConnectorTest, FsdpKeysUnderAnotherStrategyAreSaidToHaveNoEffect) {
   EXPECT_TRUE(resolve({"fabric.strategy=fsdp", "fabric.fsdp.min_unit_params=5"}, cpu_machine())
                   .warnings.empty());
   EXPECT_TRUE(resolve({"fabric.strategy=ddp"}, cpu_machine()).warnings.empty());
+  // cpu_offload's gradients are in host memory, where 16-mixed's scaler does not look (a CUDA
+  // machine: on CPU 16-mixed becomes bf16-mixed).
+  EXPECT_EQ(error_of({"fabric.strategy=fsdp", "fabric.devices=2", "fabric.precision=16-mixed",
+                      "fabric.fsdp.cpu_offload=true"},
+                     gpu_machine(2)),
+            "command line: fabric.fsdp.cpu_offload: true is not supported with fabric.precision: "
+            "16-mixed (its loss scaler checks the gradients on the device, the offloaded ones are "
+            "in host memory); use bf16-mixed or false");
+  EXPECT_TRUE(resolve({"fabric.strategy=fsdp", "fabric.devices=2", "fabric.precision=bf16-mixed",
+                       "fabric.fsdp.cpu_offload=true"},
+                      gpu_machine(2))
+                  .warnings.empty());
 }
 
 TEST(ConnectorTest, AutoDevicesWithDdpMeanEveryGpuOrTwoCpuProcesses) {

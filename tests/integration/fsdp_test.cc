@@ -18,6 +18,7 @@
 //     resumes from its sharded checkpoint under the same limit;
 //   - empty init: a full init's values at 2 and 3 ranks (bitwise ddp's training), and a model
 //     larger than fabric.tensor_memory_limit_gb sets up holding shards plus one unit and trains;
+//   - cpu_offload (host shards, gradients and optimizer state): bitwise the run without it;
 //   - errors: what it cannot do names the key.
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -78,6 +79,20 @@ TEST_F(FsdpTest, TrainsLikeDdpWithEveryOptimizerVariantAndShardingStrategy) {
                                                       entry("fsdp.ckpt", name), name, bound),
                       "");
           }
+          if (sharding != kPerLayer || std::string(world) != "2") continue;
+          // cpu_offload: the shards, gradients and optimizer state in host memory (here the
+          // device is the host too, but every gather and reduce goes through its copies):
+          // bitwise the run without it, clipping and micro-batches included.
+          auto offload = run(job + sharding + "fabric.fsdp.cpu_offload=true test.out=off.ckpt");
+          ASSERT_EQ(offload.code, 0) << offload.out;
+          EXPECT_NE(offload.out.find("cpu_offload: the shards, their gradients and the optimizer "
+                                     "state in host memory"),
+                    std::string::npos)
+              << offload.out;
+          for (const char* name : {"model", "optimizer"})
+            EXPECT_EQ(fabric::testing::parity_failure(entry("fsdp.ckpt", name),
+                                                      entry("off.ckpt", name), name, 0),
+                      "");
         }
       }
     }
