@@ -38,6 +38,7 @@
 #                   gpt_cuda_test (the fused loss and LayerNorm kernels),
 #                   the tiny GPT under tp 2 with sequence parallelism and dropout (2 ranks, Gloo),
 #                   issue 71's: pp 2 (1f1b, gpipe, interleaved) and cp 2 against ddp (2 ranks),
+#                   issue 70's: fsdp cpu_offload bitwise fsdp without it, peak device bytes,
 #                   and gpt_compare.sh's ours-eager (bf16-mixed) vs ours-fp8 vs ours-fp8-rowwise
 #                   on gpt2-medium (batch 16) and gpt2-xl (batch 8) x 1024 tokens, 15 timed steps
 #                   after 6, --reps interleaved, with a profile summary of ours-fp8 on each
@@ -479,6 +480,26 @@ run() {
         CHECK_SUMMARY='max_rel|bitwise' check "gpt tiny $pname = ddp (weights)" 60 "${cmpw[@]}" \
           "$pdir/weights.pt" "$pd/ddp/weights.pt"
     done
+    # Issue 70: fsdp's cpu_offload on CUDA (pinned host shards, gradients and AdamW state; the
+    # fused CPU step): weights bitwise those without it; each run's peak device bytes (the max
+    # over ranks, summary.json's peak_tensor_bytes) side by side.
+    local off=(--config=gpt_tiny.yaml "${place[@]}" model.n_layer=8 model.n_head=8 model.n_embd=512
+               model.block_size=128 trainer.max_steps=6 trainer.limit_eval_batches=2
+               gpt.sample_tokens=0 optimizer.name=adamw fabric.precision=bf16-mixed
+               fabric.strategy=fsdp fabric.fsdp.wrap_modules=Block data.batch_size=8
+               "gpt.corpus_cache=$work/corpus")
+    local ov
+    for ov in false true; do
+      CHECK_SUMMARY='val loss' check "gpt 25M fsdp cpu_offload=$ov (2 ranks)" 180 "$runsh" gpt \
+        "${off[@]}" "fabric.fsdp.cpu_offload=$ov" "logging.run_dir=$pd/offload_$ov"
+    done
+    CHECK_SUMMARY='bitwise|max_rel' check "gpt 25M fsdp cpu_offload = without (weights)" 60 \
+      "${cmpw[@]}" --bitwise "$pd/offload_true/weights.pt" "$pd/offload_false/weights.pt"
+    CHECK_SUMMARY='peak' check "gpt 25M fsdp peak device bytes, without / with cpu_offload" 30 \
+      "$python" -c 'import json, sys
+a, b = (json.load(open(f + "/summary.json")).get("peak_tensor_bytes") for f in sys.argv[1:])
+print("peak device bytes per rank: %s without cpu_offload, %s with" % (a, b))' \
+      "$pd/offload_false" "$pd/offload_true"
     local m b spec
     for spec in "gpt2-medium 16" "gpt2-xl 8"; do
       read -r m b <<<"$spec"
