@@ -157,9 +157,12 @@ bool Checkpointer::state_is_finite() {
   torch::NoGradGuard no_grad;
   for (const auto& e : state_.entries()) {
     if (e.module) {
+      // Only what the entry saves (CheckpointState::add's `keep`).
       auto& module = *e.module;
-      for (const auto& p : module.parameters()) check(p);
-      for (const auto& b : module.buffers()) check(b);
+      for (const auto& p : module.named_parameters())
+        if (!e.keep || e.keep(p.key())) check(p.value());
+      for (const auto& b : module.named_buffers())
+        if (!e.keep || e.keep(b.key())) check(b.value());
     } else if (e.optimizer) {
       // Under sharding strategies the optimizer holds the parameters' shards.
       for (const auto& group : e.optimizer->param_groups())

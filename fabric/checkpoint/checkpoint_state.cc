@@ -3,6 +3,8 @@
 #include <c10/core/GradMode.h>
 
 #include <memory>
+#include <set>
+#include <string>
 
 #include "fabric/checkpoint/archive.h"
 #include "fabric/checkpoint/optimizer_state.h"
@@ -42,6 +44,50 @@ CheckpointState& CheckpointState::add(const std::string& name, torch::nn::Module
     return prepare_load_state_dict(module, state_dict_from(v, source), source);
   };
   return add_entry(std::move(entry));
+}
+
+CheckpointState& CheckpointState::add(const std::string& name, torch::nn::Module& module,
+                                      KeepName keep) {
+  if (!keep) return add(name, module);
+  Entry entry{name};
+  entry.module = &module;
+  entry.keep = keep;
+  entry.save = [&module, keep] {
+    c10::Dict<std::string, torch::Tensor> d;
+    for (const auto& [key, t] : state_dict(module))
+      if (keep(key)) d.insert(key, t);
+    return c10::IValue(d);
+  };
+  entry.prepare = [&module, keep](const c10::IValue& v, const std::string& source) {
+    state_dict_from(v, source);  // the check of a state dict's type, with its message
+    return prepare_load_state_dict(module, kept_state(module, keep, v, /*for_load=*/true), source,
+                                   {});
+  };
+  return add_entry(std::move(entry));
+}
+
+CheckpointState::KeepName trainable_only(const torch::nn::Module& module) {
+  auto names = std::make_shared<std::set<std::string>>();
+  for (const auto& p : module.named_parameters())
+    if (p.value().requires_grad()) names->insert(p.key());
+  return [names](const std::string& name) { return names->count(name) > 0; };
+}
+
+c10::IValue kept_state(const torch::nn::Module& module, const CheckpointState::KeepName& keep,
+                       const c10::IValue& value, bool for_load) {
+  if (!keep || !value.isGenericDict()) return value;
+  const auto dict = value.toGenericDict();
+  c10::impl::GenericDict out(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& item : dict)
+    if (for_load || !item.key().isString() || keep(item.key().toStringRef()))
+      out.insert(item.key(), item.value());
+  if (!for_load) return out;
+  auto leave = [&](const std::string& name) {
+    if (!keep(name) && !out.contains(name)) out.insert(name, c10::IValue());
+  };
+  for (const auto& p : module.named_parameters()) leave(p.key());
+  for (const auto& b : module.named_buffers()) leave(b.key());
+  return out;
 }
 
 CheckpointState& CheckpointState::add(const std::string& name, torch::optim::Optimizer& optimizer) {

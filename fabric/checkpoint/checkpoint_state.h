@@ -25,6 +25,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fabric/checkpoint/piece_layout.h"
@@ -39,6 +40,18 @@ class CheckpointState {
   template <typename Impl>
   CheckpointState& add(const std::string& name, torch::nn::ModuleHolder<Impl>& module) {
     return add(name, static_cast<torch::nn::Module&>(*module));
+  }
+  // Only the tensors of `module` whose names `keep` accepts: saved alone (sharded checkpoints
+  // hold each strategy's pieces of them, one-file checkpoints whole tensors); loaded, the module's
+  // other tensors are left as they are where the checkpoint lacks them (a checkpoint of the whole
+  // module loads too). trainable_only(module) keeps what trains (a LoRA run's adapters, which
+  // every strategy names the same: the checkpoint resumes under another one).
+  using KeepName = std::function<bool(const std::string&)>;
+  CheckpointState& add(const std::string& name, torch::nn::Module& module, KeepName keep);
+  template <typename Impl>
+  CheckpointState& add(const std::string& name, torch::nn::ModuleHolder<Impl>& module,
+                       KeepName keep) {
+    return add(name, static_cast<torch::nn::Module&>(*module), std::move(keep));
   }
   CheckpointState& add(const std::string& name, torch::optim::Optimizer& optimizer);
   // DataLoader, LRScheduler, GradScaler, or an object of yours.
@@ -72,6 +85,7 @@ class CheckpointState {
     // What the entry refers to: at most one is set (none for plain values and splits). Strategies
     // save and load modules and optimizers their own way (sharded state).
     torch::nn::Module* module = nullptr;
+    KeepName keep = {};  // modules: the names saved (null: all)
     torch::optim::Optimizer* optimizer = nullptr;
     Stateful* stateful = nullptr;
   };
@@ -88,6 +102,18 @@ class CheckpointState {
   CheckpointState& add_entry(Entry entry);
   std::vector<Entry> entries_;
 };
+
+// The names of `module`'s parameters that require gradients now (the filter of its entry when
+// only what trains is checkpointed).
+CheckpointState::KeepName trainable_only(const torch::nn::Module& module);
+
+// A module entry's state dict (name -> tensor or piece) under its `keep`: for saving
+// (`for_load` false) only the names `keep` accepts; for loading the dict with None for each of
+// the module's names that `keep` rejects and the dict lacks (prepare_load_state_dict leaves those
+// as they are: every strategy's loader gets them so). `value` itself without `keep` or when it is
+// not a dict.
+c10::IValue kept_state(const torch::nn::Module& module, const CheckpointState::KeepName& keep,
+                       const c10::IValue& value, bool for_load);
 
 }  // namespace fabric
 

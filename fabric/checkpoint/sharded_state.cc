@@ -48,9 +48,10 @@ CheckpointState with_local_pieces(ShardedState* sharded, const CheckpointState& 
   CheckpointState out = state;
   for (const auto& entry : state.entries()) {
     std::optional<c10::IValue> local;
-    if (entry.module)
+    if (entry.module) {
       local = sharded->local_module_state(*entry.module);
-    else if (entry.optimizer)
+      if (local) local = kept_state(*entry.module, entry.keep, *local, /*for_load=*/false);
+    } else if (entry.optimizer)
       local = sharded->local_optimizer_state(*entry.optimizer);
     if (local)
       out.replace_functions(
@@ -85,10 +86,12 @@ CheckpointState with_local_loaders(ShardedState* sharded, const CheckpointState&
     auto& module = *entry.module;
     out.replace_functions(
         entry.name, entry.save,
-        [sharded, &module, whole, own = entry.prepare](const c10::IValue& value,
-                                                       const std::string& source) {
+        [sharded, &module, whole, keep = entry.keep, own = entry.prepare](
+            const c10::IValue& value, const std::string& source) {
+          // Under `keep` the names it rejects are left as they are where the value lacks them.
           if (sharded)
-            if (auto local = sharded->prepare_local_module_state(module, value, source))
+            if (auto local = sharded->prepare_local_module_state(
+                    module, kept_state(module, keep, value, /*for_load=*/true), source))
               return *local;
           whole->push_back(&module);
           return own(value, source);

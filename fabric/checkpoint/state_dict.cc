@@ -101,6 +101,10 @@ std::function<void()> prepare_load(const torch::nn::Module& module,
       missing.push_back(name);
       continue;
     }
+    if (it->second.isNone()) {  // left as it is (CheckpointState::add's `keep`)
+      given.erase(it);
+      continue;
+    }
     const auto split = partial.find(name);
     const auto piece = split != partial.end() ? as_tensor_piece(it->second) : std::nullopt;
     if (!piece && !it->second.isTensor())

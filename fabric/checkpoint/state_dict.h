@@ -72,7 +72,9 @@ std::function<void()> prepare_load_state_dict(torch::nn::Module& module, const S
 // caller adds the file and the name) for a piece that does not hold that part.
 using PartialTarget = std::function<std::function<void()>(const c10::IValue& value)>;
 // prepare_load_state_dict from a checkpoint's value (name → tensor, or a piece for the names of
-// `partial`), the parameters named in `partial` written through it; checked the same way.
+// `partial`), the parameters named in `partial` written through it; checked the same way, except
+// that a name given None is left as it is (not missing: a checkpoint of only some of a module's
+// tensors, CheckpointState::add with `keep`).
 std::function<void()> prepare_load_state_dict(const torch::nn::Module& module,
                                               const c10::IValue& value, const std::string& source,
                                               const std::map<std::string, PartialTarget>& partial);
