@@ -66,7 +66,6 @@
 namespace fs = std::filesystem;
 using examples::finetune::lora_options;
 using examples::finetune::sample_ids;
-using examples::finetune::Trainable;
 
 namespace {
 
@@ -113,13 +112,11 @@ int train(fabric::Fabric& f, const examples::finetune::Inputs& in, const Build& 
   int64_t trainable = 0;  // counted on the whole model, before a strategy shards it
   for (const auto& t : model->parameters())
     if (t.requires_grad()) trainable += t.numel();
-  // Under fsdp and model_parallel the optimizer holds only what trains (those strategies refuse
-  // frozen parameters); under single and ddp the whole model's (its checkpoints' numbering).
+  // A LoRA run's optimizer holds only what trains (fsdp and model_parallel refuse frozen
+  // parameters), under every strategy: its checkpoints number the adapters alike.
   const std::string strategy = f.strategy().name();
-  const bool sharded = strategy == "fsdp" || strategy == "model_parallel";
-  auto optimizer = lora && sharded
-                       ? fabric::make_optimizer(c, *examples::finetune::trainable_tree(*model))
-                       : fabric::make_optimizer(c, *model);
+  auto optimizer = lora ? fabric::make_optimizer(c, *examples::finetune::trainable_tree(*model))
+                        : fabric::make_optimizer(c, *model);
   f.setup(model, *optimizer);
   if (load_after_setup) f.load_weights(model, weights.tensors, folder.string(), keep_adapters);
   const int64_t parameters = p.parameters() + (lora ? trainable : 0);
@@ -153,14 +150,12 @@ int train(fabric::Fabric& f, const examples::finetune::Inputs& in, const Build& 
   fabric::LRScheduler scheduler(
       *optimizer, fabric::LRSchedule::from_config(c, std::max<int64_t>(total_steps, 1)));
 
-  // A LoRA run where every rank holds the whole model (single, ddp) checkpoints the adapters
-  // only; under fsdp (sharded parameters) and a full fine-tune, the model.
+  // A LoRA run checkpoints only what trains, the adapters (under fsdp and model_parallel the
+  // strategy's pieces of them; named alike under every strategy, so that a checkpoint resumes
+  // under another one); a full fine-tune the model.
   fabric::CheckpointState state;
-  const bool adapters_only = lora && (strategy == "single_device" || strategy == "ddp");
-  Trainable adapters{nullptr};
-  if (adapters_only) {
-    adapters = Trainable(*model);
-    state.add("adapters", adapters);
+  if (lora) {
+    state.add("adapters", model, fabric::trainable_only(*model));
   } else {
     state.add("model", model);
   }

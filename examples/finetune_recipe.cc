@@ -73,15 +73,6 @@ fs::path demo_cache(const fabric::Config& c) {
                        : fabric::absolute_from_working_directory(given);
 }
 
-TrainableImpl::TrainableImpl(torch::nn::Module& model) {
-  for (auto& p : model.named_parameters()) {
-    if (!p.value().requires_grad()) continue;
-    std::string name = p.key();
-    std::replace(name.begin(), name.end(), '.', '/');
-    register_parameter(name, p.value());
-  }
-}
-
 std::shared_ptr<torch::nn::Module> trainable_tree(torch::nn::Module& model) {
   auto root = std::make_shared<torch::nn::Module>();
   for (auto& p : model.named_parameters()) {

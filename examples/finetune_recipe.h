@@ -1,10 +1,9 @@
 // The parts of //examples:finetune around its training loop: its config keys, the LoRA options
-// they give, the sample prompt's ids, the trainable-only module a LoRA checkpoint holds.
+// they give, the sample prompt's ids, the trainable-only module a LoRA optimizer holds.
 #ifndef EXAMPLES_FINETUNE_RECIPE_H_
 #define EXAMPLES_FINETUNE_RECIPE_H_
 
 #include <torch/nn/module.h>
-#include <torch/nn/pimpl.h>
 
 #include <cstdint>
 #include <filesystem>
@@ -30,18 +29,10 @@ fabric::ConfigSchema schema();
 // finetune.demo_cache, or the examples' cache folder (examples::gpt::cache_home).
 std::filesystem::path demo_cache(const fabric::Config& c);
 
-// The trainable parameters of a model as a module of their own (the same tensors, '.' in their
-// names written '/'): what a LoRA run's checkpoints hold instead of the whole model, whose frozen
-// base is the pretrained folder's.
-struct TrainableImpl : torch::nn::Module {
-  explicit TrainableImpl(torch::nn::Module& model);
-};
-TORCH_MODULE(Trainable);
-
 // The trainable parameters of a model under their own names ('.'-separated, in a tree of
-// submodules holding only them; the same tensors): the optimizer's module where the strategy
-// (fsdp, model_parallel) takes only parameters that train, optimizer.no_weight_decay and
-// optimizer.lr_scale still matching the model's names.
+// submodules holding only them; the same tensors): a LoRA run's optimizer's module under every
+// strategy (fsdp and model_parallel take only parameters that train), optimizer.no_weight_decay
+// and optimizer.lr_scale still matching the model's names.
 std::shared_ptr<torch::nn::Module> trainable_tree(torch::nn::Module& model);
 
 // What a run reads before its model: the folder (model.pretrained, else the demo's, written
