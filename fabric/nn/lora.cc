@@ -9,11 +9,15 @@
 #include <set>
 #include <sstream>
 
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
 #include "fabric/checkpoint/safetensors.h"
 #include "fabric/core/atomic_file.h"
 #include "fabric/core/error.h"
 #include "fabric/core/suggest.h"
+#include "fabric/distributed/process_group.h"
 #include "fabric/nn/empty_init.h"
+#include "fabric/nn/frozen_weight.h"
 #include "fabric/nn/tensor_parallel.h"
 
 namespace fabric::nn {
@@ -133,6 +137,82 @@ std::vector<std::string> apply_lora(torch::nn::Module& model, const LoraOptions&
   return names;
 }
 
+std::string to_string(LoraBaseDtype dtype) {
+  switch (dtype) {
+    case LoraBaseDtype::kBf16:
+      return "bf16";
+    case LoraBaseDtype::kFp8:
+      return "fp8";
+    default:
+      return "auto";
+  }
+}
+
+LoraBaseDtype parse_lora_base_dtype(const std::string& text) {
+  for (LoraBaseDtype d : {LoraBaseDtype::kAuto, LoraBaseDtype::kBf16, LoraBaseDtype::kFp8})
+    if (to_string(d) == text) return d;
+  throw Error("LoRA: base dtype '" + text + "' is not one of auto, bf16, fp8");
+}
+
+namespace {
+
+// The layer's float8 scale buffer, or an undefined tensor.
+torch::Tensor weight_scale(LinearImpl& layer) {
+  const auto buffers = layer.named_buffers(/*recurse=*/false);
+  const torch::Tensor* scale = buffers.find(kWeightScale);
+  return scale ? *scale : torch::Tensor();
+}
+
+// Whether the layer's weight is stored apart from the adapters' dtype (store_lora_base's).
+bool stored_base(LinearImpl& layer) {
+  return weight_scale(layer).defined() ||
+         (layer.lora_rank() > 0 &&
+          layer.weight.scalar_type() != layer.lora_A->weight.scalar_type());
+}
+
+}  // namespace
+
+std::vector<std::string> store_lora_base(torch::nn::Module& model, LoraBaseDtype dtype) {
+  std::vector<std::string> names;
+  if (dtype == LoraBaseDtype::kAuto) return names;
+  const std::string head = "LoRA: base dtype " + to_string(dtype) + ": layer '";
+  const torch::ScalarType want =
+      dtype == LoraBaseDtype::kBf16 ? torch::kBFloat16 : torch::kFloat8_e4m3fn;
+  torch::NoGradGuard no_grad;
+  for (auto& [name, layer] : linear_layers(model)) {
+    if (layer->lora_rank() == 0) continue;
+    const torch::Tensor w = layer->weight.detach();
+    if (layer->weight.requires_grad())
+      throw Error(head + name + "' has a weight that trains; a frozen base only (apply_lora " +
+                  "freezes it; a full fine-tune trains the base)");
+    if (w.is_meta())
+      throw Error(head + name + "' is on the meta device; load the base weights first");
+    if (w.scalar_type() == want) continue;
+    if (stored_base(*layer))
+      throw Error(head + name + "' is stored already as " + c10::toString(w.scalar_type()));
+    if (dtype == LoraBaseDtype::kBf16) {
+      replace_data(layer->weight, w.to(torch::kBFloat16));
+    } else {
+      torch::Tensor amax = w.abs().amax({1}).to(torch::kFloat);
+      // A row-split layer holds part of each row: the row's largest magnitude over the ranks,
+      // so that each rank's scale is the whole layer's (one process's numbers).
+      const auto& p = layer->parallel();
+      if (p && p->style.kind == TensorParallelStyle::Kind::kRow && p->size > 1) {
+        std::vector<torch::Tensor> t = {amax.contiguous()};
+        c10d::AllreduceOptions o;
+        o.reduceOp = c10d::ReduceOp::MAX;
+        distributed::wait(p->group->allreduce(t, o), "LoRA base scale all_reduce (max)");
+        amax = t[0];
+      }
+      auto [q, scale] = quantize_rows_fp8(w, amax);
+      replace_data(layer->weight, q);
+      layer->register_buffer(kWeightScale, scale);
+    }
+    names.push_back(name);
+  }
+  return names;
+}
+
 bool is_lora_tensor(const std::string& name) {
   for (const std::string& part : components(name))
     if (part == "lora_A" || part == "lora_B") return true;
@@ -146,7 +226,17 @@ std::vector<std::string> merge_lora(torch::nn::Module& model) {
     if (layer->lora_rank() == 0) continue;
     const torch::Tensor delta =
         torch::matmul(layer->lora_B->weight, layer->lora_A->weight) * layer->lora_scaling();
-    layer->weight.add_(delta.to(layer->weight.scalar_type()));
+    if (stored_base(*layer)) {  // dequantized, the sum in the adapters' dtype
+      const torch::Tensor base =
+          dequantize_weight(layer->weight.detach(), weight_scale(*layer), torch::kFloat);
+      replace_data(layer->weight,
+                   (base + delta.to(torch::kFloat)).to(layer->lora_A->weight.scalar_type()));
+    } else {
+      layer->weight.add_(delta.to(layer->weight.scalar_type()));
+    }
+    // LibTorch cannot unregister a buffer: a float8 base's scale stays, as ones (the weight is
+    // no longer float8, so forward ignores it; merge_lora_state drops it from a state).
+    if (const torch::Tensor scale = weight_scale(*layer); scale.defined()) scale.fill_(1);
     layer->clear_lora();
     names.push_back(name);
   }
@@ -253,6 +343,7 @@ void merge_lora_state(std::vector<std::pair<std::string, torch::Tensor>>& whole,
   std::map<std::string, size_t> index;
   for (size_t i = 0; i < whole.size(); ++i) index.emplace(whole[i].first, i);
   const std::string suffix = ".lora_A.weight";
+  std::set<std::string> scales;  // the merged layers' float8 scales, dropped with the adapters
   torch::NoGradGuard no_grad;
   for (const auto& [name, a] : whole) {
     if (name.size() <= suffix.size() ||
@@ -268,12 +359,20 @@ void merge_lora_state(std::vector<std::pair<std::string, torch::Tensor>>& whole,
     const torch::Tensor delta =
         torch::matmul(whole[b->second].second.to(torch::kFloat), a.to(torch::kFloat)) *
         (options.alpha / static_cast<double>(options.rank));
-    base = (base.to(torch::kFloat) + delta.to(base.device())).to(base.scalar_type());
+    // A stored base (store_lora_base): dequantized, the merged weight in the adapters' dtype.
+    const auto s = index.find(layer + "." + kWeightScale);
+    const torch::Tensor scale = s == index.end() ? torch::Tensor() : whole[s->second].second;
+    const torch::ScalarType out = scale.defined() || base.scalar_type() != a.scalar_type()
+                                      ? a.scalar_type()
+                                      : base.scalar_type();
+    if (scale.defined()) scales.insert(layer + "." + kWeightScale);
+    base = (dequantize_weight(base, scale, torch::kFloat) + delta.to(base.device())).to(out);
   }
   whole.erase(std::remove_if(whole.begin(), whole.end(),
-                             [](const auto& e) {
+                             [&](const auto& e) {
                                return e.first.find(".lora_A.") != std::string::npos ||
-                                      e.first.find(".lora_B.") != std::string::npos;
+                                      e.first.find(".lora_B.") != std::string::npos ||
+                                      scales.count(e.first) > 0;
                              }),
               whole.end());
 }

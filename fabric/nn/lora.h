@@ -48,6 +48,22 @@
 //   f.load_weights(model, weights.tensors, folder, fabric::nn::is_lora_tensor);  // base only
 // apply_lora on a model built on the meta device outside such a recording is refused (its
 // adapters would have no values to give).
+//
+// The frozen base in bf16 or float8 (store_lora_base, after the base weights are loaded): the
+// weight of every adapted layer is kept as bfloat16, or as float8_e4m3fn with one float32 scale
+// per output row (the buffer "weight_scale" [out] beside "weight": w ≈ float8 · scale, scale = the
+// row's largest magnitude / 448), instead of the dtype the precision keeps parameters in. Only
+// the adapted layers: every other tensor (embeddings, norms, the output head, Linear layers
+// without an adapter) stays as it was, so exports of them are unchanged; adapt more layers to
+// store more. The layer's forward dequantizes the weight to the compute dtype (autocast's, else
+// the input's) inside the GEMM and again in backward (fabric/nn/frozen_weight.h), so no copy of
+// it outlives the GEMM; the input's and the adapters' gradients flow as before. Per-row scales:
+// a rank of a column-split layer holds its rows' scales, a row-split layer the whole scale (the
+// row's largest magnitude over all ranks). merge_lora and merge_lora_state fold B A into the
+// dequantized weight and write it in the adapters' dtype (the dtype the base had before it was
+// stored), the scale dropped: the merged weight is W's stored rounding (bf16: 8 significant bits,
+// relative error <= 2^-9; e4m3: 4 bits, <= 2^-4 of each element, less after the row scale) plus
+// B A, not the folder's W plus B A. Adapter exports (lora_state, save_lora_adapter) are unchanged.
 #ifndef FABRIC_NN_LORA_H_
 #define FABRIC_NN_LORA_H_
 
@@ -62,6 +78,13 @@
 
 namespace fabric::nn {
 
+// How store_lora_base keeps the adapted layers' frozen weights (finetune.lora.base_dtype).
+enum class LoraBaseDtype {
+  kAuto,  // as the precision keeps parameters (nothing changes)
+  kBf16,  // bfloat16
+  kFp8,   // float8_e4m3fn, a float32 scale per output row
+};
+
 struct LoraOptions {
   int64_t rank = 8;    // r: 1 .. min(in, out) of every adapted layer
   double alpha = 16;   // lora_alpha: the adapter's output scaled by alpha / rank
@@ -71,7 +94,13 @@ struct LoraOptions {
   // (GPT-2's c_attn, c_proj, c_fc: weights stored [in, out]). The adapters are the same tensors
   // either way (peft's lora_A [r, in], lora_B [out, r]); only the merge transposes B A there.
   bool fan_in_fan_out = false;
+  // What store_lora_base does to the adapted layers' weights (apply_lora does not look at it).
+  LoraBaseDtype base_dtype = LoraBaseDtype::kAuto;
 };
+
+// "auto", "bf16", "fp8" and back; parse throws fabric::Error naming the three for another text.
+std::string to_string(LoraBaseDtype dtype);
+LoraBaseDtype parse_lora_base_dtype(const std::string& text);
 
 // Adds an adapter to every fabric::nn::Linear of `model` that a pattern matches, sets
 // requires_grad false on every parameter of the model but the adapters, and returns the adapted
@@ -82,13 +111,27 @@ struct LoraOptions {
 // adapter (drawn whole: the same values as one process's).
 std::vector<std::string> apply_lora(torch::nn::Module& model, const LoraOptions& options);
 
+// Stores the frozen weight of every adapted layer of `model` (apply_lora's) in `dtype` (the file
+// comment): bf16 casts, fp8 quantizes per output row and registers the scale buffer
+// "weight_scale". Call after the base weights are loaded, with the model whole or split by tensor
+// parallelism (a row-split layer's scale is the whole row's: a collective over its tp group, every
+// rank calls it); not on a model whose parameters a strategy has sharded (fsdp). kAuto, and a
+// layer stored already in `dtype`, change nothing. Returns the layers stored. fabric::Error naming
+// the layer for a weight that requires a gradient (a full fine-tune trains it), a weight on the
+// meta device (load the base first), or one stored already in another dtype.
+std::vector<std::string> store_lora_base(torch::nn::Module& model, LoraBaseDtype dtype);
+
 // Whether `name` (a parameter's, by our names or peft's) is an adapter's: a component lora_A or
 // lora_B ("model.layers.0.self_attn.q_proj.lora_A.weight").
 bool is_lora_tensor(const std::string& name);
 
 // Folds every adapter into its layer's weight (W += B · A · scaling, peft's merge) and removes
 // the adapters: the model computes what it computed with them, as plain Linear layers. The
-// base parameters keep the requires_grad apply_lora gave them (false). Returns the layers merged.
+// base parameters keep the requires_grad apply_lora gave them (false). A stored base
+// (store_lora_base) is dequantized first and the merged weight written in the adapters' dtype;
+// a float8 one's "weight_scale" buffer stays, filled with ones (LibTorch cannot unregister a
+// buffer; forward ignores it, the weight being no longer float8): leave it out of a state you
+// save, as merge_lora_state does. Returns the layers merged.
 std::vector<std::string> merge_lora(torch::nn::Module& model);
 
 // The adapters' parameters under peft's names ("base_model.model." + our name): what
@@ -124,8 +167,10 @@ std::vector<std::pair<std::string, torch::Tensor>> lora_state_of(
 
 // Folds the adapters of a whole model state into their base weights (W + B · A · alpha / rank,
 // merge_lora's arithmetic in float32, the result in W's dtype) and drops the adapters' entries:
-// the state of the merged model, by the base model's names. fabric::Error naming the layer for an
-// adapter whose base weight or partner is missing.
+// the state of the merged model, by the base model's names. A stored base (a bf16 or float8 W
+// with the adapters in another dtype, a float8 one with its "….weight_scale" entry) is
+// dequantized, the result in the adapters' dtype, its scale entry dropped. fabric::Error naming the
+// layer for an adapter whose base weight or partner is missing.
 void merge_lora_state(std::vector<std::pair<std::string, torch::Tensor>>& whole,
                       const LoraOptions& options);
 

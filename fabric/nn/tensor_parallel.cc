@@ -13,6 +13,7 @@
 #include "fabric/distributed/process_group.h"
 #include "fabric/nn/empty_init.h"
 #include "fabric/nn/fp8.h"
+#include "fabric/nn/frozen_weight.h"
 
 namespace fabric::nn {
 
@@ -98,6 +99,10 @@ void LinearImpl::set_parallel(TensorParallelShard shard) {
   // replace_data: the tensors may be an empty init's, on the meta device.
   replace_data(weight, shard.slice(weight, along).clone());
   if (bias.defined() && along == 0) replace_data(bias, shard.slice(bias, 0).clone());
+  // A float8 weight's per-row scale follows its rows: cut on a column layer, whole on a row one.
+  const auto buffers = named_buffers(/*recurse=*/false);
+  if (const torch::Tensor* scale = buffers.find(kWeightScale); scale && along == 0)
+    replace_data(*scale, shard.slice(*scale, 0).clone());
   parallel_ = std::move(shard);
   cut_lora();
 }
@@ -214,7 +219,12 @@ torch::Tensor LinearImpl::lora_parallel_forward(const torch::Tensor& x) {
 }
 
 torch::Tensor LinearImpl::base_forward(const torch::Tensor& x) {
-  auto gemm = [this](const torch::Tensor& in, const torch::Tensor& b) {
+  const auto buffers = named_buffers(/*recurse=*/false);  // a float8 weight's scale, if any
+  const torch::Tensor* found = buffers.find(kWeightScale);
+  const torch::Tensor scale = found ? *found : torch::Tensor();
+  auto gemm = [&](const torch::Tensor& in, const torch::Tensor& b) {
+    // A frozen weight stored in bf16 or float8 (LoRA's base): dequantized inside the GEMM.
+    if (is_stored_weight(weight, scale, in)) return frozen_linear(in, weight, scale, b);
     return fp8_ ? fp8_linear(in, weight, b, fp8_scaling_) : torch::linear(in, weight, b);
   };
   if (!parallel_) return gemm(x, bias);

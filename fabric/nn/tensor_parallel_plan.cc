@@ -13,6 +13,7 @@
 
 #include "fabric/core/error.h"
 #include "fabric/nn/empty_init.h"
+#include "fabric/nn/frozen_weight.h"
 #include "fabric/nn/tensor_parallel.h"
 
 namespace fabric::nn {
@@ -292,8 +293,17 @@ void unparallelize(torch::nn::Module& model) {
   for (torch::nn::Module* m : all_modules(model)) {
     if (auto* l = m->as<LinearImpl>(); l != nullptr && l->parallel()) {
       const TensorParallelShard p = *l->parallel();
-      replace_data(l->weight, p.gather(l->weight.detach(), p.dim));
+      // A float8 weight (a stored LoRA base) travels as bytes (Gloo has no float8), its
+      // per-row scale with its rows (fabric/nn/frozen_weight.h).
+      const torch::Tensor w = l->weight.detach();
+      const bool float8 = w.scalar_type() == torch::kFloat8_e4m3fn;
+      const torch::Tensor whole =
+          float8 ? p.gather(w.view(torch::kByte), p.dim).view(w.scalar_type()) : p.gather(w, p.dim);
+      replace_data(l->weight, whole);
       if (l->bias.defined() && p.dim == 0) replace_data(l->bias, p.gather(l->bias.detach(), 0));
+      if (const auto scales = l->named_buffers(/*recurse=*/false);
+          scales.contains(kWeightScale) && p.dim == 0)
+        replace_data(scales[kWeightScale], p.gather(scales[kWeightScale], 0));
       if (const auto cut = l->lora_cut()) {
         torch::Tensor t = cut->tensor;
         replace_data(t, p.gather(t.detach(), cut->along));
