@@ -85,6 +85,28 @@ int train(fabric::Fabric& f, const examples::finetune::Inputs& in, const Build& 
   fabric::nn::LoraOptions lopt = lora_options(c);
   // GPT-2's layers are Conv1D in Hugging Face (weights [in, out]): peft's adapter says so.
   lopt.fan_in_fan_out = !kLlama;
+  if (lopt.base_dtype != fabric::nn::LoraBaseDtype::kAuto) {
+    const std::string given = "'" + fabric::nn::to_string(lopt.base_dtype) + "'";
+    if (!lora)
+      throw c.error_at("finetune.lora.base_dtype",
+                       given +
+                           " stores a LoRA run's frozen base; finetune.method=full trains "
+                           "the base: leave it auto (or set finetune.method=lora)");
+    const std::string s = f.strategy().name();
+    // fsdp's collectives (model_parallel's too) would carry the float8 weights: Gloo has no
+    // float8 ("Invalid scalar type" at setup); bf16 works there.
+    if (lopt.base_dtype == fabric::nn::LoraBaseDtype::kFp8 &&
+        (s == "fsdp" || s == "model_parallel"))
+      throw c.error_at("finetune.lora.base_dtype",
+                       "'fp8' is not supported with fabric.strategy=" + s +
+                           " (its collectives would carry float8 weights); use "
+                           "finetune.lora.base_dtype=bf16, or fabric.strategy=ddp for fp8");
+    if ((s == "fsdp" || s == "model_parallel") && c.get_bool("fabric.empty_init"))
+      throw c.error_at("finetune.lora.base_dtype",
+                       given + " with fabric.empty_init under fabric.strategy=" + s +
+                           " is not supported (the base loads after the strategy shards it); "
+                           "set fabric.empty_init=false or finetune.lora.base_dtype=auto");
+  }
   // The adapters are made with the model, so that under fabric.empty_init they are recorded with
   // the base and setup gives them the values a full construction draws (the same numbers either
   // way); they start as peft's (B = 0: the model begins equal to the base).
@@ -109,6 +131,19 @@ int train(fabric::Fabric& f, const examples::finetune::Inputs& in, const Build& 
       lora ? fabric::Fabric::KeepName(fabric::nn::is_lora_tensor) : nullptr;
   const bool load_after_setup = !lora || fabric::has_meta_tensors(*model);
   if (!load_after_setup) f.load_weights(model, weights.tensors, folder.string(), keep_adapters);
+  // finetune.lora.base_dtype: the adapted layers' frozen weights in bf16 or float8 once loaded,
+  // whole or split by tp (fabric::nn::store_lora_base), before fsdp would shard them.
+  auto store_base = [&] {
+    try {
+      const auto stored = fabric::nn::store_lora_base(*model, lopt.base_dtype);
+      if (!stored.empty())
+        f.print("finetune: the frozen weights of ", stored.size(), " adapted layers kept as ",
+                fabric::nn::to_string(lopt.base_dtype), " (finetune.lora.base_dtype)");
+    } catch (const fabric::Error& e) {
+      throw c.error_at("finetune.lora.base_dtype", e.what());
+    }
+  };
+  if (lora && !load_after_setup) store_base();
   int64_t trainable = 0;  // counted on the whole model, before a strategy shards it
   for (const auto& t : model->parameters())
     if (t.requires_grad()) trainable += t.numel();
@@ -119,6 +154,7 @@ int train(fabric::Fabric& f, const examples::finetune::Inputs& in, const Build& 
                         : fabric::make_optimizer(c, *model);
   f.setup(model, *optimizer);
   if (load_after_setup) f.load_weights(model, weights.tensors, folder.string(), keep_adapters);
+  if (lora && load_after_setup) store_base();  // an empty init's base, loaded just now
   const int64_t parameters = p.parameters() + (lora ? trainable : 0);
 
   const bool checkpoint_layers = !c.get_string_list("model.activation_checkpointing").empty();

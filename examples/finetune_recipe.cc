@@ -57,6 +57,10 @@ fabric::ConfigSchema schema() {
             .doc("Linear layers by name: a name's last components, '*' any one component"));
   s.add("finetune.lora.merge_on_export",
         KeySpec::boolean(false).doc("export the merged model folder instead of the adapter"));
+  s.add("finetune.lora.base_dtype",
+        KeySpec::choice({"auto", "bf16", "fp8"}, "auto")
+            .doc("the adapted layers' frozen weights: as the precision keeps parameters, "
+                 "bfloat16, or float8 e4m3 with a scale per output row (fabric/nn/lora.h)"));
   s.add("finetune.eval_every_n_steps",
         KeySpec::integer(0).min(0).doc("validation loss every N steps (0: at the end only)"));
   s.add("finetune.sample_prompt",
@@ -99,6 +103,7 @@ fabric::nn::LoraOptions lora_options(const fabric::Config& c) {
   o.alpha = c.get_double("finetune.lora.alpha");
   o.dropout = c.get_double("finetune.lora.dropout");
   o.target_modules = c.get_string_list("finetune.lora.target_modules");
+  o.base_dtype = fabric::nn::parse_lora_base_dtype(c.get_string("finetune.lora.base_dtype"));
   return o;
 }
 
