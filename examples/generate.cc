@@ -13,8 +13,11 @@
 // runs the model's forward over the whole sequence through Fabric. fabric.precision and the
 // strategy keys work as in training (fabric.precision=32-true: float32, as the parity checks use).
 // profiler.enabled=true profiles the cached decode steps on the profiler.* schedule (traces in the
-// run directory, the top ops printed). Exit status: fabric/main.h (2: a config error, e.g.
-// model.pretrained missing or unreadable).
+// run directory, the top ops printed). model.adapter=ADAPTER_DIR merges a peft LoRA adapter
+// (adapter_config.json, adapter_model.safetensors: examples:finetune's export, or peft's
+// save_pretrained) into the loaded weights before setup, as peft's merge_and_unload does; an
+// adapter made for another base model is a one-line error naming both. Exit status:
+// fabric/main.h (2: a config error, e.g. model.pretrained missing or unreadable).
 #include <torch/torch.h>
 
 #include <chrono>
@@ -36,6 +39,8 @@
 #include "fabric/models/gpt.h"
 #include "fabric/models/llama.h"
 #include "fabric/models/llama_generate.h"
+#include "fabric/nn/empty_init.h"
+#include "fabric/nn/lora.h"
 
 namespace fs = std::filesystem;
 using fabric::KeySpec;
@@ -48,6 +53,10 @@ fabric::ConfigSchema schema() {
   s.add("model.pretrained",
         KeySpec::string("").doc("a Hugging Face model folder (config.json, model.safetensors or "
                                 "its index and shards, tokenizer.json); required"));
+  s.add("model.adapter",
+        KeySpec::string("").doc(
+            "a peft LoRA adapter folder (adapter_config.json, adapter_model.safetensors) trained "
+            "on model.pretrained, merged into its weights before generating; \"\": none"));
   s.section_doc("generate", "what to generate (examples/generate.cc)");
   s.add("generate.prompt", KeySpec::string("").doc("the text to continue"));
   s.add("generate.max_new_tokens", KeySpec::integer(64).min(1));
@@ -94,6 +103,62 @@ std::vector<int64_t> generate_uncached(fabric::Fabric& f, Holder& model, std::ve
       break;
   }
   return std::vector<int64_t>(ids.begin() + static_cast<std::ptrdiff_t>(prompt), ids.end());
+}
+
+// model.adapter: the adapter folded into `model`'s loaded weights (W + B A alpha / r), so that the
+// strategy and the cached decode see a plain model. ConfigErrors at model.adapter.
+template <typename Holder>
+void merge_adapter(fabric::Fabric& f, const fabric::hf::Pretrained& p, Holder& model) {
+  const fabric::Config& c = f.config();
+  const fs::path dir = c.get_string("model.adapter");
+  if (dir.empty()) return;
+  if (fabric::has_meta_tensors(*model))
+    throw c.error_at("model.adapter",
+                     "not with fabric.empty_init: true (the adapter is merged into the loaded "
+                     "weights before setup); set fabric.empty_init=false");
+  fabric::nn::LoraOptions lora;
+  std::vector<std::pair<std::string, torch::Tensor>> state;
+  std::string trained_on;  // adapter_config.json's base_model_name_or_path
+  try {
+    lora = fabric::nn::read_lora_options(dir);
+    state = fabric::nn::read_lora_state(dir);
+    std::ifstream in(dir / "adapter_config.json");
+    const auto config = nlohmann::json::parse(in);
+    if (config.contains("base_model_name_or_path") && config["base_model_name_or_path"].is_string())
+      trained_on = config["base_model_name_or_path"].get<std::string>();
+  } catch (const fabric::Error& e) {
+    throw c.error_at("model.adapter", e.what());
+  } catch (const nlohmann::json::exception& e) {
+    throw c.error_at("model.adapter", (dir / "adapter_config.json").string() + ": " + e.what());
+  }
+  const std::string bases = "adapter_config.json's base_model_name_or_path is '" + trained_on +
+                            "', model.pretrained is " + p.folder.string();
+  // Layers or shapes that differ: the adapter was made for another model.
+  auto another = [&](const std::string& what) {
+    return c.error_at("model.adapter", dir.string() + ": made for another base model (" + bases +
+                                           "): " + what + "; give the base it was trained on");
+  };
+  try {
+    fabric::nn::apply_lora(*model, lora);
+  } catch (const fabric::Error& e) {
+    throw another(e.what());
+  }
+  try {
+    fabric::nn::load_lora_state(*model, state);
+  } catch (const fabric::Error& e) {
+    throw another(e.what());
+  }
+  const auto merged = fabric::nn::merge_lora(*model);
+  // apply_lora froze the base; the model is plain again (fsdp shards what requires gradients).
+  for (auto& t : model->parameters()) t.set_requires_grad(true);
+  // The shapes fit; a name that differs is said (a folder moved, or a look-alike base).
+  std::error_code ec;
+  const bool same = trained_on.empty() || fs::equivalent(trained_on, p.folder, ec) ||
+                    fs::path(trained_on).filename() == p.folder.filename() ||
+                    fs::path(trained_on).parent_path().filename() == p.folder.filename();
+  f.print("generate: model.adapter ", dir.string(), ": LoRA rank ", lora.rank, " on ",
+          merged.size(), " layers, merged",
+          same ? std::string() : "; note: " + bases + " (the shapes fit)");
 }
 
 int run(fabric::Fabric& f) {
@@ -157,8 +222,14 @@ int run(fabric::Fabric& f) {
   const bool whole = strategy == "single_device" || strategy == "ddp";
   if (p.llama) {
     auto model = f.init_module([&] { return fabric::models::Llama(*p.llama); });
-    f.setup(model);
-    f.load_weights(model, weights.tensors, p.folder.string());
+    if (!c.get_string("model.adapter").empty()) {
+      f.load_weights(model, weights.tensors, p.folder.string());
+      merge_adapter(f, p, model);
+      f.setup(model);
+    } else {
+      f.setup(model);
+      f.load_weights(model, weights.tensors, p.folder.string());
+    }
     if (whole) {
       // profiler.enabled: the decode steps on its schedule, its table printed at the end.
       std::shared_ptr<fabric::ProfilerCallback> profiler;
@@ -178,8 +249,14 @@ int run(fabric::Fabric& f) {
     }
   } else {
     auto model = f.init_module([&] { return fabric::models::GPT(*p.gpt2); });
-    f.setup(model);
-    f.load_weights(model, weights.tensors, p.folder.string());
+    if (!c.get_string("model.adapter").empty()) {
+      f.load_weights(model, weights.tensors, p.folder.string());
+      merge_adapter(f, p, model);
+      f.setup(model);
+    } else {
+      f.setup(model);
+      f.load_weights(model, weights.tensors, p.folder.string());
+    }
     ids = generate_uncached(f, model, prompt_ids, positions, o);
   }
   const double total_s = std::chrono::duration<double>(Clock::now() - start).count();

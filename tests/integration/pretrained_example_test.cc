@@ -1,16 +1,17 @@
 // examples:gpt and examples:generate with model.pretrained, against Hugging Face transformers:
 // small random Llama (GQA, llama3 rope, untied), Qwen2 (biases, tied) and GPT-2 folders with
 // tokenizers trained by `tokenizers` (pretrained_models.py make) are
-//   - generated from: greedy float32 ids, prompt ids and text equal transformers' and tokenizers';
+//   - generated from: greedy float32 ids, prompt ids and text equal transformers' and tokenizers'
+//     (Llama and GPT-2 with a peft adapter merged too: model.adapter, against peft);
 //   - loaded under one process, fsdp over 2 (empty init), tp 2 (with sequence parallelism too),
 //     pp 2 (Qwen2) and cp 2 (Llama): the validation loss before any step equals transformers' on
 //     the same windows (so every rank's slices, stages and chunks were right);
 //   - trained 2 steps and exported (checkpoint.export_format=hf) from fsdp, tp, pp, cp and ddp
 //     (sharded files), and a GPT trained from scratch as GPT-2: transformers loads each folder and
 //     its validation loss equals the run's own;
-// and bad input (a missing folder, a Fabric++ checkpoint, size keys beside model.pretrained, a
-// window longer than the model's positions, data whose vocabulary does not fit, a truncated
-// safetensors file) stops with one line naming the key or file.
+// and bad input (an adapter made for another base, a missing folder, a Fabric++ checkpoint, size
+// keys beside model.pretrained, a window longer than the model's positions, data whose vocabulary
+// does not fit, a truncated safetensors file) stops with one line naming the key or file.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -110,6 +111,20 @@ TEST_F(PretrainedExampleTest, MatchesTransformers) {
     EXPECT_NE(r.out.find("tokens/s"), std::string::npos) << r.out;
     check({"generate", (dir_ / m).string(), out.string(), prompt});
   }
+  // With a peft adapter (model.adapter, merged before setup) against peft's merge_and_unload.
+  for (const char* m : {"llama", "gpt2"}) {
+    const fs::path out = dir_ / (std::string(m) + ".adapter.gen.json");
+    const fs::path adapter = dir_ / (std::string(m) + "_adapter");
+    const auto r = run("generate", "model.pretrained=" + (dir_ / m).string() + " model.adapter=" +
+                                       adapter.string() + " generate.prompt='" + prompt +
+                                       "' generate.max_new_tokens=24 generate.temperature=0"
+                                       " fabric.precision=32-true generate.output=" +
+                                       out.string());
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("LoRA rank 4 on"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("note:"), std::string::npos) << r.out;  // its own base
+    check({"generate", (dir_ / m).string(), out.string(), prompt, adapter.string()});
+  }
   // Loaded weights: the validation loss before any step (windows: 8 per rank).
   const std::string window = "64";
   check({"val_loss", (dir_ / "qwen2").string(), (dir_ / "tok_qwen2").string(), window, 8,
@@ -164,7 +179,7 @@ TEST_F(PretrainedExampleTest, MatchesTransformers) {
   for (size_t at = r.out.find("\nok "); at != std::string::npos; at = r.out.find("\nok ", at + 1))
     ++ok;
   if (r.out.rfind("ok ", 0) == 0) ++ok;
-  EXPECT_EQ(ok, 15u) << r.out;
+  EXPECT_EQ(ok, 17u) << r.out;
 }
 
 TEST_F(PretrainedExampleTest, BadInputIsOneLine) {
@@ -201,6 +216,20 @@ TEST_F(PretrainedExampleTest, BadInputIsOneLine) {
   }
   expect_error("gpt", llama + " data.root=" + (dir_ / "tok_big").string(),
                {"model.pretrained", "5000", "does not fit", "prepare_text --tokenizer="});
+  // An adapter made for another base: layers it does not have, or (shapes that fit) a note.
+  expect_error("generate",
+               llama + " model.adapter=" + (dir_ / "gpt2_adapter").string() + " generate.prompt=a",
+               {"model.adapter", "made for another base model", "'" + (dir_ / "gpt2").string(),
+                "matches no fabric::nn::Linear layer", "give the base it was trained on"});
+  const auto fits = run("generate", "model.pretrained=" + (dir_ / "qwen2").string() +
+                                        " model.adapter=" + (dir_ / "llama_adapter").string() +
+                                        " generate.prompt=a generate.max_new_tokens=2");
+  EXPECT_EQ(fits.code, 0) << fits.out;
+  EXPECT_NE(fits.out.find("note: adapter_config.json's base_model_name_or_path is '" +
+                          (dir_ / "llama").string() + "', model.pretrained is " +
+                          (dir_ / "qwen2").string() + " (the shapes fit)"),
+            std::string::npos)
+      << fits.out;
   // A safetensors file cut short.
   fs::copy(dir_ / "qwen2", dir_ / "cut");
   fs::resize_file(dir_ / "cut" / "model.safetensors",

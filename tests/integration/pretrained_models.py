@@ -7,11 +7,14 @@ usage:
       OUT_DIR/qwen2 (q/k/v biases, tied, no bos) and OUT_DIR/gpt2: random weights (perturbed so
       that every tensor matters), each with a byte-level BPE tokenizer.json trained by `tokenizers`
       on TEXT_FILE (vocabulary 300 of the model's 320 ids) and an eos id in
-      generation_config.json.
-  pretrained_models.py generate FOLDER GEN_JSON PROMPT
+      generation_config.json; OUT_DIR/llama_adapter and OUT_DIR/gpt2_adapter: peft LoRA
+      adapters (r 4, alpha 8; q_proj, v_proj, down_proj / c_attn, c_fc) with lora_B random, so
+      that they change the model.
+  pretrained_models.py generate FOLDER GEN_JSON PROMPT [ADAPTER]
       examples:generate's JSON against transformers: prompt_ids are `tokenizers`' ids of PROMPT
       (after the bos id where the tokenizer config adds one), ids are generate(do_sample=False)'s
-      new ids in float32 (stopping at the same eos), text is the tokenizer's decoding of ids.
+      new ids in float32 (stopping at the same eos), text is the tokenizer's decoding of ids;
+      with ADAPTER, of peft's PeftModel on FOLDER merged (merge_and_unload).
   pretrained_models.py val_loss FOLDER DATA_ROOT WINDOW BATCHES SUMMARY_JSON
       the model in FOLDER (transformers, float32) on the first BATCHES x 1 windows of
       DATA_ROOT/val.bin as fabric::TokenDataset cuts them (consecutive, non-overlapping windows of
@@ -79,7 +82,22 @@ def make(out, text_file):
     save(GPT2LMHeadModel(GPT2Config(vocab_size=320, n_positions=128, n_embd=64, n_layer=2,
                                     n_head=4, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)),
          "gpt2", False, 6)
+    adapter(out, "llama", ["q_proj", "v_proj", "down_proj"], 7)
+    adapter(out, "gpt2", ["c_attn", "c_fc"], 8)
     print("ok made", out)
+
+
+def adapter(out, name, targets, seed):
+    from peft import LoraConfig, get_peft_model
+    model = get_peft_model(load(os.path.join(out, name)),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=0.0,
+                                      fan_in_fan_out=name == "gpt2"))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    model.save_pretrained(os.path.join(out, name + "_adapter"))
 
 
 def load(folder):
@@ -94,7 +112,7 @@ def fail(message):
     sys.exit(1)
 
 
-def generate(folder, gen_json, prompt):
+def generate(folder, gen_json, prompt, adapter=None):
     from tokenizers import Tokenizer
     got = json.load(open(gen_json))
     tok = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
@@ -104,6 +122,9 @@ def generate(folder, gen_json, prompt):
     if got["prompt_ids"] != ids:
         fail(f"prompt_ids {got['prompt_ids']} != tokenizers' {ids}")
     model = load(folder)
+    if adapter:
+        from peft import PeftModel
+        model = PeftModel.from_pretrained(model, adapter).merge_and_unload().eval()
     n = len(got["ids"])
     with torch.no_grad():
         out = model.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids),
@@ -115,7 +136,8 @@ def generate(folder, gen_json, prompt):
     text = tok.decode(want, skip_special_tokens=False)
     if got["text"] != text:
         fail(f"text {got['text']!r} != {text!r}")
-    print(f"ok generate {folder}: {n} ids equal transformers'")
+    print(f"ok generate {folder}{' + ' + adapter if adapter else ''}: {n} ids equal "
+          f"transformers'{' + peft' if adapter else ''}")
 
 
 def val_loss(folder, root, window, batches, summary):
