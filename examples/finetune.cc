@@ -93,14 +93,6 @@ int train(fabric::Fabric& f, const examples::finetune::Inputs& in, const Build& 
                            " stores a LoRA run's frozen base; finetune.method=full trains "
                            "the base: leave it auto (or set finetune.method=lora)");
     const std::string s = f.strategy().name();
-    // fsdp's collectives (model_parallel's too) would carry the float8 weights: Gloo has no
-    // float8 ("Invalid scalar type" at setup); bf16 works there.
-    if (lopt.base_dtype == fabric::nn::LoraBaseDtype::kFp8 &&
-        (s == "fsdp" || s == "model_parallel"))
-      throw c.error_at("finetune.lora.base_dtype",
-                       "'fp8' is not supported with fabric.strategy=" + s +
-                           " (its collectives would carry float8 weights); use "
-                           "finetune.lora.base_dtype=bf16, or fabric.strategy=ddp for fp8");
     if ((s == "fsdp" || s == "model_parallel") && c.get_bool("fabric.empty_init"))
       throw c.error_at("finetune.lora.base_dtype",
                        given + " with fabric.empty_init under fabric.strategy=" + s +

@@ -144,7 +144,7 @@ void Fsdp::setup_module(torch::nn::Module& module) {
       std::vector<torch::Tensor> state = module.parameters();
       for (const auto& b : module.buffers()) state.push_back(b);
       torch::NoGradGuard no_grad;
-      c10d::broadcast_coalesced(pg, state, 250 * 1024 * 1024, 0);
+      c10d::broadcast_coalesced(pg, float8_as_bytes(std::move(state)), 250 * 1024 * 1024, 0);
     }
   }
   ShardingPolicy policy;

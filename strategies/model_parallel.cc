@@ -132,8 +132,8 @@ void ModelParallel::setup_module(torch::nn::Module& module) {
     std::vector<torch::Tensor> state = module.parameters();
     for (const auto& b : module.buffers()) state.push_back(b);
     torch::NoGradGuard no_grad;
-    c10d::broadcast_coalesced(mesh_->has("stage") ? mesh_->group("stage") : process_group(), state,
-                              250 * 1024 * 1024, 0);
+    c10d::broadcast_coalesced(mesh_->has("stage") ? mesh_->group("stage") : process_group(),
+                              float8_as_bytes(std::move(state)), 250 * 1024 * 1024, 0);
     values_broadcast_ = true;
   }
   const std::vector<std::string> split = fabric::nn::parallelize(module, plan, mesh_->group("tp"));

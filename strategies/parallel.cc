@@ -181,4 +181,10 @@ std::optional<std::function<void()>> ParallelStrategy::prepare_split_optimizer_s
   return std::nullopt;
 }
 
+std::vector<torch::Tensor> float8_as_bytes(std::vector<torch::Tensor> tensors) {
+  for (auto& t : tensors)
+    if (t.defined() && c10::isFloat8Type(t.scalar_type())) t = t.view(torch::kUInt8);
+  return tensors;
+}
+
 }  // namespace fabric::strategies

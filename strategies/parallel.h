@@ -28,6 +28,11 @@ class OptimizerShard;
 distributed::RendezvousOptions rendezvous_options(const DdpOptions& options,
                                                   std::vector<std::string> argv);
 
+// `tensors` as the process group's collectives can carry them: a float8 tensor (a LoRA base
+// stored in fp8, fabric/nn/frozen_weight.h) as a uint8 view of its bytes (Gloo reduces no
+// float8; a broadcast or gather only moves bytes). The others as they are.
+std::vector<torch::Tensor> float8_as_bytes(std::vector<torch::Tensor> tensors);
+
 class ParallelStrategy : public Strategy, public ShardedState {
  public:
   ~ParallelStrategy() override;

@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   fabric::ConfigSchema schema = fabric::training_schema();
   schema.add("test.folder", fabric::KeySpec::string(""));
   schema.add("test.out", fabric::KeySpec::string(""));
+  schema.add("test.base_dtype", fabric::KeySpec::string("auto"));  // store_lora_base's
   return fabric::run_main(argc, argv, schema, [](const fabric::Config& c) {
     fabric::Fabric fabric(c);
     return fabric.launch([&](fabric::Fabric& f) {
@@ -40,6 +41,8 @@ int main(int argc, char** argv) {
       lora.target_modules = {"q_proj", "v_proj", "down_proj"};
       fabric::nn::apply_lora(*model, lora);
       fabric::nn::load_lora_state(*model, fabric::nn::read_lora_state(folder / "adapter"));
+      fabric::nn::store_lora_base(
+          *model, fabric::nn::parse_lora_base_dtype(c.get_string("test.base_dtype")));
       std::map<std::string, torch::Tensor> before;
       std::vector<torch::Tensor> trainable;
       for (const auto& item : model->named_parameters()) {

@@ -387,6 +387,23 @@ TEST_F(LoraTest, DdpAndFsdpStepOfTheAdaptersEqualsOneProcess) {
     std::cout << strategy << " 2 vs 1 process: loss " << l2 << " vs " << l1
               << ", worst adapter step difference " << worst << "\n";
   }
+  // A float8 base (store_lora_base, per-row scales): fsdp broadcasts, shards and gathers it as
+  // bytes (Gloo has no float8); its step equals ddp's, and differs from the float32 base's.
+  std::vector<double> losses;
+  std::vector<std::vector<std::pair<std::string, torch::Tensor>>> steps;
+  for (const char* strategy :
+       {"fabric.strategy=ddp", "fabric.strategy=fsdp fabric.fsdp.wrap_modules=LlamaDecoderLayer"}) {
+    SCOPED_TRACE(std::string(strategy) + " fp8");
+    losses.push_back(run(std::string("fabric.devices=2 test.base_dtype=fp8 ") + strategy, 2));
+    steps.push_back(fabric::load_safetensors(out / "adapters2.safetensors").tensors);
+  }
+  EXPECT_EQ(losses[1], losses[0]);
+  EXPECT_GT(std::abs(losses[0] - l1), 1e-6 * std::abs(l1));  // the stored base's rounding
+  ASSERT_EQ(steps[1].size(), a1.size());
+  for (size_t i = 0; i < a1.size(); ++i)
+    EXPECT_TRUE(torch::equal(steps[1][i].second, steps[0][i].second)) << steps[0][i].first;
+  std::cout << "fp8 base: loss " << losses[0] << " (ddp) " << losses[1] << " (fsdp), float32 base "
+            << l1 << "\n";
 }
 
 }  // namespace
