@@ -324,8 +324,8 @@ class Fabric {
   // `keep` (optional): names of the module's tensors that `tensors` may lack, which then keep the
   // values they have: a pretrained base loaded into a model with LoRA adapters the folder does
   // not hold, whose values are their init's (under an empty init the ones setup() gave them). A
-  // name it keeps that `tensors` has is loaded. With it a strategy that splits parameters (fsdp,
-  // model_parallel) gathers the module while copying (collective), as a file read whole does.
+  // name it keeps that `tensors` has is loaded. A strategy that splits parameters (fsdp,
+  // model_parallel) still copies each rank's elements only, the kept tensors left as they are.
   //     f.load_weights(model, w.tensors, folder, fabric::nn::is_lora_tensor);
   using KeepName = std::function<bool(const std::string& name)>;
   template <typename Module>

@@ -419,16 +419,23 @@ void Fabric::load_weights_of(torch::nn::Module& module, const StateDict& tensors
                   ": the module was built by an empty init (init_module) and has no memory "
                   "until setup(); load its weights after setup");
   }
-  // With names kept the module is loaded whole (below): a sharded checkpoint's pieces of the
-  // kept tensors are what each rank writes, not all that it holds.
-  ShardedState* sharded = keep ? nullptr : strategy_->sharded_state();
+  ShardedState* sharded = strategy_->sharded_state();
   if (sharded != nullptr) {
     // Each rank copies the elements it keeps straight from `tensors` (views: a memory-mapped
-    // file is read only where this rank's elements lie).
+    // file is read only where this rank's elements lie); a kept name `tensors` lacks is given
+    // None, which leaves it as it is (a LoRA model's adapters): nothing is gathered.
     c10::impl::GenericDict value(c10::StringType::get(), c10::AnyType::get());
     for (const auto& [name, tensor] : tensors) {
       if (value.contains(name)) throw Error(source + ": tensor " + name + " is given twice");
       value.insert(name, tensor);
+    }
+    if (keep) {
+      for (const auto& item : module.named_parameters())
+        if (!value.contains(item.key()) && keep(item.key()))
+          value.insert(item.key(), c10::IValue());
+      for (const auto& item : module.named_buffers())
+        if (!value.contains(item.key()) && keep(item.key()))
+          value.insert(item.key(), c10::IValue());
     }
     if (auto load = sharded->prepare_local_module_state(module, value, source)) {
       (*load)();
