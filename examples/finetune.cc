@@ -11,7 +11,7 @@
 // strategy and precision the other examples take (under model_parallel the adapters split with
 // their layers); checkpoints resume mid-epoch; the validation loss (response tokens only) every
 // finetune.eval_every_n_steps and at the end; a greedy answer to finetune.sample_prompt at the end
-// (single, ddp; GPT-2 too).
+// (any strategy; the Llama family whole on the rank with the key/value cache).
 //
 // Without model.pretrained it builds a tiny Llama and instruction data from this machine's Python
 // standard library (examples/finetune_demo.h) and fine-tunes that, and says so.
@@ -37,6 +37,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "examples/common/decode.h"
 #include "examples/common/evaluations.h"
 #include "examples/finetune_demo.h"
 #include "examples/finetune_recipe.h"
@@ -332,18 +333,21 @@ int train(fabric::Fabric& f, const examples::finetune::Inputs& in, const Build& 
     f.print("step ", step, " val loss ", val_loss, " (response tokens)");
     f.log_dict({{"val/loss", val_loss}}, step);
     const int64_t sample_tokens = c.get_int("finetune.sample_tokens");
-    if (!c.get_string("finetune.sample_prompt").empty() && sample_tokens > 0 &&
-        (strategy == "single_device" || strategy == "ddp")) {
+    if (!c.get_string("finetune.sample_prompt").empty() && sample_tokens > 0) {
       const std::vector<int64_t> prompt = sample_ids(c, *tokenizer, in.options.add_bos);
-      auto guard = f.autocast();
-      if constexpr (kLlama) {
-        fabric::models::GenerateOptions g;
-        g.max_new_tokens = sample_tokens;
-        g.eos_token_ids = p.eos_token_ids;
-        answer = tokenizer->decode_text(fabric::models::generate(*model, {prompt}, g).tokens[0]);
-      } else {  // GPT-2: greedy too, without a key/value cache (as examples:generate decodes it)
+      fabric::models::GenerateOptions g;  // greedy
+      g.max_new_tokens = sample_tokens;
+      g.eos_token_ids = p.eos_token_ids;
+      // The cached decode reads the layers directly: a Llama whole on the rank. Elsewhere (fsdp,
+      // model_parallel, GPT-2) the forward over the whole sequence each step, through Fabric.
+      if (kLlama && (strategy == "single_device" || strategy == "ddp")) {
+        if constexpr (kLlama) {
+          auto guard = f.autocast();
+          answer = tokenizer->decode_text(fabric::models::generate(*model, {prompt}, g).tokens[0]);
+        }
+      } else {
         answer = tokenizer->decode_text(
-            examples::finetune::gpt_greedy(*model, prompt, sample_tokens, p.eos_token_ids));
+            examples::generate_uncached(f, model, prompt, p.max_positions(), g));
       }
       f.print("sample (finetune.sample_prompt): ", answer);
     }

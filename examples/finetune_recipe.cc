@@ -120,24 +120,6 @@ std::vector<int64_t> sample_ids(const fabric::Config& c, const fabric::BpeTokeni
   return ids;
 }
 
-std::vector<int64_t> gpt_greedy(fabric::models::GPTImpl& model, std::vector<int64_t> prompt,
-                                int64_t max_new_tokens, const std::vector<int64_t>& eos) {
-  torch::NoGradGuard no_grad;
-  const bool was_training = model.is_training();
-  model.eval();
-  const auto device = model.wte->weight.device();
-  const size_t given = prompt.size();
-  const int64_t positions = model.config().block_size;
-  for (int64_t i = 0; i < max_new_tokens && static_cast<int64_t>(prompt.size()) < positions; ++i) {
-    const torch::Tensor logits = model.forward(torch::tensor(prompt).view({1, -1}).to(device));
-    const int64_t next = logits.select(1, -1)[0].argmax().item<int64_t>();  // first of equals
-    prompt.push_back(next);
-    if (std::find(eos.begin(), eos.end(), next) != eos.end()) break;
-  }
-  if (was_training) model.train();
-  return std::vector<int64_t>(prompt.begin() + static_cast<std::ptrdiff_t>(given), prompt.end());
-}
-
 Inputs open_inputs(fabric::Fabric& f) {
   const fabric::Config& c = f.config();
   // The model folder and the data: given, or the demo's.

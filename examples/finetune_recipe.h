@@ -16,7 +16,6 @@
 #include "fabric/data/instruct.h"
 #include "fabric/fabric.h"
 #include "fabric/hf/pretrained.h"
-#include "fabric/models/gpt.h"
 #include "fabric/nn/lora.h"
 
 namespace examples::finetune {
@@ -56,14 +55,6 @@ fabric::nn::LoraOptions lora_options(const fabric::Config& c);
 // what the model answers at the end.
 std::vector<int64_t> sample_ids(const fabric::Config& c, const fabric::BpeTokenizer& tokenizer,
                                 bool bos);
-
-// A GPT's greedy answer to `prompt` (token ids, none outside the vocabulary) on a model whole on
-// this rank (single, ddp): up to max_new_tokens ids, each the likeliest after the sequence so far
-// (the model's forward over all of it: no key/value cache, as examples:generate decodes GPT-2), in
-// eval mode and without gradients (the mode restored), stopping after an id of `eos` or at the
-// model's block_size positions. The new ids (with the eos id where it stopped at one).
-std::vector<int64_t> gpt_greedy(fabric::models::GPTImpl& model, std::vector<int64_t> prompt,
-                                int64_t max_new_tokens, const std::vector<int64_t>& eos);
 
 }  // namespace examples::finetune
 

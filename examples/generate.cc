@@ -29,6 +29,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "examples/common/decode.h"
 #include "fabric/callbacks.h"
 #include "fabric/config/standard_keys.h"
 #include "fabric/core/error.h"
@@ -76,33 +77,6 @@ fabric::ConfigSchema schema() {
         KeySpec::string("").doc("a JSON file: prompt_ids, ids (the new ids), text; \"\": none"));
   fabric::add_profiler_keys(s);  // profiler.*: decode steps of the key/value-cached path
   return s;
-}
-
-// Generation without a cache: every step the model's forward over the whole sequence, through
-// Fabric (any strategy), the next id chosen as fabric::models::choose_next_tokens does.
-template <typename Holder>
-std::vector<int64_t> generate_uncached(fabric::Fabric& f, Holder& model, std::vector<int64_t> ids,
-                                       int64_t positions,
-                                       const fabric::models::GenerateOptions& o) {
-  torch::NoGradGuard no_grad;
-  model->eval();
-  at::Generator gen = at::detail::createCPUGenerator(o.seed);
-  const size_t prompt = ids.size();
-  for (int64_t i = 0; i < o.max_new_tokens && static_cast<int64_t>(ids.size()) < positions; ++i) {
-    const torch::Tensor x = torch::tensor(ids).view({1, -1}).to(f.device());
-    torch::Tensor logits;
-    {
-      auto guard = f.autocast();
-      logits = f.forward(model, x);
-    }
-    const int64_t next = fabric::models::choose_next_tokens(
-                             logits.select(1, -1).to(torch::kCPU, torch::kFloat), o, gen)[0]
-                             .item<int64_t>();
-    ids.push_back(next);
-    if (std::find(o.eos_token_ids.begin(), o.eos_token_ids.end(), next) != o.eos_token_ids.end())
-      break;
-  }
-  return std::vector<int64_t>(ids.begin() + static_cast<std::ptrdiff_t>(prompt), ids.end());
 }
 
 // model.adapter: the adapter folded into `model`'s loaded weights (W + B A alpha / r), so that the
@@ -245,7 +219,7 @@ int run(fabric::Fabric& f) {
       decode_rate = out.decode_tokens_per_second;
       if (profiler) profiler->on_fit_end(f);
     } else {
-      ids = generate_uncached(f, model, prompt_ids, positions, o);
+      ids = examples::generate_uncached(f, model, prompt_ids, positions, o);
     }
   } else {
     auto model = f.init_module([&] { return fabric::models::GPT(*p.gpt2); });
@@ -257,7 +231,7 @@ int run(fabric::Fabric& f) {
       f.setup(model);
       f.load_weights(model, weights.tensors, p.folder.string());
     }
-    ids = generate_uncached(f, model, prompt_ids, positions, o);
+    ids = examples::generate_uncached(f, model, prompt_ids, positions, o);
   }
   const double total_s = std::chrono::duration<double>(Clock::now() - start).count();
   if (decode_rate == 0 && ids.size() > 1) decode_rate = static_cast<double>(ids.size()) / total_s;

@@ -1,0 +1,51 @@
+// Generation without a key/value cache through Fabric, shared by examples:generate (fsdp,
+// model_parallel, GPT-2) and examples:finetune's sample answer: every step the model's forward
+// over the whole sequence via Fabric::forward (any strategy: every rank runs the same steps on
+// the same ids), the next id chosen as fabric::models::choose_next_tokens does (greedy at
+// temperature 0: the first of equal logits).
+#ifndef EXAMPLES_COMMON_DECODE_H_
+#define EXAMPLES_COMMON_DECODE_H_
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "fabric/fabric.h"
+#include "fabric/models/llama_generate.h"
+
+namespace examples {
+
+// Up to o.max_new_tokens ids after `ids` (stopping after an id of o.eos_token_ids or at
+// `positions`), in eval mode without gradients (the module's mode restored): the new ids.
+template <typename Holder>
+std::vector<int64_t> generate_uncached(fabric::Fabric& f, Holder& model, std::vector<int64_t> ids,
+                                       int64_t positions,
+                                       const fabric::models::GenerateOptions& o) {
+  torch::NoGradGuard no_grad;
+  const bool was_training = model->is_training();
+  model->eval();
+  at::Generator gen = at::detail::createCPUGenerator(o.seed);
+  const size_t prompt = ids.size();
+  for (int64_t i = 0; i < o.max_new_tokens && static_cast<int64_t>(ids.size()) < positions; ++i) {
+    const torch::Tensor x = torch::tensor(ids).view({1, -1}).to(f.device());
+    torch::Tensor logits;
+    {
+      auto guard = f.autocast();
+      logits = f.forward(model, x);
+    }
+    const int64_t next = fabric::models::choose_next_tokens(
+                             logits.select(1, -1).to(torch::kCPU, torch::kFloat), o, gen)[0]
+                             .item<int64_t>();
+    ids.push_back(next);
+    if (std::find(o.eos_token_ids.begin(), o.eos_token_ids.end(), next) != o.eos_token_ids.end())
+      break;
+  }
+  if (was_training) model->train();
+  return std::vector<int64_t>(ids.begin() + static_cast<std::ptrdiff_t>(prompt), ids.end());
+}
+
+}  // namespace examples
+
+#endif  // EXAMPLES_COMMON_DECODE_H_
