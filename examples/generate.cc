@@ -36,6 +36,7 @@
 #include "fabric/data/bpe.h"
 #include "fabric/fabric.h"
 #include "fabric/hf/pretrained.h"
+#include "fabric/hf/weights.h"
 #include "fabric/main.h"
 #include "fabric/models/gpt.h"
 #include "fabric/models/llama.h"
@@ -135,6 +136,21 @@ void merge_adapter(fabric::Fabric& f, const fabric::hf::Pretrained& p, Holder& m
           same ? std::string() : "; note: " + bases + " (the shapes fit)");
 }
 
+// The folder's weights in `model`, set up: loaded after setup (each rank copies its part), or
+// with model.adapter before it, the adapter merged into them.
+template <typename Holder>
+void load_and_set_up(fabric::Fabric& f, const fabric::hf::Pretrained& p,
+                     const fabric::hf::Weights& weights, Holder& model) {
+  if (f.config().get_string("model.adapter").empty()) {
+    f.setup(model);
+    f.load_weights(model, weights.tensors, p.folder.string());
+    return;
+  }
+  f.load_weights(model, weights.tensors, p.folder.string());
+  merge_adapter(f, p, model);
+  f.setup(model);
+}
+
 int run(fabric::Fabric& f) {
   using Clock = std::chrono::steady_clock;
   const fabric::Config& c = f.config();
@@ -196,14 +212,7 @@ int run(fabric::Fabric& f) {
   const bool whole = strategy == "single_device" || strategy == "ddp";
   if (p.llama) {
     auto model = f.init_module([&] { return fabric::models::Llama(*p.llama); });
-    if (!c.get_string("model.adapter").empty()) {
-      f.load_weights(model, weights.tensors, p.folder.string());
-      merge_adapter(f, p, model);
-      f.setup(model);
-    } else {
-      f.setup(model);
-      f.load_weights(model, weights.tensors, p.folder.string());
-    }
+    load_and_set_up(f, p, weights, model);
     if (whole) {
       // profiler.enabled: the decode steps on its schedule, its table printed at the end.
       std::shared_ptr<fabric::ProfilerCallback> profiler;
@@ -223,14 +232,7 @@ int run(fabric::Fabric& f) {
     }
   } else {
     auto model = f.init_module([&] { return fabric::models::GPT(*p.gpt2); });
-    if (!c.get_string("model.adapter").empty()) {
-      f.load_weights(model, weights.tensors, p.folder.string());
-      merge_adapter(f, p, model);
-      f.setup(model);
-    } else {
-      f.setup(model);
-      f.load_weights(model, weights.tensors, p.folder.string());
-    }
+    load_and_set_up(f, p, weights, model);
     ids = examples::generate_uncached(f, model, prompt_ids, positions, o);
   }
   const double total_s = std::chrono::duration<double>(Clock::now() - start).count();
