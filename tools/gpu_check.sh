@@ -53,8 +53,10 @@
 #                   (SDPA, float32 weights + bf16 autocast, AdamW(fused=True)) eager and with
 #                   torch.compile per decoder layer; greedy decode of 128 ids: ours (bf16-mixed,
 #                   bf16-true) vs transformers.generate (float32 + autocast, bfloat16); a LoRA step
-#                   (lora_step vs transformers + peft, bench/peft.tar.gz); TorchTitan
-#                   a skipped row naming why; tables of tokens/s, MFU (one peak) and the ratios
+#                   (lora_step vs transformers + peft, bench/peft.tar.gz); TorchTitan 0.2.2's
+#                   llama3 at the same shape, batch and sequence (bench/torchtitan.tar.gz, FSDP
+#                   on one rank, bf16, SDPA, random ids), eager and per-block torch.compile
+#                   (last); tables of tokens/s, MFU (one peak) and the ratios
 #   --suite=all: check, throughput and gpt.
 # Without a usable GPU (or with --cpu) it runs what a CPU can: env, the GPU tests (they must load
 # and skip), one example on CPU, the ranks rows on CPU (2 processes, shared memory) and the
@@ -104,7 +106,7 @@ build() {
   mkdir -p "$out/bench"
   cp tools/bench/gpu_compare.py tools/bench/throughput.py tools/bench/models.py tools/bench/trace_summary.py \
     tools/bench/gpt_reference.py tools/bench/gpt_compare.sh tools/bench/llama_hf_train.py \
-    tools/bench/llama_gpu_bench.sh tools/bench/lora_step_peft.py "$out/bench/"
+    tools/bench/llama_gpu_bench.sh tools/bench/lora_step_peft.py tools/bench/torchtitan_step.py "$out/bench/"
   cp tools/gpu_check.sh "$out/gpu_check.sh"
   cp tools/compare_weights.py "$out/compare_weights.py"
   chmod +x "$out/gpu_check.sh"
@@ -168,6 +170,29 @@ PY
         { echo "gpu_check build: no $package here to carry (tools/setup.sh); --suite=pretrained will use the node's" >&2
           rm -f "$out/bench/$package.tar.gz"; }
     done
+    # The torchtitan rows (issue 72 item 3): TorchTitan 0.2.2 (0.3.0 needs a nightly torch) and
+    # the pure-Python wheels its llama3 model imports, as bench/torchtitan.tar.gz (about 0.8 MiB;
+    # the rows pip install them --no-index into a folder of their own). Downloaded once (pip,
+    # PyPI) into .device/torchtitan_wheels; without them the rows use the node's torchtitan.
+    local wheels="$repo/.device/torchtitan_wheels" pins=(torchtitan==0.2.2 torchdata==0.11.0
+      tyro==1.0.17 docstring_parser==0.18.0 typeguard==4.6.1 typing_extensions==4.16.0)
+    local pin wheel files=() missing=0
+    for pin in "${pins[@]}"; do
+      [ -n "$(ls "$wheels/${pin/==/-}-"*.whl 2>/dev/null)" ] || missing=1
+    done
+    if [ $missing -eq 1 ]; then
+      mkdir -p "$wheels" && ${PYTHON:-python3} -m pip download --quiet --no-deps --only-binary=:all: \
+        --dest "$wheels" "${pins[@]}" >&2 ||
+        echo "gpu_check build: could not download ${pins[*]} (pip); the torchtitan rows will use the node's" >&2
+    fi
+    rm -f "$out/bench/torchtitan.tar.gz"
+    for pin in "${pins[@]}"; do
+      wheel=$(cd "$wheels" 2>/dev/null && ls "${pin/==/-}-"*.whl 2>/dev/null | head -n 1)
+      [ -n "$wheel" ] && files+=("$wheel")
+    done
+    if [ ${#files[@]} -eq ${#pins[@]} ]; then
+      tar -czf "$out/bench/torchtitan.tar.gz" -C "$wheels" "${files[@]}" || exit 1
+    fi
   fi
   local kib
   kib=$(du -sk "$out" | cut -f1)
@@ -528,7 +553,7 @@ print("peak device bytes per rank: %s without cpu_offload, %s with" % (a, b))' \
     # torch.compile last: the slowest and least sure (its limit keeps the suite inside 10 minutes).
     for st in "pylib 90" "make 240" "tokens 60" "ours-train 240" "hf-train 240" "ours-decode 150" \
               "ours-decode-bf16 150" "hf-decode 150" "hf-decode-bf16 150" "ours-lora 180" \
-              "peft-lora 180" "hf-compile 300" "torchtitan 30" "table 30"; do
+              "peft-lora 180" "torchtitan 180" "hf-compile 300" "torchtitan-compile 300" "table 30"; do
       read -r name limit <<<"$st"
       CHECK_SUMMARY='^(rate: |transformers |using |prepare_text: |.*parameters .* save )' check "pretrained $name" "$limit" \
         "$here/bench/llama_gpu_bench.sh" "$name" "$here" "$pdir" "${pflags[@]}"

@@ -27,7 +27,12 @@
 #                      projections, --steps=10 after 3, bf16-mixed, writing its initial adapter;
 #                      peft-lora: lora_step_peft.py (transformers + peft, bench/peft.tar.gz or the
 #                      node's) from that adapter: tokens/s and peak memory against peft's
-#         torchtitan   skips: not installable offline on the node (the reason is the row's note)
+#         torchtitan   tools/bench/torchtitan_step.py (issue 72 item 3): TorchTitan 0.2.2's llama3
+#                      Transformer at the make row's shape (config.json; else the built-in 1B or
+#                      tiny one), --batch x sequence, random ids, SDPA, FSDP2 on one rank (bf16
+#                      params, float32 reduce), fused AdamW, clip 1.0, --warmup + --steps; wheels
+#                      from bench/torchtitan.tar.gz into OUT/titanlib (pip --no-index), else the
+#                      node's; torchtitan-compile (run last): its per-block torch.compile
 #         table        OUT/table.md from OUT/results.jsonl
 # --cpu: the tiny shape (llama_hf_train.py --tiny), 32-true, sequence 64, batch 2, 2 + 1 steps,
 # 16 new ids, no torch.compile: checks the logic end to end without a GPU. --batch=auto: 8 on a
@@ -255,10 +260,46 @@ print("RESULT " + json.dumps({
 PY
     record "$out/$step.result"
     ;;
-  torchtitan)
-    "$python" -c 'import torchtitan' 2>/dev/null &&
-      skip "torchtitan imports, but this suite has no runner for it yet (TorchTitan's llama3 needs its own config and a dataset)"
-    skip "TorchTitan not installable offline on the node: not there, and torchtitan 0.3.0 (PyPI) needs torchdata, torch_checkpointing, datasets (+ dill, multiprocess), tyro, wandb and spmd_types==0.2.3, none on the node; its llama3 trainer reads text through datasets (c4 from the Hub; its c4_test sample is not in the wheel)"
+  torchtitan|torchtitan-compile)
+    # Issue 72 item 3: TorchTitan's own llama3 Transformer at ours' shape, batch and sequence
+    # (tools/bench/torchtitan_step.py: SDPA, FSDP2 on one rank with its bf16 mixed precision,
+    # fused AdamW, clipping 1.0, random ids), eager and per-block torch.compile. Its wheels come
+    # from BUNDLE/bench/torchtitan.tar.gz (pure Python, installed into OUT/titanlib for this row
+    # only), else the node's own torchtitan.
+    mode=eager
+    if [ "$step" = torchtitan-compile ]; then
+      [ $cpu -eq 1 ] && skip "--cpu: torch.compile on a CPU says nothing about the GPU"
+      mode=compile
+    fi
+    lib="$out/titanlib"
+    if [ -f "$bundle/bench/torchtitan.tar.gz" ] && [ ! -f "$lib/.installed" ]; then
+      rm -rf "$lib" "$out/titanwheels"
+      mkdir -p "$lib" "$out/titanwheels" &&
+        tar -xzf "$bundle/bench/torchtitan.tar.gz" -C "$out/titanwheels" || exit 1
+      if ! "$python" -m pip install --quiet --no-index --no-deps --no-compile --target "$lib" \
+           "$out/titanwheels"/*.whl; then
+        echo "pip install failed; unpacking the (pure-Python) wheels instead"
+        "$python" -c 'import sys, zipfile
+for w in sys.argv[2:]:
+    zipfile.ZipFile(w).extractall(sys.argv[1])' "$lib" "$out/titanwheels"/*.whl || exit 1
+      fi
+      touch "$lib/.installed"
+    fi
+    tpath="${PYTHONPATH:-}"
+    [ -f "$lib/.installed" ] && tpath="$lib${PYTHONPATH:+:$PYTHONPATH}"
+    if ! err=$(PYTHONPATH="$tpath" "$python" -c 'import torchtitan, torchdata, tyro' 2>&1); then
+      [ -f "$lib/.installed" ] && skip "the carried torchtitan (bench/torchtitan.tar.gz) did not import: $(tail -n 1 <<<"$err")"
+      skip "no torchtitan: neither carried (bench/torchtitan.tar.gz: gpu_check.sh build --suite=pretrained) nor on the node"
+    fi
+    tflags=(--shape=1b)
+    [ $cpu -eq 1 ] && tflags=(--shape=tiny)
+    [ -f "$out/llama/model/config.json" ] && tflags=(--config="$out/llama/model/config.json")
+    peak=0
+    [ -s "$out/peak_tflops" ] && peak=$(cat "$out/peak_tflops")
+    PYTHONPATH="$tpath" "$python" "$bundle/bench/torchtitan_step.py" "${tflags[@]}" --batch="$batch" \
+      --seq=$block --warmup="$warmup" --steps="$steps" --device=$device --precision=$precision \
+      --mode=$mode --peak_tflops="$peak" 2>&1 | tee "$out/$step.result" || exit
+    record "$out/$step.result"
     ;;
   table)
     [ -s "$results" ] || skip "no results"
@@ -289,6 +330,13 @@ if train:
         ratio_c = f"{r['tokens_per_s'] / comp['tokens_per_s']:.3f}x" if comp else "-"
         print(f"| {r['side']} | {r['tokens_per_s']:,.0f} | {pct(r.get('mfu'))} | {r['step_ms']:.1f} | "
               f"{mib(r.get('peak_device_mib'))} | {r['loss']:.4f} | {ratio} | {ratio_c} |")
+    titan = [r for r in train if r["side"].startswith("torchtitan")]
+    if titan:
+        t = titan[0]
+        print()
+        print(f"torchtitan rows: TorchTitan {t.get('torchtitan', '?')} llama3 Transformer ({t.get('attention')}, "
+              f"FSDP on one rank: {t.get('fsdp')}, tied: {t.get('tied')}) on random token ids: "
+              "its loss is not comparable with the others'")
 if lora:
     peft = next((r for r in lora if r["side"] == "transformers-peft-lora"), None)
     print()
