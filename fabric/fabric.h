@@ -327,7 +327,7 @@ class Fabric {
   // name it keeps that `tensors` has is loaded. A strategy that splits parameters (fsdp,
   // model_parallel) still copies each rank's elements only, the kept tensors left as they are.
   //     f.load_weights(model, w.tensors, folder, fabric::nn::is_lora_tensor);
-  using KeepName = std::function<bool(const std::string& name)>;
+  using KeepName = CheckpointState::KeepName;
   template <typename Module>
   void load_weights(Module& module, const StateDict& tensors, const std::string& source,
                     const KeepName& keep = nullptr) {

@@ -429,15 +429,13 @@ void Fabric::load_weights_of(torch::nn::Module& module, const StateDict& tensors
       if (value.contains(name)) throw Error(source + ": tensor " + name + " is given twice");
       value.insert(name, tensor);
     }
-    if (keep) {
-      for (const auto& item : module.named_parameters())
-        if (!value.contains(item.key()) && keep(item.key()))
-          value.insert(item.key(), c10::IValue());
-      for (const auto& item : module.named_buffers())
-        if (!value.contains(item.key()) && keep(item.key()))
-          value.insert(item.key(), c10::IValue());
-    }
-    if (auto load = sharded->prepare_local_module_state(module, value, source)) {
+    // kept_state's filter names what a checkpoint holds; `keep` here what `tensors` may lack.
+    const c10::IValue given =
+        keep ? kept_state(
+                   module, [&keep](const std::string& name) { return !keep(name); }, value,
+                   /*for_load=*/true)
+             : c10::IValue(value);
+    if (auto load = sharded->prepare_local_module_state(module, given, source)) {
       (*load)();
       return;
     }
