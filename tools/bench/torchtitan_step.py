@@ -101,22 +101,6 @@ def shape_from_config(path):
                 original=int(rope.get("original_max_position_embeddings", 8192)))
 
 
-def peak_tflops(device, given):
-    import torch
-    if given > 0:
-        return given
-    if not device.startswith("cuda"):
-        return 0.0
-    name = torch.cuda.get_device_name()
-    if "H100" in name and "PCIe" in name:
-        return 756.0
-    if "H100" in name or "H200" in name:
-        return 989.0
-    if "A100" in name:
-        return 312.0
-    return 0.0
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", default="")
@@ -263,6 +247,9 @@ def main():
     secs = time.time() - t0
     losses.append(loss.item())
     tps = B * T * a.steps / secs
+    # The same peak as the transformers rows (llama_hf_train.py sits beside this file).
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from llama_hf_train import peak_tflops
     peak = peak_tflops(a.device, a.peak_tflops)
     result = {
         "side": f"torchtitan-{a.mode}", "torchtitan": version, "torch": torch.__version__,
