@@ -37,6 +37,7 @@ std::unique_ptr<Strategy> build_strategy(const ResolvedSetup& s) {
   auto precision = std::make_unique<Precision>(s.precision, s.accelerator, s.scaler);
   precision->set_fp8_exclude(s.fp8_exclude);
   precision->set_fp8_rowwise(s.fp8_rowwise);
+  precision->set_fp8_amax_history(s.fp8_amax_history);
   switch (s.strategy) {
     case StrategyKind::kDp:
       return std::make_unique<strategies::DataParallel>(s.devices, std::move(precision));

@@ -76,8 +76,15 @@ void resolve_precision_options(const Config& c, const MachineFacts& m, ResolvedS
   };
   s.fp8_exclude = comma_separated(c.get_string("fabric.fp8.exclude_modules"));
   if (!s.fp8_exclude.empty() && !fp8) no_effect("fabric.fp8.exclude_modules");
-  s.fp8_rowwise = c.get_string("fabric.fp8.recipe") == "rowwise";
-  if (s.fp8_rowwise && !fp8) no_effect("fabric.fp8.recipe");
+  const std::string recipe = c.get_string("fabric.fp8.recipe");
+  s.fp8_rowwise = recipe == "rowwise";
+  if (recipe != "tensorwise" && !fp8) no_effect("fabric.fp8.recipe");
+  const int64_t history = c.get_int("fabric.fp8.amax_history");
+  if (recipe == "delayed" && fp8) s.fp8_amax_history = history;
+  if (recipe != "delayed" && c.origin("fabric.fp8.amax_history") != "default")
+    s.warnings.push_back(c.origin("fabric.fp8.amax_history") +
+                         ": fabric.fp8.amax_history: has no effect under fabric.fp8.recipe: " +
+                         recipe + " (it configures delayed scaling)");
   if (!s.fp8_rowwise || !fp8) return;
   if (s.accelerator != c10::DeviceType::CUDA)
     throw c.error_at("fabric.fp8.recipe",

@@ -3,6 +3,7 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <algorithm>
 #include <set>
 #include <string>
 #include <vector>
@@ -16,10 +17,12 @@ namespace fabric {
 void Strategy::convert_module(torch::nn::Module& module) {
   precision_->convert_module(module);
   if (precision_->mode() != PrecisionMode::kFp8Mixed) return;
-  fp8_conversion_ =
-      fabric::nn::convert_to_fp8(module, precision_->fp8_exclude(),
-                                 precision_->fp8_rowwise() ? fabric::nn::Fp8Scaling::kRowwise
-                                                           : fabric::nn::Fp8Scaling::kTensorwise);
+  fp8_conversion_ = fabric::nn::convert_to_fp8(
+      module, precision_->fp8_exclude(),
+      precision_->fp8_rowwise()            ? fabric::nn::Fp8Scaling::kRowwise
+      : precision_->fp8_amax_history() > 0 ? fabric::nn::Fp8Scaling::kDelayed
+                                           : fabric::nn::Fp8Scaling::kTensorwise,
+      std::max<int64_t>(precision_->fp8_amax_history(), 1));
   const auto& c = fp8_conversion_;
   if (!c.unmatched.empty()) {
     // A typo would keep nothing out of float8 in silence. A config error (exit 2, never

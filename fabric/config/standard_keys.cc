@@ -39,9 +39,15 @@ ConfigSchema default_schema() {
             "fp8-mixed: comma-separated module-name patterns ('*' = one name component, e.g. "
             "transformer.h.0.*) whose Linear layers stay in bf16"));
   s.add("fabric.fp8.recipe",
-        KeySpec::choice({"tensorwise", "rowwise"}, "tensorwise")
+        KeySpec::choice({"tensorwise", "rowwise", "delayed"}, "tensorwise")
             .doc("fp8-mixed scales: one per tensor, or one per row of each GEMM operand "
-                 "(rowwise: CUDA compute capability >= 9.0 only)"));
+                 "(rowwise: CUDA compute capability >= 9.0 only), or one per tensor from the "
+                 "largest magnitudes of its last fabric.fp8.amax_history steps (delayed: no pass "
+                 "over the tensor before its cast)"));
+  s.add("fabric.fp8.amax_history",
+        KeySpec::integer(16).min(1).doc(
+            "fp8-mixed with recipe delayed: steps of amax history each operand's scale comes "
+            "from (their largest)"));
   s.add("fabric.sync_batchnorm",
         KeySpec::boolean(false).doc("ddp: BatchNorm statistics over the global batch"));
   s.add("fabric.seed",

@@ -6,6 +6,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -41,12 +42,45 @@ struct Quantized {
   torch::Tensor q, qt, rows_inverse, cols_inverse;
 };
 
-Quantized quantize_aten(const torch::Tensor& t, c10::ScalarType dtype, double largest,
-                        bool rowwise) {
+// Delayed scaling's view of one operand (Fp8History): its history row ([length + 1] float32 on the
+// operand's device), whether its own amax seeds the history first, and whether the cast takes its
+// amax and pushes it in.
+struct Delayed {
+  torch::Tensor row;
+  bool seed = false, record = false;
+};
+
+// history[0 .. n) one place older, the recorded amax history[n] at 0, history[n] zeroed
+// (fp8_history_push's contract).
+void push_aten(const torch::Tensor& row) {
+  const int64_t n = row.size(0) - 1;
+  if (n > 1) row.slice(0, 1, n).copy_(row.slice(0, 0, n - 1).clone());
+  row.select(0, 0).copy_(row.select(0, n));
+  row.select(0, n).zero_();
+}
+
+Quantized quantize_aten(const torch::Tensor& t, c10::ScalarType dtype, double largest, bool rowwise,
+                        const Delayed* delayed) {
   const torch::Tensor tf = t.to(torch::kFloat);
   auto cast = [&](const torch::Tensor& scale) {
     return (tf * scale).clamp(-largest, largest).to(dtype);  // saturate, no inf
   };
+  if (delayed != nullptr) {
+    const torch::Tensor& row = delayed->row;
+    const int64_t n = row.size(0) - 1;
+    auto amax = [&] { return t.abs().amax().to(torch::kFloat); };
+    if (delayed->seed) row.select(0, 0).copy_(amax());
+    const torch::Tensor window = row.slice(0, 0, n);
+    const torch::Tensor finite =
+        torch::where(window.abs() <= FLT_MAX, window, torch::zeros_like(window));
+    const torch::Tensor scale = largest / finite.amax().clamp_min(1e-12);
+    const torch::Tensor q = cast(scale), inverse = scale.reciprocal();
+    if (delayed->record) {
+      row.select(0, n).copy_(torch::maximum(row.select(0, n), amax()));
+      push_aten(row);
+    }
+    return {q, q.t().contiguous(), inverse, inverse};
+  }
   if (!rowwise) {
     const torch::Tensor scale = largest / t.abs().amax().to(torch::kFloat).clamp_min(1e-12);
     const torch::Tensor q = cast(scale), inverse = scale.reciprocal();
@@ -67,7 +101,8 @@ bool kernels_apply(const torch::Tensor& t) {
          (s == torch::kFloat || s == torch::kBFloat16 || s == torch::kHalf);
 }
 
-Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype, bool rowwise) {
+Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype, bool rowwise,
+                           const Delayed* delayed) {
   const c10::cuda::CUDAGuard guard(t.device());
   torch::Tensor x = t.contiguous();
   // The kernels read 16 bytes at a time: a view that starts mid-allocation may be misaligned.
@@ -82,6 +117,24 @@ Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype, bool r
   torch::Tensor q = torch::empty({rows, cols}, x.options().dtype(dtype));
   torch::Tensor qt = torch::empty({cols, rows}, x.options().dtype(dtype));
   void* stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+  if (delayed != nullptr) {
+    // The scale from the history; the amax taken by the cast itself, then pushed in.
+    float* history = delayed->row.data_ptr<float>();
+    const int n = static_cast<int>(delayed->row.size(0) - 1);
+    torch::Tensor inverse = torch::empty({}, f32);
+    if (delayed->seed)
+      check_kernel_launch(kernels::fp8_amax(x.data_ptr(), x.numel(), source, history, stream),
+                          "fp8-mixed", "fp8_amax");
+    check_kernel_launch(
+        kernels::fp8_cast_delayed(x.data_ptr(), rows, cols, source, e5m2, history, n,
+                                  delayed->record ? history + n : nullptr, q.data_ptr(),
+                                  qt.data_ptr(), inverse.data_ptr<float>(), stream),
+        "fp8-mixed", "fp8_cast_delayed");
+    if (delayed->record)
+      check_kernel_launch(kernels::fp8_history_push(history, n, stream), "fp8-mixed",
+                          "fp8_history_push");
+    return {q, qt, inverse, inverse};
+  }
   if (!rowwise) {
     torch::Tensor amax = torch::empty({}, f32), inverse = torch::empty({}, f32);
     check_kernel_launch(
@@ -108,11 +161,24 @@ Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype, bool r
 }
 #endif
 
-Quantized quantize(const torch::Tensor& t, c10::ScalarType dtype, double largest, bool rowwise) {
+Quantized quantize(const torch::Tensor& t, c10::ScalarType dtype, double largest, bool rowwise,
+                   const Delayed* delayed = nullptr) {
 #ifdef FABRIC_WITH_CUDA_KERNELS
-  if (kernels_apply(t)) return quantize_kernels(t, dtype, rowwise);
+  if (kernels_apply(t)) return quantize_kernels(t, dtype, rowwise, delayed);
 #endif
-  return quantize_aten(t, dtype, largest, rowwise);
+  return quantize_aten(t, dtype, largest, rowwise, delayed);
+}
+
+// Operand i's delayed scaling for this pass (nullopt: dynamic). `history` [3, length + 1] (no
+// elements: not delayed), `seeded` [3] bool on the CPU; `record`: a training pass.
+std::optional<Delayed> delayed_operand(const torch::Tensor& history, const torch::Tensor& seeded,
+                                       int64_t i, bool record) {
+  if (history.numel() == 0) return std::nullopt;
+  bool& done = seeded.data_ptr<bool>()[i];
+  if (!done && !record) return std::nullopt;  // dynamic until its first training pass
+  Delayed d{history.select(0, i), !done, record};
+  done = done || record;
+  return d;
 }
 
 // _scaled_mm's scale of an operand: the scalar, or (rowwise) its lines as [M, 1] for the first
@@ -141,14 +207,21 @@ c10::ScalarType output_dtype(const torch::Tensor& x) {
 
 struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
   // bias: a tensor with no elements for none (an undefined tensor cannot be an input).
+  // history, seeded: Fp8History's tensors under delayed scaling (no elements otherwise); record:
+  // this forward records a graph (its backward will run).
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
-                               const torch::Tensor& weight, const torch::Tensor& bias,
-                               bool rowwise) {
+                               const torch::Tensor& weight, const torch::Tensor& bias, bool rowwise,
+                               const torch::Tensor& history, const torch::Tensor& seeded,
+                               bool record) {
     const int64_t k = weight.size(1), n = weight.size(0);
     const torch::Tensor x2 = x.reshape({-1, k}).contiguous();
     const c10::ScalarType out = output_dtype(x);
-    const Quantized qx = quantize(x2, torch::kFloat8_e4m3fn, kE4m3Max, rowwise);
-    const Quantized qw = quantize(weight, torch::kFloat8_e4m3fn, kE4m3Max, rowwise);
+    const auto dx = delayed_operand(history, seeded, 0, record);
+    const auto dw = delayed_operand(history, seeded, 1, record);
+    const Quantized qx =
+        quantize(x2, torch::kFloat8_e4m3fn, kE4m3Max, rowwise, dx ? &*dx : nullptr);
+    const Quantized qw =
+        quantize(weight, torch::kFloat8_e4m3fn, kE4m3Max, rowwise, dw ? &*dw : nullptr);
     // A 16-bit product takes the bias in the GEMM's epilogue (as ATen's linear does); a float32
     // one (no autocast) adds it after (_scaled_mm takes a bias only for 16-bit outputs on CUDA).
     // Rowwise GEMMs write bf16 and add the bias after.
@@ -168,6 +241,8 @@ struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
         static_cast<int64_t>(has_bias ? bias.scalar_type() : x.scalar_type());
     ctx->saved_data["has_bias"] = has_bias;
     ctx->saved_data["rowwise"] = rowwise;
+    ctx->saved_data["history"] = history;
+    ctx->saved_data["seeded"] = seeded;
     std::vector<int64_t> sizes = x.sizes().vec();
     sizes.back() = n;
     return y.view(sizes);
@@ -187,8 +262,11 @@ struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
     const torch::Tensor g2 = grads[0].reshape({-1, n}).contiguous();
     // Rowwise quantizes the gradient to e4m3 as well (as torchao's rowwise recipe does: a scale
     // per row covers the range e5m2's exponent bits are for, and the rowwise GEMM takes e4m3).
-    const Quantized qg = rowwise ? quantize(g2, torch::kFloat8_e4m3fn, kE4m3Max, true)
-                                 : quantize(g2, torch::kFloat8_e5m2, kE5m2Max, false);
+    const auto dg = delayed_operand(ctx->saved_data["history"].toTensor(),
+                                    ctx->saved_data["seeded"].toTensor(), 2, /*record=*/true);
+    const Quantized qg =
+        rowwise ? quantize(g2, torch::kFloat8_e4m3fn, kE4m3Max, true)
+                : quantize(g2, torch::kFloat8_e5m2, kE5m2Max, false, dg ? &*dg : nullptr);
     // grad_x [M, K] = g [M, N] · w [N, K]: w as a column-major [N, K].
     const torch::Tensor grad_x = scaled_mm(qg.q, w8t.t(), scale_a(qg.rows_inverse), scale_b(sw),
                                            rowwise ? torch::kBFloat16 : x_dtype)
@@ -203,14 +281,21 @@ struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
     if (ctx->saved_data["has_bias"].toBool())
       grad_b = g2.sum(0, /*keepdim=*/false, torch::kFloat)
                    .to(static_cast<c10::ScalarType>(ctx->saved_data["b_dtype"].toInt()));
-    return {grad_x, grad_w, grad_b, torch::Tensor()};
+    return {grad_x,          grad_w,          grad_b,         torch::Tensor(),
+            torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
 }  // namespace
 
+Fp8History::Fp8History(int64_t length) : length(length), seeded(torch::zeros({3}, torch::kBool)) {
+  if (length < 1)
+    throw Error("fabric.fp8.amax_history: " + std::to_string(length) +
+                " steps; delayed scaling keeps at least 1");
+}
+
 torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight,
-                         const torch::Tensor& bias, Fp8Scaling scaling) {
+                         const torch::Tensor& bias, Fp8Scaling scaling, Fp8History* history) {
   const int64_t m = x.numel() / std::max<int64_t>(x.size(-1), 1);
   if (!fits(m, weight.size(1), weight.size(0))) return torch::linear(x, weight, bias);
   const bool rowwise = scaling == Fp8Scaling::kRowwise;
@@ -219,8 +304,22 @@ torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight,
         "fabric.fp8.recipe: rowwise: float8 GEMMs with a scale per row run on CUDA only ("
         "LibTorch's CPU _scaled_mm takes one scale per tensor); use tensorwise on " +
         x.device().str());
+  static const torch::Tensor kNone = torch::empty({0});  // an input, so not undefined
+  torch::Tensor amax = kNone, seeded = kNone;
+  bool record = false;
+  if (scaling == Fp8Scaling::kDelayed) {
+    if (history == nullptr)
+      throw Error("fp8_linear: fabric.fp8.recipe: delayed needs the layer's Fp8History");
+    if (!history->amax.defined())
+      history->amax = torch::zeros({3, history->length + 1}, x.options().dtype(torch::kFloat));
+    else if (history->amax.device() != x.device())
+      history->amax = history->amax.to(x.device());
+    amax = history->amax;
+    seeded = history->seeded;
+    record = torch::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
+  }
   return Fp8Linear::apply(x, weight, bias.defined() ? bias : torch::empty({0}, weight.options()),
-                          rowwise);
+                          rowwise, amax, seeded, record);
 }
 
 bool fp8_supported(const torch::Device& device, std::string* why_not, Fp8Scaling scaling) {
@@ -250,7 +349,7 @@ bool fp8_supported(const torch::Device& device, std::string* why_not, Fp8Scaling
 }
 
 Fp8Conversion convert_to_fp8(torch::nn::Module& module, const std::vector<std::string>& exclude,
-                             Fp8Scaling scaling) {
+                             Fp8Scaling scaling, int64_t history_length) {
   Fp8Conversion out;
   // The module itself by reference (named_modules can include it only when a shared_ptr owns it).
   std::vector<std::pair<std::string, torch::nn::Module*>> all = {{"(root)", &module}};
@@ -275,7 +374,7 @@ Fp8Conversion convert_to_fp8(torch::nn::Module& module, const std::vector<std::s
     } else if (l->weight.size(0) % 16 != 0 || l->weight.size(1) % 16 != 0) {
       out.unfit.push_back(name);
     } else {
-      l->set_fp8(true, scaling);
+      l->set_fp8(true, scaling, history_length);
       out.converted.push_back(name);
     }
   }

@@ -7,8 +7,9 @@
 // output gradient is scaled to float8_e5m2 (largest 57344; more range, less precision) and the two
 // gradient GEMMs run in float8 too: grad_x = g · w (e5m2 x e4m3), grad_w = gᵀ · x (e5m2 x e4m3,
 // float32 result for the float32 master weight). The scales are computed from this step's
-// tensors (no history). A GEMM whose sizes _scaled_mm cannot take (a dimension not a multiple of
-// 16) runs as ATen's linear instead, in the same call.
+// tensors (dynamic), or, with delayed scaling, from the amaxes of earlier steps (Fp8History). A
+// GEMM whose sizes _scaled_mm cannot take (a dimension not a multiple of 16) runs as ATen's linear
+// instead, in the same call.
 //
 // Where it runs: CUDA devices of compute capability 8.9 or newer (Ada, Hopper, Blackwell), and the
 // CPU (LibTorch 2.11 has a tensorwise _scaled_mm there: for checking numerics, not for speed).
@@ -28,13 +29,39 @@ namespace fabric::nn {
 
 // How the scales are taken (fabric.fp8.recipe): one per tensor, or one per row of each GEMM
 // operand (rowwise: x and the output gradient per token, the weight per output and per input
-// feature; gradients in e4m3 too; CUDA only, compute capability >= 9.0; the GEMMs write bf16).
-enum class Fp8Scaling { kTensorwise, kRowwise };
+// feature; gradients in e4m3 too; CUDA only, compute capability >= 9.0; the GEMMs write bf16), or
+// one per tensor from a history of earlier amaxes (delayed, below).
+enum class Fp8Scaling { kTensorwise, kRowwise, kDelayed };
+
+// Delayed scaling's state of one layer (Transformer Engine's DelayedScaling recipe, algorithm
+// "max"): for each of its three GEMM operands (0 the input, 1 the weight, 2 the output gradient)
+// the largest magnitudes of its last `length` quantizations. A quantization scales by the largest
+// of them (the tensor's own amax is taken by the cast kernel while it casts, so no pass over the
+// tensor precedes the cast: the dynamic recipe's amax pass is gone), then pushes its own amax in,
+// dropping the oldest. A value beyond the history's largest saturates to ±448 (e4m3) or ±57344
+// (e5m2) that step. The history advances only in passes that train: a forward that records a graph
+// (gradients on, an input or the weight requiring one) and its backward; a forward without a
+// graph (evaluation, activation checkpointing's first run) reads it, so the recomputation in
+// backward casts with the same scales as the first run. An operand's first training pass seeds
+// the history with its own amax (the same scale and bits as tensorwise); until then, a pass
+// without a graph scales dynamically. Non-finite amaxes count as 0. The history is not part of the
+// module's state (not in state_dict or checkpoints): a resumed run's first step seeds it again.
+struct Fp8History {
+  explicit Fp8History(int64_t length = 16);
+  int64_t length;
+  // [3, length + 1] float32 on the device of the layer's last float8 GEMM (undefined before it):
+  // row i's columns [0, length) hold operand i's amaxes, newest first; column `length` collects
+  // the amax being taken.
+  torch::Tensor amax;
+  torch::Tensor seeded;  // [3] bool on the CPU: operand i has had its first training pass
+};
 
 // x [..., K], weight [N, K] (float32 master or 16-bit), bias [N] or undefined → [..., N].
-// Rowwise on a CPU tensor throws fabric::Error (LibTorch's CPU _scaled_mm is tensorwise only).
+// Rowwise on a CPU tensor throws fabric::Error (LibTorch's CPU _scaled_mm is tensorwise only);
+// kDelayed needs `history` (fabric::Error without), which it reads and advances.
 torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight,
-                         const torch::Tensor& bias, Fp8Scaling scaling = Fp8Scaling::kTensorwise);
+                         const torch::Tensor& bias, Fp8Scaling scaling = Fp8Scaling::kTensorwise,
+                         Fp8History* history = nullptr);
 
 // Whether `device` can run float8 GEMMs with `scaling`; `why_not` (when given) receives the
 // reason otherwise ("compute capability 8.0 < 8.9").
@@ -51,9 +78,11 @@ struct Fp8Conversion {
 
 // Turns float8 GEMMs on for every fabric::nn::Linear of `module` except those whose name matches
 // a pattern of `exclude` (the plan pattern syntax of tensor_parallel.h: '*' is one name
-// component) and those whose sizes _scaled_mm cannot take, with `scaling`. Returns what it did.
+// component) and those whose sizes _scaled_mm cannot take, with `scaling` (kDelayed: each layer
+// with its own Fp8History of `history_length` ≥ 1 steps). Returns what it did.
 Fp8Conversion convert_to_fp8(torch::nn::Module& module, const std::vector<std::string>& exclude,
-                             Fp8Scaling scaling = Fp8Scaling::kTensorwise);
+                             Fp8Scaling scaling = Fp8Scaling::kTensorwise,
+                             int64_t history_length = 16);
 
 }  // namespace fabric::nn
 

@@ -70,6 +70,17 @@ void LinearImpl::reset() {
   }
   reset_parameters();
   if (lora_rank_ > 0) register_lora();  // clone(): the copy's adapter, its values copied after
+  if (fp8_history_) {                   // clone(): its own history, fresh
+    const int64_t length = fp8_history_->length;
+    fp8_history_.emplace(length);
+  }
+}
+
+void LinearImpl::set_fp8(bool on, Fp8Scaling scaling, int64_t history_length) {
+  fp8_ = on;
+  fp8_scaling_ = scaling;
+  fp8_history_.reset();
+  if (on && scaling == Fp8Scaling::kDelayed) fp8_history_.emplace(history_length);
 }
 
 void LinearImpl::reset_parameters() {
@@ -85,7 +96,10 @@ void LinearImpl::pretty_print(std::ostream& stream) const {
   stream << "fabric::nn::Linear(in_features=" << options.in_features()
          << ", out_features=" << options.out_features() << ", bias=" << std::boolalpha
          << options.bias();
-  if (fp8_) stream << (fp8_scaling_ == Fp8Scaling::kRowwise ? ", float8 rowwise" : ", float8");
+  if (fp8_)
+    stream << (fp8_scaling_ == Fp8Scaling::kRowwise   ? ", float8 rowwise"
+               : fp8_scaling_ == Fp8Scaling::kDelayed ? ", float8 delayed"
+                                                      : ", float8");
   if (parallel_)
     stream << ", tp=" << parallel_->style.name() << " " << parallel_->rank << "/"
            << parallel_->size;
@@ -225,7 +239,8 @@ torch::Tensor LinearImpl::base_forward(const torch::Tensor& x) {
   auto gemm = [&](const torch::Tensor& in, const torch::Tensor& b) {
     // A frozen weight stored in bf16 or float8 (LoRA's base): dequantized inside the GEMM.
     if (is_stored_weight(weight, scale, in)) return frozen_linear(in, weight, scale, b);
-    return fp8_ ? fp8_linear(in, weight, b, fp8_scaling_) : torch::linear(in, weight, b);
+    return fp8_ ? fp8_linear(in, weight, b, fp8_scaling_, fp8_history_ ? &*fp8_history_ : nullptr)
+                : torch::linear(in, weight, b);
   };
   if (!parallel_) return gemm(x, bias);
   const TensorParallelShard& p = *parallel_;

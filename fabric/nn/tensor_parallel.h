@@ -174,13 +174,12 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   const std::optional<TensorParallelShard>& parallel() const { return parallel_; }
   void set_parallel(TensorParallelShard shard);  // parallelize() calls it
   void clear_parallel() { parallel_.reset(); }   // unparallelize() calls it, after the gather
-  // Float8 GEMMs (fabric/nn/fp8.h) instead of ATen's linear; convert_to_fp8() sets it.
-  void set_fp8(bool on, Fp8Scaling scaling = Fp8Scaling::kTensorwise) {
-    fp8_ = on;
-    fp8_scaling_ = scaling;
-  }
+  // Float8 GEMMs (fabric/nn/fp8.h) instead of ATen's linear; convert_to_fp8() sets it. kDelayed:
+  // with a fresh Fp8History of `history_length` steps (a clone gets its own, fresh too).
+  void set_fp8(bool on, Fp8Scaling scaling = Fp8Scaling::kTensorwise, int64_t history_length = 16);
   bool fp8() const { return fp8_; }
   Fp8Scaling fp8_scaling() const { return fp8_scaling_; }
+  const std::optional<Fp8History>& fp8_history() const { return fp8_history_; }
   // A LoRA adapter (fabric/nn/lora.h: apply_lora, merge_lora): registers the submodules lora_A
   // [rank, in] (Kaiming uniform, a = sqrt(5)) and lora_B [out, rank] (zeros), torch::nn::Linear
   // without bias (peft's names: "lora_A.weight"), and forward adds
@@ -227,6 +226,7 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   std::optional<TensorParallelShard> parallel_;
   bool fp8_ = false;
   Fp8Scaling fp8_scaling_ = Fp8Scaling::kTensorwise;
+  std::optional<Fp8History> fp8_history_;  // kDelayed's
   int64_t lora_rank_ = 0;
   double lora_scaling_ = 0, lora_dropout_ = 0;
 };

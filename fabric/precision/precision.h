@@ -64,6 +64,9 @@ class Precision {
   // fabric.fp8.recipe: rowwise (a scale per row of each GEMM operand) instead of tensorwise.
   void set_fp8_rowwise(bool on) { fp8_rowwise_ = on; }
   bool fp8_rowwise() const { return fp8_rowwise_; }
+  // fabric.fp8.recipe: delayed: the steps of amax history each scale comes from (0: dynamic).
+  void set_fp8_amax_history(int64_t steps) { fp8_amax_history_ = steps; }
+  int64_t fp8_amax_history() const { return fp8_amax_history_; }
   // Casts a floating tensor to param_dtype() for *-true/64-true; other tensors pass unchanged.
   torch::Tensor convert_input(const torch::Tensor& tensor) const;
 
@@ -85,6 +88,7 @@ class Precision {
   std::unique_ptr<GradScaler> scaler_;
   std::vector<std::string> fp8_exclude_;
   bool fp8_rowwise_ = false;
+  int64_t fp8_amax_history_ = 0;
 };
 
 }  // namespace fabric

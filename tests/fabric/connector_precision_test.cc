@@ -4,6 +4,8 @@
 // connector_cpu_test.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "fabric/connector.h"
 #include "tests/fabric/connector_testing.h"
 
@@ -46,6 +48,33 @@ TEST(ConnectorTest, Fp8RowwiseReachesThePrecisionOnHopperAndWarnsElsewhere) {
   EXPECT_EQ(s.warnings[0],
             "command line: fabric.fp8.recipe: has no effect under fabric.precision: bf16-mixed (it "
             "configures fp8-mixed)");
+}
+
+TEST(ConnectorTest, Fp8DelayedCarriesItsHistoryLengthAndItsKeyWarnsElsewhere) {
+  auto s =
+      resolve({"fabric.precision=fp8", "fabric.fp8.recipe=delayed", "fabric.fp8.amax_history=4"},
+              cpu_machine());
+  EXPECT_EQ(s.fp8_amax_history, 4);
+  EXPECT_FALSE(s.fp8_rowwise);
+  EXPECT_EQ(build_strategy(s)->precision().fp8_amax_history(), 4);
+  EXPECT_EQ(resolve({"fabric.precision=fp8", "fabric.fp8.recipe=delayed"}, cpu_machine())
+                .fp8_amax_history,
+            16);
+  EXPECT_EQ(resolve({"fabric.precision=fp8"}, cpu_machine()).fp8_amax_history, 0);
+  s = resolve({"fabric.precision=fp8", "fabric.fp8.amax_history=4"}, cpu_machine());
+  EXPECT_EQ(s.fp8_amax_history, 0);
+  // (Beside the CPU's warnings about fp8-mixed's speed here.)
+  EXPECT_EQ(std::count(s.warnings.begin(), s.warnings.end(),
+                       "command line: fabric.fp8.amax_history: has no effect under "
+                       "fabric.fp8.recipe: tensorwise (it configures delayed scaling)"),
+            1);
+  EXPECT_EQ(
+      resolve({"fabric.precision=fp8", "fabric.fp8.recipe=delayed"}, cpu_machine()).warnings.size(),
+      resolve({"fabric.precision=fp8"}, cpu_machine()).warnings.size());
+  EXPECT_EQ(
+      error_of({"fabric.precision=fp8", "fabric.fp8.recipe=delayed", "fabric.fp8.amax_history=0"},
+               cpu_machine()),
+      "command line: fabric.fp8.amax_history: 0 is out of range: must be >= 1");
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #   ours-aten-layernorm  ours with ATen's LayerNorm (--fused_layer_norm=false)
 #   ours-fp8             ours with --precision=fp8-mixed (float8 GEMMs, tensorwise scales)
 #   ours-fp8-rowwise     the same with --fp8_recipe=rowwise
+#   ours-fp8-delayed     the same with --fp8_recipe=delayed (scales from a 16-step amax history)
 #   pytorch-eager        the identical model in PyTorch (tools/bench/gpt_reference.py)
 #   pytorch-compile      the same under torch.compile
 #
@@ -69,6 +70,8 @@ side_command() {
     ours-fp8) cmd=("$bin" "${common[@]}" --accelerator="$device" --precision=fp8-mixed) ;;
     ours-fp8-rowwise)
       cmd=("$bin" "${common[@]}" --accelerator="$device" --precision=fp8-mixed --fp8_recipe=rowwise) ;;
+    ours-fp8-delayed)
+      cmd=("$bin" "${common[@]}" --accelerator="$device" --precision=fp8-mixed --fp8_recipe=delayed) ;;
     pytorch-eager) cmd=("$python" "$ref" "${common[@]}" --device="$device" --mode=eager) ;;
     pytorch-compile) cmd=("$python" "$ref" "${common[@]}" --device="$device" --mode=compile) ;;
     *) echo "gpt_compare.sh: unknown side '$1'" >&2; exit 2 ;;

@@ -63,7 +63,7 @@ DEFINE_double(peak_tflops, 989.0,
 DEFINE_int32(batch, 512, "batch size");
 DEFINE_string(precision, "32-true", "32-true | bf16-mixed | 16-mixed | fp8-mixed");
 DEFINE_string(fp8_recipe, "tensorwise",
-              "fp8-mixed scales: tensorwise | rowwise (fabric.fp8.recipe)");
+              "fp8-mixed scales: tensorwise | rowwise | delayed (fabric.fp8.recipe)");
 DEFINE_int32(steps, 50, "timed steps (data=static)");
 DEFINE_int32(warmup, 15, "untimed steps first");
 DEFINE_string(data, "static", "static | epoch");

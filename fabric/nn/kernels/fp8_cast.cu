@@ -64,6 +64,17 @@ __device__ __forceinline__ float scale_of(float amax, float largest) {
   return largest / (amax != amax ? amax : fmaxf(amax, 1e-12f));
 }
 
+// Delayed scaling's scale: from the largest finite entry of history[0 .. len) (NaN and infinity
+// count as 0: a step that overflowed does not poison the next ones).
+__device__ __forceinline__ float history_scale(const float* history, int len, float largest) {
+  float h = 0.f;
+  for (int i = 0; i < len; ++i) {
+    const float a = history[i];
+    if (fabsf(a) <= 3.402823466e38f) h = fmaxf(h, a);
+  }
+  return largest / fmaxf(h, 1e-12f);
+}
+
 // Two floats as two float8 bytes, the first in the low byte: (x · s) saturated to ±largest,
 // rounded to nearest even (ATen's clamp then cast).
 __device__ __forceinline__ uint32_t cvt2(float a, float b, __nv_fp8_interpretation_t kind) {
@@ -108,7 +119,9 @@ __global__ void __launch_bounds__(kAmaxThreads)
 // Thread t of a tiled block owns vector group g = t % kGroups (tile columns 8g .. 8g + 7) of
 // tile rows t / kGroups + kRowStep · p, p < kPasses.
 //
-// Tensorwise (kAxes false): one scale from amax[0] for q and qt, *row_inverse = its inverse.
+// Tensorwise (kAxes false): one scale for q and qt, *row_inverse = its inverse: from row_amax[0]
+// when history_len is 0, else from the history row_amax[0 .. history_len) (delayed scaling), and
+// when `record` is not null x's largest |x| taken into *record (one atomic per block).
 // Axiswise (kAxes true): q's row r scaled by row_amax[r], qt's row c (x's column c) by
 // col_amax[c]; row_inverse[r] and col_inverse[c] their inverses.
 template <typename T, bool kAxes>
@@ -116,9 +129,12 @@ __global__ void __launch_bounds__(kTileThreads)
     cast_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, bool e5m2,
                 const float* __restrict__ row_amax, const float* __restrict__ col_amax,
                 uint8_t* __restrict__ q, uint8_t* __restrict__ qt, float* __restrict__ row_inverse,
-                float* __restrict__ col_inverse) {
+                float* __restrict__ col_inverse, int history_len, float* record) {
   const float largest = e5m2 ? 57344.f : 448.f;
-  const float tensor_scale = kAxes ? 0.f : scale_of(row_amax[0], largest);
+  const float tensor_scale = kAxes             ? 0.f
+                             : history_len > 0 ? history_scale(row_amax, history_len, largest)
+                                               : scale_of(row_amax[0], largest);
+  float seen = 0.f;  // the largest |x| this thread cast (delayed scaling's record)
   const __nv_fp8_interpretation_t kind = e5m2 ? __NV_E5M2 : __NV_E4M3;
   if (!kAxes && row_inverse != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
     *row_inverse = 1.f / tensor_scale;
@@ -149,6 +165,10 @@ __global__ void __launch_bounds__(kTileThreads)
       const int r = sub + p * kRowStep;
       const int64_t row = row0 + r;
       if (row >= rows || !col_in) continue;
+      if (!kAxes) {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) seen = keep_max(seen, fabsf(v[p][j]));
+      }
       float row_scale[kVec];
       const float rs = kAxes ? scale_of(row_amax[row], largest) : tensor_scale;
 #pragma unroll
@@ -182,6 +202,23 @@ __global__ void __launch_bounds__(kTileThreads)
     }
     __syncthreads();
   }
+  if (kAxes || record == nullptr) return;  // the same for every thread of the grid
+  int bits = __float_as_int(seen);
+  for (int o = 16; o > 0; o /= 2) bits = max(bits, __shfl_xor_sync(0xffffffff, bits, o));
+  __shared__ int warp_max[kTileThreads / 32];
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = bits;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kTileThreads / 32; ++w) bits = max(bits, warp_max[w]);
+    atomicMax(reinterpret_cast<int*>(record), bits);
+  }
+}
+
+// history[0 .. len) one place older, the recorded amax history[len] at 0, history[len] zeroed.
+__global__ void push_kernel(float* history, int len) {
+  for (int i = len - 1; i > 0; --i) history[i] = history[i - 1];
+  history[0] = history[len];
+  history[len] = 0.f;
 }
 
 // row_amax[r] = max over the row, col_amax[c] = max over the column; one atomic per row per
@@ -261,12 +298,12 @@ int amax_as(const void* x, int64_t n, float* amax, cudaStream_t stream) {
 template <typename T, bool kAxes>
 int cast_as(const void* x, int64_t rows, int64_t cols, bool e5m2, const float* row_amax,
             const float* col_amax, void* q, void* qt, float* row_inverse, float* col_inverse,
-            cudaStream_t stream) {
-  if (!tileable(x, rows, cols)) return cudaErrorInvalidValue;
+            cudaStream_t stream, int history_len = 0, float* record = nullptr) {
+  if (!tileable(x, rows, cols) || history_len < 0) return cudaErrorInvalidValue;
   if (rows == 0 || cols == 0) return 0;
   cast_kernel<T, kAxes><<<tile_grid(rows, cols), kTileThreads, 0, stream>>>(
       static_cast<const T*>(x), rows, cols, e5m2, row_amax, col_amax, static_cast<uint8_t*>(q),
-      static_cast<uint8_t*>(qt), row_inverse, col_inverse);
+      static_cast<uint8_t*>(qt), row_inverse, col_inverse, history_len, record);
   return cudaGetLastError();
 }
 
@@ -311,6 +348,31 @@ int fp8_cast(const void* x, int64_t rows, int64_t cols, Fp8Source type, bool e5m
       return cast_as<__half, false>(x, rows, cols, e5m2, amax, nullptr, q, qt, inverse, nullptr, s);
   }
   return cudaErrorInvalidValue;
+}
+
+int fp8_cast_delayed(const void* x, int64_t rows, int64_t cols, Fp8Source type, bool e5m2,
+                     const float* history, int history_len, float* record, void* q, void* qt,
+                     float* inverse, void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (history_len < 1) return cudaErrorInvalidValue;
+  switch (type) {
+    case Fp8Source::kFloat32:
+      return cast_as<float, false>(x, rows, cols, e5m2, history, nullptr, q, qt, inverse, nullptr,
+                                   s, history_len, record);
+    case Fp8Source::kBFloat16:
+      return cast_as<__nv_bfloat16, false>(x, rows, cols, e5m2, history, nullptr, q, qt, inverse,
+                                           nullptr, s, history_len, record);
+    case Fp8Source::kFloat16:
+      return cast_as<__half, false>(x, rows, cols, e5m2, history, nullptr, q, qt, inverse, nullptr,
+                                    s, history_len, record);
+  }
+  return cudaErrorInvalidValue;
+}
+
+int fp8_history_push(float* history, int history_len, void* stream) {
+  if (history_len < 1) return cudaErrorInvalidValue;
+  push_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(history, history_len);
+  return cudaGetLastError();
 }
 
 int fp8_amax_axes(const void* x, int64_t rows, int64_t cols, Fp8Source type, float* row_amax,

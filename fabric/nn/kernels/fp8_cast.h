@@ -27,6 +27,20 @@ int fp8_amax(const void* x, int64_t n, Fp8Source type, float* amax, void* stream
 int fp8_cast(const void* x, int64_t rows, int64_t cols, Fp8Source type, bool e5m2,
              const float* amax, void* q, void* qt, float* inverse, void* stream);
 
+// Delayed scaling (fabric.fp8.recipe: delayed): as fp8_cast, with the scale taken from a history
+// of earlier amaxes rather than this tensor's: s = largest / max(h, 1e-12), h the largest finite
+// value of history[0 .. history_len) (non-finite entries count as 0), so no pass over x precedes
+// the cast. When `record` is not null the kernel also takes x's own largest |x| (NaN when x holds
+// one) into *record (an atomic maximum: *record must hold 0 or less before).
+int fp8_cast_delayed(const void* x, int64_t rows, int64_t cols, Fp8Source type, bool e5m2,
+                     const float* history, int history_len, float* record, void* q, void* qt,
+                     float* inverse, void* stream);
+
+// Moves history[0 .. history_len) one place older (the oldest dropped), puts history[history_len]
+// (the amax fp8_cast_delayed recorded) at history[0] and zeroes history[history_len]: one thread,
+// so the next cast that reads the history sees it whole.
+int fp8_history_push(float* history, int history_len, void* stream);
+
 // Rowwise scaling, for x of rows × cols (row-major, contiguous): row_amax[r] = the largest |x| of
 // row r, col_amax[c] that of column c (float32 on the device; NaN where the line holds one).
 int fp8_amax_axes(const void* x, int64_t rows, int64_t cols, Fp8Source type, float* row_amax,

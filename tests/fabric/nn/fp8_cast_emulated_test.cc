@@ -2,9 +2,10 @@
 // threads): the amax and cast kernels, tensorwise and per line, against a scalar reference of
 // their contract (fp8_cast.h) with the CUDA headers' own float8 rounding, for float32, bf16 and
 // fp16 inputs whose rows and columns are not multiples of the 64 × 64 tile, e4m3 and e5m2, with
-// the preconditions refused. What it checks is the kernels' indexing, tiling, shared-memory
-// transpose and reductions; the device's arithmetic is fp8_cuda_test's (on a GPU). The kernels
-// come from tools/bazel/cuda.bzl's cuda_emulated_library.
+// the preconditions refused; delayed scaling's cast (the scale from a history with non-finite
+// entries skipped, the tensor's amax recorded) and the history's push. What it checks is the
+// kernels' indexing, tiling, shared-memory transpose and reductions; the device's arithmetic is
+// fp8_cuda_test's (on a GPU). The kernels come from tools/bazel/cuda.bzl's cuda_emulated_library.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -13,6 +14,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -132,6 +135,52 @@ void check_shape(int64_t rows, int64_t cols, Fp8Source type, bool e5m2) {
     }
 }
 
+template <typename T>
+void check_delayed(int64_t rows, int64_t cols, Fp8Source type, bool e5m2) {
+  const Input<T> in(rows, cols);
+  const float largest = e5m2 ? 57344.f : 448.f;
+  const int64_t n = rows * cols;
+  float own = 0.f;
+  for (float v : in.values) own = std::max(own, std::fabs(v));
+  // Four entries and the record slot: the NaN and the infinity count as 0, so the scale is 2x
+  // the tensor's own amax's (the cast uses half the range).
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> history = {own * 0.5f, nan, own * 2.f, inf, 0.f};
+  std::vector<uint8_t> q(n, 0xAB), qt(n, 0xAB);
+  float inverse = 0.f;
+  ASSERT_TRUE(fabric::kernels::fp8_cast_delayed(in.x, rows, cols, type, e5m2, history.data(), 4,
+                                                &history[4], q.data(), qt.data(), &inverse,
+                                                nullptr) == 0)
+      << "fp8_cast_delayed";
+  const float scale = scale_for(own * 2.f, largest);
+  ASSERT_TRUE(inverse == 1.f / scale) << "inverse " << inverse << ", want " << 1.f / scale;
+  ASSERT_TRUE(history[4] == own) << "recorded " << history[4] << ", want " << own;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const uint8_t e = reference(in.values[r * cols + c], scale, e5m2);
+      ASSERT_TRUE(q[r * cols + c] == e && qt[c * rows + r] == e)
+          << "delayed q/qt at " << r << ", " << c << " (" << rows << " x " << cols << ")";
+    }
+  // The push: the record first, the rest one place older (the infinity dropped), the slot 0.
+  ASSERT_TRUE(fabric::kernels::fp8_history_push(history.data(), 4, nullptr) == 0);
+  const std::vector<float> want = {own, own * 0.5f, nan, own * 2.f, 0.f};
+  ASSERT_TRUE(std::memcmp(history.data(), want.data(), sizeof(float) * 5) == 0)
+      << "pushed history " << history[0] << " " << history[1] << " " << history[2] << " "
+      << history[3] << " " << history[4];
+  // Without a record: the history is only read.
+  std::fill(q.begin(), q.end(), 0xAB);
+  ASSERT_TRUE(fabric::kernels::fp8_cast_delayed(in.x, rows, cols, type, e5m2, history.data(), 1,
+                                                nullptr, q.data(), nullptr, &inverse,
+                                                nullptr) == 0);
+  ASSERT_TRUE(inverse == 1.f / scale_for(own, largest));
+  ASSERT_TRUE(std::memcmp(history.data(), want.data(), sizeof(float) * 5) == 0);
+  ASSERT_TRUE(q[0] == reference(in.values[0], scale_for(own, largest), e5m2));
+  ASSERT_TRUE(fabric::kernels::fp8_cast_delayed(in.x, rows, cols, type, e5m2, history.data(), 0,
+                                                nullptr, q.data(), nullptr, &inverse, nullptr) != 0)
+      << "an empty history was accepted";
+}
+
 void check_preconditions() {
   Input<float> in(16, 16);
   float amax = 0.f;
@@ -160,3 +209,13 @@ TEST(Fp8CastEmulatedTest, KernelsWriteTheReferencesBytesForEveryShapeAndType) {
 }
 
 TEST(Fp8CastEmulatedTest, MisalignedInputsAndOddColumnsAreRefused) { check_preconditions(); }
+
+TEST(Fp8CastEmulatedTest, DelayedCastScalesByTheHistoryAndRecordsTheTensorsAmax) {
+  const int64_t shapes[][2] = {{112, 160}, {8, 8}, {200, 72}};
+  for (const auto& s : shapes)
+    for (const bool e5m2 : {false, true}) {
+      check_delayed<float>(s[0], s[1], Fp8Source::kFloat32, e5m2);
+      check_delayed<__nv_bfloat16>(s[0], s[1], Fp8Source::kBFloat16, e5m2);
+      check_delayed<__half>(s[0], s[1], Fp8Source::kFloat16, e5m2);
+    }
+}

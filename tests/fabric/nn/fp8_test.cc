@@ -1,8 +1,10 @@
 // fabric::nn float8 GEMMs (fabric.precision: fp8-mixed) on the CPU's _scaled_mm: the product and
 // both gradients close to float32's but not equal (they were quantized), dtypes as ATen's linear
 // gives them (autocast included), sizes _scaled_mm cannot take computed exactly, what
-// convert_to_fp8 converts and why it keeps the rest, and the strategy's error for a model with
-// nothing to convert.
+// convert_to_fp8 converts and why it keeps the rest, the strategy's error for a model with
+// nothing to convert, and delayed scaling's history: seeded by the first training pass (the
+// tensorwise bits), read by later ones, advanced only by passes that train, so activation
+// checkpointing's recomputation gives the plain module's gradients bitwise.
 #include "fabric/nn/fp8.h"
 
 #include <gtest/gtest.h>
@@ -14,6 +16,7 @@
 #include "fabric/nn/tensor_parallel.h"
 #include "fabric/precision/autocast.h"
 #include "fabric/precision/precision.h"
+#include "fabric/training/activation_checkpoint.h"
 #include "strategies/single_device.h"
 
 namespace {
@@ -141,6 +144,135 @@ TEST(Fp8Test, SetupRefusesAModelWithNothingToConvert) {
                  "parameters), or use bf16-mixed");
   }
   EXPECT_EQ(s.precision().autocast_dtype(), c10::kBFloat16);
+}
+
+using fabric::nn::Fp8History;
+using fabric::nn::Fp8Scaling;
+
+// y, x.grad, w.grad of one training pass of fp8_linear (a fixed weighting of y as the loss).
+std::vector<torch::Tensor> train_pass(const torch::Tensor& x0, const torch::Tensor& w0,
+                                      Fp8Scaling scaling, Fp8History* history) {
+  torch::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+  torch::Tensor y = fabric::nn::fp8_linear(x, w, torch::Tensor(), scaling, history);
+  (y * torch::linspace(-1, 1, w0.size(0))).sum().backward();
+  return {y.detach(), x.grad(), w.grad()};
+}
+
+bool all_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!torch::equal(a[i], b[i])) return false;
+  return true;
+}
+
+TEST(Fp8Test, DelayedFirstTrainingPassIsTensorwiseAndSeedsTheHistory) {
+  torch::manual_seed(1);
+  const torch::Tensor x = torch::randn({32, 64}), w = torch::randn({48, 64}) * 0.1;
+  Fp8History history(4);
+  EXPECT_TRUE(all_equal(train_pass(x, w, Fp8Scaling::kDelayed, &history),
+                        train_pass(x, w, Fp8Scaling::kTensorwise, nullptr)));
+  // Each operand's amax at 0 (the seed) and 1 (its own, pushed), the record slot zeroed.
+  const torch::Tensor want = torch::stack({x.abs().amax(), w.abs().amax()});
+  EXPECT_TRUE(torch::equal(history.amax.slice(0, 0, 2).select(1, 0), want));
+  EXPECT_TRUE(torch::equal(history.amax.slice(0, 0, 2).select(1, 1), want));
+  EXPECT_EQ(history.amax.slice(1, 2).abs().sum().item<float>(), 0.f);
+  EXPECT_GT(history.amax[2][0].item<float>(), 0.f);  // the output gradient's
+  EXPECT_TRUE(history.seeded.all().item<bool>());
+}
+
+TEST(Fp8Test, DelayedScalesByTheHistorysLargestNotTheTensorsOwn) {
+  torch::manual_seed(2);
+  const torch::Tensor x = torch::randn({32, 64}), w = torch::randn({48, 64}) * 0.1;
+  Fp8History history(4);
+  train_pass(x, w, Fp8Scaling::kDelayed, &history);
+  const float first = x.abs().amax().item<float>();
+  // A smaller input next: its scale still comes from the first input's amax.
+  const torch::Tensor x2 = x * 0.3;
+  const auto delayed = train_pass(x2, w, Fp8Scaling::kDelayed, &history);
+  const auto dynamic = train_pass(x2, w, Fp8Scaling::kTensorwise, nullptr);
+  EXPECT_FALSE(torch::equal(delayed[0], dynamic[0]));
+  auto dequantized = [](const torch::Tensor& t, float amax) {
+    const torch::Tensor scale = 448.0 / torch::tensor(amax).clamp_min(1e-12);
+    return (t * scale).clamp(-448, 448).to(torch::kFloat8_e4m3fn).to(torch::kFloat) / scale;
+  };
+  const torch::Tensor want =
+      torch::matmul(dequantized(x2, first), dequantized(w, w.abs().amax().item<float>()).t());
+  EXPECT_LT((delayed[0] - want).abs().max().item<float>(), 1e-4 * want.abs().max().item<float>());
+  // The history now: x2's amax, then x's twice (the seed and its own).
+  EXPECT_TRUE(torch::allclose(history.amax[0].slice(0, 0, 3),
+                              torch::tensor({0.3f * first, first, first}), 1e-6, 0));
+}
+
+TEST(Fp8Test, DelayedHistoryAdvancesOnlyInPassesThatTrain) {
+  torch::manual_seed(3);
+  const torch::Tensor x = torch::randn({32, 64}), w = torch::randn({48, 64}) * 0.1;
+  Fp8History history(4);
+  {
+    torch::NoGradGuard off;  // before any training pass: dynamic, nothing recorded
+    EXPECT_TRUE(torch::equal(fabric::nn::fp8_linear(x, w, {}, Fp8Scaling::kDelayed, &history),
+                             fabric::nn::fp8_linear(x, w, {}, Fp8Scaling::kTensorwise)));
+  }
+  EXPECT_FALSE(history.seeded.any().item<bool>());
+  EXPECT_EQ(history.amax.abs().sum().item<float>(), 0.f);
+  train_pass(x, w, Fp8Scaling::kDelayed, &history);
+  const torch::Tensor before = history.amax.clone();
+  {
+    torch::NoGradGuard off;  // evaluation: reads the history, does not advance it
+    fabric::nn::fp8_linear(x * 3, w, {}, Fp8Scaling::kDelayed, &history);
+  }
+  // Gradients on but nothing requires one: no backward will run, so no record either.
+  fabric::nn::fp8_linear(x * 3, w, {}, Fp8Scaling::kDelayed, &history);
+  EXPECT_TRUE(torch::equal(history.amax, before));
+}
+
+struct MlpImpl : torch::nn::Module {
+  MlpImpl() {
+    fc1 = register_module("fc1", fabric::nn::Linear(64, 128));
+    fc2 = register_module("fc2", fabric::nn::Linear(128, 32));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::gelu(fc1(x))); }
+  fabric::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+TEST(Fp8Test, DelayedUnderActivationCheckpointingGivesThePlainGradientsBitwise) {
+  torch::manual_seed(4);
+  Mlp plain, checkpointed;
+  {
+    torch::NoGradGuard off;
+    for (size_t i = 0; i < plain->parameters().size(); ++i)
+      checkpointed->parameters()[i].copy_(plain->parameters()[i]);
+  }
+  fabric::nn::convert_to_fp8(*plain, {}, Fp8Scaling::kDelayed, 3);
+  fabric::nn::convert_to_fp8(*checkpointed, {}, Fp8Scaling::kDelayed, 3);
+  // Three steps: the seed, then scales from the history (the inputs grow, so they differ).
+  for (int step = 0; step < 3; ++step) {
+    const torch::Tensor x = torch::randn({32, 64}) * (1 + step);
+    plain->zero_grad();
+    checkpointed->zero_grad();
+    plain->forward(x).pow(2).sum().backward();
+    fabric::checkpoint_activations(checkpointed, x).pow(2).sum().backward();
+    for (size_t i = 0; i < plain->parameters().size(); ++i)
+      EXPECT_TRUE(torch::equal(plain->parameters()[i].grad(), checkpointed->parameters()[i].grad()))
+          << "step " << step << ", parameter " << i;
+    EXPECT_TRUE(
+        torch::equal(plain->fc1->fp8_history()->amax, checkpointed->fc1->fp8_history()->amax))
+        << "step " << step;
+  }
+  // A clone has a fresh history of the same length.
+  auto copy = std::dynamic_pointer_cast<fabric::nn::LinearImpl>(plain->fc1->clone());
+  ASSERT_TRUE(copy->fp8_history().has_value());
+  EXPECT_EQ(copy->fp8_history()->length, 3);
+  EXPECT_FALSE(copy->fp8_history()->amax.defined());
+}
+
+TEST(Fp8Test, DelayedWithoutAHistoryIsRefused) {
+  try {
+    fabric::nn::fp8_linear(torch::randn({16, 64}), torch::randn({32, 64}), {},
+                           Fp8Scaling::kDelayed);
+    FAIL() << "no error";
+  } catch (const fabric::Error& e) {
+    EXPECT_STREQ(e.what(), "fp8_linear: fabric.fp8.recipe: delayed needs the layer's Fp8History");
+  }
 }
 
 }  // namespace
