@@ -216,7 +216,7 @@ passed=0 failed=0 skipped=0
 check() {
   local name=$1 limit=$2
   shift 2
-  local log="$work/logs/$name.log" t0 t1 rc status note
+  local log="$work/logs/${name//\//_}.log" t0 t1 rc status note  # a / in a name: _
   echo "gpu_check: $name ..." >&2
   t0=$(date +%s.%N)
   (cd "$work" && timeout --kill-after=10 "$limit" "$@") >"$log" 2>&1
