@@ -12,6 +12,10 @@
 #include "fabric/core/error.h"
 #include "fabric/distributed/process_group.h"
 
+#ifdef FABRIC_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 namespace fabric::distributed {
 
 namespace {
@@ -100,9 +104,24 @@ at::Tensor PipelineRunner::evaluate(const PipelineStageCalls& calls) {
 at::Tensor PipelineRunner::run(const std::vector<PipelineAction>& actions,
                                const PipelineStageCalls& calls, bool train) {
   using Clock = std::chrono::steady_clock;
+  // The timeline's clock. On CUDA it first waits for the work queued on the current stream, so
+  // an event spans its kernels, not their launches, and the step starts with none queued
+  // (PipelineOptions::record_timeline).
+  const bool sync_clock = options_.record_timeline && options_.device.is_cuda();
+  auto settle = [sync_clock, this] {
+    if (!sync_clock) return;
+#ifdef FABRIC_WITH_CUDA
+    c10::cuda::getCurrentCUDAStream(options_.device.has_index() ? options_.device.index() : -1)
+        .synchronize();
+#endif
+  };
+  settle();
   const auto t0 = Clock::now();
   const int64_t m = options_.micro_batches, last = stages() - 1;
-  auto seconds = [&t0] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  auto seconds = [&t0, &settle] {
+    settle();
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
   // Tag of the activation stage k sends to k + 1 (gradient = false), or of the gradient of that
   // activation, sent back from k + 1 to k (gradient = true).
   auto tag = [&](bool gradient, int64_t stage, int64_t mb) {

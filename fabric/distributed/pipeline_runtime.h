@@ -72,7 +72,10 @@ struct PipelineOptions {
   std::vector<int64_t> activation_sizes;
   c10::ScalarType activation_dtype = c10::kFloat;
   c10::Device device = c10::kCPU;
-  // Record when each compute starts and ends (timeline()).
+  // Record when each compute starts and ends (timeline()). On a CUDA device each timestamp first
+  // synchronizes the current stream (kernels run after their launch returns), so the times are
+  // the work's own; that adds a host-device sync at every compute's start and end, which the
+  // step then pays (a measuring option, not for training).
   bool record_timeline = false;
   // Post the next recv when the compute before it starts, so its transfer overlaps that
   // compute; false: post each recv when it is reached (then it waits for the whole transfer).
