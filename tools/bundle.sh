@@ -13,7 +13,7 @@
 #
 # TARGETs default to every cc_binary under //examples/... but those tagged `no_gpu_bundle` (kept out
 # to stay under the 64 MiB a GPU call carries), //tools:env, //tools:prepare_text (token
-# files for model.pretrained runs), //tools/bench:throughput,
+# files for model.pretrained runs), //tools/bench:throughput, //tools/bench:pipeline_bubble,
 # every test tagged `gpu` and the helpers they start (//tests/integration:ddp_parity_helper,
 # cuda_ranks_helper).
 # Flags:
@@ -51,7 +51,7 @@ command -v patchelf >/dev/null || die "patchelf is missing: run tools/setup.sh"
 cd "$workspace"
 if [ ${#targets[@]} -eq 0 ]; then
   mapfile -t targets < <(bazel query --keep_going --noshow_progress \
-    'kind("cc_binary", //examples/...) - attr("tags", "\bno_gpu_bundle\b", //examples/...) + //tools:env + //tools:prepare_text + //tools/bench:throughput + //tests/integration:ddp_parity_helper + //tests/integration:cuda_ranks_helper + attr("tags", "\bgpu\b", tests(//...))' 2>/dev/null | sort)
+    'kind("cc_binary", //examples/...) - attr("tags", "\bno_gpu_bundle\b", //examples/...) + //tools:env + //tools:prepare_text + //tools/bench:throughput + //tools/bench:pipeline_bubble + //tests/integration:ddp_parity_helper + //tests/integration:cuda_ranks_helper + attr("tags", "\bgpu\b", tests(//...))' 2>/dev/null | sort)
 fi
 [ ${#targets[@]} -gt 0 ] || die "no targets to bundle"
 

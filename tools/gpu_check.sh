@@ -38,6 +38,9 @@
 #                   gpt_cuda_test (the fused loss and LayerNorm kernels),
 #                   the tiny GPT under tp 2 with sequence parallelism and dropout (2 ranks, Gloo),
 #                   issue 71's: pp 2 (1f1b, gpipe, interleaved) and cp 2 against ddp (2 ranks),
+#                   the pipeline schedules' bubble and activation memory on the GPU
+#                   (pipeline_bubble --device=cuda --pp=2, 2 ranks on cuda:0; its table in the
+#                   report),
 #                   issue 70's: fsdp cpu_offload bitwise fsdp without it, peak device bytes,
 #                   and gpt_compare.sh's ours-eager (bf16-mixed) vs ours-fp8 vs ours-fp8-delayed
 #                   on gpt2-medium (batch 16) and gpt2-xl (batch 8) x 1024 tokens, 15 timed steps
@@ -506,6 +509,17 @@ run() {
         CHECK_SUMMARY='max_rel|bitwise' check "gpt tiny $pname = ddp (weights)" 60 "${cmpw[@]}" \
           "$pdir/weights.pt" "$pd/ddp/weights.pt"
     done
+    # Issue 72 item 4: the schedules' bubble measured on the GPU (pipeline_bubble: 2 ranks on
+    # cuda:0 over Gloo, float32, the stream synchronized at each timestamp): GPipe, 1F1B and
+    # interleaved 1F1B at m = 8 and 16, 8 blocks of width 1024, micro-batches of 4 x 256 tokens.
+    local bflags=(--device=cuda --micro_batches=8,16 --layers=8 --width=1024 --micro_batch_size=4
+                  --seq=256 --steps=5)
+    [ $cpu -eq 1 ] && bflags=(--device=cpu --micro_batches=4 --steps=2)
+    if CHECK_SUMMARY='^pp=' check "pipeline_bubble pp 2" 120 "$runsh" pipeline_bubble --pp=2 "${bflags[@]}"; then
+      notes+=("" "### Pipeline bubble, pp 2 (pipeline_bubble --pp=2 ${bflags[*]})" "" '```')
+      while IFS= read -r line; do notes+=("$line"); done < <(sed -n '/^pp=/,$p' "$work/logs/pipeline_bubble pp 2.log")
+      notes+=('```')
+    fi
     # Issue 70: fsdp's cpu_offload on CUDA (pinned host shards, gradients and AdamW state; the
     # fused CPU step): weights bitwise those without it; each run's peak device bytes (the max
     # over ranks, summary.json's peak_tensor_bytes) side by side.

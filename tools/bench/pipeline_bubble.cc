@@ -12,14 +12,28 @@
 //   bazel run -c opt //tools/bench:pipeline_bubble -- --pp=2 --micro_batches=8,16
 // --recv_ahead=false posts each recv only when it is reached (the runner's default posts it one
 // compute early).
+// --device=cuda (default cpu): every rank on cuda:0 (model, micro-batches, activations; float32,
+// no autocast), the ranks' CUDA tensors over Gloo (ranks sharing one GPU, as
+// fabric.ddp.ranks_per_gpu does; the runner sends activations through host memory). The
+// timeline then synchronizes the stream before each timestamp (PipelineOptions::record_timeline),
+// which adds a host-device sync per compute to the step; activation_MiB is the CUDA caching
+// allocator's peak (fabric::memory_stats on the device) over what the rank held before the step.
+// The ranks time-slice the one GPU, so computes that overlap on two ranks each include the
+// other's share: the bubble of a shared GPU, not of pp GPUs. Without a CUDA device it exits 1
+// with one line. gpu_check.sh run --suite=model_parallel runs it (pp 2) on the node.
 // --gantt=N prints each run's last step as text, one row per rank (forwards as the micro-batch's
 // digit, backwards as a letter, idle as '.'). One intra-op thread per rank: run with --pp at most
 // the CPUs, or the ranks share cores and the timeline measures the sharing, not the schedule.
 #include <gflags/gflags.h>
 #include <torch/torch.h>
 
+#ifdef FABRIC_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -41,6 +55,9 @@ DEFINE_int32(width, 256, "GPT n_embd");
 DEFINE_int32(steps, 5, "timed steps per run (after 1 warm-up)");
 DEFINE_bool(recv_ahead, true, "PipelineOptions::recv_ahead: post each recv one compute early");
 DEFINE_int32(gantt, 0, "print each run's last step as a text chart this many columns wide");
+DEFINE_string(device, "cpu",
+              "cpu | cuda: cuda puts every rank on cuda:0 (Gloo between them) and synchronizes "
+              "the stream before each timeline timestamp");
 
 namespace {
 
@@ -89,11 +106,45 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// The device --device names; empty with the reason in `why_not` when it cannot run here.
+std::optional<torch::Device> chosen_device(std::string* why_not) {
+  if (FLAGS_device == "cpu") return torch::Device(torch::kCPU);
+  if (FLAGS_device != "cuda") {
+    *why_not = "--device must be cpu or cuda, not '" + FLAGS_device + "'";
+    return std::nullopt;
+  }
+#ifdef FABRIC_WITH_CUDA
+  if (torch::cuda::is_available()) return torch::Device(torch::kCUDA, 0);
+  *why_not =
+      "--device=cuda, but no CUDA device is visible (torch::cuda::is_available() is false); "
+      "run on a GPU node or use --device=cpu";
+#else
+  *why_not =
+      "--device=cuda, but this build has no CUDA (--config=cpu_only or a CPU-only LibTorch); "
+      "use --device=cpu";
+#endif
+  return std::nullopt;
+}
+
+// Waits for the work queued on the device (CUDA), so that what follows starts from an idle GPU.
+void settle(const torch::Device& device) {
+#ifdef FABRIC_WITH_CUDA
+  if (device.is_cuda()) c10::cuda::getCurrentCUDAStream(device.index()).synchronize();
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::vector<std::string> args(argv, argv + argc);  // for the other ranks, flags and all
   gflags::ParseCommandLineFlags(&argc, &argv, true);
+  std::string why_not;
+  const std::optional<torch::Device> chosen = chosen_device(&why_not);
+  if (!chosen) {
+    std::fprintf(stderr, "pipeline_bubble: %s\n", why_not.c_str());
+    return FLAGS_device == "cuda" ? 1 : 2;
+  }
+  const torch::Device device = *chosen;
   const int64_t pp = FLAGS_pp;
   auto env = fabric::detect_environment(fabric::process_environment(), pp);
   const int64_t rank = env->global_rank();
@@ -115,8 +166,11 @@ int main(int argc, char** argv) {
   group_options.rank = rank;
   group_options.world_size = pp;
   group_options.timeout = timeout;
+  // CUDA: all ranks on cuda:0, so their CUDA tensors (the loss broadcast) go over Gloo.
+  group_options.cuda = device.is_cuda();
+  group_options.cuda_with_gloo = device.is_cuda();
   auto group = fabric::distributed::make_process_group(store, group_options);
-  fabric::memory_stats(torch::kCPU);  // installs the counting allocator
+  fabric::memory_stats(device);  // CPU: installs the counting allocator
 
   fabric::models::GPTConfig c = fabric::models::GPTConfig::preset("tiny");
   c.n_layer = FLAGS_layers;
@@ -128,9 +182,10 @@ int main(int argc, char** argv) {
   };
   if (rank == 0)
     std::printf(
-        "pp=%lld, %d blocks of width %d, micro-batches of %d x %d tokens\n%-17s %4s %2s %9s "
+        "pp=%lld, %d blocks of width %d, micro-batches of %d x %d tokens%s\n%-17s %4s %2s %9s "
         "%9s %9s %13s\n",
         static_cast<long long>(pp), FLAGS_layers, FLAGS_width, FLAGS_micro_batch_size, FLAGS_seq,
+        device.is_cuda() ? ", every rank on cuda:0 (Gloo), float32, synchronized timestamps" : "",
         "schedule", "m", "v", "bubble", "theory", "in_flight", "activation_MiB");
   for (const int64_t m : numbers(FLAGS_micro_batches)) {
     for (const Run& run : {Run{"gpipe", 1}, Run{"1f1b", 1}, Run{"interleaved_1f1b", 2}}) {
@@ -139,6 +194,7 @@ int main(int argc, char** argv) {
       o.micro_batches = m;
       o.virtual_stages = run.v;
       o.activation_sizes = {FLAGS_micro_batch_size, FLAGS_seq, FLAGS_width};
+      o.device = device;
       o.record_timeline = true;
       o.recv_ahead = FLAGS_recv_ahead;
       fabric::distributed::PipelineRunner runner(group, o);
@@ -146,9 +202,11 @@ int main(int argc, char** argv) {
       fabric::models::GPT whole(c);
       fabric::models::GPTStages mine(whole, runner.local_stages(), runner.stages());
       whole = fabric::models::GPT(nullptr);
+      if (device.is_cuda()) mine->to(device);
       std::vector<torch::Tensor> tokens, targets;
       for (int64_t i = 0; i < m; ++i) {
-        const torch::Tensor b = torch::randint(0, 256, {FLAGS_micro_batch_size, FLAGS_seq + 1});
+        torch::Tensor b = torch::randint(0, 256, {FLAGS_micro_batch_size, FLAGS_seq + 1});
+        if (device.is_cuda()) b = b.to(device);
         tokens.push_back(b.narrow(1, 0, FLAGS_seq));
         targets.push_back(b.narrow(1, 1, FLAGS_seq));
       }
@@ -165,11 +223,12 @@ int main(int argc, char** argv) {
         for (auto& p : mine->parameters())
           if (p.grad().defined()) p.mutable_grad().zero_();
         // Gradients exist after the warm-up step: the memory above this is the step's own.
-        const int64_t before = fabric::memory_stats(torch::kCPU).allocated;
-        fabric::reset_peak_memory(torch::kCPU);
+        const int64_t before = fabric::memory_stats(device).allocated;
+        fabric::reset_peak_memory(device);
+        settle(device);  // the zeroing done before the common start
         group->barrier()->wait();
         runner.step(calls);
-        const double peak = static_cast<double>(fabric::memory_stats(torch::kCPU).peak - before);
+        const double peak = static_cast<double>(fabric::memory_stats(device).peak - before);
         double end = 0, busy = 0;
         for (const auto& e : runner.timeline()) {
           end = std::max(end, e.end);
