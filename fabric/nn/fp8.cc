@@ -101,8 +101,10 @@ bool kernels_apply(const torch::Tensor& t) {
          (s == torch::kFloat || s == torch::kBFloat16 || s == torch::kHalf);
 }
 
+// col_sum (tensorwise only; may be null): receives t's column sums in float32 (the bias
+// gradient), taken by the cast kernel from its read of t.
 Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype, bool rowwise,
-                           const Delayed* delayed) {
+                           const Delayed* delayed, torch::Tensor* col_sum) {
   const c10::cuda::CUDAGuard guard(t.device());
   torch::Tensor x = t.contiguous();
   // The kernels read 16 bytes at a time: a view that starts mid-allocation may be misaligned.
@@ -117,6 +119,14 @@ Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype, bool r
   torch::Tensor q = torch::empty({rows, cols}, x.options().dtype(dtype));
   torch::Tensor qt = torch::empty({cols, rows}, x.options().dtype(dtype));
   void* stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+  torch::Tensor partials;  // [row tiles, cols]: col_sum's pieces, summed below
+  if (col_sum != nullptr && !rowwise)
+    partials = torch::empty({(rows + kernels::kFp8SumRows - 1) / kernels::kFp8SumRows, cols}, f32);
+  float* sums = partials.defined() ? partials.data_ptr<float>() : nullptr;
+  auto with_sums = [&](const Quantized& out) {
+    if (partials.defined()) *col_sum = partials.sum(0);
+    return out;
+  };
   if (delayed != nullptr) {
     // The scale from the history; the amax taken by the cast itself, then pushed in.
     float* history = delayed->row.data_ptr<float>();
@@ -128,12 +138,12 @@ Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype, bool r
     check_kernel_launch(
         kernels::fp8_cast_delayed(x.data_ptr(), rows, cols, source, e5m2, history, n,
                                   delayed->record ? history + n : nullptr, q.data_ptr(),
-                                  qt.data_ptr(), inverse.data_ptr<float>(), stream),
+                                  qt.data_ptr(), inverse.data_ptr<float>(), stream, sums),
         "fp8-mixed", "fp8_cast_delayed");
     if (delayed->record)
       check_kernel_launch(kernels::fp8_history_push(history, n, stream), "fp8-mixed",
                           "fp8_history_push");
-    return {q, qt, inverse, inverse};
+    return with_sums({q, qt, inverse, inverse});
   }
   if (!rowwise) {
     torch::Tensor amax = torch::empty({}, f32), inverse = torch::empty({}, f32);
@@ -142,9 +152,9 @@ Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype, bool r
         "fp8-mixed", "fp8_amax");
     check_kernel_launch(
         kernels::fp8_cast(x.data_ptr(), rows, cols, source, e5m2, amax.data_ptr<float>(),
-                          q.data_ptr(), qt.data_ptr(), inverse.data_ptr<float>(), stream),
+                          q.data_ptr(), qt.data_ptr(), inverse.data_ptr<float>(), stream, sums),
         "fp8-mixed", "fp8_cast");
-    return {q, qt, inverse, inverse};
+    return with_sums({q, qt, inverse, inverse});
   }
   torch::Tensor row_amax = torch::empty({rows}, f32), col_amax = torch::empty({cols}, f32);
   torch::Tensor row_inverse = torch::empty({rows}, f32), col_inverse = torch::empty({cols}, f32);
@@ -161,11 +171,14 @@ Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype, bool r
 }
 #endif
 
+// col_sum (may be null): set to t's column sums in float32 when the cast kernel took them (the
+// CUDA kernels, tensorwise), else left alone.
 Quantized quantize(const torch::Tensor& t, c10::ScalarType dtype, double largest, bool rowwise,
-                   const Delayed* delayed = nullptr) {
+                   const Delayed* delayed = nullptr, torch::Tensor* col_sum = nullptr) {
 #ifdef FABRIC_WITH_CUDA_KERNELS
-  if (kernels_apply(t)) return quantize_kernels(t, dtype, rowwise, delayed);
+  if (kernels_apply(t)) return quantize_kernels(t, dtype, rowwise, delayed, col_sum);
 #endif
+  (void)col_sum;
   return quantize_aten(t, dtype, largest, rowwise, delayed);
 }
 
@@ -264,9 +277,13 @@ struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
     // per row covers the range e5m2's exponent bits are for, and the rowwise GEMM takes e4m3).
     const auto dg = delayed_operand(ctx->saved_data["history"].toTensor(),
                                     ctx->saved_data["seeded"].toTensor(), 2, /*record=*/true);
-    const Quantized qg =
-        rowwise ? quantize(g2, torch::kFloat8_e4m3fn, kE4m3Max, true)
-                : quantize(g2, torch::kFloat8_e5m2, kE5m2Max, false, dg ? &*dg : nullptr);
+    // The bias's gradient (the rows' sum, in float32) from the gradient's cast when its kernel
+    // takes it, else below.
+    const bool has_bias = ctx->saved_data["has_bias"].toBool();
+    torch::Tensor bias_sum;
+    const Quantized qg = rowwise ? quantize(g2, torch::kFloat8_e4m3fn, kE4m3Max, true)
+                                 : quantize(g2, torch::kFloat8_e5m2, kE5m2Max, false,
+                                            dg ? &*dg : nullptr, has_bias ? &bias_sum : nullptr);
     // grad_x [M, K] = g [M, N] · w [N, K]: w as a column-major [N, K].
     const torch::Tensor grad_x = scaled_mm(qg.q, w8t.t(), scale_a(qg.rows_inverse), scale_b(sw),
                                            rowwise ? torch::kBFloat16 : x_dtype)
@@ -276,11 +293,11 @@ struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
     const torch::Tensor grad_w = scaled_mm(qg.qt, x8t.t(), scale_a(qg.cols_inverse), scale_b(sx),
                                            rowwise ? torch::kBFloat16 : torch::kFloat)
                                      .to(w_dtype);
-    // The bias's gradient: the rows' sum, accumulated in float32.
     torch::Tensor grad_b;
-    if (ctx->saved_data["has_bias"].toBool())
-      grad_b = g2.sum(0, /*keepdim=*/false, torch::kFloat)
-                   .to(static_cast<c10::ScalarType>(ctx->saved_data["b_dtype"].toInt()));
+    if (has_bias) {
+      if (!bias_sum.defined()) bias_sum = g2.sum(0, /*keepdim=*/false, torch::kFloat);
+      grad_b = bias_sum.to(static_cast<c10::ScalarType>(ctx->saved_data["b_dtype"].toInt()));
+    }
     return {grad_x,          grad_w,          grad_b,         torch::Tensor(),
             torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }

@@ -20,6 +20,7 @@ namespace {
 constexpr int kVec = 8;  // elements a thread moves at once
 constexpr int kAmaxThreads = 256;
 constexpr int kTile = 64;  // tiled kernels: a kTile × kTile tile per block
+static_assert(kTile == kFp8SumRows, "col_sums are per tile of rows (fp8_cast.h)");
 constexpr int kTileThreads = 256;
 constexpr int kGroups = kTile / kVec;             // vectors per tile row (8)
 constexpr int kRowStep = kTileThreads / kGroups;  // tile rows one pass of the block covers (32)
@@ -121,7 +122,9 @@ __global__ void __launch_bounds__(kAmaxThreads)
 //
 // Tensorwise (kAxes false): one scale for q and qt, *row_inverse = its inverse: from row_amax[0]
 // when history_len is 0, else from the history row_amax[0 .. history_len) (delayed scaling), and
-// when `record` is not null x's largest |x| taken into *record (one atomic per block).
+// when `record` is not null x's largest |x| taken into *record (one atomic per block); when
+// `col_sums` is not null, col_sums[rt · cols + c] = the float32 sum of column c over row tile rt
+// (rows 64 rt .. 64 rt + 63; each thread's two rows, then the 32 thread rows in order).
 // Axiswise (kAxes true): q's row r scaled by row_amax[r], qt's row c (x's column c) by
 // col_amax[c]; row_inverse[r] and col_inverse[c] their inverses.
 template <typename T, bool kAxes>
@@ -129,7 +132,8 @@ __global__ void __launch_bounds__(kTileThreads)
     cast_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, bool e5m2,
                 const float* __restrict__ row_amax, const float* __restrict__ col_amax,
                 uint8_t* __restrict__ q, uint8_t* __restrict__ qt, float* __restrict__ row_inverse,
-                float* __restrict__ col_inverse, int history_len, float* record) {
+                float* __restrict__ col_inverse, int history_len, float* record,
+                float* __restrict__ col_sums) {
   const float largest = e5m2 ? 57344.f : 448.f;
   const float tensor_scale = kAxes             ? 0.f
                              : history_len > 0 ? history_scale(row_amax, history_len, largest)
@@ -139,6 +143,7 @@ __global__ void __launch_bounds__(kTileThreads)
   if (!kAxes && row_inverse != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
     *row_inverse = 1.f / tensor_scale;
   __shared__ __align__(16) uint8_t tile[kTile][kTileStride];
+  __shared__ float sums[kAxes ? 1 : kRowStep][kTile];  // col_sums' per-thread-row partials
   const int g = threadIdx.x % kGroups, sub = threadIdx.x / kGroups;
   const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kTile;
   const int64_t col = col0 + g * kVec;
@@ -155,6 +160,7 @@ __global__ void __launch_bounds__(kTileThreads)
   for (int64_t rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
     const int64_t row0 = rt * kTile;
     float v[kPasses][kVec];
+    float sum[kVec] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {  // every load in flight before the first store
       const int64_t row = row0 + sub + p * kRowStep;
@@ -167,7 +173,10 @@ __global__ void __launch_bounds__(kTileThreads)
       if (row >= rows || !col_in) continue;
       if (!kAxes) {
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) seen = keep_max(seen, fabsf(v[p][j]));
+        for (int j = 0; j < kVec; ++j) {
+          seen = keep_max(seen, fabsf(v[p][j]));
+          sum[j] += v[p][j];
+        }
       }
       float row_scale[kVec];
       const float rs = kAxes ? scale_of(row_amax[row], largest) : tensor_scale;
@@ -182,6 +191,17 @@ __global__ void __launch_bounds__(kTileThreads)
         dst[0] = vt.x;
         dst[1] = vt.y;
       }
+    }
+    if (!kAxes && col_sums != nullptr) {  // the same for every thread of the grid
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) sums[sub][g * kVec + j] = sum[j];
+      __syncthreads();
+      if (threadIdx.x < kTile && col0 + threadIdx.x < cols) {
+        float total = 0.f;
+        for (int y = 0; y < kRowStep; ++y) total += sums[y][threadIdx.x];
+        col_sums[rt * cols + col0 + threadIdx.x] = total;
+      }
+      __syncthreads();
     }
     if (qt == nullptr) continue;
     __syncthreads();
@@ -298,12 +318,13 @@ int amax_as(const void* x, int64_t n, float* amax, cudaStream_t stream) {
 template <typename T, bool kAxes>
 int cast_as(const void* x, int64_t rows, int64_t cols, bool e5m2, const float* row_amax,
             const float* col_amax, void* q, void* qt, float* row_inverse, float* col_inverse,
-            cudaStream_t stream, int history_len = 0, float* record = nullptr) {
+            cudaStream_t stream, int history_len = 0, float* record = nullptr,
+            float* col_sums = nullptr) {
   if (!tileable(x, rows, cols) || history_len < 0) return cudaErrorInvalidValue;
   if (rows == 0 || cols == 0) return 0;
   cast_kernel<T, kAxes><<<tile_grid(rows, cols), kTileThreads, 0, stream>>>(
       static_cast<const T*>(x), rows, cols, e5m2, row_amax, col_amax, static_cast<uint8_t*>(q),
-      static_cast<uint8_t*>(qt), row_inverse, col_inverse, history_len, record);
+      static_cast<uint8_t*>(qt), row_inverse, col_inverse, history_len, record, col_sums);
   return cudaGetLastError();
 }
 
@@ -336,35 +357,37 @@ int fp8_amax(const void* x, int64_t n, Fp8Source type, float* amax, void* stream
 }
 
 int fp8_cast(const void* x, int64_t rows, int64_t cols, Fp8Source type, bool e5m2,
-             const float* amax, void* q, void* qt, float* inverse, void* stream) {
+             const float* amax, void* q, void* qt, float* inverse, void* stream, float* col_sums) {
   const auto s = static_cast<cudaStream_t>(stream);
   switch (type) {
     case Fp8Source::kFloat32:
-      return cast_as<float, false>(x, rows, cols, e5m2, amax, nullptr, q, qt, inverse, nullptr, s);
+      return cast_as<float, false>(x, rows, cols, e5m2, amax, nullptr, q, qt, inverse, nullptr, s,
+                                   0, nullptr, col_sums);
     case Fp8Source::kBFloat16:
       return cast_as<__nv_bfloat16, false>(x, rows, cols, e5m2, amax, nullptr, q, qt, inverse,
-                                           nullptr, s);
+                                           nullptr, s, 0, nullptr, col_sums);
     case Fp8Source::kFloat16:
-      return cast_as<__half, false>(x, rows, cols, e5m2, amax, nullptr, q, qt, inverse, nullptr, s);
+      return cast_as<__half, false>(x, rows, cols, e5m2, amax, nullptr, q, qt, inverse, nullptr, s,
+                                    0, nullptr, col_sums);
   }
   return cudaErrorInvalidValue;
 }
 
 int fp8_cast_delayed(const void* x, int64_t rows, int64_t cols, Fp8Source type, bool e5m2,
                      const float* history, int history_len, float* record, void* q, void* qt,
-                     float* inverse, void* stream) {
+                     float* inverse, void* stream, float* col_sums) {
   const auto s = static_cast<cudaStream_t>(stream);
   if (history_len < 1) return cudaErrorInvalidValue;
   switch (type) {
     case Fp8Source::kFloat32:
       return cast_as<float, false>(x, rows, cols, e5m2, history, nullptr, q, qt, inverse, nullptr,
-                                   s, history_len, record);
+                                   s, history_len, record, col_sums);
     case Fp8Source::kBFloat16:
       return cast_as<__nv_bfloat16, false>(x, rows, cols, e5m2, history, nullptr, q, qt, inverse,
-                                           nullptr, s, history_len, record);
+                                           nullptr, s, history_len, record, col_sums);
     case Fp8Source::kFloat16:
       return cast_as<__half, false>(x, rows, cols, e5m2, history, nullptr, q, qt, inverse, nullptr,
-                                    s, history_len, record);
+                                    s, history_len, record, col_sums);
   }
   return cudaErrorInvalidValue;
 }

@@ -24,17 +24,24 @@ int fp8_amax(const void* x, int64_t n, Fp8Source type, float* amax, void* stream
 // for x of rows × cols (row-major, contiguous): q row-major (when not null) and qt, its transpose
 // (cols × rows row-major, when not null), and *inverse = 1 / s: the same values and bits as ATen's
 // (x.to(float) · s).clamp(-largest, largest).to(float8) and s.reciprocal().
+// When `col_sums` is not null it also receives x's column sums in float32, per row tile:
+// col_sums[t · cols + c] = the sum of column c over rows kFp8SumRows · t .. kFp8SumRows · t +
+// kFp8SumRows - 1 (ceil(rows / kFp8SumRows) tiles; the sum over t is x's column sum: a Linear's
+// bias gradient, taken from the read the cast makes anyway). Deterministic: a fixed order.
+constexpr int64_t kFp8SumRows = 64;
 int fp8_cast(const void* x, int64_t rows, int64_t cols, Fp8Source type, bool e5m2,
-             const float* amax, void* q, void* qt, float* inverse, void* stream);
+             const float* amax, void* q, void* qt, float* inverse, void* stream,
+             float* col_sums = nullptr);
 
 // Delayed scaling (fabric.fp8.recipe: delayed): as fp8_cast, with the scale taken from a history
 // of earlier amaxes rather than this tensor's: s = largest / max(h, 1e-12), h the largest finite
 // value of history[0 .. history_len) (non-finite entries count as 0), so no pass over x precedes
 // the cast. When `record` is not null the kernel also takes x's own largest |x| (NaN when x holds
-// one) into *record (an atomic maximum: *record must hold 0 or less before).
+// one) into *record (an atomic maximum: *record must hold 0 or less before); col_sums as
+// fp8_cast's.
 int fp8_cast_delayed(const void* x, int64_t rows, int64_t cols, Fp8Source type, bool e5m2,
                      const float* history, int history_len, float* record, void* q, void* qt,
-                     float* inverse, void* stream);
+                     float* inverse, void* stream, float* col_sums = nullptr);
 
 // Moves history[0 .. history_len) one place older (the oldest dropped), puts history[history_len]
 // (the amax fp8_cast_delayed recorded) at history[0] and zeroes history[history_len]: one thread,

@@ -67,6 +67,27 @@ struct Input {
   }
 };
 
+// fp8_cast's col_sums in the kernel's order: per tile of 64 rows, each of the 32 thread rows s
+// adds its rows s and s + 32 (from 0), then the thread rows are added in order (from 0).
+std::vector<float> tile_sums(const std::vector<float>& values, int64_t rows, int64_t cols) {
+  const int64_t tiles = (rows + 63) / 64;
+  std::vector<float> out(tiles * cols);
+  for (int64_t t = 0; t < tiles; ++t)
+    for (int64_t c = 0; c < cols; ++c) {
+      float total = 0.f;
+      for (int64_t s = 0; s < 32; ++s) {
+        float part = 0.f;
+        for (int64_t p = 0; p < 2; ++p) {
+          const int64_t r = 64 * t + s + 32 * p;
+          if (r < rows) part += values[r * cols + c];
+        }
+        total += part;
+      }
+      out[t * cols + c] = total;
+    }
+  return out;
+}
+
 template <typename T>
 void check_shape(int64_t rows, int64_t cols, Fp8Source type, bool e5m2) {
   const Input<T> in(rows, cols);
@@ -101,6 +122,26 @@ void check_shape(int64_t rows, int64_t cols, Fp8Source type, bool e5m2) {
                                         qt_only.data(), nullptr, nullptr) == 0)
       << "fp8_cast, qt only";
   ASSERT_TRUE(qt_only == qt) << "qt alone differs (" << rows << " x " << cols << ")";
+  // With the column sums (a bias gradient): the same bytes, and the sums in the kernel's order.
+  std::vector<float> sums(((rows + 63) / 64) * cols, -1.f);  // kFp8SumRows = 64
+  std::fill(q.begin(), q.end(), 0xAB);
+  ASSERT_TRUE(fabric::kernels::fp8_cast(in.x, rows, cols, type, e5m2, &amax, q.data(),
+                                        qt_only.data(), nullptr, nullptr, sums.data()) == 0)
+      << "fp8_cast with column sums";
+  ASSERT_TRUE(qt_only == qt) << "qt with column sums differs (" << rows << " x " << cols << ")";
+  ASSERT_TRUE(sums == tile_sums(in.values, rows, cols))
+      << "column sums (" << rows << " x " << cols << ")";
+  double most = 0;  // against the plain column sums, in double: float32 rounding only
+  for (int64_t c = 0; c < cols; ++c) {
+    double got = 0, want = 0, size = 0;
+    for (int64_t t = 0; t < (rows + 63) / 64; ++t) got += sums[t * cols + c];
+    for (int64_t r = 0; r < rows; ++r) {
+      want += in.values[r * cols + c];
+      size += std::fabs(in.values[r * cols + c]);
+    }
+    most = std::max(most, std::fabs(got - want) / std::max(size, 1e-30));
+  }
+  ASSERT_LT(most, 1e-6) << "column sums far from the rows' sum (" << rows << " x " << cols << ")";
   // Per line.
   std::vector<float> row_amax(rows, -1.f), col_amax(cols, -1.f), row_inverse(rows),
       col_inverse(cols), want_rows(rows, 0.f), want_cols(cols, 0.f);
@@ -149,10 +190,12 @@ void check_delayed(int64_t rows, int64_t cols, Fp8Source type, bool e5m2) {
   std::vector<float> history = {own * 0.5f, nan, own * 2.f, inf, 0.f};
   std::vector<uint8_t> q(n, 0xAB), qt(n, 0xAB);
   float inverse = 0.f;
+  std::vector<float> sums(((rows + 63) / 64) * cols, -1.f);
   ASSERT_TRUE(fabric::kernels::fp8_cast_delayed(in.x, rows, cols, type, e5m2, history.data(), 4,
-                                                &history[4], q.data(), qt.data(), &inverse,
-                                                nullptr) == 0)
+                                                &history[4], q.data(), qt.data(), &inverse, nullptr,
+                                                sums.data()) == 0)
       << "fp8_cast_delayed";
+  ASSERT_TRUE(sums == tile_sums(in.values, rows, cols)) << "delayed column sums";
   const float scale = scale_for(own * 2.f, largest);
   ASSERT_TRUE(inverse == 1.f / scale) << "inverse " << inverse << ", want " << 1.f / scale;
   ASSERT_TRUE(history[4] == own) << "recorded " << history[4] << ", want " << own;

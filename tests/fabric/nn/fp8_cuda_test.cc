@@ -165,4 +165,50 @@ TEST(Fp8CudaTest, Fp8RowwiseQuantizesAsATenDoesAndIsolatesAnOutlierRow) {
       << "rowwise " << error(y) << ", tensorwise " << error(tensorwise);
 }
 
+// Delayed scaling on CUDA (fabric.fp8.recipe: delayed; the kernels fp8_cast_delayed and
+// fp8_history_push): the first training pass is tensorwise's bitwise (bias included: its gradient
+// from the cast kernel's column sums, within float32 rounding of the rows' sum); a second pass on
+// a smaller input scales by the first input's amax (the product near the dequantized reference,
+// not tensorwise's) and the history holds each amax exactly, newest first.
+TEST(Fp8CudaTest, DelayedScalesFromTheHistoryAndTheBiasGradientFromTheCast) {
+  SKIP_WITHOUT_CUDA();
+  std::string why;
+  const torch::Device cuda(torch::kCUDA, 0);
+  if (!fabric::nn::fp8_supported(cuda, &why)) GTEST_SKIP() << why;
+  using fabric::nn::Fp8Scaling;
+  torch::manual_seed(2);
+  const torch::Tensor x0 = (torch::randn({128, 160}) * 3).to(cuda, torch::kBFloat16),
+                      w0 = (torch::randn({48, 160}) * 0.05).to(cuda),
+                      b0 = torch::randn({48}).to(cuda), g0 = torch::randn({128, 48}).to(cuda);
+  auto pass = [&](const torch::Tensor& xin, Fp8Scaling scaling, fabric::nn::Fp8History* history) {
+    torch::Tensor x = xin.clone().requires_grad_(), w = w0.clone().requires_grad_(),
+                  b = b0.clone().requires_grad_();
+    const torch::Tensor y = fabric::nn::fp8_linear(x, w, b, scaling, history);
+    y.backward(g0.to(y.scalar_type()));
+    return std::vector<torch::Tensor>{y.detach(), x.grad(), w.grad(), b.grad()};
+  };
+  fabric::nn::Fp8History history(4);
+  const auto first = pass(x0, Fp8Scaling::kDelayed, &history);
+  const auto tensorwise = pass(x0, Fp8Scaling::kTensorwise, nullptr);
+  for (size_t i = 0; i < first.size(); ++i)
+    EXPECT_TRUE(torch::equal(first[i], tensorwise[i])) << "output/gradient " << i;
+  EXPECT_LT(max_rel(first[3], g0.to(torch::kBFloat16).to(torch::kFloat).sum(0)), 1e-5);
+  const torch::Tensor x2 = (x0.to(torch::kFloat) * 0.3).to(torch::kBFloat16);
+  const auto second = pass(x2, Fp8Scaling::kDelayed, &history);
+  const float a1 = x0.abs().amax().to(torch::kFloat).item<float>(),
+              a2 = x2.abs().amax().to(torch::kFloat).item<float>();
+  EXPECT_TRUE(torch::equal(history.amax[0].slice(0, 0, 3).cpu(), torch::tensor({a2, a1, a1})));
+  EXPECT_EQ(history.amax.select(1, 4).abs().sum().item<float>(), 0.f);  // record slots cleared
+  auto dequantized = [](const torch::Tensor& t, float amax) {
+    const torch::Tensor tf = t.to(torch::kFloat).cpu();
+    const torch::Tensor scale = 448.0 / torch::tensor(amax).clamp_min(1e-12);
+    return (tf * scale).clamp(-448, 448).to(torch::kFloat8_e4m3fn).to(torch::kFloat) / scale;
+  };
+  const torch::Tensor want =
+      torch::matmul(dequantized(x2, a1), dequantized(w0, w0.abs().amax().item<float>()).t()) +
+      b0.cpu();
+  EXPECT_LT(max_rel(second[0].cpu(), want), 1e-2);  // bf16 output
+  EXPECT_FALSE(torch::equal(second[0], pass(x2, Fp8Scaling::kTensorwise, nullptr)[0]));
+}
+
 }  // namespace
