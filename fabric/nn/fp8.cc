@@ -102,9 +102,10 @@ bool kernels_apply(const torch::Tensor& t) {
 }
 
 // col_sum (tensorwise only; may be null): receives t's column sums in float32 (the bias
-// gradient), taken by the cast kernel from its read of t.
+// gradient), taken by the cast kernel from its read of t. gelu (tensorwise only): quantizes
+// gelu_tanh(t), computed by the kernels as they read t.
 Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype, bool rowwise,
-                           const Delayed* delayed, torch::Tensor* col_sum) {
+                           const Delayed* delayed, torch::Tensor* col_sum, bool gelu) {
   const c10::cuda::CUDAGuard guard(t.device());
   torch::Tensor x = t.contiguous();
   // The kernels read 16 bytes at a time: a view that starts mid-allocation may be misaligned.
@@ -133,12 +134,12 @@ Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype, bool r
     const int n = static_cast<int>(delayed->row.size(0) - 1);
     torch::Tensor inverse = torch::empty({}, f32);
     if (delayed->seed)
-      check_kernel_launch(kernels::fp8_amax(x.data_ptr(), x.numel(), source, history, stream),
+      check_kernel_launch(kernels::fp8_amax(x.data_ptr(), x.numel(), source, history, stream, gelu),
                           "fp8-mixed", "fp8_amax");
     check_kernel_launch(
         kernels::fp8_cast_delayed(x.data_ptr(), rows, cols, source, e5m2, history, n,
                                   delayed->record ? history + n : nullptr, q.data_ptr(),
-                                  qt.data_ptr(), inverse.data_ptr<float>(), stream, sums),
+                                  qt.data_ptr(), inverse.data_ptr<float>(), stream, sums, gelu),
         "fp8-mixed", "fp8_cast_delayed");
     if (delayed->record)
       check_kernel_launch(kernels::fp8_history_push(history, n, stream), "fp8-mixed",
@@ -148,12 +149,12 @@ Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype, bool r
   if (!rowwise) {
     torch::Tensor amax = torch::empty({}, f32), inverse = torch::empty({}, f32);
     check_kernel_launch(
-        kernels::fp8_amax(x.data_ptr(), x.numel(), source, amax.data_ptr<float>(), stream),
+        kernels::fp8_amax(x.data_ptr(), x.numel(), source, amax.data_ptr<float>(), stream, gelu),
         "fp8-mixed", "fp8_amax");
-    check_kernel_launch(
-        kernels::fp8_cast(x.data_ptr(), rows, cols, source, e5m2, amax.data_ptr<float>(),
-                          q.data_ptr(), qt.data_ptr(), inverse.data_ptr<float>(), stream, sums),
-        "fp8-mixed", "fp8_cast");
+    check_kernel_launch(kernels::fp8_cast(x.data_ptr(), rows, cols, source, e5m2,
+                                          amax.data_ptr<float>(), q.data_ptr(), qt.data_ptr(),
+                                          inverse.data_ptr<float>(), stream, sums, gelu),
+                        "fp8-mixed", "fp8_cast");
     return with_sums({q, qt, inverse, inverse});
   }
   torch::Tensor row_amax = torch::empty({rows}, f32), col_amax = torch::empty({cols}, f32);
@@ -171,14 +172,27 @@ Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype, bool r
 }
 #endif
 
-// col_sum (may be null): set to t's column sums in float32 when the cast kernel took them (the
-// CUDA kernels, tensorwise), else left alone.
-Quantized quantize(const torch::Tensor& t, c10::ScalarType dtype, double largest, bool rowwise,
-                   const Delayed* delayed = nullptr, torch::Tensor* col_sum = nullptr) {
+// Whether quantize() takes t to the CUDA kernels (else ATen's ops).
+bool kernel_path(const torch::Tensor& t) {
 #ifdef FABRIC_WITH_CUDA_KERNELS
-  if (kernels_apply(t)) return quantize_kernels(t, dtype, rowwise, delayed, col_sum);
+  return kernels_apply(t);
+#else
+  (void)t;
+  return false;
+#endif
+}
+
+// col_sum (may be null): set to t's column sums in float32 when the cast kernel took them (the
+// CUDA kernels, tensorwise), else left alone. gelu: quantize gelu_tanh(t) instead (REQUIRES:
+// kernel_path(t) and tensorwise; otherwise the caller applies torch::gelu first).
+Quantized quantize(const torch::Tensor& t, c10::ScalarType dtype, double largest, bool rowwise,
+                   const Delayed* delayed = nullptr, torch::Tensor* col_sum = nullptr,
+                   bool gelu = false) {
+#ifdef FABRIC_WITH_CUDA_KERNELS
+  if (kernels_apply(t)) return quantize_kernels(t, dtype, rowwise, delayed, col_sum, gelu);
 #endif
   (void)col_sum;
+  (void)gelu;
   return quantize_aten(t, dtype, largest, rowwise, delayed);
 }
 
@@ -221,18 +235,21 @@ c10::ScalarType output_dtype(const torch::Tensor& x) {
 struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
   // bias: a tensor with no elements for none (an undefined tensor cannot be an input).
   // history, seeded: Fp8History's tensors under delayed scaling (no elements otherwise); record:
-  // this forward records a graph (its backward will run).
+  // this forward records a graph (its backward will run); gelu: the layer's input is
+  // gelu_tanh(x) (x the pre-activation; the CUDA kernels apply it as they read x).
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, const torch::Tensor& bias, bool rowwise,
                                const torch::Tensor& history, const torch::Tensor& seeded,
-                               bool record) {
+                               bool record, bool gelu) {
     const int64_t k = weight.size(1), n = weight.size(0);
     const torch::Tensor x2 = x.reshape({-1, k}).contiguous();
     const c10::ScalarType out = output_dtype(x);
     const auto dx = delayed_operand(history, seeded, 0, record);
     const auto dw = delayed_operand(history, seeded, 1, record);
-    const Quantized qx =
-        quantize(x2, torch::kFloat8_e4m3fn, kE4m3Max, rowwise, dx ? &*dx : nullptr);
+    const bool gelu_in_cast = gelu && !rowwise && kernel_path(x2);
+    const torch::Tensor input = gelu && !gelu_in_cast ? torch::gelu(x2, "tanh") : x2;
+    const Quantized qx = quantize(input, torch::kFloat8_e4m3fn, kE4m3Max, rowwise,
+                                  dx ? &*dx : nullptr, nullptr, gelu_in_cast);
     const Quantized qw =
         quantize(weight, torch::kFloat8_e4m3fn, kE4m3Max, rowwise, dw ? &*dw : nullptr);
     // A 16-bit product takes the bias in the GEMM's epilogue (as ATen's linear does); a float32
@@ -247,7 +264,9 @@ struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
     if (y.scalar_type() != out) y = y.to(out);
     if (has_bias && !in_gemm) y = y + bias.to(out);
     // Backward reads both operands transposed (column-major for _scaled_mm): keep those.
-    ctx->save_for_backward({qx.qt, qx.cols_inverse, qw.qt, qw.cols_inverse});
+    // (and the pre-activation, for GELU's backward)
+    ctx->save_for_backward(
+        {qx.qt, qx.cols_inverse, qw.qt, qw.cols_inverse, gelu ? x2 : torch::Tensor()});
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(weight.scalar_type());
     ctx->saved_data["b_dtype"] =
@@ -285,10 +304,12 @@ struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
                                  : quantize(g2, torch::kFloat8_e5m2, kE5m2Max, false,
                                             dg ? &*dg : nullptr, has_bias ? &bias_sum : nullptr);
     // grad_x [M, K] = g [M, N] · w [N, K]: w as a column-major [N, K].
-    const torch::Tensor grad_x = scaled_mm(qg.q, w8t.t(), scale_a(qg.rows_inverse), scale_b(sw),
-                                           rowwise ? torch::kBFloat16 : x_dtype)
-                                     .to(x_dtype)
-                                     .view(x_sizes);
+    torch::Tensor grad_x = scaled_mm(qg.q, w8t.t(), scale_a(qg.rows_inverse), scale_b(sw),
+                                     rowwise ? torch::kBFloat16 : x_dtype)
+                               .to(x_dtype);
+    // Through the GELU the forward applied (to the pre-activation it saved).
+    if (saved[4].defined()) grad_x = torch::gelu_backward(grad_x, saved[4], "tanh");
+    grad_x = grad_x.view(x_sizes);
     // grad_w [N, K] = gᵀ [N, M] · x [M, K]: gᵀ row-major, x column-major.
     const torch::Tensor grad_w = scaled_mm(qg.qt, x8t.t(), scale_a(qg.cols_inverse), scale_b(sx),
                                            rowwise ? torch::kBFloat16 : torch::kFloat)
@@ -298,8 +319,8 @@ struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
       if (!bias_sum.defined()) bias_sum = g2.sum(0, /*keepdim=*/false, torch::kFloat);
       grad_b = bias_sum.to(static_cast<c10::ScalarType>(ctx->saved_data["b_dtype"].toInt()));
     }
-    return {grad_x,          grad_w,          grad_b,         torch::Tensor(),
-            torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {grad_x,          grad_w,          grad_b,          torch::Tensor(),
+            torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -312,9 +333,11 @@ Fp8History::Fp8History(int64_t length) : length(length), seeded(torch::zeros({3}
 }
 
 torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight,
-                         const torch::Tensor& bias, Fp8Scaling scaling, Fp8History* history) {
+                         const torch::Tensor& bias, Fp8Scaling scaling, Fp8History* history,
+                         bool gelu_tanh_input) {
   const int64_t m = x.numel() / std::max<int64_t>(x.size(-1), 1);
-  if (!fits(m, weight.size(1), weight.size(0))) return torch::linear(x, weight, bias);
+  if (!fits(m, weight.size(1), weight.size(0)))
+    return torch::linear(gelu_tanh_input ? torch::gelu(x, "tanh") : x, weight, bias);
   const bool rowwise = scaling == Fp8Scaling::kRowwise;
   if (rowwise && !x.is_cuda())
     throw Error(
@@ -336,7 +359,7 @@ torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight,
     record = torch::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
   }
   return Fp8Linear::apply(x, weight, bias.defined() ? bias : torch::empty({0}, weight.options()),
-                          rowwise, amax, seeded, record);
+                          rowwise, amax, seeded, record, gelu_tanh_input);
 }
 
 bool fp8_supported(const torch::Device& device, std::string* why_not, Fp8Scaling scaling) {

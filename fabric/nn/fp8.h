@@ -59,9 +59,13 @@ struct Fp8History {
 // x [..., K], weight [N, K] (float32 master or 16-bit), bias [N] or undefined → [..., N].
 // Rowwise on a CPU tensor throws fabric::Error (LibTorch's CPU _scaled_mm is tensorwise only);
 // kDelayed needs `history` (fabric::Error without), which it reads and advances.
+// gelu_tanh_input: computes linear(gelu(x, "tanh")) (a GPT MLP's second layer) with x the
+// pre-activation: on CUDA, tensorwise, the cast kernels apply the GELU as they read x (the same
+// values an unfused torch::gelu would write), so its output is never written in 16 bits; backward
+// goes through the GELU from the saved pre-activation. Elsewhere torch::gelu runs first.
 torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight,
                          const torch::Tensor& bias, Fp8Scaling scaling = Fp8Scaling::kTensorwise,
-                         Fp8History* history = nullptr);
+                         Fp8History* history = nullptr, bool gelu_tanh_input = false);
 
 // Whether `device` can run float8 GEMMs with `scaling`; `why_not` (when given) receives the
 // reason otherwise ("compute capability 8.0 < 8.9").

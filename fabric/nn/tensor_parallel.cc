@@ -190,6 +190,17 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   return base_forward(x) + lora_B->forward(lora_A->forward(in)) * lora_scaling_;
 }
 
+torch::Tensor LinearImpl::forward_gelu_tanh(const torch::Tensor& x) {
+  // Fused only where the whole layer is one float8 GEMM of a trainable weight; else as written.
+  const auto buffers = named_buffers(/*recurse=*/false);
+  const torch::Tensor* scale = buffers.find(kWeightScale);
+  if (!fp8_ || parallel_ || lora_rank_ > 0 ||
+      is_stored_weight(weight, scale ? *scale : torch::Tensor(), x))
+    return forward(torch::gelu(x, "tanh"));
+  return fp8_linear(x, weight, bias, fp8_scaling_, fp8_history_ ? &*fp8_history_ : nullptr,
+                    /*gelu_tanh_input=*/true);
+}
+
 namespace {
 
 // Dropout of x, this rank's part (its chunk of `size` along `dim`) of a whole tensor: the whole

@@ -171,6 +171,9 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   // x [..., in] → [..., out] through ATen's linear (one GEMM with the bias for 3-D input too);
   // parallelized: as its style says (the file comment).
   torch::Tensor forward(const torch::Tensor& x);
+  // forward(torch::gelu(x, "tanh")), with the GELU fused into the float8 cast when the layer runs
+  // whole in float8 (fp8_linear's gelu_tanh_input); the same values either way.
+  torch::Tensor forward_gelu_tanh(const torch::Tensor& x);
   const std::optional<TensorParallelShard>& parallel() const { return parallel_; }
   void set_parallel(TensorParallelShard shard);  // parallelize() calls it
   void clear_parallel() { parallel_.reset(); }   // unparallelize() calls it, after the gather

@@ -59,6 +59,30 @@ __device__ __forceinline__ void load8(const __half* p, float v[kVec]) {
   }
 }
 
+// GELU's tanh approximation as ATen's CUDA kernel computes it (in float, the same operations in
+// the same order), then rounded to the input's type as ATen's output is: the value an unfused
+// torch::gelu(x, "tanh") would have written, which the cast then reads.
+__device__ __forceinline__ float gelu_tanh(float x) {
+  constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
+  constexpr float kKappa = 0.044715f;
+  const float cube = x * x * x;
+  const float inner = kBeta * (x + kKappa * cube);
+  return 0.5f * x * (1.f + tanhf(inner));
+}
+__device__ __forceinline__ float round_as(float v, const float*) { return v; }
+__device__ __forceinline__ float round_as(float v, const __nv_bfloat16*) {
+  return __bfloat162float(__float2bfloat16(v));
+}
+__device__ __forceinline__ float round_as(float v, const __half*) {
+  return __half2float(__float2half(v));
+}
+template <typename T>
+__device__ __forceinline__ void activate(float v[kVec], bool gelu, const T* type) {
+  if (!gelu) return;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) v[j] = round_as(gelu_tanh(v[j]), type);
+}
+
 __device__ __forceinline__ float keep_max(float m, float a) { return (a > m || a != a) ? a : m; }
 
 __device__ __forceinline__ float scale_of(float amax, float largest) {
@@ -94,7 +118,7 @@ __device__ __forceinline__ uint2 cast8(const float v[kVec], const float s[kVec],
 // is the float order, so atomicMax on int finds the largest.
 template <typename T>
 __global__ void __launch_bounds__(kAmaxThreads)
-    amax_kernel(const T* __restrict__ x, int64_t n, float* amax) {
+    amax_kernel(const T* __restrict__ x, int64_t n, float* amax, bool gelu) {
   float m = 0.f;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -102,10 +126,14 @@ __global__ void __launch_bounds__(kAmaxThreads)
   for (int64_t i = first; i < vectors; i += stride) {
     float v[kVec];
     load8(x + i * kVec, v);
+    activate(v, gelu, x);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) m = keep_max(m, fabsf(v[j]));
   }
-  for (int64_t i = vectors * kVec + first; i < n; i += stride) m = keep_max(m, fabsf(load(x, i)));
+  for (int64_t i = vectors * kVec + first; i < n; i += stride) {
+    const float a = load(x, i);
+    m = keep_max(m, fabsf(gelu ? round_as(gelu_tanh(a), x) : a));
+  }
   int bits = __float_as_int(m);
   for (int o = 16; o > 0; o /= 2) bits = max(bits, __shfl_xor_sync(0xffffffff, bits, o));
   __shared__ int warp_max[kAmaxThreads / 32];
@@ -133,7 +161,7 @@ __global__ void __launch_bounds__(kTileThreads)
                 const float* __restrict__ row_amax, const float* __restrict__ col_amax,
                 uint8_t* __restrict__ q, uint8_t* __restrict__ qt, float* __restrict__ row_inverse,
                 float* __restrict__ col_inverse, int history_len, float* record,
-                float* __restrict__ col_sums) {
+                float* __restrict__ col_sums, bool gelu) {
   const float largest = e5m2 ? 57344.f : 448.f;
   const float tensor_scale = kAxes             ? 0.f
                              : history_len > 0 ? history_scale(row_amax, history_len, largest)
@@ -169,6 +197,7 @@ __global__ void __launch_bounds__(kTileThreads)
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
       const int r = sub + p * kRowStep;
+      if (!kAxes) activate(v[p], gelu, x);
       const int64_t row = row0 + r;
       if (row >= rows || !col_in) continue;
       if (!kAxes) {
@@ -303,7 +332,7 @@ bool tileable(const void* x, int64_t rows, int64_t cols) {
 }
 
 template <typename T>
-int amax_as(const void* x, int64_t n, float* amax, cudaStream_t stream) {
+int amax_as(const void* x, int64_t n, float* amax, cudaStream_t stream, bool gelu = false) {
   if (!aligned16(x)) return cudaErrorMisalignedAddress;
   cudaError_t e = cudaMemsetAsync(amax, 0, sizeof(float), stream);
   if (e != cudaSuccess) return e;
@@ -311,7 +340,7 @@ int amax_as(const void* x, int64_t n, float* amax, cudaStream_t stream) {
   // ~2 vectors per thread
   const int64_t want = (n + kAmaxThreads * kVec * 2 - 1) / (kAmaxThreads * kVec * 2);
   const int blocks = static_cast<int>(std::min<int64_t>(std::max<int64_t>(want, 1), 4096));
-  amax_kernel<T><<<blocks, kAmaxThreads, 0, stream>>>(static_cast<const T*>(x), n, amax);
+  amax_kernel<T><<<blocks, kAmaxThreads, 0, stream>>>(static_cast<const T*>(x), n, amax, gelu);
   return cudaGetLastError();
 }
 
@@ -319,12 +348,12 @@ template <typename T, bool kAxes>
 int cast_as(const void* x, int64_t rows, int64_t cols, bool e5m2, const float* row_amax,
             const float* col_amax, void* q, void* qt, float* row_inverse, float* col_inverse,
             cudaStream_t stream, int history_len = 0, float* record = nullptr,
-            float* col_sums = nullptr) {
+            float* col_sums = nullptr, bool gelu = false) {
   if (!tileable(x, rows, cols) || history_len < 0) return cudaErrorInvalidValue;
   if (rows == 0 || cols == 0) return 0;
   cast_kernel<T, kAxes><<<tile_grid(rows, cols), kTileThreads, 0, stream>>>(
       static_cast<const T*>(x), rows, cols, e5m2, row_amax, col_amax, static_cast<uint8_t*>(q),
-      static_cast<uint8_t*>(qt), row_inverse, col_inverse, history_len, record, col_sums);
+      static_cast<uint8_t*>(qt), row_inverse, col_inverse, history_len, record, col_sums, gelu);
   return cudaGetLastError();
 }
 
@@ -343,51 +372,52 @@ int amax_axes_as(const void* x, int64_t rows, int64_t cols, float* row_amax, flo
 
 }  // namespace
 
-int fp8_amax(const void* x, int64_t n, Fp8Source type, float* amax, void* stream) {
+int fp8_amax(const void* x, int64_t n, Fp8Source type, float* amax, void* stream, bool gelu_tanh) {
   const auto s = static_cast<cudaStream_t>(stream);
   switch (type) {
     case Fp8Source::kFloat32:
-      return amax_as<float>(x, n, amax, s);
+      return amax_as<float>(x, n, amax, s, gelu_tanh);
     case Fp8Source::kBFloat16:
-      return amax_as<__nv_bfloat16>(x, n, amax, s);
+      return amax_as<__nv_bfloat16>(x, n, amax, s, gelu_tanh);
     case Fp8Source::kFloat16:
-      return amax_as<__half>(x, n, amax, s);
+      return amax_as<__half>(x, n, amax, s, gelu_tanh);
   }
   return cudaErrorInvalidValue;
 }
 
 int fp8_cast(const void* x, int64_t rows, int64_t cols, Fp8Source type, bool e5m2,
-             const float* amax, void* q, void* qt, float* inverse, void* stream, float* col_sums) {
+             const float* amax, void* q, void* qt, float* inverse, void* stream, float* col_sums,
+             bool gelu_tanh) {
   const auto s = static_cast<cudaStream_t>(stream);
   switch (type) {
     case Fp8Source::kFloat32:
       return cast_as<float, false>(x, rows, cols, e5m2, amax, nullptr, q, qt, inverse, nullptr, s,
-                                   0, nullptr, col_sums);
+                                   0, nullptr, col_sums, gelu_tanh);
     case Fp8Source::kBFloat16:
       return cast_as<__nv_bfloat16, false>(x, rows, cols, e5m2, amax, nullptr, q, qt, inverse,
-                                           nullptr, s, 0, nullptr, col_sums);
+                                           nullptr, s, 0, nullptr, col_sums, gelu_tanh);
     case Fp8Source::kFloat16:
       return cast_as<__half, false>(x, rows, cols, e5m2, amax, nullptr, q, qt, inverse, nullptr, s,
-                                    0, nullptr, col_sums);
+                                    0, nullptr, col_sums, gelu_tanh);
   }
   return cudaErrorInvalidValue;
 }
 
 int fp8_cast_delayed(const void* x, int64_t rows, int64_t cols, Fp8Source type, bool e5m2,
                      const float* history, int history_len, float* record, void* q, void* qt,
-                     float* inverse, void* stream, float* col_sums) {
+                     float* inverse, void* stream, float* col_sums, bool gelu_tanh) {
   const auto s = static_cast<cudaStream_t>(stream);
   if (history_len < 1) return cudaErrorInvalidValue;
   switch (type) {
     case Fp8Source::kFloat32:
       return cast_as<float, false>(x, rows, cols, e5m2, history, nullptr, q, qt, inverse, nullptr,
-                                   s, history_len, record, col_sums);
+                                   s, history_len, record, col_sums, gelu_tanh);
     case Fp8Source::kBFloat16:
       return cast_as<__nv_bfloat16, false>(x, rows, cols, e5m2, history, nullptr, q, qt, inverse,
-                                           nullptr, s, history_len, record, col_sums);
+                                           nullptr, s, history_len, record, col_sums, gelu_tanh);
     case Fp8Source::kFloat16:
       return cast_as<__half, false>(x, rows, cols, e5m2, history, nullptr, q, qt, inverse, nullptr,
-                                    s, history_len, record, col_sums);
+                                    s, history_len, record, col_sums, gelu_tanh);
   }
   return cudaErrorInvalidValue;
 }

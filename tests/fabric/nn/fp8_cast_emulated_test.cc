@@ -224,6 +224,50 @@ void check_delayed(int64_t rows, int64_t cols, Fp8Source type, bool e5m2) {
       << "an empty history was accepted";
 }
 
+// The kernels' GELU (fp8_cast.h, gelu_tanh): float32, ATen's CUDA formula, rounded to T.
+template <typename T>
+float gelu_as(float x) {
+  const float kBeta = 0.7978845608028654f, kKappa = 0.044715f;
+  const float cube = x * x * x;
+  const float inner = kBeta * (x + kKappa * cube);
+  return to_float(from_float<T>(0.5f * x * (1.f + std::tanh(inner))));
+}
+
+// gelu_tanh: amax, cast (dynamic and delayed), record and column sums of the GELU's output.
+template <typename T>
+void check_gelu(int64_t rows, int64_t cols, Fp8Source type) {
+  const Input<T> in(rows, cols);
+  const int64_t n = rows * cols;
+  std::vector<float> act(n);
+  float own = 0.f;
+  for (int64_t i = 0; i < n; ++i) {
+    act[i] = gelu_as<T>(in.values[i]);
+    own = std::max(own, std::fabs(act[i]));
+  }
+  float amax = -1.f, inverse = 0.f;
+  ASSERT_TRUE(fabric::kernels::fp8_amax(in.x, n, type, &amax, nullptr, true) == 0);
+  ASSERT_TRUE(amax == own) << "gelu amax " << amax << ", want " << own;
+  std::vector<uint8_t> q(n, 0xAB), qt(n, 0xAB);
+  std::vector<float> sums(((rows + 63) / 64) * cols, -1.f);
+  ASSERT_TRUE(fabric::kernels::fp8_cast(in.x, rows, cols, type, false, &amax, q.data(), qt.data(),
+                                        &inverse, nullptr, sums.data(), true) == 0);
+  const float scale = scale_for(own, 448.f);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const uint8_t e = reference(act[r * cols + c], scale, false);
+      ASSERT_TRUE(q[r * cols + c] == e && qt[c * rows + r] == e)
+          << "gelu q/qt at " << r << ", " << c << " (" << rows << " x " << cols << ")";
+    }
+  ASSERT_TRUE(sums == tile_sums(act, rows, cols)) << "gelu column sums";
+  std::vector<float> history = {own * 2.f, 0.f};
+  std::vector<uint8_t> qd(n, 0xAB);
+  ASSERT_TRUE(fabric::kernels::fp8_cast_delayed(in.x, rows, cols, type, false, history.data(), 1,
+                                                &history[1], qd.data(), nullptr, &inverse, nullptr,
+                                                nullptr, true) == 0);
+  ASSERT_TRUE(history[1] == own) << "gelu record " << history[1] << ", want " << own;
+  ASSERT_TRUE(qd[n - 1] == reference(act[n - 1], scale_for(own * 2.f, 448.f), false));
+}
+
 void check_preconditions() {
   Input<float> in(16, 16);
   float amax = 0.f;
@@ -252,6 +296,15 @@ TEST(Fp8CastEmulatedTest, KernelsWriteTheReferencesBytesForEveryShapeAndType) {
 }
 
 TEST(Fp8CastEmulatedTest, MisalignedInputsAndOddColumnsAreRefused) { check_preconditions(); }
+
+TEST(Fp8CastEmulatedTest, GeluInputIsQuantizedAsItsOutput) {
+  const int64_t shapes[][2] = {{112, 160}, {8, 8}, {200, 72}};
+  for (const auto& s : shapes) {
+    check_gelu<float>(s[0], s[1], Fp8Source::kFloat32);
+    check_gelu<__nv_bfloat16>(s[0], s[1], Fp8Source::kBFloat16);
+    check_gelu<__half>(s[0], s[1], Fp8Source::kFloat16);
+  }
+}
 
 TEST(Fp8CastEmulatedTest, DelayedCastScalesByTheHistoryAndRecordsTheTensorsAmax) {
   const int64_t shapes[][2] = {{112, 160}, {8, 8}, {200, 72}};

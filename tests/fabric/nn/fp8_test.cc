@@ -265,6 +265,40 @@ TEST(Fp8Test, DelayedUnderActivationCheckpointingGivesThePlainGradientsBitwise) 
   EXPECT_FALSE(copy->fp8_history()->amax.defined());
 }
 
+// A GPT MLP's second layer: linear(gelu_tanh(h)) with the GELU inside fp8_linear (fused into the
+// cast on CUDA; here torch::gelu first) gives gelu-then-fp8_linear's product and gradients bitwise,
+// tensorwise and delayed; LinearImpl::forward_gelu_tanh takes that path when the layer is float8
+// and is forward(gelu(x)) otherwise.
+TEST(Fp8Test, GeluInputIsGeluThenLinearBitwise) {
+  torch::manual_seed(5);
+  const torch::Tensor h0 = torch::randn({32, 128}), w0 = torch::randn({48, 128}) * 0.1,
+                      b0 = torch::randn({48});
+  for (const Fp8Scaling scaling : {Fp8Scaling::kTensorwise, Fp8Scaling::kDelayed}) {
+    Fp8History fused_history(4), plain_history(4);
+    for (int step = 0; step < 2; ++step) {  // delayed: the seed, then the history's scale
+      auto run = [&](bool fused) {
+        torch::Tensor h = (h0 * (1 + step)).requires_grad_(), w = w0.clone().requires_grad_(),
+                      b = b0.clone().requires_grad_();
+        Fp8History* history = fused ? &fused_history : &plain_history;
+        const torch::Tensor y =
+            fused ? fabric::nn::fp8_linear(h, w, b, scaling, history, /*gelu_tanh_input=*/true)
+                  : fabric::nn::fp8_linear(torch::gelu(h, "tanh"), w, b, scaling, history);
+        (y * torch::linspace(-1, 1, 48)).sum().backward();
+        return std::vector<torch::Tensor>{y.detach(), h.grad(), w.grad(), b.grad()};
+      };
+      EXPECT_TRUE(all_equal(run(true), run(false)))
+          << "scaling " << static_cast<int>(scaling) << ", step " << step;
+    }
+  }
+  fabric::nn::Linear layer(128, 48);
+  const torch::Tensor plain = layer->forward(torch::gelu(h0, "tanh"));
+  EXPECT_TRUE(torch::equal(layer->forward_gelu_tanh(h0), plain));  // not float8: as written
+  layer->set_fp8(true);
+  EXPECT_TRUE(
+      torch::equal(layer->forward_gelu_tanh(h0),
+                   fabric::nn::fp8_linear(torch::gelu(h0, "tanh"), layer->weight, layer->bias)));
+}
+
 TEST(Fp8Test, DelayedWithoutAHistoryIsRefused) {
   try {
     fabric::nn::fp8_linear(torch::randn({16, 64}), torch::randn({32, 64}), {},
