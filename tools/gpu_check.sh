@@ -34,18 +34,21 @@
 #   --suite=gpt: tools/bench/gpt_compare.sh: the GPT-2 124M step (batch 16 x 1024, bf16-mixed,
 #                   fused AdamW), ours (eager and CUDA graphs) vs the identical model in PyTorch
 #                   (eager and torch.compile), with a profile summary of ours; tables in the report
-#   --suite=model_parallel: issue 50's GPU rows: fp8_cuda_test (the float8 kernels bitwise ATen's),
-#                   gpt_cuda_test (the fused loss and LayerNorm kernels),
+#   --suite=model_parallel: gpt_cuda_test (the fused loss and LayerNorm kernels),
 #                   the tiny GPT under tp 2 with sequence parallelism and dropout (2 ranks, Gloo),
 #                   issue 71's: pp 2 (1f1b, gpipe, interleaved) and cp 2 against ddp (2 ranks),
 #                   the pipeline schedules' bubble and activation memory on the GPU
 #                   (pipeline_bubble --device=cuda --pp=2, 2 ranks on cuda:0; its table in the
 #                   report),
-#                   issue 70's: fsdp cpu_offload bitwise fsdp without it, peak device bytes,
-#                   and gpt_compare.sh's ours-eager (bf16-mixed) vs ours-fp8 vs ours-fp8-delayed
+#                   issue 70's: fsdp cpu_offload bitwise fsdp without it, peak device bytes
+#   --suite=fp8: issue 72 item 2 (about 8 minutes on an H200): fp8_cuda_test (the float8 kernels
+#                   against ATen, delayed scaling, the fused bias gradient and GELU),
+#                   gpt_compare.sh's ours-eager (bf16-mixed) vs ours-fp8 vs ours-fp8-delayed
 #                   on gpt2-medium (batch 16) and gpt2-xl (batch 8) x 1024 tokens, 15 timed steps
 #                   after 6, --reps interleaved, with a profile summary of ours-fp8-delayed on
-#                   each (rowwise, measured on 2026-11-28, is left out: ours-fp8-rowwise by hand)
+#                   each (rowwise, measured on 2026-11-28, is left out: ours-fp8-rowwise by hand),
+#                   and the loss over the first 200 steps (gpt2-medium's shape on the byte corpus,
+#                   batch 16 x 1024): bf16-mixed, fp8 tensorwise and delayed, val loss every 50
 #   --suite=pretrained: issue 69 item 7, tools/bench/llama_gpu_bench.sh, one row per step
 #                   (about 5 minutes on an H200, unverified until a GPU session runs it;
 #                   best from `build --suite=pretrained`'s bundle, which carries transformers):
@@ -68,7 +71,7 @@
 # building, relocating and running.
 #
 # run flags: --cpu (CPU checks only; --suite=pretrained then runs a tiny Llama on the CPU),
-#   --suite=check|throughput|gpt|model_parallel|pretrained|all, --steps=N (example steps,
+#   --suite=check|throughput|gpt|model_parallel|fp8|pretrained|all, --steps=N (example steps,
 #   default 20), --reps=N (throughput repetitions, default 1), --skip=SECTION[,SECTION] (env,
 #   tests, examples, ranks, throughput), --work=DIR (scratch folder for run directories; default a
 #   new temporary folder).
@@ -77,7 +80,7 @@
 set -uo pipefail
 
 usage() {
-  echo "usage: tools/gpu_check.sh build [--out=DIR] [--suite=pretrained] | DIR/gpu_check.sh run [--cpu] [--suite=check|throughput|gpt|model_parallel|pretrained|all] [--steps=N] [--reps=N] [--skip=LIST] [--work=DIR]" >&2
+  echo "usage: tools/gpu_check.sh build [--out=DIR] [--suite=pretrained] | DIR/gpu_check.sh run [--cpu] [--suite=check|throughput|gpt|model_parallel|fp8|pretrained|all] [--steps=N] [--reps=N] [--skip=LIST] [--work=DIR]" >&2
   exit 2
 }
 [ $# -ge 1 ] || usage
@@ -270,13 +273,14 @@ run() {
   [[ "$steps" =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check run: --steps must be a positive integer" >&2; exit 2; }
   [[ "$reps" =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check run: --reps must be a positive integer" >&2; exit 2; }
   case "$suite" in
-    check) skip="$skip,throughput,gpt,model_parallel,pretrained" ;;
-    throughput) skip="$skip,env,tests,examples,ranks,gpt,model_parallel,pretrained" ;;
-    gpt) skip="$skip,env,tests,examples,ranks,throughput,model_parallel,pretrained" ;;
-    model_parallel) skip="$skip,env,tests,examples,ranks,throughput,gpt,pretrained" ;;
-    pretrained) skip="$skip,env,tests,examples,ranks,throughput,gpt,model_parallel" ;;
-    all) skip="$skip,model_parallel,pretrained" ;;
-    *) echo "gpu_check run: --suite must be check, throughput, gpt, model_parallel, pretrained or all, not '$suite'" >&2; exit 2 ;;
+    check) skip="$skip,throughput,gpt,model_parallel,fp8,pretrained" ;;
+    throughput) skip="$skip,env,tests,examples,ranks,gpt,model_parallel,fp8,pretrained" ;;
+    gpt) skip="$skip,env,tests,examples,ranks,throughput,model_parallel,fp8,pretrained" ;;
+    model_parallel) skip="$skip,env,tests,examples,ranks,throughput,gpt,fp8,pretrained" ;;
+    fp8) skip="$skip,env,tests,examples,ranks,throughput,gpt,model_parallel,pretrained" ;;
+    pretrained) skip="$skip,env,tests,examples,ranks,throughput,gpt,model_parallel,fp8" ;;
+    all) skip="$skip,model_parallel,fp8,pretrained" ;;
+    *) echo "gpu_check run: --suite must be check, throughput, gpt, model_parallel, fp8, pretrained or all, not '$suite'" >&2; exit 2 ;;
   esac
   if [ -f "$here/SUITES" ] && [[ " $(cat "$here/SUITES") " != *" $suite "* ]]; then
     echo "gpu_check run: this bundle holds only what --suite=$(cat "$here/SUITES") needs (gpu_check.sh build --suite=...); build a full one for --suite=$suite" >&2
@@ -478,7 +482,6 @@ run() {
   fi
 
   if ! skipping model_parallel; then
-    check fp8_cuda_test 240 "$runsh" fp8_cuda_test --gtest_brief=1
     check gpt_cuda_test 240 "$runsh" gpt_cuda_test --gtest_brief=1  # the LayerNorm's __syncwarp
     local place=(fabric.accelerator=cuda fabric.devices=1 fabric.ddp.ranks_per_gpu=2)
     [ $cpu -eq 1 ] && place=(fabric.accelerator=cpu fabric.devices=2)
@@ -540,6 +543,10 @@ run() {
 a, b = (json.load(open(f + "/summary.json")).get("peak_tensor_bytes") for f in sys.argv[1:])
 print("peak device bytes per rank: %s without cpu_offload, %s with" % (a, b))' \
       "$pd/offload_false" "$pd/offload_true"
+  fi
+
+  if ! skipping fp8; then
+    check fp8_cuda_test 240 "$runsh" fp8_cuda_test --gtest_brief=1
     local m b spec
     for spec in "gpt2-medium 16" "gpt2-xl 8"; do
       read -r m b <<<"$spec"
@@ -561,6 +568,54 @@ print("peak device bytes per rank: %s without cpu_offload, %s with" % (a, b))' \
         notes+=('```')
       fi
     done
+    # The loss over the first 200 steps (issue 72 item 2: within 1% of bf16-mixed's), gpt2-medium's
+    # shape on the byte corpus, one process: bf16-mixed, fp8 tensorwise, fp8 delayed.
+    local ld="$work/fp8_loss" lp lname
+    local lflags=(--config=gpt2.yaml model.preset=gpt2-medium fabric.accelerator=cuda
+                  fabric.devices=1 trainer.max_steps=200 trainer.accumulate_grad_batches=1
+                  scheduler.warmup_steps=20 gpt.eval_every_n_steps=50 trainer.limit_eval_batches=8
+                  gpt.sample_tokens=0 "gpt.corpus_cache=$work/corpus")
+    [ $cpu -eq 1 ] && lflags=(--config=gpt_tiny.yaml fabric.accelerator=cpu fabric.devices=1
+                              model.n_layer=2 model.n_head=2 model.n_embd=32 model.block_size=32
+                              data.batch_size=8 trainer.max_steps=20 scheduler.warmup_steps=2
+                              gpt.eval_every_n_steps=10 trainer.limit_eval_batches=2
+                              gpt.sample_tokens=0 "gpt.corpus_cache=$work/corpus")
+    for lp in "bf16-mixed|fabric.precision=bf16-mixed" "fp8 tensorwise|fabric.precision=fp8-mixed" \
+              "fp8 delayed|fabric.precision=fp8-mixed fabric.fp8.recipe=delayed"; do
+      lname=${lp%%|*}
+      # shellcheck disable=SC2086  # the side's keys, split on purpose
+      CHECK_SUMMARY='val loss' check "fp8 loss, $lname" 300 "$runsh" gpt "${lflags[@]}" ${lp#*|} \
+        "logging.run_dir=$ld/${lname// /_}"
+    done
+    local ltable
+    if ltable=$("$python" - "$ld" <<'PY'
+import csv, os, sys
+root = sys.argv[1]
+sides = ["bf16-mixed", "fp8_tensorwise", "fp8_delayed"]
+loss = {}
+for side in sides:
+    path = os.path.join(root, side, "metrics.csv")
+    if not os.path.exists(path):
+        continue
+    with open(path) as f:
+        loss[side] = {int(r["step"]): float(r["val/loss"]) for r in csv.DictReader(f) if r.get("val/loss")}
+base = loss.get("bf16-mixed", {})
+if not base:
+    sys.exit(1)
+print("| step | " + " | ".join(s.replace("_", " ") for s in sides) + " |")
+print("|---|" + "---|" * len(sides))
+for step in sorted(base):
+    cells = []
+    for side in sides:
+        v = loss.get(side, {}).get(step)
+        cells.append("" if v is None else "%.5f" % v if side == "bf16-mixed"
+                     else "%.5f (%+.2f%%)" % (v, 100 * (v / base[step] - 1)))
+    print("| %d | %s |" % (step, " | ".join(cells)))
+PY
+    ); then
+      notes+=("" "### fp8 loss vs bf16-mixed, first 200 steps (val loss; issue 72 item 2: within 1%)" "")
+      while IFS= read -r line; do notes+=("$line"); done <<<"$ltable"
+    fi
   fi
 
   if ! skipping pretrained; then
