@@ -114,8 +114,23 @@ __device__ __forceinline__ uint2 cast8(const float v[kVec], const float s[kVec],
       cvt2(v[4] * s[4], v[5] * s[5], kind) | (cvt2(v[6] * s[6], v[7] * s[7], kind) << 16));
 }
 
-// |v| as bits: for non-negative floats (and NaN, whose bits exceed infinity's) the integer order
-// is the float order, so atomicMax on int finds the largest.
+// The largest of the block's threads' m (m >= 0 or NaN) taken into *target with one atomic: as
+// bits, for non-negative floats (and NaN, whose bits exceed infinity's) the integer order is the
+// float order, so atomicMax on int finds the largest. Every thread of the block must call it.
+template <int kThreads>
+__device__ __forceinline__ void block_max_into(float m, float* target) {
+  int bits = __float_as_int(m);
+  for (int o = 16; o > 0; o /= 2) bits = max(bits, __shfl_xor_sync(0xffffffff, bits, o));
+  __shared__ int warp_max[kThreads / 32];
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = bits;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / 32; ++w) bits = max(bits, warp_max[w]);
+    atomicMax(reinterpret_cast<int*>(target), bits);
+  }
+}
+
+// *amax = the largest |x| (one atomic per block).
 template <typename T>
 __global__ void __launch_bounds__(kAmaxThreads)
     amax_kernel(const T* __restrict__ x, int64_t n, float* amax, bool gelu) {
@@ -134,15 +149,7 @@ __global__ void __launch_bounds__(kAmaxThreads)
     const float a = load(x, i);
     m = keep_max(m, fabsf(gelu ? round_as(gelu_tanh(a), x) : a));
   }
-  int bits = __float_as_int(m);
-  for (int o = 16; o > 0; o /= 2) bits = max(bits, __shfl_xor_sync(0xffffffff, bits, o));
-  __shared__ int warp_max[kAmaxThreads / 32];
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = bits;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kAmaxThreads / 32; ++w) bits = max(bits, warp_max[w]);
-    atomicMax(reinterpret_cast<int*>(amax), bits);
-  }
+  block_max_into<kAmaxThreads>(m, amax);
 }
 
 // Thread t of a tiled block owns vector group g = t % kGroups (tile columns 8g .. 8g + 7) of
@@ -252,15 +259,7 @@ __global__ void __launch_bounds__(kTileThreads)
     __syncthreads();
   }
   if (kAxes || record == nullptr) return;  // the same for every thread of the grid
-  int bits = __float_as_int(seen);
-  for (int o = 16; o > 0; o /= 2) bits = max(bits, __shfl_xor_sync(0xffffffff, bits, o));
-  __shared__ int warp_max[kTileThreads / 32];
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = bits;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kTileThreads / 32; ++w) bits = max(bits, warp_max[w]);
-    atomicMax(reinterpret_cast<int*>(record), bits);
-  }
+  block_max_into<kTileThreads>(seen, record);
 }
 
 // history[0 .. len) one place older, the recorded amax history[len] at 0, history[len] zeroed.
