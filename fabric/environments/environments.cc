@@ -182,12 +182,15 @@ std::unique_ptr<ClusterEnvironment> detect_environment(const EnvGetter& env,
     const int64_t world = v.integer("OMPI_COMM_WORLD_SIZE");
     // mpirun says nothing of rank 0's address: on one node it is loopback; across nodes the user
     // names it (mpirun -x MASTER_ADDR=host). The port defaults to one derived from mpirun's job
-    // id, which every rank of the job sees alike.
+    // id, which every rank of the job sees alike, in [20000, 32000): below Linux's ephemeral
+    // range (32768-60999), where the kernel picks ports for outgoing connections and port-0
+    // listeners, so another process's connection cannot hold it (it did once in CI: a derived
+    // 34753 was in use).
     int port = 0;
     if (v.has("MASTER_PORT") || !v.has("OMPI_MCA_ess_base_jobid")) {
       port = v.port("MASTER_PORT");  // names a bad or missing value
     } else {
-      port = 20000 + static_cast<int>(v.integer("OMPI_MCA_ess_base_jobid") % 20000);
+      port = 20000 + static_cast<int>(v.integer("OMPI_MCA_ess_base_jobid") % 12000);
     }
     const int64_t nodes = v.integer("OMPI_MCA_orte_num_nodes", local_world >= world ? 1 : 0);
     if (!v.has("MASTER_ADDR") && nodes != 1)

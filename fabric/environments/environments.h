@@ -13,7 +13,8 @@
 //                    local size); MASTER_ADDR, else 127.0.0.1 when the job is on one node
 //                    (OMPI_MCA_orte_num_nodes = 1) and an error naming `mpirun -x
 //                    MASTER_ADDR=<host>` across nodes; MASTER_PORT, else 20000 +
-//                    OMPI_MCA_ess_base_jobid % 20000 (the same for every rank of a job).
+//                    OMPI_MCA_ess_base_jobid % 12000 (the same for every rank of a job; below
+//                    Linux's ephemeral ports).
 //   4. mpich         PMI_RANK and PMI_SIZE: plus MPI_LOCALRANKID, MPI_LOCALNRANKS;
 //                    MASTER_ADDR/MASTER_PORT required.
 //   5. env           RANK and WORLD_SIZE (any launcher): LOCAL_RANK (default RANK), NODE_RANK or
