@@ -156,16 +156,9 @@ LoraBaseDtype parse_lora_base_dtype(const std::string& text) {
 
 namespace {
 
-// The layer's float8 scale buffer, or an undefined tensor.
-torch::Tensor weight_scale(LinearImpl& layer) {
-  const auto buffers = layer.named_buffers(/*recurse=*/false);
-  const torch::Tensor* scale = buffers.find(kWeightScale);
-  return scale ? *scale : torch::Tensor();
-}
-
 // Whether the layer's weight is stored apart from the adapters' dtype (store_lora_base's).
 bool stored_base(LinearImpl& layer) {
-  return weight_scale(layer).defined() ||
+  return layer.weight_scale().defined() ||
          (layer.lora_rank() > 0 &&
           layer.weight.scalar_type() != layer.lora_A->weight.scalar_type());
 }
@@ -228,7 +221,7 @@ std::vector<std::string> merge_lora(torch::nn::Module& model) {
         torch::matmul(layer->lora_B->weight, layer->lora_A->weight) * layer->lora_scaling();
     if (stored_base(*layer)) {  // dequantized, the sum in the adapters' dtype
       const torch::Tensor base =
-          dequantize_weight(layer->weight.detach(), weight_scale(*layer), torch::kFloat);
+          dequantize_weight(layer->weight.detach(), layer->weight_scale(), torch::kFloat);
       replace_data(layer->weight,
                    (base + delta.to(torch::kFloat)).to(layer->lora_A->weight.scalar_type()));
     } else {
@@ -236,7 +229,7 @@ std::vector<std::string> merge_lora(torch::nn::Module& model) {
     }
     // LibTorch cannot unregister a buffer: a float8 base's scale stays, as ones (the weight is
     // no longer float8, so forward ignores it; merge_lora_state drops it from a state).
-    if (const torch::Tensor scale = weight_scale(*layer); scale.defined()) scale.fill_(1);
+    if (const torch::Tensor scale = layer->weight_scale(); scale.defined()) scale.fill_(1);
     layer->clear_lora();
     names.push_back(name);
   }

@@ -114,9 +114,8 @@ void LinearImpl::set_parallel(TensorParallelShard shard) {
   replace_data(weight, shard.slice(weight, along).clone());
   if (bias.defined() && along == 0) replace_data(bias, shard.slice(bias, 0).clone());
   // A float8 weight's per-row scale follows its rows: cut on a column layer, whole on a row one.
-  const auto buffers = named_buffers(/*recurse=*/false);
-  if (const torch::Tensor* scale = buffers.find(kWeightScale); scale && along == 0)
-    replace_data(*scale, shard.slice(*scale, 0).clone());
+  if (const torch::Tensor scale = weight_scale(); scale.defined() && along == 0)
+    replace_data(scale, shard.slice(scale, 0).clone());
   parallel_ = std::move(shard);
   cut_lora();
 }
@@ -190,12 +189,15 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   return base_forward(x) + lora_B->forward(lora_A->forward(in)) * lora_scaling_;
 }
 
-torch::Tensor LinearImpl::forward_gelu_tanh(const torch::Tensor& x) {
-  // Fused only where the whole layer is one float8 GEMM of a trainable weight; else as written.
+torch::Tensor LinearImpl::weight_scale() const {
   const auto buffers = named_buffers(/*recurse=*/false);
   const torch::Tensor* scale = buffers.find(kWeightScale);
-  if (!fp8_ || parallel_ || lora_rank_ > 0 ||
-      is_stored_weight(weight, scale ? *scale : torch::Tensor(), x))
+  return scale ? *scale : torch::Tensor();
+}
+
+torch::Tensor LinearImpl::forward_gelu_tanh(const torch::Tensor& x) {
+  // Fused only where the whole layer is one float8 GEMM of a trainable weight; else as written.
+  if (!fp8_ || parallel_ || lora_rank_ > 0 || is_stored_weight(weight, weight_scale(), x))
     return forward(torch::gelu(x, "tanh"));
   return fp8_linear(x, weight, bias, fp8_scaling_, fp8_history_ ? &*fp8_history_ : nullptr,
                     /*gelu_tanh_input=*/true);
@@ -244,9 +246,7 @@ torch::Tensor LinearImpl::lora_parallel_forward(const torch::Tensor& x) {
 }
 
 torch::Tensor LinearImpl::base_forward(const torch::Tensor& x) {
-  const auto buffers = named_buffers(/*recurse=*/false);  // a float8 weight's scale, if any
-  const torch::Tensor* found = buffers.find(kWeightScale);
-  const torch::Tensor scale = found ? *found : torch::Tensor();
+  const torch::Tensor scale = weight_scale();  // a float8 weight's, if any
   auto gemm = [&](const torch::Tensor& in, const torch::Tensor& b) {
     // A frozen weight stored in bf16 or float8 (LoRA's base): dequantized inside the GEMM.
     if (is_stored_weight(weight, scale, in)) return frozen_linear(in, weight, scale, b);

@@ -183,6 +183,9 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   bool fp8() const { return fp8_; }
   Fp8Scaling fp8_scaling() const { return fp8_scaling_; }
   const std::optional<Fp8History>& fp8_history() const { return fp8_history_; }
+  // The per-row scale buffer of a weight stored in float8 (fabric/nn/frozen_weight.h's
+  // kWeightScale, LoRA's base_dtype fp8), or an undefined tensor.
+  torch::Tensor weight_scale() const;
   // A LoRA adapter (fabric/nn/lora.h: apply_lora, merge_lora): registers the submodules lora_A
   // [rank, in] (Kaiming uniform, a = sqrt(5)) and lora_B [out, rank] (zeros), torch::nn::Linear
   // without bias (peft's names: "lora_A.weight"), and forward adds
