@@ -3,7 +3,6 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
-#include <algorithm>
 #include <set>
 #include <string>
 #include <vector>
@@ -22,7 +21,7 @@ void Strategy::convert_module(torch::nn::Module& module) {
       precision_->fp8_rowwise()            ? fabric::nn::Fp8Scaling::kRowwise
       : precision_->fp8_amax_history() > 0 ? fabric::nn::Fp8Scaling::kDelayed
                                            : fabric::nn::Fp8Scaling::kTensorwise,
-      std::max<int64_t>(precision_->fp8_amax_history(), 1));
+      precision_->fp8_amax_history());  // read under kDelayed only
   const auto& c = fp8_conversion_;
   if (!c.unmatched.empty()) {
     // A typo would keep nothing out of float8 in silence. A config error (exit 2, never

@@ -83,7 +83,7 @@ struct Fp8Conversion {
 // Turns float8 GEMMs on for every fabric::nn::Linear of `module` except those whose name matches
 // a pattern of `exclude` (the plan pattern syntax of tensor_parallel.h: '*' is one name
 // component) and those whose sizes _scaled_mm cannot take, with `scaling` (kDelayed: each layer
-// with its own Fp8History of `history_length` ≥ 1 steps). Returns what it did.
+// with its own Fp8History of `history_length` ≥ 1 steps; ignored otherwise). Returns what it did.
 Fp8Conversion convert_to_fp8(torch::nn::Module& module, const std::vector<std::string>& exclude,
                              Fp8Scaling scaling = Fp8Scaling::kTensorwise,
                              int64_t history_length = 16);
