@@ -6,21 +6,14 @@
 #include <torch/nn/modules/linear.h>
 
 #include <algorithm>
-#include <cfloat>
 #include <cstdint>
 #include <optional>
 #include <string>
 
 #include "fabric/accelerators/device_info.h"
 #include "fabric/core/error.h"
+#include "fabric/nn/fp8_quantize.h"
 #include "fabric/nn/tensor_parallel.h"
-
-#ifdef FABRIC_WITH_CUDA_KERNELS
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-
-#include "fabric/nn/kernels/fp8_cast.h"
-#endif
 
 namespace fabric::nn {
 
@@ -29,184 +22,12 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-constexpr double kE4m3Max = 448.0;
-constexpr double kE5m2Max = 57344.0;
-
-// A [rows, cols] tensor as float8 of `dtype`, scaled so that the largest magnitude of the tensor
-// (tensorwise) or of each line (rowwise) becomes the format's largest: row-major q, and qt, the
-// transpose ([cols, rows] row-major: the column-major operand _scaled_mm wants in backward), with
-// the scales that undo them (float32): t ≈ q · rows_inverse, tᵀ ≈ qt · cols_inverse. Tensorwise,
-// both are one scalar; rowwise, q's row r has rows_inverse[r] and qt's row c (t's column c)
-// cols_inverse[c].
-struct Quantized {
-  torch::Tensor q, qt, rows_inverse, cols_inverse;
-};
-
-// Delayed scaling's view of one operand (Fp8History): its history row ([length + 1] float32 on the
-// operand's device), whether its own amax seeds the history first, and whether the cast takes its
-// amax and pushes it in.
-struct Delayed {
-  torch::Tensor row;
-  bool seed = false, record = false;
-};
-
-// history[0 .. n) one place older, the recorded amax history[n] at 0, history[n] zeroed
-// (fp8_history_push's contract).
-void push_aten(const torch::Tensor& row) {
-  const int64_t n = row.size(0) - 1;
-  if (n > 1) row.slice(0, 1, n).copy_(row.slice(0, 0, n - 1).clone());
-  row.select(0, 0).copy_(row.select(0, n));
-  row.select(0, n).zero_();
-}
-
-Quantized quantize_aten(const torch::Tensor& t, c10::ScalarType dtype, double largest, bool rowwise,
-                        const Delayed* delayed) {
-  const torch::Tensor tf = t.to(torch::kFloat);
-  auto cast = [&](const torch::Tensor& scale) {
-    return (tf * scale).clamp(-largest, largest).to(dtype);  // saturate, no inf
-  };
-  if (delayed != nullptr) {
-    const torch::Tensor& row = delayed->row;
-    const int64_t n = row.size(0) - 1;
-    auto amax = [&] { return t.abs().amax().to(torch::kFloat); };
-    if (delayed->seed) row.select(0, 0).copy_(amax());
-    const torch::Tensor window = row.slice(0, 0, n);
-    const torch::Tensor finite =
-        torch::where(window.abs() <= FLT_MAX, window, torch::zeros_like(window));
-    const torch::Tensor scale = largest / finite.amax().clamp_min(1e-12);
-    const torch::Tensor q = cast(scale), inverse = scale.reciprocal();
-    if (delayed->record) {
-      row.select(0, n).copy_(torch::maximum(row.select(0, n), amax()));
-      push_aten(row);
-    }
-    return {q, q.t().contiguous(), inverse, inverse};
-  }
-  if (!rowwise) {
-    const torch::Tensor scale = largest / t.abs().amax().to(torch::kFloat).clamp_min(1e-12);
-    const torch::Tensor q = cast(scale), inverse = scale.reciprocal();
-    return {q, q.t().contiguous(), inverse, inverse};
-  }
-  const torch::Tensor rows = largest / t.abs().amax(1, true).to(torch::kFloat).clamp_min(1e-12);
-  const torch::Tensor cols = largest / t.abs().amax(0, true).to(torch::kFloat).clamp_min(1e-12);
-  return {cast(rows), cast(cols).t().contiguous(), rows.reciprocal().view(-1),
-          cols.reciprocal().view(-1)};
-}
-
-#ifdef FABRIC_WITH_CUDA_KERNELS
-// The same values and bits in two kernels (fabric/nn/kernels/fp8_cast.h) instead of six ATen
-// passes over float32 copies and a transposing copy.
-bool kernels_apply(const torch::Tensor& t) {
-  const c10::ScalarType s = t.scalar_type();
-  return t.is_cuda() && t.dim() == 2 && t.size(0) % 8 == 0 && t.size(1) % 8 == 0 &&
-         (s == torch::kFloat || s == torch::kBFloat16 || s == torch::kHalf);
-}
-
-// col_sum (tensorwise only; may be null): receives t's column sums in float32 (the bias
-// gradient), taken by the cast kernel from its read of t. gelu (tensorwise only): quantizes
-// gelu_tanh(t), computed by the kernels as they read t.
-Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype, bool rowwise,
-                           const Delayed* delayed, torch::Tensor* col_sum, bool gelu) {
-  const c10::cuda::CUDAGuard guard(t.device());
-  torch::Tensor x = t.contiguous();
-  // The kernels read 16 bytes at a time: a view that starts mid-allocation may be misaligned.
-  if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) x = x.clone();
-  const int64_t rows = x.size(0), cols = x.size(1);
-  const c10::ScalarType s = x.scalar_type();
-  const auto source = s == torch::kFloat      ? kernels::Fp8Source::kFloat32
-                      : s == torch::kBFloat16 ? kernels::Fp8Source::kBFloat16
-                                              : kernels::Fp8Source::kFloat16;
-  const auto f32 = x.options().dtype(torch::kFloat);
-  const bool e5m2 = dtype == torch::kFloat8_e5m2;
-  torch::Tensor q = torch::empty({rows, cols}, x.options().dtype(dtype));
-  torch::Tensor qt = torch::empty({cols, rows}, x.options().dtype(dtype));
-  void* stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
-  torch::Tensor partials;  // [row tiles, cols]: col_sum's pieces, summed below
-  if (col_sum != nullptr && !rowwise)
-    partials = torch::empty({(rows + kernels::kFp8SumRows - 1) / kernels::kFp8SumRows, cols}, f32);
-  float* sums = partials.defined() ? partials.data_ptr<float>() : nullptr;
-  auto with_sums = [&](const Quantized& out) {
-    if (partials.defined()) *col_sum = partials.sum(0);
-    return out;
-  };
-  if (delayed != nullptr) {
-    // The scale from the history; the amax taken by the cast itself, then pushed in.
-    float* history = delayed->row.data_ptr<float>();
-    const int n = static_cast<int>(delayed->row.size(0) - 1);
-    torch::Tensor inverse = torch::empty({}, f32);
-    if (delayed->seed)
-      check_kernel_launch(kernels::fp8_amax(x.data_ptr(), x.numel(), source, history, stream, gelu),
-                          "fp8-mixed", "fp8_amax");
-    check_kernel_launch(
-        kernels::fp8_cast_delayed(x.data_ptr(), rows, cols, source, e5m2, history, n,
-                                  delayed->record ? history + n : nullptr, q.data_ptr(),
-                                  qt.data_ptr(), inverse.data_ptr<float>(), stream, sums, gelu),
-        "fp8-mixed", "fp8_cast_delayed");
-    if (delayed->record)
-      check_kernel_launch(kernels::fp8_history_push(history, n, stream), "fp8-mixed",
-                          "fp8_history_push");
-    return with_sums({q, qt, inverse, inverse});
-  }
-  if (!rowwise) {
-    torch::Tensor amax = torch::empty({}, f32), inverse = torch::empty({}, f32);
-    check_kernel_launch(
-        kernels::fp8_amax(x.data_ptr(), x.numel(), source, amax.data_ptr<float>(), stream, gelu),
-        "fp8-mixed", "fp8_amax");
-    check_kernel_launch(kernels::fp8_cast(x.data_ptr(), rows, cols, source, e5m2,
-                                          amax.data_ptr<float>(), q.data_ptr(), qt.data_ptr(),
-                                          inverse.data_ptr<float>(), stream, sums, gelu),
-                        "fp8-mixed", "fp8_cast");
-    return with_sums({q, qt, inverse, inverse});
-  }
-  torch::Tensor row_amax = torch::empty({rows}, f32), col_amax = torch::empty({cols}, f32);
-  torch::Tensor row_inverse = torch::empty({rows}, f32), col_inverse = torch::empty({cols}, f32);
-  check_kernel_launch(
-      kernels::fp8_amax_axes(x.data_ptr(), rows, cols, source, row_amax.data_ptr<float>(),
-                             col_amax.data_ptr<float>(), stream),
-      "fp8-mixed", "fp8_amax_axes");
-  check_kernel_launch(
-      kernels::fp8_cast_axes(x.data_ptr(), rows, cols, source, e5m2, row_amax.data_ptr<float>(),
-                             col_amax.data_ptr<float>(), q.data_ptr(), qt.data_ptr(),
-                             row_inverse.data_ptr<float>(), col_inverse.data_ptr<float>(), stream),
-      "fp8-mixed", "fp8_cast_axes");
-  return {q, qt, row_inverse, col_inverse};
-}
-#endif
-
-// Whether quantize() takes t to the CUDA kernels (else ATen's ops).
-bool kernel_path(const torch::Tensor& t) {
-#ifdef FABRIC_WITH_CUDA_KERNELS
-  return kernels_apply(t);
-#else
-  (void)t;
-  return false;
-#endif
-}
-
-// col_sum (may be null): set to t's column sums in float32 when the cast kernel took them (the
-// CUDA kernels, tensorwise), else left alone. gelu: quantize gelu_tanh(t) instead (REQUIRES:
-// kernel_path(t) and tensorwise; otherwise the caller applies torch::gelu first).
-Quantized quantize(const torch::Tensor& t, c10::ScalarType dtype, double largest, bool rowwise,
-                   const Delayed* delayed = nullptr, torch::Tensor* col_sum = nullptr,
-                   bool gelu = false) {
-#ifdef FABRIC_WITH_CUDA_KERNELS
-  if (kernels_apply(t)) return quantize_kernels(t, dtype, rowwise, delayed, col_sum, gelu);
-#endif
-  (void)col_sum;
-  (void)gelu;
-  return quantize_aten(t, dtype, largest, rowwise, delayed);
-}
-
-// Operand i's delayed scaling for this pass (nullopt: dynamic). `history` [3, length + 1] (no
-// elements: not delayed), `seeded` [3] bool on the CPU; `record`: a training pass.
-std::optional<Delayed> delayed_operand(const torch::Tensor& history, const torch::Tensor& seeded,
-                                       int64_t i, bool record) {
-  if (history.numel() == 0) return std::nullopt;
-  bool& done = seeded.data_ptr<bool>()[i];
-  if (!done && !record) return std::nullopt;  // dynamic until its first training pass
-  Delayed d{history.select(0, i), !done, record};
-  done = done || record;
-  return d;
-}
+using detail::delayed_operand;
+using detail::kE4m3Max;
+using detail::kE5m2Max;
+using detail::kernel_path;
+using detail::quantize;
+using detail::Quantized;
 
 // _scaled_mm's scale of an operand: the scalar, or (rowwise) its lines as [M, 1] for the first
 // operand and [1, N] for the second.
