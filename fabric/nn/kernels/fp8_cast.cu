@@ -1,5 +1,5 @@
-// Float8 quantization for fabric/nn/fp8.cc: the largest magnitude of a tensor (one read, one
-// atomic per block), then the scaled, saturated cast written row-major and transposed from one
+// Float8 quantization for fabric/nn/fp8_quantize.cc: the largest magnitude of a tensor (one read,
+// one atomic per block), then the scaled, saturated cast written row-major and transposed from one
 // read through a shared-memory tile (_scaled_mm wants the backward's operands column-major).
 // Bandwidth-bound: every thread moves 8 elements at a time (16-byte loads of 16-bit inputs,
 // 8-byte stores of float8), so the kernels need 16-byte-aligned inputs whose rows and columns

@@ -1,6 +1,7 @@
 // C interface of the float8 quantization kernels (fp8_cast.cu, compiled by nvcc when the build has
-// one: tools/bazel/cuda.bzl). No CUDA or LibTorch types; fabric/nn/fp8.cc calls them for CUDA
-// tensors, in place of six ATen kernels per operand and the transposed copies _scaled_mm needs.
+// one: tools/bazel/cuda.bzl). No CUDA or LibTorch types; fabric/nn/fp8_quantize.cc calls them for
+// CUDA tensors, in place of six ATen kernels per operand and the transposed copies _scaled_mm
+// needs.
 #ifndef FABRIC_NN_KERNELS_FP8_CAST_H_
 #define FABRIC_NN_KERNELS_FP8_CAST_H_
 

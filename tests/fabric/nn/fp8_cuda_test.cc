@@ -66,7 +66,7 @@ TEST(Fp8CudaTest, Fp8LinearOnCudaEqualsTheCpusAndStaysNearFloat32) {
 // the bits ATen's ops give, so the product and both gradients equal _scaled_mm of operands
 // quantized by ATen, bitwise; for float32, bf16 and fp16 inputs, rows and columns not multiples
 // of the kernels' 64 × 64 tile, and an input that starts 6 or 12 bytes into its allocation (the
-// kernels read 16 bytes at a time: fp8.cc copies such an input first).
+// kernels read 16 bytes at a time: fp8_quantize.cc copies such an input first).
 TEST(Fp8CudaTest, Fp8LinearsKernelsQuantizeAsATenDoes) {
   SKIP_WITHOUT_CUDA();
   std::string why;
