@@ -478,9 +478,11 @@ class Fabric {
   int run_launched(const std::function<int(Fabric&)>& fn);
   bool empty_init_default() const;
   [[noreturn]] void empty_init_failed(const c10::Error& e) const;
-  // Gathers every rank's generator states (collective); the returned function builds the file's
-  // contents from `state` (no communication).
-  std::function<c10::IValue(const CheckpointState&)> gather_for_save();
+  // Gathers every rank's generator states and, under fabric.fp8.recipe: delayed, the amax
+  // histories of `state`'s modules (collective); the returned function builds the file's
+  // contents from the state it is given (no communication).
+  std::function<c10::IValue(const CheckpointState&)> gather_for_save(const CheckpointState& state);
+  bool delayed_fp8() const;  // fabric.precision fp8-mixed with fabric.fp8.recipe: delayed
   void print_line(const std::string& line) const;
   // Global rank 0, when launch's function returned `status`: summary.json unless one exists.
   void write_default_summary(int status, double wall_seconds);

@@ -27,6 +27,7 @@
 #include "fabric/core/paths.h"
 #include "fabric/core/suggest.h"
 #include "fabric/fabric.h"
+#include "fabric/fp8_checkpoint.h"
 #include "strategies/collectives.h"
 
 namespace fabric {
@@ -250,8 +251,17 @@ void Fabric::save_weights_of(torch::nn::Module& module, const std::string& path)
   on_global_zero(*strategy_, [&] { save_state_dict(file, all); });
 }
 
-std::function<c10::IValue(const CheckpointState&)> Fabric::gather_for_save() {
-  // Every rank's generator states reach every rank (collective, before anything can fail).
+bool Fabric::delayed_fp8() const {
+  return setup_->precision == PrecisionMode::kFp8Mixed && setup_->fp8_amax_history > 0;
+}
+
+std::function<c10::IValue(const CheckpointState&)> Fabric::gather_for_save(
+    const CheckpointState& state) {
+  // Every rank's generator states reach every rank (collective, before anything can fail), and
+  // so do its amax histories under delayed scaling (the same recipe on every rank).
+  std::vector<c10::impl::GenericDict> fp8 =
+      delayed_fp8() ? internal::gather_fp8_histories(*strategy_, device(), state)
+                    : std::vector<c10::impl::GenericDict>{};
   const RngState rng = get_rng_state();
   auto cpu_states = all_gather(rng.cpu.to(device()));
   const auto cuda_flat = rng.cuda.empty() ? torch::empty({0}, torch::kUInt8) : torch::cat(rng.cuda);
@@ -259,7 +269,8 @@ std::function<c10::IValue(const CheckpointState&)> Fabric::gather_for_save() {
   auto cuda_counts =
       all_gather(torch::tensor({static_cast<int64_t>(rng.cuda.size())}).to(device()));
   return [this, cpu_states = std::move(cpu_states), cuda_states = std::move(cuda_states),
-          cuda_counts = std::move(cuda_counts)](const CheckpointState& contents) {
+          cuda_counts = std::move(cuda_counts),
+          fp8 = std::move(fp8)](const CheckpointState& contents) {
     std::vector<RngState> by_rank(cpu_states.size());
     for (size_t r = 0; r < cpu_states.size(); ++r) {
       by_rank[r].cpu = cpu_states[r].cpu();
@@ -267,7 +278,7 @@ std::function<c10::IValue(const CheckpointState&)> Fabric::gather_for_save() {
       if (n > 0) by_rank[r].cuda = cuda_states[r].cpu().chunk(n);
     }
     return checkpoint_contents({config_.to_yaml(), config_.hash(), world_size()}, contents,
-                               precision().scaler(), by_rank);
+                               precision().scaler(), by_rank, fp8);
   };
 }
 
@@ -281,7 +292,7 @@ bool Fabric::saves_sharded() const {
 void Fabric::save(const std::string& path, const CheckpointState& state) {
   const PhaseScope phase(*this, Phase::kSave);
   const auto file = absolute_from_working_directory(path);
-  const auto contents_of = gather_for_save();
+  const auto contents_of = gather_for_save(state);
   if (saves_sharded()) {
     // Each rank writes what it holds: nothing gathered.
     const CheckpointState contents = with_local_pieces(strategy_->sharded_state(), state);
@@ -315,7 +326,7 @@ std::function<void()> Fabric::snapshot_for_save(const std::string& path,
                                                 std::shared_ptr<c10::IValue>& snapshot) {
   const PhaseScope phase(*this, Phase::kSave);
   const auto file = absolute_from_working_directory(path);
-  const auto contents_of = gather_for_save();
+  const auto contents_of = gather_for_save(state);
   if (saves_sharded()) {
     const CheckpointState contents = with_local_pieces(strategy_->sharded_state(), state);
     const c10::IValue value =
@@ -369,6 +380,7 @@ void Fabric::load(const std::string& path, CheckpointState& state, bool strict) 
             with_split_optimizers(strategy_->sharded_state(), state, /*gather=*/false),
             whole_modules),
         strict, precision().scaler(), global_rank());
+    if (delayed_fp8()) internal::prepare_fp8_histories(prepared, state, global_rank());
     if (!prepared.saved_config.empty()) {
       const auto diff =
           config_differences(prepared.saved_config, config_.to_yaml(), {"checkpoint", "logging"});

@@ -25,7 +25,8 @@ c10::IValue find(const Dict& dict, const std::string& key) {
 }  // namespace
 
 c10::IValue checkpoint_contents(const CheckpointMeta& meta, const CheckpointState& state,
-                                Stateful* scaler, const std::vector<RngState>& rng_by_rank) {
+                                Stateful* scaler, const std::vector<RngState>& rng_by_rank,
+                                const std::vector<c10::impl::GenericDict>& extra_by_rank) {
   Dict fabric = new_dict();
   fabric.insert("format_version", kFormatVersion);
   fabric.insert("libtorch_version", std::string(TORCH_VERSION));
@@ -39,12 +40,15 @@ c10::IValue checkpoint_contents(const CheckpointMeta& meta, const CheckpointStat
   Dict entries = new_dict();
   for (const auto& e : state.entries()) entries.insert(e.name, e.save());
   c10::impl::GenericList ranks(c10::AnyType::get());
-  for (const RngState& rng : rng_by_rank) {
+  for (size_t r = 0; r < rng_by_rank.size(); ++r) {
+    const RngState& rng = rng_by_rank[r];
     Dict d = new_dict();
     d.insert("cpu", rng.cpu.cpu());
     c10::impl::GenericList cuda(c10::AnyType::get());  // typed lists pickle as code calls
     for (const auto& t : rng.cuda) cuda.push_back(t.cpu().clone());
     d.insert("cuda", cuda);
+    if (r < extra_by_rank.size())
+      for (const auto& item : extra_by_rank[r]) d.insert(item.key(), item.value());
     ranks.push_back(d);
   }
   Dict top = new_dict();
@@ -119,6 +123,7 @@ PreparedCheckpoint prepare_checkpoint(const c10::IValue& contents, const std::st
   const auto ranks = rng.isList() ? rng.toList() : c10::impl::GenericList(c10::AnyType::get());
   if (rank < static_cast<int64_t>(ranks.size())) {
     const Dict mine = ranks.get(rank).toGenericDict();
+    out.rank_state = mine;
     RngState s;
     s.cpu = find(mine, "cpu").toTensor();
     for (const auto& t : find(mine, "cuda").toList()) s.cuda.push_back(t.get().toTensor());

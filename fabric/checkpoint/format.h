@@ -4,7 +4,9 @@
 //               "config_hash", "world_size", "saved_unix_time"},
 //    "state": {entry name → entry value (fabric/checkpoint/checkpoint_state.h)},
 //    "grad_scaler": {...} (16-mixed only),
-//    "rng": [{"cpu": uint8 tensor, "cuda": [uint8 tensor per device]} for each global rank]}
+//    "rng": [{"cpu": uint8 tensor, "cuda": [uint8 tensor per device],
+//             "fp8_amax_history": {...} (fabric.fp8.recipe: delayed; fabric/nn/fp8_history.h)}
+//            for each global rank]}
 // Building and checking the dict is here; writing it from every rank is writer.h's, reading it
 // read_checkpoint's (sharded.h).
 #ifndef FABRIC_CHECKPOINT_FORMAT_H_
@@ -31,15 +33,19 @@ struct CheckpointMeta {
 };
 
 // The file's contents: `state`'s entries as they are now, the GradScaler when there is one
-// (16-mixed; `scaler`), and the generator states of every rank, in rank order.
+// (16-mixed; `scaler`), and the generator states of every rank, in rank order, each rank's with
+// the entries of its `extra_by_rank` dict beside them (empty: none).
 c10::IValue checkpoint_contents(const CheckpointMeta& meta, const CheckpointState& state,
-                                Stateful* scaler, const std::vector<RngState>& rng_by_rank);
+                                Stateful* scaler, const std::vector<RngState>& rng_by_rank,
+                                const std::vector<c10::impl::GenericDict>& extra_by_rank = {});
 
 // A loaded checkpoint, checked against `state`, ready to apply.
 struct PreparedCheckpoint {
   std::vector<std::function<void()>> apply;  // writes everything back; cannot fail
   std::vector<std::string> warnings;         // one line each, without the file name
   std::string saved_config;                  // the saver's resolved config ("" if absent)
+  // This rank's entry of "rng" (its generator states and extra_by_rank's; None if absent).
+  c10::IValue rank_state;
 };
 
 // Checks `contents` (read from `source`) against `state`: every entry must fit, and with

@@ -45,7 +45,7 @@ enum class Fp8Scaling { kTensorwise, kRowwise, kDelayed };
 // backward casts with the same scales as the first run. An operand's first training pass seeds
 // the history with its own amax (the same scale and bits as tensorwise); until then, a pass
 // without a graph scales dynamically. Non-finite amaxes count as 0. The history is not part of the
-// module's state (not in state_dict or checkpoints): a resumed run's first step seeds it again.
+// module's state (not in state_dict): Fabric's checkpoints keep it per rank (fp8_history.h).
 struct Fp8History {
   explicit Fp8History(int64_t length = 16);
   int64_t length;

@@ -183,6 +183,7 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   bool fp8() const { return fp8_; }
   Fp8Scaling fp8_scaling() const { return fp8_scaling_; }
   const std::optional<Fp8History>& fp8_history() const { return fp8_history_; }
+  std::optional<Fp8History>& fp8_history() { return fp8_history_; }  // (fp8_history.h restores it)
   // The per-row scale buffer of a weight stored in float8 (fabric/nn/frozen_weight.h's
   // kWeightScale, LoRA's base_dtype fp8), or an undefined tensor.
   torch::Tensor weight_scale() const;

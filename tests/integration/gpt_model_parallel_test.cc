@@ -1,7 +1,8 @@
 // examples/gpt under model_parallel and fp8-mixed on CPU: tp x dp (with sequence parallelism,
 // hybrid sharding, empty init) equals ddp, its checkpoints resume at other shapes and mid-epoch
 // bitwise, dropout under tp recomputes its masks, fp8-mixed trains within 2% of bf16-mixed (one
-// process, fsdp, tp), and a head count tp cannot split is refused.
+// process, fsdp, tp) and resumes bitwise under delayed scaling, and a head count tp cannot split
+// is refused.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -195,6 +196,38 @@ TEST_F(GptExampleTest, Fp8MixedTrainsWithinTwoPercentOfBf16Mixed) {
     EXPECT_NEAR(loss8 / loss16, 1.0, 0.02) << name << ": " << loss8 << " vs " << loss16;
     EXPECT_NE(loss8, loss16) << name;
   }
+}
+
+// fabric.fp8.recipe: delayed: each rank's amax histories are in the checkpoint, beside its
+// generator states, so a run resumed mid-epoch over 2 ddp ranks (whose histories differ: each
+// quantizes its own activations and gradients) ends bitwise like the uninterrupted one. Resumed
+// with another history length, it names the layer that does not fit and seeds them again.
+TEST_F(GptExampleTest, DelayedFp8ResumesBitwiseWithEachRanksHistories) {
+  const std::string a = args(2) +
+                        " fabric.precision=fp8-mixed fabric.fp8.recipe=delayed"
+                        " checkpoint.every_n_steps=3";
+  if (!expect_resume_bitwise("gpt", a, 3, 6)) return;
+  const Result other =
+      run("gpt", a +
+                     " fabric.fp8.amax_history=4 logging.run_dir=other"
+                     " checkpoint.resume=" +
+                     (dir_ / "whole" / "checkpoints" / "step-00000003.ckpt").string());
+  EXPECT_EQ(other.code, 0) << other.out;
+  EXPECT_NE(other.out.find("fp8 amax histories of rank 0 do not fit: "
+                           "model/transformer.h.0.attn.c_attn: 16 steps saved, "
+                           "fabric.fp8.amax_history is 4: delayed scaling seeds them again at the "
+                           "first step"),
+            std::string::npos)
+      << other.out;
+}
+
+// The same through fsdp's sharded checkpoint (the histories are in its common part).
+TEST_F(GptExampleTest, DelayedFp8ResumesBitwiseFromAShardedCheckpoint) {
+  expect_resume_bitwise("gpt",
+                        args(2, "fsdp") +
+                            " fabric.precision=fp8-mixed fabric.fp8.recipe=delayed"
+                            " checkpoint.every_n_steps=3",
+                        3, 6);
 }
 
 // 3 heads over tp 2 would cut a head apart (the plan splits by whole heads): refused before

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "fabric/core/error.h"
+#include "fabric/nn/fp8_history.h"
 #include "fabric/nn/tensor_parallel.h"
 #include "fabric/precision/autocast.h"
 #include "fabric/precision/precision.h"
@@ -263,6 +264,66 @@ TEST(Fp8Test, DelayedUnderActivationCheckpointingGivesThePlainGradientsBitwise) 
   ASSERT_TRUE(copy->fp8_history().has_value());
   EXPECT_EQ(copy->fp8_history()->length, 3);
   EXPECT_FALSE(copy->fp8_history()->amax.defined());
+}
+
+void copy_parameters(Mlp& from, Mlp& to) {
+  torch::NoGradGuard off;
+  for (size_t i = 0; i < from->parameters().size(); ++i)
+    to->parameters()[i].copy_(from->parameters()[i]);
+}
+
+// One training step of `m` on x; returns its gradients.
+std::vector<torch::Tensor> mlp_step(Mlp& m, const torch::Tensor& x) {
+  m->zero_grad();
+  m->forward(x).pow(2).sum().backward();
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : m->parameters()) grads.push_back(p.grad().clone());
+  return grads;
+}
+
+// Delayed scaling's histories through a checkpoint (fp8_history.h; Fabric::save keeps each
+// rank's): packed, read back as the file keeps them and restored into a model with the same
+// weights, its next step's gradients are bitwise those of the model that kept its own (a fresh
+// history seeds from the step's own amaxes: other gradients); another history length is refused
+// naming the layer and both lengths; a layer the file lacks starts afresh.
+TEST(Fp8Test, DelayedHistoriesRestoredGiveTheNextStepBitwise) {
+  torch::manual_seed(5);
+  Mlp kept, restored, fresh;
+  for (Mlp* m : {&kept, &restored, &fresh})
+    fabric::nn::convert_to_fp8(**m, {}, Fp8Scaling::kDelayed, 3);
+  for (int step = 0; step < 2; ++step) mlp_step(kept, torch::randn({32, 64}) * (2 + step));
+  copy_parameters(kept, restored);
+  copy_parameters(kept, fresh);
+  const fabric::nn::NamedModules saved_from = {{"model", kept.get()}};
+  const fabric::nn::Fp8HistoryPack pack = fabric::nn::pack_fp8_histories(saved_from);
+  EXPECT_EQ(pack.names, "model/fc1 3\nmodel/fc2 3\n");
+  const auto saved = fabric::nn::fp8_histories_dict(pack.values, pack.names);
+  std::string why;
+  const auto apply = fabric::nn::restore_fp8_histories(saved, {{"model", restored.get()}}, &why);
+  ASSERT_TRUE(apply) << why;
+  apply();
+  EXPECT_TRUE(torch::equal(restored->fc2->fp8_history()->amax, kept->fc2->fp8_history()->amax));
+  const torch::Tensor x = torch::randn({32, 64}) * 0.5;  // smaller: the history's scale differs
+  const auto want = mlp_step(kept, x), got = mlp_step(restored, x), other = mlp_step(fresh, x);
+  EXPECT_TRUE(all_equal(want, got));
+  EXPECT_FALSE(all_equal(want, other)) << "the histories changed nothing";
+
+  Mlp longer;
+  fabric::nn::convert_to_fp8(*longer, {}, Fp8Scaling::kDelayed, 4);
+  EXPECT_FALSE(fabric::nn::restore_fp8_histories(saved, {{"model", longer.get()}}, &why));
+  EXPECT_EQ(why, "model/fc1: 3 steps saved, fabric.fp8.amax_history is 4");
+  EXPECT_FALSE(fabric::nn::restore_fp8_histories(saved, {{"net", restored.get()}}, &why));
+  EXPECT_EQ(why, "saved for a layer this model lacks (model/fc1)");
+
+  auto only_fc1 = saved.copy();
+  only_fc1.erase("model/fc2");
+  const auto partial =
+      fabric::nn::restore_fp8_histories(only_fc1, {{"model", restored.get()}}, &why);
+  ASSERT_TRUE(partial) << why;
+  partial();
+  EXPECT_EQ(restored->fc2->fp8_history()->amax.abs().sum().item<float>(), 0.f);
+  EXPECT_FALSE(restored->fc2->fp8_history()->seeded.any().item<bool>());
+  EXPECT_TRUE(restored->fc1->fp8_history()->seeded.all().item<bool>());
 }
 
 // A GPT MLP's second layer: linear(gelu_tanh(h)) with the GELU inside fp8_linear (fused into the
