@@ -84,6 +84,7 @@ struct ResolvedSetup {
   std::vector<std::string> fp8_exclude;  // fabric.fp8.exclude_modules
   bool fp8_rowwise = false;              // fabric.fp8.recipe: rowwise
   int64_t fp8_amax_history = 0;          // recipe delayed: fabric.fp8.amax_history; else 0
+  bool fp8_fast_accumulation = true;     // fabric.fp8.fast_accumulation
   GradScalerOptions scaler;
   uint64_t seed = 0;
   bool deterministic = false;

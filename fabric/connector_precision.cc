@@ -85,6 +85,8 @@ void resolve_precision_options(const Config& c, const MachineFacts& m, ResolvedS
     s.warnings.push_back(c.origin("fabric.fp8.amax_history") +
                          ": fabric.fp8.amax_history: has no effect under fabric.fp8.recipe: " +
                          recipe + " (it configures delayed scaling)");
+  s.fp8_fast_accumulation = c.get_bool("fabric.fp8.fast_accumulation");
+  if (!s.fp8_fast_accumulation && !fp8) no_effect("fabric.fp8.fast_accumulation");
   if (!s.fp8_rowwise || !fp8) return;
   if (s.accelerator != c10::DeviceType::CUDA)
     throw c.error_at("fabric.fp8.recipe",

@@ -48,6 +48,10 @@ ConfigSchema default_schema() {
         KeySpec::integer(16).min(1).doc(
             "fp8-mixed with recipe delayed: steps of amax history each operand's scale comes "
             "from (their largest)"));
+  s.add("fabric.fp8.fast_accumulation",
+        KeySpec::boolean(true).doc(
+            "fp8-mixed on CUDA: the GEMMs torchao runs with _scaled_mm's fast accumulation "
+            "(the forward's; rowwise: all three) do so; false: every GEMM accumulates precisely"));
   s.add("fabric.sync_batchnorm",
         KeySpec::boolean(false).doc("ddp: BatchNorm statistics over the global batch"));
   s.add("fabric.seed",

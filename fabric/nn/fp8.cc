@@ -40,9 +40,9 @@ torch::Tensor scale_b(const torch::Tensor& inverse) {
 
 // a [M, K] row-major, b [K, N] column-major (b = w8.t() of a row-major w8 [N, K]).
 torch::Tensor scaled_mm(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& sa,
-                        const torch::Tensor& sb, c10::ScalarType out,
+                        const torch::Tensor& sb, c10::ScalarType out, bool fast,
                         const std::optional<torch::Tensor>& bias = std::nullopt) {
-  return at::_scaled_mm(a, b, sa, sb, bias, /*scale_result=*/std::nullopt, out);
+  return at::_scaled_mm(a, b, sa, sb, bias, /*scale_result=*/std::nullopt, out, fast);
 }
 
 bool fits(int64_t m, int64_t k, int64_t n) { return m % 16 == 0 && k % 16 == 0 && n % 16 == 0; }
@@ -57,11 +57,12 @@ struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
   // bias: a tensor with no elements for none (an undefined tensor cannot be an input).
   // history, seeded: Fp8History's tensors under delayed scaling (no elements otherwise); record:
   // this forward records a graph (its backward will run); gelu: the layer's input is
-  // gelu_tanh(x) (x the pre-activation; the CUDA kernels apply it as they read x).
+  // gelu_tanh(x) (x the pre-activation; the CUDA kernels apply it as they read x); fast:
+  // fp8_linear's fast_accumulation.
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, const torch::Tensor& bias, bool rowwise,
                                const torch::Tensor& history, const torch::Tensor& seeded,
-                               bool record, bool gelu) {
+                               bool record, bool gelu, bool fast) {
     const int64_t k = weight.size(1), n = weight.size(0);
     const torch::Tensor x2 = x.reshape({-1, k}).contiguous();
     const c10::ScalarType out = output_dtype(x);
@@ -80,7 +81,7 @@ struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
     const bool in_gemm = !rowwise && (out == torch::kBFloat16 || out == torch::kHalf);
     torch::Tensor y =
         scaled_mm(qx.q, qw.q.t(), scale_a(qx.rows_inverse), scale_b(qw.rows_inverse),
-                  rowwise ? torch::kBFloat16 : out,
+                  rowwise ? torch::kBFloat16 : out, fast,
                   has_bias && in_gemm ? std::optional<torch::Tensor>(bias.to(out)) : std::nullopt);
     if (y.scalar_type() != out) y = y.to(out);
     if (has_bias && !in_gemm) y = y + bias.to(out);
@@ -94,6 +95,7 @@ struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
         static_cast<int64_t>(has_bias ? bias.scalar_type() : x.scalar_type());
     ctx->saved_data["has_bias"] = has_bias;
     ctx->saved_data["rowwise"] = rowwise;
+    ctx->saved_data["fast_backward"] = fast && rowwise;  // as torchao: rowwise's backward too
     ctx->saved_data["history"] = history;
     ctx->saved_data["seeded"] = seeded;
     std::vector<int64_t> sizes = x.sizes().vec();
@@ -109,6 +111,7 @@ struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
     const auto x_dtype = static_cast<c10::ScalarType>(ctx->saved_data["x_dtype"].toInt());
     const auto w_dtype = static_cast<c10::ScalarType>(ctx->saved_data["w_dtype"].toInt());
     const bool rowwise = ctx->saved_data["rowwise"].toBool();
+    const bool fast = ctx->saved_data["fast_backward"].toBool();
     const int64_t k = w8t.size(0), n = w8t.size(1);
     std::vector<int64_t> x_sizes = grads[0].sizes().vec();
     x_sizes.back() = k;
@@ -126,21 +129,21 @@ struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
                                             dg ? &*dg : nullptr, has_bias ? &bias_sum : nullptr);
     // grad_x [M, K] = g [M, N] · w [N, K]: w as a column-major [N, K].
     torch::Tensor grad_x = scaled_mm(qg.q, w8t.t(), scale_a(qg.rows_inverse), scale_b(sw),
-                                     rowwise ? torch::kBFloat16 : x_dtype)
+                                     rowwise ? torch::kBFloat16 : x_dtype, fast)
                                .to(x_dtype);
     // Through the GELU the forward applied (to the pre-activation it saved).
     if (saved[4].defined()) grad_x = torch::gelu_backward(grad_x, saved[4], "tanh");
     grad_x = grad_x.view(x_sizes);
     // grad_w [N, K] = gᵀ [N, M] · x [M, K]: gᵀ row-major, x column-major.
     const torch::Tensor grad_w = scaled_mm(qg.qt, x8t.t(), scale_a(qg.cols_inverse), scale_b(sx),
-                                           rowwise ? torch::kBFloat16 : torch::kFloat)
+                                           rowwise ? torch::kBFloat16 : torch::kFloat, fast)
                                      .to(w_dtype);
     torch::Tensor grad_b;
     if (has_bias) {
       if (!bias_sum.defined()) bias_sum = g2.sum(0, /*keepdim=*/false, torch::kFloat);
       grad_b = bias_sum.to(static_cast<c10::ScalarType>(ctx->saved_data["b_dtype"].toInt()));
     }
-    return {grad_x,          grad_w,          grad_b,          torch::Tensor(),
+    return {grad_x,          grad_w,          grad_b,          torch::Tensor(), torch::Tensor(),
             torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
@@ -155,7 +158,7 @@ Fp8History::Fp8History(int64_t length) : length(length), seeded(torch::zeros({3}
 
 torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight,
                          const torch::Tensor& bias, Fp8Scaling scaling, Fp8History* history,
-                         bool gelu_tanh_input) {
+                         bool gelu_tanh_input, bool fast_accumulation) {
   const int64_t m = x.numel() / std::max<int64_t>(x.size(-1), 1);
   if (!fits(m, weight.size(1), weight.size(0)))
     return torch::linear(gelu_tanh_input ? torch::gelu(x, "tanh") : x, weight, bias);
@@ -180,7 +183,7 @@ torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight,
     record = torch::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
   }
   return Fp8Linear::apply(x, weight, bias.defined() ? bias : torch::empty({0}, weight.options()),
-                          rowwise, amax, seeded, record, gelu_tanh_input);
+                          rowwise, amax, seeded, record, gelu_tanh_input, fast_accumulation);
 }
 
 bool fp8_supported(const torch::Device& device, std::string* why_not, Fp8Scaling scaling) {
@@ -210,7 +213,7 @@ bool fp8_supported(const torch::Device& device, std::string* why_not, Fp8Scaling
 }
 
 Fp8Conversion convert_to_fp8(torch::nn::Module& module, const std::vector<std::string>& exclude,
-                             Fp8Scaling scaling, int64_t history_length) {
+                             Fp8Scaling scaling, int64_t history_length, bool fast_accumulation) {
   Fp8Conversion out;
   // The module itself by reference (named_modules can include it only when a shared_ptr owns it).
   std::vector<std::pair<std::string, torch::nn::Module*>> all = {{"(root)", &module}};
@@ -235,7 +238,7 @@ Fp8Conversion convert_to_fp8(torch::nn::Module& module, const std::vector<std::s
     } else if (l->weight.size(0) % 16 != 0 || l->weight.size(1) % 16 != 0) {
       out.unfit.push_back(name);
     } else {
-      l->set_fp8(true, scaling, history_length);
+      l->set_fp8(true, scaling, history_length, fast_accumulation);
       out.converted.push_back(name);
     }
   }

@@ -63,9 +63,14 @@ struct Fp8History {
 // pre-activation: on CUDA, tensorwise, the cast kernels apply the GELU as they read x (the same
 // values an unfused torch::gelu would write), so its output is never written in 16 bits; backward
 // goes through the GELU from the saved pre-activation. Elsewhere torch::gelu runs first.
+// fast_accumulation: the GEMMs torchao runs with _scaled_mm's use_fast_accum (Hopper's float8
+// tensor cores accumulate without promoting partial sums to float32 every few steps: faster,
+// less precise): the forward's under tensorwise and delayed scaling, all three under rowwise
+// (whose CUTLASS kernels are fast only so); false: none. CPU GEMMs ignore it.
 torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight,
                          const torch::Tensor& bias, Fp8Scaling scaling = Fp8Scaling::kTensorwise,
-                         Fp8History* history = nullptr, bool gelu_tanh_input = false);
+                         Fp8History* history = nullptr, bool gelu_tanh_input = false,
+                         bool fast_accumulation = true);
 
 // Whether `device` can run float8 GEMMs with `scaling`; `why_not` (when given) receives the
 // reason otherwise ("compute capability 8.0 < 8.9").
@@ -83,10 +88,11 @@ struct Fp8Conversion {
 // Turns float8 GEMMs on for every fabric::nn::Linear of `module` except those whose name matches
 // a pattern of `exclude` (the plan pattern syntax of tensor_parallel.h: '*' is one name
 // component) and those whose sizes _scaled_mm cannot take, with `scaling` (kDelayed: each layer
-// with its own Fp8History of `history_length` ≥ 1 steps; ignored otherwise). Returns what it did.
+// with its own Fp8History of `history_length` ≥ 1 steps; ignored otherwise) and
+// `fast_accumulation` (fp8_linear's). Returns what it did.
 Fp8Conversion convert_to_fp8(torch::nn::Module& module, const std::vector<std::string>& exclude,
                              Fp8Scaling scaling = Fp8Scaling::kTensorwise,
-                             int64_t history_length = 16);
+                             int64_t history_length = 16, bool fast_accumulation = true);
 
 }  // namespace fabric::nn
 

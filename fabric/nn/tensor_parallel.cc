@@ -76,9 +76,11 @@ void LinearImpl::reset() {
   }
 }
 
-void LinearImpl::set_fp8(bool on, Fp8Scaling scaling, int64_t history_length) {
+void LinearImpl::set_fp8(bool on, Fp8Scaling scaling, int64_t history_length,
+                         bool fast_accumulation) {
   fp8_ = on;
   fp8_scaling_ = scaling;
+  fp8_fast_accumulation_ = fast_accumulation;
   fp8_history_.reset();
   if (on && scaling == Fp8Scaling::kDelayed) fp8_history_.emplace(history_length);
 }
@@ -200,7 +202,7 @@ torch::Tensor LinearImpl::forward_gelu_tanh(const torch::Tensor& x) {
   if (!fp8_ || parallel_ || lora_rank_ > 0 || is_stored_weight(weight, weight_scale(), x))
     return forward(torch::gelu(x, "tanh"));
   return fp8_linear(x, weight, bias, fp8_scaling_, fp8_history_ ? &*fp8_history_ : nullptr,
-                    /*gelu_tanh_input=*/true);
+                    /*gelu_tanh_input=*/true, fp8_fast_accumulation_);
 }
 
 namespace {
@@ -250,7 +252,8 @@ torch::Tensor LinearImpl::base_forward(const torch::Tensor& x) {
   auto gemm = [&](const torch::Tensor& in, const torch::Tensor& b) {
     // A frozen weight stored in bf16 or float8 (LoRA's base): dequantized inside the GEMM.
     if (is_stored_weight(weight, scale, in)) return frozen_linear(in, weight, scale, b);
-    return fp8_ ? fp8_linear(in, weight, b, fp8_scaling_, fp8_history_ ? &*fp8_history_ : nullptr)
+    return fp8_ ? fp8_linear(in, weight, b, fp8_scaling_, fp8_history_ ? &*fp8_history_ : nullptr,
+                             /*gelu_tanh_input=*/false, fp8_fast_accumulation_)
                 : torch::linear(in, weight, b);
   };
   if (!parallel_) return gemm(x, bias);

@@ -178,10 +178,13 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   void set_parallel(TensorParallelShard shard);  // parallelize() calls it
   void clear_parallel() { parallel_.reset(); }   // unparallelize() calls it, after the gather
   // Float8 GEMMs (fabric/nn/fp8.h) instead of ATen's linear; convert_to_fp8() sets it. kDelayed:
-  // with a fresh Fp8History of `history_length` steps (a clone gets its own, fresh too).
-  void set_fp8(bool on, Fp8Scaling scaling = Fp8Scaling::kTensorwise, int64_t history_length = 16);
+  // with a fresh Fp8History of `history_length` steps (a clone gets its own, fresh too);
+  // fast_accumulation: fp8_linear's.
+  void set_fp8(bool on, Fp8Scaling scaling = Fp8Scaling::kTensorwise, int64_t history_length = 16,
+               bool fast_accumulation = true);
   bool fp8() const { return fp8_; }
   Fp8Scaling fp8_scaling() const { return fp8_scaling_; }
+  bool fp8_fast_accumulation() const { return fp8_fast_accumulation_; }
   const std::optional<Fp8History>& fp8_history() const { return fp8_history_; }
   std::optional<Fp8History>& fp8_history() { return fp8_history_; }  // (fp8_history.h restores it)
   // The per-row scale buffer of a weight stored in float8 (fabric/nn/frozen_weight.h's
@@ -233,6 +236,7 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   std::optional<TensorParallelShard> parallel_;
   bool fp8_ = false;
   Fp8Scaling fp8_scaling_ = Fp8Scaling::kTensorwise;
+  bool fp8_fast_accumulation_ = true;
   std::optional<Fp8History> fp8_history_;  // kDelayed's
   int64_t lora_rank_ = 0;
   double lora_scaling_ = 0, lora_dropout_ = 0;

@@ -67,6 +67,9 @@ class Precision {
   // fabric.fp8.recipe: delayed: the steps of amax history each scale comes from (0: dynamic).
   void set_fp8_amax_history(int64_t steps) { fp8_amax_history_ = steps; }
   int64_t fp8_amax_history() const { return fp8_amax_history_; }
+  // fabric.fp8.fast_accumulation (fabric/nn/fp8.h's fp8_linear).
+  void set_fp8_fast_accumulation(bool on) { fp8_fast_accumulation_ = on; }
+  bool fp8_fast_accumulation() const { return fp8_fast_accumulation_; }
   // Casts a floating tensor to param_dtype() for *-true/64-true; other tensors pass unchanged.
   torch::Tensor convert_input(const torch::Tensor& tensor) const;
 
@@ -89,6 +92,7 @@ class Precision {
   std::vector<std::string> fp8_exclude_;
   bool fp8_rowwise_ = false;
   int64_t fp8_amax_history_ = 0;
+  bool fp8_fast_accumulation_ = true;
 };
 
 }  // namespace fabric

@@ -77,4 +77,16 @@ TEST(ConnectorTest, Fp8DelayedCarriesItsHistoryLengthAndItsKeyWarnsElsewhere) {
       "command line: fabric.fp8.amax_history: 0 is out of range: must be >= 1");
 }
 
+TEST(ConnectorTest, Fp8FastAccumulationIsOnByDefaultAndItsKeyWarnsElsewhere) {
+  EXPECT_TRUE(resolve({"fabric.precision=fp8"}, cpu_machine()).fp8_fast_accumulation);
+  auto s = resolve({"fabric.precision=fp8", "fabric.fp8.fast_accumulation=false"}, cpu_machine());
+  EXPECT_FALSE(s.fp8_fast_accumulation);
+  EXPECT_FALSE(build_strategy(s)->precision().fp8_fast_accumulation());
+  s = resolve({"fabric.precision=bf16-mixed", "fabric.fp8.fast_accumulation=false"}, cpu_machine());
+  EXPECT_EQ(std::count(s.warnings.begin(), s.warnings.end(),
+                       "command line: fabric.fp8.fast_accumulation: has no effect under "
+                       "fabric.precision: bf16-mixed (it configures fp8-mixed)"),
+            1);
+}
+
 }  // namespace

@@ -64,6 +64,8 @@ DEFINE_int32(batch, 512, "batch size");
 DEFINE_string(precision, "32-true", "32-true | bf16-mixed | 16-mixed | fp8-mixed");
 DEFINE_string(fp8_recipe, "tensorwise",
               "fp8-mixed scales: tensorwise | rowwise | delayed (fabric.fp8.recipe)");
+DEFINE_bool(fp8_fast_accumulation, true,
+            "fp8-mixed: fabric.fp8.fast_accumulation (false: every GEMM accumulates precisely)");
 DEFINE_int32(steps, 50, "timed steps (data=static)");
 DEFINE_int32(warmup, 15, "untimed steps first");
 DEFINE_string(data, "static", "static | epoch");
@@ -297,13 +299,15 @@ int run_gpt(fabric::Fabric& f) {
   }
   std::printf(
       "RESULT {\"framework\": \"fabric++\", \"model\": \"%s\", \"batch\": %d, \"seq\": %lld, "
-      "\"precision\": \"%s\", \"fp8_recipe\": \"%s\", \"cuda_graphs\": %s, \"fused_loss\": %s, "
+      "\"precision\": \"%s\", \"fp8_recipe\": \"%s\", \"fp8_fast_accumulation\": %s, "
+      "\"cuda_graphs\": %s, \"fused_loss\": %s, "
       "\"activation_checkpointing\": %s, \"fused_layer_norm\": %s, \"optimizer_impl\": \"%s\", "
       "\"clip\": %g, \"parameters\": %lld, \"steps\": %d, \"seconds\": %.6f, "
       "\"tokens_per_s\": %.1f, \"step_ms\": %.4f, \"tflops\": %.2f, \"mfu\": %.4f, "
       "\"peak_device_mib\": %.1f, \"start_device_mib\": %.1f, \"device\": \"%s\"}\n",
       FLAGS_model.c_str(), FLAGS_batch, static_cast<long long>(T), FLAGS_precision.c_str(),
-      FLAGS_fp8_recipe.c_str(), graphed.graphed() ? "true" : "false", fused ? "true" : "false",
+      FLAGS_fp8_recipe.c_str(), FLAGS_fp8_fast_accumulation ? "true" : "false",
+      graphed.graphed() ? "true" : "false", fused ? "true" : "false",
       FLAGS_activation_checkpointing ? "true" : "false", FLAGS_fused_layer_norm ? "true" : "false",
       FLAGS_optimizer_impl.c_str(), FLAGS_clip, static_cast<long long>(config.parameters()),
       FLAGS_steps, seconds, tokens_per_s, 1000.0 * seconds / FLAGS_steps, tflops,
@@ -322,6 +326,8 @@ int main(int argc, char** argv) {
       {"fabric.accelerator=" + FLAGS_accelerator, "fabric.devices=1",
        "fabric.strategy=single_device", "fabric.precision=" + FLAGS_precision,
        "fabric.fp8.recipe=" + FLAGS_fp8_recipe, "fabric.cudnn_benchmark=true",
+       std::string("fabric.fp8.fast_accumulation=") +
+           (FLAGS_fp8_fast_accumulation ? "true" : "false"),
        "fabric.num_threads=" + std::to_string(FLAGS_threads),
        std::string("fabric.channels_last=") + (FLAGS_channels_last ? "true" : "false"),
        std::string("fabric.cuda_graphs=") + (FLAGS_cuda_graphs ? "true" : "false")});

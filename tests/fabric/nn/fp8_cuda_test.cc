@@ -1,8 +1,8 @@
 // fabric::nn float8 GEMMs (fabric.precision: fp8-mixed) on a CUDA device of compute capability
 // >= 8.9 (tag gpu; skips elsewhere): the float8 linear equals the CPU's _scaled_mm and stays near
 // float32; its quantization kernels (fabric/nn/kernels/fp8_cast.h) give ATen's bits, tensorwise
-// and rowwise, and rowwise keeps an outlier row from coarsening the others. The CPU side is
-// fp8_test.
+// and rowwise, and rowwise keeps an outlier row from coarsening the others; fast accumulation
+// changes only the forward GEMM, by less than 1%. The CPU side is fp8_test.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -29,8 +29,8 @@ double relative_norm(const torch::Tensor& a, const torch::Tensor& b) {
 
 // On sm_89+ _scaled_mm is cuBLASLt's float8 GEMM. The scales are computed alike on both devices
 // and a product of two float8 values is exact in float32, so the product and both gradients
-// stay within 0.1% of the CPU's _scaled_mm of the same operands, and a few percent from
-// float32's (they were quantized: not equal to it either).
+// stay within 0.1% of the CPU's _scaled_mm of the same operands (with precise accumulation), and
+// a few percent from float32's (they were quantized: not equal to it either).
 TEST(Fp8CudaTest, Fp8LinearOnCudaEqualsTheCpusAndStaysNearFloat32) {
   SKIP_WITHOUT_CUDA();
   std::string why;
@@ -44,7 +44,9 @@ TEST(Fp8CudaTest, Fp8LinearOnCudaEqualsTheCpusAndStaysNearFloat32) {
     torch::Tensor x = x0.to(d, false, true).requires_grad_(),
                   w = w0.to(d, false, true).requires_grad_(),
                   b = b0.to(d, false, true).requires_grad_();
-    torch::Tensor y = fp8 ? fabric::nn::fp8_linear(x, w, b) : torch::linear(x, w, b);
+    torch::Tensor y = fp8 ? fabric::nn::fp8_linear(x, w, b, fabric::nn::Fp8Scaling::kTensorwise,
+                                                   nullptr, false, /*fast_accumulation=*/false)
+                          : torch::linear(x, w, b);
     (y * probe.to(d)).sum().backward();
     return std::vector<torch::Tensor>{y.detach().cpu(), x.grad().cpu(), w.grad().cpu(),
                                       b.grad().cpu()};
@@ -67,6 +69,31 @@ TEST(Fp8CudaTest, Fp8LinearOnCudaEqualsTheCpusAndStaysNearFloat32) {
 // quantized by ATen, bitwise; for float32, bf16 and fp16 inputs, rows and columns not multiples
 // of the kernels' 64 × 64 tile, and an input that starts 6 or 12 bytes into its allocation (the
 // kernels read 16 bytes at a time: fp8_quantize.cc copies such an input first).
+// fabric.fp8.fast_accumulation (on by default), tensorwise: the forward GEMM accumulates in the
+// tensor cores' fast mode and the two gradient GEMMs precisely (torchao's defaults): over a long
+// reduction (K = 4096) the output stays within 1% of the precise GEMM's; the gradients are bitwise
+// the same.
+TEST(Fp8CudaTest, FastAccumulationChangesOnlyTheForwardGemm) {
+  SKIP_WITHOUT_CUDA();
+  std::string why;
+  if (!fabric::nn::fp8_supported(torch::Device(torch::kCUDA, 0), &why)) GTEST_SKIP() << why;
+  torch::manual_seed(5);
+  const torch::Device d(torch::kCUDA, 0);
+  const torch::Tensor x0 = torch::randn({256, 4096}, d), w0 = torch::randn({512, 4096}, d) * 0.02,
+                      probe = torch::randn({256, 512}, d);
+  auto run = [&](bool fast) {
+    torch::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+    torch::Tensor y =
+        fabric::nn::fp8_linear(x, w, {}, fabric::nn::Fp8Scaling::kTensorwise, nullptr, false, fast);
+    (y * probe).sum().backward();
+    return std::vector<torch::Tensor>{y.detach(), x.grad(), w.grad()};
+  };
+  const auto fast = run(true), precise = run(false);
+  EXPECT_LT(relative_norm(fast[0], precise[0]), 1e-2) << max_rel(fast[0], precise[0]);
+  EXPECT_TRUE(torch::equal(fast[1], precise[1]));
+  EXPECT_TRUE(torch::equal(fast[2], precise[2]));
+}
+
 TEST(Fp8CudaTest, Fp8LinearsKernelsQuantizeAsATenDoes) {
   SKIP_WITHOUT_CUDA();
   std::string why;
@@ -79,9 +106,11 @@ TEST(Fp8CudaTest, Fp8LinearsKernelsQuantizeAsATenDoes) {
     const torch::Tensor scale = largest / t.abs().amax().to(torch::kFloat).clamp_min(1e-12);
     return Q{(t.to(torch::kFloat) * scale).clamp(-largest, largest).to(dtype), scale.reciprocal()};
   };
+  // fast: the forward's GEMM accumulates fast (fabric.fp8.fast_accumulation's default), the
+  // gradients' precisely.
   auto mm = [](const torch::Tensor& a, const torch::Tensor& b, const Q& qa, const Q& qb,
-               c10::ScalarType out) {
-    return at::_scaled_mm(a, b, qa.inverse, qb.inverse, std::nullopt, std::nullopt, out);
+               c10::ScalarType out, bool fast = false) {
+    return at::_scaled_mm(a, b, qa.inverse, qb.inverse, std::nullopt, std::nullopt, out, fast);
   };
   torch::manual_seed(1);
   for (const auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf})
@@ -101,7 +130,7 @@ TEST(Fp8CudaTest, Fp8LinearsKernelsQuantizeAsATenDoes) {
       const Q qx = quantize(x0, torch::kFloat8_e4m3fn, 448),
               qw = quantize(w0, torch::kFloat8_e4m3fn, 448),
               qg = quantize(g0, torch::kFloat8_e5m2, 57344);
-      EXPECT_TRUE(torch::equal(y, mm(qx.q, qw.q.t(), qx, qw, dtype))) << dtype << misaligned;
+      EXPECT_TRUE(torch::equal(y, mm(qx.q, qw.q.t(), qx, qw, dtype, true))) << dtype << misaligned;
       EXPECT_TRUE(torch::equal(x.grad(), mm(qg.q, qw.q.t().contiguous().t(), qg, qw, dtype)))
           << dtype;
       EXPECT_TRUE(torch::equal(
@@ -130,9 +159,10 @@ TEST(Fp8CudaTest, Fp8RowwiseQuantizesAsATenDoesAndIsolatesAnOutlierRow) {
         largest / t.abs().amax(dim, true).to(torch::kFloat).clamp_min(1e-12);
     return Q{(t.to(torch::kFloat) * scale).clamp(-largest, largest).to(dtype), scale.reciprocal()};
   };
+  // (Rowwise's three GEMMs accumulate fast by default, as torchao's.)
   auto mm = [](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& sa,
                const torch::Tensor& sb) {
-    return at::_scaled_mm(a, b, sa, sb, std::nullopt, std::nullopt, torch::kBFloat16);
+    return at::_scaled_mm(a, b, sa, sb, std::nullopt, std::nullopt, torch::kBFloat16, true);
   };
   torch::manual_seed(2);
   torch::Tensor x0 = torch::randn({112, 160});

@@ -129,6 +129,22 @@ TEST(Fp8Test, RowwiseIsCarriedByTheConversionAndRefusedOnTheCpu) {
   EXPECT_TRUE(fabric::nn::fp8_supported(torch::kCPU));
 }
 
+// fabric.fp8.fast_accumulation reaches the converted layers through the strategy's setup (on
+// by default; its effect on the GEMMs is fp8_cuda_test's: the CPU's _scaled_mm ignores it).
+TEST(Fp8Test, SetupCarriesFastAccumulationToTheLayers) {
+  for (const bool fast : {true, false}) {
+    auto precision =
+        std::make_unique<fabric::Precision>(fabric::PrecisionMode::kFp8Mixed, c10::DeviceType::CPU);
+    if (!fast) precision->set_fp8_fast_accumulation(false);
+    fabric::strategies::SingleDevice s(torch::kCPU, std::move(precision));
+    Net net;
+    s.setup_module(net);
+    auto* fc = net.named_children()["fc"]->as<fabric::nn::LinearImpl>();
+    EXPECT_TRUE(fc->fp8());
+    EXPECT_EQ(fc->fp8_fast_accumulation(), fast);
+  }
+}
+
 TEST(Fp8Test, SetupRefusesAModelWithNothingToConvert) {
   fabric::strategies::SingleDevice s(
       torch::kCPU,
@@ -316,7 +332,7 @@ TEST(Fp8Test, DelayedHistoriesRestoredGiveTheNextStepBitwise) {
   EXPECT_EQ(why, "saved for a layer this model lacks (model/fc1)");
 
   auto only_fc1 = saved.copy();
-  only_fc1.erase("model/fc2");
+  ASSERT_EQ(only_fc1.erase("model/fc2"), 1u);
   const auto partial =
       fabric::nn::restore_fp8_histories(only_fc1, {{"model", restored.get()}}, &why);
   ASSERT_TRUE(partial) << why;
