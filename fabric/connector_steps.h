@@ -37,8 +37,7 @@ void resolve_strategy_options(const Config& c, const std::string& want, int64_t 
 void resolve_ddp_options(const Config& c, ResolvedSetup& s);
 
 // Step 4: s.precision (with CPU fallbacks and GPU requirements), s.fp8_exclude, s.fp8_rowwise,
-// s.fp8_amax_history;
-// warnings for fp8 keys under another precision.
+// s.fp8_amax_history, s.fp8_fast_accumulation; warnings for fp8 keys under another precision.
 void resolve_precision_options(const Config& c, const MachineFacts& m, ResolvedSetup& s);
 
 }  // namespace fabric::detail
