@@ -74,7 +74,12 @@ int main(int argc, char** argv) {
       fabric::CheckpointState state;
       state.add("model", model).add("optimizer", optimizer).add("train", train);
       fabric::Checkpointer checkpoints(f, state);  // in the run folder; resumes per config
-      for (int64_t epoch = checkpoints.epoch(); epoch < c.get_int("trainer.max_epochs"); ++epoch) {
+      // trainer.max_steps (-1: whole epochs) may end the run inside an epoch; its checkpoint
+      // keeps the loader's place, so a resumed run with a larger bound goes on from there.
+      const int64_t max_steps = c.get_int("trainer.max_steps");
+      const auto done = [&] { return max_steps >= 0 && checkpoints.step() >= max_steps; };
+      for (int64_t epoch = checkpoints.epoch(); epoch < c.get_int("trainer.max_epochs") && !done();
+           ++epoch) {
         model.train();
         for (fabric::Batch& batch : train) {
           optimizer.zero_grad();
@@ -83,6 +88,7 @@ int main(int argc, char** argv) {
           f.step(optimizer);
           checkpoints.step_end();
           if (checkpoints.step() % 10 == 0) f.log("train/loss", loss, checkpoints.step());
+          if (done()) break;
         }
         model.eval();
         auto metrics = f.evaluate(test, [&](const fabric::Batch& b) {
@@ -94,7 +100,9 @@ int main(int argc, char** argv) {
         f.print("epoch ", epoch + 1, ": test loss ", metrics["test/loss"], ", accuracy ",
                 metrics["test/accuracy"]);
         f.log_dict(metrics, checkpoints.step());
-        checkpoints.epoch_end();
+        // An epoch that max_steps cut short is not counted: a resumed run goes on inside it.
+        const fabric::DataLoader::State at = train.state();
+        if (at.batches == 0 || at.batches == train.size()) checkpoints.epoch_end();
       }
       checkpoints.finish();  // the last checkpoint, and the weights to <run dir>/weights.pt
     });

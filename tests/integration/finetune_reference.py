@@ -1,8 +1,8 @@
 """The Python side of finetune_example_test: what transformers, peft and tokenizers make of
 examples:finetune's exports.
 
-  finetune_reference.py loss --model=DIR [--adapter=DIR] --data=FILE.jsonl --template=TEXT
-                             --block_size=N
+  finetune_reference.py loss --model=DIR --adapter=[DIR] [--model=DIR --adapter=[DIR] ...]
+                             --data=FILE.jsonl --template=TEXT --block_size=N
       The validation loss as examples:finetune defines it, computed by transformers (the model
       folder, float32: a Llama-family or GPT-2 model) with peft's adapter loaded onto it when
       --adapter is given (PeftModel.from_pretrained; a warning of peft's, e.g. that it had to set
@@ -11,7 +11,9 @@ examples:finetune's exports.
       id after the response, ids cut to block_size + 1, targets -100 on the prompt, examples
       without a response target dropped; transformers' loss with those labels
       (model(input_ids, labels=...).loss) times each example's response targets, summed over the
-      file, over their count. Prints "LOSS <value>".
+      file, over their count. Prints "LOSS <value>" for each --model in turn (each paired
+      with the --adapter at its place; an empty one: none), so one Python start (transformers'
+      and peft's imports take 10-15 s on 2 vCPUs) serves several folders.
   finetune_reference.py same A B
       Exit 0 when safetensors files A and B hold the same names with bitwise equal tensors.
 """
@@ -23,18 +25,25 @@ import torch
 
 
 def loss(a):
+    if len(a.model) != len(a.adapter):
+        sys.exit(f"{len(a.model)} --model but {len(a.adapter)} --adapter (give --adapter= for none)")
+    for folder, adapter in zip(a.model, a.adapter):
+        one_loss(a, folder, adapter)
+
+
+def one_loss(a, folder, adapter):
     from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM
 
-    tok = Tokenizer.from_file(f"{a.model}/tokenizer.json")
-    eos = json.load(open(f"{a.model}/config.json"))["eos_token_id"]
-    model = AutoModelForCausalLM.from_pretrained(a.model, torch_dtype=torch.float32)
-    if a.adapter:
+    tok = Tokenizer.from_file(f"{folder}/tokenizer.json")
+    eos = json.load(open(f"{folder}/config.json"))["eos_token_id"]
+    model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
+    if adapter:
         import warnings
         from peft import PeftModel
         with warnings.catch_warnings():  # peft warns when it has to fix fan_in_fan_out (Conv1D)
             warnings.simplefilter("error", UserWarning)
-            model = PeftModel.from_pretrained(model, a.adapter)
+            model = PeftModel.from_pretrained(model, adapter)
     model.eval()
     head, tail = a.template.split("{response}")
     total, count = 0.0, 0
@@ -56,7 +65,7 @@ def loss(a):
             out = model(input_ids=torch.tensor([ids]), labels=torch.tensor([labels]))
             total += out.loss.item() * n
             count += n
-    print(f"LOSS {total / count:.9f}")
+    print(f"LOSS {total / count:.9f}", flush=True)
 
 
 def same(a):
@@ -75,8 +84,8 @@ def main():
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="cmd", required=True)
     q = sub.add_parser("loss")
-    q.add_argument("--model", required=True)
-    q.add_argument("--adapter", default="")
+    q.add_argument("--model", action="append", required=True)
+    q.add_argument("--adapter", action="append", default=[])
     q.add_argument("--data", required=True)
     q.add_argument("--template", required=True)
     q.add_argument("--block_size", type=int, required=True)

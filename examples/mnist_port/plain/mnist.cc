@@ -2,8 +2,9 @@
 // example is (a small CNN, SGD with momentum, a test pass per epoch), written for this project.
 // One process, one device; no resume, no logging, no launch modes.
 //
-// Usage: mnist_plain [DATA_ROOT] [--epochs=N] [--sequential] [--save=FILE]
+// Usage: mnist_plain [DATA_ROOT] [--epochs=N] [--max_steps=N] [--sequential] [--save=FILE]
 //   DATA_ROOT     the four uncompressed IDX files (MNIST or Fashion-MNIST); default ./data
+//   --max_steps=N stop training after N > 0 batches in all (the test pass still runs)
 //   --sequential  read the training set in order (default: torch's RandomSampler shuffles)
 //   --save=FILE   write the weights (name -> tensor; Python's torch.load reads them) at the end
 #include <torch/torch.h>
@@ -40,9 +41,10 @@ struct Net : torch::nn::Module {
   torch::nn::Linear fc1, fc2;
 };
 
+// Stops early when `steps_left` (-1: no limit) reaches 0.
 template <typename Loader>
 void train(size_t epoch, Net& model, torch::Device device, Loader& loader,
-           torch::optim::Optimizer& optimizer, size_t dataset_size) {
+           torch::optim::Optimizer& optimizer, size_t dataset_size, int64_t& steps_left) {
   model.train();
   size_t batch_idx = 0;
   for (auto& batch : loader) {
@@ -54,6 +56,7 @@ void train(size_t epoch, Net& model, torch::Device device, Loader& loader,
     if (batch_idx++ % 10 == 0)
       std::printf("Train Epoch: %zu [%5zu/%5zu] Loss: %.4f\n", epoch,
                   batch_idx * batch.data.size(0), dataset_size, loss.template item<float>());
+    if (steps_left > 0 && --steps_left == 0) break;
   }
 }
 
@@ -77,11 +80,14 @@ void test(Net& model, torch::Device device, Loader& loader, size_t dataset_size)
 int main(int argc, char** argv) {
   std::string root = "./data", save;
   size_t epochs = 10;
+  int64_t steps_left = -1;
   bool sequential = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg.rfind("--epochs=", 0) == 0)
       epochs = std::stoul(arg.substr(9));
+    else if (arg.rfind("--max_steps=", 0) == 0)
+      steps_left = std::stol(arg.substr(12));
     else if (arg == "--sequential")
       sequential = true;
     else if (arg.rfind("--save=", 0) == 0)
@@ -113,13 +119,13 @@ int main(int argc, char** argv) {
     auto loader = torch::data::make_data_loader<torch::data::samplers::SequentialSampler>(
         std::move(train_dataset), 64);
     for (size_t epoch = 1; epoch <= epochs; ++epoch) {
-      train(epoch, model, device, *loader, optimizer, train_size);
+      train(epoch, model, device, *loader, optimizer, train_size, steps_left);
       test(model, device, *test_loader, test_size);
     }
   } else {
     auto loader = torch::data::make_data_loader(std::move(train_dataset), 64);
     for (size_t epoch = 1; epoch <= epochs; ++epoch) {
-      train(epoch, model, device, *loader, optimizer, train_size);
+      train(epoch, model, device, *loader, optimizer, train_size, steps_left);
       test(model, device, *test_loader, test_size);
     }
   }
