@@ -147,10 +147,11 @@ rm -rf "$tmp"
 # 6. The libFuzzer harnesses (tests/fuzz/, clang with -fsanitize=fuzzer,address: the config and
 #    checkpoint readers, the .npy/.npz reader, the JPEG/PNG decoders, the tar reader, the sweep
 #    file parser, sharded checkpoint folders, .safetensors, the token reader) build in one Bazel
-#    invocation (both cores compile; one `bazel run` each took 40-70 s of build apiece), then run
-#    15 s each (their seed corpora included; the 10-minute runs are in docs/building.md) without a
-#    crash, a sanitizer report or an unexpected exception. The token reader with meta.json
-#    (tokens) runs 5 s, the .safetensors reader 10 s: their inputs are small and their paths few.
+#    invocation (a `bazel run` each took 20-90 s apiece in CI), then run two at a time (each is
+#    one thread) for 15 s each (their seed corpora included; the 10-minute runs are in
+#    docs/building.md) without a crash, a sanitizer report or an unexpected exception. The token
+#    reader with meta.json (tokens) runs 5 s, the .safetensors reader 10 s: their inputs are small
+#    and their paths few.
 declare -A fuzz_seconds=([tokens]=5 [safetensors]=10)
 harnesses=(config checkpoint npy image tar sweep folder safetensors tokens)
 labels=()
@@ -160,21 +161,34 @@ if ! out=$(bazel build --noshow_progress --config=fuzz "${labels[@]}" 2>&1); the
   fail fuzz_build "$(grep -E 'ERROR|error' <<<"$out" | head -n 5)"
   harnesses=()
 fi
+fuzz_logs=$(mktemp -d)
+run_fuzzer() {  # HARNESS: its output in $fuzz_logs/HARNESS.out, its exit status in .rc
+  local corpus
+  corpus=$(mktemp -d)
+  cp -r "tests/fuzz/corpus/$1/." "$corpus/"
+  LSAN_OPTIONS="suppressions=$PWD/tests/fuzz/lsan.supp" "$fuzz_bin/tests/fuzz/$1_fuzzer" \
+    -max_total_time="${fuzz_seconds[$1]:-15}" -timeout=10 -rss_limit_mb=4096 "$corpus" \
+    >"$fuzz_logs/$1.out" 2>&1
+  echo $? >"$fuzz_logs/$1.rc"
+  rm -rf "$corpus"
+}
 for harness in "${harnesses[@]}"; do
-  tmp=$(mktemp -d)
-  cp -r "tests/fuzz/corpus/$harness/." "$tmp/"
-  out=$(LSAN_OPTIONS="suppressions=$PWD/tests/fuzz/lsan.supp" "$fuzz_bin/tests/fuzz/${harness}_fuzzer" \
-        -max_total_time="${fuzz_seconds[$harness]:-15}" -timeout=10 -rss_limit_mb=4096 "$tmp" 2>&1)
-  rc=$?
+  while [ "$(jobs -rp | wc -l)" -ge 2 ]; do wait -n; done
+  run_fuzzer "$harness" &
+done
+wait
+for harness in "${harnesses[@]}"; do
+  out=$(cat "$fuzz_logs/$harness.out")
+  rc=$(cat "$fuzz_logs/$harness.rc" 2>/dev/null || echo missing)
   runs=$(grep -o 'Done [0-9]* runs in [0-9]* second' <<<"$out" | tail -n 1)
-  if [ $rc -eq 0 ] && [ -n "$runs" ]; then
+  if [ "$rc" = 0 ] && [ -n "$runs" ]; then
     pass "fuzz_$harness"
     echo "  ${harness}_fuzzer: $runs(s)" >&2
   else
     fail "fuzz_$harness" "exit $rc: $(grep -E 'ERROR|SUMMARY|what\(\)|error' <<<"$out" | head -n 5)"
   fi
-  rm -rf "$tmp"
 done
+rm -rf "$fuzz_logs"
 
 # 7. Dependencies point one way (docs/architecture.md): fabric/core depends on nothing of ours
 #    outside it, and no strategy or implementation package reaches the facade package //fabric
