@@ -6,7 +6,7 @@
 # epoch. Then it trains under ddp, fsdp and ZeRO-1 over 2 CPU processes with checkpoints rotated
 # to 2 (fsdp's sharded), to bitwise the same weights, and writes summary.json with the metrics it
 # logged. Runs stop at trainer.max_steps (a few dozen of the epoch's 938 steps): what is checked
-# holds at any step, and whole epochs made this the slowest test in CI (794 s, now about 150 s).
+# holds at any step, and whole epochs made this the slowest test in CI (794 s; now 173-237 s).
 source tests/packaging/testing.sh
 install_prefix
 work="$TEST_TMPDIR/mnist_port"
