@@ -93,15 +93,15 @@ PY
 
 # A file whose compile line, compiler and preprocessed text passed before is not parsed again:
 # CUDA_GUARDS_CACHE (default ~/.cache/fabricpp/cuda_guards; empty: no cache) keeps one empty file
-# per passed key (-P: no line markers, which name this run's temporary root). Preprocessing takes
-# about a third of a syntax check's time.
+# per passed key (-P: no line markers, which name this run's temporary root). Preprocessing the 23
+# files took 24 s on 2 vCPUs, their syntax checks 283-308 s.
 cache=${CUDA_GUARDS_CACHE-$HOME/.cache/fabricpp/cuda_guards}
 [ -n "$cache" ] && mkdir -p "$cache"
 printf '%s\n' "${files[@]}" | CACHE="$cache" xargs -P "$jobs" -n 1 bash -c '
   script="$0/${2//\//__}.sh"
   key=""
   if [ -n "$CACHE" ]; then
-    compiler=$(head -c 4096 "$script" | cut -d" " -f1)
+    read -r compiler _ <"$script"
     key=$( { cat "$script"; (cd "$1" && "$compiler" --version && bash "${script%.sh}.pp.sh"); } 2>/dev/null |
       sha256sum | cut -c1-64)
   fi
