@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One command to verify the CUDA paths on a GPU node that has PyTorch in Python but no Bazel.
 #
-#   tools/gpu_check.sh build [--out=DIR] [--suite=pretrained]
+#   tools/gpu_check.sh build [--out=DIR] [--suite=pretrained|titan]
 #                                             here, with Bazel: writes the bundle (default
 #                                             .device/gpu_check; must stay <= 64 MiB);
-#                                             --suite=pretrained: only what that suite runs
+#                                             --suite=pretrained (or titan): what those run
 #                                             (gpt, generate, prepare_text, env, lora_step,
 #                                             transformers, peft; no data/ or install/)
 #   DIR/gpu_check.sh run [flags]              on the node: runs the checks, prints a markdown report
@@ -65,6 +65,11 @@
 #                   llama3 at the same shape, batch and sequence (bench/torchtitan.tar.gz, FSDP
 #                   on one rank, bf16, SDPA, random ids), eager and per-block torch.compile
 #                   (last); tables of tokens/s, MFU (one peak) and the ratios
+#   --suite=titan: issue 72 item 3 from the same bundle and steps (about 9 minutes on an H200,
+#                   estimated, unrun): the model folder and tokens, then ours bf16-mixed and
+#                   fp8-mixed (tensorwise) against TorchTitan's llama3 bf16 and with its float8
+#                   converter (torchao Float8Linear, tensorwise), each eager and with its
+#                   per-block torch.compile; the table adds ours / TorchTitan ratios
 #   --suite=all: check, throughput and gpt.
 # Without a usable GPU (or with --cpu) it runs what a CPU can: env, the GPU tests (they must load
 # and skip), one example on CPU, the ranks rows on CPU (2 processes, shared memory) and the
@@ -72,7 +77,7 @@
 # building, relocating and running.
 #
 # run flags: --cpu (CPU checks only; --suite=pretrained then runs a tiny Llama on the CPU),
-#   --suite=check|throughput|gpt|model_parallel|fp8|pretrained|all, --steps=N (example steps,
+#   --suite=check|throughput|gpt|model_parallel|fp8|pretrained|titan|all, --steps=N (example steps,
 #   default 20), --reps=N (throughput repetitions, default 1), --skip=SECTION[,SECTION] (env,
 #   tests, examples, ranks, throughput), --work=DIR (scratch folder for run directories; default a
 #   new temporary folder).
@@ -81,7 +86,7 @@
 set -uo pipefail
 
 usage() {
-  echo "usage: tools/gpu_check.sh build [--out=DIR] [--suite=pretrained] | DIR/gpu_check.sh run [--cpu] [--suite=check|throughput|gpt|model_parallel|fp8|pretrained|all] [--steps=N] [--reps=N] [--skip=LIST] [--work=DIR]" >&2
+  echo "usage: tools/gpu_check.sh build [--out=DIR] [--suite=pretrained|titan] | DIR/gpu_check.sh run [--cpu] [--suite=check|throughput|gpt|model_parallel|fp8|pretrained|titan|all] [--steps=N] [--reps=N] [--skip=LIST] [--work=DIR]" >&2
   exit 2
 }
 [ $# -ge 1 ] || usage
@@ -96,7 +101,7 @@ build() {
   for arg in "$@"; do
     case "$arg" in
       --out=*) out=${arg#--out=} ;;
-      --suite=pretrained) only=pretrained ;;
+      --suite=pretrained | --suite=titan) only=pretrained ;;
       *) echo "gpu_check build: unknown argument '$arg'" >&2; usage ;;
     esac
   done
@@ -121,7 +126,7 @@ build() {
   if [ "$only" = pretrained ]; then
     # Nothing of that suite installs Fabric++ or reads the image data; run refuses other suites.
     rm -rf "$out/install" "$out/install.sh"
-    echo pretrained >"$out/SUITES"
+    echo "pretrained titan" >"$out/SUITES"
   fi
   # The image classifier's rows: 512 + 128 Fashion-MNIST images as npy arrays and as a folder of
   # PNGs (the node may lack Pillow and the dataset).
@@ -178,12 +183,15 @@ PY
         { echo "gpu_check build: no $package here to carry (tools/setup.sh); --suite=pretrained will use the node's" >&2
           rm -f "$out/bench/$package.tar.gz"; }
     done
-    # The torchtitan rows (issue 72 item 3): TorchTitan 0.2.2 (0.3.0 needs a nightly torch) and
-    # the pure-Python wheels its llama3 model imports, as bench/torchtitan.tar.gz (about 0.8 MiB;
-    # the rows pip install them --no-index into a folder of their own). Downloaded once (pip,
-    # PyPI) into .device/torchtitan_wheels; without them the rows use the node's torchtitan.
+    # The torchtitan rows (issue 72 item 3): TorchTitan 0.2.2 (0.3.0 needs a nightly torch), the
+    # pure-Python wheels its llama3 model imports, and torchao 0.17.0 (the first whose wheels
+    # name torch 2.11 as their minimum; its float8 training is Python over _scaled_mm) for the
+    # torchtitan-fp8 rows, as bench/torchtitan.tar.gz (about 4 MiB; the rows pip install them
+    # --no-index into a folder of their own). Downloaded once (pip, PyPI) into
+    # .device/torchtitan_wheels; without them the rows use the node's torchtitan.
     local wheels="$repo/.device/torchtitan_wheels" pins=(torchtitan==0.2.2 torchdata==0.11.0
-      tyro==1.0.17 docstring_parser==0.18.0 typeguard==4.6.1 typing_extensions==4.16.0)
+      tyro==1.0.17 docstring_parser==0.18.0 typeguard==4.6.1 typing_extensions==4.16.0
+      torchao==0.17.0)
     local pin wheel files=() missing=0
     for pin in "${pins[@]}"; do
       [ -n "$(ls "$wheels/${pin/==/-}-"*.whl 2>/dev/null)" ] || missing=1
@@ -279,9 +287,9 @@ run() {
     gpt) skip="$skip,env,tests,examples,ranks,throughput,model_parallel,fp8,pretrained" ;;
     model_parallel) skip="$skip,env,tests,examples,ranks,throughput,gpt,fp8,pretrained" ;;
     fp8) skip="$skip,env,tests,examples,ranks,throughput,gpt,model_parallel,pretrained" ;;
-    pretrained) skip="$skip,env,tests,examples,ranks,throughput,gpt,model_parallel,fp8" ;;
+    pretrained|titan) skip="$skip,env,tests,examples,ranks,throughput,gpt,model_parallel,fp8" ;;
     all) skip="$skip,model_parallel,fp8,pretrained" ;;
-    *) echo "gpu_check run: --suite must be check, throughput, gpt, model_parallel, fp8, pretrained or all, not '$suite'" >&2; exit 2 ;;
+    *) echo "gpu_check run: --suite must be check, throughput, gpt, model_parallel, fp8, pretrained, titan or all, not '$suite'" >&2; exit 2 ;;
   esac
   if [ -f "$here/SUITES" ] && [[ " $(cat "$here/SUITES") " != *" $suite "* ]]; then
     echo "gpu_check run: this bundle holds only what --suite=$(cat "$here/SUITES") needs (gpu_check.sh build --suite=...); build a full one for --suite=$suite" >&2
@@ -624,15 +632,22 @@ PY
     local pdir="$work/pretrained" pflags=() st
     [ $cpu -eq 1 ] && pflags+=(--cpu)
     # torch.compile last: the slowest and least sure (its limit keeps the suite inside 10 minutes).
-    for st in "pylib 90" "make 240" "tokens 60" "ours-train 240" "hf-train 240" "ours-decode 150" \
-              "ours-decode-bf16 150" "hf-decode 150" "hf-decode-bf16 150" "ours-lora 180" \
-              "peft-lora 180" "torchtitan 180" "hf-compile 300" "torchtitan-compile 300" "table 30"; do
+    local steps_run=("pylib 90" "make 240" "tokens 60" "ours-train 240" "hf-train 240" "ours-decode 150"
+                     "ours-decode-bf16 150" "hf-decode 150" "hf-decode-bf16 150" "ours-lora 180"
+                     "peft-lora 180" "torchtitan 180" "hf-compile 300" "torchtitan-compile 300" "table 30")
+    # --suite=titan (issue 72 item 3): ours against TorchTitan only, bf16 and float8.
+    [ "$suite" = titan ] &&
+      steps_run=("pylib 90" "make 240" "tokens 60" "ours-train 180" "ours-train-fp8 180" "torchtitan 150"
+                 "torchtitan-fp8 150" "torchtitan-compile 240" "torchtitan-fp8-compile 240" "table 30")
+    for st in "${steps_run[@]}"; do
       read -r name limit <<<"$st"
       CHECK_SUMMARY='^(rate: |transformers |using |prepare_text: |.*parameters .* save )' check "pretrained $name" "$limit" \
         "$here/bench/llama_gpu_bench.sh" "$name" "$here" "$pdir" "${pflags[@]}"
     done
     if [ -s "$pdir/table.md" ]; then
-      notes+=("" "### Llama-3.2-1B-shaped random model: ours vs transformers (issue 69 item 7)" "")
+      local heading="ours vs transformers (issue 69 item 7)"
+      [ "$suite" = titan ] && heading="ours vs TorchTitan, bf16 and float8 (issue 72 item 3)"
+      notes+=("" "### Llama-3.2-1B-shaped random model: $heading" "")
       while IFS= read -r line; do notes+=("$line"); done <"$pdir/table.md"
     fi
   fi

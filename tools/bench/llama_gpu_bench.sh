@@ -17,6 +17,9 @@
 #         ours-train   BUNDLE's gpt, bf16-mixed, AdamW (optimizer.implementation auto = fused),
 #                      clipping 1.0, --warmup + --steps steps logged every --warmup steps: the
 #                      rate of the windows after the first (metrics.csv)
+#         ours-train-fp8  the same with fabric.precision=fp8-mixed (tensorwise: the recipe
+#                      TorchTitan's float8 default matches); ours-train-fp8-delayed:
+#                      fabric.fp8.recipe=delayed (issue 72 item 3: fp8 against TorchTitan's)
 #         hf-train     transformers eager; hf-compile (run last by gpu_check): each decoder
 #                      layer under torch.compile
 #         ours-decode  BUNDLE's generate, greedy, --new_tokens ids, no eos stop, bf16-mixed;
@@ -32,7 +35,10 @@
 #                      tiny one), --batch x sequence, random ids, SDPA, FSDP2 on one rank (bf16
 #                      params, float32 reduce), fused AdamW, clip 1.0, --warmup + --steps; wheels
 #                      from bench/torchtitan.tar.gz into OUT/titanlib (pip --no-index), else the
-#                      node's; torchtitan-compile (run last): its per-block torch.compile
+#                      node's; torchtitan-compile (run last): its per-block torch.compile;
+#                      torchtitan-fp8, torchtitan-fp8-compile: with TorchTitan's float8
+#                      converter (torchao Float8Linear, tensorwise, "output" filtered; torchao
+#                      carried in the same bench/torchtitan.tar.gz)
 #         table        OUT/table.md from OUT/results.jsonl
 # --cpu: the tiny shape (llama_hf_train.py --tiny), 32-true, sequence 64, batch 2, 2 + 1 steps,
 # 16 new ids, no torch.compile: checks the logic end to end without a GPU. --batch=auto: 8 on a
@@ -142,11 +148,18 @@ print("transformers", transformers.__version__, "at", transformers.__file__, "; 
     "$bundle/run.sh" prepare_text --input="$out/llama/corpus.txt" --output="$out/tokens" \
       --tokenizer="$out/llama/model/tokenizer.json"
     ;;
-  ours-train)
+  ours-train|ours-train-fp8|ours-train-fp8-delayed)
     need_model
     [ -f "$out/tokens/meta.json" ] || skip "no token files (see the tokens row)"
     dtype=$("$python" -c 'import json, sys; print("uint32" if json.load(open(sys.argv[1]))["vocab_size"] > 65536 else "uint16")' "$out/tokens/meta.json") || exit 1
-    run="$out/runs/ours"
+    side=ours p=$precision extra=() peak_out="$out/peak_tflops"
+    if [ "$step" != ours-train ]; then
+      # fp8-mixed: bf16-mixed with the projections' GEMMs in float8 (the tied output stays
+      # bf16, as TorchTitan's filter keeps "output"); MFU against the same bf16 peak.
+      side=ours-fp8 p=fp8-mixed peak_out=/dev/null
+      [ "$step" = ours-train-fp8-delayed ] && side=ours-fp8-delayed extra=(fabric.fp8.recipe=delayed)
+    fi
+    run="$out/runs/$side"
     rm -rf "$run"
     "$bundle/run.sh" gpt model.pretrained="$out/llama/model" data.root="$out/tokens" \
       data.token_dtype="$dtype" model.block_size=$block data.batch_size="$batch" \
@@ -154,12 +167,12 @@ print("transformers", transformers.__version__, "at", transformers.__file__, "; 
       optimizer.name=adamw optimizer.lr=3e-4 'optimizer.betas=[0.9,0.95]' optimizer.weight_decay=0.1 \
       trainer.gradient_clip_val=1.0 trainer.limit_eval_batches=1 gpt.eval_every_n_steps=0 \
       gpt.sample_tokens=0 checkpoint.every_n_epochs=0 checkpoint.save_last=false \
-      checkpoint.export_weights=none "${accel[@]}" fabric.precision="$precision" \
+      checkpoint.export_weights=none "${accel[@]}" fabric.precision="$p" "${extra[@]}" \
       logging.run_dir="$run" || exit
     # The windows after the first (warm-up): tokens over their time (every window holds as many).
-    "$python" - "$run" "$batch" "$block" "$steps" "$warmup" "$out/peak_tflops" >"$out/ours-train.result" <<'PY' || exit 1
+    "$python" - "$run" "$batch" "$block" "$steps" "$warmup" "$peak_out" "$side" >"$out/$step.result" <<'PY' || exit 1
 import csv, json, sys
-run, batch, block, steps, warmup, peak_file = sys.argv[1], *map(int, sys.argv[2:6]), sys.argv[6]
+run, batch, block, steps, warmup, peak_file, side = sys.argv[1], *map(int, sys.argv[2:6]), *sys.argv[6:8]
 s = json.load(open(f"{run}/summary.json"))
 rows = [r for r in csv.DictReader(open(f"{run}/metrics.csv")) if r.get("train/tokens_per_second")]
 timed = [r for r in rows if int(r["step"]) > warmup]
@@ -174,7 +187,7 @@ if timed[0].get("train/mfu"):
         f.write(f"{float(r['train/tflops']) / float(r['train/mfu']):.3f}\n")
 peak = s.get("peak_tensor_bytes")
 print("RESULT " + json.dumps({
-    "side": "ours", "device": s["device"], "precision": s["precision"], "batch": batch,
+    "side": side, "device": s["device"], "precision": s["precision"], "batch": batch,
     "block_size": block, "steps": len(timed) * warmup, "warmup": warmup,
     "loss": s["train_loss"], "parameters": s["parameters"], "tokens_per_s": tps,
     "step_ms": 1000 * batch * block / tps, "flops_per_token": s["flops_per_token"],
@@ -182,7 +195,7 @@ print("RESULT " + json.dumps({
     "summary_tokens_per_s": s["tokens_per_s"],
     "peak_device_mib": peak / 2**20 if peak else None}))
 PY
-    record "$out/ours-train.result"
+    record "$out/$step.result"
     ;;
   hf-train|hf-compile)
     need_transformers
@@ -260,17 +273,18 @@ print("RESULT " + json.dumps({
 PY
     record "$out/$step.result"
     ;;
-  torchtitan|torchtitan-compile)
+  torchtitan|torchtitan-compile|torchtitan-fp8|torchtitan-fp8-compile)
     # Issue 72 item 3: TorchTitan's own llama3 Transformer at ours' shape, batch and sequence
     # (tools/bench/torchtitan_step.py: SDPA, FSDP2 on one rank with its bf16 mixed precision,
     # fused AdamW, clipping 1.0, random ids), eager and per-block torch.compile. Its wheels come
     # from BUNDLE/bench/torchtitan.tar.gz (pure Python, installed into OUT/titanlib for this row
     # only), else the node's own torchtitan.
-    mode=eager
-    if [ "$step" = torchtitan-compile ]; then
+    mode=eager float8=none
+    if [[ "$step" == *-compile ]]; then
       [ $cpu -eq 1 ] && skip "--cpu: torch.compile on a CPU says nothing about the GPU"
       mode=compile
     fi
+    [[ "$step" == torchtitan-fp8* ]] && float8=tensorwise
     lib="$out/titanlib"
     if [ -f "$bundle/bench/torchtitan.tar.gz" ] && [ ! -f "$lib/.installed" ]; then
       rm -rf "$lib" "$out/titanwheels"
@@ -291,6 +305,9 @@ for w in sys.argv[2:]:
       [ -f "$lib/.installed" ] && skip "the carried torchtitan (bench/torchtitan.tar.gz) did not import: $(tail -n 1 <<<"$err")"
       skip "no torchtitan: neither carried (bench/torchtitan.tar.gz: gpu_check.sh build --suite=pretrained) nor on the node"
     fi
+    if [ $float8 != none ] && ! err=$(PYTHONPATH="$tpath" "$python" -c 'from torchao.float8 import convert_to_float8_training' 2>&1); then
+      skip "no torchao for TorchTitan's float8 (bench/torchtitan.tar.gz carries it): $(tail -n 1 <<<"$err")"
+    fi
     tflags=(--shape=1b)
     [ $cpu -eq 1 ] && tflags=(--shape=tiny)
     [ -f "$out/llama/model/config.json" ] && tflags=(--config="$out/llama/model/config.json")
@@ -298,7 +315,7 @@ for w in sys.argv[2:]:
     [ -s "$out/peak_tflops" ] && peak=$(cat "$out/peak_tflops")
     PYTHONPATH="$tpath" "$python" "$bundle/bench/torchtitan_step.py" "${tflags[@]}" --batch="$batch" \
       --seq=$block --warmup="$warmup" --steps="$steps" --device=$device --precision=$precision \
-      --mode=$mode --peak_tflops="$peak" 2>&1 | tee "$out/$step.result" || exit
+      --mode=$mode --float8=$float8 --peak_tflops="$peak" 2>&1 | tee "$out/$step.result" || exit
     record "$out/$step.result"
     ;;
   table)
@@ -326,9 +343,10 @@ if train:
           "| vs transformers compile |")
     print("|---|---|---|---|---|---|---|---|")
     for r in train:
+        name = r["side"] if r["precision"] == r0["precision"] else f"{r['side']} ({r['precision']})"
         ratio = f"{r['tokens_per_s'] / base['tokens_per_s']:.3f}x" if base else "-"
         ratio_c = f"{r['tokens_per_s'] / comp['tokens_per_s']:.3f}x" if comp else "-"
-        print(f"| {r['side']} | {r['tokens_per_s']:,.0f} | {pct(r.get('mfu'))} | {r['step_ms']:.1f} | "
+        print(f"| {name} | {r['tokens_per_s']:,.0f} | {pct(r.get('mfu'))} | {r['step_ms']:.1f} | "
               f"{mib(r.get('peak_device_mib'))} | {r['loss']:.4f} | {ratio} | {ratio_c} |")
     titan = [r for r in train if r["side"].startswith("torchtitan")]
     if titan:
@@ -337,6 +355,20 @@ if train:
         print(f"torchtitan rows: TorchTitan {t.get('torchtitan', '?')} llama3 Transformer ({t.get('attention')}, "
               f"FSDP on one rank: {t.get('fsdp')}, tied: {t.get('tied')}) on random token ids: "
               "its loss is not comparable with the others'")
+        f8 = next((r["float8"] for r in titan if r.get("float8")), None)
+        if f8:
+            print(f"torchtitan-fp8 rows: its Float8LinearConverter, torchao {f8['torchao']}, {f8['recipe']}, "
+                  f"{f8['layers']} Linear layers in float8" + (" (emulated: no float8 GEMMs here)" if f8["emulate"] else ""))
+        side = {r["side"]: r for r in train}
+        pairs = [("ours", "torchtitan-eager"), ("ours", "torchtitan-compile"),
+                 ("ours-fp8", "torchtitan-fp8-eager"), ("ours-fp8", "torchtitan-fp8-compile"),
+                 ("ours-fp8-delayed", "torchtitan-fp8-compile")]
+        lines = [f"{a} / {b}: {side[a]['tokens_per_s'] / side[b]['tokens_per_s']:.3f}x tokens/s"
+                 for a, b in pairs if a in side and b in side]
+        if lines:
+            print()
+            print("Against TorchTitan (issue 72 item 3; goal: ours >= its compiled bf16, ours fp8 >= its "
+                  "compiled float8): " + "; ".join(lines))
 if lora:
     peft = next((r for r in lora if r["side"] == "transformers-peft-lora"), None)
     print()

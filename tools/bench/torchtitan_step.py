@@ -4,6 +4,7 @@
   torchtitan_step.py [--config=LLAMA/config.json | --shape=1b|tiny|debugmodel] --batch=B --seq=T
                      [--warmup=5] [--steps=20] [--device=cuda] [--precision=bf16-mixed|32-true]
                      [--mode=eager|compile] [--fsdp=1] [--peak_tflops=X] [--lr=3e-4]
+                     [--float8=none|tensorwise|rowwise]
 
 The model is torchtitan.models.llama3's own Transformer (TorchTitan 0.2.2, the last release that
 imports under torch 2.11: 0.3.0 needs torch.distributed.fsdp.DataParallelMeshDims, a nightly
@@ -20,6 +21,15 @@ Llama-3.2-1B shape built in, tiny the CPU one, debugmodel TorchTitan's llama3_ar
 Tied embeddings (Llama 3.2; TorchTitan 0.2.2's llama3 has no tying, 0.3.0's 1B has): output
 shares tok_embeddings' weight, and FSDP then groups each block, and the root (embedding, norm,
 output) once, instead of TorchTitan's separate embedding and norm + output groups.
+
+--float8: TorchTitan's own float8 training (torchtitan.components.quantization.float8's
+Float8LinearConverter, torchao's Float8Linear), applied where its trainer applies model
+converters: to the meta-device model, before compile and FSDP. tensorwise is its default recipe
+(dynamic scales, one per tensor; float8 all-gather off, as TorchTitan turns it off without
+sharding), rowwise its recipe_name "rowwise"; filter_fqns ["output"] as its llama3 float8
+configs, and Linear layers with a dimension not a multiple of 16 stay bf16. On a device without
+float8 GEMMs (a CPU) its emulate mode (float8 casts, matmuls in high precision; eager only):
+checks the row's logic, not the speed. Needs torchao (carried in bench/torchtitan.tar.gz).
 
 Data: random token ids (torch.randint, a fresh batch of T + 1 ids per row each step), the loss
 TorchTitan's (cross_entropy over float32 logits, summed, over the token count), AdamW
@@ -101,6 +111,43 @@ def shape_from_config(path):
                 original=int(rope.get("original_max_position_embeddings", 8192)))
 
 
+def convert_float8(model, a, cuda):
+    """TorchTitan's Float8LinearConverter on `model` (meta device); what it did, for RESULT."""
+    import torchao
+    from torchtitan.components.quantization.float8 import Float8LinearConverter
+    from torchtitan.config import JobConfig
+    from torchtitan.distributed import ParallelDims
+    from torchao.float8.float8_linear import Float8Linear
+
+    jc = JobConfig()
+    jc.model.converters = ["quantize.linear.float8"]
+    f8 = jc.quantize.linear.float8
+    f8.recipe_name = None if a.float8 == "tensorwise" else a.float8
+    f8.filter_fqns = ["output"]
+    emulate = not (cuda and torch_capability() >= (8, 9))
+    if emulate and (a.mode == "compile" or a.float8 == "rowwise"):
+        sys.exit("torchtitan_step.py: without float8 GEMMs (a GPU of compute capability 8.9+) "
+                 "--float8 is emulated: tensorwise and eager only")
+    f8.emulate = emulate
+    jc.compile.enable = a.mode == "compile"
+    jc.compile.components = ["model", "loss"]
+    dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=1)
+    converter = Float8LinearConverter(jc, dims)
+    if not converter.enabled:
+        sys.exit("torchtitan_step.py: TorchTitan's Float8LinearConverter did not enable itself")
+    converter.convert(model)
+    converted = sum(isinstance(m, Float8Linear) for m in model.modules())
+    if converted == 0:
+        sys.exit("torchtitan_step.py: --float8 converted no Linear layer")
+    return {"recipe": a.float8, "torchao": torchao.__version__, "layers": converted,
+            "emulate": emulate}
+
+
+def torch_capability():
+    import torch
+    return torch.cuda.get_device_capability()
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", default="")
@@ -116,6 +163,7 @@ def main():
     p.add_argument("--peak_tflops", type=float, default=0.0)
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--clip", type=float, default=1.0)
+    p.add_argument("--float8", default="none", choices=["none", "tensorwise", "rowwise"])
     a = p.parse_args()
 
     stubbed = stub_missing()
@@ -180,6 +228,7 @@ def main():
     w1 = model.layers["0"].feed_forward.w1.out_features
     if s is not None and w1 != s["intermediate"]:
         sys.exit(f"torchtitan_step.py: feed-forward width {w1}, not {s['intermediate']}")
+    float8 = convert_float8(model, a, cuda) if a.float8 != "none" else None
     loss_fn = cross_entropy_loss
     if a.mode == "compile":
         apply_compile(model, CompileConfig(enable=True, backend="inductor"))
@@ -252,9 +301,11 @@ def main():
     from llama_hf_train import peak_tflops
     peak = peak_tflops(a.device, a.peak_tflops)
     result = {
-        "side": f"torchtitan-{a.mode}", "torchtitan": version, "torch": torch.__version__,
+        "side": f"torchtitan-{'' if float8 is None else 'fp8-'}{a.mode}", "torchtitan": version,
+        "torch": torch.__version__,
         "device": a.device, "precision": a.precision, "flavor": flavor, "tied": tied,
         "fsdp": bool(a.fsdp), "attention": margs.attn_type, "stand_ins": stubbed,
+        "float8": float8,
         "batch": B, "block_size": T, "steps": a.steps, "warmup": a.warmup,
         "warmup_s": round(warm_s, 2), "loss0": losses[0], "loss": losses[-1],
         "parameters": n_unique, "tokens_per_s": tps, "step_ms": 1000 * secs / a.steps,
