@@ -42,8 +42,9 @@ fabric::ConfigSchema schema() {
                                 "output layer + cross-entropy fused on GPUs (no float32 logits)"));
   s.add("model.fused_layer_norm",
         fabric::KeySpec::boolean(true).doc(
-            "LayerNorms (+ residual add) as fused CUDA kernels with 16-bit outputs where they "
-            "apply (CUDA, bf16/fp16 autocast); false: ATen's LayerNorm"));
+            "LayerNorms (the GPT's) and RMSNorms (the Llama family's), + residual add, as fused "
+            "CUDA kernels with 16-bit outputs where they apply (CUDA, bf16/fp16 autocast); "
+            "false: the ATen formulas"));
   s.add("model.activation_checkpointing",
         fabric::KeySpec::choice_list({"Block", "LlamaDecoderLayer"}, {})
             .doc("module types whose activations are recomputed in backward instead of kept "
@@ -158,6 +159,7 @@ ModelChoice choose_model(const fabric::Config& c, int64_t meta_vocab) {
   } catch (const fabric::Error& e) {
     throw c.error_at("model.pretrained", e.what());
   }
+  if (m.pretrained->llama) m.pretrained->llama->fused_norm = c.get_bool("model.fused_layer_norm");
   const fabric::hf::Pretrained& p = *m.pretrained;
   if (p.gpt2) {
     m.gpt = *p.gpt2;

@@ -33,28 +33,39 @@ kernels::LogitType kind(at::ScalarType t) {
   return t == at::kBFloat16 ? kernels::LogitType::kBFloat16 : kernels::LogitType::kFloat16;
 }
 
-// Forward shared by both functions: h (x itself without delta), y, mean, rstd.
+// Forward shared by the functions: h (x itself without delta), y, mean, rstd. An undefined bias:
+// RMSNorm (no mean: `mean` not written, not saved).
 variable_list forward_kernel(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& delta,
                              const at::Tensor& weight, const at::Tensor& bias, double eps,
                              at::ScalarType type) {
   const c10::cuda::CUDAGuard guard(x.device());
+  const bool rms = !bias.defined();
   // Through dispatched operators (not data pointers alone), so that fsdp gathers the parameters.
-  const at::Tensor w = weight.to(at::kFloat), b = bias.to(at::kFloat);
+  const at::Tensor w = weight.to(at::kFloat), b = rms ? at::Tensor() : bias.to(at::kFloat);
   const at::Tensor x2 = x.contiguous();
   const int64_t cols = x.size(-1), rows = x.numel() / cols;
   at::Tensor d;
   if (delta.defined()) d = delta.to(type).contiguous();
   at::Tensor h = delta.defined() ? at::empty_like(x2) : x2;
   at::Tensor y = at::empty(x.sizes(), x.options().dtype(type));
-  at::Tensor mean = at::empty({rows}, x.options().dtype(at::kFloat));
+  at::Tensor mean = rms ? at::Tensor() : at::empty({rows}, x.options().dtype(at::kFloat));
   at::Tensor rstd = at::empty({rows}, x.options().dtype(at::kFloat));
-  check_kernel_launch(
-      kernels::layer_norm_forward(x2.data_ptr<float>(), d.defined() ? d.data_ptr() : nullptr,
-                                  h.data_ptr<float>(), w.data_ptr<float>(), b.data_ptr<float>(),
-                                  y.data_ptr(), mean.data_ptr<float>(), rstd.data_ptr<float>(),
-                                  rows, cols, static_cast<float>(eps), kind(type),
-                                  c10::cuda::getCurrentCUDAStream(x.device().index()).stream()),
-      "fused LayerNorm", "layer_norm_forward");
+  void* stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+  if (rms) {
+    check_kernel_launch(
+        kernels::rms_norm_forward(x2.data_ptr<float>(), d.defined() ? d.data_ptr() : nullptr,
+                                  h.data_ptr<float>(), w.data_ptr<float>(), y.data_ptr(),
+                                  rstd.data_ptr<float>(), rows, cols, static_cast<float>(eps),
+                                  kind(type), stream),
+        "fused RMSNorm", "rms_norm_forward");
+  } else {
+    check_kernel_launch(
+        kernels::layer_norm_forward(x2.data_ptr<float>(), d.defined() ? d.data_ptr() : nullptr,
+                                    h.data_ptr<float>(), w.data_ptr<float>(), b.data_ptr<float>(),
+                                    y.data_ptr(), mean.data_ptr<float>(), rstd.data_ptr<float>(),
+                                    rows, cols, static_cast<float>(eps), kind(type), stream),
+        "fused LayerNorm", "layer_norm_forward");
+  }
   // Detached: h is an output of FusedAddLayerNorm, and an output kept in its own node's context
   // would hold that node, and with it the whole step's graph, forever (a reference cycle).
   ctx->saved_data["h"] = h.detach();
@@ -63,15 +74,17 @@ variable_list forward_kernel(AutogradContext* ctx, const at::Tensor& x, const at
   ctx->saved_data["w"] = w;
   ctx->saved_data["type"] = static_cast<int64_t>(type);
   ctx->saved_data["w_type"] = static_cast<int64_t>(weight.scalar_type());
-  ctx->saved_data["b_type"] = static_cast<int64_t>(bias.scalar_type());
+  ctx->saved_data["b_type"] = static_cast<int64_t>(rms ? at::kFloat : bias.scalar_type());
+  ctx->saved_data["rms"] = rms;
   return {h, y};
 }
 
-// {dh, dh16 (or undefined), dweight, dbias}.
+// {dh, dh16 (or undefined), dweight, dbias (undefined for RMSNorm)}.
 variable_list backward_kernel(AutogradContext* ctx, const at::Tensor& dh_in, const at::Tensor& dy,
                               bool want_16) {
   const at::Tensor h = ctx->saved_data["h"].toTensor();
-  const at::Tensor mean = ctx->saved_data["mean"].toTensor();
+  const bool rms = ctx->saved_data["rms"].toBool();
+  const at::Tensor mean = rms ? at::Tensor() : ctx->saved_data["mean"].toTensor();
   const at::Tensor rstd = ctx->saved_data["rstd"].toTensor();
   // Through a dispatched operator again: under fsdp the weight's unit may have been freed after
   // the forward, and an operator that takes it is what gathers it back.
@@ -83,19 +96,30 @@ variable_list backward_kernel(AutogradContext* ctx, const at::Tensor& dh_in, con
   const at::Tensor dh_prev = dh_in.defined() ? dh_in.to(at::kFloat).contiguous() : at::Tensor();
   at::Tensor dh = at::empty_like(h);
   at::Tensor dh16 = want_16 ? at::empty(h.sizes(), h.options().dtype(type)) : at::Tensor();
-  at::Tensor dw = at::empty({cols}, h.options()), db = at::empty({cols}, h.options());
+  at::Tensor dw = at::empty({cols}, h.options());
+  at::Tensor db = rms ? at::Tensor() : at::empty({cols}, h.options());
   at::Tensor workspace = at::empty({kernels::layer_norm_workspace_floats(rows, cols)}, h.options());
-  check_kernel_launch(
-      kernels::layer_norm_backward(
-          g.data_ptr(), h.data_ptr<float>(), mean.data_ptr<float>(), rstd.data_ptr<float>(),
-          w.data_ptr<float>(), dh_prev.defined() ? dh_prev.data_ptr<float>() : nullptr,
-          dh.data_ptr<float>(), want_16 ? dh16.data_ptr() : nullptr, dw.data_ptr<float>(),
-          db.data_ptr<float>(), workspace.data_ptr<float>(), rows, cols, kind(type),
-          c10::cuda::getCurrentCUDAStream(h.device().index()).stream()),
-      "fused LayerNorm", "layer_norm_backward");
+  void* stream = c10::cuda::getCurrentCUDAStream(h.device().index()).stream();
+  const float* dh_prev_ptr = dh_prev.defined() ? dh_prev.data_ptr<float>() : nullptr;
+  void* dh16_ptr = want_16 ? dh16.data_ptr() : nullptr;
+  if (rms) {
+    check_kernel_launch(
+        kernels::rms_norm_backward(g.data_ptr(), h.data_ptr<float>(), rstd.data_ptr<float>(),
+                                   w.data_ptr<float>(), dh_prev_ptr, dh.data_ptr<float>(), dh16_ptr,
+                                   dw.data_ptr<float>(), workspace.data_ptr<float>(), rows, cols,
+                                   kind(type), stream),
+        "fused RMSNorm", "rms_norm_backward");
+  } else {
+    check_kernel_launch(
+        kernels::layer_norm_backward(
+            g.data_ptr(), h.data_ptr<float>(), mean.data_ptr<float>(), rstd.data_ptr<float>(),
+            w.data_ptr<float>(), dh_prev_ptr, dh.data_ptr<float>(), dh16_ptr, dw.data_ptr<float>(),
+            db.data_ptr<float>(), workspace.data_ptr<float>(), rows, cols, kind(type), stream),
+        "fused LayerNorm", "layer_norm_backward");
+  }
   const auto w_type = static_cast<at::ScalarType>(ctx->saved_data["w_type"].toInt());
   const auto b_type = static_cast<at::ScalarType>(ctx->saved_data["b_type"].toInt());
-  return {dh, dh16, dw.to(w_type), db.to(b_type)};
+  return {dh, dh16, dw.to(w_type), rms ? at::Tensor() : db.to(b_type)};
 }
 
 struct FusedLayerNorm : torch::autograd::Function<FusedLayerNorm> {
@@ -123,6 +147,35 @@ struct FusedAddLayerNorm : torch::autograd::Function<FusedAddLayerNorm> {
     if (!dy.defined()) dy = at::zeros_like(ctx->saved_data["h"].toTensor(), at::kFloat);
     auto g = backward_kernel(ctx, grads[0], dy, /*want_16=*/true);  // delta is 16-bit
     return {g[0], g[1], g[2], g[3], at::Tensor(), at::Tensor()};
+  }
+};
+
+// The RMSNorm forms: no bias input (an undefined tensor cannot be an autograd input).
+struct FusedRmsNorm : torch::autograd::Function<FusedRmsNorm> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            double eps, int64_t type) {
+    ctx->saved_data["x_type"] = static_cast<int64_t>(x.scalar_type());
+    return forward_kernel(ctx, x, at::Tensor(), weight, at::Tensor(), eps,
+                          static_cast<at::ScalarType>(type))[1];
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto g = backward_kernel(ctx, at::Tensor(), grads[0], false);
+    const auto x_type = static_cast<at::ScalarType>(ctx->saved_data["x_type"].toInt());
+    return {g[0].to(x_type), g[2], at::Tensor(), at::Tensor()};
+  }
+};
+
+struct FusedAddRmsNorm : torch::autograd::Function<FusedAddRmsNorm> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& delta,
+                               const at::Tensor& weight, double eps, int64_t type) {
+    return forward_kernel(ctx, x, delta, weight, at::Tensor(), eps,
+                          static_cast<at::ScalarType>(type));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    at::Tensor dy = grads[1];
+    if (!dy.defined()) dy = at::zeros_like(ctx->saved_data["h"].toTensor(), at::kFloat);
+    auto g = backward_kernel(ctx, grads[0], dy, /*want_16=*/true);
+    return {g[0], g[1], g[2], at::Tensor(), at::Tensor()};
   }
 };
 #endif
@@ -166,6 +219,47 @@ std::pair<at::Tensor, at::Tensor> add_layer_norm_16(const at::Tensor& x, const a
 #endif
   at::Tensor h = x + delta;
   return {h, ln.ptr()->forward(h)};
+}
+
+at::Tensor rms_norm_aten(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const at::Tensor x32 = x.to(at::kFloat);
+  const at::Tensor normed = x32 * at::rsqrt(x32.pow(2).mean(-1, true) + eps);
+  return weight * normed.to(x.scalar_type());
+}
+
+bool rms_norm_applies(const at::Tensor& x, const at::Tensor& weight) {
+#ifdef FABRIC_WITH_CUDA_KERNELS
+  const int64_t cols = x.dim() > 0 ? x.size(-1) : 0;
+  return autocast_16(x) != at::ScalarType::Undefined && x.scalar_type() == at::kFloat &&
+         cols % 4 == 0 && cols > 0 && cols <= kMaxRmsNormWidth && weight.defined() &&
+         weight.dim() == 1 && weight.size(0) == cols && weight.scalar_type() == at::kFloat &&
+         weight.is_cuda();
+#else
+  (void)x;
+  (void)weight;
+  return false;
+#endif
+}
+
+at::Tensor rms_norm_16(const at::Tensor& x, const at::Tensor& weight, double eps) {
+#ifdef FABRIC_WITH_CUDA_KERNELS
+  if (rms_norm_applies(x, weight))
+    return FusedRmsNorm::apply(x, weight, eps, static_cast<int64_t>(autocast_16(x)));
+#endif
+  return rms_norm_aten(x, weight, eps);
+}
+
+std::pair<at::Tensor, at::Tensor> add_rms_norm_16(const at::Tensor& x, const at::Tensor& delta,
+                                                  const at::Tensor& weight, double eps) {
+#ifdef FABRIC_WITH_CUDA_KERNELS
+  if (rms_norm_applies(x, weight) && delta.sizes() == x.sizes() &&
+      delta.scalar_type() == autocast_16(x)) {
+    auto out = FusedAddRmsNorm::apply(x, delta, weight, eps, static_cast<int64_t>(autocast_16(x)));
+    return {out[0], out[1]};
+  }
+#endif
+  at::Tensor h = x + delta;
+  return {h, rms_norm_aten(h, weight, eps)};
 }
 
 }  // namespace fabric::models

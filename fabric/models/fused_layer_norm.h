@@ -1,5 +1,6 @@
 // fabric::models::layer_norm_16 / add_layer_norm_16: LayerNorm with a 16-bit output, and the
-// residual add before it, as single CUDA kernels (fabric/models/kernels/layer_norm.cu).
+// residual add before it, as single CUDA kernels (fabric/models/kernels/layer_norm.cu); the same
+// for RMSNorm (rms_norm_16 / add_rms_norm_16, below).
 //
 // Under CUDA autocast (bf16 or fp16) ATen's LayerNorm runs in float32 and writes a float32 output
 // that the next Linear casts to 16 bits; its backward writes the input gradient, then sums the
@@ -31,6 +32,21 @@ at::Tensor layer_norm_16(const at::Tensor& x, const torch::nn::LayerNorm& ln);
 // {x + delta, LayerNorm(x + delta)}.
 std::pair<at::Tensor, at::Tensor> add_layer_norm_16(const at::Tensor& x, const at::Tensor& delta,
                                                     const torch::nn::LayerNorm& ln);
+
+// RMSNorm (the Llama family's, fabric/models/llama.h) the same way: weight · (x ·
+// rsqrt(mean(x²) + eps)) in float32, rounded once to the autocast dtype. rms_norm_aten is the
+// ATen formula (Hugging Face's: the float32 product cast to x's dtype, then times the weight),
+// what the others compute where rms_norm_applies is false: not on CUDA under 16-bit autocast,
+// x not float32, the weight not a float32 CUDA vector of x's width, or a width that is not a
+// multiple of 4 or above kMaxRmsNormWidth (the backward keeps a width of sums per warp in
+// shared memory: 128 KiB at 4096).
+constexpr int64_t kMaxRmsNormWidth = 4096;
+at::Tensor rms_norm_aten(const at::Tensor& x, const at::Tensor& weight, double eps);
+bool rms_norm_applies(const at::Tensor& x, const at::Tensor& weight);
+at::Tensor rms_norm_16(const at::Tensor& x, const at::Tensor& weight, double eps);
+// {x + delta, RMSNorm(x + delta)}.
+std::pair<at::Tensor, at::Tensor> add_rms_norm_16(const at::Tensor& x, const at::Tensor& delta,
+                                                  const at::Tensor& weight, double eps);
 
 }  // namespace fabric::models
 

@@ -17,6 +17,7 @@
 #include "fabric/core/error.h"
 #include "fabric/models/context_parallel.h"
 #include "fabric/models/fused_cross_entropy.h"
+#include "fabric/models/fused_layer_norm.h"
 #include "fabric/nn/empty_init.h"
 #include "fabric/nn/ring_attention.h"
 #include "fabric/nn/ring_attention_dist.h"
@@ -117,9 +118,11 @@ RMSNormImpl::RMSNormImpl(int64_t size, double eps) : eps_(eps) {
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) { return forward(x, weight); }
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x, const torch::Tensor& w) {
-  const torch::Tensor x32 = x.to(torch::kFloat);
-  const torch::Tensor normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, true) + eps_);
-  return w * normed.to(x.scalar_type());
+  return rms_norm_aten(x, w, eps_);
+}
+
+torch::Tensor llama_final_norm(const LlamaConfig& config, RMSNorm& norm, const torch::Tensor& x) {
+  return config.fused_norm ? rms_norm_16(x, norm->weight, norm->eps()) : norm->forward(x);
 }
 
 namespace {
@@ -196,7 +199,7 @@ torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
   return down_proj->forward(torch::silu(gate_proj->forward(x)) * up_proj->forward(x));
 }
 
-LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c) {
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c) : fused_norm_(c.fused_norm) {
   self_attn = register_module("self_attn", LlamaAttention(c));
   mlp = register_module("mlp", LlamaMLP(c));
   input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
@@ -206,6 +209,15 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c) {
 
 torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x) {
   const auto& shard = self_attn->q_proj->parallel();
+  if (fused_norm_ && (!shard || !shard->sequence_parallel) &&
+      rms_norm_applies(x, input_layernorm->weight)) {
+    // The first RMSNorm with a 16-bit output; the residual add and the second in one kernel
+    // (fused_layer_norm.h).
+    const auto [h, y] = add_rms_norm_16(
+        x, self_attn->forward(rms_norm_16(x, input_layernorm->weight, input_layernorm->eps())),
+        post_attention_layernorm->weight, post_attention_layernorm->eps());
+    return h + mlp->forward(y);
+  }
   const torch::Tensor h = x + self_attn->forward(rms_norm(input_layernorm, x, shard));
   return h + mlp->forward(rms_norm(post_attention_layernorm, h, shard));
 }
@@ -294,7 +306,7 @@ torch::Tensor LlamaImpl::hidden(const torch::Tensor& tokens, const RunBlock& run
     fabric::nn::cp_chunk_size(tokens.size(1) * cp, cp);
     torch::Tensor x = embed_tokens->forward(tokens);
     for (LlamaDecoderLayer& layer : layers) x = run_block ? run_block(layer, x) : layer->forward(x);
-    return norm->forward(x);
+    return llama_final_norm(config_, norm, x);
   }
   llama_check_tokens(config_, tokens);
   const int64_t T = tokens.size(1);
@@ -322,7 +334,7 @@ torch::Tensor LlamaImpl::hidden(const torch::Tensor& tokens, const RunBlock& run
   }
   torch::Tensor x = embed_tokens->forward(tokens);
   for (LlamaDecoderLayer& layer : layers) x = run_block ? run_block(layer, x) : layer->forward(x);
-  return norm->forward(x);
+  return llama_final_norm(config_, norm, x);
 }
 
 void LlamaImpl::set_context_parallel(fabric::nn::ProcessGroupPtr group) {

@@ -69,6 +69,11 @@ struct LlamaConfig {
   // (0: no window).
   int64_t sliding_window = 0;
   std::string torch_dtype = "float32";  // the checkpoint's dtype; parameters are float32 here
+  // Fabric's, not config.json's (examples' model.fused_layer_norm): the RMSNorms, with the
+  // residual add before the second of each layer, as fused CUDA kernels with 16-bit outputs
+  // where they apply (fused_layer_norm.h: CUDA, 16-bit autocast, not under sequence
+  // parallelism); elsewhere, and when false, the ATen formula.
+  bool fused_norm = true;
 
   int64_t resolved_head_dim() const {
     return head_dim > 0 ? head_dim : hidden_size / num_attention_heads;
@@ -93,12 +98,17 @@ class RMSNormImpl : public torch::nn::Module {
   RMSNormImpl(int64_t size, double eps);
   torch::Tensor forward(const torch::Tensor& x);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& weight);  // another weight
+  double eps() const { return eps_; }
   torch::Tensor weight;
 
  private:
   double eps_;
 };
 TORCH_MODULE(RMSNorm);
+
+// The model's last RMSNorm (model.norm) on the whole positions: with config.fused_norm the fused
+// kernel's 16-bit output where it applies, else norm->forward(x).
+torch::Tensor llama_final_norm(const LlamaConfig& config, RMSNorm& norm, const torch::Tensor& x);
 
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
@@ -133,6 +143,9 @@ class LlamaDecoderLayerImpl : public torch::nn::Module {
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   LlamaAttention self_attn{nullptr};
   LlamaMLP mlp{nullptr};
+
+ private:
+  bool fused_norm_;  // LlamaConfig::fused_norm
 };
 TORCH_MODULE(LlamaDecoderLayer);
 

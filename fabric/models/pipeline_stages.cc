@@ -155,7 +155,7 @@ torch::Tensor LlamaStagesImpl::forward(int64_t stage, const torch::Tensor& input
 
 torch::Tensor LlamaStagesImpl::loss(const torch::Tensor& x, const torch::Tensor& targets) {
   blocks_of(stage_count() - 1);  // throws unless this rank holds the last stage
-  return llama_head_loss(embed_tokens, lm_head, norm->forward(x), targets);
+  return llama_head_loss(embed_tokens, lm_head, llama_final_norm(config_, norm, x), targets);
 }
 
 torch::Tensor LlamaStagesImpl::tied_weight() const {

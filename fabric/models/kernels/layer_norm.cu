@@ -1,7 +1,7 @@
-// LayerNorm over float32 rows with a 16-bit output, fused with the residual add before it, and its
-// backward with the residual gradient added and deterministic weight/bias gradients. One warp per
-// row; the row is read from memory again (from L1/L2) instead of kept in registers, so any width
-// that is a multiple of 4 works.
+// LayerNorm (and RMSNorm: kRms, no mean and no bias) over float32 rows with a 16-bit output, fused
+// with the residual add before it, and its backward with the residual gradient added and
+// deterministic weight/bias gradients. One warp per row; the row is read from memory again (from
+// L1/L2) instead of kept in registers, so any width that is a multiple of 4 works.
 #include "fabric/models/kernels/layer_norm.h"
 
 #include "fabric/models/kernels/convert.cuh"
@@ -33,7 +33,8 @@ struct alignas(4 * sizeof(T)) Pack4 {
   T v[4];
 };
 
-template <typename T>
+// kRms: mean is taken as 0 (pass 2 folds into pass 1), no bias, mean_out not written.
+template <typename T, bool kRms>
 __global__ void __launch_bounds__(kThreads)
     ln_forward(const float* __restrict__ x, const T* __restrict__ delta, float* __restrict__ h,
                const float* __restrict__ weight, const float* __restrict__ bias, T* __restrict__ y,
@@ -47,7 +48,7 @@ __global__ void __launch_bounds__(kThreads)
   const Pack4<T>* dr = delta ? reinterpret_cast<const Pack4<T>*>(delta + row * cols) : nullptr;
   float4* hr = reinterpret_cast<float4*>(h + row * cols);
   const float4* src = delta ? reinterpret_cast<const float4*>(hr) : xr;  // where h lives
-  // Pass 1: h = x + delta, the sum.
+  // Pass 1: h = x + delta, the sum (RMSNorm: the sum of squares).
   float sum = 0.f;
   for (int64_t i = lane; i < n4; i += 32) {
     float4 v = xr[i];
@@ -59,19 +60,22 @@ __global__ void __launch_bounds__(kThreads)
       v.w += to_float(d.v[3]);
       hr[i] = v;
     }
-    sum += (v.x + v.y) + (v.z + v.w);
+    sum += kRms ? (v.x * v.x + v.y * v.y) + (v.z * v.z + v.w * v.w) : (v.x + v.y) + (v.z + v.w);
   }
-  const float mean = warp_sum(sum) / static_cast<float>(cols);
+  const float mean = kRms ? 0.f : warp_sum(sum) / static_cast<float>(cols);
   // Pass 2: the variance about the mean.
-  float sq = 0.f;
-  for (int64_t i = lane; i < n4; i += 32) {
-    const float4 v = src[i];
-    const float a = v.x - mean, b = v.y - mean, c = v.z - mean, d = v.w - mean;
-    sq += (a * a + b * b) + (c * c + d * d);
+  float sq = sum;
+  if (!kRms) {
+    sq = 0.f;
+    for (int64_t i = lane; i < n4; i += 32) {
+      const float4 v = src[i];
+      const float a = v.x - mean, b = v.y - mean, c = v.z - mean, d = v.w - mean;
+      sq += (a * a + b * b) + (c * c + d * d);
+    }
   }
   const float rstd = rsqrtf(warp_sum(sq) / static_cast<float>(cols) + eps);
   if (lane == 0) {
-    mean_out[row] = mean;
+    if (!kRms) mean_out[row] = mean;
     rstd_out[row] = rstd;
   }
   // Pass 3: y.
@@ -79,31 +83,45 @@ __global__ void __launch_bounds__(kThreads)
   const float4* b4 = reinterpret_cast<const float4*>(bias);
   Pack4<T>* yr = reinterpret_cast<Pack4<T>*>(y + row * cols);
   for (int64_t i = lane; i < n4; i += 32) {
-    const float4 v = src[i], w = w4[i], b = b4[i];
+    const float4 v = src[i], w = w4[i];
     Pack4<T> o;
-    o.v[0] = from_float<T>((v.x - mean) * rstd * w.x + b.x);
-    o.v[1] = from_float<T>((v.y - mean) * rstd * w.y + b.y);
-    o.v[2] = from_float<T>((v.z - mean) * rstd * w.z + b.z);
-    o.v[3] = from_float<T>((v.w - mean) * rstd * w.w + b.w);
+    if (kRms) {  // weight · (h · rstd): the ATen formula's order (fabric/models/llama.cc)
+      o.v[0] = from_float<T>(w.x * (v.x * rstd));
+      o.v[1] = from_float<T>(w.y * (v.y * rstd));
+      o.v[2] = from_float<T>(w.z * (v.z * rstd));
+      o.v[3] = from_float<T>(w.w * (v.w * rstd));
+    } else {
+      const float4 b = b4[i];
+      o.v[0] = from_float<T>((v.x - mean) * rstd * w.x + b.x);
+      o.v[1] = from_float<T>((v.y - mean) * rstd * w.y + b.y);
+      o.v[2] = from_float<T>((v.z - mean) * rstd * w.z + b.z);
+      o.v[3] = from_float<T>((v.w - mean) * rstd * w.w + b.w);
+    }
     yr[i] = o;
   }
 }
 
 // Each block's warps take rows blockIdx.x * kWarps + warp, then every gridDim.x * kWarps-th; each
 // warp sums dweight/dbias of its rows in its own shared-memory row, the block adds its warps' in
-// order into partial[blockIdx.x], and ln_backward_reduce adds the blocks' in order.
-template <typename T>
+// order into partial[blockIdx.x], and ln_backward_reduce adds the blocks' in order. kRms: the mean
+// is 0 (mean_in not read), the gradient has no mean term (s1) and there is no dbias, so a warp
+// keeps cols sums, not 2 cols.
+template <typename T, bool kRms>
 __global__ void __launch_bounds__(kBwdThreads)
     ln_backward(const T* __restrict__ dy, const float* __restrict__ h,
                 const float* __restrict__ mean_in, const float* __restrict__ rstd_in,
                 const float* __restrict__ weight, const float* __restrict__ dh_in,
                 float* __restrict__ dh, T* __restrict__ dh16, float* __restrict__ partial,
                 int64_t rows, int64_t cols) {
-  extern __shared__ float smem[];  // [kBwdWarps][2][cols]
+  constexpr int kSums = kRms ? 1 : 2;
+  extern __shared__ float smem[];  // [kBwdWarps][kSums][cols]
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  float* dw_acc = smem + static_cast<int64_t>(warp) * 2 * cols;
-  float* db_acc = dw_acc + cols;
-  for (int64_t j = lane; j < cols; j += 32) dw_acc[j] = db_acc[j] = 0.f;
+  float* dw_acc = smem + static_cast<int64_t>(warp) * kSums * cols;
+  float* db_acc = dw_acc + cols;  // LayerNorm only
+  for (int64_t j = lane; j < cols; j += 32) {
+    dw_acc[j] = 0.f;
+    if (!kRms) db_acc[j] = 0.f;
+  }
   // Lane l zeroed columns l, l + 32, ...; it accumulates columns 4l .. 4l + 3 below: another
   // lane's. A warp's lanes need not run in step (independent thread scheduling, sm_70+).
   __syncwarp();
@@ -112,7 +130,7 @@ __global__ void __launch_bounds__(kBwdThreads)
   const float4* w4 = reinterpret_cast<const float4*>(weight);
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kBwdWarps + warp; row < rows;
        row += static_cast<int64_t>(gridDim.x) * kBwdWarps) {
-    const float mean = mean_in[row], rstd = rstd_in[row];
+    const float mean = kRms ? 0.f : mean_in[row], rstd = rstd_in[row];
     const float4* hr = reinterpret_cast<const float4*>(h + row * cols);
     const Pack4<T>* gr = reinterpret_cast<const Pack4<T>*>(dy + row * cols);
     float s1 = 0.f, s2 = 0.f;
@@ -128,10 +146,10 @@ __global__ void __launch_bounds__(kBwdThreads)
         s1 += gx;
         s2 += gx * xhat;
         dw_acc[4 * i + k] += gy * xhat;
-        db_acc[4 * i + k] += gy;
+        if (!kRms) db_acc[4 * i + k] += gy;
       }
     }
-    s1 = warp_sum(s1) * inv_cols;
+    s1 = kRms ? 0.f : warp_sum(s1) * inv_cols;
     s2 = warp_sum(s2) * inv_cols;
     const float4* dir = dh_in ? reinterpret_cast<const float4*>(dh_in + row * cols) : nullptr;
     float4* dr = reinterpret_cast<float4*>(dh + row * cols);
@@ -166,29 +184,31 @@ __global__ void __launch_bounds__(kBwdThreads)
     }
   }
   __syncthreads();
-  float* out = partial + static_cast<int64_t>(blockIdx.x) * 2 * cols;
-  for (int64_t j = threadIdx.x; j < 2 * cols; j += kBwdThreads) {
+  float* out = partial + static_cast<int64_t>(blockIdx.x) * kSums * cols;
+  for (int64_t j = threadIdx.x; j < kSums * cols; j += kBwdThreads) {
     float s = 0.f;
-    for (int w = 0; w < kBwdWarps; ++w) s += smem[static_cast<int64_t>(w) * 2 * cols + j];
+    for (int w = 0; w < kBwdWarps; ++w) s += smem[static_cast<int64_t>(w) * kSums * cols + j];
     out[j] = s;
   }
 }
 
 // 32 columns per block, kReduceGroups threads per column, each summing every kReduceGroups-th
 // block's partial; the groups' sums are then added in order: a fixed order, so deterministic.
+// A partial row holds `sums` · cols values: dweight's, then (sums 2) dbias's.
 __global__ void __launch_bounds__(32 * kReduceGroups)
-    ln_backward_reduce(const float* __restrict__ partial, int blocks, int64_t cols,
+    ln_backward_reduce(const float* __restrict__ partial, int blocks, int64_t cols, int sums_per,
                        float* __restrict__ dweight, float* __restrict__ dbias) {
   __shared__ float sums[kReduceGroups][32];
   const int c = threadIdx.x % 32, g = threadIdx.x / 32;
   const int64_t j = static_cast<int64_t>(blockIdx.x) * 32 + c;
+  const int64_t width = sums_per * cols;
   float s = 0.f;
-  if (j < 2 * cols)
+  if (j < width)
     for (int b = g; b < blocks; b += kReduceGroups)
-      s += partial[static_cast<int64_t>(b) * 2 * cols + j];
+      s += partial[static_cast<int64_t>(b) * width + j];
   sums[g][c] = s;
   __syncthreads();
-  if (g == 0 && j < 2 * cols) {
+  if (g == 0 && j < width) {
     float total = 0.f;
     for (int k = 0; k < kReduceGroups; ++k) total += sums[k][c];
     if (j < cols) {
@@ -204,37 +224,39 @@ int backward_blocks(int64_t rows) {
       std::max<int64_t>(1, std::min<int64_t>(kBackwardBlocks, (rows + kBwdWarps - 1) / kBwdWarps)));
 }
 
-template <typename T>
+template <typename T, bool kRms>
 cudaError_t forward(const float* x, const void* delta, float* h, const float* weight,
                     const float* bias, void* y, float* mean, float* rstd, int64_t rows,
                     int64_t cols, float eps, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   const auto blocks = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
-  ln_forward<T><<<blocks, kThreads, 0, stream>>>(x, static_cast<const T*>(delta), h, weight, bias,
-                                                 static_cast<T*>(y), mean, rstd, rows, cols, eps);
+  ln_forward<T, kRms><<<blocks, kThreads, 0, stream>>>(x, static_cast<const T*>(delta), h, weight,
+                                                       bias, static_cast<T*>(y), mean, rstd, rows,
+                                                       cols, eps);
   return cudaGetLastError();
 }
 
-template <typename T>
+template <typename T, bool kRms>
 cudaError_t backward(const void* dy, const float* h, const float* mean, const float* rstd,
                      const float* weight, const float* dh_in, float* dh, void* dh16, float* dweight,
                      float* dbias, float* workspace, int64_t rows, int64_t cols,
                      cudaStream_t stream) {
+  constexpr int kSums = kRms ? 1 : 2;
   const int blocks = backward_blocks(rows);
-  const size_t smem = sizeof(float) * 2 * static_cast<size_t>(cols) * kBwdWarps;
+  const size_t smem = sizeof(float) * kSums * static_cast<size_t>(cols) * kBwdWarps;
   if (smem > 48 * 1024) {
     const cudaError_t e = cudaFuncSetAttribute(
-        ln_backward<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+        ln_backward<T, kRms>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (e != cudaSuccess) return e;
   }
-  ln_backward<T><<<blocks, kBwdThreads, smem, stream>>>(static_cast<const T*>(dy), h, mean, rstd,
-                                                        weight, dh_in, dh, static_cast<T*>(dh16),
-                                                        workspace, rows, cols);
+  ln_backward<T, kRms><<<blocks, kBwdThreads, smem, stream>>>(
+      static_cast<const T*>(dy), h, mean, rstd, weight, dh_in, dh, static_cast<T*>(dh16), workspace,
+      rows, cols);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  const auto reduce_blocks = static_cast<unsigned>((2 * cols + 31) / 32);
+  const auto reduce_blocks = static_cast<unsigned>((kSums * cols + 31) / 32);
   ln_backward_reduce<<<reduce_blocks, 32 * kReduceGroups, 0, stream>>>(workspace, blocks, cols,
-                                                                       dweight, dbias);
+                                                                       kSums, dweight, dbias);
   return cudaGetLastError();
 }
 
@@ -246,8 +268,9 @@ int layer_norm_forward(const float* x, const void* delta, float* h, const float*
   const auto s = static_cast<cudaStream_t>(stream);
   return static_cast<int>(
       type == LogitType::kBFloat16
-          ? forward<__nv_bfloat16>(x, delta, h, weight, bias, y, mean, rstd, rows, cols, eps, s)
-          : forward<__half>(x, delta, h, weight, bias, y, mean, rstd, rows, cols, eps, s));
+          ? forward<__nv_bfloat16, false>(x, delta, h, weight, bias, y, mean, rstd, rows, cols, eps,
+                                          s)
+          : forward<__half, false>(x, delta, h, weight, bias, y, mean, rstd, rows, cols, eps, s));
 }
 
 int layer_norm_backward(const void* dy, const float* h, const float* mean, const float* rstd,
@@ -256,10 +279,34 @@ int layer_norm_backward(const void* dy, const float* h, const float* mean, const
                         LogitType type, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   return static_cast<int>(type == LogitType::kBFloat16
-                              ? backward<__nv_bfloat16>(dy, h, mean, rstd, weight, dh_in, dh, dh16,
-                                                        dweight, dbias, workspace, rows, cols, s)
-                              : backward<__half>(dy, h, mean, rstd, weight, dh_in, dh, dh16,
-                                                 dweight, dbias, workspace, rows, cols, s));
+                              ? backward<__nv_bfloat16, false>(dy, h, mean, rstd, weight, dh_in, dh,
+                                                               dh16, dweight, dbias, workspace,
+                                                               rows, cols, s)
+                              : backward<__half, false>(dy, h, mean, rstd, weight, dh_in, dh, dh16,
+                                                        dweight, dbias, workspace, rows, cols, s));
+}
+
+int rms_norm_forward(const float* x, const void* delta, float* h, const float* weight, void* y,
+                     float* rstd, int64_t rows, int64_t cols, float eps, LogitType type,
+                     void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  return static_cast<int>(type == LogitType::kBFloat16
+                              ? forward<__nv_bfloat16, true>(x, delta, h, weight, nullptr, y,
+                                                             nullptr, rstd, rows, cols, eps, s)
+                              : forward<__half, true>(x, delta, h, weight, nullptr, y, nullptr,
+                                                      rstd, rows, cols, eps, s));
+}
+
+int rms_norm_backward(const void* dy, const float* h, const float* rstd, const float* weight,
+                      const float* dh_in, float* dh, void* dh16, float* dweight, float* workspace,
+                      int64_t rows, int64_t cols, LogitType type, void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  return static_cast<int>(
+      type == LogitType::kBFloat16
+          ? backward<__nv_bfloat16, true>(dy, h, nullptr, rstd, weight, dh_in, dh, dh16, dweight,
+                                          nullptr, workspace, rows, cols, s)
+          : backward<__half, true>(dy, h, nullptr, rstd, weight, dh_in, dh, dh16, dweight, nullptr,
+                                   workspace, rows, cols, s));
 }
 
 int64_t layer_norm_workspace_floats(int64_t rows, int64_t cols) {

@@ -28,6 +28,17 @@ int layer_norm_backward(const void* dy, const float* h, const float* mean, const
                         LogitType type, void* stream);
 int64_t layer_norm_workspace_floats(int64_t rows, int64_t cols);
 
+// RMSNorm (the Llama family's): as the two above without the mean and the bias: rstd[r] =
+// 1 / sqrt(mean(h²) + eps), y = weight · (h · rstd) in `type`; backward writes dh (+ dh_in, and
+// dh16 when not null) and dweight, through a workspace of layer_norm_workspace_floats(rows, cols)
+// floats (it uses half of it).
+int rms_norm_forward(const float* x, const void* delta, float* h, const float* weight, void* y,
+                     float* rstd, int64_t rows, int64_t cols, float eps, LogitType type,
+                     void* stream);
+int rms_norm_backward(const void* dy, const float* h, const float* rstd, const float* weight,
+                      const float* dh_in, float* dh, void* dh16, float* dweight, float* workspace,
+                      int64_t rows, int64_t cols, LogitType type, void* stream);
+
 }  // namespace fabric::kernels
 
 #endif  // FABRIC_MODELS_KERNELS_LAYER_NORM_H_

@@ -5,7 +5,8 @@
 // fused output layer + cross-entropy (linear_cross_entropy, GPT::loss) equals the ATen path in
 // value and gradients for bf16 and fp16, aligned and unaligned vocabularies, scaled losses, and
 // with targets -100 (ignored: the mean over the other rows, zero gradient rows; NaN and zero
-// gradients when every target is ignored) without waiting for the device.
+// gradients when every target is ignored) without waiting for the device; the fused LayerNorm
+// and RMSNorm kernels equal ATen's formulas, alone and in the tiny GPT's and a tiny Llama's loss.
 // (The float8 linear's CUDA cases: tests/fabric/nn/fp8_cuda_test.)
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
@@ -23,6 +24,7 @@
 
 #include "fabric/models/fused_layer_norm.h"
 #include "fabric/models/gpt.h"
+#include "fabric/models/llama.h"
 #include "tests/cuda_skip.h"
 
 namespace {
@@ -346,8 +348,98 @@ TEST_P(FusedLayerNormTest, LayerNormEqualsATen) {
   for (int i : {1, 2, 3}) EXPECT_LE(max_rel(a[i], b[i]), 1e-4) << i;
 }
 
+// The RMSNorm forms (the Llama family's): add_rms_norm_16 / rms_norm_16 against the ATen formula
+// (rms_norm_aten, what the Llama computes without them), values and gradients, the weight's
+// gradient bitwise reproducible. Width 2048: the backward's shared memory above the 48 KiB
+// default (64 KiB), as Llama-3.2-1B's.
+TEST_P(FusedLayerNormTest, FusedRmsNormMatchesAten) {
+  SKIP_WITHOUT_CUDA();
+  if (!fabric::models::cuda_kernels_built()) GTEST_SKIP() << "no CUDA kernels in this build";
+  const torch::ScalarType t = GetParam();
+  torch::manual_seed(2);
+  const auto opts = torch::TensorOptions().device(torch::kCUDA);
+  const int64_t cols = 2048;
+  const double eps = 1e-5;
+  const torch::Tensor x0 = torch::randn({300, cols}, opts) * 3;
+  const torch::Tensor d0 = torch::randn({300, cols}, opts).to(t);
+  const torch::Tensor w0 = 1 + 0.1 * torch::randn({cols}, opts);
+  const torch::Tensor r = torch::randn({300, cols}, opts).to(t);
+  const torch::Tensor q = torch::randn({300, cols}, opts);
+  for (const bool add : {true, false}) {
+    auto run = [&](bool fused) {
+      torch::Tensor x = x0.clone().requires_grad_(), d = d0.clone().requires_grad_();
+      torch::Tensor w = w0.clone().requires_grad_();
+      autocast_on(t);
+      EXPECT_TRUE(fabric::models::rms_norm_applies(x, w));
+      torch::Tensor h = x, y;
+      if (fused && add) {
+        std::tie(h, y) = fabric::models::add_rms_norm_16(x, d, w, eps);
+      } else if (fused) {
+        y = fabric::models::rms_norm_16(x, w, eps);
+      } else {
+        if (add) h = x + d;
+        y = fabric::models::rms_norm_aten(h, w, eps).to(t);
+      }
+      autocast_off();
+      EXPECT_EQ(y.scalar_type(), t);
+      torch::Tensor loss = (y * r).to(torch::kFloat).sum();
+      if (add) loss = loss + (h * q).sum();
+      loss.backward();
+      return std::vector<torch::Tensor>{y.detach(), x.grad(), w.grad().clone(),
+                                        add ? d.grad() : torch::zeros({1}, opts)};
+    };
+    const auto a = run(true), b = run(false);
+    EXPECT_LE(max_rel(a[0], b[0]), 1.0 / 128) << "add " << add << ": more than one 16-bit step";
+    EXPECT_LE(max_rel(a[1], b[1]), 1e-4) << "add " << add << ": dx";
+    EXPECT_LE(max_rel(a[2], b[2]), 1e-4) << "add " << add << ": dweight";
+    if (add) EXPECT_LE(max_rel(a[3], b[3]), 1.0 / 128) << "d's 16-bit gradient";
+    const auto again = run(true);
+    EXPECT_TRUE(torch::equal(again[2], a[2])) << "weight gradient not bitwise reproducible";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, FusedLayerNormTest,
                          ::testing::Values(torch::kBFloat16, torch::kHalf));
+
+// A tiny Llama's loss and gradients with the fused RMSNorms (LlamaConfig::fused_norm) against
+// the ATen ones, bf16 autocast.
+TEST(GPTCudaTest, FusedRmsNormLlamaLossEqualsTheATenOne) {
+  SKIP_WITHOUT_CUDA();
+  if (!fabric::models::cuda_kernels_built()) GTEST_SKIP() << "no CUDA kernels in this build";
+  torch::manual_seed(0);
+  fabric::models::LlamaConfig c;
+  c.vocab_size = 256;
+  c.hidden_size = 128;
+  c.intermediate_size = 256;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.max_position_embeddings = 128;
+  c.fused_norm = true;
+  fabric::models::Llama fused(c);
+  c.fused_norm = false;
+  fabric::models::Llama aten(c);
+  fused->to(torch::kCUDA);
+  aten->to(torch::kCUDA);
+  {
+    torch::NoGradGuard no_grad;
+    const auto from = fused->parameters();
+    const auto to = aten->parameters();
+    for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
+  }
+  const torch::Tensor w = torch::randint(0, 256, {4, 129}, torch::kLong).to(torch::kCUDA);
+  autocast_on(torch::kBFloat16);
+  const torch::Tensor a = fused->loss(w.narrow(1, 0, 128), w.narrow(1, 1, 128));
+  const torch::Tensor b = aten->loss(w.narrow(1, 0, 128), w.narrow(1, 1, 128));
+  autocast_off();
+  EXPECT_NEAR(a.item<double>(), b.item<double>(), 1e-3 * b.item<double>());
+  a.backward();
+  b.backward();
+  const auto ga = fused->named_parameters();
+  const auto gb = aten->parameters();
+  for (size_t i = 0; i < gb.size(); ++i)
+    EXPECT_LE(max_rel(ga[i].value().grad(), gb[i].grad()), 0.05) << ga[i].key();
+}
 
 TEST(GPTCudaTest, FusedLayerNormGptLossEqualsTheATenOne) {
   SKIP_WITHOUT_CUDA();

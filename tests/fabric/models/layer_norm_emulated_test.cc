@@ -1,6 +1,7 @@
 // fabric/models/kernels/layer_norm.cu run on the CPU through tools/cuda_emu (CUDA threads as host
-// threads): the fused LayerNorm's forward (with and without the residual add) and backward (with
-// and without an incoming gradient and a 16-bit copy of it) against a double-precision reference,
+// threads): the fused LayerNorm's and RMSNorm's forward (with and without the residual add) and
+// backward (with and without an incoming gradient and a 16-bit copy of it) against a
+// double-precision reference,
 // bf16 and fp16, for row counts that leave a block's warps idle and that make the backward's
 // warps loop over rows. It checks the kernels' indexing, warp reductions and the backward's
 // per-block sums; the device's arithmetic is gpt_cuda_test's (on a GPU). The kernels come from
@@ -30,9 +31,10 @@ bool near(double a, double b, double rel, double scale) {
   return std::fabs(a - b) <= rel * scale + 1e-6;
 }
 
+// rms: RMSNorm (no mean, no bias; mean stays as filled, the kernels must not write it).
 template <typename T>
 void check(int64_t rows, int64_t cols, bool with_delta, bool with_dh_in, bool with_dh16,
-           LogitType type) {
+           LogitType type, bool rms = false) {
   const double step = std::is_same_v<T, __half> ? 1.0 / 1024 : 1.0 / 128;  // 16-bit spacing
   std::mt19937 gen(static_cast<unsigned>(rows * 31 + cols));
   std::normal_distribution<float> normal;
@@ -46,10 +48,19 @@ void check(int64_t rows, int64_t cols, bool with_delta, bool with_dh_in, bool wi
   for (auto& v : dy) v = from_float<T>(normal(gen));
   for (auto& v : dh_in) v = normal(gen);
   const float eps = 1e-5f;
-  ASSERT_TRUE(fabric::kernels::layer_norm_forward(
-                  x.data(), with_delta ? delta.data() : nullptr, h.data(), w.data(), b.data(),
-                  y.data(), mean.data(), rstd.data(), rows, cols, eps, type, nullptr) == 0)
-      << "forward launch";
+  if (rms) {
+    std::fill(mean.begin(), mean.end(), 0.f);
+    std::fill(b.begin(), b.end(), 0.f);
+    ASSERT_TRUE(fabric::kernels::rms_norm_forward(x.data(), with_delta ? delta.data() : nullptr,
+                                                  h.data(), w.data(), y.data(), rstd.data(), rows,
+                                                  cols, eps, type, nullptr) == 0)
+        << "forward launch";
+  } else {
+    ASSERT_TRUE(fabric::kernels::layer_norm_forward(
+                    x.data(), with_delta ? delta.data() : nullptr, h.data(), w.data(), b.data(),
+                    y.data(), mean.data(), rstd.data(), rows, cols, eps, type, nullptr) == 0)
+        << "forward launch";
+  }
   std::vector<double> hr(n), ref_mean(rows), ref_rstd(rows);
   for (int64_t r = 0; r < rows; ++r) {
     double s = 0, q = 0;
@@ -58,7 +69,7 @@ void check(int64_t rows, int64_t cols, bool with_delta, bool with_dh_in, bool wi
       hr[i] = with_delta ? static_cast<double>(x[i] + to_float(delta[i])) : x[i];
       s += hr[i];
     }
-    ref_mean[r] = s / cols;
+    ref_mean[r] = rms ? 0.0 : s / cols;
     for (int64_t j = 0; j < cols; ++j)
       q += (hr[r * cols + j] - ref_mean[r]) * (hr[r * cols + j] - ref_mean[r]);
     ref_rstd[r] = 1 / std::sqrt(q / cols + eps);
@@ -79,11 +90,21 @@ void check(int64_t rows, int64_t cols, bool with_delta, bool with_dh_in, bool wi
   // Backward, from h (the normalized input: x when there was no delta).
   const std::vector<float>& hin = with_delta ? h : x;
   std::vector<float> workspace(fabric::kernels::layer_norm_workspace_floats(rows, cols));
-  ASSERT_TRUE(fabric::kernels::layer_norm_backward(
-                  dy.data(), hin.data(), mean.data(), rstd.data(), w.data(),
-                  with_dh_in ? dh_in.data() : nullptr, dh.data(), with_dh16 ? dh16.data() : nullptr,
-                  dw.data(), db.data(), workspace.data(), rows, cols, type, nullptr) == 0)
-      << "backward launch";
+  if (rms) {
+    ASSERT_TRUE(fabric::kernels::rms_norm_backward(dy.data(), hin.data(), rstd.data(), w.data(),
+                                                   with_dh_in ? dh_in.data() : nullptr, dh.data(),
+                                                   with_dh16 ? dh16.data() : nullptr, dw.data(),
+                                                   workspace.data(), rows, cols, type,
+                                                   nullptr) == 0)
+        << "backward launch";
+  } else {
+    ASSERT_TRUE(fabric::kernels::layer_norm_backward(
+                    dy.data(), hin.data(), mean.data(), rstd.data(), w.data(),
+                    with_dh_in ? dh_in.data() : nullptr, dh.data(),
+                    with_dh16 ? dh16.data() : nullptr, dw.data(), db.data(), workspace.data(), rows,
+                    cols, type, nullptr) == 0)
+        << "backward launch";
+  }
   std::vector<double> ref_dw(cols, 0), ref_db(cols, 0);
   double largest_dh = 0;
   std::vector<double> ref_dh(n);
@@ -98,7 +119,7 @@ void check(int64_t rows, int64_t cols, bool with_delta, bool with_dh_in, bool wi
       ref_dw[j] += to_float(dy[i]) * xhat;
       ref_db[j] += to_float(dy[i]);
     }
-    s1 /= cols;
+    s1 = rms ? 0.0 : s1 / cols;
     s2 /= cols;
     for (int64_t j = 0; j < cols; ++j) {
       const int64_t i = r * cols + j;
@@ -123,8 +144,10 @@ void check(int64_t rows, int64_t cols, bool with_delta, bool with_dh_in, bool wi
   for (int64_t j = 0; j < cols; ++j) {
     ASSERT_TRUE(near(dw[j], ref_dw[j], 1e-4, largest_dw))
         << "dweight[" << j << "] " << dw[j] << ", want " << ref_dw[j] << " (" << rows << " rows)";
-    ASSERT_TRUE(near(db[j], ref_db[j], 1e-4, largest_db))
-        << "dbias[" << j << "] " << db[j] << ", want " << ref_db[j] << " (" << rows << " rows)";
+    if (!rms) {
+      ASSERT_TRUE(near(db[j], ref_db[j], 1e-4, largest_db))
+          << "dbias[" << j << "] " << db[j] << ", want " << ref_db[j] << " (" << rows << " rows)";
+    }
   }
 }
 
@@ -137,4 +160,12 @@ TEST(LayerNormEmulatedTest, ForwardAndBackwardMatchDoublePrecision) {
   check<__nv_bfloat16>(37, 64, true, true, true, LogitType::kBFloat16);
   check<__half>(37, 264, false, false, false, LogitType::kFloat16);
   check<__nv_bfloat16>(2200, 32, true, false, true, LogitType::kBFloat16);
+}
+
+// RMSNorm (rms_norm_forward / rms_norm_backward): the same shapes; the mean must stay untouched
+// (0, as filled) and y must be weight · (h · rstd) without a bias.
+TEST(LayerNormEmulatedTest, RmsNormForwardAndBackwardMatchDoublePrecision) {
+  check<__nv_bfloat16>(37, 64, true, true, true, LogitType::kBFloat16, true);
+  check<__half>(37, 264, false, false, false, LogitType::kFloat16, true);
+  check<__nv_bfloat16>(2200, 32, true, false, true, LogitType::kBFloat16, true);
 }
