@@ -45,6 +45,10 @@ fabric::ConfigSchema schema() {
             "LayerNorms (the GPT's) and RMSNorms (the Llama family's), + residual add, as fused "
             "CUDA kernels with 16-bit outputs where they apply (CUDA, bf16/fp16 autocast); "
             "false: the ATen formulas"));
+  s.add("model.fused_elementwise",
+        fabric::KeySpec::boolean(true).doc(
+            "the Llama family's rotary embedding and SwiGLU as fused CUDA kernels where they "
+            "apply (CUDA, 16-bit); false: ATen's operators (no effect on the GPT)"));
   s.add("model.activation_checkpointing",
         fabric::KeySpec::choice_list({"Block", "LlamaDecoderLayer"}, {})
             .doc("module types whose activations are recomputed in backward instead of kept "
@@ -159,7 +163,10 @@ ModelChoice choose_model(const fabric::Config& c, int64_t meta_vocab) {
   } catch (const fabric::Error& e) {
     throw c.error_at("model.pretrained", e.what());
   }
-  if (m.pretrained->llama) m.pretrained->llama->fused_norm = c.get_bool("model.fused_layer_norm");
+  if (m.pretrained->llama) {
+    m.pretrained->llama->fused_norm = c.get_bool("model.fused_layer_norm");
+    m.pretrained->llama->fused_elementwise = c.get_bool("model.fused_elementwise");
+  }
   const fabric::hf::Pretrained& p = *m.pretrained;
   if (p.gpt2) {
     m.gpt = *p.gpt2;

@@ -18,6 +18,7 @@
 #include "fabric/models/context_parallel.h"
 #include "fabric/models/fused_cross_entropy.h"
 #include "fabric/models/fused_layer_norm.h"
+#include "fabric/models/fused_llama_ops.h"
 #include "fabric/nn/empty_init.h"
 #include "fabric/nn/ring_attention.h"
 #include "fabric/nn/ring_attention_dist.h"
@@ -102,13 +103,6 @@ fabric::nn::Linear linear(int64_t in, int64_t out, bool bias) {
   return l;
 }
 
-// [..., D] → [..., D]: the second half negated in front of the first (Hugging Face's convention:
-// dimension i pairs with i + D/2).
-torch::Tensor rotate_half(const torch::Tensor& x) {
-  const auto halves = x.chunk(2, -1);
-  return torch::cat({-halves[1], halves[0]}, -1);
-}
-
 }  // namespace
 
 RMSNormImpl::RMSNormImpl(int64_t size, double eps) : eps_(eps) {
@@ -141,6 +135,7 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
     : heads_(c.num_attention_heads),
       kv_heads_(c.num_key_value_heads),
       head_dim_(c.resolved_head_dim()),
+      fused_elementwise_(c.fused_elementwise),
       inv_freq_(llama_rope_inv_freq(c)) {
   const bool qkv_bias = c.attention_bias || c.qkv_bias;
   q_proj = register_module("q_proj", linear(c.hidden_size, heads_ * head_dim_, qkv_bias));
@@ -172,7 +167,10 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
   auto split = [&](const torch::Tensor& t, int64_t n) {
     return t.view({B, T, n, head_dim_}).transpose(1, 2);  // [B, n, T, D]
   };
-  auto rotate = [&](const torch::Tensor& t) { return t * cos + rotate_half(t) * sin; };
+  // t · cos + rotate_half(t) · sin (one kernel each way where fused_llama_ops.h applies).
+  auto rotate = [&](const torch::Tensor& t) {
+    return fused_elementwise_ ? rotary_16(t, cos, sin) : t * cos + rotate_half(t) * sin;
+  };
   const torch::Tensor q = rotate(split(q_out, heads));
   const torch::Tensor k = rotate(split(k_out, kv_heads));
   const torch::Tensor v = split(v_out, kv_heads);
@@ -189,14 +187,15 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
   return o_proj->forward(y);
 }
 
-LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c) {
+LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c) : fused_elementwise_(c.fused_elementwise) {
   gate_proj = register_module("gate_proj", linear(c.hidden_size, c.intermediate_size, false));
   up_proj = register_module("up_proj", linear(c.hidden_size, c.intermediate_size, false));
   down_proj = register_module("down_proj", linear(c.intermediate_size, c.hidden_size, false));
 }
 
 torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
-  return down_proj->forward(torch::silu(gate_proj->forward(x)) * up_proj->forward(x));
+  const torch::Tensor gate = gate_proj->forward(x), up = up_proj->forward(x);
+  return down_proj->forward(fused_elementwise_ ? swiglu_16(gate, up) : torch::silu(gate) * up);
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c) : fused_norm_(c.fused_norm) {

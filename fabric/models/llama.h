@@ -74,6 +74,10 @@ struct LlamaConfig {
   // where they apply (fused_layer_norm.h: CUDA, 16-bit autocast, not under sequence
   // parallelism); elsewhere, and when false, the ATen formula.
   bool fused_norm = true;
+  // Fabric's too (model.fused_elementwise): the rotary embedding of queries and keys and the MLP's
+  // silu(gate) · up as fused CUDA kernels where they apply (fused_llama_ops.h: CUDA, 16-bit);
+  // elsewhere, and when false, ATen's operators.
+  bool fused_elementwise = true;
 
   int64_t resolved_head_dim() const {
     return head_dim > 0 ? head_dim : hidden_size / num_attention_heads;
@@ -124,6 +128,7 @@ class LlamaAttentionImpl : public torch::nn::Module {
 
  private:
   int64_t heads_, kv_heads_, head_dim_;
+  bool fused_elementwise_;  // LlamaConfig::fused_elementwise
   torch::Tensor inv_freq_;  // llama_rope_inv_freq (not a buffer: checkpoints do not hold it)
 };
 TORCH_MODULE(LlamaAttention);
@@ -133,6 +138,9 @@ class LlamaMLPImpl : public torch::nn::Module {
   explicit LlamaMLPImpl(const LlamaConfig& c);
   torch::Tensor forward(const torch::Tensor& x);  // down(silu(gate(x)) · up(x))
   fabric::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+
+ private:
+  bool fused_elementwise_;  // LlamaConfig::fused_elementwise
 };
 TORCH_MODULE(LlamaMLP);
 

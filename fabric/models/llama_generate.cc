@@ -12,16 +12,11 @@
 #include <string>
 
 #include "fabric/core/error.h"
+#include "fabric/models/fused_llama_ops.h"
 
 namespace fabric::models {
 
 namespace {
-
-// [..., D] → [..., D]: Hugging Face's rotate_half (as in llama.cc).
-torch::Tensor rotate_half(const torch::Tensor& x) {
-  const auto halves = x.chunk(2, -1);
-  return torch::cat({-halves[1], halves[0]}, -1);
-}
 
 // Attention of one new position per row: q [B, heads, 1, D] over the cached keys and values
 // [B, kv_heads, S, D], `blocked` [B, 1, 1, S] true where a row may not attend, in float32 (products

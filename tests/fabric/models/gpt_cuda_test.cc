@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstdio>
 #include <tuple>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #endif
 
 #include "fabric/models/fused_layer_norm.h"
+#include "fabric/models/fused_llama_ops.h"
 #include "fabric/models/gpt.h"
 #include "fabric/models/llama.h"
 #include "tests/cuda_skip.h"
@@ -398,11 +400,60 @@ TEST_P(FusedLayerNormTest, FusedRmsNormMatchesAten) {
   }
 }
 
+// The Llama's rotary embedding (the queries' transposed layout) and SwiGLU kernels
+// (fused_llama_ops.h) against ATen's chains: values and gradients within one 16-bit step, and
+// (printed) how many are bitwise ATen's.
+TEST_P(FusedLayerNormTest, FusedRotaryAndSwigluMatchAten) {
+  SKIP_WITHOUT_CUDA();
+  if (!fabric::models::cuda_kernels_built()) GTEST_SKIP() << "no CUDA kernels in this build";
+  const torch::ScalarType t = GetParam();
+  torch::manual_seed(3);
+  const auto opts = torch::TensorOptions().device(torch::kCUDA);
+  auto bitwise = [](const torch::Tensor& a, const torch::Tensor& b) {
+    return a.eq(b).to(torch::kDouble).mean().item<double>();
+  };
+  {
+    const torch::Tensor q0 = torch::randn({2, 64, 4, 64}, opts).to(t);  // [B, T, H, D]
+    const torch::Tensor angles = torch::randn({64, 64}, opts);
+    const torch::Tensor cos = angles.cos().to(t), sin = angles.sin().to(t);
+    const torch::Tensor r = torch::randn({2, 4, 64, 64}, opts).to(t);
+    auto run = [&](bool fused) {
+      torch::Tensor q = q0.clone().requires_grad_();
+      const torch::Tensor v = q.transpose(1, 2);  // [B, H, T, D], as the attention's
+      EXPECT_TRUE(fabric::models::llama_ops_apply(v));
+      const torch::Tensor y = fused ? fabric::models::rotary_16(v, cos, sin)
+                                    : v * cos + fabric::models::rotate_half(v) * sin;
+      (y * r).to(torch::kFloat).sum().backward();
+      return std::vector<torch::Tensor>{y.detach(), q.grad()};
+    };
+    const auto a = run(true), b = run(false);
+    EXPECT_LE(max_rel(a[0], b[0]), 1.0 / 128) << "rotary forward";
+    EXPECT_LE(max_rel(a[1], b[1]), 1.0 / 128) << "rotary backward";
+    std::printf("rotary: %.4f of the outputs and %.4f of the gradients bitwise ATen's\n",
+                bitwise(a[0], b[0]), bitwise(a[1], b[1]));
+  }
+  {
+    const torch::Tensor g0 = torch::randn({300, 512}, opts).mul(3).to(t);
+    const torch::Tensor u0 = torch::randn({300, 512}, opts).to(t);
+    const torch::Tensor r = torch::randn({300, 512}, opts).to(t);
+    auto run = [&](bool fused) {
+      torch::Tensor g = g0.clone().requires_grad_(), u = u0.clone().requires_grad_();
+      const torch::Tensor y = fused ? fabric::models::swiglu_16(g, u) : torch::silu(g) * u;
+      (y * r).to(torch::kFloat).sum().backward();
+      return std::vector<torch::Tensor>{y.detach(), g.grad(), u.grad()};
+    };
+    const auto a = run(true), b = run(false);
+    for (int i : {0, 1, 2}) EXPECT_LE(max_rel(a[i], b[i]), 1.0 / 128) << "SwiGLU " << i;
+    std::printf("SwiGLU: %.4f / %.4f / %.4f of y, dgate, dup bitwise ATen's\n", bitwise(a[0], b[0]),
+                bitwise(a[1], b[1]), bitwise(a[2], b[2]));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, FusedLayerNormTest,
                          ::testing::Values(torch::kBFloat16, torch::kHalf));
 
-// A tiny Llama's loss and gradients with the fused RMSNorms (LlamaConfig::fused_norm) against
-// the ATen ones, bf16 autocast.
+// A tiny Llama's loss and gradients with the fused RMSNorms, rotary embedding and SwiGLU
+// (LlamaConfig::fused_norm, fused_elementwise) against the ATen ones, bf16 autocast.
 TEST(GPTCudaTest, FusedRmsNormLlamaLossEqualsTheATenOne) {
   SKIP_WITHOUT_CUDA();
   if (!fabric::models::cuda_kernels_built()) GTEST_SKIP() << "no CUDA kernels in this build";
@@ -415,9 +466,9 @@ TEST(GPTCudaTest, FusedRmsNormLlamaLossEqualsTheATenOne) {
   c.num_attention_heads = 4;
   c.num_key_value_heads = 2;
   c.max_position_embeddings = 128;
-  c.fused_norm = true;
+  c.fused_norm = c.fused_elementwise = true;
   fabric::models::Llama fused(c);
-  c.fused_norm = false;
+  c.fused_norm = c.fused_elementwise = false;
   fabric::models::Llama aten(c);
   fused->to(torch::kCUDA);
   aten->to(torch::kCUDA);
