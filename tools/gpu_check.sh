@@ -66,7 +66,8 @@
 #                   on one rank, bf16, SDPA, random ids), eager and per-block torch.compile
 #                   (last); tables of tokens/s, MFU (one peak) and the ratios
 #   --suite=titan: issue 72 item 3 from the same bundle and steps (about 9 minutes on an H200,
-#                   estimated, unrun): the model folder and tokens, then ours bf16-mixed and
+#                   estimated, unrun): the model folder and tokens, then ours bf16-mixed (and
+#                   without the fused RMSNorm, rotary and SwiGLU kernels: ours-train-unfused) and
 #                   fp8-mixed (tensorwise) against TorchTitan's llama3 bf16 and with its float8
 #                   converter (torchao Float8Linear, tensorwise), each eager and with its
 #                   per-block torch.compile; the table adds ours / TorchTitan ratios
@@ -637,7 +638,8 @@ PY
                      "peft-lora 180" "torchtitan 180" "hf-compile 300" "torchtitan-compile 300" "table 30")
     # --suite=titan (issue 72 item 3): ours against TorchTitan only, bf16 and float8.
     [ "$suite" = titan ] &&
-      steps_run=("pylib 90" "make 240" "tokens 60" "ours-train 180" "ours-train-fp8 180" "torchtitan 150"
+      steps_run=("pylib 90" "make 240" "tokens 60" "ours-train 180" "ours-train-unfused 180"
+                 "ours-train-fp8 180" "torchtitan 150"
                  "torchtitan-fp8 150" "torchtitan-compile 240" "torchtitan-fp8-compile 240" "table 30")
     for st in "${steps_run[@]}"; do
       read -r name limit <<<"$st"

@@ -17,6 +17,9 @@
 #         ours-train   BUNDLE's gpt, bf16-mixed, AdamW (optimizer.implementation auto = fused),
 #                      clipping 1.0, --warmup + --steps steps logged every --warmup steps: the
 #                      rate of the windows after the first (metrics.csv)
+#         ours-train-unfused  the same with model.fused_layer_norm=false
+#                      model.fused_elementwise=false (ATen's RMSNorm, rotary and SwiGLU: what
+#                      the fused kernels give)
 #         ours-train-fp8  the same with fabric.precision=fp8-mixed (tensorwise: the recipe
 #                      TorchTitan's float8 default matches); ours-train-fp8-delayed:
 #                      fabric.fp8.recipe=delayed (issue 72 item 3: fp8 against TorchTitan's)
@@ -148,12 +151,15 @@ print("transformers", transformers.__version__, "at", transformers.__file__, "; 
     "$bundle/run.sh" prepare_text --input="$out/llama/corpus.txt" --output="$out/tokens" \
       --tokenizer="$out/llama/model/tokenizer.json"
     ;;
-  ours-train|ours-train-fp8|ours-train-fp8-delayed)
+  ours-train|ours-train-unfused|ours-train-fp8|ours-train-fp8-delayed)
     need_model
     [ -f "$out/tokens/meta.json" ] || skip "no token files (see the tokens row)"
     dtype=$("$python" -c 'import json, sys; print("uint32" if json.load(open(sys.argv[1]))["vocab_size"] > 65536 else "uint16")' "$out/tokens/meta.json") || exit 1
     side=ours p=$precision extra=() peak_out="$out/peak_tflops"
-    if [ "$step" != ours-train ]; then
+    if [ "$step" = ours-train-unfused ]; then
+      side=ours-unfused peak_out=/dev/null
+      extra=(model.fused_layer_norm=false model.fused_elementwise=false)
+    elif [ "$step" != ours-train ]; then
       # fp8-mixed: bf16-mixed with the projections' GEMMs in float8 (the tied output stays
       # bf16, as TorchTitan's filter keeps "output"); MFU against the same bf16 peak.
       side=ours-fp8 p=fp8-mixed peak_out=/dev/null
@@ -360,7 +366,8 @@ if train:
             print(f"torchtitan-fp8 rows: its Float8LinearConverter, torchao {f8['torchao']}, {f8['recipe']}, "
                   f"{f8['layers']} Linear layers in float8" + (" (emulated: no float8 GEMMs here)" if f8["emulate"] else ""))
         side = {r["side"]: r for r in train}
-        pairs = [("ours", "torchtitan-eager"), ("ours", "torchtitan-compile"),
+        pairs = [("ours", "ours-unfused"), ("ours", "torchtitan-eager"),
+                 ("ours", "torchtitan-compile"),
                  ("ours-fp8", "torchtitan-fp8-eager"), ("ours-fp8", "torchtitan-fp8-compile"),
                  ("ours-fp8-delayed", "torchtitan-fp8-compile")]
         lines = [f"{a} / {b}: {side[a]['tokens_per_s'] / side[b]['tokens_per_s']:.3f}x tokens/s"
