@@ -36,7 +36,9 @@ kernels::LogitType kind(const at::Tensor& t) {
                                           : kernels::LogitType::kFloat16;
 }
 
-bool aligned(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 8 == 0; }
+bool aligned(const at::Tensor& t, uintptr_t bytes = 8) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % bytes == 0;
+}
 
 // [B, H, T, D] whose last dimension is contiguous and whose other strides keep 4-value groups
 // 8-byte aligned (the kernel's loads).
@@ -51,11 +53,11 @@ kernels::RotaryStrides strides_of(const at::Tensor& t) {
 
 void launch_rotary(const at::Tensor& x, const at::Tensor& y, const at::Tensor& cos,
                    const at::Tensor& sin, bool backward) {
-  check_kernel_launch(
-      kernels::rotary(x.data_ptr(), strides_of(x), y.data_ptr(), strides_of(y), cos.data_ptr(),
-                      sin.data_ptr(), x.size(0), x.size(1), x.size(2), x.size(3), backward, kind(x),
-                      c10::cuda::getCurrentCUDAStream(x.device().index()).stream()),
-      "fused rotary embedding", backward ? "rotary (backward)" : "rotary");
+  check_kernel_launch(kernels::rotary(x.data_ptr(), strides_of(x), y.data_ptr(), strides_of(y),
+                                      cos.data_ptr<float>(), sin.data_ptr<float>(), x.size(0),
+                                      x.size(1), x.size(2), x.size(3), backward, kind(x),
+                                      c10::cuda::getCurrentCUDAStream(x.device().index()).stream()),
+                      "fused rotary embedding", backward ? "rotary (backward)" : "rotary");
 }
 
 struct FusedRotary : torch::autograd::Function<FusedRotary> {
@@ -123,9 +125,9 @@ at::Tensor rotary_16(const at::Tensor& t, const at::Tensor& cos, const at::Tenso
 #ifdef FABRIC_WITH_CUDA_KERNELS
   if (llama_ops_apply(t) && rotary_layout(t) && t.size(3) % 8 == 0 && cos.dim() == 2 &&
       cos.size(0) == t.size(2) && cos.size(1) == t.size(3) && sin.sizes() == cos.sizes() &&
-      cos.scalar_type() == t.scalar_type() && sin.scalar_type() == t.scalar_type() &&
-      cos.is_contiguous() && sin.is_contiguous() && cos.device() == t.device() &&
-      sin.device() == t.device() && aligned(cos) && aligned(sin))
+      cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
+      sin.is_contiguous() && cos.device() == t.device() && sin.device() == t.device() &&
+      aligned(cos, 16) && aligned(sin, 16))
     return FusedRotary::apply(t, cos, sin);
 #endif
   return rotary_aten(t, cos, sin);

@@ -5,7 +5,10 @@
 // compute and round where they round.
 //
 //   q = rotary_16(q, cos, sin)   q [B, H, T, D] (any layout whose last dimension is contiguous),
-//                                cos, sin [T, D]: q · cos + rotate_half(q) · sin
+//                                cos, sin [T, D]: q · cos + rotate_half(q) · sin; fused for a
+//                                16-bit q and float32 angles (autocast's case: the result is
+//                                ATen's float32 one rounded to q's dtype, as autocast rounds it
+//                                for the attention; the gradient is q's dtype as autograd's)
 //   y = swiglu_16(gate, up)      silu(gate) · up
 //
 // They apply (llama_ops_apply) to 16-bit (bf16, fp16) CUDA tensors when the build compiled the

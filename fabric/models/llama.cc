@@ -1,5 +1,6 @@
 #include "fabric/models/llama.h"
 
+#include <ATen/autocast_mode.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/init.h>
@@ -159,8 +160,11 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
           : torch::arange(T, torch::TensorOptions().dtype(torch::kFloat).device(x.device()));
   const torch::Tensor half = torch::outer(positions, inv_freq_.to(x.device()));
   const torch::Tensor angles = torch::cat({half, half}, -1);
-  const torch::Tensor cos = angles.cos().to(x.scalar_type()),
-                      sin = angles.sin().to(x.scalar_type());
+  // In the residual stream's dtype: float32 under autocast (x, the RMSNorm's output, is 16-bit
+  // when the norm is fused), else x's.
+  const auto rope_type =
+      at::autocast::is_autocast_enabled(x.device().type()) ? torch::kFloat : x.scalar_type();
+  const torch::Tensor cos = angles.cos().to(rope_type), sin = angles.sin().to(rope_type);
   // This rank's heads under tensor parallelism (the whole model's otherwise).
   const int64_t heads = fabric::nn::local_heads(q_proj, heads_);
   const int64_t kv_heads = fabric::nn::local_heads(k_proj, kv_heads_);

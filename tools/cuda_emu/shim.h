@@ -65,6 +65,16 @@ cudaError_t fabric_emu_set_attribute(F, cudaFuncAttribute, int) {
   return cudaSuccess;
 }
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
+// Round-to-nearest float32 arithmetic that is never contracted into a fused multiply-add
+// (volatile: the host compiler may not fuse across it either).
+inline float __fmul_rn(float a, float b) {
+  volatile float r = a * b;
+  return r;
+}
+inline float __fadd_rn(float a, float b) {
+  volatile float r = a + b;
+  return r;
+}
 
 inline void __syncthreads() { fabric_emu::block_barrier->arrive_and_wait(); }
 

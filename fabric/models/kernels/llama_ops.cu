@@ -38,13 +38,16 @@ unsigned blocks_for(int64_t work) {
 
 // One thread: row (b, h, t) and columns c .. c + 3 of the first half with their partners
 // c + D/2 .. c + D/2 + 3. Forward: y_lo = x_lo·cos_lo − x_hi·sin_lo, y_hi = x_hi·cos_hi +
-// x_lo·sin_hi; backward: y_lo = x_lo·cos_lo + x_hi·sin_hi, y_hi = x_hi·cos_hi − x_lo·sin_lo;
-// each product and sum rounded to T (ATen's mul, neg, cat and add).
+// x_lo·sin_hi in float32 (ATen's mul, neg, cat, mul and add on a 16-bit x and float32 angles:
+// float32 products and sum, no fused multiply-add), rounded once to T (autocast's cast before the
+// attention). Backward, from the attention's 16-bit gradient: y_lo = x_lo·cos_lo + x_hi·sin_hi,
+// y_hi = x_hi·cos_hi − x_lo·sin_lo, each product rounded to T (autograd casts each gradient to
+// x's dtype before it sums them) and the sum too.
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     rotary_kernel(const T* __restrict__ x, RotaryStrides xs, T* __restrict__ y, RotaryStrides ys,
-                  const T* __restrict__ cos, const T* __restrict__ sin, int64_t heads, int64_t seq,
-                  int64_t dim, int64_t rows, bool backward) {
+                  const float* __restrict__ cos, const float* __restrict__ sin, int64_t heads,
+                  int64_t seq, int64_t dim, int64_t rows, bool backward) {
   const int64_t half = dim / 2, groups = half / kVec;
   const int64_t total = rows * groups;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < total;
@@ -53,30 +56,28 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t t = row % seq, h = (row / seq) % heads, b = row / (seq * heads);
     const T* xr = x + b * xs.b + h * xs.h + t * xs.t;
     T* yr = y + b * ys.b + h * ys.h + t * ys.t;
-    const T* cr = cos + t * dim;
-    const T* sr = sin + t * dim;
+    const float* cr = cos + t * dim;
+    const float* sr = sin + t * dim;
     const Pack<T> xl = *reinterpret_cast<const Pack<T>*>(xr + c);
     const Pack<T> xh = *reinterpret_cast<const Pack<T>*>(xr + c + half);
-    const Pack<T> cl = *reinterpret_cast<const Pack<T>*>(cr + c);
-    const Pack<T> ch = *reinterpret_cast<const Pack<T>*>(cr + c + half);
-    const Pack<T> sl = *reinterpret_cast<const Pack<T>*>(sr + c);
-    const Pack<T> sh = *reinterpret_cast<const Pack<T>*>(sr + c + half);
+    const float4 cl = *reinterpret_cast<const float4*>(cr + c);
+    const float4 ch = *reinterpret_cast<const float4*>(cr + c + half);
+    const float4 sl = *reinterpret_cast<const float4*>(sr + c);
+    const float4 sh = *reinterpret_cast<const float4*>(sr + c + half);
+    const float c_lo[kVec] = {cl.x, cl.y, cl.z, cl.w}, c_hi[kVec] = {ch.x, ch.y, ch.z, ch.w};
+    const float s_lo[kVec] = {sl.x, sl.y, sl.z, sl.w}, s_hi[kVec] = {sh.x, sh.y, sh.z, sh.w};
     Pack<T> yl, yh;
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
       const float lo = to_float(xl.v[k]), hi = to_float(xh.v[k]);
-      const float a_lo = round_to<T>(lo * to_float(cl.v[k]));
-      const float a_hi = round_to<T>(hi * to_float(ch.v[k]));
       if (!backward) {
-        // rotate_half(x) = [-x_hi, x_lo], times sin.
-        const float b_lo = round_to<T>(-hi * to_float(sl.v[k]));
-        const float b_hi = round_to<T>(lo * to_float(sh.v[k]));
-        yl.v[k] = from_float<T>(a_lo + b_lo);
-        yh.v[k] = from_float<T>(a_hi + b_hi);
+        // x · cos + rotate_half(x) · sin, rotate_half(x) = [-x_hi, x_lo].
+        yl.v[k] = from_float<T>(__fadd_rn(__fmul_rn(lo, c_lo[k]), __fmul_rn(-hi, s_lo[k])));
+        yh.v[k] = from_float<T>(__fadd_rn(__fmul_rn(hi, c_hi[k]), __fmul_rn(lo, s_hi[k])));
       } else {
-        // v = x · sin rounded; rotate_half's transpose: [v_hi, -v_lo].
-        const float v_lo = round_to<T>(lo * to_float(sl.v[k]));
-        const float v_hi = round_to<T>(hi * to_float(sh.v[k]));
+        // x · cos + rotate_half's transpose of v = x · sin: [v_hi, -v_lo].
+        const float a_lo = round_to<T>(lo * c_lo[k]), a_hi = round_to<T>(hi * c_hi[k]);
+        const float v_lo = round_to<T>(lo * s_lo[k]), v_hi = round_to<T>(hi * s_hi[k]);
         yl.v[k] = from_float<T>(a_lo + v_hi);
         yh.v[k] = from_float<T>(a_hi - v_lo);
       }
@@ -145,15 +146,15 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename T>
-cudaError_t rotary_t(const void* x, RotaryStrides xs, void* y, RotaryStrides ys, const void* cos,
-                     const void* sin, int64_t batch, int64_t heads, int64_t seq, int64_t dim,
+cudaError_t rotary_t(const void* x, RotaryStrides xs, void* y, RotaryStrides ys, const float* cos,
+                     const float* sin, int64_t batch, int64_t heads, int64_t seq, int64_t dim,
                      bool backward, cudaStream_t stream) {
   const int64_t rows = batch * heads * seq;
   if (rows == 0) return cudaSuccess;
   if (dim % (2 * kVec) != 0) return cudaErrorInvalidValue;
   rotary_kernel<T><<<blocks_for(rows * (dim / 2 / kVec)), kThreads, 0, stream>>>(
-      static_cast<const T*>(x), xs, static_cast<T*>(y), ys, static_cast<const T*>(cos),
-      static_cast<const T*>(sin), heads, seq, dim, rows, backward);
+      static_cast<const T*>(x), xs, static_cast<T*>(y), ys, cos, sin, heads, seq, dim, rows,
+      backward);
   return cudaGetLastError();
 }
 
@@ -178,8 +179,8 @@ cudaError_t swiglu_backward_t(const void* dy, const void* gate, const void* up, 
 
 }  // namespace
 
-int rotary(const void* x, RotaryStrides xs, void* y, RotaryStrides ys, const void* cos,
-           const void* sin, int64_t batch, int64_t heads, int64_t seq, int64_t dim, bool backward,
+int rotary(const void* x, RotaryStrides xs, void* y, RotaryStrides ys, const float* cos,
+           const float* sin, int64_t batch, int64_t heads, int64_t seq, int64_t dim, bool backward,
            LogitType type, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   return static_cast<int>(

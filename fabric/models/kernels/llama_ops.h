@@ -18,14 +18,17 @@ struct RotaryStrides {
 };
 
 // Rotary position embedding (Hugging Face's rotate_half convention: element j pairs with
-// j + D/2) over rows (b, h, t) of D values, cos and sin [T, D] contiguous:
-//   forward:  y = x · cos + rotate_half(x) · sin, rotate_half(x) = [-x[D/2:], x[:D/2]]
-//   backward: y = x · cos + rotate_half_t(x · sin), rotate_half_t(v) = [v[D/2:], -v[:D/2]]
-// (x the output's gradient, y the input's), each product and the sum rounded to `type` as ATen's
-// mul and add round them. D must be a multiple of 8; x and y 8-byte aligned, their rows' strides
-// multiples of 4. Returns 0 or the cudaError_t of the launch.
-int rotary(const void* x, RotaryStrides xs, void* y, RotaryStrides ys, const void* cos,
-           const void* sin, int64_t batch, int64_t heads, int64_t seq, int64_t dim, bool backward,
+// j + D/2) over rows (b, h, t) of D 16-bit values, cos and sin [T, D] float32 contiguous:
+//   forward:  y = x · cos + rotate_half(x) · sin, rotate_half(x) = [-x[D/2:], x[:D/2]], in
+//             float32, rounded once to `type` (ATen's float32 result, cast as autocast casts it
+//             for the attention)
+//   backward: y = x · cos + rotate_half_t(x · sin), rotate_half_t(v) = [v[D/2:], -v[:D/2]] (x the
+//             output's gradient, y the input's), each product and the sum rounded to `type`
+//             (autograd's casts to the input's dtype, then its sum).
+// D must be a multiple of 8; x and y 8-byte aligned, their rows' strides multiples of 4; cos and
+// sin 16-byte aligned. Returns 0 or the cudaError_t of the launch.
+int rotary(const void* x, RotaryStrides xs, void* y, RotaryStrides ys, const float* cos,
+           const float* sin, int64_t batch, int64_t heads, int64_t seq, int64_t dim, bool backward,
            LogitType type, void* stream);
 
 // SwiGLU over n contiguous values: y = silu(gate) · up, silu's output rounded to `type` before

@@ -415,14 +415,15 @@ TEST_P(FusedLayerNormTest, FusedRotaryAndSwigluMatchAten) {
   {
     const torch::Tensor q0 = torch::randn({2, 64, 4, 64}, opts).to(t);  // [B, T, H, D]
     const torch::Tensor angles = torch::randn({64, 64}, opts);
-    const torch::Tensor cos = angles.cos().to(t), sin = angles.sin().to(t);
+    const torch::Tensor cos = angles.cos(), sin = angles.sin();  // float32, as under autocast
     const torch::Tensor r = torch::randn({2, 4, 64, 64}, opts).to(t);
     auto run = [&](bool fused) {
       torch::Tensor q = q0.clone().requires_grad_();
       const torch::Tensor v = q.transpose(1, 2);  // [B, H, T, D], as the attention's
       EXPECT_TRUE(fabric::models::llama_ops_apply(v));
+      // ATen's result is float32, the fused one q's dtype: compared as autocast casts it.
       const torch::Tensor y = fused ? fabric::models::rotary_16(v, cos, sin)
-                                    : v * cos + fabric::models::rotate_half(v) * sin;
+                                    : (v * cos + fabric::models::rotate_half(v) * sin).to(t);
       (y * r).to(torch::kFloat).sum().backward();
       return std::vector<torch::Tensor>{y.detach(), q.grad()};
     };

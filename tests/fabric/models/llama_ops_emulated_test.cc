@@ -1,8 +1,9 @@
 // fabric/models/kernels/llama_ops.cu run on the CPU through tools/cuda_emu (CUDA threads as host
 // threads): the rotary embedding (forward and backward, strided rows as the queries' transposed
 // view has them, and contiguous ones) and SwiGLU (forward and backward, a length that is not a
-// multiple of the kernels' 4-value vectors), bf16 and fp16, against the ATen operators' roundings
-// written out here element by element: equal bitwise. It checks the kernels' indexing and where
+// multiple of the kernels' 4-value vectors), bf16 and fp16 (float32 angles), against the ATen
+// operators' float32 arithmetic and roundings written out here element by element: equal
+// bitwise. It checks the kernels' indexing and where
 // they round; the device's arithmetic is gpt_cuda_test's (on a GPU).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -46,8 +47,11 @@ void check_rotary(bool backward, bool transposed, LogitType type) {
   const int64_t nb = 2, nh = 3, nt = 5, nd = 24;
   std::mt19937 gen(static_cast<unsigned>(backward * 2 + transposed));
   const size_t n = nb * nh * nt * nd;
-  const auto x = random16<T>(n, gen, 2.f), cos = random16<T>(nt * nd, gen),
-             sin = random16<T>(nt * nd, gen);
+  const auto x = random16<T>(n, gen, 2.f);
+  std::normal_distribution<float> normal;
+  std::vector<float> cos(nt * nd), sin(nt * nd);
+  for (auto& v : cos) v = normal(gen);
+  for (auto& v : sin) v = normal(gen);
   const RotaryStrides s = layout(nh, nt, nd, transposed);
   std::vector<T> y(n, from_float<T>(-999.f));
   ASSERT_EQ(fabric::kernels::rotary(x.data(), s, y.data(), s, cos.data(), sin.data(), nb, nh, nt,
@@ -60,13 +64,14 @@ void check_rotary(bool backward, bool transposed, LogitType type) {
         for (int64_t j = 0; j < nd; ++j) {
           const int64_t p = j < nd / 2 ? j + nd / 2 : j - nd / 2;  // the partner
           const float v = to_float(x[row + j]), w = to_float(x[row + p]);
-          const float a = r16<T>(v * to_float(cos[t * nd + j]));
           float want;
-          if (!backward) {  // rotate_half(x)[j] = -x[j + nd/2] (first half), x[j - nd/2]
+          if (!backward) {  // float32: rotate_half(x)[j] = -x[j + nd/2] (first half), x[j - nd/2]
             const float rot = j < nd / 2 ? -w : w;
-            want = r16<T>(a + r16<T>(rot * to_float(sin[t * nd + j])));
-          } else {  // + (x·sin)[j + nd/2] (first half), - (x·sin)[j - nd/2]
-            const float u = r16<T>(w * to_float(sin[t * nd + p]));
+            const float a = v * cos[t * nd + j], b = rot * sin[t * nd + j];
+            want = r16<T>(a + b);
+          } else {  // each rounded: + (x·sin)[j + nd/2] (first half), - (x·sin)[j - nd/2]
+            const float a = r16<T>(v * cos[t * nd + j]);
+            const float u = r16<T>(w * sin[t * nd + p]);
             want = r16<T>(j < nd / 2 ? a + u : a - u);
           }
           ASSERT_EQ(to_float(y[row + j]), want)
@@ -109,7 +114,8 @@ TEST(LlamaOpsEmulatedTest, RotaryEqualsTheATenChainBitwise) {
 }
 
 TEST(LlamaOpsEmulatedTest, RotaryRefusesAWidthNotAMultipleOf8) {
-  std::vector<__nv_bfloat16> x(12), y(12), c(12), s(12);
+  std::vector<__nv_bfloat16> x(12), y(12);
+  std::vector<float> c(12), s(12);
   const RotaryStrides st{12, 12, 12};
   EXPECT_NE(fabric::kernels::rotary(x.data(), st, y.data(), st, c.data(), s.data(), 1, 1, 1, 12,
                                     false, LogitType::kBFloat16, nullptr),
