@@ -9,6 +9,7 @@
 #include "fabric/core/error.h"
 
 #ifdef FABRIC_WITH_CUDA_KERNELS
+#include <ATen/cuda/CUDAContextLight.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -28,6 +29,14 @@ at::ScalarType autocast_16(const at::Tensor& x) {
 #ifdef FABRIC_WITH_CUDA_KERNELS
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+
+// Whether x's device gives a block the shared memory the backward kernel needs for `cols` (else
+// the launch would fail: the ATen path runs instead).
+bool backward_fits(const at::Tensor& x, int64_t cols, bool rms) {
+  const cudaDeviceProp* p = at::cuda::getDeviceProperties(x.device().index());
+  return kernels::layer_norm_backward_shared_bytes(cols, rms) <=
+         static_cast<int64_t>(p->sharedMemPerBlockOptin);
+}
 
 kernels::LogitType kind(at::ScalarType t) {
   return t == at::kBFloat16 ? kernels::LogitType::kBFloat16 : kernels::LogitType::kFloat16;
@@ -190,7 +199,7 @@ bool layer_norm_applies(const at::Tensor& x, const torch::nn::LayerNorm& ln) {
          shape.size() == 1 && shape[0] == cols && cols % 4 == 0 && cols <= 2048 &&
          ln->options.elementwise_affine() && ln->weight.defined() && ln->bias.defined() &&
          ln->weight.scalar_type() == at::kFloat && ln->bias.scalar_type() == at::kFloat &&
-         ln->weight.is_cuda();
+         ln->weight.is_cuda() && backward_fits(x, cols, /*rms=*/false);
 #else
   (void)x;
   (void)ln;
@@ -233,7 +242,7 @@ bool rms_norm_applies(const at::Tensor& x, const at::Tensor& weight) {
   return autocast_16(x) != at::ScalarType::Undefined && x.scalar_type() == at::kFloat &&
          cols % 4 == 0 && cols > 0 && cols <= kMaxRmsNormWidth && weight.defined() &&
          weight.dim() == 1 && weight.size(0) == cols && weight.scalar_type() == at::kFloat &&
-         weight.is_cuda();
+         weight.is_cuda() && backward_fits(x, cols, /*rms=*/true);
 #else
   (void)x;
   (void)weight;

@@ -14,8 +14,10 @@
 //
 // They apply (layer_norm_applies) on a CUDA device under autocast with 16-bit compute, for float32
 // x with a width that is a multiple of 4 and at most 2048, an elementwise-affine LayerNorm with
-// float32 parameters, and when the build compiled the kernels; otherwise they are ATen's
-// LayerNorm (and add), the same values to rounding.
+// float32 parameters, when the build compiled the kernels and the device gives a block the
+// backward's shared memory (2 · 8 · 4 bytes per column: 100 KiB at GPT-2 XL's 1600, more than
+// an sm_86/sm_89 GPU's 99); otherwise they are ATen's LayerNorm (and add), the same values to
+// rounding.
 #ifndef FABRIC_MODELS_FUSED_LAYER_NORM_H_
 #define FABRIC_MODELS_FUSED_LAYER_NORM_H_
 
@@ -38,8 +40,8 @@ std::pair<at::Tensor, at::Tensor> add_layer_norm_16(const at::Tensor& x, const a
 // ATen formula (Hugging Face's: the float32 product cast to x's dtype, then times the weight),
 // what the others compute where rms_norm_applies is false: not on CUDA under 16-bit autocast,
 // x not float32, the weight not a float32 CUDA vector of x's width, or a width that is not a
-// multiple of 4 or above kMaxRmsNormWidth (the backward keeps a width of sums per warp in
-// shared memory: 128 KiB at 4096).
+// multiple of 4 or above kMaxRmsNormWidth, or a device without the backward's shared memory
+// (a width of sums per warp: 128 KiB at 4096, more than an sm_86/sm_89 GPU gives).
 constexpr int64_t kMaxRmsNormWidth = 4096;
 at::Tensor rms_norm_aten(const at::Tensor& x, const at::Tensor& weight, double eps);
 bool rms_norm_applies(const at::Tensor& x, const at::Tensor& weight);

@@ -241,9 +241,8 @@ cudaError_t backward(const void* dy, const float* h, const float* mean, const fl
                      const float* weight, const float* dh_in, float* dh, void* dh16, float* dweight,
                      float* dbias, float* workspace, int64_t rows, int64_t cols,
                      cudaStream_t stream) {
-  constexpr int kSums = kRms ? 1 : 2;
   const int blocks = backward_blocks(rows);
-  const size_t smem = sizeof(float) * kSums * static_cast<size_t>(cols) * kBwdWarps;
+  const auto smem = static_cast<size_t>(layer_norm_backward_shared_bytes(cols, kRms));
   if (smem > 48 * 1024) {
     const cudaError_t e = cudaFuncSetAttribute(
         ln_backward<T, kRms>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
@@ -254,6 +253,7 @@ cudaError_t backward(const void* dy, const float* h, const float* mean, const fl
       rows, cols);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
+  constexpr int kSums = kRms ? 1 : 2;
   const auto reduce_blocks = static_cast<unsigned>((kSums * cols + 31) / 32);
   ln_backward_reduce<<<reduce_blocks, 32 * kReduceGroups, 0, stream>>>(workspace, blocks, cols,
                                                                        kSums, dweight, dbias);
@@ -307,6 +307,10 @@ int rms_norm_backward(const void* dy, const float* h, const float* rstd, const f
                                           nullptr, workspace, rows, cols, s)
           : backward<__half, true>(dy, h, nullptr, rstd, weight, dh_in, dh, dh16, dweight, nullptr,
                                    workspace, rows, cols, s));
+}
+
+int64_t layer_norm_backward_shared_bytes(int64_t cols, bool rms) {
+  return static_cast<int64_t>(sizeof(float)) * (rms ? 1 : 2) * cols * kBwdWarps;
 }
 
 int64_t layer_norm_workspace_floats(int64_t rows, int64_t cols) {

@@ -28,6 +28,11 @@ int layer_norm_backward(const void* dy, const float* h, const float* mean, const
                         LogitType type, void* stream);
 int64_t layer_norm_workspace_floats(int64_t rows, int64_t cols);
 
+// The shared memory a block of layer_norm_backward (rms: rms_norm_backward) uses for `cols`: each
+// warp keeps its weight (and bias) sums. Above 48 KiB the launch asks for the device's opt-in
+// maximum, and fails on a device with less (99 KiB on sm_86/sm_89, 227 KiB on Hopper).
+int64_t layer_norm_backward_shared_bytes(int64_t cols, bool rms);
+
 // RMSNorm (the Llama family's): as the two above without the mean and the bias: rstd[r] =
 // 1 / sqrt(mean(h²) + eps), y = weight · (h · rstd) in `type`; backward writes dh (+ dh_in, and
 // dh16 when not null) and dweight, through a workspace of layer_norm_workspace_floats(rows, cols)
