@@ -3,6 +3,7 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <algorithm>
 #include <set>
 #include <string>
 #include <vector>
@@ -34,10 +35,14 @@ void Strategy::convert_module(torch::nn::Module& module) {
         (names.empty() ? std::string() : "; Linear names look like '" + names.back() + "'") +
         " ('*' matches one name component; a pattern names the Linear itself)");
   }
+  const auto& exclude = precision_->fp8_exclude();
+  const bool by_size =
+      std::find(exclude.begin(), exclude.end(), "auto_filter_small_kn") != exclude.end();
   if (c.converted.empty())
     throw Error("fabric.precision: fp8-mixed: the module has no Linear layer to run in float8 (" +
                 std::to_string(c.plain.size()) + " torch::nn::Linear, " +
-                std::to_string(c.excluded.size()) + " excluded by fabric.fp8.exclude_modules, " +
+                std::to_string(c.excluded.size()) + " excluded by fabric.fp8.exclude_modules" +
+                (by_size ? " (auto_filter_small_kn: by size, too small to gain)" : "") + ", " +
                 std::to_string(c.unfit.size()) +
                 " with features not a multiple of 16); build the layers as fabric::nn::Linear "
                 "(same options and parameters), or use bf16-mixed");

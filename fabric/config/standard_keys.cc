@@ -37,7 +37,8 @@ ConfigSchema default_schema() {
   s.add("fabric.fp8.exclude_modules",
         KeySpec::string("").doc(
             "fp8-mixed: comma-separated module-name patterns ('*' = one name component, e.g. "
-            "transformer.h.0.*) whose Linear layers stay in bf16"));
+            "transformer.h.0.*) whose Linear layers stay in bf16; auto_filter_small_kn: also "
+            "those too small to gain (torchao's thresholds, as TorchTitan's filter)"));
   s.add("fabric.fp8.recipe",
         KeySpec::choice({"tensorwise", "rowwise", "delayed"}, "tensorwise")
             .doc("fp8-mixed scales: one per tensor, or one per row of each GEMM operand "

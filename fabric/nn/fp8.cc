@@ -47,6 +47,20 @@ torch::Tensor scaled_mm(const torch::Tensor& a, const torch::Tensor& b, const to
 
 bool fits(int64_t m, int64_t k, int64_t n) { return m % 16 == 0 && k % 16 == 0 && n % 16 == 0; }
 
+// An exclude pattern of convert_to_fp8 (fabric.fp8.exclude_modules) that names no module: every
+// Linear whose float8 GEMMs torchao's H100 measurements found slower than bf16 (its
+// _auto_filter_for_recipe; TorchTitan's float8 filter_fqns entry of the same name) stays out:
+// tensorwise (and delayed, tensorwise too) with in <= 4096 and out <= 1024; rowwise with
+// out <= 2048, in <= 1024, or out <= 4096 and in <= 2048. The quantization passes cost more than
+// the faster GEMM saves at those sizes (e.g. GPT-2 medium's two 1024-wide projections).
+constexpr const char* kAutoFilter = "auto_filter_small_kn";
+
+bool too_small_for_fp8(int64_t in, int64_t out, Fp8Scaling scaling) {
+  if (scaling == Fp8Scaling::kRowwise)
+    return out <= 2048 || in <= 1024 || (out <= 4096 && in <= 2048);
+  return in <= 4096 && out <= 1024;
+}
+
 c10::ScalarType output_dtype(const torch::Tensor& x) {
   const c10::DeviceType type = x.device().type();
   if (at::autocast::is_autocast_enabled(type)) return at::autocast::get_autocast_dtype(type);
@@ -220,6 +234,9 @@ Fp8Conversion convert_to_fp8(torch::nn::Module& module, const std::vector<std::s
   for (const auto& item : module.named_modules("", /*include_self=*/false))
     all.emplace_back(item.key(), item.value().get());
   std::vector<bool> used(exclude.size(), false);
+  bool auto_filter = false;
+  for (size_t i = 0; i < exclude.size(); ++i)
+    if (exclude[i] == kAutoFilter) used[i] = auto_filter = true;  // matched or not: no typo
   for (const auto& [name, m] : all) {
     if (m->as<torch::nn::LinearImpl>() != nullptr) {
       out.plain.push_back(name);
@@ -227,9 +244,9 @@ Fp8Conversion convert_to_fp8(torch::nn::Module& module, const std::vector<std::s
     }
     auto* l = m->as<LinearImpl>();
     if (l == nullptr) continue;
-    bool skip = false;
+    bool skip = auto_filter && too_small_for_fp8(l->weight.size(1), l->weight.size(0), scaling);
     for (size_t i = 0; i < exclude.size(); ++i) {
-      const bool hit = plan_pattern_matches(exclude[i], name);
+      const bool hit = exclude[i] != kAutoFilter && plan_pattern_matches(exclude[i], name);
       used[i] = used[i] || hit;
       skip = skip || hit;
     }

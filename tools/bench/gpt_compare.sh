@@ -6,6 +6,8 @@
 #   ours-fp8             ours with --precision=fp8-mixed (float8 GEMMs, tensorwise scales)
 #   ours-fp8-rowwise     the same with --fp8_recipe=rowwise
 #   ours-fp8-delayed     the same with --fp8_recipe=delayed (scales from a 16-step amax history)
+#   ours-fp8-auto        ours-fp8 with --fp8_exclude=auto_filter_small_kn (the Linear layers
+#                        torchao's heuristic finds too small to gain stay bf16)
 #   ours-fp8-precise     ours-fp8 with --fp8_fast_accumulation=false (every GEMM accumulates
 #                        precisely, as before 2026-11-29)
 #   pytorch-eager        the identical model in PyTorch (tools/bench/gpt_reference.py)
@@ -76,6 +78,8 @@ side_command() {
       cmd=("$bin" "${common[@]}" --accelerator="$device" --precision=fp8-mixed --fp8_recipe=delayed) ;;
     ours-fp8-precise)
       cmd=("$bin" "${common[@]}" --accelerator="$device" --precision=fp8-mixed --fp8_fast_accumulation=false) ;;
+    ours-fp8-auto)
+      cmd=("$bin" "${common[@]}" --accelerator="$device" --precision=fp8-mixed --fp8_exclude=auto_filter_small_kn) ;;
     pytorch-eager) cmd=("$python" "$ref" "${common[@]}" --device="$device" --mode=eager) ;;
     pytorch-compile) cmd=("$python" "$ref" "${common[@]}" --device="$device" --mode=compile) ;;
     *) echo "gpt_compare.sh: unknown side '$1'" >&2; exit 2 ;;

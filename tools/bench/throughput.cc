@@ -64,6 +64,7 @@ DEFINE_int32(batch, 512, "batch size");
 DEFINE_string(precision, "32-true", "32-true | bf16-mixed | 16-mixed | fp8-mixed");
 DEFINE_string(fp8_recipe, "tensorwise",
               "fp8-mixed scales: tensorwise | rowwise | delayed (fabric.fp8.recipe)");
+DEFINE_string(fp8_exclude, "", "fp8-mixed: fabric.fp8.exclude_modules (e.g. auto_filter_small_kn)");
 DEFINE_bool(fp8_fast_accumulation, true,
             "fp8-mixed: fabric.fp8.fast_accumulation (false: every GEMM accumulates precisely)");
 DEFINE_int32(steps, 50, "timed steps (data=static)");
@@ -328,6 +329,7 @@ int main(int argc, char** argv) {
        "fabric.fp8.recipe=" + FLAGS_fp8_recipe, "fabric.cudnn_benchmark=true",
        std::string("fabric.fp8.fast_accumulation=") +
            (FLAGS_fp8_fast_accumulation ? "true" : "false"),
+       "fabric.fp8.exclude_modules=" + FLAGS_fp8_exclude,
        "fabric.num_threads=" + std::to_string(FLAGS_threads),
        std::string("fabric.channels_last=") + (FLAGS_channels_last ? "true" : "false"),
        std::string("fabric.cuda_graphs=") + (FLAGS_cuda_graphs ? "true" : "false")});

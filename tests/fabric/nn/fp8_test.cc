@@ -92,6 +92,36 @@ TEST(Fp8Test, ConvertsFabricLinearsAndSaysWhyItKeptTheRest) {
             (std::vector<std::string>{"HEAD", "plain"}));
 }
 
+// auto_filter_small_kn keeps out the layers torchao's thresholds call too small (per scaling),
+// beside the named patterns, and is never reported as a pattern that matched nothing.
+TEST(Fp8Test, AutoFilterKeepsSmallLinearsOutByTorchaoThresholds) {
+  struct Sizes : torch::nn::Module {
+    Sizes() {
+      register_module("square", fabric::nn::Linear(1024, 1024));  // in, out: both small
+      register_module("wide", fabric::nn::Linear(1024, 4096));    // out > 1024
+      register_module("down", fabric::nn::Linear(4096, 1024));    // in 4096, out 1024
+      register_module("deep", fabric::nn::Linear(8192, 1024));    // in > 4096
+      register_module("big", fabric::nn::Linear(2048, 8192));     // rowwise keeps only this
+      register_module("named", fabric::nn::Linear(8192, 8192));   // excluded by name
+    }
+  };
+  const std::vector<std::string> exclude = {"auto_filter_small_kn", "named"};
+  Sizes a;
+  const auto t = fabric::nn::convert_to_fp8(a, exclude, fabric::nn::Fp8Scaling::kTensorwise);
+  EXPECT_EQ(t.converted, (std::vector<std::string>{"wide", "deep", "big"}));
+  EXPECT_EQ(t.excluded, (std::vector<std::string>{"square", "down", "named"}));
+  EXPECT_TRUE(t.unmatched.empty());
+  Sizes b;
+  const auto d = fabric::nn::convert_to_fp8(b, exclude, fabric::nn::Fp8Scaling::kDelayed);
+  EXPECT_EQ(d.converted, t.converted) << "delayed scales per tensor: tensorwise's thresholds";
+  Sizes c;
+  const auto r = fabric::nn::convert_to_fp8(c, exclude, fabric::nn::Fp8Scaling::kRowwise);
+  EXPECT_EQ(r.converted, std::vector<std::string>{"big"});
+  Sizes none;
+  EXPECT_EQ(fabric::nn::convert_to_fp8(none, {"named"}).converted.size(), 5u)
+      << "without the entry nothing is kept out by size";
+}
+
 TEST(Fp8Test, SetupRefusesAnExcludePatternThatMatchesNoLinear) {
   auto precision =
       std::make_unique<fabric::Precision>(fabric::PrecisionMode::kFp8Mixed, c10::DeviceType::CPU);
