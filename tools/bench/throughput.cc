@@ -29,6 +29,7 @@
 #include <functional>
 #include <set>
 #include <string>
+#include <vector>
 
 #ifdef FABRIC_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -322,17 +323,22 @@ int run_gpt(fabric::Fabric& f) {
 
 int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
-  const auto config = fabric::Config::defaults(
-      fabric::training_schema(),
-      {"fabric.accelerator=" + FLAGS_accelerator, "fabric.devices=1",
-       "fabric.strategy=single_device", "fabric.precision=" + FLAGS_precision,
-       "fabric.fp8.recipe=" + FLAGS_fp8_recipe, "fabric.cudnn_benchmark=true",
-       std::string("fabric.fp8.fast_accumulation=") +
-           (FLAGS_fp8_fast_accumulation ? "true" : "false"),
-       "fabric.fp8.exclude_modules=" + FLAGS_fp8_exclude,
-       "fabric.num_threads=" + std::to_string(FLAGS_threads),
-       std::string("fabric.channels_last=") + (FLAGS_channels_last ? "true" : "false"),
-       std::string("fabric.cuda_graphs=") + (FLAGS_cuda_graphs ? "true" : "false")});
+  std::vector<std::string> overrides = {
+      "fabric.accelerator=" + FLAGS_accelerator,
+      "fabric.devices=1",
+      "fabric.strategy=single_device",
+      "fabric.precision=" + FLAGS_precision,
+      "fabric.fp8.recipe=" + FLAGS_fp8_recipe,
+      "fabric.cudnn_benchmark=true",
+      std::string("fabric.fp8.fast_accumulation=") +
+          (FLAGS_fp8_fast_accumulation ? "true" : "false"),
+      "fabric.num_threads=" + std::to_string(FLAGS_threads),
+      std::string("fabric.channels_last=") + (FLAGS_channels_last ? "true" : "false"),
+      std::string("fabric.cuda_graphs=") + (FLAGS_cuda_graphs ? "true" : "false")};
+  // An empty override is an error ("no value given"): the key is set only when the flag is.
+  if (!FLAGS_fp8_exclude.empty())
+    overrides.push_back("fabric.fp8.exclude_modules=" + FLAGS_fp8_exclude);
+  const auto config = fabric::Config::defaults(fabric::training_schema(), overrides);
   fabric::Fabric fabric(config);
   return fabric.launch([&](fabric::Fabric& f) {
     torch::manual_seed(0);
