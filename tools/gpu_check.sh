@@ -41,7 +41,7 @@
 #                   (pipeline_bubble --device=cuda --pp=2, 2 ranks on cuda:0; its table in the
 #                   report),
 #                   issue 70's: fsdp cpu_offload bitwise fsdp without it, peak device bytes
-#   --suite=fp8: issue 72 item 2 (about 8 minutes on an H200): fp8_cuda_test (the float8 kernels
+#   --suite=fp8: issue 72 item 2 (about 8.5 minutes on an H200): fp8_cuda_test (the float8 kernels
 #                   against ATen, delayed scaling, the fused bias gradient and GELU),
 #                   gpt_compare.sh's ours-eager (bf16-mixed) vs ours-fp8 vs ours-fp8-delayed
 #                   (and, on gpt2-medium, ours-fp8-precise: fast accumulation off, and
@@ -50,7 +50,8 @@
 #                   after 6, --reps interleaved, with a profile summary of ours-fp8-delayed on
 #                   each (rowwise, measured on 2026-11-28, is left out: ours-fp8-rowwise by hand),
 #                   and the loss over the first 200 steps (gpt2-medium's shape on the byte corpus,
-#                   batch 16 x 1024): bf16-mixed, fp8 tensorwise and delayed, val loss every 50
+#                   batch 16 x 1024): bf16-mixed, fp8 tensorwise and delayed, val loss every 50,
+#                   and bf16-mixed from seed 43 (the spread chance alone gives)
 #   --suite=pretrained: issue 69 item 7, tools/bench/llama_gpu_bench.sh, one row per step
 #                   (about 5 minutes on an H200, unverified until a GPU session runs it;
 #                   best from `build --suite=pretrained`'s bundle, which carries transformers):
@@ -592,8 +593,11 @@ print("peak device bytes per rank: %s without cpu_offload, %s with" % (a, b))' \
                               data.batch_size=8 trainer.max_steps=20 scheduler.warmup_steps=2
                               gpt.eval_every_n_steps=10 trainer.limit_eval_batches=2
                               gpt.sample_tokens=0 "gpt.corpus_cache=$work/corpus")
+    # Last, the yardstick: bf16-mixed from another seed (init and data order), i.e. how far a run
+    # lands from bf16-mixed's with nothing but chance changed (fabric.seed's default is 42).
     for lp in "bf16-mixed|fabric.precision=bf16-mixed" "fp8 tensorwise|fabric.precision=fp8-mixed" \
-              "fp8 delayed|fabric.precision=fp8-mixed fabric.fp8.recipe=delayed"; do
+              "fp8 delayed|fabric.precision=fp8-mixed fabric.fp8.recipe=delayed" \
+              "bf16-mixed seed 43|fabric.precision=bf16-mixed fabric.seed=43"; do
       lname=${lp%%|*}
       # shellcheck disable=SC2086  # the side's keys, split on purpose
       CHECK_SUMMARY='val loss' check "fp8 loss, $lname" 300 "$runsh" gpt "${lflags[@]}" ${lp#*|} \
@@ -603,7 +607,7 @@ print("peak device bytes per rank: %s without cpu_offload, %s with" % (a, b))' \
     if ltable=$("$python" - "$ld" <<'PY'
 import csv, os, sys
 root = sys.argv[1]
-sides = ["bf16-mixed", "fp8_tensorwise", "fp8_delayed"]
+sides = ["bf16-mixed", "fp8_tensorwise", "fp8_delayed", "bf16-mixed_seed_43"]
 loss = {}
 for side in sides:
     path = os.path.join(root, side, "metrics.csv")
@@ -625,7 +629,8 @@ for step in sorted(base):
     print("| %d | %s |" % (step, " | ".join(cells)))
 PY
     ); then
-      notes+=("" "### fp8 loss vs bf16-mixed, first 200 steps (val loss; issue 72 item 2: within 1%)" "")
+      notes+=("" "### fp8 loss vs bf16-mixed, first 200 steps (val loss; issue 72 item 2: within 1%)" ""
+              "Seed 43's column is the yardstick: bf16-mixed with another init and data order." "")
       while IFS= read -r line; do notes+=("$line"); done <<<"$ltable"
     fi
   fi
