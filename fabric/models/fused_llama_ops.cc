@@ -75,7 +75,11 @@ struct FusedRotary : torch::autograd::Function<FusedRotary> {
     at::Tensor g = grads[0];
     const c10::cuda::CUDAGuard guard(g.device());
     if (!rotary_layout(g)) g = g.contiguous();
-    at::Tensor dt = at::empty(g.sizes(), g.options());
+    // g's layout: attention's backward writes the query's gradient in the query's ([B, T, H, D]
+    // memory), so dt keeps the strides of the view t was and autograd's transpose back to the
+    // projection's output is free (a contiguous [B, H, T, D] dt cost a copy per layer).
+    at::Tensor dt = at::empty_like(g);
+    if (!rotary_layout(dt)) dt = at::empty(g.sizes(), g.options());
     launch_rotary(g, dt, saved[0], saved[1], /*backward=*/true);
     return {dt, at::Tensor(), at::Tensor()};
   }

@@ -67,6 +67,17 @@ TEST(Fp8Test, SizesScaledMmCannotTakeAreComputedExactly) {
   EXPECT_TRUE(torch::equal(fabric::nn::fp8_linear(x, w, torch::Tensor()), torch::linear(x, w)));
 }
 
+// An empty batch (a rank's share of a short last batch) is linear's: no scale of nothing (the
+// CPU's amax of no elements threw; CUDA's cast kernels left the scale unwritten).
+TEST(Fp8Test, AnEmptyBatchIsLinearsWithZeroGradients) {
+  const torch::Tensor x = torch::randn({0, 64}, torch::requires_grad());
+  const torch::Tensor w = torch::randn({32, 64}, torch::requires_grad());
+  const torch::Tensor y = fabric::nn::fp8_linear(x, w, torch::Tensor());
+  EXPECT_EQ(y.sizes(), (std::vector<int64_t>{0, 32}));
+  y.sum().backward();
+  EXPECT_TRUE(torch::equal(w.grad(), torch::zeros_like(w)));
+}
+
 struct Net : torch::nn::Module {
   Net() {
     register_module("fc", fabric::nn::Linear(64, 32));
