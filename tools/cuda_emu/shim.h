@@ -110,6 +110,11 @@ inline int __float_as_int(float f) {
   std::memcpy(&i, &f, sizeof i);
   return i;
 }
+inline float __int_as_float(int i) {
+  float f;
+  std::memcpy(&f, &i, sizeof f);
+  return f;
+}
 
 using std::max;
 using std::min;

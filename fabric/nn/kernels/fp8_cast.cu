@@ -90,14 +90,23 @@ __device__ __forceinline__ float scale_of(float amax, float largest) {
 }
 
 // Delayed scaling's scale: from the largest finite entry of history[0 .. len) (NaN and infinity
-// count as 0: a step that overflowed does not poison the next ones).
-__device__ __forceinline__ float history_scale(const float* history, int len, float largest) {
+// count as 0: a step that overflowed does not poison the next ones). Every thread of the block
+// calls it: each reads every kThreads-th entry and the block shares one maximum, so a long history
+// (Transformer Engine's default is 1024 steps) costs a few loads per thread, not `len`.
+template <int kThreads>
+__device__ float block_history_scale(const float* history, int len, float largest) {
   float h = 0.f;
-  for (int i = 0; i < len; ++i) {
+  for (int i = threadIdx.x; i < len; i += kThreads) {
     const float a = history[i];
     if (fabsf(a) <= 3.402823466e38f) h = fmaxf(h, a);
   }
-  return largest / fmaxf(h, 1e-12f);
+  int bits = __float_as_int(h);  // h >= 0: the bits order as the values do
+  for (int o = 16; o > 0; o /= 2) bits = max(bits, __shfl_xor_sync(0xffffffff, bits, o));
+  __shared__ int warp_max[kThreads / 32];
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = bits;
+  __syncthreads();
+  for (int w = 0; w < kThreads / 32; ++w) bits = max(bits, warp_max[w]);
+  return largest / fmaxf(__int_as_float(bits), 1e-12f);
 }
 
 // Two floats as two float8 bytes, the first in the low byte: (x · s) saturated to ±largest,
@@ -170,9 +179,10 @@ __global__ void __launch_bounds__(kTileThreads)
                 float* __restrict__ col_inverse, int history_len, float* record,
                 float* __restrict__ col_sums, bool gelu) {
   const float largest = e5m2 ? 57344.f : 448.f;
-  const float tensor_scale = kAxes             ? 0.f
-                             : history_len > 0 ? history_scale(row_amax, history_len, largest)
-                                               : scale_of(row_amax[0], largest);
+  const float tensor_scale = kAxes ? 0.f
+                             : history_len > 0
+                                 ? block_history_scale<kTileThreads>(row_amax, history_len, largest)
+                                 : scale_of(row_amax[0], largest);
   float seen = 0.f;  // the largest |x| this thread cast (delayed scaling's record)
   const __nv_fp8_interpretation_t kind = e5m2 ? __NV_E5M2 : __NV_E4M3;
   if (!kAxes && row_inverse != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)

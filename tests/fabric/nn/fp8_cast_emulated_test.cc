@@ -306,6 +306,25 @@ TEST(Fp8CastEmulatedTest, GeluInputIsQuantizedAsItsOutput) {
   }
 }
 
+// A history longer than the block (Transformer Engine's default length, 1024): the block's 256
+// threads read every 256th entry each and share the maximum; the largest finite entry sits where
+// only a thread's fourth read finds it, a larger NaN and infinity count as 0.
+TEST(Fp8CastEmulatedTest, DelayedCastTakesTheLargestOfALongHistory) {
+  const Input<float> in(16, 64);
+  std::vector<float> history(1025, 0.f);
+  for (size_t i = 0; i < 1024; ++i) history[i] = 0.25f + 0.001f * static_cast<float>(i % 97);
+  history[1000] = 3.5f;
+  history[700] = std::numeric_limits<float>::quiet_NaN();
+  history[5] = std::numeric_limits<float>::infinity();
+  std::vector<uint8_t> q(16 * 64);
+  float inverse = 0.f;
+  ASSERT_TRUE(fabric::kernels::fp8_cast_delayed(in.x, 16, 64, Fp8Source::kFloat32, false,
+                                                history.data(), 1024, nullptr, q.data(), nullptr,
+                                                &inverse, nullptr) == 0);
+  EXPECT_EQ(inverse, 1.f / scale_for(3.5f, 448.f));
+  EXPECT_EQ(q[3], reference(in.values[3], scale_for(3.5f, 448.f), false));
+}
+
 TEST(Fp8CastEmulatedTest, DelayedCastScalesByTheHistoryAndRecordsTheTensorsAmax) {
   const int64_t shapes[][2] = {{112, 160}, {8, 8}, {200, 72}};
   for (const auto& s : shapes)
