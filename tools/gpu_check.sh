@@ -627,6 +627,13 @@ for step in sorted(base):
         cells.append("" if v is None else "%.5f" % v if side == "bf16-mixed"
                      else "%.5f (%+.2f%%)" % (v, 100 * (v / base[step] - 1)))
     print("| %d | %s |" % (step, " | ".join(cells)))
+gaps = []
+for side in sides[1:]:
+    d = [abs(v / base[s] - 1) for s, v in loss.get(side, {}).items() if s in base]
+    if d:
+        gaps.append("%s %.2f%%" % (side.replace("_", " "), 100 * max(d)))
+print("")
+print("Largest gap from bf16-mixed over the evaluations: " + ", ".join(gaps))
 PY
     ); then
       notes+=("" "### fp8 loss vs bf16-mixed, first 200 steps (val loss; issue 72 item 2: within 1%)" ""
