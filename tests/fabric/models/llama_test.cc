@@ -15,6 +15,7 @@
 
 #include "fabric/core/error.h"
 #include "fabric/distributed/process_group.h"
+#include "tests/flight_recorder_off.h"
 
 namespace {
 

@@ -18,6 +18,7 @@
 #include "fabric/nn/frozen_weight.h"
 #include "fabric/nn/lora.h"
 #include "fabric/nn/tensor_parallel.h"
+#include "tests/flight_recorder_off.h"
 
 namespace {
 

@@ -13,6 +13,7 @@
 #include "fabric/distributed/process_group.h"
 #include "fabric/nn/lora.h"
 #include "fabric/nn/tensor_parallel.h"
+#include "tests/flight_recorder_off.h"
 
 namespace {
 
