@@ -4,9 +4,9 @@
 #include <ATen/autocast_mode.h>
 #include <torch/autograd.h>
 
-#include <cstdint>
 #include <string>
 
+#include "fabric/core/aligned.h"
 #include "fabric/core/error.h"
 
 #ifdef FABRIC_WITH_CUDA_KERNELS
@@ -39,12 +39,6 @@ bool backward_fits(const at::Tensor& x, int64_t cols, bool rms) {
          static_cast<int64_t>(p->sharedMemPerBlockOptin);
 }
 
-// The kernels load 16 bytes at a time: a tensor that starts elsewhere (a view at an offset: a
-// slice, a parameter inside a flat fsdp buffer) is copied first (CUDA fails a misaligned load).
-at::Tensor aligned16(const at::Tensor& t) {
-  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 ? t : t.clone();
-}
-
 kernels::LogitType kind(at::ScalarType t) {
   return t == at::kBFloat16 ? kernels::LogitType::kBFloat16 : kernels::LogitType::kFloat16;
 }
@@ -57,12 +51,12 @@ variable_list forward_kernel(AutogradContext* ctx, const at::Tensor& x, const at
   const c10::cuda::CUDAGuard guard(x.device());
   const bool rms = !bias.defined();
   // Through dispatched operators (not data pointers alone), so that fsdp gathers the parameters.
-  const at::Tensor w = aligned16(weight.to(at::kFloat));
-  const at::Tensor b = rms ? at::Tensor() : aligned16(bias.to(at::kFloat));
-  const at::Tensor x2 = aligned16(x.contiguous());
+  const at::Tensor w = contiguous_aligned(weight.to(at::kFloat));
+  const at::Tensor b = rms ? at::Tensor() : contiguous_aligned(bias.to(at::kFloat));
+  const at::Tensor x2 = contiguous_aligned(x);
   const int64_t cols = x.size(-1), rows = x.numel() / cols;
   at::Tensor d;
-  if (delta.defined()) d = aligned16(delta.to(type).contiguous());
+  if (delta.defined()) d = contiguous_aligned(delta.to(type));
   at::Tensor h = delta.defined() ? at::empty_like(x2) : x2;
   at::Tensor y = at::empty(x.sizes(), x.options().dtype(type));
   at::Tensor mean = rms ? at::Tensor() : at::empty({rows}, x.options().dtype(at::kFloat));
@@ -105,13 +99,13 @@ variable_list backward_kernel(AutogradContext* ctx, const at::Tensor& dh_in, con
   const at::Tensor rstd = ctx->saved_data["rstd"].toTensor();
   // Through a dispatched operator again: under fsdp the weight's unit may have been freed after
   // the forward, and an operator that takes it is what gathers it back.
-  const at::Tensor w = aligned16(ctx->saved_data["w"].toTensor().to(at::kFloat));
+  const at::Tensor w = contiguous_aligned(ctx->saved_data["w"].toTensor().to(at::kFloat));
   const auto type = static_cast<at::ScalarType>(ctx->saved_data["type"].toInt());
   const c10::cuda::CUDAGuard guard(h.device());
   const int64_t cols = h.size(-1), rows = h.numel() / cols;
-  const at::Tensor g = aligned16(dy.to(type).contiguous());
+  const at::Tensor g = contiguous_aligned(dy.to(type));
   const at::Tensor dh_prev =
-      dh_in.defined() ? aligned16(dh_in.to(at::kFloat).contiguous()) : at::Tensor();
+      dh_in.defined() ? contiguous_aligned(dh_in.to(at::kFloat)) : at::Tensor();
   at::Tensor dh = at::empty_like(h);
   at::Tensor dh16 = want_16 ? at::empty(h.sizes(), h.options().dtype(type)) : at::Tensor();
   at::Tensor dw = at::empty({cols}, h.options());

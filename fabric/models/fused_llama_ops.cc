@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "fabric/core/aligned.h"
 #include "fabric/core/error.h"
 
 #ifdef FABRIC_WITH_CUDA_KERNELS
@@ -36,15 +37,11 @@ kernels::LogitType kind(const at::Tensor& t) {
                                           : kernels::LogitType::kFloat16;
 }
 
-bool aligned(const at::Tensor& t, uintptr_t bytes = 8) {
-  return reinterpret_cast<uintptr_t>(t.data_ptr()) % bytes == 0;
-}
-
 // [B, H, T, D] whose last dimension is contiguous and whose other strides keep 4-value groups
 // 8-byte aligned (the kernel's loads).
 bool rotary_layout(const at::Tensor& t) {
   return t.dim() == 4 && t.stride(3) == 1 && t.stride(0) % 4 == 0 && t.stride(1) % 4 == 0 &&
-         t.stride(2) % 4 == 0 && aligned(t);
+         t.stride(2) % 4 == 0 && starts_aligned(t, 8);
 }
 
 kernels::RotaryStrides strides_of(const at::Tensor& t) {
@@ -131,7 +128,7 @@ at::Tensor rotary_16(const at::Tensor& t, const at::Tensor& cos, const at::Tenso
       cos.size(0) == t.size(2) && cos.size(1) == t.size(3) && sin.sizes() == cos.sizes() &&
       cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
       sin.is_contiguous() && cos.device() == t.device() && sin.device() == t.device() &&
-      aligned(cos, 16) && aligned(sin, 16))
+      starts_aligned(cos) && starts_aligned(sin))
     return FusedRotary::apply(t, cos, sin);
 #endif
   return rotary_aten(t, cos, sin);
@@ -141,7 +138,8 @@ at::Tensor swiglu_16(const at::Tensor& gate, const at::Tensor& up) {
 #ifdef FABRIC_WITH_CUDA_KERNELS
   if (llama_ops_apply(gate) && up.sizes() == gate.sizes() &&
       up.scalar_type() == gate.scalar_type() && up.device() == gate.device() &&
-      (!gate.is_contiguous() || aligned(gate)) && (!up.is_contiguous() || aligned(up)))
+      (!gate.is_contiguous() || starts_aligned(gate, 8)) &&
+      (!up.is_contiguous() || starts_aligned(up, 8)))
     return FusedSwiGLU::apply(gate, up);
 #endif
   return at::silu(gate) * up;

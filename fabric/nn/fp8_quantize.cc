@@ -8,6 +8,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "fabric/core/aligned.h"
 #include "fabric/core/error.h"
 #include "fabric/nn/kernels/fp8_cast.h"
 #endif
@@ -78,9 +79,7 @@ bool kernels_apply(const torch::Tensor& t) {
 Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype, bool rowwise,
                            const Delayed* delayed, torch::Tensor* col_sum, bool gelu) {
   const c10::cuda::CUDAGuard guard(t.device());
-  torch::Tensor x = t.contiguous();
-  // The kernels read 16 bytes at a time: a view that starts mid-allocation may be misaligned.
-  if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) x = x.clone();
+  const torch::Tensor x = contiguous_aligned(t);  // the kernels read 16 bytes at a time
   const int64_t rows = x.size(0), cols = x.size(1);
   const c10::ScalarType s = x.scalar_type();
   const auto source = s == torch::kFloat      ? kernels::Fp8Source::kFloat32
