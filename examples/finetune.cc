@@ -11,7 +11,7 @@
 // strategy and precision the other examples take (under model_parallel the adapters split with
 // their layers); checkpoints resume mid-epoch; the validation loss (response tokens only) every
 // finetune.eval_every_n_steps and at the end; a greedy answer to finetune.sample_prompt at the end
-// (any strategy; the Llama family whole on the rank with the key/value cache).
+// (any strategy; a model whole on the rank with the key/value cache).
 //
 // Without model.pretrained it builds a tiny Llama and instruction data from this machine's Python
 // standard library (examples/finetune_demo.h) and fine-tunes that, and says so.
@@ -55,6 +55,7 @@
 #include "fabric/logging/progress.h"
 #include "fabric/main.h"
 #include "fabric/models/gpt.h"
+#include "fabric/models/gpt_generate.h"
 #include "fabric/models/llama.h"
 #include "fabric/models/llama_generate.h"
 #include "fabric/nn/empty_init.h"
@@ -336,15 +337,18 @@ int train(fabric::Fabric& f, const examples::finetune::Inputs& in, const Build& 
     if (!c.get_string("finetune.sample_prompt").empty() && sample_tokens > 0) {
       const std::vector<int64_t> prompt = sample_ids(c, *tokenizer, in.options.add_bos);
       fabric::models::GenerateOptions g;  // greedy
-      g.max_new_tokens = sample_tokens;
+      // Up to the model's last position (never an error after the run has trained).
+      const int64_t room = p.max_positions() - static_cast<int64_t>(prompt.size());
+      g.max_new_tokens = std::min(sample_tokens, room);
       g.eos_token_ids = p.eos_token_ids;
-      // The cached decode reads the layers directly: a Llama whole on the rank. Elsewhere (fsdp,
-      // model_parallel, GPT-2) the forward over the whole sequence each step, through Fabric.
-      if (kLlama && (strategy == "single_device" || strategy == "ddp")) {
-        if constexpr (kLlama) {
-          auto guard = f.autocast();
-          answer = tokenizer->decode_text(fabric::models::generate(*model, {prompt}, g).tokens[0]);
-        }
+      // The cached decode reads the layers directly: a model whole on the rank. Elsewhere (fsdp,
+      // model_parallel) the forward over the whole sequence each step, through Fabric.
+      if (room < 1) {
+        answer = "(no sample: finetune.sample_prompt's " + std::to_string(prompt.size()) +
+                 " ids fill the model's " + std::to_string(p.max_positions()) + " positions)";
+      } else if (strategy == "single_device" || strategy == "ddp") {
+        auto guard = f.autocast();
+        answer = tokenizer->decode_text(fabric::models::generate(*model, {prompt}, g).tokens[0]);
       } else {
         answer = tokenizer->decode_text(
             examples::generate_uncached(f, model, prompt, p.max_positions(), g));

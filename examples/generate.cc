@@ -8,8 +8,8 @@
 // the decode speed; generate.output=FILE also writes FILE as JSON: prompt_ids, ids (the new ids
 // only), text (their decoding), and the timings.
 //
-// The Llama family decodes with a key/value cache (fabric/models/llama_generate.h) where the
-// model is whole on the rank (single, ddp); elsewhere (fsdp, model_parallel, GPT-2) every step
+// Both families decode with a key/value cache (fabric/models/llama_generate.h, gpt_generate.h)
+// where the model is whole on the rank (single, ddp); elsewhere (fsdp, model_parallel) every step
 // runs the model's forward over the whole sequence through Fabric. fabric.precision and the
 // strategy keys work as in training (fabric.precision=32-true: float32, as the parity checks use).
 // profiler.enabled=true profiles the cached decode steps on the profiler.* schedule (traces in the
@@ -39,6 +39,7 @@
 #include "fabric/hf/weights.h"
 #include "fabric/main.h"
 #include "fabric/models/gpt.h"
+#include "fabric/models/gpt_generate.h"
 #include "fabric/models/llama.h"
 #include "fabric/models/llama_generate.h"
 #include "fabric/nn/empty_init.h"
@@ -210,37 +211,39 @@ int run(fabric::Fabric& f) {
   const std::string strategy = f.strategy().name();
   // Where every rank holds the whole model, the cached decode reads the layers directly.
   const bool whole = strategy == "single_device" || strategy == "ddp";
+  auto decode = [&](auto& model) {
+    load_and_set_up(f, p, weights, model);
+    if (!whole) {
+      ids = examples::generate_uncached(f, model, prompt_ids, positions, o);
+      return;
+    }
+    // profiler.enabled: the decode steps on its schedule, its table printed at the end.
+    std::shared_ptr<fabric::ProfilerCallback> profiler;
+    if (auto po = fabric::profiler_options(c)) {
+      profiler = std::make_shared<fabric::ProfilerCallback>(*po);
+      o.on_step = [&f, profiler](int64_t s) { profiler->on_train_batch_end(f, s, {}); };
+    }
+    auto guard = f.autocast();
+    const auto out = fabric::models::generate(*model, {prompt_ids}, o);
+    ids = out.tokens[0];
+    prefill_s = out.prefill_seconds;
+    decode_s = out.decode_seconds;
+    decode_rate = out.decode_tokens_per_second;
+    if (profiler) profiler->on_fit_end(f);
+  };
   if (p.llama) {
     auto model = f.init_module([&] { return fabric::models::Llama(*p.llama); });
-    load_and_set_up(f, p, weights, model);
-    if (whole) {
-      // profiler.enabled: the decode steps on its schedule, its table printed at the end.
-      std::shared_ptr<fabric::ProfilerCallback> profiler;
-      if (auto po = fabric::profiler_options(c)) {
-        profiler = std::make_shared<fabric::ProfilerCallback>(*po);
-        o.on_step = [&](int64_t s) { profiler->on_train_batch_end(f, s, {}); };
-      }
-      auto guard = f.autocast();
-      const auto out = fabric::models::generate(*model, {prompt_ids}, o);
-      ids = out.tokens[0];
-      prefill_s = out.prefill_seconds;
-      decode_s = out.decode_seconds;
-      decode_rate = out.decode_tokens_per_second;
-      if (profiler) profiler->on_fit_end(f);
-    } else {
-      ids = examples::generate_uncached(f, model, prompt_ids, positions, o);
-    }
+    decode(model);
   } else {
     auto model = f.init_module([&] { return fabric::models::GPT(*p.gpt2); });
-    load_and_set_up(f, p, weights, model);
-    ids = examples::generate_uncached(f, model, prompt_ids, positions, o);
+    decode(model);
   }
   const double total_s = std::chrono::duration<double>(Clock::now() - start).count();
   if (decode_rate == 0 && ids.size() > 1) decode_rate = static_cast<double>(ids.size()) / total_s;
   const std::string text = tokenizer.decode_text(ids);  // as `tokenizers` decodes them
   f.print(c.get_string("generate.prompt"), text);
   f.print("generate: ", prompt_ids.size(), " prompt ids, ", ids.size(), " new ids; decode ",
-          decode_rate, " tokens/s", whole && p.llama ? " (key/value cache)" : " (no cache)", "; ",
+          decode_rate, " tokens/s", whole ? " (key/value cache)" : " (no cache)", "; ",
           p.describe(), "; strategy ", strategy, ", precision ",
           fabric::to_string(f.precision().mode()), ", ", f.threads_description());
   if (const std::string out = c.get_string("generate.output"); !out.empty() && f.is_global_zero()) {

@@ -1,8 +1,8 @@
-// Generation without a key/value cache through Fabric, shared by examples:generate (fsdp,
-// model_parallel, GPT-2) and examples:finetune's sample answer: every step the model's forward
-// over the whole sequence via Fabric::forward (any strategy: every rank runs the same steps on
-// the same ids), the next id chosen as fabric::models::choose_next_tokens does (greedy at
-// temperature 0: the first of equal logits).
+// Generation without a key/value cache through Fabric, shared by examples:generate and
+// examples:finetune's sample answer where the model is not whole on the rank (fsdp,
+// model_parallel): every step the model's forward over the whole sequence via Fabric::forward
+// (any strategy: every rank runs the same steps on the same ids), the next id chosen as
+// fabric::models::choose_next_tokens does (greedy at temperature 0: the first of equal logits).
 #ifndef EXAMPLES_COMMON_DECODE_H_
 #define EXAMPLES_COMMON_DECODE_H_
 
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "fabric/fabric.h"
-#include "fabric/models/llama_generate.h"
+#include "fabric/models/generate.h"
 
 namespace examples {
 

@@ -27,12 +27,12 @@ wall-clock splits of rank 0, medians over the steps). --profile: torch.profiler 
 (as ours with profiler.enabled=true profiler.wait=3 profiler.warmup=1 profiler.active=3), rank 0's
 ops by self time.
 
-Decode: transformers.generate, greedy (do_sample=False), no eos stop (as our
-generate.stop_at_eos=false), batch 1, a key/value cache (DynamicCache, the default), the prompt
-encoded by the folder's tokenizer.json with `tokenizers` (the ids our tokenizer gives;
---prompt_ids=FILE takes them from examples/generate's generate.output JSON instead). Decode
-tokens/s as fabric/models/llama_generate.cc computes it: (new tokens - 1) over the time from the
-first new token to the last.
+Decode: transformers.generate on the folder's model (AutoModelForCausalLM: a Llama, Qwen2 or
+GPT-2), greedy (do_sample=False), no eos stop (as our generate.stop_at_eos=false), batch 1, a
+key/value cache (DynamicCache, the default), the prompt encoded by the folder's tokenizer.json with
+`tokenizers` (the ids our tokenizer gives; --prompt_ids=FILE takes them from examples/generate's
+generate.output JSON instead). Decode tokens/s as fabric/models/generate.cc computes it: (new
+tokens - 1) over the time from the first new token to the last.
 
   python3 tools/bench/llama_ddp_reference.py decode --model=DIR --prompt=TEXT
       [--max_new_tokens=256] [--threads=2] [--prompt_ids=FILE]
@@ -212,7 +212,7 @@ def run_rank(a):
 
 def decode(a):
     import torch
-    from transformers import LlamaForCausalLM, StoppingCriteria, StoppingCriteriaList
+    from transformers import AutoModelForCausalLM, StoppingCriteria, StoppingCriteriaList
     set_threads(torch, a.threads)
     if a.prompt_ids:
         with open(a.prompt_ids) as f:
@@ -220,8 +220,8 @@ def decode(a):
     else:
         from tokenizers import Tokenizer
         ids = Tokenizer.from_file(os.path.join(a.model, "tokenizer.json")).encode(a.prompt).ids
-    model = LlamaForCausalLM.from_pretrained(a.model, dtype=torch.float32,
-                                             attn_implementation="sdpa").eval()
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32,
+                                                 attn_implementation="sdpa").eval()
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
 

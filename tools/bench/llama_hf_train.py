@@ -28,7 +28,7 @@
       transformers.generate, greedy, exactly --new_tokens new ids (no eos stop), the prompt ids of
       examples/generate's generate.output (FILE.json "prompt_ids"); float32 weights run under
       torch.autocast(bfloat16) on CUDA (as ours under bf16-mixed), bfloat16 weights without it.
-      The decode rate as ours computes it (llama_generate.cc: new ids after the first over the
+      The decode rate as ours computes it (generate.cc: new ids after the first over the
       time after the first): (N - 1) / (time of N new ids - time of 1), both after a warm-up.
 
 Each prints one line `RESULT {json}` (train: tokens_per_s, mfu, step_ms, flops_per_token,

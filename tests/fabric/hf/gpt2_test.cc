@@ -2,7 +2,9 @@
 // by make_gpt2.py (transformers, fixed seeds) load here and give transformers' logits, loss and
 // gradients to 1e-5 (relative to the largest value), in transformers 5's layout and in the
 // original openai-community/gpt2 one (bare names, attn.bias buffers); broken folders give
-// one-line errors naming the file and the key or tensor.
+// one-line errors naming the file and the key or tensor. Greedy generation with the key/value
+// cache (fabric/models/gpt_generate.h) gives transformers' generate(do_sample=False) ids, for one
+// prompt and for a left-padded batch of prompts of different lengths.
 #include "fabric/hf/gpt2.h"
 
 #include <gtest/gtest.h>
@@ -18,6 +20,8 @@
 
 #include "fabric/checkpoint/safetensors.h"
 #include "fabric/core/error.h"
+#include "fabric/models/gpt_generate.h"
+#include "tests/fabric/hf/generation_testing.h"
 #include "tests/run_command.h"
 
 namespace fs = std::filesystem;
@@ -50,10 +54,7 @@ class Gpt2HfTest : public ::testing::Test {
   static void TearDownTestSuite() { fs::remove_all(dir_); }
 
   static std::map<std::string, torch::Tensor> reference(const std::string& name) {
-    std::map<std::string, torch::Tensor> out;
-    for (auto& [n, t] : fabric::load_safetensors(dir_ / (name + ".ref.safetensors")).tensors)
-      out[n] = t;
-    return out;
+    return fabric::testing::tensors_of(dir_ / (name + ".ref.safetensors"));
   }
 
   // max |a - b| / max |b|.
@@ -156,6 +157,58 @@ TEST_F(Gpt2HfTest, OriginalLayoutWithBareNamesAndExactGeluMatchesTransformers) {
     EXPECT_EQ(w.file.at(name), dir_ / "gpt2_bare" / "model.safetensors");
   }
   check_against_transformers("gpt2_bare");
+}
+
+// Greedy ids with the key/value cache against transformers' generate(do_sample=False,
+// max_new_tokens=20) in float32: one prompt, and a batch of 3 prompts of lengths 5, 9, 3
+// (transformers: left padding, attention_mask and the positions it derives from it; here: the
+// same, one batch). Both layouts, both GELU forms.
+TEST_F(Gpt2HfTest, GreedyGenerationWithKvCacheMatchesTransformers) {
+  using fabric::testing::row;
+  for (const std::string name : {"gpt2", "gpt2_bare"}) {
+    SCOPED_TRACE(name);
+    fabric::models::GPT model = fabric::hf::load_gpt2(dir_ / name);
+    const auto gen = fabric::testing::tensors_of(dir_ / (name + ".gen.safetensors"));
+    fabric::models::GenerateOptions o;
+    o.max_new_tokens = 20;
+    const auto single = fabric::models::generate(*model, {row(gen.at("single.prompt"))}, o);
+    EXPECT_TRUE(torch::equal(single.ids, gen.at("single.new")))
+        << "got " << single.ids << "\ntransformers " << gen.at("single.new");
+    const auto prompts = fabric::testing::batch_prompts(gen);
+    const auto batch = fabric::models::generate(*model, prompts, o);
+    EXPECT_TRUE(torch::equal(batch.ids, gen.at("batch.new")))
+        << "got " << batch.ids << "\ntransformers " << gen.at("batch.new");
+    EXPECT_EQ(batch.steps, 20);
+    // The cache changes nothing: each row alone equals argmax of a full forward every step.
+    for (size_t b = 0; b < prompts.size(); ++b)
+      EXPECT_EQ(batch.tokens[b], fabric::testing::greedy_without_cache(model, prompts[b], 20))
+          << "row " << b;
+    EXPECT_TRUE(model->is_training());  // the mode it was loaded in, restored
+    std::cout << name << ": decode " << batch.decode_tokens_per_second << " tokens/s (batch of 3, "
+              << batch.steps - 1 << " steps, CPU)\n";
+  }
+}
+
+TEST_F(Gpt2HfTest, GenerationBeyondThePositionsOrVocabularyIsOneLine) {
+  fabric::models::GPT model = fabric::hf::load_gpt2(dir_ / "gpt2");
+  auto error = [&](const std::vector<int64_t>& prompt, int64_t n) -> std::string {
+    fabric::models::GenerateOptions o;
+    o.max_new_tokens = n;
+    try {
+      fabric::models::generate(*model, {prompt}, o);
+    } catch (const fabric::Error& e) {
+      std::cout << "error: " << e.what() << "\n";
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(error(std::vector<int64_t>(12, 1), 20), "");  // 32 positions: exactly full
+  EXPECT_NE(error(std::vector<int64_t>(13, 1), 20)
+                .find("generate: prompt 0: 13 tokens + max_new_tokens 20 exceed block_size "
+                      "(config.json's n_positions) 32"),
+            std::string::npos);
+  EXPECT_NE(error({5, 96}, 4).find("token id 96 is outside the vocabulary [0, 96)"),
+            std::string::npos);
 }
 
 TEST_F(Gpt2HfTest, BrokenFoldersAreOneLineErrorsNamingTheFileAndKey) {

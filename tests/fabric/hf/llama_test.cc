@@ -19,11 +19,15 @@
 #include "fabric/checkpoint/safetensors.h"
 #include "fabric/core/error.h"
 #include "fabric/models/llama_generate.h"
+#include "tests/fabric/hf/generation_testing.h"
 #include "tests/run_command.h"
 
 namespace fs = std::filesystem;
 
 namespace {
+
+using fabric::testing::batch_prompts;
+using fabric::testing::row;
 
 class LlamaHfTest : public ::testing::Test {
  protected:
@@ -40,34 +44,12 @@ class LlamaHfTest : public ::testing::Test {
   static void TearDownTestSuite() { fs::remove_all(dir_); }
 
   static std::map<std::string, torch::Tensor> reference(const std::string& name) {
-    std::map<std::string, torch::Tensor> out;
-    for (auto& [n, t] : fabric::load_safetensors(dir_ / (name + ".ref.safetensors")).tensors)
-      out[n] = t;
-    return out;
+    return fabric::testing::tensors_of(dir_ / (name + ".ref.safetensors"));
   }
 
   // NAME.gen.safetensors: transformers' greedy generations.
   static std::map<std::string, torch::Tensor> generation_reference(const std::string& name) {
-    std::map<std::string, torch::Tensor> out;
-    for (auto& [n, t] : fabric::load_safetensors(dir_ / (name + ".gen.safetensors")).tensors)
-      out[n] = t;
-    return out;
-  }
-
-  static std::vector<int64_t> row(const torch::Tensor& t) {
-    const torch::Tensor c = t.to(torch::kLong).contiguous();
-    return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
-  }
-
-  // The batch's prompts without their left padding.
-  static std::vector<std::vector<int64_t>> batch_prompts(
-      const std::map<std::string, torch::Tensor>& gen) {
-    const torch::Tensor padded = gen.at("batch.prompt");
-    const std::vector<int64_t> lengths = row(gen.at("batch.lengths"));
-    std::vector<std::vector<int64_t>> prompts;
-    for (int64_t b = 0; b < padded.size(0); ++b)
-      prompts.push_back(row(padded[b].narrow(0, padded.size(1) - lengths[b], lengths[b])));
-    return prompts;
+    return fabric::testing::tensors_of(dir_ / (name + ".gen.safetensors"));
   }
 
   // max |a - b| / max |b|.
@@ -325,14 +307,8 @@ TEST_F(LlamaHfTest, KvCacheGreedyEqualsGreedyWithoutCache) {
     prompts.push_back(row(gen.at("single.prompt")));
     for (const auto& prompt : prompts) {
       const auto cached = fabric::models::generate(*model, {prompt}, o);
-      std::vector<int64_t> ids = prompt, uncached;
-      torch::NoGradGuard no_grad;
-      for (int64_t i = 0; i < o.max_new_tokens; ++i) {
-        const torch::Tensor logits = model->forward(torch::tensor(ids).view({1, -1}));
-        uncached.push_back(logits[0][-1].argmax().item<int64_t>());
-        ids.push_back(uncached.back());
-      }
-      EXPECT_EQ(cached.tokens[0], uncached);
+      EXPECT_EQ(cached.tokens[0],
+                fabric::testing::greedy_without_cache(model, prompt, o.max_new_tokens));
     }
   }
 }

@@ -3,8 +3,9 @@
 usage: make_gpt2.py OUT_DIR
 
 Writes OUT_DIR/NAME/ and OUT_DIR/NAME.ref.safetensors holding the token ids, transformers' float32
-logits, the loss of one step and every parameter's gradient ("grad." + name, transformers' names)
-for:
+logits, the loss of one step and every parameter's gradient ("grad." + name, transformers' names),
+and OUT_DIR/NAME.gen.safetensors holding greedy generate() ids (20 new ids after one prompt of 7
+and after a left-padded batch of prompts of 5, 9 and 3 ids with its attention_mask; no eos) for:
   gpt2       gelu_new, tied embeddings, as transformers 5's save_pretrained writes it
              (transformer.h.0.attn.c_attn.weight, ...)
   gpt2_bare  another model with the exact gelu, in the original openai-community/gpt2 layout:
@@ -47,11 +48,37 @@ def reference(model, name, seed):
     save_file(tensors, os.path.join(out, name + ".ref.safetensors"))
 
 
+def generation(model, name, seed):
+    g = torch.Generator().manual_seed(seed)
+    model.eval()
+    new = 20  # the longest prompt (9) + 20 fits n_positions 32
+
+    def run(ids, mask):
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
+                                 max_new_tokens=new, min_new_tokens=new, eos_token_id=None,
+                                 pad_token_id=0)
+        assert out.shape[1] == ids.shape[1] + new, out.shape
+        return out[:, ids.shape[1]:].contiguous()
+
+    single = torch.randint(0, model.config.vocab_size, (1, 7), generator=g)
+    lengths = torch.tensor([5, 9, 3])
+    batch = torch.zeros(3, 9, dtype=torch.long)
+    mask = torch.zeros(3, 9, dtype=torch.long)
+    for i, n in enumerate(lengths.tolist()):
+        batch[i, 9 - n:] = torch.randint(0, model.config.vocab_size, (n,), generator=g)
+        mask[i, 9 - n:] = 1
+    save_file({"single.prompt": single, "single.new": run(single, torch.ones_like(single)),
+               "batch.prompt": batch, "batch.lengths": lengths, "batch.new": run(batch, mask)},
+              os.path.join(out, name + ".gen.safetensors"))
+
+
 torch.manual_seed(1)
 gpt2 = GPT2LMHeadModel(GPT2Config(**common, activation_function="gelu_new"))
 randomize(gpt2, 2)
 gpt2.save_pretrained(os.path.join(out, "gpt2"), safe_serialization=True)
 reference(gpt2, "gpt2", 3)
+generation(gpt2, "gpt2", 7)
 
 torch.manual_seed(4)
 bare = GPT2LMHeadModel(GPT2Config(**common, activation_function="gelu"))
@@ -66,3 +93,4 @@ for i in range(common["n_layer"]):
     tensors["h.%d.attn.bias" % i] = torch.tril(torch.ones(n, n)).view(1, 1, n, n)
 save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
 reference(bare, "gpt2_bare", 6)
+generation(bare, "gpt2_bare", 8)
