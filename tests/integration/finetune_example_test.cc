@@ -511,6 +511,25 @@ TEST_F(FinetuneExampleTest, EarlyStoppingActsOnTheValidationLoss) {
   EXPECT_NE(refused.out.find("finetune.eval_every_n_steps"), std::string::npos) << refused.out;
 }
 
+// The sample answer stops at the model's last position (the demo Llama's 512) instead of failing
+// after the run has trained; a prompt that fills them all is said, and the run still exports.
+TEST_F(FinetuneExampleTest, ASampleLongerThanThePositionsStopsAtTheLast) {
+  const auto r = finetune(
+      "fabric.devices=1 trainer.max_steps=1 logging.run_dir=long_sample "
+      "'finetune.sample_prompt=What does join do?' finetune.sample_tokens=100000");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("sample (finetune.sample_prompt): "), std::string::npos) << r.out;
+  std::string words;
+  for (int i = 0; i < 600; ++i) words += " join";
+  const auto full = finetune(
+      "fabric.devices=1 trainer.max_steps=1 logging.run_dir=full_sample "
+      "'finetune.sample_prompt=" +
+      words + "' finetune.sample_tokens=8");
+  ASSERT_EQ(full.code, 0) << full.out;
+  EXPECT_NE(full.out.find("ids fill the model's 512 positions)"), std::string::npos) << full.out;
+  EXPECT_NE(full.out.find("exported "), std::string::npos) << full.out;
+}
+
 TEST_F(FinetuneExampleTest, BadInputStopsWithOneLineNamingTheKey) {
   struct Case {
     std::string args, key, fix;
