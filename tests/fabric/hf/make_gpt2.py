@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from transformers import GPT2Config, GPT2LMHeadModel
 
+import greedy_reference  # beside this script
+
 out = sys.argv[1]
 common = dict(vocab_size=96, n_positions=32, n_embd=64, n_layer=2, n_head=4, resid_pdrop=0.0,
               embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5, bos_token_id=95,
@@ -48,37 +50,12 @@ def reference(model, name, seed):
     save_file(tensors, os.path.join(out, name + ".ref.safetensors"))
 
 
-def generation(model, name, seed):
-    g = torch.Generator().manual_seed(seed)
-    model.eval()
-    new = 20  # the longest prompt (9) + 20 fits n_positions 32
-
-    def run(ids, mask):
-        with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
-                                 max_new_tokens=new, min_new_tokens=new, eos_token_id=None,
-                                 pad_token_id=0)
-        assert out.shape[1] == ids.shape[1] + new, out.shape
-        return out[:, ids.shape[1]:].contiguous()
-
-    single = torch.randint(0, model.config.vocab_size, (1, 7), generator=g)
-    lengths = torch.tensor([5, 9, 3])
-    batch = torch.zeros(3, 9, dtype=torch.long)
-    mask = torch.zeros(3, 9, dtype=torch.long)
-    for i, n in enumerate(lengths.tolist()):
-        batch[i, 9 - n:] = torch.randint(0, model.config.vocab_size, (n,), generator=g)
-        mask[i, 9 - n:] = 1
-    save_file({"single.prompt": single, "single.new": run(single, torch.ones_like(single)),
-               "batch.prompt": batch, "batch.lengths": lengths, "batch.new": run(batch, mask)},
-              os.path.join(out, name + ".gen.safetensors"))
-
-
 torch.manual_seed(1)
 gpt2 = GPT2LMHeadModel(GPT2Config(**common, activation_function="gelu_new"))
 randomize(gpt2, 2)
 gpt2.save_pretrained(os.path.join(out, "gpt2"), safe_serialization=True)
 reference(gpt2, "gpt2", 3)
-generation(gpt2, "gpt2", 7)
+greedy_reference.write(gpt2, os.path.join(out, "gpt2.gen.safetensors"), 7, new=20, low=0)
 
 torch.manual_seed(4)
 bare = GPT2LMHeadModel(GPT2Config(**common, activation_function="gelu"))
@@ -93,4 +70,4 @@ for i in range(common["n_layer"]):
     tensors["h.%d.attn.bias" % i] = torch.tril(torch.ones(n, n)).view(1, 1, n, n)
 save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
 reference(bare, "gpt2_bare", 6)
-generation(bare, "gpt2_bare", 8)
+greedy_reference.write(bare, os.path.join(out, "gpt2_bare.gen.safetensors"), 8, new=20, low=0)

@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+import greedy_reference  # beside this script
+
 out = sys.argv[1]
 common = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
@@ -50,34 +52,6 @@ def reference(model, name, seed):
     save_file(tensors, os.path.join(out, name + ".ref.safetensors"))
 
 
-def generation(model, name, seed):
-    g = torch.Generator().manual_seed(seed)
-    model.eval()
-    # No eos: every row runs all 32 tokens (the C++ side generates without one too).
-    model.generation_config.eos_token_id = None
-    model.generation_config.pad_token_id = 0
-    new = 32
-
-    def run(ids, mask):
-        with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
-                                 max_new_tokens=new, min_new_tokens=new, eos_token_id=None,
-                                 pad_token_id=0)
-        assert out.shape[1] == ids.shape[1] + new, out.shape
-        return out[:, ids.shape[1]:].contiguous()
-
-    single = torch.randint(3, model.config.vocab_size, (1, 7), generator=g)
-    lengths = torch.tensor([5, 9, 3])
-    batch = torch.zeros(3, 9, dtype=torch.long)
-    mask = torch.zeros(3, 9, dtype=torch.long)
-    for i, n in enumerate(lengths.tolist()):
-        batch[i, 9 - n:] = torch.randint(3, model.config.vocab_size, (n,), generator=g)
-        mask[i, 9 - n:] = 1
-    save_file({"single.prompt": single, "single.new": run(single, torch.ones_like(single)),
-               "batch.prompt": batch, "batch.lengths": lengths, "batch.new": run(batch, mask)},
-              os.path.join(out, name + ".gen.safetensors"))
-
-
 torch.manual_seed(1)
 llama = LlamaForCausalLM(LlamaConfig(
     **common, max_position_embeddings=64, rope_theta=500000.0, tie_word_embeddings=False,
@@ -86,7 +60,7 @@ llama = LlamaForCausalLM(LlamaConfig(
 randomize(llama, 2)
 llama.save_pretrained(os.path.join(out, "llama"), safe_serialization=True, max_shard_size="40KB")
 reference(llama, "llama", 3)
-generation(llama, "llama", 7)
+greedy_reference.write(llama, os.path.join(out, "llama.gen.safetensors"), 7, new=32, low=3)
 
 torch.manual_seed(4)
 qwen = Qwen2ForCausalLM(Qwen2Config(**common, max_position_embeddings=64, rope_theta=1000.0,
@@ -94,7 +68,7 @@ qwen = Qwen2ForCausalLM(Qwen2Config(**common, max_position_embeddings=64, rope_t
 randomize(qwen, 5)
 qwen.save_pretrained(os.path.join(out, "qwen2"), safe_serialization=True)
 reference(qwen, "qwen2", 6)
-generation(qwen, "qwen2", 8)
+greedy_reference.write(qwen, os.path.join(out, "qwen2.gen.safetensors"), 8, new=32, low=3)
 
 qwen.to(torch.bfloat16).save_pretrained(os.path.join(out, "qwen2_bf16"), safe_serialization=True)
 # transformers' own float32 load of the bfloat16 file (a model converted back and forth in memory
