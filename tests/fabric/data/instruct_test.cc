@@ -7,9 +7,7 @@
 
 #include <gtest/gtest.h>
 
-#include <torch/torch.h>
 #include <algorithm>
-
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
