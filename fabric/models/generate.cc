@@ -3,7 +3,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <chrono>

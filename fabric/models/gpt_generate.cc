@@ -1,6 +1,6 @@
 #include "fabric/models/gpt_generate.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <string>
 
