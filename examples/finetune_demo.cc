@@ -1,6 +1,6 @@
 #include "examples/finetune_demo.h"
 
-#include <torch/torch.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <fstream>

@@ -19,7 +19,7 @@
 // gpt.eval_every_n_steps (scheduler.name: plateau reports there too). summary.json: train_loss,
 // val_loss, tokens_per_s (+ _per_rank), flops_per_token, flops_source, tflops, mfu (null when the
 // peak is unknown). Exit status: see fabric/main.h; 3 when training stopped on non-finite losses.
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <chrono>
 #include <cmath>

@@ -1,6 +1,7 @@
 #include "examples/gpt_text.h"
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <cmath>

@@ -3,7 +3,7 @@
 #ifndef TESTS_CHECKPOINT_DIFF_H_
 #define TESTS_CHECKPOINT_DIFF_H_
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <cstring>

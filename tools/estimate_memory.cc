@@ -22,7 +22,7 @@
 //
 // Exit status: 0 (also for --help); 2 for a bad config or argument, or sizes whose byte counts
 // overflow 64 bits (one line naming it).
-#include <torch/torch.h>
+#include <torch/nn/module.h>
 
 #include <algorithm>
 #include <cstdio>

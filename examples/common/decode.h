@@ -6,7 +6,7 @@
 #ifndef EXAMPLES_COMMON_DECODE_H_
 #define EXAMPLES_COMMON_DECODE_H_
 
-#include <torch/torch.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <cstdint>

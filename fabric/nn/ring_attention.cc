@@ -1,6 +1,6 @@
 #include "fabric/nn/ring_attention.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cmath>
 #include <limits>

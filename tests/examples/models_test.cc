@@ -3,7 +3,7 @@
 #include "examples/common/models.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/utils.h>
 
 namespace {
 

@@ -4,7 +4,7 @@
 #include "fabric/main.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/modules/embedding.h>
 
 #include <cmath>
 #include <string>

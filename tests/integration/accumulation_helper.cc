@@ -13,7 +13,11 @@
 // Prints (rank 0) "max_rel_diff=X synced_backward_passes=N optimizer_steps=S" and exits 0 when X is
 // within 1e-6 and, under ddp/fsdp, every rank synchronized gradients once per optimizer step
 // (not once per micro-batch); with bad_index it prints "error: ..." and exits 1.
-#include <torch/torch.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
 
 #include <cstdio>
 

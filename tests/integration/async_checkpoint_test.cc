@@ -13,7 +13,7 @@
 #include <fstream>
 #include <string>
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "fabric/checkpoint/archive.h"
 #include "fabric/checkpointer.h"

@@ -28,7 +28,9 @@
 //   "rank R of CP: bench T=4096 ring kernel=auto: forward_ms=A fwd_bwd_ms=B fwd_bwd_cpu_ms=C"
 // Exits 0 (1 when a send/recv, a collective or an unexpected error failed; 2 on bad arguments).
 #include <ATen/ops/scaled_dot_product_attention.h>
-#include <torch/torch.h>
+#include <torch/optim/sgd.h>
+#include <torch/ordered_dict.h>
+#include <torch/utils.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <time.h>

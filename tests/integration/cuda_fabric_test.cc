@@ -3,7 +3,12 @@
 // GPU, bf16-mixed autocast dtypes, the connector choosing cuda under auto, and checkpoints of CUDA
 // state (generator, optimizer buffers, GradScaler) continuing exactly.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
 
 #include "fabric/fabric.h"
 #include "tests/cuda_skip.h"

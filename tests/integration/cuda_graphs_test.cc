@@ -7,7 +7,13 @@
 // it; a non-fused optimizer is refused; an eager 16-mixed step never synchronizes with the host;
 // under ddp (NCCL, world size 1) the all-reduce is captured.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
 
 #ifdef FABRIC_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>

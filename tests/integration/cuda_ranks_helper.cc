@@ -11,7 +11,15 @@
 //       and running statistics must agree to `max_rel` (printed).
 // Prints "rank R: ..." lines; exits 0 when every check held on every rank, 1 otherwise, 77 when
 // no GPU is usable.
-#include <torch/torch.h>
+#include <torch/cuda.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
 
 #include <cmath>
 #include <cstdio>

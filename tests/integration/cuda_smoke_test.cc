@@ -1,7 +1,7 @@
 // GPU smoke test (tag `gpu`; run with `bazel test --config=gpu`). Skips with a reason where no CUDA
 // device exists; never passes silently.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/cuda.h>
 
 #include "fabric/accelerators/device_info.h"
 

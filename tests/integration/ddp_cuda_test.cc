@@ -2,7 +2,11 @@
 // single_device; two ranks sharing one GPU over Gloo equal one CPU process on the concatenated
 // batches (ddp_parity_helper ... cuda_gloo).
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
 
 #include <filesystem>
 

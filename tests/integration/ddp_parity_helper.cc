@@ -19,7 +19,13 @@
 // attempt. Prints "max_rel_diff=X" and "params_hash=H" (FNV-1a of the trained parameters' bytes)
 // and exits 0 when X is within tolerance and every check passed.
 #include <torch/csrc/autograd/variable.h>
-#include <torch/torch.h>
+#include <torch/cuda.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <csignal>

@@ -8,7 +8,14 @@
 // weight decay, the last Linear at 5x the scheduled rate.
 // Prints (rank 0) "groups=G max_rel_diff=X ungrouped_rel_diff=Y" and exits 0 when X is within
 // 1e-6 and Y (the same training with one plain group) is above 1e-3, so the rules mattered.
-#include <torch/torch.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
 
 #include <cstdio>
 

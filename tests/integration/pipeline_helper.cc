@@ -27,7 +27,14 @@
 // MODEL: gpt, llama (grouped-query attention, its own lm_head), llama_tied (the output layer
 // tied to the embedding, as Qwen2's small models) or sequential (a torch::nn::Sequential cut at
 // a split point; LAYERS is ignored).
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/utils.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <algorithm>

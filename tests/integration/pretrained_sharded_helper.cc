@@ -8,7 +8,8 @@
 //                      peak resident memory (VmHWM) after the load and at the end
 // test.before_setup: loaded before setup instead (with test.empty_init=false: a whole model);
 // test.cut=NAME: tensor NAME given a row short (the load's error ends the program).
-#include <torch/torch.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
 
 #include <filesystem>
 #include <fstream>

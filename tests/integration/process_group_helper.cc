@@ -1,7 +1,7 @@
 // Test helper for process_group_test: a self-launched job of WORLD processes that rendezvous via
 // a TCPStore on an ephemeral port and check Gloo collectives. Exit 0 when every check passed.
 //   process_group_helper WORLD
-#include <torch/torch.h>
+#include <torch/types.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <cstdio>

@@ -31,7 +31,14 @@
 // At the end under fsdp, rank 0 prints "fsdp: N all-gathers (M started ahead of use), R
 // reduce-scatters" (its own counts).
 // Everything else is the training schema (fabric.*, checkpoint.*, data.*, ...).
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/optimizer.h>
+#include <torch/utils.h>
 
 #include "fabric/accelerators/memory.h"
 #include "fabric/checkpointer.h"

@@ -6,7 +6,7 @@
 // a run that saves at every step, followed by checkpoint.resume=auto, 20 times.
 #include <gtest/gtest.h>
 #include <stdlib.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <chrono>
 #include <cstring>

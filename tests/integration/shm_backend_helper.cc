@@ -6,7 +6,7 @@
 //   shm_backend_helper WORLD timeout  rank 0 all-reduces alone (2 s timeout); prints its error,
 //                                     then releases the other ranks through the store
 // Exit 0 when every check passed. The checks are the test's; this binary only reports.
-#include <torch/torch.h>
+#include <torch/types.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>

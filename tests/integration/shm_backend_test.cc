@@ -3,7 +3,7 @@
 // order and with Gloo's all-reduce; a rank left alone fails with an error naming the wait; in one
 // process, a segment that cannot be had is reported, not crashed on.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 

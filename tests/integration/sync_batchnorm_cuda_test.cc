@@ -2,7 +2,8 @@
 // / elemt / backward_reduce / backward_elemt) equals the CPU path (ordinary tensor ops) on the
 // same data, through a one-rank group (Gloo for the CPU tensors, NCCL for the CUDA ones).
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/cuda.h>
+#include <torch/utils.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "fabric/distributed/process_group.h"

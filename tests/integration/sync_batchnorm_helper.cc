@@ -9,7 +9,11 @@
 //                                           bf16-mixed feeds it); SIZES: per-rank batch sizes
 // Prints "max_abs_diff=X" and exits 0 when X <= 1e-5 (bf16 input: 3e-2, its rounding) and every
 // check passed.
-#include <torch/torch.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
 
 #include <cstdio>
 #include <string>

@@ -11,7 +11,11 @@
 // and exits 0 (1 when a collective or a check failed).
 //   tensor_parallel_helper WORLD TP STEPS [sp]
 // sp: with sequence parallelism (TensorParallelPlan::sequence_parallel).
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <algorithm>

@@ -17,7 +17,10 @@
 // Prints, on rank 0: "init SUM" after setup (the sum of every parameter, %.17g), "step S grad
 // NORM MAX" after each f.step (the total norm and largest magnitude of the gradients the optimizer
 // used), "val step S loss L examples N" after each evaluation.
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
 
 #include <csignal>
 #include <cstdio>

@@ -4,7 +4,7 @@
 #include "strategies/data_parallel.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <memory>
 #include <vector>

@@ -3,7 +3,7 @@
 // mean and integer rules, errors before launch and for a missing source rank, and the typed
 // options the Connector parses. Multi-process behaviour: tests/integration/ddp_test.cc.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/modules/linear.h>
 
 #include <memory>
 #include <optional>

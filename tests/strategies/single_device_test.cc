@@ -3,7 +3,8 @@
 #include "strategies/single_device.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
 
 #include <memory>
 

@@ -2,7 +2,9 @@
 // autograd all work from a Bazel-built binary. Inputs are small dyadic numbers, so every expected
 // value is exact in float32 and the checks are bitwise (torch::equal), not approximate.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
 
 namespace {
 

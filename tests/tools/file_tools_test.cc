@@ -4,7 +4,7 @@
 // trace).
 #include <gtest/gtest.h>
 #include <sys/stat.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstring>
 #include <filesystem>

@@ -6,8 +6,9 @@
 // Sizes are float32 element counts (4,718,592 ≈ ddp_step's 4.72M-parameter gradient bucket). Rank
 // 0 prints one line per size: median microseconds of both and their ratio, and the shared-memory
 // algorithm's bandwidth (bytes reduced per second). --chunk_bytes sets the shared-memory chunk.
+#include <ATen/Parallel.h>
 #include <gflags/gflags.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>

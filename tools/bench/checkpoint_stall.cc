@@ -9,7 +9,7 @@
 // Every other key of the training schema works (fabric.devices=2 for DDP, optimizer.name, ...).
 // Extra keys: bench.saves (5), bench.steps_between (10), bench.batch (64).
 // Not a test: timings are never asserted. Numbers and commands: docs/reliability.md.
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <chrono>

@@ -20,7 +20,12 @@
 // optimizer=O" (its distinct storages of each kind after the last step).
 #include <gflags/gflags.h>
 #include <sys/resource.h>
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/sgd.h>
 
 #include <algorithm>
 #include <chrono>

@@ -19,7 +19,7 @@
 // " index_seconds=I").
 #include <fcntl.h>
 #include <gflags/gflags.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 #include <unistd.h>
 
 #include <chrono>

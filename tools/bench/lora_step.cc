@@ -28,7 +28,8 @@
 // step's loss: the base model's, since lora_B starts at zero), "loss" (the last step's),
 // "losses" (every step's, warm-up included), "tokens_sum" (a check that both sides use the
 // same ids)}.
-#include <torch/torch.h>
+#include <torch/optim/adamw.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <chrono>

@@ -5,7 +5,13 @@
 // Each repetition times `steps` steps of every (optimizer, implementation) pair, interleaved,
 // order rotated per repetition; prints the median µs per step and the ratio to for_loop.
 #include <gflags/gflags.h>
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/sgd.h>
 
 #include <algorithm>
 #include <chrono>

@@ -7,7 +7,11 @@
 // choice); --threads: intra-op threads of both loops (default 1, set through fabric.num_threads so
 // Fabric's thread budget keeps it). Prints each repetition and the median step-time ratio
 // fabric/raw (goal <= 1.01); --json writes the numbers. Not a test: timings are never asserted.
-#include <torch/torch.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <chrono>

@@ -25,7 +25,8 @@
 // digit, backwards as a letter, idle as '.'). One intra-op thread per rank: run with --pp at most
 // the CPUs, or the ranks share cores and the timeline measures the sharing, not the schedule.
 #include <gflags/gflags.h>
-#include <torch/torch.h>
+#include <torch/cuda.h>
+#include <torch/utils.h>
 
 #ifdef FABRIC_WITH_CUDA
 #include <c10/cuda/CUDAStream.h>

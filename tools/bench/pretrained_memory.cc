@@ -20,7 +20,7 @@
 // rss_anon_mb / rss_file_mb: resident memory after the load, allocated / pages of mapped files
 // (the page cache's, shared, dropped under pressure). Not a test: nothing is asserted.
 // Numbers and commands: docs/pretrained.md, "Memory per rank".
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdio>
 #include <filesystem>

@@ -4,7 +4,12 @@
 #ifndef TOOLS_BENCH_RESNET50_H_
 #define TOOLS_BENCH_RESNET50_H_
 
-#include <torch/torch.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
 
 #include <cstdint>
 

@@ -19,7 +19,12 @@
 // tokens_per_s, tflops (GPTConfig::flops_per_token · tokens/s) and mfu (of --peak_tflops).
 #include <gflags/gflags.h>
 #include <sys/resource.h>
-#include <torch/torch.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
+#include <torch/cuda.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
 
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/profiler_kineto.h>

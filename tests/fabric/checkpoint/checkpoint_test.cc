@@ -3,7 +3,9 @@
 // changed, nothing overwritten), config differences, and Python's torch.load(weights_only=True)
 // reading a checkpoint.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
 
 #include <filesystem>
 #include <fstream>

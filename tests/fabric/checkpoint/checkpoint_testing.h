@@ -5,7 +5,11 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
-#include <torch/torch.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/optimizer.h>
+#include <torch/utils.h>
 
 #include <filesystem>
 #include <functional>

@@ -2,7 +2,17 @@
 // exact continuation for every supported optimizer and fabric's fused ones (channels-last
 // parameters included), the state cast to the parameters' dtype, and mismatches named.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
 
 #include <filesystem>
 

@@ -4,7 +4,7 @@
 #include "fabric/checkpoint/piece_layout.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdint>
 #include <utility>

@@ -4,7 +4,7 @@
 #include "fabric/checkpoint/pipeline_state.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <string>
 #include <vector>

@@ -5,7 +5,10 @@
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
-#include <torch/torch.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <cstdint>

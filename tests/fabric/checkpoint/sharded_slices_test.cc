@@ -3,7 +3,7 @@
 // layout in C++ and in Python, and read at another tp size as runs of the stored order.
 #include <gtest/gtest.h>
 #include <stdlib.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdio>
 #include <filesystem>

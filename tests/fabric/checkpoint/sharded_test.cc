@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <filesystem>
 #include <fstream>

@@ -3,7 +3,7 @@
 #ifndef TESTS_FABRIC_CHECKPOINT_SHARDED_TESTING_H_
 #define TESTS_FABRIC_CHECKPOINT_SHARDED_TESTING_H_
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <string>

@@ -3,7 +3,11 @@
 #include "fabric/checkpoint/state_dict.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/utils.h>
 
 #include <cstdlib>
 #include <filesystem>

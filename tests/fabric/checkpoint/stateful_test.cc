@@ -2,7 +2,9 @@
 // (testdata/format1.ckpt) still loads into today's loader, scheduler, scaler and values, and a
 // user's own Stateful object round-trips and is checked like the built-in ones.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
 
 #include <cstdlib>
 #include <filesystem>

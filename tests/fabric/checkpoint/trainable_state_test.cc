@@ -4,7 +4,11 @@
 // (ShardedState, here a fake one that keeps everything as pieces): the local pieces are filtered
 // the same way, and its loader gets None for the frozen names, which it leaves alone.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/utils.h>
 
 #include <memory>
 #include <set>

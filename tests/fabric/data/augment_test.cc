@@ -3,7 +3,9 @@
 #include "fabric/data/augment.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
 
 #include <string>
 

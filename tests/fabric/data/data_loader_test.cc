@@ -1,7 +1,7 @@
 #include "fabric/data/data_loader.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <mutex>
 #include <set>

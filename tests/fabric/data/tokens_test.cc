@@ -5,7 +5,7 @@
 #include "fabric/data/tokens.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <filesystem>
 #include <fstream>

@@ -5,7 +5,6 @@
 
 #include <gtest/gtest.h>
 #include <torch/data.h>
-#include <torch/torch.h>
 
 #include <optional>
 #include <vector>

@@ -4,7 +4,10 @@
 #include "fabric/distributed/pipeline_runtime.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/utils.h>
 
 #include <string>
 #include <vector>

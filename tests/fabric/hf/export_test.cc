@@ -7,7 +7,7 @@
 #include "fabric/hf/export.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/utils.h>
 
 #include <cstdlib>
 #include <filesystem>

@@ -4,7 +4,7 @@
 #ifndef TESTS_FABRIC_HF_GENERATION_TESTING_H_
 #define TESTS_FABRIC_HF_GENERATION_TESTING_H_
 
-#include <torch/torch.h>
+#include <torch/utils.h>
 
 #include <cstdint>
 #include <filesystem>

@@ -10,7 +10,10 @@
 // (The float8 linear's CUDA cases: tests/fabric/nn/fp8_cuda_test.)
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/cuda.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/optim/adamw.h>
+#include <torch/utils.h>
 
 #include <cmath>
 #include <cstdio>

@@ -4,7 +4,8 @@
 #include "fabric/models/gpt.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/optim/adamw.h>
+#include <torch/utils.h>
 
 #include <cmath>
 #include <string>

@@ -4,7 +4,7 @@
 
 #include <c10/util/intrusive_ptr.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/utils.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 

@@ -4,7 +4,11 @@
 #include "fabric/nn/data_parallel.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/utils.h>
 
 #include "fabric/precision/autocast.h"
 

@@ -4,7 +4,7 @@
 // and rowwise, and rowwise keeps an outlier row from coarsening the others; fast accumulation
 // changes only the forward GEMM, by less than 1%. The CPU side is fp8_test.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/utils.h>
 
 #include <cstdint>
 #include <cstdio>

@@ -8,7 +8,10 @@
 #include "fabric/nn/fp8.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/utils.h>
 
 #include <string>
 

@@ -6,7 +6,7 @@
 // the adapters are in the reducer and the optimizer; the base's elements this rank keeps between
 // operators, of its T: fsdp shards the frozen base too); global rank 0 writes the adapters after
 // the step to test.out/adapters<world>.safetensors and prints "loss=L" (the mean over the ranks).
-#include <torch/torch.h>
+#include <torch/optim/sgd.h>
 
 #include <filesystem>
 #include <iostream>

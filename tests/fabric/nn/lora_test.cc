@@ -8,7 +8,10 @@
 #include "fabric/nn/lora.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/init.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/utils.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <cstdio>

@@ -6,7 +6,7 @@
 
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <cmath>

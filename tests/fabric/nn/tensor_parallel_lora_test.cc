@@ -2,7 +2,9 @@
 // process over Gloo: the split block computes and trains as the whole one. Split out of
 // tensor_parallel_test.cc, which tests the layers and plans without adapters.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/utils.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 

@@ -1,7 +1,7 @@
 #include "fabric/precision/grad_scaler.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/optim/sgd.h>
 
 #include <ATen/ops/_fused_sgd.h>
 

@@ -4,7 +4,8 @@
 
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/optim/sgd.h>
 
 namespace {
 

@@ -8,7 +8,8 @@
 #include "fabric/training/ema.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/utils.h>
 
 #include "fabric/checkpoint/sharded.h"
 #include "fabric/core/error.h"

@@ -4,7 +4,12 @@
 #include "fabric/training/fast_optimizers.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/sgd.h>
+#include <torch/serialize.h>
+#include <torch/utils.h>
 
 #include <cmath>
 #include <functional>

@@ -1,7 +1,8 @@
 #include "fabric/training/lr_scheduler.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/sgd.h>
 
 #include <cmath>
 #include <filesystem>

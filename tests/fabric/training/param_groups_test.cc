@@ -5,7 +5,12 @@
 #include "fabric/training/param_groups.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/optim/adamw.h>
 
 #include "fabric/config/config.h"
 #include "fabric/core/error.h"

@@ -5,7 +5,7 @@
 
 #include <ATen/record_function.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/modules/linear.h>
 
 #include <filesystem>
 #include <fstream>

@@ -3,7 +3,9 @@
 // GPTConfig::flops_per_token; fabric::Throughput turns units and seconds into rates, TFLOP/s and
 // MFU per rank and for the job.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/utils.h>
 
 #include <string>
 
