@@ -23,7 +23,7 @@
 // tokenizer files are copied beside a model folder. summary.json: train_loss, val_loss,
 // tokens_per_s, trainable_params, parameters, steps, peak_tensor_bytes. Exit status: fabric/main.h
 // (2: a config error; 3: stopped on non-finite losses).
-#include <torch/torch.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <chrono>
@@ -111,7 +111,9 @@ int train(fabric::Fabric& f, const examples::finetune::Inputs& in, const Build& 
       try {
         adapted = fabric::nn::apply_lora(*m, lopt);
       } catch (const fabric::Error& e) {
-        throw c.error_at("finetune.lora.target_modules", e.what());
+        // A rank above a targeted layer's sizes is the rank's problem, anything else the targets'.
+        const bool rank = std::string(e.what()).rfind("LoRA: rank", 0) == 0;
+        throw c.error_at(rank ? "finetune.lora.rank" : "finetune.lora.target_modules", e.what());
       }
     }
     return m;
@@ -177,6 +179,15 @@ int train(fabric::Fabric& f, const examples::finetune::Inputs& in, const Build& 
   const int64_t max_steps = c.get_int("trainer.max_steps");
   const int64_t total_steps =
       max_steps >= 0 ? std::min(max_steps, max_epochs * epoch_steps) : max_epochs * epoch_steps;
+  // drop_last with fewer examples than one batch on every process: no step would run, and the
+  // export after it would write the untrained start as the result.
+  if (epoch_steps == 0 && max_steps != 0)
+    throw c.error_at("data.drop_last",
+                     "true leaves no full batch: data.train's " +
+                         std::to_string(train_data->size()) + " examples over " +
+                         std::to_string(f.world_size()) + " process(es) at data.batch_size " +
+                         std::to_string(batch_size) +
+                         " make 0 steps; set data.drop_last=false or lower data.batch_size");
   fabric::LRScheduler scheduler(
       *optimizer, fabric::LRSchedule::from_config(c, std::max<int64_t>(total_steps, 1)));
 

@@ -1,6 +1,6 @@
 #include "examples/finetune_recipe.h"
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -170,6 +170,11 @@ Inputs open_inputs(fabric::Fabric& f) {
   o.add_bos = add_bos == "true" || (add_bos == "auto" && p.add_bos_token);
   const auto tokenizer = std::make_shared<const fabric::BpeTokenizer>(
       fabric::BpeTokenizer::from_tokenizer_json(o.tokenizer_json));
+  try {  // ids the model has no row for would fail in the first forward
+    fabric::hf::check_tokenizer_fits(p, tokenizer->vocab_size());
+  } catch (const fabric::Error& e) {
+    throw c.error_at("model.pretrained", e.what());
+  }
   const std::string token_cache = c.get_string("data.token_cache");
   if (token_cache == "auto")
     o.cache_dir = examples::gpt::cache_home() / "instruct";

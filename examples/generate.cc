@@ -18,7 +18,7 @@
 // save_pretrained) into the loaded weights before setup, as peft's merge_and_unload does; an
 // adapter made for another base model is a one-line error naming both. Exit status:
 // fabric/main.h (2: a config error, e.g. model.pretrained missing or unreadable).
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <chrono>
 #include <cstdint>
@@ -31,6 +31,7 @@
 
 #include "examples/common/decode.h"
 #include "fabric/callbacks.h"
+#include "fabric/checkpoint/output_check.h"
 #include "fabric/config/standard_keys.h"
 #include "fabric/core/error.h"
 #include "fabric/data/bpe.h"
@@ -76,7 +77,8 @@ fabric::ConfigSchema schema() {
   s.add("generate.stop_at_eos",
         KeySpec::boolean(true).doc("stop at an eos id of generation_config.json / config.json"));
   s.add("generate.output",
-        KeySpec::string("").doc("a JSON file: prompt_ids, ids (the new ids), text; \"\": none"));
+        KeySpec::string("").doc("a JSON file: prompt_ids, ids (the new ids), text; \"\": none; "
+                                "an existing file is replaced only when an earlier output"));
   fabric::add_profiler_keys(s);  // profiler.*: decode steps of the key/value-cached path
   return s;
 }
@@ -152,6 +154,35 @@ void load_and_set_up(fabric::Fabric& f, const fabric::hf::Pretrained& p,
   f.setup(model);
 }
 
+// generate.output, checked before any work: never one of the inputs (the model or adapter folder),
+// a checkpoint or a folder, and an existing file is replaced only when it is an earlier output of
+// this program (a JSON object with prompt_ids and ids). ConfigErrors at generate.output.
+void check_output(const fabric::Config& c, const fabric::hf::Pretrained& p) {
+  const fs::path out = c.get_string("generate.output");
+  if (out.empty()) return;
+  std::vector<fabric::InputPath> inputs = {{p.folder, "model.pretrained"}};
+  if (const std::string adapter = c.get_string("model.adapter"); !adapter.empty())
+    inputs.push_back({adapter, "model.adapter"});
+  try {
+    fabric::check_output(out, "generate.output", inputs);
+  } catch (const fabric::Error& e) {
+    throw c.error_at("generate.output", e.what());
+  }
+  std::error_code ec;
+  if (fs::exists(out, ec)) {
+    std::ifstream in(out);
+    const nlohmann::json old = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (!old.is_object() || !old.contains("prompt_ids") || !old.contains("ids"))
+      throw c.error_at("generate.output", out.string() +
+                                              ": exists and is not an earlier output of "
+                                              "generate (a JSON object with prompt_ids and ids); "
+                                              "give a new file name or remove it");
+  } else if (const fs::path dir = fs::absolute(out).parent_path(); !fs::is_directory(dir, ec)) {
+    throw c.error_at("generate.output",
+                     "cannot write " + out.string() + ": " + dir.string() + " is not a folder");
+  }
+}
+
 int run(fabric::Fabric& f) {
   using Clock = std::chrono::steady_clock;
   const fabric::Config& c = f.config();
@@ -161,18 +192,18 @@ int run(fabric::Fabric& f) {
   } catch (const fabric::Error& e) {
     throw c.error_at("model.pretrained", e.what());
   }
+  check_output(c, p);
   const fs::path tokenizer_json = p.folder / "tokenizer.json";
   if (!fs::exists(tokenizer_json))
     throw c.error_at("model.pretrained", tokenizer_json.string() +
                                              ": missing; generate reads the prompt and writes "
                                              "the text with the folder's tokenizer.json");
   const fabric::BpeTokenizer tokenizer = fabric::BpeTokenizer::from_tokenizer_json(tokenizer_json);
-  if (tokenizer.vocab_size() > p.vocab_size())
-    throw c.error_at("model.pretrained",
-                     tokenizer_json.string() + ": its vocabulary (" +
-                         std::to_string(tokenizer.vocab_size()) +
-                         " ids) does not fit the model's " + std::to_string(p.vocab_size()) + " (" +
-                         (p.folder / "config.json").string() + "); use the model's own tokenizer");
+  try {
+    fabric::hf::check_tokenizer_fits(p, tokenizer.vocab_size());
+  } catch (const fabric::Error& e) {
+    throw c.error_at("model.pretrained", e.what());
+  }
   std::vector<int64_t> prompt_ids;
   const std::string add_bos = c.get_string("generate.add_bos");
   if (add_bos == "true" || (add_bos == "auto" && p.add_bos_token)) {
@@ -184,10 +215,13 @@ int run(fabric::Fabric& f) {
   }
   for (const int64_t id : tokenizer.encode(c.get_string("generate.prompt")))
     prompt_ids.push_back(id);
-  if (prompt_ids.empty())
+  if (prompt_ids.empty()) {
+    const bool bos = p.bos_token_id >= 0 || tokenizer.bos() >= 0;
     throw c.error_at("generate.prompt",
-                     "empty, and the model has no bos id to start from; give "
-                     "some text");
+                     bos ? "empty, and generate.add_bos puts no bos id first; give some text or "
+                           "set generate.add_bos=true"
+                         : "empty, and the model has no bos id to start from; give some text");
+  }
   fabric::models::GenerateOptions o;
   o.max_new_tokens = c.get_int("generate.max_new_tokens");
   o.temperature = c.get_double("generate.temperature");
@@ -197,6 +231,11 @@ int run(fabric::Fabric& f) {
   if (c.get_bool("generate.stop_at_eos")) o.eos_token_ids = p.eos_token_ids;
   o.pad_token_id = p.pad_token_id;
   const int64_t positions = p.max_positions();
+  if (static_cast<int64_t>(prompt_ids.size()) >= positions)
+    throw c.error_at("generate.prompt",
+                     std::to_string(prompt_ids.size()) + " ids fill the model's " +
+                         std::to_string(positions) +
+                         " positions, leaving none for new ids; give a shorter prompt");
   if (static_cast<int64_t>(prompt_ids.size()) + o.max_new_tokens > positions)
     throw c.error_at("generate.max_new_tokens",
                      std::to_string(o.max_new_tokens) + " new ids after the prompt's " +
@@ -255,8 +294,7 @@ int run(fabric::Fabric& f) {
                                  {"decode_tokens_per_second", decode_rate}};
     std::ofstream file(out);
     file << json.dump(1) << "\n";
-    if (!file.flush())
-      throw c.error_at("generate.output", "cannot write " + out + " (check the folder exists)");
+    if (!file.flush()) throw c.error_at("generate.output", "cannot write " + out);
   }
   return 0;
 }

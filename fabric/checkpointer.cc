@@ -303,6 +303,17 @@ void Checkpointer::finish() {
   for (const auto& e : state_.entries())
     if (!module && e.module) module = e.module;
   if (!module) return;
+  // A diverged run's weights are no result: exported, they would pass for one. Skipped with a
+  // warning, as checkpoints are (not_finite_warning); export_weights() is then "", so that the
+  // program neither reports an export nor writes one beside it (an EMA copy).
+  if (!state_is_finite()) {
+    f_.print("warning: checkpoint.export_weights: ", options_.export_weights,
+             " not written: the weights are not finite (NaN or inf) after step ", step_,
+             "; the run diverged: lower optimizer.lr (trainer.stop_on_nonfinite stops such a run "
+             "early)");
+    export_skipped_ = true;
+    return;
+  }
   if (!options_.export_hf) {
     f_.save_weights(*module, options_.export_weights);
     return;

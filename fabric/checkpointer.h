@@ -119,8 +119,11 @@ class Checkpointer {
   int64_t epoch() const { return epoch_; }
   // The checkpoint resumed from ("" if none).
   const std::string& resumed_from() const { return resumed_from_; }
-  // Where finish() exports the model's weights (checkpoint.export_weights, expanded); "": off.
-  const std::string& export_weights() const { return options_.export_weights; }
+  // Where finish() exports the model's weights (checkpoint.export_weights, expanded); "": off, or
+  // after a finish() that wrote nothing because the weights were not finite (it warns).
+  const std::string& export_weights() const {
+    return export_skipped_ ? no_export_ : options_.export_weights;
+  }
   // Which attempt of a restarting job this is (fabric.max_restarts, torchrun --max-restarts): 0
   // for the first.
   int64_t restart_attempt() const { return attempt_; }
@@ -192,6 +195,8 @@ class Checkpointer {
   int64_t step_ = 0, epoch_ = 0, saved_step_ = -1, saved_epoch_ = -1;
   std::string resumed_from_;
   int64_t attempt_ = 0;
+  bool export_skipped_ = false;  // finish() found the weights not finite
+  const std::string no_export_;
 };
 
 // "step-00000120.ckpt" → 120; -1 for other names.

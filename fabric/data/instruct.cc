@@ -1,6 +1,6 @@
 #include "fabric/data/instruct.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -135,6 +135,30 @@ std::vector<std::pair<std::string, std::string>> messages_of(const nlohmann::jso
   return out;
 }
 
+// A TEXT template's {name}s: only {prompt}, {input} and one {response}; {prompt} present, and
+// none after {response}, whose text is trained on (a prompt there would be learned as answer).
+// A misspelt or unclosed placeholder would otherwise drop the prompt from every example.
+void check_placeholders(const std::string& text, size_t response_at) {
+  const std::string quoted = "template '" + text + "': ";
+  const std::string example = "e.g. \"Q: {prompt}\\nA: {response}\"";
+  if (text.find("{response}", response_at + 1) != std::string::npos)
+    throw Error(quoted + "{response} twice; write it once, where the response goes");
+  for (size_t open = text.find('{'); open != std::string::npos; open = text.find('{', open + 1)) {
+    const size_t close = text.find_first_not_of("abcdefghijklmnopqrstuvwxyz_", open + 1);
+    if (close == std::string::npos || text[close] != '}' || close == open + 1) continue;
+    const std::string name = text.substr(open + 1, close - open - 1);
+    if (name != "prompt" && name != "input" && name != "response")
+      throw Error(quoted + "{" + name + "} is not a placeholder; use {prompt}, {input} and " +
+                  "{response}, " + example);
+    if (name != "response" && open > response_at)
+      throw Error(quoted + "{" + name + "} after {response} would be trained on as part of the " +
+                  "response; put it before {response}, " + example);
+  }
+  if (text.find("{prompt}") == std::string::npos)
+    throw Error(quoted + "no {prompt} in it, so every example's prompt would be left out; write " +
+                "where it goes, " + example);
+}
+
 }  // namespace
 
 Segments render_instruct_example(const std::string& line, const std::string& template_text,
@@ -181,6 +205,7 @@ Segments render_instruct_example(const std::string& line, const std::string& tem
     throw Error("template '" + template_text +
                 "': no {response} in it; write where the response goes, e.g. "
                 "\"Q: {prompt}\\nA: {response}\" (or alpaca, chatml)");
+  check_placeholders(template_text, at);
   auto fill = [&](std::string s) {
     for (size_t p = s.find("{prompt}"); p != std::string::npos; p = s.find("{prompt}", p))
       s.replace(p, 8, prompt), p += prompt.size();

@@ -95,9 +95,25 @@ void load_gpt2_weights(fabric::models::GPTImpl& model, const fs::path& folder) {
 fabric::models::GPT load_gpt2(const fs::path& folder) {
   if (!fs::is_directory(folder))
     throw Error(folder.string() + ": no such folder; give a Hugging Face model folder");
-  fabric::models::GPT model(read_gpt2_config(folder / "config.json"));
-  load_gpt2_weights(*model, folder);
+  const fabric::models::GPTConfig config = read_gpt2_config(folder / "config.json");
+  const Weights weights = read_weights(folder);
+  check_gpt2_sizes(config, weights, folder / "config.json");
+  fabric::models::GPT model(config);
+  load_weights(*model, gpt2_weights(weights), folder);
   return model;
+}
+
+void check_gpt2_sizes(const fabric::models::GPTConfig& config, const Weights& weights,
+                      const fs::path& config_json) {
+  check_config_sizes(weights, {.config = config_json,
+                               .layer_prefixes = {"transformer.h.", "h."},
+                               .layers_key = "n_layer",
+                               .layers = config.n_layer,
+                               .embedding_names = {"transformer.wte.weight", "wte.weight"},
+                               .vocab_key = "vocab_size",
+                               .width_key = "n_embd",
+                               .vocab = config.vocab_size,
+                               .width = config.n_embd});
 }
 
 }  // namespace fabric::hf

@@ -39,8 +39,13 @@ Weights gpt2_weights(const Weights& hf_folder_weights);
 // Conv1D weights).
 void load_gpt2_weights(fabric::models::GPTImpl& model, const std::filesystem::path& folder);
 
-// A GPT built from folder/config.json with the folder's weights.
+// A GPT built from folder/config.json with the folder's weights (their sizes checked first).
 fabric::models::GPT load_gpt2(const std::filesystem::path& folder);
+
+// check_config_sizes (fabric/hf/weights.h) for a GPT-2 config.json: n_layer against the weights'
+// (transformer.)h.N, vocab_size × n_embd against (transformer.)wte.weight.
+void check_gpt2_sizes(const fabric::models::GPTConfig& config, const Weights& weights,
+                      const std::filesystem::path& config_json);
 
 }  // namespace fabric::hf
 

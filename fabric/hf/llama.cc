@@ -129,9 +129,25 @@ void load_llama_weights(fabric::models::LlamaImpl& model, const fs::path& folder
 fabric::models::Llama load_llama(const fs::path& folder) {
   if (!fs::is_directory(folder))
     throw Error(folder.string() + ": no such folder; give a Hugging Face model folder");
-  fabric::models::Llama model(read_llama_config(folder / "config.json"));
-  load_llama_weights(*model, folder);
+  const fabric::models::LlamaConfig config = read_llama_config(folder / "config.json");
+  const Weights weights = read_weights(folder);
+  check_llama_sizes(config, weights, folder / "config.json");
+  fabric::models::Llama model(config);
+  load_weights(*model, llama_weights(weights, config), folder);
   return model;
+}
+
+void check_llama_sizes(const fabric::models::LlamaConfig& config, const Weights& weights,
+                       const fs::path& config_json) {
+  check_config_sizes(weights, {.config = config_json,
+                               .layer_prefixes = {"model.layers."},
+                               .layers_key = "num_hidden_layers",
+                               .layers = config.num_hidden_layers,
+                               .embedding_names = {"model.embed_tokens.weight"},
+                               .vocab_key = "vocab_size",
+                               .width_key = "hidden_size",
+                               .vocab = config.vocab_size,
+                               .width = config.hidden_size});
 }
 
 }  // namespace fabric::hf

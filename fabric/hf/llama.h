@@ -33,8 +33,13 @@ Weights llama_weights(const Weights& folder, const fabric::models::LlamaConfig& 
 // ignored); rotary inv_freq buffers some writers save are ignored.
 void load_llama_weights(fabric::models::LlamaImpl& model, const std::filesystem::path& folder);
 
-// A Llama built from folder/config.json with the folder's weights.
+// A Llama built from folder/config.json with the folder's weights (their sizes checked first).
 fabric::models::Llama load_llama(const std::filesystem::path& folder);
+
+// check_config_sizes (fabric/hf/weights.h) for a Llama-family config.json: num_hidden_layers
+// against the weights' model.layers.N, vocab_size × hidden_size against model.embed_tokens.weight.
+void check_llama_sizes(const fabric::models::LlamaConfig& config, const Weights& weights,
+                       const std::filesystem::path& config_json);
 
 }  // namespace fabric::hf
 

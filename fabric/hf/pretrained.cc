@@ -47,6 +47,22 @@ std::vector<int64_t> ids_of(const nlohmann::json& json, const char* key, const f
   return ids;
 }
 
+// config.json's layer count and token embedding against the weights', before a caller builds a
+// model of those sizes; weights that cannot be read are left to model_weights, which says why.
+void check_sizes(const Pretrained& p) {
+  Weights w;
+  try {
+    w = read_weights(p.folder);
+  } catch (const Error&) {
+    return;
+  }
+  if (p.llama) {
+    check_llama_sizes(*p.llama, w, p.folder / "config.json");
+  } else {
+    check_gpt2_sizes(*p.gpt2, w, p.folder / "config.json");
+  }
+}
+
 }  // namespace
 
 int64_t Pretrained::vocab_size() const { return llama ? llama->vocab_size : gpt2->vocab_size; }
@@ -118,7 +134,16 @@ Pretrained read_pretrained(const fs::path& folder) {
     const auto j = nlohmann::json::parse(tc, nullptr, /*allow_exceptions=*/false);
     p.add_bos_token = j.is_object() && j.value("add_bos_token", false) == true;
   }
+  check_sizes(p);
   return p;
+}
+
+void check_tokenizer_fits(const Pretrained& p, int64_t tokenizer_vocab_size) {
+  if (tokenizer_vocab_size <= p.vocab_size()) return;
+  throw Error((p.folder / "tokenizer.json").string() + ": its vocabulary (" +
+              std::to_string(tokenizer_vocab_size) + " ids) does not fit the model's " +
+              std::to_string(p.vocab_size()) + " (" + (p.folder / "config.json").string() +
+              "); use the model's own tokenizer");
 }
 
 Weights model_weights(const Pretrained& p) {

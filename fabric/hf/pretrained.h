@@ -44,9 +44,15 @@ struct Pretrained {
 // DIR/config.json read as its model_type says. fabric::Error, one line naming the path, for: a
 // path that does not exist; a Fabric++ checkpoint (a .ckpt file or a sharded checkpoint folder:
 // the error names the key that loads it, checkpoint.resume or model.init_weights); a folder
-// without config.json; a model_type other than llama, qwen2, mistral, gpt2; and whatever
-// read_llama_config / read_gpt2_config refuse.
+// without config.json; a model_type other than llama, qwen2, mistral, gpt2; whatever
+// read_llama_config / read_gpt2_config refuse; and config.json's layer count or token embedding
+// disagreeing with the weights' (check_llama_sizes / check_gpt2_sizes, when the weights can be
+// read; else model_weights says why), before anything of config.json's sizes is built.
 Pretrained read_pretrained(const std::filesystem::path& folder);
+
+// fabric::Error when the folder's tokenizer (its vocabulary size: tokenizer.json's ids) makes
+// ids the model has no row for (config.json's vocab_size is smaller); naming both files.
+void check_tokenizer_fits(const Pretrained& p, int64_t tokenizer_vocab_size);
 
 // The folder's weights named as the model names its parameters (views of the memory-mapped
 // files; each still knows its file for errors): Llama-family names as they are (rotary inv_freq

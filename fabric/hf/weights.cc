@@ -1,5 +1,6 @@
 #include "fabric/hf/weights.h"
 
+#include <algorithm>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -118,6 +119,43 @@ StateDict checked_weights(const torch::nn::Module& module, const Weights& weight
 void load_weights(torch::nn::Module& module, const Weights& weights, const fs::path& folder,
                   const std::function<bool(const std::string&)>& ignore) {
   load_state_dict(module, checked_weights(module, weights, folder, ignore), folder.string());
+}
+
+void check_config_sizes(const Weights& weights, const ConfigSizes& s) {
+  const std::string fix =
+      "; config.json and the weights must describe the same model (as save_pretrained writes "
+      "them): use the folder's own config.json";
+  int64_t held = 0;
+  std::string layer_file;
+  for (const auto& [name, tensor] : weights.tensors) {
+    for (const std::string& prefix : s.layer_prefixes) {
+      if (name.rfind(prefix, 0) != 0) continue;
+      const std::string rest = name.substr(prefix.size());
+      const size_t dot = rest.find('.');
+      if (dot == 0 || dot == std::string::npos || dot > 9 ||
+          rest.find_first_not_of("0123456789") != dot)
+        continue;
+      held = std::max<int64_t>(held, std::stoll(rest.substr(0, dot)) + 1);
+      layer_file = weights.file.at(name).filename().string();
+    }
+  }
+  if (held != s.layers)
+    throw Error(s.config.string() + ": " + s.layers_key + " " + std::to_string(s.layers) +
+                ", but the weights hold " + std::to_string(held) + " layers" +
+                (layer_file.empty() ? "" : " (" + layer_file + ")") + fix);
+  for (const auto& [name, tensor] : weights.tensors) {
+    if (std::find(s.embedding_names.begin(), s.embedding_names.end(), name) ==
+        s.embedding_names.end())
+      continue;
+    if (tensor.dim() == 2 && tensor.size(0) == s.vocab && tensor.size(1) == s.width) continue;
+    std::string shape = "[";
+    for (int64_t i = 0; i < tensor.dim(); ++i)
+      shape += (i ? ", " : "") + std::to_string(tensor.size(i));
+    throw Error(s.config.string() + ": " + s.vocab_key + " " + std::to_string(s.vocab) + " and " +
+                s.width_key + " " + std::to_string(s.width) + " make the token embedding [" +
+                std::to_string(s.vocab) + ", " + std::to_string(s.width) + "], but " + name +
+                " is " + shape + "] in " + weights.file.at(name).filename().string() + fix);
+  }
 }
 
 }  // namespace fabric::hf

@@ -10,10 +10,12 @@
 
 #include <torch/nn/module.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "fabric/checkpoint/state_dict.h"
 
@@ -51,6 +53,26 @@ void load_weights(torch::nn::Module& module, const Weights& weights,
 StateDict checked_weights(const torch::nn::Module& module, const Weights& weights,
                           const std::filesystem::path& folder,
                           const std::function<bool(const std::string&)>& ignore = nullptr);
+
+// The sizes config.json gives a model's layers and token embedding, checked against the weights
+// before a model of those sizes is built: a config.json that disagrees with its weights (100000000
+// layers over a file of 4, a vocabulary or width far above the file's) would otherwise build or
+// allocate for minutes, or run out of memory, before load_weights names the first tensor that
+// differs.
+struct ConfigSizes {
+  std::filesystem::path config;             // config.json, for the message
+  std::vector<std::string> layer_prefixes;  // a layer's tensors are PREFIX N.*, e.g. model.layers.
+  std::string layers_key;                   // e.g. num_hidden_layers
+  int64_t layers = 0;
+  std::vector<std::string> embedding_names;  // the token embedding, e.g. model.embed_tokens.weight
+  std::string vocab_key, width_key;          // e.g. vocab_size, hidden_size
+  int64_t vocab = 0, width = 0;
+};
+
+// fabric::Error, one line naming config.json, the keys and the weights' file, when the weights
+// hold another number of layers (one more than the highest N of their layer tensors) or a token
+// embedding of another shape than [vocab, width].
+void check_config_sizes(const Weights& weights, const ConfigSizes& sizes);
 
 }  // namespace fabric::hf
 

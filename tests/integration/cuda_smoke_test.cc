@@ -2,6 +2,7 @@
 // device exists; never passes silently.
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
+#include <torch/types.h>
 
 #include "fabric/accelerators/device_info.h"
 

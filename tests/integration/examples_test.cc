@@ -114,6 +114,13 @@ TEST_F(ExamplesTest, DivergingRunStopsWithExitThreeAndKeepsItsStateAside) {
           "model.width=4 model.hidden=8 optimizer.lr=1e12 trainer.stop_on_nonfinite=0");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(summary_of(r)["steps"], 6);
+  // Its weights are not exported: nothing is written that would pass for a result.
+  const fs::path exported = fs::path(summary_of(r)["run_dir"].get<std::string>()) / "weights.pt";
+  EXPECT_NE(r.out.find("warning: checkpoint.export_weights: " + exported.string() +
+                       " not written: the weights are not finite (NaN or inf) after step 6"),
+            std::string::npos)
+      << r.out;
+  EXPECT_FALSE(fs::exists(exported));
   // Under fsdp every rank stops at the same step; the state set aside is sharded (a folder).
   r = run("fashion_mnist",
           "--config=fashion_mnist.yaml fabric.accelerator=cpu trainer.max_steps=40 "

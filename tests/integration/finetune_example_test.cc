@@ -534,8 +534,17 @@ TEST_F(FinetuneExampleTest, BadInputStopsWithOneLineNamingTheKey) {
   struct Case {
     std::string args, key, fix;
   };
+  std::ofstream(dir_ / "one.jsonl") << "{\"prompt\": \"a\", \"response\": \"b\"}\n";
   const Case cases[] = {
       {"'data.template=\"Q: {prompt}\"'", "data.template", "Q: {prompt}\\nA: {response}"},
+      // A prompt placed where the loss is taken would be learned as the answer.
+      {"'data.template=\"A: {response} Q: {prompt}\"'", "data.template",
+       "put it before {response}"},
+      {"finetune.lora.rank=100000", "finetune.lora.rank: LoRA: rank 100000 is larger than",
+       "min(in, out)"},
+      // No full batch: no step would run and the untrained base would be exported.
+      {"data.train=" + (dir_ / "one.jsonl").string() + " data.drop_last=true data.batch_size=4",
+       "data.drop_last", "set data.drop_last=false or lower data.batch_size"},
       {"finetune.lora.target_modules=[qq_proj]", "qq_proj", "q_proj"},
       {"model.pretrained=" + (dir_ / "cache").string(), "model.pretrained", "config.json"},
       {"model.pretrained=" + demo("model").string(), "data.train", "JSONL"},

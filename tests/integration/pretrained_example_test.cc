@@ -236,6 +236,41 @@ TEST_F(PretrainedExampleTest, BadInputIsOneLine) {
                   fs::file_size(dir_ / "cut" / "model.safetensors") / 2);
   expect_error("generate", "model.pretrained=" + (dir_ / "cut").string() + " generate.prompt=a",
                {"model.safetensors"});
+  // A config.json of 100000000 layers over weights of 2: refused before any layer is built.
+  fs::copy(dir_ / "qwen2", dir_ / "deep");
+  {
+    std::ifstream in(dir_ / "deep" / "config.json");
+    nlohmann::json config = nlohmann::json::parse(in);
+    config["num_hidden_layers"] = 100000000;
+    std::ofstream(dir_ / "deep" / "config.json") << config.dump();
+  }
+  expect_error("generate", "model.pretrained=" + (dir_ / "deep").string() + " generate.prompt=a",
+               {"model.pretrained",
+                "config.json: num_hidden_layers 100000000, but the weights "
+                "hold 2 layers (model.safetensors)"});
+  // A prompt that fills the positions names the prompt, not max_new_tokens.
+  std::string numbers;
+  for (int i = 0; i < 200; ++i) numbers += std::to_string(i) + " ";
+  expect_error("generate", llama + " generate.prompt='" + numbers + "'",
+               {"generate.prompt", "fill the model's 128 positions", "give a shorter prompt"});
+  // generate.output never replaces an input or a file it did not write, checked before decoding.
+  const fs::path weights = dir_ / "qwen2" / "model.safetensors";
+  const auto size = fs::file_size(weights);
+  const std::string qwen2 = "model.pretrained=" + (dir_ / "qwen2").string() + " generate.prompt=a";
+  expect_error("generate", qwen2 + " generate.output=" + weights.string(),
+               {"generate.output", "model.pretrained"});
+  EXPECT_EQ(fs::file_size(weights), size);
+  std::ofstream(dir_ / "notes.json") << "{\"mine\": 1}";
+  expect_error("generate", qwen2 + " generate.output=" + (dir_ / "notes.json").string(),
+               {"generate.output", "not an earlier output of generate", "give a new file name"});
+  EXPECT_EQ(fs::file_size(dir_ / "notes.json"), 11u);
+  // An earlier output is replaced.
+  const std::string out =
+      " generate.max_new_tokens=2 generate.output=" + (dir_ / "out.json").string();
+  for (int i = 0; i < 2; ++i) {
+    const auto r = run("generate", qwen2 + out);
+    ASSERT_EQ(r.code, 0) << r.out;
+  }
 }
 
 }  // namespace

@@ -185,6 +185,16 @@ TEST_F(InstructTest, BadInputIsOneLineNamingFileLineAndField) {
          {"bad.jsonl:1", "chatml"});
   expect(error_of("{\"prompt\": \"a\", \"response\": \"b\"}\n", "Q: {prompt} A:"),
          {"no {response}"});
+  // Placeholders that would silently drop the prompt or train on it: an unclosed or misspelt
+  // {prompt}, a prompt after {response}, a second {response}.
+  const std::string ab = "{\"prompt\": \"a\", \"response\": \"b\"}\n";
+  expect(error_of(ab, "Q: {prompt A: {response}"), {"no {prompt} in it", "left out"});
+  expect(error_of(ab, "Q: {promt} A: {response}"), {"{promt} is not a placeholder"});
+  expect(error_of(ab, "A: {response} Q: {prompt}"),
+         {"{prompt} after {response} would be trained on", "put it before {response}"});
+  expect(error_of(ab, "Q: {prompt} A: {response} ({response})"), {"{response} twice"});
+  // Literal braces that are not a {name} stay text.
+  EXPECT_EQ(error_of(ab, "{\"q\": {prompt}} {} A: {response}"), "(no error)");
   expect(error_of(""), {"no examples"});
   // Responses that fall beyond the window: no target would count.
   auto o = options("alpaca");

@@ -8,7 +8,7 @@
 #include "fabric/hf/gpt2.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/utils.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -219,9 +219,15 @@ TEST_F(Gpt2HfTest, BrokenFoldersAreOneLineErrorsNamingTheFileAndKey) {
       {"llama", "config.json: model_type: 'llama' is not gpt2"},
       {"no_embd", "config.json: n_embd: missing; a GPT-2 config.json names it"},
       {"upcast", "config.json: reorder_and_upcast_attn: true is not supported"},
-      {"shallow", "model.safetensors: unexpected tensor transformer.h.1."},
-      {"deep", "tensor transformer.h.2."},
-      {"wide", "tensor transformer.h.0.attn.c_attn.bias is [192], but"},
+      // config.json's sizes against the weights', before the model is built.
+      {"shallow",
+       "config.json: n_layer 1, but the weights hold 2 layers (model.safetensors); "
+       "config.json and the weights must describe the same model"},
+      {"deep", "config.json: n_layer 3, but the weights hold 2 layers"},
+      {"wide",
+       "config.json: vocab_size 96 and n_embd 80 make the token embedding [96, 80], but "
+       "transformer.wte.weight is [96, 64] in model.safetensors"},
+      {"positions", "tensor transformer.wpe.weight is [32, 64], but"},
   };
   copy("gpt2", "relu", [](nlohmann::json& j) { j["activation_function"] = "relu"; });
   copy("gpt2", "inner", [](nlohmann::json& j) { j["n_inner"] = 100; });
@@ -235,13 +241,14 @@ TEST_F(Gpt2HfTest, BrokenFoldersAreOneLineErrorsNamingTheFileAndKey) {
     j["n_embd"] = 80;
     j["n_head"] = 5;
   });
+  // Past the size check (layers and token embedding agree): the first tensor that differs.
+  copy("gpt2", "positions", [](nlohmann::json& j) { j["n_positions"] = 40; });
   for (const auto& [name, text] : expected) {
     SCOPED_TRACE(name);
     const std::string e = load_error(dir_ / name);
     EXPECT_NE(e.find(text), std::string::npos) << e;
     EXPECT_EQ(e.find('\n'), std::string::npos) << e;
   }
-  EXPECT_NE(load_error(dir_ / "deep").find("is missing"), std::string::npos);
   EXPECT_NE(load_error(dir_ / "absent").find("absent: no such folder"), std::string::npos);
 }
 

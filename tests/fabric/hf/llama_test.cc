@@ -7,7 +7,7 @@
 #include "fabric/hf/llama.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/utils.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -194,10 +194,28 @@ TEST_F(LlamaHfTest, BrokenFoldersAreOneLineErrorsNamingTheFileAndTensor) {
   EXPECT_NE(e.find("tensor lm_head.weight [96, 64] is missing from the weights"), std::string::npos)
       << e;
 
+  // config.json's layer count and embedding are checked against the weights before the model is
+  // built: 100000000 layers or a 2^40-id vocabulary is an error at once, not minutes of building.
   e = load_error(copy("qwen2", "shallow", [](nlohmann::json& j) { j["num_hidden_layers"] = 1; }));
-  EXPECT_NE(e.find("model.safetensors: unexpected tensor model.layers.1."), std::string::npos) << e;
+  EXPECT_NE(e.find("config.json: num_hidden_layers 1, but the weights hold 2 layers "
+                   "(model.safetensors); config.json and the weights must describe the same "
+                   "model"),
+            std::string::npos)
+      << e;
+  e = load_error(
+      copy("qwen2", "huge", [](nlohmann::json& j) { j["num_hidden_layers"] = 100000000; }));
+  EXPECT_NE(e.find("config.json: num_hidden_layers 100000000, but the weights hold 2 layers"),
+            std::string::npos)
+      << e;
+  e = load_error(
+      copy("qwen2", "vocab", [](nlohmann::json& j) { j["vocab_size"] = int64_t{1} << 40; }));
+  EXPECT_NE(e.find("config.json: vocab_size 1099511627776 and hidden_size 64 make the token "
+                   "embedding [1099511627776, 64], but model.embed_tokens.weight is [96, 64] in "
+                   "model.safetensors"),
+            std::string::npos)
+      << e;
 
-  for (const auto& n : {"no_shard", "wide", "untied", "shallow"})
+  for (const auto& n : {"no_shard", "wide", "untied", "shallow", "huge", "vocab"})
     EXPECT_EQ(std::string(load_error(dir_ / n)).find('\n'), std::string::npos);
   EXPECT_NE(load_error(dir_ / "absent").find("absent: no such folder"), std::string::npos);
 }
