@@ -181,13 +181,17 @@ int train(fabric::Fabric& f, const examples::finetune::Inputs& in, const Build& 
       max_steps >= 0 ? std::min(max_steps, max_epochs * epoch_steps) : max_epochs * epoch_steps;
   // drop_last with fewer examples than one batch on every process: no step would run, and the
   // export after it would write the untrained start as the result.
-  if (epoch_steps == 0 && max_steps != 0)
-    throw c.error_at("data.drop_last",
-                     "true leaves no full batch: data.train's " +
-                         std::to_string(train_data->size()) + " examples over " +
-                         std::to_string(f.world_size()) + " process(es) at data.batch_size " +
-                         std::to_string(batch_size) +
-                         " make 0 steps; set data.drop_last=false or lower data.batch_size");
+  if (epoch_steps == 0 && max_steps != 0) {
+    const int64_t replicas = f.data_parallel_size();   // the sampler splits the data over these
+    const bool fewer = train_data->size() < replicas;  // no batch size helps then
+    throw c.error_at(
+        "data.drop_last",
+        "true leaves no full batch: data.train's " + std::to_string(train_data->size()) +
+            (c.get_bool("data.packed") ? " windows" : " examples") + " over " +
+            std::to_string(replicas) + " data-parallel replica(s) at data.batch_size " +
+            std::to_string(batch_size) + " make 0 steps; set data.drop_last=false" +
+            (fewer ? " or give more examples" : " or lower data.batch_size"));
+  }
   fabric::LRScheduler scheduler(
       *optimizer, fabric::LRSchedule::from_config(c, std::max<int64_t>(total_steps, 1)));
 

@@ -76,9 +76,10 @@ fabric::ConfigSchema schema() {
                  "add_bos_token is true"));
   s.add("generate.stop_at_eos",
         KeySpec::boolean(true).doc("stop at an eos id of generation_config.json / config.json"));
-  s.add("generate.output",
-        KeySpec::string("").doc("a JSON file: prompt_ids, ids (the new ids), text; \"\": none; "
-                                "an existing file is replaced only when an earlier output"));
+  s.add(
+      "generate.output",
+      KeySpec::string("").doc("a JSON file: prompt_ids, ids (the new ids), text; \"\": none; "
+                              "an existing file is replaced only when an earlier output or empty"));
   fabric::add_profiler_keys(s);  // profiler.*: decode steps of the key/value-cached path
   return s;
 }
@@ -156,7 +157,7 @@ void load_and_set_up(fabric::Fabric& f, const fabric::hf::Pretrained& p,
 
 // generate.output, checked before any work: never one of the inputs (the model or adapter folder),
 // a checkpoint or a folder, and an existing file is replaced only when it is an earlier output of
-// this program (a JSON object with prompt_ids and ids). ConfigErrors at generate.output.
+// this program (a JSON object with prompt_ids and ids) or empty. ConfigErrors at generate.output.
 void check_output(const fabric::Config& c, const fabric::hf::Pretrained& p) {
   const fs::path out = c.get_string("generate.output");
   if (out.empty()) return;
@@ -169,8 +170,8 @@ void check_output(const fabric::Config& c, const fabric::hf::Pretrained& p) {
     throw c.error_at("generate.output", e.what());
   }
   std::error_code ec;
-  if (fs::exists(out, ec)) {
-    std::ifstream in(out);
+  if (fs::exists(out, ec) && !(fs::is_regular_file(out, ec) && fs::file_size(out, ec) == 0)) {
+    std::ifstream in(out);  // (an empty file, e.g. mktemp's, is free to write)
     const nlohmann::json old = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
     if (!old.is_object() || !old.contains("prompt_ids") || !old.contains("ids"))
       throw c.error_at("generate.output", out.string() +

@@ -144,7 +144,8 @@ void check_placeholders(const std::string& text, size_t response_at) {
   if (text.find("{response}", response_at + 1) != std::string::npos)
     throw Error(quoted + "{response} twice; write it once, where the response goes");
   for (size_t open = text.find('{'); open != std::string::npos; open = text.find('{', open + 1)) {
-    const size_t close = text.find_first_not_of("abcdefghijklmnopqrstuvwxyz_", open + 1);
+    const size_t close = text.find_first_not_of(
+        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_", open + 1);
     if (close == std::string::npos || text[close] != '}' || close == open + 1) continue;
     const std::string name = text.substr(open + 1, close - open - 1);
     if (name != "prompt" && name != "input" && name != "response")
@@ -232,6 +233,11 @@ std::shared_ptr<InstructDataset> InstructDataset::open(const fs::path& jsonl,
 std::shared_ptr<InstructDataset> InstructDataset::open(
     const fs::path& jsonl, const Options& options, std::shared_ptr<const BpeTokenizer> tokenizer) {
   if (options.block_size < 1) throw Error("InstructDataset: block_size must be at least 1");
+  // A TEXT template is checked here too: a token cache hit renders no line.
+  if (const std::string& text = options.template_text; text != "alpaca" && text != "chatml") {
+    if (const size_t at = text.find("{response}"); at != std::string::npos)
+      check_placeholders(text, at);
+  }
   std::ifstream in(jsonl);
   if (!in) throw Error(jsonl.string() + ": cannot read (a JSONL file of examples)");
   std::shared_ptr<InstructDataset> d(new InstructDataset());

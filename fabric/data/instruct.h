@@ -12,8 +12,9 @@
 //            and an assistant message); after the last non-assistant message
 //            "<|im_start|>assistant\n" belongs to the prompt; the assistants' contents and their
 //            "<|im_end|>\n" are the response
-//   TEXT     any other string: "{prompt}" and "{response}" stand for the fields; the text before
-//            "{response}" is the prompt part (a template without "{response}" is an error)
+//   TEXT     any other string: "{prompt}" (and "{input}") and "{response}" stand for the fields;
+//            the text before "{response}" is the prompt part. An error: no "{response}" or two,
+//            no "{prompt}", another {name}, "{prompt}"/"{input}" after "{response}"
 // Each part is encoded on its own (the template's parts end at a newline or a special token,
 // where the tokenizer's pre-tokenizer splits anyway) and the eos id is appended to every response
 // (Options::append_eos). Loss targets: the response ids (eos included); prompt, system and user

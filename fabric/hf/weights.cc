@@ -135,9 +135,21 @@ void check_config_sizes(const Weights& weights, const ConfigSizes& s) {
       if (dot == 0 || dot == std::string::npos || dot > 9 ||
           rest.find_first_not_of("0123456789") != dot)
         continue;
-      held = std::max<int64_t>(held, std::stoll(rest.substr(0, dot)) + 1);
-      layer_file = weights.file.at(name).filename().string();
+      const int64_t index = std::stoll(rest.substr(0, dot));
+      if (index + 1 > held) {  // the file of the highest layer, for the message
+        held = index + 1;
+        layer_file = weights.file.at(name).filename().string();
+      }
     }
+  }
+  if (held == 0 && !weights.tensors.empty()) {
+    // Not a count to compare: the tensors are named otherwise (a model saved without its head,
+    // an unmerged adapter's base_model.model. prefix).
+    const auto& [first, tensor] = weights.tensors.front();
+    throw Error(weights.file.at(first).string() + ": no tensor is named " +
+                s.layer_prefixes.front() + "N.* (the first is " + first +
+                "): not the weights of the causal language model config.json describes; give "
+                "the folder save_pretrained writes for it (a merged model, with its head)");
   }
   if (held != s.layers)
     throw Error(s.config.string() + ": " + s.layers_key + " " + std::to_string(s.layers) +

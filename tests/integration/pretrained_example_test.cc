@@ -264,7 +264,8 @@ TEST_F(PretrainedExampleTest, BadInputIsOneLine) {
   expect_error("generate", qwen2 + " generate.output=" + (dir_ / "notes.json").string(),
                {"generate.output", "not an earlier output of generate", "give a new file name"});
   EXPECT_EQ(fs::file_size(dir_ / "notes.json"), 11u);
-  // An earlier output is replaced.
+  // An empty file (mktemp's) is written, then the earlier output it holds is replaced.
+  std::ofstream(dir_ / "out.json").close();
   const std::string out =
       " generate.max_new_tokens=2 generate.output=" + (dir_ / "out.json").string();
   for (int i = 0; i < 2; ++i) {

@@ -190,6 +190,7 @@ TEST_F(InstructTest, BadInputIsOneLineNamingFileLineAndField) {
   const std::string ab = "{\"prompt\": \"a\", \"response\": \"b\"}\n";
   expect(error_of(ab, "Q: {prompt A: {response}"), {"no {prompt} in it", "left out"});
   expect(error_of(ab, "Q: {promt} A: {response}"), {"{promt} is not a placeholder"});
+  expect(error_of(ab, "Q: {prompt} {Input1} A: {response}"), {"{Input1} is not a placeholder"});
   expect(error_of(ab, "A: {response} Q: {prompt}"),
          {"{prompt} after {response} would be trained on", "put it before {response}"});
   expect(error_of(ab, "Q: {prompt} A: {response} ({response})"), {"{response} twice"});

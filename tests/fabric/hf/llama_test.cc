@@ -215,7 +215,24 @@ TEST_F(LlamaHfTest, BrokenFoldersAreOneLineErrorsNamingTheFileAndTensor) {
             std::string::npos)
       << e;
 
-  for (const auto& n : {"no_shard", "wide", "untied", "shallow", "huge", "vocab"})
+  // Weights under other names (a base model saved without its head: layers.0..., no model.):
+  // no layer count to compare; the file and the expected names are said.
+  {
+    const fs::path headless = copy("qwen2", "headless");
+    std::vector<std::pair<std::string, at::Tensor>> renamed;
+    for (const auto& [name, tensor] : fabric::hf::read_weights(headless).tensors)
+      renamed.emplace_back(name.rfind("model.", 0) == 0 ? name.substr(6) : name, tensor.clone());
+    fabric::save_safetensors(headless / "model.safetensors", renamed);
+  }
+  e = load_error(dir_ / "headless");
+  EXPECT_NE(e.find("model.safetensors: no tensor is named model.layers.N.* (the first is "),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("not the weights of the causal language model config.json describes"),
+            std::string::npos)
+      << e;
+
+  for (const auto& n : {"no_shard", "wide", "untied", "shallow", "huge", "vocab", "headless"})
     EXPECT_EQ(std::string(load_error(dir_ / n)).find('\n'), std::string::npos);
   EXPECT_NE(load_error(dir_ / "absent").find("absent: no such folder"), std::string::npos);
 }
