@@ -7,6 +7,7 @@
 //   bazel build --config=fuzz //tests/fuzz:image_fuzzer
 //   bazel-bin/tests/fuzz/image_fuzzer -max_total_time=600 -rss_limit_mb=4096 \
 //       tests/fuzz/corpus/image
+#include <ATen/Parallel.h>
 #include <torch/types.h>
 
 #include <cstddef>

@@ -5,6 +5,7 @@
 // Input: the bytes of a .npy file, or of an .npz when they start with "PK".
 //   bazel build --config=fuzz //tests/fuzz:npy_fuzzer
 //   bazel-bin/tests/fuzz/npy_fuzzer -max_total_time=600 -rss_limit_mb=4096 tests/fuzz/corpus/npy
+#include <ATen/Parallel.h>
 #include <torch/types.h>
 
 #include <cstddef>

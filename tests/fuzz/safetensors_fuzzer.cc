@@ -6,6 +6,7 @@
 //   bazel build --config=fuzz //tests/fuzz:safetensors_fuzzer
 //   bazel-bin/tests/fuzz/safetensors_fuzzer -max_total_time=600 -rss_limit_mb=4096 \
 //     tests/fuzz/corpus/safetensors
+#include <ATen/Parallel.h>
 #include <torch/types.h>
 #include <unistd.h>
 

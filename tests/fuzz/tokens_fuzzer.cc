@@ -11,6 +11,7 @@
 //   bazel build --config=fuzz //tests/fuzz:tokens_fuzzer
 //   bazel-bin/tests/fuzz/tokens_fuzzer -max_total_time=600 -rss_limit_mb=4096
 //   tests/fuzz/corpus/tokens
+#include <ATen/Parallel.h>
 #include <torch/types.h>
 
 #include <cstddef>
