@@ -160,13 +160,11 @@ void check_config_sizes(const Weights& weights, const ConfigSizes& s) {
         s.embedding_names.end())
       continue;
     if (tensor.dim() == 2 && tensor.size(0) == s.vocab && tensor.size(1) == s.width) continue;
-    std::string shape = "[";
-    for (int64_t i = 0; i < tensor.dim(); ++i)
-      shape += (i ? ", " : "") + std::to_string(tensor.size(i));
     throw Error(s.config.string() + ": " + s.vocab_key + " " + std::to_string(s.vocab) + " and " +
                 s.width_key + " " + std::to_string(s.width) + " make the token embedding [" +
                 std::to_string(s.vocab) + ", " + std::to_string(s.width) + "], but " + name +
-                " is " + shape + "] in " + weights.file.at(name).filename().string() + fix);
+                " is " + shape(tensor.sizes()) + " in " +
+                weights.file.at(name).filename().string() + fix);
   }
 }
 
