@@ -143,8 +143,7 @@ Inputs open_inputs(fabric::Fabric& f) {
   if (train_file.empty())
     throw c.error_at("data.train", "not set; give the JSONL file of training examples");
   try {  // the template, before any file is read
-    fabric::render_instruct_example(R"({"prompt": "p", "response": "r"})",
-                                    c.get_string("data.template"), "data.template");
+    fabric::check_instruct_template(c.get_string("data.template"));
   } catch (const fabric::Error& e) {
     throw c.error_at("data.template", e.what());
   }

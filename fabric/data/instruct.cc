@@ -162,6 +162,16 @@ void check_placeholders(const std::string& text, size_t response_at) {
 
 }  // namespace
 
+void check_instruct_template(const std::string& template_text) {
+  if (template_text == "alpaca" || template_text == "chatml") return;
+  const size_t at = template_text.find("{response}");
+  if (at == std::string::npos)
+    throw Error("template '" + template_text +
+                "': no {response} in it; write where the response goes, e.g. "
+                "\"Q: {prompt}\\nA: {response}\" (or alpaca, chatml)");
+  check_placeholders(template_text, at);
+}
+
 Segments render_instruct_example(const std::string& line, const std::string& template_text,
                                  const std::string& where) {
   const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
@@ -202,11 +212,7 @@ Segments render_instruct_example(const std::string& line, const std::string& tem
     return out;
   }
   const size_t at = template_text.find("{response}");
-  if (at == std::string::npos)
-    throw Error("template '" + template_text +
-                "': no {response} in it; write where the response goes, e.g. "
-                "\"Q: {prompt}\\nA: {response}\" (or alpaca, chatml)");
-  check_placeholders(template_text, at);
+  if (at == std::string::npos) check_instruct_template(template_text);  // throws, saying why
   auto fill = [&](std::string s) {
     for (size_t p = s.find("{prompt}"); p != std::string::npos; p = s.find("{prompt}", p))
       s.replace(p, 8, prompt), p += prompt.size();
@@ -233,11 +239,7 @@ std::shared_ptr<InstructDataset> InstructDataset::open(const fs::path& jsonl,
 std::shared_ptr<InstructDataset> InstructDataset::open(
     const fs::path& jsonl, const Options& options, std::shared_ptr<const BpeTokenizer> tokenizer) {
   if (options.block_size < 1) throw Error("InstructDataset: block_size must be at least 1");
-  // A TEXT template is checked here too: a token cache hit renders no line.
-  if (const std::string& text = options.template_text; text != "alpaca" && text != "chatml") {
-    if (const size_t at = text.find("{response}"); at != std::string::npos)
-      check_placeholders(text, at);
-  }
+  check_instruct_template(options.template_text);  // once, before any line (or a cache hit)
   std::ifstream in(jsonl);
   if (!in) throw Error(jsonl.string() + ": cannot read (a JSONL file of examples)");
   std::shared_ptr<InstructDataset> d(new InstructDataset());

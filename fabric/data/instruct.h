@@ -105,6 +105,11 @@ class InstructDataset : public Dataset {
   std::string cache_warning_;
 };
 
+// fabric::Error "template 'TEXT': problem; fix" for a TEXT template that would misplace the data
+// (see TEXT above: no {response} or two, no {prompt}, another {name}, a field after {response});
+// alpaca and chatml pass. InstructDataset::open checks its template with it, before any line.
+void check_instruct_template(const std::string& template_text);
+
 // The prompt and response parts of one JSONL line (`where`: "FILE:LINE" for errors) under
 // `template_text`, as alternating segments: {text, is_response}. Exposed for tests.
 std::vector<std::pair<std::string, bool>> render_instruct_example(const std::string& line,
