@@ -92,7 +92,11 @@ CheckpointerOptions CheckpointerOptions::from_config(const Config& c, const std:
     try {
       if (o.export_hf) {
         check_output(weights, "checkpoint.export_weights", inputs, /*folder=*/true,
-                     {"config.json", "model.safetensors", "model.safetensors.index.json"});
+                     {"config.json", "model.safetensors", "model.safetensors.index.json",
+                      "adapter_config.json", "adapter_model.safetensors", "tokenizer.json"});
+        // Into an earlier export only, never another model's folder (found now, not after
+        // training).
+        check_export_folder(weights, "checkpoint.export_weights");
       } else {
         check_weights_output(weights, "checkpoint.export_weights", inputs);
       }

@@ -415,6 +415,7 @@ int main(int argc, char** argv) {
     if (command == "hf" && args.size() == 3) {
       try {
         fabric::check_output(path(2), "OUT", {{path(1), "the checkpoint read"}}, /*folder=*/true);
+        fabric::check_export_folder(path(2), "OUT");  // never another model's folder
       } catch (const fabric::Error& e) {
         return usage(e.what());
       }

@@ -80,4 +80,52 @@ void check_weights_output(const fs::path& output, const std::string& output_what
               output_what + " or remove the file first");
 }
 
+const std::map<std::string, std::string>& export_metadata() {
+  static const std::map<std::string, std::string> metadata = {{"format", "pt"},
+                                                              {"exported_by", "fabric++"}};
+  return metadata;
+}
+
+bool is_earlier_export(const fs::path& folder) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(folder, ec)) {
+    if (entry.path().extension() != ".safetensors" || !is_safetensors_file(entry.path())) continue;
+    try {
+      const auto metadata = load_safetensors(entry.path()).metadata;
+      const auto it = metadata.find("exported_by");
+      if (it != metadata.end() && it->second == export_metadata().at("exported_by")) return true;
+    } catch (const Error&) {
+      // A damaged file marks nothing.
+    }
+  }
+  return false;
+}
+
+void check_export_folder(const fs::path& folder, const std::string& output_what) {
+  std::error_code ec;
+  if (!fs::exists(folder, ec)) return;
+  if (!fs::is_directory(folder, ec))
+    throw Error(folder.string() + ": is " + file_kind(folder) + ", not a folder; choose a new or " +
+                "empty folder as " + output_what);
+  if (fs::is_empty(folder, ec) || is_earlier_export(folder)) return;
+  // What it holds, a few names, sorted: the message says what would be lost.
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(folder, ec))
+    names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  std::string held;
+  for (size_t i = 0; i < names.size() && i < 3; ++i) held += (i ? ", " : "") + names[i];
+  if (names.size() > 3) held += ", ... (" + std::to_string(names.size()) + " entries)";
+  const bool model = std::any_of(names.begin(), names.end(), [](const std::string& n) {
+    return n == "config.json" || n == "adapter_config.json" ||
+           fs::path(n).extension() == ".safetensors";
+  });
+  throw Error(folder.string() + ": " +
+              (model ? "holds a model this project did not export (" + held +
+                           "; no export mark in its weights), which the export would replace"
+                     : "is not empty and not an earlier export (" + held + ")") +
+              "; choose a new or empty folder as " + output_what +
+              (model ? " (or remove those files first)" : ""));
+}
+
 }  // namespace fabric

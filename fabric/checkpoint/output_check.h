@@ -11,6 +11,7 @@
 #define FABRIC_CHECKPOINT_OUTPUT_CHECK_H_
 
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,21 @@ void check_output(const std::filesystem::path& output, const std::string& output
 // file or a torch.save zip): a token file, a config, a CSV is refused.
 void check_weights_output(const std::filesystem::path& output, const std::string& output_what,
                           const std::vector<InputPath>& inputs);
+
+// Export folders (Hugging Face folders, fabric/hf/export.h; peft adapters, fabric/nn/lora.h):
+// every weights file an export writes carries export_metadata() in its safetensors header
+// ("format": "pt", "exported_by": "fabric++"). That mark tells an earlier export, which a new one
+// may replace, from a model downloaded or written by other code, which it may not (its
+// config.json, weights and tokenizer would be replaced and lost).
+const std::map<std::string, std::string>& export_metadata();
+
+// True when a .safetensors file directly inside `folder` carries the export mark.
+bool is_earlier_export(const std::filesystem::path& folder);
+
+// Throws fabric::Error "FOLDER: ...; choose a new or empty folder as OUTPUT_WHAT ..." unless
+// `folder` is absent, an empty folder or an earlier export. Called before any work (the programs,
+// at their config) and again by the writers themselves.
+void check_export_folder(const std::filesystem::path& folder, const std::string& output_what);
 
 }  // namespace fabric
 

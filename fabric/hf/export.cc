@@ -9,6 +9,7 @@
 #include <system_error>
 #include <utility>
 
+#include "fabric/checkpoint/output_check.h"
 #include "fabric/checkpoint/safetensors.h"
 #include "fabric/core/atomic_file.h"
 #include "fabric/core/error.h"
@@ -303,16 +304,9 @@ void save_hf_folder(const nlohmann::json& config, const StateDict& tensors, cons
   if (max_shard_bytes < 1)
     throw Error(folder.string() + ": max_shard_bytes " + std::to_string(max_shard_bytes) +
                 " is not positive");
-  bool replace = false;
-  if (fs::exists(folder)) {
-    if (!fs::is_directory(folder))
-      throw Error(folder.string() + ": is a file, not a folder; give a new or empty folder");
-    replace = !fs::is_empty(folder);
-    if (replace && !fs::exists(folder / "config.json"))
-      throw Error(folder.string() +
-                  ": not empty and not a Hugging Face folder (no config.json); give a new or "
-                  "empty folder");
-  }
+  // Only an earlier export is replaced: never a downloaded model's folder or another's files.
+  check_export_folder(folder, "the export's folder");
+  const bool replace = fs::exists(folder) && !fs::is_empty(folder);
   for (const fs::path& f : copy_files)
     if (!fs::is_regular_file(f))
       throw Error(f.string() + ": no such file to copy into " + folder.string());
@@ -364,7 +358,7 @@ void write_folder(const nlohmann::json& config, const StateDict& tensors, const 
     in_shard += bytes;
     total += bytes;
   }
-  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  const std::map<std::string, std::string>& metadata = export_metadata();
   if (shards.size() == 1) {
     save_safetensors(tmp / "model.safetensors", shards[0], metadata);
   } else {

@@ -14,8 +14,9 @@
 //
 // Crash-safe: the folder is written under a temporary name beside it (.NAME.partial) and renamed
 // into place, so `folder` holds either the old or the whole new export. An existing `folder` must
-// be empty or a Hugging Face folder (config.json inside): its other files (tokenizer.json, ...)
-// are kept, its config.json and weights replaced. Anything else there is refused (fabric::Error
+// be empty or an earlier export (its weights carry the export mark, fabric/checkpoint/
+// output_check.h): its other files (tokenizer.json, ...) are kept, its config.json and weights
+// replaced. Anything else there, a downloaded model's folder above all, is refused (fabric::Error
 // "FOLDER: ...; fix").
 #ifndef FABRIC_HF_EXPORT_H_
 #define FABRIC_HF_EXPORT_H_

@@ -11,6 +11,7 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include "fabric/checkpoint/output_check.h"
 #include "fabric/checkpoint/safetensors.h"
 #include "fabric/core/atomic_file.h"
 #include "fabric/core/error.h"
@@ -374,12 +375,13 @@ void save_lora_adapter(const std::vector<std::pair<std::string, torch::Tensor>>&
                        const std::filesystem::path& folder, const LoraOptions& options,
                        const std::string& base_model_name_or_path) {
   if (state.empty()) throw Error("save_lora_adapter: no adapter tensors to save");
+  check_export_folder(folder, "the adapter's folder");
   std::error_code ec;
   std::filesystem::create_directories(folder, ec);
   if (ec) throw Error("cannot write " + folder.string() + ": " + ec.message());
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (const auto& [name, tensor] : state) tensors.emplace_back(name, tensor.cpu().contiguous());
-  save_safetensors(folder / "adapter_model.safetensors", tensors, {{"format", "pt"}});
+  save_safetensors(folder / "adapter_model.safetensors", tensors, export_metadata());
   nlohmann::ordered_json config = {
       {"base_model_name_or_path", base_model_name_or_path.empty()
                                       ? nlohmann::ordered_json(nullptr)

@@ -149,8 +149,10 @@ void load_lora_state(torch::nn::Module& model,
 // Writes folder/adapter_model.safetensors (lora_state, as float32 or the parameters' dtype) and
 // folder/adapter_config.json (peft_type LORA, task_type CAUSAL_LM, r, lora_alpha, lora_dropout,
 // target_modules, bias none, fan_in_fan_out, base_model_name_or_path), which
-// peft.PeftModel.from_pretrained(base_model, folder) loads. Creates the folder. fabric::Error
-// when the model has no adapter or a file cannot be written.
+// peft.PeftModel.from_pretrained(base_model, folder) loads. Creates the folder; an existing one
+// must be empty or an earlier export (fabric/checkpoint/output_check.h: the weights carry the
+// export mark), so another adapter or model is never replaced. fabric::Error when the model has
+// no adapter, the folder is another's, or a file cannot be written.
 void save_lora_adapter(torch::nn::Module& model, const std::filesystem::path& folder,
                        const LoraOptions& options, const std::string& base_model_name_or_path = "");
 

@@ -23,6 +23,7 @@
 // missing with a model of one's own) stops with one line naming the key.
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <cmath>
@@ -535,6 +536,12 @@ TEST_F(FinetuneExampleTest, BadInputStopsWithOneLineNamingTheKey) {
     std::string args, key, fix;
   };
   std::ofstream(dir_ / "one.jsonl") << "{\"prompt\": \"a\", \"response\": \"b\"}\n";
+  // A model folder another program wrote (its weights carry no export mark): never replaced.
+  const fs::path theirs = dir_ / "theirs";
+  fs::create_directories(theirs);
+  std::ofstream(theirs / "config.json") << "{}";
+  fabric::save_safetensors(theirs / "model.safetensors", {{"w", torch::ones({2})}},
+                           {{"format", "pt"}});
   const Case cases[] = {
       {"'data.template=\"Q: {prompt}\"'", "data.template", "Q: {prompt}\\nA: {response}"},
       // A prompt placed where the loss is taken would be learned as the answer.
@@ -552,6 +559,10 @@ TEST_F(FinetuneExampleTest, BadInputStopsWithOneLineNamingTheKey) {
       {"model.pretrained=" + demo("model").string() + " data.train=" +
            demo("train.jsonl").string() + " checkpoint.export_weights=" + demo("model").string(),
        "checkpoint.export_weights", "model.pretrained"},
+      {"checkpoint.export_weights=" + theirs.string() + " finetune.lora.merge_on_export=true",
+       "checkpoint.export_weights: " + theirs.string() +
+           ": holds a model this project did not export",
+       "choose a new or empty folder as checkpoint.export_weights"},
   };
   for (const Case& k : cases) {
     const auto r = finetune("fabric.devices=1 trainer.max_steps=1 " + k.args);
@@ -559,6 +570,7 @@ TEST_F(FinetuneExampleTest, BadInputStopsWithOneLineNamingTheKey) {
     EXPECT_NE(r.out.find(k.key), std::string::npos) << k.args << "\n" << r.out;
     EXPECT_NE(r.out.find(k.fix), std::string::npos) << k.args << "\n" << r.out;
   }
+  EXPECT_EQ(fabric::load_safetensors(theirs / "model.safetensors").tensors.size(), 1u);
 }
 
 // finetune.lora.base_dtype (issue 70): LoRA trains on a frozen base kept in bf16 or float8

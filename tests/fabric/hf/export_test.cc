@@ -18,6 +18,7 @@
 
 #include "examples/gpt_recipe.h"
 #include "fabric/checkpoint/archive.h"
+#include "fabric/checkpoint/output_check.h"
 #include "fabric/checkpoint/safetensors.h"
 #include "fabric/checkpoint/state_dict.h"
 #include "fabric/config/config.h"
@@ -203,8 +204,27 @@ TEST_F(HfExportTest, ReplacesHfFoldersKeepingOtherFilesAndRefusesOthers) {
   std::ofstream(out / "notes" / "todo.txt") << "x";
   std::string e =
       error_of([&] { fabric::hf::save_gpt2(gpt->config(), state, out / "notes", 1 << 30); });
-  EXPECT_NE(e.find("notes: not empty and not a Hugging Face folder"), std::string::npos) << e;
+  EXPECT_NE(e.find("notes: is not empty and not an earlier export (todo.txt); choose a new or "
+                   "empty folder"),
+            std::string::npos)
+      << e;
   EXPECT_TRUE(fs::exists(out / "notes" / "todo.txt"));
+
+  // A model folder that other code wrote (transformers' save_pretrained here) is never replaced:
+  // its weights carry no export mark. Its files stay byte for byte.
+  const fs::path theirs = out / "theirs";
+  fs::copy(dir_ / "gpt2", theirs, fs::copy_options::recursive);
+  const auto before = fs::file_size(theirs / "model.safetensors");
+  e = error_of([&] { fabric::hf::save_gpt2(gpt->config(), state, theirs, 1 << 30); });
+  EXPECT_NE(e.find("theirs: holds a model this project did not export (config.json"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("no export mark in its weights), which the export would replace"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(fs::file_size(theirs / "model.safetensors"), before);
+  EXPECT_FALSE(fabric::is_earlier_export(theirs));
+  EXPECT_TRUE(fabric::is_earlier_export(folder));
 
   auto missing = state;
   missing.pop_back();
@@ -292,8 +312,11 @@ TEST_F(HfExportTest, CkptHfConvertsAGptCheckpointThatTransformersLoads) {
   std::ofstream(out / "notes" / "todo.txt") << "x";
   r = fabric::testing::run_command("cd '" + out.string() + "' && '" + ckpt +
                                    "' hf run.ckpt notes 2>&1");
-  EXPECT_EQ(r.code, 1) << r.out;
-  EXPECT_NE(r.out.find("not a Hugging Face folder"), std::string::npos) << r.out;
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("notes: is not empty and not an earlier export (todo.txt); choose a new or "
+                       "empty folder as OUT"),
+            std::string::npos)
+      << r.out;
 }
 
 // ckpt hf with model.pretrained: the Llama-family architecture of that folder's config.json, its
@@ -330,11 +353,16 @@ TEST_F(HfExportTest, CkptHfConvertsAPretrainedQwen2Checkpoint) {
   EXPECT_TRUE(fs::exists(out / "ckpt_qwen2" / "generation_config.json"));
   EXPECT_TRUE(fabric::hf::read_llama_config(out / "ckpt_qwen2").tie_word_embeddings);
 
-  // The folder model.pretrained names is an input: never the output.
+  // The folder model.pretrained names (transformers wrote it: no export mark) is never the
+  // output; our own earlier export is replaced.
   r = fabric::testing::run_command("cd '" + out.string() + "' && '" + ckpt +
                                    "' hf qwen_run.ckpt '" + folder.string() + "'");
-  EXPECT_NE(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("model.pretrained"), std::string::npos) << r.out;
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("qwen2: holds a model this project did not export"), std::string::npos)
+      << r.out;
+  r = fabric::testing::run_command("cd '" + out.string() + "' && '" + ckpt +
+                                   "' hf qwen_run.ckpt ckpt_qwen2");
+  ASSERT_EQ(r.code, 0) << r.out;
 
   const auto theirs = transformers_logits({"ckpt_qwen2"}, "llama");
   torch::NoGradGuard no_grad;
