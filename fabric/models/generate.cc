@@ -19,7 +19,10 @@ torch::Tensor choose_next_tokens(const torch::Tensor& logits, const GenerateOpti
                                  at::Generator& generator) {
   torch::Tensor l = logits.detach().to(torch::kCPU, torch::kFloat);
   if (o.temperature == 0) return l.argmax(-1);
-  l = l / o.temperature;
+  // Shifted so each row's largest is 0, then scaled by 1 / temperature held below float's
+  // largest: a tiny temperature (1e-300 is 0 as a float) gives 0 and -inf, i.e. greedy, not
+  // inf - inf or 0 / 0.
+  l = (l - l.amax(-1, /*keepdim=*/true)) * std::min(1.0 / o.temperature, 1e30);
   const int64_t V = l.size(-1);
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   if (o.top_k > 0 && o.top_k < V) {

@@ -432,14 +432,36 @@ LoraOptions read_lora_options(const std::filesystem::path& folder) {
   } catch (const nlohmann::json::exception& e) {
     fail(std::string("missing or mistyped key: ") + e.what());
   }
+  // The file's own values, named by its keys (apply_lora would name its options instead).
+  if (o.rank < 1) fail("r is " + std::to_string(o.rank) + "; a LoRA rank is at least 1");
+  if (!(o.alpha > 0)) fail("lora_alpha is " + format_double(o.alpha) + "; it must be positive");
+  if (!(o.dropout >= 0 && o.dropout < 1))
+    fail("lora_dropout is " + format_double(o.dropout) + "; it must be in [0, 1)");
   return o;
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> read_lora_state(
     const std::filesystem::path& folder) {
-  SafetensorsFile file = load_safetensors(folder / "adapter_model.safetensors");
+  const std::filesystem::path path = folder / "adapter_model.safetensors";
+  SafetensorsFile file = load_safetensors(path);
+  // The two files of one folder agree on the rank (lora_A [r, in], lora_B [out, r]); one edited or
+  // copied from another adapter would otherwise look like an adapter for another base model.
+  int64_t r = 0;
+  try {
+    r = read_lora_options(folder).rank;
+  } catch (const Error&) {
+    // No readable config: the tensors alone (read_lora_options says what is wrong when called).
+  }
   std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (auto& [name, tensor] : file.tensors) out.emplace_back(name, tensor);
+  for (auto& [name, tensor] : file.tensors) {
+    const bool a = name.find("lora_A.") != std::string::npos;
+    const bool b = name.find("lora_B.") != std::string::npos;
+    if (r > 0 && tensor.dim() == 2 && (a || b) && tensor.size(a ? 0 : 1) != r)
+      throw Error(path.string() + ": " + name + " has rank " +
+                  std::to_string(tensor.size(a ? 0 : 1)) + " but adapter_config.json's r is " +
+                  std::to_string(r) + "; the folder's two files come from different adapters");
+    out.emplace_back(name, tensor);
+  }
   return out;
 }
 

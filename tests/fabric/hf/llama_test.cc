@@ -362,6 +362,12 @@ TEST_F(LlamaHfTest, TopK1AndTinyTopPSamplingEqualGreedy) {
   o.top_p = 1e-6;
   EXPECT_TRUE(torch::equal(fabric::models::generate(*model, batch_prompts(gen), o).ids,
                            gen.at("batch.new")));
+  // A temperature too small for a float (1 / 1e-300 overflows) samples the greedy ids too.
+  o.top_p = 1;
+  o.temperature = 1e-300;
+  EXPECT_TRUE(torch::equal(fabric::models::generate(*model, batch_prompts(gen), o).ids,
+                           gen.at("batch.new")));
+  o.temperature = 1.5;
   // Real sampling: the same seed gives the same ids, and they are not the greedy ones.
   o.top_p = 0.9;
   o.top_k = 20;

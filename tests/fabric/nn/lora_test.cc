@@ -17,7 +17,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "fabric/checkpoint/safetensors.h"
@@ -331,6 +333,31 @@ TEST_F(LoraTest, MistakesAreOneLineErrors) {
               std::string::npos)
         << e.what();
   }
+  // A peft folder whose adapter_config.json was edited: its r named by the file's key, and an r
+  // that its tensors contradict (not "another base model").
+  const fs::path edited = dir_ / "edited";
+  fs::remove_all(edited);
+  fs::copy(dir_ / "adapter", edited);
+  auto config = nlohmann::json::parse(std::ifstream(edited / "adapter_config.json"));
+  auto error_reading = [&](int64_t r) -> std::string {
+    config["r"] = r;
+    std::ofstream(edited / "adapter_config.json") << config.dump();
+    try {
+      fabric::nn::read_lora_options(edited);
+      fabric::nn::read_lora_state(edited);
+    } catch (const fabric::Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  m = error_reading(0);
+  EXPECT_NE(m.find("adapter_config.json: r is 0; a LoRA rank is at least 1"), std::string::npos)
+      << m;
+  m = error_reading(8);
+  EXPECT_NE(m.find("has rank 4 but adapter_config.json's r is 8; the folder's two files come from "
+                   "different adapters"),
+            std::string::npos)
+      << m;
 }
 
 // One SGD step of the adapters under 2-process ddp and fsdp (one row of the batch each; fsdp in
