@@ -5,6 +5,7 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -379,7 +380,23 @@ void Fabric::load(const std::string& path, CheckpointState& state, bool strict) 
             strategy_->sharded_state(),
             with_split_optimizers(strategy_->sharded_state(), state, /*gather=*/false),
             whole_modules),
-        strict, precision().scaler(), global_rank());
+        strict, precision().scaler(), global_rank(), [&](const std::string& saved) {
+          // What differs from the saver's config (finetune.method, a rank, the model's sizes)
+          // usually says why an entry or a shape does not fit.
+          std::vector<std::string> diff;
+          try {
+            diff = config_differences(saved, config_.to_yaml(), {"checkpoint", "logging"});
+          } catch (const Error&) {
+            return std::string();  // a saved config that is not YAML explains nothing
+          }
+          if (diff.empty()) return std::string();
+          const size_t shown = std::min<size_t>(diff.size(), 4);
+          std::string clause = "the config differs from the checkpoint's: ";
+          for (size_t i = 0; i < shown; ++i) clause += (i ? "; " : "") + diff[i];
+          if (diff.size() > shown)
+            clause += "; ... (" + std::to_string(diff.size() - shown) + " more)";
+          return clause;
+        });
     if (delayed_fp8()) internal::prepare_fp8_histories(prepared, state, global_rank());
     if (!prepared.saved_config.empty()) {
       const auto diff =

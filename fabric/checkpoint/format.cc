@@ -59,9 +59,10 @@ c10::IValue checkpoint_contents(const CheckpointMeta& meta, const CheckpointStat
   return top;
 }
 
-PreparedCheckpoint prepare_checkpoint(const c10::IValue& contents, const std::string& source,
-                                      const CheckpointState& state, bool strict, Stateful* scaler,
-                                      int64_t rank) {
+PreparedCheckpoint prepare_checkpoint(
+    const c10::IValue& contents, const std::string& source, const CheckpointState& state,
+    bool strict, Stateful* scaler, int64_t rank,
+    const std::function<std::string(const std::string&)>& explain) {
   PreparedCheckpoint out;
   if (!contents.isGenericDict() || find(contents.toGenericDict(), "fabric").isNone())
     throw Error(source +
@@ -110,7 +111,13 @@ PreparedCheckpoint prepare_checkpoint(const c10::IValue& contents, const std::st
     else
       out.warnings.push_back("entries skipped: " + names);
   }
-  if (!problems.empty()) throw Error(join_cut(problems, 3, "; "));
+  if (!problems.empty()) {
+    std::string why = join_cut(problems, 3, "; ");
+    if (explain && !out.saved_config.empty())
+      if (const std::string clause = explain(out.saved_config); !clause.empty())
+        why += "; " + clause;
+    throw Error(why);
+  }
   // The GradScaler of 16-mixed.
   const auto saved_scaler = find(top, "grad_scaler");
   if (scaler && saved_scaler.isGenericDict()) {

@@ -51,10 +51,13 @@ struct PreparedCheckpoint {
 // Checks `contents` (read from `source`) against `state`: every entry must fit, and with
 // `strict` the entry names must match exactly (else names that differ are skipped with a
 // warning). Also takes the GradScaler's state (when `scaler`) and rank `rank`'s generator states.
-// Throws fabric::Error naming `source` and every problem; changes nothing.
-PreparedCheckpoint prepare_checkpoint(const c10::IValue& contents, const std::string& source,
-                                      const CheckpointState& state, bool strict, Stateful* scaler,
-                                      int64_t rank);
+// Throws fabric::Error naming `source` and every problem; changes nothing. `explain`, when given,
+// turns the saver's resolved config into a clause appended to that error (Fabric::load: the keys
+// that differ from the running config, which usually say why entries or shapes do not fit).
+PreparedCheckpoint prepare_checkpoint(
+    const c10::IValue& contents, const std::string& source, const CheckpointState& state,
+    bool strict, Stateful* scaler, int64_t rank,
+    const std::function<std::string(const std::string&)>& explain = nullptr);
 
 }  // namespace fabric
 

@@ -277,6 +277,14 @@ TEST_F(CheckpointTest, ConfigDifferencesAreListedAndCheckpointKeysIgnored) {
                      ": the config differs: optimizer.lr 0.1 → 0.05; trainer.max_epochs 10 → 20"),
             std::string::npos)
       << err;
+  // A checkpoint that does not fit: the keys that differ end the error (they usually say why).
+  fabric::CheckpointState more;
+  int64_t extra = 0;
+  more.add("model", model).add("extra", extra);
+  EXPECT_EQ(error_of([&] { loader.load(file.string(), more); }),
+            file.string() +
+                ": entries differ: missing [extra]; the config differs from the checkpoint's: "
+                "optimizer.lr 0.1 → 0.05; trainer.max_epochs 10 → 20");
 }
 
 TEST_F(CheckpointTest, PythonReadsACheckpoint) {
