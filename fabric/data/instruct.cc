@@ -12,6 +12,7 @@
 #include "fabric/core/atomic_file.h"
 #include "fabric/core/error.h"
 #include "fabric/core/hash.h"
+#include "fabric/core/json_object.h"
 
 namespace fabric {
 
@@ -174,11 +175,8 @@ void check_instruct_template(const std::string& template_text) {
 
 Segments render_instruct_example(const std::string& line, const std::string& template_text,
                                  const std::string& where) {
-  const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object())
-    throw Error(where +
-                ": not a JSON object; a line is {\"prompt\": ..., \"response\": ...} or "
-                "{\"messages\": [...]}");
+  const nlohmann::json j = parse_json_object(
+      line, where, "; a line is {\"prompt\": ..., \"response\": ...} or {\"messages\": [...]}");
   Segments out;
   if (template_text == "chatml") {
     const auto messages = messages_of(j, where);

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "fabric/core/error.h"
+#include "fabric/core/json_object.h"
 
 namespace fabric::hf {
 
@@ -61,16 +62,13 @@ class ConfigReader {
 };
 
 // The JSON object in `given` (a config.json, or a folder holding one) and the file's path;
-// fabric::Error "PATH: cannot read" / "PATH: not a JSON object".
+// fabric::Error "PATH: cannot read" / "PATH: not JSON (line L, column C: why)" / "PATH: a JSON
+// array, not an object" (fabric/core/json_object.h).
 inline std::pair<nlohmann::json, std::string> read_config_json(const std::filesystem::path& given) {
   const std::filesystem::path path =
       std::filesystem::is_directory(given) ? given / "config.json" : given;
-  std::ifstream in(path);
-  if (!in) throw Error(path.string() + ": cannot read; give a Hugging Face model's config.json");
-  nlohmann::json json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded() || !json.is_object())
-    throw Error(path.string() + ": not a JSON object; give a Hugging Face model's config.json");
-  return {std::move(json), path.string()};
+  return {read_json_object(path.string(), "; give a Hugging Face model's config.json"),
+          path.string()};
 }
 
 }  // namespace fabric::hf

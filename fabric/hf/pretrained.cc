@@ -5,6 +5,7 @@
 
 #include "fabric/checkpoint/sharded.h"
 #include "fabric/core/error.h"
+#include "fabric/core/json_object.h"
 #include "fabric/hf/gpt2.h"
 #include "fabric/hf/llama.h"
 
@@ -20,13 +21,7 @@ const char kCheckpointHint[] =
     "`ckpt consolidate`), or convert it with `bazel run //tools:ckpt -- hf PATH OUT` and give "
     "OUT to model.pretrained";
 
-nlohmann::json read_json(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) throw Error(path.string() + ": cannot read");
-  nlohmann::json json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded() || !json.is_object()) throw Error(path.string() + ": not a JSON object");
-  return json;
-}
+nlohmann::json read_json(const fs::path& path) { return read_json_object(path.string()); }
 
 // An id or a list of ids (eos_token_id may be either); fabric::Error naming the key otherwise.
 std::vector<int64_t> ids_of(const nlohmann::json& json, const char* key, const fs::path& path) {

@@ -9,6 +9,7 @@
 
 #include "fabric/checkpoint/safetensors.h"
 #include "fabric/core/error.h"
+#include "fabric/core/json_object.h"
 
 namespace fabric::hf {
 
@@ -40,13 +41,10 @@ Weights read_weights(const fs::path& folder) {
   const fs::path single = folder / "model.safetensors";
   const fs::path index = folder / "model.safetensors.index.json";
   if (fs::exists(index)) {
-    std::ifstream in(index);
-    nlohmann::json json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (json.is_discarded() || !json.is_object() || !json.contains("weight_map") ||
-        !json["weight_map"].is_object())
-      throw Error(index.string() +
-                  ": weight_map: missing (not a JSON object with a weight_map of tensor → shard); "
-                  "save the model again with save_pretrained");
+    const std::string again = "; save the model again with save_pretrained";
+    nlohmann::json json = read_json_object(index.string(), again);
+    if (!json.contains("weight_map") || !json["weight_map"].is_object())
+      throw Error(index.string() + ": weight_map: missing (an object of tensor → shard)" + again);
     // Shard → the tensors the index places in it, shards in the order of their first tensor.
     std::map<std::string, std::map<std::string, std::string>> shards;
     std::vector<std::string> order;

@@ -15,6 +15,7 @@
 #include "fabric/checkpoint/safetensors.h"
 #include "fabric/core/atomic_file.h"
 #include "fabric/core/error.h"
+#include "fabric/core/json_object.h"
 #include "fabric/core/suggest.h"
 #include "fabric/distributed/process_group.h"
 #include "fabric/nn/empty_init.h"
@@ -405,14 +406,9 @@ void save_lora_adapter(const std::vector<std::pair<std::string, torch::Tensor>>&
 
 LoraOptions read_lora_options(const std::filesystem::path& folder) {
   const std::filesystem::path path = folder / "adapter_config.json";
-  std::ifstream in(path);
-  if (!in) throw Error(path.string() + ": cannot read (not a peft adapter folder?)");
-  nlohmann::json j;
-  try {
-    in >> j;
-  } catch (const std::exception& e) {
-    throw Error(path.string() + ": not JSON: " + e.what());
-  }
+  if (!std::filesystem::exists(path))
+    throw Error(path.string() + ": cannot read (not a peft adapter folder?)");
+  const nlohmann::json j = read_json_object(path.string());
   auto fail = [&](const std::string& what) { throw Error(path.string() + ": " + what); };
   if (j.value("peft_type", std::string()) != "LORA")
     fail("peft_type must be LORA (got " + j.value("peft_type", std::string("none")) + ")");

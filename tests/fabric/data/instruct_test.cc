@@ -174,7 +174,9 @@ TEST_F(InstructTest, BadInputIsOneLineNamingFileLineAndField) {
     EXPECT_EQ(error.find('\n'), std::string::npos) << error;
   };
   expect(error_of("{\"prompt\": \"a\", \"response\": \"b\"}\nnot json\n"),
-         {"bad.jsonl:2", "not a JSON object"});
+         {"bad.jsonl:2: not JSON (column 2: syntax error while parsing value - invalid literal",
+          "a line is {\"prompt\""});
+  expect(error_of("[\"a\", \"b\"]\n"), {"bad.jsonl:1: a JSON array, not an object; a line is"});
   expect(error_of("{\"prompt\": \"a\"}\n"), {"bad.jsonl:1", "response: missing"});
   expect(error_of("{\"prompt\": 3, \"response\": \"b\"}\n"), {"bad.jsonl:1", "prompt", "not text"});
   expect(error_of("{\"messages\": [{\"role\": \"bot\", \"content\": \"x\"}]}\n", "chatml"),

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -232,7 +233,26 @@ TEST_F(LlamaHfTest, BrokenFoldersAreOneLineErrorsNamingTheFileAndTensor) {
             std::string::npos)
       << e;
 
-  for (const auto& n : {"no_shard", "wide", "untied", "shallow", "huge", "vocab", "headless"})
+  // A config.json cut short and an index that is an array: where the JSON ends, which type.
+  {
+    const fs::path cut = copy("qwen2", "cut");
+    std::ifstream in(cut / "config.json");
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream(cut / "config.json") << text.substr(0, text.rfind(',', text.size() / 2) + 1);
+    const fs::path array = copy("llama", "array");
+    std::ofstream(array / "model.safetensors.index.json") << "[]";
+  }
+  e = load_error(dir_ / "cut");
+  EXPECT_NE(e.find("config.json: not JSON (line "), std::string::npos) << e;
+  EXPECT_NE(e.find("unexpected end of input"), std::string::npos) << e;
+  e = load_error(dir_ / "array");
+  EXPECT_NE(e.find("model.safetensors.index.json: a JSON array, not an object; save the model "
+                   "again"),
+            std::string::npos)
+      << e;
+
+  for (const auto& n :
+       {"no_shard", "wide", "untied", "shallow", "huge", "vocab", "headless", "cut", "array"})
     EXPECT_EQ(std::string(load_error(dir_ / n)).find('\n'), std::string::npos);
   EXPECT_NE(load_error(dir_ / "absent").find("absent: no such folder"), std::string::npos);
 }
