@@ -183,9 +183,19 @@ Inputs open_inputs(fabric::Fabric& f) {
   Inputs in{folder, p, o, tokenizer, nullptr, nullptr};
   auto& train_data = in.train;
   auto& val_data = in.val;
+  // A file's error is the key's (exit 2: bad input, as the other keys').
+  auto open_one = [&](const fs::path& file, const char* key) {
+    try {
+      return fabric::InstructDataset::open(file, o, tokenizer);
+    } catch (const fabric::ConfigError&) {
+      throw;
+    } catch (const fabric::Error& e) {
+      throw c.error_at(key, e.what());
+    }
+  };
   auto open_data = [&] {
-    train_data = fabric::InstructDataset::open(train_file, o, tokenizer);
-    if (!val_file.empty()) val_data = fabric::InstructDataset::open(val_file, o, tokenizer);
+    train_data = open_one(train_file, "data.train");
+    if (!val_file.empty()) val_data = open_one(val_file, "data.val");
   };
   if (f.local_rank() == 0) open_data();
   f.barrier();

@@ -32,7 +32,8 @@ nlohmann::json parse_json_object(const std::string& text, const std::string& whe
 
 nlohmann::json read_json_object(const std::string& path, const std::string& fix) {
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) throw Error(path + ": is a folder, not a file" + fix);
+  if (std::filesystem::is_directory(path, ec))
+    throw Error(path + ": is a folder, not a file" + fix);
   std::ifstream in(path, std::ios::binary);
   std::ostringstream text;
   if (!in) throw Error(path + ": cannot read" + fix);

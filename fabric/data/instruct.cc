@@ -238,6 +238,9 @@ std::shared_ptr<InstructDataset> InstructDataset::open(
     const fs::path& jsonl, const Options& options, std::shared_ptr<const BpeTokenizer> tokenizer) {
   if (options.block_size < 1) throw Error("InstructDataset: block_size must be at least 1");
   check_instruct_template(options.template_text);  // once, before any line (or a cache hit)
+  std::error_code ec;
+  if (std::filesystem::is_directory(jsonl, ec))
+    throw Error(jsonl.string() + ": is a folder; give a JSONL file of examples (one per line)");
   std::ifstream in(jsonl);
   if (!in) throw Error(jsonl.string() + ": cannot read (a JSONL file of examples)");
   std::shared_ptr<InstructDataset> d(new InstructDataset());

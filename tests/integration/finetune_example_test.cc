@@ -536,6 +536,7 @@ TEST_F(FinetuneExampleTest, BadInputStopsWithOneLineNamingTheKey) {
     std::string args, key, fix;
   };
   std::ofstream(dir_ / "one.jsonl") << "{\"prompt\": \"a\", \"response\": \"b\"}\n";
+  std::ofstream(dir_ / "garbled.jsonl") << "{\"prompt\": \"a\", \"response\": \"b\"}\nnope\n";
   // A model folder another program wrote (its weights carry no export mark): never replaced.
   const fs::path theirs = dir_ / "theirs";
   fs::create_directories(theirs);
@@ -559,6 +560,10 @@ TEST_F(FinetuneExampleTest, BadInputStopsWithOneLineNamingTheKey) {
       {"model.pretrained=" + demo("model").string() + " data.train=" +
            demo("train.jsonl").string() + " checkpoint.export_weights=" + demo("model").string(),
        "checkpoint.export_weights", "model.pretrained"},
+      {"data.train=" + dir_.string(), "data.train: " + dir_.string() + ": is a folder",
+       "give a JSONL file"},
+      {"data.val=" + (dir_ / "garbled.jsonl").string(),
+       "data.val: " + (dir_ / "garbled.jsonl").string() + ":2: not JSON (column 2", "a line is {"},
       {"checkpoint.export_weights=" + theirs.string() + " finetune.lora.merge_on_export=true",
        "checkpoint.export_weights: " + theirs.string() +
            ": holds a model this project did not export",
@@ -566,7 +571,7 @@ TEST_F(FinetuneExampleTest, BadInputStopsWithOneLineNamingTheKey) {
   };
   for (const Case& k : cases) {
     const auto r = finetune("fabric.devices=1 trainer.max_steps=1 " + k.args);
-    EXPECT_NE(r.code, 0) << k.args;
+    EXPECT_EQ(r.code, 2) << k.args << "\n" << r.out;  // bad input (fabric/main.h)
     EXPECT_NE(r.out.find(k.key), std::string::npos) << k.args << "\n" << r.out;
     EXPECT_NE(r.out.find(k.fix), std::string::npos) << k.args << "\n" << r.out;
   }
