@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -53,6 +54,18 @@ fs::path find_config(const std::string& name, const std::vector<fs::path>& first
   std::vector<std::string> seen, nearby;
   for (const auto& c : tried) {
     if (fs::is_regular_file(c, ec)) return c;
+    if (c == tried.front() && fs::is_directory(c, ec)) {
+      // A folder where a file was meant: its YAML files are the likely choice.
+      std::vector<std::string> inside;
+      for (const auto& entry : fs::directory_iterator(c, ec)) {
+        const std::string ext = entry.path().extension().string();
+        if (ext == ".yaml" || ext == ".yml") inside.push_back(entry.path().filename().string());
+      }
+      std::sort(inside.begin(), inside.end());
+      if (inside.size() > 4) inside.resize(4);
+      fail(where, "config file '" + name + "' is a folder; give a YAML file" +
+                      (inside.empty() ? std::string() : " (it holds " + join(inside) + ")"));
+    }
     seen.push_back(c.string());
     for (const auto& entry : fs::directory_iterator(c.parent_path(), ec)) {
       const std::string ext = entry.path().extension().string();

@@ -236,6 +236,10 @@ TEST_F(ConfigTest, MissingFileListsEveryPlaceTriedAndSuggestsANeighbour) {
       << msg;
   EXPECT_NE(msg.find((fs::current_path() / "singel_cpu.yaml").string()), std::string::npos) << msg;
   EXPECT_NE(msg.find((dir_ / "singel_cpu.yaml").string()), std::string::npos) << msg;
+  // A folder where the file was meant: said, with the YAML files it holds.
+  EXPECT_EQ(error_of([&] { Config::load(dir_.string(), {}, schema_); }),
+            "--config: config file '" + dir_.string() +
+                "' is a folder; give a YAML file (it holds single_cpu.yaml)");
 }
 
 TEST_F(ConfigTest, FabricConfigDirIsSearched) {
