@@ -430,6 +430,7 @@ void Fabric::load(const std::string& path, CheckpointState& state, bool strict) 
 }
 
 void Fabric::load_weights_of(torch::nn::Module& module, const std::string& path) {
+  const PhaseScope phase(*this, Phase::kLoad);
   const auto file = absolute_from_working_directory(path);
   // A .safetensors file is memory-mapped: each rank then reads only where its elements lie.
   load_weights_of(module, load_state_dict_file(file), file.string());
@@ -437,6 +438,7 @@ void Fabric::load_weights_of(torch::nn::Module& module, const std::string& path)
 
 void Fabric::load_weights_of(torch::nn::Module& module, const StateDict& tensors,
                              const std::string& source, const KeepName& keep) {
+  const PhaseScope phase(*this, Phase::kLoad);
   // A module of an empty init not yet set up: its tensors are on the meta device, and a copy
   // into them would be lost.
   for (const auto& record : pending_inits_) {

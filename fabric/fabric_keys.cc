@@ -129,7 +129,7 @@ std::string Fabric::phase_description() const {
     case Phase::kSave:
       return "while saving a checkpoint, after " + after;
     case Phase::kLoad:
-      return "while loading a checkpoint, after " + after;
+      return "while loading a checkpoint or weights, after " + after;
   }
   return "";
 }

@@ -49,7 +49,8 @@ std::string explain_torch_error(const std::string& message) {
     std::snprintf(size, sizeof size, "%.1f GiB", gib);
     return std::string("out of memory: a tensor of ") + size +
            " did not fit in this machine's memory; lower the sizes in the config "
-           "(data.batch_size, the model's sizes such as model.vocab_size or model.n_embd) or "
+           "(data.batch_size; the model's sizes: its model.* keys, or a smaller model.pretrained) "
+           "or "
            "see what a run needs with //tools:estimate_memory";
   }
   if (message.find("index out of range in self") != std::string::npos)

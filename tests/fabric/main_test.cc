@@ -28,8 +28,8 @@ TEST(ExplainTorchError, RealAllocatorEmbeddingAndSamplingErrorsSayWhatToChange) 
   ASSERT_NE(oom.find("DefaultCPUAllocator"), std::string::npos) << oom;
   EXPECT_EQ(fabric::explain_torch_error(oom),
             "out of memory: a tensor of 4096.0 GiB did not fit in this machine's memory; lower "
-            "the sizes in the config (data.batch_size, the model's sizes such as "
-            "model.vocab_size or model.n_embd) or see what a run needs with "
+            "the sizes in the config (data.batch_size; the model's sizes: its model.* keys, or a "
+            "smaller model.pretrained) or see what a run needs with "
             "//tools:estimate_memory");
 
   torch::nn::Embedding table(10, 4);

@@ -13,7 +13,8 @@
 //   test.save_init     ""     write the weights right after setup here (save_weights), go on
 //   test.kill_at_step  -1     SIGKILL this process right after this step's checkpoint
 //   test.fail          none   forward | backward: at step 3, a LibTorch error there (a view of a
-//                             non-contiguous tensor; the backward of a loss without gradient)
+//                             non-contiguous tensor; the backward of a loss without gradient);
+//                             load: at step 3, load_weights from a file that does not exist
 // Prints, on rank 0: "init SUM" after setup (the sum of every parameter, %.17g), "step S grad
 // NORM MAX" after each f.step (the total norm and largest magnitude of the gradients the optimizer
 // used), "val step S loss L examples N" after each evaluation.
@@ -60,7 +61,7 @@ int main(int argc, char** argv) {
   schema.add("test.end_pass", fabric::KeySpec::boolean(true));
   schema.add("test.save_init", fabric::KeySpec::string(""));
   schema.add("test.kill_at_step", fabric::KeySpec::integer(-1).min(-1));
-  schema.add("test.fail", fabric::KeySpec::choice({"none", "forward", "backward"}, "none"));
+  schema.add("test.fail", fabric::KeySpec::choice({"none", "forward", "backward", "load"}, "none"));
   return fabric::run_main(argc, argv, schema, [](const fabric::Config& c) {
     fabric::Fabric fabric(c);
     return fabric.launch([&](fabric::Fabric& f) {
@@ -107,6 +108,7 @@ int main(int argc, char** argv) {
         for (fabric::Batch& batch : train) {
           optimizer.zero_grad();
           const std::string fail = checkpoints.step() == 2 ? c.get_string("test.fail") : "none";
+          if (fail == "load") f.load_weights(model, "no_such_weights.safetensors");
           torch::Tensor logits = model->forward(batch.data);
           if (fail == "forward") logits = logits.t().view({-1});
           torch::Tensor loss = torch::cross_entropy_loss(logits, batch.target);

@@ -183,6 +183,15 @@ TEST_F(UserLoopTest, AnErrorInTheLoopSaysWhereItHappened) {
             std::string::npos)
       << backward.out;
 
+  // Weights loaded in the loop: said as loading, not as the forward the phase was in before.
+  auto loading = run("test.fail=load");
+  EXPECT_EQ(loading.code, 1) << loading.out;
+  EXPECT_NE(loading.out.find("no_such_weights.safetensors"), std::string::npos) << loading.out;
+  EXPECT_NE(loading.out.find("(while loading a checkpoint or weights, after 2 optimizer steps of "
+                             "this process)"),
+            std::string::npos)
+      << loading.out;
+
   const std::string exe = fabric::testing::helper_binary("//tests/integration:user_loop_helper");
   auto debug = fabric::testing::run_command("cd '" + dir_.string() + "' && FABRIC_DEBUG=1 '" + exe +
                                             "' fabric.accelerator=cpu test.fail=forward");
