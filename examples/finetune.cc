@@ -39,6 +39,7 @@
 
 #include "examples/common/decode.h"
 #include "examples/common/evaluations.h"
+#include "examples/common/steps.h"
 #include "examples/finetune_demo.h"
 #include "examples/finetune_recipe.h"
 #include "examples/gpt_recipe.h"
@@ -173,25 +174,12 @@ int train(fabric::Fabric& f, const examples::finetune::Inputs& in, const Build& 
   std::optional<fabric::DataLoader> val;
   if (val_data) val.emplace(f.setup_dataloader(val_data, loader_options()));
 
-  const int64_t accumulate = c.get_int("trainer.accumulate_grad_batches");
-  const int64_t epoch_steps = fabric::MicroBatch::steps_in_epoch(train.size(), accumulate);
+  // No full batch under data.drop_last: refused (no step would run; the start would export).
+  const examples::StepCount steps =
+      examples::count_steps(f, train.size(), train_data->size(), batch_size,
+                            c.get_bool("data.packed") ? "windows" : "examples");
+  const int64_t accumulate = steps.accumulate, total_steps = steps.total_steps;
   const int64_t max_epochs = c.get_int("trainer.max_epochs");
-  const int64_t max_steps = c.get_int("trainer.max_steps");
-  const int64_t total_steps =
-      max_steps >= 0 ? std::min(max_steps, max_epochs * epoch_steps) : max_epochs * epoch_steps;
-  // drop_last with fewer examples than one batch on every process: no step would run, and the
-  // export after it would write the untrained start as the result.
-  if (epoch_steps == 0 && max_steps != 0) {
-    const int64_t replicas = f.data_parallel_size();   // the sampler splits the data over these
-    const bool fewer = train_data->size() < replicas;  // no batch size helps then
-    throw c.error_at(
-        "data.drop_last",
-        "true leaves no full batch: data.train's " + std::to_string(train_data->size()) +
-            (c.get_bool("data.packed") ? " windows" : " examples") + " over " +
-            std::to_string(replicas) + " data-parallel replica(s) at data.batch_size " +
-            std::to_string(batch_size) + " make 0 steps; set data.drop_last=false" +
-            (fewer ? " or give more examples" : " or lower data.batch_size"));
-  }
   fabric::LRScheduler scheduler(
       *optimizer, fabric::LRSchedule::from_config(c, std::max<int64_t>(total_steps, 1)));
 

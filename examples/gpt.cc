@@ -35,6 +35,7 @@
 #include "examples/common/classification.h"
 #include "examples/common/ema.h"
 #include "examples/common/evaluations.h"
+#include "examples/common/steps.h"
 #include "examples/common/throughput.h"
 #include "examples/gpt_pipeline.h"
 #include "examples/gpt_recipe.h"
@@ -170,12 +171,11 @@ int train_model(fabric::Fabric& f, const examples::gpt::ModelChoice& choice, con
       loader_options().shuffle(c.get_bool("data.shuffle")).drop_last(c.get_bool("data.drop_last")));
   auto val = f.setup_dataloader(val_data, loader_options());
 
-  const int64_t accumulate = c.get_int("trainer.accumulate_grad_batches");
-  const int64_t epoch_steps = fabric::MicroBatch::steps_in_epoch(train.size(), accumulate);
+  // No full batch under data.drop_last: refused (no step would run; the start would export).
+  const examples::StepCount steps =
+      examples::count_steps(f, train.size(), train_data->size(), batch_size, "windows");
+  const int64_t accumulate = steps.accumulate, total_steps = steps.total_steps;
   const int64_t max_epochs = c.get_int("trainer.max_epochs");
-  const int64_t max_steps = c.get_int("trainer.max_steps");
-  const int64_t total_steps =
-      max_steps >= 0 ? std::min(max_steps, max_epochs * epoch_steps) : max_epochs * epoch_steps;
   fabric::LRScheduler scheduler(
       *optimizer, fabric::LRSchedule::from_config(c, std::max<int64_t>(total_steps, 1)));
   const int64_t log_every = c.get_int("logging.log_every_n_steps");

@@ -16,6 +16,7 @@
 
 #include "examples/common/ema.h"
 #include "examples/common/evaluations.h"
+#include "examples/common/steps.h"
 #include "examples/common/throughput.h"
 #include "fabric/accelerators/memory.h"
 #include "fabric/callbacks.h"
@@ -43,16 +44,16 @@ struct LoopSettings {
   // identical on every rank, so it resumes exactly from rank 0's checkpoint).
   bool plateau = false, report_train_loss = false;
 
-  static LoopSettings read(const fabric::Config& c, int64_t train_batches) {
+  static LoopSettings read(const fabric::Fabric& f, int64_t train_batches, int64_t examples,
+                           int64_t batch_size) {
+    const fabric::Config& c = f.config();
     LoopSettings s;
     s.max_epochs = c.get_int("trainer.max_epochs");
-    const int64_t max_steps = c.get_int("trainer.max_steps");
     // Optimizer steps: with trainer.accumulate_grad_batches K, one per K batches (fewer at an
-    // epoch's end); max_steps and the scheduler count these.
-    s.accumulate = c.get_int("trainer.accumulate_grad_batches");
-    const int64_t epoch_steps = fabric::MicroBatch::steps_in_epoch(train_batches, s.accumulate);
-    s.total_steps = max_steps >= 0 ? std::min(max_steps, s.max_epochs * epoch_steps)
-                                   : s.max_epochs * epoch_steps;
+    // epoch's end); max_steps and the scheduler count these. None under data.drop_last: refused.
+    const StepCount steps = count_steps(f, train_batches, examples, batch_size);
+    s.accumulate = steps.accumulate;
+    s.total_steps = steps.total_steps;
     s.log_every = c.get_int("logging.log_every_n_steps");
     s.eval_every = c.get_int("trainer.eval_every_n_epochs");
     s.limit_eval = c.get_int("trainer.limit_eval_batches");
@@ -142,7 +143,7 @@ class ClassifierLoop {
         batch_size_(resolve_batch_size(f, model, task, *optimizer_, &batch_size_trials_)),
         train_(train_loader(f, task, batch_size_)),
         test_(test_loader(f, task, batch_size_)),
-        s_(LoopSettings::read(c_, train_.size())),
+        s_(LoopSettings::read(f, train_.size(), task.train->size(), batch_size_)),
         scheduler_(*optimizer_,
                    fabric::LRSchedule::from_config(c_, std::max<int64_t>(s_.total_steps, 1))) {
     f.print(task.name, ": ", task.data_kind, " data, ", task.train->size(), " train / ",

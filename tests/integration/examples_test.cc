@@ -375,6 +375,11 @@ TEST_F(ExamplesTest, MalformedConfigsExitTwoWithOneLine) {
   r = run("fashion_mnist", "--config=fashion_mnist.yaml optimizer.lr=fast");
   EXPECT_EQ(r.code, 2);
   EXPECT_EQ(r.out, "command line: optimizer.lr: 'fast' is not a number\n");
+  // drop_last with fewer examples than a batch: refused before training (no step would run).
+  r = run("fashion_mnist",
+          "--config=fashion_mnist.yaml data.drop_last=true data.batch_size=10000000");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("data.drop_last: true leaves no full batch"), std::string::npos) << r.out;
   r = run("fashion_mnist", "--confg=fashion_mnist.yaml");
   EXPECT_EQ(r.code, 2);
   EXPECT_EQ(r.out, "command line: unknown flag '--confg'; did you mean '--config'? (see --help)\n");

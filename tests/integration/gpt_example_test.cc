@@ -162,6 +162,17 @@ TEST_F(GptExampleTest, BadTokenDataIsAOneLineErrorNamingTheFile) {
             std::string::npos)
       << prompt.out;
   EXPECT_EQ(prompt.out.find("val loss"), std::string::npos) << "no training: " << prompt.out;
+  // drop_last with fewer windows than a batch: no step would run and the untrained start would
+  // be exported; refused at the key (exit 2).
+  const Result empty = run("gpt", args(1) + " data.drop_last=true data.batch_size=100000");
+  EXPECT_EQ(empty.code, 2) << empty.out;
+  EXPECT_NE(empty.out.find("data.drop_last: true leaves no full batch: the training data's "),
+            std::string::npos)
+      << empty.out;
+  EXPECT_NE(empty.out.find(" windows over 1 data-parallel replica(s) at data.batch_size 100000 "
+                           "make 0 steps; set data.drop_last=false or lower data.batch_size"),
+            std::string::npos)
+      << empty.out;
   std::ofstream(dir_ / "data" / "meta.json") << R"({"tokenizer": "bytes", "vocab_size": -5})";
   const Result negative = run("gpt", args(1));  // ignored before
   EXPECT_NE(negative.code, 0);

@@ -1,0 +1,30 @@
+// How many optimizer steps an example program's loop takes: one per trainer.accumulate_grad_batches
+// batches of the train loader in an epoch (fewer at an epoch's end), trainer.max_epochs of them,
+// at most trainer.max_steps (-1: no limit). One place for examples:gpt, examples:finetune and the
+// classification programs, which refuse a run that would take none.
+#ifndef EXAMPLES_COMMON_STEPS_H_
+#define EXAMPLES_COMMON_STEPS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "fabric/fabric.h"
+
+namespace examples {
+
+struct StepCount {
+  int64_t accumulate = 1;   // trainer.accumulate_grad_batches
+  int64_t epoch_steps = 0;  // optimizer steps in one epoch
+  int64_t total_steps = 0;  // in the run
+};
+
+// fabric::ConfigError at data.drop_last when it leaves the train loader no full batch
+// (`train_batches` 0: fewer than data.batch_size `examples` on a data-parallel replica) while
+// trainer.max_steps is not 0: no step would run, and the export after the loop would write the
+// untrained start as the result. `unit` names what the examples are ("examples", "windows").
+StepCount count_steps(const fabric::Fabric& f, int64_t train_batches, int64_t examples,
+                      int64_t batch_size, const std::string& unit = "examples");
+
+}  // namespace examples
+
+#endif  // EXAMPLES_COMMON_STEPS_H_
