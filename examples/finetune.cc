@@ -11,7 +11,7 @@
 // strategy and precision the other examples take (under model_parallel the adapters split with
 // their layers); checkpoints resume mid-epoch; the validation loss (response tokens only) every
 // finetune.eval_every_n_steps and at the end; a greedy answer to finetune.sample_prompt at the end
-// (any strategy; a model whole on the rank with the key/value cache).
+// (any strategy; with the key/value cache where examples/common/decode.h says it runs).
 //
 // Without model.pretrained it builds a tiny Llama and instruction data from this machine's Python
 // standard library (examples/finetune_demo.h) and fine-tunes that, and says so.
@@ -344,12 +344,12 @@ int train(fabric::Fabric& f, const examples::finetune::Inputs& in, const Build& 
       const int64_t room = p.max_positions() - static_cast<int64_t>(prompt.size());
       g.max_new_tokens = std::min(sample_tokens, room);
       g.eos_token_ids = p.eos_token_ids;
-      // The cached decode reads the layers directly: a model whole on the rank. Elsewhere (fsdp,
-      // model_parallel) the forward over the whole sequence each step, through Fabric.
+      // The cached decode where it runs (examples/common/decode.h); else the forward over the
+      // whole sequence each step, through Fabric.
       if (room < 1) {
         answer = "(no sample: finetune.sample_prompt's " + std::to_string(prompt.size()) +
                  " ids fill the model's " + std::to_string(p.max_positions()) + " positions)";
-      } else if (strategy == "single_device" || strategy == "ddp") {
+      } else if (examples::cached_decode_runs(f)) {
         auto guard = f.autocast();
         answer = tokenizer->decode_text(fabric::models::generate(*model, {prompt}, g).tokens[0]);
       } else {

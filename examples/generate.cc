@@ -9,11 +9,11 @@
 // only), text (their decoding), and the timings.
 //
 // Both families decode with a key/value cache (fabric/models/llama_generate.h, gpt_generate.h)
-// where the model is whole on the rank (single, ddp); elsewhere (fsdp, model_parallel) every step
-// runs the model's forward over the whole sequence through Fabric. fabric.precision and the
-// strategy keys work as in training (fabric.precision=32-true: float32, as the parity checks use).
-// profiler.enabled=true profiles the cached decode steps on the profiler.* schedule (traces in the
-// run directory, the top ops printed). model.adapter=ADAPTER_DIR merges a peft LoRA adapter
+// under single, ddp, fsdp and tensor parallelism; under sequence, context or pipeline parallelism
+// every step runs the model's forward over the whole sequence through Fabric. fabric.precision and
+// the strategy keys work as in training (fabric.precision=32-true: float32, as the parity checks
+// use). profiler.enabled=true profiles the cached decode steps on the profiler.* schedule (traces
+// in the run directory, the top ops printed). model.adapter=ADAPTER_DIR merges a peft LoRA adapter
 // (adapter_config.json, adapter_model.safetensors: examples:finetune's export, or peft's
 // save_pretrained) into the loaded weights before setup, as peft's merge_and_unload does; an
 // adapter made for another base model is a one-line error naming both. Exit status:
@@ -249,8 +249,8 @@ int run(fabric::Fabric& f) {
   double prefill_s = 0, decode_s = 0, decode_rate = 0;
   const auto start = Clock::now();
   const std::string strategy = f.strategy().name();
-  // Where every rank holds the whole model, the cached decode reads the layers directly.
-  const bool whole = strategy == "single_device" || strategy == "ddp";
+  // The cached decode reads the layers directly (examples/common/decode.h says where it runs).
+  const bool whole = examples::cached_decode_runs(f);
   auto decode = [&](auto& model) {
     load_and_set_up(f, p, weights, model);
     if (!whole) {

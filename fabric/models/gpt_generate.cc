@@ -17,18 +17,20 @@ namespace {
 torch::Tensor gpt_step(GPTImpl& model, const decode::Step& s,
                        std::vector<decode::LayerCache>& caches) {
   const GPTConfig& c = model.config();
-  const int64_t B = s.tokens.size(0), T = s.tokens.size(1), C = c.n_embd, heads = c.n_head,
-                D = C / heads;
+  const int64_t B = s.tokens.size(0), T = s.tokens.size(1), D = c.n_embd / c.n_head;
   torch::Tensor x = model.wte->forward(s.tokens) + model.wpe->forward(s.positions);
   auto split = [&](const torch::Tensor& t) {
-    return t.view({B, T, heads, D}).transpose(1, 2);  // [B, heads, T, D]
+    return t.view({B, T, -1, D}).transpose(1, 2);  // [B, heads here, T, D]
   };
   for (size_t i = 0; i < model.blocks.size(); ++i) {
     BlockImpl& block = *model.blocks[i];
     CausalSelfAttentionImpl& attn = *block.attn;
-    const auto qkv = attn.c_attn->forward(gpt_final_norm(c, block.ln_1, x)).split(C, 2);
+    // q, k and v: thirds of c_attn's output (under tensor parallelism of this rank's slice of
+    // each; c_proj, a row layer, sums the ranks' parts).
+    const torch::Tensor out = attn.c_attn->forward(gpt_final_norm(c, block.ln_1, x));
+    const auto qkv = out.split(out.size(2) / 3, 2);
     torch::Tensor y = s.attend(caches[i], split(qkv[0]), split(qkv[1]), split(qkv[2]));
-    y = y.transpose(1, 2).contiguous().view({B, T, C});
+    y = y.transpose(1, 2).contiguous().view({B, T, -1});
     x = x + attn.c_proj->forward(y);
     x = x + block.mlp->forward(gpt_final_norm(c, block.ln_2, x));
   }
@@ -42,13 +44,23 @@ torch::Tensor gpt_step(GPTImpl& model, const decode::Step& s,
 GenerateOutput generate(GPTImpl& model, const std::vector<std::vector<int64_t>>& prompts,
                         const GenerateOptions& o) {
   const GPTConfig& c = model.config();
-  if (model.wte->parallel() || (!model.blocks.empty() && model.blocks[0]->attn->c_attn->parallel()))
-    throw Error("generate: a tensor-parallel model is not supported; generate on one device");
-  if (!model.blocks.empty() && model.blocks[0]->attn->context_parallel)
-    throw Error("generate: a context-parallel model is not supported; generate on one device");
+  if (!model.blocks.empty()) {
+    const CausalSelfAttentionImpl& attn = *model.blocks[0]->attn;
+    // One new position a step: it cannot be cut over the ranks, nor its context split.
+    if (attn.c_attn->parallel() && attn.c_attn->parallel()->sequence_parallel)
+      throw Error(
+          "generate: a model under sequence parallelism is not supported (a step of one "
+          "position cannot be split over the tensor-parallel ranks); set "
+          "fabric.model_parallel.sequence_parallel=false or run its forward per step");
+    if (attn.context_parallel)
+      throw Error("generate: a context-parallel model is not supported; generate without it");
+  }
   decode::Decoder d;
   d.layers = static_cast<int64_t>(model.blocks.size());
-  d.kv_heads = c.n_head;
+  // This rank's heads: all, or c_attn's slice (a third of its rows each for q, k, v) under tp.
+  d.kv_heads = model.blocks.empty()
+                   ? c.n_head
+                   : model.blocks[0]->attn->c_attn->weight.size(0) / 3 / (c.n_embd / c.n_head);
   d.head_dim = c.n_embd / c.n_head;
   d.vocab_size = c.vocab_size;
   d.max_positions = c.block_size;

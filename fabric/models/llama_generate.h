@@ -23,7 +23,9 @@ namespace fabric::models {
 // Generates up to o.max_new_tokens after each prompt (token ids; none empty; each prompt's length
 // plus max_new_tokens at most max_position_embeddings, and at most the sliding window if one is
 // set) on the model's device, in eval mode and without gradients. fabric::Error for empty or
-// too-long prompts, ids outside the vocabulary, a tensor-parallel model, bad options.
+// too-long prompts, ids outside the vocabulary, a model under sequence or context
+// parallelism, bad options. Under tensor parallelism each rank caches its heads (call it on
+// every rank of the group with the same prompts and options: the output layer gathers).
 GenerateOutput generate(LlamaImpl& model, const std::vector<std::vector<int64_t>>& prompts,
                         const GenerateOptions& o = {});
 

@@ -2,7 +2,8 @@
 // small random Llama (GQA, llama3 rope, untied), Qwen2 (biases, tied) and GPT-2 folders with
 // tokenizers trained by `tokenizers` (pretrained_models.py make) are
 //   - generated from: greedy float32 ids, prompt ids and text equal transformers' and tokenizers'
-//     (Llama and GPT-2 with a peft adapter merged too: model.adapter, against peft);
+//     (Llama and GPT-2 with a peft adapter merged too: model.adapter, against peft; the
+//     key/value cache under tp 2 (Llama, GPT-2) and fsdp 2 (Qwen2) too);
 //   - loaded under one process, fsdp over 2 (empty init), tp 2 (with sequence parallelism too),
 //     pp 2 (Qwen2) and cp 2 (Llama): the validation loss before any step equals transformers' on
 //     the same windows (so every rank's slices, stages and chunks were right);
@@ -111,6 +112,20 @@ TEST_F(PretrainedExampleTest, MatchesTransformers) {
     EXPECT_NE(r.out.find("tokens/s"), std::string::npos) << r.out;
     check({"generate", (dir_ / m).string(), out.string(), prompt});
   }
+  // The key/value cache under tensor parallelism (each rank caches its heads; GQA's llama and
+  // GPT-2's fused c_attn) and fsdp (each operator gathers the units it reads): transformers' ids.
+  for (const auto& [m, strategy] :
+       {std::pair<std::string, std::string>{"llama", kTp}, {"gpt2", kTp}, {"qwen2", kFsdp}}) {
+    const fs::path out = dir_ / (m + ".parallel.gen.json");
+    const auto r =
+        run("generate", "model.pretrained=" + (dir_ / m).string() + " generate.prompt='" + prompt +
+                            "' generate.max_new_tokens=24 generate.temperature=0"
+                            " fabric.precision=32-true " +
+                            strategy + " generate.output=" + out.string());
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("tokens/s (key/value cache)"), std::string::npos) << r.out;
+    check({"generate", (dir_ / m).string(), out.string(), prompt});
+  }
   // With a peft adapter (model.adapter, merged before setup) against peft's merge_and_unload.
   for (const char* m : {"llama", "gpt2"}) {
     const fs::path out = dir_ / (std::string(m) + ".adapter.gen.json");
@@ -179,7 +194,7 @@ TEST_F(PretrainedExampleTest, MatchesTransformers) {
   for (size_t at = r.out.find("\nok "); at != std::string::npos; at = r.out.find("\nok ", at + 1))
     ++ok;
   if (r.out.rfind("ok ", 0) == 0) ++ok;
-  EXPECT_EQ(ok, 17u) << r.out;
+  EXPECT_EQ(ok, 20u) << r.out;
 }
 
 TEST_F(PretrainedExampleTest, BadInputIsOneLine) {
