@@ -125,6 +125,16 @@ class EvalScope {
 
 }  // namespace
 
+void check_parallelism(bool sequence_parallel, bool context_parallel) {
+  if (sequence_parallel)
+    throw Error(
+        "generate: a model under sequence parallelism is not supported (a step of one position "
+        "cannot be split over the tensor-parallel ranks); set "
+        "fabric.model_parallel.sequence_parallel=false or run its forward per step");
+  if (context_parallel)
+    throw Error("generate: a context-parallel model is not supported; generate without it");
+}
+
 GenerateOutput generate(torch::nn::Module& model, const Decoder& d,
                         const std::vector<std::vector<int64_t>>& prompts,
                         const GenerateOptions& o) {

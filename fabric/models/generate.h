@@ -93,6 +93,10 @@ struct Decoder {
   std::function<torch::Tensor(const Step&, std::vector<LayerCache>&)> forward;
 };
 
+// fabric::Error for a model the decode steps cannot run on: under sequence parallelism (a step of
+// one position cannot be cut over the tensor-parallel ranks) or context parallelism.
+void check_parallelism(bool sequence_parallel, bool context_parallel);
+
 // The generation loop: validates the prompts and options (fabric::Error naming the prompt, the
 // option or the limit), allocates the caches, runs the prefill and the decode steps and times
 // them, with `model` (the one d.forward runs) in eval mode without gradients; its mode is

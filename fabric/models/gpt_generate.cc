@@ -46,14 +46,8 @@ GenerateOutput generate(GPTImpl& model, const std::vector<std::vector<int64_t>>&
   const GPTConfig& c = model.config();
   if (!model.blocks.empty()) {
     const CausalSelfAttentionImpl& attn = *model.blocks[0]->attn;
-    // One new position a step: it cannot be cut over the ranks, nor its context split.
-    if (attn.c_attn->parallel() && attn.c_attn->parallel()->sequence_parallel)
-      throw Error(
-          "generate: a model under sequence parallelism is not supported (a step of one "
-          "position cannot be split over the tensor-parallel ranks); set "
-          "fabric.model_parallel.sequence_parallel=false or run its forward per step");
-    if (attn.context_parallel)
-      throw Error("generate: a context-parallel model is not supported; generate without it");
+    decode::check_parallelism(attn.c_attn->parallel() && attn.c_attn->parallel()->sequence_parallel,
+                              attn.context_parallel != nullptr);
   }
   decode::Decoder d;
   d.layers = static_cast<int64_t>(model.blocks.size());

@@ -59,14 +59,8 @@ GenerateOutput generate(LlamaImpl& model, const std::vector<std::vector<int64_t>
   const LlamaConfig& c = model.config();
   if (!model.layers.empty()) {
     const LlamaAttentionImpl& attn = *model.layers[0]->self_attn;
-    // One new position a step: it cannot be cut over the ranks, nor its context split.
-    if (attn.q_proj->parallel() && attn.q_proj->parallel()->sequence_parallel)
-      throw Error(
-          "generate: a model under sequence parallelism is not supported (a step of one "
-          "position cannot be split over the tensor-parallel ranks); set "
-          "fabric.model_parallel.sequence_parallel=false or run its forward per step");
-    if (attn.context_parallel)
-      throw Error("generate: a context-parallel model is not supported; generate without it");
+    decode::check_parallelism(attn.q_proj->parallel() && attn.q_proj->parallel()->sequence_parallel,
+                              attn.context_parallel != nullptr);
   }
   const torch::Tensor& w = model.embed_tokens->weight;
   const torch::Tensor inv_freq = llama_rope_inv_freq(c).to(w.device());
