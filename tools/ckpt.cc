@@ -55,6 +55,7 @@
 #include "fabric/checkpoint/safetensors.h"
 #include "fabric/checkpoint/sharded.h"
 #include "fabric/checkpoint/state_dict.h"
+#include "fabric/config/config.h"
 #include "fabric/core/error.h"
 #include "fabric/core/paths.h"
 #include "fabric/hf/config_reader.h"
@@ -146,9 +147,12 @@ int inspect(const fs::path& path) {
       std::string v = e.value().isString() ? e.value().toStringRef() : c10::str(e.value());
       if (k == "saved_unix_time" && e.value().isInt()) {
         const std::time_t t = static_cast<std::time_t>(e.value().toInt());
-        char buf[32];
-        std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", std::gmtime(&t));
-        v += std::string(" (") + buf + ")";
+        char buf[64];
+        std::tm when{};
+        // A time gmtime cannot express (a damaged or foreign file): the number alone.
+        if (gmtime_r(&t, &when) != nullptr &&
+            std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", &when) > 0)
+          v += std::string(" (") + buf + ")";
       }
       std::cout << k << ": " << v << "\n";
     }
@@ -185,8 +189,41 @@ fabric::StateDict entry_state(const c10::IValue& value, const fs::path& path,
   return fabric::state_dict_from(chosen, path.string() + " (entry " + entry + ")");
 }
 
+// The files and folders the run that wrote `checkpoint` read, from its recorded config
+// (model.pretrained, model.init_weights, data.*): an output never goes over or into them.
+std::vector<fabric::InputPath> recorded_inputs(const c10::IValue& checkpoint) {
+  std::vector<fabric::InputPath> inputs;
+  const c10::IValue saved = field(field(checkpoint, "fabric"), "config");
+  if (!saved.isString()) return inputs;
+  std::map<std::string, std::string> leaves;
+  try {
+    leaves = fabric::config_leaves(saved.toStringRef());
+  } catch (const fabric::Error&) {
+    return inputs;  // a config that is not YAML names nothing
+  }
+  for (const char* key :
+       {"model.pretrained", "model.init_weights", "data.train", "data.val", "data.root"}) {
+    const auto it = leaves.find(key);
+    if (it == leaves.end() || it->second.empty() || it->second == "none" || it->second == "~")
+      continue;
+    const bool whole = std::string(key) != "data.root";  // a data folder: the files it names
+    inputs.push_back({fabric::absolute_from_working_directory(it->second),
+                      std::string("the run's ") + key, whole});
+  }
+  return inputs;
+}
+
 int consolidate(const fs::path& path, const fs::path& out, const std::string& entry) {
-  const fabric::StateDict weights = entry_state(read_any(path), path, entry);
+  const c10::IValue value = read_any(path);
+  // Never into what the run read (its model.pretrained folder's model.safetensors, say).
+  try {
+    auto inputs = recorded_inputs(value);
+    inputs.push_back({path, "the checkpoint read"});
+    fabric::check_weights_output(out, "OUT", inputs);
+  } catch (const fabric::Error& e) {
+    return usage(e.what());
+  }
+  const fabric::StateDict weights = entry_state(value, path, entry);
   fabric::save_state_dict(out, weights);
   int64_t elements = 0;
   for (const auto& [name, t] : weights) elements += t.numel();

@@ -22,6 +22,7 @@
 // (including a refused DIR).
 #include <filesystem>
 #include <iostream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -64,7 +65,9 @@ int main(int argc, char** argv) {
       output = fabric::absolute_from_working_directory(arg.substr(9));
     } else if (arg.rfind("--val_fraction=", 0) == 0) {
       try {
-        val_fraction = std::stod(arg.substr(15));
+        size_t used = 0;
+        val_fraction = std::stod(arg.substr(15), &used);
+        if (used != arg.size() - 15) throw std::invalid_argument("trailing characters");
       } catch (const std::exception&) {
         return usage("--val_fraction: '" + arg.substr(15) + "' is not a number");
       }

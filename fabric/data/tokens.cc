@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <map>
 
 #include "fabric/core/atomic_file.h"
 #include "fabric/core/error.h"
@@ -140,6 +141,19 @@ std::vector<std::filesystem::path> text_files(
     const std::function<bool(const std::filesystem::path&)>& accept) {
   namespace fs = std::filesystem;
   std::vector<fs::path> files;
+  // Each file once: one read twice (given alone and inside a folder given, or twice) would be
+  // counted twice, and its second copy could become the validation split of its first.
+  std::map<fs::path, fs::path> seen;  // the file's canonical path → the --input that gave it
+  auto add = [&](const fs::path& file, const fs::path& input) {
+    std::error_code ec;
+    fs::path key = fs::weakly_canonical(file, ec);
+    if (ec) key = file;
+    const auto [it, added] = seen.emplace(key, input);
+    if (!added)
+      throw Error(file.string() + ": read twice (--input " + it->second.string() + " and --input " +
+                  input.string() + "); give each file once");
+    files.push_back(file);
+  };
   for (const fs::path& input : inputs) {
     std::error_code ec;
     if (fs::is_directory(input, ec)) {
@@ -148,9 +162,9 @@ std::vector<std::filesystem::path> text_files(
            it.increment(ec))
         if (it->is_regular_file(ec) && (!accept || accept(it->path()))) under.push_back(it->path());
       std::sort(under.begin(), under.end());
-      files.insert(files.end(), under.begin(), under.end());
+      for (const fs::path& f : under) add(f, input);
     } else if (fs::is_regular_file(input, ec)) {
-      files.push_back(input);
+      add(input, input);
     } else {
       throw Error(input.string() + ": no such file or folder (--input)");
     }
@@ -167,6 +181,10 @@ PreparedText write_splits(const std::vector<Id>& tokens, size_t files,
   namespace fs = std::filesystem;
   const auto val = static_cast<size_t>(static_cast<double>(tokens.size()) * val_fraction);
   const size_t train = tokens.size() - val;
+  if (val < 2 && tokens.size() >= 4)
+    throw Error("--val_fraction " + std::to_string(val_fraction) + " of " +
+                std::to_string(tokens.size()) + " tokens leaves " + std::to_string(val) +
+                " for val.bin (at least 2); raise --val_fraction");
   if (train < 2 || val < 2)
     throw Error(std::to_string(tokens.size()) + " tokens of text in " + std::to_string(files) +
                 " file(s) are too few for a train and a val split; give more text");

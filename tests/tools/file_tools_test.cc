@@ -110,6 +110,38 @@ TEST_F(FileToolsTest, CkptConsolidateNeverWritesOverACheckpoint) {
       << diff.out;
   EXPECT_NE(diff.out.find("0 of 1 entries differ; largest tensor difference 0"), std::string::npos)
       << diff.out;
+
+  // Never into what the run read (its recorded config's model.pretrained folder): the run's own
+  // base weights were replaced by its checkpoint's (exit 0).
+  fs::create_directories(dir_ / "base");
+  fabric::save_safetensors(dir_ / "base" / "model.safetensors", {{"w", torch::ones({2})}});
+  const std::string base_before = bytes(dir_ / "base" / "model.safetensors");
+  {
+    c10::impl::GenericDict model(c10::StringType::get(), c10::AnyType::get());
+    model.insert("fc.weight", torch::ones({2, 2}));
+    c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
+    state.insert("model", model);
+    c10::impl::GenericDict meta(c10::StringType::get(), c10::AnyType::get());
+    meta.insert("format_version", int64_t{1});
+    meta.insert("config", "model:\n  pretrained: " + (dir_ / "base").string() + "\n");
+    // A time gmtime cannot express (inspect segfaulted on it): the number alone.
+    meta.insert("saved_unix_time", int64_t{1} << 62);
+    c10::impl::GenericDict top(c10::StringType::get(), c10::AnyType::get());
+    top.insert("fabric", meta);
+    top.insert("state", state);
+    save_archive(dir_ / "tuned.ckpt", top);
+  }
+  CommandResult into = tool("ckpt", "consolidate tuned.ckpt base/model.safetensors");
+  EXPECT_EQ(into.code, 2) << into.out;
+  EXPECT_NE(into.out.find("base/model.safetensors: lies inside the input folder " +
+                          (dir_ / "base").string() + " (the run's model.pretrained)"),
+            std::string::npos)
+      << into.out;
+  EXPECT_EQ(bytes(dir_ / "base" / "model.safetensors"), base_before);
+  CommandResult inspect = tool("ckpt", "inspect tuned.ckpt");
+  EXPECT_EQ(inspect.code, 0) << inspect.out;
+  EXPECT_NE(inspect.out.find("saved_unix_time: 4611686018427387904\n"), std::string::npos)
+      << inspect.out;
 }
 
 TEST_F(FileToolsTest, CkptRefusesAFifoAndAnOverflowingSafetensorsHeaderInOneLine) {
@@ -180,6 +212,22 @@ TEST_F(FileToolsTest, PrepareTextNeverWritesIntoItsInput) {
   EXPECT_NE(input.out.find("a FIFO (named pipe), not a regular file"), std::string::npos)
       << input.out;
   EXPECT_FALSE(fs::exists(dir_ / "corpus" / "tokens"));
+  // A file given twice (alone and in its folder) would be counted twice and could be the
+  // validation split of itself; a fraction with trailing junk or one leaving val.bin empty.
+  std::ofstream(dir_ / "b.txt") << std::string(400, 'b');
+  for (const auto& [args, why] : std::vector<std::pair<std::string, std::string>>{
+           {"--input=corpus/a.txt --input=corpus --output=twice",
+            "a.txt: read twice (--input " + (dir_ / "corpus" / "a.txt").string() + " and --input " +
+                (dir_ / "corpus").string() + "); give each file once"},
+           {"--input=b.txt --output=junk --val_fraction=0.5abc",
+            "--val_fraction: '0.5abc' is not a number"},
+           {"--input=b.txt --output=tiny --val_fraction=0.001",
+            "tokens leaves 0 for val.bin (at least 2); raise --val_fraction"}}) {
+    CommandResult r = tool("prepare_text", args);
+    EXPECT_NE(r.code, 0) << args << ": " << r.out;
+    EXPECT_NE(r.out.find(why), std::string::npos) << args << ": " << r.out;
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "twice" / "train.bin"));
 }
 
 TEST_F(FileToolsTest, EstimateMemoryHelpAndSizesThatOverflow) {
