@@ -362,11 +362,14 @@ int diff(const fs::path& a, const fs::path& b, const std::string& entry) {
       ++differing;
       continue;
     }
-    const bool floating = t.is_floating_point() || u.is_floating_point();
-    const auto kind = floating ? torch::kDouble : torch::kLong;
-    const double d = t.numel() == 0
-                         ? 0.0
-                         : (t.to(kind) - u.to(kind)).abs().max().to(torch::kDouble).item<double>();
+    // In double (int64 extremes would overflow a long subtraction); equal elements, NaN beside
+    // NaN and infinities of one sign included, differ by 0 (a file against itself: 0 differ).
+    double d = 0.0;
+    if (t.numel() > 0) {
+      const torch::Tensor x = t.to(torch::kDouble), y = u.to(torch::kDouble);
+      const torch::Tensor same = (x == y).logical_or(x.isnan().logical_and(y.isnan()));
+      d = torch::where(same, torch::zeros_like(x), (x - y).abs()).max().item<double>();
+    }
     if (d != 0 || std::isnan(d)) {
       std::cout << name << "  max |a - b| " << d << "\n";
       ++differing;

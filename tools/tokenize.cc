@@ -50,6 +50,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg.rfind("--tokenizer=", 0) == 0) {
+      if (arg.size() == 12) return usage("--tokenizer: no path given; give PATH/tokenizer.json");
       tokenizer = fabric::absolute_from_working_directory(arg.substr(12)).string();
     } else if (arg == "--decode") {
       decode = true;

@@ -280,10 +280,14 @@ Manifest read_manifest(const fs::path& path) {
   // Every file is there with its size before any is read (a damaged shard fails every reader).
   std::vector<std::string> names = {kShardedCommon};
   for (int64_t r = 0; r < out.world; ++r) names.push_back(shard_file_name(r, out.world));
+  for (const auto& name : names)
+    if (!out.sizes.count(name)) throw Error(where + ": does not list " + name);
+  // And every other file it lists (a folder that lost one is not the checkpoint that was saved).
+  for (const auto& [name, listed] : out.sizes)
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
   for (const auto& name : names) {
     const fs::path file = path / name;
     auto it = out.sizes.find(name);
-    if (it == out.sizes.end()) throw Error(where + ": does not list " + name);
     const auto bytes = fs::file_size(file, ec);
     if (ec) throw Error(file.string() + ": cannot open (" + ec.message() + ")");
     if (static_cast<int64_t>(bytes) != it->second)

@@ -15,6 +15,7 @@
 
 #include "fabric/config/internal/value.h"
 #include "fabric/config/yaml_load.h"
+#include "fabric/core/files.h"
 #include "fabric/core/hash.h"
 #include "fabric/core/paths.h"
 #include "fabric/core/suggest.h"
@@ -54,6 +55,9 @@ fs::path find_config(const std::string& name, const std::vector<fs::path>& first
   std::vector<std::string> seen, nearby;
   for (const auto& c : tried) {
     if (fs::is_regular_file(c, ec)) return c;
+    if (c == tried.front() && fs::exists(c, ec) && !fs::is_directory(c, ec))
+      fail(where, "config file '" + name + "' is " + file_kind(c) + ", not a regular file; " +
+                      "give a YAML file");
     if (c == tried.front() && fs::is_directory(c, ec)) {
       // A folder where a file was meant: its YAML files are the likely choice.
       std::vector<std::string> inside;

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fabric/core/error.h"
+#include "fabric/core/files.h"
 #include "fabric/data/bpe_unicode.h"
 
 namespace fabric {
@@ -21,6 +22,19 @@ using bpe_unicode::is_space;
 namespace {
 
 std::string read_file(const std::filesystem::path& path, const char* what) {
+  std::error_code ec;
+  // A folder that holds the file (a model folder given for its tokenizer.json): name the file.
+  if (std::filesystem::is_directory(path, ec)) {
+    const std::string name = std::string(what).find("tokenizer.json") != std::string::npos
+                                 ? "tokenizer.json"
+                                 : std::string();
+    throw Error(path.string() + ": is a folder, not " + what +
+                (!name.empty() && std::filesystem::exists(path / name, ec)
+                     ? "; give " + (path / name).string()
+                     : std::string()));
+  }
+  // A FIFO would block, a device (/dev/zero) never end: regular files only.
+  if (std::filesystem::exists(path, ec)) require_regular_file(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path.string() + ": cannot read (" + what + ")");
   std::ostringstream text;

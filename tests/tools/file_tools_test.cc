@@ -6,10 +6,12 @@
 #include <sys/stat.h>
 #include <torch/types.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <string>
 
 #include "fabric/checkpoint/archive.h"
@@ -138,6 +140,19 @@ TEST_F(FileToolsTest, CkptConsolidateNeverWritesOverACheckpoint) {
             std::string::npos)
       << into.out;
   EXPECT_EQ(bytes(dir_ / "base" / "model.safetensors"), base_before);
+  // diff of a file with NaN against itself: nothing differs; int64 extremes do not wrap.
+  fabric::save_safetensors(
+      dir_ / "nan.safetensors",
+      {{"w", torch::tensor({1.0, std::nan(""), static_cast<double>(INFINITY)})}});
+  CommandResult self = tool("ckpt", "diff nan.safetensors nan.safetensors");
+  EXPECT_NE(self.out.find("0 of 1 entries differ; largest tensor difference 0"), std::string::npos)
+      << self.out;
+  fabric::save_safetensors(dir_ / "max.safetensors",
+                           {{"i", torch::tensor({std::numeric_limits<int64_t>::max()})}});
+  fabric::save_safetensors(dir_ / "min.safetensors",
+                           {{"i", torch::tensor({std::numeric_limits<int64_t>::min()})}});
+  CommandResult extremes = tool("ckpt", "diff max.safetensors min.safetensors");
+  EXPECT_NE(extremes.out.find("i  max |a - b| 1.84467e+19"), std::string::npos) << extremes.out;
   CommandResult inspect = tool("ckpt", "inspect tuned.ckpt");
   EXPECT_EQ(inspect.code, 0) << inspect.out;
   EXPECT_NE(inspect.out.find("saved_unix_time: 4611686018427387904\n"), std::string::npos)

@@ -155,6 +155,25 @@ TEST(ShardedTest, AFolderIsReadWholeByReadCheckpointAndByPython) {
   std::snprintf(sum, sizeof(sum), "%.6f", m.a.to(torch::kDouble).sum().item<double>());
   EXPECT_NE(r.out.find(std::string("state/a ") + sum), std::string::npos) << r.out;
 
+  // A file the manifest lists that the folder lost: not the checkpoint that was saved.
+  {
+    const fs::path manifest = dir / "manifest.json";
+    std::ifstream in(manifest);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t files = text.find("\"files\": {");
+    ASSERT_NE(files, std::string::npos) << text;
+    std::string ghost = text;
+    ghost.insert(files + 10, "\"extra.pt\": 12, ");
+    std::ofstream(manifest, std::ios::trunc) << ghost;
+    try {
+      fabric::verify_checkpoint(dir);
+      ADD_FAILURE() << "verified a folder that lost a file";
+    } catch (const fabric::Error& e) {
+      EXPECT_EQ(std::string(e.what()).rfind((dir / "extra.pt").string() + ": cannot open (", 0), 0u)
+          << e.what();
+    }
+    std::ofstream(manifest, std::ios::trunc) << text;
+  }
   // A shard cut short: named, with both sizes.
   const fs::path shard = dir / fabric::shard_file_name(1, 2);
   const auto bytes = fs::file_size(shard);

@@ -240,6 +240,9 @@ TEST_F(ConfigTest, MissingFileListsEveryPlaceTriedAndSuggestsANeighbour) {
   EXPECT_EQ(error_of([&] { Config::load(dir_.string(), {}, schema_); }),
             "--config: config file '" + dir_.string() +
                 "' is a folder; give a YAML file (it holds single_cpu.yaml)");
+  EXPECT_EQ(error_of([&] { Config::load("/dev/zero", {}, schema_); }),
+            "--config: config file '/dev/zero' is a character device, not a regular file; give a "
+            "YAML file");
 }
 
 TEST_F(ConfigTest, FabricConfigDirIsSearched) {

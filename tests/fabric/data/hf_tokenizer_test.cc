@@ -70,6 +70,14 @@ TEST_F(HfTokenizerTest, OtherKindsAndBadFilesAreOneLineErrors) {
   const std::string missing = (dir_ / "missing/tokenizer.json").string();
   EXPECT_EQ(tool_error(missing),
             "tokenize: " + missing + ": cannot read (a Hugging Face tokenizer.json)\n");
+  // A model folder for its tokenizer.json, and a device that never ends (it read until memory ran
+  // out): one line each.
+  EXPECT_EQ(tool_error((dir_ / "gpt2").string()),
+            "tokenize: " + (dir_ / "gpt2").string() +
+                ": is a folder, not a Hugging Face tokenizer.json; give " +
+                (dir_ / "gpt2/tokenizer.json").string() + "\n");
+  EXPECT_EQ(tool_error("/dev/zero"),
+            "tokenize: /dev/zero: cannot open (a character device, not a regular file)\n");
   const std::string garbled = (dir_ / "garbled.json").string();
   std::ofstream(garbled) << "{\"model\": ";
   const std::string error = tool_error(garbled);
