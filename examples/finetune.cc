@@ -308,7 +308,7 @@ int train(fabric::Fabric& f, const examples::finetune::Inputs& in, const Build& 
         stopped = nonfinite.message();
         break;
       }
-      if (eval_every > 0 && step % eval_every == 0 && step < total_steps) {
+      if (val && eval_every > 0 && step % eval_every == 0 && step < total_steps) {
         const auto eval_start = Clock::now();
         val_loss = validate();
         f.print("step ", step, " val loss ", val_loss);
@@ -333,9 +333,11 @@ int train(fabric::Fabric& f, const examples::finetune::Inputs& in, const Build& 
   f.call("on_fit_end", step);
   std::string answer;
   if (stopped.empty()) {
-    val_loss = validate();
-    f.print("step ", step, " val loss ", val_loss, " (response tokens)");
-    f.log_dict({{"val/loss", val_loss}}, step);
+    if (val) {  // no data.val: no validation line (it would say nan)
+      val_loss = validate();
+      f.print("step ", step, " val loss ", val_loss, " (response tokens)");
+      f.log_dict({{"val/loss", val_loss}}, step);
+    }
     const int64_t sample_tokens = c.get_int("finetune.sample_tokens");
     if (!c.get_string("finetune.sample_prompt").empty() && sample_tokens > 0) {
       const std::vector<int64_t> prompt = sample_ids(c, *tokenizer, in.options.add_bos);

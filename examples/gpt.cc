@@ -77,8 +77,14 @@ int train_model(fabric::Fabric& f, const examples::gpt::ModelChoice& choice, con
   const auto start = Clock::now();
   const fabric::Config& c = f.config();
   const int64_t sequence = choice.window, vocab_size = choice.vocab_size();
-  const fabric::TokenDataset::Options token_options{
+  fabric::TokenDataset::Options token_options{
       sequence, c.get_string("data.token_dtype") == "uint32" ? 4 : 2, vocab_size};
+  if (choice.pretrained) {  // the folder fixes the vocabulary: no model.vocab_size to raise
+    token_options.vocab_name = "the vocabulary of model.pretrained's config.json";
+    token_options.vocab_fix =
+        "prepare the data with its tokenizer (tools/prepare_text --tokenizer=" +
+        (choice.pretrained->folder / "tokenizer.json").string() + ")";
+  }
   if (!fs::exists(root / "val.bin"))
     throw fabric::Error((root / "val.bin").string() +
                         ": missing (data.root needs train.bin and val.bin; tools/prepare_text "

@@ -33,7 +33,7 @@ fabric::ConfigSchema schema() {
         fabric::KeySpec::integer(0).min(0).doc(
             "tokens per sequence (with model.pretrained: at most the model's positions; 0: the "
             "smaller of them and 1024)"));
-  s.add("model.n_layer", fabric::KeySpec::integer(0).min(0));
+  s.add("model.n_layer", fabric::KeySpec::integer(0).min(0).max(4096));  // more: a typo
   s.add("model.n_head", fabric::KeySpec::integer(0).min(0));
   s.add("model.n_embd", fabric::KeySpec::integer(0).min(0));
   s.add("model.dropout", fabric::KeySpec::real(0.0).min(0).max(1, false));

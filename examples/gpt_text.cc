@@ -43,7 +43,17 @@ std::string python_stdlib() {
 fs::path data_root(fabric::Fabric& f) {
   const fabric::Config& c = f.config();
   const std::string root = c.get_string("data.root");
-  if (!root.empty()) return fabric::absolute_from_working_directory(root);
+  if (!root.empty()) {
+    const fs::path dir = fabric::absolute_from_working_directory(root);
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec))
+      throw c.error_at("data.root",
+                       dir.string() +
+                           (fs::exists(dir, ec) ? " is not a folder" : ": no such folder") +
+                           "; give the folder tools/prepare_text wrote (train.bin, val.bin, "
+                           "meta.json)");
+    return dir;
+  }
   const std::string stdlib = python_stdlib();
   if (stdlib.empty())
     throw fabric::ConfigError(

@@ -162,6 +162,12 @@ TEST_F(GptExampleTest, BadTokenDataIsAOneLineErrorNamingTheFile) {
             std::string::npos)
       << prompt.out;
   EXPECT_EQ(prompt.out.find("val loss"), std::string::npos) << "no training: " << prompt.out;
+  // A data.root that does not exist: at the key (exit 2), not "val.bin: missing" (exit 1).
+  const Result nowhere = run("gpt", args(1) + " data.root=" + (dir_ / "nowhere").string());
+  EXPECT_EQ(nowhere.code, 2) << nowhere.out;
+  EXPECT_NE(nowhere.out.find("data.root: " + (dir_ / "nowhere").string() + ": no such folder"),
+            std::string::npos)
+      << nowhere.out;
   // drop_last with fewer windows than a batch: no step would run and the untrained start would
   // be exported; refused at the key (exit 2).
   const Result empty = run("gpt", args(1) + " data.drop_last=true data.batch_size=100000");
