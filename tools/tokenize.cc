@@ -25,23 +25,6 @@ int usage(const std::string& why) {
   return 2;
 }
 
-// The byte offset of the first byte of `text` that is not UTF-8, or npos.
-size_t invalid_utf8(const std::string& text) {
-  for (size_t i = 0; i < text.size();) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    const size_t n = c < 0x80           ? 1
-                     : (c >> 5) == 0x6  ? 2
-                     : (c >> 4) == 0xE  ? 3
-                     : (c >> 3) == 0x1E ? 4
-                                        : 0;
-    if (n == 0 || i + n > text.size()) return i;
-    for (size_t k = 1; k < n; ++k)
-      if ((static_cast<unsigned char>(text[i + k]) >> 6) != 0x2) return i;
-    i += n;
-  }
-  return std::string::npos;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -82,7 +65,7 @@ int main(int argc, char** argv) {
       }
       std::cout << bpe.decode(ids) << std::flush;
     } else {
-      if (const size_t at = invalid_utf8(input); at != std::string::npos)
+      if (const size_t at = fabric::first_invalid_utf8(input); at != std::string::npos)
         throw fabric::Error("stdin: byte " + std::to_string(at) +
                             " is not UTF-8; give UTF-8 text (or decode it first)");
       const std::vector<int64_t> ids = bpe.encode(input);

@@ -106,6 +106,11 @@ class BpeTokenizer {
 // (printable Latin-1 bytes stand for themselves, the other 68 for code points 256, 257, ...).
 std::vector<std::string> byte_level_symbols();
 
+// The offset of the first byte of `text` that does not start a well-formed UTF-8 sequence (Unicode
+// table 3-7: no overlong forms, no surrogates U+D800..U+DFFF, nothing above U+10FFFF), or npos.
+// What a text file must be before a tokenizer.json encodes it (Python's `tokenizers` takes str).
+size_t first_invalid_utf8(const std::string& text);
+
 }  // namespace fabric
 
 #endif  // FABRIC_DATA_BPE_H_

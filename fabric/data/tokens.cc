@@ -122,6 +122,16 @@ std::string read_all(const std::filesystem::path& file) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+// A text file for a BPE tokenizer: well-formed UTF-8 (Latin-1 or UTF-16 text would be encoded
+// as garbage ids without a word), else fabric::Error naming the file and the byte.
+std::string utf8_text(const std::filesystem::path& file) {
+  std::string text = read_all(file);
+  if (const size_t at = first_invalid_utf8(text); at != std::string::npos)
+    throw Error(file.string() + ": byte " + std::to_string(at) +
+                " is not UTF-8; give UTF-8 text (convert it first, e.g. iconv -t UTF-8)");
+  return text;
+}
+
 // Little-endian uint16 or uint32 ids.
 template <typename Id>
 std::string as_bytes(const std::vector<Id>& tokens, size_t begin, size_t end) {
@@ -245,7 +255,8 @@ PreparedText prepare_bpe_text(const std::vector<std::filesystem::path>& inputs,
   const auto files = text_files(inputs, accept);
   std::vector<uint16_t> tokens;
   for (const auto& file : files) {
-    for (const int64_t id : bpe.encode(read_all(file))) tokens.push_back(static_cast<uint16_t>(id));
+    for (const int64_t id : bpe.encode(utf8_text(file)))
+      tokens.push_back(static_cast<uint16_t>(id));
     if (bpe.eot() >= 0) tokens.push_back(static_cast<uint16_t>(bpe.eot()));
   }
   return write_splits(
@@ -264,7 +275,8 @@ PreparedText prepare_hf_text(const std::vector<std::filesystem::path>& inputs,
   const auto files = text_files(inputs, accept);
   std::vector<uint32_t> tokens;
   for (const auto& file : files) {
-    for (const int64_t id : bpe.encode(read_all(file))) tokens.push_back(static_cast<uint32_t>(id));
+    for (const int64_t id : bpe.encode(utf8_text(file)))
+      tokens.push_back(static_cast<uint32_t>(id));
     if (bpe.eot() >= 0) tokens.push_back(static_cast<uint32_t>(bpe.eot()));
   }
   const std::string fields =

@@ -182,6 +182,31 @@ TEST_F(HfTokenizerTest, PrepareTextWritesTheTokenizersIds) {
     EXPECT_EQ(loaded.encode("Hello world"),
               BpeTokenizer::from_tokenizer_json(tokenizer).encode("Hello world"));
   }
+  // Latin-1 text (its 0xE9) was encoded into garbage ids, exit 0: refused naming file and byte.
+  std::ofstream(dir_ / "latin1.txt") << "caf\xe9 au lait, " << std::string(200, 'x');
+  const auto latin1 =
+      fabric::testing::run_command(fabric::testing::helper_binary("//tools:prepare_text") +
+                                   " --input=" + (dir_ / "latin1.txt").string() +
+                                   " --tokenizer=" + (dir_ / "llama3/tokenizer.json").string() +
+                                   " --output=" + (dir_ / "prepared_latin1").string());
+  EXPECT_NE(latin1.code, 0) << latin1.out;
+  EXPECT_NE(
+      latin1.out.find((dir_ / "latin1.txt").string() + ": byte 3 is not UTF-8; give UTF-8 text"),
+      std::string::npos)
+      << latin1.out;
+}
+
+TEST(Utf8, WellFormedOnlyAsUnicodeDefinesIt) {
+  EXPECT_EQ(fabric::first_invalid_utf8("plain, \xc3\xa9, \xe2\x82\xac, \xf0\x9f\x98\x80"),
+            std::string::npos);
+  EXPECT_EQ(fabric::first_invalid_utf8("\xf4\x8f\xbf\xbf"), std::string::npos);  // U+10FFFF
+  EXPECT_EQ(fabric::first_invalid_utf8("ab\xed\xa0\x80"), 2u);                   // a surrogate
+  EXPECT_EQ(fabric::first_invalid_utf8("\xc0\xaf"), 0u);                         // overlong '/'
+  EXPECT_EQ(fabric::first_invalid_utf8("\xe0\x80\xaf"), 0u);                     // overlong
+  EXPECT_EQ(fabric::first_invalid_utf8("x\xf4\x90\x80\x80"), 1u);                // above U+10FFFF
+  EXPECT_EQ(fabric::first_invalid_utf8("\xf7\xbf\xbf\xbf"), 0u);
+  EXPECT_EQ(fabric::first_invalid_utf8("\xe2\x82"), 0u);  // cut short
+  EXPECT_EQ(fabric::first_invalid_utf8("\x80"), 0u);      // a lone continuation
 }
 
 TEST(HfPatternTest, Llama3AndQwen2Splits) {
