@@ -45,33 +45,10 @@ std::string read_file(const std::filesystem::path& path, const char* what) {
 }  // namespace
 
 size_t first_invalid_utf8(const std::string& text) {
-  const auto byte = [&](size_t i) { return static_cast<unsigned char>(text[i]); };
   for (size_t i = 0; i < text.size();) {
-    const unsigned char c = byte(i);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    // The sequence's length and its second byte's range (the first byte decides both).
-    size_t n = 0;
-    unsigned char low = 0x80, high = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) {
-      n = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      n = 3;
-      if (c == 0xE0) low = 0xA0;   // overlong
-      if (c == 0xED) high = 0x9F;  // surrogates
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      n = 4;
-      if (c == 0xF0) low = 0x90;   // overlong
-      if (c == 0xF4) high = 0x8F;  // above U+10FFFF
-    } else {
-      return i;  // a continuation byte, C0/C1 (overlong) or F5..FF
-    }
-    if (i + n > text.size() || byte(i + 1) < low || byte(i + 1) > high) return i;
-    for (size_t k = 2; k < n; ++k)
-      if ((byte(i + k) & 0xC0) != 0x80) return i;
-    i += n;
+    const size_t valid = bpe_unicode::utf8_sequence(text, i).valid;
+    if (valid == 0) return i;
+    i += valid;
   }
   return std::string::npos;
 }
