@@ -5,7 +5,9 @@
 #include <iterator>
 #include <limits>
 #include <mutex>
+#include <queue>
 #include <sstream>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -435,32 +437,50 @@ void BpeTokenizer::encode_piece(const std::string& piece, std::vector<int64_t>& 
   if (const auto v = ignore_merges_ ? vocab_.find(whole) : vocab_.end(); v != vocab_.end()) {
     piece_ids.push_back(v->second);
   } else {
-    std::vector<std::string> word;
-    for (const char c : piece) word.push_back(byte_symbol_[static_cast<unsigned char>(c)]);
-    while (word.size() > 1) {
-      int best = std::numeric_limits<int>::max();
-      size_t at = 0;
-      for (size_t k = 0; k + 1 < word.size(); ++k) {
-        const auto r = ranks_.find({word[k], word[k + 1]});
-        if (r != ranks_.end() && r->second < best) {
-          best = r->second;
-          at = k;
-        }
-      }
-      if (best == std::numeric_limits<int>::max()) break;
-      const std::string first = word[at], second = word[at + 1];
-      std::vector<std::string> merged;
-      for (size_t k = 0; k < word.size();) {
-        if (k + 1 < word.size() && word[k] == first && word[k + 1] == second) {
-          merged.push_back(first + second);
-          k += 2;
-        } else {
-          merged.push_back(word[k++]);
-        }
-      }
-      word = std::move(merged);
+    // The merges in rank order, as GPT-2's loop does them (the lowest-ranked pair first; equal
+    // ranks left to right), from a heap of candidate pairs: O(n log n) for a piece of n bytes,
+    // where the loop's whole-word rescans took O(n^2) (a 1 MB run of letters: minutes).
+    struct Symbol {
+      std::string text;
+      int64_t prev, next;   // -1: none
+      int64_t version = 0;  // bumped when the symbol grows or is merged away (alive = false)
+      bool alive = true;
+    };
+    std::vector<Symbol> word;
+    word.reserve(piece.size());
+    for (size_t k = 0; k < piece.size(); ++k)
+      word.push_back({byte_symbol_[static_cast<unsigned char>(piece[k])],
+                      static_cast<int64_t>(k) - 1,
+                      k + 1 < piece.size() ? static_cast<int64_t>(k) + 1 : -1});
+    // (rank, left, right, left's version, right's version): stale once either changed.
+    using Candidate = std::tuple<int, int64_t, int64_t, int64_t, int64_t>;
+    std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> heap;
+    auto offer = [&](int64_t left) {
+      if (left < 0 || word[left].next < 0) return;
+      const int64_t right = word[left].next;
+      const auto r = ranks_.find({word[left].text, word[right].text});
+      if (r != ranks_.end())
+        heap.emplace(r->second, left, right, word[left].version, word[right].version);
+    };
+    for (int64_t k = 0; k + 1 < static_cast<int64_t>(word.size()); ++k) offer(k);
+    while (!heap.empty()) {
+      const auto [rank, left, right, left_version, right_version] = heap.top();
+      heap.pop();
+      Symbol &a = word[left], &b = word[right];
+      if (!a.alive || !b.alive || a.next != right || a.version != left_version ||
+          b.version != right_version)
+        continue;
+      a.text += b.text;
+      ++a.version;
+      b.alive = false;
+      ++b.version;
+      a.next = b.next;
+      if (b.next >= 0) word[b.next].prev = left;
+      offer(a.prev);
+      offer(left);
     }
-    for (const std::string& symbol : word) piece_ids.push_back(vocab_.at(symbol));
+    for (const Symbol& symbol : word)
+      if (symbol.alive) piece_ids.push_back(vocab_.at(symbol.text));
   }
   ids.insert(ids.end(), piece_ids.begin(), piece_ids.end());
   const std::lock_guard<std::mutex> lock(cache_mutex);

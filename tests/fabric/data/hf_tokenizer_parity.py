@@ -100,6 +100,11 @@ def main():
     # Text the tokenizers were not trained on.
     other = open(os.path.join(stdlib, "argparse.py"), encoding="utf-8").read()[:6000]
     cases = CASES + [other, other[:3000] + UNICODE + "<|endoftext|>" + other[3000:]]
+    # Long pieces without whitespace (one word of 20,000 letters; runs of one letter): the merges
+    # come from a heap there, whose order must be the loop's.
+    letters = random.Random(1)
+    cases += ["".join(letters.choice("etaoinshrdlu") for _ in range(20000)), "a" * 5000,
+              "ab" * 3000 + "ba" * 3000]
     cases += random_cases(random.Random(int(os.environ.get("SEED", "0"))),
                           int(os.environ.get("RANDOM_CASES", "40")))
     checked = 0
