@@ -129,18 +129,27 @@ std::pair<std::string, Config> load(const std::string& program, const std::strin
       {"cifar10", &examples::cifar10_schema},
       {"fashion_mnist", &examples::fashion_mnist_schema},
       {"gpt", &examples::gpt::schema}};
-  std::string first_error;
+  std::string first_error, known_keys_error, known_keys_program;
   for (const auto& [name, schema] : programs) {
     if (program != "auto" && program != name) continue;
     try {
       return {name, Config::load(file, overrides, schema())};
     } catch (const fabric::ConfigError& e) {
       if (program != "auto") throw;
-      if (first_error.empty()) first_error = e.what();
+      const std::string what = e.what();
+      if (first_error.empty()) first_error = what;
+      // The program whose keys the config has (its error is a value's, not an unknown key's):
+      // that error is the one to fix (data.batch_size=-5 in a gpt config, say).
+      if (known_keys_error.empty() && what.find("unknown key") == std::string::npos) {
+        known_keys_error = what;
+        known_keys_program = name;
+      }
     }
   }
   if (program != "auto")
     throw Error("--program=" + program + ": not one of auto, cifar10, fashion_mnist, gpt");
+  if (!known_keys_error.empty())
+    throw Error(known_keys_error + " (read as " + known_keys_program + "'s config)");
   throw Error(first_error + " (read as cifar10's config; --program=NAME names another)");
 }
 
@@ -293,7 +302,19 @@ int run(int argc, char** argv) {
   }
 
   Activations act;
-  if (activations) act = measure(m, precision, trainable, std::max<int64_t>(batch, 1));
+  if (activations) {
+    try {
+      act = measure(m, precision, trainable, std::max<int64_t>(batch, 1));
+    } catch (const std::exception& e) {
+      // Measuring materialises the model here: one too large for this machine is said so.
+      const std::string what = e.what();
+      if (what.find("allocate") == std::string::npos && what.find("memory") == std::string::npos)
+        throw;
+      throw Error(what.substr(0, what.find('\n')) +
+                  "; the activations are measured by running the model on this machine, which "
+                  "cannot hold it: --activations=skip counts the rest");
+    }
+  }
   const int64_t activation_bytes = plus(times(act.per_example, batch), act.fixed);
 
   struct Row {

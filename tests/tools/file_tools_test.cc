@@ -255,6 +255,12 @@ TEST_F(FileToolsTest, EstimateMemoryHelpAndSizesThatOverflow) {
   EXPECT_NE(huge.out.find("the estimate overflows 64-bit byte counts"), std::string::npos)
       << huge.out;
   EXPECT_EQ(huge.out.find("MiB per process"), std::string::npos) << huge.out;
+  // A bad value in a gpt config: its own error, not cifar10's "unknown key" (auto mode).
+  CommandResult value = tool("estimate_memory", "--config=gpt_tiny.yaml data.batch_size=-5");
+  EXPECT_EQ(value.code, 2) << value.out;
+  EXPECT_NE(value.out.find("data.batch_size"), std::string::npos) << value.out;
+  EXPECT_NE(value.out.find("(read as gpt's config)"), std::string::npos) << value.out;
+  EXPECT_EQ(value.out.find("unknown key"), std::string::npos) << value.out;
 }
 
 }  // namespace
