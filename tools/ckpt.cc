@@ -256,6 +256,22 @@ int to_hf(const fs::path& path, const fs::path& out, std::string entry, int64_t 
                         ": records no config (a weights file); give the run's config with "
                         "--config=YAML");
   }
+  // A fine-tuning run's checkpoint (examples:finetune): its own export writes the folder.
+  if (config_file.empty()) {
+    std::map<std::string, std::string> leaves;
+    try {
+      leaves = fabric::config_leaves(yaml);
+    } catch (const fabric::Error&) {
+    }
+    for (const auto& [key, value] : leaves)
+      if (key.rfind("finetune.", 0) == 0)
+        throw fabric::Error(
+            path.string() +
+            ": a checkpoint of examples:finetune, which ckpt hf does not convert (it converts "
+            "examples:gpt's); resume the run with checkpoint.resume=PATH and its end exports the "
+            "Hugging Face folder (checkpoint.export_weights; finetune.lora.merge_on_export=true "
+            "for a merged model)");
+  }
   if (weights_file) entry = "weights";  // read_any's name for a weights file's tensors
   const fabric::StateDict state = entry_state(value, path, entry);
   const fabric::Config c = fabric::Config::parse(yaml, {}, examples::gpt::schema(), source);

@@ -133,6 +133,22 @@ TEST_F(FileToolsTest, CkptConsolidateNeverWritesOverACheckpoint) {
     top.insert("state", state);
     save_archive(dir_ / "tuned.ckpt", top);
   }
+  {  // A fine-tuning run's checkpoint: ckpt hf says where its folder comes from.
+    c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
+    c10::impl::GenericDict meta(c10::StringType::get(), c10::AnyType::get());
+    meta.insert("format_version", int64_t{1});
+    meta.insert("config", std::string("finetune:\n  method: lora\n"));
+    c10::impl::GenericDict top(c10::StringType::get(), c10::AnyType::get());
+    top.insert("fabric", meta);
+    top.insert("state", state);
+    save_archive(dir_ / "lora.ckpt", top);
+  }
+  CommandResult lora = tool("ckpt", "hf lora.ckpt lora_hf");
+  EXPECT_NE(lora.code, 0) << lora.out;
+  EXPECT_NE(lora.out.find("lora.ckpt: a checkpoint of examples:finetune, which ckpt hf does not "
+                          "convert"),
+            std::string::npos)
+      << lora.out;
   CommandResult into = tool("ckpt", "consolidate tuned.ckpt base/model.safetensors");
   EXPECT_EQ(into.code, 2) << into.out;
   EXPECT_NE(into.out.find("base/model.safetensors: lies inside the input folder " +
