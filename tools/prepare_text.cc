@@ -117,6 +117,11 @@ int main(int argc, char** argv) {
                                      : "GPT-2 BPE")
               << ") -> " << output.string() << "/train.bin (" << done.train_tokens << "), val.bin ("
               << done.val_tokens << ")" << std::endl;
+    if (done.no_separator && done.files > 1)
+      std::cerr << "warning: --tokenizer: no end-of-text id found (an eos_token in "
+                   "tokenizer_config.json or an eos_token_id in generation_config.json beside it, "
+                   "or a <|endoftext|> token): the "
+                << done.files << " files' tokens are joined without a separator" << std::endl;
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "prepare_text: " << fabric::describe(e) << std::endl;

@@ -282,11 +282,16 @@ PreparedText prepare_hf_text(const std::vector<std::filesystem::path>& inputs,
   const std::string fields =
       "\"tokenizer\": \"hf-tokenizer\", \"vocab_size\": " + std::to_string(bpe.vocab_size()) +
       ", \"tokenizer_json\": " + json_string(fs::absolute(tokenizer_json).string());
-  if (bpe.vocab_size() > 65536)
-    return write_splits(tokens, files.size(), output, val_fraction,
-                        fields + ", \"token_dtype\": \"uint32\"");
+  if (bpe.vocab_size() > 65536) {
+    PreparedText done = write_splits(tokens, files.size(), output, val_fraction,
+                                     fields + ", \"token_dtype\": \"uint32\"");
+    done.no_separator = bpe.eot() < 0;
+    return done;
+  }
   const std::vector<uint16_t> narrow(tokens.begin(), tokens.end());
-  return write_splits(narrow, files.size(), output, val_fraction, fields);
+  PreparedText done = write_splits(narrow, files.size(), output, val_fraction, fields);
+  done.no_separator = bpe.eot() < 0;
+  return done;
 }
 
 }  // namespace fabric

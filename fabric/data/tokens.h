@@ -75,6 +75,8 @@ std::vector<uint16_t> byte_tokens(const std::string& bytes);
 // read, too little text for two splits, or an output that cannot be written.
 struct PreparedText {
   int64_t files = 0, train_tokens = 0, val_tokens = 0;
+  // A BPE without an end-of-text id: its files' tokens were joined without a separator.
+  bool no_separator = false;
 };
 PreparedText prepare_byte_text(
     const std::vector<std::filesystem::path>& inputs, const std::filesystem::path& output,

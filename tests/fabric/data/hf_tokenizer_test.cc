@@ -182,6 +182,25 @@ TEST_F(HfTokenizerTest, PrepareTextWritesTheTokenizersIds) {
     EXPECT_EQ(loaded.encode("Hello world"),
               BpeTokenizer::from_tokenizer_json(tokenizer).encode("Hello world"));
   }
+  // A tokenizer.json alone (no eos anywhere): two files' tokens joined without a separator, said.
+  fs::create_directories(dir_ / "alone");
+  std::ofstream(dir_ / "second.txt") << "a second document, " << std::string(300, 'z');
+  {
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(dir_ / "llama3/tokenizer.json"));
+    nlohmann::json kept = nlohmann::json::array();
+    for (const auto& a : j["added_tokens"])
+      if (a["content"] != "<|endoftext|>") kept.push_back(a);
+    j["added_tokens"] = kept;
+    j["model"]["vocab"].erase("<|endoftext|>");
+    std::ofstream(dir_ / "alone/tokenizer.json") << j.dump();
+  }
+  const auto alone = fabric::testing::run_command(
+      fabric::testing::helper_binary("//tools:prepare_text") + " --input=" + text_file +
+      " --input=" + (dir_ / "second.txt").string() + " --tokenizer=" +
+      (dir_ / "alone/tokenizer.json").string() + " --output=" + (dir_ / "prepared_alone").string());
+  EXPECT_EQ(alone.code, 0) << alone.out;
+  EXPECT_NE(alone.out.find("warning: --tokenizer: no end-of-text id found"), std::string::npos)
+      << alone.out;
   // Latin-1 text (its 0xE9) was encoded into garbage ids, exit 0: refused naming file and byte.
   std::ofstream(dir_ / "latin1.txt") << "caf\xe9 au lait, " << std::string(200, 'x');
   const auto latin1 =
