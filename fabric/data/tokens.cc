@@ -272,6 +272,10 @@ PreparedText prepare_hf_text(const std::vector<std::filesystem::path>& inputs,
                              const std::function<bool(const std::filesystem::path&)>& accept) {
   namespace fs = std::filesystem;
   const BpeTokenizer bpe = BpeTokenizer::from_tokenizer_json(tokenizer_json);
+  // Token files hold uint32 ids at most: a larger id would be written cut to its low 32 bits.
+  if (bpe.vocab_size() > (int64_t{1} << 32))
+    throw Error(tokenizer_json.string() + ": ids up to " + std::to_string(bpe.vocab_size() - 1) +
+                " do not fit the token files' uint32; give a tokenizer with ids below 2^32");
   const auto files = text_files(inputs, accept);
   std::vector<uint32_t> tokens;
   for (const auto& file : files) {

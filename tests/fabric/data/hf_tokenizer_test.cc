@@ -201,6 +201,19 @@ TEST_F(HfTokenizerTest, PrepareTextWritesTheTokenizersIds) {
   EXPECT_EQ(alone.code, 0) << alone.out;
   EXPECT_NE(alone.out.find("warning: --tokenizer: no end-of-text id found"), std::string::npos)
       << alone.out;
+  // An added token's id beyond uint32 (it was written as its low 32 bits).
+  big["added_tokens"].push_back(
+      {{"id", (int64_t{1} << 32) + 7}, {"content", "<|beyond|>"}, {"special", true}});
+  fs::create_directories(dir_ / "beyond");
+  std::ofstream(dir_ / "beyond/tokenizer.json") << big.dump();
+  const auto beyond = fabric::testing::run_command(
+      fabric::testing::helper_binary("//tools:prepare_text") + " --input=" + text_file +
+      " --tokenizer=" + (dir_ / "beyond/tokenizer.json").string() +
+      " --output=" + (dir_ / "prepared_beyond").string());
+  EXPECT_NE(beyond.code, 0) << beyond.out;
+  EXPECT_NE(beyond.out.find("ids up to 4294967303 do not fit the token files' uint32"),
+            std::string::npos)
+      << beyond.out;
   // Latin-1 text (its 0xE9) was encoded into garbage ids, exit 0: refused naming file and byte.
   std::ofstream(dir_ / "latin1.txt") << "caf\xe9 au lait, " << std::string(200, 'x');
   const auto latin1 =
