@@ -198,6 +198,9 @@ Demo prepare_demo(fabric::Fabric& f, const fs::path& cache) {
         "model.pretrained is not set: building the demo, a tiny random Llama and instruction "
         "data from the docstrings of ",
         stdlib, ", in ", root.string());
+    // The cache's own folder, rebuilt whole (an older or cut build of it carries no export mark,
+    // which save_llama would refuse to write over).
+    fs::remove_all(d.model);
     fs::create_directories(d.model);
     write_model(d.model);
     int64_t val = 0;
