@@ -43,7 +43,9 @@ class FileToolsTest : public ::testing::Test {
   }
   // A checkpoint as Fabric::save lays it out: {"fabric": {...}, "state": {"model": {...},
   // "step": 3}}.
-  fs::path write_checkpoint(const std::string& name, const torch::Tensor& w) {
+  // `config`: the run's recorded config ("" none); `saved_unix_time` >= 0: that field too.
+  fs::path write_checkpoint(const std::string& name, const torch::Tensor& w,
+                            const std::string& config = "", int64_t saved_unix_time = -1) {
     c10::impl::GenericDict model(c10::StringType::get(), c10::AnyType::get());
     model.insert("fc.weight", w);
     c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
@@ -51,6 +53,8 @@ class FileToolsTest : public ::testing::Test {
     state.insert("step", int64_t{3});
     c10::impl::GenericDict meta(c10::StringType::get(), c10::AnyType::get());
     meta.insert("format_version", int64_t{1});
+    if (!config.empty()) meta.insert("config", config);
+    if (saved_unix_time >= 0) meta.insert("saved_unix_time", saved_unix_time);
     c10::impl::GenericDict top(c10::StringType::get(), c10::AnyType::get());
     top.insert("fabric", meta);
     top.insert("state", state);
@@ -118,31 +122,11 @@ TEST_F(FileToolsTest, CkptConsolidateNeverWritesOverACheckpoint) {
   fs::create_directories(dir_ / "base");
   fabric::save_safetensors(dir_ / "base" / "model.safetensors", {{"w", torch::ones({2})}});
   const std::string base_before = bytes(dir_ / "base" / "model.safetensors");
-  {
-    c10::impl::GenericDict model(c10::StringType::get(), c10::AnyType::get());
-    model.insert("fc.weight", torch::ones({2, 2}));
-    c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
-    state.insert("model", model);
-    c10::impl::GenericDict meta(c10::StringType::get(), c10::AnyType::get());
-    meta.insert("format_version", int64_t{1});
-    meta.insert("config", "model:\n  pretrained: " + (dir_ / "base").string() + "\n");
-    // A time gmtime cannot express (inspect segfaulted on it): the number alone.
-    meta.insert("saved_unix_time", int64_t{1} << 62);
-    c10::impl::GenericDict top(c10::StringType::get(), c10::AnyType::get());
-    top.insert("fabric", meta);
-    top.insert("state", state);
-    save_archive(dir_ / "tuned.ckpt", top);
-  }
-  {  // A fine-tuning run's checkpoint: ckpt hf says where its folder comes from.
-    c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
-    c10::impl::GenericDict meta(c10::StringType::get(), c10::AnyType::get());
-    meta.insert("format_version", int64_t{1});
-    meta.insert("config", std::string("finetune:\n  method: lora\n"));
-    c10::impl::GenericDict top(c10::StringType::get(), c10::AnyType::get());
-    top.insert("fabric", meta);
-    top.insert("state", state);
-    save_archive(dir_ / "lora.ckpt", top);
-  }
+  // A time gmtime cannot express (inspect segfaulted on it): the number alone.
+  write_checkpoint("tuned.ckpt", torch::ones({2, 2}),
+                   "model:\n  pretrained: " + (dir_ / "base").string() + "\n", int64_t{1} << 62);
+  // A fine-tuning run's checkpoint: ckpt hf says where its folder comes from.
+  write_checkpoint("lora.ckpt", torch::ones({2, 2}), "finetune:\n  method: lora\n");
   CommandResult lora = tool("ckpt", "hf lora.ckpt lora_hf");
   EXPECT_NE(lora.code, 0) << lora.out;
   EXPECT_NE(lora.out.find("lora.ckpt: a checkpoint of examples:finetune, which ckpt hf does not "
