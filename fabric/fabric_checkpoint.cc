@@ -362,6 +362,10 @@ void Fabric::load(const std::string& path, CheckpointState& state, bool strict) 
   std::string failure;
   // The modules loaded whole (gathered while written) rather than in this rank's part.
   auto whole_modules = std::make_shared<std::vector<torch::nn::Module*>>();
+  // The keys whose values differ from the saver's recorded config (run bookkeeping left out).
+  auto config_diff = [&](const std::string& saved) {
+    return config_differences(saved, config_.to_yaml(), {"checkpoint", "logging"});
+  };
   try {
     // A sharded checkpoint: this rank reads only its part of what the strategy splits. A
     // checkpoint of pipeline stages (its optimizers numbered by name) is fitted to this process;
@@ -385,7 +389,7 @@ void Fabric::load(const std::string& path, CheckpointState& state, bool strict) 
           // usually says why an entry or a shape does not fit.
           std::vector<std::string> diff;
           try {
-            diff = config_differences(saved, config_.to_yaml(), {"checkpoint", "logging"});
+            diff = config_diff(saved);
           } catch (const Error&) {
             return std::string();  // a saved config that is not YAML explains nothing
           }
@@ -399,8 +403,7 @@ void Fabric::load(const std::string& path, CheckpointState& state, bool strict) 
         });
     if (delayed_fp8()) internal::prepare_fp8_histories(prepared, state, global_rank());
     if (!prepared.saved_config.empty()) {
-      const auto diff =
-          config_differences(prepared.saved_config, config_.to_yaml(), {"checkpoint", "logging"});
+      const auto diff = config_diff(prepared.saved_config);
       if (!diff.empty()) prepared.warnings.push_back("the config differs: " + join(diff, "; "));
     }
   } catch (const Error& e) {

@@ -25,16 +25,8 @@ namespace {
 
 std::string read_file(const std::filesystem::path& path, const char* what) {
   std::error_code ec;
-  // A folder that holds the file (a model folder given for its tokenizer.json): name the file.
-  if (std::filesystem::is_directory(path, ec)) {
-    const std::string name = std::string(what).find("tokenizer.json") != std::string::npos
-                                 ? "tokenizer.json"
-                                 : std::string();
-    throw Error(path.string() + ": is a folder, not " + what +
-                (!name.empty() && std::filesystem::exists(path / name, ec)
-                     ? "; give " + (path / name).string()
-                     : std::string()));
-  }
+  if (std::filesystem::is_directory(path, ec))
+    throw Error(path.string() + ": is a folder, not " + what);
   // A FIFO would block, a device (/dev/zero) never end: regular files only.
   if (std::filesystem::exists(path, ec)) require_regular_file(path);
   std::ifstream in(path, std::ios::binary);
@@ -186,6 +178,11 @@ bool flag(const json& j, const char* key, bool otherwise) {
 
 BpeTokenizer BpeTokenizer::from_tokenizer_json(const std::filesystem::path& tokenizer_json) {
   const std::string file = tokenizer_json.string();
+  // A model folder given for its tokenizer.json: the file to give instead.
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(tokenizer_json / "tokenizer.json", ec))
+    throw Error(file + ": is a folder, not a Hugging Face tokenizer.json; give " +
+                (tokenizer_json / "tokenizer.json").string());
   json j;
   try {
     j = json::parse(read_file(tokenizer_json, "a Hugging Face tokenizer.json"));
