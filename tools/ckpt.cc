@@ -4,15 +4,17 @@
 //                         hf PATH OUT [--entry=model] [--max-shard-bytes=N] [--config=YAML]
 //                         diff PATH_A PATH_B
 //
-// Tools for the checkpoints Fabric::save writes (a .ckpt file or a sharded folder) and for weight
-// files (.pt, .safetensors):
+// Tools for the checkpoints Fabric::save writes (a .ckpt file or a sharded folder) and for weights
+// (.pt, .safetensors, a Hugging Face folder's model.safetensors or its shards; a .pt holding a
+// bare tensor or a list counts as weights too):
 //   inspect      what the file records about its run (format version, LibTorch, revision, config
 //                hash, world size, time) and every entry of its state, tensors with shape and dtype
 //                (Lightning's and Accelerate's "what is in this checkpoint").
 //   verify       every byte checked as loading would check it (each record's CRC; for a folder the
 //                manifest, every file's size, and that the pieces cover every split tensor once),
 //                streaming: no tensor is held in memory. A .safetensors file: its header and every
-//                byte range (the format has no checksums).
+//                byte range (the format has no checksums); a Hugging Face folder: its index and
+//                every shard so.
 //   consolidate  one full weights file from a checkpoint (a sharded folder joined): the state
 //                entry --entry (default model) as a state dict, written as OUT's extension says
 //                (.safetensors: Hugging Face's format; else torch.save's), which Python reads
@@ -36,6 +38,8 @@
 //                files, tensors only in one, or of another shape; the last line the largest. A
 //                checkpoint against a weights file compares the weights with the checkpoint's
 //                state entry --entry (default model).
+// --entry (consolidate, hf, diff) names a checkpoint's state entry; for weights it defaults to
+// their one entry, "weights". A flag a command does not read is a usage error.
 // Exit status: 0 done (diff: whatever the differences); 1 a file cannot be read, is damaged or
 // has no such entry; 2 bad usage (including a refused OUT).
 #include <algorithm>
@@ -45,6 +49,7 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -62,6 +67,7 @@
 #include "fabric/hf/export.h"
 #include "fabric/hf/gpt2.h"
 #include "fabric/hf/llama.h"
+#include "fabric/hf/weights.h"
 
 namespace fs = std::filesystem;
 
@@ -82,30 +88,38 @@ std::string shape_of(const torch::Tensor& t) {
   return out + "]";
 }
 
-// A checkpoint (file or folder) or a weights file, as one value: weight files (safetensors, or a
-// .pt holding a plain state dict) become {"state": {"weights": dict}}, and `weights_file` (when
-// given) says so.
+// A Hugging Face model folder (model.safetensors or its index, and no checkpoint manifest).
+bool is_hf_folder(const fs::path& path) {
+  return fs::is_directory(path) && !fs::exists(path / fabric::kShardedManifest) &&
+         (fs::exists(path / "model.safetensors") ||
+          fs::exists(path / "model.safetensors.index.json"));
+}
+
+// {"state": {"weights": value}}.
+c10::IValue as_weights(c10::IValue value) {
+  c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
+  state.insert("weights", std::move(value));
+  c10::impl::GenericDict top(c10::StringType::get(), c10::AnyType::get());
+  top.insert("state", state);
+  return top;
+}
+
+// A checkpoint (file or folder) or weights, as one value: weights (a safetensors file, a Hugging
+// Face folder's files, a .pt holding a plain state dict, or one holding anything but a dict: a
+// bare tensor, a list) become {"state": {"weights": value}}, and `weights_file` (when given) says
+// so.
 c10::IValue read_any(const fs::path& path, bool* weights_file = nullptr) {
   if (weights_file) *weights_file = true;
-  if (!fs::is_directory(path)) {
-    if (fabric::is_safetensors_file(path)) {
-      c10::impl::GenericDict weights(c10::StringType::get(), c10::AnyType::get());
-      for (auto& [name, t] : fabric::load_safetensors(path).tensors) weights.insert(name, t);
-      c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
-      state.insert("weights", weights);
-      c10::impl::GenericDict top(c10::StringType::get(), c10::AnyType::get());
-      top.insert("state", state);
-      return top;
-    }
+  const bool hf = is_hf_folder(path);
+  if (hf || (!fs::is_directory(path) && fabric::is_safetensors_file(path))) {
+    c10::impl::GenericDict weights(c10::StringType::get(), c10::AnyType::get());
+    for (auto& [name, t] :
+         hf ? fabric::hf::read_weights(path).tensors : fabric::load_safetensors(path).tensors)
+      weights.insert(name, t);
+    return as_weights(weights);
   }
   c10::IValue value = fabric::read_checkpoint(path);
-  if (value.isGenericDict() && !value.toGenericDict().contains("state")) {
-    c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
-    state.insert("weights", value);
-    c10::impl::GenericDict top(c10::StringType::get(), c10::AnyType::get());
-    top.insert("state", state);
-    return top;
-  }
+  if (!value.isGenericDict() || !value.toGenericDict().contains("state")) return as_weights(value);
   if (weights_file) *weights_file = false;
   return value;
 }
@@ -213,8 +227,10 @@ std::vector<fabric::InputPath> recorded_inputs(const c10::IValue& checkpoint) {
   return inputs;
 }
 
-int consolidate(const fs::path& path, const fs::path& out, const std::string& entry) {
-  const c10::IValue value = read_any(path);
+int consolidate(const fs::path& path, const fs::path& out, std::string entry, bool entry_given) {
+  bool weights_file = false;
+  const c10::IValue value = read_any(path, &weights_file);
+  if (weights_file && !entry_given) entry = "weights";  // read_any's name for a weights file's
   // Never into what the run read (its model.pretrained folder's model.safetensors, say).
   try {
     auto inputs = recorded_inputs(value);
@@ -240,8 +256,8 @@ const torch::Tensor* find_tensor(const fabric::StateDict& state, const std::stri
 
 // `ckpt hf`: the architecture from the run's config (see the header comment), then
 // fabric::hf::save_llama or save_gpt2.
-int to_hf(const fs::path& path, const fs::path& out, std::string entry, int64_t max_shard_bytes,
-          const std::string& config_file) {
+int to_hf(const fs::path& path, const fs::path& out, std::string entry, bool entry_given,
+          int64_t max_shard_bytes, const std::string& config_file) {
   bool weights_file = false;
   const c10::IValue value = read_any(path, &weights_file);
   std::string yaml, source = path.string() + "'s config";
@@ -272,7 +288,7 @@ int to_hf(const fs::path& path, const fs::path& out, std::string entry, int64_t 
             "Hugging Face folder (checkpoint.export_weights; finetune.lora.merge_on_export=true "
             "for a merged model)");
   }
-  if (weights_file) entry = "weights";  // read_any's name for a weights file's tensors
+  if (weights_file && !entry_given) entry = "weights";  // read_any's name for its tensors
   const fabric::StateDict state = entry_state(value, path, entry);
   const fabric::Config c = fabric::Config::parse(yaml, {}, examples::gpt::schema(), source);
   std::string pretrained;
@@ -416,11 +432,12 @@ int diff(const fs::path& a, const fs::path& b, const std::string& entry) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string> args;
+  std::vector<std::string> args, flags;  // flags: the names given, for the check below
   std::string entry = "model", config_file;
   int64_t max_shard_bytes = 5'000'000'000;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a.rfind("--", 0) == 0 && a != "--help") flags.push_back(a.substr(0, a.find('=')));
     if (a.rfind("--entry=", 0) == 0) {
       entry = a.substr(8);
     } else if (a.rfind("--config=", 0) == 0) {
@@ -444,9 +461,33 @@ int main(int argc, char** argv) {
   }
   if (args.empty()) return usage("no command");
   const std::string command = args[0];
+  // A flag the command does not read is refused, not ignored.
+  const std::map<std::string, std::vector<std::string>> applies = {
+      {"inspect", {}},
+      {"verify", {}},
+      {"consolidate", {"--entry"}},
+      {"hf", {"--entry", "--max-shard-bytes", "--config"}},
+      {"diff", {"--entry"}}};
+  const auto known = applies.find(command);
+  if (known == applies.end()) return usage("unknown command '" + command + "'");
+  for (const std::string& flag : flags)
+    if (std::find(known->second.begin(), known->second.end(), flag) == known->second.end())
+      return usage(flag + " does not apply to " + command +
+                   (known->second.empty() ? std::string(" (it takes no flags)") : ""));
+  const bool entry_given = std::find(flags.begin(), flags.end(), "--entry") != flags.end();
   const auto path = [&](size_t i) { return fabric::absolute_from_working_directory(args[i]); };
   try {
     if (command == "inspect" && args.size() == 2) return inspect(path(1));
+    if (command == "verify" && args.size() == 2 && is_hf_folder(path(1))) {
+      const auto weights = fabric::hf::read_weights(path(1));
+      std::set<fs::path> files;
+      for (const auto& [name, file] : weights.file) files.insert(file);
+      std::cout << path(1).string() << ": a Hugging Face folder, " << files.size()
+                << " safetensors file(s), " << weights.tensors.size()
+                << " tensors; the index, every header and every byte range checked, OK (the "
+                   "format has no checksums)\n";
+      return 0;
+    }
     if (command == "verify" && args.size() == 2 && fabric::is_safetensors_file(path(1))) {
       const auto file = fabric::load_safetensors(path(1));
       std::cout << path(1).string() << ": a safetensors file, " << file.tensors.size()
@@ -466,7 +507,7 @@ int main(int argc, char** argv) {
       } catch (const fabric::Error& e) {
         return usage(e.what());
       }
-      return consolidate(path(1), path(2), entry);
+      return consolidate(path(1), path(2), entry, entry_given);
     }
     if (command == "hf" && args.size() == 3) {
       try {
@@ -475,7 +516,7 @@ int main(int argc, char** argv) {
       } catch (const fabric::Error& e) {
         return usage(e.what());
       }
-      return to_hf(path(1), path(2), entry, max_shard_bytes, config_file);
+      return to_hf(path(1), path(2), entry, entry_given, max_shard_bytes, config_file);
     }
     if (command == "diff" && args.size() == 3) return diff(path(1), path(2), entry);
   } catch (const c10::Error& e) {

@@ -237,11 +237,21 @@ SafetensorsFile load_safetensors(const fs::path& path) {
                 ": not a safetensors file (the header after the first 8 bytes is not a JSON "
                 "object)");
   json header;
+  std::set<std::string> names;
+  std::string twice;  // a tensor the header names twice (JSON parsers keep one of the two)
   try {
-    header = json::parse(text);
+    header = json::parse(text, [&](int depth, json::parse_event_t event, json& parsed) {
+      if (event == json::parse_event_t::key && depth == 1 && twice.empty() &&
+          !names.insert(parsed.get<std::string>()).second)
+        twice = parsed.get<std::string>();
+      return true;
+    });
   } catch (const json::exception& e) {
     throw Error(p + ": the safetensors header is not JSON (" + e.what() + ")");
   }
+  if (!twice.empty())
+    throw Error(p + ": the safetensors header names '" + twice +
+                "' twice (a valid file names each tensor once)");
   if (!header.is_object()) throw Error(p + ": the safetensors header is not a JSON object");
 
   SafetensorsFile out;

@@ -314,22 +314,31 @@ class Reader {
       if (a.size() < 4 || a[0]->kind != Value::kTensor || a[1]->kind != Value::kInt)
         throw std::runtime_error("malformed tensor");
       const auto size = ints(a[2]), stride = ints(a[3]);
-      int64_t needed = a[1]->i + 1;
+      if (size.size() != stride.size() || a[1]->i < 0)
+        throw std::runtime_error("malformed tensor shape");
+      // The elements of the storage the view reaches, [offset, offset + span): checked without
+      // overflow (a damaged file's sizes near 2^63 must not wrap past the check).
+      int64_t span = 1, numel = 1;
       for (size_t k = 0; k < size.size(); ++k) {
-        if (size[k] == 0) needed = 0;
         if (size[k] < 0 || stride[k] < 0) throw std::runtime_error("malformed tensor shape");
+        int64_t reach = 0;
+        if (size[k] > 0 && (__builtin_mul_overflow(size[k] - 1, stride[k], &reach) ||
+                            __builtin_add_overflow(span, reach, &span)))
+          throw std::runtime_error("tensor shape exceeds its storage");
+        if (__builtin_mul_overflow(numel, size[k], &numel))
+          throw std::runtime_error("malformed tensor shape");
       }
-      if (needed > 0)
-        for (size_t k = 0; k < size.size(); ++k) needed += (size[k] - 1) * stride[k];
-      if (size.size() != stride.size() || needed > a[0]->tensor.numel())
+      if (numel == 0) span = 0;
+      const int64_t storage = a[0]->tensor.numel();
+      if (span > 0 && (a[1]->i > storage || span > storage - a[1]->i))
         throw std::runtime_error("tensor shape exceeds its storage");
       auto v = make(Value::kTensor);
-      // A view that is dense and uses at least half of its storage keeps the record's memory
-      // (no copy: loading a large state does not hold it twice); any other is copied, so that a
-      // small tensor never keeps a large record alive.
+      // A view of at least half as many elements as its storage keeps the record's memory (no
+      // copy: loading a large state does not hold it twice; an expand()ed tensor, stride 0, stays
+      // a view as torch.load keeps it, not materialised to numel elements); a smaller one is
+      // copied, so that a small tensor never keeps a large record alive.
       const torch::Tensor view = a[0]->tensor.as_strided(size, stride, a[1]->i);
-      const bool keep = metadata_only_ || (view.is_non_overlapping_and_dense() &&
-                                           2 * view.numel() >= a[0]->tensor.numel());
+      const bool keep = metadata_only_ || numel >= storage - numel;
       v->tensor = keep ? view : view.clone();
       return v;
     }

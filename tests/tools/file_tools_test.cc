@@ -159,6 +159,66 @@ TEST_F(FileToolsTest, CkptConsolidateNeverWritesOverACheckpoint) {
       << inspect.out;
 }
 
+// Weights in every shape the tools meet: a .pt holding a bare tensor or a list (inspect printed
+// "None", diff "0 of 1 entries differ"), a weights file consolidated without --entry (it needed
+// --entry=weights), a Hugging Face folder (inspect said "incomplete sharded checkpoint"); and a
+// flag the command does not read is refused, not ignored.
+TEST_F(FileToolsTest, CkptReadsBareTensorsListsAndHuggingFaceFolders) {
+  save_archive(dir_ / "bare.pt", torch::arange(6.0).reshape({2, 3}));
+  save_archive(dir_ / "other.pt", torch::arange(6.0).reshape({2, 3}) * 2);
+  c10::impl::GenericList list(c10::AnyType::get());
+  list.push_back(torch::ones({4}));
+  list.push_back(torch::zeros({1}, torch::kInt64));
+  save_archive(dir_ / "list.pt", list);
+  CommandResult bare = tool("ckpt", "inspect bare.pt");
+  EXPECT_EQ(bare.code, 0) << bare.out;
+  EXPECT_NE(bare.out.find("weights  Float [2, 3]\nstate: 1 tensors, 6 elements"), std::string::npos)
+      << bare.out;
+  CommandResult listed = tool("ckpt", "inspect list.pt");
+  EXPECT_NE(listed.out.find("weights.0  Float [4]\nweights.1  Long [1]\n"), std::string::npos)
+      << listed.out;
+  CommandResult differ = tool("ckpt", "diff bare.pt other.pt");
+  EXPECT_NE(differ.out.find("1 of 1 entries differ; largest tensor difference 5 (weights)"),
+            std::string::npos)
+      << differ.out;
+
+  // A Hugging Face folder: its weights (shards joined) for inspect, verify, diff, consolidate.
+  fs::create_directories(dir_ / "hf");
+  std::ofstream(dir_ / "hf" / "config.json") << "{\"model_type\": \"gpt2\"}\n";
+  fabric::save_safetensors(dir_ / "hf" / "model.safetensors",
+                           {{"lm_head.weight", torch::ones({3, 2})}});
+  CommandResult hf = tool("ckpt", "inspect hf");
+  EXPECT_EQ(hf.code, 0) << hf.out;
+  EXPECT_NE(hf.out.find("weights.lm_head.weight  Float [3, 2]"), std::string::npos) << hf.out;
+  CommandResult verify = tool("ckpt", "verify hf");
+  EXPECT_EQ(verify.code, 0) << verify.out;
+  EXPECT_NE(verify.out.find("a Hugging Face folder, 1 safetensors file(s), 1 tensors"),
+            std::string::npos)
+      << verify.out;
+  CommandResult same = tool("ckpt", "diff hf hf/model.safetensors");
+  EXPECT_NE(same.out.find("0 of 1 entries differ"), std::string::npos) << same.out;
+  CommandResult joined = tool("ckpt", "consolidate hf joined.pt");
+  EXPECT_EQ(joined.code, 0) << joined.out;
+  CommandResult weights = tool("ckpt", "consolidate bare.pt bare.safetensors");
+  EXPECT_EQ(weights.code, 1) << weights.out;  // a bare tensor is no state dict
+  EXPECT_NE(weights.out.find("bare.pt (entry weights)"), std::string::npos) << weights.out;
+
+  for (const auto& [command, why] : std::vector<std::pair<std::string, std::string>>{
+           {"inspect bare.pt --entry=model",
+            "--entry does not apply to inspect (it takes no "
+            "flags)"},
+           {"diff bare.pt other.pt --config=a.yaml", "--config does not apply to diff"},
+           {"consolidate hf x.pt --max-shard-bytes=9",
+            "--max-shard-bytes does not apply to "
+            "consolidate"},
+           {"frobnicate bare.pt", "unknown command 'frobnicate'"}}) {
+    CommandResult r = tool("ckpt", command);
+    EXPECT_EQ(r.code, 2) << command << ": " << r.out;
+    EXPECT_NE(r.out.find("ckpt: " + why), std::string::npos) << command << ": " << r.out;
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "x.pt"));
+}
+
 TEST_F(FileToolsTest, CkptRefusesAFifoAndAnOverflowingSafetensorsHeaderInOneLine) {
   const fs::path fifo = dir_ / "pipe.pt";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);

@@ -281,6 +281,12 @@ TEST_F(SafetensorsTest, BrokenFilesAreOneLineErrors) {
                            ""));
   EXPECT_TRUE(has(e, "huge.safetensors: tensor 'w': shape [18446744073709551615] is not sizes"))
       << e;
+  // A name given twice (the JSON parser keeps one entry; the other's bytes looked like a gap).
+  e = error_for("twice.safetensors",
+                file_bytes(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                           R"("w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                           data));
+  EXPECT_TRUE(has(e, "twice.safetensors: the safetensors header names 'w' twice")) << e;
   e = error_for("tail.safetensors", file_bytes(ok_header, data + "zz"));
   EXPECT_TRUE(has(e, "the tensors' data end at byte 8 but the file holds 10 bytes of data")) << e;
   EXPECT_EQ(e.find('\n'), std::string::npos) << e;

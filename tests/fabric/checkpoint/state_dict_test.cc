@@ -208,6 +208,48 @@ TEST_F(StateDictTest, APickleNamingCodeIsRefusedNotRun) {
   }
 }
 
+// torch.load keeps an expand()ed tensor (stride 0) a view of its small storage; so do we: a
+// 1 KB file naming 2^40 elements loads without materialising them (it was cloned: 4 TiB), and
+// a tensor whose sizes and strides overflow 64 bits when multiplied is refused, not wrapped.
+TEST_F(StateDictTest, StrideZeroViewsStayViewsAndOverflowingShapesAreRefused) {
+  const fs::path file = dir_ / "expand.pt";
+  auto [code, out] = run_python(
+      "import sys, torch\n"
+      "row = torch.arange(4.0)\n"
+      "torch.save({'wide': row.expand(1 << 20, 4), 'huge': row[:1].expand(1 << 40)}, "
+      "sys.argv[1])\n",
+      file);
+  ASSERT_EQ(code, 0) << out;
+  const fabric::StateDict loaded = fabric::load_state_dict_file(file);
+  ASSERT_EQ(loaded.size(), 2u);
+  for (const auto& [name, t] : loaded) {
+    EXPECT_EQ(t.stride(0), 0) << name;
+    EXPECT_LE(t.storage().nbytes(), 64u) << name;
+  }
+  EXPECT_EQ(loaded[1].second.numel(), int64_t{1} << 40);
+  EXPECT_TRUE(loaded[0].second.equal(torch::arange(4.0).expand({1 << 20, 4})));
+
+  const fs::path evil = dir_ / "overflow.pt";
+  auto [code2, out2] = run_python(
+      "import sys, torch, collections, warnings\n"
+      "warnings.simplefilter('ignore')\n"
+      "class Evil:\n"
+      "    def __init__(self, storage): self.storage = storage\n"
+      "    def __reduce__(self):\n"
+      "        return (torch._utils._rebuild_tensor_v2,\n"
+      "                (self.storage, 0, (1 << 62,), (4,), False, collections.OrderedDict()))\n"
+      "torch.save({'x': Evil(torch.zeros(4).storage())}, sys.argv[1])\n",
+      evil);
+  ASSERT_EQ(code2, 0) << out2;
+  try {
+    fabric::load_state_dict_file(evil);
+    FAIL() << "no error";
+  } catch (const fabric::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor shape exceeds its storage"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_F(StateDictTest, BadFilesFailWithOneLineNamingThem) {
   auto message = [](const fs::path& p) {
     try {
