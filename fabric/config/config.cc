@@ -19,6 +19,7 @@
 #include "fabric/core/hash.h"
 #include "fabric/core/paths.h"
 #include "fabric/core/suggest.h"
+#include "fabric/core/utf8.h"
 
 namespace fs = std::filesystem;
 
@@ -196,13 +197,29 @@ class Loader {
       fail("command line",
            "'" + text + "' is not an override: write key=value (e.g. optimizer.lr=0.2)");
     }
-    const std::string path = text.substr(0, eq);
+    const std::string path = text.substr(0, eq), raw = text.substr(eq + 1);
+    // YAML reads bytes that are not UTF-8 as nothing ("no value given" named the wrong fault).
+    if (const size_t bad = first_invalid_utf8(raw); bad != std::string::npos)
+      fail("command line", path + ": the value's byte " + std::to_string(bad + 1) + " of " +
+                               std::to_string(raw.size()) +
+                               " is not UTF-8: give the value as UTF-8 text");
     YAML::Node value;
     try {
-      value = YAML::Load(text.substr(eq + 1));
+      value = YAML::Load(raw);
     } catch (const YAML::Exception& e) {
-      fail("command line",
-           path + ": '" + text.substr(eq + 1) + "' is not a YAML value (" + e.msg + ")");
+      fail("command line", path + ": '" + raw + "' is not a YAML value (" + e.msg + ")");
+    }
+    // " #" starts a YAML comment: on a command line it cut the value silently ('def # x' became
+    // 'def'). A value whose YAML holds no '#' lost it.
+    const size_t hash = raw.find('#');
+    if (hash != std::string::npos && hash > 0 && (raw[hash - 1] == ' ' || raw[hash - 1] == '\t')) {
+      YAML::Emitter shown;
+      shown << value;
+      if (std::string(shown.c_str()).find('#') == std::string::npos)
+        fail("command line", path + ": YAML reads ' #' in '" + raw +
+                                 "' as the start of a comment, which would drop the rest; quote "
+                                 "the value: " +
+                                 path + "='\"" + raw + "\"'");
     }
     if (schema_.find(path) != nullptr) {
       entries[path] = Entry{value, "command line"};

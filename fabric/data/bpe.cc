@@ -38,15 +38,6 @@ std::string read_file(const std::filesystem::path& path, const char* what) {
 
 }  // namespace
 
-size_t first_invalid_utf8(const std::string& text) {
-  for (size_t i = 0; i < text.size();) {
-    const size_t valid = bpe_unicode::utf8_sequence(text, i).valid;
-    if (valid == 0) return i;
-    i += valid;
-  }
-  return std::string::npos;
-}
-
 std::vector<std::string> byte_level_symbols() {
   std::vector<std::string> s(256);
   uint32_t next = 256;

@@ -38,6 +38,8 @@
 #include <utility>
 #include <vector>
 
+#include "fabric/core/utf8.h"
+
 namespace fabric {
 
 class BpeTokenizer {
@@ -106,10 +108,8 @@ class BpeTokenizer {
 // (printable Latin-1 bytes stand for themselves, the other 68 for code points 256, 257, ...).
 std::vector<std::string> byte_level_symbols();
 
-// The offset of the first byte of `text` that does not start a well-formed UTF-8 sequence (Unicode
-// table 3-7: no overlong forms, no surrogates U+D800..U+DFFF, nothing above U+10FFFF), or npos.
-// What a text file must be before a tokenizer.json encodes it (Python's `tokenizers` takes str).
-size_t first_invalid_utf8(const std::string& text);
+// What a text file must be before a tokenizer.json encodes it (Python's `tokenizers` takes str):
+// well-formed UTF-8, fabric::first_invalid_utf8 (fabric/core/utf8.h) npos.
 
 }  // namespace fabric
 

@@ -215,34 +215,6 @@ std::pair<uint32_t, size_t> char_at(const std::string& text, size_t i) {
   return char_at_impl(text, i);
 }
 
-Utf8Sequence utf8_sequence(const std::string& bytes, size_t i) {
-  const size_t n = bytes.size();
-  const auto c = static_cast<unsigned char>(bytes[i]);
-  if (c < 0x80) return {1, 1};
-  // The sequence's length and the range its second byte must lie in (no overlongs, no
-  // surrogates, nothing above U+10FFFF); the later bytes lie in 80..BF.
-  size_t len = 0;
-  unsigned char lo = 0x80, hi = 0xBF;
-  if (c >= 0xC2 && c <= 0xDF) {
-    len = 2;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    len = 3;
-    if (c == 0xE0) lo = 0xA0;
-    if (c == 0xED) hi = 0x9F;
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    len = 4;
-    if (c == 0xF0) lo = 0x90;
-    if (c == 0xF4) hi = 0x8F;
-  }
-  size_t k = 1;
-  while (len > 0 && k < len && i + k < n) {
-    const auto d = static_cast<unsigned char>(bytes[i + k]);
-    if (d < (k == 1 ? lo : 0x80) || d > (k == 1 ? hi : 0xBF)) break;
-    ++k;
-  }
-  return {len > 0 && k == len ? len : 0, k};
-}
-
 std::string utf8_lossy(const std::string& bytes) {
   std::string out;
   out.reserve(bytes.size());

@@ -8,6 +8,8 @@
 #include <string>
 #include <utility>
 
+#include "fabric/core/utf8.h"
+
 namespace fabric::bpe_unicode {
 
 // Appends code point `cp` to `out` as UTF-8.
@@ -19,12 +21,9 @@ std::pair<uint32_t, size_t> char_at(const std::string& text, size_t i);
 // Standard's "substitution of maximal subparts", what Rust's String::from_utf8_lossy and so
 // `tokenizers`' byte-level decoding do).
 std::string utf8_lossy(const std::string& bytes);
-// The UTF-8 sequence at byte `i` of `bytes` (i < size): `valid`, its length when well-formed (1 to
-// 4), else 0; `span`, the bytes of its maximal subpart (what one U+FFFD replaces).
-struct Utf8Sequence {
-  size_t valid = 0, span = 1;
-};
-Utf8Sequence utf8_sequence(const std::string& bytes, size_t i);
+// The UTF-8 sequence at a byte: fabric/core/utf8.h.
+using fabric::utf8_sequence;
+using fabric::Utf8Sequence;
 // Unicode White_Space.
 bool is_space(uint32_t cp);
 // A word character as Rust's regex \w sees it (single_word added tokens).

@@ -214,6 +214,17 @@ TEST_F(ConfigTest, OverrideErrorsSayCommandLine) {
             "command line: 'lr' is not an override: write key=value (e.g. optimizer.lr=0.2)");
   EXPECT_NE(err("optimizer.lr=[1,").find("command line: optimizer.lr: '[1,' is not a YAML value"),
             std::string::npos);
+  // Bytes that are not UTF-8 (YAML read them as no value) and a ' #' YAML cut as a comment.
+  EXPECT_EQ(err("checkpoint.dir=ab\xff\xfe"),
+            "command line: checkpoint.dir: the value's byte 3 of 4 is not UTF-8: give the value "
+            "as UTF-8 text");
+  EXPECT_EQ(err("checkpoint.dir=runs # old"),
+            "command line: checkpoint.dir: YAML reads ' #' in 'runs # old' as the start of a "
+            "comment, which would drop the rest; quote the value: checkpoint.dir='\"runs # old\"'");
+  const Config quoted =
+      Config::defaults(schema_, {"checkpoint.dir=\"runs # old\"", "data.root=a#b"});
+  EXPECT_EQ(quoted.get_string("checkpoint.dir"), "runs # old");
+  EXPECT_EQ(quoted.get_string("data.root"), "a#b");
 }
 
 TEST_F(ConfigTest, SyntaxErrorsPointAtTheLine) {
