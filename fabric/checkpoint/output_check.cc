@@ -88,17 +88,34 @@ const std::map<std::string, std::string>& export_metadata() {
 
 bool is_earlier_export(const fs::path& folder) {
   std::error_code ec;
+  bool marked = false;
   for (const auto& entry : fs::directory_iterator(folder, ec)) {
-    if (entry.path().extension() != ".safetensors" || !is_safetensors_file(entry.path())) continue;
+    if (entry.path().extension() != ".safetensors") continue;
+    if (!is_safetensors_file(entry.path())) return false;
     try {
       const auto metadata = load_safetensors(entry.path()).metadata;
       const auto it = metadata.find("exported_by");
-      if (it != metadata.end() && it->second == export_metadata().at("exported_by")) return true;
+      if (it == metadata.end() || it->second != export_metadata().at("exported_by")) return false;
+      marked = true;
     } catch (const Error&) {
-      // A damaged file marks nothing.
+      return false;  // a damaged file is no export of ours (ours are written atomically)
     }
   }
-  return false;
+  return marked;
+}
+
+bool is_model_export_file(const std::string& name) {
+  const auto ends_with = [&](const std::string& tail) {
+    return name.size() >= tail.size() &&
+           name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  return name == "config.json" || name == "model.safetensors" ||
+         name == "model.safetensors.index.json" ||
+         (name.rfind("model-", 0) == 0 && ends_with(".safetensors"));
+}
+
+bool is_adapter_export_file(const std::string& name) {
+  return name == "adapter_config.json" || name == "adapter_model.safetensors";
 }
 
 void check_export_folder(const fs::path& folder, const std::string& output_what) {

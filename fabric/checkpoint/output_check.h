@@ -39,8 +39,16 @@ void check_weights_output(const std::filesystem::path& output, const std::string
 // config.json, weights and tokenizer would be replaced and lost).
 const std::map<std::string, std::string>& export_metadata();
 
-// True when a .safetensors file directly inside `folder` carries the export mark.
+// True when `folder` holds .safetensors files directly and every one carries the export mark (a
+// downloaded model beside which our adapter was copied is not an earlier export).
 bool is_earlier_export(const std::filesystem::path& folder);
+
+// The files each kind of export writes: a model's (config.json, model.safetensors, its index and
+// shards) and a peft adapter's (adapter_config.json, adapter_model.safetensors). An export into an
+// earlier one drops the other kind's files, so the folder never holds both (transformers would
+// load it as base and adapter).
+bool is_model_export_file(const std::string& name);
+bool is_adapter_export_file(const std::string& name);
 
 // Throws fabric::Error "FOLDER: ...; choose a new or empty folder as OUTPUT_WHAT ..." unless
 // `folder` is absent, an empty folder or an earlier export. Called before any work (the programs,

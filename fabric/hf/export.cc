@@ -94,12 +94,6 @@ fs::path without_trailing_slash(const fs::path& p) {
   return p.has_filename() || !p.has_parent_path() ? p : p.parent_path();
 }
 
-bool is_weights_file(const std::string& name) {
-  return name == "config.json" || name == "model.safetensors" ||
-         name == "model.safetensors.index.json" ||
-         (name.rfind("model-", 0) == 0 && ends_with(name, ".safetensors"));
-}
-
 void write_folder(const nlohmann::json& config, const StateDict& tensors, const fs::path& tmp,
                   int64_t max_shard_bytes, const std::vector<fs::path>& copy_files);
 
@@ -319,10 +313,11 @@ void save_hf_folder(const nlohmann::json& config, const StateDict& tensors, cons
   try {
     write_folder(config, tensors, tmp, max_shard_bytes, copy_files);
     if (replace) {
-      // The old folder's other files (tokenizer.json, ...) and folders stay.
+      // The old folder's other files (tokenizer.json, ...) and folders stay; its weights, and an
+      // earlier adapter export's files, go.
       for (const auto& entry : fs::directory_iterator(folder)) {
         const std::string n = entry.path().filename().string();
-        if (is_weights_file(n) || fs::exists(tmp / n)) continue;
+        if (is_model_export_file(n) || is_adapter_export_file(n) || fs::exists(tmp / n)) continue;
         fs::copy(entry.path(), tmp / n,
                  fs::copy_options::recursive | fs::copy_options::copy_symlinks);
       }

@@ -100,7 +100,12 @@ LlamaConfig read_llama_config(const fs::path& given) {
       }
     }
   }
-  if (sliding && r.has("sliding_window")) c.sliding_window = r.integer("sliding_window");
+  // The key absent: transformers' default window, 4096 (MistralConfig's and Qwen2Config's); null:
+  // none.
+  if (sliding)
+    c.sliding_window = !json.contains("sliding_window") ? 4096
+                       : r.has("sliding_window")        ? r.integer("sliding_window")
+                                                        : 0;
   try {
     c.validate();
   } catch (const Error& e) {

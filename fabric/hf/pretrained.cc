@@ -23,6 +23,51 @@ const char kCheckpointHint[] =
 
 nlohmann::json read_json(const fs::path& path) { return read_json_object(path.string()); }
 
+// A string member of an object, or "" (absent, or not a string).
+std::string string_at(const nlohmann::json& j, const char* key) {
+  return j.is_object() && j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : "";
+}
+
+// The id tokenizer.json's post-processor puts first in a single sequence: a TemplateProcessing
+// (alone or in a Sequence) whose template starts with a special token of one id. Llama 3's
+// tokenizer adds its <|begin_of_text|> so (its tokenizer_config.json has no add_bos_token), and
+// tokenizers' encode, so transformers', start with it. nullopt otherwise, or when the file is
+// not readable JSON (its tokenizer reader says what is wrong). The vocabulary and merges (the bulk
+// of the file) are skipped while parsing.
+std::optional<int64_t> template_first_id(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in || !fs::is_regular_file(path)) return std::nullopt;
+  const nlohmann::json j = nlohmann::json::parse(
+      in,
+      [](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+        return !(event == nlohmann::json::parse_event_t::key && depth == 1 && parsed == "model");
+      },
+      /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("post_processor")) return std::nullopt;
+  const nlohmann::json& post = j["post_processor"];
+  std::vector<nlohmann::json> steps = {post};
+  if (string_at(post, "type") == "Sequence" && post.contains("processors") &&
+      post["processors"].is_array())
+    steps.assign(post["processors"].begin(), post["processors"].end());
+  for (const auto& step : steps) {
+    if (string_at(step, "type") != "TemplateProcessing") continue;
+    const nlohmann::json& single = step.contains("single") ? step["single"] : nlohmann::json();
+    if (!single.is_array() || single.empty() || !single[0].is_object() ||
+        !single[0].contains("SpecialToken"))
+      return std::nullopt;
+    const std::string token = string_at(single[0]["SpecialToken"], "id");
+    const nlohmann::json& special =
+        step.contains("special_tokens") ? step["special_tokens"] : nlohmann::json();
+    if (!special.is_object() || !special.contains(token) || !special[token].is_object())
+      return std::nullopt;
+    const nlohmann::json& ids =
+        special[token].contains("ids") ? special[token]["ids"] : nlohmann::json();
+    if (!ids.is_array() || ids.size() != 1 || !ids[0].is_number_integer()) return std::nullopt;
+    return ids[0].get<int64_t>();
+  }
+  return std::nullopt;
+}
+
 // An id or a list of ids (eos_token_id may be either); fabric::Error naming the key otherwise.
 std::vector<int64_t> ids_of(const nlohmann::json& json, const char* key, const fs::path& path) {
   std::vector<int64_t> ids;
@@ -106,7 +151,10 @@ Pretrained read_pretrained(const fs::path& folder) {
   const nlohmann::json json = read_json(config);
   Pretrained p;
   p.folder = folder;
-  p.model_type = json.value("model_type", std::string());
+  p.model_type = string_at(json, "model_type");
+  if (json.contains("model_type") && !json["model_type"].is_string())
+    throw Error(config.string() + ": model_type: " + json["model_type"].dump().substr(0, 40) +
+                " is not a string (llama, qwen2, mistral, gpt2)");
   if (p.model_type == "llama" || p.model_type == "qwen2" || p.model_type == "mistral") {
     p.llama = read_llama_config(config);
   } else if (p.model_type == "gpt2") {
@@ -124,10 +172,19 @@ Pretrained read_pretrained(const fs::path& folder) {
   p.eos_token_ids = pick("eos_token_id");
   if (const auto bos = pick("bos_token_id"); !bos.empty()) p.bos_token_id = bos.front();
   if (const auto pad = pick("pad_token_id"); !pad.empty()) p.pad_token_id = pad.front();
-  // tokenizer_config.json's add_bos_token: whether the folder's own tokenizer puts bos first.
+  // Whether the folder's own tokenizer puts bos first: tokenizer_config.json's add_bos_token
+  // when it says (true or false), else tokenizer.json's post-processor template (then its id).
+  std::optional<bool> said;
   if (std::ifstream tc(folder / "tokenizer_config.json"); tc) {
     const auto j = nlohmann::json::parse(tc, nullptr, /*allow_exceptions=*/false);
-    p.add_bos_token = j.is_object() && j.value("add_bos_token", false) == true;
+    if (j.is_object() && j.contains("add_bos_token") && j["add_bos_token"].is_boolean())
+      said = j["add_bos_token"].get<bool>();
+  }
+  if (said) {
+    p.add_bos_token = *said;
+  } else if (const auto first = template_first_id(folder / "tokenizer.json")) {
+    p.add_bos_token = true;
+    p.bos_token_id = *first;
   }
   check_sizes(p);
   return p;

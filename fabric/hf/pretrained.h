@@ -30,7 +30,9 @@ struct Pretrained {
   // or a list), bos_token_id and pad_token_id (-1: none).
   std::vector<int64_t> eos_token_ids;
   int64_t bos_token_id = -1, pad_token_id = -1;
-  // tokenizer_config.json's add_bos_token (false without the file): the bos id goes first.
+  // The bos id goes first: tokenizer_config.json's add_bos_token when it has one, else whether
+  // tokenizer.json's post-processor (TemplateProcessing) starts a sequence with a special token
+  // (Llama 3's way; then bos_token_id is that token's id), else false.
   bool add_bos_token = false;
 
   int64_t vocab_size() const;

@@ -15,8 +15,28 @@
 
 namespace fabric::models {
 
+namespace {
+
+// The sampling options, for generate() and choose_next_tokens() alike (a NaN temperature reached
+// multinomial's "probability tensor contains inf, nan" with LibTorch's stack; a negative one
+// sampled the least likely tokens).
+void check_sampling(const GenerateOptions& o, const std::string& name) {
+  if (!(o.temperature >= 0) || std::isinf(o.temperature))
+    throw Error(name + ": temperature " + std::to_string(o.temperature) +
+                " must be 0 (greedy) or a finite positive number");
+  if (o.top_k < 0) throw Error(name + ": top_k " + std::to_string(o.top_k) + " must be >= 0");
+  if (!(o.top_p > 0 && o.top_p <= 1))
+    throw Error(name + ": top_p " + std::to_string(o.top_p) + " must be in (0, 1]");
+}
+
+}  // namespace
+
 torch::Tensor choose_next_tokens(const torch::Tensor& logits, const GenerateOptions& o,
                                  at::Generator& generator) {
+  check_sampling(o, "choose_next_tokens");
+  if (o.temperature > 0 && generator.defined() && !generator.device().is_cpu())
+    throw Error("choose_next_tokens: the generator is a " + generator.device().str() +
+                " one; sampling runs on the CPU: give a CPU generator (or none)");
   torch::Tensor l = logits.detach().to(torch::kCPU, torch::kFloat);
   if (o.temperature == 0) return l.argmax(-1);
   // Shifted so each row's largest is 0, then scaled by 1 / temperature held below float's
@@ -143,12 +163,7 @@ GenerateOutput generate(torch::nn::Module& model, const Decoder& d,
   if (o.max_new_tokens < 1)
     throw Error(name + ": max_new_tokens " + std::to_string(o.max_new_tokens) +
                 " must be at least 1");
-  if (o.temperature < 0)
-    throw Error(name + ": temperature " + std::to_string(o.temperature) +
-                " must be 0 (greedy) or positive");
-  if (o.top_k < 0) throw Error(name + ": top_k " + std::to_string(o.top_k) + " must be >= 0");
-  if (!(o.top_p > 0 && o.top_p <= 1))
-    throw Error(name + ": top_p " + std::to_string(o.top_p) + " must be in (0, 1]");
+  check_sampling(o, name);
   const int64_t B = static_cast<int64_t>(prompts.size());
   int64_t L = 0;
   for (size_t b = 0; b < prompts.size(); ++b) {

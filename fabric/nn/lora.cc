@@ -321,7 +321,35 @@ void save_lora_adapter(torch::nn::Module& model, const std::filesystem::path& fo
   const auto state = lora_state(model);
   if (state.empty())
     throw Error("save_lora_adapter: the model has no LoRA adapter (apply_lora first)");
-  save_lora_adapter(state, folder, options, base_model_name_or_path);
+  // The file says what the model holds: one rank and one scaling for every adapter (peft's
+  // adapter_config.json has no other), and target_modules naming exactly the adapted layers: the
+  // last components when they select no other layer, else the layers' whole names.
+  LoraOptions written = options;
+  const auto layers = linear_layers(model);
+  std::set<std::string> adapted, lasts;
+  for (const auto& [name, layer] : layers) {
+    if (layer->lora_rank() == 0) continue;
+    const double scaling = options.alpha / static_cast<double>(options.rank);
+    if (layer->lora_rank() != options.rank ||
+        std::abs(layer->lora_scaling() - scaling) > 1e-12 * std::abs(scaling))
+      throw Error("save_lora_adapter: layer '" + name + "' has an adapter of rank " +
+                  std::to_string(layer->lora_rank()) + " and scaling " +
+                  format_double(layer->lora_scaling()) + ", the options rank " +
+                  std::to_string(options.rank) + " and alpha " + format_double(options.alpha) +
+                  " (scaling " + format_double(scaling) +
+                  "); save with the options apply_lora was given (an adapter file holds one "
+                  "rank and alpha)");
+    adapted.insert(name);
+    lasts.insert(components(name).back());
+  }
+  bool exact = true;
+  for (const auto& [name, layer] : layers)
+    if (lasts.count(components(name).back()) && !adapted.count(name)) exact = false;
+  const std::set<std::string> given(options.target_modules.begin(), options.target_modules.end());
+  if (!exact || given != lasts)  // the options' own list when it is exactly that (its order kept)
+    written.target_modules.assign(exact ? lasts.begin() : adapted.begin(),
+                                  exact ? lasts.end() : adapted.end());
+  save_lora_adapter(state, folder, written, base_model_name_or_path);
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> lora_state_of(
@@ -376,6 +404,29 @@ void save_lora_adapter(const std::vector<std::pair<std::string, torch::Tensor>>&
                        const std::filesystem::path& folder, const LoraOptions& options,
                        const std::string& base_model_name_or_path) {
   if (state.empty()) throw Error("save_lora_adapter: no adapter tensors to save");
+  // The adapted layers (from the tensors' names): their rank must be the options', and
+  // target_modules must select them in peft, which knows no '*': else their whole names.
+  const std::string a_suffix = ".lora_A.weight";
+  std::vector<std::string> adapted;
+  bool covered = true;
+  for (const auto& [name, tensor] : state) {
+    if (name.size() <= kPrefix.size() + a_suffix.size() ||
+        name.compare(name.size() - a_suffix.size(), a_suffix.size(), a_suffix) != 0)
+      continue;
+    const std::string layer =
+        name.substr(kPrefix.size(), name.size() - kPrefix.size() - a_suffix.size());
+    if (tensor.dim() != 2 || tensor.size(0) != options.rank)
+      throw Error("save_lora_adapter: " + name + " is " + sizes_of(tensor.sizes()) +
+                  ", not of the options' rank " + std::to_string(options.rank) +
+                  "; save with the options apply_lora was given");
+    adapted.push_back(layer);
+    bool matched = false;
+    for (const std::string& t : options.target_modules)
+      matched = matched || (t.find('*') == std::string::npos && target_matches(t, layer));
+    covered = covered && matched;
+  }
+  LoraOptions written = options;
+  if (!covered) written.target_modules = adapted;
   check_export_folder(folder, "the adapter's folder");
   std::error_code ec;
   std::filesystem::create_directories(folder, ec);
@@ -391,17 +442,23 @@ void save_lora_adapter(const std::vector<std::pair<std::string, torch::Tensor>>&
       {"fan_in_fan_out", options.fan_in_fan_out},
       {"inference_mode", true},
       {"init_lora_weights", true},
-      {"lora_alpha", options.alpha},
-      {"lora_dropout", options.dropout},
+      {"lora_alpha", written.alpha},
+      {"lora_dropout", written.dropout},
       {"modules_to_save", nullptr},
       {"peft_type", "LORA"},
-      {"r", options.rank},
-      {"target_modules", options.target_modules},
+      {"r", written.rank},
+      {"target_modules", written.target_modules},
       {"task_type", "CAUSAL_LM"},
       {"use_dora", false},
       {"use_rslora", false},
   };
   write_file_atomically(folder / "adapter_config.json", config.dump(2) + "\n");
+  // Into an earlier merged export (check_export_folder allowed no other non-empty folder): its
+  // model files go, so the folder is an adapter alone.
+  std::vector<std::filesystem::path> stale;
+  for (const auto& entry : std::filesystem::directory_iterator(folder, ec))
+    if (is_model_export_file(entry.path().filename().string())) stale.push_back(entry.path());
+  for (const auto& p : stale) std::filesystem::remove(p, ec);
 }
 
 LoraOptions read_lora_options(const std::filesystem::path& folder) {
@@ -410,8 +467,22 @@ LoraOptions read_lora_options(const std::filesystem::path& folder) {
     throw Error(path.string() + ": cannot read (not a peft adapter folder?)");
   const nlohmann::json j = read_json_object(path.string());
   auto fail = [&](const std::string& what) { throw Error(path.string() + ": " + what); };
-  if (j.value("peft_type", std::string()) != "LORA")
-    fail("peft_type must be LORA (got " + j.value("peft_type", std::string("none")) + ")");
+  const nlohmann::json type = j.contains("peft_type") ? j["peft_type"] : nlohmann::json();
+  if (type != "LORA")
+    fail("peft_type must be LORA (got " + (type.is_null() ? "none" : type.dump()) + ")");
+  // What peft can vary per module or restrict, which these options cannot express: ignored, it
+  // would change the adapter silently (alpha_pattern: another scaling for the modules it names).
+  for (const char* key :
+       {"alpha_pattern", "rank_pattern", "layers_to_transform", "layers_pattern", "exclude_modules",
+        "modules_to_save", "lora_bias", "target_parameters", "trainable_token_indices"}) {
+    const auto it = j.find(key);
+    if (it == j.end() || it->is_null() || (it->is_boolean() && !it->get<bool>()) ||
+        ((it->is_object() || it->is_array()) && it->empty()) ||
+        (it->is_string() && it->get<std::string>().empty()))
+      continue;
+    fail(std::string(key) + ": " + it->dump().substr(0, 80) +
+         " is not supported (an adapter with one rank and alpha for every module it lists)");
+  }
   for (const char* flag : {"use_dora", "use_rslora"})
     if (j.contains(flag) && j[flag].is_boolean() && j[flag].get<bool>())
       fail(std::string(flag) + ": true is not supported");

@@ -226,6 +226,18 @@ TEST_F(HfExportTest, ReplacesHfFoldersKeepingOtherFilesAndRefusesOthers) {
   EXPECT_FALSE(fabric::is_earlier_export(theirs));
   EXPECT_TRUE(fabric::is_earlier_export(folder));
 
+  // A merged export into an earlier adapter export of ours: the adapter's files go (the folder
+  // held both kinds, which transformers loads as base and adapter).
+  const fs::path adapter = out / "adapter";
+  fs::create_directories(adapter);
+  fabric::save_safetensors(adapter / "adapter_model.safetensors", {{"a", torch::ones({2})}},
+                           fabric::export_metadata());
+  std::ofstream(adapter / "adapter_config.json") << "{}";
+  fabric::hf::save_gpt2(gpt->config(), state, adapter, 1 << 30);
+  EXPECT_TRUE(fs::exists(adapter / "model.safetensors"));
+  EXPECT_FALSE(fs::exists(adapter / "adapter_model.safetensors"));
+  EXPECT_FALSE(fs::exists(adapter / "adapter_config.json"));
+
   auto missing = state;
   missing.pop_back();
   e = error_of([&] { fabric::hf::save_gpt2(gpt->config(), missing, out / "m", 1 << 30); });

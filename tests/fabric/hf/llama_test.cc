@@ -5,13 +5,17 @@
 // (fabric/models/llama_generate.h) gives transformers' generate(do_sample=False) ids, for one
 // prompt and for a left-padded batch of prompts of different lengths.
 #include "fabric/hf/llama.h"
+#include "fabric/hf/pretrained.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/utils.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -19,6 +23,7 @@
 
 #include "fabric/checkpoint/safetensors.h"
 #include "fabric/core/error.h"
+#include "fabric/models/generate.h"
 #include "fabric/models/llama_generate.h"
 #include "tests/fabric/hf/generation_testing.h"
 #include "tests/run_command.h"
@@ -302,6 +307,30 @@ TEST_F(LlamaHfTest, UnsupportedConfigsNameConfigJsonAndTheKey) {
                                                }))
                 .sliding_window,
             8);
+  // A window switched on without its key: transformers' default, 4096 (it was none: full
+  // attention over longer sequences, silently); null: none.
+  EXPECT_EQ(fabric::hf::read_llama_config(copy("qwen2", "qwen2_default",
+                                               [](nlohmann::json& j) {
+                                                 j.erase("sliding_window");
+                                                 j["use_sliding_window"] = true;
+                                                 j["layer_types"][1] = "sliding_attention";
+                                               }))
+                .sliding_window,
+            4096);
+  EXPECT_EQ(fabric::hf::read_llama_config(copy("llama", "mistral_default",
+                                               [](nlohmann::json& j) {
+                                                 j.erase("sliding_window");
+                                                 j["model_type"] = "mistral";
+                                               }))
+                .sliding_window,
+            4096);
+  EXPECT_EQ(fabric::hf::read_llama_config(copy("llama", "mistral_null",
+                                               [](nlohmann::json& j) {
+                                                 j["model_type"] = "mistral";
+                                                 j["sliding_window"] = nullptr;
+                                               }))
+                .sliding_window,
+            0);
   e = config_error(copy("qwen2", "qwen2_chunked",
                         [](nlohmann::json& j) { j["layer_types"][1] = "chunked_attention"; }));
   EXPECT_NE(e.find("config.json: layer_types: \"chunked_attention\" is not supported"),
@@ -395,6 +424,67 @@ TEST_F(LlamaHfTest, TopK1AndTinyTopPSamplingEqualGreedy) {
   EXPECT_TRUE(torch::equal(a, fabric::models::generate(*model, batch_prompts(gen), o).ids));
   EXPECT_FALSE(torch::equal(a, gen.at("batch.new")));
   EXPECT_TRUE(a.ge(0).all().item<bool>() && a.lt(96).all().item<bool>());
+
+  // Sampling options that are not numbers to sample by: one line, from generate and from the
+  // public choose_next_tokens alike (a NaN temperature reached multinomial's error with
+  // LibTorch's stack; a negative one sampled the least likely tokens there).
+  const auto error_of = [](const std::function<void()>& fn) -> std::string {
+    try {
+      fn();
+    } catch (const fabric::Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  fabric::models::GenerateOptions bad;
+  bad.temperature = std::nan("");
+  EXPECT_NE(error_of([&] {
+              fabric::models::generate(*model, batch_prompts(gen), bad);
+            }).find("generate: temperature nan must be 0 (greedy) or a finite positive number"),
+            std::string::npos);
+  at::Generator cpu = at::detail::createCPUGenerator(1);
+  const torch::Tensor logits = torch::randn({2, 96});
+  bad.temperature = -1;
+  EXPECT_NE(error_of([&] {
+              fabric::models::choose_next_tokens(logits, bad, cpu);
+            }).find("choose_next_tokens: temperature -1.000000 must be 0"),
+            std::string::npos);
+  bad.temperature = 1;
+  bad.top_p = 0;
+  EXPECT_NE(error_of([&] {
+              fabric::models::choose_next_tokens(logits, bad, cpu);
+            }).find("choose_next_tokens: top_p 0.000000 must be in (0, 1]"),
+            std::string::npos);
+}
+
+// Llama 3's tokenizer puts <|begin_of_text|> first through tokenizer.json's post-processor (a
+// TemplateProcessing in a Sequence), its tokenizer_config.json without add_bos_token: the folder
+// adds bos as `tokenizers` encodes (it added none: prompts differed from transformers'). An
+// add_bos_token the config states wins.
+TEST_F(LlamaHfTest, ATemplatePostProcessorPutsBosFirstAsTokenizersDoes) {
+  const fs::path folder = copy("llama", "llama3_template");
+  fs::remove(folder / "tokenizer_config.json");
+  std::ofstream(dir_ / "template.py")
+      << "import sys\n"
+         "from tokenizers import Tokenizer, models, pre_tokenizers, processors\n"
+         "tok = Tokenizer(models.BPE(vocab={'h': 0, 'i': 1, '<|begin_of_text|>': 2}, merges=[]))\n"
+         "tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)\n"
+         "tok.add_special_tokens(['<|begin_of_text|>'])\n"
+         "tok.post_processor = processors.Sequence([processors.ByteLevel(trim_offsets=False),\n"
+         "    processors.TemplateProcessing(single='<|begin_of_text|> $A',\n"
+         "        special_tokens=[('<|begin_of_text|>', 2)])])\n"
+         "tok.save(sys.argv[1] + '/tokenizer.json')\n"
+         "print('first', tok.encode('hi').ids[0])\n";
+  const auto r =
+      fabric::testing::run_command(fabric::testing::python_interpreter() + " " +
+                                   (dir_ / "template.py").string() + " " + folder.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  ASSERT_NE(r.out.find("first 2"), std::string::npos) << r.out;
+  const fabric::hf::Pretrained p = fabric::hf::read_pretrained(folder);
+  EXPECT_TRUE(p.add_bos_token);
+  EXPECT_EQ(p.bos_token_id, 2);
+  std::ofstream(folder / "tokenizer_config.json") << R"({"add_bos_token": false})";
+  EXPECT_FALSE(fabric::hf::read_pretrained(folder).add_bos_token);
 }
 
 TEST_F(LlamaHfTest, EosStopsARowAndPadsAfterIt) {

@@ -149,6 +149,98 @@ TEST_F(LoraTest, SavedAdapterLoadsInPeftWithOurLogits) {
   EXPECT_TRUE(torch::equal(logits(again), logits(model)));
 }
 
+// An adapter exported into an earlier merged export of ours replaces its model files (the folder
+// held both, which transformers loads as base and adapter); a downloaded model's folder beside
+// which an adapter of ours was copied is not an earlier export: refused, its files kept.
+TEST_F(LoraTest, AdapterExportReplacesAnEarlierMergedExportOnly) {
+  fabric::models::Llama model = adapted();
+  const std::map<std::string, std::string> mark = {{"format", "pt"}, {"exported_by", "fabric++"}};
+  const fs::path merged = dir_ / "merged";
+  fs::create_directories(merged);
+  fabric::save_safetensors(merged / "model.safetensors", {{"w", torch::ones({2})}}, mark);
+  std::ofstream(merged / "config.json") << "{}";
+  std::ofstream(merged / "tokenizer.json") << "{}";
+  fabric::nn::save_lora_adapter(*model, merged, peft_options(), "tiny-llama");
+  EXPECT_TRUE(fs::exists(merged / "adapter_model.safetensors"));
+  EXPECT_TRUE(fs::exists(merged / "adapter_config.json"));
+  EXPECT_TRUE(fs::exists(merged / "tokenizer.json"));
+  EXPECT_FALSE(fs::exists(merged / "model.safetensors"));
+  EXPECT_FALSE(fs::exists(merged / "config.json"));
+
+  const fs::path theirs = dir_ / "theirs";
+  fs::create_directories(theirs);
+  fabric::save_safetensors(theirs / "model.safetensors", {{"w", torch::ones({2})}});
+  fs::copy_file(merged / "adapter_model.safetensors", theirs / "adapter_model.safetensors");
+  try {
+    fabric::nn::save_lora_adapter(*model, theirs, peft_options(), "tiny-llama");
+    FAIL() << "no error";
+  } catch (const fabric::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("holds a model this project did not export"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(fs::exists(theirs / "model.safetensors"));
+}
+
+// An adapter on an untied lm_head (peft may target it) is in the loss: the loss went through the
+// raw weight, so its adapter got no gradient and never trained.
+TEST_F(LoraTest, AnAdapterOnTheOutputLayerIsInTheLoss) {
+  fabric::models::Llama model = fabric::hf::load_llama(dir_ / "base");
+  fabric::nn::LoraOptions o = peft_options();
+  o.target_modules = {"lm_head"};
+  ASSERT_EQ(fabric::nn::apply_lora(*model, o).size(), 1u);
+  {
+    torch::NoGradGuard no_grad;
+    model->lm_head->lora_B->weight.normal_();  // nonzero: the adapter changes the logits
+  }
+  const torch::Tensor ids = ref_.at("ids");
+  const torch::Tensor inputs = ids.narrow(1, 0, 11), targets = ids.narrow(1, 1, 11);
+  const torch::Tensor loss = model->loss(inputs, targets);
+  const torch::Tensor logits = model->forward(inputs);
+  EXPECT_NEAR(loss.item<double>(),
+              torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape(-1))
+                  .item<double>(),
+              1e-5);
+  loss.backward();
+  ASSERT_TRUE(model->lm_head->lora_A->weight.grad().defined());
+  EXPECT_GT(model->lm_head->lora_A->weight.grad().abs().max().item<double>(), 0);
+}
+
+// adapter_config.json says what the model holds: target_modules that peft matches to exactly the
+// adapted layers (it knows no '*': "layers.*.mlp.down_proj" matched nothing there), and the rank
+// and alpha the adapters have (other options were written as given: another scaling in peft).
+TEST_F(LoraTest, SavedTargetsAreTheAdaptedLayersAndOptionsMustBeTheirs) {
+  const auto targets_saved = [&](const std::vector<std::string>& patterns) {
+    fabric::models::Llama model = fabric::hf::load_llama(dir_ / "base");
+    fabric::nn::LoraOptions o = peft_options();
+    o.target_modules = patterns;
+    fabric::nn::apply_lora(*model, o);
+    const fs::path folder = dir_ / "targets";
+    fs::remove_all(folder);
+    fabric::nn::save_lora_adapter(*model, folder, o, "tiny-llama");
+    return nlohmann::json::parse(std::ifstream(folder / "adapter_config.json"))["target_modules"]
+        .get<std::vector<std::string>>();
+  };
+  EXPECT_EQ(targets_saved({"layers.*.mlp.down_proj"}), std::vector<std::string>{"down_proj"});
+  EXPECT_EQ(
+      targets_saved({"layers.0.mlp.down_proj", "v_proj"}),
+      (std::vector<std::string>{"model.layers.0.mlp.down_proj", "model.layers.0.self_attn.v_proj",
+                                "model.layers.1.self_attn.v_proj"}));
+  fabric::models::Llama model = adapted();
+  fabric::nn::LoraOptions other = peft_options();
+  other.alpha = 16;
+  try {
+    fabric::nn::save_lora_adapter(*model, dir_ / "other", other, "tiny-llama");
+    FAIL() << "no error";
+  } catch (const fabric::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has an adapter of rank 4 and scaling 2, the options "
+                                         "rank 4 and alpha 16 (scaling 4)"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "other"));
+}
+
 TEST_F(LoraTest, FreshAdaptersLeaveTheOutputBitwiseAndPatternsMatchSuffixes) {
   fabric::models::Llama base = fabric::hf::load_llama(dir_ / "base");
   fabric::models::Llama model = fabric::hf::load_llama(dir_ / "base");
@@ -357,6 +449,20 @@ TEST_F(LoraTest, MistakesAreOneLineErrors) {
   EXPECT_NE(m.find("has rank 4 but adapter_config.json's r is 8; the folder's two files come from "
                    "different adapters"),
             std::string::npos)
+      << m;
+  // What peft varies per module (alpha_pattern scaled v_proj 4x in peft, not here) is refused
+  // by name; its empty defaults, and a peft_type that is not a string, read cleanly or as such.
+  config["r"] = 4;
+  config["alpha_pattern"] = {{"v_proj", 32}};
+  std::ofstream(edited / "adapter_config.json") << config.dump();
+  m = error_reading(4);
+  EXPECT_NE(m.find("adapter_config.json: alpha_pattern: {\"v_proj\":32} is not supported"),
+            std::string::npos)
+      << m;
+  config["alpha_pattern"] = nlohmann::json::object();
+  config["peft_type"] = nullptr;
+  m = error_reading(4);
+  EXPECT_NE(m.find("adapter_config.json: peft_type must be LORA (got none)"), std::string::npos)
       << m;
 }
 
