@@ -214,6 +214,7 @@ void Fabric::backward(const torch::Tensor& loss, MicroBatch micro) {
 
 bool Fabric::step(torch::optim::Optimizer& optimizer) {
   phase_ = Phase::kStep;
+  strategy_->sync_unsynced_gradients();  // before a clip measures them
   clip_for_config(optimizer);
   const bool stepped = strategy_->optimizer_step(optimizer);
   ++steps_;
@@ -240,6 +241,7 @@ bool Fabric::step(torch::optim::Optimizer& optimizer) {
 double Fabric::clip_gradients_norm(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                    double max_norm, double norm_type) {
   clipped_since_step_ = true;
+  strategy_->sync_unsynced_gradients();
   precision().unscale_gradients(optimizer);
   return strategy_->clip_gradients_norm(module.parameters(), optimizer, max_norm, norm_type)
       .item<double>();
@@ -248,6 +250,7 @@ double Fabric::clip_gradients_norm(torch::nn::Module& module, torch::optim::Opti
 void Fabric::clip_gradients_by_value(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                      double clip_value) {
   clipped_since_step_ = true;
+  strategy_->sync_unsynced_gradients();
   precision().unscale_gradients(optimizer);
   strategy_->clip_gradients_value(module.parameters(), optimizer, clip_value);
 }
@@ -376,7 +379,12 @@ ProgressBar& Fabric::progress_bar(int64_t total_steps, int64_t max_epochs, int64
           .log_every(config_.get_int("logging.log_every_n_steps"))
           .in_place(is_global_zero() &&
                     ProgressBar::in_place_for(config_.get_string("logging.progress_bar")));
-  progress_.reset();
+  // The previous bar is finished but kept: a reference the program still holds stays valid (it
+  // was freed here: a use-after-free when used again).
+  if (progress_) {
+    progress_->finish();
+    retired_progress_.push_back(std::move(progress_));
+  }
   progress_ = std::make_unique<ProgressBar>(is_global_zero() ? std::cout : discard, options);
   return *progress_;
 }

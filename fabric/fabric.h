@@ -247,7 +247,9 @@ class Fabric {
   // Autocast region for *-mixed precisions (no-op otherwise); nesting-safe RAII.
   AutocastGuard autocast() const;
   // Skips gradient synchronization while the guard lives (a no-op with one process). The
-  // strategy skips it for every module set up; `module` is for symmetry with Lightning's API.
+  // strategy skips it for every module set up; `module` is for symmetry with Lightning's API. A
+  // step after backward passes that all ran inside it averages their gradients first (ddp,
+  // fsdp), as a synchronized last backward would have.
   template <typename Module>
   ScopeGuard no_backward_sync(Module& module) {
     (void)module;
@@ -426,7 +428,8 @@ class Fabric {
   // The progress display of a training loop of `total_steps` optimizer steps over `max_epochs`
   // epochs (fabric/logging/progress.h), styled by logging.progress_bar (auto | true | false) and
   // logging.log_every_n_steps; `start_step` > 0 for a resumed run. Drawn by global rank 0 only
-  // (on other ranks it draws nothing). Replaces the previous one. Call bar.step(step, epoch) after
+  // (on other ranks it draws nothing). Replaces the previous one (finished, and kept alive: a
+  // reference to it stays valid). Call bar.step(step, epoch) after
   // every step and bar.set_metrics(loss, lr, images/s) when the logging window's values are known.
   ProgressBar& progress_bar(int64_t total_steps, int64_t max_epochs, int64_t start_step = 0);
 
@@ -505,6 +508,7 @@ class Fabric {
   // Built-in (rank 0, opened by create_run_directory from logging.loggers) and added loggers.
   std::unique_ptr<Loggers> loggers_;
   std::unique_ptr<ProgressBar> progress_;
+  std::vector<std::unique_ptr<ProgressBar>> retired_progress_;  // earlier bars, finished
   std::optional<RunDirectory> run_;
   std::string run_name_;
   std::map<std::string, double> last_logged_;  // global rank 0: each metric's last value

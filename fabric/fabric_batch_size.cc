@@ -91,6 +91,10 @@ int64_t Fabric::find_batch_size(torch::nn::Module& module, torch::optim::Optimiz
           backward(value);
         }
         optimizer.zero_grad(/*set_to_none=*/true);
+        // The module's own gradients too: under fsdp and ZeRO-1 the optimizer holds shards, and
+        // the unsynchronized whole gradients left in the parameters joined the first real step.
+        for (auto& p : module.parameters())
+          if (p.grad().defined()) p.mutable_grad().reset();
       },
       start, most, trials);
   torch::NoGradGuard no_grad;

@@ -45,6 +45,22 @@ std::vector<ScopeGuard> materialize_modules(Strategy& strategy,
   return guards;
 }
 
+// A module of an empty init not yet set up: its tensors are on the meta device, and a copy into
+// them would be lost (setup then replays the random init: the run would "resume" from scratch).
+void refuse_pending_init(const std::vector<std::shared_ptr<InitRecord>>& pending,
+                         const torch::nn::Module& module, const std::string& source,
+                         const std::string& what) {
+  for (const auto& record : pending) {
+    bool made = false;
+    for (const auto& p : module.parameters()) made = made || record->made(p);
+    for (const auto& b : module.buffers()) made = made || record->made(b);
+    if (made)
+      throw Error(source + ": the module" + what +
+                  " was built by an empty init (init_module) and has no memory until setup(); "
+                  "load after setup");
+  }
+}
+
 std::vector<torch::nn::Module*> modules_of(const CheckpointState& state) {
   std::vector<torch::nn::Module*> out;
   for (const auto& entry : state.entries())
@@ -358,6 +374,9 @@ void Fabric::load(const std::string& path, CheckpointState& state, bool strict) 
   const PhaseScope phase(*this, Phase::kLoad);
   const auto file = absolute_from_working_directory(path);
   const std::string source = file.string();
+  for (const auto& entry : state.entries())
+    if (entry.module)
+      refuse_pending_init(pending_inits_, *entry.module, source, " of entry '" + entry.name + "'");
   PreparedCheckpoint prepared;
   std::string failure;
   // The modules loaded whole (gathered while written) rather than in this rank's part.
@@ -442,17 +461,7 @@ void Fabric::load_weights_of(torch::nn::Module& module, const std::string& path)
 void Fabric::load_weights_of(torch::nn::Module& module, const StateDict& tensors,
                              const std::string& source, const KeepName& keep) {
   const PhaseScope phase(*this, Phase::kLoad);
-  // A module of an empty init not yet set up: its tensors are on the meta device, and a copy
-  // into them would be lost.
-  for (const auto& record : pending_inits_) {
-    bool made = false;
-    for (const auto& p : module.parameters()) made = made || record->made(p);
-    for (const auto& b : module.buffers()) made = made || record->made(b);
-    if (made)
-      throw Error(source +
-                  ": the module was built by an empty init (init_module) and has no memory "
-                  "until setup(); load its weights after setup");
-  }
+  refuse_pending_init(pending_inits_, module, source, "");
   ShardedState* sharded = strategy_->sharded_state();
   if (sharded != nullptr) {
     // Each rank copies the elements it keeps straight from `tensors` (views: a memory-mapped

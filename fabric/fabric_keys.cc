@@ -98,11 +98,23 @@ std::string tensor_parallel_hint(const std::exception& e, int64_t tp) {
          "n_head), not n_head (docs/tensor_parallel.md)";
 }
 
+// The Reducer's error for a parameter without a gradient names Python's
+// DistributedDataParallel(find_unused_parameters=True): the key that does it here.
+std::string unused_parameters_hint(const std::exception& e) {
+  if (std::string(e.what()).find("Expected to have finished reduction in the prior iteration") ==
+      std::string::npos)
+    return "";
+  return "; under ddp every parameter that requires a gradient must get one in every backward: "
+         "set fabric.ddp.find_unused_parameters: true (or freeze the parameters the loss does "
+         "not use)";
+}
+
 }  // namespace
 
 std::string Fabric::error_site(const std::exception& e) const {
   return phase_description() +
-         tensor_parallel_hint(e, world_size() / std::max<int64_t>(data_parallel_size(), 1));
+         tensor_parallel_hint(e, world_size() / std::max<int64_t>(data_parallel_size(), 1)) +
+         unused_parameters_hint(e);
 }
 
 std::string Fabric::phase_description() const {

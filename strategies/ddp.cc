@@ -77,6 +77,11 @@ void Ddp::release() {
 
 void Ddp::setup_module(torch::nn::Module& module) {
   const auto& pg = group_for("setup_module");
+  if (!params_.empty())
+    throw Error(
+        "fabric.strategy: ddp synchronizes one module per process; this job set up a second one "
+        "(its gradient sync would replace the first's): put the modules in one torch::nn::Module "
+        "(e.g. a generator and a discriminator as its submodules) and set it up once");
   materialize_empty_init(module, device_);
   module.to(device_);
   convert_module(module);
@@ -194,6 +199,7 @@ void Ddp::backward(const torch::Tensor& loss_in) {
           "fabric.ddp.shard_optimizer_state: backward before the optimizer was set up; "
           "pass it to Fabric::setup(model, optimizer)");
     precision_->backward(loss_in);
+    unsynced_ = !sync_;
     if (sync_) {
       shard_->reduce_scatter_gradients();
       ++synced_backwards_;
@@ -202,12 +208,14 @@ void Ddp::backward(const torch::Tensor& loss_in) {
   }
   if (capturable_) {  // after backward, through persistent buffers: nothing on the host between
     precision_->backward(loss_in);
+    unsynced_ = !sync_;
     if (flat_sync_ && sync_) {
       flat_sync_->run();
       ++synced_backwards_;
     }
     return;
   }
+  unsynced_ = !sync_;
   torch::Tensor loss = loss_in;
   if (reducer_ && sync_) {
     if (options_.static_graph && reducer_backwards_ == 0)
@@ -230,10 +238,23 @@ bool Ddp::optimizer_step(torch::optim::Optimizer& optimizer) {
     throw Error(
         "fabric.ddp.shard_optimizer_state: step of an optimizer that was not set up "
         "with the module; pass it to Fabric::setup(model, optimizer)");
+  sync_unsynced_gradients();
   const bool stepped = precision_->optimizer_step(optimizer);
   if (shard_) shard_->gather_parameters();
   if (options_.broadcast_buffers) broadcast_buffers();
   return stepped;
+}
+
+void Ddp::sync_unsynced_gradients() {
+  if (!unsynced_) return;
+  // The accumulated gradients, averaged now (collective on every rank).
+  if (shard_) {
+    shard_->reduce_scatter_gradients();
+  } else if (flat_sync_) {
+    flat_sync_->run();
+  }
+  unsynced_ = false;
+  ++synced_backwards_;
 }
 
 void Ddp::broadcast_buffers() {

@@ -37,12 +37,18 @@ class Ddp : public ParallelStrategy {
 
   std::string name() const override { return "ddp"; }
 
+  // One module per process: a second is refused (its Reducer would replace the first's, whose
+  // gradients would then go unsynchronized); put the modules in one torch::nn::Module.
   void setup_module(torch::nn::Module& module) override;
   // With shard_optimizer_state: splits `optimizer`'s parameters over the ranks (one optimizer;
   // after setup_module). Otherwise nothing.
   void setup_optimizer(torch::optim::Optimizer& optimizer) override;
   void backward(const torch::Tensor& loss) override;
+  // Steps after sync_unsynced_gradients().
   bool optimizer_step(torch::optim::Optimizer& optimizer) override;
+  // Averages the gradients of backward passes inside no_backward_sync that no synchronized
+  // backward followed (the flat sync, or the optimizer shard's reduce-scatter).
+  void sync_unsynced_gradients() override;
   ScopeGuard no_backward_sync() override;
   // On: backward averages the gradients after the backward pass through FlatGradientSync
   // (capturable in a CUDA graph, NCCL included) instead of by the Reducer's hooks during it.
@@ -67,6 +73,7 @@ class Ddp : public ParallelStrategy {
   int64_t reducer_backwards_ = 0;  // backward passes synchronized by the Reducer
   std::vector<torch::Tensor> buffers_;
   bool sync_ = true;
+  bool unsynced_ = false;  // a backward inside no_backward_sync since the last synchronization
   int64_t synced_backwards_ = 0;
   int64_t sync_batchnorm_modules_ = 0;
 };

@@ -236,6 +236,7 @@ void Fsdp::backward(const torch::Tensor& loss) {
   sharded_->begin_backward(sync_, shard_->has_gradients());
   precision_->backward(loss);
   sharded_->end_backward();
+  unsynced_ = !sync_;
   if (sync_) {
     shard_->attach_gradients();
     ++synced_backwards_;
@@ -247,6 +248,10 @@ bool Fsdp::optimizer_step(torch::optim::Optimizer& optimizer) {
     throw Error(key_ +
                 ": step of an optimizer that was not set up with the module; pass it to "
                 "Fabric::setup(model, optimizer)");
+  // Backward passes inside no_backward_sync that no synchronized one followed: their whole
+  // accumulated gradients reduce-scattered now, as that backward would have (a step never applies
+  // stale shard gradients or none).
+  sync_unsynced_gradients();
   const bool stepped = precision_->optimizer_step(optimizer);
   sharded_->after_step();
   return stepped;
@@ -265,7 +270,12 @@ void Fsdp::sync_accumulated_gradients() {
   sharded_->begin_backward(/*sync=*/true, shard_->has_gradients());
   sharded_->end_backward();  // every unit: its parameters' accumulated gradients
   shard_->attach_gradients();
+  unsynced_ = false;
   ++synced_backwards_;
+}
+
+void Fsdp::sync_unsynced_gradients() {
+  if (unsynced_) sync_accumulated_gradients();
 }
 
 ScopeGuard Fsdp::no_backward_sync() {

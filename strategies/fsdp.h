@@ -10,12 +10,13 @@
 // parameters and buffers from rank 0, then shards the parameters; setup_optimizer() rewrites the
 // optimizer to this rank's pieces (one optimizer, set up after the module). backward() reduces
 // the gradients (unless inside no_backward_sync: they accumulate whole until the next
-// synchronized backward). Checkpoints: sharded by default (checkpoint.format: auto): every rank
-// writes its pieces of the parameters and optimizer state, nothing gathered
-// (fabric/checkpoint/sharded.h); with checkpoint.format: full, Fabric::save gathers the module
-// (materialize_parameters) and the optimizer state (one process's layout) on every rank and
-// rank 0 writes one file. Both load at any world size and under any strategy. teardown() gives
-// every parameter its full value again, so the module works after Fabric::launch returns.
+// synchronized backward, or the next optimizer_step, which reduces them first). Checkpoints:
+// sharded by default (checkpoint.format: auto): every rank writes its pieces of the parameters and
+// optimizer state, nothing gathered (fabric/checkpoint/sharded.h); with checkpoint.format: full,
+// Fabric::save gathers the module (materialize_parameters) and the optimizer state (one process's
+// layout) on every rank and rank 0 writes one file. Both load at any world size and under any
+// strategy. teardown() gives every parameter its full value again, so the module works after
+// Fabric::launch returns.
 //
 // Selected by the Connector for fabric.strategy: fsdp with sharding_strategy full_shard or
 // shard_grad_op (no_shard is ddp).
@@ -64,6 +65,8 @@ class Fsdp : public ParallelStrategy {
   // Reduce-scatters the gradients accumulated whole under no_backward_sync (every unit, as the
   // end of a synchronized backward does) and attaches the shards' gradients.
   void sync_accumulated_gradients() override;
+  // sync_accumulated_gradients() when a backward inside no_backward_sync came last.
+  void sync_unsynced_gradients() override;
   void set_capturable_gradient_sync(bool on) override;
   void teardown() override;
 
@@ -92,6 +95,7 @@ class Fsdp : public ParallelStrategy {
   std::vector<torch::Tensor> params_;  // those that require gradients, in module order
   std::vector<std::string> param_names_;
   bool sync_ = true;
+  bool unsynced_ = false;  // a backward inside no_backward_sync since the last synchronization
   int64_t synced_backwards_ = 0;
   bool built_empty_ = false;  // the module was built by an empty init (teardown leaves it meta)
   // setup_module: the module already holds rank 0's values on every rank (model_parallel

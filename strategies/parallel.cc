@@ -41,6 +41,12 @@ ParallelStrategy::ParallelStrategy(std::shared_ptr<ClusterEnvironment> environme
 ParallelStrategy::~ParallelStrategy() = default;
 
 void ParallelStrategy::setup_environment() {
+  // A second launch would join a new rendezvous beside the ended one (self-launched ranks would
+  // start again and wait on the old store until timeout_s): refused at once.
+  if (rendezvous_)
+    throw Error(
+        "Fabric::launch: called a second time on this Fabric; a process joins its job once: run "
+        "every phase (training, evaluation, ...) inside one launched function");
 #ifdef FABRIC_WITH_CUDA
   if (device_.is_cuda()) c10::cuda::set_device(device_.index());
 #endif

@@ -120,6 +120,11 @@ class Strategy {
   // backward would have, without one (a pipeline step runs many backwards and syncs after the
   // last: Fabric::pipeline_backward). fabric::Error here; fsdp and model_parallel implement it.
   virtual void sync_accumulated_gradients();
+  // When backward passes ran inside no_backward_sync since the gradients were last synchronized
+  // (every micro-batch of a step under the guard): synchronizes them now, as the last one's
+  // backward would have. Fabric::step and clip_gradients call it first, so a step never applies,
+  // nor a clip measures, one rank's own gradients. Nothing otherwise (and for one process).
+  virtual void sync_unsynced_gradients() {}
 
   // Pipeline parallelism (fabric.model_parallel.pipeline_parallel_size > 1): the process group of
   // this rank's pipeline (the ranks that hold the other stages of the same data), null without.

@@ -1,4 +1,6 @@
 // fabric::ScopeGuard: runs a function when it goes out of scope (movable, runs at most once).
+// [[nodiscard]]: a guard dropped at once (`f.no_backward_sync(model);` as a statement) would end
+// its scope on the same line, silently; compilers warn instead.
 #ifndef FABRIC_CORE_SCOPE_GUARD_H_
 #define FABRIC_CORE_SCOPE_GUARD_H_
 
@@ -7,7 +9,7 @@
 
 namespace fabric {
 
-class ScopeGuard {
+class [[nodiscard]] ScopeGuard {
  public:
   ScopeGuard() = default;
   explicit ScopeGuard(std::function<void()> on_exit) : on_exit_(std::move(on_exit)) {}

@@ -34,6 +34,11 @@ struct alignas(64) Header {
 static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 constexpr int64_t kHeaderBytes = 4096;
+// After the Header, in the same page: per rank what it passes to the running all_reduce (its
+// element count, and dtype and op), compared by every rank after the first barrier. Worlds
+// larger than the page holds (over 480 ranks on one host) skip the comparison.
+constexpr int64_t kCallOffset = 256;
+constexpr int64_t kMaxCheckedRanks = (kHeaderBytes - kCallOffset) / 16;
 
 std::string errno_text() { return std::strerror(errno); }
 
@@ -92,7 +97,14 @@ class Segment final : public ShmSegment {
     at::Tensor data = tensor.is_contiguous() ? tensor : tensor.contiguous();
     const int64_t element = data.element_size();
     const int64_t per_chunk = chunk_bytes_ / element;
-    for (int64_t offset = 0; offset < data.numel(); offset += per_chunk) {
+    const bool check = world_ <= kMaxCheckedRanks;
+    if (check) {
+      call(rank_)[0] = static_cast<uint64_t>(data.numel());
+      call(rank_)[1] = static_cast<uint64_t>(data.scalar_type()) << 8 | static_cast<uint64_t>(op);
+    }
+    // At least one round, an empty tensor's too: every rank passes the first barrier and the
+    // comparison, whatever it passed.
+    for (int64_t offset = 0; offset == 0 || offset < data.numel(); offset += per_chunk) {
       const int64_t n = std::min(per_chunk, data.numel() - offset);
       char* mine = static_cast<char*>(data.data_ptr()) + offset * element;
       const int64_t step = ((n + world_ - 1) / world_ + 15) / 16 * 16;  // 16-element shares
@@ -104,6 +116,7 @@ class Segment final : public ShmSegment {
       };
       all_but_share(slot(rank_), mine);
       barrier();
+      if (offset == 0 && check) compare_calls();
       if (hi > lo) reduce_share(op, data.scalar_type(), lo, hi, mine);
       barrier();
       all_but_share(mine, result(round_));
@@ -172,6 +185,27 @@ class Segment final : public ShmSegment {
   Header* header() { return reinterpret_cast<Header*>(base_); }
   char* slot(int64_t rank) { return base_ + kHeaderBytes + rank * chunk_bytes_; }
   char* result(int64_t round) { return slot(world_ + (round & 1)); }
+  uint64_t* call(int64_t rank) {
+    return reinterpret_cast<uint64_t*>(base_ + kCallOffset + rank * 16);
+  }
+
+  // Every rank must pass a tensor of the same size and dtype, and the same op: otherwise each
+  // splits its own count into chunks and reads the others' stale bytes (no error, garbage). Every
+  // rank reads every rank's entry after the same barrier, so all of them throw, none waits.
+  void compare_calls() {
+    static const char* const kOps[] = {"sum",  "avg", "product", "min",       "max",
+                                       "band", "bor", "bxor",    "premul_sum"};
+    const auto describe = [&](int64_t r) {
+      const uint64_t op = call(r)[1] & 0xFF;
+      return "rank " + std::to_string(r) + ": " + std::to_string(call(r)[0]) + " " +
+             c10::toString(static_cast<at::ScalarType>(call(r)[1] >> 8)) + " elements, " +
+             (op < 9 ? kOps[op] : "op " + std::to_string(op));
+    };
+    for (int64_t r = 1; r < world_; ++r)
+      if (call(r)[0] != call(0)[0] || call(r)[1] != call(0)[1])
+        fail("the ranks passed different tensors (" + describe(0) + "; " + describe(r) +
+             "): every rank must all-reduce a tensor of the same size and dtype with the same op");
+  }
 
   // Elements [lo, hi) of the chunk, reduced in rank order into the result area and into `mine`.
   void reduce_share(c10d::ReduceOp::RedOpType op, at::ScalarType dtype, int64_t lo, int64_t hi,

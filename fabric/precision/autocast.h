@@ -17,7 +17,7 @@
 
 namespace fabric {
 
-class AutocastGuard {
+class [[nodiscard]] AutocastGuard {  // dropped at once, it would end the region at once
  public:
   // A guard that does nothing (precisions without autocast).
   AutocastGuard() = default;

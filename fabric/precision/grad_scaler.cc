@@ -120,6 +120,10 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   }
   if (per_optimizer_[&optimizer].stage == Stage::kReady) unscale_(optimizer);
   PerOptimizer& state = per_optimizer_[&optimizer];
+  // No gradients at all (a step before any backward): nothing to skip, as the fused path does;
+  // update() then has its check (it said "call step() first" after this step, and the next step
+  // "already called").
+  if (state.found_inf.empty()) state.found_inf.push_back(torch::zeros({1}, scale_.options()));
   double found = 0;
   for (const auto& f : state.found_inf) found += f.item<float>();  // one host sync per device
   const bool finite = found == 0;

@@ -207,6 +207,24 @@ TEST(FabricTest, InitModuleBuildsEmptyAndSetupGivesAFullInitsValues) {
     // A second recording after a failed one starts cleanly.
     Net again = f.init_module([] { return Net(); });
     EXPECT_TRUE(again->fc1->weight.is_meta());
+    // Loading a checkpoint into it before setup: refused (the copy into meta tensors was lost
+    // and setup replayed the random init: a "resume" from fresh weights).
+    const std::string file = ::testing::TempDir() + "/empty_init_load.ckpt";
+    fabric::CheckpointState saved;
+    saved.add("model", model);
+    f.save(file, saved);
+    fabric::CheckpointState state;
+    state.add("model", again);
+    try {
+      f.load(file, state);
+      FAIL() << "no error";
+    } catch (const fabric::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("empty_init_load.ckpt: the module of entry 'model' was "
+                                           "built by an empty init (init_module) and has no "
+                                           "memory until setup(); load after setup"),
+                std::string::npos)
+          << e.what();
+    }
   });
 }
 

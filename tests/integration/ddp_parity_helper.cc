@@ -4,6 +4,8 @@
 // MODE: plain    many small buckets
 //       nosync   every step is two micro-batches, the first inside no_backward_sync; also checks
 //                that the unsynced backward issued no collective (Gloo's sequence number)
+//       allnosync  both micro-batches inside no_backward_sync: the step averages them (one
+//                collective, the same parameters as nosync's)
 //       unused   the model has a layer forward never uses; find_unused_parameters must not hang
 //                and the unused layer must stay untouched
 //       static   static_graph
@@ -91,7 +93,8 @@ int main(int argc, char** argv) {
   std::string mode = argv[3];
   const bool flat = mode.rfind("flat_", 0) == 0;
   if (flat) mode = mode.substr(5);
-  const bool nosync = mode == "nosync";
+  const bool all_unsynced = mode == "allnosync";
+  const bool nosync = mode == "nosync" || all_unsynced;
   auto env = std::shared_ptr<fabric::ClusterEnvironment>(
       fabric::detect_environment(fabric::process_environment(), world));
   fabric::strategies::DdpOptions options;
@@ -152,7 +155,7 @@ int main(int argc, char** argv) {
         auto [x, y] = global_batch(s, m);
         auto loss = torch::mse_loss(model->forward(x.narrow(0, rank * local, local).to(device)),
                                     y.narrow(0, rank * local, local).to(device));
-        if (nosync && m == 0) {
+        if (nosync && (m == 0 || all_unsynced)) {
           const uint64_t before = backend->getSequenceNumberForGroup();
           auto guard = ddp.no_backward_sync();
           ddp.backward(loss);

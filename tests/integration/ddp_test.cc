@@ -30,6 +30,16 @@ TEST(DdpTest, NoBackwardSyncAccumulatesWithoutCommunicating) {
   EXPECT_EQ(out.find("collective issued inside no_backward_sync"), std::string::npos) << out;
 }
 
+// Every backward of a step inside no_backward_sync: the step averages the accumulated gradients
+// (each rank stepped with its own before: replicas drifted apart silently).
+TEST(DdpTest, AStepAfterOnlyUnsyncedBackwardsAveragesFirst) {
+  for (const char* mode : {"allnosync", "flat_allnosync"}) {
+    auto [code, out] = run(std::string("2 4 ") + mode);
+    EXPECT_EQ(code, 0) << mode << ": " << out;
+    EXPECT_NE(out.find("max_rel_diff="), std::string::npos) << out;
+  }
+}
+
 TEST(DdpTest, FindUnusedParametersDoesNotHangAndLeavesUnusedLayersAlone) {
   auto [code, out] = run("2 3 unused");
   EXPECT_EQ(code, 0) << out;

@@ -99,6 +99,27 @@ TEST_F(FsdpTest, TrainsLikeDdpWithEveryOptimizerVariantAndShardingStrategy) {
   }
 }
 
+// Every micro-batch's backward inside no_backward_sync: the clip and step synchronize the
+// accumulated gradients first (fsdp stepped with no shard gradients, ddp with each rank's own).
+TEST_F(FsdpTest, AClipOrStepAfterOnlyUnsyncedBackwardsSynchronizesFirst) {
+  const std::string job = "fabric.devices=2 optimizer.name=sgd test.accumulate=2 ";
+  for (const char* clip : {"test.clip_norm=0.05 ", ""}) {
+    SCOPED_TRACE(clip);
+    auto ddp = run(job + clip + "fabric.strategy=ddp test.out=ddp.ckpt");
+    ASSERT_EQ(ddp.code, 0) << ddp.out;
+    for (const auto& [out, strategy] : std::vector<std::pair<std::string, std::string>>{
+             {"ddp_unsynced.ckpt", "fabric.strategy=ddp "}, {"fsdp_unsynced.ckpt", kPerLayer}}) {
+      auto unsynced = run(job + clip + strategy + "test.unsynced=true test.out=" + out);
+      ASSERT_EQ(unsynced.code, 0) << unsynced.out;
+      for (const char* name : {"model", "optimizer"})
+        EXPECT_EQ(fabric::testing::parity_failure(entry("ddp.ckpt", name), entry(out, name), name,
+                                                  kClipBound),
+                  "")
+            << strategy;
+    }
+  }
+}
+
 // One operator that takes parameters of every unit (torch::stack of a piece of each of 4 Table
 // units, after each was used and freed again): all of them are gathered before it runs, none
 // freed for another; the result matches DDP's.

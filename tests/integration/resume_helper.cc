@@ -15,6 +15,8 @@
 //   test.clip_norm     0    Fabric::clip_gradients to this total norm before each step; 0: off
 //   test.accumulate    1    micro-batches per step (each batch split; Fabric::backward(loss,
 //                           MicroBatch): all but the last backward without gradient sync)
+//   test.unsynced      false  every micro-batch's backward inside Fabric::no_backward_sync (the
+//                           clip or step synchronizes the gradients)
 //   test.memory        false  before the last step, rank 0 prints for every rank R "rank R bytes
 //                           parameters=P gradients=G optimizer=O": distinct storages of the
 //                           parameters and of the optimizer's parameters, of their gradients, of
@@ -141,6 +143,7 @@ int main(int argc, char** argv) {
   schema.add("test.cross_units", fabric::KeySpec::boolean(false));
   schema.add("test.clip_norm", fabric::KeySpec::real(0.0).min(0));
   schema.add("test.accumulate", fabric::KeySpec::integer(1).min(1));
+  schema.add("test.unsynced", fabric::KeySpec::boolean(false));
   schema.add("test.memory", fabric::KeySpec::boolean(false));
   schema.add("test.peaks", fabric::KeySpec::boolean(false));
   return fabric::run_main(argc, argv, schema, [](const fabric::Config& c) {
@@ -186,6 +189,8 @@ int main(int argc, char** argv) {
               loss = torch::cross_entropy_loss(model->forward(data[m]), target[m]);
             }
             step_loss = loss.detach();
+            const fabric::ScopeGuard unsynced =
+                c.get_bool("test.unsynced") ? f.no_backward_sync(model) : fabric::ScopeGuard();
             f.backward(loss, fabric::MicroBatch{static_cast<int64_t>(m),
                                                 static_cast<int64_t>(data.size())});
           }

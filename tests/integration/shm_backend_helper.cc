@@ -5,6 +5,7 @@
 //                                     Gloo's; prints "rank R of W: ok"
 //   shm_backend_helper WORLD timeout  rank 0 all-reduces alone (2 s timeout); prints its error,
 //                                     then releases the other ranks through the store
+//   shm_backend_helper WORLD mismatch rank R all-reduces 4 + 4R elements; each prints its error
 // Exit 0 when every check passed. The checks are the test's; this binary only reports.
 #include <torch/types.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -84,13 +85,28 @@ int main(int argc, char** argv) {
     store = distributed::make_store(
         {"127.0.0.1", env->main_port(), false, world, std::chrono::seconds(60)});
   }
-  if (mode == "timeout") {
-    // The backend alone (no Gloo underneath: only all-reduce is called), 2 s to wait.
+  // The backend alone (no Gloo underneath: only all-reduce is called), `wait` to wait.
+  const auto shm_alone = [&](std::chrono::seconds wait) {
     distributed::ShmBackendOptions shm_options;
     shm_options.rank = rank;
     shm_options.world_size = world;
-    shm_options.timeout = std::chrono::seconds(2);
-    auto backend = distributed::make_shm_backend(store, {}, shm_options);
+    shm_options.timeout = wait;
+    return distributed::make_shm_backend(store, {}, shm_options);
+  };
+  if (mode == "mismatch") {
+    auto backend = shm_alone(std::chrono::seconds(20));
+    std::vector<torch::Tensor> t = {torch::ones({4 + 4 * rank})};
+    try {
+      backend->allreduce(t)->wait();
+      std::printf("rank %lld: all_reduce returned\n", static_cast<long long>(rank));
+    } catch (const std::exception& e) {
+      std::printf("rank %lld error: %s\n", static_cast<long long>(rank), e.what());
+    }
+    std::fflush(stdout);
+    return launcher ? launcher->wait() : 0;
+  }
+  if (mode == "timeout") {
+    auto backend = shm_alone(std::chrono::seconds(2));
     if (rank == 0) {
       std::vector<torch::Tensor> t = {torch::ones({4})};
       for (int attempt = 0; attempt < 2; ++attempt) {

@@ -34,6 +34,22 @@ TEST(ShmBackendTest, MatchesTheRankOrderReductionAndGlooOnTwoThreeAndFourRanks) 
   }
 }
 
+// Tensors of different sizes on different ranks: each rank split its own count into chunks and
+// read the others' stale bytes (no error, garbage); now every rank fails at once naming both.
+TEST(ShmBackendTest, DifferentSizesOnDifferentRanksFailOnEveryRank) {
+  CommandResult r = run_job(2, "mismatch");
+  EXPECT_EQ(r.code, 0) << r.out;
+  for (const char* rank : {"rank 0 error: shared-memory all_reduce on rank 0: ",
+                           "rank 1 error: shared-memory all_reduce on rank 1: "})
+    EXPECT_NE(r.out.find(std::string(rank) +
+                         "the ranks passed different tensors (rank 0: 4 Float elements, sum; "
+                         "rank 1: 8 Float elements, sum): every rank must all-reduce a tensor of "
+                         "the same size and dtype with the same op"),
+              std::string::npos)
+        << r.out;
+  EXPECT_EQ(r.out.find("all_reduce returned"), std::string::npos) << r.out;
+}
+
 TEST(ShmBackendTest, ARankLeftAloneFailsNamingTheWaitAndStaysFailed) {
   CommandResult r = run_job(2, "timeout");
   EXPECT_EQ(r.code, 0) << r.out;

@@ -14,7 +14,9 @@
 //   test.kill_at_step  -1     SIGKILL this process right after this step's checkpoint
 //   test.fail          none   forward | backward: at step 3, a LibTorch error there (a view of a
 //                             non-contiguous tensor; the backward of a loss without gradient);
-//                             load: at step 3, load_weights from a file that does not exist
+//                             load: at step 3, load_weights from a file that does not exist;
+//                             unused: from step 3 on, fc1 outside the loss (ddp's Reducer then
+//                             fails at the next backward)
 // Prints, on rank 0: "init SUM" after setup (the sum of every parameter, %.17g), "step S grad
 // NORM MAX" after each f.step (the total norm and largest magnitude of the gradients the optimizer
 // used), "val step S loss L examples N" after each evaluation.
@@ -61,7 +63,8 @@ int main(int argc, char** argv) {
   schema.add("test.end_pass", fabric::KeySpec::boolean(true));
   schema.add("test.save_init", fabric::KeySpec::string(""));
   schema.add("test.kill_at_step", fabric::KeySpec::integer(-1).min(-1));
-  schema.add("test.fail", fabric::KeySpec::choice({"none", "forward", "backward", "load"}, "none"));
+  schema.add("test.fail",
+             fabric::KeySpec::choice({"none", "forward", "backward", "load", "unused"}, "none"));
   return fabric::run_main(argc, argv, schema, [](const fabric::Config& c) {
     fabric::Fabric fabric(c);
     return fabric.launch([&](fabric::Fabric& f) {
@@ -109,13 +112,16 @@ int main(int argc, char** argv) {
           optimizer.zero_grad();
           const std::string fail = checkpoints.step() == 2 ? c.get_string("test.fail") : "none";
           if (fail == "load") f.load_weights(model, "no_such_weights.safetensors");
-          torch::Tensor logits = model->forward(batch.data);
+          torch::Tensor logits = c.get_string("test.fail") == "unused" && checkpoints.step() >= 2
+                                     ? model->fc2(torch::tanh(model->fc1(batch.data).detach()))
+                                     : model->forward(batch.data);
           if (fail == "forward") logits = logits.t().view({-1});
           torch::Tensor loss = torch::cross_entropy_loss(logits, batch.target);
           f.backward(fail == "backward" ? loss.detach() : loss);
           f.step(optimizer);
           double norm = 0, largest = 0;
           for (const auto& p : model->parameters()) {
+            if (!p.grad().defined()) continue;  // test.fail=unused
             norm += p.grad().square().sum().item<double>();
             largest = std::max(largest, p.grad().abs().max().item<double>());
           }

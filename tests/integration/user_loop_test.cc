@@ -192,6 +192,15 @@ TEST_F(UserLoopTest, AnErrorInTheLoopSaysWhereItHappened) {
             std::string::npos)
       << loading.out;
 
+  // A parameter the loss stops using under ddp: LibTorch's words advise Python's
+  // DistributedDataParallel(find_unused_parameters=True); the hint names our key.
+  auto unused = run("fabric.devices=2 fabric.strategy=ddp test.fail=unused");
+  EXPECT_EQ(unused.code, 1) << unused.out;
+  EXPECT_NE(unused.out.find("under ddp every parameter that requires a gradient must get one in "
+                            "every backward: set fabric.ddp.find_unused_parameters: true"),
+            std::string::npos)
+      << unused.out;
+
   const std::string exe = fabric::testing::helper_binary("//tests/integration:user_loop_helper");
   auto debug = fabric::testing::run_command("cd '" + dir_.string() + "' && FABRIC_DEBUG=1 '" + exe +
                                             "' fabric.accelerator=cpu test.fail=forward");

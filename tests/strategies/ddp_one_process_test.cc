@@ -4,6 +4,7 @@
 // options the Connector parses. Multi-process behaviour: tests/integration/ddp_test.cc.
 #include <gtest/gtest.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
 
 #include <memory>
 #include <optional>
@@ -82,7 +83,31 @@ TEST(DdpOneProcessTest, RendezvousAndCollectivesOfAWorldOfOne) {
   ddp->backward(loss);
   EXPECT_EQ(ddp->synced_backward_passes(), 1);
   EXPECT_TRUE(torch::allclose(model->weight.grad(), torch::full({1, 3}, 2.0)));
+  // A step after backward passes that all ran inside no_backward_sync synchronizes them first;
+  // after a synchronized one it does not again.
+  torch::optim::SGD sgd(model->parameters(), 0.1);
+  {
+    auto guard = ddp->no_backward_sync();
+    ddp->backward(model->forward(torch::ones({2, 3})).sum());
+  }
+  EXPECT_EQ(ddp->synced_backward_passes(), 1);
+  ddp->optimizer_step(sgd);
+  EXPECT_EQ(ddp->synced_backward_passes(), 2);
+  ddp->backward(model->forward(torch::ones({2, 3})).sum());
+  ddp->optimizer_step(sgd);
+  EXPECT_EQ(ddp->synced_backward_passes(), 3);
+  // A second module would replace the first's gradient sync: refused.
+  torch::nn::Linear other(3, 1);
+  EXPECT_NE(error_of([&] { ddp->setup_module(*other); })
+                .find("fabric.strategy: ddp synchronizes one module per process; this job set up "
+                      "a second one"),
+            std::string::npos);
   ddp->teardown();
+  // A second launch would join a new rendezvous beside the ended one.
+  EXPECT_NE(error_of([&] {
+              ddp->setup_environment();
+            }).find("Fabric::launch: called a second time on this Fabric"),
+            std::string::npos);
 }
 
 TEST(DdpOptionsTest, ConfigWordsParseToTheirEnumsAndBack) {

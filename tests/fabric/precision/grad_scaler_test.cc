@@ -109,6 +109,18 @@ TEST(GradScalerTest, MisuseIsReported) {
   torch::optim::SGD sgd({h}, torch::optim::SGDOptions(0.1));
   h.mutable_grad() = torch::ones({2}, torch::kHalf);
   EXPECT_THROW(scaler.unscale_(sgd), fabric::Error);
+
+  // A step before any backward (no gradient at all): a step of nothing, and update() and the
+  // next step work (update said "call step() first", then step "already called").
+  auto p = torch::ones({3}, torch::requires_grad());
+  torch::optim::SGD plain({p}, torch::optim::SGDOptions(0.1));
+  fabric::GradScaler fresh;
+  EXPECT_TRUE(fresh.step(plain));
+  EXPECT_NO_THROW(fresh.update());
+  fresh.scale(loss_for(p, 0, false)).backward();
+  EXPECT_TRUE(fresh.step(plain));
+  EXPECT_NO_THROW(fresh.update());
+  EXPECT_FALSE(torch::equal(p, torch::ones({3})));
 }
 
 TEST(GradScalerTest, StateDictRoundTripsAndNamesBadKeys) {
