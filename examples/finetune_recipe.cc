@@ -46,7 +46,8 @@ fabric::ConfigSchema schema() {
         KeySpec::string("auto").doc("where tokenized JSONL files are kept between runs; auto: "
                                     "~/.cache/fabricpp/instruct; none: not kept"));
   s.add("data.add_bos", KeySpec::choice({"auto", "true", "false"}, "auto")
-                            .doc("the bos id first; auto: tokenizer_config.json's add_bos_token"));
+                            .doc("the bos id first; auto: tokenizer_config.json's add_bos_token, "
+                                 "else tokenizer.json's template (Llama 3)"));
   s.section_doc("finetune", "what trains (examples/finetune.cc)");
   s.add("finetune.method", KeySpec::choice({"lora", "full"}, "lora"));
   s.add("finetune.lora.rank", KeySpec::integer(8).min(1));

@@ -72,8 +72,9 @@ fabric::ConfigSchema schema() {
   s.add("generate.seed", KeySpec::integer(0).min(0).doc("sampling's random generator"));
   s.add("generate.add_bos",
         KeySpec::choice({"auto", "true", "false"}, "auto")
-            .doc("put the bos id before the prompt; auto: when tokenizer_config.json's "
-                 "add_bos_token is true"));
+            .doc("put the bos id before the prompt; auto: tokenizer_config.json's "
+                 "add_bos_token, else whether tokenizer.json's template starts with a special "
+                 "token (Llama 3)"));
   s.add("generate.stop_at_eos",
         KeySpec::boolean(true).doc("stop at an eos id of generation_config.json / config.json"));
   s.add(

@@ -212,9 +212,19 @@ void Fabric::backward(const torch::Tensor& loss, MicroBatch micro) {
   phase_ = Phase::kAfterBackward;
 }
 
+namespace {
+
+// fabric.sync_before_step: gradients of backward passes that all ran inside no_backward_sync are
+// synchronized before a clip or step (false: each rank keeps its own, e.g. for local SGD).
+void sync_before_step(const Config& config, Strategy& strategy) {
+  if (config.get_bool("fabric.sync_before_step")) strategy.sync_unsynced_gradients();
+}
+
+}  // namespace
+
 bool Fabric::step(torch::optim::Optimizer& optimizer) {
   phase_ = Phase::kStep;
-  strategy_->sync_unsynced_gradients();  // before a clip measures them
+  sync_before_step(config_, *strategy_);  // before a clip measures them
   clip_for_config(optimizer);
   const bool stepped = strategy_->optimizer_step(optimizer);
   ++steps_;
@@ -241,7 +251,7 @@ bool Fabric::step(torch::optim::Optimizer& optimizer) {
 double Fabric::clip_gradients_norm(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                    double max_norm, double norm_type) {
   clipped_since_step_ = true;
-  strategy_->sync_unsynced_gradients();
+  sync_before_step(config_, *strategy_);
   precision().unscale_gradients(optimizer);
   return strategy_->clip_gradients_norm(module.parameters(), optimizer, max_norm, norm_type)
       .item<double>();
@@ -250,7 +260,7 @@ double Fabric::clip_gradients_norm(torch::nn::Module& module, torch::optim::Opti
 void Fabric::clip_gradients_by_value(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                      double clip_value) {
   clipped_since_step_ = true;
-  strategy_->sync_unsynced_gradients();
+  sync_before_step(config_, *strategy_);
   precision().unscale_gradients(optimizer);
   strategy_->clip_gradients_value(module.parameters(), optimizer, clip_value);
 }

@@ -238,7 +238,6 @@ bool Ddp::optimizer_step(torch::optim::Optimizer& optimizer) {
     throw Error(
         "fabric.ddp.shard_optimizer_state: step of an optimizer that was not set up "
         "with the module; pass it to Fabric::setup(model, optimizer)");
-  sync_unsynced_gradients();
   const bool stepped = precision_->optimizer_step(optimizer);
   if (shard_) shard_->gather_parameters();
   if (options_.broadcast_buffers) broadcast_buffers();
@@ -247,6 +246,15 @@ bool Ddp::optimizer_step(torch::optim::Optimizer& optimizer) {
 
 void Ddp::sync_unsynced_gradients() {
   if (!unsynced_) return;
+  // The flat sync needs every gradient; the Reducer's find_unused_parameters treats a missing one
+  // as zeros during a synchronized backward only.
+  if (!shard_ && !capturable_)
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (!params_[i].grad().defined())
+        throw Error("ddp: parameter '" + param_names_[i] +
+                    "' has no gradient, and every backward since the last synchronization ran "
+                    "inside no_backward_sync: run the step's last backward outside it (or set "
+                    "fabric.sync_before_step: false to keep each rank's own gradients)");
   // The accumulated gradients, averaged now (collective on every rank).
   if (shard_) {
     shard_->reduce_scatter_gradients();

@@ -44,7 +44,6 @@ class Ddp : public ParallelStrategy {
   // after setup_module). Otherwise nothing.
   void setup_optimizer(torch::optim::Optimizer& optimizer) override;
   void backward(const torch::Tensor& loss) override;
-  // Steps after sync_unsynced_gradients().
   bool optimizer_step(torch::optim::Optimizer& optimizer) override;
   // Averages the gradients of backward passes inside no_backward_sync that no synchronized
   // backward followed (the flat sync, or the optimizer shard's reduce-scatter).

@@ -248,10 +248,6 @@ bool Fsdp::optimizer_step(torch::optim::Optimizer& optimizer) {
     throw Error(key_ +
                 ": step of an optimizer that was not set up with the module; pass it to "
                 "Fabric::setup(model, optimizer)");
-  // Backward passes inside no_backward_sync that no synchronized one followed: their whole
-  // accumulated gradients reduce-scattered now, as that backward would have (a step never applies
-  // stale shard gradients or none).
-  sync_unsynced_gradients();
   const bool stepped = precision_->optimizer_step(optimizer);
   sharded_->after_step();
   return stepped;

@@ -10,7 +10,7 @@
 // parameters and buffers from rank 0, then shards the parameters; setup_optimizer() rewrites the
 // optimizer to this rank's pieces (one optimizer, set up after the module). backward() reduces
 // the gradients (unless inside no_backward_sync: they accumulate whole until the next
-// synchronized backward, or the next optimizer_step, which reduces them first). Checkpoints:
+// synchronized backward, or Fabric::step, which reduces them first). Checkpoints:
 // sharded by default (checkpoint.format: auto): every rank writes its pieces of the parameters and
 // optimizer state, nothing gathered (fabric/checkpoint/sharded.h); with checkpoint.format: full,
 // Fabric::save gathers the module (materialize_parameters) and the optimizer state (one process's

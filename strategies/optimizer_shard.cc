@@ -211,8 +211,13 @@ void OptimizerShard::reduce_scatter_gradients() {
     torch::Tensor slot = flat_of(i, flat);
     at::mul_out(slot, params_[i].grad(), inverse_world);
   }
-  distributed::wait(pg_->_reduce_scatter_base(shard_grad, flat),
+  // The pieces hold a synchronized backward's gradients since zero_grad: this one adds to them, as
+  // gradients accumulate under ddp (it overwrote them: a backward before this one was lost).
+  const bool accumulate = has_gradients();
+  torch::Tensor out = accumulate ? torch::empty_like(shard_grad) : shard_grad;
+  distributed::wait(pg_->_reduce_scatter_base(out, flat),
                     "gradient reduce_scatter (" + describe(flat) + ")");
+  if (accumulate) shard_grad.add_(out);
   for (auto& p : params_) p.mutable_grad().reset();
   attach_gradients();
 }

@@ -210,12 +210,19 @@ class Loader {
       fail("command line", path + ": '" + raw + "' is not a YAML value (" + e.msg + ")");
     }
     // " #" starts a YAML comment: on a command line it cut the value silently ('def # x' became
-    // 'def'). A value whose YAML holds no '#' lost it.
-    const size_t hash = raw.find('#');
-    if (hash != std::string::npos && hash > 0 && (raw[hash - 1] == ' ' || raw[hash - 1] == '\t')) {
-      YAML::Emitter shown;
-      shown << value;
-      if (std::string(shown.c_str()).find('#') == std::string::npos)
+    // 'def'). The first '#' after a space or tab whose text before it reads as the same value was
+    // such a cut (inside quotes, the text before it does not parse so).
+    size_t hash = raw.find('#');
+    while (hash != std::string::npos &&
+           !(hash > 0 && (raw[hash - 1] == ' ' || raw[hash - 1] == '\t')))
+      hash = raw.find('#', hash + 1);
+    if (hash != std::string::npos) {
+      bool cut = false;
+      try {
+        cut = YAML::Dump(YAML::Load(raw.substr(0, hash))) == YAML::Dump(value);
+      } catch (const YAML::Exception&) {
+      }
+      if (cut)
         fail("command line", path + ": YAML reads ' #' in '" + raw +
                                  "' as the start of a comment, which would drop the rest; quote "
                                  "the value: " +

@@ -55,6 +55,11 @@ ConfigSchema default_schema() {
             "(the forward's; rowwise: all three) do so; false: every GEMM accumulates precisely"));
   s.add("fabric.sync_batchnorm",
         KeySpec::boolean(false).doc("ddp: BatchNorm statistics over the global batch"));
+  s.add("fabric.sync_before_step",
+        KeySpec::boolean(true).doc(
+            "ddp, ZeRO-1, fsdp: when every backward since the last synchronization ran inside "
+            "no_backward_sync, clip_gradients and step synchronize those gradients first; "
+            "false: each rank keeps its own (local SGD)"));
   s.add("fabric.seed",
         KeySpec::integer(42).min(0).doc("seeds every RNG (torch, data order, augmentation)"));
   s.add(

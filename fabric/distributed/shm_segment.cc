@@ -36,7 +36,7 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free);
 constexpr int64_t kHeaderBytes = 4096;
 // After the Header, in the same page: per rank what it passes to the running all_reduce (its
 // element count, and dtype and op), compared by every rank after the first barrier. Worlds
-// larger than the page holds (over 480 ranks on one host) skip the comparison.
+// larger than the page holds (over 240 ranks on one host) skip the comparison.
 constexpr int64_t kCallOffset = 256;
 constexpr int64_t kMaxCheckedRanks = (kHeaderBytes - kCallOffset) / 16;
 
@@ -110,6 +110,7 @@ class Segment final : public ShmSegment {
       const int64_t step = ((n + world_ - 1) / world_ + 15) / 16 * 16;  // 16-element shares
       const int64_t lo = std::min(n, rank_ * step), hi = std::min(n, lo + step);
       auto all_but_share = [&](char* to, const char* from) {
+        if (n == 0) return;  // an empty tensor's round: its data pointer may be null
         std::memcpy(to, from, static_cast<size_t>(lo * element));
         std::memcpy(to + hi * element, from + hi * element,
                     static_cast<size_t>((n - hi) * element));

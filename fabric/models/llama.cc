@@ -295,9 +295,11 @@ torch::Tensor llama_head_loss(fabric::nn::Embedding& embed_tokens, fabric::nn::L
     return fabric::nn::vocab_parallel_cross_entropy(logits, targets, embed_tokens->vocab_start(),
                                                     p->group);
   }
-  // An lm_head with a LoRA adapter (peft may target it), a stored base or float8 GEMMs: the loss
-  // from its own forward (the raw weight left the adapter out of the loss: it never trained).
-  if (lm_head && (lm_head->lora_rank() > 0 || lm_head->weight_scale().defined() || lm_head->fp8()))
+  // An lm_head with a LoRA adapter (peft may target it) or a stored base: the loss from its own
+  // forward (the raw weight left the adapter out of the loss: it never trained). Under fp8 the
+  // head keeps the fused loss on its weight, as before (torchao and TorchTitan keep the output
+  // layer out of float8).
+  if (lm_head && (lm_head->lora_rank() > 0 || lm_head->weight_scale().defined()))
     return lm_loss(lm_head->forward(h), targets);
   return linear_cross_entropy(h, lm_head ? lm_head->weight : embed_tokens->weight, targets,
                               /*fused=*/true);

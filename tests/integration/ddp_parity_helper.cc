@@ -4,8 +4,8 @@
 // MODE: plain    many small buckets
 //       nosync   every step is two micro-batches, the first inside no_backward_sync; also checks
 //                that the unsynced backward issued no collective (Gloo's sequence number)
-//       allnosync  both micro-batches inside no_backward_sync: the step averages them (one
-//                collective, the same parameters as nosync's)
+//       allnosync  both micro-batches inside no_backward_sync: sync_unsynced_gradients (what
+//                Fabric::step calls first) averages them (the same parameters as nosync's)
 //       unused   the model has a layer forward never uses; find_unused_parameters must not hang
 //                and the unused layer must stay untouched
 //       static   static_graph
@@ -168,6 +168,7 @@ int main(int argc, char** argv) {
           ddp.backward(loss);
         }
       }
+      ddp.sync_unsynced_gradients();  // as Fabric::step does; nothing after a synced backward
       ddp.optimizer_step(opt);
     }
   } catch (const fabric::Error& e) {

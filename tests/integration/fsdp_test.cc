@@ -99,25 +99,38 @@ TEST_F(FsdpTest, TrainsLikeDdpWithEveryOptimizerVariantAndShardingStrategy) {
   }
 }
 
-// Every micro-batch's backward inside no_backward_sync: the clip and step synchronize the
-// accumulated gradients first (fsdp stepped with no shard gradients, ddp with each rank's own).
-TEST_F(FsdpTest, AClipOrStepAfterOnlyUnsyncedBackwardsSynchronizesFirst) {
-  const std::string job = "fabric.devices=2 optimizer.name=sgd test.accumulate=2 ";
-  for (const char* clip : {"test.clip_norm=0.05 ", ""}) {
-    SCOPED_TRACE(clip);
-    auto ddp = run(job + clip + "fabric.strategy=ddp test.out=ddp.ckpt");
-    ASSERT_EQ(ddp.code, 0) << ddp.out;
-    for (const auto& [out, strategy] : std::vector<std::pair<std::string, std::string>>{
-             {"ddp_unsynced.ckpt", "fabric.strategy=ddp "}, {"fsdp_unsynced.ckpt", kPerLayer}}) {
-      auto unsynced = run(job + clip + strategy + "test.unsynced=true test.out=" + out);
-      ASSERT_EQ(unsynced.code, 0) << unsynced.out;
-      for (const char* name : {"model", "optimizer"})
-        EXPECT_EQ(fabric::testing::parity_failure(entry("ddp.ckpt", name), entry(out, name), name,
-                                                  kClipBound),
-                  "")
-            << strategy;
-    }
+// Every micro-batch's backward inside no_backward_sync (all), or only the last (last): the clip
+// and step synchronize what no synchronized backward did (fsdp stepped with no shard gradients,
+// ddp with each rank's own; ZeRO-1 lost the synchronized micro-batch's gradients), equal to ddp
+// accumulating through Fabric::backward(loss, MicroBatch). fabric.sync_before_step=false keeps
+// each rank's own: no longer ddp's result.
+TEST_F(FsdpTest, AClipOrStepAfterUnsyncedBackwardsSynchronizesFirst) {
+  // With clipping: the clip, before the step, is where the gradients must be synchronized.
+  const std::string job =
+      "fabric.devices=2 optimizer.name=sgd test.accumulate=2 test.clip_norm=0.05 ";
+  const std::string zero1 = "fabric.strategy=ddp fabric.ddp.shard_optimizer_state=true ";
+  auto ddp = run(job + "fabric.strategy=ddp test.out=ddp.ckpt");
+  ASSERT_EQ(ddp.code, 0) << ddp.out;
+  for (const auto& [out, args] : std::vector<std::pair<std::string, std::string>>{
+           {"ddp_all.ckpt", "fabric.strategy=ddp test.unsynced=all "},
+           {"fsdp_all.ckpt", kPerLayer + "test.unsynced=all "},
+           {"zero1_last.ckpt", zero1 + "test.unsynced=last "},
+           {"fsdp_last.ckpt", kPerLayer + "test.unsynced=last "}}) {
+    auto unsynced = run(job + args + "test.out=" + out);
+    ASSERT_EQ(unsynced.code, 0) << unsynced.out;
+    for (const char* name : {"model", "optimizer"})
+      EXPECT_EQ(fabric::testing::parity_failure(entry("ddp.ckpt", name), entry(out, name), name,
+                                                kClipBound),
+                "")
+          << args;
   }
+  auto local = run(job +
+                   "fabric.strategy=ddp test.unsynced=all fabric.sync_before_step=false "
+                   "test.out=local.ckpt");
+  ASSERT_EQ(local.code, 0) << local.out;
+  EXPECT_NE(fabric::testing::parity_failure(entry("ddp.ckpt", "model"),
+                                            entry("local.ckpt", "model"), "model", kClipBound),
+            "");
 }
 
 // One operator that takes parameters of every unit (torch::stack of a piece of each of 4 Table

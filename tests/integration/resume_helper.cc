@@ -15,8 +15,9 @@
 //   test.clip_norm     0    Fabric::clip_gradients to this total norm before each step; 0: off
 //   test.accumulate    1    micro-batches per step (each batch split; Fabric::backward(loss,
 //                           MicroBatch): all but the last backward without gradient sync)
-//   test.unsynced      false  every micro-batch's backward inside Fabric::no_backward_sync (the
-//                           clip or step synchronizes the gradients)
+//   test.unsynced      none   all: every micro-batch's backward (Fabric::backward(loss / n))
+//                           inside Fabric::no_backward_sync (the clip or step synchronizes the
+//                           gradients); last: only the last one inside it, the others synchronized
 //   test.memory        false  before the last step, rank 0 prints for every rank R "rank R bytes
 //                           parameters=P gradients=G optimizer=O": distinct storages of the
 //                           parameters and of the optimizer's parameters, of their gradients, of
@@ -143,7 +144,7 @@ int main(int argc, char** argv) {
   schema.add("test.cross_units", fabric::KeySpec::boolean(false));
   schema.add("test.clip_norm", fabric::KeySpec::real(0.0).min(0));
   schema.add("test.accumulate", fabric::KeySpec::integer(1).min(1));
-  schema.add("test.unsynced", fabric::KeySpec::boolean(false));
+  schema.add("test.unsynced", fabric::KeySpec::choice({"none", "all", "last"}, "none"));
   schema.add("test.memory", fabric::KeySpec::boolean(false));
   schema.add("test.peaks", fabric::KeySpec::boolean(false));
   return fabric::run_main(argc, argv, schema, [](const fabric::Config& c) {
@@ -189,10 +190,16 @@ int main(int argc, char** argv) {
               loss = torch::cross_entropy_loss(model->forward(data[m]), target[m]);
             }
             step_loss = loss.detach();
-            const fabric::ScopeGuard unsynced =
-                c.get_bool("test.unsynced") ? f.no_backward_sync(model) : fabric::ScopeGuard();
-            f.backward(loss, fabric::MicroBatch{static_cast<int64_t>(m),
-                                                static_cast<int64_t>(data.size())});
+            const std::string unsynced = c.get_string("test.unsynced");
+            if (unsynced == "none") {
+              f.backward(loss, fabric::MicroBatch{static_cast<int64_t>(m),
+                                                  static_cast<int64_t>(data.size())});
+            } else {
+              const fabric::ScopeGuard guard = unsynced == "all" || m + 1 == data.size()
+                                                   ? f.no_backward_sync(model)
+                                                   : fabric::ScopeGuard();
+              f.backward(loss / static_cast<double>(data.size()));
+            }
           }
           if (clip_norm > 0) f.clip_gradients(model, *optimizer, clip_norm);
           if (c.get_bool("test.memory") && checkpoints.step() + 1 == total)

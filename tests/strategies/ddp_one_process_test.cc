@@ -83,17 +83,19 @@ TEST(DdpOneProcessTest, RendezvousAndCollectivesOfAWorldOfOne) {
   ddp->backward(loss);
   EXPECT_EQ(ddp->synced_backward_passes(), 1);
   EXPECT_TRUE(torch::allclose(model->weight.grad(), torch::full({1, 3}, 2.0)));
-  // A step after backward passes that all ran inside no_backward_sync synchronizes them first;
-  // after a synchronized one it does not again.
+  // After backward passes that all ran inside no_backward_sync, sync_unsynced_gradients (which
+  // Fabric::step calls) synchronizes them; after a synchronized one it does nothing.
   torch::optim::SGD sgd(model->parameters(), 0.1);
   {
     auto guard = ddp->no_backward_sync();
     ddp->backward(model->forward(torch::ones({2, 3})).sum());
   }
   EXPECT_EQ(ddp->synced_backward_passes(), 1);
+  ddp->sync_unsynced_gradients();
   ddp->optimizer_step(sgd);
   EXPECT_EQ(ddp->synced_backward_passes(), 2);
   ddp->backward(model->forward(torch::ones({2, 3})).sum());
+  ddp->sync_unsynced_gradients();
   ddp->optimizer_step(sgd);
   EXPECT_EQ(ddp->synced_backward_passes(), 3);
   // A second module would replace the first's gradient sync: refused.

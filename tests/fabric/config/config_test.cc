@@ -225,6 +225,8 @@ TEST_F(ConfigTest, OverrideErrorsSayCommandLine) {
       Config::defaults(schema_, {"checkpoint.dir=\"runs # old\"", "data.root=a#b"});
   EXPECT_EQ(quoted.get_string("checkpoint.dir"), "runs # old");
   EXPECT_EQ(quoted.get_string("data.root"), "a#b");
+  EXPECT_NE(err("data.root=a#b #c").find("YAML reads ' #' in 'a#b #c' as the start of a comment"),
+            std::string::npos);
 }
 
 TEST_F(ConfigTest, SyntaxErrorsPointAtTheLine) {
