@@ -193,13 +193,13 @@ void Ddp::set_capturable_gradient_sync(bool on) {
 }
 
 void Ddp::backward(const torch::Tensor& loss_in) {
+  unsynced_ = !sync_;  // whichever path below: this backward synchronizes exactly when sync_
   if (options_.shard_optimizer_state) {
     if (!shard_)
       throw Error(
           "fabric.ddp.shard_optimizer_state: backward before the optimizer was set up; "
           "pass it to Fabric::setup(model, optimizer)");
     precision_->backward(loss_in);
-    unsynced_ = !sync_;
     if (sync_) {
       shard_->reduce_scatter_gradients();
       ++synced_backwards_;
@@ -208,14 +208,12 @@ void Ddp::backward(const torch::Tensor& loss_in) {
   }
   if (capturable_) {  // after backward, through persistent buffers: nothing on the host between
     precision_->backward(loss_in);
-    unsynced_ = !sync_;
     if (flat_sync_ && sync_) {
       flat_sync_->run();
       ++synced_backwards_;
     }
     return;
   }
-  unsynced_ = !sync_;
   torch::Tensor loss = loss_in;
   if (reducer_ && sync_) {
     if (options_.static_graph && reducer_backwards_ == 0)

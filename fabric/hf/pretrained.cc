@@ -6,6 +6,7 @@
 #include "fabric/checkpoint/sharded.h"
 #include "fabric/core/error.h"
 #include "fabric/core/json_object.h"
+#include "fabric/hf/config_reader.h"
 #include "fabric/hf/gpt2.h"
 #include "fabric/hf/llama.h"
 
@@ -151,10 +152,7 @@ Pretrained read_pretrained(const fs::path& folder) {
   const nlohmann::json json = read_json(config);
   Pretrained p;
   p.folder = folder;
-  p.model_type = string_at(json, "model_type");
-  if (json.contains("model_type") && !json["model_type"].is_string())
-    throw Error(config.string() + ": model_type: " + json["model_type"].dump().substr(0, 40) +
-                " is not a string (llama, qwen2, mistral, gpt2)");
+  p.model_type = ConfigReader(json, config.string(), "").string("model_type", "");
   if (p.model_type == "llama" || p.model_type == "qwen2" || p.model_type == "mistral") {
     p.llama = read_llama_config(config);
   } else if (p.model_type == "gpt2") {

@@ -439,7 +439,7 @@ void save_lora_adapter(const std::vector<std::pair<std::string, torch::Tensor>>&
                                       ? nlohmann::ordered_json(nullptr)
                                       : nlohmann::ordered_json(base_model_name_or_path)},
       {"bias", "none"},
-      {"fan_in_fan_out", options.fan_in_fan_out},
+      {"fan_in_fan_out", written.fan_in_fan_out},
       {"inference_mode", true},
       {"init_lora_weights", true},
       {"lora_alpha", written.alpha},
