@@ -31,12 +31,14 @@
 #include <chrono>
 #include <cstdio>
 #include <numeric>
+#include <optional>
 #include <type_traits>
 
 #include "examples/common/models.h"
 #include "fabric/fabric.h"
 #include "fabric/models/gpt.h"
 #include "fabric/training/optimizers.h"
+#include "fabric/training/profiler.h"
 #include "fabric/training/state_bytes.h"
 
 DEFINE_int32(world, 2, "processes");
@@ -57,6 +59,10 @@ DEFINE_string(param_dtype, "auto", "fabric.fsdp.param_dtype (auto|fp32|bf16|fp16
 DEFINE_string(reduce_dtype, "auto", "fabric.fsdp.reduce_dtype (auto|fp32|bf16|fp16)");
 DEFINE_string(cpu_backend, "auto",
               "fabric.ddp.cpu_backend: auto (shared memory here) | gloo | shm");
+DEFINE_bool(profile, false,
+            "record the timed steps with LibTorch's profiler; rank 0 prints its ops by self CPU "
+            "time (ddp_step.py --profile prints PyTorch's)");
+DEFINE_int32(profile_rows, 30, "rows of the --profile table");
 
 void print_state(torch::nn::Module& model, const torch::optim::Optimizer& opt) {
   const fabric::StateBytes b = fabric::state_bytes(model, opt);
@@ -81,6 +87,17 @@ int time_steps(fabric::Fabric& f, Model& model, const torch::optim::SGDOptions& 
     y = resnet ? torch::randint(0, 10, {FLAGS_batch}) : torch::randn({FLAGS_batch, 512});
   }
   std::vector<double> ms;
+  std::optional<fabric::StepProfiler> profiler;
+  if (FLAGS_profile) {
+    fabric::StepProfilerOptions o;
+    o.wait = std::max(0, FLAGS_warmup - 1);
+    o.warmup = FLAGS_warmup > 0 ? 1 : 0;
+    o.active = FLAGS_steps;
+    o.dir = "/tmp/ddp_step_profile";
+    o.rank = f.global_rank();
+    o.row_limit = FLAGS_profile_rows;
+    profiler.emplace(o);
+  }
   for (int s = 0; s < FLAGS_warmup + FLAGS_steps; ++s) {
     const auto t0 = std::chrono::steady_clock::now();
     opt.zero_grad();
@@ -98,7 +115,9 @@ int time_steps(fabric::Fabric& f, Model& model, const torch::optim::SGDOptions& 
     f.step(opt);
     const auto t1 = std::chrono::steady_clock::now();
     if (s >= FLAGS_warmup) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    if (profiler) profiler->step();
   }
+  if (profiler && f.is_global_zero()) std::printf("%s", profiler->table().c_str());
   std::sort(ms.begin(), ms.end());
   if (f.is_global_zero()) {
     std::printf("ddp_step_ms median=%.3f mean=%.3f\n", ms[ms.size() / 2],

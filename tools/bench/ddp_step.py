@@ -79,6 +79,10 @@ def parse_args():
     p.add_argument("--optimizer", default="loop", choices=["loop", "foreach", "fused"])
     p.add_argument("--zero", action="store_true")
     p.add_argument("--fsdp", default="", choices=["", "full_shard", "shard_grad_op"])
+    p.add_argument("--profile", action="store_true",
+                   help="record the timed steps with torch.profiler; rank 0 prints its ops by "
+                   "self CPU time (ddp_step --profile prints ours)")
+    p.add_argument("--profile_rows", type=int, default=30)
     return p.parse_args()
 
 
@@ -101,6 +105,14 @@ def time_steps(args, model, opt, backward):
         loss_fn = torch.nn.functional.mse_loss
     model.train()
     times = []
+    prof = None
+    if args.profile:
+        prof = torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU],
+            schedule=torch.profiler.schedule(wait=max(0, args.warmup - 1),
+                                             warmup=1 if args.warmup > 0 else 0,
+                                             active=args.steps))
+        prof.start()
     for s in range(args.warmup + args.steps):
         t0 = time.perf_counter()
         opt.zero_grad()
@@ -112,6 +124,13 @@ def time_steps(args, model, opt, backward):
         t1 = time.perf_counter()
         if s >= args.warmup:
             times.append((t1 - t0) * 1000)
+        if prof is not None:
+            prof.step()
+    if prof is not None:
+        prof.stop()
+        if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+            print(prof.key_averages().table(sort_by="self_cpu_time_total",
+                                            row_limit=args.profile_rows), flush=True)
     return times
 
 
