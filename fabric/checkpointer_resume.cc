@@ -93,6 +93,18 @@ void Checkpointer::resume(const std::string& configured) {
   if (how == "auto") {
     chosen = newest_verified("checkpoint.resume=auto", std::nullopt);
     if (chosen.empty()) {
+      // Checkpoints there, none readable: starting over would silently redo (and then rotate
+      // away) the run they hold.
+      std::string newest;
+      if (f_.is_global_zero())
+        if (const auto all = candidates(); !all.empty()) newest = all.front().string();
+      newest = f_.broadcast(newest, 0);
+      if (!newest.empty())
+        throw c.error_at("checkpoint.resume",
+                         "auto: no checkpoint of the earlier " + options_.name +
+                             " run can be read (newest " + newest +
+                             "; the warnings above say why); give an older checkpoint's path, "
+                             "or checkpoint.resume=none to start over");
       f_.print("checkpoint.resume=auto: no complete checkpoint of an earlier ", options_.name,
                " run; starting from scratch");
       return;

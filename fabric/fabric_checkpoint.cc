@@ -18,6 +18,7 @@
 
 #include "fabric/checkpoint/archive.h"
 #include "fabric/checkpoint/format.h"
+#include "fabric/checkpoint/optimizer_state.h"
 #include "fabric/checkpoint/pipeline_state.h"
 #include "fabric/checkpoint/rng_state.h"
 #include "fabric/checkpoint/sharded.h"
@@ -441,9 +442,48 @@ void Fabric::load(const std::string& path, CheckpointState& state, bool strict) 
                            ? first
                            : source + ": could not be loaded on another rank (see its log)"));
   }
+  // Optimizer options the config now sets otherwise than the saver's (optimizer.momentum 0.9 ->
+  // 0.5 on resume) are the config's: a checkpoint's param_groups would replace them silently
+  // (torch.optim's load_state_dict does). The learning rate is the scheduler's (it follows
+  // optimizer.lr); per-group scales stay the checkpoint's, and say so.
+  std::vector<std::function<void()>> keep_options;
+  if (!prepared.saved_config.empty()) {
+    std::map<std::string, std::string> before, now;
+    try {
+      before = config_leaves(prepared.saved_config);
+      now = config_leaves(config_.to_yaml());
+    } catch (const Error&) {
+    }
+    std::set<std::string> fields;
+    std::vector<std::string> changed;
+    for (const char* field : {"momentum", "dampening", "nesterov", "weight_decay", "betas", "eps",
+                              "amsgrad", "alpha", "centered"}) {
+      const std::string key = std::string("optimizer.") + field;
+      const auto a = before.find(key), b = now.find(key);
+      if (a == before.end() || b == now.end() || a->second == b->second) continue;
+      fields.insert(field);
+      changed.push_back(key + " " + b->second);
+    }
+    if (!fields.empty()) {
+      for (const auto& e : state.entries())
+        if (e.optimizer) keep_options.push_back(keep_option_fields(*e.optimizer, fields));
+      if (!keep_options.empty())
+        prepared.warnings.push_back("the config's " + join(changed, ", ") +
+                                    " replaced the checkpoint's in every parameter group");
+    }
+    for (const char* key : {"optimizer.lr_scale", "optimizer.no_weight_decay"}) {
+      const auto a = before.find(key), b = now.find(key);
+      if (a != before.end() && b != now.end() && a->second != b->second)
+        prepared.warnings.push_back(std::string(key) +
+                                    ": the checkpoint's parameter groups and their rates are kept "
+                                    "(a change takes a new run, e.g. from exported weights with "
+                                    "model.init_weights)");
+    }
+  }
   {
     const std::vector<ScopeGuard> whole = materialize_modules(*strategy_, *whole_modules, true);
     for (auto& fn : prepared.apply) fn();
+    for (auto& fn : keep_options) fn();
   }
   if (is_global_zero())
     for (const auto& w : prepared.warnings)

@@ -203,6 +203,22 @@ c10::IValue optimizer_state(const torch::optim::Optimizer& optimizer) {
   return out;
 }
 
+std::function<void()> keep_option_fields(torch::optim::Optimizer& optimizer,
+                                         const std::set<std::string>& fields) {
+  const Kind& k = kind_of(optimizer);
+  std::vector<std::vector<std::pair<const OptionField*, c10::IValue>>> kept;
+  for (const auto& group : optimizer.param_groups()) {
+    kept.emplace_back();
+    for (const auto& field : k.options)
+      if (fields.count(field.key)) kept.back().emplace_back(&field, field.get(group.options()));
+  }
+  return [&optimizer, kept = std::move(kept)] {
+    auto& live = optimizer.param_groups();
+    for (size_t g = 0; g < live.size() && g < kept.size(); ++g)
+      for (const auto& [field, value] : kept[g]) field->set(live[g].options(), value);
+  };
+}
+
 std::function<void()> prepare_optimizer_state(torch::optim::Optimizer& optimizer,
                                               const c10::IValue& value, const std::string& source) {
   const Kind& k = kind_of(optimizer);

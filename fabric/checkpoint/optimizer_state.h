@@ -11,6 +11,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <functional>
+#include <set>
 #include <string>
 
 namespace fabric {
@@ -23,6 +24,13 @@ c10::IValue optimizer_state(const torch::optim::Optimizer& optimizer);
 // before the returned function runs. Throws fabric::Error "SOURCE: <what differs>".
 std::function<void()> prepare_optimizer_state(torch::optim::Optimizer& optimizer,
                                               const c10::IValue& state, const std::string& source);
+
+// The parameter groups' `fields` (PyTorch's option names: "momentum", "weight_decay", "betas") as
+// they are now; the returned function puts them back, e.g. after a load replaced them with a
+// checkpoint's. Fields the optimizer's type lacks are skipped. Throws fabric::Error for an
+// unsupported optimizer type.
+std::function<void()> keep_option_fields(torch::optim::Optimizer& optimizer,
+                                         const std::set<std::string>& fields);
 
 }  // namespace fabric
 

@@ -1,9 +1,12 @@
 #include "fabric/checkpoint/writer.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <string>
@@ -41,15 +44,26 @@ fs::path temporary_folder(RankGroup& ranks, const fs::path& dir, std::string& sa
 }
 
 // Rank 0 only: the manifest of the complete temporary folder `tmp`, then `tmp` renamed to `dir`
-// (replacing an earlier one).
+// (replacing an earlier one). An earlier folder of that name (the same step saved again: a step
+// and an epoch end at once) is swapped with the new one in one rename(2) (RENAME_EXCHANGE), so a
+// kill at any moment leaves one complete folder under `dir`; where the file system cannot swap,
+// the old folder is moved aside first (a kill between the two renames loses that step).
 void complete_folder(const fs::path& tmp, const fs::path& dir, int64_t world,
                      const std::string& save_id) {
   std::vector<std::string> files = {kShardedCommon};
   for (int64_t r = 0; r < world; ++r) files.push_back(shard_file_name(r, world));
   write_manifest(tmp, world, files);
   std::error_code ec;
-  const fs::path old = dir.string() + ".old.tmp." + save_id;
   const bool replacing = fs::exists(dir, ec);
+  if (replacing &&
+      ::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
+    remove_tree(tmp, ec);  // the earlier folder, now under the temporary name
+    sync_directory(dir.parent_path());
+    return;
+  }
+  if (replacing && errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP)
+    throw Error("cannot write " + dir.string() + ": " + std::strerror(errno));
+  const fs::path old = dir.string() + ".old.tmp." + save_id;
   if (replacing) fs::rename(dir, old, ec);
   if (!ec) fs::rename(tmp, dir, ec);
   if (ec) throw Error("cannot write " + dir.string() + ": " + ec.message());

@@ -179,6 +179,16 @@ TEST_F(ResumeTest, AutoSkipsADamagedNewestCheckpointAndOneThatIsNone) {
       << second.out;
   EXPECT_NE(second.out.find("resumed from " + newest.string() + " at step 8"), std::string::npos)
       << second.out;
+  // Every checkpoint there damaged: auto stops (exit 2) instead of starting over beside them.
+  for (const auto& e : fs::recursive_directory_iterator(dir_ / "runs"))
+    if (e.path().extension() == ".ckpt" && e.is_regular_file())
+      fs::resize_file(e.path(), fs::file_size(e.path()) / 2);
+  auto third = run(job + "checkpoint.resume=auto");
+  EXPECT_EQ(third.code, 2) << third.out;
+  EXPECT_NE(third.out.find("checkpoint.resume: auto: no checkpoint of the earlier"),
+            std::string::npos)
+      << third.out;
+  EXPECT_EQ(third.out.find("starting from scratch"), std::string::npos) << third.out;
 }
 
 TEST_F(ResumeTest, AFailedWriteLeavesTheEarlierCheckpointsIntact) {

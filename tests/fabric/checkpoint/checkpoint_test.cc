@@ -287,6 +287,54 @@ TEST_F(CheckpointTest, ConfigDifferencesAreListedAndCheckpointKeysIgnored) {
                 "optimizer.lr 0.1 → 0.05; trainer.max_epochs 10 → 20");
 }
 
+TEST_F(CheckpointTest, OptimizerKeysTheConfigChangedReplaceTheCheckpointsOptions) {
+  const auto a = config({"optimizer.momentum=0.9", "optimizer.lr_scale=[\"0.*=2\"]"});
+  const auto b = config({"optimizer.momentum=0.5", "optimizer.lr_scale=[\"0.*=3\"]"});
+  auto model = make_model();
+  auto sgd = [&](double momentum) {
+    return std::make_unique<torch::optim::SGD>(
+        model->parameters(), torch::optim::SGDOptions(0.1).momentum(momentum).weight_decay(1e-4));
+  };
+  auto options = [](torch::optim::Optimizer& o) -> torch::optim::SGDOptions& {
+    return static_cast<torch::optim::SGDOptions&>(o.param_groups()[0].options());
+  };
+  const fs::path file = dir_ / "o.ckpt";
+  {
+    fabric::Fabric saver(a, kCpu);
+    auto opt = sgd(0.9);
+    options(*opt).dampening(0.25);  // changed by the program, not by a config key
+    fabric::CheckpointState state;
+    state.add("model", model).add("optimizer", *opt);
+    saver.save(file.string(), state);
+  }
+  // optimizer.momentum changed: the config's 0.5 (the optimizer as built now) wins; the rest is the
+  // checkpoint's, as torch.optim's load_state_dict restores it.
+  fabric::Fabric changed(b, kCpu);
+  auto opt = sgd(0.5);
+  fabric::CheckpointState state;
+  state.add("model", model).add("optimizer", *opt);
+  ::testing::internal::CaptureStderr();
+  changed.load(file.string(), state);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_DOUBLE_EQ(options(*opt).momentum(), 0.5);
+  EXPECT_DOUBLE_EQ(options(*opt).dampening(), 0.25);
+  EXPECT_NE(err.find("the config's optimizer.momentum 0.5 replaced the checkpoint's"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("optimizer.lr_scale: the checkpoint's parameter groups and their rates are "
+                     "kept"),
+            std::string::npos)
+      << err;
+  // The same config as the saver's: every option is the checkpoint's (0.9, not the built 0.5).
+  fabric::Fabric same(a, kCpu);
+  auto again = sgd(0.5);
+  fabric::CheckpointState state2;
+  state2.add("model", model).add("optimizer", *again);
+  same.load(file.string(), state2);
+  EXPECT_DOUBLE_EQ(options(*again).momentum(), 0.9);
+  EXPECT_DOUBLE_EQ(options(*again).dampening(), 0.25);
+}
+
 TEST_F(CheckpointTest, PythonReadsACheckpoint) {
   fabric::Fabric f(config(), kCpu);
   auto model = make_model();
