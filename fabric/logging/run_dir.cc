@@ -15,6 +15,7 @@
 
 #include "fabric/core/atomic_file.h"
 #include "fabric/core/error.h"
+#include "fabric/core/hash.h"
 #include "fabric/core/output.h"
 #include "fabric/core/paths.h"
 
@@ -55,6 +56,18 @@ std::string expand_run_dir(const std::string& pattern, const std::string& name,
   }
 }
 
+std::string run_dir_hash(const Config& config) {
+  // checkpoint.* and logging.* are the run's bookkeeping, as Fabric::load's config comparison
+  // leaves them out: `checkpoint.resume=auto` added to the same command must find the folder.
+  std::string text;
+  for (const auto& [key, value] : config_leaves(config.to_yaml()))
+    if (key.rfind("checkpoint.", 0) != 0 && key.rfind("logging.", 0) != 0)
+      text += key + ": " + value + "\n";
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(fnv1a64(text)));
+  return hex;
+}
+
 RunDirectory RunDirectory::create(const Config& config, const std::string& name,
                                   bool is_global_zero) {
   char stamp[32];
@@ -62,7 +75,8 @@ RunDirectory RunDirectory::create(const Config& config, const std::string& name,
   std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", std::localtime(&now));
   std::string expanded;
   try {
-    expanded = expand_run_dir(config.get_string("logging.run_dir"), name, stamp, config.hash());
+    expanded =
+        expand_run_dir(config.get_string("logging.run_dir"), name, stamp, run_dir_hash(config));
   } catch (const Error& e) {
     throw config.error_at("logging.run_dir", e.what());
   }
@@ -148,9 +162,10 @@ std::vector<fs::path> EarlierRuns::find() const {
 EarlierRuns RunDirectory::earlier_runs(const Config& config, const std::string& name) {
   std::string pattern;
   try {
-    pattern = expand_fields(
-        config.get_string("logging.run_dir"),
-        {{"name", name}, {"timestamp", std::string(1, kAnyTimestamp)}, {"hash", config.hash()}});
+    pattern = expand_fields(config.get_string("logging.run_dir"),
+                            {{"name", name},
+                             {"timestamp", std::string(1, kAnyTimestamp)},
+                             {"hash", run_dir_hash(config)}});
   } catch (const Error& e) {
     throw config.error_at("logging.run_dir", e.what());
   }

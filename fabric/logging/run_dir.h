@@ -3,7 +3,7 @@
 // The folder comes from `logging.run_dir` (default "runs/{name}/{timestamp}"), with fields
 //   {name}       the program's name (e.g. "fashion_mnist")
 //   {timestamp}  local time of creation, YYYYmmdd-HHMMSS
-//   {hash}       the config hash (Config::hash())
+//   {hash}       run_dir_hash(): the config's hash without checkpoint.* and logging.*
 // resolved relative to the directory the command was run in. If the folder exists and is not
 // empty, "-1", "-2", ... is appended: a run never overwrites another. Only global rank 0 creates
 // and writes (others get an object whose writes do nothing). In a multi-process job the other ranks
@@ -73,6 +73,10 @@ std::string expand_fields(const std::string& pattern,
 // "runs/{name}/{timestamp}" → "runs/fashion_mnist/20261121-231500". Unknown fields are errors.
 std::string expand_run_dir(const std::string& pattern, const std::string& name,
                            const std::string& timestamp, const std::string& hash);
+
+// The {hash} field: 16 hex digits of the resolved config without checkpoint.* and logging.* (a
+// run's bookkeeping), so the same command with checkpoint.resume=auto finds its folder.
+std::string run_dir_hash(const Config& config);
 
 }  // namespace fabric
 

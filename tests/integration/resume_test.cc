@@ -191,6 +191,24 @@ TEST_F(ResumeTest, AutoSkipsADamagedNewestCheckpointAndOneThatIsNone) {
   EXPECT_EQ(third.out.find("starting from scratch"), std::string::npos) << third.out;
 }
 
+TEST_F(ResumeTest, AutoFindsTheRunDirectoryItsHashNamed) {
+  // {hash} leaves checkpoint.* out: the same command plus checkpoint.resume=auto finds the folder
+  // (it started from scratch while the hash covered checkpoint.resume).
+  const std::string job =
+      "fabric.devices=1 trainer.max_steps=8 checkpoint.every_n_steps=4 "
+      "checkpoint.every_n_epochs=0 logging.run_dir=hashed/{name}-{hash} ";
+  auto first = run(job);
+  ASSERT_EQ(first.code, 0) << first.out;
+  auto second = run(job + "checkpoint.resume=auto");
+  ASSERT_EQ(second.code, 0) << second.out;
+  EXPECT_NE(second.out.find("resumed from"), std::string::npos) << second.out;
+  EXPECT_NE(second.out.find("at step 8"), std::string::npos) << second.out;
+  // Another config is another folder: nothing of this one to resume.
+  auto other = run(job + "optimizer.lr=0.02 checkpoint.resume=auto");
+  ASSERT_EQ(other.code, 0) << other.out;
+  EXPECT_NE(other.out.find("starting from scratch"), std::string::npos) << other.out;
+}
+
 TEST_F(ResumeTest, AFailedWriteLeavesTheEarlierCheckpointsIntact) {
   const std::string job =
       "fabric.devices=1 checkpoint.every_n_steps=4 checkpoint.every_n_epochs=0 ";
