@@ -178,7 +178,8 @@ int train(fabric::Fabric& f, const examples::finetune::Inputs& in, const Build& 
   const examples::StepCount steps =
       examples::count_steps(f, train.size(), train_data->size(), batch_size,
                             c.get_bool("data.packed") ? "windows" : "examples");
-  const int64_t accumulate = steps.accumulate, total_steps = steps.total_steps;
+  const int64_t accumulate = steps.accumulate;
+  int64_t total_steps = steps.total_steps;  // the plan; after a resume from where it stands
   const int64_t max_epochs = c.get_int("trainer.max_epochs");
   fabric::LRScheduler scheduler(
       *optimizer, fabric::LRSchedule::from_config(c, std::max<int64_t>(total_steps, 1)));
@@ -254,6 +255,8 @@ int train(fabric::Fabric& f, const examples::finetune::Inputs& in, const Build& 
   const int64_t log_every = c.get_int("logging.log_every_n_steps");
   const int64_t eval_every = c.get_int("finetune.eval_every_n_steps");
   int64_t step = checkpoints.step(), epoch = checkpoints.epoch(), tokens = 0;
+  total_steps =
+      examples::steps_after_resume(f, steps, step, epoch, train.state().batches, train.size());
   double last_loss = NAN, val_loss = NAN, train_seconds = 0;
   auto window_loss = torch::zeros({}, torch::dtype(torch::kFloat).device(f.device()));
   int64_t window = 0, window_tokens = 0;
@@ -264,11 +267,15 @@ int train(fabric::Fabric& f, const examples::finetune::Inputs& in, const Build& 
   bool stop_early = false;  // a callback asked (callbacks.early_stopping)
   f.call("on_fit_start", step);
   for (; epoch < max_epochs && step < total_steps && stopped.empty() && !stop_early; ++epoch) {
-    int64_t in_epoch = train.state().batches;
+    // Micro-batches group from where this pass starts: a mid-epoch resume with another
+    // trainer.accumulate_grad_batches starts a whole group (at the saver's, the same groups).
+    const int64_t start = train.state().batches;
+    int64_t in_epoch = start;
     torch::Tensor group_loss;
     const auto epoch_start = Clock::now();
     for (fabric::Batch& batch : train) {
-      const auto micro = fabric::MicroBatch::in_epoch(in_epoch++, train.size(), accumulate);
+      const auto micro =
+          fabric::MicroBatch::in_epoch(in_epoch++ - start, train.size() - start, accumulate);
       torch::Tensor loss;
       {
         auto guard = f.autocast();

@@ -180,7 +180,8 @@ int train_model(fabric::Fabric& f, const examples::gpt::ModelChoice& choice, con
   // No full batch under data.drop_last: refused (no step would run; the start would export).
   const examples::StepCount steps =
       examples::count_steps(f, train.size(), train_data->size(), batch_size, "windows");
-  const int64_t accumulate = steps.accumulate, total_steps = steps.total_steps;
+  const int64_t accumulate = steps.accumulate;
+  int64_t total_steps = steps.total_steps;  // the plan; after a resume from where it stands
   const int64_t max_epochs = c.get_int("trainer.max_epochs");
   fabric::LRScheduler scheduler(
       *optimizer, fabric::LRSchedule::from_config(c, std::max<int64_t>(total_steps, 1)));
@@ -254,6 +255,8 @@ int train_model(fabric::Fabric& f, const examples::gpt::ModelChoice& choice, con
         step_options);
 
   int64_t step = checkpoints.step(), epoch = checkpoints.epoch();
+  total_steps =
+      examples::steps_after_resume(f, steps, step, epoch, train.state().batches, train.size());
   double last_loss = NAN, val_loss = NAN, train_seconds = 0;
   int64_t tokens = 0, window = 0, window_tokens = 0;
   const int64_t tp_ranks = f.world_size() / f.data_parallel_size();
@@ -266,10 +269,14 @@ int train_model(fabric::Fabric& f, const examples::gpt::ModelChoice& choice, con
   f.call("on_fit_start", step);
   for (; epoch < max_epochs && step < total_steps && stopped.empty() && !stop_early; ++epoch) {
     torch::Tensor group_loss;
-    int64_t in_epoch = train.state().batches;
+    // Micro-batches group from where this pass starts: a mid-epoch resume with another
+    // trainer.accumulate_grad_batches starts a whole group (at the saver's, the same groups).
+    const int64_t start = train.state().batches;
+    int64_t in_epoch = start;
     const auto epoch_start = Clock::now();
     for (fabric::Batch& batch : train) {
-      const auto micro = fabric::MicroBatch::in_epoch(in_epoch++, train.size(), accumulate);
+      const auto micro =
+          fabric::MicroBatch::in_epoch(in_epoch++ - start, train.size() - start, accumulate);
       torch::Tensor micro_loss;
       if constexpr (kStaged)
         micro_loss = pipe->train(model, *optimizer, local(batch.data), local(batch.target));

@@ -36,8 +36,8 @@ using Clock = std::chrono::steady_clock;
 
 // The trainer: and data: keys the loop reads, once.
 struct LoopSettings {
-  int64_t max_epochs = 0, total_steps = 0, accumulate = 1, log_every = 1, eval_every = 0,
-          limit_eval = -1;
+  int64_t max_epochs = 0, total_steps = 0, accumulate = 1, epoch_steps = 0, log_every = 1,
+          eval_every = 0, limit_eval = -1;
   double clip = 0;
   bool clip_by_norm = false;
   // scheduler.name: plateau watching train/loss: the mean loss since the last evaluation (kept
@@ -53,6 +53,7 @@ struct LoopSettings {
     // epoch's end); max_steps and the scheduler count these. None under data.drop_last: refused.
     const StepCount steps = count_steps(f, train_batches, examples, batch_size);
     s.accumulate = steps.accumulate;
+    s.epoch_steps = steps.epoch_steps;
     s.total_steps = steps.total_steps;
     s.log_every = c.get_int("logging.log_every_n_steps");
     s.eval_every = c.get_int("trainer.eval_every_n_epochs");
@@ -223,6 +224,9 @@ class ClassifierLoop {
     checkpoints_.emplace(f_, state_, task_.name, run_.path());
     step_ = checkpoints_->step();
     epoch_ = checkpoints_->epoch();
+    s_.total_steps = examples::steps_after_resume(
+        f_, examples::StepCount{s_.accumulate, s_.epoch_steps, s_.total_steps}, step_, epoch_,
+        train_.state().batches, train_.size());
     window_loss_ = torch::zeros({}, torch::dtype(torch::kFloat).device(f_.device()));
     window_start_ = Clock::now();
   }
@@ -236,9 +240,13 @@ class ClassifierLoop {
   // total_steps are done, or the run stops (stopped_ says why).
   void train_epoch() {
     torch::Tensor group_loss;
-    int64_t in_epoch = train_.state().batches;  // where this pass starts (a resume: mid-epoch)
+    // Micro-batches group from where this pass starts (a resume: mid-epoch), so a resume with
+    // another trainer.accumulate_grad_batches starts a whole group (at the saver's, the same).
+    const int64_t start = train_.state().batches;
+    int64_t in_epoch = start;
     for (fabric::Batch& batch : train_) {
-      const auto micro = fabric::MicroBatch::in_epoch(in_epoch++, train_.size(), s_.accumulate);
+      const auto micro =
+          fabric::MicroBatch::in_epoch(in_epoch++ - start, train_.size() - start, s_.accumulate);
       torch::Tensor micro_loss;
       if (!throughput_->has_flops()) {  // the first micro-batch: count its FLOPs (FlopCounter)
         fabric::FlopCounter counter;
@@ -413,7 +421,7 @@ class ClassifierLoop {
   double peak_tensor_bytes_ = -1;  // max over ranks; -1: not counted
   int64_t batch_size_;
   fabric::DataLoader train_, test_;
-  const LoopSettings s_;
+  LoopSettings s_;  // total_steps: from where a resume stands (steps_after_resume)
   fabric::LRScheduler scheduler_;
   fabric::CheckpointState state_;
   torch::Tensor loss_since_report_;

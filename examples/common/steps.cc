@@ -29,4 +29,23 @@ StepCount count_steps(const fabric::Fabric& f, int64_t train_batches, int64_t ex
   return s;
 }
 
+int64_t steps_after_resume(fabric::Fabric& f, const StepCount& planned, int64_t step, int64_t epoch,
+                           int64_t batches_done, int64_t batches) {
+  const fabric::Config& c = f.config();
+  const int64_t max_epochs = c.get_int("trainer.max_epochs");
+  const int64_t max_steps = c.get_int("trainer.max_steps");
+  if (step == 0 || epoch >= max_epochs) return planned.total_steps;
+  const int64_t rest = fabric::MicroBatch::steps_in_epoch(
+                           std::max<int64_t>(0, batches - batches_done), planned.accumulate) +
+                       (max_epochs - epoch - 1) * planned.epoch_steps;
+  const int64_t total = max_steps >= 0 ? std::min(max_steps, step + rest) : step + rest;
+  if (total != planned.total_steps)
+    f.print("resumed at step ", step, " with ", rest,
+            " step(s) of data left at this world size, batch size and accumulation: ", total,
+            " steps in all, not the ", planned.total_steps,
+            " a fresh run plans; the learning-rate schedule keeps its horizon of ",
+            planned.total_steps);
+  return total;
+}
+
 }  // namespace examples

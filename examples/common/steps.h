@@ -25,6 +25,16 @@ struct StepCount {
 StepCount count_steps(const fabric::Fabric& f, int64_t train_batches, int64_t examples,
                       int64_t batch_size, const std::string& unit = "examples");
 
+// After a resume: the run's optimizer steps counted from where it stands, the checkpoint's `step`
+// and `epoch`, `batches_done` of the current epoch's `batches` (the train loader's state and size
+// after the load), then the remaining epochs of `planned`. Equal to planned.total_steps when the
+// run resumes in the shape it was saved in; at another world size, batch size or
+// trainer.accumulate_grad_batches the saved steps were another shape's, and the plan made before
+// the load would cut the data short or run past it. When the count changes, rank 0 prints one
+// line giving both and saying that the learning-rate schedule keeps its horizon.
+int64_t steps_after_resume(fabric::Fabric& f, const StepCount& planned, int64_t step, int64_t epoch,
+                           int64_t batches_done, int64_t batches);
+
 }  // namespace examples
 
 #endif  // EXAMPLES_COMMON_STEPS_H_

@@ -64,6 +64,34 @@ TEST_F(ExamplesTest, Cifar10AccumulationAndEmaResumeBitwise) {
   EXPECT_FALSE(ema == a);  // the average is not the last weights
 }
 
+// A mid-epoch checkpoint resumed in another shape (trainer.accumulate_grad_batches 1 → 2; one rank
+// → two) trains the rest of the epoch's data: the step count is made from where the run stands
+// (3 + ceil(5 / 2) = 6; 2 + 3 = 5), not from a fresh run's plan (4), and the micro-batches group
+// from the resumed batch (an accumulation group started mid-group crashed).
+TEST_F(ExamplesTest, Cifar10MidEpochResumeInAnotherShapeTrainsTheRestOfTheEpoch) {
+  const std::string one = std::string("--config=single_cpu.yaml") + kTinyCifar +
+                          " trainer.max_epochs=1 checkpoint.export_weights=none";
+  Result first = run("cifar10", one + " checkpoint.every_n_steps=3 checkpoint.dir=first");
+  ASSERT_EQ(first.code, 0) << first.out;
+  Result accumulated =
+      run("cifar10", one +
+                         " trainer.max_steps=-1 trainer.accumulate_grad_batches=2 "
+                         "checkpoint.resume=first/step-00000003.ckpt checkpoint.dir=acc");
+  ASSERT_EQ(accumulated.code, 0) << accumulated.out;
+  EXPECT_EQ(summary_of(accumulated)["steps"], 6) << accumulated.out;
+  EXPECT_NE(accumulated.out.find("6 steps in all, not the 4 a fresh run plans"), std::string::npos)
+      << accumulated.out;
+  Result second = run("cifar10", one + " checkpoint.every_n_steps=2 checkpoint.dir=second");
+  ASSERT_EQ(second.code, 0) << second.out;
+  Result wider =
+      run("cifar10", std::string("--config=ddp.yaml fabric.accelerator=cpu") + kTinyCifar +
+                         " trainer.max_epochs=1 checkpoint.export_weights=none "
+                         "trainer.max_steps=-1 checkpoint.dir=wider "
+                         "checkpoint.resume=second/step-00000002.ckpt");
+  ASSERT_EQ(wider.code, 0) << wider.out;
+  EXPECT_EQ(summary_of(wider)["steps"], 5) << wider.out;
+}
+
 // model.activation_checkpointing: [BasicBlock] under ddp over 2 ranks (SyncBatchNorm off, BatchNorm
 // running statistics restored after each recomputation) and under fsdp over 2 ranks (units small
 // enough that blocks are gathered again for the recomputation) trains to weights bitwise those of
