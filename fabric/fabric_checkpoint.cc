@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -485,9 +486,20 @@ void Fabric::load(const std::string& path, CheckpointState& state, bool strict) 
     for (auto& fn : prepared.apply) fn();
     for (auto& fn : keep_options) fn();
   }
-  if (is_global_zero())
-    for (const auto& w : prepared.warnings)
+  // Rank 0 prints its warnings; another rank prints those rank 0 did not have (its own: no
+  // generator states, no amax histories for it), named by rank, into its own log.
+  std::string joined;
+  for (const auto& w : prepared.warnings) joined += w + '\n';
+  std::set<std::string> zeros;
+  {
+    std::istringstream lines(world_size() > 1 ? broadcast(joined, 0) : joined);
+    for (std::string line; std::getline(lines, line);) zeros.insert(line);
+  }
+  for (const auto& w : prepared.warnings)
+    if (is_global_zero())
       std::cerr << "warning: " << source << ": " << w << std::endl;
+    else if (!zeros.count(w))
+      std::cerr << "warning: rank " << global_rank() << ": " << source << ": " << w << std::endl;
   for (const auto& c : callbacks_) c->on_load_checkpoint(*this, source);
 }
 

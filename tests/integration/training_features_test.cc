@@ -90,6 +90,12 @@ TEST_F(ExamplesTest, Cifar10MidEpochResumeInAnotherShapeTrainsTheRestOfTheEpoch)
                          "checkpoint.resume=second/step-00000002.ckpt");
   ASSERT_EQ(wider.code, 0) << wider.out;
   EXPECT_EQ(summary_of(wider)["steps"], 5) << wider.out;
+  // Rank 1's own load warning (no generator state saved for it) reaches its log.
+  std::string rank1;
+  for (const auto& e : fs::recursive_directory_iterator(dir_))
+    if (e.path().filename() == "rank_1.log") rank1 += bytes(e.path());
+  EXPECT_NE(rank1.find("warning: rank 1: "), std::string::npos) << rank1;
+  EXPECT_NE(rank1.find("no random generator state for rank 1"), std::string::npos) << rank1;
 }
 
 // model.activation_checkpointing: [BasicBlock] under ddp over 2 ranks (SyncBatchNorm off, BatchNorm
