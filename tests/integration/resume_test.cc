@@ -209,6 +209,26 @@ TEST_F(ResumeTest, AutoFindsTheRunDirectoryItsHashNamed) {
   EXPECT_NE(other.out.find("starting from scratch"), std::string::npos) << other.out;
 }
 
+TEST_F(ResumeTest, RewindingRotatesTheAbandonedCheckpointsFirst) {
+  const std::string job =
+      "fabric.devices=1 checkpoint.every_n_epochs=0 checkpoint.keep_last=3 checkpoint.dir=fixed ";
+  auto first = run(job + "checkpoint.every_n_steps=2 test.stop_at_step=8");
+  ASSERT_EQ(first.code, 0) << first.out;
+  // Back to step 4 (of 4, 6, 8), one checkpoint a step up to 7: the folder keeps this run's 5, 6
+  // and 7, not the abandoned step 8 (rotation by step number kept 8 and dropped 5).
+  auto second = run(job +
+                    "checkpoint.every_n_steps=1 test.stop_at_step=7 "
+                    "checkpoint.resume=fixed/step-00000004.ckpt");
+  ASSERT_EQ(second.code, 0) << second.out;
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir_ / "fixed"))
+    if (e.path().extension() == ".ckpt") names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"step-00000005.ckpt", "step-00000006.ckpt",
+                                             "step-00000007.ckpt"}))
+      << second.out;
+}
+
 TEST_F(ResumeTest, AFailedWriteLeavesTheEarlierCheckpointsIntact) {
   const std::string job =
       "fabric.devices=1 checkpoint.every_n_steps=4 checkpoint.every_n_epochs=0 ";
