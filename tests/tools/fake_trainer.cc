@@ -8,7 +8,10 @@
 // fails (exit 1, one error line, its run directory created) when optimizer.lr == X;
 // FAKE_DIVERGE_LR=X stops as a diverged Fabric program does (summary.json with "stopped", exit 3)
 // when optimizer.lr == X; FAKE_BLOCK_LR=X writes its pid to the file $FAKE_STARTED then blocks
-// until killed when optimizer.lr == X.
+// until killed when optimizer.lr == X; FAKE_FAIL_EARLY_ROOT=X fails (exit 1) before creating its
+// run directory when data.root == X; FAKE_CRASH_LR=X writes summary.json, then dies silently of
+// SIGKILL; FAKE_NAN_LR=X writes fake_metric NaN (null in summary.json); FAKE_NO_METRIC_LR=X writes
+// a summary.json without fake_metric.
 //
 // Training (for pruners): FAKE_STEPS=N "trains" N steps of FAKE_STEP_MS milliseconds each (default
 // 20), logging fake/score = fake_metric · step / N to metrics.csv at every step. SIGTERM stops it
@@ -16,11 +19,14 @@
 // checkpoint.resume=auto it starts from that step. FAKE_STEPS_LOG=FILE appends "lr from to" for
 // every attempt (the steps it trained). FAKE_LINGER_MS=N: after writing summary.json it takes N ms
 // more to exit, with SIGTERM's default action back (a program killed while exiting).
+// FAKE_STOP_SUMMARY=1: a SIGTERM stop also writes summary.json as Fabric does ("exit_status":
+// 143, "stopped": null).
 #include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <thread>
@@ -67,6 +73,12 @@ int train_steps(const fabric::Config& c, const fabric::RunDirectory& run, double
         << c.get_double("optimizer.lr") << " " << from << " " << step << "\n";
   if (step < steps) {
     std::ofstream(checkpoint) << step << "\n";
+    if (std::getenv("FAKE_STOP_SUMMARY") != nullptr)
+      run.write_summary({{"fake_metric", metric * step / steps},
+                         {"steps", step},
+                         {"name", "fake"},
+                         {"exit_status", 128 + SIGTERM},
+                         {"stopped", nullptr}});
     return 128 + SIGTERM;
   }
   run.write_summary({{"fake_metric", metric}, {"steps", step}, {"name", "fake"}});
@@ -97,8 +109,23 @@ int main(int argc, char** argv) {
       std::ofstream(std::getenv("FAKE_STARTED")) << getpid() << "\n";
       while (true) pause();
     }
+    if (const char* root = std::getenv("FAKE_FAIL_EARLY_ROOT");
+        root != nullptr && c.get_string("data.root") == root)
+      throw fabric::Error("fake early failure at data.root " + std::string(root));
     const auto run = fabric::RunDirectory::create(c, "fake", true);
     if (env_is("FAKE_FAIL_LR", lr)) throw fabric::Error("fake failure at lr " + std::to_string(lr));
+    if (env_is("FAKE_CRASH_LR", lr)) {
+      run.write_summary({{"fake_metric", 0.5}, {"steps", 10}, {"name", "fake"}});
+      raise(SIGKILL);
+    }
+    if (env_is("FAKE_NAN_LR", lr)) {
+      run.write_summary({{"fake_metric", std::nan("")}, {"steps", 10}, {"name", "fake"}});
+      return 0;
+    }
+    if (env_is("FAKE_NO_METRIC_LR", lr)) {
+      run.write_summary({{"fake_metrik", 0.5}, {"steps", 10}, {"name", "fake"}});
+      return 0;
+    }
     if (env_is("FAKE_DIVERGE_LR", lr)) {
       run.write_summary({{"steps", 7},
                          {"name", "fake"},

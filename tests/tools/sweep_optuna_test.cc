@@ -195,4 +195,48 @@ TEST_F(SweepTest, OptunaStorageInAMissingFolderIsOneLineAtItsPlace) {
   EXPECT_TRUE(invocations().empty());
 }
 
+// An ask that fails (SQLite's "database is locked") stops asking: the running trial finishes, the
+// report is written and the sweep exits 1. Optuna is played by a script as $PYTHON: the first ask
+// answers trial 0, the second fails.
+TEST_F(SweepTest, AFailedAskLetsTheRunningTrialsFinishAndWritesTheReport) {
+  const fs::path python = dir_ / "fake_python";
+  std::ofstream(python)
+      << "#!/bin/sh\n"
+         "count='" +
+             (dir_ / "asks").string() +
+             "'\n"
+             "case \"$2\" in\n"
+             "  ask) n=$(cat \"$count\" 2>/dev/null || echo 0)\n"
+             "       echo $((n + 1)) >\"$count\"\n"
+             "       if [ \"$n\" = 0 ]; then\n"
+             "         echo '{\"number\": 0, \"params\": {\"optimizer.lr\": 0.2}}'\n"
+             "         exit 0\n"
+             "       fi\n"
+             "       echo 'optuna_bridge: database is locked' >&2; exit 2 ;;\n"
+             "  *) exit 0 ;;\n"
+             "esac\n";
+  fs::permissions(python, fs::perms::owner_all);
+  write_sweep(std::string(kOptuna) + "trials: 3\n");
+  const auto r = sweep("PYTHON='" + python.string() + "'", "--parallel=2");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("warning: no new run could be asked for: database is locked; no more runs "
+                       "start in this invocation"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(invocations(), (std::vector<std::string>{"0.2 42"})) << r.out;
+  EXPECT_EQ(state()["runs"]["t0_lr=0.2"]["status"], "done") << state().dump(1);
+  EXPECT_NE(read(dir_ / "out" / "results.md").find("| 1 | 0.2 |"), std::string::npos);
+}
+
+// The default storage in a sweep directory whose path holds '?', '#' and '%' (which a URL would
+// read as a query, a fragment and an escape) is the optuna.db in that directory.
+TEST_F(SweepTest, TheDefaultStorageIsInASweepDirectoryWithUrlCharacters) {
+  if (!optuna_importable()) GTEST_SKIP() << "optuna is not installed (tools/setup.sh installs it)";
+  write_sweep(std::string(kOptuna) + "trials: 1\n");
+  const auto r = fabric::testing::run_command(command("", "", "'o?x=1#y%41'"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(dir_ / "o?x=1#y%41" / "optuna.db")) << r.out;
+  EXPECT_EQ(invocations().size(), 1u) << r.out;
+}
+
 }  // namespace

@@ -178,4 +178,23 @@ TEST_F(SweepPrunerTest, ARunThatFinishedBeforeTheSigtermTookEffectIsDone) {
   EXPECT_EQ(run["exit_code"], 128 + SIGTERM) << run.dump();
 }
 
+// A run the pruner stopped that writes summary.json on its way out, as Fabric does ("exit_status":
+// 143, "stopped": null), is pruned: its summary does not make it done.
+TEST_F(SweepPrunerTest, ARunStoppedByThePrunerThatWritesItsSummaryIsPruned) {
+  write_sweep(std::string(kBestFirst) +
+              "pruner: {type: median, metric: fake/score, min_steps: 3, min_runs: 2}\n");
+  const auto r = fabric::testing::run_command(
+      command("FAKE_STEPS=" + std::to_string(kSteps) + " FAKE_STEP_MS=50 FAKE_STOP_SUMMARY=1", "",
+              "stop_summary"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto st = state_of("stop_summary")["runs"];
+  EXPECT_EQ(st["lr=0.2"]["status"], "done") << st.dump();
+  EXPECT_EQ(st["lr=0.15"]["status"], "done") << st.dump();
+  for (const char* id : {"lr=0.26", "lr=0.1", "lr=0.32", "lr=0.05", "lr=0.38", "lr=0.44"}) {
+    EXPECT_EQ(st[id]["status"], "pruned") << id << ": " << st[id].dump();
+    EXPECT_EQ(st[id]["exit_code"], 128 + SIGTERM) << id;
+  }
+  EXPECT_NE(r.out.find("2 done, 6 pruned, 0 failed, 0 not run"), std::string::npos) << r.out;
+}
+
 }  // namespace

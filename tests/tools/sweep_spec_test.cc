@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <set>
 
 #include "fabric/core/error.h"
 #include "tools/sweep/report.h"
 #include "tools/sweep/setup.h"
+#include "tools/sweep/space.h"
 
 namespace fabric::sweep {
 namespace {
@@ -376,6 +378,76 @@ TEST(SweepReport, MeanAndSampleStdSortedByMode) {
   EXPECT_EQ(csv.substr(0, csv.find('\n')),
             "run,status,exit_code,attempts,a.lr,seed,acc,wall_time_s,run_dir,reason");
   EXPECT_NE(csv.find("\nlr=1_seed=2,done,0,0,1,2,0.7,2,,\n"), std::string::npos) << csv;
+}
+
+// A key in both list: and space: would give the run both overrides (the last winning) and label
+// its results with the other.
+TEST(SweepSpec, AListKeyThatIsAlsoASpaceKeyIsRefused) {
+  EXPECT_EQ(
+      error_of(std::string(kHead) + "search: random\ntrials: 2\nspace: {optimizer.lr: [0.1, 0.2]}\n"
+                                    "list:\n  - {optimizer.lr: 0.5}\n"),
+      "s.yaml:8:6: list: 'optimizer.lr' is also a space key: keep it in one place");
+}
+
+// Counts that become an int are capped: 4294967296 used to wrap to 0 (a division by zero).
+TEST(SweepSpec, CountsBeyondAnIntAreOneLine) {
+  EXPECT_EQ(error_of(std::string(kHead) + "parallel: 4294967296\nseeds: [1]\n"),
+            "s.yaml:4:11: parallel: 4294967296 is out of range: must be <= 1000000");
+  EXPECT_EQ(error_of(std::string(kHead) + "devices_per_run: 4294967296\nseeds: [1]\n"),
+            "s.yaml:4:18: devices_per_run: 4294967296 is out of range: must be <= 1000000");
+  EXPECT_EQ(error_of(std::string(kHead) +
+                     "grid: {optimizer.lr: [0.1]}\n"
+                     "pruner: {type: asha, metric: m, reduction_factor: 4294967296}\n"),
+            "s.yaml:5:51: pruner: reduction_factor: 4294967296 is out of range: must be <= "
+            "1000000");
+}
+
+// Drawn values stay inside [low, high] and a narrow range gets the digits to tell its values
+// apart; ordinary ranges keep four significant digits.
+TEST(SweepSpec, RandomValuesStayInsideNarrowRanges) {
+  const auto spec = parse_sweep(std::string(kHead) +
+                                    "search: random\ntrials: 30\nspace:\n"
+                                    "  optimizer.momentum: {uniform: [0.999, 0.99999]}\n"
+                                    "  optimizer.lr: {uniform: [0.05, 0.35]}\n",
+                                "s.yaml");
+  ASSERT_EQ(spec.runs.size(), 30u);
+  std::set<std::string> momenta;
+  for (const auto& run : spec.runs) {
+    const double m = value_of(run, "optimizer.momentum"), lr = value_of(run, "optimizer.lr");
+    EXPECT_GE(m, 0.999) << run.id;
+    EXPECT_LE(m, 0.99999) << run.id;
+    momenta.insert(run.overrides[0].second);
+    char four[32];  // four significant digits, as before
+    std::snprintf(four, sizeof(four), "%.4g", lr);
+    EXPECT_EQ(run.overrides[1].second, four);
+  }
+  EXPECT_EQ(momenta.size(), 30u);
+  // A value that rounds outside the range is its bound, written inside it.
+  Distribution d;
+  d.kind = "uniform";
+  d.low = 0.12345678;
+  d.high = 0.2;
+  EXPECT_GE(std::stod(number_in(d, 0.12345678)), d.low) << number_in(d, 0.12345678);
+  d.low = 0.5;
+  d.high = 0.99999;
+  EXPECT_LE(std::stod(number_in(d, 0.999995)), d.high) << number_in(d, 0.999995);
+}
+
+// A point with a failed run ranks after every point whose runs all finished, and best.yaml comes
+// only from a complete point.
+TEST(SweepReport, APointWithFailedRunsRanksAfterCompletePoints) {
+  const auto spec = parse_sweep(
+      "binary: x\nmetric: acc\nmode: max\ngrid: {a.lr: [1, 2]}\nseeds: [1, 2, 3]\n", "s.yaml");
+  // lr 1: one lucky seed of three; lr 2: all three, lower.
+  const auto recs = records(
+      spec,
+      {{"lr=1_seed=1", 0.99}, {"lr=2_seed=1", 0.8}, {"lr=2_seed=2", 0.8}, {"lr=2_seed=3", 0.8}});
+  const std::string md = results_markdown(spec, recs);
+  EXPECT_NE(md.find("| 1 | 2 | 0.8000 ± 0.0000 | 3/3 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| 2 | 1 | 0.9900 | 1/3 |"), std::string::npos) << md;
+  // No complete point: no best.yaml (and no config.yaml read).
+  const auto partial = records(spec, {{"lr=1_seed=1", 0.99}, {"lr=2_seed=1", 0.8}});
+  EXPECT_FALSE(best_config(spec, partial, "best.yaml").has_value());
 }
 
 }  // namespace

@@ -89,6 +89,139 @@ TEST_F(SweepTest, RunsEveryPointWritesResultsAndRerunRetriesOnlyTheFailedRuns) {
   EXPECT_EQ(invocations().size(), 8u) << r.out;
 }
 
+// Runs whose ids share a prefix ("root=r" and "root=r-50", which RunDirectory's "-N" suffix could
+// make look like an attempt of the first): a failing run never touches the other's folder.
+TEST_F(SweepTest, RunsWhoseIdsShareAPrefixKeepTheirOwnFolders) {
+  write_sweep("grid:\n  data.root: [r-50, r]\nmetric: fake_metric\nmode: max\n");
+  auto r = sweep("FAKE_FAIL_EARLY_ROOT=r");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("FAILED root=r in "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("fake early failure at data.root r"), std::string::npos) << r.out;
+  const fs::path other = dir_ / "out" / "runs" / "root=r-50";
+  EXPECT_TRUE(fs::exists(other / "summary.json")) << r.out;
+  auto s = state();
+  EXPECT_EQ(s["runs"]["root=r-50"]["status"], "done");
+  EXPECT_EQ(s["runs"]["root=r-50"]["run_dir"], other.string());
+  EXPECT_EQ(s["runs"]["root=r"]["run_dir"], "") << s.dump(2);
+
+  r = sweep();  // the retry writes its own folder; the other's stays
+  EXPECT_EQ(r.code, 0) << r.out;
+  s = state();
+  EXPECT_EQ(s["runs"]["root=r"]["run_dir"], (dir_ / "out" / "runs" / "root=r").string());
+  EXPECT_TRUE(fs::exists(other / "summary.json"));
+}
+
+// A finished run whose command line changed (an edited overrides:) is not reused in silence:
+// the sweep is refused before anything runs, naming the run and the argument; --rerun_changed
+// runs those runs again. State files without recorded command lines are not checked.
+TEST_F(SweepTest, AnEditedSweepFileIsRefusedOrRerunsTheChangedRuns) {
+  const std::string grid = "grid:\n  optimizer.lr: [0.1, 0.2]\nmetric: fake_metric\nmode: max\n";
+  write_sweep("overrides: {trainer.max_steps: 10}\n" + grid);
+  auto r = sweep();
+  ASSERT_EQ(r.code, 0) << r.out;
+  ASSERT_EQ(invocations().size(), 2u);
+  EXPECT_FALSE(state()["runs"]["lr=0.1"]["command"].empty()) << state().dump(2);
+
+  write_sweep("overrides: {trainer.max_steps: 20}\n" + grid);
+  r = sweep();
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("s.yaml:2:13: trainer.max_steps: run lr=0.1 has a result from another "
+                       "command line: it ran with 'trainer.max_steps=10', now "
+                       "'trainer.max_steps=20' (and 1 more run(s)); run with --rerun_changed"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(invocations().size(), 2u) << "nothing may run";
+
+  r = sweep("", "--rerun_changed");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(invocations().size(), 4u) << r.out;
+  EXPECT_NE(r.out.find("2 runs (0 done earlier)"), std::string::npos) << r.out;
+  r = sweep();  // the same file again: nothing changed, nothing runs
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(invocations().size(), 4u) << r.out;
+
+  // An old state file (no command lines): no check.
+  auto s = state();
+  for (auto& [id, run] : s["runs"].items()) run.erase("command");
+  std::ofstream(dir_ / "out" / "sweep_state.json") << s.dump(2);
+  write_sweep("overrides: {trainer.max_steps: 30}\n" + grid);
+  r = sweep();
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("2 runs (2 done earlier)"), std::string::npos) << r.out;
+  EXPECT_EQ(invocations().size(), 4u) << r.out;
+}
+
+// A run that wrote summary.json and then crashed keeps its folder (renamed <id>.failed-1, so the
+// retry writes runs/<id>); with nothing printed, the reason is how it ended, not the sweep's
+// own header line.
+TEST_F(SweepTest, ACrashedRunsFolderIsKeptAndItsReasonIsHowItEnded) {
+  write_sweep("grid:\n  optimizer.lr: [0.1, 0.3]\nmetric: fake_metric\nmode: max\n");
+  auto r = sweep("FAKE_CRASH_LR=0.3");
+  EXPECT_EQ(r.code, 1) << r.out;
+  const fs::path runs = dir_ / "out" / "runs";
+  EXPECT_TRUE(fs::exists(runs / "lr=0.3.failed-1" / "summary.json")) << r.out;
+  EXPECT_FALSE(fs::exists(runs / "lr=0.3")) << r.out;
+  auto s = state();
+  EXPECT_EQ(s["runs"]["lr=0.3"]["status"], "failed");
+  EXPECT_EQ(s["runs"]["lr=0.3"]["reason"], "killed by signal 9") << s.dump(2);
+  EXPECT_EQ(s["runs"]["lr=0.3"]["run_dir"], (runs / "lr=0.3.failed-1").string());
+
+  r = sweep();
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(runs / "lr=0.3" / "summary.json")) << r.out;
+  EXPECT_TRUE(fs::exists(runs / "lr=0.3.failed-1" / "summary.json")) << r.out;
+  EXPECT_EQ(state()["runs"]["lr=0.3"]["run_dir"], (runs / "lr=0.3").string());
+}
+
+// A NaN metric (null in summary.json) is a diverged result; a finished run without the metric key
+// stays done and the report names the key and the closest one.
+TEST_F(SweepTest, ANanMetricIsDivergedAndAMissingOneIsNamed) {
+  write_sweep("grid:\n  optimizer.lr: [0.1, 0.2, 0.3]\nmetric: fake_metric\nmode: max\n");
+  auto r = sweep("FAKE_NAN_LR=0.3 FAKE_NO_METRIC_LR=0.1");
+  EXPECT_EQ(r.code, 0) << r.out;
+  auto s = state();
+  EXPECT_EQ(s["runs"]["lr=0.3"]["status"], "diverged");
+  EXPECT_EQ(s["runs"]["lr=0.3"]["reason"],
+            "fake_metric is not a finite number (null in "
+            "summary.json)");
+  EXPECT_EQ(s["runs"]["lr=0.1"]["status"], "done");
+  EXPECT_NE(r.out.find("2 done, 1 diverged, 0 failed"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("warning: 1 finished run(s) have no number 'fake_metric' in summary.json "
+                       "(lr=0.1; did you mean 'fake_metrik'?"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("best: lr=0.2 -> "), std::string::npos) << r.out;
+}
+
+// A sweep directory with " #", ": " and quotes works (logging.run_dir is passed quoted); one with
+// braces, which the program would expand as {fields}, is one line.
+TEST_F(SweepTest, ASweepDirectoryWithYamlCharactersWorksAndBracesAreRefused) {
+  write_sweep("grid:\n  optimizer.lr: [0.1]\nmetric: fake_metric\nmode: max\n");
+  const std::string odd = "o #1: \"q\" 'x' [y]";
+  auto r = fabric::testing::run_command(command("", "", "'o #1: \"q\" '\\''x'\\'' [y]'"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(dir_ / odd / "runs" / "lr=0.1" / "summary.json")) << r.out;
+  r = fabric::testing::run_command(command("", "", "'o{name}'"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("command line: --dir=o{name}: the sweep directory " +
+                       (dir_ / "o{name}").string() + " holds '{' or '}'"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(invocations().size(), 1u) << "nothing more may run";
+}
+
+// The SLURM script quotes what may hold spaces and keeps a '%' of the sweep directory literal.
+TEST_F(SweepTest, TheSlurmScriptQuotesItsPaths) {
+  write_sweep("grid:\n  optimizer.lr: [0.1]\nmetric: fake_metric\nmode: max\n");
+  const auto r = fabric::testing::run_command(command("", "--launcher=slurm --dry_run", "'a b%c'"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("#SBATCH --job-name=\"sweep_s\"\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("#SBATCH --chdir=\"" + dir_.string()), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("#SBATCH --output=\"" + dir_.string() + "/a b%%c/slurm/%A_%a.out\"\n"),
+            std::string::npos)
+      << r.out;
+}
+
 // Runs start in the sweep file's folder (or its workdir:), also under `bazel run`
 // (BUILD_WORKING_DIRECTORY): a relative path in an override means what it means there.
 TEST_F(SweepTest, RunsStartInTheSweepFilesFolder) {

@@ -1,5 +1,6 @@
 // bazel run //tools:sweep -- --sweep=FILE [--dir=DIR] [--parallel=N] [--max_runs=N] [--dry_run]
-//                             [--launcher=local|slurm [--sbatch="ARGS"] [--no_wait]]
+//                             [--rerun_changed] [--launcher=local|slurm [--sbatch="ARGS"]
+//                             [--no_wait]]
 //
 // Runs a config sweep (file format: tools/sweep/spec.h) and writes, in the sweep directory
 // (default sweeps/<name>, relative to where the command was run): runs/<id>/ (each run's run
@@ -10,7 +11,10 @@
 // Before anything runs, every pending run's command line is checked with the program's
 // --print_config: a bad key or value stops the sweep with one line naming the sweep file's line.
 // Running the same command again skips finished runs and retries failed and interrupted ones
-// (resuming from their checkpoints when the program has checkpoint.resume).
+// (resuming from their checkpoints when the program has checkpoint.resume). Each run's command line
+// and a hash of its --config file are kept in sweep_state.json: when the sweep file (or the config)
+// changed what a finished run would get, the sweep refuses to start with one line naming the run
+// and the first differing argument (--rerun_changed runs those runs again; --dir= keeps both).
 //
 // Flags:
 //   --sweep=FILE    the sweep file: absolute, relative to the working directory, or in
@@ -19,6 +23,8 @@
 //   --parallel=N    runs at once instead of the file's parallel:
 //   --max_runs=N    start at most N pending runs in this invocation (0: all)
 //   --dry_run       check everything and print the commands (SLURM: the array script); run nothing
+//   --rerun_changed run again the finished runs whose command line or config file changed since
+//                   they ran (without it such a sweep is refused before anything runs)
 //   --launcher=L    local (default): runs are child processes of the sweep; slurm: the pending
 //                   runs are submitted as one SLURM job array (tools/sweep/slurm.h), parallel
 //                   becomes the array's %N limit (auto: none)
@@ -60,14 +66,17 @@ using fabric::Error;
 
 constexpr const char* kUsage =
     "usage: sweep --sweep=FILE [--dir=DIR] [--parallel=N] [--max_runs=N] [--dry_run]\n"
-    "             [--launcher=local|slurm] [--sbatch=\"ARGS\"] [--no_wait]\n"
-    "  Runs a config sweep; see tools/sweep/spec.h and docs/experiments.md.\n";
+    "             [--rerun_changed] [--launcher=local|slurm] [--sbatch=\"ARGS\"] [--no_wait]\n"
+    "  Runs a config sweep; see tools/sweep/spec.h and docs/experiments.md.\n"
+    "  --rerun_changed  run again the finished runs whose command line or config file changed\n"
+    "                   since they ran (without it, such a sweep is refused before anything "
+    "runs)\n";
 
 struct Flags {
   std::string sweep, dir, launcher = "local";
   std::vector<std::string> sbatch;
   int parallel = 0, max_runs = 0;
-  bool dry_run = false, no_wait = false, sbatch_given = false;
+  bool dry_run = false, no_wait = false, sbatch_given = false, rerun_changed = false;
 };
 
 int to_int(const std::string& flag, const std::string& text, int min) {
@@ -86,9 +95,9 @@ int to_int(const std::string& flag, const std::string& text, int min) {
 
 Flags parse_flags(int argc, char** argv, bool* help) {
   Flags f;
-  const std::vector<std::string> names = {"--sweep",    "--dir",     "--parallel",
-                                          "--max_runs", "--dry_run", "--launcher",
-                                          "--sbatch",   "--no_wait", "--help"};
+  const std::vector<std::string> names = {
+      "--sweep",    "--dir",    "--parallel", "--max_runs",      "--dry_run",
+      "--launcher", "--sbatch", "--no_wait",  "--rerun_changed", "--help"};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const std::string name = arg.substr(0, arg.find('='));
@@ -100,6 +109,8 @@ Flags parse_flags(int argc, char** argv, bool* help) {
       f.dry_run = true;
     } else if (name == "--no_wait" && !has_value) {
       f.no_wait = true;
+    } else if (name == "--rerun_changed" && !has_value) {
+      f.rerun_changed = true;
     } else if (!has_value && (name == "--sweep" || name == "--dir" || name == "--parallel" ||
                               name == "--max_runs" || name == "--launcher" || name == "--sbatch")) {
       throw ConfigError("command line: " + name + " needs a value: " + name + "=VALUE");
@@ -171,8 +182,17 @@ int sweep_main(int argc, char** argv) {
   options.sweep_dir =
       fabric::absolute_from_working_directory(flags.dir.empty() ? spec.dir : flags.dir);
   options.max_runs = flags.max_runs;
+  // The runs' logging.run_dir is a pattern whose {fields} the program expands (no escape exists).
+  if (const std::string d = options.sweep_dir.string(); d.find_first_of("{}") != std::string::npos)
+    throw ConfigError(
+        (flags.dir.empty() ? (spec.dir_mark.empty() ? spec.file : spec.dir_mark) + ": dir: "
+                           : "command line: --dir=" + flags.dir + ": ") +
+        "the sweep directory " + d +
+        " holds '{' or '}', which the runs' logging.run_dir would read as a {field}; choose a "
+        "folder without braces");
   const fabric::sweep::Setup setup = fabric::sweep::prepare(spec, file, options);
   options = setup.options;
+  options.config_hash = fabric::sweep::config_text_hash(options.config);
   const bool slurm = flags.launcher == "slurm";
   if (slurm && !spec.pruner.type.empty())
     throw ConfigError(spec.pruner.origin +
@@ -230,6 +250,16 @@ int sweep_main(int argc, char** argv) {
                         "--launcher=slurm yet (trials are asked one by one as runs end)");
     optuna.emplace(spec, options.sweep_dir);
     fabric::sweep::connect(*optuna, spec, state, options, std::cout);
+  }
+  // A finished run whose command line changed (an edited overrides:, config file) is not reused.
+  if (const auto changed =
+          fabric::sweep::check_changed_runs(spec, state, options, flags.rerun_changed);
+      !changed.empty()) {
+    std::cout << "sweep: " << changed.size()
+              << " finished run(s) whose command line or config changed run again "
+                 "(--rerun_changed), e.g. "
+              << changed.front() << std::endl;
+    if (!flags.dry_run) state.save();
   }
   int done = 0;
   for (const auto& run : spec.runs) done += fabric::sweep::has_result(state[run.id].status);

@@ -18,14 +18,31 @@ namespace fabric::sweep {
 namespace fs = std::filesystem;
 namespace {
 
-std::string number_text(double v, bool integer) {
-  char buf[48];
-  if (integer) {
+// A number Optuna chose for `d`: an integer, or as random search writes it (space.h number_in).
+std::string number_text(double v, const Distribution& d) {
+  if (d.kind == "int") {
+    char buf[48];
     std::snprintf(buf, sizeof(buf), "%lld", static_cast<long long>(v));
-  } else {
-    std::snprintf(buf, sizeof(buf), "%.4g", v);
+    return buf;
   }
-  return buf;
+  return number_in(d, v);
+}
+
+// `path` for the database part of an SQLAlchemy URL: '%', '?' and '#' percent-encoded (SQLAlchemy
+// decodes them; unencoded, '?' starts the query, '#' a fragment and '%XX' is read as a byte).
+std::string url_path(const std::string& path) {
+  std::string out;
+  for (char c : path) {
+    if (c == '%')
+      out += "%25";
+    else if (c == '?')
+      out += "%3F";
+    else if (c == '#')
+      out += "%23";
+    else
+      out += c;
+  }
+  return out;
 }
 
 fs::path find_bridge() {
@@ -51,8 +68,8 @@ fs::path find_bridge() {
 OptunaStudy::OptunaStudy(const SweepSpec& spec, const fs::path& sweep_dir) : spec_(spec) {
   const char* python = std::getenv("PYTHON");
   python_ = python != nullptr && *python != '\0' ? python : "python3";
-  storage_ =
-      spec.storage.empty() ? "sqlite:///" + (sweep_dir / "optuna.db").string() : spec.storage;
+  storage_ = spec.storage.empty() ? "sqlite:///" + url_path((sweep_dir / "optuna.db").string())
+                                  : spec.storage;
   // A SQLite file in a folder that is not there (or not writable) is said now, at its line.
   if (!spec.storage.empty() && spec.storage.rfind("sqlite:///", 0) == 0) {
     const fs::path db = spec.storage.substr(10);  // sqlite:////abs/x.db, sqlite:///relative.db
@@ -111,8 +128,8 @@ std::pair<int64_t, Overrides> OptunaStudy::ask() const {
   Overrides values;
   for (const auto& [key, d] : spec_.space) {
     const auto& v = answer.at("params").at(key);
-    values.emplace_back(
-        key, v.is_string() ? v.get<std::string>() : number_text(v.get<double>(), d.kind == "int"));
+    values.emplace_back(key,
+                        v.is_string() ? v.get<std::string>() : number_text(v.get<double>(), d));
   }
   return {answer.at("number").get<int64_t>(), values};
 }
@@ -168,8 +185,7 @@ void add_recorded_trials(SweepSpec& spec, SweepState& state) {
 SweepRun probe_run(const SweepSpec& spec) {
   Overrides values;
   for (const auto& [key, d] : spec.space)
-    values.emplace_back(
-        key, d.kind == "choice" ? d.values.front() : number_text(d.low, d.kind == "int"));
+    values.emplace_back(key, d.kind == "choice" ? d.values.front() : number_text(d.low, d));
   SweepRun run = trial_run(spec, 0, values);
   run.id = "probe";
   return run;

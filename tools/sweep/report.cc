@@ -118,11 +118,14 @@ struct Point {
   int diverged = 0;
   int pruned = 0;
   int unfinished() const { return diverged + pruned; }
+  // Every run of the point finished with the metric (none failed, diverged, pruned or not run).
+  bool complete() const { return static_cast<int>(metric.size()) == runs; }
 };
 
 // The points, best first: those whose runs all finished by the metric (mode), then those with a
-// diverged or pruned run (by the metric of the rest), then those without a metric (the ones with
-// pruned runs before the ones with diverged runs).
+// failed, diverged, pruned or not yet run run (by the metric of the rest: a point is not ranked
+// by its one lucky surviving seed), then those without a metric (the ones with pruned runs before
+// the ones with diverged runs).
 std::vector<Point> ranked_points(const SweepSpec& spec,
                                  const std::map<std::string, RunRecord>& records) {
   std::vector<Point> points;
@@ -151,7 +154,7 @@ std::vector<Point> ranked_points(const SweepSpec& spec,
       if ((a.pruned > 0) != (b.pruned > 0)) return a.pruned > 0;
       return a.unfinished() > b.unfinished();
     }
-    if ((a.unfinished() > 0) != (b.unfinished() > 0)) return b.unfinished() > 0;
+    if (a.complete() != b.complete()) return a.complete();
     const double ma = stats_of(a.metric).mean, mb = stats_of(b.metric).mean;
     return spec.maximize ? ma > mb : ma < mb;
   });
@@ -199,7 +202,7 @@ std::optional<BestConfig> best_config(const SweepSpec& spec,
                                       const std::map<std::string, RunRecord>& records,
                                       const std::filesystem::path& best_yaml) {
   const std::vector<Point> points = ranked_points(spec, records);
-  if (points.empty() || points[0].metric.empty() || points[0].unfinished() > 0) return std::nullopt;
+  if (points.empty() || points[0].metric.empty() || !points[0].complete()) return std::nullopt;
   const Point& p = points[0];
   size_t best = 0;
   for (size_t i = 1; i < p.metric.size(); ++i)
@@ -261,14 +264,47 @@ int write_report(const SweepSpec& spec, SweepState& state, const std::filesystem
           for (const auto& [k, v] : rec.summary.items())
             if (v.is_number()) keys.push_back(k);
       }
-      if (any_done && !any_metric)
+      if (any_done && !any_metric) {
         best_line = "best.yaml not written: no finished run's summary.json has metric '" +
                     spec.metric + "'" + did_you_mean(spec.metric, keys) +
                     " (its numbers: " + join_cut(keys) + "); set metric: in " + spec.file +
                     " and run again (finished runs are not repeated)\n";
+      } else if (any_metric) {
+        const auto points = ranked_points(spec, records);
+        if (!points.empty() && !points[0].complete() && !points[0].metric.empty())
+          best_line = "best.yaml not written: no point has all its runs finished with " +
+                      spec.metric + " (the first-ranked, with " + points[0].done_ids.front() +
+                      ", has " + std::to_string(points[0].metric.size()) + " of " +
+                      std::to_string(points[0].runs) +
+                      "); run the same command again to retry the others\n";
+      }
     }
   } catch (const Error& e) {  // the results stand without it
     best_line = std::string("best.yaml not written: ") + e.what() + "\n";
+  }
+  {
+    // Finished runs without the metric are not ranked: say which, when other runs have it.
+    std::vector<std::string> lacking, keys;
+    bool any_metric = false;
+    for (const SweepRun& run : spec.runs) {
+      auto it = records.find(run.id);
+      if (it == records.end() || it->second.status != RunStatus::kDone) continue;
+      const auto& summary = it->second.summary;
+      if (summary.is_object() && summary.contains(spec.metric) &&
+          summary[spec.metric].is_number()) {
+        any_metric = true;
+      } else {
+        lacking.push_back(run.id);
+        if (keys.empty() && summary.is_object())
+          for (const auto& [k, v] : summary.items())
+            if (v.is_number()) keys.push_back(k);
+      }
+    }
+    if (any_metric && !lacking.empty())
+      best_line += "warning: " + std::to_string(lacking.size()) +
+                   " finished run(s) have no number '" + spec.metric + "' in summary.json (" +
+                   lacking.front() + did_you_mean(spec.metric, keys) +
+                   " (its numbers: " + join_cut(keys) + ")); they are not ranked\n";
   }
   int done = 0, diverged = 0, pruned = 0, failed = 0, submitted = 0, left = 0;
   for (const SweepRun& run : spec.runs) {

@@ -27,15 +27,17 @@ struct Stats {
 Stats stats_of(const std::vector<double>& values);
 
 // | rank | <swept keys> | <metric> (mean ± std) | seeds done | wall s |: best first (mode);
-// points with a diverged or pruned run after those whose runs all finished (their runs column
-// says "1/2, 1 diverged" or "0/1, 1 pruned"), points without a result last.
+// points with a failed, diverged, pruned or not yet run run after those whose runs all finished
+// (their runs column says "1/2", "1/2, 1 diverged" or "0/1, 1 pruned"), points without a result
+// last.
 std::string results_markdown(const SweepSpec& spec,
                              const std::map<std::string, RunRecord>& records);
 
 // best.yaml: the resolved config.yaml of the best run of the first-ranked point, without
 // logging.run_dir and checkpoint.resume, under a comment naming the run, its metric and the
 // command that re-runs it (`--config=` the absolute path `best_yaml`, where it is written).
-// nullopt when that point has no finished run or a diverged one.
+// nullopt when that point does not have all its runs finished with the metric (a failed,
+// diverged, pruned or not yet run run).
 // Throws fabric::Error when the run's config.yaml cannot be read.
 struct BestConfig {
   std::string run_id;

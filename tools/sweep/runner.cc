@@ -5,15 +5,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <deque>
 #include <fstream>
 #include <map>
+#include <sstream>
 
 #include "fabric/core/atomic_file.h"
 #include "fabric/core/error.h"
+#include "fabric/core/hash.h"
 #include "fabric/core/paths.h"
 #include "tools/sweep/pruner.h"
 
@@ -49,15 +52,26 @@ bool is_run_dir_of(const std::string& name, const std::string& id) {
          name.find_first_not_of("0123456789", id.size() + 1) == std::string::npos;
 }
 
+// Whether the folder `name` under runs/ belongs to run `id`: a folder belongs to the longest run
+// id of the sweep it is a run directory of, so that runs "name=resnet" and "name=resnet-50" never
+// take each other's folders. When `name` is `id-N`, the only longer id it could belong to is
+// `name` itself (N holds no '-').
+bool belongs_to(const std::string& name, const std::string& id, const SweepSpec& spec) {
+  if (!is_run_dir_of(name, id)) return false;
+  if (name.size() == id.size()) return true;
+  return std::none_of(spec.runs.begin(), spec.runs.end(),
+                      [&](const SweepRun& other) { return other.id == name; });
+}
+
 // The run directory of the attempt: runs/<id> or runs/<id>-N holding `file` (summary.json,
 // metrics.csv) written since the attempt started (newest first).
 std::string find_attempt_dir(const fs::path& runs, const std::string& id, fs::file_time_type since,
-                             const char* file = "summary.json") {
+                             const SweepSpec& spec, const char* file = "summary.json") {
   std::error_code ec;
   fs::path best;
   fs::file_time_type best_time{};
   for (const auto& e : fs::directory_iterator(runs, ec)) {
-    if (!is_run_dir_of(e.path().filename().string(), id)) continue;
+    if (!belongs_to(e.path().filename().string(), id, spec)) continue;
     const auto t = fs::last_write_time(e.path() / file, ec);
     if (ec || t < since) continue;
     if (best.empty() || t > best_time) best = e.path(), best_time = t;
@@ -66,29 +80,133 @@ std::string find_attempt_dir(const fs::path& runs, const std::string& id, fs::fi
 }
 
 // A failed attempt's run folder (written since `since`) that holds no checkpoint to resume from
-// is removed, so the retry writes runs/<id> again rather than runs/<id>-1; its output stays in
-// logs/<id>.log.
-void remove_failed_attempt(const fs::path& runs, const std::string& id, fs::file_time_type since) {
-  const std::string dir = find_attempt_dir(runs, id, since, "config.yaml");
-  if (dir.empty()) return;
+// is renamed runs/<id>.failed-<attempt> (kept: it may hold a summary.json or metrics written
+// before the program crashed), so the retry writes runs/<id> again rather than runs/<id>-1.
+// Returns the folder the attempt's files are in now ("" when it made none).
+std::string set_aside_failed_attempt(const fs::path& runs, const SweepRun& run, int attempt,
+                                     fs::file_time_type since, const SweepSpec& spec) {
+  const std::string dir = find_attempt_dir(runs, run.id, since, spec, "config.yaml");
+  if (dir.empty()) return "";
   std::error_code ec;
   for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
        it.increment(ec))
     if (const std::string name = it->path().filename().string();
         name.rfind("step-", 0) == 0 && name.size() > 10 &&
         name.compare(name.size() - 5, 5, ".ckpt") == 0)
-      return;  // step-NNNNNNNN.ckpt (fabric/checkpointer.h): checkpoint.resume may continue it
-  if (!ec) remove_tree(dir, ec);
+      return dir;  // step-NNNNNNNN.ckpt (fabric/checkpointer.h): checkpoint.resume may continue it
+  if (ec) return dir;
+  const std::string base = run.id + ".failed-" + std::to_string(attempt);
+  fs::path target = runs / base;
+  for (int k = 2; fs::exists(target, ec); ++k) target = runs / (base + "." + std::to_string(k));
+  fs::rename(dir, target, ec);
+  return ec ? dir : target.string();
+}
+
+// The program's last output line in `log`: "" when it printed nothing after the sweep's own
+// "=== sweep attempt N: ..." header.
+std::string program_last_line(const std::string& log) {
+  std::string tail = last_line_of_file(log);
+  if (tail.rfind("=== sweep attempt", 0) == 0) tail.clear();
+  return tail;
+}
+
+// `text` as a YAML double-quoted scalar: the program reads it back as exactly `text` (a path with
+// " #", ": ", quotes or brackets stays one string).
+std::string yaml_quoted(const std::string& text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '\\' || c == '"') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+// The arguments compared between invocations: the command line without the program and without
+// logging.run_dir (the sweep directory's place, not the run's settings).
+std::vector<std::string> compared_arguments(const std::vector<std::string>& argv, size_t from) {
+  std::vector<std::string> out;
+  for (size_t i = from; i < argv.size(); ++i)
+    if (argv[i].rfind("logging.run_dir=", 0) != 0) out.push_back(argv[i]);
+  return out;
 }
 
 }  // namespace
+
+std::string config_text_hash(const std::string& config) {
+  if (config.empty()) return "";
+  std::ifstream in(config, std::ios::binary);
+  if (!in) return "";
+  std::ostringstream text;
+  text << in.rdbuf();
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(fnv1a64(text.str())));
+  return buf;
+}
+
+std::vector<std::string> check_changed_runs(const SweepSpec& spec, SweepState& state,
+                                            const RunnerOptions& options, bool rerun_changed) {
+  std::vector<std::string> changed;
+  std::string first;  // the error line of the first changed run
+  for (const SweepRun& run : spec.runs) {
+    auto it = state.runs().find(run.id);
+    if (it == state.runs().end() || !has_result(it->second.status) || it->second.command.empty())
+      continue;
+    const RunRecord& rec = it->second;
+    const auto then = compared_arguments(rec.command, 0);
+    const auto now = compared_arguments(run_command_line(spec, run, options), 1);
+    std::string at, what;
+    size_t i = 0;
+    while (i < then.size() && i < now.size() && then[i] == now[i]) ++i;
+    if (i < then.size() || i < now.size()) {
+      const std::string& arg = i < now.size() ? now[i] : then[i];
+      const std::string key =
+          arg.rfind("--config=", 0) == 0 ? "config" : arg.substr(0, arg.find('='));
+      auto origin = spec.key_origin.find(key);
+      at = (origin != spec.key_origin.end() ? origin->second
+            : key == "config"               ? spec.file
+                                            : run.origin) +
+           ": " + key + ": run " + run.id + " has a result from another command line: ";
+      if (i < then.size() && i < now.size())
+        what = "it ran with '" + then[i] + "', now '" + now[i] + "'";
+      else if (i < now.size())
+        what = "'" + now[i] + "' is new";
+      else
+        what = "'" + then[i] + "' is no longer given";
+    } else if (rec.config_hash != options.config_hash && !rec.config_hash.empty()) {
+      at = spec.file + ": config: run " + run.id + " has a result from another config: ";
+      what = options.config + " changed since it ran";
+    } else {
+      continue;
+    }
+    changed.push_back(run.id);
+    if (first.empty()) first = at + what;
+  }
+  if (changed.empty()) return changed;
+  if (!rerun_changed) {
+    const std::string more =
+        changed.size() > 1 ? " (and " + std::to_string(changed.size() - 1) + " more run(s))" : "";
+    throw ConfigError(first + more +
+                      "; run with --rerun_changed to run the changed runs again, or give --dir= "
+                      "another folder to keep these results apart");
+  }
+  for (const auto& id : changed) {
+    RunRecord& rec = state[id];
+    rec.status = RunStatus::kPending;
+    rec.summary = nlohmann::json();
+    rec.reason.clear();
+    rec.exit_code = 0;
+    rec.reports.clear();
+    rec.rung = -1;
+  }
+  return changed;
+}
 
 std::vector<std::string> run_command_line(const SweepSpec& spec, const SweepRun& run,
                                           const RunnerOptions& options) {
   std::vector<std::string> argv = {options.binary.string()};
   if (!options.config.empty()) argv.push_back("--config=" + options.config);
   for (auto& a : run.arguments(spec.common, spec.seed_key)) argv.push_back(std::move(a));
-  argv.push_back("logging.run_dir=" + (options.sweep_dir / "runs" / run.id).string());
+  argv.push_back("logging.run_dir=" + yaml_quoted((options.sweep_dir / "runs" / run.id).string()));
   for (const auto& e : options.extra) argv.push_back(e);
   return argv;
 }
@@ -97,9 +215,9 @@ namespace {
 
 // Reads the attempt's summary.json (in runs/<id> or runs/<id>-N, written since `since`) into
 // rec.run_dir and rec.summary; returns why not ("" when read).
-std::string read_summary(const SweepRun& run, fs::file_time_type since, const fs::path& runs,
-                         RunRecord& rec) {
-  rec.run_dir = find_attempt_dir(runs, run.id, since);
+std::string read_summary(const SweepSpec& spec, const SweepRun& run, fs::file_time_type since,
+                         const fs::path& runs, RunRecord& rec) {
+  rec.run_dir = find_attempt_dir(runs, run.id, since, spec);
   rec.summary = nlohmann::json();
   std::ifstream in(fs::path(rec.run_dir) / "summary.json");
   if (rec.run_dir.empty() || !in)
@@ -127,23 +245,32 @@ std::string record_exit(const SweepSpec& spec, const SweepRun& run, int exit_cod
   if (exit_code == kDivergedExitStatus) {
     // A result, not a failure: running it again repeats the same deterministic divergence. The
     // reason is the program's stop message (summary.json "stopped"), else its log's last line.
-    read_summary(run, since, runs, rec);
+    read_summary(spec, run, since, runs, rec);
     const auto& summary = rec.summary;
     if (summary.is_object() && summary.contains("stopped") && summary["stopped"].is_string())
       rec.reason = summary["stopped"].get<std::string>();
-    if (rec.reason.empty()) rec.reason = last_line_of_file(rec.log);
+    if (rec.reason.empty()) rec.reason = program_last_line(rec.log);
     if (rec.reason.empty()) rec.reason = "stopped on non-finite values (exit 3)";
     rec.status = RunStatus::kDiverged;
     return "diverged " + line + ": " + rec.reason;
   }
   if (exit_code == 0) {
-    const std::string missing = read_summary(run, since, runs, rec);
+    const std::string missing = read_summary(spec, run, since, runs, rec);
     if (!missing.empty()) rec.reason = "exited 0 but " + missing;
+    // A NaN or infinite metric is written as null (JSON has no such numbers): a diverged result.
+    if (missing.empty() && rec.summary.is_object() && rec.summary.contains(spec.metric) &&
+        rec.summary[spec.metric].is_null()) {
+      rec.reason = spec.metric + " is not a finite number (null in summary.json)";
+      rec.status = RunStatus::kDiverged;
+      return "diverged " + line + ": " + rec.reason;
+    }
   } else {
     rec.reason = how;
-    const std::string tail = last_line_of_file(rec.log);
+    const std::string tail = program_last_line(rec.log);
     if (!tail.empty()) rec.reason += ": " + tail;
-    remove_failed_attempt(runs, run.id, since);
+    if (const std::string kept = set_aside_failed_attempt(runs, run, rec.attempts, since, spec);
+        !kept.empty())
+      rec.run_dir = kept;
   }
   rec.status = rec.reason.empty() ? RunStatus::kDone : RunStatus::kFailed;
   if (rec.status == RunStatus::kDone)
@@ -194,7 +321,8 @@ class SweepLoop {
       wait_and_reap();
     }
     sigprocmask(SIG_SETMASK, &previous, nullptr);
-    return stop_signal_ == 0 ? 0 : 128 + stop_signal_;
+    if (stop_signal_ != 0) return 128 + stop_signal_;
+    return asking_failed_ ? 1 : 0;
   }
 
  private:
@@ -206,8 +334,19 @@ class SweepLoop {
       } else if (!pending_.empty()) {
         launch(pending_.front(), false);
         pending_.pop_front();
-      } else if (options_.next_run && (options_.max_runs == 0 || started_ < options_.max_runs)) {
-        const SweepRun* run = options_.next_run();
+      } else if (options_.next_run && !asking_failed_ &&
+                 (options_.max_runs == 0 || started_ < options_.max_runs)) {
+        const SweepRun* run = nullptr;
+        try {
+          run = options_.next_run();
+        } catch (const std::exception& e) {
+          // e.g. Optuna's "database is locked": the running runs finish, the report is written.
+          asking_failed_ = true;
+          out_ << "warning: no new run could be asked for: " << describe(e) << "; no more runs "
+               << "start in this invocation (the running ones finish; run the same command again "
+               << "to go on)" << std::endl;
+          break;
+        }
         if (run == nullptr) break;
         by_id_[run->id] = run;
         launch(run, false);
@@ -259,6 +398,9 @@ class SweepLoop {
     const int fd = open(rec.log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd < 0) throw Error("cannot write " + rec.log + ": " + std::strerror(errno));
     const auto argv = run_command_line(spec_, *run, options_);
+    rec.command.assign(argv.begin() + 1, argv.end());
+    rec.config_hash = options_.config_hash;
+    state_.save();
     std::string header = "=== sweep attempt " + std::to_string(rec.attempts) + ":";
     for (const auto& a : argv) header += " " + a;
     header += "\n";
@@ -294,7 +436,8 @@ class SweepLoop {
   // Merges the attempt's metrics.csv (found once) into the run's reports; true when they changed.
   bool read_reports_of(Running& r) {
     if (r.metrics.empty()) {
-      const std::string dir = find_attempt_dir(runs_, r.run->id, r.file_start, "metrics.csv");
+      const std::string dir =
+          find_attempt_dir(runs_, r.run->id, r.file_start, spec_, "metrics.csv");
       if (dir.empty()) return false;
       r.metrics = fs::path(dir) / "metrics.csv";
     }
@@ -325,14 +468,11 @@ class SweepLoop {
     const double wall = std::chrono::duration<double>(Clock::now() - r.start).count();
     if (stop_signal_ == 0 && !r.prune_reason.empty()) {
       read_reports_of(r);  // the rows written on the way out
-      // Done when it completed before the SIGTERM took effect: exit 0, or a summary.json without a
-      // stop message written by this attempt (the signal landed while the program was exiting,
-      // after its last evaluation: e.g. a pruner judging at a rung at the run's last epoch).
-      RunRecord probe;
-      read_summary(*r.run, r.file_start, runs_, probe);
-      const bool completed =
-          probe.summary.is_object() && probe.summary.value("stopped", std::string()).empty();
-      const bool finished_anyway = status_code(status) == 0 || completed;
+      // Done when it completed before the SIGTERM took effect: exit 0, or a summary.json of this
+      // attempt saying it completed (the signal landed while the program was exiting, after its
+      // last evaluation: e.g. a pruner judging at a rung at the run's last epoch). Fabric writes
+      // summary.json on a SIGTERM stop too, with "exit_status": 143: that run was pruned.
+      const bool finished_anyway = status_code(status) == 0 || completed_summary(r);
       if (finished_anyway) {
         out_ << record_exit(spec_, *r.run, 0, "exit 0", wall, r.file_start, runs_, rec)
              << std::endl;
@@ -346,7 +486,8 @@ class SweepLoop {
         out_ << "pruned " << r.run->id << " in " << seconds(wall) << ": " << r.prune_reason
              << std::endl;
       }
-    } else if (stop_signal_ != 0) {
+    } else if (stop_signal_ != 0 &&
+               !(WIFEXITED(status) && WEXITSTATUS(status) == 0 && completed_summary(r))) {
       rec.wall_seconds = wall;
       rec.exit_code = status_code(status);
       rec.status = RunStatus::kInterrupted;
@@ -367,6 +508,22 @@ class SweepLoop {
     }
     state_.save();
     if (options_.on_result && has_result(rec.status)) options_.on_result(*r.run, rec);
+  }
+
+  // Whether the attempt wrote a summary.json that says it completed: no stop message and, when it
+  // has one, exit_status 0.
+  bool completed_summary(const Running& r) const {
+    RunRecord probe;
+    read_summary(spec_, *r.run, r.file_start, runs_, probe);
+    const auto& summary = probe.summary;
+    if (!summary.is_object()) return false;
+    if (summary.contains("stopped") && summary["stopped"].is_string() &&
+        !summary["stopped"].get<std::string>().empty())
+      return false;
+    if (summary.contains("exit_status"))
+      return summary["exit_status"].is_number_integer() &&
+             summary["exit_status"].get<int64_t>() == 0;
+    return true;
   }
 
   void stop_all(int sig) {
@@ -394,6 +551,7 @@ class SweepLoop {
   std::vector<bool> slot_busy_;
   std::deque<const SweepRun*> pending_;
   int total_ = 0, started_ = 0, stop_signal_ = 0;
+  bool asking_failed_ = false;  // next_run threw: no new runs in this invocation
   std::map<pid_t, Running> running_;
   std::optional<Clock::time_point> kill_at_;
   const PrunerSpec& pruner_;

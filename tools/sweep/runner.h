@@ -1,15 +1,21 @@
 // Runs the pending runs of a sweep as child processes, `parallel` at a time, and keeps the state
 // file up to date.
 //
-// Each run is `BINARY [--config=CONFIG] <overrides> <swept values> <seed> logging.run_dir=<sweep
-// dir>/runs/<id> [checkpoint.resume=auto]`, started in the directory the sweep was started from,
-// in its own process group, with stdout and stderr appended to <sweep dir>/logs/<id>.log. With
-// GPUs, each run gets its own `devices_per_run` of them through CUDA_VISIBLE_DEVICES; without,
+// Each run is `BINARY [--config=CONFIG] <overrides> <swept values> <seed> logging.run_dir="<sweep
+// dir>/runs/<id>" [checkpoint.resume=auto]` (the run directory a YAML double-quoted string, so a
+// path with " #", ": " or quotes stays one value), started in the directory the sweep was started
+// from, in its own process group, with stdout and stderr appended to <sweep dir>/logs/<id>.log.
+// With GPUs, each run gets its own `devices_per_run` of them through CUDA_VISIBLE_DEVICES; without,
 // parallel runs share the cores (FABRIC_CPUS = CPUs / parallel for each run, whose ranks split it
 // again; not when OMP_NUM_THREADS is set).
 //
 // A run is done when it exits 0 and wrote summary.json; anything else is a failure, recorded with
-// the reason (the last line of its log), and the sweep goes on. SIGINT/SIGTERM/SIGHUP stop the
+// the reason (the last line of its log), and the sweep goes on; a failed attempt's run folder
+// without a checkpoint is renamed runs/<id>.failed-<attempt> (so the retry writes runs/<id>). A
+// folder under runs/ belongs to the longest run id it is a run directory (<id> or <id>-N) of: runs
+// "resnet" and "resnet-50" never touch each other's folders. Each run's command line (without
+// the program and logging.run_dir) and a hash of the --config file are kept in the state
+// (check_changed_runs). SIGINT/SIGTERM/SIGHUP stop the
 // sweep: running runs get SIGTERM (SIGKILL after 10 s), are marked interrupted, and are retried
 // (resuming from their checkpoints) by the next invocation. Runs die with the sweep
 // (PR_SET_PDEATHSIG), also when it is SIGKILLed.
@@ -38,6 +44,7 @@ struct RunnerOptions {
   std::filesystem::path sweep_dir;  // absolute
   std::filesystem::path cwd;        // where runs start
   std::string config;               // --config= value ("" = none)
+  std::string config_hash;          // config_text_hash(config), recorded with each run
   std::vector<std::string> extra;   // overrides added to every run (e.g. checkpoint.resume=auto)
   int parallel = 1;
   std::vector<std::string> gpu_slots;  // CUDA_VISIBLE_DEVICES value per slot; empty: no GPUs
@@ -58,14 +65,28 @@ struct RunnerOptions {
 std::vector<std::string> run_command_line(const SweepSpec& spec, const SweepRun& run,
                                           const RunnerOptions& options);
 
+// A hash of the text of the config file `config` ("" for none or unreadable).
+std::string config_text_hash(const std::string& config);
+
+// The runs of `spec` with a result in `state` whose recorded command line (or config file's hash)
+// differs from the one they would get now (a changed overrides:, config file, ...). Old state
+// files without recorded command lines are not checked. Without `rerun_changed`, throws
+// ConfigError "FILE:LINE:COL: KEY: run ID has a result from another command line: it ran with
+// 'a=1', now 'a=2' (and N more run(s)); run with --rerun_changed ..., or give --dir= another
+// folder ..."; with it, marks those runs pending and returns their ids.
+std::vector<std::string> check_changed_runs(const SweepSpec& spec, SweepState& state,
+                                            const RunnerOptions& options, bool rerun_changed);
+
 // Runs every run of `spec` not yet done in `state`. Returns 0 when all finished, 128 + signal
-// when interrupted by one; failed runs are in `state` (the caller reports them).
+// when interrupted by one, 1 when options.next_run threw (a failed Optuna ask: the running runs
+// finish, none starts after it); failed runs are in `state` (the caller reports them).
 int run_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions& options,
                 std::ostream& out);
 
 // Records how an attempt of `run` ended in `rec` (whose `log` is the attempt's log): done when
-// `exit_code` is 0 and runs/<id> (or runs/<id>-N) holds a summary.json written since `since`;
-// failed otherwise, the reason `how` ("exit 1", "killed by signal 9") and the log's last line.
+// `exit_code` is 0 and runs/<id> (or runs/<id>-N) holds a summary.json written since `since`
+// (diverged when its metric is null: NaN or infinite); failed otherwise, the reason `how` ("exit
+// 1", "killed by signal 9") and the program's last output line (none when it printed nothing).
 // Returns the console line: "done ID in 1.2 s: METRIC VALUE" or "FAILED ID in ...: REASON (log:
 // ..)".
 std::string record_exit(const SweepSpec& spec, const SweepRun& run, int exit_code,

@@ -29,6 +29,24 @@ std::string shell_quote(const std::string& s) {
   return q + "'";
 }
 
+// `s` as one double-quoted #SBATCH argument (sbatch reads "..." as one argument, a backslash
+// escaping the next character, and an unquoted '#' as the start of a comment).
+std::string sbatch_quote(const std::string& s) {
+  std::string q = "\"";
+  for (char c : s) {
+    if (c == '\\' || c == '"') q += '\\';
+    q += c;
+  }
+  return q + "\"";
+}
+
+// `s` with '%' doubled: a literal '%' in sbatch's --output file name pattern.
+std::string literal_percent(const std::string& s) {
+  std::string out;
+  for (char c : s) out += c == '%' ? std::string("%%") : std::string(1, c);
+  return out;
+}
+
 // `name` on PATH (then /usr/sbin, /usr/local/bin). Throws fabric::Error naming the package.
 std::string find_program(const std::string& name) {
   std::string path = std::getenv("PATH") ? std::getenv("PATH") : "";
@@ -117,12 +135,13 @@ std::string array_script(const SweepSpec& spec, const std::vector<const SweepRun
     << "), " << runs.size() << " run(s), one per array element.\n"
     << "# Element i runs the i-th command below; the sweep learns how it ended from\n"
     << "# slurm/<id>.exit. See tools/sweep/slurm.h.\n"
-    << "#SBATCH --job-name=sweep_" << spec.name << "\n"
+    << "#SBATCH --job-name=" << sbatch_quote("sweep_" + spec.name) << "\n"
     << "#SBATCH --array=0-" << runs.size() - 1;
   if (options.parallel > 0) s << "%" << options.parallel;
   s << "\n"
-    << "#SBATCH --chdir=" << options.cwd.string() << "\n"
-    << "#SBATCH --output=" << (slurm_dir(options) / "%A_%a.out").string() << "\n"
+    << "#SBATCH --chdir=" << sbatch_quote(options.cwd.string()) << "\n"
+    << "#SBATCH --output="
+    << sbatch_quote(literal_percent(slurm_dir(options).string()) + "/%A_%a.out") << "\n"
     << "#SBATCH --open-mode=append\n";
   if (slurm.use_gpus) s << "#SBATCH --gres=gpu:" << spec.devices_per_run << "\n";
   s << "set -u\n"
@@ -222,6 +241,9 @@ int submit_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions
     rec.log = (options.sweep_dir / "logs" / (runs[i]->id + ".log")).string();
     rec.reason.clear();
     rec.slurm_job = job + "_" + std::to_string(i);
+    const auto argv = run_command_line(spec, *runs[i], options);
+    rec.command.assign(argv.begin() + 1, argv.end());
+    rec.config_hash = options.config_hash;
   }
   state.save();
   out << "submitted " << runs.size() << " run(s) as SLURM job array " << job << " ("

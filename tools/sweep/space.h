@@ -19,8 +19,13 @@ struct Distribution {
   std::vector<std::string> values;  // choice: value texts
 };
 
+// The text of `v`, a value of the uniform or loguniform `d`: four significant digits, more when the
+// range is narrow (so that it holds about 1000 distinct texts or more), and never outside [low,
+// high] (a value that rounds outside is the bound).
+std::string number_in(const Distribution& d, double v);
+
 // Up to `trials` distinct points of `space` (key, distribution), each the value texts in the
-// order of `space`: uniform and loguniform values with four significant digits (the text is what
+// order of `space`: uniform and loguniform values as number_in writes them (the text is what
 // the run gets), integers, or one of the choices. A value is a function of (random_seed, key,
 // draw number) alone, computed with a portable generator, so the same points come out on every
 // machine and standard library, and raising `trials` keeps the points already drawn. A repeated

@@ -153,10 +153,10 @@ Sections read_keys(const Parser& p, const YAML::Node& root, SweepSpec& spec) {
       if (v.IsScalar() && v.Scalar() == "auto") {
         spec.parallel.reset();
       } else {
-        spec.parallel = static_cast<int>(p.integer(v, key, 1));
+        spec.parallel = static_cast<int>(p.integer(v, key, 1, kMaxCount));
       }
     } else if (key == "devices_per_run") {
-      spec.devices_per_run = static_cast<int>(p.integer(v, key, 1));
+      spec.devices_per_run = static_cast<int>(p.integer(v, key, 1, kMaxCount));
     } else if (key == "metric") {
       spec.metric = p.scalar(v, key);
     } else if (key == "mode") {
@@ -166,6 +166,7 @@ Sections read_keys(const Parser& p, const YAML::Node& root, SweepSpec& spec) {
       spec.maximize = mode == "max";
     } else if (key == "dir") {
       sections.dir = p.scalar(v, key);
+      spec.dir_mark = p.at(v);
     } else if (key == "workdir") {
       spec.workdir = p.scalar(v, key);
       spec.workdir_mark = p.at(v);
@@ -369,6 +370,8 @@ std::vector<Point> list_entries(const Parser& p, const Sections& s, SweptKeys& k
       const std::string k = o.first.Scalar();
       if (s.grid.IsMap() && s.grid[k])
         p.fail(o.first, "list: '" + k + "' is also a grid key: keep it in one place");
+      if (s.space.IsMap() && s.space[k])
+        p.fail(o.first, "list: '" + k + "' is also a space key: keep it in one place");
       values.push_back({k, value_text(o.second), p.at(o.second)});
     }
     for (const auto& earlier : entries) {

@@ -96,6 +96,7 @@ struct SweepSpec {
   std::string metric;
   bool maximize = true;
   std::string dir;            // as written, {name} expanded
+  std::string dir_mark;       // "FILE:LINE:COL" of dir:, "" when absent
   std::string workdir = ".";  // relative to the sweep file's folder
   std::string workdir_mark;   // "FILE:LINE:COL" of workdir:, "" when absent
   std::string seed_key = "fabric.seed";

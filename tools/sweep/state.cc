@@ -75,6 +75,9 @@ SweepState SweepState::load(const std::filesystem::path& path) {
       if (r.contains("values"))
         for (const auto& kv : r.at("values"))
           rec.values.emplace_back(kv.at(0).get<std::string>(), kv.at(1).get<std::string>());
+      if (r.contains("command"))
+        for (const auto& arg : r.at("command")) rec.command.push_back(arg.get<std::string>());
+      rec.config_hash = r.value("config_hash", "");
       state.runs_[id] = std::move(rec);
     }
   } catch (const std::exception& e) {
@@ -102,6 +105,8 @@ void SweepState::save() const {
       runs[id]["reports"] = reports;
     }
     if (r.rung >= 0) runs[id]["rung"] = r.rung;
+    if (!r.command.empty()) runs[id]["command"] = r.command;
+    if (!r.config_hash.empty()) runs[id]["config_hash"] = r.config_hash;
     if (r.trial >= 0) {
       runs[id]["trial"] = r.trial;
       nlohmann::json values = nlohmann::json::array();

@@ -102,9 +102,9 @@ PrunerSpec parse_pruner(const Parser& p, const YAML::Node& node, bool sweep_maxi
       pruner.by_epoch = key == "min_epochs";
       pruner.min_resource = static_cast<double>(p.integer(v, where, 1));
     } else if (key == "reduction_factor") {
-      pruner.reduction_factor = static_cast<int>(p.integer(v, where, 2));
+      pruner.reduction_factor = static_cast<int>(p.integer(v, where, 2, kMaxCount));
     } else if (key == "min_runs") {
-      pruner.min_runs = static_cast<int>(p.integer(v, where, 1));
+      pruner.min_runs = static_cast<int>(p.integer(v, where, 1, kMaxCount));
     } else {
       p.fail(item.first, "unknown pruner key '" + key + "'" + did_you_mean(key, kPrunerKeys) +
                              " (keys: " + join(kPrunerKeys) + ")");

@@ -6,6 +6,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -17,6 +18,10 @@
 #include "tools/sweep/spec.h"
 
 namespace fabric::sweep {
+
+// The largest count a sweep file may give (parallel, devices_per_run, pruner: reduction_factor,
+// min_runs): far beyond any machine, well inside an int.
+constexpr int64_t kMaxCount = 1000000;
 
 class Parser {
  public:
@@ -31,7 +36,9 @@ class Parser {
     if (!node.IsScalar()) fail(node, key + ": expected a single value");
     return node.Scalar();
   }
-  int64_t integer(const YAML::Node& node, const std::string& key, int64_t min) const {
+  // An integer in [min, max] (counts that become an int: max kMaxCount).
+  int64_t integer(const YAML::Node& node, const std::string& key, int64_t min,
+                  int64_t max = INT64_MAX) const {
     const std::string text = scalar(node, key);
     int64_t value = 0;
     size_t used = 0;
@@ -43,6 +50,8 @@ class Parser {
     if (used == 0 || used != text.size()) fail(node, key + ": '" + text + "' is not an integer");
     if (value < min)
       fail(node, key + ": " + text + " is out of range: must be >= " + std::to_string(min));
+    if (value > max)
+      fail(node, key + ": " + text + " is out of range: must be <= " + std::to_string(max));
     return value;
   }
   double number(const YAML::Node& node, const std::string& key) const {
