@@ -126,12 +126,19 @@ std::function<void()> sharded_checkpoint_writer(RankGroup& ranks, const fs::path
       if (rank == 0) remove_tree(tmp, ec);
       throw;
     }
-    if (rank != 0) return;
+    // Done only once its folder entry is synced too: rank 0 renames the folder when every rank
+    // said so (waiting for the shard file alone, it could rename the folder under a rank still
+    // syncing it: "cannot open folder", and the entry not yet durable).
+    if (rank != 0) {
+      std::ofstream(tmp / (mine + ".done"));
+      return;
+    }
     const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (int64_t r = 0; r < world;) {
+    for (int64_t r = 1; r < world;) {
       const fs::path shard = tmp / shard_file_name(r, world);
+      const fs::path done = shard.string() + ".done";
       std::error_code ec;
-      if (fs::exists(shard, ec)) {
+      if (fs::exists(done, ec)) {
         ++r;
         continue;
       }
@@ -150,6 +157,10 @@ std::function<void()> sharded_checkpoint_writer(RankGroup& ranks, const fs::path
         throw Error(why);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    for (int64_t r = 1; r < world; ++r) {
+      std::error_code ec;
+      fs::remove(tmp / (shard_file_name(r, world) + ".done"), ec);
     }
     complete_folder(tmp, dir, world, save_id);
   };
