@@ -114,8 +114,13 @@ PreparedCheckpoint prepare_checkpoint(
   if (!problems.empty()) {
     std::string why = join_cut(problems, 3, "; ");
     if (explain && !out.saved_config.empty())
-      if (const std::string clause = explain(out.saved_config); !clause.empty())
+      if (const std::string clause = explain(out.saved_config); !clause.empty()) {
         why += "; " + clause;
+        // Entries a key switches on (trainer.ema_decay, callbacks.*) cannot start mid-run.
+        if (!names.empty())
+          why += "; resume with the checkpoint's values of those keys, or start a new run from "
+                 "its weights (`ckpt consolidate` writes them for model.init_weights)";
+      }
     throw Error(why);
   }
   // The GradScaler of 16-mixed.

@@ -284,7 +284,9 @@ TEST_F(CheckpointTest, ConfigDifferencesAreListedAndCheckpointKeysIgnored) {
   EXPECT_EQ(error_of([&] { loader.load(file.string(), more); }),
             file.string() +
                 ": entries differ: missing [extra]; the config differs from the checkpoint's: "
-                "optimizer.lr 0.1 → 0.05; trainer.max_epochs 10 → 20");
+                "optimizer.lr 0.1 → 0.05; trainer.max_epochs 10 → 20; resume with the "
+                "checkpoint's values of those keys, or start a new run from its weights (`ckpt "
+                "consolidate` writes them for model.init_weights)");
 }
 
 TEST_F(CheckpointTest, OptimizerKeysTheConfigChangedReplaceTheCheckpointsOptions) {
