@@ -222,19 +222,14 @@ fs::path Checkpointer::save() {
 void Checkpointer::publish(const fs::path& path) {
   write_file_atomically(dir_ / "latest", path.filename().string() + "\n");
   if (options_.keep_last <= 0) return;
-  // Oldest written first, not lowest step: a run resumed from an older checkpoint of this folder
-  // (step 4 of 4, 6, 8) rotates away the abandoned 6 and 8 before its own new ones.
+  // Steps after the one just saved first: a run resumed from an older checkpoint of this folder
+  // (step 4 of 4, 6, 8) cannot have written them; they belong to the abandoned run and go before
+  // this run's own. Then the lowest steps.
   auto files = checkpoints_in(dir_);
-  std::vector<std::pair<fs::file_time_type, size_t>> by_time;
-  for (size_t i = 0; i < files.size(); ++i) {
-    std::error_code ec;
-    by_time.emplace_back(fs::last_write_time(files[i], ec), i);
-  }
-  std::stable_sort(by_time.begin(), by_time.end(),
-                   [](const auto& a, const auto& b) { return a.first < b.first; });
-  std::vector<fs::path> oldest_first;
-  for (const auto& [time, i] : by_time) oldest_first.push_back(files[i]);
-  files = std::move(oldest_first);
+  const int64_t saved = checkpoint_step(path.filename().string());
+  std::stable_partition(files.begin(), files.end(), [&](const fs::path& f) {
+    return checkpoint_step(f.filename().string()) > saved;
+  });
   for (size_t i = 0; i + static_cast<size_t>(options_.keep_last) < files.size(); ++i) {
     if (files[i] == path) continue;
     std::error_code ec;

@@ -455,23 +455,22 @@ void Fabric::load(const std::string& path, CheckpointState& state, bool strict) 
       now = config_leaves(config_.to_yaml());
     } catch (const Error&) {
     }
-    std::set<std::string> fields;
-    std::vector<std::string> changed;
+    std::set<std::string> fields, kept;
     for (const char* field : {"momentum", "dampening", "nesterov", "weight_decay", "betas", "eps",
                               "amsgrad", "alpha", "centered"}) {
       const std::string key = std::string("optimizer.") + field;
       const auto a = before.find(key), b = now.find(key);
-      if (a == before.end() || b == now.end() || a->second == b->second) continue;
-      fields.insert(field);
-      changed.push_back(key + " " + b->second);
+      if (a != before.end() && b != now.end() && a->second != b->second) fields.insert(field);
     }
-    if (!fields.empty()) {
+    if (!fields.empty())
       for (const auto& e : state.entries())
-        if (e.optimizer) keep_options.push_back(keep_option_fields(*e.optimizer, fields));
-      if (!keep_options.empty())
-        prepared.warnings.push_back("the config's " + join(changed, ", ") +
-                                    " replaced the checkpoint's in every parameter group");
-    }
+        if (e.optimizer) keep_options.push_back(keep_option_fields(*e.optimizer, fields, &kept));
+    std::vector<std::string> changed;  // only what an optimizer here has (SGD has no betas)
+    for (const auto& field : kept)
+      changed.push_back("optimizer." + field + " " + now.at("optimizer." + field));
+    if (!changed.empty())
+      prepared.warnings.push_back("the config's " + join(changed, ", ") +
+                                  " replaced the checkpoint's in every parameter group");
     for (const char* key : {"optimizer.lr_scale", "optimizer.no_weight_decay"}) {
       const auto a = before.find(key), b = now.find(key);
       if (a != before.end() && b != now.end() && a->second != b->second)

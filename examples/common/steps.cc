@@ -44,7 +44,8 @@ int64_t steps_after_resume(fabric::Fabric& f, const StepCount& planned, int64_t 
             " step(s) of data left at this world size, batch size and accumulation: ", total,
             " steps in all, not the ", planned.total_steps,
             " a fresh run plans; the learning-rate schedule keeps its horizon of ",
-            planned.total_steps);
+            planned.total_steps,
+            total > planned.total_steps ? " (the steps past it run at its final rate)" : "");
   return total;
 }
 

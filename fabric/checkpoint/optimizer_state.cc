@@ -204,8 +204,12 @@ c10::IValue optimizer_state(const torch::optim::Optimizer& optimizer) {
 }
 
 std::function<void()> keep_option_fields(torch::optim::Optimizer& optimizer,
-                                         const std::set<std::string>& fields) {
+                                         const std::set<std::string>& fields,
+                                         std::set<std::string>* kept_fields) {
   const Kind& k = kind_of(optimizer);
+  if (kept_fields)
+    for (const auto& field : k.options)
+      if (fields.count(field.key)) kept_fields->insert(field.key);
   std::vector<std::vector<std::pair<const OptionField*, c10::IValue>>> kept;
   for (const auto& group : optimizer.param_groups()) {
     kept.emplace_back();

@@ -27,10 +27,11 @@ std::function<void()> prepare_optimizer_state(torch::optim::Optimizer& optimizer
 
 // The parameter groups' `fields` (PyTorch's option names: "momentum", "weight_decay", "betas") as
 // they are now; the returned function puts them back, e.g. after a load replaced them with a
-// checkpoint's. Fields the optimizer's type lacks are skipped. Throws fabric::Error for an
-// unsupported optimizer type.
+// checkpoint's. Fields the optimizer's type lacks are skipped; those it has are added to `kept`
+// when given. Throws fabric::Error for an unsupported optimizer type.
 std::function<void()> keep_option_fields(torch::optim::Optimizer& optimizer,
-                                         const std::set<std::string>& fields);
+                                         const std::set<std::string>& fields,
+                                         std::set<std::string>* kept = nullptr);
 
 }  // namespace fabric
 

@@ -151,6 +151,22 @@ TEST_F(SweepTest, AnEditedSweepFileIsRefusedOrRerunsTheChangedRuns) {
   EXPECT_EQ(invocations().size(), 4u) << r.out;
 }
 
+// The config's base: files count as the config: an edit there is a changed config as well.
+TEST_F(SweepTest, AnEditedBaseConfigIsAChangedConfig) {
+  std::ofstream(dir_ / "b.yaml") << "trainer:\n  max_steps: 10\n";
+  std::ofstream(dir_ / "c.yaml") << "base: b.yaml\n";
+  write_sweep("config: c.yaml\ngrid:\n  optimizer.lr: [0.1]\nmetric: fake_metric\nmode: max\n");
+  auto r = sweep();
+  ASSERT_EQ(r.code, 0) << r.out;
+  ASSERT_EQ(invocations().size(), 1u);
+  std::ofstream(dir_ / "b.yaml") << "trainer:\n  max_steps: 20\n";
+  r = sweep();
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("config: run lr=0.1 has a result from another config"), std::string::npos)
+      << r.out;
+  EXPECT_EQ(invocations().size(), 1u) << "nothing may run";
+}
+
 // A run that wrote summary.json and then crashed keeps its folder (renamed <id>.failed-1, so the
 // retry writes runs/<id>); with nothing printed, the reason is how it ended, not the sweep's
 // own header line.

@@ -132,6 +132,12 @@ int time_steps(fabric::Fabric& f, Model& model, const torch::optim::SGDOptions& 
 
 int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (FLAGS_profile && FLAGS_warmup < 1) {
+    std::fprintf(stderr,
+                 "ddp_step: --profile needs --warmup of at least 1 (the profiler warms up "
+                 "on the last untimed step)\n");
+    return 2;
+  }
   if (FLAGS_model != "mlp" && FLAGS_model != "resnet18" && FLAGS_model != "gpt-tiny") {
     std::fprintf(stderr, "ddp_step: --model must be mlp, resnet18 or gpt-tiny, not '%s'\n",
                  FLAGS_model.c_str());

@@ -83,7 +83,10 @@ def parse_args():
                    help="record the timed steps with torch.profiler; rank 0 prints its ops by "
                    "self CPU time (ddp_step --profile prints ours)")
     p.add_argument("--profile_rows", type=int, default=30)
-    return p.parse_args()
+    args = p.parse_args()
+    if args.profile and args.warmup < 1:
+        p.error("--profile needs --warmup of at least 1 (as ddp_step --profile)")
+    return args
 
 
 def time_steps(args, model, opt, backward):

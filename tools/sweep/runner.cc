@@ -14,6 +14,8 @@
 #include <map>
 #include <sstream>
 
+#include <yaml-cpp/yaml.h>
+
 #include "fabric/core/atomic_file.h"
 #include "fabric/core/error.h"
 #include "fabric/core/hash.h"
@@ -110,17 +112,6 @@ std::string program_last_line(const std::string& log) {
   return tail;
 }
 
-// `text` as a YAML double-quoted scalar: the program reads it back as exactly `text` (a path with
-// " #", ": ", quotes or brackets stays one string).
-std::string yaml_quoted(const std::string& text) {
-  std::string out = "\"";
-  for (char c : text) {
-    if (c == '\\' || c == '"') out += '\\';
-    out += c;
-  }
-  return out + "\"";
-}
-
 // The arguments compared between invocations: the command line without the program and without
 // logging.run_dir (the sweep directory's place, not the run's settings).
 std::vector<std::string> compared_arguments(const std::vector<std::string>& argv, size_t from) {
@@ -134,12 +125,38 @@ std::vector<std::string> compared_arguments(const std::vector<std::string>& argv
 
 std::string config_text_hash(const std::string& config) {
   if (config.empty()) return "";
-  std::ifstream in(config, std::ios::binary);
-  if (!in) return "";
-  std::ostringstream text;
-  text << in.rdbuf();
+  // The file and the base: files it builds on (fabric/config: a base relative to the file's
+  // folder, else searched as --config is), each file's text in turn; at most 16 deep.
+  uint64_t h = fnv1a64("");
+  fs::path file = config;
+  for (int depth = 0; depth < 16 && !file.empty(); ++depth) {
+    std::ifstream in(file, std::ios::binary);
+    if (!in) break;
+    std::ostringstream text;
+    text << in.rdbuf();
+    h = fnv1a64(text.str(), h);
+    std::string base;
+    try {
+      const YAML::Node root = YAML::Load(text.str());
+      if (root.IsMap() && root["base"] && root["base"].IsScalar()) base = root["base"].Scalar();
+    } catch (const YAML::Exception&) {
+    }
+    const fs::path next = file.parent_path() / base;
+    file.clear();
+    if (base.empty()) break;
+    std::error_code ec;
+    if (fs::is_regular_file(next, ec)) {
+      file = next;
+    } else {
+      for (const auto& c : search_candidates(base, "configs", {}))
+        if (fs::is_regular_file(c, ec)) {
+          file = c;
+          break;
+        }
+    }
+  }
   char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(fnv1a64(text.str())));
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
   return buf;
 }
 
@@ -201,12 +218,22 @@ std::vector<std::string> check_changed_runs(const SweepSpec& spec, SweepState& s
   return changed;
 }
 
+std::string double_quoted(const std::string& text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '\\' || c == '"') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
 std::vector<std::string> run_command_line(const SweepSpec& spec, const SweepRun& run,
                                           const RunnerOptions& options) {
   std::vector<std::string> argv = {options.binary.string()};
   if (!options.config.empty()) argv.push_back("--config=" + options.config);
   for (auto& a : run.arguments(spec.common, spec.seed_key)) argv.push_back(std::move(a));
-  argv.push_back("logging.run_dir=" + yaml_quoted((options.sweep_dir / "runs" / run.id).string()));
+  argv.push_back("logging.run_dir=" +
+                 double_quoted((options.sweep_dir / "runs" / run.id).string()));
   for (const auto& e : options.extra) argv.push_back(e);
   return argv;
 }

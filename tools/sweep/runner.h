@@ -61,6 +61,10 @@ struct RunnerOptions {
   std::function<void(const SweepRun&, const RunRecord&)> on_result;
 };
 
+// `text` in double quotes, backslashes and '"' escaped by a backslash: what a YAML double-quoted
+// scalar and an #SBATCH line both read back as exactly `text` (a path with " #", ": " or quotes).
+std::string double_quoted(const std::string& text);
+
 // The full command line of `run` (argv[0] = binary).
 std::vector<std::string> run_command_line(const SweepSpec& spec, const SweepRun& run,
                                           const RunnerOptions& options);

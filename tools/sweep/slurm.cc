@@ -31,14 +31,7 @@ std::string shell_quote(const std::string& s) {
 
 // `s` as one double-quoted #SBATCH argument (sbatch reads "..." as one argument, a backslash
 // escaping the next character, and an unquoted '#' as the start of a comment).
-std::string sbatch_quote(const std::string& s) {
-  std::string q = "\"";
-  for (char c : s) {
-    if (c == '\\' || c == '"') q += '\\';
-    q += c;
-  }
-  return q + "\"";
-}
+std::string sbatch_quote(const std::string& s) { return double_quoted(s); }
 
 // `s` with '%' doubled: a literal '%' in sbatch's --output file name pattern.
 std::string literal_percent(const std::string& s) {
