@@ -182,6 +182,33 @@ TEST_F(SweepTest, OptunaWithAnUnknownSamplerIsOneLine) {
   EXPECT_TRUE(invocations().empty());
 }
 
+// Both ends of a range are checked before any trial: [0.5, 1.5] for trainer.ema_decay (< 1) passed
+// on its low end alone and failed trials later.
+TEST_F(SweepTest, OptunaChecksTheHighEndOfARangeBeforeAnyTrial) {
+  if (!optuna_importable()) GTEST_SKIP() << "optuna is not installed (tools/setup.sh installs it)";
+  write_sweep(
+      "search: optuna\nspace: {trainer.ema_decay: {uniform: [0.5, 1.5]}}\nmetric: fake_metric\n"
+      "mode: max\ntrials: 2\n");
+  const auto r = sweep();
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("trainer.ema_decay: 1.5 is out of range"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir_ / "out" / "runs" / "t0_ema_decay=0.5")) << r.out;
+}
+
+// --rerun_changed cannot give a finished trial a second result: refused under optuna.
+TEST_F(SweepTest, OptunaRefusesToRerunAChangedFinishedTrial) {
+  if (!optuna_importable()) GTEST_SKIP() << "optuna is not installed (tools/setup.sh installs it)";
+  write_sweep(std::string(kOptuna) + "trials: 1\noverrides: {trainer.max_steps: 10}\n");
+  auto r = sweep();
+  ASSERT_EQ(r.code, 0) << r.out;
+  write_sweep(std::string(kOptuna) + "trials: 1\noverrides: {trainer.max_steps: 20}\n");
+  r = sweep("", "--rerun_changed");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("search: optuna: --rerun_changed cannot run 1 finished trial(s) again"),
+            std::string::npos)
+      << r.out;
+}
+
 // A storage file in a folder that is not there: said before anything runs, at the storage: line
 // (before, Optuna's error came with no place in the sweep file). No Optuna needed to say it.
 TEST_F(SweepTest, OptunaStorageInAMissingFolderIsOneLineAtItsPlace) {

@@ -182,12 +182,13 @@ void add_recorded_trials(SweepSpec& spec, SweepState& state) {
   }
 }
 
-SweepRun probe_run(const SweepSpec& spec) {
+SweepRun probe_run(const SweepSpec& spec, bool high) {
   Overrides values;
   for (const auto& [key, d] : spec.space)
-    values.emplace_back(key, d.kind == "choice" ? d.values.front() : number_text(d.low, d));
+    values.emplace_back(key, d.kind == "choice" ? (high ? d.values.back() : d.values.front())
+                                                : number_text(high ? d.high : d.low, d));
   SweepRun run = trial_run(spec, 0, values);
-  run.id = "probe";
+  run.id = high ? "probe_high" : "probe";
   return run;
 }
 
@@ -210,7 +211,7 @@ void connect(const OptunaStudy& study, SweepSpec& spec, SweepState& state, Runne
              std::ostream& out) {
   add_recorded_trials(spec, state);
   SweepSpec probe = spec;  // the keys, checked once before anything is asked
-  probe.runs = {probe_run(spec)};
+  probe.runs = {probe_run(spec), probe_run(spec, /*high=*/true)};
   SweepState none;
   preflight(probe, none, options);
   options.more_runs = static_cast<int>(std::max<int64_t>(0, spec.trials - spec.runs.size()));

@@ -71,9 +71,9 @@ void add_recorded_trials(SweepSpec& spec, SweepState& state);
 void connect(const OptunaStudy& study, SweepSpec& spec, SweepState& state, RunnerOptions& options,
              std::ostream& out);
 
-// A run with each key's first value (low end, first choice), for checking the keys before any
-// trial is asked.
-SweepRun probe_run(const SweepSpec& spec);
+// A run with each key's first value (low end, first choice), or with `high` its last (high end,
+// last choice), for checking the keys and both ends of their ranges before any trial is asked.
+SweepRun probe_run(const SweepSpec& spec, bool high = false);
 
 }  // namespace fabric::sweep
 

@@ -199,6 +199,11 @@ std::vector<std::string> check_changed_runs(const SweepSpec& spec, SweepState& s
     if (first.empty()) first = at + what;
   }
   if (changed.empty()) return changed;
+  if (rerun_changed && spec.search == "optuna")
+    throw ConfigError(spec.search_origin + ": search: optuna: --rerun_changed cannot run " +
+                      std::to_string(changed.size()) +
+                      " finished trial(s) again (a study takes one result per trial; first: " +
+                      first + "); give --dir= another folder for a new study");
   if (!rerun_changed) {
     const std::string more =
         changed.size() > 1 ? " (and " + std::to_string(changed.size() - 1) + " more run(s))" : "";
