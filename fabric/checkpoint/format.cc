@@ -118,8 +118,9 @@ PreparedCheckpoint prepare_checkpoint(
         why += "; " + clause;
         // Entries a key switches on (trainer.ema_decay, callbacks.*) cannot start mid-run.
         if (!names.empty())
-          why += "; resume with the checkpoint's values of those keys, or start a new run from "
-                 "its weights (`ckpt consolidate` writes them for model.init_weights)";
+          why +=
+              "; resume with the checkpoint's values of those keys, or start a new run from "
+              "its weights (`ckpt consolidate` writes them for model.init_weights)";
       }
     throw Error(why);
   }
