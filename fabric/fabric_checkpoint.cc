@@ -260,6 +260,49 @@ WantedPieces pipeline_wanted(
   };
 }
 
+// Optimizer options the config now sets otherwise than the saver's (optimizer.momentum 0.9 ->
+// 0.5 on resume) are the config's: a checkpoint's param_groups would replace them silently
+// (torch.optim's load_state_dict does). Returns the functions that put the live values back after
+// the load; a line in prepared.warnings names them. The learning rate is the scheduler's (it
+// follows optimizer.lr); per-group scales stay the checkpoint's, and a line says so.
+std::vector<std::function<void()>> config_optimizer_options(PreparedCheckpoint& prepared,
+                                                            const CheckpointState& state,
+                                                            const std::string& config_yaml) {
+  std::vector<std::function<void()>> keep;
+  if (prepared.saved_config.empty()) return keep;
+  std::map<std::string, std::string> before, now;
+  try {
+    before = config_leaves(prepared.saved_config);
+    now = config_leaves(config_yaml);
+  } catch (const Error&) {
+    return keep;
+  }
+  auto changed = [&](const std::string& key) {
+    const auto a = before.find(key), b = now.find(key);
+    return a != before.end() && b != now.end() && a->second != b->second;
+  };
+  std::set<std::string> fields, kept;
+  for (const char* field : {"momentum", "dampening", "nesterov", "weight_decay", "betas", "eps",
+                            "amsgrad", "alpha", "centered"})
+    if (changed(std::string("optimizer.") + field)) fields.insert(field);
+  if (!fields.empty())
+    for (const auto& e : state.entries())
+      if (e.optimizer) keep.push_back(keep_option_fields(*e.optimizer, fields, &kept));
+  std::vector<std::string> applied;  // only what an optimizer here has (SGD has no betas)
+  for (const auto& field : kept)
+    applied.push_back("optimizer." + field + " " + now.at("optimizer." + field));
+  if (!applied.empty())
+    prepared.warnings.push_back("the config's " + join(applied, ", ") +
+                                " replaced the checkpoint's in every parameter group");
+  for (const char* key : {"optimizer.lr_scale", "optimizer.no_weight_decay"})
+    if (changed(key))
+      prepared.warnings.push_back(std::string(key) +
+                                  ": the checkpoint's parameter groups and their rates are kept "
+                                  "(a change takes a new run, e.g. from exported weights with "
+                                  "model.init_weights)");
+  return keep;
+}
+
 }  // namespace
 
 void Fabric::save_weights_of(torch::nn::Module& module, const std::string& path) {
@@ -443,43 +486,8 @@ void Fabric::load(const std::string& path, CheckpointState& state, bool strict) 
                            ? first
                            : source + ": could not be loaded on another rank (see its log)"));
   }
-  // Optimizer options the config now sets otherwise than the saver's (optimizer.momentum 0.9 ->
-  // 0.5 on resume) are the config's: a checkpoint's param_groups would replace them silently
-  // (torch.optim's load_state_dict does). The learning rate is the scheduler's (it follows
-  // optimizer.lr); per-group scales stay the checkpoint's, and say so.
-  std::vector<std::function<void()>> keep_options;
-  if (!prepared.saved_config.empty()) {
-    std::map<std::string, std::string> before, now;
-    try {
-      before = config_leaves(prepared.saved_config);
-      now = config_leaves(config_.to_yaml());
-    } catch (const Error&) {
-    }
-    std::set<std::string> fields, kept;
-    for (const char* field : {"momentum", "dampening", "nesterov", "weight_decay", "betas", "eps",
-                              "amsgrad", "alpha", "centered"}) {
-      const std::string key = std::string("optimizer.") + field;
-      const auto a = before.find(key), b = now.find(key);
-      if (a != before.end() && b != now.end() && a->second != b->second) fields.insert(field);
-    }
-    if (!fields.empty())
-      for (const auto& e : state.entries())
-        if (e.optimizer) keep_options.push_back(keep_option_fields(*e.optimizer, fields, &kept));
-    std::vector<std::string> changed;  // only what an optimizer here has (SGD has no betas)
-    for (const auto& field : kept)
-      changed.push_back("optimizer." + field + " " + now.at("optimizer." + field));
-    if (!changed.empty())
-      prepared.warnings.push_back("the config's " + join(changed, ", ") +
-                                  " replaced the checkpoint's in every parameter group");
-    for (const char* key : {"optimizer.lr_scale", "optimizer.no_weight_decay"}) {
-      const auto a = before.find(key), b = now.find(key);
-      if (a != before.end() && b != now.end() && a->second != b->second)
-        prepared.warnings.push_back(std::string(key) +
-                                    ": the checkpoint's parameter groups and their rates are kept "
-                                    "(a change takes a new run, e.g. from exported weights with "
-                                    "model.init_weights)");
-    }
-  }
+  const std::vector<std::function<void()>> keep_options =
+      config_optimizer_options(prepared, state, config_.to_yaml());
   {
     const std::vector<ScopeGuard> whole = materialize_modules(*strategy_, *whole_modules, true);
     for (auto& fn : prepared.apply) fn();

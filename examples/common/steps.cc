@@ -29,8 +29,8 @@ StepCount count_steps(const fabric::Fabric& f, int64_t train_batches, int64_t ex
   return s;
 }
 
-int64_t steps_after_resume(fabric::Fabric& f, const StepCount& planned, int64_t step, int64_t epoch,
-                           int64_t batches_done, int64_t batches) {
+int64_t steps_after_resume(const fabric::Fabric& f, const StepCount& planned, int64_t step,
+                           int64_t epoch, int64_t batches_done, int64_t batches) {
   const fabric::Config& c = f.config();
   const int64_t max_epochs = c.get_int("trainer.max_epochs");
   const int64_t max_steps = c.get_int("trainer.max_steps");

@@ -32,8 +32,8 @@ StepCount count_steps(const fabric::Fabric& f, int64_t train_batches, int64_t ex
 // trainer.accumulate_grad_batches the saved steps were another shape's, and the plan made before
 // the load would cut the data short or run past it. When the count changes, rank 0 prints one
 // line giving both and saying that the learning-rate schedule keeps its horizon.
-int64_t steps_after_resume(fabric::Fabric& f, const StepCount& planned, int64_t step, int64_t epoch,
-                           int64_t batches_done, int64_t batches);
+int64_t steps_after_resume(const fabric::Fabric& f, const StepCount& planned, int64_t step,
+                           int64_t epoch, int64_t batches_done, int64_t batches);
 
 }  // namespace examples
 

@@ -206,15 +206,17 @@ c10::IValue optimizer_state(const torch::optim::Optimizer& optimizer) {
 std::function<void()> keep_option_fields(torch::optim::Optimizer& optimizer,
                                          const std::set<std::string>& fields,
                                          std::set<std::string>* kept_fields) {
-  const Kind& k = kind_of(optimizer);
-  if (kept_fields)
-    for (const auto& field : k.options)
-      if (fields.count(field.key)) kept_fields->insert(field.key);
+  std::vector<const OptionField*> chosen;  // the fields this type has
+  for (const auto& field : kind_of(optimizer).options)
+    if (fields.count(field.key)) {
+      chosen.push_back(&field);
+      if (kept_fields) kept_fields->insert(field.key);
+    }
   std::vector<std::vector<std::pair<const OptionField*, c10::IValue>>> kept;
   for (const auto& group : optimizer.param_groups()) {
     kept.emplace_back();
-    for (const auto& field : k.options)
-      if (fields.count(field.key)) kept.back().emplace_back(&field, field.get(group.options()));
+    for (const OptionField* field : chosen)
+      kept.back().emplace_back(field, field->get(group.options()));
   }
   return [&optimizer, kept = std::move(kept)] {
     auto& live = optimizer.param_groups();

@@ -51,6 +51,7 @@
 #include "fabric/core/files.h"
 #include "fabric/core/paths.h"
 #include "fabric/core/suggest.h"
+#include "tools/sweep/changes.h"
 #include "tools/sweep/optuna.h"
 #include "tools/sweep/report.h"
 #include "tools/sweep/runner.h"

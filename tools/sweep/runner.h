@@ -15,7 +15,7 @@
 // folder under runs/ belongs to the longest run id it is a run directory (<id> or <id>-N) of: runs
 // "resnet" and "resnet-50" never touch each other's folders. Each run's command line (without
 // the program and logging.run_dir) and a hash of the --config file are kept in the state
-// (check_changed_runs). SIGINT/SIGTERM/SIGHUP stop the
+// (tools/sweep/changes.h). SIGINT/SIGTERM/SIGHUP stop the
 // sweep: running runs get SIGTERM (SIGKILL after 10 s), are marked interrupted, and are retried
 // (resuming from their checkpoints) by the next invocation. Runs die with the sweep
 // (PR_SET_PDEATHSIG), also when it is SIGKILLed.
@@ -68,18 +68,6 @@ std::string double_quoted(const std::string& text);
 // The full command line of `run` (argv[0] = binary).
 std::vector<std::string> run_command_line(const SweepSpec& spec, const SweepRun& run,
                                           const RunnerOptions& options);
-
-// A hash of the text of the config file `config` ("" for none or unreadable).
-std::string config_text_hash(const std::string& config);
-
-// The runs of `spec` with a result in `state` whose recorded command line (or config file's hash)
-// differs from the one they would get now (a changed overrides:, config file, ...). Old state
-// files without recorded command lines are not checked. Without `rerun_changed`, throws
-// ConfigError "FILE:LINE:COL: KEY: run ID has a result from another command line: it ran with
-// 'a=1', now 'a=2' (and N more run(s)); run with --rerun_changed ..., or give --dir= another
-// folder ..."; with it, marks those runs pending and returns their ids.
-std::vector<std::string> check_changed_runs(const SweepSpec& spec, SweepState& state,
-                                            const RunnerOptions& options, bool rerun_changed);
 
 // Runs every run of `spec` not yet done in `state`. Returns 0 when all finished, 128 + signal
 // when interrupted by one, 1 when options.next_run threw (a failed Optuna ask: the running runs

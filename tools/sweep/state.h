@@ -62,7 +62,7 @@ struct RunRecord {
   int64_t trial = -1;
   std::vector<std::pair<std::string, std::string>> values;
   // The last attempt's command line without argv[0], and the hash of its --config file's text
-  // (tools/sweep/runner.h check_changed_runs); empty in state files written before they were kept.
+  // (tools/sweep/changes.h check_changed_runs); empty in state files written before they were kept.
   std::vector<std::string> command;
   std::string config_hash;
 };
