@@ -112,6 +112,8 @@ void Checkpointer::resume(const std::string& configured) {
   } else {
     fs::path path = absolute_from_working_directory(how);
     std::error_code ec;
+    // A folder's `latest` marker given as the checkpoint: the checkpoint it names.
+    if (path.filename() == "latest" && fs::is_regular_file(path, ec)) path = path.parent_path();
     // A folder of checkpoints (not a sharded checkpoint, nor an incomplete one).
     if (fs::is_directory(path, ec) && !is_sharded_checkpoint(path) &&
         checkpoint_step(path.filename().string()) < 0) {
@@ -141,7 +143,16 @@ void Checkpointer::resume(const std::string& configured) {
                        path.string() + " does not exist (use none, auto, or a .ckpt file)");
     chosen = path.string();
   }
-  load_from(chosen);
+  try {
+    load_from(chosen);
+  } catch (const UnreadableArchive& e) {
+    // A damaged file (a copy cut short, a disk that filled): the key that chose it, and what to
+    // give instead.
+    throw c.error_at("checkpoint.resume",
+                     std::string(e.what()) +
+                         "; give an older checkpoint's path, or checkpoint.resume=auto (the "
+                         "newest readable one in checkpoint.dir)");
+  }
   f_.print("resumed from ", chosen, " at step ", step_, ", epoch ", epoch_);
 }
 

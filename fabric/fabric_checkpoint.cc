@@ -424,6 +424,7 @@ void Fabric::load(const std::string& path, CheckpointState& state, bool strict) 
       refuse_pending_init(pending_inits_, *entry.module, source, " of entry '" + entry.name + "'");
   PreparedCheckpoint prepared;
   std::string failure;
+  bool unreadable = false;  // `failure` is a damaged file's (load_archive's UnreadableArchive)
   // The modules loaded whole (gathered while written) rather than in this rank's part.
   auto whole_modules = std::make_shared<std::vector<torch::nn::Module*>>();
   // The keys whose values differ from the saver's recorded config (run bookkeeping left out).
@@ -470,6 +471,9 @@ void Fabric::load(const std::string& path, CheckpointState& state, bool strict) 
       const auto diff = config_diff(prepared.saved_config);
       if (!diff.empty()) prepared.warnings.push_back("the config differs: " + join(diff, "; "));
     }
+  } catch (const UnreadableArchive& e) {
+    failure = e.what();
+    unreadable = true;
   } catch (const Error& e) {
     failure = e.what();
   } catch (const std::exception& e) {  // a value of an unexpected type: a damaged or foreign file
@@ -479,12 +483,15 @@ void Fabric::load(const std::string& path, CheckpointState& state, bool strict) 
   // All ranks fail together (and with rank 0's reason when theirs read fine).
   const bool ok_everywhere = all_reduce(failure.empty() ? 1.0 : 0.0, ReduceOp::kMin) > 0.5;
   if (!ok_everywhere) {
-    const std::string first = broadcast(failure, 0);
-    throw Error(!failure.empty()
-                    ? failure
-                    : (!first.empty()
-                           ? first
-                           : source + ": could not be loaded on another rank (see its log)"));
+    // Rank 0's reason, its first character saying whether a damaged file was (U) or not (E).
+    const std::string first = broadcast((unreadable ? "U" : "E") + failure, 0);
+    if (failure.empty()) {
+      failure = first.size() > 1 ? first.substr(1)
+                                 : source + ": could not be loaded on another rank (see its log)";
+      unreadable = first.size() > 1 && first[0] == 'U';
+    }
+    if (unreadable) throw UnreadableArchive(failure);
+    throw Error(failure);
   }
   const std::vector<std::function<void()>> keep_options =
       config_optimizer_options(prepared, state, config_.to_yaml());

@@ -178,16 +178,16 @@ std::string what_else(const fs::path& path) {
   return "";
 }
 
-Error unreadable(const fs::path& path, const std::exception& e) {
+UnreadableArchive unreadable(const fs::path& path, const std::exception& e) {
   if (const std::string other = what_else(path); !other.empty())
-    return Error(path.string() + ": not a readable PyTorch file (it is " + other +
-                 ", not torch.save's zip archive)");
+    return UnreadableArchive(path.string() + ": not a readable PyTorch file (it is " + other +
+                             ", not torch.save's zip archive)");
   std::string why = e.what();
   why = why.substr(0, why.find('\n'));
   // miniz explains at length what a damaged file may be; the first sentence says it.
   if (const size_t cut = why.find(". This is an internal miniz error"); cut != std::string::npos)
     why = why.substr(0, cut);
-  return Error(path.string() + ": not a readable PyTorch file (" + why + ")");
+  return UnreadableArchive(path.string() + ": not a readable PyTorch file (" + why + ")");
 }
 
 // A record as the zip central directory lists it.

@@ -10,7 +10,16 @@
 #include <filesystem>
 #include <string>
 
+#include "fabric/core/error.h"
+
 namespace fabric {
+
+// What load_archive and check_archive throw for a file that is there but is no readable archive
+// (truncated, damaged, foreign): callers that chose the file can say what to give instead.
+class UnreadableArchive : public Error {
+ public:
+  using Error::Error;
+};
 
 // The archive's bytes. Tensors (on any device) are stored as CPU tensors.
 std::string archive_bytes(const c10::IValue& value);
@@ -20,8 +29,8 @@ std::string archive_bytes(const c10::IValue& value);
 void save_archive(const std::filesystem::path& path, const c10::IValue& value);
 
 // Reads an archive (ours or Python's torch.save of plain data). Throws fabric::Error
-// "PATH: cannot open (...)" or "PATH: not a readable PyTorch file (<first problem>)" for a
-// missing, truncated, corrupted (CRC) or foreign file.
+// "PATH: cannot open (...)" for a missing file, UnreadableArchive "PATH: not a readable PyTorch
+// file (<first problem>)" for a truncated, corrupted (CRC) or foreign one.
 c10::IValue load_archive(const std::filesystem::path& path);
 
 // Checks every byte of an archive as load_archive would read it (each record against its CRC-32,

@@ -2,7 +2,7 @@
 // holds another run's checkpoints continues them when it resumes from one, and otherwise stops
 // before training with one line naming the folder and the fix, leaving every file as it was; a
 // run with its own folder writes beside them. Folders that cannot be written stop a run before
-// training; a `latest` naming something else is refused.
+// training; a `latest` naming something else is refused, and so is a damaged checkpoint.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -58,8 +58,26 @@ TEST_F(CheckpointDirTest, ASecondRunContinuesTheFolderOrStopsWithoutTouchingIt) 
         << second.out;
     EXPECT_TRUE(files(shared) == before);
 
-    // Resuming from one of them: the run continues the folder.
-    auto resumed = run(job + "checkpoint.dir=" + shared + " checkpoint.resume=" + shared);
+    // A damaged copy given to resume from: refused on every rank with the key and what to give.
+    {
+      const fs::path cut = dir_ / ("cut" + devices + ".ckpt");
+      fs::copy_file(dir_ / shared / "step-00000008.ckpt", cut);
+      fs::resize_file(cut, fs::file_size(cut) / 2);
+      auto damaged = run(job + "checkpoint.resume=" + cut.filename().string());
+      EXPECT_EQ(damaged.code, 2) << damaged.out;
+      EXPECT_NE(damaged.out.find("checkpoint.resume: " + cut.string() +
+                                 ": not a readable PyTorch file ("),
+                std::string::npos)
+          << damaged.out;
+      EXPECT_NE(damaged.out.find("); give an older checkpoint's path, or checkpoint.resume=auto"),
+                std::string::npos)
+          << damaged.out;
+    }
+
+    // Resuming from one of them (the folder, or its `latest` marker): the run continues the
+    // folder.
+    const std::string from = devices == "1" ? shared : shared + "/latest";
+    auto resumed = run(job + "checkpoint.dir=" + shared + " checkpoint.resume=" + from);
     EXPECT_EQ(resumed.code, 0) << resumed.out;
     EXPECT_TRUE(fs::exists(dir_ / shared / "step-00000016.ckpt")) << resumed.out;
 
