@@ -2,10 +2,14 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/types.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
+
+#include <unordered_set>
 
 #include "fabric/core/error.h"
 #include "fabric/distributed/process_group.h"
@@ -61,6 +65,16 @@ class StaticGraphFirstIterationSink
 
 }  // namespace
 
+struct Ddp::Replica {
+  std::vector<torch::Tensor> params;  // those that require gradients, in module order
+  std::vector<std::string> names;
+  int ordinal = 1;                          // the module's place among those set up: 1, 2, ...
+  std::shared_ptr<c10d::Reducer> reducer;   // none while capturable_ or under the optimizer shard
+  std::unique_ptr<FlatGradientSync> flat_sync;
+  int64_t reducer_backwards = 0;  // backward passes synchronized by the Reducer
+  bool unsynced = false;          // reached by a backward inside no_backward_sync since its sync
+};
+
 Ddp::Ddp(std::shared_ptr<ClusterEnvironment> environment, torch::Device device,
          std::unique_ptr<Precision> precision, DdpOptions options, std::vector<std::string> argv)
     : ParallelStrategy(std::move(environment), device, std::move(precision),
@@ -70,26 +84,30 @@ Ddp::Ddp(std::shared_ptr<ClusterEnvironment> environment, torch::Device device,
 Ddp::~Ddp() = default;
 
 void Ddp::release() {
-  reducer_.reset();
-  flat_sync_.reset();
+  for (auto& r : replicas_) {
+    r->reducer.reset();
+    r->flat_sync.reset();
+  }
   shard_.reset();
 }
 
+namespace {
+
+// "the module set up first" / "second" / "third" / "Nth": how errors name a replica.
+std::string module_named(int ordinal) {
+  static const char* const words[] = {"first", "second", "third", "fourth", "fifth"};
+  const std::string place =
+      ordinal >= 1 && ordinal <= 5 ? words[ordinal - 1] : std::to_string(ordinal) + "th";
+  return "the module set up " + place;
+}
+
+}  // namespace
+
 void Ddp::setup_module(torch::nn::Module& module) {
   const auto& pg = group_for("setup_module");
-  if (!params_.empty())
-    throw Error(
-        "fabric.strategy: ddp synchronizes one module per process; this job set up a second one "
-        "(its gradient sync would replace the first's): put the modules in one torch::nn::Module "
-        "(e.g. a generator and a discriminator as its submodules) and set it up once");
   materialize_empty_init(module, device_);
   module.to(device_);
   convert_module(module);
-  if (options_.sync_batchnorm) {
-    // Before collecting parameters: swapped modules keep the same parameter tensors anyway.
-    sync_batchnorm_modules_ =
-        static_cast<int64_t>(nn::convert_sync_batchnorm_or_throw(module, pg).synchronized.size());
-  }
   std::vector<torch::Tensor> params;
   std::vector<std::string> names;
   for (const auto& item : module.named_parameters()) {
@@ -97,23 +115,46 @@ void Ddp::setup_module(torch::nn::Module& module) {
     names.push_back(item.key());
     params.push_back(item.value());
   }
-  buffers_.clear();
-  for (const auto& b : module.buffers()) buffers_.push_back(b);
-  if (params.empty()) throw Error("ddp: the module has no parameters that require gradients");
+  const int ordinal = static_cast<int>(replicas_.size()) + 1;
+  if (!params.empty() && !replicas_.empty()) {
+    // What takes one trainable module: said before anything of this one is changed further.
+    const char* one = options_.shard_optimizer_state ? "fabric.ddp.shard_optimizer_state"
+                      : options_.static_graph        ? "fabric.ddp.static_graph"
+                      : capturable_                  ? "fabric.cuda_graphs"
+                                                     : nullptr;
+    if (one != nullptr)
+      throw Error(std::string(one) +
+                  ": takes one module with parameters that require gradients; this job set up "
+                  "a second one: put the modules in one torch::nn::Module and set it up once, "
+                  "or set " +
+                  one + ": false");
+  }
+  if (options_.sync_batchnorm && !params.empty()) {
+    // Before collecting buffers: swapped modules keep the same parameter tensors anyway.
+    sync_batchnorm_modules_ +=
+        static_cast<int64_t>(nn::convert_sync_batchnorm_or_throw(module, pg).synchronized.size());
+  }
+  // Frozen: nothing to synchronize. Every rank built it with the same seed or loads the same
+  // weights into it (broadcasting a large teacher would only cost time).
+  if (params.empty()) return;
+  std::vector<torch::Tensor> buffers;
+  for (const auto& b : module.buffers()) buffers.push_back(b);
 
   // Same shapes everywhere, then rank 0's values everywhere.
   c10d::verify_params_across_processes(pg, params, std::nullopt);
   std::vector<torch::Tensor> state = params;
-  state.insert(state.end(), buffers_.begin(), buffers_.end());
+  state.insert(state.end(), buffers.begin(), buffers.end());
   {
     torch::NoGradGuard no_grad;
     c10d::broadcast_coalesced(pg, state, 250 * 1024 * 1024, 0);
   }
-
-  params_ = params;
-  param_names_ = names;
-  reducer_.reset();
-  reducer_backwards_ = 0;
+  buffers_.insert(buffers_.end(), buffers.begin(), buffers.end());
+  auto replica = std::make_unique<Replica>();
+  replica->params = params;
+  replica->names = names;
+  replica->ordinal = ordinal;
+  Replica& r = *replica;
+  replicas_.push_back(std::move(replica));
   if (options_.shard_optimizer_state) {  // the OptimizerShard synchronizes; made in setup_optimizer
     if (options_.find_unused_parameters)
       throw Error(
@@ -125,13 +166,13 @@ void Ddp::setup_module(torch::nn::Module& module) {
                   " is not supported with it; set fabric.ddp.comm_hook: none");
     return;
   }
-  if (!capturable_) make_reducer();
-  flat_sync_ = std::make_unique<FlatGradientSync>(params, std::move(names), pg, options_.comm_hook);
+  if (!capturable_) make_reducer(r);
+  r.flat_sync = std::make_unique<FlatGradientSync>(params, std::move(names), pg, options_.comm_hook);
 }
 
-void Ddp::make_reducer() {
-  const std::vector<torch::Tensor>& params = params_;
-  const std::vector<std::string>& names = param_names_;
+void Ddp::make_reducer(Replica& r) {
+  const std::vector<torch::Tensor>& params = r.params;
+  const std::vector<std::string>& names = r.names;
   // As torch.nn.parallel.DistributedDataParallel: one bucket in the first iteration unless
   // find_unused_parameters (then [1 MiB, cap]); the Reducer rebuilds buckets in backward order.
   const auto cap = static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024);
@@ -146,21 +187,22 @@ void Ddp::make_reducer() {
   std::reverse(indices.begin(), indices.end());
   std::unordered_map<size_t, std::string> names_by_index;  // the Reducer's form, for its errors
   for (size_t i = 0; i < names.size(); ++i) names_by_index[i] = names[i];
-  reducer_ = std::make_shared<c10d::Reducer>(
+  r.reducer_backwards = 0;
+  r.reducer = std::make_shared<c10d::Reducer>(
       params, indices, process_group(), std::vector<bool>(params.size(), false), cap,
       options_.find_unused_parameters, options_.gradient_as_bucket_view, names_by_index,
       c10d::kDefaultFirstBucketBytes, /*skip_all_reduce_unused_params=*/false,
       /*use_python_reducer=*/false, /*bucket_bytes_cap_list=*/std::vector<int64_t>{});
-  if (options_.static_graph) reducer_->set_static_graph();
+  if (options_.static_graph) r.reducer->set_static_graph();
   if (options_.comm_hook == CommHook::kFp16)
-    reducer_->register_builtin_comm_hook(c10d::BuiltinCommHookType::FP16_COMPRESS);
+    r.reducer->register_builtin_comm_hook(c10d::BuiltinCommHookType::FP16_COMPRESS);
   if (options_.comm_hook == CommHook::kBf16)
-    reducer_->register_comm_hook(std::make_unique<Bf16CompressHook>(process_group()));
+    r.reducer->register_comm_hook(std::make_unique<Bf16CompressHook>(process_group()));
 }
 
 void Ddp::setup_optimizer(torch::optim::Optimizer& optimizer) {
   if (!options_.shard_optimizer_state) return;
-  if (params_.empty())
+  if (replicas_.empty())
     throw Error(
         "fabric.ddp.shard_optimizer_state: set up the module before its optimizer "
         "(Fabric::setup(model, optimizer) does)");
@@ -168,8 +210,8 @@ void Ddp::setup_optimizer(torch::optim::Optimizer& optimizer) {
     throw Error(
         "fabric.ddp.shard_optimizer_state: supports one optimizer; this job set up a "
         "second one");
-  shard_ = std::make_unique<OptimizerShard>(optimizer, params_, param_names_,
-                                            group_for("setup_optimizer"));
+  shard_ = std::make_unique<OptimizerShard>(optimizer, replicas_.front()->params,
+                                            replicas_.front()->names, group_for("setup_optimizer"));
   agree_on_found_inf();
 }
 
@@ -178,23 +220,73 @@ void Ddp::set_capturable_gradient_sync(bool on) {
     throw Error(
         "fabric.cuda_graphs: not supported with fabric.ddp.shard_optimizer_state; set "
         "one of them to false");
+  if (on && replicas_.size() > 1)
+    throw Error(
+        "fabric.cuda_graphs: takes one module with parameters that require gradients under "
+        "ddp; this job set up " +
+        std::to_string(replicas_.size()) +
+        ": put them in one torch::nn::Module, or set fabric.cuda_graphs: false");
   capturable_ = on;
   // The Reducer keeps every parameter's AccumulateGrad node alive, and a node runs on the stream
   // it was made on (the default one at setup): a backward captured on a side stream would make
   // the default stream wait on the capture, which CUDA refuses ("operation would make the legacy
   // stream depend on a capturing blocking stream"). Without it, the nodes are made afresh on the
   // capturing stream, as PyTorch asks of DDP ("construct it in a side-stream context").
-  if (on) {
-    reducer_.reset();
-  } else if (!reducer_ && flat_sync_) {  // set up and not torn down
-    reducer_backwards_ = 0;
-    make_reducer();
+  for (auto& r : replicas_) {
+    if (on) {
+      r->reducer.reset();
+    } else if (!r->reducer && r->flat_sync) {  // set up and not torn down
+      make_reducer(*r);
+    }
   }
 }
 
+std::vector<Ddp::Replica*> Ddp::reached_by(const torch::Tensor& loss) const {
+  std::vector<Replica*> out;
+  if (replicas_.size() == 1) {
+    out.push_back(replicas_.front().get());
+    return out;
+  }
+  // Every node of the loss's graph; a parameter is reached when its AccumulateGrad node is one.
+  std::unordered_set<const torch::autograd::Node*> seen;
+  std::vector<torch::autograd::Node*> todo;
+  if (const auto& root = loss.grad_fn()) {
+    seen.insert(root.get());
+    todo.push_back(root.get());
+  }
+  while (!todo.empty()) {
+    torch::autograd::Node* node = todo.back();
+    todo.pop_back();
+    for (const auto& edge : node->next_edges())
+      if (edge.function && seen.insert(edge.function.get()).second)
+        todo.push_back(edge.function.get());
+  }
+  for (const auto& r : replicas_) {
+    size_t reached = 0;
+    const std::string* missed = nullptr;
+    for (size_t i = 0; i < r->params.size(); ++i) {
+      const auto accumulator = torch::autograd::impl::try_get_grad_accumulator(r->params[i]);
+      if (accumulator && seen.count(accumulator.get())) {
+        ++reached;
+      } else if (missed == nullptr) {
+        missed = &r->names[i];
+      }
+    }
+    if (reached == 0) continue;
+    if (reached < r->params.size() && !options_.find_unused_parameters)
+      throw Error("ddp: this backward reaches " + std::to_string(reached) + " of the " +
+                  std::to_string(r->params.size()) + " parameters of " +
+                  module_named(r->ordinal) + " (not '" + *missed +
+                  "'): set fabric.ddp.find_unused_parameters: true, or freeze the parameters "
+                  "the loss does not use");
+    out.push_back(r.get());
+  }
+  return out;
+}
+
 void Ddp::backward(const torch::Tensor& loss_in) {
-  unsynced_ = !sync_;  // whichever path below: this backward synchronizes exactly when sync_
   if (options_.shard_optimizer_state) {
+    unsynced_ = !sync_;
     if (!shard_)
       throw Error(
           "fabric.ddp.shard_optimizer_state: backward before the optimizer was set up; "
@@ -206,26 +298,35 @@ void Ddp::backward(const torch::Tensor& loss_in) {
     }
     return;
   }
+  // The modules this backward reaches: it synchronizes exactly those when sync_, else leaves
+  // them to sync_unsynced_gradients.
+  const std::vector<Replica*> reached = reached_by(loss_in);
+  for (Replica* r : reached) r->unsynced = !sync_;
+  unsynced_ = false;
+  for (const auto& r : replicas_) unsynced_ = unsynced_ || r->unsynced;
   if (capturable_) {  // after backward, through persistent buffers: nothing on the host between
     precision_->backward(loss_in);
-    if (flat_sync_ && sync_) {
-      flat_sync_->run();
+    if (sync_ && !reached.empty() && reached.front()->flat_sync) {
+      reached.front()->flat_sync->run();
       ++synced_backwards_;
     }
     return;
   }
   torch::Tensor loss = loss_in;
-  if (reducer_ && sync_) {
-    if (options_.static_graph && reducer_backwards_ == 0)
-      loss = StaticGraphFirstIterationSink::apply(loss, reducer_.get());
-    // The Reducer counts iterations here (PyTorch calls it before forward); static_graph relies
-    // on the count to delay the first iteration's all-reduce to the end of backward.
-    reducer_->prepare_for_forward();
-    reducer_->rebuild_buckets();  // collective on every rank; real work once, after iteration 1
-    reducer_->prepare_for_backward(options_.find_unused_parameters && !options_.static_graph
-                                       ? std::vector<torch::Tensor>{loss}
-                                       : std::vector<torch::Tensor>{});
-    ++reducer_backwards_;
+  if (sync_ && !reached.empty()) {
+    for (Replica* r : reached) {
+      if (!r->reducer) continue;
+      if (options_.static_graph && r->reducer_backwards == 0)
+        loss = StaticGraphFirstIterationSink::apply(loss, r->reducer.get());
+      // The Reducer counts iterations here (PyTorch calls it before forward); static_graph
+      // relies on the count to delay the first iteration's all-reduce to the end of backward.
+      r->reducer->prepare_for_forward();
+      r->reducer->rebuild_buckets();  // collective on every rank; real work once, after iteration 1
+      r->reducer->prepare_for_backward(options_.find_unused_parameters && !options_.static_graph
+                                           ? std::vector<torch::Tensor>{loss}
+                                           : std::vector<torch::Tensor>{});
+      ++r->reducer_backwards;
+    }
     ++synced_backwards_;
   }
   precision_->backward(loss);
@@ -244,21 +345,25 @@ bool Ddp::optimizer_step(torch::optim::Optimizer& optimizer) {
 
 void Ddp::sync_unsynced_gradients() {
   if (!unsynced_) return;
-  // The flat sync needs every gradient; the Reducer's find_unused_parameters treats a missing one
-  // as zeros during a synchronized backward only.
-  if (!shard_ && !capturable_)
-    for (size_t i = 0; i < params_.size(); ++i)
-      if (!params_[i].grad().defined())
-        throw Error("ddp: parameter '" + param_names_[i] +
-                    "' has no gradient, and every backward since the last synchronization ran "
-                    "inside no_backward_sync: run the step's last backward outside it (or set "
-                    "fabric.sync_before_step: false to keep each rank's own gradients)");
-  // The accumulated gradients, averaged now (collective on every rank).
   if (shard_) {
     shard_->reduce_scatter_gradients();
-  } else if (flat_sync_) {
-    flat_sync_->run();
+  } else {
+    // The flat sync needs every gradient; the Reducer's find_unused_parameters treats a missing
+    // one as zeros during a synchronized backward only.
+    for (const auto& r : replicas_) {
+      if (!r->unsynced || capturable_) continue;
+      for (size_t i = 0; i < r->params.size(); ++i)
+        if (!r->params[i].grad().defined())
+          throw Error("ddp: parameter '" + r->names[i] +
+                      "' has no gradient, and every backward since the last synchronization ran "
+                      "inside no_backward_sync: run the step's last backward outside it (or set "
+                      "fabric.sync_before_step: false to keep each rank's own gradients)");
+    }
+    // The accumulated gradients, averaged now (collective on every rank).
+    for (const auto& r : replicas_)
+      if (r->unsynced && r->flat_sync) r->flat_sync->run();
   }
+  for (const auto& r : replicas_) r->unsynced = false;
   unsynced_ = false;
   ++synced_backwards_;
 }

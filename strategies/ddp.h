@@ -4,9 +4,19 @@
 // Lifecycle: setup_environment() joins the rendezvous (strategies/parallel.h: store, self-launch,
 // process group, heartbeat). setup_module() moves and converts the module, checks that every
 // rank has the same parameter shapes, broadcasts parameters and buffers from rank 0 and builds the
-// Reducer. backward() prepares the Reducer (unless inside no_backward_sync) and runs the
+// module's Reducer. backward() prepares the Reducer (unless inside no_backward_sync) and runs the
 // precision's backward; optimizer_step() steps and, with broadcast_buffers, re-broadcasts buffers
 // for the next forward. Gradients are averaged over the world.
+//
+// Several modules (a GAN's generator and discriminator, a student beside a frozen teacher) are set
+// up each on its own, as torch's DistributedDataParallel wraps each: every module with parameters
+// that require gradients gets its own Reducer, and a backward synchronizes the modules its loss
+// reaches (found from the autograd graph, so a discriminator step on a detached fake leaves the
+// generator alone); a module the loss reaches only in part needs find_unused_parameters (an error
+// naming a parameter it does not reach, before the backward). A frozen module (no parameter
+// requires a gradient) is moved and converted, never broadcast or synchronized (every rank builds
+// it with the same seed or loads the same weights).
+// shard_optimizer_state, static_graph and capturable gradient sync take one trainable module.
 //
 // Selected by the Connector for fabric.strategy: ddp, or auto with more than one process.
 #ifndef STRATEGIES_DDP_H_
@@ -37,8 +47,7 @@ class Ddp : public ParallelStrategy {
 
   std::string name() const override { return "ddp"; }
 
-  // One module per process: a second is refused (its Reducer would replace the first's, whose
-  // gradients would then go unsynchronized); put the modules in one torch::nn::Module.
+  // Each module its own Reducer (above); a frozen one none.
   void setup_module(torch::nn::Module& module) override;
   // With shard_optimizer_state: splits `optimizer`'s parameters over the ranks (one optimizer;
   // after setup_module). Otherwise nothing.
@@ -59,18 +68,20 @@ class Ddp : public ParallelStrategy {
   int64_t sync_batchnorm_modules() const { return sync_batchnorm_modules_; }
 
  private:
-  void release() override;  // the Reducer and the flat sync, before the rendezvous ends
+  // A module set up with parameters that require gradients, and what synchronizes them.
+  struct Replica;
+
+  void release() override;  // the Reducers and the flat syncs, before the rendezvous ends
   void broadcast_buffers();
-  void make_reducer();  // over params_ (the Reducer's hooks synchronize during backward)
+  void make_reducer(Replica& r);  // over its parameters (hooks synchronize during backward)
+  // The replicas `loss` reaches through the autograd graph (all of them when there is one: no
+  // graph walk); refuses one reached in part without find_unused_parameters.
+  std::vector<Replica*> reached_by(const torch::Tensor& loss) const;
 
   DdpOptions options_;
-  std::vector<torch::Tensor> params_;  // those that require gradients, in module order
-  std::vector<std::string> param_names_;
-  std::shared_ptr<c10d::Reducer> reducer_;  // none while capturable_
-  std::unique_ptr<FlatGradientSync> flat_sync_;
+  std::vector<std::unique_ptr<Replica>> replicas_;  // in setup order
   bool capturable_ = false;
-  int64_t reducer_backwards_ = 0;  // backward passes synchronized by the Reducer
-  std::vector<torch::Tensor> buffers_;
+  std::vector<torch::Tensor> buffers_;  // of the replicas, re-broadcast after each step
   bool sync_ = true;
   bool unsynced_ = false;  // a backward inside no_backward_sync since the last synchronization
   int64_t synced_backwards_ = 0;

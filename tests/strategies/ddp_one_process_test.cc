@@ -98,12 +98,25 @@ TEST(DdpOneProcessTest, RendezvousAndCollectivesOfAWorldOfOne) {
   ddp->sync_unsynced_gradients();
   ddp->optimizer_step(sgd);
   EXPECT_EQ(ddp->synced_backward_passes(), 3);
-  // A second module would replace the first's gradient sync: refused.
+  // A second module gets a Reducer of its own: a backward through both synchronizes both, one
+  // through the second only leaves the first's gradients as they were. A frozen module is taken
+  // and never synchronized.
   torch::nn::Linear other(3, 1);
-  EXPECT_NE(error_of([&] { ddp->setup_module(*other); })
-                .find("fabric.strategy: ddp synchronizes one module per process; this job set up "
-                      "a second one"),
-            std::string::npos);
+  ddp->setup_module(*other);
+  torch::nn::Linear frozen(3, 1);
+  for (auto& p : frozen->parameters()) p.requires_grad_(false);
+  ddp->setup_module(*frozen);
+  model->zero_grad();
+  ddp->backward((model->forward(torch::ones({2, 3})) + other->forward(torch::ones({2, 3})) +
+                 frozen->forward(torch::ones({2, 3})))
+                    .sum());
+  EXPECT_EQ(ddp->synced_backward_passes(), 4);
+  EXPECT_TRUE(torch::allclose(model->weight.grad(), torch::full({1, 3}, 2.0)));
+  EXPECT_TRUE(torch::allclose(other->weight.grad(), torch::full({1, 3}, 2.0)));
+  EXPECT_FALSE(frozen->weight.grad().defined());
+  ddp->backward(other->forward(torch::ones({1, 3})).sum());
+  EXPECT_TRUE(torch::allclose(model->weight.grad(), torch::full({1, 3}, 2.0)));
+  EXPECT_TRUE(torch::allclose(other->weight.grad(), torch::full({1, 3}, 3.0)));
   ddp->teardown();
   // A second launch would join a new rendezvous beside the ended one.
   EXPECT_NE(error_of([&] {

@@ -1,0 +1,97 @@
+// More than one module set up under ddp (tests/integration/multi_module_helper.cc), each with
+// f.setup as Lightning Fabric's users write it: a GAN (a discriminator step on a detached fake, a
+// generator step through both) and a student beside a frozen teacher end 2 processes with the
+// weights one process reaches on the whole batch (SGD, 6 steps); a loss that reaches a module in
+// part stops with one line naming a parameter it missed, and runs with find_unused_parameters.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/run_command.h"
+
+namespace {
+
+fabric::testing::CommandResult run(const std::string& args) {
+  const std::string exe =
+      fabric::testing::helper_binary("//tests/integration:multi_module_helper");
+  return fabric::testing::run_command("'" + exe + "' fabric.accelerator=cpu " + args);
+}
+
+// "param NAME v1 v2 ..." lines: name → values.
+std::map<std::string, std::vector<double>> params(const std::string& out) {
+  std::map<std::string, std::vector<double>> found;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("param ", 0) != 0) continue;
+    std::istringstream words(line.substr(6));
+    std::string name;
+    words >> name;
+    for (double v; words >> v;) found[name].push_back(v);
+  }
+  return found;
+}
+
+double largest_difference(const std::map<std::string, std::vector<double>>& a,
+                          const std::map<std::string, std::vector<double>>& b) {
+  double most = 0;
+  for (const auto& [name, values] : a) {
+    const auto it = b.find(name);
+    if (it == b.end() || it->second.size() != values.size()) return INFINITY;
+    for (size_t i = 0; i < values.size(); ++i)
+      most = std::max(most, std::abs(values[i] - it->second[i]));
+  }
+  return a.size() == b.size() ? most : INFINITY;
+}
+
+TEST(MultiModuleTest, GanAndFrozenTeacherUnderDdpMatchOneProcess) {
+  for (const std::string mode : {"gan", "distill"}) {
+    SCOPED_TRACE(mode);
+    auto one = run("fabric.devices=1 test.mode=" + mode);
+    ASSERT_EQ(one.code, 0) << one.out;
+    auto two = run("fabric.devices=2 fabric.strategy=ddp test.mode=" + mode);
+    ASSERT_EQ(two.code, 0) << two.out;
+    auto untrained = run("fabric.devices=1 test.steps=0 test.mode=" + mode);
+    ASSERT_EQ(untrained.code, 0) << untrained.out;
+    const auto single = params(one.out), ddp = params(two.out);
+    ASSERT_EQ(single.size(), mode == "gan" ? 8u : 8u) << one.out;
+    EXPECT_LT(largest_difference(single, ddp), 1e-5) << one.out << two.out;
+    // The steps moved every trained module (so the parity above compares trained weights).
+    const auto start = params(untrained.out);
+    for (const std::string trained : {"generator.fc1.weight", "discriminator.fc2.weight",
+                                      "student.fc1.weight"}) {
+      if (!single.count(trained)) continue;
+      double moved = 0;
+      for (size_t i = 0; i < single.at(trained).size(); ++i)
+        moved = std::max(moved, std::abs(single.at(trained)[i] - start.at(trained)[i]));
+      EXPECT_GT(moved, 1e-3) << trained;
+    }
+    if (mode == "distill") {  // the teacher is frozen: as built
+      EXPECT_EQ(ddp.at("teacher.fc1.weight"), start.at("teacher.fc1.weight"));
+    }
+  }
+}
+
+TEST(MultiModuleTest, ALossReachingAModuleInPartNeedsFindUnusedParameters) {
+  auto partial = run("fabric.devices=2 fabric.strategy=ddp test.mode=partial");
+  EXPECT_EQ(partial.code, 1) << partial.out;
+  EXPECT_NE(partial.out.find("ddp: this backward reaches 4 of the 6 parameters of the module set "
+                             "up second (not 'b.weight'): set "
+                             "fabric.ddp.find_unused_parameters: true, or freeze the parameters "
+                             "the loss does not use"),
+            std::string::npos)
+      << partial.out;
+  auto one = run("fabric.devices=1 test.mode=partial");
+  ASSERT_EQ(one.code, 0) << one.out;
+  auto unused =
+      run("fabric.devices=2 fabric.strategy=ddp fabric.ddp.find_unused_parameters=true "
+          "test.mode=partial");
+  ASSERT_EQ(unused.code, 0) << unused.out;
+  EXPECT_LT(largest_difference(params(one.out), params(unused.out)), 1e-5)
+      << one.out << unused.out;
+}
+
+}  // namespace
