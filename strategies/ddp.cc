@@ -68,8 +68,8 @@ class StaticGraphFirstIterationSink
 struct Ddp::Replica {
   std::vector<torch::Tensor> params;  // those that require gradients, in module order
   std::vector<std::string> names;
-  int ordinal = 1;                          // the module's place among those set up: 1, 2, ...
-  std::shared_ptr<c10d::Reducer> reducer;   // none while capturable_ or under the optimizer shard
+  int ordinal = 1;                         // the module's place among those set up: 1, 2, ...
+  std::shared_ptr<c10d::Reducer> reducer;  // none while capturable_ or under the optimizer shard
   std::unique_ptr<FlatGradientSync> flat_sync;
   int64_t reducer_backwards = 0;  // backward passes synchronized by the Reducer
   bool unsynced = false;          // reached by a backward inside no_backward_sync since its sync
@@ -167,7 +167,8 @@ void Ddp::setup_module(torch::nn::Module& module) {
     return;
   }
   if (!capturable_) make_reducer(r);
-  r.flat_sync = std::make_unique<FlatGradientSync>(params, std::move(names), pg, options_.comm_hook);
+  r.flat_sync =
+      std::make_unique<FlatGradientSync>(params, std::move(names), pg, options_.comm_hook);
 }
 
 void Ddp::make_reducer(Replica& r) {
@@ -275,8 +276,8 @@ std::vector<Ddp::Replica*> Ddp::reached_by(const torch::Tensor& loss) const {
     if (reached == 0) continue;
     if (reached < r->params.size() && !options_.find_unused_parameters)
       throw Error("ddp: this backward reaches " + std::to_string(reached) + " of the " +
-                  std::to_string(r->params.size()) + " parameters of " +
-                  module_named(r->ordinal) + " (not '" + *missed +
+                  std::to_string(r->params.size()) + " parameters of " + module_named(r->ordinal) +
+                  " (not '" + *missed +
                   "'): set fabric.ddp.find_unused_parameters: true, or freeze the parameters "
                   "the loss does not use");
     out.push_back(r.get());
