@@ -175,6 +175,15 @@ Inputs open_inputs(fabric::Fabric& f) {
   } catch (const fabric::Error& e) {
     throw c.error_at("model.pretrained", e.what());
   }
+  try {  // chatml's markers spelled out as text in every example
+    fabric::check_template_tokens(o.template_text, *tokenizer, o.tokenizer_json.string());
+  } catch (const fabric::Error& e) {
+    throw c.error_at("data.template", e.what());
+  }
+  if (o.add_bos && tokenizer->bos() < 0)
+    throw c.error_at("data.add_bos", "true, but " + folder.string() +
+                                         " names no bos token (tokenizer_config.json bos_token); "
+                                         "set data.add_bos=auto or false");
   const std::string token_cache = c.get_string("data.token_cache");
   if (token_cache == "auto")
     o.cache_dir = examples::gpt::cache_home() / "instruct";
@@ -201,6 +210,10 @@ Inputs open_inputs(fabric::Fabric& f) {
   if (f.local_rank() == 0) open_data();
   f.barrier();
   if (f.local_rank() != 0) open_data();
+  for (const auto* data : {train_data.get(), val_data.get()})
+    if (data != nullptr && !data->unread_fields().empty())
+      f.print("warning: keys no template reads, left out of the examples: ", data->unread_fields(),
+              " (a line is prompt, input, response or messages; docs/finetune.md)");
   if (!train_data->cache_warning().empty())
     f.print("warning: data.token_cache: ", train_data->cache_warning(),
             " (tokenized again next run; set data.token_cache=DIR or none)");

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <utility>
 
 #include "fabric/core/atomic_file.h"
@@ -28,12 +29,19 @@ std::string file_bytes(const fs::path& path) {
 }
 
 // The cache file of `jsonl` tokenized under `o`: named by a hash of the file's bytes, the
-// tokenizer.json's bytes and the options that change the ids (template, bos, eos), so an edited
-// file, another tokenizer or another template never reads a stale cache.
-std::string cache_name(const fs::path& jsonl, const InstructDataset::Options& o) {
+// tokenizer.json's bytes, the options that change the ids (template, bos, eos) and the bos and
+// eos ids themselves (tokenizer_config.json or generation_config.json may name others for the same
+// tokenizer.json), so an edited file, another tokenizer or another template never reads a stale
+// cache. kCacheVersion changes with any change to how examples are rendered or tokenized.
+constexpr char kCacheVersion[] = "2";
+std::string cache_name(const fs::path& jsonl, const InstructDataset::Options& o,
+                       const BpeTokenizer& tokenizer) {
   uint64_t h = fnv1a64(file_bytes(jsonl));
   h = fnv1a64(file_bytes(o.tokenizer_json), h);
-  h = fnv1a64(o.template_text + '\0' + (o.add_bos ? '1' : '0') + (o.append_eos ? '1' : '0'), h);
+  h = fnv1a64(o.template_text + '\0' + (o.add_bos ? '1' : '0') + (o.append_eos ? '1' : '0') + '\0' +
+                  std::to_string(tokenizer.bos()) + ' ' + std::to_string(tokenizer.eot()) + ' ' +
+                  kCacheVersion,
+              h);
   char hex[17];
   std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
   return "instruct-" + jsonl.stem().string() + "-" + hex + ".bin";
@@ -110,6 +118,9 @@ std::string text_field(const nlohmann::json& j, const char* key, const std::stri
 std::vector<std::pair<std::string, std::string>> messages_of(const nlohmann::json& j,
                                                              const std::string& where) {
   std::vector<std::pair<std::string, std::string>> out;
+  if (j.contains("messages") && (j.contains("prompt") || j.contains("response")))
+    throw Error(where + ": messages and " + (j.contains("prompt") ? "prompt" : "response") +
+                " on one line: give one example per line, either messages or prompt/response");
   if (!j.contains("messages")) {
     std::string prompt = text_field(j, "prompt", where, true);
     if (const std::string input = text_field(j, "input", where, false); !input.empty())
@@ -163,6 +174,19 @@ void check_placeholders(const std::string& text, size_t response_at) {
 
 }  // namespace
 
+void check_template_tokens(const std::string& template_text, const BpeTokenizer& tokenizer,
+                           const std::string& source) {
+  if (template_text != "chatml") return;
+  for (const std::string token : {"<|im_start|>", "<|im_end|>"}) {
+    const size_t pieces = tokenizer.encode(token).size();
+    if (pieces != 1)
+      throw Error("template chatml: " + source + " has no " + token + " token (it would be " +
+                  "trained on spelled out, in " + std::to_string(pieces) +
+                  " pieces); use a template in this model's own format (alpaca, or a TEXT "
+                  "template such as \"Q: {prompt}\\nA: {response}\")");
+  }
+}
+
 void check_instruct_template(const std::string& template_text) {
   if (template_text == "alpaca" || template_text == "chatml") return;
   const size_t at = template_text.find("{response}");
@@ -174,9 +198,14 @@ void check_instruct_template(const std::string& template_text) {
 }
 
 Segments render_instruct_example(const std::string& line, const std::string& template_text,
-                                 const std::string& where) {
+                                 const std::string& where, std::set<std::string>* unread) {
   const nlohmann::json j = parse_json_object(
       line, where, "; a line is {\"prompt\": ..., \"response\": ...} or {\"messages\": [...]}");
+  if (unread != nullptr)
+    for (const auto& item : j.items())
+      if (item.key() != "prompt" && item.key() != "input" && item.key() != "response" &&
+          item.key() != "messages")
+        unread->insert(item.key());
   Segments out;
   if (template_text == "chatml") {
     const auto messages = messages_of(j, where);
@@ -211,12 +240,22 @@ Segments render_instruct_example(const std::string& line, const std::string& tem
   }
   const size_t at = template_text.find("{response}");
   if (at == std::string::npos) check_instruct_template(template_text);  // throws, saying why
-  auto fill = [&](std::string s) {
-    for (size_t p = s.find("{prompt}"); p != std::string::npos; p = s.find("{prompt}", p))
-      s.replace(p, 8, prompt), p += prompt.size();
-    for (size_t p = s.find("{input}"); p != std::string::npos; p = s.find("{input}", p))
-      s.replace(p, 7, input), p += input.size();
-    return s;
+  // One pass over the template: a field's own text is never searched again, so a "{input}" the
+  // prompt writes stays as written (Python's str.format does the same).
+  auto fill = [&](const std::string& s) {
+    std::string out;
+    for (size_t at = 0; at < s.size();) {
+      if (s.compare(at, 8, "{prompt}") == 0) {
+        out += prompt;
+        at += 8;
+      } else if (s.compare(at, 7, "{input}") == 0) {
+        out += input;
+        at += 7;
+      } else {
+        out += s[at++];
+      }
+    }
+    return out;
   };
   out.emplace_back(fill(template_text.substr(0, at)), false);
   out.emplace_back(response, true);
@@ -238,6 +277,11 @@ std::shared_ptr<InstructDataset> InstructDataset::open(
     const fs::path& jsonl, const Options& options, std::shared_ptr<const BpeTokenizer> tokenizer) {
   if (options.block_size < 1) throw Error("InstructDataset: block_size must be at least 1");
   check_instruct_template(options.template_text);  // once, before any line (or a cache hit)
+  check_template_tokens(options.template_text, *tokenizer, options.tokenizer_json.string());
+  if (options.add_bos && tokenizer->bos() < 0)
+    throw Error(options.tokenizer_json.string() +
+                ": names no bos token to start each example with; give one in the folder's "
+                "tokenizer_config.json (bos_token), or leave add_bos off");
   std::error_code ec;
   if (std::filesystem::is_directory(jsonl, ec))
     throw Error(jsonl.string() + ": is a folder; give a JSONL file of examples (one per line)");
@@ -248,31 +292,33 @@ std::shared_ptr<InstructDataset> InstructDataset::open(
   const int64_t eos = tokenizer->eot();
   if (options.append_eos && eos < 0)
     throw Error(options.tokenizer_json.string() +
-                ": names no eos token to end each response with; give one in "
-                "tokenizer_config.json (eos_token) or turn append_eos off");
+                ": names no eos token to end each response with; give one in the folder's "
+                "tokenizer_config.json (eos_token)");
   d->pad_id_ = options.pad_id >= 0 ? options.pad_id : std::max<int64_t>(eos, 0);
   // The examples as tokenized, whole: from the cache when it holds this file under these
   // options, else tokenized now (and cached).
   std::vector<Example> whole;
   fs::path cached;
   if (!options.cache_dir.empty() && !options.tokenizer_json.empty()) {
-    cached = options.cache_dir / cache_name(jsonl, options);
+    cached = options.cache_dir / cache_name(jsonl, options, *tokenizer);
     d->from_cache_ = read_cache(cached, whole);
   }
   if (!d->from_cache_) {
     std::string line;
     int64_t number = 0;
+    std::set<std::string> unread_seen;
     while (std::getline(in, line)) {
       ++number;
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines
       const std::string where = jsonl.string() + ":" + std::to_string(number);
+      std::set<std::string> unread;
       Example e;
-      if (options.add_bos && tokenizer->bos() >= 0) {
+      if (options.add_bos) {
         e.ids.push_back(tokenizer->bos());
         e.response.push_back(false);
       }
       for (const auto& [text, response] :
-           render_instruct_example(line, options.template_text, where)) {
+           render_instruct_example(line, options.template_text, where, &unread)) {
         const std::vector<int64_t> ids = tokenizer->encode(text);
         e.ids.insert(e.ids.end(), ids.begin(), ids.end());
         e.response.insert(e.response.end(), ids.size(), response);
@@ -282,6 +328,10 @@ std::shared_ptr<InstructDataset> InstructDataset::open(
         e.response.push_back(true);
       }
       whole.push_back(std::move(e));
+      for (const auto& key : unread)
+        if (unread_seen.insert(key).second && unread_seen.size() <= 8)
+          d->unread_fields_ +=
+              (d->unread_fields_.empty() ? "" : ", ") + ("'" + key + "' (" + where + ")");
     }
     // The cache is an optimisation: a folder that cannot be written costs the next run a
     // tokenization, not this run.

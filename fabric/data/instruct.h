@@ -28,9 +28,12 @@
 //     block_size + 1 ids, as TokenDataset cuts token files (a window may span examples).
 //
 // Errors (fabric::Error, one line "FILE:LINE: FIELD: problem; fix"): a line that is not a JSON
-// object, a missing or non-string field, a message without role or content or with an unknown
-// role, no assistant message, an empty file; and a file whose examples have no response token at
-// all ("...: no example has a response token within block_size ...").
+// object, a line with both messages and prompt/response, a missing or non-string field, a message
+// without role or content or with an unknown role, no assistant message, an empty file; and a file
+// whose examples have no response token at all ("...: no example has a response token within
+// block_size ..."); chatml on a tokenizer without <|im_start|> and <|im_end|> tokens; add_bos on
+// one without a bos. Keys no template reads are not errors (datasets carry ids, sources,
+// categories): unread_fields() names them.
 //
 //   fabric::InstructDataset::Options o;
 //   o.tokenizer_json = "Qwen2.5-0.5B/tokenizer.json";
@@ -44,6 +47,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -92,6 +96,10 @@ class InstructDataset : public Dataset {
   bool from_cache() const { return from_cache_; }  // read from Options::cache_dir
   // Why the cache could not be written ("" when it was, or none was asked for).
   const std::string& cache_warning() const { return cache_warning_; }
+  // Keys of the file's lines that no template reads (a misspelt "respones", a "system" beside a
+  // prompt), each with the first line it is on: "'system' (FILE:3), ..." (at most 8; "" when none,
+  // and after a cache hit, which reads no line).
+  const std::string& unread_fields() const { return unread_fields_; }
   int64_t response_tokens() const;  // targets that are not -100, in all examples
 
  private:
@@ -103,6 +111,7 @@ class InstructDataset : public Dataset {
   int64_t truncated_ = 0, dropped_ = 0, pad_id_ = 0;
   bool from_cache_ = false;
   std::string cache_warning_;
+  std::string unread_fields_;
 };
 
 // fabric::Error "template 'TEXT': problem; fix" for a TEXT template that would misplace the data
@@ -110,11 +119,18 @@ class InstructDataset : public Dataset {
 // alpaca and chatml pass. InstructDataset::open checks its template with it, before any line.
 void check_instruct_template(const std::string& template_text);
 
+// fabric::Error "template chatml: SOURCE has no <|im_start|> token (...)" when `template_text` is
+// chatml and the tokenizer does not have its two markers as tokens (Llama's, GPT-2's): the
+// examples would be trained on them spelled out as text. Other templates pass.
+void check_template_tokens(const std::string& template_text, const BpeTokenizer& tokenizer,
+                           const std::string& source);
+
 // The prompt and response parts of one JSONL line (`where`: "FILE:LINE" for errors) under
-// `template_text`, as alternating segments: {text, is_response}. Exposed for tests.
-std::vector<std::pair<std::string, bool>> render_instruct_example(const std::string& line,
-                                                                  const std::string& template_text,
-                                                                  const std::string& where);
+// `template_text`, as alternating segments: {text, is_response}; `unread` (when given) gets the
+// line's keys no template reads. Exposed for tests.
+std::vector<std::pair<std::string, bool>> render_instruct_example(
+    const std::string& line, const std::string& template_text, const std::string& where,
+    std::set<std::string>* unread = nullptr);
 
 }  // namespace fabric
 

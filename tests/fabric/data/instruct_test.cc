@@ -187,6 +187,11 @@ TEST_F(InstructTest, BadInputIsOneLineNamingFileLineAndField) {
          {"bad.jsonl:1", "chatml"});
   expect(error_of("{\"prompt\": \"a\", \"response\": \"b\"}\n", "Q: {prompt} A:"),
          {"no {response}"});
+  // Two examples on one line: which one would be trained on is not for the reader to guess.
+  expect(error_of("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}, {\"role\": "
+                  "\"assistant\", \"content\": \"y\"}], \"prompt\": \"a\", \"response\": \"b\"}\n",
+                  "chatml"),
+         {"bad.jsonl:1: messages and prompt on one line"});
   // Placeholders that would silently drop the prompt or train on it: an unclosed or misspelt
   // {prompt}, a prompt after {response}, a second {response}.
   const std::string ab = "{\"prompt\": \"a\", \"response\": \"b\"}\n";
@@ -211,6 +216,51 @@ TEST_F(InstructTest, BadInputIsOneLineNamingFileLineAndField) {
   } catch (const fabric::Error& e) {
     expect(e.what(), {"long.jsonl", "no example has a response token", "block_size 4"});
   }
+}
+
+// A field's own text is never searched for placeholders (a prompt about "{input}" stays as
+// written); keys no template reads are named, each with its first line.
+TEST_F(InstructTest, FieldsAreFilledInOnePassAndUnreadKeysAreNamed) {
+  const auto parts = fabric::render_instruct_example(
+      R"({"prompt": "what does f({input}) do with {prompt}?", "input": "ctx", "response": "x"})",
+      "Q: {prompt}\nC: {input}\nA: {response}", "line");
+  ASSERT_EQ(parts.size(), 2u);
+  EXPECT_EQ(parts[0].first, "Q: what does f({input}) do with {prompt}?\nC: ctx\nA: ");
+  std::ofstream(dir_ / "extra.jsonl") << R"({"prompt": "a", "response": "b", "id": 1})"
+                                      << "\n"
+                                      << R"({"prompt": "a", "respones": "b", "response": "c"})"
+                                      << "\n";
+  const auto data = InstructDataset::open(dir_ / "extra.jsonl", options("alpaca"));
+  EXPECT_EQ(data->examples().size(), 2u);
+  EXPECT_EQ(data->unread_fields(), "'id' (" + (dir_ / "extra.jsonl").string() +
+                                       ":1), 'respones' (" + (dir_ / "extra.jsonl").string() +
+                                       ":2)");
+}
+
+// chatml on a tokenizer without its two markers as tokens would train on them spelled out.
+TEST_F(InstructTest, ChatmlNeedsItsMarkersAsTokens) {
+  std::ifstream in(dir_ / "tokenizer.json");
+  nlohmann::json t = nlohmann::json::parse(in);
+  nlohmann::json kept = nlohmann::json::array();
+  for (const auto& a : t["added_tokens"])
+    if (a["content"] != "<|im_start|>") kept.push_back(a);
+  ASSERT_LT(kept.size(), t["added_tokens"].size());
+  t["added_tokens"] = kept;
+  std::ofstream(dir_ / "no_markers.json") << t.dump();
+  auto o = options("chatml");
+  o.tokenizer_json = dir_ / "no_markers.json";
+  try {
+    InstructDataset::open(dir_ / "chat.jsonl", o);
+    ADD_FAILURE() << "no error";
+  } catch (const fabric::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("template chatml: " + o.tokenizer_json.string() +
+                                         " has no <|im_start|> token (it would be trained on "
+                                         "spelled out, in "),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(InstructDataset::open(dir_ / "chat.jsonl", options("chatml"))->examples().empty(),
+            false);
 }
 
 }  // namespace
