@@ -3,7 +3,8 @@
 // Text to token ids and back with a Hugging Face tokenizer.json (fabric/data/bpe.h: byte-level
 // BPE as GPT-2, Llama 3 and Qwen2 ship it). Encoding reads UTF-8 text on stdin and prints its ids
 // on one line, separated by spaces (no bos/eos added; special tokens written in the text are
-// their ids); --decode reads ids (separated by any whitespace) on stdin and writes their text.
+// their ids); --decode reads ids (separated by any whitespace) on stdin and writes their text as
+// `tokenizers`' decode does (ids past the vocabulary skipped, ill-formed UTF-8 as U+FFFD).
 // Exit status: 0 done; 1 the tokenizer or the input is refused (one line on stderr); 2 bad usage.
 #include <iostream>
 #include <iterator>
@@ -63,7 +64,7 @@ int main(int argc, char** argv) {
                               "' is not a token id; give ids separated by spaces");
         ids.push_back(id);
       }
-      std::cout << bpe.decode(ids) << std::flush;
+      std::cout << bpe.decode_text(ids) << std::flush;
     } else {
       if (const size_t at = fabric::first_invalid_utf8(input); at != std::string::npos)
         throw fabric::Error("stdin: byte " + std::to_string(at) +

@@ -75,7 +75,9 @@ struct BpeTokenizer::Loader {
     if (!t.vocab_.count(a + b))
       throw Error(where + ": the merge of '" + a + "' and '" + b + "' is not in " + vocab_file +
                   " (files of two different tokenizers?)");
-    t.ranks_.emplace(std::make_pair(std::move(a), std::move(b)), rank++);
+    // A pair listed twice takes its last rank, as `tokenizers` (a map built in order) and
+    // transformers' slow tokenizers (a dict) do.
+    t.ranks_[std::make_pair(std::move(a), std::move(b))] = rank++;
   }
 };
 

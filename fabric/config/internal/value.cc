@@ -143,12 +143,17 @@ std::string describe(const YAML::Node& value) {
 Normalized normalize_value(const KeySpec& spec, const YAML::Node& value) {
   if (!value.IsDefined() || value.IsNull())
     return fail("no value given: write a value or delete the key");
-  if (value.IsMap())
+  if (value.IsMap()) {
+    // What made it a mapping: braces around it, or a colon followed by a space or ending it.
+    const bool braces = value.Style() == YAML::EmitterStyle::Flow;
     return fail("expected " + spec.type_name() + ", got a mapping " + describe(value) +
-                (spec.type() == KeyType::kString
-                     ? "; YAML reads a value that starts with '{' as a mapping: quote it, "
-                       "'\"{run_dir}/weights.pt\"' (in a shell: key='\"{run_dir}/...\"')"
-                     : ""));
+                (spec.type() != KeyType::kString ? ""
+                 : braces ? "; YAML reads a value that starts with '{' as a mapping: quote it, "
+                            "'\"{run_dir}/weights.pt\"' (in a shell: key='\"{run_dir}/...\"')"
+                          : "; YAML reads a colon followed by a space, or ending the value, as a "
+                            "mapping: quote the whole value, '\"def f(x):\"' (in a shell: "
+                            "key='\"def f(x):\"')"));
+  }
   if (value.IsSequence()) {
     if (spec.type() == KeyType::kDevices) {
       YAML::Node ids(YAML::NodeType::Sequence);

@@ -205,6 +205,11 @@ TEST_F(ConfigTest, OverrideErrorsSayCommandLine) {
             "command line: checkpoint.dir: expected a string, got a mapping {run_dir: ~}; YAML "
             "reads a value that starts with '{' as a mapping: quote it, "
             "'\"{run_dir}/weights.pt\"' (in a shell: key='\"{run_dir}/...\"')");
+  // A colon ending a value (a line of code as a prompt) makes a mapping too: quote the value.
+  EXPECT_EQ(err("checkpoint.dir=def f(x):"),
+            "command line: checkpoint.dir: expected a string, got a mapping {def f(x): ~}; YAML "
+            "reads a colon followed by a space, or ending the value, as a mapping: quote the "
+            "whole value, '\"def f(x):\"' (in a shell: key='\"def f(x):\"')");
   EXPECT_EQ(err("optimizer.lr=-1"),
             "command line: optimizer.lr: -1 is out of range: must be > 0.0");
   EXPECT_EQ(err("optimizer.lr=.inf"), "command line: optimizer.lr: .inf is not finite");

@@ -78,6 +78,17 @@ def with_string_merges(path, out):
     return new
 
 
+def with_duplicate_merges(path, out):
+    """The same tokenizer with three merges listed a second time, at the end: `tokenizers` keeps
+    each pair's last rank (a map built in order), so these three now merge last."""
+    j = json.load(open(path, encoding="utf-8"))
+    merges = j["model"]["merges"]
+    j["model"]["merges"] = merges + [merges[0], merges[5], merges[30]]
+    os.makedirs(out, exist_ok=True)
+    json.dump(j, open(os.path.join(out, "tokenizer.json"), "w", encoding="utf-8"))
+    return os.path.join(out, "tokenizer.json")
+
+
 def run(binary, path, data, decode=False):
     args = [binary, "--tokenizer=" + path] + (["--decode"] if decode else [])
     r = subprocess.run(args, input=data, capture_output=True)
@@ -113,6 +124,9 @@ def main():
         path = train(family, train_files, os.path.join(out, family))
         paths += [(family, path), (family + " (merges as strings)",
                                    with_string_merges(path, os.path.join(out, family + "_strings")))]
+        if family == "gpt2":
+            paths.append((family + " (duplicate merges)",
+                          with_duplicate_merges(path, os.path.join(out, family + "_duplicates"))))
     # The same vocabulary and merges as transformers' GPT-2 and Qwen2 tokenizers write them.
     from transformers import GPT2TokenizerFast, Qwen2TokenizerFast
     trained = json.load(open(paths[0][1], encoding="utf-8"))["model"]
@@ -136,6 +150,14 @@ def main():
                 sys.exit(f"FAIL {name}: decode of {text[:200]!r} gave {back[:200]!r}, "
                          f"tokenizers {hf[:200]!r}")
             checked += 1
+    # Ids no text encodes to: a lone lead byte (one U+FFFD) and an id past the vocabulary
+    # (skipped, as a model's padded vocabulary may hold).
+    tok = Tokenizer.from_file(paths[0][1])
+    ids = [tok.token_to_id("H"), tok.token_to_id("\u00e2"), tok.get_vocab_size() + 5,
+           tok.token_to_id("i")]
+    back = run(binary, paths[0][1], " ".join(map(str, ids)).encode(), decode=True).decode()
+    if back != tok.decode(ids, skip_special_tokens=False):
+        sys.exit(f"FAIL decode of {ids}: {back!r}, tokenizers {tok.decode(ids)!r}")
     # bos/eos from tokenizer_config.json and generation_config.json.
     llama = Tokenizer.from_file(paths[2][1])
     json.dump({"bos_token": "<|im_start|>", "eos_token": {"content": "<|im_end|>"}},
