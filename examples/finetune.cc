@@ -426,6 +426,7 @@ int main(int argc, char** argv) {
         // Before any process starts: what the loop cannot honour (exit 2).
         examples::check_evaluation_keys(
             config, {"finetune.eval_every_n_steps", {"val/loss"}, {"val/loss", "train/loss"}});
+        examples::refuse_pipeline_and_context_parallel(config, "examples:finetune");
         fabric::Fabric fabric(config);
         return fabric.launch(run);
       });

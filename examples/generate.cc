@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "examples/common/decode.h"
+#include "examples/common/evaluations.h"
 #include "fabric/callbacks.h"
 #include "fabric/checkpoint/output_check.h"
 #include "fabric/config/standard_keys.h"
@@ -308,6 +309,7 @@ int main(int argc, char** argv) {
     if (config.get_string("model.pretrained").empty())
       throw config.error_at("model.pretrained",
                             "not set; give a Hugging Face model folder: model.pretrained=DIR");
+    examples::refuse_pipeline_and_context_parallel(config, "examples:generate");
     fabric::Fabric fabric(config);
     return fabric.launch(run);
   });

@@ -319,6 +319,11 @@ ResolvedSetup resolve_setup(const Config& c, const MachineFacts& m) {
     eager_because = "Gloo's collectives (fabric.ddp.cuda_backend) cannot be captured";
   } else if (s.strategy == StrategyKind::kDdp && s.ddp.sync_batchnorm) {
     eager_because = "SyncBatchNorm reads the global batch size on the host in every step";
+  } else if (s.strategy == StrategyKind::kModelParallel &&
+             s.model_parallel.pipeline_parallel_size > 1) {
+    eager_because =
+        "a pipeline's sends and receives between stages are not captured "
+        "(fabric.model_parallel.pipeline_parallel_size > 1)";
   } else if (s.strategy == StrategyKind::kDdp && s.ddp.find_unused_parameters) {
     eager_because =
         "fabric.ddp.find_unused_parameters: a step whose set of gradients can change cannot be "

@@ -166,7 +166,8 @@ strategies::ModelParallelOptions resolve_model_parallel(const Config& c,
                                  ": give a divisor of it (tensor-parallel partners are "
                                  "consecutive ranks)");
   o.data_parallel_size = world / o.tensor_parallel_size;
-  resolve_pipeline(c, o);
+  // At pp 1 the pipeline keys have no effect (a warning below), so their values are not checked.
+  if (o.pipeline_parallel_size > 1) resolve_pipeline(c, o);
   o.sequence_parallel = c.get_bool("fabric.model_parallel.sequence_parallel");
   if (!c.is_auto(dp_key) && c.get_int(dp_key) != o.data_parallel_size)
     throw c.error_at(dp_key, std::to_string(c.get_int(dp_key)) + " x tensor_parallel_size " +

@@ -17,6 +17,7 @@
 #include "fabric/distributed/device_mesh.h"
 #include "fabric/distributed/rendezvous.h"
 #include "fabric/nn/empty_init.h"
+#include "fabric/nn/pipeline_staged.h"
 #include "strategies/optimizer_shard.h"
 
 namespace fabric::strategies {
@@ -102,6 +103,13 @@ void ModelParallel::setup_module(torch::nn::Module& module) {
   if (!mesh_) group_for("setup_module");  // names the missing setup_environment
   if (split_module_ != nullptr)
     throw unsupported("splits one module per process; this job set up a second one");
+  if (const int64_t pp = options_mp_.pipeline_parallel_size;
+      pp > 1 && dynamic_cast<const fabric::nn::PipelineStaged*>(&module) == nullptr)
+    throw Error("fabric.model_parallel.pipeline_parallel_size: " + std::to_string(pp) +
+                ", but the module (" + module.name() +
+                ") is a whole model, not a model's pipeline stages: every pipeline rank would "
+                "train all of it on the same data; set it to 1, or build the stages and run them "
+                "with a PipelineRunner as examples:gpt does (docs/tensor_parallel.md)");
   fabric::nn::TensorParallelPlan plan;
   const int64_t tp = mesh_->group("tp")->getSize();
   if (plan_) {

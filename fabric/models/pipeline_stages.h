@@ -44,6 +44,7 @@
 
 #include "fabric/models/gpt.h"
 #include "fabric/models/llama.h"
+#include "fabric/nn/pipeline_staged.h"
 #include "fabric/nn/tensor_parallel.h"
 
 namespace fabric::models {
@@ -51,7 +52,9 @@ namespace fabric::models {
 // What the stages of every model share: which stages this rank holds, and their blocks.
 // The stages carry the whole model's tensor-parallel plan, its rules for modules other ranks
 // hold left out, so fabric.strategy: model_parallel splits them over tp like the whole model.
-class PipelineStagesImpl : public torch::nn::Module, public fabric::nn::TensorParallelPlanned {
+class PipelineStagesImpl : public torch::nn::Module,
+                           public fabric::nn::TensorParallelPlanned,
+                           public fabric::nn::PipelineStaged {
  public:
   fabric::nn::TensorParallelPlan tensor_parallel_plan() const override;
   bool holds(int64_t stage) const { return ranges_.count(stage) > 0; }

@@ -136,3 +136,20 @@ TEST(ConnectorModelParallelTest, ItsKeysUnderAnotherStrategyAreSaidToHaveNoEffec
 }
 
 }  // namespace
+
+namespace {
+
+// At pipeline_parallel_size 1 the pipeline keys have no effect: a warning each, never an error
+// for values only a pipeline checks (virtual_stages without interleaved_1f1b).
+TEST(ConnectorModelParallelTest, PipelineKeysAtOneStageAreSaidToHaveNoEffect) {
+  const auto s =
+      resolve({"fabric.strategy=model_parallel", "fabric.devices=2",
+               "fabric.model_parallel.tensor_parallel_size=1", "fabric.pipeline.virtual_stages=2"},
+              cpu_machine());
+  ASSERT_EQ(s.warnings.size(), 1u);
+  EXPECT_EQ(s.warnings[0],
+            "command line: fabric.pipeline.virtual_stages: has no effect at "
+            "fabric.model_parallel.pipeline_parallel_size 1");
+}
+
+}  // namespace

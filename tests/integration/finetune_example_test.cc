@@ -554,6 +554,10 @@ TEST_F(FinetuneExampleTest, BadInputStopsWithOneLineNamingTheKey) {
       {"data.train=" + (dir_ / "one.jsonl").string() + " data.drop_last=true data.batch_size=4",
        "data.drop_last", "set data.drop_last=false or lower data.batch_size"},
       {"finetune.lora.target_modules=[qq_proj]", "qq_proj", "q_proj"},
+      // Stages and sequence splits the loop never makes: every rank would run everything.
+      {"fabric.strategy=model_parallel fabric.model_parallel.context_parallel_size=2",
+       "fabric.model_parallel.context_parallel_size: 2: examples:finetune runs neither",
+       "train with examples:gpt"},
       {"model.pretrained=" + (dir_ / "cache").string(), "model.pretrained", "config.json"},
       {"model.pretrained=" + demo("model").string(), "data.train", "JSONL"},
       // An export into the base folder would mix with its weights (Checkpointer's input check).

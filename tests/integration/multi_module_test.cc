@@ -2,7 +2,8 @@
 // f.setup as Lightning Fabric's users write it: a GAN (a discriminator step on a detached fake, a
 // generator step through both) and a student beside a frozen teacher end 2 processes with the
 // weights one process reaches on the whole batch (SGD, 6 steps); a loss that reaches a module in
-// part stops with one line naming a parameter it missed, and runs with find_unused_parameters.
+// part stops with one line naming a parameter it missed, and runs with find_unused_parameters; a
+// whole model under pipeline parallelism is refused.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,8 +17,7 @@
 namespace {
 
 fabric::testing::CommandResult run(const std::string& args) {
-  const std::string exe =
-      fabric::testing::helper_binary("//tests/integration:multi_module_helper");
+  const std::string exe = fabric::testing::helper_binary("//tests/integration:multi_module_helper");
   return fabric::testing::run_command("'" + exe + "' fabric.accelerator=cpu " + args);
 }
 
@@ -61,8 +61,8 @@ TEST(MultiModuleTest, GanAndFrozenTeacherUnderDdpMatchOneProcess) {
     EXPECT_LT(largest_difference(single, ddp), 1e-5) << one.out << two.out;
     // The steps moved every trained module (so the parity above compares trained weights).
     const auto start = params(untrained.out);
-    for (const std::string trained : {"generator.fc1.weight", "discriminator.fc2.weight",
-                                      "student.fc1.weight"}) {
+    for (const std::string trained :
+         {"generator.fc1.weight", "discriminator.fc2.weight", "student.fc1.weight"}) {
       if (!single.count(trained)) continue;
       double moved = 0;
       for (size_t i = 0; i < single.at(trained).size(); ++i)
@@ -90,8 +90,21 @@ TEST(MultiModuleTest, ALossReachingAModuleInPartNeedsFindUnusedParameters) {
       run("fabric.devices=2 fabric.strategy=ddp fabric.ddp.find_unused_parameters=true "
           "test.mode=partial");
   ASSERT_EQ(unused.code, 0) << unused.out;
-  EXPECT_LT(largest_difference(params(one.out), params(unused.out)), 1e-5)
-      << one.out << unused.out;
+  EXPECT_LT(largest_difference(params(one.out), params(unused.out)), 1e-5) << one.out << unused.out;
+}
+
+// A whole model under pipeline parallelism would be trained whole by every pipeline rank, on the
+// same data: refused at setup.
+TEST(MultiModuleTest, AWholeModelUnderPipelineParallelismIsRefused) {
+  auto whole =
+      run("fabric.devices=2 fabric.strategy=model_parallel "
+          "fabric.model_parallel.pipeline_parallel_size=2 test.mode=distill");
+  EXPECT_EQ(whole.code, 1) << whole.out;
+  EXPECT_NE(whole.out.find("fabric.model_parallel.pipeline_parallel_size: 2, but the module "),
+            std::string::npos)
+      << whole.out;
+  EXPECT_NE(whole.out.find("is a whole model, not a model's pipeline stages"), std::string::npos)
+      << whole.out;
 }
 
 }  // namespace
