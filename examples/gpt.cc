@@ -115,7 +115,10 @@ int train_model(fabric::Fabric& f, const examples::gpt::ModelChoice& choice, con
       });
     }
   };
-  auto optimizer = fabric::make_optimizer(c, *model);
+  // Stages: optimizer.no_weight_decay and lr_scale were checked against the whole model (a
+  // selector may match nothing of this rank's stages).
+  auto optimizer =
+      kStaged ? fabric::make_optimizer_for_part(c, *model) : fabric::make_optimizer(c, *model);
   if constexpr (kStaged) {
     f.setup_pipeline_tied(model->tied_weight(), pipe->runner());
     pipe->describe(*model, choice.parameters());
@@ -222,10 +225,8 @@ int train_model(fabric::Fabric& f, const examples::gpt::ModelChoice& choice, con
     auto means = f.evaluate(
         val,
         [&](const fabric::Batch& b) -> std::map<std::string, torch::Tensor> {
-          if constexpr (kStaged) {  // the batch's mean for every sequence (all one length)
-            return {
-                {"loss",
-                 pipe->evaluate(model, local(b.data), local(b.target)).expand({b.data.size(0)})}};
+          if constexpr (kStaged) {  // each sequence's mean, from the last stage
+            return {{"loss", pipe->evaluate(model, local(b.data), local(b.target))}};
           } else {
             const torch::Tensor logits = f.forward(model, local(b.data));
             const torch::Tensor per_token =
@@ -444,6 +445,7 @@ int train(fabric::Fabric& f) {
           f, choice, root, std::move(meta),
           [&] {
             fabric::models::Llama whole(lc);
+            fabric::check_param_group_rules(c, *whole);
             if (cp) whole->set_context_parallel(cp);
             return fabric::models::LlamaStages(whole, r.local_stages(), r.stages());
           },
@@ -453,6 +455,7 @@ int train(fabric::Fabric& f) {
         f, choice, root, std::move(meta),
         [&] {
           fabric::models::GPT whole(choice.gpt);
+          fabric::check_param_group_rules(c, *whole);
           if (cp) whole->set_context_parallel(cp);
           return fabric::models::GPTStages(whole, r.local_stages(), r.stages());
         },

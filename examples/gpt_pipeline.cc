@@ -7,6 +7,7 @@
 #include "fabric/core/error.h"
 #include "fabric/distributed/pipeline_runtime.h"
 #include "fabric/distributed/pipeline_schedule.h"
+#include "fabric/distributed/process_group.h"
 
 namespace examples::gpt {
 
@@ -39,6 +40,15 @@ void check_parallel_keys(const fabric::Config& c, const ModelChoice& m) {
   if (c.get_string("fabric.strategy") != "model_parallel") return;
   if (c.get_int("fabric.model_parallel.context_parallel_size") > 1)
     check_context_parallel_keys(c, m);
+  // Sequence parallelism cuts each training sequence into tp equal parts (padding it would run
+  // past the model's positions at the first forward).
+  const char* tp_key = "fabric.model_parallel.tensor_parallel_size";
+  if (c.get_bool("fabric.model_parallel.sequence_parallel") && !c.is_auto(tp_key) &&
+      c.get_int(tp_key) > 1 && m.window % c.get_int(tp_key) != 0)
+    throw c.error_at("model.block_size", std::to_string(m.window) + " is not a multiple of " +
+                                             tp_key + " " + std::to_string(c.get_int(tp_key)) +
+                                             ": sequence parallelism cuts every sequence into "
+                                             "that many equal parts; give a multiple of it");
   const int64_t pp = c.get_int("fabric.model_parallel.pipeline_parallel_size");
   if (pp == 1) return;
   const int64_t blocks = m.is_llama() ? m.pretrained->llama->num_hidden_layers : m.gpt.n_layer;
@@ -152,6 +162,35 @@ fabric::distributed::PipelineOptions Pipeline::options_for(int64_t rows, bool tr
                       std::to_string(pp) + " ranks, " + std::to_string(v) +
                       " virtual stages); set data.drop_last: true, or a data.batch_size that is a "
                       "multiple of fabric.pipeline.micro_batches and no smaller last batch");
+}
+
+int64_t Pipeline::evaluation_rows(int64_t rows) const {
+  // Within pp x virtual_stages rows of `rows` some count splits (a multiple of both).
+  const int64_t most = rows + runner_->size() * options_.virtual_stages;
+  for (int64_t n = rows; n <= most; ++n) {
+    try {
+      (void)options_for(n, /*train=*/false);
+      return n;
+    } catch (const fabric::Error&) {
+    }
+  }
+  return rows;  // cut() then throws options_for's error, naming the numbers
+}
+
+torch::Tensor Pipeline::every_row(const fabric::distributed::PipelineRunner& runner, int64_t rows) {
+  torch::Tensor all =
+      runner.holds_last()
+          ? torch::cat(row_losses_)
+          : torch::empty({rows}, torch::TensorOptions().dtype(torch::kFloat).device(f_.device()));
+  if (runner.size() > 1) {
+    std::vector<torch::Tensor> t = {all};
+    c10d::BroadcastOptions o;
+    o.rootRank = static_cast<int>((runner.stages() - 1) % runner.size());
+    fabric::distributed::wait(f_.strategy().pipeline_group()->broadcast(t, o),
+                              "pipeline: broadcast of the validation losses");
+    all = t[0];
+  }
+  return all;
 }
 
 fabric::distributed::PipelineRunner& Pipeline::cut(const torch::Tensor& x, const torch::Tensor& y,

@@ -58,11 +58,36 @@ class Pipeline {
     fabric::distributed::PipelineRunner& r = cut(x, y, /*train=*/true);
     return step(r, calls(stages), stages->tied_weight(), *stages, optimizer);
   }
-  // The mean loss of the batch, forwards only (collective over the pipeline): the batch whole
-  // (with virtual stages: in pipeline_parallel_size micro-batches, which must divide it).
+  // Each sequence's mean loss, [rows] on every rank (collective over the pipeline), forwards
+  // only: the batch whole (with virtual stages: in pipeline_parallel_size micro-batches). A batch
+  // no micro-batch count splits (an epoch's short last one under interleaved_1f1b) is run with
+  // its last row repeated up to the next count that splits, and the copies' losses left out.
+  // Per sequence, so that Fabric::evaluate leaves out the sampler's padding rows exactly.
   template <typename Stages>
   torch::Tensor evaluate(Stages& stages, const torch::Tensor& x, const torch::Tensor& y) {
-    return cut(x, y, /*train=*/false).evaluate(calls(stages));
+    const int64_t rows = x.size(0), runnable = evaluation_rows(rows);
+    torch::Tensor xs = x, ys = y;
+    if (runnable > rows) {
+      const torch::Tensor pick =
+          torch::arange(runnable, torch::TensorOptions().dtype(torch::kLong).device(x.device()))
+              .clamp_max(rows - 1);
+      xs = x.index_select(0, pick);
+      ys = y.index_select(0, pick);
+    }
+    fabric::distributed::PipelineRunner& r = cut(xs, ys, /*train=*/false);
+    fabric::distributed::PipelineStageCalls c = calls(stages);
+    row_losses_.assign(xs_.size(), torch::Tensor());
+    c.loss = [this, &stages](int64_t mb, const torch::Tensor& out) {
+      const torch::Tensor& targets = ys_[static_cast<size_t>(mb)];
+      std::vector<torch::Tensor> each;
+      for (int64_t i = 0; i < out.size(0); ++i)
+        each.push_back(
+            stages->loss(out.slice(0, i, i + 1), targets.slice(0, i, i + 1)).reshape({1}));
+      row_losses_[static_cast<size_t>(mb)] = torch::cat(each).to(torch::kFloat);
+      return row_losses_[static_cast<size_t>(mb)].mean();
+    };
+    r.evaluate(c);
+    return every_row(r, runnable).slice(0, 0, rows);
   }
 
  private:
@@ -81,6 +106,10 @@ class Pipeline {
   // for evaluation: the micro-batch count nearest the configured one that divides the rows and
   // the schedule allows (else GPipe's); fabric::Error when none does.
   fabric::distributed::PipelineOptions options_for(int64_t rows, bool train) const;
+  // The fewest rows at or above `rows` an evaluation runner can split (rows itself when it can).
+  int64_t evaluation_rows(int64_t rows) const;
+  // The last stage's row_losses_ joined ([rows], float32), broadcast over the pipeline.
+  torch::Tensor every_row(const fabric::distributed::PipelineRunner& runner, int64_t rows);
   // (x, y) cut into the micro-batches of the runner for their rows (made on first use).
   fabric::distributed::PipelineRunner& cut(const torch::Tensor& x, const torch::Tensor& y,
                                            bool train);
@@ -95,7 +124,8 @@ class Pipeline {
   // Runners for other rows: (train, rows) → runner.
   std::map<std::pair<bool, int64_t>, std::unique_ptr<fabric::distributed::PipelineRunner>> others_;
   double clip_ = 0;
-  std::vector<torch::Tensor> xs_, ys_;  // this batch's micro-batches
+  std::vector<torch::Tensor> xs_, ys_;     // this batch's micro-batches
+  std::vector<torch::Tensor> row_losses_;  // evaluate, on the last stage: each micro-batch's
 };
 
 }  // namespace examples::gpt

@@ -84,23 +84,37 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Config& c,
   return make(c, std::move(parameters), nullptr);
 }
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Config& c,
-                                                        const torch::nn::Module& module) {
+void check_param_group_rules(const Config& c, const torch::nn::Module& module) {
   const ParamGroupRules rules = param_group_rules(c);
-  if (rules.empty()) return make(c, module.parameters(), nullptr);
-  // Each key alone first, so that a selector matching nothing is reported at its own key.
+  // Each key alone, so that a selector matching nothing is reported at its own key.
   ParamGroupRules decay_only, scale_only;
   decay_only.no_weight_decay = rules.no_weight_decay;
   scale_only.lr_scale = rules.lr_scale;
   for (const auto& [key, alone] :
        {std::make_pair(kRuleKeys[0], &decay_only), std::make_pair(kRuleKeys[1], &scale_only)}) {
+    if (alone->empty()) continue;
     try {
       group_parameters(module, *alone);
     } catch (const Error& e) {
       throw c.error_at(key, e.what());
     }
   }
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Config& c,
+                                                        const torch::nn::Module& module) {
+  const ParamGroupRules rules = param_group_rules(c);
+  if (rules.empty()) return make(c, module.parameters(), nullptr);
+  check_param_group_rules(c, module);
   const std::vector<ParamGroup> groups = group_parameters(module, rules);
+  return make(c, {}, &groups);
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer_for_part(const Config& c,
+                                                                 const torch::nn::Module& part) {
+  const ParamGroupRules rules = param_group_rules(c);
+  if (rules.empty()) return make(c, part.parameters(), nullptr);
+  const std::vector<ParamGroup> groups = group_parameters(part, rules, /*require_matches=*/false);
   return make(c, {}, &groups);
 }
 

@@ -33,6 +33,15 @@ namespace fabric {
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Config& config,
                                                         const torch::nn::Module& module);
 
+// The same for a part of a model (a pipeline stage's module): a selector may match nothing here,
+// having been checked against the whole model with check_param_group_rules.
+std::unique_ptr<torch::optim::Optimizer> make_optimizer_for_part(const Config& config,
+                                                                 const torch::nn::Module& part);
+
+// ConfigError naming optimizer.no_weight_decay or optimizer.lr_scale when one of its selectors
+// matches no parameter of `module` (make_optimizer's check, without making an optimizer).
+void check_param_group_rules(const Config& config, const torch::nn::Module& module);
+
 // One group of `parameters` (no names, so the two group keys must be empty: ConfigError if not).
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Config& config,
                                                         std::vector<torch::Tensor> parameters);

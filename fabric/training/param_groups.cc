@@ -59,7 +59,7 @@ std::pair<std::string, double> parse_lr_scale(const std::string& text) {
 }
 
 std::vector<ParamGroup> group_parameters(const torch::nn::Module& module,
-                                         const ParamGroupRules& rules) {
+                                         const ParamGroupRules& rules, bool require_matches) {
   std::vector<Named> all;
   std::unordered_set<const void*> seen;
   collect(module, "", all, seen);
@@ -93,7 +93,7 @@ std::vector<ParamGroup> group_parameters(const torch::nn::Module& module,
   std::vector<std::string> selectors = rules.no_weight_decay;
   for (const auto& rule : rules.lr_scale) selectors.push_back(rule.first);
   for (const auto& selector : selectors) {
-    if (used.count(selector)) continue;
+    if (used.count(selector) || !require_matches) continue;
     std::string examples;
     for (size_t i = 0; i < all.size() && i < 3; ++i)
       examples += (i ? ", " : "") + ("'" + all[i].name + "'");

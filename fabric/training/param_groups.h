@@ -44,9 +44,11 @@ struct ParamGroup {
 };
 
 // Every parameter of `module` (each tensor once) in its group. Throws fabric::Error naming the
-// selector when one matches nothing, with an example of the module's parameter names.
+// selector when one matches nothing, with an example of the module's parameter names; with
+// `require_matches` false (a part of a model, a pipeline stage, whose selectors were checked
+// against the whole) a selector may match nothing.
 std::vector<ParamGroup> group_parameters(const torch::nn::Module& module,
-                                         const ParamGroupRules& rules);
+                                         const ParamGroupRules& rules, bool require_matches = true);
 
 // True when `selector` (either form above) selects the parameter `name` held by a module whose
 // Module::name() is `module_type`.
