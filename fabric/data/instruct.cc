@@ -33,7 +33,7 @@ std::string file_bytes(const fs::path& path) {
 // eos ids themselves (tokenizer_config.json or generation_config.json may name others for the same
 // tokenizer.json), so an edited file, another tokenizer or another template never reads a stale
 // cache. kCacheVersion changes with any change to how examples are rendered or tokenized.
-constexpr char kCacheVersion[] = "2";
+constexpr char kCacheVersion[] = "3";
 std::string cache_name(const fs::path& jsonl, const InstructDataset::Options& o,
                        const BpeTokenizer& tokenizer) {
   uint64_t h = fnv1a64(file_bytes(jsonl));
@@ -92,6 +92,45 @@ void write_cache(const fs::path& path, const std::vector<InstructDataset::Exampl
   std::error_code ec;
   fs::create_directories(path.parent_path(), ec);
   write_file_atomically(path, bytes);  // ranks writing the same file at once: one wins, whole
+}
+
+// The ids of an example's parts encoded as one text, as `tokenizers` encodes the rendered example
+// (a prompt part ending in a space joins it to the response's first word: "A: " + "It" is "A",
+// ":", "ĠIt", not "Ġ", "It"), appended to `e`. An id is a response id when any of its bytes is a
+// response part's, as transformers' assistant mask takes every token holding an assistant
+// character. Where the whole text's bytes are not the parts' (a normalizer joining across a
+// boundary), each part is encoded on its own.
+void encode_example(const BpeTokenizer& t, const Segments& parts, InstructDataset::Example& e) {
+  std::string whole;
+  std::vector<size_t> ends;  // each part's end in the encoded bytes
+  size_t at = 0;
+  for (const auto& [text, response] : parts) {
+    whole += text;
+    at += t.decode(t.encode(text)).size();
+    ends.push_back(at);
+  }
+  const std::vector<int64_t> ids = t.encode(whole);
+  std::vector<bool> labels;
+  labels.reserve(ids.size());
+  size_t start = 0;
+  for (const int64_t id : ids) {
+    const size_t end = start + t.decode({id}).size();
+    bool response = false;
+    for (size_t k = 0, begin = 0; k < parts.size(); begin = ends[k++])
+      response = response || (parts[k].second && begin < ends[k] && begin < end && ends[k] > start);
+    labels.push_back(response);
+    start = end;
+  }
+  if (start != at) {  // the parts' bytes differ from the whole's: each part alone
+    for (const auto& [text, response] : parts) {
+      const std::vector<int64_t> part = t.encode(text);
+      e.ids.insert(e.ids.end(), part.begin(), part.end());
+      e.response.insert(e.response.end(), part.size(), response);
+    }
+    return;
+  }
+  e.ids.insert(e.ids.end(), ids.begin(), ids.end());
+  e.response.insert(e.response.end(), labels.begin(), labels.end());
 }
 
 const char kAlpacaIntro[] =
@@ -317,12 +356,8 @@ std::shared_ptr<InstructDataset> InstructDataset::open(
         e.ids.push_back(tokenizer->bos());
         e.response.push_back(false);
       }
-      for (const auto& [text, response] :
-           render_instruct_example(line, options.template_text, where, &unread)) {
-        const std::vector<int64_t> ids = tokenizer->encode(text);
-        e.ids.insert(e.ids.end(), ids.begin(), ids.end());
-        e.response.insert(e.response.end(), ids.size(), response);
-      }
+      encode_example(*tokenizer,
+                     render_instruct_example(line, options.template_text, where, &unread), e);
       if (options.append_eos) {
         e.ids.push_back(eos);
         e.response.push_back(true);

@@ -15,10 +15,11 @@
 //   TEXT     any other string: "{prompt}" (and "{input}") and "{response}" stand for the fields;
 //            the text before "{response}" is the prompt part. An error: no "{response}" or two,
 //            no "{prompt}", another {name}, "{prompt}"/"{input}" after "{response}"
-// Each part is encoded on its own (the template's parts end at a newline or a special token,
-// where the tokenizer's pre-tokenizer splits anyway) and the eos id is appended to every response
-// (Options::append_eos). Loss targets: the response ids (eos included); prompt, system and user
-// ids get -100.
+// The rendered example is encoded as one text (its ids are `tokenizers`' for that text: a
+// prompt part ending in a space joins it to the response's first word) and the eos id is appended
+// to every response (Options::append_eos). Loss targets: the ids holding any byte of a response
+// (transformers' assistant mask: the token "ĠIt" of "A: " + "It" is the response's), eos included;
+// prompt, system and user ids get -100.
 //
 // Padded, examples longer than block_size + 1 ids are cut (truncated() counts them), and one left
 // without a response id is dropped (dropped() counts them). Batches:

@@ -1,8 +1,10 @@
 // fabric::InstructDataset against the Python references (make_instruct.py): Alpaca lines give the
 // ids `tokenizers` gives the whole rendered text and LitGPT's prompt mask; chat lines give the
 // ids and assistant mask of transformers' apply_chat_template(return_assistant_tokens_mask=True)
-// under ChatML. Batches shift by one with -100 on prompt and padding; packing keeps every id
-// once; bad lines are one error naming FILE:LINE and the field.
+// under ChatML; a text template whose prompt ends in a space gives the whole text's ids (the
+// space joined to the response's first word) and the tokens holding a response character. Batches
+// shift by one with -100 on prompt and padding; packing keeps every id once; bad lines are one
+// error naming FILE:LINE and the field.
 #include "fabric/data/instruct.h"
 
 #include <gtest/gtest.h>
@@ -61,7 +63,8 @@ class InstructTest : public ::testing::Test {
 fs::path InstructTest::dir_;
 
 TEST_F(InstructTest, IdsAndMasksEqualThePythonReferences) {
-  for (const auto& [name, tmpl] : {std::pair{"alpaca", "alpaca"}, std::pair{"chat", "chatml"}}) {
+  for (const auto& [name, tmpl] : {std::pair{"alpaca", "alpaca"}, std::pair{"chat", "chatml"},
+                                   std::pair{"text", "Q: {prompt}\nA: {response}"}}) {
     SCOPED_TRACE(name);
     const auto data = InstructDataset::open(dir_ / (std::string(name) + ".jsonl"), options(tmpl));
     const nlohmann::json ref = reference(name);

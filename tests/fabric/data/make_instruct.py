@@ -9,7 +9,9 @@ special tokens <|end|> (eos), <|im_start|>, <|im_end|>) and tokenizer_config.jso
       uses (the first len(encode(prompt)) ids are the prompt's);
   chat.jsonl + chat.ref.json: each conversation's ids and assistant mask as transformers'
       apply_chat_template(return_assistant_tokens_mask=True) gives them under a ChatML template
-      whose assistant turns are {% generation %} blocks, then eos.
+      whose assistant turns are {% generation %} blocks, then eos;
+  text.jsonl + text.ref.json: under the template "Q: {prompt}\nA: {response}", the ids of the
+      whole rendered text and the tokens holding any response character, then eos.
 """
 import json
 import os
@@ -80,4 +82,30 @@ with open(os.path.join(out, "chat.jsonl"), "w") as f:
     for c in chats:
         f.write(json.dumps({"messages": c}) + "\n")
 json.dump(ref, open(os.path.join(out, "chat.ref.json"), "w"))
+
+# A text template whose prompt part ends in a space: the ids `tokenizers` gives the whole rendered
+# text, and the tokens holding any response character (as transformers' assistant mask), then eos.
+texts = [
+    {"prompt": "Which strategy shards?", "response": "It is fsdp."},
+    {"prompt": "What does ddp average?", "response": "the gradients."},
+    {"prompt": "Which one shards?", "response": "fsdp shards them."},
+    {"prompt": "Count to three", "response": "\n1 2 3"},
+    {"prompt": "Café?", "response": "Oui, café."},
+]
+ref = []
+joined = 0  # examples whose whole text encodes otherwise than its parts
+for e in texts:
+    prompt = "Q: " + e["prompt"] + "\nA: "
+    enc = tok.encode(prompt + e["response"])
+    # A token is the response's when its character span overlaps the response's (char_to_token
+    # would name only the first of the tokens a character's bytes are split into: "é" in two).
+    begin, end = len(prompt), len(prompt) + len(e["response"])
+    mask = [a < end and b > begin for a, b in enc.offsets]
+    ref.append({"ids": enc.ids + [eos], "mask": mask + [True]})
+    joined += enc.ids != tok.encode(prompt).ids + tok.encode(e["response"]).ids
+assert joined >= 2, "the text examples must include responses whose first word joins the space"
+with open(os.path.join(out, "text.jsonl"), "w") as f:
+    for e in texts:
+        f.write(json.dumps(e, ensure_ascii=False) + "\n")
+json.dump(ref, open(os.path.join(out, "text.ref.json"), "w"))
 print("ok", out)
