@@ -6,9 +6,9 @@ examples:finetune's exports.
       The validation loss as examples:finetune defines it, computed by transformers (the model
       folder, float32: a Llama-family or GPT-2 model) with peft's adapter loaded onto it when
       --adapter is given (PeftModel.from_pretrained; a warning of peft's, e.g. that it had to set
-      fan_in_fan_out for GPT-2's Conv1D layers, is an error): each example's prompt part (the
-      template before {response}) and its response encoded separately by `tokenizers`, the eos
-      id after the response, ids cut to block_size + 1, targets -100 on the prompt, examples
+      fan_in_fan_out for GPT-2's Conv1D layers, is an error): each example's rendered text (the
+      template before {response}, then the response) encoded whole by `tokenizers`, the tokens
+      overlapping the response's characters its targets, the eos id after the response, ids cut to block_size + 1, targets -100 on the prompt, examples
       without a response target dropped; transformers' loss with those labels
       (model(input_ids, labels=...).loss) times each example's response targets, summed over the
       file, over their count. Prints "LOSS <value>" for each --model in turn (each paired
@@ -52,10 +52,14 @@ def one_loss(a, folder, adapter):
             if not line.strip():
                 continue
             e = json.loads(line)
-            prompt = tok.encode(head.replace("{prompt}", e["prompt"]), add_special_tokens=False).ids
-            response = tok.encode(e["response"], add_special_tokens=False).ids
-            ids = prompt + response + [eos]
-            labels = [-100] * len(prompt) + response + [eos]
+            # The rendered text encoded whole; a token is the response's when its characters
+            # overlap the response's (transformers' assistant mask).
+            prompt = head.replace("{prompt}", e["prompt"])
+            enc = tok.encode(prompt + e["response"], add_special_tokens=False)
+            begin, end = len(prompt), len(prompt) + len(e["response"])
+            ids = enc.ids + [eos]
+            labels = [t if a < end and b > begin else -100
+                      for t, (a, b) in zip(enc.ids, enc.offsets)] + [eos]
             ids, labels = ids[: a.block_size + 1], labels[: a.block_size + 1]
             n = sum(1 for t in labels[1:] if t != -100)
             if n == 0:
