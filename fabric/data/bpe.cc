@@ -48,11 +48,16 @@ std::vector<std::string> byte_level_symbols() {
   return s;
 }
 
+// `tokenizers` keeps ids in u32 and refuses larger ones (an id near 2^63 would also overflow
+// id + 1, the vocabulary's size).
+constexpr int64_t kLargestId = 0xFFFFFFFFLL;
+
 struct BpeTokenizer::Loader {
   static void set_vocab(BpeTokenizer& t, const nlohmann::json& vocab, const std::string& file) {
     for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-      if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0)
-        throw Error(file + ": \"" + it.key() + "\" has no non-negative integer id");
+      if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
+          it.value().get<int64_t>() > kLargestId)
+        throw Error(file + ": \"" + it.key() + "\" has no integer id in [0, 2^32)");
       const int64_t id = it.value().get<int64_t>();
       // Two symbols with one id: decoding could not tell them apart, and training data written
       // with one would decode as the other.
@@ -163,8 +168,15 @@ std::string type_of(const json& j) {
                                                                       : "";
 }
 
-bool flag(const json& j, const char* key, bool otherwise) {
-  return j.is_object() && j.contains(key) && j[key].is_boolean() ? j[key].get<bool>() : otherwise;
+// A boolean field of `j` (`otherwise` when absent or null); another type is an error naming the
+// file and the key, as `tokenizers` refuses it (a "yes" read as the default would tokenize
+// otherwise without a word).
+bool flag(const json& j, const char* key, bool otherwise, const std::string& file) {
+  if (!j.is_object() || !j.contains(key) || j[key].is_null()) return otherwise;
+  if (!j[key].is_boolean())
+    throw Error(file + ": \"" + key + "\": " + one_line(j[key].dump(), 40) +
+                " is not true or false");
+  return j[key].get<bool>();
 }
 
 }  // namespace
@@ -198,7 +210,7 @@ BpeTokenizer BpeTokenizer::from_tokenizer_json(const std::filesystem::path& toke
     throw Error(file + ": a WordPiece model (BERT's kind) is not supported" + only);
   if (type != "BPE")
     throw Error(file + ": model type \"" + one_line(type, 40) + "\" is not supported" + only);
-  if (flag(model, "byte_fallback", false))
+  if (flag(model, "byte_fallback", false, file))
     throw Error(file +
                 ": a BPE with byte_fallback (SentencePiece's kind: Llama 2, Mistral) is "
                 "not supported" +
@@ -241,7 +253,7 @@ BpeTokenizer BpeTokenizer::from_tokenizer_json(const std::filesystem::path& toke
     }
     Loader::add_merge(t, std::move(a), std::move(b), where, "model.vocab", rank);
   }
-  t.ignore_merges_ = flag(model, "ignore_merges", false);
+  t.ignore_merges_ = flag(model, "ignore_merges", false, file);
 
   // Normalizer: none or NFC (alone or in a Sequence).
   const json normalizer = j.value("normalizer", json(nullptr));
@@ -266,18 +278,18 @@ BpeTokenizer BpeTokenizer::from_tokenizer_json(const std::filesystem::path& toke
       file + ": pre_tokenizer " + one_line(pre.dump(), 60) +
       " is not supported; a byte-level BPE needs ByteLevel (GPT-2) or Sequence [Split, ByteLevel] "
       "(Llama 3, Qwen2)";
-  if (type_of(pre) == "ByteLevel" && flag(pre, "use_regex", true)) {
+  if (type_of(pre) == "ByteLevel" && flag(pre, "use_regex", true, file)) {
     t.pattern_ = Pattern::kGpt2;
-    t.add_prefix_space_ = flag(pre, "add_prefix_space", false);
+    t.add_prefix_space_ = flag(pre, "add_prefix_space", false, file);
   } else if (type_of(pre) == "Sequence" && pre.contains("pretokenizers") &&
              pre["pretokenizers"].is_array() && pre["pretokenizers"].size() == 2 &&
              type_of(pre["pretokenizers"][0]) == "Split" &&
              type_of(pre["pretokenizers"][1]) == "ByteLevel" &&
-             !flag(pre["pretokenizers"][1], "use_regex", true)) {
+             !flag(pre["pretokenizers"][1], "use_regex", true, file)) {
     const json& split = pre["pretokenizers"][0];
     const json pattern = split.value("pattern", json(nullptr));
     if (!pattern.is_object() || !pattern.contains("Regex") || !pattern["Regex"].is_string() ||
-        split.value("behavior", std::string()) != "Isolated" || flag(split, "invert", false))
+        split.value("behavior", std::string()) != "Isolated" || flag(split, "invert", false, file))
       throw Error(pre_error);
     const std::string regex = pattern["Regex"].get<std::string>();
     if (regex == kGpt2Regex) {
@@ -290,7 +302,7 @@ BpeTokenizer BpeTokenizer::from_tokenizer_json(const std::filesystem::path& toke
       throw Error(file + ": pre-tokenizer pattern '" + one_line(regex, 60) +
                   "' is not supported; only GPT-2's, Llama 3's and Qwen2's are");
     }
-    t.add_prefix_space_ = flag(pre["pretokenizers"][1], "add_prefix_space", false);
+    t.add_prefix_space_ = flag(pre["pretokenizers"][1], "add_prefix_space", false, file);
     t.prefix_pieces_ = true;
   } else {
     throw Error(pre_error);
@@ -303,15 +315,18 @@ BpeTokenizer BpeTokenizer::from_tokenizer_json(const std::filesystem::path& toke
   // Added and special tokens.
   t.added_by_byte_.resize(256);
   const json added = j.value("added_tokens", json::array());
+  if (!added.is_array() && !added.is_null())
+    throw Error(file + ": \"added_tokens\" is not a list of {\"id\", \"content\", ...}");
   for (size_t k = 0; added.is_array() && k < added.size(); ++k) {
     const json& a = added[k];
     if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() ||
-        a["id"].get<int64_t>() < 0 || !a.contains("content") || !a["content"].is_string())
+        a["id"].get<int64_t>() < 0 || a["id"].get<int64_t>() > kLargestId ||
+        !a.contains("content") || !a["content"].is_string())
       throw Error(file + ": added_tokens[" + std::to_string(k) +
-                  "] has no non-negative \"id\" or no \"content\" string");
-    AddedToken token{a["content"].get<std::string>(), a["id"].get<int64_t>(),
-                     flag(a, "lstrip", false),        flag(a, "rstrip", false),
-                     flag(a, "single_word", false),   flag(a, "normalized", false)};
+                  "] has no \"id\" in [0, 2^32) or no \"content\" string");
+    AddedToken token{a["content"].get<std::string>(),     a["id"].get<int64_t>(),
+                     flag(a, "lstrip", false, file),      flag(a, "rstrip", false, file),
+                     flag(a, "single_word", false, file), flag(a, "normalized", false, file)};
     if (token.content.empty()) continue;
     t.added_by_byte_[static_cast<unsigned char>(token.content[0])].push_back(t.added_.size());
     t.added_text_[token.id] = token.content;

@@ -1,6 +1,7 @@
 #include "fabric/data/tokens.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -201,6 +202,21 @@ PreparedText write_splits(const std::vector<Id>& tokens, size_t files,
   std::error_code ec;
   fs::create_directories(output, ec);
   if (ec) throw Error(output.string() + ": cannot create (" + ec.message() + ")");
+  // meta.json goes first and comes back last: a run cut short (a kill, a full disk) leaves a
+  // folder without it, which training refuses, never the new train.bin beside an old val.bin
+  // and meta.json. Temporary files of earlier runs that were killed go too.
+  for (const char* name : {"train.bin", "val.bin", "meta.json"})
+    for (const auto& e : fs::directory_iterator(output, ec)) {
+      const std::string file = e.path().filename().string(), prefix = std::string(name) + ".tmp.";
+      if (file.rfind(prefix, 0) != 0) continue;
+      const std::string pid = file.substr(prefix.size());
+      if (!pid.empty() && pid.size() <= 9 &&
+          pid.find_first_not_of("0123456789") == std::string::npos &&
+          ::kill(static_cast<pid_t>(std::stoll(pid)), 0) != 0 && errno == ESRCH)
+        fs::remove(e.path(), ec);
+    }
+  fs::remove(output / "meta.json", ec);
+  if (ec) throw Error((output / "meta.json").string() + ": cannot replace (" + ec.message() + ")");
   write_file_atomically(output / "train.bin", as_bytes(tokens, 0, train));
   write_file_atomically(output / "val.bin", as_bytes(tokens, train, tokens.size()));
   write_file_atomically(output / "meta.json",

@@ -303,6 +303,26 @@ TEST_F(FileToolsTest, PrepareTextNeverWritesIntoItsInput) {
     EXPECT_NE(r.out.find(why), std::string::npos) << args << ": " << r.out;
   }
   EXPECT_FALSE(fs::exists(dir_ / "twice" / "train.bin"));
+  // A rerun killed while writing leaves no meta.json (the folder is refused, not a mix of two
+  // runs' files), and the next run removes the killed one's temporary file.
+  ASSERT_EQ(tool("prepare_text", "--input=b.txt --output=rerun").code, 0);
+  std::ofstream(dir_ / "c.txt") << std::string(2000, 'c');
+  const CommandResult killed =
+      run_command("cd '" + dir_.string() + "' && FABRIC_TEST_KILL_AFTER_BYTES=1000 '" +
+                  fs::absolute(helper_binary("//tools:prepare_text")).string() +
+                  "' --input=c.txt --output=rerun");
+  EXPECT_NE(killed.code, 0) << killed.out;
+  EXPECT_FALSE(fs::exists(dir_ / "rerun" / "meta.json"));
+  auto temporaries = [&] {
+    int n = 0;
+    for (const auto& e : fs::directory_iterator(dir_ / "rerun"))
+      n += e.path().filename().string().find(".tmp.") != std::string::npos;
+    return n;
+  };
+  EXPECT_EQ(temporaries(), 1);
+  ASSERT_EQ(tool("prepare_text", "--input=c.txt --output=rerun").code, 0);
+  EXPECT_TRUE(fs::exists(dir_ / "rerun" / "meta.json"));
+  EXPECT_EQ(temporaries(), 0);
 }
 
 TEST_F(FileToolsTest, EstimateMemoryHelpAndSizesThatOverflow) {

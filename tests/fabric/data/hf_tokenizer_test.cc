@@ -104,6 +104,26 @@ TEST_F(HfTokenizerTest, OtherKindsAndBadFilesAreOneLineErrors) {
   EXPECT_EQ(tool_error((dir_ / "nfkc.json").string()),
             "tokenize: " + (dir_ / "nfkc.json").string() +
                 ": normalizer \"NFKC\" is not supported; only none and NFC are\n");
+  // Fields `tokenizers` refuses: a flag that is not a boolean (read as its default, it tokenized
+  // otherwise), added_tokens that is not a list, an id beyond u32 (its id + 1 overflowed).
+  j = nlohmann::json::parse(std::ifstream(dir_ / "llama3/tokenizer.json"));
+  j["model"]["ignore_merges"] = "yes";
+  std::ofstream(dir_ / "flag.json") << j.dump();
+  EXPECT_EQ(tool_error((dir_ / "flag.json").string()),
+            "tokenize: " + (dir_ / "flag.json").string() +
+                ": \"ignore_merges\": \"yes\" is not true or false\n");
+  j = nlohmann::json::parse(std::ifstream(dir_ / "gpt2/tokenizer.json"));
+  j["added_tokens"] = nlohmann::json::object();
+  std::ofstream(dir_ / "added.json") << j.dump();
+  EXPECT_EQ(tool_error((dir_ / "added.json").string()),
+            "tokenize: " + (dir_ / "added.json").string() +
+                ": \"added_tokens\" is not a list of {\"id\", \"content\", ...}\n");
+  j = nlohmann::json::parse(std::ifstream(dir_ / "gpt2/tokenizer.json"));
+  j["added_tokens"][0]["id"] = int64_t{1} << 40;
+  std::ofstream(dir_ / "big_id.json") << j.dump();
+  EXPECT_EQ(tool_error((dir_ / "big_id.json").string()),
+            "tokenize: " + (dir_ / "big_id.json").string() +
+                ": added_tokens[0] has no \"id\" in [0, 2^32) or no \"content\" string\n");
 }
 
 TEST_F(HfTokenizerTest, BosAndEosFromTheTokenizerAndGenerationConfigs) {
@@ -201,7 +221,8 @@ TEST_F(HfTokenizerTest, PrepareTextWritesTheTokenizersIds) {
   EXPECT_EQ(alone.code, 0) << alone.out;
   EXPECT_NE(alone.out.find("warning: --tokenizer: no end-of-text id found"), std::string::npos)
       << alone.out;
-  // An added token's id beyond uint32 (it was written as its low 32 bits).
+  // An added token's id beyond uint32 (it was written as its low 32 bits): refused when the
+  // tokenizer is read, as `tokenizers` refuses it.
   big["added_tokens"].push_back(
       {{"id", (int64_t{1} << 32) + 7}, {"content", "<|beyond|>"}, {"special", true}});
   fs::create_directories(dir_ / "beyond");
@@ -211,7 +232,7 @@ TEST_F(HfTokenizerTest, PrepareTextWritesTheTokenizersIds) {
       " --tokenizer=" + (dir_ / "beyond/tokenizer.json").string() +
       " --output=" + (dir_ / "prepared_beyond").string());
   EXPECT_NE(beyond.code, 0) << beyond.out;
-  EXPECT_NE(beyond.out.find("ids up to 4294967303 do not fit the token files' uint32"),
+  EXPECT_NE(beyond.out.find("] has no \"id\" in [0, 2^32) or no \"content\" string"),
             std::string::npos)
       << beyond.out;
   // Latin-1 text (its 0xE9) was encoded into garbage ids, exit 0: refused naming file and byte.
