@@ -361,9 +361,20 @@ int train_model(fabric::Fabric& f, const examples::gpt::ModelChoice& choice, con
             "trainer.gradient_clip_val, or stop sooner with trainer.stop_on_nonfinite)");
   } else if (kStaged && stopped.empty() && c.get_int("gpt.sample_tokens") > 0) {
     text = "(no sample under pipeline parallelism)";
-    f.print(
-        "gpt: no sample under pipeline parallelism (each rank holds some of the blocks); "
-        "generate from the exported weights: bazel run //examples:generate");
+    // The export is the whole model (every stage's tensors joined on rank 0): this program on
+    // one process, with no step, samples from it (a weights.pt; an hf export is a folder).
+    const std::string& exported = checkpoints.export_weights();
+    if (exported.empty() || c.get_string("checkpoint.export_format") == "hf")
+      f.print(
+          "gpt: no sample under pipeline parallelism (each rank holds some of the blocks); "
+          "export the weights (checkpoint.export_weights, format pt) to sample from them with "
+          "fabric.devices=1 fabric.strategy=auto trainer.max_steps=0 model.init_weights=FILE");
+    else
+      f.print(
+          "gpt: no sample under pipeline parallelism (each rank holds some of the blocks); "
+          "sample from the exported weights with the same config and fabric.devices=1 "
+          "fabric.strategy=auto trainer.max_steps=0 model.init_weights=",
+          exported);
   } else if constexpr (!kStaged) {
     if (cp_positions.defined()) model->set_context_parallel(nullptr);  // whole prompts
     if (stopped.empty())

@@ -247,6 +247,17 @@ c10::IValue pipeline_localize(const c10::IValue& contents, const PipelineLocal& 
   const auto saved_names = saved_parameter_names(contents, local);
   if (saved_names.empty() && !local.stage_only) return contents;
   const Dict state = state_value->toGenericDict();
+  // A stage finds its parameters' optimizer state by name; an optimizer saved without pipeline
+  // parallelism numbers them in one process's order, which no stage's matches.
+  if (local.stage_only)
+    for (const auto& [entry, groups] : local.optimizers)
+      if (!saved_names.count(entry) && state.contains(entry))
+        throw Error(source + ": the optimizer '" + entry +
+                    "' was saved without pipeline parallelism (its state has no \"" +
+                    kParamNamesKey +
+                    "\" to find a stage's parameters by); resume it at "
+                    "fabric.model_parallel.pipeline_parallel_size 1, or resume under pp from a "
+                    "checkpoint a pp run wrote");
   Dict out_state(state.keyType(), state.valueType());
   for (const auto& item : state) {
     const std::string entry = key_of(item.key());

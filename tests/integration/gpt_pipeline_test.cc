@@ -132,7 +132,7 @@ TEST_F(GptExampleTest, PipelineValidationLeavesPaddingOutAndRunsShortBatches) {
 // selector only another stage's parameters match is not an error, and each stage's groups are
 // the whole model's (SGD with weight decay 0.5: pp 2 ends at one process's loss, 5.45465, where
 // without the exclusions the loss is 5.33302); a selector matching nothing of the model is refused
-// at its key.
+// at its key; one process's checkpoint does not resume under pp, and the error says why.
 TEST_F(GptExampleTest, ParameterGroupsUnderPipelineParallelismAreTheWholeModels) {
   const std::string decay =
       " optimizer.weight_decay=0.5 trainer.max_steps=4"
@@ -155,6 +155,19 @@ TEST_F(GptExampleTest, ParameterGroupsUnderPipelineParallelismAreTheWholeModels)
   EXPECT_NE(none.out.find("optimizer.no_weight_decay: 'nope.*' matches no parameter of GPT"),
             std::string::npos)
       << none.out;
+  // One process's checkpoint numbers its optimizer's parameters in that process's order, which
+  // no stage's matches: said as such (it was "group 0 has 18 parameters, the optimizer's 10").
+  const Result resumed =
+      run("gpt", pipeline_args(args(2, "model_parallel")) + decay + pp +
+                     " data.batch_size=8 trainer.max_steps=6 "
+                     "checkpoint.resume=" +
+                     last_checkpoint("wd_one").string() + " logging.run_dir=wd_resumed");
+  EXPECT_NE(resumed.code, 0) << resumed.out;
+  EXPECT_NE(resumed.out.find("' was saved without pipeline parallelism (its state has no "
+                             "\"param_names\" to find a stage's parameters by); resume it at "
+                             "fabric.model_parallel.pipeline_parallel_size 1"),
+            std::string::npos)
+      << resumed.out;
 }
 
 // fabric.model_parallel.context_parallel_size 2: each rank runs 2 of the 4 chunks of every
