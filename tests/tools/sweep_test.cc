@@ -265,6 +265,24 @@ TEST_F(SweepTest, RunsStartInTheSweepFilesFolder) {
                                 (dir_ / "data").string(), (dir_ / "data").string()}));
 }
 
+// A relative binary: means what it means where the runs start (the workdir:), wherever the sweep
+// is started from (it was looked up from the working directory, then the sweep file's folder).
+TEST_F(SweepTest, ARelativeBinaryIsFoundWhereTheRunsStart) {
+  fs::create_directories(dir_ / "w" / "bin");
+  fs::create_directories(dir_ / "files");
+  const fs::path wrapper = dir_ / "w" / "bin" / "trainer";
+  std::ofstream(wrapper) << "#!/bin/sh\nexec '" << fake_ << "' \"$@\"\n";
+  fs::permissions(wrapper, fs::perms::owner_all);
+  std::ofstream(dir_ / "files" / "s.yaml")
+      << "binary: bin/trainer\nworkdir: ../w\nmetric: fake_metric\nmode: max\n"
+         "grid: {optimizer.lr: [0.1]}\n";
+  auto r = fabric::testing::run_command("cd / && '" + sweep_ +
+                                        "' --sweep=" + (dir_ / "files" / "s.yaml").string() +
+                                        " --dir=" + (dir_ / "relative").string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("1 done, 0 failed"), std::string::npos) << r.out;
+}
+
 // Parallel runs on CPU split the sweep's CPUs: with FABRIC_CPUS=4 and --parallel=2 each run gets
 // FABRIC_CPUS=2, and the sweep says so; one run at a time keeps the whole budget.
 TEST_F(SweepTest, ParallelRunsOnCpuSplitTheCpus) {

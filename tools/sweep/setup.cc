@@ -26,7 +26,10 @@ bool executable(const fs::path& p) {
   return fs::is_regular_file(p) && access(p.c_str(), X_OK) == 0;
 }
 
-fs::path find_binary(const SweepSpec& spec, const fs::path& sweep_file) {
+// `binary:`: a label bundled with the tool, or a path; a relative path means what it means where
+// the runs start (`workdir`: the sweep file's folder or its workdir:), else from the working
+// directory the sweep was started in.
+fs::path find_binary(const SweepSpec& spec, const fs::path& workdir) {
   const std::string& b = spec.binary;
   std::vector<fs::path> tried;
   if (b.rfind("//", 0) == 0) {
@@ -47,7 +50,7 @@ fs::path find_binary(const SweepSpec& spec, const fs::path& sweep_file) {
                       "program's path instead, e.g. bazel-bin/" +
                       pkg + "/" + name + " after bazel build " + b);
   }
-  for (const fs::path& p : {absolute_from_working_directory(b), sweep_file.parent_path() / b}) {
+  for (const fs::path& p : {(workdir / b).lexically_normal(), absolute_from_working_directory(b)}) {
     tried.push_back(p);
     if (executable(p)) return fs::absolute(p);
   }
@@ -116,7 +119,7 @@ Setup prepare(const SweepSpec& spec, const fs::path& sweep_file, RunnerOptions o
                       ": workdir: " + workdir.string() +
                       " is not a folder; runs start there (relative to the sweep file's folder)");
   options.cwd = workdir;
-  options.binary = find_binary(spec, sweep_file);
+  options.binary = find_binary(spec, workdir);
   options.config = find_config(spec, sweep_file);
   Setup setup;
   std::vector<std::string> argv = {options.binary.string()};
