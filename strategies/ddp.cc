@@ -115,7 +115,7 @@ void Ddp::setup_module(torch::nn::Module& module) {
     names.push_back(item.key());
     params.push_back(item.value());
   }
-  const int ordinal = static_cast<int>(replicas_.size()) + 1;
+  const int ordinal = ++modules_set_up_;  // frozen ones count: errors name the setup call
   if (!params.empty() && !replicas_.empty()) {
     // What takes one trainable module: said before anything of this one is changed further.
     const char* one = options_.shard_optimizer_state ? "fabric.ddp.shard_optimizer_state"
@@ -135,8 +135,18 @@ void Ddp::setup_module(torch::nn::Module& module) {
         static_cast<int64_t>(nn::convert_sync_batchnorm_or_throw(module, pg).synchronized.size());
   }
   // Frozen: nothing to synchronize. Every rank built it with the same seed or loads the same
-  // weights into it (broadcasting a large teacher would only cost time).
-  if (params.empty()) return;
+  // weights into it (broadcasting a large teacher would only cost time). Its parameters are
+  // kept, so that one unfrozen later is an error rather than a replica that drifts.
+  if (params.empty()) {
+    for (const auto& item : module.named_parameters())
+      frozen_.emplace_back(item.value(), module_named(ordinal) + "'s '" + item.key() + "'");
+    return;
+  }
+  // A parameter another set-up module holds would get two Reducers' hooks.
+  for (size_t i = 0; i < params.size(); ++i)
+    if (!synchronized_.insert(params[i].unsafeGetTensorImpl()).second)
+      throw Error("ddp: " + module_named(ordinal) + " shares its parameter '" + names[i] +
+                  "' with a module set up before it; set up the module that holds both once");
   std::vector<torch::Tensor> buffers;
   for (const auto& b : module.buffers()) buffers.push_back(b);
 
@@ -242,7 +252,14 @@ void Ddp::set_capturable_gradient_sync(bool on) {
   }
 }
 
-std::vector<Ddp::Replica*> Ddp::reached_by(const torch::Tensor& loss) const {
+std::vector<Ddp::Replica*> Ddp::reached_by(const torch::Tensor& loss, bool* uneven) {
+  *uneven = false;
+  for (const auto& [p, name] : frozen_)
+    if (p.requires_grad())
+      throw Error("ddp: " + name +
+                  " requires a gradient now, but its module was set up frozen (nothing "
+                  "synchronizes it, so the replicas would drift apart); unfreeze before setting "
+                  "the module up");
   std::vector<Replica*> out;
   if (replicas_.size() == 1) {
     out.push_back(replicas_.front().get());
@@ -262,25 +279,42 @@ std::vector<Ddp::Replica*> Ddp::reached_by(const torch::Tensor& loss) const {
       if (edge.function && seen.insert(edge.function.get()).second)
         todo.push_back(edge.function.get());
   }
-  for (const auto& r : replicas_) {
-    size_t reached = 0;
-    const std::string* missed = nullptr;
-    for (size_t i = 0; i < r->params.size(); ++i) {
-      const auto accumulator = torch::autograd::impl::try_get_grad_accumulator(r->params[i]);
+  // Each module's reached parameters here, then over the ranks (a data-dependent branch may reach
+  // a module on some ranks only): the largest count and the smallest (negated, one all-reduce).
+  const auto n = static_cast<int64_t>(replicas_.size());
+  std::vector<const std::string*> missed(replicas_.size(), nullptr);
+  torch::Tensor counts = torch::zeros({2 * n}, torch::kFloat);
+  for (int64_t r = 0; r < n; ++r) {
+    const Replica& replica = *replicas_[static_cast<size_t>(r)];
+    int64_t reached = 0;
+    for (size_t i = 0; i < replica.params.size(); ++i) {
+      const auto accumulator = torch::autograd::impl::try_get_grad_accumulator(replica.params[i]);
       if (accumulator && seen.count(accumulator.get())) {
         ++reached;
-      } else if (missed == nullptr) {
-        missed = &r->names[i];
+      } else if (missed[static_cast<size_t>(r)] == nullptr) {
+        missed[static_cast<size_t>(r)] = &replica.names[i];
       }
     }
-    if (reached == 0) continue;
-    if (reached < r->params.size() && !options_.find_unused_parameters)
-      throw Error("ddp: this backward reaches " + std::to_string(reached) + " of the " +
-                  std::to_string(r->params.size()) + " parameters of " + module_named(r->ordinal) +
-                  " (not '" + *missed +
-                  "'): set fabric.ddp.find_unused_parameters: true, or freeze the parameters "
-                  "the loss does not use");
-    out.push_back(r.get());
+    counts[r] = static_cast<float>(reached);
+    counts[n + r] = -static_cast<float>(reached);
+  }
+  counts = all_reduce(counts.to(device_), ReduceOp::kMax).to(torch::kCPU);  // NCCL: on the GPU
+  for (int64_t r = 0; r < n; ++r) {
+    Replica& replica = *replicas_[static_cast<size_t>(r)];
+    const auto most = static_cast<size_t>(counts[r].item<float>());
+    const auto least = static_cast<size_t>(-counts[n + r].item<float>());
+    if (most == 0) continue;  // no rank's loss reaches it
+    *uneven = *uneven || least < most;
+    if (least < replica.params.size() && !options_.find_unused_parameters) {
+      const std::string* name = missed[static_cast<size_t>(r)];
+      throw Error("ddp: this backward reaches " + std::to_string(least) + " of the " +
+                  std::to_string(replica.params.size()) + " parameters of " +
+                  module_named(replica.ordinal) +
+                  (name != nullptr ? " (not '" + *name + "')" : std::string(" on some rank")) +
+                  ": set fabric.ddp.find_unused_parameters: true, or freeze the parameters the "
+                  "loss does not use");
+    }
+    out.push_back(&replica);
   }
   return out;
 }
@@ -301,7 +335,8 @@ void Ddp::backward(const torch::Tensor& loss_in) {
   }
   // The modules this backward reaches: it synchronizes exactly those when sync_, else leaves
   // them to sync_unsynced_gradients.
-  const std::vector<Replica*> reached = reached_by(loss_in);
+  bool uneven = false;
+  const std::vector<Replica*> reached = reached_by(loss_in, &uneven);
   for (Replica* r : reached) r->unsynced = !sync_;
   unsynced_ = false;
   for (const auto& r : replicas_) unsynced_ = unsynced_ || r->unsynced;
@@ -311,6 +346,21 @@ void Ddp::backward(const torch::Tensor& loss_in) {
       reached.front()->flat_sync->run();
       ++synced_backwards_;
     }
+    return;
+  }
+  if (sync_ && uneven) {
+    // The ranks' graphs differ (a module some reach and others do not): Reducers, which start
+    // all-reduces as gradients arrive, would start them in each rank's own order. After the
+    // backward instead, module by module in setup order, a missing gradient as zeros (what
+    // find_unused_parameters means by unused).
+    precision_->backward(loss_in);
+    for (Replica* r : reached) {
+      if (!r->flat_sync) continue;
+      for (auto& p : r->params)
+        if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+      r->flat_sync->run();
+    }
+    ++synced_backwards_;
     return;
   }
   torch::Tensor loss = loss_in;
@@ -353,6 +403,14 @@ void Ddp::sync_unsynced_gradients() {
     // one as zeros during a synchronized backward only.
     for (const auto& r : replicas_) {
       if (!r->unsynced || capturable_) continue;
+      // Gradients the loop cleared since (zero_grad to none, as a GAN's discriminator step
+      // does): nothing of this module to synchronize.
+      bool any = false;
+      for (const auto& p : r->params) any = any || p.grad().defined();
+      if (!any) {
+        r->unsynced = false;
+        continue;
+      }
       for (size_t i = 0; i < r->params.size(); ++i)
         if (!r->params[i].grad().defined())
           throw Error("ddp: parameter '" + r->names[i] +

@@ -24,6 +24,8 @@
 
 #include <memory>
 #include <string>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "fabric/core/cluster_environment.h"
@@ -74,12 +76,18 @@ class Ddp : public ParallelStrategy {
   void release() override;  // the Reducers and the flat syncs, before the rendezvous ends
   void broadcast_buffers();
   void make_reducer(Replica& r);  // over its parameters (hooks synchronize during backward)
-  // The replicas `loss` reaches through the autograd graph (all of them when there is one: no
-  // graph walk); refuses one reached in part without find_unused_parameters.
-  std::vector<Replica*> reached_by(const torch::Tensor& loss) const;
+  // The replicas `loss` reaches through the autograd graph on any rank (the one there is: no graph
+  // walk, no collective; several: one small all-reduce, so that every rank makes the same
+  // choice); `uneven`: some replica is reached on some ranks more than on others. Refuses, on
+  // every rank, one some rank's loss reaches in part without find_unused_parameters, and a
+  // parameter of a module set up frozen that now requires a gradient.
+  std::vector<Replica*> reached_by(const torch::Tensor& loss, bool* uneven);
 
   DdpOptions options_;
   std::vector<std::unique_ptr<Replica>> replicas_;  // in setup order
+  int modules_set_up_ = 0;                          // frozen ones included (errors name them)
+  std::unordered_set<const void*> synchronized_;    // the replicas' parameters (no sharing)
+  std::vector<std::pair<torch::Tensor, std::string>> frozen_;  // frozen modules' parameters
   bool capturable_ = false;
   std::vector<torch::Tensor> buffers_;  // of the replicas, re-broadcast after each step
   bool sync_ = true;

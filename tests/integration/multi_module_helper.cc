@@ -5,7 +5,10 @@
 //                        discriminator's step trains on a detached fake (its backward reaches only
 //                        it), the generator's loss goes through both;
 //                        distill: a student trained towards a frozen teacher set up beside it;
-//                        partial: a second module whose loss uses one of its two heads
+//                        partial: a second module whose loss uses one of its two heads;
+//                        sometimes: a second module only rank 1's loss reaches (find_unused);
+//                        unfreeze: distill, with the teacher unfrozen after setup;
+//                        shared: a module, then one of its layers, each set up
 //   test.steps  6        steps (gan: one discriminator and one generator step each)
 // The data: 8 examples a step, the same on every process; rank r of W takes rows [r*8/W,
 // (r+1)*8/W), so the mean gradient over the ranks is the one process's over all 8. Prints, on
@@ -61,7 +64,9 @@ void print_params(fabric::Fabric& f, const std::string& module, torch::nn::Modul
 
 int main(int argc, char** argv) {
   fabric::ConfigSchema schema = fabric::training_schema();
-  schema.add("test.mode", fabric::KeySpec::choice({"gan", "distill", "partial"}, "gan"));
+  schema.add("test.mode",
+             fabric::KeySpec::choice(
+                 {"gan", "distill", "partial", "sometimes", "unfreeze", "shared"}, "gan"));
   schema.add("test.steps", fabric::KeySpec::integer(6).min(0));
   return fabric::run_main(argc, argv, schema, [](const fabric::Config& c) {
     fabric::Fabric fabric(c);
@@ -99,12 +104,34 @@ int main(int argc, char** argv) {
         }
         print_params(f, "generator", *generator);
         print_params(f, "discriminator", *discriminator);
-      } else if (mode == "distill") {
+      } else if (mode == "sometimes") {
+        Mlp main_module(6, 8, 1), aux(6, 4, 1);
+        std::vector<torch::Tensor> all = main_module->parameters();
+        for (const auto& p : aux->parameters()) all.push_back(p);
+        torch::optim::SGD opt(all, torch::optim::SGDOptions(0.1));
+        f.setup(main_module);
+        f.setup(aux, opt);
+        for (int64_t step = 0; step < steps; ++step) {
+          const torch::Tensor x = f.to_device(rows(real, step));
+          opt.zero_grad();
+          torch::Tensor loss = main_module->forward(x).square().mean();
+          if (f.global_rank() == 1) loss = loss + aux->forward(x).square().mean();
+          f.backward(loss);
+          f.step(opt);
+        }
+        print_params(f, "main", *main_module);
+      } else if (mode == "shared") {
+        Mlp whole(6, 8, 1);
+        f.setup(whole);
+        f.setup(whole->fc1);
+      } else if (mode == "distill" || mode == "unfreeze") {
         Mlp teacher(6, 16, 3), student(6, 4, 3);
         for (auto& p : teacher->parameters()) p.requires_grad_(false);
         torch::optim::SGD opt(student->parameters(), torch::optim::SGDOptions(0.3));
         f.setup(teacher);
         f.setup(student, opt);
+        if (mode == "unfreeze")
+          for (auto& p : teacher->parameters()) p.requires_grad_(true);
         for (int64_t step = 0; step < steps; ++step) {
           const torch::Tensor x = f.to_device(rows(real, step));
           opt.zero_grad();

@@ -18,7 +18,8 @@ namespace {
 
 fabric::testing::CommandResult run(const std::string& args) {
   const std::string exe = fabric::testing::helper_binary("//tests/integration:multi_module_helper");
-  return fabric::testing::run_command("'" + exe + "' fabric.accelerator=cpu " + args);
+  // A collective one rank skips would hang: the timeout turns that into a failure.
+  return fabric::testing::run_command("timeout 120 '" + exe + "' fabric.accelerator=cpu " + args);
 }
 
 // "param NAME v1 v2 ..." lines: name → values.
@@ -91,6 +92,36 @@ TEST(MultiModuleTest, ALossReachingAModuleInPartNeedsFindUnusedParameters) {
           "test.mode=partial");
   ASSERT_EQ(unused.code, 0) << unused.out;
   EXPECT_LT(largest_difference(params(one.out), params(unused.out)), 1e-5) << one.out << unused.out;
+}
+
+// A module only some ranks' losses reach (a data-dependent branch) is prepared on every rank, so
+// the ranks run the same collectives (with find_unused_parameters; without it, every rank stops
+// with the same error); a module set up frozen and unfrozen later, and a parameter two set-up
+// modules share, are refused.
+TEST(MultiModuleTest, RanksAgreeOnTheModulesABackwardSynchronizes) {
+  auto sometimes =
+      run("fabric.devices=2 fabric.strategy=ddp fabric.ddp.find_unused_parameters=true "
+          "test.mode=sometimes");
+  EXPECT_EQ(sometimes.code, 0) << sometimes.out;
+  EXPECT_FALSE(params(sometimes.out).empty()) << sometimes.out;
+  auto refused = run("fabric.devices=2 fabric.strategy=ddp test.mode=sometimes");
+  EXPECT_EQ(refused.code, 1) << refused.out;
+  EXPECT_NE(refused.out.find("ddp: this backward reaches 0 of the 4 parameters of the module set "
+                             "up second"),
+            std::string::npos)
+      << refused.out;
+  auto unfrozen = run("fabric.devices=2 fabric.strategy=ddp test.mode=unfreeze");
+  EXPECT_EQ(unfrozen.code, 1) << unfrozen.out;
+  EXPECT_NE(unfrozen.out.find("ddp: the module set up first's 'fc1.weight' requires a gradient "
+                              "now, but its module was set up frozen"),
+            std::string::npos)
+      << unfrozen.out;
+  auto shared = run("fabric.devices=2 fabric.strategy=ddp test.mode=shared");
+  EXPECT_EQ(shared.code, 1) << shared.out;
+  EXPECT_NE(shared.out.find("ddp: the module set up second shares its parameter 'weight' with a "
+                            "module set up before it"),
+            std::string::npos)
+      << shared.out;
 }
 
 // A whole model under pipeline parallelism would be trained whole by every pipeline rank, on the
