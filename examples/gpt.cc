@@ -120,6 +120,32 @@ int train_model(fabric::Fabric& f, const examples::gpt::ModelChoice& choice, con
   auto optimizer =
       kStaged ? fabric::make_optimizer_for_part(c, *model) : fabric::make_optimizer(c, *model);
   if constexpr (kStaged) {
+    // Checkpoints join the stages' optimizers group by group: every stage needs the same groups
+    // in the same order, which a selector matching one stage's parameters only would break (at
+    // the first save, after training). Said before training, on every rank.
+    std::string kinds;
+    for (const auto& g : fabric::group_parameters(*model, fabric::param_group_rules(c),
+                                                  /*require_matches=*/false)) {
+      char text[64];
+      std::snprintf(text, sizeof(text), "%s(lr x%g, %s)", kinds.empty() ? "" : ", ", g.lr_scale,
+                    g.weight_decay ? "decay" : "no decay");
+      kinds += text;
+    }
+    const std::string first = f.broadcast(kinds, 0);
+    const auto odd = static_cast<int64_t>(f.all_reduce(
+        kinds == first ? static_cast<double>(f.world_size()) : static_cast<double>(f.global_rank()),
+        fabric::ReduceOp::kMin));
+    if (odd < f.world_size()) {
+      const std::string theirs = f.broadcast(kinds, odd);
+      throw c.error_at(
+          c.get_string_list("optimizer.no_weight_decay").empty() ? "optimizer.lr_scale"
+                                                                 : "optimizer.no_weight_decay",
+          "under pipeline parallelism every stage needs the same parameter groups in the same "
+          "order (checkpoints join them by position): rank 0's stages have " +
+              first + ", rank " + std::to_string(odd) + "'s " + theirs +
+              "; use selectors that match parameters of every stage (\"*.bias\", "
+              "\"type:*Norm*\") or none");
+    }
     f.setup_pipeline_tied(model->tied_weight(), pipe->runner());
     pipe->describe(*model, choice.parameters());
   }

@@ -155,6 +155,18 @@ TEST_F(GptExampleTest, ParameterGroupsUnderPipelineParallelismAreTheWholeModels)
   EXPECT_NE(none.out.find("optimizer.no_weight_decay: 'nope.*' matches no parameter of GPT"),
             std::string::npos)
       << none.out;
+  // A selector only one stage's parameters match gives the stages different groups, which a
+  // checkpoint cannot join (it failed at the first save): refused before training.
+  const Result one_stage = run("gpt", pipeline_args(args(2, "model_parallel")) + pp +
+                                          " data.batch_size=8 "
+                                          "'optimizer.no_weight_decay=[\"transformer.wpe.weight\"]'"
+                                          " logging.run_dir=wd_one_stage");
+  EXPECT_EQ(one_stage.code, 2) << one_stage.out;
+  EXPECT_NE(one_stage.out.find("optimizer.no_weight_decay: under pipeline parallelism every stage "
+                               "needs the same parameter groups in the same order"),
+            std::string::npos)
+      << one_stage.out;
+  EXPECT_EQ(one_stage.out.find("step 1"), std::string::npos) << one_stage.out;
   // One process's checkpoint numbers its optimizer's parameters in that process's order, which
   // no stage's matches: said as such (it was "group 0 has 18 parameters, the optimizer's 10").
   const Result resumed =
@@ -298,7 +310,13 @@ TEST_F(GptExampleTest, PipelineBadKeysAreRefusedInOneLine) {
             "model.block_size: 30 tokens per sequence do not split into 2 x 2 equal chunks under "
             "context parallelism"},
            {"1 fabric.model_parallel.context_parallel_size=2 model.dropout=0.1",
-            "model.dropout: not supported under context parallelism"}}) {
+            "model.dropout: not supported under context parallelism"},
+           // Sequence parallelism cuts each sequence into tp parts (it failed at the first
+           // forward).
+           {"1 fabric.model_parallel.tensor_parallel_size=2 "
+            "fabric.model_parallel.sequence_parallel=true model.block_size=31",
+            "model.block_size: 31 is not a multiple of fabric.model_parallel.tensor_parallel_size "
+            "2: sequence parallelism cuts every sequence into that many equal parts"}}) {
     const Result r = run("gpt", base + extra);
     EXPECT_EQ(r.code, 2) << extra << "\n" << r.out;
     EXPECT_NE(r.last_line().find(expected), std::string::npos) << extra << "\n" << r.out;
