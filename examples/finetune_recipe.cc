@@ -166,10 +166,11 @@ Inputs open_inputs(fabric::Fabric& f) {
   o.template_text = c.get_string("data.template");
   o.block_size = block;
   o.packed = c.get_bool("data.packed");
-  const std::string add_bos = c.get_string("data.add_bos");
-  o.add_bos = add_bos == "true" || (add_bos == "auto" && p.add_bos_token);
   const auto tokenizer = std::make_shared<const fabric::BpeTokenizer>(
       fabric::BpeTokenizer::from_tokenizer_json(o.tokenizer_json));
+  // auto: the bos when the folder asks for one and names it (never an error).
+  const std::string add_bos = c.get_string("data.add_bos");
+  o.add_bos = add_bos == "true" || (add_bos == "auto" && p.add_bos_token && tokenizer->bos() >= 0);
   try {  // ids the model has no row for would fail in the first forward
     fabric::hf::check_tokenizer_fits(p, tokenizer->vocab_size());
   } catch (const fabric::Error& e) {

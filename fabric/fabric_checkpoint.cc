@@ -483,11 +483,16 @@ void Fabric::load(const std::string& path, CheckpointState& state, bool strict) 
   // All ranks fail together (and with rank 0's reason when theirs read fine).
   const bool ok_everywhere = all_reduce(failure.empty() ? 1.0 : 0.0, ReduceOp::kMin) > 0.5;
   if (!ok_everywhere) {
-    // Rank 0's reason, its first character saying whether a damaged file was (U) or not (E).
-    const std::string first = broadcast((unreadable ? "U" : "E") + failure, 0);
+    // The lowest failing rank's reason (a shard only rank 3 reads may be the damaged one), its
+    // first character saying whether a damaged file was (U) or not (E).
+    const auto world = static_cast<double>(world_size());
+    const auto src = static_cast<int64_t>(
+        all_reduce(failure.empty() ? world : static_cast<double>(global_rank()), ReduceOp::kMin));
+    const std::string first = broadcast((unreadable ? "U" : "E") + failure, src);
     if (failure.empty()) {
       failure = first.size() > 1 ? first.substr(1)
-                                 : source + ": could not be loaded on another rank (see its log)";
+                                 : source + ": could not be loaded on rank " + std::to_string(src) +
+                                       " (see its log)";
       unreadable = first.size() > 1 && first[0] == 'U';
     }
     if (unreadable) throw UnreadableArchive(failure);

@@ -76,7 +76,7 @@ TEST(BpeTokenizerTest, BadFilesAreOneLineErrorsNamingFileAndLine) {
             std::string::npos);
   { std::ofstream(dir / "vocab.json") << "{\"a\": -1}"; }
   EXPECT_EQ(error_of(dir / "vocab.json", kDir / "merges.txt"),
-            (dir / "vocab.json").string() + ": \"a\" has no non-negative integer id");
+            (dir / "vocab.json").string() + ": \"a\" has no integer id in [0, 2^32)");
   // Two symbols sharing an id were accepted before: the data would decode as either.
   { std::ofstream(dir / "vocab.json") << "{\"a\": 5, \"b\": 5}"; }
   EXPECT_EQ(error_of(dir / "vocab.json", kDir / "merges.txt"),
