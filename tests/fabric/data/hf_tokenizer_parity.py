@@ -39,6 +39,11 @@ CASES = [
     "<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n",
     "say <tool> now<tool>glued [NAME] and [NAME]x and x[NAME]",
     "", " ", "\n", "  \n\n  x", "end with spaces   ", UNICODE,
+    # Letters and digits Unicode 15 and 16 added (Python 3.11's unicodedata, Unicode 14, does not
+    # know them; tokenizers does): CJK Ext H, Cyrillic TJE, Nag Mundari, Kawi digits; and letters
+    # of Unicode 17 (Sidetic, Tolong Siki), which tokenizers does not class as letters yet.
+    "abc\U00031350def \U00031351\U00031352 x\u1c89y \U0001E4D0\U0001E4D1z "
+    "\U00011F50\U00011F51 7\U0001E4F0 a\U00010940b \U00011DB0c",
 ]
 # Added tokens: special ones, and plain ones with lstrip / rstrip / single_word.
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -108,6 +113,15 @@ def main():
     binary, out = sys.argv[1], sys.argv[2]
     stdlib = sysconfig.get_paths()["stdlib"]
     train_files = [os.path.join(stdlib, f) for f in TRAIN_FILES]
+    # Words with letters and digits of Unicode 15 and 16, often enough that merges join them to
+    # their ASCII neighbours, which only a pre-tokenizer that classes them as tokenizers does (one
+    # piece "abc\U00031350def") can apply.
+    newer = os.path.join(out, "newer_unicode.txt")
+    os.makedirs(out, exist_ok=True)
+    with open(newer, "w", encoding="utf-8") as f:
+        f.write(("abc\U00031350def x\u1c89y \U0001E4D0\U0001E4D1z 7\U0001E4F0 \U00011F50\U00011F51 "
+                 "the\U00031351re ") * 2000)
+    train_files.append(newer)
     # Text the tokenizers were not trained on.
     other = open(os.path.join(stdlib, "argparse.py"), encoding="utf-8").read()[:6000]
     cases = CASES + [other, other[:3000] + UNICODE + "<|endoftext|>" + other[3000:]]
