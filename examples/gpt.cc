@@ -27,6 +27,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <set>
 #include <string>
 #include <type_traits>
 
@@ -42,8 +43,10 @@
 #include "examples/gpt_text.h"
 #include "fabric/accelerators/memory.h"
 #include "fabric/callbacks.h"
+#include "fabric/checkpoint/state_dict.h"
 #include "fabric/checkpointer.h"
 #include "fabric/core/error.h"
+#include "fabric/core/paths.h"
 #include "fabric/data/tokens.h"
 #include "fabric/fabric.h"
 #include "fabric/graphed_step.h"
@@ -149,7 +152,10 @@ int train_model(fabric::Fabric& f, const examples::gpt::ModelChoice& choice, con
     f.setup_pipeline_tied(model->tied_weight(), pipe->runner());
     pipe->describe(*model, choice.parameters());
   }
-  f.setup(model, *optimizer);  // and model.init_weights, if set
+  // model.init_weights under pp: this loop's (read before setup, so Fabric leaves it): the file is
+  // a whole model's, and each stage takes its own tensors from it, below.
+  const std::string staged_init = kStaged ? c.get_string("model.init_weights") : "none";
+  f.setup(model, *optimizer);  // and model.init_weights, if set (a whole model)
   // fabric.model_parallel.context_parallel_size: each rank runs its share of every sequence
   // (`local`: chunks r and 2 cp - 1 - r of 2 cp), attention over the whole by ring.
   // (Stages: their whole model got the group before the cut, in train().)
@@ -174,6 +180,41 @@ int train_model(fabric::Fabric& f, const examples::gpt::ModelChoice& choice, con
     f.load_weights(model, weights.tensors, choice.pretrained->folder.string());
     f.print("model.pretrained: loaded ", weights.tensors.size(), " tensors from ",
             choice.pretrained->folder.string());
+  }
+  if (staged_init != "none") {
+    // The stages' tensors of a whole model's file (a pp run's export joins every stage); one no
+    // stage holds says the file is another model's, as a whole model's strict load would.
+    const fs::path file = fabric::absolute_from_working_directory(staged_init);
+    fabric::StateDict tensors;
+    try {
+      tensors = fabric::load_state_dict_file(file);
+    } catch (const fabric::Error& e) {
+      throw c.error_at("model.init_weights", e.what());
+    }
+    std::set<std::string> held;
+    for (const auto& item : fabric::state_dict(*model)) held.insert(item.first);
+    torch::Tensor used = torch::zeros({static_cast<int64_t>(tensors.size())});
+    for (size_t i = 0; i < tensors.size(); ++i)
+      if (held.count(tensors[i].first)) used[static_cast<int64_t>(i)] = 1;
+    used = f.all_reduce(used.to(f.device()), fabric::ReduceOp::kMax).to(torch::kCPU);
+    std::string strays;
+    int64_t stray_count = 0;
+    for (size_t i = 0; i < tensors.size(); ++i)
+      if (used[static_cast<int64_t>(i)].item<float>() == 0 && stray_count++ < 3)
+        strays += (strays.empty() ? "" : ", ") + tensors[i].first;
+    if (stray_count > 0)
+      throw c.error_at("model.init_weights", file.string() + ": " + std::to_string(stray_count) +
+                                                 " tensor(s) no pipeline stage holds (" + strays +
+                                                 "): the weights of another model?");
+    std::erase_if(tensors, [&](const auto& item) { return !held.count(item.first); });
+    try {
+      f.load_weights(model, tensors, file.string());
+    } catch (const fabric::ConfigError&) {
+      throw;
+    } catch (const fabric::Error& e) {
+      throw c.error_at("model.init_weights", e.what());
+    }
+    f.print("model.init_weights: loaded ", file.string(), " into the pipeline's stages");
   }
   // data.batch_size: auto: the largest that runs a step (Fabric::find_batch_size): sequences of
   // the first tokens through the loss and backward, no gradient synchronization, the optimizer's

@@ -132,7 +132,8 @@ TEST_F(GptExampleTest, PipelineValidationLeavesPaddingOutAndRunsShortBatches) {
 // selector only another stage's parameters match is not an error, and each stage's groups are
 // the whole model's (SGD with weight decay 0.5: pp 2 ends at one process's loss, 5.45465, where
 // without the exclusions the loss is 5.33302); a selector matching nothing of the model is refused
-// at its key; one process's checkpoint does not resume under pp, and the error says why.
+// at its key; one process's weights seed a pp run (model.init_weights), its checkpoint does not
+// resume under pp, and the error says why.
 TEST_F(GptExampleTest, ParameterGroupsUnderPipelineParallelismAreTheWholeModels) {
   const std::string decay =
       " optimizer.weight_decay=0.5 trainer.max_steps=4"
@@ -167,6 +168,25 @@ TEST_F(GptExampleTest, ParameterGroupsUnderPipelineParallelismAreTheWholeModels)
             std::string::npos)
       << one_stage.out;
   EXPECT_EQ(one_stage.out.find("step 1"), std::string::npos) << one_stage.out;
+  // model.init_weights under pp: each stage takes its tensors of the whole model's file (it was
+  // loaded strictly into a stage and refused), and a file of another model is still refused.
+  const std::string init =
+      " trainer.max_steps=0 model.init_weights=" + (dir_ / "wd_one" / "weights.pt").string();
+  const Result init_one =
+      run("gpt", pipeline_args(args(1, "single_device")) + init + " logging.run_dir=init_one");
+  ASSERT_EQ(init_one.code, 0) << init_one.out;
+  const Result init_pp = run("gpt", pipeline_args(args(2, "model_parallel")) + pp +
+                                        " data.batch_size=8" + init + " logging.run_dir=init_pp2");
+  ASSERT_EQ(init_pp.code, 0) << init_pp.out;
+  EXPECT_NEAR(summary_of(init_pp)["val_loss"].get<double>(),
+              summary_of(init_one)["val_loss"].get<double>(), 1e-6);
+  const Result other =
+      run("gpt", pipeline_args(args(2, "model_parallel")) + pp +
+                     " data.batch_size=8 model.n_layer=2" + init + " logging.run_dir=init_other");
+  EXPECT_EQ(other.code, 2) << other.out;
+  EXPECT_NE(other.out.find("tensor(s) no pipeline stage holds (transformer.h.2."),
+            std::string::npos)
+      << other.out;
   // One process's checkpoint numbers its optimizer's parameters in that process's order, which
   // no stage's matches: said as such (it was "group 0 has 18 parameters, the optimizer's 10").
   const Result resumed =
