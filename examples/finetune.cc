@@ -39,6 +39,7 @@
 
 #include "examples/common/decode.h"
 #include "examples/common/evaluations.h"
+#include "examples/common/parallel_keys.h"
 #include "examples/common/steps.h"
 #include "examples/finetune_demo.h"
 #include "examples/finetune_recipe.h"

@@ -30,7 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "examples/common/decode.h"
-#include "examples/common/evaluations.h"
+#include "examples/common/parallel_keys.h"
 #include "fabric/callbacks.h"
 #include "fabric/checkpoint/output_check.h"
 #include "fabric/config/standard_keys.h"

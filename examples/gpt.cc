@@ -27,7 +27,6 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
-#include <set>
 #include <string>
 #include <type_traits>
 
@@ -43,10 +42,8 @@
 #include "examples/gpt_text.h"
 #include "fabric/accelerators/memory.h"
 #include "fabric/callbacks.h"
-#include "fabric/checkpoint/state_dict.h"
 #include "fabric/checkpointer.h"
 #include "fabric/core/error.h"
-#include "fabric/core/paths.h"
 #include "fabric/data/tokens.h"
 #include "fabric/fabric.h"
 #include "fabric/graphed_step.h"
@@ -123,32 +120,7 @@ int train_model(fabric::Fabric& f, const examples::gpt::ModelChoice& choice, con
   auto optimizer =
       kStaged ? fabric::make_optimizer_for_part(c, *model) : fabric::make_optimizer(c, *model);
   if constexpr (kStaged) {
-    // Checkpoints join the stages' optimizers group by group: every stage needs the same groups
-    // in the same order, which a selector matching one stage's parameters only would break (at
-    // the first save, after training). Said before training, on every rank.
-    std::string kinds;
-    for (const auto& g : fabric::group_parameters(*model, fabric::param_group_rules(c),
-                                                  /*require_matches=*/false)) {
-      char text[64];
-      std::snprintf(text, sizeof(text), "%s(lr x%g, %s)", kinds.empty() ? "" : ", ", g.lr_scale,
-                    g.weight_decay ? "decay" : "no decay");
-      kinds += text;
-    }
-    const std::string first = f.broadcast(kinds, 0);
-    const auto odd = static_cast<int64_t>(f.all_reduce(
-        kinds == first ? static_cast<double>(f.world_size()) : static_cast<double>(f.global_rank()),
-        fabric::ReduceOp::kMin));
-    if (odd < f.world_size()) {
-      const std::string theirs = f.broadcast(kinds, odd);
-      throw c.error_at(
-          c.get_string_list("optimizer.no_weight_decay").empty() ? "optimizer.lr_scale"
-                                                                 : "optimizer.no_weight_decay",
-          "under pipeline parallelism every stage needs the same parameter groups in the same "
-          "order (checkpoints join them by position): rank 0's stages have " +
-              first + ", rank " + std::to_string(odd) + "'s " + theirs +
-              "; use selectors that match parameters of every stage (\"*.bias\", "
-              "\"type:*Norm*\") or none");
-    }
+    examples::gpt::check_stage_groups(f, *model);
     f.setup_pipeline_tied(model->tied_weight(), pipe->runner());
     pipe->describe(*model, choice.parameters());
   }
@@ -172,50 +144,13 @@ int train_model(fabric::Fabric& f, const examples::gpt::ModelChoice& choice, con
   // the memory-mapped files (Fabric::load_weights), so no rank holds the whole model.
   if (choice.pretrained) {
     fabric::hf::Weights weights = fabric::hf::model_weights(*choice.pretrained);
-    if constexpr (kStaged) {  // the tensors of this rank's stages
-      std::set<std::string> held;
-      for (const auto& item : fabric::state_dict(*model)) held.insert(item.first);
-      std::erase_if(weights.tensors, [&](const auto& item) { return !held.count(item.first); });
-    }
+    if constexpr (kStaged)
+      examples::gpt::keep_held(weights.tensors, *model);  // this rank's stages' tensors
     f.load_weights(model, weights.tensors, choice.pretrained->folder.string());
     f.print("model.pretrained: loaded ", weights.tensors.size(), " tensors from ",
             choice.pretrained->folder.string());
   }
-  if (staged_init != "none") {
-    // The stages' tensors of a whole model's file (a pp run's export joins every stage); one no
-    // stage holds says the file is another model's, as a whole model's strict load would.
-    const fs::path file = fabric::absolute_from_working_directory(staged_init);
-    fabric::StateDict tensors;
-    try {
-      tensors = fabric::load_state_dict_file(file);
-    } catch (const fabric::Error& e) {
-      throw c.error_at("model.init_weights", e.what());
-    }
-    std::set<std::string> held;
-    for (const auto& item : fabric::state_dict(*model)) held.insert(item.first);
-    torch::Tensor used = torch::zeros({static_cast<int64_t>(tensors.size())});
-    for (size_t i = 0; i < tensors.size(); ++i)
-      if (held.count(tensors[i].first)) used[static_cast<int64_t>(i)] = 1;
-    used = f.all_reduce(used.to(f.device()), fabric::ReduceOp::kMax).to(torch::kCPU);
-    std::string strays;
-    int64_t stray_count = 0;
-    for (size_t i = 0; i < tensors.size(); ++i)
-      if (used[static_cast<int64_t>(i)].item<float>() == 0 && stray_count++ < 3)
-        strays += (strays.empty() ? "" : ", ") + tensors[i].first;
-    if (stray_count > 0)
-      throw c.error_at("model.init_weights", file.string() + ": " + std::to_string(stray_count) +
-                                                 " tensor(s) no pipeline stage holds (" + strays +
-                                                 "): the weights of another model?");
-    std::erase_if(tensors, [&](const auto& item) { return !held.count(item.first); });
-    try {
-      f.load_weights(model, tensors, file.string());
-    } catch (const fabric::ConfigError&) {
-      throw;
-    } catch (const fabric::Error& e) {
-      throw c.error_at("model.init_weights", e.what());
-    }
-    f.print("model.init_weights: loaded ", file.string(), " into the pipeline's stages");
-  }
+  if (staged_init != "none") examples::gpt::load_stage_weights(f, *model, staged_init);
   // data.batch_size: auto: the largest that runs a step (Fabric::find_batch_size): sequences of
   // the first tokens through the loss and backward, no gradient synchronization, the optimizer's
   // future state held; from 8, doubling, up to 1024 and this process's share of the windows.
@@ -431,17 +366,13 @@ int train_model(fabric::Fabric& f, const examples::gpt::ModelChoice& choice, con
     // The export is the whole model (every stage's tensors joined on rank 0): this program on
     // one process, with no step, samples from it (a weights.pt; an hf export is a folder).
     const std::string& exported = checkpoints.export_weights();
-    if (exported.empty() || c.get_string("checkpoint.export_format") == "hf")
-      f.print(
-          "gpt: no sample under pipeline parallelism (each rank holds some of the blocks); "
-          "export the weights (checkpoint.export_weights, format pt) to sample from them with "
-          "fabric.devices=1 fabric.strategy=auto trainer.max_steps=0 model.init_weights=FILE");
-    else
-      f.print(
-          "gpt: no sample under pipeline parallelism (each rank holds some of the blocks); "
-          "sample from the exported weights with the same config and fabric.devices=1 "
-          "fabric.strategy=auto trainer.max_steps=0 model.init_weights=",
-          exported);
+    const bool file = !exported.empty() && c.get_string("checkpoint.export_format") != "hf";
+    f.print(
+        "gpt: no sample under pipeline parallelism (each rank holds some of the blocks); "
+        "sample from the exported weights with the same config and fabric.devices=1 "
+        "fabric.strategy=auto trainer.max_steps=0 model.init_weights=",
+        file ? exported
+             : std::string("FILE (export them first: checkpoint.export_weights, format pt)"));
   } else if constexpr (!kStaged) {
     if (cp_positions.defined()) model->set_context_parallel(nullptr);  // whole prompts
     if (stopped.empty())

@@ -1,13 +1,19 @@
 #include "examples/gpt_pipeline.h"
 
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "fabric/checkpoint/state_dict.h"
 #include "fabric/core/error.h"
+#include "fabric/core/paths.h"
 #include "fabric/distributed/pipeline_runtime.h"
 #include "fabric/distributed/pipeline_schedule.h"
 #include "fabric/distributed/process_group.h"
+#include "fabric/training/optimizers.h"
 
 namespace examples::gpt {
 
@@ -218,6 +224,75 @@ torch::Tensor Pipeline::step(fabric::distributed::PipelineRunner& runner,
   if (clip_ > 0) f_.clip_gradients(stages, optimizer, clip_);
   f_.step(optimizer);
   return loss;
+}
+
+void keep_held(fabric::StateDict& tensors, torch::nn::Module& stages) {
+  std::set<std::string> held;
+  for (const auto& item : fabric::state_dict(stages)) held.insert(item.first);
+  std::erase_if(tensors, [&](const auto& item) { return !held.count(item.first); });
+}
+
+void check_stage_groups(fabric::Fabric& f, torch::nn::Module& stages) {
+  const fabric::Config& c = f.config();
+  std::string kinds;
+  for (const auto& g : fabric::group_parameters(stages, fabric::param_group_rules(c),
+                                                /*require_matches=*/false)) {
+    char text[64];
+    std::snprintf(text, sizeof(text), "%s(lr x%g, %s)", kinds.empty() ? "" : ", ", g.lr_scale,
+                  g.weight_decay ? "decay" : "no decay");
+    kinds += text;
+  }
+  const std::string first = f.broadcast(kinds, 0);
+  const auto odd = static_cast<int64_t>(f.all_reduce(
+      kinds == first ? static_cast<double>(f.world_size()) : static_cast<double>(f.global_rank()),
+      fabric::ReduceOp::kMin));
+  if (odd == f.world_size()) return;
+  const std::string theirs = f.broadcast(kinds, odd);
+  throw c.error_at(
+      c.get_string_list("optimizer.no_weight_decay").empty() ? "optimizer.lr_scale"
+                                                             : "optimizer.no_weight_decay",
+      "under pipeline parallelism every stage needs the same parameter groups in the same order "
+      "(checkpoints join them by position): rank 0's stages have " +
+          first + ", rank " + std::to_string(odd) + "'s " + theirs +
+          "; use selectors that match parameters of every stage (\"*.bias\", \"type:*Norm*\") "
+          "or none");
+}
+
+void load_stage_weights(fabric::Fabric& f, torch::nn::Module& stages, const std::string& path) {
+  const fabric::Config& c = f.config();
+  const std::filesystem::path file = fabric::absolute_from_working_directory(path);
+  fabric::StateDict tensors;
+  try {
+    tensors = fabric::load_state_dict_file(file);
+  } catch (const fabric::Error& e) {
+    throw c.error_at("model.init_weights", e.what());
+  }
+  // Which of the file's tensors some rank's stages hold (1), over every rank.
+  const size_t all = tensors.size();
+  std::set<std::string> held;
+  for (const auto& item : fabric::state_dict(stages)) held.insert(item.first);
+  std::vector<float> mine(all);
+  for (size_t i = 0; i < all; ++i) mine[i] = held.count(tensors[i].first) ? 1.0F : 0.0F;
+  const torch::Tensor used =
+      f.all_reduce(torch::tensor(mine).to(f.device()), fabric::ReduceOp::kMax).to(torch::kCPU);
+  std::string strays;
+  int64_t stray_count = 0;
+  for (size_t i = 0; i < all; ++i)
+    if (used[static_cast<int64_t>(i)].item<float>() == 0 && stray_count++ < 3)
+      strays += (strays.empty() ? "" : ", ") + tensors[i].first;
+  if (stray_count > 0)
+    throw c.error_at("model.init_weights", file.string() + ": " + std::to_string(stray_count) +
+                                               " tensor(s) no pipeline stage holds (" + strays +
+                                               "): the weights of another model?");
+  keep_held(tensors, stages);
+  try {
+    f.load_weights(stages, tensors, file.string());
+  } catch (const fabric::ConfigError&) {
+    throw;
+  } catch (const fabric::Error& e) {
+    throw c.error_at("model.init_weights", e.what());
+  }
+  f.print("model.init_weights: loaded ", file.string(), " into the pipeline's stages");
 }
 
 }  // namespace examples::gpt

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -127,6 +128,19 @@ class Pipeline {
   std::vector<torch::Tensor> xs_, ys_;     // this batch's micro-batches
   std::vector<torch::Tensor> row_losses_;  // evaluate, on the last stage: each micro-batch's
 };
+
+// The tensors of `tensors` that `stages` (this rank's) hold; the others dropped.
+void keep_held(fabric::StateDict& tensors, torch::nn::Module& stages);
+
+// ConfigError at optimizer.no_weight_decay (or lr_scale), on every rank and before training, when
+// the stages' parameter groups differ (a selector matching one stage's parameters only):
+// checkpoints join the stages' optimizers group by group. Collective.
+void check_stage_groups(fabric::Fabric& f, torch::nn::Module& stages);
+
+// model.init_weights under pp (`path`, a whole model's file: one process's weights or a pp run's
+// export): each rank loads its stages' tensors; a tensor no rank's stages hold (the file of
+// another model) is a ConfigError at the key on every rank. Collective.
+void load_stage_weights(fabric::Fabric& f, torch::nn::Module& stages, const std::string& path);
 
 }  // namespace examples::gpt
 

@@ -283,7 +283,7 @@ std::vector<Ddp::Replica*> Ddp::reached_by(const torch::Tensor& loss, bool* unev
   // a module on some ranks only): the largest count and the smallest (negated, one all-reduce).
   const auto n = static_cast<int64_t>(replicas_.size());
   std::vector<const std::string*> missed(replicas_.size(), nullptr);
-  torch::Tensor counts = torch::zeros({2 * n}, torch::kFloat);
+  std::vector<float> counts(static_cast<size_t>(2 * n));
   for (int64_t r = 0; r < n; ++r) {
     const Replica& replica = *replicas_[static_cast<size_t>(r)];
     int64_t reached = 0;
@@ -295,14 +295,16 @@ std::vector<Ddp::Replica*> Ddp::reached_by(const torch::Tensor& loss, bool* unev
         missed[static_cast<size_t>(r)] = &replica.names[i];
       }
     }
-    counts[r] = static_cast<float>(reached);
-    counts[n + r] = -static_cast<float>(reached);
+    counts[static_cast<size_t>(r)] = static_cast<float>(reached);
+    counts[static_cast<size_t>(n + r)] = -static_cast<float>(reached);
   }
-  counts = all_reduce(counts.to(device_), ReduceOp::kMax).to(torch::kCPU);  // NCCL: on the GPU
+  const torch::Tensor agreed =  // on the device: NCCL reduces only there
+      all_reduce(torch::tensor(counts).to(device_), ReduceOp::kMax).to(torch::kCPU);
+  const auto* reached_anywhere = agreed.data_ptr<float>();
   for (int64_t r = 0; r < n; ++r) {
     Replica& replica = *replicas_[static_cast<size_t>(r)];
-    const auto most = static_cast<size_t>(counts[r].item<float>());
-    const auto least = static_cast<size_t>(-counts[n + r].item<float>());
+    const auto most = static_cast<size_t>(reached_anywhere[r]);
+    const auto least = static_cast<size_t>(-reached_anywhere[n + r]);
     if (most == 0) continue;  // no rank's loss reaches it
     *uneven = *uneven || least < most;
     if (least < replica.params.size() && !options_.find_unused_parameters) {

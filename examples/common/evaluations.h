@@ -32,13 +32,6 @@ struct Evaluations {
 // `monitors`.
 void check_evaluation_keys(const fabric::Config& c, const Evaluations& e);
 
-// ConfigError at fabric.model_parallel.pipeline_parallel_size / context_parallel_size when either
-// is above 1 under fabric.strategy: model_parallel in a program (`program`, e.g.
-// "examples:finetune") whose loop neither cuts its model into stages nor splits its sequences:
-// every rank would run the whole model on whole sequences (cp's ranks the same data), without a
-// word. examples:gpt runs both.
-void refuse_pipeline_and_context_parallel(const fabric::Config& c, const std::string& program);
-
 // scheduler.name: plateau in a loop of optimizer steps: step() after every step (train/loss: the
 // loss averaged over the ranks, one scalar all-reduce a step, so every rank and rank 0's
 // checkpoint hold the same sum), report() at every evaluation: the monitored value goes to the

@@ -205,16 +205,17 @@ PreparedText write_splits(const std::vector<Id>& tokens, size_t files,
   // meta.json goes first and comes back last: a run cut short (a kill, a full disk) leaves a
   // folder without it, which training refuses, never the new train.bin beside an old val.bin
   // and meta.json. Temporary files of earlier runs that were killed go too.
-  for (const char* name : {"train.bin", "val.bin", "meta.json"})
-    for (const auto& e : fs::directory_iterator(output, ec)) {
-      const std::string file = e.path().filename().string(), prefix = std::string(name) + ".tmp.";
-      if (file.rfind(prefix, 0) != 0) continue;
-      const std::string pid = file.substr(prefix.size());
-      if (!pid.empty() && pid.size() <= 9 &&
-          pid.find_first_not_of("0123456789") == std::string::npos &&
-          ::kill(static_cast<pid_t>(std::stoll(pid)), 0) != 0 && errno == ESRCH)
-        fs::remove(e.path(), ec);
-    }
+  for (const auto& e : fs::directory_iterator(output, ec)) {
+    const std::string file = e.path().filename().string();
+    const size_t tmp = file.find(".tmp.");
+    if (tmp == std::string::npos) continue;
+    const std::string name = file.substr(0, tmp), pid = file.substr(tmp + 5);
+    if (name != "train.bin" && name != "val.bin" && name != "meta.json") continue;
+    if (!pid.empty() && pid.size() <= 9 &&
+        pid.find_first_not_of("0123456789") == std::string::npos &&
+        ::kill(static_cast<pid_t>(std::stoll(pid)), 0) != 0 && errno == ESRCH)
+      fs::remove(e.path(), ec);
+  }
   fs::remove(output / "meta.json", ec);
   if (ec) throw Error((output / "meta.json").string() + ": cannot replace (" + ec.message() + ")");
   write_file_atomically(output / "train.bin", as_bytes(tokens, 0, train));
