@@ -158,14 +158,16 @@ TEST_F(SweepPrunerTest, APrunerMetricNoRunLogsIsAWarningNamingTheClosestColumn) 
 }
 
 // A run the pruner judges at its last report, SIGTERMed while it exits (after its summary.json),
-// keeps its result: done, not pruned.
+// keeps its result: done, not pruned. It lingers up to 10 s (a SIGTERM ends it at once): 3 s
+// was too short for the sweep's decision on a CI machine running 4 tests on 2 cores (the run
+// had exited 0 first).
 TEST_F(SweepPrunerTest, ARunThatFinishedBeforeTheSigtermTookEffectIsDone) {
   write_sweep(
       "grid:\n  optimizer.lr: [0.2, 0.15, 0.1]\nmetric: fake_metric\nmode: max\n"
       "pruner: {type: median, metric: fake/score, min_steps: " +
       std::to_string(kSteps) + ", min_runs: 2}\n");
   const auto r = fabric::testing::run_command(
-      command("FAKE_STEPS=" + std::to_string(kSteps) + " FAKE_STEP_MS=0 FAKE_LINGER_MS=3000", "",
+      command("FAKE_STEPS=" + std::to_string(kSteps) + " FAKE_STEP_MS=0 FAKE_LINGER_MS=10000", "",
               "linger"));
   ASSERT_EQ(r.code, 0) << r.out;
   // 0.1 is below the median of the first two at step 18, its last: the pruner stops it while it
