@@ -1,0 +1,773 @@
+// The Jinja2 subset of jinja.h: a lexer that applies Jinja's whitespace rules as transformers
+// configures them (trim_blocks, lstrip_blocks, one trailing newline dropped), a recursive-descent
+// parser with Jinja's operator precedence, and a tree walker whose values behave as Python's
+// (truthiness, ==, printing, json.dumps) and as jinja2's Undefined (prints "", iterates empty,
+// fails on attribute access and arithmetic).
+#include "fabric/data/jinja.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <optional>
+#include <set>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+#include "fabric/core/error.h"
+#include "fabric/data/jinja_syntax.h"
+#include "fabric/data/jinja_value.h"
+
+namespace fabric::jinja {
+namespace {
+
+const std::set<std::string> kFilters = {
+    "abs",     "capitalize", "count",  "d",      "default",    "dictsort",   "first",
+    "float",   "int",        "items",  "join",   "last",       "length",     "list",
+    "lower",   "map",        "max",    "min",    "reject",     "rejectattr", "replace",
+    "reverse", "round",      "safe",   "select", "selectattr", "sort",       "string",
+    "sum",     "title",      "tojson", "trim",   "unique",     "upper",      "wordcount"};
+const std::set<std::string> kTests = {
+    "boolean", "callable", "defined",  "divisibleby", "eq",       "equalto", "escaped",
+    "even",    "false",    "filter",   "float",       "ge",       "gt",      "greaterthan",
+    "in",      "integer",  "iterable", "le",          "lessthan", "lower",   "lt",
+    "mapping", "ne",       "none",     "number",      "odd",      "sameas",  "sequence",
+    "string",  "test",     "true",     "undefined",   "upper",    "==",      "!=",
+    "<",       "<=",       ">",        ">="};
+
+}  // namespace
+
+struct Template::Impl {
+  std::string origin;
+  Body body;
+  std::set<std::string> names;
+};
+
+namespace {
+
+// ---- rendering --------------------------------------------------------------------------------
+
+class Renderer {
+ public:
+  Renderer(const Template::Impl& t, const nlohmann::ordered_json& context) : t_(t) {
+    frames_.emplace_back();
+    for (const char* g : {"raise_exception", "strftime_now", "namespace", "range", "dict"})
+      frames_.back()[g] = Value::function(g);
+    if (context.is_object())
+      for (const auto& item : context.items()) frames_.back()[item.key()] = from_json(item.value());
+  }
+
+  std::string run() {
+    std::string out;
+    exec(t_.body, out);
+    return out;
+  }
+
+ private:
+  enum class Flow { kNormal, kBreak, kContinue };
+
+  [[noreturn]] void fail(int line, const std::string& what) const {
+    throw Error(t_.origin + ": line " + std::to_string(line) + ": " + what);
+  }
+
+  Value lookup(const std::string& name) const {
+    for (auto f = frames_.rbegin(); f != frames_.rend(); ++f) {
+      const auto it = f->find(name);
+      if (it != f->end()) return it->second;
+    }
+    return Value::undefined("'" + name + "' is undefined");
+  }
+
+  Flow exec(const Body& body, std::string& out) {
+    for (const auto& n : body) {
+      const Flow flow = exec(*n, out);
+      if (flow != Flow::kNormal) return flow;
+    }
+    return Flow::kNormal;
+  }
+
+  Flow exec(const Node& n, std::string& out) {
+    switch (n.t) {
+      case Node::T::kText:
+        out += n.text;
+        return Flow::kNormal;
+      case Node::T::kOutput:
+        out += to_str(eval(*n.exprs[0]));
+        return Flow::kNormal;
+      case Node::T::kIf:
+        for (size_t b = 0; b < n.bodies.size(); ++b)
+          if (b >= n.exprs.size() || truthy(eval(*n.exprs[b]))) return exec(n.bodies[b], out);
+        return Flow::kNormal;
+      case Node::T::kFor:
+        return exec_for(n, out);
+      case Node::T::kSet:
+        assign(n, eval(*n.exprs[0]));
+        return Flow::kNormal;
+      case Node::T::kSetBlock: {
+        std::string text;
+        exec(n.bodies[0], text);
+        assign(n, Value::str(std::move(text)));
+        return Flow::kNormal;
+      }
+      case Node::T::kBreak:
+        return Flow::kBreak;
+      case Node::T::kContinue:
+        return Flow::kContinue;
+      case Node::T::kBlock:
+        return exec(n.bodies[0], out);
+    }
+    return Flow::kNormal;
+  }
+
+  void assign(const Node& n, const Value& v) {
+    if (!n.attr.empty()) {
+      Value ns = lookup(n.names[0]);
+      if (ns.k != Value::K::kNamespace)
+        fail(n.line, "set " + n.names[0] + "." + n.attr + ": " + n.names[0] +
+                         " is not a namespace() (only a namespace's attributes can be set)");
+      dict_set(*ns.dict, n.attr, v);
+      return;
+    }
+    if (n.names.size() == 1) {
+      frames_.back()[n.names[0]] = v;
+      return;
+    }
+    const std::vector<Value> items = iterate(v, n.line);
+    if (items.size() != n.names.size())
+      fail(n.line, "cannot unpack " + std::to_string(items.size()) + " values into " +
+                       std::to_string(n.names.size()) + " names");
+    for (size_t i = 0; i < items.size(); ++i) frames_.back()[n.names[i]] = items[i];
+  }
+
+  Flow exec_for(const Node& n, std::string& out) {
+    std::vector<Value> items = iterate(eval(*n.exprs[0]), n.line);
+    auto bind = [&](std::unordered_map<std::string, Value>& frame, const Value& item) {
+      if (n.names.size() == 1) {
+        frame[n.names[0]] = item;
+        return;
+      }
+      const std::vector<Value> parts = iterate(item, n.line);
+      if (parts.size() != n.names.size())
+        fail(n.line, "cannot unpack " + std::to_string(parts.size()) + " values into " +
+                         std::to_string(n.names.size()) + " loop variables");
+      for (size_t i = 0; i < parts.size(); ++i) frame[n.names[i]] = parts[i];
+    };
+    if (n.exprs.size() > 1) {  // for x in xs if cond: the items the test keeps
+      std::vector<Value> kept;
+      for (const Value& item : items) {
+        frames_.emplace_back();
+        bind(frames_.back(), item);
+        const bool keep = truthy(eval(*n.exprs[1]));
+        frames_.pop_back();
+        if (keep) kept.push_back(item);
+      }
+      items = std::move(kept);
+    }
+    if (items.empty()) {
+      if (n.bodies.size() > 1) exec(n.bodies[1], out);
+      return Flow::kNormal;
+    }
+    const int64_t length = static_cast<int64_t>(items.size());
+    for (int64_t i = 0; i < length; ++i) {
+      Dict loop;
+      dict_set(loop, "index", Value::integer(i + 1));
+      dict_set(loop, "index0", Value::integer(i));
+      dict_set(loop, "revindex", Value::integer(length - i));
+      dict_set(loop, "revindex0", Value::integer(length - i - 1));
+      dict_set(loop, "first", Value::boolean(i == 0));
+      dict_set(loop, "last", Value::boolean(i == length - 1));
+      dict_set(loop, "length", Value::integer(length));
+      dict_set(loop, "depth", Value::integer(1));
+      dict_set(loop, "depth0", Value::integer(0));
+      dict_set(loop, "previtem",
+               i > 0 ? items[static_cast<size_t>(i - 1)]
+                     : Value::undefined("there is no previous item"));
+      dict_set(loop, "nextitem",
+               i + 1 < length ? items[static_cast<size_t>(i + 1)]
+                              : Value::undefined("there is no next item"));
+      Value cycle = Value::function("loop.cycle");
+      cycle.list = std::make_shared<List>(List{Value::integer(i)});
+      dict_set(loop, "cycle", cycle);
+      frames_.emplace_back();
+      frames_.back()["loop"] = Value::make_dict(std::move(loop));
+      bind(frames_.back(), items[static_cast<size_t>(i)]);
+      const Flow flow = exec(n.bodies[0], out);
+      frames_.pop_back();
+      if (flow == Flow::kBreak) break;
+    }
+    return Flow::kNormal;
+  }
+
+  std::vector<Value> iterate(const Value& v, int line) const {
+    switch (v.k) {
+      case Value::K::kUndefined:
+        return {};
+      case Value::K::kList:
+        return *v.list;
+      case Value::K::kDict: {
+        std::vector<Value> keys;
+        for (const auto& [k, x] : *v.dict) keys.push_back(Value::str(k));
+        return keys;
+      }
+      case Value::K::kStr: {
+        std::vector<Value> chars;
+        for (const std::string& c : code_points(v.s)) chars.push_back(Value::str(c));
+        return chars;
+      }
+      default:
+        fail(line, "'" + type_name(v) + "' object is not iterable");
+    }
+  }
+
+  Value eval(const Expr& e) {
+    switch (e.t) {
+      case Expr::T::kConst:
+        return e.value;
+      case Expr::T::kName:
+        return lookup(e.name);
+      case Expr::T::kAttr:
+        return get_attr(eval(*e.kids[0]), e.name, e.line);
+      case Expr::T::kItem:
+        return get_item(eval(*e.kids[0]), eval(*e.kids[1]), e.line);
+      case Expr::T::kSlice: {
+        const Value v = eval(*e.kids[0]);
+        std::optional<int64_t> b[3];
+        for (int k = 0; k < 3; ++k)
+          if (e.kids[static_cast<size_t>(k + 1)]) {
+            const Value x = eval(*e.kids[static_cast<size_t>(k + 1)]);
+            if (x.k == Value::K::kNone) continue;
+            if (x.k != Value::K::kInt && x.k != Value::K::kBool)
+              fail(e.line, "slice indices must be integers or none");
+            b[k] = x.i;
+          }
+        if (v.k == Value::K::kUndefined) fail(e.line, v.s);
+        std::string why;
+        Value out = slice(v, b[0], b[1], b[2], why);
+        if (!why.empty()) fail(e.line, why);
+        return out;
+      }
+      case Expr::T::kCall:
+        return call(e);
+      case Expr::T::kFilter:
+        return filter(e);
+      case Expr::T::kTest: {
+        const bool r = test(e);
+        return Value::boolean(e.negate ? !r : r);
+      }
+      case Expr::T::kNeg:
+      case Expr::T::kPos: {
+        const Value v = eval(*e.kids[0]);
+        if (v.k == Value::K::kUndefined) fail(e.line, v.s);
+        if (!is_number(v))
+          fail(e.line, "bad operand type for unary " +
+                           std::string(e.t == Expr::T::kNeg ? "-" : "+") + ": '" + type_name(v) +
+                           "'");
+        if (e.t == Expr::T::kPos) return v.k == Value::K::kBool ? Value::integer(v.i) : v;
+        return v.k == Value::K::kFloat ? Value::real(-v.f) : Value::integer(-v.i);
+      }
+      case Expr::T::kNot:
+        return Value::boolean(!truthy(eval(*e.kids[0])));
+      case Expr::T::kAnd: {
+        Value l = eval(*e.kids[0]);
+        return truthy(l) ? eval(*e.kids[1]) : l;
+      }
+      case Expr::T::kOr: {
+        Value l = eval(*e.kids[0]);
+        return truthy(l) ? l : eval(*e.kids[1]);
+      }
+      case Expr::T::kBinary: {
+        std::string why;
+        Value out = binary(e.name, eval(*e.kids[0]), eval(*e.kids[1]), why);
+        if (!why.empty()) fail(e.line, why);
+        return out;
+      }
+      case Expr::T::kCompare: {
+        Value l = eval(*e.kids[0]);
+        for (size_t k = 0; k < e.ops.size(); ++k) {
+          Value r = eval(*e.kids[k + 1]);
+          std::string why;
+          const bool ok = compare(e.ops[k], l, r, why);
+          if (!why.empty()) fail(e.line, why);
+          if (!ok) return Value::boolean(false);
+          l = std::move(r);
+        }
+        return Value::boolean(true);
+      }
+      case Expr::T::kCond:
+        if (truthy(eval(*e.kids[1]))) return eval(*e.kids[0]);
+        if (e.kids[2]) return eval(*e.kids[2]);
+        return Value::undefined("the inline if's test was false and it has no else");
+      case Expr::T::kList:
+      case Expr::T::kTuple: {
+        List items;
+        for (const auto& k : e.kids) items.push_back(eval(*k));
+        return Value::make_list(std::move(items));
+      }
+      case Expr::T::kDict: {
+        Dict d;
+        for (size_t k = 0; k + 1 < e.kids.size(); k += 2) {
+          const Value key = eval(*e.kids[k]);
+          if (key.k != Value::K::kStr) fail(e.line, "dict keys must be strings here");
+          dict_set(d, key.s, eval(*e.kids[k + 1]));
+        }
+        return Value::make_dict(std::move(d));
+      }
+    }
+    return Value::none();
+  }
+
+  Value get_attr(const Value& v, const std::string& name, int line) const {
+    if (v.k == Value::K::kUndefined) fail(line, v.s);
+    if (v.k == Value::K::kDict || v.k == Value::K::kNamespace) {
+      if (v.k == Value::K::kDict && is_method(v, name)) return bound(v, name);
+      if (const Value* x = dict_get(*v.dict, name)) return *x;
+      return Value::undefined("'" + std::string(v.k == Value::K::kDict ? "dict" : "namespace") +
+                              " object' has no attribute '" + name + "'");
+    }
+    if (is_method(v, name)) return bound(v, name);
+    return Value::undefined("'" + type_name(v) + " object' has no attribute '" + name + "'");
+  }
+
+  Value get_item(const Value& v, const Value& key, int line) const {
+    if (v.k == Value::K::kUndefined) fail(line, v.s);
+    if (v.k == Value::K::kDict || v.k == Value::K::kNamespace) {
+      if (key.k == Value::K::kStr) {
+        if (const Value* x = dict_get(*v.dict, key.s)) return *x;
+        if (v.k == Value::K::kDict && is_method(v, key.s)) return bound(v, key.s);
+      }
+      return Value::undefined("'dict object' has no attribute '" + to_str(key) + "'");
+    }
+    if ((v.k == Value::K::kList || v.k == Value::K::kStr) &&
+        (key.k == Value::K::kInt || key.k == Value::K::kBool)) {
+      return index(v, key.i);
+    }
+    if (key.k == Value::K::kStr && is_method(v, key.s)) return bound(v, key.s);
+    return Value::undefined("'" + type_name(v) + " object' has no element " + repr(key));
+  }
+
+  static Value bound(const Value& self, const std::string& name) {
+    Value f = Value::function(type_name(self) + "." + name);
+    f.list = std::make_shared<List>(List{self});
+    return f;
+  }
+
+  static constexpr size_t kNoPosition = static_cast<size_t>(-1);  // a keyword-only argument
+  struct Args {
+    std::vector<Value> pos;
+    std::vector<std::pair<std::string, Value>> kw;
+    const Value* get(size_t i, const char* name) const {
+      if (i < pos.size()) return &pos[i];
+      for (const auto& [k, v] : kw)
+        if (k == name) return &v;
+      return nullptr;
+    }
+  };
+  Args args_of(const Expr& e, size_t first) {
+    Args a;
+    for (size_t k = first; k < e.kids.size(); ++k) a.pos.push_back(eval(*e.kids[k]));
+    for (const auto& [k, x] : e.kwargs) a.kw.emplace_back(k, eval(*x));
+    return a;
+  }
+
+  Value call(const Expr& e) {
+    const Value f = eval(*e.kids[0]);
+    if (f.k == Value::K::kUndefined) fail(e.line, f.s);
+    if (f.k != Value::K::kFunction) fail(e.line, "'" + type_name(f) + "' object is not callable");
+    const Args a = args_of(e, 1);
+    const std::string& name = f.s;
+    if (name == "raise_exception") {
+      const Value* m = a.get(0, "message");
+      fail(e.line, "the template raised: " + (m ? to_str(*m) : std::string()));
+    }
+    if (name == "strftime_now") {
+      const Value* fmt = a.get(0, "format");
+      if (!fmt || fmt->k != Value::K::kStr) fail(e.line, "strftime_now(format) takes a string");
+      const std::time_t now = std::time(nullptr);
+      std::tm tm{};
+      localtime_r(&now, &tm);
+      char buf[256];
+      const size_t n = std::strftime(buf, sizeof buf, fmt->s.c_str(), &tm);
+      return Value::str(std::string(buf, n));
+    }
+    if (name == "namespace" || name == "dict") {
+      Dict d;
+      for (const Value& p : a.pos) {
+        if (p.k != Value::K::kDict) fail(e.line, name + "() takes a dict or keyword arguments");
+        for (const auto& [k, v] : *p.dict) dict_set(d, k, v);
+      }
+      for (const auto& [k, v] : a.kw) dict_set(d, k, v);
+      Value out = Value::make_dict(std::move(d));
+      if (name == "namespace") out.k = Value::K::kNamespace;
+      return out;
+    }
+    if (name == "range") {
+      std::vector<int64_t> n;
+      for (const Value& p : a.pos) {
+        if (p.k != Value::K::kInt && p.k != Value::K::kBool) fail(e.line, "range() takes integers");
+        n.push_back(p.i);
+      }
+      if (n.empty() || n.size() > 3) fail(e.line, "range() takes 1 to 3 integers");
+      const int64_t start = n.size() > 1 ? n[0] : 0, stop = n.size() > 1 ? n[1] : n[0];
+      const int64_t step = n.size() > 2 ? n[2] : 1;
+      if (step == 0) fail(e.line, "range() step must not be zero");
+      List out;
+      for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+        out.push_back(Value::integer(i));
+        if (out.size() > 1000000) fail(e.line, "range() of more than a million items");
+      }
+      return Value::make_list(std::move(out));
+    }
+    if (name == "loop.cycle") {
+      if (a.pos.empty()) fail(e.line, "loop.cycle() needs at least one value");
+      return a.pos[static_cast<size_t>((*f.list)[0].i) % a.pos.size()];
+    }
+    std::string why;
+    Value out = call_method((*f.list)[0], name.substr(name.find('.') + 1), a.pos, a.kw, why);
+    if (!why.empty()) fail(e.line, why);
+    return out;
+  }
+
+  // unique's and sort's key: strings compared without case (jinja's case_sensitive=False).
+  static Value folded(const Value& v) {
+    if (v.k != Value::K::kStr) return v;
+    std::string why;
+    return call_method(v, "lower", {}, {}, why);
+  }
+
+  Value filter(const Expr& e) {
+    if (!kFilters.count(e.name)) fail(e.line, "no filter named '" + e.name + "'");
+    const Value v = eval(*e.kids[0]);
+    const Args a = args_of(e, 1);
+    const std::string& f = e.name;
+    auto need_defined = [&] {
+      if (v.k == Value::K::kUndefined) fail(e.line, v.s);
+    };
+    if (f == "default" || f == "d") {
+      const Value* dflt = a.get(0, "default_value");
+      const Value* boolean = a.get(1, "boolean");
+      const bool use = v.k == Value::K::kUndefined || (boolean && truthy(*boolean) && !truthy(v));
+      return use ? (dflt ? *dflt : Value::str("")) : v;
+    }
+    if (f == "safe") return v;
+    if (f == "string") return Value::str(to_str(v));
+    if (f == "trim") {
+      const Value* chars = a.get(0, "chars");
+      return Value::str(
+          strip(to_str(v), chars && chars->k == Value::K::kStr ? &chars->s : nullptr, true, true));
+    }
+    if (f == "length" || f == "count") {
+      if (v.k == Value::K::kStr)
+        return Value::integer(static_cast<int64_t>(code_points(v.s).size()));
+      if (v.k == Value::K::kUndefined) return Value::integer(0);
+      if (v.k == Value::K::kList) return Value::integer(static_cast<int64_t>(v.list->size()));
+      if (v.k == Value::K::kDict || v.k == Value::K::kNamespace)
+        return Value::integer(static_cast<int64_t>(v.dict->size()));
+      fail(e.line, "object of type '" + type_name(v) + "' has no len()");
+    }
+    if (f == "tojson") {
+      need_defined();
+      // transformers' tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)
+      const Value* ensure_ascii = a.get(0, "ensure_ascii");
+      const Value* indent = a.get(1, "indent");
+      const Value* separators = a.get(2, "separators");
+      const Value* sort_keys = a.get(3, "sort_keys");
+      JsonStyle style;
+      if (indent && indent->k != Value::K::kNone) {
+        if (indent->k == Value::K::kInt)
+          style.indent = std::string(static_cast<size_t>(std::max<int64_t>(indent->i, 0)), ' ');
+        else if (indent->k == Value::K::kStr)
+          style.indent = indent->s;
+        style.newlines = true;
+        style.item_sep = ",";
+      }
+      if (separators && separators->k == Value::K::kList && separators->list->size() == 2) {
+        style.item_sep = to_str((*separators->list)[0]);
+        style.key_sep = to_str((*separators->list)[1]);
+      }
+      style.sort_keys = sort_keys && truthy(*sort_keys);
+      style.ensure_ascii = ensure_ascii && truthy(*ensure_ascii);
+      std::string why;
+      std::string out = to_json(v, style, why);
+      if (!why.empty()) fail(e.line, why);
+      return Value::str(std::move(out));
+    }
+    if (f == "items") {
+      if (v.k == Value::K::kUndefined) return Value::make_list({});
+      if (v.k != Value::K::kDict) fail(e.line, "items: '" + type_name(v) + "' is not a mapping");
+      List out;
+      for (const auto& [k, x] : *v.dict) out.push_back(Value::make_list({Value::str(k), x}));
+      return Value::make_list(std::move(out));
+    }
+    std::vector<Value> items;
+    if (f == "join" || f == "first" || f == "last" || f == "list" || f == "map" || f == "select" ||
+        f == "reject" || f == "selectattr" || f == "rejectattr" || f == "unique" || f == "sort" ||
+        f == "sum" || f == "min" || f == "max" || f == "dictsort" ||
+        (f == "reverse" && v.k != Value::K::kStr))
+      items = iterate(v, e.line);
+    const Value* attribute = a.get(kNoPosition, "attribute");
+    const Value* missing = a.get(kNoPosition, "default");
+    auto attr_of = [&](const Value& item) {
+      if (!attribute) return item;
+      Value x = get_attr(item, to_str(*attribute), e.line);
+      return x.k == Value::K::kUndefined && missing ? *missing : x;
+    };
+    if (f == "join") {
+      const Value* sep = a.get(0, "d");
+      std::string out;
+      for (size_t k = 0; k < items.size(); ++k)
+        out += (k ? (sep ? to_str(*sep) : "") : "") + to_str(attr_of(items[k]));
+      return Value::str(std::move(out));
+    }
+    if (f == "first")
+      return items.empty() ? Value::undefined("no first item, sequence was empty") : items.front();
+    if (f == "last")
+      return items.empty() ? Value::undefined("no last item, sequence was empty") : items.back();
+    if (f == "list") return Value::make_list(std::move(items));
+    if (f == "reverse") {
+      if (v.k == Value::K::kStr) {
+        std::vector<std::string> cps = code_points(v.s);
+        std::string out;
+        for (auto it = cps.rbegin(); it != cps.rend(); ++it) out += *it;
+        return Value::str(std::move(out));
+      }
+      std::reverse(items.begin(), items.end());
+      return Value::make_list(std::move(items));
+    }
+    if (f == "unique") {
+      List out;
+      for (const Value& x : items)
+        if (std::none_of(out.begin(), out.end(), [&](const Value& y) {
+              return equal(folded(attr_of(x)), folded(attr_of(y)));
+            }))
+          out.push_back(x);
+      return Value::make_list(std::move(out));
+    }
+    if (f == "map") {
+      List out;
+      if (attribute) {
+        for (const Value& x : items) out.push_back(attr_of(x));
+      } else {
+        if (a.pos.empty() || a.pos[0].k != Value::K::kStr)
+          fail(e.line, "map needs a filter name or attribute=");
+        const std::string sub = a.pos[0].s;
+        if (!kFilters.count(sub)) fail(e.line, "no filter named '" + sub + "'");
+        for (const Value& x : items) out.push_back(apply_filter(sub, x, a, 1, e.line));
+      }
+      return Value::make_list(std::move(out));
+    }
+    if (f == "select" || f == "reject" || f == "selectattr" || f == "rejectattr") {
+      const bool by_attr = f.size() > 6;
+      const bool keep_if = f[0] == 's';
+      size_t at = 0;
+      std::string attr;
+      if (by_attr) {
+        if (a.pos.empty()) fail(e.line, f + " needs an attribute name");
+        attr = to_str(a.pos[at++]);
+      }
+      List out;
+      for (const Value& x : items) {
+        const Value subject = by_attr ? get_attr(x, attr, e.line) : x;
+        bool pass;
+        if (at < a.pos.size()) {
+          const std::string test_name = to_str(a.pos[at]);
+          if (!kTests.count(test_name)) fail(e.line, "no test named '" + test_name + "'");
+          pass = run_test(
+              test_name, subject,
+              std::vector<Value>(a.pos.begin() + static_cast<long>(at) + 1, a.pos.end()), e.line);
+        } else {
+          pass = truthy(subject);
+        }
+        if (pass == keep_if) out.push_back(x);
+      }
+      return Value::make_list(std::move(out));
+    }
+    if (f == "sort" || f == "dictsort") {
+      const Value* rev = a.get(kNoPosition, "reverse");
+      std::string why;
+      std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
+        return compare("<", folded(attr_of(x)), folded(attr_of(y)), why);
+      });
+      if (!why.empty()) fail(e.line, why);
+      if (rev && truthy(*rev)) std::reverse(items.begin(), items.end());
+      return Value::make_list(std::move(items));
+    }
+    if (f == "sum" || f == "min" || f == "max") {
+      if (f != "sum" && items.empty())
+        return Value::undefined("no " + f + " item, sequence was empty");
+      Value acc = f == "sum" ? Value::integer(0) : attr_of(items[0]);
+      std::string why;
+      for (size_t k = f == "sum" ? 0 : 1; k < items.size(); ++k) {
+        const Value x = attr_of(items[k]);
+        if (f == "sum")
+          acc = binary("+", acc, x, why);
+        else if (compare(f == "min" ? "<" : ">", x, acc, why))
+          acc = x;
+        if (!why.empty()) fail(e.line, why);
+      }
+      return acc;
+    }
+    return apply_filter(f, v, a, 0, e.line);
+  }
+
+  // The filters that take one value and plain arguments (also map's).
+  Value apply_filter(const std::string& f, const Value& v, const Args& a, size_t first, int line) {
+    auto arg = [&](size_t i, const char* name) { return a.get(first + i, name); };
+    if (f == "title") {  // jinja's: a word starts after '-', whitespace, '(', '{', '[' or '<'
+      std::string out = to_str(v);
+      bool start = true;
+      for (char& c : out) {
+        const auto u = static_cast<unsigned char>(c);
+        c = static_cast<char>(start ? std::toupper(u) : std::tolower(u));
+        start = c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || is_space(c);
+      }
+      return Value::str(out);
+    }
+    if (f == "upper" || f == "lower" || f == "capitalize") {
+      std::string why;
+      return call_method(Value::str(to_str(v)), f, {}, {}, why);
+    }
+    if (f == "string") return Value::str(to_str(v));
+    if (f == "trim") return Value::str(strip(to_str(v), nullptr, true, true));
+    if (f == "abs") {
+      if (!is_number(v)) fail(line, "bad operand type for abs(): '" + type_name(v) + "'");
+      return v.k == Value::K::kFloat ? Value::real(std::fabs(v.f))
+                                     : Value::integer(std::llabs(v.i));
+    }
+    if (f == "int" || f == "float") {
+      const Value* dflt = arg(0, "default");
+      Value fallback = dflt ? *dflt : (f == "int" ? Value::integer(0) : Value::real(0));
+      double x;
+      if (is_number(v)) {
+        x = v.k == Value::K::kFloat ? v.f : static_cast<double>(v.i);
+        if (f == "int" && v.k != Value::K::kFloat) return Value::integer(v.i);
+      } else if (v.k == Value::K::kStr) {
+        const std::string s = strip(v.s, nullptr, true, true);
+        char* end = nullptr;
+        x = std::strtod(s.c_str(), &end);
+        if (s.empty() || *end != '\0') return fallback;
+      } else {
+        return fallback;
+      }
+      return f == "int" ? Value::integer(static_cast<int64_t>(x)) : Value::real(x);
+    }
+    if (f == "round") {
+      const Value* precision = arg(0, "precision");
+      const Value* method = arg(1, "method");
+      if (!is_number(v)) fail(line, "round: '" + type_name(v) + "' is not a number");
+      const std::string how = method ? to_str(*method) : "common";
+      if (how != "common" && how != "floor" && how != "ceil")
+        fail(line, "round: method must be common, floor or ceil");
+      if (v.k != Value::K::kFloat && how == "common") return Value::integer(v.i);
+      const double x = v.k == Value::K::kFloat ? v.f : static_cast<double>(v.i);
+      const double scale = std::pow(10.0, precision ? static_cast<double>(precision->i) : 0.0);
+      const double y = how == "floor"  ? std::floor(x * scale)
+                       : how == "ceil" ? std::ceil(x * scale)
+                                       : std::nearbyint(x * scale);  // halves to even, as Python
+      return Value::real(y / scale);
+    }
+    if (f == "replace") {
+      const Value* old = arg(0, "old");
+      const Value* rep = arg(1, "new");
+      if (!old || !rep) fail(line, "replace(old, new) needs two strings");
+      std::vector<Value> pos{*old, *rep};
+      if (const Value* count = arg(2, "count")) pos.push_back(*count);
+      std::string why;
+      Value out = call_method(Value::str(to_str(v)), "replace", pos, {}, why);
+      if (!why.empty()) fail(line, why);
+      return out;
+    }
+    if (f == "wordcount") {
+      std::string why;
+      return Value::integer(static_cast<int64_t>(
+          call_method(Value::str(to_str(v)), "split", {}, {}, why).list->size()));
+    }
+    fail(line, "the filter '" + f + "' cannot be used here");
+  }
+
+  bool test(const Expr& e) {
+    if (!kTests.count(e.name)) fail(e.line, "no test named '" + e.name + "'");
+    const Value v = eval(*e.kids[0]);
+    std::vector<Value> args;
+    for (size_t k = 1; k < e.kids.size(); ++k) args.push_back(eval(*e.kids[k]));
+    return run_test(e.name, v, args, e.line);
+  }
+
+  bool run_test(const std::string& t, const Value& v, const std::vector<Value>& args, int line) {
+    using K = Value::K;
+    auto need = [&](size_t n) {
+      if (args.size() < n) fail(line, "the test '" + t + "' needs an argument");
+    };
+    if (t == "defined") return v.k != K::kUndefined;
+    if (t == "undefined") return v.k == K::kUndefined;
+    if (t == "none") return v.k == K::kNone;
+    if (t == "string") return v.k == K::kStr;
+    if (t == "number") return is_number(v);
+    if (t == "integer") return v.k == K::kInt;
+    if (t == "float") return v.k == K::kFloat;
+    if (t == "boolean") return v.k == K::kBool;
+    if (t == "true") return v.k == K::kBool && v.b;
+    if (t == "false") return v.k == K::kBool && !v.b;
+    if (t == "mapping") return v.k == K::kDict;
+    if (t == "iterable")
+      return v.k == K::kList || v.k == K::kDict || v.k == K::kStr || v.k == K::kUndefined;
+    if (t == "sequence") return v.k == K::kList || v.k == K::kDict || v.k == K::kStr;
+    if (t == "callable") return v.k == K::kFunction;
+    if (t == "escaped") return false;
+    if (t == "lower" || t == "upper") {
+      if (v.k != K::kStr) return false;
+      std::string why;
+      return truthy(call_method(v, t == "lower" ? "islower" : "isupper", {}, {}, why));
+    }
+    if (t == "odd" || t == "even" || t == "divisibleby") {
+      if (v.k != K::kInt && v.k != K::kBool) fail(line, "the test '" + t + "' takes an integer");
+      if (t == "divisibleby") {
+        need(1);
+        if (args[0].i == 0) fail(line, "divisibleby(0)");
+        return v.i % args[0].i == 0;
+      }
+      return (((v.i % 2) + 2) % 2 == 1) == (t == "odd");
+    }
+    if (t == "sameas") {
+      need(1);
+      return v.k == args[0].k &&
+             (v.k == K::kNone || v.k == K::kUndefined || (v.k == K::kBool && v.b == args[0].b));
+    }
+    static const std::unordered_map<std::string, std::string> kOps = {
+        {"eq", "=="}, {"equalto", "=="}, {"==", "=="},      {"ne", "!="},
+        {"!=", "!="}, {"lt", "<"},       {"lessthan", "<"}, {"<", "<"},
+        {"le", "<="}, {"<=", "<="},      {"gt", ">"},       {"greaterthan", ">"},
+        {">", ">"},   {"ge", ">="},      {">=", ">="},      {"in", "in"}};
+    const auto op = kOps.find(t);
+    if (op != kOps.end()) {
+      need(1);
+      std::string why;
+      const bool r = compare(op->second, v, args[0], why);
+      if (!why.empty()) fail(line, why);
+      return r;
+    }
+    fail(line, "the test '" + t + "' is not supported by this renderer");
+  }
+
+  const Template::Impl& t_;
+  std::vector<std::unordered_map<std::string, Value>> frames_;
+};
+
+}  // namespace
+
+Template::Template(const std::string& source, std::string origin)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->origin = std::move(origin);
+  impl_->body = parse(lex(source, impl_->origin), impl_->origin, impl_->names);
+}
+
+Template::~Template() = default;
+
+std::string Template::render(const nlohmann::ordered_json& context) const {
+  Renderer r(*impl_, context);
+  return r.run();
+}
+
+bool Template::mentions(const std::string& name) const { return impl_->names.count(name) > 0; }
+
+}  // namespace fabric::jinja

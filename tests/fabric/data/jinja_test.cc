@@ -1,0 +1,99 @@
+// fabric::jinja::Template against jinja2 itself: jinja_cases.py renders each case in
+// transformers' chat-template environment; every one must render to the same text here, and every
+// case jinja2 refuses must be refused here with an error naming the template and its line.
+#include "fabric/data/jinja.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "fabric/core/error.h"
+#include "tests/run_command.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+nlohmann::ordered_json cases() {
+  const fs::path dir = fs::path(::testing::TempDir()) / "jinja";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const char* python = std::getenv("PYTHON");
+  const auto r = fabric::testing::run_command(std::string(python ? python : "python3") +
+                                              " tests/fabric/data/jinja_cases.py " + dir.string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  std::ifstream in(dir / "jinja_cases.json");
+  return nlohmann::ordered_json::parse(in);
+}
+
+TEST(JinjaTest, EveryCaseRendersAsJinja2RendersIt) {
+  const nlohmann::ordered_json all = cases();
+  ASSERT_GT(all.size(), 100u);
+  int rendered = 0;
+  for (const auto& c : all) {
+    if (c.contains("error")) continue;
+    const std::string name = c["name"].get<std::string>();
+    try {
+      fabric::jinja::Template t(c["template"].get<std::string>(), name);
+      EXPECT_EQ(t.render(c["context"]), c["expected"].get<std::string>()) << name;
+      ++rendered;
+    } catch (const fabric::Error& e) {
+      ADD_FAILURE() << name << ": " << e.what();
+    }
+  }
+  EXPECT_GT(rendered, 100);
+}
+
+TEST(JinjaTest, WhatJinja2RefusesIsRefusedNamingTheLine) {
+  int refused = 0;
+  for (const auto& c : cases()) {
+    if (!c.contains("error")) continue;
+    const std::string name = c["name"].get<std::string>();
+    try {
+      fabric::jinja::Template t(c["template"].get<std::string>(), name);
+      const std::string out = t.render(c["context"]);
+      ADD_FAILURE() << name << ": rendered '" << out << "'; jinja2 says "
+                    << c["error"].get<std::string>();
+    } catch (const fabric::Error& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(what.rfind(name + ": line ", 0), 0u) << what;
+      ++refused;
+    }
+  }
+  EXPECT_GE(refused, 10);
+}
+
+TEST(JinjaTest, RaiseExceptionCarriesTheTemplatesMessage) {
+  fabric::jinja::Template t(
+      "{% for m in messages %}\n{% if m.role == 'system' %}\n"
+      "{{ raise_exception('System role not supported') }}\n{% endif %}\n{% endfor %}",
+      "DIR/tokenizer_config.json: chat_template");
+  try {
+    t.render({{"messages", {{{"role", "system"}, {"content", "x"}}}}});
+    FAIL() << "no error";
+  } catch (const fabric::Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "DIR/tokenizer_config.json: chat_template: line 3: the template raised: System "
+                 "role not supported");
+  }
+}
+
+TEST(JinjaTest, TagsItDoesNotTakeAreRefusedWhenRead) {
+  for (const std::string src :
+       {"{% macro f() %}x{% endmacro %}", "{% include 'a' %}", "{% raw %}x{% endraw %}"}) {
+    try {
+      fabric::jinja::Template t(src, "T");
+      ADD_FAILURE() << src << ": no error";
+    } catch (const fabric::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("T: line 1: {% "), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("is not supported"), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
