@@ -14,6 +14,7 @@
 #include "fabric/core/error.h"
 #include "fabric/core/hash.h"
 #include "fabric/core/json_object.h"
+#include "fabric/data/chat_template.h"
 
 namespace fabric {
 
@@ -33,11 +34,12 @@ std::string file_bytes(const fs::path& path) {
 // eos ids themselves (tokenizer_config.json or generation_config.json may name others for the same
 // tokenizer.json), so an edited file, another tokenizer or another template never reads a stale
 // cache. kCacheVersion changes with any change to how examples are rendered or tokenized.
-constexpr char kCacheVersion[] = "3";
+constexpr char kCacheVersion[] = "4";
 std::string cache_name(const fs::path& jsonl, const InstructDataset::Options& o,
-                       const BpeTokenizer& tokenizer) {
+                       const BpeTokenizer& tokenizer, const ChatTemplate* chat) {
   uint64_t h = fnv1a64(file_bytes(jsonl));
   h = fnv1a64(file_bytes(o.tokenizer_json), h);
+  if (chat != nullptr) h = fnv1a64(chat->key(), h);
   h = fnv1a64(o.template_text + '\0' + (o.add_bos ? '1' : '0') + (o.append_eos ? '1' : '0') + '\0' +
                   std::to_string(tokenizer.bos()) + ' ' + std::to_string(tokenizer.eot()) + ' ' +
                   kCacheVersion,
@@ -154,8 +156,11 @@ std::string text_field(const nlohmann::json& j, const char* key, const std::stri
 }
 
 // The messages of a line: {"messages": [...]}, or a prompt/response line as user + assistant.
+// Roles are system, user and assistant; with `any_role` (a chat template's, which may know
+// "tool" or "developer"), any text.
 std::vector<std::pair<std::string, std::string>> messages_of(const nlohmann::json& j,
-                                                             const std::string& where) {
+                                                             const std::string& where,
+                                                             bool any_role = false) {
   std::vector<std::pair<std::string, std::string>> out;
   if (j.contains("messages") && (j.contains("prompt") || j.contains("response")))
     throw Error(where + ": messages and " + (j.contains("prompt") ? "prompt" : "response") +
@@ -175,7 +180,7 @@ std::vector<std::pair<std::string, std::string>> messages_of(const nlohmann::jso
     const std::string at = where + ": messages[" + std::to_string(i) + "]";
     if (!m.is_object()) throw Error(at + ": not an object {\"role\", \"content\"}");
     const std::string role = text_field(m, "role", at, true);
-    if (role != "system" && role != "user" && role != "assistant")
+    if (!any_role && role != "system" && role != "user" && role != "assistant")
       throw Error(at + ".role: '" + role + "' is not system, user or assistant");
     out.emplace_back(role, text_field(m, "content", at, true));
   }
@@ -227,7 +232,9 @@ void check_template_tokens(const std::string& template_text, const BpeTokenizer&
 }
 
 void check_instruct_template(const std::string& template_text) {
-  if (template_text == "alpaca" || template_text == "chatml") return;
+  if (template_text == "alpaca" || template_text == "chatml" ||
+      ChatTemplate::named_by(template_text))
+    return;
   const size_t at = template_text.find("{response}");
   if (at == std::string::npos)
     throw Error("template '" + template_text +
@@ -237,7 +244,8 @@ void check_instruct_template(const std::string& template_text) {
 }
 
 Segments render_instruct_example(const std::string& line, const std::string& template_text,
-                                 const std::string& where, std::set<std::string>* unread) {
+                                 const std::string& where, std::set<std::string>* unread,
+                                 const ChatTemplate* chat) {
   const nlohmann::json j = parse_json_object(
       line, where, "; a line is {\"prompt\": ..., \"response\": ...} or {\"messages\": [...]}");
   if (unread != nullptr)
@@ -246,6 +254,23 @@ Segments render_instruct_example(const std::string& line, const std::string& tem
           item.key() != "messages")
         unread->insert(item.key());
   Segments out;
+  if (ChatTemplate::named_by(template_text)) {
+    if (chat == nullptr)
+      throw Error(where + ": the chat template '" + template_text + "' is not open");
+    messages_of(j, where, true);  // the line's errors, as under chatml
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+    if (j.contains("messages")) {  // every field, in the line's order (tool_calls, name, ...)
+      messages = nlohmann::ordered_json::parse(line)["messages"];
+    } else {
+      std::string prompt = text_field(j, "prompt", where, true);
+      if (const std::string input = text_field(j, "input", where, false); !input.empty())
+        prompt += "\n\n" + input;
+      messages.push_back({{"role", "user"}, {"content", prompt}});
+      messages.push_back(
+          {{"role", "assistant"}, {"content", text_field(j, "response", where, true)}});
+    }
+    return chat->segments(messages, where);
+  }
   if (template_text == "chatml") {
     const auto messages = messages_of(j, where);
     std::string prompt;
@@ -317,6 +342,9 @@ std::shared_ptr<InstructDataset> InstructDataset::open(
   if (options.block_size < 1) throw Error("InstructDataset: block_size must be at least 1");
   check_instruct_template(options.template_text);  // once, before any line (or a cache hit)
   check_template_tokens(options.template_text, *tokenizer, options.tokenizer_json.string());
+  std::shared_ptr<const ChatTemplate> chat;
+  if (ChatTemplate::named_by(options.template_text))
+    chat = ChatTemplate::open(options.template_text, options.tokenizer_json.parent_path());
   if (options.add_bos && tokenizer->bos() < 0)
     throw Error(options.tokenizer_json.string() +
                 ": names no bos token to start each example with; give one in the folder's "
@@ -339,7 +367,7 @@ std::shared_ptr<InstructDataset> InstructDataset::open(
   std::vector<Example> whole;
   fs::path cached;
   if (!options.cache_dir.empty() && !options.tokenizer_json.empty()) {
-    cached = options.cache_dir / cache_name(jsonl, options, *tokenizer);
+    cached = options.cache_dir / cache_name(jsonl, options, *tokenizer, chat.get());
     d->from_cache_ = read_cache(cached, whole);
   }
   if (!d->from_cache_) {
@@ -352,13 +380,16 @@ std::shared_ptr<InstructDataset> InstructDataset::open(
       const std::string where = jsonl.string() + ":" + std::to_string(number);
       std::set<std::string> unread;
       Example e;
-      if (options.add_bos) {
-        e.ids.push_back(tokenizer->bos());
-        e.response.push_back(false);
+      encode_example(
+          *tokenizer,
+          render_instruct_example(line, options.template_text, where, &unread, chat.get()), e);
+      // bos first and eos last, unless the rendered text has them (a chat template's
+      // "{{ bos_token }}", a turn that ends with the eos token)
+      if (options.add_bos && (e.ids.empty() || e.ids.front() != tokenizer->bos())) {
+        e.ids.insert(e.ids.begin(), tokenizer->bos());
+        e.response.insert(e.response.begin(), false);
       }
-      encode_example(*tokenizer,
-                     render_instruct_example(line, options.template_text, where, &unread), e);
-      if (options.append_eos) {
+      if (options.append_eos && (e.ids.empty() || e.ids.back() != eos)) {
         e.ids.push_back(eos);
         e.response.push_back(true);
       }

@@ -12,12 +12,19 @@
 //            and an assistant message); after the last non-assistant message
 //            "<|im_start|>assistant\n" belongs to the prompt; the assistants' contents and their
 //            "<|im_end|>\n" are the response
+//   chat_template  the model's own format: its Hugging Face chat template (the folder of
+//            tokenizer_json: chat_template.jinja, else tokenizer_config.json's chat_template;
+//            fabric/data/chat_template.h), rendered as transformers renders it; FILE.jinja: that
+//            file's template. A prompt/response line is a user and an assistant message, roles
+//            are the template's to check, and each assistant message's turn as the template
+//            writes it after the generation prompt (its end marker included) is a response
 //   TEXT     any other string: "{prompt}" (and "{input}") and "{response}" stand for the fields;
 //            the text before "{response}" is the prompt part. An error: no "{response}" or two,
 //            no "{prompt}", another {name}, "{prompt}"/"{input}" after "{response}"
 // The rendered example is encoded as one text (its ids are `tokenizers`' for that text: a
-// prompt part ending in a space joins it to the response's first word) and the eos id is appended
-// to every response (Options::append_eos). Loss targets: the ids holding any byte of a response
+// prompt part ending in a space joins it to the response's first word), the bos id put first
+// (Options::add_bos) and the eos id last (Options::append_eos), each unless the text already
+// starts or ends with it (a chat template's "{{ bos_token }}", a turn ending in eos). Loss targets: the ids holding any byte of a response
 // (transformers' assistant mask: the token "ĠIt" of "A: " + "It" is the response's), eos included;
 // prompt, system and user ids get -100.
 //
@@ -56,6 +63,8 @@
 #include "fabric/data/dataset.h"
 
 namespace fabric {
+
+class ChatTemplate;
 
 class InstructDataset : public Dataset {
  public:
@@ -129,9 +138,10 @@ void check_template_tokens(const std::string& template_text, const BpeTokenizer&
 // The prompt and response parts of one JSONL line (`where`: "FILE:LINE" for errors) under
 // `template_text`, as alternating segments: {text, is_response}; `unread` (when given) gets the
 // line's keys no template reads. Exposed for tests.
+// `chat`: the template a chat_template or FILE.jinja `template_text` names (ChatTemplate::open).
 std::vector<std::pair<std::string, bool>> render_instruct_example(
     const std::string& line, const std::string& template_text, const std::string& where,
-    std::set<std::string>* unread = nullptr);
+    std::set<std::string>* unread = nullptr, const ChatTemplate* chat = nullptr);
 
 }  // namespace fabric
 

@@ -3,8 +3,9 @@
 // ids and assistant mask of transformers' apply_chat_template(return_assistant_tokens_mask=True)
 // under ChatML; a text template whose prompt ends in a space gives the whole text's ids (the
 // space joined to the response's first word) and the tokens holding a response character. Batches
-// shift by one with -100 on prompt and padding; packing keeps every id once; bad lines are one
-// error naming FILE:LINE and the field.
+// shift by one with -100 on prompt and padding; a chat template (the folder's or a FILE.jinja)
+// gives apply_chat_template's ids and assistant mask; packing keeps every id once; bad lines are
+// one error naming FILE:LINE and the field.
 #include "fabric/data/instruct.h"
 
 #include <gtest/gtest.h>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "fabric/core/error.h"
+#include "fabric/data/chat_template.h"
 #include "tests/run_command.h"
 
 namespace fs = std::filesystem;
@@ -264,6 +266,65 @@ TEST_F(InstructTest, ChatmlNeedsItsMarkersAsTokens) {
   }
   EXPECT_EQ(InstructDataset::open(dir_ / "chat.jsonl", options("chatml"))->examples().empty(),
             false);
+}
+
+// data.template chat_template: the folder's own template (no {% generation %} blocks) gives the
+// ids and assistant mask transformers' apply_chat_template gives with them: the assistant's
+// content and <|eot_id|>, the template's bos once (add_bos does not add a second), no eos after
+// the eos the template ends with. A FILE.jinja (the template with the blocks) gives the same.
+TEST_F(InstructTest, ChatTemplateGivesApplyChatTemplatesIdsAndAssistantMask) {
+  const fs::path chat = dir_ / "chat";
+  std::ifstream in(chat / "chat.ref.json");
+  const nlohmann::json ref = nlohmann::json::parse(in);
+  for (const std::string tmpl :
+       {std::string("chat_template"), (chat / "chat_generation.jinja").string()}) {
+    SCOPED_TRACE(tmpl);
+    auto o = options(tmpl);
+    o.tokenizer_json = chat / "tokenizer.json";
+    o.add_bos = true;
+    const auto data = InstructDataset::open(chat / "chat.jsonl", o);
+    ASSERT_EQ(data->size(), static_cast<int64_t>(ref.size()));
+    for (size_t i = 0; i < ref.size(); ++i) {
+      EXPECT_EQ(data->examples()[i].ids, ref[i]["ids"].get<std::vector<int64_t>>()) << i;
+      EXPECT_EQ(data->examples()[i].response, ref[i]["mask"].get<std::vector<bool>>()) << i;
+    }
+  }
+  std::ifstream prompt_in(chat / "prompt.ref.json");
+  const auto t = fabric::ChatTemplate::open("chat_template", chat);
+  EXPECT_EQ(
+      t->render(nlohmann::ordered_json::parse(R"([{"role": "user", "content": "Hi"}])"), true),
+      nlohmann::json::parse(prompt_in)["text"].get<std::string>());
+}
+
+TEST_F(InstructTest, ChatTemplatesThatCannotMarkTheAnswerAreRefused) {
+  // No template in the folder: where it looked, and what to use instead.
+  EXPECT_EQ(error_of("{\"prompt\": \"a\", \"response\": \"b\"}\n", "chat_template"),
+            dir_.string() +
+                " has no chat template (no chat_template.jinja, and tokenizer_config.json has "
+                "no chat_template): set data.template to chatml, alpaca, a TEXT template or a "
+                "FILE.jinja of the format");
+  // The last turn rendered otherwise than as the earlier turns continued.
+  std::ofstream(dir_ / "last.jinja")
+      << "{% for m in messages %}{% if loop.last and m.role == 'assistant' %}[final] {% endif %}"
+         "{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant: "
+         "{% endif %}";
+  const std::string line = "{\"prompt\": \"a\", \"response\": \"b\"}\n";
+  EXPECT_NE(error_of(line, (dir_ / "last.jinja").string())
+                .find(":1: " + (dir_ / "last.jinja").string() +
+                      " does not render messages[1] (an assistant's) as a continuation"),
+            std::string::npos)
+      << error_of(line, (dir_ / "last.jinja").string());
+  // The template's own refusal, with the example's line and the template's.
+  std::ofstream(dir_ / "raises.jinja")
+      << "{% for m in messages %}\n{% if m.role == 'system' %}\n"
+         "{{ raise_exception('System role not supported') }}\n{% endif %}\n"
+         "{{ m.content }}{% endfor %}";
+  EXPECT_EQ(error_of("{\"prompt\": \"a\", \"response\": \"b\"}\n"
+                     "{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}, "
+                     "{\"role\": \"assistant\", \"content\": \"b\"}]}\n",
+                     (dir_ / "raises.jinja").string()),
+            (dir_ / "bad.jsonl").string() + ":2: " + (dir_ / "raises.jinja").string() +
+                ": line 3: the template raised: System role not supported");
 }
 
 }  // namespace

@@ -11,7 +11,10 @@ special tokens <|end|> (eos), <|im_start|>, <|im_end|>) and tokenizer_config.jso
       apply_chat_template(return_assistant_tokens_mask=True) gives them under a ChatML template
       whose assistant turns are {% generation %} blocks, then eos;
   text.jsonl + text.ref.json: under the template "Q: {prompt}\nA: {response}", the ids of the
-      whole rendered text and the tokens holding any response character, then eos.
+      whole rendered text and the tokens holding any response character, then eos;
+  chat/: a folder whose tokenizer_config.json has a chat template in Llama 3's style, with
+      chat.jsonl + chat.ref.json: the ids and assistant mask of apply_chat_template under the same
+      template with {% generation %} blocks (chat_generation.jinja), and prompt.ref.json.
 """
 import json
 import os
@@ -108,4 +111,57 @@ with open(os.path.join(out, "text.jsonl"), "w") as f:
     for e in texts:
         f.write(json.dumps(e, ensure_ascii=False) + "\n")
 json.dump(ref, open(os.path.join(out, "text.ref.json"), "w"))
+# chat/: the same tokenizer with Llama 3's markers, and a chat template in Llama 3's style whose
+# assistant turns (content and <|eot_id|>, nothing after) are {% generation %} blocks: the ids and
+# assistant mask transformers' apply_chat_template gives, which data.template chat_template must
+# give without the blocks (chat_plain.jinja, the same template without them, read as a FILE).
+chat_dir = os.path.join(out, "chat")
+os.makedirs(chat_dir, exist_ok=True)
+markers = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+tok.add_special_tokens(markers)
+tok.save(os.path.join(chat_dir, "tokenizer.json"))
+chat_template = (
+    "{{- bos_token }}"
+    "{%- if messages[0]['role'] == 'system' %}"
+    "{%- set system = messages[0]['content'] | trim %}{%- set messages = messages[1:] %}"
+    "{%- else %}{%- set system = 'You are helpful.' %}{%- endif %}"
+    "{{- '<|start_header_id|>system<|end_header_id|>\n\n' + system + '<|eot_id|>' }}\n"
+    "{%- for message in messages %}\n"
+    "    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' }}\n"
+    "    {%- if message['role'] == 'assistant' %}{% generation %}"
+    "{{- message['content'] | trim + '<|eot_id|>' }}{% endgeneration %}\n"
+    "    {%- else %}{{- message['content'] | trim + '<|eot_id|>' }}{%- endif %}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}"
+    "{%- endif %}\n")
+plain = chat_template.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+with open(os.path.join(chat_dir, "tokenizer_config.json"), "w") as f:
+    json.dump({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",
+               "chat_template": plain}, f)
+with open(os.path.join(chat_dir, "chat_generation.jinja"), "w") as f:
+    f.write(chat_template)
+fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|begin_of_text|>",
+                               eos_token="<|eot_id|>")
+fast.chat_template = chat_template
+llama_chats = chats + [
+    [{"role": "user", "content": "  Which strategy shards?  "},
+     {"role": "assistant", "content": "It is fsdp.\n"},
+     {"role": "user", "content": "Café?"},
+     {"role": "assistant", "content": "Oui, café."}],
+]
+ref = []
+for c in llama_chats:
+    r = fast.apply_chat_template(c, tokenize=True, return_dict=True,
+                                 return_assistant_tokens_mask=True)
+    ids, mask = list(r["input_ids"]), [bool(m) for m in r["assistant_masks"]]
+    assert ids[0] == tok.token_to_id("<|begin_of_text|>") and ids[-1] == tok.token_to_id("<|eot_id|>")
+    ref.append({"ids": ids, "mask": mask})
+with open(os.path.join(chat_dir, "chat.jsonl"), "w") as f:
+    for c in llama_chats:
+        f.write(json.dumps({"messages": c}, ensure_ascii=False) + "\n")
+json.dump(ref, open(os.path.join(chat_dir, "chat.ref.json"), "w"))
+# The generation prompt for one user message, as generate and finetune.sample_prompt render it.
+json.dump({"text": fast.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False,
+                                            add_generation_prompt=True)},
+          open(os.path.join(chat_dir, "prompt.ref.json"), "w"))
 print("ok", out)
