@@ -24,9 +24,9 @@
 // The rendered example is encoded as one text (its ids are `tokenizers`' for that text: a
 // prompt part ending in a space joins it to the response's first word), the bos id put first
 // (Options::add_bos) and the eos id last (Options::append_eos), each unless the text already
-// starts or ends with it (a chat template's "{{ bos_token }}", a turn ending in eos). Loss targets: the ids holding any byte of a response
-// (transformers' assistant mask: the token "ĠIt" of "A: " + "It" is the response's), eos included;
-// prompt, system and user ids get -100.
+// starts or ends with it (a chat template's "{{ bos_token }}", a turn ending in eos). Loss targets:
+// the ids holding any byte of a response (transformers' assistant mask: the token "ĠIt" of "A: " +
+// "It" is the response's), eos included; prompt, system and user ids get -100.
 //
 // Padded, examples longer than block_size + 1 ids are cut (truncated() counts them), and one left
 // without a response id is dropped (dropped() counts them). Batches:
