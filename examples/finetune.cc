@@ -348,7 +348,7 @@ int train(fabric::Fabric& f, const examples::finetune::Inputs& in, const Build& 
     }
     const int64_t sample_tokens = c.get_int("finetune.sample_tokens");
     if (!c.get_string("finetune.sample_prompt").empty() && sample_tokens > 0) {
-      const std::vector<int64_t> prompt = sample_ids(c, *tokenizer, in.options.add_bos);
+      const std::vector<int64_t> prompt = sample_ids(c, in);
       fabric::models::GenerateOptions g;  // greedy
       // Up to the model's last position (never an error after the run has trained).
       const int64_t room = p.max_positions() - static_cast<int64_t>(prompt.size());

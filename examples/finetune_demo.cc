@@ -29,7 +29,16 @@ constexpr int64_t kEos = 256;  // <|endoftext|>; <|im_start|> 257, <|im_end|> 25
 // (which splits the vocabulary) runs the demo at tp 2, 4 and 8; ids 259-263 are never produced.
 constexpr int64_t kVocab = 264;
 // Written to the folder's "done": a demo of another version (an older vocabulary) is rebuilt.
-constexpr const char* kDemoVersion = "2 vocab 264\n";
+constexpr const char* kDemoVersion = "3 vocab 264, chat template\n";
+// tokenizer_config.json's chat template: ChatML, as data.template chatml writes it (the one
+// data.template chat_template and generate.template chat_template read).
+constexpr const char* kChatTemplate =
+    "{%- for message in messages %}\n"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}\n"
+    "{{- '<|im_start|>assistant\\n' }}\n"
+    "{%- endif %}\n";
 
 fabric::models::LlamaConfig tiny_llama() {
   fabric::models::LlamaConfig c;
@@ -121,9 +130,11 @@ void write_model(const fs::path& folder) {
   extras.config["bos_token_id"] = kEos;
   fabric::hf::save_llama(c, state, folder, int64_t{1} << 40, extras);
   write_text(folder / "tokenizer.json", byte_tokenizer().dump(1) + "\n");
-  write_text(
-      folder / "tokenizer_config.json",
-      nlohmann::json({{"eos_token", "<|endoftext|>"}, {"add_bos_token", false}}).dump(1) + "\n");
+  write_text(folder / "tokenizer_config.json", nlohmann::json({{"eos_token", "<|endoftext|>"},
+                                                               {"add_bos_token", false},
+                                                               {"chat_template", kChatTemplate}})
+                                                       .dump(1) +
+                                                   "\n");
 }
 
 // One example per public function with a one-line docstring start, in sorted file order.

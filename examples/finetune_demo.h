@@ -6,7 +6,8 @@
 // model.safetensors of a random Llama (2 layers, width 64, 4 heads, 2 key/value heads, tied
 // output; seed 0), and a byte-level tokenizer.json with no merges (the 256 bytes, then
 // <|endoftext|> as eos, <|im_start|> and <|im_end|> for the chatml template; the embedding has
-// 264 rows, a multiple of 8 for tensor parallelism, the last 5 unused). The data: one
+// 264 rows, a multiple of 8 for tensor parallelism, the last 5 unused), and tokenizer_config.json
+// with a ChatML chat template (data.template chat_template renders as chatml). The data: one
 // example per documented public function, {"prompt": "What does NAME(ARGS) in Python's MODULE
 // do?", "response": the first line of its docstring}, every tenth one to val.jsonl.
 #ifndef EXAMPLES_FINETUNE_DEMO_H_

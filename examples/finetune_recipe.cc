@@ -14,6 +14,7 @@
 #include "fabric/config/standard_keys.h"
 #include "fabric/core/error.h"
 #include "fabric/core/paths.h"
+#include "fabric/data/chat_template.h"
 #include "fabric/data/instruct.h"
 
 namespace examples::finetune {
@@ -37,7 +38,8 @@ fabric::ConfigSchema schema() {
         KeySpec::string("").doc("JSONL, one example a line (fabric/data/instruct.h)"));
   s.add("data.val", KeySpec::string("").doc("JSONL for the validation loss; \"\": none"));
   s.add("data.template",
-        KeySpec::string("alpaca").doc("alpaca | chatml | a TEXT with {prompt} and {response}"));
+        KeySpec::string("alpaca").doc("alpaca | chatml | chat_template (the model folder's own) | "
+                                      "a FILE.jinja | a TEXT with {prompt} and {response}"));
   s.add("data.packed", KeySpec::boolean(false).doc(
                            "join the examples into windows of data.block_size (else one example "
                            "a row, padded to the batch's longest)"));
@@ -108,16 +110,24 @@ fabric::nn::LoraOptions lora_options(const fabric::Config& c) {
   return o;
 }
 
-std::vector<int64_t> sample_ids(const fabric::Config& c, const fabric::BpeTokenizer& tokenizer,
-                                bool bos) {
-  const std::string line =
-      nlohmann::json({{"prompt", c.get_string("finetune.sample_prompt")}, {"response", ""}}).dump();
-  std::vector<int64_t> ids;
-  if (bos && tokenizer.bos() >= 0) ids.push_back(tokenizer.bos());
-  for (const auto& [text, response] :
-       fabric::render_instruct_example(line, c.get_string("data.template"), "finetune.sample"))
-    if (!response)
-      for (int64_t id : tokenizer.encode(text)) ids.push_back(id);
+std::vector<int64_t> sample_ids(const fabric::Config& c, const Inputs& in) {
+  const std::string& tmpl = in.options.template_text;
+  const std::string prompt = c.get_string("finetune.sample_prompt");
+  std::string text;                            // the prompt as the template renders it
+  if (fabric::ChatTemplate::named_by(tmpl)) {  // one user message and the generation prompt
+    text = fabric::ChatTemplate::open(tmpl, in.folder)
+               ->render(nlohmann::ordered_json::array({{{"role", "user"}, {"content", prompt}}}),
+                        true);
+  } else {
+    const std::string line = nlohmann::json({{"prompt", prompt}, {"response", ""}}).dump();
+    for (const auto& [part, response] :
+         fabric::render_instruct_example(line, tmpl, "finetune.sample"))
+      if (!response) text += part;
+  }
+  std::vector<int64_t> ids = in.tokenizer->encode(text);
+  const int64_t bos = in.tokenizer->bos();
+  if (in.options.add_bos && bos >= 0 && (ids.empty() || ids.front() != bos))
+    ids.insert(ids.begin(), bos);
   return ids;
 }
 
@@ -143,8 +153,13 @@ Inputs open_inputs(fabric::Fabric& f) {
   }
   if (train_file.empty())
     throw c.error_at("data.train", "not set; give the JSONL file of training examples");
+  std::string tmpl = c.get_string("data.template");
+  const bool chat = fabric::ChatTemplate::named_by(tmpl);
+  if (chat && tmpl != "chat_template")  // a FILE.jinja, from where the command ran
+    tmpl = fabric::absolute_from_working_directory(tmpl).string();
   try {  // the template, before any file is read
-    fabric::check_instruct_template(c.get_string("data.template"));
+    fabric::check_instruct_template(tmpl);
+    if (chat) fabric::ChatTemplate::open(tmpl, folder);
   } catch (const fabric::Error& e) {
     throw c.error_at("data.template", e.what());
   }
@@ -163,14 +178,16 @@ Inputs open_inputs(fabric::Fabric& f) {
 
   fabric::InstructDataset::Options o;
   o.tokenizer_json = folder / "tokenizer.json";
-  o.template_text = c.get_string("data.template");
+  o.template_text = tmpl;
   o.block_size = block;
   o.packed = c.get_bool("data.packed");
   const auto tokenizer = std::make_shared<const fabric::BpeTokenizer>(
       fabric::BpeTokenizer::from_tokenizer_json(o.tokenizer_json));
-  // auto: the bos when the folder asks for one and names it (never an error).
+  // auto: the bos when the folder asks for one and names it (never an error); a chat template
+  // writes its own ("{{ bos_token }}"), as apply_chat_template adds no special tokens.
   const std::string add_bos = c.get_string("data.add_bos");
-  o.add_bos = add_bos == "true" || (add_bos == "auto" && p.add_bos_token && tokenizer->bos() >= 0);
+  o.add_bos =
+      add_bos == "true" || (add_bos == "auto" && !chat && p.add_bos_token && tokenizer->bos() >= 0);
   try {  // ids the model has no row for would fail in the first forward
     fabric::hf::check_tokenizer_fits(p, tokenizer->vocab_size());
   } catch (const fabric::Error& e) {

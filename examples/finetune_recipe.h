@@ -51,10 +51,9 @@ Inputs open_inputs(fabric::Fabric& f);
 // finetune.lora.* as fabric::nn::LoraOptions.
 fabric::nn::LoraOptions lora_options(const fabric::Config& c);
 
-// The prompt part of finetune.sample_prompt under data.template (the bos id first when `bos`):
-// what the model answers at the end.
-std::vector<int64_t> sample_ids(const fabric::Config& c, const fabric::BpeTokenizer& tokenizer,
-                                bool bos);
+// finetune.sample_prompt as data.template renders a prompt (a chat template: one user message and
+// the generation prompt), the bos id first under data.add_bos: what the model answers at the end.
+std::vector<int64_t> sample_ids(const fabric::Config& c, const Inputs& in);
 
 }  // namespace examples::finetune
 

@@ -2,11 +2,13 @@
 //
 // Text from a Hugging Face model folder (Llama, Qwen2, Mistral or GPT-2; docs/pretrained.md):
 // the prompt encoded by DIR/tokenizer.json (a bos id first when the tokenizer adds one:
-// generate.add_bos), up to generate.max_new_tokens ids generated after it (greedy at
-// generate.temperature 0, else sampled with generate.top_k / generate.top_p from generate.seed),
-// stopping at an eos id of DIR/generation_config.json (else config.json). Prints the completion and
-// the decode speed; generate.output=FILE also writes FILE as JSON: prompt_ids, ids (the new ids
-// only), text (their decoding), and the timings.
+// generate.add_bos; generate.template=chat_template: first rendered as a user message in the
+// folder's chat template, with its generation prompt, fabric/data/chat_template.h), up to
+// generate.max_new_tokens ids generated after it (greedy at generate.temperature 0, else sampled
+// with generate.top_k / generate.top_p from generate.seed), stopping at an eos id of
+// DIR/generation_config.json (else config.json). Prints the completion and the decode speed;
+// generate.output=FILE also writes FILE as JSON: prompt_ids, ids (the new ids only), text (their
+// decoding), and the timings.
 //
 // Both families decode with a key/value cache (fabric/models/llama_generate.h, gpt_generate.h)
 // under single, ddp, fsdp and tensor parallelism; under sequence, context or pipeline parallelism
@@ -35,7 +37,9 @@
 #include "fabric/checkpoint/output_check.h"
 #include "fabric/config/standard_keys.h"
 #include "fabric/core/error.h"
+#include "fabric/core/paths.h"
 #include "fabric/data/bpe.h"
+#include "fabric/data/chat_template.h"
 #include "fabric/fabric.h"
 #include "fabric/hf/pretrained.h"
 #include "fabric/hf/weights.h"
@@ -64,6 +68,13 @@ fabric::ConfigSchema schema() {
             "on model.pretrained, merged into its weights before generating; \"\": none"));
   s.section_doc("generate", "what to generate (examples/generate.cc)");
   s.add("generate.prompt", KeySpec::string("").doc("the text to continue"));
+  s.add("generate.template",
+        KeySpec::string("none").doc(
+            "none: the prompt as given; chat_template: the prompt as a user message in the "
+            "folder's chat template, then its generation prompt (as apply_chat_template with "
+            "add_generation_prompt); a FILE.jinja: that template"));
+  s.add("generate.system",
+        KeySpec::string("").doc("with generate.template: a system message before the prompt"));
   s.add("generate.max_new_tokens", KeySpec::integer(64).min(1));
   s.add("generate.temperature",
         KeySpec::real(0.0).min(0).doc("0: greedy (the likeliest id every step); else sampled"));
@@ -207,17 +218,40 @@ int run(fabric::Fabric& f) {
   } catch (const fabric::Error& e) {
     throw c.error_at("model.pretrained", e.what());
   }
-  std::vector<int64_t> prompt_ids;
+  std::string prompt_text = c.get_string("generate.prompt");
+  const std::string tmpl = c.get_string("generate.template");
+  if (tmpl != "none") {  // the folder's chat format, as apply_chat_template renders it
+    if (!fabric::ChatTemplate::named_by(tmpl))
+      throw c.error_at("generate.template",
+                       "'" + tmpl + "' is none, chat_template or a " + "FILE.jinja");
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+    if (!c.get_string("generate.system").empty())
+      messages.push_back({{"role", "system"}, {"content", c.get_string("generate.system")}});
+    messages.push_back({{"role", "user"}, {"content", prompt_text}});
+    try {
+      prompt_text =
+          fabric::ChatTemplate::open(tmpl == "chat_template"
+                                         ? tmpl
+                                         : fabric::absolute_from_working_directory(tmpl).string(),
+                                     p.folder)
+              ->render(messages, true);
+    } catch (const fabric::Error& e) {
+      throw c.error_at("generate.template", e.what());
+    }
+  } else if (!c.get_string("generate.system").empty()) {
+    throw c.error_at("generate.system",
+                     "set, but generate.template is none (a system message needs a chat format)");
+  }
+  std::vector<int64_t> prompt_ids = tokenizer.encode(prompt_text);
+  // auto: the tokenizer's own choice; a chat template writes its own bos ("{{ bos_token }}").
   const std::string add_bos = c.get_string("generate.add_bos");
-  if (add_bos == "true" || (add_bos == "auto" && p.add_bos_token)) {
+  if (add_bos == "true" || (add_bos == "auto" && tmpl == "none" && p.add_bos_token)) {
     const int64_t bos = p.bos_token_id >= 0 ? p.bos_token_id : tokenizer.bos();
     if (bos < 0)
       throw c.error_at("generate.add_bos", "true, but " + p.folder.string() +
                                                " names no bos token; set generate.add_bos=false");
-    prompt_ids.push_back(bos);
+    if (prompt_ids.empty() || prompt_ids.front() != bos) prompt_ids.insert(prompt_ids.begin(), bos);
   }
-  for (const int64_t id : tokenizer.encode(c.get_string("generate.prompt")))
-    prompt_ids.push_back(id);
   if (prompt_ids.empty()) {
     const bool bos = p.bos_token_id >= 0 || tokenizer.bos() >= 0;
     throw c.error_at("generate.prompt",

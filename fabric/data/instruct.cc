@@ -287,9 +287,11 @@ Segments render_instruct_example(const std::string& line, const std::string& tem
     return out;
   }
   if (j.contains("messages"))
-    throw Error(where + ": messages: a chat line needs data.template chatml (the template '" +
-                (template_text.size() > 20 ? template_text.substr(0, 20) + "..." : template_text) +
-                "' renders prompt and response)");
+    throw Error(
+        where +
+        ": messages: a chat line needs data.template chatml or chat_template (the template '" +
+        (template_text.size() > 20 ? template_text.substr(0, 20) + "..." : template_text) +
+        "' renders prompt and response)");
   const std::string prompt = text_field(j, "prompt", where, true);
   const std::string input = text_field(j, "input", where, false);
   const std::string response = text_field(j, "response", where, true);

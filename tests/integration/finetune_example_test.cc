@@ -531,6 +531,33 @@ TEST_F(FinetuneExampleTest, ASampleLongerThanThePositionsStopsAtTheLast) {
   EXPECT_NE(full.out.find("exported "), std::string::npos) << full.out;
 }
 
+// data.template chat_template (the demo folder's ChatML chat template, rendered by
+// fabric/data/jinja.h) trains as the built-in chatml: the same examples and response tokens, the
+// same validation loss after 2 steps, and the same greedy answer to finetune.sample_prompt (one
+// user message and the template's generation prompt).
+TEST_F(FinetuneExampleTest, TheFoldersChatTemplateTrainsAsChatml) {
+  std::string data[2];
+  nlohmann::json s[2];
+  const std::string tmpls[] = {"chatml", "chat_template"};
+  for (int k = 0; k < 2; ++k) {
+    const auto r =
+        finetune("fabric.devices=1 trainer.max_steps=2 trainer.limit_eval_batches=2 " +
+                 std::string("logging.run_dir=chat_") + tmpls[k] + " data.template=" + tmpls[k] +
+                 " finetune.sample_tokens=6 'finetune.sample_prompt=What does join do?'");
+    ASSERT_EQ(r.code, 0) << r.out;
+    const size_t end = r.out.find(" response tokens");
+    ASSERT_NE(end, std::string::npos) << r.out;
+    const size_t begin = r.out.rfind("data: ", end);
+    data[k] = r.out.substr(begin, end - begin);
+    s[k] = summary(r.out);
+    ASSERT_TRUE(s[k].is_object()) << r.out;
+  }
+  EXPECT_EQ(data[0], data[1]);
+  EXPECT_EQ(s[0]["val_loss"].get<double>(), s[1]["val_loss"].get<double>());
+  EXPECT_FALSE(s[1]["sample"].get<std::string>().empty());
+  EXPECT_EQ(s[0]["sample"], s[1]["sample"]);
+}
+
 TEST_F(FinetuneExampleTest, BadInputStopsWithOneLineNamingTheKey) {
   struct Case {
     std::string args, key, fix;
@@ -548,6 +575,8 @@ TEST_F(FinetuneExampleTest, BadInputStopsWithOneLineNamingTheKey) {
       // A prompt placed where the loss is taken would be learned as the answer.
       {"'data.template=\"A: {response} Q: {prompt}\"'", "data.template",
        "put it before {response}"},
+      {"data.template=chat/none.jinja", "data.template: " + (dir_ / "chat/none.jinja").string(),
+       "cannot read this chat template file"},
       {"finetune.lora.rank=100000", "finetune.lora.rank: LoRA: rank 100000 is larger than",
        "min(in, out)"},
       // No full batch: no step would run and the untrained base would be exported.

@@ -263,6 +263,14 @@ TEST_F(PretrainedExampleTest, BadInputIsOneLine) {
                {"model.pretrained",
                 "config.json: num_hidden_layers 100000000, but the weights "
                 "hold 2 layers (model.safetensors)"});
+  // A chat format the folder does not have, a system message without one.
+  expect_error("generate", llama + " generate.prompt=a generate.template=chat_template",
+               {"generate.template: " + (dir_ / "llama").string() + " has no chat template",
+                "a FILE.jinja"});
+  expect_error("generate", llama + " generate.prompt=a generate.template=chatml",
+               {"generate.template", "is none, chat_template or a FILE.jinja"});
+  expect_error("generate", llama + " generate.prompt=a generate.system=brief",
+               {"generate.system", "generate.template is none"});
   // A prompt that fills the positions names the prompt, not max_new_tokens.
   std::string numbers;
   for (int i = 0; i < 200; ++i) numbers += std::to_string(i) + " ";
