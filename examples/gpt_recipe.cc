@@ -210,7 +210,7 @@ void export_hf(const fabric::Config& c, const ModelChoice& m, const fabric::Stat
   if (m.pretrained) {
     const fabric::hf::Pretrained& p = *m.pretrained;
     for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                             "generation_config.json"})
+                             "chat_template.jinja", "generation_config.json"})
       if (std::filesystem::exists(p.folder / name)) extras.copy_files.push_back(p.folder / name);
     if (p.bos_token_id >= 0) extras.config["bos_token_id"] = p.bos_token_id;
     if (p.eos_token_ids.size() == 1) extras.config["eos_token_id"] = p.eos_token_ids[0];

@@ -32,6 +32,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -556,6 +557,27 @@ TEST_F(FinetuneExampleTest, TheFoldersChatTemplateTrainsAsChatml) {
   EXPECT_EQ(s[0]["val_loss"].get<double>(), s[1]["val_loss"].get<double>());
   EXPECT_FALSE(s[1]["sample"].get<std::string>().empty());
   EXPECT_EQ(s[0]["sample"], s[1]["sample"]);
+  // A folder's chat_template.jinja (as transformers 4.43+ saves one) comes before
+  // tokenizer_config.json's (here: a turn ending in two newlines, one more response token per
+  // example), and the merged export keeps it.
+  const fs::path folder = dir_ / "jinja_model";
+  fs::remove_all(folder);
+  fs::copy(demo("model"), folder);
+  const std::string jinja =
+      "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n\n"
+      "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+  std::ofstream(folder / "chat_template.jinja") << jinja;
+  const auto r = finetune(
+      "fabric.devices=1 trainer.max_steps=1 trainer.limit_eval_batches=1 "
+      "logging.run_dir=chat_jinja data.template=chat_template "
+      "finetune.lora.merge_on_export=true model.pretrained=" +
+      folder.string() + " data.train=" + demo("train.jsonl").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const size_t end = r.out.find(" response tokens");
+  ASSERT_NE(end, std::string::npos) << r.out;
+  EXPECT_NE(r.out.substr(r.out.rfind("data: ", end), end - r.out.rfind("data: ", end)), data[0]);
+  std::ifstream exported(dir_ / "chat_jinja" / "export" / "chat_template.jinja");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(exported), {}), jinja);
 }
 
 TEST_F(FinetuneExampleTest, BadInputStopsWithOneLineNamingTheKey) {
