@@ -23,11 +23,11 @@ namespace fabric::jinja {
 namespace {
 
 const std::set<std::string> kFilters = {
-    "abs",     "capitalize", "count",  "d",      "default",    "dictsort",   "first",
-    "float",   "int",        "items",  "join",   "last",       "length",     "list",
-    "lower",   "map",        "max",    "min",    "reject",     "rejectattr", "replace",
-    "reverse", "round",      "safe",   "select", "selectattr", "sort",       "string",
-    "sum",     "title",      "tojson", "trim",   "unique",     "upper",      "wordcount"};
+    "abs",    "capitalize", "count",     "d",          "default", "dictsort", "first",  "float",
+    "int",    "items",      "join",      "last",       "length",  "list",     "lower",  "map",
+    "max",    "min",        "reject",    "rejectattr", "replace", "reverse",  "round",  "safe",
+    "select", "selectattr", "sort",      "string",     "sum",     "title",    "tojson", "trim",
+    "unique", "upper",      "wordcount", "indent",     "format"};
 const std::set<std::string> kTests = {
     "boolean", "callable", "defined",  "divisibleby", "eq",       "equalto", "escaped",
     "even",    "false",    "filter",   "float",       "ge",       "gt",      "greaterthan",
@@ -71,12 +71,50 @@ class Renderer {
     throw Error(t_.origin + ": line " + std::to_string(line) + ": " + what);
   }
 
+  // A name in the frames from floor_ up, else in the template's own (a macro sees its arguments
+  // and the template's variables, not its caller's).
   Value lookup(const std::string& name) const {
-    for (auto f = frames_.rbegin(); f != frames_.rend(); ++f) {
-      const auto it = f->find(name);
-      if (it != f->end()) return it->second;
+    for (size_t k = frames_.size(); k-- > 0;) {
+      if (k < floor_ && k > 0) continue;
+      const auto it = frames_[k].find(name);
+      if (it != frames_[k].end()) return it->second;
     }
     return Value::undefined("'" + name + "' is undefined");
+  }
+
+  Value call_macro(const Node& m, const Expr& call) {
+    const size_t params = m.names.size() - 1;
+    if (call.kids.size() - 1 > params)
+      fail(call.line, "macro '" + m.names[0] + "' takes not more than " + std::to_string(params) +
+                          " argument(s)");
+    std::unordered_map<std::string, Value> frame;
+    for (size_t k = 1; k < call.kids.size(); ++k) frame[m.names[k]] = eval(*call.kids[k]);
+    for (const auto& [key, x] : call.kwargs) {
+      const auto p = std::find(m.names.begin() + 1, m.names.end(), key);
+      if (p == m.names.end())
+        fail(call.line, "macro '" + m.names[0] + "' takes no keyword argument '" + key + "'");
+      frame[key] = eval(*x);
+    }
+    const size_t saved = floor_;
+    frames_.push_back(std::move(frame));
+    floor_ = frames_.size() - 1;
+    for (size_t k = 0; k < params; ++k) {  // defaults, evaluated where the arguments are seen
+      if (frames_.back().count(m.names[k + 1])) continue;
+      frames_.back()[m.names[k + 1]] =
+          m.exprs[k] ? eval(*m.exprs[k])
+                     : Value::undefined("'" + m.names[k + 1] + "' is undefined");
+    }
+    std::string out;
+    try {
+      exec(m.bodies[0], out);
+    } catch (...) {
+      frames_.pop_back();
+      floor_ = saved;
+      throw;
+    }
+    frames_.pop_back();
+    floor_ = saved;
+    return Value::str(std::move(out));
   }
 
   Flow exec(const Body& body, std::string& out) {
@@ -116,6 +154,12 @@ class Renderer {
         return Flow::kContinue;
       case Node::T::kBlock:
         return exec(n.bodies[0], out);
+      case Node::T::kMacro: {
+        Value f = Value::function(n.names[0]);
+        f.macro = &n;
+        frames_.back()[n.names[0]] = f;
+        return Flow::kNormal;
+      }
     }
     return Flow::kNormal;
   }
@@ -374,6 +418,7 @@ class Renderer {
     const Value f = eval(*e.kids[0]);
     if (f.k == Value::K::kUndefined) fail(e.line, f.s);
     if (f.k != Value::K::kFunction) fail(e.line, "'" + type_name(f) + "' object is not callable");
+    if (f.macro != nullptr) return call_macro(*static_cast<const Node*>(f.macro), e);
     const Args a = args_of(e, 1);
     const std::string& name = f.s;
     if (name == "raise_exception") {
@@ -610,6 +655,32 @@ class Renderer {
     return apply_filter(f, v, a, 0, e.line);
   }
 
+  // jinja's wordcount: the runs of word characters (letters, digits, _; other text outside ASCII
+  // counts as letters but for punctuation and symbols: U+0080-00BF, U+2000-2BFF, U+3000-303F,
+  // U+FE30-FE6F, U+FF00-FF20, U+1F000 and up).
+  static int64_t word_count(const std::string& s) {
+    int64_t words = 0;
+    bool in_word = false;
+    for (const std::string& c : code_points(s)) {
+      const auto b = static_cast<unsigned char>(c[0]);
+      bool word = std::isalnum(b) || b == '_';
+      if (b >= 0x80) {
+        uint32_t cp = 0;  // decode
+        const size_t n = c.size();
+        cp = n == 2   ? ((b & 0x1Fu) << 6) | (c[1] & 0x3F)
+             : n == 3 ? ((b & 0x0Fu) << 12) | ((c[1] & 0x3F) << 6) | (c[2] & 0x3F)
+                      : ((b & 0x07u) << 18) | ((c[1] & 0x3F) << 12) | ((c[2] & 0x3F) << 6) |
+                            (c[3] & 0x3F);
+        word = !((cp >= 0x80 && cp <= 0xBF) || cp == 0xD7 || cp == 0xF7 ||
+                 (cp >= 0x2000 && cp <= 0x2BFF) || (cp >= 0x3000 && cp <= 0x303F) ||
+                 (cp >= 0xFE30 && cp <= 0xFE6F) || (cp >= 0xFF00 && cp <= 0xFF20) || cp >= 0x1F000);
+      }
+      if (word && !in_word) ++words;
+      in_word = word;
+    }
+    return words;
+  }
+
   // The filters that take one value and plain arguments (also map's).
   Value apply_filter(const std::string& f, const Value& v, const Args& a, size_t first, int line) {
     auto arg = [&](size_t i, const char* name) { return a.get(first + i, name); };
@@ -677,10 +748,63 @@ class Renderer {
       if (!why.empty()) fail(line, why);
       return out;
     }
-    if (f == "wordcount") {
+    if (f == "wordcount") return Value::integer(word_count(to_str(v)));
+    if (f == "indent") {  // jinja's indent(s, width=4, first=False, blank=False)
+      const Value* width = arg(0, "width");
+      const Value* first_line = arg(1, "first");
+      const Value* blank = arg(2, "blank");
+      const std::string pad =
+          !width ? std::string(4, ' ')
+          : width->k == Value::K::kStr
+              ? width->s
+              : std::string(static_cast<size_t>(std::max<int64_t>(width->i, 0)), ' ');
       std::string why;
-      return Value::integer(static_cast<int64_t>(
-          call_method(Value::str(to_str(v)), "split", {}, {}, why).list->size()));
+      const Value lines = call_method(Value::str(to_str(v) + "\n"), "splitlines", {}, {}, why);
+      std::string out;
+      for (size_t k = 0; k < lines.list->size(); ++k) {
+        const std::string& l = (*lines.list)[k].s;
+        if (k) out += "\n";
+        const bool indent = (k > 0 || (first_line && truthy(*first_line))) &&
+                            (!l.empty() || (blank && truthy(*blank)));
+        out += (indent ? pad : "") + l;
+      }
+      return Value::str(out);
+    }
+    if (f == "format") {  // str(value) % args: %s, %r, %d, %i, %f, %%
+      const std::string fmt = to_str(v);
+      std::string out;
+      size_t next = first;
+      for (size_t k = 0; k < fmt.size(); ++k) {
+        if (fmt[k] != '%' || k + 1 == fmt.size()) {
+          out += fmt[k];
+          continue;
+        }
+        const char c = fmt[++k];
+        if (c == '%') {
+          out += '%';
+          continue;
+        }
+        if (next >= a.pos.size()) fail(line, "format: not enough arguments for format string");
+        const Value& x = a.pos[next++];
+        if (c == 's') {
+          out += to_str(x);
+        } else if (c == 'r') {
+          out += repr(x);
+        } else if ((c == 'd' || c == 'i' || c == 'f') && is_number(x)) {
+          char buf[64];
+          if (c == 'f')
+            std::snprintf(buf, sizeof buf, "%f",
+                          x.k == Value::K::kFloat ? x.f : static_cast<double>(x.i));
+          else
+            std::snprintf(
+                buf, sizeof buf, "%lld",
+                static_cast<long long>(x.k == Value::K::kFloat ? static_cast<int64_t>(x.f) : x.i));
+          out += buf;
+        } else {
+          fail(line, std::string("format: %") + c + " is not supported here (%s, %r, %d, %i, %f)");
+        }
+      }
+      return Value::str(out);
     }
     fail(line, "the filter '" + f + "' cannot be used here");
   }
@@ -751,6 +875,7 @@ class Renderer {
 
   const Template::Impl& t_;
   std::vector<std::unordered_map<std::string, Value>> frames_;
+  size_t floor_ = 0;  // inside a macro: its frame (lookups skip the frames between it and 0)
 };
 
 }  // namespace

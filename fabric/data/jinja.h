@@ -3,7 +3,7 @@
 // controls, the {% generation %} block, tojson as Python's json.dumps, and the globals
 // raise_exception, strftime_now, namespace, range and dict). //tests/fabric/data:jinja_test holds
 // it to jinja2 itself on every construct below and on chat templates written in the styles of the
-// Llama 3, Qwen2.5, Mistral, Gemma, Phi-3 and DeepSeek families.
+// Llama 3.1, Qwen2.5, Qwen3, Hermes, Mistral, Gemma, Phi-3 and DeepSeek families.
 //
 // Taken: text, {{ expr }}, {# comments #}, whitespace control ({%- -%} {{- -}} {%+ +%}), if/elif/
 // else, for (loop.index/index0/revindex/revindex0/first/last/length/previtem/nextitem, an else
@@ -12,8 +12,9 @@
 // literals (strings with Python's escapes, numbers, true/false/none, lists, dicts), attribute and
 // item access, slices, calls with keyword arguments, + - * / // % ** ~, comparisons, in, and/or/
 // not, `a if c else b`, filters and tests (their list: kFilters and kTests in jinja.cc), string
-// and dict methods (strip, split, startswith, items, get, ...).
-// Not taken (an error naming the line): macro, call, filter blocks, include/extends/import, raw.
+// and dict methods (strip, split, startswith, items, get, ...); macros (positional, keyword and
+// default arguments, recursion). Not taken (an error naming the line): call and filter blocks,
+// include/extends/import, raw.
 // Strings are UTF-8 bytes: upper/lower/title change ASCII letters only; length counts code points.
 //
 //   fabric::jinja::Template t(source, "DIR/tokenizer_config.json: chat_template");

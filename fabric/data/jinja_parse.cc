@@ -101,7 +101,9 @@ class Parser {
       if (cur().t == Token::T::kName && cur().s == "recursive")
         fail(cur().line, "recursive loops are not supported by this renderer");
       expect_end();
+      ++loops_;
       n->bodies.push_back(parse_body({"else", "endfor"}, end));
+      --loops_;
       expect_end();
       if (end == "else") {
         n->bodies.push_back(parse_body({"endfor"}, end));
@@ -128,16 +130,35 @@ class Parser {
       }
     } else if (word == "break" || word == "continue") {
       n->t = word == "break" ? Node::T::kBreak : Node::T::kContinue;
+      if (loops_ == 0) fail(line, "{% " + word + " %} outside a loop");
       expect_end();
     } else if (word == "generation") {
       n->t = Node::T::kBlock;
       expect_end();
       n->bodies.push_back(parse_body({"endgeneration"}, end));
       expect_end();
+    } else if (word == "macro") {
+      n->t = Node::T::kMacro;
+      n->names.push_back(name_token("the macro's name"));
+      expect_op("(");
+      while (!is_op(")")) {
+        n->names.push_back(name_token("a parameter name"));
+        n->exprs.push_back(skip_op("=") ? parse_expression(true) : nullptr);
+        if (!skip_op(",")) break;
+      }
+      expect_op(")");
+      expect_end();
+      const int loops = loops_;  // a loop around the definition is not the body's
+      loops_ = 0;
+      n->bodies.push_back(parse_body({"endmacro"}, end));
+      loops_ = loops;
+      if (cur().t == Token::T::kName) ++tok_;  // {% endmacro name %}
+      expect_end();
     } else if (word == "elif" || word == "else" || word.rfind("end", 0) == 0) {
       fail(line, "{% " + word + " %} without the block it closes");
     } else {
-      fail(line, "{% " + word + " %} is not supported by this renderer (it takes if, for, set, " +
+      fail(line, "{% " + word +
+                     " %} is not supported by this renderer (it takes if, for, set, macro, " +
                      "break, continue and generation)");
     }
     return n;
@@ -519,6 +540,7 @@ class Parser {
   const std::string& origin_;
   std::set<std::string>& names_;
   size_t at_ = 0;
+  int loops_ = 0;  // for bodies the parser is in (break and continue need one)
   const std::vector<Token>* toks_ = nullptr;
   size_t tok_ = 0;
 };

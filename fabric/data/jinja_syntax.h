@@ -78,13 +78,16 @@ struct Expr {
 struct Node;
 using Body = std::vector<std::unique_ptr<Node>>;
 struct Node {
-  enum class T { kText, kOutput, kIf, kFor, kSet, kSetBlock, kBreak, kContinue, kBlock };
+  enum class T { kText, kOutput, kIf, kFor, kSet, kSetBlock, kBreak, kContinue, kBlock, kMacro };
   T t = T::kText;
   int line = 1;
   std::string text;
-  std::vector<ExprP> exprs;  // kOutput: the value; kIf: each branch's test; kFor: iterable, filter
-  std::vector<Body> bodies;  // kIf: each branch (+ else); kFor: body, else; kSetBlock, kBlock
-  std::vector<std::string> names;  // kFor, kSet, kSetBlock: the targets
+  // kOutput: the value; kIf: each branch's test; kFor: iterable, filter; kMacro: each
+  // parameter's default (null: none)
+  std::vector<ExprP> exprs;
+  std::vector<Body> bodies;  // kIf: each branch (+ else); kFor: body, else; kSetBlock, kBlock,
+                             // kMacro: the one body
+  std::vector<std::string> names;  // kFor, kSet, kSetBlock: the targets; kMacro: name, params
   std::string attr;                // kSet: NAME.ATTR (a namespace's attribute)
 };
 

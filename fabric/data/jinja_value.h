@@ -36,9 +36,10 @@ struct Value {
   bool b = false;
   int64_t i = 0;  // kInt; kBool: 0 or 1 (Python's bool is an int)
   double f = 0;
-  std::string s;               // kStr; kUndefined: why it is undefined; kFunction: its name
-  std::shared_ptr<List> list;  // kList; kFunction: the object a method is bound to
-  std::shared_ptr<Dict> dict;  // kDict, kNamespace (shared: `set ns.x` changes it in place)
+  std::string s;                // kStr; kUndefined: why it is undefined; kFunction: its name
+  std::shared_ptr<List> list;   // kList; kFunction: the object a method is bound to
+  std::shared_ptr<Dict> dict;   // kDict, kNamespace (shared: `set ns.x` changes it in place)
+  const void* macro = nullptr;  // kFunction: a {% macro %}'s definition (its syntax-tree node)
 
   static Value undefined(std::string why);
   static Value none();

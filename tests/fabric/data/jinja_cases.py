@@ -13,11 +13,18 @@ _compile_jinja_template(template).render(**context), i.e. ImmutableSandboxedEnvi
 trim_blocks, lstrip_blocks, loopcontrols, the {% generation %} extension, transformers' tojson
 (json.dumps with ensure_ascii=False) and the globals raise_exception, namespace and dict.
 
-Three groups: single constructs, each isolating one feature (printing of values, whitespace
-control, loops, scoping, operators, filters, tests, str and dict methods); error cases; and
+Four groups: A, single constructs, each isolating one feature (printing of values, whitespace
+control, loops, scoping, operators, filters, tests, str and dict methods); B, error cases; C,
 original chat templates written in the style of the Llama 3.1, Qwen2.5, Mistral, Gemma, Phi-3,
 DeepSeek and Zephyr ones, each rendered over several conversations with and without
-add_generation_prompt. No case calls strftime_now, so the output does not depend on the date.
+add_generation_prompt; and D, harder ones: macros (defaults, keyword arguments, recursion,
+scoping), then original templates that reproduce the constructs of today's Qwen3 (a reversed
+loop over a namespace, think blocks), Hermes (a recursive macro over JSON schemas), Gemma 3
+(content as a list of parts), Llama 3.1 (tools in the user message, ipython results), Mistral v3
+(tool-call ids) and DeepSeek-V3 (tool calls, namespace flags) ones, a template built on
+{% set %}...{% endset %} and the rarer filters (indent, wordcount, format, unique), whitespace in
+indented and CRLF templates, and more error cases. No case calls strftime_now, so the output does
+not depend on the date.
 """
 import json
 import os
@@ -483,6 +490,602 @@ error("error_chat_mistral_alternation", MISTRAL, messages=BAD_ORDER, add_generat
 error("error_chat_gemma_system", GEMMA, messages=SYSTEM, add_generation_prompt=True,
       bos_token="<bos>", eos_token="<eos>")
 
+
+# ---------------------------------------------------------------- D. macros and harder chat templates
+
+case("macro_defaults_kwargs", "{% macro f(a, b='x', c=none) %}{{ a }}-{{ b }}-{{ c }}{% endmacro %}"
+     "{{ f(1) }}|{{ f(1, b=2) }}|{{ f(a=3, c='z') }}|{{ f(1, 2, 3) }}|[{{ f() }}]")
+case("macro_recursive", "{% macro down(n) %}{% if n > 0 %}{{ n }},{{ down(n - 1) }}{% else %}go{% endif %}"
+     "{% endmacro %}{{ down(3) }}")
+case("macro_scope", "{% set x = 1 %}{% macro f(a) %}{% set a = a ~ '!' %}{{ a }}{{ x }}{{ y }}{% endmacro %}"
+     "{% set x = 2 %}{% set a = 'o' %}{% for y in [5] %}{{ f('i') }}{% endfor %}{{ a }}", y=0)
+case("macro_result_is_string", "{% macro f() %} x {% endmacro %}{% macro e() %}{% endmacro %}"
+     "[{{ f() | trim }}][{{ f() + 'y' }}][{{ 'y' if f() }}]{% set z = f() %}[{{ z }}][{{ f() is string }}]"
+     "[{{ 'T' if e() else 'F' }}][{{ e() | length }}]")
+case("macro_whitespace", "{% macro turn(role, text) %}\n    <{{ role }}>\n    {% if text %}\n        {{ text }}\n"
+     "    {% endif %}\n{% endmacro %}\nA\n{{ turn('user', 'hi') }}B{{ turn('bot', '') }}C\n")
+case("macro_mutates_namespace", "{% macro bump(ns) %}{% set ns.n = ns.n + 1 %}{% endmacro %}"
+     "{% set ns = namespace(n=0) %}{{ bump(ns) }}{{ bump(ns) }}{{ ns.n }}")
+case("dict_items_attribute_is_the_method", "{{ s.items is defined }} {{ s.items.type is defined }} "
+     "{{ s['items'].type }} [{{ {'a': 1}[s.nope] }}] {{ {'a': 1}[['a']] is defined }}",
+     s={"type": "array", "items": {"type": "string"}})
+case("unknown_test_in_untaken_branch", "{% if false %}{{ 3 is nosuchtest }}{% endif %}x")
+case("loop_outside_loop_prints_empty", "[{{ loop }}] {{ loop is defined }}")
+
+QWEN3 = r"""{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content + '\n\n' }}
+    {%- endif %}
+    {{- "# Tools\n\nThe functions you may call are described inside <tools></tools>:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" + tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nPut each call inside <tool_call></tool_call> as {\"name\": ..., \"arguments\": ...}.<|im_end|>\n" }}
+{%- elif messages[0].role == 'system' %}
+    {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == "user" and message.content is string
+          and not (message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+        {%- set ns.multi_step_tool = false %}
+        {%- set ns.last_query_index = index %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- set content = message.content if message.content is string else '' %}
+    {%- if message.role == "user" or (message.role == "system" and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>\n' }}
+    {%- elif message.role == "assistant" %}
+        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- elif '</think>' in content %}
+            {%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+            {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+        {%- endif %}
+        {{- '<|im_start|>' + message.role + '\n' }}
+        {%- if loop.index0 > ns.last_query_index and (loop.last or reasoning_content) %}
+            {{- '<think>\n' + reasoning_content.strip('\n') + '\n</think>\n\n' }}
+        {%- endif %}
+        {{- content.lstrip('\n') }}
+        {%- if message.tool_calls %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if loop.first and content or not loop.first %}
+                    {{- '\n' }}
+                {%- endif %}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<tool_call>\n{"name": "' + tool_call.name + '", "arguments": ' }}
+                {%- if tool_call.arguments is string %}
+                    {{- tool_call.arguments }}
+                {%- else %}
+                    {{- tool_call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.first or messages[loop.index0 - 1].role != "tool" %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' + content + '\n</tool_response>' }}
+        {%- if loop.last or messages[loop.index0 + 1].role != "tool" %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- endif %}
+{%- endif %}
+"""
+
+HERMES = r"""{%- macro json_to_python_type(json_spec) %}
+    {%- set basic_type_map = {
+        "string": "str",
+        "number": "float",
+        "integer": "int",
+        "boolean": "bool",
+        "null": "None"
+    } %}
+    {%- if basic_type_map[json_spec.type] is defined %}
+        {{- basic_type_map[json_spec.type] }}
+    {%- elif json_spec.type == "array" %}
+        {{- "list[" + json_to_python_type(json_spec['items']) + "]" }}
+    {%- elif json_spec.type == "object" %}
+        {%- if json_spec.additionalProperties is defined %}
+            {{- "dict[str, " + json_to_python_type(json_spec.additionalProperties) + "]" }}
+        {%- else %}
+            {{- "dict" }}
+        {%- endif %}
+    {%- elif json_spec.type is iterable and json_spec.type is not string %}
+        {{- "Union[" }}
+        {%- for t in json_spec.type %}
+            {{- json_to_python_type({"type": t}) }}
+            {%- if not loop.last %}{{- "," }}{%- endif %}
+        {%- endfor %}
+        {{- "]" }}
+    {%- else %}
+        {{- "Any" }}
+    {%- endif %}
+{%- endmacro %}
+{%- macro wrap(body, tag='tool_response', sep='\n') %}
+    {{- '<' + tag + '>' + sep + body + sep + '</' + tag + '>' }}
+{%- endmacro %}
+{%- macro turn(role, content, end='<|im_end|>\n') -%}
+    <|im_start|>{{ role }}
+{{ content }}{{ end }}
+{%- endmacro %}
+{{- bos_token }}
+{%- if tools %}
+    {{- '<|im_start|>system\nYou call functions. Their signatures are inside <tools></tools>:\n<tools>\n' }}
+    {%- for tool in tools %}
+        {%- if tool.function is defined %}
+            {%- set tool = tool.function %}
+        {%- endif %}
+        {{- '{"type": "function", "function": {"name": "' + tool.name + '", "description": "' + tool.name + '(' }}
+        {%- for param_name, param_fields in tool.parameters.properties | items %}
+            {{- param_name + ": " + json_to_python_type(param_fields) }}
+            {%- if not loop.last %}{{- ", " }}{%- endif %}
+        {%- endfor %}
+        {{- ")" }}
+        {%- if tool.return is defined %}
+            {{- " -> " + json_to_python_type(tool.return) }}
+        {%- endif %}
+        {{- " - " + tool.description | trim + "\n\n" }}
+        {%- for param_name, param_fields in tool.parameters.properties | items %}
+            {%- if loop.first %}
+                {{- "    Args:\n" }}
+            {%- endif %}
+            {{- "        " + param_name + "(" + json_to_python_type(param_fields) + "): " + param_fields.description | default('') | trim + "\n" }}
+        {%- endfor %}
+        {{- '", "parameters": ' + tool.parameters | tojson + "}}\n" }}
+    {%- endfor %}
+    {{- '</tools>\n' + wrap('{"name": <name>, "arguments": <args>}', tag='tool_call') + '<|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message.role == "user" or message.role == "system" or (message.role == "assistant" and message.tool_calls is not defined) %}
+        {{- turn(message.role, message.content) }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>assistant' }}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\n' + wrap('{"name": "' + tool_call.name + '", "arguments": ' + tool_call.arguments | tojson + '}', 'tool_call') }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.previtem is not defined or loop.previtem.role != "tool" %}
+            {{- '<|im_start|>tool\n' }}
+        {%- endif %}
+        {{- wrap(message.content) }}
+        {%- if loop.last or loop.nextitem.role != "tool" %}
+            {{- '<|im_end|>\n' }}
+        {%- else %}
+            {{- '\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- turn('assistant', '', end='') }}
+{%- endif %}
+"""
+
+GEMMA3 = r"""{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Roles must alternate between user and assistant") }}
+    {%- endif -%}
+    {%- if message['role'] == 'assistant' -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'image' -%}
+                {{ '<start_of_image>' }}
+            {%- elif item['type'] == 'text' -%}
+                {{ item['text'] | trim }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{ '<start_of_turn>model\n' }}
+{%- endif -%}
+"""
+
+LLAMA31 = r"""{{- bos_token }}
+{%- if custom_tools is defined %}
+    {%- set tools = custom_tools %}
+{%- endif %}
+{%- if not tools_in_user_message is defined %}
+    {%- set tools_in_user_message = true %}
+{%- endif %}
+{%- if not date_string is defined %}
+    {%- set date_string = "26 Jul 2024" %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{%- if builtin_tools is defined or tools is not none %}
+    {{- "Environment: ipython\n" }}
+{%- endif %}
+{%- if builtin_tools is defined %}
+    {{- "Tools: " + builtin_tools | reject('equalto', 'code_interpreter') | join(", ") + "\n\n" }}
+{%- endif %}
+{{- "Knowledge cutoff: December 2023\nToday: " + date_string + "\n\n" }}
+{%- if tools is not none and not tools_in_user_message %}
+    {{- "These functions are available. Reply with JSON {\"name\": ..., \"parameters\": ...}.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) + "\n\n" }}
+    {%- endfor %}
+{%- endif %}
+{{- system_message + "<|eot_id|>" }}
+{%- if tools_in_user_message and not tools is none %}
+    {%- if messages | length != 0 %}
+        {%- set first_user_message = messages[0]['content']|trim %}
+        {%- set messages = messages[1:] %}
+    {%- else %}
+        {{- raise_exception("Tools go into the first user message, and there is none") }}
+    {%- endif %}
+    {{- '<|start_header_id|>user<|end_header_id|>\n\n' -}}
+    {{- "Answer the question below with a function call, as JSON {\"name\": ..., \"parameters\": ...}.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+    {{- first_user_message + "<|eot_id|>" }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}
+    {%- elif 'tool_calls' in message %}
+        {%- if message.tool_calls | length != 1 %}
+            {{- raise_exception("Only one tool call per message is supported") }}
+        {%- endif %}
+        {%- set tool_call = message.tool_calls[0].function %}
+        {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+        {%- if builtin_tools is defined and tool_call.name in builtin_tools %}
+            {{- "<|python_tag|>" + tool_call.name + ".call(" }}
+            {%- for arg_name, arg_val in tool_call.arguments | items %}
+                {{- arg_name + '="' + arg_val + '"' }}
+                {%- if not loop.last %}{{- ", " }}{%- endif %}
+            {%- endfor %}
+            {{- ")<|eom_id|>" }}
+        {%- else %}
+            {{- '{"name": "' + tool_call.name + '", "parameters": ' + tool_call.arguments | tojson + "}<|eot_id|>" }}
+        {%- endif %}
+    {%- elif message.role == "tool" or message.role == "ipython" %}
+        {{- "<|start_header_id|>ipython<|end_header_id|>\n\n" }}
+        {%- if message.content is mapping or message.content is iterable %}
+            {{- message.content | tojson }}
+        {%- else %}
+            {{- message.content }}
+        {%- endif %}
+        {{- "<|eot_id|>" }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+"""
+
+MISTRAL3 = r"""{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content'] %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{%- if tools is not defined %}
+    {%- set tools = none %}
+{%- endif %}
+{%- set user_messages = loop_messages | selectattr('role', 'equalto', 'user') | list %}
+{%- set ns = namespace(index=0, last_call='') %}
+{%- for message in loop_messages %}
+    {%- if not (message.role == 'tool' or message.tool_calls is defined and message.tool_calls is not none) %}
+        {%- if (message.role == 'user') != (ns.index % 2 == 0) %}
+            {{- raise_exception('After the optional system message, roles must alternate user/assistant') }}
+        {%- endif %}
+        {%- set ns.index = ns.index + 1 %}
+    {%- endif %}
+{%- endfor %}
+{{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if message.role == 'user' %}
+        {%- if (loop.last or message == user_messages[-1]) and tools is not none and tools|length > 0 %}
+            {{- '[AVAILABLE_TOOLS] ' + tools | tojson + '[/AVAILABLE_TOOLS]' }}
+        {%- endif %}
+        {%- if message == user_messages[-1] and system_message is defined %}
+            {{- '[INST] ' + system_message + '\n\n' + message.content + '[/INST]' }}
+        {%- else %}
+            {{- '[INST] ' + message.content + '[/INST]' }}
+        {%- endif %}
+    {%- elif message.tool_calls is defined and message.tool_calls is not none %}
+        {{- '[TOOL_CALLS] [' }}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.id is not string or tool_call.id|length != 9 %}
+                {{- raise_exception('Tool call ids must be strings of 9 characters') }}
+            {%- endif %}
+            {%- set call = tool_call.function %}
+            {{- '{"name": "' + call.name + '", "arguments": ' + call.arguments | tojson + ', "id": "' + tool_call.id + '"}' }}
+            {%- if not loop.last %}{{- ', ' }}{%- endif %}
+        {%- endfor %}
+        {{- ']' + eos_token }}
+        {%- set ns.last_call = message.tool_calls[0].id %}
+    {%- elif message.role == 'assistant' %}
+        {{- ' ' + message.content | trim + eos_token }}
+    {%- elif message.role == 'tool' %}
+        {%- set call_id = message.tool_call_id if message.tool_call_id is defined else ns.last_call %}
+        {{- '[TOOL_RESULTS] {"content": ' + message.content | tojson + ', "call_id": "' + call_id + '"}[/TOOL_RESULTS]' }}
+    {%- else %}
+        {{- raise_exception('Unsupported role: ' + message.role) }}
+    {%- endif %}
+{%- endfor %}
+"""
+
+DEEPSEEK3 = r"""{%- if not add_generation_prompt is defined %}{% set add_generation_prompt = false %}{% endif %}
+{%- set ns = namespace(is_first=false, is_tool=false, is_output_first=true, system_prompt='', is_first_sp=true) %}
+{%- for message in messages %}
+    {%- if message['role'] == 'system' %}
+        {%- if ns.is_first_sp %}
+            {%- set ns.system_prompt = ns.system_prompt + message['content'] %}
+            {%- set ns.is_first_sp = false %}
+        {%- else %}
+            {%- set ns.system_prompt = ns.system_prompt + '\n\n' + message['content'] %}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{{ bos_token }}{{ ns.system_prompt }}
+{%- for message in messages %}
+    {%- if message['role'] == 'user' %}
+        {%- set ns.is_tool = false -%}{{ '<｜User｜>' + message['content'] }}
+    {%- endif %}
+    {%- if message['role'] == 'assistant' and 'tool_calls' in message %}
+        {%- set ns.is_tool = false -%}
+        {%- for tool in message['tool_calls'] %}
+            {%- if not ns.is_first %}
+                {%- if message['content'] is none %}
+                    {{- '<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' + tool['function']['name'] + '\n' + '```json' + '\n' + tool['function']['arguments'] + '\n' + '```' + '<｜tool▁call▁end｜>' }}
+                {%- else %}
+                    {{- '<｜Assistant｜>' + message['content'] + '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' + tool['function']['name'] + '\n' + '```json' + '\n' + tool['function']['arguments'] + '\n' + '```' + '<｜tool▁call▁end｜>' }}
+                {%- endif %}
+                {%- set ns.is_first = true -%}
+            {%- else %}
+                {{- '\n' + '<｜tool▁call▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' + tool['function']['name'] + '\n' + '```json' + '\n' + tool['function']['arguments'] + '\n' + '```' + '<｜tool▁call▁end｜>' }}
+            {%- endif %}
+        {%- endfor %}
+        {{- '<｜tool▁calls▁end｜><｜end▁of▁sentence｜>' }}
+    {%- endif %}
+    {%- if message['role'] == 'assistant' and 'tool_calls' not in message %}
+        {%- if ns.is_tool %}
+            {{- '<｜tool▁outputs▁end｜>' + message['content'] + '<｜end▁of▁sentence｜>' }}
+            {%- set ns.is_tool = false -%}
+        {%- else %}
+            {%- set content = message['content'] %}
+            {%- if '</think>' in content %}
+                {%- set content = content.split('</think>')[-1] %}
+            {%- endif %}
+            {{ '<｜Assistant｜>' + content + '<｜end▁of▁sentence｜>' }}
+        {%- endif %}
+    {%- endif %}
+    {%- if message['role'] == 'tool' %}
+        {%- set ns.is_tool = true -%}
+        {%- if ns.is_output_first %}
+            {{- '<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>' + message['content'] + '<｜tool▁output▁end｜>' }}
+            {%- set ns.is_output_first = false %}
+        {%- else %}
+            {{- '<｜tool▁output▁begin｜>' + message['content'] + '<｜tool▁output▁end｜>' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor -%}
+{% if ns.is_tool %}{{ '<｜tool▁outputs▁end｜>' }}{% endif %}
+{% if add_generation_prompt and not ns.is_tool %}{{ '<｜Assistant｜>' }}{% endif %}"""
+
+FILTERS = r"""{%- set roles = messages | map(attribute='role') | unique | list %}
+{%- set n_user = messages | selectattr('role', 'equalto', 'user') | list | length %}
+{%- set system %}
+You are a helpful assistant.
+    This conversation has {{ messages | length }} messages from {{ roles | join('/') }}.
+{%- if n_user > 1 %}
+    The user has spoken {{ n_user }} times.
+{%- endif %}
+{% endset %}
+{%- set meta = dict(turns=n_user, budget=budget | default('512') | int) %}
+<|system|>
+{{ system | trim | indent(4) }}
+{{ '%s words, budget %s, %s turns' | format(system | wordcount, meta.budget, meta['turns']) }}
+{%- for i in range(messages | length) %}
+    {%- set message = messages[i] %}
+<|{{ message.role }}|> [{{ loop.cycle('odd', 'even') }} {{ i }}/{{ loop.revindex0 }}]
+{{ message.content | trim | indent(2, first=true) }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+<|assistant|>
+{%- endif %}
+"""
+
+INDENTED = """{% for message in messages %}
+    {# one block per message #}
+    {% if message.role == 'system' %}
+        System: {{ message.content }}
+    {% elif message.role == 'user' %}
+        {% if loop.index > 1 %}
+            ---
+        {% endif %}
+        User: {{- ' ' + message.content -}}   !
+    {% else %}
+        Assistant: {{ message.content }}{{ ' (end)' if loop.last }}
+          {%- if message.content | length > 5 %} long{% endif %}
+    {% endif %}
+{% endfor %}
+{% if add_generation_prompt %}
+    Assistant:
+{% endif %}
+"""
+
+Q3_THINK = [{"role": "system", "content": "Be exact."}, {"role": "user", "content": "1+1?"},
+            {"role": "assistant", "content": "<think>\nsum\n</think>\n\n2"}, {"role": "user", "content": "Times 3?"},
+            {"role": "assistant", "content": "6", "reasoning_content": "\n2 * 3\n"}]
+Q3_TOOLS = [{"role": "user", "content": "Weather in Zürich and Oslo?"},
+            {"role": "assistant", "content": None, "reasoning_content": "Need both cities.", "tool_calls": [
+                {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Zürich"}}},
+                {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}]},
+            {"role": "tool", "content": "{\"t\": 21.5}"}, {"role": "tool", "content": "{\"t\": -3}"},
+            {"role": "assistant", "content": "<think>\ncompare\n</think>\nZürich is warmer."}]
+Q3_MULTISTEP = [{"role": "user", "content": "Plan a trip."},
+                {"role": "assistant", "content": "Checking.", "tool_calls": [
+                    {"function": {"name": "search", "arguments": {"q": "trains"}}}]},
+                {"role": "user", "content": "<tool_response>\n3 trains\n</tool_response>"},
+                {"role": "assistant", "content": "<think>pick one</think>Take the 9:00 train."}]
+PROPS = {"query": {"type": "string", "description": " Free text. "}, "limit": {"type": "integer"},
+         "weights": {"type": "array", "items": {"type": "number"}, "description": "Per-field weights"},
+         "filters": {"type": "object", "additionalProperties": {"type": "array", "items": {"type": "string"}}},
+         "options": {"type": "object"}, "exact": {"type": ["boolean", "null"]}, "raw": {}}
+SEARCH = {"type": "function", "function": {
+    "name": "search_docs", "description": "Search the docs.  ",
+    "parameters": {"type": "object", "properties": PROPS, "required": ["query"]},
+    "return": {"type": "array", "items": {"type": "object", "additionalProperties": {"type": "integer"}}}}}
+H_TOOLS = [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "Find 'jinja' in the docs."},
+           {"role": "assistant", "tool_calls": [
+               {"type": "function", "function": {"name": "search_docs", "arguments": {"query": "jinja", "limit": 2}}},
+               {"name": "search_docs", "arguments": {"query": "macro"}}]},
+           {"role": "tool", "content": "[{\"hits\": 4}]"}, {"role": "tool", "content": "[]"},
+           {"role": "assistant", "content": "Found 4 hits."}]
+G3_PARTS = [{"role": "system", "content": [{"type": "text", "text": "Be brief.  "}]},
+            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "  What is this?\n"}]},
+            {"role": "assistant", "content": "A cat. "}, {"role": "user", "content": [
+                {"type": "text", "text": "And these?"}, {"type": "image"}, {"type": "video"}, {"type": "image"}]}]
+G3_IMAGES = [{"role": "user", "content": [{"type": "image"}, {"type": "image"}]}]
+L31_TOOLS = [{"role": "system", "content": "  Be precise.  "}, {"role": "user", "content": " Weather in Oslo? "},
+             {"role": "assistant", "tool_calls": [{"type": "function", "function": {
+                 "name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}}]},
+             {"role": "tool", "content": "{\"temp\": 3}"}, {"role": "ipython", "content": {"sky": ["snow", None]}},
+             {"role": "assistant", "content": "It is 3 °C."}]
+L31_BUILTIN = [{"role": "user", "content": "Search Oslo weather."},
+               {"role": "assistant", "tool_calls": [{"function": {
+                   "name": "brave_search", "arguments": {"query": "Oslo weather", "lang": "en"}}}]},
+               {"role": "ipython", "content": "sunny"}]
+M3_TOOLS = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Weather in Oslo?"},
+            {"role": "assistant", "tool_calls": [{"id": "abc123XYZ", "type": "function", "function": {
+                "name": "get_weather", "arguments": {"city": "Oslo"}}}]},
+            {"role": "tool", "tool_call_id": "abc123XYZ", "content": "{\"t\": 3}"},
+            {"role": "assistant", "content": " 3 degrees.\n"}, {"role": "user", "content": "Thanks!"}]
+M3_TWO_CALLS = [{"role": "user", "content": "Oslo and Rome?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call00001", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}},
+                    {"id": "call00002", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}]},
+                {"role": "tool", "content": "cold"}, {"role": "tool", "content": "warm"}]
+D3_TOOLS = [{"role": "system", "content": "You are helpful."}, {"role": "system", "content": "Use tools."},
+            {"role": "user", "content": "Oslo and Rome?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}},
+                {"type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Rome\"}"}}]},
+            {"role": "tool", "content": "cold"}, {"role": "tool", "content": "warm"},
+            {"role": "assistant", "content": "Rome is warmer."}, {"role": "user", "content": "And Paris?"}]
+D3_CONTENT = [{"role": "user", "content": "Paris?"},
+              {"role": "assistant", "content": "Let me check.", "tool_calls": [
+                  {"type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+              {"role": "tool", "content": "mild"}]
+SHORT = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there"}]
+
+CHATS2 = [  # (template name, template, conversations, extra context)
+    ("qwen3", QWEN3, {"think": Q3_THINK, "multistep": Q3_MULTISTEP, "user": USER}, {}),
+    ("qwen3_tools", QWEN3, {"tools": Q3_TOOLS, "system": SYSTEM}, {"tools": [WEATHER]}),
+    ("qwen3_nothink", QWEN3, {"think": Q3_THINK, "user": USER}, {"enable_thinking": False}),
+    ("hermes", HERMES, {"tools": H_TOOLS, "multi": MULTI}, {"tools": [SEARCH, WEATHER]}),
+    ("hermes_notools", HERMES, {"system": SYSTEM, "user": USER}, {}),
+    ("gemma3", GEMMA3, {"parts": G3_PARTS, "system": SYSTEM, "multi": MULTI, "images": G3_IMAGES}, {}),
+    ("llama31", LLAMA31, {"system": SYSTEM, "user": USER}, {}),
+    ("llama31_tools", LLAMA31, {"chat": L31_TOOLS}, {"tools": [WEATHER]}),
+    ("llama31_tools_in_system", LLAMA31, {"chat": L31_TOOLS},
+     {"tools": [WEATHER], "tools_in_user_message": False}),
+    ("llama31_builtin", LLAMA31, {"builtin": L31_BUILTIN},
+     {"builtin_tools": ["code_interpreter", "brave_search", "wolfram_alpha"], "date_string": "01 Mar 2025"}),
+    ("mistral3", MISTRAL3, {"tools": M3_TOOLS, "two_calls": M3_TWO_CALLS}, {"tools": [WEATHER]}),
+    ("mistral3_notools", MISTRAL3, {"system": SYSTEM, "multi": MULTI}, {"tools": None}),
+    ("deepseek3", DEEPSEEK3, {"tools": D3_TOOLS, "content_tools": D3_CONTENT, "think": THINK}, {}),
+    ("filters", FILTERS, {"system": SYSTEM, "multi": MULTI, "user": USER}, {}),
+    ("filters_budget", FILTERS, {"multi": MULTI}, {"budget": "1024"}),
+    ("indented", INDENTED, {"system": SYSTEM, "multi": MULTI, "short": SHORT}, {}),
+    ("indented_crlf", INDENTED.replace("\n", "\r\n"), {"system": SYSTEM, "short": SHORT}, {}),
+]
+for tname, template, convs, extra in CHATS2:
+    bos, eos = TOKENS.get(tname.split("_")[0].rstrip("0123456789"), ("<s>", "</s>"))
+    for cname, messages in convs.items():
+        for gen in (False, True):
+            case(f"chat_{tname}_{cname}_{'gen' if gen else 'nogen'}", template, messages=messages,
+                 add_generation_prompt=gen, bos_token=bos, eos_token=eos, **extra)
+case("chat_llama31_tools_in_user_custom_tools_gen", LLAMA31, messages=L31_TOOLS[:2],
+     custom_tools=[WEATHER, SEARCH], add_generation_prompt=True, bos_token="<|begin_of_text|>")
+case("chat_deepseek3_no_add_generation_prompt", DEEPSEEK3, messages=D3_CONTENT[:2] + [SHORT[1]],
+     bos_token="<｜begin▁of▁sentence｜>")
+
+case("ws_indented_tags_keep_text_indent", "<s>\n{% for m in messages %}\n    {% if m %}\n    {{ m }}\n"
+     "    {% endif %}\n{% endfor %}\n</s>\n", messages=["a", "", "b"])
+case("ws_mixed_minus_and_plain", "[\n  {{- a }}  {{ b -}}  \n  {{ c }}\n  {%- if true %} {{- d -}} {% endif -%}\n]",
+     a=1, b=2, c=3, d=4)
+case("ws_crlf_text_and_literals", "a\r\n{% if true %}\r\nb\r\n{% endif %}\r\n  {%- if true -%}\r\n  c  \r\n"
+     "{%- endif %}\r\n{{ 'x\r\ny' }}\r\nz\r\n")
+case("ws_trailing_newline_after_endif", "x\n{% if true %}y{% endif %}\n")
+case("ws_trailing_two_newlines_after_endif", "x\n{% if true %}\ny\n{% endif %}\n\n")
+case("ws_comment_lines_in_loop", "{% for i in [1, 2] %}\n  {{ i }}\n  {# c #}\n    {#- d -#}\n{% endfor %}")
+
+error("error_unknown_test", "a\n{{ 3 is nosuchtest }}")
+error("error_macro_too_many_arguments", "{% macro f(a) %}{{ a }}{% endmacro %}\n{{ f(1, 2) }}")
+error("error_macro_unknown_keyword", "{% macro f(a) %}{{ a }}{% endmacro %}\n{{ f(1, b=2) }}")
+error("error_macro_called_before_defined", "{{ f() }}\n{% macro f() %}x{% endmacro %}")
+error("error_loop_outside_loop", "x\n{{ loop.index }}")
+error("error_str_no_such_method", "{{ 'a'.nosuch() }}")
+error("error_break_outside_loop", "x\n{% break %}")
+error("error_continue_outside_loop", "{% if true %}{% continue %}{% endif %}")
+error("error_raise_in_macro", "{% macro check(m) %}\n{% if m.role == 'system' %}\n"
+      "{{ raise_exception('System role not supported') }}\n{% endif %}\n{% endmacro %}\n"
+      "{% for m in messages %}{{ check(m) }}{% endfor %}", messages=[{"role": "system", "content": "x"}])
+error("error_chat_gemma3_invalid_content", GEMMA3, messages=[{"role": "user", "content": 42}],
+      add_generation_prompt=True, bos_token="<bos>")
+error("error_chat_gemma3_none_content", GEMMA3, messages=[{"role": "user", "content": None}],
+      add_generation_prompt=False, bos_token="<bos>")
+error("error_chat_llama31_two_tool_calls", LLAMA31, messages=[L31_TOOLS[1], M3_TWO_CALLS[1]],
+      add_generation_prompt=False, bos_token="<|begin_of_text|>")
+error("error_chat_mistral3_short_id", MISTRAL3, messages=[M3_TOOLS[1], {"role": "assistant", "tool_calls": [
+    {"id": "abc", "function": {"name": "f", "arguments": {}}}]}], bos_token="<s>", eos_token="</s>")
+error("error_chat_mistral3_id_not_string", MISTRAL3, messages=[M3_TOOLS[1], {"role": "assistant", "tool_calls": [
+    {"id": 123456789, "function": {"name": "f", "arguments": {}}}]}], bos_token="<s>", eos_token="</s>")
+error("error_chat_mistral3_alternation", MISTRAL3, messages=BAD_ORDER, bos_token="<s>", eos_token="</s>")
 
 def main():
     out = []

@@ -33,7 +33,7 @@ nlohmann::ordered_json cases() {
 
 TEST(JinjaTest, EveryCaseRendersAsJinja2RendersIt) {
   const nlohmann::ordered_json all = cases();
-  ASSERT_GT(all.size(), 100u);
+  ASSERT_GT(all.size(), 250u);
   int rendered = 0;
   for (const auto& c : all) {
     if (c.contains("error")) continue;
@@ -46,7 +46,7 @@ TEST(JinjaTest, EveryCaseRendersAsJinja2RendersIt) {
       ADD_FAILURE() << name << ": " << e.what();
     }
   }
-  EXPECT_GT(rendered, 100);
+  EXPECT_GT(rendered, 230);
 }
 
 TEST(JinjaTest, WhatJinja2RefusesIsRefusedNamingTheLine) {
@@ -65,7 +65,7 @@ TEST(JinjaTest, WhatJinja2RefusesIsRefusedNamingTheLine) {
       ++refused;
     }
   }
-  EXPECT_GE(refused, 10);
+  EXPECT_GE(refused, 25);
 }
 
 TEST(JinjaTest, RaiseExceptionCarriesTheTemplatesMessage) {
@@ -84,8 +84,8 @@ TEST(JinjaTest, RaiseExceptionCarriesTheTemplatesMessage) {
 }
 
 TEST(JinjaTest, TagsItDoesNotTakeAreRefusedWhenRead) {
-  for (const std::string src :
-       {"{% macro f() %}x{% endmacro %}", "{% include 'a' %}", "{% raw %}x{% endraw %}"}) {
+  for (const std::string src : {"{% call f() %}x{% endcall %}", "{% include 'a' %}",
+                                "{% raw %}x{% endraw %}", "{% filter upper %}x{% endfilter %}"}) {
     try {
       fabric::jinja::Template t(src, "T");
       ADD_FAILURE() << src << ": no error";
