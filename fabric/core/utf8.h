@@ -5,6 +5,8 @@
 #define FABRIC_CORE_UTF8_H_
 
 #include <cstddef>
+#include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace fabric {
@@ -19,6 +21,9 @@ Utf8Sequence utf8_sequence(std::string_view bytes, size_t i);
 
 // The offset of the first byte of `text` that does not start a well-formed sequence, or npos.
 size_t first_invalid_utf8(std::string_view text);
+
+// Appends code point `cp` (at most U+10FFFF) to `out` as UTF-8.
+void append_utf8(std::string& out, uint32_t cp);
 
 }  // namespace fabric
 

@@ -12,8 +12,8 @@
 
 namespace fabric::bpe_unicode {
 
-// Appends code point `cp` to `out` as UTF-8.
-void append_utf8(std::string& out, uint32_t cp);
+// Appends code point `cp` to `out` as UTF-8: fabric/core/utf8.h.
+using fabric::append_utf8;
 // The character of `text` at byte `i`: its code point and length in bytes (an invalid byte is a
 // character of its own, U+FFFD).
 std::pair<uint32_t, size_t> char_at(const std::string& text, size_t i);

@@ -13,6 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fabric/core/utf8.h"
+
 namespace fabric::jinja {
 
 struct Value;
@@ -71,7 +73,7 @@ Value slice(const Value& v, std::optional<int64_t> start, std::optional<int64_t>
             std::optional<int64_t> step, std::string& why);
 
 std::vector<std::string> code_points(const std::string& s);  // each as its UTF-8 bytes
-void append_utf8(std::string& out, uint32_t cp);
+using fabric::append_utf8;                                   // fabric/core/utf8.h
 // Python's str.strip/lstrip/rstrip: `chars` (null: whitespace, Unicode's included).
 std::string strip(const std::string& s, const std::string* chars, bool left, bool right);
 
