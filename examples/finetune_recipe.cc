@@ -248,7 +248,18 @@ Inputs open_inputs(fabric::Fabric& f) {
         return t;
       }(),
       o.packed ? ", packed" : ", padded");
-
+  // The sample's prompt, rendered now: a template that refuses it stops the run here, not after
+  // training.
+  if (!c.get_string("finetune.sample_prompt").empty()) {
+    try {
+      if (sample_ids(c, in).empty())
+        throw fabric::Error("data.template renders it as nothing; give a longer prompt");
+    } catch (const fabric::ConfigError&) {
+      throw;
+    } catch (const fabric::Error& e) {
+      throw c.error_at("finetune.sample_prompt", e.what());
+    }
+  }
   return in;
 }
 

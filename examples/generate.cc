@@ -233,11 +233,15 @@ int run(fabric::Fabric& f) {
           fabric::ChatTemplate::open(tmpl == "chat_template"
                                          ? tmpl
                                          : fabric::absolute_from_working_directory(tmpl).string(),
-                                     p.folder)
+                                     p.folder, "set generate.template to none or a FILE.jinja")
               ->render(messages, true);
     } catch (const fabric::Error& e) {
       throw c.error_at("generate.template", e.what());
     }
+    if (prompt_text.empty())
+      throw c.error_at("generate.template",
+                       "renders nothing for a user message; give a chat template that writes "
+                       "the conversation (or none)");
   } else if (!c.get_string("generate.system").empty()) {
     throw c.error_at("generate.system",
                      "set, but generate.template is none (a system message needs a chat format)");
@@ -250,7 +254,9 @@ int run(fabric::Fabric& f) {
     if (bos < 0)
       throw c.error_at("generate.add_bos", "true, but " + p.folder.string() +
                                                " names no bos token; set generate.add_bos=false");
-    if (prompt_ids.empty() || prompt_ids.front() != bos) prompt_ids.insert(prompt_ids.begin(), bos);
+    // never twice under a template; without one, as tokenizers does (a bos in the text stays)
+    if (tmpl == "none" || prompt_ids.empty() || prompt_ids.front() != bos)
+      prompt_ids.insert(prompt_ids.begin(), bos);
   }
   if (prompt_ids.empty()) {
     const bool bos = p.bos_token_id >= 0 || tokenizer.bos() >= 0;

@@ -14,14 +14,44 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-bool read_text(const fs::path& path, std::string& out) {
+// The file's bytes into `out`; false when there is no such file. A folder is an error.
+bool read_text(const fs::path& path, std::string& out, const std::string& what) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) throw Error(path.string() + ": is a folder; give " + what);
   std::ifstream in(path, std::ios::binary);
   if (!in) return false;
   out.assign(std::istreambuf_iterator<char>(in), {});
   return true;
 }
 
-const char kInstead[] =
+// The length of the longest common prefix of a and b.
+size_t common_prefix(const std::string& a, const std::string& b) {
+  size_t n = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+  return n;
+}
+
+// A message as apply_chat_template hands it to the template: keys whose value is null left out
+// (an OpenAI-style "content": null), and the reasoning under "reasoning_content" and "thinking"
+// when any of "reasoning_content", "thinking", "reasoning" holds it.
+ojson template_message(const ojson& m) {
+  if (!m.is_object()) return m;
+  ojson kept = ojson::object();
+  for (const auto& item : m.items())
+    if (!item.value().is_null()) kept[item.key()] = item.value();
+  for (const char* key : {"reasoning_content", "thinking", "reasoning"}) {
+    if (!kept.contains(key)) continue;
+    const ojson reasoning = kept[key];
+    ojson out = ojson::object();
+    out["thinking"] = reasoning;
+    for (const auto& item : kept.items()) out[item.key()] = item.value();
+    out["reasoning_content"] = reasoning;
+    return out;
+  }
+  return kept;
+}
+
+const char kInsteadOfMissing[] =
     "set data.template to chatml, alpaca, a TEXT template or a FILE.jinja of the format";
 
 }  // namespace
@@ -33,12 +63,14 @@ bool ChatTemplate::named_by(const std::string& template_text) {
 }
 
 std::shared_ptr<const ChatTemplate> ChatTemplate::open(const std::string& template_text,
-                                                       const fs::path& folder) {
+                                                       const fs::path& folder,
+                                                       const std::string& instead) {
   std::shared_ptr<ChatTemplate> t(new ChatTemplate());
+  const std::string advice = instead.empty() ? kInsteadOfMissing : instead;
   const fs::path config_path = folder / "tokenizer_config.json";
   ojson config = ojson::object();
   std::string text;
-  if (read_text(config_path, text)) {
+  if (read_text(config_path, text, "the tokenizer's JSON configuration")) {
     try {
       config = ojson::parse(text);
     } catch (const ojson::exception& e) {
@@ -47,12 +79,13 @@ std::shared_ptr<const ChatTemplate> ChatTemplate::open(const std::string& templa
     }
     if (!config.is_object()) config = ojson::object();
   }
+  const std::string jinja_file = "a chat template file (Jinja text, as chat_template.jinja)";
   if (template_text != "chat_template") {
-    if (!read_text(template_text, t->source_))
+    if (!read_text(template_text, t->source_, jinja_file))
       throw Error(template_text + ": cannot read this chat template file (a Jinja text, as " +
                   "Hugging Face's chat_template.jinja)");
     t->origin_ = template_text;
-  } else if (read_text(folder / "chat_template.jinja", t->source_)) {
+  } else if (read_text(folder / "chat_template.jinja", t->source_, jinja_file)) {
     t->origin_ = (folder / "chat_template.jinja").string();
   } else if (config.contains("chat_template")) {
     t->origin_ = config_path.string() + ": chat_template";
@@ -61,16 +94,21 @@ std::shared_ptr<const ChatTemplate> ChatTemplate::open(const std::string& templa
       t->source_ = c.get<std::string>();
     } else if (c.is_array()) {  // named templates: transformers uses "default"
       std::string names;
+      bool found = false;
       for (const ojson& entry : c) {
         if (!entry.is_object() || !entry.contains("name") || !entry["name"].is_string() ||
             !entry.contains("template") || !entry["template"].is_string())
           throw Error(t->origin_ + ": not a list of {\"name\", \"template\"}; fix the file");
-        if (entry["name"] == "default") t->source_ = entry["template"].get<std::string>();
+        if (entry["name"] == "default") {
+          t->source_ = entry["template"].get<std::string>();
+          found = true;
+        }
         names += (names.empty() ? "" : ", ") + entry["name"].get<std::string>();
       }
-      if (t->source_.empty())
-        throw Error(t->origin_ + ": no template named \"default\" among " + names +
-                    "; write the one to train with to a FILE.jinja and set data.template to it");
+      if (!found)
+        throw Error(t->origin_ + ": no template named \"default\" among " +
+                    (names.empty() ? std::string("none (an empty list)") : names) +
+                    "; write the one to use to a FILE.jinja and give its path");
     } else {
       throw Error(t->origin_ + ": neither a text nor a list of named templates; fix the file");
     }
@@ -78,13 +116,19 @@ std::shared_ptr<const ChatTemplate> ChatTemplate::open(const std::string& templa
     throw Error(folder.string() + " has no chat template (no chat_template.jinja, and " +
                 (fs::exists(config_path) ? "tokenizer_config.json has no chat_template"
                                          : "no tokenizer_config.json") +
-                "): " + kInstead);
+                "): " + advice);
   }
   t->template_ = std::make_unique<jinja::Template>(t->source_, t->origin_);
+  // The special tokens: tokenizer_config.json's, else special_tokens_map.json's (transformers
+  // reads both).
+  ojson map = ojson::object();
+  if (read_text(folder / "special_tokens_map.json", text, "the special tokens' JSON map")) {
+    map = ojson::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (!map.is_object()) map = ojson::object();
+  }
   for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
                           "cls_token", "mask_token"}) {
-    if (!config.contains(key)) continue;
-    const ojson& v = config[key];
+    const ojson& v = config.contains(key) ? config[key] : map.contains(key) ? map[key] : ojson();
     if (v.is_string())
       t->variables_[key] = v;
     else if (v.is_object() && v.contains("content") && v["content"].is_string())
@@ -99,13 +143,15 @@ ChatTemplate::~ChatTemplate() = default;
 
 std::string ChatTemplate::render(const ojson& messages, bool add_generation_prompt) const {
   ojson context = variables_;
-  context["messages"] = messages;
+  ojson list = ojson::array();
+  for (const ojson& m : messages) list.push_back(template_message(m));
+  context["messages"] = std::move(list);
   context["add_generation_prompt"] = add_generation_prompt;
   return template_->render(context);
 }
 
-std::vector<std::pair<std::string, bool>> ChatTemplate::segments(const ojson& messages,
-                                                                 const std::string& where) const {
+std::vector<std::pair<std::string, bool>> ChatTemplate::segments(
+    const ojson& messages, const std::string& where, const TokenStart& token_start) const {
   std::vector<std::pair<std::string, bool>> out;
   auto render_at = [&](size_t n, bool prompt) {
     try {
@@ -119,19 +165,35 @@ std::vector<std::pair<std::string, bool>> ChatTemplate::segments(const ojson& me
   const std::string whole = render_at(messages.size(), false);
   size_t done = 0;  // bytes of `whole` in `out`
   for (size_t i = 0; i < messages.size(); ++i) {
-    if (messages[i].value("role", "") != "assistant") continue;
-    const std::string before = render_at(i, true), with = render_at(i + 1, false);
-    const bool prefix = before.size() >= done && with.size() >= before.size() &&
-                        with.compare(0, before.size(), before) == 0 &&
-                        whole.compare(0, with.size(), with) == 0;
-    if (!prefix)
-      throw Error(where + ": " + origin_ + " does not render messages[" + std::to_string(i) +
-                  "] (an assistant's) as a continuation of the messages before it with the " +
-                  "generation prompt, so its answer cannot be told from the prompt (templates " +
-                  "that drop earlier turns' reasoning do this); " + kInstead);
-    out.emplace_back(whole.substr(done, before.size() - done), false);
-    out.emplace_back(whole.substr(before.size(), with.size() - before.size()), true);
-    done = with.size();
+    if (!messages[i].is_object() || messages[i].value("role", "") != "assistant") continue;
+    const std::string past = render_at(i, false), before = render_at(i, true),
+                      with = render_at(i + 1, false);
+    // The answer starts where the conversation with it leaves the one that asks for it (a
+    // generation prompt the answer does not repeat, such as "<think>\n", stays out) and ends
+    // where the whole conversation leaves it (an end the template writes only last, such as
+    // Phi-3's eos, stays out); where they part inside a token ("<|" of two markers), at that
+    // token's start.
+    size_t begin = common_prefix(before, with), end = common_prefix(with, whole);
+    if (token_start && begin < before.size()) begin = token_start(with, begin);
+    if (token_start && end < with.size()) end = token_start(with, end);
+    // The generation prompt starts where the conversation without it ends; the answer must begin
+    // as it does (else the template writes this turn otherwise, and its header would be learned).
+    const size_t prompt = common_prefix(past, before);
+    const std::string at = where + ": " + origin_ + ": messages[" + std::to_string(i) + "]";
+    const std::string otherwise =
+        at + " (an assistant's): the template writes it otherwise than its generation prompt " +
+        "begins it, or writes the messages before it otherwise once it follows, so its answer " +
+        "cannot be told from the prompt (templates that drop earlier turns' reasoning do this); " +
+        kInsteadOfMissing;
+    if (begin < done) throw Error(otherwise);
+    if (end <= begin)
+      throw Error(at + " (an assistant's) renders to nothing after the generation prompt (the " +
+                  "template leaves it out, or renders it otherwise once later messages " +
+                  "follow): there is no answer to train on; " + kInsteadOfMissing);
+    if (prompt < before.size() && begin <= prompt) throw Error(otherwise);
+    out.emplace_back(whole.substr(done, begin - done), false);
+    out.emplace_back(whole.substr(begin, end - begin), true);
+    done = end;
   }
   if (done < whole.size()) out.emplace_back(whole.substr(done), false);
   return out;

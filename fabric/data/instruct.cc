@@ -155,6 +155,20 @@ std::string text_field(const nlohmann::json& j, const char* key, const std::stri
   return j[key].get<std::string>();
 }
 
+// How deep `j` nests (a scalar: 0), walked without recursion.
+int nesting(const nlohmann::json& j) {
+  int deepest = 0;
+  std::vector<std::pair<const nlohmann::json*, int>> stack{{&j, 0}};
+  while (!stack.empty()) {
+    const auto [v, depth] = stack.back();
+    stack.pop_back();
+    if (!v->is_structured()) continue;
+    deepest = std::max(deepest, depth + 1);
+    for (const auto& item : *v) stack.emplace_back(&item, depth + 1);
+  }
+  return deepest;
+}
+
 // The messages of a line: {"messages": [...]}, or a prompt/response line as user + assistant.
 // Roles are system, user and assistant; with `any_role` (a chat template's, which may know
 // "tool" or "developer"), any text.
@@ -182,7 +196,9 @@ std::vector<std::pair<std::string, std::string>> messages_of(const nlohmann::jso
     const std::string role = text_field(m, "role", at, true);
     if (!any_role && role != "system" && role != "user" && role != "assistant")
       throw Error(at + ".role: '" + role + "' is not system, user or assistant");
-    out.emplace_back(role, text_field(m, "content", at, true));
+    // A chat template takes any content (null beside tool_calls, a list of parts): its own
+    // checks apply.
+    out.emplace_back(role, any_role ? "" : text_field(m, "content", at, true));
   }
   const bool answered =
       std::any_of(out.begin(), out.end(), [](const auto& m) { return m.first == "assistant"; });
@@ -243,9 +259,22 @@ void check_instruct_template(const std::string& template_text) {
   check_placeholders(template_text, at);
 }
 
-Segments render_instruct_example(const std::string& line, const std::string& template_text,
-                                 const std::string& where, std::set<std::string>* unread,
-                                 const ChatTemplate* chat) {
+std::function<size_t(const std::string&, size_t)> token_start_of(const BpeTokenizer& tokenizer) {
+  return [&tokenizer](const std::string& text, size_t at) {
+    size_t start = 0;
+    for (const int64_t id : tokenizer.encode(text)) {
+      const size_t n = tokenizer.decode({id}).size();
+      if (start + n > at) break;
+      start += n;
+    }
+    return std::min(start, at);
+  };
+}
+
+Segments render_instruct_example(
+    const std::string& line, const std::string& template_text, const std::string& where,
+    std::set<std::string>* unread, const ChatTemplate* chat,
+    const std::function<size_t(const std::string&, size_t)>& token_start) {
   const nlohmann::json j = parse_json_object(
       line, where, "; a line is {\"prompt\": ..., \"response\": ...} or {\"messages\": [...]}");
   if (unread != nullptr)
@@ -258,6 +287,8 @@ Segments render_instruct_example(const std::string& line, const std::string& tem
     if (chat == nullptr)
       throw Error(where + ": the chat template '" + template_text + "' is not open");
     messages_of(j, where, true);  // the line's errors, as under chatml
+    if (nesting(j) > 64)          // the template's values are walked recursively
+      throw Error(where + ": a value nested more than 64 deep; flatten it");
     nlohmann::ordered_json messages = nlohmann::ordered_json::array();
     if (j.contains("messages")) {  // every field, in the line's order (tool_calls, name, ...)
       messages = nlohmann::ordered_json::parse(line)["messages"];
@@ -269,7 +300,7 @@ Segments render_instruct_example(const std::string& line, const std::string& tem
       messages.push_back(
           {{"role", "assistant"}, {"content", text_field(j, "response", where, true)}});
     }
-    return chat->segments(messages, where);
+    return chat->segments(messages, where, token_start);
   }
   if (template_text == "chatml") {
     const auto messages = messages_of(j, where);
@@ -347,6 +378,7 @@ std::shared_ptr<InstructDataset> InstructDataset::open(
   std::shared_ptr<const ChatTemplate> chat;
   if (ChatTemplate::named_by(options.template_text))
     chat = ChatTemplate::open(options.template_text, options.tokenizer_json.parent_path());
+  const auto token_start = token_start_of(*tokenizer);
   if (options.add_bos && tokenizer->bos() < 0)
     throw Error(options.tokenizer_json.string() +
                 ": names no bos token to start each example with; give one in the folder's "
@@ -382,16 +414,19 @@ std::shared_ptr<InstructDataset> InstructDataset::open(
       const std::string where = jsonl.string() + ":" + std::to_string(number);
       std::set<std::string> unread;
       Example e;
-      encode_example(
-          *tokenizer,
-          render_instruct_example(line, options.template_text, where, &unread, chat.get()), e);
-      // bos first and eos last, unless the rendered text has them (a chat template's
-      // "{{ bos_token }}", a turn that ends with the eos token)
-      if (options.add_bos && (e.ids.empty() || e.ids.front() != tokenizer->bos())) {
+      const Segments parts = render_instruct_example(line, options.template_text, where, &unread,
+                                                     chat.get(), token_start);
+      encode_example(*tokenizer, parts, e);
+      // bos first and eos after the response. A chat template writes its own bos ("{{ bos_token
+      // }}") and ends its turns: bos only when it is not first, eos only after a last answer
+      // and when the text holds none (Llama 3's <|eot_id|>, Qwen2.5's <|im_end|> are eos).
+      if (options.add_bos && (!chat || e.ids.empty() || e.ids.front() != tokenizer->bos())) {
         e.ids.insert(e.ids.begin(), tokenizer->bos());
         e.response.insert(e.response.begin(), false);
       }
-      if (options.append_eos && (e.ids.empty() || e.ids.back() != eos)) {
+      if (options.append_eos &&
+          (!chat || (!parts.empty() && parts.back().second &&
+                     std::find(e.ids.begin(), e.ids.end(), eos) == e.ids.end()))) {
         e.ids.push_back(eos);
         e.response.push_back(true);
       }

@@ -23,8 +23,10 @@
 //            no "{prompt}", another {name}, "{prompt}"/"{input}" after "{response}"
 // The rendered example is encoded as one text (its ids are `tokenizers`' for that text: a
 // prompt part ending in a space joins it to the response's first word), the bos id put first
-// (Options::add_bos) and the eos id last (Options::append_eos), each unless the text already
-// starts or ends with it (a chat template's "{{ bos_token }}", a turn ending in eos). Loss targets:
+// (Options::add_bos) and the eos id last (Options::append_eos). A chat template writes its own
+// bos ("{{ bos_token }}") and turn ends: bos only when not first already, eos only after a
+// conversation that ends with an answer and holds no eos (Llama 3's <|eot_id|> and Qwen2.5's
+// <|im_end|> are their instruct models' eos; a base model's <|end_of_text|> is not). Loss targets:
 // the ids holding any byte of a response (transformers' assistant mask: the token "ĠIt" of "A: " +
 // "It" is the response's), eos included; prompt, system and user ids get -100.
 //
@@ -54,6 +56,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -129,6 +132,10 @@ class InstructDataset : public Dataset {
 // alpaca and chatml pass. InstructDataset::open checks its template with it, before any line.
 void check_instruct_template(const std::string& template_text);
 
+// Where `tokenizer`'s token that holds byte `at` of `text` starts (ChatTemplate::TokenStart;
+// `tokenizer` must outlive it).
+std::function<size_t(const std::string&, size_t)> token_start_of(const BpeTokenizer& tokenizer);
+
 // fabric::Error "template chatml: SOURCE has no <|im_start|> token (...)" when `template_text` is
 // chatml and the tokenizer does not have its two markers as tokens (Llama's, GPT-2's): the
 // examples would be trained on them spelled out as text. Other templates pass.
@@ -138,10 +145,12 @@ void check_template_tokens(const std::string& template_text, const BpeTokenizer&
 // The prompt and response parts of one JSONL line (`where`: "FILE:LINE" for errors) under
 // `template_text`, as alternating segments: {text, is_response}; `unread` (when given) gets the
 // line's keys no template reads. Exposed for tests.
-// `chat`: the template a chat_template or FILE.jinja `template_text` names (ChatTemplate::open).
+// `chat`: the template a chat_template or FILE.jinja `template_text` names (ChatTemplate::open);
+// `token_start`: its ChatTemplate::TokenStart, token_start_of(the tokenizer).
 std::vector<std::pair<std::string, bool>> render_instruct_example(
     const std::string& line, const std::string& template_text, const std::string& where,
-    std::set<std::string>* unread = nullptr, const ChatTemplate* chat = nullptr);
+    std::set<std::string>* unread = nullptr, const ChatTemplate* chat = nullptr,
+    const std::function<size_t(const std::string&, size_t)>& token_start = {});
 
 }  // namespace fabric
 

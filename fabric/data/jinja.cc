@@ -6,7 +6,10 @@
 #include "fabric/data/jinja.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -16,6 +19,7 @@
 #include <utility>
 #include <vector>
 #include "fabric/core/error.h"
+#include "fabric/core/utf8.h"
 #include "fabric/data/jinja_syntax.h"
 #include "fabric/data/jinja_value.h"
 
@@ -55,7 +59,13 @@ class Renderer {
     for (const char* g : {"raise_exception", "strftime_now", "namespace", "range", "dict"})
       frames_.back()[g] = Value::function(g);
     if (context.is_object())
-      for (const auto& item : context.items()) frames_.back()[item.key()] = from_json(item.value());
+      for (const auto& item : context.items()) {
+        try {
+          frames_.back()[item.key()] = from_json(item.value());
+        } catch (const Error& e) {
+          throw Error(t.origin + ": " + item.key() + ": " + e.what());
+        }
+      }
   }
 
   std::string run() {
@@ -95,6 +105,10 @@ class Renderer {
         fail(call.line, "macro '" + m.names[0] + "' takes no keyword argument '" + key + "'");
       frame[key] = eval(*x);
     }
+    if (macro_depth_ >= kMaxMacroDepth)
+      fail(call.line, "macro '" + m.names[0] + "' called " + std::to_string(kMaxMacroDepth) +
+                          " deep (endless recursion?)");
+    ++macro_depth_;
     const size_t saved = floor_;
     frames_.push_back(std::move(frame));
     floor_ = frames_.size() - 1;
@@ -110,10 +124,12 @@ class Renderer {
     } catch (...) {
       frames_.pop_back();
       floor_ = saved;
+      --macro_depth_;
       throw;
     }
     frames_.pop_back();
     floor_ = saved;
+    --macro_depth_;
     return Value::str(std::move(out));
   }
 
@@ -142,9 +158,11 @@ class Renderer {
       case Node::T::kSet:
         assign(n, eval(*n.exprs[0]));
         return Flow::kNormal;
-      case Node::T::kSetBlock: {
+      case Node::T::kSetBlock: {  // its body has its own scope, as in jinja
         std::string text;
+        frames_.emplace_back();
         exec(n.bodies[0], text);
+        frames_.pop_back();
         assign(n, Value::str(std::move(text)));
         return Flow::kNormal;
       }
@@ -152,8 +170,12 @@ class Renderer {
         return Flow::kBreak;
       case Node::T::kContinue:
         return Flow::kContinue;
-      case Node::T::kBlock:
-        return exec(n.bodies[0], out);
+      case Node::T::kBlock: {  // {% generation %}: its own scope, as in jinja
+        frames_.emplace_back();
+        const Flow flow = exec(n.bodies[0], out);
+        frames_.pop_back();
+        return flow;
+      }
       case Node::T::kMacro: {
         Value f = Value::function(n.names[0]);
         f.macro = &n;
@@ -209,8 +231,8 @@ class Renderer {
       items = std::move(kept);
     }
     if (items.empty()) {
-      if (n.bodies.size() > 1) exec(n.bodies[1], out);
-      return Flow::kNormal;
+      // the else branch is in the enclosing loop: a break there breaks that loop
+      return n.bodies.size() > 1 ? exec(n.bodies[1], out) : Flow::kNormal;
     }
     const int64_t length = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < length; ++i) {
@@ -346,7 +368,8 @@ class Renderer {
       case Expr::T::kTuple: {
         List items;
         for (const auto& k : e.kids) items.push_back(eval(*k));
-        return Value::make_list(std::move(items));
+        return e.t == Expr::T::kTuple ? Value::make_tuple(std::move(items))
+                                      : Value::make_list(std::move(items));
       }
       case Expr::T::kDict: {
         Dict d;
@@ -459,7 +482,8 @@ class Renderer {
       List out;
       for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
         out.push_back(Value::integer(i));
-        if (out.size() > 1000000) fail(e.line, "range() of more than a million items");
+        if (out.size() > 100000)  // the sandbox's MAX_RANGE
+          fail(e.line, "Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
       }
       return Value::make_list(std::move(out));
     }
@@ -473,21 +497,40 @@ class Renderer {
     return out;
   }
 
-  // unique's and sort's key: strings compared without case (jinja's case_sensitive=False).
+  // unique's, sort's, min's and max's key: strings compared without case (jinja's
+  // case_sensitive=False).
   static Value folded(const Value& v) {
     if (v.k != Value::K::kStr) return v;
     std::string why;
     return call_method(v, "lower", {}, {}, why);
   }
 
+  // jinja's attribute paths ("function.name", "0.content"): each part looked up as an item first
+  // (a number as an index), then as an attribute.
+  Value path(const Value& item, const std::string& dotted, int line) const {
+    Value x = item;
+    for (size_t b = 0; b <= dotted.size();) {
+      size_t e = dotted.find('.', b);
+      if (e == std::string::npos) e = dotted.size();
+      const std::string part = dotted.substr(b, e - b);
+      const bool number =
+          !part.empty() && part.find_first_not_of("0123456789") == std::string::npos;
+      x = get_item(
+          x, number ? Value::integer(std::strtoll(part.c_str(), nullptr, 10)) : Value::str(part),
+          line);
+      b = e + 1;
+    }
+    return x;
+  }
+
   Value filter(const Expr& e) {
     if (!kFilters.count(e.name)) fail(e.line, "no filter named '" + e.name + "'");
     const Value v = eval(*e.kids[0]);
-    const Args a = args_of(e, 1);
-    const std::string& f = e.name;
-    auto need_defined = [&] {
-      if (v.k == Value::K::kUndefined) fail(e.line, v.s);
-    };
+    return apply(e.name, v, args_of(e, 1), e.line);
+  }
+
+  // Filter `f` on `v` with arguments `a` (jinja's signatures; map('f', ...) calls it too).
+  Value apply(const std::string& f, const Value& v, const Args& a, int line) {
     if (f == "default" || f == "d") {
       const Value* dflt = a.get(0, "default_value");
       const Value* boolean = a.get(1, "boolean");
@@ -495,12 +538,6 @@ class Renderer {
       return use ? (dflt ? *dflt : Value::str("")) : v;
     }
     if (f == "safe") return v;
-    if (f == "string") return Value::str(to_str(v));
-    if (f == "trim") {
-      const Value* chars = a.get(0, "chars");
-      return Value::str(
-          strip(to_str(v), chars && chars->k == Value::K::kStr ? &chars->s : nullptr, true, true));
-    }
     if (f == "length" || f == "count") {
       if (v.k == Value::K::kStr)
         return Value::integer(static_cast<int64_t>(code_points(v.s).size()));
@@ -508,10 +545,10 @@ class Renderer {
       if (v.k == Value::K::kList) return Value::integer(static_cast<int64_t>(v.list->size()));
       if (v.k == Value::K::kDict || v.k == Value::K::kNamespace)
         return Value::integer(static_cast<int64_t>(v.dict->size()));
-      fail(e.line, "object of type '" + type_name(v) + "' has no len()");
+      fail(line, "object of type '" + type_name(v) + "' has no len()");
     }
     if (f == "tojson") {
-      need_defined();
+      if (v.k == Value::K::kUndefined) fail(line, v.s);
       // transformers' tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)
       const Value* ensure_ascii = a.get(0, "ensure_ascii");
       const Value* indent = a.get(1, "indent");
@@ -519,7 +556,7 @@ class Renderer {
       const Value* sort_keys = a.get(3, "sort_keys");
       JsonStyle style;
       if (indent && indent->k != Value::K::kNone) {
-        if (indent->k == Value::K::kInt)
+        if (indent->k == Value::K::kInt || indent->k == Value::K::kBool)
           style.indent = std::string(static_cast<size_t>(std::max<int64_t>(indent->i, 0)), ' ');
         else if (indent->k == Value::K::kStr)
           style.indent = indent->s;
@@ -534,27 +571,41 @@ class Renderer {
       style.ensure_ascii = ensure_ascii && truthy(*ensure_ascii);
       std::string why;
       std::string out = to_json(v, style, why);
-      if (!why.empty()) fail(e.line, why);
+      if (!why.empty()) fail(line, why);
       return Value::str(std::move(out));
     }
-    if (f == "items") {
+    if (f == "items" || f == "dictsort") {
       if (v.k == Value::K::kUndefined) return Value::make_list({});
-      if (v.k != Value::K::kDict) fail(e.line, "items: '" + type_name(v) + "' is not a mapping");
+      if (v.k != Value::K::kDict) fail(line, f + ": '" + type_name(v) + "' is not a mapping");
       List out;
-      for (const auto& [k, x] : *v.dict) out.push_back(Value::make_list({Value::str(k), x}));
+      for (const auto& [k, x] : *v.dict) out.push_back(Value::make_tuple({Value::str(k), x}));
+      if (f == "dictsort") {  // dictsort(value, case_sensitive=False, by='key', reverse=False)
+        const Value* cased = a.get(0, "case_sensitive");
+        const Value* by = a.get(1, "by");
+        const Value* rev = a.get(2, "reverse");
+        const size_t at = by && to_str(*by) == "value" ? 1 : 0;
+        std::string why;
+        std::stable_sort(out.begin(), out.end(), [&](const Value& x, const Value& y) {
+          const Value& p = (*x.list)[at];
+          const Value& q = (*y.list)[at];
+          return cased && truthy(*cased) ? compare("<", p, q, why)
+                                         : compare("<", folded(p), folded(q), why);
+        });
+        if (!why.empty()) fail(line, why);
+        if (rev && truthy(*rev)) std::reverse(out.begin(), out.end());
+      }
       return Value::make_list(std::move(out));
     }
     std::vector<Value> items;
     if (f == "join" || f == "first" || f == "last" || f == "list" || f == "map" || f == "select" ||
         f == "reject" || f == "selectattr" || f == "rejectattr" || f == "unique" || f == "sort" ||
-        f == "sum" || f == "min" || f == "max" || f == "dictsort" ||
-        (f == "reverse" && v.k != Value::K::kStr))
-      items = iterate(v, e.line);
+        f == "sum" || f == "min" || f == "max" || (f == "reverse" && v.k != Value::K::kStr))
+      items = iterate(v, line);
     const Value* attribute = a.get(kNoPosition, "attribute");
     const Value* missing = a.get(kNoPosition, "default");
     auto attr_of = [&](const Value& item) {
       if (!attribute) return item;
-      Value x = get_attr(item, to_str(*attribute), e.line);
+      Value x = path(item, to_str(*attribute), line);
       return x.k == Value::K::kUndefined && missing ? *missing : x;
     };
     if (f == "join") {
@@ -579,13 +630,21 @@ class Renderer {
       std::reverse(items.begin(), items.end());
       return Value::make_list(std::move(items));
     }
+    // sort(reverse=False, case_sensitive=False), unique/min/max(case_sensitive=False)
+    const Value* cased = a.get(f == "sort" ? 1 : 0, "case_sensitive");
+    auto key = [&](const Value& item) {
+      const Value x = attr_of(item);
+      return cased && truthy(*cased) ? x : folded(x);
+    };
     if (f == "unique") {
-      List out;
-      for (const Value& x : items)
-        if (std::none_of(out.begin(), out.end(), [&](const Value& y) {
-              return equal(folded(attr_of(x)), folded(attr_of(y)));
-            }))
+      List out, keys;
+      for (const Value& x : items) {
+        const Value k = key(x);
+        if (std::none_of(keys.begin(), keys.end(), [&](const Value& y) { return equal(k, y); })) {
+          keys.push_back(k);
           out.push_back(x);
+        }
+      }
       return Value::make_list(std::move(out));
     }
     if (f == "map") {
@@ -594,10 +653,11 @@ class Renderer {
         for (const Value& x : items) out.push_back(attr_of(x));
       } else {
         if (a.pos.empty() || a.pos[0].k != Value::K::kStr)
-          fail(e.line, "map needs a filter name or attribute=");
+          fail(line, "map needs a filter name or attribute=");
         const std::string sub = a.pos[0].s;
-        if (!kFilters.count(sub)) fail(e.line, "no filter named '" + sub + "'");
-        for (const Value& x : items) out.push_back(apply_filter(sub, x, a, 1, e.line));
+        if (!kFilters.count(sub)) fail(line, "no filter named '" + sub + "'");
+        Args rest{std::vector<Value>(a.pos.begin() + 1, a.pos.end()), a.kw};
+        for (const Value& x : items) out.push_back(apply(sub, x, rest, line));
       }
       return Value::make_list(std::move(out));
     }
@@ -607,19 +667,19 @@ class Renderer {
       size_t at = 0;
       std::string attr;
       if (by_attr) {
-        if (a.pos.empty()) fail(e.line, f + " needs an attribute name");
+        if (a.pos.empty()) fail(line, f + " needs an attribute name");
         attr = to_str(a.pos[at++]);
       }
       List out;
       for (const Value& x : items) {
-        const Value subject = by_attr ? get_attr(x, attr, e.line) : x;
+        const Value subject = by_attr ? path(x, attr, line) : x;
         bool pass;
         if (at < a.pos.size()) {
           const std::string test_name = to_str(a.pos[at]);
-          if (!kTests.count(test_name)) fail(e.line, "no test named '" + test_name + "'");
+          if (!kTests.count(test_name)) fail(line, "no test named '" + test_name + "'");
           pass = run_test(
               test_name, subject,
-              std::vector<Value>(a.pos.begin() + static_cast<long>(at) + 1, a.pos.end()), e.line);
+              std::vector<Value>(a.pos.begin() + static_cast<long>(at) + 1, a.pos.end()), line);
         } else {
           pass = truthy(subject);
         }
@@ -627,32 +687,37 @@ class Renderer {
       }
       return Value::make_list(std::move(out));
     }
-    if (f == "sort" || f == "dictsort") {
-      const Value* rev = a.get(kNoPosition, "reverse");
+    if (f == "sort") {
+      const Value* rev = a.get(0, "reverse");
       std::string why;
       std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
-        return compare("<", folded(attr_of(x)), folded(attr_of(y)), why);
+        return compare("<", key(x), key(y), why);
       });
-      if (!why.empty()) fail(e.line, why);
+      if (!why.empty()) fail(line, why);
       if (rev && truthy(*rev)) std::reverse(items.begin(), items.end());
       return Value::make_list(std::move(items));
     }
-    if (f == "sum" || f == "min" || f == "max") {
-      if (f != "sum" && items.empty())
-        return Value::undefined("no " + f + " item, sequence was empty");
-      Value acc = f == "sum" ? Value::integer(0) : attr_of(items[0]);
+    if (f == "min" || f == "max") {
+      if (items.empty()) return Value::undefined("no " + f + " item, sequence was empty");
+      Value best = items[0];
       std::string why;
-      for (size_t k = f == "sum" ? 0 : 1; k < items.size(); ++k) {
-        const Value x = attr_of(items[k]);
-        if (f == "sum")
-          acc = binary("+", acc, x, why);
-        else if (compare(f == "min" ? "<" : ">", x, acc, why))
-          acc = x;
-        if (!why.empty()) fail(e.line, why);
+      for (size_t k = 1; k < items.size(); ++k) {
+        if (compare(f == "min" ? "<" : ">", key(items[k]), key(best), why)) best = items[k];
+        if (!why.empty()) fail(line, why);
+      }
+      return best;
+    }
+    if (f == "sum") {  // sum(iterable, attribute=None, start=0)
+      const Value* start = a.get(kNoPosition, "start");
+      Value acc = start ? *start : Value::integer(0);
+      std::string why;
+      for (const Value& x : items) {
+        acc = binary("+", acc, attr_of(x), why);
+        if (!why.empty()) fail(line, why);
       }
       return acc;
     }
-    return apply_filter(f, v, a, 0, e.line);
+    return apply_value_filter(f, v, a, line);
   }
 
   // jinja's wordcount: the runs of word characters (letters, digits, _; other text outside ASCII
@@ -662,28 +727,45 @@ class Renderer {
     int64_t words = 0;
     bool in_word = false;
     for (const std::string& c : code_points(s)) {
-      const auto b = static_cast<unsigned char>(c[0]);
-      bool word = std::isalnum(b) || b == '_';
-      if (b >= 0x80) {
-        uint32_t cp = 0;  // decode
-        const size_t n = c.size();
-        cp = n == 2   ? ((b & 0x1Fu) << 6) | (c[1] & 0x3F)
-             : n == 3 ? ((b & 0x0Fu) << 12) | ((c[1] & 0x3F) << 6) | (c[2] & 0x3F)
-                      : ((b & 0x07u) << 18) | ((c[1] & 0x3F) << 12) | ((c[2] & 0x3F) << 6) |
-                            (c[3] & 0x3F);
-        word = !((cp >= 0x80 && cp <= 0xBF) || cp == 0xD7 || cp == 0xF7 ||
-                 (cp >= 0x2000 && cp <= 0x2BFF) || (cp >= 0x3000 && cp <= 0x303F) ||
-                 (cp >= 0xFE30 && cp <= 0xFE6F) || (cp >= 0xFF00 && cp <= 0xFF20) || cp >= 0x1F000);
-      }
+      const uint32_t cp = decode_cp(c);
+      const bool word = cp < 0x80
+                            ? (std::isalnum(static_cast<int>(cp)) || cp == '_')
+                            : !((cp >= 0x80 && cp <= 0xBF) || cp == 0xD7 || cp == 0xF7 ||
+                                (cp >= 0x2000 && cp <= 0x2BFF) || (cp >= 0x3000 && cp <= 0x303F) ||
+                                (cp >= 0xFE30 && cp <= 0xFE6F) || (cp >= 0xFF00 && cp <= 0xFF20) ||
+                                cp >= 0x1F000);
       if (word && !in_word) ++words;
       in_word = word;
     }
     return words;
   }
 
-  // The filters that take one value and plain arguments (also map's).
-  Value apply_filter(const std::string& f, const Value& v, const Args& a, size_t first, int line) {
-    auto arg = [&](size_t i, const char* name) { return a.get(first + i, name); };
+  // Python's int(text) and float(text) for the int and float filters: false when not a number.
+  static bool parse_number(const std::string& text, bool integer, int64_t& i, double& f) {
+    std::string s = strip(text, nullptr, true, true);
+    for (size_t k = 1; k + 1 < s.size(); ++k)  // 1_000: underscores between digits
+      if (s[k] == '_' && std::isdigit(static_cast<unsigned char>(s[k - 1])) &&
+          std::isdigit(static_cast<unsigned char>(s[k + 1])))
+        s.erase(k--, 1);
+    if (s.empty() || s.find_first_of("xXpP_") != std::string::npos) return false;
+    errno = 0;
+    char* end = nullptr;
+    if (integer) {
+      i = std::strtoll(s.c_str(), &end, 10);
+      if (*end == '\0' && errno == 0) return true;
+    }
+    errno = 0;
+    f = std::strtod(s.c_str(), &end);
+    if (*end != '\0' || errno == ERANGE) return false;
+    if (!integer) return true;
+    if (!std::isfinite(f) || std::fabs(f) >= 9.2e18) return false;
+    i = static_cast<int64_t>(f);
+    return true;
+  }
+
+  // The filters of one value and plain arguments.
+  Value apply_value_filter(const std::string& f, const Value& v, const Args& a, int line) {
+    auto arg = [&](size_t i, const char* name) { return a.get(i, name); };
     if (f == "title") {  // jinja's: a word starts after '-', whitespace, '(', '{', '[' or '<'
       std::string out = to_str(v);
       bool start = true;
@@ -699,49 +781,76 @@ class Renderer {
       return call_method(Value::str(to_str(v)), f, {}, {}, why);
     }
     if (f == "string") return Value::str(to_str(v));
-    if (f == "trim") return Value::str(strip(to_str(v), nullptr, true, true));
+    if (f == "trim") {
+      const Value* chars = arg(0, "chars");
+      return Value::str(
+          strip(to_str(v), chars && chars->k == Value::K::kStr ? &chars->s : nullptr, true, true));
+    }
     if (f == "abs") {
       if (!is_number(v)) fail(line, "bad operand type for abs(): '" + type_name(v) + "'");
+      if (v.k == Value::K::kInt && v.i == INT64_MIN) fail(line, "integer overflow");
       return v.k == Value::K::kFloat ? Value::real(std::fabs(v.f))
                                      : Value::integer(std::llabs(v.i));
     }
-    if (f == "int" || f == "float") {
+    if (f == "int" || f == "float") {  // int(value, default=0), float(value, default=0.0)
+      if (v.k == Value::K::kUndefined) fail(line, v.s);
       const Value* dflt = arg(0, "default");
-      Value fallback = dflt ? *dflt : (f == "int" ? Value::integer(0) : Value::real(0));
-      double x;
+      const Value fallback = dflt ? *dflt : (f == "int" ? Value::integer(0) : Value::real(0));
       if (is_number(v)) {
-        x = v.k == Value::K::kFloat ? v.f : static_cast<double>(v.i);
-        if (f == "int" && v.k != Value::K::kFloat) return Value::integer(v.i);
-      } else if (v.k == Value::K::kStr) {
-        const std::string s = strip(v.s, nullptr, true, true);
-        char* end = nullptr;
-        x = std::strtod(s.c_str(), &end);
-        if (s.empty() || *end != '\0') return fallback;
-      } else {
-        return fallback;
+        if (f == "float")
+          return Value::real(v.k == Value::K::kFloat ? v.f : static_cast<double>(v.i));
+        if (v.k != Value::K::kFloat) return Value::integer(v.i);
+        if (!std::isfinite(v.f) || std::fabs(v.f) >= 9.2e18) return fallback;
+        return Value::integer(static_cast<int64_t>(v.f));
       }
-      return f == "int" ? Value::integer(static_cast<int64_t>(x)) : Value::real(x);
+      int64_t i = 0;
+      double x = 0;
+      if (v.k != Value::K::kStr || !parse_number(v.s, f == "int", i, x)) return fallback;
+      return f == "int" ? Value::integer(i) : Value::real(x);
     }
-    if (f == "round") {
+    if (f == "round") {  // round(value, precision=0, method='common')
       const Value* precision = arg(0, "precision");
       const Value* method = arg(1, "method");
       if (!is_number(v)) fail(line, "round: '" + type_name(v) + "' is not a number");
       const std::string how = method ? to_str(*method) : "common";
       if (how != "common" && how != "floor" && how != "ceil")
         fail(line, "round: method must be common, floor or ceil");
-      if (v.k != Value::K::kFloat && how == "common") return Value::integer(v.i);
+      const int64_t p = precision ? precision->i : 0;
       const double x = v.k == Value::K::kFloat ? v.f : static_cast<double>(v.i);
-      const double scale = std::pow(10.0, precision ? static_cast<double>(precision->i) : 0.0);
+      const double scale = std::pow(10.0, static_cast<double>(p));
       const double y = how == "floor"  ? std::floor(x * scale)
                        : how == "ceil" ? std::ceil(x * scale)
                                        : std::nearbyint(x * scale);  // halves to even, as Python
+      if (how == "common" && v.k == Value::K::kFloat && p >= 100) return v;  // all its digits
+      if (how == "common" && v.k == Value::K::kFloat && p >= 0) {
+        // Python rounds the float's exact decimal value, halves to even: as printf does
+        char buf[512];
+        std::snprintf(buf, sizeof buf, "%.*f", static_cast<int>(p), v.f);
+        return Value::real(std::strtod(buf, nullptr));
+      }
+      // Python's round(int, n) is an int; floor and ceil divide, so give floats
+      if (v.k != Value::K::kFloat && how == "common") {
+        if (p >= 0) return Value::integer(v.i);
+        if (p < -18) return Value::integer(0);
+        int64_t unit = 1;  // exactly, halves to even, as Python's round(int, -n)
+        for (int64_t k = 0; k < -p; ++k) unit *= 10;
+        int64_t q = v.i / unit, r = v.i % unit;
+        if (r < 0) {
+          r += unit;
+          --q;
+        }
+        if (2 * r > unit || (2 * r == unit && (q % 2 != 0))) ++q;
+        int64_t out = 0;
+        if (__builtin_mul_overflow(q, unit, &out)) fail(line, "integer overflow");
+        return Value::integer(out);
+      }
       return Value::real(y / scale);
     }
-    if (f == "replace") {
+    if (f == "replace") {  // str(s).replace(str(old), str(new), count)
       const Value* old = arg(0, "old");
       const Value* rep = arg(1, "new");
-      if (!old || !rep) fail(line, "replace(old, new) needs two strings");
-      std::vector<Value> pos{*old, *rep};
+      if (!old || !rep) fail(line, "replace(old, new) needs two arguments");
+      std::vector<Value> pos{Value::str(to_str(*old)), Value::str(to_str(*rep))};
       if (const Value* count = arg(2, "count")) pos.push_back(*count);
       std::string why;
       Value out = call_method(Value::str(to_str(v)), "replace", pos, {}, why);
@@ -764,47 +873,15 @@ class Renderer {
       for (size_t k = 0; k < lines.list->size(); ++k) {
         const std::string& l = (*lines.list)[k].s;
         if (k) out += "\n";
-        const bool indent = (k > 0 || (first_line && truthy(*first_line))) &&
-                            (!l.empty() || (blank && truthy(*blank)));
-        out += (indent ? pad : "") + l;
+        out += (k > 0 && (!l.empty() || (blank && truthy(*blank))) ? pad : "") + l;
       }
-      return Value::str(out);
+      return Value::str(first_line && truthy(*first_line) ? pad + out : out);
     }
-    if (f == "format") {  // str(value) % args: %s, %r, %d, %i, %f, %%
-      const std::string fmt = to_str(v);
-      std::string out;
-      size_t next = first;
-      for (size_t k = 0; k < fmt.size(); ++k) {
-        if (fmt[k] != '%' || k + 1 == fmt.size()) {
-          out += fmt[k];
-          continue;
-        }
-        const char c = fmt[++k];
-        if (c == '%') {
-          out += '%';
-          continue;
-        }
-        if (next >= a.pos.size()) fail(line, "format: not enough arguments for format string");
-        const Value& x = a.pos[next++];
-        if (c == 's') {
-          out += to_str(x);
-        } else if (c == 'r') {
-          out += repr(x);
-        } else if ((c == 'd' || c == 'i' || c == 'f') && is_number(x)) {
-          char buf[64];
-          if (c == 'f')
-            std::snprintf(buf, sizeof buf, "%f",
-                          x.k == Value::K::kFloat ? x.f : static_cast<double>(x.i));
-          else
-            std::snprintf(
-                buf, sizeof buf, "%lld",
-                static_cast<long long>(x.k == Value::K::kFloat ? static_cast<int64_t>(x.f) : x.i));
-          out += buf;
-        } else {
-          fail(line, std::string("format: %") + c + " is not supported here (%s, %r, %d, %i, %f)");
-        }
-      }
-      return Value::str(out);
+    if (f == "format") {  // str(value) % args
+      std::string why;
+      std::string out = percent_format(to_str(v), a.pos, why);
+      if (!why.empty()) fail(line, "format: " + why);
+      return Value::str(std::move(out));
     }
     fail(line, "the filter '" + f + "' cannot be used here");
   }
@@ -847,8 +924,8 @@ class Renderer {
       if (v.k != K::kInt && v.k != K::kBool) fail(line, "the test '" + t + "' takes an integer");
       if (t == "divisibleby") {
         need(1);
-        if (args[0].i == 0) fail(line, "divisibleby(0)");
-        return v.i % args[0].i == 0;
+        if (args[0].i == 0) fail(line, "integer division or modulo by zero");
+        return args[0].i == -1 || v.i % args[0].i == 0;
       }
       return (((v.i % 2) + 2) % 2 == 1) == (t == "odd");
     }
@@ -875,7 +952,9 @@ class Renderer {
 
   const Template::Impl& t_;
   std::vector<std::unordered_map<std::string, Value>> frames_;
-  size_t floor_ = 0;  // inside a macro: its frame (lookups skip the frames between it and 0)
+  size_t floor_ = 0;
+  static constexpr int kMaxMacroDepth = 100;
+  int macro_depth_ = 0;  // inside a macro: its frame (lookups skip the frames between it and 0)
 };
 
 }  // namespace
@@ -883,6 +962,11 @@ class Renderer {
 Template::Template(const std::string& source, std::string origin)
     : impl_(std::make_unique<Impl>()) {
   impl_->origin = std::move(origin);
+  if (const size_t bad = first_invalid_utf8(source); bad != std::string::npos)
+    throw Error(impl_->origin + ": line " +
+                std::to_string(
+                    1 + std::count(source.begin(), source.begin() + static_cast<long>(bad), '\n')) +
+                ": not UTF-8 text (byte " + std::to_string(bad) + ")");
   impl_->body = parse(lex(source, impl_->origin), impl_->origin, impl_->names);
 }
 

@@ -1,6 +1,7 @@
 // Jinja's lexer rules as transformers configures them (jinja_syntax.h).
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdlib>
 
 #include "fabric/core/error.h"
@@ -9,14 +10,21 @@
 namespace fabric::jinja {
 namespace {
 
-std::string rstrip_space(const std::string& s) {
-  size_t n = s.size();
-  while (n > 0 && is_space(s[n - 1])) --n;
-  return s.substr(0, n);
+// Python's whitespace (str.isspace: Unicode's too) at the end of `s`, or at `pos` of `s`.
+std::string rstrip_space(const std::string& s) { return strip(s, nullptr, false, true); }
+size_t skip_space(const std::string& s, size_t pos) {
+  while (pos < s.size()) {
+    const auto c = static_cast<unsigned char>(s[pos]);
+    const size_t n = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+    if (!is_py_space(s.substr(pos, n))) break;
+    pos += n;
+  }
+  return pos;
 }
 
-// Python's string-literal escapes, as jinja2 decodes them ("unicode-escape").
-std::string unescape(const std::string& body) {
+// Python's string-literal escapes, as jinja2 decodes them ("unicode-escape"); `why` gets what
+// Python refuses (a short \x, \u or \U, a code point past U+10FFFF or a surrogate).
+std::string unescape(const std::string& body, std::string& why) {
   std::string out;
   for (size_t i = 0; i < body.size(); ++i) {
     if (body[i] != '\\' || i + 1 == body.size()) {
@@ -69,12 +77,12 @@ std::string unescape(const std::string& body) {
       case 'u':
       case 'U': {
         const long cp = hex(c == 'x' ? 2 : c == 'u' ? 4 : 8);
-        if (cp < 0) {
-          out += '\\';
-          out += c;
-        } else {
-          append_utf8(out, static_cast<uint32_t>(cp));
+        if (cp < 0 || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+          why = std::string("a string's \\") + c +
+                (cp < 0 ? " escape lacks its hex digits" : " escape is not a character");
+          return out;
         }
+        append_utf8(out, static_cast<uint32_t>(cp));
         break;
       }
       default:
@@ -132,11 +140,11 @@ class Lexer {
       std::string text = src_.substr(pos, start - pos);
       const char sign = start + 2 < src_.size() ? src_[start + 2] : 0;
       if (sign == '-') {
-        text = rstrip_space(text);
+        text = rstrip_space(text);              // Python's whitespace, as jinja's str.rstrip()
       } else if (sign != '+' && kind != '{') {  // lstrip_blocks
         const size_t l_pos = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
         if ((l_pos > 0 || line_starting) && l_pos < text.size() &&
-            std::all_of(text.begin() + static_cast<long>(l_pos), text.end(), is_space))
+            rstrip_space(text.substr(l_pos)).empty())
           text.resize(l_pos);
       }
       if (!text.empty()) pieces.push_back({Piece::K::kText, text, {}, line});
@@ -160,7 +168,7 @@ class Lexer {
       // After the tag: "-" eats all whitespace; a block or comment eats one newline.
       const size_t after = pos;
       if (close == '-') {
-        while (pos < src_.size() && is_space(src_[pos])) ++pos;
+        pos = skip_space(src_, pos);
       } else if (close != '+' && kind != '{' && pos < src_.size() && src_[pos] == '\n') {
         ++pos;
       }
@@ -208,7 +216,9 @@ class Lexer {
         const std::string body = src_.substr(pos + 1, i - pos - 1);
         line += static_cast<int>(std::count(body.begin(), body.end(), '\n'));
         t.t = Token::T::kStr;
-        t.s = unescape(body);
+        std::string why;
+        t.s = unescape(body, why);
+        if (!why.empty()) fail(line, why);
         pos = i + 1;
       } else if (std::isdigit(static_cast<unsigned char>(c))) {
         size_t i = pos;
@@ -240,7 +250,9 @@ class Lexer {
           t.f = std::strtod(digits.c_str(), nullptr);
         } else {
           t.t = Token::T::kInt;
+          errno = 0;
           t.i = std::strtoll(digits.c_str(), nullptr, 10);
+          if (errno == ERANGE) fail(line, "the integer " + digits + " is past 64 bits");
         }
         pos = i;
       } else if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {

@@ -23,6 +23,7 @@ class Parser {
 
   // Pieces up to a block tag named in `ends` (its name into `end`; "" at the template's end).
   Body parse_body(const std::set<std::string>& ends, std::string& end) {
+    Nest nest(*this, at_ < pieces_.size() ? pieces_[at_].line : 1);
     Body body;
     while (at_ < pieces_.size()) {
       Piece& p = pieces_[at_++];
@@ -226,6 +227,7 @@ class Parser {
   }
 
   ExprP parse_expression(bool with_cond) {
+    Nest nest(*this, cur().line);
     ExprP e = parse_or();
     while (with_cond && is_name("if")) {
       const int line = cur().line;
@@ -268,6 +270,7 @@ class Parser {
   }
   ExprP parse_not() {
     if (is_name("not")) {
+      Nest nest(*this, cur().line);
       ExprP o = make(Expr::T::kNot, cur().line);
       ++tok_;
       o->kids.push_back(parse_not());
@@ -345,6 +348,7 @@ class Parser {
   ExprP parse_unary(bool with_filter) {
     ExprP e;
     if (is_op("-") || is_op("+")) {
+      Nest nest(*this, cur().line);
       const Token& t = next();
       e = make(t.s == "-" ? Expr::T::kNeg : Expr::T::kPos, t.line);
       e->kids.push_back(parse_unary(false));
@@ -541,6 +545,18 @@ class Parser {
   std::set<std::string>& names_;
   size_t at_ = 0;
   int loops_ = 0;  // for bodies the parser is in (break and continue need one)
+  // Blocks, brackets and unary operators nested deeper than kMaxDepth are refused: the parser
+  // and the renderer recurse once a level, and a thread's stack has room for a few thousand.
+  static constexpr int kMaxDepth = 200;
+  int depth_ = 0;
+  struct Nest {
+    Parser& p;
+    Nest(Parser& parser, int line) : p(parser) {
+      if (++p.depth_ > kMaxDepth)
+        p.fail(line, "nested more than " + std::to_string(kMaxDepth) + " deep");
+    }
+    ~Nest() { --p.depth_; }
+  };
   const std::vector<Token>* toks_ = nullptr;
   size_t tok_ = 0;
 };

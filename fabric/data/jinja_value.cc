@@ -2,9 +2,14 @@
 #include "fabric/data/jinja_value.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+
+#include "fabric/core/error.h"
 
 namespace fabric::jinja {
 
@@ -49,6 +54,11 @@ Value Value::make_list(List x) {
   v.list = std::make_shared<List>(std::move(x));
   return v;
 }
+Value Value::make_tuple(List x) {
+  Value v = make_list(std::move(x));
+  v.tuple = true;
+  return v;
+}
 Value Value::make_dict(Dict x) {
   Value v;
   v.k = K::kDict;
@@ -77,14 +87,18 @@ void dict_set(Dict& d, const std::string& key, Value v) {
   d.emplace_back(key, std::move(v));
 }
 
-Value from_json(const nlohmann::ordered_json& j) {
+Value from_json(const nlohmann::ordered_json& j, int depth) {
+  if (depth > 100) throw Error("a value nested more than 100 deep");
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null:
       return Value::none();
     case nlohmann::ordered_json::value_t::boolean:
       return Value::boolean(j.get<bool>());
     case nlohmann::ordered_json::value_t::number_integer:
+      return Value::integer(j.get<int64_t>());
     case nlohmann::ordered_json::value_t::number_unsigned:
+      if (j.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+        throw Error("the integer " + j.dump() + " is past 64 bits (this renderer's integers)");
       return Value::integer(j.get<int64_t>());
     case nlohmann::ordered_json::value_t::number_float:
       return Value::real(j.get<double>());
@@ -92,12 +106,13 @@ Value from_json(const nlohmann::ordered_json& j) {
       return Value::str(j.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
       List l;
-      for (const auto& x : j) l.push_back(from_json(x));
+      for (const auto& x : j) l.push_back(from_json(x, depth + 1));
       return Value::make_list(std::move(l));
     }
     case nlohmann::ordered_json::value_t::object: {
       Dict d;
-      for (const auto& item : j.items()) d.emplace_back(item.key(), from_json(item.value()));
+      for (const auto& item : j.items())
+        d.emplace_back(item.key(), from_json(item.value(), depth + 1));
       return Value::make_dict(std::move(d));
     }
     default:
@@ -240,9 +255,9 @@ std::string to_str(const Value& v) {
     case Value::K::kStr:
       return v.s;
     case Value::K::kList: {
-      std::string out = "[";
+      std::string out = v.tuple ? "(" : "[";
       for (size_t k = 0; k < v.list->size(); ++k) out += (k ? ", " : "") + repr((*v.list)[k]);
-      return out + "]";
+      return out + (v.tuple ? (v.list->size() == 1 ? ",)" : ")") : "]");
     }
     case Value::K::kDict:
     case Value::K::kNamespace: {
@@ -272,7 +287,7 @@ bool equal(const Value& a, const Value& b) {
     case Value::K::kFunction:
       return a.s == b.s;
     case Value::K::kList:
-      return a.list->size() == b.list->size() &&
+      return a.tuple == b.tuple && a.list->size() == b.list->size() &&
              std::equal(a.list->begin(), a.list->end(), b.list->begin(), equal);
     case Value::K::kDict:
       if (a.dict->size() != b.dict->size()) return false;
@@ -340,6 +355,69 @@ bool compare(const std::string& op, const Value& a, const Value& b, std::string&
   return c >= 0;  // ">="
 }
 
+std::string percent_format(const std::string& fmt, const List& args, std::string& why) {
+  std::string out;
+  size_t next = 0;
+  for (size_t k = 0; k < fmt.size(); ++k) {
+    if (fmt[k] != '%') {
+      out += fmt[k];
+      continue;
+    }
+    // %[flags][width][.precision]type, as C's printf reads it (Python's are the same)
+    size_t end = k + 1;
+    while (end < fmt.size() && std::strchr("-+ #0", fmt[end]) != nullptr) ++end;
+    while (end < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[end]))) ++end;
+    if (end < fmt.size() && fmt[end] == '.') {
+      ++end;
+      while (end < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[end]))) ++end;
+    }
+    if (end >= fmt.size()) {
+      why = "incomplete format";
+      return out;
+    }
+    const char type = fmt[end];
+    std::string spec = fmt.substr(k, end - k);
+    k = end;
+    if (type == '%') {
+      out += '%';
+      continue;
+    }
+    if (next >= args.size()) {
+      why = "not enough arguments for format string";
+      return out;
+    }
+    const Value& x = args[next++];
+    char buf[512];
+    if (type == 's' || type == 'r') {
+      const std::string text = type == 's' ? to_str(x) : repr(x);
+      std::snprintf(buf, sizeof buf, (spec + "s").c_str(), "");
+      const size_t width = std::strlen(buf);  // the padding a width asks for, at least
+      const size_t cps = code_points(text).size();
+      const std::string pad(width > cps ? width - cps : 0, ' ');
+      out += spec.find('-') != std::string::npos ? text + pad : pad + text;
+    } else if (std::strchr("diouxXc", type) != nullptr && is_number(x)) {
+      const auto v = static_cast<long long>(x.k == Value::K::kFloat ? x.f : x.i);
+      if (type == 'c') {
+        append_utf8(out, static_cast<uint32_t>(v));
+        continue;
+      }
+      std::snprintf(buf, sizeof buf,
+                    (spec + "ll" + (type == 'i' || type == 'u' ? 'd' : type)).c_str(), v);
+      out += buf;
+    } else if (std::strchr("eEfFgG", type) != nullptr && is_number(x)) {
+      std::snprintf(buf, sizeof buf, (spec + type).c_str(), as_double(x));
+      out += buf;
+    } else {
+      why = std::string("%") + type + " format: " +
+            (is_number(x) ? "unsupported format character"
+                          : "a number is required, not " + type_name(x));
+      return out;
+    }
+  }
+  if (next < args.size()) why = "not all arguments converted during string formatting";
+  return out;
+}
+
 Value binary(const std::string& op, const Value& a, const Value& b, std::string& why) {
   if (op == "~") return Value::str(to_str(a) + to_str(b));
   for (const Value* v : {&a, &b})
@@ -349,15 +427,35 @@ Value binary(const std::string& op, const Value& a, const Value& b, std::string&
     }
   const bool ints = (a.k == Value::K::kInt || a.k == Value::K::kBool) &&
                     (b.k == Value::K::kInt || b.k == Value::K::kBool);
+  // Python's integers have no bounds; ours are 64-bit, and a result past them is an error.
+  const char* const kOverflow = "integer overflow (this renderer's integers are 64-bit)";
   if (is_number(a) && is_number(b)) {
     const double x = as_double(a), y = as_double(b);
-    if (op == "+") return ints ? Value::integer(a.i + b.i) : Value::real(x + y);
-    if (op == "-") return ints ? Value::integer(a.i - b.i) : Value::real(x - y);
-    if (op == "*") return ints ? Value::integer(a.i * b.i) : Value::real(x * y);
+    int64_t r = 0;
+    if (ints && (op == "+" || op == "-" || op == "*")) {
+      const bool over = op == "+"   ? __builtin_add_overflow(a.i, b.i, &r)
+                        : op == "-" ? __builtin_sub_overflow(a.i, b.i, &r)
+                                    : __builtin_mul_overflow(a.i, b.i, &r);
+      if (over) why = kOverflow;
+      return Value::integer(r);
+    }
+    if (op == "+") return Value::real(x + y);
+    if (op == "-") return Value::real(x - y);
+    if (op == "*") return Value::real(x * y);
     if (op == "**") {
-      if (ints && b.i >= 0) {
-        int64_t r = 1;
-        for (int64_t k = 0; k < b.i; ++k) r *= a.i;
+      if (x == 0 && y < 0) {
+        why = "0.0 cannot be raised to a negative power";
+        return Value::none();
+      }
+      if (ints && b.i >= 0) {  // square and multiply
+        int64_t base = a.i, e = b.i;
+        r = 1;
+        while (e > 0) {
+          if ((e & 1) && __builtin_mul_overflow(r, base, &r)) why = kOverflow;
+          e >>= 1;
+          if (e > 0 && __builtin_mul_overflow(base, base, &base)) why = kOverflow;
+          if (!why.empty()) return Value::none();
+        }
         return Value::integer(r);
       }
       return Value::real(std::pow(x, y));
@@ -367,6 +465,11 @@ Value binary(const std::string& op, const Value& a, const Value& b, std::string&
       return Value::none();
     }
     if (op == "/") return Value::real(x / y);
+    if (ints && b.i == -1) {  // INT64_MIN / -1 traps
+      if (op == "%") return Value::integer(0);
+      if (a.i == INT64_MIN) why = kOverflow;
+      return Value::integer(-a.i);
+    }
     if (op == "//") {
       if (!ints) return Value::real(std::floor(x / y));
       int64_t q = a.i / b.i;
@@ -393,7 +496,16 @@ Value binary(const std::string& op, const Value& a, const Value& b, std::string&
   if (op == "*" && (a.k == Value::K::kStr || a.k == Value::K::kList) &&
       (b.k == Value::K::kInt || b.k == Value::K::kBool))
     return binary("*", b, a, why);
+  if (op == "%" && a.k == Value::K::kStr)  // printf-style: 'Hello %s' % name
+    return Value::str(percent_format(a.s, b.k == Value::K::kList ? *b.list : List{b}, why));
   if (op == "*" && (a.k == Value::K::kInt || a.k == Value::K::kBool)) {
+    const size_t unit = b.k == Value::K::kStr    ? b.s.size()
+                        : b.k == Value::K::kList ? b.list->size()
+                                                 : 0;
+    if (a.i > 0 && unit > 0 && static_cast<uint64_t>(a.i) > (size_t{1} << 27) / unit) {
+      why = "a repeated " + type_name(b) + " of more than 2^27 items";
+      return Value::none();
+    }
     if (b.k == Value::K::kStr) {
       std::string s;
       for (int64_t k = 0; k < a.i; ++k) s += b.s;
@@ -425,9 +537,10 @@ std::vector<std::string> code_points(const std::string& s) {
   return out;
 }
 
-static uint32_t decode_cp(const std::string& c) {
+uint32_t decode_cp(const std::string& c) {
   const auto b = [&](size_t k) { return static_cast<uint32_t>(static_cast<unsigned char>(c[k])); };
-  if (c.size() == 1) return b(0);
+  if (c.empty()) return 0;
+  if (c.size() == 1) return b(0) < 0x80 ? b(0) : 0xFFFD;
   if (c.size() == 2) return ((b(0) & 0x1F) << 6) | (b(1) & 0x3F);
   if (c.size() == 3) return ((b(0) & 0x0F) << 12) | ((b(1) & 0x3F) << 6) | (b(2) & 0x3F);
   return ((b(0) & 0x07) << 18) | ((b(1) & 0x3F) << 12) | ((b(2) & 0x3F) << 6) | (b(3) & 0x3F);
@@ -440,6 +553,8 @@ static bool py_space(const std::string& c) {
          cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 ||
          cp == 0x202F || cp == 0x205F || cp == 0x3000;
 }
+
+bool is_py_space(const std::string& c) { return py_space(c); }
 
 std::string strip(const std::string& s, const std::string* chars, bool left, bool right) {
   const std::vector<std::string> cps = code_points(s);
@@ -545,11 +660,11 @@ static List split(const std::string& s, const Value* sep, int64_t maxsplit, bool
       for (const auto& [b, e] : words) parts.push_back(join(b, e));
     } else if (!from_right) {
       for (int64_t k = 0; k < maxsplit; ++k) parts.push_back(join(words[k].first, words[k].second));
-      parts.push_back(strip(join(words[static_cast<size_t>(maxsplit)].first, cps.size()), nullptr,
-                            false, true));
-    } else {
+      // the rest from the next word on, its trailing space kept
+      parts.push_back(join(words[static_cast<size_t>(maxsplit)].first, cps.size()));
+    } else {  // the rest up to the word before, its leading space kept
       const size_t keep = words.size() - static_cast<size_t>(maxsplit);
-      parts.push_back(strip(join(0, words[keep - 1].second), nullptr, true, false));
+      parts.push_back(join(0, words[keep - 1].second));
       for (size_t k = keep; k < words.size(); ++k)
         parts.push_back(join(words[k].first, words[k].second));
     }
@@ -560,14 +675,17 @@ static List split(const std::string& s, const Value* sep, int64_t maxsplit, bool
       return {};
     }
     const std::string& d = sep->s;
-    std::vector<size_t> cuts;  // separator positions
-    for (size_t at = s.find(d); at != std::string::npos; at = s.find(d, at + d.size()))
-      cuts.push_back(at);
-    if (maxsplit >= 0 && cuts.size() > static_cast<size_t>(maxsplit)) {
-      if (from_right)
-        cuts.erase(cuts.begin(), cuts.end() - maxsplit);
-      else
-        cuts.resize(static_cast<size_t>(maxsplit));
+    std::vector<size_t> cuts;  // separator positions, found from the left (rsplit: the right)
+    const size_t most = maxsplit < 0 ? SIZE_MAX : static_cast<size_t>(maxsplit);
+    if (!from_right) {
+      for (size_t at = s.find(d); at != std::string::npos && cuts.size() < most;
+           at = s.find(d, at + d.size()))
+        cuts.push_back(at);
+    } else if (s.size() >= d.size()) {
+      for (size_t at = s.rfind(d); at != std::string::npos && cuts.size() < most;
+           at = at >= d.size() ? s.rfind(d, at - d.size()) : std::string::npos)
+        cuts.push_back(at);
+      std::reverse(cuts.begin(), cuts.end());
     }
     size_t b = 0;
     for (const size_t c : cuts) {
@@ -609,7 +727,7 @@ Value call_method(const Value& self, const std::string& name, const std::vector<
       else if (name == "values")
         out.push_back(v);
       else
-        out.push_back(Value::make_list({Value::str(k), v}));
+        out.push_back(Value::make_tuple({Value::str(k), v}));
     }
     return Value::make_list(std::move(out));
   }

@@ -42,6 +42,7 @@ struct Value {
   std::shared_ptr<List> list;   // kList; kFunction: the object a method is bound to
   std::shared_ptr<Dict> dict;   // kDict, kNamespace (shared: `set ns.x` changes it in place)
   const void* macro = nullptr;  // kFunction: a {% macro %}'s definition (its syntax-tree node)
+  bool tuple = false;           // kList: a tuple (another type to ==, printed in parentheses)
 
   static Value undefined(std::string why);
   static Value none();
@@ -50,13 +51,15 @@ struct Value {
   static Value real(double v);
   static Value str(std::string v);
   static Value make_list(List v);
+  static Value make_tuple(List v);  // a list that prints as Python's tuple: (1, 'a'), ('a',)
   static Value make_dict(Dict v);
   static Value function(std::string name);
 };
 
 const Value* dict_get(const Dict& d, const std::string& key);
 void dict_set(Dict& d, const std::string& key, Value v);
-Value from_json(const nlohmann::ordered_json& j);
+// fabric::Error for a value nested more than 100 deep or an integer past int64.
+Value from_json(const nlohmann::ordered_json& j, int depth = 0);
 
 std::string type_name(const Value& v);  // Python's: str, int, NoneType, ...
 bool is_number(const Value& v);         // int, float or bool
@@ -68,12 +71,16 @@ bool equal(const Value& a, const Value& b);
 bool compare(const std::string& op, const Value& a, const Value& b, std::string& why);
 // + - * / // % ** ~; `why` gets the error (an Undefined operand, unlike types).
 Value binary(const std::string& op, const Value& a, const Value& b, std::string& why);
+// Python's `fmt % args`: %s %r %d %i %o %x %X %c %e %f %g with flags, width and precision.
+std::string percent_format(const std::string& fmt, const List& args, std::string& why);
 Value index(const Value& v, int64_t i);  // a list's or str's item (negative from the end)
 Value slice(const Value& v, std::optional<int64_t> start, std::optional<int64_t> stop,
             std::optional<int64_t> step, std::string& why);
 
 std::vector<std::string> code_points(const std::string& s);  // each as its UTF-8 bytes
-using fabric::append_utf8;                                   // fabric/core/utf8.h
+uint32_t decode_cp(const std::string& c);  // one of code_points()'s (a stray byte: U+FFFD)
+bool is_py_space(const std::string& c);    // Python's str.isspace() for one of them
+using fabric::append_utf8;                 // fabric/core/utf8.h
 // Python's str.strip/lstrip/rstrip: `chars` (null: whitespace, Unicode's included).
 std::string strip(const std::string& s, const std::string* chars, bool left, bool right);
 

@@ -586,6 +586,14 @@ TEST_F(FinetuneExampleTest, BadInputStopsWithOneLineNamingTheKey) {
   };
   std::ofstream(dir_ / "one.jsonl") << "{\"prompt\": \"a\", \"response\": \"b\"}\n";
   std::ofstream(dir_ / "garbled.jsonl") << "{\"prompt\": \"a\", \"response\": \"b\"}\nnope\n";
+  std::ofstream(dir_ / "sys.jsonl") << R"({"messages": [{"role": "system", "content": "s"}, )"
+                                    << R"({"role": "user", "content": "u"}, )"
+                                    << R"({"role": "assistant", "content": "a"}]})"
+                                    << "\n";
+  std::ofstream(dir_ / "needsys.jinja")
+      << "{% if messages[0].role != 'system' %}{{ raise_exception('first message must be system') "
+         "}}{% endif %}{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+         "{% if add_generation_prompt %}assistant: {% endif %}";
   // A model folder another program wrote (its weights carry no export mark): never replaced.
   const fs::path theirs = dir_ / "theirs";
   fs::create_directories(theirs);
@@ -599,6 +607,12 @@ TEST_F(FinetuneExampleTest, BadInputStopsWithOneLineNamingTheKey) {
        "put it before {response}"},
       {"data.template=chat/none.jinja", "data.template: " + (dir_ / "chat/none.jinja").string(),
        "cannot read this chat template file"},
+      // A sample prompt the template refuses stops the run before training, not after it.
+      {"data.template=needsys.jinja data.train=" + (dir_ / "sys.jsonl").string() +
+           " finetune.sample_prompt=Hello",
+       "finetune.sample_prompt: " + (dir_ / "needsys.jinja").string() +
+           ": line 1: the template raised: first message must be system",
+       "the template raised"},
       {"finetune.lora.rank=100000", "finetune.lora.rank: LoRA: rank 100000 is larger than",
        "min(in, out)"},
       // No full batch: no step would run and the untrained base would be exported.

@@ -271,6 +271,10 @@ TEST_F(PretrainedExampleTest, BadInputIsOneLine) {
                {"generate.template", "is none, chat_template or a FILE.jinja"});
   expect_error("generate", llama + " generate.prompt=a generate.system=brief",
                {"generate.system", "generate.template is none"});
+  std::ofstream(dir_ / "empty.jinja") << "";
+  expect_error("generate",
+               llama + " generate.prompt=a generate.template=" + (dir_ / "empty.jinja").string(),
+               {"generate.template", "renders nothing for a user message"});
   // A prompt that fills the positions names the prompt, not max_new_tokens.
   std::string numbers;
   for (int i = 0; i < 200; ++i) numbers += std::to_string(i) + " ";

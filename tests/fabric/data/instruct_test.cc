@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "fabric/core/error.h"
+#include "fabric/data/bpe.h"
 #include "fabric/data/chat_template.h"
 #include "tests/run_command.h"
 
@@ -93,7 +94,9 @@ TEST_F(InstructTest, BatchesShiftByOneAndMaskPromptsAndPadding) {
       const bool real = k + 1 < static_cast<int64_t>(e.ids.size());
       const int64_t want_target = real && e.response[k + 1] ? e.ids[k + 1] : -100;
       EXPECT_EQ(b.target[row][k].item<int64_t>(), want_target) << row << "," << k;
-      if (real) EXPECT_EQ(b.data[row][k].item<int64_t>(), e.ids[k]);
+      if (real) {
+        EXPECT_EQ(b.data[row][k].item<int64_t>(), e.ids[k]);
+      }
     }
   }
   // Packing: windows of block_size + 1 over the examples in order, each id once.
@@ -276,7 +279,7 @@ TEST_F(InstructTest, ChatTemplateGivesApplyChatTemplatesIdsAndAssistantMask) {
   const fs::path chat = dir_ / "chat";
   std::ifstream in(chat / "chat.ref.json");
   const nlohmann::json ref = nlohmann::json::parse(in);
-  for (const std::string tmpl :
+  for (const std::string& tmpl :
        {std::string("chat_template"), (chat / "chat_generation.jinja").string()}) {
     SCOPED_TRACE(tmpl);
     auto o = options(tmpl);
@@ -303,7 +306,7 @@ TEST_F(InstructTest, ChatTemplatesThatCannotMarkTheAnswerAreRefused) {
                 " has no chat template (no chat_template.jinja, and tokenizer_config.json has "
                 "no chat_template): set data.template to chatml, alpaca, a TEXT template or a "
                 "FILE.jinja of the format");
-  // The last turn rendered otherwise than as the earlier turns continued.
+  // The last turn written otherwise than its generation prompt begins it.
   std::ofstream(dir_ / "last.jinja")
       << "{% for m in messages %}{% if loop.last and m.role == 'assistant' %}[final] {% endif %}"
          "{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant: "
@@ -311,7 +314,8 @@ TEST_F(InstructTest, ChatTemplatesThatCannotMarkTheAnswerAreRefused) {
   const std::string line = "{\"prompt\": \"a\", \"response\": \"b\"}\n";
   EXPECT_NE(error_of(line, (dir_ / "last.jinja").string())
                 .find(":1: " + (dir_ / "last.jinja").string() +
-                      " does not render messages[1] (an assistant's) as a continuation"),
+                      ": messages[1] (an assistant's): the template writes it otherwise than "
+                      "its generation prompt begins it"),
             std::string::npos)
       << error_of(line, (dir_ / "last.jinja").string());
   // The template's own refusal, with the example's line and the template's.
@@ -325,6 +329,81 @@ TEST_F(InstructTest, ChatTemplatesThatCannotMarkTheAnswerAreRefused) {
                      (dir_ / "raises.jinja").string()),
             (dir_ / "bad.jsonl").string() + ":2: " + (dir_ / "raises.jinja").string() +
                 ": line 3: the template raised: System role not supported");
+}
+
+// Templates whose turns do not simply follow one another: an end written only last (Phi-3's eos
+// after the conversation), a generation prompt the answer does not repeat (DeepSeek's
+// "<think>\n"). The answer is what the conversation with it shares with the whole one, after
+// what it shares with the prompt; eos is appended only after a last answer without one.
+TEST_F(InstructTest, ChatTemplateAnswersEndWhereTheConversationGoesOn) {
+  const fs::path chat = dir_ / "chat";
+  const std::string head =
+      "{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>";
+  std::ofstream(chat / "phi.jinja")
+      << head << "{{ m.content }}<|end_header_id|>{% endfor %}{% if add_generation_prompt %}"
+      << "<|start_header_id|>assistant<|end_header_id|>{% else %}{{ eos_token }}{% endif %}";
+  std::ofstream(chat / "think.jinja")
+      << head << "{{ m.content }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
+      << "<|start_header_id|>assistant<|end_header_id|><think>{% endif %}";
+  const auto messages = nlohmann::ordered_json::parse(
+      R"([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+          {"role": "user", "content": "c"}, {"role": "assistant", "content": "d",
+           "tool_calls": null}])");
+  using Parts = std::vector<std::pair<std::string, bool>>;
+  const std::string u = "<|start_header_id|>user<|end_header_id|>";
+  const std::string a = "<|start_header_id|>assistant<|end_header_id|>";
+  const fabric::BpeTokenizer t = fabric::BpeTokenizer::from_tokenizer_json(chat / "tokenizer.json");
+  const auto tokens = fabric::token_start_of(t);
+  EXPECT_EQ(fabric::ChatTemplate::open((chat / "phi.jinja").string(), chat)
+                ->segments(messages, "L", tokens),
+            (Parts{{u + "a<|end_header_id|>" + a, false},
+                   {"b<|end_header_id|>", true},
+                   {u + "c<|end_header_id|>" + a, false},
+                   {"d<|end_header_id|><|eot_id|>", true}}));
+  EXPECT_EQ(fabric::ChatTemplate::open((chat / "think.jinja").string(), chat)
+                ->segments(messages, "L", tokens),
+            (Parts{{u + "a<|eot_id|>" + a, false},
+                   {"b<|eot_id|>", true},
+                   {u + "c<|eot_id|>" + a, false},
+                   {"d<|eot_id|>", true}}));
+  // eos: not after the phi template's own, once after a conversation that holds none, never
+  // after a user's last turn.
+  std::ofstream(chat / "plain.jinja") << head << "{{ m.content }}\n{% endfor %}"
+                                      << "{% if add_generation_prompt %}" << a << "{% endif %}";
+  std::ofstream(chat / "lines.jsonl")
+      << messages.dump().insert(0, "{\"messages\": ") << "}\n"
+      << R"({"messages": [{"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}]})"
+      << "\n";
+  auto o = options((chat / "plain.jinja").string());
+  o.tokenizer_json = chat / "tokenizer.json";
+  const auto data = InstructDataset::open(chat / "lines.jsonl", o);
+  ASSERT_EQ(data->size(), 2);
+  EXPECT_EQ(data->examples()[0].ids.back(), t.eot());
+  EXPECT_TRUE(data->examples()[0].response.back());
+  EXPECT_EQ(t.decode(data->examples()[1].ids).substr(t.decode(data->examples()[1].ids).size() - 2),
+            "y\n");
+  o.template_text = (chat / "phi.jinja").string();
+  const auto phi = InstructDataset::open(chat / "lines.jsonl", o);
+  EXPECT_EQ(std::count(phi->examples()[0].ids.begin(), phi->examples()[0].ids.end(), t.eot()), 1);
+}
+
+TEST_F(InstructTest, ChatTemplatesThatWriteNoAnswerAreRefused) {
+  std::ofstream(dir_ / "silent.jinja")
+      << "{% for m in messages %}{% if m.role != 'assistant' %}{{ m.content }}\n{% endif %}"
+         "{% endfor %}{% if add_generation_prompt %}A: {% endif %}";
+  const std::string got =
+      error_of("{\"prompt\": \"a\", \"response\": \"b\"}\n", (dir_ / "silent.jinja").string());
+  EXPECT_NE(got.find(":1: " + (dir_ / "silent.jinja").string() +
+                     ": messages[1] (an assistant's) renders to nothing after the generation "
+                     "prompt"),
+            std::string::npos)
+      << got;
+  // A folder where the template file should be.
+  fs::create_directories(dir_ / "folder.jinja");
+  EXPECT_NE(
+      error_of("{\"prompt\": \"a\", \"response\": \"b\"}\n", (dir_ / "folder.jinja").string())
+          .find((dir_ / "folder.jinja").string() + ": is a folder; give a chat template file"),
+      std::string::npos);
 }
 
 }  // namespace

@@ -24,7 +24,9 @@ loop over a namespace, think blocks), Hermes (a recursive macro over JSON schema
 (tool-call ids) and DeepSeek-V3 (tool calls, namespace flags) ones, a template built on
 {% set %}...{% endset %} and the rarer filters (indent, wordcount, format, unique), whitespace in
 indented and CRLF templates, and more error cases. No case calls strftime_now, so the output does
-not depend on the date.
+not depend on the date. E holds what reviews of the renderer found: dictsort's pairs, dotted
+attribute paths, map over any filter, split's and rsplit's remainders, the filters' positional
+arguments, printf-style formatting, the scopes of generation and set blocks.
 """
 import json
 import os
@@ -1086,6 +1088,41 @@ error("error_chat_mistral3_short_id", MISTRAL3, messages=[M3_TOOLS[1], {"role": 
 error("error_chat_mistral3_id_not_string", MISTRAL3, messages=[M3_TOOLS[1], {"role": "assistant", "tool_calls": [
     {"id": 123456789, "function": {"name": "f", "arguments": {}}}]}], bos_token="<s>", eos_token="</s>")
 error("error_chat_mistral3_alternation", MISTRAL3, messages=BAD_ORDER, bos_token="<s>", eos_token="</s>")
+
+# ---------------------------------------------------------------- E. what reviews found
+D = {"b": 1, "A": 2, "c": 0}
+TOOLS = [{"function": {"name": "f", "args": ["x"]}}, {"function": {"name": "g", "args": []}}]
+case("e_dictsort", "{% for k, v in d|dictsort %}{{ k }}={{ v }},{% endfor %}|"
+     "{{ d|dictsort(by='value') }}|{{ d|dictsort(true) }}|{{ d|dictsort(reverse=true) }}", d=D)
+case("e_dotted_attribute", "{{ tools|map(attribute='function.name')|join(',') }}|"
+     "{{ tools|selectattr('function.name', 'equalto', 'g')|list|length }}|"
+     "{{ tools|map(attribute='function.args.0', default='-')|join(',') }}|"
+     "{{ tools|sort(attribute='function.name', reverse=true)|map(attribute='function.name')|join }}",
+     tools=TOOLS)
+case("e_map_any_filter", "{{ ['a', 'bb']|map('length')|list }} {{ [{'x': 1}]|map('tojson')|list }} "
+     "{{ [none, 'y']|map('default', 'z')|list }} {{ ['a b']|map('replace', ' ', '_')|list }}")
+case("e_split_rest", "{{ '  a  b  c  '.split(none, 1) }} {{ '  a  b  c  '.rsplit(none, 1) }} "
+     "{{ 'aaa'.rsplit('aa', 1) }} {{ 'a,b,c'.rsplit(',', 1) }} {{ 'x'.rsplit('long', 1) }}")
+case("e_sort_min_max_sum", "{{ [3, 1, 2]|sort(true) }} {{ ['b', 'A', 'c']|sort }} "
+     "{{ ['b', 'A', 'c']|sort(case_sensitive=true) }} {{ ['a', 'B']|max }} {{ ['a', 'B']|min }} "
+     "{{ [1, 2]|sum(start=10) }} {{ ['a', 'A']|unique(case_sensitive=true)|list }} "
+     "{{ [{'n': 2}, {'n': 5}]|max(attribute='n') }}")
+case("e_round_int_replace", "{{ 2.675|round(2) }} {{ 1234|round(-2) }} {{ 1250|round(-2) }} "
+     "{{ 2.5|round }} {{ '0x1A'|int }} {{ '1_000'|int }} {{ ' 12 '|int }} {{ '1e3'|int }} "
+     "{{ 'nan'|int(7) }} {{ '3.5'|float }} {{ 'x'|float(1.5) }} {{ 'a1b1'|replace(1, 2) }}")
+case("e_tojson_indent_true", "{{ {'a': [1]}|tojson(indent=true) }}")
+case("e_format_percent", "{{ '%.2f|%5d|%-4s|%x|%03d|%r'|format(3.14159, 42, 'ab', 255, 7, 'q') }} "
+     "{{ 'Hello %s, %d' % ('you', 3) }} {{ '%s!' % who }} {{ '100%%'|format }}", who="Ann")
+case("e_generation_scope", "{% generation %}{% set x = 1 %}{{ x }}{% endgeneration %}[{{ x }}]"
+     "{% set y %}{% set z = 2 %}{{ z }}{% endset %}[{{ z }}|{{ y }}]")
+case("e_break_in_for_else", "{% for a in [1, 2, 3] %}{{ a }}{% for b in [] %}{% else %}"
+     "{% if a == 2 %}{% break %}{% endif %}{% endfor %}{% endfor %}")
+case("e_indent_first_blank", "[{{ '\nx'|indent(2, true) }}] [{{ 'a\n\nb'|indent(2, blank=true) }}]")
+case("e_unicode_whitespace_control", "a\u3000\u00a0{%- if true -%}\u2003b{%- endif %}")
+error("e_range_too_big", "{{ range(200000)|length }}")
+error("e_zero_negative_power", "{{ 0 ** -1 }}")
+error("e_bad_hex_escape", "{{ '\\xZZ' }}")
+
 
 def main():
     out = []

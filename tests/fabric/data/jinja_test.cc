@@ -84,8 +84,8 @@ TEST(JinjaTest, RaiseExceptionCarriesTheTemplatesMessage) {
 }
 
 TEST(JinjaTest, TagsItDoesNotTakeAreRefusedWhenRead) {
-  for (const std::string src : {"{% call f() %}x{% endcall %}", "{% include 'a' %}",
-                                "{% raw %}x{% endraw %}", "{% filter upper %}x{% endfilter %}"}) {
+  for (const std::string& src : {"{% call f() %}x{% endcall %}", "{% include 'a' %}",
+                                 "{% raw %}x{% endraw %}", "{% filter upper %}x{% endfilter %}"}) {
     try {
       fabric::jinja::Template t(src, "T");
       ADD_FAILURE() << src << ": no error";
@@ -94,6 +94,53 @@ TEST(JinjaTest, TagsItDoesNotTakeAreRefusedWhenRead) {
       EXPECT_NE(std::string(e.what()).find("is not supported"), std::string::npos) << e.what();
     }
   }
+}
+
+// What Python computes with unbounded integers and stack, and jinja2 refuses with a
+// RecursionError, is a one-line error here, never a crash, a hang or a wrong number.
+TEST(JinjaTest, LimitsAreOneLineErrorsNotCrashesOrWrongNumbers) {
+  auto error_of = [](const std::string& src, const nlohmann::ordered_json& context) {
+    try {
+      fabric::jinja::Template t(src, "T");
+      return "rendered '" + t.render(context) + "'";
+    } catch (const fabric::Error& e) {
+      return std::string(e.what());
+    }
+  };
+  std::string parens(5000, '('), ifs;
+  for (int k = 0; k < 30000; ++k) ifs += "{% if true %}";
+  std::string deep = "1";
+  for (int k = 0; k < 150; ++k) deep = "[" + deep + "]";
+  const struct {
+    std::string src, context, says;
+  } cases[] = {
+      {"{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "{}",
+       "T: line 1: macro 'f' called 100 deep"},
+      {"{{ " + parens + "1" + std::string(5000, ')') + " }}", "{}",
+       "T: line 1: nested more than 200 deep"},
+      {ifs, "{}", "T: line 1: nested more than 200 deep"},
+      {"{{ 1 + -" + std::string(3000, '-') + "1 }}", "{}", "T: line 1: nested more than 200 deep"},
+      {"{{ (-9223372036854775807 - 1) // -1 }}", "{}", "T: line 1: integer overflow"},
+      {"{{ 2 ** 70 }}", "{}", "T: line 1: integer overflow"},
+      {"{{ 4611686018427387904 * 4 }}", "{}", "T: line 1: integer overflow"},
+      {"{{ 'ab' * 10**12 }}", "{}", "T: line 1: a repeated str of more than 2^27 items"},
+      {"{{ 99999999999999999999 }}", "{}",
+       "T: line 1: the integer 99999999999999999999 is past 64 bits"},
+      {"{{ x }}", R"({"x": 18446744073709551615})",
+       "T: x: the integer 18446744073709551615 is past 64 bits"},
+      {"{{ x }}", "{\"x\": " + deep + "}", "T: x: a value nested more than 100 deep"},
+      {"a\n\xff{{ 1 }}", "{}", "T: line 2: not UTF-8 text (byte 2)"},
+      {"{{ 'a\\U00110000' }}", "{}", "T: line 1: a string's \\U escape is not a character"},
+  };
+  for (const auto& c : cases)
+    EXPECT_EQ(error_of(c.src, nlohmann::ordered_json::parse(c.context)).rfind(c.says, 0), 0u)
+        << c.says << "\n"
+        << error_of(c.src, nlohmann::ordered_json::parse(c.context)).substr(0, 300);
+  // What fits is computed exactly, and fast: 1 ** (10 ** 13) takes 44 squarings.
+  EXPECT_EQ(
+      error_of("{{ 1 ** 10000000000000 }} {{ 3 ** 39 }} {{ (-9223372036854775807 - 1) % -1 }}",
+               nlohmann::ordered_json::object()),
+      "rendered '1 4052555153018976267 0'");
 }
 
 }  // namespace
