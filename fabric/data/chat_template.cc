@@ -173,12 +173,23 @@ std::vector<std::pair<std::string, bool>> ChatTemplate::segments(
     // where the whole conversation leaves it (an end the template writes only last, such as
     // Phi-3's eos, stays out); where they part inside a token ("<|" of two markers), at that
     // token's start.
-    size_t begin = common_prefix(before, with), end = common_prefix(with, whole);
-    if (token_start && begin < before.size()) begin = token_start(with, begin);
-    if (token_start && end < with.size()) end = token_start(with, end);
     // The generation prompt starts where the conversation without it ends; the answer must begin
     // as it does (else the template writes this turn otherwise, and its header would be learned).
     const size_t prompt = common_prefix(past, before);
+    size_t begin = common_prefix(before, with), end = common_prefix(with, whole);
+    if (begin < before.size()) {
+      // Text the template writes before a turn only once the turn follows (indentation a
+      // template leaks): the answer starts after the whole generation prompt, where `with` has
+      // it; else, at the token where the two part.
+      const std::string gen = before.substr(prompt);
+      const size_t found =
+          gen.empty() || begin < prompt ? std::string::npos : with.find(gen, prompt);
+      if (found != std::string::npos)
+        begin = found + gen.size();
+      else if (token_start)
+        begin = token_start(with, begin);
+    }
+    if (token_start && end < with.size()) end = token_start(with, end);
     const std::string at = where + ": " + origin_ + ": messages[" + std::to_string(i) + "]";
     const std::string otherwise =
         at + " (an assistant's): the template writes it otherwise than its generation prompt " +

@@ -9,7 +9,8 @@
 // content and the end-of-turn marker, "<|eot_id|>" or "<|im_end|>\n"), found by rendering the
 // conversation up to that message with the generation prompt and with the message: the answer
 // starts where the two part (a generation prompt the answer does not repeat, DeepSeek's
-// "<think>\n", stays out) and ends where the whole conversation leaves the one with it (an end
+// "<think>\n", stays out; text written before the turn only once it follows, such as leaked
+// indentation, is the prompt's) and ends where the whole conversation leaves the one with it (an end
 // written only last, Phi-3's eos, stays out). TRL and torchtune find assistant turns by
 // rendering too; transformers' own assistant mask needs {% generation %} blocks most templates
 // lack. Messages reach the template as apply_chat_template hands them: keys holding null left

@@ -306,9 +306,9 @@ TEST_F(InstructTest, ChatTemplatesThatCannotMarkTheAnswerAreRefused) {
                 " has no chat template (no chat_template.jinja, and tokenizer_config.json has "
                 "no chat_template): set data.template to chatml, alpaca, a TEXT template or a "
                 "FILE.jinja of the format");
-  // The last turn written otherwise than its generation prompt begins it.
+  // The turns before an answer written otherwise once it follows (the last one marked).
   std::ofstream(dir_ / "last.jinja")
-      << "{% for m in messages %}{% if loop.last and m.role == 'assistant' %}[final] {% endif %}"
+      << "{% for m in messages %}{% if loop.last %}[final] {% endif %}"
          "{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant: "
          "{% endif %}";
   const std::string line = "{\"prompt\": \"a\", \"response\": \"b\"}\n";
@@ -365,6 +365,18 @@ TEST_F(InstructTest, ChatTemplateAnswersEndWhereTheConversationGoesOn) {
             (Parts{{u + "a<|eot_id|>" + a, false},
                    {"b<|eot_id|>", true},
                    {u + "c<|eot_id|>" + a, false},
+                   {"d<|eot_id|>", true}}));
+  // Text a template writes before an assistant's turn only once it follows (leaked
+  // whitespace): the prompt's.
+  std::ofstream(chat / "leak.jinja")
+      << "{% for m in messages %}{% if m.role == 'assistant' %}{{ '\\n' }}{% endif %}"
+      << "<|start_header_id|>{{ m.role }}<|end_header_id|>{{ m.content }}<|eot_id|>{% endfor %}"
+      << "{% if add_generation_prompt %}" << a << "{% endif %}";
+  EXPECT_EQ(fabric::ChatTemplate::open((chat / "leak.jinja").string(), chat)
+                ->segments(messages, "L", tokens),
+            (Parts{{u + "a<|eot_id|>\n" + a, false},
+                   {"b<|eot_id|>", true},
+                   {u + "c<|eot_id|>\n" + a, false},
                    {"d<|eot_id|>", true}}));
   // eos: not after the phi template's own, once after a conversation that holds none, never
   // after a user's last turn.
