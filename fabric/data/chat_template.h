@@ -10,8 +10,8 @@
 // conversation up to that message with the generation prompt and with the message: the answer
 // starts where the two part (a generation prompt the answer does not repeat, DeepSeek's
 // "<think>\n", stays out; text written before the turn only once it follows, such as leaked
-// indentation, is the prompt's) and ends where the whole conversation leaves the one with it (an end
-// written only last, Phi-3's eos, stays out). TRL and torchtune find assistant turns by
+// indentation, is the prompt's) and ends where the whole conversation leaves the one with it (an
+// end written only last, Phi-3's eos, stays out). TRL and torchtune find assistant turns by
 // rendering too; transformers' own assistant mask needs {% generation %} blocks most templates
 // lack. Messages reach the template as apply_chat_template hands them: keys holding null left
 // out, reasoning ("reasoning_content", "thinking", "reasoning") under the first two names.
