@@ -1,6 +1,7 @@
 // bazel run //examples:finetune -- --config=finetune_lora.yaml [key=value ...]
 // bazel run //examples:finetune -- --config=finetune_lora.yaml model.pretrained=DIR
-//     data.train=train.jsonl data.val=val.jsonl data.template=alpaca|chatml|TEXT   (one line)
+//     data.train=train.jsonl data.val=val.jsonl data.template=chat_template   (one line; or alpaca,
+//     chatml, FILE.jinja, a TEXT with {prompt} and {response}; chat_template: the folder's own)
 //
 // Instruction fine-tuning of a Hugging Face Llama-family folder (llama, qwen2, mistral) or a
 // GPT-2 folder (gpt2: LoRA on c_attn, c_proj, c_fc; docs/finetune.md): LoRA adapters on the layers
