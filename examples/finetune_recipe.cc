@@ -113,11 +113,10 @@ fabric::nn::LoraOptions lora_options(const fabric::Config& c) {
 std::vector<int64_t> sample_ids(const fabric::Config& c, const Inputs& in) {
   const std::string& tmpl = in.options.template_text;
   const std::string prompt = c.get_string("finetune.sample_prompt");
-  std::string text;                            // the prompt as the template renders it
-  if (fabric::ChatTemplate::named_by(tmpl)) {  // one user message and the generation prompt
-    text = fabric::ChatTemplate::open(tmpl, in.folder)
-               ->render(nlohmann::ordered_json::array({{{"role", "user"}, {"content", prompt}}}),
-                        true);
+  std::string text;       // the prompt as the template renders it
+  if (in.options.chat) {  // one user message and the generation prompt
+    text = in.options.chat->render(
+        nlohmann::ordered_json::array({{{"role", "user"}, {"content", prompt}}}), true);
   } else {
     const std::string line = nlohmann::json({{"prompt", prompt}, {"response", ""}}).dump();
     for (const auto& [part, response] :
@@ -157,9 +156,10 @@ Inputs open_inputs(fabric::Fabric& f) {
   const bool chat = fabric::ChatTemplate::named_by(tmpl);
   if (chat && tmpl != "chat_template")  // a FILE.jinja, from where the command ran
     tmpl = fabric::absolute_from_working_directory(tmpl).string();
+  std::shared_ptr<const fabric::ChatTemplate> chat_template;
   try {  // the template, before any file is read
     fabric::check_instruct_template(tmpl);
-    if (chat) fabric::ChatTemplate::open(tmpl, folder);
+    if (chat) chat_template = fabric::ChatTemplate::open(tmpl, folder);  // once, for all files
   } catch (const fabric::Error& e) {
     throw c.error_at("data.template", e.what());
   }
@@ -177,6 +177,7 @@ Inputs open_inputs(fabric::Fabric& f) {
           name + " is not a layer of a " + p.model_type + " model; its layers are " + layer);
 
   fabric::InstructDataset::Options o;
+  o.chat = chat_template;
   o.tokenizer_json = folder / "tokenizer.json";
   o.template_text = tmpl;
   o.block_size = block;

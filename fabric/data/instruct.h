@@ -79,6 +79,9 @@ class InstructDataset : public Dataset {
     bool append_eos = true;  // the tokenizer's eos after each response (none: nothing appended)
     bool add_bos = false;    // the tokenizer's bos before each example
     int64_t pad_id = -1;     // padded inputs' id (-1: the eos id, else 0)
+    // A chat_template or FILE.jinja template_text's template, when the caller has opened it
+    // (null: opened from tokenizer_json's folder).
+    std::shared_ptr<const ChatTemplate> chat;
     // Where the tokenized examples are kept between runs ("": nowhere): one file per JSONL file,
     // named by a hash of its bytes, tokenizer_json's bytes, the template and bos/eos, read back
     // instead of tokenizing again (block_size and packing apply after). Needs tokenizer_json.

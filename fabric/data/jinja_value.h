@@ -63,6 +63,7 @@ Value from_json(const nlohmann::ordered_json& j, int depth = 0);
 
 std::string type_name(const Value& v);  // Python's: str, int, NoneType, ...
 bool is_number(const Value& v);         // int, float or bool
+double as_double(const Value& v);       // a number as a float
 bool truthy(const Value& v);
 std::string to_str(const Value& v);  // Python's str(); Undefined: ""
 std::string repr(const Value& v);    // Python's repr()
