@@ -325,7 +325,10 @@ void ShardedParameters::reduce(Unit& u) {
   Inside inside;
   torch::NoGradGuard no_grad;
   const auto wire = policy_.reduce_dtype.value_or(u.shard_grad.scalar_type());
-  torch::Tensor flat = torch::empty({world_ * u.shard_size}, u.shard_grad.options().dtype(wire));
+  // On the units' device: under cpu_offload the shard's gradient is in host memory, and the
+  // gradients and the collective are on the device (an H200 on 2026-11-30 failed here with
+  // "found at least two devices, cuda:0 and cpu").
+  torch::Tensor flat = torch::empty({world_ * u.shard_size}, u.full.options().dtype(wire));
   zero_gaps(flat, u.offsets, u.params);  // the layout's gaps and padding
   // The Reducer's factor: a wrapped double scalar, the product computed in the gradient's dtype.
   const auto& replicas = replicate_;

@@ -82,7 +82,10 @@
 # run flags: --cpu (CPU checks only; --suite=pretrained then runs a tiny Llama on the CPU),
 #   --suite=check|throughput|gpt|model_parallel|fp8|pretrained|titan|all, --steps=N (example steps,
 #   default 20), --reps=N (throughput repetitions, default 1), --skip=SECTION[,SECTION] (env,
-#   tests, examples, ranks, throughput), --work=DIR (scratch folder for run directories; default a
+#   tests, examples, ranks, throughput; within --suite=model_parallel: mp_rows, everything but
+#   bubble, the timed pipeline_bubble row; within --suite=fp8: fp8_speed, the kernel test and the
+#   timed sides, fp8_loss, the 200-step loss: a short GPU window runs the timed parts alone and
+#   the untimed ones side by side), --work=DIR (scratch folder for run directories; default a
 #   new temporary folder).
 # Exit status: 0 every check passed (skips allowed); 1 some check failed; 2 usage error.
 # A row whose command exits 77 is SKIPPED, its last line the reason.
@@ -493,7 +496,7 @@ run() {
     done
   fi
 
-  if ! skipping model_parallel; then
+  if ! skipping model_parallel && ! skipping mp_rows; then
     check gpt_cuda_test 240 "$runsh" gpt_cuda_test --gtest_brief=1  # the LayerNorm's __syncwarp
     local place=(fabric.accelerator=cuda fabric.devices=1 fabric.ddp.ranks_per_gpu=2)
     [ $cpu -eq 1 ] && place=(fabric.accelerator=cpu fabric.devices=2)
@@ -524,6 +527,8 @@ run() {
         CHECK_SUMMARY='max_rel|bitwise' check "gpt tiny $pname = ddp (weights)" 60 "${cmpw[@]}" \
           "$pdir/weights.pt" "$pd/ddp/weights.pt"
     done
+  fi
+  if ! skipping model_parallel && ! skipping bubble; then
     # Issue 72 item 4: the schedules' bubble measured on the GPU (pipeline_bubble: 2 ranks on
     # cuda:0 over Gloo, float32, the stream synchronized at each timestamp): GPipe, 1F1B and
     # interleaved 1F1B at m = 8 and 16, 8 blocks of width 1024, micro-batches of 4 x 256 tokens.
@@ -535,6 +540,11 @@ run() {
       while IFS= read -r line; do notes+=("$line"); done < <(sed -n '/^pp=/,$p' "$work/logs/pipeline_bubble pp 2.log")
       notes+=('```')
     fi
+  fi
+  if ! skipping model_parallel && ! skipping mp_rows; then
+    local pd="$work/pp" cmpw=("$python" "$here/compare_weights.py" --tol=1e-5)
+    local place=(fabric.accelerator=cuda fabric.devices=1 fabric.ddp.ranks_per_gpu=2)
+    [ $cpu -eq 1 ] && place=(fabric.accelerator=cpu fabric.devices=2)
     # Issue 70: fsdp's cpu_offload on CUDA (pinned host shards, gradients and AdamW state; the
     # fused CPU step): weights bitwise those without it; each run's peak device bytes (the max
     # over ranks, summary.json's peak_tensor_bytes) side by side.
@@ -557,7 +567,7 @@ print("peak device bytes per rank: %s without cpu_offload, %s with" % (a, b))' \
       "$pd/offload_false" "$pd/offload_true"
   fi
 
-  if ! skipping fp8; then
+  if ! skipping fp8 && ! skipping fp8_speed; then
     check fp8_cuda_test 240 "$runsh" fp8_cuda_test --gtest_brief=1
     local m b spec extra
     for spec in "gpt2-medium 16 ,ours-fp8-precise,ours-fp8-auto" "gpt2-xl 8"; do
@@ -581,6 +591,8 @@ print("peak device bytes per rank: %s without cpu_offload, %s with" % (a, b))' \
         notes+=('```')
       fi
     done
+  fi
+  if ! skipping fp8 && ! skipping fp8_loss; then
     # The loss over the first 200 steps (issue 72 item 2: within 1% of bf16-mixed's), gpt2-medium's
     # shape on the byte corpus, one process: bf16-mixed, fp8 tensorwise, fp8 delayed.
     local ld="$work/fp8_loss" lp lname

@@ -153,13 +153,16 @@ std::vector<std::filesystem::path> text_files(
   namespace fs = std::filesystem;
   std::vector<fs::path> files;
   // Each file once: one read twice (given alone and inside a folder given, or twice) would be
-  // counted twice, and its second copy could become the validation split of its first.
+  // counted twice, and its second copy could become the validation split of its first. Inside
+  // one folder a second name of a file (a symlink beside it, as Ubuntu's python3.12 has for
+  // _sysconfigdata) is the same text under another name: it is read once, silently.
   std::map<fs::path, fs::path> seen;  // the file's canonical path → the --input that gave it
-  auto add = [&](const fs::path& file, const fs::path& input) {
+  auto add = [&](const fs::path& file, const fs::path& input, bool in_folder) {
     std::error_code ec;
     fs::path key = fs::weakly_canonical(file, ec);
     if (ec) key = file;
     const auto [it, added] = seen.emplace(key, input);
+    if (!added && in_folder && it->second == input) return;
     if (!added)
       throw Error(file.string() + ": read twice (--input " + it->second.string() + " and --input " +
                   input.string() + "); give each file once");
@@ -173,9 +176,9 @@ std::vector<std::filesystem::path> text_files(
            it.increment(ec))
         if (it->is_regular_file(ec) && (!accept || accept(it->path()))) under.push_back(it->path());
       std::sort(under.begin(), under.end());
-      for (const fs::path& f : under) add(f, input);
+      for (const fs::path& f : under) add(f, input, true);
     } else if (fs::is_regular_file(input, ec)) {
-      add(input, input);
+      add(input, input, false);
     } else {
       throw Error(input.string() + ": no such file or folder (--input)");
     }

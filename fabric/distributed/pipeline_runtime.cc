@@ -49,15 +49,10 @@ PipelineRunner::PipelineRunner(c10::intrusive_ptr<c10d::ProcessGroup> group,
   if (group_) {
     rank_ = group_->getRank();
     pp_ = group_->getSize();
-    // Gloo's send/recv reads and writes host memory: CUDA tensors go through the host when the
-    // group's CUDA backend is Gloo (several ranks sharing one GPU). Unverified on a GPU so far.
-    if (options_.device.is_cuda() && group_->hasBackends()) {
-      try {
-        host_wire_ = group_->getBackend(c10::DeviceType::CUDA)->getBackendName() == "gloo";
-      } catch (const std::exception&) {
-        host_wire_ = false;  // no CUDA backend registered: the default one's
-      }
-    }
+    // Gloo's send/recv reads and writes host memory: CUDA tensors go through the host when
+    // several ranks share one GPU (on an H200 on 2026-11-30 a device pointer failed Gloo's
+    // writev with "Bad address").
+    host_wire_ = sends_through_host(*group_, options_.device);
   }
   actions_ = pipeline_actions(options_.schedule, rank_, pp_, options_.micro_batches,
                               options_.virtual_stages);

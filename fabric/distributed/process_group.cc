@@ -169,6 +169,17 @@ std::string active_cpu_backend(c10d::ProcessGroup& group) {
   return group.getBackend(c10::DeviceType::CPU)->getBackendName();
 }
 
+bool sends_through_host(c10d::ProcessGroup& group, const c10::Device& device) {
+  if (!device.is_cuda() || !group.hasBackends()) return false;
+  try {
+    // Not a name test for "gloo": with cuda_with_gloo the CUDA entry is the CPU backend, which
+    // may be fabric_shm (it hands send/recv to Gloo as they are, device pointers included).
+    return group.getBackend(c10::DeviceType::CUDA)->getBackendName() != "nccl";
+  } catch (const std::exception&) {
+    return false;  // no CUDA backend registered: the default one's (NCCL when there is one)
+  }
+}
+
 std::vector<at::Tensor> all_gather(c10d::ProcessGroup& group, const at::Tensor& tensor,
                                    const std::string& collective) {
   std::vector<at::Tensor> input = {tensor.contiguous()};

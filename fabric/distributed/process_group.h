@@ -75,6 +75,11 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_process_group(
 // The backend that runs this group's CPU all-reduces: "fabric_shm" or "gloo".
 std::string active_cpu_backend(c10d::ProcessGroup& group);
 
+// Whether point-to-point sends of `device` tensors over `group` must go through host memory:
+// a CUDA tensor whose group has no NCCL backend for CUDA (several ranks sharing one GPU: Gloo,
+// or our shared-memory backend in front of it, whose send/recv read and write host pointers).
+bool sends_through_host(c10d::ProcessGroup& group, const c10::Device& device);
+
 // Every rank's `tensor` (same shape and dtype everywhere), in rank order; failures name
 // `collective` as wait() does.
 std::vector<at::Tensor> all_gather(c10d::ProcessGroup& group, const at::Tensor& tensor,

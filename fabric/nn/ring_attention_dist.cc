@@ -63,8 +63,20 @@ int64_t check_inputs(const torch::Tensor& q, const torch::Tensor& k, const torch
 
 // The ring as this rank sees it.
 struct Ring {
+  Ring(ProcessGroupPtr g, const torch::Device& device)
+      : group(std::move(g)),
+        cp(group->getSize()),
+        rank(group->getRank()),
+        host_wire(distributed::sends_through_host(*group, device)) {}
   ProcessGroupPtr group;
   int64_t cp = 1, rank = 0;
+  // CUDA blocks travel through host memory when the ranks share one GPU over Gloo.
+  bool host_wire = false;
+  // A receive buffer shaped as `like`: on the host when the wire is.
+  torch::Tensor buffer_like(const torch::Tensor& like) const {
+    return host_wire ? torch::empty(like.sizes(), like.options().device(torch::kCPU))
+                     : torch::empty_like(like);
+  }
   int next() const { return static_cast<int>((rank + 1) % cp); }
   int prev() const { return static_cast<int>((rank - 1 + cp) % cp); }
   // Whose block rank `rank` holds at `step`: (rank − step) mod cp.
@@ -72,7 +84,7 @@ struct Ring {
 };
 
 WorkPtr post_send(const Ring& ring, const torch::Tensor& t, int tag) {
-  std::vector<torch::Tensor> ts{t};
+  std::vector<torch::Tensor> ts{ring.host_wire ? t.to(torch::kCPU) : t};  // the work holds it
   return ring.group->send(ts, ring.next(), tag);
 }
 
@@ -234,7 +246,7 @@ struct KeyValueHop {
   KeyValueHop(const Ring& ring_, const torch::Tensor& held, int64_t step_)
       : ring(ring_), step(step_) {
     if (step + 1 >= ring.cp) return;
-    incoming = torch::empty_like(held);
+    incoming = ring.buffer_like(held);
     send = post_send(ring, held, static_cast<int>(step));
     recv = post_recv(ring, incoming, static_cast<int>(step));
   }
@@ -242,7 +254,7 @@ struct KeyValueHop {
     if (!send) return held;
     distributed::wait(send, what_of(pass, step, ring, "send of the key/value block"));
     distributed::wait(recv, what_of(pass, step, ring, "receive of the key/value block"));
-    return incoming;
+    return incoming.to(held.device());
   }
   const Ring& ring;
   int64_t step;
@@ -297,12 +309,12 @@ Grads ring_backward(const torch::Tensor& q, const torch::Tensor& k, const torch:
     if (ring.cp > 1) {
       if (step > 0) {
         distributed::wait(grad_recv, what_of("backward", step, ring, "receive of dK/dV"));
-        dkv.add_(grad_in);  // the shares of the ranks the block visited before
+        dkv.add_(grad_in.to(dkv.device()));  // the shares of the ranks the block visited before
         distributed::wait(grad_send, what_of("backward", step, ring, "send of dK/dV"));
       }
       grad_out = dkv;
       grad_send = post_send(ring, grad_out, grad_tag + static_cast<int>(step));
-      grad_in = torch::empty_like(held);
+      grad_in = ring.buffer_like(held);
       grad_recv = post_recv(ring, grad_in, grad_tag + static_cast<int>(step));
     }
     held = hop.finish("backward", held);
@@ -310,7 +322,7 @@ Grads ring_backward(const torch::Tensor& q, const torch::Tensor& k, const torch:
   if (ring.cp > 1) {  // the last hop: every block's dK/dV reaches its owner
     distributed::wait(grad_send, what_of("backward", ring.cp - 1, ring, "send of dK/dV home"));
     distributed::wait(grad_recv, what_of("backward", ring.cp - 1, ring, "receive of own dK/dV"));
-    dkv = grad_in;
+    dkv = grad_in.to(held.device());
   }
   return {dq, dkv.select(0, 0), dkv.select(0, 1)};
 }
@@ -322,7 +334,7 @@ struct RingAttentionFunction : torch::autograd::Function<RingAttentionFunction> 
                                const torch::Tensor& k, const torch::Tensor& v,
                                const ProcessGroupPtr& group, bool causal, double scale,
                                bool fused) {
-    const Ring ring{group, group->getSize(), group->getRank()};
+    const Ring ring(group, q.device());
     auto [out, lse] = ring_forward(q, k, v, ring, causal, scale, fused);
     ctx->saved_data["fused"] = fused;
     ctx->saved_data["group"] = c10::IValue::make_capsule(group);
@@ -339,7 +351,7 @@ struct RingAttentionFunction : torch::autograd::Function<RingAttentionFunction> 
     const torch::Tensor &q = saved[0], &k = saved[1], &v = saved[2];
     const ProcessGroupPtr group = c10::static_intrusive_pointer_cast<c10d::ProcessGroup>(
         ctx->saved_data["group"].toCapsule());
-    const Ring ring{group, group->getSize(), group->getRank()};
+    const Ring ring(group, q.device());
     const Grads g = ring_backward(
         q, k, v, saved[3], saved[4], grads[0], ring, ctx->saved_data["causal"].toBool(),
         ctx->saved_data["scale"].toDouble(), ctx->saved_data["fused"].toBool());
