@@ -41,7 +41,9 @@
 #                   (pipeline_bubble --device=cuda --pp=2, 2 ranks on cuda:0; its table in the
 #                   report),
 #                   issue 70's: fsdp cpu_offload bitwise fsdp without it, peak device bytes
-#   --suite=fp8: issue 72 item 2 (about 8.5 minutes on an H200): fp8_cuda_test (the float8 kernels
+#                   (about 1.5 minutes on an H200: mp_rows about 60 s, bubble 24 s, 2026-11-30)
+#   --suite=fp8: issue 72 item 2 (about 5.5 minutes on an H200: fp8_speed 220 s, fp8_loss 115 s,
+#                   2026-11-30): fp8_cuda_test (the float8 kernels
 #                   against ATen, delayed scaling, the fused bias gradient and GELU),
 #                   gpt_compare.sh's ours-eager (bf16-mixed) vs ours-fp8 vs ours-fp8-delayed
 #                   (and, on gpt2-medium, ours-fp8-precise: fast accumulation off, and
