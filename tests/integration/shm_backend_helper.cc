@@ -137,6 +137,19 @@ int main(int argc, char** argv) {
   std::printf("rank %lld backends: %s %s\n", static_cast<long long>(rank),
               distributed::active_cpu_backend(*pg).c_str(),
               distributed::active_cpu_backend(*gloo).c_str());
+  // Ranks sharing one GPU (cuda_with_gloo): the CUDA entry is the CPU backend, here fabric_shm,
+  // and point-to-point sends of CUDA tensors must stage through the host (on an H200 the
+  // pipeline runner, which looked for the name "gloo", handed Gloo device pointers).
+  options.cpu_backend = distributed::CpuBackend::kShm;
+  options.cuda = true;
+  options.cuda_with_gloo = true;
+  auto shared_gpu = distributed::make_process_group(
+      c10::make_intrusive<c10d::PrefixStore>("shared_gpu", store), options);
+  const c10::Device cuda(c10::DeviceType::CUDA, 0), cpu(c10::DeviceType::CPU);
+  std::printf("rank %lld host wire: %d %d %d\n", static_cast<long long>(rank),
+              distributed::sends_through_host(*shared_gpu, cuda) ? 1 : 0,
+              distributed::sends_through_host(*shared_gpu, cpu) ? 1 : 0,
+              distributed::sends_through_host(*pg, cuda) ? 1 : 0);
 
   const std::vector<Case> cases = {
       {"float32 5000003 sum (several chunks)", torch::kFloat32, {5000003}, ReduceOp::SUM},

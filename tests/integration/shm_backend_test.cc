@@ -27,6 +27,8 @@ TEST(ShmBackendTest, MatchesTheRankOrderReductionAndGlooOnTwoThreeAndFourRanks) 
     CommandResult r = run_job(world, "parity");
     EXPECT_EQ(r.code, 0) << r.out;
     EXPECT_NE(r.out.find("rank 0 backends: fabric_shm gloo"), std::string::npos) << r.out;
+    // CUDA tensors of ranks sharing a GPU go through the host; CPU ones and a CPU group's not.
+    EXPECT_NE(r.out.find("rank 0 host wire: 1 0 0"), std::string::npos) << r.out;
     EXPECT_EQ(fabric::testing::ranks_missing_report(r.out, world,
                                                     " of " + std::to_string(world) + ": ok"),
               std::vector<int>{})
