@@ -89,13 +89,15 @@
 #   bubble, the timed pipeline_bubble row; within --suite=fp8: fp8_speed, the kernel test and the
 #   timed sides, fp8_loss, the 200-step loss: a short GPU window runs the timed parts alone and
 #   the untimed ones side by side), --work=DIR (scratch folder for run directories; default a
-#   new temporary folder).
+#   new temporary folder; the report is also written to DIR/report.md), --pack=FILE (a .tar.gz of
+#   the report and every log, table, metrics.csv and summary.json under it: one file to carry
+#   back, no weights, checkpoints or traces).
 # Exit status: 0 every check passed (skips allowed); 1 some check failed; 2 usage error.
 # A row whose command exits 77 is SKIPPED, its last line the reason.
 set -uo pipefail
 
 usage() {
-  echo "usage: tools/gpu_check.sh build [--out=DIR] [--suite=pretrained|titan] | DIR/gpu_check.sh run [--cpu] [--suite=check|throughput|gpt|model_parallel|fp8|pretrained|titan|all] [--steps=N] [--reps=N] [--skip=LIST] [--work=DIR]" >&2
+  echo "usage: tools/gpu_check.sh build [--out=DIR] [--suite=pretrained|titan] | DIR/gpu_check.sh run [--cpu] [--suite=check|throughput|gpt|model_parallel|fp8|pretrained|titan|all] [--steps=N] [--reps=N] [--skip=LIST] [--work=DIR] [--pack=FILE]" >&2
   exit 2
 }
 [ $# -ge 1 ] || usage
@@ -276,7 +278,7 @@ check() {
 
 run() {
   local cpu=0 steps=20 reps=1 skip="" suite=check
-  work=""
+  work="" pack=""
   for arg in "$@"; do
     case "$arg" in
       --cpu) cpu=1 ;;
@@ -285,6 +287,7 @@ run() {
       --skip=*) skip=${arg#--skip=} ;;
       --suite=*) suite=${arg#--suite=} ;;
       --work=*) work=${arg#--work=} ;;
+      --pack=*) pack=${arg#--pack=}; case "$pack" in /*) ;; *) pack="$PWD/$pack" ;; esac ;;
       *) echo "gpu_check run: unknown argument '$arg'" >&2; usage ;;
     esac
   done
@@ -683,6 +686,20 @@ PY
     fi
   fi
 
+  report >"$work/report.md"
+  cat "$work/report.md"
+  if [ -n "$pack" ]; then
+    # One archive of what a reader needs (a lent node may hand back few files): no weights,
+    # checkpoints, token files or traces.
+    (cd "$work" && find . -type f \( -name '*.md' -o -name '*.log' -o -name '*.txt' -o -name '*.csv' \
+       -o -name '*.jsonl' -o -name summary.json \) -size -4M -print0 | tar czf "$pack" --null -T -) ||
+      echo "gpu_check run: could not write --pack=$pack" >&2
+  fi
+  [ $failed -eq 0 ]
+}
+
+# report: the markdown report of run's rows and notes (run's variables).
+report() {
   echo "# GPU check: ${gpu}"
   echo
   echo "- date: $(date -u +%Y-%m-%dT%H:%M:%SZ); host: $(hostname); driver: ${driver:-n/a}; python torch: $torch"
@@ -695,7 +712,6 @@ PY
   echo "| --- | --- | --- | --- |"
   printf '%s\n' "${rows[@]}"
   [ ${#notes[@]} -eq 0 ] || printf '%s\n' "${notes[@]}"
-  [ $failed -eq 0 ]
 }
 
 # _then COMMAND... -- CHECK...: runs COMMAND, then (when it succeeded) CHECK; the status of the
