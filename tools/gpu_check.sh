@@ -48,7 +48,9 @@
 #                   gpt_compare.sh's ours-eager (bf16-mixed) vs ours-fp8 vs ours-fp8-delayed
 #                   (and, on gpt2-medium, ours-fp8-precise: fast accumulation off,
 #                   ours-fp8-auto: its two 1024-wide projections in bf16, torchao's heuristic,
-#                   and ours-graphs against ours-fp8-delayed-graphs: both with CUDA graphs)
+#                   and ours-graphs against ours-fp8-delayed-graphs: both with CUDA graphs;
+#                   on both models ours-fp8-delayed-tilegrid: the cast kernels' grid before
+#                   2026-11-30, a block per tile, against the default's wave)
 #                   on gpt2-medium (batch 16) and gpt2-xl (batch 8) x 1024 tokens, 15 timed steps
 #                   after 6, --reps interleaved, with a profile summary of ours-fp8-delayed on
 #                   each (rowwise, measured on 2026-11-28, is left out: ours-fp8-rowwise by hand),
@@ -576,14 +578,15 @@ print("peak device bytes per rank: %s without cpu_offload, %s with" % (a, b))' \
   if ! skipping fp8 && ! skipping fp8_speed; then
     check fp8_cuda_test 240 "$runsh" fp8_cuda_test --gtest_brief=1
     local m b spec extra
-    for spec in "gpt2-medium 16 ,ours-fp8-precise,ours-fp8-auto,ours-graphs,ours-fp8-delayed-graphs" "gpt2-xl 8"; do
+    for spec in "gpt2-medium 16 ,ours-fp8-delayed-tilegrid,ours-fp8-precise,ours-fp8-auto,ours-graphs,ours-fp8-delayed-graphs" \
+                "gpt2-xl 8 ,ours-fp8-delayed-tilegrid"; do
       read -r m b extra <<<"$spec"
       local mflags=(--reps="$reps" --model="$m" --batch="$b" --steps=15 --warmup=6
                     --sides=ours-eager,ours-fp8,ours-fp8-delayed$extra --base=ours-eager
                     --profile=ours-fp8-delayed)
       [ $cpu -eq 1 ] && m=gpt-tiny b=4 && mflags+=(--device=cpu --model=gpt-tiny --batch=4 --steps=2
                                  --warmup=1 --precision=32-true
-                                 --sides=ours-eager,ours-fp8,ours-fp8-delayed${extra%%,ours-fp8-auto*}
+                                 --sides=ours-eager,ours-fp8,ours-fp8-delayed${extra%%,ours-fp8-precise*}
                                  --profile=)
       CHECK_SUMMARY='^\| ours' check "fp8 vs bf16, $m" 580 "$here/bench/gpt_compare.sh" "$work/throughput" \
         "$here/bench/gpt_reference.py" "$work/fp8_$m" "${mflags[@]}"

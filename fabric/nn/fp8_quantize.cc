@@ -2,14 +2,17 @@
 
 #include <cfloat>
 #include <cstdint>
+#include <cstdlib>
 #include <optional>
+#include <string>
+
+#include "fabric/core/error.h"
 
 #ifdef FABRIC_WITH_CUDA_KERNELS
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include "fabric/core/aligned.h"
-#include "fabric/core/error.h"
 #include "fabric/nn/kernels/fp8_cast.h"
 #endif
 
@@ -142,6 +145,21 @@ Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype, bool r
 }
 #endif
 
+// FABRIC_FP8_CAST_GRID (docs/building.md): wave (the default) or tile. Read at every
+// quantization (one getenv), so that a wrong value fails on a CPU as it would on CUDA.
+void choose_cast_grid() {
+  const char* v = std::getenv("FABRIC_FP8_CAST_GRID");
+  const std::string grid = v == nullptr ? "" : v;
+  const bool tile = grid == "tile";
+  if (!tile && !grid.empty() && grid != "wave")
+    throw Error("FABRIC_FP8_CAST_GRID='" + grid +
+                "' is not a grid of fp8-mixed's cast kernels: set it to wave (the default) or "
+                "tile, or unset it");
+#ifdef FABRIC_WITH_CUDA_KERNELS
+  kernels::fp8_set_cast_grid(tile ? kernels::Fp8CastGrid::kTile : kernels::Fp8CastGrid::kWave);
+#endif
+}
+
 }  // namespace
 
 bool kernel_path(const torch::Tensor& t) {
@@ -155,6 +173,7 @@ bool kernel_path(const torch::Tensor& t) {
 
 Quantized quantize(const torch::Tensor& t, c10::ScalarType dtype, double largest, bool rowwise,
                    const Delayed* delayed, torch::Tensor* col_sum, bool gelu) {
+  choose_cast_grid();
 #ifdef FABRIC_WITH_CUDA_KERNELS
   if (kernels_apply(t)) return quantize_kernels(t, dtype, rowwise, delayed, col_sum, gelu);
 #endif

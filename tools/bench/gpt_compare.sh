@@ -6,6 +6,8 @@
 #   ours-fp8             ours with --precision=fp8-mixed (float8 GEMMs, tensorwise scales)
 #   ours-fp8-rowwise     the same with --fp8_recipe=rowwise
 #   ours-fp8-delayed     the same with --fp8_recipe=delayed (scales from a 16-step amax history)
+#   ours-fp8-delayed-tilegrid  ours-fp8-delayed with FABRIC_FP8_CAST_GRID=tile (the cast kernels'
+#                        grid before 2026-11-30: a block per tile)
 #   ours-fp8-graphs, ours-fp8-delayed-graphs
 #                        ours-fp8 and ours-fp8-delayed with fabric.cuda_graphs (against ours-graphs)
 #   ours-fp8-auto        ours-fp8 with --fp8_exclude=auto_filter_small_kn (the Linear layers
@@ -78,6 +80,8 @@ side_command() {
       cmd=("$bin" "${common[@]}" --accelerator="$device" --precision=fp8-mixed --fp8_recipe=rowwise) ;;
     ours-fp8-delayed)
       cmd=("$bin" "${common[@]}" --accelerator="$device" --precision=fp8-mixed --fp8_recipe=delayed) ;;
+    ours-fp8-delayed-tilegrid)
+      cmd=(env FABRIC_FP8_CAST_GRID=tile "$bin" "${common[@]}" --accelerator="$device" --precision=fp8-mixed --fp8_recipe=delayed) ;;
     ours-fp8-graphs) cmd=("$bin" "${common[@]}" --accelerator="$device" --precision=fp8-mixed --cuda_graphs) ;;
     ours-fp8-delayed-graphs)
       cmd=("$bin" "${common[@]}" --accelerator="$device" --precision=fp8-mixed --fp8_recipe=delayed --cuda_graphs) ;;

@@ -40,6 +40,9 @@
 #define cudaMemsetAsync fabric_emu_memset
 #define cudaGetLastError fabric_emu_last_error
 #define cudaFuncSetAttribute fabric_emu_set_attribute
+#define cudaGetDevice fabric_emu_get_device
+#define cudaDeviceGetAttribute fabric_emu_device_attribute
+#define cudaOccupancyMaxActiveBlocksPerMultiprocessor fabric_emu_occupancy
 
 namespace fabric_emu {
 inline thread_local dim3 thread_index, block_index;
@@ -62,6 +65,21 @@ inline cudaError_t fabric_emu_memset(void* p, int value, size_t bytes, cudaStrea
 inline cudaError_t fabric_emu_last_error() { return cudaSuccess; }
 template <typename F>
 cudaError_t fabric_emu_set_attribute(F, cudaFuncAttribute, int) {
+  return cudaSuccess;
+}
+// A small device: 2 multiprocessors holding one block each, so that kernels sizing their grid
+// to the device (fp8_cast's cast_grid) loop over several tiles per block here.
+inline cudaError_t fabric_emu_get_device(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+inline cudaError_t fabric_emu_device_attribute(int* value, cudaDeviceAttr attribute, int) {
+  *value = attribute == cudaDevAttrMultiProcessorCount ? 2 : 0;
+  return cudaSuccess;
+}
+template <typename F>
+cudaError_t fabric_emu_occupancy(int* blocks, F, int, size_t) {
+  *blocks = 1;
   return cudaSuccess;
 }
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }

@@ -50,6 +50,13 @@ int fp8_cast_delayed(const void* x, int64_t rows, int64_t cols, Fp8Source type, 
                      float* inverse, void* stream, float* col_sums = nullptr,
                      bool gelu_tanh = false);
 
+// How fp8_cast, fp8_cast_delayed and fp8_cast_axes size their grid (process-wide): kWave (the
+// default) about one resident wave of blocks, each casting several 64 x 64 tiles with its next
+// tile's loads in flight; kTile a block per tile (the kernels before 2026-11-30; kept so that
+// one build measures both: FABRIC_FP8_CAST_GRID=tile, read by fabric/nn/fp8_quantize.cc).
+enum class Fp8CastGrid { kWave = 0, kTile = 1 };
+void fp8_set_cast_grid(Fp8CastGrid grid);
+
 // Moves history[0 .. history_len) one place older (the oldest dropped), puts history[history_len]
 // (the amax fp8_cast_delayed recorded) at history[0] and zeroes history[history_len]: one thread,
 // so the next cast that reads the history sees it whole.

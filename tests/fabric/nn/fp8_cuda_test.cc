@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -274,6 +275,43 @@ TEST(Fp8CudaTest, GeluFusedIntoTheCastMatchesGeluThenLinear) {
   EXPECT_GT(same, 0.99);
   for (size_t i = 0; i < fused.size(); ++i)
     EXPECT_LT(relative_norm(fused[i], plain[i]), 1e-2) << "output/gradient " << i;
+}
+
+// The cast kernels' two grids (FABRIC_FP8_CAST_GRID): a resident wave of blocks, each casting
+// several tiles with the next one's loads in flight (the default), and a block per tile. At
+// gpt2-medium's operand sizes (16384 tokens x 1024 and 4096 features) a block of the wave casts
+// several tiles, which the small shapes above never make it do: the product and all three
+// gradients (the bias's from the cast's column sums) are bitwise the same, for both recipes.
+TEST(Fp8CudaTest, CastGridsGiveTheSameBits) {
+  SKIP_WITHOUT_CUDA();
+  std::string why;
+  const torch::Device cuda(torch::kCUDA, 0);
+  if (!fabric::nn::fp8_supported(cuda, &why)) GTEST_SKIP() << why;
+  torch::manual_seed(3);
+  for (const int64_t features : {1024, 4096}) {
+    const torch::Tensor x0 = torch::randn({16384, features}).to(cuda, torch::kBFloat16),
+                        w0 = (torch::randn({1024, features}) * 0.02).to(cuda),
+                        b0 = torch::randn({1024}).to(cuda) * 0.1,
+                        g0 = torch::randn({16384, 1024}).to(cuda, torch::kBFloat16);
+    for (const auto scaling :
+         {fabric::nn::Fp8Scaling::kTensorwise, fabric::nn::Fp8Scaling::kDelayed}) {
+      std::vector<std::vector<torch::Tensor>> runs;
+      for (const char* grid : {"tile", "wave"}) {
+        ::setenv("FABRIC_FP8_CAST_GRID", grid, 1);
+        fabric::nn::Fp8History history;
+        torch::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_(),
+                      b = b0.clone().requires_grad_();
+        const torch::Tensor y = fabric::nn::fp8_linear(x, w, b, scaling, &history);
+        y.backward(g0);
+        runs.push_back({y, x.grad(), w.grad(), b.grad()});
+      }
+      ::unsetenv("FABRIC_FP8_CAST_GRID");
+      for (size_t i = 0; i < runs[0].size(); ++i)
+        EXPECT_TRUE(torch::equal(runs[0][i], runs[1][i]))
+            << "output/gradient " << i << ", " << features << " features, recipe "
+            << static_cast<int>(scaling);
+    }
+  }
 }
 
 }  // namespace

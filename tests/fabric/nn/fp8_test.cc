@@ -13,6 +13,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/utils.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "fabric/core/error.h"
@@ -428,6 +429,24 @@ TEST(Fp8Test, DelayedWithoutAHistoryIsRefused) {
   } catch (const fabric::Error& e) {
     EXPECT_STREQ(e.what(), "fp8_linear: fabric.fp8.recipe: delayed needs the layer's Fp8History");
   }
+}
+
+// FABRIC_FP8_CAST_GRID picks the CUDA cast kernels' grid; a wrong value fails on a CPU too.
+TEST(Fp8Test, CastGridEnvironmentVariableIsChecked) {
+  const torch::Tensor x = torch::randn({16, 64}), w = torch::randn({32, 64});
+  const torch::Tensor plain = fabric::nn::fp8_linear(x, w, {});
+  ::setenv("FABRIC_FP8_CAST_GRID", "tile", 1);
+  EXPECT_TRUE(fabric::nn::fp8_linear(x, w, {}).equal(plain));
+  ::setenv("FABRIC_FP8_CAST_GRID", "waves", 1);
+  try {
+    fabric::nn::fp8_linear(x, w, {});
+    ADD_FAILURE() << "no error";
+  } catch (const fabric::Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "FABRIC_FP8_CAST_GRID='waves' is not a grid of fp8-mixed's cast kernels: set it "
+                 "to wave (the default) or tile, or unset it");
+  }
+  ::unsetenv("FABRIC_FP8_CAST_GRID");
 }
 
 }  // namespace
