@@ -67,14 +67,14 @@ template <typename F>
 cudaError_t fabric_emu_set_attribute(F, cudaFuncAttribute, int) {
   return cudaSuccess;
 }
-// A small device: 2 multiprocessors holding one block each, so that kernels sizing their grid
+// A small device: 4 multiprocessors holding one block each, so that kernels sizing their grid
 // to the device (fp8_cast's cast_grid) loop over several tiles per block here.
 inline cudaError_t fabric_emu_get_device(int* device) {
   *device = 0;
   return cudaSuccess;
 }
 inline cudaError_t fabric_emu_device_attribute(int* value, cudaDeviceAttr attribute, int) {
-  *value = attribute == cudaDevAttrMultiProcessorCount ? 2 : 0;
+  *value = attribute == cudaDevAttrMultiProcessorCount ? 4 : 0;
   return cudaSuccess;
 }
 template <typename F>

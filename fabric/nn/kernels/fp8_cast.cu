@@ -243,7 +243,12 @@ __global__ void __launch_bounds__(kTileThreads)
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
       const int64_t row = row0 + sub + p * kRowStep;
-      if (row < rows && col_in) unpack8(next[p], v[p]);
+      if (row < rows && col_in) {
+        unpack8(next[p], v[p]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) v[p][j] = 0.f;  // past the edge: read by nothing
+      }
     }
     if (rt + gridDim.y < row_tiles) fetch_tile(rt + gridDim.y);
 #pragma unroll
@@ -368,10 +373,10 @@ dim3 tile_grid(int64_t rows, int64_t cols) {
               static_cast<unsigned>(std::min<int64_t>((rows + kTile - 1) / kTile, 65535)));
 }
 
-// How many blocks of `kernel` (kTileThreads each) the current device holds at once: its
-// multiprocessors times the blocks one of them keeps resident. Cached per device and kernel.
-template <typename Kernel>
-int64_t resident_blocks(Kernel kernel) {
+// How many blocks of cast_kernel<T, kAxes> (kTileThreads each) the current device holds at once:
+// its multiprocessors times the blocks one of them keeps resident. Cached per device and kernel.
+template <typename T, bool kAxes>
+int64_t resident_blocks() {
   constexpr int kDevices = 64;
   static std::atomic<int64_t> cached[kDevices] = {};
   int device = 0;
@@ -380,8 +385,8 @@ int64_t resident_blocks(Kernel kernel) {
   if (n > 0) return n;
   int sms = 0, per_sm = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kTileThreads, 0) !=
-          cudaSuccess) {
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, cast_kernel<T, kAxes>, kTileThreads,
+                                                    0) != cudaSuccess) {
     (void)cudaGetLastError();  // the query's error is not the launch's
     return 0;
   }
@@ -390,20 +395,25 @@ int64_t resident_blocks(Kernel kernel) {
   return n;
 }
 
-// The cast's grid: every column of tiles, and as many blocks down the rows as fill about one
-// resident wave (each then casts several tiles, its next tile's loads in flight while it works).
-// With a block per tile (4096 blocks for a 16384 x 1024 operand) gpt2-medium's casts took 10.7 ms
-// of an H200 step on 2026-11-30, about twice what their bytes take at its peak bandwidth.
-// Unknown residency (0) or Fp8CastGrid::kTile: a block per tile.
+// The cast's grid: every column of tiles, and as many blocks down the rows as fit in one
+// resident wave (never past it: a block that starts late would run its tiles alone), the row
+// tiles spread evenly over them; each block then casts several tiles, its next tile's loads in
+// flight while it works. With a block per tile (4096 blocks for a 16384 x 1024 operand)
+// gpt2-medium's casts took 10.7 ms of an H200 step on 2026-11-30, about twice what their bytes
+// take at its peak bandwidth. A block per tile when the residency is unknown (0), under
+// Fp8CastGrid::kTile, and when the columns alone fill half a wave (a block walking every row
+// tile of a 50,304-wide operand would be slower than many short ones).
 std::atomic<int> g_cast_grid{static_cast<int>(Fp8CastGrid::kWave)};
 
 dim3 cast_grid(int64_t rows, int64_t cols, int64_t resident) {
   dim3 grid = tile_grid(rows, cols);
-  if (resident > 0 &&
-      g_cast_grid.load(std::memory_order_relaxed) == static_cast<int>(Fp8CastGrid::kWave)) {
-    const int64_t down = (resident + grid.x - 1) / grid.x;
-    grid.y = static_cast<unsigned>(std::clamp<int64_t>(down, 1, grid.y));
-  }
+  const int64_t across = grid.x, tiles = (rows + kTile - 1) / kTile;
+  if (resident <= 0 || across * 2 > resident ||
+      g_cast_grid.load(std::memory_order_relaxed) != static_cast<int>(Fp8CastGrid::kWave))
+    return grid;
+  const int64_t down = std::max<int64_t>(resident / across, 1);
+  const int64_t each = (tiles + down - 1) / down;  // row tiles per block
+  grid.y = static_cast<unsigned>(std::min<int64_t>((tiles + each - 1) / each, 65535));
   return grid;
 }
 
@@ -434,7 +444,7 @@ int cast_as(const void* x, int64_t rows, int64_t cols, bool e5m2, const float* r
             float* col_sums = nullptr, bool gelu = false) {
   if (!tileable(x, rows, cols) || history_len < 0) return cudaErrorInvalidValue;
   if (rows == 0 || cols == 0) return 0;
-  const dim3 grid = cast_grid(rows, cols, resident_blocks(cast_kernel<T, kAxes>));
+  const dim3 grid = cast_grid(rows, cols, resident_blocks<T, kAxes>());
   cast_kernel<T, kAxes><<<grid, kTileThreads, 0, stream>>>(
       static_cast<const T*>(x), rows, cols, e5m2, row_amax, col_amax, static_cast<uint8_t*>(q),
       static_cast<uint8_t*>(qt), row_inverse, col_inverse, history_len, record, col_sums, gelu);

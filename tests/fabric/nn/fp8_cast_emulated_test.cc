@@ -286,10 +286,11 @@ void check_preconditions() {
 }  // namespace
 
 TEST(Fp8CastEmulatedTest, KernelsWriteTheReferencesBytesForEveryShapeAndType) {
-  // The emulated device holds 2 blocks (tools/cuda_emu/shim.h), so a block casts several row
-  // tiles in turn: 136 x 8 and 328 x 24 with a stride of 2 (a short last tile), the rest of 1.
-  const int64_t shapes[][2] = {{112, 160}, {64, 64}, {8, 8},   {200, 72},
-                               {8, 520},   {136, 8}, {328, 24}};
+  // The emulated device holds 4 blocks (tools/cuda_emu/shim.h), so a block casts several row
+  // tiles in turn: 200 x 72 with a stride of 2, 328 x 24 and 520 x 8 of 3 (short last tiles);
+  // 112 x 160's 3 columns of tiles fill half the device: a block per tile.
+  const int64_t shapes[][2] = {{112, 160}, {64, 64}, {8, 8},    {200, 72},
+                               {8, 520},   {136, 8}, {328, 24}, {520, 8}};
   for (const auto& s : shapes)
     for (const bool e5m2 : {false, true}) {
       check_shape<float>(s[0], s[1], Fp8Source::kFloat32, e5m2);
@@ -329,7 +330,7 @@ TEST(Fp8CastEmulatedTest, DelayedCastTakesTheLargestOfALongHistory) {
 }
 
 TEST(Fp8CastEmulatedTest, DelayedCastScalesByTheHistoryAndRecordsTheTensorsAmax) {
-  const int64_t shapes[][2] = {{112, 160}, {8, 8}, {200, 72}};
+  const int64_t shapes[][2] = {{112, 160}, {8, 8}, {200, 72}, {520, 8}};
   for (const auto& s : shapes)
     for (const bool e5m2 : {false, true}) {
       check_delayed<float>(s[0], s[1], Fp8Source::kFloat32, e5m2);
