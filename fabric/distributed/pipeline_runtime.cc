@@ -138,7 +138,7 @@ at::Tensor PipelineRunner::run(const std::vector<PipelineAction>& actions,
   timeline_.clear();
 
   auto send = [&](at::Tensor t, int64_t peer, int tag_value, const PipelineAction& a) {
-    Pending p{{host_wire_ ? t.contiguous().to(at::kCPU) : t.contiguous()}, {}, to_string(a)};
+    Pending p{{wire_tensor(t, host_wire_)}, {}, to_string(a)};
     p.work = group_->send(p.tensors, static_cast<int>(peer), tag_value);
     sends.push_back(std::move(p));
   };
@@ -319,7 +319,7 @@ at::Tensor PipelineRunner::clip_grad_norm(const std::vector<at::Tensor>& paramet
 
 void PipelineRunner::sum_between(at::Tensor& t, int64_t a, int64_t b) {
   if (a == b || pp_ == 1 || (rank_ != a && rank_ != b)) return;
-  std::vector<at::Tensor> mine = {host_wire_ ? t.contiguous().to(at::kCPU) : t.contiguous()};
+  std::vector<at::Tensor> mine = {wire_tensor(t, host_wire_)};
   if (rank_ == b) {
     wait(group_->send(mine, static_cast<int>(a), kSumBetweenTag), "pipeline sum_between send");
     wait(group_->recv(mine, static_cast<int>(a), kSumBetweenTag), "pipeline sum_between recv");

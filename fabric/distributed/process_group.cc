@@ -169,6 +169,10 @@ std::string active_cpu_backend(c10d::ProcessGroup& group) {
   return group.getBackend(c10::DeviceType::CPU)->getBackendName();
 }
 
+at::Tensor wire_tensor(const at::Tensor& t, bool through_host) {
+  return through_host ? t.contiguous().to(at::kCPU) : t.contiguous();
+}
+
 bool sends_through_host(c10d::ProcessGroup& group, const c10::Device& device) {
   if (!device.is_cuda() || !group.hasBackends()) return false;
   try {

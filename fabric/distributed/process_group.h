@@ -79,6 +79,8 @@ std::string active_cpu_backend(c10d::ProcessGroup& group);
 // a CUDA tensor whose group has no NCCL backend for CUDA (several ranks sharing one GPU: Gloo,
 // or our shared-memory backend in front of it, whose send/recv read and write host pointers).
 bool sends_through_host(c10d::ProcessGroup& group, const c10::Device& device);
+// `t` as a send takes it: contiguous, and copied to host memory when `through_host`.
+at::Tensor wire_tensor(const at::Tensor& t, bool through_host);
 
 // Every rank's `tensor` (same shape and dtype everywhere), in rank order; failures name
 // `collective` as wait() does.

@@ -232,6 +232,7 @@ bool fp8_supported(const torch::Device& device, std::string* why_not, Fp8Scaling
 
 Fp8Conversion convert_to_fp8(torch::nn::Module& module, const std::vector<std::string>& exclude,
                              Fp8Scaling scaling, int64_t history_length, bool fast_accumulation) {
+  detail::read_cast_grid_setting();
   Fp8Conversion out;
   // The module itself by reference (named_modules can include it only when a shared_ptr owns it).
   std::vector<std::pair<std::string, torch::nn::Module*>> all = {{"(root)", &module}};

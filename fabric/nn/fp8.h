@@ -89,7 +89,8 @@ struct Fp8Conversion {
 // a pattern of `exclude` (the plan pattern syntax of tensor_parallel.h: '*' is one name
 // component) and those whose sizes _scaled_mm cannot take, with `scaling` (kDelayed: each layer
 // with its own Fp8History of `history_length` ≥ 1 steps; ignored otherwise) and
-// `fast_accumulation` (fp8_linear's). Returns what it did.
+// `fast_accumulation` (fp8_linear's). Returns what it did. Also reads FABRIC_FP8_CAST_GRID (the
+// CUDA cast kernels' grid, docs/building.md; fabric::Error for a value other than wave or tile).
 Fp8Conversion convert_to_fp8(torch::nn::Module& module, const std::vector<std::string>& exclude,
                              Fp8Scaling scaling = Fp8Scaling::kTensorwise,
                              int64_t history_length = 16, bool fast_accumulation = true);

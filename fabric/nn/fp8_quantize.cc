@@ -145,9 +145,9 @@ Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype, bool r
 }
 #endif
 
-// FABRIC_FP8_CAST_GRID (docs/building.md): wave (the default) or tile. Read at every
-// quantization (one getenv), so that a wrong value fails on a CPU as it would on CUDA.
-void choose_cast_grid() {
+}  // namespace
+
+void read_cast_grid_setting() {
   const char* v = std::getenv("FABRIC_FP8_CAST_GRID");
   const std::string grid = v == nullptr ? "" : v;
   const bool tile = grid == "tile";
@@ -160,8 +160,6 @@ void choose_cast_grid() {
 #endif
 }
 
-}  // namespace
-
 bool kernel_path(const torch::Tensor& t) {
 #ifdef FABRIC_WITH_CUDA_KERNELS
   return kernels_apply(t);
@@ -173,7 +171,6 @@ bool kernel_path(const torch::Tensor& t) {
 
 Quantized quantize(const torch::Tensor& t, c10::ScalarType dtype, double largest, bool rowwise,
                    const Delayed* delayed, torch::Tensor* col_sum, bool gelu) {
-  choose_cast_grid();
 #ifdef FABRIC_WITH_CUDA_KERNELS
   if (kernels_apply(t)) return quantize_kernels(t, dtype, rowwise, delayed, col_sum, gelu);
 #endif

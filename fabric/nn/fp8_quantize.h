@@ -33,6 +33,10 @@ struct Delayed {
   bool seed = false, record = false;
 };
 
+// FABRIC_FP8_CAST_GRID (docs/building.md): wave (the default) or tile, for the CUDA cast kernels
+// of this process; fabric::Error for any other value. fabric::nn::convert_to_fp8 calls it.
+void read_cast_grid_setting();
+
 // Whether quantize() takes t to the CUDA kernels (else ATen's ops).
 bool kernel_path(const torch::Tensor& t);
 

@@ -84,8 +84,7 @@ struct Ring {
 };
 
 WorkPtr post_send(const Ring& ring, const torch::Tensor& t, int tag) {
-  std::vector<torch::Tensor> ts{ring.host_wire ? t.contiguous().to(torch::kCPU)
-                                               : t};  // the work holds it
+  std::vector<torch::Tensor> ts{distributed::wire_tensor(t, ring.host_wire)};  // the work holds it
   return ring.group->send(ts, ring.next(), tag);
 }
 

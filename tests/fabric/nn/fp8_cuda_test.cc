@@ -298,6 +298,8 @@ TEST(Fp8CudaTest, CastGridsGiveTheSameBits) {
       std::vector<std::vector<torch::Tensor>> runs;
       for (const char* grid : {"tile", "wave"}) {
         ::setenv("FABRIC_FP8_CAST_GRID", grid, 1);
+        torch::nn::Module none;
+        fabric::nn::convert_to_fp8(none, {});  // reads FABRIC_FP8_CAST_GRID
         fabric::nn::Fp8History history;
         torch::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_(),
                       b = b0.clone().requires_grad_();
@@ -306,6 +308,8 @@ TEST(Fp8CudaTest, CastGridsGiveTheSameBits) {
         runs.push_back({y, x.grad(), w.grad(), b.grad()});
       }
       ::unsetenv("FABRIC_FP8_CAST_GRID");
+      torch::nn::Module none;
+      fabric::nn::convert_to_fp8(none, {});  // back to the default grid
       for (size_t i = 0; i < runs[0].size(); ++i)
         EXPECT_TRUE(torch::equal(runs[0][i], runs[1][i]))
             << "output/gradient " << i << ", " << features << " features, recipe "
