@@ -251,7 +251,8 @@ int submit_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions
   int stop_signal = 0;
   auto last_poll = Clock::now();
   Clock::time_point give_up{};
-  while (true) {
+  // Prints starts and settles the runs whose exit file has appeared; returns how many are left.
+  auto gather = [&] {
     int left = 0;
     for (size_t i = 0; i < runs.size(); ++i) {
       const SweepRun& run = *runs[i];
@@ -276,7 +277,10 @@ int submit_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions
         ++left;
       }
     }
-    if (left == 0) break;
+    return left;
+  };
+  while (true) {
+    if (gather() == 0) break;
     if (stop_signal != 0 && Clock::now() >= give_up) {
       for (const SweepRun* run : runs)
         if (state[run->id].status == RunStatus::kSubmitted)
@@ -291,6 +295,9 @@ int submit_pending(const SweepSpec& spec, SweepState& state, const RunnerOptions
     siginfo_t info;
     const int sig = sigtimedwait(&watched, &info, &timeout);
     if ((sig == SIGINT || sig == SIGTERM || sig == SIGHUP) && stop_signal == 0) {
+      // A run whose exit file is there already ended on its own, before the signal was read
+      // (up to a second of waiting): settled as such, not marked interrupted.
+      gather();
       stop_signal = sig;
       out << "sweep: stopping on signal " << sig << ": scancel " << job
           << " (run the same command again to continue)" << std::endl;
