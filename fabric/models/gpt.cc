@@ -155,12 +155,12 @@ MLPImpl::MLPImpl(const GPTConfig& c) : gelu_(c.gelu) {
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
-  // The tanh GELU goes into c_proj's float8 cast under fp8-mixed (the same values).
-  const torch::Tensor h = c_fc->forward(x);
-  return models::dropout(
-      dropout,
-      gelu_ == "tanh" ? c_proj->forward_gelu_tanh(h) : c_proj->forward(torch::gelu(h, gelu_)),
-      c_proj->parallel());
+  // Under fp8-mixed the tanh GELU goes into c_proj's float8 cast and its gradient into c_fc's
+  // (fabric::nn::gelu_tanh_mlp; the same values).
+  return models::dropout(dropout,
+                         gelu_ == "tanh" ? fabric::nn::gelu_tanh_mlp(*c_fc, *c_proj, x)
+                                         : c_proj->forward(torch::gelu(c_fc->forward(x), gelu_)),
+                         c_proj->parallel());
 }
 
 BlockImpl::BlockImpl(const GPTConfig& c) : fused_layer_norm_(c.fused_layer_norm) {

@@ -71,6 +71,97 @@ c10::ScalarType output_dtype(const torch::Tensor& x) {
   return x.scalar_type();
 }
 
+// One Linear's forward in float8 (Fp8Linear's, and each layer of Fp8GeluMlp's): y [M, N] =
+// x2 [M, K] · weightᵀ + bias (bias: no elements for none) in `out`, and the transposed operands
+// with their scales that its backward reads. history, seeded: Fp8History's tensors under delayed
+// scaling (no elements otherwise); record: the pass trains; gelu: the input is gelu_tanh(x2) (the
+// CUDA kernels apply it as they read x2); fast: fp8_linear's fast_accumulation.
+struct Fp8Forward {
+  torch::Tensor y, x8t, sx, w8t, sw;
+};
+
+Fp8Forward forward_gemm(const torch::Tensor& x2, const torch::Tensor& weight,
+                        const torch::Tensor& bias, c10::ScalarType out, bool rowwise,
+                        const torch::Tensor& history, const torch::Tensor& seeded, bool record,
+                        bool gelu, bool fast) {
+  const auto dx = delayed_operand(history, seeded, 0, record);
+  const auto dw = delayed_operand(history, seeded, 1, record);
+  const bool gelu_in_cast = gelu && !rowwise && kernel_path(x2);
+  const torch::Tensor input = gelu && !gelu_in_cast ? torch::gelu(x2, "tanh") : x2;
+  const Quantized qx = quantize(input, torch::kFloat8_e4m3fn, kE4m3Max, rowwise,
+                                dx ? &*dx : nullptr, nullptr, gelu_in_cast);
+  const Quantized qw =
+      quantize(weight, torch::kFloat8_e4m3fn, kE4m3Max, rowwise, dw ? &*dw : nullptr);
+  // A 16-bit product takes the bias in the GEMM's epilogue (as ATen's linear does); a float32
+  // one (no autocast) adds it after (_scaled_mm takes a bias only for 16-bit outputs on CUDA).
+  // Rowwise GEMMs write bf16 and add the bias after.
+  const bool has_bias = bias.numel() > 0;
+  const bool in_gemm = !rowwise && (out == torch::kBFloat16 || out == torch::kHalf);
+  torch::Tensor y =
+      scaled_mm(qx.q, qw.q.t(), scale_a(qx.rows_inverse), scale_b(qw.rows_inverse),
+                rowwise ? torch::kBFloat16 : out, fast,
+                has_bias && in_gemm ? std::optional<torch::Tensor>(bias.to(out)) : std::nullopt);
+  if (y.scalar_type() != out) y = y.to(out);
+  if (has_bias && !in_gemm) y = y + bias.to(out);
+  // Backward reads both operands transposed (column-major for _scaled_mm): keep those.
+  return {y, qx.qt, qx.cols_inverse, qw.qt, qw.cols_inverse};
+}
+
+// The three gradients of one float8 Linear from its output gradient g2 [M, N] and forward_gemm's
+// x8t [K, M], sx, w8t [K, N], sw (rowwise: each row k with sx[k] / sw[k]). gelu_pre (may be
+// undefined): g2 is the gradient of gelu_tanh's output and gelu_pre [M, N] its pre-activation,
+// this layer's output: the gradient through the GELU is what is quantized (computed by the
+// CUDA cast as it reads both; fp8_quantize.h). grad_b is undefined without a bias.
+struct Fp8Grads {
+  torch::Tensor x, w, b;
+};
+
+Fp8Grads backward_gemms(const torch::Tensor& g2, const torch::Tensor& gelu_pre,
+                        const torch::Tensor& x8t, const torch::Tensor& sx, const torch::Tensor& w8t,
+                        const torch::Tensor& sw, c10::ScalarType x_dtype, c10::ScalarType w_dtype,
+                        std::optional<c10::ScalarType> b_dtype, bool rowwise, bool fast,
+                        const torch::Tensor& history, const torch::Tensor& seeded) {
+  // Rowwise quantizes the gradient to e4m3 as well (as torchao's rowwise recipe does: a scale
+  // per row covers the range e5m2's exponent bits are for, and the rowwise GEMM takes e4m3).
+  const auto dg = delayed_operand(history, seeded, 2, /*record=*/true);
+  // The bias's gradient (the rows' sum, in float32) from the gradient's cast when its kernel
+  // takes it (or, through the GELU, from quantize's own gradient), else below.
+  torch::Tensor bias_sum;
+  torch::Tensor* sum = b_dtype ? &bias_sum : nullptr;
+  const Quantized qg =
+      rowwise ? quantize(g2, torch::kFloat8_e4m3fn, kE4m3Max, true, nullptr, sum, false, gelu_pre)
+              : quantize(g2, torch::kFloat8_e5m2, kE5m2Max, false, dg ? &*dg : nullptr, sum, false,
+                         gelu_pre);
+  Fp8Grads out;
+  // grad_x [M, K] = g [M, N] · w [N, K]: w as a column-major [N, K].
+  out.x = scaled_mm(qg.q, w8t.t(), scale_a(qg.rows_inverse), scale_b(sw),
+                    rowwise ? torch::kBFloat16 : x_dtype, fast)
+              .to(x_dtype);
+  // grad_w [N, K] = gᵀ [N, M] · x [M, K]: gᵀ row-major, x column-major.
+  out.w = scaled_mm(qg.qt, x8t.t(), scale_a(qg.cols_inverse), scale_b(sx),
+                    rowwise ? torch::kBFloat16 : torch::kFloat, fast)
+              .to(w_dtype);
+  if (b_dtype) {
+    if (!bias_sum.defined()) bias_sum = g2.sum(0, /*keepdim=*/false, torch::kFloat);
+    out.b = bias_sum.to(*b_dtype);
+  }
+  return out;
+}
+
+std::optional<c10::ScalarType> bias_dtype(const AutogradContext* ctx, const char* key) {
+  const auto& v = ctx->saved_data.at(key);
+  if (v.isNone()) return std::nullopt;
+  return static_cast<c10::ScalarType>(v.toInt());
+}
+
+c10::ScalarType saved_dtype(const AutogradContext* ctx, const char* key) {
+  return static_cast<c10::ScalarType>(ctx->saved_data.at(key).toInt());
+}
+
+c10::IValue dtype_or_none(const torch::Tensor& bias) {
+  return bias.numel() > 0 ? c10::IValue(static_cast<int64_t>(bias.scalar_type())) : c10::IValue();
+}
+
 struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
   // bias: a tensor with no elements for none (an undefined tensor cannot be an input).
   // history, seeded: Fp8History's tensors under delayed scaling (no elements otherwise); record:
@@ -83,88 +174,129 @@ struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
                                bool record, bool gelu, bool fast) {
     const int64_t k = weight.size(1), n = weight.size(0);
     const torch::Tensor x2 = x.reshape({-1, k}).contiguous();
-    const c10::ScalarType out = output_dtype(x);
-    const auto dx = delayed_operand(history, seeded, 0, record);
-    const auto dw = delayed_operand(history, seeded, 1, record);
-    const bool gelu_in_cast = gelu && !rowwise && kernel_path(x2);
-    const torch::Tensor input = gelu && !gelu_in_cast ? torch::gelu(x2, "tanh") : x2;
-    const Quantized qx = quantize(input, torch::kFloat8_e4m3fn, kE4m3Max, rowwise,
-                                  dx ? &*dx : nullptr, nullptr, gelu_in_cast);
-    const Quantized qw =
-        quantize(weight, torch::kFloat8_e4m3fn, kE4m3Max, rowwise, dw ? &*dw : nullptr);
-    // A 16-bit product takes the bias in the GEMM's epilogue (as ATen's linear does); a float32
-    // one (no autocast) adds it after (_scaled_mm takes a bias only for 16-bit outputs on CUDA).
-    // Rowwise GEMMs write bf16 and add the bias after.
-    const bool has_bias = bias.numel() > 0;
-    const bool in_gemm = !rowwise && (out == torch::kBFloat16 || out == torch::kHalf);
-    torch::Tensor y =
-        scaled_mm(qx.q, qw.q.t(), scale_a(qx.rows_inverse), scale_b(qw.rows_inverse),
-                  rowwise ? torch::kBFloat16 : out, fast,
-                  has_bias && in_gemm ? std::optional<torch::Tensor>(bias.to(out)) : std::nullopt);
-    if (y.scalar_type() != out) y = y.to(out);
-    if (has_bias && !in_gemm) y = y + bias.to(out);
-    // Backward reads both operands transposed (column-major for _scaled_mm): keep those.
+    const Fp8Forward f = forward_gemm(x2, weight, bias, output_dtype(x), rowwise, history, seeded,
+                                      record, gelu, fast);
     // (and the pre-activation, for GELU's backward)
-    ctx->save_for_backward(
-        {qx.qt, qx.cols_inverse, qw.qt, qw.cols_inverse, gelu ? x2 : torch::Tensor()});
+    ctx->save_for_backward({f.x8t, f.sx, f.w8t, f.sw, gelu ? x2 : torch::Tensor()});
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(weight.scalar_type());
-    ctx->saved_data["b_dtype"] =
-        static_cast<int64_t>(has_bias ? bias.scalar_type() : x.scalar_type());
-    ctx->saved_data["has_bias"] = has_bias;
+    ctx->saved_data["b_dtype"] = dtype_or_none(bias);
     ctx->saved_data["rowwise"] = rowwise;
     ctx->saved_data["fast_backward"] = fast && rowwise;  // as torchao: rowwise's backward too
     ctx->saved_data["history"] = history;
     ctx->saved_data["seeded"] = seeded;
     std::vector<int64_t> sizes = x.sizes().vec();
     sizes.back() = n;
-    return y.view(sizes);
+    return f.y.view(sizes);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    // x8t [K, M] and w8t [K, N]: x and w transposed, row-major, each row k with sx[k] / sw[k]
-    // when rowwise.
-    const torch::Tensor &x8t = saved[0], &sx = saved[1], &w8t = saved[2], &sw = saved[3];
-    const auto x_dtype = static_cast<c10::ScalarType>(ctx->saved_data["x_dtype"].toInt());
-    const auto w_dtype = static_cast<c10::ScalarType>(ctx->saved_data["w_dtype"].toInt());
-    const bool rowwise = ctx->saved_data["rowwise"].toBool();
-    const bool fast = ctx->saved_data["fast_backward"].toBool();
-    const int64_t k = w8t.size(0), n = w8t.size(1);
+    const int64_t k = saved[2].size(0), n = saved[2].size(1);
     std::vector<int64_t> x_sizes = grads[0].sizes().vec();
     x_sizes.back() = k;
-    const torch::Tensor g2 = grads[0].reshape({-1, n}).contiguous();
-    // Rowwise quantizes the gradient to e4m3 as well (as torchao's rowwise recipe does: a scale
-    // per row covers the range e5m2's exponent bits are for, and the rowwise GEMM takes e4m3).
-    const auto dg = delayed_operand(ctx->saved_data["history"].toTensor(),
-                                    ctx->saved_data["seeded"].toTensor(), 2, /*record=*/true);
-    // The bias's gradient (the rows' sum, in float32) from the gradient's cast when its kernel
-    // takes it, else below.
-    const bool has_bias = ctx->saved_data["has_bias"].toBool();
-    torch::Tensor bias_sum;
-    const Quantized qg = rowwise ? quantize(g2, torch::kFloat8_e4m3fn, kE4m3Max, true)
-                                 : quantize(g2, torch::kFloat8_e5m2, kE5m2Max, false,
-                                            dg ? &*dg : nullptr, has_bias ? &bias_sum : nullptr);
-    // grad_x [M, K] = g [M, N] · w [N, K]: w as a column-major [N, K].
-    torch::Tensor grad_x = scaled_mm(qg.q, w8t.t(), scale_a(qg.rows_inverse), scale_b(sw),
-                                     rowwise ? torch::kBFloat16 : x_dtype, fast)
-                               .to(x_dtype);
+    const Fp8Grads g =
+        backward_gemms(grads[0].reshape({-1, n}).contiguous(), torch::Tensor(), saved[0], saved[1],
+                       saved[2], saved[3], saved_dtype(ctx, "x_dtype"), saved_dtype(ctx, "w_dtype"),
+                       bias_dtype(ctx, "b_dtype"), ctx->saved_data["rowwise"].toBool(),
+                       ctx->saved_data["fast_backward"].toBool(),
+                       ctx->saved_data["history"].toTensor(), ctx->saved_data["seeded"].toTensor());
     // Through the GELU the forward applied (to the pre-activation it saved).
+    torch::Tensor grad_x = g.x;
     if (saved[4].defined()) grad_x = torch::gelu_backward(grad_x, saved[4], "tanh");
-    grad_x = grad_x.view(x_sizes);
-    // grad_w [N, K] = gᵀ [N, M] · x [M, K]: gᵀ row-major, x column-major.
-    const torch::Tensor grad_w = scaled_mm(qg.qt, x8t.t(), scale_a(qg.cols_inverse), scale_b(sx),
-                                           rowwise ? torch::kBFloat16 : torch::kFloat, fast)
-                                     .to(w_dtype);
-    torch::Tensor grad_b;
-    if (has_bias) {
-      if (!bias_sum.defined()) bias_sum = g2.sum(0, /*keepdim=*/false, torch::kFloat);
-      grad_b = bias_sum.to(static_cast<c10::ScalarType>(ctx->saved_data["b_dtype"].toInt()));
-    }
-    return {grad_x,          grad_w,          grad_b,          torch::Tensor(), torch::Tensor(),
-            torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {grad_x.view(x_sizes),
+            g.w,
+            g.b,
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor()};
   }
 };
+
+// fp8_gelu_mlp's two layers as one autograd node (tensorwise or delayed), so that the first
+// layer's output gradient is quantized from the second's input gradient and the saved
+// pre-activation in one pass (through the GELU), never written in 16 bits.
+struct Fp8GeluMlp : torch::autograd::Function<Fp8GeluMlp> {
+  // Biases, histories and seeded as Fp8Linear's; record1, record2: each layer's pass trains.
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& w1, const torch::Tensor& b1,
+                               const torch::Tensor& w2, const torch::Tensor& b2,
+                               const torch::Tensor& history1, const torch::Tensor& seeded1,
+                               const torch::Tensor& history2, const torch::Tensor& seeded2,
+                               bool record1, bool record2, bool fast1, bool fast2) {
+    const torch::Tensor x2 = x.reshape({-1, w1.size(1)}).contiguous();
+    const Fp8Forward f1 =
+        forward_gemm(x2, w1, b1, output_dtype(x), false, history1, seeded1, record1, false, fast1);
+    const torch::Tensor& pre = f1.y;  // [M, hidden]
+    const Fp8Forward f2 = forward_gemm(pre, w2, b2, output_dtype(pre), false, history2, seeded2,
+                                       record2, true, fast2);
+    ctx->save_for_backward({f1.x8t, f1.sx, f1.w8t, f1.sw, f2.x8t, f2.sx, f2.w8t, f2.sw, pre});
+    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    ctx->saved_data["w1_dtype"] = static_cast<int64_t>(w1.scalar_type());
+    ctx->saved_data["w2_dtype"] = static_cast<int64_t>(w2.scalar_type());
+    ctx->saved_data["b1_dtype"] = dtype_or_none(b1);
+    ctx->saved_data["b2_dtype"] = dtype_or_none(b2);
+    ctx->saved_data["history1"] = history1;
+    ctx->saved_data["seeded1"] = seeded1;
+    ctx->saved_data["history2"] = history2;
+    ctx->saved_data["seeded2"] = seeded2;
+    std::vector<int64_t> sizes = x.sizes().vec();
+    sizes.back() = w2.size(0);
+    return f2.y.view(sizes);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const torch::Tensor& pre = s[8];
+    std::vector<int64_t> x_sizes = grads[0].sizes().vec();
+    x_sizes.back() = s[0].size(0);
+    // The second layer: the gradient of the GELU's output, [M, hidden].
+    const Fp8Grads g2 = backward_gemms(
+        grads[0].reshape({-1, s[6].size(1)}).contiguous(), torch::Tensor(), s[4], s[5], s[6], s[7],
+        pre.scalar_type(), saved_dtype(ctx, "w2_dtype"), bias_dtype(ctx, "b2_dtype"), false, false,
+        ctx->saved_data["history2"].toTensor(), ctx->saved_data["seeded2"].toTensor());
+    // The first: its output gradient through the GELU, taken in its own cast.
+    const Fp8Grads g1 = backward_gemms(
+        g2.x, pre, s[0], s[1], s[2], s[3], saved_dtype(ctx, "x_dtype"),
+        saved_dtype(ctx, "w1_dtype"), bias_dtype(ctx, "b1_dtype"), false, false,
+        ctx->saved_data["history1"].toTensor(), ctx->saved_data["seeded1"].toTensor());
+    variable_list out(13);
+    out[0] = g1.x.view(x_sizes);
+    out[1] = g1.w;
+    out[2] = g1.b;
+    out[3] = g2.w;
+    out[4] = g2.b;
+    return out;
+  }
+};
+
+// Fp8History's tensors for fp8_linear / fp8_gelu_mlp: the history (made on x's device at first
+// use) and seeded, or no elements when not delayed; throws when delayed has no history.
+std::pair<torch::Tensor, torch::Tensor> history_inputs(Fp8Scaling scaling, Fp8History* history,
+                                                       const torch::Tensor& x) {
+  static const torch::Tensor kNone = torch::empty({0});  // an input, so not undefined
+  if (scaling != Fp8Scaling::kDelayed) return {kNone, kNone};
+  if (history == nullptr)
+    throw Error("fp8_linear: fabric.fp8.recipe: delayed needs the layer's Fp8History");
+  if (!history->amax.defined())
+    history->amax = torch::zeros({3, history->length + 1}, x.options().dtype(torch::kFloat));
+  else if (history->amax.device() != x.device())
+    history->amax = history->amax.to(x.device());
+  return {history->amax, history->seeded};
+}
+
+// Whether a delayed layer's pass with input x and `weight` advances its history (fp8.h).
+bool records(Fp8Scaling scaling, const torch::Tensor& x, const torch::Tensor& weight) {
+  return scaling == Fp8Scaling::kDelayed && torch::GradMode::is_enabled() &&
+         (x.requires_grad() || weight.requires_grad());
+}
+
+torch::Tensor or_empty(const torch::Tensor& bias, const torch::Tensor& weight) {
+  return bias.defined() ? bias : torch::empty({0}, weight.options());
+}
 
 }  // namespace
 
@@ -186,22 +318,28 @@ torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight,
         "fabric.fp8.recipe: rowwise: float8 GEMMs with a scale per row run on CUDA only ("
         "LibTorch's CPU _scaled_mm takes one scale per tensor); use tensorwise on " +
         x.device().str());
-  static const torch::Tensor kNone = torch::empty({0});  // an input, so not undefined
-  torch::Tensor amax = kNone, seeded = kNone;
-  bool record = false;
-  if (scaling == Fp8Scaling::kDelayed) {
-    if (history == nullptr)
-      throw Error("fp8_linear: fabric.fp8.recipe: delayed needs the layer's Fp8History");
-    if (!history->amax.defined())
-      history->amax = torch::zeros({3, history->length + 1}, x.options().dtype(torch::kFloat));
-    else if (history->amax.device() != x.device())
-      history->amax = history->amax.to(x.device());
-    amax = history->amax;
-    seeded = history->seeded;
-    record = torch::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
-  }
-  return Fp8Linear::apply(x, weight, bias.defined() ? bias : torch::empty({0}, weight.options()),
-                          rowwise, amax, seeded, record, gelu_tanh_input, fast_accumulation);
+  const auto [amax, seeded] = history_inputs(scaling, history, x);
+  return Fp8Linear::apply(x, weight, or_empty(bias, weight), rowwise, amax, seeded,
+                          records(scaling, x, weight), gelu_tanh_input, fast_accumulation);
+}
+
+torch::Tensor fp8_gelu_mlp(const torch::Tensor& x, const torch::Tensor& w1, const torch::Tensor& b1,
+                           const torch::Tensor& w2, const torch::Tensor& b2, Fp8Scaling scaling,
+                           Fp8History* history1, Fp8History* history2, bool fast1, bool fast2) {
+  const int64_t m = x.numel() / std::max<int64_t>(x.size(-1), 1);
+  if (scaling == Fp8Scaling::kRowwise || !fits(m, w1.size(1), w1.size(0)) ||
+      !fits(m, w2.size(1), w2.size(0)))
+    return fp8_linear(fp8_linear(x, w1, b1, scaling, history1, false, fast1), w2, b2, scaling,
+                      history2, /*gelu_tanh_input=*/true, fast2);
+  const auto [amax1, seeded1] = history_inputs(scaling, history1, x);
+  const auto [amax2, seeded2] = history_inputs(scaling, history2, x);
+  const bool record1 = records(scaling, x, w1);
+  // The second layer's input (the first's output) needs a gradient when anything before it does.
+  const bool record2 = scaling == Fp8Scaling::kDelayed && torch::GradMode::is_enabled() &&
+                       (x.requires_grad() || w1.requires_grad() ||
+                        (b1.defined() && b1.requires_grad()) || w2.requires_grad());
+  return Fp8GeluMlp::apply(x, w1, or_empty(b1, w1), w2, or_empty(b2, w2), amax1, seeded1, amax2,
+                           seeded2, record1, record2, fast1, fast2);
 }
 
 bool fp8_supported(const torch::Device& device, std::string* why_not, Fp8Scaling scaling) {

@@ -1,5 +1,7 @@
 #include "fabric/nn/fp8_quantize.h"
 
+#include <ATen/ops/gelu_backward.h>
+
 #include <cfloat>
 #include <cstdint>
 #include <cstdlib>
@@ -78,11 +80,15 @@ bool kernels_apply(const torch::Tensor& t) {
 
 // col_sum (tensorwise only; may be null): receives t's column sums in float32 (the bias
 // gradient), taken by the cast kernel from its read of t. gelu (tensorwise only): quantizes
-// gelu_tanh(t), computed by the kernels as they read t.
+// gelu_tanh(t), computed by the kernels as they read t. gelu_pre (tensorwise only; may be
+// undefined): quantizes gelu_backward(t, gelu_pre, "tanh"), computed as they read both.
 Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype, bool rowwise,
-                           const Delayed* delayed, torch::Tensor* col_sum, bool gelu) {
+                           const Delayed* delayed, torch::Tensor* col_sum, bool gelu,
+                           const torch::Tensor& gelu_pre) {
   const c10::cuda::CUDAGuard guard(t.device());
   const torch::Tensor x = contiguous_aligned(t);  // the kernels read 16 bytes at a time
+  const torch::Tensor pre = gelu_pre.defined() ? contiguous_aligned(gelu_pre) : gelu_pre;
+  const void* pre_ptr = pre.defined() ? pre.data_ptr() : nullptr;
   const int64_t rows = x.size(0), cols = x.size(1);
   const c10::ScalarType s = x.scalar_type();
   const auto source = s == torch::kFloat      ? kernels::Fp8Source::kFloat32
@@ -107,13 +113,14 @@ Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype, bool r
     const int n = static_cast<int>(delayed->row.size(0) - 1);
     torch::Tensor inverse = torch::empty({}, f32);
     if (delayed->seed)
-      check_kernel_launch(kernels::fp8_amax(x.data_ptr(), x.numel(), source, history, stream, gelu),
-                          "fp8-mixed", "fp8_amax");
-    check_kernel_launch(
-        kernels::fp8_cast_delayed(x.data_ptr(), rows, cols, source, e5m2, history, n,
-                                  delayed->record ? history + n : nullptr, q.data_ptr(),
-                                  qt.data_ptr(), inverse.data_ptr<float>(), stream, sums, gelu),
-        "fp8-mixed", "fp8_cast_delayed");
+      check_kernel_launch(
+          kernels::fp8_amax(x.data_ptr(), x.numel(), source, history, stream, gelu, pre_ptr),
+          "fp8-mixed", "fp8_amax");
+    check_kernel_launch(kernels::fp8_cast_delayed(
+                            x.data_ptr(), rows, cols, source, e5m2, history, n,
+                            delayed->record ? history + n : nullptr, q.data_ptr(), qt.data_ptr(),
+                            inverse.data_ptr<float>(), stream, sums, gelu, pre_ptr),
+                        "fp8-mixed", "fp8_cast_delayed");
     if (delayed->record)
       check_kernel_launch(kernels::fp8_history_push(history, n, stream), "fp8-mixed",
                           "fp8_history_push");
@@ -121,12 +128,12 @@ Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype, bool r
   }
   if (!rowwise) {
     torch::Tensor amax = torch::empty({}, f32), inverse = torch::empty({}, f32);
-    check_kernel_launch(
-        kernels::fp8_amax(x.data_ptr(), x.numel(), source, amax.data_ptr<float>(), stream, gelu),
-        "fp8-mixed", "fp8_amax");
+    check_kernel_launch(kernels::fp8_amax(x.data_ptr(), x.numel(), source, amax.data_ptr<float>(),
+                                          stream, gelu, pre_ptr),
+                        "fp8-mixed", "fp8_amax");
     check_kernel_launch(kernels::fp8_cast(x.data_ptr(), rows, cols, source, e5m2,
                                           amax.data_ptr<float>(), q.data_ptr(), qt.data_ptr(),
-                                          inverse.data_ptr<float>(), stream, sums, gelu),
+                                          inverse.data_ptr<float>(), stream, sums, gelu, pre_ptr),
                         "fp8-mixed", "fp8_cast");
     return with_sums({q, qt, inverse, inverse});
   }
@@ -170,13 +177,22 @@ bool kernel_path(const torch::Tensor& t) {
 }
 
 Quantized quantize(const torch::Tensor& t, c10::ScalarType dtype, double largest, bool rowwise,
-                   const Delayed* delayed, torch::Tensor* col_sum, bool gelu) {
+                   const Delayed* delayed, torch::Tensor* col_sum, bool gelu,
+                   const torch::Tensor& gelu_grad_pre) {
+  const bool through_gelu = gelu_grad_pre.defined();
 #ifdef FABRIC_WITH_CUDA_KERNELS
-  if (kernels_apply(t)) return quantize_kernels(t, dtype, rowwise, delayed, col_sum, gelu);
+  // The GELU's gradient in the cast: tensorwise, pre-activation of t's dtype and shape.
+  const bool fused = !through_gelu || (!rowwise && !gelu && gelu_grad_pre.sizes() == t.sizes() &&
+                                       gelu_grad_pre.scalar_type() == t.scalar_type() &&
+                                       gelu_grad_pre.device() == t.device());
+  if (kernels_apply(t) && fused)
+    return quantize_kernels(t, dtype, rowwise, delayed, col_sum, gelu, gelu_grad_pre);
 #endif
-  (void)col_sum;
   (void)gelu;
-  return quantize_aten(t, dtype, largest, rowwise, delayed);
+  if (!through_gelu) return quantize_aten(t, dtype, largest, rowwise, delayed);
+  const torch::Tensor g = at::gelu_backward(t, gelu_grad_pre, "tanh");
+  if (col_sum != nullptr) *col_sum = g.sum(0, /*keepdim=*/false, torch::kFloat);  // as the kernel
+  return quantize_aten(g, dtype, largest, rowwise, delayed);
 }
 
 std::optional<Delayed> delayed_operand(const torch::Tensor& history, const torch::Tensor& seeded,

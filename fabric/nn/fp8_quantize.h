@@ -43,11 +43,16 @@ bool kernel_path(const torch::Tensor& t);
 // t [rows, cols] quantized to `dtype` (largest: its largest finite value). delayed (tensorwise
 // only; may be null): the scale from the history row, which it reads and (recording) advances.
 // col_sum (may be null): set to t's column sums in float32 when the cast kernel took them (the
-// CUDA kernels, tensorwise), else left alone. gelu: quantize gelu_tanh(t) instead (REQUIRES:
+// CUDA kernels, tensorwise), else left alone (with gelu_grad_pre: always set, the sums of the
+// gradient through the GELU). gelu: quantize gelu_tanh(t) instead (REQUIRES:
 // kernel_path(t) and tensorwise; otherwise the caller applies torch::gelu first).
+// gelu_grad_pre (may be undefined; not with gelu): t is the gradient of gelu_tanh's output and
+// gelu_grad_pre its pre-activation: quantizes torch::gelu_backward(t, gelu_grad_pre, "tanh"),
+// computed by the CUDA kernels as they read both (tensorwise, the same dtype and shape), else by
+// ATen first; the same values either way.
 Quantized quantize(const torch::Tensor& t, c10::ScalarType dtype, double largest, bool rowwise,
                    const Delayed* delayed = nullptr, torch::Tensor* col_sum = nullptr,
-                   bool gelu = false);
+                   bool gelu = false, const torch::Tensor& gelu_grad_pre = {});
 
 // Operand i's delayed scaling for this pass (nullopt: dynamic). `history` [3, length + 1] (no
 // elements: not delayed), `seeded` [3] bool on the CPU (set for i by a recording pass); `record`:

@@ -197,12 +197,25 @@ torch::Tensor LinearImpl::weight_scale() const {
   return scale ? *scale : torch::Tensor();
 }
 
+bool LinearImpl::whole_fp8(const torch::Tensor& x) const {
+  return fp8_ && !parallel_ && lora_rank_ == 0 && !is_stored_weight(weight, weight_scale(), x);
+}
+
 torch::Tensor LinearImpl::forward_gelu_tanh(const torch::Tensor& x) {
   // Fused only where the whole layer is one float8 GEMM of a trainable weight; else as written.
-  if (!fp8_ || parallel_ || lora_rank_ > 0 || is_stored_weight(weight, weight_scale(), x))
-    return forward(torch::gelu(x, "tanh"));
+  if (!whole_fp8(x)) return forward(torch::gelu(x, "tanh"));
   return fp8_linear(x, weight, bias, fp8_scaling_, fp8_history_ ? &*fp8_history_ : nullptr,
                     /*gelu_tanh_input=*/true, fp8_fast_accumulation_);
+}
+
+torch::Tensor gelu_tanh_mlp(LinearImpl& fc, LinearImpl& proj, const torch::Tensor& x) {
+  const Fp8Scaling scaling = fc.fp8_scaling();
+  if (!fc.whole_fp8(x) || !proj.whole_fp8(x) || proj.fp8_scaling() != scaling ||
+      scaling == Fp8Scaling::kRowwise)
+    return proj.forward_gelu_tanh(fc.forward(x));
+  auto history = [](LinearImpl& l) { return l.fp8_history() ? &*l.fp8_history() : nullptr; };
+  return fp8_gelu_mlp(x, fc.weight, fc.bias, proj.weight, proj.bias, scaling, history(fc),
+                      history(proj), fc.fp8_fast_accumulation(), proj.fp8_fast_accumulation());
 }
 
 namespace {

@@ -174,6 +174,9 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   // forward(torch::gelu(x, "tanh")), with the GELU fused into the float8 cast when the layer runs
   // whole in float8 (fp8_linear's gelu_tanh_input); the same values either way.
   torch::Tensor forward_gelu_tanh(const torch::Tensor& x);
+  // Whether forward(x) is one float8 GEMM of a trainable weight (fp8_linear): float8 on, not split,
+  // no adapter, a weight not stored in bf16 or float8 (for x's dtype).
+  bool whole_fp8(const torch::Tensor& x) const;
   const std::optional<TensorParallelShard>& parallel() const { return parallel_; }
   void set_parallel(TensorParallelShard shard);  // parallelize() calls it
   void clear_parallel() { parallel_.reset(); }   // unparallelize() calls it, after the gather
@@ -242,6 +245,11 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   double lora_scaling_ = 0, lora_dropout_ = 0;
 };
 TORCH_MODULE(Linear);
+
+// proj.forward_gelu_tanh(fc.forward(x)) (a GPT MLP), as fabric::nn::fp8_gelu_mlp's one float8
+// node when both layers run whole in float8 (whole_fp8) with one recipe, tensorwise or delayed
+// (on CUDA one pass less over the hidden gradient); the same values either way.
+torch::Tensor gelu_tanh_mlp(LinearImpl& fc, LinearImpl& proj, const torch::Tensor& x);
 
 // The attention heads this rank holds of a layer cut between heads: n_head / tp when a plan split
 // `layer` (column or row), else n_head. A split qkv layer's output is this rank's heads only, so

@@ -105,6 +105,32 @@ __device__ __forceinline__ void activate(float v[kVec], bool gelu, const T* type
   for (int j = 0; j < kVec; ++j) v[j] = round_as(gelu_tanh(v[j]), type);
 }
 
+// The gradient through gelu_tanh at the pre-activation x of the output gradient dy, as ATen's CUDA
+// GeluBackward kernel computes it (float32, its operations in its order), rounded to the input's
+// type: the value an unfused torch::gelu_backward(dy, x, "tanh") would have written.
+__device__ __forceinline__ float gelu_tanh_grad(float dy, float x) {
+  constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
+  constexpr float kKappa = 0.044715f;
+  constexpr float kKappa3 = 3.f * kKappa;
+  const float x_sq = x * x;
+  const float x_cube = x_sq * x;
+  const float inner = kBeta * (x + kKappa * x_cube);
+  const float tanh_inner = tanhf(inner);
+  const float left = 0.5f * x;
+  const float right = 1.f + tanh_inner;
+  const float left_derivative = 0.5f * right;
+  const float tanh_derivative = 1.f - tanh_inner * tanh_inner;
+  const float inner_derivative = kBeta * (1.f + kKappa3 * x_sq);
+  const float right_derivative = left * tanh_derivative * inner_derivative;
+  return dy * (left_derivative + right_derivative);
+}
+// v[j] = gelu_tanh_grad(v[j], pre[j]) rounded to T.
+template <typename T>
+__device__ __forceinline__ void through_gelu(float v[kVec], const float pre[kVec], const T* type) {
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) v[j] = round_as(gelu_tanh_grad(v[j], pre[j]), type);
+}
+
 __device__ __forceinline__ float keep_max(float m, float a) { return (a > m || a != a) ? a : m; }
 
 __device__ __forceinline__ float scale_of(float amax, float largest) {
@@ -164,7 +190,8 @@ __device__ __forceinline__ void block_max_into(float m, float* target) {
 // *amax = the largest |x| (one atomic per block).
 template <typename T>
 __global__ void __launch_bounds__(kAmaxThreads)
-    amax_kernel(const T* __restrict__ x, int64_t n, float* amax, bool gelu) {
+    amax_kernel(const T* __restrict__ x, int64_t n, float* amax, bool gelu,
+                const T* __restrict__ pre) {
   float m = 0.f;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -173,12 +200,19 @@ __global__ void __launch_bounds__(kAmaxThreads)
     float v[kVec];
     load8(x + i * kVec, v);
     activate(v, gelu, x);
+    if (pre != nullptr) {
+      float p[kVec];
+      load8(pre + i * kVec, p);
+      through_gelu(v, p, x);
+    }
 #pragma unroll
     for (int j = 0; j < kVec; ++j) m = keep_max(m, fabsf(v[j]));
   }
   for (int64_t i = vectors * kVec + first; i < n; i += stride) {
-    const float a = load(x, i);
-    m = keep_max(m, fabsf(gelu ? round_as(gelu_tanh(a), x) : a));
+    float a = load(x, i);
+    if (gelu) a = round_as(gelu_tanh(a), x);
+    if (pre != nullptr) a = round_as(gelu_tanh_grad(a, load(pre, i)), x);
+    m = keep_max(m, fabsf(a));
   }
   block_max_into<kAmaxThreads>(m, amax);
 }
@@ -193,13 +227,16 @@ __global__ void __launch_bounds__(kAmaxThreads)
 // (rows 64 rt .. 64 rt + 63; each thread's two rows, then the 32 thread rows in order).
 // Axiswise (kAxes true): q's row r scaled by row_amax[r], qt's row c (x's column c) by
 // col_amax[c]; row_inverse[r] and col_inverse[c] their inverses.
-template <typename T, bool kAxes>
+// kGrad (tensorwise only): x is an output gradient of gelu_tanh and pre (x's shape) its
+// pre-activation: what is cast (and recorded, and summed) is gelu_tanh_grad(x, pre) rounded to T.
+template <typename T, bool kAxes, bool kGrad>
 __global__ void __launch_bounds__(kTileThreads)
     cast_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, bool e5m2,
                 const float* __restrict__ row_amax, const float* __restrict__ col_amax,
                 uint8_t* __restrict__ q, uint8_t* __restrict__ qt, float* __restrict__ row_inverse,
                 float* __restrict__ col_inverse, int history_len, float* record,
-                float* __restrict__ col_sums, bool gelu) {
+                float* __restrict__ col_sums, bool gelu, const T* __restrict__ pre) {
+  static_assert(!(kAxes && kGrad), "the GELU's gradient is cast tensorwise only");
   const float largest = e5m2 ? 57344.f : 448.f;
   const float tensor_scale = kAxes ? 0.f
                              : history_len > 0
@@ -228,11 +265,15 @@ __global__ void __launch_bounds__(kTileThreads)
   // wave of blocks), and each tile's loads are issued before the work on the tile before it, so
   // a load is in flight while the block converts, stores and waits at its barriers.
   Raw8<T> next[kPasses];
+  Raw8<T> next_pre[kGrad ? kPasses : 1];  // kGrad: the pre-activation's, loaded with x's
   auto fetch_tile = [&](int64_t rt) {
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
       const int64_t row = rt * kTile + sub + p * kRowStep;
-      if (row < rows && col_in) fetch8(x + row * cols + col, next[p]);
+      if (row < rows && col_in) {
+        fetch8(x + row * cols + col, next[p]);
+        if constexpr (kGrad) fetch8(pre + row * cols + col, next_pre[p]);
+      }
     }
   };
   if (blockIdx.y < row_tiles) fetch_tile(blockIdx.y);
@@ -240,11 +281,13 @@ __global__ void __launch_bounds__(kTileThreads)
     const int64_t row0 = rt * kTile;
     float v[kPasses][kVec];
     float sum[kVec] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    Raw8<T> cur_pre[kGrad ? kPasses : 1];  // kept packed until the next tile's loads are out
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
       const int64_t row = row0 + sub + p * kRowStep;
       if (row < rows && col_in) {
         unpack8(next[p], v[p]);
+        if constexpr (kGrad) cur_pre[p] = next_pre[p];
       } else {
 #pragma unroll
         for (int j = 0; j < kVec; ++j) v[p][j] = 0.f;  // past the edge: read by nothing
@@ -257,6 +300,11 @@ __global__ void __launch_bounds__(kTileThreads)
       if (!kAxes) activate(v[p], gelu, x);
       const int64_t row = row0 + r;
       if (row >= rows || !col_in) continue;
+      if constexpr (kGrad) {
+        float pv[kVec];
+        unpack8(cur_pre[p], pv);
+        through_gelu(v[p], pv, x);
+      }
       if (!kAxes) {
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
@@ -373,9 +421,10 @@ dim3 tile_grid(int64_t rows, int64_t cols) {
               static_cast<unsigned>(std::min<int64_t>((rows + kTile - 1) / kTile, 65535)));
 }
 
-// How many blocks of cast_kernel<T, kAxes> (kTileThreads each) the current device holds at once:
-// its multiprocessors times the blocks one of them keeps resident. Cached per device and kernel.
-template <typename T, bool kAxes>
+// How many blocks of cast_kernel<T, kAxes, kGrad> (kTileThreads each) the current device holds at
+// once: its multiprocessors times the blocks one of them keeps resident. Cached per device and
+// kernel.
+template <typename T, bool kAxes, bool kGrad>
 int64_t resident_blocks() {
   constexpr int kDevices = 64;
   static std::atomic<int64_t> cached[kDevices] = {};
@@ -385,8 +434,8 @@ int64_t resident_blocks() {
   if (n > 0) return n;
   int sms = 0, per_sm = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, cast_kernel<T, kAxes>, kTileThreads,
-                                                    0) != cudaSuccess) {
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, cast_kernel<T, kAxes, kGrad>,
+                                                    kTileThreads, 0) != cudaSuccess) {
     (void)cudaGetLastError();  // the query's error is not the launch's
     return 0;
   }
@@ -425,30 +474,53 @@ bool tileable(const void* x, int64_t rows, int64_t cols) {
 }
 
 template <typename T>
-int amax_as(const void* x, int64_t n, float* amax, cudaStream_t stream, bool gelu = false) {
-  if (!aligned16(x)) return cudaErrorMisalignedAddress;
+int amax_as(const void* x, int64_t n, float* amax, cudaStream_t stream, bool gelu = false,
+            const void* pre = nullptr) {
+  if (!aligned16(x) || (pre != nullptr && !aligned16(pre))) return cudaErrorMisalignedAddress;
+  if (gelu && pre != nullptr) return cudaErrorInvalidValue;
   cudaError_t e = cudaMemsetAsync(amax, 0, sizeof(float), stream);
   if (e != cudaSuccess) return e;
   if (n == 0) return 0;
   // ~2 vectors per thread
   const int64_t want = (n + kAmaxThreads * kVec * 2 - 1) / (kAmaxThreads * kVec * 2);
   const int blocks = static_cast<int>(std::min<int64_t>(std::max<int64_t>(want, 1), 4096));
-  amax_kernel<T><<<blocks, kAmaxThreads, 0, stream>>>(static_cast<const T*>(x), n, amax, gelu);
+  amax_kernel<T><<<blocks, kAmaxThreads, 0, stream>>>(static_cast<const T*>(x), n, amax, gelu,
+                                                      static_cast<const T*>(pre));
   return cudaGetLastError();
 }
 
+template <typename T, bool kAxes, bool kGrad>
+int launch_cast(const void* x, int64_t rows, int64_t cols, bool e5m2, const float* row_amax,
+                const float* col_amax, void* q, void* qt, float* row_inverse, float* col_inverse,
+                cudaStream_t stream, int history_len, float* record, float* col_sums, bool gelu,
+                const void* pre) {
+  const dim3 grid = cast_grid(rows, cols, resident_blocks<T, kAxes, kGrad>());
+  cast_kernel<T, kAxes, kGrad><<<grid, kTileThreads, 0, stream>>>(
+      static_cast<const T*>(x), rows, cols, e5m2, row_amax, col_amax, static_cast<uint8_t*>(q),
+      static_cast<uint8_t*>(qt), row_inverse, col_inverse, history_len, record, col_sums, gelu,
+      static_cast<const T*>(pre));
+  return cudaGetLastError();
+}
+
+// pre (tensorwise only): x is gelu_tanh's output gradient, pre its pre-activation (fp8_cast.h).
 template <typename T, bool kAxes>
 int cast_as(const void* x, int64_t rows, int64_t cols, bool e5m2, const float* row_amax,
             const float* col_amax, void* q, void* qt, float* row_inverse, float* col_inverse,
             cudaStream_t stream, int history_len = 0, float* record = nullptr,
-            float* col_sums = nullptr, bool gelu = false) {
+            float* col_sums = nullptr, bool gelu = false, const void* pre = nullptr) {
   if (!tileable(x, rows, cols) || history_len < 0) return cudaErrorInvalidValue;
+  if (pre != nullptr && (kAxes || gelu)) return cudaErrorInvalidValue;
+  if (pre != nullptr && !aligned16(pre)) return cudaErrorMisalignedAddress;
   if (rows == 0 || cols == 0) return 0;
-  const dim3 grid = cast_grid(rows, cols, resident_blocks<T, kAxes>());
-  cast_kernel<T, kAxes><<<grid, kTileThreads, 0, stream>>>(
-      static_cast<const T*>(x), rows, cols, e5m2, row_amax, col_amax, static_cast<uint8_t*>(q),
-      static_cast<uint8_t*>(qt), row_inverse, col_inverse, history_len, record, col_sums, gelu);
-  return cudaGetLastError();
+  if constexpr (!kAxes) {
+    if (pre != nullptr)
+      return launch_cast<T, false, true>(x, rows, cols, e5m2, row_amax, col_amax, q, qt,
+                                         row_inverse, col_inverse, stream, history_len, record,
+                                         col_sums, gelu, pre);
+  }
+  return launch_cast<T, kAxes, false>(x, rows, cols, e5m2, row_amax, col_amax, q, qt, row_inverse,
+                                      col_inverse, stream, history_len, record, col_sums, gelu,
+                                      nullptr);
 }
 
 template <typename T>
@@ -466,52 +538,56 @@ int amax_axes_as(const void* x, int64_t rows, int64_t cols, float* row_amax, flo
 
 }  // namespace
 
-int fp8_amax(const void* x, int64_t n, Fp8Source type, float* amax, void* stream, bool gelu_tanh) {
+int fp8_amax(const void* x, int64_t n, Fp8Source type, float* amax, void* stream, bool gelu_tanh,
+             const void* gelu_tanh_pre) {
   const auto s = static_cast<cudaStream_t>(stream);
   switch (type) {
     case Fp8Source::kFloat32:
-      return amax_as<float>(x, n, amax, s, gelu_tanh);
+      return amax_as<float>(x, n, amax, s, gelu_tanh, gelu_tanh_pre);
     case Fp8Source::kBFloat16:
-      return amax_as<__nv_bfloat16>(x, n, amax, s, gelu_tanh);
+      return amax_as<__nv_bfloat16>(x, n, amax, s, gelu_tanh, gelu_tanh_pre);
     case Fp8Source::kFloat16:
-      return amax_as<__half>(x, n, amax, s, gelu_tanh);
+      return amax_as<__half>(x, n, amax, s, gelu_tanh, gelu_tanh_pre);
   }
   return cudaErrorInvalidValue;
 }
 
 int fp8_cast(const void* x, int64_t rows, int64_t cols, Fp8Source type, bool e5m2,
              const float* amax, void* q, void* qt, float* inverse, void* stream, float* col_sums,
-             bool gelu_tanh) {
+             bool gelu_tanh, const void* gelu_tanh_pre) {
   const auto s = static_cast<cudaStream_t>(stream);
   switch (type) {
     case Fp8Source::kFloat32:
       return cast_as<float, false>(x, rows, cols, e5m2, amax, nullptr, q, qt, inverse, nullptr, s,
-                                   0, nullptr, col_sums, gelu_tanh);
+                                   0, nullptr, col_sums, gelu_tanh, gelu_tanh_pre);
     case Fp8Source::kBFloat16:
       return cast_as<__nv_bfloat16, false>(x, rows, cols, e5m2, amax, nullptr, q, qt, inverse,
-                                           nullptr, s, 0, nullptr, col_sums, gelu_tanh);
+                                           nullptr, s, 0, nullptr, col_sums, gelu_tanh,
+                                           gelu_tanh_pre);
     case Fp8Source::kFloat16:
       return cast_as<__half, false>(x, rows, cols, e5m2, amax, nullptr, q, qt, inverse, nullptr, s,
-                                    0, nullptr, col_sums, gelu_tanh);
+                                    0, nullptr, col_sums, gelu_tanh, gelu_tanh_pre);
   }
   return cudaErrorInvalidValue;
 }
 
 int fp8_cast_delayed(const void* x, int64_t rows, int64_t cols, Fp8Source type, bool e5m2,
                      const float* history, int history_len, float* record, void* q, void* qt,
-                     float* inverse, void* stream, float* col_sums, bool gelu_tanh) {
+                     float* inverse, void* stream, float* col_sums, bool gelu_tanh,
+                     const void* gelu_tanh_pre) {
   const auto s = static_cast<cudaStream_t>(stream);
   if (history_len < 1) return cudaErrorInvalidValue;
   switch (type) {
     case Fp8Source::kFloat32:
       return cast_as<float, false>(x, rows, cols, e5m2, history, nullptr, q, qt, inverse, nullptr,
-                                   s, history_len, record, col_sums, gelu_tanh);
+                                   s, history_len, record, col_sums, gelu_tanh, gelu_tanh_pre);
     case Fp8Source::kBFloat16:
       return cast_as<__nv_bfloat16, false>(x, rows, cols, e5m2, history, nullptr, q, qt, inverse,
-                                           nullptr, s, history_len, record, col_sums, gelu_tanh);
+                                           nullptr, s, history_len, record, col_sums, gelu_tanh,
+                                           gelu_tanh_pre);
     case Fp8Source::kFloat16:
       return cast_as<__half, false>(x, rows, cols, e5m2, history, nullptr, q, qt, inverse, nullptr,
-                                    s, history_len, record, col_sums, gelu_tanh);
+                                    s, history_len, record, col_sums, gelu_tanh, gelu_tanh_pre);
   }
   return cudaErrorInvalidValue;
 }

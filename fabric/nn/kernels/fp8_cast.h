@@ -19,11 +19,16 @@ enum class Fp8Source { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 // `gelu_tanh` (fp8_amax, fp8_cast, fp8_cast_delayed): x stands for gelu_tanh(x), GELU's tanh
 // approximation computed in float32 as ATen's CUDA kernel does and rounded to `type`, as an
 // unfused torch::gelu(x, "tanh") would write it; amax, cast, record and column sums are of that.
+// `gelu_tanh_pre` (the same three; not with gelu_tanh): x is the gradient of gelu_tanh's output and
+// gelu_tanh_pre (x's type and shape, 16-byte aligned) its pre-activation: x stands for the
+// gradient of the pre-activation, computed in float32 as ATen's CUDA GeluBackward kernel does and
+// rounded to `type`, as an unfused torch::gelu_backward(x, pre, "tanh") would write it (a GPT
+// MLP's first layer quantizes its output gradient so, in one pass over both).
 
 // *amax = the largest |x| over n contiguous elements of `type` (float32, on the device; NaN when x
 // holds one). Returns 0 or the cudaError_t of the launch.
 int fp8_amax(const void* x, int64_t n, Fp8Source type, float* amax, void* stream,
-             bool gelu_tanh = false);
+             bool gelu_tanh = false, const void* gelu_tanh_pre = nullptr);
 
 // With s = largest / max(*amax, 1e-12) in float32 (largest: 448 for e4m3, 57344 for e5m2), writes
 // q = x · s rounded to the nearest float8 (e4m3fn, or e5m2 when `e5m2`), saturated to ±largest,
@@ -37,7 +42,8 @@ int fp8_amax(const void* x, int64_t n, Fp8Source type, float* amax, void* stream
 constexpr int64_t kFp8SumRows = 64;
 int fp8_cast(const void* x, int64_t rows, int64_t cols, Fp8Source type, bool e5m2,
              const float* amax, void* q, void* qt, float* inverse, void* stream,
-             float* col_sums = nullptr, bool gelu_tanh = false);
+             float* col_sums = nullptr, bool gelu_tanh = false,
+             const void* gelu_tanh_pre = nullptr);
 
 // Delayed scaling (fabric.fp8.recipe: delayed): as fp8_cast, with the scale taken from a history
 // of earlier amaxes rather than this tensor's: s = largest / max(h, 1e-12), h the largest finite
@@ -48,7 +54,7 @@ int fp8_cast(const void* x, int64_t rows, int64_t cols, Fp8Source type, bool e5m
 int fp8_cast_delayed(const void* x, int64_t rows, int64_t cols, Fp8Source type, bool e5m2,
                      const float* history, int history_len, float* record, void* q, void* qt,
                      float* inverse, void* stream, float* col_sums = nullptr,
-                     bool gelu_tanh = false);
+                     bool gelu_tanh = false, const void* gelu_tanh_pre = nullptr);
 
 // How fp8_cast, fp8_cast_delayed and fp8_cast_axes size their grid (process-wide): kWave (the
 // default) about one resident wave of blocks, each casting several 64 x 64 tiles with its next

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "fabric/nn/kernels/fp8_cast.h"
@@ -55,10 +56,11 @@ struct Input {
   std::vector<T> storage;
   T* x;
   std::vector<float> values;
-  Input(int64_t rows, int64_t cols) : storage(rows * cols + 16), values(rows * cols) {
+  Input(int64_t rows, int64_t cols, unsigned seed = 0)
+      : storage(rows * cols + 16), values(rows * cols) {
     const auto misalignment = reinterpret_cast<uintptr_t>(storage.data()) % 16;
     x = reinterpret_cast<T*>(reinterpret_cast<char*>(storage.data()) + (16 - misalignment) % 16);
-    std::mt19937 gen(static_cast<unsigned>(rows * 7919 + cols));
+    std::mt19937 gen(static_cast<unsigned>(rows * 7919 + cols) + seed);
     std::normal_distribution<float> normal;
     for (int64_t i = 0; i < rows * cols; ++i) {
       x[i] = from_float<T>(normal(gen) * (i % 97 == 0 ? 30.f : 3.f));
@@ -268,6 +270,74 @@ void check_gelu(int64_t rows, int64_t cols, Fp8Source type) {
   ASSERT_TRUE(qd[n - 1] == reference(act[n - 1], scale_for(own * 2.f, 448.f), false));
 }
 
+// The kernels' GELU gradient (fp8_cast.h, gelu_tanh_pre): float32, ATen's CUDA GeluBackward
+// formula in its order, rounded to T.
+template <typename T>
+float gelu_grad_as(float dy, float x) {
+  const float kBeta = 0.7978845608028654f, kKappa = 0.044715f, kKappa3 = 3.f * kKappa;
+  const float x_sq = x * x;
+  const float x_cube = x_sq * x;
+  const float inner = kBeta * (x + kKappa * x_cube);
+  const float tanh_inner = std::tanh(inner);
+  const float left = 0.5f * x;
+  const float right = 1.f + tanh_inner;
+  const float left_derivative = 0.5f * right;
+  const float tanh_derivative = 1.f - tanh_inner * tanh_inner;
+  const float inner_derivative = kBeta * (1.f + kKappa3 * x_sq);
+  const float right_derivative = left * tanh_derivative * inner_derivative;
+  return to_float(from_float<T>(dy * (left_derivative + right_derivative)));
+}
+
+// gelu_tanh_pre: amax, cast (dynamic and delayed, e5m2 as a gradient is), record and column sums
+// of the gradient through the GELU, from the output gradient and the pre-activation; a
+// pre-activation read at the wrong place (another row, column or tile) changes them.
+template <typename T>
+void check_gelu_grad(int64_t rows, int64_t cols, Fp8Source type) {
+  const Input<T> dy(rows, cols), pre(rows, cols, 17);
+  const int64_t n = rows * cols;
+  std::vector<float> grad(n);
+  float own = 0.f;
+  for (int64_t i = 0; i < n; ++i) {
+    grad[i] = gelu_grad_as<T>(dy.values[i], pre.values[i]);
+    own = std::max(own, std::fabs(grad[i]));
+  }
+  const std::string shape = " (" + std::to_string(rows) + " x " + std::to_string(cols) + ")";
+  float amax = -1.f, inverse = 0.f;
+  ASSERT_TRUE(fabric::kernels::fp8_amax(dy.x, n, type, &amax, nullptr, false, pre.x) == 0);
+  ASSERT_TRUE(amax == own) << "gelu gradient amax " << amax << ", want " << own << shape;
+  std::vector<uint8_t> q(n, 0xAB), qt(n, 0xAB);
+  std::vector<float> sums(((rows + 63) / 64) * cols, -1.f);
+  ASSERT_TRUE(fabric::kernels::fp8_cast(dy.x, rows, cols, type, true, &amax, q.data(), qt.data(),
+                                        &inverse, nullptr, sums.data(), false, pre.x) == 0);
+  const float scale = scale_for(own, 57344.f);
+  ASSERT_TRUE(inverse == 1.f / scale) << shape;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const uint8_t e = reference(grad[r * cols + c], scale, true);
+      ASSERT_TRUE(q[r * cols + c] == e && qt[c * rows + r] == e)
+          << "gelu gradient q/qt at " << r << ", " << c << shape;
+    }
+  ASSERT_TRUE(sums == tile_sums(grad, rows, cols)) << "gelu gradient column sums" << shape;
+  std::vector<float> history = {own * 2.f, 0.f};
+  std::vector<uint8_t> qd(n, 0xAB), qtd(n, 0xAB);
+  ASSERT_TRUE(fabric::kernels::fp8_cast_delayed(dy.x, rows, cols, type, true, history.data(), 1,
+                                                &history[1], qd.data(), qtd.data(), &inverse,
+                                                nullptr, nullptr, false, pre.x) == 0);
+  ASSERT_TRUE(history[1] == own) << "gelu gradient record " << history[1] << ", want " << own;
+  const float delayed = scale_for(own * 2.f, 57344.f);
+  for (int64_t i = 0; i < n; ++i)
+    ASSERT_TRUE(qd[i] == reference(grad[i], delayed, true) &&
+                qtd[(i % cols) * rows + i / cols] == reference(grad[i], delayed, true))
+        << "delayed gelu gradient at " << i << shape;
+  // Not with gelu_tanh (x cannot be both), nor a misaligned pre-activation.
+  EXPECT_TRUE(fabric::kernels::fp8_cast(dy.x, rows, cols, type, true, &amax, q.data(), nullptr,
+                                        &inverse, nullptr, nullptr, true, pre.x) != 0);
+  EXPECT_TRUE(fabric::kernels::fp8_amax(dy.x, n, type, &amax, nullptr, true, pre.x) != 0);
+  EXPECT_TRUE(fabric::kernels::fp8_cast(dy.x, rows, cols, type, true, &amax, q.data(), nullptr,
+                                        &inverse, nullptr, nullptr, false,
+                                        reinterpret_cast<const char*>(pre.x) + 4) != 0);
+}
+
 void check_preconditions() {
   Input<float> in(16, 16);
   float amax = 0.f;
@@ -307,6 +377,17 @@ TEST(Fp8CastEmulatedTest, GeluInputIsQuantizedAsItsOutput) {
     check_gelu<float>(s[0], s[1], Fp8Source::kFloat32);
     check_gelu<__nv_bfloat16>(s[0], s[1], Fp8Source::kBFloat16);
     check_gelu<__half>(s[0], s[1], Fp8Source::kFloat16);
+  }
+}
+
+TEST(Fp8CastEmulatedTest, GeluGradientIsQuantizedFromTheOutputGradientAndThePreActivation) {
+  // 200 x 72 and 328 x 24: blocks cast several row tiles (their next tile's pre-activation in
+  // flight with its gradient's); 112 x 160: a block per tile.
+  const int64_t shapes[][2] = {{112, 160}, {8, 8}, {200, 72}, {328, 24}};
+  for (const auto& s : shapes) {
+    check_gelu_grad<float>(s[0], s[1], Fp8Source::kFloat32);
+    check_gelu_grad<__nv_bfloat16>(s[0], s[1], Fp8Source::kBFloat16);
+    check_gelu_grad<__half>(s[0], s[1], Fp8Source::kFloat16);
   }
 }
 

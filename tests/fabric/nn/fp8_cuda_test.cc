@@ -2,7 +2,8 @@
 // >= 8.9 (tag gpu; skips elsewhere): the float8 linear equals the CPU's _scaled_mm and stays near
 // float32; its quantization kernels (fabric/nn/kernels/fp8_cast.h) give ATen's bits, tensorwise
 // and rowwise, and rowwise keeps an outlier row from coarsening the others; fast accumulation
-// changes only the forward GEMM, by less than 1%. The CPU side is fp8_test.
+// changes only the forward GEMM, by less than 1%; a GPT MLP as one float8 node matches its two
+// layers. The CPU side is fp8_test.
 #include <gtest/gtest.h>
 #include <torch/utils.h>
 
@@ -275,6 +276,55 @@ TEST(Fp8CudaTest, GeluFusedIntoTheCastMatchesGeluThenLinear) {
   EXPECT_GT(same, 0.99);
   for (size_t i = 0; i < fused.size(); ++i)
     EXPECT_LT(relative_norm(fused[i], plain[i]), 1e-2) << "output/gradient " << i;
+}
+
+// A GPT MLP as one float8 node (fp8_gelu_mlp: the first layer's gradient cast computes the GELU's
+// backward from the second's input gradient and the saved pre-activation) against its two layers
+// as fp8_linear calls, at gpt2-medium's size (16384 tokens, 1024 -> 4096 -> 1024), bf16
+// activations, both recipes. The kernel computes the GELU's gradient as ATen's CUDA kernel does,
+// in float32 rounded to bf16, but the compilers may contract its multiply-adds differently, so
+// the gradients are compared within float8's precision and the share of the input gradient
+// bitwise equal is printed (expected: all, or nearly); the product is the same computation.
+TEST(Fp8CudaTest, GeluMlpAsOneNodeMatchesItsTwoLinears) {
+  SKIP_WITHOUT_CUDA();
+  std::string why;
+  const torch::Device cuda(torch::kCUDA, 0);
+  if (!fabric::nn::fp8_supported(cuda, &why)) GTEST_SKIP() << why;
+  torch::manual_seed(4);
+  const torch::Tensor x0 = torch::randn({16384, 1024}).to(cuda, torch::kBFloat16),
+                      w10 = (torch::randn({4096, 1024}) * 0.03).to(cuda),
+                      b10 = (torch::randn({4096}) * 0.1).to(cuda),
+                      w20 = (torch::randn({1024, 4096}) * 0.015).to(cuda),
+                      b20 = (torch::randn({1024}) * 0.1).to(cuda),
+                      g0 = (torch::randn({16384, 1024}) * 1e-3).to(cuda, torch::kBFloat16);
+  for (const auto scaling :
+       {fabric::nn::Fp8Scaling::kTensorwise, fabric::nn::Fp8Scaling::kDelayed}) {
+    fabric::nn::Fp8History f1, f2, p1, p2;
+    for (int step = 0; step < 2; ++step) {  // delayed: the seed, then the histories' scales
+      auto run = [&](bool fused) {
+        torch::Tensor x = x0.clone().requires_grad_(), w1 = w10.clone().requires_grad_(),
+                      b1 = b10.clone().requires_grad_(), w2 = w20.clone().requires_grad_(),
+                      b2 = b20.clone().requires_grad_();
+        const torch::Tensor y =
+            fused ? fabric::nn::fp8_gelu_mlp(x, w1, b1, w2, b2, scaling, &f1, &f2)
+                  : fabric::nn::fp8_linear(fabric::nn::fp8_linear(x, w1, b1, scaling, &p1), w2, b2,
+                                           scaling, &p2, /*gelu_tanh_input=*/true);
+        y.backward(g0);
+        return std::vector<torch::Tensor>{y.detach(), x.grad(),  w1.grad(),
+                                          b1.grad(),  w2.grad(), b2.grad()};
+      };
+      const auto fused = run(true), plain = run(false);
+      const double same = fused[1].eq(plain[1]).to(torch::kFloat).mean().item<double>();
+      std::printf(
+          "gelu mlp as one node, recipe %d, step %d: %.4f%% of the input gradient bitwise\n",
+          static_cast<int>(scaling), step, 100 * same);
+      EXPECT_TRUE(torch::equal(fused[0], plain[0])) << "product, step " << step;
+      EXPECT_GT(same, 0.99);
+      for (size_t i = 1; i < fused.size(); ++i)
+        EXPECT_LT(relative_norm(fused[i], plain[i]), 1e-2)
+            << "gradient " << i << ", recipe " << static_cast<int>(scaling) << ", step " << step;
+    }
+  }
 }
 
 // The cast kernels' two grids (FABRIC_FP8_CAST_GRID): a resident wave of blocks, each casting

@@ -8,12 +8,14 @@
 #include "fabric/nn/fp8.h"
 
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/utils.h>
 
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "fabric/core/error.h"
@@ -419,6 +421,66 @@ TEST(Fp8Test, GeluInputIsGeluThenLinearBitwise) {
   EXPECT_TRUE(
       torch::equal(layer->forward_gelu_tanh(h0),
                    fabric::nn::fp8_linear(torch::gelu(h0, "tanh"), layer->weight, layer->bias)));
+}
+
+// A GPT MLP as one float8 node (fp8_gelu_mlp: on CUDA the first layer's gradient cast computes the
+// GELU's backward as it reads) against its two layers as fp8_linear calls: the product, the five
+// gradients and both histories bitwise, tensorwise and delayed (two steps: the seed, then the
+// histories' scales), with and without biases, and under bf16 autocast (a 16-bit hidden layer
+// and gradient); gelu_tanh_mlp takes the node for two whole float8 layers of one recipe.
+TEST(Fp8Test, GeluMlpAsOneNodeIsItsTwoLinearsBitwise) {
+  torch::manual_seed(7);
+  const torch::Tensor x0 = torch::randn({2, 16, 32}), w10 = torch::randn({128, 32}) * 0.2,
+                      b10 = torch::randn({128}) * 0.5, w20 = torch::randn({48, 128}) * 0.1,
+                      b20 = torch::randn({48}), g0 = torch::randn({2, 16, 48});
+  for (const Fp8Scaling scaling : {Fp8Scaling::kTensorwise, Fp8Scaling::kDelayed})
+    for (const bool biases : {true, false})
+      for (const bool autocast : {false, true}) {
+        Fp8History fused1(4), fused2(4), plain1(4), plain2(4);
+        for (int step = 0; step < 2; ++step) {
+          auto run = [&](bool fused) {
+            torch::Tensor x = (x0 * (1 + step)).requires_grad_(), w1 = w10.clone().requires_grad_(),
+                          w2 = w20.clone().requires_grad_(),
+                          b1 = biases ? b10.clone().requires_grad_() : torch::Tensor(),
+                          b2 = biases ? b20.clone().requires_grad_() : torch::Tensor();
+            torch::Tensor y;
+            {
+              std::optional<fabric::AutocastGuard> bf16;
+              if (autocast) bf16.emplace(c10::DeviceType::CPU, c10::kBFloat16);
+              y = fused
+                      ? fabric::nn::fp8_gelu_mlp(x, w1, b1, w2, b2, scaling, &fused1, &fused2)
+                      : fabric::nn::fp8_linear(fabric::nn::fp8_linear(x, w1, b1, scaling, &plain1),
+                                               w2, b2, scaling, &plain2, /*gelu_tanh_input=*/true);
+            }
+            y.backward(g0.to(y.scalar_type()));
+            std::vector<torch::Tensor> out = {y.detach(), x.grad(), w1.grad(), w2.grad()};
+            if (biases) out.insert(out.end(), {b1.grad(), b2.grad()});
+            return out;
+          };
+          const auto fused = run(true), plain = run(false);
+          const std::string where = "scaling " + std::to_string(static_cast<int>(scaling)) +
+                                    (biases ? ", biases" : "") + (autocast ? ", autocast" : "") +
+                                    ", step " + std::to_string(step);
+          EXPECT_EQ(fused[0].scalar_type(), autocast ? c10::kBFloat16 : c10::kFloat) << where;
+          EXPECT_TRUE(all_equal(fused, plain)) << where;
+          if (scaling == Fp8Scaling::kDelayed) {
+            EXPECT_TRUE(torch::equal(fused1.amax, plain1.amax) &&
+                        torch::equal(fused2.amax, plain2.amax))
+                << where;
+          }
+        }
+      }
+  fabric::nn::Linear fc(32, 128), proj(128, 48);
+  for (const Fp8Scaling scaling : {Fp8Scaling::kTensorwise, Fp8Scaling::kDelayed}) {
+    fc->set_fp8(true, scaling, 4);
+    proj->set_fp8(true, scaling, 4);
+    const torch::Tensor y = fabric::nn::gelu_tanh_mlp(*fc, *proj, x0);
+    EXPECT_NE(y.grad_fn()->name().find("Fp8GeluMlp"), std::string::npos) << y.grad_fn()->name();
+    EXPECT_TRUE(torch::equal(y, proj->forward_gelu_tanh(fc->forward(x0))));
+  }
+  proj->set_fp8(false);  // one layer in float8: as written
+  EXPECT_TRUE(torch::equal(fabric::nn::gelu_tanh_mlp(*fc, *proj, x0),
+                           proj->forward(torch::gelu(fc->forward(x0), "tanh"))));
 }
 
 TEST(Fp8Test, DelayedWithoutAHistoryIsRefused) {
