@@ -148,6 +148,30 @@ struct FusedLayerNorm : torch::autograd::Function<FusedLayerNorm> {
   }
 };
 
+// {x, LayerNorm(x)}, or RMSNorm without a bias (keep_layer_norm_16, keep_rms_norm_16): x comes
+// back through the node (LibTorch returns an input as a view of it with this node as its
+// gradient's target), so the gradient the residual path gives it later arrives here as grads[0]
+// and the backward kernel adds it (dh_prev) instead of autograd summing it with this node's in a
+// pass of its own. bias: a tensor with no elements for RMSNorm.
+struct FusedKeepNorm : torch::autograd::Function<FusedKeepNorm> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                               const at::Tensor& bias, double eps, int64_t type) {
+    const bool rms = bias.numel() == 0;
+    ctx->saved_data["x_type"] = static_cast<int64_t>(x.scalar_type());
+    const at::Tensor y = forward_kernel(ctx, x, at::Tensor(), weight, rms ? at::Tensor() : bias,
+                                        eps, static_cast<at::ScalarType>(type))[1];
+    return {x, y};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    at::Tensor dy = grads[1];
+    if (!dy.defined()) dy = at::zeros_like(ctx->saved_data["h"].toTensor(), at::kFloat);
+    auto g = backward_kernel(ctx, grads[0], dy, /*want_16=*/false);
+    const auto x_type = static_cast<at::ScalarType>(ctx->saved_data["x_type"].toInt());
+    const bool rms = ctx->saved_data["rms"].toBool();
+    return {g[0].to(x_type), g[2], rms ? at::Tensor() : g[3], at::Tensor(), at::Tensor()};
+  }
+};
+
 struct FusedAddLayerNorm : torch::autograd::Function<FusedAddLayerNorm> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& delta,
                                const at::Tensor& weight, const at::Tensor& bias, double eps,
@@ -219,6 +243,18 @@ at::Tensor layer_norm_16(const at::Tensor& x, const torch::nn::LayerNorm& ln) {
   return ln.ptr()->forward(x);
 }
 
+std::pair<at::Tensor, at::Tensor> keep_layer_norm_16(const at::Tensor& x,
+                                                     const torch::nn::LayerNorm& ln) {
+#ifdef FABRIC_WITH_CUDA_KERNELS
+  if (layer_norm_applies(x, ln)) {
+    auto out = FusedKeepNorm::apply(x, ln->weight, ln->bias, ln->options.eps(),
+                                    static_cast<int64_t>(autocast_16(x)));
+    return {out[0], out[1]};
+  }
+#endif
+  return {x, ln.ptr()->forward(x)};
+}
+
 std::pair<at::Tensor, at::Tensor> add_layer_norm_16(const at::Tensor& x, const at::Tensor& delta,
                                                     const torch::nn::LayerNorm& ln) {
 #ifdef FABRIC_WITH_CUDA_KERNELS
@@ -259,6 +295,18 @@ at::Tensor rms_norm_16(const at::Tensor& x, const at::Tensor& weight, double eps
     return FusedRmsNorm::apply(x, weight, eps, static_cast<int64_t>(autocast_16(x)));
 #endif
   return rms_norm_aten(x, weight, eps);
+}
+
+std::pair<at::Tensor, at::Tensor> keep_rms_norm_16(const at::Tensor& x, const at::Tensor& weight,
+                                                   double eps) {
+#ifdef FABRIC_WITH_CUDA_KERNELS
+  if (rms_norm_applies(x, weight)) {
+    auto out = FusedKeepNorm::apply(x, weight, at::empty({0}, weight.options()), eps,
+                                    static_cast<int64_t>(autocast_16(x)));
+    return {out[0], out[1]};
+  }
+#endif
+  return {x, rms_norm_aten(x, weight, eps)};
 }
 
 std::pair<at::Tensor, at::Tensor> add_rms_norm_16(const at::Tensor& x, const at::Tensor& delta,

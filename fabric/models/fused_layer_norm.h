@@ -31,6 +31,14 @@ bool layer_norm_applies(const at::Tensor& x, const torch::nn::LayerNorm& ln);
 
 at::Tensor layer_norm_16(const at::Tensor& x, const torch::nn::LayerNorm& ln);
 
+// {x, LayerNorm(x)} with x passed back through the LayerNorm's node, for a residual block that
+// adds to x after it (auto [x1, y] = keep_layer_norm_16(x, ln); … add_layer_norm_16(x1, d, ln2)):
+// backward then adds the gradient x1 gets there inside the LayerNorm's backward kernel instead of
+// autograd summing x's two gradients in a pass of its own (one float32 read-read-write of the
+// residual stream per block). Where the kernels do not apply: {x, ln(x)}.
+std::pair<at::Tensor, at::Tensor> keep_layer_norm_16(const at::Tensor& x,
+                                                     const torch::nn::LayerNorm& ln);
+
 // {x + delta, LayerNorm(x + delta)}.
 std::pair<at::Tensor, at::Tensor> add_layer_norm_16(const at::Tensor& x, const at::Tensor& delta,
                                                     const torch::nn::LayerNorm& ln);
@@ -46,6 +54,9 @@ constexpr int64_t kMaxRmsNormWidth = 4096;
 at::Tensor rms_norm_aten(const at::Tensor& x, const at::Tensor& weight, double eps);
 bool rms_norm_applies(const at::Tensor& x, const at::Tensor& weight);
 at::Tensor rms_norm_16(const at::Tensor& x, const at::Tensor& weight, double eps);
+// {x, RMSNorm(x)} as keep_layer_norm_16.
+std::pair<at::Tensor, at::Tensor> keep_rms_norm_16(const at::Tensor& x, const at::Tensor& weight,
+                                                   double eps);
 // {x + delta, RMSNorm(x + delta)}.
 std::pair<at::Tensor, at::Tensor> add_rms_norm_16(const at::Tensor& x, const at::Tensor& delta,
                                                   const at::Tensor& weight, double eps);

@@ -191,8 +191,10 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
     return h + mlp->forward(norm(ln_2, h, shard));
   }
   if (fused_layer_norm_ && layer_norm_applies(x, ln_1)) {
-    // ln_1 with a 16-bit output; the residual add and ln_2 in one kernel (fused_layer_norm.h).
-    const auto [h, y] = add_layer_norm_16(x, attn->forward(layer_norm_16(x, ln_1)), ln_2);
+    // ln_1 with a 16-bit output (x through its node: backward adds x's residual gradient in its
+    // kernel); the residual add and ln_2 in one kernel (fused_layer_norm.h).
+    const auto [x1, y1] = keep_layer_norm_16(x, ln_1);
+    const auto [h, y] = add_layer_norm_16(x1, attn->forward(y1), ln_2);
     return h + mlp->forward(y);
   }
   const torch::Tensor h = x + attn->forward(ln_1->forward(x));

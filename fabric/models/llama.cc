@@ -214,11 +214,12 @@ torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x) {
   const auto& shard = self_attn->q_proj->parallel();
   if (fused_norm_ && (!shard || !shard->sequence_parallel) &&
       rms_norm_applies(x, input_layernorm->weight)) {
-    // The first RMSNorm with a 16-bit output; the residual add and the second in one kernel
-    // (fused_layer_norm.h).
-    const auto [h, y] = add_rms_norm_16(
-        x, self_attn->forward(rms_norm_16(x, input_layernorm->weight, input_layernorm->eps())),
-        post_attention_layernorm->weight, post_attention_layernorm->eps());
+    // The first RMSNorm with a 16-bit output (x through its node: backward adds x's residual
+    // gradient in its kernel); the residual add and the second in one kernel (fused_layer_norm.h).
+    const auto [x1, y1] = keep_rms_norm_16(x, input_layernorm->weight, input_layernorm->eps());
+    const auto [h, y] =
+        add_rms_norm_16(x1, self_attn->forward(y1), post_attention_layernorm->weight,
+                        post_attention_layernorm->eps());
     return h + mlp->forward(y);
   }
   const torch::Tensor h = x + self_attn->forward(rms_norm(input_layernorm, x, shard));
