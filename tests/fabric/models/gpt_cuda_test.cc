@@ -10,6 +10,7 @@
 // (The float8 linear's CUDA cases: tests/fabric/nn/fp8_cuda_test.)
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/cuda.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/optim/adamw.h>
@@ -17,6 +18,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -326,6 +328,54 @@ TEST_P(FusedLayerNormTest, AddLayerNormEqualsATenValuesAndGradients) {
   const Out again = run(true);
   EXPECT_TRUE(torch::equal(again.dw, a.dw)) << "weight gradient not bitwise reproducible";
   EXPECT_TRUE(torch::equal(again.dx, a.dx));
+}
+
+// keep_layer_norm_16 / keep_rms_norm_16 return x through the norm's node, so the residual add
+// after it (add_*_norm_16 of that x) sends x's second gradient into the norm's backward kernel:
+// against layer_norm_16 / rms_norm_16, where autograd sums x's two gradients, x's gradient the
+// same to float32 rounding (the kernel may fuse its add into a multiply-add), the norm's weight
+// gradients bitwise (the kernel takes them before the add), one node fewer.
+TEST_P(FusedLayerNormTest, KeepNormSumsTheResidualGradientInItsKernel) {
+  SKIP_WITHOUT_CUDA();
+  if (!fabric::models::cuda_kernels_built()) GTEST_SKIP() << "no CUDA kernels in this build";
+  const torch::ScalarType t = GetParam();
+  torch::manual_seed(4);
+  const auto opts = torch::TensorOptions().device(torch::kCUDA);
+  torch::nn::LayerNorm ln1(torch::nn::LayerNormOptions({256})), ln2(ln1->options);
+  ln1->to(torch::kCUDA);
+  ln2->to(torch::kCUDA);
+  const torch::Tensor w1 = (1 + 0.1 * torch::randn({256}, opts)).requires_grad_(),
+                      w2 = (1 + 0.1 * torch::randn({256}, opts)).requires_grad_();
+  const torch::Tensor x0 = torch::randn({300, 256}, opts);
+  const torch::Tensor r1 = torch::randn({300, 256}, opts).to(t),
+                      r2 = torch::randn({300, 256}, opts).to(t), q = torch::randn({300, 256}, opts);
+  for (const bool rms : {false, true}) {
+    auto run = [&](bool keep) {
+      torch::Tensor x = x0.clone().requires_grad_();
+      ln1->zero_grad();
+      w1.mutable_grad() = torch::Tensor();
+      autocast_on(t);
+      torch::Tensor x1 = x, y1;
+      if (keep) {
+        std::tie(x1, y1) = rms ? fabric::models::keep_rms_norm_16(x, w1, 1e-5)
+                               : fabric::models::keep_layer_norm_16(x, ln1);
+        EXPECT_NE(x1.grad_fn()->name().find("FusedKeepNorm"), std::string::npos)
+            << x1.grad_fn()->name();
+      } else {
+        y1 = rms ? fabric::models::rms_norm_16(x, w1, 1e-5) : fabric::models::layer_norm_16(x, ln1);
+      }
+      const torch::Tensor d = y1 * r1;  // a 16-bit sublayer output
+      const auto [h, y] = rms ? fabric::models::add_rms_norm_16(x1, d, w2, 1e-5)
+                              : fabric::models::add_layer_norm_16(x1, d, ln2);
+      autocast_off();
+      ((y * r2).to(torch::kFloat).sum() + (h * q).sum()).backward();
+      return std::vector<torch::Tensor>{x.grad(),
+                                        rms ? w1.grad().clone() : ln1->weight.grad().clone()};
+    };
+    const auto a = run(true), b = run(false);
+    EXPECT_LE(max_rel(a[0], b[0]), 1e-5) << (rms ? "RMSNorm" : "LayerNorm");
+    EXPECT_TRUE(torch::equal(a[1], b[1])) << (rms ? "RMSNorm" : "LayerNorm");
+  }
 }
 
 TEST_P(FusedLayerNormTest, LayerNormEqualsATen) {

@@ -470,6 +470,28 @@ TEST(Fp8Test, GeluMlpAsOneNodeIsItsTwoLinearsBitwise) {
           }
         }
       }
+  // c_fc frozen and x without a gradient: the first layer's backward does not run, so its
+  // history is the two layers' (where the first had no node) and only c_proj trains.
+  {
+    Fp8History fused1(4), fused2(4), plain1(4), plain2(4);
+    for (int step = 0; step < 2; ++step) {
+      auto run = [&](bool fused) {
+        torch::Tensor w2 = w20.clone().requires_grad_(), b2 = b20.clone().requires_grad_();
+        const torch::Tensor y =
+            fused ? fabric::nn::fp8_gelu_mlp(x0, w10, b10, w2, b2, Fp8Scaling::kDelayed, &fused1,
+                                             &fused2)
+                  : fabric::nn::fp8_linear(
+                        fabric::nn::fp8_linear(x0, w10, b10, Fp8Scaling::kDelayed, &plain1), w2, b2,
+                        Fp8Scaling::kDelayed, &plain2, /*gelu_tanh_input=*/true);
+        y.backward(g0);
+        return std::vector<torch::Tensor>{y.detach(), w2.grad(), b2.grad()};
+      };
+      EXPECT_TRUE(all_equal(run(true), run(false))) << "frozen c_fc, step " << step;
+      EXPECT_TRUE(torch::equal(fused1.amax, plain1.amax) && torch::equal(fused2.amax, plain2.amax))
+          << "frozen c_fc, step " << step;
+      EXPECT_TRUE(torch::equal(fused1.seeded, plain1.seeded)) << "frozen c_fc, step " << step;
+    }
+  }
   fabric::nn::Linear fc(32, 128), proj(128, 48);
   for (const Fp8Scaling scaling : {Fp8Scaling::kTensorwise, Fp8Scaling::kDelayed}) {
     fc->set_fp8(true, scaling, 4);
