@@ -3,7 +3,7 @@
 // float32; its quantization kernels (fabric/nn/kernels/fp8_cast.h) give ATen's bits, tensorwise
 // and rowwise, and rowwise keeps an outlier row from coarsening the others; fast accumulation
 // changes only the forward GEMM, by less than 1%; a GPT MLP as one float8 node matches its two
-// layers. The CPU side is fp8_test.
+// layers. The CPU side is fp8_test and fp8_equivalence_test.
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/utils.h>
