@@ -14,6 +14,7 @@
 #include <numbers>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "fabric/core/error.h"
 #include "fabric/models/context_parallel.h"
@@ -148,8 +149,10 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
   // Under sequence parallelism x holds this rank's T / tp positions and the column layers gather
   // the whole sequence: T is theirs.
-  const torch::Tensor q_out = q_proj->forward(x), k_out = k_proj->forward(x),
-                      v_out = v_proj->forward(x);
+  // (Under fp8-mixed one cast of x for the three: fabric::nn::shared_input_forward.)
+  const std::vector<torch::Tensor> qkv =
+      fabric::nn::shared_input_forward({q_proj.get(), k_proj.get(), v_proj.get()}, x);
+  const torch::Tensor &q_out = qkv[0], &k_out = qkv[1], &v_out = qkv[2];
   const int64_t B = x.size(0), T = q_out.size(1);
   // Rotary angles [T, D]: position · frequency, each frequency twice (for the two halves). Under
   // context parallelism the tokens' global positions (two chunks, not contiguous), as float32
@@ -198,7 +201,9 @@ LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c) : fused_elementwise_(c.fused_el
 }
 
 torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
-  const torch::Tensor gate = gate_proj->forward(x), up = up_proj->forward(x);
+  const std::vector<torch::Tensor> gate_up =
+      fabric::nn::shared_input_forward({gate_proj.get(), up_proj.get()}, x);
+  const torch::Tensor &gate = gate_up[0], &up = gate_up[1];
   return down_proj->forward(fused_elementwise_ ? swiglu_16(gate, up) : torch::silu(gate) * up);
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "fabric/core/error.h"
 #include "fabric/nn/fp8_quantize.h"
@@ -63,16 +64,21 @@ struct Fp8Forward {
   torch::Tensor y, x8t, sx, w8t, sw;
 };
 
-Fp8Forward forward_gemm(const torch::Tensor& x2, const torch::Tensor& weight,
-                        const torch::Tensor& bias, c10::ScalarType out, bool rowwise,
-                        const torch::Tensor& history, const torch::Tensor& seeded, bool record,
-                        bool gelu, bool fast) {
+// forward_gemm's first operand: x2 (gelu: gelu_tanh(x2)) in e4m3, with history's row 0.
+Quantized quantize_input(const torch::Tensor& x2, bool rowwise, const torch::Tensor& history,
+                         const torch::Tensor& seeded, bool record, bool gelu) {
   const auto dx = delayed_operand(history, seeded, 0, record);
-  const auto dw = delayed_operand(history, seeded, 1, record);
   const bool gelu_in_cast = gelu && !rowwise && kernel_path(x2);
   const torch::Tensor input = gelu && !gelu_in_cast ? torch::gelu(x2, "tanh") : x2;
-  const Quantized qx = quantize(input, torch::kFloat8_e4m3fn, kE4m3Max, rowwise,
-                                dx ? &*dx : nullptr, nullptr, gelu_in_cast);
+  return quantize(input, torch::kFloat8_e4m3fn, kE4m3Max, rowwise, dx ? &*dx : nullptr, nullptr,
+                  gelu_in_cast);
+}
+
+// forward_gemm with its input quantized already (qx: quantize_input's; Fp8SharedInput's layers).
+Fp8Forward weight_gemm(const Quantized& qx, const torch::Tensor& weight, const torch::Tensor& bias,
+                       c10::ScalarType out, bool rowwise, const torch::Tensor& history,
+                       const torch::Tensor& seeded, bool record, bool fast) {
+  const auto dw = delayed_operand(history, seeded, 1, record);
   const Quantized qw =
       quantize(weight, torch::kFloat8_e4m3fn, kE4m3Max, rowwise, dw ? &*dw : nullptr);
   // A 16-bit product takes the bias in the GEMM's epilogue (as ATen's linear does); a float32
@@ -88,6 +94,14 @@ Fp8Forward forward_gemm(const torch::Tensor& x2, const torch::Tensor& weight,
   if (has_bias && !in_gemm) y = y + bias.to(out);
   // Backward reads both operands transposed (column-major for _scaled_mm): keep those.
   return {y, qx.qt, qx.cols_inverse, qw.qt, qw.cols_inverse};
+}
+
+Fp8Forward forward_gemm(const torch::Tensor& x2, const torch::Tensor& weight,
+                        const torch::Tensor& bias, c10::ScalarType out, bool rowwise,
+                        const torch::Tensor& history, const torch::Tensor& seeded, bool record,
+                        bool gelu, bool fast) {
+  const Quantized qx = quantize_input(x2, rowwise, history, seeded, record, gelu);
+  return weight_gemm(qx, weight, bias, out, rowwise, history, seeded, record, fast);
 }
 
 // The three gradients of one float8 Linear from its output gradient g2 [M, N] and forward_gemm's
@@ -260,6 +274,92 @@ struct Fp8GeluMlp : torch::autograd::Function<Fp8GeluMlp> {
   }
 };
 
+// fp8_linears' layers as one autograd node: their input quantized once (with the first layer's
+// history under delayed scaling, whose row every layer then holds), each layer's GEMM with it;
+// backward sums the layers' input gradients as autograd sums separate layers' (the engine runs the
+// later-made node first: q + (k + v)).
+struct Fp8SharedInput : torch::autograd::Function<Fp8SharedInput> {
+  // weights, biases (no elements for none), histories and seeded (Fp8Linear's, one per layer);
+  // record, fast: every layer's (fp8_linears checks they agree).
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& x, at::TensorList weights,
+                               at::TensorList biases, at::TensorList histories,
+                               at::TensorList seeded, bool rowwise, bool record, bool fast) {
+    const size_t n = weights.size();
+    // An output nothing uses gets no gradient (not zeros): its layer's backward does not run.
+    ctx->set_materialize_grads(false);
+    const torch::Tensor x2 = x.reshape({-1, weights[0].size(1)}).contiguous();
+    const Quantized qx = quantize_input(x2, rowwise, histories[0], seeded[0], record, false);
+    // What each layer's own cast would have pushed into its history (the same input's amax):
+    // the first's row, now advanced.
+    if (record && histories[0].numel() > 0) {
+      for (size_t i = 1; i < n; ++i) {
+        (void)delayed_operand(histories[i], seeded[i], 0, record);  // marks it seeded
+        histories[i].select(0, 0).copy_(histories[0].select(0, 0));
+      }
+    }
+    std::vector<torch::Tensor> to_save{qx.qt, qx.cols_inverse};
+    variable_list ys;
+    std::vector<int64_t> sizes = x.sizes().vec();
+    for (size_t i = 0; i < n; ++i) {
+      const Fp8Forward f = weight_gemm(qx, weights[i], biases[i], output_dtype(x), rowwise,
+                                       histories[i], seeded[i], record, fast);
+      to_save.push_back(f.w8t);
+      to_save.push_back(f.sw);
+      sizes.back() = weights[i].size(0);
+      ys.push_back(f.y.view(sizes));
+    }
+    ctx->save_for_backward(to_save);
+    std::vector<int64_t> w_types, b_types;  // b_types: -1 for no bias
+    for (size_t i = 0; i < n; ++i) {
+      w_types.push_back(static_cast<int64_t>(weights[i].scalar_type()));
+      b_types.push_back(biases[i].numel() > 0 ? static_cast<int64_t>(biases[i].scalar_type()) : -1);
+    }
+    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    ctx->saved_data["w_dtypes"] = w_types;
+    ctx->saved_data["b_dtypes"] = b_types;
+    ctx->saved_data["rowwise"] = rowwise;
+    ctx->saved_data["fast_backward"] = fast && rowwise;
+    ctx->saved_data["histories"] = histories.vec();
+    ctx->saved_data["seeded"] = seeded.vec();
+    return ys;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const size_t n = grads.size();
+    const auto w_types = ctx->saved_data["w_dtypes"].toIntVector();
+    const auto b_types = ctx->saved_data["b_dtypes"].toIntVector();
+    const auto histories = ctx->saved_data["histories"].toTensorVector();
+    const auto seeded = ctx->saved_data["seeded"].toTensorVector();
+    const auto x_dtype = saved_dtype(ctx, "x_dtype");
+    const bool rowwise = ctx->saved_data["rowwise"].toBool();
+    const bool fast = ctx->saved_data["fast_backward"].toBool();
+    variable_list out(4 * n + 4);
+    torch::Tensor grad_x;
+    std::vector<int64_t> x_sizes;
+    for (size_t i = n; i-- > 0;) {
+      if (!grads[i].defined()) continue;  // an output nothing used: as its own layer, no pass
+      const torch::Tensor& w8t = s[2 + 2 * i];
+      const std::optional<c10::ScalarType> b_dtype =
+          b_types[i] < 0 ? std::nullopt
+                         : std::optional<c10::ScalarType>(static_cast<c10::ScalarType>(b_types[i]));
+      const Fp8Grads g =
+          backward_gemms(grads[i].reshape({-1, w8t.size(1)}).contiguous(), torch::Tensor(), s[0],
+                         s[1], w8t, s[3 + 2 * i], x_dtype, static_cast<c10::ScalarType>(w_types[i]),
+                         b_dtype, rowwise, fast, histories[i], seeded[i]);
+      grad_x = grad_x.defined() ? g.x + grad_x : g.x;
+      if (x_sizes.empty()) {
+        x_sizes = grads[i].sizes().vec();
+        x_sizes.back() = w8t.size(0);
+      }
+      out[1 + i] = g.w;
+      out[1 + n + i] = g.b;
+    }
+    if (grad_x.defined()) out[0] = grad_x.view(x_sizes);
+    return out;
+  }
+};
+
 // Fp8History's tensors for fp8_linear / fp8_gelu_mlp: the history (made on x's device at first
 // use) and seeded, or no elements when not delayed; throws when delayed has no history.
 std::pair<torch::Tensor, torch::Tensor> history_inputs(Fp8Scaling scaling, Fp8History* history,
@@ -325,6 +425,38 @@ torch::Tensor fp8_gelu_mlp(const torch::Tensor& x, const torch::Tensor& w1, cons
   const bool record2 = record1 || records(scaling, or_empty(b1, w1), w2);
   return Fp8GeluMlp::apply(x, w1, or_empty(b1, w1), w2, or_empty(b2, w2), amax1, seeded1, amax2,
                            seeded2, record1, record2, fast1, fast2);
+}
+
+std::vector<torch::Tensor> fp8_linears(const torch::Tensor& x, const std::vector<Fp8Layer>& layers,
+                                       Fp8Scaling scaling) {
+  auto separate = [&] {
+    std::vector<torch::Tensor> ys;
+    for (const Fp8Layer& l : layers)
+      ys.push_back(fp8_linear(x, l.weight, l.bias, scaling, l.history, false, l.fast_accumulation));
+    return ys;
+  };
+  const bool rowwise = scaling == Fp8Scaling::kRowwise;
+  if (layers.size() < 2 || x.dim() < 1 || (rowwise && !x.is_cuda())) return separate();
+  const int64_t k = x.size(-1), m = x.numel() / std::max<int64_t>(k, 1);
+  const bool record = records(scaling, x, layers[0].weight);
+  const bool fast = layers[0].fast_accumulation;
+  std::vector<torch::Tensor> weights, biases, amaxes, seeded;
+  for (const Fp8Layer& l : layers) {
+    if (l.weight.dim() != 2 || l.weight.size(1) != k || !fits(m, k, l.weight.size(0)) ||
+        l.fast_accumulation != fast || records(scaling, x, l.weight) != record)
+      return separate();
+    const auto [amax, s] = history_inputs(scaling, l.history, x);
+    // The input's history seeded in every layer or in none (else each scales as it alone would).
+    if (s.numel() > 0 && !seeded.empty() && s.data_ptr<bool>()[0] != seeded[0].data_ptr<bool>()[0])
+      return separate();
+    weights.push_back(l.weight);
+    biases.push_back(or_empty(l.bias, l.weight));
+    amaxes.push_back(amax);
+    seeded.push_back(s);
+  }
+  return Fp8SharedInput::apply(x, at::TensorList(weights), at::TensorList(biases),
+                               at::TensorList(amaxes), at::TensorList(seeded), rowwise, record,
+                               fast);
 }
 
 }  // namespace fabric::nn

@@ -86,6 +86,28 @@ torch::Tensor fp8_gelu_mlp(const torch::Tensor& x, const torch::Tensor& w1, cons
                            Fp8History* history1 = nullptr, Fp8History* history2 = nullptr,
                            bool fast1 = true, bool fast2 = true);
 
+// One layer of fp8_linears: weight [N, K], bias [N] or undefined, its Fp8History (delayed) and
+// fast_accumulation (fp8_linear's).
+struct Fp8Layer {
+  torch::Tensor weight, bias;
+  Fp8History* history = nullptr;
+  bool fast_accumulation = true;
+};
+
+// fp8_linear(x, l.weight, l.bias, scaling, l.history, false, l.fast_accumulation) for each layer l
+// of layers that read one input (a Llama's q, k and v projections; its gate and up projections),
+// as one autograd node that quantizes x once for all of them: one cast (on CUDA one launch, one
+// pass over x) and one transposed copy kept for backward instead of one per layer. The same
+// outputs and gradients (x's: the layers' summed as autograd sums separate layers', the last
+// layer's first, so a model's gradients are bitwise those of separate calls). Under delayed
+// scaling x's scale comes from the first layer's history, and every layer's history then holds
+// the row the first's does (what each layer's own cast would have left, having seen the same
+// inputs). Runs as the separate calls for one layer, or when the layers differ in
+// fast_accumulation, in whether this pass records, or in whether their input history is seeded,
+// or when a size does not fit _scaled_mm.
+std::vector<torch::Tensor> fp8_linears(const torch::Tensor& x, const std::vector<Fp8Layer>& layers,
+                                       Fp8Scaling scaling = Fp8Scaling::kTensorwise);
+
 // Whether `device` can run float8 GEMMs with `scaling`; `why_not` (when given) receives the
 // reason otherwise ("compute capability 8.0 < 8.9").
 bool fp8_supported(const torch::Device& device, std::string* why_not = nullptr,

@@ -218,6 +218,23 @@ torch::Tensor gelu_tanh_mlp(LinearImpl& fc, LinearImpl& proj, const torch::Tenso
                       history(proj), fc.fp8_fast_accumulation(), proj.fp8_fast_accumulation());
 }
 
+std::vector<torch::Tensor> shared_input_forward(const std::vector<LinearImpl*>& layers,
+                                                const torch::Tensor& x) {
+  bool one_node = layers.size() > 1;
+  for (LinearImpl* l : layers)
+    one_node = one_node && l->whole_fp8(x) && l->fp8_scaling() == layers[0]->fp8_scaling();
+  if (!one_node) {
+    std::vector<torch::Tensor> ys;
+    for (LinearImpl* l : layers) ys.push_back(l->forward(x));
+    return ys;
+  }
+  std::vector<Fp8Layer> fp8;
+  for (LinearImpl* l : layers)
+    fp8.push_back({l->weight, l->bias, l->fp8_history() ? &*l->fp8_history() : nullptr,
+                   l->fp8_fast_accumulation()});
+  return fp8_linears(x, fp8, layers[0]->fp8_scaling());
+}
+
 namespace {
 
 // Dropout of x, this rank's part (its chunk of `size` along `dim`) of a whole tensor: the whole

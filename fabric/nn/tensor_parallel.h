@@ -251,6 +251,12 @@ TORCH_MODULE(Linear);
 // (on CUDA one pass less over the hidden gradient); the same values either way.
 torch::Tensor gelu_tanh_mlp(LinearImpl& fc, LinearImpl& proj, const torch::Tensor& x);
 
+// layers[i]->forward(x) for each layer (layers reading one input: a Llama's q, k and v
+// projections), as fabric::nn::fp8_linears' one node (x quantized once for all of them) when every
+// layer runs whole in float8 (whole_fp8) with one recipe; the same values either way.
+std::vector<torch::Tensor> shared_input_forward(const std::vector<LinearImpl*>& layers,
+                                                const torch::Tensor& x);
+
 // The attention heads this rank holds of a layer cut between heads: n_head / tp when a plan split
 // `layer` (column or row), else n_head. A split qkv layer's output is this rank's heads only, so
 // reshape it with this count (or -1), never the model's n_head:

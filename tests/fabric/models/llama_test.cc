@@ -1,5 +1,6 @@
 // fabric::models::Llama without Hugging Face (tests/fabric/hf/llama_test.cc compares it with
-// transformers): sizes, the block hook, and its tensor-parallel plan on 2 ranks (threads).
+// transformers): sizes, the block hook, its tensor-parallel plan on 2 ranks (threads), and its
+// float8 layers sharing their input's cast.
 #include "fabric/models/llama.h"
 
 #include <c10/util/intrusive_ptr.h>
@@ -15,6 +16,7 @@
 
 #include "fabric/core/error.h"
 #include "fabric/distributed/process_group.h"
+#include "fabric/nn/fp8.h"
 #include "tests/flight_recorder_off.h"
 
 namespace {
@@ -147,6 +149,51 @@ TEST(LlamaTest, TensorParallelPlanOnTwoRanksGivesTheWholeModelsLogitsLossAndNorm
         }
       }
     }
+}
+
+// Under fp8-mixed q, k and v (and gate and up) read one cast of their input
+// (fabric::nn::shared_input_forward). Against the same model whose k_proj and up_proj differ in
+// fast_accumulation (which the CPU's GEMMs ignore, and which makes each layer cast for itself):
+// two delayed-scaling training passes give the same losses, gradients and histories, bitwise.
+TEST(LlamaTest, Fp8LayersReadingOneInputShareItsCast) {
+  torch::manual_seed(3);
+  Llama shared(tiny(false)), separate(tiny(false));
+  {
+    torch::NoGradGuard no_grad;
+    const auto from = shared->parameters(), to = separate->parameters();
+    for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
+  }
+  const auto fp8 = fabric::nn::Fp8Scaling::kDelayed;
+  fabric::nn::convert_to_fp8(*shared, {}, fp8, 4);
+  fabric::nn::convert_to_fp8(*separate, {}, fp8, 4);
+  for (auto& l : separate->layers) {
+    l->self_attn->k_proj->set_fp8(true, fp8, 4, /*fast_accumulation=*/false);
+    l->mlp->up_proj->set_fp8(true, fp8, 4, /*fast_accumulation=*/false);
+  }
+  const torch::Tensor ids = torch::randint(0, 64, {2, 8}), targets = torch::randint(0, 64, {2, 8});
+  for (int step = 0; step < 2; ++step) {
+    shared->zero_grad();
+    separate->zero_grad();
+    const torch::Tensor a = shared->loss(ids, targets), b = separate->loss(ids, targets);
+    a.backward();
+    b.backward();
+    EXPECT_TRUE(torch::equal(a, b))
+        << "step " << step << ": " << a.item<float>() << " vs " << b.item<float>();
+    const auto pa = shared->named_parameters(), pb = separate->named_parameters();
+    for (const auto& item : pa) {
+      const torch::Tensor &ga = item.value().grad(), &gb = pb[item.key()].grad();
+      EXPECT_TRUE(torch::equal(ga, gb)) << item.key() << ", step " << step;
+    }
+  }
+  for (size_t i = 0; i < shared->layers.size(); ++i) {
+    auto &la = shared->layers[i], &lb = separate->layers[i];
+    for (const auto& [x, y] : {std::pair{la->self_attn->q_proj, lb->self_attn->q_proj},
+                               std::pair{la->self_attn->k_proj, lb->self_attn->k_proj},
+                               std::pair{la->self_attn->v_proj, lb->self_attn->v_proj},
+                               std::pair{la->mlp->gate_proj, lb->mlp->gate_proj},
+                               std::pair{la->mlp->up_proj, lb->mlp->up_proj}})
+      EXPECT_TRUE(torch::equal(x->fp8_history()->amax, y->fp8_history()->amax)) << "layer " << i;
+  }
 }
 
 TEST(LlamaTest, ATpThatSplitsAKeyValueHeadIsAOneLineError) {

@@ -3,7 +3,8 @@
 // advanced only by passes that train, so activation checkpointing's recomputation gives the
 // plain module's gradients bitwise, and restored from a checkpoint to give the next step
 // bitwise; the GELU fused into c_proj's cast and the GPT MLP as one node against the unfused
-// layers; delayed scaling without a history refused.
+// layers; layers sharing one input cast against their separate calls; delayed scaling without a
+// history refused.
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/nn/module.h>
@@ -315,6 +316,114 @@ TEST(Fp8Test, GeluMlpAsOneNodeIsItsTwoLinearsBitwise) {
   proj->set_fp8(false);  // one layer in float8: as written
   EXPECT_TRUE(torch::equal(fabric::nn::gelu_tanh_mlp(*fc, *proj, x0),
                            proj->forward(torch::gelu(fc->forward(x0), "tanh"))));
+}
+
+// Layers reading one input as one float8 node (fp8_linears: the input quantized once) against
+// their separate fp8_linear calls: the products, the weight and bias gradients and every history
+// bitwise, the input's gradient the separate calls' summed as autograd sums them, tensorwise and
+// delayed (two steps), with and without biases and bf16 autocast; an output nothing uses leaves
+// its layer untouched (no gradient, history as its own layer's); shared_input_forward takes the
+// node for whole float8 layers of one recipe only.
+TEST(Fp8Test, SharedInputLayersAreTheirSeparateCallsBitwise) {
+  torch::manual_seed(8);
+  const torch::Tensor x0 = torch::randn({2, 16, 32});
+  const std::vector<int64_t> outs = {64, 32, 32};  // q, k, v of a grouped-query attention
+  std::vector<torch::Tensor> w0, b0, g0;
+  for (const int64_t n : outs) {
+    w0.push_back(torch::randn({n, 32}) * 0.2);
+    b0.push_back(torch::randn({n}) * 0.5);
+    g0.push_back(torch::randn({2, 16, n}));
+  }
+  for (const Fp8Scaling scaling : {Fp8Scaling::kTensorwise, Fp8Scaling::kDelayed})
+    for (const bool biases : {true, false})
+      for (const bool autocast : {false, true})
+        for (const bool all_used : {true, false}) {
+          std::vector<Fp8History> fused, plain;  // (each its own tensors)
+          for (int i = 0; i < 3; ++i) {
+            fused.emplace_back(4);
+            plain.emplace_back(4);
+          }
+          for (int step = 0; step < 2; ++step) {
+            // {ys..., w grads..., b grads..., x grad}; the separate calls' x grad summed in order.
+            auto run = [&](bool one_node) {
+              std::vector<torch::Tensor> w, b, xs;
+              for (size_t i = 0; i < 3; ++i) {
+                w.push_back(w0[i].clone().requires_grad_());
+                b.push_back(biases ? b0[i].clone().requires_grad_() : torch::Tensor());
+                xs.push_back((x0 * (1 + step)).requires_grad_());
+              }
+              std::vector<torch::Tensor> ys;
+              {
+                std::optional<fabric::AutocastGuard> bf16;
+                if (autocast) bf16.emplace(c10::DeviceType::CPU, c10::kBFloat16);
+                if (one_node) {
+                  std::vector<fabric::nn::Fp8Layer> layers;
+                  for (size_t i = 0; i < 3; ++i) layers.push_back({w[i], b[i], &fused[i], true});
+                  ys = fabric::nn::fp8_linears(xs[0], layers, scaling);
+                } else {
+                  for (size_t i = 0; i < 3; ++i)
+                    ys.push_back(fabric::nn::fp8_linear(xs[i], w[i], b[i], scaling, &plain[i]));
+                }
+              }
+              torch::Tensor loss = torch::zeros({});
+              for (size_t i = 0; i < 3; ++i)
+                if (all_used || i != 1) loss = loss + (ys[i].to(torch::kFloat) * g0[i]).sum();
+              loss.backward();
+              std::vector<torch::Tensor> out;
+              for (const auto& y : ys) out.push_back(y.detach());
+              for (size_t i = 0; i < 3; ++i) {
+                if (!all_used && i == 1) {
+                  EXPECT_FALSE(w[i].grad().defined());
+                  continue;
+                }
+                out.push_back(w[i].grad());
+                if (biases) out.push_back(b[i].grad());
+              }
+              // As autograd sums separate layers' (the last layer's first).
+              torch::Tensor gx = xs[0].grad();
+              if (!one_node) {
+                gx = xs[2].grad();
+                if (xs[1].grad().defined()) gx = xs[1].grad() + gx;
+                gx = xs[0].grad() + gx;
+              }
+              out.push_back(gx);
+              return out;
+            };
+            const auto one = run(true), separate = run(false);
+            const std::string where = "scaling " + std::to_string(static_cast<int>(scaling)) +
+                                      (biases ? ", biases" : "") + (autocast ? ", autocast" : "") +
+                                      (all_used ? "" : ", k unused") + ", step " +
+                                      std::to_string(step);
+            ASSERT_EQ(one.size(), separate.size()) << where;
+            EXPECT_EQ(one[0].scalar_type(), autocast ? c10::kBFloat16 : c10::kFloat) << where;
+            EXPECT_TRUE(all_equal(one, separate)) << where;
+            if (scaling == Fp8Scaling::kDelayed)
+              for (size_t i = 0; i < 3; ++i) {
+                EXPECT_TRUE(torch::equal(fused[i].amax, plain[i].amax)) << where << ", layer " << i;
+                EXPECT_TRUE(torch::equal(fused[i].seeded, plain[i].seeded))
+                    << where << ", layer " << i;
+              }
+          }
+        }
+  std::vector<fabric::nn::Linear> layers;
+  for (const int64_t n : outs) layers.emplace_back(32, n);
+  const std::vector<fabric::nn::LinearImpl*> raw = {layers[0].get(), layers[1].get(),
+                                                    layers[2].get()};
+  for (const Fp8Scaling scaling : {Fp8Scaling::kTensorwise, Fp8Scaling::kDelayed}) {
+    for (auto& l : layers) l->set_fp8(true, scaling, 4);
+    const auto ys = fabric::nn::shared_input_forward(raw, x0);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_NE(ys[i].grad_fn()->name().find("Fp8SharedInput"), std::string::npos)
+          << ys[i].grad_fn()->name();
+      EXPECT_TRUE(torch::equal(ys[i], layers[i]->forward(x0)));
+    }
+  }
+  layers[2]->set_fp8(false);  // one layer not in float8: each layer's forward
+  const auto ys = fabric::nn::shared_input_forward(raw, x0);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(ys[i].grad_fn()->name().find("Fp8SharedInput"), std::string::npos);
+    EXPECT_TRUE(torch::equal(ys[i], layers[i]->forward(x0)));
+  }
 }
 
 TEST(Fp8Test, DelayedWithoutAHistoryIsRefused) {
