@@ -3,14 +3,18 @@
 // float32; its quantization kernels (fabric/nn/kernels/fp8_cast.h) give ATen's bits, tensorwise
 // and rowwise, and rowwise keeps an outlier row from coarsening the others; fast accumulation
 // changes only the forward GEMM, by less than 1%; a GPT MLP as one float8 node matches its two
-// layers. The CPU side is fp8_test and fp8_equivalence_test.
+// layers, and layers sharing one input's cast their separate calls. The CPU side is fp8_test and
+// fp8_equivalence_test.
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/utils.h>
 
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -348,8 +352,99 @@ TEST(Fp8CudaTest, GeluMlpAsOneNodeMatchesItsTwoLinears) {
 // gpt2-medium's operand sizes (16384 tokens x 1024 and 4096 features) a block of the wave casts
 // several tiles, which the small shapes above never make it do: the product and all three
 // gradients (the bias's from the cast's column sums) are bitwise the same, for both recipes.
+// A Llama's q, k and v as one float8 node reading one cast of their input (fp8_linears) against
+// their separate fp8_linear calls on one input, at the 1B shape (16384 tokens, 2048 -> 2048,
+// 512, 512), bf16 input, biases (Qwen2's), both recipes, two steps: products, weight and bias
+// gradients and the delayed histories bitwise (the same kernels on the same operands); x's
+// gradient is summed by the node as the engine sums the separate layers' (bitwise on the CPU);
+// here compared within one bf16 rounding, and the share bitwise printed.
+TEST(Fp8CudaTest, SharedInputLayersMatchTheirSeparateCalls) {
+  SKIP_WITHOUT_CUDA();
+  std::string why;
+  const torch::Device cuda(torch::kCUDA, 0);
+  if (!fabric::nn::fp8_supported(cuda, &why)) GTEST_SKIP() << why;
+  torch::manual_seed(5);
+  const torch::Tensor x0 = torch::randn({16384, 2048}).to(cuda, torch::kBFloat16);
+  const std::vector<int64_t> outs = {2048, 512, 512};
+  std::vector<torch::Tensor> w0, b0, g0;
+  for (const int64_t n : outs) {
+    w0.push_back((torch::randn({n, 2048}) * 0.02).to(cuda));
+    b0.push_back((torch::randn({n}) * 0.1).to(cuda));
+    g0.push_back((torch::randn({16384, n}) * 1e-3).to(cuda, torch::kBFloat16));
+  }
+  for (const auto scaling :
+       {fabric::nn::Fp8Scaling::kTensorwise, fabric::nn::Fp8Scaling::kDelayed}) {
+    std::vector<fabric::nn::Fp8History> shared(3), separate(3);  // each its own tensors
+    for (int step = 0; step < 2; ++step) {
+      auto run = [&](bool one_node) {
+        torch::Tensor x = x0.clone().requires_grad_();
+        std::vector<torch::Tensor> w, b, ys;
+        for (size_t i = 0; i < 3; ++i) {
+          w.push_back(w0[i].clone().requires_grad_());
+          b.push_back(b0[i].clone().requires_grad_());
+        }
+        if (one_node) {
+          std::vector<fabric::nn::Fp8Layer> layers;
+          for (size_t i = 0; i < 3; ++i) layers.push_back({w[i], b[i], &shared[i], true});
+          ys = fabric::nn::fp8_linears(x, layers, scaling);
+          EXPECT_NE(ys[0].grad_fn()->name().find("Fp8SharedInput"), std::string::npos)
+              << ys[0].grad_fn()->name();
+        } else {
+          for (size_t i = 0; i < 3; ++i)
+            ys.push_back(fabric::nn::fp8_linear(x, w[i], b[i], scaling, &separate[i]));
+        }
+        torch::autograd::backward(ys, g0);
+        std::vector<torch::Tensor> out;
+        for (size_t i = 0; i < 3; ++i)
+          out.insert(out.end(), {ys[i].detach(), w[i].grad(), b[i].grad()});
+        out.push_back(x.grad());
+        return out;
+      };
+      const auto one = run(true), apart = run(false);
+      for (size_t i = 0; i + 1 < one.size(); ++i)
+        EXPECT_TRUE(torch::equal(one[i], apart[i]))
+            << "tensor " << i << ", recipe " << static_cast<int>(scaling) << ", step " << step;
+      const torch::Tensor &gx = one.back(), &gx_apart = apart.back();
+      std::printf(
+          "shared input, recipe %d, step %d: x's gradient bitwise the separate calls' in "
+          "%.4f%%\n",
+          static_cast<int>(scaling), step,
+          100 * gx.eq(gx_apart).to(torch::kFloat).mean().item<double>());
+      EXPECT_TRUE(
+          torch::allclose(gx.to(torch::kFloat), gx_apart.to(torch::kFloat), 1.0 / 128, 1e-6))
+          << "recipe " << static_cast<int>(scaling) << ", step " << step;
+      if (scaling == fabric::nn::Fp8Scaling::kDelayed)
+        for (size_t i = 0; i < 3; ++i)
+          EXPECT_TRUE(torch::equal(shared[i].amax, separate[i].amax))
+              << "history " << i << ", step " << step;
+    }
+  }
+}
+
+// FABRIC_FP8_CAST_GRID as it was, and the grid it names read again, when the scope ends (an
+// assertion or a throwing launch included): later cases run on the process's grid.
+struct CastGridRestore {
+  std::optional<std::string> saved;
+  CastGridRestore() {
+    if (const char* v = std::getenv("FABRIC_FP8_CAST_GRID")) saved = v;
+  }
+  ~CastGridRestore() {
+    if (saved)
+      ::setenv("FABRIC_FP8_CAST_GRID", saved->c_str(), 1);
+    else
+      ::unsetenv("FABRIC_FP8_CAST_GRID");
+    try {
+      torch::nn::Module none;
+      fabric::nn::convert_to_fp8(none, {});  // reads FABRIC_FP8_CAST_GRID
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << e.what();
+    }
+  }
+};
+
 TEST(Fp8CudaTest, CastGridsGiveTheSameBits) {
   SKIP_WITHOUT_CUDA();
+  const CastGridRestore restore;
   std::string why;
   const torch::Device cuda(torch::kCUDA, 0);
   if (!fabric::nn::fp8_supported(cuda, &why)) GTEST_SKIP() << why;
@@ -373,9 +468,6 @@ TEST(Fp8CudaTest, CastGridsGiveTheSameBits) {
         y.backward(g0);
         runs.push_back({y, x.grad(), w.grad(), b.grad()});
       }
-      ::unsetenv("FABRIC_FP8_CAST_GRID");
-      torch::nn::Module none;
-      fabric::nn::convert_to_fp8(none, {});  // back to the default grid
       for (size_t i = 0; i < runs[0].size(); ++i)
         EXPECT_TRUE(torch::equal(runs[0][i], runs[1][i]))
             << "output/gradient " << i << ", " << features << " features, recipe "
