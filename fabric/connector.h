@@ -85,6 +85,7 @@ struct ResolvedSetup {
   bool fp8_rowwise = false;              // fabric.fp8.recipe: rowwise
   int64_t fp8_amax_history = 0;          // recipe delayed: fabric.fp8.amax_history; else 0
   bool fp8_fast_accumulation = true;     // fabric.fp8.fast_accumulation
+  int64_t fp8_grad_margin = 3;           // fabric.fp8.grad_margin (read under recipe delayed)
   GradScalerOptions scaler;
   uint64_t seed = 0;
   bool deterministic = false;

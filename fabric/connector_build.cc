@@ -39,6 +39,7 @@ std::unique_ptr<Strategy> build_strategy(const ResolvedSetup& s) {
   precision->set_fp8_rowwise(s.fp8_rowwise);
   precision->set_fp8_amax_history(s.fp8_amax_history);
   precision->set_fp8_fast_accumulation(s.fp8_fast_accumulation);
+  precision->set_fp8_grad_margin(s.fp8_grad_margin);
   switch (s.strategy) {
     case StrategyKind::kDp:
       return std::make_unique<strategies::DataParallel>(s.devices, std::move(precision));

@@ -85,6 +85,11 @@ void resolve_precision_options(const Config& c, const MachineFacts& m, ResolvedS
     s.warnings.push_back(c.origin("fabric.fp8.amax_history") +
                          ": fabric.fp8.amax_history: has no effect under fabric.fp8.recipe: " +
                          recipe + " (it configures delayed scaling)");
+  s.fp8_grad_margin = c.get_int("fabric.fp8.grad_margin");
+  if (recipe != "delayed" && c.origin("fabric.fp8.grad_margin") != "default")
+    s.warnings.push_back(c.origin("fabric.fp8.grad_margin") +
+                         ": fabric.fp8.grad_margin: has no effect under fabric.fp8.recipe: " +
+                         recipe + " (it configures delayed scaling)");
   s.fp8_fast_accumulation = c.get_bool("fabric.fp8.fast_accumulation");
   if (!s.fp8_fast_accumulation && !fp8) no_effect("fabric.fp8.fast_accumulation");
   if (!s.fp8_rowwise || !fp8) return;

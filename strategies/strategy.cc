@@ -23,7 +23,7 @@ void Strategy::convert_module(torch::nn::Module& module) {
       : precision_->fp8_amax_history() > 0 ? fabric::nn::Fp8Scaling::kDelayed
                                            : fabric::nn::Fp8Scaling::kTensorwise,
       precision_->fp8_amax_history(),  // read under kDelayed only
-      precision_->fp8_fast_accumulation());
+      precision_->fp8_fast_accumulation(), precision_->fp8_grad_margin());
   const auto& c = fp8_conversion_;
   if (!c.unmatched.empty()) {
     // A typo would keep nothing out of float8 in silence. A config error (exit 2, never

@@ -49,6 +49,11 @@ ConfigSchema default_schema() {
         KeySpec::integer(16).min(1).doc(
             "fp8-mixed with recipe delayed: steps of amax history each operand's scale comes "
             "from (their largest)"));
+  s.add("fabric.fp8.grad_margin",
+        KeySpec::integer(3).min(0).max(15).doc(
+            "fp8-mixed with recipe delayed: the output gradient's scale leaves 2^grad_margin of "
+            "headroom above its history's largest amax, so a gradient that outgrows its last "
+            "steps' does not saturate (0: none, Transformer Engine's default margin)"));
   s.add("fabric.fp8.fast_accumulation",
         KeySpec::boolean(true).doc(
             "fp8-mixed on CUDA: the GEMMs torchao runs with _scaled_mm's fast accumulation "

@@ -117,10 +117,12 @@ Fp8Grads backward_gemms(const torch::Tensor& g2, const torch::Tensor& gelu_pre,
                         const torch::Tensor& x8t, const torch::Tensor& sx, const torch::Tensor& w8t,
                         const torch::Tensor& sw, c10::ScalarType x_dtype, c10::ScalarType w_dtype,
                         std::optional<c10::ScalarType> b_dtype, bool rowwise, bool fast,
-                        const torch::Tensor& history, const torch::Tensor& seeded) {
+                        const torch::Tensor& history, const torch::Tensor& seeded,
+                        int64_t grad_margin) {
   // Rowwise quantizes the gradient to e4m3 as well (as torchao's rowwise recipe does: a scale
   // per row covers the range e5m2's exponent bits are for, and the rowwise GEMM takes e4m3).
-  const auto dg = delayed_operand(history, seeded, 2, /*record=*/true);
+  const auto dg =
+      delayed_operand(history, seeded, 2, /*record=*/true, static_cast<int>(grad_margin));
   // The bias's gradient (the rows' sum, in float32) from the gradient's cast when its kernel
   // takes it (or, through the GELU, from quantize's own gradient), else below.
   torch::Tensor bias_sum;
@@ -164,11 +166,11 @@ struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
   // history, seeded: Fp8History's tensors under delayed scaling (no elements otherwise); record:
   // this forward records a graph (its backward will run); gelu: the layer's input is
   // gelu_tanh(x) (x the pre-activation; the CUDA kernels apply it as they read x); fast:
-  // fp8_linear's fast_accumulation.
+  // fp8_linear's fast_accumulation; grad_margin: Fp8History's (delayed).
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, const torch::Tensor& bias, bool rowwise,
                                const torch::Tensor& history, const torch::Tensor& seeded,
-                               bool record, bool gelu, bool fast) {
+                               bool record, bool gelu, bool fast, int64_t grad_margin) {
     const int64_t k = weight.size(1), n = weight.size(0);
     const torch::Tensor x2 = x.reshape({-1, k}).contiguous();
     const Fp8Forward f = forward_gemm(x2, weight, bias, output_dtype(x), rowwise, history, seeded,
@@ -182,6 +184,7 @@ struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
     ctx->saved_data["fast_backward"] = fast && rowwise;  // as torchao: rowwise's backward too
     ctx->saved_data["history"] = history;
     ctx->saved_data["seeded"] = seeded;
+    ctx->saved_data["grad_margin"] = grad_margin;
     std::vector<int64_t> sizes = x.sizes().vec();
     sizes.back() = n;
     return f.y.view(sizes);
@@ -192,24 +195,20 @@ struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
     const int64_t k = saved[2].size(0), n = saved[2].size(1);
     std::vector<int64_t> x_sizes = grads[0].sizes().vec();
     x_sizes.back() = k;
-    const Fp8Grads g =
-        backward_gemms(grads[0].reshape({-1, n}).contiguous(), torch::Tensor(), saved[0], saved[1],
-                       saved[2], saved[3], saved_dtype(ctx, "x_dtype"), saved_dtype(ctx, "w_dtype"),
-                       bias_dtype(ctx, "b_dtype"), ctx->saved_data["rowwise"].toBool(),
-                       ctx->saved_data["fast_backward"].toBool(),
-                       ctx->saved_data["history"].toTensor(), ctx->saved_data["seeded"].toTensor());
+    const Fp8Grads g = backward_gemms(
+        grads[0].reshape({-1, n}).contiguous(), torch::Tensor(), saved[0], saved[1], saved[2],
+        saved[3], saved_dtype(ctx, "x_dtype"), saved_dtype(ctx, "w_dtype"),
+        bias_dtype(ctx, "b_dtype"), ctx->saved_data["rowwise"].toBool(),
+        ctx->saved_data["fast_backward"].toBool(), ctx->saved_data["history"].toTensor(),
+        ctx->saved_data["seeded"].toTensor(), ctx->saved_data["grad_margin"].toInt());
     // Through the GELU the forward applied (to the pre-activation it saved).
     torch::Tensor grad_x = g.x;
     if (saved[4].defined()) grad_x = torch::gelu_backward(grad_x, saved[4], "tanh");
-    return {grad_x.view(x_sizes),
-            g.w,
-            g.b,
-            torch::Tensor(),
-            torch::Tensor(),
-            torch::Tensor(),
-            torch::Tensor(),
-            torch::Tensor(),
-            torch::Tensor()};
+    variable_list out(10);
+    out[0] = grad_x.view(x_sizes);
+    out[1] = g.w;
+    out[2] = g.b;
+    return out;
   }
 };
 
@@ -217,13 +216,15 @@ struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
 // layer's output gradient is quantized from the second's input gradient and the saved
 // pre-activation in one pass (through the GELU), never written in 16 bits.
 struct Fp8GeluMlp : torch::autograd::Function<Fp8GeluMlp> {
-  // Biases, histories and seeded as Fp8Linear's; record1, record2: each layer's pass trains.
+  // Biases, histories, seeded and margins as Fp8Linear's; record1, record2: each layer's pass
+  // trains.
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& w1, const torch::Tensor& b1,
                                const torch::Tensor& w2, const torch::Tensor& b2,
                                const torch::Tensor& history1, const torch::Tensor& seeded1,
                                const torch::Tensor& history2, const torch::Tensor& seeded2,
-                               bool record1, bool record2, bool fast1, bool fast2) {
+                               bool record1, bool record2, bool fast1, bool fast2,
+                               int64_t grad_margin1, int64_t grad_margin2) {
     const torch::Tensor x2 = x.reshape({-1, w1.size(1)}).contiguous();
     const Fp8Forward f1 =
         forward_gemm(x2, w1, b1, output_dtype(x), false, history1, seeded1, record1, false, fast1);
@@ -240,6 +241,8 @@ struct Fp8GeluMlp : torch::autograd::Function<Fp8GeluMlp> {
     ctx->saved_data["seeded1"] = seeded1;
     ctx->saved_data["history2"] = history2;
     ctx->saved_data["seeded2"] = seeded2;
+    ctx->saved_data["grad_margin1"] = grad_margin1;
+    ctx->saved_data["grad_margin2"] = grad_margin2;
     std::vector<int64_t> sizes = x.sizes().vec();
     sizes.back() = w2.size(0);
     return f2.y.view(sizes);
@@ -254,8 +257,9 @@ struct Fp8GeluMlp : torch::autograd::Function<Fp8GeluMlp> {
     const Fp8Grads g2 = backward_gemms(
         grads[0].reshape({-1, s[6].size(1)}).contiguous(), torch::Tensor(), s[4], s[5], s[6], s[7],
         pre.scalar_type(), saved_dtype(ctx, "w2_dtype"), bias_dtype(ctx, "b2_dtype"), false, false,
-        ctx->saved_data["history2"].toTensor(), ctx->saved_data["seeded2"].toTensor());
-    variable_list out(13);
+        ctx->saved_data["history2"].toTensor(), ctx->saved_data["seeded2"].toTensor(),
+        ctx->saved_data["grad_margin2"].toInt());
+    variable_list out(15);
     out[3] = g2.w;
     out[4] = g2.b;
     // Nothing before the first layer trains (c_fc frozen, x without a gradient): as the two
@@ -266,7 +270,8 @@ struct Fp8GeluMlp : torch::autograd::Function<Fp8GeluMlp> {
     const Fp8Grads g1 = backward_gemms(
         g2.x, pre, s[0], s[1], s[2], s[3], saved_dtype(ctx, "x_dtype"),
         saved_dtype(ctx, "w1_dtype"), bias_dtype(ctx, "b1_dtype"), false, false,
-        ctx->saved_data["history1"].toTensor(), ctx->saved_data["seeded1"].toTensor());
+        ctx->saved_data["history1"].toTensor(), ctx->saved_data["seeded1"].toTensor(),
+        ctx->saved_data["grad_margin1"].toInt());
     out[0] = g1.x.view(x_sizes);
     out[1] = g1.w;
     out[2] = g1.b;
@@ -279,11 +284,12 @@ struct Fp8GeluMlp : torch::autograd::Function<Fp8GeluMlp> {
 // backward sums the layers' input gradients as autograd sums separate layers' (the engine runs the
 // later-made node first: q + (k + v)).
 struct Fp8SharedInput : torch::autograd::Function<Fp8SharedInput> {
-  // weights, biases (no elements for none), histories and seeded (Fp8Linear's, one per layer);
-  // record, fast: every layer's (fp8_linears checks they agree).
+  // weights, biases (no elements for none), histories, seeded and grad_margins (Fp8Linear's, one
+  // per layer); record, fast: every layer's (fp8_linears checks they agree).
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& x, at::TensorList weights,
                                at::TensorList biases, at::TensorList histories,
-                               at::TensorList seeded, bool rowwise, bool record, bool fast) {
+                               at::TensorList seeded, std::vector<int64_t> grad_margins,
+                               bool rowwise, bool record, bool fast) {
     const size_t n = weights.size();
     // An output nothing uses gets no gradient (not zeros): its layer's backward does not run.
     ctx->set_materialize_grads(false);
@@ -321,6 +327,7 @@ struct Fp8SharedInput : torch::autograd::Function<Fp8SharedInput> {
     ctx->saved_data["fast_backward"] = fast && rowwise;
     ctx->saved_data["histories"] = histories.vec();
     ctx->saved_data["seeded"] = seeded.vec();
+    ctx->saved_data["grad_margins"] = grad_margins;
     return ys;
   }
 
@@ -334,7 +341,8 @@ struct Fp8SharedInput : torch::autograd::Function<Fp8SharedInput> {
     const auto x_dtype = saved_dtype(ctx, "x_dtype");
     const bool rowwise = ctx->saved_data["rowwise"].toBool();
     const bool fast = ctx->saved_data["fast_backward"].toBool();
-    variable_list out(4 * n + 4);
+    const auto margins = ctx->saved_data["grad_margins"].toIntVector();
+    variable_list out(4 * n + 5);
     torch::Tensor grad_x;
     std::vector<int64_t> x_sizes;
     for (size_t i = n; i-- > 0;) {
@@ -346,7 +354,7 @@ struct Fp8SharedInput : torch::autograd::Function<Fp8SharedInput> {
       const Fp8Grads g =
           backward_gemms(grads[i].reshape({-1, w8t.size(1)}).contiguous(), torch::Tensor(), s[0],
                          s[1], w8t, s[3 + 2 * i], x_dtype, static_cast<c10::ScalarType>(w_types[i]),
-                         b_dtype, rowwise, fast, histories[i], seeded[i]);
+                         b_dtype, rowwise, fast, histories[i], seeded[i], margins[i]);
       grad_x = grad_x.defined() ? g.x + grad_x : g.x;
       if (x_sizes.empty()) {
         x_sizes = grads[i].sizes().vec();
@@ -381,16 +389,24 @@ bool records(Fp8Scaling scaling, const torch::Tensor& x, const torch::Tensor& we
          (x.requires_grad() || weight.requires_grad());
 }
 
+// The output gradient's margin (delayed scaling's; 0 otherwise, where it is not read).
+int64_t grad_margin(const Fp8History* history) { return history ? history->grad_margin : 0; }
+
 torch::Tensor or_empty(const torch::Tensor& bias, const torch::Tensor& weight) {
   return bias.defined() ? bias : torch::empty({0}, weight.options());
 }
 
 }  // namespace
 
-Fp8History::Fp8History(int64_t length) : length(length), seeded(torch::zeros({3}, torch::kBool)) {
+Fp8History::Fp8History(int64_t length, int64_t grad_margin)
+    : length(length), grad_margin(grad_margin), seeded(torch::zeros({3}, torch::kBool)) {
   if (length < 1)
     throw Error("fabric.fp8.amax_history: " + std::to_string(length) +
                 " steps; delayed scaling keeps at least 1");
+  if (grad_margin < 0 || grad_margin > 15)
+    throw Error(
+        "fabric.fp8.grad_margin: " + std::to_string(grad_margin) +
+        "; set a power of two from 0 to 15 (the default 3 leaves the gradient 8x headroom)");
 }
 
 torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight,
@@ -407,7 +423,8 @@ torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight,
         x.device().str());
   const auto [amax, seeded] = history_inputs(scaling, history, x);
   return Fp8Linear::apply(x, weight, or_empty(bias, weight), rowwise, amax, seeded,
-                          records(scaling, x, weight), gelu_tanh_input, fast_accumulation);
+                          records(scaling, x, weight), gelu_tanh_input, fast_accumulation,
+                          grad_margin(history));
 }
 
 torch::Tensor fp8_gelu_mlp(const torch::Tensor& x, const torch::Tensor& w1, const torch::Tensor& b1,
@@ -424,7 +441,8 @@ torch::Tensor fp8_gelu_mlp(const torch::Tensor& x, const torch::Tensor& w1, cons
   // The second layer's input (the first's output) needs a gradient when anything before it does.
   const bool record2 = record1 || records(scaling, or_empty(b1, w1), w2);
   return Fp8GeluMlp::apply(x, w1, or_empty(b1, w1), w2, or_empty(b2, w2), amax1, seeded1, amax2,
-                           seeded2, record1, record2, fast1, fast2);
+                           seeded2, record1, record2, fast1, fast2, grad_margin(history1),
+                           grad_margin(history2));
 }
 
 std::vector<torch::Tensor> fp8_linears(const torch::Tensor& x, const std::vector<Fp8Layer>& layers,
@@ -441,6 +459,7 @@ std::vector<torch::Tensor> fp8_linears(const torch::Tensor& x, const std::vector
   const bool record = records(scaling, x, layers[0].weight);
   const bool fast = layers[0].fast_accumulation;
   std::vector<torch::Tensor> weights, biases, amaxes, seeded;
+  std::vector<int64_t> margins;
   for (const Fp8Layer& l : layers) {
     if (l.weight.dim() != 2 || l.weight.size(1) != k || !fits(m, k, l.weight.size(0)) ||
         l.fast_accumulation != fast || records(scaling, x, l.weight) != record)
@@ -453,10 +472,11 @@ std::vector<torch::Tensor> fp8_linears(const torch::Tensor& x, const std::vector
     biases.push_back(or_empty(l.bias, l.weight));
     amaxes.push_back(amax);
     seeded.push_back(s);
+    margins.push_back(grad_margin(l.history));
   }
   return Fp8SharedInput::apply(x, at::TensorList(weights), at::TensorList(biases),
-                               at::TensorList(amaxes), at::TensorList(seeded), rowwise, record,
-                               fast);
+                               at::TensorList(amaxes), at::TensorList(seeded), margins, rowwise,
+                               record, fast);
 }
 
 }  // namespace fabric::nn

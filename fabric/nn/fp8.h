@@ -46,9 +46,16 @@ enum class Fp8Scaling { kTensorwise, kRowwise, kDelayed };
 // the history with its own amax (the same scale and bits as tensorwise); until then, a pass
 // without a graph scales dynamically. Non-finite amaxes count as 0. The history is not part of the
 // module's state (not in state_dict): Fabric's checkpoints keep it per rank (fp8_history.h).
+// grad_margin (fabric.fp8.grad_margin, 0 to 15, else fabric::Error): the output gradient's scale
+// leaves 2^grad_margin of headroom above its history's largest amax (Transformer Engine's margin,
+// for the gradient only), since a gradient's amax can jump several times above its last steps'
+// (up to 6x around the end of the learning-rate warm-up in a tiny GPT on the CPU), and the
+// elements beyond the range saturate: e5m2 has the range to spare, e4m3 (inputs, weights) not.
 struct Fp8History {
-  explicit Fp8History(int64_t length = 16);
+  static constexpr int64_t kDefaultGradMargin = 3;
+  explicit Fp8History(int64_t length = 16, int64_t grad_margin = kDefaultGradMargin);
   int64_t length;
+  int64_t grad_margin;
   // [3, length + 1] float32 on the device of the layer's last float8 GEMM (undefined before it):
   // row i's columns [0, length) hold operand i's amaxes, newest first; column `length` collects
   // the amax being taken.
@@ -124,12 +131,14 @@ struct Fp8Conversion {
 // Turns float8 GEMMs on for every fabric::nn::Linear of `module` except those whose name matches
 // a pattern of `exclude` (the plan pattern syntax of tensor_parallel.h: '*' is one name
 // component) and those whose sizes _scaled_mm cannot take, with `scaling` (kDelayed: each layer
-// with its own Fp8History of `history_length` ≥ 1 steps; ignored otherwise) and
-// `fast_accumulation` (fp8_linear's). Returns what it did. Also reads FABRIC_FP8_CAST_GRID (the
-// CUDA cast kernels' grid, docs/building.md; fabric::Error for a value other than wave or tile).
+// with its own Fp8History of `history_length` ≥ 1 steps and `grad_margin`; ignored otherwise)
+// and `fast_accumulation` (fp8_linear's). Returns what it did. Also reads FABRIC_FP8_CAST_GRID
+// (the CUDA cast kernels' grid, docs/building.md; fabric::Error for a value other than wave or
+// tile).
 Fp8Conversion convert_to_fp8(torch::nn::Module& module, const std::vector<std::string>& exclude,
                              Fp8Scaling scaling = Fp8Scaling::kTensorwise,
-                             int64_t history_length = 16, bool fast_accumulation = true);
+                             int64_t history_length = 16, bool fast_accumulation = true,
+                             int64_t grad_margin = Fp8History::kDefaultGradMargin);
 
 }  // namespace fabric::nn
 

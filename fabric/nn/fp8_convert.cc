@@ -59,8 +59,10 @@ bool fp8_supported(const torch::Device& device, std::string* why_not, Fp8Scaling
 }
 
 Fp8Conversion convert_to_fp8(torch::nn::Module& module, const std::vector<std::string>& exclude,
-                             Fp8Scaling scaling, int64_t history_length, bool fast_accumulation) {
+                             Fp8Scaling scaling, int64_t history_length, bool fast_accumulation,
+                             int64_t grad_margin) {
   detail::read_cast_grid_setting();
+  if (scaling == Fp8Scaling::kDelayed) Fp8History check(history_length, grad_margin);  // throws
   Fp8Conversion out;
   // The module itself by reference (named_modules can include it only when a shared_ptr owns it).
   std::vector<std::pair<std::string, torch::nn::Module*>> all = {{"(root)", &module}};
@@ -88,7 +90,7 @@ Fp8Conversion convert_to_fp8(torch::nn::Module& module, const std::vector<std::s
     } else if (l->weight.size(0) % 16 != 0 || l->weight.size(1) % 16 != 0) {
       out.unfit.push_back(name);
     } else {
-      l->set_fp8(true, scaling, history_length, fast_accumulation);
+      l->set_fp8(true, scaling, history_length, fast_accumulation, grad_margin);
       out.converted.push_back(name);
     }
   }

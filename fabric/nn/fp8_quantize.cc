@@ -3,6 +3,7 @@
 #include <ATen/ops/gelu_backward.h>
 
 #include <cfloat>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <optional>
@@ -54,7 +55,9 @@ Quantized quantize_aten(const torch::Tensor& t, c10::ScalarType dtype, double la
       const torch::Tensor window = delayed->row.slice(0, 0, n);
       reference = torch::where(window.abs() <= FLT_MAX, window, torch::zeros_like(window)).amax();
     }
-    const torch::Tensor scale = largest / reference.clamp_min(1e-12);
+    // (2^-margin on the numerator, as the kernel: exact, so the same bits either way.)
+    const double top = delayed == nullptr ? largest : std::ldexp(largest, -delayed->margin);
+    const torch::Tensor scale = top / reference.clamp_min(1e-12);
     const torch::Tensor q = cast(scale), inverse = scale.reciprocal();
     if (delayed != nullptr && delayed->record) {
       const torch::Tensor slot = delayed->row.select(0, delayed->row.size(0) - 1);
@@ -116,11 +119,12 @@ Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype, bool r
       check_kernel_launch(
           kernels::fp8_amax(x.data_ptr(), x.numel(), source, history, stream, gelu, pre_ptr),
           "fp8-mixed", "fp8_amax");
-    check_kernel_launch(kernels::fp8_cast_delayed(
-                            x.data_ptr(), rows, cols, source, e5m2, history, n,
-                            delayed->record ? history + n : nullptr, q.data_ptr(), qt.data_ptr(),
-                            inverse.data_ptr<float>(), stream, sums, gelu, pre_ptr),
-                        "fp8-mixed", "fp8_cast_delayed");
+    check_kernel_launch(
+        kernels::fp8_cast_delayed(x.data_ptr(), rows, cols, source, e5m2, history, n,
+                                  delayed->record ? history + n : nullptr, q.data_ptr(),
+                                  qt.data_ptr(), inverse.data_ptr<float>(), stream, sums, gelu,
+                                  pre_ptr, delayed->margin),
+        "fp8-mixed", "fp8_cast_delayed");
     if (delayed->record)
       check_kernel_launch(kernels::fp8_history_push(history, n, stream), "fp8-mixed",
                           "fp8_history_push");
@@ -196,11 +200,12 @@ Quantized quantize(const torch::Tensor& t, c10::ScalarType dtype, double largest
 }
 
 std::optional<Delayed> delayed_operand(const torch::Tensor& history, const torch::Tensor& seeded,
-                                       int64_t i, bool record) {
+                                       int64_t i, bool record, int margin) {
   if (history.numel() == 0) return std::nullopt;
   bool& done = seeded.data_ptr<bool>()[i];
   if (!done && !record) return std::nullopt;  // dynamic until its first training pass
-  Delayed d{history.select(0, i), !done, record};
+  // (No margin on the seeding pass: its scale is the tensor's own amax, which cannot outgrow it.)
+  Delayed d{history.select(0, i), !done, record, done ? margin : 0};
   done = done || record;
   return d;
 }

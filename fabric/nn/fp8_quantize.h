@@ -26,11 +26,13 @@ struct Quantized {
 };
 
 // Delayed scaling's view of one operand (Fp8History): its history row ([length + 1] float32 on the
-// operand's device), whether its own amax seeds the history first, and whether the cast takes its
-// amax and pushes it in.
+// operand's device), whether its own amax seeds the history first, whether the cast takes its
+// amax and pushes it in, and its margin: the scale leaves 2^margin of headroom above the
+// history's largest amax (largest · 2^-margin / h).
 struct Delayed {
   torch::Tensor row;
   bool seed = false, record = false;
+  int margin = 0;
 };
 
 // FABRIC_FP8_CAST_GRID (docs/building.md): wave (the default) or tile, for the CUDA cast kernels
@@ -56,9 +58,9 @@ Quantized quantize(const torch::Tensor& t, c10::ScalarType dtype, double largest
 
 // Operand i's delayed scaling for this pass (nullopt: dynamic). `history` [3, length + 1] (no
 // elements: not delayed), `seeded` [3] bool on the CPU (set for i by a recording pass); `record`:
-// a training pass.
+// a training pass; margin: Delayed's (0 on the pass that seeds the history).
 std::optional<Delayed> delayed_operand(const torch::Tensor& history, const torch::Tensor& seeded,
-                                       int64_t i, bool record);
+                                       int64_t i, bool record, int margin = 0);
 
 }  // namespace fabric::nn::detail
 

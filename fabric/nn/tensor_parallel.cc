@@ -71,18 +71,18 @@ void LinearImpl::reset() {
   reset_parameters();
   if (lora_rank_ > 0) register_lora();  // clone(): the copy's adapter, its values copied after
   if (fp8_history_) {                   // clone(): its own history, fresh
-    const int64_t length = fp8_history_->length;
-    fp8_history_.emplace(length);
+    const int64_t length = fp8_history_->length, margin = fp8_history_->grad_margin;
+    fp8_history_.emplace(length, margin);
   }
 }
 
 void LinearImpl::set_fp8(bool on, Fp8Scaling scaling, int64_t history_length,
-                         bool fast_accumulation) {
+                         bool fast_accumulation, int64_t grad_margin) {
   fp8_ = on;
   fp8_scaling_ = scaling;
   fp8_fast_accumulation_ = fast_accumulation;
   fp8_history_.reset();
-  if (on && scaling == Fp8Scaling::kDelayed) fp8_history_.emplace(history_length);
+  if (on && scaling == Fp8Scaling::kDelayed) fp8_history_.emplace(history_length, grad_margin);
 }
 
 void LinearImpl::reset_parameters() {

@@ -181,10 +181,10 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   void set_parallel(TensorParallelShard shard);  // parallelize() calls it
   void clear_parallel() { parallel_.reset(); }   // unparallelize() calls it, after the gather
   // Float8 GEMMs (fabric/nn/fp8.h) instead of ATen's linear; convert_to_fp8() sets it. kDelayed:
-  // with a fresh Fp8History of `history_length` steps (a clone gets its own, fresh too);
-  // fast_accumulation: fp8_linear's.
+  // with a fresh Fp8History of `history_length` steps and `grad_margin` (a clone gets its own,
+  // fresh too); fast_accumulation: fp8_linear's.
   void set_fp8(bool on, Fp8Scaling scaling = Fp8Scaling::kTensorwise, int64_t history_length = 16,
-               bool fast_accumulation = true);
+               bool fast_accumulation = true, int64_t grad_margin = Fp8History::kDefaultGradMargin);
   bool fp8() const { return fp8_; }
   Fp8Scaling fp8_scaling() const { return fp8_scaling_; }
   bool fp8_fast_accumulation() const { return fp8_fast_accumulation_; }

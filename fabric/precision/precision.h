@@ -70,6 +70,9 @@ class Precision {
   // fabric.fp8.fast_accumulation (fabric/nn/fp8.h's fp8_linear).
   void set_fp8_fast_accumulation(bool on) { fp8_fast_accumulation_ = on; }
   bool fp8_fast_accumulation() const { return fp8_fast_accumulation_; }
+  // fabric.fp8.grad_margin (delayed: fabric/nn/fp8.h's Fp8History::grad_margin).
+  void set_fp8_grad_margin(int64_t margin) { fp8_grad_margin_ = margin; }
+  int64_t fp8_grad_margin() const { return fp8_grad_margin_; }
   // Casts a floating tensor to param_dtype() for *-true/64-true; other tensors pass unchanged.
   torch::Tensor convert_input(const torch::Tensor& tensor) const;
 
@@ -93,6 +96,7 @@ class Precision {
   bool fp8_rowwise_ = false;
   int64_t fp8_amax_history_ = 0;
   bool fp8_fast_accumulation_ = true;
+  int64_t fp8_grad_margin_ = 3;
 };
 
 }  // namespace fabric

@@ -77,6 +77,26 @@ TEST(ConnectorTest, Fp8DelayedCarriesItsHistoryLengthAndItsKeyWarnsElsewhere) {
       "command line: fabric.fp8.amax_history: 0 is out of range: must be >= 1");
 }
 
+TEST(ConnectorTest, Fp8GradMarginIsThreeByDefaultCarriedAndItsKeyWarnsElsewhere) {
+  EXPECT_EQ(
+      resolve({"fabric.precision=fp8", "fabric.fp8.recipe=delayed"}, cpu_machine()).fp8_grad_margin,
+      3);
+  auto s =
+      resolve({"fabric.precision=fp8", "fabric.fp8.recipe=delayed", "fabric.fp8.grad_margin=0"},
+              cpu_machine());
+  EXPECT_EQ(s.fp8_grad_margin, 0);
+  EXPECT_EQ(build_strategy(s)->precision().fp8_grad_margin(), 0);
+  s = resolve({"fabric.precision=fp8", "fabric.fp8.grad_margin=2"}, cpu_machine());
+  EXPECT_EQ(std::count(s.warnings.begin(), s.warnings.end(),
+                       "command line: fabric.fp8.grad_margin: has no effect under "
+                       "fabric.fp8.recipe: tensorwise (it configures delayed scaling)"),
+            1);
+  EXPECT_EQ(
+      error_of({"fabric.precision=fp8", "fabric.fp8.recipe=delayed", "fabric.fp8.grad_margin=16"},
+               cpu_machine()),
+      "command line: fabric.fp8.grad_margin: 16 is out of range: must be >= 0 and <= 15");
+}
+
 TEST(ConnectorTest, Fp8FastAccumulationIsOnByDefaultAndItsKeyWarnsElsewhere) {
   EXPECT_TRUE(resolve({"fabric.precision=fp8"}, cpu_machine()).fp8_fast_accumulation);
   auto s = resolve({"fabric.precision=fp8", "fabric.fp8.fast_accumulation=false"}, cpu_machine());

@@ -234,14 +234,15 @@ __global__ void __launch_bounds__(kTileThreads)
     cast_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, bool e5m2,
                 const float* __restrict__ row_amax, const float* __restrict__ col_amax,
                 uint8_t* __restrict__ q, uint8_t* __restrict__ qt, float* __restrict__ row_inverse,
-                float* __restrict__ col_inverse, int history_len, float* record,
+                float* __restrict__ col_inverse, int history_len, int margin, float* record,
                 float* __restrict__ col_sums, bool gelu, const T* __restrict__ pre) {
   static_assert(!(kAxes && kGrad), "the GELU's gradient is cast tensorwise only");
   const float largest = e5m2 ? 57344.f : 448.f;
-  const float tensor_scale = kAxes ? 0.f
-                             : history_len > 0
-                                 ? block_history_scale<kTileThreads>(row_amax, history_len, largest)
-                                 : scale_of(row_amax[0], largest);
+  const float tensor_scale =
+      kAxes ? 0.f
+      : history_len > 0
+          ? block_history_scale<kTileThreads>(row_amax, history_len, ldexpf(largest, -margin))
+          : scale_of(row_amax[0], largest);
   float seen = 0.f;  // the largest |x| this thread cast (delayed scaling's record)
   const __nv_fp8_interpretation_t kind = e5m2 ? __NV_E5M2 : __NV_E4M3;
   if (!kAxes && row_inverse != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
@@ -492,13 +493,13 @@ int amax_as(const void* x, int64_t n, float* amax, cudaStream_t stream, bool gel
 template <typename T, bool kAxes, bool kGrad>
 int launch_cast(const void* x, int64_t rows, int64_t cols, bool e5m2, const float* row_amax,
                 const float* col_amax, void* q, void* qt, float* row_inverse, float* col_inverse,
-                cudaStream_t stream, int history_len, float* record, float* col_sums, bool gelu,
-                const void* pre) {
+                cudaStream_t stream, int history_len, int margin, float* record, float* col_sums,
+                bool gelu, const void* pre) {
   const dim3 grid = cast_grid(rows, cols, resident_blocks<T, kAxes, kGrad>());
   cast_kernel<T, kAxes, kGrad><<<grid, kTileThreads, 0, stream>>>(
       static_cast<const T*>(x), rows, cols, e5m2, row_amax, col_amax, static_cast<uint8_t*>(q),
-      static_cast<uint8_t*>(qt), row_inverse, col_inverse, history_len, record, col_sums, gelu,
-      static_cast<const T*>(pre));
+      static_cast<uint8_t*>(qt), row_inverse, col_inverse, history_len, margin, record, col_sums,
+      gelu, static_cast<const T*>(pre));
   return cudaGetLastError();
 }
 
@@ -507,20 +508,21 @@ template <typename T, bool kAxes>
 int cast_as(const void* x, int64_t rows, int64_t cols, bool e5m2, const float* row_amax,
             const float* col_amax, void* q, void* qt, float* row_inverse, float* col_inverse,
             cudaStream_t stream, int history_len = 0, float* record = nullptr,
-            float* col_sums = nullptr, bool gelu = false, const void* pre = nullptr) {
-  if (!tileable(x, rows, cols) || history_len < 0) return cudaErrorInvalidValue;
+            float* col_sums = nullptr, bool gelu = false, const void* pre = nullptr,
+            int margin = 0) {
+  if (!tileable(x, rows, cols) || history_len < 0 || margin < 0) return cudaErrorInvalidValue;
   if (pre != nullptr && (kAxes || gelu)) return cudaErrorInvalidValue;
   if (pre != nullptr && !aligned16(pre)) return cudaErrorMisalignedAddress;
   if (rows == 0 || cols == 0) return 0;
   if constexpr (!kAxes) {
     if (pre != nullptr)
       return launch_cast<T, false, true>(x, rows, cols, e5m2, row_amax, col_amax, q, qt,
-                                         row_inverse, col_inverse, stream, history_len, record,
-                                         col_sums, gelu, pre);
+                                         row_inverse, col_inverse, stream, history_len, margin,
+                                         record, col_sums, gelu, pre);
   }
   return launch_cast<T, kAxes, false>(x, rows, cols, e5m2, row_amax, col_amax, q, qt, row_inverse,
-                                      col_inverse, stream, history_len, record, col_sums, gelu,
-                                      nullptr);
+                                      col_inverse, stream, history_len, margin, record, col_sums,
+                                      gelu, nullptr);
 }
 
 template <typename T>
@@ -574,20 +576,22 @@ int fp8_cast(const void* x, int64_t rows, int64_t cols, Fp8Source type, bool e5m
 int fp8_cast_delayed(const void* x, int64_t rows, int64_t cols, Fp8Source type, bool e5m2,
                      const float* history, int history_len, float* record, void* q, void* qt,
                      float* inverse, void* stream, float* col_sums, bool gelu_tanh,
-                     const void* gelu_tanh_pre) {
+                     const void* gelu_tanh_pre, int margin) {
   const auto s = static_cast<cudaStream_t>(stream);
   if (history_len < 1) return cudaErrorInvalidValue;
   switch (type) {
     case Fp8Source::kFloat32:
       return cast_as<float, false>(x, rows, cols, e5m2, history, nullptr, q, qt, inverse, nullptr,
-                                   s, history_len, record, col_sums, gelu_tanh, gelu_tanh_pre);
+                                   s, history_len, record, col_sums, gelu_tanh, gelu_tanh_pre,
+                                   margin);
     case Fp8Source::kBFloat16:
       return cast_as<__nv_bfloat16, false>(x, rows, cols, e5m2, history, nullptr, q, qt, inverse,
                                            nullptr, s, history_len, record, col_sums, gelu_tanh,
-                                           gelu_tanh_pre);
+                                           gelu_tanh_pre, margin);
     case Fp8Source::kFloat16:
       return cast_as<__half, false>(x, rows, cols, e5m2, history, nullptr, q, qt, inverse, nullptr,
-                                    s, history_len, record, col_sums, gelu_tanh, gelu_tanh_pre);
+                                    s, history_len, record, col_sums, gelu_tanh, gelu_tanh_pre,
+                                    margin);
   }
   return cudaErrorInvalidValue;
 }

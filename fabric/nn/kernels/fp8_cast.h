@@ -50,11 +50,12 @@ int fp8_cast(const void* x, int64_t rows, int64_t cols, Fp8Source type, bool e5m
 // value of history[0 .. history_len) (non-finite entries count as 0), so no pass over x precedes
 // the cast. When `record` is not null the kernel also takes x's own largest |x| (NaN when x holds
 // one) into *record (an atomic maximum: *record must hold 0 or less before); col_sums as
-// fp8_cast's.
+// fp8_cast's. margin (>= 0, else cudaErrorInvalidValue): s = largest · 2^-margin / max(h, 1e-12),
+// headroom for a tensor whose amax outgrows its history's (Transformer Engine's margin).
 int fp8_cast_delayed(const void* x, int64_t rows, int64_t cols, Fp8Source type, bool e5m2,
                      const float* history, int history_len, float* record, void* q, void* qt,
                      float* inverse, void* stream, float* col_sums = nullptr,
-                     bool gelu_tanh = false, const void* gelu_tanh_pre = nullptr);
+                     bool gelu_tanh = false, const void* gelu_tanh_pre = nullptr, int margin = 0);
 
 // How fp8_cast, fp8_cast_delayed and fp8_cast_axes size their grid (process-wide): kWave (the
 // default) about one resident wave of blocks, each casting several 64 x 64 tiles with its next

@@ -224,6 +224,28 @@ void check_delayed(int64_t rows, int64_t cols, Fp8Source type, bool e5m2) {
   ASSERT_TRUE(fabric::kernels::fp8_cast_delayed(in.x, rows, cols, type, e5m2, history.data(), 0,
                                                 nullptr, q.data(), nullptr, &inverse, nullptr) != 0)
       << "an empty history was accepted";
+  // A margin of m: the scale of largest · 2^-m against the same history, the same bits as ATen's
+  // (fp8_quantize.cc scales the numerator so too).
+  for (const int margin : {1, 3}) {
+    std::fill(q.begin(), q.end(), 0xAB);
+    std::fill(qt.begin(), qt.end(), 0xAB);
+    ASSERT_TRUE(fabric::kernels::fp8_cast_delayed(in.x, rows, cols, type, e5m2, history.data(), 1,
+                                                  nullptr, q.data(), qt.data(), &inverse, nullptr,
+                                                  nullptr, false, nullptr, margin) == 0)
+        << "margin " << margin;
+    const float s_m = scale_for(own, std::ldexp(largest, -margin));
+    ASSERT_TRUE(inverse == 1.f / s_m) << "margin " << margin << ": inverse " << inverse;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t r = i / cols, c = i % cols;
+      const uint8_t e = reference(in.values[i], s_m, e5m2);
+      ASSERT_TRUE(q[i] == e && qt[c * rows + r] == e)
+          << "margin " << margin << ": q/qt at " << r << ", " << c;
+    }
+  }
+  ASSERT_TRUE(fabric::kernels::fp8_cast_delayed(in.x, rows, cols, type, e5m2, history.data(), 1,
+                                                nullptr, q.data(), nullptr, &inverse, nullptr,
+                                                nullptr, false, nullptr, -1) != 0)
+      << "a negative margin was accepted";
 }
 
 // The kernels' GELU (fp8_cast.h, gelu_tanh): float32, ATen's CUDA formula, rounded to T.

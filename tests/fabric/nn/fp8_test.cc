@@ -12,8 +12,12 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/utils.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <iostream>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "fabric/core/error.h"
 #include "fabric/nn/tensor_parallel.h"
@@ -185,6 +189,74 @@ TEST(Fp8Test, SetupCarriesFastAccumulationToTheLayers) {
     EXPECT_TRUE(fc->fp8());
     EXPECT_EQ(fc->fp8_fast_accumulation(), fast);
   }
+}
+
+// fabric.fp8.grad_margin reaches each delayed layer's history through the strategy's setup (and
+// a clone keeps it); the history refuses a margin out of range.
+TEST(Fp8Test, SetupCarriesTheGradMarginToTheHistories) {
+  for (const int64_t margin : {int64_t{3}, int64_t{0}}) {
+    auto precision =
+        std::make_unique<fabric::Precision>(fabric::PrecisionMode::kFp8Mixed, c10::DeviceType::CPU);
+    precision->set_fp8_amax_history(4);  // delayed
+    precision->set_fp8_grad_margin(margin);
+    fabric::strategies::SingleDevice s(torch::kCPU, std::move(precision));
+    Net net;
+    s.setup_module(net);
+    auto* fc = net.named_children()["fc"]->as<fabric::nn::LinearImpl>();
+    ASSERT_TRUE(fc->fp8_history());
+    EXPECT_EQ(fc->fp8_history()->grad_margin, margin);
+    const auto copy = std::dynamic_pointer_cast<fabric::nn::LinearImpl>(fc->clone());
+    EXPECT_EQ(copy->fp8_history()->grad_margin, margin);
+  }
+  try {
+    fabric::nn::Fp8History(16, 16);
+    FAIL() << "no error";
+  } catch (const fabric::Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "fabric.fp8.grad_margin: 16; set a power of two from 0 to 15 (the default 3 "
+                 "leaves the gradient 8x headroom)");
+  }
+}
+
+// A gradient that outgrows its history by 5x (a learning-rate warm-up's jump): with margin 0
+// its largest elements saturate to e5m2's largest and the input and weight gradients lose them;
+// the default margin of 3 (8x headroom) casts it whole, as near the float32 gradients as
+// tensorwise's own-amax scale. The seeding pass takes no margin (its tensorwise bits), and the
+// recorded amaxes do not depend on it.
+TEST(Fp8Test, DelayedGradMarginKeepsAGrowingGradientFromSaturating) {
+  torch::manual_seed(9);
+  const torch::Tensor x0 = torch::randn({64, 64}), w0 = torch::randn({32, 64}) * 0.1,
+                      g0 = torch::randn({64, 32});
+  auto pass = [&](const torch::Tensor& g, fabric::nn::Fp8Scaling scaling,
+                  fabric::nn::Fp8History* history) {
+    torch::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+    fabric::nn::fp8_linear(x, w, torch::Tensor(), scaling, history).backward(g);
+    return std::vector<torch::Tensor>{x.grad(), w.grad()};
+  };
+  auto error = [](const std::vector<torch::Tensor>& got, const std::vector<torch::Tensor>& want) {
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i)
+      worst = std::max(worst, ((got[i] - want[i]).norm() / want[i].norm()).item<double>());
+    return worst;
+  };
+  const torch::Tensor g1 = g0 * 5;
+  const std::vector<torch::Tensor> exact = {g1.mm(w0), g1.t().mm(x0)};
+  fabric::nn::Fp8History none(4, 0), three(4);
+  EXPECT_EQ(three.grad_margin, 3);
+  // The seeding pass: tensorwise's bits whatever the margin.
+  const auto seed = pass(g0, fabric::nn::Fp8Scaling::kDelayed, &three),
+             seed0 = pass(g0, fabric::nn::Fp8Scaling::kDelayed, &none),
+             tensorwise = pass(g0, fabric::nn::Fp8Scaling::kTensorwise, nullptr);
+  for (size_t i = 0; i < seed.size(); ++i)
+    EXPECT_TRUE(torch::equal(seed[i], tensorwise[i]) && torch::equal(seed0[i], tensorwise[i]));
+  const double saturated = error(pass(g1, fabric::nn::Fp8Scaling::kDelayed, &none), exact);
+  const double headroom = error(pass(g1, fabric::nn::Fp8Scaling::kDelayed, &three), exact);
+  const double own = error(pass(g1, fabric::nn::Fp8Scaling::kTensorwise, nullptr), exact);
+  std::cout << "5x gradient: relative error margin 0 " << saturated << ", margin 3 " << headroom
+            << ", tensorwise " << own << "\n";
+  EXPECT_GT(saturated, 0.2);
+  EXPECT_LT(headroom, 2 * own);
+  EXPECT_TRUE(torch::equal(none.amax, three.amax));  // the same amaxes recorded
 }
 
 TEST(Fp8Test, SetupRefusesAModelWithNothingToConvert) {
