@@ -1,4 +1,4 @@
-// fp8-mixed's quantization of one GEMM operand (fabric/nn/fp8.cc's Fp8Linear uses it): the scaled,
+// fp8-mixed's quantization of one GEMM operand (fabric/nn/fp8_gemm.cc uses it): the scaled,
 // saturated float8 cast, row-major and transposed, tensorwise (dynamic or delayed, with
 // Fp8History's row) or rowwise, through the CUDA kernels (fabric/nn/kernels/fp8_cast.h) where
 // they apply, else ATen's ops, with the same values. Internal to //fabric/nn:tensor_parallel.

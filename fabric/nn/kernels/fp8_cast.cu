@@ -3,7 +3,7 @@
 // read through a shared-memory tile (_scaled_mm wants the backward's operands column-major).
 // Bandwidth-bound: every thread moves 8 elements at a time (16-byte loads of 16-bit inputs,
 // 8-byte stores of float8), so the kernels need 16-byte-aligned inputs whose rows and columns
-// are multiples of 8 (fp8.cc's GEMMs need multiples of 16).
+// are multiples of 8 (fp8_gemm.cc's GEMMs need multiples of 16).
 #include "fabric/nn/kernels/fp8_cast.h"
 
 #include <cuda_bf16.h>

@@ -11,7 +11,7 @@ namespace fabric::kernels {
 
 // Every kernel reads 16 bytes at a time: x must be 16-byte aligned (else cudaErrorMisaligned-
 // Address), and for the three taking rows × cols both must be multiples of 8 (else
-// cudaErrorInvalidValue); fabric/nn/fp8.cc's GEMM operands are multiples of 16.
+// cudaErrorInvalidValue); fabric/nn/fp8_gemm.cc's GEMM operands are multiples of 16.
 
 // Element types the kernels read.
 enum class Fp8Source { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };

@@ -1,0 +1,176 @@
+#include "fabric/nn/fp8_gemm.h"
+
+#include <ATen/autocast_mode.h>
+#include <ATen/ops/_scaled_mm.h>
+
+#include <optional>
+
+#include "fabric/core/error.h"
+
+namespace fabric::nn::detail {
+
+using torch::autograd::AutogradContext;
+
+namespace {
+
+// _scaled_mm's scale of an operand: the scalar, or (rowwise) its lines as [M, 1] for the first
+// operand and [1, N] for the second.
+torch::Tensor scale_a(const torch::Tensor& inverse) {
+  return inverse.dim() == 0 ? inverse : inverse.view({-1, 1});
+}
+torch::Tensor scale_b(const torch::Tensor& inverse) {
+  return inverse.dim() == 0 ? inverse : inverse.view({1, -1});
+}
+
+// a [M, K] row-major, b [K, N] column-major (b = w8.t() of a row-major w8 [N, K]).
+torch::Tensor scaled_mm(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& sa,
+                        const torch::Tensor& sb, c10::ScalarType out, bool fast,
+                        const std::optional<torch::Tensor>& bias = std::nullopt) {
+  return at::_scaled_mm(a, b, sa, sb, bias, /*scale_result=*/std::nullopt, out, fast);
+}
+
+}  // namespace
+
+// (An empty batch runs as ATen's linear: the cast kernels launch nothing for it, so its scales
+// would be left unwritten.)
+bool fits(int64_t m, int64_t k, int64_t n) {
+  return m > 0 && m % 16 == 0 && k % 16 == 0 && n % 16 == 0;
+}
+
+c10::ScalarType output_dtype(const torch::Tensor& x) {
+  const c10::DeviceType type = x.device().type();
+  if (at::autocast::is_autocast_enabled(type)) return at::autocast::get_autocast_dtype(type);
+  return x.scalar_type();
+}
+
+// One Linear's forward in float8 (every node's): y [M, N] = x2 [M, K] · weightᵀ + bias (bias: no
+// elements for none) in `out`. history, seeded: Fp8History's tensors under delayed scaling (no
+// elements otherwise); record: the pass trains; gelu: the input is gelu_tanh(x2) (the CUDA kernels
+// apply it as they read x2); fast: fp8_linear's fast_accumulation.
+
+// forward_gemm's first operand: x2 (gelu: gelu_tanh(x2)) in e4m3, with history's row 0.
+Quantized quantize_input(const torch::Tensor& x2, bool rowwise, const torch::Tensor& history,
+                         const torch::Tensor& seeded, bool record, bool gelu) {
+  const auto dx = delayed_operand(history, seeded, 0, record);
+  const bool gelu_in_cast = gelu && !rowwise && kernel_path(x2);
+  const torch::Tensor input = gelu && !gelu_in_cast ? torch::gelu(x2, "tanh") : x2;
+  return quantize(input, torch::kFloat8_e4m3fn, kE4m3Max, rowwise, dx ? &*dx : nullptr, nullptr,
+                  gelu_in_cast);
+}
+
+// forward_gemm with its input quantized already (qx: quantize_input's; Fp8SharedInput's layers).
+Fp8Forward weight_gemm(const Quantized& qx, const torch::Tensor& weight, const torch::Tensor& bias,
+                       c10::ScalarType out, bool rowwise, const torch::Tensor& history,
+                       const torch::Tensor& seeded, bool record, bool fast) {
+  const auto dw = delayed_operand(history, seeded, 1, record);
+  const Quantized qw =
+      quantize(weight, torch::kFloat8_e4m3fn, kE4m3Max, rowwise, dw ? &*dw : nullptr);
+  // A 16-bit product takes the bias in the GEMM's epilogue (as ATen's linear does); a float32
+  // one (no autocast) adds it after (_scaled_mm takes a bias only for 16-bit outputs on CUDA).
+  // Rowwise GEMMs write bf16 and add the bias after.
+  const bool has_bias = bias.numel() > 0;
+  const bool in_gemm = !rowwise && (out == torch::kBFloat16 || out == torch::kHalf);
+  torch::Tensor y =
+      scaled_mm(qx.q, qw.q.t(), scale_a(qx.rows_inverse), scale_b(qw.rows_inverse),
+                rowwise ? torch::kBFloat16 : out, fast,
+                has_bias && in_gemm ? std::optional<torch::Tensor>(bias.to(out)) : std::nullopt);
+  if (y.scalar_type() != out) y = y.to(out);
+  if (has_bias && !in_gemm) y = y + bias.to(out);
+  // Backward reads both operands transposed (column-major for _scaled_mm): keep those.
+  return {y, qx.qt, qx.cols_inverse, qw.qt, qw.cols_inverse};
+}
+
+Fp8Forward forward_gemm(const torch::Tensor& x2, const torch::Tensor& weight,
+                        const torch::Tensor& bias, c10::ScalarType out, bool rowwise,
+                        const torch::Tensor& history, const torch::Tensor& seeded, bool record,
+                        bool gelu, bool fast) {
+  const Quantized qx = quantize_input(x2, rowwise, history, seeded, record, gelu);
+  return weight_gemm(qx, weight, bias, out, rowwise, history, seeded, record, fast);
+}
+
+// The three gradients of one float8 Linear from its output gradient g2 [M, N] and forward_gemm's
+// x8t [K, M], sx, w8t [K, N], sw (rowwise: each row k with sx[k] / sw[k]). gelu_pre (may be
+// undefined): g2 is the gradient of gelu_tanh's output and gelu_pre [M, N] its pre-activation,
+// this layer's output: the gradient through the GELU is what is quantized (computed by the
+// CUDA cast as it reads both; fp8_quantize.h). grad_b is undefined without a bias.
+
+Fp8Grads backward_gemms(const torch::Tensor& g2, const torch::Tensor& gelu_pre,
+                        const torch::Tensor& x8t, const torch::Tensor& sx, const torch::Tensor& w8t,
+                        const torch::Tensor& sw, c10::ScalarType x_dtype, c10::ScalarType w_dtype,
+                        std::optional<c10::ScalarType> b_dtype, bool rowwise, bool fast,
+                        const torch::Tensor& history, const torch::Tensor& seeded,
+                        int64_t grad_margin) {
+  // Rowwise quantizes the gradient to e4m3 as well (as torchao's rowwise recipe does: a scale
+  // per row covers the range e5m2's exponent bits are for, and the rowwise GEMM takes e4m3).
+  const auto dg =
+      delayed_operand(history, seeded, 2, /*record=*/true, static_cast<int>(grad_margin));
+  // The bias's gradient (the rows' sum, in float32) from the gradient's cast when its kernel
+  // takes it (or, through the GELU, from quantize's own gradient), else below.
+  torch::Tensor bias_sum;
+  torch::Tensor* sum = b_dtype ? &bias_sum : nullptr;
+  const Quantized qg =
+      rowwise ? quantize(g2, torch::kFloat8_e4m3fn, kE4m3Max, true, nullptr, sum, false, gelu_pre)
+              : quantize(g2, torch::kFloat8_e5m2, kE5m2Max, false, dg ? &*dg : nullptr, sum, false,
+                         gelu_pre);
+  Fp8Grads out;
+  // grad_x [M, K] = g [M, N] · w [N, K]: w as a column-major [N, K].
+  out.x = scaled_mm(qg.q, w8t.t(), scale_a(qg.rows_inverse), scale_b(sw),
+                    rowwise ? torch::kBFloat16 : x_dtype, fast)
+              .to(x_dtype);
+  // grad_w [N, K] = gᵀ [N, M] · x [M, K]: gᵀ row-major, x column-major.
+  out.w = scaled_mm(qg.qt, x8t.t(), scale_a(qg.cols_inverse), scale_b(sx),
+                    rowwise ? torch::kBFloat16 : torch::kFloat, fast)
+              .to(w_dtype);
+  if (b_dtype) {
+    if (!bias_sum.defined()) bias_sum = g2.sum(0, /*keepdim=*/false, torch::kFloat);
+    out.b = bias_sum.to(*b_dtype);
+  }
+  return out;
+}
+
+std::optional<c10::ScalarType> optional_dtype(const c10::IValue& v) {
+  if (v.isNone()) return std::nullopt;
+  return static_cast<c10::ScalarType>(v.toInt());
+}
+
+std::optional<c10::ScalarType> bias_dtype(const AutogradContext* ctx, const char* key) {
+  return optional_dtype(ctx->saved_data.at(key));
+}
+
+c10::ScalarType saved_dtype(const AutogradContext* ctx, const char* key) {
+  return static_cast<c10::ScalarType>(ctx->saved_data.at(key).toInt());
+}
+
+c10::IValue dtype_or_none(const torch::Tensor& bias) {
+  return bias.numel() > 0 ? c10::IValue(static_cast<int64_t>(bias.scalar_type())) : c10::IValue();
+}
+
+// Fp8History's tensors for fp8_linear / fp8_gelu_mlp: the history (made on x's device at first
+// use) and seeded, or no elements when not delayed; throws when delayed has no history.
+std::pair<torch::Tensor, torch::Tensor> history_inputs(Fp8Scaling scaling, Fp8History* history,
+                                                       const torch::Tensor& x) {
+  static const torch::Tensor kNone = torch::empty({0});  // an input, so not undefined
+  if (scaling != Fp8Scaling::kDelayed) return {kNone, kNone};
+  if (history == nullptr)
+    throw Error("fp8_linear: fabric.fp8.recipe: delayed needs the layer's Fp8History");
+  if (!history->amax.defined())
+    history->amax = torch::zeros({3, history->length + 1}, x.options().dtype(torch::kFloat));
+  else if (history->amax.device() != x.device())
+    history->amax = history->amax.to(x.device());
+  return {history->amax, history->seeded};
+}
+
+// Whether a delayed layer's pass with input x and `weight` advances its history (fp8.h).
+bool records(Fp8Scaling scaling, const torch::Tensor& x, const torch::Tensor& weight) {
+  return scaling == Fp8Scaling::kDelayed && torch::GradMode::is_enabled() &&
+         (x.requires_grad() || weight.requires_grad());
+}
+
+// The output gradient's margin (delayed scaling's; 0 otherwise, where it is not read).
+int64_t grad_margin(const Fp8History* history) { return history ? history->grad_margin : 0; }
+
+torch::Tensor or_empty(const torch::Tensor& bias, const torch::Tensor& weight) {
+  return bias.defined() ? bias : torch::empty({0}, weight.options());
+}
+
+}  // namespace fabric::nn::detail

@@ -1,0 +1,86 @@
+// The pieces fp8-mixed's autograd nodes share (fp8.cc's Fp8Linear, fp8_gelu_mlp.cc's Fp8GeluMlp,
+// fp8_shared_input.cc's Fp8SharedInput): one Linear's forward and backward GEMMs in float8 through
+// at::_scaled_mm, with their operands quantized by fp8_quantize.h, and the arguments the nodes
+// pass and save. Internal to //fabric/nn:tensor_parallel.
+#ifndef FABRIC_NN_FP8_GEMM_H_
+#define FABRIC_NN_FP8_GEMM_H_
+
+#include <torch/autograd.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <utility>
+
+#include "fabric/nn/fp8.h"
+#include "fabric/nn/fp8_quantize.h"
+
+namespace fabric::nn::detail {
+
+// Whether _scaled_mm takes an [m, k] x [k, n] GEMM (every size a positive multiple of 16).
+bool fits(int64_t m, int64_t k, int64_t n);
+
+// The product's dtype for input x: autocast's on x's device, else x's.
+c10::ScalarType output_dtype(const torch::Tensor& x);
+
+// One Linear's forward in float8: y [M, N] in `out`, and the transposed operands with their
+// scales that its backward reads (x8t [K, M], w8t [K, N]).
+struct Fp8Forward {
+  torch::Tensor y, x8t, sx, w8t, sw;
+};
+
+// The layer's input x2 [M, K] (gelu: gelu_tanh(x2)) in e4m3, with history's row 0.
+Quantized quantize_input(const torch::Tensor& x2, bool rowwise, const torch::Tensor& history,
+                         const torch::Tensor& seeded, bool record, bool gelu);
+
+// The forward with its input quantized already (quantize_input's): the weight quantized with
+// history's row 1, the GEMM, the bias (no elements for none).
+Fp8Forward weight_gemm(const Quantized& qx, const torch::Tensor& weight, const torch::Tensor& bias,
+                       c10::ScalarType out, bool rowwise, const torch::Tensor& history,
+                       const torch::Tensor& seeded, bool record, bool fast);
+
+// quantize_input, then weight_gemm.
+Fp8Forward forward_gemm(const torch::Tensor& x2, const torch::Tensor& weight,
+                        const torch::Tensor& bias, c10::ScalarType out, bool rowwise,
+                        const torch::Tensor& history, const torch::Tensor& seeded, bool record,
+                        bool gelu, bool fast);
+
+// A Linear's three gradients (b undefined without a bias).
+struct Fp8Grads {
+  torch::Tensor x, w, b;
+};
+
+// The gradients from the output gradient g2 [M, N] and forward_gemm's saved operands; gelu_pre
+// (may be undefined): g2 is gelu_tanh's output gradient and gelu_pre its pre-activation. The
+// gradient is quantized with history's row 2 and grad_margin (Fp8History's).
+Fp8Grads backward_gemms(const torch::Tensor& g2, const torch::Tensor& gelu_pre,
+                        const torch::Tensor& x8t, const torch::Tensor& sx, const torch::Tensor& w8t,
+                        const torch::Tensor& sw, c10::ScalarType x_dtype, c10::ScalarType w_dtype,
+                        std::optional<c10::ScalarType> b_dtype, bool rowwise, bool fast,
+                        const torch::Tensor& history, const torch::Tensor& seeded,
+                        int64_t grad_margin);
+
+// A dtype saved as dtype_or_none wrote it (None: no bias).
+std::optional<c10::ScalarType> optional_dtype(const c10::IValue& v);
+std::optional<c10::ScalarType> bias_dtype(const torch::autograd::AutogradContext* ctx,
+                                          const char* key);
+c10::ScalarType saved_dtype(const torch::autograd::AutogradContext* ctx, const char* key);
+c10::IValue dtype_or_none(const torch::Tensor& bias);
+
+// Fp8History's tensors as a node's inputs: the history (made on x's device at first use) and
+// seeded, or no elements when not delayed; fabric::Error when delayed has no history.
+std::pair<torch::Tensor, torch::Tensor> history_inputs(Fp8Scaling scaling, Fp8History* history,
+                                                       const torch::Tensor& x);
+
+// Whether a delayed layer's pass with input x and `weight` advances its history (fp8.h).
+bool records(Fp8Scaling scaling, const torch::Tensor& x, const torch::Tensor& weight);
+
+// The output gradient's margin (delayed scaling's; 0 otherwise, where it is not read).
+int64_t grad_margin(const Fp8History* history);
+
+// bias, or a tensor with no elements for none (an undefined tensor cannot be a node's input).
+torch::Tensor or_empty(const torch::Tensor& bias, const torch::Tensor& weight);
+
+}  // namespace fabric::nn::detail
+
+#endif  // FABRIC_NN_FP8_GEMM_H_
