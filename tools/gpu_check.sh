@@ -46,6 +46,7 @@
 #   --suite=fp8: issue 72 item 2 (about 5.5 minutes on an H200: fp8_speed 220 s, fp8_loss 115 s,
 #                   2026-11-30): fp8_cuda_test (the float8 kernels
 #                   against ATen, delayed scaling, the fused bias gradient and GELU),
+#                   fp8_nodes_cuda_test (the GPT MLP, shared-input and Llama MLP nodes),
 #                   gpt_compare.sh's ours-eager (bf16-mixed) vs ours-fp8 vs ours-fp8-delayed
 #                   (and, on gpt2-medium, ours-fp8-precise: fast accumulation off,
 #                   ours-fp8-auto: its two 1024-wide projections in bf16, torchao's heuristic,
@@ -579,6 +580,7 @@ print("peak device bytes per rank: %s without cpu_offload, %s with" % (a, b))' \
 
   if ! skipping fp8 && ! skipping fp8_speed; then
     check fp8_cuda_test 240 "$runsh" fp8_cuda_test --gtest_brief=1
+    check fp8_nodes_cuda_test 240 "$runsh" fp8_nodes_cuda_test --gtest_brief=1
     local m b spec extra
     for spec in "gpt2-medium 16 ,ours-fp8-delayed-tilegrid,ours-fp8-precise,ours-fp8-auto,ours-graphs,ours-fp8-delayed-graphs" \
                 "gpt2-xl 8 ,ours-fp8-delayed-tilegrid"; do

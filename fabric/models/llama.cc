@@ -131,6 +131,10 @@ torch::Tensor rms_norm(RMSNorm& norm, const torch::Tensor& x,
   return norm->forward(x, fabric::nn::sequence_parallel_weight(norm->weight, shard));
 }
 
+torch::Tensor swiglu_aten(const torch::Tensor& gate, const torch::Tensor& up) {
+  return torch::silu(gate) * up;
+}
+
 }  // namespace
 
 LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
@@ -201,10 +205,9 @@ LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c) : fused_elementwise_(c.fused_el
 }
 
 torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
-  const std::vector<torch::Tensor> gate_up =
-      fabric::nn::shared_input_forward({gate_proj.get(), up_proj.get()}, x);
-  const torch::Tensor &gate = gate_up[0], &up = gate_up[1];
-  return down_proj->forward(fused_elementwise_ ? swiglu_16(gate, up) : torch::silu(gate) * up);
+  // (Under fp8-mixed one node: x cast once for gate and up, the SwiGLU computed in the casts.)
+  return fabric::nn::swiglu_mlp(*gate_proj, *up_proj, *down_proj, x,
+                                fused_elementwise_ ? swiglu_16 : swiglu_aten);
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c) : fused_norm_(c.fused_norm) {

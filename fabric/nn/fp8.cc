@@ -30,8 +30,9 @@ struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
                                bool record, bool gelu, bool fast, int64_t grad_margin) {
     const int64_t k = weight.size(1), n = weight.size(0);
     const torch::Tensor x2 = x.reshape({-1, k}).contiguous();
-    const Fp8Forward f = forward_gemm(x2, weight, bias, output_dtype(x), rowwise, history, seeded,
-                                      record, gelu, fast);
+    const Fp8Forward f =
+        forward_gemm(x2, weight, bias, output_dtype(x), rowwise, history, seeded, record,
+                     {gelu ? Pointwise::Op::kGeluTanh : Pointwise::Op::kNone}, fast);
     // (and the pre-activation, for GELU's backward)
     ctx->save_for_backward({f.x8t, f.sx, f.w8t, f.sw, gelu ? x2 : torch::Tensor()});
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
@@ -53,11 +54,11 @@ struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
     std::vector<int64_t> x_sizes = grads[0].sizes().vec();
     x_sizes.back() = k;
     const Fp8Grads g = backward_gemms(
-        grads[0].reshape({-1, n}).contiguous(), torch::Tensor(), saved[0], saved[1], saved[2],
-        saved[3], saved_dtype(ctx, "x_dtype"), saved_dtype(ctx, "w_dtype"),
-        bias_dtype(ctx, "b_dtype"), ctx->saved_data["rowwise"].toBool(),
-        ctx->saved_data["fast_backward"].toBool(), ctx->saved_data["history"].toTensor(),
-        ctx->saved_data["seeded"].toTensor(), ctx->saved_data["grad_margin"].toInt());
+        grads[0].reshape({-1, n}).contiguous(), {}, saved[0], saved[1], saved[2], saved[3],
+        saved_dtype(ctx, "x_dtype"), saved_dtype(ctx, "w_dtype"), bias_dtype(ctx, "b_dtype"),
+        ctx->saved_data["rowwise"].toBool(), ctx->saved_data["fast_backward"].toBool(),
+        ctx->saved_data["history"].toTensor(), ctx->saved_data["seeded"].toTensor(),
+        ctx->saved_data["grad_margin"].toInt());
     // Through the GELU the forward applied (to the pre-activation it saved).
     torch::Tensor grad_x = g.x;
     if (saved[4].defined()) grad_x = torch::gelu_backward(grad_x, saved[4], "tanh");

@@ -115,6 +115,20 @@ struct Fp8Layer {
 std::vector<torch::Tensor> fp8_linears(const torch::Tensor& x, const std::vector<Fp8Layer>& layers,
                                        Fp8Scaling scaling = Fp8Scaling::kTensorwise);
 
+// down(silu(gate(x)) · up(x)) (a Llama MLP) with its three layers in float8 (each Fp8Layer with its
+// own history and fast_accumulation), as one autograd node: x quantized once for gate and up (as
+// fp8_linears), down's input cast computing the SwiGLU as it reads gate's and up's outputs, and
+// in backward gate's and up's output-gradient casts computing the SwiGLU's backward as they read
+// down's input gradient and the saved gate and up outputs (on CUDA: silu(g) · u and its two
+// gradients are never written in 16 bits; at a Llama 3.2 1B's size, 16384 tokens × 8192, three
+// tensors of 256 MiB a layer read and written less). The same values and gradients as
+// fp8_linears(x, {gate, up}) → silu(g) · u → fp8_linear(…, down), bitwise on the CPU; on CUDA
+// the casts compute the SwiGLU as fabric/models' fused SwiGLU kernel does
+// (fabric/nn/kernels/activations.cuh). Tensorwise and delayed; rowwise, sizes _scaled_mm cannot
+// take, and gate and up that fp8_linears would run separately run as those separate calls.
+torch::Tensor fp8_swiglu_mlp(const torch::Tensor& x, const Fp8Layer& gate, const Fp8Layer& up,
+                             const Fp8Layer& down, Fp8Scaling scaling = Fp8Scaling::kTensorwise);
+
 // Whether `device` can run float8 GEMMs with `scaling`; `why_not` (when given) receives the
 // reason otherwise ("compute capability 8.0 < 8.9").
 bool fp8_supported(const torch::Device& device, std::string* why_not = nullptr,

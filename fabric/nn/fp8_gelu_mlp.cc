@@ -32,10 +32,10 @@ struct Fp8GeluMlp : torch::autograd::Function<Fp8GeluMlp> {
                                int64_t grad_margin1, int64_t grad_margin2) {
     const torch::Tensor x2 = x.reshape({-1, w1.size(1)}).contiguous();
     const Fp8Forward f1 =
-        forward_gemm(x2, w1, b1, output_dtype(x), false, history1, seeded1, record1, false, fast1);
+        forward_gemm(x2, w1, b1, output_dtype(x), false, history1, seeded1, record1, {}, fast1);
     const torch::Tensor& pre = f1.y;  // [M, hidden]
     const Fp8Forward f2 = forward_gemm(pre, w2, b2, output_dtype(pre), false, history2, seeded2,
-                                       record2, true, fast2);
+                                       record2, {Pointwise::Op::kGeluTanh}, fast2);
     ctx->save_for_backward({f1.x8t, f1.sx, f1.w8t, f1.sw, f2.x8t, f2.sx, f2.w8t, f2.sw, pre});
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
     ctx->saved_data["w1_dtype"] = static_cast<int64_t>(w1.scalar_type());
@@ -60,7 +60,7 @@ struct Fp8GeluMlp : torch::autograd::Function<Fp8GeluMlp> {
     x_sizes.back() = s[0].size(0);
     // The second layer: the gradient of the GELU's output, [M, hidden].
     const Fp8Grads g2 = backward_gemms(
-        grads[0].reshape({-1, s[6].size(1)}).contiguous(), torch::Tensor(), s[4], s[5], s[6], s[7],
+        grads[0].reshape({-1, s[6].size(1)}).contiguous(), {}, s[4], s[5], s[6], s[7],
         pre.scalar_type(), saved_dtype(ctx, "w2_dtype"), bias_dtype(ctx, "b2_dtype"), false, false,
         ctx->saved_data["history2"].toTensor(), ctx->saved_data["seeded2"].toTensor(),
         ctx->saved_data["grad_margin2"].toInt());
@@ -73,9 +73,9 @@ struct Fp8GeluMlp : torch::autograd::Function<Fp8GeluMlp> {
       return out;
     // The first: its output gradient through the GELU, taken in its own cast.
     const Fp8Grads g1 = backward_gemms(
-        g2.x, pre, s[0], s[1], s[2], s[3], saved_dtype(ctx, "x_dtype"),
-        saved_dtype(ctx, "w1_dtype"), bias_dtype(ctx, "b1_dtype"), false, false,
-        ctx->saved_data["history1"].toTensor(), ctx->saved_data["seeded1"].toTensor(),
+        g2.x, {Pointwise::Op::kGeluTanhGrad, pre}, s[0], s[1], s[2], s[3],
+        saved_dtype(ctx, "x_dtype"), saved_dtype(ctx, "w1_dtype"), bias_dtype(ctx, "b1_dtype"),
+        false, false, ctx->saved_data["history1"].toTensor(), ctx->saved_data["seeded1"].toTensor(),
         ctx->saved_data["grad_margin1"].toInt());
     out[0] = g1.x.view(x_sizes);
     out[1] = g1.w;

@@ -45,17 +45,14 @@ c10::ScalarType output_dtype(const torch::Tensor& x) {
 
 // One Linear's forward in float8 (every node's): y [M, N] = x2 [M, K] · weightᵀ + bias (bias: no
 // elements for none) in `out`. history, seeded: Fp8History's tensors under delayed scaling (no
-// elements otherwise); record: the pass trains; gelu: the input is gelu_tanh(x2) (the CUDA kernels
-// apply it as they read x2); fast: fp8_linear's fast_accumulation.
+// elements otherwise); record: the pass trains; f: the input is f's values of x2 (the CUDA
+// kernels compute them as they read x2); fast: fp8_linear's fast_accumulation.
 
-// forward_gemm's first operand: x2 (gelu: gelu_tanh(x2)) in e4m3, with history's row 0.
+// forward_gemm's first operand: x2 (f's values of it) in e4m3, with history's row 0.
 Quantized quantize_input(const torch::Tensor& x2, bool rowwise, const torch::Tensor& history,
-                         const torch::Tensor& seeded, bool record, bool gelu) {
+                         const torch::Tensor& seeded, bool record, const Pointwise& f) {
   const auto dx = delayed_operand(history, seeded, 0, record);
-  const bool gelu_in_cast = gelu && !rowwise && kernel_path(x2);
-  const torch::Tensor input = gelu && !gelu_in_cast ? torch::gelu(x2, "tanh") : x2;
-  return quantize(input, torch::kFloat8_e4m3fn, kE4m3Max, rowwise, dx ? &*dx : nullptr, nullptr,
-                  gelu_in_cast);
+  return quantize(x2, torch::kFloat8_e4m3fn, kE4m3Max, rowwise, dx ? &*dx : nullptr, nullptr, f);
 }
 
 // forward_gemm with its input quantized already (qx: quantize_input's; Fp8SharedInput's layers).
@@ -83,20 +80,20 @@ Fp8Forward weight_gemm(const Quantized& qx, const torch::Tensor& weight, const t
 Fp8Forward forward_gemm(const torch::Tensor& x2, const torch::Tensor& weight,
                         const torch::Tensor& bias, c10::ScalarType out, bool rowwise,
                         const torch::Tensor& history, const torch::Tensor& seeded, bool record,
-                        bool gelu, bool fast) {
-  const Quantized qx = quantize_input(x2, rowwise, history, seeded, record, gelu);
+                        const Pointwise& f, bool fast) {
+  const Quantized qx = quantize_input(x2, rowwise, history, seeded, record, f);
   return weight_gemm(qx, weight, bias, out, rowwise, history, seeded, record, fast);
 }
 
 // The three gradients of one float8 Linear from its output gradient g2 [M, N] and forward_gemm's
-// x8t [K, M], sx, w8t [K, N], sw (rowwise: each row k with sx[k] / sw[k]). gelu_pre (may be
-// undefined): g2 is the gradient of gelu_tanh's output and gelu_pre [M, N] its pre-activation,
-// this layer's output: the gradient through the GELU is what is quantized (computed by the
-// CUDA cast as it reads both; fp8_quantize.h). grad_b is undefined without a bias.
+// x8t [K, M], sx, w8t [K, N], sw (rowwise: each row k with sx[k] / sw[k]). through: the layer's
+// output gradient is through's values of g2 (the gradient through the GELU or the SwiGLU after
+// the layer, computed by the CUDA cast as it reads g2 and the activation's saved inputs;
+// fp8_quantize.h). grad_b is undefined without a bias.
 
-Fp8Grads backward_gemms(const torch::Tensor& g2, const torch::Tensor& gelu_pre,
-                        const torch::Tensor& x8t, const torch::Tensor& sx, const torch::Tensor& w8t,
-                        const torch::Tensor& sw, c10::ScalarType x_dtype, c10::ScalarType w_dtype,
+Fp8Grads backward_gemms(const torch::Tensor& g2, const Pointwise& through, const torch::Tensor& x8t,
+                        const torch::Tensor& sx, const torch::Tensor& w8t, const torch::Tensor& sw,
+                        c10::ScalarType x_dtype, c10::ScalarType w_dtype,
                         std::optional<c10::ScalarType> b_dtype, bool rowwise, bool fast,
                         const torch::Tensor& history, const torch::Tensor& seeded,
                         int64_t grad_margin) {
@@ -105,13 +102,13 @@ Fp8Grads backward_gemms(const torch::Tensor& g2, const torch::Tensor& gelu_pre,
   const auto dg =
       delayed_operand(history, seeded, 2, /*record=*/true, static_cast<int>(grad_margin));
   // The bias's gradient (the rows' sum, in float32) from the gradient's cast when its kernel
-  // takes it (or, through the GELU, from quantize's own gradient), else below.
+  // takes it (or, through an activation, from quantize's own values), else below.
   torch::Tensor bias_sum;
   torch::Tensor* sum = b_dtype ? &bias_sum : nullptr;
   const Quantized qg =
-      rowwise ? quantize(g2, torch::kFloat8_e4m3fn, kE4m3Max, true, nullptr, sum, false, gelu_pre)
-              : quantize(g2, torch::kFloat8_e5m2, kE5m2Max, false, dg ? &*dg : nullptr, sum, false,
-                         gelu_pre);
+      rowwise
+          ? quantize(g2, torch::kFloat8_e4m3fn, kE4m3Max, true, nullptr, sum, through)
+          : quantize(g2, torch::kFloat8_e5m2, kE5m2Max, false, dg ? &*dg : nullptr, sum, through);
   Fp8Grads out;
   // grad_x [M, K] = g [M, N] · w [N, K]: w as a column-major [N, K].
   out.x = scaled_mm(qg.q, w8t.t(), scale_a(qg.rows_inverse), scale_b(sw),

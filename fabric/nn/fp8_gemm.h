@@ -29,9 +29,10 @@ struct Fp8Forward {
   torch::Tensor y, x8t, sx, w8t, sw;
 };
 
-// The layer's input x2 [M, K] (gelu: gelu_tanh(x2)) in e4m3, with history's row 0.
+// The layer's input x2 [M, K] (f's values of it: a GELU's or a SwiGLU's output) in e4m3, with
+// history's row 0.
 Quantized quantize_input(const torch::Tensor& x2, bool rowwise, const torch::Tensor& history,
-                         const torch::Tensor& seeded, bool record, bool gelu);
+                         const torch::Tensor& seeded, bool record, const Pointwise& f = {});
 
 // The forward with its input quantized already (quantize_input's): the weight quantized with
 // history's row 1, the GEMM, the bias (no elements for none).
@@ -43,19 +44,20 @@ Fp8Forward weight_gemm(const Quantized& qx, const torch::Tensor& weight, const t
 Fp8Forward forward_gemm(const torch::Tensor& x2, const torch::Tensor& weight,
                         const torch::Tensor& bias, c10::ScalarType out, bool rowwise,
                         const torch::Tensor& history, const torch::Tensor& seeded, bool record,
-                        bool gelu, bool fast);
+                        const Pointwise& f, bool fast);
 
 // A Linear's three gradients (b undefined without a bias).
 struct Fp8Grads {
   torch::Tensor x, w, b;
 };
 
-// The gradients from the output gradient g2 [M, N] and forward_gemm's saved operands; gelu_pre
-// (may be undefined): g2 is gelu_tanh's output gradient and gelu_pre its pre-activation. The
-// gradient is quantized with history's row 2 and grad_margin (Fp8History's).
-Fp8Grads backward_gemms(const torch::Tensor& g2, const torch::Tensor& gelu_pre,
-                        const torch::Tensor& x8t, const torch::Tensor& sx, const torch::Tensor& w8t,
-                        const torch::Tensor& sw, c10::ScalarType x_dtype, c10::ScalarType w_dtype,
+// The gradients from the output gradient g2 [M, N] and forward_gemm's saved operands; `through`:
+// what the layer's output gradient is of g2 (an activation's gradient, from g2, its output
+// gradient, and its saved inputs). The gradient is quantized with history's row 2 and
+// grad_margin (Fp8History's).
+Fp8Grads backward_gemms(const torch::Tensor& g2, const Pointwise& through, const torch::Tensor& x8t,
+                        const torch::Tensor& sx, const torch::Tensor& w8t, const torch::Tensor& sw,
+                        c10::ScalarType x_dtype, c10::ScalarType w_dtype,
                         std::optional<c10::ScalarType> b_dtype, bool rowwise, bool fast,
                         const torch::Tensor& history, const torch::Tensor& seeded,
                         int64_t grad_margin);

@@ -1,6 +1,9 @@
 #include "fabric/nn/fp8_quantize.h"
 
+#include <ATen/ops/gelu.h>
 #include <ATen/ops/gelu_backward.h>
+#include <ATen/ops/silu.h>
+#include <ATen/ops/silu_backward.h>
 
 #include <cfloat>
 #include <cmath>
@@ -81,17 +84,33 @@ bool kernels_apply(const torch::Tensor& t) {
          (s == torch::kFloat || s == torch::kBFloat16 || s == torch::kHalf);
 }
 
-// col_sum (tensorwise only; may be null): receives t's column sums in float32 (the bias
-// gradient), taken by the cast kernel from its read of t. gelu (tensorwise only): quantizes
-// gelu_tanh(t), computed by the kernels as they read t. gelu_pre (tensorwise only; may be
-// undefined): quantizes gelu_backward(t, gelu_pre, "tanh"), computed as they read both.
+static_assert(static_cast<int>(Pointwise::Op::kSwigluUpGrad) ==
+                  static_cast<int>(kernels::Fp8Op::kSwigluUpGrad),
+              "Pointwise::Op lists fp8_cast.h's Fp8Op");
+
+// Whether the cast kernels can compute f as they read t: tensorwise, its operands t's dtype,
+// shape and device.
+bool fusable(const torch::Tensor& t, bool rowwise, const Pointwise& f) {
+  if (f.op == Pointwise::Op::kNone) return true;
+  auto like_t = [&](const torch::Tensor& o) {
+    return !o.defined() || (o.sizes() == t.sizes() && o.scalar_type() == t.scalar_type() &&
+                            o.device() == t.device());
+  };
+  return !rowwise && like_t(f.a) && like_t(f.b);
+}
+
+// col_sum (tensorwise only; may be null): receives the column sums in float32 (the bias
+// gradient), taken by the cast kernel from its read of t. f (tensorwise only): its values
+// quantized, computed by the kernels as they read t and its operands.
 Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype, bool rowwise,
-                           const Delayed* delayed, torch::Tensor* col_sum, bool gelu,
-                           const torch::Tensor& gelu_pre) {
+                           const Delayed* delayed, torch::Tensor* col_sum, const Pointwise& f) {
   const c10::cuda::CUDAGuard guard(t.device());
   const torch::Tensor x = contiguous_aligned(t);  // the kernels read 16 bytes at a time
-  const torch::Tensor pre = gelu_pre.defined() ? contiguous_aligned(gelu_pre) : gelu_pre;
-  const void* pre_ptr = pre.defined() ? pre.data_ptr() : nullptr;
+  const torch::Tensor a = f.a.defined() ? contiguous_aligned(f.a) : f.a;
+  const torch::Tensor b = f.b.defined() ? contiguous_aligned(f.b) : f.b;
+  const kernels::Fp8Pointwise op{static_cast<kernels::Fp8Op>(f.op),
+                                 a.defined() ? a.data_ptr() : nullptr,
+                                 b.defined() ? b.data_ptr() : nullptr};
   const int64_t rows = x.size(0), cols = x.size(1);
   const c10::ScalarType s = x.scalar_type();
   const auto source = s == torch::kFloat      ? kernels::Fp8Source::kFloat32
@@ -116,15 +135,13 @@ Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype, bool r
     const int n = static_cast<int>(delayed->row.size(0) - 1);
     torch::Tensor inverse = torch::empty({}, f32);
     if (delayed->seed)
-      check_kernel_launch(
-          kernels::fp8_amax(x.data_ptr(), x.numel(), source, history, stream, gelu, pre_ptr),
-          "fp8-mixed", "fp8_amax");
-    check_kernel_launch(
-        kernels::fp8_cast_delayed(x.data_ptr(), rows, cols, source, e5m2, history, n,
-                                  delayed->record ? history + n : nullptr, q.data_ptr(),
-                                  qt.data_ptr(), inverse.data_ptr<float>(), stream, sums, gelu,
-                                  pre_ptr, delayed->margin),
-        "fp8-mixed", "fp8_cast_delayed");
+      check_kernel_launch(kernels::fp8_amax(x.data_ptr(), x.numel(), source, history, stream, op),
+                          "fp8-mixed", "fp8_amax");
+    check_kernel_launch(kernels::fp8_cast_delayed(
+                            x.data_ptr(), rows, cols, source, e5m2, history, n,
+                            delayed->record ? history + n : nullptr, q.data_ptr(), qt.data_ptr(),
+                            inverse.data_ptr<float>(), stream, sums, op, delayed->margin),
+                        "fp8-mixed", "fp8_cast_delayed");
     if (delayed->record)
       check_kernel_launch(kernels::fp8_history_push(history, n, stream), "fp8-mixed",
                           "fp8_history_push");
@@ -132,13 +149,13 @@ Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype, bool r
   }
   if (!rowwise) {
     torch::Tensor amax = torch::empty({}, f32), inverse = torch::empty({}, f32);
-    check_kernel_launch(kernels::fp8_amax(x.data_ptr(), x.numel(), source, amax.data_ptr<float>(),
-                                          stream, gelu, pre_ptr),
-                        "fp8-mixed", "fp8_amax");
-    check_kernel_launch(kernels::fp8_cast(x.data_ptr(), rows, cols, source, e5m2,
-                                          amax.data_ptr<float>(), q.data_ptr(), qt.data_ptr(),
-                                          inverse.data_ptr<float>(), stream, sums, gelu, pre_ptr),
-                        "fp8-mixed", "fp8_cast");
+    check_kernel_launch(
+        kernels::fp8_amax(x.data_ptr(), x.numel(), source, amax.data_ptr<float>(), stream, op),
+        "fp8-mixed", "fp8_amax");
+    check_kernel_launch(
+        kernels::fp8_cast(x.data_ptr(), rows, cols, source, e5m2, amax.data_ptr<float>(),
+                          q.data_ptr(), qt.data_ptr(), inverse.data_ptr<float>(), stream, sums, op),
+        "fp8-mixed", "fp8_cast");
     return with_sums({q, qt, inverse, inverse});
   }
   torch::Tensor row_amax = torch::empty({rows}, f32), col_amax = torch::empty({cols}, f32);
@@ -180,23 +197,35 @@ bool kernel_path(const torch::Tensor& t) {
 #endif
 }
 
+torch::Tensor pointwise_aten(const torch::Tensor& t, const Pointwise& f) {
+  using Op = Pointwise::Op;
+  switch (f.op) {
+    case Op::kNone:
+      return t;
+    case Op::kGeluTanh:
+      return at::gelu(t, "tanh");
+    case Op::kGeluTanhGrad:
+      return at::gelu_backward(t, f.a, "tanh");
+    case Op::kSwiglu:
+      return at::silu(t) * f.a;
+    case Op::kSwigluGateGrad:
+      return at::silu_backward(t * f.b, f.a);
+    case Op::kSwigluUpGrad:
+      return t * at::silu(f.a);
+  }
+  return t;
+}
+
 Quantized quantize(const torch::Tensor& t, c10::ScalarType dtype, double largest, bool rowwise,
-                   const Delayed* delayed, torch::Tensor* col_sum, bool gelu,
-                   const torch::Tensor& gelu_grad_pre) {
-  const bool through_gelu = gelu_grad_pre.defined();
+                   const Delayed* delayed, torch::Tensor* col_sum, const Pointwise& f) {
 #ifdef FABRIC_WITH_CUDA_KERNELS
-  // The GELU's gradient in the cast: tensorwise, pre-activation of t's dtype and shape.
-  const bool fused = !through_gelu || (!rowwise && !gelu && gelu_grad_pre.sizes() == t.sizes() &&
-                                       gelu_grad_pre.scalar_type() == t.scalar_type() &&
-                                       gelu_grad_pre.device() == t.device());
-  if (kernels_apply(t) && fused)
-    return quantize_kernels(t, dtype, rowwise, delayed, col_sum, gelu, gelu_grad_pre);
+  if (kernels_apply(t) && fusable(t, rowwise, f))
+    return quantize_kernels(t, dtype, rowwise, delayed, col_sum, f);
 #endif
-  (void)gelu;
-  if (!through_gelu) return quantize_aten(t, dtype, largest, rowwise, delayed);
-  const torch::Tensor g = at::gelu_backward(t, gelu_grad_pre, "tanh");
-  if (col_sum != nullptr) *col_sum = g.sum(0, /*keepdim=*/false, torch::kFloat);  // as the kernel
-  return quantize_aten(g, dtype, largest, rowwise, delayed);
+  if (f.op == Pointwise::Op::kNone) return quantize_aten(t, dtype, largest, rowwise, delayed);
+  const torch::Tensor v = pointwise_aten(t, f);
+  if (col_sum != nullptr) *col_sum = v.sum(0, /*keepdim=*/false, torch::kFloat);  // as the kernel
+  return quantize(v, dtype, largest, rowwise, delayed);
 }
 
 std::optional<Delayed> delayed_operand(const torch::Tensor& history, const torch::Tensor& seeded,

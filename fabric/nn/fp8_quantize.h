@@ -42,19 +42,30 @@ void read_cast_grid_setting();
 // Whether quantize() takes t to the CUDA kernels (else ATen's ops).
 bool kernel_path(const torch::Tensor& t);
 
-// t [rows, cols] quantized to `dtype` (largest: its largest finite value). delayed (tensorwise
-// only; may be null): the scale from the history row, which it reads and (recording) advances.
-// col_sum (may be null): set to t's column sums in float32 when the cast kernel took them (the
-// CUDA kernels, tensorwise), else left alone (with gelu_grad_pre: always set, the sums of the
-// gradient through the GELU). gelu: quantize gelu_tanh(t) instead (REQUIRES:
-// kernel_path(t) and tensorwise; otherwise the caller applies torch::gelu first).
-// gelu_grad_pre (may be undefined; not with gelu): t is the gradient of gelu_tanh's output and
-// gelu_grad_pre its pre-activation: quantizes torch::gelu_backward(t, gelu_grad_pre, "tanh"),
-// computed by the CUDA kernels as they read both (tensorwise, the same dtype and shape), else by
-// ATen first; the same values either way.
+// What quantize() casts when it is not t itself: an elementwise function of t and the tensors a
+// and b (t's dtype and shape; undefined where the op takes none), one of fp8_cast.h's Fp8Op (the
+// same list, the same values): computed by the CUDA cast kernels as they read them (tensorwise),
+// else by ATen's ops first (pointwise_aten); the same values either way.
+struct Pointwise {
+  enum class Op { kNone, kGeluTanh, kGeluTanhGrad, kSwiglu, kSwigluGateGrad, kSwigluUpGrad };
+  Op op = Op::kNone;
+  torch::Tensor a, b;
+};
+
+// f's values by the ATen ops a model without the fusion runs (t itself for kNone):
+// gelu(t, "tanh"), gelu_backward(t, a, "tanh"), silu(t) · a, silu_backward(t · b, a) and
+// t · silu(a) (the last two: the gate's and the up's gradient of silu(gate) · up, as autograd
+// computes them).
+torch::Tensor pointwise_aten(const torch::Tensor& t, const Pointwise& f);
+
+// t [rows, cols] (f's values of it) quantized to `dtype` (largest: its largest finite value).
+// delayed (tensorwise only; may be null): the scale from the history row, which it reads and
+// (recording) advances. col_sum (may be null): set to the column sums in float32 when the cast
+// kernel took them (the CUDA kernels, tensorwise) or when f has an op, else left alone (the
+// caller sums t).
 Quantized quantize(const torch::Tensor& t, c10::ScalarType dtype, double largest, bool rowwise,
                    const Delayed* delayed = nullptr, torch::Tensor* col_sum = nullptr,
-                   bool gelu = false, const torch::Tensor& gelu_grad_pre = {});
+                   const Pointwise& f = {});
 
 // Operand i's delayed scaling for this pass (nullopt: dynamic). `history` [3, length + 1] (no
 // elements: not delayed), `seeded` [3] bool on the CPU (set for i by a recording pass); `record`:

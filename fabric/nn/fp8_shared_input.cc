@@ -32,7 +32,7 @@ struct Fp8SharedInput : torch::autograd::Function<Fp8SharedInput> {
     // An output nothing uses gets no gradient (not zeros): its layer's backward does not run.
     ctx->set_materialize_grads(false);
     const torch::Tensor x2 = x.reshape({-1, weights[0].size(1)}).contiguous();
-    const Quantized qx = quantize_input(x2, rowwise, histories[0], seeded[0], record, false);
+    const Quantized qx = quantize_input(x2, rowwise, histories[0], seeded[0], record);
     // What each layer's own cast would have pushed into its history (the same input's amax):
     // the first's row, now advanced.
     if (record && histories[0].numel() > 0) {
@@ -89,9 +89,9 @@ struct Fp8SharedInput : torch::autograd::Function<Fp8SharedInput> {
       const torch::Tensor& w8t = s[2 + 2 * i];
       const std::optional<c10::ScalarType> b_dtype = optional_dtype(b_types.get(i));
       const Fp8Grads g =
-          backward_gemms(grads[i].reshape({-1, w8t.size(1)}).contiguous(), torch::Tensor(), s[0],
-                         s[1], w8t, s[3 + 2 * i], x_dtype, static_cast<c10::ScalarType>(w_types[i]),
-                         b_dtype, rowwise, fast, histories[i], seeded[i], margins[i]);
+          backward_gemms(grads[i].reshape({-1, w8t.size(1)}).contiguous(), {}, s[0], s[1], w8t,
+                         s[3 + 2 * i], x_dtype, static_cast<c10::ScalarType>(w_types[i]), b_dtype,
+                         rowwise, fast, histories[i], seeded[i], margins[i]);
       grad_x = grad_x.defined() ? g.x + grad_x : g.x;
       if (x_sizes.empty()) {
         x_sizes = grads[i].sizes().vec();

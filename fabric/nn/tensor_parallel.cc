@@ -235,6 +235,23 @@ std::vector<torch::Tensor> shared_input_forward(const std::vector<LinearImpl*>& 
   return fp8_linears(x, fp8, layers[0]->fp8_scaling());
 }
 
+torch::Tensor swiglu_mlp(LinearImpl& gate, LinearImpl& up, LinearImpl& down, const torch::Tensor& x,
+                         torch::Tensor (*swiglu)(const torch::Tensor&, const torch::Tensor&)) {
+  const Fp8Scaling scaling = gate.fp8_scaling();
+  bool one_node = scaling != Fp8Scaling::kRowwise;
+  for (LinearImpl* l : {&gate, &up, &down})
+    one_node = one_node && l->whole_fp8(x) && l->fp8_scaling() == scaling;
+  if (!one_node) {
+    const std::vector<torch::Tensor> gu = shared_input_forward({&gate, &up}, x);
+    return down.forward(swiglu(gu[0], gu[1]));
+  }
+  auto layer = [](LinearImpl& l) {
+    return Fp8Layer{l.weight, l.bias, l.fp8_history() ? &*l.fp8_history() : nullptr,
+                    l.fp8_fast_accumulation()};
+  };
+  return fp8_swiglu_mlp(x, layer(gate), layer(up), layer(down), scaling);
+}
+
 namespace {
 
 // Dropout of x, this rank's part (its chunk of `size` along `dim`) of a whole tensor: the whole

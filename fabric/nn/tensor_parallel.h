@@ -257,6 +257,14 @@ torch::Tensor gelu_tanh_mlp(LinearImpl& fc, LinearImpl& proj, const torch::Tenso
 std::vector<torch::Tensor> shared_input_forward(const std::vector<LinearImpl*>& layers,
                                                 const torch::Tensor& x);
 
+// down.forward(swiglu(g, u)) with g, u = gate(x), up(x) (a Llama MLP; swiglu: the caller's
+// silu(g) · u), as fabric::nn::fp8_swiglu_mlp's one float8 node when all three layers run whole in
+// float8 (whole_fp8) with one recipe, tensorwise or delayed (on CUDA the SwiGLU and its backward
+// computed in the casts); else shared_input_forward({gate, up}), swiglu, down. The same values
+// either way.
+torch::Tensor swiglu_mlp(LinearImpl& gate, LinearImpl& up, LinearImpl& down, const torch::Tensor& x,
+                         torch::Tensor (*swiglu)(const torch::Tensor&, const torch::Tensor&));
+
 // The attention heads this rank holds of a layer cut between heads: n_head / tp when a plan split
 // `layer` (column or row), else n_head. A split qkv layer's output is this rank's heads only, so
 // reshape it with this count (or -1), never the model's n_head:

@@ -11,6 +11,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "fabric/nn/kernels/activations.cuh"  // after the CUDA headers: it uses their __device__
+
 #include <algorithm>
 #include <cstdint>
 
@@ -87,9 +89,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// ATen's silu in float32: x / (1 + exp(-x)).
-__device__ __forceinline__ float silu(float x) { return x / (1.f + expf(-x)); }
-
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     swiglu_forward_kernel(const T* __restrict__ gate, const T* __restrict__ up, T* __restrict__ y,
@@ -111,13 +110,11 @@ __global__ void __launch_bounds__(kThreads)
     y[i] = from_float<T>(round_to<T>(silu(to_float(gate[i]))) * to_float(up[i]));
 }
 
-// dgate = silu_backward(round(dy · up), gate) (ATen's: dy · s · (1 + x · (1 − s)), s the
-// sigmoid), dup = round(dy · round(silu(gate))).
+// dgate = silu_backward(round(dy · up), gate), dup = round(dy · round(silu(gate))); silu and its
+// gradient as ATen's (activations.cuh, which fp8_cast.cu's fused casts of them share).
 template <typename T>
 __device__ __forceinline__ void swiglu_grad(float dy, float g, float u, T* dgate, T* dup) {
-  const float ds = round_to<T>(dy * u);
-  const float s = 1.f / (1.f + expf(-g));
-  *dgate = from_float<T>(ds * s * (1.f + g * (1.f - s)));
+  *dgate = from_float<T>(silu_grad(round_to<T>(dy * u), g));
   *dup = from_float<T>(dy * round_to<T>(silu(g)));
 }
 

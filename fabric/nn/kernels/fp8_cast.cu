@@ -11,9 +11,12 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include "fabric/nn/kernels/activations.cuh"  // after the CUDA headers: it uses their __device__
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 namespace fabric::kernels {
 namespace {
@@ -81,16 +84,6 @@ __device__ __forceinline__ void load8(const T* p, float v[kVec]) {
   unpack8(r, v);
 }
 
-// GELU's tanh approximation as ATen's CUDA kernel computes it (in float, the same operations in
-// the same order), then rounded to the input's type as ATen's output is: the value an unfused
-// torch::gelu(x, "tanh") would have written, which the cast then reads.
-__device__ __forceinline__ float gelu_tanh(float x) {
-  constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
-  constexpr float kKappa = 0.044715f;
-  const float cube = x * x * x;
-  const float inner = kBeta * (x + kKappa * cube);
-  return 0.5f * x * (1.f + tanhf(inner));
-}
 __device__ __forceinline__ float round_as(float v, const float*) { return v; }
 __device__ __forceinline__ float round_as(float v, const __nv_bfloat16*) {
   return __bfloat162float(__float2bfloat16(v));
@@ -98,37 +91,48 @@ __device__ __forceinline__ float round_as(float v, const __nv_bfloat16*) {
 __device__ __forceinline__ float round_as(float v, const __half*) {
   return __half2float(__float2half(v));
 }
-template <typename T>
-__device__ __forceinline__ void activate(float v[kVec], bool gelu, const T* type) {
-  if (!gelu) return;
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) v[j] = round_as(gelu_tanh(v[j]), type);
+
+// How many operands besides x an op reads (fp8_cast.h's Fp8Op); -1 for no op.
+__host__ __device__ constexpr int operands_of(Fp8Op op) {
+  switch (op) {
+    case Fp8Op::kNone:
+    case Fp8Op::kGeluTanh:
+      return 0;
+    case Fp8Op::kGeluTanhGrad:
+    case Fp8Op::kSwiglu:
+    case Fp8Op::kSwigluUpGrad:
+      return 1;
+    case Fp8Op::kSwigluGateGrad:
+      return 2;
+  }
+  return -1;
 }
 
-// The gradient through gelu_tanh at the pre-activation x of the output gradient dy, as ATen's CUDA
-// GeluBackward kernel computes it (float32, its operations in its order), rounded to the input's
-// type: the value an unfused torch::gelu_backward(dy, x, "tanh") would have written.
-__device__ __forceinline__ float gelu_tanh_grad(float dy, float x) {
-  constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
-  constexpr float kKappa = 0.044715f;
-  constexpr float kKappa3 = 3.f * kKappa;
-  const float x_sq = x * x;
-  const float x_cube = x_sq * x;
-  const float inner = kBeta * (x + kKappa * x_cube);
-  const float tanh_inner = tanhf(inner);
-  const float left = 0.5f * x;
-  const float right = 1.f + tanh_inner;
-  const float left_derivative = 0.5f * right;
-  const float tanh_derivative = 1.f - tanh_inner * tanh_inner;
-  const float inner_derivative = kBeta * (1.f + kKappa3 * x_sq);
-  const float right_derivative = left * tanh_derivative * inner_derivative;
-  return dy * (left_derivative + right_derivative);
-}
-// v[j] = gelu_tanh_grad(v[j], pre[j]) rounded to T.
+// op's value at x with its operands' a and b (fp8_cast.h), rounded to T where the unfused
+// kernels round (T: x's type, for the overload).
 template <typename T>
-__device__ __forceinline__ void through_gelu(float v[kVec], const float pre[kVec], const T* type) {
+__device__ __forceinline__ float pointwise(Fp8Op op, float x, float a, float b, const T* type) {
+  switch (op) {
+    case Fp8Op::kNone:
+      return x;
+    case Fp8Op::kGeluTanh:
+      return round_as(gelu_tanh(x), type);
+    case Fp8Op::kGeluTanhGrad:
+      return round_as(gelu_tanh_grad(x, a), type);
+    case Fp8Op::kSwiglu:
+      return round_as(round_as(silu(x), type) * a, type);
+    case Fp8Op::kSwigluGateGrad:
+      return round_as(silu_grad(round_as(x * b, type), a), type);
+    case Fp8Op::kSwigluUpGrad:
+      return round_as(x * round_as(silu(a), type), type);
+  }
+  return x;
+}
+template <typename T>
+__device__ __forceinline__ void pointwise8(Fp8Op op, float v[kVec], const float a[kVec],
+                                           const float b[kVec], const T* type) {
 #pragma unroll
-  for (int j = 0; j < kVec; ++j) v[j] = round_as(gelu_tanh_grad(v[j], pre[j]), type);
+  for (int j = 0; j < kVec; ++j) v[j] = pointwise(op, v[j], a[j], b[j], type);
 }
 
 __device__ __forceinline__ float keep_max(float m, float a) { return (a > m || a != a) ? a : m; }
@@ -187,32 +191,29 @@ __device__ __forceinline__ void block_max_into(float m, float* target) {
   }
 }
 
-// *amax = the largest |x| (one atomic per block).
+// *amax = the largest |x| (of op's values; one atomic per block).
 template <typename T>
 __global__ void __launch_bounds__(kAmaxThreads)
-    amax_kernel(const T* __restrict__ x, int64_t n, float* amax, bool gelu,
-                const T* __restrict__ pre) {
+    amax_kernel(const T* __restrict__ x, int64_t n, float* amax, Fp8Op op, const T* __restrict__ a,
+                const T* __restrict__ b) {
   float m = 0.f;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t vectors = n / kVec;
+  const int operands = operands_of(op);
   for (int64_t i = first; i < vectors; i += stride) {
-    float v[kVec];
+    float v[kVec], va[kVec], vb[kVec];
     load8(x + i * kVec, v);
-    activate(v, gelu, x);
-    if (pre != nullptr) {
-      float p[kVec];
-      load8(pre + i * kVec, p);
-      through_gelu(v, p, x);
-    }
+    if (operands > 0) load8(a + i * kVec, va);
+    if (operands > 1) load8(b + i * kVec, vb);
+    pointwise8(op, v, va, vb, x);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) m = keep_max(m, fabsf(v[j]));
   }
   for (int64_t i = vectors * kVec + first; i < n; i += stride) {
-    float a = load(x, i);
-    if (gelu) a = round_as(gelu_tanh(a), x);
-    if (pre != nullptr) a = round_as(gelu_tanh_grad(a, load(pre, i)), x);
-    m = keep_max(m, fabsf(a));
+    const float v = pointwise(op, load(x, i), operands > 0 ? load(a, i) : 0.f,
+                              operands > 1 ? load(b, i) : 0.f, x);
+    m = keep_max(m, fabsf(v));
   }
   block_max_into<kAmaxThreads>(m, amax);
 }
@@ -227,16 +228,19 @@ __global__ void __launch_bounds__(kAmaxThreads)
 // (rows 64 rt .. 64 rt + 63; each thread's two rows, then the 32 thread rows in order).
 // Axiswise (kAxes true): q's row r scaled by row_amax[r], qt's row c (x's column c) by
 // col_amax[c]; row_inverse[r] and col_inverse[c] their inverses.
-// kGrad (tensorwise only): x is an output gradient of gelu_tanh and pre (x's shape) its
-// pre-activation: what is cast (and recorded, and summed) is gelu_tanh_grad(x, pre) rounded to T.
-template <typename T, bool kAxes, bool kGrad>
+// kOp (tensorwise only): what is cast (and recorded, and summed) is kOp's value of x and its
+// operands a and b (x's shape; fp8_cast.h), read with x. (A template argument: a kernel that
+// switched on the op at run time would hold the registers of its costliest op, and fewer blocks.)
+template <typename T, bool kAxes, Fp8Op kOp>
 __global__ void __launch_bounds__(kTileThreads)
     cast_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, bool e5m2,
                 const float* __restrict__ row_amax, const float* __restrict__ col_amax,
                 uint8_t* __restrict__ q, uint8_t* __restrict__ qt, float* __restrict__ row_inverse,
                 float* __restrict__ col_inverse, int history_len, int margin, float* record,
-                float* __restrict__ col_sums, bool gelu, const T* __restrict__ pre) {
-  static_assert(!(kAxes && kGrad), "the GELU's gradient is cast tensorwise only");
+                float* __restrict__ col_sums, const T* __restrict__ a, const T* __restrict__ b) {
+  static_assert(!(kAxes && kOp != Fp8Op::kNone), "ops are cast tensorwise only");
+  constexpr int kOperands = operands_of(kOp);
+  constexpr int kHeld = kOperands > 0 ? kOperands : 1;  // prefetch buffers' extent
   const float largest = e5m2 ? 57344.f : 448.f;
   const float tensor_scale =
       kAxes ? 0.f
@@ -266,14 +270,15 @@ __global__ void __launch_bounds__(kTileThreads)
   // wave of blocks), and each tile's loads are issued before the work on the tile before it, so
   // a load is in flight while the block converts, stores and waits at its barriers.
   Raw8<T> next[kPasses];
-  Raw8<T> next_pre[kGrad ? kPasses : 1];  // kGrad: the pre-activation's, loaded with x's
+  Raw8<T> next_op[kHeld][kPasses];  // the operands', loaded with x's
   auto fetch_tile = [&](int64_t rt) {
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
       const int64_t row = rt * kTile + sub + p * kRowStep;
       if (row < rows && col_in) {
         fetch8(x + row * cols + col, next[p]);
-        if constexpr (kGrad) fetch8(pre + row * cols + col, next_pre[p]);
+        if constexpr (kOperands > 0) fetch8(a + row * cols + col, next_op[0][p]);
+        if constexpr (kOperands > 1) fetch8(b + row * cols + col, next_op[kHeld - 1][p]);
       }
     }
   };
@@ -282,13 +287,16 @@ __global__ void __launch_bounds__(kTileThreads)
     const int64_t row0 = rt * kTile;
     float v[kPasses][kVec];
     float sum[kVec] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    Raw8<T> cur_pre[kGrad ? kPasses : 1];  // kept packed until the next tile's loads are out
+    Raw8<T> cur_op[kHeld][kPasses];  // kept packed until the next tile's loads are out
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
       const int64_t row = row0 + sub + p * kRowStep;
       if (row < rows && col_in) {
         unpack8(next[p], v[p]);
-        if constexpr (kGrad) cur_pre[p] = next_pre[p];
+        if constexpr (kOperands > 0) {
+#pragma unroll
+          for (int o = 0; o < kHeld; ++o) cur_op[o][p] = next_op[o][p];
+        }
       } else {
 #pragma unroll
         for (int j = 0; j < kVec; ++j) v[p][j] = 0.f;  // past the edge: read by nothing
@@ -298,13 +306,13 @@ __global__ void __launch_bounds__(kTileThreads)
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
       const int r = sub + p * kRowStep;
-      if (!kAxes) activate(v[p], gelu, x);
       const int64_t row = row0 + r;
       if (row >= rows || !col_in) continue;
-      if constexpr (kGrad) {
-        float pv[kVec];
-        unpack8(cur_pre[p], pv);
-        through_gelu(v[p], pv, x);
+      if constexpr (!kAxes) {
+        float va[kVec], vb[kVec];
+        if constexpr (kOperands > 0) unpack8(cur_op[0][p], va);
+        if constexpr (kOperands > 1) unpack8(cur_op[kHeld - 1][p], vb);
+        pointwise8(kOp, v[p], va, vb, x);
       }
       if (!kAxes) {
 #pragma unroll
@@ -422,10 +430,10 @@ dim3 tile_grid(int64_t rows, int64_t cols) {
               static_cast<unsigned>(std::min<int64_t>((rows + kTile - 1) / kTile, 65535)));
 }
 
-// How many blocks of cast_kernel<T, kAxes, kGrad> (kTileThreads each) the current device holds at
+// How many blocks of cast_kernel<T, kAxes, kOp> (kTileThreads each) the current device holds at
 // once: its multiprocessors times the blocks one of them keeps resident. Cached per device and
 // kernel.
-template <typename T, bool kAxes, bool kGrad>
+template <typename T, bool kAxes, Fp8Op kOp>
 int64_t resident_blocks() {
   constexpr int kDevices = 64;
   static std::atomic<int64_t> cached[kDevices] = {};
@@ -435,7 +443,7 @@ int64_t resident_blocks() {
   if (n > 0) return n;
   int sms = 0, per_sm = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, cast_kernel<T, kAxes, kGrad>,
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, cast_kernel<T, kAxes, kOp>,
                                                     kTileThreads, 0) != cudaSuccess) {
     (void)cudaGetLastError();  // the query's error is not the launch's
     return 0;
@@ -474,55 +482,76 @@ bool tileable(const void* x, int64_t rows, int64_t cols) {
   return aligned16(x) && rows % kVec == 0 && cols % kVec == 0;
 }
 
+// Whether f's operands are there (its op's, aligned): 0, or the error fp8_cast.h names.
+int check_operands(const Fp8Pointwise& f) {
+  const int n = operands_of(f.op);
+  if (n < 0 || (n > 0 && f.a == nullptr) || (n > 1 && f.b == nullptr)) return cudaErrorInvalidValue;
+  if ((n > 0 && !aligned16(f.a)) || (n > 1 && !aligned16(f.b))) return cudaErrorMisalignedAddress;
+  return 0;
+}
+
 template <typename T>
-int amax_as(const void* x, int64_t n, float* amax, cudaStream_t stream, bool gelu = false,
-            const void* pre = nullptr) {
-  if (!aligned16(x) || (pre != nullptr && !aligned16(pre))) return cudaErrorMisalignedAddress;
-  if (gelu && pre != nullptr) return cudaErrorInvalidValue;
+int amax_as(const void* x, int64_t n, float* amax, cudaStream_t stream, const Fp8Pointwise& f) {
+  if (!aligned16(x)) return cudaErrorMisalignedAddress;
+  if (const int e = check_operands(f)) return e;
   cudaError_t e = cudaMemsetAsync(amax, 0, sizeof(float), stream);
   if (e != cudaSuccess) return e;
   if (n == 0) return 0;
   // ~2 vectors per thread
   const int64_t want = (n + kAmaxThreads * kVec * 2 - 1) / (kAmaxThreads * kVec * 2);
   const int blocks = static_cast<int>(std::min<int64_t>(std::max<int64_t>(want, 1), 4096));
-  amax_kernel<T><<<blocks, kAmaxThreads, 0, stream>>>(static_cast<const T*>(x), n, amax, gelu,
-                                                      static_cast<const T*>(pre));
+  amax_kernel<T><<<blocks, kAmaxThreads, 0, stream>>>(static_cast<const T*>(x), n, amax, f.op,
+                                                      static_cast<const T*>(f.a),
+                                                      static_cast<const T*>(f.b));
   return cudaGetLastError();
 }
 
-template <typename T, bool kAxes, bool kGrad>
+template <typename T, bool kAxes, Fp8Op kOp>
 int launch_cast(const void* x, int64_t rows, int64_t cols, bool e5m2, const float* row_amax,
                 const float* col_amax, void* q, void* qt, float* row_inverse, float* col_inverse,
                 cudaStream_t stream, int history_len, int margin, float* record, float* col_sums,
-                bool gelu, const void* pre) {
-  const dim3 grid = cast_grid(rows, cols, resident_blocks<T, kAxes, kGrad>());
-  cast_kernel<T, kAxes, kGrad><<<grid, kTileThreads, 0, stream>>>(
+                const Fp8Pointwise& f) {
+  const dim3 grid = cast_grid(rows, cols, resident_blocks<T, kAxes, kOp>());
+  cast_kernel<T, kAxes, kOp><<<grid, kTileThreads, 0, stream>>>(
       static_cast<const T*>(x), rows, cols, e5m2, row_amax, col_amax, static_cast<uint8_t*>(q),
       static_cast<uint8_t*>(qt), row_inverse, col_inverse, history_len, margin, record, col_sums,
-      gelu, static_cast<const T*>(pre));
+      static_cast<const T*>(f.a), static_cast<const T*>(f.b));
   return cudaGetLastError();
 }
 
-// pre (tensorwise only): x is gelu_tanh's output gradient, pre its pre-activation (fp8_cast.h).
+// f (tensorwise only): what is cast is f's values (fp8_cast.h).
 template <typename T, bool kAxes>
 int cast_as(const void* x, int64_t rows, int64_t cols, bool e5m2, const float* row_amax,
             const float* col_amax, void* q, void* qt, float* row_inverse, float* col_inverse,
             cudaStream_t stream, int history_len = 0, float* record = nullptr,
-            float* col_sums = nullptr, bool gelu = false, const void* pre = nullptr,
-            int margin = 0) {
+            float* col_sums = nullptr, const Fp8Pointwise& f = {}, int margin = 0) {
   if (!tileable(x, rows, cols) || history_len < 0 || margin < 0) return cudaErrorInvalidValue;
-  if (pre != nullptr && (kAxes || gelu)) return cudaErrorInvalidValue;
-  if (pre != nullptr && !aligned16(pre)) return cudaErrorMisalignedAddress;
+  if (kAxes && f.op != Fp8Op::kNone) return cudaErrorInvalidValue;
+  if (const int e = check_operands(f)) return e;
   if (rows == 0 || cols == 0) return 0;
+  auto launch = [&](auto op) {
+    return launch_cast<T, kAxes, decltype(op)::value>(x, rows, cols, e5m2, row_amax, col_amax, q,
+                                                      qt, row_inverse, col_inverse, stream,
+                                                      history_len, margin, record, col_sums, f);
+  };
+  using O = Fp8Op;
   if constexpr (!kAxes) {
-    if (pre != nullptr)
-      return launch_cast<T, false, true>(x, rows, cols, e5m2, row_amax, col_amax, q, qt,
-                                         row_inverse, col_inverse, stream, history_len, margin,
-                                         record, col_sums, gelu, pre);
+    switch (f.op) {
+      case O::kGeluTanh:
+        return launch(std::integral_constant<O, O::kGeluTanh>());
+      case O::kGeluTanhGrad:
+        return launch(std::integral_constant<O, O::kGeluTanhGrad>());
+      case O::kSwiglu:
+        return launch(std::integral_constant<O, O::kSwiglu>());
+      case O::kSwigluGateGrad:
+        return launch(std::integral_constant<O, O::kSwigluGateGrad>());
+      case O::kSwigluUpGrad:
+        return launch(std::integral_constant<O, O::kSwigluUpGrad>());
+      case O::kNone:
+        break;
+    }
   }
-  return launch_cast<T, kAxes, false>(x, rows, cols, e5m2, row_amax, col_amax, q, qt, row_inverse,
-                                      col_inverse, stream, history_len, margin, record, col_sums,
-                                      gelu, nullptr);
+  return launch(std::integral_constant<O, O::kNone>());
 }
 
 template <typename T>
@@ -540,58 +569,54 @@ int amax_axes_as(const void* x, int64_t rows, int64_t cols, float* row_amax, flo
 
 }  // namespace
 
-int fp8_amax(const void* x, int64_t n, Fp8Source type, float* amax, void* stream, bool gelu_tanh,
-             const void* gelu_tanh_pre) {
+int fp8_amax(const void* x, int64_t n, Fp8Source type, float* amax, void* stream,
+             const Fp8Pointwise& f) {
   const auto s = static_cast<cudaStream_t>(stream);
   switch (type) {
     case Fp8Source::kFloat32:
-      return amax_as<float>(x, n, amax, s, gelu_tanh, gelu_tanh_pre);
+      return amax_as<float>(x, n, amax, s, f);
     case Fp8Source::kBFloat16:
-      return amax_as<__nv_bfloat16>(x, n, amax, s, gelu_tanh, gelu_tanh_pre);
+      return amax_as<__nv_bfloat16>(x, n, amax, s, f);
     case Fp8Source::kFloat16:
-      return amax_as<__half>(x, n, amax, s, gelu_tanh, gelu_tanh_pre);
+      return amax_as<__half>(x, n, amax, s, f);
   }
   return cudaErrorInvalidValue;
 }
 
 int fp8_cast(const void* x, int64_t rows, int64_t cols, Fp8Source type, bool e5m2,
              const float* amax, void* q, void* qt, float* inverse, void* stream, float* col_sums,
-             bool gelu_tanh, const void* gelu_tanh_pre) {
+             const Fp8Pointwise& f) {
   const auto s = static_cast<cudaStream_t>(stream);
   switch (type) {
     case Fp8Source::kFloat32:
       return cast_as<float, false>(x, rows, cols, e5m2, amax, nullptr, q, qt, inverse, nullptr, s,
-                                   0, nullptr, col_sums, gelu_tanh, gelu_tanh_pre);
+                                   0, nullptr, col_sums, f);
     case Fp8Source::kBFloat16:
       return cast_as<__nv_bfloat16, false>(x, rows, cols, e5m2, amax, nullptr, q, qt, inverse,
-                                           nullptr, s, 0, nullptr, col_sums, gelu_tanh,
-                                           gelu_tanh_pre);
+                                           nullptr, s, 0, nullptr, col_sums, f);
     case Fp8Source::kFloat16:
       return cast_as<__half, false>(x, rows, cols, e5m2, amax, nullptr, q, qt, inverse, nullptr, s,
-                                    0, nullptr, col_sums, gelu_tanh, gelu_tanh_pre);
+                                    0, nullptr, col_sums, f);
   }
   return cudaErrorInvalidValue;
 }
 
 int fp8_cast_delayed(const void* x, int64_t rows, int64_t cols, Fp8Source type, bool e5m2,
                      const float* history, int history_len, float* record, void* q, void* qt,
-                     float* inverse, void* stream, float* col_sums, bool gelu_tanh,
-                     const void* gelu_tanh_pre, int margin) {
+                     float* inverse, void* stream, float* col_sums, const Fp8Pointwise& f,
+                     int margin) {
   const auto s = static_cast<cudaStream_t>(stream);
   if (history_len < 1) return cudaErrorInvalidValue;
   switch (type) {
     case Fp8Source::kFloat32:
       return cast_as<float, false>(x, rows, cols, e5m2, history, nullptr, q, qt, inverse, nullptr,
-                                   s, history_len, record, col_sums, gelu_tanh, gelu_tanh_pre,
-                                   margin);
+                                   s, history_len, record, col_sums, f, margin);
     case Fp8Source::kBFloat16:
       return cast_as<__nv_bfloat16, false>(x, rows, cols, e5m2, history, nullptr, q, qt, inverse,
-                                           nullptr, s, history_len, record, col_sums, gelu_tanh,
-                                           gelu_tanh_pre, margin);
+                                           nullptr, s, history_len, record, col_sums, f, margin);
     case Fp8Source::kFloat16:
       return cast_as<__half, false>(x, rows, cols, e5m2, history, nullptr, q, qt, inverse, nullptr,
-                                    s, history_len, record, col_sums, gelu_tanh, gelu_tanh_pre,
-                                    margin);
+                                    s, history_len, record, col_sums, f, margin);
   }
   return cudaErrorInvalidValue;
 }

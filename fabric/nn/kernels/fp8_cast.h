@@ -16,19 +16,34 @@ namespace fabric::kernels {
 // Element types the kernels read.
 enum class Fp8Source { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 
-// `gelu_tanh` (fp8_amax, fp8_cast, fp8_cast_delayed): x stands for gelu_tanh(x), GELU's tanh
-// approximation computed in float32 as ATen's CUDA kernel does and rounded to `type`, as an
-// unfused torch::gelu(x, "tanh") would write it; amax, cast, record and column sums are of that.
-// `gelu_tanh_pre` (the same three; not with gelu_tanh): x is the gradient of gelu_tanh's output and
-// gelu_tanh_pre (x's type and shape, 16-byte aligned) its pre-activation: x stands for the
-// gradient of the pre-activation, computed in float32 as ATen's CUDA GeluBackward kernel does and
-// rounded to `type`, as an unfused torch::gelu_backward(x, pre, "tanh") would write it (a GPT
-// MLP's first layer quantizes its output gradient so, in one pass over both).
+// What a tensorwise cast reads x as (fp8_amax, fp8_cast, fp8_cast_delayed): x itself, or an
+// elementwise function of x and the tensors a and b (x's type and shape, 16-byte aligned; null
+// where the function takes none), computed in float32 as the unfused CUDA kernel computes it
+// (activations.cuh) and rounded to x's type wherever that kernel's outputs are: the values it
+// would have written, which the cast then reads, so that they are never written in 16 bits. The
+// amax, the cast, the record and the column sums are of those values. A kernel given an op whose
+// operand is null returns cudaErrorInvalidValue; one not 16-byte aligned,
+// cudaErrorMisalignedAddress.
+enum class Fp8Op {
+  kNone = 0,
+  kGeluTanh = 1,        // gelu(x, "tanh"): a GPT MLP's second layer's input
+  kGeluTanhGrad = 2,    // gelu_backward(x, a, "tanh"): x the GELU's output gradient, a its input
+  kSwiglu = 3,          // silu(x) · a: x a Llama MLP's gate, a its up (as llama_ops.h's kernel)
+  kSwigluGateGrad = 4,  // silu_backward(x · b, a): x the SwiGLU's output gradient, a the gate, b
+                        // the up (the gate's gradient, as llama_ops.h's swiglu_backward)
+  kSwigluUpGrad = 5,    // x · silu(a): the up's gradient
+};
+struct Fp8Pointwise {
+  Fp8Op op = Fp8Op::kNone;
+  const void* a = nullptr;
+  const void* b = nullptr;
+};
 
 // *amax = the largest |x| over n contiguous elements of `type` (float32, on the device; NaN when x
 // holds one). Returns 0 or the cudaError_t of the launch.
+// With f, of f's values.
 int fp8_amax(const void* x, int64_t n, Fp8Source type, float* amax, void* stream,
-             bool gelu_tanh = false, const void* gelu_tanh_pre = nullptr);
+             const Fp8Pointwise& f = {});
 
 // With s = largest / max(*amax, 1e-12) in float32 (largest: 448 for e4m3, 57344 for e5m2), writes
 // q = x · s rounded to the nearest float8 (e4m3fn, or e5m2 when `e5m2`), saturated to ±largest,
@@ -42,8 +57,7 @@ int fp8_amax(const void* x, int64_t n, Fp8Source type, float* amax, void* stream
 constexpr int64_t kFp8SumRows = 64;
 int fp8_cast(const void* x, int64_t rows, int64_t cols, Fp8Source type, bool e5m2,
              const float* amax, void* q, void* qt, float* inverse, void* stream,
-             float* col_sums = nullptr, bool gelu_tanh = false,
-             const void* gelu_tanh_pre = nullptr);
+             float* col_sums = nullptr, const Fp8Pointwise& f = {});
 
 // Delayed scaling (fabric.fp8.recipe: delayed): as fp8_cast, with the scale taken from a history
 // of earlier amaxes rather than this tensor's: s = largest / max(h, 1e-12), h the largest finite
@@ -55,7 +69,7 @@ int fp8_cast(const void* x, int64_t rows, int64_t cols, Fp8Source type, bool e5m
 int fp8_cast_delayed(const void* x, int64_t rows, int64_t cols, Fp8Source type, bool e5m2,
                      const float* history, int history_len, float* record, void* q, void* qt,
                      float* inverse, void* stream, float* col_sums = nullptr,
-                     bool gelu_tanh = false, const void* gelu_tanh_pre = nullptr, int margin = 0);
+                     const Fp8Pointwise& f = {}, int margin = 0);
 
 // How fp8_cast, fp8_cast_delayed and fp8_cast_axes size their grid (process-wide): kWave (the
 // default) about one resident wave of blocks, each casting several 64 x 64 tiles with its next

@@ -5,6 +5,7 @@
 
 #include <c10/util/intrusive_ptr.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/utils.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -151,10 +152,11 @@ TEST(LlamaTest, TensorParallelPlanOnTwoRanksGivesTheWholeModelsLogitsLossAndNorm
     }
 }
 
-// Under fp8-mixed q, k and v (and gate and up) read one cast of their input
-// (fabric::nn::shared_input_forward). Against the same model whose k_proj and up_proj differ in
-// fast_accumulation (which the CPU's GEMMs ignore, and which makes each layer cast for itself):
-// two delayed-scaling training passes give the same losses, gradients and histories, bitwise.
+// Under fp8-mixed q, k and v read one cast of their input (fabric::nn::shared_input_forward), and
+// the MLP is one node (fabric::nn::swiglu_mlp: gate and up read one cast, the SwiGLU computed in
+// the casts on CUDA). Against the same model whose k_proj and up_proj differ in fast_accumulation
+// (which the CPU's GEMMs ignore, and which makes each layer cast for itself): two delayed-scaling
+// training passes give the same losses, gradients and histories, bitwise.
 TEST(LlamaTest, Fp8LayersReadingOneInputShareItsCast) {
   torch::manual_seed(3);
   Llama shared(tiny(false)), separate(tiny(false));
@@ -194,6 +196,11 @@ TEST(LlamaTest, Fp8LayersReadingOneInputShareItsCast) {
                                std::pair{la->mlp->up_proj, lb->mlp->up_proj}})
       EXPECT_TRUE(torch::equal(x->fp8_history()->amax, y->fp8_history()->amax)) << "layer " << i;
   }
+  // (The MLP's node: the one SwiGLU node, or the separate layers.)
+  const torch::Tensor h = torch::randn({2, 8, shared->layers[0]->mlp->gate_proj->weight.size(1)});
+  auto mlp_node = [&](Llama& m) { return m->layers[0]->mlp->forward(h).grad_fn()->name(); };
+  EXPECT_NE(mlp_node(shared).find("Fp8SwigluMlp"), std::string::npos) << mlp_node(shared);
+  EXPECT_EQ(mlp_node(separate).find("Fp8SwigluMlp"), std::string::npos) << mlp_node(separate);
 }
 
 TEST(LlamaTest, ATpThatSplitsAKeyValueHeadIsAOneLineError) {

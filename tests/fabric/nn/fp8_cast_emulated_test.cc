@@ -2,7 +2,8 @@
 // threads): the amax and cast kernels, tensorwise and per line, against a scalar reference of
 // their contract (fp8_cast.h) with the CUDA headers' own float8 rounding, for float32, bf16 and
 // fp16 inputs whose rows and columns are not multiples of the 64 × 64 tile, e4m3 and e5m2, with
-// the preconditions refused; delayed scaling's cast (the scale from a history with non-finite
+// the preconditions refused; the casts of an activation's values (GELU, SwiGLU and their
+// gradients, from their operands); delayed scaling's cast (the scale from a history with non-finite
 // entries skipped, the tensor's amax recorded) and the history's push. What it checks is the
 // kernels' indexing, tiling, shared-memory transpose and reductions; the device's arithmetic is
 // fp8_cuda_test's (on a GPU). The kernels come from tools/bazel/cuda.bzl's cuda_emulated_library.
@@ -20,10 +21,12 @@
 #include <string>
 #include <vector>
 
+#include "fabric/nn/kernels/activations.cuh"
 #include "fabric/nn/kernels/fp8_cast.h"
 
 namespace {
 
+using fabric::kernels::Fp8Op;
 using fabric::kernels::Fp8Source;
 
 template <typename T>
@@ -231,7 +234,7 @@ void check_delayed(int64_t rows, int64_t cols, Fp8Source type, bool e5m2) {
     std::fill(qt.begin(), qt.end(), 0xAB);
     ASSERT_TRUE(fabric::kernels::fp8_cast_delayed(in.x, rows, cols, type, e5m2, history.data(), 1,
                                                   nullptr, q.data(), qt.data(), &inverse, nullptr,
-                                                  nullptr, false, nullptr, margin) == 0)
+                                                  nullptr, {}, margin) == 0)
         << "margin " << margin;
     const float s_m = scale_for(own, std::ldexp(largest, -margin));
     ASSERT_TRUE(inverse == 1.f / s_m) << "margin " << margin << ": inverse " << inverse;
@@ -244,120 +247,92 @@ void check_delayed(int64_t rows, int64_t cols, Fp8Source type, bool e5m2) {
   }
   ASSERT_TRUE(fabric::kernels::fp8_cast_delayed(in.x, rows, cols, type, e5m2, history.data(), 1,
                                                 nullptr, q.data(), nullptr, &inverse, nullptr,
-                                                nullptr, false, nullptr, -1) != 0)
+                                                nullptr, {}, -1) != 0)
       << "a negative margin was accepted";
 }
 
-// The kernels' GELU (fp8_cast.h, gelu_tanh): float32, ATen's CUDA formula, rounded to T.
+// An op's value (fp8_cast.h's Fp8Op) at x with operands a and b: activations.cuh's functions (the
+// device's arithmetic is fp8_cuda_test's), rounded to T where the unfused kernels round.
 template <typename T>
-float gelu_as(float x) {
-  const float kBeta = 0.7978845608028654f, kKappa = 0.044715f;
-  const float cube = x * x * x;
-  const float inner = kBeta * (x + kKappa * cube);
-  return to_float(from_float<T>(0.5f * x * (1.f + std::tanh(inner))));
+float round_to(float v) {
+  return to_float(from_float<T>(v));
+}
+template <typename T>
+float op_as(Fp8Op op, float x, float a, float b) {
+  switch (op) {
+    case Fp8Op::kGeluTanh:
+      return round_to<T>(fabric::kernels::gelu_tanh(x));
+    case Fp8Op::kGeluTanhGrad:
+      return round_to<T>(fabric::kernels::gelu_tanh_grad(x, a));
+    case Fp8Op::kSwiglu:
+      return round_to<T>(round_to<T>(fabric::kernels::silu(x)) * a);
+    case Fp8Op::kSwigluGateGrad:
+      return round_to<T>(fabric::kernels::silu_grad(round_to<T>(x * b), a));
+    case Fp8Op::kSwigluUpGrad:
+      return round_to<T>(x * round_to<T>(fabric::kernels::silu(a)));
+    case Fp8Op::kNone:
+      break;
+  }
+  return x;
 }
 
-// gelu_tanh: amax, cast (dynamic and delayed), record and column sums of the GELU's output.
+// op: amax, cast (dynamic and delayed; e5m2 for the gradients, as fp8_gemm.cc casts them), record
+// and column sums of its values from x and its operands; an operand read at the wrong place
+// (another row, column or tile) changes them, a missing or misaligned one is refused.
 template <typename T>
-void check_gelu(int64_t rows, int64_t cols, Fp8Source type) {
-  const Input<T> in(rows, cols);
+void check_op(Fp8Op op, int64_t rows, int64_t cols, Fp8Source type) {
+  const Input<T> x(rows, cols), a(rows, cols, 17), b(rows, cols, 29);
   const int64_t n = rows * cols;
-  std::vector<float> act(n);
+  const bool e5m2 =
+      op == Fp8Op::kGeluTanhGrad || op == Fp8Op::kSwigluGateGrad || op == Fp8Op::kSwigluUpGrad;
+  const float largest = e5m2 ? 57344.f : 448.f;
+  const bool two = op == Fp8Op::kSwigluGateGrad, one = two || (op != Fp8Op::kGeluTanh);
+  const fabric::kernels::Fp8Pointwise f{op, one ? a.x : nullptr, two ? b.x : nullptr};
+  std::vector<float> v(n);
   float own = 0.f;
   for (int64_t i = 0; i < n; ++i) {
-    act[i] = gelu_as<T>(in.values[i]);
-    own = std::max(own, std::fabs(act[i]));
+    v[i] = op_as<T>(op, x.values[i], a.values[i], b.values[i]);
+    own = std::max(own, std::fabs(v[i]));
   }
+  const std::string at = " (op " + std::to_string(static_cast<int>(op)) + ", " +
+                         std::to_string(rows) + " x " + std::to_string(cols) + ")";
   float amax = -1.f, inverse = 0.f;
-  ASSERT_TRUE(fabric::kernels::fp8_amax(in.x, n, type, &amax, nullptr, true) == 0);
-  ASSERT_TRUE(amax == own) << "gelu amax " << amax << ", want " << own;
+  ASSERT_TRUE(fabric::kernels::fp8_amax(x.x, n, type, &amax, nullptr, f) == 0) << at;
+  ASSERT_TRUE(amax == own) << "amax " << amax << ", want " << own << at;
   std::vector<uint8_t> q(n, 0xAB), qt(n, 0xAB);
   std::vector<float> sums(((rows + 63) / 64) * cols, -1.f);
-  ASSERT_TRUE(fabric::kernels::fp8_cast(in.x, rows, cols, type, false, &amax, q.data(), qt.data(),
-                                        &inverse, nullptr, sums.data(), true) == 0);
-  const float scale = scale_for(own, 448.f);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) {
-      const uint8_t e = reference(act[r * cols + c], scale, false);
-      ASSERT_TRUE(q[r * cols + c] == e && qt[c * rows + r] == e)
-          << "gelu q/qt at " << r << ", " << c << " (" << rows << " x " << cols << ")";
-    }
-  ASSERT_TRUE(sums == tile_sums(act, rows, cols)) << "gelu column sums";
-  std::vector<float> history = {own * 2.f, 0.f};
-  std::vector<uint8_t> qd(n, 0xAB);
-  ASSERT_TRUE(fabric::kernels::fp8_cast_delayed(in.x, rows, cols, type, false, history.data(), 1,
-                                                &history[1], qd.data(), nullptr, &inverse, nullptr,
-                                                nullptr, true) == 0);
-  ASSERT_TRUE(history[1] == own) << "gelu record " << history[1] << ", want " << own;
-  ASSERT_TRUE(qd[n - 1] == reference(act[n - 1], scale_for(own * 2.f, 448.f), false));
-}
-
-// The kernels' GELU gradient (fp8_cast.h, gelu_tanh_pre): float32, ATen's CUDA GeluBackward
-// formula in its order, rounded to T.
-template <typename T>
-float gelu_grad_as(float dy, float x) {
-  const float kBeta = 0.7978845608028654f, kKappa = 0.044715f, kKappa3 = 3.f * kKappa;
-  const float x_sq = x * x;
-  const float x_cube = x_sq * x;
-  const float inner = kBeta * (x + kKappa * x_cube);
-  const float tanh_inner = std::tanh(inner);
-  const float left = 0.5f * x;
-  const float right = 1.f + tanh_inner;
-  const float left_derivative = 0.5f * right;
-  const float tanh_derivative = 1.f - tanh_inner * tanh_inner;
-  const float inner_derivative = kBeta * (1.f + kKappa3 * x_sq);
-  const float right_derivative = left * tanh_derivative * inner_derivative;
-  return to_float(from_float<T>(dy * (left_derivative + right_derivative)));
-}
-
-// gelu_tanh_pre: amax, cast (dynamic and delayed, e5m2 as a gradient is), record and column sums
-// of the gradient through the GELU, from the output gradient and the pre-activation; a
-// pre-activation read at the wrong place (another row, column or tile) changes them.
-template <typename T>
-void check_gelu_grad(int64_t rows, int64_t cols, Fp8Source type) {
-  const Input<T> dy(rows, cols), pre(rows, cols, 17);
-  const int64_t n = rows * cols;
-  std::vector<float> grad(n);
-  float own = 0.f;
+  ASSERT_TRUE(fabric::kernels::fp8_cast(x.x, rows, cols, type, e5m2, &amax, q.data(), qt.data(),
+                                        &inverse, nullptr, sums.data(), f) == 0)
+      << at;
+  const float scale = scale_for(own, largest);
+  ASSERT_TRUE(inverse == 1.f / scale) << at;
   for (int64_t i = 0; i < n; ++i) {
-    grad[i] = gelu_grad_as<T>(dy.values[i], pre.values[i]);
-    own = std::max(own, std::fabs(grad[i]));
+    const uint8_t e = reference(v[i], scale, e5m2);
+    ASSERT_TRUE(q[i] == e && qt[(i % cols) * rows + i / cols] == e) << "q/qt at " << i << at;
   }
-  const std::string shape = " (" + std::to_string(rows) + " x " + std::to_string(cols) + ")";
-  float amax = -1.f, inverse = 0.f;
-  ASSERT_TRUE(fabric::kernels::fp8_amax(dy.x, n, type, &amax, nullptr, false, pre.x) == 0);
-  ASSERT_TRUE(amax == own) << "gelu gradient amax " << amax << ", want " << own << shape;
-  std::vector<uint8_t> q(n, 0xAB), qt(n, 0xAB);
-  std::vector<float> sums(((rows + 63) / 64) * cols, -1.f);
-  ASSERT_TRUE(fabric::kernels::fp8_cast(dy.x, rows, cols, type, true, &amax, q.data(), qt.data(),
-                                        &inverse, nullptr, sums.data(), false, pre.x) == 0);
-  const float scale = scale_for(own, 57344.f);
-  ASSERT_TRUE(inverse == 1.f / scale) << shape;
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) {
-      const uint8_t e = reference(grad[r * cols + c], scale, true);
-      ASSERT_TRUE(q[r * cols + c] == e && qt[c * rows + r] == e)
-          << "gelu gradient q/qt at " << r << ", " << c << shape;
-    }
-  ASSERT_TRUE(sums == tile_sums(grad, rows, cols)) << "gelu gradient column sums" << shape;
+  ASSERT_TRUE(sums == tile_sums(v, rows, cols)) << "column sums" << at;
   std::vector<float> history = {own * 2.f, 0.f};
   std::vector<uint8_t> qd(n, 0xAB), qtd(n, 0xAB);
-  ASSERT_TRUE(fabric::kernels::fp8_cast_delayed(dy.x, rows, cols, type, true, history.data(), 1,
+  ASSERT_TRUE(fabric::kernels::fp8_cast_delayed(x.x, rows, cols, type, e5m2, history.data(), 1,
                                                 &history[1], qd.data(), qtd.data(), &inverse,
-                                                nullptr, nullptr, false, pre.x) == 0);
-  ASSERT_TRUE(history[1] == own) << "gelu gradient record " << history[1] << ", want " << own;
-  const float delayed = scale_for(own * 2.f, 57344.f);
-  for (int64_t i = 0; i < n; ++i)
-    ASSERT_TRUE(qd[i] == reference(grad[i], delayed, true) &&
-                qtd[(i % cols) * rows + i / cols] == reference(grad[i], delayed, true))
-        << "delayed gelu gradient at " << i << shape;
-  // Not with gelu_tanh (x cannot be both), nor a misaligned pre-activation.
-  EXPECT_TRUE(fabric::kernels::fp8_cast(dy.x, rows, cols, type, true, &amax, q.data(), nullptr,
-                                        &inverse, nullptr, nullptr, true, pre.x) != 0);
-  EXPECT_TRUE(fabric::kernels::fp8_amax(dy.x, n, type, &amax, nullptr, true, pre.x) != 0);
-  EXPECT_TRUE(fabric::kernels::fp8_cast(dy.x, rows, cols, type, true, &amax, q.data(), nullptr,
-                                        &inverse, nullptr, nullptr, false,
-                                        reinterpret_cast<const char*>(pre.x) + 4) != 0);
+                                                nullptr, nullptr, f) == 0)
+      << at;
+  ASSERT_TRUE(history[1] == own) << "record " << history[1] << ", want " << own << at;
+  const float delayed = scale_for(own * 2.f, largest);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t e = reference(v[i], delayed, e5m2);
+    ASSERT_TRUE(qd[i] == e && qtd[(i % cols) * rows + i / cols] == e) << "delayed at " << i << at;
+  }
+  if (!one) return;
+  // Its operand missing or 4 bytes past a 16-byte boundary.
+  const auto* off = reinterpret_cast<const char*>(a.x) + 4;
+  for (const fabric::kernels::Fp8Pointwise bad : {fabric::kernels::Fp8Pointwise{op, nullptr, f.b},
+                                                  fabric::kernels::Fp8Pointwise{op, off, f.b}}) {
+    EXPECT_TRUE(fabric::kernels::fp8_amax(x.x, n, type, &amax, nullptr, bad) != 0) << at;
+    EXPECT_TRUE(fabric::kernels::fp8_cast(x.x, rows, cols, type, e5m2, &amax, q.data(), nullptr,
+                                          &inverse, nullptr, nullptr, bad) != 0)
+        << at;
+  }
 }
 
 void check_preconditions() {
@@ -393,24 +368,17 @@ TEST(Fp8CastEmulatedTest, KernelsWriteTheReferencesBytesForEveryShapeAndType) {
 
 TEST(Fp8CastEmulatedTest, MisalignedInputsAndOddColumnsAreRefused) { check_preconditions(); }
 
-TEST(Fp8CastEmulatedTest, GeluInputIsQuantizedAsItsOutput) {
-  const int64_t shapes[][2] = {{112, 160}, {8, 8}, {200, 72}};
-  for (const auto& s : shapes) {
-    check_gelu<float>(s[0], s[1], Fp8Source::kFloat32);
-    check_gelu<__nv_bfloat16>(s[0], s[1], Fp8Source::kBFloat16);
-    check_gelu<__half>(s[0], s[1], Fp8Source::kFloat16);
-  }
-}
-
-TEST(Fp8CastEmulatedTest, GeluGradientIsQuantizedFromTheOutputGradientAndThePreActivation) {
-  // 200 x 72 and 328 x 24: blocks cast several row tiles (their next tile's pre-activation in
-  // flight with its gradient's); 112 x 160: a block per tile.
+TEST(Fp8CastEmulatedTest, PointwiseOpsAreQuantizedAsTheirValues) {
+  // 200 x 72 and 328 x 24: blocks cast several row tiles (their next tile's operands in flight
+  // with x's); 112 x 160: a block per tile.
   const int64_t shapes[][2] = {{112, 160}, {8, 8}, {200, 72}, {328, 24}};
-  for (const auto& s : shapes) {
-    check_gelu_grad<float>(s[0], s[1], Fp8Source::kFloat32);
-    check_gelu_grad<__nv_bfloat16>(s[0], s[1], Fp8Source::kBFloat16);
-    check_gelu_grad<__half>(s[0], s[1], Fp8Source::kFloat16);
-  }
+  for (const Fp8Op op : {Fp8Op::kGeluTanh, Fp8Op::kGeluTanhGrad, Fp8Op::kSwiglu,
+                         Fp8Op::kSwigluGateGrad, Fp8Op::kSwigluUpGrad})
+    for (const auto& s : shapes) {
+      check_op<float>(op, s[0], s[1], Fp8Source::kFloat32);
+      check_op<__nv_bfloat16>(op, s[0], s[1], Fp8Source::kBFloat16);
+      check_op<__half>(op, s[0], s[1], Fp8Source::kFloat16);
+    }
 }
 
 // A history longer than the block (Transformer Engine's default length, 1024): the block's 256
