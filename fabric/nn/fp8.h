@@ -120,8 +120,8 @@ std::vector<torch::Tensor> fp8_linears(const torch::Tensor& x, const std::vector
 // fp8_linears), down's input cast computing the SwiGLU as it reads gate's and up's outputs, and
 // in backward gate's and up's output-gradient casts computing the SwiGLU's backward as they read
 // down's input gradient and the saved gate and up outputs (on CUDA: silu(g) · u and its two
-// gradients are never written in 16 bits; at a Llama 3.2 1B's size, 16384 tokens × 8192, three
-// tensors of 256 MiB a layer read and written less). The same values and gradients as
+// gradients are never written in 16 bits; under delayed scaling at a Llama 3.2 1B's size, 16384
+// tokens × 8192, four passes over a 256 MiB tensor fewer a layer). The same values and gradients as
 // fp8_linears(x, {gate, up}) → silu(g) · u → fp8_linear(…, down), bitwise on the CPU; on CUDA
 // the casts compute the SwiGLU as fabric/models' fused SwiGLU kernel does
 // (fabric/nn/kernels/activations.cuh). Tensorwise and delayed; rowwise, sizes _scaled_mm cannot
