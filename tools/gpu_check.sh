@@ -44,7 +44,7 @@
 #                   issue 70's: fsdp cpu_offload bitwise fsdp without it, peak device bytes
 #                   (about 1.5 minutes on an H200: mp_rows about 60 s, bubble 24 s, 2026-11-30)
 #   --suite=fp8: issue 72 item 2 (about 5.5 minutes on an H200: fp8_speed 220 s, fp8_loss 115 s,
-#                   2026-11-30): fp8_cuda_test (the float8 kernels
+#                   2026-11-30; since then fp8_nodes_cuda_test): fp8_cuda_test (the float8 kernels
 #                   against ATen, delayed scaling, the fused bias gradient and GELU),
 #                   fp8_nodes_cuda_test (the GPT MLP, shared-input and Llama MLP nodes),
 #                   gpt_compare.sh's ours-eager (bf16-mixed) vs ours-fp8 vs ours-fp8-delayed

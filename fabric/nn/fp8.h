@@ -102,7 +102,8 @@ struct Fp8Layer {
 };
 
 // fp8_linear(x, l.weight, l.bias, scaling, l.history, false, l.fast_accumulation) for each layer l
-// of layers that read one input (a Llama's q, k and v projections; its gate and up projections),
+// of layers that read one input (a Llama's q, k and v projections; gate and up where
+// fp8_swiglu_mlp does not apply),
 // as one autograd node that quantizes x once for all of them: one cast (on CUDA one launch, one
 // pass over x) and one transposed copy kept for backward instead of one per layer. The same
 // outputs and gradients (x's: the layers' summed as autograd sums separate layers', the last
@@ -125,9 +126,12 @@ std::vector<torch::Tensor> fp8_linears(const torch::Tensor& x, const std::vector
 // fp8_linears(x, {gate, up}) → silu(g) · u → fp8_linear(…, down), bitwise on the CPU; on CUDA
 // the casts compute the SwiGLU as fabric/models' fused SwiGLU kernel does
 // (fabric/nn/kernels/activations.cuh). Tensorwise and delayed; rowwise, sizes _scaled_mm cannot
-// take, and gate and up that fp8_linears would run separately run as those separate calls.
+// take, and gate and up that fp8_linears would run separately run as those separate calls, with
+// `swiglu` between them (a model's own silu(g) · u, say a fused kernel; null: at::silu(g) · u).
+using SwigluFn = torch::Tensor (*)(const torch::Tensor& gate, const torch::Tensor& up);
 torch::Tensor fp8_swiglu_mlp(const torch::Tensor& x, const Fp8Layer& gate, const Fp8Layer& up,
-                             const Fp8Layer& down, Fp8Scaling scaling = Fp8Scaling::kTensorwise);
+                             const Fp8Layer& down, Fp8Scaling scaling = Fp8Scaling::kTensorwise,
+                             SwigluFn swiglu = nullptr);
 
 // Whether `device` can run float8 GEMMs with `scaling`; `why_not` (when given) receives the
 // reason otherwise ("compute capability 8.0 < 8.9").

@@ -96,7 +96,7 @@ Fp8Grads backward_gemms(const torch::Tensor& g2, const Pointwise& through, const
                         c10::ScalarType x_dtype, c10::ScalarType w_dtype,
                         std::optional<c10::ScalarType> b_dtype, bool rowwise, bool fast,
                         const torch::Tensor& history, const torch::Tensor& seeded,
-                        int64_t grad_margin) {
+                        int64_t grad_margin, const torch::Tensor& amax) {
   // Rowwise quantizes the gradient to e4m3 as well (as torchao's rowwise recipe does: a scale
   // per row covers the range e5m2's exponent bits are for, and the rowwise GEMM takes e4m3).
   const auto dg =
@@ -106,9 +106,9 @@ Fp8Grads backward_gemms(const torch::Tensor& g2, const Pointwise& through, const
   torch::Tensor bias_sum;
   torch::Tensor* sum = b_dtype ? &bias_sum : nullptr;
   const Quantized qg =
-      rowwise
-          ? quantize(g2, torch::kFloat8_e4m3fn, kE4m3Max, true, nullptr, sum, through)
-          : quantize(g2, torch::kFloat8_e5m2, kE5m2Max, false, dg ? &*dg : nullptr, sum, through);
+      rowwise ? quantize(g2, torch::kFloat8_e4m3fn, kE4m3Max, true, nullptr, sum, through)
+              : quantize(g2, torch::kFloat8_e5m2, kE5m2Max, false, dg ? &*dg : nullptr, sum,
+                         through, amax);
   Fp8Grads out;
   // grad_x [M, K] = g [M, N] · w [N, K]: w as a column-major [N, K].
   out.x = scaled_mm(qg.q, w8t.t(), scale_a(qg.rows_inverse), scale_b(sw),

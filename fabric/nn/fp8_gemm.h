@@ -54,13 +54,14 @@ struct Fp8Grads {
 // The gradients from the output gradient g2 [M, N] and forward_gemm's saved operands; `through`:
 // what the layer's output gradient is of g2 (an activation's gradient, from g2, its output
 // gradient, and its saved inputs). The gradient is quantized with history's row 2 and
-// grad_margin (Fp8History's).
+// grad_margin (Fp8History's); amax (may be undefined): its largest magnitude taken already
+// (quantize's, dynamic tensorwise only).
 Fp8Grads backward_gemms(const torch::Tensor& g2, const Pointwise& through, const torch::Tensor& x8t,
                         const torch::Tensor& sx, const torch::Tensor& w8t, const torch::Tensor& sw,
                         c10::ScalarType x_dtype, c10::ScalarType w_dtype,
                         std::optional<c10::ScalarType> b_dtype, bool rowwise, bool fast,
                         const torch::Tensor& history, const torch::Tensor& seeded,
-                        int64_t grad_margin);
+                        int64_t grad_margin, const torch::Tensor& amax = {});
 
 // A dtype saved as dtype_or_none wrote it (None: no bias).
 std::optional<c10::ScalarType> optional_dtype(const c10::IValue& v);

@@ -84,9 +84,25 @@ bool kernels_apply(const torch::Tensor& t) {
          (s == torch::kFloat || s == torch::kBFloat16 || s == torch::kHalf);
 }
 
-static_assert(static_cast<int>(Pointwise::Op::kSwigluUpGrad) ==
-                  static_cast<int>(kernels::Fp8Op::kSwigluUpGrad),
-              "Pointwise::Op lists fp8_cast.h's Fp8Op");
+// The kernels' name for t's element type (kernels_apply's float32, bf16 or fp16).
+kernels::Fp8Source source_of(const torch::Tensor& t) {
+  const c10::ScalarType s = t.scalar_type();
+  return s == torch::kFloat      ? kernels::Fp8Source::kFloat32
+         : s == torch::kBFloat16 ? kernels::Fp8Source::kBFloat16
+                                 : kernels::Fp8Source::kFloat16;
+}
+
+// Pointwise::Op lists fp8_cast.h's Fp8Op, value for value.
+#define FABRIC_SAME_OP(name)                                                                     \
+  static_assert(static_cast<int>(Pointwise::Op::name) == static_cast<int>(kernels::Fp8Op::name), \
+                "Pointwise::Op and Fp8Op differ at " #name)
+FABRIC_SAME_OP(kNone);
+FABRIC_SAME_OP(kGeluTanh);
+FABRIC_SAME_OP(kGeluTanhGrad);
+FABRIC_SAME_OP(kSwiglu);
+FABRIC_SAME_OP(kSwigluGateGrad);
+FABRIC_SAME_OP(kSwigluUpGrad);
+#undef FABRIC_SAME_OP
 
 // Whether the cast kernels can compute f as they read t: tensorwise, its operands t's dtype,
 // shape and device.
@@ -103,7 +119,8 @@ bool fusable(const torch::Tensor& t, bool rowwise, const Pointwise& f) {
 // gradient), taken by the cast kernel from its read of t. f (tensorwise only): its values
 // quantized, computed by the kernels as they read t and its operands.
 Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype, bool rowwise,
-                           const Delayed* delayed, torch::Tensor* col_sum, const Pointwise& f) {
+                           const Delayed* delayed, torch::Tensor* col_sum, const Pointwise& f,
+                           const torch::Tensor& given_amax) {
   const c10::cuda::CUDAGuard guard(t.device());
   const torch::Tensor x = contiguous_aligned(t);  // the kernels read 16 bytes at a time
   const torch::Tensor a = f.a.defined() ? contiguous_aligned(f.a) : f.a;
@@ -112,10 +129,7 @@ Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype, bool r
                                  a.defined() ? a.data_ptr() : nullptr,
                                  b.defined() ? b.data_ptr() : nullptr};
   const int64_t rows = x.size(0), cols = x.size(1);
-  const c10::ScalarType s = x.scalar_type();
-  const auto source = s == torch::kFloat      ? kernels::Fp8Source::kFloat32
-                      : s == torch::kBFloat16 ? kernels::Fp8Source::kBFloat16
-                                              : kernels::Fp8Source::kFloat16;
+  const kernels::Fp8Source source = source_of(x);
   const auto f32 = x.options().dtype(torch::kFloat);
   const bool e5m2 = dtype == torch::kFloat8_e5m2;
   torch::Tensor q = torch::empty({rows, cols}, x.options().dtype(dtype));
@@ -148,10 +162,13 @@ Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype, bool r
     return with_sums({q, qt, inverse, inverse});
   }
   if (!rowwise) {
-    torch::Tensor amax = torch::empty({}, f32), inverse = torch::empty({}, f32);
-    check_kernel_launch(
-        kernels::fp8_amax(x.data_ptr(), x.numel(), source, amax.data_ptr<float>(), stream, op),
-        "fp8-mixed", "fp8_amax");
+    torch::Tensor amax = given_amax, inverse = torch::empty({}, f32);
+    if (!amax.defined()) {
+      amax = torch::empty({}, f32);
+      check_kernel_launch(
+          kernels::fp8_amax(x.data_ptr(), x.numel(), source, amax.data_ptr<float>(), stream, op),
+          "fp8-mixed", "fp8_amax");
+    }
     check_kernel_launch(
         kernels::fp8_cast(x.data_ptr(), rows, cols, source, e5m2, amax.data_ptr<float>(),
                           q.data_ptr(), qt.data_ptr(), inverse.data_ptr<float>(), stream, sums, op),
@@ -197,6 +214,16 @@ bool kernel_path(const torch::Tensor& t) {
 #endif
 }
 
+namespace {
+
+// How many operands f's op reads (a, then b).
+int operands(Pointwise::Op op) {
+  using Op = Pointwise::Op;
+  return op == Op::kNone || op == Op::kGeluTanh ? 0 : op == Op::kSwigluGateGrad ? 2 : 1;
+}
+
+}  // namespace
+
 torch::Tensor pointwise_aten(const torch::Tensor& t, const Pointwise& f) {
   using Op = Pointwise::Op;
   switch (f.op) {
@@ -217,15 +244,43 @@ torch::Tensor pointwise_aten(const torch::Tensor& t, const Pointwise& f) {
 }
 
 Quantized quantize(const torch::Tensor& t, c10::ScalarType dtype, double largest, bool rowwise,
-                   const Delayed* delayed, torch::Tensor* col_sum, const Pointwise& f) {
+                   const Delayed* delayed, torch::Tensor* col_sum, const Pointwise& f,
+                   const torch::Tensor& amax) {
+  const int n = operands(f.op);
+  if ((n > 0 && !f.a.defined()) || (n > 1 && !f.b.defined()))
+    throw Error("fp8-mixed: a cast of op " + std::to_string(static_cast<int>(f.op)) + " needs " +
+                std::to_string(n) + " operand(s) (fabric/nn/fp8_quantize.h Pointwise)");
 #ifdef FABRIC_WITH_CUDA_KERNELS
   if (kernels_apply(t) && fusable(t, rowwise, f))
-    return quantize_kernels(t, dtype, rowwise, delayed, col_sum, f);
+    return quantize_kernels(t, dtype, rowwise, delayed, col_sum, f, amax);
 #endif
+  (void)amax;
   if (f.op == Pointwise::Op::kNone) return quantize_aten(t, dtype, largest, rowwise, delayed);
   const torch::Tensor v = pointwise_aten(t, f);
   if (col_sum != nullptr) *col_sum = v.sum(0, /*keepdim=*/false, torch::kFloat);  // as the kernel
   return quantize(v, dtype, largest, rowwise, delayed);
+}
+
+std::pair<torch::Tensor, torch::Tensor> swiglu_grad_amaxes(const torch::Tensor& dy,
+                                                           const torch::Tensor& gate,
+                                                           const torch::Tensor& up) {
+#ifdef FABRIC_WITH_CUDA_KERNELS
+  const Pointwise gate_grad{Pointwise::Op::kSwigluGateGrad, gate, up};
+  if (kernels_apply(dy) && fusable(dy, false, gate_grad)) {
+    const c10::cuda::CUDAGuard guard(dy.device());
+    const torch::Tensor d = contiguous_aligned(dy), g = contiguous_aligned(gate),
+                        u = contiguous_aligned(up);
+    const torch::Tensor both = torch::empty({2}, d.options().dtype(torch::kFloat));
+    check_kernel_launch(
+        kernels::fp8_amax_swiglu_grads(
+            d.data_ptr(), g.data_ptr(), u.data_ptr(), d.numel(), source_of(d),
+            both.data_ptr<float>(), c10::cuda::getCurrentCUDAStream(d.device().index()).stream()),
+        "fp8-mixed", "fp8_amax_swiglu_grads");
+    return {both.select(0, 0), both.select(0, 1)};
+  }
+#endif
+  (void)dy, (void)gate, (void)up;
+  return {};
 }
 
 std::optional<Delayed> delayed_operand(const torch::Tensor& history, const torch::Tensor& seeded,

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 
 namespace fabric::nn::detail {
 
@@ -48,7 +49,9 @@ bool kernel_path(const torch::Tensor& t);
 // else by ATen's ops first (pointwise_aten); the same values either way.
 struct Pointwise {
   enum class Op { kNone, kGeluTanh, kGeluTanhGrad, kSwiglu, kSwigluGateGrad, kSwigluUpGrad };
-  Op op = Op::kNone;
+  Pointwise(Op op = Op::kNone, torch::Tensor a = {}, torch::Tensor b = {})  // NOLINT: {op, a}
+      : op(op), a(std::move(a)), b(std::move(b)) {}
+  Op op;
   torch::Tensor a, b;
 };
 
@@ -62,10 +65,20 @@ torch::Tensor pointwise_aten(const torch::Tensor& t, const Pointwise& f);
 // delayed (tensorwise only; may be null): the scale from the history row, which it reads and
 // (recording) advances. col_sum (may be null): set to the column sums in float32 when the cast
 // kernel took them (the CUDA kernels, tensorwise) or when f has an op, else left alone (the
-// caller sums t).
+// caller sums t). amax (may be undefined; read by the CUDA kernels' tensorwise cast without
+// delayed scaling only): the largest magnitude of f's values, taken already (swiglu_grad_amaxes),
+// so the cast makes no pass of its own for it.
 Quantized quantize(const torch::Tensor& t, c10::ScalarType dtype, double largest, bool rowwise,
                    const Delayed* delayed = nullptr, torch::Tensor* col_sum = nullptr,
-                   const Pointwise& f = {});
+                   const Pointwise& f = {}, const torch::Tensor& amax = {});
+
+// The largest magnitudes of SwiGLU's two gradients (Pointwise kSwigluGateGrad of dy with gate and
+// up, kSwigluUpGrad of dy with gate) from one pass over the three tensors, as quantize()'s amax
+// (float32 scalars on the device): tensorwise scaling then reads them once, not once per cast.
+// Undefined tensors where the CUDA kernels do not apply (each cast takes its own).
+std::pair<torch::Tensor, torch::Tensor> swiglu_grad_amaxes(const torch::Tensor& dy,
+                                                           const torch::Tensor& gate,
+                                                           const torch::Tensor& up);
 
 // Operand i's delayed scaling for this pass (nullopt: dynamic). `history` [3, length + 1] (no
 // elements: not delayed), `seeded` [3] bool on the CPU (set for i by a recording pass); `record`:

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <tuple>
 #include <vector>
 
 #include "fabric/nn/fp8_gemm.h"
@@ -79,11 +80,11 @@ struct Fp8SwigluMlp : torch::autograd::Function<Fp8SwigluMlp> {
     // after) from g2 and its input's x8t at s[input], sx after.
     constexpr int kWeight[3] = {2, 4, 8};
     auto layer_grads = [&](int i, const torch::Tensor& g2, const Pointwise& through, int input,
-                           c10::ScalarType in_dtype) {
+                           c10::ScalarType in_dtype, const torch::Tensor& amax = {}) {
       return backward_gemms(g2, through, s[input], s[input + 1], s[kWeight[i]], s[kWeight[i] + 1],
                             in_dtype, static_cast<c10::ScalarType>(w_types[i]),
                             optional_dtype(b_types.get(i)), false, false, histories[i], seeded[i],
-                            margins[i]);
+                            margins[i], amax);
     };
     variable_list out(18);
     // down: the gradient of the SwiGLU's output, [M, hidden].
@@ -97,9 +98,14 @@ struct Fp8SwigluMlp : torch::autograd::Function<Fp8SwigluMlp> {
     for (size_t i = 0; i < 5; ++i) before = before || ctx->needs_input_grad(i);
     if (!before) return out;
     // up, then gate (as autograd runs a node of two outputs: the last first), each output
-    // gradient through the SwiGLU taken in its own cast.
-    const Fp8Grads gu = layer_grads(1, gd.x, {Pointwise::Op::kSwigluUpGrad, g}, 0, x_dtype);
-    const Fp8Grads gg = layer_grads(0, gd.x, {Pointwise::Op::kSwigluGateGrad, g, u}, 0, x_dtype);
+    // gradient through the SwiGLU taken in its own cast; under dynamic tensorwise scaling both
+    // amaxes from one pass over dh, g and u first (on CUDA; else each cast takes its own).
+    torch::Tensor amax_gate, amax_up;
+    if (histories[0].numel() == 0) std::tie(amax_gate, amax_up) = swiglu_grad_amaxes(gd.x, g, u);
+    const Fp8Grads gu =
+        layer_grads(1, gd.x, {Pointwise::Op::kSwigluUpGrad, g}, 0, x_dtype, amax_up);
+    const Fp8Grads gg =
+        layer_grads(0, gd.x, {Pointwise::Op::kSwigluGateGrad, g, u}, 0, x_dtype, amax_gate);
     std::vector<int64_t> x_sizes = grads[0].sizes().vec();
     x_sizes.back() = s[0].size(0);
     out[0] = (gg.x + gu.x).view(x_sizes);
@@ -115,10 +121,11 @@ struct Fp8SwigluMlp : torch::autograd::Function<Fp8SwigluMlp> {
 }  // namespace detail
 
 torch::Tensor fp8_swiglu_mlp(const torch::Tensor& x, const Fp8Layer& gate, const Fp8Layer& up,
-                             const Fp8Layer& down, Fp8Scaling scaling) {
+                             const Fp8Layer& down, Fp8Scaling scaling, SwigluFn swiglu) {
   auto separate = [&] {
     const std::vector<torch::Tensor> gu = fp8_linears(x, {gate, up}, scaling);
-    return fp8_linear(at::silu(gu[0]) * gu[1], down.weight, down.bias, scaling, down.history, false,
+    const torch::Tensor h = swiglu != nullptr ? swiglu(gu[0], gu[1]) : at::silu(gu[0]) * gu[1];
+    return fp8_linear(h, down.weight, down.bias, scaling, down.history, false,
                       down.fast_accumulation);
   };
   if (scaling == Fp8Scaling::kRowwise || x.dim() < 1) return separate();

@@ -236,7 +236,7 @@ std::vector<torch::Tensor> shared_input_forward(const std::vector<LinearImpl*>& 
 }
 
 torch::Tensor swiglu_mlp(LinearImpl& gate, LinearImpl& up, LinearImpl& down, const torch::Tensor& x,
-                         torch::Tensor (*swiglu)(const torch::Tensor&, const torch::Tensor&)) {
+                         SwigluFn swiglu) {
   const Fp8Scaling scaling = gate.fp8_scaling();
   bool one_node = scaling != Fp8Scaling::kRowwise;
   for (LinearImpl* l : {&gate, &up, &down})
@@ -249,7 +249,7 @@ torch::Tensor swiglu_mlp(LinearImpl& gate, LinearImpl& up, LinearImpl& down, con
     return Fp8Layer{l.weight, l.bias, l.fp8_history() ? &*l.fp8_history() : nullptr,
                     l.fp8_fast_accumulation()};
   };
-  return fp8_swiglu_mlp(x, layer(gate), layer(up), layer(down), scaling);
+  return fp8_swiglu_mlp(x, layer(gate), layer(up), layer(down), scaling, swiglu);
 }
 
 namespace {

@@ -260,10 +260,11 @@ std::vector<torch::Tensor> shared_input_forward(const std::vector<LinearImpl*>& 
 // down.forward(swiglu(g, u)) with g, u = gate(x), up(x) (a Llama MLP; swiglu: the caller's
 // silu(g) · u), as fabric::nn::fp8_swiglu_mlp's one float8 node when all three layers run whole in
 // float8 (whole_fp8) with one recipe, tensorwise or delayed (on CUDA the SwiGLU and its backward
-// computed in the casts); else shared_input_forward({gate, up}), swiglu, down. The same values
-// either way.
+// computed in the casts with fabric/nn/kernels/activations.cuh's formulas, those of
+// fabric/models' fused SwiGLU kernel; on the CPU bitwise the separate layers); else, and where
+// the node does not apply (fp8_swiglu_mlp), shared_input_forward({gate, up}), swiglu, down.
 torch::Tensor swiglu_mlp(LinearImpl& gate, LinearImpl& up, LinearImpl& down, const torch::Tensor& x,
-                         torch::Tensor (*swiglu)(const torch::Tensor&, const torch::Tensor&));
+                         SwigluFn swiglu);
 
 // The attention heads this rank holds of a layer cut between heads: n_head / tp when a plan split
 // `layer` (column or row), else n_head. A split qkv layer's output is this rank's heads only, so

@@ -191,31 +191,62 @@ __device__ __forceinline__ void block_max_into(float m, float* target) {
   }
 }
 
-// *amax = the largest |x| (of op's values; one atomic per block).
-template <typename T>
+// *amax = the largest |x| (of kOp's values, with its operands a and b; one atomic per block).
+template <typename T, Fp8Op kOp>
 __global__ void __launch_bounds__(kAmaxThreads)
-    amax_kernel(const T* __restrict__ x, int64_t n, float* amax, Fp8Op op, const T* __restrict__ a,
+    amax_kernel(const T* __restrict__ x, int64_t n, float* amax, const T* __restrict__ a,
                 const T* __restrict__ b) {
   float m = 0.f;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t vectors = n / kVec;
-  const int operands = operands_of(op);
+  constexpr int operands = operands_of(kOp);
   for (int64_t i = first; i < vectors; i += stride) {
-    float v[kVec], va[kVec], vb[kVec];
+    float v[kVec], va[kVec] = {}, vb[kVec] = {};
     load8(x + i * kVec, v);
-    if (operands > 0) load8(a + i * kVec, va);
-    if (operands > 1) load8(b + i * kVec, vb);
-    pointwise8(op, v, va, vb, x);
+    if constexpr (operands > 0) load8(a + i * kVec, va);
+    if constexpr (operands > 1) load8(b + i * kVec, vb);
+    pointwise8(kOp, v, va, vb, x);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) m = keep_max(m, fabsf(v[j]));
   }
   for (int64_t i = vectors * kVec + first; i < n; i += stride) {
-    const float v = pointwise(op, load(x, i), operands > 0 ? load(a, i) : 0.f,
+    const float v = pointwise(kOp, load(x, i), operands > 0 ? load(a, i) : 0.f,
                               operands > 1 ? load(b, i) : 0.f, x);
     m = keep_max(m, fabsf(v));
   }
   block_max_into<kAmaxThreads>(m, amax);
+}
+
+// amax[0], amax[1] = the largest |·| of kSwigluGateGrad's and kSwigluUpGrad's values (one
+// atomic per block each).
+template <typename T>
+__global__ void __launch_bounds__(kAmaxThreads)
+    amax_swiglu_grads_kernel(const T* __restrict__ dy, const T* __restrict__ gate,
+                             const T* __restrict__ up, int64_t n, float* amax) {
+  float mg = 0.f, mu = 0.f;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t vectors = n / kVec;
+  for (int64_t i = first; i < vectors; i += stride) {
+    float d[kVec], g[kVec], u[kVec];
+    load8(dy + i * kVec, d);
+    load8(gate + i * kVec, g);
+    load8(up + i * kVec, u);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      mg = keep_max(mg, fabsf(pointwise(Fp8Op::kSwigluGateGrad, d[j], g[j], u[j], dy)));
+      mu = keep_max(mu, fabsf(pointwise(Fp8Op::kSwigluUpGrad, d[j], g[j], 0.f, dy)));
+    }
+  }
+  for (int64_t i = vectors * kVec + first; i < n; i += stride) {
+    const float d = load(dy, i), g = load(gate, i);
+    mg = keep_max(mg, fabsf(pointwise(Fp8Op::kSwigluGateGrad, d, g, load(up, i), dy)));
+    mu = keep_max(mu, fabsf(pointwise(Fp8Op::kSwigluUpGrad, d, g, 0.f, dy)));
+  }
+  block_max_into<kAmaxThreads>(mg, amax);
+  __syncthreads();  // block_max_into's shared words, used again
+  block_max_into<kAmaxThreads>(mu, amax + 1);
 }
 
 // Thread t of a tiled block owns vector group g = t % kGroups (tile columns 8g .. 8g + 7) of
@@ -309,7 +340,7 @@ __global__ void __launch_bounds__(kTileThreads)
       const int64_t row = row0 + r;
       if (row >= rows || !col_in) continue;
       if constexpr (!kAxes) {
-        float va[kVec], vb[kVec];
+        float va[kVec] = {}, vb[kVec] = {};
         if constexpr (kOperands > 0) unpack8(cur_op[0][p], va);
         if constexpr (kOperands > 1) unpack8(cur_op[kHeld - 1][p], vb);
         pointwise8(kOp, v[p], va, vb, x);
@@ -482,12 +513,40 @@ bool tileable(const void* x, int64_t rows, int64_t cols) {
   return aligned16(x) && rows % kVec == 0 && cols % kVec == 0;
 }
 
+// run(std::integral_constant<Fp8Op, op>()): the kernel instantiated for the op it computes (a
+// run-time switch inside would hold the registers of the costliest op in every launch).
+template <typename Run>
+int with_op(Fp8Op op, Run&& run) {
+  using O = Fp8Op;
+  switch (op) {
+    case O::kGeluTanh:
+      return run(std::integral_constant<O, O::kGeluTanh>());
+    case O::kGeluTanhGrad:
+      return run(std::integral_constant<O, O::kGeluTanhGrad>());
+    case O::kSwiglu:
+      return run(std::integral_constant<O, O::kSwiglu>());
+    case O::kSwigluGateGrad:
+      return run(std::integral_constant<O, O::kSwigluGateGrad>());
+    case O::kSwigluUpGrad:
+      return run(std::integral_constant<O, O::kSwigluUpGrad>());
+    case O::kNone:
+      break;
+  }
+  return run(std::integral_constant<O, O::kNone>());
+}
+
 // Whether f's operands are there (its op's, aligned): 0, or the error fp8_cast.h names.
 int check_operands(const Fp8Pointwise& f) {
   const int n = operands_of(f.op);
   if (n < 0 || (n > 0 && f.a == nullptr) || (n > 1 && f.b == nullptr)) return cudaErrorInvalidValue;
   if ((n > 0 && !aligned16(f.a)) || (n > 1 && !aligned16(f.b))) return cudaErrorMisalignedAddress;
   return 0;
+}
+
+// Blocks for an amax pass over n elements: about 2 vectors per thread, at most 4096.
+int amax_blocks(int64_t n) {
+  const int64_t want = (n + kAmaxThreads * kVec * 2 - 1) / (kAmaxThreads * kVec * 2);
+  return static_cast<int>(std::min<int64_t>(std::max<int64_t>(want, 1), 4096));
 }
 
 template <typename T>
@@ -497,12 +556,22 @@ int amax_as(const void* x, int64_t n, float* amax, cudaStream_t stream, const Fp
   cudaError_t e = cudaMemsetAsync(amax, 0, sizeof(float), stream);
   if (e != cudaSuccess) return e;
   if (n == 0) return 0;
-  // ~2 vectors per thread
-  const int64_t want = (n + kAmaxThreads * kVec * 2 - 1) / (kAmaxThreads * kVec * 2);
-  const int blocks = static_cast<int>(std::min<int64_t>(std::max<int64_t>(want, 1), 4096));
-  amax_kernel<T><<<blocks, kAmaxThreads, 0, stream>>>(static_cast<const T*>(x), n, amax, f.op,
-                                                      static_cast<const T*>(f.a),
-                                                      static_cast<const T*>(f.b));
+  return with_op(f.op, [&](auto op) {
+    amax_kernel<T, decltype(op)::value><<<amax_blocks(n), kAmaxThreads, 0, stream>>>(
+        static_cast<const T*>(x), n, amax, static_cast<const T*>(f.a), static_cast<const T*>(f.b));
+    return static_cast<int>(cudaGetLastError());
+  });
+}
+
+template <typename T>
+int amax_swiglu_grads_as(const void* dy, const void* gate, const void* up, int64_t n, float* amax,
+                         cudaStream_t stream) {
+  if (!aligned16(dy) || !aligned16(gate) || !aligned16(up)) return cudaErrorMisalignedAddress;
+  cudaError_t e = cudaMemsetAsync(amax, 0, 2 * sizeof(float), stream);
+  if (e != cudaSuccess) return e;
+  if (n == 0) return 0;
+  amax_swiglu_grads_kernel<T><<<amax_blocks(n), kAmaxThreads, 0, stream>>>(
+      static_cast<const T*>(dy), static_cast<const T*>(gate), static_cast<const T*>(up), n, amax);
   return cudaGetLastError();
 }
 
@@ -534,24 +603,11 @@ int cast_as(const void* x, int64_t rows, int64_t cols, bool e5m2, const float* r
                                                       qt, row_inverse, col_inverse, stream,
                                                       history_len, margin, record, col_sums, f);
   };
-  using O = Fp8Op;
-  if constexpr (!kAxes) {
-    switch (f.op) {
-      case O::kGeluTanh:
-        return launch(std::integral_constant<O, O::kGeluTanh>());
-      case O::kGeluTanhGrad:
-        return launch(std::integral_constant<O, O::kGeluTanhGrad>());
-      case O::kSwiglu:
-        return launch(std::integral_constant<O, O::kSwiglu>());
-      case O::kSwigluGateGrad:
-        return launch(std::integral_constant<O, O::kSwigluGateGrad>());
-      case O::kSwigluUpGrad:
-        return launch(std::integral_constant<O, O::kSwigluUpGrad>());
-      case O::kNone:
-        break;
-    }
+  if constexpr (kAxes) {
+    return launch(std::integral_constant<Fp8Op, Fp8Op::kNone>());
+  } else {
+    return with_op(f.op, launch);
   }
-  return launch(std::integral_constant<O, O::kNone>());
 }
 
 template <typename T>
@@ -579,6 +635,20 @@ int fp8_amax(const void* x, int64_t n, Fp8Source type, float* amax, void* stream
       return amax_as<__nv_bfloat16>(x, n, amax, s, f);
     case Fp8Source::kFloat16:
       return amax_as<__half>(x, n, amax, s, f);
+  }
+  return cudaErrorInvalidValue;
+}
+
+int fp8_amax_swiglu_grads(const void* dy, const void* gate, const void* up, int64_t n,
+                          Fp8Source type, float* amax, void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  switch (type) {
+    case Fp8Source::kFloat32:
+      return amax_swiglu_grads_as<float>(dy, gate, up, n, amax, s);
+    case Fp8Source::kBFloat16:
+      return amax_swiglu_grads_as<__nv_bfloat16>(dy, gate, up, n, amax, s);
+    case Fp8Source::kFloat16:
+      return amax_swiglu_grads_as<__half>(dy, gate, up, n, amax, s);
   }
   return cudaErrorInvalidValue;
 }

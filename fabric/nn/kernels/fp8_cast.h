@@ -9,9 +9,10 @@
 
 namespace fabric::kernels {
 
-// Every kernel reads 16 bytes at a time: x must be 16-byte aligned (else cudaErrorMisaligned-
-// Address), and for the three taking rows × cols both must be multiples of 8 (else
-// cudaErrorInvalidValue); fabric/nn/fp8_gemm.cc's GEMM operands are multiples of 16.
+// Every kernel reads 16 bytes at a time: x must be 16-byte aligned, and for the kernels taking
+// rows × cols both must be multiples of 8 (else cudaErrorInvalidValue from those; fp8_amax
+// answers a misaligned x with cudaErrorMisalignedAddress); fabric/nn/fp8_gemm.cc's GEMM operands
+// are multiples of 16.
 
 // Element types the kernels read.
 enum class Fp8Source { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
@@ -44,6 +45,13 @@ struct Fp8Pointwise {
 // With f, of f's values.
 int fp8_amax(const void* x, int64_t n, Fp8Source type, float* amax, void* stream,
              const Fp8Pointwise& f = {});
+
+// The largest magnitudes of SwiGLU's two gradients from one pass over their inputs (tensorwise
+// scaling casts both, each after its amax): amax[0] = that of kSwigluGateGrad's values of dy with
+// gate and up, amax[1] = that of kSwigluUpGrad's of dy with gate; n contiguous elements of
+// `type` each, 16-byte aligned (else cudaErrorMisalignedAddress).
+int fp8_amax_swiglu_grads(const void* dy, const void* gate, const void* up, int64_t n,
+                          Fp8Source type, float* amax, void* stream);
 
 // With s = largest / max(*amax, 1e-12) in float32 (largest: 448 for e4m3, 57344 for e5m2), writes
 // q = x · s rounded to the nearest float8 (e4m3fn, or e5m2 when `e5m2`), saturated to ±largest,

@@ -119,7 +119,9 @@ TEST(LlamaTest, TensorParallelPlanOnTwoRanksGivesTheWholeModelsLogitsLossAndNorm
         const auto split = fabric::nn::parallelize(*model, plan, group);
         // The embedding, 7 layers in each of 2 blocks, and an untied lm_head by vocabulary.
         EXPECT_EQ(split.size(), tied ? 15u : 16u);
-        if (!tied) EXPECT_EQ(model->lm_head->weight.size(0), 32);           // 32 of the 64 ids
+        if (!tied) {
+          EXPECT_EQ(model->lm_head->weight.size(0), 32);  // 32 of the 64 ids
+        }
         EXPECT_EQ(model->layers[0]->self_attn->k_proj->weight.size(0), 8);  // 1 of 2 KV heads
         got_logits[rank] = model->forward(inputs).detach();
         got_masked[rank] = model->loss(inputs, masked).detach();
@@ -193,7 +195,8 @@ TEST(LlamaTest, Fp8LayersReadingOneInputShareItsCast) {
                                std::pair{la->self_attn->k_proj, lb->self_attn->k_proj},
                                std::pair{la->self_attn->v_proj, lb->self_attn->v_proj},
                                std::pair{la->mlp->gate_proj, lb->mlp->gate_proj},
-                               std::pair{la->mlp->up_proj, lb->mlp->up_proj}})
+                               std::pair{la->mlp->up_proj, lb->mlp->up_proj},
+                               std::pair{la->mlp->down_proj, lb->mlp->down_proj}})
       EXPECT_TRUE(torch::equal(x->fp8_history()->amax, y->fp8_history()->amax)) << "layer " << i;
   }
   // (The MLP's node: the one SwiGLU node, or the separate layers.)

@@ -6,7 +6,8 @@
 // gradients, from their operands); delayed scaling's cast (the scale from a history with non-finite
 // entries skipped, the tensor's amax recorded) and the history's push. What it checks is the
 // kernels' indexing, tiling, shared-memory transpose and reductions; the device's arithmetic is
-// fp8_cuda_test's (on a GPU). The kernels come from tools/bazel/cuda.bzl's cuda_emulated_library.
+// fp8_cuda_test's and fp8_nodes_cuda_test's (on a GPU). The kernels come from
+// tools/bazel/cuda.bzl's cuda_emulated_library.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -252,7 +253,8 @@ void check_delayed(int64_t rows, int64_t cols, Fp8Source type, bool e5m2) {
 }
 
 // An op's value (fp8_cast.h's Fp8Op) at x with operands a and b: activations.cuh's functions (the
-// device's arithmetic is fp8_cuda_test's), rounded to T where the unfused kernels round.
+// device's arithmetic is fp8_cuda_test's and fp8_nodes_cuda_test's), rounded to T where the
+// unfused kernels round.
 template <typename T>
 float round_to(float v) {
   return to_float(from_float<T>(v));
@@ -323,11 +325,29 @@ void check_op(Fp8Op op, int64_t rows, int64_t cols, Fp8Source type) {
     const uint8_t e = reference(v[i], delayed, e5m2);
     ASSERT_TRUE(qd[i] == e && qtd[(i % cols) * rows + i / cols] == e) << "delayed at " << i << at;
   }
+  if (two) {  // SwiGLU's gradients: both amaxes from one pass
+    float up_own = 0.f;
+    for (int64_t i = 0; i < n; ++i)
+      up_own = std::max(up_own,
+                        std::fabs(op_as<T>(Fp8Op::kSwigluUpGrad, x.values[i], a.values[i], 0.f)));
+    float both[2] = {-1.f, -1.f};
+    ASSERT_TRUE(fabric::kernels::fp8_amax_swiglu_grads(x.x, a.x, b.x, n, type, both, nullptr) == 0)
+        << at;
+    EXPECT_TRUE(both[0] == own && both[1] == up_own)
+        << "swiglu gradients' amaxes " << both[0] << ", " << both[1] << "; want " << own << ", "
+        << up_own << at;
+    EXPECT_TRUE(fabric::kernels::fp8_amax_swiglu_grads(
+                    x.x, a.x, reinterpret_cast<const char*>(b.x) + 4, n, type, both, nullptr) != 0)
+        << at;
+  }
   if (!one) return;
-  // Its operand missing or 4 bytes past a 16-byte boundary.
-  const auto* off = reinterpret_cast<const char*>(a.x) + 4;
-  for (const fabric::kernels::Fp8Pointwise bad : {fabric::kernels::Fp8Pointwise{op, nullptr, f.b},
-                                                  fabric::kernels::Fp8Pointwise{op, off, f.b}}) {
+  // An operand missing or 4 bytes past a 16-byte boundary (b too where the op reads it).
+  using P = fabric::kernels::Fp8Pointwise;
+  const auto* off_a = reinterpret_cast<const char*>(a.x) + 4;
+  const auto* off_b = reinterpret_cast<const char*>(b.x) + 4;
+  std::vector<P> bads = {P{op, nullptr, f.b}, P{op, off_a, f.b}};
+  if (two) bads.insert(bads.end(), {P{op, f.a, nullptr}, P{op, f.a, off_b}});
+  for (const P& bad : bads) {
     EXPECT_TRUE(fabric::kernels::fp8_amax(x.x, n, type, &amax, nullptr, bad) != 0) << at;
     EXPECT_TRUE(fabric::kernels::fp8_cast(x.x, rows, cols, type, e5m2, &amax, q.data(), nullptr,
                                           &inverse, nullptr, nullptr, bad) != 0)

@@ -1,8 +1,8 @@
 // fabric::nn's float8 nodes of several layers against the layers' separate calls, on the CPU's
 // _scaled_mm (where the casts run as ATen's ops; on CUDA their kernels compute the activations as
-// they read: fp8_cuda_test): the GPT MLP (fp8_gelu_mlp), layers reading one input (fp8_linears)
-// and the Llama MLP (fp8_swiglu_mlp). Products, gradients and delayed scaling's histories
-// bitwise, tensorwise and delayed, with and without biases and bf16 autocast; and the
+// they read: fp8_nodes_cuda_test): the GPT MLP (fp8_gelu_mlp), layers reading one input
+// (fp8_linears) and the Llama MLP (fp8_swiglu_mlp). Products, gradients and delayed scaling's
+// histories bitwise, tensorwise and delayed, with and without biases and bf16 autocast; and the
 // tensor_parallel.h entry points that take each node only for whole float8 layers of one recipe.
 #include <ATen/ops/silu.h>
 #include <gtest/gtest.h>
