@@ -58,12 +58,13 @@ struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
         saved_dtype(ctx, "x_dtype"), saved_dtype(ctx, "w_dtype"), bias_dtype(ctx, "b_dtype"),
         ctx->saved_data["rowwise"].toBool(), ctx->saved_data["fast_backward"].toBool(),
         ctx->saved_data["history"].toTensor(), ctx->saved_data["seeded"].toTensor(),
-        ctx->saved_data["grad_margin"].toInt());
+        ctx->saved_data["grad_margin"].toInt(), ctx->needs_input_grad(0), ctx->needs_input_grad(1));
     // Through the GELU the forward applied (to the pre-activation it saved).
     torch::Tensor grad_x = g.x;
-    if (saved[4].defined()) grad_x = torch::gelu_backward(grad_x, saved[4], "tanh");
+    if (saved[4].defined() && grad_x.defined())
+      grad_x = torch::gelu_backward(grad_x, saved[4], "tanh");
     variable_list out(10);
-    out[0] = grad_x.view(x_sizes);
+    if (grad_x.defined()) out[0] = grad_x.view(x_sizes);
     out[1] = g.w;
     out[2] = g.b;
     return out;

@@ -58,26 +58,28 @@ struct Fp8GeluMlp : torch::autograd::Function<Fp8GeluMlp> {
     const torch::Tensor& pre = s[8];
     std::vector<int64_t> x_sizes = grads[0].sizes().vec();
     x_sizes.back() = s[0].size(0);
-    // The second layer: the gradient of the GELU's output, [M, hidden].
+    const bool before =
+        ctx->needs_input_grad(0) || ctx->needs_input_grad(1) || ctx->needs_input_grad(2);
+    // The second layer: the gradient of the GELU's output, [M, hidden] (when c_fc's node needs it).
     const Fp8Grads g2 = backward_gemms(
         grads[0].reshape({-1, s[6].size(1)}).contiguous(), {}, s[4], s[5], s[6], s[7],
         pre.scalar_type(), saved_dtype(ctx, "w2_dtype"), bias_dtype(ctx, "b2_dtype"), false, false,
         ctx->saved_data["history2"].toTensor(), ctx->saved_data["seeded2"].toTensor(),
-        ctx->saved_data["grad_margin2"].toInt());
+        ctx->saved_data["grad_margin2"].toInt(), before, ctx->needs_input_grad(3));
     variable_list out(15);
     out[3] = g2.w;
     out[4] = g2.b;
     // Nothing before the first layer trains (c_fc frozen, x without a gradient): as the two
     // layers, whose first would have no node, nothing runs for it (and its history stays).
-    if (!ctx->needs_input_grad(0) && !ctx->needs_input_grad(1) && !ctx->needs_input_grad(2))
-      return out;
+    if (!before) return out;
     // The first: its output gradient through the GELU, taken in its own cast.
     const Fp8Grads g1 = backward_gemms(
         g2.x, {Pointwise::Op::kGeluTanhGrad, pre}, s[0], s[1], s[2], s[3],
         saved_dtype(ctx, "x_dtype"), saved_dtype(ctx, "w1_dtype"), bias_dtype(ctx, "b1_dtype"),
         false, false, ctx->saved_data["history1"].toTensor(), ctx->saved_data["seeded1"].toTensor(),
-        ctx->saved_data["grad_margin1"].toInt());
-    out[0] = g1.x.view(x_sizes);
+        ctx->saved_data["grad_margin1"].toInt(), ctx->needs_input_grad(0),
+        ctx->needs_input_grad(1));
+    if (g1.x.defined()) out[0] = g1.x.view(x_sizes);
     out[1] = g1.w;
     out[2] = g1.b;
     return out;

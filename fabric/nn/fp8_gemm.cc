@@ -96,7 +96,7 @@ Fp8Grads backward_gemms(const torch::Tensor& g2, const Pointwise& through, const
                         c10::ScalarType x_dtype, c10::ScalarType w_dtype,
                         std::optional<c10::ScalarType> b_dtype, bool rowwise, bool fast,
                         const torch::Tensor& history, const torch::Tensor& seeded,
-                        int64_t grad_margin, const torch::Tensor& amax) {
+                        int64_t grad_margin, bool need_x, bool need_w, const torch::Tensor& amax) {
   // Rowwise quantizes the gradient to e4m3 as well (as torchao's rowwise recipe does: a scale
   // per row covers the range e5m2's exponent bits are for, and the rowwise GEMM takes e4m3).
   const auto dg =
@@ -111,13 +111,15 @@ Fp8Grads backward_gemms(const torch::Tensor& g2, const Pointwise& through, const
                          through, amax);
   Fp8Grads out;
   // grad_x [M, K] = g [M, N] · w [N, K]: w as a column-major [N, K].
-  out.x = scaled_mm(qg.q, w8t.t(), scale_a(qg.rows_inverse), scale_b(sw),
-                    rowwise ? torch::kBFloat16 : x_dtype, fast)
-              .to(x_dtype);
+  if (need_x)
+    out.x = scaled_mm(qg.q, w8t.t(), scale_a(qg.rows_inverse), scale_b(sw),
+                      rowwise ? torch::kBFloat16 : x_dtype, fast)
+                .to(x_dtype);
   // grad_w [N, K] = gᵀ [N, M] · x [M, K]: gᵀ row-major, x column-major.
-  out.w = scaled_mm(qg.qt, x8t.t(), scale_a(qg.cols_inverse), scale_b(sx),
-                    rowwise ? torch::kBFloat16 : torch::kFloat, fast)
-              .to(w_dtype);
+  if (need_w)
+    out.w = scaled_mm(qg.qt, x8t.t(), scale_a(qg.cols_inverse), scale_b(sx),
+                      rowwise ? torch::kBFloat16 : torch::kFloat, fast)
+                .to(w_dtype);
   if (b_dtype) {
     if (!bias_sum.defined()) bias_sum = g2.sum(0, /*keepdim=*/false, torch::kFloat);
     out.b = bias_sum.to(*b_dtype);

@@ -55,13 +55,16 @@ struct Fp8Grads {
 // what the layer's output gradient is of g2 (an activation's gradient, from g2, its output
 // gradient, and its saved inputs). The gradient is quantized with history's row 2 and
 // grad_margin (Fp8History's); amax (may be undefined): its largest magnitude taken already
-// (quantize's, dynamic tensorwise only).
+// (quantize's, dynamic tensorwise only). need_x, need_w: whether x's and the weight's gradients
+// are wanted (a frozen weight's GEMM is not run; the field stays undefined); the gradient is
+// quantized (and its history advanced) either way.
 Fp8Grads backward_gemms(const torch::Tensor& g2, const Pointwise& through, const torch::Tensor& x8t,
                         const torch::Tensor& sx, const torch::Tensor& w8t, const torch::Tensor& sw,
                         c10::ScalarType x_dtype, c10::ScalarType w_dtype,
                         std::optional<c10::ScalarType> b_dtype, bool rowwise, bool fast,
                         const torch::Tensor& history, const torch::Tensor& seeded,
-                        int64_t grad_margin, const torch::Tensor& amax = {});
+                        int64_t grad_margin, bool need_x = true, bool need_w = true,
+                        const torch::Tensor& amax = {});
 
 // A dtype saved as dtype_or_none wrote it (None: no bias).
 std::optional<c10::ScalarType> optional_dtype(const c10::IValue& v);

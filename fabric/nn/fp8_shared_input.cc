@@ -88,11 +88,11 @@ struct Fp8SharedInput : torch::autograd::Function<Fp8SharedInput> {
       if (!grads[i].defined()) continue;  // an output nothing used: as its own layer, no pass
       const torch::Tensor& w8t = s[2 + 2 * i];
       const std::optional<c10::ScalarType> b_dtype = optional_dtype(b_types.get(i));
-      const Fp8Grads g =
-          backward_gemms(grads[i].reshape({-1, w8t.size(1)}).contiguous(), {}, s[0], s[1], w8t,
-                         s[3 + 2 * i], x_dtype, static_cast<c10::ScalarType>(w_types[i]), b_dtype,
-                         rowwise, fast, histories[i], seeded[i], margins[i]);
-      grad_x = grad_x.defined() ? g.x + grad_x : g.x;
+      const Fp8Grads g = backward_gemms(
+          grads[i].reshape({-1, w8t.size(1)}).contiguous(), {}, s[0], s[1], w8t, s[3 + 2 * i],
+          x_dtype, static_cast<c10::ScalarType>(w_types[i]), b_dtype, rowwise, fast, histories[i],
+          seeded[i], margins[i], ctx->needs_input_grad(0), ctx->needs_input_grad(1 + i));
+      if (g.x.defined()) grad_x = grad_x.defined() ? g.x + grad_x : g.x;
       if (x_sizes.empty()) {
         x_sizes = grads[i].sizes().vec();
         x_sizes.back() = w8t.size(0);

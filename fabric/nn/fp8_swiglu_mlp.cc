@@ -79,36 +79,39 @@ struct Fp8SwigluMlp : torch::autograd::Function<Fp8SwigluMlp> {
     // Layer i's gradients (0 gate, 1 up, 2 down: its weight's w8t and sw at s[kWeight[i]] and
     // after) from g2 and its input's x8t at s[input], sx after.
     constexpr int kWeight[3] = {2, 4, 8};
+    // (need_x: whether the layer's input gradient is wanted; its weight's is when the node's
+    // input 1, 3 or 5 (gate's, up's, down's weight) needs one.)
     auto layer_grads = [&](int i, const torch::Tensor& g2, const Pointwise& through, int input,
-                           c10::ScalarType in_dtype, const torch::Tensor& amax = {}) {
+                           c10::ScalarType in_dtype, bool need_x, const torch::Tensor& amax = {}) {
       return backward_gemms(g2, through, s[input], s[input + 1], s[kWeight[i]], s[kWeight[i] + 1],
                             in_dtype, static_cast<c10::ScalarType>(w_types[i]),
                             optional_dtype(b_types.get(i)), false, false, histories[i], seeded[i],
-                            margins[i], amax);
+                            margins[i], need_x, ctx->needs_input_grad(1 + 2 * i), amax);
     };
     variable_list out(18);
-    // down: the gradient of the SwiGLU's output, [M, hidden].
-    const Fp8Grads gd =
-        layer_grads(2, grads[0].reshape({-1, s[8].size(1)}).contiguous(), {}, 6, g.scalar_type());
-    out[5] = gd.w;
-    out[6] = gd.b;
     // Nothing before down trains (gate and up frozen, x without a gradient): as the separate
     // layers, whose node would not exist, nothing runs for them (and their histories stay).
     bool before = false;
     for (size_t i = 0; i < 5; ++i) before = before || ctx->needs_input_grad(i);
+    // down: the gradient of the SwiGLU's output, [M, hidden] (wanted when anything before is).
+    const Fp8Grads gd = layer_grads(2, grads[0].reshape({-1, s[8].size(1)}).contiguous(), {}, 6,
+                                    g.scalar_type(), before);
+    out[5] = gd.w;
+    out[6] = gd.b;
     if (!before) return out;
     // up, then gate (as autograd runs a node of two outputs: the last first), each output
     // gradient through the SwiGLU taken in its own cast; under dynamic tensorwise scaling both
     // amaxes from one pass over dh, g and u first (on CUDA; else each cast takes its own).
     torch::Tensor amax_gate, amax_up;
     if (histories[0].numel() == 0) std::tie(amax_gate, amax_up) = swiglu_grad_amaxes(gd.x, g, u);
+    const bool need_x = ctx->needs_input_grad(0);
     const Fp8Grads gu =
-        layer_grads(1, gd.x, {Pointwise::Op::kSwigluUpGrad, g}, 0, x_dtype, amax_up);
+        layer_grads(1, gd.x, {Pointwise::Op::kSwigluUpGrad, g}, 0, x_dtype, need_x, amax_up);
     const Fp8Grads gg =
-        layer_grads(0, gd.x, {Pointwise::Op::kSwigluGateGrad, g, u}, 0, x_dtype, amax_gate);
+        layer_grads(0, gd.x, {Pointwise::Op::kSwigluGateGrad, g, u}, 0, x_dtype, need_x, amax_gate);
     std::vector<int64_t> x_sizes = grads[0].sizes().vec();
     x_sizes.back() = s[0].size(0);
-    out[0] = (gg.x + gu.x).view(x_sizes);
+    if (need_x) out[0] = (gg.x + gu.x).view(x_sizes);
     out[1] = gg.w;
     out[2] = gg.b;
     out[3] = gu.w;

@@ -4,11 +4,15 @@
 // plain module's gradients bitwise, and restored from a checkpoint to give the next step
 // bitwise; the GELU fused into c_proj's cast against the unfused layer; delayed scaling without
 // a history refused. (fp8_nodes_test: several layers as one node against their separate calls.)
+#include <ATen/record_function.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/nn/module.h>
 #include <torch/utils.h>
 
+#include <atomic>
+#include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -233,6 +237,61 @@ TEST(Fp8Test, GeluInputIsGeluThenLinearBitwise) {
   EXPECT_TRUE(
       torch::equal(layer->forward_gelu_tanh(h0),
                    fabric::nn::fp8_linear(torch::gelu(h0, "tanh"), layer->weight, layer->bias)));
+}
+
+std::atomic<int> g_scaled_mms{0};
+
+// Counts the aten::_scaled_mm calls (float8 GEMMs) made while it lives: a thread-local
+// RecordFunction callback, which the autograd engine's threads inherit.
+struct ScaledMmCount {
+  at::CallbackHandle handle;
+  ScaledMmCount() {
+    g_scaled_mms = 0;
+    handle = at::addThreadLocalCallback(
+        at::RecordFunctionCallback([](const at::RecordFunction& fn)
+                                       -> std::unique_ptr<at::ObserverContext> {
+          if (std::strcmp(fn.name(), "aten::_scaled_mm") == 0) ++g_scaled_mms;
+          return nullptr;
+        }).scopes({at::RecordScope::FUNCTION}));
+  }
+  ~ScaledMmCount() { at::removeCallback(handle); }
+};
+
+// A frozen weight's gradient GEMM is not run, nor the input's where it needs no gradient (one
+// float8 GEMM in backward instead of two): the other gradients, the product and delayed
+// scaling's history are bitwise those of the pass where everything trains (the output gradient
+// is still cast and recorded), tensorwise and delayed.
+TEST(Fp8Test, WhatNeedsNoGradientIsNotComputedAndTheRestIsUnchanged) {
+  torch::manual_seed(11);
+  const torch::Tensor x0 = torch::randn({32, 64}), w0 = torch::randn({48, 64}) * 0.1,
+                      b0 = torch::randn({48}), g0 = torch::randn({32, 48});
+  for (const Fp8Scaling scaling : {Fp8Scaling::kTensorwise, Fp8Scaling::kDelayed}) {
+    Fp8History all(4), frozen_w(4), plain_x(4);
+    for (int step = 0; step < 2; ++step) {
+      auto run = [&](bool x_trains, bool w_trains, Fp8History* history) {
+        const torch::Tensor x = x0.clone().requires_grad_(x_trains),
+                            w = w0.clone().requires_grad_(w_trains),
+                            b = b0.clone().requires_grad_();
+        const torch::Tensor y = fabric::nn::fp8_linear(x, w, b, scaling, history);
+        const ScaledMmCount count;
+        y.backward(g0);
+        EXPECT_EQ(g_scaled_mms.load(), int{x_trains} + int{w_trains}) << x_trains << w_trains;
+        return std::vector<torch::Tensor>{y.detach(), x.grad(), w.grad(), b.grad()};
+      };
+      const auto a = run(true, true, &all), f = run(true, false, &frozen_w),
+                 p = run(false, true, &plain_x);
+      const std::string where =
+          "scaling " + std::to_string(static_cast<int>(scaling)) + ", step " + std::to_string(step);
+      EXPECT_FALSE(f[2].defined()) << where;
+      EXPECT_FALSE(p[1].defined()) << where;
+      EXPECT_TRUE(all_equal({a[0], a[1], a[3]}, {f[0], f[1], f[3]})) << "frozen weight, " << where;
+      EXPECT_TRUE(all_equal({a[0], a[2], a[3]}, {p[0], p[2], p[3]})) << "plain input, " << where;
+      if (scaling == Fp8Scaling::kDelayed) {
+        EXPECT_TRUE(torch::equal(all.amax, frozen_w.amax)) << where;
+        EXPECT_TRUE(torch::equal(all.amax, plain_x.amax)) << where;
+      }
+    }
+  }
 }
 
 TEST(Fp8Test, DelayedWithoutAHistoryIsRefused) {

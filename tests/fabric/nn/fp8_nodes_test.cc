@@ -287,6 +287,23 @@ TEST(Fp8NodesTest, SwigluMlpAsOneNodeIsItsThreeLayersBitwise) {
             if (scaling == Fp8Scaling::kDelayed) expect_same_histories(fused, plain, where);
           }
         }
+  // Every weight frozen, x trains: no weight GEMM runs, and x's gradient is the one the node
+  // gives when everything trains, bitwise.
+  for (const Fp8Scaling scaling : {Fp8Scaling::kTensorwise, Fp8Scaling::kDelayed}) {
+    std::vector<torch::Tensor> x_grads;
+    for (const bool weights_train : {true, false}) {
+      std::vector<Fp8History> h(3, Fp8History(4));
+      for (Fp8History& one : h) one.seeded = one.seeded.clone();
+      const torch::Tensor x = x0.clone().requires_grad_();
+      auto weight = [&](const torch::Tensor& w) { return w.clone().requires_grad_(weights_train); };
+      const torch::Tensor y = fabric::nn::fp8_swiglu_mlp(x, {weight(wg0), {}, &h[0], true},
+                                                         {weight(wu0), {}, &h[1], true},
+                                                         {weight(wd0), {}, &h[2], true}, scaling);
+      y.backward(g0);
+      x_grads.push_back(x.grad());
+    }
+    EXPECT_TRUE(torch::equal(x_grads[0], x_grads[1])) << "scaling " << static_cast<int>(scaling);
+  }
   fabric::nn::Linear gate(32, 96), up(32, 96), down(96, 48);
   auto swiglu = +[](const torch::Tensor& g, const torch::Tensor& u) { return at::silu(g) * u; };
   for (const Fp8Scaling scaling : {Fp8Scaling::kTensorwise, Fp8Scaling::kDelayed}) {
