@@ -3,7 +3,9 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/ops/_scaled_mm.h>
 
+#include <algorithm>
 #include <optional>
+#include <vector>
 
 #include "fabric/core/error.h"
 
@@ -167,6 +169,32 @@ bool records(Fp8Scaling scaling, const torch::Tensor& x, const torch::Tensor& we
 
 // The output gradient's margin (delayed scaling's; 0 otherwise, where it is not read).
 int64_t grad_margin(const Fp8History* history) { return history ? history->grad_margin : 0; }
+
+bool can_share_input(const torch::Tensor& x, const std::vector<Fp8Layer>& layers,
+                     Fp8Scaling scaling) {
+  if (layers.size() < 2 || x.dim() < 1) return false;
+  const int64_t k = x.size(-1), m = x.numel() / std::max<int64_t>(k, 1);
+  const bool record = records(scaling, x, layers[0].weight);
+  std::optional<bool> seeded;
+  for (const Fp8Layer& l : layers) {
+    if (l.weight.dim() != 2 || l.weight.size(1) != k || !fits(m, k, l.weight.size(0)) ||
+        l.fast_accumulation != layers[0].fast_accumulation ||
+        records(scaling, x, l.weight) != record)
+      return false;
+    const torch::Tensor s = history_inputs(scaling, l.history, x).second;
+    if (s.numel() == 0) continue;
+    const bool done = s.data_ptr<bool>()[0];
+    if (seeded && *seeded != done) return false;
+    seeded = done;
+  }
+  return true;
+}
+
+void share_input_row(const torch::Tensor& from, const torch::Tensor& to,
+                     const torch::Tensor& to_seeded) {
+  (void)delayed_operand(to, to_seeded, 0, /*record=*/true);  // marks it seeded
+  to.select(0, 0).copy_(from.select(0, 0));
+}
 
 torch::Tensor or_empty(const torch::Tensor& bias, const torch::Tensor& weight) {
   return bias.defined() ? bias : torch::empty({0}, weight.options());

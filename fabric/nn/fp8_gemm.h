@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "fabric/nn/fp8.h"
 #include "fabric/nn/fp8_quantize.h"
@@ -83,6 +84,18 @@ bool records(Fp8Scaling scaling, const torch::Tensor& x, const torch::Tensor& we
 
 // The output gradient's margin (delayed scaling's; 0 otherwise, where it is not read).
 int64_t grad_margin(const Fp8History* history);
+
+// Whether `layers` (2 or more) reading x can take one cast of it (Fp8SharedInput's, and the
+// SwiGLU node's gate and up): each a 2-d weight over x's last size whose GEMM fits _scaled_mm,
+// one fast_accumulation, one answer to records(), and x's history seeded in all or in none
+// (else each would scale as it alone does). Makes delayed histories (history_inputs).
+bool can_share_input(const torch::Tensor& x, const std::vector<Fp8Layer>& layers,
+                     Fp8Scaling scaling);
+
+// After a recording pass cast x with `from`'s history (its input row advanced): `to`'s input
+// row and seeded flag as its own cast of the same x would have left them.
+void share_input_row(const torch::Tensor& from, const torch::Tensor& to,
+                     const torch::Tensor& to_seeded);
 
 // bias, or a tensor with no elements for none (an undefined tensor cannot be a node's input).
 torch::Tensor or_empty(const torch::Tensor& bias, const torch::Tensor& weight);

@@ -35,12 +35,8 @@ struct Fp8SharedInput : torch::autograd::Function<Fp8SharedInput> {
     const Quantized qx = quantize_input(x2, rowwise, histories[0], seeded[0], record);
     // What each layer's own cast would have pushed into its history (the same input's amax):
     // the first's row, now advanced.
-    if (record && histories[0].numel() > 0) {
-      for (size_t i = 1; i < n; ++i) {
-        (void)delayed_operand(histories[i], seeded[i], 0, record);  // marks it seeded
-        histories[i].select(0, 0).copy_(histories[0].select(0, 0));
-      }
-    }
+    if (record && histories[0].numel() > 0)
+      for (size_t i = 1; i < n; ++i) share_input_row(histories[0], histories[i], seeded[i]);
     std::vector<torch::Tensor> to_save{qx.qt, qx.cols_inverse};
     variable_list ys;
     std::vector<int64_t> sizes = x.sizes().vec();
@@ -117,26 +113,19 @@ std::vector<torch::Tensor> fp8_linears(const torch::Tensor& x, const std::vector
     return ys;
   };
   const bool rowwise = scaling == Fp8Scaling::kRowwise;
-  if (layers.size() < 2 || x.dim() < 1 || (rowwise && !x.is_cuda())) return separate();
-  const int64_t k = x.size(-1), m = x.numel() / std::max<int64_t>(k, 1);
-  const bool record = detail::records(scaling, x, layers[0].weight);
-  const bool fast = layers[0].fast_accumulation;
+  if ((rowwise && !x.is_cuda()) || !detail::can_share_input(x, layers, scaling)) return separate();
   std::vector<torch::Tensor> weights, biases, amaxes, seeded;
   std::vector<int64_t> margins;
   for (const Fp8Layer& l : layers) {
-    if (l.weight.dim() != 2 || l.weight.size(1) != k || !detail::fits(m, k, l.weight.size(0)) ||
-        l.fast_accumulation != fast || detail::records(scaling, x, l.weight) != record)
-      return separate();
     const auto [amax, s] = detail::history_inputs(scaling, l.history, x);
-    // The input's history seeded in every layer or in none (else each scales as it alone would).
-    if (s.numel() > 0 && !seeded.empty() && s.data_ptr<bool>()[0] != seeded[0].data_ptr<bool>()[0])
-      return separate();
     weights.push_back(l.weight);
     biases.push_back(detail::or_empty(l.bias, l.weight));
     amaxes.push_back(amax);
     seeded.push_back(s);
     margins.push_back(detail::grad_margin(l.history));
   }
+  const bool record = detail::records(scaling, x, layers[0].weight);
+  const bool fast = layers[0].fast_accumulation;
   return detail::Fp8SharedInput::apply(x, at::TensorList(weights), at::TensorList(biases),
                                        at::TensorList(amaxes), at::TensorList(seeded), margins,
                                        rowwise, record, fast);

@@ -39,10 +39,7 @@ struct Fp8SwigluMlp : torch::autograd::Function<Fp8SwigluMlp> {
                                std::vector<int64_t> margins) {
     const torch::Tensor x2 = x.reshape({-1, wg.size(1)}).contiguous();
     const Quantized qx = quantize_input(x2, false, hg, sg, record_gu);
-    if (record_gu && hg.numel() > 0) {  // up's history as its own cast of x would leave it
-      (void)delayed_operand(hu, su, 0, record_gu);  // marks it seeded
-      hu.select(0, 0).copy_(hg.select(0, 0));
-    }
+    if (record_gu && hg.numel() > 0) share_input_row(hg, hu, su);
     const c10::ScalarType out = output_dtype(x);
     const Fp8Forward fg = weight_gemm(qx, wg, bg, out, false, hg, sg, record_gu, fast_gu);
     const Fp8Forward fu = weight_gemm(qx, wu, bu, out, false, hu, su, record_gu, fast_gu);
@@ -131,23 +128,17 @@ torch::Tensor fp8_swiglu_mlp(const torch::Tensor& x, const Fp8Layer& gate, const
     return fp8_linear(h, down.weight, down.bias, scaling, down.history, false,
                       down.fast_accumulation);
   };
-  if (scaling == Fp8Scaling::kRowwise || x.dim() < 1) return separate();
   const torch::Tensor &wg = gate.weight, &wu = up.weight, &wd = down.weight;
-  const int64_t k = x.size(-1), m = x.numel() / std::max<int64_t>(k, 1);
-  for (const torch::Tensor* w : {&wg, &wu, &wd})
-    if (w->dim() != 2) return separate();
-  const int64_t hidden = wg.size(0);
-  if (wg.size(1) != k || wu.size(1) != k || wu.size(0) != hidden || wd.size(1) != hidden ||
-      !detail::fits(m, k, hidden) || !detail::fits(m, hidden, wd.size(0)) ||
-      gate.fast_accumulation != up.fast_accumulation)
+  if (scaling == Fp8Scaling::kRowwise || !detail::can_share_input(x, {gate, up}, scaling) ||
+      wd.dim() != 2)
+    return separate();
+  const int64_t hidden = wg.size(0), m = x.numel() / x.size(-1);
+  if (wu.size(0) != hidden || wd.size(1) != hidden || !detail::fits(m, hidden, wd.size(0)))
     return separate();
   const bool record_gu = detail::records(scaling, x, wg);
-  if (detail::records(scaling, x, wu) != record_gu) return separate();
   const auto [hg, sg] = detail::history_inputs(scaling, gate.history, x);
   const auto [hu, su] = detail::history_inputs(scaling, up.history, x);
   const auto [hd, sd] = detail::history_inputs(scaling, down.history, x);
-  // x's history seeded in both or in neither (else each scales as it alone would).
-  if (sg.numel() > 0 && sg.data_ptr<bool>()[0] != su.data_ptr<bool>()[0]) return separate();
   const torch::Tensor bg = detail::or_empty(gate.bias, wg), bu = detail::or_empty(up.bias, wu),
                       bd = detail::or_empty(down.bias, wd);
   // down's input (the SwiGLU of gate's and up's outputs) needs a gradient when anything before

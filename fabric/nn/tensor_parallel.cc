@@ -208,48 +208,54 @@ torch::Tensor LinearImpl::forward_gelu_tanh(const torch::Tensor& x) {
                     /*gelu_tanh_input=*/true, fp8_fast_accumulation_);
 }
 
+namespace {
+
+// The layer as fabric/nn/fp8.h's nodes take it.
+Fp8Layer fp8_layer(LinearImpl& l) {
+  return {l.weight, l.bias, l.fp8_history() ? &*l.fp8_history() : nullptr,
+          l.fp8_fast_accumulation()};
+}
+
+// Whether every layer runs whole in float8 (whole_fp8) with one recipe, and that recipe is not
+// rowwise unless `rowwise` (the GPT and Llama MLP nodes are tensorwise or delayed only).
+bool one_fp8_recipe(const std::vector<LinearImpl*>& layers, const torch::Tensor& x, bool rowwise) {
+  const Fp8Scaling scaling = layers[0]->fp8_scaling();
+  if (!rowwise && scaling == Fp8Scaling::kRowwise) return false;
+  for (LinearImpl* l : layers)
+    if (!l->whole_fp8(x) || l->fp8_scaling() != scaling) return false;
+  return true;
+}
+
+}  // namespace
+
 torch::Tensor gelu_tanh_mlp(LinearImpl& fc, LinearImpl& proj, const torch::Tensor& x) {
-  const Fp8Scaling scaling = fc.fp8_scaling();
-  if (!fc.whole_fp8(x) || !proj.whole_fp8(x) || proj.fp8_scaling() != scaling ||
-      scaling == Fp8Scaling::kRowwise)
+  if (!one_fp8_recipe({&fc, &proj}, x, /*rowwise=*/false))
     return proj.forward_gelu_tanh(fc.forward(x));
-  auto history = [](LinearImpl& l) { return l.fp8_history() ? &*l.fp8_history() : nullptr; };
-  return fp8_gelu_mlp(x, fc.weight, fc.bias, proj.weight, proj.bias, scaling, history(fc),
-                      history(proj), fc.fp8_fast_accumulation(), proj.fp8_fast_accumulation());
+  const Fp8Layer a = fp8_layer(fc), b = fp8_layer(proj);
+  return fp8_gelu_mlp(x, a.weight, a.bias, b.weight, b.bias, fc.fp8_scaling(), a.history, b.history,
+                      a.fast_accumulation, b.fast_accumulation);
 }
 
 std::vector<torch::Tensor> shared_input_forward(const std::vector<LinearImpl*>& layers,
                                                 const torch::Tensor& x) {
-  bool one_node = layers.size() > 1;
-  for (LinearImpl* l : layers)
-    one_node = one_node && l->whole_fp8(x) && l->fp8_scaling() == layers[0]->fp8_scaling();
-  if (!one_node) {
+  if (layers.size() < 2 || !one_fp8_recipe(layers, x, /*rowwise=*/true)) {
     std::vector<torch::Tensor> ys;
     for (LinearImpl* l : layers) ys.push_back(l->forward(x));
     return ys;
   }
   std::vector<Fp8Layer> fp8;
-  for (LinearImpl* l : layers)
-    fp8.push_back({l->weight, l->bias, l->fp8_history() ? &*l->fp8_history() : nullptr,
-                   l->fp8_fast_accumulation()});
+  for (LinearImpl* l : layers) fp8.push_back(fp8_layer(*l));
   return fp8_linears(x, fp8, layers[0]->fp8_scaling());
 }
 
 torch::Tensor swiglu_mlp(LinearImpl& gate, LinearImpl& up, LinearImpl& down, const torch::Tensor& x,
                          SwigluFn swiglu) {
-  const Fp8Scaling scaling = gate.fp8_scaling();
-  bool one_node = scaling != Fp8Scaling::kRowwise;
-  for (LinearImpl* l : {&gate, &up, &down})
-    one_node = one_node && l->whole_fp8(x) && l->fp8_scaling() == scaling;
-  if (!one_node) {
+  if (!one_fp8_recipe({&gate, &up, &down}, x, /*rowwise=*/false)) {
     const std::vector<torch::Tensor> gu = shared_input_forward({&gate, &up}, x);
     return down.forward(swiglu(gu[0], gu[1]));
   }
-  auto layer = [](LinearImpl& l) {
-    return Fp8Layer{l.weight, l.bias, l.fp8_history() ? &*l.fp8_history() : nullptr,
-                    l.fp8_fast_accumulation()};
-  };
-  return fp8_swiglu_mlp(x, layer(gate), layer(up), layer(down), scaling, swiglu);
+  return fp8_swiglu_mlp(x, fp8_layer(gate), fp8_layer(up), fp8_layer(down), gate.fp8_scaling(),
+                        swiglu);
 }
 
 namespace {
