@@ -80,6 +80,9 @@ variable_list forward_kernel(AutogradContext* ctx, const at::Tensor& x, const at
   // Detached: h is an output of FusedAddLayerNorm, and an output kept in its own node's context
   // would hold that node, and with it the whole step's graph, forever (a reference cycle).
   ctx->saved_data["h"] = h.detach();
+  // detach() shares h's version counter: backward_kernel refuses an h changed in place since, as
+  // autograd refuses a saved tensor so changed (the kernel would read the new values silently).
+  ctx->saved_data["h_version"] = static_cast<int64_t>(h._version());
   ctx->saved_data["mean"] = mean;
   ctx->saved_data["rstd"] = rstd;
   ctx->saved_data["w"] = w;
@@ -95,6 +98,13 @@ variable_list backward_kernel(AutogradContext* ctx, const at::Tensor& dh_in, con
                               bool want_16) {
   const at::Tensor h = ctx->saved_data["h"].toTensor();
   const bool rms = ctx->saved_data["rms"].toBool();
+  const int64_t saved_version = ctx->saved_data["h_version"].toInt();
+  TORCH_CHECK(static_cast<int64_t>(h._version()) == saved_version,
+              "one of the variables needed for gradient computation has been modified by an "
+              "inplace operation: the tensor the fused ",
+              rms ? "RMSNorm" : "LayerNorm", " normalized (", h.sizes(), ") is at version ",
+              h._version(), "; expected version ", saved_version,
+              " instead. Change it out of place (x = x + ...) or clone it before the change.");
   const at::Tensor mean = rms ? at::Tensor() : ctx->saved_data["mean"].toTensor();
   const at::Tensor rstd = ctx->saved_data["rstd"].toTensor();
   // Through a dispatched operator again: under fsdp the weight's unit may have been freed after

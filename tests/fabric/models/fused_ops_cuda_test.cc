@@ -281,6 +281,63 @@ TEST_P(FusedLayerNormTest, FusedRotaryAndSwigluMatchAten) {
   }
 }
 
+// The fused norms keep the tensor they normalized for their backward kernel outside autograd's
+// saved tensors: changed in place after the forward, it must be refused as autograd refuses it
+// for ATen's norm, not read silently; unchanged, backward runs. For each form: the norm's input
+// (layer_norm_16, rms_norm_16, keep_*), the residual sum it returns (add_*).
+TEST_P(FusedLayerNormTest, ATensorChangedInPlaceAfterTheForwardIsRefusedInBackward) {
+  SKIP_WITHOUT_CUDA();
+  if (!fabric::models::cuda_kernels_built()) GTEST_SKIP() << "no CUDA kernels in this build";
+  const torch::ScalarType t = GetParam();
+  const auto opts = torch::TensorOptions().device(torch::kCUDA);
+  torch::nn::LayerNorm ln(torch::nn::LayerNormOptions({128}));
+  ln->to(torch::kCUDA);
+  const torch::Tensor w = torch::ones({128}, opts).requires_grad_();
+  const torch::Tensor x0 = torch::randn({16, 128}, opts);
+  const torch::Tensor d = torch::randn({16, 128}, opts).to(t);
+  enum Form { kPlain, kKeep, kAdd };
+  for (const bool rms : {false, true}) {
+    for (const Form form : {kPlain, kKeep, kAdd}) {
+      for (const bool change : {false, true}) {
+        const std::string what = std::string(rms ? "RMSNorm" : "LayerNorm") + " form " +
+                                 std::to_string(form) + (change ? " changed" : " unchanged");
+        torch::Tensor x = x0.clone().requires_grad_();
+        torch::Tensor base = x * 1.0;  // not a leaf: in-place changes are allowed on it
+        autocast_on(t);
+        torch::Tensor changed = base, y;
+        if (form == kPlain) {
+          y = rms ? fabric::models::rms_norm_16(base, w, 1e-5)
+                  : fabric::models::layer_norm_16(base, ln);
+        } else if (form == kKeep) {
+          std::tie(changed, y) = rms ? fabric::models::keep_rms_norm_16(base, w, 1e-5)
+                                     : fabric::models::keep_layer_norm_16(base, ln);
+        } else {
+          std::tie(changed, y) = rms ? fabric::models::add_rms_norm_16(base, d, w, 1e-5)
+                                     : fabric::models::add_layer_norm_16(base, d, ln);
+        }
+        autocast_off();
+        // keep_*'s x comes back as a view made by the node, which autograd already refuses to
+        // change in place: the change goes to its base, the tensor the node was given.
+        if (change) (form == kAdd ? changed : base).mul_(2);
+        torch::Tensor loss = y.to(torch::kFloat).pow(2).sum();
+        if (form != kKeep) loss = loss + changed.sum();
+        if (!change) {
+          EXPECT_NO_THROW(loss.backward()) << what;
+          continue;
+        }
+        try {
+          loss.backward();
+          ADD_FAILURE() << what << ": backward read a tensor changed in place";
+        } catch (const c10::Error& e) {
+          EXPECT_NE(std::string(e.what()).find("modified by an inplace operation"),
+                    std::string::npos)
+              << what << ": " << e.what();
+        }
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, FusedLayerNormTest,
                          ::testing::Values(torch::kBFloat16, torch::kHalf));
 
