@@ -74,12 +74,13 @@
 #                   llama3 at the same shape, batch and sequence (bench/torchtitan.tar.gz, FSDP
 #                   on one rank, bf16, SDPA, random ids), eager and per-block torch.compile
 #                   (last); tables of tokens/s, MFU (one peak) and the ratios
-#   --suite=titan: issue 72 item 3 from the same bundle and steps (about 9 minutes on an H200,
+#   --suite=titan: issue 72 item 3 from the same bundle and steps (about 10 minutes on an H200,
 #                   estimated, unrun): the model folder and tokens, then ours bf16-mixed (and
 #                   without the fused RMSNorm, rotary and SwiGLU kernels: ours-train-unfused) and
-#                   fp8-mixed (tensorwise) against TorchTitan's llama3 bf16 and with its float8
-#                   converter (torchao Float8Linear, tensorwise), each eager and with its
-#                   per-block torch.compile; the table adds ours / TorchTitan ratios
+#                   fp8-mixed (tensorwise, and delayed) against TorchTitan's llama3 bf16 and with
+#                   its float8 converter (torchao Float8Linear, tensorwise), each eager and with
+#                   its per-block torch.compile; the table adds ours / TorchTitan ratios. In two
+#                   calls: --skip=titan_compile, then --skip=titan_eager with the same --work
 #   --suite=all: check, throughput and gpt.
 # Without a usable GPU (or with --cpu) it runs what a CPU can: env, the GPU tests (they must load
 # and skip), one example on CPU, the ranks rows on CPU (2 processes, shared memory) and the
@@ -92,7 +93,8 @@
 #   tests, examples, ranks, throughput; within --suite=model_parallel: mp_rows, everything but
 #   bubble, the timed pipeline_bubble row; within --suite=fp8: fp8_speed, the kernel test and the
 #   timed sides, fp8_loss, the 200-step loss: a short GPU window runs the timed parts alone and
-#   the untimed ones side by side), --work=DIR (scratch folder for run directories; default a
+#   the untimed ones side by side; within --suite=titan: titan_compile, the two torch.compile
+#   rows, titan_eager, every row but those and the table), --work=DIR (scratch folder for run directories; default a
 #   new temporary folder; the report is also written to DIR/report.md), --pack=FILE (a .tar.gz of
 #   the report and every log, table, metrics.csv and summary.json under it: one file to carry
 #   back, no weights, checkpoints or traces).
@@ -678,10 +680,18 @@ PY
     # --suite=titan (issue 72 item 3): ours against TorchTitan only, bf16 and float8.
     [ "$suite" = titan ] &&
       steps_run=("pylib 90" "make 240" "tokens 60" "ours-train 180" "ours-train-unfused 180"
-                 "ours-train-fp8 180" "torchtitan 150"
+                 "ours-train-fp8 180" "ours-train-fp8-delayed 180" "torchtitan 150"
                  "torchtitan-fp8 150" "torchtitan-compile 240" "torchtitan-fp8-compile 240" "table 30")
     for st in "${steps_run[@]}"; do
       read -r name limit <<<"$st"
+      # --suite=titan in two calls of at most 10 minutes: --skip=titan_compile, then
+      # --skip=titan_eager (every row but the compiled ones and the table) with the same --work
+      # on the warm node, whose model folder, tokens, installed wheels and rows it reuses.
+      case $name in
+        *-compile) skipping titan_compile && continue ;;
+        table) ;;
+        *) skipping titan_eager && continue ;;
+      esac
       CHECK_SUMMARY='^(rate: |transformers |using |prepare_text: |.*parameters .* save )' check "pretrained $name" "$limit" \
         "$here/bench/llama_gpu_bench.sh" "$name" "$here" "$pdir" "${pflags[@]}"
     done
