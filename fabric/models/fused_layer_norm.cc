@@ -82,7 +82,9 @@ variable_list forward_kernel(AutogradContext* ctx, const at::Tensor& x, const at
   ctx->saved_data["h"] = h.detach();
   // detach() shares h's version counter: backward_kernel refuses an h changed in place since, as
   // autograd refuses a saved tensor so changed (the kernel would read the new values silently).
-  ctx->saved_data["h_version"] = static_cast<int64_t>(h._version());
+  // An inference tensor (torch::InferenceMode) has no counter, and no backward: -1.
+  ctx->saved_data["h_version"] =
+      h.is_inference() ? int64_t{-1} : static_cast<int64_t>(h._version());
   ctx->saved_data["mean"] = mean;
   ctx->saved_data["rstd"] = rstd;
   ctx->saved_data["w"] = w;
@@ -99,7 +101,7 @@ variable_list backward_kernel(AutogradContext* ctx, const at::Tensor& dh_in, con
   const at::Tensor h = ctx->saved_data["h"].toTensor();
   const bool rms = ctx->saved_data["rms"].toBool();
   const int64_t saved_version = ctx->saved_data["h_version"].toInt();
-  TORCH_CHECK(static_cast<int64_t>(h._version()) == saved_version,
+  TORCH_CHECK(saved_version < 0 || static_cast<int64_t>(h._version()) == saved_version,
               "one of the variables needed for gradient computation has been modified by an "
               "inplace operation: the tensor the fused ",
               rms ? "RMSNorm" : "LayerNorm", " normalized (", h.sizes(), ") is at version ",

@@ -163,6 +163,10 @@ Quantized quantize_kernels(const torch::Tensor& t, c10::ScalarType dtype, bool r
   }
   if (!rowwise) {
     torch::Tensor amax = given_amax, inverse = torch::empty({}, f32);
+    // The kernel reads it as one float32 on x's device (swiglu_grad_amaxes' answer).
+    TORCH_INTERNAL_ASSERT(
+        !amax.defined() ||
+        (amax.device() == x.device() && amax.scalar_type() == torch::kFloat && amax.numel() == 1));
     if (!amax.defined()) {
       amax = torch::empty({}, f32);
       check_kernel_launch(

@@ -219,4 +219,37 @@ TEST(Fp8NodesCudaTest, SwigluMlpAsOneNodeMatchesItsThreeLayers) {
   }
 }
 
+// Tensorwise scaling casts the SwiGLU's two gradients after one amax pass over dy, gate and up
+// (swiglu_grad_amaxes: the amaxes handed to the casts); delayed scaling's first pass seeds each
+// history with the cast's own amax pass and scales by it, without margin. Both scale by the same
+// largest magnitudes, so the node's product and gradients are bitwise equal between the two: a
+// wrong handed-in amax (another op's, another tensor's) shows here, where the 5% above would not.
+TEST(Fp8NodesCudaTest, SwigluMlpHandedAmaxesCastAsTheirOwnPasses) {
+  SKIP_WITHOUT_CUDA();
+  std::string why;
+  const torch::Device cuda(torch::kCUDA, 0);
+  if (!fabric::nn::fp8_supported(cuda, &why)) GTEST_SKIP() << why;
+  torch::manual_seed(7);
+  const torch::Tensor x0 = torch::randn({1024, 512}).to(cuda, torch::kBFloat16),
+                      wg0 = (torch::randn({1024, 512}) * 0.05).to(cuda),
+                      wu0 = (torch::randn({1024, 512}) * 0.05).to(cuda),
+                      wd0 = (torch::randn({512, 1024}) * 0.03).to(cuda),
+                      g0 = (torch::randn({1024, 512}) * 1e-3).to(cuda, torch::kBFloat16);
+  auto run = [&](fabric::nn::Fp8Scaling scaling) {
+    torch::Tensor x = x0.clone().requires_grad_(), wg = wg0.clone().requires_grad_(),
+                  wu = wu0.clone().requires_grad_(), wd = wd0.clone().requires_grad_();
+    std::vector<fabric::nn::Fp8History> h(3);
+    const fabric::nn::Fp8Layer gate{wg, {}, &h[0], true}, up{wu, {}, &h[1], true},
+        down{wd, {}, &h[2], true};
+    const torch::Tensor y = fabric::nn::fp8_swiglu_mlp(x, gate, up, down, scaling);
+    y.backward(g0);
+    return std::vector<torch::Tensor>{y.detach(), x.grad(), wg.grad(), wu.grad(), wd.grad()};
+  };
+  const auto tensorwise = run(fabric::nn::Fp8Scaling::kTensorwise),
+             delayed = run(fabric::nn::Fp8Scaling::kDelayed);
+  const char* names[] = {"product", "x's gradient", "gate's", "up's", "down's"};
+  for (size_t i = 0; i < tensorwise.size(); ++i)
+    EXPECT_TRUE(torch::equal(tensorwise[i], delayed[i])) << names[i];
+}
+
 }  // namespace
