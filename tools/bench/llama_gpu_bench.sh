@@ -369,6 +369,7 @@ if train:
         pairs = [("ours", "ours-unfused"), ("ours", "torchtitan-eager"),
                  ("ours", "torchtitan-compile"),
                  ("ours-fp8", "torchtitan-fp8-eager"), ("ours-fp8", "torchtitan-fp8-compile"),
+                 ("ours-fp8-delayed", "torchtitan-fp8-eager"),
                  ("ours-fp8-delayed", "torchtitan-fp8-compile")]
         lines = [f"{a} / {b}: {side[a]['tokens_per_s'] / side[b]['tokens_per_s']:.3f}x tokens/s"
                  for a, b in pairs if a in side and b in side]
