@@ -172,12 +172,12 @@ TEST_F(GptExampleTest, ModelParallelDropoutRedrawsItsMasksInRecompute) {
       << "model.dropout=0.2 changed nothing";
 }
 
-// fabric.precision: fp8-mixed: the GPT's 8 Linear layers run their GEMMs in float8 (LibTorch's
-// CPU _scaled_mm), the rest as bf16-mixed; after 100 steps the loss is within 2% of bf16-mixed's
-// and not equal to it (the GEMMs were quantized). The same under fsdp over 2 ranks (the gathered
-// weights convert) and model_parallel, tp = 2 (the split layers convert, each rank scaling its own
-// slices). Measured 0.5% apart in one process, 0.06% under fsdp, 0.1% at tp = 2 (AMD EPYC, 2
-// vCPUs).
+// fabric.precision: fp8-mixed: the GPT's 8 Linear layers run their GEMMs in float8 (on the CPU
+// as LibTorch's emulation of _scaled_mm computes them), the rest as bf16-mixed; after 100 steps
+// the loss is within 2% of bf16-mixed's and not equal to it (the GEMMs were quantized). The same
+// under fsdp over 2 ranks (the gathered weights convert) and model_parallel, tp = 2 (the split
+// layers convert, each rank scaling its own slices). Measured 0.5% apart in one process, 0.06%
+// under fsdp, 0.1% at tp = 2 (AMD EPYC, 2 vCPUs).
 TEST_F(GptExampleTest, Fp8MixedTrainsWithinTwoPercentOfBf16Mixed) {
   const std::string steps = " trainer.max_steps=100 scheduler.warmup_steps=10";
   for (const auto& [name, a] : std::vector<std::pair<std::string, std::string>>{

@@ -1,4 +1,4 @@
-// fabric::nn float8 paths that must give another path's bits, on the CPU's _scaled_mm: delayed
+// fabric::nn float8 paths that must give another path's bits, on the CPU's float8 GEMM: delayed
 // scaling's history, seeded by the first training pass (the tensorwise bits), read by later ones,
 // advanced only by passes that train, so activation checkpointing's recomputation gives the
 // plain module's gradients bitwise, and restored from a checkpoint to give the next step
@@ -241,8 +241,9 @@ TEST(Fp8Test, GeluInputIsGeluThenLinearBitwise) {
 
 std::atomic<int> g_scaled_mms{0};
 
-// Counts the aten::_scaled_mm calls (float8 GEMMs) made while it lives: a thread-local
-// RecordFunction callback, which the autograd engine's threads inherit.
+// Counts the float8 GEMMs (fabric::fp8_gemm, the scope fp8_gemm.cc records around each) made
+// while it lives: a thread-local RecordFunction callback, which the autograd engine's threads
+// inherit.
 struct ScaledMmCount {
   at::CallbackHandle handle;
   ScaledMmCount() {
@@ -250,7 +251,7 @@ struct ScaledMmCount {
     handle = at::addThreadLocalCallback(
         at::RecordFunctionCallback([](const at::RecordFunction& fn)
                                        -> std::unique_ptr<at::ObserverContext> {
-          if (std::strcmp(fn.name(), "aten::_scaled_mm") == 0) ++g_scaled_mms;
+          if (std::strcmp(fn.name(), "fabric::fp8_gemm") == 0) ++g_scaled_mms;
           return nullptr;
         }).scopes({at::RecordScope::FUNCTION}));
   }

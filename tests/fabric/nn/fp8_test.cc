@@ -1,4 +1,4 @@
-// fabric::nn float8 GEMMs (fabric.precision: fp8-mixed) on the CPU's _scaled_mm: the product and
+// fabric::nn float8 GEMMs (fabric.precision: fp8-mixed) on the CPU's emulation: the product and
 // both gradients close to float32's but not equal (they were quantized), dtypes as ATen's linear
 // gives them (autocast included), sizes _scaled_mm cannot take computed exactly, what
 // convert_to_fp8 converts and why it keeps the rest, the strategy's error for a model with
@@ -6,6 +6,8 @@
 // fused GELU paths, each against its plain equivalent bitwise: fp8_equivalence_test.)
 #include "fabric/nn/fp8.h"
 
+#include <ATen/Context.h>
+#include <ATen/ops/_scaled_mm.h>
 #include <gtest/gtest.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -17,6 +19,7 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fabric/core/error.h"
@@ -53,6 +56,30 @@ TEST(Fp8Test, ProductAndGradientsAreCloseToFloat32s) {
   EXPECT_GT(relative(fp8[0], exact[0]), 1e-4);
   EXPECT_GT(relative(fp8[2], exact[2]), 1e-4);
   EXPECT_LT(relative(fp8[3], exact[3]), 1e-6);  // the bias gradient is a plain sum
+}
+
+// On a CPU the float8 GEMM is computed as LibTorch's emulated _scaled_mm computes it (the
+// library that defines the op is the reference): the product of fp8_linear equals _scaled_mm of
+// the operands quantized as ATen's ops quantize them (fp8_cast.h: s = 448 / amax, q = (x · s)
+// clamped and rounded to e4m3, scale 1 / s), bitwise. oneDNN is held off for the reference,
+// so that LibTorch runs its emulation on CPUs with AMX too.
+TEST(Fp8Test, CpuGemmIsLibTorchsEmulatedScaledMmBitwise) {
+  torch::manual_seed(12);
+  const torch::Tensor x = torch::randn({48, 64}) * 3, w = torch::randn({32, 64}) * 0.1,
+                      b = torch::randn({32});
+  auto quantized = [](const torch::Tensor& t) {
+    const torch::Tensor s = 448.0 / t.abs().amax().to(torch::kFloat).clamp_min(1e-12);
+    return std::make_pair((t.to(torch::kFloat) * s).clamp(-448.0, 448.0).to(torch::kFloat8_e4m3fn),
+                          s.reciprocal());
+  };
+  const auto [qx, sx] = quantized(x);
+  const auto [qw, sw] = quantized(w);
+  const bool mkldnn = at::globalContext().userEnabledMkldnn();
+  at::globalContext().setUserEnabledMkldnn(false);
+  const torch::Tensor expected =
+      at::_scaled_mm(qx, qw.t(), sx, sw, std::nullopt, std::nullopt, torch::kFloat) + b;
+  at::globalContext().setUserEnabledMkldnn(mkldnn);
+  EXPECT_TRUE(torch::equal(fabric::nn::fp8_linear(x, w, b), expected));
 }
 
 TEST(Fp8Test, UnderAutocastTheProductIsBf16AndMasterGradientsFloat32) {
@@ -176,7 +203,7 @@ TEST(Fp8Test, RowwiseIsCarriedByTheConversionAndRefusedOnTheCpu) {
 }
 
 // fabric.fp8.fast_accumulation reaches the converted layers through the strategy's setup (on
-// by default; its effect on the GEMMs is fp8_cuda_test's: the CPU's _scaled_mm ignores it).
+// by default; its effect on the GEMMs is fp8_cuda_test's: the CPU's GEMM ignores it).
 TEST(Fp8Test, SetupCarriesFastAccumulationToTheLayers) {
   for (const bool fast : {true, false}) {
     auto precision =
