@@ -94,10 +94,10 @@
 #   bubble, the timed pipeline_bubble row; within --suite=fp8: fp8_speed, the kernel test and the
 #   timed sides, fp8_loss, the 200-step loss: a short GPU window runs the timed parts alone and
 #   the untimed ones side by side; within --suite=titan: titan_compile, the two torch.compile
-#   rows, titan_eager, every row but those and the table), --work=DIR (scratch folder for run directories; default a
-#   new temporary folder; the report is also written to DIR/report.md), --pack=FILE (a .tar.gz of
-#   the report and every log, table, metrics.csv and summary.json under it: one file to carry
-#   back, no weights, checkpoints or traces).
+#   rows, titan_eager, every row but those and the table), --work=DIR (scratch folder for run
+#   directories; default a new temporary folder; the report is also written to DIR/report.md),
+#   --pack=FILE (a .tar.gz of the report and every log, table, metrics.csv and summary.json under
+#   it: one file to carry back, no weights, checkpoints or traces).
 # Exit status: 0 every check passed (skips allowed); 1 some check failed; 2 usage error.
 # A row whose command exits 77 is SKIPPED, its last line the reason.
 set -uo pipefail
@@ -687,11 +687,13 @@ PY
       # --suite=titan in two calls of at most 10 minutes: --skip=titan_compile, then
       # --skip=titan_eager (every row but the compiled ones and the table) with the same --work
       # on the warm node, whose model folder, tokens, installed wheels and rows it reuses.
-      case $name in
-        *-compile) skipping titan_compile && continue ;;
-        table) ;;
-        *) skipping titan_eager && continue ;;
-      esac
+      if [ "$suite" = titan ]; then
+        case $name in
+          *-compile) skipping titan_compile && continue ;;
+          table) ;;
+          *) skipping titan_eager && continue ;;
+        esac
+      fi
       CHECK_SUMMARY='^(rate: |transformers |using |prepare_text: |.*parameters .* save )' check "pretrained $name" "$limit" \
         "$here/bench/llama_gpu_bench.sh" "$name" "$here" "$pdir" "${pflags[@]}"
     done
