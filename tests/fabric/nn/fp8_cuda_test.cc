@@ -1,5 +1,5 @@
 // fabric::nn float8 GEMMs (fabric.precision: fp8-mixed) on a CUDA device of compute capability
-// >= 8.9 (tag gpu; skips elsewhere): the float8 linear equals the CPU's _scaled_mm and stays near
+// >= 8.9 (tag gpu; skips elsewhere): the float8 linear equals the CPU's float8 GEMM and stays near
 // float32; its quantization kernels (fabric/nn/kernels/fp8_cast.h) give ATen's bits, tensorwise
 // and rowwise, and rowwise keeps an outlier row from coarsening the others; fast accumulation
 // changes only the forward GEMM, by less than 1%; the cast kernels' two grids give the same bits.
@@ -36,8 +36,9 @@ double relative_norm(const torch::Tensor& a, const torch::Tensor& b) {
 
 // On sm_89+ _scaled_mm is cuBLASLt's float8 GEMM. The scales are computed alike on both devices
 // and a product of two float8 values is exact in float32, so the product and both gradients
-// stay within 0.1% of the CPU's _scaled_mm of the same operands (with precise accumulation), and
-// a few percent from float32's (they were quantized: not equal to it either).
+// stay within 0.1% of the CPU's float8 GEMM (LibTorch's emulated _scaled_mm arithmetic,
+// fp8_gemm.cc) of the same operands (with precise accumulation), and a few percent from
+// float32's (they were quantized: not equal to it either).
 TEST(Fp8CudaTest, Fp8LinearOnCudaEqualsTheCpusAndStaysNearFloat32) {
   SKIP_WITHOUT_CUDA();
   std::string why;
