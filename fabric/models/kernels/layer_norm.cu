@@ -8,7 +8,10 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
+
+#include "fabric/nn/kernels/fp8_common.cuh"  // after the CUDA headers: it uses their __device__
 
 #include <algorithm>
 #include <cstdint>
@@ -34,70 +37,94 @@ struct alignas(4 * sizeof(T)) Pack4 {
 };
 
 // kRms: mean is taken as 0 (pass 2 folds into pass 1), no bias, mean_out not written.
-template <typename T, bool kRms>
+// kFp8: y is not written; each output value, rounded to T as y would hold it, is scaled by the
+// history's scale and written to f8.q as float8 e4m3 (fp8_cast.cu's cast of y: the same bytes),
+// its magnitude taken into f8.record (layer_norm.h).
+template <typename T, bool kRms, bool kFp8>
 __global__ void __launch_bounds__(kThreads)
     ln_forward(const float* __restrict__ x, const T* __restrict__ delta, float* __restrict__ h,
                const float* __restrict__ weight, const float* __restrict__ bias, T* __restrict__ y,
                float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t rows,
-               int64_t cols, float eps) {
+               int64_t cols, float eps, LayerNormFp8Out f8) {
   const int lane = threadIdx.x % 32;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (row >= rows) return;
-  const int64_t n4 = cols / 4;
-  const float4* xr = reinterpret_cast<const float4*>(x + row * cols);
-  const Pack4<T>* dr = delta ? reinterpret_cast<const Pack4<T>*>(delta + row * cols) : nullptr;
-  float4* hr = reinterpret_cast<float4*>(h + row * cols);
-  const float4* src = delta ? reinterpret_cast<const float4*>(hr) : xr;  // where h lives
-  // Pass 1: h = x + delta, the sum (RMSNorm: the sum of squares).
-  float sum = 0.f;
-  for (int64_t i = lane; i < n4; i += 32) {
-    float4 v = xr[i];
-    if (dr) {
-      const Pack4<T> d = dr[i];
-      v.x += to_float(d.v[0]);
-      v.y += to_float(d.v[1]);
-      v.z += to_float(d.v[2]);
-      v.w += to_float(d.v[3]);
-      hr[i] = v;
-    }
-    sum += kRms ? (v.x * v.x + v.y * v.y) + (v.z * v.z + v.w * v.w) : (v.x + v.y) + (v.z + v.w);
+  float scale = 0.f, seen = 0.f;  // kFp8: the history's scale; the largest |value| written
+  if constexpr (kFp8) {
+    scale = fp8_history_scale<kThreads>(f8.history, f8.history_len, 448.f);
+    if (f8.inverse != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *f8.inverse = 1.f / scale;
   }
-  const float mean = kRms ? 0.f : warp_sum(sum) / static_cast<float>(cols);
-  // Pass 2: the variance about the mean.
-  float sq = sum;
-  if (!kRms) {
-    sq = 0.f;
+  if (row < rows) {
+    const int64_t n4 = cols / 4;
+    const float4* xr = reinterpret_cast<const float4*>(x + row * cols);
+    const Pack4<T>* dr = delta ? reinterpret_cast<const Pack4<T>*>(delta + row * cols) : nullptr;
+    float4* hr = reinterpret_cast<float4*>(h + row * cols);
+    const float4* src = delta ? reinterpret_cast<const float4*>(hr) : xr;  // where h lives
+    // Pass 1: h = x + delta, the sum (RMSNorm: the sum of squares).
+    float sum = 0.f;
     for (int64_t i = lane; i < n4; i += 32) {
-      const float4 v = src[i];
-      const float a = v.x - mean, b = v.y - mean, c = v.z - mean, d = v.w - mean;
-      sq += (a * a + b * b) + (c * c + d * d);
+      float4 v = xr[i];
+      if (dr) {
+        const Pack4<T> d = dr[i];
+        v.x += to_float(d.v[0]);
+        v.y += to_float(d.v[1]);
+        v.z += to_float(d.v[2]);
+        v.w += to_float(d.v[3]);
+        hr[i] = v;
+      }
+      sum += kRms ? (v.x * v.x + v.y * v.y) + (v.z * v.z + v.w * v.w) : (v.x + v.y) + (v.z + v.w);
+    }
+    const float mean = kRms ? 0.f : warp_sum(sum) / static_cast<float>(cols);
+    // Pass 2: the variance about the mean.
+    float sq = sum;
+    if (!kRms) {
+      sq = 0.f;
+      for (int64_t i = lane; i < n4; i += 32) {
+        const float4 v = src[i];
+        const float a = v.x - mean, b = v.y - mean, c = v.z - mean, d = v.w - mean;
+        sq += (a * a + b * b) + (c * c + d * d);
+      }
+    }
+    const float rstd = rsqrtf(warp_sum(sq) / static_cast<float>(cols) + eps);
+    if (lane == 0) {
+      if (!kRms) mean_out[row] = mean;
+      rstd_out[row] = rstd;
+    }
+    // Pass 3: y (kFp8: its float8 bytes).
+    const float4* w4 = reinterpret_cast<const float4*>(weight);
+    const float4* b4 = reinterpret_cast<const float4*>(bias);
+    Pack4<T>* yr = kFp8 ? nullptr : reinterpret_cast<Pack4<T>*>(y + row * cols);
+    uint32_t* qr = kFp8 ? reinterpret_cast<uint32_t*>(f8.q + row * cols) : nullptr;
+    for (int64_t i = lane; i < n4; i += 32) {
+      const float4 v = src[i], w = w4[i];
+      Pack4<T> o;
+      if (kRms) {  // weight · (h · rstd): the ATen formula's order (fabric/models/llama.cc)
+        o.v[0] = from_float<T>(w.x * (v.x * rstd));
+        o.v[1] = from_float<T>(w.y * (v.y * rstd));
+        o.v[2] = from_float<T>(w.z * (v.z * rstd));
+        o.v[3] = from_float<T>(w.w * (v.w * rstd));
+      } else {
+        const float4 b = b4[i];
+        o.v[0] = from_float<T>((v.x - mean) * rstd * w.x + b.x);
+        o.v[1] = from_float<T>((v.y - mean) * rstd * w.y + b.y);
+        o.v[2] = from_float<T>((v.z - mean) * rstd * w.z + b.z);
+        o.v[3] = from_float<T>((v.w - mean) * rstd * w.w + b.w);
+      }
+      if constexpr (kFp8) {
+        float r[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          r[k] = to_float(o.v[k]);
+          seen = fp8_keep_max(seen, fabsf(r[k]));
+        }
+        qr[i] = fp8_cvt2(r[0] * scale, r[1] * scale, __NV_E4M3) |
+                (fp8_cvt2(r[2] * scale, r[3] * scale, __NV_E4M3) << 16);
+        continue;
+      }
+      yr[i] = o;
     }
   }
-  const float rstd = rsqrtf(warp_sum(sq) / static_cast<float>(cols) + eps);
-  if (lane == 0) {
-    if (!kRms) mean_out[row] = mean;
-    rstd_out[row] = rstd;
-  }
-  // Pass 3: y.
-  const float4* w4 = reinterpret_cast<const float4*>(weight);
-  const float4* b4 = reinterpret_cast<const float4*>(bias);
-  Pack4<T>* yr = reinterpret_cast<Pack4<T>*>(y + row * cols);
-  for (int64_t i = lane; i < n4; i += 32) {
-    const float4 v = src[i], w = w4[i];
-    Pack4<T> o;
-    if (kRms) {  // weight · (h · rstd): the ATen formula's order (fabric/models/llama.cc)
-      o.v[0] = from_float<T>(w.x * (v.x * rstd));
-      o.v[1] = from_float<T>(w.y * (v.y * rstd));
-      o.v[2] = from_float<T>(w.z * (v.z * rstd));
-      o.v[3] = from_float<T>(w.w * (v.w * rstd));
-    } else {
-      const float4 b = b4[i];
-      o.v[0] = from_float<T>((v.x - mean) * rstd * w.x + b.x);
-      o.v[1] = from_float<T>((v.y - mean) * rstd * w.y + b.y);
-      o.v[2] = from_float<T>((v.z - mean) * rstd * w.z + b.z);
-      o.v[3] = from_float<T>((v.w - mean) * rstd * w.w + b.w);
-    }
-    yr[i] = o;
+  if constexpr (kFp8) {
+    if (f8.record != nullptr) fp8_block_max_into<kThreads>(seen, f8.record);
   }
 }
 
@@ -224,15 +251,22 @@ int backward_blocks(int64_t rows) {
       std::max<int64_t>(1, std::min<int64_t>(kBackwardBlocks, (rows + kBwdWarps - 1) / kBwdWarps)));
 }
 
+// f8.q not null: y as float8 (ln_forward's kFp8).
 template <typename T, bool kRms>
 cudaError_t forward(const float* x, const void* delta, float* h, const float* weight,
                     const float* bias, void* y, float* mean, float* rstd, int64_t rows,
-                    int64_t cols, float eps, cudaStream_t stream) {
+                    int64_t cols, float eps, cudaStream_t stream, const LayerNormFp8Out& f8 = {}) {
+  if (f8.q != nullptr && (f8.history == nullptr || f8.history_len < 1))
+    return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   const auto blocks = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
-  ln_forward<T, kRms><<<blocks, kThreads, 0, stream>>>(x, static_cast<const T*>(delta), h, weight,
-                                                       bias, static_cast<T*>(y), mean, rstd, rows,
-                                                       cols, eps);
+  const T* d = static_cast<const T*>(delta);
+  if (f8.q != nullptr)
+    ln_forward<T, kRms, true><<<blocks, kThreads, 0, stream>>>(x, d, h, weight, bias, nullptr, mean,
+                                                               rstd, rows, cols, eps, f8);
+  else
+    ln_forward<T, kRms, false><<<blocks, kThreads, 0, stream>>>(
+        x, d, h, weight, bias, static_cast<T*>(y), mean, rstd, rows, cols, eps, f8);
   return cudaGetLastError();
 }
 
@@ -264,13 +298,15 @@ cudaError_t backward(const void* dy, const float* h, const float* mean, const fl
 
 int layer_norm_forward(const float* x, const void* delta, float* h, const float* weight,
                        const float* bias, void* y, float* mean, float* rstd, int64_t rows,
-                       int64_t cols, float eps, LogitType type, void* stream) {
+                       int64_t cols, float eps, LogitType type, void* stream,
+                       const LayerNormFp8Out& f8) {
   const auto s = static_cast<cudaStream_t>(stream);
   return static_cast<int>(
       type == LogitType::kBFloat16
           ? forward<__nv_bfloat16, false>(x, delta, h, weight, bias, y, mean, rstd, rows, cols, eps,
-                                          s)
-          : forward<__half, false>(x, delta, h, weight, bias, y, mean, rstd, rows, cols, eps, s));
+                                          s, f8)
+          : forward<__half, false>(x, delta, h, weight, bias, y, mean, rstd, rows, cols, eps, s,
+                                   f8));
 }
 
 int layer_norm_backward(const void* dy, const float* h, const float* mean, const float* rstd,
@@ -288,13 +324,13 @@ int layer_norm_backward(const void* dy, const float* h, const float* mean, const
 
 int rms_norm_forward(const float* x, const void* delta, float* h, const float* weight, void* y,
                      float* rstd, int64_t rows, int64_t cols, float eps, LogitType type,
-                     void* stream) {
+                     void* stream, const LayerNormFp8Out& f8) {
   const auto s = static_cast<cudaStream_t>(stream);
   return static_cast<int>(type == LogitType::kBFloat16
                               ? forward<__nv_bfloat16, true>(x, delta, h, weight, nullptr, y,
-                                                             nullptr, rstd, rows, cols, eps, s)
+                                                             nullptr, rstd, rows, cols, eps, s, f8)
                               : forward<__half, true>(x, delta, h, weight, nullptr, y, nullptr,
-                                                      rstd, rows, cols, eps, s));
+                                                      rstd, rows, cols, eps, s, f8));
 }
 
 int rms_norm_backward(const void* dy, const float* h, const float* rstd, const float* weight,

@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include "fabric/nn/kernels/activations.cuh"  // after the CUDA headers: it uses their __device__
+#include "fabric/nn/kernels/fp8_common.cuh"
 
 #include <algorithm>
 #include <atomic>
@@ -135,60 +136,16 @@ __device__ __forceinline__ void pointwise8(Fp8Op op, float v[kVec], const float 
   for (int j = 0; j < kVec; ++j) v[j] = pointwise(op, v[j], a[j], b[j], type);
 }
 
-__device__ __forceinline__ float keep_max(float m, float a) { return (a > m || a != a) ? a : m; }
-
 __device__ __forceinline__ float scale_of(float amax, float largest) {
   return largest / (amax != amax ? amax : fmaxf(amax, 1e-12f));
-}
-
-// Delayed scaling's scale: from the largest finite entry of history[0 .. len) (NaN and infinity
-// count as 0: a step that overflowed does not poison the next ones). Every thread of the block
-// calls it: each reads every kThreads-th entry and the block shares one maximum, so a long history
-// (Transformer Engine's default is 1024 steps) costs a few loads per thread, not `len`.
-template <int kThreads>
-__device__ float block_history_scale(const float* history, int len, float largest) {
-  float h = 0.f;
-  for (int i = threadIdx.x; i < len; i += kThreads) {
-    const float a = history[i];
-    if (fabsf(a) <= 3.402823466e38f) h = fmaxf(h, a);
-  }
-  int bits = __float_as_int(h);  // h >= 0: the bits order as the values do
-  for (int o = 16; o > 0; o /= 2) bits = max(bits, __shfl_xor_sync(0xffffffff, bits, o));
-  __shared__ int warp_max[kThreads / 32];
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = bits;
-  __syncthreads();
-  for (int w = 0; w < kThreads / 32; ++w) bits = max(bits, warp_max[w]);
-  return largest / fmaxf(__int_as_float(bits), 1e-12f);
-}
-
-// Two floats as two float8 bytes, the first in the low byte: (x · s) saturated to ±largest,
-// rounded to nearest even (ATen's clamp then cast).
-__device__ __forceinline__ uint32_t cvt2(float a, float b, __nv_fp8_interpretation_t kind) {
-  return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, kind);
 }
 
 // 8 values times their scales as 8 float8 bytes in element order (little-endian).
 __device__ __forceinline__ uint2 cast8(const float v[kVec], const float s[kVec],
                                        __nv_fp8_interpretation_t kind) {
   return make_uint2(
-      cvt2(v[0] * s[0], v[1] * s[1], kind) | (cvt2(v[2] * s[2], v[3] * s[3], kind) << 16),
-      cvt2(v[4] * s[4], v[5] * s[5], kind) | (cvt2(v[6] * s[6], v[7] * s[7], kind) << 16));
-}
-
-// The largest of the block's threads' m (m >= 0 or NaN) taken into *target with one atomic: as
-// bits, for non-negative floats (and NaN, whose bits exceed infinity's) the integer order is the
-// float order, so atomicMax on int finds the largest. Every thread of the block must call it.
-template <int kThreads>
-__device__ __forceinline__ void block_max_into(float m, float* target) {
-  int bits = __float_as_int(m);
-  for (int o = 16; o > 0; o /= 2) bits = max(bits, __shfl_xor_sync(0xffffffff, bits, o));
-  __shared__ int warp_max[kThreads / 32];
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = bits;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kThreads / 32; ++w) bits = max(bits, warp_max[w]);
-    atomicMax(reinterpret_cast<int*>(target), bits);
-  }
+      fp8_cvt2(v[0] * s[0], v[1] * s[1], kind) | (fp8_cvt2(v[2] * s[2], v[3] * s[3], kind) << 16),
+      fp8_cvt2(v[4] * s[4], v[5] * s[5], kind) | (fp8_cvt2(v[6] * s[6], v[7] * s[7], kind) << 16));
 }
 
 // *amax = the largest |x| (of kOp's values, with its operands a and b; one atomic per block).
@@ -208,14 +165,14 @@ __global__ void __launch_bounds__(kAmaxThreads)
     if constexpr (operands > 1) load8(b + i * kVec, vb);
     pointwise8(kOp, v, va, vb, x);
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) m = keep_max(m, fabsf(v[j]));
+    for (int j = 0; j < kVec; ++j) m = fp8_keep_max(m, fabsf(v[j]));
   }
   for (int64_t i = vectors * kVec + first; i < n; i += stride) {
     const float v = pointwise(kOp, load(x, i), operands > 0 ? load(a, i) : 0.f,
                               operands > 1 ? load(b, i) : 0.f, x);
-    m = keep_max(m, fabsf(v));
+    m = fp8_keep_max(m, fabsf(v));
   }
-  block_max_into<kAmaxThreads>(m, amax);
+  fp8_block_max_into<kAmaxThreads>(m, amax);
 }
 
 // amax[0], amax[1] = the largest |·| of kSwigluGateGrad's and kSwigluUpGrad's values (one
@@ -235,18 +192,18 @@ __global__ void __launch_bounds__(kAmaxThreads)
     load8(up + i * kVec, u);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      mg = keep_max(mg, fabsf(pointwise(Fp8Op::kSwigluGateGrad, d[j], g[j], u[j], dy)));
-      mu = keep_max(mu, fabsf(pointwise(Fp8Op::kSwigluUpGrad, d[j], g[j], 0.f, dy)));
+      mg = fp8_keep_max(mg, fabsf(pointwise(Fp8Op::kSwigluGateGrad, d[j], g[j], u[j], dy)));
+      mu = fp8_keep_max(mu, fabsf(pointwise(Fp8Op::kSwigluUpGrad, d[j], g[j], 0.f, dy)));
     }
   }
   for (int64_t i = vectors * kVec + first; i < n; i += stride) {
     const float d = load(dy, i), g = load(gate, i);
-    mg = keep_max(mg, fabsf(pointwise(Fp8Op::kSwigluGateGrad, d, g, load(up, i), dy)));
-    mu = keep_max(mu, fabsf(pointwise(Fp8Op::kSwigluUpGrad, d, g, 0.f, dy)));
+    mg = fp8_keep_max(mg, fabsf(pointwise(Fp8Op::kSwigluGateGrad, d, g, load(up, i), dy)));
+    mu = fp8_keep_max(mu, fabsf(pointwise(Fp8Op::kSwigluUpGrad, d, g, 0.f, dy)));
   }
-  block_max_into<kAmaxThreads>(mg, amax);
+  fp8_block_max_into<kAmaxThreads>(mg, amax);
   __syncthreads();  // block_max_into's shared words, used again
-  block_max_into<kAmaxThreads>(mu, amax + 1);
+  fp8_block_max_into<kAmaxThreads>(mu, amax + 1);
 }
 
 // Thread t of a tiled block owns vector group g = t % kGroups (tile columns 8g .. 8g + 7) of
@@ -276,7 +233,7 @@ __global__ void __launch_bounds__(kTileThreads)
   const float tensor_scale =
       kAxes ? 0.f
       : history_len > 0
-          ? block_history_scale<kTileThreads>(row_amax, history_len, ldexpf(largest, -margin))
+          ? fp8_history_scale<kTileThreads>(row_amax, history_len, ldexpf(largest, -margin))
           : scale_of(row_amax[0], largest);
   float seen = 0.f;  // the largest |x| this thread cast (delayed scaling's record)
   const __nv_fp8_interpretation_t kind = e5m2 ? __NV_E5M2 : __NV_E4M3;
@@ -348,7 +305,7 @@ __global__ void __launch_bounds__(kTileThreads)
       if (!kAxes) {
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
-          seen = keep_max(seen, fabsf(v[p][j]));
+          seen = fp8_keep_max(seen, fabsf(v[p][j]));
           sum[j] += v[p][j];
         }
       }
@@ -397,7 +354,46 @@ __global__ void __launch_bounds__(kTileThreads)
     __syncthreads();
   }
   if (kAxes || record == nullptr) return;  // the same for every thread of the grid
-  block_max_into<kTileThreads>(seen, record);
+  fp8_block_max_into<kTileThreads>(seen, record);
+}
+
+// qt = q's transpose, bytes (float8 of either kind): a 64 x 64 tile through shared memory per
+// step, loaded 8 bytes a thread and written as cast_kernel writes its transposed tile.
+__global__ void __launch_bounds__(kTileThreads)
+    transpose_kernel(const uint8_t* __restrict__ q, int64_t rows, int64_t cols,
+                     uint8_t* __restrict__ qt) {
+  __shared__ __align__(16) uint8_t tile[kTile][kTileStride];
+  const int g = threadIdx.x % kGroups, sub = threadIdx.x / kGroups;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t row_tiles = (rows + kTile - 1) / kTile;
+  for (int64_t rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
+    const int64_t row0 = rt * kTile;
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {
+      const int r = sub + p * kRowStep;
+      const int64_t row = row0 + r, col = col0 + g * kVec;
+      if (row >= rows || col >= cols) continue;  // cols % 8 == 0: a group is wholly in or out
+      const uint2 v = *reinterpret_cast<const uint2*>(q + row * cols + col);
+      auto* dst = reinterpret_cast<uint32_t*>(&tile[r][g * kVec]);
+      dst[0] = v.x;
+      dst[1] = v.y;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {
+      const int c = sub + p * kRowStep;
+      const int64_t tcol = col0 + c, trow = row0 + g * kVec;
+      if (tcol >= cols || trow >= rows) continue;  // rows % 8 == 0: all 8 rows or none
+      uint32_t lo = 0, hi = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        lo |= static_cast<uint32_t>(tile[g * kVec + j][c]) << (8 * j);
+        hi |= static_cast<uint32_t>(tile[g * kVec + 4 + j][c]) << (8 * j);
+      }
+      *reinterpret_cast<uint2*>(qt + tcol * rows + trow) = make_uint2(lo, hi);
+    }
+    __syncthreads();
+  }
 }
 
 // history[0 .. len) one place older, the recorded amax history[len] at 0, history[len] zeroed.
@@ -436,8 +432,8 @@ __global__ void __launch_bounds__(kTileThreads)
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
         const float a = fabsf(v[p][j]);
-        cm[j] = keep_max(cm[j], a);
-        rm = keep_max(rm, a);
+        cm[j] = fp8_keep_max(cm[j], a);
+        rm = fp8_keep_max(rm, a);
       }
       // The kGroups lanes of one tile row are adjacent: reduce over them (every lane takes part).
       int bits = __float_as_int(rm);
@@ -698,6 +694,14 @@ void fp8_set_cast_grid(Fp8CastGrid grid) {
 int fp8_history_push(float* history, int history_len, void* stream) {
   if (history_len < 1) return cudaErrorInvalidValue;
   push_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(history, history_len);
+  return cudaGetLastError();
+}
+
+int fp8_transpose(const void* q, int64_t rows, int64_t cols, void* qt, void* stream) {
+  if (!tileable(q, rows, cols)) return cudaErrorInvalidValue;
+  if (rows == 0 || cols == 0) return 0;
+  transpose_kernel<<<tile_grid(rows, cols), kTileThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const uint8_t*>(q), rows, cols, static_cast<uint8_t*>(qt));
   return cudaGetLastError();
 }
 

@@ -91,6 +91,12 @@ void fp8_set_cast_grid(Fp8CastGrid grid);
 // so the next cast that reads the history sees it whole.
 int fp8_history_push(float* history, int history_len, void* stream);
 
+// qt = the transpose of q (rows × cols float8 bytes of either kind, row-major, 16-byte aligned,
+// rows and cols multiples of 8, else cudaErrorInvalidValue): the column-major operand backward's
+// GEMM wants, for a float8 tensor written row-major by its producer (a LayerNorm under delayed
+// scaling, fabric/models/kernels/layer_norm.h).
+int fp8_transpose(const void* q, int64_t rows, int64_t cols, void* qt, void* stream);
+
 // Rowwise scaling, for x of rows × cols (row-major, contiguous): row_amax[r] = the largest |x| of
 // row r, col_amax[c] that of column c (float32 on the device; NaN where the line holds one).
 int fp8_amax_axes(const void* x, int64_t rows, int64_t cols, Fp8Source type, float* row_amax,

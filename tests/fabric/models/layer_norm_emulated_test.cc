@@ -4,15 +4,19 @@
 // double-precision reference,
 // bf16 and fp16, for row counts that leave a block's warps idle and that make the backward's
 // warps loop over rows. It checks the kernels' indexing, warp reductions and the backward's
-// per-block sums; the device's arithmetic is gpt_cuda_test's (on a GPU). The kernels come from
-// tools/bazel/cuda.bzl's cuda_emulated_library.
+// per-block sums; the device's arithmetic is gpt_cuda_test's (on a GPU). The float8 output
+// (fp8-mixed under delayed scaling) against the 16-bit output cast as fp8_cast_delayed casts it.
+// The kernels come from tools/bazel/cuda.bzl's cuda_emulated_library.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <type_traits>
 #include <vector>
@@ -151,7 +155,84 @@ void check(int64_t rows, int64_t cols, bool with_delta, bool with_dh_in, bool wi
   }
 }
 
+// The forward with a float8 output (LayerNormFp8Out) against the same forward with a 16-bit one:
+// h, mean and rstd bitwise the same, q the 16-bit y scaled by 448 / (the history's largest finite
+// entry) and cast to e4m3 saturated (the bytes of CUDA's own conversion), the record the largest
+// |y|, the inverse 1 / scale; y itself untouched.
+template <typename T>
+void check_fp8(int64_t rows, int64_t cols, bool with_delta, LogitType type, bool rms) {
+  std::mt19937 gen(static_cast<unsigned>(rows * 17 + cols));
+  std::normal_distribution<float> normal;
+  const int64_t n = rows * cols;
+  std::vector<float> x(n), w(cols), b(cols);
+  std::vector<T> delta(n);
+  for (auto& v : x) v = normal(gen) * 2 + 0.5f;
+  for (auto& v : delta) v = from_float<T>(normal(gen));
+  for (int64_t j = 0; j < cols; ++j) w[j] = 1 + 0.1f * normal(gen), b[j] = 0.1f * normal(gen);
+  const float eps = 1e-5f;
+  const void* d = with_delta ? delta.data() : nullptr;
+  auto run = [&](std::vector<float>& h, std::vector<T>& y, std::vector<float>& mean,
+                 std::vector<float>& rstd, const fabric::kernels::LayerNormFp8Out& f8) {
+    return rms ? fabric::kernels::rms_norm_forward(x.data(), d, h.data(), w.data(), y.data(),
+                                                   rstd.data(), rows, cols, eps, type, nullptr, f8)
+               : fabric::kernels::layer_norm_forward(x.data(), d, h.data(), w.data(), b.data(),
+                                                     y.data(), mean.data(), rstd.data(), rows, cols,
+                                                     eps, type, nullptr, f8);
+  };
+  std::vector<float> h16(n, -7.f), mean16(rows, 0.f), rstd16(rows);
+  std::vector<T> y16(n);
+  ASSERT_EQ(run(h16, y16, mean16, rstd16, {}), 0) << "16-bit forward launch";
+  float largest = 0.f;
+  for (const T& v : y16) largest = std::max(largest, std::fabs(to_float(v)));
+  // The scale comes from the largest finite entry: a NaN and an infinity are skipped.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> history = {largest * 0.75f, nan, largest * 0.5f, inf, 0.f};
+  const float scale = 448.f / (largest * 0.75f);  // some values saturate
+  std::vector<float> h8(n, -7.f), mean8(rows, 0.f), rstd8(rows);
+  std::vector<T> untouched(n, from_float<T>(3.f));
+  std::vector<uint8_t> q(n, 0xAB);
+  float inverse = 0.f;
+  fabric::kernels::LayerNormFp8Out f8;
+  f8.q = q.data();
+  f8.history = history.data();
+  f8.history_len = 4;
+  f8.record = &history[4];
+  f8.inverse = &inverse;
+  ASSERT_EQ(run(h8, untouched, mean8, rstd8, f8), 0) << "float8 forward launch";
+  const char* what = rms ? "RMSNorm" : "LayerNorm";
+  ASSERT_TRUE(std::memcmp(h8.data(), h16.data(), sizeof(float) * n) == 0) << what << ": h differs";
+  ASSERT_TRUE(std::memcmp(rstd8.data(), rstd16.data(), sizeof(float) * rows) == 0) << what;
+  ASSERT_TRUE(std::memcmp(mean8.data(), mean16.data(), sizeof(float) * rows) == 0) << what;
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_TRUE(to_float(untouched[i]) == 3.f) << what << ": y written at " << i;
+    const uint8_t want =
+        __nv_cvt_float_to_fp8(to_float(y16[i]) * scale, __NV_SATFINITE, __NV_E4M3);
+    ASSERT_EQ(q[i], want) << what << " q[" << i / cols << ", " << i % cols << "] of y "
+                          << to_float(y16[i]) << " (" << rows << " x " << cols << ")";
+  }
+  ASSERT_TRUE(history[4] == largest) << what << ": recorded " << history[4] << ", want " << largest;
+  ASSERT_TRUE(inverse == 1.f / scale) << what << ": inverse " << inverse;
+  // No record: the history is only read; an empty history is refused.
+  history[4] = 0.f;
+  f8.record = nullptr;
+  ASSERT_EQ(run(h8, untouched, mean8, rstd8, f8), 0);
+  ASSERT_TRUE(history[4] == 0.f) << what << ": recorded without a record";
+  f8.history_len = 0;
+  ASSERT_NE(run(h8, untouched, mean8, rstd8, f8), 0) << what << ": an empty history was accepted";
+}
+
 }  // namespace
+
+// 37 rows: the last block has one busy warp of 4 (the idle ones still take part in the block's
+// amax); 264 columns: 66 float4 per row, more than a warp's lanes.
+TEST(LayerNormEmulatedTest, Fp8OutputIsTheSixteenBitOutputCastWithTheHistorysScale) {
+  for (const bool rms : {false, true}) {
+    check_fp8<__nv_bfloat16>(37, 64, true, LogitType::kBFloat16, rms);
+    check_fp8<__half>(37, 264, false, LogitType::kFloat16, rms);
+    check_fp8<__nv_bfloat16>(130, 32, false, LogitType::kBFloat16, rms);
+  }
+}
 
 // 37 rows: the last forward block has one busy warp of 4; 2200 rows: more than 264 blocks x 8
 // warps, so the backward's warps take several rows each. 264 columns: 66 float4 per row, more

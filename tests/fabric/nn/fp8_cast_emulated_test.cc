@@ -4,9 +4,9 @@
 // fp16 inputs whose rows and columns are not multiples of the 64 × 64 tile, e4m3 and e5m2, with
 // the preconditions refused; the casts of an activation's values (GELU, SwiGLU and their
 // gradients, from their operands); delayed scaling's cast (the scale from a history with non-finite
-// entries skipped, the tensor's amax recorded) and the history's push. What it checks is the
-// kernels' indexing, tiling, shared-memory transpose and reductions; the device's arithmetic is
-// fp8_cuda_test's and fp8_nodes_cuda_test's (on a GPU). The kernels come from
+// entries skipped, the tensor's amax recorded), the history's push and the byte transpose. What
+// it checks is the kernels' indexing, tiling, shared-memory transpose and reductions; the device's
+// arithmetic is fp8_cuda_test's and fp8_nodes_cuda_test's (on a GPU). The kernels come from
 // tools/bazel/cuda.bzl's cuda_emulated_library.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -428,4 +428,27 @@ TEST(Fp8CastEmulatedTest, DelayedCastScalesByTheHistoryAndRecordsTheTensorsAmax)
       check_delayed<__nv_bfloat16>(s[0], s[1], Fp8Source::kBFloat16, e5m2);
       check_delayed<__half>(s[0], s[1], Fp8Source::kFloat16, e5m2);
     }
+}
+
+// fp8_transpose: qt[c, r] == q[r, c] for every byte, over shapes whose rows and columns are not
+// multiples of the 64 x 64 tile (and one larger than the emulated wave); sizes that are not
+// multiples of 8, and a misaligned q, refused with nothing written.
+TEST(Fp8CastEmulatedTest, TransposeWritesEveryByteTransposed) {
+  const int64_t shapes[][2] = {{112, 160}, {8, 8}, {200, 72}, {520, 8}, {64, 1024}};
+  std::mt19937 gen(7);
+  for (const auto& s : shapes) {
+    const int64_t rows = s[0], cols = s[1];
+    std::vector<uint8_t> q(rows * cols + 16), qt(rows * cols, 0);
+    for (auto& b : q) b = static_cast<uint8_t>(gen());
+    ASSERT_EQ(fabric::kernels::fp8_transpose(q.data(), rows, cols, qt.data(), nullptr), 0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        ASSERT_EQ(qt[c * rows + r], q[r * cols + c])
+            << "qt[" << c << ", " << r << "] of " << rows << " x " << cols;
+  }
+  std::vector<uint8_t> q(16 * 24 + 16, 1), qt(16 * 24, 0);
+  EXPECT_NE(fabric::kernels::fp8_transpose(q.data(), 12, 24, qt.data(), nullptr), 0);
+  EXPECT_NE(fabric::kernels::fp8_transpose(q.data(), 16, 20, qt.data(), nullptr), 0);
+  EXPECT_NE(fabric::kernels::fp8_transpose(q.data() + 1, 16, 24, qt.data(), nullptr), 0);
+  EXPECT_TRUE(std::all_of(qt.begin(), qt.end(), [](uint8_t b) { return b == 0; }));
 }
