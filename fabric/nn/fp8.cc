@@ -23,16 +23,20 @@ struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
   // history, seeded: Fp8History's tensors under delayed scaling (no elements otherwise); record:
   // this forward records a graph (its backward will run); gelu: the layer's input is
   // gelu_tanh(x) (x the pre-activation; the CUDA kernels apply it as they read x); fast:
-  // fp8_linear's fast_accumulation; grad_margin: Fp8History's (delayed).
+  // fp8_linear's fast_accumulation; grad_margin: Fp8History's (delayed); input: x's cast made
+  // already (x a stand-in, never read).
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, const torch::Tensor& bias, bool rowwise,
                                const torch::Tensor& history, const torch::Tensor& seeded,
-                               bool record, bool gelu, bool fast, int64_t grad_margin) {
+                               bool record, bool gelu, bool fast, int64_t grad_margin,
+                               const Fp8Input* input) {
     const int64_t k = weight.size(1), n = weight.size(0);
-    const torch::Tensor x2 = x.reshape({-1, k}).contiguous();
+    const torch::Tensor x2 = input ? torch::Tensor() : x.reshape({-1, k}).contiguous();
     const Fp8Forward f =
-        forward_gemm(x2, weight, bias, output_dtype(x), rowwise, history, seeded, record,
-                     {gelu ? Pointwise::Op::kGeluTanh : Pointwise::Op::kNone}, fast);
+        input ? weight_gemm({input->q, input->qt, input->inverse, input->inverse}, weight, bias,
+                            output_dtype(x), rowwise, history, seeded, record, fast)
+              : forward_gemm(x2, weight, bias, output_dtype(x), rowwise, history, seeded, record,
+                             {gelu ? Pointwise::Op::kGeluTanh : Pointwise::Op::kNone}, fast);
     // (and the pre-activation, for GELU's backward)
     ctx->save_for_backward({f.x8t, f.sx, f.w8t, f.sw, gelu ? x2 : torch::Tensor()});
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
@@ -63,7 +67,7 @@ struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
     torch::Tensor grad_x = g.x;
     if (saved[4].defined() && grad_x.defined())
       grad_x = torch::gelu_backward(grad_x, saved[4], "tanh");
-    variable_list out(10);
+    variable_list out(11);
     if (grad_x.defined()) out[0] = grad_x.view(x_sizes);
     out[1] = g.w;
     out[2] = g.b;
@@ -87,8 +91,9 @@ Fp8History::Fp8History(int64_t length, int64_t grad_margin)
 
 torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight,
                          const torch::Tensor& bias, Fp8Scaling scaling, Fp8History* history,
-                         bool gelu_tanh_input, bool fast_accumulation) {
+                         bool gelu_tanh_input, bool fast_accumulation, const Fp8Input* input) {
   const int64_t m = x.numel() / std::max<int64_t>(x.size(-1), 1);
+  if (input != nullptr) detail::check_input(*input, x, weight, scaling, gelu_tanh_input);
   if (!detail::fits(m, weight.size(1), weight.size(0)))
     return torch::linear(gelu_tanh_input ? torch::gelu(x, "tanh") : x, weight, bias);
   const bool rowwise = scaling == Fp8Scaling::kRowwise;
@@ -100,7 +105,7 @@ torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight,
   const auto [amax, seeded] = detail::history_inputs(scaling, history, x);
   return detail::Fp8Linear::apply(x, weight, detail::or_empty(bias, weight), rowwise, amax, seeded,
                                   detail::records(scaling, x, weight), gelu_tanh_input,
-                                  fast_accumulation, detail::grad_margin(history));
+                                  fast_accumulation, detail::grad_margin(history), input);
 }
 
 }  // namespace fabric::nn

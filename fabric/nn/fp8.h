@@ -63,6 +63,38 @@ struct Fp8History {
   torch::Tensor seeded;  // [3] bool on the CPU: operand i has had its first training pass
 };
 
+// A Linear's input cast made by the kernel that writes the input (fabric.fp8.recipe: delayed, once
+// the layer's input history is seeded): a fused LayerNorm writes its output as float8 itself
+// (fabric/models/fused_layer_norm.h), so the output is never written in 16 bits and read again by
+// the layer's cast. fabric::nn fills `history` and `record` and makes q and inverse (tensor_parallel.h:
+// produced_forward); the producer writes q [M, K] (float8_e4m3fn, row-major) = its output · s
+// saturated, s = 448 / the largest finite entry of history[0 .. length), inverse = 1 / s, and
+// when `record` takes its output's largest magnitude into history[length] (an atomic maximum):
+// the bytes, inverse and record the layer's own delayed cast of that output would make. `taken`:
+// the producer did so (else it returned its output as usual, and the layer casts it).
+struct Fp8InputCast {
+  torch::Tensor history;  // the layer's input row of its Fp8History: [length + 1] float32
+  bool record = false;
+  torch::Tensor q, inverse;
+  bool taken = false;
+};
+
+// The input in float8 a layer reads instead of casting its input (Fp8InputCast's, with qt, q's
+// transposed copy for backward).
+struct Fp8Input {
+  torch::Tensor q, qt, inverse;
+};
+
+// The producer's path without a kernel that writes float8 (the CPU, or a norm the fused kernels
+// do not take): y's cast into `cast` (ATen's ops or the cast kernels: the layer's own cast's
+// bytes, inverse and record), `taken` set, and fp8_stand_in(y)'s stand-in for y returned.
+torch::Tensor fp8_input_from(const torch::Tensor& y, Fp8InputCast& cast);
+
+// A stand-in for an input written only as float8: y's sizes, dtype and device with one element
+// of memory (zeros, zero strides), whose gradient autograd passes to y's. Only the layer that
+// takes the Fp8Input may receive it (its values are not y's).
+torch::Tensor fp8_stand_in(const torch::Tensor& y);
+
 // x [..., K], weight [N, K] (float32 master or 16-bit), bias [N] or undefined → [..., N].
 // Rowwise on a CPU tensor throws fabric::Error (LibTorch's CPU _scaled_mm is tensorwise only);
 // kDelayed needs `history` (fabric::Error without), which it reads and advances.
@@ -74,10 +106,12 @@ struct Fp8History {
 // tensor cores accumulate without promoting partial sums to float32 every few steps: faster,
 // less precise): the forward's under tensorwise and delayed scaling, all three under rowwise
 // (whose CUTLASS kernels are fast only so); false: none. CPU GEMMs ignore it.
+// input (delayed only, with gelu_tanh_input false): x's cast made already (Fp8InputCast): x is
+// then a stand-in (fp8_stand_in) whose sizes, dtype and gradient alone are used.
 torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight,
                          const torch::Tensor& bias, Fp8Scaling scaling = Fp8Scaling::kTensorwise,
                          Fp8History* history = nullptr, bool gelu_tanh_input = false,
-                         bool fast_accumulation = true);
+                         bool fast_accumulation = true, const Fp8Input* input = nullptr);
 
 // linear(gelu_tanh(linear(x, w1, b1)), w2, b2) (a GPT MLP) with both layers in float8, each with
 // its own history (delayed) and fast_accumulation: the same values and gradients as
@@ -86,12 +120,13 @@ torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight,
 // quantized from the second layer's input gradient and the saved pre-activation, the GELU's
 // backward computed as the cast reads them (it is never written in 16 bits: at gpt2-medium's
 // size, 16384 tokens × 4096, 128 MiB a layer read and written less). Tensorwise and delayed;
-// rowwise, and sizes _scaled_mm cannot take, run as the two fp8_linear calls.
+// rowwise, and sizes _scaled_mm cannot take, run as the two fp8_linear calls. input (delayed
+// only): x's cast made already, as fp8_linear's (x a stand-in).
 torch::Tensor fp8_gelu_mlp(const torch::Tensor& x, const torch::Tensor& w1, const torch::Tensor& b1,
                            const torch::Tensor& w2, const torch::Tensor& b2,
                            Fp8Scaling scaling = Fp8Scaling::kTensorwise,
                            Fp8History* history1 = nullptr, Fp8History* history2 = nullptr,
-                           bool fast1 = true, bool fast2 = true);
+                           bool fast1 = true, bool fast2 = true, const Fp8Input* input = nullptr);
 
 // One layer of fp8_linears: weight [N, K], bias [N] or undefined, its Fp8History (delayed) and
 // fast_accumulation (fp8_linear's).

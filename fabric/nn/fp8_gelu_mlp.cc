@@ -29,10 +29,13 @@ struct Fp8GeluMlp : torch::autograd::Function<Fp8GeluMlp> {
                                const torch::Tensor& history1, const torch::Tensor& seeded1,
                                const torch::Tensor& history2, const torch::Tensor& seeded2,
                                bool record1, bool record2, bool fast1, bool fast2,
-                               int64_t grad_margin1, int64_t grad_margin2) {
-    const torch::Tensor x2 = x.reshape({-1, w1.size(1)}).contiguous();
+                               int64_t grad_margin1, int64_t grad_margin2, const Fp8Input* input) {
+    // (With input, x is a stand-in: its cast was made by its producer.)
     const Fp8Forward f1 =
-        forward_gemm(x2, w1, b1, output_dtype(x), false, history1, seeded1, record1, {}, fast1);
+        input ? weight_gemm({input->q, input->qt, input->inverse, input->inverse}, w1, b1,
+                            output_dtype(x), false, history1, seeded1, record1, fast1)
+              : forward_gemm(x.reshape({-1, w1.size(1)}).contiguous(), w1, b1, output_dtype(x),
+                             false, history1, seeded1, record1, {}, fast1);
     const torch::Tensor& pre = f1.y;  // [M, hidden]
     const Fp8Forward f2 = forward_gemm(pre, w2, b2, output_dtype(pre), false, history2, seeded2,
                                        record2, {Pointwise::Op::kGeluTanh}, fast2);
@@ -66,7 +69,7 @@ struct Fp8GeluMlp : torch::autograd::Function<Fp8GeluMlp> {
         pre.scalar_type(), saved_dtype(ctx, "w2_dtype"), bias_dtype(ctx, "b2_dtype"), false, false,
         ctx->saved_data["history2"].toTensor(), ctx->saved_data["seeded2"].toTensor(),
         ctx->saved_data["grad_margin2"].toInt(), before, ctx->needs_input_grad(3));
-    variable_list out(15);
+    variable_list out(16);
     out[3] = g2.w;
     out[4] = g2.b;
     // Nothing before the first layer trains (c_fc frozen, x without a gradient): as the two
@@ -91,12 +94,14 @@ struct Fp8GeluMlp : torch::autograd::Function<Fp8GeluMlp> {
 
 torch::Tensor fp8_gelu_mlp(const torch::Tensor& x, const torch::Tensor& w1, const torch::Tensor& b1,
                            const torch::Tensor& w2, const torch::Tensor& b2, Fp8Scaling scaling,
-                           Fp8History* history1, Fp8History* history2, bool fast1, bool fast2) {
+                           Fp8History* history1, Fp8History* history2, bool fast1, bool fast2,
+                           const Fp8Input* input) {
   const int64_t m = x.numel() / std::max<int64_t>(x.size(-1), 1);
   if (scaling == Fp8Scaling::kRowwise || !detail::fits(m, w1.size(1), w1.size(0)) ||
       !detail::fits(m, w2.size(1), w2.size(0)))
-    return fp8_linear(fp8_linear(x, w1, b1, scaling, history1, false, fast1), w2, b2, scaling,
-                      history2, /*gelu_tanh_input=*/true, fast2);
+    return fp8_linear(fp8_linear(x, w1, b1, scaling, history1, false, fast1, input), w2, b2,
+                      scaling, history2, /*gelu_tanh_input=*/true, fast2);
+  if (input != nullptr) detail::check_input(*input, x, w1, scaling, false);
   const auto [amax1, seeded1] = detail::history_inputs(scaling, history1, x);
   const auto [amax2, seeded2] = detail::history_inputs(scaling, history2, x);
   const bool record1 = detail::records(scaling, x, w1);
@@ -104,7 +109,8 @@ torch::Tensor fp8_gelu_mlp(const torch::Tensor& x, const torch::Tensor& w1, cons
   const bool record2 = record1 || detail::records(scaling, detail::or_empty(b1, w1), w2);
   return detail::Fp8GeluMlp::apply(x, w1, detail::or_empty(b1, w1), w2, detail::or_empty(b2, w2),
                                    amax1, seeded1, amax2, seeded2, record1, record2, fast1, fast2,
-                                   detail::grad_margin(history1), detail::grad_margin(history2));
+                                   detail::grad_margin(history1), detail::grad_margin(history2),
+                                   input);
 }
 
 }  // namespace fabric::nn

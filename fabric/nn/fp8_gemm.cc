@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "fabric/core/error.h"
@@ -187,6 +188,23 @@ bool records(Fp8Scaling scaling, const torch::Tensor& x, const torch::Tensor& we
 
 // The output gradient's margin (delayed scaling's; 0 otherwise, where it is not read).
 int64_t grad_margin(const Fp8History* history) { return history ? history->grad_margin : 0; }
+
+void check_input(const Fp8Input& input, const torch::Tensor& x, const torch::Tensor& weight,
+                 Fp8Scaling scaling, bool gelu) {
+  const int64_t k = weight.size(1), m = x.numel() / std::max<int64_t>(x.size(-1), 1);
+  const bool ok = scaling == Fp8Scaling::kDelayed && !gelu && input.q.defined() &&
+                  input.qt.defined() && input.inverse.defined() && input.q.dim() == 2 &&
+                  input.q.size(0) == m && input.q.size(1) == k && x.size(-1) == k &&
+                  input.q.scalar_type() == torch::kFloat8_e4m3fn &&
+                  input.qt.sizes() == torch::IntArrayRef({k, m}) && input.inverse.numel() == 1 &&
+                  input.q.device() == x.device() && fits(m, k, weight.size(0));
+  if (!ok)
+    throw Error("fp8-mixed: a float8 input made by its producer does not fit the layer (q " +
+                (input.q.defined() ? c10::str(input.q.sizes(), " ", input.q.scalar_type())
+                                   : std::string("undefined")) +
+                ", input " + c10::str(x.sizes()) + ", weight " + c10::str(weight.sizes()) +
+                "): only delayed scaling takes one, for an input of the layer's width");
+}
 
 bool can_share_input(const torch::Tensor& x, const std::vector<Fp8Layer>& layers,
                      Fp8Scaling scaling) {

@@ -97,6 +97,23 @@ bool can_share_input(const torch::Tensor& x, const std::vector<Fp8Layer>& layers
 void share_input_row(const torch::Tensor& from, const torch::Tensor& to,
                      const torch::Tensor& to_seeded);
 
+// A made cast (Fp8Input) handed to a node for x: fabric::Error unless the layer is delayed, reads
+// x itself (no GELU before it) and q is [x's rows, K] float8_e4m3fn with a scalar inverse on x's
+// device (the stand-in is never read, so nothing else would catch a mismatch).
+void check_input(const Fp8Input& input, const torch::Tensor& x, const torch::Tensor& weight,
+                 Fp8Scaling scaling, bool gelu);
+
+// The cast a delayed layer (its history, weight) would make of an input of like's sizes (all but
+// the last) and device, when its producer can make it this pass: the input history seeded, the
+// GEMM fitting _scaled_mm; q and inverse allocated, record set when gradients are on. nullopt
+// otherwise (the layer casts for itself).
+std::optional<Fp8InputCast> input_cast_for(Fp8Scaling scaling, Fp8History* history,
+                                           const torch::Tensor& like, const torch::Tensor& weight);
+
+// After the producer took the cast: the history pushed when the pass trains (its record cleared
+// when it does not), and qt.
+Fp8Input finish_input_cast(const Fp8InputCast& cast, bool trains);
+
 // bias, or a tensor with no elements for none (an undefined tensor cannot be a node's input).
 torch::Tensor or_empty(const torch::Tensor& bias, const torch::Tensor& weight);
 

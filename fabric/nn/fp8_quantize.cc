@@ -287,6 +287,37 @@ std::pair<torch::Tensor, torch::Tensor> swiglu_grad_amaxes(const torch::Tensor& 
   return {};
 }
 
+void push_history(const torch::Tensor& row) {
+#ifdef FABRIC_WITH_CUDA_KERNELS
+  if (row.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(row.device());
+    check_kernel_launch(
+        kernels::fp8_history_push(row.data_ptr<float>(), static_cast<int>(row.size(0) - 1),
+                                  c10::cuda::getCurrentCUDAStream(row.device().index()).stream()),
+        "fp8-mixed", "fp8_history_push");
+    return;
+  }
+#endif
+  push_aten(row);
+}
+
+torch::Tensor transposed(const torch::Tensor& q) {
+#ifdef FABRIC_WITH_CUDA_KERNELS
+  const int64_t rows = q.size(0), cols = q.size(1);
+  if (q.is_cuda() && q.is_contiguous() && rows % 8 == 0 && cols % 8 == 0 &&
+      reinterpret_cast<uintptr_t>(q.data_ptr()) % 16 == 0) {
+    const c10::cuda::CUDAGuard guard(q.device());
+    torch::Tensor qt = torch::empty({cols, rows}, q.options());
+    check_kernel_launch(
+        kernels::fp8_transpose(q.data_ptr(), rows, cols, qt.data_ptr(),
+                               c10::cuda::getCurrentCUDAStream(q.device().index()).stream()),
+        "fp8-mixed", "fp8_transpose");
+    return qt;
+  }
+#endif
+  return q.t().contiguous();
+}
+
 std::optional<Delayed> delayed_operand(const torch::Tensor& history, const torch::Tensor& seeded,
                                        int64_t i, bool record, int margin) {
   if (history.numel() == 0) return std::nullopt;

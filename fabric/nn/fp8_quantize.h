@@ -80,6 +80,14 @@ std::pair<torch::Tensor, torch::Tensor> swiglu_grad_amaxes(const torch::Tensor& 
                                                            const torch::Tensor& gate,
                                                            const torch::Tensor& up);
 
+// history[0 .. n) of a history row ([n + 1] float32) one place older, history[n] (a recorded
+// amax) at 0 and history[n] zeroed (fp8_history_push's contract), on the row's device.
+void push_history(const torch::Tensor& row);
+
+// q [rows, cols] (float8, row-major) transposed: [cols, rows] row-major (fp8_transpose on CUDA
+// where the kernels apply, else ATen's copy).
+torch::Tensor transposed(const torch::Tensor& q);
+
 // Operand i's delayed scaling for this pass (nullopt: dynamic). `history` [3, length + 1] (no
 // elements: not delayed), `seeded` [3] bool on the CPU (set for i by a recording pass); `record`:
 // a training pass; margin: Delayed's (0 on the pass that seeds the history).

@@ -7,12 +7,14 @@
 
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <ostream>
 
 #include "fabric/core/error.h"
 #include "fabric/distributed/process_group.h"
 #include "fabric/nn/empty_init.h"
 #include "fabric/nn/fp8.h"
+#include "fabric/nn/fp8_gemm.h"
 #include "fabric/nn/frozen_weight.h"
 
 namespace fabric::nn {
@@ -234,6 +236,36 @@ torch::Tensor gelu_tanh_mlp(LinearImpl& fc, LinearImpl& proj, const torch::Tenso
   const Fp8Layer a = fp8_layer(fc), b = fp8_layer(proj);
   return fp8_gelu_mlp(x, a.weight, a.bias, b.weight, b.bias, fc.fp8_scaling(), a.history, b.history,
                       a.fast_accumulation, b.fast_accumulation);
+}
+
+torch::Tensor produced_forward(LinearImpl& layer, const torch::Tensor& like,
+                               const Fp8Producer& produce) {
+  std::optional<Fp8InputCast> cast;
+  if (layer.whole_fp8(like) && layer.fp8_history())
+    cast = detail::input_cast_for(layer.fp8_scaling(), &*layer.fp8_history(), like, layer.weight);
+  if (!cast) return layer.forward(produce(nullptr));
+  const torch::Tensor y = produce(&*cast);
+  if (!cast->taken) return layer.forward(y);
+  const Fp8Input input = detail::finish_input_cast(
+      *cast, detail::records(Fp8Scaling::kDelayed, y, layer.weight));
+  return fp8_linear(y, layer.weight, layer.bias, Fp8Scaling::kDelayed, &*layer.fp8_history(),
+                    /*gelu_tanh_input=*/false, layer.fp8_fast_accumulation(), &input);
+}
+
+torch::Tensor gelu_tanh_mlp(LinearImpl& fc, LinearImpl& proj, const torch::Tensor& like,
+                            const Fp8Producer& produce) {
+  std::optional<Fp8InputCast> cast;
+  if (one_fp8_recipe({&fc, &proj}, like, /*rowwise=*/false) && fc.fp8_history() &&
+      proj.fp8_history())
+    cast = detail::input_cast_for(fc.fp8_scaling(), &*fc.fp8_history(), like, fc.weight);
+  if (!cast) return gelu_tanh_mlp(fc, proj, produce(nullptr));
+  const torch::Tensor y = produce(&*cast);
+  if (!cast->taken) return gelu_tanh_mlp(fc, proj, y);
+  const Fp8Input input =
+      detail::finish_input_cast(*cast, detail::records(Fp8Scaling::kDelayed, y, fc.weight));
+  return fp8_gelu_mlp(y, fc.weight, fc.bias, proj.weight, proj.bias, Fp8Scaling::kDelayed,
+                      &*fc.fp8_history(), &*proj.fp8_history(), fc.fp8_fast_accumulation(),
+                      proj.fp8_fast_accumulation(), &input);
 }
 
 std::vector<torch::Tensor> shared_input_forward(const std::vector<LinearImpl*>& layers,

@@ -50,6 +50,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -250,6 +251,24 @@ TORCH_MODULE(Linear);
 // node when both layers run whole in float8 (whole_fp8) with one recipe, tensorwise or delayed
 // (on CUDA one pass less over the hidden gradient); the same values either way.
 torch::Tensor gelu_tanh_mlp(LinearImpl& fc, LinearImpl& proj, const torch::Tensor& x);
+
+// What writes a layer's input (a model's norm): given a cast to take (Fp8InputCast, or null),
+// returns the input, or, having taken the cast (its `taken` set), a stand-in for it
+// (fp8_stand_in: the input itself is then never written).
+using Fp8Producer = std::function<torch::Tensor(Fp8InputCast* cast)>;
+
+// layer.forward(produce(nullptr)); but when the layer runs whole in float8 with delayed scaling
+// and its input history is seeded, produce is handed the layer's input cast to make (on CUDA a
+// fused LayerNorm writes its output as float8: fabric/models/fused_layer_norm.h), and the layer
+// reads it: the same output, gradients and history either way. like: a tensor of the input's
+// sizes (the last one the layer's in_features) and device, read for them only (the norm's input).
+torch::Tensor produced_forward(LinearImpl& layer, const torch::Tensor& like,
+                               const Fp8Producer& produce);
+
+// gelu_tanh_mlp(fc, proj, produce(nullptr)), with fc's input cast made by `produce` as in
+// produced_forward (fp8_gelu_mlp's node, or its two layers, reading it).
+torch::Tensor gelu_tanh_mlp(LinearImpl& fc, LinearImpl& proj, const torch::Tensor& like,
+                            const Fp8Producer& produce);
 
 // layers[i]->forward(x) for each layer (layers reading one input: a Llama's q, k and v
 // projections), as fabric::nn::fp8_linears' one node (x quantized once for all of them) when every
