@@ -4,7 +4,9 @@
 #include <ATen/autocast_mode.h>
 #include <torch/autograd.h>
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "fabric/core/aligned.h"
 #include "fabric/core/error.h"
@@ -43,11 +45,38 @@ kernels::LogitType kind(at::ScalarType t) {
   return t == at::kBFloat16 ? kernels::LogitType::kBFloat16 : kernels::LogitType::kFloat16;
 }
 
+// A tensor of `sizes` over one zero of `options` (zero strides): the stand-in a norm returns for
+// an output it wrote as float8 only (fabric::nn::fp8_stand_in's kind).
+at::Tensor stand_in(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  const at::Tensor zero = at::zeros({1}, options);
+  const std::vector<int64_t> strides(sizes.size(), 0);
+  return at::empty({0}, options).set_(zero.storage(), 0, sizes, strides);
+}
+
+// fabric::Error unless `t` can receive x's normalized output as float8 (NormFp8Target).
+void check_target(const NormFp8Target& t, const at::Tensor& x) {
+  const int64_t cols = x.size(-1), rows = x.numel() / cols;
+  const bool ok = t.q.defined() && t.q.scalar_type() == at::kFloat8_e4m3fn && t.q.dim() == 2 &&
+                  t.q.size(0) == rows && t.q.size(1) == cols && t.q.is_contiguous() &&
+                  t.q.device() == x.device() && t.inverse.defined() &&
+                  t.inverse.scalar_type() == at::kFloat && t.inverse.numel() == 1 &&
+                  t.inverse.device() == x.device() && t.history.defined() &&
+                  t.history.scalar_type() == at::kFloat && t.history.dim() == 1 &&
+                  t.history.size(0) >= 2 && t.history.is_contiguous() &&
+                  t.history.device() == x.device();
+  if (!ok)
+    throw Error("fused LayerNorm: a float8 output target that does not fit the input " +
+                c10::str(x.sizes()) + " on " + x.device().str() +
+                " (q [rows, cols] float8_e4m3fn, a scalar float32 inverse and a float32 history "
+                "of at least 2 entries, all on the input's device)");
+}
+
 // Forward shared by the functions: h (x itself without delta), y, mean, rstd. An undefined bias:
-// RMSNorm (no mean: `mean` not written, not saved).
+// RMSNorm (no mean: `mean` not written, not saved). fp8 (may be null): y written there as float8
+// instead, and returned as a stand-in.
 variable_list forward_kernel(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& delta,
                              const at::Tensor& weight, const at::Tensor& bias, double eps,
-                             at::ScalarType type) {
+                             at::ScalarType type, const NormFp8Target* fp8 = nullptr) {
   const c10::cuda::CUDAGuard guard(x.device());
   const bool rms = !bias.defined();
   // Through dispatched operators (not data pointers alone), so that fsdp gathers the parameters.
@@ -58,23 +87,35 @@ variable_list forward_kernel(AutogradContext* ctx, const at::Tensor& x, const at
   at::Tensor d;
   if (delta.defined()) d = contiguous_aligned(delta.to(type));
   at::Tensor h = delta.defined() ? at::empty_like(x2) : x2;
-  at::Tensor y = at::empty(x.sizes(), x.options().dtype(type));
+  if (fp8 != nullptr) check_target(*fp8, x);
+  at::Tensor y = fp8 != nullptr ? stand_in(x.sizes(), x.options().dtype(type))
+                                : at::empty(x.sizes(), x.options().dtype(type));
+  kernels::LayerNormFp8Out f8;
+  if (fp8 != nullptr) {
+    const int len = static_cast<int>(fp8->history.size(0) - 1);
+    f8.q = static_cast<uint8_t*>(fp8->q.data_ptr());
+    f8.history = fp8->history.data_ptr<float>();
+    f8.history_len = len;
+    f8.record = fp8->record ? fp8->history.data_ptr<float>() + len : nullptr;
+    f8.inverse = fp8->inverse.data_ptr<float>();
+  }
   at::Tensor mean = rms ? at::Tensor() : at::empty({rows}, x.options().dtype(at::kFloat));
   at::Tensor rstd = at::empty({rows}, x.options().dtype(at::kFloat));
   void* stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
   if (rms) {
     check_kernel_launch(
         kernels::rms_norm_forward(x2.data_ptr<float>(), d.defined() ? d.data_ptr() : nullptr,
-                                  h.data_ptr<float>(), w.data_ptr<float>(), y.data_ptr(),
-                                  rstd.data_ptr<float>(), rows, cols, static_cast<float>(eps),
-                                  kind(type), stream),
+                                  h.data_ptr<float>(), w.data_ptr<float>(),
+                                  fp8 != nullptr ? nullptr : y.data_ptr(), rstd.data_ptr<float>(),
+                                  rows, cols, static_cast<float>(eps), kind(type), stream, f8),
         "fused RMSNorm", "rms_norm_forward");
   } else {
     check_kernel_launch(
         kernels::layer_norm_forward(x2.data_ptr<float>(), d.defined() ? d.data_ptr() : nullptr,
                                     h.data_ptr<float>(), w.data_ptr<float>(), b.data_ptr<float>(),
-                                    y.data_ptr(), mean.data_ptr<float>(), rstd.data_ptr<float>(),
-                                    rows, cols, static_cast<float>(eps), kind(type), stream),
+                                    fp8 != nullptr ? nullptr : y.data_ptr(),
+                                    mean.data_ptr<float>(), rstd.data_ptr<float>(), rows, cols,
+                                    static_cast<float>(eps), kind(type), stream, f8),
         "fused LayerNorm", "layer_norm_forward");
   }
   // Detached: h is an output of FusedAddLayerNorm, and an output kept in its own node's context
@@ -165,13 +206,15 @@ struct FusedLayerNorm : torch::autograd::Function<FusedLayerNorm> {
 // gradient's target), so the gradient the residual path gives it later arrives here as grads[0]
 // and the backward kernel adds it (dh_prev) instead of autograd summing it with this node's in a
 // pass of its own. bias: a tensor with no elements for RMSNorm.
+// fp8 (may be null): y written there as float8, a stand-in returned for it.
 struct FusedKeepNorm : torch::autograd::Function<FusedKeepNorm> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                               const at::Tensor& bias, double eps, int64_t type) {
+                               const at::Tensor& bias, double eps, int64_t type,
+                               const NormFp8Target* fp8) {
     const bool rms = bias.numel() == 0;
     ctx->saved_data["x_type"] = static_cast<int64_t>(x.scalar_type());
     const at::Tensor y = forward_kernel(ctx, x, at::Tensor(), weight, rms ? at::Tensor() : bias,
-                                        eps, static_cast<at::ScalarType>(type))[1];
+                                        eps, static_cast<at::ScalarType>(type), fp8)[1];
     return {x, y};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -180,21 +223,23 @@ struct FusedKeepNorm : torch::autograd::Function<FusedKeepNorm> {
     auto g = backward_kernel(ctx, grads[0], dy, /*want_16=*/false);
     const auto x_type = static_cast<at::ScalarType>(ctx->saved_data["x_type"].toInt());
     const bool rms = ctx->saved_data["rms"].toBool();
-    return {g[0].to(x_type), g[2], rms ? at::Tensor() : g[3], at::Tensor(), at::Tensor()};
+    return {g[0].to(x_type), g[2], rms ? at::Tensor() : g[3], at::Tensor(), at::Tensor(),
+            at::Tensor()};
   }
 };
 
+// fp8 (may be null): as FusedKeepNorm's.
 struct FusedAddLayerNorm : torch::autograd::Function<FusedAddLayerNorm> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& delta,
                                const at::Tensor& weight, const at::Tensor& bias, double eps,
-                               int64_t type) {
-    return forward_kernel(ctx, x, delta, weight, bias, eps, static_cast<at::ScalarType>(type));
+                               int64_t type, const NormFp8Target* fp8) {
+    return forward_kernel(ctx, x, delta, weight, bias, eps, static_cast<at::ScalarType>(type), fp8);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     at::Tensor dy = grads[1];
     if (!dy.defined()) dy = at::zeros_like(ctx->saved_data["h"].toTensor(), at::kFloat);
     auto g = backward_kernel(ctx, grads[0], dy, /*want_16=*/true);  // delta is 16-bit
-    return {g[0], g[1], g[2], g[3], at::Tensor(), at::Tensor()};
+    return {g[0], g[1], g[2], g[3], at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -260,20 +305,56 @@ std::pair<at::Tensor, at::Tensor> keep_layer_norm_16(const at::Tensor& x,
 #ifdef FABRIC_WITH_CUDA_KERNELS
   if (layer_norm_applies(x, ln)) {
     auto out = FusedKeepNorm::apply(x, ln->weight, ln->bias, ln->options.eps(),
-                                    static_cast<int64_t>(autocast_16(x)));
+                                    static_cast<int64_t>(autocast_16(x)), nullptr);
     return {out[0], out[1]};
   }
 #endif
   return {x, ln.ptr()->forward(x)};
 }
 
+bool add_layer_norm_applies(const at::Tensor& x, const at::Tensor& delta,
+                            const torch::nn::LayerNorm& ln) {
+  return layer_norm_applies(x, ln) && delta.sizes() == x.sizes() &&
+         delta.scalar_type() == autocast_16(x);
+}
+
+std::pair<at::Tensor, at::Tensor> keep_layer_norm_fp8(const at::Tensor& x,
+                                                      const torch::nn::LayerNorm& ln,
+                                                      const NormFp8Target& target) {
+#ifdef FABRIC_WITH_CUDA_KERNELS
+  if (layer_norm_applies(x, ln)) {
+    auto out = FusedKeepNorm::apply(x, ln->weight, ln->bias, ln->options.eps(),
+                                    static_cast<int64_t>(autocast_16(x)), &target);
+    return {out[0], out[1]};
+  }
+#endif
+  (void)target;
+  throw Error("keep_layer_norm_fp8: the fused LayerNorm does not apply to " + c10::str(x.sizes()) +
+              " on " + x.device().str() + " (layer_norm_applies)");
+}
+
+std::pair<at::Tensor, at::Tensor> add_layer_norm_fp8(const at::Tensor& x, const at::Tensor& delta,
+                                                     const torch::nn::LayerNorm& ln,
+                                                     const NormFp8Target& target) {
+#ifdef FABRIC_WITH_CUDA_KERNELS
+  if (add_layer_norm_applies(x, delta, ln)) {
+    auto out = FusedAddLayerNorm::apply(x, delta, ln->weight, ln->bias, ln->options.eps(),
+                                        static_cast<int64_t>(autocast_16(x)), &target);
+    return {out[0], out[1]};
+  }
+#endif
+  (void)delta;
+  (void)target;
+  throw Error("add_layer_norm_fp8: the fused LayerNorm does not apply to " + c10::str(x.sizes()) +
+              " on " + x.device().str() + " (add_layer_norm_applies)");
+}
+
 std::pair<at::Tensor, at::Tensor> add_layer_norm_16(const at::Tensor& x, const at::Tensor& delta,
                                                     const torch::nn::LayerNorm& ln) {
 #ifdef FABRIC_WITH_CUDA_KERNELS
-  if (layer_norm_applies(x, ln) && delta.sizes() == x.sizes() &&
-      delta.scalar_type() == autocast_16(x)) {
+  if (add_layer_norm_applies(x, delta, ln)) {
     auto out = FusedAddLayerNorm::apply(x, delta, ln->weight, ln->bias, ln->options.eps(),
-                                        static_cast<int64_t>(autocast_16(x)));
+                                        static_cast<int64_t>(autocast_16(x)), nullptr);
     return {out[0], out[1]};
   }
 #endif
@@ -314,7 +395,7 @@ std::pair<at::Tensor, at::Tensor> keep_rms_norm_16(const at::Tensor& x, const at
 #ifdef FABRIC_WITH_CUDA_KERNELS
   if (rms_norm_applies(x, weight)) {
     auto out = FusedKeepNorm::apply(x, weight, at::empty({0}, weight.options()), eps,
-                                    static_cast<int64_t>(autocast_16(x)));
+                                    static_cast<int64_t>(autocast_16(x)), nullptr);
     return {out[0], out[1]};
   }
 #endif

@@ -40,8 +40,35 @@ std::pair<at::Tensor, at::Tensor> keep_layer_norm_16(const at::Tensor& x,
                                                      const torch::nn::LayerNorm& ln);
 
 // {x + delta, LayerNorm(x + delta)}.
+// (add_layer_norm_applies: whether its kernel runs: layer_norm_applies, delta of x's sizes in the
+// autocast dtype.)
+bool add_layer_norm_applies(const at::Tensor& x, const at::Tensor& delta,
+                            const torch::nn::LayerNorm& ln);
 std::pair<at::Tensor, at::Tensor> add_layer_norm_16(const at::Tensor& x, const at::Tensor& delta,
                                                     const torch::nn::LayerNorm& ln);
+
+// Where the two above write their normalized output as float8 instead (fp8-mixed under delayed
+// scaling: the next Linear's input cast, handed out by fabric::nn::produced_forward as an
+// Fp8InputCast with these fields): q ([rows, cols] float8_e4m3fn on x's device) receives the
+// output, as the 16-bit output would hold it, times 448 / (the largest finite entry of
+// history[0 .. length)), saturated; inverse ([] float32) the inverse of that scale; with record,
+// history[length] the output's largest magnitude (an atomic maximum).
+struct NormFp8Target {
+  at::Tensor history;  // [length + 1] float32
+  bool record = false;
+  at::Tensor q, inverse;
+};
+
+// keep_layer_norm_16 and add_layer_norm_16 with the output written to `target` only: the second
+// tensor is a stand-in of the output's sizes and dtype (fabric::nn::fp8_stand_in's kind: its
+// values are not the output's; its gradient is the output's). Only where layer_norm_applies
+// (add_layer_norm_applies); fabric::Error otherwise, or for a target that does not fit x.
+std::pair<at::Tensor, at::Tensor> keep_layer_norm_fp8(const at::Tensor& x,
+                                                      const torch::nn::LayerNorm& ln,
+                                                      const NormFp8Target& target);
+std::pair<at::Tensor, at::Tensor> add_layer_norm_fp8(const at::Tensor& x, const at::Tensor& delta,
+                                                     const torch::nn::LayerNorm& ln,
+                                                     const NormFp8Target& target);
 
 // RMSNorm (the Llama family's, fabric/models/llama.h) the same way: weight · (x ·
 // rsqrt(mean(x²) + eps)) in float32, rounded once to the autocast dtype. rms_norm_aten is the

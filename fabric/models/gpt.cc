@@ -117,12 +117,21 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& c) : dropout_(
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
-  // C: this rank's q (k, v) width: n_embd, or its heads' share under tensor parallelism; T from
-  // c_attn's output (under sequence parallelism x holds T / tp positions, c_attn gathers them).
   // ATen's linear folds a contiguous [B, T, C] input into one GEMM with the bias added inside it
   // (cuBLASLt's epilogue on GPUs); torch::nn::Linear's forward ran matmul and a separate bias add
   // on 3-D inputs, 10% slower on an H100 (docs/benchmarks.md, "GPT-2"). fabric::nn::Linear uses it.
-  const torch::Tensor qkv_all = c_attn->forward(x);
+  return attend(c_attn->forward(x), x.device());
+}
+
+torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& like,
+                                               const fabric::nn::Fp8Producer& produce) {
+  return attend(fabric::nn::produced_forward(*c_attn, like, produce), like.device());
+}
+
+torch::Tensor CausalSelfAttentionImpl::attend(const torch::Tensor& qkv_all,
+                                              const torch::Device& device) {
+  // C: this rank's q (k, v) width: n_embd, or its heads' share under tensor parallelism; T from
+  // c_attn's output (under sequence parallelism x holds T / tp positions, c_attn gathers them).
   const int64_t B = qkv_all.size(0), T = qkv_all.size(1), C = c_attn->weight.size(0) / 3;
   const auto qkv = qkv_all.split(C, 2);
   auto heads = [&](const torch::Tensor& t) {
@@ -131,7 +140,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const double p = is_training() ? dropout_ : 0.0;
   const auto& shard = c_proj->parallel();
   std::optional<fabric::nn::RankRandomScope> own;  // this rank's heads: its own masks
-  if (p > 0.0 && split_across_ranks(shard, false)) own.emplace(x.device(), shard->rank);
+  if (p > 0.0 && split_across_ranks(shard, false)) own.emplace(device, shard->rank);
   torch::Tensor y =
       context_parallel
           ? fabric::nn::ring_attention(heads(qkv[0]).contiguous(), heads(qkv[1]).contiguous(),
@@ -163,6 +172,12 @@ torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
                          c_proj->parallel());
 }
 
+torch::Tensor MLPImpl::forward(const torch::Tensor& like, const fabric::nn::Fp8Producer& produce) {
+  if (gelu_ != "tanh") return forward(produce(nullptr));
+  return models::dropout(dropout, fabric::nn::gelu_tanh_mlp(*c_fc, *c_proj, like, produce),
+                         c_proj->parallel());
+}
+
 BlockImpl::BlockImpl(const GPTConfig& c) : fused_layer_norm_(c.fused_layer_norm) {
   const auto ln = torch::nn::LayerNormOptions({c.n_embd}).eps(c.layer_norm_epsilon);
   ln_1 = register_module("ln_1", torch::nn::LayerNorm(ln));
@@ -172,6 +187,12 @@ BlockImpl::BlockImpl(const GPTConfig& c) : fused_layer_norm_(c.fused_layer_norm)
 }
 
 namespace {
+
+// Where a fused norm writes a Linear's float8 input (fabric::nn hands the cast; it is taken).
+NormFp8Target norm_target(fabric::nn::Fp8InputCast& cast) {
+  cast.taken = true;
+  return {cast.history, cast.record, cast.q, cast.inverse};
+}
 
 // A LayerNorm whose weights are summed over the tp ranks in backward under sequence parallelism
 // (each rank normalizes its own positions); ln->forward otherwise.
@@ -192,10 +213,27 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   }
   if (fused_layer_norm_ && layer_norm_applies(x, ln_1)) {
     // ln_1 with a 16-bit output (x through its node: backward adds x's residual gradient in its
-    // kernel); the residual add and ln_2 in one kernel (fused_layer_norm.h).
-    const auto [x1, y1] = keep_layer_norm_16(x, ln_1);
-    const auto [h, y] = add_layer_norm_16(x1, attn->forward(y1), ln_2);
-    return h + mlp->forward(y);
+    // kernel); the residual add and ln_2 in one kernel (fused_layer_norm.h). Under fp8-mixed with
+    // delayed scaling each writes its output as the float8 input of c_attn and c_fc instead
+    // (handed the cast by fabric::nn::produced_forward; the same values): it is never written
+    // in 16 bits and read again.
+    torch::Tensor x1, h;
+    auto norm1 = [&](fabric::nn::Fp8InputCast* cast) {
+      auto [kept, y] = cast ? keep_layer_norm_fp8(x, ln_1, norm_target(*cast))
+                            : keep_layer_norm_16(x, ln_1);
+      x1 = kept;
+      return y;
+    };
+    const torch::Tensor a = attn->forward(x, norm1);
+    auto norm2 = [&](fabric::nn::Fp8InputCast* cast) {
+      auto [sum, y] = cast && add_layer_norm_applies(x1, a, ln_2)
+                          ? add_layer_norm_fp8(x1, a, ln_2, norm_target(*cast))
+                          : add_layer_norm_16(x1, a, ln_2);
+      h = sum;
+      return y;
+    };
+    const torch::Tensor m = mlp->forward(x, norm2);
+    return h + m;
   }
   const torch::Tensor h = x + attn->forward(ln_1->forward(x));
   return h + mlp->forward(ln_2->forward(h));

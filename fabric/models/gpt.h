@@ -83,6 +83,9 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   explicit CausalSelfAttentionImpl(const GPTConfig& c);
   torch::Tensor forward(const torch::Tensor& x);  // [B, T, C] → [B, T, C]
+  // forward(produce(nullptr)), with c_attn's float8 input cast made by `produce` when c_attn takes
+  // one (fabric::nn::produced_forward; like: produce's input, [B, T, C]).
+  torch::Tensor forward(const torch::Tensor& like, const fabric::nn::Fp8Producer& produce);
   fabric::nn::Linear c_attn{nullptr}, c_proj{nullptr};
   torch::nn::Dropout resid_dropout{nullptr};
   // Context parallelism (GPTImpl::set_context_parallel): attention over the whole sequence by
@@ -90,6 +93,8 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   std::shared_ptr<const ContextParallelGroup> context_parallel;
 
  private:
+  // The heads' attention and c_proj on c_attn's output (device: the input's).
+  torch::Tensor attend(const torch::Tensor& qkv_all, const torch::Device& device);
   int64_t head_size_;
   double dropout_;
 };
@@ -99,6 +104,8 @@ class MLPImpl : public torch::nn::Module {
  public:
   explicit MLPImpl(const GPTConfig& c);
   torch::Tensor forward(const torch::Tensor& x);
+  // forward(produce(nullptr)), c_fc's float8 input cast made by `produce` (as attention's).
+  torch::Tensor forward(const torch::Tensor& like, const fabric::nn::Fp8Producer& produce);
   fabric::nn::Linear c_fc{nullptr}, c_proj{nullptr};
   torch::nn::Dropout dropout{nullptr};
 

@@ -26,6 +26,8 @@
 #include "fabric/models/fused_llama_ops.h"
 #include "fabric/models/gpt.h"
 #include "fabric/models/llama.h"
+#include "fabric/nn/fp8.h"
+#include "fabric/nn/tensor_parallel.h"
 #include "tests/cuda_skip.h"
 
 namespace {
@@ -433,3 +435,65 @@ TEST(GPTCudaTest, FusedLayerNormStepsLeaveNoMemoryBehind) {
 }
 
 }  // namespace
+
+// fp8-mixed with delayed scaling: a GPT block whose fused LayerNorms write c_attn's and c_fc's
+// float8 inputs themselves (BlockImpl::forward, through fabric::nn::produced_forward) against the
+// same block composed with the 16-bit norms, each Linear casting its input itself (its clone:
+// the same weights, fresh histories): output, every gradient and the histories bitwise over
+// three training steps (the first seeds the histories, the norms write float8 in the other two),
+// SGD between them. The width of gpt2-medium, 2 x 128 positions.
+TEST_P(FusedLayerNormTest, Fp8BlockNormsWriteTheLinearsInputsAsTheirOwnCasts) {
+  SKIP_WITHOUT_CUDA();
+  if (!fabric::models::cuda_kernels_built()) GTEST_SKIP() << "no CUDA kernels in this build";
+  const torch::Device cuda(torch::kCUDA);
+  if (!fabric::nn::fp8_supported(cuda)) GTEST_SKIP() << "no float8 GEMMs on this device";
+  const torch::ScalarType t = GetParam();
+  GPTConfig c;
+  c.n_embd = 1024;
+  c.n_head = 16;
+  auto make = [&] {  // the same weights for both sides, each with its own histories
+    torch::manual_seed(12);
+    fabric::models::Block blk(c);
+    blk->to(cuda);
+    fabric::nn::convert_to_fp8(*blk, {}, fabric::nn::Fp8Scaling::kDelayed, 4);
+    return blk;
+  };
+  fabric::models::Block a = make(), b = make();
+  const torch::Tensor x0 = torch::randn({2, 128, 1024}, torch::TensorOptions().device(cuda));
+  const torch::Tensor r = torch::randn({2, 128, 1024}, torch::TensorOptions().device(cuda));
+  for (int step = 0; step < 3; ++step) {
+    auto run = [&](bool produced) {
+      fabric::models::BlockImpl& blk = produced ? *a : *b;
+      torch::Tensor x = (x0 * (1 + 0.5 * step)).requires_grad_();
+      autocast_on(t);
+      torch::Tensor out;
+      if (produced) {
+        out = blk.forward(x);
+      } else {
+        const auto [x1, y1] = fabric::models::keep_layer_norm_16(x, blk.ln_1);
+        const auto [h, y] = fabric::models::add_layer_norm_16(x1, blk.attn->forward(y1), blk.ln_2);
+        out = h + blk.mlp->forward(y);
+      }
+      autocast_off();
+      (out.to(torch::kFloat) * r).sum().backward();
+      std::vector<torch::Tensor> res = {out.detach(), x.grad()};
+      torch::NoGradGuard no_grad;
+      for (auto& p : blk.parameters()) {
+        res.push_back(p.grad().clone());
+        p.sub_(p.grad() * 1e-3);
+        p.mutable_grad().reset();
+      }
+      for (const auto& m : blk.modules()) {
+        auto* l = dynamic_cast<fabric::nn::LinearImpl*>(m.get());
+        if (l != nullptr && l->fp8_history()) res.push_back(l->fp8_history()->amax.clone());
+      }
+      return res;
+    };
+    const auto pa = run(true), pb = run(false);
+    ASSERT_EQ(pa.size(), pb.size());
+    for (size_t i = 0; i < pa.size(); ++i)
+      EXPECT_TRUE(torch::equal(pa[i], pb[i]))
+          << "step " << step << ", tensor " << i << ": max difference "
+          << (pa[i].to(torch::kFloat) - pb[i].to(torch::kFloat)).abs().max().item<float>();
+  }
+}
