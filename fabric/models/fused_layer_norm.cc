@@ -56,14 +56,13 @@ at::Tensor stand_in(at::IntArrayRef sizes, const at::TensorOptions& options) {
 // fabric::Error unless `t` can receive x's normalized output as float8 (NormFp8Target).
 void check_target(const NormFp8Target& t, const at::Tensor& x) {
   const int64_t cols = x.size(-1), rows = x.numel() / cols;
-  const bool ok = t.q.defined() && t.q.scalar_type() == at::kFloat8_e4m3fn && t.q.dim() == 2 &&
-                  t.q.size(0) == rows && t.q.size(1) == cols && t.q.is_contiguous() &&
-                  t.q.device() == x.device() && t.inverse.defined() &&
-                  t.inverse.scalar_type() == at::kFloat && t.inverse.numel() == 1 &&
-                  t.inverse.device() == x.device() && t.history.defined() &&
-                  t.history.scalar_type() == at::kFloat && t.history.dim() == 1 &&
-                  t.history.size(0) >= 2 && t.history.is_contiguous() &&
-                  t.history.device() == x.device();
+  const bool ok =
+      t.q.defined() && t.q.scalar_type() == at::kFloat8_e4m3fn && t.q.dim() == 2 &&
+      t.q.size(0) == rows && t.q.size(1) == cols && t.q.is_contiguous() &&
+      t.q.device() == x.device() && t.inverse.defined() && t.inverse.scalar_type() == at::kFloat &&
+      t.inverse.numel() == 1 && t.inverse.device() == x.device() && t.history.defined() &&
+      t.history.scalar_type() == at::kFloat && t.history.dim() == 1 && t.history.size(0) >= 2 &&
+      t.history.is_contiguous() && t.history.device() == x.device();
   if (!ok)
     throw Error("fused LayerNorm: a float8 output target that does not fit the input " +
                 c10::str(x.sizes()) + " on " + x.device().str() +
@@ -113,9 +112,9 @@ variable_list forward_kernel(AutogradContext* ctx, const at::Tensor& x, const at
     check_kernel_launch(
         kernels::layer_norm_forward(x2.data_ptr<float>(), d.defined() ? d.data_ptr() : nullptr,
                                     h.data_ptr<float>(), w.data_ptr<float>(), b.data_ptr<float>(),
-                                    fp8 != nullptr ? nullptr : y.data_ptr(),
-                                    mean.data_ptr<float>(), rstd.data_ptr<float>(), rows, cols,
-                                    static_cast<float>(eps), kind(type), stream, f8),
+                                    fp8 != nullptr ? nullptr : y.data_ptr(), mean.data_ptr<float>(),
+                                    rstd.data_ptr<float>(), rows, cols, static_cast<float>(eps),
+                                    kind(type), stream, f8),
         "fused LayerNorm", "layer_norm_forward");
   }
   // Detached: h is an output of FusedAddLayerNorm, and an output kept in its own node's context
@@ -223,8 +222,8 @@ struct FusedKeepNorm : torch::autograd::Function<FusedKeepNorm> {
     auto g = backward_kernel(ctx, grads[0], dy, /*want_16=*/false);
     const auto x_type = static_cast<at::ScalarType>(ctx->saved_data["x_type"].toInt());
     const bool rms = ctx->saved_data["rms"].toBool();
-    return {g[0].to(x_type), g[2], rms ? at::Tensor() : g[3], at::Tensor(), at::Tensor(),
-            at::Tensor()};
+    return {g[0].to(x_type), g[2],         rms ? at::Tensor() : g[3],
+            at::Tensor(),    at::Tensor(), at::Tensor()};
   }
 };
 

@@ -219,8 +219,8 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
     // in 16 bits and read again.
     torch::Tensor x1, h;
     auto norm1 = [&](fabric::nn::Fp8InputCast* cast) {
-      auto [kept, y] = cast ? keep_layer_norm_fp8(x, ln_1, norm_target(*cast))
-                            : keep_layer_norm_16(x, ln_1);
+      auto [kept, y] =
+          cast ? keep_layer_norm_fp8(x, ln_1, norm_target(*cast)) : keep_layer_norm_16(x, ln_1);
       x1 = kept;
       return y;
     };

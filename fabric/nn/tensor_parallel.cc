@@ -246,8 +246,8 @@ torch::Tensor produced_forward(LinearImpl& layer, const torch::Tensor& like,
   if (!cast) return layer.forward(produce(nullptr));
   const torch::Tensor y = produce(&*cast);
   if (!cast->taken) return layer.forward(y);
-  const Fp8Input input = detail::finish_input_cast(
-      *cast, detail::records(Fp8Scaling::kDelayed, y, layer.weight));
+  const Fp8Input input =
+      detail::finish_input_cast(*cast, detail::records(Fp8Scaling::kDelayed, y, layer.weight));
   return fp8_linear(y, layer.weight, layer.bias, Fp8Scaling::kDelayed, &*layer.fp8_history(),
                     /*gelu_tanh_input=*/false, layer.fp8_fast_accumulation(), &input);
 }

@@ -301,12 +301,11 @@ int layer_norm_forward(const float* x, const void* delta, float* h, const float*
                        int64_t cols, float eps, LogitType type, void* stream,
                        const LayerNormFp8Out& f8) {
   const auto s = static_cast<cudaStream_t>(stream);
-  return static_cast<int>(
-      type == LogitType::kBFloat16
-          ? forward<__nv_bfloat16, false>(x, delta, h, weight, bias, y, mean, rstd, rows, cols, eps,
-                                          s, f8)
-          : forward<__half, false>(x, delta, h, weight, bias, y, mean, rstd, rows, cols, eps, s,
-                                   f8));
+  return static_cast<int>(type == LogitType::kBFloat16
+                              ? forward<__nv_bfloat16, false>(x, delta, h, weight, bias, y, mean,
+                                                              rstd, rows, cols, eps, s, f8)
+                              : forward<__half, false>(x, delta, h, weight, bias, y, mean, rstd,
+                                                       rows, cols, eps, s, f8));
 }
 
 int layer_norm_backward(const void* dy, const float* h, const float* mean, const float* rstd,

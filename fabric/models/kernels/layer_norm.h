@@ -52,9 +52,9 @@ int64_t layer_norm_workspace_floats(int64_t rows, int64_t cols);
 int64_t layer_norm_backward_shared_bytes(int64_t cols, bool rms);
 
 // RMSNorm (the Llama family's): as the two above without the mean and the bias: rstd[r] =
-// 1 / sqrt(mean(h²) + eps), y = weight · (h · rstd) in `type` (or float8, as above); backward writes dh (+ dh_in, and
-// dh16 when not null) and dweight, through a workspace of layer_norm_workspace_floats(rows, cols)
-// floats (it uses half of it).
+// 1 / sqrt(mean(h²) + eps), y = weight · (h · rstd) in `type` (or float8, as above); backward
+// writes dh (+ dh_in, and dh16 when not null) and dweight, through a workspace of
+// layer_norm_workspace_floats(rows, cols) floats (it uses half of it).
 int rms_norm_forward(const float* x, const void* delta, float* h, const float* weight, void* y,
                      float* rstd, int64_t rows, int64_t cols, float eps, LogitType type,
                      void* stream, const LayerNormFp8Out& f8 = {});

@@ -206,8 +206,7 @@ void check_fp8(int64_t rows, int64_t cols, bool with_delta, LogitType type, bool
   ASSERT_TRUE(std::memcmp(mean8.data(), mean16.data(), sizeof(float) * rows) == 0) << what;
   for (int64_t i = 0; i < n; ++i) {
     ASSERT_TRUE(to_float(untouched[i]) == 3.f) << what << ": y written at " << i;
-    const uint8_t want =
-        __nv_cvt_float_to_fp8(to_float(y16[i]) * scale, __NV_SATFINITE, __NV_E4M3);
+    const uint8_t want = __nv_cvt_float_to_fp8(to_float(y16[i]) * scale, __NV_SATFINITE, __NV_E4M3);
     ASSERT_EQ(q[i], want) << what << " q[" << i / cols << ", " << i % cols << "] of y "
                           << to_float(y16[i]) << " (" << rows << " x " << cols << ")";
   }

@@ -355,12 +355,11 @@ TEST(Fp8NodesTest, ProducedInputIsTheLayersOwnCastBitwise) {
       for (int pass = 0; pass < 5; ++pass) {
         const bool eval = pass == 2, frozen = pass == 3;
         const std::string where = std::string(mlp ? "GELU MLP" : "Linear") +
-                                  (autocast ? ", autocast" : "") + ", pass " +
-                                  std::to_string(pass);
+                                  (autocast ? ", autocast" : "") + ", pass " + std::to_string(pass);
         auto run = [&](bool produced, torch::nn::LayerNorm& ln, fabric::nn::Linear& fc,
                        fabric::nn::Linear& proj) {
-          std::vector<torch::Tensor> params = {ln->weight, ln->bias, fc->weight, fc->bias,
-                                               proj->weight, proj->bias};
+          std::vector<torch::Tensor> params = {ln->weight, ln->bias,     fc->weight,
+                                               fc->bias,   proj->weight, proj->bias};
           for (auto& p : params) p.requires_grad_(!frozen);
           torch::Tensor x = (x0 * (1 + 0.25 * pass)).requires_grad_(!frozen);
           torch::Tensor y;
@@ -421,7 +420,7 @@ TEST(Fp8NodesTest, AMadeCastThatDoesNotFitIsRefused) {
                fabric::Error);
   fabric::nn::Fp8Input right{torch::zeros({16, 32}).to(torch::kFloat8_e4m3fn),
                              torch::zeros({32, 16}).to(torch::kFloat8_e4m3fn), torch::ones({})};
-  EXPECT_THROW(fabric::nn::fp8_linear(x, w, {}, Fp8Scaling::kTensorwise, nullptr, false, true,
-                                      &right),
-               fabric::Error);
+  EXPECT_THROW(
+      fabric::nn::fp8_linear(x, w, {}, Fp8Scaling::kTensorwise, nullptr, false, true, &right),
+      fabric::Error);
 }
