@@ -28,6 +28,15 @@ if [ ${#files[@]} -eq 0 ]; then
   exit 2
 fi
 pattern=$(printf '%s|' "${files[@]}" | sed 's/\./\\./g; s/|$//')
+# The compile lines -include the precompiled <torch/types.h> (tools/bazel/pch.bzl) as every
+# source of the real build does; built here under cpu_only (cached after .ci/run's cpu_only
+# tests), GCC loads it instead of parsing LibTorch's headers for each file (-Winvalid-pch says
+# when it cannot). Each file's own code and guards are parsed as before.
+if ! out=$(bazel build --noshow_progress --config=cpu_only //tools/bazel:torch_pch 2>&1); then
+  echo "FAILED cuda_guards_cpu_only"
+  echo "cuda_guards_check: building the cpu_only precompiled header failed: $(tail -n 3 <<<"$out")" >&2
+  exit 2
+fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 if ! bazel aquery --noshow_progress --config=cpu_only \
@@ -69,12 +78,7 @@ for action in actions:
         if a in ("-c", "-o", "-MF"):
             skip = 1
             continue
-        # The precompiled <torch/types.h> (tools/bazel/pch.bzl) is left out: it exists only once
-        # built, and each source must compile without it anyway.
-        if a == "-include" and args[i + 1].endswith("pch/torch_pch.h"):
-            skip = 1
-            continue
-        if a in ("-MD", "-Winvalid-pch"):
+        if a == "-MD":
             continue
         out.append(a)
     if "-DFABRIC_WITH_CUDA" in out:
