@@ -98,7 +98,7 @@ PY
 # A file whose compile line, compiler and preprocessed text passed before is not parsed again:
 # CUDA_GUARDS_CACHE (default ~/.cache/fabricpp/cuda_guards; empty: no cache) keeps one empty file
 # per passed key (-P: no line markers, which name this run's temporary root). Preprocessing the 23
-# files took 24 s on 2 vCPUs, their syntax checks 283-308 s.
+# files took 24 s on 2 vCPUs, their syntax checks 283-308 s without the precompiled header, 119 s with it.
 cache=${CUDA_GUARDS_CACHE-$HOME/.cache/fabricpp/cuda_guards}
 [ -n "$cache" ] && mkdir -p "$cache"
 printf '%s\n' "${files[@]}" | CACHE="$cache" xargs -P "$jobs" -n 1 bash -c '
