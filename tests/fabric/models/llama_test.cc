@@ -71,6 +71,9 @@ std::vector<std::string> on_two_ranks(
     const std::function<void(int64_t, const c10::intrusive_ptr<c10d::ProcessGroup>&)>& fn) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::string> errors(2);
+  // Held until both threads end: a rank that throws at once must not close its connections while
+  // the other is still inside Gloo's connectFullMesh ("Connection closed by peer", CI 2026-12-02).
+  std::vector<c10::intrusive_ptr<c10d::ProcessGroup>> groups(2);
   std::vector<std::thread> threads;
   for (int64_t rank = 0; rank < 2; ++rank)
     threads.emplace_back([&, rank] {
@@ -79,7 +82,8 @@ std::vector<std::string> on_two_ranks(
         options.rank = rank;
         options.world_size = 2;
         options.cpu_backend = fabric::distributed::CpuBackend::kGloo;
-        fn(rank, fabric::distributed::make_process_group(store, options));
+        groups[rank] = fabric::distributed::make_process_group(store, options);
+        fn(rank, groups[rank]);
       } catch (const std::exception& e) {
         errors[rank] = e.what();
       }
