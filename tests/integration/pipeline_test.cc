@@ -67,7 +67,9 @@ void expect_parity(int world, int pp, const std::string& schedule, int m, int v 
       const bool holds_it_twice = tied && pp * v > 1 && (pp_rank == 0 || pp_rank == pp - 1);
       if (holds_it_twice) {
         EXPECT_LE(differ, 1);
-        if (differ == 1) EXPECT_NE(line.find("[" + tied_name + "]"), std::string::npos);
+        if (differ == 1) {
+          EXPECT_NE(line.find("[" + tied_name + "]"), std::string::npos);
+        }
       } else {
         EXPECT_EQ(differ, 0);
       }
@@ -75,10 +77,16 @@ void expect_parity(int world, int pp, const std::string& schedule, int m, int v 
     if (rank % (dp * tp) == 0) bytes += number_after(line, "param_bytes=");  // one replica
     whole = number_after(line, "whole_bytes=");
     const double peak = number_after(line, "peak_in_flight=");
-    if (schedule == "gpipe") EXPECT_EQ(peak, m);
-    if (schedule == "1f1b") EXPECT_EQ(peak, std::min(m, pp - pp_rank));
+    if (schedule == "gpipe") {
+      EXPECT_EQ(peak, m);
+    }
+    if (schedule == "1f1b") {
+      EXPECT_EQ(peak, std::min(m, pp - pp_rank));
+    }
   }
-  if (tp == 1) EXPECT_EQ(bytes, whole + (tied && pp > 1 ? kEmbeddingBytes : 0)) << args;
+  if (tp == 1) {
+    EXPECT_EQ(bytes, whole + (tied && pp > 1 ? kEmbeddingBytes : 0)) << args;
+  }
 }
 
 TEST(PipelineTest, TwoStagesGPipe) { expect_parity(2, 2, "gpipe", 4); }

@@ -227,7 +227,9 @@ TEST_P(FusedLayerNormTest, FusedRmsNormMatchesAten) {
     EXPECT_LE(max_rel(a[0], b[0]), 1.0 / 128) << "add " << add << ": more than one 16-bit step";
     EXPECT_LE(max_rel(a[1], b[1]), 1e-4) << "add " << add << ": dx";
     EXPECT_LE(max_rel(a[2], b[2]), 1e-4) << "add " << add << ": dweight";
-    if (add) EXPECT_LE(max_rel(a[3], b[3]), 1.0 / 128) << "d's 16-bit gradient";
+    if (add) {
+      EXPECT_LE(max_rel(a[3], b[3]), 1.0 / 128) << "d's 16-bit gradient";
+    }
     const auto again = run(true);
     EXPECT_TRUE(torch::equal(again[2], a[2])) << "weight gradient not bitwise reproducible";
   }
