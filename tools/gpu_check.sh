@@ -34,8 +34,8 @@
 #   --suite=gpt: tools/bench/gpt_compare.sh: the GPT-2 124M step (batch 16 x 1024, bf16-mixed,
 #                   fused AdamW), ours (eager and CUDA graphs) vs the identical model in PyTorch
 #                   (eager and torch.compile), with a profile summary of ours; tables in the report
-#   --suite=model_parallel: gpt_cuda_test and fused_ops_cuda_test (the fused loss and LayerNorm
-#                   kernels),
+#   --suite=model_parallel: gpt_cuda_test, fused_ops_cuda_test and fused_models_cuda_test (the
+#                   fused loss and LayerNorm kernels, the models with them),
 #                   the tiny GPT under tp 2 with sequence parallelism and dropout (2 ranks, Gloo),
 #                   issue 71's: pp 2 (1f1b, gpipe, interleaved) and cp 2 against ddp (2 ranks),
 #                   the pipeline schedules' bubble and activation memory on the GPU
@@ -511,6 +511,7 @@ run() {
   if ! skipping model_parallel && ! skipping mp_rows; then
     check gpt_cuda_test 240 "$runsh" gpt_cuda_test --gtest_brief=1
     check fused_ops_cuda_test 240 "$runsh" fused_ops_cuda_test --gtest_brief=1  # the LayerNorm's __syncwarp
+    check fused_models_cuda_test 240 "$runsh" fused_models_cuda_test --gtest_brief=1
     local place=(fabric.accelerator=cuda fabric.devices=1 fabric.ddp.ranks_per_gpu=2)
     [ $cpu -eq 1 ] && place=(fabric.accelerator=cpu fabric.devices=2)
     CHECK_SUMMARY='val loss|tok/s' check "gpt tiny tp 2, sequence parallel, dropout 0.1 (2 ranks)" 240 \

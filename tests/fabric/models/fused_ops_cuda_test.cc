@@ -1,13 +1,11 @@
-// The GPT's and the Llama family's fused CUDA kernels on a CUDA device (tag gpu; skips
+// The fused CUDA kernels of the GPT and the Llama family on a CUDA device (tag gpu; skips
 // elsewhere): the fused LayerNorm and RMSNorm (fabric/models/fused_layer_norm.h) equal ATen's
 // formulas alone, with the residual add before them, and with x's residual gradient summed inside
 // the first norm's backward kernel (keep_*_norm_16); the rotary embedding and SwiGLU kernels
-// (fused_llama_ops.h) equal ATen's chains; the tiny GPT's and a tiny Llama's loss and gradients
-// with them equal the ATen ones, and steps with them leave no memory behind.
-#include <ATen/autocast_mode.h>
+// (fused_llama_ops.h) equal ATen's chains; a tensor changed in place after a fused norm's forward
+// is refused in backward. The models built with them: fused_models_cuda_test.
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/function.h>
-#include <torch/cuda.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/utils.h>
 
@@ -16,41 +14,19 @@
 #include <tuple>
 #include <vector>
 
-#ifdef FABRIC_WITH_CUDA
-#include <c10/cuda/CUDACachingAllocator.h>
-#include <c10/cuda/CUDAFunctions.h>
-#endif
-
 #include "fabric/models/fused_cross_entropy.h"
 #include "fabric/models/fused_layer_norm.h"
 #include "fabric/models/fused_llama_ops.h"
-#include "fabric/models/gpt.h"
-#include "fabric/models/llama.h"
-#include "fabric/nn/fp8.h"
-#include "fabric/nn/tensor_parallel.h"
 #include "tests/cuda_skip.h"
+#include "tests/fabric/models/cuda_autocast.h"
 
 namespace {
 
-using fabric::models::GPT;
-using fabric::models::GPTConfig;
+using fabric::testing::autocast_off;
+using fabric::testing::autocast_on;
+using fabric::testing::max_rel;
 
 class FusedLayerNormTest : public ::testing::TestWithParam<torch::ScalarType> {};
-
-void autocast_on(torch::ScalarType t) {
-  at::autocast::set_autocast_enabled(at::kCUDA, true);
-  at::autocast::set_autocast_dtype(at::kCUDA, t);
-}
-void autocast_off() {
-  at::autocast::set_autocast_enabled(at::kCUDA, false);
-  at::autocast::clear_cache();
-}
-
-double max_rel(const torch::Tensor& a, const torch::Tensor& b) {
-  return ((a.to(torch::kFloat) - b.to(torch::kFloat)).abs().max() /
-          b.to(torch::kFloat).abs().max().clamp_min(1e-30))
-      .item<double>();
-}
 
 // y = LayerNorm(x + d) with d 16-bit, h = x + d used again (as the residual path uses it):
 // values and every gradient equal ATen's add + LayerNorm + cast to float32 rounding.
@@ -345,157 +321,4 @@ TEST_P(FusedLayerNormTest, ATensorChangedInPlaceAfterTheForwardIsRefusedInBackwa
 INSTANTIATE_TEST_SUITE_P(Dtypes, FusedLayerNormTest,
                          ::testing::Values(torch::kBFloat16, torch::kHalf));
 
-// Copies `fused`'s parameters into `aten` (on the GPU), then expects one bf16-autocast loss of
-// random ids (vocabulary 256, 4 x 128) and every gradient to agree.
-template <typename Model>
-void expect_same_loss_and_gradients(Model& fused, Model& aten) {
-  fused->to(torch::kCUDA);
-  aten->to(torch::kCUDA);
-  {
-    torch::NoGradGuard no_grad;
-    const auto from = fused->parameters();
-    const auto to = aten->parameters();
-    for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
-  }
-  const torch::Tensor w = torch::randint(0, 256, {4, 129}, torch::kLong).to(torch::kCUDA);
-  autocast_on(torch::kBFloat16);
-  const torch::Tensor a = fused->loss(w.narrow(1, 0, 128), w.narrow(1, 1, 128));
-  const torch::Tensor b = aten->loss(w.narrow(1, 0, 128), w.narrow(1, 1, 128));
-  autocast_off();
-  EXPECT_NEAR(a.item<double>(), b.item<double>(), 1e-3 * b.item<double>());
-  a.backward();
-  b.backward();
-  const auto ga = fused->named_parameters();
-  const auto gb = aten->parameters();
-  for (size_t i = 0; i < gb.size(); ++i)
-    EXPECT_LE(max_rel(ga[i].value().grad(), gb[i].grad()), 0.05) << ga[i].key();
-}
-
-// A tiny Llama's loss and gradients with the fused RMSNorms, rotary embedding and SwiGLU
-// (LlamaConfig::fused_norm, fused_elementwise) against the ATen ones, bf16 autocast.
-TEST(GPTCudaTest, FusedRmsNormLlamaLossEqualsTheATenOne) {
-  SKIP_WITHOUT_CUDA();
-  if (!fabric::models::cuda_kernels_built()) GTEST_SKIP() << "no CUDA kernels in this build";
-  torch::manual_seed(0);
-  fabric::models::LlamaConfig c;
-  c.vocab_size = 256;
-  c.hidden_size = 128;
-  c.intermediate_size = 256;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.max_position_embeddings = 128;
-  c.fused_norm = c.fused_elementwise = true;
-  fabric::models::Llama fused(c);
-  c.fused_norm = c.fused_elementwise = false;
-  fabric::models::Llama aten(c);
-  expect_same_loss_and_gradients(fused, aten);
-}
-
-TEST(GPTCudaTest, FusedLayerNormGptLossEqualsTheATenOne) {
-  SKIP_WITHOUT_CUDA();
-  torch::manual_seed(0);
-  GPTConfig c = GPTConfig::preset("tiny");
-  c.fused_layer_norm = true;
-  GPT fused(c);
-  c.fused_layer_norm = false;
-  GPT aten(c);
-  expect_same_loss_and_gradients(fused, aten);
-}
-
-// The fused functions keep nothing alive after a step: an output kept in its own node's context
-// would hold the step's graph (it did, before h was saved detached: 71 GB after 55 GPT-2 steps).
-TEST(GPTCudaTest, FusedLayerNormStepsLeaveNoMemoryBehind) {
-  SKIP_WITHOUT_CUDA();
-  if (!fabric::models::cuda_kernels_built()) GTEST_SKIP() << "no CUDA kernels in this build";
-#ifdef FABRIC_WITH_CUDA
-  torch::manual_seed(0);
-  GPTConfig c = GPTConfig::preset("tiny");
-  c.fused_layer_norm = true;
-  GPT model(c);
-  model->to(torch::kCUDA);
-  const torch::Tensor w = torch::randint(0, 256, {4, 129}, torch::kLong).to(torch::kCUDA);
-  auto step = [&] {
-    autocast_on(torch::kBFloat16);
-    const torch::Tensor loss = model->loss(w.narrow(1, 0, 128), w.narrow(1, 1, 128));
-    autocast_off();
-    loss.backward();
-    model->zero_grad();
-  };
-  auto allocated = [] {
-    torch::cuda::synchronize();
-    return c10::cuda::CUDACachingAllocator::getDeviceStats(0)
-        .allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
-        .current;
-  };
-  step();
-  step();
-  const int64_t before = allocated();
-  for (int i = 0; i < 5; ++i) step();
-  EXPECT_EQ(allocated(), before) << "bytes left allocated by 5 more steps";
-#endif
-}
-
 }  // namespace
-
-// fp8-mixed with delayed scaling: a GPT block whose fused LayerNorms write c_attn's and c_fc's
-// float8 inputs themselves (BlockImpl::forward, through fabric::nn::produced_forward) against the
-// same block composed with the 16-bit norms, each Linear casting its input itself (its clone:
-// the same weights, fresh histories): output, every gradient and the histories bitwise over
-// three training steps (the first seeds the histories, the norms write float8 in the other two),
-// SGD between them. The width of gpt2-medium, 2 x 128 positions.
-TEST_P(FusedLayerNormTest, Fp8BlockNormsWriteTheLinearsInputsAsTheirOwnCasts) {
-  SKIP_WITHOUT_CUDA();
-  if (!fabric::models::cuda_kernels_built()) GTEST_SKIP() << "no CUDA kernels in this build";
-  const torch::Device cuda(torch::kCUDA);
-  if (!fabric::nn::fp8_supported(cuda)) GTEST_SKIP() << "no float8 GEMMs on this device";
-  const torch::ScalarType t = GetParam();
-  GPTConfig c;
-  c.n_embd = 1024;
-  c.n_head = 16;
-  auto make = [&] {  // the same weights for both sides, each with its own histories
-    torch::manual_seed(12);
-    fabric::models::Block blk(c);
-    blk->to(cuda);
-    fabric::nn::convert_to_fp8(*blk, {}, fabric::nn::Fp8Scaling::kDelayed, 4);
-    return blk;
-  };
-  fabric::models::Block a = make(), b = make();
-  const torch::Tensor x0 = torch::randn({2, 128, 1024}, torch::TensorOptions().device(cuda));
-  const torch::Tensor r = torch::randn({2, 128, 1024}, torch::TensorOptions().device(cuda));
-  for (int step = 0; step < 3; ++step) {
-    auto run = [&](bool produced) {
-      fabric::models::BlockImpl& blk = produced ? *a : *b;
-      torch::Tensor x = (x0 * (1 + 0.5 * step)).requires_grad_();
-      autocast_on(t);
-      torch::Tensor out;
-      if (produced) {
-        out = blk.forward(x);
-      } else {
-        const auto [x1, y1] = fabric::models::keep_layer_norm_16(x, blk.ln_1);
-        const auto [h, y] = fabric::models::add_layer_norm_16(x1, blk.attn->forward(y1), blk.ln_2);
-        out = h + blk.mlp->forward(y);
-      }
-      autocast_off();
-      (out.to(torch::kFloat) * r).sum().backward();
-      std::vector<torch::Tensor> res = {out.detach(), x.grad()};
-      torch::NoGradGuard no_grad;
-      for (auto& p : blk.parameters()) {
-        res.push_back(p.grad().clone());
-        p.sub_(p.grad() * 1e-3);
-        p.mutable_grad().reset();
-      }
-      for (const auto& m : blk.modules()) {
-        auto* l = dynamic_cast<fabric::nn::LinearImpl*>(m.get());
-        if (l != nullptr && l->fp8_history()) res.push_back(l->fp8_history()->amax.clone());
-      }
-      return res;
-    };
-    const auto pa = run(true), pb = run(false);
-    ASSERT_EQ(pa.size(), pb.size());
-    for (size_t i = 0; i < pa.size(); ++i)
-      EXPECT_TRUE(torch::equal(pa[i], pb[i]))
-          << "step " << step << ", tensor " << i << ": max difference "
-          << (pa[i].to(torch::kFloat) - pb[i].to(torch::kFloat)).abs().max().item<float>();
-  }
-}
