@@ -7,18 +7,15 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/utils.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <functional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "fabric/core/error.h"
-#include "fabric/distributed/process_group.h"
 #include "fabric/nn/fp8.h"
-#include "tests/flight_recorder_off.h"
+#include "tests/thread_ranks.h"
 
 namespace {
 
@@ -66,32 +63,6 @@ TEST(LlamaTest, RunBlockRunsEveryLayer) {
   EXPECT_THROW(model->forward(torch::randint(0, 64, {1, 33})), fabric::Error);
 }
 
-// Both ranks of a tp 2 group (threads over one store) run `fn(rank, group)`; errors come back.
-std::vector<std::string> on_two_ranks(
-    const std::function<void(int64_t, const c10::intrusive_ptr<c10d::ProcessGroup>&)>& fn) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::string> errors(2);
-  // Held until both threads end: a rank that throws at once must not close its connections while
-  // the other is still inside Gloo's connectFullMesh ("Connection closed by peer", CI 2026-12-02).
-  std::vector<c10::intrusive_ptr<c10d::ProcessGroup>> groups(2);
-  std::vector<std::thread> threads;
-  for (int64_t rank = 0; rank < 2; ++rank)
-    threads.emplace_back([&, rank] {
-      try {
-        fabric::distributed::ProcessGroupOptions options;
-        options.rank = rank;
-        options.world_size = 2;
-        options.cpu_backend = fabric::distributed::CpuBackend::kGloo;
-        groups[rank] = fabric::distributed::make_process_group(store, options);
-        fn(rank, groups[rank]);
-      } catch (const std::exception& e) {
-        errors[rank] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  return errors;
-}
-
 // tp 2, with and without sequence parallelism (7 tokens: padded to 8 inside forward), tied and
 // untied: the whole model's logits and loss on both ranks, and the gradients of the whole (not
 // split) RMSNorm weights, which sequence parallelism sums over the ranks.
@@ -116,7 +87,7 @@ TEST(LlamaTest, TensorParallelPlanOnTwoRanksGivesTheWholeModelsLogitsLossAndNorm
         copies.emplace_back(tiny(tied));
       }
       std::vector<torch::Tensor> got_logits(2), got_loss(2), got_masked(2);
-      const auto errors = on_two_ranks([&](int64_t rank, const auto& group) {
+      const auto errors = fabric::testing::on_thread_ranks(2, [&](int64_t rank, const auto& group) {
         Llama& model = copies[rank];
         auto plan = model->tensor_parallel_plan();
         plan.sequence_parallel = sequence_parallel;
@@ -212,7 +183,7 @@ TEST(LlamaTest, Fp8LayersReadingOneInputShareItsCast) {
 
 TEST(LlamaTest, ATpThatSplitsAKeyValueHeadIsAOneLineError) {
   std::vector<Llama> copies{Llama(tiny(false, 1)), Llama(tiny(false, 1))};
-  const auto errors = on_two_ranks([&](int64_t rank, const auto& group) {
+  const auto errors = fabric::testing::on_thread_ranks(2, [&](int64_t rank, const auto& group) {
     fabric::nn::parallelize(*copies[rank], copies[rank]->tensor_parallel_plan(), group);
   });
   for (const std::string& e : errors) {

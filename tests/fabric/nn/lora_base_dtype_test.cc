@@ -7,20 +7,17 @@
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/utils.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <cstdio>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "fabric/core/error.h"
-#include "fabric/distributed/process_group.h"
 #include "fabric/nn/frozen_weight.h"
 #include "fabric/nn/lora.h"
 #include "fabric/nn/tensor_parallel.h"
-#include "tests/flight_recorder_off.h"
+#include "tests/thread_ranks.h"
 
 namespace {
 
@@ -248,41 +245,27 @@ TEST(LoraBaseDtypeTest, Float8BaseUnderTensorParallelismComputesAsTheWholeBlock)
   const torch::Tensor ref_qkv = whole->qkv->weight.detach().to(torch::kFloat);
   for (bool after : {false, true}) {
     SCOPED_TRACE(after ? "stored after the split" : "stored before the split");
-    auto store = c10::make_intrusive<c10d::HashStore>();
-    std::vector<std::string> errors(2);
     std::vector<std::shared_ptr<Block>> blocks = {stored_block(!after), stored_block(!after)};
     std::vector<torch::Tensor> ys(2), dxs(2), das(2);
     std::vector<std::vector<int64_t>> scale_sizes(2);
-    auto rank_main = [&](int64_t rank) {
-      try {
-        fabric::distributed::ProcessGroupOptions o;
-        o.rank = rank;
-        o.world_size = 2;
-        o.cpu_backend = fabric::distributed::CpuBackend::kGloo;
-        auto group = fabric::distributed::make_process_group(store, o);
-        Block& b = *blocks[rank];
-        fabric::nn::TensorParallelPlan plan{{{"qkv", fabric::nn::TensorParallelStyle::column(3)},
-                                             {"proj", fabric::nn::TensorParallelStyle::row()}}};
-        fabric::nn::parallelize(b, plan, group);
-        if (after) fabric::nn::store_lora_base(b, LoraBaseDtype::kFp8);
-        for (auto* l : {&b.qkv, &b.proj})
-          scale_sizes[rank].push_back((*l)->named_buffers(false)[fabric::nn::kWeightScale].size(0));
-        const torch::Tensor xin = x.clone().requires_grad_();
-        ys[rank] = b.forward(xin);
-        ys[rank].sum().backward();
-        dxs[rank] = xin.grad();
-        das[rank] = b.proj->parallel()->gather(b.proj->lora_A->weight.grad(), 1);
-        fabric::nn::unparallelize(b);
-        EXPECT_TRUE(torch::equal(b.qkv->weight.to(torch::kFloat), ref_qkv));
-        EXPECT_TRUE(torch::equal(b.qkv->named_buffers(false)[fabric::nn::kWeightScale],
-                                 whole->qkv->named_buffers(false)[fabric::nn::kWeightScale]));
-      } catch (const std::exception& e) {
-        errors[rank] = e.what();
-      }
-    };
-    std::thread other(rank_main, 1);
-    rank_main(0);
-    other.join();
+    const auto errors = fabric::testing::on_thread_ranks(2, [&](int64_t rank, const auto& group) {
+      Block& b = *blocks[rank];
+      fabric::nn::TensorParallelPlan plan{{{"qkv", fabric::nn::TensorParallelStyle::column(3)},
+                                           {"proj", fabric::nn::TensorParallelStyle::row()}}};
+      fabric::nn::parallelize(b, plan, group);
+      if (after) fabric::nn::store_lora_base(b, LoraBaseDtype::kFp8);
+      for (auto* l : {&b.qkv, &b.proj})
+        scale_sizes[rank].push_back((*l)->named_buffers(false)[fabric::nn::kWeightScale].size(0));
+      const torch::Tensor xin = x.clone().requires_grad_();
+      ys[rank] = b.forward(xin);
+      ys[rank].sum().backward();
+      dxs[rank] = xin.grad();
+      das[rank] = b.proj->parallel()->gather(b.proj->lora_A->weight.grad(), 1);
+      fabric::nn::unparallelize(b);
+      EXPECT_TRUE(torch::equal(b.qkv->weight.to(torch::kFloat), ref_qkv));
+      EXPECT_TRUE(torch::equal(b.qkv->named_buffers(false)[fabric::nn::kWeightScale],
+                               whole->qkv->named_buffers(false)[fabric::nn::kWeightScale]));
+    });
     for (int r = 0; r < 2; ++r) {
       ASSERT_EQ(errors[r], "");
       EXPECT_EQ(scale_sizes[r], (std::vector<int64_t>{12, 6}));  // column: its rows; row: whole

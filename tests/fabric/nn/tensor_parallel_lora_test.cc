@@ -5,17 +5,14 @@
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/utils.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "fabric/distributed/process_group.h"
 #include "fabric/nn/lora.h"
 #include "fabric/nn/tensor_parallel.h"
-#include "tests/flight_recorder_off.h"
+#include "tests/thread_ranks.h"
 
 namespace {
 
@@ -51,7 +48,6 @@ struct LoraRun {
   std::vector<std::pair<std::string, torch::Tensor>> grads, state, unsplit;
   std::vector<int64_t> qkv_b, qkv_a, proj_a, proj_b;  // the adapters' sizes while split
   std::vector<bool> cut;                              // is_split_parameter: qkv's A, B, proj's A, B
-  std::string error;
 };
 
 // LoRA on split layers (issue 70), two ranks as threads of this process (Gloo): the block
@@ -86,66 +82,53 @@ TEST(TensorParallelTest, LoraOnSplitLayersTrainsAsTheWholeLayer) {
     for (bool after : {false, true}) {
       SCOPED_TRACE(std::string(sp ? "sequence parallel, " : "") +
                    (after ? "adapters after the split" : "adapters before the split"));
-      auto store = c10::make_intrusive<c10d::HashStore>();
       std::vector<LoraRun> runs(2);
       std::vector<std::shared_ptr<LoraBlock>> blocks = {lora_block(!after), lora_block(!after)};
-      auto rank_main = [&](int64_t rank) {
+      const auto errors = fabric::testing::on_thread_ranks(2, [&](int64_t rank, const auto& group) {
         LoraRun& r = runs[rank];
-        try {
-          fabric::distributed::ProcessGroupOptions o;
-          o.rank = rank;
-          o.world_size = 2;
-          o.cpu_backend = fabric::distributed::CpuBackend::kGloo;
-          auto group = fabric::distributed::make_process_group(store, o);
-          LoraBlock& b = *blocks[rank];
-          TensorParallelPlan plan{
-              {{"qkv", TensorParallelStyle::column(3)}, {"proj", TensorParallelStyle::row()}}};
-          plan.sequence_parallel = sp;
-          fabric::nn::parallelize(b, plan, group);
-          if (after) {
-            b.qkv->set_lora(2, 1.5, 0.0);
-            b.proj->set_lora(2, 1.5, 0.0);
-          }
-          fabric::nn::load_lora_state(b, state);  // whole tensors: this rank's slices kept
-          r.qkv_a = b.qkv->lora_A->weight.sizes().vec();
-          r.qkv_b = b.qkv->lora_B->weight.sizes().vec();
-          r.proj_a = b.proj->lora_A->weight.sizes().vec();
-          r.proj_b = b.proj->lora_B->weight.sizes().vec();
-          for (const auto* t : {&b.qkv->lora_A->weight, &b.qkv->lora_B->weight,
-                                &b.proj->lora_A->weight, &b.proj->lora_B->weight})
-            r.cut.push_back(fabric::nn::is_split_parameter(b, *t));
-          const auto& shard = b.qkv->parallel();
-          const torch::Tensor in = x.clone().requires_grad_();
-          r.y = fabric::nn::leave_sequence_parallel(
-              b.forward(fabric::nn::enter_sequence_parallel(in, shard)), shard);
-          (r.y * w).sum().backward();
-          r.dx = in.grad();
-          r.grads = {
-              {"qkv.lora_A.weight", b.qkv->lora_A->weight.grad()},
-              {"qkv.lora_B.weight", shard->gather(b.qkv->lora_B->weight.grad(), 0)},
-              {"proj.lora_A.weight", b.proj->parallel()->gather(b.proj->lora_A->weight.grad(), 1)},
-              {"proj.lora_B.weight", b.proj->lora_B->weight.grad()}};
-          r.state = fabric::nn::lora_state(b);  // collective: gathered whole
-          // Whole again, adapters too; split again (set_parallel cuts the adapters), merged.
-          fabric::nn::unparallelize(b);
-          for (auto& p : b.named_parameters())
-            if (p.key().find("lora_") != std::string::npos)
-              r.unsplit.emplace_back(p.key(), p->detach().clone());
-          fabric::nn::parallelize(b, plan, group);
-          fabric::nn::merge_lora(b);
-          torch::NoGradGuard no_grad;
-          r.merged_y = fabric::nn::leave_sequence_parallel(
-              b.forward(fabric::nn::enter_sequence_parallel(x, b.qkv->parallel())),
-              b.qkv->parallel());
-        } catch (const std::exception& e) {
-          r.error = e.what();
+        LoraBlock& b = *blocks[rank];
+        TensorParallelPlan plan{
+            {{"qkv", TensorParallelStyle::column(3)}, {"proj", TensorParallelStyle::row()}}};
+        plan.sequence_parallel = sp;
+        fabric::nn::parallelize(b, plan, group);
+        if (after) {
+          b.qkv->set_lora(2, 1.5, 0.0);
+          b.proj->set_lora(2, 1.5, 0.0);
         }
-      };
-      std::thread other(rank_main, 1);
-      rank_main(0);
-      other.join();
+        fabric::nn::load_lora_state(b, state);  // whole tensors: this rank's slices kept
+        r.qkv_a = b.qkv->lora_A->weight.sizes().vec();
+        r.qkv_b = b.qkv->lora_B->weight.sizes().vec();
+        r.proj_a = b.proj->lora_A->weight.sizes().vec();
+        r.proj_b = b.proj->lora_B->weight.sizes().vec();
+        for (const auto* t : {&b.qkv->lora_A->weight, &b.qkv->lora_B->weight,
+                              &b.proj->lora_A->weight, &b.proj->lora_B->weight})
+          r.cut.push_back(fabric::nn::is_split_parameter(b, *t));
+        const auto& shard = b.qkv->parallel();
+        const torch::Tensor in = x.clone().requires_grad_();
+        r.y = fabric::nn::leave_sequence_parallel(
+            b.forward(fabric::nn::enter_sequence_parallel(in, shard)), shard);
+        (r.y * w).sum().backward();
+        r.dx = in.grad();
+        r.grads = {
+            {"qkv.lora_A.weight", b.qkv->lora_A->weight.grad()},
+            {"qkv.lora_B.weight", shard->gather(b.qkv->lora_B->weight.grad(), 0)},
+            {"proj.lora_A.weight", b.proj->parallel()->gather(b.proj->lora_A->weight.grad(), 1)},
+            {"proj.lora_B.weight", b.proj->lora_B->weight.grad()}};
+        r.state = fabric::nn::lora_state(b);  // collective: gathered whole
+        // Whole again, adapters too; split again (set_parallel cuts the adapters), merged.
+        fabric::nn::unparallelize(b);
+        for (auto& p : b.named_parameters())
+          if (p.key().find("lora_") != std::string::npos)
+            r.unsplit.emplace_back(p.key(), p->detach().clone());
+        fabric::nn::parallelize(b, plan, group);
+        fabric::nn::merge_lora(b);
+        torch::NoGradGuard no_grad;
+        r.merged_y = fabric::nn::leave_sequence_parallel(
+            b.forward(fabric::nn::enter_sequence_parallel(x, b.qkv->parallel())),
+            b.qkv->parallel());
+      });
+      ASSERT_EQ(errors, std::vector<std::string>(2)) << errors[0] << " | " << errors[1];
       for (const LoraRun& r : runs) {
-        ASSERT_EQ(r.error, "");
         EXPECT_EQ(r.qkv_a, (std::vector<int64_t>{2, 8}));  // whole
         EXPECT_EQ(r.qkv_b, (std::vector<int64_t>{12, 2}));
         EXPECT_EQ(r.proj_a, (std::vector<int64_t>{2, 4}));
