@@ -10,6 +10,7 @@
 
 #include "fabric/core/aligned.h"
 #include "fabric/core/error.h"
+#include "fabric/nn/fp8.h"
 
 #ifdef FABRIC_WITH_CUDA_KERNELS
 #include <ATen/cuda/CUDAContextLight.h>
@@ -257,17 +258,19 @@ struct FusedRmsNorm : torch::autograd::Function<FusedRmsNorm> {
   }
 };
 
+// fp8 (may be null): as FusedKeepNorm's.
 struct FusedAddRmsNorm : torch::autograd::Function<FusedAddRmsNorm> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& delta,
-                               const at::Tensor& weight, double eps, int64_t type) {
+                               const at::Tensor& weight, double eps, int64_t type,
+                               const NormFp8Target* fp8) {
     return forward_kernel(ctx, x, delta, weight, at::Tensor(), eps,
-                          static_cast<at::ScalarType>(type));
+                          static_cast<at::ScalarType>(type), fp8);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     at::Tensor dy = grads[1];
     if (!dy.defined()) dy = at::zeros_like(ctx->saved_data["h"].toTensor(), at::kFloat);
     auto g = backward_kernel(ctx, grads[0], dy, /*want_16=*/true);
-    return {g[0], g[1], g[2], at::Tensor(), at::Tensor()};
+    return {g[0], g[1], g[2], at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 #endif
@@ -401,17 +404,58 @@ std::pair<at::Tensor, at::Tensor> keep_rms_norm_16(const at::Tensor& x, const at
   return {x, rms_norm_aten(x, weight, eps)};
 }
 
+bool add_rms_norm_applies(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight) {
+  return rms_norm_applies(x, weight) && delta.sizes() == x.sizes() &&
+         delta.scalar_type() == autocast_16(x);
+}
+
 std::pair<at::Tensor, at::Tensor> add_rms_norm_16(const at::Tensor& x, const at::Tensor& delta,
                                                   const at::Tensor& weight, double eps) {
 #ifdef FABRIC_WITH_CUDA_KERNELS
-  if (rms_norm_applies(x, weight) && delta.sizes() == x.sizes() &&
-      delta.scalar_type() == autocast_16(x)) {
-    auto out = FusedAddRmsNorm::apply(x, delta, weight, eps, static_cast<int64_t>(autocast_16(x)));
+  if (add_rms_norm_applies(x, delta, weight)) {
+    auto out = FusedAddRmsNorm::apply(x, delta, weight, eps, static_cast<int64_t>(autocast_16(x)),
+                                      nullptr);
     return {out[0], out[1]};
   }
 #endif
   at::Tensor h = x + delta;
   return {h, rms_norm_aten(h, weight, eps)};
+}
+
+std::pair<at::Tensor, at::Tensor> keep_rms_norm_fp8(const at::Tensor& x, const at::Tensor& weight,
+                                                    double eps, const NormFp8Target& target) {
+#ifdef FABRIC_WITH_CUDA_KERNELS
+  if (rms_norm_applies(x, weight)) {
+    auto out = FusedKeepNorm::apply(x, weight, at::empty({0}, weight.options()), eps,
+                                    static_cast<int64_t>(autocast_16(x)), &target);
+    return {out[0], out[1]};
+  }
+#endif
+  (void)eps;
+  (void)target;
+  throw Error("keep_rms_norm_fp8: the fused RMSNorm does not apply to " + c10::str(x.sizes()) +
+              " on " + x.device().str() + " (rms_norm_applies)");
+}
+
+std::pair<at::Tensor, at::Tensor> add_rms_norm_fp8(const at::Tensor& x, const at::Tensor& delta,
+                                                   const at::Tensor& weight, double eps,
+                                                   const NormFp8Target& target) {
+#ifdef FABRIC_WITH_CUDA_KERNELS
+  if (add_rms_norm_applies(x, delta, weight)) {
+    auto out = FusedAddRmsNorm::apply(x, delta, weight, eps, static_cast<int64_t>(autocast_16(x)),
+                                      &target);
+    return {out[0], out[1]};
+  }
+#endif
+  (void)eps;
+  (void)target;
+  throw Error("add_rms_norm_fp8: the fused RMSNorm does not apply to " + c10::str(x.sizes()) +
+              " on " + x.device().str() + " (add_rms_norm_applies)");
+}
+
+NormFp8Target take_fp8_target(fabric::nn::Fp8InputCast& cast) {
+  cast.taken = true;
+  return {cast.history, cast.record, cast.q, cast.inverse};
 }
 
 }  // namespace fabric::models

@@ -25,6 +25,10 @@
 
 #include <utility>
 
+namespace fabric::nn {
+struct Fp8InputCast;  // fabric/nn/fp8.h
+}  // namespace fabric::nn
+
 namespace fabric::models {
 
 bool layer_norm_applies(const at::Tensor& x, const torch::nn::LayerNorm& ln);
@@ -85,8 +89,25 @@ at::Tensor rms_norm_16(const at::Tensor& x, const at::Tensor& weight, double eps
 std::pair<at::Tensor, at::Tensor> keep_rms_norm_16(const at::Tensor& x, const at::Tensor& weight,
                                                    double eps);
 // {x + delta, RMSNorm(x + delta)}.
+// (add_rms_norm_applies: whether its kernel runs: rms_norm_applies, delta of x's sizes in the
+// autocast dtype.)
+bool add_rms_norm_applies(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight);
 std::pair<at::Tensor, at::Tensor> add_rms_norm_16(const at::Tensor& x, const at::Tensor& delta,
                                                   const at::Tensor& weight, double eps);
+
+// keep_rms_norm_16 and add_rms_norm_16 with the output written to `target` only, as
+// keep_layer_norm_fp8 and add_layer_norm_fp8: only where rms_norm_applies
+// (add_rms_norm_applies); fabric::Error otherwise, or for a target that does not fit x.
+std::pair<at::Tensor, at::Tensor> keep_rms_norm_fp8(const at::Tensor& x, const at::Tensor& weight,
+                                                    double eps, const NormFp8Target& target);
+std::pair<at::Tensor, at::Tensor> add_rms_norm_fp8(const at::Tensor& x, const at::Tensor& delta,
+                                                   const at::Tensor& weight, double eps,
+                                                   const NormFp8Target& target);
+
+// The target of a Linear's float8 input cast handed to a fused norm (fabric::nn::produced_forward
+// and the nodes of several layers hand it out as an Fp8InputCast): its fields, the cast marked
+// taken.
+NormFp8Target take_fp8_target(fabric::nn::Fp8InputCast& cast);
 
 }  // namespace fabric::models
 

@@ -188,12 +188,6 @@ BlockImpl::BlockImpl(const GPTConfig& c) : fused_layer_norm_(c.fused_layer_norm)
 
 namespace {
 
-// Where a fused norm writes a Linear's float8 input (fabric::nn hands the cast; it is taken).
-NormFp8Target norm_target(fabric::nn::Fp8InputCast& cast) {
-  cast.taken = true;
-  return {cast.history, cast.record, cast.q, cast.inverse};
-}
-
 // A LayerNorm whose weights are summed over the tp ranks in backward under sequence parallelism
 // (each rank normalizes its own positions); ln->forward otherwise.
 torch::Tensor norm(torch::nn::LayerNorm& ln, const torch::Tensor& x,
@@ -220,14 +214,14 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
     torch::Tensor x1, h;
     auto norm1 = [&](fabric::nn::Fp8InputCast* cast) {
       auto [kept, y] =
-          cast ? keep_layer_norm_fp8(x, ln_1, norm_target(*cast)) : keep_layer_norm_16(x, ln_1);
+          cast ? keep_layer_norm_fp8(x, ln_1, take_fp8_target(*cast)) : keep_layer_norm_16(x, ln_1);
       x1 = kept;
       return y;
     };
     const torch::Tensor a = attn->forward(x, norm1);
     auto norm2 = [&](fabric::nn::Fp8InputCast* cast) {
       auto [sum, y] = cast && add_layer_norm_applies(x1, a, ln_2)
-                          ? add_layer_norm_fp8(x1, a, ln_2, norm_target(*cast))
+                          ? add_layer_norm_fp8(x1, a, ln_2, take_fp8_target(*cast))
                           : add_layer_norm_16(x1, a, ln_2);
       h = sum;
       return y;

@@ -151,26 +151,40 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
 }
 
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
-  // Under sequence parallelism x holds this rank's T / tp positions and the column layers gather
-  // the whole sequence: T is theirs.
   // (Under fp8-mixed one cast of x for the three: fabric::nn::shared_input_forward.)
-  const std::vector<torch::Tensor> qkv =
-      fabric::nn::shared_input_forward({q_proj.get(), k_proj.get(), v_proj.get()}, x);
+  // In the residual stream's dtype: float32 under autocast (x, the RMSNorm's output, is 16-bit
+  // when the norm is fused), else x's.
+  const auto rope_type =
+      at::autocast::is_autocast_enabled(x.device().type()) ? torch::kFloat : x.scalar_type();
+  return attend(fabric::nn::shared_input_forward({q_proj.get(), k_proj.get(), v_proj.get()}, x),
+                x.size(0), x.device(), rope_type);
+}
+
+torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& like,
+                                          const fabric::nn::Fp8Producer& produce) {
+  // (like: the norm's float32 input; under autocast the angles are float32, as forward's.)
+  const auto rope_type =
+      at::autocast::is_autocast_enabled(like.device().type()) ? torch::kFloat : like.scalar_type();
+  return attend(
+      fabric::nn::shared_input_forward({q_proj.get(), k_proj.get(), v_proj.get()}, like, produce),
+      like.size(0), like.device(), rope_type);
+}
+
+torch::Tensor LlamaAttentionImpl::attend(const std::vector<torch::Tensor>& qkv, int64_t B,
+                                         const torch::Device& device, torch::ScalarType rope_type) {
+  // Under sequence parallelism the input holds this rank's T / tp positions and the column layers
+  // gather the whole sequence: T is theirs.
   const torch::Tensor &q_out = qkv[0], &k_out = qkv[1], &v_out = qkv[2];
-  const int64_t B = x.size(0), T = q_out.size(1);
+  const int64_t T = q_out.size(1);
   // Rotary angles [T, D]: position · frequency, each frequency twice (for the two halves). Under
   // context parallelism the tokens' global positions (two chunks, not contiguous), as float32
   // integers: the angles are those of the whole sequence's rows bit for bit.
   const torch::Tensor positions =
       context_parallel
-          ? context_parallel_positions(*context_parallel, T, x.device()).to(torch::kFloat)
-          : torch::arange(T, torch::TensorOptions().dtype(torch::kFloat).device(x.device()));
-  const torch::Tensor half = torch::outer(positions, inv_freq_.to(x.device()));
+          ? context_parallel_positions(*context_parallel, T, device).to(torch::kFloat)
+          : torch::arange(T, torch::TensorOptions().dtype(torch::kFloat).device(device));
+  const torch::Tensor half = torch::outer(positions, inv_freq_.to(device));
   const torch::Tensor angles = torch::cat({half, half}, -1);
-  // In the residual stream's dtype: float32 under autocast (x, the RMSNorm's output, is 16-bit
-  // when the norm is fused), else x's.
-  const auto rope_type =
-      at::autocast::is_autocast_enabled(x.device().type()) ? torch::kFloat : x.scalar_type();
   const torch::Tensor cos = angles.cos().to(rope_type), sin = angles.sin().to(rope_type);
   // This rank's heads under tensor parallelism (the whole model's otherwise).
   const int64_t heads = fabric::nn::local_heads(q_proj, heads_);
@@ -210,6 +224,12 @@ torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
                                 fused_elementwise_ ? swiglu_16 : swiglu_aten);
 }
 
+torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& like,
+                                    const fabric::nn::Fp8Producer& produce) {
+  return fabric::nn::swiglu_mlp(*gate_proj, *up_proj, *down_proj, like, produce,
+                                fused_elementwise_ ? swiglu_16 : swiglu_aten);
+}
+
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c) : fused_norm_(c.fused_norm) {
   self_attn = register_module("self_attn", LlamaAttention(c));
   mlp = register_module("mlp", LlamaMLP(c));
@@ -224,11 +244,28 @@ torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x) {
       rms_norm_applies(x, input_layernorm->weight)) {
     // The first RMSNorm with a 16-bit output (x through its node: backward adds x's residual
     // gradient in its kernel); the residual add and the second in one kernel (fused_layer_norm.h).
-    const auto [x1, y1] = keep_rms_norm_16(x, input_layernorm->weight, input_layernorm->eps());
-    const auto [h, y] =
-        add_rms_norm_16(x1, self_attn->forward(y1), post_attention_layernorm->weight,
-                        post_attention_layernorm->eps());
-    return h + mlp->forward(y);
+    // Under fp8-mixed with delayed scaling each writes its output as the float8 input that q, k
+    // and v, and gate and up, share instead (handed the cast by fabric::nn; the same values): it
+    // is never written in 16 bits and read again.
+    const torch::Tensor &w1 = input_layernorm->weight, &w2 = post_attention_layernorm->weight;
+    const double eps1 = input_layernorm->eps(), eps2 = post_attention_layernorm->eps();
+    torch::Tensor x1, h;
+    auto norm1 = [&](fabric::nn::Fp8InputCast* cast) {
+      auto [kept, y] = cast ? keep_rms_norm_fp8(x, w1, eps1, take_fp8_target(*cast))
+                            : keep_rms_norm_16(x, w1, eps1);
+      x1 = kept;
+      return y;
+    };
+    const torch::Tensor a = self_attn->forward(x, norm1);
+    auto norm2 = [&](fabric::nn::Fp8InputCast* cast) {
+      auto [sum, y] = cast && add_rms_norm_applies(x1, a, w2)
+                          ? add_rms_norm_fp8(x1, a, w2, eps2, take_fp8_target(*cast))
+                          : add_rms_norm_16(x1, a, w2, eps2);
+      h = sum;
+      return y;
+    };
+    const torch::Tensor m = mlp->forward(x, norm2);
+    return h + m;
   }
   const torch::Tensor h = x + self_attn->forward(rms_norm(input_layernorm, x, shard));
   return h + mlp->forward(rms_norm(post_attention_layernorm, h, shard));

@@ -120,6 +120,10 @@ class LlamaAttentionImpl : public torch::nn::Module {
   // x [B, T, hidden] (positions 0 .. T-1; under context parallelism this rank's T of the
   // sequence's T · cp, at positions cp_rank_positions(T · cp, cp, rank)) → [B, T, hidden].
   torch::Tensor forward(const torch::Tensor& x);
+  // forward(produce(nullptr)) under autocast, with q's, k's and v's one float8 input cast made by
+  // `produce` when they take one (fabric::nn::shared_input_forward; like: produce's input, the
+  // norm's float32 x [B, T, hidden]).
+  torch::Tensor forward(const torch::Tensor& like, const fabric::nn::Fp8Producer& produce);
   fabric::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   // Context parallelism (LlamaImpl::set_context_parallel): the rotary angles at the global
   // positions and attention over the whole sequence by fabric::nn::ring_attention over this group
@@ -127,6 +131,9 @@ class LlamaAttentionImpl : public torch::nn::Module {
   std::shared_ptr<const ContextParallelGroup> context_parallel;
 
  private:
+  // The attention from q, k and v's projections of B sequences, rotary angles in rope_type.
+  torch::Tensor attend(const std::vector<torch::Tensor>& qkv, int64_t B,
+                       const torch::Device& device, torch::ScalarType rope_type);
   int64_t heads_, kv_heads_, head_dim_;
   bool fused_elementwise_;  // LlamaConfig::fused_elementwise
   torch::Tensor inv_freq_;  // llama_rope_inv_freq (not a buffer: checkpoints do not hold it)
@@ -137,6 +144,9 @@ class LlamaMLPImpl : public torch::nn::Module {
  public:
   explicit LlamaMLPImpl(const LlamaConfig& c);
   torch::Tensor forward(const torch::Tensor& x);  // down(silu(gate(x)) · up(x))
+  // forward(produce(nullptr)), gate's and up's float8 input cast made by `produce` when they take
+  // one (fabric::nn::swiglu_mlp; like as attention's).
+  torch::Tensor forward(const torch::Tensor& like, const fabric::nn::Fp8Producer& produce);
   fabric::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 
  private:

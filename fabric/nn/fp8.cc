@@ -33,8 +33,8 @@ struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
     const int64_t k = weight.size(1), n = weight.size(0);
     const torch::Tensor x2 = input ? torch::Tensor() : x.reshape({-1, k}).contiguous();
     const Fp8Forward f =
-        input ? weight_gemm({input->q, input->qt, input->inverse, input->inverse}, weight, bias,
-                            output_dtype(x), rowwise, history, seeded, record, fast)
+        input ? weight_gemm(made_input(*input), weight, bias, output_dtype(x), rowwise, history,
+                            seeded, record, fast)
               : forward_gemm(x2, weight, bias, output_dtype(x), rowwise, history, seeded, record,
                              {gelu ? Pointwise::Op::kGeluTanh : Pointwise::Op::kNone}, fast);
     // (and the pre-activation, for GELU's backward)

@@ -148,8 +148,11 @@ struct Fp8Layer {
 // inputs). Runs as the separate calls for one layer, or when the layers differ in
 // fast_accumulation, in whether this pass records, or in whether their input history is seeded,
 // or when a size does not fit _scaled_mm.
+// input (delayed only): x's cast made already with the first layer's history, as fp8_linear's (x
+// a stand-in); the layers must then take one cast (fabric::Error otherwise: no separate calls).
 std::vector<torch::Tensor> fp8_linears(const torch::Tensor& x, const std::vector<Fp8Layer>& layers,
-                                       Fp8Scaling scaling = Fp8Scaling::kTensorwise);
+                                       Fp8Scaling scaling = Fp8Scaling::kTensorwise,
+                                       const Fp8Input* input = nullptr);
 
 // down(silu(gate(x)) · up(x)) (a Llama MLP) with its three layers in float8 (each Fp8Layer with its
 // own history and fast_accumulation), as one autograd node: x quantized once for gate and up (as
@@ -163,10 +166,12 @@ std::vector<torch::Tensor> fp8_linears(const torch::Tensor& x, const std::vector
 // (fabric/nn/kernels/activations.cuh). Tensorwise and delayed; rowwise, sizes _scaled_mm cannot
 // take, and gate and up that fp8_linears would run separately run as those separate calls, with
 // `swiglu` between them (a model's own silu(g) · u, say a fused kernel; null: at::silu(g) · u).
+// input (delayed only): x's cast made already with gate's history, as fp8_linears' (x a
+// stand-in; gate and up must take one cast).
 using SwigluFn = torch::Tensor (*)(const torch::Tensor& gate, const torch::Tensor& up);
 torch::Tensor fp8_swiglu_mlp(const torch::Tensor& x, const Fp8Layer& gate, const Fp8Layer& up,
                              const Fp8Layer& down, Fp8Scaling scaling = Fp8Scaling::kTensorwise,
-                             SwigluFn swiglu = nullptr);
+                             SwigluFn swiglu = nullptr, const Fp8Input* input = nullptr);
 
 // Whether `device` can run float8 GEMMs with `scaling`; `why_not` (when given) receives the
 // reason otherwise ("compute capability 8.0 < 8.9").

@@ -32,8 +32,8 @@ struct Fp8GeluMlp : torch::autograd::Function<Fp8GeluMlp> {
                                int64_t grad_margin1, int64_t grad_margin2, const Fp8Input* input) {
     // (With input, x is a stand-in: its cast was made by its producer.)
     const Fp8Forward f1 =
-        input ? weight_gemm({input->q, input->qt, input->inverse, input->inverse}, w1, b1,
-                            output_dtype(x), false, history1, seeded1, record1, fast1)
+        input ? weight_gemm(made_input(*input), w1, b1, output_dtype(x), false, history1, seeded1,
+                            record1, fast1)
               : forward_gemm(x.reshape({-1, w1.size(1)}).contiguous(), w1, b1, output_dtype(x),
                              false, history1, seeded1, record1, {}, fast1);
     const torch::Tensor& pre = f1.y;  // [M, hidden]

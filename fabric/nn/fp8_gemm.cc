@@ -206,6 +206,21 @@ void check_input(const Fp8Input& input, const torch::Tensor& x, const torch::Ten
                 "): only delayed scaling takes one, for an input of the layer's width");
 }
 
+Quantized made_input(const Fp8Input& input) {
+  return {input.q, input.qt, input.inverse, input.inverse};
+}
+
+void check_shared_input(const Fp8Input& input, const torch::Tensor& x,
+                        const std::vector<Fp8Layer>& layers, Fp8Scaling scaling) {
+  if (scaling != Fp8Scaling::kDelayed || !can_share_input(x, layers, scaling) ||
+      !history_inputs(scaling, layers[0].history, x).second.data_ptr<bool>()[0])
+    throw Error(
+        "fp8-mixed: a float8 input made by its producer is shared only by layers that take one "
+        "cast of it (delayed scaling, one fast_accumulation, sizes _scaled_mm takes, the input "
+        "histories seeded)");
+  check_input(input, x, layers[0].weight, scaling, false);
+}
+
 bool can_share_input(const torch::Tensor& x, const std::vector<Fp8Layer>& layers,
                      Fp8Scaling scaling) {
   if (layers.size() < 2 || x.dim() < 1) return false;

@@ -103,6 +103,15 @@ void share_input_row(const torch::Tensor& from, const torch::Tensor& to,
 void check_input(const Fp8Input& input, const torch::Tensor& x, const torch::Tensor& weight,
                  Fp8Scaling scaling, bool gelu);
 
+// A made cast as the Quantized input a node's GEMMs read (one scale: rows' and columns' alike).
+Quantized made_input(const Fp8Input& input);
+
+// check_input for layers that share one made cast (fp8_linears, fp8_swiglu_mlp's gate and up):
+// also fabric::Error unless they can take one cast (can_share_input) and the first layer's
+// input history, whose scale the cast used, is seeded.
+void check_shared_input(const Fp8Input& input, const torch::Tensor& x,
+                        const std::vector<Fp8Layer>& layers, Fp8Scaling scaling);
+
 // The cast a delayed layer (its history, weight) would make of an input of like's sizes (all but
 // the last) and device, when its producer can make it this pass: the input history seeded, the
 // GEMM fitting _scaled_mm; q and inverse allocated, record set when gradients are on. nullopt

@@ -23,16 +23,18 @@ using torch::autograd::variable_list;
 // later-made node first: q + (k + v)).
 struct Fp8SharedInput : torch::autograd::Function<Fp8SharedInput> {
   // weights, biases (no elements for none), histories, seeded and grad_margins (Fp8Linear's, one
-  // per layer); record, fast: every layer's (fp8_linears checks they agree).
+  // per layer); record, fast: every layer's (fp8_linears checks they agree); input: x's cast
+  // made already (x a stand-in, never read; the first history pushed by its maker).
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& x, at::TensorList weights,
                                at::TensorList biases, at::TensorList histories,
                                at::TensorList seeded, std::vector<int64_t> grad_margins,
-                               bool rowwise, bool record, bool fast) {
+                               bool rowwise, bool record, bool fast, const Fp8Input* input) {
     const size_t n = weights.size();
     // An output nothing uses gets no gradient (not zeros): its layer's backward does not run.
     ctx->set_materialize_grads(false);
-    const torch::Tensor x2 = x.reshape({-1, weights[0].size(1)}).contiguous();
-    const Quantized qx = quantize_input(x2, rowwise, histories[0], seeded[0], record);
+    const Quantized qx = input ? made_input(*input)
+                               : quantize_input(x.reshape({-1, weights[0].size(1)}).contiguous(),
+                                                rowwise, histories[0], seeded[0], record);
     // What each layer's own cast would have pushed into its history (the same input's amax):
     // the first's row, now advanced.
     if (record && histories[0].numel() > 0)
@@ -77,7 +79,7 @@ struct Fp8SharedInput : torch::autograd::Function<Fp8SharedInput> {
     const bool rowwise = ctx->saved_data["rowwise"].toBool();
     const bool fast = ctx->saved_data["fast_backward"].toBool();
     const auto margins = ctx->saved_data["grad_margins"].toIntVector();
-    variable_list out(4 * n + 5);
+    variable_list out(4 * n + 6);
     torch::Tensor grad_x;
     std::vector<int64_t> x_sizes;
     for (size_t i = n; i-- > 0;) {
@@ -105,7 +107,8 @@ struct Fp8SharedInput : torch::autograd::Function<Fp8SharedInput> {
 }  // namespace detail
 
 std::vector<torch::Tensor> fp8_linears(const torch::Tensor& x, const std::vector<Fp8Layer>& layers,
-                                       Fp8Scaling scaling) {
+                                       Fp8Scaling scaling, const Fp8Input* input) {
+  if (input != nullptr) detail::check_shared_input(*input, x, layers, scaling);
   auto separate = [&] {
     std::vector<torch::Tensor> ys;
     for (const Fp8Layer& l : layers)
@@ -128,7 +131,7 @@ std::vector<torch::Tensor> fp8_linears(const torch::Tensor& x, const std::vector
   const bool fast = layers[0].fast_accumulation;
   return detail::Fp8SharedInput::apply(x, at::TensorList(weights), at::TensorList(biases),
                                        at::TensorList(amaxes), at::TensorList(seeded), margins,
-                                       rowwise, record, fast);
+                                       rowwise, record, fast, input);
 }
 
 }  // namespace fabric::nn

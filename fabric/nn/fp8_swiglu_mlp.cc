@@ -27,7 +27,8 @@ using torch::autograd::variable_list;
 struct Fp8SwigluMlp : torch::autograd::Function<Fp8SwigluMlp> {
   // w*, b* (no elements for none), h* and s* (history and seeded), margins: gate's, up's and
   // down's, Fp8Linear's. record_gu, fast_gu: gate's and up's (fp8_swiglu_mlp checks they
-  // agree); record_d, fast_d: down's.
+  // agree); record_d, fast_d: down's; input: x's cast made already (x a stand-in, never read;
+  // gate's history pushed by its maker).
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& wg, const torch::Tensor& bg,
                                const torch::Tensor& wu, const torch::Tensor& bu,
@@ -36,9 +37,10 @@ struct Fp8SwigluMlp : torch::autograd::Function<Fp8SwigluMlp> {
                                const torch::Tensor& hu, const torch::Tensor& su,
                                const torch::Tensor& hd, const torch::Tensor& sd, bool record_gu,
                                bool record_d, bool fast_gu, bool fast_d,
-                               std::vector<int64_t> margins) {
-    const torch::Tensor x2 = x.reshape({-1, wg.size(1)}).contiguous();
-    const Quantized qx = quantize_input(x2, false, hg, sg, record_gu);
+                               std::vector<int64_t> margins, const Fp8Input* input) {
+    const Quantized qx =
+        input ? made_input(*input)
+              : quantize_input(x.reshape({-1, wg.size(1)}).contiguous(), false, hg, sg, record_gu);
     if (record_gu && hg.numel() > 0) share_input_row(hg, hu, su);
     const c10::ScalarType out = output_dtype(x);
     const Fp8Forward fg = weight_gemm(qx, wg, bg, out, false, hg, sg, record_gu, fast_gu);
@@ -85,7 +87,7 @@ struct Fp8SwigluMlp : torch::autograd::Function<Fp8SwigluMlp> {
                             optional_dtype(b_types.get(i)), false, false, histories[i], seeded[i],
                             margins[i], need_x, ctx->needs_input_grad(1 + 2 * i), amax);
     };
-    variable_list out(18);
+    variable_list out(19);
     // Nothing before down trains (gate and up frozen, x without a gradient): as the separate
     // layers, whose node would not exist, nothing runs for them (and their histories stay).
     bool before = false;
@@ -121,9 +123,11 @@ struct Fp8SwigluMlp : torch::autograd::Function<Fp8SwigluMlp> {
 }  // namespace detail
 
 torch::Tensor fp8_swiglu_mlp(const torch::Tensor& x, const Fp8Layer& gate, const Fp8Layer& up,
-                             const Fp8Layer& down, Fp8Scaling scaling, SwigluFn swiglu) {
+                             const Fp8Layer& down, Fp8Scaling scaling, SwigluFn swiglu,
+                             const Fp8Input* input) {
+  if (input != nullptr) detail::check_shared_input(*input, x, {gate, up}, scaling);
   auto separate = [&] {
-    const std::vector<torch::Tensor> gu = fp8_linears(x, {gate, up}, scaling);
+    const std::vector<torch::Tensor> gu = fp8_linears(x, {gate, up}, scaling, input);
     const torch::Tensor h = swiglu != nullptr ? swiglu(gu[0], gu[1]) : at::silu(gu[0]) * gu[1];
     return fp8_linear(h, down.weight, down.bias, scaling, down.history, false,
                       down.fast_accumulation);
@@ -151,7 +155,8 @@ torch::Tensor fp8_swiglu_mlp(const torch::Tensor& x, const Fp8Layer& gate, const
       x, wg, bg, wu, bu, wd, bd, hg, sg, hu, su, hd, sd, record_gu, record_d,
       gate.fast_accumulation, down.fast_accumulation,
       std::vector<int64_t>{detail::grad_margin(gate.history), detail::grad_margin(up.history),
-                           detail::grad_margin(down.history)});
+                           detail::grad_margin(down.history)},
+      input);
 }
 
 }  // namespace fabric::nn

@@ -14,7 +14,6 @@
 #include "fabric/distributed/process_group.h"
 #include "fabric/nn/empty_init.h"
 #include "fabric/nn/fp8.h"
-#include "fabric/nn/fp8_gemm.h"
 #include "fabric/nn/frozen_weight.h"
 
 namespace fabric::nn {
@@ -208,86 +207,6 @@ torch::Tensor LinearImpl::forward_gelu_tanh(const torch::Tensor& x) {
   if (!whole_fp8(x)) return forward(torch::gelu(x, "tanh"));
   return fp8_linear(x, weight, bias, fp8_scaling_, fp8_history_ ? &*fp8_history_ : nullptr,
                     /*gelu_tanh_input=*/true, fp8_fast_accumulation_);
-}
-
-namespace {
-
-// The layer as fabric/nn/fp8.h's nodes take it.
-Fp8Layer fp8_layer(LinearImpl& l) {
-  return {l.weight, l.bias, l.fp8_history() ? &*l.fp8_history() : nullptr,
-          l.fp8_fast_accumulation()};
-}
-
-// Whether every layer runs whole in float8 (whole_fp8) with one recipe, and that recipe is not
-// rowwise unless `rowwise` (the GPT and Llama MLP nodes are tensorwise or delayed only).
-bool one_fp8_recipe(const std::vector<LinearImpl*>& layers, const torch::Tensor& x, bool rowwise) {
-  const Fp8Scaling scaling = layers[0]->fp8_scaling();
-  if (!rowwise && scaling == Fp8Scaling::kRowwise) return false;
-  for (LinearImpl* l : layers)
-    if (!l->whole_fp8(x) || l->fp8_scaling() != scaling) return false;
-  return true;
-}
-
-}  // namespace
-
-torch::Tensor gelu_tanh_mlp(LinearImpl& fc, LinearImpl& proj, const torch::Tensor& x) {
-  if (!one_fp8_recipe({&fc, &proj}, x, /*rowwise=*/false))
-    return proj.forward_gelu_tanh(fc.forward(x));
-  const Fp8Layer a = fp8_layer(fc), b = fp8_layer(proj);
-  return fp8_gelu_mlp(x, a.weight, a.bias, b.weight, b.bias, fc.fp8_scaling(), a.history, b.history,
-                      a.fast_accumulation, b.fast_accumulation);
-}
-
-torch::Tensor produced_forward(LinearImpl& layer, const torch::Tensor& like,
-                               const Fp8Producer& produce) {
-  std::optional<Fp8InputCast> cast;
-  if (layer.whole_fp8(like) && layer.fp8_history())
-    cast = detail::input_cast_for(layer.fp8_scaling(), &*layer.fp8_history(), like, layer.weight);
-  if (!cast) return layer.forward(produce(nullptr));
-  const torch::Tensor y = produce(&*cast);
-  if (!cast->taken) return layer.forward(y);
-  const Fp8Input input =
-      detail::finish_input_cast(*cast, detail::records(Fp8Scaling::kDelayed, y, layer.weight));
-  return fp8_linear(y, layer.weight, layer.bias, Fp8Scaling::kDelayed, &*layer.fp8_history(),
-                    /*gelu_tanh_input=*/false, layer.fp8_fast_accumulation(), &input);
-}
-
-torch::Tensor gelu_tanh_mlp(LinearImpl& fc, LinearImpl& proj, const torch::Tensor& like,
-                            const Fp8Producer& produce) {
-  std::optional<Fp8InputCast> cast;
-  if (one_fp8_recipe({&fc, &proj}, like, /*rowwise=*/false) && fc.fp8_history() &&
-      proj.fp8_history())
-    cast = detail::input_cast_for(fc.fp8_scaling(), &*fc.fp8_history(), like, fc.weight);
-  if (!cast) return gelu_tanh_mlp(fc, proj, produce(nullptr));
-  const torch::Tensor y = produce(&*cast);
-  if (!cast->taken) return gelu_tanh_mlp(fc, proj, y);
-  const Fp8Input input =
-      detail::finish_input_cast(*cast, detail::records(Fp8Scaling::kDelayed, y, fc.weight));
-  return fp8_gelu_mlp(y, fc.weight, fc.bias, proj.weight, proj.bias, Fp8Scaling::kDelayed,
-                      &*fc.fp8_history(), &*proj.fp8_history(), fc.fp8_fast_accumulation(),
-                      proj.fp8_fast_accumulation(), &input);
-}
-
-std::vector<torch::Tensor> shared_input_forward(const std::vector<LinearImpl*>& layers,
-                                                const torch::Tensor& x) {
-  if (layers.size() < 2 || !one_fp8_recipe(layers, x, /*rowwise=*/true)) {
-    std::vector<torch::Tensor> ys;
-    for (LinearImpl* l : layers) ys.push_back(l->forward(x));
-    return ys;
-  }
-  std::vector<Fp8Layer> fp8;
-  for (LinearImpl* l : layers) fp8.push_back(fp8_layer(*l));
-  return fp8_linears(x, fp8, layers[0]->fp8_scaling());
-}
-
-torch::Tensor swiglu_mlp(LinearImpl& gate, LinearImpl& up, LinearImpl& down, const torch::Tensor& x,
-                         SwigluFn swiglu) {
-  if (!one_fp8_recipe({&gate, &up, &down}, x, /*rowwise=*/false)) {
-    const std::vector<torch::Tensor> gu = shared_input_forward({&gate, &up}, x);
-    return down.forward(swiglu(gu[0], gu[1]));
-  }
-  return fp8_swiglu_mlp(x, fp8_layer(gate), fp8_layer(up), fp8_layer(down), gate.fp8_scaling(),
-                        swiglu);
 }
 
 namespace {

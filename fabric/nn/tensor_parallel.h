@@ -276,6 +276,13 @@ torch::Tensor gelu_tanh_mlp(LinearImpl& fc, LinearImpl& proj, const torch::Tenso
 std::vector<torch::Tensor> shared_input_forward(const std::vector<LinearImpl*>& layers,
                                                 const torch::Tensor& x);
 
+// shared_input_forward(layers, produce(nullptr)), with the layers' one input cast made by
+// `produce` as in produced_forward (fp8_linears' node reading it) when every layer runs whole in
+// float8 with delayed scaling, they can take one cast, and the first's input history is seeded.
+std::vector<torch::Tensor> shared_input_forward(const std::vector<LinearImpl*>& layers,
+                                                const torch::Tensor& like,
+                                                const Fp8Producer& produce);
+
 // down.forward(swiglu(g, u)) with g, u = gate(x), up(x) (a Llama MLP; swiglu: the caller's
 // silu(g) · u), as fabric::nn::fp8_swiglu_mlp's one float8 node when all three layers run whole in
 // float8 (whole_fp8) with one recipe, tensorwise or delayed (on CUDA the SwiGLU and its backward
@@ -284,6 +291,11 @@ std::vector<torch::Tensor> shared_input_forward(const std::vector<LinearImpl*>& 
 // the node does not apply (fp8_swiglu_mlp), shared_input_forward({gate, up}), swiglu, down.
 torch::Tensor swiglu_mlp(LinearImpl& gate, LinearImpl& up, LinearImpl& down, const torch::Tensor& x,
                          SwigluFn swiglu);
+
+// swiglu_mlp(gate, up, down, produce(nullptr), swiglu), with gate's and up's one input cast made
+// by `produce` as in shared_input_forward (fp8_swiglu_mlp's node, or fp8_linears', reading it).
+torch::Tensor swiglu_mlp(LinearImpl& gate, LinearImpl& up, LinearImpl& down,
+                         const torch::Tensor& like, const Fp8Producer& produce, SwigluFn swiglu);
 
 // The attention heads this rank holds of a layer cut between heads: n_head / tp when a plan split
 // `layer` (column or row), else n_head. A split qkv layer's output is this rank's heads only, so

@@ -1,8 +1,8 @@
 // The GPT and a Llama built with the fused CUDA kernels (fused_ops_cuda_test tests the kernels)
 // on a CUDA device (tag gpu; skips elsewhere): a tiny GPT's and a tiny Llama's loss and gradients
 // with them equal the ATen ones, steps with them leave no memory behind, and under fp8-mixed with
-// delayed scaling a block's fused LayerNorms write its Linears' float8 inputs bitwise as the
-// Linears' own casts.
+// delayed scaling a GPT block's fused LayerNorms and a Llama layer's fused RMSNorms write their
+// Linears' float8 inputs bitwise as the Linears' own casts.
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 #include <torch/utils.h>
@@ -124,54 +124,31 @@ TEST(GPTCudaTest, FusedLayerNormStepsLeaveNoMemoryBehind) {
 
 class FusedBlockFp8Test : public ::testing::TestWithParam<torch::ScalarType> {};
 
-// fp8-mixed with delayed scaling: a GPT block whose fused LayerNorms write c_attn's and c_fc's
-// float8 inputs themselves (BlockImpl::forward, through fabric::nn::produced_forward) against the
-// same block composed with the 16-bit norms, each Linear casting its input itself (its clone:
-// the same weights, fresh histories): output, every gradient and the histories bitwise over
-// three training steps (the first seeds the histories, the norms write float8 in the other two),
-// SGD between them. The width of gpt2-medium, 2 x 128 positions.
-TEST_P(FusedBlockFp8Test, Fp8BlockNormsWriteTheLinearsInputsAsTheirOwnCasts) {
-  SKIP_WITHOUT_CUDA();
-  if (!fabric::models::cuda_kernels_built()) GTEST_SKIP() << "no CUDA kernels in this build";
-  const torch::Device cuda(torch::kCUDA);
-  if (!fabric::nn::fp8_supported(cuda)) GTEST_SKIP() << "no float8 GEMMs on this device";
-  const torch::ScalarType t = GetParam();
-  GPTConfig c;
-  c.n_embd = 1024;
-  c.n_head = 16;
-  auto make = [&] {  // the same weights for both sides, each with its own histories
-    torch::manual_seed(12);
-    fabric::models::Block blk(c);
-    blk->to(cuda);
-    fabric::nn::convert_to_fp8(*blk, {}, fabric::nn::Fp8Scaling::kDelayed, 4);
-    return blk;
-  };
-  fabric::models::Block a = make(), b = make();
-  const torch::Tensor x0 = torch::randn({2, 128, 1024}, torch::TensorOptions().device(cuda));
-  const torch::Tensor r = torch::randn({2, 128, 1024}, torch::TensorOptions().device(cuda));
+// Three training steps of two copies of a block under `t` autocast (the first seeds the delayed
+// histories, the norms write float8 in the other two), SGD between them: `a` through its forward,
+// `b` through `composed` (its 16-bit norms, each Linear casting its input itself); output, input
+// gradient, every parameter's gradient and the histories bitwise. Input [2, 128, width].
+template <typename Block, typename Composed>
+void expect_same_steps(Block& a, Block& b, torch::ScalarType t, int64_t width,
+                       const Composed& composed) {
+  const auto on = torch::TensorOptions().device(torch::kCUDA);
+  const torch::Tensor x0 = torch::randn({2, 128, width}, on), r = torch::randn({2, 128, width}, on);
   for (int step = 0; step < 3; ++step) {
     auto run = [&](bool produced) {
-      fabric::models::BlockImpl& blk = produced ? *a : *b;
+      Block& blk = produced ? a : b;
       torch::Tensor x = (x0 * (1 + 0.5 * step)).requires_grad_();
       autocast_on(t);
-      torch::Tensor out;
-      if (produced) {
-        out = blk.forward(x);
-      } else {
-        const auto [x1, y1] = fabric::models::keep_layer_norm_16(x, blk.ln_1);
-        const auto [h, y] = fabric::models::add_layer_norm_16(x1, blk.attn->forward(y1), blk.ln_2);
-        out = h + blk.mlp->forward(y);
-      }
+      const torch::Tensor out = produced ? blk->forward(x) : composed(*blk, x);
       autocast_off();
       (out.to(torch::kFloat) * r).sum().backward();
       std::vector<torch::Tensor> res = {out.detach(), x.grad()};
       torch::NoGradGuard no_grad;
-      for (auto& p : blk.parameters()) {
+      for (auto& p : blk->parameters()) {
         res.push_back(p.grad().clone());
         p.sub_(p.grad() * 1e-3);
         p.mutable_grad().reset();
       }
-      for (const auto& m : blk.modules()) {
+      for (const auto& m : blk->modules()) {
         auto* l = dynamic_cast<fabric::nn::LinearImpl*>(m.get());
         if (l != nullptr && l->fp8_history()) res.push_back(l->fp8_history()->amax.clone());
       }
@@ -184,6 +161,67 @@ TEST_P(FusedBlockFp8Test, Fp8BlockNormsWriteTheLinearsInputsAsTheirOwnCasts) {
           << "step " << step << ", tensor " << i << ": max difference "
           << (pa[i].to(torch::kFloat) - pb[i].to(torch::kFloat)).abs().max().item<float>();
   }
+}
+
+// fp8-mixed with delayed scaling: a GPT block whose fused LayerNorms write c_attn's and c_fc's
+// float8 inputs themselves (BlockImpl::forward, through fabric::nn::produced_forward) against the
+// same block composed with the 16-bit norms (expect_same_steps). The width of gpt2-medium.
+TEST_P(FusedBlockFp8Test, Fp8BlockNormsWriteTheLinearsInputsAsTheirOwnCasts) {
+  SKIP_WITHOUT_CUDA();
+  if (!fabric::models::cuda_kernels_built()) GTEST_SKIP() << "no CUDA kernels in this build";
+  if (!fabric::nn::fp8_supported(torch::Device(torch::kCUDA)))
+    GTEST_SKIP() << "no float8 GEMMs on this device";
+  GPTConfig c;
+  c.n_embd = 1024;
+  c.n_head = 16;
+  auto make = [&] {  // the same weights for both sides, each with its own histories
+    torch::manual_seed(12);
+    fabric::models::Block blk(c);
+    blk->to(torch::kCUDA);
+    fabric::nn::convert_to_fp8(*blk, {}, fabric::nn::Fp8Scaling::kDelayed, 4);
+    return blk;
+  };
+  fabric::models::Block a = make(), b = make();
+  expect_same_steps(
+      a, b, GetParam(), 1024, [](fabric::models::BlockImpl& blk, const torch::Tensor& x) {
+        const auto [x1, y1] = fabric::models::keep_layer_norm_16(x, blk.ln_1);
+        const auto [h, y] = fabric::models::add_layer_norm_16(x1, blk.attn->forward(y1), blk.ln_2);
+        return h + blk.mlp->forward(y);
+      });
+}
+
+// The same for a Llama decoder layer of Llama 3.2 1B's shape (width 2048, 32 query and 8
+// key/value heads, SwiGLU 8192): its fused RMSNorms write the one float8 input q, k and v share
+// (fabric::nn::shared_input_forward) and the one gate and up share (fabric::nn::swiglu_mlp's
+// node) against the layer composed with the 16-bit norms.
+TEST_P(FusedBlockFp8Test, Fp8LlamaNormsWriteTheSharedInputsAsTheirOwnCasts) {
+  SKIP_WITHOUT_CUDA();
+  if (!fabric::models::cuda_kernels_built()) GTEST_SKIP() << "no CUDA kernels in this build";
+  if (!fabric::nn::fp8_supported(torch::Device(torch::kCUDA)))
+    GTEST_SKIP() << "no float8 GEMMs on this device";
+  fabric::models::LlamaConfig c;
+  c.hidden_size = 2048;
+  c.intermediate_size = 8192;
+  c.num_attention_heads = 32;
+  c.num_key_value_heads = 8;
+  c.fused_norm = c.fused_elementwise = true;
+  auto make = [&] {
+    torch::manual_seed(12);
+    fabric::models::LlamaDecoderLayer layer(c);
+    layer->to(torch::kCUDA);
+    fabric::nn::convert_to_fp8(*layer, {}, fabric::nn::Fp8Scaling::kDelayed, 4);
+    return layer;
+  };
+  fabric::models::LlamaDecoderLayer a = make(), b = make();
+  expect_same_steps(
+      a, b, GetParam(), 2048, [](fabric::models::LlamaDecoderLayerImpl& l, const torch::Tensor& x) {
+        const auto& n1 = l.input_layernorm;
+        const auto& n2 = l.post_attention_layernorm;
+        const auto [x1, y1] = fabric::models::keep_rms_norm_16(x, n1->weight, n1->eps());
+        const auto [h, y] =
+            fabric::models::add_rms_norm_16(x1, l.self_attn->forward(y1), n2->weight, n2->eps());
+        return h + l.mlp->forward(y);
+      });
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, FusedBlockFp8Test,

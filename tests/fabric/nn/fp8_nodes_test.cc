@@ -3,20 +3,17 @@
 // they read: fp8_nodes_cuda_test): the GPT MLP (fp8_gelu_mlp), layers reading one input
 // (fp8_linears) and the Llama MLP (fp8_swiglu_mlp). Products, gradients and delayed scaling's
 // histories bitwise, tensorwise and delayed, with and without biases and bf16 autocast; and the
-// tensor_parallel.h entry points that take each node only for whole float8 layers of one recipe;
-// a layer's input cast made by its producer (produced_forward) against the layer's own.
+// tensor_parallel.h entry points that take each node only for whole float8 layers of one recipe
+// (a layer's input cast made by its producer: fp8_produced_test).
 #include <ATen/ops/silu.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/function.h>
-#include <torch/nn/modules/normalization.h>
 #include <torch/utils.h>
 
 #include <optional>
 #include <string>
-#include <tuple>
 #include <vector>
 
-#include "fabric/core/error.h"
 #include "fabric/nn/fp8.h"
 #include "fabric/nn/tensor_parallel.h"
 #include "fabric/precision/autocast.h"
@@ -323,104 +320,3 @@ TEST(Fp8NodesTest, SwigluMlpAsOneNodeIsItsThreeLayersBitwise) {
 }
 
 }  // namespace
-
-// A layer's input cast made by its producer (produced_forward, and gelu_tanh_mlp with a producer:
-// here fp8_input_from after a LayerNorm, the path without a kernel that writes float8) against
-// the layer casting the LayerNorm's output itself: products, every gradient (the input's through
-// the stand-in and the LayerNorm) and the delayed histories bitwise over five passes: the seeding
-// pass (no cast handed out), a training pass, an evaluation without gradients (the history only
-// read), a pass with gradients on but nothing to train (the record taken, then cleared), and a
-// training pass after two SGD steps; with and without bf16 autocast. A cast must be handed out
-// exactly on the four passes after the seed.
-TEST(Fp8NodesTest, ProducedInputIsTheLayersOwnCastBitwise) {
-  torch::manual_seed(11);
-  const torch::Tensor x0 = torch::randn({2, 16, 32}) * 2 + 0.5;
-  for (const bool mlp : {false, true})
-    for (const bool autocast : {false, true}) {
-      auto make = [&] {
-        torch::manual_seed(3);
-        auto ln = torch::nn::LayerNorm(torch::nn::LayerNormOptions({32}));
-        {
-          torch::NoGradGuard no_grad;
-          ln->weight.uniform_(0.5, 1.5);
-          ln->bias.uniform_(-0.2, 0.2);
-        }
-        auto fc = fabric::nn::Linear(32, 64), proj = fabric::nn::Linear(64, 32);
-        for (auto* l : {fc.get(), proj.get()}) l->set_fp8(true, Fp8Scaling::kDelayed, 4);
-        return std::make_tuple(ln, fc, proj);
-      };
-      auto [ln_a, fc_a, proj_a] = make();
-      auto [ln_b, fc_b, proj_b] = make();
-      int handed = 0;
-      for (int pass = 0; pass < 5; ++pass) {
-        const bool eval = pass == 2, frozen = pass == 3;
-        const std::string where = std::string(mlp ? "GELU MLP" : "Linear") +
-                                  (autocast ? ", autocast" : "") + ", pass " + std::to_string(pass);
-        auto run = [&](bool produced, torch::nn::LayerNorm& ln, fabric::nn::Linear& fc,
-                       fabric::nn::Linear& proj) {
-          std::vector<torch::Tensor> params = {ln->weight, ln->bias,     fc->weight,
-                                               fc->bias,   proj->weight, proj->bias};
-          for (auto& p : params) p.requires_grad_(!frozen);
-          torch::Tensor x = (x0 * (1 + 0.25 * pass)).requires_grad_(!frozen);
-          torch::Tensor y;
-          {
-            std::optional<torch::NoGradGuard> no_grad;
-            if (eval) no_grad.emplace();
-            std::optional<fabric::AutocastGuard> bf16;
-            if (autocast) bf16.emplace(c10::DeviceType::CPU, c10::kBFloat16);
-            auto produce = [&](fabric::nn::Fp8InputCast* cast) {
-              const torch::Tensor normed = ln->forward(x);
-              if (cast == nullptr) return normed;
-              ++handed;
-              return fabric::nn::fp8_input_from(normed, *cast);
-            };
-            if (produced)
-              y = mlp ? fabric::nn::gelu_tanh_mlp(*fc, *proj, x, produce)
-                      : fabric::nn::produced_forward(*fc, x, produce);
-            else
-              y = mlp ? fabric::nn::gelu_tanh_mlp(*fc, *proj, ln->forward(x))
-                      : fc->forward(ln->forward(x));
-          }
-          std::vector<torch::Tensor> out = {y.detach()};
-          if (!eval && !frozen) {
-            y.backward(torch::ones_like(y) * 0.5 + y.detach() * 0.1);
-            out.push_back(x.grad());
-            for (auto& p : params)
-              if (p.grad().defined()) out.push_back(p.grad());
-            torch::NoGradGuard no_grad;
-            for (auto& p : params)
-              if (p.grad().defined()) p.sub_(p.grad() * 0.05), p.mutable_grad().reset();
-          }
-          for (auto& p : params) p.requires_grad_(true);
-          return out;
-        };
-        const int before = handed;
-        const auto a = run(true, ln_a, fc_a, proj_a);
-        const auto b = run(false, ln_b, fc_b, proj_b);
-        EXPECT_EQ(handed - before, pass == 0 ? 0 : 1) << where << ": casts handed to the norm";
-        ASSERT_EQ(a.size(), b.size()) << where;
-        for (size_t i = 0; i < a.size(); ++i)
-          EXPECT_TRUE(torch::equal(a[i], b[i])) << where << ", tensor " << i;
-        if (mlp)
-          expect_same_histories({*fc_a->fp8_history(), *proj_a->fp8_history()},
-                                {*fc_b->fp8_history(), *proj_b->fp8_history()}, where);
-        else
-          expect_same_histories({*fc_a->fp8_history()}, {*fc_b->fp8_history()}, where);
-      }
-    }
-}
-
-// A made cast of the wrong size, or handed to a recipe that cannot take one, is refused.
-TEST(Fp8NodesTest, AMadeCastThatDoesNotFitIsRefused) {
-  const torch::Tensor x = torch::randn({16, 32}), w = torch::randn({48, 32});
-  Fp8History h(4);
-  fabric::nn::Fp8Input wrong{torch::zeros({16, 16}).to(torch::kFloat8_e4m3fn),
-                             torch::zeros({16, 16}).to(torch::kFloat8_e4m3fn), torch::ones({})};
-  EXPECT_THROW(fabric::nn::fp8_linear(x, w, {}, Fp8Scaling::kDelayed, &h, false, true, &wrong),
-               fabric::Error);
-  fabric::nn::Fp8Input right{torch::zeros({16, 32}).to(torch::kFloat8_e4m3fn),
-                             torch::zeros({32, 16}).to(torch::kFloat8_e4m3fn), torch::ones({})};
-  EXPECT_THROW(
-      fabric::nn::fp8_linear(x, w, {}, Fp8Scaling::kTensorwise, nullptr, false, true, &right),
-      fabric::Error);
-}
