@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -109,6 +110,15 @@ class RMSNormImpl : public torch::nn::Module {
   double eps_;
 };
 TORCH_MODULE(RMSNorm);
+
+// A Linear as the Llama initializes one: weight ~ N(0, 0.02), the bias (when `bias`) zero.
+fabric::nn::Linear llama_linear(int64_t in, int64_t out, bool bias);
+
+// norm on x, which under sequence parallelism (shard's) holds this rank's positions: the
+// weight's gradient then summed over the tp ranks in backward
+// (fabric::nn::sequence_parallel_weight); norm->forward(x) otherwise.
+torch::Tensor llama_rms_norm(RMSNorm& norm, const torch::Tensor& x,
+                             const std::optional<fabric::nn::TensorParallelShard>& shard);
 
 // The model's last RMSNorm (model.norm) on the whole positions: with config.fused_norm the fused
 // kernel's 16-bit output where it applies, else norm->forward(x).

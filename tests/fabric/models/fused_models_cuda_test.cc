@@ -159,7 +159,7 @@ void expect_same_steps(Block& a, Block& b, torch::ScalarType t, int64_t width,
     for (size_t i = 0; i < pa.size(); ++i)
       EXPECT_TRUE(torch::equal(pa[i], pb[i]))
           << "step " << step << ", tensor " << i << ": max difference "
-          << (pa[i].to(torch::kFloat) - pb[i].to(torch::kFloat)).abs().max().item<float>();
+          << (pa[i].to(torch::kFloat) - pb[i].to(torch::kFloat)).abs().max().template item<float>();
   }
 }
 
