@@ -27,18 +27,17 @@ using fabric::nn::Linear;
 
 enum class Mode { kLinear, kGeluMlp, kQkv, kSwigluMlp };
 
-const char* mode_name(Mode m) {
-  switch (m) {
-    case Mode::kLinear:
-      return "Linear";
-    case Mode::kGeluMlp:
-      return "GELU MLP";
-    case Mode::kQkv:
-      return "q, k, v";
-    case Mode::kSwigluMlp:
-      return "SwiGLU MLP";
-  }
-  return "?";
+// A mode's name in failure messages, and the node that reads its made cast.
+struct ModeNames {
+  const char* name;
+  const char* node;
+};
+ModeNames names(Mode m) {
+  static const ModeNames kNames[] = {{"Linear", "Fp8Linear"},
+                                     {"GELU MLP", "Fp8GeluMlp"},
+                                     {"q, k, v", "Fp8SharedInput"},
+                                     {"SwiGLU MLP", "Fp8SwigluMlp"}};
+  return kNames[static_cast<int>(m)];
 }
 
 torch::Tensor swiglu(const torch::Tensor& g, const torch::Tensor& u) { return at::silu(g) * u; }
@@ -110,21 +109,6 @@ struct Net {
   Linear a{nullptr}, b{nullptr}, c{nullptr};
 };
 
-// The node a pass's output came from: the one that read the made cast.
-const char* node_of(Mode m) {
-  switch (m) {
-    case Mode::kLinear:
-      return "Fp8Linear";
-    case Mode::kGeluMlp:
-      return "Fp8GeluMlp";
-    case Mode::kQkv:
-      return "Fp8SharedInput";
-    case Mode::kSwigluMlp:
-      return "Fp8SwigluMlp";
-  }
-  return "?";
-}
-
 // Products, every gradient (the input's through the stand-in and the LayerNorm) and the delayed
 // histories bitwise over five passes: the seeding pass (no cast handed out), a training pass, an
 // evaluation without gradients (the history only read), a pass with gradients on but nothing to
@@ -140,7 +124,7 @@ TEST(Fp8ProducedTest, ProducedInputIsTheLayersOwnCastBitwise) {
       int handed = 0;
       for (int pass = 0; pass < 5; ++pass) {
         const bool eval = pass == 2, frozen = pass == 3;
-        const std::string where = std::string(mode_name(mode)) + (autocast ? ", autocast" : "") +
+        const std::string where = std::string(names(mode).name) + (autocast ? ", autocast" : "") +
                                   ", pass " + std::to_string(pass);
         auto run = [&](bool produced, Net& net) {
           std::vector<torch::Tensor> params = net.params();
@@ -164,7 +148,7 @@ TEST(Fp8ProducedTest, ProducedInputIsTheLayersOwnCastBitwise) {
             // (q, k, v: cat's node first; the shared node is its input's)
             const auto& fn =
                 mode == Mode::kQkv ? y.grad_fn()->next_edges()[0].function : y.grad_fn();
-            EXPECT_NE(fn->name().find(node_of(mode)), std::string::npos)
+            EXPECT_NE(fn->name().find(names(mode).node), std::string::npos)
                 << where << ": " << fn->name();
           }
           std::vector<torch::Tensor> out = {y.detach()};
