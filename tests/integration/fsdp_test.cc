@@ -452,27 +452,28 @@ TEST_F(FsdpTest, KilledWhileWritingShardedCheckpointsResumesBitwise) {
 
 // 96M extra parameters (384 MB) in 8 units, AdamW, 2 ranks: ddp holds parameters, gradients,
 // its buckets and two moments whole on every rank (2.15 GiB peak resident per rank by step 1,
-// measured); full_shard holds half of each plus one unit (1.30 GiB through 6 steps).
+// measured); full_shard holds half of each plus one unit (1.30 GiB through 6 steps; the test
+// runs 2, saves, and resumes for a third).
 // fabric.memory_limit_gb between them.
 TEST_F(FsdpTest, AModelDdpCannotHoldUnderTheMemoryLimitTrainsSharded) {
   const std::string job =
-      "fabric.devices=2 optimizer.name=adamw trainer.max_steps=4 test.extra_params=96000000 "
+      "fabric.devices=2 optimizer.name=adamw trainer.max_steps=2 test.extra_params=96000000 "
       "test.extra_units=8 checkpoint.save_last=false fabric.memory_limit_gb=1.7 ";
   auto ddp = run(job + "fabric.strategy=ddp");
   EXPECT_EQ(ddp.code, 1) << ddp.out;
   EXPECT_NE(ddp.out.find("error: fabric.memory_limit_gb: rank 0 reached"), std::string::npos)
       << ddp.out;
   const std::string fsdp_job = job + "fabric.strategy=fsdp fabric.fsdp.wrap_modules=Table ";
-  auto fsdp = run(fsdp_job + "checkpoint.every_n_steps=4 checkpoint.dir=ck");
+  auto fsdp = run(fsdp_job + "checkpoint.every_n_steps=2 checkpoint.dir=ck");
   EXPECT_EQ(fsdp.code, 0) << fsdp.out;
-  EXPECT_NE(fsdp.out.find("done at step 4"), std::string::npos) << fsdp.out;
+  EXPECT_NE(fsdp.out.find("done at step 2"), std::string::npos) << fsdp.out;
   // It resumes under the same limit: each rank reads only its part of the sharded checkpoint
   // into its shards (joining the whole state on every rank peaked at 3.4 GiB).
-  ASSERT_TRUE(fabric::is_sharded_checkpoint(dir_ / "ck/step-00000004.ckpt"));
-  auto resumed = run(fsdp_job + "trainer.max_steps=6 checkpoint.resume=auto checkpoint.dir=ck");
+  ASSERT_TRUE(fabric::is_sharded_checkpoint(dir_ / "ck/step-00000002.ckpt"));
+  auto resumed = run(fsdp_job + "trainer.max_steps=3 checkpoint.resume=auto checkpoint.dir=ck");
   EXPECT_EQ(resumed.code, 0) << resumed.out;
-  EXPECT_NE(resumed.out.find("step-00000004.ckpt at step 4"), std::string::npos) << resumed.out;
-  EXPECT_NE(resumed.out.find("done at step 6"), std::string::npos) << resumed.out;
+  EXPECT_NE(resumed.out.find("step-00000002.ckpt at step 2"), std::string::npos) << resumed.out;
+  EXPECT_NE(resumed.out.find("done at step 3"), std::string::npos) << resumed.out;
 }
 
 // Empty init (fabric.empty_init: Fabric::init_module builds the net on the meta device, setup
