@@ -3,6 +3,7 @@
 // with them equal the ATen ones, steps with them leave no memory behind, and under fp8-mixed with
 // delayed scaling a GPT block's fused LayerNorms and a Llama layer's fused RMSNorms write their
 // Linears' float8 inputs bitwise as the Linears' own casts.
+#include <ATen/Context.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 #include <torch/utils.h>
@@ -124,6 +125,19 @@ TEST(GPTCudaTest, FusedLayerNormStepsLeaveNoMemoryBehind) {
 
 class FusedBlockFp8Test : public ::testing::TestWithParam<torch::ScalarType> {};
 
+// Deterministic algorithms on (warnings only where an operator has none) for a scope.
+struct DeterministicScope {
+  DeterministicScope()
+      : was(at::globalContext().deterministicAlgorithms()),
+        warn_only(at::globalContext().deterministicAlgorithmsWarnOnly()) {
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+  }
+  ~DeterministicScope() { at::globalContext().setDeterministicAlgorithms(was, warn_only); }
+  DeterministicScope(const DeterministicScope&) = delete;
+  DeterministicScope& operator=(const DeterministicScope&) = delete;
+  bool was, warn_only;
+};
+
 // Three training steps of two copies of a block under `t` autocast (the first seeds the delayed
 // histories, the norms write float8 in the other two), SGD between them: `a` through its forward,
 // `b` through `composed` (its 16-bit norms, each Linear casting its input itself); output, input
@@ -133,6 +147,9 @@ void expect_same_steps(Block& a, Block& b, torch::ScalarType t, int64_t width,
                        const Composed& composed) {
   const auto on = torch::TensorOptions().device(torch::kCUDA);
   const torch::Tensor x0 = torch::randn({2, 128, width}, on), r = torch::randn({2, 128, width}, on);
+  // Attention's backward may sum a query's gradient over key blocks in any order (atomics): the
+  // deterministic kernels, so that the two sides differ only where the norms do.
+  const DeterministicScope deterministic;
   for (int step = 0; step < 3; ++step) {
     auto run = [&](bool produced) {
       Block& blk = produced ? a : b;
