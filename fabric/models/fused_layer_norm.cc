@@ -54,9 +54,16 @@ at::Tensor stand_in(at::IntArrayRef sizes, const at::TensorOptions& options) {
   return at::empty({0}, options).set_(zero.storage(), 0, sizes, strides);
 }
 
-// fabric::Error unless `t` can receive x's normalized output as float8 (NormFp8Target).
+// fabric::Error unless `t` can receive x's normalized output as float8, or its amax (tensorwise),
+// (NormFp8Target).
 void check_target(const NormFp8Target& t, const at::Tensor& x) {
   const int64_t cols = x.size(-1), rows = x.numel() / cols;
+  if (!t.q.defined() && t.amax.defined()) {
+    if (t.amax.scalar_type() != at::kFloat || t.amax.numel() != 1 || t.amax.device() != x.device())
+      throw Error("fused LayerNorm: an amax target that does not fit the input on " +
+                  x.device().str() + " (one float32 on the input's device)");
+    return;
+  }
   const bool ok =
       t.q.defined() && t.q.scalar_type() == at::kFloat8_e4m3fn && t.q.dim() == 2 &&
       t.q.size(0) == rows && t.q.size(1) == cols && t.q.is_contiguous() &&
@@ -88,9 +95,13 @@ variable_list forward_kernel(AutogradContext* ctx, const at::Tensor& x, const at
   if (delta.defined()) d = contiguous_aligned(delta.to(type));
   at::Tensor h = delta.defined() ? at::empty_like(x2) : x2;
   if (fp8 != nullptr) check_target(*fp8, x);
+  // (A tensorwise target takes the output's amax only: the output is written as usual.)
+  const NormFp8Target* const amax_target = fp8 != nullptr && !fp8->q.defined() ? fp8 : nullptr;
+  if (amax_target != nullptr) fp8 = nullptr;
   at::Tensor y = fp8 != nullptr ? stand_in(x.sizes(), x.options().dtype(type))
                                 : at::empty(x.sizes(), x.options().dtype(type));
   kernels::LayerNormFp8Out f8;
+  if (amax_target != nullptr) f8.record = amax_target->amax.data_ptr<float>();
   if (fp8 != nullptr) {
     const int len = static_cast<int>(fp8->history.size(0) - 1);
     f8.q = static_cast<uint8_t*>(fp8->q.data_ptr());
@@ -455,7 +466,7 @@ std::pair<at::Tensor, at::Tensor> add_rms_norm_fp8(const at::Tensor& x, const at
 
 NormFp8Target take_fp8_target(fabric::nn::Fp8InputCast& cast) {
   cast.taken = true;
-  return {cast.history, cast.record, cast.q, cast.inverse};
+  return {cast.history, cast.record, cast.q, cast.inverse, cast.amax};
 }
 
 }  // namespace fabric::models

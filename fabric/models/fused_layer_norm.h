@@ -56,17 +56,22 @@ std::pair<at::Tensor, at::Tensor> add_layer_norm_16(const at::Tensor& x, const a
 // Fp8InputCast with these fields): q ([rows, cols] float8_e4m3fn on x's device) receives the
 // output, as the 16-bit output would hold it, times 448 / (the largest finite entry of
 // history[0 .. length)), saturated; inverse ([] float32) the inverse of that scale; with record,
-// history[length] the output's largest magnitude (an atomic maximum).
+// history[length] the output's largest magnitude (an atomic maximum). Under tensorwise scaling
+// (q undefined, amax given): the output is written in 16 bits as usual and amax ([] float32 on
+// x's device, 0 or less) receives its largest magnitude as it holds it (an atomic maximum), which
+// the next Linear's cast reads instead of a pass of its own.
 struct NormFp8Target {
   at::Tensor history;  // [length + 1] float32
   bool record = false;
   at::Tensor q, inverse;
+  at::Tensor amax;  // tensorwise
 };
 
 // keep_layer_norm_16 and add_layer_norm_16 with the output written to `target` only: the second
 // tensor is a stand-in of the output's sizes and dtype (fabric::nn::fp8_stand_in's kind: its
-// values are not the output's; its gradient is the output's). Only where layer_norm_applies
-// (add_layer_norm_applies); fabric::Error otherwise, or for a target that does not fit x.
+// values are not the output's; its gradient is the output's); with a tensorwise target, the
+// output itself. Only where layer_norm_applies (add_layer_norm_applies); fabric::Error otherwise,
+// or for a target that does not fit x.
 std::pair<at::Tensor, at::Tensor> keep_layer_norm_fp8(const at::Tensor& x,
                                                       const torch::nn::LayerNorm& ln,
                                                       const NormFp8Target& target);

@@ -210,7 +210,8 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
     // kernel); the residual add and ln_2 in one kernel (fused_layer_norm.h). Under fp8-mixed with
     // delayed scaling each writes its output as the float8 input of c_attn and c_fc instead
     // (handed the cast by fabric::nn::produced_forward; the same values): it is never written
-    // in 16 bits and read again.
+    // in 16 bits and read again. Under tensorwise, each takes its output's amax as it writes it,
+    // which the Linear's cast reads.
     torch::Tensor x1, h;
     auto norm1 = [&](fabric::nn::Fp8InputCast* cast) {
       auto [kept, y] =

@@ -164,7 +164,8 @@ torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x) {
     // gradient in its kernel); the residual add and the second in one kernel (fused_layer_norm.h).
     // Under fp8-mixed with delayed scaling each writes its output as the float8 input that q, k
     // and v, and gate and up, share instead (handed the cast by fabric::nn; the same values): it
-    // is never written in 16 bits and read again.
+    // is never written in 16 bits and read again. Under tensorwise, each takes its output's amax
+    // as it writes it, which the layers' one cast reads.
     const torch::Tensor &w1 = input_layernorm->weight, &w2 = post_attention_layernorm->weight;
     const double eps1 = input_layernorm->eps(), eps2 = post_attention_layernorm->eps();
     torch::Tensor x1, h;

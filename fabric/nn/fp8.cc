@@ -24,19 +24,22 @@ struct Fp8Linear : torch::autograd::Function<Fp8Linear> {
   // this forward records a graph (its backward will run); gelu: the layer's input is
   // gelu_tanh(x) (x the pre-activation; the CUDA kernels apply it as they read x); fast:
   // fp8_linear's fast_accumulation; grad_margin: Fp8History's (delayed); input: x's cast made
-  // already (x a stand-in, never read).
+  // already (x a stand-in, never read), or (tensorwise) x's amax.
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, const torch::Tensor& bias, bool rowwise,
                                const torch::Tensor& history, const torch::Tensor& seeded,
                                bool record, bool gelu, bool fast, int64_t grad_margin,
                                const Fp8Input* input) {
     const int64_t k = weight.size(1), n = weight.size(0);
-    const torch::Tensor x2 = input ? torch::Tensor() : x.reshape({-1, k}).contiguous();
+    // (A made cast with bytes: x is a stand-in; an amax alone: x is read, its amax given.)
+    const bool made = input != nullptr && input->q.defined();
+    const torch::Tensor x2 = made ? torch::Tensor() : x.reshape({-1, k}).contiguous();
     const Fp8Forward f =
-        input ? weight_gemm(made_input(*input), weight, bias, output_dtype(x), rowwise, history,
-                            seeded, record, fast)
-              : forward_gemm(x2, weight, bias, output_dtype(x), rowwise, history, seeded, record,
-                             {gelu ? Pointwise::Op::kGeluTanh : Pointwise::Op::kNone}, fast);
+        made ? weight_gemm(made_input(*input), weight, bias, output_dtype(x), rowwise, history,
+                           seeded, record, fast)
+             : forward_gemm(x2, weight, bias, output_dtype(x), rowwise, history, seeded, record,
+                            {gelu ? Pointwise::Op::kGeluTanh : Pointwise::Op::kNone}, fast,
+                            input != nullptr ? input->amax : torch::Tensor());
     // (and the pre-activation, for GELU's backward)
     ctx->save_for_backward({f.x8t, f.sx, f.w8t, f.sw, gelu ? x2 : torch::Tensor()});
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());

@@ -71,23 +71,31 @@ struct Fp8History {
 // its output · s saturated, s = 448 / the largest finite entry of history[0 .. length), inverse = 1
 // / s, and when `record` takes its output's largest magnitude into history[length] (an atomic
 // maximum): the bytes, inverse and record the layer's own delayed cast of that output would make.
-// `taken`: the producer did so (else it returned its output as usual, and the layer casts it).
+// Under tensorwise scaling (fabric.fp8.recipe: tensorwise) only `amax` is given ([] float32,
+// zero): the producer writes its output as usual and takes its largest magnitude into amax (an
+// atomic maximum), which the layer's cast then reads instead of making a pass over the output
+// for it. `taken`: the producer did so (else it returned its output as usual, and the layer casts
+// it).
 struct Fp8InputCast {
   torch::Tensor history;  // the layer's input row of its Fp8History: [length + 1] float32
   bool record = false;
   torch::Tensor q, inverse;
+  torch::Tensor amax;  // tensorwise
   bool taken = false;
 };
 
 // The input in float8 a layer reads instead of casting its input (Fp8InputCast's, with qt, q's
-// transposed copy for backward).
+// transposed copy for backward); tensorwise: the input's largest magnitude only (q, qt, inverse
+// undefined), the input itself given as usual.
 struct Fp8Input {
   torch::Tensor q, qt, inverse;
+  torch::Tensor amax;  // tensorwise
 };
 
 // The producer's path without a kernel that writes float8 (the CPU, or a norm the fused kernels
 // do not take): y's cast into `cast` (ATen's ops or the cast kernels: the layer's own cast's
-// bytes, inverse and record), `taken` set, and fp8_stand_in(y)'s stand-in for y returned.
+// bytes, inverse and record), `taken` set, and fp8_stand_in(y)'s stand-in for y returned; a
+// tensorwise cast: y's largest magnitude into amax, `taken` set, y itself returned.
 torch::Tensor fp8_input_from(const torch::Tensor& y, Fp8InputCast& cast);
 
 // A stand-in for an input written only as float8: y's sizes, dtype and device with one element
@@ -106,8 +114,9 @@ torch::Tensor fp8_stand_in(const torch::Tensor& y);
 // tensor cores accumulate without promoting partial sums to float32 every few steps: faster,
 // less precise): the forward's under tensorwise and delayed scaling, all three under rowwise
 // (whose CUTLASS kernels are fast only so); false: none. CPU GEMMs ignore it.
-// input (delayed only, with gelu_tanh_input false): x's cast made already (Fp8InputCast): x is
-// then a stand-in (fp8_stand_in) whose sizes, dtype and gradient alone are used.
+// input (delayed or tensorwise, with gelu_tanh_input false): x's cast made already
+// (Fp8InputCast): under delayed scaling x is then a stand-in (fp8_stand_in) whose sizes, dtype
+// and gradient alone are used; under tensorwise x is real and its amax taken already.
 torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight,
                          const torch::Tensor& bias, Fp8Scaling scaling = Fp8Scaling::kTensorwise,
                          Fp8History* history = nullptr, bool gelu_tanh_input = false,
@@ -120,8 +129,8 @@ torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight,
 // quantized from the second layer's input gradient and the saved pre-activation, the GELU's
 // backward computed as the cast reads them (it is never written in 16 bits: at gpt2-medium's
 // size, 16384 tokens × 4096, 128 MiB a layer read and written less). Tensorwise and delayed;
-// rowwise, and sizes _scaled_mm cannot take, run as the two fp8_linear calls. input (delayed
-// only): x's cast made already, as fp8_linear's (x a stand-in).
+// rowwise, and sizes _scaled_mm cannot take, run as the two fp8_linear calls. input: x's cast
+// made already, as fp8_linear's.
 torch::Tensor fp8_gelu_mlp(const torch::Tensor& x, const torch::Tensor& w1, const torch::Tensor& b1,
                            const torch::Tensor& w2, const torch::Tensor& b2,
                            Fp8Scaling scaling = Fp8Scaling::kTensorwise,
@@ -148,8 +157,8 @@ struct Fp8Layer {
 // inputs). Runs as the separate calls for one layer, or when the layers differ in
 // fast_accumulation, in whether this pass records, or in whether their input history is seeded,
 // or when a size does not fit _scaled_mm.
-// input (delayed only): x's cast made already with the first layer's history, as fp8_linear's (x
-// a stand-in); the layers must then take one cast (fabric::Error otherwise: no separate calls).
+// input: x's cast made already (delayed: with the first layer's history), as fp8_linear's; the
+// layers must then take one cast (fabric::Error otherwise: no separate calls).
 std::vector<torch::Tensor> fp8_linears(const torch::Tensor& x, const std::vector<Fp8Layer>& layers,
                                        Fp8Scaling scaling = Fp8Scaling::kTensorwise,
                                        const Fp8Input* input = nullptr);
@@ -166,8 +175,7 @@ std::vector<torch::Tensor> fp8_linears(const torch::Tensor& x, const std::vector
 // (fabric/nn/kernels/activations.cuh). Tensorwise and delayed; rowwise, sizes _scaled_mm cannot
 // take, and gate and up that fp8_linears would run separately run as those separate calls, with
 // `swiglu` between them (a model's own silu(g) · u, say a fused kernel; null: at::silu(g) · u).
-// input (delayed only): x's cast made already with gate's history, as fp8_linears' (x a
-// stand-in; gate and up must take one cast).
+// input: x's cast made already, as fp8_linears' (gate and up must take one cast).
 using SwigluFn = torch::Tensor (*)(const torch::Tensor& gate, const torch::Tensor& up);
 torch::Tensor fp8_swiglu_mlp(const torch::Tensor& x, const Fp8Layer& gate, const Fp8Layer& up,
                              const Fp8Layer& down, Fp8Scaling scaling = Fp8Scaling::kTensorwise,

@@ -30,12 +30,10 @@ struct Fp8GeluMlp : torch::autograd::Function<Fp8GeluMlp> {
                                const torch::Tensor& history2, const torch::Tensor& seeded2,
                                bool record1, bool record2, bool fast1, bool fast2,
                                int64_t grad_margin1, int64_t grad_margin2, const Fp8Input* input) {
-    // (With input, x is a stand-in: its cast was made by its producer.)
+    // (With input's bytes, x is a stand-in: its cast was made by its producer.)
     const Fp8Forward f1 =
-        input ? weight_gemm(made_input(*input), w1, b1, output_dtype(x), false, history1, seeded1,
-                            record1, fast1)
-              : forward_gemm(x.reshape({-1, w1.size(1)}).contiguous(), w1, b1, output_dtype(x),
-                             false, history1, seeded1, record1, {}, fast1);
+        weight_gemm(node_input(x, w1.size(1), input, false, history1, seeded1, record1), w1, b1,
+                    output_dtype(x), false, history1, seeded1, record1, fast1);
     const torch::Tensor& pre = f1.y;  // [M, hidden]
     const Fp8Forward f2 = forward_gemm(pre, w2, b2, output_dtype(pre), false, history2, seeded2,
                                        record2, {Pointwise::Op::kGeluTanh}, fast2);

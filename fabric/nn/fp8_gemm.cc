@@ -71,9 +71,11 @@ c10::ScalarType output_dtype(const torch::Tensor& x) {
 
 // forward_gemm's first operand: x2 (f's values of it) in e4m3, with history's row 0.
 Quantized quantize_input(const torch::Tensor& x2, bool rowwise, const torch::Tensor& history,
-                         const torch::Tensor& seeded, bool record, const Pointwise& f) {
+                         const torch::Tensor& seeded, bool record, const Pointwise& f,
+                         const torch::Tensor& amax) {
   const auto dx = delayed_operand(history, seeded, 0, record);
-  return quantize(x2, torch::kFloat8_e4m3fn, kE4m3Max, rowwise, dx ? &*dx : nullptr, nullptr, f);
+  return quantize(x2, torch::kFloat8_e4m3fn, kE4m3Max, rowwise, dx ? &*dx : nullptr, nullptr, f,
+                  dx ? torch::Tensor() : amax);
 }
 
 // forward_gemm with its input quantized already (qx: quantize_input's; Fp8SharedInput's layers).
@@ -101,8 +103,8 @@ Fp8Forward weight_gemm(const Quantized& qx, const torch::Tensor& weight, const t
 Fp8Forward forward_gemm(const torch::Tensor& x2, const torch::Tensor& weight,
                         const torch::Tensor& bias, c10::ScalarType out, bool rowwise,
                         const torch::Tensor& history, const torch::Tensor& seeded, bool record,
-                        const Pointwise& f, bool fast) {
-  const Quantized qx = quantize_input(x2, rowwise, history, seeded, record, f);
+                        const Pointwise& f, bool fast, const torch::Tensor& amax) {
+  const Quantized qx = quantize_input(x2, rowwise, history, seeded, record, f, amax);
   return weight_gemm(qx, weight, bias, out, rowwise, history, seeded, record, fast);
 }
 
@@ -192,6 +194,15 @@ int64_t grad_margin(const Fp8History* history) { return history ? history->grad_
 void check_input(const Fp8Input& input, const torch::Tensor& x, const torch::Tensor& weight,
                  Fp8Scaling scaling, bool gelu) {
   const int64_t k = weight.size(1), m = x.numel() / std::max<int64_t>(x.size(-1), 1);
+  if (!input.q.defined()) {  // an amax alone (tensorwise)
+    if (scaling != Fp8Scaling::kTensorwise || gelu || !input.amax.defined() ||
+        input.amax.numel() != 1 || input.amax.scalar_type() != torch::kFloat ||
+        input.amax.device() != x.device() || x.size(-1) != k)
+      throw Error("fp8-mixed: an input amax taken by its producer does not fit the layer (input " +
+                  c10::str(x.sizes()) + ", weight " + c10::str(weight.sizes()) +
+                  "): only tensorwise scaling takes one, a float32 scalar on the input's device");
+    return;
+  }
   const bool ok = scaling == Fp8Scaling::kDelayed && !gelu && input.q.defined() &&
                   input.qt.defined() && input.inverse.defined() && input.q.dim() == 2 &&
                   input.q.size(0) == m && input.q.size(1) == k && x.size(-1) == k &&
@@ -210,14 +221,22 @@ Quantized made_input(const Fp8Input& input) {
   return {input.q, input.qt, input.inverse, input.inverse};
 }
 
+Quantized node_input(const torch::Tensor& x, int64_t k, const Fp8Input* input, bool rowwise,
+                     const torch::Tensor& history, const torch::Tensor& seeded, bool record) {
+  if (input != nullptr && input->q.defined()) return made_input(*input);
+  return quantize_input(x.reshape({-1, k}).contiguous(), rowwise, history, seeded, record, {},
+                        input != nullptr ? input->amax : torch::Tensor());
+}
+
 void check_shared_input(const Fp8Input& input, const torch::Tensor& x,
                         const std::vector<Fp8Layer>& layers, Fp8Scaling scaling) {
-  if (scaling != Fp8Scaling::kDelayed || !can_share_input(x, layers, scaling) ||
-      !history_inputs(scaling, layers[0].history, x).second.data_ptr<bool>()[0])
+  const bool delayed = scaling == Fp8Scaling::kDelayed;
+  if (scaling == Fp8Scaling::kRowwise || !can_share_input(x, layers, scaling) ||
+      (delayed && !history_inputs(scaling, layers[0].history, x).second.data_ptr<bool>()[0]))
     throw Error(
         "fp8-mixed: a float8 input made by its producer is shared only by layers that take one "
-        "cast of it (delayed scaling, one fast_accumulation, sizes _scaled_mm takes, the input "
-        "histories seeded)");
+        "cast of it (delayed or tensorwise scaling, one fast_accumulation, sizes _scaled_mm "
+        "takes, delayed input histories seeded)");
   check_input(input, x, layers[0].weight, scaling, false);
 }
 

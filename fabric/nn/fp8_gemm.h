@@ -31,9 +31,11 @@ struct Fp8Forward {
 };
 
 // The layer's input x2 [M, K] (f's values of it: a GELU's or a SwiGLU's output) in e4m3, with
-// history's row 0.
+// history's row 0; amax (tensorwise, may be undefined): x2's largest magnitude taken by its
+// producer (Fp8Input's).
 Quantized quantize_input(const torch::Tensor& x2, bool rowwise, const torch::Tensor& history,
-                         const torch::Tensor& seeded, bool record, const Pointwise& f = {});
+                         const torch::Tensor& seeded, bool record, const Pointwise& f = {},
+                         const torch::Tensor& amax = {});
 
 // The forward with its input quantized already (quantize_input's): the weight quantized with
 // history's row 1, the GEMM, the bias (no elements for none).
@@ -45,7 +47,7 @@ Fp8Forward weight_gemm(const Quantized& qx, const torch::Tensor& weight, const t
 Fp8Forward forward_gemm(const torch::Tensor& x2, const torch::Tensor& weight,
                         const torch::Tensor& bias, c10::ScalarType out, bool rowwise,
                         const torch::Tensor& history, const torch::Tensor& seeded, bool record,
-                        const Pointwise& f, bool fast);
+                        const Pointwise& f, bool fast, const torch::Tensor& amax = {});
 
 // A Linear's three gradients (b undefined without a bias).
 struct Fp8Grads {
@@ -99,28 +101,35 @@ void share_input_row(const torch::Tensor& from, const torch::Tensor& to,
 
 // A made cast (Fp8Input) handed to a node for x: fabric::Error unless the layer is delayed, reads
 // x itself (no GELU before it) and q is [x's rows, K] float8_e4m3fn with a scalar inverse on x's
-// device (the stand-in is never read, so nothing else would catch a mismatch).
+// device (the stand-in is never read, so nothing else would catch a mismatch); or, an amax alone,
+// unless the layer is tensorwise, reads x itself and the amax is one float32 on x's device.
 void check_input(const Fp8Input& input, const torch::Tensor& x, const torch::Tensor& weight,
                  Fp8Scaling scaling, bool gelu);
 
 // A made cast as the Quantized input a node's GEMMs read (one scale: rows' and columns' alike).
 Quantized made_input(const Fp8Input& input);
 
+// The node's input in e4m3 (quantize_input's, history's row 0): input's made cast when it has
+// bytes (delayed: x a stand-in, never read), else x cast, with input's amax when given.
+Quantized node_input(const torch::Tensor& x, int64_t k, const Fp8Input* input, bool rowwise,
+                     const torch::Tensor& history, const torch::Tensor& seeded, bool record);
+
 // check_input for layers that share one made cast (fp8_linears, fp8_swiglu_mlp's gate and up):
-// also fabric::Error unless they can take one cast (can_share_input) and the first layer's
-// input history, whose scale the cast used, is seeded.
+// also fabric::Error unless they can take one cast (can_share_input) and, delayed, the first
+// layer's input history, whose scale the cast used, is seeded.
 void check_shared_input(const Fp8Input& input, const torch::Tensor& x,
                         const std::vector<Fp8Layer>& layers, Fp8Scaling scaling);
 
 // The cast a delayed layer (its history, weight) would make of an input of like's sizes (all but
 // the last) and device, when its producer can make it this pass: the input history seeded, the
-// GEMM fitting _scaled_mm; q and inverse allocated, record set when gradients are on. nullopt
-// otherwise (the layer casts for itself).
+// GEMM fitting _scaled_mm; q and inverse allocated, record set when gradients are on. A
+// tensorwise layer's (the GEMM fitting): amax alone, zero. nullopt otherwise (rowwise; the layer
+// casts for itself).
 std::optional<Fp8InputCast> input_cast_for(Fp8Scaling scaling, Fp8History* history,
                                            const torch::Tensor& like, const torch::Tensor& weight);
 
 // After the producer took the cast: the history pushed when the pass trains (its record cleared
-// when it does not), and qt.
+// when it does not), and qt; tensorwise: the amax alone.
 Fp8Input finish_input_cast(const Fp8InputCast& cast, bool trains);
 
 // bias, or a tensor with no elements for none (an undefined tensor cannot be a node's input).

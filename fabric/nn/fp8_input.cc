@@ -33,11 +33,16 @@ struct StandIn : torch::autograd::Function<StandIn> {
 
 std::optional<Fp8InputCast> input_cast_for(Fp8Scaling scaling, Fp8History* history,
                                            const torch::Tensor& like, const torch::Tensor& weight) {
-  if (scaling != Fp8Scaling::kDelayed || history == nullptr || like.dim() < 1 ||
-      weight.dim() != 2 || like.size(-1) != weight.size(1))
+  if (scaling == Fp8Scaling::kRowwise || (scaling == Fp8Scaling::kDelayed && history == nullptr) ||
+      like.dim() < 1 || weight.dim() != 2 || like.size(-1) != weight.size(1))
     return std::nullopt;
   const int64_t k = weight.size(1), m = like.numel() / k;
   if (!fits(m, k, weight.size(0))) return std::nullopt;
+  if (scaling == Fp8Scaling::kTensorwise) {
+    Fp8InputCast cast;
+    cast.amax = torch::zeros({}, like.options().dtype(torch::kFloat));
+    return cast;
+  }
   const auto [amax, seeded] = history_inputs(scaling, history, like);
   if (!seeded.data_ptr<bool>()[0]) return std::nullopt;  // the seeding pass casts for itself
   Fp8InputCast cast;
@@ -50,6 +55,7 @@ std::optional<Fp8InputCast> input_cast_for(Fp8Scaling scaling, Fp8History* histo
 }
 
 Fp8Input finish_input_cast(const Fp8InputCast& cast, bool trains) {
+  if (!cast.q.defined()) return {{}, {}, {}, cast.amax};  // tensorwise
   if (cast.record) {
     if (trains)
       push_history(cast.history);
@@ -87,6 +93,14 @@ void take_cast(const torch::Tensor& y, Fp8InputCast& cast) {
 }  // namespace
 
 torch::Tensor fp8_input_from(const torch::Tensor& y, Fp8InputCast& cast) {
+  if (!cast.q.defined()) {  // tensorwise: y's amax (as the layer's own cast takes it), y itself
+    if (!cast.amax.defined() || cast.amax.numel() != 1)
+      throw Error("fp8_input_from: a cast with neither q nor amax");
+    const torch::NoGradGuard no_grad;
+    cast.amax.copy_(torch::maximum(cast.amax, y.detach().abs().amax().to(torch::kFloat)));
+    cast.taken = true;
+    return y;
+  }
   {
     const torch::NoGradGuard no_grad;
     take_cast(y, cast);

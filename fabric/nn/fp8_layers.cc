@@ -14,10 +14,11 @@ namespace fabric::nn {
 
 namespace {
 
+Fp8History* history_of(LinearImpl& l) { return l.fp8_history() ? &*l.fp8_history() : nullptr; }
+
 // The layer as fabric/nn/fp8.h's nodes take it.
 Fp8Layer fp8_layer(LinearImpl& l) {
-  return {l.weight, l.bias, l.fp8_history() ? &*l.fp8_history() : nullptr,
-          l.fp8_fast_accumulation()};
+  return {l.weight, l.bias, history_of(l), l.fp8_fast_accumulation()};
 }
 
 std::vector<Fp8Layer> fp8_layers(const std::vector<LinearImpl*>& layers) {
@@ -37,25 +38,23 @@ bool one_fp8_recipe(const std::vector<LinearImpl*>& layers, const torch::Tensor&
 }
 
 // The one input cast `layers` (reading one input of like's sizes) would make this pass, for their
-// producer to make: every layer whole in float8 with delayed scaling and a history, able to take
-// one cast (detail::can_share_input: for a stand-in of the producer's output too, which needs a
-// gradient whenever like does), and the first's input history seeded (detail::input_cast_for).
+// producer to make: every layer whole in float8 with one recipe, tensorwise or delayed (each with
+// a history), able to take one cast (detail::can_share_input: for the producer's output too,
+// which needs a gradient whenever like does), and, delayed, the first's input history seeded
+// (detail::input_cast_for).
 std::optional<Fp8InputCast> shared_input_cast(const std::vector<LinearImpl*>& layers,
                                               const torch::Tensor& like) {
-  if (layers.size() < 2 || !one_fp8_recipe(layers, like, /*rowwise=*/false) ||
-      layers[0]->fp8_scaling() != Fp8Scaling::kDelayed)
-    return std::nullopt;
+  if (layers.size() < 2 || !one_fp8_recipe(layers, like, /*rowwise=*/false)) return std::nullopt;
+  const Fp8Scaling scaling = layers[0]->fp8_scaling();
   for (LinearImpl* l : layers)
-    if (!l->fp8_history()) return std::nullopt;
-  if (!detail::can_share_input(like, fp8_layers(layers), Fp8Scaling::kDelayed)) return std::nullopt;
-  return detail::input_cast_for(Fp8Scaling::kDelayed, &*layers[0]->fp8_history(), like,
-                                layers[0]->weight);
+    if (scaling == Fp8Scaling::kDelayed && !l->fp8_history()) return std::nullopt;
+  if (!detail::can_share_input(like, fp8_layers(layers), scaling)) return std::nullopt;
+  return detail::input_cast_for(scaling, history_of(*layers[0]), like, layers[0]->weight);
 }
 
-// The made cast, once its producer took it (its history pushed when the pass trains).
-Fp8Input finish(const Fp8InputCast& cast, const torch::Tensor& stand_in, const LinearImpl& first) {
-  return detail::finish_input_cast(cast,
-                                   detail::records(Fp8Scaling::kDelayed, stand_in, first.weight));
+// The made cast, once its producer took it (delayed: its history pushed when the pass trains).
+Fp8Input finish(const Fp8InputCast& cast, const torch::Tensor& y, const LinearImpl& first) {
+  return detail::finish_input_cast(cast, detail::records(Fp8Scaling::kDelayed, y, first.weight));
 }
 
 }  // namespace
@@ -71,28 +70,28 @@ torch::Tensor gelu_tanh_mlp(LinearImpl& fc, LinearImpl& proj, const torch::Tenso
 torch::Tensor produced_forward(LinearImpl& layer, const torch::Tensor& like,
                                const Fp8Producer& produce) {
   std::optional<Fp8InputCast> cast;
-  if (layer.whole_fp8(like) && layer.fp8_history())
-    cast = detail::input_cast_for(layer.fp8_scaling(), &*layer.fp8_history(), like, layer.weight);
+  if (layer.whole_fp8(like))
+    cast = detail::input_cast_for(layer.fp8_scaling(), history_of(layer), like, layer.weight);
   if (!cast) return layer.forward(produce(nullptr));
   const torch::Tensor y = produce(&*cast);
   if (!cast->taken) return layer.forward(y);
   const Fp8Input input = finish(*cast, y, layer);
-  return fp8_linear(y, layer.weight, layer.bias, Fp8Scaling::kDelayed, &*layer.fp8_history(),
+  return fp8_linear(y, layer.weight, layer.bias, layer.fp8_scaling(), history_of(layer),
                     /*gelu_tanh_input=*/false, layer.fp8_fast_accumulation(), &input);
 }
 
 torch::Tensor gelu_tanh_mlp(LinearImpl& fc, LinearImpl& proj, const torch::Tensor& like,
                             const Fp8Producer& produce) {
   std::optional<Fp8InputCast> cast;
-  if (one_fp8_recipe({&fc, &proj}, like, /*rowwise=*/false) && fc.fp8_history() &&
-      proj.fp8_history())
-    cast = detail::input_cast_for(fc.fp8_scaling(), &*fc.fp8_history(), like, fc.weight);
+  if (one_fp8_recipe({&fc, &proj}, like, /*rowwise=*/false) &&
+      (fc.fp8_scaling() != Fp8Scaling::kDelayed || proj.fp8_history()))
+    cast = detail::input_cast_for(fc.fp8_scaling(), history_of(fc), like, fc.weight);
   if (!cast) return gelu_tanh_mlp(fc, proj, produce(nullptr));
   const torch::Tensor y = produce(&*cast);
   if (!cast->taken) return gelu_tanh_mlp(fc, proj, y);
   const Fp8Input input = finish(*cast, y, fc);
-  return fp8_gelu_mlp(y, fc.weight, fc.bias, proj.weight, proj.bias, Fp8Scaling::kDelayed,
-                      &*fc.fp8_history(), &*proj.fp8_history(), fc.fp8_fast_accumulation(),
+  return fp8_gelu_mlp(y, fc.weight, fc.bias, proj.weight, proj.bias, fc.fp8_scaling(),
+                      history_of(fc), history_of(proj), fc.fp8_fast_accumulation(),
                       proj.fp8_fast_accumulation(), &input);
 }
 
@@ -115,7 +114,7 @@ std::vector<torch::Tensor> shared_input_forward(const std::vector<LinearImpl*>& 
   const torch::Tensor y = produce(&*cast);
   if (!cast->taken) return shared_input_forward(layers, y);
   const Fp8Input input = finish(*cast, y, *layers[0]);
-  return fp8_linears(y, fp8_layers(layers), Fp8Scaling::kDelayed, &input);
+  return fp8_linears(y, fp8_layers(layers), layers[0]->fp8_scaling(), &input);
 }
 
 torch::Tensor swiglu_mlp(LinearImpl& gate, LinearImpl& up, LinearImpl& down, const torch::Tensor& x,
@@ -140,7 +139,7 @@ torch::Tensor swiglu_mlp(LinearImpl& gate, LinearImpl& up, LinearImpl& down,
   const torch::Tensor y = produce(&*cast);
   if (!cast->taken) return swiglu_mlp(gate, up, down, y, swiglu);
   const Fp8Input input = finish(*cast, y, gate);
-  return fp8_swiglu_mlp(y, fp8_layer(gate), fp8_layer(up), fp8_layer(down), Fp8Scaling::kDelayed,
+  return fp8_swiglu_mlp(y, fp8_layer(gate), fp8_layer(up), fp8_layer(down), gate.fp8_scaling(),
                         swiglu, &input);
 }
 

@@ -35,8 +35,10 @@ void push_aten(const torch::Tensor& row) {
   row.select(0, n).zero_();
 }
 
+// given_amax (may be undefined; tensorwise without delayed): t's largest magnitude, taken
+// already, read instead of t's own (as the CUDA kernels read it).
 Quantized quantize_aten(const torch::Tensor& t, c10::ScalarType dtype, double largest, bool rowwise,
-                        const Delayed* delayed) {
+                        const Delayed* delayed, const torch::Tensor& given_amax = {}) {
   const torch::Tensor tf = t.to(torch::kFloat);
   auto cast = [&](const torch::Tensor& scale) {
     return (tf * scale).clamp(-largest, largest).to(dtype);  // saturate, no inf
@@ -51,7 +53,7 @@ Quantized quantize_aten(const torch::Tensor& t, c10::ScalarType dtype, double la
     };
     torch::Tensor reference;
     if (delayed == nullptr) {
-      reference = amax();
+      reference = given_amax.defined() ? given_amax.to(torch::kFloat).reshape({}) : amax();
     } else {
       const int64_t n = delayed->row.size(0) - 1;
       if (delayed->seed) delayed->row.select(0, 0).copy_(amax());
@@ -258,11 +260,11 @@ Quantized quantize(const torch::Tensor& t, c10::ScalarType dtype, double largest
   if (kernels_apply(t) && fusable(t, rowwise, f))
     return quantize_kernels(t, dtype, rowwise, delayed, col_sum, f, amax);
 #endif
-  (void)amax;
-  if (f.op == Pointwise::Op::kNone) return quantize_aten(t, dtype, largest, rowwise, delayed);
+  if (f.op == Pointwise::Op::kNone)
+    return quantize_aten(t, dtype, largest, rowwise, delayed, rowwise ? torch::Tensor() : amax);
   const torch::Tensor v = pointwise_aten(t, f);
   if (col_sum != nullptr) *col_sum = v.sum(0, /*keepdim=*/false, torch::kFloat);  // as the kernel
-  return quantize(v, dtype, largest, rowwise, delayed);
+  return quantize(v, dtype, largest, rowwise, delayed, nullptr, {}, amax);
 }
 
 std::pair<torch::Tensor, torch::Tensor> swiglu_grad_amaxes(const torch::Tensor& dy,

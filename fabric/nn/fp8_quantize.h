@@ -65,9 +65,9 @@ torch::Tensor pointwise_aten(const torch::Tensor& t, const Pointwise& f);
 // delayed (tensorwise only; may be null): the scale from the history row, which it reads and
 // (recording) advances. col_sum (may be null): set to the column sums in float32 when the cast
 // kernel took them (the CUDA kernels, tensorwise) or when f has an op, else left alone (the
-// caller sums t). amax (may be undefined; read by the CUDA kernels' tensorwise cast without
-// delayed scaling only): the largest magnitude of f's values, taken already (swiglu_grad_amaxes),
-// so the cast makes no pass of its own for it.
+// caller sums t). amax (may be undefined; read by the tensorwise cast without delayed scaling
+// only, on CUDA and on the CPU): the largest magnitude of f's values, taken already
+// (swiglu_grad_amaxes, or the norm that wrote t), so the cast makes no pass of its own for it.
 Quantized quantize(const torch::Tensor& t, c10::ScalarType dtype, double largest, bool rowwise,
                    const Delayed* delayed = nullptr, torch::Tensor* col_sum = nullptr,
                    const Pointwise& f = {}, const torch::Tensor& amax = {});

@@ -24,7 +24,7 @@ using torch::autograd::variable_list;
 struct Fp8SharedInput : torch::autograd::Function<Fp8SharedInput> {
   // weights, biases (no elements for none), histories, seeded and grad_margins (Fp8Linear's, one
   // per layer); record, fast: every layer's (fp8_linears checks they agree); input: x's cast
-  // made already (x a stand-in, never read; the first history pushed by its maker).
+  // made already (x a stand-in, never read; the first history pushed by its maker), or x's amax.
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& x, at::TensorList weights,
                                at::TensorList biases, at::TensorList histories,
                                at::TensorList seeded, std::vector<int64_t> grad_margins,
@@ -32,9 +32,8 @@ struct Fp8SharedInput : torch::autograd::Function<Fp8SharedInput> {
     const size_t n = weights.size();
     // An output nothing uses gets no gradient (not zeros): its layer's backward does not run.
     ctx->set_materialize_grads(false);
-    const Quantized qx = input ? made_input(*input)
-                               : quantize_input(x.reshape({-1, weights[0].size(1)}).contiguous(),
-                                                rowwise, histories[0], seeded[0], record);
+    const Quantized qx =
+        node_input(x, weights[0].size(1), input, rowwise, histories[0], seeded[0], record);
     // What each layer's own cast would have pushed into its history (the same input's amax):
     // the first's row, now advanced.
     if (record && histories[0].numel() > 0)

@@ -28,7 +28,7 @@ struct Fp8SwigluMlp : torch::autograd::Function<Fp8SwigluMlp> {
   // w*, b* (no elements for none), h* and s* (history and seeded), margins: gate's, up's and
   // down's, Fp8Linear's. record_gu, fast_gu: gate's and up's (fp8_swiglu_mlp checks they
   // agree); record_d, fast_d: down's; input: x's cast made already (x a stand-in, never read;
-  // gate's history pushed by its maker).
+  // gate's history pushed by its maker), or x's amax.
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& wg, const torch::Tensor& bg,
                                const torch::Tensor& wu, const torch::Tensor& bu,
@@ -38,9 +38,7 @@ struct Fp8SwigluMlp : torch::autograd::Function<Fp8SwigluMlp> {
                                const torch::Tensor& hd, const torch::Tensor& sd, bool record_gu,
                                bool record_d, bool fast_gu, bool fast_d,
                                std::vector<int64_t> margins, const Fp8Input* input) {
-    const Quantized qx =
-        input ? made_input(*input)
-              : quantize_input(x.reshape({-1, wg.size(1)}).contiguous(), false, hg, sg, record_gu);
+    const Quantized qx = node_input(x, wg.size(1), input, false, hg, sg, record_gu);
     if (record_gu && hg.numel() > 0) share_input_row(hg, hu, su);
     const c10::ScalarType out = output_dtype(x);
     const Fp8Forward fg = weight_gemm(qx, wg, bg, out, false, hg, sg, record_gu, fast_gu);

@@ -253,15 +253,18 @@ TORCH_MODULE(Linear);
 torch::Tensor gelu_tanh_mlp(LinearImpl& fc, LinearImpl& proj, const torch::Tensor& x);
 
 // What writes a layer's input (a model's norm): given a cast to take (Fp8InputCast, or null),
-// returns the input, or, having taken the cast (its `taken` set), a stand-in for it
-// (fp8_stand_in: the input itself is then never written).
+// returns the input, or, having taken a delayed cast (its `taken` set), a stand-in for it
+// (fp8_stand_in: the input itself is then never written), or, having taken a tensorwise one (the
+// input's amax), the input.
 using Fp8Producer = std::function<torch::Tensor(Fp8InputCast* cast)>;
 
 // layer.forward(produce(nullptr)); but when the layer runs whole in float8 with delayed scaling
 // and its input history is seeded, produce is handed the layer's input cast to make (on CUDA a
 // fused LayerNorm writes its output as float8: fabric/models/fused_layer_norm.h), and the layer
-// reads it: the same output, gradients and history either way. like: a tensor of the input's
-// sizes (the last one the layer's in_features) and device, read for them only (the norm's input).
+// reads it; with tensorwise scaling, the input's amax to take as it writes the input, which the
+// layer's cast reads instead of a pass of its own: the same output, gradients and history either
+// way. like: a tensor of the input's sizes (the last one the layer's in_features) and device,
+// read for them only (the norm's input).
 torch::Tensor produced_forward(LinearImpl& layer, const torch::Tensor& like,
                                const Fp8Producer& produce);
 
@@ -278,7 +281,8 @@ std::vector<torch::Tensor> shared_input_forward(const std::vector<LinearImpl*>& 
 
 // shared_input_forward(layers, produce(nullptr)), with the layers' one input cast made by
 // `produce` as in produced_forward (fp8_linears' node reading it) when every layer runs whole in
-// float8 with delayed scaling, they can take one cast, and the first's input history is seeded.
+// float8 with one recipe, tensorwise or delayed, they can take one cast, and (delayed) the
+// first's input history is seeded.
 std::vector<torch::Tensor> shared_input_forward(const std::vector<LinearImpl*>& layers,
                                                 const torch::Tensor& like,
                                                 const Fp8Producer& produce);

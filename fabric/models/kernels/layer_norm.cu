@@ -39,8 +39,9 @@ struct alignas(4 * sizeof(T)) Pack4 {
 // kRms: mean is taken as 0 (pass 2 folds into pass 1), no bias, mean_out not written.
 // kFp8: y is not written; each output value, rounded to T as y would hold it, is scaled by the
 // history's scale and written to f8.q as float8 e4m3 (fp8_cast.cu's cast of y: the same bytes),
-// its magnitude taken into f8.record (layer_norm.h).
-template <typename T, bool kRms, bool kFp8>
+// its magnitude taken into f8.record (layer_norm.h). kAmax (without kFp8): y written, and its
+// largest magnitude as it holds it taken into f8.record.
+template <typename T, bool kRms, bool kFp8, bool kAmax = false>
 __global__ void __launch_bounds__(kThreads)
     ln_forward(const float* __restrict__ x, const T* __restrict__ delta, float* __restrict__ h,
                const float* __restrict__ weight, const float* __restrict__ bias, T* __restrict__ y,
@@ -121,9 +122,13 @@ __global__ void __launch_bounds__(kThreads)
         continue;
       }
       yr[i] = o;
+      if constexpr (kAmax) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) seen = fp8_keep_max(seen, fabsf(to_float(o.v[k])));
+      }
     }
   }
-  if constexpr (kFp8) {
+  if constexpr (kFp8 || kAmax) {
     if (f8.record != nullptr) fp8_block_max_into<kThreads>(seen, f8.record);
   }
 }
@@ -251,7 +256,7 @@ int backward_blocks(int64_t rows) {
       std::max<int64_t>(1, std::min<int64_t>(kBackwardBlocks, (rows + kBwdWarps - 1) / kBwdWarps)));
 }
 
-// f8.q not null: y as float8 (ln_forward's kFp8).
+// f8.q not null: y as float8 (ln_forward's kFp8); else f8.record not null: y and its amax (kAmax).
 template <typename T, bool kRms>
 cudaError_t forward(const float* x, const void* delta, float* h, const float* weight,
                     const float* bias, void* y, float* mean, float* rstd, int64_t rows,
@@ -264,6 +269,9 @@ cudaError_t forward(const float* x, const void* delta, float* h, const float* we
   if (f8.q != nullptr)
     ln_forward<T, kRms, true><<<blocks, kThreads, 0, stream>>>(x, d, h, weight, bias, nullptr, mean,
                                                                rstd, rows, cols, eps, f8);
+  else if (f8.record != nullptr)
+    ln_forward<T, kRms, false, true><<<blocks, kThreads, 0, stream>>>(
+        x, d, h, weight, bias, static_cast<T*>(y), mean, rstd, rows, cols, eps, f8);
   else
     ln_forward<T, kRms, false><<<blocks, kThreads, 0, stream>>>(
         x, d, h, weight, bias, static_cast<T*>(y), mean, rstd, rows, cols, eps, f8);

@@ -16,7 +16,9 @@ namespace fabric::kernels {
 // ones count as 0), and written to q (rows × cols, row-major) as float8 e4m3fn, saturated: the
 // bytes fabric/nn/kernels/fp8_cast.h's fp8_cast_delayed writes from y (margin 0). inverse (not
 // null) receives 1 / s; record (may be null; must hold 0 or less) the largest |y| as an atomic
-// maximum (NaN when y holds one). With q null, y is written as usual.
+// maximum (NaN when y holds one). With q null, y is written as usual; and record (when not
+// null) receives the largest |y|, as y holds it, the same way (a tensorwise cast of y then needs
+// no pass of its own for it).
 struct LayerNormFp8Out {
   uint8_t* q = nullptr;
   const float* history = nullptr;

@@ -182,7 +182,9 @@ void expect_same_steps(Block& a, Block& b, torch::ScalarType t, int64_t width,
 
 // fp8-mixed with delayed scaling: a GPT block whose fused LayerNorms write c_attn's and c_fc's
 // float8 inputs themselves (BlockImpl::forward, through fabric::nn::produced_forward) against the
-// same block composed with the 16-bit norms (expect_same_steps). The width of gpt2-medium.
+// same block composed with the 16-bit norms (expect_same_steps); with tensorwise scaling, the
+// norms write their 16-bit outputs and take their amaxes, which the Linears' casts read. The
+// width of gpt2-medium.
 TEST_P(FusedBlockFp8Test, Fp8BlockNormsWriteTheLinearsInputsAsTheirOwnCasts) {
   SKIP_WITHOUT_CUDA();
   if (!fabric::models::cuda_kernels_built()) GTEST_SKIP() << "no CUDA kernels in this build";
@@ -191,26 +193,31 @@ TEST_P(FusedBlockFp8Test, Fp8BlockNormsWriteTheLinearsInputsAsTheirOwnCasts) {
   GPTConfig c;
   c.n_embd = 1024;
   c.n_head = 16;
-  auto make = [&] {  // the same weights for both sides, each with its own histories
-    torch::manual_seed(12);
-    fabric::models::Block blk(c);
-    blk->to(torch::kCUDA);
-    fabric::nn::convert_to_fp8(*blk, {}, fabric::nn::Fp8Scaling::kDelayed, 4);
-    return blk;
-  };
-  fabric::models::Block a = make(), b = make();
-  expect_same_steps(
-      a, b, GetParam(), 1024, [](fabric::models::BlockImpl& blk, const torch::Tensor& x) {
-        const auto [x1, y1] = fabric::models::keep_layer_norm_16(x, blk.ln_1);
-        const auto [h, y] = fabric::models::add_layer_norm_16(x1, blk.attn->forward(y1), blk.ln_2);
-        return h + blk.mlp->forward(y);
-      });
+  for (const auto scaling :
+       {fabric::nn::Fp8Scaling::kDelayed, fabric::nn::Fp8Scaling::kTensorwise}) {
+    SCOPED_TRACE(scaling == fabric::nn::Fp8Scaling::kDelayed ? "delayed" : "tensorwise");
+    auto make = [&] {  // the same weights for both sides, each with its own histories
+      torch::manual_seed(12);
+      fabric::models::Block blk(c);
+      blk->to(torch::kCUDA);
+      fabric::nn::convert_to_fp8(*blk, {}, scaling, 4);
+      return blk;
+    };
+    fabric::models::Block a = make(), b = make();
+    expect_same_steps(a, b, GetParam(), 1024,
+                      [](fabric::models::BlockImpl& blk, const torch::Tensor& x) {
+                        const auto [x1, y1] = fabric::models::keep_layer_norm_16(x, blk.ln_1);
+                        const auto [h, y] =
+                            fabric::models::add_layer_norm_16(x1, blk.attn->forward(y1), blk.ln_2);
+                        return h + blk.mlp->forward(y);
+                      });
+  }
 }
 
 // The same for a Llama decoder layer of Llama 3.2 1B's shape (width 2048, 32 query and 8
 // key/value heads, SwiGLU 8192): its fused RMSNorms write the one float8 input q, k and v share
 // (fabric::nn::shared_input_forward) and the one gate and up share (fabric::nn::swiglu_mlp's
-// node) against the layer composed with the 16-bit norms.
+// node) against the layer composed with the 16-bit norms; tensorwise, their amaxes.
 TEST_P(FusedBlockFp8Test, Fp8LlamaNormsWriteTheSharedInputsAsTheirOwnCasts) {
   SKIP_WITHOUT_CUDA();
   if (!fabric::models::cuda_kernels_built()) GTEST_SKIP() << "no CUDA kernels in this build";
@@ -222,23 +229,28 @@ TEST_P(FusedBlockFp8Test, Fp8LlamaNormsWriteTheSharedInputsAsTheirOwnCasts) {
   c.num_attention_heads = 32;
   c.num_key_value_heads = 8;
   c.fused_norm = c.fused_elementwise = true;
-  auto make = [&] {
-    torch::manual_seed(12);
-    fabric::models::LlamaDecoderLayer layer(c);
-    layer->to(torch::kCUDA);
-    fabric::nn::convert_to_fp8(*layer, {}, fabric::nn::Fp8Scaling::kDelayed, 4);
-    return layer;
-  };
-  fabric::models::LlamaDecoderLayer a = make(), b = make();
-  expect_same_steps(
-      a, b, GetParam(), 2048, [](fabric::models::LlamaDecoderLayerImpl& l, const torch::Tensor& x) {
-        const auto& n1 = l.input_layernorm;
-        const auto& n2 = l.post_attention_layernorm;
-        const auto [x1, y1] = fabric::models::keep_rms_norm_16(x, n1->weight, n1->eps());
-        const auto [h, y] =
-            fabric::models::add_rms_norm_16(x1, l.self_attn->forward(y1), n2->weight, n2->eps());
-        return h + l.mlp->forward(y);
-      });
+  for (const auto scaling :
+       {fabric::nn::Fp8Scaling::kDelayed, fabric::nn::Fp8Scaling::kTensorwise}) {
+    SCOPED_TRACE(scaling == fabric::nn::Fp8Scaling::kDelayed ? "delayed" : "tensorwise");
+    auto make = [&] {
+      torch::manual_seed(12);
+      fabric::models::LlamaDecoderLayer layer(c);
+      layer->to(torch::kCUDA);
+      fabric::nn::convert_to_fp8(*layer, {}, scaling, 4);
+      return layer;
+    };
+    fabric::models::LlamaDecoderLayer a = make(), b = make();
+    expect_same_steps(a, b, GetParam(), 2048,
+                      [](fabric::models::LlamaDecoderLayerImpl& l, const torch::Tensor& x) {
+                        const auto& n1 = l.input_layernorm;
+                        const auto& n2 = l.post_attention_layernorm;
+                        const auto [x1, y1] =
+                            fabric::models::keep_rms_norm_16(x, n1->weight, n1->eps());
+                        const auto [h, y] = fabric::models::add_rms_norm_16(
+                            x1, l.self_attn->forward(y1), n2->weight, n2->eps());
+                        return h + l.mlp->forward(y);
+                      });
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, FusedBlockFp8Test,

@@ -158,7 +158,8 @@ void check(int64_t rows, int64_t cols, bool with_delta, bool with_dh_in, bool wi
 // The forward with a float8 output (LayerNormFp8Out) against the same forward with a 16-bit one:
 // h, mean and rstd bitwise the same, q the 16-bit y scaled by 448 / (the history's largest finite
 // entry) and cast to e4m3 saturated (the bytes of CUDA's own conversion), the record the largest
-// |y|, the inverse 1 / scale; y itself untouched.
+// |y|, the inverse 1 / scale; y itself untouched. And with a record but no q, y as the 16-bit
+// forward writes it and its largest magnitude recorded.
 template <typename T>
 void check_fp8(int64_t rows, int64_t cols, bool with_delta, LogitType type, bool rms) {
   std::mt19937 gen(static_cast<unsigned>(rows * 17 + cols));
@@ -219,6 +220,19 @@ void check_fp8(int64_t rows, int64_t cols, bool with_delta, LogitType type, bool
   ASSERT_TRUE(history[4] == 0.f) << what << ": recorded without a record";
   f8.history_len = 0;
   ASSERT_NE(run(h8, untouched, mean8, rstd8, f8), 0) << what << ": an empty history was accepted";
+  // A 16-bit output with its amax (no q, a record: tensorwise scaling's producer): y, h, mean and
+  // rstd bitwise the plain forward's, the record the largest |y|.
+  float amax = 0.f;
+  fabric::kernels::LayerNormFp8Out only_amax;
+  only_amax.record = &amax;
+  std::vector<float> ha(n, -7.f), meana(rows, 0.f), rstda(rows);
+  std::vector<T> ya(n);
+  ASSERT_EQ(run(ha, ya, meana, rstda, only_amax), 0) << what << ": amax forward launch";
+  ASSERT_TRUE(std::memcmp(ya.data(), y16.data(), sizeof(T) * n) == 0) << what << ": y differs";
+  ASSERT_TRUE(std::memcmp(ha.data(), h16.data(), sizeof(float) * n) == 0) << what << ": h differs";
+  ASSERT_TRUE(std::memcmp(rstda.data(), rstd16.data(), sizeof(float) * rows) == 0) << what;
+  ASSERT_TRUE(std::memcmp(meana.data(), mean16.data(), sizeof(float) * rows) == 0) << what;
+  ASSERT_TRUE(amax == largest) << what << ": amax " << amax << ", want " << largest;
 }
 
 }  // namespace

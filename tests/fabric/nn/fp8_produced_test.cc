@@ -46,7 +46,7 @@ torch::Tensor swiglu(const torch::Tensor& g, const torch::Tensor& u) { return at
 // q, k, v: b, c (32 → 32); SwiGLU: b (32 → 64, up), c (64 → 32, down). Delayed scaling, histories
 // of 4. The same weights for every call (seeded).
 struct Net {
-  explicit Net(Mode mode) : mode(mode) {
+  explicit Net(Mode mode, Fp8Scaling scaling = Fp8Scaling::kDelayed) : mode(mode) {
     torch::manual_seed(3);
     ln = torch::nn::LayerNorm(torch::nn::LayerNormOptions({32}));
     {
@@ -59,7 +59,7 @@ struct Net {
         : mode == Mode::kQkv   ? Linear(32, 32)
                                : Linear(32, 64);
     c = mode == Mode::kSwigluMlp ? Linear(64, 32) : Linear(32, 32);
-    for (auto* l : layers()) l->set_fp8(true, Fp8Scaling::kDelayed, 4);
+    for (auto* l : layers()) l->set_fp8(true, scaling, 4);
   }
   std::vector<fabric::nn::LinearImpl*> layers() {
     switch (mode) {
@@ -114,76 +114,81 @@ struct Net {
 // evaluation without gradients (the history only read), a pass with gradients on but nothing to
 // train (the record taken, then cleared), and a training pass after two SGD steps; with and
 // without bf16 autocast. A cast must be handed out exactly on the four passes after the seed, and
-// the layers' own node must read it (not their separate calls).
+// the layers' own node must read it (not their separate calls). Under tensorwise scaling the same
+// with an amax handed out on every pass (the CPU's cast reads it as the CUDA kernels do).
 TEST(Fp8ProducedTest, ProducedInputIsTheLayersOwnCastBitwise) {
   torch::manual_seed(11);
   const torch::Tensor x0 = torch::randn({2, 16, 32}) * 2 + 0.5;
-  for (const Mode mode : {Mode::kLinear, Mode::kGeluMlp, Mode::kQkv, Mode::kSwigluMlp})
-    for (const bool autocast : {false, true}) {
-      Net na(mode), nb(mode);
-      int handed = 0;
-      for (int pass = 0; pass < 5; ++pass) {
-        const bool eval = pass == 2, frozen = pass == 3;
-        const std::string where = std::string(names(mode).name) + (autocast ? ", autocast" : "") +
-                                  ", pass " + std::to_string(pass);
-        auto run = [&](bool produced, Net& net) {
-          std::vector<torch::Tensor> params = net.params();
-          for (auto& p : params) p.requires_grad_(!frozen);
-          torch::Tensor x = (x0 * (1 + 0.25 * pass)).requires_grad_(!frozen);
-          torch::Tensor y;
-          {
-            std::optional<torch::NoGradGuard> no_grad;
-            if (eval) no_grad.emplace();
-            std::optional<fabric::AutocastGuard> bf16;
-            if (autocast) bf16.emplace(c10::DeviceType::CPU, c10::kBFloat16);
-            auto produce = [&](fabric::nn::Fp8InputCast* cast) {
-              const torch::Tensor normed = net.ln->forward(x);
-              if (cast == nullptr) return normed;
-              ++handed;
-              return fabric::nn::fp8_input_from(normed, *cast);
-            };
-            y = produced ? net.produced(x, produce) : net.own(net.ln->forward(x));
+  for (const Fp8Scaling scaling : {Fp8Scaling::kDelayed, Fp8Scaling::kTensorwise})
+    for (const Mode mode : {Mode::kLinear, Mode::kGeluMlp, Mode::kQkv, Mode::kSwigluMlp})
+      for (const bool autocast : {false, true}) {
+        const bool delayed = scaling == Fp8Scaling::kDelayed;
+        Net na(mode, scaling), nb(mode, scaling);
+        int handed = 0;
+        for (int pass = 0; pass < 5; ++pass) {
+          const bool eval = pass == 2, frozen = pass == 3;
+          const std::string where =
+              std::string(names(mode).name) + (delayed ? "" : ", tensorwise") +
+              (autocast ? ", autocast" : "") + ", pass " + std::to_string(pass);
+          auto run = [&](bool produced, Net& net) {
+            std::vector<torch::Tensor> params = net.params();
+            for (auto& p : params) p.requires_grad_(!frozen);
+            torch::Tensor x = (x0 * (1 + 0.25 * pass)).requires_grad_(!frozen);
+            torch::Tensor y;
+            {
+              std::optional<torch::NoGradGuard> no_grad;
+              if (eval) no_grad.emplace();
+              std::optional<fabric::AutocastGuard> bf16;
+              if (autocast) bf16.emplace(c10::DeviceType::CPU, c10::kBFloat16);
+              auto produce = [&](fabric::nn::Fp8InputCast* cast) {
+                const torch::Tensor normed = net.ln->forward(x);
+                if (cast == nullptr) return normed;
+                ++handed;
+                return fabric::nn::fp8_input_from(normed, *cast);
+              };
+              y = produced ? net.produced(x, produce) : net.own(net.ln->forward(x));
+            }
+            if (produced && (pass > 0 || !delayed) && !eval && !frozen) {
+              // (q, k, v: cat's node first; the shared node is its input's)
+              const auto& fn =
+                  mode == Mode::kQkv ? y.grad_fn()->next_edges()[0].function : y.grad_fn();
+              EXPECT_NE(fn->name().find(names(mode).node), std::string::npos)
+                  << where << ": " << fn->name();
+            }
+            std::vector<torch::Tensor> out = {y.detach()};
+            if (!eval && !frozen) {
+              y.backward(torch::ones_like(y) * 0.5 + y.detach() * 0.1);
+              out.push_back(x.grad());
+              for (auto& p : params)
+                if (p.grad().defined()) out.push_back(p.grad());
+              torch::NoGradGuard no_grad;
+              for (auto& p : params)
+                if (p.grad().defined()) p.sub_(p.grad() * 0.05), p.mutable_grad().reset();
+            }
+            for (auto& p : params) p.requires_grad_(true);
+            return out;
+          };
+          const int before = handed;
+          const auto a = run(true, na);
+          const auto b = run(false, nb);
+          EXPECT_EQ(handed - before, pass == 0 && delayed ? 0 : 1)
+              << where << ": casts handed to the norm";
+          ASSERT_EQ(a.size(), b.size()) << where;
+          for (size_t i = 0; i < a.size(); ++i)
+            EXPECT_TRUE(torch::equal(a[i], b[i])) << where << ", tensor " << i;
+          const auto la = na.layers(), lb = nb.layers();
+          for (size_t i = 0; i < la.size() && delayed; ++i) {
+            EXPECT_TRUE(torch::equal(la[i]->fp8_history()->amax, lb[i]->fp8_history()->amax))
+                << where << ", layer " << i;
+            EXPECT_TRUE(torch::equal(la[i]->fp8_history()->seeded, lb[i]->fp8_history()->seeded))
+                << where << ", layer " << i;
           }
-          if (produced && pass > 0 && !eval && !frozen) {
-            // (q, k, v: cat's node first; the shared node is its input's)
-            const auto& fn =
-                mode == Mode::kQkv ? y.grad_fn()->next_edges()[0].function : y.grad_fn();
-            EXPECT_NE(fn->name().find(names(mode).node), std::string::npos)
-                << where << ": " << fn->name();
-          }
-          std::vector<torch::Tensor> out = {y.detach()};
-          if (!eval && !frozen) {
-            y.backward(torch::ones_like(y) * 0.5 + y.detach() * 0.1);
-            out.push_back(x.grad());
-            for (auto& p : params)
-              if (p.grad().defined()) out.push_back(p.grad());
-            torch::NoGradGuard no_grad;
-            for (auto& p : params)
-              if (p.grad().defined()) p.sub_(p.grad() * 0.05), p.mutable_grad().reset();
-          }
-          for (auto& p : params) p.requires_grad_(true);
-          return out;
-        };
-        const int before = handed;
-        const auto a = run(true, na);
-        const auto b = run(false, nb);
-        EXPECT_EQ(handed - before, pass == 0 ? 0 : 1) << where << ": casts handed to the norm";
-        ASSERT_EQ(a.size(), b.size()) << where;
-        for (size_t i = 0; i < a.size(); ++i)
-          EXPECT_TRUE(torch::equal(a[i], b[i])) << where << ", tensor " << i;
-        const auto la = na.layers(), lb = nb.layers();
-        for (size_t i = 0; i < la.size(); ++i) {
-          EXPECT_TRUE(torch::equal(la[i]->fp8_history()->amax, lb[i]->fp8_history()->amax))
-              << where << ", layer " << i;
-          EXPECT_TRUE(torch::equal(la[i]->fp8_history()->seeded, lb[i]->fp8_history()->seeded))
-              << where << ", layer " << i;
         }
       }
-    }
 }
 
-// Layers that cannot share one made cast are handed none: q, k and v under tensorwise scaling
-// (no history), with one layer outside float8, or with one layer's fast_accumulation off read
+// Layers that cannot share one made cast are handed none: q, k and v with v tensorwise and the
+// others delayed, with one layer outside float8, or with one layer's fast_accumulation off read
 // their input as written, with the values of a twin that never had a producer (two passes: the
 // seed, then the one a cast would be handed on).
 TEST(Fp8ProducedTest, LayersThatCannotShareACastAreHandedNone) {
@@ -192,7 +197,7 @@ TEST(Fp8ProducedTest, LayersThatCannotShareACastAreHandedNone) {
     Net na(Mode::kQkv), nb(Mode::kQkv);
     for (Net* n : {&na, &nb}) {
       if (variant == 0)
-        for (auto* l : n->layers()) l->set_fp8(true, Fp8Scaling::kTensorwise);
+        n->c->set_fp8(true, Fp8Scaling::kTensorwise);
       else if (variant == 1)
         n->c->set_fp8(false);
       else
@@ -212,8 +217,32 @@ TEST(Fp8ProducedTest, LayersThatCannotShareACastAreHandedNone) {
   }
 }
 
+// Under tensorwise scaling the layers' cast reads the amax their producer took, not one of its
+// own: a producer that reports 1.5 times its output's amax shrinks the scale by a factor that is
+// not a power of two (one would only move the exponents), which changes the rounding and so the
+// output (one layer, layers sharing the input, the SwiGLU MLP).
+TEST(Fp8ProducedTest, ATensorwiseCastReadsTheAmaxItsProducerTook) {
+  torch::manual_seed(5);
+  const torch::Tensor x = torch::randn({2, 16, 32}) * 2;
+  for (const Mode mode : {Mode::kLinear, Mode::kQkv, Mode::kSwigluMlp}) {
+    Net n(mode, Fp8Scaling::kTensorwise);
+    for (const double factor : {1.0, 1.5}) {
+      const torch::Tensor y = n.produced(x, [&](fabric::nn::Fp8InputCast* cast) {
+        const torch::Tensor normed = n.ln->forward(x);
+        if (cast == nullptr) return normed;
+        const torch::Tensor out = fabric::nn::fp8_input_from(normed, *cast);
+        cast->amax.mul_(factor);
+        return out;
+      });
+      EXPECT_EQ(torch::equal(y, n.own(n.ln->forward(x))), factor == 1.0)
+          << names(mode).name << ", amax x " << factor;
+    }
+  }
+}
+
 // A made cast of the wrong size, or handed to a recipe that cannot take one, is refused; so is a
-// shared one for layers whose input history is not seeded, or that are not delayed.
+// shared one for layers whose input history is not seeded, or that are not delayed; an amax alone
+// only for tensorwise layers reading their input itself.
 TEST(Fp8ProducedTest, AMadeCastThatDoesNotFitIsRefused) {
   const torch::Tensor x = torch::randn({16, 32}), w = torch::randn({48, 32});
   Fp8History h(4);
@@ -232,6 +261,14 @@ TEST(Fp8ProducedTest, AMadeCastThatDoesNotFitIsRefused) {
   EXPECT_THROW(fabric::nn::fp8_linears(x, {{w, {}, nullptr, true}, {w, {}, nullptr, true}},
                                        Fp8Scaling::kTensorwise, &right),
                fabric::Error);
+  const fabric::nn::Fp8Input amax{{}, {}, {}, torch::ones({})};
+  EXPECT_THROW(fabric::nn::fp8_linear(x, w, {}, Fp8Scaling::kDelayed, &h, false, true, &amax),
+               fabric::Error);
+  EXPECT_THROW(
+      fabric::nn::fp8_linear(x, w, {}, Fp8Scaling::kTensorwise, nullptr, true, true, &amax),
+      fabric::Error);
+  EXPECT_NO_THROW(
+      fabric::nn::fp8_linear(x, w, {}, Fp8Scaling::kTensorwise, nullptr, false, true, &amax));
   const fabric::nn::Fp8Layer down{torch::randn({32, 48}), {}, &h, true};
   EXPECT_THROW(
       fabric::nn::fp8_swiglu_mlp(x, two[0], two[1], down, Fp8Scaling::kDelayed, nullptr, &right),
