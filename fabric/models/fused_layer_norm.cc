@@ -286,6 +286,13 @@ struct FusedAddRmsNorm : torch::autograd::Function<FusedAddRmsNorm> {
 };
 #endif
 
+// The _fp8 functions' refusal where their kernel does not apply (`applies`: the test that failed).
+[[noreturn]] void refuse(const char* function, const char* norm, const at::Tensor& x,
+                         const char* applies) {
+  throw Error(std::string(function) + ": the fused " + norm + " does not apply to " +
+              c10::str(x.sizes()) + " on " + x.device().str() + " (" + applies + ")");
+}
+
 }  // namespace
 
 bool layer_norm_applies(const at::Tensor& x, const torch::nn::LayerNorm& ln) {
@@ -342,8 +349,7 @@ std::pair<at::Tensor, at::Tensor> keep_layer_norm_fp8(const at::Tensor& x,
   }
 #endif
   (void)target;
-  throw Error("keep_layer_norm_fp8: the fused LayerNorm does not apply to " + c10::str(x.sizes()) +
-              " on " + x.device().str() + " (layer_norm_applies)");
+  refuse("keep_layer_norm_fp8", "LayerNorm", x, "layer_norm_applies");
 }
 
 std::pair<at::Tensor, at::Tensor> add_layer_norm_fp8(const at::Tensor& x, const at::Tensor& delta,
@@ -358,8 +364,7 @@ std::pair<at::Tensor, at::Tensor> add_layer_norm_fp8(const at::Tensor& x, const 
 #endif
   (void)delta;
   (void)target;
-  throw Error("add_layer_norm_fp8: the fused LayerNorm does not apply to " + c10::str(x.sizes()) +
-              " on " + x.device().str() + " (add_layer_norm_applies)");
+  refuse("add_layer_norm_fp8", "LayerNorm", x, "add_layer_norm_applies");
 }
 
 std::pair<at::Tensor, at::Tensor> add_layer_norm_16(const at::Tensor& x, const at::Tensor& delta,
@@ -444,8 +449,7 @@ std::pair<at::Tensor, at::Tensor> keep_rms_norm_fp8(const at::Tensor& x, const a
 #endif
   (void)eps;
   (void)target;
-  throw Error("keep_rms_norm_fp8: the fused RMSNorm does not apply to " + c10::str(x.sizes()) +
-              " on " + x.device().str() + " (rms_norm_applies)");
+  refuse("keep_rms_norm_fp8", "RMSNorm", x, "rms_norm_applies");
 }
 
 std::pair<at::Tensor, at::Tensor> add_rms_norm_fp8(const at::Tensor& x, const at::Tensor& delta,
@@ -460,8 +464,7 @@ std::pair<at::Tensor, at::Tensor> add_rms_norm_fp8(const at::Tensor& x, const at
 #endif
   (void)eps;
   (void)target;
-  throw Error("add_rms_norm_fp8: the fused RMSNorm does not apply to " + c10::str(x.sizes()) +
-              " on " + x.device().str() + " (add_rms_norm_applies)");
+  refuse("add_rms_norm_fp8", "RMSNorm", x, "add_rms_norm_applies");
 }
 
 NormFp8Target take_fp8_target(fabric::nn::Fp8InputCast& cast) {

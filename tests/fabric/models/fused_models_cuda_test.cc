@@ -180,6 +180,18 @@ void expect_same_steps(Block& a, Block& b, torch::ScalarType t, int64_t width,
   }
 }
 
+// expect_same_steps for two blocks from make(scaling), delayed, then tensorwise.
+template <typename Make, typename Composed>
+void expect_same_steps_both_recipes(const Make& make, torch::ScalarType t, int64_t width,
+                                    const Composed& composed) {
+  for (const auto scaling :
+       {fabric::nn::Fp8Scaling::kDelayed, fabric::nn::Fp8Scaling::kTensorwise}) {
+    SCOPED_TRACE(scaling == fabric::nn::Fp8Scaling::kDelayed ? "delayed" : "tensorwise");
+    auto a = make(scaling), b = make(scaling);
+    expect_same_steps(a, b, t, width, composed);
+  }
+}
+
 // fp8-mixed with delayed scaling: a GPT block whose fused LayerNorms write c_attn's and c_fc's
 // float8 inputs themselves (BlockImpl::forward, through fabric::nn::produced_forward) against the
 // same block composed with the 16-bit norms (expect_same_steps); with tensorwise scaling, the
@@ -193,25 +205,19 @@ TEST_P(FusedBlockFp8Test, Fp8BlockNormsWriteTheLinearsInputsAsTheirOwnCasts) {
   GPTConfig c;
   c.n_embd = 1024;
   c.n_head = 16;
-  for (const auto scaling :
-       {fabric::nn::Fp8Scaling::kDelayed, fabric::nn::Fp8Scaling::kTensorwise}) {
-    SCOPED_TRACE(scaling == fabric::nn::Fp8Scaling::kDelayed ? "delayed" : "tensorwise");
-    auto make = [&] {  // the same weights for both sides, each with its own histories
-      torch::manual_seed(12);
-      fabric::models::Block blk(c);
-      blk->to(torch::kCUDA);
-      fabric::nn::convert_to_fp8(*blk, {}, scaling, 4);
-      return blk;
-    };
-    fabric::models::Block a = make(), b = make();
-    expect_same_steps(a, b, GetParam(), 1024,
-                      [](fabric::models::BlockImpl& blk, const torch::Tensor& x) {
-                        const auto [x1, y1] = fabric::models::keep_layer_norm_16(x, blk.ln_1);
-                        const auto [h, y] =
-                            fabric::models::add_layer_norm_16(x1, blk.attn->forward(y1), blk.ln_2);
-                        return h + blk.mlp->forward(y);
-                      });
-  }
+  auto make = [&](fabric::nn::Fp8Scaling scaling) {  // the same weights, each its own histories
+    torch::manual_seed(12);
+    fabric::models::Block blk(c);
+    blk->to(torch::kCUDA);
+    fabric::nn::convert_to_fp8(*blk, {}, scaling, 4);
+    return blk;
+  };
+  expect_same_steps_both_recipes(
+      make, GetParam(), 1024, [](fabric::models::BlockImpl& blk, const torch::Tensor& x) {
+        const auto [x1, y1] = fabric::models::keep_layer_norm_16(x, blk.ln_1);
+        const auto [h, y] = fabric::models::add_layer_norm_16(x1, blk.attn->forward(y1), blk.ln_2);
+        return h + blk.mlp->forward(y);
+      });
 }
 
 // The same for a Llama decoder layer of Llama 3.2 1B's shape (width 2048, 32 query and 8
@@ -229,28 +235,22 @@ TEST_P(FusedBlockFp8Test, Fp8LlamaNormsWriteTheSharedInputsAsTheirOwnCasts) {
   c.num_attention_heads = 32;
   c.num_key_value_heads = 8;
   c.fused_norm = c.fused_elementwise = true;
-  for (const auto scaling :
-       {fabric::nn::Fp8Scaling::kDelayed, fabric::nn::Fp8Scaling::kTensorwise}) {
-    SCOPED_TRACE(scaling == fabric::nn::Fp8Scaling::kDelayed ? "delayed" : "tensorwise");
-    auto make = [&] {
-      torch::manual_seed(12);
-      fabric::models::LlamaDecoderLayer layer(c);
-      layer->to(torch::kCUDA);
-      fabric::nn::convert_to_fp8(*layer, {}, scaling, 4);
-      return layer;
-    };
-    fabric::models::LlamaDecoderLayer a = make(), b = make();
-    expect_same_steps(a, b, GetParam(), 2048,
-                      [](fabric::models::LlamaDecoderLayerImpl& l, const torch::Tensor& x) {
-                        const auto& n1 = l.input_layernorm;
-                        const auto& n2 = l.post_attention_layernorm;
-                        const auto [x1, y1] =
-                            fabric::models::keep_rms_norm_16(x, n1->weight, n1->eps());
-                        const auto [h, y] = fabric::models::add_rms_norm_16(
-                            x1, l.self_attn->forward(y1), n2->weight, n2->eps());
-                        return h + l.mlp->forward(y);
-                      });
-  }
+  auto make = [&](fabric::nn::Fp8Scaling scaling) {
+    torch::manual_seed(12);
+    fabric::models::LlamaDecoderLayer layer(c);
+    layer->to(torch::kCUDA);
+    fabric::nn::convert_to_fp8(*layer, {}, scaling, 4);
+    return layer;
+  };
+  expect_same_steps_both_recipes(
+      make, GetParam(), 2048, [](fabric::models::LlamaDecoderLayerImpl& l, const torch::Tensor& x) {
+        const auto& n1 = l.input_layernorm;
+        const auto& n2 = l.post_attention_layernorm;
+        const auto [x1, y1] = fabric::models::keep_rms_norm_16(x, n1->weight, n1->eps());
+        const auto [h, y] =
+            fabric::models::add_rms_norm_16(x1, l.self_attn->forward(y1), n2->weight, n2->eps());
+        return h + l.mlp->forward(y);
+      });
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, FusedBlockFp8Test,
