@@ -19,6 +19,7 @@
 //   fabric/nn/tensor_parallel.h    Linear and Embedding a tensor-parallel plan can split, the
 //                                  plan (TensorParallelPlanned), local_heads, sequence
 //                                  parallelism's enter/leave (docs/tensor_parallel.md)
+//   fabric/nn/fp8_layers.h         float8 nodes of several Linear layers, inputs cast by norms
 //   fabric/nn/parallel_rng.h       RankRandomScope: dropout on a rank's own heads or positions
 //   fabric/accelerators/memory.h   tensor memory per process: statistics, a limit
 //   fabric/connector.h             how the config was resolved (Fabric::setup_info)
@@ -42,6 +43,7 @@
 #include "fabric/graphed_step.h"
 #include "fabric/main.h"
 #include "fabric/nn/batch_norm.h"
+#include "fabric/nn/fp8_layers.h"
 #include "fabric/nn/parallel_rng.h"
 #include "fabric/nn/tensor_parallel.h"
 #include "fabric/nonfinite_guard.h"

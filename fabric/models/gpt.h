@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "fabric/models/fused_cross_entropy.h"
+#include "fabric/nn/fp8_layers.h"
 #include "fabric/nn/tensor_parallel.h"
 
 namespace fabric::models {

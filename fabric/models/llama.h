@@ -43,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "fabric/nn/fp8_layers.h"
 #include "fabric/nn/tensor_parallel.h"
 
 namespace fabric::models {
@@ -141,9 +142,9 @@ class LlamaAttentionImpl : public torch::nn::Module {
   std::shared_ptr<const ContextParallelGroup> context_parallel;
 
  private:
-  // The attention from q, k and v's projections of B sequences, rotary angles in rope_type.
-  torch::Tensor attend(const std::vector<torch::Tensor>& qkv, int64_t B,
-                       const torch::Device& device, torch::ScalarType rope_type);
+  // The attention from q, k and v's projections of x (the norm's output, or its input `like`:
+  // read for its batch size, device and dtype).
+  torch::Tensor attend(const std::vector<torch::Tensor>& qkv, const torch::Tensor& x);
   int64_t heads_, kv_heads_, head_dim_;
   bool fused_elementwise_;  // LlamaConfig::fused_elementwise
   torch::Tensor inv_freq_;  // llama_rope_inv_freq (not a buffer: checkpoints do not hold it)

@@ -70,30 +70,27 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
 
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
   // (Under fp8-mixed one cast of x for the three: fabric::nn::shared_input_forward.)
-  // In the residual stream's dtype: float32 under autocast (x, the RMSNorm's output, is 16-bit
-  // when the norm is fused), else x's.
-  const auto rope_type =
-      at::autocast::is_autocast_enabled(x.device().type()) ? torch::kFloat : x.scalar_type();
-  return attend(fabric::nn::shared_input_forward({q_proj.get(), k_proj.get(), v_proj.get()}, x),
-                x.size(0), x.device(), rope_type);
+  return attend(fabric::nn::shared_input_forward({q_proj.get(), k_proj.get(), v_proj.get()}, x), x);
 }
 
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& like,
                                           const fabric::nn::Fp8Producer& produce) {
-  // (like: the norm's float32 input; under autocast the angles are float32, as forward's.)
-  const auto rope_type =
-      at::autocast::is_autocast_enabled(like.device().type()) ? torch::kFloat : like.scalar_type();
   return attend(
       fabric::nn::shared_input_forward({q_proj.get(), k_proj.get(), v_proj.get()}, like, produce),
-      like.size(0), like.device(), rope_type);
+      like);
 }
 
-torch::Tensor LlamaAttentionImpl::attend(const std::vector<torch::Tensor>& qkv, int64_t B,
-                                         const torch::Device& device, torch::ScalarType rope_type) {
-  // Under sequence parallelism the input holds this rank's T / tp positions and the column layers
-  // gather the whole sequence: T is theirs.
+torch::Tensor LlamaAttentionImpl::attend(const std::vector<torch::Tensor>& qkv,
+                                         const torch::Tensor& x) {
+  // Under sequence parallelism x holds this rank's T / tp positions and the column layers gather
+  // the whole sequence: T is theirs.
   const torch::Tensor &q_out = qkv[0], &k_out = qkv[1], &v_out = qkv[2];
-  const int64_t T = q_out.size(1);
+  const int64_t B = x.size(0), T = q_out.size(1);
+  const torch::Device device = x.device();
+  // In the residual stream's dtype: float32 under autocast (the RMSNorm's output is 16-bit when
+  // the norm is fused), else x's.
+  const auto rope_type =
+      at::autocast::is_autocast_enabled(device.type()) ? torch::kFloat : x.scalar_type();
   // Rotary angles [T, D]: position · frequency, each frequency twice (for the two halves). Under
   // context parallelism the tokens' global positions (two chunks, not contiguous), as float32
   // integers: the angles are those of the whole sequence's rows bit for bit.

@@ -67,7 +67,7 @@ struct Fp8History {
 // the layer's input history is seeded): a fused LayerNorm writes its output as float8 itself
 // (fabric/models/fused_layer_norm.h), so the output is never written in 16 bits and read again by
 // the layer's cast. fabric::nn fills `history` and `record` and makes q and inverse
-// (tensor_parallel.h: produced_forward); the producer writes q [M, K] (float8_e4m3fn, row-major) =
+// (fp8_layers.h: produced_forward); the producer writes q [M, K] (float8_e4m3fn, row-major) =
 // its output · s saturated, s = 448 / the largest finite entry of history[0 .. length), inverse = 1
 // / s, and when `record` takes its output's largest magnitude into history[length] (an atomic
 // maximum): the bytes, inverse and record the layer's own delayed cast of that output would make.

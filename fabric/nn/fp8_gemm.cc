@@ -75,7 +75,7 @@ Quantized quantize_input(const torch::Tensor& x2, bool rowwise, const torch::Ten
                          const torch::Tensor& amax) {
   const auto dx = delayed_operand(history, seeded, 0, record);
   return quantize(x2, torch::kFloat8_e4m3fn, kE4m3Max, rowwise, dx ? &*dx : nullptr, nullptr, f,
-                  dx ? torch::Tensor() : amax);
+                  amax);
 }
 
 // forward_gemm with its input quantized already (qx: quantize_input's; Fp8SharedInput's layers).

@@ -1,5 +1,5 @@
 // A float8 Linear's input cast made by the kernel that writes the input (fp8.h: Fp8InputCast,
-// fp8_input_from, fp8_stand_in; tensor_parallel.h: produced_forward).
+// fp8_input_from, fp8_stand_in; fp8_layers.h: produced_forward).
 #include <torch/autograd.h>
 
 #include <cstdint>
@@ -71,6 +71,12 @@ torch::Tensor fp8_stand_in(const torch::Tensor& y) { return detail::StandIn::app
 
 namespace {
 
+// slot (one float32) = max(slot, y's largest magnitude): a record's atomic maximum, as the
+// layer's own cast takes it.
+void take_amax(const torch::Tensor& slot, const torch::Tensor& y) {
+  slot.copy_(torch::maximum(slot, y.abs().amax().to(torch::kFloat)));
+}
+
 // y's cast into `cast` (fp8_input_from's, without gradients).
 void take_cast(const torch::Tensor& y, Fp8InputCast& cast) {
   const torch::Tensor y2 = y.detach().reshape({-1, y.size(-1)}).contiguous();
@@ -84,10 +90,7 @@ void take_cast(const torch::Tensor& y, Fp8InputCast& cast) {
       detail::quantize(y2, torch::kFloat8_e4m3fn, detail::kE4m3Max, false, &d);
   cast.q.copy_(qy.q);
   cast.inverse.copy_(qy.rows_inverse);
-  if (cast.record) {
-    const torch::Tensor slot = cast.history.select(0, cast.history.size(0) - 1);
-    slot.copy_(torch::maximum(slot, y2.abs().amax().to(torch::kFloat)));
-  }
+  if (cast.record) take_amax(cast.history.select(0, cast.history.size(0) - 1), y2);
 }
 
 }  // namespace
@@ -97,7 +100,7 @@ torch::Tensor fp8_input_from(const torch::Tensor& y, Fp8InputCast& cast) {
     if (!cast.amax.defined() || cast.amax.numel() != 1)
       throw Error("fp8_input_from: a cast with neither q nor amax");
     const torch::NoGradGuard no_grad;
-    cast.amax.copy_(torch::maximum(cast.amax, y.detach().abs().amax().to(torch::kFloat)));
+    take_amax(cast.amax, y.detach());
     cast.taken = true;
     return y;
   }

@@ -1,14 +1,11 @@
-// The model-facing float8 entry points of tensor_parallel.h (gelu_tanh_mlp, produced_forward,
-// shared_input_forward, swiglu_mlp): fabric::nn::Linear layers handed to fp8.h's nodes when they
-// run whole in float8 with one recipe, and their input casts made by the layers' producer.
+#include "fabric/nn/fp8_layers.h"
+
 #include <torch/autograd.h>
 
 #include <optional>
 #include <vector>
 
-#include "fabric/nn/fp8.h"
 #include "fabric/nn/fp8_gemm.h"
-#include "fabric/nn/tensor_parallel.h"
 
 namespace fabric::nn {
 

@@ -260,8 +260,7 @@ Quantized quantize(const torch::Tensor& t, c10::ScalarType dtype, double largest
   if (kernels_apply(t) && fusable(t, rowwise, f))
     return quantize_kernels(t, dtype, rowwise, delayed, col_sum, f, amax);
 #endif
-  if (f.op == Pointwise::Op::kNone)
-    return quantize_aten(t, dtype, largest, rowwise, delayed, rowwise ? torch::Tensor() : amax);
+  if (f.op == Pointwise::Op::kNone) return quantize_aten(t, dtype, largest, rowwise, delayed, amax);
   const torch::Tensor v = pointwise_aten(t, f);
   if (col_sum != nullptr) *col_sum = v.sum(0, /*keepdim=*/false, torch::kFloat);  // as the kernel
   return quantize(v, dtype, largest, rowwise, delayed, nullptr, {}, amax);

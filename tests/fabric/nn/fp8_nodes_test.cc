@@ -3,7 +3,7 @@
 // they read: fp8_nodes_cuda_test): the GPT MLP (fp8_gelu_mlp), layers reading one input
 // (fp8_linears) and the Llama MLP (fp8_swiglu_mlp). Products, gradients and delayed scaling's
 // histories bitwise, tensorwise and delayed, with and without biases and bf16 autocast; and the
-// tensor_parallel.h entry points that take each node only for whole float8 layers of one recipe
+// fp8_layers.h entry points that take each node only for whole float8 layers of one recipe
 // (a layer's input cast made by its producer: fp8_produced_test).
 #include <ATen/ops/silu.h>
 #include <gtest/gtest.h>
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "fabric/nn/fp8.h"
+#include "fabric/nn/fp8_layers.h"
 #include "fabric/nn/tensor_parallel.h"
 #include "fabric/precision/autocast.h"
 

@@ -16,6 +16,7 @@
 
 #include "fabric/core/error.h"
 #include "fabric/nn/fp8.h"
+#include "fabric/nn/fp8_layers.h"
 #include "fabric/nn/tensor_parallel.h"
 #include "fabric/precision/autocast.h"
 
