@@ -22,6 +22,7 @@
 #include "fabric/logging/loggers.h"
 #include "fabric/logging/progress.h"
 #include "fabric/main.h"
+#include "fabric/nn/fp8.h"
 #include "strategies/collectives.h"
 
 namespace fabric {
@@ -119,6 +120,9 @@ bool Fabric::should_stop() {
 }
 
 void Fabric::setup_module(torch::nn::Module& module) {
+  // The strategy may write the weights (a broadcast of rank 0's, a load): no float8 cast kept
+  // from before survives (fabric/nn/fp8.h).
+  const ScopeGuard casts([] { fabric::nn::release_fp8_weights(); });
   phase_ = Phase::kSetup;
   if (setup_->channels_last) {
     // Before the strategy sees the module: moves and dtype casts keep the memory format, and
@@ -224,9 +228,14 @@ void sync_before_step(const Config& config, Strategy& strategy) {
 
 bool Fabric::step(torch::optim::Optimizer& optimizer) {
   phase_ = Phase::kStep;
+  // The float8 weight casts kept for the micro-batches (fabric/nn/fp8.h) go before the optimizer
+  // allocates, and again after it wrote the weights (a sharded optimizer's gather writes them
+  // without an in-place op).
+  fabric::nn::release_fp8_weights();
   sync_before_step(config_, *strategy_);  // before a clip measures them
   clip_for_config(optimizer);
   const bool stepped = strategy_->optimizer_step(optimizer);
+  fabric::nn::release_fp8_weights();
   ++steps_;
   phase_ = Phase::kForward;
   if (setup_->memory_limit_gb > 0) {

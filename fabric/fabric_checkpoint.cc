@@ -31,6 +31,7 @@
 #include "fabric/core/suggest.h"
 #include "fabric/fabric.h"
 #include "fabric/fp8_checkpoint.h"
+#include "fabric/nn/fp8.h"
 #include "strategies/collectives.h"
 
 namespace fabric {
@@ -415,8 +416,19 @@ std::function<void()> Fabric::snapshot_for_save(const std::string& path,
   return [file, taken = snapshot] { save_archive(file, *taken); };
 }
 
+namespace {
+
+// Loading writes weights (some through their data pointers): the float8 casts kept of them
+// (fabric/nn/fp8.h) go when it ends, however it ends.
+ScopeGuard release_fp8_weights_after() {
+  return ScopeGuard([] { fabric::nn::release_fp8_weights(); });
+}
+
+}  // namespace
+
 void Fabric::load(const std::string& path, CheckpointState& state, bool strict) {
   const PhaseScope phase(*this, Phase::kLoad);
+  const ScopeGuard casts = release_fp8_weights_after();
   const auto file = absolute_from_working_directory(path);
   const std::string source = file.string();
   for (const auto& entry : state.entries())
@@ -532,6 +544,7 @@ void Fabric::load_weights_of(torch::nn::Module& module, const std::string& path)
 void Fabric::load_weights_of(torch::nn::Module& module, const StateDict& tensors,
                              const std::string& source, const KeepName& keep) {
   const PhaseScope phase(*this, Phase::kLoad);
+  const ScopeGuard casts = release_fp8_weights_after();
   refuse_pending_init(pending_inits_, module, source, "");
   ShardedState* sharded = strategy_->sharded_state();
   if (sharded != nullptr) {

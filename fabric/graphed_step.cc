@@ -20,6 +20,7 @@
 #include "fabric/core/error.h"
 #include "fabric/core/scaled_step.h"
 #include "fabric/fabric.h"
+#include "fabric/nn/fp8.h"
 #include "fabric/training/clip.h"
 
 namespace fabric {
@@ -243,7 +244,10 @@ torch::Tensor GraphedStep::operator()(const std::vector<torch::Tensor>& batch) {
     }
     for (size_t i = 0; i < batch.size(); ++i) g.inputs[i].copy_(batch[i], /*non_blocking=*/true);
   }
-  g.graph->replay();         // the capture recorded the step without running it: this runs it
+  g.graph->replay();  // the capture recorded the step without running it: this runs it
+  // The replay wrote the weights with no host code run (no Fabric::step, no version bumps): the
+  // float8 casts kept of them (fabric/nn/fp8.h) go.
+  fabric::nn::release_fp8_weights();
   grad_norm_ = g.grad_norm;  // an eager step in between may have pointed it elsewhere
   scaled_->steps_ran_on_device();
   ++replays_;

@@ -12,6 +12,7 @@
 #include "fabric/core/error.h"
 #include "fabric/distributed/process_group.h"
 #include "fabric/nn/empty_init.h"
+#include "fabric/nn/fp8.h"
 #include "strategies/optimizer_shard.h"
 #include "strategies/sharded_parameters.h"
 
@@ -120,6 +121,9 @@ void Fsdp::setup_module(torch::nn::Module& module) {
   const std::shared_ptr<InitRecord> empty_init = take_empty_init(module);
   if (!empty_init) module.to(device_);
   convert_module(module);
+  // A unit's parameters are gathered for each use and freed after: a float8 cast kept between
+  // passes (fabric/nn/fp8.h) would hold whole weights the sharding is there to free.
+  for (const auto& p : module.parameters()) fabric::nn::set_fp8_weight_cached(p, false);
   std::vector<torch::Tensor> params;
   std::vector<std::string> names;
   for (const auto& item : module.named_parameters()) {

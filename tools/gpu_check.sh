@@ -44,7 +44,8 @@
 #                   issue 70's: fsdp cpu_offload bitwise fsdp without it, peak device bytes
 #                   (about 1.5 minutes on an H200: mp_rows about 60 s, bubble 24 s, 2026-11-30)
 #   --suite=fp8: issue 72 item 2 (about 5.5 minutes on an H200: fp8_speed 220 s, fp8_loss 115 s,
-#                   2026-11-30; since then fp8_nodes_cuda_test): fp8_cuda_test (the float8 kernels
+#                   2026-11-30; since then fp8_nodes_cuda_test and the accum4 sides, about 1
+#                   minute more, estimated): fp8_cuda_test (the float8 kernels
 #                   against ATen, delayed scaling, the fused bias gradient and GELU),
 #                   fp8_nodes_cuda_test (the GPT MLP, shared-input and Llama MLP nodes),
 #                   gpt_compare.sh's ours-eager (bf16-mixed) vs ours-fp8 vs ours-fp8-delayed
@@ -52,7 +53,9 @@
 #                   ours-fp8-auto: its two 1024-wide projections in bf16, torchao's heuristic,
 #                   and ours-graphs against ours-fp8-delayed-graphs: both with CUDA graphs;
 #                   on both models ours-fp8-delayed-tilegrid: the cast kernels' grid before
-#                   2026-11-30, a block per tile, against the default's wave)
+#                   2026-11-30, a block per tile, against the default's wave; on gpt2-medium
+#                   with 4 micro-batches a step, ours-eager-accum4, ours-fp8-delayed-accum4 and
+#                   ours-fp8-delayed-accum4-nocache: what the kept float8 weight casts give)
 #                   on gpt2-medium (batch 16) and gpt2-xl (batch 8) x 1024 tokens, 15 timed steps
 #                   after 6, --reps interleaved, with a profile summary of ours-fp8-delayed on
 #                   each (rowwise, measured on 2026-11-28, is left out: ours-fp8-rowwise by hand),
@@ -585,7 +588,7 @@ print("peak device bytes per rank: %s without cpu_offload, %s with" % (a, b))' \
     check fp8_cuda_test 240 "$runsh" fp8_cuda_test --gtest_brief=1
     check fp8_nodes_cuda_test 240 "$runsh" fp8_nodes_cuda_test --gtest_brief=1
     local m b spec extra
-    for spec in "gpt2-medium 16 ,ours-fp8-delayed-tilegrid,ours-fp8-precise,ours-fp8-auto,ours-graphs,ours-fp8-delayed-graphs" \
+    for spec in "gpt2-medium 16 ,ours-fp8-delayed-tilegrid,ours-fp8-precise,ours-fp8-auto,ours-graphs,ours-fp8-delayed-graphs,ours-eager-accum4,ours-fp8-delayed-accum4,ours-fp8-delayed-accum4-nocache" \
                 "gpt2-xl 8 ,ours-fp8-delayed-tilegrid"; do
       read -r m b extra <<<"$spec"
       local mflags=(--reps="$reps" --model="$m" --batch="$b" --steps=15 --warmup=6

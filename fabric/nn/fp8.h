@@ -181,6 +181,25 @@ torch::Tensor fp8_swiglu_mlp(const torch::Tensor& x, const Fp8Layer& gate, const
                              const Fp8Layer& down, Fp8Scaling scaling = Fp8Scaling::kTensorwise,
                              SwigluFn swiglu = nullptr, const Fp8Input* input = nullptr);
 
+// Weight casts kept between passes: a float8 layer's weight is cast to e4m3 (with the transposed
+// copy backward reads) once per change of the weight, not once per forward, so gradient
+// accumulation's micro-batches, activation checkpointing's recomputation and evaluation batches
+// reuse one cast (fp8_weight_cache.cc: kept from the weight's second pass, or from its first when
+// its last version had two or more; 2 bytes a weight element while kept). A weight has changed
+// when its memory, its version counter (any in-place op bumps it) or its layout has, and at
+// release_fp8_weights(), which Fabric::step and Fabric::load call (and code that writes weights
+// otherwise, through their data pointers, must call). The same values as a cast every pass,
+// except under delayed scaling: the weight's history row advances once per change of the weight
+// (in its first training pass), and the other passes over it reuse that pass's cast. Never kept:
+// under inference mode, while a CUDA graph is captured, and for weights marked
+// set_fp8_weight_cached(w, false) (fsdp's, gathered for each use).
+void release_fp8_weights();
+// The cache for the whole process (on by default; tools/bench/throughput --fp8_weight_cache=false).
+void set_fp8_weight_cache(bool on);
+void set_fp8_weight_cached(const torch::Tensor& weight, bool cached);
+// Weight casts made so far by this process (the cache's misses; for tests and benchmarks).
+int64_t fp8_weight_casts();
+
 // Whether `device` can run float8 GEMMs with `scaling`; `why_not` (when given) receives the
 // reason otherwise ("compute capability 8.0 < 8.9").
 bool fp8_supported(const torch::Device& device, std::string* why_not = nullptr,

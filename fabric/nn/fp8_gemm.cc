@@ -82,9 +82,7 @@ Quantized quantize_input(const torch::Tensor& x2, bool rowwise, const torch::Ten
 Fp8Forward weight_gemm(const Quantized& qx, const torch::Tensor& weight, const torch::Tensor& bias,
                        c10::ScalarType out, bool rowwise, const torch::Tensor& history,
                        const torch::Tensor& seeded, bool record, bool fast) {
-  const auto dw = delayed_operand(history, seeded, 1, record);
-  const Quantized qw =
-      quantize(weight, torch::kFloat8_e4m3fn, kE4m3Max, rowwise, dw ? &*dw : nullptr);
+  const Quantized qw = quantize_weight(weight, rowwise, history, seeded, record);
   // A 16-bit product takes the bias in the GEMM's epilogue (as ATen's linear does); a float32
   // one (no autocast) adds it after (_scaled_mm takes a bias only for 16-bit outputs on CUDA).
   // Rowwise GEMMs write bf16 and add the bias after.

@@ -80,6 +80,14 @@ std::pair<torch::Tensor, torch::Tensor> swiglu_grad_amaxes(const torch::Tensor& 
                                                            const torch::Tensor& gate,
                                                            const torch::Tensor& up);
 
+// The weight operand's cast (e4m3; history's row 1 under delayed scaling: delayed_operand's), kept
+// while the weight is unchanged (fp8_weight_cache.cc; fp8.h's release_fp8_weights): a later pass
+// over the same weight reuses it instead of casting again. The same bits as quantize() except
+// under delayed scaling, where the weight's history row advances once per change of the weight,
+// in its first training pass, and every pass over it reads the scale that pass read.
+Quantized quantize_weight(const torch::Tensor& weight, bool rowwise, const torch::Tensor& history,
+                          const torch::Tensor& seeded, bool record);
+
 // history[0 .. n) of a history row ([n + 1] float32) one place older, history[n] (a recorded
 // amax) at 0 and history[n] zeroed (fp8_history_push's contract), on the row's device.
 void push_history(const torch::Tensor& row);

@@ -25,6 +25,14 @@ namespace fabric {
 namespace {
 
 using TensorList = std::vector<torch::Tensor>;
+
+// ATen's fused optimizer kernels write the parameters without bumping their version counters
+// (an in-place op would): bumped here, so that what keys on a parameter's version (autograd's
+// saved-tensor check, fabric/nn/fp8.h's kept float8 weight casts) sees the step.
+void bump_versions(const TensorList& params) {
+  for (const auto& p : params)
+    if (!p.is_inference()) p.unsafeGetTensorImpl()->bump_version();
+}
 using GroupKey = std::tuple<c10::DeviceType, c10::DeviceIndex, c10::ScalarType>;
 
 GroupKey key_of(const torch::Tensor& t) {
@@ -152,6 +160,7 @@ void SGD::update(const at::Tensor& grad_scale, const at::Tensor& found_inf) {
                           o.nesterov(), /*maximize=*/false, first, on(grad_scale, device),
                           on(found_inf, device));
         }
+        bump_versions(params);
         continue;
       }
       TensorList d = grads;
@@ -278,6 +287,7 @@ void AdamFamily<B, O, S>::update(const at::Tensor& grad_scale, const at::Tensor&
         } else {
           fused(o.lr());
         }
+        bump_versions(b.params);
         if (found) {
           // A skipped step does not count; the host counts are stale until sync_state().
           at::_foreach_sub_(b.steps, TensorList(b.steps.size(), found->reshape({})));

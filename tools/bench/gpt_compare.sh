@@ -14,6 +14,10 @@
 #                        torchao's heuristic finds too small to gain stay bf16)
 #   ours-fp8-precise     ours-fp8 with --fp8_fast_accumulation=false (every GEMM accumulates
 #                        precisely, as before 2026-11-29)
+#   OURS-accum4          side OURS (any ours-*) with --accumulate=4: 4 micro-batches of --batch
+#                        per optimizer step (gradient accumulation; tokens/s counts all four)
+#   OURS-accum4-nocache  the same with --fp8_weight_cache=false (every micro-batch casts the
+#                        weights to float8 again: what the kept casts give)
 #   pytorch-eager        the identical model in PyTorch (tools/bench/gpt_reference.py)
 #   pytorch-compile      the same under torch.compile
 #
@@ -71,7 +75,14 @@ side() {
 }
 # side_command NAME: the command line of side NAME (in the array cmd).
 side_command() {
-  case "$1" in
+  local name=$1 extra=()
+  [[ $name == *-nocache ]] && extra+=(--fp8_weight_cache=false) && name=${name%-nocache}
+  [[ $name == *-accum4 ]] && extra+=(--accumulate=4) && name=${name%-accum4}
+  if [ ${#extra[@]} -gt 0 ] && [[ $name != ours-* ]]; then
+    echo "gpt_compare.sh: side '$1': -accum4 and -nocache apply to ours-* sides only" >&2
+    exit 2
+  fi
+  case "$name" in
     ours-eager) cmd=("$bin" "${common[@]}" --accelerator="$device") ;;
     ours-graphs) cmd=("$bin" "${common[@]}" --accelerator="$device" --cuda_graphs) ;;
     ours-aten-layernorm) cmd=("$bin" "${common[@]}" --accelerator="$device" --fused_layer_norm=false) ;;
@@ -93,6 +104,7 @@ side_command() {
     pytorch-compile) cmd=("$python" "$ref" "${common[@]}" --device="$device" --mode=compile) ;;
     *) echo "gpt_compare.sh: unknown side '$1'" >&2; exit 2 ;;
   esac
+  cmd+=("${extra[@]}")
 }
 IFS=',' read -r -a side_list <<<"$sides"
 IFS=',' read -r -a profile_list <<<"$profile"

@@ -7,6 +7,7 @@
 //              --precision=bf16-mixed [--fp8_recipe=tensorwise] [--steps=50]
 //              [--warmup=15] [--data=static|epoch --images=50000] [--channels_last]
 //              [--accelerator=cuda] [--optimizer_impl=auto] [--threads=0] [--cuda_graphs]
+//              [--accumulate=1] [--fp8_weight_cache=true]
 //              [--profile=trace.json --profile_steps=8] [--sync_debug] [--data_only]
 // static: a pool of 4 synthetic normalized float batches on the device, cycled. epoch: a synthetic
 // uint8 dataset of --images images kept on the device (fabric::device_dataset), shuffled, random
@@ -29,6 +30,7 @@
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -47,6 +49,7 @@
 #include "fabric/fabric.h"
 #include "fabric/graphed_step.h"
 #include "fabric/models/gpt.h"
+#include "fabric/nn/fp8.h"
 #include "fabric/training/activation_checkpoint.h"
 #include "fabric/training/optimizers.h"
 #include "tools/bench/resnet50.h"
@@ -63,6 +66,13 @@ DEFINE_bool(fused_layer_norm, true,
 DEFINE_bool(activation_checkpointing, false,
             "GPT models: recompute every Block's activations in backward "
             "(model.activation_checkpointing: [Block])");
+DEFINE_int32(
+    accumulate, 1,
+    "GPT models: micro-batches of --batch per optimizer step (trainer.accumulate_grad_batches; "
+    "a timed step is all of them)");
+DEFINE_bool(fp8_weight_cache, true,
+            "fp8-mixed: keep each weight's float8 cast while the weight is unchanged "
+            "(fabric::nn::set_fp8_weight_cache; false: cast every micro-batch)");
 DEFINE_double(clip, 0.0, "GPT models: clip the gradient norm at this value (0: no clipping)");
 DEFINE_double(peak_tflops, 989.0,
               "GPT models: the device's dense peak for MFU (989: H100/H200 SXM bf16)");
@@ -290,13 +300,17 @@ int run_gpt(fabric::Fabric& f) {
                            });
       },
       fabric::GraphedStepOptions().clip_norm(FLAGS_clip));
+  const int64_t micro = std::max(1, FLAGS_accumulate);
   auto train_step = [&] {
-    const torch::Tensor& w = pool[next++ % pool.size()];
-    graphed({w.narrow(1, 0, T), w.narrow(1, 1, T)});
+    for (int64_t m = 0; m < micro; ++m) {
+      const torch::Tensor& w = pool[next++ % pool.size()];
+      graphed({w.narrow(1, 0, T), w.narrow(1, 1, T)}, fabric::MicroBatch{m, micro});
+    }
   };
   for (int s = 0; s < FLAGS_warmup; ++s) train_step();
   const double seconds = timed(device, FLAGS_steps, train_step);
-  const double tokens_per_s = static_cast<double>(FLAGS_steps) * FLAGS_batch * T / seconds;
+  const double tokens_per_s =
+      static_cast<double>(FLAGS_steps) * static_cast<double>(micro) * FLAGS_batch * T / seconds;
   const double tflops = config.flops_per_token() * tokens_per_s / 1e12;
   bool fused = false;
   {
@@ -309,6 +323,7 @@ int run_gpt(fabric::Fabric& f) {
       "\"precision\": \"%s\", \"fp8_recipe\": \"%s\", \"fp8_fast_accumulation\": %s, "
       "\"cuda_graphs\": %s, \"fused_loss\": %s, "
       "\"activation_checkpointing\": %s, \"fused_layer_norm\": %s, \"optimizer_impl\": \"%s\", "
+      "\"accumulate\": %lld, \"fp8_weight_cache\": %s, "
       "\"clip\": %g, \"parameters\": %lld, \"steps\": %d, \"seconds\": %.6f, "
       "\"tokens_per_s\": %.1f, \"step_ms\": %.4f, \"tflops\": %.2f, \"mfu\": %.4f, "
       "\"peak_device_mib\": %.1f, \"start_device_mib\": %.1f, \"device\": \"%s\"}\n",
@@ -316,10 +331,11 @@ int run_gpt(fabric::Fabric& f) {
       FLAGS_fp8_recipe.c_str(), FLAGS_fp8_fast_accumulation ? "true" : "false",
       graphed.graphed() ? "true" : "false", fused ? "true" : "false",
       FLAGS_activation_checkpointing ? "true" : "false", FLAGS_fused_layer_norm ? "true" : "false",
-      FLAGS_optimizer_impl.c_str(), FLAGS_clip, static_cast<long long>(config.parameters()),
-      FLAGS_steps, seconds, tokens_per_s, 1000.0 * seconds / FLAGS_steps, tflops,
-      tflops / FLAGS_peak_tflops, peak_device_mib(device), g_start_device_mib,
-      device.str().c_str());
+      FLAGS_optimizer_impl.c_str(), static_cast<long long>(micro),
+      FLAGS_fp8_weight_cache ? "true" : "false", FLAGS_clip,
+      static_cast<long long>(config.parameters()), FLAGS_steps, seconds, tokens_per_s,
+      1000.0 * seconds / FLAGS_steps, tflops, tflops / FLAGS_peak_tflops, peak_device_mib(device),
+      g_start_device_mib, device.str().c_str());
   std::fflush(stdout);
   return 0;
 }
@@ -343,6 +359,7 @@ int main(int argc, char** argv) {
   // An empty override is an error ("no value given"): the key is set only when the flag is.
   if (!FLAGS_fp8_exclude.empty())
     overrides.push_back("fabric.fp8.exclude_modules=" + FLAGS_fp8_exclude);
+  fabric::nn::set_fp8_weight_cache(FLAGS_fp8_weight_cache);
   const auto config = fabric::Config::defaults(fabric::training_schema(), overrides);
   fabric::Fabric fabric(config);
   return fabric.launch([&](fabric::Fabric& f) {

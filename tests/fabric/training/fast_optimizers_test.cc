@@ -16,6 +16,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "fabric/core/error.h"
 #include "fabric/precision/grad_scaler.h"
@@ -275,6 +276,39 @@ TEST(FastOptimizers, DeviceLearningRatesFollowTheScheduleBitwise) {
     host->step();
     device->step();
     EXPECT_GT(max_difference(host_params, device_params), 0.0);
+  }
+}
+
+// A step moves each stepped parameter's version counter, as an in-place op would (ATen's fused
+// kernels do not): what keys on it (autograd's saved-tensor check, the float8 weight casts kept
+// by fabric/nn/fp8.h) sees the change. A parameter without a gradient keeps its version.
+TEST(FastOptimizers, EveryStepMovesTheParametersVersion) {
+  for (OptimizerImpl impl : {OptimizerImpl::kFused, OptimizerImpl::kForeach}) {
+    for (int kind = 0; kind < 3; ++kind) {
+      auto params = make_params(torch::kFloat32);
+      std::unique_ptr<torch::optim::Optimizer> opt =
+          kind == 0   ? std::unique_ptr<torch::optim::Optimizer>(std::make_unique<fabric::SGD>(
+                          params, torch::optim::SGDOptions(0.1).momentum(0.9), impl))
+          : kind == 1 ? std::unique_ptr<torch::optim::Optimizer>(std::make_unique<fabric::Adam>(
+                            params, torch::optim::AdamOptions(0.1), impl))
+                      : std::unique_ptr<torch::optim::Optimizer>(std::make_unique<fabric::AdamW>(
+                            params, torch::optim::AdamWOptions(0.1), impl));
+      for (int k = 0; k < 2; ++k) {
+        set_grads(params, k);
+        params[1].mutable_grad() = torch::Tensor();
+        std::vector<int64_t> before;
+        for (const auto& p : params) before.push_back(p._version());
+        opt->step();
+        const std::string what =
+            std::string(impl == OptimizerImpl::kFused ? "fused " : "foreach ") + (kind == 0 ? "SGD"
+                                                                                  : kind == 1
+                                                                                      ? "Adam"
+                                                                                      : "AdamW");
+        EXPECT_GT(params[0]._version(), before[0]) << what;
+        EXPECT_GT(params[2]._version(), before[2]) << what;
+        EXPECT_EQ(params[1]._version(), before[1]) << what << ": a parameter without a gradient";
+      }
+    }
   }
 }
 
