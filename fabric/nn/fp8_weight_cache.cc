@@ -60,6 +60,9 @@ struct Entry {
   bool pushed = false;      // delayed: a training pass pushed this key's amax
   bool dynamic = true;      // the key's first cast took the weight's own amax
   torch::Tensor snapshot;   // else: a copy of the history row it read
+  // A kept cast made by a pass that did not train, from a seeded history: the row as the key's
+  // first training pass will leave it (the cast recorded and pushed the amax into this copy).
+  torch::Tensor pending;
   std::optional<Quantized> bits;
 
   void forget() {
@@ -69,6 +72,7 @@ struct Entry {
     pushed = false;
     dynamic = true;
     snapshot = torch::Tensor();
+    pending = torch::Tensor();
     bits.reset();
   }
 };
@@ -154,10 +158,18 @@ Quantized quantize_weight(const torch::Tensor& weight, bool rowwise, const torch
   }
   ++e->passes;
   if (delayed && record && !e->pushed && e->passes > 1) {
-    // The key's first training pass after passes that did not train: cast as they did (they left
-    // the history as they found it), pushing the amax this time.
-    e->bits = cast(weight, rowwise, delayed_operand(history, seeded, 1, true));
+    // The key's first training pass after passes that did not train (activation checkpointing's
+    // recomputation, after its first run): they left the history as they found it, so its cast
+    // is theirs, and it pushes the amax: the row the first pass's cast pushed into a copy, or
+    // (nothing kept) a cast again from the live row.
     e->pushed = true;
+    const std::optional<Delayed> d = delayed_operand(history, seeded, 1, true);
+    if (e->bits && e->pending.defined() && d && !d->seed) {
+      d->row.copy_(e->pending);
+      e->pending = torch::Tensor();
+      return *e->bits;
+    }
+    e->bits = cast(weight, rowwise, d);
     return *e->bits;
   }
   if (e->bits) return *e->bits;
@@ -166,8 +178,15 @@ Quantized quantize_weight(const torch::Tensor& weight, bool rowwise, const torch
     // The pass that seeds the history casts with the weight's own amax written into it: kept.
     const bool keep = e->last_passes >= 2 || (d && d->seed);
     e->dynamic = !d;
+    std::optional<Delayed> use = d;
     if (d && !keep) e->snapshot = d->row.clone();  // before the cast pushes into it
-    Quantized q = cast(weight, rowwise, d);
+    if (d && keep && !d->record) {
+      // A pass that does not train: the same scale, its amax recorded and pushed into a copy of
+      // the row for the key's first training pass to take (no cast of its own then).
+      e->pending = d->row.clone();
+      use = Delayed{e->pending, /*seed=*/false, /*record=*/true, /*margin=*/0};
+    }
+    Quantized q = cast(weight, rowwise, use);
     e->pushed = d && d->record;
     if (keep) e->bits = q;
     return q;

@@ -124,12 +124,16 @@ TEST(Fp8WeightCacheTest, DelayedPushesTheWeightOncePerChangeAndCastsFromItsFirst
 
 // Activation checkpointing's pattern: a pass without a graph, then its recomputation that
 // records: the recording pass is the one that pushes, from the history the first read, so both
-// casts equal a layer's casting each pass (no push skipped, none doubled).
+// casts equal a layer's casting each pass (no push skipped, none doubled). Once the weight's
+// last version had both passes, the first pass's cast is kept and the second casts nothing: the
+// push it owes is the one the first made into a copy of the row.
 TEST(Fp8WeightCacheTest, DelayedPassWithoutGraphThenItsRecordingPassAsUncached) {
   Layer l;
   Fp8History history(4), twin(4);
+  const std::vector<int64_t> casts = {2, 1, 1};  // the first step: unseeded, then seeding
   for (int s = 0; s < 3; ++s) {
     const torch::Tensor x = torch::randn({48, 32});
+    const int64_t before = fabric::nn::fp8_weight_casts();
     {
       torch::NoGradGuard no_grad;
       expect_same(fabric::nn::fp8_linear(x, l.w, l.b, Fp8Scaling::kDelayed, &history),
@@ -138,6 +142,8 @@ TEST(Fp8WeightCacheTest, DelayedPassWithoutGraphThenItsRecordingPassAsUncached) 
     }
     micro_batch(l, Fp8Scaling::kDelayed, &history, &twin, "step " + std::to_string(s));
     expect_same(history.amax, twin.amax, "step " + std::to_string(s) + ": the history");
+    // Each pass casts the twin's weight; the rest are the layer's.
+    EXPECT_EQ(fabric::nn::fp8_weight_casts() - before - 2, casts[s]) << "step " << s;
     l.step();
   }
 }
