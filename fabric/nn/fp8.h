@@ -187,8 +187,9 @@ torch::Tensor fp8_swiglu_mlp(const torch::Tensor& x, const Fp8Layer& gate, const
 // reuse one cast (fp8_weight_cache.cc: kept from the weight's second pass, or from its first when
 // its last version had two or more; 2 bytes a weight element while kept). A weight has changed
 // when its memory, its version counter (any in-place op bumps it) or its layout has, and at
-// release_fp8_weights(), which Fabric::step and Fabric::load call (and code that writes weights
-// otherwise, through their data pointers, must call). The same values as a cast every pass,
+// release_fp8_weights(), which Fabric::step, Fabric::load, Fabric::setup_module and each CUDA
+// graph replay call (and code that writes weights otherwise, through their data pointers, must
+// call). The same values as a cast every pass,
 // except under delayed scaling: the weight's history row advances once per change of the weight
 // (in its first training pass), and the other passes over it reuse that pass's cast. Never kept:
 // under inference mode, while a CUDA graph is captured, and for weights marked

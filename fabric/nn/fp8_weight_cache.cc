@@ -1,6 +1,5 @@
 // fp8-mixed's weight casts kept while the weight is unchanged (fp8.h: release_fp8_weights;
 // fp8_quantize.h: quantize_weight). One registry per process, keyed by the weight's TensorImpl.
-#include <ATen/core/grad_mode.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/util/intrusive_ptr.h>
 
@@ -34,10 +33,6 @@ struct Key {
   c10::ScalarType dtype = c10::ScalarType::Undefined;
   c10::Device device = c10::Device(c10::DeviceType::CPU);
   bool rowwise = false, delayed = false;
-  bool operator==(const Key& o) const {
-    return data == o.data && version == o.version && sizes == o.sizes && strides == o.strides &&
-           dtype == o.dtype && device == o.device && rowwise == o.rowwise && delayed == o.delayed;
-  }
 };
 
 Key key_of(const torch::Tensor& w, bool rowwise, bool delayed) {
@@ -45,6 +40,15 @@ Key key_of(const torch::Tensor& w, bool rowwise, bool delayed) {
           w.sizes().vec(), w.strides().vec(),
           w.scalar_type(), w.device(),
           rowwise,         delayed};
+}
+
+// Whether w (cast with rowwise, delayed) is what k was made of; compared in place, so the pass
+// that finds its cast kept makes no copy of the sizes.
+bool same(const Key& k, const torch::Tensor& w, bool rowwise, bool delayed) {
+  return k.data == w.data_ptr() && k.version == static_cast<int64_t>(w._version()) &&
+         w.sizes() == c10::IntArrayRef(k.sizes) && w.strides() == c10::IntArrayRef(k.strides) &&
+         k.dtype == w.scalar_type() && k.device == w.device() && k.rowwise == rowwise &&
+         k.delayed == delayed;
 }
 
 // One weight's state. The weak reference keeps the TensorImpl's address from being reused by
@@ -58,8 +62,9 @@ struct Entry {
   int64_t passes = 0;       // passes over `key`
   int64_t last_passes = 0;  // passes over the key before (0: none yet)
   bool pushed = false;      // delayed: a training pass pushed this key's amax
-  bool dynamic = true;      // the key's first cast took the weight's own amax
-  torch::Tensor snapshot;   // else: a copy of the history row it read
+  // Delayed, the key's first cast not kept: a copy of the history row it read (undefined: it
+  // took the weight's own amax).
+  torch::Tensor snapshot;
   // A kept cast made by a pass that did not train, from a seeded history: the row as the key's
   // first training pass will leave it (the cast recorded and pushed the amax into this copy).
   torch::Tensor pending;
@@ -70,7 +75,6 @@ struct Entry {
     key.reset();
     passes = 0;
     pushed = false;
-    dynamic = true;
     snapshot = torch::Tensor();
     pending = torch::Tensor();
     bits.reset();
@@ -95,6 +99,10 @@ void sweep(Registry& r) {
   for (auto it = r.entries.begin(); it != r.entries.end();)
     it = it->second.weight.expired() ? r.entries.erase(it) : std::next(it);
   r.swept_at = std::max<size_t>(64, 2 * r.entries.size());
+}
+
+void forget_all(Registry& r) {
+  for (auto& [impl, e] : r.entries) e.forget();
 }
 
 // w's entry, an expired one (another tensor's) dropped first; made when missing and `make`, else
@@ -151,10 +159,9 @@ Quantized quantize_weight(const torch::Tensor& weight, bool rowwise, const torch
     return cast(weight, rowwise, delayed_operand(history, seeded, 1, record));
   }
   const bool delayed = history.numel() > 0;
-  const Key key = key_of(weight, rowwise, delayed);
-  if (!e->key || !(*e->key == key)) {
+  if (!e->key || !same(*e->key, weight, rowwise, delayed)) {
     e->forget();
-    e->key = key;
+    e->key = key_of(weight, rowwise, delayed);
   }
   ++e->passes;
   if (delayed && record && !e->pushed && e->passes > 1) {
@@ -164,7 +171,7 @@ Quantized quantize_weight(const torch::Tensor& weight, bool rowwise, const torch
     // (nothing kept) a cast again from the live row.
     e->pushed = true;
     const std::optional<Delayed> d = delayed_operand(history, seeded, 1, true);
-    if (e->bits && e->pending.defined() && d && !d->seed) {
+    if (e->pending.defined()) {  // (kept, and made from the seeded history)
       d->row.copy_(e->pending);
       e->pending = torch::Tensor();
       return *e->bits;
@@ -177,7 +184,6 @@ Quantized quantize_weight(const torch::Tensor& weight, bool rowwise, const torch
     const std::optional<Delayed> d = delayed_operand(history, seeded, 1, record);
     // The pass that seeds the history casts with the weight's own amax written into it: kept.
     const bool keep = e->last_passes >= 2 || (d && d->seed);
-    e->dynamic = !d;
     std::optional<Delayed> use = d;
     if (d && !keep) e->snapshot = d->row.clone();  // before the cast pushes into it
     if (d && keep && !d->record) {
@@ -192,7 +198,8 @@ Quantized quantize_weight(const torch::Tensor& weight, bool rowwise, const torch
     return q;
   }
   std::optional<Delayed> again;
-  if (!e->dynamic) again = Delayed{e->snapshot, /*seed=*/false, /*record=*/false, /*margin=*/0};
+  if (e->snapshot.defined())
+    again = Delayed{e->snapshot, /*seed=*/false, /*record=*/false, /*margin=*/0};
   e->bits = cast(weight, rowwise, again);
   e->snapshot = torch::Tensor();
   return *e->bits;
@@ -203,7 +210,7 @@ Quantized quantize_weight(const torch::Tensor& weight, bool rowwise, const torch
 void release_fp8_weights() {
   detail::Registry& r = detail::registry();
   const std::lock_guard<std::mutex> lock(r.mutex);
-  for (auto& [impl, e] : r.entries) e.forget();
+  detail::forget_all(r);
   detail::sweep(r);
 }
 
@@ -211,8 +218,7 @@ void set_fp8_weight_cache(bool on) {
   detail::Registry& r = detail::registry();
   const std::lock_guard<std::mutex> lock(r.mutex);
   r.on = on;
-  if (!on)
-    for (auto& [impl, e] : r.entries) e.forget();
+  if (!on) detail::forget_all(r);
 }
 
 void set_fp8_weight_cached(const torch::Tensor& weight, bool cached) {
