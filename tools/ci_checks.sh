@@ -56,7 +56,8 @@ fi
 # 3. The GPU-node bundle (tools/gpu_check.sh build) is relocatable and its run half works: moved
 #    elsewhere and run with a scrubbed environment, its binaries find LibTorch through python3 and
 #    carry no build-machine run paths, and `gpu_check.sh run --cpu` runs its CPU checks (env, the
-#    GPU tests load and skip, a few cifar10 steps, the throughput binary) and writes its report.
+#    GPU tests load and skip, a few cifar10 steps, the throughput binary) and writes its report,
+#    with --parallel (the untimed sections in background lanes, merged back into one report).
 tmp=$(mktemp -d)
 if ./tools/gpu_check.sh build --out="$tmp/b" >"$tmp/log" 2>&1 && mv "$tmp/b" "$tmp/moved"; then
   json=$(cd / && env -i PATH="$PATH" HOME="$HOME" "$tmp/moved/run.sh" env --json 2>&1)
@@ -64,7 +65,7 @@ if ./tools/gpu_check.sh build --out="$tmp/b" >"$tmp/log" 2>&1 && mv "$tmp/b" "$t
   got=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["libtorch"]["version"])' <<<"$json" 2>/dev/null)
   rpaths=$(for f in "$tmp"/moved/bin/* "$tmp"/moved/lib/*; do readelf -d "$f" | grep -E 'R(UN)?PATH'; done | grep -v '\$ORIGIN/../lib\]' || true)
   size=$(du -sm "$tmp/moved" | cut -f1)
-  report=$(cd / && env -i PATH="$PATH" HOME="$HOME" "$tmp/moved/gpu_check.sh" run --cpu --suite=all --steps=4 --skip=ranks,gpt --work="$tmp/work" 2>"$tmp/run.log")
+  report=$(cd / && env -i PATH="$PATH" HOME="$HOME" "$tmp/moved/gpu_check.sh" run --cpu --suite=all --parallel --steps=4 --skip=ranks,gpt --work="$tmp/work" 2>"$tmp/run.log")
   run_rc=$?
   if [ "$got" = "$want" ] && [ -z "$rpaths" ] && [ $run_rc -eq 0 ] && [ "$size" -le 64 ] &&
      grep -q '^| cifar10 single_cpu | PASSED' <<<"$report" && grep -q '^| cuda_smoke_test | SKIPPED' <<<"$report" &&

@@ -91,7 +91,17 @@
 # building, relocating and running.
 #
 # run flags: --cpu (CPU checks only; --suite=pretrained then runs a tiny Llama on the CPU),
-#   --suite=check|throughput|gpt|model_parallel|fp8|pretrained|titan|all, --steps=N (example steps,
+#   --suite=check|throughput|gpt|model_parallel|fp8|pretrained|titan|all or several of them
+#   comma-separated (their sections each once, in the order env, tests, examples, ranks,
+#   throughput, gpt, mp_rows, bubble, fp8's kernel tests, its speed rows, fp8_loss, pretrained;
+#   pretrained and titan not together), --parallel (the untimed sections, tests, examples, ranks, model_parallel's mp_rows,
+#   fp8's kernel tests and fp8_loss, run side by side, each in a background lane with its own
+#   corpus cache and twice each row's time limit, then the timed ones (throughput, gpt, bubble,
+#   fp8's speed rows, pretrained/titan) one after another, alone; for a GPU node's 16 cores: on a
+#   2-vCPU machine it is slower than one at a time), --budget=S (no row starts once S seconds have
+#   passed since the run began, and no row runs past them: a row cut short fails, one not started
+#   is skipped; the report and --pack are still written, so a call with a hard limit keeps them:
+#   S about 60 below it), --steps=N (example steps,
 #   default 20), --reps=N (throughput repetitions, default 1), --skip=SECTION[,SECTION] (env,
 #   tests, examples, ranks, throughput; within --suite=model_parallel: mp_rows, everything but
 #   bubble, the timed pipeline_bubble row; within --suite=fp8: fp8_speed, the kernel test and the
@@ -106,7 +116,7 @@
 set -uo pipefail
 
 usage() {
-  echo "usage: tools/gpu_check.sh build [--out=DIR] [--suite=pretrained|titan] | DIR/gpu_check.sh run [--cpu] [--suite=check|throughput|gpt|model_parallel|fp8|pretrained|titan|all] [--steps=N] [--reps=N] [--skip=LIST] [--work=DIR] [--pack=FILE]" >&2
+  echo "usage: tools/gpu_check.sh build [--out=DIR] [--suite=pretrained|titan] | DIR/gpu_check.sh run [--cpu] [--suite=check|throughput|gpt|model_parallel|fp8|pretrained|titan|all[,...]] [--parallel] [--budget=S] [--steps=N] [--reps=N] [--skip=LIST] [--work=DIR] [--pack=FILE]" >&2
   exit 2
 }
 [ $# -ge 1 ] || usage
@@ -252,6 +262,18 @@ check() {
   local name=$1 limit=$2
   shift 2
   local log="$work/logs/${name//\//_}.log" t0 t1 rc status note  # a / in a name: _
+  limit=$((limit * ${lane_scale:-1}))  # in a --parallel lane, twice the time
+  if [ -n "$budget" ]; then
+    # --budget: no row starts once it is spent, and none runs past it.
+    local left=$((budget - $(date +%s) + run_start))
+    if [ $left -le 5 ]; then
+      ((skipped++))
+      rows+=("| $name | SKIPPED | - | not started: --budget=${budget}s spent |")
+      echo "gpu_check: $name SKIPPED (--budget spent)" >&2
+      return 0
+    fi
+    [ "$limit" -le "$left" ] || limit=$left
+  fi
   echo "gpu_check: $name ..." >&2
   t0=$(date +%s.%N)
   (cd "$work" && timeout --kill-after=10 "$limit" "$@") >"$log" 2>&1
@@ -285,12 +307,59 @@ check() {
   [ "$status" != FAILED ]  # the status, for `check A && check B`
 }
 
+
+# section_on SECTION: whether run's --suite and --skip leave SECTION (a sec_* below) to run.
+section_on() {
+  case $1 in
+    mp_rows | bubble) ! skipping model_parallel && ! skipping "$1" ;;
+    fp8_tests) ! skipping fp8 && ! skipping fp8_speed ;;
+    fp8_speed | fp8_loss) ! skipping fp8 && ! skipping "$1" ;;
+    *) ! skipping "$1" ;;
+  esac
+}
+
+# untimed SECTION: whether SECTION's rows measure nothing by their time (a --parallel lane may
+# run them beside others).
+untimed() {
+  case $1 in tests | examples | ranks | mp_rows | fp8_tests | fp8_loss) return 0 ;; esac
+  return 1
+}
+
+# lane SECTION: sec_SECTION in a background shell of its own (rows, notes and counts to
+# $work/lanes/SECTION.*, its own corpus cache, twice the time limits); merge_lane SECTION adds
+# them to run's, in the order run asks (a lane that left no counts is a failed row).
+lane() {
+  mkdir -p "$work/lanes"
+  (
+    rows=() notes=() passed=0 failed=0 skipped=0
+    corpus="$work/corpus_$1" lane_scale=2
+    "sec_$1"
+    printf '%s\n' "${rows[@]}" >"$work/lanes/$1.rows"
+    [ ${#notes[@]} -eq 0 ] || printf '%s\n' "${notes[@]}" >"$work/lanes/$1.notes"
+    echo "$passed $failed $skipped" >"$work/lanes/$1.counts"
+  ) &
+}
+merge_lane() {
+  local f="$work/lanes/$1" p=0 x=0 s=0 line
+  if ! read -r p x s 2>/dev/null <"$f.counts"; then
+    ((failed++))
+    rows+=("| lane $1 | FAILED | - | the lane ended without writing its results |")
+    return
+  fi
+  passed=$((passed + p)) failed=$((failed + x)) skipped=$((skipped + s))
+  [ -f "$f.rows" ] && while IFS= read -r line; do [ -n "$line" ] && rows+=("$line"); done <"$f.rows"
+  [ -f "$f.notes" ] && while IFS= read -r line; do notes+=("$line"); done <"$f.notes"
+  return 0
+}
+
 run() {
-  local cpu=0 steps=20 reps=1 skip="" suite=check
-  work="" pack=""
+  local cpu=0 steps=20 reps=1 skip="" suite=check parallel=0
+  work="" pack="" budget="" run_start=$(date +%s)
   for arg in "$@"; do
     case "$arg" in
       --cpu) cpu=1 ;;
+      --parallel) parallel=1 ;;
+      --budget=*) budget=${arg#--budget=} ;;
       --steps=*) steps=${arg#--steps=} ;;
       --reps=*) reps=${arg#--reps=} ;;
       --skip=*) skip=${arg#--skip=} ;;
@@ -302,20 +371,31 @@ run() {
   done
   [[ "$steps" =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check run: --steps must be a positive integer" >&2; exit 2; }
   [[ "$reps" =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check run: --reps must be a positive integer" >&2; exit 2; }
-  case "$suite" in
-    check) skip="$skip,throughput,gpt,model_parallel,fp8,pretrained" ;;
-    throughput) skip="$skip,env,tests,examples,ranks,gpt,model_parallel,fp8,pretrained" ;;
-    gpt) skip="$skip,env,tests,examples,ranks,throughput,model_parallel,fp8,pretrained" ;;
-    model_parallel) skip="$skip,env,tests,examples,ranks,throughput,gpt,fp8,pretrained" ;;
-    fp8) skip="$skip,env,tests,examples,ranks,throughput,gpt,model_parallel,pretrained" ;;
-    pretrained|titan) skip="$skip,env,tests,examples,ranks,throughput,gpt,model_parallel,fp8" ;;
-    all) skip="$skip,model_parallel,fp8,pretrained" ;;
-    *) echo "gpu_check run: --suite must be check, throughput, gpt, model_parallel, fp8, pretrained, titan or all, not '$suite'" >&2; exit 2 ;;
-  esac
-  if [ -f "$here/SUITES" ] && [[ " $(cat "$here/SUITES") " != *" $suite "* ]]; then
-    echo "gpu_check run: this bundle holds only what --suite=$(cat "$here/SUITES") needs (gpu_check.sh build --suite=...); build a full one for --suite=$suite" >&2
-    exit 2
-  fi
+  [ -z "$budget" ] || [[ "$budget" =~ ^[1-9][0-9]*$ ]] ||
+    { echo "gpu_check run: --budget must be a positive number of seconds, not '$budget'" >&2; exit 2; }
+  # --suite=A[,B...]: the sections of every suite named (pretrained and titan run the same steps).
+  local on="" s suites=() titan=0 pretrained=0
+  IFS=, read -ra suites <<<"$suite"
+  [ ${#suites[@]} -gt 0 ] || { echo "gpu_check run: --suite is empty" >&2; exit 2; }
+  for s in "${suites[@]}"; do
+    case "$s" in
+      check) on+=",env,tests,examples,ranks" ;;
+      throughput | gpt | model_parallel | fp8) on+=",$s" ;;
+      pretrained) on+=",pretrained"; pretrained=1 ;;
+      titan) on+=",pretrained"; titan=1 ;;
+      all) on+=",env,tests,examples,ranks,throughput,gpt" ;;
+      *) echo "gpu_check run: --suite takes check, throughput, gpt, model_parallel, fp8, pretrained, titan or all (or several, comma-separated), not '$s'" >&2; exit 2 ;;
+    esac
+    if [ -f "$here/SUITES" ] && [[ " $(cat "$here/SUITES") " != *" $s "* ]]; then
+      echo "gpu_check run: this bundle holds only what --suite=$(cat "$here/SUITES") needs (gpu_check.sh build --suite=...); build a full one for --suite=$s" >&2
+      exit 2
+    fi
+  done
+  [ $titan -eq 1 ] && [ $pretrained -eq 1 ] &&
+    { echo "gpu_check run: --suite: pretrained and titan share their steps and folder; run them one at a time" >&2; exit 2; }
+  for s in env tests examples ranks throughput gpt model_parallel fp8 pretrained; do
+    [[ "$on," == *",$s,"* ]] || skip="$skip,$s"
+  done
   [ -x "$here/run.sh" ] && [ -f "$here/MANIFEST" ] ||
     { echo "gpu_check run: $here is not a bundle (no run.sh/MANIFEST); build one with 'tools/gpu_check.sh build'" >&2; exit 2; }
   [ -n "$work" ] || work=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
@@ -343,299 +423,342 @@ run() {
 
   skipping env || CHECK_SUMMARY='^  (loaded|CUDA available|device count|devices) ' check env 60 "$runsh" env
 
-  if ! skipping tests; then
-    local t
-    for t in $(sed -n 's/^binaries=//p' "$here/MANIFEST"); do
-      [[ "$t" == *_test ]] || continue
-      check "$t" 240 "$runsh" "$t" --gtest_brief=1
-    done
+  # The sections in order (sec_* below). With --parallel the untimed ones (whose rows' seconds
+  # measure nothing) run side by side, each in a lane of its own (a background shell with its own
+  # corpus cache and twice each row's time limit), then the timed ones one after another, alone.
+  local corpus="$work/corpus" lane_scale=1 sec lanes=()
+  local order=(tests examples ranks throughput gpt mp_rows bubble fp8_tests fp8_speed fp8_loss pretrained)
+  if [ $parallel -eq 1 ]; then
+    for sec in "${order[@]}"; do section_on "$sec" && untimed "$sec" && lanes+=("$sec"); done
+    for sec in "${lanes[@]}"; do lane "$sec"; done
+    wait
+    for sec in "${lanes[@]}"; do merge_lane "$sec"; done
   fi
+  for sec in "${order[@]}"; do
+    section_on "$sec" || continue
+    [ $parallel -eq 1 ] && untimed "$sec" && continue
+    "sec_$sec"
+  done
 
+
+  report >"$work/report.md"
+  cat "$work/report.md"
+  if [ -n "$pack" ]; then
+    # One archive of what a reader needs (a lent node may hand back few files): no weights,
+    # checkpoints, token files or traces.
+    (cd "$work" && find . -type f \( -name '*.md' -o -name '*.log' -o -name '*.txt' -o -name '*.csv' \
+       -o -name '*.jsonl' -o -name summary.json \) -size -4M -print0 | tar czf "$pack" --null -T -) ||
+      echo "gpu_check run: could not write --pack=$pack" >&2
+  fi
+  [ $failed -eq 0 ]
+}
+
+# sec_tests: every GPU-tagged test binary.
+sec_tests() {
+  local t
+  for t in $(sed -n 's/^binaries=//p' "$here/MANIFEST"); do
+    [[ "$t" == *_test ]] || continue
+    check "$t" 240 "$runsh" "$t" --gtest_brief=1
+  done
+}
+
+# sec_examples: world size 1: the examples on CUDA (one cifar10 run on CPU).
+sec_examples() {
   local common=(trainer.max_epochs=1 "trainer.max_steps=$steps" trainer.limit_eval_batches=2
                 data.synthetic=true data.synthetic_train_size=6400 data.synthetic_test_size=512
                 logging.log_every_n_steps=10 "logging.run_dir=$work/runs/{name}/{timestamp}"
                 checkpoint.every_n_epochs=0)
-  if ! skipping examples; then
-    if [ $cpu -eq 1 ]; then
-      CHECK_SUMMARY='accuracy' check "cifar10 single_cpu" 300 "$runsh" cifar10 --config=single_cpu.yaml \
-        "${common[@]}" data.batch_size=32
-    else
-      local c
-      for c in single_gpu amp bf16; do
-        CHECK_SUMMARY='accuracy' check "cifar10 $c" 120 "$runsh" cifar10 --config=$c.yaml "${common[@]}"
-      done
-      CHECK_SUMMARY='accuracy' check "cifar10 ddp_amp (NCCL, 1 GPU)" 120 "$runsh" cifar10 --config=ddp_amp.yaml \
-        "${common[@]}" fabric.devices=1
-      CHECK_SUMMARY='accuracy' check "cifar10 single_gpu cuda_graphs" 120 "$runsh" cifar10 --config=single_gpu.yaml \
-        "${common[@]}" fabric.cuda_graphs=true data.drop_last=true
-      CHECK_SUMMARY='accuracy' check "cifar10 ddp_amp cuda_graphs (NCCL, 1 GPU)" 120 "$runsh" cifar10 \
-        --config=ddp_amp.yaml "${common[@]}" fabric.devices=1 fabric.cuda_graphs=true data.drop_last=true
-      # dp.yaml with one visible GPU runs single_device with a warning (README, Examples).
-      CHECK_SUMMARY='accuracy|single_device' check "cifar10 dp (1 GPU: falls back)" 120 env CUDA_VISIBLE_DEVICES=0 \
-        "$runsh" cifar10 --config=dp.yaml "${common[@]}"
-      # World size 1 over NCCL: the sharded strategies' CUDA paths and the training features.
-      CHECK_SUMMARY='accuracy' check "cifar10 fsdp bf16-mixed (NCCL, 1 GPU)" 120 "$runsh" cifar10 \
-        --config=fsdp.yaml "${common[@]}" fabric.devices=1 fabric.precision=bf16-mixed
-      CHECK_SUMMARY='accuracy' check "cifar10 fsdp 16-mixed, bf16 wires (NCCL, 1 GPU)" 120 "$runsh" cifar10 \
-        --config=fsdp.yaml "${common[@]}" fabric.devices=1 fabric.precision=16-mixed \
-        fabric.fsdp.param_dtype=bf16 fabric.fsdp.reduce_dtype=bf16
-      CHECK_SUMMARY='accuracy' check "cifar10 ZeRO-1 16-mixed (NCCL, 1 GPU)" 120 "$runsh" cifar10 \
-        --config=ddp_amp.yaml "${common[@]}" fabric.devices=1 fabric.ddp.shard_optimizer_state=true
-      CHECK_SUMMARY='accuracy' check "cifar10_recipe bf16 (EMA, accumulation, activation ckpt)" 120 \
-        "$runsh" cifar10 --config=cifar10_recipe.yaml "${common[@]}" fabric.accelerator=cuda \
-        fabric.precision=bf16-mixed
-      CHECK_SUMMARY='accuracy|resumed' check "cifar10 async checkpoint, resume=auto" 180 \
-        "$here/gpu_check.sh" _resume_auto "$runsh" "$work/runs/async" "${common[@]}"
-      # Issue 51 on CUDA: data.batch_size: auto halving on the caching allocator's out-of-memory
-      # error (a 2 GiB memory fraction, so that the search meets it), the profiler's CUDA
-      # kernels in the trace and the table, and an fsdp empty init over NCCL.
-      CHECK_SUMMARY='auto:|accuracy' check "cifar10 data.batch_size: auto (CUDA OOM path)" 180 \
-        "$runsh" cifar10 --config=single_gpu.yaml "${common[@]}" data.batch_size=auto \
-        fabric.tensor_memory_limit_gb=2
-      CHECK_SUMMARY='profiler|Self CUDA|accuracy' check "cifar10 profiler, CUDA activities" 120 \
-        "$runsh" cifar10 --config=single_gpu.yaml "${common[@]}" profiler.enabled=true
-      CHECK_SUMMARY='accuracy' check "cifar10 fsdp empty init (NCCL, 1 GPU)" 120 "$runsh" cifar10 \
-        --config=fsdp.yaml "${common[@]}" fabric.devices=1 fabric.empty_init=true
-      # The GPT recipe (configs/gpt2.yaml: GPT-2 124M's shape, bf16-mixed, fused AdamW, clipping)
-      # on the default byte corpus, shortened: ddp, fsdp with Block units, CUDA graphs.
-      local gpt=(--config=gpt2.yaml trainer.max_steps=12 trainer.accumulate_grad_batches=2
-                 gpt.eval_every_n_steps=6 trainer.limit_eval_batches=4 gpt.sample_tokens=32
-                 logging.log_every_n_steps=4 "logging.run_dir=$work/runs/{name}/{timestamp}"
-                 "gpt.corpus_cache=$work/corpus")
-      CHECK_SUMMARY='val loss' check "gpt gpt2.yaml ddp bf16 (NCCL, 1 GPU)" 240 \
-        "$runsh" gpt "${gpt[@]}" fabric.devices=1
-      CHECK_SUMMARY='val loss' check "gpt gpt2.yaml fsdp Block units (NCCL, 1 GPU)" 240 \
-        "$runsh" gpt "${gpt[@]}" fabric.devices=1 fabric.strategy=fsdp fabric.fsdp.wrap_modules=Block
-      CHECK_SUMMARY='val loss' check "gpt gpt2.yaml fsdp, ATen LayerNorm (NCCL, 1 GPU)" 240 \
-        "$runsh" gpt "${gpt[@]}" fabric.devices=1 fabric.strategy=fsdp fabric.fsdp.wrap_modules=Block \
-        model.fused_layer_norm=false
-      # (CUDA graphs capture one micro-batch per step: accumulation 1.)
-      CHECK_SUMMARY='val loss' check "gpt gpt2.yaml cuda_graphs, activation ckpt" 240 \
-        "$runsh" gpt "${gpt[@]}" fabric.devices=1 fabric.cuda_graphs=true \
-        trainer.accumulate_grad_batches=1 "model.activation_checkpointing=[Block]"
-      # Issue 50: fp8-mixed (float8 GEMMs through _scaled_mm, sm_89+) against the bf16 row above
-      # (tok/s in both summaries), and model_parallel tp 2 on the one GPU (2 ranks, Gloo for CUDA
-      # tensors): the tiny GPT, whose loss must fall.
-      CHECK_SUMMARY='val loss|tok/s' check "gpt gpt2.yaml fp8-mixed (NCCL, 1 GPU)" 240 \
-        "$runsh" gpt "${gpt[@]}" fabric.devices=1 fabric.precision=fp8-mixed
-      CHECK_SUMMARY='val loss|tok/s' check "gpt gpt2.yaml fp8-mixed rowwise (NCCL, 1 GPU)" 240 \
-        "$runsh" gpt "${gpt[@]}" fabric.devices=1 fabric.precision=fp8-mixed fabric.fp8.recipe=rowwise
-      CHECK_SUMMARY='val loss|tok/s' check "gpt tiny model_parallel tp 2 (2 ranks, 1 GPU, Gloo)" 240 \
-        "$runsh" gpt --config=gpt_tp.yaml fabric.accelerator=cuda fabric.devices=1 \
-        fabric.ddp.ranks_per_gpu=2 fabric.model_parallel.tensor_parallel_size=2 \
-        trainer.max_steps=40 gpt.sample_tokens=0 "logging.run_dir=$work/runs/{name}/{timestamp}" \
-        "gpt.corpus_cache=$work/corpus"
+  if [ $cpu -eq 1 ]; then
+    CHECK_SUMMARY='accuracy' check "cifar10 single_cpu" 300 "$runsh" cifar10 --config=single_cpu.yaml \
+      "${common[@]}" data.batch_size=32
+  else
+    local c
+    for c in single_gpu amp bf16; do
+      CHECK_SUMMARY='accuracy' check "cifar10 $c" 120 "$runsh" cifar10 --config=$c.yaml "${common[@]}"
+    done
+    CHECK_SUMMARY='accuracy' check "cifar10 ddp_amp (NCCL, 1 GPU)" 120 "$runsh" cifar10 --config=ddp_amp.yaml \
+      "${common[@]}" fabric.devices=1
+    CHECK_SUMMARY='accuracy' check "cifar10 single_gpu cuda_graphs" 120 "$runsh" cifar10 --config=single_gpu.yaml \
+      "${common[@]}" fabric.cuda_graphs=true data.drop_last=true
+    CHECK_SUMMARY='accuracy' check "cifar10 ddp_amp cuda_graphs (NCCL, 1 GPU)" 120 "$runsh" cifar10 \
+      --config=ddp_amp.yaml "${common[@]}" fabric.devices=1 fabric.cuda_graphs=true data.drop_last=true
+    # dp.yaml with one visible GPU runs single_device with a warning (README, Examples).
+    CHECK_SUMMARY='accuracy|single_device' check "cifar10 dp (1 GPU: falls back)" 120 env CUDA_VISIBLE_DEVICES=0 \
+      "$runsh" cifar10 --config=dp.yaml "${common[@]}"
+    # World size 1 over NCCL: the sharded strategies' CUDA paths and the training features.
+    CHECK_SUMMARY='accuracy' check "cifar10 fsdp bf16-mixed (NCCL, 1 GPU)" 120 "$runsh" cifar10 \
+      --config=fsdp.yaml "${common[@]}" fabric.devices=1 fabric.precision=bf16-mixed
+    CHECK_SUMMARY='accuracy' check "cifar10 fsdp 16-mixed, bf16 wires (NCCL, 1 GPU)" 120 "$runsh" cifar10 \
+      --config=fsdp.yaml "${common[@]}" fabric.devices=1 fabric.precision=16-mixed \
+      fabric.fsdp.param_dtype=bf16 fabric.fsdp.reduce_dtype=bf16
+    CHECK_SUMMARY='accuracy' check "cifar10 ZeRO-1 16-mixed (NCCL, 1 GPU)" 120 "$runsh" cifar10 \
+      --config=ddp_amp.yaml "${common[@]}" fabric.devices=1 fabric.ddp.shard_optimizer_state=true
+    CHECK_SUMMARY='accuracy' check "cifar10_recipe bf16 (EMA, accumulation, activation ckpt)" 120 \
+      "$runsh" cifar10 --config=cifar10_recipe.yaml "${common[@]}" fabric.accelerator=cuda \
+      fabric.precision=bf16-mixed
+    CHECK_SUMMARY='accuracy|resumed' check "cifar10 async checkpoint, resume=auto" 180 \
+      "$here/gpu_check.sh" _resume_auto "$runsh" "$work/runs/async" "${common[@]}"
+    # Issue 51 on CUDA: data.batch_size: auto halving on the caching allocator's out-of-memory
+    # error (a 2 GiB memory fraction, so that the search meets it), the profiler's CUDA
+    # kernels in the trace and the table, and an fsdp empty init over NCCL.
+    CHECK_SUMMARY='auto:|accuracy' check "cifar10 data.batch_size: auto (CUDA OOM path)" 180 \
+      "$runsh" cifar10 --config=single_gpu.yaml "${common[@]}" data.batch_size=auto \
+      fabric.tensor_memory_limit_gb=2
+    CHECK_SUMMARY='profiler|Self CUDA|accuracy' check "cifar10 profiler, CUDA activities" 120 \
+      "$runsh" cifar10 --config=single_gpu.yaml "${common[@]}" profiler.enabled=true
+    CHECK_SUMMARY='accuracy' check "cifar10 fsdp empty init (NCCL, 1 GPU)" 120 "$runsh" cifar10 \
+      --config=fsdp.yaml "${common[@]}" fabric.devices=1 fabric.empty_init=true
+    # The GPT recipe (configs/gpt2.yaml: GPT-2 124M's shape, bf16-mixed, fused AdamW, clipping)
+    # on the default byte corpus, shortened: ddp, fsdp with Block units, CUDA graphs.
+    local gpt=(--config=gpt2.yaml trainer.max_steps=12 trainer.accumulate_grad_batches=2
+               gpt.eval_every_n_steps=6 trainer.limit_eval_batches=4 gpt.sample_tokens=32
+               logging.log_every_n_steps=4 "logging.run_dir=$work/runs/{name}/{timestamp}"
+               "gpt.corpus_cache=$corpus")
+    CHECK_SUMMARY='val loss' check "gpt gpt2.yaml ddp bf16 (NCCL, 1 GPU)" 240 \
+      "$runsh" gpt "${gpt[@]}" fabric.devices=1
+    CHECK_SUMMARY='val loss' check "gpt gpt2.yaml fsdp Block units (NCCL, 1 GPU)" 240 \
+      "$runsh" gpt "${gpt[@]}" fabric.devices=1 fabric.strategy=fsdp fabric.fsdp.wrap_modules=Block
+    CHECK_SUMMARY='val loss' check "gpt gpt2.yaml fsdp, ATen LayerNorm (NCCL, 1 GPU)" 240 \
+      "$runsh" gpt "${gpt[@]}" fabric.devices=1 fabric.strategy=fsdp fabric.fsdp.wrap_modules=Block \
+      model.fused_layer_norm=false
+    # (CUDA graphs capture one micro-batch per step: accumulation 1.)
+    CHECK_SUMMARY='val loss' check "gpt gpt2.yaml cuda_graphs, activation ckpt" 240 \
+      "$runsh" gpt "${gpt[@]}" fabric.devices=1 fabric.cuda_graphs=true \
+      trainer.accumulate_grad_batches=1 "model.activation_checkpointing=[Block]"
+    # Issue 50: fp8-mixed (float8 GEMMs through _scaled_mm, sm_89+) against the bf16 row above
+    # (tok/s in both summaries), and model_parallel tp 2 on the one GPU (2 ranks, Gloo for CUDA
+    # tensors): the tiny GPT, whose loss must fall.
+    CHECK_SUMMARY='val loss|tok/s' check "gpt gpt2.yaml fp8-mixed (NCCL, 1 GPU)" 240 \
+      "$runsh" gpt "${gpt[@]}" fabric.devices=1 fabric.precision=fp8-mixed
+    CHECK_SUMMARY='val loss|tok/s' check "gpt gpt2.yaml fp8-mixed rowwise (NCCL, 1 GPU)" 240 \
+      "$runsh" gpt "${gpt[@]}" fabric.devices=1 fabric.precision=fp8-mixed fabric.fp8.recipe=rowwise
+    CHECK_SUMMARY='val loss|tok/s' check "gpt tiny model_parallel tp 2 (2 ranks, 1 GPU, Gloo)" 240 \
+      "$runsh" gpt --config=gpt_tp.yaml fabric.accelerator=cuda fabric.devices=1 \
+      fabric.ddp.ranks_per_gpu=2 fabric.model_parallel.tensor_parallel_size=2 \
+      trainer.max_steps=40 gpt.sample_tokens=0 "logging.run_dir=$work/runs/{name}/{timestamp}" \
+      "gpt.corpus_cache=$corpus"
+  fi
+}
+
+# sec_ranks: 2 ranks: parity, resume, restart, the image classifier.
+sec_ranks() {
+  # Two ranks on the one GPU (Gloo), or on CPU (shared memory) without one; 16 steps of a narrow
+  # ResNet-18, deterministic, so that resumes and restarts can be bitwise.
+  local place=(fabric.devices=1 fabric.ddp.ranks_per_gpu=2)
+  [ $cpu -eq 1 ] && place=(fabric.accelerator=cpu fabric.devices=2)
+  local r2=("${place[@]}" model.width=16 data.synthetic=true data.synthetic_train_size=2048
+            data.synthetic_test_size=256 data.batch_size=32 trainer.max_epochs=1 trainer.max_steps=16
+            trainer.limit_eval_batches=2 logging.log_every_n_steps=8 checkpoint.every_n_steps=4
+            checkpoint.every_n_epochs=0 fabric.precision=32-true fabric.sync_batchnorm=false
+            fabric.deterministic=true)
+  local rd="$work/ranks" cmp=("$python" "$here/compare_weights.py")
+  # Parity: fsdp and ZeRO-1 are bitwise ddp's (docs/training.md, "Bitwise parity"), on a GPU too.
+  CHECK_SUMMARY='accuracy' check "2 ranks ddp, 5 steps (reference)" 120 "$runsh" cifar10 --config=ddp.yaml \
+    "${r2[@]}" trainer.max_steps=5 logging.run_dir="$rd/ddp5"
+  local v
+  for v in "fsdp full_shard|fsdp.yaml|fabric.fsdp.min_unit_params=1000" \
+           "fsdp shard_grad_op|fsdp.yaml|fabric.fsdp.min_unit_params=1000 fabric.fsdp.sharding_strategy=shard_grad_op" \
+           "ZeRO-1|ddp.yaml|fabric.ddp.shard_optimizer_state=true"; do
+    IFS='|' read -r name config extra <<<"$v"
+    # shellcheck disable=SC2086  # extra: several KEY=VALUE words
+    CHECK_SUMMARY='^(bitwise|max_rel)' check "2 ranks $name vs ddp, 5 steps" 120 "$here/gpu_check.sh" _then \
+      "$runsh" cifar10 --config="$config" "${r2[@]}" $extra trainer.max_steps=5 logging.run_dir="$rd/${name// /_}" \
+      -- "${cmp[@]}" --bitwise "$rd/${name// /_}/weights.pt" "$rd/ddp5/weights.pt"
+  done
+  # 16 steps, a checkpoint every 4: resumes and restarts must be bitwise.
+  CHECK_SUMMARY='accuracy' check "2 ranks ddp, 16 steps (reference)" 120 "$runsh" cifar10 --config=ddp.yaml \
+    "${r2[@]}" logging.run_dir="$rd/ddp"
+  CHECK_SUMMARY='^(bitwise|max_rel)' check "2 ranks fsdp, async sharded checkpoints vs ddp, 16 steps" 120 \
+    "$here/gpu_check.sh" _then "$runsh" cifar10 --config=fsdp.yaml "${r2[@]}" fabric.fsdp.min_unit_params=1000 \
+    checkpoint.async=true logging.run_dir="$rd/fsdp" -- "${cmp[@]}" --bitwise "$rd/fsdp/weights.pt" "$rd/ddp/weights.pt"
+  CHECK_SUMMARY='^(bitwise|max_rel)' check "2 ranks fsdp resumed from step 8 (bitwise)" 120 \
+    "$here/gpu_check.sh" _then "$runsh" cifar10 --config=fsdp.yaml "${r2[@]}" fabric.fsdp.min_unit_params=1000 \
+    checkpoint.resume="$rd/fsdp/checkpoints/step-00000008.ckpt" logging.run_dir="$rd/fsdp_resumed" \
+    -- "${cmp[@]}" --bitwise "$rd/fsdp_resumed/weights.pt" "$rd/fsdp/weights.pt"
+  CHECK_SUMMARY='^(bitwise|max_rel)|restart 1' check "2 ranks, rank 1 SIGKILLed, max_restarts (bitwise)" 180 \
+    "$here/gpu_check.sh" _restart "$runsh" "$rd/restart" "$rd/ddp/weights.pt" --config=ddp.yaml "${r2[@]}"
+  local ic=("${place[@]}" --config=single_cpu.yaml fabric.accelerator=auto fabric.strategy=ddp model.width=8
+            data.batch_size=32 data.image_size=32 data.num_workers=2 trainer.max_epochs=1
+            trainer.max_steps=8 trainer.limit_eval_batches=2 logging.log_every_n_steps=4
+            checkpoint.every_n_epochs=0 "logging.run_dir=$work/runs/{name}/{timestamp}")
+  [ $cpu -eq 1 ] && ic+=(fabric.accelerator=cpu)
+  CHECK_SUMMARY='accuracy|images \[' check "2 ranks image_classifier npy" 120 "$runsh" image_classifier \
+    "${ic[@]}" data.root="$here/data/npy"
+  CHECK_SUMMARY='accuracy|images \[' check "2 ranks image_classifier image folder (PNG)" 120 "$runsh" \
+    image_classifier "${ic[@]}" data.root="$here/data/images"
+}
+
+# sec_throughput: ResNet-18 CIFAR against raw PyTorch and Lightning (timed).
+sec_throughput() {
+  local table="$work/logs/throughput.md"
+  if [ $cpu -eq 1 ]; then
+    CHECK_SUMMARY='^RESULT' check "throughput (CPU, ours only)" 120 "$work/throughput" --accelerator=cpu \
+      --batch=16 --steps=3 --warmup=1 --precision=32-true
+  else
+    CHECK_SUMMARY='^\| resnet18' check "throughput" 300 "$python" "$here/bench/gpu_compare.py" \
+      --cpp="$work/throughput" --reps="$reps" --steps=40 --warmup=10 --batches=512 \
+      --precisions=32-true,bf16-mixed --frameworks=fabric++,fabric++graphs,raw,lightning --timeout=120
+    sed -n '/^| model/,$p' "$work/logs/throughput.log" >"$table"
+    if [ -s "$table" ]; then
+      notes+=("" "### Throughput (ResNet-18 CIFAR, batch 512, 40 timed steps after 10, $reps repetition(s), median img/s)" "")
+      while IFS= read -r line; do notes+=("$line"); done <"$table"
+      grep -q 'failed' "$table" && { ((failed++)); rows+=("| throughput table | FAILED | - | a framework failed (see the table) |"); }
     fi
   fi
+}
 
-  if ! skipping ranks; then
-    # Two ranks on the one GPU (Gloo), or on CPU (shared memory) without one; 16 steps of a narrow
-    # ResNet-18, deterministic, so that resumes and restarts can be bitwise.
-    local place=(fabric.devices=1 fabric.ddp.ranks_per_gpu=2)
-    [ $cpu -eq 1 ] && place=(fabric.accelerator=cpu fabric.devices=2)
-    local r2=("${place[@]}" model.width=16 data.synthetic=true data.synthetic_train_size=2048
-              data.synthetic_test_size=256 data.batch_size=32 trainer.max_epochs=1 trainer.max_steps=16
-              trainer.limit_eval_batches=2 logging.log_every_n_steps=8 checkpoint.every_n_steps=4
-              checkpoint.every_n_epochs=0 fabric.precision=32-true fabric.sync_batchnorm=false
-              fabric.deterministic=true)
-    local rd="$work/ranks" cmp=("$python" "$here/compare_weights.py")
-    # Parity: fsdp and ZeRO-1 are bitwise ddp's (docs/training.md, "Bitwise parity"), on a GPU too.
-    CHECK_SUMMARY='accuracy' check "2 ranks ddp, 5 steps (reference)" 120 "$runsh" cifar10 --config=ddp.yaml \
-      "${r2[@]}" trainer.max_steps=5 logging.run_dir="$rd/ddp5"
-    local v
-    for v in "fsdp full_shard|fsdp.yaml|fabric.fsdp.min_unit_params=1000" \
-             "fsdp shard_grad_op|fsdp.yaml|fabric.fsdp.min_unit_params=1000 fabric.fsdp.sharding_strategy=shard_grad_op" \
-             "ZeRO-1|ddp.yaml|fabric.ddp.shard_optimizer_state=true"; do
-      IFS='|' read -r name config extra <<<"$v"
-      # shellcheck disable=SC2086  # extra: several KEY=VALUE words
-      CHECK_SUMMARY='^(bitwise|max_rel)' check "2 ranks $name vs ddp, 5 steps" 120 "$here/gpu_check.sh" _then \
-        "$runsh" cifar10 --config="$config" "${r2[@]}" $extra trainer.max_steps=5 logging.run_dir="$rd/${name// /_}" \
-        -- "${cmp[@]}" --bitwise "$rd/${name// /_}/weights.pt" "$rd/ddp5/weights.pt"
-    done
-    # 16 steps, a checkpoint every 4: resumes and restarts must be bitwise.
-    CHECK_SUMMARY='accuracy' check "2 ranks ddp, 16 steps (reference)" 120 "$runsh" cifar10 --config=ddp.yaml \
-      "${r2[@]}" logging.run_dir="$rd/ddp"
-    CHECK_SUMMARY='^(bitwise|max_rel)' check "2 ranks fsdp, async sharded checkpoints vs ddp, 16 steps" 120 \
-      "$here/gpu_check.sh" _then "$runsh" cifar10 --config=fsdp.yaml "${r2[@]}" fabric.fsdp.min_unit_params=1000 \
-      checkpoint.async=true logging.run_dir="$rd/fsdp" -- "${cmp[@]}" --bitwise "$rd/fsdp/weights.pt" "$rd/ddp/weights.pt"
-    CHECK_SUMMARY='^(bitwise|max_rel)' check "2 ranks fsdp resumed from step 8 (bitwise)" 120 \
-      "$here/gpu_check.sh" _then "$runsh" cifar10 --config=fsdp.yaml "${r2[@]}" fabric.fsdp.min_unit_params=1000 \
-      checkpoint.resume="$rd/fsdp/checkpoints/step-00000008.ckpt" logging.run_dir="$rd/fsdp_resumed" \
-      -- "${cmp[@]}" --bitwise "$rd/fsdp_resumed/weights.pt" "$rd/fsdp/weights.pt"
-    CHECK_SUMMARY='^(bitwise|max_rel)|restart 1' check "2 ranks, rank 1 SIGKILLed, max_restarts (bitwise)" 180 \
-      "$here/gpu_check.sh" _restart "$runsh" "$rd/restart" "$rd/ddp/weights.pt" --config=ddp.yaml "${r2[@]}"
-    local ic=("${place[@]}" --config=single_cpu.yaml fabric.accelerator=auto fabric.strategy=ddp model.width=8
-              data.batch_size=32 data.image_size=32 data.num_workers=2 trainer.max_epochs=1
-              trainer.max_steps=8 trainer.limit_eval_batches=2 logging.log_every_n_steps=4
-              checkpoint.every_n_epochs=0 "logging.run_dir=$work/runs/{name}/{timestamp}")
-    [ $cpu -eq 1 ] && ic+=(fabric.accelerator=cpu)
-    CHECK_SUMMARY='accuracy|images \[' check "2 ranks image_classifier npy" 120 "$runsh" image_classifier \
-      "${ic[@]}" data.root="$here/data/npy"
-    CHECK_SUMMARY='accuracy|images \[' check "2 ranks image_classifier image folder (PNG)" 120 "$runsh" \
-      image_classifier "${ic[@]}" data.root="$here/data/images"
+# sec_gpt: the GPT-2 124M step against PyTorch (timed).
+sec_gpt() {
+  local gdir="$work/gpt" gflags=(--reps="$reps")
+  [ $cpu -eq 1 ] && gflags+=(--device=cpu --model=gpt-tiny --batch=4 --steps=3 --warmup=1 --precision=32-true)
+  CHECK_SUMMARY='^\| (ours|pytorch)' check "gpt" 580 "$here/bench/gpt_compare.sh" "$work/throughput" \
+    "$here/bench/gpt_reference.py" "$gdir" "${gflags[@]}"
+  if [ -s "$gdir/table.md" ]; then
+    notes+=("" "### GPT-2 124M training step (batch 16 x 1024; $reps repetition(s) interleaved, median)" "")
+    while IFS= read -r line; do notes+=("$line"); done <"$gdir/table.md"
   fi
+  local side
+  for side in trace_summary trace_summary_pytorch; do
+    [ -s "$gdir/$side.txt" ] || continue
+    notes+=("" "### Where the GPT step's time goes: $side.txt (tools/bench/trace_summary.py)" "" '```')
+    while IFS= read -r line; do notes+=("$line"); done < <(head -n 90 "$gdir/$side.txt")
+    notes+=('```')
+  done
+}
 
-  if ! skipping throughput; then
-    local table="$work/logs/throughput.md"
-    if [ $cpu -eq 1 ]; then
-      CHECK_SUMMARY='^RESULT' check "throughput (CPU, ours only)" 120 "$work/throughput" --accelerator=cpu \
-        --batch=16 --steps=3 --warmup=1 --precision=32-true
-    else
-      CHECK_SUMMARY='^\| resnet18' check "throughput" 300 "$python" "$here/bench/gpu_compare.py" \
-        --cpp="$work/throughput" --reps="$reps" --steps=40 --warmup=10 --batches=512 \
-        --precisions=32-true,bf16-mixed --frameworks=fabric++,fabric++graphs,raw,lightning --timeout=120
-      sed -n '/^| model/,$p' "$work/logs/throughput.log" >"$table"
-      if [ -s "$table" ]; then
-        notes+=("" "### Throughput (ResNet-18 CIFAR, batch 512, 40 timed steps after 10, $reps repetition(s), median img/s)" "")
-        while IFS= read -r line; do notes+=("$line"); done <"$table"
-        grep -q 'failed' "$table" && { ((failed++)); rows+=("| throughput table | FAILED | - | a framework failed (see the table) |"); }
-      fi
-    fi
-  fi
-
-  if ! skipping gpt; then
-    local gdir="$work/gpt" gflags=(--reps="$reps")
-    [ $cpu -eq 1 ] && gflags+=(--device=cpu --model=gpt-tiny --batch=4 --steps=3 --warmup=1 --precision=32-true)
-    CHECK_SUMMARY='^\| (ours|pytorch)' check "gpt" 580 "$here/bench/gpt_compare.sh" "$work/throughput" \
-      "$here/bench/gpt_reference.py" "$gdir" "${gflags[@]}"
-    if [ -s "$gdir/table.md" ]; then
-      notes+=("" "### GPT-2 124M training step (batch 16 x 1024; $reps repetition(s) interleaved, median)" "")
-      while IFS= read -r line; do notes+=("$line"); done <"$gdir/table.md"
-    fi
-    local side
-    for side in trace_summary trace_summary_pytorch; do
-      [ -s "$gdir/$side.txt" ] || continue
-      notes+=("" "### Where the GPT step's time goes: $side.txt (tools/bench/trace_summary.py)" "" '```')
-      while IFS= read -r line; do notes+=("$line"); done < <(head -n 90 "$gdir/$side.txt")
-      notes+=('```')
-    done
-  fi
-
-  if ! skipping model_parallel && ! skipping mp_rows; then
-    check gpt_cuda_test 240 "$runsh" gpt_cuda_test --gtest_brief=1
-    check fused_ops_cuda_test 240 "$runsh" fused_ops_cuda_test --gtest_brief=1  # the LayerNorm's __syncwarp
-    check fused_models_cuda_test 240 "$runsh" fused_models_cuda_test --gtest_brief=1
-    local place=(fabric.accelerator=cuda fabric.devices=1 fabric.ddp.ranks_per_gpu=2)
-    [ $cpu -eq 1 ] && place=(fabric.accelerator=cpu fabric.devices=2)
-    CHECK_SUMMARY='val loss|tok/s' check "gpt tiny tp 2, sequence parallel, dropout 0.1 (2 ranks)" 240 \
-      "$runsh" gpt --config=gpt_tp.yaml "${place[@]}" fabric.model_parallel.tensor_parallel_size=2 \
-      fabric.model_parallel.sequence_parallel=true model.dropout=0.1 trainer.max_steps=40 \
-      gpt.sample_tokens=0 "logging.run_dir=$work/runs/{name}/{timestamp}" "gpt.corpus_cache=$work/corpus"
-    # Issue 71: pipeline and context parallelism with 2 ranks on the one GPU (Gloo, the runner's
-    # activations through host memory): each schedule and cp 2 against ddp on the same global
-    # batch, exported weights within 1e-5 (compare_weights.py; CPU: 3.4e-7).
-    local pd="$work/pp" cmpw=("$python" "$here/compare_weights.py" --tol=1e-5)
-    local tiny=(--config=gpt_tiny.yaml "${place[@]}" model.n_layer=4 model.n_head=2 model.n_embd=32
-                model.block_size=32 trainer.max_steps=6 scheduler.warmup_steps=2
-                trainer.limit_eval_batches=2 gpt.sample_tokens=0 optimizer.name=sgd optimizer.lr=0.1
-                trainer.gradient_clip_val=0.1 fabric.precision=32-true "gpt.corpus_cache=$work/corpus")
-    CHECK_SUMMARY='val loss' check "gpt tiny ddp, 2 ranks (the pp and cp reference)" 120 "$runsh" gpt \
-      "${tiny[@]}" fabric.strategy=ddp data.batch_size=4 "logging.run_dir=$pd/ddp"
-    local pv
-    for pv in "pp 2 1f1b|fabric.model_parallel.pipeline_parallel_size=2" \
-              "pp 2 gpipe m 8|fabric.model_parallel.pipeline_parallel_size=2 fabric.pipeline.schedule=gpipe fabric.pipeline.micro_batches=8" \
-              "pp 2 interleaved v 2|fabric.model_parallel.pipeline_parallel_size=2 fabric.pipeline.schedule=interleaved_1f1b fabric.pipeline.virtual_stages=2" \
-              "cp 2|fabric.model_parallel.context_parallel_size=2"; do
-      local pname=${pv%%|*} pflags=${pv#*|} pdir
-      pdir="$pd/${pname// /_}"
-      # shellcheck disable=SC2086  # the flags are words
-      CHECK_SUMMARY='val loss' check "gpt tiny $pname (2 ranks)" 120 "$runsh" gpt "${tiny[@]}" \
-        fabric.strategy=model_parallel data.batch_size=8 $pflags "logging.run_dir=$pdir" &&
-        CHECK_SUMMARY='max_rel|bitwise' check "gpt tiny $pname = ddp (weights)" 60 "${cmpw[@]}" \
-          "$pdir/weights.pt" "$pd/ddp/weights.pt"
-    done
-  fi
-  if ! skipping model_parallel && ! skipping bubble; then
-    # Issue 72 item 4: the schedules' bubble measured on the GPU (pipeline_bubble: 2 ranks on
-    # cuda:0 over Gloo, float32, the stream synchronized at each timestamp): GPipe, 1F1B and
-    # interleaved 1F1B at m = 8 and 16, 8 blocks of width 1024, micro-batches of 4 x 256 tokens.
-    local bflags=(--device=cuda --micro_batches=8,16 --layers=8 --width=1024 --micro_batch_size=4
-                  --seq=256 --steps=5)
-    [ $cpu -eq 1 ] && bflags=(--device=cpu --micro_batches=4 --steps=2)
-    if CHECK_SUMMARY='^pp=' check "pipeline_bubble pp 2" 120 "$runsh" pipeline_bubble --pp=2 "${bflags[@]}"; then
-      notes+=("" "### Pipeline bubble, pp 2 (pipeline_bubble --pp=2 ${bflags[*]})" "" '```')
-      while IFS= read -r line; do notes+=("$line"); done < <(sed -n '/^pp=/,$p' "$work/logs/pipeline_bubble pp 2.log")
-      notes+=('```')
-    fi
-  fi
-  if ! skipping model_parallel && ! skipping mp_rows; then
-    local pd="$work/pp" cmpw=("$python" "$here/compare_weights.py" --tol=1e-5)
-    local place=(fabric.accelerator=cuda fabric.devices=1 fabric.ddp.ranks_per_gpu=2)
-    [ $cpu -eq 1 ] && place=(fabric.accelerator=cpu fabric.devices=2)
-    # Issue 70: fsdp's cpu_offload on CUDA (pinned host shards, gradients and AdamW state; the
-    # fused CPU step): weights bitwise those without it; each run's peak device bytes (the max
-    # over ranks, summary.json's peak_tensor_bytes) side by side.
-    local off=(--config=gpt_tiny.yaml "${place[@]}" model.n_layer=8 model.n_head=8 model.n_embd=512
-               model.block_size=128 trainer.max_steps=6 trainer.limit_eval_batches=2
-               gpt.sample_tokens=0 optimizer.name=adamw fabric.precision=bf16-mixed
-               fabric.strategy=fsdp fabric.fsdp.wrap_modules=Block data.batch_size=8
-               "gpt.corpus_cache=$work/corpus")
-    local ov
-    for ov in false true; do
-      CHECK_SUMMARY='val loss' check "gpt 25M fsdp cpu_offload=$ov (2 ranks)" 180 "$runsh" gpt \
-        "${off[@]}" "fabric.fsdp.cpu_offload=$ov" "logging.run_dir=$pd/offload_$ov"
-    done
-    CHECK_SUMMARY='bitwise|max_rel' check "gpt 25M fsdp cpu_offload = without (weights)" 60 \
-      "${cmpw[@]}" --bitwise "$pd/offload_true/weights.pt" "$pd/offload_false/weights.pt"
-    CHECK_SUMMARY='peak' check "gpt 25M fsdp peak device bytes, without / with cpu_offload" 30 \
-      "$python" -c 'import json, sys
+# sec_mp_rows: model_parallel's untimed rows.
+sec_mp_rows() {
+  check gpt_cuda_test 240 "$runsh" gpt_cuda_test --gtest_brief=1
+  check fused_ops_cuda_test 240 "$runsh" fused_ops_cuda_test --gtest_brief=1  # the LayerNorm's __syncwarp
+  check fused_models_cuda_test 240 "$runsh" fused_models_cuda_test --gtest_brief=1
+  local place=(fabric.accelerator=cuda fabric.devices=1 fabric.ddp.ranks_per_gpu=2)
+  [ $cpu -eq 1 ] && place=(fabric.accelerator=cpu fabric.devices=2)
+  CHECK_SUMMARY='val loss|tok/s' check "gpt tiny tp 2, sequence parallel, dropout 0.1 (2 ranks)" 240 \
+    "$runsh" gpt --config=gpt_tp.yaml "${place[@]}" fabric.model_parallel.tensor_parallel_size=2 \
+    fabric.model_parallel.sequence_parallel=true model.dropout=0.1 trainer.max_steps=40 \
+    gpt.sample_tokens=0 "logging.run_dir=$work/runs/{name}/{timestamp}" "gpt.corpus_cache=$corpus"
+  # Issue 71: pipeline and context parallelism with 2 ranks on the one GPU (Gloo, the runner's
+  # activations through host memory): each schedule and cp 2 against ddp on the same global
+  # batch, exported weights within 1e-5 (compare_weights.py; CPU: 3.4e-7).
+  local pd="$work/pp" cmpw=("$python" "$here/compare_weights.py" --tol=1e-5)
+  local tiny=(--config=gpt_tiny.yaml "${place[@]}" model.n_layer=4 model.n_head=2 model.n_embd=32
+              model.block_size=32 trainer.max_steps=6 scheduler.warmup_steps=2
+              trainer.limit_eval_batches=2 gpt.sample_tokens=0 optimizer.name=sgd optimizer.lr=0.1
+              trainer.gradient_clip_val=0.1 fabric.precision=32-true "gpt.corpus_cache=$corpus")
+  CHECK_SUMMARY='val loss' check "gpt tiny ddp, 2 ranks (the pp and cp reference)" 120 "$runsh" gpt \
+    "${tiny[@]}" fabric.strategy=ddp data.batch_size=4 "logging.run_dir=$pd/ddp"
+  local pv
+  for pv in "pp 2 1f1b|fabric.model_parallel.pipeline_parallel_size=2" \
+            "pp 2 gpipe m 8|fabric.model_parallel.pipeline_parallel_size=2 fabric.pipeline.schedule=gpipe fabric.pipeline.micro_batches=8" \
+            "pp 2 interleaved v 2|fabric.model_parallel.pipeline_parallel_size=2 fabric.pipeline.schedule=interleaved_1f1b fabric.pipeline.virtual_stages=2" \
+            "cp 2|fabric.model_parallel.context_parallel_size=2"; do
+    local pname=${pv%%|*} pflags=${pv#*|} pdir
+    pdir="$pd/${pname// /_}"
+    # shellcheck disable=SC2086  # the flags are words
+    CHECK_SUMMARY='val loss' check "gpt tiny $pname (2 ranks)" 120 "$runsh" gpt "${tiny[@]}" \
+      fabric.strategy=model_parallel data.batch_size=8 $pflags "logging.run_dir=$pdir" &&
+      CHECK_SUMMARY='max_rel|bitwise' check "gpt tiny $pname = ddp (weights)" 60 "${cmpw[@]}" \
+        "$pdir/weights.pt" "$pd/ddp/weights.pt"
+  done
+  local pd="$work/pp" cmpw=("$python" "$here/compare_weights.py" --tol=1e-5)
+  local place=(fabric.accelerator=cuda fabric.devices=1 fabric.ddp.ranks_per_gpu=2)
+  [ $cpu -eq 1 ] && place=(fabric.accelerator=cpu fabric.devices=2)
+  # Issue 70: fsdp's cpu_offload on CUDA (pinned host shards, gradients and AdamW state; the
+  # fused CPU step): weights bitwise those without it; each run's peak device bytes (the max
+  # over ranks, summary.json's peak_tensor_bytes) side by side.
+  local off=(--config=gpt_tiny.yaml "${place[@]}" model.n_layer=8 model.n_head=8 model.n_embd=512
+             model.block_size=128 trainer.max_steps=6 trainer.limit_eval_batches=2
+             gpt.sample_tokens=0 optimizer.name=adamw fabric.precision=bf16-mixed
+             fabric.strategy=fsdp fabric.fsdp.wrap_modules=Block data.batch_size=8
+             "gpt.corpus_cache=$corpus")
+  local ov
+  for ov in false true; do
+    CHECK_SUMMARY='val loss' check "gpt 25M fsdp cpu_offload=$ov (2 ranks)" 180 "$runsh" gpt \
+      "${off[@]}" "fabric.fsdp.cpu_offload=$ov" "logging.run_dir=$pd/offload_$ov"
+  done
+  CHECK_SUMMARY='bitwise|max_rel' check "gpt 25M fsdp cpu_offload = without (weights)" 60 \
+    "${cmpw[@]}" --bitwise "$pd/offload_true/weights.pt" "$pd/offload_false/weights.pt"
+  CHECK_SUMMARY='peak' check "gpt 25M fsdp peak device bytes, without / with cpu_offload" 30 \
+    "$python" -c 'import json, sys
 a, b = (json.load(open(f + "/summary.json")).get("peak_tensor_bytes") for f in sys.argv[1:])
 print("peak device bytes per rank: %s without cpu_offload, %s with" % (a, b))' \
-      "$pd/offload_false" "$pd/offload_true"
-  fi
+    "$pd/offload_false" "$pd/offload_true"
+}
 
-  if ! skipping fp8 && ! skipping fp8_speed; then
-    check fp8_cuda_test 240 "$runsh" fp8_cuda_test --gtest_brief=1
-    check fp8_nodes_cuda_test 240 "$runsh" fp8_nodes_cuda_test --gtest_brief=1
-    local m b spec extra
-    for spec in "gpt2-medium 16 ,ours-fp8-delayed-tilegrid,ours-fp8-precise,ours-fp8-auto,ours-graphs,ours-fp8-delayed-graphs,ours-eager-accum4,ours-fp8-delayed-accum4,ours-fp8-delayed-accum4-nocache" \
-                "gpt2-xl 8 ,ours-fp8-delayed-tilegrid"; do
-      read -r m b extra <<<"$spec"
-      local mflags=(--reps="$reps" --model="$m" --batch="$b" --steps=15 --warmup=6
-                    --sides=ours-eager,ours-fp8,ours-fp8-delayed$extra --base=ours-eager
-                    --profile=ours-fp8-delayed)
-      [ $cpu -eq 1 ] && m=gpt-tiny b=4 && mflags+=(--device=cpu --model=gpt-tiny --batch=4 --steps=2
-                                 --warmup=1 --precision=32-true
-                                 --sides=ours-eager,ours-fp8,ours-fp8-delayed${extra%%,ours-fp8-precise*}
-                                 --profile=)
-      CHECK_SUMMARY='^\| ours' check "fp8 vs bf16, $m" 580 "$here/bench/gpt_compare.sh" "$work/throughput" \
-        "$here/bench/gpt_reference.py" "$work/fp8_$m" "${mflags[@]}"
-      if [ -s "$work/fp8_$m/table.md" ]; then
-        notes+=("" "### fp8-mixed vs bf16-mixed, $m (batch $b x 1024; $reps repetition(s) interleaved, median)" "")
-        while IFS= read -r line; do notes+=("$line"); done <"$work/fp8_$m/table.md"
-      fi
-      if [ -s "$work/fp8_$m/trace_summary.txt" ]; then
-        notes+=("" "### Where the fp8 step's time goes, $m (trace_summary.py)" "" '```')
-        while IFS= read -r line; do notes+=("$line"); done < <(head -n 60 "$work/fp8_$m/trace_summary.txt")
-        notes+=('```')
-      fi
-    done
+# sec_bubble: the pipeline bubble (timed).
+sec_bubble() {
+  # Issue 72 item 4: the schedules' bubble measured on the GPU (pipeline_bubble: 2 ranks on
+  # cuda:0 over Gloo, float32, the stream synchronized at each timestamp): GPipe, 1F1B and
+  # interleaved 1F1B at m = 8 and 16, 8 blocks of width 1024, micro-batches of 4 x 256 tokens.
+  local bflags=(--device=cuda --micro_batches=8,16 --layers=8 --width=1024 --micro_batch_size=4
+                --seq=256 --steps=5)
+  [ $cpu -eq 1 ] && bflags=(--device=cpu --micro_batches=4 --steps=2)
+  if CHECK_SUMMARY='^pp=' check "pipeline_bubble pp 2" 120 "$runsh" pipeline_bubble --pp=2 "${bflags[@]}"; then
+    notes+=("" "### Pipeline bubble, pp 2 (pipeline_bubble --pp=2 ${bflags[*]})" "" '```')
+    while IFS= read -r line; do notes+=("$line"); done < <(sed -n '/^pp=/,$p' "$work/logs/pipeline_bubble pp 2.log")
+    notes+=('```')
   fi
-  if ! skipping fp8 && ! skipping fp8_loss; then
-    # The loss over the first 200 steps (issue 72 item 2: within 1% of bf16-mixed's), gpt2-medium's
-    # shape on the byte corpus, one process: bf16-mixed, fp8 tensorwise, fp8 delayed.
-    local ld="$work/fp8_loss" lp lname
-    local lflags=(--config=gpt2.yaml model.preset=gpt2-medium fabric.accelerator=cuda
-                  fabric.devices=1 trainer.max_steps=200 trainer.accumulate_grad_batches=1
-                  scheduler.warmup_steps=20 gpt.eval_every_n_steps=50 trainer.limit_eval_batches=8
-                  gpt.sample_tokens=0 "gpt.corpus_cache=$work/corpus")
-    [ $cpu -eq 1 ] && lflags=(--config=gpt_tiny.yaml fabric.accelerator=cpu fabric.devices=1
-                              model.n_layer=2 model.n_head=2 model.n_embd=32 model.block_size=32
-                              data.batch_size=8 trainer.max_steps=20 scheduler.warmup_steps=2
-                              gpt.eval_every_n_steps=10 trainer.limit_eval_batches=2
-                              gpt.sample_tokens=0 "gpt.corpus_cache=$work/corpus")
-    # Last, the yardstick: bf16-mixed from another seed (init and data order), i.e. how far a run
-    # lands from bf16-mixed's with nothing but chance changed (fabric.seed's default is 42).
-    for lp in "bf16-mixed|fabric.precision=bf16-mixed" "fp8 tensorwise|fabric.precision=fp8-mixed" \
-              "fp8 delayed|fabric.precision=fp8-mixed fabric.fp8.recipe=delayed" \
-              "bf16-mixed seed 43|fabric.precision=bf16-mixed fabric.seed=43"; do
-      lname=${lp%%|*}
-      # shellcheck disable=SC2086  # the side's keys, split on purpose
-      CHECK_SUMMARY='val loss' check "fp8 loss, $lname" 300 "$runsh" gpt "${lflags[@]}" ${lp#*|} \
-        "logging.run_dir=$ld/${lname// /_}"
-    done
-    local ltable
-    if ltable=$("$python" - "$ld" <<'PY'
+}
+
+# sec_fp8_tests: fp8's kernel tests.
+sec_fp8_tests() {
+  check fp8_cuda_test 240 "$runsh" fp8_cuda_test --gtest_brief=1
+  check fp8_nodes_cuda_test 240 "$runsh" fp8_nodes_cuda_test --gtest_brief=1
+}
+
+# sec_fp8_speed: fp8 against bf16 (timed).
+sec_fp8_speed() {
+  local m b spec extra
+  for spec in "gpt2-medium 16 ,ours-fp8-delayed-tilegrid,ours-fp8-precise,ours-fp8-auto,ours-graphs,ours-fp8-delayed-graphs,ours-eager-accum4,ours-fp8-delayed-accum4,ours-fp8-delayed-accum4-nocache" \
+              "gpt2-xl 8 ,ours-fp8-delayed-tilegrid"; do
+    read -r m b extra <<<"$spec"
+    local mflags=(--reps="$reps" --model="$m" --batch="$b" --steps=15 --warmup=6
+                  --sides=ours-eager,ours-fp8,ours-fp8-delayed$extra --base=ours-eager
+                  --profile=ours-fp8-delayed)
+    [ $cpu -eq 1 ] && m=gpt-tiny b=4 && mflags+=(--device=cpu --model=gpt-tiny --batch=4 --steps=2
+                               --warmup=1 --precision=32-true
+                               --sides=ours-eager,ours-fp8,ours-fp8-delayed${extra%%,ours-fp8-precise*}
+                               --profile=)
+    CHECK_SUMMARY='^\| ours' check "fp8 vs bf16, $m" 580 "$here/bench/gpt_compare.sh" "$work/throughput" \
+      "$here/bench/gpt_reference.py" "$work/fp8_$m" "${mflags[@]}"
+    if [ -s "$work/fp8_$m/table.md" ]; then
+      notes+=("" "### fp8-mixed vs bf16-mixed, $m (batch $b x 1024; $reps repetition(s) interleaved, median)" "")
+      while IFS= read -r line; do notes+=("$line"); done <"$work/fp8_$m/table.md"
+    fi
+    if [ -s "$work/fp8_$m/trace_summary.txt" ]; then
+      notes+=("" "### Where the fp8 step's time goes, $m (trace_summary.py)" "" '```')
+      while IFS= read -r line; do notes+=("$line"); done < <(head -n 60 "$work/fp8_$m/trace_summary.txt")
+      notes+=('```')
+    fi
+  done
+}
+
+# sec_fp8_loss: fp8's 200-step loss.
+sec_fp8_loss() {
+  # The loss over the first 200 steps (issue 72 item 2: within 1% of bf16-mixed's), gpt2-medium's
+  # shape on the byte corpus, one process: bf16-mixed, fp8 tensorwise, fp8 delayed.
+  local ld="$work/fp8_loss" lp lname
+  local lflags=(--config=gpt2.yaml model.preset=gpt2-medium fabric.accelerator=cuda
+                fabric.devices=1 trainer.max_steps=200 trainer.accumulate_grad_batches=1
+                scheduler.warmup_steps=20 gpt.eval_every_n_steps=50 trainer.limit_eval_batches=8
+                gpt.sample_tokens=0 "gpt.corpus_cache=$corpus")
+  [ $cpu -eq 1 ] && lflags=(--config=gpt_tiny.yaml fabric.accelerator=cpu fabric.devices=1
+                            model.n_layer=2 model.n_head=2 model.n_embd=32 model.block_size=32
+                            data.batch_size=8 trainer.max_steps=20 scheduler.warmup_steps=2
+                            gpt.eval_every_n_steps=10 trainer.limit_eval_batches=2
+                            gpt.sample_tokens=0 "gpt.corpus_cache=$corpus")
+  # Last, the yardstick: bf16-mixed from another seed (init and data order), i.e. how far a run
+  # lands from bf16-mixed's with nothing but chance changed (fabric.seed's default is 42).
+  for lp in "bf16-mixed|fabric.precision=bf16-mixed" "fp8 tensorwise|fabric.precision=fp8-mixed" \
+            "fp8 delayed|fabric.precision=fp8-mixed fabric.fp8.recipe=delayed" \
+            "bf16-mixed seed 43|fabric.precision=bf16-mixed fabric.seed=43"; do
+    lname=${lp%%|*}
+    # shellcheck disable=SC2086  # the side's keys, split on purpose
+    CHECK_SUMMARY='val loss' check "fp8 loss, $lname" 300 "$runsh" gpt "${lflags[@]}" ${lp#*|} \
+      "logging.run_dir=$ld/${lname// /_}"
+  done
+  local ltable
+  if ltable=$("$python" - "$ld" <<'PY'
 import csv, os, sys
 root = sys.argv[1]
 sides = ["bf16-mixed", "fp8_tensorwise", "fp8_delayed", "bf16-mixed_seed_43"]
@@ -666,59 +789,48 @@ for side in sides[1:]:
 print("")
 print("Largest gap from bf16-mixed over the evaluations: " + ", ".join(gaps))
 PY
-    ); then
-      notes+=("" "### fp8 loss vs bf16-mixed, first 200 steps (val loss; issue 72 item 2: within 1%)" ""
-              "Seed 43's column is the yardstick: bf16-mixed with another init and data order." "")
-      while IFS= read -r line; do notes+=("$line"); done <<<"$ltable"
-    fi
+  ); then
+    notes+=("" "### fp8 loss vs bf16-mixed, first 200 steps (val loss; issue 72 item 2: within 1%)" ""
+            "Seed 43's column is the yardstick: bf16-mixed with another init and data order." "")
+    while IFS= read -r line; do notes+=("$line"); done <<<"$ltable"
   fi
+}
 
-  if ! skipping pretrained; then
-    # Issue 69 item 7: each step of tools/bench/llama_gpu_bench.sh one row (state in $work/pretrained).
-    local pdir="$work/pretrained" pflags=() st
-    [ $cpu -eq 1 ] && pflags+=(--cpu)
-    # torch.compile last: the slowest and least sure (its limit keeps the suite inside 10 minutes).
-    local steps_run=("pylib 90" "make 240" "tokens 60" "ours-train 240" "hf-train 240" "ours-decode 150"
-                     "ours-decode-bf16 150" "hf-decode 150" "hf-decode-bf16 150" "ours-lora 180"
-                     "peft-lora 180" "torchtitan 180" "hf-compile 300" "torchtitan-compile 300" "table 30")
-    # --suite=titan (issue 72 item 3): ours against TorchTitan only, bf16 and float8.
-    [ "$suite" = titan ] &&
-      steps_run=("pylib 90" "make 240" "tokens 60" "ours-train 180" "ours-train-unfused 180"
-                 "ours-train-fp8 180" "ours-train-fp8-delayed 180" "torchtitan 150"
-                 "torchtitan-fp8 150" "torchtitan-compile 240" "torchtitan-fp8-compile 240" "table 30")
-    for st in "${steps_run[@]}"; do
-      read -r name limit <<<"$st"
-      # --suite=titan in two calls of at most 10 minutes: --skip=titan_compile, then
-      # --skip=titan_eager (every row but the compiled ones and the table) with the same --work
-      # on the warm node, whose model folder, tokens, installed wheels and rows it reuses.
-      if [ "$suite" = titan ]; then
-        case $name in
-          *-compile) skipping titan_compile && continue ;;
-          table) ;;
-          *) skipping titan_eager && continue ;;
-        esac
-      fi
-      CHECK_SUMMARY='^(rate: |transformers |using |prepare_text: |.*parameters .* save )' check "pretrained $name" "$limit" \
-        "$here/bench/llama_gpu_bench.sh" "$name" "$here" "$pdir" "${pflags[@]}"
-    done
-    if [ -s "$pdir/table.md" ]; then
-      local heading="ours vs transformers (issue 69 item 7)"
-      [ "$suite" = titan ] && heading="ours vs TorchTitan, bf16 and float8 (issue 72 item 3)"
-      notes+=("" "### Llama-3.2-1B-shaped random model: $heading" "")
-      while IFS= read -r line; do notes+=("$line"); done <"$pdir/table.md"
+# sec_pretrained: the pretrained or titan steps (timed).
+sec_pretrained() {
+  # Issue 69 item 7: each step of tools/bench/llama_gpu_bench.sh one row (state in $work/pretrained).
+  local pdir="$work/pretrained" pflags=() st
+  [ $cpu -eq 1 ] && pflags+=(--cpu)
+  # torch.compile last: the slowest and least sure (its limit keeps the suite inside 10 minutes).
+  local steps_run=("pylib 90" "make 240" "tokens 60" "ours-train 240" "hf-train 240" "ours-decode 150"
+                   "ours-decode-bf16 150" "hf-decode 150" "hf-decode-bf16 150" "ours-lora 180"
+                   "peft-lora 180" "torchtitan 180" "hf-compile 300" "torchtitan-compile 300" "table 30")
+  # --suite=titan (issue 72 item 3): ours against TorchTitan only, bf16 and float8.
+  [ $titan -eq 1 ] &&
+    steps_run=("pylib 90" "make 240" "tokens 60" "ours-train 180" "ours-train-unfused 180"
+               "ours-train-fp8 180" "ours-train-fp8-delayed 180" "torchtitan 150"
+               "torchtitan-fp8 150" "torchtitan-compile 240" "torchtitan-fp8-compile 240" "table 30")
+  for st in "${steps_run[@]}"; do
+    read -r name limit <<<"$st"
+    # --suite=titan in two calls of at most 10 minutes: --skip=titan_compile, then
+    # --skip=titan_eager (every row but the compiled ones and the table) with the same --work
+    # on the warm node, whose model folder, tokens, installed wheels and rows it reuses.
+    if [ $titan -eq 1 ]; then
+      case $name in
+        *-compile) skipping titan_compile && continue ;;
+        table) ;;
+        *) skipping titan_eager && continue ;;
+      esac
     fi
+    CHECK_SUMMARY='^(rate: |transformers |using |prepare_text: |.*parameters .* save )' check "pretrained $name" "$limit" \
+      "$here/bench/llama_gpu_bench.sh" "$name" "$here" "$pdir" "${pflags[@]}"
+  done
+  if [ -s "$pdir/table.md" ]; then
+    local heading="ours vs transformers (issue 69 item 7)"
+    [ $titan -eq 1 ] && heading="ours vs TorchTitan, bf16 and float8 (issue 72 item 3)"
+    notes+=("" "### Llama-3.2-1B-shaped random model: $heading" "")
+    while IFS= read -r line; do notes+=("$line"); done <"$pdir/table.md"
   fi
-
-  report >"$work/report.md"
-  cat "$work/report.md"
-  if [ -n "$pack" ]; then
-    # One archive of what a reader needs (a lent node may hand back few files): no weights,
-    # checkpoints, token files or traces.
-    (cd "$work" && find . -type f \( -name '*.md' -o -name '*.log' -o -name '*.txt' -o -name '*.csv' \
-       -o -name '*.jsonl' -o -name summary.json \) -size -4M -print0 | tar czf "$pack" --null -T -) ||
-      echo "gpu_check run: could not write --pack=$pack" >&2
-  fi
-  [ $failed -eq 0 ]
 }
 
 # report: the markdown report of run's rows and notes (run's variables).
@@ -777,7 +889,9 @@ restart() {
   local job=$! victim="" i p
   for ((i = 0; i < 6000; i++)); do
     if [ -n "$(find "$dir" -name step-00000008.ckpt 2>/dev/null)" ]; then
-      for p in $(pgrep -f 'bin/cifar10'); do
+      # This job's ranks only (their command lines name its run folder): a --parallel lane may
+      # run other cifar10 jobs beside it.
+      for p in $(pgrep -f "bin/cifar10 .*logging.run_dir=$dir/"); do
         tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'FABRIC_LOCAL_RANK=1' || continue
         tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -q '^FABRIC_RESTART_COUNT=[1-9]' && continue
         victim=$p
