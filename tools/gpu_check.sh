@@ -49,16 +49,16 @@
 #                   against ATen, delayed scaling, the fused bias gradient and GELU),
 #                   fp8_nodes_cuda_test (the GPT MLP, shared-input and Llama MLP nodes),
 #                   gpt_compare.sh's ours-eager (bf16-mixed) vs ours-fp8 vs ours-fp8-delayed
-#                   (and, on gpt2-medium, ours-fp8-precise: fast accumulation off,
-#                   ours-fp8-auto: its two 1024-wide projections in bf16, torchao's heuristic,
-#                   and ours-graphs against ours-fp8-delayed-graphs: both with CUDA graphs;
+#                   (and, on gpt2-medium, ours-graphs against ours-fp8-delayed-graphs: both with
+#                   CUDA graphs;
 #                   on both models ours-fp8-delayed-tilegrid: the cast kernels' grid before
 #                   2026-11-30, a block per tile, against the default's wave; on gpt2-medium
 #                   with 4 micro-batches a step, ours-eager-accum4, ours-fp8-delayed-accum4 and
 #                   ours-fp8-delayed-accum4-nocache: what the kept float8 weight casts give)
 #                   on gpt2-medium (batch 16) and gpt2-xl (batch 8) x 1024 tokens, 15 timed steps
 #                   after 6, --reps interleaved, with a profile summary of ours-fp8-delayed on
-#                   each (rowwise, measured on 2026-11-28, is left out: ours-fp8-rowwise by hand),
+#                   each (rowwise, measured on 2026-11-28, and ours-fp8-precise and
+#                   ours-fp8-auto, measured on 2026-11-30, are left out: by hand),
 #                   and the loss over the first 200 steps (gpt2-medium's shape on the byte corpus,
 #                   batch 16 x 1024): bf16-mixed, fp8 tensorwise and delayed, val loss every 50,
 #                   and bf16-mixed from seed 43 (the spread chance alone gives)
@@ -709,7 +709,7 @@ sec_fp8_tests() {
 # sec_fp8_speed: fp8 against bf16 (timed).
 sec_fp8_speed() {
   local m b spec extra
-  for spec in "gpt2-medium 16 ,ours-fp8-delayed-tilegrid,ours-fp8-precise,ours-fp8-auto,ours-graphs,ours-fp8-delayed-graphs,ours-eager-accum4,ours-fp8-delayed-accum4,ours-fp8-delayed-accum4-nocache" \
+  for spec in "gpt2-medium 16 ,ours-fp8-delayed-tilegrid,ours-graphs,ours-fp8-delayed-graphs,ours-eager-accum4,ours-fp8-delayed-accum4,ours-fp8-delayed-accum4-nocache" \
               "gpt2-xl 8 ,ours-fp8-delayed-tilegrid"; do
     read -r m b extra <<<"$spec"
     local mflags=(--reps="$reps" --model="$m" --batch="$b" --steps=15 --warmup=6
@@ -717,7 +717,7 @@ sec_fp8_speed() {
                   --profile=ours-fp8-delayed)
     [ $cpu -eq 1 ] && m=gpt-tiny b=4 && mflags+=(--device=cpu --model=gpt-tiny --batch=4 --steps=2
                                --warmup=1 --precision=32-true
-                               --sides=ours-eager,ours-fp8,ours-fp8-delayed${extra%%,ours-fp8-precise*}
+                               --sides=ours-eager,ours-fp8,ours-fp8-delayed${extra%%,ours-graphs*}
                                --profile=)
     CHECK_SUMMARY='^\| ours' check "fp8 vs bf16, $m" 580 "$here/bench/gpt_compare.sh" "$work/throughput" \
       "$here/bench/gpt_reference.py" "$work/fp8_$m" "${mflags[@]}"
